@@ -1,0 +1,61 @@
+#pragma once
+// TOML configs read key by key: every key read is typed and checked, and finish() makes any key
+// nobody read an error, so a misspelt key never turns into a silent default. Errors name the
+// file, the dotted key and what was expected.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace toml {
+inline namespace v3 {
+class table;
+}
+}  // namespace toml
+
+namespace pollen {
+
+class ConfigTable {
+ public:
+  // Parses a TOML file; a syntax error names the file, line and column.
+  static ConfigTable load(const std::filesystem::path& path);
+  static ConfigTable parse(const std::string& text, const std::string& source_name);
+
+  ConfigTable(const ConfigTable&);
+  ConfigTable& operator=(const ConfigTable&);
+  ~ConfigTable();
+
+  bool has(const std::string& key) const;
+  int64_t get_int(const std::string& key, int64_t fallback);
+  int64_t require_int(const std::string& key);
+  double get_double(const std::string& key, double fallback);  // integers are accepted too
+  double require_double(const std::string& key);
+  bool get_bool(const std::string& key, bool fallback);
+  std::string get_string(const std::string& key, const std::string& fallback);
+  std::string require_string(const std::string& key);
+  std::vector<std::string> get_strings(const std::string& key);
+  std::optional<ConfigTable> table(const std::string& key);
+
+  // Throws naming every key that was present but never read.
+  void finish() const;
+
+  // "file 'x.toml', key 'model.hidden'"
+  std::string where(const std::string& key) const;
+
+ private:
+  ConfigTable(std::shared_ptr<const toml::table> root, const toml::table* node, std::string source,
+              std::string prefix);
+  const void* node_at(const std::string& key, const char* expected);
+  [[noreturn]] void type_error(const std::string& key, const char* expected) const;
+
+  std::shared_ptr<const toml::table> root_;
+  const toml::table* node_;
+  std::string source_;
+  std::string prefix_;
+  std::set<std::string> read_;
+};
+
+}  // namespace pollen

@@ -1,0 +1,88 @@
+#include "base/files.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "base/error.h"
+
+namespace pollen {
+namespace {
+std::string errno_text() { return std::strerror(errno); }
+
+void write_all(int fd, std::string_view data, const std::filesystem::path& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    POLLEN_CHECK(n > 0, "cannot write '", path.string(), "': ", errno_text());
+    done += static_cast<size_t>(n);
+  }
+}
+}  // namespace
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  POLLEN_CHECK(in, "cannot open '", path.string(), "' for reading: ", errno_text());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  POLLEN_CHECK(!in.bad(), "error while reading '", path.string(), "'");
+  return ss.str();
+}
+
+void write_file_atomic(const std::filesystem::path& path, std::string_view data) {
+  auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  auto tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  POLLEN_CHECK(fd >= 0, "cannot create '", tmp.string(), "': ", errno_text());
+  try {
+    write_all(fd, data, tmp);
+    POLLEN_CHECK(::fsync(fd) == 0, "cannot sync '", tmp.string(), "': ", errno_text());
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    fail("cannot rename '", tmp.string(), "' to '", path.string(), "': ", why);
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  POLLEN_CHECK(fd >= 0, "cannot open '", path.string(), "': ", errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    fail("cannot stat '", path.string(), "': ", errno_text());
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    POLLEN_CHECK(p != MAP_FAILED, "cannot map '", path.string(), "': ", errno_text());
+    data_ = static_cast<const std::byte*>(p);
+  } else {
+    ::close(fd);
+  }
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+}
+
+}  // namespace pollen

@@ -1,0 +1,32 @@
+#pragma once
+// Files: whole-file reads, atomic writes (temp file, fsync, rename, fsync the folder) so that a
+// crash never leaves a half-written file under the final name, and read-only memory maps.
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace pollen {
+
+std::string read_file(const std::filesystem::path& path);
+
+// Writes `data` to `path` atomically: readers see the old file or the whole new one.
+void write_file_atomic(const std::filesystem::path& path, std::string_view data);
+
+class MappedFile {
+ public:
+  explicit MappedFile(const std::filesystem::path& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  const std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace pollen

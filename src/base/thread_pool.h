@@ -1,0 +1,52 @@
+#pragma once
+// A fixed pool of worker threads with a deterministic parallel_for: the range is always cut into
+// the same contiguous chunks for the same thread count, so results never depend on scheduling.
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace pollen {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(begin, end, chunk) for chunk i of `chunks` equal contiguous slices of [0, n).
+  // The calling thread takes part; returns when every chunk is done. Exceptions propagate.
+  void run_chunks(int64_t n, int chunks,
+                  const std::function<void(int64_t, int64_t, int)>& fn);
+
+ private:
+  void worker_loop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_, done_;
+  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int job_chunks_ = 0;
+  int next_chunk_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+// The process-wide pool used by ops; sized by set_num_threads (default: hardware threads).
+ThreadPool& pool();
+void set_num_threads(int threads);
+int num_threads();
+
+// parallel_for over [0, n) in num_threads() contiguous chunks (fewer when n is small or when
+// each chunk would be under `grain` items). fn(begin, end).
+void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace pollen

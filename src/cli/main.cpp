@@ -1,0 +1,30 @@
+// pollen: one binary, many subcommands. Parsing and wiring only.
+#include <cstdio>
+#include <exception>
+
+#include "base/error.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "pollen: build language models across data silos.\n"
+      "Curate data, pre-train and post-train Llama-family models, alone or federated, on CPU "
+      "or GPU.",
+      "pollen"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  pollen::cli::add_version_command(app);
+  pollen::cli::add_bench_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const pollen::Error& e) {
+    std::fprintf(stderr, "pollen: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pollen: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,18 @@
+#include "tensor/device.h"
+
+#include "base/error.h"
+
+namespace pollen {
+
+const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+
+Device parse_device(const std::string& name) {
+  if (name == "cpu") return Device::cpu;
+  if (name == "cuda") {
+    POLLEN_CHECK(cuda_built(), "device 'cuda' asked for, but this pollen was built without CUDA");
+    return Device::cuda;
+  }
+  fail("unknown device '", name, "': expected cpu or cuda");
+}
+
+}  // namespace pollen
