@@ -11,13 +11,20 @@ namespace pollen {
 namespace {
 const char* type_name(const toml::node& n) {
   switch (n.type()) {
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a float";
-    case toml::node_type::boolean: return "a boolean";
-    default: return "a date or time";
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a float";
+    case toml::node_type::boolean:
+      return "a boolean";
+    default:
+      return "a date or time";
   }
 }
 }  // namespace
@@ -55,7 +62,9 @@ void ConfigTable::type_error(const std::string& key, const char* expected) const
   fail(where(key), ": expected ", expected, ", got ", type_name(*node_->get(key)));
 }
 
-bool ConfigTable::has(const std::string& key) const { return node_->contains(key); }
+bool ConfigTable::has(const std::string& key) const {
+  return node_->contains(key);
+}
 
 const void* ConfigTable::node_at(const std::string& key, const char*) {
   read_.insert(key);

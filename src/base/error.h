@@ -27,14 +27,15 @@ template <typename... Args>
 }  // namespace pollen
 
 // Checks a condition that depends on input; throws pollen::Error with the message otherwise.
-#define POLLEN_CHECK(cond, ...)                     \
-  do {                                              \
-    if (!(cond)) [[unlikely]] ::pollen::fail(__VA_ARGS__); \
+#define POLLEN_CHECK(cond, ...)    \
+  do {                             \
+    if (!(cond)) [[unlikely]]      \
+      ::pollen::fail(__VA_ARGS__); \
   } while (0)
 
 // Checks an internal invariant; a failure is a bug in pollen, reported with file and line.
-#define POLLEN_ASSERT(cond)                                                                   \
-  do {                                                                                        \
-    if (!(cond)) [[unlikely]]                                                                 \
-      ::pollen::fail("internal error: ", #cond, " is false at ", __FILE__, ":", __LINE__);    \
+#define POLLEN_ASSERT(cond)                                                                \
+  do {                                                                                     \
+    if (!(cond)) [[unlikely]]                                                              \
+      ::pollen::fail("internal error: ", #cond, " is false at ", __FILE__, ":", __LINE__); \
   } while (0)

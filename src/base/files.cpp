@@ -14,7 +14,9 @@
 
 namespace pollen {
 namespace {
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 void write_all(int fd, std::string_view data, const std::filesystem::path& path) {
   size_t done = 0;

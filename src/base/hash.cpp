@@ -10,13 +10,17 @@
 
 namespace pollen {
 
-uint64_t xxh64(const void* data, size_t size, uint64_t seed) { return XXH64(data, size, seed); }
+uint64_t xxh64(const void* data, size_t size, uint64_t seed) {
+  return XXH64(data, size, seed);
+}
 
 Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
   POLLEN_CHECK(ctx_ && EVP_DigestInit_ex(static_cast<EVP_MD_CTX*>(ctx_), EVP_sha256(), nullptr),
                "SHA-256: OpenSSL could not start a digest");
 }
-Sha256::~Sha256() { EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_)); }
+Sha256::~Sha256() {
+  EVP_MD_CTX_free(static_cast<EVP_MD_CTX*>(ctx_));
+}
 
 void Sha256::update(const void* data, size_t size) {
   EVP_DigestUpdate(static_cast<EVP_MD_CTX*>(ctx_), data, size);

@@ -10,17 +10,26 @@ std::atomic<Level> g_level{Level::info};
 std::mutex g_mutex;
 const char* name(Level l) {
   switch (l) {
-    case Level::debug: return "debug";
-    case Level::info: return "info";
-    case Level::warn: return "warn";
-    case Level::error: return "error";
-    default: return "";
+    case Level::debug:
+      return "debug";
+    case Level::info:
+      return "info";
+    case Level::warn:
+      return "warn";
+    case Level::error:
+      return "error";
+    default:
+      return "";
   }
 }
 }  // namespace
 
-void set_level(Level l) { g_level = l; }
-Level level() { return g_level; }
+void set_level(Level l) {
+  g_level = l;
+}
+Level level() {
+  return g_level;
+}
 
 void write(Level l, std::string_view message) {
   std::lock_guard lock(g_mutex);

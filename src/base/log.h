@@ -13,12 +13,20 @@ Level level();
 void write(Level level, std::string_view message);
 
 template <typename... Args>
-void debug(const Args&... a) { if (level() <= Level::debug) write(Level::debug, cat(a...)); }
+void debug(const Args&... a) {
+  if (level() <= Level::debug) write(Level::debug, cat(a...));
+}
 template <typename... Args>
-void info(const Args&... a) { if (level() <= Level::info) write(Level::info, cat(a...)); }
+void info(const Args&... a) {
+  if (level() <= Level::info) write(Level::info, cat(a...));
+}
 template <typename... Args>
-void warn(const Args&... a) { if (level() <= Level::warn) write(Level::warn, cat(a...)); }
+void warn(const Args&... a) {
+  if (level() <= Level::warn) write(Level::warn, cat(a...));
+}
 template <typename... Args>
-void error(const Args&... a) { if (level() <= Level::error) write(Level::error, cat(a...)); }
+void error(const Args&... a) {
+  if (level() <= Level::error) write(Level::error, cat(a...));
+}
 
 }  // namespace pollen::log

@@ -38,7 +38,9 @@ uint64_t Rng::next_u64() {
   return (hi << 32) | next_u32();
 }
 
-double Rng::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+double Rng::uniform() {
+  return static_cast<double>(next_u64() >> 11) * 0x1.0p-53;
+}
 
 double Rng::normal() {
   double u1 = uniform(), u2 = uniform();

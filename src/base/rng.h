@@ -19,8 +19,8 @@ class Rng {
 
   uint32_t next_u32();
   uint64_t next_u64();
-  double uniform();  // [0, 1) with 53 random bits
-  double normal();   // standard normal (Box-Muller on two uniforms)
+  double uniform();            // [0, 1) with 53 random bits
+  double normal();             // standard normal (Box-Muller on two uniforms)
   uint64_t below(uint64_t n);  // uniform in [0, n), n > 0, unbiased
 
   // Derives an independent stream for a sub-task (layer i, rank r, ...).

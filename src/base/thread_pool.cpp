@@ -61,7 +61,8 @@ void ThreadPool::worker_loop(int) {
   uint64_t seen = 0;
   std::unique_lock lock(mutex_);
   for (;;) {
-    wake_.wait(lock, [&] { return stop_ || (generation_ != seen && job_ && next_chunk_ < job_chunks_); });
+    wake_.wait(lock,
+               [&] { return stop_ || (generation_ != seen && job_ && next_chunk_ < job_chunks_); });
     if (stop_) return;
     seen = generation_;
     while (job_ && next_chunk_ < job_chunks_) {
@@ -83,21 +84,27 @@ void ThreadPool::worker_loop(int) {
 }
 
 namespace {
-int default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+int default_threads() {
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 std::unique_ptr<ThreadPool>& pool_slot() {
   static std::unique_ptr<ThreadPool> p = std::make_unique<ThreadPool>(default_threads());
   return p;
 }
 }  // namespace
 
-ThreadPool& pool() { return *pool_slot(); }
+ThreadPool& pool() {
+  return *pool_slot();
+}
 
 void set_num_threads(int threads) {
   if (threads == num_threads()) return;
   pool_slot() = std::make_unique<ThreadPool>(threads);
 }
 
-int num_threads() { return pool().size(); }
+int num_threads() {
+  return pool().size();
+}
 
 void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;

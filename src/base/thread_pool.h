@@ -21,8 +21,7 @@ class ThreadPool {
 
   // Calls fn(begin, end, chunk) for chunk i of `chunks` equal contiguous slices of [0, n).
   // The calling thread takes part; returns when every chunk is done. Exceptions propagate.
-  void run_chunks(int64_t n, int chunks,
-                  const std::function<void(int64_t, int64_t, int)>& fn);
+  void run_chunks(int64_t n, int chunks, const std::function<void(int64_t, int64_t, int)>& fn);
 
  private:
   void worker_loop(int index);

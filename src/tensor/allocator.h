@@ -7,7 +7,7 @@
 namespace pollen {
 
 struct AllocatorStats {
-  size_t in_use_bytes = 0;     // handed out now
+  size_t in_use_bytes = 0;  // handed out now
   size_t peak_in_use_bytes = 0;
   size_t cached_bytes = 0;     // freed, kept for reuse
   uint64_t system_allocs = 0;  // calls that reached the system allocator

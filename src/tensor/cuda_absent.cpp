@@ -2,7 +2,13 @@
 #include "tensor/device.h"
 
 namespace pollen {
-bool cuda_built() { return false; }
-std::vector<GpuInfo> cuda_devices() { return {}; }
-std::string cuda_status() { return "CUDA backend not built (nvcc was not found at build time)"; }
+bool cuda_built() {
+  return false;
+}
+std::vector<GpuInfo> cuda_devices() {
+  return {};
+}
+std::string cuda_status() {
+  return "CUDA backend not built (nvcc was not found at build time)";
+}
 }  // namespace pollen

@@ -5,7 +5,9 @@
 
 namespace pollen {
 
-bool cuda_built() { return true; }
+bool cuda_built() {
+  return true;
+}
 
 std::vector<GpuInfo> cuda_devices() {
   std::vector<GpuInfo> out;
@@ -27,8 +29,8 @@ std::string cuda_status() {
   cudaRuntimeGetVersion(&runtime);
   cudaDriverGetVersion(&driver);
   cudaError_t err = cudaGetDeviceCount(&count);
-  std::string versions = "runtime " + std::to_string(runtime / 1000) + "." +
-                         std::to_string(runtime % 1000 / 10);
+  std::string versions =
+      "runtime " + std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10);
   if (err != cudaSuccess) {
     std::string why = cudaGetErrorString(err);
     cudaGetLastError();

@@ -4,7 +4,9 @@
 
 namespace pollen {
 
-const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+const char* device_name(Device d) {
+  return d == Device::cpu ? "cpu" : "cuda";
+}
 
 Device parse_device(const std::string& name) {
   if (name == "cpu") return Device::cpu;

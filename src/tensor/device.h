@@ -17,8 +17,8 @@ struct GpuInfo {
   int compute_major, compute_minor;
 };
 
-bool cuda_built();                  // was the CUDA backend compiled in?
+bool cuda_built();                    // was the CUDA backend compiled in?
 std::vector<GpuInfo> cuda_devices();  // GPUs the runtime sees (empty without CUDA or GPU)
-std::string cuda_status();           // why there are none, or the runtime version
+std::string cuda_status();            // why there are none, or the runtime version
 
 }  // namespace pollen

@@ -46,14 +46,41 @@ struct f16 {
 
 template <typename T>
 struct dtype_of;
-template <> struct dtype_of<double> { static constexpr DType value = DType::f64; };
-template <> struct dtype_of<float> { static constexpr DType value = DType::f32; };
-template <> struct dtype_of<bf16> { static constexpr DType value = DType::bf16; };
-template <> struct dtype_of<f16> { static constexpr DType value = DType::f16; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::i64; };
-template <> struct dtype_of<int32_t> { static constexpr DType value = DType::i32; };
-template <> struct dtype_of<uint32_t> { static constexpr DType value = DType::u32; };
-template <> struct dtype_of<uint16_t> { static constexpr DType value = DType::u16; };
-template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::u8; };
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct dtype_of<bf16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct dtype_of<f16> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct dtype_of<int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct dtype_of<uint32_t> {
+  static constexpr DType value = DType::u32;
+};
+template <>
+struct dtype_of<uint16_t> {
+  static constexpr DType value = DType::u16;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::u8;
+};
 
 }  // namespace pollen

@@ -25,7 +25,9 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   data_ = CpuAllocator::instance().allocate(bytes);
 }
 
-Storage::~Storage() { CpuAllocator::instance().release(data_, bytes_); }
+Storage::~Storage() {
+  CpuAllocator::instance().release(data_, bytes_);
+}
 
 namespace {
 Shape contiguous_strides(const Shape& shape) {
@@ -60,30 +62,57 @@ void for_each_offset(const Tensor& t, F&& f) {
 
 double load(const void* base, DType t, int64_t i) {
   switch (t) {
-    case DType::f64: return static_cast<const double*>(base)[i];
-    case DType::f32: return static_cast<const float*>(base)[i];
-    case DType::bf16: return static_cast<const bf16*>(base)[i].to_float();
-    case DType::f16: return static_cast<const f16*>(base)[i].to_float();
-    case DType::i64: return static_cast<double>(static_cast<const int64_t*>(base)[i]);
-    case DType::i32: return static_cast<const int32_t*>(base)[i];
-    case DType::u32: return static_cast<const uint32_t*>(base)[i];
-    case DType::u16: return static_cast<const uint16_t*>(base)[i];
-    case DType::u8: return static_cast<const uint8_t*>(base)[i];
+    case DType::f64:
+      return static_cast<const double*>(base)[i];
+    case DType::f32:
+      return static_cast<const float*>(base)[i];
+    case DType::bf16:
+      return static_cast<const bf16*>(base)[i].to_float();
+    case DType::f16:
+      return static_cast<const f16*>(base)[i].to_float();
+    case DType::i64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[i]);
+    case DType::i32:
+      return static_cast<const int32_t*>(base)[i];
+    case DType::u32:
+      return static_cast<const uint32_t*>(base)[i];
+    case DType::u16:
+      return static_cast<const uint16_t*>(base)[i];
+    case DType::u8:
+      return static_cast<const uint8_t*>(base)[i];
   }
   return 0;
 }
 
 void store(void* base, DType t, int64_t i, double v) {
   switch (t) {
-    case DType::f64: static_cast<double*>(base)[i] = v; break;
-    case DType::f32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
-    case DType::bf16: static_cast<bf16*>(base)[i] = bf16::from_float(static_cast<float>(v)); break;
-    case DType::f16: static_cast<f16*>(base)[i] = f16::from_float(static_cast<float>(v)); break;
-    case DType::i64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); break;
-    case DType::i32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
-    case DType::u32: static_cast<uint32_t*>(base)[i] = static_cast<uint32_t>(v); break;
-    case DType::u16: static_cast<uint16_t*>(base)[i] = static_cast<uint16_t>(v); break;
-    case DType::u8: static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v); break;
+    case DType::f64:
+      static_cast<double*>(base)[i] = v;
+      break;
+    case DType::f32:
+      static_cast<float*>(base)[i] = static_cast<float>(v);
+      break;
+    case DType::bf16:
+      static_cast<bf16*>(base)[i] = bf16::from_float(static_cast<float>(v));
+      break;
+    case DType::f16:
+      static_cast<f16*>(base)[i] = f16::from_float(static_cast<float>(v));
+      break;
+    case DType::i64:
+      static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
+      break;
+    case DType::i32:
+      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
+      break;
+    case DType::u32:
+      static_cast<uint32_t*>(base)[i] = static_cast<uint32_t>(v);
+      break;
+    case DType::u16:
+      static_cast<uint16_t*>(base)[i] = static_cast<uint16_t>(v);
+      break;
+    case DType::u8:
+      static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v);
+      break;
   }
 }
 }  // namespace
@@ -91,8 +120,8 @@ void store(void* base, DType t, int64_t i, double v) {
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) POLLEN_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype),
-                                         device);
+  t.storage_ = std::make_shared<Storage>(
+      static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;
@@ -111,7 +140,9 @@ Tensor Tensor::full(const Shape& shape, double value, DType dtype) {
   return t;
 }
 
-bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+bool Tensor::is_contiguous() const {
+  return strides_ == contiguous_strides(shape_);
+}
 
 void* Tensor::raw() const {
   POLLEN_CHECK(defined(), "use of an undefined tensor");
@@ -165,7 +196,9 @@ Tensor Tensor::transpose(int64_t a, int64_t b) const {
   return t;
 }
 
-Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
+Tensor Tensor::contiguous() const {
+  return is_contiguous() ? *this : clone();
+}
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device());
@@ -200,7 +233,8 @@ void Tensor::copy_(const Tensor& src) {
     return;
   }
   std::vector<int64_t> dst_offsets(static_cast<size_t>(numel()));
-  for_each_offset(*this, [&](int64_t i, int64_t off) { dst_offsets[static_cast<size_t>(i)] = off; });
+  for_each_offset(*this,
+                  [&](int64_t i, int64_t off) { dst_offsets[static_cast<size_t>(i)] = off; });
   const void* sb = src.raw();
   void* db = raw();
   for_each_offset(src, [&](int64_t i, int64_t off) {

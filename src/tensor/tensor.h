@@ -60,7 +60,7 @@ class Tensor {
   T* data() const {
     POLLEN_CHECK(dtype_of<T>::value == dtype_, "tensor of dtype ", dtype_name(dtype_),
                  " accessed as ", dtype_name(dtype_of<T>::value));
-    return static_cast<T*>(raw()) ;
+    return static_cast<T*>(raw());
   }
   void* raw() const;  // pointer to the first element
 
@@ -78,7 +78,7 @@ class Tensor {
   void fill_(double value);
   void copy_(const Tensor& src);  // same shape; converts dtype
 
-  double item() const;               // the value of a one-element float or integer tensor
+  double item() const;                     // the value of a one-element float or integer tensor
   std::vector<double> to_doubles() const;  // every element, row-major
 
   bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }

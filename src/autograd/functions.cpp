@@ -1,0 +1,264 @@
+#include "autograd/functions.h"
+
+#include <cmath>
+
+#include "ops/attention.h"
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/gemm.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+
+namespace pollen::ag {
+namespace {
+using NodePtr = std::shared_ptr<VarNode>;
+
+Var make_output(Tensor value, bool record) {
+  Var out(std::move(value), record);
+  out.node()->is_leaf = false;
+  return out;
+}
+
+// Records `fn(dout)` to run when out's gradient is known; out's gradient is released after.
+template <typename F>
+void on_backward(const Var& out, F&& fn) {
+  active_tape()->record([out_node = out.node(), fn = std::forward<F>(fn)]() mutable {
+    if (!out_node->grad.defined()) return;  // nothing flowed back through this output
+    fn(out_node->grad);
+    out_node->grad = Tensor();
+  });
+}
+
+Tensor empty_like(const Tensor& t) {
+  return Tensor::empty(t.shape(), t.dtype());
+}
+}  // namespace
+
+Var embedding(const Var& table, const Tensor& ids) {
+  const int64_t n = ids.numel(), c = table.size(1);
+  Tensor out = Tensor::empty({n, c}, table.dtype());
+  ops::embedding_forward(table.value(), ids.reshape({n}), out);
+  const bool record = should_record({&table});
+  Var y = make_output(out, record);
+  if (record) {
+    on_backward(y, [t = table.node(), ids = ids.reshape({n})](const Tensor& dy) {
+      ops::embedding_backward(dy, ids, grad_buffer(t));
+    });
+  }
+  return y;
+}
+
+Var linear(const Var& x, const Var& w, const Var* bias) {
+  const int64_t k = w.size(1), m = w.size(0);
+  const Tensor x2 = x.value().reshape({-1, k});
+  const int64_t n = x2.size(0);
+  Tensor out = Tensor::empty({n, m}, x.dtype());
+  if (bias) {
+    // Start from the bias broadcast over rows, then accumulate x @ w^T.
+    for (int64_t i = 0; i < n; ++i) out.slice(0, i, i + 1).copy_(bias->value().reshape({1, m}));
+    ops::gemm(x2, false, w.value(), true, out, 1.0, 1.0);
+  } else {
+    ops::gemm(x2, false, w.value(), true, out);
+  }
+  const bool record = should_record({&x, &w, bias});
+  Var y = make_output(out, record);
+  if (record) {
+    on_backward(y, [xn = x.node(), wn = w.node(), bn = bias ? bias->node() : NodePtr(), x2, n, m,
+                    k](const Tensor& dy) {
+      if (xn->requires_grad) {  // dx (N,K) = dy (N,M) @ w (M,K)
+        Tensor dx = Tensor::empty({n, k}, dy.dtype());
+        ops::gemm(dy, false, wn->value, false, dx);
+        accumulate(xn, dx);
+      }
+      if (wn->requires_grad) {  // dw (M,K) += dy^T (M,N) @ x (N,K)
+        Tensor& dw = grad_buffer(wn);
+        ops::gemm(dy, true, x2, false, dw, 1.0, 1.0);
+      }
+      if (bn && bn->requires_grad) {  // db (M) += column sums of dy, in row order
+        Tensor& db = grad_buffer(bn);
+        Tensor ones = Tensor::full({1, n}, 1.0, dy.dtype());
+        Tensor db2 = db.view({1, m});
+        ops::gemm(ones, false, dy, false, db2, 1.0, 1.0);
+      }
+    });
+  }
+  return y;
+}
+
+Var rmsnorm(const Var& x, const Var& w, double eps) {
+  const int64_t c = w.size(0);
+  const Tensor x2 = x.value().reshape({-1, c});
+  Tensor y = empty_like(x2), rstd = Tensor::empty({x2.size(0)}, x.dtype());
+  ops::rmsnorm_forward(x2, w.value(), eps, y, rstd);
+  const bool record = should_record({&x, &w});
+  Var out = make_output(y.view(x.shape()), record);
+  if (record) {
+    on_backward(out, [xn = x.node(), wn = w.node(), x2, rstd](const Tensor& dy) {
+      Tensor dx = empty_like(x2);
+      Tensor dw_scratch;
+      Tensor& dw = wn->requires_grad ? grad_buffer(wn)
+                                     : (dw_scratch = Tensor::zeros(wn->value.shape(), dy.dtype()));
+      ops::rmsnorm_backward(dy.reshape(x2.shape()), x2, wn->value, rstd, dx, dw, false);
+      accumulate(xn, dx);
+    });
+  }
+  return out;
+}
+
+Var rope(const Var& x, const Tensor& positions, double theta) {
+  Tensor y = empty_like(x.value());
+  ops::rope_forward(x.value(), positions, theta, y);
+  const bool record = should_record({&x});
+  Var out = make_output(y, record);
+  if (record) {
+    on_backward(out, [xn = x.node(), positions, theta](const Tensor& dy) {
+      Tensor dx = empty_like(dy);
+      ops::rope_backward(dy, positions, theta, dx);
+      accumulate(xn, dx);
+    });
+  }
+  return out;
+}
+
+Var attention(const Var& q, const Var& k, const Var& v, const Tensor& seg_start, double scale) {
+  const Tensor qc = q.value().contiguous(), kc = k.value().contiguous(),
+               vc = v.value().contiguous();
+  Tensor out = empty_like(qc);
+  Tensor lse = Tensor::empty({qc.size(0), qc.size(2), qc.size(1)}, qc.dtype());
+  ops::attention_forward(qc, kc, vc, seg_start, scale, out, lse);
+  const bool record = should_record({&q, &k, &v});
+  Var y = make_output(out, record);
+  if (record) {
+    on_backward(y, [qn = q.node(), kn = k.node(), vn = v.node(), qc, kc, vc, seg_start, out, lse,
+                    scale](const Tensor& dy) {
+      Tensor dq = empty_like(qc), dk = empty_like(kc), dv = empty_like(vc);
+      ops::attention_backward(qc, kc, vc, seg_start, out, lse, dy.contiguous(), scale, dq, dk, dv);
+      accumulate(qn, dq);
+      accumulate(kn, dk);
+      accumulate(vn, dv);
+    });
+  }
+  return y;
+}
+
+Var swiglu(const Var& gate, const Var& up) {
+  Tensor out = empty_like(gate.value());
+  ops::swiglu_forward(gate.value(), up.value(), out);
+  const bool record = should_record({&gate, &up});
+  Var y = make_output(out, record);
+  if (record) {
+    on_backward(y, [gn = gate.node(), un = up.node()](const Tensor& dy) {
+      Tensor dg = empty_like(gn->value), du = empty_like(un->value);
+      ops::swiglu_backward(dy, gn->value, un->value, dg, du);
+      accumulate(gn, dg);
+      accumulate(un, du);
+    });
+  }
+  return y;
+}
+
+Var add(const Var& a, const Var& b) {
+  Tensor out = empty_like(a.value());
+  ops::add(a.value(), b.value(), out);
+  const bool record = should_record({&a, &b});
+  Var y = make_output(out, record);
+  if (record) {
+    on_backward(y, [an = a.node(), bn = b.node()](const Tensor& dy) {
+      // The first input may take dy itself; the second gets its own copy so that later
+      // accumulation into one never shows up in the other.
+      if (an->requires_grad && bn->requires_grad) {
+        accumulate(bn, dy.clone());
+        accumulate(an, dy);
+      } else {
+        accumulate(an->requires_grad ? an : bn, dy);
+      }
+    });
+  }
+  return y;
+}
+
+Var reshape(const Var& x, const Shape& shape) {
+  const bool record = should_record({&x});
+  Var y = make_output(x.value().reshape(shape), record);
+  if (record) {
+    on_backward(
+        y, [xn = x.node()](const Tensor& dy) { accumulate(xn, dy.reshape(xn->value.shape())); });
+  }
+  return y;
+}
+
+Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction reduction,
+                  int64_t* scored) {
+  const int64_t c = w.size(1);
+  const Tensor h2 = h.value().reshape({-1, c});
+  const Tensor tg = targets.reshape({-1});
+  const bool record = should_record({&h, &w});
+  int64_t count = 0;
+  double loss = 0;
+  ops::CrossEntropyGrads grads;
+  if (record) {
+    // The gradient comes out of the same pass as the loss (for d loss = 1); backward scales it.
+    grads.dh = empty_like(h2);
+    grads.dw = Tensor::zeros(w.shape(), w.dtype());
+    int64_t n_scored = 0;
+    for (int64_t i = 0; i < tg.numel(); ++i) n_scored += tg.data<int32_t>()[i] >= 0;
+    grads.grad_scale = reduction == Reduction::mean && n_scored > 0 ? 1.0 / n_scored : 1.0;
+    loss = ops::cross_entropy_forward(h2, w.value(), tg, &count, &grads);
+  } else {
+    loss = ops::cross_entropy_forward(h2, w.value(), tg, &count, nullptr);
+  }
+  if (scored) *scored = count;
+  if (reduction == Reduction::mean) loss = count > 0 ? loss / static_cast<double>(count) : 0.0;
+  Var y = make_output(Tensor::full({1}, loss, h.dtype()), record);
+  if (record) {
+    on_backward(y, [hn = h.node(), wn = w.node(), grads](const Tensor& dy) mutable {
+      const double s = dy.item();
+      if (hn->requires_grad) {
+        if (s != 1.0) ops::scale_into(s, grads.dh, grads.dh);
+        accumulate(hn, grads.dh.view(hn->value.shape()));
+      }
+      if (wn->requires_grad) {
+        if (wn->grad.defined()) {
+          ops::axpy(s, grads.dw, wn->grad);
+        } else {
+          if (s != 1.0) ops::scale_into(s, grads.dw, grads.dw);
+          accumulate(wn, grads.dw);
+        }
+      }
+    });
+  }
+  return y;
+}
+
+Var checkpoint(const std::function<Var(const std::vector<Var>&)>& fn,
+               const std::vector<Var>& inputs) {
+  Var out;
+  {
+    NoGrad no_grad;
+    out = fn(inputs);
+  }
+  bool record = false;
+  for (const Var& v : inputs) record = record || should_record({&v});
+  Var y = make_output(out.value(), record);
+  if (record) {
+    on_backward(y, [fn, inputs](const Tensor& dy) {
+      // Recompute with fresh leaves that share the inputs' values, then send their gradients on.
+      std::vector<Var> leaves;
+      for (const Var& v : inputs) leaves.emplace_back(v.value(), v.requires_grad());
+      Tape inner;
+      Var recomputed;
+      {
+        TapeScope scope(inner);
+        recomputed = fn(leaves);
+      }
+      inner.backward(recomputed, dy);
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (leaves[i].grad().defined()) accumulate(inputs[i].node(), leaves[i].grad());
+      }
+    });
+  }
+  return y;
+}
+
+}  // namespace pollen::ag

@@ -1,0 +1,71 @@
+#include "autograd/tape.h"
+
+#include "ops/elementwise.h"
+
+namespace pollen::ag {
+namespace {
+thread_local Tape* t_active = nullptr;
+}
+
+Var::Var(Tensor value, bool requires_grad, std::string name) : node_(std::make_shared<VarNode>()) {
+  node_->value = std::move(value);
+  node_->requires_grad = requires_grad;
+  node_->name = std::move(name);
+}
+
+Tape* active_tape() {
+  return t_active;
+}
+
+TapeScope::TapeScope(Tape& tape) : previous_(t_active) {
+  t_active = &tape;
+}
+TapeScope::~TapeScope() {
+  t_active = previous_;
+}
+
+NoGrad::NoGrad() : previous_(t_active) {
+  t_active = nullptr;
+}
+NoGrad::~NoGrad() {
+  t_active = previous_;
+}
+
+bool should_record(std::initializer_list<const Var*> inputs) {
+  if (!t_active) return false;
+  for (const Var* v : inputs)
+    if (v && v->requires_grad()) return true;
+  return false;
+}
+
+Tensor& grad_buffer(const std::shared_ptr<VarNode>& v) {
+  if (!v->grad.defined()) v->grad = Tensor::zeros(v->value.shape(), v->value.dtype());
+  return v->grad;
+}
+
+void accumulate(const std::shared_ptr<VarNode>& v, const Tensor& g) {
+  if (!v->requires_grad) return;
+  if (!v->grad.defined()) {
+    v->grad = g.shape() == v->value.shape() ? g : g.reshape(v->value.shape());
+  } else {
+    ops::axpy(1.0, g.reshape(v->value.shape()), v->grad);
+  }
+}
+
+void Tape::backward(Var& loss, double seed) {
+  POLLEN_CHECK(loss.value().numel() == 1, "backward: the loss must have one element, got shape ",
+               shape_str(loss.shape()));
+  POLLEN_CHECK(loss.requires_grad(), "backward: the loss does not depend on any parameter");
+  backward(loss, Tensor::full(loss.shape(), seed, loss.dtype()));
+}
+
+void Tape::backward(Var& out, const Tensor& grad) {
+  accumulate(out.node(), grad);
+  while (!steps_.empty()) {
+    auto step = std::move(steps_.back());
+    steps_.pop_back();
+    step();
+  }
+}
+
+}  // namespace pollen::ag

@@ -1,0 +1,129 @@
+#include "model/config.h"
+
+#include "base/config.h"
+#include "base/error.h"
+
+namespace pollen::model {
+namespace {
+LlamaConfig make(const char* name, int64_t layers, int64_t hidden, int64_t heads, int64_t kv,
+                 int64_t ffn, int64_t vocab, bool tied) {
+  LlamaConfig c;
+  c.name = name;
+  c.num_hidden_layers = layers;
+  c.hidden_size = hidden;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = kv;
+  c.intermediate_size = ffn;
+  c.vocab_size = vocab;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  return {"llama-tiny", "llama-cpu", "llama-124m", "llama-1b", "smollm2-135m"};
+}
+
+LlamaConfig preset(const std::string& name) {
+  if (name == "llama-tiny") return make("llama-tiny", 4, 256, 4, 4, 688, 4096, false);
+  if (name == "llama-cpu") return make("llama-cpu", 6, 384, 6, 2, 1024, 8192, false);
+  if (name == "llama-124m") return make("llama-124m", 12, 768, 12, 4, 2048, 32768, false);
+  if (name == "llama-1b") return make("llama-1b", 16, 2048, 16, 8, 5632, 32768, false);
+  if (name == "smollm2-135m") {
+    LlamaConfig c = make("smollm2-135m", 30, 576, 9, 3, 1536, 49152, true);
+    c.rope_theta = 100000.0;
+    c.max_position_embeddings = 8192;
+    return c;
+  }
+  std::string list;
+  for (const auto& n : preset_names()) list += (list.empty() ? "" : ", ") + n;
+  fail("unknown model preset '", name, "': expected one of ", list, ", or a .toml model file");
+}
+
+void LlamaConfig::validate() const {
+  auto positive = [&](const char* key, int64_t v) {
+    POLLEN_CHECK(v > 0, "model '", name, "': ", key, " must be positive, got ", v);
+  };
+  positive("vocab_size", vocab_size);
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_hidden_layers", num_hidden_layers);
+  positive("num_attention_heads", num_attention_heads);
+  positive("num_key_value_heads", num_key_value_heads);
+  positive("max_position_embeddings", max_position_embeddings);
+  POLLEN_CHECK(num_attention_heads % num_key_value_heads == 0, "model '", name,
+               "': num_attention_heads (", num_attention_heads,
+               ") must be a multiple of num_key_value_heads (", num_key_value_heads, ")");
+  POLLEN_CHECK(head_dim > 0 || hidden_size % num_attention_heads == 0, "model '", name,
+               "': hidden_size (", hidden_size, ") is not a multiple of num_attention_heads (",
+               num_attention_heads, "); set head_dim");
+  POLLEN_CHECK(resolved_head_dim() % 2 == 0, "model '", name, "': head_dim must be even for ",
+               "rotary embeddings, got ", resolved_head_dim());
+  POLLEN_CHECK(rope_theta > 0, "model '", name, "': rope_theta must be positive");
+  POLLEN_CHECK(rms_norm_eps > 0, "model '", name, "': rms_norm_eps must be positive");
+}
+
+int64_t LlamaConfig::embedding_parameter_count() const {
+  return vocab_size * hidden_size;
+}
+
+int64_t LlamaConfig::parameter_count() const {
+  const int64_t d = resolved_head_dim(), h = hidden_size;
+  const int64_t q = num_attention_heads * d, kv = num_key_value_heads * d;
+  int64_t attn = h * q + 2 * h * kv + q * h + (attention_bias ? q + 2 * kv : 0);
+  int64_t mlp = 3 * h * intermediate_size;
+  int64_t per_layer = attn + mlp + 2 * h;
+  int64_t total = num_hidden_layers * per_layer + h + embedding_parameter_count();
+  if (!tie_word_embeddings) total += vocab_size * h;
+  return total;
+}
+
+double LlamaConfig::flops_per_token(int64_t seq_len) const {
+  const double non_embedding =
+      static_cast<double>(parameter_count() - embedding_parameter_count() -
+                          (tie_word_embeddings ? 0 : vocab_size * hidden_size));
+  const double head = static_cast<double>(vocab_size * hidden_size);
+  return 6.0 * (non_embedding + head) +
+         12.0 * static_cast<double>(num_hidden_layers * hidden_size * seq_len);
+}
+
+LlamaConfig read_config(ConfigTable& t) {
+  LlamaConfig c;
+  std::string base = t.get_string("preset", "");
+  if (!base.empty()) c = preset(base);
+  c.name = t.get_string("name", base.empty() ? "custom" : base);
+  c.vocab_size = t.get_int("vocab_size", c.vocab_size);
+  c.hidden_size = t.get_int("hidden_size", c.hidden_size);
+  c.intermediate_size = t.get_int("intermediate_size", c.intermediate_size);
+  c.num_hidden_layers = t.get_int("num_hidden_layers", c.num_hidden_layers);
+  c.num_attention_heads = t.get_int("num_attention_heads", c.num_attention_heads);
+  c.num_key_value_heads = t.get_int("num_key_value_heads", c.num_key_value_heads);
+  c.head_dim = t.get_int("head_dim", c.head_dim);
+  c.max_position_embeddings = t.get_int("max_position_embeddings", c.max_position_embeddings);
+  c.rope_theta = t.get_double("rope_theta", c.rope_theta);
+  c.rms_norm_eps = t.get_double("rms_norm_eps", c.rms_norm_eps);
+  c.tie_word_embeddings = t.get_bool("tie_word_embeddings", c.tie_word_embeddings);
+  c.attention_bias = t.get_bool("attention_bias", c.attention_bias);
+  c.initializer_range = t.get_double("initializer_range", c.initializer_range);
+  t.finish();
+  c.validate();
+  return c;
+}
+
+LlamaConfig load_config(const std::filesystem::path& path) {
+  ConfigTable root = ConfigTable::load(path);
+  if (auto m = root.table("model")) {
+    root.finish();
+    return read_config(*m);
+  }
+  return read_config(root);
+}
+
+LlamaConfig resolve_config(const std::string& preset_or_file) {
+  if (preset_or_file.ends_with(".toml")) return load_config(preset_or_file);
+  LlamaConfig c = preset(preset_or_file);
+  c.validate();
+  return c;
+}
+
+}  // namespace pollen::model

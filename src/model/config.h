@@ -1,0 +1,53 @@
+#pragma once
+// The shape of a Llama-family decoder, with the meaning of HF LlamaConfig's keys.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace pollen {
+class ConfigTable;
+}
+
+namespace pollen::model {
+
+struct LlamaConfig {
+  std::string name = "custom";
+  int64_t vocab_size = 4096;
+  int64_t hidden_size = 256;
+  int64_t intermediate_size = 688;
+  int64_t num_hidden_layers = 4;
+  int64_t num_attention_heads = 4;
+  int64_t num_key_value_heads = 4;
+  int64_t head_dim = 0;  // 0: hidden_size / num_attention_heads
+  int64_t max_position_embeddings = 2048;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // biases on q, k, v projections (Qwen2)
+  double initializer_range = 0.02;
+
+  int64_t resolved_head_dim() const {
+    return head_dim > 0 ? head_dim : hidden_size / num_attention_heads;
+  }
+  void validate() const;  // throws naming the inconsistent keys
+
+  int64_t parameter_count() const;
+  int64_t embedding_parameter_count() const;  // the input embedding table
+  // PaLM's count: 6 * (non-embedding parameters + the output head) + 12 * layers * hidden * seq.
+  double flops_per_token(int64_t seq_len) const;
+};
+
+// Built-in presets: llama-tiny, llama-cpu, llama-124m, llama-1b, smollm2-135m.
+std::vector<std::string> preset_names();
+LlamaConfig preset(const std::string& name);  // throws listing the presets when unknown
+
+// A pollen model file (TOML): an optional `preset = "..."` then any keys above to override,
+// under [model] or at top level. Unknown keys and wrong types are errors naming file and key.
+LlamaConfig load_config(const std::filesystem::path& path);
+LlamaConfig read_config(ConfigTable& table);
+
+// A preset name or a path to a TOML model file.
+LlamaConfig resolve_config(const std::string& preset_or_file);
+
+}  // namespace pollen::model

@@ -1,0 +1,64 @@
+#pragma once
+// A Llama-family decoder with the semantics of HF LlamaForCausalLM (pre-norm RMSNorm blocks,
+// rotary embeddings in rotate_half form, grouped-query attention, SwiGLU MLP, optional tied
+// embeddings and q/k/v biases). Parameters carry HF's names.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "autograd/functions.h"
+#include "model/config.h"
+
+namespace pollen::model {
+
+// One batch of token windows. tokens (B,T) int32; targets (B,T) int32 (negative = not scored);
+// positions (B,T) int32 and doc_ids (B,T) int32 for packed documents (each token attends to and
+// is rotated within its own document). Empty positions/doc_ids mean one document per row.
+struct Batch {
+  Tensor tokens, targets, positions, doc_ids;
+  static Batch contiguous_rows(const Tensor& tokens, const Tensor& targets);
+};
+
+struct LayerParams {
+  ag::Var input_norm, q_proj, k_proj, v_proj, o_proj, q_bias, k_bias, v_bias;
+  ag::Var post_attention_norm, gate_proj, up_proj, down_proj;
+};
+
+class Llama {
+ public:
+  // Parameters initialised as HF does: normal(0, initializer_range) for matrices, ones for norms,
+  // zeros for biases; drawn from the seed, one counter-based stream per parameter.
+  Llama(const LlamaConfig& config, uint64_t seed, DType dtype = DType::f32);
+
+  const LlamaConfig& config() const { return config_; }
+  DType dtype() const { return dtype_; }
+
+  // Every parameter with its HF name, in a fixed order.
+  std::vector<std::pair<std::string, ag::Var>> named_parameters() const;
+  std::vector<ag::Var> parameters() const;
+
+  // Final hidden states (B*T, C) after the last norm.
+  ag::Var hidden_states(const Batch& batch) const;
+  // Mean (or sum) cross-entropy over scored targets; *scored gets how many were scored.
+  ag::Var loss(const Batch& batch, ag::Reduction reduction = ag::Reduction::mean,
+               int64_t* scored = nullptr) const;
+  // Logits (B*T, V) without autograd (evaluation, generation, parity tests).
+  Tensor logits(const Batch& batch) const;
+
+  const ag::Var& output_head() const { return tie_ ? embed_tokens_ : lm_head_; }
+
+  void set_recompute(bool recompute) { recompute_ = recompute; }  // per-layer recomputation
+
+ private:
+  ag::Var block(const LayerParams& p, const ag::Var& x, const Batch& batch,
+                const Tensor& seg_start) const;
+
+  LlamaConfig config_;
+  DType dtype_;
+  bool tie_;
+  bool recompute_ = false;
+  ag::Var embed_tokens_, norm_, lm_head_;
+  std::vector<LayerParams> layers_;
+};
+
+}  // namespace pollen::model

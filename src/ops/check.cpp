@@ -1,0 +1,21 @@
+#include "ops/check.h"
+
+namespace pollen::ops {
+
+void expect(const char* op, const char* name, const Tensor& t, const Shape& shape, DType dtype) {
+  POLLEN_CHECK(t.defined(), op, ": ", name, " is undefined");
+  bool ok = t.dtype() == dtype && t.dim() == static_cast<int64_t>(shape.size());
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape()[i];
+  if (!ok) {
+    std::string want = "(";
+    for (size_t i = 0; i < shape.size(); ++i)
+      want += (i ? ", " : "") + (shape[i] < 0 ? std::string("*") : std::to_string(shape[i]));
+    want += ")";
+    fail(op, ": ", name, ": expected shape ", want, " ", dtype_name(dtype), ", got ",
+         shape_str(t.shape()), " ", dtype_name(t.dtype()));
+  }
+  POLLEN_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+  expect_cpu(op, t);
+}
+
+}  // namespace pollen::ops

@@ -1,0 +1,109 @@
+#include "ops/cross_entropy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "ops/check.h"
+#include "ops/cpu/fast_exp.h"
+#include "ops/cpu/kernels.h"
+
+namespace pollen::ops {
+namespace {
+
+template <typename T>
+T exp_of(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return cpu::fast_exp(x);
+  } else {
+    return std::exp(x);
+  }
+}
+
+// One block of rows: logits (nb,V) -> per-row loss; optionally logits -> gradient in place.
+template <typename T>
+void softmax_rows(T* logits, const int32_t* targets, int64_t nb, int64_t v, double* row_loss,
+                  bool want_grad, T grad_scale) {
+  parallel_for(nb, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      T* row = logits + i * v;
+      const int32_t t = targets[i];
+      if (t < 0) {
+        row_loss[i] = 0;
+        if (want_grad) std::fill(row, row + v, T(0));
+        continue;
+      }
+      const double target_logit = static_cast<double>(row[t]);
+      T mx = row[0];
+      for (int64_t j = 1; j < v; ++j) mx = std::max(mx, row[j]);
+      T sum = 0;
+      for (int64_t j = 0; j < v; ++j) {
+        T e = exp_of<T>(row[j] - mx);
+        sum += e;
+        if (want_grad) row[j] = e;
+      }
+      const double lse = static_cast<double>(mx) + std::log(static_cast<double>(sum));
+      row_loss[i] = lse - target_logit;
+      if (want_grad) {
+        const T inv = grad_scale / sum;
+        for (int64_t j = 0; j < v; ++j) row[j] *= inv;
+        row[t] -= grad_scale;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+int64_t cross_entropy_default_block_rows(int64_t vocab) {
+  return std::max<int64_t>(16, (int64_t{1} << 22) / std::max<int64_t>(vocab, 1));
+}
+
+double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& targets,
+                             int64_t* scored, CrossEntropyGrads* grads, int64_t block_rows) {
+  const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
+  const DType dt = h.dtype();
+  expect("cross_entropy", "h", h, {n, c}, dt);
+  expect("cross_entropy", "w", w, {v, c}, dt);
+  expect("cross_entropy", "targets", targets, {n}, DType::i32);
+  const int32_t* tg = targets.data<int32_t>();
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    POLLEN_CHECK(tg[i] < v, "cross_entropy: target ", tg[i], " at row ", i,
+                 " is outside the vocabulary [0, ", v, ")");
+    count += tg[i] >= 0;
+  }
+  *scored = count;
+  if (grads) {
+    expect("cross_entropy", "dh", grads->dh, {n, c}, dt);
+    expect("cross_entropy", "dw", grads->dw, {v, c}, dt);
+  }
+  if (block_rows <= 0) block_rows = cross_entropy_default_block_rows(v);
+  block_rows = std::min(block_rows, std::max<int64_t>(n, 1));
+
+  std::vector<double> row_loss(static_cast<size_t>(n));
+  dispatch_float("cross_entropy", dt, [&]<typename T>(T) {
+    Tensor logits = Tensor::empty({block_rows, v}, dt);
+    for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
+      const int64_t nb = std::min(block_rows, n - r0);
+      const T* hb = h.data<T>() + r0 * c;
+      T* lg = logits.data<T>();
+      cpu::gemm<T>(hb, false, w.data<T>(), true, lg, nb, v, c, T(1), T(0));  // (nb,V) = hb w^T
+      softmax_rows<T>(lg, tg + r0, nb, v, row_loss.data() + r0, grads != nullptr,
+                      static_cast<T>(grads ? grads->grad_scale : 1.0));
+      if (grads) {
+        // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
+        cpu::gemm<T>(lg, false, w.data<T>(), false, grads->dh.data<T>() + r0 * c, nb, c, v, T(1),
+                     T(0));
+        cpu::gemm<T>(lg, true, hb, false, grads->dw.data<T>(), v, c, nb, T(1), T(1));
+      }
+    }
+  });
+  double total = 0;
+  for (double l : row_loss) total += l;
+  return total;
+}
+
+}  // namespace pollen::ops

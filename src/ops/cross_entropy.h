@@ -1,0 +1,29 @@
+#pragma once
+// Cross-entropy fused with the output projection (the LM head), computed over blocks of rows so
+// that at most (block_rows, V) logits exist at a time and none are kept for backward.
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace pollen::ops {
+
+inline constexpr int32_t kIgnoreIndex = -100;  // targets below 0 are not scored (HF uses -100)
+
+struct CrossEntropyGrads {
+  Tensor dh;  // (N,C): overwritten with grad_scale * d(loss_sum)/dh
+  Tensor dw;  // (V,C): accumulated with grad_scale * d(loss_sum)/dw
+  double grad_scale = 1.0;
+};
+
+// h (N,C), w (V,C), targets (N) int32. Returns the sum over scored rows of
+// -log softmax(h w^T)[target] and sets *scored to the number of scored rows. When `grads` is
+// given, the gradients are computed in the same pass (the logits of a block are used for the
+// loss and then turned into its gradient): three GEMMs per block and no second pass.
+double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& targets,
+                             int64_t* scored, CrossEntropyGrads* grads = nullptr,
+                             int64_t block_rows = 0);
+
+// The rows per block used when block_rows is 0: about 4 M logits per block.
+int64_t cross_entropy_default_block_rows(int64_t vocab);
+
+}  // namespace pollen::ops

@@ -1,0 +1,11 @@
+#pragma once
+#include "tensor/tensor.h"
+
+namespace pollen::ops {
+
+// out (N,C) = table (V,C) rows at ids (N) int32; an id outside [0, V) is an error naming it.
+void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out);
+// dtable (V,C) += scatter of dout (N,C) at ids.
+void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable);
+
+}  // namespace pollen::ops

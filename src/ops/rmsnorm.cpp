@@ -1,0 +1,35 @@
+#include "ops/rmsnorm.h"
+
+#include "ops/check.h"
+#include "ops/cpu/kernels.h"
+
+namespace pollen::ops {
+
+void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+  const int64_t c = w.numel(), n = x.numel() / (c ? c : 1);
+  const DType dt = x.dtype();
+  expect("rmsnorm", "x", x, {n, c}, dt);
+  expect("rmsnorm", "w", w, {c}, dt);
+  expect("rmsnorm", "y", y, {n, c}, dt);
+  expect("rmsnorm", "rstd", rstd, {n}, dt);
+  dispatch_float("rmsnorm", dt, [&]<typename T>(T) {
+    cpu::rmsnorm_forward(x.data<T>(), w.data<T>(), y.data<T>(), rstd.data<T>(), n, c, eps);
+  });
+}
+
+void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
+                      Tensor& dx, Tensor& dw, bool accumulate_dx) {
+  const int64_t c = w.numel(), n = x.numel() / (c ? c : 1);
+  const DType dt = x.dtype();
+  expect("rmsnorm_backward", "dy", dy, {n, c}, dt);
+  expect("rmsnorm_backward", "x", x, {n, c}, dt);
+  expect("rmsnorm_backward", "rstd", rstd, {n}, dt);
+  expect("rmsnorm_backward", "dx", dx, {n, c}, dt);
+  expect("rmsnorm_backward", "dw", dw, {c}, dt);
+  dispatch_float("rmsnorm_backward", dt, [&]<typename T>(T) {
+    cpu::rmsnorm_backward(dy.data<T>(), x.data<T>(), w.data<T>(), rstd.data<T>(), dx.data<T>(),
+                          dw.data<T>(), n, c, accumulate_dx);
+  });
+}
+
+}  // namespace pollen::ops

@@ -1,0 +1,52 @@
+#include "optim/adamw.h"
+
+#include <cmath>
+
+namespace pollen::optim {
+
+AdamW::AdamW(std::vector<ag::Var> params, const AdamWOptions& options)
+    : params_(std::move(params)), options_(options) {
+  for (const auto& p : params_) {
+    ops::AdamWSlot s;
+    s.param = p.value();
+    s.exp_avg = Tensor::zeros(p.shape(), p.dtype());
+    s.exp_avg_sq = Tensor::zeros(p.shape(), p.dtype());
+    s.weight_decay = p.value().dim() >= 2 ? options_.weight_decay : 0.0;
+    slots_.push_back(std::move(s));
+  }
+}
+
+double grad_norm(const std::vector<ag::Var>& params) {
+  std::vector<Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return std::sqrt(ops::sum_of_squares(grads));
+}
+
+double AdamW::step(double lr) {
+  ++step_;
+  const double norm = grad_norm(params_);
+  ops::AdamWHyper h;
+  h.lr = lr;
+  h.beta1 = options_.beta1;
+  h.beta2 = options_.beta2;
+  h.eps = options_.eps;
+  h.step = step_;
+  if (options_.max_grad_norm > 0 && norm > options_.max_grad_norm) {
+    h.grad_scale = options_.max_grad_norm / (norm + 1e-6);
+  }
+  std::vector<ops::AdamWSlot> active;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].grad().defined()) continue;
+    slots_[i].grad = params_[i].grad();
+    active.push_back(slots_[i]);
+  }
+  ops::adamw_step(active, h);
+  return norm;
+}
+
+void AdamW::zero_grad() {
+  for (auto& p : params_) p.zero_grad();
+}
+
+}  // namespace pollen::optim

@@ -1,0 +1,91 @@
+#include "train/step_bench.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "base/rng.h"
+#include "base/thread_pool.h"
+#include "model/llama.h"
+#include "ops/threads.h"
+#include "optim/adamw.h"
+
+namespace pollen::train {
+
+std::string StepBenchResult::to_json() const {
+  nlohmann::ordered_json j;
+  j["model"] = model;
+  j["threads"] = threads;
+  j["params"] = params;
+  j["batch"] = batch;
+  j["seq"] = seq;
+  j["steps"] = steps;
+  j["step_ms"] = std::round(step_ms * 10) / 10;
+  j["tokens_per_s"] = std::round(tokens_per_s);
+  j["flops_per_token"] = flops_per_token;
+  j["gflops"] = std::round(gflops * 10) / 10;
+  j["loss"] = std::round(last_loss * 1000) / 1000;
+  j["peak_rss_mb"] = std::round(peak_rss_mb);
+  return j.dump();
+}
+
+StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBenchOptions& o) {
+  POLLEN_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0, "bench step: batch, seq and steps must ",
+               "be positive");
+  ops::set_cpu_threads(o.threads > 0 ? o.threads
+                                     : static_cast<int>(std::thread::hardware_concurrency()));
+  model::Llama model(config, o.seed);
+  model.set_recompute(o.recompute);
+  optim::AdamW opt(model.parameters(), optim::AdamWOptions{});
+
+  Rng rng(o.seed + 1);
+  Tensor tokens = Tensor::empty({o.batch, o.seq}, DType::i32);
+  Tensor targets = Tensor::empty({o.batch, o.seq}, DType::i32);
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens.data<int32_t>()[i] =
+        static_cast<int32_t>(rng.below(static_cast<uint64_t>(config.vocab_size)));
+    targets.data<int32_t>()[i] =
+        static_cast<int32_t>(rng.below(static_cast<uint64_t>(config.vocab_size)));
+  }
+  const model::Batch batch = model::Batch::contiguous_rows(tokens, targets);
+
+  double loss = 0;
+  auto one_step = [&] {
+    ag::Tape tape;
+    ag::Var l;
+    {
+      ag::TapeScope scope(tape);
+      l = model.loss(batch);
+    }
+    tape.backward(l);
+    opt.step(3e-4);
+    opt.zero_grad();
+    loss = l.value().item();
+  };
+  for (int64_t i = 0; i < o.warmup; ++i) one_step();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < o.steps; ++i) one_step();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+      static_cast<double>(o.steps);
+
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  StepBenchResult r;
+  r.model = config.name;
+  r.threads = num_threads();
+  r.params = config.parameter_count();
+  r.batch = o.batch;
+  r.seq = o.seq;
+  r.steps = o.steps;
+  r.step_ms = seconds * 1e3;
+  r.tokens_per_s = static_cast<double>(o.batch * o.seq) / seconds;
+  r.flops_per_token = config.flops_per_token(o.seq);
+  r.gflops = r.tokens_per_s * r.flops_per_token / 1e9;
+  r.last_loss = loss;
+  r.peak_rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;
+  return r;
+}
+
+}  // namespace pollen::train

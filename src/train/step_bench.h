@@ -1,0 +1,29 @@
+#pragma once
+// Throughput of full training steps (forward, backward, AdamW) on random tokens: what
+// `pollen bench step` runs.
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+
+namespace pollen::train {
+
+struct StepBenchOptions {
+  int64_t batch = 8, seq = 128, steps = 10, warmup = 2;
+  int threads = 0;  // 0: all hardware threads
+  bool recompute = false;
+  uint64_t seed = 0;
+};
+
+struct StepBenchResult {
+  std::string model;
+  int threads = 0;
+  int64_t params = 0, batch = 0, seq = 0, steps = 0;
+  double step_ms = 0, tokens_per_s = 0, flops_per_token = 0, gflops = 0, last_loss = 0;
+  double peak_rss_mb = 0;
+  std::string to_json() const;  // one line
+};
+
+StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBenchOptions& options);
+
+}  // namespace pollen::train

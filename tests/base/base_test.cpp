@@ -1,0 +1,130 @@
+// The base layer: config errors, the counter-based RNG, the thread pool, hashing and files.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+
+#include "base/config.h"
+#include "base/error.h"
+#include "base/files.h"
+#include "base/hash.h"
+#include "base/rng.h"
+#include "base/thread_pool.h"
+
+namespace pollen {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, TypedKeysAndDefaults) {
+  auto t = ConfigTable::parse("a = 3\nb = 2.5\nc = 'x'\n[sub]\nd = true\n", "run.toml");
+  EXPECT_EQ(t.get_int("a", 0), 3);
+  EXPECT_EQ(t.get_double("b", 0), 2.5);
+  EXPECT_EQ(t.get_double("a", 0), 3.0);  // integers are numbers
+  EXPECT_EQ(t.get_string("c", ""), "x");
+  EXPECT_EQ(t.get_int("missing", 7), 7);
+  auto sub = t.table("sub");
+  ASSERT_TRUE(sub);
+  EXPECT_TRUE(sub->get_bool("d", false));
+  sub->finish();
+  t.finish();
+}
+
+TEST(Config, WrongTypeNamesFileKeyAndExpectedType) {
+  auto t = ConfigTable::parse("[model]\nhidden_size = 'big'\n", "run.toml");
+  auto m = t.table("model");
+  std::string e = error_of([&] { m->get_int("hidden_size", 0); });
+  EXPECT_NE(e.find("run.toml"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.hidden_size"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected an integer, got a string"), std::string::npos) << e;
+}
+
+TEST(Config, UnknownKeysAreErrors) {
+  auto t = ConfigTable::parse("hidden_size = 3\nhiden = 4\n", "m.toml");
+  t.get_int("hidden_size", 0);
+  std::string e = error_of([&] { t.finish(); });
+  EXPECT_NE(e.find("unknown key 'hiden'"), std::string::npos) << e;
+}
+
+TEST(Config, SyntaxErrorNamesLine) {
+  std::string e = error_of([] { ConfigTable::parse("a = 1\nb = = 2\n", "bad.toml"); });
+  EXPECT_NE(e.find("bad.toml', line 2"), std::string::npos) << e;
+}
+
+TEST(Philox, KnownAnswerVectors) {
+  // Random123's kat_vectors for philox4x32_10.
+  EXPECT_EQ(philox4x32(0, 0, 0),
+            (std::array<uint32_t, 4>{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(philox4x32(~0ULL, ~0ULL, ~0ULL),
+            (std::array<uint32_t, 4>{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(philox4x32(0x299f31d0a4093822ULL, 0x0370734413198a2eULL, 0x85a308d3243f6a88ULL),
+            (std::array<uint32_t, 4>{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+TEST(Rng, ResumesFromSeedAndOffset) {
+  Rng a(42);
+  for (int i = 0; i < 8; ++i) a.next_u32();  // two whole blocks
+  Rng b(42, a.offset());
+  EXPECT_EQ(a.next_u64(), b.next_u64());
+  EXPECT_NE(Rng(1).fork(0).next_u64(), Rng(1).fork(1).next_u64());
+}
+
+TEST(Rng, NormalHasUnitMomentsAndBelowIsInRange) {
+  Rng r(7);
+  double s = 0, s2 = 0;
+  const int n = 100000;
+  for (int i = 0; i < n; ++i) {
+    double x = r.normal();
+    s += x;
+    s2 += x * x;
+    ASSERT_LT(r.below(10), 10u);
+  }
+  EXPECT_NEAR(s / n, 0.0, 0.02);
+  EXPECT_NEAR(s2 / n, 1.0, 0.02);
+}
+
+TEST(ThreadPool, ChunksCoverRangeOnceAndErrorsPropagate) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(1000);
+  pool.run_chunks(1000, 7, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+  });
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+  EXPECT_THROW(pool.run_chunks(10, 3,
+                               [](int64_t b, int64_t, int) {
+                                 if (b > 0) fail("boom");
+                               }),
+               Error);
+}
+
+TEST(Hash, Sha256AndXxh64KnownValues) {
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(xxh64("", 0, 0), 0xef46db3751d8e999ULL);
+}
+
+TEST(Files, AtomicWriteReplacesWholeFile) {
+  auto dir = std::filesystem::temp_directory_path() / "pollen_files_test";
+  std::filesystem::create_directories(dir);
+  auto path = dir / "f.txt";
+  write_file_atomic(path, "first");
+  write_file_atomic(path, "second version");
+  EXPECT_EQ(read_file(path), "second version");
+  MappedFile m(path);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(m.data()), m.size()), "second version");
+  for (auto& e : std::filesystem::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename(), "f.txt") << "temporary file left behind";
+  std::string err = error_of([&] { read_file(dir / "missing.txt"); });
+  EXPECT_NE(err.find("missing.txt"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pollen

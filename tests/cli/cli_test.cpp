@@ -1,0 +1,64 @@
+// The pollen binary as a user runs it: help, version, bench step and its errors.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int status;
+  std::string output;
+};
+
+CliRun run_pollen(const std::string& args) {
+  std::string cmd = std::string(POLLEN_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WEXITSTATUS(status), out};
+}
+
+TEST(Cli, HelpListsCommands) {
+  CliRun r = run_pollen("--help");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.output.find("version"), std::string::npos);
+  EXPECT_NE(r.output.find("bench"), std::string::npos);
+}
+
+TEST(Cli, VersionNamesCommitAndBackends) {
+  CliRun r = run_pollen("version");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("commit "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cuda: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("OpenBLAS"), std::string::npos) << r.output;
+}
+
+TEST(Cli, BenchStepPrintsOneJsonLine) {
+  CliRun r = run_pollen(
+      "bench step --model llama-tiny --batch 1 --seq 16 --steps 1 --warmup 0 --threads 1");
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["model"], "llama-tiny");
+  EXPECT_EQ(j["params"], 4 * (4 * 256 * 256 + 3 * 256 * 688 + 512) + 256 + 2 * 4096 * 256);
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(j["peak_rss_mb"].get<double>(), 0);
+  EXPECT_NEAR(j["loss"].get<double>(), std::log(4096.0), 0.5);  // random init: about log V
+}
+
+TEST(Cli, UnknownPresetAndBadFlagsFailClearly) {
+  CliRun r = run_pollen("bench step --model llama-huge --steps 1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("unknown model preset 'llama-huge'"), std::string::npos) << r.output;
+  r = run_pollen("bench step --batch nine");
+  EXPECT_NE(r.status, 0);
+  r = run_pollen("frobnicate");
+  EXPECT_NE(r.status, 0);
+}
+
+}  // namespace

@@ -1,0 +1,70 @@
+// Forward passes on hand-computed cases, and the fused AdamW against PyTorch's update rule.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "ops/adamw.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/rmsnorm.h"
+
+namespace pollen {
+namespace {
+
+TEST(RMSNorm, HandComputed) {
+  // x = (3, 4): mean square 12.5, rstd 1/sqrt(12.5 + eps).
+  Tensor x = Tensor::from<double>({1, 2}, {3, 4}), w = Tensor::from<double>({2}, {1, 2});
+  Tensor y = Tensor::empty({1, 2}, DType::f64), rstd = Tensor::empty({1}, DType::f64);
+  ops::rmsnorm_forward(x, w, 0.0, y, rstd);
+  EXPECT_NEAR(y.to_doubles()[0], 3 / std::sqrt(12.5), 1e-15);
+  EXPECT_NEAR(y.to_doubles()[1], 8 / std::sqrt(12.5), 1e-15);
+}
+
+TEST(SwiGLU, HandComputed) {
+  Tensor g = Tensor::from<double>({2}, {0, 2}), u = Tensor::from<double>({2}, {5, 3});
+  Tensor out = Tensor::empty({2}, DType::f64);
+  ops::swiglu_forward(g, u, out);
+  EXPECT_EQ(out.to_doubles()[0], 0.0);
+  EXPECT_NEAR(out.to_doubles()[1], 2 / (1 + std::exp(-2.0)) * 3, 1e-15);
+}
+
+TEST(Embedding, RowsAndBadIds) {
+  Tensor table = Tensor::from<float>({3, 2}, {0, 1, 10, 11, 20, 21});
+  Tensor out = Tensor::empty({2, 2}, DType::f32);
+  ops::embedding_forward(table, Tensor::from<int32_t>({2}, {2, 0}), out);
+  EXPECT_EQ(out.to_doubles(), (std::vector<double>{20, 21, 0, 1}));
+  EXPECT_THROW(ops::embedding_forward(table, Tensor::from<int32_t>({2}, {3, 0}), out), Error);
+}
+
+TEST(AdamW, MatchesPyTorchUpdateRuleOverSteps) {
+  // torch.optim.AdamW: p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+  // p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+  const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1, scale = 0.5;
+  std::vector<double> p = {1.0, -2.0, 0.5}, m(3, 0), v(3, 0);
+  const std::vector<std::vector<double>> grads = {{0.1, -0.3, 2.0}, {0.2, 0.1, -1.0}, {0, 5, 1}};
+  ops::AdamWSlot s{Tensor::from<double>({3}, p), Tensor(), Tensor::zeros({3}, DType::f64),
+                   Tensor::zeros({3}, DType::f64), wd};
+  for (int t = 1; t <= 3; ++t) {
+    s.grad = Tensor::from<double>({3}, grads[t - 1]);
+    std::vector<ops::AdamWSlot> slots = {s};
+    ops::adamw_step(slots, {lr, b1, b2, eps, t, scale});
+    for (int i = 0; i < 3; ++i) {
+      const double g = grads[t - 1][i] * scale;
+      p[i] *= 1 - lr * wd;
+      m[i] = b1 * m[i] + (1 - b1) * g;
+      v[i] = b2 * v[i] + (1 - b2) * g * g;
+      p[i] -= lr / (1 - std::pow(b1, t)) * m[i] /
+              (std::sqrt(v[i]) / std::sqrt(1 - std::pow(b2, t)) + eps);
+    }
+    auto got = s.param.to_doubles();
+    for (int i = 0; i < 3; ++i) EXPECT_NEAR(got[i], p[i], 1e-14) << "step " << t;
+  }
+}
+
+TEST(SumOfSquares, AcrossTensors) {
+  std::vector<Tensor> ts = {Tensor::from<float>({2}, {3, 4}), Tensor::from<double>({1}, {12})};
+  EXPECT_EQ(ops::sum_of_squares(ts), 169.0);
+}
+
+}  // namespace
+}  // namespace pollen
