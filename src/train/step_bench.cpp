@@ -8,7 +8,6 @@
 #include "base/rng.h"
 #include "base/thread_pool.h"
 #include "model/llama.h"
-#include "ops/threads.h"
 #include "optim/adamw.h"
 
 namespace pollen::train {
@@ -33,8 +32,8 @@ std::string StepBenchResult::to_json() const {
 StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBenchOptions& o) {
   POLLEN_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0, "bench step: batch, seq and steps must ",
                "be positive");
-  ops::set_cpu_threads(o.threads > 0 ? o.threads
-                                     : static_cast<int>(std::thread::hardware_concurrency()));
+  set_num_threads(o.threads > 0 ? o.threads
+                                : static_cast<int>(std::thread::hardware_concurrency()));
   model::Llama model(config, o.seed);
   model.set_recompute(o.recompute);
   optim::AdamW opt(model.parameters(), optim::AdamWOptions{});

@@ -1,13 +1,25 @@
 // Elementwise CPU kernels: residual add, axpy, SwiGLU.
 #include <cmath>
+#include <type_traits>
 
 #include "base/thread_pool.h"
+#include "ops/cpu/fast_exp.h"
 #include "ops/cpu/kernels.h"
 
 namespace pollen::ops::cpu {
 namespace {
 constexpr int64_t kGrain = 1 << 14;
+
+// 1 / (1 + e^-g): the vectorisable exp for float, the library's for double (references).
+template <typename T>
+T sigmoid(T g) {
+  if constexpr (std::is_same_v<T, float>) {
+    return 1.0f / (1.0f + fast_exp(-g));
+  } else {
+    return 1.0 / (1.0 + std::exp(-g));
+  }
 }
+}  // namespace
 
 template <typename T>
 void add(const T* a, const T* b, T* out, int64_t n) {
@@ -36,7 +48,7 @@ void swiglu_forward(const T* gate, const T* up, T* out, int64_t n) {
   parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       T g = gate[i];
-      T sig = T(1) / (T(1) + std::exp(-g));
+      T sig = sigmoid(g);
       out[i] = g * sig * up[i];
     }
   });
@@ -48,7 +60,7 @@ void swiglu_backward(const T* dout, const T* gate, const T* up, T* dgate, T* dup
   parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       T g = gate[i];
-      T sig = T(1) / (T(1) + std::exp(-g));
+      T sig = sigmoid(g);
       T silu = g * sig;
       dgate[i] = dout[i] * up[i] * sig * (T(1) + g * (T(1) - sig));
       dup[i] = dout[i] * silu;
