@@ -2,7 +2,7 @@
 //
 // Work is cut into blocks of kBlock queries and kBlock keys. Each block is first gathered into
 // a small contiguous scratch tile whose head dimension is padded with zeros to a whole number of
-// SIMD tiles, so one register-blocked micro-kernel (gemm_accumulate) does every product.
+// SIMD tiles, so one register-blocked micro-kernel (gemm) does every product.
 //
 // forward:  one task per (b, h, query block); keys are visited in blocks with an online softmax.
 // backward: one task per (b, kv head); for each key block it walks the query blocks of every
@@ -26,12 +26,17 @@ namespace {
 constexpr int64_t kBlock = 64;  // queries per query block and keys per key block
 
 // One SIMD register of the widest vector ISA the build targets (-march=native), through the
-// compiler's vector extension so that the micro-kernel tiles stay in registers.
+// compiler's vector extension so that the micro-kernel tiles stay in registers. A tile of C is
+// kTileRows rows by kTileVectors vectors: as many accumulators as the register file allows while
+// leaving room for the B row and the broadcast A value.
 #if defined(__AVX512F__)
 constexpr int kVectorBytes = 64;
+constexpr int64_t kTileRows = 8;  // 16 accumulators of 32 registers
 #else
 constexpr int kVectorBytes = 32;
+constexpr int64_t kTileRows = 6;  // 12 accumulators of 16 registers
 #endif
+constexpr int64_t kTileVectors = 2;
 
 template <typename T>
 struct Simd {
@@ -45,9 +50,6 @@ struct Simd {
   static void store(T* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 };
 
-// The micro-kernel tile: kTileRows rows of C by kTileVectors SIMD vectors of columns.
-constexpr int64_t kTileRows = 4;
-constexpr int64_t kTileVectors = 2;
 template <typename T>
 constexpr int64_t kTileCols = kTileVectors* Simd<T>::kLanes;
 
@@ -55,34 +57,44 @@ int64_t round_up(int64_t n, int64_t m) {
   return (n + m - 1) / m * m;
 }
 
-// C (m,n) += A (m,k) . B (k,n), row-major with leading dimensions lda, ldb, ldc. With
-// kTransposedA, A is stored transposed as (k,m). m must be a multiple of kTileRows and n of
-// kTileCols<T> (callers pad their tiles).
-template <bool kTransposedA, typename T>
-void gemm_accumulate(int64_t m, int64_t n, int64_t k, const T* __restrict a, int64_t lda,
-                     const T* __restrict b, int64_t ldb, T* __restrict c, int64_t ldc) {
+// Rows [i, i + kRows) of C (m,n) = A (m,k) . B (k,n), or += with kAccumulate. Row-major with
+// leading dimensions lda, ldb, ldc; with kTransposedA, A is stored transposed as (k,m).
+template <int64_t kRows, bool kTransposedA, bool kAccumulate, typename T>
+void gemm_rows(int64_t i, int64_t n, int64_t k, const T* __restrict a, int64_t lda,
+               const T* __restrict b, int64_t ldb, T* __restrict c, int64_t ldc) {
   using S = Simd<T>;
   using Vec = typename S::Vec;
-  for (int64_t i = 0; i < m; i += kTileRows) {
-    for (int64_t j = 0; j < n; j += kTileCols<T>) {
-      Vec acc[kTileRows][kTileVectors];
-      for (int64_t r = 0; r < kTileRows; ++r)
-        for (int64_t v = 0; v < kTileVectors; ++v)
-          acc[r][v] = S::load(c + (i + r) * ldc + j + v * S::kLanes);
-      for (int64_t p = 0; p < k; ++p) {
-        Vec b_row[kTileVectors];
-        for (int64_t v = 0; v < kTileVectors; ++v)
-          b_row[v] = S::load(b + p * ldb + j + v * S::kLanes);
-        for (int64_t r = 0; r < kTileRows; ++r) {
-          const T a_rp = kTransposedA ? a[p * lda + i + r] : a[(i + r) * lda + p];
-          for (int64_t v = 0; v < kTileVectors; ++v) acc[r][v] += a_rp * b_row[v];
-        }
+  for (int64_t j = 0; j < n; j += kTileCols<T>) {
+    Vec acc[kRows][kTileVectors];
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t v = 0; v < kTileVectors; ++v)
+        acc[r][v] = kAccumulate ? S::load(c + (i + r) * ldc + j + v * S::kLanes) : Vec{};
+    for (int64_t p = 0; p < k; ++p) {
+      Vec b_row[kTileVectors];
+      for (int64_t v = 0; v < kTileVectors; ++v)
+        b_row[v] = S::load(b + p * ldb + j + v * S::kLanes);
+      for (int64_t r = 0; r < kRows; ++r) {
+        const T a_rp = kTransposedA ? a[p * lda + i + r] : a[(i + r) * lda + p];
+        for (int64_t v = 0; v < kTileVectors; ++v) acc[r][v] += a_rp * b_row[v];
       }
-      for (int64_t r = 0; r < kTileRows; ++r)
-        for (int64_t v = 0; v < kTileVectors; ++v)
-          S::store(c + (i + r) * ldc + j + v * S::kLanes, acc[r][v]);
     }
+    for (int64_t r = 0; r < kRows; ++r)
+      for (int64_t v = 0; v < kTileVectors; ++v)
+        S::store(c + (i + r) * ldc + j + v * S::kLanes, acc[r][v]);
   }
+}
+
+// C (m,n) = A (m,k) . B (k,n), or += with kAccumulate (see gemm_rows). m must be even and n a
+// multiple of kTileCols<T>; callers pad their tiles.
+template <bool kTransposedA, bool kAccumulate, typename T>
+void gemm(int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb, T* c,
+          int64_t ldc) {
+  int64_t i = 0;
+  for (; i + kTileRows <= m; i += kTileRows)
+    gemm_rows<kTileRows, kTransposedA, kAccumulate>(i, n, k, a, lda, b, ldb, c, ldc);
+  for (; i + 4 <= m; i += 4)
+    gemm_rows<4, kTransposedA, kAccumulate>(i, n, k, a, lda, b, ldb, c, ldc);
+  for (; i < m; i += 2) gemm_rows<2, kTransposedA, kAccumulate>(i, n, k, a, lda, b, ldb, c, ldc);
 }
 
 // exp(x[j] - shift) for the kBlock values of a score row. float: the Cephes expf polynomial on
@@ -120,18 +132,23 @@ void exp_shifted_row(const double* x, double shift, double* out) {
 template <typename T>
 void gather_rows(const T* src, int64_t stride, int64_t rows, int64_t dim, int64_t padded_dim,
                  T factor, T* __restrict tile) {
-  std::fill(tile, tile + kBlock * padded_dim, T(0));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t d = 0; d < dim; ++d) tile[r * padded_dim + d] = src[r * stride + d] * factor;
+  for (int64_t r = 0; r < rows; ++r) {
+    T* dst = tile + r * padded_dim;
+    for (int64_t d = 0; d < dim; ++d) dst[d] = src[r * stride + d] * factor;
+    std::fill(dst + dim, dst + padded_dim, T(0));
+  }
+  std::fill(tile + rows * padded_dim, tile + kBlock * padded_dim, T(0));
 }
 
 // The same rows transposed into a (padded_dim, kBlock) tile.
 template <typename T>
 void gather_rows_transposed(const T* src, int64_t stride, int64_t rows, int64_t dim,
                             int64_t padded_dim, T* __restrict tile) {
-  std::fill(tile, tile + kBlock * padded_dim, T(0));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t d = 0; d < dim; ++d) tile[d * kBlock + r] = src[r * stride + d];
+  for (int64_t d = 0; d < dim; ++d)
+    std::fill(tile + d * kBlock + rows, tile + (d + 1) * kBlock, T(0));
+  std::fill(tile + dim * kBlock, tile + padded_dim * kBlock, T(0));
 }
 
 // Keys [lo, hi) of the key block starting at key0 (of key_rows keys) that query i may see,
@@ -149,6 +166,35 @@ void exp_visible(T* row, KeyRange keys, T shift) {
   exp_shifted_row(row, shift, row);
   std::fill(row, row + keys.lo, T(0));
   std::fill(row + keys.hi, row + kBlock, T(0));
+}
+
+// The largest score of a row on the visible keys (max is exact in any order, so SIMD lanes).
+template <typename T>
+T visible_max(T* row, KeyRange keys) {
+  using S = Simd<T>;
+  using Vec = typename S::Vec;
+  std::fill(row, row + keys.lo, -std::numeric_limits<T>::infinity());
+  std::fill(row + keys.hi, row + kBlock, -std::numeric_limits<T>::infinity());
+  Vec lanes = S::load(row);
+  for (int64_t j = S::kLanes; j < kBlock; j += S::kLanes) {
+    const Vec x = S::load(row + j);
+    lanes = x > lanes ? x : lanes;
+  }
+  T max = lanes[0];
+  for (int64_t l = 1; l < S::kLanes; ++l) max = std::max<T>(max, lanes[l]);
+  return max;
+}
+
+// The sum of a row, always in the same order: SIMD lanes first, then the lanes in turn.
+template <typename T>
+T row_sum(const T* row) {
+  using S = Simd<T>;
+  using Vec = typename S::Vec;
+  Vec lanes = S::load(row);
+  for (int64_t j = S::kLanes; j < kBlock; j += S::kLanes) lanes += S::load(row + j);
+  T sum = lanes[0];
+  for (int64_t l = 1; l < S::kLanes; ++l) sum += lanes[l];
+  return sum;
 }
 
 // Geometry shared by the tasks of one call: strides of q-like (H) and kv-like (KVH) rows.
@@ -196,7 +242,7 @@ void forward_query_block(const Layout<T>& L, const T* q, const T* k, const T* v,
   const int64_t seq = L.shape.seq, dim = L.shape.head_dim, dp = L.padded_dim;
   const int64_t kv_head = h / L.group;
   const int64_t query_rows = std::min(kBlock, seq - query0);
-  const int64_t tile_rows = round_up(query_rows, kTileRows);
+  const int64_t tile_rows = round_up(query_rows, 2);
   const int32_t* seg = seg_start + b * seq;
 
   gather_rows(q + L.q_at(b, query0, h), L.q_stride, query_rows, dim, dp, scale, s.q.data());
@@ -211,9 +257,8 @@ void forward_query_block(const Layout<T>& L, const T* q, const T* k, const T* v,
                            s.k_transposed.data());
     gather_rows(v + L.kv_at(b, key0, kv_head), L.kv_stride, key_rows, dim, dp, T(1), s.v.data());
     // probs (rows,kBlock) = (q * scale) k^T
-    std::fill(s.probs.begin(), s.probs.end(), T(0));
-    gemm_accumulate<false>(tile_rows, kBlock, dp, s.q.data(), dp, s.k_transposed.data(), kBlock,
-                           s.probs.data(), kBlock);
+    gemm<false, false>(tile_rows, kBlock, dp, s.q.data(), dp, s.k_transposed.data(), kBlock,
+                       s.probs.data(), kBlock);
     for (int64_t r = 0; r < tile_rows; ++r) {
       T* row = s.probs.data() + r * kBlock;
       const KeyRange keys =
@@ -222,11 +267,9 @@ void forward_query_block(const Layout<T>& L, const T* q, const T* k, const T* v,
         std::fill(row, row + kBlock, T(0));
         continue;
       }
-      const T block_max = *std::max_element(row + keys.lo, row + keys.hi);
-      const T new_max = std::max(s.row_max[r], block_max);
+      const T new_max = std::max(s.row_max[r], visible_max(row, keys));
       exp_visible(row, keys, new_max);
-      T block_sum = 0;
-      for (int64_t j = keys.lo; j < keys.hi; ++j) block_sum += row[j];
+      const T block_sum = row_sum(row);
       const T rescale = std::exp(s.row_max[r] - new_max);  // 0 on the first visible block
       s.row_sum[r] = s.row_sum[r] * rescale + block_sum;
       s.row_max[r] = new_max;
@@ -234,8 +277,8 @@ void forward_query_block(const Layout<T>& L, const T* q, const T* k, const T* v,
         for (int64_t d = 0; d < dp; ++d) s.out[r * dp + d] *= rescale;
     }
     // out (rows,Dp) += probs v
-    gemm_accumulate<false>(tile_rows, dp, kBlock, s.probs.data(), kBlock, s.v.data(), dp,
-                           s.out.data(), dp);
+    gemm<false, true>(tile_rows, dp, kBlock, s.probs.data(), kBlock, s.v.data(), dp, s.out.data(),
+                      dp);
   }
 
   for (int64_t r = 0; r < query_rows; ++r) {
@@ -310,17 +353,15 @@ void backward_kv_head(const Layout<T>& L, const T* q, const T* k, const T* v,
       const T* delta_h = s.delta.data() + member * seq;
       for (int64_t query0 = key0; query0 < query_end; query0 += kBlock) {
         const int64_t query_rows = std::min(kBlock, query_end - query0);
-        const int64_t tile_rows = round_up(query_rows, kTileRows);
+        const int64_t tile_rows = round_up(query_rows, 2);
         gather_rows(q + L.q_at(b, query0, h), L.q_stride, query_rows, dim, dp, scale, s.q.data());
         gather_rows(dout + L.q_at(b, query0, h), L.q_stride, query_rows, dim, dp, T(1),
                     s.dout.data());
         // probs = exp((q * scale) k^T - lse); dscores = probs * (dout v^T - delta)
-        std::fill(s.probs.begin(), s.probs.end(), T(0));
-        std::fill(s.dscores.begin(), s.dscores.end(), T(0));
-        gemm_accumulate<false>(tile_rows, kBlock, dp, s.q.data(), dp, s.k_transposed.data(), kBlock,
-                               s.probs.data(), kBlock);
-        gemm_accumulate<false>(tile_rows, kBlock, dp, s.dout.data(), dp, s.v_transposed.data(),
-                               kBlock, s.dscores.data(), kBlock);
+        gemm<false, false>(tile_rows, kBlock, dp, s.q.data(), dp, s.k_transposed.data(), kBlock,
+                           s.probs.data(), kBlock);
+        gemm<false, false>(tile_rows, kBlock, dp, s.dout.data(), dp, s.v_transposed.data(), kBlock,
+                           s.dscores.data(), kBlock);
         for (int64_t r = 0; r < tile_rows; ++r) {
           T* p = s.probs.data() + r * kBlock;
           T* ds = s.dscores.data() + r * kBlock;
@@ -336,12 +377,12 @@ void backward_kv_head(const Layout<T>& L, const T* q, const T* k, const T* v,
           for (int64_t j = 0; j < kBlock; ++j) ds[j] = p[j] * (ds[j] - delta_h[i]);
         }
         // dv (kBlock,Dp) += probs^T dout; dk += dscores^T (q * scale); dq += dscores k
-        gemm_accumulate<true>(kBlock, dp, tile_rows, s.probs.data(), kBlock, s.dout.data(), dp,
-                              s.dv.data(), dp);
-        gemm_accumulate<true>(kBlock, dp, tile_rows, s.dscores.data(), kBlock, s.q.data(), dp,
-                              s.dk.data(), dp);
-        gemm_accumulate<false>(tile_rows, dp, kBlock, s.dscores.data(), kBlock, s.k.data(), dp,
-                               s.dq.data() + (member * padded_seq + query0) * dp, dp);
+        gemm<true, true>(kBlock, dp, tile_rows, s.probs.data(), kBlock, s.dout.data(), dp,
+                         s.dv.data(), dp);
+        gemm<true, true>(kBlock, dp, tile_rows, s.dscores.data(), kBlock, s.q.data(), dp,
+                         s.dk.data(), dp);
+        gemm<false, true>(tile_rows, dp, kBlock, s.dscores.data(), kBlock, s.k.data(), dp,
+                          s.dq.data() + (member * padded_seq + query0) * dp, dp);
       }
     }
     for (int64_t r = 0; r < key_rows; ++r) {
