@@ -4,7 +4,8 @@
 // a small contiguous scratch tile whose head dimension is padded with zeros to a whole number of
 // SIMD tiles, so one register-blocked micro-kernel (gemm) does every product.
 //
-// forward:  one task per (b, h, query block); keys are visited in blocks with an online softmax.
+// forward:  one task per (b, kv head, query block) covering the query heads that share the kv
+//           head; keys are visited in blocks with an online softmax.
 // backward: one task per (b, kv head); for each key block it walks the query blocks of every
 //           query head sharing that kv head, accumulating dk, dv in the block and dq for the
 //           whole sequence in task scratch. Each output element is written by one task in a
@@ -187,7 +188,7 @@ T visible_max(T* row, KeyRange keys) {
 
 // The sum of a row, always in the same order: SIMD lanes first, then the lanes in turn.
 template <typename T>
-T row_sum(const T* row) {
+T row_sum_of(const T* row) {
   using S = Simd<T>;
   using Vec = typename S::Vec;
   Vec lanes = S::load(row);
@@ -221,31 +222,61 @@ struct Layout {
 
 template <typename T>
 struct ForwardScratch {
-  explicit ForwardScratch(int64_t padded_dim)
-      : q(kBlock * padded_dim),
+  ForwardScratch(int64_t padded_dim, int64_t group)
+      : q(group * kBlock * padded_dim),
+        out(group * kBlock * padded_dim),
         k_transposed(kBlock * padded_dim),
         v(kBlock * padded_dim),
-        out(kBlock * padded_dim),
         probs(kBlock * kBlock),
-        row_max(kBlock),
-        row_sum(kBlock) {}
-  std::vector<T> q, k_transposed, v, out;  // (kBlock,Dp), (Dp,kBlock), (kBlock,Dp), (kBlock,Dp)
-  std::vector<T> probs;                    // (kBlock,kBlock) scores, then probabilities
-  std::vector<T> row_max, row_sum;         // (kBlock) online softmax state
+        row_max(group * kBlock),
+        row_sum(group * kBlock) {}
+  std::vector<T> q, out;            // (group,kBlock,Dp): q * scale, unnormalised out
+  std::vector<T> k_transposed;      // (Dp,kBlock)
+  std::vector<T> v;                 // (kBlock,Dp)
+  std::vector<T> probs;             // (kBlock,kBlock) scores, then probabilities
+  std::vector<T> row_max, row_sum;  // (group,kBlock) online softmax state
 };
 
-// out and lse of the queries [query0, query0 + kBlock) of head h in batch row b.
+// Online softmax over one key block for one head: turns its scores into probabilities relative
+// to the running row maxima, and rescales the running sums and outputs where a maximum grew.
+template <typename T>
+void online_softmax_block(const int32_t* seg, int64_t query0, int64_t query_rows, int64_t tile_rows,
+                          int64_t key0, int64_t key_rows, int64_t dp, T* probs, T* row_max,
+                          T* row_sum, T* out) {
+  for (int64_t r = 0; r < tile_rows; ++r) {
+    T* row = probs + r * kBlock;
+    const KeyRange keys =
+        r < query_rows ? visible_keys(seg, query0 + r, key0, key_rows) : KeyRange{0, 0};
+    if (keys.lo >= keys.hi) {
+      std::fill(row, row + kBlock, T(0));
+      continue;
+    }
+    const T new_max = std::max(row_max[r], visible_max(row, keys));
+    exp_visible(row, keys, new_max);
+    const T rescale = std::exp(row_max[r] - new_max);  // 0 on the first visible block
+    row_sum[r] = row_sum[r] * rescale + row_sum_of(row);
+    row_max[r] = new_max;
+    if (rescale != T(1))
+      for (int64_t d = 0; d < dp; ++d) out[r * dp + d] *= rescale;
+  }
+}
+
+// out and lse of the queries [query0, query0 + kBlock) of every query head reading kv head g in
+// batch row b; each key block is gathered once for all of them.
 template <typename T>
 void forward_query_block(const Layout<T>& L, const T* q, const T* k, const T* v,
-                         const int32_t* seg_start, T scale, int64_t b, int64_t h, int64_t query0,
+                         const int32_t* seg_start, T scale, int64_t b, int64_t g, int64_t query0,
                          ForwardScratch<T>& s, T* out, T* lse) {
   const int64_t seq = L.shape.seq, dim = L.shape.head_dim, dp = L.padded_dim;
-  const int64_t kv_head = h / L.group;
   const int64_t query_rows = std::min(kBlock, seq - query0);
   const int64_t tile_rows = round_up(query_rows, 2);
   const int32_t* seg = seg_start + b * seq;
+  const int64_t tile = kBlock * dp;
 
-  gather_rows(q + L.q_at(b, query0, h), L.q_stride, query_rows, dim, dp, scale, s.q.data());
+  for (int64_t member = 0; member < L.group; ++member) {
+    gather_rows(q + L.q_at(b, query0, g * L.group + member), L.q_stride, query_rows, dim, dp, scale,
+                s.q.data() + member * tile);
+  }
   std::fill(s.out.begin(), s.out.end(), T(0));
   std::fill(s.row_max.begin(), s.row_max.end(), -std::numeric_limits<T>::infinity());
   std::fill(s.row_sum.begin(), s.row_sum.end(), T(0));
@@ -253,39 +284,32 @@ void forward_query_block(const Layout<T>& L, const T* q, const T* k, const T* v,
   const int64_t first_key = seg[query0] / kBlock * kBlock;
   for (int64_t key0 = first_key; key0 < query0 + query_rows; key0 += kBlock) {
     const int64_t key_rows = std::min(kBlock, seq - key0);
-    gather_rows_transposed(k + L.kv_at(b, key0, kv_head), L.kv_stride, key_rows, dim, dp,
+    gather_rows_transposed(k + L.kv_at(b, key0, g), L.kv_stride, key_rows, dim, dp,
                            s.k_transposed.data());
-    gather_rows(v + L.kv_at(b, key0, kv_head), L.kv_stride, key_rows, dim, dp, T(1), s.v.data());
-    // probs (rows,kBlock) = (q * scale) k^T
-    gemm<false, false>(tile_rows, kBlock, dp, s.q.data(), dp, s.k_transposed.data(), kBlock,
-                       s.probs.data(), kBlock);
-    for (int64_t r = 0; r < tile_rows; ++r) {
-      T* row = s.probs.data() + r * kBlock;
-      const KeyRange keys =
-          r < query_rows ? visible_keys(seg, query0 + r, key0, key_rows) : KeyRange{0, 0};
-      if (keys.lo >= keys.hi) {
-        std::fill(row, row + kBlock, T(0));
-        continue;
-      }
-      const T new_max = std::max(s.row_max[r], visible_max(row, keys));
-      exp_visible(row, keys, new_max);
-      const T block_sum = row_sum(row);
-      const T rescale = std::exp(s.row_max[r] - new_max);  // 0 on the first visible block
-      s.row_sum[r] = s.row_sum[r] * rescale + block_sum;
-      s.row_max[r] = new_max;
-      if (rescale != T(1))
-        for (int64_t d = 0; d < dp; ++d) s.out[r * dp + d] *= rescale;
+    gather_rows(v + L.kv_at(b, key0, g), L.kv_stride, key_rows, dim, dp, T(1), s.v.data());
+    for (int64_t member = 0; member < L.group; ++member) {
+      T* out_tile = s.out.data() + member * tile;
+      // probs (rows,kBlock) = (q * scale) k^T, then softmax; out (rows,Dp) += probs v
+      gemm<false, false>(tile_rows, kBlock, dp, s.q.data() + member * tile, dp,
+                         s.k_transposed.data(), kBlock, s.probs.data(), kBlock);
+      online_softmax_block(seg, query0, query_rows, tile_rows, key0, key_rows, dp, s.probs.data(),
+                           s.row_max.data() + member * kBlock, s.row_sum.data() + member * kBlock,
+                           out_tile);
+      gemm<false, true>(tile_rows, dp, kBlock, s.probs.data(), kBlock, s.v.data(), dp, out_tile,
+                        dp);
     }
-    // out (rows,Dp) += probs v
-    gemm<false, true>(tile_rows, dp, kBlock, s.probs.data(), kBlock, s.v.data(), dp, s.out.data(),
-                      dp);
   }
 
-  for (int64_t r = 0; r < query_rows; ++r) {
-    const T inv_sum = T(1) / s.row_sum[r];
-    T* dst = out + L.q_at(b, query0 + r, h);
-    for (int64_t d = 0; d < dim; ++d) dst[d] = s.out[r * dp + d] * inv_sum;
-    lse[(b * L.shape.heads + h) * seq + query0 + r] = s.row_max[r] + std::log(s.row_sum[r]);
+  for (int64_t member = 0; member < L.group; ++member) {
+    const int64_t h = g * L.group + member;
+    for (int64_t r = 0; r < query_rows; ++r) {
+      const T row_sum = s.row_sum[member * kBlock + r];
+      const T* src = s.out.data() + member * tile + r * dp;
+      T* dst = out + L.q_at(b, query0 + r, h);
+      for (int64_t d = 0; d < dim; ++d) dst[d] = src[d] * (T(1) / row_sum);
+      lse[(b * L.shape.heads + h) * seq + query0 + r] =
+          s.row_max[member * kBlock + r] + std::log(row_sum);
+    }
   }
 }
 
@@ -417,12 +441,12 @@ void attention_forward(const AttentionShape& shape, const T* q, const T* k, cons
                        const int32_t* seg_start, T scale, T* out, T* lse) {
   const Layout<T> layout(shape);
   const int64_t query_blocks = (shape.seq + kBlock - 1) / kBlock;
-  parallel_for(shape.batch * shape.heads * query_blocks, 1, [&](int64_t begin, int64_t end) {
-    ForwardScratch<T> scratch(layout.padded_dim);
+  parallel_for(shape.batch * shape.kv_heads * query_blocks, 1, [&](int64_t begin, int64_t end) {
+    ForwardScratch<T> scratch(layout.padded_dim, layout.group);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t bh = task / query_blocks;
-      forward_query_block(layout, q, k, v, seg_start, scale, bh / shape.heads, bh % shape.heads,
-                          task % query_blocks * kBlock, scratch, out, lse);
+      const int64_t bg = task / query_blocks;
+      forward_query_block(layout, q, k, v, seg_start, scale, bg / shape.kv_heads,
+                          bg % shape.kv_heads, task % query_blocks * kBlock, scratch, out, lse);
     }
   });
 }
