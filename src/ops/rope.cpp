@@ -1,0 +1,64 @@
+// Device dispatch for rotary position embedding: checks the inputs, then runs the CPU kernel.
+#include "ops/rope.h"
+
+#include <cmath>
+
+#include "ops/cpu/rope.h"
+
+namespace pollen::ops {
+namespace {
+
+// Largest position id accepted; the cached cos/sin tables cover [0, max position].
+constexpr int32_t kMaxPosition = 1 << 22;
+
+void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype,
+                  const Shape& shape, const char* layout) {
+  POLLEN_CHECK(t.defined(), op, ": ", name, " is undefined; expected ", layout, " ",
+               shape_str(shape));
+  POLLEN_CHECK(t.device() == Device::cpu, op, ": ", name, " is on ", device_name(t.device()),
+               "; only the CPU kernel exists");
+  POLLEN_CHECK(t.dtype() == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype()),
+               ", expected ", dtype_name(dtype));
+  POLLEN_CHECK(t.shape() == shape, op, ": ", name, " has shape ", shape_str(t.shape()),
+               ", expected ", layout, " ", shape_str(shape));
+  POLLEN_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
+// x (B,T,H,D) rotated into out by +angle, or by -angle when inverse.
+void rope(const char* op, const char* in_name, const char* out_name, const Tensor& x,
+          const Tensor& positions, double theta, bool inverse, Tensor& out) {
+  POLLEN_CHECK(x.defined() && x.dim() == 4, op, ": ", in_name, " must be (B,T,H,D), got ",
+               x.defined() ? shape_str(x.shape()) : "undefined");
+  POLLEN_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64, op, ": ", in_name,
+               " must be f32 or f64, got ", dtype_name(x.dtype()));
+  const int64_t batch = x.size(0), seq = x.size(1), heads = x.size(2), dim = x.size(3);
+  POLLEN_CHECK(dim % 2 == 0, op, ": head dimension D = ", dim, " of ", in_name, " must be even");
+  POLLEN_CHECK(std::isfinite(theta) && theta > 0, op, ": theta must be positive, got ", theta);
+  check_tensor(op, in_name, x, x.dtype(), x.shape(), "(B,T,H,D)");
+  check_tensor(op, "positions", positions, DType::i32, {batch, seq}, "(B,T)");
+  check_tensor(op, out_name, out, x.dtype(), x.shape(), "(B,T,H,D)");
+  const int32_t* pos = positions.data<int32_t>();
+  for (int64_t i = 0; i < batch * seq; ++i) {
+    POLLEN_CHECK(pos[i] >= 0 && pos[i] <= kMaxPosition, op, ": positions[", i / seq, ",", i % seq,
+                 "] = ", pos[i], " must lie in [0, ", kMaxPosition, "]");
+  }
+  if (x.dtype() == DType::f32) {
+    cpu::rope_rotate(x.data<float>(), pos, batch * seq, heads, dim, theta, inverse,
+                     out.data<float>());
+  } else {
+    cpu::rope_rotate(x.data<double>(), pos, batch * seq, heads, dim, theta, inverse,
+                     out.data<double>());
+  }
+}
+
+}  // namespace
+
+void rope_forward(const Tensor& x, const Tensor& positions, double theta, Tensor& out) {
+  rope("rope_forward", "x", "out", x, positions, theta, false, out);
+}
+
+void rope_backward(const Tensor& dout, const Tensor& positions, double theta, Tensor& dx) {
+  rope("rope_backward", "dout", "dx", dout, positions, theta, true, dx);
+}
+
+}  // namespace pollen::ops
