@@ -1,9 +1,12 @@
-// `pollen bench step`: training-step throughput on random tokens, one JSON line.
+// `pollen bench step` (training-step throughput on random tokens) and `pollen bench gemm`
+// (the GEMM ceiling), each printing one JSON line.
 #include <cstdio>
 #include <memory>
 
+#include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "model/config.h"
+#include "ops/gemm_ceiling.h"
 #include "train/step_bench.h"
 
 namespace pollen::cli {
@@ -31,6 +34,22 @@ void add_bench_command(CLI::App& app) {
   step->callback([model, opts] {
     auto result = train::run_step_bench(model::resolve_config(*model), *opts);
     std::printf("%s\n", result.to_json().c_str());
+  });
+
+  auto* gemm = bench->add_subcommand(
+      "gemm", "The f32 GEMM ceiling as pollen runs it (square products); prints one JSON line");
+  auto size = std::make_shared<int64_t>(2048);
+  auto reps = std::make_shared<int>(5);
+  auto threads = std::make_shared<int>(0);
+  gemm->add_option("--size", *size, "Matrix size")->capture_default_str();
+  gemm->add_option("--reps", *reps, "Timed repetitions (the best is reported)")
+      ->capture_default_str();
+  gemm->add_option("--threads", *threads, "CPU threads (0: all)")->capture_default_str();
+  gemm->callback([size, reps, threads] {
+    if (*threads > 0) set_num_threads(*threads);
+    const auto c = ops::measure_gemm_ceiling(*size, *reps);
+    std::printf("{\"size\":%lld,\"threads\":%d,\"gflops\":%.1f}\n", static_cast<long long>(c.size),
+                c.threads, c.gflops);
   });
 }
 
