@@ -169,7 +169,8 @@ void exp_visible(T* row, KeyRange keys, T shift) {
   std::fill(row + keys.hi, row + kBlock, T(0));
 }
 
-// The largest score of a row on the visible keys (max is exact in any order, so SIMD lanes).
+// The largest score of a row on the visible keys, after setting the others to -inf (max is
+// exact in any order, so it runs over SIMD lanes).
 template <typename T>
 T visible_max(T* row, KeyRange keys) {
   using S = Simd<T>;
