@@ -233,6 +233,33 @@ TEST(LlamaTraining, DeterministicAndRecomputationChangesNothing) {
   EXPECT_LT(a[2][0], a[0][0]) << "loss did not fall on a repeated batch";
 }
 
+// Same initial weights in float32 and float64: the float32 training path (its vectorised
+// kernels) must follow the float64 reference step by step.
+TEST(LlamaTraining, Float32FollowsFloat64OverSteps) {
+  model::LlamaConfig cfg = model::preset("llama-tiny");
+  cfg.num_hidden_layers = 2;
+  model::Llama m64(cfg, 21, DType::f64), m32(cfg, 21, DType::f32);
+  const model::Batch batch = make_batch(2, 80, cfg.vocab_size, {50, 30}, 22);
+  optim::AdamW o64(m64.parameters(), {}), o32(m32.parameters(), {});
+  for (int step = 0; step < 4; ++step) {
+    double losses[2];
+    int i = 0;
+    for (auto pair : {std::pair{&m64, &o64}, std::pair{&m32, &o32}}) {
+      ag::Tape tape;
+      ag::Var l;
+      {
+        ag::TapeScope scope(tape);
+        l = pair.first->loss(batch);
+      }
+      tape.backward(l);
+      pair.second->step(3e-3);
+      pair.second->zero_grad();
+      losses[i++] = l.value().item();
+    }
+    EXPECT_NEAR(losses[1], losses[0], 2e-4 * losses[0]) << "step " << step;
+  }
+}
+
 TEST(LlamaTraining, GradientAccumulationSumsOverBackwardPasses) {
   model::Llama m(micro_config(), 1, DType::f64);
   const model::Batch b1 = make_batch(1, 6, 37, {}, 1), b2 = make_batch(1, 6, 37, {}, 2);
