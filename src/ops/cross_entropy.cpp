@@ -22,7 +22,45 @@ T exp_of(T x) {
   }
 }
 
-// One block of rows: logits (nb,V) -> per-row loss; optionally logits -> gradient in place.
+// Row reductions with kLanes independent partial results combined in a fixed order: the
+// compiler vectorises them (no reassociation needed) and the result never depends on threads.
+constexpr int64_t kLanes = 16;
+
+template <typename T>
+T row_max(const T* row, int64_t v) {
+  T lane[kLanes];
+  for (int64_t l = 0; l < kLanes; ++l) lane[l] = row[0];
+  int64_t j = 0;
+  for (; j + kLanes <= v; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] = std::max(lane[l], row[j + l]);
+  T mx = lane[0];
+  for (int64_t l = 1; l < kLanes; ++l) mx = std::max(mx, lane[l]);
+  for (; j < v; ++j) mx = std::max(mx, row[j]);
+  return mx;
+}
+
+// Replaces row[j] by exp(row[j] - mx) and returns their sum.
+template <typename T>
+T exp_in_place_sum(T* row, int64_t v, T mx) {
+  T lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= v; j += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      row[j + l] = exp_of<T>(row[j + l] - mx);
+      lane[l] += row[j + l];
+    }
+  }
+  T sum = 0;
+  for (int64_t l = 0; l < kLanes; ++l) sum += lane[l];
+  for (; j < v; ++j) {
+    row[j] = exp_of<T>(row[j] - mx);
+    sum += row[j];
+  }
+  return sum;
+}
+
+// One block of rows: logits (nb,V) -> per-row loss; when want_grad, the logits are replaced by
+// their gradient grad_scale * (softmax - onehot(target)) (zero for unscored rows).
 template <typename T>
 void softmax_rows(T* logits, const int32_t* targets, int64_t nb, int64_t v, double* row_loss,
                   bool want_grad, T grad_scale) {
@@ -36,16 +74,9 @@ void softmax_rows(T* logits, const int32_t* targets, int64_t nb, int64_t v, doub
         continue;
       }
       const double target_logit = static_cast<double>(row[t]);
-      T mx = row[0];
-      for (int64_t j = 1; j < v; ++j) mx = std::max(mx, row[j]);
-      T sum = 0;
-      for (int64_t j = 0; j < v; ++j) {
-        T e = exp_of<T>(row[j] - mx);
-        sum += e;
-        if (want_grad) row[j] = e;
-      }
-      const double lse = static_cast<double>(mx) + std::log(static_cast<double>(sum));
-      row_loss[i] = lse - target_logit;
+      const T mx = row_max(row, v);
+      const T sum = exp_in_place_sum(row, v, mx);
+      row_loss[i] = static_cast<double>(mx) + std::log(static_cast<double>(sum)) - target_logit;
       if (want_grad) {
         const T inv = grad_scale / sum;
         for (int64_t j = 0; j < v; ++j) row[j] *= inv;

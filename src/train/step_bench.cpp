@@ -11,6 +11,14 @@
 #include "optim/adamw.h"
 
 namespace pollen::train {
+namespace {
+double cpu_seconds() {  // user + system time of every thread of this process
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+}  // namespace
 
 std::string StepBenchResult::to_json() const {
   nlohmann::ordered_json j;
@@ -21,6 +29,7 @@ std::string StepBenchResult::to_json() const {
   j["seq"] = seq;
   j["steps"] = steps;
   j["step_ms"] = std::round(step_ms * 10) / 10;
+  j["cpu_ms"] = std::round(cpu_ms * 10) / 10;
   j["tokens_per_s"] = std::round(tokens_per_s);
   j["flops_per_token"] = flops_per_token;
   j["gflops"] = std::round(gflops * 10) / 10;
@@ -63,11 +72,13 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
     loss = l.value().item();
   };
   for (int64_t i = 0; i < o.warmup; ++i) one_step();
+  const double cpu0 = cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < o.steps; ++i) one_step();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
       static_cast<double>(o.steps);
+  const double cpu_per_step = (cpu_seconds() - cpu0) / static_cast<double>(o.steps);
 
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
@@ -79,6 +90,7 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
   r.seq = o.seq;
   r.steps = o.steps;
   r.step_ms = seconds * 1e3;
+  r.cpu_ms = cpu_per_step * 1e3;
   r.tokens_per_s = static_cast<double>(o.batch * o.seq) / seconds;
   r.flops_per_token = config.flops_per_token(o.seq);
   r.gflops = r.tokens_per_s * r.flops_per_token / 1e9;

@@ -19,7 +19,7 @@ struct StepBenchResult {
   std::string model;
   int threads = 0;
   int64_t params = 0, batch = 0, seq = 0, steps = 0;
-  double step_ms = 0, tokens_per_s = 0, flops_per_token = 0, gflops = 0, last_loss = 0;
+  double step_ms = 0, cpu_ms = 0, tokens_per_s = 0, flops_per_token = 0, gflops = 0, last_loss = 0;
   double peak_rss_mb = 0;
   std::string to_json() const;  // one line
 };
