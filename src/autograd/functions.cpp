@@ -66,10 +66,15 @@ Var linear(const Var& x, const Var& w, const Var* bias) {
   if (record) {
     on_backward(y, [xn = x.node(), wn = w.node(), bn = bias ? bias->node() : NodePtr(), x2, n, m,
                     k](const Tensor& dy) {
-      if (xn->requires_grad) {  // dx (N,K) = dy (N,M) @ w (M,K)
-        Tensor dx = Tensor::empty({n, k}, dy.dtype());
-        ops::gemm(dy, false, wn->value, false, dx);
-        accumulate(xn, dx);
+      if (xn->requires_grad) {  // dx (N,K) (+)= dy (N,M) @ w (M,K), accumulating in the GEMM
+        if (xn->grad.defined()) {
+          Tensor dx = xn->grad.view({n, k});
+          ops::gemm(dy, false, wn->value, false, dx, 1.0, 1.0);
+        } else {
+          Tensor dx = Tensor::empty({n, k}, dy.dtype());
+          ops::gemm(dy, false, wn->value, false, dx);
+          accumulate(xn, dx);
+        }
       }
       if (wn->requires_grad) {  // dw (M,K) += dy^T (M,N) @ x (N,K)
         Tensor& dw = grad_buffer(wn);
