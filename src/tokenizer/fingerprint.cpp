@@ -40,11 +40,13 @@ std::string Tokenizer::fingerprint() const {
   c.number(o.unk ? uint64_t{*o.unk} + 1 : 0);
   c.number(o.fuse_unk);
 
+  // An added token also listed in the model's vocabulary (as HF writes them) counts once.
   const Vocab& vocab = model_.vocab();
   c.field("vocab");
-  c.number(vocab.size());
   for (uint32_t id = 0; id < vocab.id_end(); ++id) {
     if (!vocab.contains(id)) continue;
+    const AddedToken* added = added_with_id(id);
+    if (added && added->content == vocab.bytes(id)) continue;
     c.number(id);
     c.field(vocab.bytes(id));
   }

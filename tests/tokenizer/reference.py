@@ -33,7 +33,8 @@ def run_hf(req):
 
     tok = Tokenizer.from_file(req["tokenizer_json"])
     add = bool(req.get("add_special_tokens", False))
-    return {"ids": [tok.encode(t, add_special_tokens=add).ids for t in req["texts"]]}
+    ids = [tok.encode(t, add_special_tokens=add).ids for t in req["texts"]]
+    return {"ids": ids, "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids]}
 
 
 def gpt2_json(req):
@@ -60,7 +61,8 @@ def train_hf(req):
     if kind == "sentencepiece":
         tok = Tokenizer(models.BPE(byte_fallback=True, fuse_unk=True, unk_token="<unk>"))
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
-        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+        tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
         byte_tokens = ["<0x%02X>" % b for b in range(256)]
         trainer = trainers.BpeTrainer(vocab_size=req["vocab_size"],
                                       special_tokens=["<unk>", "<s>", "</s>"] + byte_tokens,
