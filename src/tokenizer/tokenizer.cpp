@@ -105,7 +105,7 @@ const AddedToken* Tokenizer::added_with_id(uint32_t id) const {
   return nullptr;
 }
 
-void Tokenizer::decode_model_token(std::string_view bytes, std::string& out) const {
+void Tokenizer::decode_token(std::string_view bytes, std::string& out) const {
   if (decoder_.space_marker.empty()) {
     out.append(bytes);
     return;
@@ -125,15 +125,7 @@ void Tokenizer::decode_model_token(std::string_view bytes, std::string& out) con
 
 std::string Tokenizer::decode(std::span<const uint32_t> ids) const {
   std::string out;
-  for (uint32_t id : ids) {
-    if (const AddedToken* added = added_with_id(id)) {
-      out.append(added->content);
-      continue;
-    }
-    POLLEN_CHECK(model_.vocab().contains(id), "cannot decode token id ", id,
-                 ": it is not in the vocabulary");
-    decode_model_token(model_.vocab().bytes(id), out);
-  }
+  for (uint32_t id : ids) decode_token(token_bytes(id), out);
   size_t strip = 0;
   while (strip < static_cast<size_t>(decoder_.strip_leading_spaces) && strip < out.size() &&
          out[strip] == ' ')

@@ -90,7 +90,8 @@ class Tokenizer {
   void encode_ordinary(std::string_view text, bool at_start, std::vector<uint32_t>& out) const;
   const AddedToken* added_at(std::string_view text, size_t at) const;
   const AddedToken* added_with_id(uint32_t id) const;
-  void decode_model_token(std::string_view bytes, std::string& out) const;
+  // As HF does, added tokens go through the decoder too.
+  void decode_token(std::string_view bytes, std::string& out) const;
 
   BpeModel model_;
   Normalizer normalizer_;
