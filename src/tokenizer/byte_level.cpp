@@ -33,6 +33,10 @@ const std::unordered_map<char32_t, unsigned char>& char_to_byte() {
 
 }  // namespace
 
+char32_t byte_level_char(unsigned char byte) {
+  return byte_to_char()[byte];
+}
+
 std::string bytes_to_byte_level(std::string_view bytes) {
   std::string out;
   out.reserve(bytes.size() * 2);

@@ -7,6 +7,8 @@
 
 namespace pollen::tokenizer {
 
+// The printable character that stands for one byte.
+char32_t byte_level_char(unsigned char byte);
 // The printable form of raw bytes.
 std::string bytes_to_byte_level(std::string_view bytes);
 // The raw bytes of a printable form; nullopt when a character is not in the map.
