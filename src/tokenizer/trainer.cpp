@@ -3,15 +3,14 @@
 #include <xxhash.h>
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <queue>
 #include <unordered_map>
 
 #include "base/error.h"
-#include "base/files.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/documents.h"
 
 namespace pollen::tokenizer {
 
@@ -54,47 +53,9 @@ void PieceCounts::add_documents(std::span<const std::string_view> documents) {
 
 void PieceCounts::add_file(const std::filesystem::path& path, bool jsonl,
                            const std::string& field) {
-  MappedFile file(path);
-  std::string_view text(reinterpret_cast<const char*>(file.data()), file.size());
-  // Batches of about 64 MB keep the lines of a huge file from being held all at once.
   constexpr size_t kBatchBytes = 64 << 20;
-  std::vector<std::string_view> lines;
-  std::vector<std::string> records;
-  size_t line_number = 0, batch_bytes = 0;
-  auto flush = [&] {
-    if (jsonl) {
-      std::vector<std::string_view> views(records.begin(), records.end());
-      add_documents(views);
-    } else {
-      add_documents(lines);
-    }
-    lines.clear();
-    records.clear();
-    batch_bytes = 0;
-  };
-  while (!text.empty()) {
-    size_t eol = text.find('\n');
-    size_t length = eol == std::string_view::npos ? text.size() : eol + 1;
-    std::string_view line = text.substr(0, length);
-    text.remove_prefix(length);
-    ++line_number;
-    batch_bytes += line.size();
-    if (!jsonl) {
-      lines.push_back(line);
-    } else if (line.find_first_not_of(" \t\r\n") != std::string_view::npos) {
-      nlohmann::json record;
-      try {
-        record = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
-        fail(path.string(), ":", line_number, ": not valid JSON: ", e.what());
-      }
-      POLLEN_CHECK(record.is_object() && record.contains(field) && record[field].is_string(),
-                   path.string(), ":", line_number, ": expected a string field '", field, "'");
-      records.push_back(record[field].get<std::string>());
-    }
-    if (batch_bytes >= kBatchBytes) flush();
-  }
-  flush();
+  for_each_document_batch({path, jsonl, field, true}, kBatchBytes,
+                          [&](std::span<const std::string_view> docs) { add_documents(docs); });
 }
 
 std::vector<std::pair<std::string, uint64_t>> PieceCounts::sorted() const {
