@@ -257,7 +257,8 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
   }
 
   const json& vocab_json = r.at(model, "vocab", "model");
-  if (!vocab_json.is_object()) r.fail_at("model.vocab", "expected an object of token: id");
+  if (!vocab_json.is_object() || vocab_json.empty())
+    r.fail_at("model.vocab", "expected a non-empty object of token: id");
   Vocab vocab;
   std::map<std::string, uint32_t> id_of;
   for (const auto& [token, id] : vocab_json.items()) {
