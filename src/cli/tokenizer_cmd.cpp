@@ -1,4 +1,4 @@
-// `pollen tokenizer train|encode|decode|info|bench`: parsing and wiring; the work is in
+// `pollen tokenizer train|encode|decode|info|convert|bench`: parsing and wiring; the work is in
 // src/tokenizer.
 #include <chrono>
 #include <cstdio>
@@ -231,6 +231,26 @@ void add_info(CLI::App* parent) {
   });
 }
 
+void add_convert(CLI::App* parent) {
+  auto* cmd = parent->add_subcommand(
+      "convert",
+      "Write a tokenizer in the other format (tokenizer.json <-> tiktoken rank file); "
+      "the fingerprint stays the same");
+  struct Args {
+    TokenizerArgs tok;
+    std::string output;
+  };
+  auto a = std::make_shared<Args>();
+  add_tokenizer_args(cmd, a->tok);
+  cmd->add_option("--output", a->output, "tokenizer.json, or any other name for a rank file")
+      ->required();
+  cmd->callback([a] {
+    tk::Tokenizer tok = open(a->tok);
+    tk::save_tokenizer(tok, a->output);
+    std::printf("wrote %s (fingerprint %s)\n", a->output.c_str(), tok.fingerprint().c_str());
+  });
+}
+
 void add_bench(CLI::App* parent) {
   auto* cmd = parent->add_subcommand(
       "bench", "Encode throughput on one thread and on all threads (JSON lines)");
@@ -290,6 +310,7 @@ void add_tokenizer_command(CLI::App& app) {
   add_encode(cmd);
   add_decode(cmd);
   add_info(cmd);
+  add_convert(cmd);
   add_bench(cmd);
 }
 
