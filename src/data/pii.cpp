@@ -119,7 +119,9 @@ void find_ipv6(std::string_view s, std::vector<Span>& out) {
     while (e < s.size() && (hexd(s[e]) || s[e] == ':')) ++e;
     // Optional embedded IPv4 tail is not handled; trim a trailing single colon.
     std::string_view c = s.substr(i, e - i);
-    if (e < s.size() && (word_char(s[e]) || s[e] == '.')) continue;
+    if (e < s.size() &&
+        (word_char(s[e]) || (s[e] == '.' && e + 1 < s.size() && hexd(s[e + 1]))))
+      continue;
     while (!c.empty() && c.back() == ':' && !(c.size() >= 2 && c[c.size() - 2] == ':'))
       c.remove_suffix(1);
     size_t dbl = c.find("::");
@@ -261,6 +263,16 @@ bool phone_like(const Run& r) {
   size_t n = r.digits.size();
   if (n < 10 || n > 15) return false;
   if (r.groups.size() < 2 && !r.plus) return false;  // a bare digit string is an order number
+  if (!r.plus && !r.paren) {
+    // National forms only: North American 3-3-4 (optionally 1-3-3-4), or a trunk prefix 0
+    // with groups of 2-4 digits (020 7946 0958, 06 12 34 56 78).
+    const auto& g = r.groups;
+    bool nanp = (g == std::vector<int>{3, 3, 4}) ||
+                (g == std::vector<int>{1, 3, 3, 4} && r.digits[0] == '1');
+    bool trunk = r.digits[0] == '0' && n <= 11;
+    for (int x : g) trunk &= x >= 2 && x <= 4;
+    return nanp || trunk;
+  }
   size_t first = 0;
   if (r.plus) {
     if (r.groups[0] > 3) return r.groups.size() == 1 && n >= 10;  // +15551234567
