@@ -119,8 +119,7 @@ void find_ipv6(std::string_view s, std::vector<Span>& out) {
     while (e < s.size() && (hexd(s[e]) || s[e] == ':')) ++e;
     // Optional embedded IPv4 tail is not handled; trim a trailing single colon.
     std::string_view c = s.substr(i, e - i);
-    if (e < s.size() &&
-        (word_char(s[e]) || (s[e] == '.' && e + 1 < s.size() && hexd(s[e + 1]))))
+    if (e < s.size() && (word_char(s[e]) || (s[e] == '.' && e + 1 < s.size() && hexd(s[e + 1]))))
       continue;
     while (!c.empty() && c.back() == ':' && !(c.size() >= 2 && c[c.size() - 2] == ':'))
       c.remove_suffix(1);

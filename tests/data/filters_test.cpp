@@ -41,8 +41,13 @@ TEST(Text, Utf8ValidationAndRepair) {
   EXPECT_FALSE(utf8_valid("overlong \xC0\xAF"));
   EXPECT_FALSE(utf8_valid("surrogate \xED\xA0\x80"));
   std::string out;
-  EXPECT_EQ(utf8_repair("a\xFF" "b\xE2\x82", out), 2u);
-  EXPECT_EQ(out, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD");
+  EXPECT_EQ(utf8_repair("a\xFF"
+                        "b\xE2\x82",
+                        out),
+            2u);
+  EXPECT_EQ(out,
+            "a\xEF\xBF\xBD"
+            "b\xEF\xBF\xBD");
 }
 
 TEST(Filters, LengthBounds) {
@@ -129,8 +134,9 @@ TEST(Filters, FineWebHeuristics) {
   std::string short_lines;
   for (int i = 0; i < 10; ++i) short_lines += "Short " + std::to_string(i) + ".\n";
   EXPECT_STREQ(f.check(short_lines), "fineweb_short_lines");
-  std::string dup = good_text() + "\nThis exact line is repeated in the text again.\n"
-                                  "This exact line is repeated in the text again.";
+  std::string dup = good_text() +
+                    "\nThis exact line is repeated in the text again.\n"
+                    "This exact line is repeated in the text again.";
   EXPECT_STREQ(f.check(dup), "fineweb_char_dup");
 }
 
@@ -226,17 +232,17 @@ TEST(Pii, LookAlikesAreLeftAlone) {
   PiiOptions o;
   std::string out;
   for (const char* s : {
-           "Upgrade to version 1.2.3.4 today",      // version string
-           "pollen v2.10.1.0 released",             // version string
-           "Meeting on 2023-01-15 at 10:30:45",     // date and time
-           "Order #123456789012 shipped",           // order number
-           "ISBN 978-3-16-148410-0 is a book",      // ISBN
-           "Card 4111 1111 1111 1112 is invalid",   // Luhn fails
-           "GB82 WEST 1234 5698 7654 33 wrong",     // IBAN checksum fails
-           "std::vector<int> in C++ code",          // namespaces, not IPv6
-           "call me at 555-1234",                   // too short for a phone number
-           "user at example dot com",               // not an address
-           "Pi is 3.14159265358979",                // decimals
+           "Upgrade to version 1.2.3.4 today",     // version string
+           "pollen v2.10.1.0 released",            // version string
+           "Meeting on 2023-01-15 at 10:30:45",    // date and time
+           "Order #123456789012 shipped",          // order number
+           "ISBN 978-3-16-148410-0 is a book",     // ISBN
+           "Card 4111 1111 1111 1112 is invalid",  // Luhn fails
+           "GB82 WEST 1234 5698 7654 33 wrong",    // IBAN checksum fails
+           "std::vector<int> in C++ code",         // namespaces, not IPv6
+           "call me at 555-1234",                  // too short for a phone number
+           "user at example dot com",              // not an address
+           "Pi is 3.14159265358979",               // decimals
        }) {
     EXPECT_EQ(redact_pii(s, o, out).total(), 0) << s << " -> " << out;
     EXPECT_EQ(out, s);
@@ -260,6 +266,7 @@ TEST(Decontaminate, ThirteenGramOverlap) {
   EXPECT_TRUE(d.contaminated(
       "Some training page copied it: WHAT is the boiling point of water, at sea level in "
       "degrees celsius answer one hundred! and more."));
-  EXPECT_FALSE(d.contaminated("The boiling point of water at sea level is one hundred degrees "
-                              "Celsius, as every textbook says."));
+  EXPECT_FALSE(
+      d.contaminated("The boiling point of water at sea level is one hundred degrees "
+                     "Celsius, as every textbook says."));
 }
