@@ -344,9 +344,60 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_;
 };
 
+// A JSON string literal, written directly (nlohmann's serializer goes byte by byte and was the
+// largest cost of pass 1). The text is valid UTF-8 here, so only '"', '\\' and controls escape.
+void append_json_string(std::string& out, std::string_view v) {
+  static const char* hex = "0123456789abcdef";
+  out += '"';
+  size_t run = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(v[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    out.append(v.data() + run, i - run);
+    run = i + 1;
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      default:
+        out += "\\u00";
+        out += hex[c >> 4];
+        out += hex[c & 15];
+    }
+  }
+  out.append(v.data() + run, v.size() - run);
+  out += '"';
+}
+
 std::string jsonl_line(const std::string& id, const std::string& source, const std::string& text) {
-  json j{{"id", id}, {"source", source}, {"text", text}};
-  return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  std::string out;
+  out.reserve(text.size() + id.size() + source.size() + 40);
+  out += "{\"id\":";
+  append_json_string(out, id);
+  out += ",\"source\":";
+  append_json_string(out, source);
+  out += ",\"text\":";
+  append_json_string(out, text);
+  out += "}\n";
+  return out;
 }
 
 // The key that decides whether pass 1's outputs can be reused: the config of pass 1 and each
@@ -408,6 +459,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     int64_t raw_bytes = 0, utf8_bytes = 0, c4_bytes = 0;
     bool repaired = false, c4_changed = false;
     uint64_t h1 = 0, h2 = 0;
+    std::string line;  // the JSONL record, made on the worker thread
   };
   std::vector<Item> batch;
   std::vector<Outcome> outcome;
@@ -482,6 +534,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
         o.h1 = xxh64(it.text.data(), it.text.size(), 0);
         o.h2 = xxh64(it.text.data(), it.text.size(), 0x9e3779b97f4a7c15ull);
         if (c.minhash.enabled) hasher.signature(it.text, &sigs[static_cast<size_t>(i * m)]);
+        o.line = jsonl_line(it.id, c.sources[static_cast<size_t>(it.source)].name, it.text);
       }
     });
     // Merge in input order.
@@ -513,7 +566,8 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
         bytes = out;
       }
       if (!alive) continue;
-      docs_out.write(jsonl_line(it.id, c.sources[static_cast<size_t>(it.source)].name, it.text));
+      docs_out.write(o.line);
+      (void)it;
       if (c.minhash.enabled)
         sig_out.write(
             std::string_view(reinterpret_cast<const char*>(&sigs[static_cast<size_t>(i * m)]),
