@@ -1,0 +1,224 @@
+// The prepare pipeline end to end: accounting, bad input, determinism and resumption.
+#include <gtest/gtest.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "base/thread_pool.h"
+#include "data/loader.h"
+#include "data/pipeline.h"
+#include "data/shards.h"
+#include "tokenizer/open.h"
+#include "tokenizer/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+using namespace pollen::data;
+using nlohmann::json;
+
+namespace {
+
+std::string paragraph(int seed) {
+  static const char* w[] = {"river",    "valley",  "people",   "market",  "bridge",
+                            "garden",   "winter",  "summer",   "letter",  "window",
+                            "mountain", "harbour", "station",  "library", "teacher",
+                            "village",  "orchard", "festival", "kitchen"};
+  std::string s;
+  uint64_t x = static_cast<uint64_t>(seed) * 2654435761u + 1;
+  for (int sent = 0; sent < 8; ++sent) {
+    s += "The ";
+    for (int k = 0; k < 9; ++k) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      s += w[(x >> 33) % 19];
+      s += k == 4 ? " and the " : " ";
+    }
+    s += "of the town.";
+    s += sent % 3 == 2 ? "\n" : " ";
+  }
+  return s;
+}
+
+void write(const fs::path& p, const std::string& s) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << s;
+}
+
+struct Corpus {
+  fs::path root;
+  Corpus() {
+    root = fs::temp_directory_path() / "pollen_data_pipeline_test";
+    fs::remove_all(root);
+    fs::path c = root / "corpus";
+    // Plain text documents, one per file, with an exact duplicate and a near-duplicate.
+    for (int i = 0; i < 40; ++i)
+      write(c / "text" / ("doc" + std::to_string(i) + ".txt"), paragraph(i));
+    write(c / "text" / "dup.txt", paragraph(3));
+    write(c / "text" / "near.txt", paragraph(5) + " One extra closing sentence here.");
+    write(c / "text" / "empty.txt", "");
+    write(c / "text" / "bad_utf8.txt", paragraph(77) + " caf\xC3 bad byte");
+    write(c / "text" / "pii.txt", paragraph(78) + " Write to someone@example.org today.");
+    // Delimited, gzip-compressed.
+    std::string fort;
+    for (int i = 100; i < 110; ++i) fort += paragraph(i) + "\n%\n";
+    gzFile gz = gzopen((c / "fortunes.gz").c_str(), "wb");
+    gzwrite(gz, fort.data(), static_cast<unsigned>(fort.size()));
+    gzclose(gz);
+    // JSONL, zstd-compressed, with bad records.
+    std::string jl;
+    for (int i = 200; i < 210; ++i) jl += json{{"text", paragraph(i)}, {"n", i}}.dump() + "\n";
+    jl += "{not json\n";
+    jl += json{{"body", "no text field"}}.dump() + "\n";
+    jl += json{{"text", std::string(5000, 'x')}}.dump() + "\n";  // over max_line_bytes
+    std::string z(ZSTD_compressBound(jl.size()), '\0');
+    z.resize(ZSTD_compress(z.data(), z.size(), jl.data(), jl.size(), 3));
+    write(c / "records.jsonl.zst", z);
+    // An evaluation set that one training document contains.
+    write(root / "eval.jsonl", json{{"text", paragraph(9)}}.dump() + "\n");
+    // A small tokenizer.
+    tokenizer::PieceCounts counts(tokenizer::pattern_regex("gpt2"));
+    std::vector<std::string> texts;
+    for (int i = 0; i < 50; ++i) texts.push_back(paragraph(i));
+    std::vector<std::string_view> views(texts.begin(), texts.end());
+    counts.add_documents(views);
+    auto tok = tokenizer::train_bpe(counts, {400, {"<|endoftext|>"}, counts.pattern()});
+    tokenizer::save_tokenizer(tok, root / "tokenizer.json");
+  }
+  fs::path config(const std::string& out, int threads, const std::string& extra = "") const {
+    fs::path p = root / (out + ".toml");
+    write(p, "output = \"" + out + "\"\nthreads = " + std::to_string(threads) +
+                 "\nmax_line_bytes = 1000\nbatch_bytes = 4096\n"
+                 "sources = [\"text\", \"fortunes\", \"records\"]\n"
+                 "[source.text]\npaths = [\"corpus/text\", \"corpus/missing.txt\"]\n"
+                 "[source.fortunes]\npaths = [\"corpus/fortunes.gz\"]\nformat = \"delimited\"\n"
+                 "[source.records]\npaths = [\"corpus/records.jsonl.zst\"]\nformat = \"jsonl\"\n"
+                 "[minhash]\nngram = 5\n"
+                 "[decontaminate]\neval_files = [\"eval.jsonl\"]\n"
+                 "[split]\nvalidation_fraction = 0.2\n"
+                 "[tokenize]\ntokenizer = \"tokenizer.json\"\nshard_tokens = 2000\n" +
+                 extra);
+    return p;
+  }
+};
+
+const Corpus& corpus() {
+  static Corpus c;
+  return c;
+}
+
+fs::path run(const std::string& out, int threads, const std::string& stop = "") {
+  int before = num_threads();
+  auto cfg = PipelineConfig::load(corpus().config(out, threads));
+  fs::remove_all(cfg.output);
+  auto m = prepare(cfg, {.progress = false, .stop_after = stop});
+  set_num_threads(before);
+  return cfg.output;
+}
+
+std::map<std::string, std::string> outputs(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.is_regular_file()) files[e.path().filename().string()] = read_file(e.path());
+  return files;
+}
+
+}  // namespace
+
+TEST(Pipeline, EveryDocumentIsAccountedForAndBadInputIsReported) {
+  fs::path out = run("out_account", 2);
+  json m = json::parse(read_file(out / "manifest.json"));
+  int64_t prev_kept = -1;
+  for (const auto& s : m["stages"]) {
+    int64_t dropped = 0;
+    for (const auto& d : s["dropped"]) dropped += d["docs"].get<int64_t>();
+    EXPECT_EQ(s["docs_kept"].get<int64_t>() + dropped, s["docs_in"].get<int64_t>()) << s["name"];
+    if (prev_kept >= 0 && s["name"] != "read") {
+      EXPECT_EQ(s["docs_in"].get<int64_t>(), prev_kept) << s["name"];
+    }
+    prev_kept = s["docs_kept"].get<int64_t>();
+  }
+  auto stage = [&](const std::string& n) {
+    for (const auto& s : m["stages"])
+      if (s["name"] == n) return s;
+    return json();
+  };
+  // 44 text files read as documents (one empty file is a problem, not a doc), 10 fortunes,
+  // 10 good records; three bad records.
+  EXPECT_EQ(stage("read")["docs_kept"], 44 + 10 + 10);
+  EXPECT_EQ(stage("read")["dropped"]["invalid_json"]["docs"], 1);
+  EXPECT_EQ(stage("read")["dropped"]["missing_field"]["docs"], 1);
+  EXPECT_EQ(stage("read")["dropped"]["line_too_long"]["docs"], 1);
+  EXPECT_EQ(stage("read")["files_missing"], 1);
+  EXPECT_EQ(stage("read")["files_empty"], 1);
+  EXPECT_EQ(stage("utf8")["docs_modified"], 1);
+  EXPECT_EQ(stage("exact_dedup")["dropped"]["duplicate"]["docs"], 1);
+  EXPECT_EQ(stage("minhash")["dropped"]["near_duplicate"]["docs"], 1);
+  EXPECT_EQ(stage("pii")["redactions"]["email"], 1);
+  EXPECT_EQ(stage("decontaminate")["dropped"]["contaminated"]["docs"], 1);
+  // Problems name the file and line.
+  bool found = false;
+  for (const auto& p : m["problems"])
+    if (p["reason"] == "invalid_json") {
+      EXPECT_EQ(p["file"], "records/records.jsonl.zst");
+      EXPECT_EQ(p["line"], 11);
+      found = true;
+    }
+  EXPECT_TRUE(found);
+  // Shards hold what the split stage kept, and the loader reads them.
+  int64_t docs = 0;
+  for (const auto& s : m["shards"]) docs += s["num_docs"].get<int64_t>();
+  EXPECT_EQ(docs, stage("split")["docs_kept"]);
+  Loader l({.manifests = {out / "manifest.json"}, .batch = 2, .seq = 64});
+  EXPECT_GT(l.windows_per_epoch(), 10);
+  l.next();
+  std::string curated = read_file(out / "curated-train.jsonl");
+  EXPECT_NE(curated.find("<EMAIL>"), std::string::npos);
+  EXPECT_EQ(curated.find("someone@example.org"), std::string::npos);
+}
+
+TEST(Pipeline, ByteIdenticalAcrossThreadsFoldersAndResumption) {
+  auto one = outputs(run("out_t1", 1));
+  auto two = outputs(run("out_t2", 2));
+  ASSERT_TRUE(one.count("manifest.json"));
+  EXPECT_GT(one.size(), 6u);
+  EXPECT_EQ(one, two);
+  // Interrupted after pass 1, then resumed.
+  run("out_resume", 2, "pass1");
+  EXPECT_FALSE(fs::exists(corpus().root / "out_resume" / "manifest.json"));
+  auto cfg = PipelineConfig::load(corpus().config("out_resume", 1));
+  prepare(cfg, {.progress = false});
+  set_num_threads(2);
+  EXPECT_EQ(outputs(corpus().root / "out_resume"), one);
+  // Running again changes nothing.
+  prepare(cfg, {.progress = false});
+  EXPECT_EQ(outputs(corpus().root / "out_resume"), one);
+}
+
+TEST(Pipeline, FailOnBadInputAbortsWithFileAndLine) {
+  auto cfg = PipelineConfig::load(corpus().config("out_fail", 1, ""));
+  cfg.fail_on_bad_input = true;
+  cfg.sources.erase(cfg.sources.begin(), cfg.sources.begin() + 2);  // records only
+  try {
+    prepare(cfg, {.progress = false});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("records/records.jsonl.zst"), std::string::npos) << what;
+    EXPECT_NE(what.find("line 11"), std::string::npos) << what;
+  }
+}
+
+TEST(Pipeline, UnknownConfigKeyIsAnError) {
+  fs::path p = corpus().config("out_bad", 1, "unknown_key = 3\n");
+  try {
+    PipelineConfig::load(p);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown_key"), std::string::npos) << e.what();
+  }
+}
