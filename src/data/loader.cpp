@@ -1,0 +1,210 @@
+#include "data/loader.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "base/error.h"
+#include "base/rng.h"
+#include "data/shards.h"
+
+namespace pollen::data {
+
+nlohmann::json LoaderState::to_json() const {
+  return {{"seed", seed}, {"epoch", epoch}, {"cursor", cursor}};
+}
+
+LoaderState LoaderState::from_json(const nlohmann::json& j) {
+  LoaderState s;
+  try {
+    s.seed = j.at("seed").get<uint64_t>();
+    s.epoch = j.at("epoch").get<uint64_t>();
+    s.cursor = j.at("cursor").get<uint64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("loader state: expected {\"seed\", \"epoch\", \"cursor\"} as integers: ", e.what());
+  }
+  return s;
+}
+
+struct Loader::Dataset {
+  std::filesystem::path manifest;
+  std::vector<std::unique_ptr<ShardReader>> shards;
+  std::vector<uint64_t> bases;   // first token of each shard in the stream, plus the total
+  std::vector<uint64_t> starts;  // document starts in the stream, plus the total
+  uint64_t num_tokens = 0;
+  int64_t num_windows = 0;
+
+  void read(uint64_t begin, int64_t n, std::vector<int32_t>& out) const {
+    out.resize(static_cast<size_t>(n));
+    size_t s =
+        static_cast<size_t>(std::upper_bound(bases.begin(), bases.end(), begin) - bases.begin()) -
+        1;
+    for (int64_t i = 0; i < n; ++i) {
+      uint64_t g = begin + static_cast<uint64_t>(i);
+      while (g >= bases[s + 1]) ++s;
+      out[static_cast<size_t>(i)] =
+          static_cast<int32_t>(shards[s]->token(static_cast<int64_t>(g - bases[s])));
+    }
+  }
+};
+
+Loader::Loader(const LoaderOptions& options) : options_(options) {
+  const auto& o = options_;
+  POLLEN_CHECK(!o.manifests.empty(), "loader: no manifest given");
+  POLLEN_CHECK(o.weights.empty() || o.weights.size() == o.manifests.size(),
+               "loader: ", o.weights.size(), " weights for ", o.manifests.size(), " manifests");
+  POLLEN_CHECK(o.batch > 0 && o.seq > 0, "loader: batch and seq must be positive");
+  POLLEN_CHECK(o.world > 0 && o.rank >= 0 && o.rank < o.world, "loader: rank ", o.rank,
+               " is not in [0, ", o.world, ")");
+  POLLEN_CHECK(o.batch % o.world == 0, "loader: batch ", o.batch, " is not a multiple of world ",
+               o.world);
+  const uint64_t wlen = static_cast<uint64_t>(o.seq + 1);
+  for (const auto& path : o.manifests) {
+    Manifest m = Manifest::load(path);
+    auto d = std::make_unique<Dataset>();
+    d->manifest = path;
+    d->bases.push_back(0);
+    d->starts.push_back(0);
+    for (const auto& info : m.split(o.split)) {
+      auto r = std::make_unique<ShardReader>(m.dir(), info, m.token_dtype);
+      uint64_t base = d->num_tokens;
+      for (size_t i = 1; i < r->doc_starts().size(); ++i)
+        d->starts.push_back(base + r->doc_starts()[i]);
+      d->num_tokens += static_cast<uint64_t>(r->num_tokens());
+      d->bases.push_back(d->num_tokens);
+      d->shards.push_back(std::move(r));
+    }
+    d->num_windows = static_cast<int64_t>(d->num_tokens / wlen);
+    datasets_.push_back(std::move(d));
+  }
+  // Windows per epoch and each dataset's share.
+  int64_t total = 0;
+  for (const auto& d : datasets_) total += d->num_windows;
+  POLLEN_CHECK(total >= o.batch, "loader: the '", o.split, "' split has ", total, " windows of ",
+               wlen, " tokens, fewer than one batch of ", o.batch);
+  per_epoch_.assign(datasets_.size(), 0);
+  if (o.weights.empty()) {
+    for (size_t i = 0; i < datasets_.size(); ++i) per_epoch_[i] = datasets_[i]->num_windows;
+  } else {
+    double sum = 0;
+    for (double w : o.weights) {
+      POLLEN_CHECK(w >= 0, "loader: mixing weights must not be negative");
+      sum += w;
+    }
+    POLLEN_CHECK(sum > 0, "loader: mixing weights sum to zero");
+    // Largest remainder, ties to the lower index: the shares add up to `total` exactly.
+    std::vector<std::pair<double, size_t>> rema;
+    int64_t given = 0;
+    for (size_t i = 0; i < datasets_.size(); ++i) {
+      double exact = o.weights[i] / sum * static_cast<double>(total);
+      per_epoch_[i] = static_cast<int64_t>(exact);
+      given += per_epoch_[i];
+      rema.push_back({exact - static_cast<double>(per_epoch_[i]), i});
+    }
+    std::stable_sort(rema.begin(), rema.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    for (size_t k = 0; given < total; ++k, ++given) per_epoch_[rema[k % rema.size()].second]++;
+    for (size_t i = 0; i < datasets_.size(); ++i)
+      POLLEN_CHECK(per_epoch_[i] == 0 || datasets_[i]->num_windows > 0, "loader: manifest '",
+                   o.manifests[i].string(), "' has weight ", o.weights[i], " but no '", o.split,
+                   "' window of ", wlen, " tokens");
+  }
+  state_.seed = o.seed;
+}
+
+Loader::~Loader() = default;
+
+int64_t Loader::windows_per_epoch() const {
+  return std::accumulate(per_epoch_.begin(), per_epoch_.end(), int64_t{0});
+}
+int64_t Loader::tokens_per_epoch() const {
+  return windows_per_epoch() * options_.seq;
+}
+
+void Loader::build_epoch() {
+  if (built_epoch_ == state_.epoch && built_seed_ == state_.seed) return;
+  Rng root(state_.seed);
+  Rng epoch_rng = root.fork(state_.epoch);
+  order_.clear();
+  order_.reserve(static_cast<size_t>(windows_per_epoch()));
+  for (size_t d = 0; d < datasets_.size(); ++d) {
+    const uint64_t n = static_cast<uint64_t>(datasets_[d]->num_windows);
+    uint64_t want = static_cast<uint64_t>(per_epoch_[d]);
+    // Whole passes over the dataset, then a random subset for the remainder.
+    for (; want >= n && n > 0; want -= n)
+      for (uint64_t w = 0; w < n; ++w) order_.push_back({static_cast<uint32_t>(d), w});
+    if (want > 0) {
+      Rng sub = epoch_rng.fork(1 + d);
+      std::vector<uint64_t> idx(n);
+      std::iota(idx.begin(), idx.end(), uint64_t{0});
+      for (uint64_t i = 0; i < want; ++i) {
+        std::swap(idx[i], idx[i + sub.below(n - i)]);
+        order_.push_back({static_cast<uint32_t>(d), idx[i]});
+      }
+    }
+  }
+  Rng shuffle = epoch_rng.fork(0);
+  for (size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[shuffle.below(i)]);
+  built_epoch_ = state_.epoch;
+  built_seed_ = state_.seed;
+}
+
+void Loader::fill_row(const Entry& e, int64_t row, model::Batch& b) const {
+  const Dataset& d = *datasets_[e.dataset];
+  const int64_t T = options_.seq;
+  const uint64_t s = e.window * static_cast<uint64_t>(T + 1);
+  thread_local std::vector<int32_t> w;
+  d.read(s, T + 1, w);
+  int32_t* tok = b.tokens.data<int32_t>() + row * T;
+  int32_t* tgt = b.targets.data<int32_t>() + row * T;
+  int32_t* pos = b.positions.data<int32_t>() + row * T;
+  int32_t* doc = b.doc_ids.data<int32_t>() + row * T;
+  const auto& st = d.starts;
+  size_t k = static_cast<size_t>(std::upper_bound(st.begin(), st.end(), s) - st.begin());
+  int32_t p = 0, id = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const uint64_t g = s + static_cast<uint64_t>(t);
+    if (t > 0 && k < st.size() && st[k] == g) {
+      p = 0;
+      ++id;
+      while (k < st.size() && st[k] == g) ++k;
+    }
+    tok[t] = w[static_cast<size_t>(t)];
+    pos[t] = p++;
+    doc[t] = id;
+    const bool boundary = k < st.size() && st[k] == g + 1;
+    tgt[t] = boundary ? -100 : w[static_cast<size_t>(t + 1)];
+  }
+}
+
+model::Batch Loader::next() {
+  const int64_t B = options_.batch;
+  if (static_cast<int64_t>(state_.cursor) + B > windows_per_epoch()) {
+    state_.epoch++;
+    state_.cursor = 0;
+  }
+  build_epoch();
+  const int64_t rows = B / options_.world;
+  const int64_t first = options_.rank * rows;
+  model::Batch b;
+  const Shape shape{rows, options_.seq};
+  b.tokens = Tensor::empty(shape, DType::i32);
+  b.targets = Tensor::empty(shape, DType::i32);
+  b.positions = Tensor::empty(shape, DType::i32);
+  b.doc_ids = Tensor::empty(shape, DType::i32);
+  for (int64_t r = 0; r < rows; ++r)
+    fill_row(order_[static_cast<size_t>(static_cast<int64_t>(state_.cursor) + first + r)], r, b);
+  state_.cursor += static_cast<uint64_t>(B);
+  return b;
+}
+
+LoaderState Loader::state() const {
+  return state_;
+}
+
+void Loader::restore(const LoaderState& s) {
+  POLLEN_CHECK(s.cursor <= static_cast<uint64_t>(windows_per_epoch()), "loader state: cursor ",
+               s.cursor, " is past the epoch's ", windows_per_epoch(), " windows");
+  state_ = s;
+}
+
+}  // namespace pollen::data

@@ -1,0 +1,83 @@
+#pragma once
+// The training loader: (batch, seq + 1) token windows in one seeded global permutation.
+//
+// Each dataset's split is one token stream (its shards concatenated in manifest order), cut into
+// non-overlapping windows of seq + 1 tokens (the tail that does not fill a window is unused).
+// An epoch is a list of windows drawn from every dataset (all of each one's windows when no
+// weights are given; otherwise each dataset's share of the epoch follows its weight, repeating
+// or subsampling its windows), shuffled by one permutation seeded by (seed, epoch). Global
+// batch g of an epoch is permutation entries [g * batch, (g + 1) * batch); an epoch ends when
+// fewer than `batch` entries are left (those are skipped). The state is (seed, epoch, cursor),
+// cursor counting windows of the epoch already read, so a resumed run reads exactly what the
+// uninterrupted one would, whatever the number of ranks. Rank r reads rows
+// [r * batch / world, (r + 1) * batch / world) of each global batch.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/llama.h"
+
+namespace pollen::data {
+
+struct LoaderOptions {
+  std::vector<std::filesystem::path> manifests;  // one or several datasets
+  std::vector<double> weights;                   // mixing weights (empty: proportional to tokens)
+  std::string split = "train";                   // or "validation"
+  int64_t batch = 8, seq = 128;                  // global batch rows, tokens per row
+  uint64_t seed = 0;
+  int rank = 0, world = 1;  // this rank gets rows [rank*batch/world, (rank+1)*batch/world)
+};
+
+struct LoaderState {
+  uint64_t seed = 0, epoch = 0, cursor = 0;
+  nlohmann::json to_json() const;
+  static LoaderState from_json(const nlohmann::json& j);
+  bool operator==(const LoaderState&) const = default;
+};
+
+class Loader {
+ public:
+  // Reads the manifests and maps their shards, verifying each against the manifest's SHA-256
+  // (an error names the file that does not match).
+  explicit Loader(const LoaderOptions& options);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // The next (batch / world, seq) rows for this rank, all int32: tokens = window[0, seq),
+  // targets = window[1, seq + 1) with -100 where the target is the first token of a document,
+  // positions restarting at 0 at the window start and at each document start, doc_ids counting
+  // the documents of each row from 0.
+  model::Batch next();
+
+  LoaderState state() const;
+  // Continues from a state (its seed replaces the options' seed).
+  void restore(const LoaderState& state);
+
+  // Input tokens per epoch: windows_per_epoch() * seq.
+  int64_t tokens_per_epoch() const;
+  // Windows in one epoch's permutation (every epoch has the same number).
+  int64_t windows_per_epoch() const;
+
+ private:
+  struct Dataset;
+  struct Entry {
+    uint32_t dataset;
+    uint64_t window;
+  };
+  void build_epoch();
+  void fill_row(const Entry& e, int64_t row, model::Batch& b) const;
+
+  LoaderOptions options_;
+  std::vector<std::unique_ptr<Dataset>> datasets_;
+  std::vector<int64_t> per_epoch_;  // windows of each dataset per epoch
+  LoaderState state_;
+  uint64_t built_epoch_ = ~0ull, built_seed_ = 0;
+  std::vector<Entry> order_;
+};
+
+}  // namespace pollen::data

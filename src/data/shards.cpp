@@ -1,0 +1,248 @@
+#include "data/shards.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "base/hash.h"
+
+namespace pollen::data {
+namespace fs = std::filesystem;
+
+TokenDType token_dtype_for(int64_t vocab_size) {
+  return vocab_size <= 65535 ? TokenDType::u16 : TokenDType::u32;
+}
+const char* token_dtype_name(TokenDType t) {
+  return t == TokenDType::u16 ? "u16" : "u32";
+}
+TokenDType parse_token_dtype(const std::string& name, const std::string& where) {
+  if (name == "u16") return TokenDType::u16;
+  if (name == "u32") return TokenDType::u32;
+  fail(where, ": token_dtype '", name, "' is not \"u16\" or \"u32\"");
+}
+size_t token_dtype_bytes(TokenDType t) {
+  return t == TokenDType::u16 ? 2 : 4;
+}
+
+nlohmann::json ShardInfo::to_json() const {
+  return {{"split", split},
+          {"tokens", tokens},
+          {"index", index},
+          {"num_tokens", num_tokens},
+          {"num_docs", num_docs},
+          {"sha256_tokens", sha256_tokens},
+          {"sha256_index", sha256_index}};
+}
+
+ShardInfo ShardInfo::from_json(const nlohmann::json& j, const std::string& where) {
+  ShardInfo s;
+  try {
+    s.split = j.at("split").get<std::string>();
+    s.tokens = j.at("tokens").get<std::string>();
+    s.index = j.at("index").get<std::string>();
+    s.num_tokens = j.at("num_tokens").get<int64_t>();
+    s.num_docs = j.at("num_docs").get<int64_t>();
+    s.sha256_tokens = j.at("sha256_tokens").get<std::string>();
+    s.sha256_index = j.at("sha256_index").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    fail(where, ": bad shard entry: ", e.what());
+  }
+  POLLEN_CHECK(s.tokens.find('/') == std::string::npos && s.index.find('/') == std::string::npos,
+               where, ": shard file names must be plain names in the manifest's folder");
+  return s;
+}
+
+// ---- writer ------------------------------------------------------------------------------------
+
+struct ShardWriter::Open {
+  ShardInfo info;
+  fs::path tokens_tmp;
+  std::FILE* file = nullptr;
+  Sha256 sha;
+  std::vector<uint64_t> starts{0};
+};
+
+ShardWriter::ShardWriter(fs::path dir, std::string prefix, std::string split, TokenDType dtype,
+                         int64_t max_tokens)
+    : dir_(std::move(dir)),
+      prefix_(std::move(prefix)),
+      split_(std::move(split)),
+      dtype_(dtype),
+      max_tokens_(max_tokens) {
+  POLLEN_CHECK(max_tokens_ > 0, "shard size must be positive");
+  fs::create_directories(dir_);
+}
+
+ShardWriter::~ShardWriter() {
+  if (open_ && open_->file) {
+    std::fclose(open_->file);
+    std::error_code ec;
+    fs::remove(open_->tokens_tmp, ec);
+  }
+}
+
+void ShardWriter::open_next() {
+  open_ = std::make_unique<Open>();
+  char num[16];
+  std::snprintf(num, sizeof num, "%05d", static_cast<int>(done_.size()));
+  std::string base = prefix_ + "-" + split_ + "-" + num;
+  open_->info.split = split_;
+  open_->info.tokens = base + ".tokens";
+  open_->info.index = base + ".index";
+  open_->tokens_tmp = dir_ / ("." + open_->info.tokens + ".tmp");
+  open_->file = std::fopen(open_->tokens_tmp.c_str(), "wb");
+  POLLEN_CHECK(open_->file, "cannot create '", open_->tokens_tmp.string(),
+               "': ", std::strerror(errno));
+}
+
+void ShardWriter::add_document(std::span<const uint32_t> ids) {
+  if (open_ && open_->info.num_tokens > 0 &&
+      open_->info.num_tokens + static_cast<int64_t>(ids.size()) > max_tokens_)
+    close_current();
+  if (!open_) open_next();
+  size_t w = token_dtype_bytes(dtype_);
+  buffer_.resize(ids.size() * w);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    uint32_t v = ids[i];
+    if (dtype_ == TokenDType::u16) {
+      POLLEN_CHECK(v <= 0xffff, "token id ", v, " does not fit a u16 shard");
+      buffer_[2 * i] = static_cast<uint8_t>(v);
+      buffer_[2 * i + 1] = static_cast<uint8_t>(v >> 8);
+    } else {
+      for (int b = 0; b < 4; ++b) buffer_[4 * i + b] = static_cast<uint8_t>(v >> (8 * b));
+    }
+  }
+  if (!buffer_.empty()) {
+    POLLEN_CHECK(std::fwrite(buffer_.data(), 1, buffer_.size(), open_->file) == buffer_.size(),
+                 "cannot write '", open_->tokens_tmp.string(), "': ", std::strerror(errno));
+    open_->sha.update(buffer_.data(), buffer_.size());
+  }
+  open_->info.num_tokens += static_cast<int64_t>(ids.size());
+  open_->info.num_docs += 1;
+  open_->starts.push_back(static_cast<uint64_t>(open_->info.num_tokens));
+}
+
+void ShardWriter::close_current() {
+  Open& o = *open_;
+  POLLEN_CHECK(std::fflush(o.file) == 0 && ::fsync(fileno(o.file)) == 0, "cannot write '",
+               o.tokens_tmp.string(), "': ", std::strerror(errno));
+  std::fclose(o.file);
+  o.file = nullptr;
+  std::string index(o.starts.size() * 8, '\0');
+  for (size_t i = 0; i < o.starts.size(); ++i)
+    for (int b = 0; b < 8; ++b) index[8 * i + b] = static_cast<char>(o.starts[i] >> (8 * b));
+  o.info.sha256_tokens = o.sha.hex_digest();
+  o.info.sha256_index = sha256_hex(index);
+  // The index is written first and the tokens renamed last: a shard whose tokens file exists
+  // under its final name is complete.
+  write_file_atomic(dir_ / o.info.index, index);
+  fs::rename(o.tokens_tmp, dir_ / o.info.tokens);
+  done_.push_back(o.info);
+  open_.reset();
+}
+
+std::vector<ShardInfo> ShardWriter::finish() {
+  if (open_) close_current();
+  return done_;
+}
+
+// ---- manifest ----------------------------------------------------------------------------------
+
+std::string manifest_text(const nlohmann::json& manifest) {
+  return manifest.dump(2) + "\n";
+}
+
+std::string dataset_version(const fs::path& manifest_path) {
+  return sha256_file(manifest_path);
+}
+
+Manifest Manifest::load(const fs::path& path) {
+  Manifest m;
+  m.path = path;
+  std::string text = read_file(path);
+  try {
+    m.json = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail("manifest '", path.string(), "' is not valid JSON: ", e.what());
+  }
+  std::string where = cat("manifest '", path.string(), "'");
+  POLLEN_CHECK(m.json.is_object() && m.json.value("format", "") == "pollen-shards-v1", where,
+               ": expected \"format\": \"pollen-shards-v1\"");
+  try {
+    m.token_dtype = parse_token_dtype(m.json.at("token_dtype").get<std::string>(), where);
+    m.vocab_size = m.json.at("vocab_size").get<int64_t>();
+    for (const auto& s : m.json.at("shards")) m.shards.push_back(ShardInfo::from_json(s, where));
+  } catch (const nlohmann::json::exception& e) {
+    fail(where, ": ", e.what());
+  }
+  return m;
+}
+
+std::vector<ShardInfo> Manifest::split(const std::string& name) const {
+  std::vector<ShardInfo> out;
+  for (const auto& s : shards)
+    if (s.split == name) out.push_back(s);
+  return out;
+}
+
+// ---- reader ------------------------------------------------------------------------------------
+
+struct ShardReader::Impl {
+  std::unique_ptr<MappedFile> tokens;
+};
+
+ShardReader::ShardReader(const fs::path& dir, const ShardInfo& info, TokenDType dtype,
+                         bool verify_sha)
+    : impl_(std::make_unique<Impl>()), dtype_(dtype) {
+  fs::path tpath = dir / info.tokens, ipath = dir / info.index;
+  POLLEN_CHECK(fs::exists(tpath), "shard '", tpath.string(), "' is missing");
+  POLLEN_CHECK(fs::exists(ipath), "shard index '", ipath.string(), "' is missing");
+  impl_->tokens = std::make_unique<MappedFile>(tpath);
+  size_t w = token_dtype_bytes(dtype);
+  POLLEN_CHECK(impl_->tokens->size() == static_cast<size_t>(info.num_tokens) * w, "shard '",
+               tpath.string(), "' has ", impl_->tokens->size(), " bytes, the manifest says ",
+               info.num_tokens, " tokens of ", w, " bytes");
+  std::string index = read_file(ipath);
+  POLLEN_CHECK(index.size() == static_cast<size_t>(info.num_docs + 1) * 8, "shard index '",
+               ipath.string(), "' has ", index.size(), " bytes, expected ",
+               (info.num_docs + 1) * 8);
+  if (verify_sha) {
+    Sha256 sha;
+    sha.update(impl_->tokens->data(), impl_->tokens->size());
+    std::string got = sha.hex_digest();
+    POLLEN_CHECK(got == info.sha256_tokens, "shard '", tpath.string(),
+                 "' does not match its manifest: SHA-256 ", got, ", expected ", info.sha256_tokens);
+    got = sha256_hex(index);
+    POLLEN_CHECK(got == info.sha256_index, "shard index '", ipath.string(),
+                 "' does not match its manifest: SHA-256 ", got, ", expected ", info.sha256_index);
+  }
+  starts_.resize(static_cast<size_t>(info.num_docs + 1));
+  for (size_t i = 0; i < starts_.size(); ++i) {
+    uint64_t v = 0;
+    for (int b = 0; b < 8; ++b)
+      v |= static_cast<uint64_t>(static_cast<uint8_t>(index[8 * i + b])) << (8 * b);
+    starts_[i] = v;
+  }
+  POLLEN_CHECK(starts_.front() == 0 && starts_.back() == static_cast<uint64_t>(info.num_tokens),
+               "shard index '", ipath.string(), "' must start at 0 and end at ", info.num_tokens);
+  for (size_t i = 1; i < starts_.size(); ++i)
+    POLLEN_CHECK(starts_[i] >= starts_[i - 1], "shard index '", ipath.string(),
+                 "' is not sorted at entry ", i);
+  num_tokens_ = info.num_tokens;
+}
+
+ShardReader::~ShardReader() = default;
+
+uint32_t ShardReader::token(int64_t i) const {
+  const auto* p = reinterpret_cast<const uint8_t*>(impl_->tokens->data());
+  if (dtype_ == TokenDType::u16) return p[2 * i] | (static_cast<uint32_t>(p[2 * i + 1]) << 8);
+  const uint8_t* q = p + 4 * i;
+  return q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<uint32_t>(q[3]) << 24);
+}
+
+}  // namespace pollen::data

@@ -1,0 +1,250 @@
+// Shards, manifests and the training loader.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "data/loader.h"
+#include "data/shards.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+using namespace pollen::data;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("pollen_data_test_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+// Documents with lengths 1..40 cycling; token ids encode (doc, position) so that tests can
+// check where each token came from: id = (doc * 64 + pos) % 60000 + 1.
+fs::path make_dataset(const fs::path& dir, int docs, int64_t shard_tokens, int salt = 0) {
+  ShardWriter w(dir, "ds", "train", TokenDType::u16, shard_tokens);
+  for (int d = 0; d < docs; ++d) {
+    std::vector<uint32_t> ids(static_cast<size_t>(1 + (d * 7 + salt) % 40));
+    for (size_t p = 0; p < ids.size(); ++p)
+      ids[p] = static_cast<uint32_t>((d * 64 + static_cast<int>(p) + salt * 977) % 60000 + 1);
+    w.add_document(ids);
+  }
+  auto shards = w.finish();
+  ShardWriter v(dir, "ds", "validation", TokenDType::u16, shard_tokens);
+  v.add_document(std::vector<uint32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  auto vs = v.finish();
+  shards.insert(shards.end(), vs.begin(), vs.end());
+  nlohmann::json m{{"format", "pollen-shards-v1"}, {"token_dtype", "u16"}, {"vocab_size", 60001}};
+  m["shards"] = nlohmann::json::array();
+  for (const auto& s : shards) m["shards"].push_back(s.to_json());
+  write_file_atomic(dir / "manifest.json", manifest_text(m));
+  return dir / "manifest.json";
+}
+
+std::vector<int32_t> values(const Tensor& t) {
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+
+}  // namespace
+
+TEST(Shards, WriterRollsOverAndIndexIsExact) {
+  fs::path dir = temp_dir("shards");
+  make_dataset(dir, 100, 500);
+  Manifest m = Manifest::load(dir / "manifest.json");
+  auto train = m.split("train");
+  ASSERT_GT(train.size(), 1u);
+  int64_t docs = 0, tokens = 0;
+  for (const auto& s : train) {
+    EXPECT_LE(s.num_tokens, 500);
+    ShardReader r(dir, s, m.token_dtype);
+    EXPECT_EQ(r.doc_starts().size(), static_cast<size_t>(s.num_docs + 1));
+    EXPECT_EQ(fs::file_size(dir / s.tokens), static_cast<uintmax_t>(s.num_tokens * 2));
+    docs += s.num_docs;
+    tokens += s.num_tokens;
+  }
+  EXPECT_EQ(docs, 100);
+  EXPECT_EQ(train[0].tokens, "ds-train-00000.tokens");
+  EXPECT_EQ(train[0].index, "ds-train-00000.index");
+  // First token of doc 0 is 1, little-endian.
+  std::string bytes = read_file(dir / train[0].tokens);
+  EXPECT_EQ(static_cast<uint8_t>(bytes[0]), 1);
+  EXPECT_EQ(static_cast<uint8_t>(bytes[1]), 0);
+}
+
+TEST(Loader, WindowsPositionsDocIdsAndMaskedTargets) {
+  fs::path dir = temp_dir("windows");
+  // Three docs: [10 11 12] [20 21] [30 31 32 33 34]
+  ShardWriter w(dir, "x", "train", TokenDType::u32, 1000);
+  w.add_document(std::vector<uint32_t>{10, 11, 12});
+  w.add_document(std::vector<uint32_t>{20, 21});
+  w.add_document(std::vector<uint32_t>{30, 31, 32, 33, 34});
+  auto shards = w.finish();
+  nlohmann::json m{{"format", "pollen-shards-v1"}, {"token_dtype", "u32"}, {"vocab_size", 70000}};
+  m["shards"] = {shards[0].to_json()};
+  write_file_atomic(dir / "manifest.json", manifest_text(m));
+  LoaderOptions o;
+  o.manifests = {dir / "manifest.json"};
+  o.batch = 1;
+  o.seq = 9;  // one window of all 10 tokens
+  Loader l(o);
+  EXPECT_EQ(l.windows_per_epoch(), 1);
+  model::Batch b = l.next();
+  EXPECT_EQ(values(b.tokens), (std::vector<int32_t>{10, 11, 12, 20, 21, 30, 31, 32, 33}));
+  EXPECT_EQ(values(b.targets), (std::vector<int32_t>{11, 12, -100, 21, -100, 31, 32, 33, 34}));
+  EXPECT_EQ(values(b.positions), (std::vector<int32_t>{0, 1, 2, 0, 1, 0, 1, 2, 3}));
+  EXPECT_EQ(values(b.doc_ids), (std::vector<int32_t>{0, 0, 0, 1, 1, 2, 2, 2, 2}));
+}
+
+TEST(Loader, RanksAreDisjointAndCoverEachGlobalBatch) {
+  fs::path dir = temp_dir("ranks");
+  auto manifest = make_dataset(dir, 400, 1000);
+  LoaderOptions o;
+  o.manifests = {manifest};
+  o.batch = 8;
+  o.seq = 16;
+  o.seed = 3;
+  Loader whole(o);
+  o.world = 4;
+  std::vector<std::unique_ptr<Loader>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    o.rank = r;
+    ranks.push_back(std::make_unique<Loader>(o));
+  }
+  std::set<std::vector<int32_t>> seen;
+  const int64_t steps = whole.windows_per_epoch() / 8 + 3;  // cross an epoch boundary
+  for (int64_t step = 0; step < steps; ++step) {
+    auto g = values(whole.next().tokens);
+    std::vector<int32_t> joined;
+    for (auto& r : ranks) {
+      auto part = values(r->next().tokens);
+      EXPECT_EQ(part.size(), 2u * 16u);
+      joined.insert(joined.end(), part.begin(), part.end());
+    }
+    EXPECT_EQ(joined, g) << "step " << step;
+    if (step < whole.windows_per_epoch() / 8)
+      for (int row = 0; row < 8; ++row) {
+        std::vector<int32_t> r(g.begin() + row * 16, g.begin() + (row + 1) * 16);
+        EXPECT_TRUE(seen.insert(r).second) << "window read twice in one epoch";
+      }
+  }
+  EXPECT_EQ(whole.state().epoch, 1u);
+}
+
+TEST(Loader, ResumeIsBitwiseAlsoWithAnotherWorldSize) {
+  fs::path dir = temp_dir("resume");
+  auto manifest = make_dataset(dir, 300, 700);
+  LoaderOptions o;
+  o.manifests = {manifest};
+  o.batch = 4;
+  o.seq = 32;
+  o.seed = 11;
+  Loader ref(o);
+  std::vector<std::vector<int32_t>> want;
+  for (int i = 0; i < 40; ++i) {
+    auto b = ref.next();
+    auto t = values(b.targets), p = values(b.positions);
+    auto v = values(b.tokens);
+    v.insert(v.end(), t.begin(), t.end());
+    v.insert(v.end(), p.begin(), p.end());
+    want.push_back(v);
+  }
+  Loader first(o);
+  for (int i = 0; i < 17; ++i) first.next();
+  auto saved = LoaderState::from_json(nlohmann::json::parse(first.state().to_json().dump()));
+  // Resume on 2 ranks.
+  o.world = 2;
+  std::vector<std::unique_ptr<Loader>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    o.rank = r;
+    o.seed = 999;  // the state's seed wins
+    ranks.push_back(std::make_unique<Loader>(o));
+    ranks.back()->restore(saved);
+  }
+  for (int i = 17; i < 40; ++i) {
+    std::vector<int32_t> tok, tgt, pos;
+    for (auto& r : ranks) {
+      auto b = r->next();
+      auto a = values(b.tokens), c = values(b.targets), d = values(b.positions);
+      tok.insert(tok.end(), a.begin(), a.end());
+      tgt.insert(tgt.end(), c.begin(), c.end());
+      pos.insert(pos.end(), d.begin(), d.end());
+    }
+    tok.insert(tok.end(), tgt.begin(), tgt.end());
+    tok.insert(tok.end(), pos.begin(), pos.end());
+    EXPECT_EQ(tok, want[static_cast<size_t>(i)]) << "step " << i;
+  }
+}
+
+TEST(Loader, MixingFollowsWeights) {
+  fs::path a = temp_dir("mix_a"), b = temp_dir("mix_b");
+  auto ma = make_dataset(a, 300, 100000, 0);
+  auto mb = make_dataset(b, 300, 100000, 5);
+  LoaderOptions o;
+  o.manifests = {ma, mb};
+  o.weights = {3, 1};
+  o.batch = 4;
+  o.seq = 8;
+  Loader l(o);
+  Loader plain({.manifests = {ma, mb}, .batch = 4, .seq = 8});
+  EXPECT_EQ(l.windows_per_epoch(), plain.windows_per_epoch());
+  // Tokens of dataset b carry salt * 977 offsets: count rows by which dataset they came from
+  // using the first token's membership in dataset a's id set.
+  std::set<int32_t> ids_a;
+  {
+    Loader only_a({.manifests = {ma}, .batch = 1, .seq = 8});
+    for (int64_t i = 0; i < only_a.windows_per_epoch(); ++i)
+      for (int32_t v : values(only_a.next().tokens)) ids_a.insert(v);
+  }
+  int64_t from_a = 0, rows = 0;
+  for (int64_t s = 0; s < l.windows_per_epoch() / 4; ++s) {
+    auto t = values(l.next().tokens);
+    for (int r = 0; r < 4; ++r, ++rows) {
+      bool all_a = true;
+      for (int k = 0; k < 8; ++k) all_a &= ids_a.count(t[static_cast<size_t>(r * 8 + k)]) > 0;
+      from_a += all_a;
+    }
+  }
+  double share = static_cast<double>(from_a) / static_cast<double>(rows);
+  EXPECT_NEAR(share, 0.75, 0.05);
+}
+
+TEST(Loader, ShaMismatchNamesTheFile) {
+  fs::path dir = temp_dir("sha");
+  auto manifest = make_dataset(dir, 50, 100000);
+  fs::path shard = dir / "ds-train-00000.tokens";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(10);
+    f.put('\x7f');
+  }
+  LoaderOptions o;
+  o.manifests = {manifest};
+  o.batch = 1;
+  o.seq = 4;
+  try {
+    Loader l(o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ds-train-00000.tokens"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("SHA-256"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Loader, ValidationSplitAndTooSmall) {
+  fs::path dir = temp_dir("val");
+  auto manifest = make_dataset(dir, 20, 100000);
+  LoaderOptions o;
+  o.manifests = {manifest};
+  o.split = "validation";
+  o.batch = 1;
+  o.seq = 8;
+  Loader l(o);
+  EXPECT_EQ(l.windows_per_epoch(), 1);
+  EXPECT_EQ(values(l.next().tokens), (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  o.batch = 2;
+  EXPECT_THROW(Loader{o}, Error);
+}
