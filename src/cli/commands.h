@@ -7,5 +7,6 @@ namespace pollen::cli {
 
 void add_version_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_fed_command(CLI::App& app);
 
 }  // namespace pollen::cli

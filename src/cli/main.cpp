@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
   pollen::cli::add_version_command(app);
   pollen::cli::add_bench_command(app);
+  pollen::cli::add_fed_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
