@@ -128,6 +128,23 @@ std::vector<std::string> ConfigTable::get_strings(const std::string& key) {
   return out;
 }
 
+std::vector<double> ConfigTable::get_doubles(const std::string& key) {
+  auto* n = static_cast<const toml::node*>(node_at(key, "an array of numbers"));
+  std::vector<double> out;
+  if (!n) return out;
+  if (!n->is_array()) type_error(key, "an array of numbers");
+  for (const auto& item : *n->as_array()) {
+    if (item.is_integer()) {
+      out.push_back(static_cast<double>(item.as_integer()->get()));
+    } else {
+      POLLEN_CHECK(item.is_floating_point(), where(key), ": expected an array of numbers, found ",
+                   type_name(item), " in it");
+      out.push_back(item.as_floating_point()->get());
+    }
+  }
+  return out;
+}
+
 std::optional<ConfigTable> ConfigTable::table(const std::string& key) {
   auto* n = static_cast<const toml::node*>(node_at(key, "a table"));
   if (!n) return std::nullopt;

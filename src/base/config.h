@@ -37,6 +37,7 @@ class ConfigTable {
   std::string get_string(const std::string& key, const std::string& fallback);
   std::string require_string(const std::string& key);
   std::vector<std::string> get_strings(const std::string& key);
+  std::vector<double> get_doubles(const std::string& key);  // integers are accepted too
   std::optional<ConfigTable> table(const std::string& key);
 
   // Throws naming every key that was present but never read.

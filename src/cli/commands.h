@@ -9,5 +9,6 @@ void add_version_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
+void add_fed_command(CLI::App& app);
 
 }  // namespace pollen::cli

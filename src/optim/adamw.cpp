@@ -16,6 +16,15 @@ AdamW::AdamW(std::vector<ag::Var> params, const AdamWOptions& options)
   }
 }
 
+AdamW::AdamW(std::vector<ag::Var> params, const AdamWOptions& options,
+             const std::vector<bool>& decay)
+    : AdamW(std::move(params), options) {
+  POLLEN_CHECK(decay.size() == slots_.size(), "AdamW: ", decay.size(), " decay flags for ",
+               slots_.size(), " parameters");
+  for (size_t i = 0; i < slots_.size(); ++i)
+    slots_[i].weight_decay = decay[i] ? options_.weight_decay : 0.0;
+}
+
 double grad_norm(const std::vector<ag::Var>& params) {
   std::vector<Tensor> grads;
   for (const auto& p : params)
@@ -24,8 +33,9 @@ double grad_norm(const std::vector<ag::Var>& params) {
 }
 
 double AdamW::step(double lr) {
-  ++step_;
   const double norm = grad_norm(params_);
+  if (!std::isfinite(norm)) return norm;
+  ++step_;
   ops::AdamWHyper h;
   h.lr = lr;
   h.beta1 = options_.beta1;

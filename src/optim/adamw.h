@@ -20,9 +20,12 @@ struct AdamWOptions {
 class AdamW {
  public:
   AdamW(std::vector<ag::Var> params, const AdamWOptions& options);
+  // With an explicit choice per parameter of whether weight decay applies (no-decay groups).
+  AdamW(std::vector<ag::Var> params, const AdamWOptions& options, const std::vector<bool>& decay);
 
   // One update from the parameters' accumulated gradients; returns the gradient norm before
-  // clipping. Parameters without a gradient are left as they are.
+  // clipping. Parameters without a gradient are left as they are. A non-finite gradient norm
+  // changes nothing (no update, no step counted) and is returned for the caller to report.
   double step(double lr);
   void zero_grad();
 
@@ -30,6 +33,9 @@ class AdamW {
   const AdamWOptions& options() const { return options_; }
   // The optimizer state per parameter (exp_avg, exp_avg_sq), for checkpoints.
   const std::vector<ops::AdamWSlot>& slots() const { return slots_; }
+  std::vector<ops::AdamWSlot>& slots() { return slots_; }
+  // Restoring from a checkpoint: the count of updates already taken (for bias correction).
+  void set_steps_taken(int64_t steps) { step_ = steps; }
 
  private:
   std::vector<ag::Var> params_;

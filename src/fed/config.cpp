@@ -1,0 +1,184 @@
+#include "fed/config.h"
+
+#include "base/config.h"
+#include "fed/wire.h"
+#include "optim/schedule.h"
+
+namespace pollen::fed {
+
+namespace {
+
+model::LlamaConfig read_model(ConfigTable& root, const std::filesystem::path& path) {
+  auto m = root.table("model");
+  POLLEN_CHECK(m.has_value(), root.where("model"), ": a [model] table is required");
+  return model::read_config(*m);
+}
+
+TlsFiles read_tls(ConfigTable& root, bool server) {
+  TlsFiles t;
+  auto tls = root.table("tls");
+  if (!tls) return t;
+  t.ca = tls->require_string("ca");
+  t.cert = tls->require_string("cert");
+  t.key = tls->require_string("key");
+  if (server) {
+    t.crl = tls->get_string("crl", "");
+  } else {
+    t.server_name = tls->get_string("server_name", "");
+  }
+  tls->finish();
+  return t;
+}
+
+std::string read_tokenizer(ConfigTable& root) {
+  auto t = root.table("tokenizer");
+  POLLEN_CHECK(t.has_value(), root.where("tokenizer"),
+               ": a [tokenizer] table with fingerprint is required");
+  std::string fp = t->require_string("fingerprint");
+  POLLEN_CHECK(!fp.empty() && fp.size() <= 128, t->where("fingerprint"),
+               ": expected 1 to 128 characters");
+  t->finish();
+  return fp;
+}
+
+CompressOptions read_compression(ConfigTable& root) {
+  CompressOptions c;
+  if (auto t = root.table("compression")) {
+    c.codec = parse_codec(t->get_string("codec", "none"));
+    c.block = t->get_int("block", c.block);
+    t->finish();
+    c.validate();
+  }
+  return c;
+}
+
+void read_server_table(ConfigTable& s, ServerConfig& c) {
+  c.dir = s.require_string("dir");
+  c.address = s.get_string("address", c.address);
+  c.seed = static_cast<uint64_t>(s.get_int("seed", 0));
+  c.rounds = s.get_int("rounds", c.rounds);
+  c.local_steps = s.get_int("local_steps", c.local_steps);
+  c.eval_every = s.get_int("eval_every", c.eval_every);
+  c.round_timeout_s = s.get_double("round_timeout_s", c.round_timeout_s);
+  c.wait_for_clients_s = s.get_double("wait_for_clients_s", c.wait_for_clients_s);
+  c.client_timeout_s = s.get_double("client_timeout_s", c.client_timeout_s);
+  c.max_round_retries = s.get_int("max_round_retries", c.max_round_retries);
+  c.keep_checkpoints = static_cast<int>(s.get_int("keep_checkpoints", c.keep_checkpoints));
+  POLLEN_CHECK(c.rounds >= 1, s.where("rounds"), ": must be at least 1");
+  POLLEN_CHECK(c.local_steps >= 1, s.where("local_steps"), ": must be at least 1");
+  POLLEN_CHECK(c.eval_every >= 0, s.where("eval_every"), ": must be 0 or more");
+  POLLEN_CHECK(c.round_timeout_s > 0, s.where("round_timeout_s"), ": must be positive");
+  s.finish();
+}
+
+}  // namespace
+
+LocalTrainConfig read_local_train(ConfigTable& t) {
+  LocalTrainConfig c;
+  c.micro_batch = t.get_int("micro_batch", c.micro_batch);
+  c.seq = t.get_int("seq", c.seq);
+  c.accumulation = t.get_int("accumulation", c.accumulation);
+  c.lr = t.get_double("lr", c.lr);
+  c.min_lr = t.get_double("min_lr", c.min_lr);
+  c.schedule = t.get_string("schedule", c.schedule);
+  c.warmup_steps = t.get_int("warmup_steps", c.warmup_steps);
+  c.total_steps = t.get_int("total_steps", c.total_steps);
+  c.beta1 = t.get_double("beta1", c.beta1);
+  c.beta2 = t.get_double("beta2", c.beta2);
+  c.eps = t.get_double("eps", c.eps);
+  c.weight_decay = t.get_double("weight_decay", c.weight_decay);
+  c.grad_clip = t.get_double("grad_clip", c.grad_clip);
+  c.eval_batches = t.get_int("eval_batches", c.eval_batches);
+  POLLEN_CHECK(c.micro_batch >= 1 && c.seq >= 1 && c.accumulation >= 1, t.where("micro_batch"),
+               ": micro_batch, seq and accumulation must be at least 1");
+  POLLEN_CHECK(c.lr > 0, t.where("lr"), ": must be positive");
+  optim::parse_schedule_kind(c.schedule);
+  POLLEN_CHECK(c.schedule == "constant" || c.total_steps > 0, t.where("total_steps"),
+               ": schedule '", c.schedule, "' needs total_steps");
+  t.finish();
+  return c;
+}
+
+ServerConfig read_server_config(ConfigTable& root) {
+  ServerConfig c;
+  auto s = root.table("server");
+  POLLEN_CHECK(s.has_value(), root.where("server"), ": a [server] table is required");
+  read_server_table(*s, c);
+  c.model = read_model(root, {});
+  c.tokenizer_fingerprint = read_tokenizer(root);
+  if (auto st = root.table("strategy")) {
+    c.strategy = read_strategy_options(*st);
+    st->finish();
+  }
+  c.compression = read_compression(root);
+  c.tls = read_tls(root, true);
+  return c;
+}
+
+ServerConfig load_server_config(const std::filesystem::path& path) {
+  ConfigTable root = ConfigTable::load(path);
+  ServerConfig c = read_server_config(root);
+  root.finish();
+  return c;
+}
+
+ClientConfig load_client_config(const std::filesystem::path& path) {
+  ConfigTable root = ConfigTable::load(path);
+  ClientConfig c;
+  auto t = root.table("client");
+  POLLEN_CHECK(t.has_value(), root.where("client"), ": a [client] table is required");
+  c.id = t->require_string("id");
+  check_client_id(c.id, t->where("id"));
+  c.server = t->get_string("server", c.server);
+  c.seed = static_cast<uint64_t>(t->get_int("seed", 0));
+  c.threads = static_cast<int>(t->get_int("threads", 0));
+  c.connect_timeout_s = t->get_double("connect_timeout_s", c.connect_timeout_s);
+  t->finish();
+  auto d = root.table("data");
+  POLLEN_CHECK(d.has_value(), root.where("data"), ": a [data] table with manifests is required");
+  c.manifests = d->get_strings("manifests");
+  POLLEN_CHECK(!c.manifests.empty(), d->where("manifests"), ": at least one manifest is required");
+  d->finish();
+  if (auto tr = root.table("train")) c.train = read_local_train(*tr);
+  c.model = read_model(root, path);
+  c.tokenizer_fingerprint = read_tokenizer(root);
+  c.tls = read_tls(root, false);
+  root.finish();
+  return c;
+}
+
+SimConfig load_sim_config(const std::filesystem::path& path) {
+  ConfigTable root = ConfigTable::load(path);
+  SimConfig c;
+  c.server = read_server_config(root);
+  LocalTrainConfig train;
+  if (auto tr = root.table("train")) train = read_local_train(*tr);
+  auto sim = root.table("sim");
+  POLLEN_CHECK(sim.has_value(), root.where("sim"), ": a [sim] table is required");
+  const auto ids = sim->get_strings("clients");
+  const auto manifests = sim->get_strings("manifests");
+  c.threads = static_cast<int>(sim->get_int("threads", 0));
+  POLLEN_CHECK(!ids.empty(), sim->where("clients"), ": at least one client id is required");
+  POLLEN_CHECK(manifests.size() == ids.size(), sim->where("manifests"),
+               ": one manifest per client is required (", ids.size(), " clients, ",
+               manifests.size(), " manifests)");
+  sim->finish();
+  POLLEN_CHECK(!c.server.tls.enabled(), root.where("tls"),
+               ": the simulation runs in one process and takes no TLS files");
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ClientConfig cc;
+    cc.id = ids[i];
+    check_client_id(cc.id, sim->where("clients"));
+    cc.seed = c.server.seed + 1 + i;
+    cc.threads = c.threads;
+    cc.model = c.server.model;
+    cc.tokenizer_fingerprint = c.server.tokenizer_fingerprint;
+    cc.manifests = {manifests[i]};
+    cc.train = train;
+    c.clients.push_back(cc);
+  }
+  root.finish();
+  return c;
+}
+
+}  // namespace pollen::fed

@@ -1,0 +1,84 @@
+#pragma once
+// The config files of `pollen fed server`, `pollen fed client` and `pollen fed simulate`.
+// docs/federated.md documents every key; unknown keys and wrong types are errors naming the file
+// and the key.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "fed/compress.h"
+#include "fed/strategy.h"
+#include "model/config.h"
+
+namespace pollen {
+class ConfigTable;
+}
+
+namespace pollen::fed {
+
+// [tls]: PEM files. Without ca the connection is plaintext (loopback tests and simulation only).
+struct TlsFiles {
+  std::string ca, cert, key;
+  std::string crl;          // server: revoked client certificates (optional)
+  std::string server_name;  // client: the name to check the server's certificate against
+  bool enabled() const { return !ca.empty(); }
+};
+
+struct ServerConfig {
+  std::filesystem::path dir;  // checkpoints/, metrics.jsonl, lineage.jsonl
+  std::string address = "127.0.0.1:50051";
+  uint64_t seed = 0;
+  model::LlamaConfig model;
+  std::string tokenizer_fingerprint;
+  int64_t rounds = 10;
+  int64_t local_steps = 100;  // H: inner steps per round
+  int64_t eval_every = 1;     // clients evaluate the global model every this many rounds (0: never)
+  double round_timeout_s = 600;      // a round closes then with the updates it has
+  double wait_for_clients_s = 3600;  // how long to wait for min_clients before a round
+  double client_timeout_s = 120;     // a client not heard from this long is not selected
+  int64_t max_round_retries = 3;     // rounds with fewer than min_clients updates are retried
+  int keep_checkpoints = 3;
+  StrategyOptions strategy;
+  CompressOptions compression;  // what clients send
+  TlsFiles tls;
+};
+
+// The inner (silo) training of a client.
+struct LocalTrainConfig {
+  int64_t micro_batch = 8, seq = 128, accumulation = 1;
+  double lr = 3e-4, min_lr = 0;
+  std::string schedule = "constant";  // constant cosine linear wsd, over total_steps
+  int64_t warmup_steps = 0,
+          total_steps = 0;  // 0: rounds * local_steps is unknown; constant after warmup
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
+  int64_t eval_batches = 4;
+};
+
+struct ClientConfig {
+  std::string id;
+  std::string server = "127.0.0.1:50051";
+  uint64_t seed = 0;  // data order
+  int threads = 0;    // 0: every hardware thread
+  model::LlamaConfig model;
+  std::string tokenizer_fingerprint;
+  std::vector<std::string> manifests;
+  double connect_timeout_s = 60;
+  LocalTrainConfig train;
+  TlsFiles tls;
+};
+
+struct SimConfig {
+  ServerConfig server;
+  std::vector<ClientConfig> clients;  // every client shares [train], [model] and the tokenizer
+  int threads = 0;
+};
+
+ServerConfig load_server_config(const std::filesystem::path& path);
+ClientConfig load_client_config(const std::filesystem::path& path);
+SimConfig load_sim_config(const std::filesystem::path& path);
+
+ServerConfig read_server_config(ConfigTable& root);
+LocalTrainConfig read_local_train(ConfigTable& table);
+
+}  // namespace pollen::fed

@@ -1,0 +1,418 @@
+#include "fed/coordinator.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "base/files.h"
+#include "base/log.h"
+#include "io/checkpoint.h"
+#include "model/llama.h"
+
+namespace pollen::fed {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(config)) {
+  strategy_ = make_strategy(config_.strategy);
+  model_json_ = model_config_json(config_.model);
+  {
+    model::Llama m(config_.model, config_.seed);
+    specs_ = param_specs(m);
+    global_ = model_weights(m);
+  }
+  fs::create_directories(config_.dir);
+  const fs::path ckpts = config_.dir / "checkpoints";
+  std::optional<uint64_t> metrics_pos, lineage_pos;
+  if (!resume) {
+    POLLEN_CHECK(io::list_checkpoints(ckpts).empty(), "fed server: ", ckpts.string(),
+                 " already holds checkpoints; resume the run (--resume) or choose another "
+                 "server.dir");
+  }
+  if (resume) {
+    auto choice = io::choose_resume_checkpoint(ckpts);
+    for (const auto& [dir, why] : choice.skipped) {
+      log::warn("fed server: skipping checkpoint ", dir.string(), ": ", why);
+    }
+    if (choice.dir) {
+      load_checkpoint(*choice.dir);
+      const auto state = nlohmann::json::parse(read_file(*choice.dir / "state.json"));
+      metrics_pos = state.at("metrics_bytes").get<uint64_t>();
+      lineage_pos = state.at("lineage_bytes").get<uint64_t>();
+      log::info("fed server: resumed from ", choice.dir->string(), " after round ", done_);
+    } else {
+      log::info("fed server: no checkpoint under ", ckpts.string(), "; starting at round 1");
+    }
+  }
+  if (!metrics_pos) {
+    // A fresh run: nothing of an earlier attempt that never checkpointed is kept.
+    fs::remove(config_.dir / "metrics.jsonl");
+    fs::remove(config_.dir / "lineage.jsonl");
+  }
+  metrics_ = obs::JsonlWriter(config_.dir / "metrics.jsonl", metrics_pos);
+  lineage_file_ = obs::JsonlWriter(config_.dir / "lineage.jsonl", lineage_pos);
+  finished_ = done_ >= config_.rounds;
+}
+
+Coordinator::~Coordinator() = default;
+
+void Coordinator::load_checkpoint(const fs::path& dir) {
+  const auto state = nlohmann::json::parse(read_file(dir / "state.json"));
+  POLLEN_CHECK(state.at("model_config").get<std::string>() == model_json_,
+               "fed server: checkpoint ", dir.string(),
+               " holds another model config than server config's [model]");
+  POLLEN_CHECK(state.at("strategy").get<std::string>() == strategy_->name(),
+               "fed server: checkpoint ", dir.string(), " was written by strategy '",
+               state.at("strategy").get<std::string>(), "', the config says '", strategy_->name(),
+               "'");
+  const auto model = io::read_safetensors(dir / "model.safetensors");
+  POLLEN_CHECK(model.tensors.size() == specs_.size(), "fed server: ", dir.string(),
+               "/model.safetensors has ", model.tensors.size(), " tensors, the model ",
+               specs_.size());
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const Tensor* t = model.find(specs_[i].name);
+    POLLEN_CHECK(t && t->shape() == specs_[i].shape, "fed server: ", dir.string(),
+                 "/model.safetensors: tensor '", specs_[i].name,
+                 "' is missing or has another shape");
+    global_[i] = t->to(DType::f32);
+  }
+  if (fs::exists(dir / "strategy.safetensors")) {
+    strategy_->load_state(io::read_safetensors(dir / "strategy.safetensors").tensors);
+  }
+  done_ = state.at("round").get<int64_t>();
+  lineage_ = state.at("lineage");
+}
+
+void Coordinator::save_checkpoint(const RoundSummary& s) {
+  metrics_.file().sync();
+  lineage_file_.file().sync();
+  io::CheckpointWriter w(config_.dir / "checkpoints", done_);
+  io::NamedTensors model;
+  for (size_t i = 0; i < specs_.size(); ++i) model.emplace_back(specs_[i].name, global_[i]);
+  w.add_tensors("model.safetensors", model, {{"round", std::to_string(done_)}});
+  const auto st = strategy_->state();
+  if (!st.empty()) w.add_tensors("strategy.safetensors", st);
+  nlohmann::ordered_json state{{"round", done_},
+                               {"strategy", strategy_->name()},
+                               {"model_config", model_json_},
+                               {"tokenizer_fingerprint", config_.tokenizer_fingerprint},
+                               {"protocol_version", kProtocolVersion},
+                               {"metrics_bytes", metrics_.file().position()},
+                               {"lineage_bytes", lineage_file_.file().position()},
+                               {"lineage", lineage_}};
+  w.add_text("state.json", state.dump(1));
+  w.commit();
+  io::apply_retention(config_.dir / "checkpoints", config_.keep_checkpoints);
+  (void)s;
+}
+
+std::string Coordinator::check_peer(const std::string& claimed, const std::string& peer_id,
+                                    const char* what) const {
+  check_client_id(claimed, what);
+  POLLEN_CHECK(peer_id.empty() || peer_id == claimed, what, ": client id '", claimed,
+               "' does not match its certificate's common name '", peer_id, "'");
+  return claimed;
+}
+
+pb::JoinReply Coordinator::join(const pb::JoinRequest& r, const std::string& peer_id) {
+  pb::JoinReply reply;
+  reply.set_protocol_version(kProtocolVersion);
+  reply.set_model_config(model_json_);
+  reply.set_tokenizer_fingerprint(config_.tokenizer_fingerprint);
+  try {
+    const std::string id = check_peer(r.client_id(), peer_id, "join");
+    POLLEN_CHECK(r.model_config().size() <= 4096 && r.tokenizer_fingerprint().size() <= 128 &&
+                     r.data_manifest_hash().size() <= 128,
+                 "join: oversized fields");
+    const std::string diff =
+        agreement_differences(r, kProtocolVersion, model_json_, config_.tokenizer_fingerprint);
+    POLLEN_CHECK(diff.empty(), "client '", id, "' disagrees with the server: ", diff);
+    std::lock_guard lock(mutex_);
+    clients_[id] = {r.data_manifest_hash(), Clock::now()};
+    reply.set_accepted(true);
+    reply.set_round(done_);
+    log::info("fed server: client '", id, "' joined (data ", r.data_manifest_hash().substr(0, 16),
+              ")");
+    changed_.notify_all();
+  } catch (const Error& e) {
+    reply.set_accepted(false);
+    reply.set_reason(e.what());
+    log::warn("fed server: refused a join: ", e.what());
+  }
+  return reply;
+}
+
+pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& peer_id) {
+  const std::string id = check_peer(r.client_id(), peer_id, "task");
+  std::lock_guard lock(mutex_);
+  auto it = clients_.find(id);
+  POLLEN_CHECK(it != clients_.end(), "task: client '", id, "' has not joined");
+  it->second.last_seen = Clock::now();
+  pb::TaskReply t;
+  if (finished_) {
+    t.set_kind(pb::TASK_DONE);
+    return t;
+  }
+  if (open_ && selected_.count(id) && !updates_.count(id)) {
+    const int64_t round = done_ + 1;
+    t.set_kind(pb::TASK_TRAIN);
+    t.set_round(round);
+    t.set_local_steps(config_.local_steps);
+    t.set_codec(codec_name(config_.compression.codec));
+    t.set_codec_block(config_.compression.block);
+    t.set_evaluate(config_.eval_every > 0 && (round - 1) % config_.eval_every == 0);
+    return t;
+  }
+  t.set_kind(pb::TASK_WAIT);
+  t.set_wait_ms(200);
+  return t;
+}
+
+std::shared_ptr<const EncodedSet> Coordinator::pull(const pb::PullRequest& r,
+                                                    const std::string& peer_id) {
+  const std::string id = check_peer(r.client_id(), peer_id, "pull");
+  std::lock_guard lock(mutex_);
+  POLLEN_CHECK(open_ && r.round() == done_ + 1, "pull: round ", r.round(), " is not open");
+  POLLEN_CHECK(selected_.count(id), "pull: client '", id, "' is not part of round ", r.round());
+  if (pulled_.insert(id).second) bytes_sent_ += round_model_->header.total_bytes();
+  return round_model_;
+}
+
+Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
+                                          const pb::TensorSetHeader& header,
+                                          const std::string& peer_id) {
+  const std::string what = cat("update from '", info.client_id().substr(0, kMaxIdBytes), "'");
+  validate_update_info(info, what);
+  check_peer(info.client_id(), peer_id, "push");
+  {
+    std::lock_guard lock(mutex_);
+    POLLEN_CHECK(open_ && info.round() == done_ + 1, what, ": round ", info.round(),
+                 " is not open (the server is at round ", done_ + 1,
+                 open_ ? ", open)" : ", closed)");
+    POLLEN_CHECK(selected_.count(info.client_id()), what, ": not part of round ", info.round());
+    POLLEN_CHECK(!updates_.count(info.client_id()), what, ": already pushed for round ",
+                 info.round());
+  }
+  validate_header(header, specs_, config_.compression, what);
+  Push p;
+  p.info = info;
+  p.header = header;
+  p.chunks = std::make_unique<ChunkAssembler>(header, what);
+  return p;
+}
+
+pb::PushReply Coordinator::push_finish(Push& p) {
+  const std::string what = cat("update from '", p.info.client_id(), "'");
+  const std::string bytes = p.chunks->finish();
+  Update u;
+  u.update.client_id = p.info.client_id();
+  u.update.tokens = p.info.tokens();
+  u.update.delta = decode_set(p.header, bytes, specs_, what);
+  u.update.metrics = {{"train_loss", p.info.train_loss()}};
+  u.info = p.info;
+  u.bytes = bytes.size();
+  std::lock_guard lock(mutex_);
+  POLLEN_CHECK(open_ && p.info.round() == done_ + 1, what, ": round ", p.info.round(),
+               " closed while the update was arriving");
+  POLLEN_CHECK(!updates_.count(p.info.client_id()), what, ": already pushed");
+  updates_.emplace(p.info.client_id(), std::move(u));
+  changed_.notify_all();
+  pb::PushReply reply;
+  reply.set_accepted(true);
+  return reply;
+}
+
+size_t Coordinator::alive_locked() const {
+  const auto now = Clock::now();
+  size_t n = 0;
+  for (const auto& [id, c] : clients_) {
+    if (std::chrono::duration<double>(now - c.last_seen).count() <= config_.client_timeout_s) ++n;
+  }
+  return n;
+}
+
+size_t Coordinator::alive_clients() const {
+  std::lock_guard lock(mutex_);
+  return alive_locked();
+}
+
+bool Coordinator::begin_round() {
+  std::lock_guard lock(mutex_);
+  POLLEN_ASSERT(!open_);
+  if (finished_ || done_ >= config_.rounds) return false;
+  std::vector<std::string> alive;
+  const auto now = Clock::now();
+  for (const auto& [id, c] : clients_) {
+    if (std::chrono::duration<double>(now - c.last_seen).count() <= config_.client_timeout_s) {
+      alive.push_back(id);
+    }
+  }
+  if (static_cast<int64_t>(alive.size()) < config_.strategy.min_clients) return false;
+  const int64_t round = done_ + 1;
+  Rng rng = Rng(config_.seed).fork(static_cast<uint64_t>(round * 1000 + retries_));
+  const auto chosen = strategy_->configure_round(round, alive, rng);
+  selected_ = {chosen.begin(), chosen.end()};
+  pulled_.clear();
+  updates_.clear();
+  bytes_sent_ = 0;
+  CompressOptions none;
+  round_model_ = std::make_shared<const EncodedSet>(encode_weights(specs_, global_, none));
+  round_start_ = Clock::now();
+  open_ = true;
+  log::info("fed server: round ", round, " of ", config_.rounds, " with ", chosen.size(),
+            " clients");
+  changed_.notify_all();
+  return true;
+}
+
+bool Coordinator::round_complete() const {
+  std::lock_guard lock(mutex_);
+  return open_ && updates_.size() == selected_.size();
+}
+
+RoundSummary Coordinator::end_round() {
+  std::unique_lock lock(mutex_);
+  POLLEN_ASSERT(open_);
+  open_ = false;
+  RoundSummary s;
+  s.round = done_ + 1;
+  s.selected = {selected_.begin(), selected_.end()};
+  std::vector<ClientUpdate> ups;
+  std::vector<ClientEval> evals;
+  nlohmann::ordered_json clients = nlohmann::ordered_json::object();
+  nlohmann::ordered_json lineage_clients = nlohmann::ordered_json::array();
+  uint64_t bytes_received = 0;
+  double loss_sum = 0;
+  for (const auto& id : s.selected) {
+    auto it = updates_.find(id);
+    if (it == updates_.end()) {
+      s.dropped.push_back(id);
+      continue;
+    }
+    s.participants.push_back(id);
+    const auto& info = it->second.info;
+    s.tokens += info.tokens();
+    loss_sum += info.train_loss() * static_cast<double>(info.tokens());
+    bytes_received += it->second.bytes;
+    if (info.eval_tokens() > 0) evals.push_back({id, info.eval_tokens(), info.eval_loss()});
+    nlohmann::ordered_json c{{"tokens", info.tokens()},
+                             {"train_loss", info.train_loss()},
+                             {"train_seconds", info.train_seconds()},
+                             {"bytes", it->second.bytes}};
+    if (info.eval_tokens() > 0) c["eval_loss"] = info.eval_loss();
+    clients[id] = c;
+    lineage_clients.push_back({{"client", id},
+                               {"data_manifest_hash", info.data_manifest_hash()},
+                               {"tokens", info.tokens()}});
+    ups.push_back(std::move(it->second.update));
+  }
+  updates_.clear();
+  selected_.clear();
+  round_model_.reset();
+  s.aggregated = static_cast<int64_t>(ups.size()) >= config_.strategy.min_clients;
+  if (s.aggregated) {
+    strategy_->aggregate(s.round, global_, ups);
+    s.train_loss = loss_sum / static_cast<double>(s.tokens);
+    ++done_;
+    retries_ = 0;
+    lineage_.push_back({{"round", s.round}, {"clients", lineage_clients}});
+  } else {
+    ++retries_;
+    log::warn("fed server: round ", s.round, " got ", ups.size(), " updates, fewer than ",
+              config_.strategy.min_clients, "; the round is retried");
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - round_start_).count();
+  nlohmann::ordered_json m{{"round", s.round},
+                           {"status", s.aggregated ? "aggregated" : "retry"},
+                           {"selected", s.selected.size()},
+                           {"participants", s.participants},
+                           {"dropped", s.dropped},
+                           {"tokens", s.tokens},
+                           {"bytes_sent", bytes_sent_},
+                           {"bytes_received", bytes_received},
+                           {"wall_s", wall}};
+  if (s.aggregated) m["train_loss"] = s.train_loss;
+  if (!evals.empty()) {
+    s.eval_loss = Strategy::aggregate_evaluate(evals).loss;
+    m["eval_loss"] = s.eval_loss;
+  }
+  m["clients"] = clients;
+  metrics_.write(m);
+  if (s.aggregated) {
+    lineage_file_.write({{"round", s.round}, {"clients", lineage_clients}});
+    save_checkpoint(s);
+    log::info("fed server: round ", s.round, " done: ", s.participants.size(), " clients, ",
+              s.tokens, " tokens, train loss ", s.train_loss,
+              evals.empty() ? "" : cat(", eval loss ", s.eval_loss), ", ", bytes_received,
+              " bytes in, ", bytes_sent_, " out, ", wall, " s");
+  } else {
+    metrics_.file().flush();
+  }
+  if (done_ >= config_.rounds || retries_ > config_.max_round_retries) {
+    if (retries_ > config_.max_round_retries) {
+      log::error("fed server: round ", s.round, " failed ", retries_, " times; stopping");
+    }
+    finished_ = true;
+  }
+  changed_.notify_all();
+  return s;
+}
+
+void Coordinator::run() {
+  while (!stop_) {
+    {
+      std::unique_lock lock(mutex_);
+      if (finished_) break;
+      const auto give_up =
+          Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(config_.wait_for_clients_s));
+      while (!stop_ && static_cast<int64_t>(alive_locked()) < config_.strategy.min_clients) {
+        if (Clock::now() > give_up) {
+          log::error("fed server: fewer than ", config_.strategy.min_clients, " clients after ",
+                     config_.wait_for_clients_s, " s; stopping");
+          finished_ = true;
+          return;
+        }
+        changed_.wait_for(lock, std::chrono::milliseconds(200));
+      }
+    }
+    if (stop_ || !begin_round()) continue;
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(config_.round_timeout_s));
+    {
+      std::unique_lock lock(mutex_);
+      while (!stop_ && updates_.size() < selected_.size() && Clock::now() < deadline) {
+        changed_.wait_for(lock, std::chrono::milliseconds(100));
+      }
+    }
+    if (stop_) {
+      std::lock_guard lock(mutex_);
+      open_ = false;  // the unfinished round is redone after a restart
+      break;
+    }
+    end_round();
+  }
+}
+
+void Coordinator::stop() {
+  stop_ = true;
+  changed_.notify_all();
+}
+
+int64_t Coordinator::rounds_done() const {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+bool Coordinator::finished() const {
+  std::lock_guard lock(mutex_);
+  return finished_;
+}
+
+Weights Coordinator::global_weights() const {
+  std::lock_guard lock(mutex_);
+  return clone_weights(global_);
+}
+
+}  // namespace pollen::fed

@@ -1,0 +1,118 @@
+#pragma once
+// The server's side of federated training, without the transport: clients join (agreement
+// check), ask for tasks, pull the round's global model and push updates; rounds are opened and
+// closed by begin_round / end_round (the simulation calls them directly, `pollen fed server`
+// through run(), which waits for clients and deadlines). Every method is thread-safe.
+//
+// After each aggregated round the server checkpoints its whole state (global weights, the
+// strategy's state, the round, the lineage of every round, the metrics files' positions) and
+// resumes from the newest checkpoint that verifies.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+
+#include "fed/config.h"
+#include "fed/wire.h"
+#include "obs/metrics.h"
+
+namespace pollen::fed {
+
+struct RoundSummary {
+  int64_t round = 0;
+  bool aggregated = false;
+  std::vector<std::string> selected, participants, dropped;
+  double train_loss = 0, eval_loss = 0;
+  int64_t tokens = 0;
+};
+
+class Coordinator {
+ public:
+  // Starts from the newest valid checkpoint under dir/checkpoints when `resume`, else from a
+  // freshly initialised model (refusing to overwrite a run that has checkpoints).
+  Coordinator(ServerConfig config, bool resume);
+  ~Coordinator();
+
+  // `peer_id`: the authenticated identity (certificate common name), empty without TLS.
+  pb::JoinReply join(const pb::JoinRequest& request, const std::string& peer_id);
+  pb::TaskReply task(const pb::TaskRequest& request, const std::string& peer_id);
+  // The round's encoded global model; throws when the client is not part of that round.
+  std::shared_ptr<const EncodedSet> pull(const pb::PullRequest& request,
+                                         const std::string& peer_id);
+
+  // A push: begin with the update info and header (validated), add chunks, finish.
+  struct Push {
+    pb::UpdateInfo info;
+    pb::TensorSetHeader header;
+    std::unique_ptr<ChunkAssembler> chunks;
+  };
+  Push push_begin(const pb::UpdateInfo& info, const pb::TensorSetHeader& header,
+                  const std::string& peer_id);
+  pb::PushReply push_finish(Push& push);
+
+  // Opens the next round with the clients alive now; false when every round is done or fewer
+  // than min_clients are alive.
+  bool begin_round();
+  // Whether every selected client has pushed.
+  bool round_complete() const;
+  // Closes the round: aggregates when at least min_clients updates came, else the round is
+  // retried; checkpoints and writes metrics either way.
+  RoundSummary end_round();
+
+  // `pollen fed server`: rounds until done (or stop()), waiting for clients and deadlines.
+  void run();
+  void stop();
+
+  int64_t rounds_done() const;
+  bool finished() const;
+  Weights global_weights() const;
+  const ParamSpecs& specs() const { return specs_; }
+  const ServerConfig& config() const { return config_; }
+  size_t alive_clients() const;
+
+ private:
+  struct ClientState {
+    std::string manifest_hash;
+    std::chrono::steady_clock::time_point last_seen;
+  };
+  struct Update {
+    ClientUpdate update;
+    pb::UpdateInfo info;
+    uint64_t bytes = 0;
+  };
+  std::string check_peer(const std::string& claimed, const std::string& peer_id,
+                         const char* what) const;
+  void save_checkpoint(const RoundSummary& s);
+  void load_checkpoint(const std::filesystem::path& dir);
+  size_t alive_locked() const;
+
+  ServerConfig config_;
+  std::unique_ptr<Strategy> strategy_;
+  ParamSpecs specs_;
+  std::string model_json_;
+  Weights global_;
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::string, ClientState> clients_;
+  int64_t done_ = 0;     // rounds aggregated
+  int64_t retries_ = 0;  // failed attempts at the current round
+  bool open_ = false;
+  bool finished_ = false;
+  std::atomic<bool> stop_{false};
+  std::set<std::string> selected_, pulled_;
+  std::map<std::string, Update> updates_;
+  std::shared_ptr<const EncodedSet> round_model_;
+  uint64_t bytes_sent_ = 0;
+  std::chrono::steady_clock::time_point round_start_;
+  nlohmann::json lineage_ = nlohmann::json::array();
+  obs::JsonlWriter metrics_, lineage_file_;
+};
+
+}  // namespace pollen::fed

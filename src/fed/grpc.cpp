@@ -1,0 +1,292 @@
+#include "fed/grpc.h"
+
+#include <grpcpp/grpcpp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <set>
+#include <thread>
+
+#include "base/files.h"
+#include "base/log.h"
+#include "pollen_fed.grpc.pb.h"
+
+namespace pollen::fed {
+
+namespace {
+
+constexpr int kMaxMessageBytes = static_cast<int>(kMaxChunkBytes) + (64 << 10);
+
+std::string read_pem(const std::string& path, const char* what) {
+  POLLEN_CHECK(std::filesystem::exists(path), "tls.", what, ": no file '", path, "'");
+  return read_file(path);
+}
+
+std::string serial_hex(const X509* cert) {
+  const ASN1_INTEGER* s = X509_get0_serialNumber(cert);
+  BIGNUM* bn = ASN1_INTEGER_to_BN(s, nullptr);
+  char* hex = BN_bn2hex(bn);
+  std::string out(hex);
+  OPENSSL_free(hex);
+  BN_free(bn);
+  return out;
+}
+
+// The serials a CA-signed CRL revokes; throws when the CRL is not signed by the CA.
+std::set<std::string> load_crl(const std::string& crl_path, const std::string& ca_pem) {
+  std::set<std::string> out;
+  const std::string crl_pem = read_pem(crl_path, "crl");
+  BIO* b = BIO_new_mem_buf(crl_pem.data(), static_cast<int>(crl_pem.size()));
+  X509_CRL* crl = PEM_read_bio_X509_CRL(b, nullptr, nullptr, nullptr);
+  BIO_free(b);
+  POLLEN_CHECK(crl, "tls.crl: '", crl_path, "' is not a PEM certificate revocation list");
+  BIO* cb = BIO_new_mem_buf(ca_pem.data(), static_cast<int>(ca_pem.size()));
+  X509* ca = PEM_read_bio_X509(cb, nullptr, nullptr, nullptr);
+  BIO_free(cb);
+  const bool ok = ca && X509_CRL_verify(crl, X509_get0_pubkey(ca)) == 1;
+  if (ca) X509_free(ca);
+  if (!ok) {
+    X509_CRL_free(crl);
+    fail("tls.crl: '", crl_path, "' is not signed by the CA");
+  }
+  STACK_OF(X509_REVOKED)* revoked = X509_CRL_get_REVOKED(crl);
+  for (int i = 0; revoked && i < sk_X509_REVOKED_num(revoked); ++i) {
+    const ASN1_INTEGER* s = X509_REVOKED_get0_serialNumber(sk_X509_REVOKED_value(revoked, i));
+    BIGNUM* bn = ASN1_INTEGER_to_BN(s, nullptr);
+    char* hex = BN_bn2hex(bn);
+    out.insert(hex);
+    OPENSSL_free(hex);
+    BN_free(bn);
+  }
+  X509_CRL_free(crl);
+  return out;
+}
+
+grpc::Status error_status(const std::exception& e, grpc::StatusCode code) {
+  return grpc::Status(code, std::string(e.what()).substr(0, 2000));
+}
+
+}  // namespace
+
+// ---- server
+// ---------------------------------------------------------------------------------------
+
+class FederationService final : public pb::Federation::Service {
+ public:
+  FederationService(Coordinator& c, bool tls, std::set<std::string> revoked)
+      : c_(c), tls_(tls), revoked_(std::move(revoked)) {}
+
+  grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* r,
+                    pb::JoinReply* reply) override {
+    return handle(ctx, "join", [&](const std::string& peer) { *reply = c_.join(*r, peer); });
+  }
+  grpc::Status GetTask(grpc::ServerContext* ctx, const pb::TaskRequest* r,
+                       pb::TaskReply* reply) override {
+    return handle(ctx, "task", [&](const std::string& peer) { *reply = c_.task(*r, peer); });
+  }
+  grpc::Status PullModel(grpc::ServerContext* ctx, const pb::PullRequest* r,
+                         grpc::ServerWriter<pb::TensorStream>* writer) override {
+    return handle(ctx, "pull", [&](const std::string& peer) {
+      serve_pull(c_, *r, peer, [&](const pb::TensorStream& m) {
+        POLLEN_CHECK(writer->Write(m), "pull: the client went away");
+      });
+    });
+  }
+  grpc::Status PushUpdate(grpc::ServerContext* ctx, grpc::ServerReader<pb::TensorStream>* reader,
+                          pb::PushReply* reply) override {
+    return handle(ctx, "push", [&](const std::string& peer) {
+      *reply = serve_push(c_, peer, [&](pb::TensorStream& m) { return reader->Read(&m); });
+    });
+  }
+
+ private:
+  // The authenticated client: the certificate's common name, after the revocation check.
+  std::string peer_id(grpc::ServerContext* ctx) {
+    if (!tls_) return "";
+    const auto auth = ctx->auth_context();
+    const auto cn = auth->FindPropertyValues("x509_common_name");
+    const auto pem = auth->FindPropertyValues("x509_pem_cert");
+    if (cn.empty() || pem.empty()) throw std::runtime_error("no client certificate");
+    const std::string pem_s(pem[0].data(), pem[0].size());
+    BIO* b = BIO_new_mem_buf(pem_s.data(), static_cast<int>(pem_s.size()));
+    X509* cert = PEM_read_bio_X509(b, nullptr, nullptr, nullptr);
+    BIO_free(b);
+    if (!cert) throw std::runtime_error("unreadable client certificate");
+    const std::string serial = serial_hex(cert);
+    X509_free(cert);
+    const std::string id(cn[0].data(), cn[0].size());
+    if (revoked_.count(serial)) {
+      throw std::runtime_error(
+          cat("the certificate of '", id, "' (serial ", serial, ") is revoked"));
+    }
+    return id;
+  }
+
+  template <typename F>
+  grpc::Status handle(grpc::ServerContext* ctx, const char* what, F f) {
+    std::string peer;
+    try {
+      peer = peer_id(ctx);
+    } catch (const std::exception& e) {
+      log::warn("fed server: refused ", what, " from ", ctx->peer(), ": ", e.what());
+      return error_status(e, grpc::StatusCode::PERMISSION_DENIED);
+    }
+    try {
+      f(peer);
+      return grpc::Status::OK;
+    } catch (const Error& e) {
+      log::warn("fed server: refused ", what, " from ", ctx->peer(), ": ", e.what());
+      return error_status(e, grpc::StatusCode::INVALID_ARGUMENT);
+    } catch (const std::exception& e) {
+      log::error("fed server: ", what, " from ", ctx->peer(), " failed: ", e.what());
+      return error_status(e, grpc::StatusCode::INTERNAL);
+    }
+  }
+
+  Coordinator& c_;
+  bool tls_;
+  std::set<std::string> revoked_;
+};
+
+struct GrpcServer::Impl {
+  std::unique_ptr<FederationService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+GrpcServer::GrpcServer(Coordinator& c, const std::string& address, const TlsFiles& tls)
+    : impl_(std::make_unique<Impl>()) {
+  std::shared_ptr<grpc::ServerCredentials> creds;
+  std::set<std::string> revoked;
+  if (tls.enabled()) {
+    grpc::SslServerCredentialsOptions o(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    o.pem_root_certs = read_pem(tls.ca, "ca");
+    o.pem_key_cert_pairs.push_back({read_pem(tls.key, "key"), read_pem(tls.cert, "cert")});
+    creds = grpc::SslServerCredentials(o);
+    if (!tls.crl.empty()) revoked = load_crl(tls.crl, o.pem_root_certs);
+  } else {
+    creds = grpc::InsecureServerCredentials();
+  }
+  impl_->service = std::make_unique<FederationService>(c, tls.enabled(), std::move(revoked));
+  grpc::ServerBuilder b;
+  b.AddListeningPort(address, creds, &impl_->port);
+  b.RegisterService(impl_->service.get());
+  b.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  b.SetMaxSendMessageSize(kMaxMessageBytes);
+  impl_->server = b.BuildAndStart();
+  POLLEN_CHECK(impl_->server && impl_->port > 0, "fed server: cannot listen on '", address, "'");
+  log::info("fed server: listening on ", address, " (port ", impl_->port, ", ",
+            tls.enabled() ? "mutual TLS" : "plaintext", ")");
+}
+
+GrpcServer::~GrpcServer() {
+  shutdown();
+}
+
+int GrpcServer::port() const {
+  return impl_->port;
+}
+
+void GrpcServer::shutdown() {
+  if (impl_->server) {
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    impl_->server.reset();
+  }
+}
+
+// ---- client
+// ---------------------------------------------------------------------------------------
+
+struct GrpcTransport::Impl {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::Federation::Stub> stub;
+  double connect_timeout_s = 60;
+};
+
+GrpcTransport::GrpcTransport(const std::string& address, const TlsFiles& tls,
+                             double connect_timeout_s)
+    : impl_(std::make_unique<Impl>()) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  if (tls.enabled()) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = read_pem(tls.ca, "ca");
+    o.pem_private_key = read_pem(tls.key, "key");
+    o.pem_cert_chain = read_pem(tls.cert, "cert");
+    creds = grpc::SslCredentials(o);
+    if (!tls.server_name.empty()) args.SetSslTargetNameOverride(tls.server_name);
+  } else {
+    creds = grpc::InsecureChannelCredentials();
+  }
+  impl_->channel = grpc::CreateCustomChannel(address, creds, args);
+  impl_->stub = pb::Federation::NewStub(impl_->channel);
+  impl_->connect_timeout_s = connect_timeout_s;
+}
+
+GrpcTransport::~GrpcTransport() = default;
+
+namespace {
+void check_status(const grpc::Status& s, const char* what) {
+  POLLEN_CHECK(s.ok(), "server refused ", what, " (", static_cast<int>(s.error_code()),
+               "): ", s.error_message());
+}
+}  // namespace
+
+pb::JoinReply GrpcTransport::join(const pb::JoinRequest& r) {
+  pb::JoinReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(true);  // the server may not be up yet
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(impl_->connect_timeout_s * 1000)));
+  check_status(impl_->stub->Join(&ctx, r, &reply), "join");
+  return reply;
+}
+
+pb::TaskReply GrpcTransport::task(const pb::TaskRequest& r) {
+  pb::TaskReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(true);
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(impl_->connect_timeout_s * 1000)));
+  check_status(impl_->stub->GetTask(&ctx, r, &reply), "task");
+  return reply;
+}
+
+void GrpcTransport::pull(const pb::PullRequest& r,
+                         const std::function<void(const pb::TensorStream&)>& on_message) {
+  grpc::ClientContext ctx;
+  auto reader = impl_->stub->PullModel(&ctx, r);
+  pb::TensorStream m;
+  try {
+    while (reader->Read(&m)) on_message(m);
+  } catch (...) {
+    ctx.TryCancel();
+    reader->Finish();
+    throw;
+  }
+  check_status(reader->Finish(), "pull");
+}
+
+pb::PushReply GrpcTransport::push(const std::function<bool(pb::TensorStream&)>& next) {
+  grpc::ClientContext ctx;
+  pb::PushReply reply;
+  auto writer = impl_->stub->PushUpdate(&ctx, &reply);
+  pb::TensorStream m;
+  while (next(m)) {
+    if (!writer->Write(m)) break;  // the server ended the stream; Finish says why
+    m.Clear();
+  }
+  writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  if (!s.ok()) {
+    reply.set_accepted(false);
+    reply.set_reason(s.error_message());
+  }
+  return reply;
+}
+
+}  // namespace pollen::fed

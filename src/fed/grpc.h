@@ -1,0 +1,54 @@
+#pragma once
+// The federation over gRPC: the server's service (every RPC validated, errors returned as gRPC
+// statuses and logged, never a crash) and the client's transport. With TLS both sides
+// authenticate: the server requires a client certificate signed by the CA, refuses revoked ones
+// (the CA-signed CRL of `pollen fed certs revoke`), and takes the certificate's common name as
+// the client's identity.
+#include <memory>
+#include <string>
+
+#include "fed/client.h"
+#include "fed/config.h"
+#include "fed/coordinator.h"
+
+namespace pollen::fed {
+
+class GrpcServer {
+ public:
+  // Listens on `address` ("host:port"; port 0 picks a free one).
+  GrpcServer(Coordinator& coordinator, const std::string& address, const TlsFiles& tls);
+  ~GrpcServer();
+  GrpcServer(const GrpcServer&) = delete;
+  GrpcServer& operator=(const GrpcServer&) = delete;
+  int port() const;
+  void shutdown();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class GrpcTransport : public Transport {
+ public:
+  GrpcTransport(const std::string& address, const TlsFiles& tls, double connect_timeout_s);
+  ~GrpcTransport() override;
+  pb::JoinReply join(const pb::JoinRequest& r) override;
+  pb::TaskReply task(const pb::TaskRequest& r) override;
+  void pull(const pb::PullRequest& r,
+            const std::function<void(const pb::TensorStream&)>& on_message) override;
+  pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Development certificates (OpenSSL, EC P-256, SHA-256): in `dir`, ca.pem/ca.key (made once,
+// reused after), server.pem/server.key for `server_names` (DNS names or IP addresses), and
+// client-<id>.pem/client-<id>.key with common name <id> for each client.
+void make_dev_certs(const std::filesystem::path& dir, const std::vector<std::string>& clients,
+                    const std::vector<std::string>& server_names, int days);
+// Adds client-<id>.pem's serial to dir/crl.pem (signed by the CA), creating it when needed.
+void revoke_client_cert(const std::filesystem::path& dir, const std::string& client);
+
+}  // namespace pollen::fed

@@ -1,0 +1,89 @@
+#include "fed/run.h"
+
+#include <atomic>
+#include <csignal>
+#include <thread>
+
+#include "base/log.h"
+#include "base/thread_pool.h"
+#include "fed/client.h"
+#include "fed/coordinator.h"
+#include "fed/grpc.h"
+
+namespace pollen::fed {
+
+namespace {
+std::atomic<int> g_signal{0};
+extern "C" void on_signal(int sig) {
+  g_signal = sig;
+}
+}  // namespace
+
+int64_t run_server(const ServerConfig& config, bool resume) {
+  Coordinator coordinator(config, resume);
+  GrpcServer server(coordinator, config.address, config.tls);
+  g_signal = 0;
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    while (!done) {
+      if (g_signal) {
+        log::warn("fed server: signal ", g_signal.load(), "; stopping after the last round");
+        coordinator.stop();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  coordinator.run();
+  // Let polling clients hear that the run is over before the port closes.
+  if (coordinator.finished()) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  done = true;
+  watcher.join();
+  server.shutdown();
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  log::info("fed server: ", coordinator.rounds_done(), " of ", config.rounds, " rounds done");
+  return coordinator.rounds_done();
+}
+
+void run_client(const ClientConfig& config) {
+  if (config.threads > 0) set_num_threads(config.threads);
+  GrpcTransport transport(config.server, config.tls, config.connect_timeout_s);
+  Client client(config, transport);
+  client.join();
+  log::info("fed client '", config.id, "': joined ", config.server);
+  client.run();
+  log::info("fed client '", config.id, "': sent ", client.bytes_sent(), " bytes, received ",
+            client.bytes_received());
+}
+
+SimulationResult run_simulation(const SimConfig& config, bool resume) {
+  if (config.threads > 0) set_num_threads(config.threads);
+  Coordinator coordinator(config.server, resume);
+  LocalTransport transport(coordinator);
+  std::vector<std::unique_ptr<Client>> clients;
+  for (const auto& cc : config.clients) {
+    clients.push_back(std::make_unique<Client>(cc, transport));
+    clients.back()->join();
+  }
+  std::sort(clients.begin(), clients.end(),
+            [](const auto& a, const auto& b) { return a->id() < b->id(); });
+  while (coordinator.begin_round()) {
+    for (auto& c : clients) c->poll_once();
+    coordinator.end_round();
+  }
+  SimulationResult r;
+  r.rounds = coordinator.rounds_done();
+  r.global = coordinator.global_weights();
+  for (auto& c : clients) {
+    set_model_weights(c->trainer().model(), r.global);
+    int64_t tokens = 0;
+    r.clients.push_back(c->id());
+    r.eval_loss.push_back(c->trainer().evaluate(&tokens));
+  }
+  return r;
+}
+
+}  // namespace pollen::fed

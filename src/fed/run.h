@@ -1,0 +1,29 @@
+#pragma once
+// What `pollen fed server | client | simulate` run.
+#include <string>
+#include <vector>
+
+#include "fed/config.h"
+#include "fed/strategy.h"
+
+namespace pollen::fed {
+
+// Serves rounds until done; SIGINT/SIGTERM stop it after checkpointing the last finished round.
+// Returns the rounds done.
+int64_t run_server(const ServerConfig& config, bool resume);
+
+// Joins and trains until the server says the run is over.
+void run_client(const ClientConfig& config);
+
+struct SimulationResult {
+  int64_t rounds = 0;
+  Weights global;
+  std::vector<std::string> clients;
+  std::vector<double> eval_loss;  // each client's validation loss of the final global model
+};
+
+// N clients and the server in one process: the same Coordinator and Client, the in-process
+// transport, clients run one after another in id order (bitwise repeatable).
+SimulationResult run_simulation(const SimConfig& config, bool resume);
+
+}  // namespace pollen::fed

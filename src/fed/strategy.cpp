@@ -1,0 +1,303 @@
+#include "fed/strategy.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/config.h"
+
+namespace pollen::fed {
+
+Weights clone_weights(const Weights& w) {
+  Weights out;
+  out.reserve(w.size());
+  for (const Tensor& t : w) out.push_back(t.clone());
+  return out;
+}
+
+namespace {
+
+Weights zeros_like(const Weights& w) {
+  Weights out;
+  out.reserve(w.size());
+  for (const Tensor& t : w) out.push_back(Tensor::zeros(t.shape(), DType::f32));
+  return out;
+}
+
+void check_same_layout(const Weights& a, const Weights& b, const std::string& what) {
+  POLLEN_CHECK(a.size() == b.size(), what, ": ", b.size(), " tensors, the model has ", a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    POLLEN_CHECK(b[i].dtype() == DType::f32 && b[i].is_contiguous(), what, ": tensor ", i,
+                 " is not contiguous float32");
+    POLLEN_CHECK(a[i].shape() == b[i].shape(), what, ": tensor ", i, " has shape ",
+                 shape_str(b[i].shape()), ", the model's is ", shape_str(a[i].shape()));
+  }
+}
+
+// Runs f(x, m, v, d) over every element; x, m, v are float32 storage, d the aggregated delta.
+template <typename F>
+void for_each_element(Weights& x, Weights* m, Weights* v, const Weights& d, F f) {
+  for (size_t i = 0; i < x.size(); ++i) {
+    float* xp = x[i].data<float>();
+    float* mp = m ? (*m)[i].data<float>() : nullptr;
+    float* vp = v ? (*v)[i].data<float>() : nullptr;
+    const float* dp = d[i].data<float>();
+    const int64_t n = x[i].numel();
+    for (int64_t j = 0; j < n; ++j) {
+      f(xp[j], mp ? mp[j] : *xp, vp ? vp[j] : *xp, dp[j]);
+    }
+  }
+}
+
+double pick(double value, double fallback) {
+  return value >= 0 ? value : fallback;
+}
+
+std::vector<std::pair<std::string, Tensor>> named(const char* prefix, const Weights& w) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < w.size(); ++i) out.emplace_back(cat(prefix, ".", i), w[i]);
+  return out;
+}
+
+Weights unnamed(const char* prefix, const std::vector<std::pair<std::string, Tensor>>& state) {
+  Weights out;
+  for (const auto& [name, t] : state) {
+    if (name.rfind(std::string(prefix) + ".", 0) == 0) {
+      POLLEN_CHECK(name == cat(prefix, ".", out.size()), "strategy state: expected tensor '",
+                   prefix, ".", out.size(), "', found '", name, "'");
+      out.push_back(t.to(DType::f32));
+    }
+  }
+  return out;
+}
+
+class FedAvg : public Strategy {
+ public:
+  explicit FedAvg(StrategyOptions o) : Strategy(std::move(o)) { lr_ = pick(options_.lr, 1.0); }
+  std::string name() const override { return "fedavg"; }
+
+ protected:
+  void apply(int64_t, Weights& x, const Weights& d) override {
+    const double lr = lr_;
+    for_each_element(x, nullptr, nullptr, d, [lr](float& xi, float&, float&, float di) {
+      xi = static_cast<float>(static_cast<double>(xi) - lr * di);
+    });
+  }
+  double lr_;
+};
+
+// Momentum on the pseudo-gradient: heavy ball (FedAvgM) or Nesterov (DiLoCo's outer optimizer).
+class Momentum : public Strategy {
+ public:
+  Momentum(StrategyOptions o, bool nesterov) : Strategy(std::move(o)), nesterov_(nesterov) {
+    lr_ = pick(options_.lr, nesterov ? 0.7 : 1.0);
+    mu_ = pick(options_.momentum, 0.9);
+  }
+  std::string name() const override { return nesterov_ ? "diloco" : "fedavgm"; }
+  std::vector<std::pair<std::string, Tensor>> state() const override {
+    return named("momentum", m_);
+  }
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& s) override {
+    m_ = unnamed("momentum", s);
+  }
+
+ protected:
+  void apply(int64_t, Weights& x, const Weights& d) override {
+    if (m_.empty()) m_ = zeros_like(x);
+    check_same_layout(x, m_, "strategy momentum state");
+    const double lr = lr_, mu = mu_;
+    const bool nesterov = nesterov_;
+    for_each_element(x, &m_, nullptr, d, [=](float& xi, float& mi, float&, float di) {
+      const double m = mu * mi + di;
+      mi = static_cast<float>(m);
+      const double step = nesterov ? di + mu * m : m;
+      xi = static_cast<float>(static_cast<double>(xi) - lr * step);
+    });
+  }
+  bool nesterov_;
+  double lr_, mu_;
+  Weights m_;
+};
+
+// Flower's FedOpt family: adaptive server optimizers on d = -Delta (the mean of local minus
+// global weights).
+class FedOpt : public Strategy {
+ public:
+  enum class Kind { adam, yogi, adagrad };
+  FedOpt(StrategyOptions o, Kind kind) : Strategy(std::move(o)), kind_(kind) {
+    switch (kind) {
+      case Kind::adam:
+        eta_ = pick(options_.lr, 0.1), b1_ = pick(options_.beta1, 0.9);
+        b2_ = pick(options_.beta2, 0.99), tau_ = pick(options_.tau, 1e-9);
+        break;
+      case Kind::yogi:
+        eta_ = pick(options_.lr, 0.01), b1_ = pick(options_.beta1, 0.9);
+        b2_ = pick(options_.beta2, 0.99), tau_ = pick(options_.tau, 1e-3);
+        break;
+      case Kind::adagrad:
+        eta_ = pick(options_.lr, 0.1), b1_ = pick(options_.beta1, 0.0);
+        b2_ = pick(options_.beta2, 0.0), tau_ = pick(options_.tau, 1e-9);
+        break;
+    }
+  }
+  std::string name() const override {
+    return kind_ == Kind::adam ? "fedadam" : kind_ == Kind::yogi ? "fedyogi" : "fedadagrad";
+  }
+  std::vector<std::pair<std::string, Tensor>> state() const override {
+    auto s = named("m", m_);
+    auto v = named("v", v_);
+    s.insert(s.end(), v.begin(), v.end());
+    return s;
+  }
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& s) override {
+    m_ = unnamed("m", s);
+    v_ = unnamed("v", s);
+  }
+
+ protected:
+  void apply(int64_t round, Weights& x, const Weights& delta) override {
+    if (m_.empty()) m_ = zeros_like(x), v_ = zeros_like(x);
+    check_same_layout(x, m_, "strategy state m");
+    check_same_layout(x, v_, "strategy state v");
+    const double b1 = b1_, b2 = b2_, tau = tau_;
+    double eta = eta_;
+    if (kind_ == Kind::adam) {
+      const double t = static_cast<double>(round) + 1.0;
+      eta = eta_ * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
+    }
+    const Kind kind = kind_;
+    for_each_element(x, &m_, &v_, delta, [=](float& xi, float& mi, float& vi, float di) {
+      const double d = -static_cast<double>(di);
+      const double m = b1 * mi + (1 - b1) * d;
+      const double d2 = d * d;
+      double v = vi;
+      switch (kind) {
+        case Kind::adam:
+          v = b2 * v + (1 - b2) * d2;
+          break;
+        case Kind::yogi: {
+          const double s = v - d2;
+          v = v - (1 - b2) * d2 * static_cast<double>((s > 0) - (s < 0));
+          break;
+        }
+        case Kind::adagrad:
+          v = v + d2;
+          break;
+      }
+      mi = static_cast<float>(m);
+      vi = static_cast<float>(v);
+      xi = static_cast<float>(static_cast<double>(xi) + eta * m / (std::sqrt(v) + tau));
+    });
+  }
+  Kind kind_;
+  double eta_, b1_, b2_, tau_;
+  Weights m_, v_;
+};
+
+}  // namespace
+
+std::vector<std::string> strategy_names() {
+  return {"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "diloco"};
+}
+
+std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o) {
+  POLLEN_CHECK(o.fraction_fit > 0 && o.fraction_fit <= 1,
+               "strategy.fraction_fit must be in (0, 1], got ", o.fraction_fit);
+  POLLEN_CHECK(o.min_clients >= 1, "strategy.min_clients must be at least 1, got ", o.min_clients);
+  if (o.name == "fedavg") return std::make_unique<FedAvg>(o);
+  if (o.name == "fedavgm") return std::make_unique<Momentum>(o, false);
+  if (o.name == "diloco") return std::make_unique<Momentum>(o, true);
+  if (o.name == "fedadam") return std::make_unique<FedOpt>(o, FedOpt::Kind::adam);
+  if (o.name == "fedyogi") return std::make_unique<FedOpt>(o, FedOpt::Kind::yogi);
+  if (o.name == "fedadagrad") return std::make_unique<FedOpt>(o, FedOpt::Kind::adagrad);
+  std::string names;
+  for (const auto& n : strategy_names()) names += (names.empty() ? "" : ", ") + n;
+  fail("unknown strategy '", o.name, "'; expected one of ", names);
+}
+
+StrategyOptions read_strategy_options(ConfigTable& t) {
+  StrategyOptions o;
+  o.name = t.get_string("name", o.name);
+  o.lr = t.get_double("lr", o.lr);
+  o.momentum = t.get_double("momentum", o.momentum);
+  o.beta1 = t.get_double("beta1", o.beta1);
+  o.beta2 = t.get_double("beta2", o.beta2);
+  o.tau = t.get_double("tau", o.tau);
+  o.fraction_fit = t.get_double("fraction_fit", o.fraction_fit);
+  o.min_clients = t.get_int("min_clients", o.min_clients);
+  make_strategy(o);  // validates the name and ranges now, naming the keys
+  return o;
+}
+
+std::vector<std::string> Strategy::configure_round(int64_t round,
+                                                   const std::vector<std::string>& available,
+                                                   Rng& rng) const {
+  std::vector<std::string> ids = available;
+  std::sort(ids.begin(), ids.end());
+  const auto n = static_cast<int64_t>(ids.size());
+  int64_t want = static_cast<int64_t>(std::ceil(options_.fraction_fit * static_cast<double>(n)));
+  want = std::min(n, std::max(want, options_.min_clients));
+  if (want >= n) return ids;
+  // Partial Fisher-Yates with the server's generator: the same seed picks the same clients.
+  for (int64_t i = 0; i < want; ++i) {
+    const auto j = i + static_cast<int64_t>(rng.below(static_cast<uint64_t>(n - i)));
+    std::swap(ids[static_cast<size_t>(i)], ids[static_cast<size_t>(j)]);
+  }
+  ids.resize(static_cast<size_t>(want));
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+Weights Strategy::weighted_delta(const Weights& like, const std::vector<ClientUpdate>& updates) {
+  POLLEN_CHECK(!updates.empty(), "aggregate: no client updates");
+  std::vector<const ClientUpdate*> order;
+  double total = 0;
+  for (const auto& u : updates) {
+    POLLEN_CHECK(u.tokens > 0, "aggregate: client '", u.client_id, "' reports ", u.tokens,
+                 " tokens trained; an update needs at least one");
+    check_same_layout(like, u.delta, cat("update of client '", u.client_id, "'"));
+    order.push_back(&u);
+    total += static_cast<double>(u.tokens);
+  }
+  std::sort(order.begin(), order.end(), [](const ClientUpdate* a, const ClientUpdate* b) {
+    return a->client_id < b->client_id;
+  });
+  Weights out = zeros_like(like);
+  std::vector<double> acc;
+  for (size_t i = 0; i < like.size(); ++i) {
+    const int64_t n = like[i].numel();
+    acc.assign(static_cast<size_t>(n), 0.0);
+    for (const ClientUpdate* u : order) {
+      const double w = static_cast<double>(u->tokens) / total;
+      const float* d = u->delta[i].data<float>();
+      for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] += w * d[j];
+    }
+    float* o = out[i].data<float>();
+    for (int64_t j = 0; j < n; ++j) o[j] = static_cast<float>(acc[static_cast<size_t>(j)]);
+  }
+  return out;
+}
+
+void Strategy::aggregate(int64_t round, Weights& global, const std::vector<ClientUpdate>& updates) {
+  POLLEN_CHECK(round >= 1, "aggregate: rounds count from 1, got ", round);
+  for (const Tensor& t : global) {
+    POLLEN_CHECK(t.dtype() == DType::f32 && t.is_contiguous(),
+                 "aggregate: the global model must be contiguous float32");
+  }
+  const Weights delta = weighted_delta(global, updates);
+  apply(round, global, delta);
+}
+
+ClientEval Strategy::aggregate_evaluate(const std::vector<ClientEval>& evals) {
+  ClientEval out;
+  out.client_id = "all";
+  double sum = 0;
+  for (const auto& e : evals) {
+    if (e.tokens <= 0) continue;
+    sum += e.loss * static_cast<double>(e.tokens);
+    out.tokens += e.tokens;
+  }
+  out.loss = out.tokens > 0 ? sum / static_cast<double>(out.tokens) : 0.0;
+  return out;
+}
+
+}  // namespace pollen::fed

@@ -1,0 +1,108 @@
+#pragma once
+// Strategies: how the server turns the clients' updates of one round into the next global model.
+// Each is a small class behind one interface (configure the round, aggregate, evaluate), as in
+// Flower.
+//
+// Conventions. A client's update is its pseudo-gradient, global minus local weights
+// (delta_i = x - x_i), with the number of tokens it trained on. Aggregation averages the deltas
+// weighted by tokens (Delta = sum_i t_i delta_i / sum_i t_i, summed in the order of the client
+// ids, so the result never depends on arrival order) and hands Delta to an outer optimizer that
+// treats it as a gradient:
+//
+//   fedavg     x -= lr * Delta                          (lr 1: the token-weighted mean of x_i)
+//   fedavgm    m = mu * m + Delta;  x -= lr * m          (Flower's FedAvgM, Hsu et al. 2019)
+//   fedadam    d = -Delta;  m = b1 m + (1-b1) d;  v = b2 v + (1-b2) d^2;
+//              x += eta * sqrt(1-b2^(t+1)) / (1-b1^(t+1)) * m / (sqrt(v) + tau)
+//   fedyogi    as fedadam but v = v - (1-b2) d^2 sign(v - d^2), no bias correction
+//   fedadagrad m = b1 m + (1-b1) d (b1 0 by default: m = d);  v = v + d^2;
+//              x += eta * m / (sqrt(v) + tau)
+//   diloco     Nesterov momentum (PyTorch SGD, nesterov=True): m = mu m + Delta;
+//              x -= lr * (Delta + mu * m)               (DiLoCo: lr 0.7, mu 0.9)
+//
+// The FedOpt family (Reddi et al. 2021) follows Flower's implementations exactly, round number
+// t counted from 1; arithmetic is in double per element, state and weights stored as float32.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/rng.h"
+#include "tensor/tensor.h"
+
+namespace pollen {
+class ConfigTable;
+}
+
+namespace pollen::fed {
+
+// The global model's parameters: float32 tensors in the model's fixed parameter order.
+using Weights = std::vector<Tensor>;
+
+Weights clone_weights(const Weights& w);
+
+struct ClientUpdate {
+  std::string client_id;
+  int64_t tokens = 0;  // tokens trained on this round: the aggregation weight
+  Weights delta;       // global minus local weights, float32, same shapes as the global model
+  std::map<std::string, double> metrics;
+};
+
+struct ClientEval {
+  std::string client_id;
+  int64_t tokens = 0;  // tokens scored
+  double loss = 0;     // mean loss per scored token
+};
+
+struct StrategyOptions {
+  std::string name = "fedavg";    // fedavg fedavgm fedadam fedyogi fedadagrad diloco
+  double lr = -1;                 // server learning rate (eta); -1: the strategy's default
+  double momentum = -1;           // fedavgm, diloco; -1: default
+  double beta1 = -1, beta2 = -1;  // fedadam, fedyogi 0.9, 0.99; fedadagrad beta1 0
+  double tau = -1;                // fedadam 1e-9, fedyogi 1e-3, fedadagrad 1e-9
+  // Client selection per round: a fraction of the available clients (at least min_clients),
+  // drawn by the server's seeded generator; 1 takes every available client.
+  double fraction_fit = 1.0;
+  int64_t min_clients = 1;
+};
+
+// Reads the [strategy] table (every key documented in docs/federated.md).
+StrategyOptions read_strategy_options(ConfigTable& table);
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string name() const = 0;
+
+  // The clients that train in `round` (1-based), chosen from `available` (sorted ids).
+  std::vector<std::string> configure_round(int64_t round, const std::vector<std::string>& available,
+                                           Rng& rng) const;
+
+  // Applies one round's updates to `global` in place. Updates with zero tokens are refused.
+  void aggregate(int64_t round, Weights& global, const std::vector<ClientUpdate>& updates);
+
+  // The token-weighted mean loss of the clients' evaluations (federated evaluation).
+  static ClientEval aggregate_evaluate(const std::vector<ClientEval>& evals);
+
+  // The token-weighted mean pseudo-gradient, summed in client-id order.
+  static Weights weighted_delta(const Weights& like, const std::vector<ClientUpdate>& updates);
+
+  // Outer optimizer state (momentum, second moments), for server checkpoints.
+  virtual std::vector<std::pair<std::string, Tensor>> state() const { return {}; }
+  virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state) {}
+
+  const StrategyOptions& options() const { return options_; }
+
+ protected:
+  explicit Strategy(StrategyOptions options) : options_(std::move(options)) {}
+  virtual void apply(int64_t round, Weights& global, const Weights& delta) = 0;
+
+  StrategyOptions options_;
+};
+
+// Builds the strategy named in options.name; throws listing the names when unknown.
+std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options);
+std::vector<std::string> strategy_names();
+
+}  // namespace pollen::fed

@@ -1,0 +1,226 @@
+#include "fed/wire.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "base/hash.h"
+#include "model/llama.h"
+
+namespace pollen::fed {
+
+ParamSpecs param_specs(const model::Llama& model) {
+  ParamSpecs out;
+  for (const auto& [name, var] : model.named_parameters())
+    out.push_back({name, var.value().shape()});
+  return out;
+}
+
+Weights model_weights(const model::Llama& model) {
+  Weights out;
+  for (const auto& [name, var] : model.named_parameters())
+    out.push_back(var.value().to(DType::f32));
+  return out;
+}
+
+void set_model_weights(const model::Llama& model, const Weights& w) {
+  const auto params = model.named_parameters();
+  POLLEN_CHECK(params.size() == w.size(), "set_model_weights: ", w.size(), " tensors for ",
+               params.size(), " parameters");
+  for (size_t i = 0; i < w.size(); ++i) {
+    Tensor dst = params[i].second.value();
+    POLLEN_CHECK(dst.shape() == w[i].shape(), "set_model_weights: '", params[i].first,
+                 "' has shape ", shape_str(dst.shape()), ", got ", shape_str(w[i].shape()));
+    dst.copy_(w[i]);
+  }
+}
+
+void check_client_id(const std::string& id, const std::string& what) {
+  POLLEN_CHECK(!id.empty() && id.size() <= kMaxIdBytes, what, ": client id must be 1 to ",
+               kMaxIdBytes, " characters, got ", id.size());
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    POLLEN_CHECK(ok, what, ": client id may hold only letters, digits, '.', '_' and '-'");
+  }
+}
+
+std::string model_config_json(const model::LlamaConfig& c) {
+  nlohmann::json j{{"vocab_size", c.vocab_size},
+                   {"hidden_size", c.hidden_size},
+                   {"intermediate_size", c.intermediate_size},
+                   {"num_hidden_layers", c.num_hidden_layers},
+                   {"num_attention_heads", c.num_attention_heads},
+                   {"num_key_value_heads", c.num_key_value_heads},
+                   {"head_dim", c.resolved_head_dim()},
+                   {"max_position_embeddings", c.max_position_embeddings},
+                   {"rope_theta", c.rope_theta},
+                   {"rms_norm_eps", c.rms_norm_eps},
+                   {"tie_word_embeddings", c.tie_word_embeddings},
+                   {"attention_bias", c.attention_bias}};
+  return j.dump();  // nlohmann::json keeps keys sorted
+}
+
+std::string agreement_differences(const pb::JoinRequest& client, uint32_t protocol,
+                                  const std::string& model_config,
+                                  const std::string& tokenizer_fingerprint) {
+  std::string out;
+  auto add = [&](const std::string& line) { out += (out.empty() ? "" : "; ") + line; };
+  if (client.protocol_version() != protocol) {
+    add(cat("protocol version: server ", protocol, ", client ", client.protocol_version()));
+  }
+  nlohmann::json server_model = nlohmann::json::parse(model_config), client_model;
+  try {
+    client_model = nlohmann::json::parse(client.model_config());
+  } catch (const std::exception&) {
+    add("model config: the client's is not valid JSON");
+  }
+  if (client_model.is_object()) {
+    for (const auto& [key, value] : server_model.items()) {
+      if (!client_model.contains(key)) {
+        add(cat("model.", key, ": server ", value.dump(), ", client (missing)"));
+      } else if (client_model[key] != value) {
+        add(cat("model.", key, ": server ", value.dump(), ", client ", client_model[key].dump()));
+      }
+    }
+    for (const auto& [key, value] : client_model.items()) {
+      if (!server_model.contains(key)) add(cat("model.", key, ": unknown to the server"));
+    }
+  } else if (!client_model.is_null()) {
+    add("model config: the client's is not a JSON object");
+  }
+  if (client.tokenizer_fingerprint() != tokenizer_fingerprint) {
+    add(cat("tokenizer fingerprint: server '", tokenizer_fingerprint, "', client '",
+            client.tokenizer_fingerprint().substr(0, 80), "'"));
+  }
+  return out;
+}
+
+EncodedSet encode_payloads(const ParamSpecs& specs, std::vector<std::string> payloads,
+                           const CompressOptions& codec) {
+  POLLEN_ASSERT(specs.size() == payloads.size());
+  EncodedSet out;
+  out.header.set_codec(codec_name(codec.codec));
+  out.header.set_codec_block(codec.block);
+  size_t total = 0;
+  for (const auto& p : payloads) total += p.size();
+  out.bytes.reserve(total);
+  Sha256 sha;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    auto* info = out.header.add_tensors();
+    info->set_name(specs[i].name);
+    for (int64_t d : specs[i].shape) info->add_shape(d);
+    info->set_bytes(payloads[i].size());
+    sha.update(payloads[i]);
+    out.bytes += payloads[i];
+    std::string().swap(payloads[i]);
+  }
+  out.header.set_total_bytes(out.bytes.size());
+  out.header.set_sha256(sha.hex_digest());
+  return out;
+}
+
+EncodedSet encode_weights(const ParamSpecs& specs, const Weights& w, const CompressOptions& codec) {
+  POLLEN_CHECK(specs.size() == w.size(), "encode: ", w.size(), " tensors for ", specs.size(),
+               " parameters");
+  std::vector<std::string> payloads(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    const Tensor t = w[i].dtype() == DType::f32 ? w[i].contiguous() : w[i].to(DType::f32);
+    encode(t.data<float>(), t.numel(), codec, payloads[i]);
+  }
+  return encode_payloads(specs, std::move(payloads), codec);
+}
+
+void validate_header(const pb::TensorSetHeader& h, const ParamSpecs& specs,
+                     const CompressOptions& codec, const std::string& what) {
+  POLLEN_CHECK(h.codec() == codec_name(codec.codec), what, ": codec '", h.codec().substr(0, 16),
+               "', expected '", codec_name(codec.codec), "'");
+  POLLEN_CHECK(h.codec_block() == codec.block, what, ": codec block ", h.codec_block(),
+               ", expected ", codec.block);
+  POLLEN_CHECK(static_cast<size_t>(h.tensors_size()) == specs.size(), what, ": ", h.tensors_size(),
+               " tensors, the model has ", specs.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& t = h.tensors(static_cast<int>(i));
+    POLLEN_CHECK(t.name() == specs[i].name, what, ": tensor ", i, " is '", t.name().substr(0, 200),
+                 "', expected '", specs[i].name, "'");
+    const Shape shape(t.shape().begin(), t.shape().end());
+    POLLEN_CHECK(shape == specs[i].shape, what, ": tensor '", specs[i].name, "' has shape ",
+                 t.shape_size() <= 8 ? shape_str(shape) : std::string("(too many dims)"),
+                 ", expected ", shape_str(specs[i].shape));
+    const uint64_t want = encoded_bytes(codec.codec, shape_numel(specs[i].shape), codec.block);
+    POLLEN_CHECK(t.bytes() == want, what, ": tensor '", specs[i].name, "' says ", t.bytes(),
+                 " bytes; ", codec_name(codec.codec), " needs ", want);
+    total += want;
+  }
+  POLLEN_CHECK(h.total_bytes() == total, what, ": total ", h.total_bytes(), " bytes, expected ",
+               total);
+  POLLEN_CHECK(h.sha256().size() == 64, what, ": the checksum is not a SHA-256 hex digest");
+}
+
+void for_each_chunk(const std::string& bytes, uint64_t max_chunk,
+                    const std::function<void(const pb::Chunk&)>& send) {
+  pb::Chunk c;
+  for (uint64_t off = 0; off < bytes.size(); off += max_chunk) {
+    const uint64_t n = std::min<uint64_t>(max_chunk, bytes.size() - off);
+    c.set_offset(off);
+    c.set_data(bytes.data() + off, n);
+    send(c);
+  }
+}
+
+ChunkAssembler::ChunkAssembler(const pb::TensorSetHeader& header, std::string what)
+    : total_(header.total_bytes()), sha256_(header.sha256()), what_(std::move(what)) {
+  bytes_.reserve(total_);
+}
+
+void ChunkAssembler::add(const pb::Chunk& c) {
+  POLLEN_CHECK(c.offset() == bytes_.size(), what_, ": chunk at offset ", c.offset(), ", expected ",
+               bytes_.size());
+  POLLEN_CHECK(!c.data().empty() && c.data().size() <= kMaxChunkBytes, what_, ": chunk of ",
+               c.data().size(), " bytes; chunks hold 1 to ", kMaxChunkBytes);
+  POLLEN_CHECK(bytes_.size() + c.data().size() <= total_, what_, ": chunks run past the ", total_,
+               " bytes the header announced");
+  bytes_ += c.data();
+}
+
+std::string ChunkAssembler::finish() {
+  POLLEN_CHECK(bytes_.size() == total_, what_, ": stream ended after ", bytes_.size(), " of ",
+               total_, " bytes");
+  const std::string got = sha256_hex(bytes_);
+  POLLEN_CHECK(got == sha256_, what_, ": SHA-256 mismatch (header ", sha256_.substr(0, 64),
+               ", data ", got, ")");
+  return std::move(bytes_);
+}
+
+Weights decode_set(const pb::TensorSetHeader& h, const std::string& bytes, const ParamSpecs& specs,
+                   const std::string& what) {
+  CompressOptions codec;
+  codec.codec = parse_codec(h.codec());
+  codec.block = h.codec_block();
+  Weights out;
+  uint64_t off = 0;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& t = h.tensors(static_cast<int>(i));
+    POLLEN_ASSERT(off + t.bytes() <= bytes.size());
+    Tensor x = Tensor::empty(specs[i].shape, DType::f32);
+    decode(reinterpret_cast<const uint8_t*>(bytes.data() + off), t.bytes(), x.numel(), codec,
+           x.data<float>(), cat(what, ", tensor '", specs[i].name, "'"));
+    off += t.bytes();
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
+void validate_update_info(const pb::UpdateInfo& u, const std::string& what) {
+  check_client_id(u.client_id(), what);
+  POLLEN_CHECK(u.round() >= 1, what, ": round ", u.round(), "; rounds count from 1");
+  POLLEN_CHECK(u.tokens() >= 1 && u.tokens() <= (int64_t{1} << 50), what, ": tokens ", u.tokens(),
+               " out of range");
+  POLLEN_CHECK(std::isfinite(u.train_loss()) && std::isfinite(u.eval_loss()) &&
+                   std::isfinite(u.train_seconds()),
+               what, ": losses and times must be finite");
+  POLLEN_CHECK(u.eval_tokens() >= 0, what, ": eval_tokens ", u.eval_tokens(), " is negative");
+  POLLEN_CHECK(u.data_manifest_hash().size() <= 128, what, ": data manifest hash too long");
+}
+
+}  // namespace pollen::fed

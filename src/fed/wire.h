@@ -1,0 +1,89 @@
+#pragma once
+// The federation wire without the transport: tensor sets as a header plus bounded chunks with a
+// SHA-256 over the whole stream, the checks every received message goes through, and the
+// agreement check (protocol, model config, tokenizer). The gRPC service (fed/grpc.h) and the
+// in-process transport of `pollen fed simulate` both go through these functions.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fed/compress.h"
+#include "fed/strategy.h"
+#include "model/config.h"
+#include "pollen_fed.pb.h"
+
+namespace pollen::model {
+class Llama;
+}
+
+namespace pollen::fed {
+
+namespace pb = ::pollen::fed::v1;
+
+constexpr uint32_t kProtocolVersion = 1;
+constexpr uint64_t kMaxChunkBytes = 1u << 20;  // 1 MiB per chunk; gRPC's message limit is 4 MiB
+constexpr size_t kMaxIdBytes = 128;
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+};
+using ParamSpecs = std::vector<ParamSpec>;
+
+ParamSpecs param_specs(const model::Llama& model);
+Weights model_weights(const model::Llama& model);                     // copies, float32
+void set_model_weights(const model::Llama& model, const Weights& w);  // copies in
+
+// Client ids: 1-128 characters of [A-Za-z0-9._-]; throws naming `what` otherwise.
+void check_client_id(const std::string& id, const std::string& what);
+
+// The model config as canonical JSON (sorted keys), what Join compares.
+std::string model_config_json(const model::LlamaConfig& config);
+
+// Empty when the client's proposal agrees with the server's; otherwise one line per difference
+// ("model.hidden_size: server 256, client 128").
+std::string agreement_differences(const pb::JoinRequest& client, uint32_t protocol,
+                                  const std::string& model_config,
+                                  const std::string& tokenizer_fingerprint);
+
+// A tensor set ready to send.
+struct EncodedSet {
+  pb::TensorSetHeader header;
+  std::string bytes;
+};
+EncodedSet encode_payloads(const ParamSpecs& specs, std::vector<std::string> payloads,
+                           const CompressOptions& codec);
+EncodedSet encode_weights(const ParamSpecs& specs, const Weights& w, const CompressOptions& codec);
+
+// Checks a received header against what is expected: the same tensors (names, order, shapes),
+// the expected codec, and sizes that match the codec exactly. Throws naming `what`.
+void validate_header(const pb::TensorSetHeader& h, const ParamSpecs& specs,
+                     const CompressOptions& codec, const std::string& what);
+
+// Calls send(chunk) for each chunk of at most max_chunk bytes, in order.
+void for_each_chunk(const std::string& bytes, uint64_t max_chunk,
+                    const std::function<void(const pb::Chunk&)>& send);
+
+// Collects chunks of a stream whose header was validated: offsets must follow each other, no
+// chunk may be empty or larger than kMaxChunkBytes, the total may not pass the header's, and
+// finish() checks the total and the SHA-256.
+class ChunkAssembler {
+ public:
+  ChunkAssembler(const pb::TensorSetHeader& header, std::string what);
+  void add(const pb::Chunk& chunk);
+  std::string finish();  // the whole stream
+
+ private:
+  uint64_t total_;
+  std::string sha256_, what_, bytes_;
+};
+
+// Decodes a validated, assembled stream into float32 tensors (checks every value).
+Weights decode_set(const pb::TensorSetHeader& h, const std::string& bytes, const ParamSpecs& specs,
+                   const std::string& what);
+
+// Checks the update info of a push: id, round, tokens and losses in range.
+void validate_update_info(const pb::UpdateInfo& u, const std::string& what);
+
+}  // namespace pollen::fed

@@ -1,0 +1,188 @@
+#include "io/checkpoint.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "base/hash.h"
+#include "base/log.h"
+
+namespace fs = std::filesystem;
+
+namespace pollen::io {
+namespace {
+
+void sync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  POLLEN_CHECK(fd >= 0, "cannot open folder '", dir.string(), "': ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  POLLEN_CHECK(rc == 0, "cannot sync folder '", dir.string(), "': ", std::strerror(errno));
+}
+
+bool parse_step_name(const std::string& name, int64_t* step) {
+  if (!name.starts_with("step-") || name.size() <= 5) return false;
+  for (size_t i = 5; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return false;
+  *step = std::stoll(name.substr(5));
+  return true;
+}
+
+}  // namespace
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+CheckpointWriter::CheckpointWriter(const fs::path& root, int64_t step)
+    : root_(root), final_(root / checkpoint_name(step)), step_(step) {
+  fs::create_directories(root);
+  tmp_ = root / cat(".tmp-", checkpoint_name(step), ".", ::getpid());
+  fs::remove_all(tmp_);
+  fs::create_directory(tmp_);
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (!committed_) {
+    std::error_code ec;
+    fs::remove_all(tmp_, ec);
+  }
+}
+
+void CheckpointWriter::record(const std::string& file, const WriteStats& s) {
+  files_.emplace_back(file, s);
+  stats_ += s;
+}
+
+void CheckpointWriter::add_tensors(const std::string& file, const NamedTensors& tensors,
+                                   const std::map<std::string, std::string>& metadata) {
+  record(file, write_safetensors(tmp_ / file, tensors, metadata));
+}
+
+void CheckpointWriter::add_text(const std::string& file, std::string_view text) {
+  record(file, write_file_synced(tmp_ / file, text));
+}
+
+fs::path CheckpointWriter::commit() {
+  POLLEN_ASSERT(!committed_);
+  nlohmann::ordered_json m;
+  m["format"] = "pollen-checkpoint-1";
+  m["step"] = step_;
+  nlohmann::ordered_json files = nlohmann::ordered_json::object();
+  for (const auto& [name, s] : files_) files[name] = {{"bytes", s.bytes}, {"sha256", s.sha256}};
+  m["files"] = files;
+  const auto ms = write_file_synced(tmp_ / "manifest.json", m.dump(2) + "\n");
+  stats_.sync_s += ms.sync_s;
+  const auto t0 = std::chrono::steady_clock::now();
+  sync_dir(tmp_);
+  // A folder of the same name can only be one that failed to verify (resume went past it):
+  // move it aside first so that the rename cannot fail, then drop it.
+  if (fs::exists(final_)) {
+    const fs::path old = root_ / cat(".old-", checkpoint_name(step_), ".", ::getpid());
+    fs::remove_all(old);
+    fs::rename(final_, old);
+    fs::rename(tmp_, final_);
+    sync_dir(root_);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp_, final_);
+    sync_dir(root_);
+  }
+  stats_.sync_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  committed_ = true;
+  return final_;
+}
+
+std::optional<std::string> verify_checkpoint(const fs::path& dir) {
+  const fs::path mpath = dir / "manifest.json";
+  if (!fs::exists(mpath)) return std::string("manifest.json is missing");
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(read_file(mpath));
+  } catch (const std::exception& e) {
+    return cat("manifest.json is unreadable: ", e.what());
+  }
+  if (!m.is_object() || !m.contains("files") || !m["files"].is_object() || !m.contains("step"))
+    return std::string("manifest.json lacks 'step' or 'files'");
+  for (const auto& [name, info] : m["files"].items()) {
+    const fs::path p = dir / name;
+    std::error_code ec;
+    const auto size = fs::file_size(p, ec);
+    if (ec) return cat(name, " is missing");
+    if (!info.contains("bytes") || !info.contains("sha256"))
+      return cat("manifest entry for ", name, " lacks bytes or sha256");
+    if (size != info["bytes"].get<uint64_t>())
+      return cat(name, " holds ", size, " bytes, manifest says ", info["bytes"].get<uint64_t>());
+    const std::string sha = sha256_file(p);
+    if (sha != info["sha256"].get<std::string>())
+      return cat(name, " has SHA-256 ", sha.substr(0, 12), "..., manifest says ",
+                 info["sha256"].get<std::string>().substr(0, 12), "...");
+  }
+  return std::nullopt;
+}
+
+int64_t checkpoint_step(const fs::path& dir) {
+  const auto m = nlohmann::json::parse(read_file(dir / "manifest.json"));
+  return m.at("step").get<int64_t>();
+}
+
+std::vector<fs::path> list_checkpoints(const fs::path& root) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  if (!fs::is_directory(root)) return {};
+  for (const auto& e : fs::directory_iterator(root)) {
+    int64_t step = 0;
+    if (e.is_directory() && parse_step_name(e.path().filename().string(), &step))
+      found.emplace_back(step, e.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> out;
+  for (auto& [s, p] : found) out.push_back(p);
+  return out;
+}
+
+ResumeChoice choose_resume_checkpoint(const fs::path& root) {
+  ResumeChoice c;
+  auto all = list_checkpoints(root);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (auto why = verify_checkpoint(*it)) {
+      c.skipped.emplace_back(*it, *why);
+      continue;
+    }
+    c.dir = *it;
+    break;
+  }
+  return c;
+}
+
+std::vector<fs::path> apply_retention(const fs::path& root, int keep) {
+  std::vector<fs::path> removed;
+  if (!fs::is_directory(root)) return removed;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(".tmp-step-") && !name.starts_with(".old-step-")) continue;
+    const auto dot = name.rfind('.');
+    const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + dot + 1));
+    const bool alive = pid > 0 && pid != ::getpid() && ::kill(pid, 0) == 0;
+    if (!alive) removed.push_back(e.path());
+  }
+  if (keep > 0) {
+    auto all = list_checkpoints(root);
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) removed.push_back(all[i]);
+  }
+  for (const auto& p : removed) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+  }
+  return removed;
+}
+
+}  // namespace pollen::io

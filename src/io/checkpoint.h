@@ -1,0 +1,63 @@
+#pragma once
+// Checkpoint directories that never lose a run. A checkpoint is a folder `step-00000100/`
+// holding any files plus manifest.json (step, and the size and SHA-256 of every file). It is
+// written into `.tmp-step-00000100.<pid>/`, every file and the folder fsynced, then renamed into
+// place and the parent fsynced: a crash leaves either the whole checkpoint or a temp folder
+// that nothing mistakes for one. Resuming takes the newest checkpoint that verifies.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/safetensors.h"
+
+namespace pollen::io {
+
+std::string checkpoint_name(int64_t step);  // "step-00000100"
+
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const std::filesystem::path& root, int64_t step);
+  ~CheckpointWriter();  // removes the temp folder unless commit() ran
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  void add_tensors(const std::string& file, const NamedTensors& tensors,
+                   const std::map<std::string, std::string>& metadata = {});
+  void add_text(const std::string& file, std::string_view text);
+  // Writes the manifest, syncs and renames; returns the final folder.
+  std::filesystem::path commit();
+
+  const WriteStats& stats() const { return stats_; }  // all files together
+
+ private:
+  void record(const std::string& file, const WriteStats& s);
+
+  std::filesystem::path root_, tmp_, final_;
+  int64_t step_;
+  std::vector<std::pair<std::string, WriteStats>> files_;
+  WriteStats stats_;
+  bool committed_ = false;
+};
+
+// Checks the manifest and every file's size and SHA-256; returns why it fails, or nothing.
+std::optional<std::string> verify_checkpoint(const std::filesystem::path& dir);
+// The step recorded in a checkpoint's manifest.
+int64_t checkpoint_step(const std::filesystem::path& dir);
+
+// Complete checkpoint folders under `root` (step-*), oldest first.
+std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& root);
+
+struct ResumeChoice {
+  std::optional<std::filesystem::path> dir;                            // newest that verifies
+  std::vector<std::pair<std::filesystem::path, std::string>> skipped;  // newer ones, and why
+};
+ResumeChoice choose_resume_checkpoint(const std::filesystem::path& root);
+
+// Deletes all but the newest `keep` checkpoints (keep <= 0 keeps all) and leftover temp
+// folders of this process or of dead ones; returns what it removed.
+std::vector<std::filesystem::path> apply_retention(const std::filesystem::path& root, int keep);
+
+}  // namespace pollen::io

@@ -1,0 +1,185 @@
+#include "obs/metrics.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "base/error.h"
+
+namespace pollen::obs {
+namespace {
+
+std::array<uint32_t, 256> make_crc_table() {
+  std::array<uint32_t, 256> t{};
+  for (uint32_t i = 0; i < 256; ++i) {
+    uint32_t c = i;
+    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+    t[i] = c;
+  }
+  return t;
+}
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+template <typename T>
+void put_le(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+  out.append(b, sizeof(T));
+}
+
+// Length-delimited field: key, length, bytes.
+void put_bytes(std::string& out, int field, std::string_view bytes) {
+  put_varint(out, static_cast<uint64_t>(field) << 3 | 2);
+  put_varint(out, bytes.size());
+  out.append(bytes);
+}
+
+std::string errno_text() {
+  return std::strerror(errno);
+}
+
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
+  static const std::array<uint32_t, 256> table = make_crc_table();
+  const auto* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+
+uint32_t masked_crc32c(const void* data, size_t size) {
+  const uint32_t c = crc32c(data, size);
+  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+std::string tfrecord(std::string_view data) {
+  std::string out;
+  const uint64_t length = data.size();
+  std::string len_bytes;
+  put_le(len_bytes, length);
+  out += len_bytes;
+  put_le(out, masked_crc32c(len_bytes.data(), len_bytes.size()));
+  out.append(data);
+  put_le(out, masked_crc32c(data.data(), data.size()));
+  return out;
+}
+
+// Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
+// Summary { repeated Value value = 1; }  Value { string tag = 1; float simple_value = 2; }
+std::string scalar_event(double wall_time, int64_t step, std::string_view tag, float value) {
+  std::string v;
+  put_bytes(v, 1, tag);
+  put_varint(v, 2 << 3 | 5);
+  put_le(v, value);
+  std::string summary;
+  put_bytes(summary, 1, v);
+  std::string event;
+  put_varint(event, 1 << 3 | 1);
+  put_le(event, wall_time);
+  put_varint(event, 2 << 3 | 0);
+  put_varint(event, static_cast<uint64_t>(step));
+  put_bytes(event, 5, summary);
+  return event;
+}
+
+std::string file_version_event(double wall_time) {
+  std::string event;
+  put_varint(event, 1 << 3 | 1);
+  put_le(event, wall_time);
+  put_bytes(event, 3, "brain.Event:2");
+  return event;
+}
+
+double wall_time_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+AppendFile::AppendFile(const std::filesystem::path& path, std::optional<uint64_t> resume_at)
+    : path_(path) {
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  if (resume_at) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    POLLEN_CHECK(!ec, "cannot resume metrics file '", path.string(), "': ", ec.message());
+    POLLEN_CHECK(size >= *resume_at, "metrics file '", path.string(), "' holds ", size,
+                 " bytes, fewer than the ", *resume_at, " its checkpoint recorded");
+    if (size > *resume_at) std::filesystem::resize_file(path, *resume_at);
+  }
+  file_ = std::fopen(path.c_str(), "ab");
+  POLLEN_CHECK(file_ != nullptr, "cannot open '", path.string(), "' for writing: ", errno_text());
+  position_ = resume_at ? *resume_at : static_cast<uint64_t>(std::filesystem::file_size(path));
+}
+
+AppendFile::~AppendFile() {
+  if (file_) std::fclose(file_);
+}
+
+AppendFile::AppendFile(AppendFile&& o) noexcept
+    : path_(std::move(o.path_)), file_(o.file_), position_(o.position_) {
+  o.file_ = nullptr;
+}
+
+AppendFile& AppendFile::operator=(AppendFile&& o) noexcept {
+  if (this != &o) {
+    if (file_) std::fclose(file_);
+    path_ = std::move(o.path_);
+    file_ = o.file_;
+    position_ = o.position_;
+    o.file_ = nullptr;
+  }
+  return *this;
+}
+
+void AppendFile::write(std::string_view bytes) {
+  POLLEN_ASSERT(file_ != nullptr);
+  POLLEN_CHECK(std::fwrite(bytes.data(), 1, bytes.size(), file_) == bytes.size(), "cannot write '",
+               path_.string(), "': ", errno_text());
+  position_ += bytes.size();
+}
+
+void AppendFile::flush() {
+  if (file_) std::fflush(file_);
+}
+
+void AppendFile::sync() {
+  if (!file_) return;
+  std::fflush(file_);
+  POLLEN_CHECK(::fsync(::fileno(file_)) == 0, "cannot sync '", path_.string(), "': ", errno_text());
+}
+
+EventFileWriter EventFileWriter::create(const std::filesystem::path& dir) {
+  char host[256] = "localhost";
+  ::gethostname(host, sizeof(host) - 1);
+  const double now = wall_time_now();
+  const auto name =
+      cat("events.out.tfevents.", static_cast<int64_t>(now), ".", host, ".", ::getpid());
+  EventFileWriter w;
+  w.file_ = AppendFile(dir / name);
+  w.file_.write(tfrecord(file_version_event(now)));
+  return w;
+}
+
+EventFileWriter EventFileWriter::resume(const std::filesystem::path& path, uint64_t position) {
+  EventFileWriter w;
+  w.file_ = AppendFile(path, position);
+  return w;
+}
+
+void EventFileWriter::add_scalar(std::string_view tag, double value, int64_t step,
+                                 double wall_time) {
+  file_.write(tfrecord(scalar_event(wall_time, step, tag, static_cast<float>(value))));
+}
+
+}  // namespace pollen::obs

@@ -1,0 +1,81 @@
+#pragma once
+// Metrics sinks: JSON lines (one object per line, what scripts and `pollen plot` read) and
+// TensorBoard event files (TFRecord framing with masked CRC32C around hand-encoded Event
+// protobufs holding scalar summaries). Both can be reopened at a byte position saved in a
+// checkpoint, so a resumed run continues the same files without duplicate or lost points.
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace pollen::obs {
+
+// CRC-32C (Castagnoli), as TFRecord uses it; `crc` continues a previous value.
+uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
+// TFRecord's masking: rotate right by 15 and add 0xa282ead8.
+uint32_t masked_crc32c(const void* data, size_t size);
+
+// One TFRecord: uint64 length, masked CRC of the length, data, masked CRC of the data.
+std::string tfrecord(std::string_view data);
+// An Event protobuf: wall_time, step and one scalar summary value (tag, simple_value).
+std::string scalar_event(double wall_time, int64_t step, std::string_view tag, float value);
+// The Event that opens every event file: file_version "brain.Event:2".
+std::string file_version_event(double wall_time);
+
+// Seconds since the Unix epoch, as TensorBoard's wall_time.
+double wall_time_now();
+
+// An append-only file that can be reopened at a saved byte position (the tail after it is cut).
+class AppendFile {
+ public:
+  AppendFile() = default;
+  // Opens `path` for appending; when `resume_at` is given the file is first cut to that size.
+  AppendFile(const std::filesystem::path& path, std::optional<uint64_t> resume_at = {});
+  ~AppendFile();
+  AppendFile(AppendFile&&) noexcept;
+  AppendFile& operator=(AppendFile&&) noexcept;
+
+  void write(std::string_view bytes);
+  void flush();  // to the OS
+  void sync();   // flush and fsync: the position survives a crash
+  uint64_t position() const { return position_; }
+  const std::filesystem::path& path() const { return path_; }
+  bool is_open() const { return file_ != nullptr; }
+
+ private:
+  std::filesystem::path path_;
+  std::FILE* file_ = nullptr;
+  uint64_t position_ = 0;
+};
+
+class JsonlWriter {
+ public:
+  JsonlWriter() = default;
+  JsonlWriter(const std::filesystem::path& path, std::optional<uint64_t> resume_at = {})
+      : file_(path, resume_at) {}
+  void write(const nlohmann::ordered_json& record) { file_.write(record.dump() + "\n"); }
+  AppendFile& file() { return file_; }
+
+ private:
+  AppendFile file_;
+};
+
+class EventFileWriter {
+ public:
+  EventFileWriter() = default;
+  // A new file events.out.tfevents.<time>.<host>.<pid> in `dir`.
+  static EventFileWriter create(const std::filesystem::path& dir);
+  // Reopens an existing file at a saved position.
+  static EventFileWriter resume(const std::filesystem::path& path, uint64_t position);
+
+  void add_scalar(std::string_view tag, double value, int64_t step, double wall_time);
+  AppendFile& file() { return file_; }
+
+ private:
+  AppendFile file_;
+};
+
+}  // namespace pollen::obs

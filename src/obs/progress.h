@@ -1,0 +1,30 @@
+#pragma once
+// Progress of long work: a bar with rate and ETA redrawn in place on a terminal, structured
+// `key=value` lines (one every `line_interval` updates) when stderr is a file or a pipe.
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace pollen::obs {
+
+// "1h02m", "3m05s", "12s"
+std::string format_duration(double seconds);
+
+class Progress {
+ public:
+  // `total` units of work starting at `done` (a resumed run starts part way).
+  Progress(std::string label, int64_t total, int64_t done = 0, int64_t line_interval = 1);
+  // Reports `done` units with extra text ("loss 3.21 lr 1e-3"); returns the ETA in seconds.
+  double update(int64_t done, const std::string& fields);
+  void finish();  // ends the terminal line
+  bool on_terminal() const { return tty_; }
+
+ private:
+  std::string label_;
+  int64_t total_, start_done_, line_interval_;
+  bool tty_;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+}  // namespace pollen::obs

@@ -1,0 +1,341 @@
+#include "train/config.h"
+
+#include <toml++/toml.h>
+#include <map>
+#include <sstream>
+
+#include "base/config.h"
+#include "base/error.h"
+#include "base/files.h"
+
+namespace pollen::train {
+namespace {
+
+std::string toml_string(const std::string& s) {
+  std::ostringstream out;
+  out << toml::value<std::string>(s);
+  return out.str();
+}
+
+std::string toml_double(double v) {
+  std::ostringstream out;
+  out << toml::value<double>(v);
+  return out.str();
+}
+
+std::string toml_strings(const std::vector<std::string>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + toml_string(v[i]);
+  return s + "]";
+}
+
+std::string toml_doubles(const std::vector<double>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + toml_double(v[i]);
+  return s + "]";
+}
+
+void apply_override(toml::table& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  POLLEN_CHECK(eq != std::string::npos && eq > 0, "--set '", assignment,
+               "': expected key=value (for example train.steps=100)");
+  const std::string key = assignment.substr(0, eq);
+  const std::string value = assignment.substr(eq + 1);
+  toml::table holder;
+  try {
+    holder = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    holder = toml::table{};
+    holder.insert("v", value);  // a bare word: a string
+  }
+  // Walk the dotted key, creating tables on the way.
+  toml::table* t = &root;
+  size_t start = 0;
+  while (true) {
+    const size_t dot = key.find('.', start);
+    const std::string part = key.substr(start, dot == std::string::npos ? dot : dot - start);
+    POLLEN_CHECK(!part.empty(), "--set '", assignment, "': empty part in key '", key, "'");
+    if (dot == std::string::npos) {
+      t->insert_or_assign(part, *holder.get("v"));
+      return;
+    }
+    toml::node* n = t->get(part);
+    if (!n) {
+      t->insert(part, toml::table{});
+      n = t->get(part);
+    }
+    POLLEN_CHECK(n->is_table(), "--set '", assignment, "': '", key.substr(0, dot),
+                 "' is not a table");
+    t = n->as_table();
+    start = dot + 1;
+  }
+}
+
+}  // namespace
+
+TrainConfig parse_train_config(const std::string& text, const std::string& source,
+                               const std::vector<std::string>& overrides) {
+  std::string effective = text;
+  std::string name = source;
+  if (!overrides.empty()) {
+    toml::table root;
+    try {
+      root = toml::parse(text, source);
+    } catch (const toml::parse_error& e) {
+      fail("config file '", source, "': ", e.description(), " at line ", e.source().begin.line,
+           ", column ", e.source().begin.column);
+    }
+    for (const auto& o : overrides) apply_override(root, o);
+    std::ostringstream out;
+    out << root;
+    effective = out.str();
+    name = source + " with --set";
+  }
+  ConfigTable t = ConfigTable::parse(effective, name);
+  TrainConfig c;
+
+  auto run = t.table("run");
+  const std::string stem = std::filesystem::path(source).stem().string();
+  if (run) {
+    c.name = run->get_string("name", stem);
+    c.dir = run->get_string("dir", "runs/" + c.name);
+    const int64_t seed = run->get_int("seed", 0);
+    POLLEN_CHECK(seed >= 0, run->where("seed"), ": expected a non-negative integer");
+    c.seed = static_cast<uint64_t>(seed);
+    c.threads = static_cast<int>(run->get_int("threads", 0));
+    POLLEN_CHECK(c.threads >= 0, run->where("threads"), ": expected 0 (all) or more");
+    c.device = run->get_string("device", "cpu");
+    POLLEN_CHECK(c.device == "cpu", run->where("device"), ": expected \"cpu\" (the only ",
+                 "training device so far), got \"", c.device, "\"");
+    c.precision = run->get_string("precision", "f32");
+    POLLEN_CHECK(c.precision == "f32", run->where("precision"), ": expected \"f32\" (the ",
+                 "only training precision so far), got \"", c.precision, "\"");
+    run->finish();
+  } else {
+    c.name = stem;
+    c.dir = "runs/" + stem;
+  }
+
+  auto model = t.table("model");
+  POLLEN_CHECK(model.has_value(), "config file '", name, "': missing [model] (preset or file)");
+  if (model->has("file")) {
+    const std::string file = model->get_string("file", "");
+    model->finish();
+    c.model = model::load_config(file);
+  } else {
+    c.model = model::read_config(*model);
+  }
+
+  auto data = t.table("data");
+  POLLEN_CHECK(data.has_value(), "config file '", name, "': missing [data] (manifests)");
+  c.manifests = data->get_strings("manifests");
+  POLLEN_CHECK(!c.manifests.empty(), data->where("manifests"),
+               ": missing; expected an array of manifest.json paths");
+  c.weights = data->get_doubles("weights");
+  if (c.weights.empty()) c.weights.assign(c.manifests.size(), 1.0);
+  POLLEN_CHECK(c.weights.size() == c.manifests.size(), data->where("weights"), ": ",
+               c.weights.size(), " weights for ", c.manifests.size(), " manifests");
+  for (double w : c.weights)
+    POLLEN_CHECK(w > 0, data->where("weights"), ": weights must be positive");
+  c.train_split = data->get_string("train_split", "train");
+  c.validation_split = data->get_string("validation_split", "validation");
+  c.validation_manifests = data->get_strings("validation_manifests");
+  if (c.validation_manifests.empty()) c.validation_manifests = c.manifests;
+  data->finish();
+
+  auto train = t.table("train");
+  POLLEN_CHECK(train.has_value(), "config file '", name, "': missing [train] (steps)");
+  c.steps = train->require_int("steps");
+  POLLEN_CHECK(c.steps > 0, train->where("steps"), ": expected a positive integer");
+  c.micro_batch = train->get_int("micro_batch", 8);
+  POLLEN_CHECK(c.micro_batch > 0, train->where("micro_batch"), ": expected a positive integer");
+  c.seq = train->get_int("seq", 128);
+  POLLEN_CHECK(c.seq > 0 && c.seq <= c.model.max_position_embeddings, train->where("seq"),
+               ": expected 1 to max_position_embeddings (", c.model.max_position_embeddings, ")");
+  c.batch_tokens = train->get_int("batch_tokens", c.micro_batch * c.seq);
+  POLLEN_CHECK(c.batch_tokens > 0 && c.batch_tokens % (c.micro_batch * c.seq) == 0,
+               train->where("batch_tokens"), ": expected a positive multiple of micro_batch * ",
+               "seq (", c.micro_batch * c.seq, "), got ", c.batch_tokens);
+  c.grad_clip = train->get_double("grad_clip", 1.0);
+  POLLEN_CHECK(c.grad_clip >= 0, train->where("grad_clip"), ": expected 0 (off) or more");
+  c.max_bad_steps = train->get_int("max_bad_steps", 5);
+  POLLEN_CHECK(c.max_bad_steps > 0, train->where("max_bad_steps"), ": expected 1 or more");
+  c.recompute = train->get_bool("recompute", false);
+  train->finish();
+
+  if (auto o = t.table("optimizer")) {
+    c.lr = o->get_double("lr", c.lr);
+    c.beta1 = o->get_double("beta1", c.beta1);
+    c.beta2 = o->get_double("beta2", c.beta2);
+    c.eps = o->get_double("eps", c.eps);
+    c.weight_decay = o->get_double("weight_decay", c.weight_decay);
+    if (o->has("no_decay")) c.no_decay = o->get_strings("no_decay");
+    for (const auto& g : c.no_decay)
+      POLLEN_CHECK(g == "norms" || g == "biases" || g == "embeddings", o->where("no_decay"),
+                   ": unknown group '", g, "'; expected norms, biases or embeddings");
+    POLLEN_CHECK(c.lr > 0, o->where("lr"), ": expected a positive number");
+    POLLEN_CHECK(c.beta1 >= 0 && c.beta1 < 1, o->where("beta1"), ": expected [0, 1)");
+    POLLEN_CHECK(c.beta2 >= 0 && c.beta2 < 1, o->where("beta2"), ": expected [0, 1)");
+    POLLEN_CHECK(c.eps > 0, o->where("eps"), ": expected a positive number");
+    POLLEN_CHECK(c.weight_decay >= 0, o->where("weight_decay"), ": expected 0 or more");
+    o->finish();
+  }
+
+  c.schedule.lr = c.lr;
+  c.schedule.total_steps = c.steps;
+  c.schedule.min_lr = 0;
+  if (auto s = t.table("schedule")) {
+    c.schedule.kind = optim::parse_schedule_kind(s->get_string("kind", "cosine"));
+    c.schedule.warmup_steps = s->get_int("warmup_steps", 0);
+    POLLEN_CHECK(c.schedule.warmup_steps >= 0, s->where("warmup_steps"), ": expected 0 or more");
+    c.schedule.min_lr = s->get_double("min_lr", 0.0);
+    POLLEN_CHECK(c.schedule.min_lr >= 0 && c.schedule.min_lr <= c.lr, s->where("min_lr"),
+                 ": expected 0 to optimizer.lr (", c.lr, ")");
+    c.schedule.decay_fraction = s->get_double("decay_fraction", 0.2);
+    POLLEN_CHECK(c.schedule.decay_fraction >= 0 && c.schedule.decay_fraction <= 1,
+                 s->where("decay_fraction"), ": expected 0 to 1");
+    s->finish();
+  }
+
+  if (auto e = t.table("eval")) {
+    c.eval_interval = e->get_int("interval", 0);
+    c.eval_batches = e->get_int("batches", 8);
+    POLLEN_CHECK(c.eval_interval >= 0, e->where("interval"), ": expected 0 (end only) or more");
+    POLLEN_CHECK(c.eval_batches >= 0, e->where("batches"), ": expected 0 (off) or more");
+    e->finish();
+  }
+  if (auto k = t.table("checkpoint")) {
+    c.checkpoint_interval = k->get_int("interval", 0);
+    c.keep_checkpoints = static_cast<int>(k->get_int("keep", 3));
+    POLLEN_CHECK(c.checkpoint_interval >= 0, k->where("interval"),
+                 ": expected 0 (end only) or more");
+    POLLEN_CHECK(c.keep_checkpoints >= 0, k->where("keep"), ": expected 0 (all) or more");
+    k->finish();
+  }
+  if (auto m = t.table("metrics")) {
+    c.tensorboard = m->get_bool("tensorboard", true);
+    c.log_interval = m->get_int("log_interval", 10);
+    POLLEN_CHECK(c.log_interval > 0, m->where("log_interval"), ": expected 1 or more");
+    c.peak_flops = m->get_double("peak_flops", 0.0);
+    POLLEN_CHECK(c.peak_flops >= 0, m->where("peak_flops"), ": expected 0 (measure) or more");
+    m->finish();
+  }
+  t.finish();
+  return c;
+}
+
+TrainConfig load_train_config(const std::filesystem::path& path,
+                              const std::vector<std::string>& overrides) {
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const Error& e) {
+    fail("cannot read config file '", path.string(), "': ", e.what());
+  }
+  return parse_train_config(text, path.string(), overrides);
+}
+
+std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
+  std::vector<std::pair<std::string, std::string>> f;
+  auto i = [](int64_t v) { return std::to_string(v); };
+  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
+  f.emplace_back("run.name", toml_string(name));
+  f.emplace_back("run.dir", toml_string(dir.string()));
+  f.emplace_back("run.seed", i(static_cast<int64_t>(seed)));
+  f.emplace_back("run.threads", i(threads));
+  f.emplace_back("run.device", toml_string(device));
+  f.emplace_back("run.precision", toml_string(precision));
+  const auto& m = model;
+  f.emplace_back("model.name", toml_string(m.name));
+  f.emplace_back("model.vocab_size", i(m.vocab_size));
+  f.emplace_back("model.hidden_size", i(m.hidden_size));
+  f.emplace_back("model.intermediate_size", i(m.intermediate_size));
+  f.emplace_back("model.num_hidden_layers", i(m.num_hidden_layers));
+  f.emplace_back("model.num_attention_heads", i(m.num_attention_heads));
+  f.emplace_back("model.num_key_value_heads", i(m.num_key_value_heads));
+  f.emplace_back("model.head_dim", i(m.head_dim));
+  f.emplace_back("model.max_position_embeddings", i(m.max_position_embeddings));
+  f.emplace_back("model.rope_theta", toml_double(m.rope_theta));
+  f.emplace_back("model.rms_norm_eps", toml_double(m.rms_norm_eps));
+  f.emplace_back("model.tie_word_embeddings", b(m.tie_word_embeddings));
+  f.emplace_back("model.attention_bias", b(m.attention_bias));
+  f.emplace_back("model.initializer_range", toml_double(m.initializer_range));
+  f.emplace_back("data.manifests", toml_strings(manifests));
+  f.emplace_back("data.weights", toml_doubles(weights));
+  f.emplace_back("data.train_split", toml_string(train_split));
+  f.emplace_back("data.validation_split", toml_string(validation_split));
+  f.emplace_back("data.validation_manifests", toml_strings(validation_manifests));
+  f.emplace_back("train.steps", i(steps));
+  f.emplace_back("train.batch_tokens", i(batch_tokens));
+  f.emplace_back("train.micro_batch", i(micro_batch));
+  f.emplace_back("train.seq", i(seq));
+  f.emplace_back("train.grad_clip", toml_double(grad_clip));
+  f.emplace_back("train.max_bad_steps", i(max_bad_steps));
+  f.emplace_back("train.recompute", b(recompute));
+  f.emplace_back("optimizer.lr", toml_double(lr));
+  f.emplace_back("optimizer.beta1", toml_double(beta1));
+  f.emplace_back("optimizer.beta2", toml_double(beta2));
+  f.emplace_back("optimizer.eps", toml_double(eps));
+  f.emplace_back("optimizer.weight_decay", toml_double(weight_decay));
+  f.emplace_back("optimizer.no_decay", toml_strings(no_decay));
+  f.emplace_back("schedule.kind", toml_string(optim::schedule_kind_name(schedule.kind)));
+  f.emplace_back("schedule.warmup_steps", i(schedule.warmup_steps));
+  f.emplace_back("schedule.min_lr", toml_double(schedule.min_lr));
+  f.emplace_back("schedule.decay_fraction", toml_double(schedule.decay_fraction));
+  f.emplace_back("eval.interval", i(eval_interval));
+  f.emplace_back("eval.batches", i(eval_batches));
+  f.emplace_back("checkpoint.interval", i(checkpoint_interval));
+  f.emplace_back("checkpoint.keep", i(keep_checkpoints));
+  f.emplace_back("metrics.tensorboard", b(tensorboard));
+  f.emplace_back("metrics.log_interval", i(log_interval));
+  f.emplace_back("metrics.peak_flops", toml_double(peak_flops));
+  return f;
+}
+
+std::string TrainConfig::to_toml() const {
+  std::string out = "# Resolved by pollen train: every key with the value the run used.\n";
+  std::string section;
+  for (const auto& [key, value] : flat()) {
+    const auto dot = key.find('.');
+    const std::string s = key.substr(0, dot);
+    if (s != section) {
+      out += (section.empty() ? "\n[" : "\n[") + s + "]\n";
+      section = s;
+    }
+    out += key.substr(dot + 1) + " = " + value + "\n";
+  }
+  return out;
+}
+
+bool key_may_change_on_resume(const std::string& key) {
+  return key == "run.name" || key == "run.dir" || key == "run.threads" || key == "train.steps" ||
+         key == "train.max_bad_steps" || key.starts_with("eval.") ||
+         key.starts_with("checkpoint.") || key.starts_with("metrics.");
+}
+
+std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const TrainConfig& now) {
+  const auto flat_old = saved.flat();
+  const std::map<std::string, std::string> old(flat_old.begin(), flat_old.end());
+  std::vector<std::string> warnings;
+  std::string refused;
+  for (const auto& [key, value] : now.flat()) {
+    const auto it = old.find(key);
+    if (it == old.end() || it->second == value) continue;
+    const std::string change = cat(key, " (", it->second, " -> ", value, ")");
+    if (!key_may_change_on_resume(key)) {
+      refused += (refused.empty() ? "" : ", ") + change;
+    } else if (key == "train.steps") {
+      warnings.push_back(cat(change, ": the schedule now ends at the new step count, so the ",
+                             "learning rate differs from the checkpointed run's from here on"));
+    } else if (key == "run.threads") {
+      warnings.push_back(cat(change, ": a different thread count gives results that agree to ",
+                             "rounding, not bitwise"));
+    }
+  }
+  POLLEN_CHECK(refused.empty(), "cannot resume: these keys differ from the checkpoint's config ",
+               "and may not change in a resumed run: ", refused,
+               " (see docs/training.md, 'Resuming')");
+  return warnings;
+}
+
+}  // namespace pollen::train

@@ -1,0 +1,72 @@
+#pragma once
+// The run file of `pollen train`: one TOML file describes a run (model, data, optimizer,
+// schedule, batch, evaluation, checkpoints, metrics). docs/training.md documents every key.
+// Unknown keys and wrong types are errors naming the file and the key.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model/config.h"
+#include "optim/schedule.h"
+
+namespace pollen::train {
+
+struct TrainConfig {
+  // [run]
+  std::string name;
+  std::filesystem::path dir;  // where checkpoints/, metrics.jsonl, tensorboard/ go
+  uint64_t seed = 0;
+  int threads = 0;  // 0: every hardware thread
+  std::string device = "cpu", precision = "f32";
+  // [model]
+  model::LlamaConfig model;
+  // [data]
+  std::vector<std::string> manifests;
+  std::vector<double> weights;
+  std::string train_split = "train", validation_split = "validation";
+  std::vector<std::string> validation_manifests;  // default: manifests
+  // [train]
+  int64_t steps = 0;
+  int64_t batch_tokens = 0;  // global batch in tokens; a multiple of micro_batch * seq
+  int64_t micro_batch = 8, seq = 128;
+  double grad_clip = 1.0;
+  int64_t max_bad_steps = 5;  // non-finite losses in a row before the run stops
+  bool recompute = false;
+  // [optimizer]
+  double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  std::vector<std::string> no_decay = {"norms", "biases", "embeddings"};
+  // [schedule]
+  optim::Schedule schedule;  // lr and total_steps come from optimizer.lr and train.steps
+  // [eval]
+  int64_t eval_interval = 0, eval_batches = 8;
+  // [checkpoint]
+  int64_t checkpoint_interval = 0;
+  int keep_checkpoints = 3;
+  // [metrics]
+  bool tensorboard = true;
+  int64_t log_interval = 10;
+  double peak_flops = 0;  // FLOP/s for MFU; 0: measure this machine's GEMM rate at start
+
+  int64_t accumulation() const { return batch_tokens / (micro_batch * seq); }
+
+  // Every key with its resolved value, in file order ("train.steps", "1000"), values as TOML.
+  std::vector<std::pair<std::string, std::string>> flat() const;
+  std::string to_toml() const;  // the resolved config, loadable by load_train_config
+};
+
+// Reads a run file, applying `overrides` ("key=value", the value in TOML syntax; a bare word
+// is taken as a string) first.
+TrainConfig load_train_config(const std::filesystem::path& path,
+                              const std::vector<std::string>& overrides = {});
+TrainConfig parse_train_config(const std::string& text, const std::string& source,
+                               const std::vector<std::string>& overrides = {});
+
+// Keys that may differ between a checkpoint's config and the resumed run's.
+bool key_may_change_on_resume(const std::string& key);
+// Throws listing every key that differs and may not change; returns warnings for those that
+// may change but alter the run (train.steps moves the schedule's end, run.threads the bits).
+std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const TrainConfig& now);
+
+}  // namespace pollen::train

@@ -1,0 +1,513 @@
+// The wire's checks, agreement, TLS, and federated runs: simulation, dropped clients, resume,
+// one client matching local training, and simulated == deployed (loopback processes) bitwise.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "base/files.h"
+#include "base/log.h"
+#include "base/thread_pool.h"
+#include "data/shards.h"
+#include "fed/client.h"
+#include "fed/coordinator.h"
+#include "fed/grpc.h"
+#include "fed/run.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+using namespace pollen::fed;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p =
+      fs::temp_directory_path() / ("pollen_fed_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+model::LlamaConfig tiny_model() {
+  model::LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  c.validate();
+  return c;
+}
+
+// A silo's data: documents counting up by `stride` modulo 60 from varying starts, so each silo
+// has its own learnable pattern.
+fs::path make_silo(const fs::path& dir, int stride) {
+  fs::create_directories(dir);
+  std::vector<data::ShardInfo> shards;
+  for (const char* split : {"train", "validation"}) {
+    data::ShardWriter w(dir, "silo", split, data::TokenDType::u16, 1 << 20);
+    const int docs = std::string(split) == "train" ? 300 : 40;
+    for (int d = 0; d < docs; ++d) {
+      std::vector<uint32_t> ids(24);
+      for (size_t p = 0; p < ids.size(); ++p) {
+        ids[p] = static_cast<uint32_t>(1 + (d * 7 + static_cast<int>(p) * stride) % 60);
+      }
+      w.add_document(ids);
+    }
+    auto s = w.finish();
+    shards.insert(shards.end(), s.begin(), s.end());
+  }
+  nlohmann::json m{{"format", "pollen-shards-v1"}, {"token_dtype", "u16"}, {"vocab_size", 64}};
+  m["shards"] = nlohmann::json::array();
+  for (const auto& s : shards) m["shards"].push_back(s.to_json());
+  write_file_atomic(dir / "manifest.json", data::manifest_text(m));
+  return dir / "manifest.json";
+}
+
+LocalTrainConfig local_train() {
+  LocalTrainConfig t;
+  t.micro_batch = 4;
+  t.seq = 16;
+  t.lr = 3e-3;
+  t.weight_decay = 0;
+  t.eval_batches = 2;
+  return t;
+}
+
+SimConfig sim_config(const fs::path& dir, const std::vector<fs::path>& manifests,
+                     const std::string& strategy, int64_t rounds, int64_t local_steps) {
+  SimConfig c;
+  c.threads = 1;
+  c.server.dir = dir / "server";
+  c.server.seed = 5;
+  c.server.model = tiny_model();
+  c.server.tokenizer_fingerprint = "test-tokenizer";
+  c.server.rounds = rounds;
+  c.server.local_steps = local_steps;
+  c.server.strategy.name = strategy;
+  for (size_t i = 0; i < manifests.size(); ++i) {
+    ClientConfig cc;
+    cc.id = "silo-" + std::to_string(i);
+    cc.seed = 100 + i;
+    cc.threads = 1;
+    cc.model = c.server.model;
+    cc.tokenizer_fingerprint = c.server.tokenizer_fingerprint;
+    cc.manifests = {manifests[i].string()};
+    cc.train = local_train();
+    c.clients.push_back(cc);
+  }
+  return c;
+}
+
+Weights read_model(const fs::path& ckpt) {
+  Weights w;
+  for (auto& [n, t] : io::read_safetensors(ckpt / "model.safetensors").tensors) w.push_back(t);
+  return w;
+}
+
+bool bitwise_equal(const Weights& a, const Weights& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].shape() != b[i].shape() || std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+struct Quiet {
+  Quiet() { log::set_level(log::Level::error); }
+  ~Quiet() { log::set_level(log::Level::info); }
+};
+
+}  // namespace
+
+// ---- the wire ---------------------------------------------------------------------------------
+
+TEST(Wire, HeaderChecksNamesShapesSizesAndCodec) {
+  ParamSpecs specs{{"a", {2, 3}}, {"b", {5}}};
+  Weights w{Tensor::zeros({2, 3}, DType::f32), Tensor::full({5}, 1.5, DType::f32)};
+  CompressOptions none, int8;
+  int8.codec = Codec::int8;
+  const auto enc = encode_weights(specs, w, none);
+  EXPECT_NO_THROW(validate_header(enc.header, specs, none, "t"));
+  auto expect_refused = [&](pb::TensorSetHeader h, const std::string& needle) {
+    try {
+      validate_header(h, specs, none, "t");
+      ADD_FAILURE() << "accepted; expected: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  auto h = enc.header;
+  h.mutable_tensors(0)->set_name("evil");
+  expect_refused(h, "expected 'a'");
+  h = enc.header;
+  h.mutable_tensors(1)->set_shape(0, 6);
+  expect_refused(h, "shape (6,)");
+  h = enc.header;
+  h.mutable_tensors(1)->set_bytes(1u << 31);
+  expect_refused(h, "needs 20");
+  h = enc.header;
+  h.set_codec("int8");
+  expect_refused(h, "codec 'int8'");
+  h = enc.header;
+  h.add_tensors()->set_name("extra");
+  expect_refused(h, "3 tensors");
+  EXPECT_THROW(validate_header(enc.header, specs, int8, "t"), Error);
+}
+
+TEST(Wire, ChunksAreOrderedBoundedAndChecksummed) {
+  ParamSpecs specs{{"x", {300000}}};
+  Weights w{Tensor::full({300000}, 0.25, DType::f32)};
+  CompressOptions none;
+  const auto enc = encode_weights(specs, w, none);
+  std::vector<pb::Chunk> chunks;
+  for_each_chunk(enc.bytes, 500000, [&](const pb::Chunk& c) { chunks.push_back(c); });
+  ASSERT_EQ(chunks.size(), 3u);
+  {
+    ChunkAssembler a(enc.header, "t");
+    for (const auto& c : chunks) a.add(c);
+    const auto bytes = a.finish();
+    const auto back = decode_set(enc.header, bytes, specs, "t");
+    EXPECT_TRUE(bitwise_equal(back, w));
+  }
+  {
+    ChunkAssembler a(enc.header, "t");
+    EXPECT_THROW(a.add(chunks[1]), Error);  // out of order
+  }
+  {
+    ChunkAssembler a(enc.header, "t");
+    a.add(chunks[0]);
+    EXPECT_THROW(a.finish(), Error);  // short
+  }
+  {
+    auto bad = chunks;
+    bad[2].mutable_data()->at(7) ^= 1;
+    ChunkAssembler a(enc.header, "t");
+    for (const auto& c : bad) a.add(c);
+    try {
+      a.finish();
+      FAIL();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("SHA-256"), std::string::npos);
+    }
+  }
+  {
+    pb::Chunk big;
+    big.set_offset(0);
+    big.set_data(std::string(kMaxChunkBytes + 1, 'x'));
+    ChunkAssembler a(enc.header, "t");
+    EXPECT_THROW(a.add(big), Error);
+  }
+}
+
+TEST(Wire, AgreementSaysWhatDiffers) {
+  auto m = tiny_model();
+  const std::string server = model_config_json(m);
+  pb::JoinRequest r;
+  r.set_protocol_version(kProtocolVersion);
+  r.set_model_config(server);
+  r.set_tokenizer_fingerprint("tok");
+  EXPECT_EQ(agreement_differences(r, kProtocolVersion, server, "tok"), "");
+  m.hidden_size = 64;
+  r.set_model_config(model_config_json(m));
+  r.set_tokenizer_fingerprint("other");
+  r.set_protocol_version(99);
+  const auto d = agreement_differences(r, kProtocolVersion, server, "tok");
+  EXPECT_NE(d.find("protocol version: server 1, client 99"), std::string::npos) << d;
+  EXPECT_NE(d.find("model.hidden_size: server 32, client 64"), std::string::npos) << d;
+  EXPECT_NE(d.find("tokenizer fingerprint"), std::string::npos) << d;
+  r.set_model_config("{not json");
+  EXPECT_NE(agreement_differences(r, kProtocolVersion, server, "tok").find("not valid JSON"),
+            std::string::npos);
+}
+
+// ---- federated runs in one process
+// ----------------------------------------------------------------
+
+TEST(Simulation, LossFallsAndMetricsAndLineageAreWritten) {
+  Quiet q;
+  const auto dir = temp_dir("sim");
+  auto cfg =
+      sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3), make_silo(dir / "c", 5)},
+                 "diloco", 4, 8);
+  cfg.server.compression.codec = Codec::int8;
+  const auto r = run_simulation(cfg, false);
+  EXPECT_EQ(r.rounds, 4);
+  const auto metrics = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 4u);
+  const double first = metrics.front()["eval_loss"], last_eval = metrics.back()["eval_loss"];
+  EXPECT_LT(last_eval, first - 0.3) << "evaluation loss of the global model did not fall";
+  double mean_final = 0;
+  for (double l : r.eval_loss) mean_final += l / static_cast<double>(r.eval_loss.size());
+  EXPECT_LT(mean_final, first - 0.5);
+  for (const auto& m : metrics) {
+    EXPECT_EQ(m["participants"].size(), 3u);
+    EXPECT_GT(m["bytes_received"].get<double>(), 0);
+    EXPECT_GT(m["bytes_sent"].get<double>(), 3.5 * m["bytes_received"].get<double>() / 3 * 0.9);
+  }
+  // lineage: every round, every client, its data's manifest hash, tokens
+  const auto lineage = read_jsonl(cfg.server.dir / "lineage.jsonl");
+  ASSERT_EQ(lineage.size(), 4u);
+  EXPECT_EQ(lineage[0]["clients"][1]["data_manifest_hash"],
+            data::dataset_version(cfg.clients[1].manifests[0]));
+  // scored tokens: 8 steps of 4 x 16 targets, less those at document starts (not scored)
+  EXPECT_GT(lineage[0]["clients"][1]["tokens"].get<int>(), 400);
+  EXPECT_LE(lineage[0]["clients"][1]["tokens"].get<int>(), 8 * 4 * 16);
+  const auto ckpts = io::list_checkpoints(cfg.server.dir / "checkpoints");
+  ASSERT_FALSE(ckpts.empty());
+  const auto state = nlohmann::json::parse(read_file(ckpts.back() / "state.json"));
+  EXPECT_EQ(state["round"], 4);
+  EXPECT_EQ(state["lineage"].size(), 4u);
+}
+
+TEST(Simulation, OneClientFedAvgIsLocalTraining) {
+  Quiet q;
+  const auto dir = temp_dir("one");
+  const auto silo = make_silo(dir / "a", 1);
+  auto cfg = sim_config(dir, {silo}, "fedavg", 3, 5);
+  const auto r = run_simulation(cfg, false);
+  // The same client trained 15 steps alone, from the server's initial model.
+  set_num_threads(1);
+  LocalTrainer alone(cfg.clients[0]);
+  model::Llama init(cfg.server.model, cfg.server.seed);
+  set_model_weights(alone.model(), model_weights(init));
+  alone.train(15);
+  const auto local = model_weights(alone.model());
+  double worst = 0;
+  for (size_t i = 0; i < local.size(); ++i) {
+    const float* a = local[i].data<float>();
+    const float* b = r.global[i].data<float>();
+    for (int64_t j = 0; j < local[i].numel(); ++j) {
+      worst = std::max(worst, static_cast<double>(std::fabs(a[j] - b[j])));
+    }
+  }
+  EXPECT_LT(worst, 1e-6) << "FedAvg (lr 1) of one client should be its local training";
+}
+
+TEST(Simulation, DroppedClientLeavesTheRoundToTheRest) {
+  Quiet q;
+  const auto dir = temp_dir("drop");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 2, 2);
+  set_num_threads(1);
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  Client a(cfg.clients[0], transport), b(cfg.clients[1], transport);
+  a.join();
+  b.join();
+  ASSERT_TRUE(server.begin_round());
+  EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);  // b never answers: killed mid-round
+  auto s = server.end_round();
+  EXPECT_TRUE(s.aggregated);
+  EXPECT_EQ(s.participants, std::vector<std::string>{"silo-0"});
+  EXPECT_EQ(s.dropped, std::vector<std::string>{"silo-1"});
+  // b comes back: its late update for round 1 is refused, and it trains in round 2.
+  ASSERT_TRUE(server.begin_round());
+  EXPECT_EQ(b.poll_once(), pb::TASK_TRAIN);
+  EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+  s = server.end_round();
+  EXPECT_EQ(s.participants.size(), 2u);
+  EXPECT_FALSE(server.begin_round());  // 2 rounds done
+  EXPECT_EQ(a.poll_once(), pb::TASK_DONE);
+}
+
+TEST(Simulation, MalformedPushesAreRefusedAndTheServerGoesOn) {
+  Quiet q;
+  const auto dir = temp_dir("bad");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 1, 1);
+  set_num_threads(1);
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  Client a(cfg.clients[0], transport);
+  a.join();
+  ASSERT_TRUE(server.begin_round());
+  auto push = [&](std::vector<pb::TensorStream> msgs) {
+    size_t i = 0;
+    return serve_push(server, "", [&](pb::TensorStream& m) {
+      if (i == msgs.size()) return false;
+      m = msgs[i++];
+      return true;
+    });
+  };
+  pb::TensorStream info, header, chunk;
+  info.mutable_update()->set_client_id("silo-0");
+  info.mutable_update()->set_round(1);
+  info.mutable_update()->set_tokens(10);
+  Weights zeros;
+  for (const auto& s : server.specs()) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
+  const auto enc = encode_weights(server.specs(), zeros, {});
+  *header.mutable_header() = enc.header;
+  EXPECT_THROW(push({header}), Error);      // no update info
+  EXPECT_THROW(push({info, info}), Error);  // no header
+  auto wrong_round = info;
+  wrong_round.mutable_update()->set_round(7);
+  EXPECT_THROW(push({wrong_round, header}), Error);
+  auto stranger = info;
+  stranger.mutable_update()->set_client_id("mallory");
+  EXPECT_THROW(push({stranger, header}), Error);
+  auto bad_id = info;
+  bad_id.mutable_update()->set_client_id("../../etc");
+  EXPECT_THROW(push({bad_id, header}), Error);
+  auto nan_loss = info;
+  nan_loss.mutable_update()->set_train_loss(NAN);
+  EXPECT_THROW(push({nan_loss, header}), Error);
+  chunk.mutable_chunk()->set_offset(0);
+  chunk.mutable_chunk()->set_data(enc.bytes.substr(0, 100));
+  EXPECT_THROW(push({info, header, chunk}), Error);  // short stream
+  // and a proper update is still taken
+  EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+  EXPECT_TRUE(server.round_complete());
+  EXPECT_TRUE(server.end_round().aggregated);
+}
+
+TEST(Simulation, ServerResumesAtTheLastRound) {
+  Quiet q;
+  const auto dir = temp_dir("resume");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedadam", 2, 2);
+  run_simulation(cfg, false);
+  EXPECT_THROW(run_simulation(cfg, false), Error);  // would overwrite the run
+  cfg.server.rounds = 4;
+  const auto r = run_simulation(cfg, true);
+  EXPECT_EQ(r.rounds, 4);
+  const auto metrics = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(metrics[static_cast<size_t>(i)]["round"], i + 1);
+  const auto state = nlohmann::json::parse(
+      read_file(io::list_checkpoints(cfg.server.dir / "checkpoints").back() / "state.json"));
+  EXPECT_EQ(state["lineage"].size(), 4u);
+}
+
+// ---- over gRPC
+// --------------------------------------------------------------------------------------
+
+TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
+  Quiet q;
+  const auto dir = temp_dir("tls");
+  make_dev_certs(dir / "certs", {"alice", "bob"}, {"localhost", "127.0.0.1"}, 1);
+  make_dev_certs(dir / "other", {"alice"}, {"localhost"}, 1);  // another CA
+  revoke_client_cert(dir / "certs", "bob");
+  ServerConfig sc = sim_config(dir, {}, "fedavg", 1, 1).server;
+  sc.tls = {(dir / "certs/ca.pem").string(), (dir / "certs/server.pem").string(),
+            (dir / "certs/server.key").string(), (dir / "certs/crl.pem").string(), ""};
+  Coordinator coordinator(sc, false);
+  GrpcServer server(coordinator, "127.0.0.1:0", sc.tls);
+  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  auto join = [&](const fs::path& certs, const std::string& cert_id, const std::string& claim) {
+    TlsFiles t{(dir / "certs/ca.pem").string(), (certs / ("client-" + cert_id + ".pem")).string(),
+               (certs / ("client-" + cert_id + ".key")).string(), "", ""};
+    GrpcTransport tr(address, t, 3);
+    pb::JoinRequest r;
+    r.set_protocol_version(kProtocolVersion);
+    r.set_client_id(claim);
+    r.set_model_config(model_config_json(tiny_model()));
+    r.set_tokenizer_fingerprint("test-tokenizer");
+    return tr.join(r);
+  };
+  EXPECT_TRUE(join(dir / "certs", "alice", "alice").accepted());
+  // claiming another id than the certificate's name
+  const auto spoof = join(dir / "certs", "alice", "carol");
+  EXPECT_FALSE(spoof.accepted());
+  EXPECT_NE(spoof.reason().find("common name"), std::string::npos) << spoof.reason();
+  // a revoked certificate
+  try {
+    join(dir / "certs", "bob", "bob");
+    ADD_FAILURE() << "revoked certificate accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("revoked"), std::string::npos) << e.what();
+  }
+  // a certificate from another CA: the handshake fails
+  EXPECT_THROW(join(dir / "other", "alice", "alice"), Error);
+  // no client certificate at all
+  {
+    TlsFiles t{(dir / "certs/ca.pem").string(), (dir / "certs/server.pem").string(),
+               (dir / "certs/server.key").string(), "", ""};
+    GrpcTransport tr(address, t, 3);  // a certificate not meant for clients, wrong name
+    pb::JoinRequest r;
+    r.set_protocol_version(kProtocolVersion);
+    r.set_client_id("alice");
+    pb::JoinReply reply;
+    try {
+      reply = tr.join(r);
+    } catch (const Error&) {
+    }
+    EXPECT_FALSE(reply.accepted());
+  }
+  server.shutdown();
+}
+
+TEST(Grpc, SimulatedEqualsDeployedBitwise) {
+  const auto dir = temp_dir("deployed");
+  const auto a = make_silo(dir / "a", 1), b = make_silo(dir / "b", 3);
+  {
+    Quiet q;
+    auto cfg = sim_config(dir / "sim", {a, b}, "diloco", 2, 3);
+    cfg.server.compression.codec = Codec::int4;
+    run_simulation(cfg, false);
+  }
+  // The same run as three processes on loopback: pollen fed server and two pollen fed clients.
+  const std::string model =
+      "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
+      "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
+      "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n";
+  const int port = 20000 + static_cast<int>(::getpid() % 20000);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  write_file_atomic(dir / "fed.toml",
+                    cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
+                        "'\nseed = 5\nrounds = 2\nlocal_steps = 3\nround_timeout_s = 120\n"
+                        "wait_for_clients_s = 60\n[strategy]\nname = 'diloco'\nmin_clients = 2\n"
+                        "[compression]\ncodec = 'int4'\n",
+                        model));
+  const std::string train =
+      "[train]\nmicro_batch = 4\nseq = 16\nlr = 3e-3\nweight_decay = 0\neval_batches = 2\n";
+  for (int i = 0; i < 2; ++i) {
+    write_file_atomic(dir / cat("client", i, ".toml"),
+                      cat("[client]\nid = 'silo-", i, "'\nserver = '", address,
+                          "'\nseed = ", 100 + i, "\nthreads = 1\n[data]\nmanifests = ['",
+                          (i == 0 ? a : b).string(), "']\n", train, model));
+  }
+  std::vector<pid_t> pids;
+  auto spawn = [&](const std::string& sub, const fs::path& config) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const std::string log = (dir / (config.stem().string() + ".log")).string();
+      freopen(log.c_str(), "w", stderr);
+      execl(POLLEN_BINARY, POLLEN_BINARY, "fed", sub.c_str(), "--config", config.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  };
+  spawn("server", dir / "fed.toml");
+  spawn("client", dir / "client0.toml");
+  spawn("client", dir / "client1.toml");
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "a process failed; see " << dir.string() << "/*.log";
+  }
+  const auto sim = io::list_checkpoints(dir / "sim/server/checkpoints");
+  const auto dep = io::list_checkpoints(dir / "dep/checkpoints");
+  ASSERT_FALSE(sim.empty());
+  ASSERT_FALSE(dep.empty());
+  EXPECT_EQ(io::checkpoint_step(dep.back()), 2);
+  EXPECT_TRUE(bitwise_equal(read_model(sim.back()), read_model(dep.back())))
+      << "the deployed run's global model differs from the simulation's";
+}

@@ -1,0 +1,160 @@
+// safetensors round trips and malformed headers; checkpoints written atomically with a checksum
+// manifest, verified, skipped when corrupt, and pruned.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/files.h"
+#include "base/hash.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("pollen_io_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string with_header(const std::string& header, const std::string& payload) {
+  std::string out(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(out.data(), &n, 8);
+  return out + header + payload;
+}
+
+std::string parse_error(const std::string& bytes) {
+  try {
+    io::parse_safetensors(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size(), "x.st");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Safetensors, RoundTripsEveryDtype) {
+  const fs::path d = temp_dir("st");
+  io::NamedTensors in;
+  in.emplace_back("w", Tensor::from<float>({2, 3}, {1, 2, 3, 4, 5, -6.5f}));
+  in.emplace_back("d", Tensor::from<double>({2}, {1e-300, 3}));
+  in.emplace_back("i", Tensor::from<int32_t>({3}, {-1, 0, 7}));
+  in.emplace_back("empty", Tensor::zeros({0, 4}, DType::f32));
+  in.emplace_back("scalar", Tensor::from<float>({}, {42}));
+  const auto stats = io::write_safetensors(d / "a.safetensors", in, {{"step", "7"}});
+  EXPECT_EQ(stats.sha256, sha256_file(d / "a.safetensors"));
+  EXPECT_EQ(stats.bytes, fs::file_size(d / "a.safetensors"));
+  // The data starts 8-byte aligned, as the reference library writes it.
+  const std::string raw = read_file(d / "a.safetensors");
+  uint64_t n;
+  std::memcpy(&n, raw.data(), 8);
+  EXPECT_EQ(n % 8, 0u);
+  EXPECT_EQ(nlohmann::json::parse(raw.substr(8, n))["w"]["dtype"], "F32");
+
+  const auto out = io::read_safetensors(d / "a.safetensors");
+  EXPECT_EQ(out.metadata.at("step"), "7");
+  ASSERT_EQ(out.tensors.size(), in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(out.tensors[i].first, in[i].first);
+    EXPECT_EQ(out.tensors[i].second.shape(), in[i].second.shape());
+    EXPECT_EQ(out.tensors[i].second.dtype(), in[i].second.dtype());
+    EXPECT_EQ(std::memcmp(out.tensors[i].second.raw(), in[i].second.raw(), in[i].second.nbytes()),
+              0);
+  }
+  fs::remove_all(d);
+}
+
+TEST(Safetensors, RejectsMalformedHeadersClearly) {
+  const std::string f4 = std::string(8, '\0');  // two floats
+  EXPECT_NE(parse_error("abc").find("too short"), std::string::npos);
+  EXPECT_NE(parse_error(with_header("{", "")).find("not valid JSON"), std::string::npos);
+  std::string huge(8, '\xff');
+  EXPECT_NE(parse_error(huge).find("runs past the end"), std::string::npos);
+  EXPECT_NE(parse_error(with_header("[]", "")).find("JSON object"), std::string::npos);
+  EXPECT_NE(parse_error(with_header(R"({"a":{"dtype":"Q8","shape":[2],"data_offsets":[0,8]}})", f4))
+                .find("dtype 'Q8'"),
+            std::string::npos);
+  EXPECT_NE(
+      parse_error(with_header(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", f4))
+          .find("needs 12"),
+      std::string::npos);
+  EXPECT_NE(
+      parse_error(with_header(R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", f4))
+          .find("fall outside"),
+      std::string::npos);
+  EXPECT_NE(parse_error(with_header(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                    R"("b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                                    f4))
+                .find("overlap or hole"),
+            std::string::npos);
+  EXPECT_NE(
+      parse_error(with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", f4))
+          .find("belong to none"),
+      std::string::npos);
+  EXPECT_NE(
+      parse_error(with_header(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", f4))
+          .find("non-negative"),
+      std::string::npos);
+  EXPECT_NE(parse_error(with_header(R"({"a":{"dtype":"F32","shape":[2]}})", f4))
+                .find("tensor 'a': data_offsets missing"),
+            std::string::npos);
+  // Errors name the file.
+  EXPECT_NE(parse_error("abc").find("'x.st'"), std::string::npos);
+}
+
+TEST(Checkpoint, CommitVerifyCorruptSkipAndRetain) {
+  const fs::path root = temp_dir("ckpt");
+  auto write = [&](int64_t step) {
+    io::CheckpointWriter w(root, step);
+    w.add_tensors("model.safetensors",
+                  {{"w", Tensor::full({4, 4}, static_cast<double>(step), DType::f32)}});
+    w.add_text("state.json", "{\"step\": " + std::to_string(step) + "}");
+    return w.commit();
+  };
+  const fs::path c1 = write(1), c2 = write(2), c3 = write(3);
+  EXPECT_EQ(c3.filename(), "step-00000003");
+  EXPECT_FALSE(io::verify_checkpoint(c3).has_value());
+  EXPECT_EQ(io::checkpoint_step(c3), 3);
+  const auto manifest = nlohmann::json::parse(read_file(c3 / "manifest.json"));
+  EXPECT_EQ(manifest["files"]["state.json"]["sha256"], sha256_file(c3 / "state.json"));
+
+  // Flip one byte of the newest weights: resume skips it, naming the file.
+  {
+    std::fstream f(c3 / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x7f');
+  }
+  // Truncate the second newest's state, and leave a half-written temp folder behind.
+  fs::resize_file(c2 / "state.json", 3);
+  fs::create_directories(root / ".tmp-step-00000004.999999");
+  std::ofstream(root / ".tmp-step-00000004.999999" / "model.safetensors") << "partial";
+  const auto choice = io::choose_resume_checkpoint(root);
+  ASSERT_TRUE(choice.dir.has_value());
+  EXPECT_EQ(*choice.dir, c1);
+  ASSERT_EQ(choice.skipped.size(), 2u);
+  EXPECT_EQ(choice.skipped[0].first, c3);
+  EXPECT_NE(choice.skipped[0].second.find("model.safetensors has SHA-256"), std::string::npos);
+  EXPECT_NE(choice.skipped[1].second.find("state.json holds 3 bytes"), std::string::npos);
+
+  // A corrupt folder of the same step is replaced by a new commit.
+  write(3);
+  EXPECT_FALSE(io::verify_checkpoint(c3).has_value());
+  fs::remove(c1 / "manifest.json");
+  EXPECT_EQ(*io::verify_checkpoint(c1), "manifest.json is missing");
+
+  write(5);
+  const auto removed = io::apply_retention(root, 2);
+  EXPECT_EQ(io::list_checkpoints(root), (std::vector<fs::path>{c3, root / "step-00000005"}));
+  EXPECT_FALSE(fs::exists(root / ".tmp-step-00000004.999999"));
+  EXPECT_EQ(removed.size(), 3u);
+  fs::remove_all(root);
+}

@@ -1,0 +1,156 @@
+// Metrics sinks: CRC-32C test vectors, TFRecord framing, files reopened at a saved position, and
+// TensorBoard's own event reader reading back the scalars we wrote.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "obs/metrics.h"
+#include "obs/progress.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("pollen_obs_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+std::string run_capture(const std::string& cmd, int* status) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  *status = WEXITSTATUS(pclose(p));
+  return out;
+}
+
+}  // namespace
+
+TEST(Crc32c, KnownVectors) {
+  // RFC 3720 (iSCSI) appendix B.4 and the usual check value.
+  EXPECT_EQ(obs::crc32c("123456789", 9), 0xe3069283u);
+  std::array<uint8_t, 32> zeros{}, ones{}, inc{}, dec{};
+  ones.fill(0xff);
+  for (int i = 0; i < 32; ++i) {
+    inc[i] = static_cast<uint8_t>(i);
+    dec[i] = static_cast<uint8_t>(31 - i);
+  }
+  EXPECT_EQ(obs::crc32c(zeros.data(), 32), 0x8a9136aau);
+  EXPECT_EQ(obs::crc32c(ones.data(), 32), 0x62a8ab43u);
+  EXPECT_EQ(obs::crc32c(inc.data(), 32), 0x46dd794eu);
+  EXPECT_EQ(obs::crc32c(dec.data(), 32), 0x113fdb5cu);
+  EXPECT_EQ(obs::crc32c("", 0), 0u);
+  // Continuing a CRC over a split buffer equals one pass.
+  EXPECT_EQ(obs::crc32c("6789", 4, obs::crc32c("12345", 5)), 0xe3069283u);
+}
+
+TEST(TfRecord, Framing) {
+  const std::string data = "hello";
+  const std::string r = obs::tfrecord(data);
+  ASSERT_EQ(r.size(), 8 + 4 + data.size() + 4);
+  uint64_t len;
+  std::memcpy(&len, r.data(), 8);
+  EXPECT_EQ(len, 5u);
+  uint32_t len_crc, data_crc;
+  std::memcpy(&len_crc, r.data() + 8, 4);
+  std::memcpy(&data_crc, r.data() + 17, 4);
+  EXPECT_EQ(len_crc, obs::masked_crc32c(r.data(), 8));
+  EXPECT_EQ(data_crc, obs::masked_crc32c("hello", 5));
+  EXPECT_EQ(r.substr(12, 5), "hello");
+  // Masking as TensorFlow defines it.
+  const uint32_t c = obs::crc32c("hello", 5);
+  EXPECT_EQ(obs::masked_crc32c("hello", 5), ((c >> 15) | (c << 17)) + 0xa282ead8u);
+}
+
+TEST(AppendFile, ResumeCutsTheTail) {
+  const fs::path d = temp_dir("append");
+  uint64_t saved = 0;
+  {
+    obs::JsonlWriter w(d / "m.jsonl");
+    w.write({{"step", 1}});
+    w.write({{"step", 2}});
+    w.file().sync();
+    saved = w.file().position();
+    w.write({{"step", 3}});  // written after the checkpoint: must go
+  }
+  {
+    obs::JsonlWriter w(d / "m.jsonl", saved);
+    EXPECT_EQ(w.file().position(), saved);
+    w.write({{"step", 3}});
+  }
+  EXPECT_EQ(read_file(d / "m.jsonl"), "{\"step\":1}\n{\"step\":2}\n{\"step\":3}\n");
+  EXPECT_THROW(obs::JsonlWriter(d / "m.jsonl", 1000), pollen::Error);
+  fs::remove_all(d);
+}
+
+TEST(Progress, FormatsDurations) {
+  EXPECT_EQ(obs::format_duration(12.4), "12s");
+  EXPECT_EQ(obs::format_duration(185), "3m05s");
+  EXPECT_EQ(obs::format_duration(3725), "1h02m");
+  EXPECT_EQ(obs::format_duration(NAN), "?");
+}
+
+TEST(TensorBoard, OwnReaderReadsOurScalars) {
+  const std::string python = POLLEN_PEERS_PYTHON;
+  int status = 0;
+  if (!fs::exists(python)) GTEST_SKIP() << "no peers venv at " << python << " (scripts/test-peers)";
+  run_capture(python + " -c 'import tensorboard'", &status);
+  if (status != 0) GTEST_SKIP() << "tensorboard is not installed in the peers venv";
+
+  const fs::path d = temp_dir("tb");
+  fs::path file;
+  uint64_t saved = 0;
+  {
+    auto w = obs::EventFileWriter::create(d);
+    file = w.file().path();
+    for (int step = 1; step <= 3; ++step) {
+      w.add_scalar("train/loss", 10.0 / step, step, 1700000000.0 + step);
+      w.add_scalar("train/lr", 1e-3 * step, step, 1700000000.0 + step);
+    }
+    w.file().sync();
+    saved = w.file().position();
+    w.add_scalar("train/loss", 99.0, 4, 1700000004.0);  // lost to the "crash"
+  }
+  {
+    auto w = obs::EventFileWriter::resume(file, saved);
+    w.add_scalar("train/loss", 2.5, 4, 1700000004.0);
+    w.add_scalar("val/loss", 3.25, 4, 1700000004.0);
+    w.file().sync();
+  }
+  // tensorboard's record reader checks both CRCs of every record; the accumulator parses the
+  // Event protos and turns simple_value summaries into scalars.
+  const std::string script = R"PY(
+import sys
+from tensorboard.backend.event_processing import event_file_loader
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+n = sum(1 for _ in event_file_loader.RawEventFileLoader(sys.argv[1]).Load())
+acc = EventAccumulator(sys.argv[2], size_guidance={'scalars': 0})
+acc.Reload()
+print('records', n)
+for tag in sorted(acc.Tags()['scalars']):
+    for e in acc.Scalars(tag):
+        print(tag, e.step, repr(round(e.value, 6)), int(e.wall_time))
+)PY";
+  write_file_atomic(d / "read.py", script);
+  const std::string out = run_capture(
+      python + " " + (d / "read.py").string() + " " + file.string() + " " + d.string(), &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("records 9"), std::string::npos) << out;  // file_version + 8 scalars
+  EXPECT_NE(out.find("train/loss 1 10.0 1700000001"), std::string::npos) << out;
+  EXPECT_NE(out.find("train/loss 3 3.333333 1700000003"), std::string::npos) << out;
+  EXPECT_NE(out.find("train/loss 4 2.5 1700000004"), std::string::npos) << out;
+  EXPECT_EQ(out.find("99.0"), std::string::npos) << out;
+  EXPECT_NE(out.find("train/lr 2 0.002 1700000002"), std::string::npos) << out;
+  EXPECT_NE(out.find("val/loss 4 3.25 1700000004"), std::string::npos) << out;
+  fs::remove_all(d);
+}
