@@ -132,9 +132,8 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   POLLEN_CHECK(!c.manifests.empty(), data->where("manifests"),
                ": missing; expected an array of manifest.json paths");
   c.weights = data->get_doubles("weights");
-  if (c.weights.empty()) c.weights.assign(c.manifests.size(), 1.0);
-  POLLEN_CHECK(c.weights.size() == c.manifests.size(), data->where("weights"), ": ",
-               c.weights.size(), " weights for ", c.manifests.size(), " manifests");
+  POLLEN_CHECK(c.weights.empty() || c.weights.size() == c.manifests.size(), data->where("weights"),
+               ": ", c.weights.size(), " weights for ", c.manifests.size(), " manifests");
   for (double w : c.weights)
     POLLEN_CHECK(w > 0, data->where("weights"), ": weights must be positive");
   c.train_split = data->get_string("train_split", "train");

@@ -24,7 +24,7 @@ struct TrainConfig {
   model::LlamaConfig model;
   // [data]
   std::vector<std::string> manifests;
-  std::vector<double> weights;
+  std::vector<double> weights;  // empty: proportional to each dataset's tokens
   std::string train_split = "train", validation_split = "validation";
   std::vector<std::string> validation_manifests;  // default: manifests
   // [train]
