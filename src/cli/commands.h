@@ -10,6 +10,8 @@ void add_bench_command(CLI::App& app);
 void add_bench_checkpoint_command(CLI::App& app);  // under `bench`: call after add_bench_command
 void add_train_command(CLI::App& app);
 void add_plot_command(CLI::App& app);
+void add_tokenizer_command(CLI::App& app);
+void add_data_command(CLI::App& app);
 
 // The process's exit code when a command finishes without an error (`pollen train` tells a
 // preempted run from a finished one this way).

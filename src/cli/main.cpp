@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   pollen::cli::add_bench_checkpoint_command(app);
   pollen::cli::add_train_command(app);
   pollen::cli::add_plot_command(app);
+  pollen::cli::add_tokenizer_command(app);
+  pollen::cli::add_data_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,296 @@
+// `pollen tokenizer train|encode|decode|info|bench`: parsing and wiring; the work is in
+// src/tokenizer.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "base/thread_pool.h"
+#include "cli/commands.h"
+#include "tokenizer/documents.h"
+#include "tokenizer/open.h"
+#include "tokenizer/trainer.h"
+
+namespace pollen::cli {
+namespace {
+
+namespace tk = pollen::tokenizer;
+
+struct TokenizerArgs {
+  std::string file;
+  std::string pattern;
+  std::vector<std::string> specials;  // TOKEN=ID
+};
+
+void add_tokenizer_args(CLI::App* cmd, TokenizerArgs& a) {
+  cmd->add_option("--tokenizer", a.file, "tokenizer.json, or a tiktoken rank file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--pattern", a.pattern,
+                  "For a rank file: gpt2, cl100k_base, o200k_base, qwen2, or a regex");
+  cmd->add_option("--add-special", a.specials, "For a rank file: an extra special token, TOKEN=ID");
+}
+
+tk::Tokenizer open(const TokenizerArgs& a) {
+  std::vector<tk::AddedToken> specials;
+  for (const std::string& s : a.specials) {
+    size_t eq = s.rfind('=');
+    POLLEN_CHECK(eq != std::string::npos && eq > 0, "--add-special '", s, "': expected TOKEN=ID");
+    try {
+      specials.push_back({static_cast<uint32_t>(std::stoul(s.substr(eq + 1))), s.substr(0, eq)});
+    } catch (const std::exception&) {
+      fail("--add-special '", s, "': the id is not a number");
+    }
+  }
+  return tk::open_tokenizer(a.file, a.pattern, std::move(specials));
+}
+
+tk::SpecialPolicy special_policy(const std::string& mode) {
+  if (mode == "allow") return tk::SpecialPolicy::allow_all();
+  if (mode == "text") return tk::SpecialPolicy::as_text();
+  return tk::SpecialPolicy::refuse_all();
+}
+
+// Writes ids as text (one line per document) or, for a .bin file, as little-endian uint32.
+class IdWriter {
+ public:
+  explicit IdWriter(const std::string& path)
+      : binary_(path.ends_with(".bin")), to_stdout_(path == "-") {
+    if (!to_stdout_) {
+      file_.open(path, std::ios::binary | std::ios::trunc);
+      POLLEN_CHECK(file_.good(), "cannot write ", path);
+    }
+  }
+  void write(const std::vector<uint32_t>& ids) {
+    std::ostream& out = to_stdout_ ? std::cout : file_;
+    if (binary_) {
+      out.write(reinterpret_cast<const char*>(ids.data()),
+                static_cast<std::streamsize>(ids.size() * sizeof(uint32_t)));
+      return;
+    }
+    std::string line;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (i) line += ' ';
+      line += std::to_string(ids[i]);
+    }
+    line += '\n';
+    out << line;
+  }
+
+ private:
+  bool binary_, to_stdout_;
+  std::ofstream file_;
+};
+
+void add_train(CLI::App* parent) {
+  auto* cmd = parent->add_subcommand("train", "Train a byte-level BPE tokenizer");
+  struct Args {
+    std::vector<std::string> inputs;
+    bool jsonl = false;
+    std::string field = "text", pattern = "cl100k_base", output;
+    uint32_t vocab_size = 32000;
+    std::vector<std::string> specials;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--input", a->inputs, "Text files (a line is a document) or JSONL files")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--jsonl", a->jsonl, "Inputs are JSONL; the text is in --field");
+  cmd->add_option("--field", a->field, "JSONL field holding the text")->capture_default_str();
+  cmd->add_option("--vocab-size", a->vocab_size, "Tokens in all: 256 bytes, merges, specials")
+      ->capture_default_str();
+  cmd->add_option("--special", a->specials, "Special tokens, given ids after the merges");
+  cmd->add_option("--pattern", a->pattern, "Pre-tokenisation: a known pattern name or a regex")
+      ->capture_default_str();
+  cmd->add_option("--output", a->output, "tokenizer.json, or any other name for a rank file")
+      ->required();
+  cmd->add_option("--threads", a->threads, "Threads (default: all)");
+  cmd->callback([a] {
+    if (a->threads > 0) set_num_threads(a->threads);
+    auto start = std::chrono::steady_clock::now();
+    tk::PieceCounts counts(tk::pattern_regex(a->pattern));
+    for (const std::string& input : a->inputs) counts.add_file(input, a->jsonl, a->field);
+    tk::Tokenizer tok = tk::train_bpe(counts, {a->vocab_size, a->specials, counts.pattern()});
+    tk::save_tokenizer(tok, a->output);
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("trained %u tokens on %.1f MB (%zu distinct pieces) in %.1f s: %s\n",
+                tok.vocab_size(), counts.bytes_read() / 1e6, counts.distinct(), seconds,
+                a->output.c_str());
+    std::printf("fingerprint %s\n", tok.fingerprint().c_str());
+  });
+}
+
+void add_encode(CLI::App* parent) {
+  auto* cmd = parent->add_subcommand("encode", "Encode text into token ids");
+  struct Args {
+    TokenizerArgs tok;
+    std::string input, field = "text", output = "-", special = "refuse";
+    bool jsonl = false, bos_eos = false;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  add_tokenizer_args(cmd, a->tok);
+  cmd->add_option("--input", a->input,
+                  "Text file (a line is a document, its line break not "
+                  "included) or JSONL (--jsonl)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--jsonl", a->jsonl, "Input is JSONL; each record's --field is a document");
+  cmd->add_option("--field", a->field, "JSONL field holding the text")->capture_default_str();
+  cmd->add_option("--output", a->output,
+                  "ids.bin (uint32, documents one after another), a text file (one line of ids "
+                  "per document), or - for stdout")
+      ->capture_default_str();
+  cmd->add_option("--special", a->special,
+                  "Special tokens in the text: refuse (an error), allow, or text")
+      ->check(CLI::IsMember({"refuse", "allow", "text"}))
+      ->capture_default_str();
+  cmd->add_flag("--bos-eos", a->bos_eos, "Add the tokenizer's BOS/EOS template");
+  cmd->add_option("--threads", a->threads, "Threads (default: all)");
+  cmd->callback([a] {
+    if (a->threads > 0) set_num_threads(a->threads);
+    tk::Tokenizer tok = open(a->tok);
+    tk::EncodeOptions options{special_policy(a->special), a->bos_eos};
+    IdWriter writer(a->output);
+    tk::for_each_document_batch({a->input, a->jsonl, a->field, false}, 16 << 20,
+                                [&](std::span<const std::string_view> docs) {
+                                  for (const auto& ids : tok.encode_batch(docs, options))
+                                    writer.write(ids);
+                                });
+  });
+}
+
+void add_decode(CLI::App* parent) {
+  auto* cmd = parent->add_subcommand("decode", "Decode token ids into text");
+  struct Args {
+    TokenizerArgs tok;
+    std::string input, output = "-";
+  };
+  auto a = std::make_shared<Args>();
+  add_tokenizer_args(cmd, a->tok);
+  cmd->add_option("--input", a->input, "ids.bin (uint32) or text (one line of ids a document)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--output", a->output, "Text file, or - for stdout")->capture_default_str();
+  cmd->callback([a] {
+    tk::Tokenizer tok = open(a->tok);
+    std::string data = read_file(a->input), text;
+    if (a->input.ends_with(".bin")) {
+      POLLEN_CHECK(data.size() % 4 == 0, a->input, ": size is not a multiple of 4 bytes");
+      std::vector<uint32_t> ids(data.size() / 4);
+      std::memcpy(ids.data(), data.data(), data.size());
+      text = tok.decode(ids);
+    } else {
+      std::istringstream lines(data);
+      size_t number = 0;
+      for (std::string line; std::getline(lines, line);) {
+        ++number;
+        std::istringstream words(line);
+        std::vector<uint32_t> ids;
+        for (std::string w; words >> w;) {
+          try {
+            ids.push_back(static_cast<uint32_t>(std::stoul(w)));
+          } catch (const std::exception&) {
+            fail(a->input, ":", number, ": '", w, "' is not a token id");
+          }
+        }
+        text += tok.decode(ids) + "\n";
+      }
+    }
+    if (a->output == "-")
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    else
+      write_file_atomic(a->output, text);
+  });
+}
+
+void add_info(CLI::App* parent) {
+  auto* cmd =
+      parent->add_subcommand("info", "Vocabulary size, special tokens, pattern, fingerprint");
+  auto a = std::make_shared<TokenizerArgs>();
+  add_tokenizer_args(cmd, *a);
+  cmd->callback([a] {
+    tk::Tokenizer tok = open(*a);
+    const auto& model = tok.model();
+    std::printf("vocab size   %u (%zu BPE tokens, %zu merges)\n", tok.vocab_size(),
+                model.vocab().size(), model.merges().size());
+    std::printf("kind         %s\n", model.options().alphabet == tk::Alphabet::kBytes
+                                         ? "byte-level BPE"
+                                         : "SentencePiece-style BPE");
+    std::printf("pattern      %s\n", tok.pattern().empty() ? "(none)" : tok.pattern().c_str());
+    for (const tk::AddedToken& t : tok.added_tokens())
+      std::printf("%s %u %s\n", t.special ? "special     " : "added       ", t.id,
+                  t.content.c_str());
+    std::printf("fingerprint  %s\n", tok.fingerprint().c_str());
+  });
+}
+
+void add_bench(CLI::App* parent) {
+  auto* cmd = parent->add_subcommand(
+      "bench", "Encode throughput on one thread and on all threads (JSON lines)");
+  struct Args {
+    TokenizerArgs tok;
+    std::string input, field = "text";
+    bool jsonl = false;
+    int repeat = 3;
+  };
+  auto a = std::make_shared<Args>();
+  add_tokenizer_args(cmd, a->tok);
+  cmd->add_option("--input", a->input, "Text or JSONL file of documents")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--jsonl", a->jsonl, "Input is JSONL");
+  cmd->add_option("--field", a->field, "JSONL field holding the text")->capture_default_str();
+  cmd->add_option("--repeat", a->repeat, "Best of this many runs")->capture_default_str();
+  cmd->callback([a] {
+    tk::Tokenizer tok = open(a->tok);
+    std::vector<std::string> docs;
+    size_t bytes = 0;
+    tk::for_each_document_batch({a->input, a->jsonl, a->field, true}, 64 << 20,
+                                [&](std::span<const std::string_view> batch) {
+                                  for (std::string_view d : batch) {
+                                    docs.emplace_back(d);
+                                    bytes += d.size();
+                                  }
+                                });
+    std::vector<std::string_view> views(docs.begin(), docs.end());
+    tk::EncodeOptions options{tk::SpecialPolicy::as_text()};
+    for (int threads : {1, num_threads()}) {
+      set_num_threads(threads);
+      double best = 1e30;
+      size_t tokens = 0;
+      for (int r = 0; r < a->repeat; ++r) {
+        auto start = std::chrono::steady_clock::now();
+        auto ids = tok.encode_batch(views, options);
+        best = std::min(
+            best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        tokens = 0;
+        for (const auto& d : ids) tokens += d.size();
+      }
+      std::printf(
+          "{\"encoder\": \"pollen\", \"threads\": %d, \"bytes\": %zu, \"tokens\": %zu, "
+          "\"seconds\": %.4f, \"mb_per_s\": %.2f}\n",
+          threads, bytes, tokens, best, bytes / best / 1e6);
+    }
+  });
+}
+
+}  // namespace
+
+void add_tokenizer_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("tokenizer", "Train, use and inspect BPE tokenizers");
+  cmd->require_subcommand(1);
+  add_train(cmd);
+  add_encode(cmd);
+  add_decode(cmd);
+  add_info(cmd);
+  add_bench(cmd);
+}
+
+}  // namespace pollen::cli

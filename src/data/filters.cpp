@@ -1,0 +1,399 @@
+#include "data/filters.h"
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "base/config.h"
+#include "base/error.h"
+#include "base/hash.h"
+#include "data/text.h"
+
+namespace pollen::data {
+namespace {
+
+bool is_punct(unsigned char c) {
+  return (c >= '!' && c <= '/') || (c >= ':' && c <= '@') || (c >= '[' && c <= '`') ||
+         (c >= '{' && c <= '~');
+}
+bool has_non_punct(std::string_view w) {
+  for (unsigned char c : w)
+    if (!is_punct(c)) return true;
+  return false;
+}
+bool has_alpha(std::string_view w) {
+  // ASCII letters, or any non-ASCII character (letters of other scripts).
+  for (unsigned char c : w)
+    if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')
+      return true;
+    else if (c >= 0x80)
+      return true;
+  return false;
+}
+size_t count_sub(std::string_view s, std::string_view sub) {
+  size_t n = 0;
+  for (size_t p = s.find(sub); p != std::string_view::npos; p = s.find(sub, p + sub.size())) ++n;
+  return n;
+}
+bool ends_with(std::string_view s, std::string_view e) {
+  return s.size() >= e.size() && s.substr(s.size() - e.size()) == e;
+}
+bool starts_with(std::string_view s, std::string_view e) {
+  return s.substr(0, e.size()) == e;
+}
+
+// (duplicate elements, their total bytes): elements seen before, as datatrove counts them.
+std::pair<size_t, size_t> find_duplicates(const std::vector<std::string_view>& xs) {
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(xs.size() * 2);
+  size_t n = 0, chars = 0;
+  for (auto x : xs)
+    if (!seen.insert(x).second) {
+      ++n;
+      chars += x.size();
+    }
+  return {n, chars};
+}
+
+inline uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdull;
+}
+
+// Paragraphs: text split on runs of two or more newlines (after stripping the text).
+void split_paragraphs(std::string_view text, std::vector<std::string_view>& out) {
+  out.clear();
+  text = strip(text);
+  size_t b = 0;
+  while (true) {
+    size_t e = text.find("\n\n", b);
+    if (e == std::string_view::npos) {
+      out.push_back(text.substr(b));
+      return;
+    }
+    out.push_back(text.substr(b, e - b));
+    b = e;
+    while (b < text.size() && text[b] == '\n') ++b;
+  }
+}
+
+}  // namespace
+
+const char* LengthFilter::check(std::string_view text) const {
+  int64_t n = static_cast<int64_t>(text.size());
+  if (n < min_chars) return "too_short";
+  if (max_chars > 0 && n > max_chars) return "too_long";
+  if (min_words > 0 || max_words > 0) {
+    thread_local std::vector<std::string_view> w;
+    split_words(text, w);
+    int64_t nw = static_cast<int64_t>(w.size());
+    if (nw < min_words) return "too_few_words";
+    if (max_words > 0 && nw > max_words) return "too_many_words";
+  }
+  return nullptr;
+}
+
+const char* GopherQualityFilter::check(std::string_view text) const {
+  thread_local std::vector<std::string_view> words, lines;
+  split_words(text, words);
+  const double n_words = static_cast<double>(words.size());
+  int64_t non_symbol = 0;
+  size_t non_symbol_len = 0;
+  int64_t alpha = 0, stop = 0;
+  for (auto w : words) {
+    if (has_non_punct(w)) {
+      ++non_symbol;
+      non_symbol_len += w.size();
+    }
+    alpha += has_alpha(w);
+    if (min_stop_words > 0 && w.size() <= 4 &&
+        (w == "the" || w == "be" || w == "to" || w == "of" || w == "and" || w == "that" ||
+         w == "have" || w == "with"))
+      ++stop;
+  }
+  if (min_doc_words > 0 && non_symbol < min_doc_words) return "gopher_too_few_words";
+  if (max_doc_words > 0 && non_symbol > max_doc_words) return "gopher_too_many_words";
+  if (non_symbol == 0) return "gopher_no_words";
+  double avg = static_cast<double>(non_symbol_len) / static_cast<double>(non_symbol);
+  if (avg < min_avg_word_length) return "gopher_short_mean_word";
+  if (avg > max_avg_word_length) return "gopher_long_mean_word";
+  if (max_symbol_word_ratio >= 0) {
+    if (static_cast<double>(count_sub(text, "#")) / n_words > max_symbol_word_ratio)
+      return "gopher_hash_ratio";
+    if (static_cast<double>(count_sub(text, "...") + count_sub(text, "\u2026")) / n_words >
+        max_symbol_word_ratio)
+      return "gopher_ellipsis_ratio";
+  }
+  split_lines(text, lines);
+  if (!lines.empty()) {
+    size_t bullets = 0, ellipsis = 0;
+    for (auto l : lines) {
+      auto s = strip(l);
+      bullets += starts_with(s, "\u2022") || starts_with(s, "-");
+      ellipsis += ends_with(s, "...") || ends_with(s, "\u2026");
+    }
+    double nl = static_cast<double>(lines.size());
+    if (static_cast<double>(bullets) / nl > max_bullet_lines_ratio) return "gopher_bullet_lines";
+    if (static_cast<double>(ellipsis) / nl > max_ellipsis_lines_ratio)
+      return "gopher_ellipsis_lines";
+  }
+  if (static_cast<double>(alpha) / n_words < max_non_alpha_words_ratio)
+    return "gopher_non_alpha_words";
+  if (stop < min_stop_words) return "gopher_few_stop_words";
+  return nullptr;
+}
+
+const char* GopherRepetitionFilter::check(std::string_view text) const {
+  if (text.empty()) return nullptr;
+  thread_local std::vector<std::string_view> parts, words;
+  const double len = static_cast<double>(text.size());
+  split_paragraphs(text, parts);
+  auto [pd, pc] = find_duplicates(parts);
+  if (dup_para_frac > 0 &&
+      static_cast<double>(pd) / static_cast<double>(parts.size()) > dup_para_frac)
+    return "repetition_dup_paragraphs";
+  if (dup_para_char_frac > 0 && static_cast<double>(pc) / len > dup_para_char_frac)
+    return "repetition_dup_paragraph_chars";
+  // Lines: split on runs of newlines.
+  parts.clear();
+  {
+    size_t b = 0;
+    while (b <= text.size()) {
+      size_t e = text.find('\n', b);
+      if (e == std::string_view::npos) e = text.size();
+      if (e > b || parts.empty() || b == text.size()) parts.push_back(text.substr(b, e - b));
+      b = e + 1;
+      while (b < text.size() && text[b] == '\n') ++b;
+    }
+  }
+  auto [ld, lc] = find_duplicates(parts);
+  if (dup_line_frac > 0 &&
+      static_cast<double>(ld) / static_cast<double>(parts.size()) > dup_line_frac)
+    return "repetition_dup_lines";
+  if (dup_line_char_frac > 0 && static_cast<double>(lc) / len > dup_line_char_frac)
+    return "repetition_dup_line_chars";
+  split_words(text, words);
+  const size_t nw = words.size();
+  thread_local std::vector<uint64_t> wh;
+  wh.resize(nw);
+  for (size_t i = 0; i < nw; ++i) wh[i] = xxh64(words[i].data(), words[i].size());
+  thread_local std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> counts;  // count, at
+  for (auto [n, frac] : top_n_grams) {
+    if (nw < static_cast<size_t>(n)) continue;
+    counts.clear();
+    uint64_t best_key = 0;
+    uint32_t best = 0;
+    size_t best_at = 0;
+    for (size_t i = 0; i + static_cast<size_t>(n) <= nw; ++i) {
+      uint64_t h = static_cast<uint64_t>(n);
+      for (int k = 0; k < n; ++k) h = mix(h, wh[i + static_cast<size_t>(k)]);
+      auto& c = counts.try_emplace(h, 0u, static_cast<uint32_t>(i)).first->second;
+      if (++c.first > best) {
+        best = c.first;
+        best_key = h;
+        best_at = c.second;
+      }
+    }
+    (void)best_key;
+    if (best < 2) continue;
+    // Bytes of the n-gram as words joined by single spaces.
+    size_t glen = static_cast<size_t>(n - 1);
+    for (int k = 0; k < n; ++k) glen += words[best_at + static_cast<size_t>(k)].size();
+    if (static_cast<double>(glen * best) / len > frac) return "repetition_top_ngram";
+  }
+  thread_local std::unordered_set<uint64_t> uniq;
+  for (auto [n, frac] : dup_n_grams) {
+    if (nw < static_cast<size_t>(n)) continue;
+    uniq.clear();
+    size_t rep = 0;
+    for (size_t i = 0; i + static_cast<size_t>(n) <= nw;) {
+      uint64_t h = static_cast<uint64_t>(n);
+      size_t chars = 0;
+      for (int k = 0; k < n; ++k) {
+        h = mix(h, wh[i + static_cast<size_t>(k)]);
+        chars += words[i + static_cast<size_t>(k)].size();
+      }
+      if (!uniq.insert(h).second) {
+        rep += chars;
+        i += static_cast<size_t>(n);
+      } else {
+        ++i;
+      }
+    }
+    if (static_cast<double>(rep) / len > frac) return "repetition_dup_ngrams";
+  }
+  return nullptr;
+}
+
+const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& lines_removed) const {
+  thread_local std::vector<std::string_view> lines, words;
+  thread_local std::string line, lower;
+  split_lines(text, lines);
+  out.clear();
+  lines_removed = 0;
+  int64_t sentences = 0;
+  for (auto raw : lines) {
+    auto s = strip(raw);
+    split_words(s, words);
+    bool long_word = false;
+    for (auto w : words)
+      long_word |= max_word_length > 0 && static_cast<int64_t>(w.size()) > max_word_length;
+    if (long_word) {
+      ++lines_removed;
+      continue;
+    }
+    line.assign(s);
+    if (remove_citations) {
+      // [1], [23], [edit], [citation needed]
+      std::string cleaned;
+      for (size_t i = 0; i < line.size();) {
+        if (line[i] == '[') {
+          size_t j = i + 1;
+          while (j < line.size() && line[j] >= '0' && line[j] <= '9') ++j;
+          if (j < line.size() && line[j] == ']') {
+            i = j + 1;
+            continue;
+          }
+          std::string_view rest(line.data() + i, line.size() - i);
+          if (starts_with(rest, "[edit]")) {
+            i += 6;
+            continue;
+          }
+          if (starts_with(rest, "[citation needed]")) {
+            i += 17;
+            continue;
+          }
+        }
+        cleaned += line[i++];
+      }
+      line = std::move(cleaned);
+    }
+    std::string_view ls(line);
+    if (filter_no_terminal_punct) {
+      bool term = ends_with(ls, ".") || ends_with(ls, "?") || ends_with(ls, "!") ||
+                  ends_with(ls, "\"") || ends_with(ls, "'");
+      if (!term || ends_with(ls, "...")) {
+        ++lines_removed;
+        continue;
+      }
+    }
+    if (static_cast<int64_t>(words.size()) < min_words_per_line) {
+      ++lines_removed;
+      continue;
+    }
+    lower.resize(line.size());
+    std::transform(line.begin(), line.end(), lower.begin(),
+                   [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; });
+    if (filter_lorem_ipsum && lower.find("lorem ipsum") != std::string::npos)
+      return "c4_lorem_ipsum";
+    if (filter_javascript && lower.find("javascript") != std::string::npos) {
+      ++lines_removed;
+      continue;
+    }
+    if (filter_curly_bracket && line.find('{') != std::string::npos) return "c4_curly_bracket";
+    if (filter_policy) {
+      static const char* kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
+                                      "uses cookies", "use of cookies", "use cookies"};
+      bool hit = false;
+      for (const char* p : kPolicy) hit |= lower.find(p) != std::string::npos;
+      if (hit) {
+        ++lines_removed;
+        continue;
+      }
+    }
+    // Sentences: terminal punctuation followed by a space or the end of the line.
+    int64_t n = 0;
+    for (size_t i = 0; i < line.size(); ++i)
+      if ((line[i] == '.' || line[i] == '!' || line[i] == '?') &&
+          (i + 1 == line.size() || line[i + 1] == ' '))
+        ++n;
+    sentences += std::max<int64_t>(n, 1);
+    if (!out.empty()) out += '\n';
+    out += line;
+  }
+  if (min_num_sentences > 0 && sentences < min_num_sentences) return "c4_too_few_sentences";
+  if (out.empty()) return "c4_no_lines_left";
+  return nullptr;
+}
+
+const char* FineWebFilter::check(std::string_view text) const {
+  thread_local std::vector<std::string_view> all, lines, words;
+  split_lines(text, all);
+  lines.clear();
+  for (auto l : all)
+    if (!strip(l).empty()) lines.push_back(l);
+  if (lines.empty()) return "fineweb_empty";
+  const double nl = static_cast<double>(lines.size());
+  size_t punct = 0, short_lines = 0;
+  for (auto l : lines) {
+    punct += ends_with(l, ".") || ends_with(l, "'") || ends_with(l, "\"") || ends_with(l, "!") ||
+             ends_with(l, "?");
+    short_lines += static_cast<int64_t>(l.size()) <= short_line_length;
+  }
+  double r = static_cast<double>(punct) / nl;
+  if (r < line_punct_thr && !(r == 0 && line_punct_exclude_zero)) return "fineweb_line_punct";
+  if (static_cast<double>(short_lines) / nl > short_line_thr) return "fineweb_short_lines";
+  size_t no_newlines =
+      text.size() - static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
+  auto [d, dc] = find_duplicates(lines);
+  (void)d;
+  if (no_newlines > 0 &&
+      static_cast<double>(dc) / static_cast<double>(no_newlines) > char_duplicates_ratio)
+    return "fineweb_char_dup";
+  split_words(text, words);
+  double newlines = static_cast<double>(std::count(text.begin(), text.end(), '\n'));
+  if (!words.empty() && newlines / static_cast<double>(words.size()) > new_line_ratio)
+    return "fineweb_list_ratio";
+  return nullptr;
+}
+
+void load_filter(ConfigTable& t, LengthFilter& f) {
+  f.enabled = t.get_bool("enabled", f.enabled);
+  f.min_chars = t.get_int("min_chars", f.min_chars);
+  f.max_chars = t.get_int("max_chars", f.max_chars);
+  f.min_words = t.get_int("min_words", f.min_words);
+  f.max_words = t.get_int("max_words", f.max_words);
+}
+void load_filter(ConfigTable& t, GopherQualityFilter& f) {
+  f.enabled = t.get_bool("enabled", f.enabled);
+  f.min_doc_words = t.get_int("min_doc_words", f.min_doc_words);
+  f.max_doc_words = t.get_int("max_doc_words", f.max_doc_words);
+  f.min_avg_word_length = t.get_double("min_avg_word_length", f.min_avg_word_length);
+  f.max_avg_word_length = t.get_double("max_avg_word_length", f.max_avg_word_length);
+  f.max_symbol_word_ratio = t.get_double("max_symbol_word_ratio", f.max_symbol_word_ratio);
+  f.max_bullet_lines_ratio = t.get_double("max_bullet_lines_ratio", f.max_bullet_lines_ratio);
+  f.max_ellipsis_lines_ratio = t.get_double("max_ellipsis_lines_ratio", f.max_ellipsis_lines_ratio);
+  f.max_non_alpha_words_ratio =
+      t.get_double("max_non_alpha_words_ratio", f.max_non_alpha_words_ratio);
+  f.min_stop_words = t.get_int("min_stop_words", f.min_stop_words);
+}
+void load_filter(ConfigTable& t, GopherRepetitionFilter& f) {
+  f.enabled = t.get_bool("enabled", f.enabled);
+  f.dup_line_frac = t.get_double("dup_line_frac", f.dup_line_frac);
+  f.dup_para_frac = t.get_double("dup_para_frac", f.dup_para_frac);
+  f.dup_line_char_frac = t.get_double("dup_line_char_frac", f.dup_line_char_frac);
+  f.dup_para_char_frac = t.get_double("dup_para_char_frac", f.dup_para_char_frac);
+}
+void load_filter(ConfigTable& t, C4Filter& f) {
+  f.enabled = t.get_bool("enabled", f.enabled);
+  f.remove_citations = t.get_bool("remove_citations", f.remove_citations);
+  f.filter_no_terminal_punct = t.get_bool("filter_no_terminal_punct", f.filter_no_terminal_punct);
+  f.min_num_sentences = t.get_int("min_num_sentences", f.min_num_sentences);
+  f.min_words_per_line = t.get_int("min_words_per_line", f.min_words_per_line);
+  f.max_word_length = t.get_int("max_word_length", f.max_word_length);
+  f.filter_lorem_ipsum = t.get_bool("filter_lorem_ipsum", f.filter_lorem_ipsum);
+  f.filter_javascript = t.get_bool("filter_javascript", f.filter_javascript);
+  f.filter_curly_bracket = t.get_bool("filter_curly_bracket", f.filter_curly_bracket);
+  f.filter_policy = t.get_bool("filter_policy", f.filter_policy);
+}
+void load_filter(ConfigTable& t, FineWebFilter& f) {
+  f.enabled = t.get_bool("enabled", f.enabled);
+  f.line_punct_thr = t.get_double("line_punct_thr", f.line_punct_thr);
+  f.line_punct_exclude_zero = t.get_bool("line_punct_exclude_zero", f.line_punct_exclude_zero);
+  f.short_line_thr = t.get_double("short_line_thr", f.short_line_thr);
+  f.short_line_length = t.get_int("short_line_length", f.short_line_length);
+  f.char_duplicates_ratio = t.get_double("char_duplicates_ratio", f.char_duplicates_ratio);
+  f.new_line_ratio = t.get_double("new_line_ratio", f.new_line_ratio);
+}
+
+}  // namespace pollen::data

@@ -1,0 +1,1006 @@
+#include "data/pipeline.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+#include <unordered_set>
+
+#include "base/config.h"
+#include "base/error.h"
+#include "base/files.h"
+#include "base/hash.h"
+#include "base/log.h"
+#include "base/thread_pool.h"
+#include "data/decontam.h"
+#include "data/shards.h"
+#include "data/text.h"
+#include "tokenizer/hf_format.h"
+#include "tokenizer/tokenizer.h"
+
+namespace pollen::data {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ---- config ------------------------------------------------------------------------------------
+
+PipelineConfig PipelineConfig::load(const fs::path& path) {
+  ConfigTable t = ConfigTable::load(path);
+  PipelineConfig c;
+  c.base_dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  std::string out = t.require_string("output");
+  c.output = (fs::path(out).is_absolute() ? fs::path(out) : c.base_dir / out).lexically_normal();
+  c.threads = static_cast<int>(t.get_int("threads", 0));
+  c.fail_on_bad_input = t.get_bool("fail_on_bad_input", false);
+  c.batch_bytes = t.get_int("batch_bytes", c.batch_bytes);
+  c.limits.max_line_bytes = t.get_int("max_line_bytes", c.limits.max_line_bytes);
+  c.limits.max_doc_bytes = t.get_int("max_doc_bytes", c.limits.max_doc_bytes);
+  auto names = t.get_strings("sources");
+  POLLEN_CHECK(!names.empty(), t.where("sources"), ": list at least one source");
+  auto src_table = t.table("source");
+  POLLEN_CHECK(src_table.has_value(), t.where("source"),
+               ": expected a [source.<name>] table for "
+               "each name in 'sources'");
+  for (const auto& n : names) {
+    auto st = src_table->table(n);
+    POLLEN_CHECK(st.has_value(), t.where("source." + n), ": missing table for source '", n, "'");
+    SourceSpec s;
+    s.name = n;
+    s.paths = st->get_strings("paths");
+    POLLEN_CHECK(!s.paths.empty(), st->where("paths"), ": list at least one file or folder");
+    s.format = st->get_string("format", s.format);
+    POLLEN_CHECK(s.format == "text" || s.format == "delimited" || s.format == "jsonl",
+                 st->where("format"), ": expected \"text\", \"delimited\" or \"jsonl\", got \"",
+                 s.format, "\"");
+    s.delimiter = st->get_string("delimiter", s.delimiter);
+    s.text_field = st->get_string("text_field", s.text_field);
+    s.id_field = st->get_string("id_field", s.id_field);
+    if (st->has("include")) s.include = st->get_strings("include");
+    if (st->has("exclude")) s.exclude = st->get_strings("exclude");
+    st->finish();
+    c.sources.push_back(std::move(s));
+  }
+  src_table->finish();
+  if (auto u = t.table("utf8")) {
+    c.utf8 = u->get_string("invalid", c.utf8);
+    POLLEN_CHECK(c.utf8 == "repair" || c.utf8 == "drop", u->where("invalid"),
+                 ": expected \"repair\" or \"drop\"");
+    c.normalize_newlines = u->get_bool("normalize_newlines", c.normalize_newlines);
+    u->finish();
+  }
+  if (auto f = t.table("length")) load_filter(*f, c.length), f->finish();
+  if (auto f = t.table("gopher_quality")) load_filter(*f, c.gopher_quality), f->finish();
+  if (auto f = t.table("gopher_repetition")) load_filter(*f, c.gopher_repetition), f->finish();
+  if (auto f = t.table("c4")) load_filter(*f, c.c4), f->finish();
+  if (auto f = t.table("fineweb")) load_filter(*f, c.fineweb), f->finish();
+  if (auto f = t.table("exact_dedup")) {
+    c.exact_dedup = f->get_bool("enabled", c.exact_dedup);
+    f->finish();
+  }
+  if (auto f = t.table("minhash")) {
+    auto& m = c.minhash;
+    m.enabled = f->get_bool("enabled", m.enabled);
+    m.ngram = static_cast<int>(f->get_int("ngram", m.ngram));
+    m.bands = static_cast<int>(f->get_int("bands", m.bands));
+    m.rows = static_cast<int>(f->get_int("rows", m.rows));
+    m.verify = f->get_bool("verify", m.verify);
+    m.threshold = f->get_double("threshold", m.threshold);
+    m.seed = static_cast<uint64_t>(f->get_int("seed", static_cast<int64_t>(m.seed)));
+    m.max_bucket_compare = f->get_int("max_bucket_compare", m.max_bucket_compare);
+    POLLEN_CHECK(m.ngram > 0 && m.bands > 0 && m.rows > 0, f->where("ngram"),
+                 ": ngram, bands and rows must be positive");
+    f->finish();
+  }
+  if (auto f = t.table("pii")) {
+    c.pii.enabled = f->get_bool("enabled", c.pii.enabled);
+    for (int k = 0; k < kPiiTypes; ++k) {
+      auto type = static_cast<PiiType>(k);
+      c.pii.types[static_cast<size_t>(k)] = f->get_bool(pii_type_name(type), true);
+    }
+    f->finish();
+  }
+  if (auto f = t.table("decontaminate")) {
+    c.eval_files = f->get_strings("eval_files");
+    c.decontaminate = f->get_bool("enabled", !c.eval_files.empty());
+    c.decontaminate_ngram = static_cast<int>(f->get_int("ngram", c.decontaminate_ngram));
+    c.eval_text_field = f->get_string("text_field", c.eval_text_field);
+    POLLEN_CHECK(!c.decontaminate || !c.eval_files.empty(), f->where("eval_files"),
+                 ": decontamination needs at least one evaluation file");
+    f->finish();
+  }
+  if (auto f = t.table("split")) {
+    c.validation_fraction = f->get_double("validation_fraction", c.validation_fraction);
+    POLLEN_CHECK(c.validation_fraction >= 0 && c.validation_fraction <= 1,
+                 f->where("validation_fraction"), ": expected a number in [0, 1]");
+    c.split_seed = static_cast<uint64_t>(f->get_int("seed", 0));
+    f->finish();
+  }
+  if (auto f = t.table("tokenize")) {
+    c.tokenize = f->get_bool("enabled", true);
+    c.tokenizer = f->get_string("tokenizer", "");
+    POLLEN_CHECK(!c.tokenize || !c.tokenizer.empty(), f->where("tokenizer"),
+                 ": give a tokenizer.json file (or set enabled = false)");
+    c.add_bos = f->get_bool("add_bos", c.add_bos);
+    c.add_eos = f->get_bool("add_eos", c.add_eos);
+    c.bos_token = f->get_string("bos_token", "");
+    c.eos_token = f->get_string("eos_token", "");
+    c.shard_tokens = f->get_int("shard_tokens", c.shard_tokens);
+    POLLEN_CHECK(c.shard_tokens > 0, f->where("shard_tokens"), ": must be positive");
+    c.prefix = f->get_string("prefix", c.prefix);
+    f->finish();
+  } else {
+    c.tokenize = false;
+  }
+  t.finish();
+  return c;
+}
+
+json PipelineConfig::to_json() const {
+  json j;
+  j["threads_do_not_change_outputs"] = true;
+  j["fail_on_bad_input"] = fail_on_bad_input;
+  j["max_line_bytes"] = limits.max_line_bytes;
+  j["max_doc_bytes"] = limits.max_doc_bytes;
+  json srcs = json::array();
+  for (const auto& s : sources)
+    srcs.push_back({{"name", s.name},
+                    {"paths", s.paths},
+                    {"format", s.format},
+                    {"delimiter", s.delimiter},
+                    {"text_field", s.text_field},
+                    {"id_field", s.id_field},
+                    {"include", s.include},
+                    {"exclude", s.exclude}});
+  j["sources"] = srcs;
+  j["utf8"] = {{"invalid", utf8}, {"normalize_newlines", normalize_newlines}};
+  j["length"] = {{"enabled", length.enabled},
+                 {"min_chars", length.min_chars},
+                 {"max_chars", length.max_chars},
+                 {"min_words", length.min_words},
+                 {"max_words", length.max_words}};
+  const auto& g = gopher_quality;
+  j["gopher_quality"] = {{"enabled", g.enabled},
+                         {"min_doc_words", g.min_doc_words},
+                         {"max_doc_words", g.max_doc_words},
+                         {"min_avg_word_length", g.min_avg_word_length},
+                         {"max_avg_word_length", g.max_avg_word_length},
+                         {"max_symbol_word_ratio", g.max_symbol_word_ratio},
+                         {"max_bullet_lines_ratio", g.max_bullet_lines_ratio},
+                         {"max_ellipsis_lines_ratio", g.max_ellipsis_lines_ratio},
+                         {"max_non_alpha_words_ratio", g.max_non_alpha_words_ratio},
+                         {"min_stop_words", g.min_stop_words}};
+  const auto& r = gopher_repetition;
+  j["gopher_repetition"] = {{"enabled", r.enabled},
+                            {"dup_line_frac", r.dup_line_frac},
+                            {"dup_para_frac", r.dup_para_frac},
+                            {"dup_line_char_frac", r.dup_line_char_frac},
+                            {"dup_para_char_frac", r.dup_para_char_frac},
+                            {"top_n_grams", r.top_n_grams},
+                            {"dup_n_grams", r.dup_n_grams}};
+  j["c4"] = {{"enabled", c4.enabled},
+             {"remove_citations", c4.remove_citations},
+             {"filter_no_terminal_punct", c4.filter_no_terminal_punct},
+             {"min_num_sentences", c4.min_num_sentences},
+             {"min_words_per_line", c4.min_words_per_line},
+             {"max_word_length", c4.max_word_length},
+             {"filter_lorem_ipsum", c4.filter_lorem_ipsum},
+             {"filter_javascript", c4.filter_javascript},
+             {"filter_curly_bracket", c4.filter_curly_bracket},
+             {"filter_policy", c4.filter_policy}};
+  j["fineweb"] = {{"enabled", fineweb.enabled},
+                  {"line_punct_thr", fineweb.line_punct_thr},
+                  {"line_punct_exclude_zero", fineweb.line_punct_exclude_zero},
+                  {"short_line_thr", fineweb.short_line_thr},
+                  {"short_line_length", fineweb.short_line_length},
+                  {"char_duplicates_ratio", fineweb.char_duplicates_ratio},
+                  {"new_line_ratio", fineweb.new_line_ratio}};
+  j["exact_dedup"] = {{"enabled", exact_dedup}};
+  j["minhash"] = {{"enabled", minhash.enabled}, {"ngram", minhash.ngram},
+                  {"bands", minhash.bands},     {"rows", minhash.rows},
+                  {"verify", minhash.verify},   {"threshold", minhash.threshold},
+                  {"seed", minhash.seed},       {"max_bucket_compare", minhash.max_bucket_compare}};
+  json p{{"enabled", pii.enabled}};
+  for (int k = 0; k < kPiiTypes; ++k)
+    p[pii_type_name(static_cast<PiiType>(k))] = pii.types[static_cast<size_t>(k)];
+  j["pii"] = p;
+  j["decontaminate"] = {{"enabled", decontaminate},
+                        {"ngram", decontaminate_ngram},
+                        {"eval_files", eval_files},
+                        {"text_field", eval_text_field}};
+  j["split"] = {{"validation_fraction", validation_fraction}, {"seed", split_seed}};
+  j["tokenize"] = {{"enabled", tokenize},          {"tokenizer", tokenizer},
+                   {"add_bos", add_bos},           {"add_eos", add_eos},
+                   {"bos_token", bos_token},       {"eos_token", eos_token},
+                   {"shard_tokens", shard_tokens}, {"prefix", prefix}};
+  return j;
+}
+
+// ---- counting ----------------------------------------------------------------------------------
+namespace {
+
+struct StageCounts {
+  std::string name;
+  bool enabled = true;
+  int64_t docs_in = 0, bytes_in = 0, docs_kept = 0, bytes_kept = 0, docs_modified = 0;
+  std::map<std::string, std::pair<int64_t, int64_t>> dropped;
+  json extra = json::object();
+
+  void keep(int64_t in, int64_t out) {
+    docs_in++;
+    bytes_in += in;
+    docs_kept++;
+    bytes_kept += out;
+  }
+  void drop(const std::string& why, int64_t in) {
+    docs_in++;
+    bytes_in += in;
+    auto& d = dropped[why];
+    d.first++;
+    d.second += in;
+  }
+  json to_json() const {
+    json d = json::object();
+    for (const auto& [k, v] : dropped) d[k] = {{"docs", v.first}, {"bytes", v.second}};
+    json j{{"name", name},           {"enabled", enabled},
+           {"docs_in", docs_in},     {"bytes_in", bytes_in},
+           {"docs_kept", docs_kept}, {"bytes_kept", bytes_kept},
+           {"dropped", d},           {"docs_modified", docs_modified}};
+    for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
+    return j;
+  }
+  static StageCounts from_json(const json& j) {
+    StageCounts s;
+    s.name = j.at("name");
+    s.enabled = j.at("enabled");
+    s.docs_in = j.at("docs_in");
+    s.bytes_in = j.at("bytes_in");
+    s.docs_kept = j.at("docs_kept");
+    s.bytes_kept = j.at("bytes_kept");
+    s.docs_modified = j.at("docs_modified");
+    for (auto it = j.at("dropped").begin(); it != j.at("dropped").end(); ++it)
+      s.dropped[it.key()] = {it.value().at("docs"), it.value().at("bytes")};
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (!std::set<std::string>{"name", "enabled", "docs_in", "bytes_in", "docs_kept",
+                                 "bytes_kept", "dropped", "docs_modified"}
+               .count(it.key()))
+        s.extra[it.key()] = it.value();
+    return s;
+  }
+};
+
+// Pass 1's filtering stages, in order.
+enum Pass1Stage { kUtf8, kLength, kGopherQ, kGopherR, kC4, kFineWeb, kExact, kPass1Stages };
+const char* kPass1Names[] = {"utf8", "length",  "gopher_quality", "gopher_repetition",
+                             "c4",   "fineweb", "exact_dedup"};
+
+// A file written under a temporary name and renamed into place by commit().
+class AtomicOut {
+ public:
+  explicit AtomicOut(fs::path path) : path_(std::move(path)) {
+    tmp_ = path_.parent_path() / ("." + path_.filename().string() + ".tmp");
+    f_ = std::fopen(tmp_.c_str(), "wb");
+    POLLEN_CHECK(f_, "cannot create '", tmp_.string(), "': ", std::strerror(errno));
+  }
+  ~AtomicOut() {
+    if (f_) {
+      std::fclose(f_);
+      std::error_code ec;
+      fs::remove(tmp_, ec);
+    }
+  }
+  void write(std::string_view s) {
+    POLLEN_CHECK(std::fwrite(s.data(), 1, s.size(), f_) == s.size(), "cannot write '",
+                 tmp_.string(), "': ", std::strerror(errno));
+    sha_.update(s);
+    bytes_ += static_cast<int64_t>(s.size());
+  }
+  std::string commit() {
+    POLLEN_CHECK(std::fflush(f_) == 0 && ::fsync(fileno(f_)) == 0, "cannot write '", tmp_.string(),
+                 "'");
+    std::fclose(f_);
+    f_ = nullptr;
+    fs::rename(tmp_, path_);
+    return sha_.hex_digest();
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  fs::path path_, tmp_;
+  std::FILE* f_ = nullptr;
+  Sha256 sha_;
+  int64_t bytes_ = 0;
+};
+
+class Progress {
+ public:
+  Progress(bool on, std::string what) : on_(on), what_(std::move(what)) {
+    start_ = last_ = std::chrono::steady_clock::now();
+    tty_ = ::isatty(2);
+  }
+  void update(int64_t docs, int64_t bytes, bool force = false) {
+    if (!on_) return;
+    auto now = std::chrono::steady_clock::now();
+    if (!force && now - last_ < std::chrono::milliseconds(tty_ ? 200 : 2000)) return;
+    last_ = now;
+    double s = std::chrono::duration<double>(now - start_).count();
+    double mb = static_cast<double>(bytes) / 1e6;
+    std::fprintf(stderr, "%sdata %s: %lld docs, %.1f MB, %.1f MB/s%s", tty_ ? "\r" : "",
+                 what_.c_str(), static_cast<long long>(docs), mb, s > 0 ? mb / s : 0.0,
+                 tty_ ? "   " : "\n");
+    if (force && tty_) std::fprintf(stderr, "\n");
+  }
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  bool on_, tty_;
+  std::string what_;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+std::string jsonl_line(const std::string& id, const std::string& source, const std::string& text) {
+  json j{{"id", id}, {"source", source}, {"text", text}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+// The key that decides whether pass 1's outputs can be reused: the config of pass 1 and each
+// input's name, size and modification time.
+std::string pass1_key(const PipelineConfig& c, const std::vector<InputFile>& files) {
+  json cfg = c.to_json();
+  for (const char* k : {"pii", "decontaminate", "split", "tokenize"}) cfg.erase(k);
+  json f = json::array();
+  for (const auto& in : files) {
+    struct stat st {};
+    bool ok = !in.missing && ::stat(in.path.c_str(), &st) == 0;
+    f.push_back({in.name, ok ? static_cast<int64_t>(st.st_size) : -1,
+                 ok ? static_cast<int64_t>(st.st_mtim.tv_sec) : 0,
+                 ok ? static_cast<int64_t>(st.st_mtim.tv_nsec) : 0});
+  }
+  return sha256_hex(json{{"config", cfg}, {"files", f}, {"v", 1}}.dump());
+}
+
+struct Pass1Result {
+  std::vector<StageCounts> stages;  // read, then the kPass1Stages
+  json inputs = json::array();
+  json problems = json::array();
+  int64_t problems_total = 0;
+  json files = json::object();
+  int64_t docs = 0;  // written to pass1.jsonl
+};
+
+Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& files,
+                      const fs::path& work, const PrepareOptions& opt) {
+  Pass1Result res;
+  StageCounts read;
+  read.name = "read";
+  std::vector<StageCounts> st(kPass1Stages);
+  for (int s = 0; s < kPass1Stages; ++s) st[static_cast<size_t>(s)].name = kPass1Names[s];
+  st[kLength].enabled = c.length.enabled;
+  st[kGopherQ].enabled = c.gopher_quality.enabled;
+  st[kGopherR].enabled = c.gopher_repetition.enabled;
+  st[kC4].enabled = c.c4.enabled;
+  st[kFineWeb].enabled = c.fineweb.enabled;
+  st[kExact].enabled = c.exact_dedup;
+
+  AtomicOut docs_out(work / "pass1.jsonl");
+  AtomicOut sig_out(work / "pass1.sig");
+  MinHasher hasher(c.minhash);
+  const int m = c.minhash.signature_size();
+  std::unordered_set<uint64_t> seen_a;
+  std::set<std::pair<uint64_t, uint64_t>> collisions;  // (never) fallback if a 64-bit hash clashes
+  std::unordered_set<uint64_t> seen;
+  int64_t files_read = 0, files_missing = 0, files_empty = 0, files_unreadable = 0;
+
+  struct Item {
+    std::string id;
+    std::string text;
+    int source;
+  };
+  struct Outcome {
+    int stage = kPass1Stages;  // where it was dropped; kPass1Stages = survived the filters
+    const char* reason = nullptr;
+    int64_t raw_bytes = 0, utf8_bytes = 0, c4_bytes = 0;
+    bool repaired = false, c4_changed = false;
+    uint64_t h1 = 0, h2 = 0;
+  };
+  std::vector<Item> batch;
+  std::vector<Outcome> outcome;
+  std::vector<uint32_t> sigs;
+  int64_t batch_bytes = 0, total_bytes = 0, total_docs = 0;
+  Progress progress(opt.progress, "pass 1 (read, filter, dedup)");
+
+  auto process = [&]() {
+    const int64_t n = static_cast<int64_t>(batch.size());
+    outcome.assign(batch.size(), Outcome{});
+    sigs.assign(static_cast<size_t>(n * m), 0);
+    parallel_for(n, 1, [&](int64_t b, int64_t e) {
+      std::string tmp;
+      for (int64_t i = b; i < e; ++i) {
+        Item& it = batch[static_cast<size_t>(i)];
+        Outcome& o = outcome[static_cast<size_t>(i)];
+        o.raw_bytes = static_cast<int64_t>(it.text.size());
+        auto dropped = [&](int stage, const char* why) {
+          o.stage = stage;
+          o.reason = why;
+        };
+        if (!utf8_valid(it.text)) {
+          if (c.utf8 == "drop") {
+            dropped(kUtf8, "invalid_utf8");
+            continue;
+          }
+          utf8_repair(it.text, tmp);
+          it.text.swap(tmp);
+          o.repaired = true;
+        }
+        if (c.normalize_newlines && it.text.find('\r') != std::string::npos) {
+          tmp.clear();
+          for (size_t k = 0; k < it.text.size(); ++k) {
+            if (it.text[k] == '\r') {
+              tmp += '\n';
+              if (k + 1 < it.text.size() && it.text[k + 1] == '\n') ++k;
+            } else {
+              tmp += it.text[k];
+            }
+          }
+          it.text.swap(tmp);
+          o.repaired = true;
+        }
+        o.utf8_bytes = static_cast<int64_t>(it.text.size());
+        const char* why = nullptr;
+        if (c.length.enabled && (why = c.length.check(it.text))) {
+          dropped(kLength, why);
+          continue;
+        }
+        if (c.gopher_quality.enabled && (why = c.gopher_quality.check(it.text))) {
+          dropped(kGopherQ, why);
+          continue;
+        }
+        if (c.gopher_repetition.enabled && (why = c.gopher_repetition.check(it.text))) {
+          dropped(kGopherR, why);
+          continue;
+        }
+        if (c.c4.enabled) {
+          int64_t removed = 0;
+          if ((why = c.c4.apply(it.text, tmp, removed))) {
+            dropped(kC4, why);
+            continue;
+          }
+          o.c4_changed = tmp != it.text;
+          it.text.swap(tmp);
+        }
+        o.c4_bytes = static_cast<int64_t>(it.text.size());
+        if (c.fineweb.enabled && (why = c.fineweb.check(it.text))) {
+          dropped(kFineWeb, why);
+          continue;
+        }
+        o.h1 = xxh64(it.text.data(), it.text.size(), 0);
+        o.h2 = xxh64(it.text.data(), it.text.size(), 0x9e3779b97f4a7c15ull);
+        if (c.minhash.enabled) hasher.signature(it.text, &sigs[static_cast<size_t>(i * m)]);
+      }
+    });
+    // Merge in input order.
+    for (int64_t i = 0; i < n; ++i) {
+      const Outcome& o = outcome[static_cast<size_t>(i)];
+      Item& it = batch[static_cast<size_t>(i)];
+      read.keep(o.raw_bytes, o.raw_bytes);
+      int64_t bytes = o.raw_bytes;
+      bool alive = true;
+      for (int s = 0; s < kPass1Stages && alive; ++s) {
+        StageCounts& sc = st[static_cast<size_t>(s)];
+        if (o.stage == s) {
+          sc.drop(o.reason, bytes);
+          alive = false;
+          break;
+        }
+        int64_t out = s == kUtf8 ? o.utf8_bytes : s == kC4 ? o.c4_bytes : bytes;
+        if (s == kExact && c.exact_dedup) {
+          // 128 bits of content hash: h1 picks the set, h2 must match too.
+          uint64_t key = o.h1 ^ (o.h2 * 0x9e3779b97f4a7c15ull);
+          if (!seen.insert(key).second) {
+            sc.drop("duplicate", bytes);
+            alive = false;
+            break;
+          }
+        }
+        sc.keep(bytes, out);
+        if ((s == kUtf8 && o.repaired) || (s == kC4 && o.c4_changed)) sc.docs_modified++;
+        bytes = out;
+      }
+      if (!alive) continue;
+      docs_out.write(jsonl_line(it.id, c.sources[static_cast<size_t>(it.source)].name, it.text));
+      if (c.minhash.enabled)
+        sig_out.write(
+            std::string_view(reinterpret_cast<const char*>(&sigs[static_cast<size_t>(i * m)]),
+                             static_cast<size_t>(m) * 4));
+      res.docs++;
+    }
+    total_docs += n;
+    progress.update(total_docs, total_bytes);
+    batch.clear();
+    batch_bytes = 0;
+  };
+
+  for (const auto& f : files) {
+    const SourceSpec& spec = c.sources[static_cast<size_t>(f.source)];
+    int64_t bytes = 0;
+    std::string sha;
+    bool file_problem = false;
+    read_input(
+        f, spec, c.limits,
+        [&](RawDoc&& d) {
+          batch_bytes += static_cast<int64_t>(d.text.size());
+          total_bytes += static_cast<int64_t>(d.text.size());
+          batch.push_back({std::move(d.id), std::move(d.text), f.source});
+          if (batch_bytes >= c.batch_bytes) process();
+        },
+        [&](Problem&& p) {
+          if (c.fail_on_bad_input)
+            fail("bad input in '", p.file, "'", p.line ? cat(", line ", p.line) : "", ": ",
+                 p.reason, " (", p.detail, ")");
+          res.problems_total++;
+          if (res.problems_total <= 20)
+            log::warn("data: ", p.file, p.line ? cat(":", p.line) : "", ": ", p.reason, ": ",
+                      p.detail);
+          if (res.problems.size() < 1000)
+            res.problems.push_back(
+                {{"file", p.file}, {"line", p.line}, {"reason", p.reason}, {"detail", p.detail}});
+          if (p.reason == "missing_file")
+            files_missing++, file_problem = true;
+          else if (p.reason == "empty_file")
+            files_empty++;
+          else if (p.reason == "unreadable_file")
+            files_unreadable++, file_problem = true;
+          else
+            read.drop(p.reason, p.bytes);
+        },
+        bytes, sha);
+    if (!f.missing) {
+      files_read++;
+      if (!sha.empty()) res.inputs.push_back({{"path", f.name}, {"sha256", sha}, {"bytes", bytes}});
+    }
+    (void)file_problem;
+  }
+  if (!batch.empty()) process();
+  progress.update(total_docs, total_bytes, true);
+  read.extra = {{"files", files_read},
+                {"files_missing", files_missing},
+                {"files_empty", files_empty},
+                {"files_unreadable", files_unreadable}};
+  res.stages.push_back(read);
+  for (auto& s : st) res.stages.push_back(s);
+  res.files = read.extra;
+  docs_out.commit();
+  sig_out.commit();
+  return res;
+}
+
+struct Tok {
+  std::unique_ptr<tokenizer::Tokenizer> t;
+  std::optional<uint32_t> bos, eos;
+};
+
+std::optional<uint32_t> find_token(const tokenizer::Tokenizer& t, const std::string& name) {
+  for (const auto& a : t.added_tokens())
+    if (a.content == name) return a.id;
+  return std::nullopt;
+}
+
+Tok load_tokenizer(const PipelineConfig& c) {
+  Tok k;
+  fs::path p =
+      fs::path(c.tokenizer).is_absolute() ? fs::path(c.tokenizer) : c.base_dir / c.tokenizer;
+  k.t = std::make_unique<tokenizer::Tokenizer>(tokenizer::load_hf_json(p));
+  auto pick = [&](bool want, const std::string& name, const std::vector<uint32_t>& from_template,
+                  std::initializer_list<const char*> usual,
+                  const char* key) -> std::optional<uint32_t> {
+    if (!want) return std::nullopt;
+    if (!name.empty()) {
+      auto id = find_token(*k.t, name);
+      POLLEN_CHECK(id.has_value(), "tokenize.", key, ": the tokenizer '", p.string(),
+                   "' has no added token \"", name, "\"");
+      return id;
+    }
+    if (!from_template.empty()) return from_template.front();
+    for (const char* u : usual)
+      if (auto id = find_token(*k.t, u)) return id;
+    fail("tokenize.", key, ": the tokenizer '", p.string(),
+         "' has no template token or usual special token; name one with tokenize.", key);
+  };
+  k.bos = pick(c.add_bos, c.bos_token, k.t->bos_eos().prefix,
+               {"<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>"}, "bos_token");
+  k.eos = pick(c.add_eos, c.eos_token, k.t->bos_eos().suffix,
+               {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}, "eos_token");
+  return k;
+}
+
+}  // namespace
+
+// ---- the run -----------------------------------------------------------------------------------
+
+fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
+  if (c.threads > 0) set_num_threads(c.threads);
+  fs::create_directories(c.output / "work");
+  const fs::path work = c.output / "work";
+  const fs::path manifest_path = c.output / "manifest.json";
+  std::vector<InputFile> files = list_inputs(c.sources, c.base_dir);
+  const std::string key1 = pass1_key(c, files);
+  const std::string key_all =
+      sha256_hex(key1 + c.to_json().dump() +
+                 (c.tokenize ? sha256_file(c.base_dir / c.tokenizer) : std::string()));
+  // A finished run with the same config and inputs: nothing to do.
+  if (fs::exists(manifest_path) && fs::exists(work / "done.json")) {
+    json done = json::parse(read_file(work / "done.json"), nullptr, false);
+    if (!done.is_discarded() && done.value("key", "") == key_all &&
+        done.value("manifest_sha256", "") == sha256_file(manifest_path)) {
+      log::info("data: ", manifest_path.filename().string(),
+                " is complete for this config and "
+                "these inputs; nothing to do");
+      return manifest_path;
+    }
+  }
+  std::error_code ec;
+  fs::remove(work / "done.json", ec);
+
+  // ---- pass 1, or its saved outputs
+  Pass1Result p1;
+  bool reuse = false;
+  if (fs::exists(work / "pass1.json")) {
+    json saved = json::parse(read_file(work / "pass1.json"), nullptr, false);
+    if (!saved.is_discarded() && saved.value("key", "") == key1 &&
+        fs::exists(work / "pass1.jsonl") && fs::exists(work / "pass1.sig") &&
+        saved.value("sha256_docs", "") == sha256_file(work / "pass1.jsonl") &&
+        saved.value("sha256_sigs", "") == sha256_file(work / "pass1.sig")) {
+      for (const auto& s : saved.at("stages")) p1.stages.push_back(StageCounts::from_json(s));
+      p1.inputs = saved.at("inputs");
+      p1.problems = saved.at("problems");
+      p1.problems_total = saved.at("problems_total");
+      p1.docs = saved.at("docs");
+      reuse = true;
+      log::info("data: pass 1 outputs match this config and these inputs; reusing them");
+    }
+  }
+  if (!reuse) {
+    fs::remove(work / "pass1.json", ec);
+    p1 = run_pass1(c, files, work, opt);
+    json stages = json::array();
+    for (const auto& s : p1.stages) stages.push_back(s.to_json());
+    json saved{{"key", key1},
+               {"stages", stages},
+               {"inputs", p1.inputs},
+               {"problems", p1.problems},
+               {"problems_total", p1.problems_total},
+               {"docs", p1.docs},
+               {"sha256_docs", sha256_file(work / "pass1.jsonl")},
+               {"sha256_sigs", sha256_file(work / "pass1.sig")}};
+    write_file_atomic(work / "pass1.json", saved.dump(1) + "\n");
+  }
+  if (opt.stop_after == "pass1") return {};
+
+  // ---- near-duplicates
+  StageCounts near;
+  near.name = "minhash";
+  near.enabled = c.minhash.enabled;
+  std::vector<int64_t> cluster;
+  if (c.minhash.enabled) {
+    const int m = c.minhash.signature_size();
+    std::string raw = read_file(work / "pass1.sig");
+    POLLEN_CHECK(static_cast<int64_t>(raw.size()) == p1.docs * m * 4, "'",
+                 (work / "pass1.sig").string(), "' does not hold ", p1.docs, " signatures");
+    std::vector<uint32_t> sigs(static_cast<size_t>(p1.docs * m));
+    std::memcpy(sigs.data(), raw.data(), raw.size());
+    raw = std::string();
+    NearDupResult r = find_near_duplicates(sigs, p1.docs, c.minhash);
+    cluster = std::move(r.cluster);
+    near.extra = {{"candidate_pairs", r.candidate_pairs},
+                  {"verified_pairs", r.verified_pairs},
+                  {"clusters_with_duplicates", 0}};
+    std::set<int64_t> roots;
+    for (int64_t i = 0; i < p1.docs; ++i)
+      if (cluster[static_cast<size_t>(i)] != i) roots.insert(cluster[static_cast<size_t>(i)]);
+    near.extra["clusters_with_duplicates"] = static_cast<int64_t>(roots.size());
+  }
+
+  // ---- pass 2
+  StageCounts pii_c, deco_c, split_c, tok_c;
+  pii_c.name = "pii";
+  pii_c.enabled = c.pii.enabled;
+  deco_c.name = "decontaminate";
+  deco_c.enabled = c.decontaminate;
+  split_c.name = "split";
+  tok_c.name = "tokenize";
+  tok_c.enabled = c.tokenize;
+  PiiCounts pii_total;
+  Decontaminator deco(c.decontaminate_ngram);
+  if (c.decontaminate) {
+    for (const auto& e : c.eval_files) {
+      fs::path p = fs::path(e).is_absolute() ? fs::path(e) : c.base_dir / e;
+      POLLEN_CHECK(fs::exists(p), "decontaminate.eval_files: '", e, "' does not exist");
+      SourceSpec spec;
+      spec.name = "eval";
+      spec.format = p.string().find(".jsonl") != std::string::npos ? "jsonl" : "text";
+      spec.text_field = c.eval_text_field;
+      InputFile f{0, p, "eval/" + p.filename().string(), false};
+      int64_t bytes;
+      std::string sha;
+      read_input(
+          f, spec, c.limits, [&](RawDoc&& d) { deco.add_eval_text(d.text); },
+          [&](Problem&& pr) {
+            fail("decontaminate.eval_files: '", e, "'", pr.line ? cat(" line ", pr.line) : "", ": ",
+                 pr.reason, " (", pr.detail, ")");
+          },
+          bytes, sha);
+    }
+    deco_c.extra = {{"eval_texts", deco.eval_texts()},
+                    {"eval_texts_shorter_than_ngram", deco.short_texts()},
+                    {"eval_ngrams", deco.ngrams()}};
+  }
+  Tok tok;
+  TokenDType dtype = TokenDType::u16;
+  std::unique_ptr<ShardWriter> writers[2];
+  const char* split_names[2] = {"train", "validation"};
+  if (c.tokenize) {
+    tok = load_tokenizer(c);
+    dtype = token_dtype_for(tok.t->vocab_size());
+    for (const auto& e : fs::directory_iterator(c.output))
+      if (e.path().extension() == ".tokens" || e.path().extension() == ".index")
+        fs::remove(e.path());
+    for (int s = 0; s < 2; ++s)
+      writers[s] =
+          std::make_unique<ShardWriter>(c.output, c.prefix, split_names[s], dtype, c.shard_tokens);
+  }
+  AtomicOut curated[2] = {AtomicOut(c.output / "curated-train.jsonl"),
+                          AtomicOut(c.output / "curated-validation.jsonl")};
+  int64_t split_docs[2] = {0, 0}, split_bytes[2] = {0, 0}, split_tokens[2] = {0, 0};
+  {
+    std::FILE* in = std::fopen((work / "pass1.jsonl").c_str(), "rb");
+    POLLEN_CHECK(in, "cannot open '", (work / "pass1.jsonl").string(), "'");
+    struct D {
+      json j;
+      std::string text;
+      bool near_dup = false, contaminated = false;
+      PiiCounts pii;
+      int split = 0;
+      std::vector<uint32_t> ids;
+      int64_t bytes_in = 0;
+    };
+    std::vector<std::string> lines;
+    std::vector<D> docs;
+    int64_t index = 0, done_bytes = 0;
+    Progress progress(opt.progress, "pass 2 (near-dedup, pii, decontaminate, tokenize)");
+    auto process = [&]() {
+      const int64_t n = static_cast<int64_t>(lines.size());
+      docs.assign(lines.size(), D{});
+      parallel_for(n, 1, [&](int64_t b, int64_t e) {
+        std::string tmp;
+        for (int64_t i = b; i < e; ++i) {
+          D& d = docs[static_cast<size_t>(i)];
+          d.j = json::parse(lines[static_cast<size_t>(i)]);
+          d.text = d.j.at("text").get<std::string>();
+          d.bytes_in = static_cast<int64_t>(d.text.size());
+          const int64_t g = index + i;
+          if (c.minhash.enabled && cluster[static_cast<size_t>(g)] != g) {
+            d.near_dup = true;
+            continue;
+          }
+          if (c.pii.enabled) {
+            d.pii = redact_pii(d.text, c.pii, tmp);
+            if (d.pii.total()) d.text.swap(tmp);
+          }
+          if (c.decontaminate && deco.contaminated(d.text)) {
+            d.contaminated = true;
+            continue;
+          }
+          uint64_t h = xxh64(d.text.data(), d.text.size(), c.split_seed);
+          double u = static_cast<double>(h >> 11) * 0x1.0p-53;
+          d.split = u < c.validation_fraction ? 1 : 0;
+          if (c.tokenize) {
+            if (tok.bos) d.ids.push_back(*tok.bos);
+            tok.t->encode(d.text, {.special = tokenizer::SpecialPolicy::as_text()}, d.ids);
+            if (tok.eos) d.ids.push_back(*tok.eos);
+          }
+        }
+      });
+      for (int64_t i = 0; i < n; ++i) {
+        D& d = docs[static_cast<size_t>(i)];
+        int64_t b = d.bytes_in;
+        done_bytes += b;
+        if (d.near_dup) {
+          near.drop("near_duplicate", b);
+          continue;
+        }
+        near.keep(b, b);
+        int64_t after = static_cast<int64_t>(d.text.size());
+        pii_c.keep(b, after);
+        if (d.pii.total()) pii_c.docs_modified++;
+        for (int k = 0; k < kPiiTypes; ++k)
+          pii_total.n[static_cast<size_t>(k)] += d.pii.n[static_cast<size_t>(k)];
+        if (d.contaminated) {
+          deco_c.drop("contaminated", after);
+          continue;
+        }
+        deco_c.keep(after, after);
+        split_c.keep(after, after);
+        split_docs[d.split]++;
+        split_bytes[d.split] += after;
+        curated[d.split].write(jsonl_line(d.j.at("id").get<std::string>(),
+                                          d.j.at("source").get<std::string>(), d.text));
+        if (c.tokenize) {
+          tok_c.keep(after, after);
+          writers[d.split]->add_document(d.ids);
+          split_tokens[d.split] += static_cast<int64_t>(d.ids.size());
+        }
+      }
+      index += n;
+      lines.clear();
+      progress.update(index, done_bytes);
+    };
+    std::string line;
+    int64_t bytes = 0;
+    char buf[1 << 16];
+    while (std::fgets(buf, sizeof buf, in)) {
+      line += buf;
+      if (line.back() != '\n') continue;
+      bytes += static_cast<int64_t>(line.size());
+      lines.push_back(std::move(line));
+      line.clear();
+      if (bytes >= c.batch_bytes) {
+        process();
+        bytes = 0;
+      }
+    }
+    std::fclose(in);
+    POLLEN_CHECK(line.empty(), "'", (work / "pass1.jsonl").string(), "' ends in a partial line");
+    if (!lines.empty()) process();
+    progress.update(index, done_bytes, true);
+    POLLEN_CHECK(index == p1.docs, "'", (work / "pass1.jsonl").string(), "' holds ", index,
+                 " documents, pass 1 wrote ", p1.docs);
+  }
+  json pii_counts = json::object();
+  for (int k = 0; k < kPiiTypes; ++k)
+    pii_counts[pii_type_name(static_cast<PiiType>(k))] = pii_total.n[static_cast<size_t>(k)];
+  pii_c.extra = {{"redactions", pii_counts}};
+  split_c.extra = {{"train", {{"docs", split_docs[0]}, {"bytes", split_bytes[0]}}},
+                   {"validation", {{"docs", split_docs[1]}, {"bytes", split_bytes[1]}}}};
+  tok_c.extra = {{"train_tokens", split_tokens[0]}, {"validation_tokens", split_tokens[1]}};
+
+  std::string curated_sha[2];
+  int64_t curated_bytes[2];
+  for (int s = 0; s < 2; ++s) {
+    curated_bytes[s] = curated[s].bytes();
+    curated_sha[s] = curated[s].commit();
+  }
+  json shards = json::array();
+  if (c.tokenize)
+    for (int s = 0; s < 2; ++s)
+      for (const auto& info : writers[s]->finish()) shards.push_back(info.to_json());
+
+  // ---- the manifest
+  json m;
+  m["format"] = "pollen-shards-v1";
+  m["token_dtype"] = token_dtype_name(dtype);
+  m["vocab_size"] = c.tokenize ? static_cast<int64_t>(tok.t->vocab_size()) : 0;
+  if (c.tokenize) {
+    fs::path src =
+        fs::path(c.tokenizer).is_absolute() ? fs::path(c.tokenizer) : c.base_dir / c.tokenizer;
+    write_file_atomic(c.output / "tokenizer.json", read_file(src));
+    m["tokenizer"] = {{"fingerprint", tok.t->fingerprint()}, {"file", "tokenizer.json"}};
+  } else {
+    m["tokenizer"] = nullptr;
+  }
+  m["bos_id"] = tok.bos ? json(*tok.bos) : json(nullptr);
+  m["eos_id"] = tok.eos ? json(*tok.eos) : json(nullptr);
+  m["add_bos"] = c.tokenize && c.add_bos;
+  m["add_eos"] = c.tokenize && c.add_eos;
+  m["inputs"] = p1.inputs;
+  m["config"] = c.to_json();
+  json stages = json::array();
+  for (const auto& s : p1.stages) stages.push_back(s.to_json());
+  stages.push_back(near.to_json());
+  stages.push_back(pii_c.to_json());
+  stages.push_back(deco_c.to_json());
+  stages.push_back(split_c.to_json());
+  stages.push_back(tok_c.to_json());
+  m["stages"] = stages;
+  m["problems"] = p1.problems;
+  m["problems_total"] = p1.problems_total;
+  m["curated"] = json::array();
+  for (int s = 0; s < 2; ++s)
+    m["curated"].push_back({{"split", split_names[s]},
+                            {"file", s == 0 ? "curated-train.jsonl" : "curated-validation.jsonl"},
+                            {"docs", split_docs[s]},
+                            {"bytes", curated_bytes[s]},
+                            {"sha256", curated_sha[s]}});
+  m["shards"] = shards;
+  std::string text = manifest_text(m);
+  write_file_atomic(manifest_path, text);
+  write_file_atomic(work / "done.json",
+                    json{{"key", key_all}, {"manifest_sha256", sha256_hex(text)}}.dump() + "\n");
+  if (opt.progress) std::fprintf(stderr, "%s", dataset_stats(manifest_path).c_str());
+  return manifest_path;
+}
+
+// ---- stats and inspect -------------------------------------------------------------------------
+
+std::string dataset_stats(const fs::path& where) {
+  fs::path path = fs::is_directory(where) ? where / "manifest.json" : where;
+  Manifest m = Manifest::load(path);
+  std::string out = cat("dataset ", path.string(), "\nversion ", dataset_version(path), "\n");
+  int64_t tokens[2] = {0, 0}, docs[2] = {0, 0}, nshards[2] = {0, 0};
+  for (const auto& s : m.shards) {
+    int k = s.split == "train" ? 0 : 1;
+    tokens[k] += s.num_tokens;
+    docs[k] += s.num_docs;
+    nshards[k]++;
+  }
+  out += cat("token dtype ", token_dtype_name(m.token_dtype), ", vocab ", m.vocab_size, "\n");
+  out += cat("train: ", docs[0], " docs, ", tokens[0], " tokens in ", nshards[0],
+             " shards\nvalidation: ", docs[1], " docs, ", tokens[1], " tokens in ", nshards[1],
+             " shards\n");
+  if (m.json.contains("stages")) {
+    char line[256];
+    std::snprintf(line, sizeof line, "%-18s %10s %12s %10s %12s  %s\n", "stage", "docs in",
+                  "bytes in", "kept", "bytes kept", "dropped");
+    out += line;
+    for (const auto& s : m.json["stages"]) {
+      std::string dropped;
+      for (auto it = s["dropped"].begin(); it != s["dropped"].end(); ++it)
+        dropped +=
+            cat(dropped.empty() ? "" : ", ", it.key(), " ", it.value()["docs"].get<int64_t>());
+      if (!s["enabled"].get<bool>()) dropped = "(off)";
+      std::snprintf(line, sizeof line, "%-18s %10lld %12lld %10lld %12lld  ",
+                    s["name"].get<std::string>().c_str(),
+                    static_cast<long long>(s["docs_in"].get<int64_t>()),
+                    static_cast<long long>(s["bytes_in"].get<int64_t>()),
+                    static_cast<long long>(s["docs_kept"].get<int64_t>()),
+                    static_cast<long long>(s["bytes_kept"].get<int64_t>()));
+      out += line + dropped + "\n";
+      if (s.contains("redactions")) out += cat("  redactions ", s["redactions"].dump(), "\n");
+    }
+  }
+  if (m.json.value("problems_total", 0) > 0)
+    out += cat("problems: ", m.json["problems_total"].get<int64_t>(),
+               " (listed in the manifest's \"problems\")\n");
+  return out;
+}
+
+std::string inspect_documents(const fs::path& where, const std::string& split, int64_t first,
+                              int64_t count, int64_t max_ids) {
+  fs::path path = fs::is_directory(where) ? where / "manifest.json" : where;
+  Manifest m = Manifest::load(path);
+  std::unique_ptr<tokenizer::Tokenizer> tok;
+  if (m.json.contains("tokenizer") && m.json["tokenizer"].is_object() &&
+      fs::exists(m.dir() / m.json["tokenizer"]["file"].get<std::string>()))
+    tok = std::make_unique<tokenizer::Tokenizer>(
+        tokenizer::load_hf_json(m.dir() / m.json["tokenizer"]["file"].get<std::string>()));
+  std::string out;
+  int64_t base = 0;
+  for (const auto& info : m.split(split)) {
+    ShardReader r(m.dir(), info, m.token_dtype, false);
+    for (int64_t d = 0; d < r.num_docs(); ++d) {
+      int64_t g = base + d;
+      if (g < first || g >= first + count) continue;
+      auto b = static_cast<int64_t>(r.doc_starts()[static_cast<size_t>(d)]);
+      auto e = static_cast<int64_t>(r.doc_starts()[static_cast<size_t>(d + 1)]);
+      std::vector<uint32_t> ids;
+      for (int64_t k = b; k < e; ++k) ids.push_back(r.token(k));
+      out += cat("--- ", split, " doc ", g, " (", info.tokens, " tokens [", b, ", ", e, "), ",
+                 e - b, " tokens)\nids:");
+      for (int64_t k = 0; k < std::min<int64_t>(max_ids, e - b); ++k)
+        out += cat(" ", ids[static_cast<size_t>(k)]);
+      if (e - b > max_ids) out += " ...";
+      out += "\n";
+      if (tok) out += cat("text: ", tok->decode(ids), "\n");
+    }
+    base += r.num_docs();
+  }
+  POLLEN_CHECK(first < base, "inspect: the '", split, "' split has ", base, " documents");
+  return out;
+}
+
+}  // namespace pollen::data

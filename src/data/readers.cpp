@@ -1,0 +1,327 @@
+#include "data/readers.h"
+
+#include <fnmatch.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/hash.h"
+
+namespace pollen::data {
+namespace fs = std::filesystem;
+
+std::vector<InputFile> list_inputs(const std::vector<SourceSpec>& sources, const fs::path& base) {
+  std::vector<InputFile> out;
+  for (size_t si = 0; si < sources.size(); ++si) {
+    const auto& src = sources[si];
+    for (const auto& p : src.paths) {
+      fs::path path = fs::path(p).is_absolute() ? fs::path(p) : base / p;
+      std::error_code ec;
+      if (fs::is_directory(path, ec)) {
+        std::vector<std::pair<std::string, fs::path>> files;
+        for (auto it = fs::recursive_directory_iterator(
+                 path, fs::directory_options::skip_permission_denied, ec);
+             it != fs::recursive_directory_iterator(); it.increment(ec)) {
+          if (ec) break;
+          if (!it->is_regular_file(ec)) continue;
+          std::string fname = it->path().filename().string();
+          bool inc = false, exc = false;
+          for (const auto& g : src.include) inc |= fnmatch(g.c_str(), fname.c_str(), 0) == 0;
+          for (const auto& g : src.exclude) exc |= fnmatch(g.c_str(), fname.c_str(), 0) == 0;
+          if (!inc || exc) continue;
+          files.push_back({fs::relative(it->path(), path).generic_string(), it->path()});
+        }
+        std::sort(files.begin(), files.end());
+        for (auto& [rel, full] : files)
+          out.push_back({static_cast<int>(si), full, src.name + "/" + rel, false});
+      } else {
+        InputFile f{static_cast<int>(si), path, src.name + "/" + path.filename().string(), false};
+        f.missing = !fs::exists(path, ec);
+        out.push_back(std::move(f));
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Raw bytes of a file, decompressed when its name ends in .gz or .zst; hashes the raw bytes.
+class ByteStream {
+ public:
+  ByteStream(const fs::path& path, const std::string& name) : name_(name) {
+    file_ = std::fopen(path.c_str(), "rb");
+    POLLEN_CHECK(file_, "cannot open: ", std::strerror(errno));
+    std::string ext = path.extension().string();
+    if (ext == ".gz") {
+      kind_ = 1;
+      std::memset(&z_, 0, sizeof z_);
+      POLLEN_CHECK(inflateInit2(&z_, 15 + 32) == Z_OK, "zlib init failed");
+    } else if (ext == ".zst") {
+      kind_ = 2;
+      zs_ = ZSTD_createDStream();
+      ZSTD_initDStream(zs_);
+    }
+    raw_.resize(1 << 20);
+  }
+  ~ByteStream() {
+    if (file_) std::fclose(file_);
+    if (kind_ == 1) inflateEnd(&z_);
+    if (zs_) ZSTD_freeDStream(zs_);
+  }
+  int64_t raw_bytes() const { return raw_bytes_; }
+  std::string sha256() { return sha_.hex_digest(); }
+
+  // Fills up to n bytes; returns 0 at the end.
+  size_t read(char* out, size_t n) {
+    if (kind_ == 0) return fill_raw_direct(out, n);
+    while (true) {
+      if (raw_pos_ == raw_len_ && !eof_) refill();
+      if (kind_ == 1) {
+        if (raw_pos_ == raw_len_ && eof_) {
+          POLLEN_CHECK(stream_done_ || raw_bytes_ == 0, "truncated gzip stream");
+          return 0;
+        }
+        if (stream_done_) {  // a following gzip member
+          POLLEN_CHECK(inflateReset(&z_) == Z_OK, "zlib reset failed");
+          stream_done_ = false;
+        }
+        z_.next_in = reinterpret_cast<Bytef*>(raw_.data() + raw_pos_);
+        z_.avail_in = static_cast<uInt>(raw_len_ - raw_pos_);
+        z_.next_out = reinterpret_cast<Bytef*>(out);
+        z_.avail_out = static_cast<uInt>(n);
+        int rc = inflate(&z_, Z_NO_FLUSH);
+        POLLEN_CHECK(rc == Z_OK || rc == Z_STREAM_END || rc == Z_BUF_ERROR,
+                     "corrupt gzip data (zlib: ", z_.msg ? z_.msg : "error", ")");
+        raw_pos_ = raw_len_ - z_.avail_in;
+        if (rc == Z_STREAM_END) stream_done_ = true;
+        size_t got = n - z_.avail_out;
+        if (got) return got;
+        if (rc == Z_BUF_ERROR && raw_pos_ == raw_len_ && eof_) fail("truncated gzip stream");
+      } else {
+        if (raw_pos_ == raw_len_ && eof_) {
+          POLLEN_CHECK(zstd_frame_done_, "truncated zstd stream");
+          return 0;
+        }
+        ZSTD_inBuffer in{raw_.data() + raw_pos_, raw_len_ - raw_pos_, 0};
+        ZSTD_outBuffer o{out, n, 0};
+        size_t rc = ZSTD_decompressStream(zs_, &o, &in);
+        POLLEN_CHECK(!ZSTD_isError(rc), "corrupt zstd data (", ZSTD_getErrorName(rc), ")");
+        zstd_frame_done_ = rc == 0;
+        raw_pos_ += in.pos;
+        if (o.pos) return o.pos;
+      }
+    }
+  }
+
+ private:
+  void refill() {
+    raw_len_ = std::fread(raw_.data(), 1, raw_.size(), file_);
+    POLLEN_CHECK(!std::ferror(file_), "read error: ", std::strerror(errno));
+    raw_pos_ = 0;
+    if (raw_len_ == 0) eof_ = true;
+    sha_.update(raw_.data(), raw_len_);
+    raw_bytes_ += static_cast<int64_t>(raw_len_);
+  }
+  size_t fill_raw_direct(char* out, size_t n) {
+    size_t got = std::fread(out, 1, n, file_);
+    POLLEN_CHECK(!std::ferror(file_), "read error: ", std::strerror(errno));
+    sha_.update(out, got);
+    raw_bytes_ += static_cast<int64_t>(got);
+    return got;
+  }
+
+  std::string name_;
+  std::FILE* file_ = nullptr;
+  int kind_ = 0;
+  z_stream z_{};
+  ZSTD_DStream* zs_ = nullptr;
+  std::vector<char> raw_;
+  size_t raw_pos_ = 0, raw_len_ = 0;
+  bool eof_ = false, stream_done_ = false, zstd_frame_done_ = true;
+  Sha256 sha_;
+  int64_t raw_bytes_ = 0;
+};
+
+// Lines of a ByteStream; a line longer than `cap` is reported as too long and skipped.
+class LineReader {
+ public:
+  LineReader(ByteStream& in, int64_t cap) : in_(in), cap_(static_cast<size_t>(cap)) {
+    buf_.resize(1 << 20);
+  }
+  // Returns false at the end. `too_long` is set for an over-long line (whose text is dropped).
+  bool next(std::string& line, bool& too_long) {
+    line.clear();
+    too_long = false;
+    bool any = false;
+    while (true) {
+      if (pos_ == len_) {
+        len_ = in_.read(buf_.data(), buf_.size());
+        pos_ = 0;
+        if (len_ == 0) return any || (!line.empty());
+      }
+      any = true;
+      const char* b = buf_.data() + pos_;
+      const char* nl = static_cast<const char*>(std::memchr(b, '\n', len_ - pos_));
+      size_t take = nl ? static_cast<size_t>(nl - b) : len_ - pos_;
+      if (!too_long) {
+        if (line.size() + take > cap_) {
+          too_long = true;
+          line.clear();
+          line.shrink_to_fit();
+        } else {
+          line.append(b, take);
+        }
+      }
+      pos_ += take;
+      if (nl) {
+        ++pos_;
+        ++number_;
+        return true;
+      }
+    }
+  }
+  int64_t number() const { return number_; }  // lines completed so far
+
+ private:
+  ByteStream& in_;
+  size_t cap_;
+  std::vector<char> buf_;
+  size_t pos_ = 0, len_ = 0;
+  int64_t number_ = 0;
+};
+
+}  // namespace
+
+void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits& limits,
+                const std::function<void(RawDoc&&)>& on_doc,
+                const std::function<void(Problem&&)>& on_problem, int64_t& bytes,
+                std::string& sha256) {
+  bytes = 0;
+  sha256.clear();
+  if (file.missing) {
+    on_problem({file.name, 0, "missing_file", "no such file"});
+    return;
+  }
+  int64_t line_no = 0;
+  try {
+    ByteStream in(file.path, file.name);
+    if (spec.format == "text") {
+      std::string text;
+      std::vector<char> buf(1 << 20);
+      bool too_big = false;
+      for (size_t n; (n = in.read(buf.data(), buf.size())) > 0;) {
+        if (!too_big && static_cast<int64_t>(text.size() + n) > limits.max_doc_bytes) {
+          too_big = true;
+          text.clear();
+          text.shrink_to_fit();
+        }
+        if (!too_big) text.append(buf.data(), n);
+      }
+      if (too_big)
+        on_problem({file.name, 0, "document_too_large",
+                    cat("over max_doc_bytes = ", limits.max_doc_bytes)});
+      else if (in.raw_bytes() == 0)
+        on_problem({file.name, 0, "empty_file", "the file is empty"});
+      else
+        on_doc({file.name, std::move(text)});
+    } else if (spec.format == "delimited") {
+      LineReader lines(in, limits.max_line_bytes);
+      std::string line, doc;
+      bool too_long = false, doc_bad = false, any = false, started = false;
+      int64_t n = 0, doc_line = 1;
+      auto flush = [&]() {
+        ++n;
+        if (doc_bad)
+          on_problem({file.name, doc_line, "document_too_large",
+                      "a line or the document is over "
+                      "the limits"});
+        else
+          on_doc({cat(file.name, "#", n), std::move(doc)});
+        doc.clear();
+        doc_bad = false;
+        started = false;
+      };
+      while (lines.next(line, too_long)) {
+        any = true;
+        line_no = lines.number();
+        std::string_view l(line);
+        if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+        if (!too_long && l == spec.delimiter) {
+          flush();
+          doc_line = line_no + 1;
+          continue;
+        }
+        if (too_long || static_cast<int64_t>(doc.size() + l.size()) > limits.max_doc_bytes) {
+          doc_bad = true;
+          doc.clear();
+          started = true;
+          continue;
+        }
+        if (!doc_bad) {
+          if (started) doc += '\n';
+          doc.append(l);
+          started = true;
+        }
+      }
+      // A last document without a closing delimiter.
+      if (started || doc_bad) flush();
+      if (!any) on_problem({file.name, 0, "empty_file", "the file is empty"});
+    } else if (spec.format == "jsonl") {
+      LineReader lines(in, limits.max_line_bytes);
+      std::string line;
+      bool too_long = false, any = false;
+      while (lines.next(line, too_long)) {
+        any = true;
+        int64_t ln = lines.number();
+        if (too_long) {
+          on_problem({file.name, ln, "line_too_long",
+                      cat("over max_line_bytes = ", limits.max_line_bytes)});
+          continue;
+        }
+        std::string_view l(line);
+        while (!l.empty() && (l.back() == '\r' || l.back() == ' ')) l.remove_suffix(1);
+        if (l.empty()) continue;
+        nlohmann::json j = nlohmann::json::parse(l, nullptr, false);
+        if (j.is_discarded() || !j.is_object()) {
+          on_problem(
+              {file.name, ln, "invalid_json", "not a JSON object", static_cast<int64_t>(l.size())});
+          continue;
+        }
+        auto it = j.find(spec.text_field);
+        if (it == j.end() || !it->is_string()) {
+          on_problem({file.name, ln, "missing_field",
+                      cat("no string field '", spec.text_field, "'"),
+                      static_cast<int64_t>(l.size())});
+          continue;
+        }
+        std::string id = cat(file.name, ":", ln);
+        if (!spec.id_field.empty()) {
+          auto idit = j.find(spec.id_field);
+          if (idit != j.end() && idit->is_string())
+            id = idit->get<std::string>();
+          else if (idit != j.end() && idit->is_number())
+            id = idit->dump();
+        }
+        on_doc({std::move(id), it->get<std::string>()});
+      }
+      if (!any) on_problem({file.name, 0, "empty_file", "the file is empty"});
+    } else {
+      fail("unknown format '", spec.format, "'");
+    }
+    bytes = in.raw_bytes();
+    sha256 = in.sha256();
+  } catch (const Error& e) {
+    on_problem({file.name, line_no, "unreadable_file", e.what()});
+  }
+}
+
+}  // namespace pollen::data

@@ -1,0 +1,63 @@
+#pragma once
+// Input readers: files and folders of plain text (one document per file), delimiter-split text
+// (fortune files' "%" lines), and JSONL with a chosen text field; each may be gzip (.gz) or
+// zstd (.zst) compressed. Bad input (a missing file, an unreadable or corrupt one, an invalid
+// JSON line, a record without its text field, an over-long line) is reported as a Problem that
+// names the file and line, and reading goes on.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace pollen::data {
+
+struct SourceSpec {
+  std::string name;                       // names the source in document ids and the report
+  std::vector<std::string> paths;         // files or folders, relative to the config's folder
+  std::string format = "text";            // "text", "delimited" or "jsonl"
+  std::string delimiter = "%";            // delimited: a line equal to this ends a document
+  std::string text_field = "text";        // jsonl
+  std::string id_field;                   // jsonl: take ids from this field ("" = file:line)
+  std::vector<std::string> include{"*"};  // file name patterns (fnmatch) in folders
+  std::vector<std::string> exclude;
+};
+
+struct InputFile {
+  int source = 0;              // index into the sources
+  std::filesystem::path path;  // where it is read from
+  std::string name;            // "<source>/<path relative to the listed path>": no absolute paths
+  bool missing = false;
+};
+
+struct Problem {
+  std::string file;    // InputFile::name
+  int64_t line = 0;    // 1-based, 0 when not about a line
+  std::string reason;  // snake_case, counted in the manifest
+  std::string detail;
+  int64_t bytes = 0;  // of the record, when known
+};
+
+struct RawDoc {
+  std::string id;
+  std::string text;
+};
+
+// Every input file of every source in a fixed order (sources in order; within a listed path,
+// files sorted by name). Paths are resolved against `base`.
+std::vector<InputFile> list_inputs(const std::vector<SourceSpec>& sources,
+                                   const std::filesystem::path& base);
+
+struct ReadLimits {
+  int64_t max_line_bytes = 64 << 20;  // longer lines (JSONL records, text lines) are dropped
+  int64_t max_doc_bytes = 64 << 20;   // longer documents are dropped
+};
+
+// Reads one file, calling on_doc for each document and on_problem for each bad record. Returns
+// the raw (compressed) bytes read and their SHA-256 through `bytes` and `sha256`.
+void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits& limits,
+                const std::function<void(RawDoc&&)>& on_doc,
+                const std::function<void(Problem&&)>& on_problem, int64_t& bytes,
+                std::string& sha256);
+
+}  // namespace pollen::data

@@ -1,0 +1,52 @@
+#include "tokenizer/documents.h"
+
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "base/error.h"
+#include "base/files.h"
+
+namespace pollen::tokenizer {
+
+void for_each_document_batch(const DocumentSource& source, size_t batch_bytes,
+                             const std::function<void(std::span<const std::string_view>)>& fn) {
+  MappedFile file(source.path);
+  std::string_view text(reinterpret_cast<const char*>(file.data()), file.size());
+  std::vector<std::string_view> views;
+  std::vector<std::string> records;
+  size_t line_number = 0, bytes = 0;
+  auto flush = [&] {
+    if (source.jsonl) views.assign(records.begin(), records.end());
+    if (!views.empty()) fn(views);
+    views.clear();
+    records.clear();
+    bytes = 0;
+  };
+  while (!text.empty()) {
+    size_t eol = text.find('\n');
+    size_t length = eol == std::string_view::npos ? text.size() : eol + 1;
+    std::string_view line = text.substr(0, length);
+    text.remove_prefix(length);
+    ++line_number;
+    bytes += line.size();
+    if (!source.jsonl) {
+      if (!source.keep_line_breaks && line.ends_with('\n')) line.remove_suffix(1);
+      views.push_back(line);
+    } else if (line.find_first_not_of(" \t\r\n") != std::string_view::npos) {
+      nlohmann::json record;
+      try {
+        record = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::parse_error& e) {
+        fail(source.path.string(), ":", line_number, ": not valid JSON: ", e.what());
+      }
+      POLLEN_CHECK(
+          record.is_object() && record.contains(source.field) && record[source.field].is_string(),
+          source.path.string(), ":", line_number, ": expected a string field '", source.field, "'");
+      records.push_back(record[source.field].get<std::string>());
+    }
+    if (bytes >= batch_bytes) flush();
+  }
+  flush();
+}
+
+}  // namespace pollen::tokenizer

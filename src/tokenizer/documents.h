@@ -1,0 +1,24 @@
+#pragma once
+// Documents of an input file, in batches: the lines of a text file, or the text field of each
+// record of a JSONL file (the curated-text format of the data pipeline).
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace pollen::tokenizer {
+
+struct DocumentSource {
+  std::filesystem::path path;
+  bool jsonl = false;
+  std::string field = "text";     // JSONL: the field that holds the text
+  bool keep_line_breaks = false;  // text: whether a line keeps its '\n' (HF's trainer does)
+};
+
+// Calls fn with consecutive batches of about `batch_bytes` of documents, in file order. JSONL
+// errors name the file and line.
+void for_each_document_batch(const DocumentSource& source, size_t batch_bytes,
+                             const std::function<void(std::span<const std::string_view>)>& fn);
+
+}  // namespace pollen::tokenizer

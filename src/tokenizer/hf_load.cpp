@@ -1,0 +1,337 @@
+// Reading HF tokenizer.json into a Tokenizer.
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "tokenizer/byte_level.h"
+#include "tokenizer/hf_format.h"
+
+namespace pollen::tokenizer {
+namespace {
+
+using nlohmann::json;
+
+// Reads keys with errors that say which file and which key was wrong.
+class Reader {
+ public:
+  explicit Reader(std::string_view source) : source_(source) {}
+
+  [[noreturn]] void fail_at(const std::string& key, const std::string& what) const {
+    fail(source_, ": ", key, ": ", what);
+  }
+
+  const json& at(const json& obj, const std::string& key, const std::string& where) const {
+    if (!obj.is_object() || !obj.contains(key)) fail_at(where + "." + key, "missing");
+    return obj.at(key);
+  }
+
+  template <typename T>
+  T get(const json& obj, const std::string& key, const std::string& where, T fallback) const {
+    if (!obj.is_object() || !obj.contains(key) || obj.at(key).is_null()) return fallback;
+    try {
+      return obj.at(key).get<T>();
+    } catch (const json::exception&) {
+      fail_at(where + "." + key, cat("has the wrong type (", obj.at(key).type_name(), ")"));
+    }
+  }
+
+  std::string type_of(const json& obj, const std::string& where) const {
+    std::string type = get<std::string>(obj, "type", where, "");
+    if (type.empty()) fail_at(where + ".type", "missing");
+    return type;
+  }
+
+ private:
+  std::string source_;
+};
+
+bool mentions_byte_level(const json& node) {
+  if (node.is_object()) {
+    if (node.contains("type") && node["type"] == "ByteLevel") return true;
+    for (const auto& [k, v] : node.items())
+      if (mentions_byte_level(v)) return true;
+  } else if (node.is_array()) {
+    for (const auto& v : node)
+      if (mentions_byte_level(v)) return true;
+  }
+  return false;
+}
+
+void read_normalizer(const Reader& r, const json& node, const std::string& where,
+                     std::vector<NormalizerStep>& steps) {
+  if (node.is_null()) return;
+  std::string type = r.type_of(node, where);
+  using Kind = NormalizerStep::Kind;
+  if (type == "Sequence") {
+    const json& list = r.at(node, "normalizers", where);
+    for (size_t i = 0; i < list.size(); ++i)
+      read_normalizer(r, list[i], cat(where, ".normalizers[", i, "]"), steps);
+  } else if (type == "NFC") {
+    steps.push_back({Kind::kNfc, "", ""});
+  } else if (type == "NFKC") {
+    steps.push_back({Kind::kNfkc, "", ""});
+  } else if (type == "Prepend") {
+    steps.push_back({Kind::kPrepend, "", r.get<std::string>(node, "prepend", where, "")});
+  } else if (type == "Replace") {
+    const json& pattern = r.at(node, "pattern", where);
+    if (!pattern.contains("String"))
+      r.fail_at(where + ".pattern", "only a String pattern is supported in Replace");
+    steps.push_back({Kind::kReplace, pattern["String"].get<std::string>(),
+                     r.get<std::string>(node, "content", where, "")});
+  } else {
+    r.fail_at(where + ".type", cat("normalizer '", type, "' is not supported"));
+  }
+}
+
+SplitBehavior read_behavior(const Reader& r, const json& node, const std::string& where) {
+  static const std::map<std::string, SplitBehavior> names = {
+      {"Isolated", SplitBehavior::kIsolated},
+      {"Removed", SplitBehavior::kRemoved},
+      {"MergedWithPrevious", SplitBehavior::kMergedWithPrevious},
+      {"MergedWithNext", SplitBehavior::kMergedWithNext},
+      {"Contiguous", SplitBehavior::kContiguous}};
+  std::string name = r.get<std::string>(node, "behavior", where, "Isolated");
+  auto it = names.find(name);
+  if (it == names.end()) r.fail_at(where + ".behavior", cat("unknown behavior '", name, "'"));
+  return it->second;
+}
+
+std::string escape_literal(const std::string& text) {
+  return "\\Q" + text + "\\E";
+}
+
+void read_pre_tokenizer(const Reader& r, const json& node, const std::string& where,
+                        std::vector<PreTokenizerStep>& steps) {
+  if (node.is_null()) return;
+  std::string type = r.type_of(node, where);
+  if (type == "Sequence") {
+    const json& list = r.at(node, "pretokenizers", where);
+    for (size_t i = 0; i < list.size(); ++i)
+      read_pre_tokenizer(r, list[i], cat(where, ".pretokenizers[", i, "]"), steps);
+  } else if (type == "Split") {
+    if (r.get<bool>(node, "invert", where, false))
+      r.fail_at(where + ".invert", "inverted Split is not supported");
+    const json& pattern = r.at(node, "pattern", where);
+    std::string regex;
+    if (pattern.contains("Regex"))
+      regex = pattern["Regex"].get<std::string>();
+    else if (pattern.contains("String"))
+      regex = escape_literal(pattern["String"]);
+    else
+      r.fail_at(where + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+    try {
+      steps.push_back(PreTokenizerStep::split_on(regex, read_behavior(r, node, where)));
+    } catch (const Error& e) {
+      r.fail_at(where + ".pattern", e.what());
+    }
+  } else if (type == "ByteLevel") {
+    bool prefix = r.get<bool>(node, "add_prefix_space", where, true);
+    bool regex = r.get<bool>(node, "use_regex", where, true);
+    if (prefix || regex) steps.push_back(PreTokenizerStep::byte_level(prefix, regex));
+  } else if (type == "Digits") {
+    steps.push_back(PreTokenizerStep::digits(r.get<bool>(node, "individual_digits", where, false)));
+  } else if (type == "Metaspace") {
+    std::string scheme_name = r.get<std::string>(node, "prepend_scheme", where, "");
+    PrependScheme scheme = PrependScheme::kAlways;
+    if (scheme_name.empty()) {
+      if (!r.get<bool>(node, "add_prefix_space", where, true)) scheme = PrependScheme::kNever;
+    } else if (scheme_name == "first") {
+      scheme = PrependScheme::kFirst;
+    } else if (scheme_name == "never") {
+      scheme = PrependScheme::kNever;
+    } else if (scheme_name != "always") {
+      r.fail_at(where + ".prepend_scheme", cat("unknown prepend scheme '", scheme_name, "'"));
+    }
+    steps.push_back(
+        PreTokenizerStep::metaspace(r.get<std::string>(node, "replacement", where, "\u2581"),
+                                    scheme, r.get<bool>(node, "split", where, true)));
+  } else {
+    r.fail_at(where + ".type", cat("pre-tokenizer '", type, "' is not supported"));
+  }
+}
+
+void read_decoder(const Reader& r, const json& node, const std::string& where,
+                  DecoderSpec& decoder) {
+  if (node.is_null()) return;
+  std::string type = r.type_of(node, where);
+  if (type == "Sequence") {
+    const json& list = r.at(node, "decoders", where);
+    for (size_t i = 0; i < list.size(); ++i)
+      read_decoder(r, list[i], cat(where, ".decoders[", i, "]"), decoder);
+  } else if (type == "Replace") {
+    const json& pattern = r.at(node, "pattern", where);
+    if (!pattern.contains("String") || r.get<std::string>(node, "content", where, "") != " ")
+      r.fail_at(where, "only Replace(String marker -> \" \") is supported in a decoder");
+    decoder.space_marker = pattern["String"].get<std::string>();
+  } else if (type == "Metaspace") {
+    decoder.space_marker = r.get<std::string>(node, "replacement", where, "\u2581");
+    bool prepends = r.get<std::string>(node, "prepend_scheme", where, "always") != "never" &&
+                    r.get<bool>(node, "add_prefix_space", where, true);
+    decoder.strip_leading_spaces = prepends ? 1 : 0;
+  } else if (type == "ByteFallback") {
+    decoder.byte_fallback = true;
+  } else if (type == "Strip") {
+    if (r.get<std::string>(node, "content", where, " ") != " " ||
+        r.get<int>(node, "stop", where, 0) != 0)
+      r.fail_at(where, "only Strip of leading spaces is supported");
+    decoder.strip_leading_spaces = r.get<int>(node, "start", where, 0);
+  } else if (type != "ByteLevel" && type != "Fuse") {
+    r.fail_at(where + ".type", cat("decoder '", type, "' is not supported"));
+  }
+}
+
+void read_template(const Reader& r, const json& node, const std::string& where,
+                   BosEosTemplate& bos_eos) {
+  if (node.is_null()) return;
+  std::string type = r.type_of(node, where);
+  if (type == "Sequence") {
+    const json& list = r.at(node, "processors", where);
+    for (size_t i = 0; i < list.size(); ++i)
+      read_template(r, list[i], cat(where, ".processors[", i, "]"), bos_eos);
+  } else if (type == "TemplateProcessing") {
+    const json& specials = r.at(node, "special_tokens", where);
+    bool before = true;
+    const json& single = r.at(node, "single", where);
+    for (size_t i = 0; i < single.size(); ++i) {
+      const json& item = single[i];
+      if (item.contains("Sequence")) {
+        before = false;
+        continue;
+      }
+      std::string item_where = cat(where, ".single[", i, "]");
+      std::string name =
+          r.at(r.at(item, "SpecialToken", item_where), "id", item_where).get<std::string>();
+      const json& ids = r.at(r.at(specials, name, where + ".special_tokens"), "ids",
+                             where + ".special_tokens." + name);
+      for (const json& id : ids)
+        (before ? bos_eos.prefix : bos_eos.suffix).push_back(id.get<uint32_t>());
+    }
+  } else if (type != "ByteLevel") {
+    r.fail_at(where + ".type", cat("post-processor '", type, "' is not supported"));
+  }
+}
+
+}  // namespace
+
+Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
+  Reader r(source);
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::parse_error& e) {
+    fail(source, ": not valid JSON: ", e.what());
+  }
+  if (!root.is_object()) fail(source, ": expected a JSON object at the top");
+  const json& model = r.at(root, "model", "");
+  std::string model_type = r.get<std::string>(model, "type", "model", "BPE");
+  if (model_type != "BPE") r.fail_at("model.type", cat("'", model_type, "' is not BPE"));
+  if (r.get<double>(model, "dropout", "model", 0.0) != 0.0)
+    r.fail_at("model.dropout", "BPE dropout is not supported");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (!r.get<std::string>(model, key, "model", "").empty())
+      r.fail_at(cat("model.", key), "is not supported");
+
+  bool byte_level = mentions_byte_level(root.value("pre_tokenizer", json())) ||
+                    mentions_byte_level(root.value("decoder", json()));
+  auto token_bytes = [&](const std::string& token, const std::string& where) {
+    if (!byte_level) return token;
+    auto bytes = byte_level_to_bytes(token);
+    if (!bytes) r.fail_at(where, cat("token '", token, "' is not in GPT-2's byte-level alphabet"));
+    return *bytes;
+  };
+
+  std::vector<AddedToken> added;
+  std::map<std::string, uint32_t> added_ids;
+  const json& added_json = root.value("added_tokens", json::array());
+  for (size_t i = 0; i < added_json.size(); ++i) {
+    const json& t = added_json[i];
+    std::string where = cat("added_tokens[", i, "]");
+    for (const char* flag : {"single_word", "lstrip", "rstrip"})
+      if (r.get<bool>(t, flag, where, false))
+        r.fail_at(cat(where, ".", flag), "added-token flag is not supported");
+    added.push_back({r.at(t, "id", where).get<uint32_t>(),
+                     r.at(t, "content", where).get<std::string>(),
+                     r.get<bool>(t, "special", where, false)});
+    added_ids[added.back().content] = added.back().id;
+  }
+
+  const json& vocab_json = r.at(model, "vocab", "model");
+  if (!vocab_json.is_object() || vocab_json.empty())
+    r.fail_at("model.vocab", "expected a non-empty object of token: id");
+  Vocab vocab;
+  std::map<std::string, uint32_t> id_of;
+  for (const auto& [token, id] : vocab_json.items()) {
+    if (!id.is_number_unsigned()) r.fail_at("model.vocab." + token, "id is not an integer");
+    // An added token in the vocabulary is spelled as its content, not in the byte alphabet.
+    auto added_id = added_ids.find(token);
+    bool is_added = added_id != added_ids.end() && added_id->second == id.get<uint32_t>();
+    try {
+      vocab.add(id.get<uint32_t>(), is_added ? token : token_bytes(token, "model.vocab"));
+    } catch (const Error& e) {
+      r.fail_at("model.vocab", e.what());
+    }
+    id_of[token] = id.get<uint32_t>();
+  }
+
+  std::vector<Merge> merges;
+  const json& merges_json = r.at(model, "merges", "model");
+  for (size_t i = 0; i < merges_json.size(); ++i) {
+    const json& m = merges_json[i];
+    std::string where = cat("model.merges[", i, "]");
+    std::string left, right;
+    if (m.is_string()) {
+      std::string s = m.get<std::string>();
+      size_t space = s.find(' ');
+      if (space == s.npos || s.find(' ', space + 1) != s.npos)
+        r.fail_at(where, cat("'", s, "' is not two tokens separated by one space"));
+      left = s.substr(0, space);
+      right = s.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      left = m[0];
+      right = m[1];
+    } else {
+      r.fail_at(where, "expected \"a b\" or [\"a\", \"b\"]");
+    }
+    auto l = id_of.find(left), rt = id_of.find(right);
+    if (l == id_of.end() || rt == id_of.end())
+      r.fail_at(where, cat("'", left, "' or '", right, "' is not in the vocabulary"));
+    merges.push_back({l->second, rt->second});
+  }
+
+  BpeOptions options;
+  options.rule = MergeRule::kMergeList;
+  options.alphabet = byte_level ? Alphabet::kBytes : Alphabet::kChars;
+  options.ignore_merges = r.get<bool>(model, "ignore_merges", "model", false);
+  options.byte_fallback = r.get<bool>(model, "byte_fallback", "model", false);
+  options.fuse_unk = r.get<bool>(model, "fuse_unk", "model", false);
+  std::string unk = r.get<std::string>(model, "unk_token", "model", "");
+  if (!unk.empty()) {
+    auto it = id_of.find(unk);
+    if (it == id_of.end()) r.fail_at("model.unk_token", cat("'", unk, "' is not in the vocab"));
+    options.unk = it->second;
+  }
+
+  std::vector<NormalizerStep> normalizer;
+  read_normalizer(r, root.value("normalizer", json()), "normalizer", normalizer);
+  std::vector<PreTokenizerStep> pre;
+  read_pre_tokenizer(r, root.value("pre_tokenizer", json()), "pre_tokenizer", pre);
+  DecoderSpec decoder;
+  read_decoder(r, root.value("decoder", json()), "decoder", decoder);
+  BosEosTemplate bos_eos;
+  read_template(r, root.value("post_processor", json()), "post_processor", bos_eos);
+
+  try {
+    BpeModel bpe(std::move(vocab), std::move(merges), options);
+    return Tokenizer(std::move(bpe), Normalizer(std::move(normalizer)),
+                     PreTokenizer(std::move(pre)), std::move(added), std::move(bos_eos), decoder);
+  } catch (const Error& e) {
+    fail(source, ": ", e.what());
+  }
+}
+
+Tokenizer load_hf_json(const std::filesystem::path& path) {
+  return hf_from_json_text(read_file(path), path.string());
+}
+
+}  // namespace pollen::tokenizer

@@ -1,0 +1,156 @@
+#include "tokenizer/tiktoken_format.h"
+
+#include <charconv>
+
+#include "base/error.h"
+#include "base/files.h"
+
+namespace pollen::tokenizer {
+
+namespace {
+constexpr std::string_view kBase64 =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+}  // namespace
+
+std::string base64_encode(std::string_view bytes) {
+  std::string out;
+  size_t i = 0;
+  for (; i + 3 <= bytes.size(); i += 3) {
+    uint32_t v = uint32_t(uint8_t(bytes[i])) << 16 | uint32_t(uint8_t(bytes[i + 1])) << 8 |
+                 uint8_t(bytes[i + 2]);
+    for (int s = 18; s >= 0; s -= 6) out += kBase64[(v >> s) & 63];
+  }
+  size_t rest = bytes.size() - i;
+  if (rest > 0) {
+    uint32_t v = uint32_t(uint8_t(bytes[i])) << 16;
+    if (rest == 2) v |= uint32_t(uint8_t(bytes[i + 1])) << 8;
+    out += kBase64[(v >> 18) & 63];
+    out += kBase64[(v >> 12) & 63];
+    out += rest == 2 ? kBase64[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+std::optional<std::string> base64_decode(std::string_view text) {
+  if (text.size() % 4 != 0) return std::nullopt;
+  std::string out;
+  for (size_t i = 0; i < text.size(); i += 4) {
+    uint32_t v = 0;
+    int pad = 0;
+    for (int k = 0; k < 4; ++k) {
+      char c = text[i + k];
+      size_t d = kBase64.find(c);
+      bool last_group = i + 4 == text.size();
+      if (c == '=' && last_group && k >= 2 && (k == 3 || text[i + 3] == '=')) {
+        ++pad;
+        d = 0;
+      } else if (d == std::string_view::npos || pad > 0) {
+        return std::nullopt;
+      }
+      v = v << 6 | static_cast<uint32_t>(d);
+    }
+    out += static_cast<char>(v >> 16);
+    if (pad < 2) out += static_cast<char>((v >> 8) & 0xFF);
+    if (pad < 1) out += static_cast<char>(v & 0xFF);
+  }
+  return out;
+}
+
+std::vector<AddedToken> known_special_tokens(KnownPattern pattern) {
+  switch (pattern) {
+    case KnownPattern::kGpt2:
+      return {{50256, "<|endoftext|>"}};
+    case KnownPattern::kCl100k:
+      return {{100257, "<|endoftext|>"},
+              {100258, "<|fim_prefix|>"},
+              {100259, "<|fim_middle|>"},
+              {100260, "<|fim_suffix|>"},
+              {100276, "<|endofprompt|>"}};
+    case KnownPattern::kO200k:
+      return {{199999, "<|endoftext|>"}, {200018, "<|endofprompt|>"}};
+    case KnownPattern::kQwen2:
+      return {};
+  }
+  return {};
+}
+
+Tokenizer tiktoken_from_text(std::string_view text, std::string_view source, std::string pattern,
+                             std::vector<AddedToken> special_tokens) {
+  Vocab vocab;
+  size_t line_number = 0;
+  while (!text.empty()) {
+    size_t eol = text.find('\n');
+    std::string_view line = text.substr(0, eol);
+    text.remove_prefix(eol == std::string_view::npos ? text.size() : eol + 1);
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    size_t space = line.find(' ');
+    POLLEN_CHECK(space != std::string_view::npos && line.find(' ', space + 1) == line.npos, source,
+                 ":", line_number, ": expected 'base64-token rank', got '", line, "'");
+    auto bytes = base64_decode(line.substr(0, space));
+    POLLEN_CHECK(bytes && !bytes->empty(), source, ":", line_number, ": '", line.substr(0, space),
+                 "' is not a base64 token");
+    std::string_view rank_text = line.substr(space + 1);
+    uint32_t rank = 0;
+    auto [end, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
+    POLLEN_CHECK(ec == std::errc() && end == rank_text.data() + rank_text.size(), source, ":",
+                 line_number, ": rank '", rank_text, "' is not a non-negative integer");
+    try {
+      vocab.add(rank, std::move(*bytes));
+    } catch (const Error& e) {
+      fail(source, ":", line_number, ": ", e.what());
+    }
+  }
+  POLLEN_CHECK(vocab.size() > 0, source, ": no tokens");
+  for (int b = 0; b < 256; ++b)
+    POLLEN_CHECK(vocab.find(std::string(1, static_cast<char>(b))), source,
+                 ": byte-level BPE needs a token for every byte, and byte ", b, " has none");
+  for (const AddedToken& t : special_tokens)
+    POLLEN_CHECK(!vocab.contains(t.id), source, ": special token '", t.content, "' has id ", t.id,
+                 ", which is also the rank of an ordinary token");
+  std::vector<PreTokenizerStep> steps;
+  steps.push_back(PreTokenizerStep::split_on(std::move(pattern), SplitBehavior::kIsolated));
+  BpeModel model(std::move(vocab), {}, BpeOptions{});
+  return Tokenizer(std::move(model), Normalizer{}, PreTokenizer(std::move(steps)),
+                   std::move(special_tokens), BosEosTemplate{}, DecoderSpec{});
+}
+
+Tokenizer load_tiktoken(const std::filesystem::path& path, std::string pattern,
+                        std::vector<AddedToken> special_tokens) {
+  return tiktoken_from_text(read_file(path), path.string(), std::move(pattern),
+                            std::move(special_tokens));
+}
+
+std::string tiktoken_text(const Tokenizer& tokenizer) {
+  const BpeModel& model = tokenizer.model();
+  POLLEN_CHECK(model.options().alphabet == Alphabet::kBytes,
+               "only a byte-level tokenizer can be written as a tiktoken rank file");
+  POLLEN_CHECK(tokenizer.normalizer().empty(),
+               "a tokenizer with a normalizer cannot be written as a tiktoken rank file");
+  if (model.options().rule == MergeRule::kMergeList) {
+    const Vocab& vocab = model.vocab();
+    for (const Merge& m : model.merges()) {
+      uint32_t made = *vocab.find(cat(vocab.bytes(m.left), vocab.bytes(m.right)));
+      POLLEN_CHECK(made > m.left && made > m.right,
+                   "this tokenizer's ids do not follow its merge order (token ", made,
+                   "), so as a tiktoken rank file it would encode differently");
+    }
+  }
+  std::string out;
+  const Vocab& vocab = model.vocab();
+  for (uint32_t id = 0; id < vocab.id_end(); ++id) {
+    bool special = false;
+    for (const AddedToken& t : tokenizer.added_tokens()) special |= t.id == id;
+    if (!vocab.contains(id) || special) continue;
+    out += cat(base64_encode(vocab.bytes(id)), " ", id, "\n");
+  }
+  return out;
+}
+
+void save_tiktoken(const Tokenizer& tokenizer, const std::filesystem::path& path) {
+  write_file_atomic(path, tiktoken_text(tokenizer));
+}
+
+}  // namespace pollen::tokenizer

@@ -1,0 +1,242 @@
+#include "tokenizer/trainer.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <queue>
+#include <unordered_map>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "base/thread_pool.h"
+#include "tokenizer/byte_level.h"
+#include "tokenizer/documents.h"
+
+namespace pollen::tokenizer {
+
+struct PieceCounts::Map {
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return XXH3_64bits(s.data(), s.size()); }
+  };
+  std::unordered_map<std::string, uint64_t, Hash, std::equal_to<>> counts;
+
+  void add(std::string_view piece, uint64_t n) {
+    auto it = counts.find(piece);
+    if (it == counts.end())
+      counts.emplace(std::string(piece), n);
+    else
+      it->second += n;
+  }
+};
+
+PieceCounts::PieceCounts(std::string pattern)
+    : pattern_(std::move(pattern)),
+      pre_tokenizer_({PreTokenizerStep::split_on(pattern_, SplitBehavior::kIsolated)}),
+      counts_(std::make_shared<Map>()) {}
+
+void PieceCounts::add_documents(std::span<const std::string_view> documents) {
+  int chunks = std::max(1, std::min<int>(num_threads(), static_cast<int>(documents.size())));
+  std::vector<Map> partial(chunks);
+  pool().run_chunks(static_cast<int64_t>(documents.size()), chunks,
+                    [&](int64_t begin, int64_t end, int chunk) {
+                      Map& map = partial[chunk];
+                      for (int64_t i = begin; i < end; ++i)
+                        pre_tokenizer_.run(documents[i], true,
+                                           [&](std::string_view piece) { map.add(piece, 1); });
+                    });
+  for (const Map& map : partial) {
+    for (const auto& [piece, n] : map.counts) counts_->add(piece, n);
+  }
+  for (std::string_view d : documents) bytes_read_ += d.size();
+}
+
+void PieceCounts::add_file(const std::filesystem::path& path, bool jsonl,
+                           const std::string& field) {
+  constexpr size_t kBatchBytes = 64 << 20;
+  for_each_document_batch({path, jsonl, field, true}, kBatchBytes,
+                          [&](std::span<const std::string_view> docs) { add_documents(docs); });
+}
+
+std::vector<std::pair<std::string, uint64_t>> PieceCounts::sorted() const {
+  std::vector<std::pair<std::string, uint64_t>> out(counts_->counts.begin(), counts_->counts.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+size_t PieceCounts::distinct() const {
+  return counts_->counts.size();
+}
+
+namespace {
+
+uint64_t pair_key(uint32_t left, uint32_t right) {
+  return uint64_t{left} << 32 | right;
+}
+
+// The merge loop over the distinct pieces ("words").
+class MergeTrainer {
+ public:
+  explicit MergeTrainer(const std::vector<std::pair<std::string, uint64_t>>& pieces) {
+    // Tie-break order: bytes by their byte-level character, then merges as they are made.
+    std::vector<uint32_t> bytes(256);
+    for (uint32_t b = 0; b < 256; ++b) bytes[b] = b;
+    std::sort(bytes.begin(), bytes.end(), [](uint32_t a, uint32_t b) {
+      return byte_level_char(static_cast<unsigned char>(a)) <
+             byte_level_char(static_cast<unsigned char>(b));
+    });
+    order_.resize(256);
+    for (uint32_t i = 0; i < 256; ++i) order_[bytes[i]] = i;
+    for (uint32_t b = 0; b < 256; ++b) add_token(std::string(1, static_cast<char>(b)));
+    for (const auto& [piece, count] : pieces) {
+      Word w{{}, count};
+      for (unsigned char c : piece) w.symbols.push_back(c);
+      words_.push_back(std::move(w));
+    }
+    for (uint32_t i = 0; i < words_.size(); ++i) {
+      const Word& w = words_[i];
+      for (size_t k = 0; k + 1 < w.symbols.size(); ++k) {
+        uint64_t key = pair_key(w.symbols[k], w.symbols[k + 1]);
+        counts_[key] += static_cast<int64_t>(w.count);
+        where_[key].push_back(i);
+      }
+    }
+    for (const auto& [key, count] : counts_) push(key);
+  }
+
+  // Merges until there are `vocab_size` tokens or no pair is left; returns the merges in order.
+  // A merge that spells an existing token (two paths to the same bytes) makes no new token.
+  std::vector<Merge> run(size_t vocab_size) {
+    std::vector<Merge> merges;
+    while (tokens_.size() < vocab_size && !heap_.empty()) {
+      Candidate top = heap_.top();
+      heap_.pop();
+      int64_t current = count_of(top.key);
+      if (current != top.count) {
+        if (current > 0) push(top.key);
+        continue;
+      }
+      if (current < 1) break;
+      Merge m{static_cast<uint32_t>(top.key >> 32), static_cast<uint32_t>(top.key)};
+      merges.push_back(m);
+      apply(m, add_token(cat(tokens_[m.left], tokens_[m.right])));
+    }
+    return merges;
+  }
+
+  const std::vector<std::string>& tokens() const { return tokens_; }
+
+ private:
+  uint32_t add_token(std::string bytes) {
+    auto [it, inserted] = id_of_.emplace(bytes, static_cast<uint32_t>(tokens_.size()));
+    if (inserted) {
+      tokens_.push_back(std::move(bytes));
+      if (tokens_.size() > 256) order_.push_back(static_cast<uint32_t>(tokens_.size() - 1));
+    }
+    return it->second;
+  }
+
+  struct Word {
+    std::vector<uint32_t> symbols;
+    uint64_t count;
+  };
+  struct Candidate {
+    int64_t count;
+    uint32_t left_order, right_order;
+    uint64_t key;
+    // Max-heap: more frequent first, then the smaller pair in tie-break order.
+    bool operator<(const Candidate& o) const {
+      if (count != o.count) return count < o.count;
+      if (left_order != o.left_order) return left_order > o.left_order;
+      return right_order > o.right_order;
+    }
+  };
+
+  int64_t count_of(uint64_t key) const {
+    auto it = counts_.find(key);
+    return it == counts_.end() ? 0 : it->second;
+  }
+
+  void push(uint64_t key) {
+    heap_.push({count_of(key), order_[key >> 32], order_[static_cast<uint32_t>(key)], key});
+  }
+
+  void change(uint64_t key, int64_t delta, uint32_t word, std::vector<uint64_t>& touched) {
+    counts_[key] += delta;
+    if (delta > 0) {
+      where_[key].push_back(word);
+      touched.push_back(key);
+    }
+  }
+
+  // Merges every occurrence of m, left to right without overlap, in every word that has it.
+  void apply(const Merge& m, uint32_t made) {
+    uint64_t key = pair_key(m.left, m.right);
+    std::vector<uint32_t> words = std::move(where_[key]);
+    where_.erase(key);
+    std::sort(words.begin(), words.end());
+    words.erase(std::unique(words.begin(), words.end()), words.end());
+    std::vector<uint64_t> touched;
+    for (uint32_t wi : words) {
+      Word& w = words_[wi];
+      auto c = static_cast<int64_t>(w.count);
+      std::vector<uint32_t>& s = w.symbols;
+      for (size_t i = 0; i + 1 < s.size(); ++i) {
+        if (s[i] != m.left || s[i + 1] != m.right) continue;
+        if (i > 0) {
+          change(pair_key(s[i - 1], m.left), -c, wi, touched);
+          change(pair_key(s[i - 1], made), c, wi, touched);
+        }
+        if (i + 2 < s.size()) {
+          change(pair_key(m.right, s[i + 2]), -c, wi, touched);
+          change(pair_key(made, s[i + 2]), c, wi, touched);
+        }
+        change(key, -c, wi, touched);
+        s[i] = made;
+        s.erase(s.begin() + static_cast<ptrdiff_t>(i) + 1);
+      }
+    }
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    for (uint64_t t : touched) push(t);
+  }
+
+  std::vector<Word> words_;
+  std::vector<std::string> tokens_;
+  std::unordered_map<std::string, uint32_t> id_of_;
+  std::vector<uint32_t> order_;
+  std::unordered_map<uint64_t, int64_t> counts_;
+  std::unordered_map<uint64_t, std::vector<uint32_t>> where_;
+  std::priority_queue<Candidate> heap_;
+};
+
+}  // namespace
+
+Tokenizer train_bpe(const PieceCounts& counts, const TrainOptions& options) {
+  size_t fixed = 256 + options.special_tokens.size();
+  POLLEN_CHECK(options.vocab_size >= fixed, "vocab size ", options.vocab_size,
+               " is smaller than the 256 bytes plus ", options.special_tokens.size(),
+               " special tokens");
+  MergeTrainer trainer(counts.sorted());
+  std::vector<Merge> merges = trainer.run(options.vocab_size - options.special_tokens.size());
+  log::info("tokenizer: ", merges.size(), " merges from ", counts.distinct(),
+            " distinct pieces of ", counts.bytes_read(), " bytes");
+
+  Vocab vocab;
+  for (uint32_t id = 0; id < trainer.tokens().size(); ++id) vocab.add(id, trainer.tokens()[id]);
+  std::vector<AddedToken> added;
+  for (const std::string& s : options.special_tokens) {
+    POLLEN_CHECK(!s.empty(), "a special token must not be empty");
+    added.push_back({static_cast<uint32_t>(vocab.id_end() + added.size()), s, true});
+  }
+  BpeOptions bpe;
+  bpe.rule = MergeRule::kMergeList;
+  bpe.ignore_merges = true;  // a piece that is a token is that token, as in tiktoken
+  std::vector<PreTokenizerStep> steps{
+      PreTokenizerStep::split_on(counts.pattern(), SplitBehavior::kIsolated)};
+  return Tokenizer(BpeModel(std::move(vocab), std::move(merges), bpe), Normalizer{},
+                   PreTokenizer(std::move(steps)), std::move(added), BosEosTemplate{},
+                   DecoderSpec{});
+}
+
+}  // namespace pollen::tokenizer

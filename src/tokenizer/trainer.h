@@ -1,0 +1,59 @@
+#pragma once
+// Training a byte-level BPE tokenizer.
+//
+// Counting: the input is cut into documents (a line of a text file with its newline, as HF's
+// trainer reads files; or the text field of a JSONL record), documents are pre-tokenised on all
+// threads into per-thread counts of distinct pieces, and the counts are summed. Memory grows
+// with the number of distinct pieces, not with the corpus.
+//
+// Merging: the most frequent adjacent pair is merged, again and again, until the vocabulary is
+// full. Ties between equally frequent pairs go to the pair whose left token, then right token,
+// comes first in this order: single bytes in the order of their GPT-2 byte-level characters
+// (HF's initial alphabet order), then merged tokens in the order they were made. This is HF
+// tokenizers' rule, so both trainers make the same merges. The result does not depend on the
+// number of threads.
+//
+// Ids: 0-255 are the bytes, then the merges in order, then the special tokens.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/tokenizer.h"
+
+namespace pollen::tokenizer {
+
+struct TrainOptions {
+  uint32_t vocab_size = 32000;  // bytes + merges + special tokens
+  std::vector<std::string> special_tokens;
+  std::string pattern;  // pre-tokenisation regex
+};
+
+// Counts of distinct pre-tokenised pieces.
+class PieceCounts {
+ public:
+  explicit PieceCounts(std::string pattern);
+
+  // Adds every document's pieces, on all threads.
+  void add_documents(std::span<const std::string_view> documents);
+  // Plain text: each line (with its newline) is a document. JSONL: each record's `field`.
+  void add_file(const std::filesystem::path& path, bool jsonl, const std::string& field);
+
+  // Pieces sorted by bytes, with their counts.
+  std::vector<std::pair<std::string, uint64_t>> sorted() const;
+  size_t distinct() const;
+  uint64_t bytes_read() const { return bytes_read_; }
+  const std::string& pattern() const { return pattern_; }
+
+ private:
+  struct Map;
+  std::string pattern_;
+  PreTokenizer pre_tokenizer_;
+  std::shared_ptr<Map> counts_;
+  uint64_t bytes_read_ = 0;
+};
+
+Tokenizer train_bpe(const PieceCounts& counts, const TrainOptions& options);
+
+}  // namespace pollen::tokenizer

@@ -1,0 +1,36 @@
+#pragma once
+// A BPE vocabulary: token id <-> token bytes, with a fast lookup from bytes to id.
+// Ids may have holes (tiktoken's cl100k_base has some); holes have no bytes.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace pollen::tokenizer {
+
+class Vocab {
+ public:
+  // Adds a token; throws if the id or the bytes are already present.
+  void add(uint32_t id, std::string bytes);
+
+  std::optional<uint32_t> find(std::string_view bytes) const;
+  bool contains(uint32_t id) const { return id < present_.size() && present_[id]; }
+  std::string_view bytes(uint32_t id) const { return tokens_[id]; }
+  // One past the highest id.
+  uint32_t id_end() const { return static_cast<uint32_t>(tokens_.size()); }
+  size_t size() const { return count_; }
+
+ private:
+  void grow_index();
+  size_t slot_of(std::string_view bytes, uint64_t hash) const;
+
+  std::vector<std::string> tokens_;
+  std::vector<uint8_t> present_;
+  size_t count_ = 0;
+  // Open addressing: slot holds id + 1 (0 = empty) and 32 bits of the hash.
+  std::vector<uint32_t> slot_ids_;
+  std::vector<uint32_t> slot_tags_;
+};
+
+}  // namespace pollen::tokenizer

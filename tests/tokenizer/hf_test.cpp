@@ -1,0 +1,131 @@
+// pollen's tokenizer.json support against HF tokenizers: GPT-2's tokenizer.json, and files of
+// each Llama-family flavour made by HF's own trainer, give every id equal; pollen's saved files
+// load in HF with the same ids.
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "tokenizer/hf_format.h"
+#include "tokenizer/peers.h"
+#include "tokenizer/tiktoken_format.h"
+
+namespace pollen::tokenizer {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::varied_corpus;
+
+// Every text of the corpus encodes to HF's ids (with the BOS/EOS template when asked), and
+// HF's ids decode to HF's text.
+void expect_same_ids_as_hf(const Tokenizer& tok, const fs::path& json_file, bool add_bos_eos) {
+  std::vector<std::string> corpus = varied_corpus();
+  corpus.push_back(
+      "Characters the trainers never saw: \u2603 \U0001D518\U0001D52B \u0416\u03A9 \u00FE");
+  auto result = testing::run_reference({{"mode", "hf"},
+                                        {"tokenizer_json", json_file.string()},
+                                        {"add_special_tokens", add_bos_eos},
+                                        {"texts", corpus}});
+  EncodeOptions options{SpecialPolicy::allow_all(), add_bos_eos};
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    auto expected = result["ids"][i].get<std::vector<uint32_t>>();
+    ASSERT_EQ(tok.encode(corpus[i], options), expected)
+        << json_file << " text " << i << ": " << corpus[i];
+    ASSERT_EQ(tok.decode(expected), result["decoded"][i].get<std::string>()) << corpus[i];
+  }
+}
+
+fs::path write_corpus(const fs::path& dir) {
+  fs::path file = dir / "corpus.txt";
+  write_file_atomic(file, testing::corpus_text());
+  return file;
+}
+
+TEST(HfJson, Gpt2FromEncoderJsonAndVocabBpe) {
+  POLLEN_REQUIRE_SHARED_TOKENIZERS(shared);
+  POLLEN_REQUIRE_PEERS();
+  fs::path dir = testing::temp_dir("gpt2_json");
+  fs::path file = dir / "tokenizer.json";
+  testing::run_reference({{"mode", "gpt2_json"},
+                          {"vocab", (shared / "gpt2-encoder.json").string()},
+                          {"merges", (shared / "gpt2-vocab.bpe").string()},
+                          {"output", file.string()}});
+  Tokenizer tok = load_hf_json(file);
+  EXPECT_EQ(tok.vocab_size(), 50257u);
+  expect_same_ids_as_hf(tok, file, false);
+  // pollen's own save of it loads in HF with the same ids.
+  fs::path saved = dir / "saved.json";
+  save_hf_json(tok, saved);
+  Tokenizer again = load_hf_json(saved);
+  EXPECT_EQ(again.fingerprint(), tok.fingerprint());
+  expect_same_ids_as_hf(again, saved, false);
+  fs::remove_all(dir);
+}
+
+struct Flavour {
+  std::string name;
+  nlohmann::json request;
+};
+
+class HfTrained : public ::testing::TestWithParam<Flavour> {};
+
+TEST_P(HfTrained, EveryIdEqual) {
+  POLLEN_REQUIRE_PEERS();
+  fs::path dir = testing::temp_dir("hf_" + GetParam().name);
+  fs::path file = dir / "tokenizer.json";
+  nlohmann::json request = GetParam().request;
+  request["mode"] = "train_hf";
+  request["files"] = {write_corpus(dir).string()};
+  request["output"] = file.string();
+  testing::run_reference(request);
+  Tokenizer tok = load_hf_json(file);
+  expect_same_ids_as_hf(tok, file, false);
+  expect_same_ids_as_hf(tok, file, true);
+  fs::path saved = dir / "saved.json";
+  save_hf_json(tok, saved);
+  Tokenizer again = load_hf_json(saved);
+  EXPECT_EQ(again.fingerprint(), tok.fingerprint());
+  expect_same_ids_as_hf(again, saved, true);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Flavours, HfTrained,
+    ::testing::Values(Flavour{"llama3",
+                              {{"kind", "llama3"},
+                               {"pattern", known_pattern_regex(KnownPattern::kCl100k)},
+                               {"vocab_size", 700},
+                               {"special_tokens", {"<|begin_of_text|>", "<|end_of_text|>"}}}},
+                      Flavour{"qwen2",
+                              {{"kind", "qwen2"},
+                               {"pattern", known_pattern_regex(KnownPattern::kQwen2)},
+                               {"vocab_size", 700},
+                               {"special_tokens", {"<|endoftext|>"}}}},
+                      Flavour{"digits_regex",
+                              {{"kind", "llama3"},
+                               {"digits", true},
+                               {"pattern", R"( ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+)"},
+                               {"vocab_size", 600}}},
+                      Flavour{"gpt2_bytelevel", {{"kind", "gpt2"}, {"vocab_size", 600}}},
+                      Flavour{"sentencepiece", {{"kind", "sentencepiece"}, {"vocab_size", 900}}}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(HfJson, TiktokenSavedAsJsonKeepsIdsAndFingerprint) {
+  POLLEN_REQUIRE_SHARED_TOKENIZERS(shared);
+  POLLEN_REQUIRE_PEERS();
+  Tokenizer ranks = load_tiktoken(shared / "cl100k_base.tiktoken",
+                                  std::string(known_pattern_regex(KnownPattern::kCl100k)),
+                                  known_special_tokens(KnownPattern::kCl100k));
+  fs::path dir = testing::temp_dir("cl100k_json");
+  fs::path file = dir / "tokenizer.json";
+  save_hf_json(ranks, file);
+  Tokenizer json = load_hf_json(file);
+  EXPECT_EQ(json.fingerprint(), ranks.fingerprint());
+  expect_same_ids_as_hf(json, file, false);
+  for (const std::string& text : varied_corpus())
+    ASSERT_EQ(json.encode(text, {SpecialPolicy::allow_all()}),
+              ranks.encode(text, {SpecialPolicy::allow_all()}));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace pollen::tokenizer

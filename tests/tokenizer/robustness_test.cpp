@@ -1,0 +1,138 @@
+// Robustness: any byte string round-trips (invalid UTF-8 included, by pollen's documented rule),
+// and malformed tokenizer files give a clear error naming the file and what is wrong.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "tokenizer/hf_format.h"
+#include "tokenizer/pattern.h"
+#include "tokenizer/peers.h"
+#include "tokenizer/tiktoken_format.h"
+
+namespace pollen::tokenizer {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string random_bytes(std::mt19937& rng, size_t n) {
+  // Mostly ASCII and UTF-8 fragments, so that valid and invalid runs interleave.
+  static const std::string pool[] = {"a",
+                                     " ",
+                                     "\n",
+                                     "'s",
+                                     "1",
+                                     "\xC3\xA9",
+                                     "\xE4\xB8\xAD",
+                                     "\xF0\x9F\x98\x80",
+                                     "\x80",
+                                     "\xC3",
+                                     "\xFF",
+                                     "\xED\xA0\x80",
+                                     "\xE2\x80",
+                                     "\t",
+                                     "Z",
+                                     "\xCC\x81"};
+  std::string out;
+  while (out.size() < n) {
+    if (rng() % 4 == 0)
+      out += static_cast<char>(rng() % 256);
+    else
+      out += pool[rng() % std::size(pool)];
+  }
+  return out;
+}
+
+TEST(Robustness, AnyBytesRoundTripForEveryPattern) {
+  POLLEN_REQUIRE_SHARED_TOKENIZERS(dir);
+  std::mt19937 rng(7);
+  for (auto pattern : {KnownPattern::kGpt2, KnownPattern::kCl100k, KnownPattern::kO200k}) {
+    std::string name(known_pattern_name(pattern));
+    Tokenizer tok =
+        load_tiktoken(dir / (name + ".tiktoken"), std::string(known_pattern_regex(pattern)),
+                      known_special_tokens(pattern));
+    for (int i = 0; i < 300; ++i) {
+      std::string bytes = random_bytes(rng, rng() % 200);
+      auto ids = tok.encode(bytes, {SpecialPolicy::as_text()});
+      ASSERT_EQ(tok.decode(ids), bytes) << name << " case " << i;
+    }
+  }
+}
+
+// The invalid-UTF-8 rule: each invalid byte is a piece of its own, and the valid text on either
+// side is pre-tokenised as if the invalid byte were the end or the start of the text.
+TEST(Robustness, InvalidBytesArePiecesOfTheirOwn) {
+  PatternSplitter splitter(std::string(known_pattern_regex(KnownPattern::kCl100k)));
+  std::vector<std::string> pieces;
+  splitter.split(
+      "ab\xFF"
+      "cd  \x80\x80 x",
+      [&](std::string_view p, bool) { pieces.emplace_back(p); });
+  std::vector<std::string> expected = {"ab", "\xFF", "cd", "  ", "\x80", "\x80", " x"};
+  EXPECT_EQ(pieces, expected);
+}
+
+// The hand-written matchers agree with ICU's regex engine running the same pattern.
+TEST(Robustness, HandWrittenMatchersAgreeWithIcuRegex) {
+  for (auto pattern :
+       {KnownPattern::kGpt2, KnownPattern::kCl100k, KnownPattern::kO200k, KnownPattern::kQwen2}) {
+    PatternSplitter fast(std::string(known_pattern_regex(pattern)));
+    // A regex that means the same but is not recognised, so ICU runs it.
+    PatternSplitter icu("(?:" + std::string(known_pattern_regex(pattern)) + ")");
+    ASSERT_TRUE(fast.known());
+    ASSERT_FALSE(icu.known());
+    for (const std::string& text : testing::varied_corpus()) {
+      std::vector<std::string> a, b;
+      fast.split(text, [&](std::string_view p, bool) { a.emplace_back(p); });
+      icu.split(text, [&](std::string_view p, bool) { b.emplace_back(p); });
+      ASSERT_EQ(a, b) << known_pattern_name(pattern) << ": " << text;
+    }
+  }
+}
+
+void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    for (const std::string& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+TEST(Robustness, MalformedRankFilesNameFileAndLine) {
+  std::string pattern(known_pattern_regex(KnownPattern::kGpt2));
+  expect_error([&] { tiktoken_from_text("YQ== 0\nnot base64! 1\n", "r.tiktoken", pattern, {}); },
+               {"r.tiktoken:2", "base64"});
+  expect_error([&] { tiktoken_from_text("YQ== x\n", "r.tiktoken", pattern, {}); },
+               {"r.tiktoken:1", "rank 'x'"});
+  expect_error([&] { tiktoken_from_text("YQ== 0\nYQ== 1\n", "r.tiktoken", pattern, {}); },
+               {"r.tiktoken:2", "same as those of id 0"});
+  expect_error([&] { tiktoken_from_text("YQ== 0\n", "r.tiktoken", pattern, {}); },
+               {"r.tiktoken", "byte 0 has none"});
+  expect_error([&] { tiktoken_from_text("", "r.tiktoken", pattern, {}); },
+               {"r.tiktoken", "no tokens"});
+}
+
+TEST(Robustness, MalformedTokenizerJsonNamesFileAndKey) {
+  auto load = [](const std::string& text) { return [text] { hf_from_json_text(text, "t.json"); }; };
+  expect_error(load("{"), {"t.json", "not valid JSON"});
+  expect_error(load(R"({"model": {"type": "WordPiece", "vocab": {}}})"), {"t.json", "model.type"});
+  expect_error(load(R"({"model": {"vocab": {"a": "x"}, "merges": []}})"),
+               {"t.json", "model.vocab.a", "not an integer"});
+  expect_error(load(R"({"model": {"vocab": {"a": 0}, "merges": ["a b"]}})"),
+               {"t.json", "model.merges[0]", "not in the vocabulary"});
+  expect_error(load(R"({"model": {"vocab": {"a": 0}, "merges": [1]}})"),
+               {"t.json", "model.merges[0]"});
+  expect_error(load(R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "(x"}},
+                        "model": {"vocab": {"a": 0}, "merges": []}})"),
+               {"t.json", "pre_tokenizer.pattern", "does not compile"});
+  expect_error(load(R"({"normalizer": {"type": "Lowercase"},
+                        "model": {"vocab": {"a": 0}, "merges": []}})"),
+               {"t.json", "normalizer.type", "Lowercase"});
+  expect_error(load(R"({"model": {"vocab": {}, "merges": []}})"), {"t.json", "model.vocab"});
+}
+
+}  // namespace
+}  // namespace pollen::tokenizer

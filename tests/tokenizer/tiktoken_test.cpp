@@ -1,0 +1,103 @@
+// pollen's tiktoken-format tokenizers against PyPI tiktoken: every id equal on a varied corpus,
+// for the official gpt2, cl100k_base and o200k_base encodings.
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "tokenizer/peers.h"
+#include "tokenizer/tiktoken_format.h"
+
+namespace pollen::tokenizer {
+namespace {
+
+using testing::varied_corpus;
+
+Tokenizer load_official(const std::filesystem::path& dir, KnownPattern pattern) {
+  std::string name(known_pattern_name(pattern));
+  return load_tiktoken(dir / (name + ".tiktoken"), std::string(known_pattern_regex(pattern)),
+                       known_special_tokens(pattern));
+}
+
+TEST(Tiktoken, PatternsAndSpecialsMatchEncodingsJson) {
+  POLLEN_REQUIRE_SHARED_TOKENIZERS(dir);
+  auto encodings = nlohmann::json::parse(read_file(dir / "encodings.json"));
+  for (auto pattern : {KnownPattern::kGpt2, KnownPattern::kCl100k, KnownPattern::kO200k}) {
+    const auto& e = encodings.at(std::string(known_pattern_name(pattern)));
+    EXPECT_EQ(e.at("pat_str").get<std::string>(), known_pattern_regex(pattern));
+    std::map<std::string, uint32_t> specials;
+    for (const AddedToken& t : known_special_tokens(pattern)) specials[t.content] = t.id;
+    auto expected = e.at("special_tokens").get<std::map<std::string, uint32_t>>();
+    EXPECT_EQ(expected, specials);
+  }
+}
+
+class TiktokenParity : public ::testing::TestWithParam<KnownPattern> {};
+
+TEST_P(TiktokenParity, EveryIdEqualOnVariedCorpus) {
+  POLLEN_REQUIRE_SHARED_TOKENIZERS(dir);
+  POLLEN_REQUIRE_PEERS();
+  KnownPattern pattern = GetParam();
+  std::string name(known_pattern_name(pattern));
+  Tokenizer tok = load_official(dir, pattern);
+  std::vector<std::string> corpus = varied_corpus();
+  nlohmann::json specials = nlohmann::json::object();
+  for (const AddedToken& t : known_special_tokens(pattern)) specials[t.content] = t.id;
+  auto result = testing::run_reference({{"mode", "tiktoken"},
+                                        {"rank_file", (dir / (name + ".tiktoken")).string()},
+                                        {"pat_str", known_pattern_regex(pattern)},
+                                        {"special_tokens", specials},
+                                        {"allow_special", true},
+                                        {"texts", corpus}});
+  EncodeOptions all{SpecialPolicy::allow_all()};
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    auto expected = result["ids"][i].get<std::vector<uint32_t>>();
+    ASSERT_EQ(tok.encode(corpus[i], all), expected) << name << " text " << i << ": " << corpus[i];
+    ASSERT_EQ(tok.decode(expected), corpus[i]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Official, TiktokenParity,
+                         ::testing::Values(KnownPattern::kGpt2, KnownPattern::kCl100k,
+                                           KnownPattern::kO200k),
+                         [](const auto& info) {
+                           std::string name(known_pattern_name(info.param));
+                           return name.substr(0, name.find('_'));
+                         });
+
+TEST(Tiktoken, SpecialTokensAllowedRefusedOrText) {
+  POLLEN_REQUIRE_SHARED_TOKENIZERS(dir);
+  Tokenizer tok = load_official(dir, KnownPattern::kCl100k);
+  std::string text = "a<|endoftext|>b<|fim_prefix|>";
+  EXPECT_THROW(tok.encode(text), pollen::Error);
+  auto all = tok.encode(text, {SpecialPolicy::allow_all()});
+  EXPECT_EQ(std::count(all.begin(), all.end(), 100257u), 1);
+  EXPECT_EQ(std::count(all.begin(), all.end(), 100258u), 1);
+  SpecialPolicy only_eot{SpecialPolicy::Others::kText, {"<|endoftext|>"}};
+  auto some = tok.encode(text, {only_eot});
+  EXPECT_EQ(std::count(some.begin(), some.end(), 100257u), 1);
+  EXPECT_EQ(std::count(some.begin(), some.end(), 100258u), 0);
+  SpecialPolicy refuse_others{SpecialPolicy::Others::kRefuse, {"<|endoftext|>"}};
+  EXPECT_THROW(tok.encode(text, {refuse_others}), pollen::Error);
+  auto plain = tok.encode(text, {SpecialPolicy::as_text()});
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), 100257u), 0);
+  EXPECT_EQ(tok.decode(plain), text);
+}
+
+TEST(Tiktoken, SaveAndLoadRoundTrips) {
+  POLLEN_REQUIRE_SHARED_TOKENIZERS(dir);
+  Tokenizer tok = load_official(dir, KnownPattern::kGpt2);
+  std::string text = tiktoken_text(tok);
+  EXPECT_EQ(text, read_file(dir / "gpt2.tiktoken"));
+}
+
+TEST(Base64, EncodesAndRejects) {
+  EXPECT_EQ(base64_encode("ab"), "YWI=");
+  EXPECT_EQ(*base64_decode("YWI="), "ab");
+  EXPECT_EQ(*base64_decode("YWJj"), "abc");
+  EXPECT_FALSE(base64_decode("YW=I"));
+  EXPECT_FALSE(base64_decode("YWI"));
+  EXPECT_FALSE(base64_decode("Y*I="));
+}
+
+}  // namespace
+}  // namespace pollen::tokenizer
