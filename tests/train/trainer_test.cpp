@@ -388,3 +388,30 @@ TEST(TrainCli, SigkillThenResumeInAFreshProcessIsBitwise) {
       static_cast<int64_t>(nlohmann::json::parse(read_file(base / "term/summary.json"))["step"]));
   fs::remove_all(base);
 }
+
+TEST(TrainCli, HelpDocumentsExitCodesAndPlotDrawsRuns) {
+  std::array<char, 4096> buf{};
+  std::string out;
+  FILE* p = popen((std::string(POLLEN_BINARY) + " train --help 2>&1").c_str(), "r");
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  pclose(p);
+  EXPECT_NE(out.find("0 finished"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("3 preempted"), std::string::npos) << out;
+
+  const fs::path run = temp_dir("plot");
+  ASSERT_EQ(train_quiet(tiny(run / "a", 6)).status, train::RunStatus::finished);
+  ASSERT_EQ(train_quiet(tiny(run / "b", 6, {"optimizer.lr=1e-2"})).status,
+            train::RunStatus::finished);
+  const std::string cmd = std::string(POLLEN_BINARY) + " plot " + (run / "a").string() + " " +
+                          (run / "b").string() + " --output " + (run / "c.svg").string() +
+                          " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string svg = read_file(run / "c.svg");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find(">a</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">b</text>"), std::string::npos);
+  EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);  // validation curves
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  fs::remove_all(run);
+}
