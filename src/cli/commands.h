@@ -7,8 +7,21 @@ namespace pollen::cli {
 
 void add_version_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_bench_checkpoint_command(CLI::App& app);  // under `bench`: call after add_bench_command
+void add_train_command(CLI::App& app);
+void add_plot_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_fed_command(CLI::App& app);
+
+// The process's exit code when a command finishes without an error (`pollen train` tells a
+// preempted run from a finished one this way).
+inline int& exit_code_slot() {
+  static int code = 0;
+  return code;
+}
+inline void set_exit_code(int code) {
+  exit_code_slot() = code;
+}
 
 }  // namespace pollen::cli

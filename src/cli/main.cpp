@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
   pollen::cli::add_version_command(app);
   pollen::cli::add_bench_command(app);
+  pollen::cli::add_bench_checkpoint_command(app);
+  pollen::cli::add_train_command(app);
+  pollen::cli::add_plot_command(app);
   pollen::cli::add_tokenizer_command(app);
   pollen::cli::add_data_command(app);
   pollen::cli::add_fed_command(app);
@@ -29,5 +32,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pollen: error: %s\n", e.what());
     return 1;
   }
-  return 0;
+  return pollen::cli::exit_code_slot();
 }

@@ -17,6 +17,8 @@ namespace pollen::io {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// serialise_s: writing the bytes out (to the page cache, and to disk as its dirty limit is
+// reached); hash_s: SHA-256 time, on a second thread overlapping the writes; sync_s: fsync.
 struct WriteStats {
   uint64_t bytes = 0;
   std::string sha256;

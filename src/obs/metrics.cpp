@@ -109,7 +109,11 @@ double wall_time_now() {
 AppendFile::AppendFile(const std::filesystem::path& path, std::optional<uint64_t> resume_at)
     : path_(path) {
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  if (resume_at) {
+  if (resume_at && *resume_at == 0) {
+    std::FILE* f = std::fopen(path.c_str(), "wb");  // start afresh
+    POLLEN_CHECK(f != nullptr, "cannot create '", path.string(), "': ", errno_text());
+    std::fclose(f);
+  } else if (resume_at) {
     std::error_code ec;
     const auto size = std::filesystem::file_size(path, ec);
     POLLEN_CHECK(!ec, "cannot resume metrics file '", path.string(), "': ", ec.message());

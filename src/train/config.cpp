@@ -74,7 +74,13 @@ void apply_override(toml::table& root, const std::string& assignment) {
 }  // namespace
 
 TrainConfig parse_train_config(const std::string& text, const std::string& source,
-                               const std::vector<std::string>& overrides) {
+                               const std::vector<std::string>& overrides,
+                               const std::filesystem::path& base_dir) {
+  auto resolve = [&](const std::string& p) {
+    const std::filesystem::path path(p);
+    return base_dir.empty() || path.is_absolute() ? p
+                                                  : (base_dir / path).lexically_normal().string();
+  };
   std::string effective = text;
   std::string name = source;
   if (!overrides.empty()) {
@@ -98,7 +104,7 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   const std::string stem = std::filesystem::path(source).stem().string();
   if (run) {
     c.name = run->get_string("name", stem);
-    c.dir = run->get_string("dir", "runs/" + c.name);
+    c.dir = run->has("dir") ? resolve(run->get_string("dir", "")) : "runs/" + c.name;
     const int64_t seed = run->get_int("seed", 0);
     POLLEN_CHECK(seed >= 0, run->where("seed"), ": expected a non-negative integer");
     c.seed = static_cast<uint64_t>(seed);
@@ -121,7 +127,7 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   if (model->has("file")) {
     const std::string file = model->get_string("file", "");
     model->finish();
-    c.model = model::load_config(file);
+    c.model = model::load_config(resolve(file));
   } else {
     c.model = model::read_config(*model);
   }
@@ -129,17 +135,18 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   auto data = t.table("data");
   POLLEN_CHECK(data.has_value(), "config file '", name, "': missing [data] (manifests)");
   c.manifests = data->get_strings("manifests");
+  for (auto& m : c.manifests) m = resolve(m);
   POLLEN_CHECK(!c.manifests.empty(), data->where("manifests"),
                ": missing; expected an array of manifest.json paths");
   c.weights = data->get_doubles("weights");
-  if (c.weights.empty()) c.weights.assign(c.manifests.size(), 1.0);
-  POLLEN_CHECK(c.weights.size() == c.manifests.size(), data->where("weights"), ": ",
-               c.weights.size(), " weights for ", c.manifests.size(), " manifests");
+  POLLEN_CHECK(c.weights.empty() || c.weights.size() == c.manifests.size(), data->where("weights"),
+               ": ", c.weights.size(), " weights for ", c.manifests.size(), " manifests");
   for (double w : c.weights)
     POLLEN_CHECK(w > 0, data->where("weights"), ": weights must be positive");
   c.train_split = data->get_string("train_split", "train");
   c.validation_split = data->get_string("validation_split", "validation");
   c.validation_manifests = data->get_strings("validation_manifests");
+  for (auto& m : c.validation_manifests) m = resolve(m);
   if (c.validation_manifests.empty()) c.validation_manifests = c.manifests;
   data->finish();
 
@@ -232,7 +239,7 @@ TrainConfig load_train_config(const std::filesystem::path& path,
   } catch (const Error& e) {
     fail("cannot read config file '", path.string(), "': ", e.what());
   }
-  return parse_train_config(text, path.string(), overrides);
+  return parse_train_config(text, path.string(), overrides, path.parent_path());
 }
 
 std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {

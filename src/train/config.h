@@ -24,7 +24,7 @@ struct TrainConfig {
   model::LlamaConfig model;
   // [data]
   std::vector<std::string> manifests;
-  std::vector<double> weights;
+  std::vector<double> weights;  // empty: proportional to each dataset's tokens
   std::string train_split = "train", validation_split = "validation";
   std::vector<std::string> validation_manifests;  // default: manifests
   // [train]
@@ -57,11 +57,14 @@ struct TrainConfig {
 };
 
 // Reads a run file, applying `overrides` ("key=value", the value in TOML syntax; a bare word
-// is taken as a string) first.
+// is taken as a string) first. Relative paths in it (run.dir, model.file, data manifests) are
+// relative to the run file's folder.
 TrainConfig load_train_config(const std::filesystem::path& path,
                               const std::vector<std::string>& overrides = {});
+// The same from text; relative paths are taken relative to `base_dir` (empty: as they are).
 TrainConfig parse_train_config(const std::string& text, const std::string& source,
-                               const std::vector<std::string>& overrides = {});
+                               const std::vector<std::string>& overrides = {},
+                               const std::filesystem::path& base_dir = {});
 
 // Keys that may differ between a checkpoint's config and the resumed run's.
 bool key_may_change_on_resume(const std::string& key);

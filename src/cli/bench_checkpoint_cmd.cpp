@@ -1,0 +1,52 @@
+// `pollen bench checkpoint`: how fast a model's checkpoint (weights and AdamW state, hashed and
+// synced) is written, split into serialise, hash and sync; one JSON line.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "base/thread_pool.h"
+#include "cli/commands.h"
+#include "model/config.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "train/trainer.h"
+
+namespace pollen::cli {
+
+void add_bench_checkpoint_command(CLI::App& app) {
+  CLI::App* bench = app.get_subcommand("bench");
+  auto* cmd = bench->add_subcommand(
+      "checkpoint",
+      "Write one checkpoint of a model with its AdamW state into --dir (then delete it); "
+      "prints bytes, seconds, MB/s and the serialise/hash/sync split as one JSON line");
+  auto model = std::make_shared<std::string>("llama-124m");
+  auto dir = std::make_shared<std::string>("build/bench-checkpoint");
+  auto keep = std::make_shared<bool>(false);
+  cmd->add_option("--model", *model, "Preset or model .toml file")->capture_default_str();
+  cmd->add_option("--dir", *dir, "Folder to write into (on the disk to measure)")
+      ->capture_default_str();
+  cmd->add_flag("--keep", *keep, "Keep the checkpoint written");
+  cmd->callback([model, dir, keep] {
+    const auto cfg = model::resolve_config(*model);
+    model::Llama m(cfg, 0);
+    optim::AdamW opt(m.parameters(), optim::AdamWOptions{});
+    nlohmann::ordered_json state{{"step", 1}};
+    const auto w = train::write_checkpoint(*dir, 1, m, opt, state, "# bench\n");
+    nlohmann::ordered_json j;
+    const double mb = static_cast<double>(w.stats.bytes) / 1e6;
+    j["model"] = cfg.name;
+    j["bytes"] = w.stats.bytes;
+    j["seconds"] = std::round(w.seconds * 1000) / 1000;
+    j["mb_per_s"] = std::round(mb / w.seconds);
+    j["serialise_s"] = std::round(w.stats.serialise_s * 1000) / 1000;
+    j["hash_s"] = std::round(w.stats.hash_s * 1000) / 1000;
+    j["sync_s"] = std::round(w.stats.sync_s * 1000) / 1000;
+    j["dir"] = w.dir.string();
+    std::printf("%s\n", j.dump().c_str());
+    if (!*keep) std::filesystem::remove_all(w.dir);
+  });
+}
+
+}  // namespace pollen::cli

@@ -1,0 +1,52 @@
+// `pollen train --config run.toml [--set key=value ...] [--resume]`: wiring only; the trainer is
+// train::run_training.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/log.h"
+#include "cli/commands.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace pollen::cli {
+
+void add_train_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "train",
+      "Pre-train a model as one TOML run file describes (docs/training.md).\n"
+      "Exit codes: 0 finished, 1 failed (bad config or data, too many non-finite losses in a "
+      "row, any error), 3 preempted (SIGINT or SIGTERM: the step finished and a checkpoint "
+      "was written; rerun with --resume), 2 bad command line.");
+  auto config = std::make_shared<std::string>();
+  auto sets = std::make_shared<std::vector<std::string>>();
+  auto resume = std::make_shared<bool>(false);
+  cmd->add_option("--config", *config, "Run file (TOML)")->required();
+  cmd->add_option("--set", *sets,
+                  "Override a key, e.g. --set train.steps=200 --set optimizer.lr=1e-3 (value in "
+                  "TOML syntax; a bare word is a string)");
+  cmd->add_flag("--resume", *resume,
+                "Continue from the newest checkpoint under run.dir/checkpoints that verifies "
+                "(starts at step 0 when there is none yet)");
+  cmd->callback([config, sets, resume] {
+    const train::TrainConfig cfg = train::load_train_config(*config, *sets);
+    train::TrainOptions o;
+    o.resume = *resume;
+    const train::TrainResult r = train::run_training(cfg, o);
+    switch (r.status) {
+      case train::RunStatus::finished:
+        log::info(r.message);
+        break;
+      case train::RunStatus::preempted:
+        log::warn(r.message);
+        break;
+      case train::RunStatus::failed:
+        log::error(r.message);
+        break;
+    }
+    set_exit_code(static_cast<int>(r.status));
+  });
+}
+
+}  // namespace pollen::cli

@@ -1,0 +1,24 @@
+#pragma once
+// Training curves as SVG: train and validation loss (top) and learning rate (bottom) against
+// tokens, one colour per run, read from each run folder's metrics.jsonl.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace pollen::obs {
+
+struct Curve {
+  std::vector<double> x, y;
+};
+
+struct RunCurves {
+  std::string name;
+  Curve train_loss, val_loss, lr;
+};
+
+// Reads <run_dir>/metrics.jsonl (or a .jsonl file itself); errors name the file and line.
+RunCurves read_run_curves(const std::filesystem::path& run);
+
+std::string plot_svg(const std::vector<RunCurves>& runs);
+
+}  // namespace pollen::obs

@@ -1,0 +1,515 @@
+#include "train/trainer.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "autograd/tape.h"
+#include "base/files.h"
+#include "base/log.h"
+#include "base/rng.h"
+#include "base/thread_pool.h"
+#include "data/loader.h"
+#include "data/shards.h"
+#include "io/checkpoint.h"
+#include "obs/metrics.h"
+#include "obs/progress.h"
+#include "ops/gemm.h"
+
+namespace fs = std::filesystem;
+
+namespace pollen::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::atomic<int> g_stop_signal{0};
+
+void on_stop_signal(int sig) {
+  g_stop_signal.store(sig);
+  static const char msg[] =
+      "\npollen train: stop requested; finishing this step and writing a checkpoint "
+      "(send it again to abort at once)\n";
+  [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+}
+
+// Installs the stop handlers for the life of a run; one-shot, so a second signal kills.
+class SignalGuard {
+ public:
+  explicit SignalGuard(bool enable) : enabled_(enable) {
+    g_stop_signal.store(0);
+    if (!enabled_) return;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalGuard() {
+    if (!enabled_) return;
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  bool enabled_;
+  struct sigaction old_int_ {
+  }, old_term_{};
+};
+
+double rss_mb() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1048576.0;
+}
+
+double peak_rss_mb() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
+// JSON numbers for metrics: non-finite values become null (JSON has no NaN).
+nlohmann::ordered_json num(double v) {
+  return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+}
+
+double evaluate(const model::Llama& model, data::Loader& loader, const data::LoaderState& start,
+                int64_t batches) {
+  ag::NoGrad no_grad;
+  loader.restore(start);  // the same validation batches at every evaluation
+  double sum = 0;
+  int64_t scored = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    const model::Batch b = loader.next();
+    int64_t n = 0;
+    const ag::Var l = model.loss(b, ag::Reduction::sum, &n);
+    sum += l.value().item();
+    scored += n;
+  }
+  return scored > 0 ? sum / static_cast<double>(scored) : NAN;
+}
+
+}  // namespace
+
+int64_t count_scored(const model::Batch& batch) {
+  const int32_t* t = batch.targets.data<int32_t>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < batch.targets.numel(); ++i) n += t[i] >= 0;
+  return n;
+}
+
+AccumulatedLoss accumulate_gradients(const model::Llama& model,
+                                     const std::vector<model::Batch>& micro_batches) {
+  AccumulatedLoss r;
+  for (const auto& b : micro_batches) r.scored += count_scored(b);
+  if (r.scored == 0) {
+    r.loss = NAN;
+    return r;
+  }
+  const double scale = 1.0 / static_cast<double>(r.scored);
+  double sum = 0;
+  for (const auto& b : micro_batches) {
+    ag::Tape tape;
+    ag::Var l;
+    {
+      ag::TapeScope scope(tape);
+      l = model.loss(b, ag::Reduction::sum);
+    }
+    sum += l.value().item();
+    tape.backward(l, scale);
+  }
+  r.loss = sum * scale;
+  return r;
+}
+
+std::vector<bool> decay_mask(const std::vector<std::pair<std::string, ag::Var>>& params,
+                             const std::vector<std::string>& no_decay) {
+  auto has = [&](const char* g) {
+    return std::find(no_decay.begin(), no_decay.end(), g) != no_decay.end();
+  };
+  const bool norms = has("norms"), biases = has("biases"), embeddings = has("embeddings");
+  std::vector<bool> mask;
+  for (const auto& [name, v] : params) {
+    bool decay = true;
+    if (norms && name.find("norm") != std::string::npos) decay = false;
+    if (biases && name.ends_with(".bias")) decay = false;
+    if (embeddings && name.find("embed_tokens") != std::string::npos) decay = false;
+    mask.push_back(decay);
+  }
+  return mask;
+}
+
+double measure_peak_flops() {
+  constexpr int64_t n = 1024;
+  Tensor a = Tensor::full({n, n}, 0.5, DType::f32), b = Tensor::full({n, n}, 0.25, DType::f32);
+  Tensor c = Tensor::zeros({n, n}, DType::f32);
+  ops::gemm(a, false, b, false, c);  // warm up
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    ops::gemm(a, false, b, false, c);
+    best = std::max(best, 2.0 * n * n * n / seconds_since(t0));
+  }
+  return best;
+}
+
+CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const model::Llama& model,
+                                   const optim::AdamW& opt, const nlohmann::ordered_json& state,
+                                   const std::string& config_toml) {
+  const auto t0 = Clock::now();
+  const auto params = model.named_parameters();
+  io::NamedTensors weights, moments;
+  for (size_t i = 0; i < params.size(); ++i) {
+    weights.emplace_back(params[i].first, params[i].second.value());
+    moments.emplace_back(params[i].first + ".exp_avg", opt.slots()[i].exp_avg);
+    moments.emplace_back(params[i].first + ".exp_avg_sq", opt.slots()[i].exp_avg_sq);
+  }
+  io::CheckpointWriter w(root, step);
+  w.add_tensors("model.safetensors", weights, {{"format", "pt"}});
+  w.add_tensors("optimizer.safetensors", moments,
+                {{"step", std::to_string(opt.steps_taken())}, {"optimizer", "adamw"}});
+  w.add_text("state.json", state.dump(2) + "\n");
+  w.add_text("config.toml", config_toml);
+  CheckpointWritten out;
+  out.dir = w.commit();
+  out.stats = w.stats();
+  out.seconds = seconds_since(t0);
+  return out;
+}
+
+void load_checkpoint(const fs::path& dir, const model::Llama& model, optim::AdamW& opt) {
+  const auto weights = io::read_safetensors(dir / "model.safetensors");
+  const auto moments = io::read_safetensors(dir / "optimizer.safetensors");
+  const auto params = model.named_parameters();
+  auto copy = [&](const io::SafetensorsFile& f, const std::string& file, const std::string& name,
+                  const Tensor& into) {
+    const Tensor* t = f.find(name);
+    POLLEN_CHECK(t != nullptr, "checkpoint '", (dir / file).string(), "' has no tensor '", name,
+                 "'");
+    POLLEN_CHECK(t->shape() == into.shape() && t->dtype() == into.dtype(), "checkpoint '",
+                 (dir / file).string(), "': tensor '", name, "' is ", shape_str(t->shape()), " ",
+                 dtype_name(t->dtype()), ", the model wants ", shape_str(into.shape()), " ",
+                 dtype_name(into.dtype()));
+    std::memcpy(into.raw(), t->raw(), into.nbytes());
+  };
+  for (size_t i = 0; i < params.size(); ++i) {
+    copy(weights, "model.safetensors", params[i].first, params[i].second.value());
+    copy(moments, "optimizer.safetensors", params[i].first + ".exp_avg", opt.slots()[i].exp_avg);
+    copy(moments, "optimizer.safetensors", params[i].first + ".exp_avg_sq",
+         opt.slots()[i].exp_avg_sq);
+  }
+  const auto it = moments.metadata.find("step");
+  POLLEN_CHECK(it != moments.metadata.end(), "checkpoint '",
+               (dir / "optimizer.safetensors").string(), "': metadata lacks 'step'");
+  opt.set_steps_taken(std::stoll(it->second));
+}
+
+TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
+  SignalGuard signals(o.handle_signals);
+  set_num_threads(cfg.threads > 0 ? cfg.threads
+                                  : static_cast<int>(std::thread::hardware_concurrency()));
+  const fs::path ckpt_root = cfg.dir / "checkpoints";
+  fs::create_directories(cfg.dir);
+  if (!o.resume) {
+    POLLEN_CHECK(io::list_checkpoints(ckpt_root).empty(), "run folder '", cfg.dir.string(),
+                 "' already holds checkpoints: pass --resume to continue it, or choose another ",
+                 "run.dir");
+  }
+  for (const auto& m : cfg.manifests) {
+    const auto man = data::Manifest::load(m);
+    POLLEN_CHECK(man.vocab_size <= cfg.model.vocab_size, "data manifest '", m, "' has vocab_size ",
+                 man.vocab_size, " but model '", cfg.model.name, "' has vocab_size ",
+                 cfg.model.vocab_size);
+  }
+
+  model::Llama model(cfg.model, cfg.seed);
+  model.set_recompute(cfg.recompute);
+  const auto named = model.named_parameters();
+  std::vector<ag::Var> params;
+  for (const auto& [n, v] : named) params.push_back(v);
+  optim::AdamWOptions ao;
+  ao.lr = cfg.lr;
+  ao.beta1 = cfg.beta1;
+  ao.beta2 = cfg.beta2;
+  ao.eps = cfg.eps;
+  ao.weight_decay = cfg.weight_decay;
+  ao.max_grad_norm = cfg.grad_clip;
+  optim::AdamW opt(params, ao, decay_mask(named, cfg.no_decay));
+
+  data::LoaderOptions lo;
+  for (const auto& m : cfg.manifests) lo.manifests.emplace_back(m);
+  lo.weights = cfg.weights;
+  lo.split = cfg.train_split;
+  lo.batch = cfg.micro_batch;
+  lo.seq = cfg.seq;
+  lo.seed = cfg.seed;
+  data::Loader loader(lo);
+
+  std::unique_ptr<data::Loader> val_loader;
+  data::LoaderState val_start;
+  if (!cfg.validation_split.empty() && cfg.eval_batches > 0) {
+    data::LoaderOptions vo = lo;
+    vo.manifests.clear();
+    for (const auto& m : cfg.validation_manifests) vo.manifests.emplace_back(m);
+    vo.weights = cfg.validation_manifests == cfg.manifests ? cfg.weights : std::vector<double>{};
+    vo.split = cfg.validation_split;
+    try {
+      val_loader = std::make_unique<data::Loader>(vo);
+      if (val_loader->windows_per_epoch() < cfg.micro_batch) {
+        log::warn("validation split '", cfg.validation_split, "' has ",
+                  val_loader->windows_per_epoch(), " windows of ", cfg.seq + 1,
+                  " tokens, fewer than one micro-batch: no evaluation");
+        val_loader.reset();
+      } else {
+        val_start = val_loader->state();
+      }
+    } catch (const Error& e) {
+      log::warn("no evaluation: ", e.what());
+      val_loader.reset();
+    }
+  }
+
+  int64_t step = 0, tokens = 0, bad_in_row = 0, skipped = 0;
+  double elapsed_before = 0;
+  std::optional<uint64_t> jsonl_at = 0;
+  std::string tb_file;
+  uint64_t tb_at = 0;
+  Rng rng(cfg.seed);
+  fs::path last_checkpoint;
+  if (o.resume) {
+    const auto choice = io::choose_resume_checkpoint(ckpt_root);
+    for (const auto& [dir, why] : choice.skipped)
+      log::warn("skipping checkpoint '", dir.string(), "': ", why);
+    if (!choice.dir) {
+      POLLEN_CHECK(choice.skipped.empty(), "--resume: no checkpoint under '", ckpt_root.string(),
+                   "' verifies (", choice.skipped.size(), " skipped, reasons above)");
+      log::info("--resume: no checkpoint under '", ckpt_root.string(), "' yet; starting at step 0");
+    } else {
+      const fs::path dir = *choice.dir;
+      const TrainConfig saved =
+          parse_train_config(read_file(dir / "config.toml"), (dir / "config.toml").string());
+      for (const auto& w : check_resume_compatible(saved, cfg)) log::warn("resume: ", w);
+      load_checkpoint(dir, model, opt);
+      const auto st = nlohmann::json::parse(read_file(dir / "state.json"));
+      step = st.at("step").get<int64_t>();
+      tokens = st.at("tokens").get<int64_t>();
+      bad_in_row = st.at("bad_steps_in_row").get<int64_t>();
+      skipped = st.at("skipped_steps").get<int64_t>();
+      elapsed_before = st.at("elapsed_s").get<double>();
+      loader.restore(data::LoaderState::from_json(st.at("loader")));
+      rng = Rng(st.at("rng").at("seed").get<uint64_t>(), st.at("rng").at("offset").get<uint64_t>());
+      jsonl_at = st.at("metrics").at("jsonl_bytes").get<uint64_t>();
+      tb_file = st.at("metrics").at("tensorboard_file").get<std::string>();
+      tb_at = st.at("metrics").at("tensorboard_bytes").get<uint64_t>();
+      last_checkpoint = dir;
+      log::info("resuming from '", dir.string(), "' at step ", step, " (", tokens, " tokens)");
+    }
+  }
+
+  obs::JsonlWriter jsonl(cfg.dir / "metrics.jsonl", jsonl_at);
+  obs::EventFileWriter tb;
+  if (cfg.tensorboard) {
+    const fs::path tb_dir = cfg.dir / "tensorboard";
+    if (!tb_file.empty() && fs::exists(tb_dir / tb_file)) {
+      tb = obs::EventFileWriter::resume(tb_dir / tb_file, tb_at);
+    } else {
+      if (step == 0) fs::remove_all(tb_dir);  // a fresh run: no stale curves
+      fs::create_directories(tb_dir);
+      tb = obs::EventFileWriter::create(tb_dir);
+    }
+  }
+  const std::string config_toml = cfg.to_toml();
+  write_file_atomic(cfg.dir / "config.toml", config_toml);
+
+  const double peak = cfg.peak_flops > 0 ? cfg.peak_flops : measure_peak_flops();
+  const double flops_per_token = cfg.model.flops_per_token(cfg.seq);
+  const int64_t accum = cfg.accumulation();
+  log::info("training ", cfg.model.name, " (", cfg.model.parameter_count(), " parameters) for ",
+            cfg.steps, " steps of ", cfg.batch_tokens, " tokens (", accum, " x ", cfg.micro_batch,
+            " x ", cfg.seq, "), ", num_threads(), " threads, ", loader.tokens_per_epoch(),
+            " tokens per epoch; peak ", peak / 1e9, " GFLOP/s",
+            cfg.peak_flops > 0 ? "" : " (measured)");
+
+  const auto run_start = Clock::now();
+  auto save = [&](int64_t at) {
+    jsonl.file().sync();
+    if (tb.file().is_open()) tb.file().sync();
+    nlohmann::ordered_json st;
+    st["step"] = at;
+    st["tokens"] = tokens;
+    st["bad_steps_in_row"] = bad_in_row;
+    st["skipped_steps"] = skipped;
+    st["elapsed_s"] = elapsed_before + seconds_since(run_start);
+    st["loader"] = loader.state().to_json();
+    st["rng"] = {{"seed", rng.seed()}, {"offset", rng.offset()}};
+    st["metrics"] = {{"jsonl_bytes", jsonl.file().position()},
+                     {"tensorboard_file",
+                      tb.file().is_open() ? tb.file().path().filename().string() : std::string()},
+                     {"tensorboard_bytes", tb.file().is_open() ? tb.file().position() : 0}};
+    const auto w = write_checkpoint(ckpt_root, at, model, opt, st, config_toml);
+    last_checkpoint = w.dir;
+    const double mb = static_cast<double>(w.stats.bytes) / 1048576.0;
+    log::info("checkpoint step ", at, " saved to '", w.dir.string(), "' (", std::round(mb),
+              " MB in ", std::round(w.seconds * 100) / 100, " s: serialise ",
+              std::round(w.stats.serialise_s * 100) / 100, " s, hash ",
+              std::round(w.stats.hash_s * 100) / 100, " s, sync ",
+              std::round(w.stats.sync_s * 100) / 100, " s)");
+    for (const auto& p : io::apply_retention(ckpt_root, cfg.keep_checkpoints))
+      log::debug("removed old checkpoint '", p.string(), "'");
+  };
+
+  TrainResult r;
+  obs::Progress progress("train", cfg.steps, step, o.quiet ? (int64_t{1} << 62) : cfg.log_interval);
+  int64_t steps_here = 0;
+  double last_val = NAN, last_loss = NAN;
+  bool stopped = false;
+  while (step < cfg.steps) {
+    const auto t0 = Clock::now();
+    const double lr = optim::lr_at(cfg.schedule, step);
+    std::vector<model::Batch> micro;
+    micro.reserve(static_cast<size_t>(accum));
+    for (int64_t i = 0; i < accum; ++i) micro.push_back(loader.next());
+    const AccumulatedLoss acc = accumulate_gradients(model, micro);
+    double gnorm = NAN;
+    bool good = std::isfinite(acc.loss);
+    if (good) {
+      gnorm = opt.step(lr);
+      good = std::isfinite(gnorm);  // AdamW leaves the weights alone then
+    }
+    opt.zero_grad();
+    ++step;
+    ++steps_here;
+    tokens += cfg.batch_tokens;
+    last_loss = acc.loss;
+    if (good) {
+      bad_in_row = 0;
+    } else {
+      ++bad_in_row;
+      ++skipped;
+      progress.finish();
+      log::warn("step ", step, ": non-finite ", std::isfinite(acc.loss) ? "gradient norm" : "loss",
+                "; update skipped (", bad_in_row, " in a row, stop at ", cfg.max_bad_steps, ")");
+    }
+    const double dt = seconds_since(t0);
+    const double elapsed = elapsed_before + seconds_since(run_start);
+    const double tps = static_cast<double>(cfg.batch_tokens) / dt;
+    const double mfu = tps * flops_per_token / peak;
+    const double wall = obs::wall_time_now();
+    nlohmann::ordered_json rec;
+    rec["step"] = step;
+    rec["tokens"] = tokens;
+    rec["loss"] = num(acc.loss);
+    rec["lr"] = lr;
+    rec["grad_norm"] = num(gnorm);
+    rec["scored"] = acc.scored;
+    rec["tokens_per_s"] = std::round(tps * 10) / 10;
+    rec["mfu"] = std::round(mfu * 1e5) / 1e5;
+    rec["elapsed_s"] = std::round(elapsed * 1000) / 1000;
+    rec["rss_mb"] = std::round(rss_mb() * 10) / 10;
+    if (!good) rec["skipped"] = true;
+    jsonl.write(rec);
+    if (tb.file().is_open()) {
+      tb.add_scalar("train/loss", acc.loss, step, wall);
+      tb.add_scalar("train/lr", lr, step, wall);
+      tb.add_scalar("train/grad_norm", gnorm, step, wall);
+      tb.add_scalar("perf/tokens_per_s", tps, step, wall);
+      tb.add_scalar("perf/mfu", mfu, step, wall);
+      tb.add_scalar("sys/rss_mb", rss_mb(), step, wall);
+    }
+    if (bad_in_row >= cfg.max_bad_steps) {
+      progress.finish();
+      jsonl.file().sync();
+      r.status = RunStatus::failed;
+      r.message =
+          cat(bad_in_row, " non-finite steps in a row (train.max_bad_steps = ", cfg.max_bad_steps,
+              "); stopping. The last good checkpoint is ",
+              last_checkpoint.empty() ? std::string("none (no checkpoint was written)")
+                                      : "'" + last_checkpoint.string() + "'",
+              "; lower optimizer.lr or raise schedule.warmup_steps and resume from it");
+      stopped = true;
+      break;
+    }
+    const bool last = step == cfg.steps;
+    if (val_loader && ((cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || last)) {
+      last_val = evaluate(model, *val_loader, val_start, cfg.eval_batches);
+      nlohmann::ordered_json v;
+      v["step"] = step;
+      v["tokens"] = tokens;
+      v["val_loss"] = num(last_val);
+      jsonl.write(v);
+      if (tb.file().is_open()) tb.add_scalar("val/loss", last_val, step, wall);
+      progress.finish();
+      log::info("step ", step, ": validation loss ", last_val);
+    }
+    jsonl.file().flush();
+    if (tb.file().is_open()) tb.file().flush();
+    char fields[160];
+    std::snprintf(fields, sizeof(fields), "loss=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f mfu=%.3f",
+                  acc.loss, lr, gnorm, tps, mfu);
+    progress.update(step, fields);
+
+    const bool preempt =
+        g_stop_signal.load() != 0 || (o.stop_after >= 0 && steps_here >= o.stop_after);
+    // Periodic checkpoints wait out a run of non-finite steps, so the last one written is the
+    // last good state; a preemption always writes one (the run must be able to continue).
+    if (preempt ||
+        ((last || (cfg.checkpoint_interval > 0 && step % cfg.checkpoint_interval == 0)) &&
+         bad_in_row == 0)) {
+      progress.finish();
+      save(step);
+    }
+    if (preempt && !last) {
+      r.status = RunStatus::preempted;
+      r.message = cat("preempted at step ", step, "; checkpoint saved to '",
+                      last_checkpoint.string(), "'; continue with --resume");
+      stopped = true;
+      break;
+    }
+  }
+  progress.finish();
+  r.step = step;
+  r.tokens = tokens;
+  r.skipped_steps = skipped;
+  r.last_loss = last_loss;
+  r.last_val_loss = last_val;
+  r.last_checkpoint = last_checkpoint;
+  const double total = elapsed_before + seconds_since(run_start);
+  nlohmann::ordered_json summary;
+  summary["status"] = r.status == RunStatus::finished    ? "finished"
+                      : r.status == RunStatus::preempted ? "preempted"
+                                                         : "failed";
+  summary["step"] = step;
+  summary["steps"] = cfg.steps;
+  summary["tokens"] = tokens;
+  summary["loss"] = num(last_loss);
+  summary["val_loss"] = num(last_val);
+  summary["skipped_steps"] = skipped;
+  summary["elapsed_s"] = std::round(total * 1000) / 1000;
+  summary["tokens_per_s_this_process"] =
+      std::round(static_cast<double>(steps_here * cfg.batch_tokens) / seconds_since(run_start));
+  summary["peak_rss_mb"] = std::round(peak_rss_mb());
+  summary["checkpoint"] = last_checkpoint.string();
+  write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
+  if (!stopped) {
+    r.message =
+        cat("finished ", step, " steps (", tokens, " tokens) in ", obs::format_duration(total),
+            ": loss ", last_loss, ", validation loss ", last_val, ", ", skipped,
+            " steps skipped; checkpoint '", last_checkpoint.string(), "'");
+  }
+  return r;
+}
+
+}  // namespace pollen::train

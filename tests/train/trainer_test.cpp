@@ -1,0 +1,417 @@
+// The trainer: schedules, the run file, gradient accumulation, overfitting a tiny dataset,
+// bitwise resume (in process and across a SIGKILLed process), corrupt checkpoints, NaN stops.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "autograd/tape.h"
+#include "base/hash.h"
+#include "base/thread_pool.h"
+#include "io/checkpoint.h"
+#include "optim/schedule.h"
+#include "train/config.h"
+#include "train/tiny_run.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d =
+      fs::temp_directory_path() / ("pollen_train_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+const fs::path& dataset() {
+  static const fs::path m = test_support::make_tiny_dataset(temp_dir("data"));
+  return m;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<nlohmann::json> metrics(const fs::path& run) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// (step, loss) of every training record, and every validation loss, as exact text.
+std::vector<std::string> losses(const fs::path& run) {
+  std::vector<std::string> out;
+  for (const auto& j : metrics(run)) {
+    if (j.contains("loss")) out.push_back("train " + j["step"].dump() + " " + j["loss"].dump());
+    if (j.contains("val_loss"))
+      out.push_back("val " + j["step"].dump() + " " + j["val_loss"].dump());
+  }
+  return out;
+}
+
+std::string final_weights(const fs::path& run, int64_t step) {
+  const fs::path c = run / "checkpoints" / io::checkpoint_name(step);
+  return sha256_file(c / "model.safetensors") + sha256_file(c / "optimizer.safetensors");
+}
+
+train::TrainConfig tiny(const fs::path& run, int steps, std::vector<std::string> sets = {}) {
+  return train::parse_train_config(test_support::tiny_run_toml(run, dataset(), steps), "tiny.toml",
+                                   sets);
+}
+
+train::TrainResult train_quiet(const train::TrainConfig& c, bool resume = false,
+                               int64_t stop_after = -1) {
+  train::TrainOptions o;
+  o.resume = resume;
+  o.stop_after = stop_after;
+  o.quiet = true;
+  o.handle_signals = false;
+  return train::run_training(c, o);
+}
+
+}  // namespace
+
+TEST(Schedule, DocumentedShapes) {
+  optim::Schedule s;
+  s.lr = 1.0;
+  s.min_lr = 0.1;
+  s.warmup_steps = 10;
+  s.total_steps = 110;
+  for (auto kind : {optim::ScheduleKind::constant, optim::ScheduleKind::cosine,
+                    optim::ScheduleKind::linear, optim::ScheduleKind::wsd}) {
+    s.kind = kind;
+    EXPECT_DOUBLE_EQ(optim::lr_at(s, 0), 0.1);  // warmup: (step + 1) / warmup
+    EXPECT_DOUBLE_EQ(optim::lr_at(s, 4), 0.5);
+    EXPECT_DOUBLE_EQ(optim::lr_at(s, 9), 1.0);
+    EXPECT_DOUBLE_EQ(optim::lr_at(s, 10), 1.0);  // peak right after warmup
+    const double end = optim::lr_at(s, 109);
+    EXPECT_NEAR(end, kind == optim::ScheduleKind::constant ? 1.0 : 0.1, 1e-12);
+    for (int64_t t = 10; t < 109; ++t)
+      EXPECT_LE(optim::lr_at(s, t + 1), optim::lr_at(s, t) + 1e-15) << "monotone after warmup";
+  }
+  s.kind = optim::ScheduleKind::cosine;  // halfway: the mean of lr and min_lr
+  s.total_steps = 111;
+  EXPECT_NEAR(optim::lr_at(s, 60), 0.55, 1e-12);
+  s.kind = optim::ScheduleKind::linear;
+  EXPECT_NEAR(optim::lr_at(s, 60), 0.55, 1e-12);
+  s.kind = optim::ScheduleKind::wsd;  // stable until the last 20% of steps, then linear
+  s.total_steps = 110;
+  EXPECT_DOUBLE_EQ(optim::lr_at(s, 87), 1.0);
+  EXPECT_LT(optim::lr_at(s, 88), 1.0);
+  EXPECT_NEAR(optim::lr_at(s, 98), 0.55, 1e-12);
+  EXPECT_THROW(optim::parse_schedule_kind("exp"), Error);
+}
+
+TEST(TrainConfig, ErrorsNameFileKeyAndType) {
+  const std::string base = test_support::tiny_run_toml("/tmp/x", dataset(), 5);
+  auto err = [&](const std::string& text, std::vector<std::string> sets = {}) {
+    return error_of([&] { train::parse_train_config(text, "run.toml", sets); });
+  };
+  std::string e = err(base + "[extra]\nlr = 1\n");
+  EXPECT_NE(e.find("run.toml"), std::string::npos) << e;
+  EXPECT_NE(e.find("'extra'"), std::string::npos) << e;
+  e = err(base, {"optimizer.lrr=0.1"});
+  EXPECT_NE(e.find("'optimizer.lrr'"), std::string::npos) << e;
+  e = err(base, {"train.steps=\"ten\""});
+  EXPECT_NE(e.find("train.steps"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected an integer"), std::string::npos) << e;
+  e = err(base, {"train.batch_tokens=100"});
+  EXPECT_NE(e.find("multiple of micro_batch"), std::string::npos) << e;
+  e = err(base, {"schedule.kind=exp"});
+  EXPECT_NE(e.find("unknown schedule 'exp'"), std::string::npos) << e;
+  e = err(base, {"model.hidden_sise=8"});
+  EXPECT_NE(e.find("model.hidden_sise"), std::string::npos) << e;
+
+  // --set overrides, the resolved config round-trips, and resume refuses changed keys.
+  const auto c =
+      train::parse_train_config(base, "run.toml", {"train.steps=9", "optimizer.lr=0.01"});
+  EXPECT_EQ(c.steps, 9);
+  EXPECT_EQ(c.accumulation(), 2);
+  const auto again = train::parse_train_config(c.to_toml(), "resolved.toml");
+  EXPECT_EQ(again.flat(), c.flat());
+  auto changed = c;
+  changed.steps = 20;
+  changed.eval_interval = 3;
+  EXPECT_EQ(train::check_resume_compatible(c, changed).size(), 1u);  // a warning for steps
+  changed.lr = 0.5;
+  changed.seq = 8;
+  e = error_of([&] { train::check_resume_compatible(c, changed); });
+  EXPECT_NE(e.find("optimizer.lr"), std::string::npos) << e;
+  EXPECT_NE(e.find("train.seq"), std::string::npos) << e;
+}
+
+TEST(Accumulation, MicroBatchesWithUnequalScoredTokensEqualOneBigBatch) {
+  set_num_threads(2);
+  model::LlamaConfig mc;
+  mc.vocab_size = 50;
+  mc.hidden_size = 16;
+  mc.intermediate_size = 32;
+  mc.num_hidden_layers = 2;
+  mc.num_attention_heads = 2;
+  mc.num_key_value_heads = 2;
+  const int64_t B = 4, T = 8;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  for (int64_t i = 0; i < B * T; ++i) {
+    tok[i] = static_cast<int32_t>((i * 7) % 50);
+    tgt[i] = static_cast<int32_t>((i * 3 + 1) % 50);
+  }
+  // Row r scores T - 2r targets: 8, 6, 4, 2.
+  for (int64_t r = 0; r < B; ++r)
+    for (int64_t t = 0; t < 2 * r; ++t) tgt[r * T + t] = -100;
+  const auto big = model::Batch::contiguous_rows(Tensor::from<int32_t>({B, T}, tok),
+                                                 Tensor::from<int32_t>({B, T}, tgt));
+  std::vector<model::Batch> micro;
+  for (int64_t r = 0; r < B; ++r)
+    micro.push_back(model::Batch::contiguous_rows(
+        Tensor::from<int32_t>({1, T},
+                              std::vector<int32_t>(tok.begin() + r * T, tok.begin() + (r + 1) * T)),
+        Tensor::from<int32_t>(
+            {1, T}, std::vector<int32_t>(tgt.begin() + r * T, tgt.begin() + (r + 1) * T))));
+
+  model::Llama a(mc, 3), b(mc, 3);
+  ag::Tape tape;
+  ag::Var l;
+  {
+    ag::TapeScope scope(tape);
+    l = a.loss(big, ag::Reduction::mean);
+  }
+  tape.backward(l);
+  const auto acc = train::accumulate_gradients(b, micro);
+  EXPECT_EQ(acc.scored, 20);
+  EXPECT_NEAR(acc.loss, l.value().item(), 1e-5);
+  // The mean of per-micro-batch means would weight the 2-token row like the 8-token one.
+  const auto pa = a.named_parameters(), pb = b.named_parameters();
+  double max_rel = 0;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const Tensor ga = pa[i].second.grad(), gb = pb[i].second.grad();
+    ASSERT_TRUE(ga.defined() && gb.defined()) << pa[i].first;
+    double num = 0, den = 0;
+    for (int64_t k = 0; k < ga.numel(); ++k) {
+      const double d = ga.data<float>()[k] - gb.data<float>()[k];
+      num += d * d;
+      den += static_cast<double>(ga.data<float>()[k]) * ga.data<float>()[k];
+    }
+    max_rel = std::max(max_rel, std::sqrt(num / std::max(den, 1e-30)));
+  }
+  EXPECT_LT(max_rel, 1e-5);
+}
+
+TEST(DecayMask, NormsBiasesEmbeddingsGroups) {
+  model::LlamaConfig mc = model::preset("llama-tiny");
+  mc.num_hidden_layers = 1;
+  mc.attention_bias = true;
+  model::Llama m(mc, 0);
+  const auto named = m.named_parameters();
+  const auto mask = train::decay_mask(named, {"norms", "biases", "embeddings"});
+  for (size_t i = 0; i < named.size(); ++i) {
+    const auto& n = named[i].first;
+    const bool expect = !(n.find("norm") != std::string::npos || n.ends_with(".bias") ||
+                          n.find("embed_tokens") != std::string::npos);
+    EXPECT_EQ(mask[i], expect) << n;
+  }
+  const auto none = train::decay_mask(named, {});
+  EXPECT_EQ(std::count(none.begin(), none.end(), true), static_cast<long>(named.size()));
+}
+
+TEST(Trainer, TinyModelOverfitsTinyData) {
+  const fs::path run = temp_dir("overfit");
+  // 60 steps over a 16-window dataset: many epochs of the same data.
+  const auto c = train::parse_train_config(
+      test_support::tiny_run_toml(run, test_support::make_tiny_dataset(run / "data", 12), 60),
+      "tiny.toml", {"optimizer.lr=1e-2", "schedule.min_lr=1e-3", "checkpoint.interval=0"});
+  const auto r = train_quiet(c);
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  const auto m = metrics(run);
+  EXPECT_GT(m.front()["loss"].get<double>(), 3.5);  // ln 64 = 4.16 at start
+  EXPECT_LT(r.last_loss, 0.5) << "stated bound: train loss under 0.5 after 60 steps";
+  EXPECT_TRUE(fs::exists(run / "summary.json"));
+  EXPECT_EQ(io::list_checkpoints(run / "checkpoints").size(), 1u);
+  for (const char* key :
+       {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "elapsed_s", "rss_mb"})
+    EXPECT_TRUE(m.front().contains(key)) << key;
+  fs::remove_all(run);
+}
+
+TEST(Trainer, ResumeIsBitwiseAndSkipsACorruptCheckpoint) {
+  const fs::path base = temp_dir("resume");
+  // Uninterrupted: 14 steps, checkpoints at 4, 8, 12, 14; evaluation at 10 and 14.
+  const auto full = train_quiet(tiny(base / "full", 14));
+  ASSERT_EQ(full.status, train::RunStatus::finished) << full.message;
+
+  // Preempted after 6 steps (checkpoint at 4 and the preemption's at 6), resumed to the end.
+  const auto cut = tiny(base / "cut", 14);
+  auto r = train_quiet(cut, false, 6);
+  ASSERT_EQ(r.status, train::RunStatus::preempted) << r.message;
+  EXPECT_EQ(r.step, 6);
+  EXPECT_NE(r.message.find("step-00000006"), std::string::npos) << r.message;
+  r = train_quiet(cut, true);
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  EXPECT_EQ(losses(base / "cut"), losses(base / "full"));
+  EXPECT_EQ(final_weights(base / "cut", 14), final_weights(base / "full", 14));
+
+  // Stop at 9 (checkpoints 8 and 9), corrupt 9: resume takes 8 and still ends bitwise equal.
+  const auto bad = tiny(base / "bad", 14);
+  r = train_quiet(bad, false, 9);
+  ASSERT_EQ(r.status, train::RunStatus::preempted);
+  {
+    std::fstream f(base / "bad/checkpoints/step-00000009/optimizer.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x55');
+  }
+  ::testing::internal::CaptureStderr();
+  r = train_quiet(bad, true);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  EXPECT_NE(err.find("skipping checkpoint"), std::string::npos) << err;
+  EXPECT_NE(err.find("optimizer.safetensors has SHA-256"), std::string::npos) << err;
+  EXPECT_NE(err.find("resuming from"), std::string::npos) << err;
+  EXPECT_EQ(losses(base / "bad"), losses(base / "full"));
+  EXPECT_EQ(final_weights(base / "bad", 14), final_weights(base / "full", 14));
+  // Retention kept the newest two.
+  EXPECT_EQ(io::list_checkpoints(base / "bad/checkpoints").size(), 2u);
+
+  // A fresh start in a run folder with checkpoints is refused; a changed key on resume too.
+  EXPECT_NE(error_of([&] { train_quiet(bad); }).find("--resume"), std::string::npos);
+  const auto changed = tiny(base / "bad", 20, {"optimizer.lr=1e-2"});
+  EXPECT_NE(error_of([&] { train_quiet(changed, true); }).find("optimizer.lr"), std::string::npos);
+  fs::remove_all(base);
+}
+
+TEST(Trainer, NonFiniteLossesSkipUpdatesThenStop) {
+  const fs::path run = temp_dir("nan");
+  // A learning rate of 1e30 blows the weights up after the first update.
+  const auto c = tiny(
+      run, 20,
+      {"optimizer.lr=1e30", "schedule.kind=constant", "schedule.warmup_steps=0",
+       "schedule.min_lr=0", "train.grad_clip=0", "train.max_bad_steps=3", "checkpoint.interval=1"});
+  const auto r = train_quiet(c);
+  EXPECT_EQ(r.status, train::RunStatus::failed);
+  EXPECT_NE(r.message.find("3 non-finite steps in a row"), std::string::npos) << r.message;
+  EXPECT_EQ(r.skipped_steps, 3);
+  // Checkpoints stop at the last good step; the failed steps wrote none.
+  const auto all = io::list_checkpoints(run / "checkpoints");
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(io::checkpoint_step(all.back()), r.step - 3);
+  EXPECT_NE(r.message.find(io::checkpoint_name(r.step - 3)), std::string::npos) << r.message;
+  fs::remove_all(run);
+}
+
+// The pollen binary: SIGTERM is a preemption (exit 3), SIGKILL mid-run loses nothing that a
+// fresh process cannot redo bitwise, and the resumed run equals the uninterrupted one.
+TEST(TrainCli, SigkillThenResumeInAFreshProcessIsBitwise) {
+  const fs::path base = temp_dir("cli");
+  const auto write_cfg = [&](const std::string& name) {
+    const fs::path p = base / (name + ".toml");
+    write_file_atomic(p, test_support::tiny_run_toml(base / name, dataset(), 40));
+    return p;
+  };
+  auto run = [&](const std::string& args) {
+    const std::string cmd = std::string(POLLEN_BINARY) + " " + args + " > /dev/null 2>&1";
+    const int status = std::system(cmd.c_str());
+    return WEXITSTATUS(status);
+  };
+  // Slow steps down just enough (more micro-batches) that a kill lands mid-run.
+  const std::string slow = " --set train.batch_tokens=1024 --set checkpoint.interval=2";
+  ASSERT_EQ(run("train --config " + write_cfg("full").string() + slow), 0);
+
+  auto spawn = [&](const fs::path& cfg, bool resume) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int fd = ::open("/dev/null", O_WRONLY);
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<std::string> args = {POLLEN_BINARY, "train",
+                                       "--config",    cfg.string(),
+                                       "--set",       "train.batch_tokens=1024",
+                                       "--set",       "checkpoint.interval=2"};
+      if (resume) args.push_back("--resume");
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(POLLEN_BINARY, argv.data());
+      _exit(127);
+    }
+    return pid;
+  };
+  auto lines = [&](const fs::path& run_dir) { return metrics(run_dir).size(); };
+  const fs::path kcfg = write_cfg("killed");
+  // Kill once a few steps past the first checkpoint, then again mid-way after a resume.
+  for (size_t kill_at : {size_t{5}, size_t{19}}) {
+    const pid_t pid = spawn(kcfg, kill_at != 5);
+    for (int i = 0; i < 3000 && (!fs::exists(base / "killed/metrics.jsonl") ||
+                                 lines(base / "killed") < kill_at);
+         ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the run ended before it could be killed";
+  }
+  ASSERT_EQ(run("train --resume --config " + kcfg.string() + slow), 0);
+  EXPECT_EQ(losses(base / "killed"), losses(base / "full"));
+  EXPECT_EQ(final_weights(base / "killed", 40), final_weights(base / "full", 40));
+
+  // SIGTERM: exit code 3 with a checkpoint at the step it stopped at.
+  const fs::path tcfg = write_cfg("term");
+  const pid_t pid = spawn(tcfg, false);
+  while (!fs::exists(base / "term/metrics.jsonl") || lines(base / "term") < 3)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3);
+  const auto ck = io::list_checkpoints(base / "term/checkpoints");
+  ASSERT_FALSE(ck.empty());
+  EXPECT_FALSE(io::verify_checkpoint(ck.back()).has_value());
+  EXPECT_EQ(
+      io::checkpoint_step(ck.back()),
+      static_cast<int64_t>(nlohmann::json::parse(read_file(base / "term/summary.json"))["step"]));
+  fs::remove_all(base);
+}
+
+TEST(TrainCli, HelpDocumentsExitCodesAndPlotDrawsRuns) {
+  std::array<char, 4096> buf{};
+  std::string out;
+  FILE* p = popen((std::string(POLLEN_BINARY) + " train --help 2>&1").c_str(), "r");
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  pclose(p);
+  EXPECT_NE(out.find("0 finished"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("3 preempted"), std::string::npos) << out;
+
+  const fs::path run = temp_dir("plot");
+  ASSERT_EQ(train_quiet(tiny(run / "a", 6)).status, train::RunStatus::finished);
+  ASSERT_EQ(train_quiet(tiny(run / "b", 6, {"optimizer.lr=1e-2"})).status,
+            train::RunStatus::finished);
+  const std::string cmd = std::string(POLLEN_BINARY) + " plot " + (run / "a").string() + " " +
+                          (run / "b").string() + " --output " + (run / "c.svg").string() +
+                          " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string svg = read_file(run / "c.svg");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find(">a</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">b</text>"), std::string::npos);
+  EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);  // validation curves
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  fs::remove_all(run);
+}
