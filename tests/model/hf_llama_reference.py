@@ -6,11 +6,11 @@ position ids restart per document, as transformers does for packed sequences.
 
 usage: hf_llama_reference.py DIR   (reads DIR/meta.json and DIR/weights.bin, writes DIR/logits.bin)
 """
+import ctypes
 import json
 import sys
 
-import numpy as np
-import torch
+import torch  # the only dependency: numpy is not used, so any numpy beside torch is fine
 
 
 def rms_norm(x, w, eps):
@@ -25,13 +25,16 @@ def rotate_half(x):
 def main(folder):
     meta = json.load(open(f"{folder}/meta.json"))
     cfg = meta["config"]
-    flat = np.fromfile(f"{folder}/weights.bin", dtype="<f8")
+    raw = bytearray(open(f"{folder}/weights.bin", "rb").read())
+    flat = torch.frombuffer(raw, dtype=torch.float64)  # little-endian hosts only
     weights, at = {}, 0
     for name, shape in zip(meta["names"], meta["shapes"]):
-        n = int(np.prod(shape))
-        weights[name] = torch.from_numpy(flat[at:at + n].reshape(shape).copy())
+        n = 1
+        for d in shape:
+            n *= d
+        weights[name] = flat[at:at + n].reshape(shape).clone()
         at += n
-    assert at == flat.size, "weights.bin size does not match meta.json"
+    assert at == flat.numel(), "weights.bin size does not match meta.json"
     tokens = torch.tensor(meta["tokens"], dtype=torch.long)
     positions = torch.tensor(meta["positions"], dtype=torch.long)
     docs = torch.tensor(meta["doc_ids"], dtype=torch.long)
@@ -76,8 +79,9 @@ def main(folder):
         x = x + (torch.nn.functional.silu(gate) * up) @ p("mlp.down_proj.weight").T
     x = rms_norm(x, weights["model.norm.weight"], eps)
     head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
-    logits = (x @ head.T).reshape(B * T, -1)
-    logits.numpy().astype("<f8").tofile(f"{folder}/logits.bin")
+    logits = (x @ head.T).reshape(B * T, -1).contiguous()
+    with open(f"{folder}/logits.bin", "wb") as out:
+        out.write(ctypes.string_at(logits.data_ptr(), logits.numel() * 8))
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ std::string peers_python() {
 }
 
 bool torch_available() {
-  return std::system((peers_python() + " -c 'import torch, numpy' 2>/dev/null").c_str()) == 0;
+  return std::system((peers_python() + " -c 'import torch' 2>/dev/null").c_str()) == 0;
 }
 
 TEST(LlamaConfig, ParameterAndFlopCounts) {
