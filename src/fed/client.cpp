@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "data/shards.h"
 #include "optim/schedule.h"
+#include "train/trainer.h"
 
 namespace pollen::fed {
 
@@ -129,26 +130,14 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
   double loss_sum = 0;
   for (int64_t s = 0; s < steps; ++s) {
     std::vector<model::Batch> micro;
-    int64_t scored = 0;
-    for (int64_t a = 0; a < tc.accumulation; ++a) {
-      micro.push_back(train_->next());
-      const Tensor& t = micro.back().targets;
-      for (int64_t i = 0; i < t.numel(); ++i) scored += t.data<int32_t>()[i] >= 0;
-    }
-    POLLEN_CHECK(scored > 0, "client '", config_.id, "': a step without scored tokens");
-    double step_loss = 0;
-    for (const auto& b : micro) {
-      ag::Tape tape;
-      ag::Var loss;
-      {
-        ag::TapeScope scope(tape);
-        loss = model_.loss(b, ag::Reduction::sum);
-      }
-      step_loss += loss.value().item();
-      tape.backward(loss, 1.0 / static_cast<double>(scored));
-    }
-    POLLEN_CHECK(std::isfinite(step_loss), "client '", config_.id,
+    for (int64_t a = 0; a < tc.accumulation; ++a) micro.push_back(train_->next());
+    // The trainer's rule: the gradient of the mean loss over every scored token of the step.
+    const train::AccumulatedLoss acc = train::accumulate_gradients(model_, micro);
+    POLLEN_CHECK(acc.scored > 0, "client '", config_.id, "': a step without scored tokens");
+    POLLEN_CHECK(std::isfinite(acc.loss), "client '", config_.id,
                  "': non-finite loss at local step ", step_);
+    const int64_t scored = acc.scored;
+    const double step_loss = acc.loss * static_cast<double>(scored);
     const double lr =
         optim::lr_at(sched, tc.total_steps > 0 ? std::min(step_, tc.total_steps - 1) : step_);
     opt_.step(lr);
