@@ -40,7 +40,7 @@ std::string read_file(const std::filesystem::path& path) {
 
 void write_file_atomic(const std::filesystem::path& path, std::string_view data) {
   auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
-  auto tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()));
+  auto tmp = dir / cat(".", path.filename().string(), ".tmp.", ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   POLLEN_CHECK(fd >= 0, "cannot create '", tmp.string(), "': ", errno_text());
   try {

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 
+#include "base/error.h"
 #include "base/files.h"
 #include "base/log.h"
 #include "fed/grpc.h"
@@ -141,7 +142,7 @@ void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients
   }
   std::string san;
   for (const auto& n : server_names)
-    san += (san.empty() ? "" : ",") + std::string(is_ip(n) ? "IP:" : "DNS:") + n;
+    san += cat(san.empty() ? "" : ",", is_ip(n) ? "IP:" : "DNS:", n);
   {
     EVP_PKEY* k = new_key();
     X509* c = make_cert(k, server_names[0], ca, ca_key, days,
@@ -160,8 +161,8 @@ void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients
                         {{NID_basic_constraints, "critical,CA:FALSE"},
                          {NID_key_usage, "critical,digitalSignature"},
                          {NID_ext_key_usage, "clientAuth"}});
-    write_private(dir / ("client-" + id + ".key"), key_pem(k));
-    write_file_atomic(dir / ("client-" + id + ".pem"), cert_pem(c));
+    write_private(dir / cat("client-", id, ".key"), key_pem(k));
+    write_file_atomic(dir / cat("client-", id, ".pem"), cert_pem(c));
     X509_free(c);
     EVP_PKEY_free(k);
   }
@@ -175,7 +176,7 @@ void revoke_client_cert(const fs::path& dir, const std::string& client) {
   check_client_id(client, "fed certs revoke");
   X509* ca = read_cert(dir / "ca.pem");
   EVP_PKEY* ca_key = read_key(dir / "ca.key");
-  X509* victim = read_cert(dir / ("client-" + client + ".pem"));
+  X509* victim = read_cert(dir / cat("client-", client, ".pem"));
   X509_CRL* crl = nullptr;
   if (fs::exists(dir / "crl.pem")) {
     const std::string s = read_file(dir / "crl.pem");
