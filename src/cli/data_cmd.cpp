@@ -31,7 +31,9 @@ void add_data_command(CLI::App& app) {
     auto config = data::PipelineConfig::load(pa->config);
     if (pa->threads > 0) config.threads = pa->threads;
     if (pa->no_tokenize) config.tokenize = false;
-    auto manifest = data::prepare(config, {.progress = !pa->quiet});
+    data::PrepareOptions options;
+    options.progress = !pa->quiet;
+    auto manifest = data::prepare(config, options);
     std::printf("%s\nversion %s\n", manifest.string().c_str(),
                 data::dataset_version(manifest).c_str());
   });
