@@ -212,9 +212,10 @@ TEST(HfExport, RoundTripIsBitExactAndShards) {
     o.max_shard_bytes = 20000;  // several shards
     io::export_hf(m, dir, o);
     EXPECT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
-    EXPECT_TRUE(fs::exists(dir / "model-00001-of-00004.safetensors") ||
-                fs::exists(dir / "model-00001-of-00005.safetensors") ||
-                fs::exists(dir / "model-00001-of-00003.safetensors"));
+    int shards = 0;
+    for (const auto& e : fs::directory_iterator(dir))
+      shards += e.path().filename().string().starts_with("model-0000");
+    EXPECT_GE(shards, 2);
     const model::Llama back = io::load_hf_model(dir);
     EXPECT_EQ(back.config().rope_scaling, c.rope_scaling);
     EXPECT_EQ(back.config().attention_bias, c.attention_bias);
