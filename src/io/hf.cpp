@@ -119,23 +119,12 @@ const std::map<std::string, std::string>& dtype_names() {
 
 const std::vector<std::string>& hf_ignored_config_keys() {
   static const std::vector<std::string> keys = {
-      "_name_or_path",
-      "architectures",
-      "transformers_version",
-      "torch_dtype",
-      "bos_token_id",
-      "eos_token_id",
-      "pad_token_id",
-      "use_cache",
-      "initializer_range",
-      "pretraining_tp",
-      "return_dict",
-      "output_attentions",
-      "output_hidden_states",
-      "tokenizer_class",
-      "auto_map",
-      "name_or_path",
-      "attn_implementation",
+      "_name_or_path",        "architectures",       "transformers_version",
+      "torch_dtype",          "bos_token_id",        "eos_token_id",
+      "pad_token_id",         "use_cache",           "initializer_range",
+      "pretraining_tp",       "return_dict",         "output_attentions",
+      "output_hidden_states", "tokenizer_class",     "auto_map",
+      "name_or_path",         "attn_implementation",
       "_attn_implementation",  // a kernel choice, same arithmetic
       "max_window_layers",     // Qwen2: used only with use_sliding_window, which is refused
   };
@@ -191,7 +180,8 @@ model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
                  ": key 'sliding_window' is not used by model_type llama");
     r.ignore("sliding_window");
   }
-  c.rope_scaling = parse_rope_scaling(r.raw("rope_scaling"), source);
+  if (r.has("rope_scaling")) c.rope_scaling = parse_rope_scaling(r.raw("rope_scaling"), source);
+  r.ignore("rope_scaling");  // absent or null: no scaling
   r.finish(
       " is not understood by pollen (it may change the computation, so it is refused "
       "rather than ignored)");
