@@ -111,15 +111,15 @@ Var rmsnorm(const Var& x, const Var& w, double eps) {
   return out;
 }
 
-Var rope(const Var& x, const Tensor& positions, double theta) {
+Var rope(const Var& x, const Tensor& positions, const ops::RopeParams& params) {
   Tensor y = empty_like(x.value());
-  ops::rope_forward(x.value(), positions, theta, y);
+  ops::rope_forward(x.value(), positions, params, y);
   const bool record = should_record({&x});
   Var out = make_output(y, record);
   if (record) {
-    on_backward(out, [xn = x.node(), positions, theta](const Tensor& dy) {
+    on_backward(out, [xn = x.node(), positions, params](const Tensor& dy) {
       Tensor dx = empty_like(dy);
-      ops::rope_backward(dy, positions, theta, dx);
+      ops::rope_backward(dy, positions, params, dx);
       accumulate(xn, dx);
     });
   }

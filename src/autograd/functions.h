@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "ops/rope.h"
 
 namespace pollen::ag {
 
@@ -19,7 +20,7 @@ Var linear(const Var& x, const Var& w, const Var* bias = nullptr);
 Var rmsnorm(const Var& x, const Var& w, double eps);
 
 // Rotary embedding on x (B,T,H,D) at positions (B,T) int32.
-Var rope(const Var& x, const Tensor& positions, double theta);
+Var rope(const Var& x, const Tensor& positions, const ops::RopeParams& params);
 
 // Causal grouped-query attention within documents: q (B,T,H,D), k, v (B,T,KVH,D),
 // seg_start (B,T) int32 from ops::segment_starts -> (B,T,H,D).

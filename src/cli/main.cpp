@@ -21,6 +21,10 @@ int main(int argc, char** argv) {
   pollen::cli::add_tokenizer_command(app);
   pollen::cli::add_data_command(app);
   pollen::cli::add_fed_command(app);
+  pollen::cli::add_export_command(app);
+  pollen::cli::add_generate_command(app);
+  pollen::cli::add_eval_command(app);
+  pollen::cli::add_score_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -61,6 +61,18 @@ void LlamaConfig::validate() const {
                "rotary embeddings, got ", resolved_head_dim());
   POLLEN_CHECK(rope_theta > 0, "model '", name, "': rope_theta must be positive");
   POLLEN_CHECK(rms_norm_eps > 0, "model '", name, "': rms_norm_eps must be positive");
+  POLLEN_CHECK(sliding_window >= 0, "model '", name, "': sliding_window must be >= 0");
+  if (rope_scaling.kind != ops::RopeScaling::Kind::none) {
+    POLLEN_CHECK(rope_scaling.factor > 0, "model '", name,
+                 "': rope_scaling.factor must be positive");
+  }
+  if (rope_scaling.kind == ops::RopeScaling::Kind::llama3) {
+    POLLEN_CHECK(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+                     rope_scaling.low_freq_factor > 0 &&
+                     rope_scaling.original_max_position_embeddings > 0,
+                 "model '", name, "': rope_scaling (llama3) needs 0 < low_freq_factor < ",
+                 "high_freq_factor and a positive original_max_position_embeddings");
+  }
 }
 
 int64_t LlamaConfig::embedding_parameter_count() const {

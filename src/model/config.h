@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/rope.h"
+
 namespace pollen {
 class ConfigTable;
 }
@@ -26,6 +28,10 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // biases on q, k, v projections (Qwen2)
   double initializer_range = 0.02;
+  ops::RopeScaling rope_scaling;  // HF rope_scaling (linear, llama3); none by default
+  int64_t sliding_window = 0;     // Mistral: attend to the last sliding_window tokens; 0: all
+
+  ops::RopeParams rope_params() const { return {rope_theta, rope_scaling}; }
 
   int64_t resolved_head_dim() const {
     return head_dim > 0 ? head_dim : hidden_size / num_attention_heads;

@@ -1,6 +1,7 @@
 #include "model/llama.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "base/rng.h"
 #include "ops/attention.h"
@@ -32,6 +33,17 @@ Tensor iota_rows(int64_t b, int64_t t) {
 
 }  // namespace
 
+Tensor window_starts(const Tensor& seg_start, int64_t window) {
+  if (window <= 0) return seg_start;
+  Tensor out = seg_start.clone();
+  const int64_t b = out.size(0), t = out.size(1);
+  int32_t* p = out.data<int32_t>();
+  for (int64_t r = 0; r < b; ++r)
+    for (int64_t j = 0; j < t; ++j)
+      p[r * t + j] = static_cast<int32_t>(std::max<int64_t>(p[r * t + j], j - window + 1));
+  return out;
+}
+
 Batch Batch::contiguous_rows(const Tensor& tokens, const Tensor& targets) {
   Batch b;
   b.tokens = tokens;
@@ -42,39 +54,85 @@ Batch Batch::contiguous_rows(const Tensor& tokens, const Tensor& targets) {
 }
 
 Llama::Llama(const LlamaConfig& config, uint64_t seed, DType dtype)
+    : Llama(config, ParamSource{}, dtype) {
+  // Matrices (in construction order) take one counter-based stream each; norms are ones and
+  // biases zeros, as HF initialises them.
+  Rng root(seed);
+  uint64_t stream = 0;
+  for (auto& [name, v] : named_parameters_in_construction_order()) {
+    Tensor t;
+    if (name.ends_with("norm.weight")) {
+      t = Tensor::full(v.value().shape(), 1.0, dtype);
+    } else if (name.ends_with(".bias")) {
+      t = Tensor::full(v.value().shape(), 0.0, dtype);
+    } else {
+      t = normal_param(v.value().shape(), config_.initializer_range, root.fork(stream++), dtype,
+                       name)
+              .value();
+    }
+    std::memcpy(v.value().raw(), t.raw(), t.nbytes());
+  }
+}
+
+Llama::Llama(const LlamaConfig& config, const ParamSource& source, DType dtype)
     : config_(config), dtype_(dtype), tie_(config.tie_word_embeddings) {
   config_.validate();
   const int64_t h = config_.hidden_size, d = config_.resolved_head_dim();
   const int64_t q = config_.num_attention_heads * d, kv = config_.num_key_value_heads * d;
   const int64_t f = config_.intermediate_size, v = config_.vocab_size;
-  const double sd = config_.initializer_range;
-  Rng root(seed);
-  uint64_t stream = 0;
-  auto normal = [&](const Shape& s, const std::string& name) {
-    return normal_param(s, sd, root.fork(stream++), dtype, name);
+  auto param = [&](const Shape& shape, const std::string& name) {
+    Tensor t;
+    if (source) {
+      t = source(name, shape);
+      POLLEN_CHECK(t.shape() == shape && t.dtype() == dtype && t.is_contiguous(), "model '",
+                   config_.name, "': parameter '", name, "' came as ", shape_str(t.shape()), " ",
+                   dtype_name(t.dtype()), ", expected ", shape_str(shape), " ", dtype_name(dtype));
+    } else {
+      t = Tensor::empty(shape, dtype);
+    }
+    return ag::Var(t, true, name);
   };
-  embed_tokens_ = normal({v, h}, "model.embed_tokens.weight");
+  embed_tokens_ = param({v, h}, "model.embed_tokens.weight");
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     const std::string pre = "model.layers." + std::to_string(i) + ".";
     LayerParams p;
-    p.input_norm = const_param({h}, 1.0, dtype, pre + "input_layernorm.weight");
-    p.q_proj = normal({q, h}, pre + "self_attn.q_proj.weight");
-    p.k_proj = normal({kv, h}, pre + "self_attn.k_proj.weight");
-    p.v_proj = normal({kv, h}, pre + "self_attn.v_proj.weight");
-    p.o_proj = normal({h, q}, pre + "self_attn.o_proj.weight");
+    p.input_norm = param({h}, pre + "input_layernorm.weight");
+    p.q_proj = param({q, h}, pre + "self_attn.q_proj.weight");
+    p.k_proj = param({kv, h}, pre + "self_attn.k_proj.weight");
+    p.v_proj = param({kv, h}, pre + "self_attn.v_proj.weight");
+    p.o_proj = param({h, q}, pre + "self_attn.o_proj.weight");
     if (config_.attention_bias) {
-      p.q_bias = const_param({q}, 0.0, dtype, pre + "self_attn.q_proj.bias");
-      p.k_bias = const_param({kv}, 0.0, dtype, pre + "self_attn.k_proj.bias");
-      p.v_bias = const_param({kv}, 0.0, dtype, pre + "self_attn.v_proj.bias");
+      p.q_bias = param({q}, pre + "self_attn.q_proj.bias");
+      p.k_bias = param({kv}, pre + "self_attn.k_proj.bias");
+      p.v_bias = param({kv}, pre + "self_attn.v_proj.bias");
     }
-    p.post_attention_norm = const_param({h}, 1.0, dtype, pre + "post_attention_layernorm.weight");
-    p.gate_proj = normal({f, h}, pre + "mlp.gate_proj.weight");
-    p.up_proj = normal({f, h}, pre + "mlp.up_proj.weight");
-    p.down_proj = normal({h, f}, pre + "mlp.down_proj.weight");
+    p.post_attention_norm = param({h}, pre + "post_attention_layernorm.weight");
+    p.gate_proj = param({f, h}, pre + "mlp.gate_proj.weight");
+    p.up_proj = param({f, h}, pre + "mlp.up_proj.weight");
+    p.down_proj = param({h, f}, pre + "mlp.down_proj.weight");
     layers_.push_back(std::move(p));
   }
-  norm_ = const_param({h}, 1.0, dtype, "model.norm.weight");
-  if (!tie_) lm_head_ = normal({v, h}, "lm_head.weight");
+  norm_ = param({h}, "model.norm.weight");
+  if (!tie_) lm_head_ = param({v, h}, "lm_head.weight");
+}
+
+// The order in which the seeded constructor has always drawn: embedding, then per layer
+// norms, q, k, v, o, (biases), norm, gate, up, down; final norm; head.
+std::vector<std::pair<std::string, ag::Var>> Llama::named_parameters_in_construction_order() const {
+  std::vector<std::pair<std::string, ag::Var>> out;
+  auto add = [&](const ag::Var& v) {
+    if (v.defined()) out.emplace_back(v.name(), v);
+  };
+  add(embed_tokens_);
+  for (const auto& p : layers_) {
+    for (const ag::Var* v :
+         {&p.input_norm, &p.q_proj, &p.k_proj, &p.v_proj, &p.o_proj, &p.q_bias, &p.k_bias,
+          &p.v_bias, &p.post_attention_norm, &p.gate_proj, &p.up_proj, &p.down_proj})
+      add(*v);
+  }
+  add(norm_);
+  if (!tie_) add(lm_head_);
+  return out;
 }
 
 std::vector<std::pair<std::string, ag::Var>> Llama::named_parameters() const {
@@ -108,15 +166,16 @@ ag::Var Llama::block(const LayerParams& p, const ag::Var& x, const Batch& batch,
   const int64_t b = batch.tokens.size(0), t = batch.tokens.size(1);
   const int64_t d = config_.resolved_head_dim();
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
-  const double eps = config_.rms_norm_eps, theta = config_.rope_theta;
+  const double eps = config_.rms_norm_eps;
+  const ops::RopeParams rope = config_.rope_params();
 
   ag::Var h = ag::rmsnorm(x, p.input_norm, eps);
   auto bias = [](const ag::Var& v) { return v.defined() ? &v : nullptr; };
   ag::Var q = ag::reshape(ag::linear(h, p.q_proj, bias(p.q_bias)), {b, t, nh, d});
   ag::Var k = ag::reshape(ag::linear(h, p.k_proj, bias(p.k_bias)), {b, t, nkv, d});
   ag::Var v = ag::reshape(ag::linear(h, p.v_proj, bias(p.v_bias)), {b, t, nkv, d});
-  q = ag::rope(q, batch.positions, theta);
-  k = ag::rope(k, batch.positions, theta);
+  q = ag::rope(q, batch.positions, rope);
+  k = ag::rope(k, batch.positions, rope);
   ag::Var a = ag::attention(q, k, v, seg_start, 1.0 / std::sqrt(static_cast<double>(d)));
   ag::Var x1 = ag::add(x, ag::linear(ag::reshape(a, {b * t, nh * d}), p.o_proj));
 
@@ -132,7 +191,7 @@ ag::Var Llama::hidden_states(const Batch& batch) const {
   Batch full = batch;
   if (!full.positions.defined()) full.positions = iota_rows(b, t);
   if (!full.doc_ids.defined()) full.doc_ids = Tensor::zeros({b, t}, DType::i32);
-  const Tensor seg_start = ops::segment_starts(full.doc_ids);
+  const Tensor seg_start = window_starts(ops::segment_starts(full.doc_ids), config_.sliding_window);
 
   ag::Var x = ag::embedding(embed_tokens_, full.tokens);
   for (const auto& p : layers_) {

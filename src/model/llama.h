@@ -3,6 +3,7 @@
 // rotary embeddings in rotate_half form, grouped-query attention, SwiGLU MLP, optional tied
 // embeddings and q/k/v biases). Parameters carry HF's names.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,10 @@ struct Batch {
   static Batch contiguous_rows(const Tensor& tokens, const Tensor& targets);
 };
 
+// Mistral's sliding window folded into the attention's first-visible-key per token: token t sees
+// keys from max(seg_start[t], t - window + 1). window <= 0 returns seg_start.
+Tensor window_starts(const Tensor& seg_start, int64_t window);
+
 struct LayerParams {
   ag::Var input_norm, q_proj, k_proj, v_proj, o_proj, q_bias, k_bias, v_bias;
   ag::Var post_attention_norm, gate_proj, up_proj, down_proj;
@@ -29,6 +34,11 @@ class Llama {
   // Parameters initialised as HF does: normal(0, initializer_range) for matrices, ones for norms,
   // zeros for biases; drawn from the seed, one counter-based stream per parameter.
   Llama(const LlamaConfig& config, uint64_t seed, DType dtype = DType::f32);
+  // Parameters from a source (loading a model): called once per parameter with its HF name and
+  // shape; it returns a contiguous tensor of that shape in `dtype` (or throws naming what is
+  // wrong).
+  using ParamSource = std::function<Tensor(const std::string& name, const Shape& shape)>;
+  Llama(const LlamaConfig& config, const ParamSource& source, DType dtype = DType::f32);
 
   const LlamaConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
@@ -49,7 +59,13 @@ class Llama {
 
   void set_recompute(bool recompute) { recompute_ = recompute; }  // per-layer recomputation
 
+  // The pieces, for inference paths that do not go through autograd (the KV cache).
+  const ag::Var& embed_tokens() const { return embed_tokens_; }
+  const ag::Var& final_norm() const { return norm_; }
+  const std::vector<LayerParams>& layers() const { return layers_; }
+
  private:
+  std::vector<std::pair<std::string, ag::Var>> named_parameters_in_construction_order() const;
   ag::Var block(const LayerParams& p, const ag::Var& x, const Batch& batch,
                 const Tensor& seg_start) const;
 

@@ -26,14 +26,15 @@ void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype
 
 // x (B,T,H,D) rotated into out by +angle, or by -angle when inverse.
 void rope(const char* op, const char* in_name, const char* out_name, const Tensor& x,
-          const Tensor& positions, double theta, bool inverse, Tensor& out) {
+          const Tensor& positions, const RopeParams& params, bool inverse, Tensor& out) {
   POLLEN_CHECK(x.defined() && x.dim() == 4, op, ": ", in_name, " must be (B,T,H,D), got ",
                x.defined() ? shape_str(x.shape()) : "undefined");
   POLLEN_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64, op, ": ", in_name,
                " must be f32 or f64, got ", dtype_name(x.dtype()));
   const int64_t batch = x.size(0), seq = x.size(1), heads = x.size(2), dim = x.size(3);
   POLLEN_CHECK(dim % 2 == 0, op, ": head dimension D = ", dim, " of ", in_name, " must be even");
-  POLLEN_CHECK(std::isfinite(theta) && theta > 0, op, ": theta must be positive, got ", theta);
+  POLLEN_CHECK(std::isfinite(params.theta) && params.theta > 0, op,
+               ": theta must be positive, got ", params.theta);
   check_tensor(op, in_name, x, x.dtype(), x.shape(), "(B,T,H,D)");
   check_tensor(op, "positions", positions, DType::i32, {batch, seq}, "(B,T)");
   check_tensor(op, out_name, out, x.dtype(), x.shape(), "(B,T,H,D)");
@@ -43,22 +44,48 @@ void rope(const char* op, const char* in_name, const char* out_name, const Tenso
                  "] = ", pos[i], " must lie in [0, ", kMaxPosition, "]");
   }
   if (x.dtype() == DType::f32) {
-    cpu::rope_rotate(x.data<float>(), pos, batch * seq, heads, dim, theta, inverse,
+    cpu::rope_rotate(x.data<float>(), pos, batch * seq, heads, dim, params, inverse,
                      out.data<float>());
   } else {
-    cpu::rope_rotate(x.data<double>(), pos, batch * seq, heads, dim, theta, inverse,
+    cpu::rope_rotate(x.data<double>(), pos, batch * seq, heads, dim, params, inverse,
                      out.data<double>());
   }
 }
 
 }  // namespace
 
-void rope_forward(const Tensor& x, const Tensor& positions, double theta, Tensor& out) {
-  rope("rope_forward", "x", "out", x, positions, theta, false, out);
+double rope_inv_freq(const RopeParams& params, int64_t head_dim, int64_t i) {
+  const double inv_freq =
+      1.0 / std::pow(params.theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+  const RopeScaling& s = params.scaling;
+  switch (s.kind) {
+    case RopeScaling::Kind::none:
+      return inv_freq;
+    case RopeScaling::Kind::linear:
+      return inv_freq / s.factor;
+    case RopeScaling::Kind::llama3: {
+      // transformers' _compute_llama3_parameters.
+      const double old_len = static_cast<double>(s.original_max_position_embeddings);
+      const double low_freq_wavelen = old_len / s.low_freq_factor;
+      const double high_freq_wavelen = old_len / s.high_freq_factor;
+      const double wavelen = 2.0 * M_PI / inv_freq;
+      if (wavelen < high_freq_wavelen) return inv_freq;
+      if (wavelen > low_freq_wavelen) return inv_freq / s.factor;
+      const double smooth =
+          (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      return (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq;
+    }
+  }
+  return inv_freq;
 }
 
-void rope_backward(const Tensor& dout, const Tensor& positions, double theta, Tensor& dx) {
-  rope("rope_backward", "dout", "dx", dout, positions, theta, true, dx);
+void rope_forward(const Tensor& x, const Tensor& positions, const RopeParams& params, Tensor& out) {
+  rope("rope_forward", "x", "out", x, positions, params, false, out);
+}
+
+void rope_backward(const Tensor& dout, const Tensor& positions, const RopeParams& params,
+                   Tensor& dx) {
+  rope("rope_backward", "dout", "dx", dout, positions, params, true, dx);
 }
 
 }  // namespace pollen::ops

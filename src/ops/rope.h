@@ -6,11 +6,38 @@
 
 namespace pollen::ops {
 
+// HF's rope_scaling: `linear` divides every inverse frequency by `factor` (positions stretched);
+// `llama3` (Llama 3.1) divides the low frequencies (wavelength above
+// original_max_position_embeddings / low_freq_factor) by `factor`, keeps the high ones (wavelength
+// below original_max_position_embeddings / high_freq_factor) and blends linearly in between.
+struct RopeScaling {
+  enum class Kind { none, linear, llama3 };
+  Kind kind = Kind::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+  bool operator==(const RopeScaling&) const = default;
+};
+
+// The rotation's parameters; converts from a bare theta (no scaling).
+struct RopeParams {
+  RopeParams(double theta_in) : theta(theta_in) {}  // NOLINT: implicit on purpose
+  RopeParams(double theta_in, const RopeScaling& s) : theta(theta_in), scaling(s) {}
+  double theta;
+  RopeScaling scaling;
+  bool operator==(const RopeParams&) const = default;
+};
+
+// inv_freq[i] for pair i of a head of `head_dim`, in double, scaling applied.
+double rope_inv_freq(const RopeParams& params, int64_t head_dim, int64_t i);
+
 // x (B,T,H,D) with D even (H may count query heads or kv heads); positions (B,T) int32 >= 0
 // (they restart per document in packed sequences). out (B,T,H,D) may be x itself (in place).
-void rope_forward(const Tensor& x, const Tensor& positions, double theta, Tensor& out);
+void rope_forward(const Tensor& x, const Tensor& positions, const RopeParams& params, Tensor& out);
 
 // The transpose of rope_forward, a rotation by -angle: dx (B,T,H,D) from dout; dx may be dout.
-void rope_backward(const Tensor& dout, const Tensor& positions, double theta, Tensor& dx);
+void rope_backward(const Tensor& dout, const Tensor& positions, const RopeParams& params,
+                   Tensor& dx);
 
 }  // namespace pollen::ops

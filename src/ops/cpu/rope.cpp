@@ -15,12 +15,13 @@ namespace {
 // i in [0, D/2), stored (positions, D/2).
 template <typename T>
 struct RopeTable {
-  RopeTable(double theta, int64_t head_dim, int64_t position_count) : positions(position_count) {
+  RopeTable(const RopeParams& params, int64_t head_dim, int64_t position_count)
+      : positions(position_count) {
     const int64_t half = head_dim / 2;
     cos.resize(static_cast<size_t>(positions * half));
     sin.resize(cos.size());
     for (int64_t i = 0; i < half; ++i) {
-      const double inv_freq = 1.0 / std::pow(theta, static_cast<double>(2 * i) / head_dim);
+      const double inv_freq = rope_inv_freq(params, head_dim, i);
       for (int64_t p = 0; p < positions; ++p) {
         const double angle = static_cast<double>(p) * inv_freq;
         cos[p * half + i] = static_cast<T>(std::cos(angle));
@@ -35,10 +36,11 @@ struct RopeTable {
 // A table covering at least `positions` positions. Tables grow in steps of kTableStep and each
 // entry depends only on (theta, D, position), so a grown table agrees with the smaller one.
 template <typename T>
-std::shared_ptr<const RopeTable<T>> rope_table(double theta, int64_t head_dim, int64_t positions) {
+std::shared_ptr<const RopeTable<T>> rope_table(const RopeParams& params, int64_t head_dim,
+                                               int64_t positions) {
   constexpr int64_t kTableStep = 1024;
   struct Entry {
-    double theta;
+    RopeParams params;
     int64_t head_dim;
     std::shared_ptr<const RopeTable<T>> table;
   };
@@ -47,14 +49,14 @@ std::shared_ptr<const RopeTable<T>> rope_table(double theta, int64_t head_dim, i
   std::lock_guard lock(mutex);
   Entry* entry = nullptr;
   for (Entry& e : cache)
-    if (e.theta == theta && e.head_dim == head_dim) entry = &e;
+    if (e.params == params && e.head_dim == head_dim) entry = &e;
   if (entry && entry->table->positions >= positions) return entry->table;
   auto table = std::make_shared<const RopeTable<T>>(
-      theta, head_dim, (positions + kTableStep - 1) / kTableStep * kTableStep);
+      params, head_dim, (positions + kTableStep - 1) / kTableStep * kTableStep);
   if (entry) {
     entry->table = table;
   } else {
-    cache.push_back({theta, head_dim, table});
+    cache.push_back({params, head_dim, table});
   }
   return table;
 }
@@ -63,10 +65,10 @@ std::shared_ptr<const RopeTable<T>> rope_table(double theta, int64_t head_dim, i
 
 template <typename T>
 void rope_rotate(const T* x, const int32_t* positions, int64_t rows, int64_t heads,
-                 int64_t head_dim, double theta, bool inverse, T* out) {
+                 int64_t head_dim, const RopeParams& params, bool inverse, T* out) {
   int32_t max_position = 0;
   for (int64_t r = 0; r < rows; ++r) max_position = std::max(max_position, positions[r]);
-  const auto table = rope_table<T>(theta, head_dim, int64_t{max_position} + 1);
+  const auto table = rope_table<T>(params, head_dim, int64_t{max_position} + 1);
   const int64_t half = head_dim / 2;
   // Negating sin is exact, so the inverse is exactly the transpose of the forward rotation.
   const T sin_sign = inverse ? T(-1) : T(1);
@@ -89,9 +91,9 @@ void rope_rotate(const T* x, const int32_t* positions, int64_t rows, int64_t hea
   });
 }
 
-template void rope_rotate(const float*, const int32_t*, int64_t, int64_t, int64_t, double, bool,
-                          float*);
-template void rope_rotate(const double*, const int32_t*, int64_t, int64_t, int64_t, double, bool,
-                          double*);
+template void rope_rotate(const float*, const int32_t*, int64_t, int64_t, int64_t,
+                          const RopeParams&, bool, float*);
+template void rope_rotate(const double*, const int32_t*, int64_t, int64_t, int64_t,
+                          const RopeParams&, bool, double*);
 
 }  // namespace pollen::ops::cpu

@@ -1,0 +1,199 @@
+// `pollen eval --model M (--data manifest.json | --text FILE | --jsonl FILE)` and
+// `pollen score --model M --input FILE --output F.jsonl`: wiring only; scoring is eval/rolling.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/thread_pool.h"
+#include "cli/commands.h"
+#include "cli/model_args.h"
+#include "data/shards.h"
+#include "eval/rolling.h"
+
+namespace pollen::cli {
+namespace {
+
+// Documents of a text input: the whole file, or one per line (JSONL: the given string field).
+std::vector<std::string> read_documents(const std::string& path, bool jsonl,
+                                        const std::string& field, bool per_line) {
+  std::vector<std::string> docs;
+  if (!jsonl && !per_line) {
+    docs.push_back(read_file(path));
+    return docs;
+  }
+  std::ifstream in(path);
+  POLLEN_CHECK(in.good(), "cannot open '", path, "'");
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (!jsonl) {
+      docs.push_back(line);
+      continue;
+    }
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    POLLEN_CHECK(!j.is_discarded() && j.is_object(), "'", path, "' line ", n,
+                 ": not a JSON object");
+    POLLEN_CHECK(j.contains(field) && j[field].is_string(), "'", path, "' line ", n,
+                 ": no string field '", field, "'");
+    docs.push_back(j[field].get<std::string>());
+  }
+  return docs;
+}
+
+int64_t default_window(const model::LlamaConfig& c, int64_t given) {
+  return given > 0 ? given : std::min<int64_t>(c.max_position_embeddings, 2048);
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "eval",
+      "Loss, perplexity and bits per byte of a model on token shards or raw text (long texts in "
+      "rolling windows, each token scored once, as lm-evaluation-harness's loglikelihood_rolling)");
+  struct Args {
+    std::string model, tokenizer, data, split = "validation", text, jsonl, field = "text", output;
+    int64_t window = 0, max_docs = 0;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--model", a->model, kModelHelp)->required();
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
+  auto* data = cmd->add_option("--data", a->data, "manifest.json of token shards");
+  cmd->add_option("--split", a->split, "Split of --data");
+  auto* text = cmd->add_option("--text", a->text, "A text file, scored as one document");
+  auto* jsonl = cmd->add_option("--jsonl", a->jsonl, "JSONL file, one document per line");
+  cmd->add_option("--field", a->field, "String field of --jsonl");
+  data->excludes(text)->excludes(jsonl);
+  text->excludes(jsonl);
+  cmd->add_option("--window", a->window, "Tokens per window (default: min(context, 2048))");
+  cmd->add_option("--max-docs", a->max_docs, "Score at most this many documents (0: all)");
+  cmd->add_option("--output", a->output, "Also write the result JSON here");
+  cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
+  cmd->callback([a] {
+    POLLEN_CHECK(!a->data.empty() || !a->text.empty() || !a->jsonl.empty(),
+                 "eval: give --data, --text or --jsonl");
+    if (a->threads > 0) set_num_threads(a->threads);
+    const io::ModelSource src = io::resolve_model(a->model);
+    const model::Llama m = io::load_model(src);
+    const int64_t window = default_window(m.config(), a->window);
+    eval::LossTotals totals;
+    nlohmann::ordered_json result;
+    result["model"] = a->model;
+    if (!a->data.empty()) {
+      const data::Manifest man = data::Manifest::load(a->data);
+      std::optional<tokenizer::Tokenizer> tok;
+      if (!a->tokenizer.empty())
+        tok = tokenizer::open_tokenizer(a->tokenizer, "");
+      else if (std::filesystem::exists(man.dir() / "tokenizer.json"))
+        tok = tokenizer::open_tokenizer(man.dir() / "tokenizer.json", "");
+      for (const auto& info : man.split(a->split)) {
+        data::ShardReader reader(man.dir(), info, man.token_dtype);
+        const auto& starts = reader.doc_starts();
+        for (int64_t d = 0; d < reader.num_docs(); ++d) {
+          if (a->max_docs > 0 && totals.documents >= a->max_docs) break;
+          std::vector<uint32_t> ids;
+          for (uint64_t i = starts[d]; i < starts[d + 1]; ++i)
+            ids.push_back(reader.token(static_cast<int64_t>(i)));
+          if (ids.size() < 2) continue;
+          const std::span<const uint32_t> scored(ids.data() + 1, ids.size() - 1);
+          for (double lp : eval::token_logprobs(m, scored, ids[0], window)) totals.nll -= lp;
+          totals.tokens += static_cast<int64_t>(scored.size());
+          if (tok)
+            for (uint32_t t : scored)
+              totals.bytes += static_cast<int64_t>(tok->token_bytes(t).size());
+          ++totals.documents;
+        }
+      }
+      result["data"] = a->data;
+      result["split"] = a->split;
+    } else {
+      const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
+      const bool is_jsonl = !a->jsonl.empty();
+      const auto docs = read_documents(is_jsonl ? a->jsonl : a->text, is_jsonl, a->field, false);
+      // lm-evaluation-harness: text without special tokens, the BOS (else EOS) as the prefix.
+      std::optional<uint32_t> prefix;
+      if (!tok.bos_eos().prefix.empty())
+        prefix = tok.bos_eos().prefix.front();
+      else if (auto stops = stop_tokens(src, tok); !stops.empty())
+        prefix = stops.front();
+      tokenizer::EncodeOptions eo;
+      eo.special = tokenizer::SpecialPolicy::as_text();
+      for (const auto& doc : docs) {
+        if (a->max_docs > 0 && totals.documents >= a->max_docs) break;
+        const auto ids = tok.encode(doc, eo);
+        if (ids.empty()) continue;
+        std::span<const uint32_t> scored(ids);
+        uint32_t first = prefix.value_or(ids[0]);
+        if (!prefix) scored = scored.subspan(1);
+        for (double lp : eval::token_logprobs(m, scored, first, window)) totals.nll -= lp;
+        totals.tokens += static_cast<int64_t>(scored.size());
+        totals.bytes += static_cast<int64_t>(doc.size());
+        ++totals.documents;
+      }
+      result["input"] = is_jsonl ? a->jsonl : a->text;
+    }
+    result["window"] = window;
+    result["documents"] = totals.documents;
+    result["tokens"] = totals.tokens;
+    result["loss"] = totals.loss();
+    result["perplexity"] = totals.perplexity();
+    if (totals.bytes > 0) {
+      result["bytes"] = totals.bytes;
+      result["bits_per_byte"] = totals.bits_per_byte();
+    }
+    const std::string summary = result.dump(2) + "\n";
+    std::printf("%s", summary.c_str());
+    if (!a->output.empty()) write_file_atomic(a->output, summary);
+  });
+}
+
+void add_score_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "score",
+      "Per-token log-probabilities of each input line (or JSONL document), one JSON object per "
+      "line: {\"tokens\": [ids], \"logprobs\": [null, lp1, ...]}. Tokenised as the tokenizer's "
+      "post-processor says (BOS only when it adds one)");
+  struct Args {
+    std::string model, tokenizer, input, field = "text", output;
+    bool jsonl = false;
+    int64_t window = 0;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--model", a->model, kModelHelp)->required();
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
+  cmd->add_option("--input", a->input, "Text file, one document per line")->required();
+  cmd->add_flag("--jsonl", a->jsonl, "The input is JSONL");
+  cmd->add_option("--field", a->field, "String field of JSONL documents");
+  cmd->add_option("--output", a->output, "JSONL file to write")->required();
+  cmd->add_option("--window", a->window, "Tokens per window (default: min(context, 2048))");
+  cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
+  cmd->callback([a] {
+    if (a->threads > 0) set_num_threads(a->threads);
+    const io::ModelSource src = io::resolve_model(a->model);
+    const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
+    const model::Llama m = io::load_model(src);
+    const int64_t window = default_window(m.config(), a->window);
+    tokenizer::EncodeOptions eo;
+    eo.special = tokenizer::SpecialPolicy::allow_all();
+    eo.add_bos_eos = true;
+    std::string out;
+    for (const auto& doc : read_documents(a->input, a->jsonl, a->field, true)) {
+      const auto ids = tok.encode(doc, eo);
+      nlohmann::json lps = nlohmann::json::array();
+      for (const auto& lp : eval::sequence_logprobs(m, ids, window))
+        lps.push_back(lp ? nlohmann::json(*lp) : nlohmann::json(nullptr));
+      out += nlohmann::json({{"tokens", ids}, {"logprobs", lps}}).dump() + "\n";
+    }
+    write_file_atomic(a->output, out);
+  });
+}
+
+}  // namespace pollen::cli

@@ -1,0 +1,79 @@
+// `pollen generate --model M --prompt TEXT [...]`: wiring only; generation is model::generate.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/thread_pool.h"
+#include "cli/commands.h"
+#include "cli/model_args.h"
+#include "model/generate.h"
+
+namespace pollen::cli {
+
+void add_generate_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Continue one or more prompts with a model");
+  struct Args {
+    std::string model, tokenizer;
+    std::vector<std::string> prompts;
+    model::SamplingOptions o;
+    bool no_cache = false, json = false, greedy = false, ignore_eos = false;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--model", a->model, kModelHelp)->required();
+  cmd->add_option("--prompt", a->prompts, "Prompt text (repeat for a batch)")->required();
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
+  cmd->add_option("--max-tokens", a->o.max_tokens, "Most tokens to generate per prompt");
+  cmd->add_option("--temperature", a->o.temperature, "0 for greedy decoding");
+  cmd->add_flag("--greedy", a->greedy, "Greedy decoding (same as --temperature 0)");
+  cmd->add_option("--top-k", a->o.top_k, "Keep the k most likely tokens (0: off)");
+  cmd->add_option("--top-p", a->o.top_p, "Nucleus sampling mass (1: off)");
+  cmd->add_option("--min-p", a->o.min_p, "Drop tokens below min-p x the top probability (0: off)");
+  cmd->add_option("--repetition-penalty", a->o.repetition_penalty, "HF's repetition penalty");
+  cmd->add_option("--stop", a->o.stop_strings, "Stop string (repeatable)");
+  cmd->add_option("--seed", a->o.seed, "Sampling seed");
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at end-of-sequence tokens");
+  cmd->add_flag("--no-cache", a->no_cache, "Recompute the whole sequence every token");
+  cmd->add_flag("--json", a->json, "One JSON object per prompt (tokens, text, finish_reason)");
+  cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
+  cmd->callback([a] {
+    if (a->threads > 0) set_num_threads(a->threads);
+    const io::ModelSource src = io::resolve_model(a->model);
+    const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
+    const model::Llama m = io::load_model(src);
+    model::SamplingOptions o = a->o;
+    if (a->greedy) o.temperature = 0;
+    o.use_cache = !a->no_cache;
+    if (!a->ignore_eos) o.stop_tokens = stop_tokens(src, tok);
+    std::vector<std::vector<uint32_t>> prompts;
+    tokenizer::EncodeOptions eo;
+    eo.special = tokenizer::SpecialPolicy::allow_all();
+    eo.add_bos_eos = true;
+    for (const auto& p : a->prompts) {
+      auto ids = tok.encode(p, eo);
+      // The post-processor's suffix (an EOS) would end the prompt; generation continues the text.
+      const auto& suffix = tok.bos_eos().suffix;
+      if (!suffix.empty() && ids.size() >= suffix.size()) ids.resize(ids.size() - suffix.size());
+      prompts.push_back(std::move(ids));
+    }
+    const auto gens = model::generate(
+        m, prompts, o, [&](std::span<const uint32_t> ids) { return tok.decode(ids); });
+    for (size_t i = 0; i < gens.size(); ++i) {
+      if (a->json) {
+        nlohmann::json j = {{"prompt", a->prompts[i]},
+                            {"tokens", gens[i].tokens},
+                            {"text", gens[i].text},
+                            {"finish_reason", gens[i].finish_reason}};
+        std::printf("%s\n",
+                    j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      } else {
+        std::printf("%s%s\n", a->prompts[i].c_str(), gens[i].text.c_str());
+      }
+    }
+  });
+}
+
+}  // namespace pollen::cli

@@ -1,0 +1,59 @@
+#pragma once
+// Wiring shared by the commands that take --model: the model's tokenizer and its stop tokens.
+#include <filesystem>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "io/model_source.h"
+#include "tokenizer/open.h"
+
+namespace pollen::cli {
+
+inline const char* kModelHelp =
+    "Preset, model file (.toml), pollen checkpoint or run folder, or HF directory";
+
+// --tokenizer when given, else the one that goes with the model.
+inline tokenizer::Tokenizer model_tokenizer(const io::ModelSource& src,
+                                            const std::string& override_path) {
+  std::filesystem::path path = override_path;
+  if (path.empty()) {
+    POLLEN_CHECK(src.tokenizer.has_value(), "model '", src.spec, "' (",
+                 io::model_kind_name(src.kind),
+                 ") has no tokenizer that goes with it; pass --tokenizer FILE");
+    path = *src.tokenizer;
+  }
+  return tokenizer::open_tokenizer(path, "");
+}
+
+// End-of-sequence ids: generation_config.json's eos_token_id when the model has one, and the
+// tokenizer's usual end tokens.
+inline std::vector<uint32_t> stop_tokens(const io::ModelSource& src,
+                                         const tokenizer::Tokenizer& tok) {
+  std::set<uint32_t> ids;
+  for (const auto& f : src.hf_side_files) {
+    if (f.filename() != "generation_config.json") continue;
+    const auto j = nlohmann::json::parse(read_file(f), nullptr, false);
+    if (j.is_object() && j.contains("eos_token_id")) {
+      const auto& e = j["eos_token_id"];
+      if (e.is_number_unsigned()) ids.insert(e.get<uint32_t>());
+      if (e.is_array())
+        for (const auto& v : e)
+          if (v.is_number_unsigned()) ids.insert(v.get<uint32_t>());
+    }
+  }
+  for (const auto& t : tok.added_tokens()) {
+    if (t.special &&
+        (t.content == "<|endoftext|>" || t.content == "</s>" || t.content == "<|eot_id|>" ||
+         t.content == "<|im_end|>" || t.content == "<|end_of_text|>"))
+      ids.insert(t.id);
+  }
+  return {ids.begin(), ids.end()};
+}
+
+}  // namespace pollen::cli

@@ -1,0 +1,53 @@
+#pragma once
+// HF model directories in and out: config.json read key by key (every key that changes the
+// computation is implemented or refused with an error naming it; keys that do not are ignored by
+// an explicit list), weights from model.safetensors or shards listed by
+// model.safetensors.index.json (f32, bf16, f16 converted to the compute dtype), and export of a
+// pollen model as such a directory.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/llama.h"
+
+namespace pollen::io {
+
+// Keys of config.json that do not change the computation and are skipped.
+const std::vector<std::string>& hf_ignored_config_keys();
+
+// An HF config.json (parsed) as a LlamaConfig; `source` names the file in errors.
+model::LlamaConfig parse_hf_config(const nlohmann::json& config, const std::string& source);
+model::LlamaConfig read_hf_config(const std::filesystem::path& config_json);
+
+// config.json for a pollen model: model_type llama, or qwen2 when it has q/k/v biases, or mistral
+// when it has a sliding window. `torch_dtype` names the dtype the weights are stored in.
+nlohmann::ordered_json hf_config_json(const model::LlamaConfig& config,
+                                      const std::string& torch_dtype = "float32");
+
+// A folder holding config.json and model.safetensors or model.safetensors.index.json.
+bool is_hf_dir(const std::filesystem::path& dir);
+
+// Loads an HF directory's weights into a Llama computing in `dtype`.
+model::Llama load_hf_model(const std::filesystem::path& dir, DType dtype = DType::f32);
+
+struct HfExportOptions {
+  DType dtype = DType::f32;                        // stored dtype: f32, bf16 or f16
+  uint64_t max_shard_bytes = 5'000'000'000;        // above this, model-0000i-of-0000n.safetensors
+  std::vector<std::filesystem::path> extra_files;  // copied in: tokenizer.json and the like
+};
+
+struct HfExportResult {
+  std::vector<std::filesystem::path> files;  // written, in order
+  uint64_t weight_bytes = 0;
+};
+
+// Writes config.json, the weights (sharded with an index above max_shard_bytes) and the extra
+// files into `dir` (created; existing files of those names are replaced atomically).
+HfExportResult export_hf(const model::Llama& model, const std::filesystem::path& dir,
+                         const HfExportOptions& options = {});
+
+}  // namespace pollen::io

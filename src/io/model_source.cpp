@@ -1,0 +1,125 @@
+#include "io/model_source.h"
+
+#include <cstring>
+
+#include "base/config.h"
+#include "base/error.h"
+#include "io/checkpoint.h"
+#include "io/hf.h"
+#include "io/safetensors.h"
+
+namespace pollen::io {
+namespace fs = std::filesystem;
+namespace {
+
+// The tokenizer of a checkpoint: tokenizer.json in the folder, else the one beside the first
+// data manifest of the run (as `pollen data prepare` writes it).
+std::optional<fs::path> checkpoint_tokenizer(const fs::path& dir, ConfigTable& root) {
+  if (fs::is_regular_file(dir / "tokenizer.json")) return dir / "tokenizer.json";
+  auto data = root.table("data");
+  if (!data) return std::nullopt;
+  for (const auto& m : data->get_strings("manifests")) {
+    for (const fs::path& base : {fs::path(), dir.parent_path().parent_path()}) {
+      const fs::path candidate =
+          (fs::path(m).is_absolute() ? fs::path(m) : base / m).parent_path() / "tokenizer.json";
+      if (fs::is_regular_file(candidate)) return candidate;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* model_kind_name(ModelSource::Kind kind) {
+  switch (kind) {
+    case ModelSource::Kind::preset:
+      return "preset";
+    case ModelSource::Kind::model_file:
+      return "model file";
+    case ModelSource::Kind::checkpoint:
+      return "pollen checkpoint";
+    case ModelSource::Kind::hf_dir:
+      return "HF directory";
+  }
+  return "?";
+}
+
+ModelSource resolve_model(const std::string& spec) {
+  ModelSource s;
+  s.spec = spec;
+  const fs::path p(spec);
+  if (fs::is_directory(p)) {
+    if (is_hf_dir(p)) {
+      s.kind = ModelSource::Kind::hf_dir;
+      s.path = p;
+      s.config = read_hf_config(p / "config.json");
+      if (fs::is_regular_file(p / "tokenizer.json")) s.tokenizer = p / "tokenizer.json";
+      for (const char* f :
+           {"tokenizer_config.json", "special_tokens_map.json", "generation_config.json"})
+        if (fs::is_regular_file(p / f)) s.hf_side_files.push_back(p / f);
+      return s;
+    }
+    fs::path dir = p;
+    if (!fs::is_regular_file(dir / "model.safetensors") && fs::is_directory(dir / "checkpoints")) {
+      const ResumeChoice choice = choose_resume_checkpoint(dir / "checkpoints");
+      POLLEN_CHECK(choice.dir.has_value(), "model '", spec,
+                   "': a run folder without a checkpoint that verifies");
+      dir = *choice.dir;
+    }
+    POLLEN_CHECK(
+        fs::is_regular_file(dir / "model.safetensors") && fs::is_regular_file(dir / "config.toml"),
+        "model '", spec, "': a folder that is neither an HF directory (config.json + ",
+        "model.safetensors or its index) nor a pollen checkpoint (model.safetensors + ",
+        "config.toml) nor a run folder with checkpoints/");
+    s.kind = ModelSource::Kind::checkpoint;
+    s.path = dir;
+    ConfigTable root = ConfigTable::load(dir / "config.toml");
+    auto m = root.table("model");
+    POLLEN_CHECK(m.has_value(), "'", (dir / "config.toml").string(), "' has no [model] table");
+    s.config = model::read_config(*m);
+    s.tokenizer = checkpoint_tokenizer(dir, root);
+    return s;
+  }
+  if (spec.ends_with(".toml")) {
+    POLLEN_CHECK(fs::is_regular_file(p), "model '", spec, "': no such model file");
+    s.kind = ModelSource::Kind::model_file;
+    s.path = p;
+    s.config = model::load_config(p);
+    return s;
+  }
+  s.kind = ModelSource::Kind::preset;
+  s.config = model::resolve_config(spec);
+  return s;
+}
+
+model::Llama load_model(const ModelSource& s, DType dtype, uint64_t seed) {
+  switch (s.kind) {
+    case ModelSource::Kind::preset:
+    case ModelSource::Kind::model_file:
+      return model::Llama(s.config, seed, dtype);
+    case ModelSource::Kind::hf_dir:
+      return load_hf_model(s.path, dtype);
+    case ModelSource::Kind::checkpoint: {
+      const fs::path file = s.path / "model.safetensors";
+      const SafetensorsFile f = read_safetensors(file);
+      size_t used = 0;
+      model::Llama m(
+          s.config,
+          [&](const std::string& name, const Shape& shape) {
+            const Tensor* t = f.find(name);
+            POLLEN_CHECK(t != nullptr, "'", file.string(), "' has no tensor '", name, "'");
+            POLLEN_CHECK(t->shape() == shape, "'", file.string(), "': tensor '", name, "' is ",
+                         shape_str(t->shape()), ", config.toml implies ", shape_str(shape));
+            ++used;
+            return t->dtype() == dtype ? *t : t->to(dtype);
+          },
+          dtype);
+      POLLEN_CHECK(used == f.tensors.size(), "'", file.string(), "' holds ",
+                   f.tensors.size() - used, " tensors that are not parameters of the model");
+      return m;
+    }
+  }
+  fail("unreachable");
+}
+
+}  // namespace pollen::io

@@ -1,0 +1,31 @@
+#pragma once
+// The one place that turns what a user typed after --model into a model: a preset name, a
+// pollen model file (.toml), a pollen checkpoint folder (step-*/ from `pollen train`, or a run
+// folder, whose newest checkpoint that verifies is taken) or an HF directory.
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "model/llama.h"
+
+namespace pollen::io {
+
+struct ModelSource {
+  enum class Kind { preset, model_file, checkpoint, hf_dir };
+  Kind kind = Kind::preset;
+  std::string spec;            // as given
+  std::filesystem::path path;  // the folder or file read (checkpoint: the step folder)
+  model::LlamaConfig config;
+  std::optional<std::filesystem::path> tokenizer;    // tokenizer.json that goes with it, if known
+  std::vector<std::filesystem::path> hf_side_files;  // tokenizer_config.json etc. (HF dirs)
+};
+
+const char* model_kind_name(ModelSource::Kind kind);
+
+// Resolves without loading weights. Errors say what the spec was taken for and what is missing.
+ModelSource resolve_model(const std::string& spec);
+
+// Loads the weights (presets and model files: initialised from `seed`).
+model::Llama load_model(const ModelSource& source, DType dtype = DType::f32, uint64_t seed = 0);
+
+}  // namespace pollen::io

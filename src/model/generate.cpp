@@ -1,0 +1,304 @@
+#include "model/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <optional>
+
+#include "base/error.h"
+#include "base/rng.h"
+#include "base/thread_pool.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/gemm.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+
+namespace pollen::model {
+namespace {
+
+// y (N, out) = x (N, in) W^T (+ b).
+Tensor linear(const Tensor& x, const ag::Var& w, const ag::Var& b) {
+  Tensor y = Tensor::empty({x.size(0), w.size(0)}, DType::f32);
+  ops::gemm(x, false, w.value(), true, y);
+  if (b.defined()) {
+    const float* bias = b.value().data<float>();
+    float* p = y.data<float>();
+    const int64_t n = y.size(0), m = y.size(1);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < m; ++j) p[i * m + j] += bias[j];
+  }
+  return y;
+}
+
+Tensor rmsnorm(const Tensor& x, const ag::Var& w, double eps) {
+  Tensor y = Tensor::empty(x.shape(), DType::f32), rstd = Tensor::empty({x.size(0)}, DType::f32);
+  ops::rmsnorm_forward(x, w.value(), eps, y, rstd);
+  return y;
+}
+
+}  // namespace
+
+KvCache::KvCache(const LlamaConfig& config, int64_t rows, int64_t capacity, DType dtype)
+    : capacity_(capacity),
+      kv_dim_(config.num_key_value_heads * config.resolved_head_dim()),
+      lengths_(static_cast<size_t>(rows), 0) {
+  POLLEN_CHECK(dtype == DType::f32, "KvCache: only f32 models are supported for now");
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    k_.push_back(Tensor::zeros({rows, capacity, kv_dim_}, DType::f32));
+    v_.push_back(Tensor::zeros({rows, capacity, kv_dim_}, DType::f32));
+  }
+}
+
+// Every new token of every row goes through the layers as one (N, C) matrix, so projections
+// and the MLP are single GEMMs; attention reads each token's own row of the cache.
+Tensor KvCache::forward(const Llama& model, const std::vector<std::vector<uint32_t>>& tokens) {
+  const LlamaConfig& c = model.config();
+  POLLEN_CHECK(model.dtype() == DType::f32, "generation: only f32 models are supported for now");
+  POLLEN_CHECK(static_cast<int64_t>(tokens.size()) == rows(), "KvCache::forward: ", tokens.size(),
+               " rows of tokens for a cache of ", rows());
+  std::vector<int64_t> row_of, pos_of;
+  std::vector<int64_t> last_index(tokens.size(), -1);
+  for (size_t r = 0; r < tokens.size(); ++r) {
+    POLLEN_CHECK(lengths_[r] + static_cast<int64_t>(tokens[r].size()) <= capacity_, "KvCache: row ",
+                 r, " would hold ", lengths_[r] + tokens[r].size(),
+                 " tokens, over its capacity of ", capacity_);
+    for (size_t i = 0; i < tokens[r].size(); ++i) {
+      POLLEN_CHECK(tokens[r][i] < static_cast<uint64_t>(c.vocab_size), "generation: token id ",
+                   tokens[r][i], " is outside the model's vocabulary of ", c.vocab_size);
+      row_of.push_back(static_cast<int64_t>(r));
+      pos_of.push_back(lengths_[r] + static_cast<int64_t>(i));
+      last_index[r] = static_cast<int64_t>(row_of.size()) - 1;
+    }
+  }
+  const int64_t n = static_cast<int64_t>(row_of.size());
+  const int64_t V = c.vocab_size;
+  Tensor out = Tensor::zeros({rows(), V}, DType::f32);
+  if (n == 0) return out;
+  const int64_t H = c.num_attention_heads, KVH = c.num_key_value_heads;
+  const int64_t D = c.resolved_head_dim(), C = c.hidden_size, group = H / KVH;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const ops::RopeParams rope = c.rope_params();
+
+  Tensor ids = Tensor::empty({n}, DType::i32), positions = Tensor::empty({1, n}, DType::i32);
+  for (int64_t i = 0; i < n; ++i) {
+    ids.data<int32_t>()[i] = static_cast<int32_t>(tokens[static_cast<size_t>(
+        row_of[i])][static_cast<size_t>(pos_of[i] - lengths_[static_cast<size_t>(row_of[i])])]);
+    positions.data<int32_t>()[i] = static_cast<int32_t>(pos_of[i]);
+  }
+  Tensor x = Tensor::empty({n, C}, DType::f32);
+  ops::embedding_forward(model.embed_tokens().value(), ids, x);
+
+  for (size_t l = 0; l < model.layers().size(); ++l) {
+    const LayerParams& p = model.layers()[l];
+    Tensor h = rmsnorm(x, p.input_norm, c.rms_norm_eps);
+    Tensor q = linear(h, p.q_proj, p.q_bias), k = linear(h, p.k_proj, p.k_bias),
+           v = linear(h, p.v_proj, p.v_bias);
+    Tensor q4 = q.reshape({1, n, H, D}), k4 = k.reshape({1, n, KVH, D});
+    ops::rope_forward(q4, positions, rope, q4);
+    ops::rope_forward(k4, positions, rope, k4);
+    float* kc = k_[l].data<float>();
+    float* vc = v_[l].data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t at = (row_of[i] * capacity_ + pos_of[i]) * kv_dim_;
+      std::memcpy(kc + at, k.data<float>() + i * kv_dim_, sizeof(float) * kv_dim_);
+      std::memcpy(vc + at, v.data<float>() + i * kv_dim_, sizeof(float) * kv_dim_);
+    }
+    Tensor a = Tensor::empty({n, H * D}, DType::f32);
+    const float* qp = q.data<float>();
+    float* ap = a.data<float>();
+    parallel_for(n * H, 1, [&](int64_t begin, int64_t end) {
+      std::vector<double> scores;
+      std::vector<double> acc(static_cast<size_t>(D));
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t i = task / H, head = task % H, kvh = head / group;
+        const int64_t pos = pos_of[i];
+        const int64_t first =
+            c.sliding_window > 0 ? std::max<int64_t>(0, pos - c.sliding_window + 1) : 0;
+        const float* qi = qp + (i * H + head) * D;
+        scores.assign(static_cast<size_t>(pos - first + 1), 0.0);
+        double best = -std::numeric_limits<double>::infinity();
+        for (int64_t j = first; j <= pos; ++j) {
+          const float* kj = kc + (row_of[i] * capacity_ + j) * kv_dim_ + kvh * D;
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d) s += static_cast<double>(qi[d]) * kj[d];
+          s *= scale;
+          scores[static_cast<size_t>(j - first)] = s;
+          best = std::max(best, s);
+        }
+        double total = 0;
+        for (double& s : scores) total += (s = std::exp(s - best));
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = first; j <= pos; ++j) {
+          const float* vj = vc + (row_of[i] * capacity_ + j) * kv_dim_ + kvh * D;
+          const double w = scores[static_cast<size_t>(j - first)] / total;
+          for (int64_t d = 0; d < D; ++d) acc[static_cast<size_t>(d)] += w * vj[d];
+        }
+        float* o = ap + (i * H + head) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] = static_cast<float>(acc[static_cast<size_t>(d)]);
+      }
+    });
+    Tensor x1 = Tensor::empty({n, C}, DType::f32);
+    ops::add(x, linear(a, p.o_proj, {}), x1);
+    Tensor h2 = rmsnorm(x1, p.post_attention_norm, c.rms_norm_eps);
+    Tensor gate = linear(h2, p.gate_proj, {}), up = linear(h2, p.up_proj, {});
+    Tensor m = Tensor::empty(gate.shape(), DType::f32);
+    ops::swiglu_forward(gate, up, m);
+    x = Tensor::empty({n, C}, DType::f32);
+    ops::add(x1, linear(m, p.down_proj, {}), x);
+  }
+  for (size_t r = 0; r < tokens.size(); ++r) lengths_[r] += static_cast<int64_t>(tokens[r].size());
+
+  // Only each row's last token needs logits.
+  std::vector<int64_t> with_tokens;
+  for (size_t r = 0; r < tokens.size(); ++r)
+    if (last_index[r] >= 0) with_tokens.push_back(static_cast<int64_t>(r));
+  Tensor last = Tensor::empty({static_cast<int64_t>(with_tokens.size()), C}, DType::f32);
+  for (size_t i = 0; i < with_tokens.size(); ++i)
+    std::memcpy(last.data<float>() + static_cast<int64_t>(i) * C,
+                x.data<float>() + last_index[static_cast<size_t>(with_tokens[i])] * C,
+                sizeof(float) * C);
+  Tensor hn = rmsnorm(last, model.final_norm(), c.rms_norm_eps);
+  Tensor logits = linear(hn, model.output_head(), {});
+  for (size_t i = 0; i < with_tokens.size(); ++i)
+    std::memcpy(out.data<float>() + with_tokens[i] * V,
+                logits.data<float>() + static_cast<int64_t>(i) * V, sizeof(float) * V);
+  return out;
+}
+
+uint32_t sample_token(std::span<const float> logits, std::span<const uint32_t> seen,
+                      const SamplingOptions& o, Rng& rng) {
+  const size_t V = logits.size();
+  std::vector<double> z(logits.begin(), logits.end());
+  if (o.repetition_penalty != 1.0) {
+    std::vector<bool> done(V, false);
+    for (uint32_t t : seen) {
+      if (t >= V || done[t]) continue;
+      done[t] = true;
+      z[t] = z[t] > 0 ? z[t] / o.repetition_penalty : z[t] * o.repetition_penalty;
+    }
+  }
+  if (o.temperature <= 0) {  // greedy: the first of equal maxima
+    return static_cast<uint32_t>(std::max_element(z.begin(), z.end()) - z.begin());
+  }
+  for (double& v : z) v /= o.temperature;
+  std::vector<uint32_t> order(V);
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return z[a] > z[b]; });
+  size_t keep = V;
+  if (o.top_k > 0) keep = std::min(keep, static_cast<size_t>(o.top_k));
+  std::vector<double> prob(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) total += (prob[i] = std::exp(z[order[i]] - z[order[0]]));
+  for (double& p : prob) p /= total;
+  if (o.top_p < 1.0) {  // the smallest prefix whose mass reaches top_p
+    double mass = 0;
+    size_t n = 0;
+    while (n < keep) {
+      mass += prob[n++];
+      if (mass >= o.top_p) break;
+    }
+    keep = std::max<size_t>(n, 1);
+  }
+  if (o.min_p > 0) {
+    size_t n = 1;
+    while (n < keep && prob[n] >= o.min_p * prob[0]) ++n;
+    keep = n;
+  }
+  total = 0;
+  for (size_t i = 0; i < keep; ++i) total += prob[i];
+  double u = rng.uniform() * total;
+  for (size_t i = 0; i < keep; ++i) {
+    u -= prob[i];
+    if (u < 0) return order[i];
+  }
+  return order[keep - 1];
+}
+
+std::vector<Generation> generate(const Llama& model,
+                                 const std::vector<std::vector<uint32_t>>& prompts,
+                                 const SamplingOptions& o, const Decoder& decode) {
+  POLLEN_CHECK(o.stop_strings.empty() || decode, "generate: stop strings need a decoder");
+  POLLEN_CHECK(o.max_tokens >= 0, "generate: max_tokens must be >= 0");
+  const size_t B = prompts.size();
+  std::vector<Generation> out(B);
+  if (B == 0) return out;
+  int64_t longest = 0;
+  for (const auto& p : prompts) {
+    POLLEN_CHECK(!p.empty(), "generate: every prompt needs at least one token");
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  }
+  const int64_t capacity = longest + o.max_tokens;
+  std::vector<Rng> rngs;
+  for (size_t r = 0; r < B; ++r) rngs.push_back(Rng(o.seed).fork(r));
+  std::vector<std::vector<uint32_t>> seqs = prompts;
+  std::vector<bool> done(B, o.max_tokens == 0), cut(B, false);
+  for (size_t r = 0; r < B; ++r)
+    if (done[r]) out[r].finish_reason = "length";
+
+  std::optional<KvCache> cache;
+  if (o.use_cache) cache.emplace(model.config(), static_cast<int64_t>(B), capacity);
+  std::vector<std::vector<uint32_t>> feed = prompts;
+  const int64_t V = model.config().vocab_size;
+  for (int64_t step = 0; step < o.max_tokens; ++step) {
+    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
+    Tensor logits;
+    if (cache) {
+      for (size_t r = 0; r < B; ++r)
+        if (done[r]) feed[r].clear();
+      logits = cache->forward(model, feed);
+    } else {
+      logits = Tensor::zeros({static_cast<int64_t>(B), V}, DType::f32);
+      for (size_t r = 0; r < B; ++r) {
+        if (done[r]) continue;
+        const int64_t t = static_cast<int64_t>(seqs[r].size());
+        Tensor ids = Tensor::empty({1, t}, DType::i32);
+        for (int64_t i = 0; i < t; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(seqs[r][i]);
+        const Tensor all = model.logits(Batch::contiguous_rows(ids, ids));
+        std::memcpy(logits.data<float>() + static_cast<int64_t>(r) * V,
+                    all.data<float>() + (t - 1) * V, sizeof(float) * V);
+      }
+    }
+    for (size_t r = 0; r < B; ++r) {
+      if (done[r]) continue;
+      const std::span<const float> row(logits.data<float>() + static_cast<int64_t>(r) * V,
+                                       static_cast<size_t>(V));
+      const uint32_t next = sample_token(row, seqs[r], o, rngs[r]);
+      feed[r] = {next};
+      if (std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next) != o.stop_tokens.end()) {
+        done[r] = true;
+        out[r].finish_reason = "stop";
+        continue;
+      }
+      seqs[r].push_back(next);
+      out[r].tokens.push_back(next);
+      if (!o.stop_strings.empty()) {
+        const std::string text = decode(out[r].tokens);
+        for (const auto& s : o.stop_strings) {
+          const size_t at = text.find(s);
+          if (!s.empty() && at != std::string::npos) {
+            done[r] = true;
+            out[r].finish_reason = "stop";
+            out[r].text = text.substr(0, at);
+            cut[r] = true;
+            break;
+          }
+        }
+        if (done[r]) continue;
+      }
+      if (static_cast<int64_t>(out[r].tokens.size()) == o.max_tokens) {
+        done[r] = true;
+        out[r].finish_reason = "length";
+      }
+    }
+  }
+  if (decode) {
+    for (size_t r = 0; r < B; ++r)
+      if (!cut[r]) out[r].text = decode(out[r].tokens);
+  }
+  return out;
+}
+
+}  // namespace pollen::model

@@ -1,0 +1,67 @@
+#pragma once
+// Generation: a KV cache, batched prompts of different lengths, and sampling (greedy,
+// temperature, top-k, top-p, min-p, repetition penalty), stop tokens and stop strings, a token
+// budget and a seed. It lives in the model layer so that training, evaluation and RL can use it.
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/rng.h"
+#include "model/llama.h"
+
+namespace pollen::model {
+
+// Keys and values of every layer for a batch of rows, each row with its own length.
+class KvCache {
+ public:
+  KvCache(const LlamaConfig& config, int64_t rows, int64_t capacity, DType dtype = DType::f32);
+  int64_t rows() const { return static_cast<int64_t>(lengths_.size()); }
+  int64_t capacity() const { return capacity_; }
+  int64_t length(int64_t row) const { return lengths_[static_cast<size_t>(row)]; }
+
+  // Runs `tokens[r]` (any number, possibly none) through the model after row r's cached
+  // tokens, appends their keys and values, and returns the logits (rows, V) of each row's last
+  // new token (rows given no tokens get zeros).
+  Tensor forward(const Llama& model, const std::vector<std::vector<uint32_t>>& tokens);
+
+ private:
+  int64_t capacity_, kv_dim_;
+  std::vector<int64_t> lengths_;
+  std::vector<Tensor> k_, v_;  // per layer (rows, capacity, KVH*D)
+};
+
+struct SamplingOptions {
+  int64_t max_tokens = 64;
+  double temperature = 1.0;         // 0: greedy
+  int64_t top_k = 0;                // 0: off
+  double top_p = 1.0;               // 1: off
+  double min_p = 0.0;               // 0: off; drops tokens below min_p * the top probability
+  double repetition_penalty = 1.0;  // HF's: logits of seen tokens divided (>0) or multiplied
+  uint64_t seed = 0;
+  std::vector<uint32_t> stop_tokens;      // e.g. the tokenizer's EOS; not included in the output
+  std::vector<std::string> stop_strings;  // need `decode`; the text is cut before the match
+  bool use_cache = true;  // false: recompute the whole sequence every token (a reference)
+};
+
+struct Generation {
+  std::vector<uint32_t> tokens;  // generated (no prompt)
+  std::string text;              // decoded when a decoder was given, cut at a stop string
+  std::string finish_reason;     // "stop" (token or string) or "length"
+};
+
+using Decoder = std::function<std::string(std::span<const uint32_t>)>;
+
+// One sampling step on one row's logits (V); `seen` are the row's tokens so far (for the
+// repetition penalty). Deterministic given rng's state.
+uint32_t sample_token(std::span<const float> logits, std::span<const uint32_t> seen,
+                      const SamplingOptions& options, Rng& rng);
+
+// Generates for every prompt (non-empty). Row r draws from Rng(seed).fork(r), so a row's output
+// does not depend on the others in the batch.
+std::vector<Generation> generate(const Llama& model,
+                                 const std::vector<std::vector<uint32_t>>& prompts,
+                                 const SamplingOptions& options, const Decoder& decode = {});
+
+}  // namespace pollen::model

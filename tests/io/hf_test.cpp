@@ -1,0 +1,411 @@
+// HF directories: config.json read key by key (one test per key that changes the computation),
+// export and import bit-exact (sharded too), the model resolver, and logits against HF
+// transformers both ways (a model transformers saved, loaded by pollen; a directory pollen wrote,
+// loaded by transformers).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/files.h"
+#include "base/rng.h"
+#include "io/checkpoint.h"
+#include "io/hf.h"
+#include "io/model_source.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+using nlohmann::json;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("pollen_hf_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+json base_config() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 61,
+    "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "tie_word_embeddings": false,
+    "hidden_act": "silu", "attention_bias": false, "mlp_bias": false, "rope_scaling": null,
+    "torch_dtype": "float32", "transformers_version": "4.44.2", "bos_token_id": 1,
+    "eos_token_id": 2, "use_cache": true, "initializer_range": 0.02, "pretraining_tp": 1,
+    "attention_dropout": 0.0})");
+}
+
+std::string config_error(const json& j) {
+  try {
+    io::parse_hf_config(j, "config.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_refused(json j, const std::string& key_in_message) {
+  const std::string msg = config_error(j);
+  EXPECT_NE(msg.find(key_in_message), std::string::npos) << "message: '" << msg << "'";
+}
+
+TEST(HfConfig, ReadsTheSizeKeys) {
+  const auto c = io::parse_hf_config(base_config(), "config.json");
+  EXPECT_EQ(c.vocab_size, 61);
+  EXPECT_EQ(c.hidden_size, 32);
+  EXPECT_EQ(c.intermediate_size, 48);
+  EXPECT_EQ(c.num_hidden_layers, 2);
+  EXPECT_EQ(c.num_attention_heads, 4);
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_EQ(c.max_position_embeddings, 64);
+  json j = base_config();
+  j.erase("vocab_size");
+  expect_refused(j, "'vocab_size' is required");
+  j = base_config();
+  j["hidden_size"] = "32";
+  expect_refused(j, "'hidden_size' must be an integer");
+  j = base_config();
+  j.erase("num_key_value_heads");  // HF's default: as many as the attention heads
+  EXPECT_EQ(io::parse_hf_config(j, "c").num_key_value_heads, 4);
+}
+
+TEST(HfConfig, RmsNormEps) {
+  json j = base_config();
+  j["rms_norm_eps"] = 1e-6;
+  EXPECT_EQ(io::parse_hf_config(j, "c").rms_norm_eps, 1e-6);
+  j["rms_norm_eps"] = -1;
+  expect_refused(j, "rms_norm_eps must be positive");
+}
+
+TEST(HfConfig, RopeTheta) {
+  json j = base_config();
+  j["rope_theta"] = 500000.0;
+  EXPECT_EQ(io::parse_hf_config(j, "c").rope_theta, 500000.0);
+}
+
+TEST(HfConfig, HeadDim) {
+  json j = base_config();
+  j["head_dim"] = 16;
+  EXPECT_EQ(io::parse_hf_config(j, "c").resolved_head_dim(), 16);
+  j["head_dim"] = nullptr;
+  EXPECT_EQ(io::parse_hf_config(j, "c").resolved_head_dim(), 8);
+}
+
+TEST(HfConfig, TieWordEmbeddings) {
+  json j = base_config();
+  j["tie_word_embeddings"] = true;
+  EXPECT_TRUE(io::parse_hf_config(j, "c").tie_word_embeddings);
+  j.erase("tie_word_embeddings");
+  EXPECT_FALSE(io::parse_hf_config(j, "c").tie_word_embeddings);
+}
+
+TEST(HfConfig, HiddenActMustBeSilu) {
+  json j = base_config();
+  j["hidden_act"] = "gelu";
+  expect_refused(j, "'hidden_act' is 'gelu'");
+}
+
+TEST(HfConfig, MlpBiasRefused) {
+  json j = base_config();
+  j["mlp_bias"] = true;
+  expect_refused(j, "'mlp_bias' is true");
+}
+
+TEST(HfConfig, AttentionBias) {
+  json j = base_config();
+  j["attention_bias"] = true;  // Llama's also biases o_proj
+  expect_refused(j, "'attention_bias' is true");
+  j = base_config();
+  j["model_type"] = "qwen2";
+  j.erase("attention_bias");
+  j.erase("mlp_bias");
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = 4096;
+  j["max_window_layers"] = 28;
+  EXPECT_TRUE(io::parse_hf_config(j, "c").attention_bias);
+  EXPECT_EQ(io::parse_hf_config(j, "c").sliding_window, 0);
+  j["use_sliding_window"] = true;
+  expect_refused(j, "'use_sliding_window' is true");
+}
+
+TEST(HfConfig, SlidingWindow) {
+  json j = base_config();
+  j["model_type"] = "mistral";
+  j.erase("attention_bias");
+  j.erase("mlp_bias");
+  j["sliding_window"] = 5;
+  EXPECT_EQ(io::parse_hf_config(j, "c").sliding_window, 5);
+  j["sliding_window"] = nullptr;
+  EXPECT_EQ(io::parse_hf_config(j, "c").sliding_window, 0);
+  j = base_config();
+  j["sliding_window"] = 5;
+  expect_refused(j, "'sliding_window' is not used by model_type llama");
+}
+
+TEST(HfConfig, RopeScaling) {
+  json j = base_config();
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  auto c = io::parse_hf_config(j, "c");
+  EXPECT_EQ(c.rope_scaling.kind, ops::RopeScaling::Kind::llama3);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 8192);
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  c = io::parse_hf_config(j, "c");
+  EXPECT_EQ(c.rope_scaling.kind, ops::RopeScaling::Kind::linear);
+  EXPECT_EQ(c.rope_scaling.factor, 2.0);
+  // linear scaling divides every inverse frequency by the factor
+  EXPECT_DOUBLE_EQ(ops::rope_inv_freq(c.rope_params(), 8, 1), std::pow(10000.0, -0.25) / 2.0);
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  expect_refused(j, "rope_type 'dynamic' is not implemented");
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+  expect_refused(j, "rope_type 'yarn' is not implemented");
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"bogus", 1}};
+  expect_refused(j, "'bogus'");
+}
+
+TEST(HfConfig, UnknownKeysRefusedIgnoredKeysSkipped) {
+  json j = base_config();
+  j["some_new_switch"] = true;
+  expect_refused(j, "key 'some_new_switch' is not understood");
+  j = base_config();
+  for (const auto& k : io::hf_ignored_config_keys()) j[k] = "anything";
+  j["architectures"] = {"LlamaForCausalLM"};
+  EXPECT_EQ(config_error(j), "");
+  j["model_type"] = "gpt2";
+  expect_refused(j, "model_type 'gpt2' is not supported");
+}
+
+void randomise(const model::Llama& m, uint64_t seed) {
+  Rng rng(seed);
+  for (auto& [name, v] : m.named_parameters()) {
+    float* p = v.value().data<float>();
+    for (int64_t i = 0; i < v.value().numel(); ++i)
+      p[i] = static_cast<float>((name.ends_with("norm.weight") ? 1.0 : 0.0) + 0.1 * rng.normal());
+  }
+}
+
+model::LlamaConfig small(bool tied, bool bias) {
+  model::LlamaConfig c = io::parse_hf_config(base_config(), "c");
+  c.tie_word_embeddings = tied;
+  c.attention_bias = bias;
+  return c;
+}
+
+TEST(HfExport, RoundTripIsBitExactAndShards) {
+  for (bool tied : {false, true}) {
+    model::LlamaConfig c = small(tied, !tied);
+    c.rope_scaling = {ops::RopeScaling::Kind::llama3, 8.0, 1.0, 4.0, 16};
+    model::Llama m(c, 7);
+    randomise(m, 3);
+    const fs::path dir = temp_dir(tied ? "tied" : "untied");
+    io::HfExportOptions o;
+    o.max_shard_bytes = 20000;  // several shards
+    io::export_hf(m, dir, o);
+    EXPECT_TRUE(fs::exists(dir / "model.safetensors.index.json"));
+    int shards = 0;
+    for (const auto& e : fs::directory_iterator(dir))
+      shards += e.path().filename().string().starts_with("model-0000");
+    EXPECT_GE(shards, 2);
+    const model::Llama back = io::load_hf_model(dir);
+    EXPECT_EQ(back.config().rope_scaling, c.rope_scaling);
+    EXPECT_EQ(back.config().attention_bias, c.attention_bias);
+    const auto a = m.named_parameters(), b = back.named_parameters();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].first, b[i].first);
+      ASSERT_EQ(a[i].second.value().nbytes(), b[i].second.value().nbytes());
+      EXPECT_EQ(std::memcmp(a[i].second.value().raw(), b[i].second.value().raw(),
+                            a[i].second.value().nbytes()),
+                0)
+          << a[i].first;
+    }
+    // A single file below the limit.
+    io::export_hf(m, dir, {});
+    EXPECT_TRUE(fs::exists(dir / "model.safetensors"));
+    EXPECT_FALSE(fs::exists(dir / "model.safetensors.index.json"));
+    fs::remove_all(dir);
+  }
+}
+
+TEST(HfExport, Bf16WeightsConvertOnLoad) {
+  model::Llama m(small(true, false), 7);
+  randomise(m, 5);
+  const fs::path dir = temp_dir("bf16");
+  io::HfExportOptions o;
+  o.dtype = DType::bf16;
+  io::export_hf(m, dir, o);
+  const model::Llama back = io::load_hf_model(dir);
+  const auto a = m.named_parameters(), b = back.named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const Tensor expect = a[i].second.value().to(DType::bf16).to(DType::f32);
+    EXPECT_EQ(std::memcmp(expect.raw(), b[i].second.value().raw(), expect.nbytes()), 0);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(HfLoad, RefusesMissingAndStrayTensors) {
+  model::Llama m(small(false, false), 7);
+  const fs::path dir = temp_dir("stray");
+  io::export_hf(m, dir, {});
+  io::NamedTensors t;
+  for (const auto& [n, v] : m.named_parameters())
+    if (n != "model.norm.weight") t.emplace_back(n, v.value());
+  fs::remove(dir / "model.safetensors");
+  io::write_safetensors(dir / "model.safetensors", t);
+  try {
+    io::load_hf_model(dir);
+    ADD_FAILURE() << "loaded without model.norm.weight";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no tensor 'model.norm.weight'"), std::string::npos)
+        << e.what();
+  }
+  for (const auto& [n, v] : m.named_parameters())
+    if (n == "model.norm.weight") t.emplace_back(n, v.value());
+  t.emplace_back("model.extra.weight", Tensor::zeros({2}, DType::f32));
+  fs::remove(dir / "model.safetensors");
+  io::write_safetensors(dir / "model.safetensors", t);
+  try {
+    io::load_hf_model(dir);
+    ADD_FAILURE() << "loaded with a stray tensor";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.extra.weight' is not a parameter"),
+              std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+Tensor token_rows() {
+  return Tensor::from<int32_t>({2, 10}, {1, 5, 7, 9, 11, 2, 3, 40, 50, 60,  //
+                                         4, 4, 4, 8, 8,  8, 1, 2,  3,  4});
+}
+
+TEST(ModelSource, CheckpointAndHfDirGiveTheSameLogits) {
+  model::Llama m(small(false, true), 7);
+  randomise(m, 9);
+  const fs::path root = temp_dir("resolve");
+  // A checkpoint folder as `pollen train` writes it: model.safetensors + config.toml.
+  io::CheckpointWriter w(root / "run" / "checkpoints", 5);
+  io::NamedTensors weights;
+  for (const auto& [n, v] : m.named_parameters()) weights.emplace_back(n, v.value());
+  w.add_tensors("model.safetensors", weights);
+  const auto& c = m.config();
+  w.add_text("config.toml",
+             "[model]\nvocab_size = 61\nhidden_size = 32\nintermediate_size = 48\n"
+             "num_hidden_layers = 2\nnum_attention_heads = 4\nnum_key_value_heads = 2\n"
+             "max_position_embeddings = 64\nrms_norm_eps = 1e-05\nattention_bias = true\n"
+             "rope_theta = " +
+                 std::to_string(c.rope_theta) + "\n");
+  w.commit();
+  io::export_hf(m, root / "hf", {});
+  const io::ModelSource ck = io::resolve_model((root / "run").string());  // a run folder
+  EXPECT_EQ(ck.kind, io::ModelSource::Kind::checkpoint);
+  const io::ModelSource hf = io::resolve_model((root / "hf").string());
+  EXPECT_EQ(hf.kind, io::ModelSource::Kind::hf_dir);
+  EXPECT_EQ(io::resolve_model("llama-tiny").kind, io::ModelSource::Kind::preset);
+  const auto batch = model::Batch::contiguous_rows(token_rows(), token_rows());
+  const Tensor a = io::load_model(ck).logits(batch), b = io::load_model(hf).logits(batch);
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+  const Tensor e = m.logits(batch);
+  EXPECT_EQ(std::memcmp(a.raw(), e.raw(), a.nbytes()), 0);
+  try {
+    io::resolve_model(root.string());
+    ADD_FAILURE();
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("neither an HF directory"), std::string::npos);
+  }
+  fs::remove_all(root);
+}
+
+// ---- against HF transformers ----------------------------------------------------------------
+
+std::string hf_python() {
+  return POLLEN_HF_PEERS_PYTHON;
+}
+
+bool transformers_available() {
+  static const bool ok =
+      fs::exists(hf_python()) &&
+      std::system((hf_python() + " -c 'import torch, transformers' 2>/dev/null").c_str()) == 0;
+  return ok;
+}
+
+std::string script() {
+  return std::string(POLLEN_SOURCE_DIR) + "/tests/io/hf_transformers_reference.py";
+}
+
+void write_tokens(const fs::path& dir) {
+  std::ofstream(dir / "tokens.json") << "[[1,5,7,9,11,2,3,40,50,60],[4,4,4,8,8,8,1,2,3,4]]";
+}
+
+std::vector<double> read_logits(const fs::path& file) {
+  const std::string bytes = read_file(file);
+  std::vector<double> out(bytes.size() / 8);
+  std::memcpy(out.data(), bytes.data(), out.size() * 8);
+  return out;
+}
+
+double max_diff(const Tensor& logits, const std::vector<double>& ref) {
+  EXPECT_EQ(static_cast<size_t>(logits.numel()), ref.size());
+  double worst = 0;
+  for (size_t i = 0; i < ref.size() && i < static_cast<size_t>(logits.numel()); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(logits.data<float>()[i]) - ref[i]));
+  return worst;
+}
+
+class Transformers : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Transformers, SavedModelLoadsWithTheSameLogitsAndExportLoadsBack) {
+  if (!transformers_available())
+    GTEST_SKIP() << "HF transformers not importable by " << hf_python()
+                 << " (scripts/test-peers makes it)";
+  const std::string kind = GetParam();
+  const fs::path dir = temp_dir("tf_" + kind);
+  write_tokens(dir);
+  ASSERT_EQ(std::system((hf_python() + " " + script() + " make " + kind + " " + dir.string() +
+                         " 2>" + (dir / "stderr.txt").string())
+                            .c_str()),
+            0)
+      << read_file(dir / "stderr.txt");
+  const io::ModelSource src = io::resolve_model(dir.string());
+  ASSERT_EQ(src.kind, io::ModelSource::Kind::hf_dir);
+  const model::Llama m = io::load_model(src);
+  const auto batch = model::Batch::contiguous_rows(token_rows(), token_rows());
+  const Tensor logits = m.logits(batch);
+  EXPECT_LT(max_diff(logits, read_logits(dir / "logits.bin")), 1e-4) << kind;
+
+  // pollen's export, read by transformers.
+  const fs::path out = dir / "exported";
+  io::HfExportOptions o;
+  o.max_shard_bytes = 30000;
+  io::export_hf(m, out, o);
+  write_tokens(out);
+  ASSERT_EQ(std::system((hf_python() + " " + script() + " logits " + out.string() + " 2>" +
+                         (dir / "stderr.txt").string())
+                            .c_str()),
+            0)
+      << read_file(dir / "stderr.txt");
+  EXPECT_LT(max_diff(logits, read_logits(out / "logits.bin")), 1e-4) << kind;
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, Transformers,
+                         ::testing::Values("llama3", "qwen2", "smollm2", "smollm2-bf16", "mistral"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           for (char& ch : n)
+                             if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+}  // namespace

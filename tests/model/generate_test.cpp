@@ -1,0 +1,165 @@
+// Generation: the KV cache against the full forward, greedy with and without the cache, seeded
+// sampling, the sampling filters on hand-made logits, stop tokens, stop strings and budgets.
+#include "model/generate.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "base/rng.h"
+
+namespace pollen {
+namespace {
+
+model::LlamaConfig gen_config(bool bias, int64_t window) {
+  model::LlamaConfig c;
+  c.name = "gen";
+  c.vocab_size = 53;
+  c.hidden_size = 32;
+  c.intermediate_size = 40;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.attention_bias = bias;
+  c.sliding_window = window;
+  c.rope_scaling = {ops::RopeScaling::Kind::llama3, 4.0, 1.0, 4.0, 8};
+  return c;
+}
+
+model::Llama random_model(const model::LlamaConfig& c, uint64_t seed) {
+  model::Llama m(c, seed);
+  Rng rng(seed + 1);
+  for (auto& [name, v] : m.named_parameters()) {
+    float* p = v.value().data<float>();
+    for (int64_t i = 0; i < v.value().numel(); ++i)
+      p[i] = static_cast<float>((name.ends_with("norm.weight") ? 1.0 : 0.0) + 0.3 * rng.normal());
+  }
+  return m;
+}
+
+const std::vector<std::vector<uint32_t>> kPrompts = {{1, 2, 3, 4, 5}, {7}, {9, 9, 30, 12}};
+
+TEST(KvCache, LogitsMatchTheFullForward) {
+  for (int64_t window : {0, 3}) {
+    const model::Llama m = random_model(gen_config(true, window), 3);
+    const std::vector<uint32_t> seq = {4, 8, 15, 16, 23, 42, 1, 2};
+    model::KvCache cache(m.config(), 1, 16);
+    // prefill three tokens, then one at a time
+    std::vector<Tensor> steps;
+    steps.push_back(cache.forward(m, {{seq.begin(), seq.begin() + 3}}));
+    for (size_t i = 3; i < seq.size(); ++i) steps.push_back(cache.forward(m, {{seq[i]}}));
+    Tensor ids = Tensor::empty({1, static_cast<int64_t>(seq.size())}, DType::i32);
+    for (size_t i = 0; i < seq.size(); ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(seq[i]);
+    const Tensor full = m.logits(model::Batch::contiguous_rows(ids, ids));
+    const int64_t V = m.config().vocab_size;
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const int64_t pos = static_cast<int64_t>(s) + 2;
+      for (int64_t v = 0; v < V; ++v)
+        EXPECT_NEAR(steps[s].data<float>()[v], full.data<float>()[pos * V + v], 1e-4)
+            << "window " << window << " position " << pos;
+    }
+  }
+}
+
+TEST(Generate, GreedyWithAndWithoutCacheAgree) {
+  for (int64_t window : {0, 4}) {
+    const model::Llama m = random_model(gen_config(window == 0, window), 5);
+    model::SamplingOptions o;
+    o.temperature = 0;
+    o.max_tokens = 12;
+    const auto cached = model::generate(m, kPrompts, o);
+    o.use_cache = false;
+    const auto plain = model::generate(m, kPrompts, o);
+    for (size_t r = 0; r < kPrompts.size(); ++r) {
+      EXPECT_EQ(cached[r].tokens, plain[r].tokens) << "row " << r;
+      EXPECT_EQ(cached[r].tokens.size(), 12u);
+      EXPECT_EQ(cached[r].finish_reason, "length");
+    }
+  }
+}
+
+TEST(Generate, SeededSamplingIsReproducibleAndRowsIndependent) {
+  const model::Llama m = random_model(gen_config(false, 0), 7);
+  model::SamplingOptions o;
+  o.temperature = 0.9;
+  o.top_k = 20;
+  o.top_p = 0.95;
+  o.min_p = 0.01;
+  o.repetition_penalty = 1.2;
+  o.max_tokens = 10;
+  o.seed = 42;
+  const auto a = model::generate(m, kPrompts, o), b = model::generate(m, kPrompts, o);
+  for (size_t r = 0; r < kPrompts.size(); ++r) EXPECT_EQ(a[r].tokens, b[r].tokens);
+  // Row 0 alone draws the same as row 0 in the batch.
+  const auto alone = model::generate(m, {kPrompts[0]}, o);
+  EXPECT_EQ(alone[0].tokens, a[0].tokens);
+  o.seed = 43;
+  const auto c = model::generate(m, kPrompts, o);
+  bool differs = false;
+  for (size_t r = 0; r < kPrompts.size(); ++r) differs |= c[r].tokens != a[r].tokens;
+  EXPECT_TRUE(differs);
+}
+
+TEST(Generate, StopTokensStopStringsAndBudget) {
+  const model::Llama m = random_model(gen_config(false, 0), 9);
+  model::SamplingOptions o;
+  o.temperature = 0;
+  o.max_tokens = 8;
+  const auto free_run = model::generate(m, {kPrompts[0]}, o)[0].tokens;
+  ASSERT_EQ(free_run.size(), 8u);
+  o.stop_tokens = {free_run[2]};
+  const auto stopped = model::generate(m, {kPrompts[0]}, o)[0];
+  // Stops at the first occurrence of the stop token, which is not included.
+  size_t first = 0;
+  while (free_run[first] != free_run[2]) ++first;
+  EXPECT_EQ(stopped.tokens, std::vector<uint32_t>(free_run.begin(), free_run.begin() + first));
+  EXPECT_EQ(stopped.finish_reason, "stop");
+  // Stop strings on a decoder that spells ids as "<id>".
+  auto decode = [](std::span<const uint32_t> ids) {
+    std::string s;
+    for (uint32_t id : ids) s += "<" + std::to_string(id) + ">";
+    return s;
+  };
+  o.stop_tokens.clear();
+  o.stop_strings = {"<" + std::to_string(free_run[3]) + ">"};
+  const auto by_string = model::generate(m, {kPrompts[0]}, o, decode)[0];
+  EXPECT_EQ(by_string.finish_reason, "stop");
+  EXPECT_EQ(by_string.text.find(o.stop_strings[0]), std::string::npos);
+  EXPECT_EQ(by_string.text,
+            decode(std::vector<uint32_t>(free_run.begin(),
+                                         free_run.begin() + (by_string.tokens.size() - 1))));
+  o.stop_strings.clear();
+  o.max_tokens = 0;
+  EXPECT_TRUE(model::generate(m, {kPrompts[0]}, o)[0].tokens.empty());
+}
+
+TEST(Sampling, FiltersOnHandMadeLogits) {
+  // probabilities 0.5, 0.25, 0.125, 0.125
+  const std::vector<float> logits = {std::log(4.0f), std::log(2.0f), 0.0f, 0.0f};
+  model::SamplingOptions o;
+  Rng rng(1);
+  o.top_k = 1;
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(model::sample_token(logits, {}, o, rng), 0u);
+  o.top_k = 0;
+  o.top_p = 0.7;  // keeps {0, 1}
+  std::vector<int> seen(4, 0);
+  for (int i = 0; i < 400; ++i) ++seen[model::sample_token(logits, {}, o, rng)];
+  EXPECT_GT(seen[0], 0);
+  EXPECT_GT(seen[1], 0);
+  EXPECT_EQ(seen[2] + seen[3], 0);
+  o.top_p = 1.0;
+  o.min_p = 0.3;  // 0.25 / 0.5 = 0.5 >= 0.3 stays, 0.125 / 0.5 = 0.25 goes
+  seen.assign(4, 0);
+  for (int i = 0; i < 400; ++i) ++seen[model::sample_token(logits, {}, o, rng)];
+  EXPECT_EQ(seen[2] + seen[3], 0);
+  EXPECT_GT(seen[1], 0);
+  // Repetition penalty: token 0's positive logit divided; greedy picks token 1 instead.
+  model::SamplingOptions g;
+  g.temperature = 0;
+  g.repetition_penalty = 3.0;
+  const std::vector<uint32_t> history = {0};
+  EXPECT_EQ(model::sample_token(logits, history, g, rng), 1u);
+}
+
+}  // namespace
+}  // namespace pollen
