@@ -19,10 +19,6 @@ ag::Var normal_param(const Shape& shape, double stddev, const Rng& rng, DType dt
   return ag::Var(t.to(dtype), true, name);
 }
 
-ag::Var const_param(const Shape& shape, double value, DType dtype, const std::string& name) {
-  return ag::Var(Tensor::full(shape, value, dtype), true, name);
-}
-
 Tensor iota_rows(int64_t b, int64_t t) {
   Tensor pos = Tensor::empty({b, t}, DType::i32);
   int32_t* p = pos.data<int32_t>();
