@@ -13,6 +13,7 @@ void add_plot_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_fed_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 
 // The process's exit code when a command finishes without an error (`pollen train` tells a
 // preempted run from a finished one this way).

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   pollen::cli::add_tokenizer_command(app);
   pollen::cli::add_data_command(app);
   pollen::cli::add_fed_command(app);
+  pollen::cli::add_eval_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
