@@ -1,5 +1,6 @@
-// `pollen eval --model M (--data manifest.json | --text FILE | --jsonl FILE)` and
-// `pollen score --model M --input FILE --output F.jsonl`: wiring only; scoring is eval/rolling.
+// `pollen eval --model M [--checkpoint DIR] (--data manifest.json... | --text FILE | --jsonl FILE)`
+// and `pollen score --model M --input FILE --output F.jsonl`: wiring only; the scoring is
+// eval/perplexity (token shards, batched) and eval/rolling (raw text, rolling windows).
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/model_args.h"
 #include "data/shards.h"
+#include "eval/perplexity.h"
 #include "eval/rolling.h"
 
 namespace pollen::cli {
@@ -55,26 +57,37 @@ int64_t default_window(const model::LlamaConfig& c, int64_t given) {
 void add_eval_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "eval",
-      "Loss, perplexity and bits per byte of a model on token shards or raw text (long texts in "
-      "rolling windows, each token scored once, as lm-evaluation-harness's loglikelihood_rolling)");
+      "Loss and perplexity of a model on token shards (one JSON line per manifest, every token "
+      "scored once), or loss, perplexity and bits per byte on raw text (long texts in rolling "
+      "windows, each token scored once, as lm-evaluation-harness's loglikelihood_rolling)");
   struct Args {
-    std::string model, tokenizer, data, split = "validation", text, jsonl, field = "text", output;
-    int64_t window = 0, max_docs = 0;
+    std::string model, checkpoint, tokenizer, split = "validation", text, jsonl, field = "text",
+                                              output;
+    std::vector<std::string> data;
+    int64_t window = 0, max_docs = 0, seq = 128, batch = 8;
     int threads = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model", a->model, kModelHelp)->required();
-  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
-  auto* data = cmd->add_option("--data", a->data, "manifest.json of token shards");
-  cmd->add_option("--split", a->split, "Split of --data");
+  cmd->add_option("--checkpoint", a->checkpoint,
+                  "Weights to score instead of --model's own: a checkpoint folder of pollen "
+                  "train or pollen fed, or a .safetensors file")
+      ->check(CLI::ExistingPath);
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json for text (default: the model's)");
+  auto* data = cmd->add_option("--data", a->data, "manifest.json files of token shards")
+                   ->check(CLI::ExistingFile);
+  cmd->add_option("--split", a->split, "Split of --data")->capture_default_str();
+  cmd->add_option("--seq", a->seq, "--data: tokens per row; longer documents in pieces")
+      ->capture_default_str();
+  cmd->add_option("--batch", a->batch, "--data: rows per forward pass")->capture_default_str();
   auto* text = cmd->add_option("--text", a->text, "A text file, scored as one document");
   auto* jsonl = cmd->add_option("--jsonl", a->jsonl, "JSONL file, one document per line");
   cmd->add_option("--field", a->field, "String field of --jsonl");
   data->excludes(text)->excludes(jsonl);
   text->excludes(jsonl);
-  cmd->add_option("--window", a->window, "Tokens per window (default: min(context, 2048))");
-  cmd->add_option("--max-docs", a->max_docs, "Score at most this many documents (0: all)");
-  cmd->add_option("--output", a->output, "Also write the result JSON here");
+  cmd->add_option("--window", a->window, "Text: tokens per window (default: min(context, 2048))");
+  cmd->add_option("--max-docs", a->max_docs, "Text: score at most this many documents (0: all)");
+  cmd->add_option("--output", a->output, "Text: also write the result JSON here");
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
   cmd->callback([a] {
     POLLEN_CHECK(!a->data.empty() || !a->text.empty() || !a->jsonl.empty(),
@@ -82,63 +95,48 @@ void add_eval_command(CLI::App& app) {
     if (a->threads > 0) set_num_threads(a->threads);
     const io::ModelSource src = io::resolve_model(a->model);
     const model::Llama m = io::load_model(src);
+    if (!a->checkpoint.empty()) eval::load_weights(m, a->checkpoint);
+    if (!a->data.empty()) {
+      for (const std::string& manifest : a->data) {
+        const eval::PerplexityResult r =
+            eval::perplexity(m, manifest, {a->split, a->seq, a->batch});
+        nlohmann::ordered_json j{{"model", a->model},          {"data", manifest},
+                                 {"split", a->split},          {"loss", r.loss},
+                                 {"perplexity", r.perplexity}, {"tokens", r.tokens},
+                                 {"documents", r.documents},   {"seconds", r.seconds}};
+        std::printf("%s\n", j.dump().c_str());
+        std::fflush(stdout);
+      }
+      return;
+    }
     const int64_t window = default_window(m.config(), a->window);
     eval::LossTotals totals;
     nlohmann::ordered_json result;
     result["model"] = a->model;
-    if (!a->data.empty()) {
-      const data::Manifest man = data::Manifest::load(a->data);
-      std::optional<tokenizer::Tokenizer> tok;
-      if (!a->tokenizer.empty())
-        tok = tokenizer::open_tokenizer(a->tokenizer, "");
-      else if (std::filesystem::exists(man.dir() / "tokenizer.json"))
-        tok = tokenizer::open_tokenizer(man.dir() / "tokenizer.json", "");
-      for (const auto& info : man.split(a->split)) {
-        data::ShardReader reader(man.dir(), info, man.token_dtype);
-        const auto& starts = reader.doc_starts();
-        for (int64_t d = 0; d < reader.num_docs(); ++d) {
-          if (a->max_docs > 0 && totals.documents >= a->max_docs) break;
-          std::vector<uint32_t> ids;
-          for (uint64_t i = starts[d]; i < starts[d + 1]; ++i)
-            ids.push_back(reader.token(static_cast<int64_t>(i)));
-          if (ids.size() < 2) continue;
-          const std::span<const uint32_t> scored(ids.data() + 1, ids.size() - 1);
-          for (double lp : eval::token_logprobs(m, scored, ids[0], window)) totals.nll -= lp;
-          totals.tokens += static_cast<int64_t>(scored.size());
-          if (tok)
-            for (uint32_t t : scored)
-              totals.bytes += static_cast<int64_t>(tok->token_bytes(t).size());
-          ++totals.documents;
-        }
-      }
-      result["data"] = a->data;
-      result["split"] = a->split;
-    } else {
-      const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
-      const bool is_jsonl = !a->jsonl.empty();
-      const auto docs = read_documents(is_jsonl ? a->jsonl : a->text, is_jsonl, a->field, false);
-      // lm-evaluation-harness: text without special tokens, the BOS (else EOS) as the prefix.
-      std::optional<uint32_t> prefix;
-      if (!tok.bos_eos().prefix.empty())
-        prefix = tok.bos_eos().prefix.front();
-      else if (auto stops = stop_tokens(src, tok); !stops.empty())
-        prefix = stops.front();
-      tokenizer::EncodeOptions eo;
-      eo.special = tokenizer::SpecialPolicy::as_text();
-      for (const auto& doc : docs) {
-        if (a->max_docs > 0 && totals.documents >= a->max_docs) break;
-        const auto ids = tok.encode(doc, eo);
-        if (ids.empty()) continue;
-        std::span<const uint32_t> scored(ids);
-        uint32_t first = prefix.value_or(ids[0]);
-        if (!prefix) scored = scored.subspan(1);
-        for (double lp : eval::token_logprobs(m, scored, first, window)) totals.nll -= lp;
-        totals.tokens += static_cast<int64_t>(scored.size());
-        totals.bytes += static_cast<int64_t>(doc.size());
-        ++totals.documents;
-      }
-      result["input"] = is_jsonl ? a->jsonl : a->text;
+    const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
+    const bool is_jsonl = !a->jsonl.empty();
+    const auto docs = read_documents(is_jsonl ? a->jsonl : a->text, is_jsonl, a->field, false);
+    // lm-evaluation-harness: text without special tokens, the BOS (else EOS) as the prefix.
+    std::optional<uint32_t> prefix;
+    if (!tok.bos_eos().prefix.empty())
+      prefix = tok.bos_eos().prefix.front();
+    else if (auto stops = stop_tokens(src, tok); !stops.empty())
+      prefix = stops.front();
+    tokenizer::EncodeOptions eo;
+    eo.special = tokenizer::SpecialPolicy::as_text();
+    for (const auto& doc : docs) {
+      if (a->max_docs > 0 && totals.documents >= a->max_docs) break;
+      const auto ids = tok.encode(doc, eo);
+      if (ids.empty()) continue;
+      std::span<const uint32_t> scored(ids);
+      uint32_t first = prefix.value_or(ids[0]);
+      if (!prefix) scored = scored.subspan(1);
+      for (double lp : eval::token_logprobs(m, scored, first, window)) totals.nll -= lp;
+      totals.tokens += static_cast<int64_t>(scored.size());
+      totals.bytes += static_cast<int64_t>(doc.size());
+      ++totals.documents;
     }
+    result["input"] = is_jsonl ? a->jsonl : a->text;
     result["window"] = window;
     result["documents"] = totals.documents;
     result["tokens"] = totals.tokens;

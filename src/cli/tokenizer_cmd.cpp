@@ -1,5 +1,5 @@
-// `pollen tokenizer train|encode|decode|info|convert|bench`: parsing and wiring; the work is in
-// src/tokenizer.
+// `pollen tokenizer train|count|encode|decode|info|convert|bench`: parsing and wiring; the work is
+// in src/tokenizer.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -89,7 +89,7 @@ class IdWriter {
 void add_train(CLI::App* parent) {
   auto* cmd = parent->add_subcommand("train", "Train a byte-level BPE tokenizer");
   struct Args {
-    std::vector<std::string> inputs;
+    std::vector<std::string> inputs, counts;
     bool jsonl = false;
     std::string field = "text", pattern = "cl100k_base", output;
     uint32_t vocab_size = 32000;
@@ -97,24 +97,41 @@ void add_train(CLI::App* parent) {
     int threads = 0;
   };
   auto a = std::make_shared<Args>();
-  cmd->add_option("--input", a->inputs, "Text files (a line is a document) or JSONL files")
-      ->required()
-      ->check(CLI::ExistingFile);
+  auto* inputs_opt =
+      cmd->add_option("--input", a->inputs, "Text files (a line is a document) or JSONL files")
+          ->check(CLI::ExistingFile);
+  auto* counts_opt =
+      cmd->add_option("--counts", a->counts,
+                      "Count files of `pollen tokenizer count` (one per silo), merged and trained "
+                      "on instead of text; the pattern is theirs")
+          ->check(CLI::ExistingFile);
+  inputs_opt->excludes(counts_opt);
   cmd->add_flag("--jsonl", a->jsonl, "Inputs are JSONL; the text is in --field");
   cmd->add_option("--field", a->field, "JSONL field holding the text")->capture_default_str();
   cmd->add_option("--vocab-size", a->vocab_size, "Tokens in all: 256 bytes, merges, specials")
       ->capture_default_str();
   cmd->add_option("--special", a->specials, "Special tokens, given ids after the merges");
-  cmd->add_option("--pattern", a->pattern, "Pre-tokenisation: a known pattern name or a regex")
-      ->capture_default_str();
+  auto* pattern =
+      cmd->add_option("--pattern", a->pattern, "Pre-tokenisation: a known pattern name or a regex")
+          ->capture_default_str();
   cmd->add_option("--output", a->output, "tokenizer.json, or any other name for a rank file")
       ->required();
   cmd->add_option("--threads", a->threads, "Threads (default: all)");
-  cmd->callback([a] {
+  cmd->callback([a, pattern] {
     if (a->threads > 0) set_num_threads(a->threads);
+    POLLEN_CHECK(!a->inputs.empty() || !a->counts.empty(),
+                 "tokenizer train: give --input files or --counts files");
     auto start = std::chrono::steady_clock::now();
-    tk::PieceCounts counts(tk::pattern_regex(a->pattern));
+    std::string regex = tk::pattern_regex(a->pattern);
+    if (!a->counts.empty()) {
+      std::string theirs = tk::PieceCounts::file_pattern(a->counts.front());
+      POLLEN_CHECK(pattern->count() == 0 || theirs == regex, "--pattern '", a->pattern,
+                   "' differs from the pattern of '", a->counts.front(), "'");
+      regex = theirs;
+    }
+    tk::PieceCounts counts(regex);
     for (const std::string& input : a->inputs) counts.add_file(input, a->jsonl, a->field);
+    for (const std::string& file : a->counts) counts.merge_file(file);
     tk::Tokenizer tok = tk::train_bpe(counts, {a->vocab_size, a->specials, counts.pattern()});
     tk::save_tokenizer(tok, a->output);
     double seconds =
@@ -123,6 +140,45 @@ void add_train(CLI::App* parent) {
                 tok.vocab_size(), counts.bytes_read() / 1e6, counts.distinct(), seconds,
                 a->output.c_str());
     std::printf("fingerprint %s\n", tok.fingerprint().c_str());
+  });
+}
+
+void add_count(CLI::App* parent) {
+  auto* cmd = parent->add_subcommand(
+      "count", "Count a silo's pre-tokenised pieces into a file for federated tokenizer training");
+  struct Args {
+    std::vector<std::string> inputs;
+    bool jsonl = false;
+    std::string field = "text", pattern = "cl100k_base", output;
+    double noise = 0;
+    uint64_t seed = 0, min_count = 1;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--input", a->inputs, "Text files (a line is a document) or JSONL files")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_flag("--jsonl", a->jsonl, "Inputs are JSONL; the text is in --field");
+  cmd->add_option("--field", a->field, "JSONL field holding the text")->capture_default_str();
+  cmd->add_option("--pattern", a->pattern, "Pre-tokenisation: a known pattern name or a regex")
+      ->capture_default_str();
+  cmd->add_option("--output", a->output, "The count file to write")->required();
+  cmd->add_option("--noise-stddev", a->noise,
+                  "Add round(N(0, S^2)) to every count before writing (0: exact counts)")
+      ->capture_default_str();
+  cmd->add_option("--seed", a->seed, "Seed of the noise")->capture_default_str();
+  cmd->add_option("--min-count", a->min_count, "Drop pieces counted fewer times (after noise)")
+      ->capture_default_str();
+  cmd->add_option("--threads", a->threads, "Threads (default: all)");
+  cmd->callback([a] {
+    if (a->threads > 0) set_num_threads(a->threads);
+    tk::PieceCounts counts(tk::pattern_regex(a->pattern));
+    for (const std::string& input : a->inputs) counts.add_file(input, a->jsonl, a->field);
+    const size_t before = counts.distinct();
+    if (a->noise > 0 || a->min_count > 1) counts.perturb(a->noise, a->seed, a->min_count);
+    counts.save(a->output);
+    std::printf("counted %zu distinct pieces in %.1f MB (%zu written): %s\n", before,
+                counts.bytes_read() / 1e6, counts.distinct(), a->output.c_str());
   });
 }
 
@@ -307,6 +363,7 @@ void add_tokenizer_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("tokenizer", "Train, use and inspect BPE tokenizers");
   cmd->require_subcommand(1);
   add_train(cmd);
+  add_count(cmd);
   add_encode(cmd);
   add_decode(cmd);
   add_info(cmd);

@@ -11,6 +11,11 @@ namespace {
 model::LlamaConfig read_model(ConfigTable& root, const std::filesystem::path& path) {
   auto m = root.table("model");
   POLLEN_CHECK(m.has_value(), root.where("model"), ": a [model] table is required");
+  const std::string file = m->get_string("file", "");
+  if (!file.empty()) {  // a pollen model file, relative to the working directory
+    m->finish();
+    return model::load_config(file);
+  }
   return model::read_config(*m);
 }
 

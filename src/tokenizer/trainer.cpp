@@ -3,11 +3,16 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <queue>
 #include <unordered_map>
 
 #include "base/error.h"
+#include "base/files.h"
+#include "base/hash.h"
 #include "base/log.h"
+#include "base/rng.h"
 #include "base/thread_pool.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/documents.h"
@@ -56,6 +61,129 @@ void PieceCounts::add_file(const std::filesystem::path& path, bool jsonl,
   constexpr size_t kBatchBytes = 64 << 20;
   for_each_document_batch({path, jsonl, field, true}, kBatchBytes,
                           [&](std::span<const std::string_view> docs) { add_documents(docs); });
+}
+
+void PieceCounts::add_piece(std::string_view piece, uint64_t n) {
+  if (n > 0) counts_->add(piece, n);
+}
+
+void PieceCounts::perturb(double stddev, uint64_t seed, uint64_t min_count) {
+  POLLEN_CHECK(stddev >= 0 && std::isfinite(stddev), "noise stddev ", stddev,
+               ": expected a finite value >= 0");
+  min_count = std::max<uint64_t>(min_count, 1);
+  Rng rng(seed);
+  auto pieces = sorted();
+  counts_->counts.clear();
+  for (auto& [piece, n] : pieces) {
+    double v = static_cast<double>(n);
+    if (stddev > 0) v += std::round(stddev * rng.normal());
+    if (v >= static_cast<double>(min_count)) counts_->counts.emplace(std::move(piece), uint64_t(v));
+  }
+}
+
+namespace {
+
+constexpr char kCountMagic[8] = {'P', 'O', 'L', 'L', 'E', 'N', 'P', 'C'};
+constexpr uint32_t kCountVersion = 1;
+
+template <typename T>
+void put(std::string& out, T v) {
+  char b[sizeof(T)];
+  for (size_t i = 0; i < sizeof(T); ++i) b[i] = static_cast<char>((uint64_t(v) >> (8 * i)) & 0xff);
+  out.append(b, sizeof(T));
+}
+
+// Reads a count file front to back, checking every size against what is left.
+class CountReader {
+ public:
+  explicit CountReader(const std::filesystem::path& path) : path_(path), data_(read_file(path)) {
+    fail_if(data_.size() < sizeof(kCountMagic) + 4 + 32, "too short to be a count file");
+    fail_if(data_.compare(0, 8, kCountMagic, 8) != 0, "not a pollen count file (bad magic)");
+    const std::string_view body(data_.data(), data_.size() - 32);
+    Sha256 h;
+    h.update(body);
+    const auto d = h.digest();
+    fail_if(std::memcmp(d.data(), data_.data() + body.size(), 32) != 0,
+            "checksum mismatch (the file is corrupt or truncated)");
+    end_ = body.size();
+    pos_ = 8;
+    uint32_t version = get<uint32_t>();
+    fail_if(version != kCountVersion,
+            "version " + std::to_string(version) + ", this build reads version 1");
+    pattern_ = bytes(get<uint32_t>());
+    bytes_read_ = get<uint64_t>();
+    pieces_ = get<uint64_t>();
+  }
+  template <typename T>
+  T get() {
+    fail_if(end_ - pos_ < sizeof(T), "truncated");
+    uint64_t v = 0;
+    for (size_t i = 0; i < sizeof(T); ++i)
+      v |= uint64_t(static_cast<unsigned char>(data_[pos_ + i])) << (8 * i);
+    pos_ += sizeof(T);
+    return static_cast<T>(v);
+  }
+  std::string_view bytes(uint64_t n) {
+    fail_if(end_ - pos_ < n, "truncated");
+    std::string_view s(data_.data() + pos_, n);
+    pos_ += n;
+    return s;
+  }
+  void fail_if(bool bad, const std::string& what) const {
+    if (bad) fail("count file '", path_.string(), "': ", what);
+  }
+  bool at_end() const { return pos_ == end_; }
+  std::string pattern_;
+  uint64_t bytes_read_ = 0, pieces_ = 0;
+
+ private:
+  std::filesystem::path path_;
+  std::string data_;
+  size_t pos_ = 0, end_ = 0;
+};
+
+}  // namespace
+
+void PieceCounts::save(const std::filesystem::path& path) const {
+  const auto pieces = sorted();
+  std::string out(kCountMagic, sizeof(kCountMagic));
+  put<uint32_t>(out, kCountVersion);
+  put<uint32_t>(out, static_cast<uint32_t>(pattern_.size()));
+  out += pattern_;
+  put<uint64_t>(out, bytes_read_);
+  put<uint64_t>(out, pieces.size());
+  for (const auto& [piece, n] : pieces) {
+    put<uint32_t>(out, static_cast<uint32_t>(piece.size()));
+    out += piece;
+    put<uint64_t>(out, n);
+  }
+  Sha256 h;
+  h.update(out);
+  const auto d = h.digest();
+  out.append(reinterpret_cast<const char*>(d.data()), d.size());
+  write_file_atomic(path, out);
+}
+
+std::string PieceCounts::file_pattern(const std::filesystem::path& path) {
+  return CountReader(path).pattern_;
+}
+
+void PieceCounts::merge_file(const std::filesystem::path& path) {
+  CountReader r(path);
+  r.fail_if(r.pattern_ != pattern_,
+            "made with pre-tokenisation pattern '" + r.pattern_ + "', expected '" + pattern_ + "'");
+  std::string previous;
+  for (uint64_t i = 0; i < r.pieces_; ++i) {
+    std::string_view piece = r.bytes(r.get<uint32_t>());
+    const uint64_t n = r.get<uint64_t>();
+    r.fail_if(piece.empty() || n == 0, "piece " + std::to_string(i) + " is empty or has count 0");
+    r.fail_if(i > 0 && !(previous < piece),
+              "piece " + std::to_string(i) + " is out of order (pieces are sorted and unique)");
+    previous.assign(piece);
+    counts_->add(piece, n);
+  }
+  r.fail_if(!r.at_end(), "bytes after the last piece");
+  bytes_read_ += r.bytes_read_;
 }
 
 std::vector<std::pair<std::string, uint64_t>> PieceCounts::sorted() const {

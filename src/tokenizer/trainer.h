@@ -40,6 +40,25 @@ class PieceCounts {
   // Plain text: each line (with its newline) is a document. JSONL: each record's `field`.
   void add_file(const std::filesystem::path& path, bool jsonl, const std::string& field);
 
+  // Adds `n` occurrences of one piece.
+  void add_piece(std::string_view piece, uint64_t n);
+
+  // Federated training: a silo writes its counts to a file, the server merges the silos' files
+  // and trains on the sum, which equals counting the concatenated texts. Before writing, a silo
+  // may perturb its counts: each count gets round(N(0, stddev^2)) added (drawn in piece order
+  // from `seed`, so the result is reproducible) and pieces left below `min_count` (at least 1)
+  // are dropped.
+  void perturb(double stddev, uint64_t seed, uint64_t min_count = 1);
+  // The count file (little-endian): "POLLENPC", u32 version 1, u32 pattern length, pattern,
+  // u64 bytes read, u64 pieces, then per piece in byte order u32 length, bytes, u64 count;
+  // last the SHA-256 of everything before it. Written atomically.
+  void save(const std::filesystem::path& path) const;
+  // Adds a count file's counts; its pattern must equal this one's. Throws naming the file and
+  // what is wrong (bad magic, truncation, checksum, order, pattern).
+  void merge_file(const std::filesystem::path& path);
+  // The pattern a count file was made with.
+  static std::string file_pattern(const std::filesystem::path& path);
+
   // Pieces sorted by bytes, with their counts.
   std::vector<std::pair<std::string, uint64_t>> sorted() const;
   size_t distinct() const;

@@ -72,6 +72,78 @@ TEST_F(Trainer, JsonlTextFieldCountsLikeDocuments) {
   }
 }
 
+// Federated training: silos send count files; the server's merged counts train exactly the
+// tokenizer that the concatenated texts would.
+TEST_F(Trainer, MergedCountFilesTrainTheSameTokenizerAsConcatenatedText) {
+  const std::string text = read_file(corpus_);
+  size_t cut = text.find('\n', text.size() / 3) + 1;
+  write_file_atomic(dir_ / "a.txt", text.substr(0, cut));
+  write_file_atomic(dir_ / "b.txt", text.substr(cut));
+  for (const char* silo : {"a", "b"}) {
+    PieceCounts c(cl100k());
+    c.add_file(dir_ / (std::string(silo) + ".txt"), false, "");
+    c.save(dir_ / (std::string(silo) + ".counts"));
+  }
+  PieceCounts merged(cl100k());
+  merged.merge_file(dir_ / "a.counts");
+  merged.merge_file(dir_ / "b.counts");
+  PieceCounts pooled(cl100k());
+  pooled.add_file(corpus_, false, "");
+  EXPECT_EQ(merged.sorted(), pooled.sorted());
+  EXPECT_EQ(merged.bytes_read(), pooled.bytes_read());
+  Tokenizer fed = train_bpe(merged, {kVocab, kSpecials, cl100k()});
+  Tokenizer central = train_on(corpus_, 2);
+  EXPECT_EQ(hf_json_text(fed), hf_json_text(central));
+  EXPECT_EQ(fed.fingerprint(), central.fingerprint());
+  EXPECT_EQ(PieceCounts::file_pattern(dir_ / "a.counts"), cl100k());
+}
+
+TEST_F(Trainer, NoisyCountsAreReproducibleAndDropRarePieces) {
+  PieceCounts exact(cl100k());
+  exact.add_file(corpus_, false, "");
+  auto noisy = [&](uint64_t seed) {
+    PieceCounts c(cl100k());
+    c.add_file(corpus_, false, "");
+    c.perturb(2.0, seed, 3);
+    return c.sorted();
+  };
+  const auto a = noisy(7), b = noisy(7), c = noisy(8);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_LT(a.size(), exact.distinct());
+  for (const auto& [piece, n] : a) EXPECT_GE(n, 3u);
+  // stddev 0 and min_count 1 change nothing.
+  PieceCounts same(cl100k());
+  same.add_file(corpus_, false, "");
+  same.perturb(0, 1, 1);
+  EXPECT_EQ(same.sorted(), exact.sorted());
+}
+
+TEST_F(Trainer, BadCountFilesAreRefusedNamingTheFile) {
+  PieceCounts c(cl100k());
+  c.add_file(corpus_, false, "");
+  c.save(dir_ / "ok.counts");
+  std::string bytes = read_file(dir_ / "ok.counts");
+  auto expect_error = [&](const std::string& name, const std::string& content,
+                          const std::string& pattern, const std::string& what) {
+    write_file_atomic(dir_ / name, content);
+    PieceCounts into(pattern);
+    try {
+      into.merge_file(dir_ / name);
+      FAIL() << "expected an error for " << name;
+    } catch (const pollen::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  std::string flipped = bytes;
+  flipped[flipped.size() / 2] ^= 1;
+  expect_error("flipped.counts", flipped, cl100k(), "checksum");
+  expect_error("short.counts", bytes.substr(0, bytes.size() - 7), cl100k(), "checksum");
+  expect_error("text.counts", "not a count file at all, just some text here", cl100k(), "magic");
+  expect_error("pattern.counts", bytes, "\\w+", "pattern");
+}
+
 // HF's trainer breaks ties by the same rule (see trainer.h), so the merges are identical. They
 // could differ only where HF's pre-tokenizer and pollen's pattern disagree on a piece, which
 // the parity tests rule out for this corpus.
