@@ -1,5 +1,6 @@
 // The prepare pipeline end to end: accounting, bad input, determinism and resumption.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -51,8 +52,10 @@ void write(const fs::path& p, const std::string& s) {
 
 struct Corpus {
   fs::path root;
+  ~Corpus() { fs::remove_all(root); }
   Corpus() {
-    root = fs::temp_directory_path() / "pollen_data_pipeline_test";
+    // One folder per process: ctest runs this file's tests in parallel.
+    root = fs::temp_directory_path() / ("pollen_data_pipeline_test_" + std::to_string(::getpid()));
     fs::remove_all(root);
     fs::path c = root / "corpus";
     // Plain text documents, one per file, with an exact duplicate and a near-duplicate.
