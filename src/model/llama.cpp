@@ -112,40 +112,41 @@ Llama::Llama(const LlamaConfig& config, const ParamSource& source, DType dtype)
   if (!tie_) lm_head_ = param({v, h}, "lm_head.weight");
 }
 
-// The order in which the seeded constructor has always drawn: embedding, then per layer
-// norms, q, k, v, o, (biases), norm, gate, up, down; final norm; head.
-std::vector<std::pair<std::string, ag::Var>> Llama::named_parameters_in_construction_order() const {
+// HF's order, which checkpoints and exports list.
+constexpr ag::Var LayerParams::*kNamedOrder[] = {
+    &LayerParams::input_norm, &LayerParams::q_proj,  &LayerParams::q_bias,
+    &LayerParams::k_proj,     &LayerParams::k_bias,  &LayerParams::v_proj,
+    &LayerParams::v_bias,     &LayerParams::o_proj,  &LayerParams::post_attention_norm,
+    &LayerParams::gate_proj,  &LayerParams::up_proj, &LayerParams::down_proj};
+
+// The order in which the seeded constructor has always drawn: norms, q, k, v, o, (biases), norm,
+// gate, up, down.
+constexpr ag::Var LayerParams::*kConstructionOrder[] = {
+    &LayerParams::input_norm, &LayerParams::q_proj,  &LayerParams::k_proj,
+    &LayerParams::v_proj,     &LayerParams::o_proj,  &LayerParams::q_bias,
+    &LayerParams::k_bias,     &LayerParams::v_bias,  &LayerParams::post_attention_norm,
+    &LayerParams::gate_proj,  &LayerParams::up_proj, &LayerParams::down_proj};
+
+std::vector<std::pair<std::string, ag::Var>> Llama::collect_parameters(
+    std::span<ag::Var LayerParams::*const> layer_order) const {
   std::vector<std::pair<std::string, ag::Var>> out;
   auto add = [&](const ag::Var& v) {
     if (v.defined()) out.emplace_back(v.name(), v);
   };
   add(embed_tokens_);
-  for (const auto& p : layers_) {
-    for (const ag::Var* v :
-         {&p.input_norm, &p.q_proj, &p.k_proj, &p.v_proj, &p.o_proj, &p.q_bias, &p.k_bias,
-          &p.v_bias, &p.post_attention_norm, &p.gate_proj, &p.up_proj, &p.down_proj})
-      add(*v);
-  }
+  for (const auto& p : layers_)
+    for (ag::Var LayerParams::*field : layer_order) add(p.*field);
   add(norm_);
   if (!tie_) add(lm_head_);
   return out;
 }
 
+std::vector<std::pair<std::string, ag::Var>> Llama::named_parameters_in_construction_order() const {
+  return collect_parameters(kConstructionOrder);
+}
+
 std::vector<std::pair<std::string, ag::Var>> Llama::named_parameters() const {
-  std::vector<std::pair<std::string, ag::Var>> out;
-  auto add = [&](const ag::Var& v) {
-    if (v.defined()) out.emplace_back(v.name(), v);
-  };
-  add(embed_tokens_);
-  for (const auto& p : layers_) {
-    for (const ag::Var* v :
-         {&p.input_norm, &p.q_proj, &p.q_bias, &p.k_proj, &p.k_bias, &p.v_proj, &p.v_bias,
-          &p.o_proj, &p.post_attention_norm, &p.gate_proj, &p.up_proj, &p.down_proj})
-      add(*v);
-  }
-  add(norm_);
-  if (!tie_) add(lm_head_);
-  return out;
+  return collect_parameters(kNamedOrder);
 }
 
 std::vector<ag::Var> Llama::parameters() const {

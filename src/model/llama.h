@@ -4,6 +4,7 @@
 // embeddings and q/k/v biases). Parameters carry HF's names.
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,10 @@ class Llama {
 
  private:
   std::vector<std::pair<std::string, ag::Var>> named_parameters_in_construction_order() const;
+  // Every defined parameter: the embedding, each layer's in `layer_order`, the final norm, the
+  // head.
+  std::vector<std::pair<std::string, ag::Var>> collect_parameters(
+      std::span<ag::Var LayerParams::*const> layer_order) const;
   ag::Var block(const LayerParams& p, const ag::Var& x, const Batch& batch,
                 const Tensor& seg_start) const;
 
