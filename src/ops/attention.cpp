@@ -3,23 +3,11 @@
 
 #include <cmath>
 
+#include "ops/check.h"
 #include "ops/cpu/attention.h"
 
 namespace pollen::ops {
 namespace {
-
-void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype,
-                  const Shape& shape, const char* layout) {
-  POLLEN_CHECK(t.defined(), op, ": ", name, " is undefined; expected ", layout, " ",
-               shape_str(shape));
-  POLLEN_CHECK(t.device() == Device::cpu, op, ": ", name, " is on ", device_name(t.device()),
-               "; only the CPU kernel exists");
-  POLLEN_CHECK(t.dtype() == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype()),
-               ", expected ", dtype_name(dtype));
-  POLLEN_CHECK(t.shape() == shape, op, ": ", name, " has shape ", shape_str(t.shape()),
-               ", expected ", layout, " ", shape_str(shape));
-  POLLEN_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
-}
 
 // Reads B, T, H, KVH, D from q and k and checks the shapes every attention call shares.
 cpu::AttentionShape check_attention_inputs(const char* op, const Tensor& q, const Tensor& k,

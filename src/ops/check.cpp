@@ -18,4 +18,17 @@ void expect(const char* op, const char* name, const Tensor& t, const Shape& shap
   expect_cpu(op, t);
 }
 
+void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype,
+                  const Shape& shape, const char* layout) {
+  POLLEN_CHECK(t.defined(), op, ": ", name, " is undefined; expected ", layout, " ",
+               shape_str(shape));
+  POLLEN_CHECK(t.device() == Device::cpu, op, ": ", name, " is on ", device_name(t.device()),
+               "; only the CPU kernel exists");
+  POLLEN_CHECK(t.dtype() == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype()),
+               ", expected ", dtype_name(dtype));
+  POLLEN_CHECK(t.shape() == shape, op, ": ", name, " has shape ", shape_str(t.shape()),
+               ", expected ", layout, " ", shape_str(shape));
+  POLLEN_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
 }  // namespace pollen::ops

@@ -11,6 +11,11 @@ namespace pollen::ops {
 // size. Errors read "rmsnorm: x: expected shape (N, 384) f32, got (8, 256) f32".
 void expect(const char* op, const char* name, const Tensor& t, const Shape& shape, DType dtype);
 
+// The same with the expected layout named in the error ("(B,T,H,D)"): a defined, contiguous CPU
+// tensor of exactly this dtype and shape.
+void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype,
+                  const Shape& shape, const char* layout);
+
 // Calls f(float{}) or f(double{}) for the float compute dtypes; other dtypes are an error.
 template <typename F>
 void dispatch_float(const char* op, DType dtype, F&& f) {

@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "ops/check.h"
 #include "ops/cpu/rope.h"
 
 namespace pollen::ops {
@@ -10,19 +11,6 @@ namespace {
 
 // Largest position id accepted; the cached cos/sin tables cover [0, max position].
 constexpr int32_t kMaxPosition = 1 << 22;
-
-void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype,
-                  const Shape& shape, const char* layout) {
-  POLLEN_CHECK(t.defined(), op, ": ", name, " is undefined; expected ", layout, " ",
-               shape_str(shape));
-  POLLEN_CHECK(t.device() == Device::cpu, op, ": ", name, " is on ", device_name(t.device()),
-               "; only the CPU kernel exists");
-  POLLEN_CHECK(t.dtype() == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype()),
-               ", expected ", dtype_name(dtype));
-  POLLEN_CHECK(t.shape() == shape, op, ": ", name, " has shape ", shape_str(t.shape()),
-               ", expected ", layout, " ", shape_str(shape));
-  POLLEN_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
-}
 
 // x (B,T,H,D) rotated into out by +angle, or by -angle when inverse.
 void rope(const char* op, const char* in_name, const char* out_name, const Tensor& x,
