@@ -1,0 +1,54 @@
+#include "fed/secagg/options.h"
+
+#include <cmath>
+
+#include "base/config.h"
+#include "base/error.h"
+
+namespace pollen::fed::secagg {
+
+void Options::validate(const std::function<std::string(const std::string&)>& where) const {
+  POLLEN_CHECK(ring_bits == 32 || ring_bits == 64, where("ring_bits"), ": 32 or 64, got ",
+               ring_bits);
+  POLLEN_CHECK(threshold == 0 || threshold >= 2, where("threshold"),
+               ": 0 (a majority) or at least 2, got ", threshold);
+  POLLEN_CHECK(neighbours >= 0, where("neighbours"), ": 0 (every client) or more, got ",
+               neighbours);
+  POLLEN_CHECK(std::isfinite(range) && range > 0, where("range"), ": must be positive");
+  POLLEN_CHECK(std::isfinite(step) && step > 0 && step <= range, where("step"),
+               ": must be positive and at most range");
+  POLLEN_CHECK(range / step <= 0x1p52, where("step"), ": range / step must be at most 2^52 levels");
+  // One client with one token must fit: the server checks the round's total tokens.
+  POLLEN_CHECK(static_cast<double>(max_level()) < std::ldexp(1.0, ring_bits - 1),
+               where("ring_bits"), ": range / step = ", range / step, " levels do not fit a ",
+               ring_bits, "-bit ring; use ring_bits 64 or a coarser step");
+  POLLEN_CHECK(phase_timeout_s > 0, where("phase_timeout_s"), ": must be positive");
+}
+
+int64_t Options::max_level() const {
+  return static_cast<int64_t>(std::ceil(range / step));
+}
+
+size_t Options::resolved_threshold(size_t holders) const {
+  return threshold > 0 ? static_cast<size_t>(threshold) : holders / 2 + 1;
+}
+
+Options read_options(ConfigTable& t) {
+  Options o;
+  o.enabled = t.get_bool("enabled", o.enabled);
+  o.threshold = t.get_int("threshold", o.threshold);
+  o.neighbours = t.get_int("neighbours", o.neighbours);
+  o.ring_bits = static_cast<int>(t.get_int("ring_bits", o.ring_bits));
+  o.range = t.get_double("range", o.range);
+  o.step = t.get_double("step", o.step);
+  const std::string rounding = t.get_string("rounding", "stochastic");
+  POLLEN_CHECK(rounding == "stochastic" || rounding == "nearest", t.where("rounding"),
+               ": 'stochastic' or 'nearest', got '", rounding, "'");
+  o.stochastic = rounding == "stochastic";
+  o.phase_timeout_s = t.get_double("phase_timeout_s", o.phase_timeout_s);
+  t.finish();
+  o.validate([&](const std::string& key) { return t.where(key); });
+  return o;
+}
+
+}  // namespace pollen::fed::secagg

@@ -1,0 +1,86 @@
+#include "fed/secagg/quantize.h"
+
+#include <cmath>
+
+#include "base/error.h"
+#include "base/rng.h"
+
+namespace pollen::fed::secagg {
+
+uint64_t ring_mask(int ring_bits) {
+  return ring_bits == 64 ? ~uint64_t{0} : (uint64_t{1} << ring_bits) - 1;
+}
+
+int64_t ring_signed(uint64_t word, int ring_bits) {
+  if (ring_bits == 64) return static_cast<int64_t>(word);
+  const uint64_t half = uint64_t{1} << (ring_bits - 1);
+  return word >= half ? static_cast<int64_t>(word) - static_cast<int64_t>(half << 1)
+                      : static_cast<int64_t>(word);
+}
+
+std::vector<uint64_t> quantize(const Weights& delta, int64_t tokens, const Options& options,
+                               uint64_t seed, QuantizeStats* stats) {
+  POLLEN_CHECK(tokens >= 1, "secure aggregation: an update needs at least one token");
+  check_fits(tokens, options);
+  int64_t n = 0;
+  for (const Tensor& t : delta) n += t.numel();
+  std::vector<uint64_t> out;
+  out.reserve(static_cast<size_t>(n));
+  const uint64_t mask = ring_mask(options.ring_bits);
+  const auto weight = static_cast<uint64_t>(tokens);
+  Rng rng(seed);
+  int64_t clipped = 0;
+  for (const Tensor& t : delta) {
+    const Tensor c = t.contiguous();
+    const float* d = c.data<float>();
+    for (int64_t j = 0; j < c.numel(); ++j) {
+      POLLEN_CHECK(std::isfinite(d[j]), "secure aggregation: non-finite pseudo-gradient value");
+      double v = d[j];
+      if (std::fabs(v) > options.range) {
+        ++clipped;
+        v = std::copysign(options.range, v);
+      }
+      const double scaled = v / options.step;
+      double q = std::floor(scaled);
+      if (options.stochastic) {
+        if (rng.uniform() < scaled - q) q += 1;
+      } else if (scaled - q >= 0.5) {
+        q += 1;
+      }
+      // Two's complement product: t * q mod 2^b, exact for any sign.
+      out.push_back((weight * static_cast<uint64_t>(static_cast<int64_t>(q))) & mask);
+    }
+  }
+  if (stats) stats->clipped = clipped;
+  return out;
+}
+
+void check_fits(int64_t total_tokens, const Options& options) {
+  const double worst = static_cast<double>(total_tokens) * static_cast<double>(options.max_level());
+  POLLEN_CHECK(worst < std::ldexp(1.0, options.ring_bits - 1), "secure aggregation: ", total_tokens,
+               " tokens times ", options.max_level(), " levels (range / step) may wrap the ",
+               options.ring_bits,
+               "-bit ring; raise secure_aggregation.step, lower range, or use ring_bits 64");
+}
+
+Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_tokens, const Options& options,
+                   const Weights& like) {
+  check_fits(total_tokens, options);
+  const double scale = options.step / static_cast<double>(total_tokens);
+  Weights out;
+  size_t k = 0;
+  for (const Tensor& t : like) {
+    Tensor d = Tensor::empty(t.shape(), DType::f32);
+    float* o = d.data<float>();
+    for (int64_t j = 0; j < d.numel(); ++j, ++k) {
+      POLLEN_ASSERT(k < sum.size());
+      o[j] =
+          static_cast<float>(static_cast<double>(ring_signed(sum[k], options.ring_bits)) * scale);
+    }
+    out.push_back(std::move(d));
+  }
+  POLLEN_ASSERT(k == sum.size());
+  return out;
+}
+
+}  // namespace pollen::fed::secagg

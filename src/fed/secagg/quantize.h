@@ -1,0 +1,47 @@
+#pragma once
+// From float pseudo-gradients to the ring Z_(2^b) that masks live in, and back.
+//
+// Client i with t_i tokens and pseudo-gradient delta_i (float32) sends, per coordinate,
+//
+//   q_i = round(clip(delta_i, -range, range) / step)      an integer, |q_i| <= L = ceil(range/step)
+//   x_i = t_i * q_i  mod 2^b                               the token-weighted value, exact
+//
+// with stochastic rounding (floor or ceil with the probabilities that make E[q_i] = d / step,
+// seeded per client and round) or rounding to nearest. The server unmasks S = sum_i x_i mod 2^b,
+// reads it as a signed b-bit integer and returns Delta = step * S / sum_i t_i. As long as
+// sum_i t_i * L < 2^(b-1) (checked before dequantising) nothing wraps, S is the exact integer
+// sum, and per coordinate (values inside the range)
+//
+//   |Delta - sum_i t_i delta_i / sum_i t_i| <= step / 2 (nearest), < step (stochastic),
+//
+// since Delta's error is the token-weighted mean of the per-client rounding errors; plus one
+// float32 rounding of the result.
+#include <cstdint>
+#include <vector>
+
+#include "fed/secagg/options.h"
+#include "fed/strategy.h"
+
+namespace pollen::fed::secagg {
+
+struct QuantizeStats {
+  int64_t clipped = 0;  // values outside [-range, range]
+};
+
+// x_i for every coordinate of `delta` (tensors concatenated in order). `seed` drives the
+// stochastic rounding.
+std::vector<uint64_t> quantize(const Weights& delta, int64_t tokens, const Options& options,
+                               uint64_t seed, QuantizeStats* stats = nullptr);
+
+// Throws (saying what to change) when sum_i t_i * L could wrap the ring.
+void check_fits(int64_t total_tokens, const Options& options);
+
+// Delta from the unmasked sum, shaped like `like`.
+Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_tokens, const Options& options,
+                   const Weights& like);
+
+// The signed value of a b-bit ring word.
+int64_t ring_signed(uint64_t word, int ring_bits);
+uint64_t ring_mask(int ring_bits);
+
+}  // namespace pollen::fed::secagg

@@ -1,0 +1,436 @@
+// Secure aggregation's parts and protocol without a model: Shamir sharing and its threshold,
+// the cryptography, the masking graph, quantisation and its error bound, and whole rounds of
+// ClientSession / ServerSession with and without dropouts, checked exactly in the ring.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "base/log.h"
+#include "base/rng.h"
+#include "fed/secagg/crypto.h"
+#include "fed/secagg/graph.h"
+#include "fed/secagg/quantize.h"
+#include "fed/secagg/session.h"
+#include "fed/secagg/shamir.h"
+
+using namespace pollen;
+using namespace pollen::fed;
+using namespace pollen::fed::secagg;
+
+namespace {
+
+struct Quiet {
+  Quiet() { log::set_level(log::Level::error); }
+  ~Quiet() { log::set_level(log::Level::info); }
+};
+
+// Pearson's chi-square statistic of the bytes of `words` (ring_bits / 8 bytes each) against
+// the uniform distribution over 256 values (255 degrees of freedom: mean 255, sd 22.6).
+double byte_chi_square(const std::vector<uint64_t>& words, int ring_bits) {
+  std::array<double, 256> count{};
+  double n = 0;
+  for (uint64_t w : words) {
+    for (int b = 0; b < ring_bits / 8; ++b, ++n) count[(w >> (8 * b)) & 0xff] += 1;
+  }
+  const double expected = n / 256;
+  double chi = 0;
+  for (double c : count) chi += (c - expected) * (c - expected) / expected;
+  return chi;
+}
+
+Key32 key_of(uint8_t start) {
+  Key32 k;
+  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<uint8_t>(start + 37 * i);
+  return k;
+}
+
+// One round of the protocol among `inputs.size()` clients named c00, c01, ... `drop_before_input`
+// share keys but send no masked input; `drop_before_reveal` send their input, then vanish.
+struct RoundResult {
+  ServerSession::Phase phase;
+  std::string failure;
+  std::vector<uint64_t> sum;                  // unmasked, when done
+  std::vector<std::vector<uint64_t>> masked;  // what each input sender sent
+  std::vector<std::string> senders;
+};
+
+RoundResult run_round(const std::vector<std::vector<uint64_t>>& inputs, const Options& options,
+                      const std::set<size_t>& drop_before_input,
+                      const std::set<size_t>& drop_before_reveal) {
+  const size_t n = inputs.size();
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < n; ++i) ids.push_back(cat("c", i < 10 ? "0" : "", i));
+  const int64_t round = 3;
+  ServerSession server(round, ids, options, 77, static_cast<int64_t>(inputs[0].size()));
+  std::vector<ClientSession> clients;
+  for (const auto& id : ids) clients.emplace_back(id, round);
+  for (size_t i = 0; i < n; ++i) server.advertise(ids[i], clients[i].advertise());
+  EXPECT_TRUE(server.phase_complete());
+  server.close_phase();
+  RoundResult r;
+  if (server.phase() == ServerSession::Phase::failed) return {server.phase(), server.failure()};
+  for (size_t i = 0; i < n; ++i) server.shares(ids[i], clients[i].share(server.roster(ids[i])));
+  server.close_phase();
+  if (server.phase() == ServerSession::Phase::failed) return {server.phase(), server.failure()};
+  for (size_t i = 0; i < n; ++i) {
+    if (drop_before_input.count(i)) continue;
+    std::vector<uint64_t> x = inputs[i];
+    clients[i].mask(server.inbox(ids[i]), x);
+    std::string bytes(x.size() * options.ring_bits / 8, '\0');
+    for (size_t j = 0; j < x.size(); ++j) {
+      std::memcpy(bytes.data() + j * options.ring_bits / 8, &x[j], options.ring_bits / 8);
+    }
+    server.add_input(ids[i], bytes);
+    r.masked.push_back(x);
+    r.senders.push_back(ids[i]);
+  }
+  server.close_phase();
+  if (server.phase() == ServerSession::Phase::failed) return {server.phase(), server.failure()};
+  for (size_t i = 0; i < n; ++i) {
+    if (drop_before_input.count(i) || drop_before_reveal.count(i)) continue;
+    server.reveal(ids[i], clients[i].reveal(server.survivors(ids[i])));
+  }
+  server.close_phase();
+  r.phase = server.phase();
+  r.failure = server.failure();
+  if (r.phase == ServerSession::Phase::done) r.sum = server.unmasked_sum();
+  return r;
+}
+
+std::vector<std::vector<uint64_t>> random_inputs(size_t n, size_t m, int ring_bits, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<std::vector<uint64_t>> out(n, std::vector<uint64_t>(m));
+  for (auto& v : out) {
+    for (auto& w : v) w = rng.next_u64() & ring_mask(ring_bits);
+  }
+  return out;
+}
+
+std::vector<uint64_t> plain_sum(const std::vector<std::vector<uint64_t>>& inputs,
+                                const std::set<size_t>& leave_out, int ring_bits) {
+  std::vector<uint64_t> s(inputs[0].size(), 0);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (leave_out.count(i)) continue;
+    for (size_t j = 0; j < s.size(); ++j) s[j] = (s[j] + inputs[i][j]) & ring_mask(ring_bits);
+  }
+  return s;
+}
+
+}  // namespace
+
+// ---- Shamir -----------------------------------------------------------------------------------
+
+TEST(Shamir, AnyThresholdSubsetRebuildsTheSecretAndFewerDoNot) {
+  const Key32 secret = key_of(11);
+  const std::vector<uint32_t> xs{3, 7, 8, 20, 21};
+  const auto shares = share_secret(secret, 3, xs);
+  ASSERT_EQ(shares.size(), 5u);
+  // Every 3-subset gives the secret back.
+  for (size_t a = 0; a < 5; ++a) {
+    for (size_t b = a + 1; b < 5; ++b) {
+      for (size_t c = b + 1; c < 5; ++c) {
+        EXPECT_EQ(reconstruct_secret({shares[a], shares[b], shares[c]}, 3, "test"), secret);
+      }
+    }
+  }
+  // Two shares are not enough: refused at threshold 3, and interpolating them as if the
+  // threshold were 2 gives another value.
+  EXPECT_THROW(reconstruct_secret({shares[0], shares[1]}, 3, "test"), Error);
+  bool differs = false;
+  try {
+    differs = reconstruct_secret({shares[0], shares[1]}, 2, "test") != secret;
+  } catch (const Error&) {
+    differs = true;  // the interpolated pieces do not even fit 32 bits
+  }
+  EXPECT_TRUE(differs);
+  // A tampered share gives a wrong secret (or is caught as inconsistent).
+  auto bad = shares;
+  bad[1].y[0] = (bad[1].y[0] + 1) % kShamirPrime;
+  bool wrong = false;
+  try {
+    wrong = reconstruct_secret({bad[0], bad[1], bad[2]}, 3, "test") != secret;
+  } catch (const Error&) {
+    wrong = true;
+  }
+  EXPECT_TRUE(wrong);
+}
+
+TEST(Shamir, SharesAreFreshAndWireFormatIsChecked) {
+  const Key32 secret = key_of(5);
+  const auto a = share_secret(secret, 2, {1, 2});
+  const auto b = share_secret(secret, 2, {1, 2});
+  EXPECT_NE(a[0].y, b[0].y) << "the random coefficients must differ between sharings";
+  const Share back = share_from(1, share_bytes(a[0]), "test");
+  EXPECT_EQ(back.y, a[0].y);
+  EXPECT_THROW(share_from(1, std::string(kShareBytes - 1, '\0'), "test"), Error);
+  EXPECT_THROW(share_from(1, std::string(kShareBytes, '\xff'), "test"), Error);  // >= p
+  EXPECT_THROW(share_secret(secret, 3, {1, 2}), Error);
+  EXPECT_THROW(share_secret(secret, 2, {1, 1}), Error);
+  EXPECT_THROW(share_secret(secret, 2, {0, 1}), Error);
+  EXPECT_THROW(reconstruct_secret({a[0], a[0]}, 2, "test"), Error);
+}
+
+// ---- cryptography -----------------------------------------------------------------------------
+
+TEST(SecAggCrypto, AgreementSealingAndMasks) {
+  const KeyPair a = KeyPair::generate(), b = KeyPair::generate();
+  EXPECT_EQ(agree(a.secret, b.public_key, "b"), agree(b.secret, a.public_key, "a"));
+  const Key32 k = derive(agree(a.secret, b.public_key, "b"), "ctx");
+  EXPECT_NE(k, derive(agree(a.secret, b.public_key, "b"), "other ctx"));
+  const std::string sealed = seal(k, "aad", "the shares");
+  EXPECT_EQ(sealed.size(), kNonceBytes + 10 + kTagBytes);
+  EXPECT_EQ(open(k, "aad", sealed, "test"), "the shares");
+  EXPECT_THROW(open(k, "other aad", sealed, "test"), Error);
+  std::string flipped = sealed;
+  flipped[kNonceBytes] ^= 1;
+  EXPECT_THROW(open(k, "aad", flipped, "test"), Error);
+  EXPECT_THROW(open(derive(k, "x"), "aad", sealed, "test"), Error);
+  EXPECT_THROW(agree(a.secret, Key32{}, "zero key"), Error);  // a low-order point
+  for (int bits : {32, 64}) {
+    std::vector<uint64_t> v(1000, 5);
+    add_mask(k, +1, bits, v.data(), v.size());
+    EXPECT_GT(std::count_if(v.begin(), v.end(), [](uint64_t w) { return w != 5; }), 990);
+    add_mask(k, -1, bits, v.data(), v.size());
+    EXPECT_EQ(v, std::vector<uint64_t>(1000, 5));
+  }
+}
+
+// ---- the masking graph ------------------------------------------------------------------------
+
+TEST(SecAggGraph, HararyGraphIsRegularSymmetricSeededAndConnected) {
+  for (size_t n : {5u, 8u, 13u, 40u}) {
+    for (int64_t k : {0, 2, 3, 4}) {
+      const auto g = neighbour_graph(n, k, 9);
+      const size_t d = graph_degree(n, k);
+      EXPECT_EQ(neighbour_graph(n, k, 9), g);
+      for (size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(g[i].size(), d) << "n " << n << " k " << k;
+        EXPECT_EQ(std::set<size_t>(g[i].begin(), g[i].end()).size(), d);
+        for (size_t j : g[i]) {
+          EXPECT_NE(i, j);
+          EXPECT_TRUE(std::binary_search(g[j].begin(), g[j].end(), i));
+        }
+      }
+      std::set<size_t> seen{0};
+      std::vector<size_t> todo{0};
+      while (!todo.empty()) {
+        const size_t i = todo.back();
+        todo.pop_back();
+        for (size_t j : g[i]) {
+          if (seen.insert(j).second) todo.push_back(j);
+        }
+      }
+      EXPECT_EQ(seen.size(), n);
+    }
+  }
+  EXPECT_EQ(graph_degree(40, 0), 39u);
+  EXPECT_EQ(graph_degree(40, 4), 4u);
+  EXPECT_EQ(graph_degree(13, 3), 4u);  // odd k and odd n: k + 1
+  EXPECT_NE(neighbour_graph(40, 4, 1), neighbour_graph(40, 4, 2));
+}
+
+// ---- quantisation -----------------------------------------------------------------------------
+
+TEST(SecAggQuantize, WeightedMeanWithinTheStatedBound) {
+  Rng rng(4);
+  const int64_t m = 4000;
+  std::vector<Weights> deltas(3);
+  const std::vector<int64_t> tokens{700, 1300, 5000};
+  for (auto& d : deltas) {
+    Tensor t = Tensor::empty({m}, DType::f32);
+    for (int64_t j = 0; j < m; ++j) t.data<float>()[j] = static_cast<float>(rng.normal() * 0.01);
+    d.push_back(t);
+  }
+  for (bool stochastic : {false, true}) {
+    for (int bits : {32, 64}) {
+      Options o;
+      o.ring_bits = bits;
+      o.range = 0.1;
+      o.step = bits == 32 ? 0x1p-14 : 0x1p-30;
+      o.stochastic = stochastic;
+      std::vector<uint64_t> sum(m, 0);
+      int64_t total = 0;
+      for (size_t i = 0; i < 3; ++i) {
+        const auto q = quantize(deltas[i], tokens[i], o, 10 + i);
+        for (int64_t j = 0; j < m; ++j) sum[j] = (sum[j] + q[j]) & ring_mask(bits);
+        total += tokens[i];
+      }
+      const Weights got = dequantize(sum, total, o, deltas[0]);
+      double worst = 0, bias = 0;
+      for (int64_t j = 0; j < m; ++j) {
+        double want = 0;
+        for (size_t i = 0; i < 3; ++i) want += tokens[i] * deltas[i][0].data<float>()[j];
+        want /= static_cast<double>(total);
+        const double err = got[0].data<float>()[j] - want;
+        worst = std::max(worst, std::fabs(err));
+        bias += err / m;
+      }
+      // The stated bound plus one float32 rounding of values below 0.1.
+      EXPECT_LE(worst, o.error_bound() + 0x1p-27)
+          << "bits " << bits << " stochastic " << stochastic;
+      if (bits == 32) EXPECT_GT(worst, o.error_bound() / 8) << "the step should matter at 2^-14";
+      if (stochastic && bits == 32) EXPECT_LT(std::fabs(bias), o.step / 10) << "unbiased rounding";
+    }
+  }
+}
+
+TEST(SecAggQuantize, ClipsToTheRangeAndRefusesWhatCouldWrap) {
+  Options o;
+  o.ring_bits = 32;
+  o.range = 1;
+  o.step = 0x1p-10;
+  o.stochastic = false;
+  Tensor t = Tensor::empty({3}, DType::f32);
+  t.data<float>()[0] = 5;
+  t.data<float>()[1] = -7;
+  t.data<float>()[2] = 0.5f;
+  QuantizeStats stats;
+  const auto q = quantize({t}, 2, o, 0, &stats);
+  EXPECT_EQ(stats.clipped, 2);
+  EXPECT_EQ(ring_signed(q[0], 32), 2 * 1024);
+  EXPECT_EQ(ring_signed(q[1], 32), -2 * 1024);
+  EXPECT_EQ(ring_signed(q[2], 32), 2 * 512);
+  // 2^21 tokens times 2^10 levels reaches 2^31: refused with what to change.
+  EXPECT_NO_THROW(check_fits((1 << 21) - 1, o));
+  try {
+    check_fits(1 << 21, o);
+    ADD_FAILURE() << "a sum that may wrap was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("secure_aggregation.step"), std::string::npos) << e.what();
+  }
+  Tensor nan = Tensor::empty({1}, DType::f32);
+  nan.data<float>()[0] = NAN;
+  EXPECT_THROW(quantize({nan}, 1, o, 0), Error);
+}
+
+// ---- whole rounds -----------------------------------------------------------------------------
+
+TEST(SecAggProtocol, SumIsExactWithoutDropouts) {
+  Quiet q;
+  for (int bits : {32, 64}) {
+    for (int64_t k : {0, 2, 4}) {
+      Options o;
+      o.ring_bits = bits;
+      o.neighbours = k;
+      const auto inputs = random_inputs(7, 500, bits, 1 + k);
+      const auto r = run_round(inputs, o, {}, {});
+      ASSERT_EQ(r.phase, ServerSession::Phase::done) << r.failure;
+      EXPECT_EQ(r.sum, plain_sum(inputs, {}, bits)) << "bits " << bits << " k " << k;
+    }
+  }
+}
+
+TEST(SecAggProtocol, SumIsExactWithDropoutsUpToTheThreshold) {
+  Quiet q;
+  // Complete graph, 7 clients, threshold 4: up to 3 may vanish after sending masked input.
+  Options o;
+  o.threshold = 4;
+  const auto inputs = random_inputs(7, 300, 64, 8);
+  auto r = run_round(inputs, o, {}, {1, 4, 6});
+  ASSERT_EQ(r.phase, ServerSession::Phase::done) << r.failure;
+  EXPECT_EQ(r.sum, plain_sum(inputs, {}, 64)) << "their inputs count: they were sent";
+  // Dropping before the input: their pairwise masks are rebuilt from key shares and removed.
+  r = run_round(inputs, o, {0, 5}, {3});
+  ASSERT_EQ(r.phase, ServerSession::Phase::done) << r.failure;
+  EXPECT_EQ(r.sum, plain_sum(inputs, {0, 5}, 64));
+  // SecAgg+: 12 clients, 4 neighbours (5 holders), majority threshold 3.
+  Options sparse;
+  sparse.neighbours = 4;
+  const auto many = random_inputs(12, 200, 32, 9);
+  sparse.ring_bits = 32;
+  r = run_round(many, sparse, {2}, {7});
+  ASSERT_EQ(r.phase, ServerSession::Phase::done) << r.failure;
+  EXPECT_EQ(r.sum, plain_sum(many, {2}, 32));
+}
+
+TEST(SecAggProtocol, BelowTheThresholdTheRoundFailsClearly) {
+  Quiet q;
+  Options o;
+  o.threshold = 4;
+  const auto inputs = random_inputs(7, 50, 64, 10);
+  const auto r = run_round(inputs, o, {}, {0, 1, 2, 3});  // 3 survivors answer: below 4
+  EXPECT_EQ(r.phase, ServerSession::Phase::failed);
+  EXPECT_NE(r.failure.find("fewer than the threshold 4"), std::string::npos) << r.failure;
+  EXPECT_TRUE(r.sum.empty());
+  // A threshold above the holders fails at the roster.
+  Options high;
+  high.threshold = 8;
+  const auto r2 = run_round(inputs, high, {}, {});
+  EXPECT_EQ(r2.phase, ServerSession::Phase::failed);
+  EXPECT_NE(r2.failure.find("exceeds the 7 holders"), std::string::npos) << r2.failure;
+}
+
+TEST(SecAggProtocol, MaskedInputsLookUniformWhileTheInputsDoNot) {
+  Quiet q;
+  Options o;
+  // Quantised pseudo-gradients: small integers, far from uniform.
+  std::vector<std::vector<uint64_t>> inputs(4, std::vector<uint64_t>(20000));
+  Rng rng(3);
+  for (auto& v : inputs) {
+    for (auto& w : v) w = static_cast<uint64_t>(static_cast<int64_t>(rng.normal() * 3000));
+  }
+  const auto r = run_round(inputs, o, {}, {});
+  ASSERT_EQ(r.phase, ServerSession::Phase::done) << r.failure;
+  EXPECT_EQ(r.sum, plain_sum(inputs, {}, 64));
+  // 255 degrees of freedom: above 370 has probability about 3e-6 under uniformity.
+  for (size_t i = 0; i < r.masked.size(); ++i) {
+    EXPECT_LT(byte_chi_square(r.masked[i], 64), 370) << r.senders[i] << "'s masked input";
+    EXPECT_GT(byte_chi_square(inputs[i], 64), 10000) << "the unmasked input is not uniform";
+  }
+}
+
+TEST(SecAggProtocol, HostileMessagesAreRefused) {
+  Quiet q;
+  Options o;
+  const std::vector<std::string> ids{"a", "b", "c"};
+  ServerSession server(1, ids, o, 5, 10);
+  ClientSession a("a", 1), b("b", 1), c("c", 1);
+  auto ka = a.advertise();
+  EXPECT_THROW(a.advertise(), Error);  // once per round
+  pb::SecAggKeys short_key = ka;
+  short_key.set_mask_public_key("short");
+  EXPECT_THROW(server.advertise("a", short_key), Error);
+  EXPECT_THROW(server.advertise("b", ka), Error);  // keys naming another client
+  EXPECT_THROW(server.advertise("z", ka), Error);  // not selected
+  server.advertise("a", ka);
+  EXPECT_THROW(server.advertise("a", ka), Error);  // twice
+  EXPECT_THROW(server.roster("a"), Error);         // wrong phase
+  server.advertise("b", b.advertise());
+  server.advertise("c", c.advertise());
+  server.close_phase();
+  pb::SecAggRoster roster = server.roster("a");
+  pb::SecAggRoster altered = roster;
+  altered.mutable_clients(0)->set_mask_public_key(std::string(32, '\x09'));
+  ClientSession a2("a", 1);
+  a2.advertise();
+  EXPECT_THROW(a2.share(roster), Error);  // a roster without this session's keys
+  pb::SecAggRoster unsorted = roster;
+  unsorted.mutable_clients()->SwapElements(0, 1);
+  EXPECT_THROW(a.share(unsorted), Error);
+  pb::SecAggRoster low = roster;
+  low.mutable_params()->set_threshold(1);
+  EXPECT_THROW(a.share(low), Error);
+  auto sa = a.share(roster);
+  pb::SecAggShares wrong_size = sa;
+  wrong_size.mutable_shares(0)->set_ciphertext("x");
+  EXPECT_THROW(server.shares("a", wrong_size), Error);
+  pb::SecAggShares duplicate = sa;
+  *duplicate.add_shares() = sa.shares(0);
+  EXPECT_THROW(server.shares("a", duplicate), Error);
+  server.shares("a", sa);
+  server.shares("b", b.share(server.roster("b")));
+  server.shares("c", c.share(server.roster("c")));
+  server.close_phase();
+  // A share the server swapped between senders does not authenticate.
+  pb::SecAggInbox box = server.inbox("c");
+  ASSERT_EQ(box.shares_size(), 2);
+  std::swap(*box.mutable_shares(0)->mutable_ciphertext(),
+            *box.mutable_shares(1)->mutable_ciphertext());
+  std::vector<uint64_t> x(10, 0);
+  EXPECT_THROW(c.mask(box, x), Error);
+  EXPECT_THROW(server.add_input("a", std::string(7, '\0')), Error);  // wrong size
+}
