@@ -62,6 +62,15 @@ pb::PushReply LocalTransport::push(const std::function<bool(pb::TensorStream&)>&
   });
 }
 
+pb::SecAggReply LocalTransport::secagg(const pb::SecAggRequest& r) {
+  pb::SecAggRequest request;
+  POLLEN_CHECK(request.ParseFromString(r.SerializeAsString()), "secagg: unparsable message");
+  pb::SecAggReply reply;
+  POLLEN_CHECK(reply.ParseFromString(c_.secagg(request, "").SerializeAsString()),
+               "secagg: unparsable reply");
+  return reply;
+}
+
 // ---- the local trainer
 // ---------------------------------------------------------------------------
 
@@ -189,8 +198,21 @@ pb::TaskKind Client::poll_once() {
   pb::TaskRequest r;
   r.set_client_id(config_.id);
   const auto t = transport_.task(r);
-  if (t.kind() == pb::TASK_TRAIN) train_round(t);
+  handle(t);
   return t.kind();
+}
+
+void Client::handle(const pb::TaskReply& t) {
+  switch (t.kind()) {
+    case pb::TASK_TRAIN:
+      return train_round(t);
+    case pb::TASK_SECAGG_ADVERTISE:
+    case pb::TASK_SECAGG_SHARE:
+    case pb::TASK_SECAGG_UNMASK:
+      return secagg_step(t);
+    default:
+      return;
+  }
 }
 
 void Client::run() {
@@ -203,8 +225,11 @@ void Client::run() {
         log::info("fed client '", config_.id, "': the run is over");
         return;
       case pb::TASK_TRAIN:
+      case pb::TASK_SECAGG_ADVERTISE:
+      case pb::TASK_SECAGG_SHARE:
+      case pb::TASK_SECAGG_UNMASK:
         try {
-          train_round(t);
+          handle(t);
         } catch (const Error& e) {
           // A round that closed or a stream that broke: the next task says what to do.
           log::warn("fed client '", config_.id, "': round ", t.round(), " failed: ", e.what());
@@ -275,7 +300,9 @@ void Client::train_round(const pb::TaskReply& task) {
     delta.push_back(std::move(d));
   }
   const Weights saved_residual = clone_weights(feedback_.residual());
-  EncodedSet enc = encode_payloads(specs_, feedback_.encode(delta, codec), codec);
+  EncodedSet enc = task.secure_aggregation()
+                       ? masked_update(task.round(), delta, res.tokens)
+                       : encode_payloads(specs_, feedback_.encode(delta, codec), codec);
 
   int stage = 0;
   size_t offset = 0;

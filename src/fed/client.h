@@ -11,6 +11,7 @@
 #include "data/loader.h"
 #include "fed/config.h"
 #include "fed/coordinator.h"
+#include "fed/secagg/session.h"
 #include "fed/wire.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -29,6 +30,8 @@ class Transport {
                     const std::function<void(const pb::TensorStream&)>& on_message) = 0;
   // Sends every message next() yields (false: no more), then returns the server's reply.
   virtual pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) = 0;
+  // One secure-aggregation step; throws with the server's reason when refused.
+  virtual pb::SecAggReply secagg(const pb::SecAggRequest& r) = 0;
 };
 
 // The server's handling of the two streams, shared by the gRPC service and the in-process
@@ -47,6 +50,7 @@ class LocalTransport : public Transport {
   void pull(const pb::PullRequest& r,
             const std::function<void(const pb::TensorStream&)>& on_message) override;
   pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override;
+  pb::SecAggReply secagg(const pb::SecAggRequest& r) override;
 
  private:
   Coordinator& c_;
@@ -94,7 +98,13 @@ class Client {
   uint64_t bytes_received() const { return bytes_received_; }
 
  private:
+  void handle(const pb::TaskReply& task);
   void train_round(const pb::TaskReply& task);
+  // Secure aggregation (client_secagg.cpp): the key, share and unmask steps, and the masked push
+  // that replaces the plain one.
+  void secagg_step(const pb::TaskReply& task);
+  pb::SecAggReply secagg_call(int64_t round, const std::function<void(pb::SecAggRequest&)>& fill);
+  EncodedSet masked_update(int64_t round, const Weights& delta, int64_t tokens);
 
   ClientConfig config_;
   Transport& transport_;
@@ -102,6 +112,7 @@ class Client {
   ParamSpecs specs_;
   ErrorFeedback feedback_;
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  std::unique_ptr<secagg::ClientSession> secagg_;  // the current round's
 };
 
 }  // namespace pollen::fed

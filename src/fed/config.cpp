@@ -116,6 +116,14 @@ ServerConfig read_server_config(ConfigTable& root) {
     st->finish();
   }
   c.compression = read_compression(root);
+  if (auto sa = root.table("secure_aggregation")) {
+    c.secure_aggregation = secagg::read_options(*sa);
+    POLLEN_CHECK(!c.secure_aggregation.enabled || c.compression.codec == Codec::none,
+                 sa->where("enabled"),
+                 ": secure aggregation sends masked ring words, so "
+                 "compression.codec must be none (it is '",
+                 codec_name(c.compression.codec), "')");
+  }
   c.tls = read_tls(root, true);
   return c;
 }

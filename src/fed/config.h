@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fed/compress.h"
+#include "fed/secagg/options.h"
 #include "fed/strategy.h"
 #include "model/config.h"
 
@@ -41,6 +42,7 @@ struct ServerConfig {
   int keep_checkpoints = 3;
   StrategyOptions strategy;
   CompressOptions compression;  // what clients send
+  secagg::Options secure_aggregation;
   TlsFiles tls;
 };
 

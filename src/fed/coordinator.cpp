@@ -5,6 +5,8 @@
 
 #include "base/files.h"
 #include "base/log.h"
+#include "fed/secagg/masked_set.h"
+#include "fed/secagg/quantize.h"
 #include "io/checkpoint.h"
 #include "model/llama.h"
 
@@ -153,7 +155,16 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
     t.set_kind(pb::TASK_DONE);
     return t;
   }
-  if (open_ && selected_.count(id) && !updates_.count(id)) {
+  using Phase = secagg::ServerSession::Phase;
+  if (open_ && secagg_ && secagg_->expects(id) && secagg_->phase() != Phase::input) {
+    t.set_round(done_ + 1);
+    t.set_kind(secagg_->phase() == Phase::advertise ? pb::TASK_SECAGG_ADVERTISE
+               : secagg_->phase() == Phase::share   ? pb::TASK_SECAGG_SHARE
+                                                    : pb::TASK_SECAGG_UNMASK);
+    return t;
+  }
+  const bool may_train = !secagg_ || secagg_->expects(id);  // secure: in the input phase only
+  if (open_ && selected_.count(id) && !updates_.count(id) && may_train) {
     const int64_t round = done_ + 1;
     t.set_kind(pb::TASK_TRAIN);
     t.set_round(round);
@@ -161,6 +172,7 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
     t.set_codec(codec_name(config_.compression.codec));
     t.set_codec_block(config_.compression.block);
     t.set_evaluate(config_.eval_every > 0 && (round - 1) % config_.eval_every == 0);
+    t.set_secure_aggregation(secagg_ != nullptr);
     return t;
   }
   t.set_kind(pb::TASK_WAIT);
@@ -192,8 +204,13 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
     POLLEN_CHECK(selected_.count(info.client_id()), what, ": not part of round ", info.round());
     POLLEN_CHECK(!updates_.count(info.client_id()), what, ": already pushed for round ",
                  info.round());
+    if (secagg_) secagg_->check_input(info.client_id());
   }
-  validate_header(header, specs_, config_.compression, what);
+  if (config_.secure_aggregation.enabled) {
+    secagg::validate_masked_header(header, specs_, config_.secure_aggregation.ring_bits, what);
+  } else {
+    validate_header(header, specs_, config_.compression, what);
+  }
   Push p;
   p.info = info;
   p.header = header;
@@ -207,7 +224,9 @@ pb::PushReply Coordinator::push_finish(Push& p) {
   Update u;
   u.update.client_id = p.info.client_id();
   u.update.tokens = p.info.tokens();
-  u.update.delta = decode_set(p.header, bytes, specs_, what);
+  // A masked update is only added to the session's running sum; it is never decoded.
+  if (!config_.secure_aggregation.enabled)
+    u.update.delta = decode_set(p.header, bytes, specs_, what);
   u.update.metrics = {{"train_loss", p.info.train_loss()}};
   u.info = p.info;
   u.bytes = bytes.size();
@@ -215,6 +234,10 @@ pb::PushReply Coordinator::push_finish(Push& p) {
   POLLEN_CHECK(open_ && p.info.round() == done_ + 1, what, ": round ", p.info.round(),
                " closed while the update was arriving");
   POLLEN_CHECK(!updates_.count(p.info.client_id()), what, ": already pushed");
+  if (secagg_) {
+    secagg_->add_input(p.info.client_id(), bytes);
+    advance_secagg_locked();
+  }
   updates_.emplace(p.info.client_id(), std::move(u));
   changed_.notify_all();
   pb::PushReply reply;
@@ -255,6 +278,14 @@ bool Coordinator::begin_round() {
   pulled_.clear();
   updates_.clear();
   bytes_sent_ = 0;
+  secagg_.reset();
+  secagg_bytes_in_ = secagg_bytes_out_ = 0;
+  if (config_.secure_aggregation.enabled) {
+    int64_t numel = 0;
+    for (const auto& p : specs_) numel += shape_numel(p.shape);
+    secagg_ = std::make_unique<secagg::ServerSession>(round, chosen, config_.secure_aggregation,
+                                                      rng.next_u64(), numel);
+  }
   CompressOptions none;
   round_model_ = std::make_shared<const EncodedSet>(encode_weights(specs_, global_, none));
   round_start_ = Clock::now();
@@ -265,9 +296,110 @@ bool Coordinator::begin_round() {
   return true;
 }
 
+bool Coordinator::round_complete_locked() const {
+  if (!open_) return false;
+  if (!secagg_) return updates_.size() == selected_.size();
+  using Phase = secagg::ServerSession::Phase;
+  return secagg_->phase() == Phase::done || secagg_->phase() == Phase::failed;
+}
+
 bool Coordinator::round_complete() const {
   std::lock_guard lock(mutex_);
-  return open_ && updates_.size() == selected_.size();
+  return round_complete_locked();
+}
+
+void Coordinator::advance_secagg_locked() {
+  using Phase = secagg::ServerSession::Phase;
+  while (secagg_->phase() != Phase::done && secagg_->phase() != Phase::failed &&
+         secagg_->phase_complete()) {
+    secagg_->close_phase();
+  }
+  changed_.notify_all();
+}
+
+bool Coordinator::close_phase() {
+  std::lock_guard lock(mutex_);
+  using Phase = secagg::ServerSession::Phase;
+  if (!open_ || !secagg_ || secagg_->phase() == Phase::done || secagg_->phase() == Phase::failed) {
+    return false;
+  }
+  log::info("fed server: secure aggregation phase '",
+            secagg::ServerSession::phase_name(secagg_->phase()), "' of round ", done_ + 1,
+            " closes with the clients that answered");
+  secagg_->close_phase();
+  advance_secagg_locked();
+  return true;
+}
+
+pb::SecAggReply Coordinator::secagg(const pb::SecAggRequest& r, const std::string& peer_id) {
+  try {
+    const std::string id = check_peer(r.client_id(), peer_id, "secure aggregation");
+    std::lock_guard lock(mutex_);
+    POLLEN_CHECK(secagg_ != nullptr && open_ && r.round() == done_ + 1, "secure aggregation from '",
+                 id, "': round ", r.round(),
+                 config_.secure_aggregation.enabled ? " is not open"
+                                                    : " (the server does not aggregate securely)");
+    if (auto it = clients_.find(id); it != clients_.end()) it->second.last_seen = Clock::now();
+    pb::SecAggReply reply;
+    switch (r.body_case()) {
+      case pb::SecAggRequest::kAdvertise:
+        secagg_->advertise(id, r.advertise());
+        reply.set_accepted(true);
+        break;
+      case pb::SecAggRequest::kGetRoster:
+        *reply.mutable_roster() = secagg_->roster(id);
+        break;
+      case pb::SecAggRequest::kShares:
+        secagg_->shares(id, r.shares());
+        reply.set_accepted(true);
+        break;
+      case pb::SecAggRequest::kGetInbox:
+        *reply.mutable_inbox() = secagg_->inbox(id);
+        break;
+      case pb::SecAggRequest::kGetSurvivors:
+        *reply.mutable_survivors() = secagg_->survivors(id);
+        break;
+      case pb::SecAggRequest::kReveal:
+        secagg_->reveal(id, r.reveal());
+        reply.set_accepted(true);
+        break;
+      default:
+        fail("secure aggregation from '", id, "': the request holds no step");
+    }
+    secagg_bytes_in_ += r.ByteSizeLong();
+    secagg_bytes_out_ += reply.ByteSizeLong();
+    advance_secagg_locked();
+    return reply;
+  } catch (const Error& e) {
+    log::warn("fed server: refused a secure aggregation message: ", e.what());
+    throw;
+  }
+}
+
+bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t participants,
+                                   std::string* why) {
+  using Phase = secagg::ServerSession::Phase;
+  if (secagg_->phase() != Phase::done) {
+    *why = secagg_->phase() == Phase::failed
+               ? secagg_->failure()
+               : cat("secure aggregation of round ", round, " did not finish (phase '",
+                     secagg::ServerSession::phase_name(secagg_->phase()), "')");
+    return false;
+  }
+  if (static_cast<int64_t>(participants) < config_.strategy.min_clients) {
+    *why =
+        cat(participants, " masked updates, fewer than min_clients ", config_.strategy.min_clients);
+    return false;
+  }
+  try {
+    const std::vector<uint64_t> sum = secagg_->unmasked_sum();
+    const Weights mean = secagg::dequantize(sum, tokens, config_.secure_aggregation, global_);
+    strategy_->aggregate_mean(round, global_, mean);
+  } catch (const Error& e) {
+    *why = e.what();
+    return false;
+  }
+  return true;
 }
 
 RoundSummary Coordinator::end_round() {
@@ -309,13 +441,22 @@ RoundSummary Coordinator::end_round() {
   updates_.clear();
   selected_.clear();
   round_model_.reset();
-  s.aggregated = static_cast<int64_t>(ups.size()) >= config_.strategy.min_clients;
+  std::string secure_error;
+  if (secagg_) {
+    s.aggregated = aggregate_secure(s.round, s.tokens, ups.size(), &secure_error);
+    secagg_.reset();  // nothing of the round's masked inputs outlives it
+  } else {
+    s.aggregated = static_cast<int64_t>(ups.size()) >= config_.strategy.min_clients;
+    if (s.aggregated) strategy_->aggregate(s.round, global_, ups);
+  }
   if (s.aggregated) {
-    strategy_->aggregate(s.round, global_, ups);
     s.train_loss = loss_sum / static_cast<double>(s.tokens);
     ++done_;
     retries_ = 0;
     lineage_.push_back({{"round", s.round}, {"clients", lineage_clients}});
+  } else if (!secure_error.empty()) {
+    ++retries_;
+    log::warn("fed server: ", secure_error, "; nothing is applied and the round is retried");
   } else {
     ++retries_;
     log::warn("fed server: round ", s.round, " got ", ups.size(), " updates, fewer than ",
@@ -331,6 +472,11 @@ RoundSummary Coordinator::end_round() {
                            {"bytes_sent", bytes_sent_},
                            {"bytes_received", bytes_received},
                            {"wall_s", wall}};
+  if (config_.secure_aggregation.enabled) {
+    m["secagg_bytes_received"] = secagg_bytes_in_;
+    m["secagg_bytes_sent"] = secagg_bytes_out_;
+    if (!secure_error.empty()) m["secagg_error"] = secure_error;
+  }
   if (s.aggregated) m["train_loss"] = s.train_loss;
   if (!evals.empty()) {
     s.eval_loss = Strategy::aggregate_evaluate(evals).loss;
@@ -377,13 +523,28 @@ void Coordinator::run() {
       }
     }
     if (stop_ || !begin_round()) continue;
-    const auto deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(config_.round_timeout_s));
-    {
+    auto after = [](double seconds) {
+      return Clock::now() +
+             std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    };
+    // Training gets round_timeout_s; secure aggregation's other phases phase_timeout_s each.
+    auto phase_deadline = [&] {
+      using Phase = secagg::ServerSession::Phase;
+      const bool training = !secagg_ || secagg_->phase() == Phase::input;
+      return after(training ? config_.round_timeout_s : config_.secure_aggregation.phase_timeout_s);
+    };
+    for (;;) {
       std::unique_lock lock(mutex_);
-      while (!stop_ && updates_.size() < selected_.size() && Clock::now() < deadline) {
+      const auto phase = secagg_ ? secagg_->phase() : secagg::ServerSession::Phase::input;
+      const auto deadline = phase_deadline();
+      while (!stop_ && !round_complete_locked() && Clock::now() < deadline &&
+             (!secagg_ || secagg_->phase() == phase)) {
         changed_.wait_for(lock, std::chrono::milliseconds(100));
+      }
+      if (stop_ || round_complete_locked() || !secagg_) break;
+      if (secagg_->phase() == phase) {  // its deadline passed
+        lock.unlock();
+        close_phase();
       }
     }
     if (stop_) {

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "fed/config.h"
+#include "fed/secagg/session.h"
 #include "fed/wire.h"
 #include "obs/metrics.h"
 
@@ -56,6 +57,15 @@ class Coordinator {
                   const std::string& peer_id);
   pb::PushReply push_finish(Push& push);
 
+  // Secure aggregation's key, share and unmask steps (fed/secagg/session.h); refused when the
+  // server does not aggregate securely.
+  pb::SecAggReply secagg(const pb::SecAggRequest& request, const std::string& peer_id);
+  // Closes the open round's secure-aggregation phase with the clients that answered, as its
+  // deadline does; false when there is none to close.
+  bool close_phase();
+  // The open round's secure-aggregation state (null without): what the server holds.
+  const secagg::ServerSession* secagg_session() const { return secagg_.get(); }
+
   // Opens the next round with the clients alive now; false when every round is done or fewer
   // than min_clients are alive.
   bool begin_round();
@@ -91,6 +101,10 @@ class Coordinator {
   void save_checkpoint(const RoundSummary& s);
   void load_checkpoint(const std::filesystem::path& dir);
   size_t alive_locked() const;
+  void advance_secagg_locked();
+  bool round_complete_locked() const;
+  // Unmasks the sum and applies it; false (with the reason in *why) when the round fails.
+  bool aggregate_secure(int64_t round, int64_t tokens, size_t participants, std::string* why);
 
   ServerConfig config_;
   std::unique_ptr<Strategy> strategy_;
@@ -111,6 +125,8 @@ class Coordinator {
   std::shared_ptr<const EncodedSet> round_model_;
   uint64_t bytes_sent_ = 0;
   std::chrono::steady_clock::time_point round_start_;
+  std::unique_ptr<secagg::ServerSession> secagg_;
+  uint64_t secagg_bytes_in_ = 0, secagg_bytes_out_ = 0;
   nlohmann::json lineage_ = nlohmann::json::array();
   obs::JsonlWriter metrics_, lineage_file_;
 };

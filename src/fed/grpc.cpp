@@ -98,6 +98,11 @@ class FederationService final : public pb::Federation::Service {
       *reply = serve_push(c_, peer, [&](pb::TensorStream& m) { return reader->Read(&m); });
     });
   }
+  grpc::Status SecAgg(grpc::ServerContext* ctx, const pb::SecAggRequest* r,
+                      pb::SecAggReply* reply) override {
+    return handle(ctx, "secure aggregation",
+                  [&](const std::string& peer) { *reply = c_.secagg(*r, peer); });
+  }
 
  private:
   // The authenticated client: the certificate's common name, after the revocation check.
@@ -269,6 +274,16 @@ void GrpcTransport::pull(const pb::PullRequest& r,
     throw;
   }
   check_status(reader->Finish(), "pull");
+}
+
+pb::SecAggReply GrpcTransport::secagg(const pb::SecAggRequest& r) {
+  pb::SecAggReply reply;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(impl_->connect_timeout_s * 1000)));
+  check_status(impl_->stub->SecAgg(&ctx, r, &reply), "secure aggregation");
+  return reply;
 }
 
 pb::PushReply GrpcTransport::push(const std::function<bool(pb::TensorStream&)>& next) {

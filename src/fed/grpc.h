@@ -37,6 +37,7 @@ class GrpcTransport : public Transport {
   void pull(const pb::PullRequest& r,
             const std::function<void(const pb::TensorStream&)>& on_message) override;
   pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override;
+  pb::SecAggReply secagg(const pb::SecAggRequest& r) override;
 
  private:
   struct Impl;

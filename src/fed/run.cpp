@@ -71,7 +71,13 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
   std::sort(clients.begin(), clients.end(),
             [](const auto& a, const auto& b) { return a->id() < b->id(); });
   while (coordinator.begin_round()) {
-    for (auto& c : clients) c->poll_once();
+    // One pass trains; secure aggregation takes a pass per phase. A pass where nobody had work
+    // closes the phase like its deadline would.
+    while (!coordinator.round_complete()) {
+      bool worked = false;
+      for (auto& c : clients) worked = c->poll_once() != pb::TASK_WAIT || worked;
+      if (!worked && !coordinator.close_phase()) break;
+    }
     coordinator.end_round();
   }
   SimulationResult r;

@@ -287,6 +287,16 @@ void Strategy::aggregate(int64_t round, Weights& global, const std::vector<Clien
   apply(round, global, delta);
 }
 
+void Strategy::aggregate_mean(int64_t round, Weights& global, const Weights& mean_delta) {
+  POLLEN_CHECK(round >= 1, "aggregate: rounds count from 1, got ", round);
+  for (const Tensor& t : global) {
+    POLLEN_CHECK(t.dtype() == DType::f32 && t.is_contiguous(),
+                 "aggregate: the global model must be contiguous float32");
+  }
+  check_same_layout(global, mean_delta, "the aggregated pseudo-gradient");
+  apply(round, global, mean_delta);
+}
+
 ClientEval Strategy::aggregate_evaluate(const std::vector<ClientEval>& evals) {
   ClientEval out;
   out.client_id = "all";

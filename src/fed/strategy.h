@@ -81,6 +81,9 @@ class Strategy {
 
   // Applies one round's updates to `global` in place. Updates with zero tokens are refused.
   void aggregate(int64_t round, Weights& global, const std::vector<ClientUpdate>& updates);
+  // Applies a token-weighted mean pseudo-gradient computed elsewhere (secure aggregation, which
+  // never holds the single updates).
+  void aggregate_mean(int64_t round, Weights& global, const Weights& mean_delta);
 
   // The token-weighted mean loss of the clients' evaluations (federated evaluation).
   static ClientEval aggregate_evaluate(const std::vector<ClientEval>& evals);

@@ -1,0 +1,404 @@
+// Secure aggregation inside federated runs: the same weights as plain aggregation up to the
+// quantisation bound, dropouts after the masked input, a failed round that applies nothing, the
+// server's state holding only masked data, hostile messages, the config, and the protocol over
+// gRPC between processes giving the simulation's model bitwise.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/config.h"
+#include "base/files.h"
+#include "base/log.h"
+#include "base/thread_pool.h"
+#include "data/shards.h"
+#include "fed/client.h"
+#include "fed/config.h"
+#include "fed/coordinator.h"
+#include "fed/run.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "model/llama.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+using namespace pollen::fed;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path p =
+      fs::temp_directory_path() / ("pollen_secagg_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p;
+}
+
+const char* kModelToml =
+    "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
+    "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
+    "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n";
+
+model::LlamaConfig tiny_model() {
+  model::LlamaConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  c.validate();
+  return c;
+}
+
+// A silo whose documents count up by `stride` modulo 60.
+fs::path make_silo(const fs::path& dir, int stride) {
+  fs::create_directories(dir);
+  std::vector<data::ShardInfo> shards;
+  for (const char* split : {"train", "validation"}) {
+    data::ShardWriter w(dir, "silo", split, data::TokenDType::u16, 1 << 20);
+    for (int d = 0; d < (std::string(split) == "train" ? 200 : 20); ++d) {
+      std::vector<uint32_t> ids(24);
+      for (size_t p = 0; p < ids.size(); ++p) {
+        ids[p] = static_cast<uint32_t>(1 + (d * 7 + static_cast<int>(p) * stride) % 60);
+      }
+      w.add_document(ids);
+    }
+    auto s = w.finish();
+    shards.insert(shards.end(), s.begin(), s.end());
+  }
+  nlohmann::json m{{"format", "pollen-shards-v1"}, {"token_dtype", "u16"}, {"vocab_size", 64}};
+  m["shards"] = nlohmann::json::array();
+  for (const auto& s : shards) m["shards"].push_back(s.to_json());
+  write_file_atomic(dir / "manifest.json", data::manifest_text(m));
+  return dir / "manifest.json";
+}
+
+std::vector<fs::path> make_silos(const fs::path& dir, int n) {
+  std::vector<fs::path> out;
+  for (int i = 0; i < n; ++i) out.push_back(make_silo(dir / cat("silo", i), 1 + 2 * i));
+  return out;
+}
+
+SimConfig sim_config(const fs::path& dir, const std::vector<fs::path>& manifests,
+                     const std::string& strategy, int64_t rounds, bool secure) {
+  SimConfig c;
+  c.threads = 1;
+  c.server.dir = dir / "server";
+  c.server.seed = 5;
+  c.server.model = tiny_model();
+  c.server.tokenizer_fingerprint = "test-tokenizer";
+  c.server.rounds = rounds;
+  c.server.local_steps = 2;
+  c.server.eval_every = 0;
+  c.server.strategy.name = strategy;
+  c.server.secure_aggregation.enabled = secure;
+  for (size_t i = 0; i < manifests.size(); ++i) {
+    ClientConfig cc;
+    cc.id = "silo-" + std::to_string(i);
+    cc.seed = 100 + i;
+    cc.threads = 1;
+    cc.model = c.server.model;
+    cc.tokenizer_fingerprint = c.server.tokenizer_fingerprint;
+    cc.manifests = {manifests[i].string()};
+    cc.train.micro_batch = 4;
+    cc.train.seq = 16;
+    cc.train.lr = 3e-3;
+    cc.train.weight_decay = 0;
+    c.clients.push_back(cc);
+  }
+  return c;
+}
+
+double max_abs_diff(const Weights& a, const Weights& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (int64_t j = 0; j < a[i].numel(); ++j) {
+      worst = std::max(
+          worst, std::fabs(static_cast<double>(a[i].data<float>()[j]) - b[i].data<float>()[j]));
+    }
+  }
+  return worst;
+}
+
+bool bitwise_equal(const Weights& a, const Weights& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()) != 0) return false;
+  }
+  return true;
+}
+
+double byte_chi_square(const std::vector<uint64_t>& words) {
+  std::array<double, 256> count{};
+  for (uint64_t w : words) {
+    for (int b = 0; b < 8; ++b) count[(w >> (8 * b)) & 0xff] += 1;
+  }
+  const double expected = static_cast<double>(words.size()) * 8 / 256;
+  double chi = 0;
+  for (double c : count) chi += (c - expected) * (c - expected) / expected;
+  return chi;
+}
+
+std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+struct Quiet {
+  Quiet() { log::set_level(log::Level::error); }
+  ~Quiet() { log::set_level(log::Level::info); }
+};
+
+// Clients in one process around one coordinator, driven phase by phase.
+struct Federation {
+  Coordinator server;
+  LocalTransport transport{server};
+  std::vector<std::unique_ptr<Client>> clients;
+  explicit Federation(const SimConfig& c) : server(c.server, false) {
+    for (const auto& cc : c.clients) {
+      clients.push_back(std::make_unique<Client>(cc, transport));
+      clients.back()->join();
+    }
+  }
+  // Every client in `who` polls once; true when one had work.
+  bool pass(const std::vector<size_t>& who) {
+    bool worked = false;
+    for (size_t i : who) worked = clients[i]->poll_once() != pb::TASK_WAIT || worked;
+    return worked;
+  }
+  secagg::ServerSession::Phase phase() const { return server.secagg_session()->phase(); }
+};
+
+}  // namespace
+
+TEST(SecureSimulation, SameWeightsAsPlainUpToTheQuantisationBound) {
+  Quiet q;
+  const auto dir = temp_dir("same");
+  const auto silos = make_silos(dir, 3);
+  set_num_threads(1);
+  for (const std::string strategy : {"fedavg", "diloco"}) {
+    const int64_t rounds = strategy == "fedavg" ? 1 : 3;
+    auto plain_cfg = sim_config(dir / ("plain-" + strategy), silos, strategy, rounds, false);
+    auto secure_cfg = sim_config(dir / ("secure-" + strategy), silos, strategy, rounds, true);
+    const auto plain = run_simulation(plain_cfg, false);
+    const auto secure = run_simulation(secure_cfg, false);
+    ASSERT_EQ(secure.rounds, rounds);
+    const double diff = max_abs_diff(plain.global, secure.global);
+    const double bound = secure_cfg.server.secure_aggregation.error_bound();
+    if (strategy == "fedavg") {
+      // One round, lr 1: x - Delta, so the weights differ by Delta's error: at most the bound
+      // plus float32 roundings of the weights (|x| < 2: 2^-23 each).
+      EXPECT_LE(diff, bound + 0x1p-22) << strategy;
+    } else {
+      // Three DiLoCo rounds: each round's error enters through lr (1 + mu) and compounds
+      // through local training of slightly different models; still tiny against the update.
+      EXPECT_LT(diff, 1e-4) << strategy;
+    }
+    const model::Llama initial(plain_cfg.server.model, plain_cfg.server.seed);
+    EXPECT_GT(max_abs_diff(plain.global, model_weights(initial)), 1e-3)
+        << "training must have moved the weights for the comparison to mean anything";
+    const auto metrics = read_jsonl(secure_cfg.server.dir / "metrics.jsonl");
+    ASSERT_EQ(metrics.size(), static_cast<size_t>(rounds));
+    EXPECT_EQ(metrics[0]["status"], "aggregated");
+    EXPECT_GT(metrics[0]["secagg_bytes_received"].get<int64_t>(), 0);
+    // 8 bytes per parameter (ring64) per client.
+    int64_t numel = 0;
+    for (const auto& t : secure.global) numel += t.numel();
+    EXPECT_EQ(metrics[0]["bytes_received"].get<int64_t>(), 3 * 8 * numel);
+  }
+}
+
+TEST(SecureRound, ServerHoldsOnlyMaskedDataAndDropoutsAfterInputAreUnmasked) {
+  Quiet q;
+  const auto dir = temp_dir("drop");
+  const auto silos = make_silos(dir, 4);
+  set_num_threads(1);
+  // The plain reference: all four clients' updates.
+  const auto plain = run_simulation(sim_config(dir / "plain", silos, "fedavg", 1, false), false);
+  const auto cfg = sim_config(dir / "secure", silos, "fedavg", 1, true);  // threshold 3 of 4
+  Federation f(cfg);
+  ASSERT_TRUE(f.server.begin_round());
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // shares
+  ASSERT_EQ(f.phase(), secagg::ServerSession::Phase::input);
+  ASSERT_TRUE(f.pass({0}));  // one masked update arrived: the server's state is that alone
+  const auto& held = f.server.secagg_session()->masked_sum();
+  EXPECT_LT(byte_chi_square(held), 370) << "the server's state must look uniform";
+  ASSERT_TRUE(f.pass({1, 2, 3}));
+  ASSERT_EQ(f.phase(), secagg::ServerSession::Phase::unmask);
+  // silo-2 vanishes after sending its masked update; the deadline closes the phase.
+  ASSERT_TRUE(f.pass({0, 1, 3}));
+  EXPECT_FALSE(f.server.round_complete());
+  EXPECT_TRUE(f.server.close_phase());
+  ASSERT_TRUE(f.server.round_complete());
+  const auto s = f.server.end_round();
+  ASSERT_TRUE(s.aggregated);
+  EXPECT_EQ(s.participants.size(), 4u) << "silo-2's input was sent and counts";
+  EXPECT_LE(max_abs_diff(plain.global, f.server.global_weights()),
+            cfg.server.secure_aggregation.error_bound() + 0x1p-22);
+}
+
+TEST(SecureRound, BelowTheThresholdTheRoundFailsAndNothingIsApplied) {
+  Quiet q;
+  const auto dir = temp_dir("fail");
+  auto cfg = sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);
+  cfg.server.max_round_retries = 0;
+  set_num_threads(1);
+  Federation f(cfg);
+  const Weights before = f.server.global_weights();
+  ASSERT_TRUE(f.server.begin_round());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys, shares, inputs
+  ASSERT_TRUE(f.pass({0, 1}));  // two of four reveal; the threshold is 3
+  EXPECT_TRUE(f.server.close_phase());
+  const auto s = f.server.end_round();
+  EXPECT_FALSE(s.aggregated);
+  EXPECT_TRUE(bitwise_equal(before, f.server.global_weights())) << "nothing may be applied";
+  EXPECT_EQ(f.server.rounds_done(), 0);
+  EXPECT_FALSE(fs::exists(cfg.server.dir / "checkpoints" / "step-1"));
+  const auto metrics = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 1u);
+  EXPECT_EQ(metrics[0]["status"], "retry");
+  const std::string why = metrics[0]["secagg_error"];
+  EXPECT_NE(why.find("fewer than the threshold 3"), std::string::npos) << why;
+}
+
+TEST(SecureRound, HostileOrMisplacedMessagesAreRefused) {
+  Quiet q;
+  const auto dir = temp_dir("hostile");
+  const auto silos = make_silos(dir, 2);
+  set_num_threads(1);
+  Federation f(sim_config(dir, silos, "fedavg", 1, true));
+  pb::SecAggRequest r;
+  r.set_client_id("silo-0");
+  r.set_round(1);
+  r.set_get_roster(true);
+  EXPECT_THROW(f.server.secagg(r, ""), Error);  // no round open
+  ASSERT_TRUE(f.server.begin_round());
+  EXPECT_THROW(f.server.secagg(r, ""), Error);  // wrong phase
+  r.set_round(2);
+  EXPECT_THROW(f.server.secagg(r, ""), Error);  // not the open round
+  r.set_round(1);
+  r.set_client_id("bad id!");
+  EXPECT_THROW(f.server.secagg(r, ""), Error);
+  r.set_client_id("silo-0");
+  EXPECT_THROW(f.server.secagg(r, "silo-1"), Error);  // another certificate
+  pb::SecAggRequest empty;
+  empty.set_client_id("silo-0");
+  empty.set_round(1);
+  EXPECT_THROW(f.server.secagg(empty, ""), Error);
+  ASSERT_TRUE(f.pass({0, 1}));
+  ASSERT_TRUE(f.pass({0, 1}));
+  ASSERT_EQ(f.phase(), secagg::ServerSession::Phase::input);
+  // A plain float32 update where a masked one is due is refused.
+  pb::UpdateInfo info;
+  info.set_client_id("silo-0");
+  info.set_round(1);
+  info.set_tokens(10);
+  const auto plain = encode_weights(f.server.specs(), f.server.global_weights(), CompressOptions{});
+  EXPECT_THROW(f.server.push_begin(info, plain.header, ""), Error);
+  // And a plain server refuses secure-aggregation messages.
+  Federation p(sim_config(dir / "plain", silos, "fedavg", 1, false));
+  ASSERT_TRUE(p.server.begin_round());
+  EXPECT_THROW(p.server.secagg(r, ""), Error);
+}
+
+TEST(SecureConfig, KeysAreReadCheckedAndCompressionMustBeNone) {
+  const auto dir = temp_dir("config");
+  auto load = [&](const std::string& extra) {
+    write_file_atomic(dir / "fed.toml",
+                      cat("[server]\ndir = '", (dir / "run").string(), "'\n", kModelToml, extra));
+    return load_server_config(dir / "fed.toml");
+  };
+  const auto c = load(
+      "[secure_aggregation]\nenabled = true\nthreshold = 3\nneighbours = 4\nring_bits = 32\n"
+      "range = 0.5\nstep = 0.0001\nrounding = 'nearest'\nphase_timeout_s = 5\n");
+  EXPECT_TRUE(c.secure_aggregation.enabled);
+  EXPECT_EQ(c.secure_aggregation.threshold, 3);
+  EXPECT_EQ(c.secure_aggregation.neighbours, 4);
+  EXPECT_EQ(c.secure_aggregation.ring_bits, 32);
+  EXPECT_FALSE(c.secure_aggregation.stochastic);
+  auto refused = [&](const std::string& extra, const std::string& says) {
+    try {
+      load(extra);
+      ADD_FAILURE() << "accepted: " << extra;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused("[secure_aggregation]\nenabled = true\nfoo = 1\n", "foo");
+  refused("[secure_aggregation]\nring_bits = 16\n", "ring_bits");
+  refused("[secure_aggregation]\nthreshold = 1\n", "threshold");
+  refused("[secure_aggregation]\nrounding = 'up'\n", "rounding");
+  refused("[secure_aggregation]\nring_bits = 32\nrange = 1\nstep = 1e-12\n", "ring_bits");
+  refused("[secure_aggregation]\nenabled = true\n[compression]\ncodec = 'int8'\n",
+          "compression.codec must be none");
+}
+
+TEST(SecureGrpc, DeployedOnLoopbackEqualsTheSimulationBitwise) {
+  const auto dir = temp_dir("grpc");
+  const auto silos = make_silos(dir, 3);
+  {
+    Quiet q;
+    auto cfg = sim_config(dir / "sim", silos, "diloco", 2, true);
+    cfg.server.secure_aggregation.neighbours = 2;
+    run_simulation(cfg, false);
+  }
+  const int port = 20000 + static_cast<int>((::getpid() + 7919) % 20000);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  write_file_atomic(dir / "fed.toml",
+                    cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
+                        "'\nseed = 5\nrounds = 2\nlocal_steps = 2\neval_every = 0\n"
+                        "round_timeout_s = 120\nwait_for_clients_s = 60\n[strategy]\n"
+                        "name = 'diloco'\nmin_clients = 3\n[secure_aggregation]\nenabled = true\n"
+                        "neighbours = 2\n",
+                        kModelToml));
+  const std::string train = "[train]\nmicro_batch = 4\nseq = 16\nlr = 3e-3\nweight_decay = 0\n";
+  for (int i = 0; i < 3; ++i) {
+    write_file_atomic(
+        dir / cat("client", i, ".toml"),
+        cat("[client]\nid = 'silo-", i, "'\nserver = '", address, "'\nseed = ", 100 + i,
+            "\nthreads = 1\n[data]\nmanifests = ['", silos[i].string(), "']\n", train, kModelToml));
+  }
+  std::vector<pid_t> pids;
+  auto spawn = [&](const std::string& sub, const fs::path& config) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const std::string log = (dir / (config.stem().string() + ".log")).string();
+      freopen(log.c_str(), "w", stderr);
+      execl(POLLEN_BINARY, POLLEN_BINARY, "fed", sub.c_str(), "--config", config.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  };
+  spawn("server", dir / "fed.toml");
+  for (int i = 0; i < 3; ++i) spawn("client", dir / cat("client", i, ".toml"));
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "a process failed; see " << dir.string() << "/*.log";
+  }
+  const auto sim = io::list_checkpoints(dir / "sim/server/checkpoints");
+  const auto dep = io::list_checkpoints(dir / "dep/checkpoints");
+  ASSERT_FALSE(sim.empty());
+  ASSERT_FALSE(dep.empty());
+  EXPECT_EQ(io::checkpoint_step(dep.back()), 2);
+  auto read_model = [](const fs::path& ckpt) {
+    Weights w;
+    for (auto& [n, t] : io::read_safetensors(ckpt / "model.safetensors").tensors) w.push_back(t);
+    return w;
+  };
+  EXPECT_TRUE(bitwise_equal(read_model(sim.back()), read_model(dep.back())))
+      << "the deployed run's global model differs from the simulation's";
+}
