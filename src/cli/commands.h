@@ -8,6 +8,7 @@ namespace pollen::cli {
 void add_version_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_bench_checkpoint_command(CLI::App& app);  // under `bench`: call after add_bench_command
+void add_bench_secagg_command(CLI::App& app);      // under `bench`: call after add_bench_command
 void add_train_command(CLI::App& app);
 void add_plot_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   pollen::cli::add_version_command(app);
   pollen::cli::add_bench_command(app);
   pollen::cli::add_bench_checkpoint_command(app);
+  pollen::cli::add_bench_secagg_command(app);
   pollen::cli::add_train_command(app);
   pollen::cli::add_plot_command(app);
   pollen::cli::add_tokenizer_command(app);
