@@ -48,8 +48,9 @@ Key32 key_of(uint8_t start) {
   return k;
 }
 
-// One round of the protocol among `inputs.size()` clients named c00, c01, ... `drop_before_input`
-// share keys but send no masked input; `drop_before_reveal` send their input, then vanish.
+// One round of the protocol among `inputs.size()` clients named c00, c01, ... `drop_before_share`
+// advertise keys and vanish; `drop_before_input` share keys but send no masked input;
+// `drop_before_reveal` send their input, then vanish.
 struct RoundResult {
   ServerSession::Phase phase;
   std::string failure;
@@ -60,7 +61,8 @@ struct RoundResult {
 
 RoundResult run_round(const std::vector<std::vector<uint64_t>>& inputs, const Options& options,
                       const std::set<size_t>& drop_before_input,
-                      const std::set<size_t>& drop_before_reveal) {
+                      const std::set<size_t>& drop_before_reveal,
+                      const std::set<size_t>& drop_before_share = {}) {
   const size_t n = inputs.size();
   std::vector<std::string> ids;
   for (size_t i = 0; i < n; ++i) ids.push_back(cat("c", i < 10 ? "0" : "", i));
@@ -73,11 +75,13 @@ RoundResult run_round(const std::vector<std::vector<uint64_t>>& inputs, const Op
   server.close_phase();
   RoundResult r;
   if (server.phase() == ServerSession::Phase::failed) return {server.phase(), server.failure()};
-  for (size_t i = 0; i < n; ++i) server.shares(ids[i], clients[i].share(server.roster(ids[i])));
+  for (size_t i = 0; i < n; ++i) {
+    if (!drop_before_share.count(i)) server.shares(ids[i], clients[i].share(server.roster(ids[i])));
+  }
   server.close_phase();
   if (server.phase() == ServerSession::Phase::failed) return {server.phase(), server.failure()};
   for (size_t i = 0; i < n; ++i) {
-    if (drop_before_input.count(i)) continue;
+    if (drop_before_input.count(i) || drop_before_share.count(i)) continue;
     std::vector<uint64_t> x = inputs[i];
     clients[i].mask(server.inbox(ids[i]), x);
     std::string bytes(x.size() * options.ring_bits / 8, '\0');
@@ -91,7 +95,9 @@ RoundResult run_round(const std::vector<std::vector<uint64_t>>& inputs, const Op
   server.close_phase();
   if (server.phase() == ServerSession::Phase::failed) return {server.phase(), server.failure()};
   for (size_t i = 0; i < n; ++i) {
-    if (drop_before_input.count(i) || drop_before_reveal.count(i)) continue;
+    if (drop_before_input.count(i) || drop_before_reveal.count(i) || drop_before_share.count(i)) {
+      continue;
+    }
     server.reveal(ids[i], clients[i].reveal(server.survivors(ids[i])));
   }
   server.close_phase();
@@ -337,6 +343,10 @@ TEST(SecAggProtocol, SumIsExactWithDropoutsUpToTheThreshold) {
   r = run_round(inputs, o, {0, 5}, {3});
   ASSERT_EQ(r.phase, ServerSession::Phase::done) << r.failure;
   EXPECT_EQ(r.sum, plain_sum(inputs, {0, 5}, 64));
+  // Dropping before sharing: nobody masks with them, and their inputs are not in the sum.
+  r = run_round(inputs, o, {}, {6}, {2});
+  ASSERT_EQ(r.phase, ServerSession::Phase::done) << r.failure;
+  EXPECT_EQ(r.sum, plain_sum(inputs, {2}, 64));
   // SecAgg+: 12 clients, 4 neighbours (5 holders), majority threshold 3.
   Options sparse;
   sparse.neighbours = 4;
