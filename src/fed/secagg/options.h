@@ -32,7 +32,7 @@ struct Options {
   int64_t max_level() const;
   // The rounding's bound on |dequantised - true| per coordinate of the mean (no clipping).
   double error_bound() const { return stochastic ? step : step / 2; }
-  // The holders' count when each client has `degree` neighbours, and the threshold used then.
+  // The threshold for secrets with `holders` holders (a client's neighbours and itself).
   size_t resolved_threshold(size_t holders) const;
 };
 
