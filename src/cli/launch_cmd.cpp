@@ -1,5 +1,6 @@
 // `pollen launch --nproc N -- train --config run.toml ...`: wiring only; the command line is
 // dist::launch_command's.
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,7 +24,10 @@ void add_launch_command(CLI::App& app) {
   cmd->add_option("--mpirun-arg", opts->mpirun_args,
                   "An extra argument for mpirun, before the program (repeatable)");
   cmd->add_option("command", *rest, "The pollen command and its arguments, after --")->required();
-  cmd->callback([opts, rest] { dist::exec_launch(*opts, "/proc/self/exe", *rest); });
+  // This binary's own path: each rank runs the same pollen.
+  cmd->callback([opts, rest] {
+    dist::exec_launch(*opts, std::filesystem::read_symlink("/proc/self/exe").string(), *rest);
+  });
 }
 
 }  // namespace pollen::cli

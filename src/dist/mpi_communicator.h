@@ -8,6 +8,9 @@
 // behind the collective's: they died or hang before reaching it. Reduction order is MPI's,
 // which depends only on the message size and the world size, so a run at a given world size is
 // repeatable.
+// MPI's C API only: OpenMPI's deprecated C++ bindings are not linked.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
 #include <chrono>

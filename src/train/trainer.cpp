@@ -441,21 +441,19 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   Rng rng(cfg.seed);
   fs::path last_checkpoint;
   if (o.resume) {
-    // Rank 0 chooses the checkpoint and tells the others (-1: none yet, -2: none verifies).
-    int64_t chosen = -1;
+    // Rank 0 chooses the checkpoint and tells the others: {step or -1 for none, skipped}.
+    int64_t choice_of_lead[2] = {-1, 0};
     if (lead) {
       const auto choice = io::choose_resume_checkpoint(ckpt_root);
       for (const auto& [dir, why] : choice.skipped)
         log::warn("skipping checkpoint '", dir.string(), "': ", why);
-      if (choice.dir) {
-        chosen = io::checkpoint_step(*choice.dir);
-      } else if (!choice.skipped.empty()) {
-        chosen = -2;
-      }
+      if (choice.dir) choice_of_lead[0] = io::checkpoint_step(*choice.dir);
+      choice_of_lead[1] = static_cast<int64_t>(choice.skipped.size());
     }
-    comm.broadcast(std::span<int64_t>(&chosen, 1), 0, "the choice of checkpoint to resume");
-    POLLEN_CHECK(chosen != -2, "--resume: no checkpoint under '", ckpt_root.string(),
-                 "' verifies (reasons above)");
+    comm.broadcast(choice_of_lead, 0, "the choice of checkpoint to resume");
+    const int64_t chosen = choice_of_lead[0];
+    POLLEN_CHECK(chosen >= 0 || choice_of_lead[1] == 0, "--resume: no checkpoint under '",
+                 ckpt_root.string(), "' verifies (", choice_of_lead[1], " skipped, reasons above)");
     if (chosen == -1) {
       log::info("--resume: no checkpoint under '", ckpt_root.string(), "' yet; starting at step 0");
     } else {
