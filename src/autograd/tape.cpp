@@ -5,7 +5,12 @@
 namespace pollen::ag {
 namespace {
 thread_local Tape* t_active = nullptr;
+thread_local BackwardObserver* t_observer = nullptr;
+
+void note_leaf(const std::shared_ptr<VarNode>& v) {
+  if (t_observer && v->is_leaf) t_observer->leaf_written(v.get());
 }
+}  // namespace
 
 Var::Var(Tensor value, bool requires_grad, std::string name) : node_(std::make_shared<VarNode>()) {
   node_->value = std::move(value);
@@ -38,13 +43,22 @@ bool should_record(std::initializer_list<const Var*> inputs) {
   return false;
 }
 
+ObserveBackward::ObserveBackward(BackwardObserver& observer) : previous_(t_observer) {
+  t_observer = &observer;
+}
+ObserveBackward::~ObserveBackward() {
+  t_observer = previous_;
+}
+
 Tensor& grad_buffer(const std::shared_ptr<VarNode>& v) {
+  note_leaf(v);
   if (!v->grad.defined()) v->grad = Tensor::zeros(v->value.shape(), v->value.dtype());
   return v->grad;
 }
 
 void accumulate(const std::shared_ptr<VarNode>& v, const Tensor& g) {
   if (!v->requires_grad) return;
+  note_leaf(v);
   if (!v->grad.defined()) {
     v->grad = g.shape() == v->value.shape() ? g : g.reshape(v->value.shape());
   } else {
@@ -65,6 +79,7 @@ void Tape::backward(Var& out, const Tensor& grad) {
     auto step = std::move(steps_.back());
     steps_.pop_back();
     step();
+    if (t_observer) t_observer->step_done();
   }
 }
 

@@ -62,4 +62,27 @@ Tensor& grad_buffer(const std::shared_ptr<VarNode>& v);
 // Adds g into v's gradient (taking g itself when v has none yet).
 void accumulate(const std::shared_ptr<VarNode>& v, const Tensor& g);
 
+// Watches a backward pass: which leaves (parameters) each step writes a gradient to, and when
+// the step is over. Data-parallel training starts reducing a bucket of gradients as soon as the
+// step that writes its last gradient is done, while backward goes on.
+class BackwardObserver {
+ public:
+  virtual ~BackwardObserver() = default;
+  virtual void leaf_written(const VarNode* leaf) = 0;  // a step is writing leaf's gradient
+  virtual void step_done() = 0;                        // the writes of that step are complete
+};
+
+// Installs an observer on this thread for the scope's life (backward passes of nested tapes,
+// as in activation recomputation, report to it too).
+class ObserveBackward {
+ public:
+  explicit ObserveBackward(BackwardObserver& observer);
+  ~ObserveBackward();
+  ObserveBackward(const ObserveBackward&) = delete;
+  ObserveBackward& operator=(const ObserveBackward&) = delete;
+
+ private:
+  BackwardObserver* previous_;
+};
+
 }  // namespace pollen::ag

@@ -1,12 +1,14 @@
 // `pollen train --config run.toml [--set key=value ...] [--resume]`: wiring only; the trainer is
 // train::run_training.
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "base/log.h"
 #include "cli/commands.h"
+#include "dist/communicator.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -18,7 +20,10 @@ void add_train_command(CLI::App& app) {
       "Pre-train a model as one TOML run file describes (docs/training.md).\n"
       "Exit codes: 0 finished, 1 failed (bad config or data, too many non-finite losses in a "
       "row, any error), 3 preempted (SIGINT or SIGTERM: the step finished and a checkpoint "
-      "was written; rerun with --resume), 2 bad command line.");
+      "was written; rerun with --resume), 4 a rank of a data-parallel job died or hung "
+      "(rerun with --resume), 2 bad command line.\n"
+      "Data parallel: run it under mpirun -np N, srun, or pollen launch --nproc N "
+      "(docs/parallel.md).");
   auto config = std::make_shared<std::string>();
   auto sets = std::make_shared<std::vector<std::string>>();
   auto resume = std::make_shared<bool>(false);
@@ -31,9 +36,23 @@ void add_train_command(CLI::App& app) {
                 "(starts at step 0 when there is none yet)");
   cmd->callback([config, sets, resume] {
     const train::TrainConfig cfg = train::load_train_config(*config, *sets);
+    // One process unless a launcher (mpirun, srun) started several.
+    const auto comm = dist::connect(cfg.timeout_s);
+    if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the job
     train::TrainOptions o;
     o.resume = *resume;
-    const train::TrainResult r = train::run_training(cfg, o);
+    o.comm = comm.get();
+    const char* fault = std::getenv("POLLEN_FAULT_INJECT");
+    o.fault = train::parse_fault_injection(fault ? fault : "");
+    train::TrainResult r;
+    try {
+      r = train::run_training(cfg, o);
+    } catch (const std::exception& e) {
+      if (comm->world() == 1) throw;
+      // An error on one rank: the others wait for it in a collective, so end the job.
+      log::error("rank ", comm->rank(), ": ", e.what());
+      comm->abort_job(static_cast<int>(train::RunStatus::failed));
+    }
     switch (r.status) {
       case train::RunStatus::finished:
         log::info(r.message);
@@ -44,6 +63,9 @@ void add_train_command(CLI::App& app) {
       case train::RunStatus::failed:
         log::error(r.message);
         break;
+      case train::RunStatus::rank_failed:
+        log::error(r.message);
+        comm->abort_job(static_cast<int>(r.status));  // ends the hung rank too
     }
     set_exit_code(static_cast<int>(r.status));
   });

@@ -227,6 +227,16 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
     POLLEN_CHECK(c.peak_flops >= 0, m->where("peak_flops"), ": expected 0 (measure) or more");
     m->finish();
   }
+  if (auto p = t.table("parallel")) {
+    c.zero = static_cast<int>(p->get_int("zero", 0));
+    POLLEN_CHECK(c.zero == 0 || c.zero == 1, p->where("zero"),
+                 ": expected 0 (replicated optimizer state) or 1 (sharded, ZeRO-1)");
+    c.bucket_mb = p->get_double("bucket_mb", 25);
+    POLLEN_CHECK(c.bucket_mb > 0, p->where("bucket_mb"), ": expected a positive size in MiB");
+    c.timeout_s = p->get_double("timeout_s", 300);
+    POLLEN_CHECK(c.timeout_s > 0, p->where("timeout_s"), ": expected a positive number of seconds");
+    p->finish();
+  }
   t.finish();
   return c;
 }
@@ -296,6 +306,9 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
   f.emplace_back("metrics.tensorboard", b(tensorboard));
   f.emplace_back("metrics.log_interval", i(log_interval));
   f.emplace_back("metrics.peak_flops", toml_double(peak_flops));
+  f.emplace_back("parallel.zero", i(zero));
+  f.emplace_back("parallel.bucket_mb", toml_double(bucket_mb));
+  f.emplace_back("parallel.timeout_s", toml_double(timeout_s));
   return f;
 }
 
@@ -317,7 +330,8 @@ std::string TrainConfig::to_toml() const {
 bool key_may_change_on_resume(const std::string& key) {
   return key == "run.name" || key == "run.dir" || key == "run.threads" || key == "train.steps" ||
          key == "train.max_bad_steps" || key.starts_with("eval.") ||
-         key.starts_with("checkpoint.") || key.starts_with("metrics.");
+         key.starts_with("checkpoint.") || key.starts_with("metrics.") ||
+         key.starts_with("parallel.");
 }
 
 std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const TrainConfig& now) {

@@ -48,6 +48,10 @@ struct TrainConfig {
   bool tensorboard = true;
   int64_t log_interval = 10;
   double peak_flops = 0;  // FLOP/s for MFU; 0: measure this machine's GEMM rate at start
+  // [parallel] (several ranks: docs/parallel.md)
+  int zero = 0;            // 1: shard AdamW's state across ranks (ZeRO-1)
+  double bucket_mb = 25;   // gradients reduced in buckets of about this many MiB
+  double timeout_s = 300;  // a collective that takes longer means a dead or hung rank
 
   int64_t accumulation() const { return batch_tokens / (micro_batch * seq); }
 

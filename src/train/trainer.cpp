@@ -8,6 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <thread>
 
 #include "autograd/tape.h"
 #include "base/files.h"
@@ -16,6 +18,7 @@
 #include "base/thread_pool.h"
 #include "data/loader.h"
 #include "data/shards.h"
+#include "dist/zero_adamw.h"
 #include "io/checkpoint.h"
 #include "obs/metrics.h"
 #include "obs/progress.h"
@@ -86,20 +89,24 @@ nlohmann::ordered_json num(double v) {
   return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
 }
 
+// Mean validation loss over `batches` batches; with several ranks each evaluates every
+// world-th batch and the sums are reduced, so the result is the single process's.
 double evaluate(const model::Llama& model, data::Loader& loader, const data::LoaderState& start,
-                int64_t batches) {
+                int64_t batches, dist::Communicator* comm) {
   ag::NoGrad no_grad;
   loader.restore(start);  // the same validation batches at every evaluation
-  double sum = 0;
-  int64_t scored = 0;
+  const int64_t rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;
+  double sums[2] = {0, 0};  // loss, scored tokens
   for (int64_t i = 0; i < batches; ++i) {
     const model::Batch b = loader.next();
+    if (i % world != rank) continue;
     int64_t n = 0;
     const ag::Var l = model.loss(b, ag::Reduction::sum, &n);
-    sum += l.value().item();
-    scored += n;
+    sums[0] += l.value().item();
+    sums[1] += static_cast<double>(n);
   }
-  return scored > 0 ? sum / static_cast<double>(scored) : NAN;
+  if (comm) comm->all_reduce_sum(sums, "the validation loss");
+  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
 }
 
 }  // namespace
@@ -135,6 +142,60 @@ AccumulatedLoss accumulate_gradients(const model::Llama& model,
   return r;
 }
 
+AccumulatedLoss accumulate_gradients(const model::Llama& model,
+                                     const std::vector<model::Batch>& micro_batches,
+                                     dist::Communicator& comm, dist::GradReducer& reducer,
+                                     bool& stop, double& reduce_wait_s) {
+  double counts[2] = {0, stop ? 1.0 : 0.0};  // scored targets, ranks asking to stop
+  for (const auto& b : micro_batches) counts[0] += static_cast<double>(count_scored(b));
+  comm.all_reduce_sum(counts, "the count of scored tokens");
+  AccumulatedLoss r;
+  r.scored = static_cast<int64_t>(counts[0]);
+  stop = counts[1] > 0;
+  // Every rank runs backward and the reductions even when nothing is scored, so that all start
+  // the same collectives; the gradients are then zero and the loss NaN.
+  const double scale = r.scored > 0 ? 1.0 / static_cast<double>(r.scored) : 0.0;
+  double sum = 0;
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    ag::Tape tape;
+    ag::Var l;
+    {
+      ag::TapeScope scope(tape);
+      l = model.loss(micro_batches[i], ag::Reduction::sum);
+    }
+    sum += l.value().item();
+    if (i + 1 < micro_batches.size()) {
+      tape.backward(l, scale);
+    } else {
+      ag::ObserveBackward observe(reducer);
+      tape.backward(l, scale);
+    }
+  }
+  reduce_wait_s = reducer.finish();
+  comm.all_reduce_sum(std::span<double>(&sum, 1), "the loss");
+  r.loss = r.scored > 0 ? sum * scale : NAN;
+  return r;
+}
+
+FaultInjection parse_fault_injection(const std::string& text) {
+  FaultInjection f;
+  if (text.empty()) return f;
+  const auto a = text.find(':'), b = text.rfind(':');
+  const std::string kind = text.substr(0, a);
+  try {
+    POLLEN_CHECK(a != std::string::npos && b != a && (kind == "kill" || kind == "hang"), "");
+    size_t used = 0;
+    f.rank = std::stoi(text.substr(a + 1, b - a - 1), &used);
+    POLLEN_CHECK(used == b - a - 1, "");
+    f.step = std::stoll(text.substr(b + 1), &used);
+    POLLEN_CHECK(used == text.size() - b - 1 && f.rank >= 0 && f.step >= 1, "");
+  } catch (const std::exception&) {
+    fail("POLLEN_FAULT_INJECT='", text, "': expected kill:RANK:STEP or hang:RANK:STEP");
+  }
+  f.kind = kind == "kill" ? FaultInjection::Kind::kill : FaultInjection::Kind::hang;
+  return f;
+}
+
 std::vector<bool> decay_mask(const std::vector<std::pair<std::string, ag::Var>>& params,
                              const std::vector<std::string>& no_decay) {
   auto has = [&](const char* g) {
@@ -167,20 +228,23 @@ double measure_peak_flops() {
 }
 
 CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const model::Llama& model,
-                                   const optim::AdamW& opt, const nlohmann::ordered_json& state,
+                                   const OptimizerMoments& moments,
+                                   const nlohmann::ordered_json& state,
                                    const std::string& config_toml) {
   const auto t0 = Clock::now();
   const auto params = model.named_parameters();
-  io::NamedTensors weights, moments;
+  POLLEN_ASSERT(moments.exp_avg.size() == params.size() &&
+                moments.exp_avg_sq.size() == params.size());
+  io::NamedTensors weights, tensors;
   for (size_t i = 0; i < params.size(); ++i) {
     weights.emplace_back(params[i].first, params[i].second.value());
-    moments.emplace_back(params[i].first + ".exp_avg", opt.slots()[i].exp_avg);
-    moments.emplace_back(params[i].first + ".exp_avg_sq", opt.slots()[i].exp_avg_sq);
+    tensors.emplace_back(params[i].first + ".exp_avg", moments.exp_avg[i]);
+    tensors.emplace_back(params[i].first + ".exp_avg_sq", moments.exp_avg_sq[i]);
   }
   io::CheckpointWriter w(root, step);
   w.add_tensors("model.safetensors", weights, {{"format", "pt"}});
-  w.add_tensors("optimizer.safetensors", moments,
-                {{"step", std::to_string(opt.steps_taken())}, {"optimizer", "adamw"}});
+  w.add_tensors("optimizer.safetensors", tensors,
+                {{"step", std::to_string(moments.steps)}, {"optimizer", "adamw"}});
   w.add_text("state.json", state.dump(2) + "\n");
   w.add_text("config.toml", config_toml);
   CheckpointWritten out;
@@ -190,9 +254,21 @@ CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const mod
   return out;
 }
 
-void load_checkpoint(const fs::path& dir, const model::Llama& model, optim::AdamW& opt) {
+CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const model::Llama& model,
+                                   const optim::AdamW& opt, const nlohmann::ordered_json& state,
+                                   const std::string& config_toml) {
+  OptimizerMoments m;
+  for (const auto& slot : opt.slots()) {
+    m.exp_avg.push_back(slot.exp_avg);
+    m.exp_avg_sq.push_back(slot.exp_avg_sq);
+  }
+  m.steps = opt.steps_taken();
+  return write_checkpoint(root, step, model, m, state, config_toml);
+}
+
+void load_checkpoint(const fs::path& dir, const model::Llama& model, OptimizerMoments& moments) {
   const auto weights = io::read_safetensors(dir / "model.safetensors");
-  const auto moments = io::read_safetensors(dir / "optimizer.safetensors");
+  const auto tensors = io::read_safetensors(dir / "optimizer.safetensors");
   const auto params = model.named_parameters();
   auto copy = [&](const io::SafetensorsFile& f, const std::string& file, const std::string& name,
                   const Tensor& into) {
@@ -205,22 +281,54 @@ void load_checkpoint(const fs::path& dir, const model::Llama& model, optim::Adam
                  dtype_name(into.dtype()));
     std::memcpy(into.raw(), t->raw(), into.nbytes());
   };
+  if (moments.exp_avg.empty()) {
+    for (const auto& [name, p] : params) {
+      moments.exp_avg.push_back(Tensor::empty(p.shape(), p.dtype()));
+      moments.exp_avg_sq.push_back(Tensor::empty(p.shape(), p.dtype()));
+    }
+  }
+  POLLEN_ASSERT(moments.exp_avg.size() == params.size() &&
+                moments.exp_avg_sq.size() == params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     copy(weights, "model.safetensors", params[i].first, params[i].second.value());
-    copy(moments, "optimizer.safetensors", params[i].first + ".exp_avg", opt.slots()[i].exp_avg);
-    copy(moments, "optimizer.safetensors", params[i].first + ".exp_avg_sq",
-         opt.slots()[i].exp_avg_sq);
+    copy(tensors, "optimizer.safetensors", params[i].first + ".exp_avg", moments.exp_avg[i]);
+    copy(tensors, "optimizer.safetensors", params[i].first + ".exp_avg_sq", moments.exp_avg_sq[i]);
   }
-  const auto it = moments.metadata.find("step");
-  POLLEN_CHECK(it != moments.metadata.end(), "checkpoint '",
+  const auto it = tensors.metadata.find("step");
+  POLLEN_CHECK(it != tensors.metadata.end(), "checkpoint '",
                (dir / "optimizer.safetensors").string(), "': metadata lacks 'step'");
-  opt.set_steps_taken(std::stoll(it->second));
+  moments.steps = std::stoll(it->second);
 }
 
-TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
+void load_checkpoint(const fs::path& dir, const model::Llama& model, optim::AdamW& opt) {
+  OptimizerMoments m;  // the optimizer's own tensors: loaded in place
+  for (const auto& slot : opt.slots()) {
+    m.exp_avg.push_back(slot.exp_avg);
+    m.exp_avg_sq.push_back(slot.exp_avg_sq);
+  }
+  load_checkpoint(dir, model, m);
+  opt.set_steps_taken(m.steps);
+}
+
+namespace {
+
+[[noreturn]] void inject_fault(const FaultInjection& f) {
+  log::warn("rank ", f.rank,
+            ": POLLEN_FAULT_INJECT: ", f.kind == FaultInjection::Kind::kill ? "dying" : "hanging",
+            " before step ", f.step);
+  if (f.kind == FaultInjection::Kind::kill) ::raise(SIGKILL);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   SignalGuard signals(o.handle_signals);
+  dist::SingleProcess alone;
+  dist::Communicator& comm = o.comm ? *o.comm : alone;
+  const bool parallel = comm.world() > 1, lead = comm.rank() == 0;
+  // Ranks on one node share its cores.
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
   set_num_threads(cfg.threads > 0 ? cfg.threads
-                                  : static_cast<int>(std::thread::hardware_concurrency()));
+                                  : std::max(1, hardware / comm.topology().local_world));
   const fs::path ckpt_root = cfg.dir / "checkpoints";
   fs::create_directories(cfg.dir);
   if (!o.resume) {
@@ -247,21 +355,64 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
   ao.eps = cfg.eps;
   ao.weight_decay = cfg.weight_decay;
   ao.max_grad_norm = cfg.grad_clip;
-  optim::AdamW opt(params, ao, decay_mask(named, cfg.no_decay));
+  // Several ranks: gradients reduced in buckets; with parallel.zero = 1 the optimizer's state
+  // is sharded (ZeRO-1), else every rank holds all of it.
+  std::unique_ptr<dist::GradReducer> reducer;
+  std::unique_ptr<dist::ZeroAdamW> zero;
+  std::optional<optim::AdamW> opt;
+  if (parallel) {
+    reducer = std::make_unique<dist::GradReducer>(
+        comm, params, static_cast<int64_t>(cfg.bucket_mb * 1048576.0),
+        cfg.zero == 1 ? dist::ReduceMode::reduce_scatter : dist::ReduceMode::all_reduce);
+  }
+  if (reducer && cfg.zero == 1) {
+    zero = std::make_unique<dist::ZeroAdamW>(*reducer, ao, decay_mask(named, cfg.no_decay));
+  } else {
+    opt.emplace(params, ao, decay_mask(named, cfg.no_decay));
+  }
+  auto optimizer_step = [&](double lr) { return zero ? zero->step(lr) : opt->step(lr); };
+  auto optimizer_state_bytes = [&] {
+    if (zero) return zero->state_bytes();
+    int64_t bytes = 0;
+    for (const auto& slot : opt->slots())
+      bytes += static_cast<int64_t>(slot.exp_avg.nbytes() + slot.exp_avg_sq.nbytes());
+    return bytes;
+  };
+  auto load = [&](const fs::path& dir) {
+    if (!zero) return load_checkpoint(dir, model, *opt);
+    OptimizerMoments m;
+    load_checkpoint(dir, model, m);
+    zero->load_state(m.exp_avg, m.exp_avg_sq);
+    zero->set_steps_taken(m.steps);
+  };
+
+  // Each micro-step reads micro_batch rows on every rank: one global micro-batch of
+  // micro_batch x ranks rows, split by rank; a step is the same global batch at any world size.
+  const int64_t global_rows = cfg.micro_batch * comm.world();
+  POLLEN_CHECK(cfg.batch_tokens % (global_rows * cfg.seq) == 0, "train.batch_tokens (",
+               cfg.batch_tokens, ") is not a multiple of micro_batch * seq * ranks (",
+               cfg.micro_batch, " * ", cfg.seq, " * ", comm.world(),
+               "): each rank reads micro_batch rows per micro-step");
+  const int64_t accum = cfg.batch_tokens / (global_rows * cfg.seq);
 
   data::LoaderOptions lo;
   for (const auto& m : cfg.manifests) lo.manifests.emplace_back(m);
   lo.weights = cfg.weights;
   lo.split = cfg.train_split;
-  lo.batch = cfg.micro_batch;
+  lo.batch = global_rows;
   lo.seq = cfg.seq;
   lo.seed = cfg.seed;
+  lo.rank = comm.rank();
+  lo.world = comm.world();
   data::Loader loader(lo);
 
   std::unique_ptr<data::Loader> val_loader;
   data::LoaderState val_start;
   if (!cfg.validation_split.empty() && cfg.eval_batches > 0) {
     data::LoaderOptions vo = lo;
+    vo.batch = cfg.micro_batch;  // every rank reads every batch and scores its share of them
+    vo.rank = 0;
+    vo.world = 1;
     vo.manifests.clear();
     for (const auto& m : cfg.validation_manifests) vo.manifests.emplace_back(m);
     vo.weights = cfg.validation_manifests == cfg.manifests ? cfg.weights : std::vector<double>{};
@@ -290,19 +441,27 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
   Rng rng(cfg.seed);
   fs::path last_checkpoint;
   if (o.resume) {
-    const auto choice = io::choose_resume_checkpoint(ckpt_root);
-    for (const auto& [dir, why] : choice.skipped)
-      log::warn("skipping checkpoint '", dir.string(), "': ", why);
-    if (!choice.dir) {
-      POLLEN_CHECK(choice.skipped.empty(), "--resume: no checkpoint under '", ckpt_root.string(),
-                   "' verifies (", choice.skipped.size(), " skipped, reasons above)");
+    // Rank 0 chooses the checkpoint and tells the others: {step or -1 for none, skipped}.
+    int64_t choice_of_lead[2] = {-1, 0};
+    if (lead) {
+      const auto choice = io::choose_resume_checkpoint(ckpt_root);
+      for (const auto& [dir, why] : choice.skipped)
+        log::warn("skipping checkpoint '", dir.string(), "': ", why);
+      if (choice.dir) choice_of_lead[0] = io::checkpoint_step(*choice.dir);
+      choice_of_lead[1] = static_cast<int64_t>(choice.skipped.size());
+    }
+    comm.broadcast(choice_of_lead, 0, "the choice of checkpoint to resume");
+    const int64_t chosen = choice_of_lead[0];
+    POLLEN_CHECK(chosen >= 0 || choice_of_lead[1] == 0, "--resume: no checkpoint under '",
+                 ckpt_root.string(), "' verifies (", choice_of_lead[1], " skipped, reasons above)");
+    if (chosen == -1) {
       log::info("--resume: no checkpoint under '", ckpt_root.string(), "' yet; starting at step 0");
     } else {
-      const fs::path dir = *choice.dir;
+      const fs::path dir = ckpt_root / io::checkpoint_name(chosen);
       const TrainConfig saved =
           parse_train_config(read_file(dir / "config.toml"), (dir / "config.toml").string());
       for (const auto& w : check_resume_compatible(saved, cfg)) log::warn("resume: ", w);
-      load_checkpoint(dir, model, opt);
+      load(dir);
       const auto st = nlohmann::json::parse(read_file(dir / "state.json"));
       step = st.at("step").get<int64_t>();
       tokens = st.at("tokens").get<int64_t>();
@@ -319,9 +478,12 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
     }
   }
 
-  obs::JsonlWriter jsonl(cfg.dir / "metrics.jsonl", jsonl_at);
+  // Rank 0 writes the run's files (metrics, config, checkpoints, summary); every rank holds the
+  // same weights and loader state.
+  std::optional<obs::JsonlWriter> jsonl;
+  if (lead) jsonl.emplace(cfg.dir / "metrics.jsonl", jsonl_at);
   obs::EventFileWriter tb;
-  if (cfg.tensorboard) {
+  if (cfg.tensorboard && lead) {
     const fs::path tb_dir = cfg.dir / "tensorboard";
     if (!tb_file.empty() && fs::exists(tb_dir / tb_file)) {
       tb = obs::EventFileWriter::resume(tb_dir / tb_file, tb_at);
@@ -332,20 +494,34 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
     }
   }
   const std::string config_toml = cfg.to_toml();
-  write_file_atomic(cfg.dir / "config.toml", config_toml);
+  if (lead) write_file_atomic(cfg.dir / "config.toml", config_toml);
 
   const double peak = cfg.peak_flops > 0 ? cfg.peak_flops : measure_peak_flops();
   const double flops_per_token = cfg.model.flops_per_token(cfg.seq);
-  const int64_t accum = cfg.accumulation();
   log::info("training ", cfg.model.name, " (", cfg.model.parameter_count(), " parameters) for ",
             cfg.steps, " steps of ", cfg.batch_tokens, " tokens (", accum, " x ", cfg.micro_batch,
             " x ", cfg.seq, "), ", num_threads(), " threads, ", loader.tokens_per_epoch(),
             " tokens per epoch; peak ", peak / 1e9, " GFLOP/s",
             cfg.peak_flops > 0 ? "" : " (measured)");
+  if (parallel) {
+    log::info("data parallel over ", comm.world(), " ranks (", comm.topology().launcher,
+              "): ", reducer->buckets().size(), " gradient buckets of up to ", cfg.bucket_mb,
+              " MiB, optimizer state ", zero ? "sharded (ZeRO-1)" : "replicated", ", ",
+              optimizer_state_bytes(), " bytes on rank 0");
+  }
 
   const auto run_start = Clock::now();
   auto save = [&](int64_t at) {
-    jsonl.file().sync();
+    OptimizerMoments gathered;  // ZeRO-1: every rank's shard, gathered for rank 0 to write
+    if (zero) {
+      zero->gather_state(gathered.exp_avg, gathered.exp_avg_sq);
+      gathered.steps = zero->steps_taken();
+    }
+    if (!lead) {
+      last_checkpoint = ckpt_root / io::checkpoint_name(at);
+      return;
+    }
+    jsonl->file().sync();
     if (tb.file().is_open()) tb.file().sync();
     nlohmann::ordered_json st;
     st["step"] = at;
@@ -355,11 +531,12 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
     st["elapsed_s"] = elapsed_before + seconds_since(run_start);
     st["loader"] = loader.state().to_json();
     st["rng"] = {{"seed", rng.seed()}, {"offset", rng.offset()}};
-    st["metrics"] = {{"jsonl_bytes", jsonl.file().position()},
+    st["metrics"] = {{"jsonl_bytes", jsonl->file().position()},
                      {"tensorboard_file",
                       tb.file().is_open() ? tb.file().path().filename().string() : std::string()},
                      {"tensorboard_bytes", tb.file().is_open() ? tb.file().position() : 0}};
-    const auto w = write_checkpoint(ckpt_root, at, model, opt, st, config_toml);
+    const auto w = zero ? write_checkpoint(ckpt_root, at, model, gathered, st, config_toml)
+                        : write_checkpoint(ckpt_root, at, model, *opt, st, config_toml);
     last_checkpoint = w.dir;
     const double mb = static_cast<double>(w.stats.bytes) / 1048576.0;
     log::info("checkpoint step ", at, " saved to '", w.dir.string(), "' (", std::round(mb),
@@ -372,24 +549,37 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
   };
 
   TrainResult r;
-  obs::Progress progress("train", cfg.steps, step, o.quiet ? (int64_t{1} << 62) : cfg.log_interval);
+  obs::Progress progress("train", cfg.steps, step,
+                         o.quiet || !lead ? (int64_t{1} << 62) : cfg.log_interval);
+  double reduce_wait_total = 0, step_time_total = 0;
   int64_t steps_here = 0;
   double last_val = NAN, last_loss = NAN;
   bool stopped = false;
   while (step < cfg.steps) {
+    if (o.fault.kind != FaultInjection::Kind::none && o.fault.rank == comm.rank() &&
+        o.fault.step == step + 1)
+      inject_fault(o.fault);
     const auto t0 = Clock::now();
     const double lr = optim::lr_at(cfg.schedule, step);
     std::vector<model::Batch> micro;
     micro.reserve(static_cast<size_t>(accum));
     for (int64_t i = 0; i < accum; ++i) micro.push_back(loader.next());
-    const AccumulatedLoss acc = accumulate_gradients(model, micro);
+    // Several ranks agree on stopping at the start of a step (a signal reaches each at its own
+    // moment); one process decides after the step, as it always has.
+    bool stop_all =
+        g_stop_signal.load() != 0 || (o.stop_after >= 0 && steps_here + 1 >= o.stop_after);
+    double reduce_wait = 0;
+    const AccumulatedLoss acc =
+        parallel ? accumulate_gradients(model, micro, comm, *reducer, stop_all, reduce_wait)
+                 : accumulate_gradients(model, micro);
     double gnorm = NAN;
     bool good = std::isfinite(acc.loss);
     if (good) {
-      gnorm = opt.step(lr);
+      gnorm = optimizer_step(lr);
       good = std::isfinite(gnorm);  // AdamW leaves the weights alone then
+      if (zero) reduce_wait += zero->last_wait_s();
     }
-    opt.zero_grad();
+    for (auto& p : params) p.zero_grad();
     ++step;
     ++steps_here;
     tokens += cfg.batch_tokens;
@@ -404,6 +594,8 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
                 "; update skipped (", bad_in_row, " in a row, stop at ", cfg.max_bad_steps, ")");
     }
     const double dt = seconds_since(t0);
+    reduce_wait_total += reduce_wait;
+    step_time_total += dt;
     const double elapsed = elapsed_before + seconds_since(run_start);
     const double tps = static_cast<double>(cfg.batch_tokens) / dt;
     const double mfu = tps * flops_per_token / peak;
@@ -419,8 +611,14 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
     rec["mfu"] = std::round(mfu * 1e5) / 1e5;
     rec["elapsed_s"] = std::round(elapsed * 1000) / 1000;
     rec["rss_mb"] = std::round(rss_mb() * 10) / 10;
+    if (parallel) {
+      rec["ranks"] = comm.world();
+      rec["tokens_per_s_per_rank"] = std::round(tps / comm.world() * 10) / 10;
+      rec["reduce_wait_s"] = std::round(reduce_wait * 1e5) / 1e5;
+      rec["reduce_wait_frac"] = std::round(reduce_wait / dt * 1e4) / 1e4;
+    }
     if (!good) rec["skipped"] = true;
-    jsonl.write(rec);
+    if (jsonl) jsonl->write(rec);
     if (tb.file().is_open()) {
       tb.add_scalar("train/loss", acc.loss, step, wall);
       tb.add_scalar("train/lr", lr, step, wall);
@@ -431,7 +629,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
     }
     if (bad_in_row >= cfg.max_bad_steps) {
       progress.finish();
-      jsonl.file().sync();
+      if (jsonl) jsonl->file().sync();
       r.status = RunStatus::failed;
       r.message =
           cat(bad_in_row, " non-finite steps in a row (train.max_bad_steps = ", cfg.max_bad_steps,
@@ -444,17 +642,18 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
     }
     const bool last = step == cfg.steps;
     if (val_loader && ((cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || last)) {
-      last_val = evaluate(model, *val_loader, val_start, cfg.eval_batches);
+      last_val =
+          evaluate(model, *val_loader, val_start, cfg.eval_batches, parallel ? &comm : nullptr);
       nlohmann::ordered_json v;
       v["step"] = step;
       v["tokens"] = tokens;
       v["val_loss"] = num(last_val);
-      jsonl.write(v);
+      if (jsonl) jsonl->write(v);
       if (tb.file().is_open()) tb.add_scalar("val/loss", last_val, step, wall);
       progress.finish();
       log::info("step ", step, ": validation loss ", last_val);
     }
-    jsonl.file().flush();
+    if (jsonl) jsonl->file().flush();
     if (tb.file().is_open()) tb.file().flush();
     char fields[160];
     std::snprintf(fields, sizeof(fields), "loss=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f mfu=%.3f",
@@ -462,7 +661,8 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
     progress.update(step, fields);
 
     const bool preempt =
-        g_stop_signal.load() != 0 || (o.stop_after >= 0 && steps_here >= o.stop_after);
+        parallel ? stop_all
+                 : g_stop_signal.load() != 0 || (o.stop_after >= 0 && steps_here >= o.stop_after);
     // Periodic checkpoints wait out a run of non-finite steps, so the last one written is the
     // last good state; a preemption always writes one (the run must be able to continue).
     if (preempt ||
@@ -502,7 +702,17 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
       std::round(static_cast<double>(steps_here * cfg.batch_tokens) / seconds_since(run_start));
   summary["peak_rss_mb"] = std::round(peak_rss_mb());
   summary["checkpoint"] = last_checkpoint.string();
-  write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
+  if (parallel) {
+    std::vector<double> state_bytes(static_cast<size_t>(comm.world()), 0.0);
+    state_bytes[static_cast<size_t>(comm.rank())] = static_cast<double>(optimizer_state_bytes());
+    comm.all_reduce_sum(state_bytes, "the optimizer state sizes");
+    summary["ranks"] = comm.world();
+    summary["zero"] = cfg.zero;
+    summary["optimizer_state_bytes_per_rank"] = state_bytes;
+    summary["reduce_wait_frac"] =
+        step_time_total > 0 ? std::round(reduce_wait_total / step_time_total * 1e4) / 1e4 : 0.0;
+  }
+  if (lead) write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {
     r.message =
         cat("finished ", step, " steps (", tokens, " tokens) in ", obs::format_duration(total),
@@ -510,6 +720,20 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
             " steps skipped; checkpoint '", last_checkpoint.string(), "'");
   }
   return r;
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
+  try {
+    return train_run(cfg, o);
+  } catch (const dist::PeerFailure& e) {
+    TrainResult r;
+    r.status = RunStatus::rank_failed;
+    r.message = cat(e.what(), "; stopping the job. Rerun it with --resume to continue from the ",
+                    "last checkpoint under '", (cfg.dir / "checkpoints").string(), "'");
+    return r;
+  }
 }
 
 }  // namespace pollen::train

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/communicator.h"
+#include "dist/grad_reducer.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -17,7 +19,19 @@
 namespace pollen::train {
 
 // Exit codes of `pollen train` (docs/training.md): schedulers tell these apart.
-enum class RunStatus { finished = 0, failed = 1, preempted = 3 };
+// rank_failed: in a job of several ranks, one died or hung (docs/parallel.md).
+enum class RunStatus { finished = 0, failed = 1, preempted = 3, rank_failed = 4 };
+
+// Makes one rank die or hang at a step, to exercise failure detection (tests; set through
+// POLLEN_FAULT_INJECT, docs/parallel.md).
+struct FaultInjection {
+  enum class Kind { none, kill, hang };
+  Kind kind = Kind::none;
+  int rank = 0;
+  int64_t step = 0;  // before this step (1-based) runs
+};
+// Parses "kill:RANK:STEP" or "hang:RANK:STEP"; an empty text injects nothing.
+FaultInjection parse_fault_injection(const std::string& text);
 
 struct TrainOptions {
   bool resume = false;
@@ -25,6 +39,9 @@ struct TrainOptions {
   // Tests: behave as if preempted once this many steps have run in this process (-1: never).
   int64_t stop_after = -1;
   bool quiet = false;  // no progress lines (tests)
+  // The job's ranks (data parallel); null: this process alone, as one that has no launcher.
+  dist::Communicator* comm = nullptr;
+  FaultInjection fault;
 };
 
 struct TrainResult {
@@ -50,6 +67,16 @@ struct AccumulatedLoss {
 AccumulatedLoss accumulate_gradients(const model::Llama& model,
                                      const std::vector<model::Batch>& micro_batches);
 
+// The same for one rank of a data-parallel job: scored tokens and the loss are summed over
+// ranks (the loss is the global batch's mean), the last micro-batch's backward reduces the
+// gradients bucket by bucket as they are finished (earlier ones accumulate locally, with no
+// communication), and `reduce_wait_s` gets the seconds spent waiting for reductions.
+// `stop` is this rank's stop request in, any rank's out (so that every rank stops together).
+AccumulatedLoss accumulate_gradients(const model::Llama& model,
+                                     const std::vector<model::Batch>& micro_batches,
+                                     dist::Communicator& comm, dist::GradReducer& reducer,
+                                     bool& stop, double& reduce_wait_s);
+
 // Whether weight decay applies to each parameter (named as HF names them), given the no-decay
 // groups "norms", "biases" and "embeddings".
 std::vector<bool> decay_mask(const std::vector<std::pair<std::string, ag::Var>>& params,
@@ -72,5 +99,20 @@ CheckpointWritten write_checkpoint(const std::filesystem::path& root, int64_t st
 // Loads weights and optimizer state from a checkpoint folder (names and shapes must match).
 void load_checkpoint(const std::filesystem::path& dir, const model::Llama& model,
                      optim::AdamW& opt);
+
+// AdamW's state as a checkpoint holds it, whole, per parameter in model order; the form both
+// a replicated and a sharded (ZeRO-1) optimizer write and read, so that a checkpoint resumes
+// at any world size.
+struct OptimizerMoments {
+  std::vector<Tensor> exp_avg, exp_avg_sq;
+  int64_t steps = 0;
+};
+CheckpointWritten write_checkpoint(const std::filesystem::path& root, int64_t step,
+                                   const model::Llama& model, const OptimizerMoments& moments,
+                                   const nlohmann::ordered_json& state,
+                                   const std::string& config_toml);
+// Loads weights and fills `moments` (allocated here) from a checkpoint folder.
+void load_checkpoint(const std::filesystem::path& dir, const model::Llama& model,
+                     OptimizerMoments& moments);
 
 }  // namespace pollen::train

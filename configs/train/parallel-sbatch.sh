@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Data-parallel pre-training under Slurm (docs/parallel.md): one pollen rank per task, 2 nodes x
+# 4 ranks. The run folder, data and binary must be on a filesystem every node sees.
+#   sbatch configs/train/parallel-sbatch.sh RUN.toml
+#SBATCH --job-name=pollen-train
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=4
+#SBATCH --cpus-per-task=8
+#SBATCH --time=24:00:00
+#SBATCH --signal=TERM@120
+#SBATCH --output=pollen-train-%j.log
+set -uo pipefail
+config=${1:?usage: sbatch parallel-sbatch.sh RUN.toml}
+pollen=${POLLEN:-pollen}
+
+# Each rank uses its task's CPUs; --resume starts at step 0 when there is no checkpoint yet.
+# --signal above: Slurm sends TERM to every rank 120 s before the time limit.
+srun --mpi=pmix --cpu-bind=none "$pollen" train --config "$config" \
+  --set run.threads="${SLURM_CPUS_PER_TASK:-0}" --resume &
+wait $!
+status=$?
+# 3: preempted (a checkpoint was written), 4: a rank died or hung: continue in a new job.
+if [ "$status" -eq 3 ] || [ "$status" -eq 4 ]; then
+  sbatch "$0" "$config"
+fi
+exit "$status"

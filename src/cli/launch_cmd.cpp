@@ -1,0 +1,40 @@
+// `pollen launch --nproc N -- train --config run.toml ...`: wiring only; the command line is
+// dist::launch_command's.
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "dist/launch.h"
+
+namespace pollen::cli {
+
+void add_launch_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "launch",
+      "Run a pollen command as N data-parallel ranks on this node, through OpenMPI's mpirun "
+      "(docs/parallel.md). Several nodes: mpirun with a hostfile, or srun under Slurm.\n"
+      "Example: pollen launch --nproc 4 -- train --config run.toml\n"
+      "Exit status: the job's (pollen train: 4 when a rank died or hung).");
+  auto opts = std::make_shared<dist::LaunchOptions>();
+  cmd->add_option("--nproc", opts->nproc, "Ranks to start")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--mpirun", opts->mpirun, "The mpirun to use")->capture_default_str();
+  cmd->add_option("--mpirun-arg", opts->mpirun_args,
+                  "An extra argument for mpirun, before the program (repeatable: one argument "
+                  "each, e.g. --mpirun-arg=-x --mpirun-arg=OMP_NUM_THREADS)")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  // Everything from the first argument that is not launch's own (after an optional --) is the
+  // command, passed on untouched.
+  cmd->prefix_command();
+  cmd->callback([cmd, opts] {
+    std::vector<std::string> rest = cmd->remaining();
+    if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+    if (rest.empty()) throw CLI::RequiredError("launch: the pollen command to run, after --");
+    // This binary's own path: each rank runs the same pollen.
+    dist::exec_launch(*opts, std::filesystem::read_symlink("/proc/self/exe").string(), rest);
+  });
+}
+
+}  // namespace pollen::cli

@@ -1,0 +1,27 @@
+#pragma once
+// `pollen launch --nproc N -- <command> ...`: N ranks of pollen on this node, started by
+// OpenMPI's mpirun (the engine clusters already run; no launcher of our own). The ranks read
+// their place from mpirun's environment (topology.h).
+#include <string>
+#include <vector>
+
+namespace pollen::dist {
+
+struct LaunchOptions {
+  int nproc = 1;
+  std::string mpirun = "mpirun";
+  std::vector<std::string> mpirun_args;  // passed to mpirun before the program (--mca ...)
+};
+
+// The command line that runs `program args...` as nproc ranks on this node: mpirun -np N
+// --bind-to none (each rank runs a pool of threads) --oversubscribe (ranks may outnumber cores)
+// [--allow-run-as-root when run as root].
+std::vector<std::string> launch_command(const LaunchOptions& options, const std::string& program,
+                                        const std::vector<std::string>& args);
+
+// Replaces this process with that command (its exit status is the job's); throws if mpirun
+// cannot be started.
+[[noreturn]] void exec_launch(const LaunchOptions& options, const std::string& program,
+                              const std::vector<std::string>& args);
+
+}  // namespace pollen::dist

@@ -1,0 +1,58 @@
+#pragma once
+// ZeRO stage 1: AdamW whose state is sharded across ranks. Each rank keeps exp_avg and
+// exp_avg_sq only for its block of every gradient bucket (GradReducer in reduce_scatter mode),
+// so optimizer memory falls by the world size. A step: the global gradient norm from every
+// rank's block, the update of this rank's block of the parameters, then an all-gather of every
+// bucket's parameters. The arithmetic is AdamW's (optim/adamw.h) element by element.
+#include <cstdint>
+#include <vector>
+
+#include "dist/grad_reducer.h"
+#include "optim/adamw.h"
+
+namespace pollen::dist {
+
+class ZeroAdamW {
+ public:
+  // `decay`: whether weight decay applies to each of the reducer's parameters.
+  ZeroAdamW(GradReducer& reducer, const optim::AdamWOptions& options,
+            const std::vector<bool>& decay);
+
+  // After reducer.finish(): one update; returns the global gradient norm before clipping. A
+  // non-finite norm changes nothing (the same on every rank) and is returned.
+  double step(double lr);
+  // Seconds spent waiting on the parameter all-gather in the last step.
+  double last_wait_s() const { return last_wait_s_; }
+
+  int64_t steps_taken() const { return step_; }
+  void set_steps_taken(int64_t steps) { step_ = steps; }
+  // Bytes of optimizer state this rank holds.
+  int64_t state_bytes() const;
+
+  // Whole per-parameter moments, gathered from every rank (a collective: every rank calls it;
+  // every rank receives them). In the reducer's parameter order.
+  void gather_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq);
+  // Takes this rank's blocks of whole per-parameter moments (a checkpoint's).
+  void load_state(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);
+
+ private:
+  // A run of this rank's block that lies in one parameter.
+  struct Piece {
+    size_t bucket, param;
+    int64_t in_param;  // first element within the parameter
+    int64_t in_shard;  // first element within this rank's block of the bucket
+    int64_t numel;
+  };
+  void gather_bucket_moments(size_t b, const Tensor& shard_moment, std::vector<Tensor>& whole);
+
+  GradReducer& reducer_;
+  Communicator& comm_;
+  optim::AdamWOptions options_;
+  std::vector<Piece> pieces_;
+  std::vector<ops::AdamWSlot> slots_;  // one per piece: views of parameter and block gradient
+  std::vector<Tensor> exp_avg_, exp_avg_sq_;  // per bucket: this rank's block
+  int64_t step_ = 0;
+  double last_wait_s_ = 0;
+};
+
+}  // namespace pollen::dist

@@ -1,0 +1,452 @@
+// Data parallel inside a silo: the loader's split by rank, bucket planning, and `pollen train`
+// run as 1, 2 and 3 ranks under mpirun (oversubscribed on a small machine): the same losses as
+// one process, ZeRO-1 holding 1/N of the optimizer state, resume at another world size, and a
+// killed or hung rank ending the job with an error that names it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+
+#include "autograd/tape.h"
+#include "data/loader.h"
+#include "dist/communicator.h"
+#include "dist/grad_reducer.h"
+#include "dist/launch.h"
+#include "dist/topology.h"
+#include "dist/zero_adamw.h"
+#include "io/checkpoint.h"
+#include "train/tiny_run.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("pollen_dist_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+const fs::path& dataset() {
+  static const fs::path m = test_support::make_tiny_dataset(temp_dir("data"));
+  return m;
+}
+
+// 12 rows of 16 tokens per step: 6, 3 or 2 micro-steps of 2 rows per rank at 1, 2 or 3 ranks.
+fs::path write_run(const fs::path& dir, int steps, const std::string& parallel = "") {
+  std::string toml = test_support::tiny_run_toml(dir / "run", dataset(), steps,
+                                                 "\n[parallel]\ntimeout_s = 60\n" + parallel);
+  const std::string from = "micro_batch = 4\nseq = 16\nbatch_tokens = 128";
+  toml.replace(toml.find(from), from.size(), "micro_batch = 2\nseq = 16\nbatch_tokens = 192");
+  const std::string threads = "threads = 2";
+  toml.replace(toml.find(threads), threads.size(), "threads = 1");
+  write_file_atomic(dir / "run.toml", toml);
+  return dir / "run.toml";
+}
+
+struct Outcome {
+  int exit_code = -1;
+  std::string output;
+};
+
+// `pollen train` as `ranks` processes under mpirun (1: no mpirun at all), with an environment
+// prefix such as "POLLEN_FAULT_INJECT=kill:1:5".
+Outcome train(int ranks, const fs::path& config, const std::string& extra = "",
+              const std::string& env = "") {
+  std::string cmd = env.empty() ? "" : "env " + env + " ";
+  if (ranks > 1) {
+    cmd += "mpirun --oversubscribe --bind-to none -np " + std::to_string(ranks) + " ";
+    if (geteuid() == 0) cmd += "--allow-run-as-root ";
+    cmd += "-x POLLEN_FAULT_INJECT ";
+  }
+  cmd += std::string(POLLEN_BINARY) + " train --config " + config.string() + " " + extra + " 2>&1";
+  Outcome o;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) o.output.append(buf, n);
+  const int status = pclose(p);
+  o.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return o;
+}
+
+std::vector<nlohmann::json> records(const fs::path& run, const char* key) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains(key)) out.push_back(j);
+  }
+  return out;
+}
+
+std::vector<double> train_losses(const fs::path& run) {
+  std::vector<double> out;
+  for (const auto& j : records(run, "loss")) out.push_back(j["loss"].get<double>());
+  return out;
+}
+
+nlohmann::json summary(const fs::path& run) {
+  std::ifstream in(run / "summary.json");
+  return nlohmann::json::parse(in);
+}
+
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(a[i], b[i], tol * std::max(1.0, std::abs(b[i]))) << what << " at step " << i + 1;
+}
+
+// One process, 8 steps: the reference every job is held to.
+const std::vector<double>& reference_losses() {
+  static const std::vector<double> losses = [] {
+    const fs::path d = temp_dir("reference");
+    const Outcome o = train(1, write_run(d, 8));
+    EXPECT_EQ(o.exit_code, 0) << o.output;
+    return train_losses(d / "run");
+  }();
+  return losses;
+}
+
+// One rank that records when reductions start: the tape's steps left at each start.
+class RecordingComm final : public dist::Communicator {
+ public:
+  RecordingComm() : Communicator(dist::Topology{}) {}
+  const ag::Tape* tape = nullptr;
+  std::vector<size_t> tape_left_at_start;
+  dist::Request start_all_reduce(float*, int64_t, std::string) override { return record(); }
+  dist::Request start_reduce_scatter(const float* in, float* out, int64_t n, std::string) override {
+    std::copy(in, in + n, out);
+    return record();
+  }
+  dist::Request start_all_gather(const float* in, float* out, int64_t n, std::string) override {
+    std::copy(in, in + n, out);
+    return 0;
+  }
+  void progress() override {}
+  double wait(dist::Request) override { return 0; }
+  void all_reduce_sum(std::span<double>, std::string) override {}
+  void broadcast(std::span<int64_t>, int, std::string) override {}
+  [[noreturn]] void abort_job(int) override { std::abort(); }
+
+ private:
+  dist::Request record() {
+    tape_left_at_start.push_back(tape ? tape->size() : 0);
+    return 0;
+  }
+};
+
+struct TinyModel {
+  model::Llama model;
+  std::vector<ag::Var> params;
+  model::Batch batch;
+  TinyModel() : model(config(), 5) {
+    for (const auto& [n, v] : model.named_parameters()) params.push_back(v);
+    data::LoaderOptions lo;
+    lo.manifests = {dataset()};
+    lo.batch = 2;
+    lo.seq = 16;
+    data::Loader loader(lo);
+    batch = loader.next();
+  }
+  static model::LlamaConfig config() {
+    model::LlamaConfig c;
+    c.vocab_size = 64;
+    c.hidden_size = 32;
+    c.intermediate_size = 64;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 2;
+    c.num_key_value_heads = 1;
+    c.max_position_embeddings = 64;
+    return c;
+  }
+  // One backward, observed by `observer` when given; the tape is shown to `comm`.
+  void backward(RecordingComm* comm, ag::BackwardObserver* observer) {
+    ag::Tape tape;
+    ag::Var l;
+    {
+      ag::TapeScope scope(tape);
+      l = model.loss(batch, ag::Reduction::sum);
+    }
+    if (comm) comm->tape = &tape;
+    if (observer) {
+      ag::ObserveBackward observe(*observer);
+      tape.backward(l, 0.01);
+    } else {
+      tape.backward(l, 0.01);
+    }
+    if (comm) comm->tape = nullptr;
+  }
+  std::vector<std::vector<float>> grads() const {
+    std::vector<std::vector<float>> out;
+    for (const auto& p : params) {
+      const float* g = p.grad().contiguous().data<float>();
+      out.emplace_back(g, g + p.grad().numel());
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST(GradReducer, StartsBucketsWhileBackwardRunsAndHandsBackTheGradients) {
+  TinyModel m;
+  m.backward(nullptr, nullptr);
+  const auto expected = m.grads();
+  for (auto& p : m.params) p.zero_grad();
+
+  RecordingComm comm;
+  dist::GradReducer reducer(comm, m.params, 4096, dist::ReduceMode::all_reduce);
+  ASSERT_GE(reducer.buckets().size(), 4u);
+  // The first step learns each parameter's number of gradient writes: it reduces afterwards.
+  m.backward(&comm, &reducer);
+  EXPECT_TRUE(comm.tape_left_at_start.empty());
+  reducer.finish();
+  EXPECT_EQ(comm.tape_left_at_start.size(), reducer.buckets().size());
+  EXPECT_EQ(m.grads(), expected);
+  // From then on every bucket starts as soon as its gradients are final, the first ones while
+  // most of the tape is still to run.
+  for (auto& p : m.params) p.zero_grad();
+  comm.tape_left_at_start.clear();
+  m.backward(&comm, &reducer);
+  ASSERT_EQ(comm.tape_left_at_start.size(), reducer.buckets().size());
+  EXPECT_GT(comm.tape_left_at_start.front(), 10u);
+  EXPECT_TRUE(std::is_sorted(comm.tape_left_at_start.rbegin(), comm.tape_left_at_start.rend()));
+  reducer.finish();
+  EXPECT_EQ(m.grads(), expected);
+}
+
+TEST(ZeroAdamW, UpdatesBlocksAsAdamWUpdatesTheWholeParameters) {
+  optim::AdamWOptions ao;
+  ao.lr = 1e-2;
+  ao.max_grad_norm = 0;
+  TinyModel plain;
+  std::vector<bool> decay;
+  for (const auto& p : plain.params) decay.push_back(p.value().dim() >= 2);
+  optim::AdamW adamw(plain.params, ao, decay);
+  TinyModel sharded;
+  RecordingComm comm;
+  dist::GradReducer reducer(comm, sharded.params, 4096, dist::ReduceMode::reduce_scatter);
+  dist::ZeroAdamW zero(reducer, ao, decay);
+  for (int step = 0; step < 3; ++step) {
+    plain.backward(nullptr, nullptr);
+    const double norm = adamw.step(ao.lr);
+    adamw.zero_grad();
+    sharded.backward(&comm, &reducer);
+    reducer.finish();
+    EXPECT_NEAR(zero.step(ao.lr), norm, 1e-6 * norm);
+    for (auto& p : sharded.params) p.zero_grad();
+  }
+  for (size_t i = 0; i < plain.params.size(); ++i)
+    EXPECT_EQ(plain.params[i].value().to_doubles(), sharded.params[i].value().to_doubles()) << i;
+  std::vector<Tensor> m1, m2;
+  zero.gather_state(m1, m2);
+  for (size_t i = 0; i < plain.params.size(); ++i)
+    EXPECT_EQ(m2[i].to_doubles(), adamw.slots()[i].exp_avg_sq.to_doubles()) << i;
+}
+
+TEST(Loader, RanksTakeDisjointPartsThatCoverTheGlobalBatch) {
+  auto rows_of = [](int rank, int world) {
+    data::LoaderOptions lo;
+    lo.manifests = {dataset()};
+    lo.batch = 6;
+    lo.seq = 16;
+    lo.seed = 3;
+    lo.rank = rank;
+    lo.world = world;
+    data::Loader loader(lo);
+    std::vector<std::vector<int32_t>> rows;
+    for (int call = 0; call < 5; ++call) {
+      const model::Batch b = loader.next();
+      EXPECT_EQ(b.tokens.size(0), 6 / world);
+      const int32_t* t = b.tokens.data<int32_t>();
+      for (int64_t r = 0; r < b.tokens.size(0); ++r)
+        rows.emplace_back(t + r * 16, t + (r + 1) * 16);
+    }
+    return rows;
+  };
+  const auto whole = rows_of(0, 1);
+  for (int world : {2, 3}) {
+    // Call by call, rank 0's rows then rank 1's ... are exactly the single loader's rows.
+    std::vector<std::vector<std::vector<int32_t>>> per_rank;
+    for (int r = 0; r < world; ++r) per_rank.push_back(rows_of(r, world));
+    const size_t per_call = 6 / static_cast<size_t>(world);
+    std::vector<std::vector<int32_t>> joined;
+    for (size_t call = 0; call < 5; ++call)
+      for (int r = 0; r < world; ++r)
+        for (size_t k = 0; k < per_call; ++k)
+          joined.push_back(per_rank[static_cast<size_t>(r)][call * per_call + k]);
+    EXPECT_EQ(joined, whole) << world << " ranks";
+    // Disjoint: the windows of the global batch are distinct, so no row repeats within a call.
+    for (size_t call = 0; call < 5; ++call) {
+      std::set<std::vector<int32_t>> seen(whole.begin() + call * 6, whole.begin() + call * 6 + 6);
+      EXPECT_EQ(seen.size(), 6u);
+    }
+  }
+}
+
+TEST(Buckets, PackLastParameterFirstAndPadToTheWorldSize) {
+  std::vector<ag::Var> params;
+  for (int64_t n : {10, 7, 3, 20}) params.emplace_back(Tensor::zeros({n}, DType::f32), true);
+  const auto buckets = dist::plan_buckets(params, 12 * sizeof(float), 3);
+  ASSERT_EQ(buckets.size(), 3u);  // {20}, {3, 7}, {10}
+  ASSERT_EQ(buckets[0].entries.size(), 1u);
+  EXPECT_EQ(buckets[0].entries[0].param, 3u);
+  EXPECT_EQ(buckets[0].padded, 21);
+  ASSERT_EQ(buckets[1].entries.size(), 2u);
+  EXPECT_EQ(buckets[1].entries[0].param, 2u);
+  EXPECT_EQ(buckets[1].entries[1].param, 1u);
+  EXPECT_EQ(buckets[1].entries[1].offset, 3);
+  EXPECT_EQ(buckets[1].padded, 12);
+  EXPECT_EQ(buckets[2].entries[0].param, 0u);
+  EXPECT_EQ(buckets[2].padded, 12);
+}
+
+TEST(Topology, ReadsTheLauncherEnvironment) {
+  setenv("OMPI_COMM_WORLD_SIZE", "4", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+  const auto t = dist::topology_from_environment();
+  EXPECT_EQ(t.world, 4);
+  EXPECT_EQ(t.rank, 2);
+  EXPECT_EQ(t.local_world, 2);
+  EXPECT_EQ(t.launcher, "mpirun");
+  setenv("OMPI_COMM_WORLD_RANK", "two", 1);
+  try {
+    dist::topology_from_environment();
+    ADD_FAILURE() << "a malformed rank was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("OMPI_COMM_WORLD_RANK"), std::string::npos) << e.what();
+  }
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"})
+    unsetenv(v);
+  setenv("SLURM_STEP_NUM_TASKS", "6", 1);
+  setenv("SLURM_PROCID", "5", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3)", 1);
+  const auto s = dist::topology_from_environment();
+  EXPECT_EQ(s.launcher, "slurm");
+  EXPECT_EQ(s.rank, 5);
+  EXPECT_EQ(s.local_rank, 1);
+  EXPECT_EQ(s.local_world, 2);
+  for (const char* v :
+       {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"})
+    unsetenv(v);
+  EXPECT_FALSE(dist::topology_from_environment().distributed());
+}
+
+TEST(Launch, RunsMpirunWithoutBindingAndAllowsMoreRanksThanCores) {
+  dist::LaunchOptions o;
+  o.nproc = 3;
+  const auto cmd = dist::launch_command(o, "/bin/pollen", {"train", "--config", "r.toml"});
+  ASSERT_GE(cmd.size(), 9u);
+  EXPECT_EQ(cmd[0], "mpirun");
+  EXPECT_EQ(cmd[2], "3");
+  EXPECT_NE(std::find(cmd.begin(), cmd.end(), "none"), cmd.end());
+  EXPECT_NE(std::find(cmd.begin(), cmd.end(), "--oversubscribe"), cmd.end());
+  EXPECT_EQ(cmd[cmd.size() - 4], "/bin/pollen");
+  EXPECT_EQ(cmd.back(), "r.toml");
+}
+
+TEST(DataParallel, TwoAndThreeRanksTrainAsOneProcessAndRepeatBitwise) {
+  const auto& ref = reference_losses();
+  ASSERT_EQ(ref.size(), 8u);
+  std::vector<double> first_two;
+  for (int ranks : {2, 3, 2}) {
+    const fs::path d = temp_dir("dp" + std::to_string(ranks) + (first_two.empty() ? "" : "again"));
+    const Outcome o = train(ranks, write_run(d, 8));
+    ASSERT_EQ(o.exit_code, 0) << o.output;
+    const auto losses = train_losses(d / "run");
+    expect_close(losses, ref, 2e-5, std::to_string(ranks) + " ranks");
+    const auto recs = records(d / "run", "loss");
+    EXPECT_EQ(recs.back()["ranks"], ranks);
+    EXPECT_GE(recs.back()["reduce_wait_frac"].get<double>(), 0.0);
+    EXPECT_EQ(summary(d / "run")["ranks"], ranks);
+    // One validation loss for the job, the same as one process's to rounding.
+    EXPECT_EQ(records(d / "run", "val_loss").size(), 1u);
+    if (ranks == 2 && first_two.empty()) {
+      first_two = losses;
+    } else if (ranks == 2) {
+      EXPECT_EQ(losses, first_two) << "a fixed world size must repeat bitwise";
+    }
+  }
+}
+
+TEST(DataParallel, ZeroShardsTheOptimizerStateAndTrainsAsPlainDataParallel) {
+  const auto& ref = reference_losses();
+  std::vector<double> replicated_bytes;
+  for (int zero : {0, 1}) {
+    for (int ranks : {2, 3}) {
+      const fs::path d = temp_dir("zero" + std::to_string(zero) + "_" + std::to_string(ranks));
+      // Small buckets: several per step, and parameters cut across ranks' blocks.
+      const Outcome o =
+          train(ranks, write_run(d, 8, "zero = " + std::to_string(zero) + "\nbucket_mb = 0.01\n"));
+      ASSERT_EQ(o.exit_code, 0) << o.output;
+      expect_close(train_losses(d / "run"), ref, 2e-5, cat("zero ", zero, ", ", ranks, " ranks"));
+      const auto bytes =
+          summary(d / "run")["optimizer_state_bytes_per_rank"].get<std::vector<double>>();
+      ASSERT_EQ(bytes.size(), static_cast<size_t>(ranks));
+      if (zero == 0) {
+        for (double b : bytes) EXPECT_EQ(b, bytes[0]);
+        replicated_bytes.push_back(bytes[0]);
+        continue;
+      }
+      const double whole = replicated_bytes.at(0);
+      for (double b : bytes) {
+        EXPECT_LE(b, whole / ranks * 1.01 + 1024) << ranks << " ranks";  // padding only
+        EXPECT_GE(b, whole / ranks * 0.99) << ranks << " ranks";
+      }
+    }
+  }
+}
+
+TEST(DataParallel, KilledRankEndsTheJobAndResumesAtAnotherWorldSize) {
+  const auto& ref = reference_losses();
+  const fs::path d = temp_dir("killed");
+  const fs::path config = write_run(d, 8);
+  const Outcome killed =
+      train(2, config, "--set checkpoint.interval=2", "POLLEN_FAULT_INJECT=kill:1:6");
+  EXPECT_NE(killed.exit_code, 0) << killed.output;
+  EXPECT_NE(killed.output.find("rank 1"), std::string::npos) << killed.output;
+  EXPECT_FALSE(fs::exists(d / "run" / "summary.json"));
+  EXPECT_EQ(io::checkpoint_step(io::list_checkpoints(d / "run" / "checkpoints").back()), 4);
+  // Resume the 2-rank run as 3 ranks with ZeRO-1: the run continues to the same losses.
+  const Outcome resumed =
+      train(3, config, "--resume --set checkpoint.interval=2 --set parallel.zero=1");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  expect_close(train_losses(d / "run"), ref, 2e-5, "resumed at 3 ranks");
+}
+
+TEST(DataParallel, HungRankIsNamedWithExitCodeFourAndResumeFinishesTheRun) {
+  const auto& ref = reference_losses();
+  const fs::path d = temp_dir("hung");
+  const fs::path config = write_run(d, 8);
+  const Outcome hung = train(2, config, "--set checkpoint.interval=2 --set parallel.timeout_s=5",
+                             "POLLEN_FAULT_INJECT=hang:1:4");
+  EXPECT_EQ(hung.exit_code, 4) << hung.output;
+  EXPECT_NE(hung.output.find("rank 1 never reached it (dead or hung)"), std::string::npos)
+      << hung.output;
+  EXPECT_NE(hung.output.find("--resume"), std::string::npos) << hung.output;
+  const Outcome resumed = train(2, config, "--resume --set checkpoint.interval=2");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
+  expect_close(train_losses(d / "run"), ref, 2e-5, "resumed after a hang");
+}
+
+TEST(DataParallel, SingleProcessNeedsNoLauncher) {
+  const auto c = dist::connect(5);
+  EXPECT_EQ(c->world(), 1);
+  EXPECT_EQ(c->rank(), 0);
+  float in[3] = {1, 2, 3}, out[3] = {};
+  c->wait(c->start_all_gather(in, out, 3, "copy"));
+  EXPECT_EQ(out[2], 3.0f);
+}
