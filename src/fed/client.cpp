@@ -7,6 +7,7 @@
 #include "autograd/tape.h"
 #include "base/log.h"
 #include "data/shards.h"
+#include "fed/client_state.h"
 #include "optim/schedule.h"
 #include "train/trainer.h"
 
@@ -172,6 +173,15 @@ double LocalTrainer::evaluate(int64_t* tokens) {
 Client::Client(ClientConfig config, Transport& transport)
     : config_(std::move(config)), transport_(transport), trainer_(config_) {
   specs_ = param_specs(trainer_.model());
+  if (!config_.state_dir.empty()) {
+    last_round_ = load_client_state(config_.state_dir, config_.id, trainer_, specs_, feedback_);
+  }
+}
+
+void Client::save_state() {
+  if (config_.state_dir.empty()) return;
+  save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, trainer_,
+                    specs_, feedback_);
 }
 
 void Client::join() {
@@ -224,6 +234,10 @@ void Client::train_round(const pb::TaskReply& task) {
   codec.codec = parse_codec(task.codec());
   codec.block = task.codec_block();
   codec.validate();
+  CompressOptions model_codec;
+  model_codec.codec = task.model_codec().empty() ? Codec::none : parse_codec(task.model_codec());
+  model_codec.block = task.model_codec().empty() ? codec.block : task.model_codec_block();
+  model_codec.validate();
   // Pull the global model.
   pb::PullRequest pr;
   pr.set_client_id(config_.id);
@@ -231,11 +245,10 @@ void Client::train_round(const pb::TaskReply& task) {
   const std::string what = cat("global model of round ", task.round());
   std::unique_ptr<ChunkAssembler> chunks;
   pb::TensorSetHeader header;
-  CompressOptions none;
   transport_.pull(pr, [&](const pb::TensorStream& m) {
     if (!chunks) {
       POLLEN_CHECK(m.has_header(), what, ": the stream must open with a header");
-      validate_header(m.header(), specs_, none, what);
+      validate_header(m.header(), specs_, model_codec, what);
       header = m.header();
       chunks = std::make_unique<ChunkAssembler>(header, what);
     } else {
@@ -246,6 +259,8 @@ void Client::train_round(const pb::TaskReply& task) {
   POLLEN_CHECK(chunks != nullptr, what, ": empty stream");
   const std::string bytes = chunks->finish();
   bytes_received_ += bytes.size();
+  // What the client trains from and takes its pseudo-gradient against: the decoded model, the
+  // same values on both sides whatever the codec.
   const Weights global = decode_set(header, bytes, specs_, what);
   set_model_weights(trainer_.model(), global);
 
@@ -277,27 +292,35 @@ void Client::train_round(const pb::TaskReply& task) {
   const Weights saved_residual = clone_weights(feedback_.residual());
   EncodedSet enc = encode_payloads(specs_, feedback_.encode(delta, codec), codec);
 
+  last_round_ = task.round();
   int stage = 0;
   size_t offset = 0;
-  const auto reply = transport_.push([&](pb::TensorStream& m) {
-    if (stage == 0) {
-      *m.mutable_update() = info;
-      stage = 1;
+  pb::PushReply reply;
+  try {
+    reply = transport_.push([&](pb::TensorStream& m) {
+      if (stage == 0) {
+        *m.mutable_update() = info;
+        stage = 1;
+        return true;
+      }
+      if (stage == 1) {
+        *m.mutable_header() = enc.header;
+        stage = 2;
+        return true;
+      }
+      if (offset >= enc.bytes.size()) return false;
+      const size_t n = std::min<size_t>(kMaxChunkBytes, enc.bytes.size() - offset);
+      auto* c = m.mutable_chunk();
+      c->set_offset(offset);
+      c->set_data(enc.bytes.data() + offset, n);
+      offset += n;
       return true;
-    }
-    if (stage == 1) {
-      *m.mutable_header() = enc.header;
-      stage = 2;
-      return true;
-    }
-    if (offset >= enc.bytes.size()) return false;
-    const size_t n = std::min<size_t>(kMaxChunkBytes, enc.bytes.size() - offset);
-    auto* c = m.mutable_chunk();
-    c->set_offset(offset);
-    c->set_data(enc.bytes.data() + offset, n);
-    offset += n;
-    return true;
-  });
+    });
+  } catch (const Error&) {
+    feedback_.set_residual(saved_residual);  // the update did not arrive
+    save_state();
+    throw;
+  }
   if (reply.accepted()) {
     bytes_sent_ += enc.bytes.size();
     log::info("fed client '", config_.id, "': round ", task.round(), ": ", res.tokens,
@@ -308,6 +331,7 @@ void Client::train_round(const pb::TaskReply& task) {
     log::warn("fed client '", config_.id, "': round ", task.round(),
               " update refused: ", reply.reason());
   }
+  save_state();
 }
 
 }  // namespace pollen::fed

@@ -1,7 +1,8 @@
 #pragma once
-// One silo: holds its data, its model and its inner AdamW state across rounds; for each round it
-// pulls the global model, trains H local steps, and pushes its pseudo-gradient (global minus
-// local weights), compressed with error feedback. The same Client runs over gRPC
+// One silo: holds its data, its model and its inner AdamW state across rounds (and, with a state
+// folder, across restarts); for each round it pulls the global model (decoded as the server
+// encoded it), trains H local steps, and pushes its pseudo-gradient (the decoded global model
+// minus the local weights), compressed with error feedback. The same Client runs over gRPC
 // (`pollen fed client`) and over the in-process transport (`pollen fed simulate`), which passes
 // the same protobuf messages through the same checks.
 #include <functional>
@@ -69,6 +70,10 @@ class LocalTrainer {
   model::Llama& model() { return model_; }
   const std::string& manifest_hash() const { return manifest_hash_; }
   int64_t steps_taken() const { return step_; }
+  // The state a client keeps across rounds and restarts (fed/client_state.h).
+  optim::AdamW& optimizer() { return opt_; }
+  data::Loader& train_loader() { return *train_; }
+  void set_steps_taken(int64_t steps) { step_ = steps; }
 
  private:
   ClientConfig config_;
@@ -81,6 +86,7 @@ class LocalTrainer {
 
 class Client {
  public:
+  // Resumes the state saved under config.state_dir, when there is one.
   Client(ClientConfig config, Transport& transport);
   // Joins; throws with the server's reason when refused.
   void join();
@@ -92,9 +98,11 @@ class Client {
   LocalTrainer& trainer() { return trainer_; }
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
+  int64_t last_round() const { return last_round_; }  // the last round trained (0: none)
 
  private:
   void train_round(const pb::TaskReply& task);
+  void save_state();
 
   ClientConfig config_;
   Transport& transport_;
@@ -102,6 +110,7 @@ class Client {
   ParamSpecs specs_;
   ErrorFeedback feedback_;
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  int64_t last_round_ = 0;
 };
 
 }  // namespace pollen::fed

@@ -28,8 +28,21 @@ struct RoundSummary {
   int64_t round = 0;
   bool aggregated = false;
   std::vector<std::string> selected, participants, dropped;
-  double train_loss = 0, eval_loss = 0;
+  double train_loss = 0, eval_loss = 0;  // eval_loss: NaN when no client evaluated
   int64_t tokens = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;  // the round's model out, updates in
+  double wall_s = 0;
+  std::map<std::string, double> client_train_loss, client_eval_loss;
+};
+
+// The server's status (what /metrics shows): the last closed round and totals since start.
+struct ServerStatus {
+  int64_t rounds_done = 0, rounds_total = 0;
+  int64_t open_round = 0;  // 0 when no round is open
+  size_t clients_joined = 0, clients_alive = 0;
+  RoundSummary last;  // round 0 before any round closed
+  uint64_t bytes_sent_total = 0, bytes_received_total = 0;
+  int64_t dropped_total = 0, retries_total = 0, tokens_total = 0;
 };
 
 class Coordinator {
@@ -75,6 +88,7 @@ class Coordinator {
   const ParamSpecs& specs() const { return specs_; }
   const ServerConfig& config() const { return config_; }
   size_t alive_clients() const;
+  ServerStatus status() const;
 
  private:
   struct ClientState {
@@ -91,6 +105,8 @@ class Coordinator {
   void save_checkpoint(const RoundSummary& s);
   void load_checkpoint(const std::filesystem::path& dir);
   size_t alive_locked() const;
+  void record_status(const RoundSummary& s);
+  void write_tensorboard(const RoundSummary& s);
 
   ServerConfig config_;
   std::unique_ptr<Strategy> strategy_;
@@ -113,6 +129,8 @@ class Coordinator {
   std::chrono::steady_clock::time_point round_start_;
   nlohmann::json lineage_ = nlohmann::json::array();
   obs::JsonlWriter metrics_, lineage_file_;
+  obs::EventFileWriter tensorboard_;
+  ServerStatus totals_;  // last round and totals; the rest of status() is filled when asked
 };
 
 }  // namespace pollen::fed
