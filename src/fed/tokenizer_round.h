@@ -60,7 +60,6 @@ class TokenizerRound {
                            const char* what) const;
 
  private:
-
   TokenizerServerConfig config_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
