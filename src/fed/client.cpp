@@ -207,7 +207,16 @@ void Client::run() {
   for (;;) {
     pb::TaskRequest r;
     r.set_client_id(config_.id);
-    const auto t = transport_.task(r);
+    pb::TaskReply t;
+    try {
+      t = transport_.task(r);
+    } catch (const Error& e) {
+      // A restarted server has forgotten who joined (and a server that stays away past
+      // connect_timeout_s makes join throw): join again, then ask again.
+      log::warn("fed client '", config_.id, "': task failed (", e.what(), "); joining again");
+      join();
+      continue;
+    }
     switch (t.kind()) {
       case pb::TASK_DONE:
         log::info("fed client '", config_.id, "': the run is over");

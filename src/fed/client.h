@@ -92,7 +92,8 @@ class Client {
   void join();
   // One task request and what it asks: returns the task's kind.
   pb::TaskKind poll_once();
-  // Polls until the server says the run is over.
+  // Polls until the server says the run is over; joins again when a restarted server has
+  // forgotten it.
   void run();
   const std::string& id() const { return config_.id; }
   LocalTrainer& trainer() { return trainer_; }
