@@ -1,12 +1,14 @@
-// `pollen fed server | client | simulate | certs`: federated training across silos
-// (docs/federated.md). Parsing and wiring only.
+// `pollen fed server | client | simulate | certs | tokenizer | counts`: federated training across
+// silos (docs/federated.md). Parsing and wiring only.
 #include <cstdio>
 
 #include "base/log.h"
+#include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "fed/config.h"
 #include "fed/grpc.h"
 #include "fed/run.h"
+#include "fed/tokenizer_round.h"
 
 namespace pollen::cli {
 
@@ -53,6 +55,52 @@ void add_fed_command(CLI::App& app) {
     }
     std::printf("%lld rounds; metrics in %s\n", static_cast<long long>(r.rounds),
                 (cfg.server.dir / "metrics.jsonl").c_str());
+  });
+
+  auto* tok = fed->add_subcommand(
+      "tokenizer", "Train the shared tokenizer on the silos' pre-token counts, sent over the wire");
+  tok->add_option("--config", o->config, "fed-tokenizer.toml")->required();
+  tok->callback([o] {
+    const auto cfg = fed::load_tokenizer_server_config(o->config);
+    std::printf("fingerprint %s\n", fed::run_tokenizer_server(cfg).c_str());
+  });
+
+  auto c = std::make_shared<fed::CountsClientOptions>();
+  auto* counts = fed->add_subcommand(
+      "counts",
+      "Send this silo's pre-token counts to `pollen fed tokenizer`, receive the tokenizer");
+  counts->add_option("--server", c->server, "host:port of the server")->capture_default_str();
+  counts->add_option("--id", c->id, "This silo's client id")->required();
+  counts->add_option("--input", c->inputs, "Text files (a line is a document) or JSONL files")
+      ->required()
+      ->check(CLI::ExistingFile);
+  counts->add_flag("--jsonl", c->jsonl, "Inputs are JSONL; the text is in --field");
+  counts->add_option("--field", c->field, "JSONL field holding the text")->capture_default_str();
+  counts->add_option("--pattern", c->pattern, "Pre-tokenisation: a known pattern name or a regex")
+      ->capture_default_str();
+  counts
+      ->add_option("--noise-stddev", c->noise_stddev,
+                   "Add round(N(0, S^2)) to every count before sending (0: exact counts)")
+      ->capture_default_str();
+  counts->add_option("--seed", c->seed, "Seed of the noise")->capture_default_str();
+  counts->add_option("--min-count", c->min_count, "Drop pieces counted fewer times (after noise)")
+      ->capture_default_str();
+  counts->add_option("--output", c->output, "Where the received tokenizer.json goes")->required();
+  counts->add_option("--ca", c->tls.ca, "TLS: the federation's CA (PEM)");
+  counts->add_option("--cert", c->tls.cert, "TLS: this silo's certificate (PEM)");
+  counts->add_option("--key", c->tls.key, "TLS: this silo's key (PEM)");
+  counts->add_option("--server-name", c->tls.server_name,
+                     "TLS: the name to check the server's certificate against");
+  counts->add_option("--connect-timeout", c->connect_timeout_s, "Seconds to wait for the server")
+      ->capture_default_str();
+  auto threads = std::make_shared<int>(0);
+  counts->add_option("--threads", *threads, "Threads for counting (default: all)");
+  counts->callback([c, threads] {
+    if (*threads > 0) set_num_threads(*threads);
+    POLLEN_CHECK(
+        c->tls.ca.empty() == c->tls.cert.empty() && c->tls.ca.empty() == c->tls.key.empty(),
+        "fed counts: give all of --ca, --cert and --key, or none");
+    std::printf("fingerprint %s\n", fed::run_counts_client(*c).c_str());
   });
 
   auto* certs = fed->add_subcommand(

@@ -7,6 +7,7 @@
 #include "autograd/tape.h"
 #include "base/log.h"
 #include "data/shards.h"
+#include "fed/client_state.h"
 #include "optim/schedule.h"
 #include "train/trainer.h"
 
@@ -181,6 +182,15 @@ double LocalTrainer::evaluate(int64_t* tokens) {
 Client::Client(ClientConfig config, Transport& transport)
     : config_(std::move(config)), transport_(transport), trainer_(config_) {
   specs_ = param_specs(trainer_.model());
+  if (!config_.state_dir.empty()) {
+    last_round_ = load_client_state(config_.state_dir, config_.id, trainer_, specs_, feedback_);
+  }
+}
+
+void Client::save_state() {
+  if (config_.state_dir.empty()) return;
+  save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, trainer_,
+                    specs_, feedback_);
 }
 
 void Client::join() {
@@ -219,7 +229,16 @@ void Client::run() {
   for (;;) {
     pb::TaskRequest r;
     r.set_client_id(config_.id);
-    const auto t = transport_.task(r);
+    pb::TaskReply t;
+    try {
+      t = transport_.task(r);
+    } catch (const Error& e) {
+      // A restarted server has forgotten who joined (and a server that stays away past
+      // connect_timeout_s makes join throw): join again, then ask again.
+      log::warn("fed client '", config_.id, "': task failed (", e.what(), "); joining again");
+      join();
+      continue;
+    }
     switch (t.kind()) {
       case pb::TASK_DONE:
         log::info("fed client '", config_.id, "': the run is over");
@@ -249,6 +268,10 @@ void Client::train_round(const pb::TaskReply& task) {
   codec.codec = parse_codec(task.codec());
   codec.block = task.codec_block();
   codec.validate();
+  CompressOptions model_codec;
+  model_codec.codec = task.model_codec().empty() ? Codec::none : parse_codec(task.model_codec());
+  model_codec.block = task.model_codec().empty() ? codec.block : task.model_codec_block();
+  model_codec.validate();
   // Pull the global model.
   pb::PullRequest pr;
   pr.set_client_id(config_.id);
@@ -256,11 +279,10 @@ void Client::train_round(const pb::TaskReply& task) {
   const std::string what = cat("global model of round ", task.round());
   std::unique_ptr<ChunkAssembler> chunks;
   pb::TensorSetHeader header;
-  CompressOptions none;
   transport_.pull(pr, [&](const pb::TensorStream& m) {
     if (!chunks) {
       POLLEN_CHECK(m.has_header(), what, ": the stream must open with a header");
-      validate_header(m.header(), specs_, none, what);
+      validate_header(m.header(), specs_, model_codec, what);
       header = m.header();
       chunks = std::make_unique<ChunkAssembler>(header, what);
     } else {
@@ -271,6 +293,8 @@ void Client::train_round(const pb::TaskReply& task) {
   POLLEN_CHECK(chunks != nullptr, what, ": empty stream");
   const std::string bytes = chunks->finish();
   bytes_received_ += bytes.size();
+  // What the client trains from and takes its pseudo-gradient against: the decoded model, the
+  // same values on both sides whatever the codec.
   const Weights global = decode_set(header, bytes, specs_, what);
   set_model_weights(trainer_.model(), global);
 
@@ -304,27 +328,35 @@ void Client::train_round(const pb::TaskReply& task) {
                        ? masked_update(task.round(), delta, res.tokens)
                        : encode_payloads(specs_, feedback_.encode(delta, codec), codec);
 
+  last_round_ = task.round();
   int stage = 0;
   size_t offset = 0;
-  const auto reply = transport_.push([&](pb::TensorStream& m) {
-    if (stage == 0) {
-      *m.mutable_update() = info;
-      stage = 1;
+  pb::PushReply reply;
+  try {
+    reply = transport_.push([&](pb::TensorStream& m) {
+      if (stage == 0) {
+        *m.mutable_update() = info;
+        stage = 1;
+        return true;
+      }
+      if (stage == 1) {
+        *m.mutable_header() = enc.header;
+        stage = 2;
+        return true;
+      }
+      if (offset >= enc.bytes.size()) return false;
+      const size_t n = std::min<size_t>(kMaxChunkBytes, enc.bytes.size() - offset);
+      auto* c = m.mutable_chunk();
+      c->set_offset(offset);
+      c->set_data(enc.bytes.data() + offset, n);
+      offset += n;
       return true;
-    }
-    if (stage == 1) {
-      *m.mutable_header() = enc.header;
-      stage = 2;
-      return true;
-    }
-    if (offset >= enc.bytes.size()) return false;
-    const size_t n = std::min<size_t>(kMaxChunkBytes, enc.bytes.size() - offset);
-    auto* c = m.mutable_chunk();
-    c->set_offset(offset);
-    c->set_data(enc.bytes.data() + offset, n);
-    offset += n;
-    return true;
-  });
+    });
+  } catch (const Error&) {
+    feedback_.set_residual(saved_residual);  // the update did not arrive
+    save_state();
+    throw;
+  }
   if (reply.accepted()) {
     bytes_sent_ += enc.bytes.size();
     log::info("fed client '", config_.id, "': round ", task.round(), ": ", res.tokens,
@@ -335,6 +367,7 @@ void Client::train_round(const pb::TaskReply& task) {
     log::warn("fed client '", config_.id, "': round ", task.round(),
               " update refused: ", reply.reason());
   }
+  save_state();
 }
 
 }  // namespace pollen::fed

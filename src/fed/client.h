@@ -1,7 +1,8 @@
 #pragma once
-// One silo: holds its data, its model and its inner AdamW state across rounds; for each round it
-// pulls the global model, trains H local steps, and pushes its pseudo-gradient (global minus
-// local weights), compressed with error feedback. The same Client runs over gRPC
+// One silo: holds its data, its model and its inner AdamW state across rounds (and, with a state
+// folder, across restarts); for each round it pulls the global model (decoded as the server
+// encoded it), trains H local steps, and pushes its pseudo-gradient (the decoded global model
+// minus the local weights), compressed with error feedback. The same Client runs over gRPC
 // (`pollen fed client`) and over the in-process transport (`pollen fed simulate`), which passes
 // the same protobuf messages through the same checks.
 #include <functional>
@@ -73,6 +74,10 @@ class LocalTrainer {
   model::Llama& model() { return model_; }
   const std::string& manifest_hash() const { return manifest_hash_; }
   int64_t steps_taken() const { return step_; }
+  // The state a client keeps across rounds and restarts (fed/client_state.h).
+  optim::AdamW& optimizer() { return opt_; }
+  data::Loader& train_loader() { return *train_; }
+  void set_steps_taken(int64_t steps) { step_ = steps; }
 
  private:
   ClientConfig config_;
@@ -85,17 +90,20 @@ class LocalTrainer {
 
 class Client {
  public:
+  // Resumes the state saved under config.state_dir, when there is one.
   Client(ClientConfig config, Transport& transport);
   // Joins; throws with the server's reason when refused.
   void join();
   // One task request and what it asks: returns the task's kind.
   pb::TaskKind poll_once();
-  // Polls until the server says the run is over.
+  // Polls until the server says the run is over; joins again when a restarted server has
+  // forgotten it.
   void run();
   const std::string& id() const { return config_.id; }
   LocalTrainer& trainer() { return trainer_; }
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
+  int64_t last_round() const { return last_round_; }  // the last round trained (0: none)
 
  private:
   void handle(const pb::TaskReply& task);
@@ -105,6 +113,7 @@ class Client {
   void secagg_step(const pb::TaskReply& task);
   pb::SecAggReply secagg_call(int64_t round, const std::function<void(pb::SecAggRequest&)>& fill);
   EncodedSet masked_update(int64_t round, const Weights& delta, int64_t tokens);
+  void save_state();
 
   ClientConfig config_;
   Transport& transport_;
@@ -113,6 +122,7 @@ class Client {
   ErrorFeedback feedback_;
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
   std::unique_ptr<secagg::ClientSession> secagg_;  // the current round's
+  int64_t last_round_ = 0;
 };
 
 }  // namespace pollen::fed

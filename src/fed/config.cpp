@@ -19,22 +19,6 @@ model::LlamaConfig read_model(ConfigTable& root, const std::filesystem::path& pa
   return model::read_config(*m);
 }
 
-TlsFiles read_tls(ConfigTable& root, bool server) {
-  TlsFiles t;
-  auto tls = root.table("tls");
-  if (!tls) return t;
-  t.ca = tls->require_string("ca");
-  t.cert = tls->require_string("cert");
-  t.key = tls->require_string("key");
-  if (server) {
-    t.crl = tls->get_string("crl", "");
-  } else {
-    t.server_name = tls->get_string("server_name", "");
-  }
-  tls->finish();
-  return t;
-}
-
 std::string read_tokenizer(ConfigTable& root) {
   auto t = root.table("tokenizer");
   POLLEN_CHECK(t.has_value(), root.where("tokenizer"),
@@ -46,20 +30,28 @@ std::string read_tokenizer(ConfigTable& root) {
   return fp;
 }
 
-CompressOptions read_compression(ConfigTable& root) {
-  CompressOptions c;
+void read_compression(ConfigTable& root, ServerConfig& c) {
   if (auto t = root.table("compression")) {
-    c.codec = parse_codec(t->get_string("codec", "none"));
-    c.block = t->get_int("block", c.block);
+    auto codec = [&](const char* key) {
+      const std::string name = t->get_string(key, "none");
+      try {
+        return parse_codec(name);
+      } catch (const Error& e) {
+        fail(t->where(key), ": ", e.what());
+      }
+    };
+    c.compression.codec = codec("codec");
+    c.compression.block = t->get_int("block", c.compression.block);
+    c.server_codec = codec("server_codec");
     t->finish();
-    c.validate();
+    c.compression.validate();
   }
-  return c;
 }
 
 void read_server_table(ConfigTable& s, ServerConfig& c) {
   c.dir = s.require_string("dir");
   c.address = s.get_string("address", c.address);
+  c.metrics_address = s.get_string("metrics_address", c.metrics_address);
   c.seed = static_cast<uint64_t>(s.get_int("seed", 0));
   c.rounds = s.get_int("rounds", c.rounds);
   c.local_steps = s.get_int("local_steps", c.local_steps);
@@ -77,6 +69,22 @@ void read_server_table(ConfigTable& s, ServerConfig& c) {
 }
 
 }  // namespace
+
+TlsFiles read_tls(ConfigTable& root, bool server) {
+  TlsFiles t;
+  auto tls = root.table("tls");
+  if (!tls) return t;
+  t.ca = tls->require_string("ca");
+  t.cert = tls->require_string("cert");
+  t.key = tls->require_string("key");
+  if (server) {
+    t.crl = tls->get_string("crl", "");
+  } else {
+    t.server_name = tls->get_string("server_name", "");
+  }
+  tls->finish();
+  return t;
+}
 
 LocalTrainConfig read_local_train(ConfigTable& t) {
   LocalTrainConfig c;
@@ -115,7 +123,7 @@ ServerConfig read_server_config(ConfigTable& root) {
     c.strategy = read_strategy_options(*st);
     st->finish();
   }
-  c.compression = read_compression(root);
+  read_compression(root, c);
   if (auto sa = root.table("secure_aggregation")) {
     c.secure_aggregation = secagg::read_options(*sa);
     POLLEN_CHECK(!c.secure_aggregation.enabled || c.compression.codec == Codec::none,
@@ -146,6 +154,9 @@ ClientConfig load_client_config(const std::filesystem::path& path) {
   c.seed = static_cast<uint64_t>(t->get_int("seed", 0));
   c.threads = static_cast<int>(t->get_int("threads", 0));
   c.connect_timeout_s = t->get_double("connect_timeout_s", c.connect_timeout_s);
+  c.state_dir = t->get_string("state_dir", "");
+  c.keep_checkpoints = static_cast<int>(t->get_int("keep_checkpoints", c.keep_checkpoints));
+  POLLEN_CHECK(c.keep_checkpoints >= 1, t->where("keep_checkpoints"), ": must be at least 1");
   t->finish();
   auto d = root.table("data");
   POLLEN_CHECK(d.has_value(), root.where("data"), ": a [data] table with manifests is required");

@@ -29,6 +29,7 @@ struct TlsFiles {
 struct ServerConfig {
   std::filesystem::path dir;  // checkpoints/, metrics.jsonl, lineage.jsonl
   std::string address = "127.0.0.1:50051";
+  std::string metrics_address;  // host:port of the Prometheus /metrics endpoint (empty: off)
   uint64_t seed = 0;
   model::LlamaConfig model;
   std::string tokenizer_fingerprint;
@@ -41,7 +42,8 @@ struct ServerConfig {
   int64_t max_round_retries = 3;     // rounds with fewer than min_clients updates are retried
   int keep_checkpoints = 3;
   StrategyOptions strategy;
-  CompressOptions compression;  // what clients send
+  CompressOptions compression;       // what clients send
+  Codec server_codec = Codec::none;  // what the server sends (the round's model), same block
   secagg::Options secure_aggregation;
   TlsFiles tls;
 };
@@ -68,6 +70,10 @@ struct ClientConfig {
   double connect_timeout_s = 60;
   LocalTrainConfig train;
   TlsFiles tls;
+  // Where the client keeps its local state between rounds and resumes it after a restart
+  // (empty: in memory only).
+  std::filesystem::path state_dir;
+  int keep_checkpoints = 2;
 };
 
 struct SimConfig {
@@ -82,5 +88,6 @@ SimConfig load_sim_config(const std::filesystem::path& path);
 
 ServerConfig read_server_config(ConfigTable& root);
 LocalTrainConfig read_local_train(ConfigTable& table);
+TlsFiles read_tls(ConfigTable& root, bool server);
 
 }  // namespace pollen::fed

@@ -1,6 +1,7 @@
 #include "fed/coordinator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <thread>
 
 #include "base/files.h"
@@ -26,6 +27,8 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   fs::create_directories(config_.dir);
   const fs::path ckpts = config_.dir / "checkpoints";
   std::optional<uint64_t> metrics_pos, lineage_pos;
+  std::string tb_file;
+  uint64_t tb_pos = 0;
   if (!resume) {
     POLLEN_CHECK(io::list_checkpoints(ckpts).empty(), "fed server: ", ckpts.string(),
                  " already holds checkpoints; resume the run (--resume) or choose another "
@@ -41,6 +44,8 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
       const auto state = nlohmann::json::parse(read_file(*choice.dir / "state.json"));
       metrics_pos = state.at("metrics_bytes").get<uint64_t>();
       lineage_pos = state.at("lineage_bytes").get<uint64_t>();
+      tb_file = state.value("tensorboard_file", "");
+      tb_pos = state.value("tensorboard_bytes", uint64_t{0});
       log::info("fed server: resumed from ", choice.dir->string(), " after round ", done_);
     } else {
       log::info("fed server: no checkpoint under ", ckpts.string(), "; starting at round 1");
@@ -53,6 +58,14 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   }
   metrics_ = obs::JsonlWriter(config_.dir / "metrics.jsonl", metrics_pos);
   lineage_file_ = obs::JsonlWriter(config_.dir / "lineage.jsonl", lineage_pos);
+  const fs::path tb_dir = config_.dir / "tensorboard";
+  if (!tb_file.empty() && fs::exists(tb_dir / tb_file)) {
+    tensorboard_ = obs::EventFileWriter::resume(tb_dir / tb_file, tb_pos);
+  } else {
+    if (!metrics_pos) fs::remove_all(tb_dir);  // a fresh run: no stale curves
+    tensorboard_ = obs::EventFileWriter::create(tb_dir);
+  }
+  totals_.last.eval_loss = std::nan("");
   finished_ = done_ >= config_.rounds;
 }
 
@@ -88,6 +101,7 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
 void Coordinator::save_checkpoint(const RoundSummary& s) {
   metrics_.file().sync();
   lineage_file_.file().sync();
+  tensorboard_.file().sync();
   io::CheckpointWriter w(config_.dir / "checkpoints", done_);
   io::NamedTensors model;
   for (size_t i = 0; i < specs_.size(); ++i) model.emplace_back(specs_[i].name, global_[i]);
@@ -101,6 +115,8 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
                                {"protocol_version", kProtocolVersion},
                                {"metrics_bytes", metrics_.file().position()},
                                {"lineage_bytes", lineage_file_.file().position()},
+                               {"tensorboard_file", tensorboard_.file().path().filename().string()},
+                               {"tensorboard_bytes", tensorboard_.file().position()},
                                {"lineage", lineage_}};
   w.add_text("state.json", state.dump(1));
   w.commit();
@@ -171,6 +187,8 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
     t.set_local_steps(config_.local_steps);
     t.set_codec(codec_name(config_.compression.codec));
     t.set_codec_block(config_.compression.block);
+    t.set_model_codec(codec_name(config_.server_codec));
+    t.set_model_codec_block(config_.compression.block);
     t.set_evaluate(config_.eval_every > 0 && (round - 1) % config_.eval_every == 0);
     t.set_secure_aggregation(secagg_ != nullptr);
     return t;
@@ -286,8 +304,10 @@ bool Coordinator::begin_round() {
     secagg_ = std::make_unique<secagg::ServerSession>(round, chosen, config_.secure_aggregation,
                                                       rng.next_u64(), numel);
   }
-  CompressOptions none;
-  round_model_ = std::make_shared<const EncodedSet>(encode_weights(specs_, global_, none));
+  // The clients train from, and take their pseudo-gradients against, this encoding of the exact
+  // weights, which the server keeps (docs/federated.md, "Compression").
+  const CompressOptions model_codec{config_.server_codec, config_.compression.block};
+  round_model_ = std::make_shared<const EncodedSet>(encode_weights(specs_, global_, model_codec));
   round_start_ = Clock::now();
   open_ = true;
   log::info("fed server: round ", round, " of ", config_.rounds, " with ", chosen.size(),
@@ -433,6 +453,8 @@ RoundSummary Coordinator::end_round() {
                              {"bytes", it->second.bytes}};
     if (info.eval_tokens() > 0) c["eval_loss"] = info.eval_loss();
     clients[id] = c;
+    s.client_train_loss[id] = info.train_loss();
+    if (info.eval_tokens() > 0) s.client_eval_loss[id] = info.eval_loss();
     lineage_clients.push_back({{"client", id},
                                {"data_manifest_hash", info.data_manifest_hash()},
                                {"tokens", info.tokens()}});
@@ -463,6 +485,10 @@ RoundSummary Coordinator::end_round() {
               config_.strategy.min_clients, "; the round is retried");
   }
   const double wall = std::chrono::duration<double>(Clock::now() - round_start_).count();
+  s.wall_s = wall;
+  s.bytes_sent = bytes_sent_;
+  s.bytes_received = bytes_received;
+  s.eval_loss = evals.empty() ? std::nan("") : Strategy::aggregate_evaluate(evals).loss;
   nlohmann::ordered_json m{{"round", s.round},
                            {"status", s.aggregated ? "aggregated" : "retry"},
                            {"selected", s.selected.size()},
@@ -478,13 +504,12 @@ RoundSummary Coordinator::end_round() {
     if (!secure_error.empty()) m["secagg_error"] = secure_error;
   }
   if (s.aggregated) m["train_loss"] = s.train_loss;
-  if (!evals.empty()) {
-    s.eval_loss = Strategy::aggregate_evaluate(evals).loss;
-    m["eval_loss"] = s.eval_loss;
-  }
+  if (!evals.empty()) m["eval_loss"] = s.eval_loss;
   m["clients"] = clients;
   metrics_.write(m);
+  record_status(s);
   if (s.aggregated) {
+    write_tensorboard(s);
     lineage_file_.write({{"round", s.round}, {"clients", lineage_clients}});
     save_checkpoint(s);
     log::info("fed server: round ", s.round, " done: ", s.participants.size(), " clients, ",
@@ -569,6 +594,44 @@ int64_t Coordinator::rounds_done() const {
 bool Coordinator::finished() const {
   std::lock_guard lock(mutex_);
   return finished_;
+}
+
+void Coordinator::record_status(const RoundSummary& s) {
+  totals_.last = s;
+  totals_.bytes_sent_total += s.bytes_sent;
+  totals_.bytes_received_total += s.bytes_received;
+  totals_.dropped_total += static_cast<int64_t>(s.dropped.size());
+  totals_.retries_total += s.aggregated ? 0 : 1;
+  totals_.tokens_total += s.aggregated ? s.tokens : 0;
+}
+
+void Coordinator::write_tensorboard(const RoundSummary& s) {
+  const double now = obs::wall_time_now();
+  auto add = [&](const std::string& tag, double value) {
+    tensorboard_.add_scalar(tag, value, s.round, now);
+  };
+  add("fed/train_loss", s.train_loss);
+  if (!std::isnan(s.eval_loss)) add("fed/eval_loss", s.eval_loss);
+  add("fed/participants", static_cast<double>(s.participants.size()));
+  add("fed/dropped", static_cast<double>(s.dropped.size()));
+  add("fed/tokens", static_cast<double>(s.tokens));
+  add("fed/bytes_sent", static_cast<double>(s.bytes_sent));
+  add("fed/bytes_received", static_cast<double>(s.bytes_received));
+  add("fed/wall_s", s.wall_s);
+  for (const auto& [id, loss] : s.client_train_loss) add("client/" + id + "/train_loss", loss);
+  for (const auto& [id, loss] : s.client_eval_loss) add("client/" + id + "/eval_loss", loss);
+  tensorboard_.file().flush();
+}
+
+ServerStatus Coordinator::status() const {
+  std::lock_guard lock(mutex_);
+  ServerStatus st = totals_;
+  st.rounds_done = done_;
+  st.rounds_total = config_.rounds;
+  st.open_round = open_ ? done_ + 1 : 0;
+  st.clients_joined = clients_.size();
+  st.clients_alive = alive_locked();
+  return st;
 }
 
 Weights Coordinator::global_weights() const {

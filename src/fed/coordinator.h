@@ -29,8 +29,21 @@ struct RoundSummary {
   int64_t round = 0;
   bool aggregated = false;
   std::vector<std::string> selected, participants, dropped;
-  double train_loss = 0, eval_loss = 0;
+  double train_loss = 0, eval_loss = 0;  // eval_loss: NaN when no client evaluated
   int64_t tokens = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;  // the round's model out, updates in
+  double wall_s = 0;
+  std::map<std::string, double> client_train_loss, client_eval_loss;
+};
+
+// The server's status (what /metrics shows): the last closed round and totals since start.
+struct ServerStatus {
+  int64_t rounds_done = 0, rounds_total = 0;
+  int64_t open_round = 0;  // 0 when no round is open
+  size_t clients_joined = 0, clients_alive = 0;
+  RoundSummary last;  // round 0 before any round closed
+  uint64_t bytes_sent_total = 0, bytes_received_total = 0;
+  int64_t dropped_total = 0, retries_total = 0, tokens_total = 0;
 };
 
 class Coordinator {
@@ -85,6 +98,7 @@ class Coordinator {
   const ParamSpecs& specs() const { return specs_; }
   const ServerConfig& config() const { return config_; }
   size_t alive_clients() const;
+  ServerStatus status() const;
 
  private:
   struct ClientState {
@@ -105,6 +119,8 @@ class Coordinator {
   bool round_complete_locked() const;
   // Unmasks the sum and applies it; false (with the reason in *why) when the round fails.
   bool aggregate_secure(int64_t round, int64_t tokens, size_t participants, std::string* why);
+  void record_status(const RoundSummary& s);
+  void write_tensorboard(const RoundSummary& s);
 
   ServerConfig config_;
   std::unique_ptr<Strategy> strategy_;
@@ -129,6 +145,8 @@ class Coordinator {
   uint64_t secagg_bytes_in_ = 0, secagg_bytes_out_ = 0;
   nlohmann::json lineage_ = nlohmann::json::array();
   obs::JsonlWriter metrics_, lineage_file_;
+  obs::EventFileWriter tensorboard_;
+  ServerStatus totals_;  // last round and totals; the rest of status() is filled when asked
 };
 
 }  // namespace pollen::fed

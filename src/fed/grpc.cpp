@@ -73,21 +73,24 @@ grpc::Status error_status(const std::exception& e, grpc::StatusCode code) {
 
 class FederationService final : public pb::Federation::Service {
  public:
-  FederationService(Coordinator& c, bool tls, std::set<std::string> revoked)
-      : c_(c), tls_(tls), revoked_(std::move(revoked)) {}
+  // Either a training coordinator or a tokenizer round; the other's calls are refused.
+  FederationService(Coordinator* c, TokenizerRound* t, bool tls, std::set<std::string> revoked)
+      : c_(c), t_(t), tls_(tls), revoked_(std::move(revoked)) {}
 
   grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* r,
                     pb::JoinReply* reply) override {
-    return handle(ctx, "join", [&](const std::string& peer) { *reply = c_.join(*r, peer); });
+    return handle(ctx, "join",
+                  [&](const std::string& peer) { *reply = training().join(*r, peer); });
   }
   grpc::Status GetTask(grpc::ServerContext* ctx, const pb::TaskRequest* r,
                        pb::TaskReply* reply) override {
-    return handle(ctx, "task", [&](const std::string& peer) { *reply = c_.task(*r, peer); });
+    return handle(ctx, "task",
+                  [&](const std::string& peer) { *reply = training().task(*r, peer); });
   }
   grpc::Status PullModel(grpc::ServerContext* ctx, const pb::PullRequest* r,
                          grpc::ServerWriter<pb::TensorStream>* writer) override {
     return handle(ctx, "pull", [&](const std::string& peer) {
-      serve_pull(c_, *r, peer, [&](const pb::TensorStream& m) {
+      serve_pull(training(), *r, peer, [&](const pb::TensorStream& m) {
         POLLEN_CHECK(writer->Write(m), "pull: the client went away");
       });
     });
@@ -95,7 +98,21 @@ class FederationService final : public pb::Federation::Service {
   grpc::Status PushUpdate(grpc::ServerContext* ctx, grpc::ServerReader<pb::TensorStream>* reader,
                           pb::PushReply* reply) override {
     return handle(ctx, "push", [&](const std::string& peer) {
-      *reply = serve_push(c_, peer, [&](pb::TensorStream& m) { return reader->Read(&m); });
+      *reply = serve_push(training(), peer, [&](pb::TensorStream& m) { return reader->Read(&m); });
+    });
+  }
+  grpc::Status PushCounts(grpc::ServerContext* ctx, grpc::ServerReader<pb::FileStream>* reader,
+                          pb::PushReply* reply) override {
+    return handle(ctx, "counts", [&](const std::string& peer) {
+      *reply = serve_counts(tokenizer(), peer, [&](pb::FileStream& m) { return reader->Read(&m); });
+    });
+  }
+  grpc::Status PullTokenizer(grpc::ServerContext* ctx, const pb::TokenizerRequest* r,
+                             grpc::ServerWriter<pb::FileStream>* writer) override {
+    return handle(ctx, "tokenizer", [&](const std::string& peer) {
+      serve_tokenizer(tokenizer(), *r, peer, [&](const pb::FileStream& m) {
+        POLLEN_CHECK(writer->Write(m), "tokenizer: the client went away");
+      });
     });
   }
   grpc::Status SecAgg(grpc::ServerContext* ctx, const pb::SecAggRequest* r,
@@ -148,12 +165,24 @@ class FederationService final : public pb::Federation::Service {
     }
   }
 
-  Coordinator& c_;
+  Coordinator& training() {
+    POLLEN_CHECK(c_ != nullptr, "this server trains a tokenizer, not a model");
+    return *c_;
+  }
+  TokenizerRound& tokenizer() {
+    POLLEN_CHECK(t_ != nullptr, "this server trains a model; the tokenizer is agreed already");
+    return *t_;
+  }
+
+  Coordinator* c_;
+  TokenizerRound* t_;
   bool tls_;
   std::set<std::string> revoked_;
 };
 
 struct GrpcServer::Impl {
+  Coordinator* coordinator = nullptr;
+  TokenizerRound* tokenizer = nullptr;
   std::unique_ptr<FederationService> service;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -161,6 +190,17 @@ struct GrpcServer::Impl {
 
 GrpcServer::GrpcServer(Coordinator& c, const std::string& address, const TlsFiles& tls)
     : impl_(std::make_unique<Impl>()) {
+  impl_->coordinator = &c;
+  start(address, tls);
+}
+
+GrpcServer::GrpcServer(TokenizerRound& t, const std::string& address, const TlsFiles& tls)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->tokenizer = &t;
+  start(address, tls);
+}
+
+void GrpcServer::start(const std::string& address, const TlsFiles& tls) {
   std::shared_ptr<grpc::ServerCredentials> creds;
   std::set<std::string> revoked;
   if (tls.enabled()) {
@@ -172,7 +212,8 @@ GrpcServer::GrpcServer(Coordinator& c, const std::string& address, const TlsFile
   } else {
     creds = grpc::InsecureServerCredentials();
   }
-  impl_->service = std::make_unique<FederationService>(c, tls.enabled(), std::move(revoked));
+  impl_->service = std::make_unique<FederationService>(impl_->coordinator, impl_->tokenizer,
+                                                       tls.enabled(), std::move(revoked));
   grpc::ServerBuilder b;
   b.AddListeningPort(address, creds, &impl_->port);
   b.RegisterService(impl_->service.get());
@@ -302,6 +343,44 @@ pb::PushReply GrpcTransport::push(const std::function<bool(pb::TensorStream&)>& 
     reply.set_reason(s.error_message());
   }
   return reply;
+}
+
+pb::PushReply GrpcTransport::push_counts(const std::function<bool(pb::FileStream&)>& next) {
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(true);  // the server may not be up yet
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(impl_->connect_timeout_s * 1000)));
+  pb::PushReply reply;
+  auto writer = impl_->stub->PushCounts(&ctx, &reply);
+  pb::FileStream m;
+  while (next(m)) {
+    if (!writer->Write(m)) break;  // the server ended the stream; Finish says why
+    m.Clear();
+  }
+  writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  if (!s.ok()) {
+    reply.set_accepted(false);
+    reply.set_reason(s.error_message());
+  }
+  return reply;
+}
+
+void GrpcTransport::pull_tokenizer(const pb::TokenizerRequest& r,
+                                   const std::function<void(const pb::FileStream&)>& on_message) {
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(true);
+  auto reader = impl_->stub->PullTokenizer(&ctx, r);
+  pb::FileStream m;
+  try {
+    while (reader->Read(&m)) on_message(m);
+  } catch (...) {
+    ctx.TryCancel();
+    reader->Finish();
+    throw;
+  }
+  check_status(reader->Finish(), "tokenizer");
 }
 
 }  // namespace pollen::fed

@@ -10,6 +10,7 @@
 #include "fed/client.h"
 #include "fed/config.h"
 #include "fed/coordinator.h"
+#include "fed/tokenizer_round.h"
 
 namespace pollen::fed {
 
@@ -17,6 +18,8 @@ class GrpcServer {
  public:
   // Listens on `address` ("host:port"; port 0 picks a free one).
   GrpcServer(Coordinator& coordinator, const std::string& address, const TlsFiles& tls);
+  // The federated tokenizer's server (PushCounts, PullTokenizer); training calls are refused.
+  GrpcServer(TokenizerRound& round, const std::string& address, const TlsFiles& tls);
   ~GrpcServer();
   GrpcServer(const GrpcServer&) = delete;
   GrpcServer& operator=(const GrpcServer&) = delete;
@@ -26,6 +29,7 @@ class GrpcServer {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  void start(const std::string& address, const TlsFiles& tls);
 };
 
 class GrpcTransport : public Transport {
@@ -38,6 +42,10 @@ class GrpcTransport : public Transport {
             const std::function<void(const pb::TensorStream&)>& on_message) override;
   pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override;
   pb::SecAggReply secagg(const pb::SecAggRequest& r) override;
+  // The federated tokenizer: a silo's count file, then the trained tokenizer.json.
+  pb::PushReply push_counts(const std::function<bool(pb::FileStream&)>& next);
+  void pull_tokenizer(const pb::TokenizerRequest& r,
+                      const std::function<void(const pb::FileStream&)>& on_message);
 
  private:
   struct Impl;

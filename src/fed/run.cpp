@@ -9,6 +9,8 @@
 #include "fed/client.h"
 #include "fed/coordinator.h"
 #include "fed/grpc.h"
+#include "fed/server_metrics.h"
+#include "obs/metrics_endpoint.h"
 
 namespace pollen::fed {
 
@@ -17,11 +19,23 @@ std::atomic<int> g_signal{0};
 extern "C" void on_signal(int sig) {
   g_signal = sig;
 }
+// The Prometheus endpoint of server.metrics_address, when set.
+std::unique_ptr<obs::MetricsEndpoint> serve_metrics(const Coordinator& c) {
+  if (c.config().metrics_address.empty()) return nullptr;
+  auto e = std::make_unique<obs::MetricsEndpoint>(c.config().metrics_address,
+                                                  [&c] { return prometheus_metrics(c.status()); });
+  log::info("fed server: metrics on http://",
+            c.config().metrics_address.substr(0, c.config().metrics_address.rfind(':')), ":",
+            e->port(), "/metrics");
+  return e;
+}
+
 }  // namespace
 
 int64_t run_server(const ServerConfig& config, bool resume) {
   Coordinator coordinator(config, resume);
   GrpcServer server(coordinator, config.address, config.tls);
+  const auto metrics = serve_metrics(coordinator);
   g_signal = 0;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
@@ -62,6 +76,7 @@ void run_client(const ClientConfig& config) {
 SimulationResult run_simulation(const SimConfig& config, bool resume) {
   if (config.threads > 0) set_num_threads(config.threads);
   Coordinator coordinator(config.server, resume);
+  const auto metrics = serve_metrics(coordinator);
   LocalTransport transport(coordinator);
   std::vector<std::unique_ptr<Client>> clients;
   for (const auto& cc : config.clients) {

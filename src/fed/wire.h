@@ -21,7 +21,7 @@ namespace pollen::fed {
 
 namespace pb = ::pollen::fed::v1;
 
-constexpr uint32_t kProtocolVersion = 1;
+constexpr uint32_t kProtocolVersion = 2;       // 2: the round's model may be compressed
 constexpr uint64_t kMaxChunkBytes = 1u << 20;  // 1 MiB per chunk; gRPC's message limit is 4 MiB
 constexpr size_t kMaxIdBytes = 128;
 

@@ -1,0 +1,265 @@
+#!/usr/bin/env bash
+# bench/fed_vs_central: federated (DiLoCo) pre-training across language silos against the
+# data-parallel baseline DiLoCo is measured against (bench/README.md records the results).
+#
+#   1. Silos by language from Debian's fortunes packages (German, Spanish, Italian, Russian,
+#      Polish, Czech, Brazilian Portuguese, English), each input checked by SHA-256; each silo
+#      curated on its own with `pollen data prepare` (5% held out).
+#   2. One shared tokenizer trained federatedly: each silo sends only its pre-token counts.
+#   3. For N in CLIENTS (default "4 8"; the first N silos):
+#        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM, H local
+#                       AdamW steps per round, ROUNDS rounds, fp32 both ways
+#        diloco-int8-N  the same with int8 pseudo-gradients and an int8 model download
+#        baseline-N     one model, global batch N x local batch, ROUNDS x H steps, the same
+#                       silos mixed equally (the same tokens), the same inner schedule
+#      each evaluated with `pollen eval` on every silo's held-out data.
+#   4. The table (bench/fed_vs_central/out/table.md) and `pollen plot` curves (curves-N.svg).
+#
+# Communication of the baseline: every client sends and receives the full fp32 gradient once
+# per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR, MIN_LR,
+# WARMUP, OUTER_LR, OUTER_MOMENTUM, THREADS (0: every core), OUT.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+CLIENTS=${CLIENTS-"4 8"}
+H=${H:-125}
+ROUNDS=${ROUNDS:-2}
+SEQ=${SEQ:-64}
+MICRO_BATCH=${MICRO_BATCH:-4}
+INNER_LR=${INNER_LR:-3e-3}
+MIN_LR=${MIN_LR:-3e-4}
+WARMUP=${WARMUP:-20}
+OUTER_LR=${OUTER_LR:-0.7}
+OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.9}
+THREADS=${THREADS:-0}
+OUT=$(realpath -m "${OUT:-out/bench/fed_vs_central}")
+POLLEN=$(realpath build/pollen)
+HERE=bench/fed_vs_central
+STEPS=$((ROUNDS * H))
+
+scripts/setup-deps bench
+[ -x "$POLLEN" ] || scripts/build
+mkdir -p "$OUT/counts" "$OUT/eval" "$OUT/configs"
+START=$(date +%s)
+step() { printf '\n== [%4ds] %s\n' "$(($(date +%s) - START))" "$*"; }
+
+F=/usr/share/games/fortunes
+LANGS=(de es it ru pl cs pt en)
+declare -A SOURCES=(
+  [de]="$F/de" [es]="$F/es" [it]="$F/it" [ru]="$F/ru" [pl]="$F/pl" [cs]="$F/cs"
+  [pt]="$F/brasil"
+  [en]="$F/fortunes $F/literature $F/people $F/wisdom $F/humorists $F/science $F/politics"
+)
+# SHA-256 of each silo's input files (sorted by path, concatenated), Debian 12's packages.
+declare -A EXPECTED_SHA256=(
+  [de]=8ad737883ae62768e105015fa1f70dde4611186ea425200525eb8f0ca5471519
+  [es]=1ed014e562f9e0bd452e6e2ab744e394398c05d7a0ef3fe43232ddd8b6a20d50
+  [it]=eaa298eba4b95f377514a5855b2351f5a1d17e20f295018cc755f884ca39f3a1
+  [ru]=a29df27b4089a541122300cd01bbb0d3ceebf12083bf4fe172544b5bc986e408
+  [pl]=a585db3b318c09a6b9ac2b406b43096a9c7233181ff8770022d4ad97e187b7f0
+  [cs]=f872f46795d01d073decbb551897f14553c3a027791ed7bc2c4d4b473309a05b
+  [pt]=30ff61437317498276a0d107666321a267cbd54b295e4dda688697eb0bd86e88
+  [en]=9e576c17ad32a1efa1dd49818dcce0ded349f14ca504d6132cb2e127aa690382
+)
+
+inputs() { find $1 -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort; }
+
+step "1/4 one silo per language, each curated on its own"
+for l in "${LANGS[@]}"; do
+  sha=$(inputs "${SOURCES[$l]}" | xargs cat | sha256sum | cut -d' ' -f1)
+  if [ "$sha" != "${EXPECTED_SHA256[$l]}" ]; then
+    echo "silo $l: inputs have sha256 $sha, expected ${EXPECTED_SHA256[$l]} (other package" \
+      "versions: the results are not comparable with bench/README.md's)" >&2
+    [ -n "${ALLOW_OTHER_INPUTS:-}" ] || exit 1
+  fi
+  paths=$(for p in ${SOURCES[$l]}; do printf '"%s", ' "$p"; done)
+  sed -e "s|@LANG@|$l|g" -e "s|@OUT@|$OUT|g" -e "s|@PATHS@|${paths%, }|" "$HERE/silo.toml.in" \
+    >"$OUT/configs/silo-$l.toml"
+  if [ ! -f "$OUT/data/$l/curated-train.jsonl" ]; then
+    "$POLLEN" data prepare --config "$OUT/configs/silo-$l.toml" --no-tokenize --threads "$THREADS" \
+      >"$OUT/prepare-$l-text.log" 2>&1 || { cat "$OUT/prepare-$l-text.log"; exit 1; }
+  fi
+  printf '  %-3s %7d documents for training, %5d held out, %6.2f MB of input\n' "$l" \
+    "$(wc -l <"$OUT/data/$l/curated-train.jsonl")" \
+    "$(wc -l <"$OUT/data/$l/curated-validation.jsonl")" \
+    "$(inputs "${SOURCES[$l]}" | xargs cat | wc -c | awk '{print $1 / 1e6}')"
+done
+
+step "2/4 the shared tokenizer from each silo's pre-token counts"
+if [ ! -f "$OUT/tokenizer.json" ]; then
+  for l in "${LANGS[@]}"; do
+    "$POLLEN" tokenizer count --input "$OUT/data/$l/curated-train.jsonl" --jsonl --min-count 2 \
+      --threads "$THREADS" --output "$OUT/counts/$l.counts" >/dev/null
+  done
+  "$POLLEN" tokenizer train --counts "$OUT"/counts/*.counts --vocab-size 2048 \
+    --special '<|endoftext|>' --threads "$THREADS" --output "$OUT/tokenizer.json" >/dev/null
+fi
+FINGERPRINT=$("$POLLEN" tokenizer info --tokenizer "$OUT/tokenizer.json" |
+  awk '/fingerprint/ {print $NF}')
+for l in "${LANGS[@]}"; do
+  if ! jq -e '.shards | length > 0' "$OUT/data/$l/manifest.json" >/dev/null; then
+    "$POLLEN" data prepare --config "$OUT/configs/silo-$l.toml" --threads "$THREADS" \
+      >"$OUT/prepare-$l.log" 2>&1 || { cat "$OUT/prepare-$l.log"; exit 1; }
+  fi
+  jq -r --arg l "$l" '([.shards[] | select(.split == "train") | .num_tokens] | add) as $t |
+    ([.shards[] | select(.split == "validation") | .num_tokens] | add) as $v |
+    "  \($l): \($t) training tokens, \($v) held out"' "$OUT/data/$l/manifest.json"
+done
+
+# The inner schedule, shared by the clients (over their own steps) and the baseline.
+train_table() {
+  cat <<TOML
+micro_batch = $MICRO_BATCH
+seq = $SEQ
+lr = $INNER_LR
+min_lr = $MIN_LR
+schedule = "cosine"
+warmup_steps = $WARMUP
+total_steps = $STEPS
+weight_decay = 0.0
+grad_clip = 1.0
+eval_batches = 4
+TOML
+}
+
+federated() {  # name n codec
+  local name=$1 n=$2 codec=$3 ids="" manifests=""
+  for l in "${LANGS[@]:0:n}"; do
+    ids+="\"$l\", "
+    manifests+="\"$OUT/data/$l/manifest.json\", "
+  done
+  cat >"$OUT/configs/$name.toml" <<TOML
+[sim]
+clients = [${ids%, }]
+manifests = [${manifests%, }]
+threads = $THREADS
+[server]
+dir = "$OUT/runs/$name"
+seed = 0
+rounds = $ROUNDS
+local_steps = $H
+eval_every = 1
+[model]
+file = "$HERE/model.toml"
+[tokenizer]
+fingerprint = "$FINGERPRINT"
+[strategy]
+name = "diloco"
+lr = $OUTER_LR
+momentum = $OUTER_MOMENTUM
+[compression]
+codec = "$codec"
+server_codec = "$codec"
+[train]
+$(train_table)
+TOML
+  rm -rf "$OUT/runs/$name"
+  "$POLLEN" fed simulate --config "$OUT/configs/$name.toml" >"$OUT/$name.log" 2>&1 ||
+    { tail -20 "$OUT/$name.log"; exit 1; }
+  grep -E "round [0-9]+ done" "$OUT/$name.log" | sed -e 's/^.*fed server: /  /'
+  # pollen plot's records: cumulative tokens, train loss, validation loss of the global model.
+  jq -c -s 'reduce (.[] | select(.status == "aggregated")) as $r ({t: 0, out: []};
+      .out += [{tokens: .t, val_loss: $r.eval_loss}] | .t += $r.tokens |
+      .out += [{tokens: .t, loss: $r.train_loss}]) | .out[] | select(.loss or .val_loss)' \
+    "$OUT/runs/$name/metrics.jsonl" >"$OUT/runs/$name/curves.jsonl"
+}
+
+baseline() {  # name n
+  local name=$1 n=$2 manifests="" weights=""
+  for l in "${LANGS[@]:0:n}"; do
+    manifests+="\"$OUT/data/$l/manifest.json\", "
+    weights+="1.0, "
+  done
+  cat >"$OUT/configs/$name.toml" <<TOML
+[run]
+name = "$name"
+dir = "$OUT/runs/$name"
+seed = 0
+threads = $THREADS
+[model]
+file = "$(realpath $HERE/model.toml)"
+[data]
+manifests = [${manifests%, }]
+weights = [${weights%, }]
+validation_split = ""
+[train]
+steps = $STEPS
+seq = $SEQ
+micro_batch = $MICRO_BATCH
+batch_tokens = $((n * MICRO_BATCH * SEQ))
+grad_clip = 1.0
+[optimizer]
+lr = $INNER_LR
+weight_decay = 0.0
+[schedule]
+kind = "cosine"
+warmup_steps = $WARMUP
+min_lr = $MIN_LR
+[checkpoint]
+interval = $STEPS
+keep = 1
+[metrics]
+log_interval = 25
+TOML
+  rm -rf "$OUT/runs/$name"
+  "$POLLEN" train --config "$OUT/configs/$name.toml" >"$OUT/$name.log" 2>&1 ||
+    { tail -20 "$OUT/$name.log"; exit 1; }
+  cp "$OUT/runs/$name/metrics.jsonl" "$OUT/runs/$name/curves.jsonl"
+}
+
+evaluate() {  # name n
+  local name=$1 n=$2 ms=()
+  for l in "${LANGS[@]:0:n}"; do ms+=("$OUT/data/$l/manifest.json"); done
+  local ckpt
+  ckpt=$(find "$OUT/runs/$name/checkpoints" -maxdepth 1 -name 'step-*' | sort | tail -1)
+  "$POLLEN" eval --model "$HERE/model.toml" --checkpoint "$ckpt" --data "${ms[@]}" \
+    --seq "$SEQ" --threads "$THREADS" >"$OUT/eval/$name.jsonl"
+}
+
+step "3/4 training: H=$H, $ROUNDS rounds, local batch $MICRO_BATCH x $SEQ, inner lr $INNER_LR"
+declare -A SECONDS_OF
+for n in $CLIENTS; do
+  for run in "diloco-$n none" "diloco-int8-$n int8" "baseline-$n"; do
+    set -- $run
+    t0=$(date +%s)
+    step "  $1"
+    if [ "$#" = 2 ]; then federated "$1" "$n" "$2"; else baseline "$1" "$n"; fi
+    evaluate "$1" "$n"
+    SECONDS_OF[$1]=$(($(date +%s) - t0))
+  done
+  "$POLLEN" plot "$OUT/runs/diloco-$n/curves.jsonl" "$OUT/runs/diloco-int8-$n/curves.jsonl" \
+    "$OUT/runs/baseline-$n/curves.jsonl" --output "$OUT/curves-$n.svg" 2>/dev/null
+done
+
+step "4/4 results"
+{
+  echo "H=$H rounds=$ROUNDS steps=$STEPS local batch=${MICRO_BATCH}x$SEQ inner lr=$INNER_LR" \
+    "(cosine to $MIN_LR, warmup $WARMUP) outer: nesterov lr=$OUTER_LR momentum=$OUTER_MOMENTUM"
+  echo
+  echo "| run | clients | global batch (tokens) | steps | $(printf '%s | ' "${LANGS[@]}")mean | vs baseline | MB moved | less than baseline | seconds |"
+  echo "|---|---|---|---|$(printf -- '---|%.0s' "${LANGS[@]}")---|---|---|---|---|"
+  for n in $CLIENTS; do
+    model_bytes=$(find "$OUT/runs/baseline-$n/checkpoints" -name model.safetensors | head -1 |
+      xargs stat -c %s)
+    # fp32 gradient = the parameters' bytes (the safetensors header is a few hundred bytes)
+    dp_bytes=$(awk -v n="$n" -v s="$STEPS" -v m="$model_bytes" 'BEGIN {printf "%.0f", 2 * n * s * m}')
+    base_mean=$(jq -s '[.[].loss] | add / length' "$OUT/eval/baseline-$n.jsonl")
+    for name in "diloco-$n" "diloco-int8-$n" "baseline-$n"; do
+      if [ -f "$OUT/runs/$name/metrics.jsonl" ] && [ "${name#baseline}" = "$name" ]; then
+        bytes=$(jq -s '[.[] | .bytes_sent + .bytes_received] | add' "$OUT/runs/$name/metrics.jsonl")
+      else
+        bytes=$dp_bytes
+      fi
+      losses=$(jq -r '.loss' "$OUT/eval/$name.jsonl" | awk '{printf "%.4f | ", $1}')
+      pad=$(for ((i = n; i < ${#LANGS[@]}; i++)); do printf -- '- | '; done)
+      jq -s -r --arg name "$name" --arg n "$n" --arg gb "$((n * MICRO_BATCH * SEQ))" \
+        --arg steps "$STEPS" --arg losses "$losses$pad" --argjson base "$base_mean" \
+        --argjson bytes "$bytes" --argjson dp "$dp_bytes" --arg s "${SECONDS_OF[$name]}" \
+        '([.[].loss] | add / length) as $m |
+        "| \($name) | \($n) | \($gb) | \($steps) | \($losses)\($m * 10000 | round / 10000) | \(($m / $base - 1) * 1000 | round / 10)% | \($bytes / 1e6 * 10 | round / 10) | \($dp / $bytes * 10 | round / 10)x | \($s) |"' \
+        "$OUT/eval/$name.jsonl"
+    done
+  done
+} | tee "$OUT/table.md"
+echo
+echo "done in $(($(date +%s) - START)) s; logs, runs and curves under $OUT/"

@@ -1,0 +1,84 @@
+#include "fed/client_state.h"
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "base/files.h"
+#include "base/log.h"
+#include "fed/client.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "train/trainer.h"
+
+namespace pollen::fed {
+
+namespace fs = std::filesystem;
+
+void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
+                       LocalTrainer& trainer, const ParamSpecs& specs,
+                       const ErrorFeedback& feedback) {
+  const auto params = trainer.model().named_parameters();
+  const auto& opt = trainer.optimizer();
+  io::NamedTensors weights, moments, residual;
+  for (size_t i = 0; i < params.size(); ++i) {
+    weights.emplace_back(params[i].first, params[i].second.value());
+    moments.emplace_back(params[i].first + ".exp_avg", opt.slots()[i].exp_avg);
+    moments.emplace_back(params[i].first + ".exp_avg_sq", opt.slots()[i].exp_avg_sq);
+  }
+  for (size_t i = 0; i < feedback.residual().size(); ++i) {
+    residual.emplace_back(specs[i].name, feedback.residual()[i]);
+  }
+  io::CheckpointWriter w(dir / "checkpoints", trainer.steps_taken());
+  // The names train::load_checkpoint reads.
+  w.add_tensors("model.safetensors", weights);
+  w.add_tensors("optimizer.safetensors", moments,
+                {{"step", std::to_string(opt.steps_taken())}, {"optimizer", "adamw"}});
+  if (!residual.empty()) w.add_tensors("feedback.safetensors", residual);
+  const nlohmann::ordered_json state{{"client", client_id},
+                                     {"round", round},
+                                     {"local_steps", trainer.steps_taken()},
+                                     {"data_manifest_hash", trainer.manifest_hash()},
+                                     {"loader", trainer.train_loader().state().to_json()}};
+  w.add_text("state.json", state.dump(1));
+  w.commit();
+  io::apply_retention(dir / "checkpoints", keep);
+}
+
+int64_t load_client_state(const fs::path& dir, const std::string& client_id, LocalTrainer& trainer,
+                          const ParamSpecs& specs, ErrorFeedback& feedback) {
+  auto choice = io::choose_resume_checkpoint(dir / "checkpoints");
+  for (const auto& [skipped, why] : choice.skipped) {
+    log::warn("fed client '", client_id, "': skipping state ", skipped.string(), ": ", why);
+  }
+  if (!choice.dir) return 0;
+  const fs::path& ckpt = *choice.dir;
+  const auto state = nlohmann::json::parse(read_file(ckpt / "state.json"));
+  const auto owner = state.at("client").get<std::string>();
+  POLLEN_CHECK(owner == client_id, "fed client '", client_id, "': state ", ckpt.string(),
+               " belongs to client '", owner, "'");
+  const auto hash = state.at("data_manifest_hash").get<std::string>();
+  POLLEN_CHECK(hash == trainer.manifest_hash(), "fed client '", client_id, "': state ",
+               ckpt.string(), " was trained on data ", hash, ", the config's data is ",
+               trainer.manifest_hash(), "; remove the state folder to start this silo afresh");
+  train::load_checkpoint(ckpt, trainer.model(), trainer.optimizer());
+  trainer.train_loader().restore(data::LoaderState::from_json(state.at("loader")));
+  trainer.set_steps_taken(state.at("local_steps").get<int64_t>());
+  Weights residual;
+  if (fs::exists(ckpt / "feedback.safetensors")) {
+    const auto f = io::read_safetensors(ckpt / "feedback.safetensors");
+    for (const auto& spec : specs) {
+      const Tensor* t = f.find(spec.name);
+      POLLEN_CHECK(t && t->shape() == spec.shape && t->dtype() == DType::f32, "fed client '",
+                   client_id, "': ", (ckpt / "feedback.safetensors").string(), ": tensor '",
+                   spec.name, "' is missing or not float32 of the model's shape");
+      residual.push_back(t->clone());
+    }
+  }
+  feedback.set_residual(std::move(residual));
+  const int64_t round = state.at("round").get<int64_t>();
+  log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
+            trainer.steps_taken(), " local steps) from ", ckpt.string());
+  return round;
+}
+
+}  // namespace pollen::fed

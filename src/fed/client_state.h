@@ -1,0 +1,27 @@
+#pragma once
+// A client's local state on disk, so that a restarted silo continues where it stopped: the
+// inner AdamW moments and step count, the training loader's position (its seed, epoch and
+// cursor: the only randomness of local training), the error-feedback residual and the last
+// round it trained. Written after every round as a checkpoint (atomic, checksummed) under
+// `dir`/checkpoints/step-<local step>; the newest that verifies is resumed.
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "fed/compress.h"
+#include "fed/wire.h"
+
+namespace pollen::fed {
+
+class LocalTrainer;
+
+void save_client_state(const std::filesystem::path& dir, int keep, const std::string& client_id,
+                       int64_t round, LocalTrainer& trainer, const ParamSpecs& specs,
+                       const ErrorFeedback& feedback);
+
+// Restores the newest valid state under dir; returns the last round trained then, or 0 when
+// there is none. Throws when the state belongs to another client or another dataset.
+int64_t load_client_state(const std::filesystem::path& dir, const std::string& client_id,
+                          LocalTrainer& trainer, const ParamSpecs& specs, ErrorFeedback& feedback);
+
+}  // namespace pollen::fed

@@ -1,0 +1,261 @@
+#include "fed/tokenizer_round.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "base/config.h"
+#include "base/files.h"
+#include "base/hash.h"
+#include "base/log.h"
+#include "fed/grpc.h"
+#include "tokenizer/open.h"
+#include "tokenizer/trainer.h"
+
+namespace pollen::fed {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+TokenizerServerConfig load_tokenizer_server_config(const fs::path& path) {
+  ConfigTable root = ConfigTable::load(path);
+  TokenizerServerConfig c;
+  auto s = root.table("server");
+  POLLEN_CHECK(s.has_value(), root.where("server"), ": a [server] table is required");
+  c.dir = s->require_string("dir");
+  c.address = s->get_string("address", c.address);
+  c.clients = s->get_strings("clients");
+  c.wait_for_clients_s = s->get_double("wait_for_clients_s", c.wait_for_clients_s);
+  c.serve_s = s->get_double("serve_s", c.serve_s);
+  POLLEN_CHECK(!c.clients.empty(), s->where("clients"), ": at least one client id is required");
+  for (const auto& id : c.clients) check_client_id(id, s->where("clients"));
+  POLLEN_CHECK(std::set<std::string>(c.clients.begin(), c.clients.end()).size() == c.clients.size(),
+               s->where("clients"), ": a client id is listed twice");
+  s->finish();
+  auto t = root.table("tokenizer");
+  POLLEN_CHECK(t.has_value(), root.where("tokenizer"),
+               ": a [tokenizer] table with vocab_size is required");
+  const int64_t vocab = t->get_int("vocab_size", c.vocab_size);
+  POLLEN_CHECK(vocab >= 257 && vocab <= (int64_t{1} << 24), t->where("vocab_size"),
+               ": expected 257 to 16777216, got ", vocab);
+  c.vocab_size = static_cast<uint32_t>(vocab);
+  c.special_tokens = t->get_strings("special_tokens");
+  t->finish();
+  c.tls = read_tls(root, true);
+  root.finish();
+  return c;
+}
+
+TokenizerRound::TokenizerRound(TokenizerServerConfig config) : config_(std::move(config)) {
+  fs::create_directories(config_.dir / "counts");
+}
+
+std::string TokenizerRound::check_client(const std::string& id, const std::string& peer_id,
+                                         const char* what) const {
+  check_client_id(id, what);
+  POLLEN_CHECK(peer_id.empty() || peer_id == id, what, ": client id '", id,
+               "' does not match its certificate's common name '", peer_id, "'");
+  POLLEN_CHECK(
+      std::find(config_.clients.begin(), config_.clients.end(), id) != config_.clients.end(), what,
+      ": client '", id, "' is not one of server.clients");
+  return id;
+}
+
+void TokenizerRound::add_counts(const std::string& client_id, const std::string& peer_id,
+                                const std::string& bytes) {
+  const std::string id = check_client(client_id, peer_id, "counts");
+  {
+    std::lock_guard lock(mutex_);
+    POLLEN_CHECK(!counts_.count(id), "counts: client '", id, "' already sent its counts");
+  }
+  const fs::path file = config_.dir / "counts" / (id + ".counts");
+  const fs::path tmp = config_.dir / "counts" / (id + ".counts.received");
+  write_file_atomic(tmp, bytes);
+  try {
+    // Parsing checks the magic, the layout, the order of the pieces and the checksum.
+    const std::string pattern = tokenizer::PieceCounts::file_pattern(tmp);
+    tokenizer::PieceCounts check(pattern);
+    check.merge_file(tmp);
+    std::lock_guard lock(mutex_);
+    POLLEN_CHECK(pattern_.empty() || pattern == pattern_, "counts of '", id,
+                 "': pre-tokenised with another pattern than the other silos' ('",
+                 pattern.substr(0, 80), "')");
+    POLLEN_CHECK(!counts_.count(id), "counts: client '", id, "' already sent its counts");
+    pattern_ = pattern;
+    fs::rename(tmp, file);
+    counts_[id] = file;
+    log::info("fed tokenizer: counts of '", id, "': ", check.distinct(), " distinct pieces of ",
+              check.bytes_read(), " bytes (", counts_.size(), " of ", config_.clients.size(),
+              " silos)");
+  } catch (...) {
+    fs::remove(tmp);
+    throw;
+  }
+  changed_.notify_all();
+}
+
+std::shared_ptr<const std::string> TokenizerRound::tokenizer(const std::string& client_id,
+                                                             const std::string& peer_id) {
+  const std::string id = check_client(client_id, peer_id, "tokenizer");
+  std::lock_guard lock(mutex_);
+  if (tokenizer_json_) {
+    pulled_.insert(id);
+    changed_.notify_all();
+  }
+  return tokenizer_json_;
+}
+
+std::string TokenizerRound::run() {
+  const auto wait_until = [&](double seconds, auto done) {
+    const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(seconds));
+    std::unique_lock lock(mutex_);
+    while (!done() && Clock::now() < end) changed_.wait_for(lock, std::chrono::milliseconds(200));
+    return done();
+  };
+  const bool all = wait_until(config_.wait_for_clients_s,
+                              [&] { return counts_.size() == config_.clients.size(); });
+  POLLEN_CHECK(all, "fed tokenizer: ", counts_.size(), " of ", config_.clients.size(),
+               " silos sent their counts within ", config_.wait_for_clients_s, " s");
+  tokenizer::PieceCounts merged(pattern_);
+  for (const auto& [id, file] : counts_) merged.merge_file(file);  // in client-id order
+  const tokenizer::Tokenizer tok =
+      tokenizer::train_bpe(merged, {config_.vocab_size, config_.special_tokens, pattern_});
+  tokenizer::save_tokenizer(tok, config_.dir / "tokenizer.json");
+  log::info("fed tokenizer: trained ", tok.vocab_size(), " tokens on ", merged.bytes_read(),
+            " bytes of ", counts_.size(), " silos: fingerprint ", tok.fingerprint());
+  {
+    std::lock_guard lock(mutex_);
+    tokenizer_json_ =
+        std::make_shared<const std::string>(read_file(config_.dir / "tokenizer.json"));
+  }
+  changed_.notify_all();
+  if (!wait_until(config_.serve_s, [&] { return pulled_.size() == config_.clients.size(); })) {
+    log::warn("fed tokenizer: ", pulled_.size(), " of ", config_.clients.size(),
+              " silos fetched the tokenizer within ", config_.serve_s, " s");
+  }
+  return tok.fingerprint();
+}
+
+pb::PushReply serve_counts(TokenizerRound& t, const std::string& peer_id,
+                           const std::function<bool(pb::FileStream&)>& read) {
+  pb::FileStream first;
+  POLLEN_CHECK(read(first) && first.has_info(), "counts: the stream must open with file info");
+  const pb::FileInfo& info = first.info();
+  const std::string what = cat("counts of '", info.client_id().substr(0, kMaxIdBytes), "'");
+  POLLEN_CHECK(info.total_bytes() >= 1 && info.total_bytes() <= kMaxCountFileBytes, what, ": ",
+               info.total_bytes(), " bytes; a count file holds 1 to ", kMaxCountFileBytes);
+  POLLEN_CHECK(info.sha256().size() == 64, what, ": sha256 must be 64 hex digits");
+  t.check_client(info.client_id(), peer_id, "counts");  // before any byte is kept
+  pb::TensorSetHeader header;
+  header.set_total_bytes(info.total_bytes());
+  header.set_sha256(info.sha256());
+  ChunkAssembler chunks(header, what);
+  pb::FileStream m;
+  while (read(m)) {
+    POLLEN_CHECK(m.has_chunk(), what, ": after the info only chunks may follow");
+    chunks.add(m.chunk());
+  }
+  t.add_counts(info.client_id(), peer_id, chunks.finish());
+  pb::PushReply reply;
+  reply.set_accepted(true);
+  return reply;
+}
+
+void serve_tokenizer(TokenizerRound& t, const pb::TokenizerRequest& r, const std::string& peer_id,
+                     const std::function<void(const pb::FileStream&)>& write) {
+  const auto json = t.tokenizer(r.client_id(), peer_id);
+  pb::FileStream m;
+  if (!json) {
+    m.set_wait_ms(500);
+    write(m);
+    return;
+  }
+  auto* info = m.mutable_info();
+  info->set_total_bytes(json->size());
+  info->set_sha256(sha256_hex(*json));
+  write(m);
+  for_each_chunk(*json, kMaxChunkBytes, [&](const pb::Chunk& c) {
+    *m.mutable_chunk() = c;
+    write(m);
+  });
+}
+
+std::string run_tokenizer_server(const TokenizerServerConfig& config) {
+  TokenizerRound round(config);
+  GrpcServer server(round, config.address, config.tls);
+  const std::string fingerprint = round.run();
+  server.shutdown();
+  return fingerprint;
+}
+
+std::string run_counts_client(const CountsClientOptions& o) {
+  check_client_id(o.id, "--id");
+  tokenizer::PieceCounts counts(tokenizer::pattern_regex(o.pattern));
+  for (const auto& input : o.inputs) counts.add_file(input, o.jsonl, o.field);
+  if (o.noise_stddev > 0 || o.min_count > 1) counts.perturb(o.noise_stddev, o.seed, o.min_count);
+  const fs::path tmp = o.output.string() + ".counts";
+  counts.save(tmp);  // the file format of `pollen tokenizer count`, checksummed
+  const std::string bytes = read_file(tmp);
+  fs::remove(tmp);
+  log::info("fed counts '", o.id, "': ", counts.distinct(), " distinct pieces of ",
+            counts.bytes_read(), " bytes, sending ", bytes.size(), " bytes");
+
+  GrpcTransport transport(o.server, o.tls, o.connect_timeout_s);
+  int stage = 0;
+  size_t offset = 0;
+  const auto reply = transport.push_counts([&](pb::FileStream& m) {
+    if (stage == 0) {
+      auto* info = m.mutable_info();
+      info->set_client_id(o.id);
+      info->set_total_bytes(bytes.size());
+      info->set_sha256(sha256_hex(bytes));
+      stage = 1;
+      return true;
+    }
+    if (offset >= bytes.size()) return false;
+    const size_t n = std::min<size_t>(kMaxChunkBytes, bytes.size() - offset);
+    m.mutable_chunk()->set_offset(offset);
+    m.mutable_chunk()->set_data(bytes.data() + offset, n);
+    offset += n;
+    return true;
+  });
+  POLLEN_CHECK(reply.accepted(), "the server refused the counts of '", o.id, "': ", reply.reason());
+
+  pb::TokenizerRequest r;
+  r.set_client_id(o.id);
+  const auto give_up = Clock::now() + std::chrono::hours(24);
+  for (;;) {
+    std::unique_ptr<ChunkAssembler> chunks;
+    int64_t wait_ms = 0;
+    transport.pull_tokenizer(r, [&](const pb::FileStream& m) {
+      if (!chunks) {
+        if (m.has_wait_ms()) {
+          wait_ms = std::clamp<int64_t>(m.wait_ms(), 10, 5000);
+          return;
+        }
+        POLLEN_CHECK(m.has_info() && m.info().total_bytes() >= 1 &&
+                         m.info().total_bytes() <= kMaxCountFileBytes,
+                     "tokenizer: the stream must open with the file's info");
+        pb::TensorSetHeader h;
+        h.set_total_bytes(m.info().total_bytes());
+        h.set_sha256(m.info().sha256());
+        chunks = std::make_unique<ChunkAssembler>(h, "tokenizer from the server");
+      } else {
+        POLLEN_CHECK(m.has_chunk(), "tokenizer: after the info only chunks may follow");
+        chunks->add(m.chunk());
+      }
+    });
+    if (chunks) {
+      write_file_atomic(o.output, chunks->finish());
+      break;
+    }
+    POLLEN_CHECK(wait_ms > 0 && Clock::now() < give_up, "tokenizer: the server sent nothing");
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+  }
+  const auto tok = tokenizer::open_tokenizer(o.output, "");  // checks the file
+  log::info("fed counts '", o.id, "': received the tokenizer, fingerprint ", tok.fingerprint());
+  return tok.fingerprint();
+}
+
+}  // namespace pollen::fed

@@ -1,0 +1,61 @@
+#include "obs/metrics_endpoint.h"
+
+#include <httplib.h>
+
+#include <charconv>
+#include <thread>
+
+#include "base/error.h"
+#include "obs/prometheus.h"
+
+namespace pollen::obs {
+
+struct MetricsEndpoint::Impl {
+  httplib::Server server;
+  std::thread thread;
+  int port = 0;
+};
+
+MetricsEndpoint::MetricsEndpoint(const std::string& address, std::function<std::string()> render)
+    : impl_(std::make_unique<Impl>()) {
+  const auto colon = address.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos && colon > 0) {
+    const char* end = address.data() + address.size();
+    const auto r = std::from_chars(address.data() + colon + 1, end, port);
+    if (r.ec != std::errc() || r.ptr != end) port = -1;
+  }
+  POLLEN_CHECK(port >= 0 && port <= 65535, "metrics address '", address,
+               "': expected host:port with a port in [0, 65535]");
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);  // [::1]:9100
+  }
+  impl_->server.Get("/metrics",
+                    [render = std::move(render)](const httplib::Request&, httplib::Response& res) {
+                      try {
+                        res.set_content(render(), kPrometheusContentType);
+                      } catch (const std::exception& e) {
+                        res.status = 500;
+                        res.set_content(e.what(), "text/plain");
+                      }
+                    });
+  if (port == 0) {
+    impl_->port = impl_->server.bind_to_any_port(host);
+  } else {
+    impl_->port = impl_->server.bind_to_port(host, port) ? port : -1;
+  }
+  POLLEN_CHECK(impl_->port > 0, "metrics address '", address, "': cannot listen there");
+  impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
+}
+
+MetricsEndpoint::~MetricsEndpoint() {
+  impl_->server.stop();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+int MetricsEndpoint::port() const {
+  return impl_->port;
+}
+
+}  // namespace pollen::obs

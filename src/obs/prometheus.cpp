@@ -1,0 +1,86 @@
+#include "obs/prometheus.h"
+
+#include <charconv>
+#include <cmath>
+
+#include "base/error.h"
+
+namespace pollen::obs {
+namespace {
+
+bool valid_name(std::string_view name, bool colon_allowed) {
+  if (name.empty()) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool letter =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (colon_allowed && c == ':');
+    if (!letter && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return true;
+}
+
+// HELP escapes \ and newline; label values also ".
+std::string escape(std::string_view s, bool quote) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (quote && c == '"') {
+      out += "\\\"";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string prometheus_value(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), value);
+  return std::string(buf, r.ptr);
+}
+
+PrometheusText& PrometheusText::family(std::string_view name, std::string_view type,
+                                       std::string_view help) {
+  POLLEN_CHECK(valid_name(name, true), "prometheus: invalid metric name '", name, "'");
+  POLLEN_CHECK(type == "counter" || type == "gauge" || type == "untyped", "prometheus: metric '",
+               name, "' has type '", type, "'; expected counter, gauge or untyped");
+  name_ = name;
+  text_ += cat("# HELP ", name, " ", escape(help, false), "\n# TYPE ", name, " ", type, "\n");
+  return *this;
+}
+
+PrometheusText& PrometheusText::sample(double value, const Labels& labels) {
+  POLLEN_CHECK(!name_.empty(), "prometheus: a sample before any metric family");
+  text_ += name_;
+  if (!labels.empty()) {
+    text_ += '{';
+    for (size_t i = 0; i < labels.size(); ++i) {
+      POLLEN_CHECK(valid_name(labels[i].first, false) && labels[i].first.rfind("__", 0) != 0,
+                   "prometheus: invalid label name '", labels[i].first, "' of metric '", name_,
+                   "'");
+      if (i > 0) text_ += ',';
+      text_ += cat(labels[i].first, "=\"", escape(labels[i].second, true), "\"");
+    }
+    text_ += '}';
+  }
+  text_ += cat(" ", prometheus_value(value), "\n");
+  return *this;
+}
+
+PrometheusText& PrometheusText::gauge(std::string_view name, std::string_view help, double value) {
+  return family(name, "gauge", help).sample(value);
+}
+
+PrometheusText& PrometheusText::counter(std::string_view name, std::string_view help,
+                                        double value) {
+  return family(name, "counter", help).sample(value);
+}
+
+}  // namespace pollen::obs

@@ -1,0 +1,43 @@
+#pragma once
+// Prometheus text exposition format 0.0.4 (what a Prometheus server scrapes from /metrics):
+//
+//   # HELP pollen_fed_round Rounds aggregated so far.
+//   # TYPE pollen_fed_round gauge
+//   pollen_fed_round 3
+//   pollen_fed_client_train_loss{client="silo-a"} 4.25
+//
+// Metric and label names are checked ([a-zA-Z_:][a-zA-Z0-9_:]*, labels without ':'); HELP text
+// escapes backslash and newline, label values also the double quote; NaN and infinities are
+// written NaN, +Inf and -Inf.
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace pollen::obs {
+
+// The content type a scrape response carries.
+inline constexpr const char* kPrometheusContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+class PrometheusText {
+ public:
+  // Starts a metric family: its HELP and TYPE lines. type: counter, gauge or untyped.
+  PrometheusText& family(std::string_view name, std::string_view type, std::string_view help);
+  // One sample of the family started last.
+  PrometheusText& sample(double value, const Labels& labels = {});
+  // Shorthands: a family with one unlabelled sample.
+  PrometheusText& gauge(std::string_view name, std::string_view help, double value);
+  PrometheusText& counter(std::string_view name, std::string_view help, double value);
+
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_, name_;
+};
+
+// A sample value as the format writes it (shortest round-trip decimal, NaN, +Inf, -Inf).
+std::string prometheus_value(double value);
+
+}  // namespace pollen::obs

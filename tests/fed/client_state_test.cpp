@@ -1,0 +1,180 @@
+// Client-side state across restarts: a client stopped after a round (or killed mid-round, as a
+// process) and started again from its state folder continues exactly as if it had never
+// stopped.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <thread>
+
+#include "base/thread_pool.h"
+#include "fed/client.h"
+#include "fed/coordinator.h"
+#include "fed/fixtures.h"
+#include "fed/run.h"
+#include "io/checkpoint.h"
+
+using namespace pollen;
+using namespace pollen::fed;
+using namespace pollen::fed::testing;
+
+namespace {
+
+// Three rounds of one client; `restart` rebuilds the client (a new process would) after round
+// `restart_after`, with or without its state folder. Returns the final global model.
+Weights three_rounds(const fs::path& dir, const fs::path& silo, int restart_after,
+                     bool keep_state) {
+  auto cfg = sim_config(dir, {silo}, "diloco", 3, 3);
+  cfg.server.compression.codec = Codec::int4;  // so that the error-feedback residual matters
+  cfg.clients[0].state_dir = dir / "client-state";
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  auto client = std::make_unique<Client>(cfg.clients[0], transport);
+  client->join();
+  for (int round = 1; round <= 3; ++round) {
+    if (round == restart_after + 1) {
+      client.reset();  // the silo is killed between rounds
+      if (!keep_state) fs::remove_all(cfg.clients[0].state_dir);
+      client = std::make_unique<Client>(cfg.clients[0], transport);
+      EXPECT_EQ(client->last_round(), keep_state ? restart_after : 0);
+      client->join();
+    }
+    EXPECT_TRUE(server.begin_round());
+    EXPECT_EQ(client->poll_once(), pb::TASK_TRAIN);
+    EXPECT_TRUE(server.end_round().aggregated);
+  }
+  return server.global_weights();
+}
+
+}  // namespace
+
+TEST(ClientState, RestartedClientContinuesWithItsState) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("client_state");
+  const auto silo = make_silo(dir / "a", 3);
+  const Weights uninterrupted = three_rounds(dir / "run0", silo, 3, true);
+  const Weights resumed = three_rounds(dir / "run1", silo, 1, true);
+  EXPECT_TRUE(bitwise_equal(uninterrupted, resumed))
+      << "a client restarted from its state should continue bitwise";
+  // Without its state (fresh AdamW, loader from the start, no residual) the run differs: the
+  // comparison above can tell.
+  const Weights afresh = three_rounds(dir / "run2", silo, 1, false);
+  EXPECT_FALSE(bitwise_equal(uninterrupted, afresh));
+  fs::remove_all(dir);
+}
+
+TEST(ClientState, StateOfAnotherClientOrDatasetIsRefused) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("client_state_refused");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 1, 1);
+  cfg.clients[0].state_dir = dir / "state";
+  {
+    Coordinator server(cfg.server, false);
+    LocalTransport transport(server);
+    Client a(cfg.clients[0], transport);
+    a.join();
+    ASSERT_TRUE(server.begin_round());
+    a.poll_once();
+    server.end_round();
+  }
+  Coordinator server(cfg.server, true);
+  LocalTransport transport(server);
+  auto other = cfg.clients[1];
+  other.state_dir = dir / "state";  // silo-1 pointed at silo-0's state
+  try {
+    Client b(other, transport);
+    ADD_FAILURE() << "another client's state was resumed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("belongs to client 'silo-0'"), std::string::npos)
+        << e.what();
+  }
+  auto moved = cfg.clients[0];
+  moved.manifests = cfg.clients[1].manifests;  // silo-0 now with other data
+  try {
+    Client a(moved, transport);
+    ADD_FAILURE() << "a state trained on other data was resumed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was trained on data"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(ClientState, KilledClientProcessRestartsFromItsState) {
+  const auto dir = temp_dir("client_killed");
+  const auto silo = make_silo(dir / "a", 3);
+  constexpr int kSteps = 200;  // long enough rounds that the kill lands inside round 2
+  {
+    Quiet q;
+    auto cfg = sim_config(dir / "sim", {silo}, "diloco", 3, kSteps);
+    cfg.server.compression.codec = Codec::int4;
+    run_simulation(cfg, false);
+  }
+  const std::string model =
+      "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
+      "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
+      "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n";
+  const int port = 20000 + static_cast<int>((::getpid() + 7919) % 20000);
+  const std::string address = cat("127.0.0.1:", port);
+  write_file_atomic(dir / "fed.toml",
+                    cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
+                        "'\nseed = 5\nrounds = 3\nlocal_steps = ", kSteps,
+                        "\nround_timeout_s = 120\nwait_for_clients_s = 60\n"
+                        "[strategy]\nname = 'diloco'\n[compression]\ncodec = 'int4'\n",
+                        model));
+  write_file_atomic(dir / "client.toml",
+                    cat("[client]\nid = 'silo-0'\nserver = '", address,
+                        "'\nseed = 100\nthreads = 1\nstate_dir = '", (dir / "state").string(),
+                        "'\n[data]\nmanifests = ['", silo.string(),
+                        "']\n[train]\nmicro_batch = 4\nseq = 16\nlr = 3e-3\nweight_decay = 0\n"
+                        "eval_batches = 2\n",
+                        model));
+  auto spawn = [&](const std::string& sub, const fs::path& config, const std::string& log) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      freopen((dir / log).c_str(), "w", stderr);
+      execl(POLLEN_BINARY, POLLEN_BINARY, "fed", sub.c_str(), "--config", config.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  };
+  const pid_t server = spawn("server", dir / "fed.toml", "server.log");
+  pid_t client = spawn("client", dir / "client.toml", "client-1.log");
+  // Kill the client once its state after round 1 is on disk (it is then training round 2).
+  auto state_saved = [&] {
+    const auto states = io::list_checkpoints(dir / "state/checkpoints");
+    return !states.empty() && io::checkpoint_step(states.back()) >= kSteps;
+  };
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!state_saved() && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  if (!state_saved()) {
+    ::kill(client, SIGKILL);
+    ::kill(server, SIGKILL);
+    waitpid(client, nullptr, 0);
+    waitpid(server, nullptr, 0);
+    FAIL() << "no client state after round 1; see " << dir.string() << "/*.log";
+  }
+  ::kill(client, SIGKILL);
+  waitpid(client, nullptr, 0);
+  client = spawn("client", dir / "client.toml", "client-2.log");
+  for (pid_t pid : {client, server}) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "a process failed; see " << dir.string() << "/*.log";
+  }
+  EXPECT_NE(read_file(dir / "client-2.log").find("resumed its state of round"), std::string::npos);
+  const auto sim = io::list_checkpoints(dir / "sim/server/checkpoints");
+  const auto dep = io::list_checkpoints(dir / "dep/checkpoints");
+  ASSERT_FALSE(sim.empty());
+  ASSERT_FALSE(dep.empty());
+  EXPECT_EQ(io::checkpoint_step(dep.back()), 3);
+  EXPECT_TRUE(bitwise_equal(read_model(sim.back()), read_model(dep.back())))
+      << "the client killed mid-round and restarted from its state should give the "
+         "uninterrupted run's global model";
+  fs::remove_all(dir);
+}

@@ -1,0 +1,87 @@
+// The server process killed mid-run and restarted with --resume: it continues after its last
+// checkpointed round, the client (still running) joins it again, and nothing is lost or counted
+// twice in metrics.jsonl and lineage.jsonl.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "fed/fixtures.h"
+#include "io/checkpoint.h"
+
+using namespace pollen;
+using namespace pollen::fed;
+using namespace pollen::fed::testing;
+
+TEST(ServerRestart, KilledServerResumesAndTheClientRejoins) {
+  const auto dir = temp_dir("server_killed");
+  const auto silo = make_silo(dir / "a", 3);
+  const std::string model =
+      "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
+      "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
+      "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n";
+  const int port = 20000 + static_cast<int>((::getpid() + 3571) % 20000);
+  const std::string address = cat("127.0.0.1:", port);
+  write_file_atomic(dir / "fed.toml",
+                    cat("[server]\ndir = '", (dir / "run").string(), "'\naddress = '", address,
+                        "'\nseed = 5\nrounds = 4\nlocal_steps = 100\nround_timeout_s = 120\n"
+                        "wait_for_clients_s = 60\n[strategy]\nname = 'fedadam'\n",
+                        model));
+  write_file_atomic(dir / "client.toml",
+                    cat("[client]\nid = 'silo-0'\nserver = '", address,
+                        "'\nseed = 100\nthreads = 1\nstate_dir = '", (dir / "state").string(),
+                        "'\n[data]\nmanifests = ['", silo.string(),
+                        "']\n[train]\nmicro_batch = 4\nseq = 16\nlr = 3e-3\nweight_decay = 0\n"
+                        "eval_batches = 2\n",
+                        model));
+  auto spawn = [&](std::vector<std::string> args, const std::string& log) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      freopen((dir / log).c_str(), "w", stderr);
+      std::vector<char*> argv{const_cast<char*>(POLLEN_BINARY)};
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(POLLEN_BINARY, argv.data());
+      _exit(127);
+    }
+    return pid;
+  };
+  const std::string fed = (dir / "fed.toml").string();
+  pid_t server = spawn({"fed", "server", "--config", fed}, "server-1.log");
+  const pid_t client =
+      spawn({"fed", "client", "--config", (dir / "client.toml").string()}, "client.log");
+  auto rounds_checkpointed = [&] {
+    const auto c = io::list_checkpoints(dir / "run/checkpoints");
+    return c.empty() ? int64_t{0} : io::checkpoint_step(c.back());
+  };
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (rounds_checkpointed() < 1 && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ::kill(server, SIGKILL);  // in round 2 (or later), mid-round
+  waitpid(server, nullptr, 0);
+  const int64_t before = rounds_checkpointed();
+  ASSERT_GE(before, 1) << "see " << dir.string() << "/*.log";
+  server = spawn({"fed", "server", "--config", fed, "--resume"}, "server-2.log");
+  for (pid_t pid : {server, client}) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "a process failed; see " << dir.string() << "/*.log";
+  }
+  EXPECT_NE(read_file(dir / "server-2.log").find(cat("resumed from")), std::string::npos);
+  EXPECT_EQ(rounds_checkpointed(), 4);
+  // One aggregated line per round, in order: nothing lost, nothing twice.
+  std::vector<int> rounds;
+  for (const auto& m : read_jsonl(dir / "run/metrics.jsonl")) {
+    if (m["status"] == "aggregated") rounds.push_back(m["round"].get<int>());
+  }
+  EXPECT_EQ(rounds, (std::vector<int>{1, 2, 3, 4}));
+  std::vector<int> lineage;
+  for (const auto& l : read_jsonl(dir / "run/lineage.jsonl")) lineage.push_back(l["round"]);
+  EXPECT_EQ(lineage, (std::vector<int>{1, 2, 3, 4}));
+  fs::remove_all(dir);
+}

@@ -1,0 +1,159 @@
+// The federated tokenizer over gRPC: silos send only their pre-token counts, the server trains
+// the BPE on their sum, and every silo receives the same tokenizer, equal to one trained on the
+// silos' texts together; malformed or unexpected count streams are refused.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "base/hash.h"
+#include "fed/fixtures.h"
+#include "fed/grpc.h"
+#include "fed/tokenizer_round.h"
+#include "tokenizer/open.h"
+#include "tokenizer/trainer.h"
+
+using namespace pollen;
+using namespace pollen::fed;
+using namespace pollen::fed::testing;
+
+namespace {
+
+fs::path write_text(const fs::path& path, const std::string& word, int lines) {
+  std::string text;
+  for (int i = 0; i < lines; ++i) text += cat(word, i % 7, " and ", word, "s of line ", i, "\n");
+  write_file_atomic(path, text);
+  return path;
+}
+
+// A count stream of raw bytes as a hostile client would send it.
+pb::PushReply push_raw(GrpcTransport& t, const std::string& id, const std::string& bytes) {
+  int stage = 0;
+  return t.push_counts([&](pb::FileStream& m) {
+    if (stage == 0) {
+      m.mutable_info()->set_client_id(id);
+      m.mutable_info()->set_total_bytes(bytes.size());
+      m.mutable_info()->set_sha256(sha256_hex(bytes));
+    } else if (stage == 1) {
+      m.mutable_chunk()->set_offset(0);
+      m.mutable_chunk()->set_data(bytes);
+    } else {
+      return false;
+    }
+    ++stage;
+    return true;
+  });
+}
+
+}  // namespace
+
+TEST(FederatedTokenizer, SilosSendCountsOverGrpcAndAllReceiveTheSameTokenizer) {
+  Quiet q;
+  const auto dir = temp_dir("tokenizer_round");
+  const auto a = write_text(dir / "a.txt", "apple", 300);
+  const auto b = write_text(dir / "b.txt", "banana", 200);
+  TokenizerServerConfig sc;
+  sc.dir = dir / "server";
+  sc.clients = {"silo-a", "silo-b"};
+  sc.vocab_size = 300;
+  sc.special_tokens = {"<|endoftext|>"};
+  sc.wait_for_clients_s = 120;
+  sc.serve_s = 60;
+  TokenizerRound round(sc);
+  GrpcServer server(round, "127.0.0.1:0", {});
+  const std::string address = cat("127.0.0.1:", server.port());
+
+  // Hostile or mistaken streams first: each refused, the server goes on.
+  {
+    GrpcTransport t(address, {}, 5);
+    auto r = push_raw(t, "silo-z", "POLLENPC");
+    EXPECT_FALSE(r.accepted());
+    EXPECT_NE(r.reason().find("not one of server.clients"), std::string::npos) << r.reason();
+    r = push_raw(t, "silo-a", "POLLENPC garbage that is no count file");
+    EXPECT_FALSE(r.accepted());
+    EXPECT_NE(r.reason().find("counts"), std::string::npos) << r.reason();
+    r = t.push_counts([stage = 0](pb::FileStream& m) mutable {
+      if (stage++ > 0) return false;
+      m.mutable_info()->set_client_id("silo-a");
+      m.mutable_info()->set_total_bytes(uint64_t{1} << 40);
+      m.mutable_info()->set_sha256(std::string(64, '0'));
+      return true;
+    });
+    EXPECT_FALSE(r.accepted());
+    EXPECT_NE(r.reason().find("a count file holds"), std::string::npos) << r.reason();
+  }
+
+  std::string fingerprint, error;
+  std::thread serving([&] {
+    try {
+      fingerprint = round.run();
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  // Each silo is its own process, as deployed: `pollen fed counts`.
+  std::vector<pid_t> silos;
+  for (int i = 0; i < 2; ++i) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const std::string id = i == 0 ? "silo-a" : "silo-b";
+      const std::string input = (i == 0 ? a : b).string();
+      const std::string output = (dir / cat("received-", i, ".json")).string();
+      freopen((dir / cat("silo-", i, ".log")).c_str(), "w", stdout);
+      execl(POLLEN_BINARY, POLLEN_BINARY, "fed", "counts", "--server", address.c_str(), "--id",
+            id.c_str(), "--input", input.c_str(), "--output", output.c_str(), "--threads", "1",
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    silos.push_back(pid);
+  }
+  for (pid_t pid : silos) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "a silo failed; see " << dir.string() << "/silo-*.log";
+  }
+  serving.join();
+  server.shutdown();
+  ASSERT_EQ(error, "");
+  std::vector<std::string> received;
+  for (int i = 0; i < 2; ++i) {
+    const std::string out = read_file(dir / cat("silo-", i, ".log"));
+    const auto at = out.find("fingerprint ");
+    received.push_back(at == std::string::npos ? out : out.substr(at + 12, fingerprint.size()));
+  }
+
+  // The same tokenizer trained on both texts in one place.
+  tokenizer::PieceCounts together(tokenizer::pattern_regex("cl100k_base"));
+  together.add_file(a, false, "text");
+  together.add_file(b, false, "text");
+  const auto pooled = tokenizer::train_bpe(
+      together, {300, {"<|endoftext|>"}, tokenizer::pattern_regex("cl100k_base")});
+  EXPECT_EQ(fingerprint, pooled.fingerprint());
+  EXPECT_EQ(received[0], pooled.fingerprint());
+  EXPECT_EQ(received[1], pooled.fingerprint());
+  EXPECT_EQ(read_file(dir / "received-0.json"), read_file(sc.dir / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(sc.dir / "counts/silo-a.counts"));  // kept for audit
+  fs::remove_all(dir);
+}
+
+TEST(FederatedTokenizer, ConfigNamesWhatIsWrong) {
+  const auto dir = temp_dir("tokenizer_round_config");
+  write_file_atomic(dir / "ok.toml",
+                    "[server]\ndir = 'x'\nclients = ['a', 'b']\n[tokenizer]\nvocab_size = 512\n"
+                    "special_tokens = ['<|endoftext|>']\n");
+  const auto c = load_tokenizer_server_config(dir / "ok.toml");
+  EXPECT_EQ(c.clients.size(), 2u);
+  EXPECT_EQ(c.vocab_size, 512u);
+  write_file_atomic(dir / "twice.toml",
+                    "[server]\ndir = 'x'\nclients = ['a', 'a']\n[tokenizer]\nvocab_size = 512\n");
+  try {
+    load_tokenizer_server_config(dir / "twice.toml");
+    ADD_FAILURE() << "a client listed twice was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("clients"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}

@@ -1,0 +1,52 @@
+// The Prometheus text exposition format (0.0.4): HELP/TYPE lines, labels, escaping, special
+// values, and refused names. tests/fed/server_metrics_test.cpp parses a whole scrape with
+// prometheus_client.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "base/error.h"
+#include "obs/prometheus.h"
+
+using namespace pollen;
+
+TEST(Prometheus, FamiliesSamplesAndLabels) {
+  obs::PrometheusText p;
+  p.gauge("pollen_round", "Rounds done.", 3);
+  p.family("pollen_loss", "gauge", "Loss per client.");
+  p.sample(4.25, {{"client", "silo-a"}});
+  p.sample(0.1, {{"client", "b"}, {"split", "val"}});
+  p.counter("pollen_bytes_total", "Bytes.", 1e12);
+  EXPECT_EQ(p.text(),
+            "# HELP pollen_round Rounds done.\n# TYPE pollen_round gauge\npollen_round 3\n"
+            "# HELP pollen_loss Loss per client.\n# TYPE pollen_loss gauge\n"
+            "pollen_loss{client=\"silo-a\"} 4.25\npollen_loss{client=\"b\",split=\"val\"} 0.1\n"
+            "# HELP pollen_bytes_total Bytes.\n# TYPE pollen_bytes_total counter\n"
+            "pollen_bytes_total 1e+12\n");
+}
+
+TEST(Prometheus, EscapesAndSpecialValues) {
+  obs::PrometheusText p;
+  p.family("m", "untyped", "a \\ b\nc \"d\"");
+  p.sample(NAN, {{"l", "x\"y\\z\nw"}});
+  p.sample(INFINITY);
+  p.sample(-INFINITY);
+  EXPECT_EQ(p.text(),
+            "# HELP m a \\\\ b\\nc \"d\"\n# TYPE m untyped\nm{l=\"x\\\"y\\\\z\\nw\"} NaN\n"
+            "m +Inf\nm -Inf\n");
+  // Shortest decimal that reads back as the same double.
+  EXPECT_EQ(obs::prometheus_value(0.1 + 0.2), "0.30000000000000004");
+  EXPECT_EQ(std::stod(obs::prometheus_value(1.0 / 3)), 1.0 / 3);
+}
+
+TEST(Prometheus, RefusesInvalidNamesAndTypes) {
+  obs::PrometheusText p;
+  EXPECT_THROW(p.sample(1), Error);  // no family yet
+  EXPECT_THROW(p.gauge("1abc", "h", 1), Error);
+  EXPECT_THROW(p.gauge("a-b", "h", 1), Error);
+  EXPECT_THROW(p.family("ok", "histogram", "h"), Error);
+  p.gauge("a:b_c", "colons are allowed in metric names", 1);
+  EXPECT_THROW(p.sample(1, {{"a:b", "v"}}), Error);  // not in label names
+  EXPECT_THROW(p.sample(1, {{"__reserved", "v"}}), Error);
+  EXPECT_THROW(p.sample(1, {{"", "v"}}), Error);
+}
