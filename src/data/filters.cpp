@@ -1,8 +1,6 @@
 #include "data/filters.h"
 
 #include <algorithm>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "base/config.h"
 #include "base/error.h"
@@ -42,13 +40,43 @@ bool starts_with(std::string_view s, std::string_view e) {
   return s.substr(0, e.size()) == e;
 }
 
+// Counts of 64-bit hashes (open addressing, linear probing), reused from document to document
+// so that counting n-grams allocates nothing once warm. Each entry also keeps where its key was
+// first seen.
+class HashCounter {
+ public:
+  struct Entry {
+    uint64_t key;  // 0: empty (a key of 0 is stored as 1)
+    uint32_t count, first;
+  };
+  void reset(size_t expected) {
+    size_t cap = 16;
+    while (cap < 2 * expected) cap *= 2;
+    table_.assign(cap, Entry{0, 0, 0});
+    mask_ = cap - 1;
+  }
+  // The entry of `key`, added with count 0 at position `at` when new.
+  Entry& find(uint64_t key, uint32_t at) {
+    key |= key == 0;
+    size_t i = (key ^ (key >> 29)) & mask_;
+    while (table_[i].key != 0 && table_[i].key != key) i = (i + 1) & mask_;
+    Entry& e = table_[i];
+    if (e.key == 0) e = Entry{key, 0, at};
+    return e;
+  }
+
+ private:
+  std::vector<Entry> table_;
+  size_t mask_ = 0;
+};
+
 // (duplicate elements, their total bytes): elements seen before, as datatrove counts them.
 std::pair<size_t, size_t> find_duplicates(const std::vector<std::string_view>& xs) {
-  std::unordered_set<std::string_view> seen;
-  seen.reserve(xs.size() * 2);
+  thread_local HashCounter seen;
+  seen.reset(xs.size());
   size_t n = 0, chars = 0;
   for (auto x : xs)
-    if (!seen.insert(x).second) {
+    if (seen.find(xxh64(x.data(), x.size(), 3), 0).count++ > 0) {
       ++n;
       chars += x.size();
     }
@@ -177,34 +205,30 @@ const char* GopherRepetitionFilter::check(std::string_view text) const {
   thread_local std::vector<uint64_t> wh;
   wh.resize(nw);
   for (size_t i = 0; i < nw; ++i) wh[i] = xxh64(words[i].data(), words[i].size());
-  thread_local std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> counts;  // count, at
+  thread_local HashCounter counts;
   for (auto [n, frac] : top_n_grams) {
     if (nw < static_cast<size_t>(n)) continue;
-    counts.clear();
-    uint64_t best_key = 0;
+    counts.reset(nw);
     uint32_t best = 0;
     size_t best_at = 0;
     for (size_t i = 0; i + static_cast<size_t>(n) <= nw; ++i) {
       uint64_t h = static_cast<uint64_t>(n);
       for (int k = 0; k < n; ++k) h = mix(h, wh[i + static_cast<size_t>(k)]);
-      auto& c = counts.try_emplace(h, 0u, static_cast<uint32_t>(i)).first->second;
-      if (++c.first > best) {
-        best = c.first;
-        best_key = h;
-        best_at = c.second;
+      auto& e = counts.find(h, static_cast<uint32_t>(i));
+      if (++e.count > best) {
+        best = e.count;
+        best_at = e.first;
       }
     }
-    (void)best_key;
     if (best < 2) continue;
     // Bytes of the n-gram as words joined by single spaces.
     size_t glen = static_cast<size_t>(n - 1);
     for (int k = 0; k < n; ++k) glen += words[best_at + static_cast<size_t>(k)].size();
     if (static_cast<double>(glen * best) / len > frac) return "repetition_top_ngram";
   }
-  thread_local std::unordered_set<uint64_t> uniq;
   for (auto [n, frac] : dup_n_grams) {
     if (nw < static_cast<size_t>(n)) continue;
-    uniq.clear();
+    counts.reset(nw);
     size_t rep = 0;
     for (size_t i = 0; i + static_cast<size_t>(n) <= nw;) {
       uint64_t h = static_cast<uint64_t>(n);
@@ -213,7 +237,7 @@ const char* GopherRepetitionFilter::check(std::string_view text) const {
         h = mix(h, wh[i + static_cast<size_t>(k)]);
         chars += words[i + static_cast<size_t>(k)].size();
       }
-      if (!uniq.insert(h).second) {
+      if (counts.find(h, 0).count++ > 0) {
         rep += chars;
         i += static_cast<size_t>(n);
       } else {
@@ -347,6 +371,26 @@ const char* FineWebFilter::check(std::string_view text) const {
   return nullptr;
 }
 
+namespace {
+// An n-gram rule's table: the sizes under `sizes_key`, their thresholds under `fracs_key`.
+void load_ngram_rule(ConfigTable& t, const char* sizes_key, const char* fracs_key,
+                     std::vector<std::pair<int, double>>& rule) {
+  if (!t.has(sizes_key) && !t.has(fracs_key)) return;
+  std::vector<double> sizes = t.get_doubles(sizes_key), fracs = t.get_doubles(fracs_key);
+  POLLEN_CHECK(sizes.size() == fracs.size(), t.where(fracs_key),
+               ": expected one threshold per n in ", sizes_key, " (", sizes.size(), "), got ",
+               fracs.size());
+  rule.clear();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    POLLEN_CHECK(sizes[i] >= 1 && sizes[i] <= 1000 && sizes[i] == static_cast<int>(sizes[i]),
+                 t.where(sizes_key), ": expected whole numbers from 1 to 1000, got ", sizes[i]);
+    POLLEN_CHECK(fracs[i] >= 0 && fracs[i] <= 1, t.where(fracs_key),
+                 ": expected fractions in [0, 1], got ", fracs[i]);
+    rule.push_back({static_cast<int>(sizes[i]), fracs[i]});
+  }
+}
+}  // namespace
+
 void load_filter(ConfigTable& t, LengthFilter& f) {
   f.enabled = t.get_bool("enabled", f.enabled);
   f.min_chars = t.get_int("min_chars", f.min_chars);
@@ -373,6 +417,8 @@ void load_filter(ConfigTable& t, GopherRepetitionFilter& f) {
   f.dup_para_frac = t.get_double("dup_para_frac", f.dup_para_frac);
   f.dup_line_char_frac = t.get_double("dup_line_char_frac", f.dup_line_char_frac);
   f.dup_para_char_frac = t.get_double("dup_para_char_frac", f.dup_para_char_frac);
+  load_ngram_rule(t, "top_n_grams", "top_n_gram_fracs", f.top_n_grams);
+  load_ngram_rule(t, "dup_n_grams", "dup_n_gram_fracs", f.dup_n_grams);
 }
 void load_filter(ConfigTable& t, C4Filter& f) {
   f.enabled = t.get_bool("enabled", f.enabled);

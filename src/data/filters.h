@@ -37,7 +37,9 @@ struct GopherQualityFilter {
   const char* check(std::string_view text) const;
 };
 
-// Gopher repetition rules (datatrove's GopherRepetitionFilter).
+// Gopher repetition rules (datatrove's GopherRepetitionFilter). top_n_grams: (n, f) drops the
+// document when its most frequent n-gram covers more than f of its bytes; dup_n_grams: (n, f)
+// drops it when the n-grams repeated (non-overlapping) cover more than f.
 struct GopherRepetitionFilter {
   bool enabled = true;
   double dup_line_frac = 0.3;

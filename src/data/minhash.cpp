@@ -25,14 +25,7 @@ MinHasher::MinHasher(const MinHashOptions& o) : options_(o) {
 void MinHasher::signature(std::string_view text, uint32_t* sig) const {
   const int m = options_.signature_size();
   thread_local std::vector<uint64_t> wh, sh;
-  // Word hashes of the normalised words, computed without materialising the words.
-  wh.clear();
-  {
-    std::string w;
-    thread_local std::vector<std::string> words;
-    normalized_words(text, words);
-    for (const auto& x : words) wh.push_back(xxh64(x.data(), x.size(), 0x5bd1e995));
-  }
+  normalized_word_hashes(text, 0x5bd1e995, wh);
   const size_t n = static_cast<size_t>(options_.ngram);
   sh.clear();
   if (wh.size() < n) {

@@ -1,5 +1,7 @@
 #include "data/text.h"
 
+#include "base/hash.h"
+
 namespace pollen::data {
 namespace {
 
@@ -62,7 +64,12 @@ inline bool is_space(unsigned char c) {
 }  // namespace
 
 bool utf8_valid(std::string_view s) {
-  auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  return utf8_invalid_at(s) == std::string_view::npos;
+}
+
+size_t utf8_invalid_at(std::string_view s) {
+  auto* begin = reinterpret_cast<const unsigned char*>(s.data());
+  auto* p = begin;
   auto* end = p + s.size();
   while (p < end) {
     // Fast path over ASCII, eight bytes at a time.
@@ -74,10 +81,10 @@ bool utf8_valid(std::string_view s) {
     }
     if (p >= end) break;
     size_t n = utf8_seq(p, end);
-    if (n == 0) return false;
+    if (n == 0) return static_cast<size_t>(p - begin);
     p += n;
   }
-  return true;
+  return std::string_view::npos;
 }
 
 size_t utf8_repair(std::string_view s, std::string& out) {
@@ -129,19 +136,34 @@ std::string_view strip(std::string_view s) {
   return s.substr(b, e - b);
 }
 
-void normalized_words(std::string_view s, std::vector<std::string>& out) {
+void normalized_word_hashes(std::string_view s, uint64_t seed, std::vector<uint64_t>& out) {
   out.clear();
-  std::string w;
-  for (size_t i = 0; i <= s.size(); ++i) {
-    unsigned char c = i < s.size() ? static_cast<unsigned char>(s[i]) : ' ';
-    if (is_space(c)) {
-      if (!w.empty()) out.push_back(std::move(w));
-      w.clear();
-    } else if (c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z')) {
-      w += static_cast<char>(c);
-    } else if (c >= 'A' && c <= 'Z') {
-      w += static_cast<char>(c - 'A' + 'a');
+  thread_local std::string w;
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    while (i < n && is_space(static_cast<unsigned char>(s[i]))) ++i;
+    const size_t b = i;
+    bool plain = true;  // only lower-case letters, digits and non-ASCII bytes
+    for (; i < n; ++i) {
+      unsigned char c = static_cast<unsigned char>(s[i]);
+      if (is_space(c)) break;
+      plain &= c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z');
     }
+    if (i == b) break;
+    if (plain) {
+      out.push_back(xxh64(s.data() + b, i - b, seed));
+      continue;
+    }
+    w.clear();
+    for (size_t k = b; k < i; ++k) {
+      unsigned char c = static_cast<unsigned char>(s[k]);
+      if (c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z'))
+        w += static_cast<char>(c);
+      else if (c >= 'A' && c <= 'Z')
+        w += static_cast<char>(c - 'A' + 'a');
+    }
+    if (!w.empty()) out.push_back(xxh64(w.data(), w.size(), seed));
   }
 }
 
