@@ -56,6 +56,7 @@ class HashCounter {
     mask_ = cap - 1;
   }
   // The entry of `key`, added with count 0 at position `at` when new.
+  Entry* entries() { return table_.data(); }
   Entry& find(uint64_t key, uint32_t at) {
     key |= key == 0;
     size_t i = (key ^ (key >> 29)) & mask_;
@@ -201,52 +202,93 @@ const char* GopherRepetitionFilter::check(std::string_view text) const {
   if (dup_line_char_frac > 0 && static_cast<double>(lc) / len > dup_line_char_frac)
     return "repetition_dup_line_chars";
   split_words(text, words);
+  return ngram_rules(words, len);
+}
+
+// The top and duplicated n-gram rules. An n-gram that occurs twice starts with an (n-1)-gram
+// that occurs twice, so the sizes are visited in increasing order and each visits only the
+// positions whose previous n-gram was repeated: after the first size few positions are left.
+// Decisions are those of the rules taken one by one (datatrove's order: top, then dup).
+const char* GopherRepetitionFilter::ngram_rules(const std::vector<std::string_view>& words,
+                                                double len) const {
   const size_t nw = words.size();
-  thread_local std::vector<uint64_t> wh;
-  wh.resize(nw);
-  for (size_t i = 0; i < nw; ++i) wh[i] = xxh64(words[i].data(), words[i].size());
+  thread_local std::vector<uint64_t> wh, gram;  // word hashes; hash of the n-gram at each candidate
+  thread_local std::vector<uint32_t> cand, slot, next;  // candidate positions, their table slots
+  thread_local std::vector<size_t> chars;               // chars[i]: bytes of words [0, i)
   thread_local HashCounter counts;
-  for (auto [n, frac] : top_n_grams) {
-    if (nw < static_cast<size_t>(n)) continue;
-    counts.reset(nw);
+  wh.resize(nw);
+  chars.resize(nw + 1);
+  chars[0] = 0;
+  for (size_t i = 0; i < nw; ++i) {
+    wh[i] = xxh64(words[i].data(), words[i].size());
+    chars[i + 1] = chars[i] + words[i].size();
+  }
+  std::vector<int> sizes;
+  for (auto [n, f] : top_n_grams) sizes.push_back(n);
+  for (auto [n, f] : dup_n_grams) sizes.push_back(n);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  auto fraction = [](const std::vector<std::pair<int, double>>& rule, int n) -> const double* {
+    for (const auto& [m, f] : rule)
+      if (m == n) return &f;
+    return nullptr;
+  };
+  cand.clear();
+  for (size_t i = 0; i < nw; ++i) cand.push_back(static_cast<uint32_t>(i));
+  gram.assign(nw, 0x9e3779b97f4a7c15ull);
+  int gram_len = 0;  // words hashed into gram[] so far
+  bool dup_failed = false;
+  for (int n : sizes) {
+    const size_t un = static_cast<size_t>(n);
+    // Extend the candidates' hashes to n words; drop candidates too close to the end.
+    next.clear();
+    for (uint32_t i : cand) {
+      if (i + un > nw) continue;
+      for (int k = gram_len; k < n; ++k) gram[i] = mix(gram[i], wh[i + static_cast<size_t>(k)]);
+      next.push_back(i);
+    }
+    cand.swap(next);
+    gram_len = n;
+    counts.reset(cand.size());
+    slot.resize(cand.size());
     uint32_t best = 0;
     size_t best_at = 0;
-    for (size_t i = 0; i + static_cast<size_t>(n) <= nw; ++i) {
-      uint64_t h = static_cast<uint64_t>(n);
-      for (int k = 0; k < n; ++k) h = mix(h, wh[i + static_cast<size_t>(k)]);
-      auto& e = counts.find(h, static_cast<uint32_t>(i));
+    for (size_t k = 0; k < cand.size(); ++k) {
+      auto& e = counts.find(gram[cand[k]], cand[k]);
+      slot[k] = static_cast<uint32_t>(&e - counts.entries());
       if (++e.count > best) {
         best = e.count;
         best_at = e.first;
       }
     }
-    if (best < 2) continue;
-    // Bytes of the n-gram as words joined by single spaces.
-    size_t glen = static_cast<size_t>(n - 1);
-    for (int k = 0; k < n; ++k) glen += words[best_at + static_cast<size_t>(k)].size();
-    if (static_cast<double>(glen * best) / len > frac) return "repetition_top_ngram";
-  }
-  for (auto [n, frac] : dup_n_grams) {
-    if (nw < static_cast<size_t>(n)) continue;
-    counts.reset(nw);
-    size_t rep = 0;
-    for (size_t i = 0; i + static_cast<size_t>(n) <= nw;) {
-      uint64_t h = static_cast<uint64_t>(n);
-      size_t chars = 0;
-      for (int k = 0; k < n; ++k) {
-        h = mix(h, wh[i + static_cast<size_t>(k)]);
-        chars += words[i + static_cast<size_t>(k)].size();
-      }
-      if (counts.find(h, 0).count++ > 0) {
-        rep += chars;
-        i += static_cast<size_t>(n);
-      } else {
-        ++i;
-      }
+    if (const double* frac = fraction(top_n_grams, n); frac && best >= 2) {
+      // Bytes of the n-gram as words joined by single spaces.
+      const size_t glen = chars[best_at + un] - chars[best_at] + un - 1;
+      if (static_cast<double>(glen * best) / len > *frac) return "repetition_top_ngram";
     }
-    if (static_cast<double>(rep) / len > frac) return "repetition_dup_ngrams";
+    // Keep the repeated ones.
+    next.clear();
+    for (size_t k = 0; k < cand.size(); ++k)
+      if (counts.entries()[slot[k]].count >= 2) next.push_back(cand[k]);
+    cand.swap(next);
+    if (const double* frac = fraction(dup_n_grams, n); frac && !dup_failed) {
+      // Repeated n-grams, counted without overlap: after a repeat the scan jumps n words.
+      // Positions outside `cand` hold n-grams seen once in the whole text, never repeats.
+      thread_local HashCounter seen;
+      seen.reset(cand.size());
+      size_t rep = 0, from = 0;
+      for (uint32_t i : cand) {
+        if (i < from) continue;
+        if (seen.find(gram[i], 0).count++ > 0) {
+          rep += chars[i + un] - chars[i];
+          from = i + un;
+        }
+      }
+      dup_failed = static_cast<double>(rep) / len > *frac;
+    }
+    if (cand.empty()) break;
   }
-  return nullptr;
+  return dup_failed ? "repetition_dup_ngrams" : nullptr;
 }
 
 const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& lines_removed) const {
@@ -269,7 +311,8 @@ const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& li
     line.assign(s);
     if (remove_citations) {
       // [1], [23], [edit], [citation needed]
-      std::string cleaned;
+      thread_local std::string cleaned;
+      cleaned.clear();
       for (size_t i = 0; i < line.size();) {
         if (line[i] == '[') {
           size_t j = i + 1;
@@ -290,7 +333,7 @@ const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& li
         }
         cleaned += line[i++];
       }
-      line = std::move(cleaned);
+      line.swap(cleaned);
     }
     std::string_view ls(line);
     if (filter_no_terminal_punct) {

@@ -50,6 +50,9 @@ struct GopherRepetitionFilter {
   std::vector<std::pair<int, double>> dup_n_grams{{5, 0.15}, {6, 0.14}, {7, 0.13},
                                                   {8, 0.12}, {9, 0.11}, {10, 0.10}};
   const char* check(std::string_view text) const;
+
+ private:
+  const char* ngram_rules(const std::vector<std::string_view>& words, double len) const;
 };
 
 // C4's line rules (Raffel et al. 2020, as datatrove's C4QualityFilter): drops lines without

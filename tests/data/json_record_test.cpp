@@ -129,3 +129,31 @@ TEST(JsonRecord, PassesInvalidUtf8ThroughForTheUtf8Stage) {
             "");
   EXPECT_EQ(f.text, "bad \xff byte");
 }
+
+TEST(Text, SplitWordsMatchesAByteByByteSplit) {
+  // Random texts over letters and every kind of whitespace, long enough for the 64-byte path.
+  const char alphabet[] = {'a', 'b', ' ', '\t', '\n', '\r', '\v', '\f', '\x80', '\x08', '\x0e'};
+  uint64_t x = 12345;
+  std::vector<std::string_view> got;
+  for (int t = 0; t < 500; ++t) {
+    std::string s;
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const size_t len = (x >> 33) % 300;
+    for (size_t i = 0; i < len; ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      s += alphabet[(x >> 33) % (t % 2 ? 3 : sizeof alphabet)];
+    }
+    std::vector<std::string> want;
+    std::string w;
+    for (char c : s + " ") {
+      if (c == ' ' || (c >= '\t' && c <= '\r')) {
+        if (!w.empty()) want.push_back(w);
+        w.clear();
+      } else {
+        w += c;
+      }
+    }
+    split_words(s, got);
+    EXPECT_EQ(std::vector<std::string>(got.begin(), got.end()), want) << s;
+  }
+}
