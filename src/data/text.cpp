@@ -4,6 +4,8 @@
 #include <immintrin.h>
 #endif
 
+#include <array>
+
 #include "base/hash.h"
 
 namespace pollen::data {
@@ -191,33 +193,39 @@ std::string_view strip(std::string_view s) {
 }
 
 void normalized_word_hashes(std::string_view s, uint64_t seed, std::vector<uint64_t>& out) {
-  out.clear();
+  // kNorm[c]: the byte a word keeps for c (lower-cased), 0 when c is dropped (ASCII punctuation
+  // and controls).
+  static const auto kNorm = [] {
+    std::array<unsigned char, 256> t{};
+    for (int c = 0; c < 256; ++c)
+      t[static_cast<size_t>(c)] = c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z')
+                                      ? static_cast<unsigned char>(c)
+                                  : (c >= 'A' && c <= 'Z') ? static_cast<unsigned char>(c + 32)
+                                                           : 0;
+    return t;
+  }();
+  thread_local std::vector<std::string_view> words;
   thread_local std::string w;
-  const size_t n = s.size();
-  size_t i = 0;
-  while (i < n) {
-    while (i < n && is_space(static_cast<unsigned char>(s[i]))) ++i;
-    const size_t b = i;
-    bool plain = true;  // only lower-case letters, digits and non-ASCII bytes
-    for (; i < n; ++i) {
-      unsigned char c = static_cast<unsigned char>(s[i]);
-      if (is_space(c)) break;
-      plain &= c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z');
+  split_words(s, words);
+  out.clear();
+  for (std::string_view word : words) {
+    bool plain = true;  // already normalised: hash it where it is
+    for (char c : word) {
+      auto u = static_cast<unsigned char>(c);
+      plain &= u != 0 && kNorm[u] == u;
     }
-    if (i == b) break;
     if (plain) {
-      out.push_back(xxh64(s.data() + b, i - b, seed));
+      out.push_back(xxh64(word.data(), word.size(), seed));
       continue;
     }
-    w.clear();
-    for (size_t k = b; k < i; ++k) {
-      unsigned char c = static_cast<unsigned char>(s[k]);
-      if (c >= 0x80 || (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z'))
-        w += static_cast<char>(c);
-      else if (c >= 'A' && c <= 'Z')
-        w += static_cast<char>(c - 'A' + 'a');
+    w.resize(word.size());
+    size_t k = 0;
+    for (char c : word) {
+      unsigned char v = kNorm[static_cast<unsigned char>(c)];
+      w[k] = static_cast<char>(v);
+      k += v != 0;
     }
-    if (!w.empty()) out.push_back(xxh64(w.data(), w.size(), seed));
+    if (k > 0) out.push_back(xxh64(w.data(), k, seed));
   }
 }
 
