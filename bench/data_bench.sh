@@ -81,12 +81,17 @@ for threads in $THREADS; do
   done
 done
 first=${THREADS%% *}
-grep -h '"near_duplicate"' -A1 "$W"/out-s3-t$first/manifest.json | tr -d ' \n'; echo " (pollen, filters + minhash, verify off)"
-grep -h '"near_duplicate"' -A1 "$W"/out-s6-t$first/manifest.json | tr -d ' \n'; echo " (pollen, minhash only, verify off)"
+near() {  # config label: what MinHash dropped in that run
+  python3 -c "import json;s=[x for x in json.load(open('$W/out-$1/manifest.json'))['stages'] if x['name']=='minhash'][0]
+print('pollen %s: %d documents in, %d near-duplicates dropped, %d clusters with duplicates' % ('$2', s['docs_in'], s['dropped'].get('near_duplicate', {}).get('docs', 0), s['clusters_with_duplicates']))"
+}
+near "s3-t$first" "filters + exact dedup + minhash (verify off)"
+near "s6-t$first" "minhash only (verify off)"
 
 if [ -x build/bench-peers/bin/python ] && build/bench-peers/bin/python -c "import datatrove" 2>/dev/null; then
   build/bench-peers/bin/python bench/data_datatrove.py "$W/corpus.jsonl" "$W/datatrove" \
-    "$W/out-s6-t$first/near-duplicates.jsonl" 2>/dev/null
+    "$W/out-s6-t$first/near-duplicates.jsonl" 2>/dev/null |
+    grep -E "^(datatrove |datatrove:|pollen:|same-cluster|clusters:|removed documents|  e\.g\.)"
 else
   echo "datatrove: not installed (run bench/setup-datatrove)"
 fi

@@ -341,6 +341,14 @@ void append_json_string(std::string& out, std::string_view v) {
   out += '"';
   size_t run = 0;
   for (size_t i = 0; i < v.size(); ++i) {
+    // Eight bytes at a time while none needs escaping.
+    while (v.size() - i >= 8) {
+      uint64_t w;
+      std::memcpy(&w, v.data() + i, 8);
+      if (any_equal(w, '"') || any_equal(w, '\\') || any_below(w, 0x20)) break;
+      i += 8;
+    }
+    if (i == v.size()) break;
     unsigned char c = static_cast<unsigned char>(v[i]);
     if (c >= 0x20 && c != '"' && c != '\\') continue;
     out.append(v.data() + run, i - run);
