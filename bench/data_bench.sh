@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 MB=${1:-48}
 shift || true
 THREADS=${*:-1 2}
-W=build/bench/data
+W=${DATA_BENCH_DIR:-build/bench/data}
 mkdir -p "$W"
 python3 bench/data_corpus.py "$W/corpus.jsonl" --max-mb "$MB" ${EXPECT_SHA256:+--expect-sha256 "$EXPECT_SHA256"}
 POLLEN=${POLLEN:-build/pollen}

@@ -41,8 +41,8 @@ def run(steps, logs, tasks=1):
 
 
 def report(what, wall, cpu):
-    print(f"datatrove {what}: {wall:.2f} s wall, {wall and mb / wall:.1f} MB/s; "
-          f"{cpu:.2f} s cpu, {cpu and mb / cpu:.1f} MB/s per core")
+    print(f"datatrove {what}: {wall:.2f} s wall, {wall and mb / wall:.2f} MB/s; "
+          f"{cpu:.2f} s cpu, {cpu and mb / cpu:.2f} MB/s per core")
 
 
 wall, cpu = run([JsonlReader(folder, glob_pattern=name), GopherQualityFilter(),
