@@ -166,6 +166,10 @@ TEST(Pipeline, EveryDocumentIsAccountedForAndBadInputIsReported) {
   EXPECT_EQ(stage("utf8")["docs_modified"], 2);
   EXPECT_EQ(stage("exact_dedup")["dropped"]["duplicate"]["docs"], 1);
   EXPECT_EQ(stage("minhash")["dropped"]["near_duplicate"]["docs"], 1);
+  // The near-duplicate is listed with the kept document of its cluster.
+  EXPECT_EQ(read_file(out / "near-duplicates.jsonl"),
+            "{\"id\":\"text/near.txt\",\"duplicate_of\":\"text/doc5.txt\"}\n");
+  EXPECT_EQ(m["near_duplicates"]["docs"], 1);
   EXPECT_EQ(stage("pii")["redactions"]["email"], 1);
   EXPECT_EQ(stage("decontaminate")["dropped"]["contaminated"]["docs"], 1);
   // Problems name the file and line: bad records, and invalid UTF-8 (at its line in a text file,
