@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Data pipeline throughput: MB/s end to end for cumulative stage sets, on 1 and 2 threads, on a
 # corpus built from Debian package files (bench/data_corpus.py, checked by SHA-256 when
-# EXPECT_SHA256 is set), and datatrove (PyPI) on the same input when build/bench-peers has it.
-# Usage: bench/data_bench.sh [max_mb]        (results are printed; bench/README.md keeps them)
+# EXPECT_SHA256 is set), then datatrove (PyPI, installed by bench/setup-datatrove into
+# build/bench-peers) on the same input, and its MinHash clusters compared with pollen's.
+# Wall time and CPU time (user + sys) of each run are printed: MB/s per core is text bytes over
+# CPU seconds, which stays meaningful on a machine shared with other work.
+# Usage: bench/data_bench.sh [max_mb] [thread counts...]   (bench/README.md keeps the results)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MB=${1:-48}
-W=build/bench/data
+shift || true
+THREADS=${*:-1 2}
+W=${DATA_BENCH_DIR:-build/bench/data}
 mkdir -p "$W"
 python3 bench/data_corpus.py "$W/corpus.jsonl" --max-mb "$MB" ${EXPECT_SHA256:+--expect-sha256 "$EXPECT_SHA256"}
-POLLEN=build/pollen
+POLLEN=${POLLEN:-build/pollen}
 
 # A tokenizer for the tokenise stage, trained once on the corpus.
 [ -f "$W/tokenizer.json" ] || $POLLEN tokenizer train --input "$W/corpus.jsonl" --jsonl \
@@ -24,6 +29,7 @@ sources = ["debian"]
 [source.debian]
 paths = ["corpus.jsonl"]
 format = "jsonl"
+id_field = "id"
 [length]
 enabled = $filters
 [gopher_quality]
@@ -47,30 +53,45 @@ tokenizer = "tokenizer.json"
 TOML
 }
 
-printf "%-28s %8s %8s %8s\n" "stages" "threads" "seconds" "MB/s"
-for threads in 1 2; do
+timed() {  # label threads config: runs pollen, prints wall and CPU MB/s
+  local label=$1 threads=$2 name=$3
+  rm -rf "$W/out-$name"
+  /usr/bin/time -f "%e %U %S" -o "$W/time-$name" \
+    $POLLEN data prepare --config "$W/$name.toml" --quiet >/dev/null
+  read -r wall user sys < "$W/time-$name"
+  bytes=$(python3 -c "import json;m=json.load(open('$W/out-$name/manifest.json'));print(m['stages'][0]['bytes_in'])")
+  python3 -c "w=$wall; c=$user+$sys; b=$bytes/1e6
+print('%-30s %7d %8.2f %8.1f %8.2f %12.1f' % ('$label', $threads, w, b/w, c, b/c))"
+}
+
+printf "%-30s %7s %8s %8s %8s %12s\n" "stages" "threads" "wall s" "MB/s" "cpu s" "MB/s/core"
+for threads in $THREADS; do
   i=0
   for spec in "read:false:false:false:false:false" \
               "+filters:true:false:false:false:false" \
               "+exact_dedup:true:true:false:false:false" \
               "+minhash:true:true:true:false:false" \
               "+pii:true:true:true:true:false" \
-              "+tokenize:true:true:true:true:true"; do
+              "+tokenize:true:true:true:true:true" \
+              "minhash only:false:false:true:false:false"; do
     IFS=: read -r label f e m p t <<<"$spec"
     name="s$i-t$threads"; i=$((i + 1))
     config "$name" "$threads" "$f" "$e" "$m" "$p" "$t"
-    rm -rf "$W/out-$name"
-    start=$(date +%s.%N)
-    $POLLEN data prepare --config "$W/$name.toml" --quiet >/dev/null
-    end=$(date +%s.%N)
-    bytes=$(python3 -c "import json;m=json.load(open('$W/out-$name/manifest.json'));print(m['stages'][0]['bytes_in'])")
-    python3 -c "s=$end-$start; print('%-28s %8d %8.2f %8.1f' % ('$label', $threads, s, $bytes/1e6/s))"
+    timed "$label" "$threads" "$name"
   done
 done
-grep -h '"near_duplicate"' -A1 "$W"/out-s3-t1/manifest.json | tr -d ' \n'; echo " (pollen, minhash verify off)"
+first=${THREADS%% *}
+near() {  # config label: what MinHash dropped in that run
+  python3 -c "import json;s=[x for x in json.load(open('$W/out-$1/manifest.json'))['stages'] if x['name']=='minhash'][0]
+print('pollen %s: %d documents in, %d near-duplicates dropped, %d clusters with duplicates' % ('$2', s['docs_in'], s['dropped'].get('near_duplicate', {}).get('docs', 0), s['clusters_with_duplicates']))"
+}
+near "s3-t$first" "filters + exact dedup + minhash (verify off)"
+near "s6-t$first" "minhash only (verify off)"
 
 if [ -x build/bench-peers/bin/python ] && build/bench-peers/bin/python -c "import datatrove" 2>/dev/null; then
-  build/bench-peers/bin/python bench/data_datatrove.py "$W/corpus.jsonl" "$W/datatrove"
+  build/bench-peers/bin/python bench/data_datatrove.py "$W/corpus.jsonl" "$W/datatrove" \
+    "$W/out-s6-t$first/near-duplicates.jsonl" 2>/dev/null |
+    grep -E "^(datatrove |datatrove:|pollen:|same-cluster|clusters:|removed documents|  e\.g\.)"
 else
-  echo "datatrove: not installed (python3 -m venv build/bench-peers && build/bench-peers/bin/pip install datatrove)"
+  echo "datatrove: not installed (run bench/setup-datatrove)"
 fi

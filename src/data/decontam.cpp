@@ -6,11 +6,8 @@
 namespace pollen::data {
 
 void Decontaminator::grams_of(std::string_view text, std::vector<uint64_t>& out) const {
-  thread_local std::vector<std::string> words;
   thread_local std::vector<uint64_t> wh;
-  normalized_words(text, words);
-  wh.clear();
-  for (const auto& w : words) wh.push_back(xxh64(w.data(), w.size(), 13));
+  normalized_word_hashes(text, 13, wh);
   out.clear();
   const size_t n = static_cast<size_t>(n_);
   for (size_t i = 0; i + n <= wh.size(); ++i) out.push_back(xxh64(&wh[i], n * 8, 17));

@@ -1,8 +1,6 @@
 #include "data/filters.h"
 
 #include <algorithm>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "base/config.h"
 #include "base/error.h"
@@ -42,13 +40,44 @@ bool starts_with(std::string_view s, std::string_view e) {
   return s.substr(0, e.size()) == e;
 }
 
+// Counts of 64-bit hashes (open addressing, linear probing), reused from document to document
+// so that counting n-grams allocates nothing once warm. Each entry also keeps where its key was
+// first seen.
+class HashCounter {
+ public:
+  struct Entry {
+    uint64_t key;  // 0: empty (a key of 0 is stored as 1)
+    uint32_t count, first;
+  };
+  void reset(size_t expected) {
+    size_t cap = 16;
+    while (cap < 2 * expected) cap *= 2;
+    table_.assign(cap, Entry{0, 0, 0});
+    mask_ = cap - 1;
+  }
+  // The entry of `key`, added with count 0 at position `at` when new.
+  Entry* entries() { return table_.data(); }
+  Entry& find(uint64_t key, uint32_t at) {
+    key |= key == 0;
+    size_t i = (key ^ (key >> 29)) & mask_;
+    while (table_[i].key != 0 && table_[i].key != key) i = (i + 1) & mask_;
+    Entry& e = table_[i];
+    if (e.key == 0) e = Entry{key, 0, at};
+    return e;
+  }
+
+ private:
+  std::vector<Entry> table_;
+  size_t mask_ = 0;
+};
+
 // (duplicate elements, their total bytes): elements seen before, as datatrove counts them.
 std::pair<size_t, size_t> find_duplicates(const std::vector<std::string_view>& xs) {
-  std::unordered_set<std::string_view> seen;
-  seen.reserve(xs.size() * 2);
+  thread_local HashCounter seen;
+  seen.reset(xs.size());
   size_t n = 0, chars = 0;
   for (auto x : xs)
-    if (!seen.insert(x).second) {
+    if (seen.find(xxh64(x.data(), x.size(), 3), 0).count++ > 0) {
       ++n;
       chars += x.size();
     }
@@ -173,56 +202,93 @@ const char* GopherRepetitionFilter::check(std::string_view text) const {
   if (dup_line_char_frac > 0 && static_cast<double>(lc) / len > dup_line_char_frac)
     return "repetition_dup_line_chars";
   split_words(text, words);
+  return ngram_rules(words, len);
+}
+
+// The top and duplicated n-gram rules. An n-gram that occurs twice starts with an (n-1)-gram
+// that occurs twice, so the sizes are visited in increasing order and each visits only the
+// positions whose previous n-gram was repeated: after the first size few positions are left.
+// Decisions are those of the rules taken one by one (datatrove's order: top, then dup).
+const char* GopherRepetitionFilter::ngram_rules(const std::vector<std::string_view>& words,
+                                                double len) const {
   const size_t nw = words.size();
-  thread_local std::vector<uint64_t> wh;
+  thread_local std::vector<uint64_t> wh, gram;  // word hashes; hash of the n-gram at each candidate
+  thread_local std::vector<uint32_t> cand, slot, next;  // candidate positions, their table slots
+  thread_local std::vector<size_t> chars;               // chars[i]: bytes of words [0, i)
+  thread_local HashCounter counts;
   wh.resize(nw);
-  for (size_t i = 0; i < nw; ++i) wh[i] = xxh64(words[i].data(), words[i].size());
-  thread_local std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> counts;  // count, at
-  for (auto [n, frac] : top_n_grams) {
-    if (nw < static_cast<size_t>(n)) continue;
-    counts.clear();
-    uint64_t best_key = 0;
+  chars.resize(nw + 1);
+  chars[0] = 0;
+  for (size_t i = 0; i < nw; ++i) {
+    wh[i] = xxh64(words[i].data(), words[i].size());
+    chars[i + 1] = chars[i] + words[i].size();
+  }
+  std::vector<int> sizes;
+  for (auto [n, f] : top_n_grams) sizes.push_back(n);
+  for (auto [n, f] : dup_n_grams) sizes.push_back(n);
+  std::sort(sizes.begin(), sizes.end());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  auto fraction = [](const std::vector<std::pair<int, double>>& rule, int n) -> const double* {
+    for (const auto& [m, f] : rule)
+      if (m == n) return &f;
+    return nullptr;
+  };
+  cand.clear();
+  for (size_t i = 0; i < nw; ++i) cand.push_back(static_cast<uint32_t>(i));
+  gram.assign(nw, 0x9e3779b97f4a7c15ull);
+  int gram_len = 0;  // words hashed into gram[] so far
+  bool dup_failed = false;
+  for (int n : sizes) {
+    const size_t un = static_cast<size_t>(n);
+    // Extend the candidates' hashes to n words; drop candidates too close to the end.
+    next.clear();
+    for (uint32_t i : cand) {
+      if (i + un > nw) continue;
+      for (int k = gram_len; k < n; ++k) gram[i] = mix(gram[i], wh[i + static_cast<size_t>(k)]);
+      next.push_back(i);
+    }
+    cand.swap(next);
+    gram_len = n;
+    counts.reset(cand.size());
+    slot.resize(cand.size());
     uint32_t best = 0;
     size_t best_at = 0;
-    for (size_t i = 0; i + static_cast<size_t>(n) <= nw; ++i) {
-      uint64_t h = static_cast<uint64_t>(n);
-      for (int k = 0; k < n; ++k) h = mix(h, wh[i + static_cast<size_t>(k)]);
-      auto& c = counts.try_emplace(h, 0u, static_cast<uint32_t>(i)).first->second;
-      if (++c.first > best) {
-        best = c.first;
-        best_key = h;
-        best_at = c.second;
+    for (size_t k = 0; k < cand.size(); ++k) {
+      auto& e = counts.find(gram[cand[k]], cand[k]);
+      slot[k] = static_cast<uint32_t>(&e - counts.entries());
+      if (++e.count > best) {
+        best = e.count;
+        best_at = e.first;
       }
     }
-    (void)best_key;
-    if (best < 2) continue;
-    // Bytes of the n-gram as words joined by single spaces.
-    size_t glen = static_cast<size_t>(n - 1);
-    for (int k = 0; k < n; ++k) glen += words[best_at + static_cast<size_t>(k)].size();
-    if (static_cast<double>(glen * best) / len > frac) return "repetition_top_ngram";
-  }
-  thread_local std::unordered_set<uint64_t> uniq;
-  for (auto [n, frac] : dup_n_grams) {
-    if (nw < static_cast<size_t>(n)) continue;
-    uniq.clear();
-    size_t rep = 0;
-    for (size_t i = 0; i + static_cast<size_t>(n) <= nw;) {
-      uint64_t h = static_cast<uint64_t>(n);
-      size_t chars = 0;
-      for (int k = 0; k < n; ++k) {
-        h = mix(h, wh[i + static_cast<size_t>(k)]);
-        chars += words[i + static_cast<size_t>(k)].size();
-      }
-      if (!uniq.insert(h).second) {
-        rep += chars;
-        i += static_cast<size_t>(n);
-      } else {
-        ++i;
-      }
+    if (const double* frac = fraction(top_n_grams, n); frac && best >= 2) {
+      // Bytes of the n-gram as words joined by single spaces.
+      const size_t glen = chars[best_at + un] - chars[best_at] + un - 1;
+      if (static_cast<double>(glen * best) / len > *frac) return "repetition_top_ngram";
     }
-    if (static_cast<double>(rep) / len > frac) return "repetition_dup_ngrams";
+    // Keep the repeated ones.
+    next.clear();
+    for (size_t k = 0; k < cand.size(); ++k)
+      if (counts.entries()[slot[k]].count >= 2) next.push_back(cand[k]);
+    cand.swap(next);
+    if (const double* frac = fraction(dup_n_grams, n); frac && !dup_failed) {
+      // Repeated n-grams, counted without overlap: after a repeat the scan jumps n words.
+      // Positions outside `cand` hold n-grams seen once in the whole text, never repeats.
+      thread_local HashCounter seen;
+      seen.reset(cand.size());
+      size_t rep = 0, from = 0;
+      for (uint32_t i : cand) {
+        if (i < from) continue;
+        if (seen.find(gram[i], 0).count++ > 0) {
+          rep += chars[i + un] - chars[i];
+          from = i + un;
+        }
+      }
+      dup_failed = static_cast<double>(rep) / len > *frac;
+    }
+    if (cand.empty()) break;
   }
-  return nullptr;
+  return dup_failed ? "repetition_dup_ngrams" : nullptr;
 }
 
 const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& lines_removed) const {
@@ -245,7 +311,8 @@ const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& li
     line.assign(s);
     if (remove_citations) {
       // [1], [23], [edit], [citation needed]
-      std::string cleaned;
+      thread_local std::string cleaned;
+      cleaned.clear();
       for (size_t i = 0; i < line.size();) {
         if (line[i] == '[') {
           size_t j = i + 1;
@@ -266,7 +333,7 @@ const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& li
         }
         cleaned += line[i++];
       }
-      line = std::move(cleaned);
+      line.swap(cleaned);
     }
     std::string_view ls(line);
     if (filter_no_terminal_punct) {
@@ -347,6 +414,26 @@ const char* FineWebFilter::check(std::string_view text) const {
   return nullptr;
 }
 
+namespace {
+// An n-gram rule's table: the sizes under `sizes_key`, their thresholds under `fracs_key`.
+void load_ngram_rule(ConfigTable& t, const char* sizes_key, const char* fracs_key,
+                     std::vector<std::pair<int, double>>& rule) {
+  if (!t.has(sizes_key) && !t.has(fracs_key)) return;
+  std::vector<double> sizes = t.get_doubles(sizes_key), fracs = t.get_doubles(fracs_key);
+  POLLEN_CHECK(sizes.size() == fracs.size(), t.where(fracs_key),
+               ": expected one threshold per n in ", sizes_key, " (", sizes.size(), "), got ",
+               fracs.size());
+  rule.clear();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    POLLEN_CHECK(sizes[i] >= 1 && sizes[i] <= 1000 && sizes[i] == static_cast<int>(sizes[i]),
+                 t.where(sizes_key), ": expected whole numbers from 1 to 1000, got ", sizes[i]);
+    POLLEN_CHECK(fracs[i] >= 0 && fracs[i] <= 1, t.where(fracs_key),
+                 ": expected fractions in [0, 1], got ", fracs[i]);
+    rule.push_back({static_cast<int>(sizes[i]), fracs[i]});
+  }
+}
+}  // namespace
+
 void load_filter(ConfigTable& t, LengthFilter& f) {
   f.enabled = t.get_bool("enabled", f.enabled);
   f.min_chars = t.get_int("min_chars", f.min_chars);
@@ -373,6 +460,8 @@ void load_filter(ConfigTable& t, GopherRepetitionFilter& f) {
   f.dup_para_frac = t.get_double("dup_para_frac", f.dup_para_frac);
   f.dup_line_char_frac = t.get_double("dup_line_char_frac", f.dup_line_char_frac);
   f.dup_para_char_frac = t.get_double("dup_para_char_frac", f.dup_para_char_frac);
+  load_ngram_rule(t, "top_n_grams", "top_n_gram_fracs", f.top_n_grams);
+  load_ngram_rule(t, "dup_n_grams", "dup_n_gram_fracs", f.dup_n_grams);
 }
 void load_filter(ConfigTable& t, C4Filter& f) {
   f.enabled = t.get_bool("enabled", f.enabled);

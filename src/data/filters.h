@@ -37,7 +37,9 @@ struct GopherQualityFilter {
   const char* check(std::string_view text) const;
 };
 
-// Gopher repetition rules (datatrove's GopherRepetitionFilter).
+// Gopher repetition rules (datatrove's GopherRepetitionFilter). top_n_grams: (n, f) drops the
+// document when its most frequent n-gram covers more than f of its bytes; dup_n_grams: (n, f)
+// drops it when the n-grams repeated (non-overlapping) cover more than f.
 struct GopherRepetitionFilter {
   bool enabled = true;
   double dup_line_frac = 0.3;
@@ -48,6 +50,9 @@ struct GopherRepetitionFilter {
   std::vector<std::pair<int, double>> dup_n_grams{{5, 0.15}, {6, 0.14}, {7, 0.13},
                                                   {8, 0.12}, {9, 0.11}, {10, 0.10}};
   const char* check(std::string_view text) const;
+
+ private:
+  const char* ngram_rules(const std::vector<std::string_view>& words, double len) const;
 };
 
 // C4's line rules (Raffel et al. 2020, as datatrove's C4QualityFilter): drops lines without

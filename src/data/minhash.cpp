@@ -24,34 +24,26 @@ MinHasher::MinHasher(const MinHashOptions& o) : options_(o) {
 
 void MinHasher::signature(std::string_view text, uint32_t* sig) const {
   const int m = options_.signature_size();
-  thread_local std::vector<uint64_t> wh, sh;
-  // Word hashes of the normalised words, computed without materialising the words.
-  wh.clear();
-  {
-    std::string w;
-    thread_local std::vector<std::string> words;
-    normalized_words(text, words);
-    for (const auto& x : words) wh.push_back(xxh64(x.data(), x.size(), 0x5bd1e995));
-  }
+  thread_local std::vector<uint64_t> wh;
+  normalized_word_hashes(text, 0x5bd1e995, wh);
   const size_t n = static_cast<size_t>(options_.ngram);
-  sh.clear();
-  if (wh.size() < n) {
-    if (!wh.empty()) sh.push_back(xxh64(wh.data(), wh.size() * 8, 7));
-  } else {
-    for (size_t i = 0; i + n <= wh.size(); ++i) sh.push_back(xxh64(&wh[i], n * 8, 7));
-  }
-  std::sort(sh.begin(), sh.end());
-  sh.erase(std::unique(sh.begin(), sh.end()), sh.end());
   thread_local std::vector<uint64_t> mins;
   mins.assign(static_cast<size_t>(m), ~0ull);
   const uint64_t* a = a_.data();
   const uint64_t* b = b_.data();
   uint64_t* mn = mins.data();
-  for (uint64_t x : sh)
+  // A shingle seen twice changes no minimum, so shingles need no deduplication.
+  auto add = [&](uint64_t x) {
     for (int i = 0; i < m; ++i) {
       uint64_t h = (a[i] * x + b[i]) >> 32;
       mn[i] = h < mn[i] ? h : mn[i];
     }
+  };
+  if (wh.size() < n) {
+    if (!wh.empty()) add(xxh64(wh.data(), wh.size() * 8, 7));
+  } else {
+    for (size_t i = 0; i + n <= wh.size(); ++i) add(xxh64(&wh[i], n * 8, 7));
+  }
   for (int i = 0; i < m; ++i) sig[i] = static_cast<uint32_t>(mins[static_cast<size_t>(i)]);
 }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "base/config.h"
@@ -18,6 +19,7 @@
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "data/decontam.h"
+#include "data/json_record.h"
 #include "data/shards.h"
 #include "data/text.h"
 #include "tokenizer/hf_format.h"
@@ -344,50 +346,7 @@ class Progress {
   std::chrono::steady_clock::time_point start_, last_;
 };
 
-// A JSON string literal, written directly (nlohmann's serializer goes byte by byte and was the
-// largest cost of pass 1). The text is valid UTF-8 here, so only '"', '\\' and controls escape.
-void append_json_string(std::string& out, std::string_view v) {
-  static const char* hex = "0123456789abcdef";
-  out += '"';
-  size_t run = 0;
-  for (size_t i = 0; i < v.size(); ++i) {
-    unsigned char c = static_cast<unsigned char>(v[i]);
-    if (c >= 0x20 && c != '"' && c != '\\') continue;
-    out.append(v.data() + run, i - run);
-    run = i + 1;
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        out += "\\u00";
-        out += hex[c >> 4];
-        out += hex[c & 15];
-    }
-  }
-  out.append(v.data() + run, v.size() - run);
-  out += '"';
-}
-
-std::string jsonl_line(const std::string& id, const std::string& source, const std::string& text) {
+std::string jsonl_line(std::string_view id, std::string_view source, std::string_view text) {
   std::string out;
   out.reserve(text.size() + id.size() + source.size() + 40);
   out += "{\"id\":";
@@ -413,7 +372,7 @@ std::string pass1_key(const PipelineConfig& c, const std::vector<InputFile>& fil
                  ok ? static_cast<int64_t>(st.st_mtim.tv_sec) : 0,
                  ok ? static_cast<int64_t>(st.st_mtim.tv_nsec) : 0});
   }
-  return sha256_hex(json{{"config", cfg}, {"files", f}, {"v", 1}}.dump());
+  return sha256_hex(json{{"config", cfg}, {"files", f}, {"v", 2}}.dump());
 }
 
 struct Pass1Result {
@@ -422,8 +381,52 @@ struct Pass1Result {
   json problems = json::array();
   int64_t problems_total = 0;
   json files = json::object();
-  int64_t docs = 0;  // written to pass1.jsonl
+  int64_t docs = 0;  // written to pass1.docs
 };
+
+// A surviving document in work/pass1.docs: u32 source index, u32 id bytes, u64 text bytes
+// (little-endian), then the id and the text. Pass 2 reads it back without parsing.
+void write_doc_record(AtomicOut& out, uint32_t source, std::string_view id, std::string_view text) {
+  char head[16];
+  const auto id_bytes = static_cast<uint32_t>(id.size());
+  const auto text_bytes = static_cast<uint64_t>(text.size());
+  std::memcpy(head, &source, 4);
+  std::memcpy(head + 4, &id_bytes, 4);
+  std::memcpy(head + 8, &text_bytes, 8);
+  out.write(std::string_view(head, 16));
+  out.write(id);
+  out.write(text);
+}
+
+// Reads the next record of work/pass1.docs; false at the end.
+bool read_doc_record(std::FILE* in, const fs::path& path, uint32_t& source, std::string& id,
+                     std::string& text) {
+  char head[16];
+  size_t got = std::fread(head, 1, 16, in);
+  if (got == 0) return false;
+  uint32_t id_bytes;
+  uint64_t text_bytes;
+  std::memcpy(&source, head, 4);
+  std::memcpy(&id_bytes, head + 4, 4);
+  std::memcpy(&text_bytes, head + 8, 8);
+  id.resize(id_bytes);
+  text.resize(text_bytes);
+  POLLEN_CHECK(got == 16 && std::fread(id.data(), 1, id_bytes, in) == id_bytes &&
+                   std::fread(text.data(), 1, text_bytes, in) == text_bytes,
+               "'", path.string(), "' ends in a partial record");
+  return true;
+}
+
+// Runs fn(i) for every i in [0, n) on all threads, in small chunks handed out as threads come
+// free (documents differ in size); each i's result goes to its own slot, so the outcome does
+// not depend on the scheduling.
+void for_each_document(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n == 0) return;
+  const int chunks = static_cast<int>(std::min<int64_t>(n, int64_t{16} * num_threads()));
+  pool().run_chunks(n, chunks, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) fn(i);
+  });
+}
 
 Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& files,
                       const fs::path& work, const PrepareOptions& opt) {
@@ -439,19 +442,38 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   st[kFineWeb].enabled = c.fineweb.enabled;
   st[kExact].enabled = c.exact_dedup;
 
-  AtomicOut docs_out(work / "pass1.jsonl");
+  AtomicOut docs_out(work / "pass1.docs");
   AtomicOut sig_out(work / "pass1.sig");
   MinHasher hasher(c.minhash);
   const int m = c.minhash.signature_size();
-  std::unordered_set<uint64_t> seen_a;
-  std::set<std::pair<uint64_t, uint64_t>> collisions;  // (never) fallback if a 64-bit hash clashes
   std::unordered_set<uint64_t> seen;
   int64_t files_read = 0, files_missing = 0, files_empty = 0, files_unreadable = 0;
 
+  // Bad input, in input order: counted, listed (the first 1000) and logged (the first 20).
+  auto report = [&](const Problem& p) {
+    if (c.fail_on_bad_input)
+      fail("bad input in '", p.file, "'", p.line ? cat(", line ", p.line) : "", ": ", p.reason,
+           " (", p.detail, ")");
+    res.problems_total++;
+    if (res.problems_total <= 20)
+      log::warn("data: ", p.file, p.line ? cat(":", p.line) : "", ": ", p.reason, ": ", p.detail);
+    if (res.problems.size() < 1000)
+      res.problems.push_back(
+          {{"file", p.file}, {"line", p.line}, {"reason", p.reason}, {"detail", p.detail}});
+    if (p.reason == "missing_file")
+      files_missing++;
+    else if (p.reason == "empty_file")
+      files_empty++;
+    else if (p.reason == "unreadable_file")
+      files_unreadable++;
+    else if (p.reason != "invalid_utf8")
+      read.drop(p.reason, p.bytes);
+  };
+
   struct Item {
-    std::string id;
-    std::string text;
-    int source;
+    RawDoc doc;
+    size_t file = 0;                 // index into `files`
+    std::optional<Problem> problem;  // found by the reader (then there is no document)
   };
   struct Outcome {
     int stage = kPass1Stages;  // where it was dropped; kPass1Stages = survived the filters
@@ -459,88 +481,104 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     int64_t raw_bytes = 0, utf8_bytes = 0, c4_bytes = 0;
     bool repaired = false, c4_changed = false;
     uint64_t h1 = 0, h2 = 0;
-    std::string line;  // the JSONL record, made on the worker thread
+    std::optional<Problem> problem;  // an invalid record (dropped at read) or invalid UTF-8
   };
+  constexpr int kDroppedAtRead = -1;
   std::vector<Item> batch;
   std::vector<Outcome> outcome;
   std::vector<uint32_t> sigs;
   int64_t batch_bytes = 0, total_bytes = 0, total_docs = 0;
   Progress progress(opt.progress, "pass 1 (read, filter, dedup)");
 
+  // One document through the filters, on a worker thread.
+  auto filter = [&](Item& it, Outcome& o, uint32_t* sig) {
+    thread_local std::string tmp;
+    const InputFile& f = files[it.file];
+    const bool was_json = it.doc.json;
+    if (was_json) {
+      Problem p;
+      if (!decode_record(it.doc, c.sources[static_cast<size_t>(f.source)], f.name, p)) {
+        o.stage = kDroppedAtRead;
+        o.problem = std::move(p);
+        return;
+      }
+    }
+    if (!utf8_valid(it.doc.id)) {  // ids go into JSON outputs
+      utf8_repair(it.doc.id, tmp);
+      it.doc.id.swap(tmp);
+    }
+    std::string& text = it.doc.text;
+    o.raw_bytes = static_cast<int64_t>(text.size());
+    auto dropped = [&](int stage, const char* why) {
+      o.stage = stage;
+      o.reason = why;
+    };
+    if (size_t bad = utf8_invalid_at(text); bad != std::string_view::npos) {
+      const int64_t line =
+          it.doc.line +
+          (was_json ? 0
+                    : std::count(text.begin(), text.begin() + static_cast<ptrdiff_t>(bad), '\n'));
+      o.problem = Problem{f.name, line, "invalid_utf8",
+                          cat(c.utf8 == "drop" ? "dropped" : "repaired", ": invalid UTF-8 at byte ",
+                              bad + 1, " of the document"),
+                          o.raw_bytes};
+      if (c.utf8 == "drop") return dropped(kUtf8, "invalid_utf8");
+      utf8_repair(text, tmp);
+      text.swap(tmp);
+      o.repaired = true;
+    }
+    if (c.normalize_newlines && text.find('\r') != std::string::npos) {
+      tmp.clear();
+      for (size_t k = 0; k < text.size(); ++k) {
+        if (text[k] == '\r') {
+          tmp += '\n';
+          if (k + 1 < text.size() && text[k + 1] == '\n') ++k;
+        } else {
+          tmp += text[k];
+        }
+      }
+      text.swap(tmp);
+      o.repaired = true;
+    }
+    o.utf8_bytes = static_cast<int64_t>(text.size());
+    const char* why = nullptr;
+    if (c.length.enabled && (why = c.length.check(text))) return dropped(kLength, why);
+    if (c.gopher_quality.enabled && (why = c.gopher_quality.check(text)))
+      return dropped(kGopherQ, why);
+    if (c.gopher_repetition.enabled && (why = c.gopher_repetition.check(text)))
+      return dropped(kGopherR, why);
+    if (c.c4.enabled) {
+      int64_t removed = 0;
+      if ((why = c.c4.apply(text, tmp, removed))) return dropped(kC4, why);
+      o.c4_changed = tmp != text;
+      text.swap(tmp);
+    }
+    o.c4_bytes = static_cast<int64_t>(text.size());
+    if (c.fineweb.enabled && (why = c.fineweb.check(text))) return dropped(kFineWeb, why);
+    o.h1 = xxh64(text.data(), text.size(), 0);
+    o.h2 = xxh64(text.data(), text.size(), 0x9e3779b97f4a7c15ull);
+    if (c.minhash.enabled) hasher.signature(text, sig);
+  };
+
   auto process = [&]() {
     const int64_t n = static_cast<int64_t>(batch.size());
     outcome.assign(batch.size(), Outcome{});
     sigs.assign(static_cast<size_t>(n * m), 0);
-    parallel_for(n, 1, [&](int64_t b, int64_t e) {
-      std::string tmp;
-      for (int64_t i = b; i < e; ++i) {
-        Item& it = batch[static_cast<size_t>(i)];
-        Outcome& o = outcome[static_cast<size_t>(i)];
-        o.raw_bytes = static_cast<int64_t>(it.text.size());
-        auto dropped = [&](int stage, const char* why) {
-          o.stage = stage;
-          o.reason = why;
-        };
-        if (!utf8_valid(it.text)) {
-          if (c.utf8 == "drop") {
-            dropped(kUtf8, "invalid_utf8");
-            continue;
-          }
-          utf8_repair(it.text, tmp);
-          it.text.swap(tmp);
-          o.repaired = true;
-        }
-        if (c.normalize_newlines && it.text.find('\r') != std::string::npos) {
-          tmp.clear();
-          for (size_t k = 0; k < it.text.size(); ++k) {
-            if (it.text[k] == '\r') {
-              tmp += '\n';
-              if (k + 1 < it.text.size() && it.text[k + 1] == '\n') ++k;
-            } else {
-              tmp += it.text[k];
-            }
-          }
-          it.text.swap(tmp);
-          o.repaired = true;
-        }
-        o.utf8_bytes = static_cast<int64_t>(it.text.size());
-        const char* why = nullptr;
-        if (c.length.enabled && (why = c.length.check(it.text))) {
-          dropped(kLength, why);
-          continue;
-        }
-        if (c.gopher_quality.enabled && (why = c.gopher_quality.check(it.text))) {
-          dropped(kGopherQ, why);
-          continue;
-        }
-        if (c.gopher_repetition.enabled && (why = c.gopher_repetition.check(it.text))) {
-          dropped(kGopherR, why);
-          continue;
-        }
-        if (c.c4.enabled) {
-          int64_t removed = 0;
-          if ((why = c.c4.apply(it.text, tmp, removed))) {
-            dropped(kC4, why);
-            continue;
-          }
-          o.c4_changed = tmp != it.text;
-          it.text.swap(tmp);
-        }
-        o.c4_bytes = static_cast<int64_t>(it.text.size());
-        if (c.fineweb.enabled && (why = c.fineweb.check(it.text))) {
-          dropped(kFineWeb, why);
-          continue;
-        }
-        o.h1 = xxh64(it.text.data(), it.text.size(), 0);
-        o.h2 = xxh64(it.text.data(), it.text.size(), 0x9e3779b97f4a7c15ull);
-        if (c.minhash.enabled) hasher.signature(it.text, &sigs[static_cast<size_t>(i * m)]);
-        o.line = jsonl_line(it.id, c.sources[static_cast<size_t>(it.source)].name, it.text);
-      }
+    for_each_document(n, [&](int64_t i) {
+      Item& it = batch[static_cast<size_t>(i)];
+      if (!it.problem)
+        filter(it, outcome[static_cast<size_t>(i)], &sigs[static_cast<size_t>(i * m)]);
     });
     // Merge in input order.
     for (int64_t i = 0; i < n; ++i) {
-      const Outcome& o = outcome[static_cast<size_t>(i)];
+      Outcome& o = outcome[static_cast<size_t>(i)];
       Item& it = batch[static_cast<size_t>(i)];
+      if (it.problem) {
+        report(*it.problem);
+        continue;
+      }
+      if (o.problem) report(*o.problem);
+      if (o.stage == kDroppedAtRead) continue;
       read.keep(o.raw_bytes, o.raw_bytes);
       int64_t bytes = o.raw_bytes;
       bool alive = true;
@@ -566,8 +604,8 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
         bytes = out;
       }
       if (!alive) continue;
-      docs_out.write(o.line);
-      (void)it;
+      write_doc_record(docs_out, static_cast<uint32_t>(files[it.file].source), it.doc.id,
+                       it.doc.text);
       if (c.minhash.enabled)
         sig_out.write(
             std::string_view(reinterpret_cast<const char*>(&sigs[static_cast<size_t>(i * m)]),
@@ -580,45 +618,27 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     batch_bytes = 0;
   };
 
-  for (const auto& f : files) {
+  for (size_t fi = 0; fi < files.size(); ++fi) {
+    const InputFile& f = files[fi];
     const SourceSpec& spec = c.sources[static_cast<size_t>(f.source)];
     int64_t bytes = 0;
     std::string sha;
-    bool file_problem = false;
     read_input(
         f, spec, c.limits,
         [&](RawDoc&& d) {
           batch_bytes += static_cast<int64_t>(d.text.size());
           total_bytes += static_cast<int64_t>(d.text.size());
-          batch.push_back({std::move(d.id), std::move(d.text), f.source});
+          batch.push_back({std::move(d), fi, std::nullopt});
           if (batch_bytes >= c.batch_bytes) process();
         },
         [&](Problem&& p) {
-          if (c.fail_on_bad_input)
-            fail("bad input in '", p.file, "'", p.line ? cat(", line ", p.line) : "", ": ",
-                 p.reason, " (", p.detail, ")");
-          res.problems_total++;
-          if (res.problems_total <= 20)
-            log::warn("data: ", p.file, p.line ? cat(":", p.line) : "", ": ", p.reason, ": ",
-                      p.detail);
-          if (res.problems.size() < 1000)
-            res.problems.push_back(
-                {{"file", p.file}, {"line", p.line}, {"reason", p.reason}, {"detail", p.detail}});
-          if (p.reason == "missing_file")
-            files_missing++, file_problem = true;
-          else if (p.reason == "empty_file")
-            files_empty++;
-          else if (p.reason == "unreadable_file")
-            files_unreadable++, file_problem = true;
-          else
-            read.drop(p.reason, p.bytes);
+          batch.push_back({RawDoc{}, fi, std::move(p)});
         },
         bytes, sha);
     if (!f.missing) {
       files_read++;
       if (!sha.empty()) res.inputs.push_back({{"path", f.name}, {"sha256", sha}, {"bytes", bytes}});
     }
-    (void)file_problem;
   }
   if (!batch.empty()) process();
   progress.update(total_docs, total_bytes, true);
@@ -707,8 +727,8 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   if (fs::exists(work / "pass1.json")) {
     json saved = json::parse(read_file(work / "pass1.json"), nullptr, false);
     if (!saved.is_discarded() && saved.value("key", "") == key1 &&
-        fs::exists(work / "pass1.jsonl") && fs::exists(work / "pass1.sig") &&
-        saved.value("sha256_docs", "") == sha256_file(work / "pass1.jsonl") &&
+        fs::exists(work / "pass1.docs") && fs::exists(work / "pass1.sig") &&
+        saved.value("sha256_docs", "") == sha256_file(work / "pass1.docs") &&
         saved.value("sha256_sigs", "") == sha256_file(work / "pass1.sig")) {
       for (const auto& s : saved.at("stages")) p1.stages.push_back(StageCounts::from_json(s));
       p1.inputs = saved.at("inputs");
@@ -730,7 +750,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
                {"problems", p1.problems},
                {"problems_total", p1.problems_total},
                {"docs", p1.docs},
-               {"sha256_docs", sha256_file(work / "pass1.jsonl")},
+               {"sha256_docs", sha256_file(work / "pass1.docs")},
                {"sha256_sigs", sha256_file(work / "pass1.sig")}};
     write_file_atomic(work / "pass1.json", saved.dump(1) + "\n");
   }
@@ -741,6 +761,8 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   near.name = "minhash";
   near.enabled = c.minhash.enabled;
   std::vector<int64_t> cluster;
+  // The id of each cluster's kept document (filled in pass 2), for near-duplicates.jsonl.
+  std::unordered_map<int64_t, std::string> kept_of_cluster;
   if (c.minhash.enabled) {
     const int m = c.minhash.signature_size();
     std::string raw = read_file(work / "pass1.sig");
@@ -754,10 +776,9 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
     near.extra = {{"candidate_pairs", r.candidate_pairs},
                   {"verified_pairs", r.verified_pairs},
                   {"clusters_with_duplicates", 0}};
-    std::set<int64_t> roots;
     for (int64_t i = 0; i < p1.docs; ++i)
-      if (cluster[static_cast<size_t>(i)] != i) roots.insert(cluster[static_cast<size_t>(i)]);
-    near.extra["clusters_with_duplicates"] = static_cast<int64_t>(roots.size());
+      if (cluster[static_cast<size_t>(i)] != i) kept_of_cluster[cluster[static_cast<size_t>(i)]];
+    near.extra["clusters_with_duplicates"] = static_cast<int64_t>(kept_of_cluster.size());
   }
 
   // ---- pass 2
@@ -783,7 +804,14 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
       int64_t bytes;
       std::string sha;
       read_input(
-          f, spec, c.limits, [&](RawDoc&& d) { deco.add_eval_text(d.text); },
+          f, spec, c.limits,
+          [&](RawDoc&& d) {
+            Problem pr;
+            if (d.json && !decode_record(d, spec, f.name, pr))
+              fail("decontaminate.eval_files: '", e, "' line ", pr.line, ": ", pr.reason, " (",
+                   pr.detail, ")");
+            deco.add_eval_text(d.text);
+          },
           [&](Problem&& pr) {
             fail("decontaminate.eval_files: '", e, "'", pr.line ? cat(" line ", pr.line) : "", ": ",
                  pr.reason, " (", pr.detail, ")");
@@ -810,65 +838,83 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   }
   AtomicOut curated[2] = {AtomicOut(c.output / "curated-train.jsonl"),
                           AtomicOut(c.output / "curated-validation.jsonl")};
+  AtomicOut near_out(c.output / "near-duplicates.jsonl");
+  int64_t near_docs = 0;
   int64_t split_docs[2] = {0, 0}, split_bytes[2] = {0, 0}, split_tokens[2] = {0, 0};
   {
-    std::FILE* in = std::fopen((work / "pass1.jsonl").c_str(), "rb");
-    POLLEN_CHECK(in, "cannot open '", (work / "pass1.jsonl").string(), "'");
+    const fs::path docs_path = work / "pass1.docs";
+    std::FILE* in = std::fopen(docs_path.c_str(), "rb");
+    POLLEN_CHECK(in, "cannot open '", docs_path.string(), "'");
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(in, std::fclose);
+    std::vector<char> inbuf(1 << 20);
+    std::setvbuf(in, inbuf.data(), _IOFBF, inbuf.size());
     struct D {
-      json j;
-      std::string text;
+      uint32_t source = 0;
+      std::string id, text;
       bool near_dup = false, contaminated = false;
       PiiCounts pii;
       int split = 0;
       std::vector<uint32_t> ids;
       int64_t bytes_in = 0;
+      std::string line;  // the curated JSONL record
+      // Empties the document for reuse, keeping its buffers.
+      void reset() {
+        near_dup = contaminated = false;
+        pii = {};
+        split = 0;
+        ids.clear();
+        line.clear();
+      }
     };
-    std::vector<std::string> lines;
     std::vector<D> docs;
-    int64_t index = 0, done_bytes = 0;
+    int64_t index = 0, done_bytes = 0, batches = 0;
     Progress progress(opt.progress, "pass 2 (near-dedup, pii, decontaminate, tokenize)");
-    auto process = [&]() {
-      const int64_t n = static_cast<int64_t>(lines.size());
-      docs.assign(lines.size(), D{});
-      parallel_for(n, 1, [&](int64_t b, int64_t e) {
-        std::string tmp;
-        for (int64_t i = b; i < e; ++i) {
-          D& d = docs[static_cast<size_t>(i)];
-          d.j = json::parse(lines[static_cast<size_t>(i)]);
-          d.text = d.j.at("text").get<std::string>();
-          d.bytes_in = static_cast<int64_t>(d.text.size());
-          const int64_t g = index + i;
-          if (c.minhash.enabled && cluster[static_cast<size_t>(g)] != g) {
-            d.near_dup = true;
-            continue;
-          }
-          if (c.pii.enabled) {
-            d.pii = redact_pii(d.text, c.pii, tmp);
-            if (d.pii.total()) d.text.swap(tmp);
-          }
-          if (c.decontaminate && deco.contaminated(d.text)) {
-            d.contaminated = true;
-            continue;
-          }
-          uint64_t h = xxh64(d.text.data(), d.text.size(), c.split_seed);
-          double u = static_cast<double>(h >> 11) * 0x1.0p-53;
-          d.split = u < c.validation_fraction ? 1 : 0;
-          if (c.tokenize) {
-            if (tok.bos) d.ids.push_back(*tok.bos);
-            tok.t->encode(d.text, {.special = tokenizer::SpecialPolicy::as_text()}, d.ids);
-            if (tok.eos) d.ids.push_back(*tok.eos);
-          }
-        }
-      });
+    // One document through pass 2's stages, on a worker thread.
+    auto curate = [&](D& d, int64_t g) {
+      thread_local std::string tmp;
+      d.bytes_in = static_cast<int64_t>(d.text.size());
+      if (c.minhash.enabled && cluster[static_cast<size_t>(g)] != g) {
+        d.near_dup = true;
+        return;
+      }
+      if (c.pii.enabled) {
+        d.pii = redact_pii(d.text, c.pii, tmp);
+        if (d.pii.total()) d.text.swap(tmp);
+      }
+      if (c.decontaminate && deco.contaminated(d.text)) {
+        d.contaminated = true;
+        return;
+      }
+      uint64_t h = xxh64(d.text.data(), d.text.size(), c.split_seed);
+      double u = static_cast<double>(h >> 11) * 0x1.0p-53;
+      d.split = u < c.validation_fraction ? 1 : 0;
+      d.line = jsonl_line(d.id, c.sources[d.source].name, d.text);
+      if (c.tokenize) {
+        if (tok.bos) d.ids.push_back(*tok.bos);
+        tok.t->encode(d.text, {.special = tokenizer::SpecialPolicy::as_text()}, d.ids);
+        if (tok.eos) d.ids.push_back(*tok.eos);
+      }
+    };
+    auto process = [&](int64_t n) {
+      for_each_document(n, [&](int64_t i) { curate(docs[static_cast<size_t>(i)], index + i); });
       for (int64_t i = 0; i < n; ++i) {
         D& d = docs[static_cast<size_t>(i)];
         int64_t b = d.bytes_in;
         done_bytes += b;
+        const int64_t g = index + i;
         if (d.near_dup) {
           near.drop("near_duplicate", b);
+          std::string rec = "{\"id\":";
+          append_json_string(rec, d.id);
+          rec += ",\"duplicate_of\":";
+          append_json_string(rec, kept_of_cluster.at(cluster[static_cast<size_t>(g)]));
+          rec += "}\n";
+          near_out.write(rec);
+          near_docs++;
           continue;
         }
         near.keep(b, b);
+        if (auto it = kept_of_cluster.find(g); it != kept_of_cluster.end()) it->second = d.id;
         int64_t after = static_cast<int64_t>(d.text.size());
         pii_c.keep(b, after);
         if (d.pii.total()) pii_c.docs_modified++;
@@ -882,8 +928,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
         split_c.keep(after, after);
         split_docs[d.split]++;
         split_bytes[d.split] += after;
-        curated[d.split].write(jsonl_line(d.j.at("id").get<std::string>(),
-                                          d.j.at("source").get<std::string>(), d.text));
+        curated[d.split].write(d.line);
         if (c.tokenize) {
           tok_c.keep(after, after);
           writers[d.split]->add_document(d.ids);
@@ -891,28 +936,27 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
         }
       }
       index += n;
-      lines.clear();
       progress.update(index, done_bytes);
+      if (opt.stop_after == "pass2_batch" && ++batches == 1)
+        fail("interrupted after pass 2's first batch (as asked)");
     };
-    std::string line;
-    int64_t bytes = 0;
-    char buf[1 << 16];
-    while (std::fgets(buf, sizeof buf, in)) {
-      line += buf;
-      if (line.back() != '\n') continue;
-      bytes += static_cast<int64_t>(line.size());
-      lines.push_back(std::move(line));
-      line.clear();
-      if (bytes >= c.batch_bytes) {
-        process();
-        bytes = 0;
+    int64_t n = 0, bytes = 0;
+    while (true) {
+      if (static_cast<size_t>(n) == docs.size()) docs.emplace_back();
+      D& d = docs[static_cast<size_t>(n)];
+      d.reset();
+      if (!read_doc_record(in, docs_path, d.source, d.id, d.text)) break;
+      POLLEN_CHECK(d.source < c.sources.size(), "'", docs_path.string(), "' names source ",
+                   d.source, " of ", c.sources.size());
+      bytes += static_cast<int64_t>(d.text.size());
+      if (++n, bytes >= c.batch_bytes) {
+        process(n);
+        n = bytes = 0;
       }
     }
-    std::fclose(in);
-    POLLEN_CHECK(line.empty(), "'", (work / "pass1.jsonl").string(), "' ends in a partial line");
-    if (!lines.empty()) process();
+    if (n > 0) process(n);
     progress.update(index, done_bytes, true);
-    POLLEN_CHECK(index == p1.docs, "'", (work / "pass1.jsonl").string(), "' holds ", index,
+    POLLEN_CHECK(index == p1.docs, "'", docs_path.string(), "' holds ", index,
                  " documents, pass 1 wrote ", p1.docs);
   }
   json pii_counts = json::object();
@@ -923,6 +967,8 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
                    {"validation", {{"docs", split_docs[1]}, {"bytes", split_bytes[1]}}}};
   tok_c.extra = {{"train_tokens", split_tokens[0]}, {"validation_tokens", split_tokens[1]}};
 
+  const int64_t near_bytes = near_out.bytes();
+  const std::string near_sha = near_out.commit();
   std::string curated_sha[2];
   int64_t curated_bytes[2];
   for (int s = 0; s < 2; ++s) {
@@ -970,6 +1016,10 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
                             {"docs", split_docs[s]},
                             {"bytes", curated_bytes[s]},
                             {"sha256", curated_sha[s]}});
+  m["near_duplicates"] = {{"file", "near-duplicates.jsonl"},
+                          {"docs", near_docs},
+                          {"bytes", near_bytes},
+                          {"sha256", near_sha}};
   m["shards"] = shards;
   std::string text = manifest_text(m);
   write_file_atomic(manifest_path, text);

@@ -65,7 +65,8 @@ struct PipelineConfig {
 
 struct PrepareOptions {
   bool progress = true;
-  // For tests of resumption: stop after "pass1" as if interrupted.
+  // For tests of resumption: "pass1" stops after pass 1; "pass2_batch" fails after pass 2's
+  // first batch, as if interrupted.
   std::string stop_after;
 };
 

@@ -10,10 +10,9 @@
 #include <cstring>
 #include <memory>
 
-#include <nlohmann/json.hpp>
-
 #include "base/error.h"
 #include "base/hash.h"
+#include "data/json_record.h"
 
 namespace pollen::data {
 namespace fs = std::filesystem;
@@ -161,17 +160,21 @@ class LineReader {
   bool next(std::string& line, bool& too_long) {
     line.clear();
     too_long = false;
-    bool any = false;
+    length_ = 0;
     while (true) {
       if (pos_ == len_) {
         len_ = in_.read(buf_.data(), buf_.size());
         pos_ = 0;
-        if (len_ == 0) return any || (!line.empty());
+        if (len_ == 0) {
+          if (length_ == 0) return false;
+          ++number_;  // a last line without '\n'
+          return true;
+        }
       }
-      any = true;
       const char* b = buf_.data() + pos_;
       const char* nl = static_cast<const char*>(std::memchr(b, '\n', len_ - pos_));
       size_t take = nl ? static_cast<size_t>(nl - b) : len_ - pos_;
+      length_ += static_cast<int64_t>(take) + (nl ? 1 : 0);
       if (!too_long) {
         if (line.size() + take > cap_) {
           too_long = true;
@@ -189,14 +192,15 @@ class LineReader {
       }
     }
   }
-  int64_t number() const { return number_; }  // lines completed so far
+  int64_t number() const { return number_; }  // of the line last returned (1-based)
+  int64_t length() const { return length_; }  // its bytes, with its '\n'
 
  private:
   ByteStream& in_;
   size_t cap_;
   std::vector<char> buf_;
   size_t pos_ = 0, len_ = 0;
-  int64_t number_ = 0;
+  int64_t number_ = 0, length_ = 0;
 };
 
 }  // namespace
@@ -232,7 +236,7 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
       else if (in.raw_bytes() == 0)
         on_problem({file.name, 0, "empty_file", "the file is empty"});
       else
-        on_doc({file.name, std::move(text)});
+        on_doc({file.name, std::move(text), 1});
     } else if (spec.format == "delimited") {
       LineReader lines(in, limits.max_line_bytes);
       std::string line, doc;
@@ -245,7 +249,7 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
                       "a line or the document is over "
                       "the limits"});
         else
-          on_doc({cat(file.name, "#", n), std::move(doc)});
+          on_doc({cat(file.name, "#", n), std::move(doc), doc_line});
         doc.clear();
         doc_bad = false;
         started = false;
@@ -281,37 +285,23 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
       bool too_long = false, any = false;
       while (lines.next(line, too_long)) {
         any = true;
-        int64_t ln = lines.number();
+        const int64_t ln = line_no = lines.number();
         if (too_long) {
           on_problem({file.name, ln, "line_too_long",
-                      cat("over max_line_bytes = ", limits.max_line_bytes)});
+                      cat("a line of ", lines.length(),
+                          " bytes is over max_line_bytes = ", limits.max_line_bytes),
+                      lines.length()});
           continue;
         }
-        std::string_view l(line);
-        while (!l.empty() && (l.back() == '\r' || l.back() == ' ')) l.remove_suffix(1);
-        if (l.empty()) continue;
-        nlohmann::json j = nlohmann::json::parse(l, nullptr, false);
-        if (j.is_discarded() || !j.is_object()) {
-          on_problem(
-              {file.name, ln, "invalid_json", "not a JSON object", static_cast<int64_t>(l.size())});
-          continue;
-        }
-        auto it = j.find(spec.text_field);
-        if (it == j.end() || !it->is_string()) {
-          on_problem({file.name, ln, "missing_field",
-                      cat("no string field '", spec.text_field, "'"),
-                      static_cast<int64_t>(l.size())});
-          continue;
-        }
-        std::string id = cat(file.name, ":", ln);
-        if (!spec.id_field.empty()) {
-          auto idit = j.find(spec.id_field);
-          if (idit != j.end() && idit->is_string())
-            id = idit->get<std::string>();
-          else if (idit != j.end() && idit->is_number())
-            id = idit->dump();
-        }
-        on_doc({std::move(id), it->get<std::string>()});
+        size_t n = line.size();
+        while (n > 0 && (line[n - 1] == '\r' || line[n - 1] == ' ')) --n;
+        if (n == 0) continue;
+        line.resize(n);
+        RawDoc d;
+        d.text.swap(line);
+        d.line = ln;
+        d.json = true;
+        on_doc(std::move(d));
       }
       if (!any) on_problem({file.name, 0, "empty_file", "the file is empty"});
     } else {
@@ -322,6 +312,26 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
   } catch (const Error& e) {
     on_problem({file.name, line_no, "unreadable_file", e.what()});
   }
+}
+
+bool decode_record(RawDoc& doc, const SourceSpec& spec, const std::string& file_name,
+                   Problem& problem) {
+  thread_local RecordFields fields;
+  const int64_t bytes = static_cast<int64_t>(doc.text.size());
+  std::string error = parse_record(doc.text, spec.text_field, spec.id_field, fields);
+  if (!error.empty()) {
+    problem = {file_name, doc.line, "invalid_json", std::move(error), bytes};
+    return false;
+  }
+  if (!fields.has_text) {
+    problem = {file_name, doc.line, "missing_field", cat("no string field '", spec.text_field, "'"),
+               bytes};
+    return false;
+  }
+  doc.id = fields.has_id ? fields.id : cat(file_name, ":", doc.line);
+  doc.text.swap(fields.text);
+  doc.json = false;
+  return true;
 }
 
 }  // namespace pollen::data

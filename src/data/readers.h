@@ -3,7 +3,8 @@
 // (fortune files' "%" lines), and JSONL with a chosen text field; each may be gzip (.gz) or
 // zstd (.zst) compressed. Bad input (a missing file, an unreadable or corrupt one, an invalid
 // JSON line, a record without its text field, an over-long line) is reported as a Problem that
-// names the file and line, and reading goes on.
+// names the file and line, and reading goes on. The reading thread only splits JSONL into
+// lines; decode_record parses them, on whichever thread processes the document.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -38,9 +39,13 @@ struct Problem {
   int64_t bytes = 0;  // of the record, when known
 };
 
+// A document as read. A JSONL record comes as its raw line (`json` set) until decode_record
+// turns it into text and id.
 struct RawDoc {
   std::string id;
   std::string text;
+  int64_t line = 1;  // the document's first line in its file (1-based)
+  bool json = false;
 };
 
 // Every input file of every source in a fixed order (sources in order; within a listed path,
@@ -54,10 +59,17 @@ struct ReadLimits {
 };
 
 // Reads one file, calling on_doc for each document and on_problem for each bad record. Returns
-// the raw (compressed) bytes read and their SHA-256 through `bytes` and `sha256`.
+// the raw (compressed) bytes read and their SHA-256 through `bytes` and `sha256`. A line longer
+// than max_line_bytes is skipped without being held in memory.
 void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits& limits,
                 const std::function<void(RawDoc&&)>& on_doc,
                 const std::function<void(Problem&&)>& on_problem, int64_t& bytes,
                 std::string& sha256);
+
+// Decodes a JSONL record (doc.json set) in place: its text field, and its id field or
+// "<file>:<line>". Returns false and fills `problem` (invalid_json, missing_field) when the
+// record is bad.
+bool decode_record(RawDoc& doc, const SourceSpec& spec, const std::string& file_name,
+                   Problem& problem);
 
 }  // namespace pollen::data

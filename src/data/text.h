@@ -10,6 +10,8 @@ namespace pollen::data {
 
 // True when `s` is valid UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF).
 bool utf8_valid(std::string_view s);
+// The offset of the first byte of the first invalid sequence, or std::string_view::npos.
+size_t utf8_invalid_at(std::string_view s);
 // Replaces each maximal invalid subsequence by U+FFFD (as Python's errors="replace" and
 // WHATWG decoders do); returns how many replacements were made.
 size_t utf8_repair(std::string_view s, std::string& out);
@@ -20,8 +22,10 @@ void split_words(std::string_view s, std::vector<std::string_view>& out);
 void split_lines(std::string_view s, std::vector<std::string_view>& out);
 std::string_view strip(std::string_view s);
 
-// Lower-cased ASCII letters and digits of each word, punctuation removed, empty words dropped:
-// "Hello, World! 42" -> {"hello", "world", "42"}. Non-ASCII bytes are kept as they are.
-void normalized_words(std::string_view s, std::vector<std::string>& out);
+// The normalised words of `s` are the lower-cased ASCII letters and digits of each word,
+// punctuation removed, empty words dropped: "Hello, World! 42" -> "hello", "world", "42";
+// non-ASCII bytes are kept as they are. Writes xxh64(word, seed) of each, without building the
+// words as strings.
+void normalized_word_hashes(std::string_view s, uint64_t seed, std::vector<uint64_t>& out);
 
 }  // namespace pollen::data

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "base/config.h"
+#include "base/error.h"
 #include "base/rng.h"
 #include "data/decontam.h"
 #include "data/filters.h"
@@ -269,4 +271,37 @@ TEST(Decontaminate, ThirteenGramOverlap) {
   EXPECT_FALSE(
       d.contaminated("The boiling point of water at sea level is one hundred degrees "
                      "Celsius, as every textbook says."));
+}
+
+TEST(Filters, GopherRepetitionNgramTablesAreConfigurable) {
+  auto load = [](const std::string& toml) {
+    ConfigTable t = ConfigTable::parse(toml, "test.toml");
+    GopherRepetitionFilter f;
+    auto g = t.table("gopher_repetition");
+    load_filter(*g, f);
+    g->finish();
+    return f;
+  };
+  // "of the" covers about 3% of the text: under Gopher's 20% for 2-grams, over a 1% threshold.
+  EXPECT_EQ(load("[gopher_repetition]\n").check(good_text()), nullptr);
+  auto strict = load("[gopher_repetition]\ntop_n_grams = [2]\ntop_n_gram_fracs = [0.01]\n");
+  EXPECT_EQ(strict.top_n_grams, (std::vector<std::pair<int, double>>{{2, 0.01}}));
+  EXPECT_STREQ(strict.check(good_text()), "repetition_top_ngram");
+  // Repeated 5-grams: a sentence said twice is 2% of this text, dropped at a 1% threshold.
+  std::string twice = good_text() + " Farmers settled there with their families.";
+  twice += " Farmers settled there with their families.";
+  EXPECT_EQ(load("[gopher_repetition]\n").check(twice), nullptr);
+  EXPECT_STREQ(
+      load("[gopher_repetition]\ndup_n_grams = [5]\ndup_n_gram_fracs = [0.01]\n").check(twice),
+      "repetition_dup_ngrams");
+  // Empty tables turn the rules off; mismatched tables are an error naming the key.
+  auto off = load("[gopher_repetition]\ntop_n_grams = []\ntop_n_gram_fracs = []\n");
+  EXPECT_TRUE(off.top_n_grams.empty());
+  try {
+    load("[gopher_repetition]\ndup_n_grams = [5, 6]\ndup_n_gram_fracs = [0.1]\n");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gopher_repetition.dup_n_gram_fracs"), std::string::npos)
+        << e.what();
+  }
 }

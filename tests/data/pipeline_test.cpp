@@ -1,5 +1,6 @@
 // The prepare pipeline end to end: accounting, bad input, determinism and resumption.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -78,6 +79,10 @@ struct Corpus {
     jl += "{not json\n";
     jl += json{{"body", "no text field"}}.dump() + "\n";
     jl += json{{"text", std::string(5000, 'x')}}.dump() + "\n";  // over max_line_bytes
+    // Line 14: invalid UTF-8 inside the JSON string (repaired by the utf8 stage, reported).
+    std::string bad = json{{"text", paragraph(210) + " bad @ byte"}}.dump();
+    bad[bad.find('@')] = '\xff';
+    jl += bad + "\n";
     std::string z(ZSTD_compressBound(jl.size()), '\0');
     z.resize(ZSTD_compress(z.data(), z.size(), jl.data(), jl.size(), 3));
     write(c / "records.jsonl.zst", z);
@@ -151,27 +156,37 @@ TEST(Pipeline, EveryDocumentIsAccountedForAndBadInputIsReported) {
     return json();
   };
   // 44 text files read as documents (one empty file is a problem, not a doc), 10 fortunes,
-  // 10 good records; three bad records.
-  EXPECT_EQ(stage("read")["docs_kept"], 44 + 10 + 10);
+  // 11 good records; three bad records.
+  EXPECT_EQ(stage("read")["docs_kept"], 44 + 10 + 11);
   EXPECT_EQ(stage("read")["dropped"]["invalid_json"]["docs"], 1);
   EXPECT_EQ(stage("read")["dropped"]["missing_field"]["docs"], 1);
   EXPECT_EQ(stage("read")["dropped"]["line_too_long"]["docs"], 1);
   EXPECT_EQ(stage("read")["files_missing"], 1);
   EXPECT_EQ(stage("read")["files_empty"], 1);
-  EXPECT_EQ(stage("utf8")["docs_modified"], 1);
+  EXPECT_EQ(stage("utf8")["docs_modified"], 2);
   EXPECT_EQ(stage("exact_dedup")["dropped"]["duplicate"]["docs"], 1);
   EXPECT_EQ(stage("minhash")["dropped"]["near_duplicate"]["docs"], 1);
+  // The near-duplicate is listed with the kept document of its cluster.
+  EXPECT_EQ(read_file(out / "near-duplicates.jsonl"),
+            "{\"id\":\"text/near.txt\",\"duplicate_of\":\"text/doc5.txt\"}\n");
+  EXPECT_EQ(m["near_duplicates"]["docs"], 1);
   EXPECT_EQ(stage("pii")["redactions"]["email"], 1);
   EXPECT_EQ(stage("decontaminate")["dropped"]["contaminated"]["docs"], 1);
-  // Problems name the file and line.
-  bool found = false;
-  for (const auto& p : m["problems"])
-    if (p["reason"] == "invalid_json") {
-      EXPECT_EQ(p["file"], "records/records.jsonl.zst");
-      EXPECT_EQ(p["line"], 11);
-      found = true;
-    }
-  EXPECT_TRUE(found);
+  // Problems name the file and line: bad records, and invalid UTF-8 (at its line in a text file,
+  // at its record in JSONL).
+  std::map<std::string, std::vector<std::pair<std::string, int64_t>>> where;
+  for (const auto& p : m["problems"]) where[p["reason"]].push_back({p["file"], p["line"]});
+  using At = std::vector<std::pair<std::string, int64_t>>;
+  EXPECT_EQ(where["invalid_json"], (At{{"records/records.jsonl.zst", 11}}));
+  EXPECT_EQ(where["missing_field"], (At{{"records/records.jsonl.zst", 12}}));
+  EXPECT_EQ(where["line_too_long"], (At{{"records/records.jsonl.zst", 13}}));
+  const std::string p77 = paragraph(77);
+  EXPECT_EQ(where["invalid_utf8"],
+            (At{{"text/bad_utf8.txt", 1 + std::count(p77.begin(), p77.end(), '\n')},
+                {"records/records.jsonl.zst", 14}}));
+  EXPECT_EQ(where["missing_file"], (At{{"text/missing.txt", 0}}));
+  EXPECT_EQ(where["empty_file"], (At{{"text/empty.txt", 0}}));
+  EXPECT_EQ(m["problems_total"], 7);
   // Shards hold what the split stage kept, and the loader reads them.
   int64_t docs = 0;
   for (const auto& s : m["shards"]) docs += s["num_docs"].get<int64_t>();
@@ -197,9 +212,49 @@ TEST(Pipeline, ByteIdenticalAcrossThreadsFoldersAndResumption) {
   prepare(cfg, {.progress = false});
   set_num_threads(2);
   EXPECT_EQ(outputs(corpus().root / "out_resume"), one);
+  // Interrupted in pass 2 (after its first batch, some outputs half written), then resumed.
+  set_num_threads(2);
+  EXPECT_THROW(run("out_resume2", 2, "pass2_batch"), Error);
+  EXPECT_FALSE(fs::exists(corpus().root / "out_resume2" / "manifest.json"));
+  prepare(PipelineConfig::load(corpus().config("out_resume2", 1)), {.progress = false});
+  set_num_threads(2);
+  EXPECT_EQ(outputs(corpus().root / "out_resume2"), one);
   // Running again changes nothing.
   prepare(cfg, {.progress = false});
   EXPECT_EQ(outputs(corpus().root / "out_resume"), one);
+}
+
+TEST(Pipeline, AHundredMegabyteLineIsReportedWithoutHoldingIt) {
+  fs::path root =
+      fs::temp_directory_path() / ("pollen_data_long_line_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::create_directories(root);
+  {
+    std::ofstream f(root / "big.jsonl", std::ios::binary);
+    f << json{{"text", paragraph(1)}}.dump() << "\n{\"text\": \"";
+    std::string chunk(1 << 20, 'a');
+    for (int i = 0; i < 100; ++i) f << chunk;
+    f << "\"}\n" << json{{"text", paragraph(2)}}.dump() << "\n";
+  }
+  write(root / "big.toml",
+        "output = \"out\"\nthreads = 1\nmax_line_bytes = 8388608\nsources = [\"big\"]\n"
+        "[source.big]\npaths = [\"big.jsonl\"]\nformat = \"jsonl\"\n[minhash]\nenabled = false\n");
+  struct rusage before {};
+  ::getrusage(RUSAGE_SELF, &before);
+  fs::path manifest = prepare(PipelineConfig::load(root / "big.toml"), {.progress = false});
+  struct rusage after {};
+  ::getrusage(RUSAGE_SELF, &after);
+  json m = json::parse(read_file(manifest));
+  fs::remove_all(root);
+  const json& read = m["stages"][0];
+  EXPECT_EQ(read["docs_kept"], 2);
+  EXPECT_EQ(read["dropped"]["line_too_long"]["docs"], 1);
+  EXPECT_EQ(read["dropped"]["line_too_long"]["bytes"], (100 << 20) + 13);
+  ASSERT_EQ(m["problems"].size(), 1u);
+  EXPECT_EQ(m["problems"][0]["file"], "big/big.jsonl");
+  EXPECT_EQ(m["problems"][0]["line"], 2);
+  // Memory: at most max_line_bytes of the line is ever held (peak RSS in kB).
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 40 << 10);
 }
 
 TEST(Pipeline, FailOnBadInputAbortsWithFileAndLine) {
