@@ -32,10 +32,10 @@ fs::path temp_dir(const std::string& name) {
 }
 
 bool transformers_available() {
-  static const bool ok =
-      fs::exists(POLLEN_HF_PEERS_PYTHON) &&
-      std::system((std::string(POLLEN_HF_PEERS_PYTHON) + " -c 'import transformers' 2>/dev/null")
-                      .c_str()) == 0;
+  static const bool ok = fs::exists(POLLEN_HF_PEERS_PYTHON) &&
+                         std::system((std::string(POLLEN_HF_PEERS_PYTHON) +
+                                      " -c 'import transformers, jinja2' 2>/dev/null")
+                                         .c_str()) == 0;
   return ok;
 }
 
