@@ -105,7 +105,7 @@ TEST(ChatTemplate, RefusesTemplatesItCannotRender) {
   EXPECT_NE(mistral.find("--chat-template"), std::string::npos) << mistral;
   // One character off ChatML is not ChatML.
   std::string near = read_file(configs_dir() / "chatml.json");
-  near.replace(near.find("<|im_end|>"), 10, "<|im_stop|>");
+  near.replace(near.find("'<|im_end|>'"), 12, "'<|im_stop|>'");
   const fs::path dir = temp_dir("near");
   write_file_atomic(dir / "tokenizer_config.json", near);
   EXPECT_NE(error_of([&] { choose_chat_format(dir, ""); }).find("neither ChatML"),
