@@ -1,15 +1,74 @@
-// `pollen export hf --model M --output DIR [--dtype f32|bf16|f16] [--max-shard-mb N]`: wiring
-// only; the writer is io::export_hf.
+// `pollen export hf --model M --output DIR [--dtype f32|bf16|f16] [--max-shard-mb N]` and
+// `pollen export gguf --model M --output F.gguf [--type f32|f16|bf16|q8_0]`: wiring only; the
+// writers are io::export_hf and io::export_gguf.
 #include <cstdio>
 #include <memory>
 #include <string>
 
 #include "base/error.h"
 #include "cli/commands.h"
+#include "cli/model_args.h"
+#include "io/gguf.h"
 #include "io/hf.h"
 #include "io/model_source.h"
 
 namespace pollen::cli {
+namespace {
+
+// tokenizer_config.json's bos_token or eos_token ("<s>" or {"content": "<s>", ...}) as an id.
+std::optional<uint32_t> configured_token(const io::ModelSource& src,
+                                         const tokenizer::Tokenizer& tok, const char* key) {
+  for (const auto& f : src.hf_side_files) {
+    if (f.filename() != "tokenizer_config.json") continue;
+    const auto j = nlohmann::json::parse(read_file(f), nullptr, false);
+    if (!j.is_object() || !j.contains(key)) continue;
+    const auto& v = j[key];
+    const std::string content = v.is_string() ? v.get<std::string>()
+                                : v.is_object() && v.contains("content")
+                                    ? v["content"].get<std::string>()
+                                    : "";
+    for (const auto& t : tok.added_tokens())
+      if (t.content == content) return t.id;
+  }
+  return std::nullopt;
+}
+
+void add_export_gguf(CLI::App* cmd) {
+  auto* gguf = cmd->add_subcommand(
+      "gguf", "Write a GGUF v3 file for llama.cpp (llama architecture, byte-level BPE tokenizer)");
+  struct Args {
+    std::string model, tokenizer, output, type = "f32";
+  };
+  auto a = std::make_shared<Args>();
+  gguf->add_option("--model", a->model, kModelHelp)->required();
+  gguf->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
+  gguf->add_option("--output", a->output, "GGUF file to write")->required();
+  gguf->add_option("--type", a->type,
+                   "Matrices stored as f32, f16, bf16 or q8_0 (vectors stay f32; q8_0 falls "
+                   "back to f16 for rows not a multiple of 32)")
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+  gguf->callback([a] {
+    const io::ModelSource src = io::resolve_model(a->model);
+    const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
+    const model::Llama m = io::load_model(src);
+    io::GgufExportOptions o;
+    o.type = io::gguf_type_named(a->type);
+    o.bos_token_id = configured_token(src, tok, "bos_token");
+    if (!o.bos_token_id && !tok.bos_eos().prefix.empty()) o.bos_token_id = tok.bos_eos().prefix[0];
+    o.eos_token_id = configured_token(src, tok, "eos_token");
+    if (const auto ends = stop_tokens(src, tok); !o.eos_token_id && !ends.empty())
+      o.eos_token_id = ends.front();
+    const io::GgufExportResult r = io::export_gguf(m, tok, a->output, o);
+    std::printf("exported %s '%s' to %s: %zu tensors (%s), %.1f MB%s\n",
+                io::model_kind_name(src.kind), a->model.c_str(), a->output.c_str(), r.tensors,
+                a->type.c_str(), static_cast<double>(r.bytes) / 1e6,
+                r.pre_tokenizer.empty()
+                    ? "; the pre-tokenizer has no llama.cpp name, so tokenizer.ggml.pre is unset"
+                    : "");
+  });
+}
+
+}  // namespace
 
 void add_export_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("export", "Write a model in another ecosystem's format");
@@ -44,6 +103,7 @@ void add_export_command(CLI::App& app) {
                 static_cast<double>(r.weight_bytes) / 1e6,
                 src.tokenizer ? "" : " (no tokenizer known for this model)");
   });
+  add_export_gguf(cmd);
 }
 
 }  // namespace pollen::cli

@@ -9,6 +9,7 @@
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
+#include "cli/sampling_args.h"
 #include "model/generate.h"
 
 namespace pollen::cli {
@@ -18,23 +19,15 @@ void add_generate_command(CLI::App& app) {
   struct Args {
     std::string model, tokenizer;
     std::vector<std::string> prompts;
-    model::SamplingOptions o;
-    bool no_cache = false, json = false, greedy = false, ignore_eos = false;
+    SamplingArgs sampling;
+    bool no_cache = false, json = false, ignore_eos = false;
     int threads = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model", a->model, kModelHelp)->required();
   cmd->add_option("--prompt", a->prompts, "Prompt text (repeat for a batch)")->required();
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
-  cmd->add_option("--max-tokens", a->o.max_tokens, "Most tokens to generate per prompt");
-  cmd->add_option("--temperature", a->o.temperature, "0 for greedy decoding");
-  cmd->add_flag("--greedy", a->greedy, "Greedy decoding (same as --temperature 0)");
-  cmd->add_option("--top-k", a->o.top_k, "Keep the k most likely tokens (0: off)");
-  cmd->add_option("--top-p", a->o.top_p, "Nucleus sampling mass (1: off)");
-  cmd->add_option("--min-p", a->o.min_p, "Drop tokens below min-p x the top probability (0: off)");
-  cmd->add_option("--repetition-penalty", a->o.repetition_penalty, "HF's repetition penalty");
-  cmd->add_option("--stop", a->o.stop_strings, "Stop string (repeatable)");
-  cmd->add_option("--seed", a->o.seed, "Sampling seed");
+  add_sampling_options(cmd, a->sampling);
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at end-of-sequence tokens");
   cmd->add_flag("--no-cache", a->no_cache, "Recompute the whole sequence every token");
   cmd->add_flag("--json", a->json, "One JSON object per prompt (tokens, text, finish_reason)");
@@ -44,8 +37,7 @@ void add_generate_command(CLI::App& app) {
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const model::Llama m = io::load_model(src);
-    model::SamplingOptions o = a->o;
-    if (a->greedy) o.temperature = 0;
+    model::SamplingOptions o = a->sampling.resolved();
     o.use_cache = !a->no_cache;
     if (!a->ignore_eos) o.stop_tokens = stop_tokens(src, tok);
     std::vector<std::vector<uint32_t>> prompts;

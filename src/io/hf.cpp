@@ -1,6 +1,7 @@
 #include "io/hf.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -73,7 +74,8 @@ class KeyReader {
   std::set<std::string> read_;
 };
 
-ops::RopeScaling parse_rope_scaling(const json& j, const std::string& source) {
+ops::RopeScaling parse_rope_scaling(const json& j, int64_t max_position_embeddings,
+                                    const std::string& source) {
   ops::RopeScaling s;
   if (j.is_null()) return s;
   const std::string where = source + ", rope_scaling";
@@ -104,9 +106,38 @@ ops::RopeScaling parse_rope_scaling(const json& j, const std::string& source) {
     r.finish(" is not understood for rope_type 'llama3'");
     return s;
   }
+  if (type == "dynamic" || type == "yarn") {
+    // transformers 4.44 measures both against max_position_embeddings; a different
+    // original_max_position_embeddings (which later releases read) would be ambiguous.
+    s.original_max_position_embeddings = max_position_embeddings;
+    const int64_t original = r.get_int("original_max_position_embeddings", max_position_embeddings);
+    POLLEN_CHECK(original == max_position_embeddings, where,
+                 ": 'original_max_position_embeddings' (", original,
+                 ") differs from max_position_embeddings (", max_position_embeddings,
+                 "); transformers 4.44, which pollen follows, scales from max_position_embeddings");
+    s.factor = r.get_double("factor", 0);
+    POLLEN_CHECK(s.factor >= 1, where, ": 'factor' must be >= 1 for rope_type '", type, "'");
+  }
+  if (type == "dynamic") {
+    s.kind = ops::RopeScaling::Kind::dynamic;
+    r.finish(" is not understood for rope_type 'dynamic'");
+    return s;
+  }
+  if (type == "yarn") {
+    s.kind = ops::RopeScaling::Kind::yarn;
+    // HF takes a missing (or zero) beta as its default, and attention_factor from the factor.
+    s.beta_fast = r.get_double("beta_fast", 0);
+    s.beta_slow = r.get_double("beta_slow", 0);
+    if (s.beta_fast == 0) s.beta_fast = 32;
+    if (s.beta_slow == 0) s.beta_slow = 1;
+    s.attention_factor = r.get_double("attention_factor", 0.1 * std::log(s.factor) + 1.0);
+    POLLEN_CHECK(s.attention_factor > 0 && s.beta_fast > s.beta_slow && s.beta_slow > 0, where,
+                 ": yarn needs attention_factor > 0 and beta_fast > beta_slow > 0");
+    r.finish(" is not understood for rope_type 'yarn'");
+    return s;
+  }
   fail(where, ": rope_type '", type,
-       "' is not implemented by pollen (implemented: default, linear, llama3); 'dynamic' and "
-       "'yarn' change the rotation with the sequence length or rescale attention");
+       "' is not implemented by pollen (implemented: default, linear, llama3, dynamic, yarn)");
 }
 
 const std::map<std::string, std::string>& dtype_names() {
@@ -180,7 +211,8 @@ model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
                  ": key 'sliding_window' is not used by model_type llama");
     r.ignore("sliding_window");
   }
-  if (r.has("rope_scaling")) c.rope_scaling = parse_rope_scaling(r.raw("rope_scaling"), source);
+  if (r.has("rope_scaling"))
+    c.rope_scaling = parse_rope_scaling(r.raw("rope_scaling"), c.max_position_embeddings, source);
   r.ignore("rope_scaling");  // absent or null: no scaling
   r.finish(
       " is not understood by pollen (it may change the computation, so it is refused "
@@ -244,6 +276,16 @@ nlohmann::ordered_json hf_config_json(const model::LlamaConfig& c, const std::st
           {"low_freq_factor", s.low_freq_factor},
           {"high_freq_factor", s.high_freq_factor},
           {"original_max_position_embeddings", s.original_max_position_embeddings}};
+      break;
+    case ops::RopeScaling::Kind::dynamic:
+      j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", s.factor}};
+      break;
+    case ops::RopeScaling::Kind::yarn:
+      j["rope_scaling"] = {{"rope_type", "yarn"},
+                           {"factor", s.factor},
+                           {"attention_factor", s.attention_factor},
+                           {"beta_fast", s.beta_fast},
+                           {"beta_slow", s.beta_slow}};
       break;
   }
   j["torch_dtype"] = torch_dtype;

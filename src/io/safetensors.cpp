@@ -167,14 +167,15 @@ const Tensor* SafetensorsFile::find(const std::string& name) const {
 }
 
 SafetensorsFile parse_safetensors(const std::byte* data, size_t size, const std::string& source) {
+  constexpr uint64_t kMaxHeaderBytes = 100'000'000;
   const std::string where = cat("safetensors file '", source, "'");
   POLLEN_CHECK(size >= 8, where, ": ", size, " bytes is too short for the 8-byte header length");
   uint64_t header_len = 0;
   std::memcpy(&header_len, data, 8);
-  POLLEN_CHECK(header_len <= size - 8, where, ": header length ", header_len,
-               " runs past the end of the file (", size, " bytes)");
-  POLLEN_CHECK(header_len <= (uint64_t{100} << 20), where, ": header length ", header_len,
+  POLLEN_CHECK(header_len <= kMaxHeaderBytes, where, ": header length ", header_len,
                " is over the 100 MB limit");
+  POLLEN_CHECK(header_len <= size - 8, where, ": header length ", header_len,
+               " runs past the end of the file (", size, " bytes): it is truncated");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(reinterpret_cast<const char*>(data) + 8,
@@ -230,8 +231,10 @@ SafetensorsFile parse_safetensors(const std::byte* data, size_t size, const std:
     }
     const uint64_t begin = entry["data_offsets"][0].get<uint64_t>();
     const uint64_t end = entry["data_offsets"][1].get<uint64_t>();
-    POLLEN_CHECK(begin <= end && end <= payload_size, at, ": data_offsets [", begin, ", ", end,
-                 "] fall outside the ", payload_size, " data bytes");
+    POLLEN_CHECK(begin <= end, at, ": data_offsets [", begin, ", ", end, "] end before they begin");
+    POLLEN_CHECK(end <= payload_size, at, ": data_offsets [", begin, ", ", end,
+                 "] fall outside the ", payload_size,
+                 " data bytes (the file is truncated or the offsets are wrong)");
     POLLEN_CHECK(end - begin == numel * dtype_size(dtype), at, ": data_offsets span ", end - begin,
                  " bytes but shape ", entry["shape"].dump(), " of ",
                  entry["dtype"].get<std::string>(), " needs ", numel * dtype_size(dtype));

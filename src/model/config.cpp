@@ -73,6 +73,13 @@ void LlamaConfig::validate() const {
                  "model '", name, "': rope_scaling (llama3) needs 0 < low_freq_factor < ",
                  "high_freq_factor and a positive original_max_position_embeddings");
   }
+  if (rope_scaling.kind == ops::RopeScaling::Kind::dynamic ||
+      rope_scaling.kind == ops::RopeScaling::Kind::yarn) {
+    POLLEN_CHECK(rope_scaling.original_max_position_embeddings == max_position_embeddings,
+                 "model '", name, "': dynamic and yarn rope_scaling scale from ",
+                 "max_position_embeddings (", max_position_embeddings, "), not from ",
+                 rope_scaling.original_max_position_embeddings);
+  }
 }
 
 int64_t LlamaConfig::embedding_parameter_count() const {

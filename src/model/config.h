@@ -28,7 +28,7 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // biases on q, k, v projections (Qwen2)
   double initializer_range = 0.02;
-  ops::RopeScaling rope_scaling;  // HF rope_scaling (linear, llama3); none by default
+  ops::RopeScaling rope_scaling;  // HF rope_scaling; none by default
   int64_t sliding_window = 0;     // Mistral: attend to the last sliding_window tokens; 0: all
 
   ops::RopeParams rope_params() const { return {rope_theta, rope_scaling}; }

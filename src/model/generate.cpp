@@ -168,6 +168,14 @@ Tensor KvCache::forward(const Llama& model, const std::vector<std::vector<uint32
   return out;
 }
 
+void KvCache::truncate(int64_t row, int64_t length) {
+  POLLEN_CHECK(row >= 0 && row < rows(), "KvCache::truncate: no row ", row);
+  int64_t& have = lengths_[static_cast<size_t>(row)];
+  POLLEN_CHECK(length >= 0 && length <= have, "KvCache::truncate: row ", row, " holds ", have,
+               " tokens, cannot keep ", length);
+  have = length;
+}
+
 uint32_t sample_token(std::span<const float> logits, std::span<const uint32_t> seen,
                       const SamplingOptions& o, Rng& rng) {
   const size_t V = logits.size();

@@ -25,6 +25,8 @@ class KvCache {
   // tokens, appends their keys and values, and returns the logits (rows, V) of each row's last
   // new token (rows given no tokens get zeros).
   Tensor forward(const Llama& model, const std::vector<std::vector<uint32_t>>& tokens);
+  // Forgets row r's tokens from `length` on (length <= the row's length).
+  void truncate(int64_t row, int64_t length);
 
  private:
   int64_t capacity_, kv_dim_;

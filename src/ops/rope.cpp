@@ -1,6 +1,7 @@
 // Device dispatch for rotary position embedding: checks the inputs, then runs the CPU kernel.
 #include "ops/rope.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "ops/check.h"
@@ -27,15 +28,18 @@ void rope(const char* op, const char* in_name, const char* out_name, const Tenso
   check_tensor(op, "positions", positions, DType::i32, {batch, seq}, "(B,T)");
   check_tensor(op, out_name, out, x.dtype(), x.shape(), "(B,T,H,D)");
   const int32_t* pos = positions.data<int32_t>();
+  int32_t max_position = 0;
   for (int64_t i = 0; i < batch * seq; ++i) {
     POLLEN_CHECK(pos[i] >= 0 && pos[i] <= kMaxPosition, op, ": positions[", i / seq, ",", i % seq,
                  "] = ", pos[i], " must lie in [0, ", kMaxPosition, "]");
+    max_position = std::max(max_position, pos[i]);
   }
+  const RopeParams resolved = rope_params_for_length(params, dim, int64_t{max_position} + 1);
   if (x.dtype() == DType::f32) {
-    cpu::rope_rotate(x.data<float>(), pos, batch * seq, heads, dim, params, inverse,
+    cpu::rope_rotate(x.data<float>(), pos, batch * seq, heads, dim, resolved, inverse,
                      out.data<float>());
   } else {
-    cpu::rope_rotate(x.data<double>(), pos, batch * seq, heads, dim, params, inverse,
+    cpu::rope_rotate(x.data<double>(), pos, batch * seq, heads, dim, resolved, inverse,
                      out.data<double>());
   }
 }
@@ -63,8 +67,41 @@ double rope_inv_freq(const RopeParams& params, int64_t head_dim, int64_t i) {
           (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
       return (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq;
     }
+    case RopeScaling::Kind::dynamic:
+      return inv_freq;  // at lengths up to original_max_position_embeddings
+    case RopeScaling::Kind::yarn: {
+      // transformers' _compute_yarn_parameters: the pair index where a frequency turns
+      // `rotations` times over the original context, and a ramp between the two betas' indices.
+      const double dim = static_cast<double>(head_dim);
+      const double old_len = static_cast<double>(s.original_max_position_embeddings);
+      auto correction_dim = [&](double rotations) {
+        return dim * std::log(old_len / (rotations * 2.0 * M_PI)) / (2.0 * std::log(params.theta));
+      };
+      const double low = std::max(std::floor(correction_dim(s.beta_fast)), 0.0);
+      double high = std::min(std::ceil(correction_dim(s.beta_slow)), dim - 1);
+      if (low == high) high += 0.001;  // as HF, against a zero-width ramp
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      return inv_freq / s.factor * ramp + inv_freq * (1.0 - ramp);
+    }
   }
   return inv_freq;
+}
+
+double rope_attention_factor(const RopeParams& params) {
+  return params.scaling.kind == RopeScaling::Kind::yarn ? params.scaling.attention_factor : 1.0;
+}
+
+RopeParams rope_params_for_length(const RopeParams& params, int64_t head_dim, int64_t seq_len) {
+  const RopeScaling& s = params.scaling;
+  if (s.kind != RopeScaling::Kind::dynamic) return params;
+  // transformers' _compute_dynamic_ntk_parameters, with its lengths up to the original one
+  // taken as the original one.
+  const double old_len = static_cast<double>(s.original_max_position_embeddings);
+  const double len = std::max(static_cast<double>(seq_len), old_len);
+  const double dim = static_cast<double>(head_dim);
+  const double theta =
+      params.theta * std::pow(s.factor * len / old_len - (s.factor - 1.0), dim / (dim - 2.0));
+  return RopeParams(theta);
 }
 
 void rope_forward(const Tensor& x, const Tensor& positions, const RopeParams& params, Tensor& out) {

@@ -165,12 +165,62 @@ TEST(HfConfig, RopeScaling) {
   EXPECT_EQ(c.rope_scaling.factor, 2.0);
   // linear scaling divides every inverse frequency by the factor
   EXPECT_DOUBLE_EQ(ops::rope_inv_freq(c.rope_params(), 8, 1), std::pow(10000.0, -0.25) / 2.0);
-  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
-  expect_refused(j, "rope_type 'dynamic' is not implemented");
-  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
-  expect_refused(j, "rope_type 'yarn' is not implemented");
+  j["rope_scaling"] = {{"rope_type", "longrope"}, {"factor", 2.0}};
+  expect_refused(j, "rope_type 'longrope' is not implemented");
   j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"bogus", 1}};
   expect_refused(j, "'bogus'");
+}
+
+TEST(HfConfig, RopeScalingDynamic) {
+  json j = base_config();
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  const auto c = io::parse_hf_config(j, "c");
+  EXPECT_EQ(c.rope_scaling.kind, ops::RopeScaling::Kind::dynamic);
+  EXPECT_EQ(c.rope_scaling.factor, 2.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 64);  // max_position_embeddings
+  // Up to 64 positions the rotation is plain; at 128 theta grows by (2*128/64 - 1)^(8/6).
+  EXPECT_EQ(ops::rope_params_for_length(c.rope_params(), 8, 64).theta, 10000.0);
+  EXPECT_DOUBLE_EQ(ops::rope_params_for_length(c.rope_params(), 8, 128).theta,
+                   10000.0 * std::pow(3.0, 8.0 / 6.0));
+  j["rope_scaling"]["original_max_position_embeddings"] = 64;  // the same: accepted
+  EXPECT_EQ(config_error(j), "");
+  j["rope_scaling"]["original_max_position_embeddings"] = 32;
+  expect_refused(j, "'original_max_position_embeddings' (32) differs");
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 0.5}};
+  expect_refused(j, "'factor' must be >= 1");
+  j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}, {"beta_fast", 3.0}};
+  expect_refused(j, "'beta_fast' is not understood for rope_type 'dynamic'");
+}
+
+TEST(HfConfig, RopeScalingYarn) {
+  json j = base_config();
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  auto c = io::parse_hf_config(j, "c");
+  EXPECT_EQ(c.rope_scaling.kind, ops::RopeScaling::Kind::yarn);
+  EXPECT_DOUBLE_EQ(c.rope_scaling.attention_factor, 0.1 * std::log(4.0) + 1.0);  // HF's default
+  EXPECT_EQ(c.rope_scaling.beta_fast, 32.0);
+  EXPECT_EQ(c.rope_scaling.beta_slow, 1.0);
+  EXPECT_DOUBLE_EQ(ops::rope_attention_factor(c.rope_params()), 0.1 * std::log(4.0) + 1.0);
+  // D = 8, theta 1e4, 64 positions: the ramp runs over pairs 0..2, so pair 0 keeps its frequency,
+  // pair 1 is halfway and pairs 2, 3 are divided by the factor.
+  const auto inv = [&](int64_t i) { return ops::rope_inv_freq(c.rope_params(), 8, i); };
+  const auto plain = [](int64_t i) { return std::pow(10000.0, -2.0 * i / 8.0); };
+  EXPECT_DOUBLE_EQ(inv(0), plain(0));
+  EXPECT_DOUBLE_EQ(inv(1), 0.5 * plain(1) / 4.0 + 0.5 * plain(1));
+  EXPECT_DOUBLE_EQ(inv(3), plain(3) / 4.0);
+  j["rope_scaling"] = {{"rope_type", "yarn"},
+                       {"factor", 4.0},
+                       {"attention_factor", 1.5},
+                       {"beta_fast", 16.0},
+                       {"beta_slow", 2.0}};
+  c = io::parse_hf_config(j, "c");
+  EXPECT_EQ(c.rope_scaling.attention_factor, 1.5);
+  EXPECT_EQ(c.rope_scaling.beta_fast, 16.0);
+  EXPECT_EQ(c.rope_scaling.beta_slow, 2.0);
+  j["rope_scaling"]["beta_slow"] = 20.0;
+  expect_refused(j, "beta_fast > beta_slow");
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 0.7}};
+  expect_refused(j, "'mscale' is not understood for rope_type 'yarn'");
 }
 
 TEST(HfConfig, UnknownKeysRefusedIgnoredKeysSkipped) {
@@ -344,8 +394,23 @@ std::string script() {
   return std::string(POLLEN_SOURCE_DIR) + "/tests/io/hf_transformers_reference.py";
 }
 
-void write_tokens(const fs::path& dir) {
-  std::ofstream(dir / "tokens.json") << "[[1,5,7,9,11,2,3,40,50,60],[4,4,4,8,8,8,1,2,3,4]]";
+void write_tokens(const fs::path& dir, const Tensor& rows = token_rows()) {
+  json j = json::array();
+  for (int64_t r = 0; r < rows.size(0); ++r) {
+    const int32_t* p = rows.data<int32_t>() + r * rows.size(1);
+    j.push_back(std::vector<int32_t>(p, p + rows.size(1)));
+  }
+  std::ofstream(dir / "tokens.json") << j.dump();
+}
+
+// Two rows of `length` tokens of a vocabulary of 61.
+Tensor long_token_rows(int64_t length) {
+  Tensor t = Tensor::empty({2, length}, DType::i32);
+  for (int64_t i = 0; i < length; ++i) {
+    t.data<int32_t>()[i] = static_cast<int32_t>((1 + 7 * i) % 61);
+    t.data<int32_t>()[length + i] = static_cast<int32_t>((4 + 3 * i * i) % 61);
+  }
+  return t;
 }
 
 std::vector<double> read_logits(const fs::path& file) {
@@ -371,7 +436,9 @@ TEST_P(Transformers, SavedModelLoadsWithTheSameLogitsAndExportLoadsBack) {
                  << " (scripts/test-peers makes it)";
   const std::string kind = GetParam();
   const fs::path dir = temp_dir("tf_" + kind);
-  write_tokens(dir);
+  // Dynamic and yarn scaling are measured past max_position_embeddings (64).
+  const Tensor tokens = kind.starts_with("llama-") ? long_token_rows(80) : token_rows();
+  write_tokens(dir, tokens);
   ASSERT_EQ(std::system((hf_python() + " " + script() + " make " + kind + " " + dir.string() +
                          " 2>" + (dir / "stderr.txt").string())
                             .c_str()),
@@ -380,7 +447,7 @@ TEST_P(Transformers, SavedModelLoadsWithTheSameLogitsAndExportLoadsBack) {
   const io::ModelSource src = io::resolve_model(dir.string());
   ASSERT_EQ(src.kind, io::ModelSource::Kind::hf_dir);
   const model::Llama m = io::load_model(src);
-  const auto batch = model::Batch::contiguous_rows(token_rows(), token_rows());
+  const auto batch = model::Batch::contiguous_rows(tokens, tokens);
   const Tensor logits = m.logits(batch);
   EXPECT_LT(max_diff(logits, read_logits(dir / "logits.bin")), 1e-4) << kind;
 
@@ -389,7 +456,7 @@ TEST_P(Transformers, SavedModelLoadsWithTheSameLogitsAndExportLoadsBack) {
   io::HfExportOptions o;
   o.max_shard_bytes = 30000;
   io::export_hf(m, out, o);
-  write_tokens(out);
+  write_tokens(out, tokens);
   ASSERT_EQ(std::system((hf_python() + " " + script() + " logits " + out.string() + " 2>" +
                          (dir / "stderr.txt").string())
                             .c_str()),
@@ -400,7 +467,8 @@ TEST_P(Transformers, SavedModelLoadsWithTheSameLogitsAndExportLoadsBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, Transformers,
-                         ::testing::Values("llama3", "qwen2", "smollm2", "smollm2-bf16", "mistral"),
+                         ::testing::Values("llama3", "qwen2", "smollm2", "smollm2-bf16", "mistral",
+                                           "llama-dynamic", "llama-yarn"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n)

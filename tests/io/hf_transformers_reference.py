@@ -2,8 +2,8 @@
 
 usage:
   hf_transformers_reference.py make KIND DIR   makes a small random model of KIND (llama3, qwen2,
-      smollm2, smollm2-bf16, mistral), saves it to DIR with save_pretrained and writes the logits
-      of DIR/tokens.json's rows to DIR/logits.bin
+      smollm2, smollm2-bf16, mistral, llama-dynamic, llama-yarn), saves it to DIR with
+      save_pretrained and writes the logits of DIR/tokens.json's rows to DIR/logits.bin
   hf_transformers_reference.py logits DIR      loads DIR (written by pollen) and writes the logits
 
 logits.bin holds float64 values, rows x vocab, little-endian; no numpy is used, so any numpy
@@ -26,6 +26,12 @@ def config_for(kind):
             **common, rope_theta=500000.0,
             rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    if kind == "llama-dynamic":
+        return transformers.LlamaConfig(
+            **common, rope_theta=10000.0, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    if kind == "llama-yarn":
+        return transformers.LlamaConfig(
+            **common, rope_theta=10000.0, rope_scaling={"rope_type": "yarn", "factor": 4.0})
     if kind == "qwen2":
         return transformers.Qwen2Config(**common, rope_theta=1000000.0, tie_word_embeddings=False)
     if kind.startswith("smollm2"):

@@ -77,8 +77,9 @@ TEST(Safetensors, RejectsMalformedHeadersClearly) {
   const std::string f4 = std::string(8, '\0');  // two floats
   EXPECT_NE(parse_error("abc").find("too short"), std::string::npos);
   EXPECT_NE(parse_error(with_header("{", "")).find("not valid JSON"), std::string::npos);
-  std::string huge(8, '\xff');
-  EXPECT_NE(parse_error(huge).find("runs past the end"), std::string::npos);
+  std::string past_end(8, '\0');
+  past_end[1] = 4;  // a header of 1024 bytes in a file of 10
+  EXPECT_NE(parse_error(past_end + "{}").find("runs past the end"), std::string::npos);
   EXPECT_NE(parse_error(with_header("[]", "")).find("JSON object"), std::string::npos);
   EXPECT_NE(parse_error(with_header(R"({"a":{"dtype":"Q8","shape":[2],"data_offsets":[0,8]}})", f4))
                 .find("dtype 'Q8'"),
@@ -107,8 +108,45 @@ TEST(Safetensors, RejectsMalformedHeadersClearly) {
   EXPECT_NE(parse_error(with_header(R"({"a":{"dtype":"F32","shape":[2]}})", f4))
                 .find("tensor 'a': data_offsets missing"),
             std::string::npos);
+  EXPECT_NE(
+      parse_error(with_header(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", f4))
+          .find("end before they begin"),
+      std::string::npos);
   // Errors name the file.
   EXPECT_NE(parse_error("abc").find("'x.st'"), std::string::npos);
+}
+
+TEST(Safetensors, RejectsHeadersOver100MbWithoutReadingThem) {
+  std::string declared(8, '\0');
+  const uint64_t n = 100'000'001;  // one byte over the reference library's limit
+  std::memcpy(declared.data(), &n, 8);
+  EXPECT_NE(parse_error(declared + "{}").find("over the 100 MB limit"), std::string::npos);
+  std::string huge(8, '\xff');
+  EXPECT_NE(parse_error(huge).find("over the 100 MB limit"), std::string::npos);
+}
+
+TEST(Safetensors, RejectsTruncatedFiles) {
+  const fs::path d = temp_dir("truncated");
+  io::NamedTensors in;
+  in.emplace_back("a", Tensor::from<float>({2, 2}, {1, 2, 3, 4}));
+  in.emplace_back("b", Tensor::from<float>({3}, {5, 6, 7}));
+  io::write_safetensors(d / "a.safetensors", in);
+  const std::string whole = read_file(d / "a.safetensors");
+  EXPECT_EQ(parse_error(whole), "");
+  // Cut inside the data, inside the header and inside the length.
+  EXPECT_NE(parse_error(whole.substr(0, whole.size() - 1)).find("the file is truncated"),
+            std::string::npos);
+  EXPECT_NE(parse_error(whole.substr(0, 20)).find("it is truncated"), std::string::npos);
+  EXPECT_NE(parse_error(whole.substr(0, 5)).find("too short"), std::string::npos);
+  // On disk too, naming the file.
+  write_file_atomic(d / "cut.safetensors", whole.substr(0, whole.size() - 4));
+  try {
+    io::read_safetensors(d / "cut.safetensors");
+    ADD_FAILURE() << "a truncated file was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cut.safetensors"), std::string::npos) << e.what();
+  }
+  fs::remove_all(d);
 }
 
 TEST(Checkpoint, CommitVerifyCorruptSkipAndRetain) {

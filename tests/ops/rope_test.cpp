@@ -144,6 +144,47 @@ TEST(RopeBackward, MatchesFiniteDifferences) {
   EXPECT_LT(std::sqrt(diff / norm), 1e-6);
 }
 
+// transformers' dynamic NTK: the plain rotation up to M positions; past it, the plain rotation
+// with theta * (factor * L / M - (factor - 1))^(D / (D - 2)), L the call's largest position + 1.
+TEST(Rope, DynamicScalingGrowsThetaPastTheOriginalLength) {
+  Rng rng(6);
+  RopeScaling s;
+  s.kind = RopeScaling::Kind::dynamic;
+  s.factor = 2.0;
+  s.original_max_position_embeddings = 32;
+  const RopeParams params(kTheta, s);
+  const int64_t dim = 16;
+  for (int64_t length : {20, 32, 45}) {
+    SCOPED_TRACE(cat("length ", length));
+    const Tensor positions = packed_positions(1, length, {length});
+    const Tensor x = random_tensor({1, length, 2, dim}, rng);
+    Tensor out = Tensor::empty(x.shape(), x.dtype());
+    rope_forward(x, positions, params, out);
+    const double grown =
+        length <= 32 ? kTheta : kTheta * std::pow(2.0 * length / 32.0 - 1.0, dim / (dim - 2.0));
+    EXPECT_LT(max_abs_diff(out, naive_rope(x, positions, grown)), 1e-12);
+  }
+}
+
+// Yarn scales cos and sin by its attention factor: the backward is still the transpose, and
+// every pair's length grows by that factor.
+TEST(RopeBackward, IsTheTransposeWithYarnsAttentionFactor) {
+  Rng rng(7);
+  RopeScaling s;
+  s.kind = RopeScaling::Kind::yarn;
+  s.factor = 4.0;
+  s.original_max_position_embeddings = 64;
+  s.attention_factor = 0.1 * std::log(4.0) + 1.0;
+  const RopeParams params(kTheta, s);
+  const Tensor positions = packed_positions(2, 80, {80});
+  const Tensor x = random_tensor({2, 80, 2, 16}, rng), y = random_tensor({2, 80, 2, 16}, rng);
+  Tensor fx = Tensor::empty(x.shape(), x.dtype()), by = Tensor::empty(y.shape(), y.dtype());
+  rope_forward(x, positions, params, fx);
+  rope_backward(y, positions, params, by);
+  EXPECT_NEAR(dot(fx, y), dot(x, by), 1e-10 * std::abs(dot(fx, y)));
+  EXPECT_NEAR(std::sqrt(dot(fx, fx)), s.attention_factor * std::sqrt(dot(x, x)), 1e-9);
+}
+
 TEST(Rope, RejectsBadInputs) {
   auto message = [](auto&& call) {
     try {

@@ -11,8 +11,8 @@
 namespace pollen::ops::cpu {
 namespace {
 
-// cos and sin of position * theta^(-2i/D), computed in double, for positions [0, positions) and
-// i in [0, D/2), stored (positions, D/2).
+// cos and sin of position * inv_freq[i] (times yarn's attention factor), computed in double, for
+// positions [0, positions) and i in [0, D/2), stored (positions, D/2).
 template <typename T>
 struct RopeTable {
   RopeTable(const RopeParams& params, int64_t head_dim, int64_t position_count)
@@ -20,12 +20,13 @@ struct RopeTable {
     const int64_t half = head_dim / 2;
     cos.resize(static_cast<size_t>(positions * half));
     sin.resize(cos.size());
+    const double scale = rope_attention_factor(params);
     for (int64_t i = 0; i < half; ++i) {
       const double inv_freq = rope_inv_freq(params, head_dim, i);
       for (int64_t p = 0; p < positions; ++p) {
         const double angle = static_cast<double>(p) * inv_freq;
-        cos[p * half + i] = static_cast<T>(std::cos(angle));
-        sin[p * half + i] = static_cast<T>(std::sin(angle));
+        cos[p * half + i] = static_cast<T>(scale * std::cos(angle));
+        sin[p * half + i] = static_cast<T>(scale * std::sin(angle));
       }
     }
   }
@@ -56,6 +57,9 @@ std::shared_ptr<const RopeTable<T>> rope_table(const RopeParams& params, int64_t
   if (entry) {
     entry->table = table;
   } else {
+    // Dynamic scaling makes new parameters as sequences grow; keep the most recent few.
+    constexpr size_t kMaxTables = 16;
+    if (cache.size() == kMaxTables) cache.erase(cache.begin());
     cache.push_back({params, head_dim, table});
   }
   return table;

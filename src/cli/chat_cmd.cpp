@@ -1,0 +1,110 @@
+// `pollen chat --model M [--system TEXT] [--chat-template chatml|llama3] [sampling options]`:
+// wiring only; templates are tokenizer::render_chat, generation model::Continuation.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "cli/commands.h"
+#include "cli/model_args.h"
+#include "cli/sampling_args.h"
+#include "model/continuation.h"
+#include "tokenizer/chat_template.h"
+
+namespace pollen::cli {
+namespace {
+
+// Where the model's tokenizer_config.json would be: beside its other HF files, else beside its
+// tokenizer.
+std::filesystem::path tokenizer_config_dir(const io::ModelSource& src) {
+  for (const auto& f : src.hf_side_files)
+    if (f.filename() == "tokenizer_config.json") return f.parent_path();
+  return src.tokenizer ? src.tokenizer->parent_path() : src.path;
+}
+
+uint32_t special_token_id(const tokenizer::Tokenizer& tok, std::string_view content,
+                          std::string_view template_name) {
+  for (const auto& t : tok.added_tokens())
+    if (t.content == content) return t.id;
+  fail("the ", template_name, " chat template ends turns with ", content,
+       ", which the tokenizer does not have; choose another with --chat-template");
+}
+
+}  // namespace
+
+void add_chat_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "chat",
+      "Talk with a model: one message per line on stdin, the reply streamed to stdout; the "
+      "conversation is kept until end of input (Ctrl-D)");
+  struct Args {
+    std::string model, tokenizer, system, chat_template;
+    SamplingArgs sampling;
+    int64_t context = 0;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  a->sampling.options.max_tokens = 512;
+  cmd->add_option("--model", a->model, kModelHelp)->required();
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
+  cmd->add_option("--system", a->system, "System message that opens the conversation");
+  cmd->add_option("--chat-template", a->chat_template,
+                  "chatml or llama3 (default: the one the model's tokenizer_config.json names)")
+      ->check(CLI::IsMember({"chatml", "llama3"}));
+  add_sampling_options(cmd, a->sampling);
+  cmd->add_option("--context", a->context,
+                  "Most tokens the conversation may hold (default: the model's "
+                  "max_position_embeddings)");
+  cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
+  cmd->callback([a] {
+    if (a->threads > 0) set_num_threads(a->threads);
+    const io::ModelSource src = io::resolve_model(a->model);
+    const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
+    const tokenizer::ChatFormat format =
+        tokenizer::choose_chat_format(tokenizer_config_dir(src), a->chat_template);
+    const model::Llama m = io::load_model(src);
+    model::SamplingOptions o = a->sampling.resolved();
+    o.stop_tokens = stop_tokens(src, tok);
+    o.stop_tokens.push_back(special_token_id(tok, tokenizer::end_of_turn(format.kind),
+                                             tokenizer::chat_template_name(format.kind)));
+    tokenizer::EncodeOptions eo;  // the template writes BOS itself where the model wants one
+    eo.special = tokenizer::SpecialPolicy::allow_all();
+    const auto decode = [&](std::span<const uint32_t> ids) { return tok.decode(ids); };
+    const int64_t context = a->context > 0 ? a->context : m.config().max_position_embeddings;
+    model::Continuation session(m, context, o.seed);
+
+    const bool interactive = isatty(STDIN_FILENO);
+    std::vector<tokenizer::ChatMessage> messages;
+    if (!a->system.empty()) messages.push_back({"system", a->system});
+    std::string line;
+    while (true) {
+      if (interactive) {
+        std::fputs("> ", stdout);
+        std::fflush(stdout);
+      }
+      if (!std::getline(std::cin, line)) break;
+      if (line.empty()) continue;
+      messages.push_back({"user", line});
+      const auto ids = tok.encode(tokenizer::render_chat(format, messages, true), eo);
+      const model::Generation reply = session.generate(ids, o, decode, [](std::string_view t) {
+        std::fwrite(t.data(), 1, t.size(), stdout);
+        std::fflush(stdout);
+      });
+      std::fputc('\n', stdout);
+      std::fflush(stdout);
+      messages.push_back({"assistant", reply.text});
+      if (interactive)
+        std::fprintf(stderr, "[%zu tokens%s; %lld of the prompt's %zu from the cache]\n",
+                     reply.tokens.size(),
+                     reply.finish_reason == "length" ? ", cut at --max-tokens" : "",
+                     static_cast<long long>(session.reused_tokens()), ids.size());
+    }
+  });
+}
+
+}  // namespace pollen::cli

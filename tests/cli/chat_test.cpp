@@ -1,0 +1,139 @@
+// `pollen chat` driven through a pipe: each line is a user message, each reply is what greedy
+// generation gives on the whole conversation so far rendered with the model's chat template,
+// and the errors for templates the model cannot use.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "base/files.h"
+#include "base/rng.h"
+#include "io/hf.h"
+#include "model/generate.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/open.h"
+#include "tokenizer/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+
+namespace {
+
+struct PollenRun {
+  int status;
+  std::string output;
+};
+
+// stdout only (stderr too when `with_stderr`), with `input` on stdin.
+PollenRun run_pollen(const std::string& args, const fs::path& input, bool with_stderr = false) {
+  const std::string cmd = std::string(POLLEN_BINARY) + " " + args + " < " + input.string() +
+                          (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WEXITSTATUS(status), out};
+}
+
+struct ChatModel {
+  fs::path dir;
+  tokenizer::Tokenizer tok;
+  model::Llama model;
+};
+
+// An HF directory with a small trained tokenizer (ChatML's special tokens among its own), a
+// random model of its vocabulary, and Qwen2's tokenizer_config.json.
+ChatModel make_chat_model(const fs::path& root) {
+  tokenizer::PieceCounts counts(tokenizer::pattern_regex("gpt2"));
+  std::vector<std::string> texts = {"hello there, how are you today?",
+                                    "the quick brown fox jumps over the lazy dog",
+                                    "and again and again, we talk and talk"};
+  std::vector<std::string_view> views(texts.begin(), texts.end());
+  counts.add_documents(views);
+  tokenizer::Tokenizer tok = tokenizer::train_bpe(
+      counts, {300, {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}, counts.pattern()});
+  const fs::path staging = root / "staging";
+  fs::create_directories(staging);
+  tokenizer::save_tokenizer(tok, staging / "tokenizer.json");
+  fs::copy_file(fs::path(POLLEN_SOURCE_DIR) / "tests/tokenizer/chat_configs/qwen2.json",
+                staging / "tokenizer_config.json");
+  model::LlamaConfig c;
+  c.name = "chat";
+  c.vocab_size = tok.vocab_size();
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 256;
+  model::Llama m(c, 1);
+  Rng rng(2);
+  for (auto& [name, v] : m.named_parameters()) {
+    float* p = v.value().data<float>();
+    for (int64_t i = 0; i < v.value().numel(); ++i)
+      p[i] = static_cast<float>((name.ends_with("norm.weight") ? 1.0 : 0.0) + 0.5 * rng.normal());
+  }
+  io::HfExportOptions o;
+  o.extra_files = {staging / "tokenizer.json", staging / "tokenizer_config.json"};
+  io::export_hf(m, root / "model", o);
+  return {root / "model", std::move(tok), std::move(m)};
+}
+
+uint32_t id_of(const tokenizer::Tokenizer& tok, const std::string& content) {
+  for (const auto& t : tok.added_tokens())
+    if (t.content == content) return t.id;
+  throw std::runtime_error("no token " + content);
+}
+
+}  // namespace
+
+TEST(Chat, RepliesToEachLineWithTheWholeConversation) {
+  const fs::path root = fs::temp_directory_path() / ("pollen_chat_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  const ChatModel cm = make_chat_model(root);
+  const std::vector<std::string> lines = {"hello there", "and again, how are you?"};
+  write_file_atomic(root / "input.txt", lines[0] + "\n\n" + lines[1] + "\n");
+
+  const PollenRun run = run_pollen(
+      "chat --model " + cm.dir.string() + " --greedy --max-tokens 8 " + "--system 'Talk.'",
+      root / "input.txt");
+  ASSERT_EQ(run.status, 0) << run.output;
+
+  // The same conversation generated from scratch each turn.
+  model::SamplingOptions o;
+  o.temperature = 0;
+  o.max_tokens = 8;
+  o.stop_tokens = {id_of(cm.tok, "<|endoftext|>"), id_of(cm.tok, "<|im_end|>")};
+  tokenizer::EncodeOptions eo;
+  eo.special = tokenizer::SpecialPolicy::allow_all();
+  const tokenizer::ChatFormat format{tokenizer::ChatTemplate::chatml,
+                                     "You are a helpful assistant."};
+  std::vector<tokenizer::ChatMessage> messages = {{"system", "Talk."}};
+  std::string expected;
+  for (const std::string& line : lines) {
+    messages.push_back({"user", line});
+    const auto ids = cm.tok.encode(tokenizer::render_chat(format, messages, true), eo);
+    const auto reply = model::generate(
+        cm.model, {ids}, o, [&](std::span<const uint32_t> t) { return cm.tok.decode(t); })[0];
+    expected += reply.text + "\n";
+    messages.push_back({"assistant", reply.text});
+  }
+  EXPECT_EQ(run.output, expected);
+
+  // Llama 3's template needs <|eot_id|>, which this tokenizer lacks.
+  const PollenRun llama3 = run_pollen("chat --model " + cm.dir.string() + " --chat-template llama3",
+                                      root / "input.txt", true);
+  EXPECT_NE(llama3.status, 0);
+  EXPECT_NE(llama3.output.find("<|eot_id|>"), std::string::npos) << llama3.output;
+  // Without a tokenizer_config.json the user is told to choose.
+  fs::remove(cm.dir / "tokenizer_config.json");
+  const PollenRun none = run_pollen("chat --model " + cm.dir.string(), root / "input.txt", true);
+  EXPECT_NE(none.status, 0);
+  EXPECT_NE(none.output.find("--chat-template"), std::string::npos) << none.output;
+  fs::remove_all(root);
+}
