@@ -17,6 +17,7 @@ void add_export_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_score_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 // The process's exit code when a command finishes without an error (`pollen train` tells a
 // preempted run from a finished one this way).
