@@ -91,7 +91,9 @@ TEST(MultipleChoice, ContinuationScoresEqualTheDirectLogSoftmaxInAnyBatch) {
     EXPECT_NEAR(all[i], one[i], 1e-5) << i;
   }
   // A short max_len keeps the last tokens: the score then differs from the full context's.
-  const auto cut = eval::continuation_logprobs(m, pairs, 3, 3);
+  size_t longest = 0;
+  for (const auto& p : pairs) longest = std::max(longest, p.continuation.size());
+  const auto cut = eval::continuation_logprobs(m, pairs, static_cast<int64_t>(longest) + 1, 3);
   EXPECT_GT(std::abs(cut[1] - one[1]), 1e-6);
 }
 
