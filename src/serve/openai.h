@@ -21,8 +21,8 @@ namespace pollen::serve {
 // code}}.
 class ApiError : public Error {
  public:
-  ApiError(int http_status, std::string error_type, std::string error_code,
-           std::string error_param, const std::string& message)
+  ApiError(int http_status, std::string error_type, std::string error_code, std::string error_param,
+           const std::string& message)
       : Error(message),
         status(http_status),
         type(std::move(error_type)),
