@@ -1,6 +1,7 @@
-// `pollen eval --model M [--checkpoint DIR] (--data manifest.json... | --text FILE | --jsonl FILE)`
-// and `pollen score --model M --input FILE --output F.jsonl`: wiring only; the scoring is
-// eval/perplexity (token shards, batched) and eval/rolling (raw text, rolling windows).
+// `pollen eval --model M [--checkpoint DIR] (--data manifest.json... | --text FILE | --jsonl FILE |
+// --task FILE.jsonl)` and `pollen score --model M --input FILE --output F.jsonl`: wiring only; the
+// scoring is eval/perplexity (token shards, batched), eval/rolling (raw text, rolling windows) and
+// eval/multiple_choice (tasks).
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/model_args.h"
 #include "data/shards.h"
+#include "eval/multiple_choice.h"
 #include "eval/perplexity.h"
 #include "eval/rolling.h"
 
@@ -52,6 +54,67 @@ int64_t default_window(const model::LlamaConfig& c, int64_t given) {
   return given > 0 ? given : std::min<int64_t>(c.max_position_embeddings, 2048);
 }
 
+// lm-evaluation-harness's prefix token: the BOS the post-processor adds, else the first EOS.
+std::optional<uint32_t> prefix_token(const io::ModelSource& src, const tokenizer::Tokenizer& tok) {
+  if (!tok.bos_eos().prefix.empty()) return tok.bos_eos().prefix.front();
+  if (auto stops = stop_tokens(src, tok); !stops.empty()) return stops.front();
+  return std::nullopt;
+}
+
+struct TaskArgs {
+  std::string task, fewshot_file, details;
+  int64_t fewshot = 0;
+  uint64_t seed = 1234;
+};
+
+// A multiple-choice task: the result JSON, and per-item lines in `details` when asked.
+nlohmann::ordered_json run_task(const model::Llama& m, const io::ModelSource& src,
+                                const tokenizer::Tokenizer& tok, const TaskArgs& t, int64_t window,
+                                int64_t batch) {
+  const auto items = eval::read_choice_items(t.task);
+  std::vector<eval::ChoiceItem> pool;
+  if (!t.fewshot_file.empty()) pool = eval::read_choice_items(t.fewshot_file);
+  eval::ChoiceEvalOptions o;
+  o.fewshot = t.fewshot;
+  o.seed = t.seed;
+  o.fewshot_pool = pool;
+  o.prefix = prefix_token(src, tok).value_or(0);
+  o.max_len = window;
+  o.batch = batch;
+  const eval::ChoiceEvalResult r = eval::evaluate_choices(m, tok, items, o);
+  const auto stderr_json = [](const std::optional<double>& v) {
+    return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
+  };
+  nlohmann::ordered_json j;
+  j["task"] = t.task;
+  j["items"] = r.metrics.items;
+  j["fewshot"] = t.fewshot;
+  j["acc"] = r.metrics.acc;
+  j["acc_stderr"] = stderr_json(r.metrics.acc_stderr);
+  j["acc_norm"] = r.metrics.acc_norm;
+  j["acc_norm_stderr"] = stderr_json(r.metrics.acc_norm_stderr);
+  j["seconds"] = r.seconds;
+  if (!t.details.empty()) {
+    std::string lines;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const eval::ItemResult& it = r.items[i];
+      nlohmann::ordered_json d{{"index", i},
+                               {"context", r.contexts[i]},
+                               {"choices", items[i].choices},
+                               {"gold", items[i].gold},
+                               {"logprobs", it.logprobs},
+                               {"lengths", it.lengths},
+                               {"pred", it.pred},
+                               {"pred_norm", it.pred_norm},
+                               {"acc", it.correct ? 1 : 0},
+                               {"acc_norm", it.correct_norm ? 1 : 0}};
+      lines += d.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    }
+    write_file_atomic(t.details, lines);
+  }
+  return j;
+}
+
 }  // namespace
 
 void add_eval_command(CLI::App& app) {
@@ -59,7 +122,9 @@ void add_eval_command(CLI::App& app) {
       "eval",
       "Loss and perplexity of a model on token shards (one JSON line per manifest, every token "
       "scored once), or loss, perplexity and bits per byte on raw text (long texts in rolling "
-      "windows, each token scored once, as lm-evaluation-harness's loglikelihood_rolling)");
+      "windows, each token scored once, as lm-evaluation-harness's loglikelihood_rolling), or acc "
+      "and acc_norm on a multiple-choice task (log-likelihood of each choice, as "
+      "lm-evaluation-harness scores them)");
   struct Args {
     std::string model, checkpoint, tokenizer, split = "validation", text, jsonl, field = "text",
                                               output;
@@ -68,6 +133,7 @@ void add_eval_command(CLI::App& app) {
     int threads = 0;
   };
   auto a = std::make_shared<Args>();
+  auto t = std::make_shared<TaskArgs>();
   cmd->add_option("--model", a->model, kModelHelp)->required();
   cmd->add_option("--checkpoint", a->checkpoint,
                   "Weights to score instead of --model's own: a checkpoint folder of pollen "
@@ -79,19 +145,34 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--split", a->split, "Split of --data")->capture_default_str();
   cmd->add_option("--seq", a->seq, "--data: tokens per row; longer documents in pieces")
       ->capture_default_str();
-  cmd->add_option("--batch", a->batch, "--data: rows per forward pass")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "--data: rows per forward pass; --task: choices per pass")
+      ->capture_default_str();
   auto* text = cmd->add_option("--text", a->text, "A text file, scored as one document");
   auto* jsonl = cmd->add_option("--jsonl", a->jsonl, "JSONL file, one document per line");
   cmd->add_option("--field", a->field, "String field of --jsonl");
-  data->excludes(text)->excludes(jsonl);
-  text->excludes(jsonl);
-  cmd->add_option("--window", a->window, "Text: tokens per window (default: min(context, 2048))");
+  auto* task = cmd->add_option("--task", t->task,
+                               "Multiple-choice task: JSONL of {\"context\", \"choices\", "
+                               "\"gold\"} objects")
+                   ->check(CLI::ExistingFile);
+  data->excludes(text)->excludes(jsonl)->excludes(task);
+  text->excludes(jsonl)->excludes(task);
+  jsonl->excludes(task);
+  cmd->add_option("--fewshot", t->fewshot, "Task: examples before each item")
+      ->capture_default_str();
+  cmd->add_option("--fewshot-file", t->fewshot_file,
+                  "Task: JSONL to draw examples from (default: the task, never the item itself)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--fewshot-seed", t->seed, "Task: seed of the examples drawn")
+      ->capture_default_str();
+  cmd->add_option("--details", t->details, "Task: write one JSON line per item here");
+  cmd->add_option("--window", a->window,
+                  "Text and task: tokens per window (default: min(context, 2048))");
   cmd->add_option("--max-docs", a->max_docs, "Text: score at most this many documents (0: all)");
-  cmd->add_option("--output", a->output, "Text: also write the result JSON here");
+  cmd->add_option("--output", a->output, "Text and task: also write the result JSON here");
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
-  cmd->callback([a] {
-    POLLEN_CHECK(!a->data.empty() || !a->text.empty() || !a->jsonl.empty(),
-                 "eval: give --data, --text or --jsonl");
+  cmd->callback([a, t] {
+    POLLEN_CHECK(!a->data.empty() || !a->text.empty() || !a->jsonl.empty() || !t->task.empty(),
+                 "eval: give --data, --text, --jsonl or --task");
     if (a->threads > 0) set_num_threads(a->threads);
     const io::ModelSource src = io::resolve_model(a->model);
     const model::Llama m = io::load_model(src);
@@ -110,18 +191,22 @@ void add_eval_command(CLI::App& app) {
       return;
     }
     const int64_t window = default_window(m.config(), a->window);
+    const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
+    if (!t->task.empty()) {
+      nlohmann::ordered_json result{{"model", a->model}};
+      result.update(run_task(m, src, tok, *t, window, a->batch));
+      const std::string summary = result.dump(2) + "\n";
+      std::printf("%s", summary.c_str());
+      if (!a->output.empty()) write_file_atomic(a->output, summary);
+      return;
+    }
     eval::LossTotals totals;
     nlohmann::ordered_json result;
     result["model"] = a->model;
-    const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const bool is_jsonl = !a->jsonl.empty();
     const auto docs = read_documents(is_jsonl ? a->jsonl : a->text, is_jsonl, a->field, false);
     // lm-evaluation-harness: text without special tokens, the BOS (else EOS) as the prefix.
-    std::optional<uint32_t> prefix;
-    if (!tok.bos_eos().prefix.empty())
-      prefix = tok.bos_eos().prefix.front();
-    else if (auto stops = stop_tokens(src, tok); !stops.empty())
-      prefix = stops.front();
+    const std::optional<uint32_t> prefix = prefix_token(src, tok);
     tokenizer::EncodeOptions eo;
     eo.special = tokenizer::SpecialPolicy::as_text();
     for (const auto& doc : docs) {

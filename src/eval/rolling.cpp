@@ -33,10 +33,13 @@ std::vector<Window> rolling_windows(std::span<const uint32_t> tokens, uint32_t p
   return out;
 }
 
-std::vector<double> token_logprobs(const model::Llama& model, std::span<const uint32_t> tokens,
-                                   uint32_t prefix, int64_t max_len) {
-  std::vector<double> out;
-  out.reserve(tokens.size());
+namespace {
+
+// Runs the windows and calls visit(target, logits row (V), log-sum-exp of the row) for every
+// scored token in order.
+template <typename Visit>
+void score_windows(const model::Llama& model, std::span<const uint32_t> tokens, uint32_t prefix,
+                   int64_t max_len, Visit&& visit) {
   const int64_t V = model.config().vocab_size;
   for (const Window& w : rolling_windows(tokens, prefix, max_len)) {
     const int64_t t = static_cast<int64_t>(w.input.size());
@@ -58,9 +61,21 @@ std::vector<double> token_logprobs(const model::Llama& model, std::span<const ui
       for (int64_t v = 1; v < V; ++v) best = std::max(best, static_cast<double>(z[v]));
       double sum = 0;
       for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - best);
-      out.push_back(static_cast<double>(z[target]) - best - std::log(sum));
+      visit(target, std::span<const float>(z, static_cast<size_t>(V)), best + std::log(sum));
     }
   }
+}
+
+}  // namespace
+
+std::vector<double> token_logprobs(const model::Llama& model, std::span<const uint32_t> tokens,
+                                   uint32_t prefix, int64_t max_len) {
+  std::vector<double> out;
+  out.reserve(tokens.size());
+  score_windows(model, tokens, prefix, max_len,
+                [&](uint32_t target, std::span<const float> z, double lse) {
+                  out.push_back(static_cast<double>(z[target]) - lse);
+                });
   return out;
 }
 
@@ -71,6 +86,31 @@ std::vector<std::optional<double>> sequence_logprobs(const model::Llama& model,
   if (tokens.empty()) return out;
   out.push_back(std::nullopt);
   for (double lp : token_logprobs(model, tokens.subspan(1), tokens[0], max_len)) out.push_back(lp);
+  return out;
+}
+
+std::vector<std::optional<TokenScore>> sequence_scores(const model::Llama& model,
+                                                       std::span<const uint32_t> tokens,
+                                                       int64_t max_len, int64_t top) {
+  std::vector<std::optional<TokenScore>> out;
+  if (tokens.empty()) return out;
+  out.push_back(std::nullopt);
+  std::vector<uint32_t> order;
+  score_windows(
+      model, tokens.subspan(1), tokens[0], max_len,
+      [&](uint32_t target, std::span<const float> z, double lse) {
+        TokenScore s;
+        s.logprob = static_cast<double>(z[target]) - lse;
+        const size_t k = std::min(z.size(), static_cast<size_t>(std::max<int64_t>(top, 0)));
+        order.resize(z.size());
+        for (uint32_t v = 0; v < order.size(); ++v) order[v] = v;
+        std::partial_sort(
+            order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+            [&](uint32_t a, uint32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+        for (size_t i = 0; i < k; ++i)
+          s.top.emplace_back(order[i], static_cast<double>(z[order[i]]) - lse);
+        out.push_back(std::move(s));
+      });
   return out;
 }
 

@@ -33,6 +33,17 @@ std::vector<std::optional<double>> sequence_logprobs(const model::Llama& model,
                                                      std::span<const uint32_t> tokens,
                                                      int64_t max_len);
 
+// A scored token with the `top` most likely tokens at its position (most likely first).
+struct TokenScore {
+  double logprob = 0;
+  std::vector<std::pair<uint32_t, double>> top;
+};
+
+// sequence_logprobs with the top alternatives at each position: the same logprobs, bit for bit.
+std::vector<std::optional<TokenScore>> sequence_scores(const model::Llama& model,
+                                                       std::span<const uint32_t> tokens,
+                                                       int64_t max_len, int64_t top);
+
 // Sums over a corpus; loss and perplexity per scored token, bits per byte over the bytes of text
 // the scored tokens stand for.
 struct LossTotals {

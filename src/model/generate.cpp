@@ -228,29 +228,42 @@ uint32_t sample_token(std::span<const float> logits, std::span<const uint32_t> s
 std::vector<Generation> generate(const Llama& model,
                                  const std::vector<std::vector<uint32_t>>& prompts,
                                  const SamplingOptions& o, const Decoder& decode) {
-  POLLEN_CHECK(o.stop_strings.empty() || decode, "generate: stop strings need a decoder");
-  POLLEN_CHECK(o.max_tokens >= 0, "generate: max_tokens must be >= 0");
-  const size_t B = prompts.size();
+  std::vector<GenerationRow> rows;
+  for (size_t r = 0; r < prompts.size(); ++r) rows.push_back({prompts[r], o, Rng(o.seed).fork(r)});
+  return generate_rows(model, std::move(rows), decode);
+}
+
+std::vector<Generation> generate_rows(const Llama& model, std::vector<GenerationRow> rows,
+                                      const Decoder& decode, const OnToken& on_token) {
+  const size_t B = rows.size();
   std::vector<Generation> out(B);
   if (B == 0) return out;
-  int64_t longest = 0;
-  for (const auto& p : prompts) {
-    POLLEN_CHECK(!p.empty(), "generate: every prompt needs at least one token");
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.size()));
+  const bool use_cache = rows[0].options.use_cache;
+  int64_t capacity = 0, steps = 0;
+  for (const auto& row : rows) {
+    const SamplingOptions& o = row.options;
+    POLLEN_CHECK(o.stop_strings.empty() || decode, "generate: stop strings need a decoder");
+    POLLEN_CHECK(o.max_tokens >= 0, "generate: max_tokens must be >= 0");
+    POLLEN_CHECK(!row.prompt.empty(), "generate: every prompt needs at least one token");
+    POLLEN_CHECK(o.use_cache == use_cache, "generate: rows disagree on use_cache");
+    capacity = std::max<int64_t>(capacity, static_cast<int64_t>(row.prompt.size()) + o.max_tokens);
+    steps = std::max(steps, o.max_tokens);
   }
-  const int64_t capacity = longest + o.max_tokens;
-  std::vector<Rng> rngs;
-  for (size_t r = 0; r < B; ++r) rngs.push_back(Rng(o.seed).fork(r));
-  std::vector<std::vector<uint32_t>> seqs = prompts;
-  std::vector<bool> done(B, o.max_tokens == 0), cut(B, false);
-  for (size_t r = 0; r < B; ++r)
-    if (done[r]) out[r].finish_reason = "length";
+  std::vector<std::vector<uint32_t>> seqs, feed;
+  std::vector<bool> done(B, false), cut(B, false);
+  for (size_t r = 0; r < B; ++r) {
+    seqs.push_back(rows[r].prompt);
+    feed.push_back(rows[r].prompt);
+    if (rows[r].options.max_tokens == 0) {
+      done[r] = true;
+      out[r].finish_reason = "length";
+    }
+  }
 
   std::optional<KvCache> cache;
-  if (o.use_cache) cache.emplace(model.config(), static_cast<int64_t>(B), capacity);
-  std::vector<std::vector<uint32_t>> feed = prompts;
+  if (use_cache) cache.emplace(model.config(), static_cast<int64_t>(B), capacity);
   const int64_t V = model.config().vocab_size;
-  for (int64_t step = 0; step < o.max_tokens; ++step) {
+  for (int64_t step = 0; step < steps; ++step) {
     if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
     Tensor logits;
     if (cache) {
@@ -271,9 +284,10 @@ std::vector<Generation> generate(const Llama& model,
     }
     for (size_t r = 0; r < B; ++r) {
       if (done[r]) continue;
+      const SamplingOptions& o = rows[r].options;
       const std::span<const float> row(logits.data<float>() + static_cast<int64_t>(r) * V,
                                        static_cast<size_t>(V));
-      const uint32_t next = sample_token(row, seqs[r], o, rngs[r]);
+      const uint32_t next = sample_token(row, seqs[r], o, rows[r].rng);
       feed[r] = {next};
       if (std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next) != o.stop_tokens.end()) {
         done[r] = true;
@@ -282,6 +296,7 @@ std::vector<Generation> generate(const Llama& model,
       }
       seqs[r].push_back(next);
       out[r].tokens.push_back(next);
+      if (on_token) on_token(r, next, row);
       if (!o.stop_strings.empty()) {
         const std::string text = decode(out[r].tokens);
         for (const auto& s : o.stop_strings) {

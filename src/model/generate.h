@@ -66,4 +66,19 @@ std::vector<Generation> generate(const Llama& model,
                                  const std::vector<std::vector<uint32_t>>& prompts,
                                  const SamplingOptions& options, const Decoder& decode = {});
 
+// One row of a batch whose rows each have their own options and random stream (a server batching
+// unrelated requests). All rows must agree on use_cache.
+struct GenerationRow {
+  std::vector<uint32_t> prompt;  // non-empty
+  SamplingOptions options;
+  Rng rng;
+};
+
+// Called for every token a row keeps, with the logits (V) it was sampled from.
+using OnToken = std::function<void(size_t row, uint32_t token, std::span<const float> logits)>;
+
+// generate() with per-row options; a row's result equals generate() of it alone with its rng.
+std::vector<Generation> generate_rows(const Llama& model, std::vector<GenerationRow> rows,
+                                      const Decoder& decode = {}, const OnToken& on_token = {});
+
 }  // namespace pollen::model

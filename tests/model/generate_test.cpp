@@ -161,5 +161,34 @@ TEST(Sampling, FiltersOnHandMadeLogits) {
   EXPECT_EQ(model::sample_token(logits, history, g, rng), 1u);
 }
 
+TEST(GenerateRows, EachRowAsIfGeneratedAlone) {
+  const model::Llama m = random_model(gen_config(false, 0), 5);
+  model::SamplingOptions hot, greedy;
+  hot.max_tokens = 9;
+  hot.temperature = 0.9;
+  hot.top_p = 0.8;
+  hot.seed = 3;
+  greedy.max_tokens = 4;
+  greedy.temperature = 0;
+  std::vector<model::GenerationRow> rows = {{kPrompts[0], hot, Rng(3).fork(0)},
+                                            {kPrompts[1], greedy, Rng(0).fork(0)},
+                                            {kPrompts[2], hot, Rng(3).fork(2)}};
+  std::vector<std::pair<size_t, uint32_t>> seen;
+  const auto out = model::generate_rows(
+      m, rows, {}, [&](size_t row, uint32_t token, std::span<const float> logits) {
+        EXPECT_EQ(logits.size(), 53u);
+        seen.emplace_back(row, token);
+      });
+  const auto alone_hot = model::generate(m, {kPrompts[0], kPrompts[1], kPrompts[2]}, hot);
+  const auto alone_greedy = model::generate(m, {kPrompts[1]}, greedy);
+  EXPECT_EQ(out[0].tokens, alone_hot[0].tokens);
+  EXPECT_EQ(out[1].tokens, alone_greedy[0].tokens);
+  EXPECT_EQ(out[2].tokens, alone_hot[2].tokens);
+  EXPECT_EQ(out[1].tokens.size(), 4u);
+  size_t kept = 0;
+  for (const auto& g : out) kept += g.tokens.size();
+  EXPECT_EQ(seen.size(), kept);  // one call per kept token
+}
+
 }  // namespace
 }  // namespace pollen

@@ -1,0 +1,114 @@
+// `pollen serve --model M [--port P] [--host H --api-key K]`: wiring only; the server is
+// serve::Server.
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "base/thread_pool.h"
+#include "cli/commands.h"
+#include "cli/model_args.h"
+#include "serve/server.h"
+#include "tokenizer/chat_template.h"
+
+namespace pollen::cli {
+namespace {
+
+serve::Server* g_server = nullptr;
+
+void on_signal(int) {
+  if (g_server) g_server->stop();
+}
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "serve",
+      "Serve a model over an OpenAI-compatible HTTP API: /v1/completions (with echo and "
+      "logprobs, as lm-evaluation-harness's local-completions needs), /v1/chat/completions "
+      "(streaming too), /v1/models, /health");
+  struct Args {
+    std::string model, tokenizer, host = "127.0.0.1", api_key, api_key_file, name, chat_template;
+    int port = 8000;
+    serve::Limits limits;
+    int64_t max_batch_rows = 16;
+    int threads = 0;
+  };
+  auto a = std::make_shared<Args>();
+  cmd->add_option("--model", a->model, kModelHelp)->required();
+  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
+  cmd->add_option("--host", a->host,
+                  "Address to listen on; any other than 127.0.0.1, ::1 or localhost needs an API "
+                  "key")
+      ->capture_default_str();
+  cmd->add_option("--port", a->port, "Port to listen on (0: any free one, printed at start)")
+      ->capture_default_str();
+  auto* key = cmd->add_option("--api-key", a->api_key,
+                              "Key every request must send as 'Authorization: Bearer KEY'");
+  cmd->add_option("--api-key-file", a->api_key_file, "File holding the API key (one line)")
+      ->check(CLI::ExistingFile)
+      ->excludes(key);
+  cmd->add_option("--name", a->name, "Model name in the API (default: --model as given)");
+  cmd->add_option("--chat-template", a->chat_template,
+                  "chatml or llama3 (default: the one the model's tokenizer_config.json names)");
+  cmd->add_option("--max-body-bytes", a->limits.max_body_bytes, "Largest request body")
+      ->capture_default_str();
+  cmd->add_option("--max-prompt-tokens", a->limits.max_prompt_tokens,
+                  "Longest prompt in tokens (0: the model's context)")
+      ->capture_default_str();
+  cmd->add_option("--max-tokens", a->limits.max_tokens, "Most tokens generated per prompt")
+      ->capture_default_str();
+  cmd->add_option("--max-prompts", a->limits.max_prompts, "Most prompts in one request")
+      ->capture_default_str();
+  cmd->add_option("--max-concurrent", a->limits.max_concurrent,
+                  "Most requests in flight; more are answered 429")
+      ->capture_default_str();
+  cmd->add_option("--max-batch-rows", a->max_batch_rows,
+                  "Most sequences generated together in one batch")
+      ->capture_default_str();
+  cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
+  cmd->callback([a] {
+    if (a->threads > 0) set_num_threads(a->threads);
+    serve::ServerOptions o;
+    o.host = a->host;
+    o.port = a->port;
+    o.api_key = a->api_key_file.empty() ? a->api_key : trimmed(read_file(a->api_key_file));
+    POLLEN_CHECK(a->api_key_file.empty() || !o.api_key.empty(), "API key file '", a->api_key_file,
+                 "' is empty");
+    serve::check_bind(o.host, o.api_key);  // before the model loads
+    const io::ModelSource src = io::resolve_model(a->model);
+    const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
+    const model::Llama m = io::load_model(src);
+    o.model = {a->name.empty() ? a->model : a->name, m.config().max_position_embeddings,
+               stop_tokens(src, tok)};
+    o.limits = a->limits;
+    o.max_batch_rows = a->max_batch_rows;
+    if (src.kind == io::ModelSource::Kind::hf_dir) {
+      try {
+        o.chat = tokenizer::choose_chat_format(src.path, a->chat_template);
+      } catch (const Error& e) {
+        if (!a->chat_template.empty()) throw;
+        std::fprintf(stderr, "pollen serve: chat completions are off: %s\n", e.what());
+      }
+    } else if (!a->chat_template.empty()) {
+      o.chat = tokenizer::ChatFormat{tokenizer::chat_template_named(a->chat_template), {}};
+    }
+    serve::Server server(m, tok, o);
+    g_server = &server;
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    std::printf("pollen serve: '%s' on http://%s:%d\n", o.model.name.c_str(), o.host.c_str(),
+                server.port());
+    std::fflush(stdout);
+    server.run();
+    g_server = nullptr;
+  });
+}
+
+}  // namespace pollen::cli

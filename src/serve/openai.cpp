@@ -1,0 +1,395 @@
+#include "serve/openai.h"
+
+#include <algorithm>
+#include <random>
+#include <set>
+
+#include "eval/multiple_choice.h"
+
+namespace pollen::serve {
+namespace {
+
+using json = nlohmann::json;
+
+std::string shown(const json& v) {
+  std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+// Fields a request may carry: those read, and those accepted only at their neutral value.
+void refuse_unknown_fields(const json& body, const std::set<std::string>& known) {
+  for (const auto& [key, value] : body.items())
+    if (!known.contains(key))
+      bad_request(key, "Unrecognized request argument supplied: " + key, "unknown_field");
+}
+
+double number_in(const json& body, const std::string& key, double lo, double hi, double fallback) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  const json& v = body[key];
+  if (!v.is_number() || v.get<double>() < lo || v.get<double>() > hi)
+    bad_request(key, cat("'", key, "' must be a number from ", lo, " to ", hi, ", got ", shown(v)));
+  return v.get<double>();
+}
+
+int64_t integer_in(const json& body, const std::string& key, int64_t lo, int64_t hi,
+                   int64_t fallback) {
+  if (!body.contains(key) || body[key].is_null()) return fallback;
+  const json& v = body[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+    bad_request(key,
+                cat("'", key, "' must be an integer from ", lo, " to ", hi, ", got ", shown(v)));
+  return v.get<int64_t>();
+}
+
+bool boolean(const json& body, const std::string& key) {
+  if (!body.contains(key) || body[key].is_null()) return false;
+  if (!body[key].is_boolean())
+    bad_request(key, cat("'", key, "' must be true or false, got ", shown(body[key])));
+  return body[key].get<bool>();
+}
+
+// Fields accepted only at the value that changes nothing.
+void neutral_only(const json& body) {
+  for (const char* key : {"n", "best_of"})
+    if (body.contains(key) && !body[key].is_null() && body[key] != json(1))
+      bad_request(key, cat("'", key, "' must be 1: one choice per prompt"), "unsupported_value");
+  for (const char* key : {"presence_penalty", "frequency_penalty"})
+    if (body.contains(key) && !body[key].is_null() &&
+        !(body[key].is_number() && body[key].get<double>() == 0))
+      bad_request(key, cat("'", key, "' is not supported (must be 0)"), "unsupported_value");
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
+      !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
+    bad_request("logit_bias", "'logit_bias' is not supported", "unsupported_value");
+  if (body.contains("user") && !body["user"].is_null() && !body["user"].is_string())
+    bad_request("user", "'user' must be a string");
+  if (body.contains("model") && !body["model"].is_null() && !body["model"].is_string())
+    bad_request("model", "'model' must be a string");
+}
+
+void check_model(const json& body, const ServedModel& model) {
+  if (body.contains("model") && body["model"].is_string() &&
+      body["model"].get<std::string>() != model.name)
+    throw ApiError(404, "invalid_request_error", "model_not_found", "model",
+                   cat("The model '", body["model"].get<std::string>(),
+                       "' does not exist; this server serves '", model.name, "'"));
+}
+
+std::vector<std::string> stop_strings(const json& body) {
+  if (!body.contains("stop") || body["stop"].is_null()) return {};
+  const json& v = body["stop"];
+  if (v.is_string()) return {v.get<std::string>()};
+  if (v.is_array() && v.size() <= 4 &&
+      std::all_of(v.begin(), v.end(), [](const json& s) { return s.is_string(); }))
+    return v.get<std::vector<std::string>>();
+  bad_request("stop", "'stop' must be a string or a list of at most 4 strings, got " + shown(v));
+}
+
+// temperature, top_p, seed, stop and the token budget, shared by both endpoints.
+model::SamplingOptions sampling(const json& body, const ServedModel& model, const Limits& limits,
+                                int64_t max_tokens_default, const std::string& max_tokens_key) {
+  model::SamplingOptions o;
+  o.max_tokens = max_tokens_default;
+  if (body.contains(max_tokens_key) && !body[max_tokens_key].is_null()) {
+    const json& v = body[max_tokens_key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0)
+      bad_request(max_tokens_key,
+                  cat("'", max_tokens_key, "' must be a non-negative integer, got ", shown(v)));
+    if (v.get<int64_t>() > limits.max_tokens)
+      bad_request(max_tokens_key,
+                  cat("'", max_tokens_key, "' is ", v.get<int64_t>(),
+                      "; this server generates at most ", limits.max_tokens, " tokens"),
+                  "max_tokens_exceeded");
+    o.max_tokens = v.get<int64_t>();
+  }
+  o.max_tokens = std::min(o.max_tokens, limits.max_tokens);
+  o.temperature = number_in(body, "temperature", 0, 2, 1.0);
+  o.top_p = number_in(body, "top_p", 0, 1, 1.0);
+  if (o.top_p <= 0) bad_request("top_p", "'top_p' must be above 0");
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    if (!body["seed"].is_number_integer())
+      bad_request("seed", "'seed' must be an integer, got " + shown(body["seed"]));
+    o.seed = body["seed"].is_number_unsigned() ? body["seed"].get<uint64_t>()
+                                               : static_cast<uint64_t>(body["seed"].get<int64_t>());
+  } else {
+    static thread_local std::random_device device;
+    o.seed = (static_cast<uint64_t>(device()) << 32) | device();
+  }
+  o.stop_strings = stop_strings(body);
+  o.stop_tokens = model.stop_tokens;
+  return o;
+}
+
+bool is_token_list(const json& v) {
+  return v.is_array() && !v.empty() &&
+         std::all_of(v.begin(), v.end(), [](const json& t) { return t.is_number_integer(); });
+}
+
+std::vector<uint32_t> token_list(const json& v, const tokenizer::Tokenizer& tok,
+                                 const std::string& param = "prompt") {
+  std::vector<uint32_t> ids;
+  for (const json& t : v) {
+    if (!t.is_number_unsigned() || t.get<uint64_t>() >= tok.vocab_size())
+      bad_request(param, cat("'", param, "' token id ", shown(t), " is outside the vocabulary of ",
+                             tok.vocab_size()));
+    ids.push_back(t.get<uint32_t>());
+  }
+  return ids;
+}
+
+std::vector<uint32_t> encode_prompt(const std::string& text, const tokenizer::Tokenizer& tok) {
+  tokenizer::EncodeOptions eo;
+  eo.special = tokenizer::SpecialPolicy::allow_all();
+  eo.add_bos_eos = true;
+  auto ids = tok.encode(text, eo);
+  // The post-processor's suffix (an EOS) would end the prompt; a completion continues the text.
+  const auto& suffix = tok.bos_eos().suffix;
+  if (!suffix.empty() && ids.size() >= suffix.size()) ids.resize(ids.size() - suffix.size());
+  if (ids.empty()) bad_request("prompt", "'prompt' holds no tokens");
+  return ids;
+}
+
+json top_json(const tokenizer::Tokenizer& tok, const eval::TokenScore& s) {
+  json top = json::object();
+  for (const auto& [id, lp] : s.top) {
+    const std::string text = tok.decode(std::vector<uint32_t>{id});
+    if (!top.contains(text)) top[text] = lp;
+  }
+  return top;
+}
+
+}  // namespace
+
+void bad_request(const std::string& param, const std::string& message, const std::string& code) {
+  throw ApiError(400, "invalid_request_error", code, param, message);
+}
+
+json error_body(const ApiError& e) {
+  return {{"error",
+           {{"message", e.what()},
+            {"type", e.type},
+            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+json parse_body(const std::string& body) {
+  json j = json::parse(body, nullptr, false);
+  if (j.is_discarded())
+    throw ApiError(400, "invalid_request_error", "invalid_json", "",
+                   "The request body is not valid JSON");
+  if (!j.is_object())
+    throw ApiError(400, "invalid_request_error", "invalid_json", "",
+                   "The request body must be a JSON object");
+  return j;
+}
+
+void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& model,
+                         const Limits& limits) {
+  const int64_t n = static_cast<int64_t>(tokens);
+  const int64_t most = limits.max_prompt_tokens > 0
+                           ? std::min(limits.max_prompt_tokens, model.context)
+                           : model.context;
+  if (n > most)
+    bad_request("prompt", cat("The prompt has ", n, " tokens; this server takes at most ", most),
+                "context_length_exceeded");
+  if (n + max_tokens > model.context)
+    bad_request("max_tokens",
+                cat("The prompt's ", n, " tokens plus max_tokens ", max_tokens,
+                    " exceed the model's context of ", model.context, " tokens"),
+                "context_length_exceeded");
+}
+
+CompletionRequest parse_completion_request(const json& body, const tokenizer::Tokenizer& tok,
+                                           const ServedModel& model, const Limits& limits) {
+  refuse_unknown_fields(
+      body, {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "logprobs",
+             "echo", "stream", "stream_options", "n", "best_of", "presence_penalty",
+             "frequency_penalty", "logit_bias", "user", "suffix"});
+  neutral_only(body);
+  check_model(body, model);
+  if (body.contains("suffix") && !body["suffix"].is_null())
+    bad_request("suffix", "'suffix' is not supported", "unsupported_value");
+  CompletionRequest r;
+  r.sampling = sampling(body, model, limits, 16, "max_tokens");
+  r.echo = boolean(body, "echo");
+  r.stream = boolean(body, "stream");
+  if (body.contains("logprobs") && !body["logprobs"].is_null())
+    r.logprobs = integer_in(body, "logprobs", 0, 20, 0);
+  if (!body.contains("prompt")) bad_request("prompt", "'prompt' is required", "missing_field");
+  const json& p = body["prompt"];
+  const auto add_text = [&](const json& text) {
+    r.prompts.push_back(encode_prompt(text.get<std::string>(), tok));
+    r.prompt_texts.push_back(text.get<std::string>());
+  };
+  const auto add_ids = [&](const json& ids) {
+    r.prompts.push_back(token_list(ids, tok));
+    r.prompt_texts.push_back(tok.decode(r.prompts.back()));
+  };
+  if (p.is_string()) {
+    add_text(p);
+  } else if (is_token_list(p)) {
+    add_ids(p);
+  } else if (p.is_array() && !p.empty()) {
+    for (const json& one : p) {
+      if (one.is_string())
+        add_text(one);
+      else if (is_token_list(one))
+        add_ids(one);
+      else
+        bad_request("prompt",
+                    "'prompt' must be a string, a list of strings, a list of token ids "
+                    "or a list of such lists; an element is " +
+                        shown(one));
+    }
+  } else {
+    bad_request("prompt",
+                "'prompt' must be a string, a list of strings, a list of token ids or a "
+                "list of such lists, got " +
+                    shown(p));
+  }
+  if (static_cast<int64_t>(r.prompts.size()) > limits.max_prompts)
+    bad_request("prompt",
+                cat("'prompt' holds ", r.prompts.size(), " prompts; this server takes at most ",
+                    limits.max_prompts, " per request"));
+  for (const auto& ids : r.prompts)
+    check_prompt_length(ids.size(), r.sampling.max_tokens, model, limits);
+  if (r.stream && r.echo)
+    bad_request("echo", "'echo' cannot be combined with 'stream'", "unsupported_value");
+  return r;
+}
+
+TokenizeRequest parse_tokenize_request(const json& body) {
+  refuse_unknown_fields(body, {"model", "prompt", "add_special_tokens"});
+  if (!body.contains("prompt") || !body["prompt"].is_string())
+    bad_request("prompt", "'prompt' must be a string");
+  TokenizeRequest r;
+  r.prompt = body["prompt"].get<std::string>();
+  if (body.contains("add_special_tokens") && !body["add_special_tokens"].is_null())
+    r.add_special_tokens = boolean(body, "add_special_tokens");
+  return r;
+}
+
+std::vector<uint32_t> parse_detokenize_request(const json& body, const tokenizer::Tokenizer& tok) {
+  refuse_unknown_fields(body, {"model", "tokens"});
+  if (!body.contains("tokens") || !body["tokens"].is_array())
+    bad_request("tokens", "'tokens' must be a list of token ids");
+  if (body["tokens"].empty()) return {};
+  if (!is_token_list(body["tokens"])) bad_request("tokens", "'tokens' must be a list of token ids");
+  return token_list(body["tokens"], tok, "tokens");
+}
+
+ChatRequest parse_chat_request(const json& body, const ServedModel& model, const Limits& limits) {
+  refuse_unknown_fields(
+      body, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+             "stop", "seed", "stream", "stream_options", "n", "presence_penalty",
+             "frequency_penalty", "logit_bias", "user", "logprobs", "top_logprobs"});
+  neutral_only(body);
+  check_model(body, model);
+  if (boolean(body, "logprobs"))
+    bad_request("logprobs", "'logprobs' is not supported on chat completions", "unsupported_value");
+  ChatRequest r;
+  const std::string budget_key =
+      body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+  r.sampling = sampling(body, model, limits, limits.max_tokens, budget_key);
+  r.stream = boolean(body, "stream");
+  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+    bad_request("messages", "'messages' must be a non-empty list of {role, content} objects");
+  for (size_t i = 0; i < body["messages"].size(); ++i) {
+    const json& m = body["messages"][i];
+    const std::string where = cat("messages[", i, "]");
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      bad_request(where, cat("'", where, "' must be an object with a string 'role'"));
+    const std::string role = m["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant" && role != "developer")
+      bad_request(where + ".role",
+                  cat("'", where, ".role' must be system, user or assistant, got '", role, "'"));
+    std::string content;
+    const json c = m.contains("content") ? m["content"] : json(nullptr);
+    if (c.is_string()) {
+      content = c.get<std::string>();
+    } else if (c.is_array()) {  // [{"type": "text", "text": ...}, ...]
+      for (const json& part : c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          bad_request(where + ".content", cat("'", where,
+                                              ".content' parts must be {\"type\": \"text\", "
+                                              "\"text\": string}"));
+        content += part["text"].get<std::string>();
+      }
+    } else {
+      bad_request(where + ".content", cat("'", where,
+                                          ".content' must be a string or a list of "
+                                          "text parts, got ",
+                                          shown(c)));
+    }
+    r.messages.push_back({role == "developer" ? "system" : role, std::move(content)});
+  }
+  return r;
+}
+
+json completion_logprobs(const tokenizer::Tokenizer& tok, const std::vector<uint32_t>& prompt,
+                         const SequenceResult& r, bool echo) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+  std::vector<uint32_t> all = prompt;
+  const std::vector<uint32_t>& gen = r.generation.tokens;
+  all.insert(all.end(), gen.begin(), gen.end());
+  const size_t first = echo ? 0 : prompt.size();
+  for (size_t i = first; i < all.size(); ++i) {
+    tokens.push_back(tok.decode(std::vector<uint32_t>{all[i]}));
+    offsets.push_back(eval::char_length(tok.decode(std::span<const uint32_t>(all.data(), i))));
+    const bool in_prompt = i < prompt.size();
+    const std::optional<eval::TokenScore>* ps =
+        in_prompt && i < r.prompt_scores.size() ? &r.prompt_scores[i] : nullptr;
+    if (in_prompt && (!ps || !ps->has_value())) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+    } else {
+      const eval::TokenScore& s = in_prompt ? **ps : r.token_scores[i - prompt.size()];
+      lps.push_back(s.logprob);
+      tops.push_back(top_json(tok, s));
+    }
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", lps},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
+std::string TextStream::on_token(uint32_t token) {
+  tokens_.push_back(token);
+  const std::string text = tok_->decode(tokens_);
+  size_t safe = text.size();
+  // An unfinished UTF-8 character at the end waits for its other bytes.
+  for (size_t back = 1; back <= std::min<size_t>(3, text.size()); ++back) {
+    const auto c = static_cast<uint8_t>(text[text.size() - back]);
+    if ((c & 0xc0) == 0x80) continue;
+    const size_t need = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+    if (need > back) safe = text.size() - back;
+    break;
+  }
+  const size_t limit = safe;
+  for (const std::string& s : stops_) {
+    if (s.empty()) continue;
+    const size_t at = text.find(s);
+    if (at != std::string::npos) safe = std::min(safe, at);
+    // A tail that may yet become a stop string waits too.
+    for (size_t len = std::min(s.size() - 1, limit); len > 0; --len) {
+      if (text.compare(limit - len, len, s, 0, len) == 0) {
+        safe = std::min(safe, limit - len);
+        break;
+      }
+    }
+  }
+  if (safe <= sent_) return {};
+  std::string delta = text.substr(sent_, safe - sent_);
+  sent_ = safe;
+  return delta;
+}
+
+std::string TextStream::finish(const std::string& final_text) {
+  if (final_text.size() <= sent_) return {};
+  std::string rest = final_text.substr(sent_);
+  sent_ = final_text.size();
+  return rest;
+}
+
+}  // namespace pollen::serve

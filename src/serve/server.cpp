@@ -1,0 +1,372 @@
+#include "serve/server.h"
+
+#include <httplib.h>
+#include <openssl/crypto.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+namespace pollen::serve {
+namespace {
+
+using json = nlohmann::json;
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(dump(error_body(e)), "application/json");
+}
+
+int64_t unix_time() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool same_key(const std::string& given, const std::string& key) {
+  return given.size() == key.size() && CRYPTO_memcmp(given.data(), key.data(), key.size()) == 0;
+}
+
+// Keeps a request counted as in flight for as long as it lives (a stream: until it ends).
+class Slot {
+ public:
+  explicit Slot(std::atomic<int64_t>& n) : n_(n) {}
+  ~Slot() { --n_; }
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+
+ private:
+  std::atomic<int64_t>& n_;
+};
+
+// Server-sent events filled by the engine's worker and drained by the HTTP thread.
+struct EventQueue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> events;
+  void push(const json& j) {
+    {
+      std::lock_guard lock(mu);
+      events.push_back("data: " + dump(j) + "\n\n");
+    }
+    cv.notify_all();
+  }
+};
+
+using Results = std::vector<SequenceResult>;
+
+// Streams `queue`'s events; once the engine is done, `finish` gives the last events ("[DONE]"
+// comes after them).
+void stream_events(httplib::Response& res, std::shared_ptr<Slot> slot,
+                   std::shared_ptr<EventQueue> queue, std::shared_ptr<std::future<Results>> results,
+                   std::function<std::vector<json>(const Results&)> finish) {
+  auto finished = std::make_shared<bool>(false);
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [slot, queue, results, finish, finished](
+                                                            size_t, httplib::DataSink& sink) {
+    std::deque<std::string> ready;
+    {
+      std::unique_lock lock(queue->mu);
+      queue->cv.wait_for(lock, std::chrono::milliseconds(20),
+                         [&] { return !queue->events.empty(); });
+      ready.swap(queue->events);
+    }
+    for (const std::string& e : ready)
+      if (!sink.write(e.data(), e.size())) return false;
+    if (*finished) return true;
+    if (results->wait_for(std::chrono::seconds(0)) != std::future_status::ready) return true;
+    *finished = true;
+    std::string tail;
+    try {
+      const Results r = results->get();
+      std::lock_guard lock(queue->mu);  // the worker has pushed its last token by now
+      for (const std::string& e : queue->events) tail += e;
+      queue->events.clear();
+      for (const json& j : finish(r)) tail += "data: " + dump(j) + "\n\n";
+    } catch (const std::exception& e) {
+      tail += "data: " +
+              dump(error_body(ApiError(500, "server_error", "internal_error", "", e.what()))) +
+              "\n\n";
+    }
+    tail += "data: [DONE]\n\n";
+    if (!sink.write(tail.data(), tail.size())) return false;
+    sink.done();
+    return true;
+  });
+}
+
+}  // namespace
+
+bool is_loopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "::1" || host == "localhost";
+}
+
+void check_bind(const std::string& host, const std::string& api_key) {
+  POLLEN_CHECK(is_loopback(host) || !api_key.empty(), "serving on '", host,
+               "' (not this machine only) needs an API key: pass --api-key or --api-key-file");
+}
+
+Server::Server(const model::Llama& model, const tokenizer::Tokenizer& tok, ServerOptions options)
+    : tok_(tok), options_(std::move(options)) {
+  check_bind(options_.host, options_.api_key);
+  POLLEN_CHECK(options_.model.context > 0, "serve: the model's context must be known");
+  POLLEN_CHECK(options_.limits.max_concurrent >= 1, "serve: max_concurrent must be >= 1");
+  engine_ = std::make_unique<Engine>(model, tok, options_.max_batch_rows);
+  http_ = std::make_unique<httplib::Server>();
+  // Threads beyond the limit so that requests over it are answered 429, not left waiting.
+  const size_t threads = static_cast<size_t>(options_.limits.max_concurrent) + 4;
+  http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http_->set_payload_max_length(options_.limits.max_body_bytes);
+  add_routes();
+  port_ = options_.port == 0
+              ? http_->bind_to_any_port(options_.host)
+              : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+  POLLEN_CHECK(port_ > 0, "serve: cannot listen on ", options_.host, ":", options_.port,
+               " (in use, or not an address of this machine)");
+}
+
+Server::~Server() {
+  stop();
+}
+
+void Server::run() {
+  http_->listen_after_bind();
+}
+
+void Server::start() {
+  thread_ = std::thread([this] { run(); });
+}
+
+void Server::stop() {
+  http_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Server::add_routes() {
+  const Limits& limits = options_.limits;
+  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.api_key.empty() || req.path == "/health")
+      return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth.starts_with("Bearer ") && same_key(auth.substr(7), options_.api_key))
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_error(res, ApiError(401, "invalid_request_error", "invalid_api_key", "",
+                             auth.empty() ? "Missing API key: send 'Authorization: Bearer KEY'"
+                                          : "Incorrect API key"));
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http_->set_error_handler([limits](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 413)
+      send_error(res, ApiError(413, "invalid_request_error", "request_too_large", "",
+                               cat("The request body exceeds this server's limit of ",
+                                   limits.max_body_bytes, " bytes")));
+    else if (res.status == 404)
+      send_error(res, ApiError(404, "invalid_request_error", "unknown_url", "",
+                               cat("Unknown URL: ", req.method, " ", req.path)));
+    else
+      send_error(res, ApiError(res.status, "invalid_request_error", "", "",
+                               cat("HTTP status ", res.status)));
+  });
+
+  // Every API call: counted against max_concurrent, errors as OpenAI bodies.
+  using Handler =
+      std::function<void(const httplib::Request&, httplib::Response&, std::shared_ptr<Slot>)>;
+  const auto api = [this](Handler handler) {
+    return [this, handler](const httplib::Request& req, httplib::Response& res) {
+      auto slot = std::make_shared<Slot>(in_flight_);
+      try {
+        if (++in_flight_ > options_.limits.max_concurrent)
+          throw ApiError(429, "rate_limit_error", "too_many_requests", "",
+                         cat("This server is busy with ", options_.limits.max_concurrent,
+                             " requests; retry later"));
+        handler(req, res, slot);
+      } catch (const ApiError& e) {
+        send_error(res, e);
+      } catch (const std::exception& e) {
+        send_error(res, ApiError(500, "server_error", "internal_error", "", e.what()));
+      }
+    };
+  };
+
+  http_->Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  http_->Get("/v1/models", api([this](const httplib::Request&, httplib::Response& res, auto) {
+               const json models = {{"object", "list"},
+                                    {"data",
+                                     {{{"id", options_.model.name},
+                                       {"object", "model"},
+                                       {"created", unix_time()},
+                                       {"owned_by", "pollen"},
+                                       {"max_model_len", options_.model.context}}}}};
+               res.set_content(dump(models), "application/json");
+             }));
+
+  // vLLM's tokenizer endpoints, which lm-evaluation-harness's remote tokenizer uses.
+  http_->Get("/tokenizer_info", api([this](const httplib::Request&, httplib::Response& res, auto) {
+               const auto text_of = [this](const std::vector<uint32_t>& ids) {
+                 return ids.empty() ? json(nullptr)
+                                    : json(tok_.decode(std::vector<uint32_t>{ids.front()}));
+               };
+               const json info = {{"tokenizer_class", "pollen"},
+                                  {"bos_token", text_of(tok_.bos_eos().prefix)},
+                                  {"eos_token", text_of(options_.model.stop_tokens)},
+                                  {"pad_token", nullptr},
+                                  {"model_max_length", options_.model.context}};
+               res.set_content(dump(info), "application/json");
+             }));
+  http_->Post("/tokenize", api([this](const httplib::Request& req, httplib::Response& res, auto) {
+                const json body = parse_body(req.body);
+                const TokenizeRequest r = parse_tokenize_request(body);
+                tokenizer::EncodeOptions eo;
+                eo.special = tokenizer::SpecialPolicy::allow_all();
+                eo.add_bos_eos = r.add_special_tokens;
+                const auto ids = tok_.encode(r.prompt, eo);
+                res.set_content(dump({{"tokens", ids},
+                                      {"count", ids.size()},
+                                      {"max_model_len", options_.model.context}}),
+                                "application/json");
+              }));
+  http_->Post("/detokenize", api([this](const httplib::Request& req, httplib::Response& res, auto) {
+                const json body = parse_body(req.body);
+                const std::vector<uint32_t> ids = parse_detokenize_request(body, tok_);
+                res.set_content(dump({{"prompt", tok_.decode(ids)}}), "application/json");
+              }));
+
+  http_->Post(
+      "/v1/completions",
+      api([this](const httplib::Request& req, httplib::Response& res, std::shared_ptr<Slot> slot) {
+        const json body = parse_body(req.body);
+        const CompletionRequest r =
+            parse_completion_request(body, tok_, options_.model, options_.limits);
+        std::vector<Sequence> seqs;
+        for (size_t i = 0; i < r.prompts.size(); ++i)
+          seqs.push_back({r.prompts[i], r.sampling, Rng(r.sampling.seed).fork(i),
+                          r.echo && r.logprobs.has_value(), r.logprobs.value_or(0)});
+        const std::string id = cat("cmpl-", ++next_id_);
+        const int64_t created = unix_time();
+        const std::string name = options_.model.name;
+        const auto chunk = [=](size_t index, const std::string& text, json finish) {
+          return json{{"id", id},
+                      {"object", "text_completion"},
+                      {"created", created},
+                      {"model", name},
+                      {"choices",
+                       {{{"index", index},
+                         {"text", text},
+                         {"logprobs", nullptr},
+                         {"finish_reason", finish}}}}};
+        };
+        if (r.stream) {
+          auto queue = std::make_shared<EventQueue>();
+          auto streams = std::make_shared<std::vector<TextStream>>(
+              r.prompts.size(), TextStream(tok_, r.sampling.stop_strings));
+          auto results = std::make_shared<std::future<Results>>(
+              engine_->submit(std::move(seqs), [queue, streams, chunk](size_t s, uint32_t token) {
+                const std::string delta = (*streams)[s].on_token(token);
+                if (!delta.empty()) queue->push(chunk(s, delta, nullptr));
+              }));
+          stream_events(res, slot, queue, results, [streams, chunk](const Results& rs) {
+            std::vector<json> last;
+            for (size_t s = 0; s < rs.size(); ++s)
+              last.push_back(chunk(s, (*streams)[s].finish(rs[s].generation.text),
+                                   rs[s].generation.finish_reason));
+            return last;
+          });
+          return;
+        }
+        const Results rs = engine_->submit(std::move(seqs)).get();
+        json choices = json::array();
+        int64_t prompt_tokens = 0, completion_tokens = 0;
+        for (size_t i = 0; i < rs.size(); ++i) {
+          const model::Generation& g = rs[i].generation;
+          choices.push_back(
+              {{"index", i},
+               {"text", (r.echo ? r.prompt_texts[i] : std::string()) + g.text},
+               {"logprobs", r.logprobs ? completion_logprobs(tok_, r.prompts[i], rs[i], r.echo)
+                                       : json(nullptr)},
+               {"finish_reason", g.finish_reason}});
+          prompt_tokens += static_cast<int64_t>(r.prompts[i].size());
+          completion_tokens += static_cast<int64_t>(g.tokens.size());
+        }
+        const json out = {{"id", id},
+                          {"object", "text_completion"},
+                          {"created", created},
+                          {"model", name},
+                          {"choices", choices},
+                          {"usage",
+                           {{"prompt_tokens", prompt_tokens},
+                            {"completion_tokens", completion_tokens},
+                            {"total_tokens", prompt_tokens + completion_tokens}}}};
+        res.set_content(dump(out), "application/json");
+      }));
+
+  http_->Post(
+      "/v1/chat/completions",
+      api([this](const httplib::Request& req, httplib::Response& res, std::shared_ptr<Slot> slot) {
+        const json body = parse_body(req.body);
+        const ChatRequest r = parse_chat_request(body, options_.model, options_.limits);
+        if (!options_.chat)
+          throw ApiError(400, "invalid_request_error", "no_chat_template", "messages",
+                         "This model has no chat template; start the server with --chat-template");
+        tokenizer::EncodeOptions eo;
+        eo.special = tokenizer::SpecialPolicy::allow_all();
+        const std::vector<uint32_t> prompt =
+            tok_.encode(tokenizer::render_chat(*options_.chat, r.messages, true), eo);
+        check_prompt_length(prompt.size(), r.sampling.max_tokens, options_.model, options_.limits);
+        std::vector<Sequence> seqs{{prompt, r.sampling, Rng(r.sampling.seed).fork(0), false, 0}};
+        const std::string id = cat("chatcmpl-", ++next_id_);
+        const int64_t created = unix_time();
+        const std::string name = options_.model.name;
+        if (r.stream) {
+          const auto chunk = [=](json delta, json finish) {
+            return json{{"id", id},
+                        {"object", "chat.completion.chunk"},
+                        {"created", created},
+                        {"model", name},
+                        {"choices", {{{"index", 0}, {"delta", delta}, {"finish_reason", finish}}}}};
+          };
+          auto queue = std::make_shared<EventQueue>();
+          queue->push(chunk({{"role", "assistant"}, {"content", ""}}, nullptr));
+          auto stream = std::make_shared<TextStream>(tok_, r.sampling.stop_strings);
+          auto results = std::make_shared<std::future<Results>>(
+              engine_->submit(std::move(seqs), [queue, stream, chunk](size_t, uint32_t token) {
+                const std::string delta = stream->on_token(token);
+                if (!delta.empty()) queue->push(chunk({{"content", delta}}, nullptr));
+              }));
+          stream_events(res, slot, queue, results, [stream, chunk](const Results& rs) {
+            std::vector<json> last;
+            const std::string rest = stream->finish(rs[0].generation.text);
+            if (!rest.empty()) last.push_back(chunk({{"content", rest}}, nullptr));
+            last.push_back(chunk(json::object(), rs[0].generation.finish_reason));
+            return last;
+          });
+          return;
+        }
+        const Results rs = engine_->submit(std::move(seqs)).get();
+        const model::Generation& g = rs[0].generation;
+        const int64_t n_prompt = static_cast<int64_t>(prompt.size()),
+                      n_gen = static_cast<int64_t>(g.tokens.size());
+        const json out = {{"id", id},
+                          {"object", "chat.completion"},
+                          {"created", created},
+                          {"model", name},
+                          {"choices",
+                           {{{"index", 0},
+                             {"message", {{"role", "assistant"}, {"content", g.text}}},
+                             {"finish_reason", g.finish_reason}}}},
+                          {"usage",
+                           {{"prompt_tokens", n_prompt},
+                            {"completion_tokens", n_gen},
+                            {"total_tokens", n_prompt + n_gen}}}};
+        res.set_content(dump(out), "application/json");
+      }));
+}
+
+}  // namespace pollen::serve

@@ -1,0 +1,75 @@
+#pragma once
+// The OpenAI-compatible HTTP server (cpp-httplib): /v1/completions, /v1/chat/completions (whole
+// or streamed as server-sent events ending in "data: [DONE]"), /v1/models and /health.
+//
+// Safety: it binds 127.0.0.1 unless told otherwise and refuses any other address without an API
+// key, which every request but /health must then carry as "Authorization: Bearer KEY" (401
+// otherwise). Bodies over max_body_bytes get 413, prompts over the token limits and budgets over
+// max_tokens 400, and requests beyond max_concurrent in flight 429; every error has OpenAI's
+// {"error": {message, type, param, code}} body.
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "model/llama.h"
+#include "serve/engine.h"
+#include "serve/openai.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace pollen::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;  // 0: any free port (see Server::port)
+  std::string api_key;
+  ServedModel model;
+  Limits limits;
+  int64_t max_batch_rows = 16;                // sequences per batch of the engine
+  std::optional<tokenizer::ChatFormat> chat;  // none: /v1/chat/completions answers 400
+};
+
+// True for 127.0.0.1, ::1 and localhost.
+bool is_loopback(const std::string& host);
+// Throws unless the host is loopback or there is an API key.
+void check_bind(const std::string& host, const std::string& api_key);
+
+class Server {
+ public:
+  // Binds (throws naming the address when it cannot, or when the host is not loopback and there
+  // is no API key). The model and tokenizer must outlive the server.
+  Server(const model::Llama& model, const tokenizer::Tokenizer& tok, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  int port() const { return port_; }
+  void run();    // serves until stop()
+  void start();  // run() on a thread of its own
+  void stop();
+
+  Engine& engine() { return *engine_; }
+  int64_t in_flight() const { return in_flight_.load(); }
+
+ private:
+  void add_routes();
+
+  const tokenizer::Tokenizer& tok_;
+  ServerOptions options_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<httplib::Server> http_;
+  std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> next_id_{0};
+  int port_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace pollen::serve

@@ -1,0 +1,438 @@
+// The OpenAI-compatible server over real HTTP on an ephemeral port, with a tiny random model:
+// completions equal model::generate (greedy, seeded, batched), echo + logprobs equal `pollen
+// score`'s values, chat whole and streamed, concurrent requests batched and served correctly, and
+// each error with its status and OpenAI-style body.
+#include "serve/server.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "eval/multiple_choice.h"
+#include "eval/rolling.h"
+#include "support/tiny_lm.h"
+
+namespace pollen {
+namespace {
+
+using json = nlohmann::json;
+
+class Serving : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tok_ = new tokenizer::Tokenizer(testing::tiny_tokenizer());
+    model_ = new model::Llama(testing::tiny_model(tok_->vocab_size()));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete tok_;
+  }
+
+  static uint32_t eot() {
+    return tok_->encode("<|endoftext|>", {tokenizer::SpecialPolicy::allow_all()})[0];
+  }
+
+  static serve::ServerOptions options() {
+    serve::ServerOptions o;
+    o.port = 0;
+    o.model = {"tiny", 256, {eot()}};
+    o.limits.max_prompt_tokens = 64;
+    o.limits.max_tokens = 32;
+    o.limits.max_body_bytes = 4096;
+    o.limits.max_concurrent = 4;
+    o.chat = tokenizer::ChatFormat{tokenizer::ChatTemplate::chatml, {}};
+    return o;
+  }
+
+  void start(serve::ServerOptions o = options()) {
+    server_ = std::make_unique<serve::Server>(*model_, *tok_, std::move(o));
+    server_->start();
+  }
+
+  // POSTs a JSON body; returns (status, parsed body or the raw text as a string).
+  std::pair<int, json> post(const std::string& path, const std::string& body,
+                            const httplib::Headers& headers = {}) {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60);
+    auto r = c.Post(path.c_str(), headers, body, "application/json");
+    if (!r) return {0, json()};
+    json j = json::parse(r->body, nullptr, false);
+    return {r->status, j.is_discarded() ? json(r->body) : j};
+  }
+  std::pair<int, json> post(const std::string& path, const json& body,
+                            const httplib::Headers& headers = {}) {
+    return post(path, body.dump(), headers);
+  }
+
+  static std::vector<uint32_t> prompt_ids(const std::string& text) {
+    tokenizer::EncodeOptions eo;
+    eo.special = tokenizer::SpecialPolicy::allow_all();
+    eo.add_bos_eos = true;
+    return tok_->encode(text, eo);
+  }
+
+  static model::SamplingOptions sampling(int64_t max_tokens, double temperature, uint64_t seed) {
+    model::SamplingOptions o;
+    o.max_tokens = max_tokens;
+    o.temperature = temperature;
+    o.seed = seed;
+    o.stop_tokens = {eot()};
+    return o;
+  }
+
+  // Text as the server sends it: JSON strings hold UTF-8, so bytes a random model strings
+  // together invalidly arrive as U+FFFD.
+  static std::string sent(const std::string& text) {
+    return json::parse(json(text).dump(-1, ' ', false, json::error_handler_t::replace))
+        .get<std::string>();
+  }
+  static std::string decode(const std::vector<uint32_t>& ids) { return sent(tok_->decode(ids)); }
+
+  static void expect_error(const std::pair<int, json>& r, int status, const std::string& param) {
+    EXPECT_EQ(r.first, status) << r.second.dump();
+    ASSERT_TRUE(r.second.is_object() && r.second.contains("error")) << r.second.dump();
+    const json& e = r.second["error"];
+    EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty());
+    EXPECT_TRUE(e["type"].is_string());
+    EXPECT_TRUE(e.contains("param") && e.contains("code"));
+    if (!param.empty()) EXPECT_EQ(e["param"], param) << e.dump();
+  }
+
+  // The data: payloads of a server-sent event stream.
+  static std::vector<std::string> events(const std::string& body) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    while ((at = body.find("data: ", at)) != std::string::npos) {
+      const size_t end = body.find("\n\n", at);
+      out.push_back(body.substr(at + 6, end - at - 6));
+      at = end;
+    }
+    return out;
+  }
+
+  std::string post_stream(const std::string& path, const json& body) {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(60);
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    if (!r) return {};
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+    return r->body;
+  }
+
+  static tokenizer::Tokenizer* tok_;
+  static model::Llama* model_;
+  std::unique_ptr<serve::Server> server_;
+};
+
+tokenizer::Tokenizer* Serving::tok_ = nullptr;
+model::Llama* Serving::model_ = nullptr;
+
+TEST_F(Serving, HealthAndModels) {
+  start();
+  httplib::Client c("127.0.0.1", server_->port());
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  const json j = json::parse(m->body);
+  EXPECT_EQ(j["object"], "list");
+  EXPECT_EQ(j["data"][0]["id"], "tiny");
+}
+
+TEST_F(Serving, CompletionsEqualGenerate) {
+  start();
+  // Greedy, one prompt.
+  const std::string p0 = "The cat sat", p1 = "Rome is";
+  auto r = post("/v1/completions",
+                json{{"model", "tiny"}, {"prompt", p0}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  const auto greedy = model::generate(*model_, {prompt_ids(p0)}, sampling(8, 0, 0));
+  EXPECT_EQ(r.second["object"], "text_completion");
+  EXPECT_EQ(r.second["choices"][0]["text"], decode(greedy[0].tokens));
+  EXPECT_EQ(r.second["choices"][0]["finish_reason"], greedy[0].finish_reason);
+  EXPECT_EQ(r.second["usage"]["completion_tokens"], greedy[0].tokens.size());
+  EXPECT_EQ(r.second["usage"]["prompt_tokens"], prompt_ids(p0).size());
+  // Seeded sampling over a list of prompts: prompt i draws from Rng(seed).fork(i).
+  r = post("/v1/completions",
+           json{{"prompt", {p0, p1}}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 11}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  const auto sampled =
+      model::generate(*model_, {prompt_ids(p0), prompt_ids(p1)}, sampling(12, 0.9, 11));
+  ASSERT_EQ(r.second["choices"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(r.second["choices"][i]["text"], decode(sampled[i].tokens)) << i;
+  // Token-id prompts go to the model as given.
+  const auto ids = prompt_ids(p1);
+  r = post("/v1/completions",
+           json{{"prompt", {ids}}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 11}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  const auto alone = model::generate(*model_, {ids}, sampling(12, 0.9, 11));  // fork(0) now
+  EXPECT_EQ(r.second["choices"][0]["text"], decode(alone[0].tokens));
+  EXPECT_NE(alone[0].tokens, sampled[1].tokens);
+}
+
+TEST_F(Serving, EchoLogprobsEqualScore) {
+  start();
+  const std::string text = "Paris is the capital of France.";
+  const auto ids = prompt_ids(text);
+  const auto expected = eval::sequence_logprobs(*model_, ids, 256);  // what `pollen score` writes
+  for (const json& prompt : {json(text), json(ids)}) {
+    auto r = post("/v1/completions", json{{"prompt", prompt},
+                                          {"max_tokens", 0},
+                                          {"echo", true},
+                                          {"logprobs", 2},
+                                          {"temperature", 0}});
+    ASSERT_EQ(r.first, 200) << r.second.dump();
+    const json& c = r.second["choices"][0];
+    EXPECT_EQ(c["text"], text);
+    const json& lp = c["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), ids.size());
+    ASSERT_EQ(lp["token_logprobs"].size(), ids.size());
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+    EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+    std::string joined;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      joined += lp["tokens"][i].get<std::string>();
+      if (i == 0) continue;
+      EXPECT_EQ(lp["token_logprobs"][i].get<double>(), *expected[i]) << i;  // bit for bit
+      ASSERT_EQ(lp["top_logprobs"][i].size(), 2u);
+      double best = -1e300;
+      for (const auto& [t, v] : lp["top_logprobs"][i].items())
+        best = std::max(best, v.get<double>());
+      EXPECT_GE(best, lp["token_logprobs"][i].get<double>());
+      EXPECT_EQ(lp["text_offset"][i].get<int64_t>(),
+                eval::char_length(decode({ids.begin(), ids.begin() + static_cast<long>(i)})));
+    }
+    EXPECT_EQ(joined, text);
+    EXPECT_EQ(lp["text_offset"][0], 0);
+  }
+  // lm-evaluation-harness's loglikelihood request: max_tokens 1, echo, logprobs 1; it sums
+  // token_logprobs[ctxlen:-1], the continuation's tokens given the context's.
+  const auto pair = eval::encode_pair(*tok_, "Paris is the capital of", " France.", 0);
+  std::vector<uint32_t> all = pair.context;
+  all.insert(all.end(), pair.continuation.begin(), pair.continuation.end());
+  auto r = post("/v1/completions", json{{"model", "tiny"},
+                                        {"prompt", {all}},
+                                        {"temperature", 0},
+                                        {"max_tokens", 1},
+                                        {"logprobs", 1},
+                                        {"seed", 1234},
+                                        {"echo", true}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  const json& lps = r.second["choices"][0]["logprobs"]["token_logprobs"];
+  ASSERT_EQ(lps.size(), all.size() + 1);
+  double sum = 0;
+  for (size_t i = pair.context.size(); i + 1 < lps.size(); ++i) sum += lps[i].get<double>();
+  const auto direct =
+      eval::continuation_logprobs(*model_, std::vector<eval::TokenPair>{pair}, 256, 1);
+  EXPECT_NEAR(sum, direct[0], 1e-4);
+}
+
+TEST_F(Serving, StopStringsCutTheText) {
+  start();
+  const auto full = model::generate(*model_, {prompt_ids("Bees make")}, sampling(16, 0, 0),
+                                    [](std::span<const uint32_t> t) { return tok_->decode(t); });
+  const std::string text = full[0].text;
+  ASSERT_GE(text.size(), 6u) << text;
+  size_t at = 3;  // a stop string of two printable ASCII bytes from the middle of the text
+  while (at + 1 < text.size() && !(std::isprint(static_cast<unsigned char>(text[at])) &&
+                                   std::isprint(static_cast<unsigned char>(text[at + 1]))))
+    ++at;
+  ASSERT_LT(at + 1, text.size()) << text;
+  const std::string stop = text.substr(at, 2);
+  auto r =
+      post("/v1/completions",
+           json{{"prompt", "Bees make"}, {"max_tokens", 16}, {"temperature", 0}, {"stop", {stop}}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  EXPECT_EQ(r.second["choices"][0]["text"], sent(text.substr(0, text.find(stop))));
+  EXPECT_EQ(r.second["choices"][0]["finish_reason"], "stop");
+  // Streamed, the same text arrives in pieces, never past the stop string.
+  const std::string body = post_stream("/v1/completions", json{{"prompt", "Bees make"},
+                                                               {"max_tokens", 16},
+                                                               {"temperature", 0},
+                                                               {"stop", stop},
+                                                               {"stream", true}});
+  const auto ev = events(body);
+  ASSERT_GE(ev.size(), 2u);
+  EXPECT_EQ(ev.back(), "[DONE]");
+  std::string streamed;
+  for (size_t i = 0; i + 1 < ev.size(); ++i)
+    streamed += json::parse(ev[i])["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(streamed, sent(text.substr(0, text.find(stop))));
+}
+
+TEST_F(Serving, ChatWholeAndStreamed) {
+  start();
+  const json messages = {{{"role", "system"}, {"content", "You are terse."}},
+                         {{"role", "user"}, {"content", "What is two plus two?"}}};
+  const std::vector<tokenizer::ChatMessage> msgs = {{"system", "You are terse."},
+                                                    {"user", "What is two plus two?"}};
+  tokenizer::EncodeOptions eo;
+  eo.special = tokenizer::SpecialPolicy::allow_all();
+  const auto prompt =
+      tok_->encode(tokenizer::render_chat(tokenizer::ChatTemplate::chatml, msgs, true), eo);
+  const auto expected = model::generate(*model_, {prompt}, sampling(20, 0, 0));
+  auto r = post("/v1/chat/completions",
+                json{{"messages", messages}, {"max_tokens", 20}, {"temperature", 0}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  EXPECT_EQ(r.second["object"], "chat.completion");
+  EXPECT_EQ(r.second["choices"][0]["message"]["role"], "assistant");
+  const std::string content = r.second["choices"][0]["message"]["content"];
+  EXPECT_EQ(content, decode(expected[0].tokens));
+  EXPECT_EQ(r.second["usage"]["prompt_tokens"], prompt.size());
+
+  const std::string body = post_stream(
+      "/v1/chat/completions",
+      json{{"messages", messages}, {"max_tokens", 20}, {"temperature", 0}, {"stream", true}});
+  const auto ev = events(body);
+  ASSERT_GE(ev.size(), 3u);
+  EXPECT_EQ(ev.back(), "[DONE]");
+  const json first = json::parse(ev[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string streamed;
+  for (size_t i = 0; i + 1 < ev.size(); ++i) {
+    const json d = json::parse(ev[i])["choices"][0]["delta"];
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, content);
+  EXPECT_EQ(json::parse(ev[ev.size() - 2])["choices"][0]["finish_reason"],
+            expected[0].finish_reason);
+}
+
+TEST_F(Serving, InvalidRequestsGet4xxWithOpenAiErrors) {
+  start();
+  expect_error(post("/v1/completions", std::string("{\"prompt\": ")), 400, "");
+  expect_error(post("/v1/completions", std::string("[1, 2]")), 400, "");
+  expect_error(post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", "ten"}}), 400,
+               "max_tokens");
+  expect_error(post("/v1/completions", json{{"prompt", "hi"}, {"temperature", 5}}), 400,
+               "temperature");
+  expect_error(post("/v1/completions", json{{"prompt", 7}}), 400, "prompt");
+  expect_error(post("/v1/completions", json{{"prompt", "hi"}, {"echo", "yes"}}), 400, "echo");
+  expect_error(post("/v1/completions", json{{"prompt", "hi"}, {"frobnicate", 1}}), 400,
+               "frobnicate");
+  expect_error(post("/v1/completions", json{{"prompt", {1, 99999}}}), 400, "prompt");
+  expect_error(post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 33}}), 400,
+               "max_tokens");
+  std::string long_prompt;
+  for (int i = 0; i < 40; ++i) long_prompt += "The cat sat. ";
+  auto r = post("/v1/completions", json{{"prompt", long_prompt}, {"max_tokens", 1}});
+  expect_error(r, 400, "prompt");
+  EXPECT_EQ(r.second["error"]["code"], "context_length_exceeded");
+  expect_error(post("/v1/completions", json{{"prompt", std::string(5000, 'a')}}), 413, "");
+  expect_error(post("/v1/completions", json{{"model", "gpt-9"}, {"prompt", "hi"}}), 404, "model");
+  expect_error(post("/v1/nothing", json{{"prompt", "hi"}}), 404, "");
+  expect_error(post("/v1/chat/completions", json{{"messages", "hi"}}), 400, "messages");
+  expect_error(
+      post("/v1/chat/completions", json{{"messages", {{{"role", "wizard"}, {"content", "hi"}}}}}),
+      400, "messages[0].role");
+  expect_error(
+      post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", 3}}}}}), 400,
+      "messages[0].content");
+}
+
+TEST_F(Serving, ApiKeyIsCheckedAsBearerToken) {
+  serve::ServerOptions o = options();
+  o.host = "0.0.0.0";
+  EXPECT_THROW(serve::Server s(*model_, *tok_, o), Error);  // another address needs a key
+  o.api_key = "sekret";
+  start(o);
+  const json body = {{"prompt", "hi"}, {"max_tokens", 1}};
+  auto r = post("/v1/completions", body);
+  expect_error(r, 401, "");
+  EXPECT_EQ(r.second["error"]["code"], "invalid_api_key");
+  expect_error(post("/v1/completions", body, {{"Authorization", "Bearer wrong"}}), 401, "");
+  expect_error(post("/v1/completions", body, {{"Authorization", "sekret"}}), 401, "");
+  EXPECT_EQ(post("/v1/completions", body, {{"Authorization", "Bearer sekret"}}).first, 200);
+  httplib::Client c("127.0.0.1", server_->port());
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 401);
+}
+
+TEST_F(Serving, WaitingRequestsShareABatchAndExtraOnesGet429) {
+  serve::ServerOptions o = options();
+  o.limits.max_concurrent = 2;
+  start(o);
+  const std::vector<std::string> prompts = {"The dog", "Ice melts"};
+  std::vector<std::pair<int, json>> got(2);
+  {
+    std::optional<serve::Engine::Hold> hold;
+    hold.emplace(server_->engine());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < 2; ++i)
+      clients.emplace_back([&, i] {
+        got[i] = post(
+            "/v1/completions",
+            json{
+                {"prompt", prompts[i]}, {"max_tokens", 10}, {"temperature", 0.7}, {"seed", 5 + i}});
+      });
+    for (int w = 0; w < 1000 && server_->engine().pending() < 2; ++w)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(server_->engine().pending(), 2);
+    ASSERT_EQ(server_->in_flight(), 2);
+    auto r = post("/v1/completions", json{{"prompt", "hi"}});
+    expect_error(r, 429, "");
+    EXPECT_EQ(r.second["error"]["type"], "rate_limit_error");
+    hold.reset();
+    for (auto& t : clients) t.join();
+  }
+  EXPECT_EQ(server_->engine().largest_batch(), 2);
+  for (size_t i = 0; i < 2; ++i) {
+    ASSERT_EQ(got[i].first, 200) << got[i].second.dump();
+    const auto g = model::generate(*model_, {prompt_ids(prompts[i])}, sampling(10, 0.7, 5 + i));
+    EXPECT_EQ(got[i].second["choices"][0]["text"], decode(g[0].tokens)) << i;
+  }
+}
+
+TEST_F(Serving, ConcurrentRequestsAreServedCorrectly) {
+  serve::ServerOptions o = options();
+  o.limits.max_concurrent = 8;
+  start(o);
+  const std::vector<std::string> prompts = {"The cat", "Paris",     "Water boils",
+                                            "Bees",    "Question:", "Rome is the"};
+  std::vector<std::pair<int, json>> got(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] {
+      got[i] = post("/v1/completions", json{{"prompt", prompts[i]},
+                                            {"max_tokens", 6 + i},
+                                            {"temperature", 0.8},
+                                            {"seed", 100 + i}});
+    });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(got[i].first, 200) << got[i].second.dump();
+    const auto g =
+        model::generate(*model_, {prompt_ids(prompts[i])}, sampling(6 + i, 0.8, 100 + i));
+    EXPECT_EQ(got[i].second["choices"][0]["text"], decode(g[0].tokens)) << i;
+  }
+}
+
+TEST(ServeCli, AnotherAddressWithoutAKeyIsRefusedBeforeLoading) {
+  const std::string cmd =
+      std::string(POLLEN_BINARY) + " serve --model llama-tiny --host 0.0.0.0 --port 0 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  EXPECT_NE(pclose(p), 0);
+  EXPECT_NE(out.find("needs an API key"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace pollen
