@@ -77,8 +77,8 @@ TEST(AccountantVsOpacus, EpsilonAndRdpToThreeSignificantDigits) {
     double delta;
   };
   std::vector<Setting> grid;
-  for (double z : {0.6, 1.0, 2.5, 8.0}) {
-    for (double q : {0.004, 0.05, 0.3, 1.0}) {
+  for (double z : {0.7, 1.1, 4.0}) {
+    for (double q : {0.004, 0.2, 1.0}) {
       for (int64_t steps : {1, 50, 2000}) {
         for (double delta : {1e-5, 1e-3}) grid.push_back({z, q, steps, delta});
       }

@@ -11,6 +11,7 @@
 
 #include "base/files.h"
 #include "base/log.h"
+#include "base/rng.h"
 #include "base/thread_pool.h"
 #include "data/shards.h"
 #include "fed/client.h"
@@ -23,6 +24,11 @@ using namespace pollen::fed;
 
 namespace {
 
+constexpr double kRandomShare = 0.3;  // tokens drawn at random instead of from the bigram rule
+constexpr int64_t kRounds = 8, kLocalSteps = 12;
+constexpr double kLocalLr = 7e-3;
+constexpr double kNormBound = 3;  // honest updates' norms are 1 to 2.5 in these runs
+
 fs::path temp_dir(const std::string& name) {
   fs::path p =
       fs::temp_directory_path() / ("pollen_fed_attack_" + name + "_" + std::to_string(::getpid()));
@@ -31,19 +37,23 @@ fs::path temp_dir(const std::string& name) {
   return p;
 }
 
-// Four silos with the same kind of data (counting up by 3 modulo 60 from varying starts), each
-// its own documents: honest updates point the same way.
+// Four silos with the same kind of data: documents of 24 tokens from one bigram rule
+// (next = (7 prev + 3) mod 60 + 1), with kRandomShare of the tokens drawn at random instead, so
+// that the loss levels off above zero; each silo has its own documents, so honest updates point
+// the same way.
 fs::path make_silo(const fs::path& dir, int silo) {
   fs::create_directories(dir);
   std::vector<data::ShardInfo> shards;
+  Rng rng(static_cast<uint64_t>(silo) + 1);
   for (const char* split : {"train", "validation"}) {
     data::ShardWriter w(dir, "silo", split, data::TokenDType::u16, 1 << 20);
     const bool train = std::string(split) == "train";
     for (int d = 0; d < (train ? 200 : 30); ++d) {
       std::vector<uint32_t> ids(24);
-      const int start = d * 13 + silo * 101 + (train ? 0 : 7);
-      for (size_t p = 0; p < ids.size(); ++p) {
-        ids[p] = static_cast<uint32_t>(1 + (start + static_cast<int>(p) * 3) % 60);
+      ids[0] = static_cast<uint32_t>(1 + rng.below(60));
+      for (size_t p = 1; p < ids.size(); ++p) {
+        ids[p] = rng.uniform() < kRandomShare ? static_cast<uint32_t>(1 + rng.below(60))
+                                              : 1 + (ids[p - 1] * 7 + 3) % 60;
       }
       w.add_document(ids);
     }
@@ -67,10 +77,11 @@ SimConfig four_silos(const fs::path& dir, const std::vector<fs::path>& manifests
   m.num_attention_heads = 2, m.num_key_value_heads = 2, m.max_position_embeddings = 64;
   m.validate();
   c.server.tokenizer_fingerprint = "test-tokenizer";
-  c.server.rounds = 4;
-  c.server.local_steps = 6;
+  c.server.rounds = kRounds;
+  c.server.local_steps = kLocalSteps;
   c.server.eval_every = 0;
   c.server.strategy.name = "fedavg";
+  c.server.strategy.min_clients = static_cast<int64_t>(manifests.size());
   for (size_t i = 0; i < manifests.size(); ++i) {
     ClientConfig cc;
     cc.id = "silo-" + std::to_string(i);
@@ -79,7 +90,7 @@ SimConfig four_silos(const fs::path& dir, const std::vector<fs::path>& manifests
     cc.model = m;
     cc.tokenizer_fingerprint = c.server.tokenizer_fingerprint;
     cc.manifests = {manifests[i].string()};
-    cc.train.micro_batch = 4, cc.train.seq = 16, cc.train.lr = 3e-3;
+    cc.train.micro_batch = 4, cc.train.seq = 16, cc.train.lr = kLocalLr;
     cc.train.weight_decay = 0, cc.train.eval_batches = 2;
     c.clients.push_back(cc);
   }
@@ -182,18 +193,23 @@ TEST(Attack, SignFlippedScaledUpdateBreaksTheMeanNotTheRobustRules) {
     return run_with_attacker(cfg, attacker, -10.0f);
   };
   const double clean = run("clean", {}, "");
-  RobustOptions mean, median, trimmed, krum, bounded;
+  RobustOptions mean, median, trimmed, krum, multi_krum, bounded;
   median.aggregation = "median";
   trimmed.aggregation = "trimmed_mean", trimmed.trim_fraction = 0.25;
   // Four clients: Blanchard's n > 2f + 2 allows f = 0 only; its score over the n - 2 nearest
   // still leaves the far-off update out.
   krum.aggregation = "krum", krum.byzantine = 0;
-  bounded.norm_bound = 0.05;
+  multi_krum.aggregation = "multi_krum", multi_krum.byzantine = 0, multi_krum.multi_krum = 3;
+  bounded.norm_bound = kNormBound;
   const double attacked = run("mean", mean, "silo-3");
   EXPECT_TRUE(!std::isfinite(attacked) || attacked > 1.5 * clean)
       << "plain averaging: clean " << clean << ", attacked " << attacked;
-  for (const auto& [name, rule] : std::vector<std::pair<std::string, RobustOptions>>{
-           {"median", median}, {"trimmed", trimmed}, {"krum", krum}, {"bounded", bounded}}) {
+  for (const auto& [name, rule] :
+       std::vector<std::pair<std::string, RobustOptions>>{{"median", median},
+                                                          {"trimmed", trimmed},
+                                                          {"krum", krum},
+                                                          {"multi_krum", multi_krum},
+                                                          {"bounded", bounded}}) {
     const double loss = run(name, rule, "silo-3");
     EXPECT_LT(std::abs(loss - clean), 0.05 * clean)
         << name << ": clean " << clean << ", attacked " << loss;
@@ -207,7 +223,7 @@ TEST(Attack, SignFlippedScaledUpdateBreaksTheMeanNotTheRobustRules) {
   const auto bounded_metrics = read_jsonl(dir / "bounded/server/metrics.jsonl");
   for (const auto& m : bounded_metrics) {
     EXPECT_TRUE(m["clients"]["silo-3"]["clipped"].get<bool>());
-    EXPECT_GT(m["clients"]["silo-3"]["update_norm"].get<double>(), 0.05);
+    EXPECT_GT(m["clients"]["silo-3"]["update_norm"].get<double>(), kNormBound);
   }
   fs::remove_all(dir);
 }
@@ -221,6 +237,7 @@ TEST(Attack, CentralDpReportsEpsilonEachRoundAndStopsAtTheBudget) {
   cfg.server.rounds = 5;
   cfg.server.local_steps = 2;
   cfg.server.strategy.fraction_fit = 0.5;
+  cfg.server.strategy.min_clients = 2;
   cfg.server.privacy = PrivacyOptions{};
   auto& p = cfg.server.privacy;
   p.enabled = true, p.noise_multiplier = 1.0, p.clip = 0.05, p.noise_seed = 1;

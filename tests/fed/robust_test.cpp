@@ -185,6 +185,7 @@ void compare_with_flower(const std::string& flower_name, const RobustOptions& o,
   if (!missing.empty()) GTEST_SKIP() << missing;
   StrategyOptions so;
   so.robust = o;
+  so.min_clients = 5;
   auto s = make_strategy(so);
   Rng rng(11);
   const std::vector<Shape> shapes{{3, 4}, {7}};
