@@ -120,6 +120,9 @@ void add_fed_command(CLI::App& app) {
   privacy->callback([p] {
     POLLEN_CHECK(p->rounds >= 1, "--rounds must be at least 1, got ", p->rounds);
     POLLEN_CHECK(p->every >= 0, "--every must be 0 or more, got ", p->every);
+    POLLEN_CHECK(p->noise >= 0, "--noise-multiplier must be 0 or more, got ", p->noise);
+    POLLEN_CHECK(p->rate > 0 && p->rate <= 1, "--sampling-rate must be in (0, 1], got ", p->rate);
+    POLLEN_CHECK(p->delta > 0 && p->delta < 1, "--delta must be in (0, 1), got ", p->delta);
     fed::PrivacyAccountant accountant;
     std::printf("%-8s %-12s %s\n", "rounds", "epsilon", "best RDP order");
     for (int64_t r = 1; r <= p->rounds; ++r) {

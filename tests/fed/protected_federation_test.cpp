@@ -1,7 +1,8 @@
 // Protected federation in simulation. One of four silos sends its pseudo-gradient sign-flipped
 // and scaled by 10 every round: plain averaging is wrecked by it, while the median, the trimmed
 // mean, Krum and norm bounding keep the validation loss within 5% of the clean run's. Central DP
-// writes epsilon to every round's metrics and stops at the budget.
+// writes epsilon to every round's metrics and stops at the budget; local DP clips and noises
+// on the silo.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -258,5 +259,34 @@ TEST(Attack, CentralDpReportsEpsilonEachRoundAndStopsAtTheBudget) {
   EXPECT_EQ(metrics[3]["status"], "refused");
   EXPECT_NE(metrics[3]["reason"].get<std::string>().find("privacy.epsilon_budget"),
             std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(Attack, LocalDpClipsAndNoisesBeforeTheUpdateLeavesTheSilo) {
+  Quiet quiet;
+  const auto dir = temp_dir("local");
+  std::vector<fs::path> silos;
+  for (int i = 0; i < 2; ++i) silos.push_back(make_silo(dir / ("silo" + std::to_string(i)), i));
+  auto norms = [&](const std::string& name, double noise) {
+    SimConfig cfg = four_silos(dir / name, silos);
+    cfg.server.rounds = 2;
+    cfg.server.local_steps = 2;
+    for (auto& c : cfg.clients) {
+      c.local_dp.enabled = true, c.local_dp.clip = 0.05, c.local_dp.noise_multiplier = noise;
+      c.local_dp.noise_seed = 9;
+    }
+    run_simulation(cfg, false);
+    std::vector<double> out;
+    for (const auto& m : read_jsonl(cfg.server.dir / "metrics.jsonl")) {
+      for (const auto& [id, c] : m["clients"].items()) out.push_back(c["update_norm"]);
+    }
+    return out;
+  };
+  // What the server receives is clipped to 0.05 on the silo (float32 rounding aside) ...
+  for (double n : norms("clip", 0.0)) EXPECT_NEAR(n, 0.05, 1e-6);
+  // ... and with noise multiplier 1 it carries N(0, 0.05^2) per value: norm ~ 0.05 sqrt(P).
+  const double p = 64 * 32 * 2 + 2 * (4 * 32 * 32 + 3 * 32 * 64 + 2 * 32) + 32;
+  for (double n : norms("noise", 1.0))
+    EXPECT_NEAR(n, 0.05 * std::sqrt(p), 0.05 * 0.05 * std::sqrt(p));
   fs::remove_all(dir);
 }
