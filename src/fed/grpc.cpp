@@ -118,7 +118,7 @@ class FederationService final : public pb::Federation::Service {
   grpc::Status SecAgg(grpc::ServerContext* ctx, const pb::SecAggRequest* r,
                       pb::SecAggReply* reply) override {
     return handle(ctx, "secure aggregation",
-                  [&](const std::string& peer) { *reply = c_.secagg(*r, peer); });
+                  [&](const std::string& peer) { *reply = training().secagg(*r, peer); });
   }
 
  private:
