@@ -109,6 +109,7 @@ class HostileTransport : public Transport {
             const std::function<void(const pb::TensorStream&)>& on_message) override {
     inner_.pull(r, on_message);
   }
+  pb::SecAggReply secagg(const pb::SecAggRequest& r) override { return inner_.secagg(r); }
   pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override {
     std::vector<pb::TensorStream> msgs;
     for (pb::TensorStream m; next(m); m.Clear()) msgs.push_back(m);
