@@ -1,10 +1,11 @@
-// `pollen fed server | client | simulate | certs | tokenizer | counts`: federated training across
-// silos (docs/federated.md). Parsing and wiring only.
+// `pollen fed server | client | simulate | privacy | certs | tokenizer | counts`: federated
+// training across silos (docs/federated.md). Parsing and wiring only.
 #include <cstdio>
 
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
+#include "fed/accountant.h"
 #include "fed/config.h"
 #include "fed/grpc.h"
 #include "fed/run.h"
@@ -101,6 +102,37 @@ void add_fed_command(CLI::App& app) {
         c->tls.ca.empty() == c->tls.cert.empty() && c->tls.ca.empty() == c->tls.key.empty(),
         "fed counts: give all of --ca, --cert and --key, or none");
     std::printf("fingerprint %s\n", fed::run_counts_client(*c).c_str());
+  });
+
+  struct PrivacyOpts {
+    double noise = 0, rate = 0, delta = 1e-5;
+    int64_t rounds = 0, every = 0;
+  };
+  auto p = std::make_shared<PrivacyOpts>();
+  auto* privacy = fed->add_subcommand(
+      "privacy", "Epsilon of central DP after some rounds, for planning (RDP accountant)");
+  privacy->add_option("--noise-multiplier", p->noise, "z: noise std / clip norm")->required();
+  privacy->add_option("--sampling-rate", p->rate, "q: share of the clients selected per round")
+      ->required();
+  privacy->add_option("--rounds", p->rounds, "Rounds")->required();
+  privacy->add_option("--delta", p->delta, "delta")->capture_default_str();
+  privacy->add_option("--every", p->every, "Also print epsilon every this many rounds");
+  privacy->callback([p] {
+    POLLEN_CHECK(p->rounds >= 1, "--rounds must be at least 1, got ", p->rounds);
+    POLLEN_CHECK(p->every >= 0, "--every must be 0 or more, got ", p->every);
+    POLLEN_CHECK(p->noise >= 0, "--noise-multiplier must be 0 or more, got ", p->noise);
+    POLLEN_CHECK(p->rate > 0 && p->rate <= 1, "--sampling-rate must be in (0, 1], got ", p->rate);
+    POLLEN_CHECK(p->delta > 0 && p->delta < 1, "--delta must be in (0, 1), got ", p->delta);
+    fed::PrivacyAccountant accountant;
+    std::printf("%-8s %-12s %s\n", "rounds", "epsilon", "best RDP order");
+    for (int64_t r = 1; r <= p->rounds; ++r) {
+      accountant.add(p->rate, p->noise);
+      if (r == p->rounds || (p->every > 0 && r % p->every == 0)) {
+        const auto e = accountant.epsilon(p->delta);
+        std::printf("%-8lld %-12.6g %g\n", static_cast<long long>(r), e.epsilon, e.order);
+      }
+    }
+    std::printf("noise multiplier %g, sampling rate %g, delta %g\n", p->noise, p->rate, p->delta);
   });
 
   auto* certs = fed->add_subcommand(

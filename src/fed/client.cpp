@@ -182,6 +182,7 @@ double LocalTrainer::evaluate(int64_t* tokens) {
 Client::Client(ClientConfig config, Transport& transport)
     : config_(std::move(config)), transport_(transport), trainer_(config_) {
   specs_ = param_specs(trainer_.model());
+  if (config_.local_dp.enabled) local_dp_ = std::make_unique<LocalDp>(config_.local_dp);
   if (!config_.state_dir.empty()) {
     last_round_ = load_client_state(config_.state_dir, config_.id, trainer_, specs_, feedback_);
   }
@@ -322,6 +323,13 @@ void Client::train_round(const pb::TaskReply& task) {
     float* o = d.data<float>();
     for (int64_t j = 0; j < d.numel(); ++j) o[j] = g[j] - l[j];
     delta.push_back(std::move(d));
+  }
+  if (local_dp_) {
+    const bool clipped = local_dp_->apply(delta, static_cast<uint64_t>(task.round()));
+    const Epsilon e = local_dp_->epsilon();
+    log::info("fed client '", config_.id, "': local DP", clipped ? " (update clipped)" : "",
+              ": epsilon ", e.epsilon, " at delta ", config_.local_dp.delta, " after ",
+              task.round(), " rounds");
   }
   const Weights saved_residual = clone_weights(feedback_.residual());
   EncodedSet enc = task.secure_aggregation()

@@ -120,6 +120,7 @@ class Client {
   LocalTrainer trainer_;
   ParamSpecs specs_;
   ErrorFeedback feedback_;
+  std::unique_ptr<LocalDp> local_dp_;  // [local_dp]: clip and noise before anything leaves
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
   std::unique_ptr<secagg::ClientSession> secagg_;  // the current round's
   int64_t last_round_ = 0;

@@ -132,6 +132,22 @@ ServerConfig read_server_config(ConfigTable& root) {
                  "compression.codec must be none (it is '",
                  codec_name(c.compression.codec), "')");
   }
+  if (auto p = root.table("privacy")) {
+    c.privacy = read_privacy_options(*p);
+    p->finish();
+    POLLEN_CHECK(c.strategy.robust.aggregation == "mean" && c.strategy.robust.norm_bound == 0,
+                 root.where("privacy"),
+                 ": central DP clips and averages updates itself; it "
+                 "needs strategy.aggregation = 'mean' and no strategy.norm_bound");
+    POLLEN_CHECK(!c.secure_aggregation.enabled, root.where("privacy"),
+                 ": central DP clips each update on the server, which secure aggregation hides "
+                 "from it; use [local_dp] on the clients instead");
+  }
+  POLLEN_CHECK(!c.secure_aggregation.enabled ||
+                   (c.strategy.robust.aggregation == "mean" && c.strategy.robust.norm_bound == 0),
+               root.where("secure_aggregation"),
+               ": the server learns only the sum, so strategy.aggregation must be 'mean' and "
+               "strategy.norm_bound 0 (robust rules need the single updates)");
   c.tls = read_tls(root, true);
   return c;
 }
@@ -164,6 +180,7 @@ ClientConfig load_client_config(const std::filesystem::path& path) {
   POLLEN_CHECK(!c.manifests.empty(), d->where("manifests"), ": at least one manifest is required");
   d->finish();
   if (auto tr = root.table("train")) c.train = read_local_train(*tr);
+  if (auto l = root.table("local_dp")) c.local_dp = read_local_dp_options(*l);
   c.model = read_model(root, path);
   c.tokenizer_fingerprint = read_tokenizer(root);
   c.tls = read_tls(root, false);
@@ -177,6 +194,8 @@ SimConfig load_sim_config(const std::filesystem::path& path) {
   c.server = read_server_config(root);
   LocalTrainConfig train;
   if (auto tr = root.table("train")) train = read_local_train(*tr);
+  LocalDpOptions local_dp;
+  if (auto l = root.table("local_dp")) local_dp = read_local_dp_options(*l);
   auto sim = root.table("sim");
   POLLEN_CHECK(sim.has_value(), root.where("sim"), ": a [sim] table is required");
   const auto ids = sim->get_strings("clients");
@@ -199,6 +218,9 @@ SimConfig load_sim_config(const std::filesystem::path& path) {
     cc.tokenizer_fingerprint = c.server.tokenizer_fingerprint;
     cc.manifests = {manifests[i]};
     cc.train = train;
+    cc.local_dp = local_dp;
+    if (local_dp.noise_seed >= 0)
+      cc.local_dp.noise_seed = local_dp.noise_seed + static_cast<int64_t>(i);
     c.clients.push_back(cc);
   }
   root.finish();

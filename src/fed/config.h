@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fed/compress.h"
+#include "fed/privacy.h"
 #include "fed/secagg/options.h"
 #include "fed/strategy.h"
 #include "model/config.h"
@@ -45,6 +46,7 @@ struct ServerConfig {
   CompressOptions compression;       // what clients send
   Codec server_codec = Codec::none;  // what the server sends (the round's model), same block
   secagg::Options secure_aggregation;
+  PrivacyOptions privacy;  // central DP ([privacy]); off unless the table is given
   TlsFiles tls;
 };
 
@@ -69,6 +71,7 @@ struct ClientConfig {
   std::vector<std::string> manifests;
   double connect_timeout_s = 60;
   LocalTrainConfig train;
+  LocalDpOptions local_dp;  // [local_dp]; off unless the table is given
   TlsFiles tls;
   // Where the client keeps its local state between rounds and resumes it after a restart
   // (empty: in memory only).

@@ -18,6 +18,7 @@ using Clock = std::chrono::steady_clock;
 
 Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(config)) {
   strategy_ = make_strategy(config_.strategy);
+  if (config_.privacy.enabled) dp_ = std::make_unique<CentralDp>(config_.privacy);
   model_json_ = model_config_json(config_.model);
   {
     model::Llama m(config_.model, config_.seed);
@@ -94,6 +95,11 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
   if (fs::exists(dir / "strategy.safetensors")) {
     strategy_->load_state(io::read_safetensors(dir / "strategy.safetensors").tensors);
   }
+  if (dp_) {
+    POLLEN_CHECK(state.contains("privacy"), "fed server: checkpoint ", dir.string(),
+                 " was written without [privacy]; its rounds were not accounted for");
+    dp_->load_state(state.at("privacy"));
+  }
   done_ = state.at("round").get<int64_t>();
   lineage_ = state.at("lineage");
 }
@@ -118,6 +124,7 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
                                {"tensorboard_file", tensorboard_.file().path().filename().string()},
                                {"tensorboard_bytes", tensorboard_.file().position()},
                                {"lineage", lineage_}};
+  if (dp_) state["privacy"] = dp_->state();
   w.add_text("state.json", state.dump(1));
   w.commit();
   io::apply_retention(config_.dir / "checkpoints", config_.keep_checkpoints);
@@ -292,6 +299,19 @@ bool Coordinator::begin_round() {
   const int64_t round = done_ + 1;
   Rng rng = Rng(config_.seed).fork(static_cast<uint64_t>(round * 1000 + retries_));
   const auto chosen = strategy_->configure_round(round, alive, rng);
+  if (dp_) {
+    const std::string why = dp_->refuse_round(round, static_cast<int64_t>(chosen.size()),
+                                              static_cast<int64_t>(alive.size()));
+    if (!why.empty()) {
+      log::error("fed server: ", why);
+      metrics_.write({{"round", round}, {"status", "refused"}, {"reason", why}});
+      metrics_.file().flush();
+      finished_ = true;
+      changed_.notify_all();
+      return false;
+    }
+  }
+  round_available_ = static_cast<int64_t>(alive.size());
   selected_ = {chosen.begin(), chosen.end()};
   pulled_.clear();
   updates_.clear();
@@ -464,12 +484,20 @@ RoundSummary Coordinator::end_round() {
   selected_.clear();
   round_model_.reset();
   std::string secure_error;
+  AggregationReport report;
   if (secagg_) {
     s.aggregated = aggregate_secure(s.round, s.tokens, ups.size(), &secure_error);
     secagg_.reset();  // nothing of the round's masked inputs outlives it
   } else {
     s.aggregated = static_cast<int64_t>(ups.size()) >= config_.strategy.min_clients;
-    if (s.aggregated) strategy_->aggregate(s.round, global_, ups);
+    if (s.aggregated && dp_) {
+      const auto selected = static_cast<int64_t>(s.selected.size());
+      strategy_->aggregate_mean(
+          s.round, global_,
+          dp_->aggregate(s.round, global_, ups, selected, round_available_, &report));
+    } else if (s.aggregated) {
+      strategy_->aggregate(s.round, global_, ups, &report);
+    }
   }
   if (s.aggregated) {
     s.train_loss = loss_sum / static_cast<double>(s.tokens);
@@ -505,6 +533,21 @@ RoundSummary Coordinator::end_round() {
   }
   if (s.aggregated) m["train_loss"] = s.train_loss;
   if (!evals.empty()) m["eval_loss"] = s.eval_loss;
+  if (s.aggregated) {
+    m["aggregation"] = dp_                                  ? "dp_mean"
+                       : config_.secure_aggregation.enabled ? "secure_mean"
+                                                            : config_.strategy.robust.aggregation;
+    m["clipped"] = report.clipped();
+    m["rejected"] = report.rejected();
+    if (dp_) m["privacy"] = report.extra;
+    for (const auto& [id, r] : report.clients) {
+      auto& c = clients[id];
+      c["update_norm"] = r.norm;
+      c["clipped"] = r.clipped;
+      c["rejected"] = r.rejected;
+      if (r.trimmed >= 0) c["trimmed"] = r.trimmed;
+    }
+  }
   m["clients"] = clients;
   metrics_.write(m);
   record_status(s);

@@ -124,6 +124,7 @@ class Coordinator {
 
   ServerConfig config_;
   std::unique_ptr<Strategy> strategy_;
+  std::unique_ptr<CentralDp> dp_;  // central DP when [privacy] is given
   ParamSpecs specs_;
   std::string model_json_;
   Weights global_;
@@ -137,6 +138,7 @@ class Coordinator {
   bool finished_ = false;
   std::atomic<bool> stop_{false};
   std::set<std::string> selected_, pulled_;
+  int64_t round_available_ = 0;  // clients alive when the round opened (DP's sampling rate)
   std::map<std::string, Update> updates_;
   std::shared_ptr<const EncodedSet> round_model_;
   uint64_t bytes_sent_ = 0;

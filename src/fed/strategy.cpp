@@ -203,6 +203,7 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o) {
   POLLEN_CHECK(o.fraction_fit > 0 && o.fraction_fit <= 1,
                "strategy.fraction_fit must be in (0, 1], got ", o.fraction_fit);
   POLLEN_CHECK(o.min_clients >= 1, "strategy.min_clients must be at least 1, got ", o.min_clients);
+  validate(o.robust, o.min_clients);
   if (o.name == "fedavg") return std::make_unique<FedAvg>(o);
   if (o.name == "fedavgm") return std::make_unique<Momentum>(o, false);
   if (o.name == "diloco") return std::make_unique<Momentum>(o, true);
@@ -224,6 +225,11 @@ StrategyOptions read_strategy_options(ConfigTable& t) {
   o.tau = t.get_double("tau", o.tau);
   o.fraction_fit = t.get_double("fraction_fit", o.fraction_fit);
   o.min_clients = t.get_int("min_clients", o.min_clients);
+  o.robust.aggregation = t.get_string("aggregation", o.robust.aggregation);
+  o.robust.norm_bound = t.get_double("norm_bound", o.robust.norm_bound);
+  o.robust.trim_fraction = t.get_double("trim_fraction", o.robust.trim_fraction);
+  o.robust.byzantine = t.get_int("byzantine", o.robust.byzantine);
+  o.robust.multi_krum = t.get_int("multi_krum", o.robust.multi_krum);
   make_strategy(o);  // validates the name and ranges now, naming the keys
   return o;
 }
@@ -248,43 +254,12 @@ std::vector<std::string> Strategy::configure_round(int64_t round,
 }
 
 Weights Strategy::weighted_delta(const Weights& like, const std::vector<ClientUpdate>& updates) {
-  POLLEN_CHECK(!updates.empty(), "aggregate: no client updates");
-  std::vector<const ClientUpdate*> order;
-  double total = 0;
-  for (const auto& u : updates) {
-    POLLEN_CHECK(u.tokens > 0, "aggregate: client '", u.client_id, "' reports ", u.tokens,
-                 " tokens trained; an update needs at least one");
-    check_same_layout(like, u.delta, cat("update of client '", u.client_id, "'"));
-    order.push_back(&u);
-    total += static_cast<double>(u.tokens);
-  }
-  std::sort(order.begin(), order.end(), [](const ClientUpdate* a, const ClientUpdate* b) {
-    return a->client_id < b->client_id;
-  });
-  Weights out = zeros_like(like);
-  std::vector<double> acc;
-  for (size_t i = 0; i < like.size(); ++i) {
-    const int64_t n = like[i].numel();
-    acc.assign(static_cast<size_t>(n), 0.0);
-    for (const ClientUpdate* u : order) {
-      const double w = static_cast<double>(u->tokens) / total;
-      const float* d = u->delta[i].data<float>();
-      for (int64_t j = 0; j < n; ++j) acc[static_cast<size_t>(j)] += w * d[j];
-    }
-    float* o = out[i].data<float>();
-    for (int64_t j = 0; j < n; ++j) o[j] = static_cast<float>(acc[static_cast<size_t>(j)]);
-  }
-  return out;
+  return robust_aggregate(RobustOptions{}, like, updates, nullptr);
 }
 
-void Strategy::aggregate(int64_t round, Weights& global, const std::vector<ClientUpdate>& updates) {
-  POLLEN_CHECK(round >= 1, "aggregate: rounds count from 1, got ", round);
-  for (const Tensor& t : global) {
-    POLLEN_CHECK(t.dtype() == DType::f32 && t.is_contiguous(),
-                 "aggregate: the global model must be contiguous float32");
-  }
-  const Weights delta = weighted_delta(global, updates);
-  apply(round, global, delta);
+void Strategy::aggregate(int64_t round, Weights& global, const std::vector<ClientUpdate>& updates,
+                         AggregationReport* report) {
+  aggregate_mean(round, global, robust_aggregate(options_.robust, global, updates, report));
 }
 
 void Strategy::aggregate_mean(int64_t round, Weights& global, const Weights& mean_delta) {

@@ -21,6 +21,10 @@
 //
 // The FedOpt family (Reddi et al. 2021) follows Flower's implementations exactly, round number
 // t counted from 1; arithmetic is in double per element, state and weights stored as float32.
+//
+// The token-weighted mean is the default aggregation; [strategy] aggregation picks a robust rule
+// instead (fed/robust.h), and central differential privacy (fed/privacy.h) replaces it with a
+// clipped, noised mean that the coordinator hands to aggregate_mean().
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -29,6 +33,7 @@
 #include <vector>
 
 #include "base/rng.h"
+#include "fed/robust.h"
 #include "tensor/tensor.h"
 
 namespace pollen {
@@ -65,6 +70,7 @@ struct StrategyOptions {
   // drawn by the server's seeded generator; 1 takes every available client.
   double fraction_fit = 1.0;
   int64_t min_clients = 1;
+  RobustOptions robust;  // aggregation, norm_bound, trim_fraction, byzantine, multi_krum
 };
 
 // Reads the [strategy] table (every key documented in docs/federated.md).
@@ -79,17 +85,19 @@ class Strategy {
   std::vector<std::string> configure_round(int64_t round, const std::vector<std::string>& available,
                                            Rng& rng) const;
 
-  // Applies one round's updates to `global` in place. Updates with zero tokens are refused.
-  void aggregate(int64_t round, Weights& global, const std::vector<ClientUpdate>& updates);
-  // Applies a token-weighted mean pseudo-gradient computed elsewhere (secure aggregation, which
-  // never holds the single updates).
+  // Applies one round's updates to `global` in place, combined by options().robust. Updates with
+  // zero tokens are refused. Fills *report (per client norm, clipped, rejected) when given.
+  void aggregate(int64_t round, Weights& global, const std::vector<ClientUpdate>& updates,
+                 AggregationReport* report = nullptr);
+  // Applies a mean pseudo-gradient computed elsewhere (secure aggregation, which never holds the
+  // single updates; central DP's noised mean).
   void aggregate_mean(int64_t round, Weights& global, const Weights& mean_delta);
-
-  // The token-weighted mean loss of the clients' evaluations (federated evaluation).
-  static ClientEval aggregate_evaluate(const std::vector<ClientEval>& evals);
 
   // The token-weighted mean pseudo-gradient, summed in client-id order.
   static Weights weighted_delta(const Weights& like, const std::vector<ClientUpdate>& updates);
+
+  // The token-weighted mean loss of the clients' evaluations (federated evaluation).
+  static ClientEval aggregate_evaluate(const std::vector<ClientEval>& evals);
 
   // Outer optimizer state (momentum, second moments), for server checkpoints.
   virtual std::vector<std::pair<std::string, Tensor>> state() const { return {}; }

@@ -38,6 +38,13 @@ def main():
                        beta_2=o["beta2"], tau=o["tau"], **common)
     elif name == "fedadagrad":
         s = fs.FedAdagrad(initial_parameters=init_params, eta=o["lr"], tau=o["tau"], **common)
+    elif name == "fedmedian":
+        s = fs.FedMedian(initial_parameters=init_params, **common)
+    elif name == "fedtrimmedavg":
+        s = fs.FedTrimmedAvg(initial_parameters=init_params, beta=o["beta"], **common)
+    elif name == "krum":
+        s = fs.Krum(initial_parameters=init_params, num_malicious_clients=o["num_malicious"],
+                    num_clients_to_keep=o["to_keep"], **common)
     else:
         raise SystemExit(f"no Flower strategy {name}")
     out = []

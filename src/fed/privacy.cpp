@@ -1,0 +1,216 @@
+#include "fed/privacy.h"
+
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/config.h"
+#include "base/rng.h"
+
+namespace pollen::fed {
+
+PrivacyOptions read_privacy_options(ConfigTable& t) {
+  PrivacyOptions o;
+  o.enabled = true;
+  o.noise_multiplier = t.require_double("noise_multiplier");
+  o.clip = t.require_double("clip");
+  o.adaptive_clip = t.get_bool("adaptive_clip", o.adaptive_clip);
+  o.target_quantile = t.get_double("target_quantile", o.target_quantile);
+  o.clip_lr = t.get_double("clip_lr", o.clip_lr);
+  o.clipped_count_stddev = t.get_double("clipped_count_stddev", o.clipped_count_stddev);
+  o.weighting = t.get_string("weighting", o.weighting);
+  o.token_cap = t.get_int("token_cap", o.token_cap);
+  o.delta = t.get_double("delta", o.delta);
+  o.epsilon_budget = t.get_double("epsilon_budget", o.epsilon_budget);
+  o.noise_seed = t.get_int("noise_seed", o.noise_seed);
+  POLLEN_CHECK(std::isfinite(o.noise_multiplier) && o.noise_multiplier >= 0,
+               t.where("noise_multiplier"), ": must be 0 or more, got ", o.noise_multiplier);
+  POLLEN_CHECK(std::isfinite(o.clip) && o.clip > 0, t.where("clip"), ": must be positive, got ",
+               o.clip);
+  POLLEN_CHECK(o.target_quantile >= 0 && o.target_quantile <= 1, t.where("target_quantile"),
+               ": must be in [0, 1], got ", o.target_quantile);
+  POLLEN_CHECK(o.clip_lr >= 0, t.where("clip_lr"), ": must be 0 or more, got ", o.clip_lr);
+  POLLEN_CHECK(o.clipped_count_stddev == -1 || o.clipped_count_stddev > 0,
+               t.where("clipped_count_stddev"), ": must be positive (or -1: m / 20), got ",
+               o.clipped_count_stddev);
+  POLLEN_CHECK(o.weighting == "uniform" || o.weighting == "capped_tokens", t.where("weighting"),
+               ": expected 'uniform' or 'capped_tokens', got '", o.weighting, "'");
+  POLLEN_CHECK(o.weighting != "capped_tokens" || o.token_cap > 0, t.where("token_cap"),
+               ": weighting 'capped_tokens' needs a positive token_cap");
+  POLLEN_CHECK(o.delta > 0 && o.delta < 1, t.where("delta"), ": must be in (0, 1), got ", o.delta);
+  POLLEN_CHECK(o.epsilon_budget >= 0, t.where("epsilon_budget"),
+               ": must be 0 (no budget) or positive, got ", o.epsilon_budget);
+  return o;
+}
+
+LocalDpOptions read_local_dp_options(ConfigTable& t) {
+  LocalDpOptions o;
+  o.enabled = true;
+  o.clip = t.require_double("clip");
+  o.noise_multiplier = t.require_double("noise_multiplier");
+  o.delta = t.get_double("delta", o.delta);
+  o.noise_seed = t.get_int("noise_seed", o.noise_seed);
+  POLLEN_CHECK(std::isfinite(o.clip) && o.clip > 0, t.where("clip"), ": must be positive, got ",
+               o.clip);
+  POLLEN_CHECK(std::isfinite(o.noise_multiplier) && o.noise_multiplier >= 0,
+               t.where("noise_multiplier"), ": must be 0 or more, got ", o.noise_multiplier);
+  POLLEN_CHECK(o.delta > 0 && o.delta < 1, t.where("delta"), ": must be in (0, 1), got ", o.delta);
+  t.finish();
+  return o;
+}
+
+namespace {
+
+Rng noise_rng(int64_t seed, uint64_t stream) {
+  if (seed >= 0) return Rng(static_cast<uint64_t>(seed)).fork(stream);
+  uint64_t key = 0;
+  POLLEN_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(&key), sizeof key) == 1,
+               "privacy: the OS's random generator (OpenSSL RAND_bytes) failed");
+  return Rng(key);
+}
+
+}  // namespace
+
+void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream) {
+  if (std == 0) return;
+  Rng rng = noise_rng(seed, stream);
+  for (Tensor& t : w) {
+    float* p = t.data<float>();
+    for (int64_t j = 0; j < t.numel(); ++j) p[j] = static_cast<float>(p[j] + std * rng.normal());
+  }
+}
+
+CentralDp::CentralDp(PrivacyOptions options) : options_(std::move(options)) {
+  clip_ = options_.clip;
+}
+
+double CentralDp::count_stddev(int64_t selected) const {
+  return options_.clipped_count_stddev > 0 ? options_.clipped_count_stddev
+                                           : static_cast<double>(selected) / 20.0;
+}
+
+double CentralDp::sum_noise_multiplier(int64_t selected) const {
+  const double z = options_.noise_multiplier;
+  if (!options_.adaptive_clip || z == 0) return z;
+  const double sb = count_stddev(selected);
+  return std::pow(std::pow(z, -2) - std::pow(2 * sb, -2), -0.5);
+}
+
+std::string CentralDp::refuse_round(int64_t round, int64_t selected, int64_t available) const {
+  const double q = static_cast<double>(selected) / static_cast<double>(available);
+  if (options_.adaptive_clip && options_.noise_multiplier > 0) {
+    const double sb = count_stddev(selected);
+    if (options_.noise_multiplier >= 2 * sb) {
+      return cat("privacy: adaptive clipping with noise_multiplier ", options_.noise_multiplier,
+                 " needs clipped_count_stddev above ", options_.noise_multiplier / 2, " (it is ",
+                 sb, " for ", selected,
+                 " clients); raise privacy.clipped_count_stddev or turn adaptive_clip off");
+    }
+  }
+  if (options_.epsilon_budget > 0) {
+    const Epsilon now = epsilon();
+    const Epsilon next = accountant_.after(q, options_.noise_multiplier).epsilon(options_.delta);
+    if (next.epsilon > options_.epsilon_budget) {
+      return cat("privacy budget: round ", round, " (sampling rate ", q, ", noise multiplier ",
+                 options_.noise_multiplier, ") would take epsilon from ", now.epsilon, " to ",
+                 next.epsilon, " at delta ", options_.delta,
+                 ", past privacy.epsilon_budget = ", options_.epsilon_budget,
+                 "; the run stops after ", accountant_.steps(), " private rounds");
+    }
+  }
+  return {};
+}
+
+Weights CentralDp::aggregate(int64_t round, const Weights& like,
+                             const std::vector<ClientUpdate>& updates, int64_t selected,
+                             int64_t available, AggregationReport* report) {
+  POLLEN_CHECK(!updates.empty(), "aggregate: no client updates");
+  POLLEN_CHECK(selected >= static_cast<int64_t>(updates.size()) && available >= selected,
+               "privacy: ", updates.size(), " updates from ", selected, " selected of ", available,
+               " clients");
+  const std::string why = refuse_round(round, selected, available);
+  POLLEN_CHECK(why.empty(), why);
+  std::vector<const ClientUpdate*> order;
+  for (const auto& u : updates) {
+    check_client_update(like, u);
+    order.push_back(&u);
+  }
+  std::sort(order.begin(), order.end(), [](const ClientUpdate* a, const ClientUpdate* b) {
+    return a->client_id < b->client_id;
+  });
+  AggregationReport local;
+  AggregationReport& r = report ? *report : local;
+  // Clipped copies, weighted: sum_i w_i clip(delta_i, C) in client-id order.
+  std::vector<Weights> clipped;
+  clipped.reserve(order.size());
+  std::vector<const Weights*> deltas;
+  std::vector<double> weights;
+  int64_t unclipped = 0;
+  for (const ClientUpdate* u : order) {
+    clipped.push_back(clone_weights(u->delta));
+    UpdateReport ur;
+    ur.norm = l2_norm(clipped.back());
+    ur.clipped = clip_to_norm(clipped.back(), ur.norm, clip_);
+    if (!ur.clipped) ++unclipped;
+    r.clients[u->client_id] = ur;
+    deltas.push_back(&clipped.back());
+    weights.push_back(options_.weighting == "uniform"
+                          ? 1.0
+                          : std::min(1.0, static_cast<double>(u->tokens) /
+                                              static_cast<double>(options_.token_cap)));
+  }
+  Weights delta = weighted_sum(like, deltas, weights);
+  clipped.clear();
+  // Noise on the sum, then the fixed denominator m.
+  const double m = static_cast<double>(selected);
+  const double z_sum = sum_noise_multiplier(selected);
+  const auto seed_stream = static_cast<uint64_t>(round) * 2;
+  add_gaussian_noise(delta, z_sum * clip_, options_.noise_seed, seed_stream);
+  for (Tensor& t : delta) {
+    float* p = t.data<float>();
+    for (int64_t j = 0; j < t.numel(); ++j) p[j] = static_cast<float>(p[j] / m);
+  }
+  const double q = static_cast<double>(selected) / static_cast<double>(available);
+  const double used_clip = clip_;
+  double noised_fraction = -1;
+  if (options_.adaptive_clip) {
+    Weights count{Tensor::from<float>({1}, {static_cast<float>(unclipped)})};
+    add_gaussian_noise(count, count_stddev(selected), options_.noise_seed, seed_stream + 1);
+    noised_fraction = count[0].data<float>()[0] / m;
+    clip_ *= std::exp(-options_.clip_lr * (noised_fraction - options_.target_quantile));
+  }
+  accountant_.add(q, options_.noise_multiplier);
+  const Epsilon e = epsilon();
+  r.extra["epsilon"] = e.epsilon;
+  r.extra["delta"] = options_.delta;
+  r.extra["rdp_order"] = e.order;
+  r.extra["noise_multiplier"] = options_.noise_multiplier;
+  r.extra["sum_noise_multiplier"] = z_sum;
+  r.extra["sampling_rate"] = q;
+  r.extra["clip"] = used_clip;
+  if (options_.adaptive_clip) {
+    r.extra["noised_unclipped_fraction"] = noised_fraction;
+    r.extra["next_clip"] = clip_;
+  }
+  r.extra["private_rounds"] = accountant_.steps();
+  return delta;
+}
+
+nlohmann::json CentralDp::state() const {
+  return {{"clip", clip_}, {"rdp", accountant_.rdp()}, {"steps", accountant_.steps()}};
+}
+
+void CentralDp::load_state(const nlohmann::json& s) {
+  clip_ = s.at("clip").get<double>();
+  accountant_.restore(s.at("rdp").get<std::vector<double>>(), s.at("steps").get<int64_t>());
+}
+
+bool LocalDp::apply(Weights& delta, uint64_t round) {
+  const bool clipped = clip_to_norm(delta, l2_norm(delta), options_.clip);
+  add_gaussian_noise(delta, options_.noise_multiplier * options_.clip, options_.noise_seed, round);
+  accountant_.add(1.0, options_.noise_multiplier);
+  return clipped;
+}
+
+}  // namespace pollen::fed

@@ -1,0 +1,120 @@
+#pragma once
+// Differential privacy of the federation, at the level of whole clients (a silo's entire data is
+// the unit protected).
+//
+// Central DP (`[privacy]` of the server): the server clips every update to an L2 norm C, sums
+// them in client-id order with weight w_i <= 1, adds Gaussian noise N(0, (z C)^2 I) to the sum
+// and divides by the number m of clients selected for the round (a fixed denominator that does
+// not depend on the data, as DP-FedAvg does: McMahan et al. 2018):
+//
+//   Delta = (sum_i w_i clip(delta_i, C) + N(0, (z_Delta C)^2 I)) / m
+//
+// w_i = 1 (uniform) or min(1, t_i / token_cap) (capped tokens): unbounded token weights would
+// let one client's influence, and so the sensitivity, grow without limit. With adaptive clipping
+// (Andrew et al. 2021) C follows the target quantile gamma of the update norms:
+//   b = (sum_i [|delta_i| <= C] + N(0, sigma_b^2)) / m,   C <- C exp(-eta_C (b - gamma)),
+// and the sum's noise is z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), so that the two releases
+// together cost what one Gaussian mechanism of multiplier z does. The accountant
+// (fed/accountant.h) composes one sampled Gaussian release of multiplier z per round, with the
+// round's sampling rate q = selected / available clients; a round that would take epsilon past
+// the budget is not started.
+//
+// Local DP (`[local_dp]` of a client): the client clips its own update to C and adds
+// N(0, (z C)^2 I) before it leaves the silo, trusting nobody; it logs its own epsilon (one
+// Gaussian release per round it takes part in, no sampling).
+//
+// The noise comes from Philox keyed by 64 bits of the operating system's CSPRNG (OpenSSL
+// RAND_bytes) for every release, unless noise_seed is set: then it is repeatable, for tests,
+// and offers no privacy to anyone who knows the seed.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fed/accountant.h"
+#include "fed/robust.h"
+#include "fed/strategy.h"
+
+namespace pollen {
+class ConfigTable;
+}
+
+namespace pollen::fed {
+
+struct PrivacyOptions {
+  bool enabled = false;         // a [privacy] table was given
+  double noise_multiplier = 0;  // z
+  double clip = 0;              // C, the initial C when adaptive
+  bool adaptive_clip = false;
+  double target_quantile = 0.5;       // gamma
+  double clip_lr = 0.2;               // eta_C
+  double clipped_count_stddev = -1;   // sigma_b; -1: m / 20 (Andrew et al.)
+  std::string weighting = "uniform";  // uniform | capped_tokens
+  int64_t token_cap = 0;              // capped_tokens: tokens that give the full weight 1
+  double delta = 1e-5;
+  double epsilon_budget = 0;  // 0: no budget
+  int64_t noise_seed = -1;    // -1: the OS's CSPRNG
+};
+
+// Reads the [privacy] table (docs/federated.md).
+PrivacyOptions read_privacy_options(ConfigTable& table);
+
+struct LocalDpOptions {
+  bool enabled = false;  // a [local_dp] table was given
+  double clip = 0;
+  double noise_multiplier = 0;
+  double delta = 1e-5;
+  int64_t noise_seed = -1;
+};
+
+LocalDpOptions read_local_dp_options(ConfigTable& table);
+
+// Adds N(0, std^2) to every element of w; `seed` < 0 draws the key from the OS's CSPRNG, else
+// the stream is Philox(seed, stream).
+void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream);
+
+// The server's central DP: clipping, noise, the clip norm's adaptation and the accountant.
+class CentralDp {
+ public:
+  explicit CentralDp(PrivacyOptions options);
+
+  // Before round `round` with `selected` of `available` clients: empty when it may start, else
+  // why not (the budget would be passed, or adaptive clipping cannot afford its count noise).
+  std::string refuse_round(int64_t round, int64_t selected, int64_t available) const;
+
+  // The round's noised mean pseudo-gradient; accounts for the release and adapts C. `selected`
+  // is the fixed denominator m. Fills report->clients (norm, clipped) and report->extra.
+  Weights aggregate(int64_t round, const Weights& like, const std::vector<ClientUpdate>& updates,
+                    int64_t selected, int64_t available, AggregationReport* report);
+
+  Epsilon epsilon() const { return accountant_.epsilon(options_.delta); }
+  double clip() const { return clip_; }
+  const PrivacyOptions& options() const { return options_; }
+
+  nlohmann::json state() const;  // clip norm and accountant, for server checkpoints
+  void load_state(const nlohmann::json& state);
+
+ private:
+  double count_stddev(int64_t selected) const;
+  double sum_noise_multiplier(int64_t selected) const;
+
+  PrivacyOptions options_;
+  double clip_;
+  PrivacyAccountant accountant_;
+};
+
+// A client's local DP.
+class LocalDp {
+ public:
+  explicit LocalDp(LocalDpOptions options) : options_(std::move(options)) {}
+  // Clips and noises the update in place, accounts for it; returns whether it was clipped.
+  bool apply(Weights& delta, uint64_t round);
+  Epsilon epsilon() const { return accountant_.epsilon(options_.delta); }
+
+ private:
+  LocalDpOptions options_;
+  PrivacyAccountant accountant_;
+};
+
+}  // namespace pollen::fed

@@ -1,0 +1,267 @@
+// Differential privacy: the RDP accountant against Opacus on a grid of settings, clipping, noise
+// and the fixed denominator of central DP by hand, adaptive clipping's geometric step, the
+// budget refusing a round, local DP, and `pollen fed privacy`.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "fed/accountant.h"
+#include "fed/privacy.h"
+#include "peer.h"
+
+using namespace pollen;
+using namespace pollen::fed;
+
+namespace {
+
+Tensor vec(std::vector<float> v) {
+  const auto n = static_cast<int64_t>(v.size());
+  return Tensor::from<float>({n}, v);
+}
+
+ClientUpdate update(const std::string& id, int64_t tokens, std::vector<float> delta) {
+  ClientUpdate u;
+  u.client_id = id;
+  u.tokens = tokens;
+  u.delta.push_back(vec(std::move(delta)));
+  return u;
+}
+
+PrivacyOptions dp(double z, double clip) {
+  PrivacyOptions o;
+  o.enabled = true;
+  o.noise_multiplier = z;
+  o.clip = clip;
+  o.noise_seed = 7;
+  return o;
+}
+
+}  // namespace
+
+TEST(Accountant, FullBatchIsTheGaussianMechanism) {
+  // q = 1: RDP of the Gaussian mechanism, alpha / (2 z^2), composed linearly over steps.
+  PrivacyAccountant a;
+  a.add(1.0, 2.0, 3);
+  const auto& orders = rdp_orders();
+  for (size_t k = 0; k < orders.size(); ++k) {
+    EXPECT_DOUBLE_EQ(a.rdp()[k], 3 * orders[k] / 8);
+  }
+  EXPECT_EQ(sampled_gaussian_rdp(0.0, 1.0, 4.0), 0.0);
+  EXPECT_TRUE(std::isinf(sampled_gaussian_rdp(0.5, 0.0, 4.0)));
+}
+
+TEST(Accountant, IntegerOrderMatchesTheBinomialSumByHand) {
+  // alpha = 2: A = (1-q)^2 + 2q(1-q) + q^2 e^(1/z^2).
+  const double q = 0.1, z = 1.5;
+  const double a2 = (1 - q) * (1 - q) + 2 * q * (1 - q) + q * q * std::exp(1 / (z * z));
+  EXPECT_NEAR(sampled_gaussian_rdp(q, z, 2.0), std::log(a2), 1e-14);
+}
+
+TEST(Accountant, SubsamplingAmplifiesAndMoreNoiseHelps) {
+  PrivacyAccountant full, sampled, noisier;
+  full.add(1.0, 1.0, 100);
+  sampled.add(0.1, 1.0, 100);
+  noisier.add(0.1, 2.0, 100);
+  EXPECT_LT(sampled.epsilon(1e-5).epsilon, full.epsilon(1e-5).epsilon);
+  EXPECT_LT(noisier.epsilon(1e-5).epsilon, sampled.epsilon(1e-5).epsilon);
+}
+
+TEST(AccountantVsOpacus, EpsilonAndRdpToThreeSignificantDigits) {
+  const std::string missing = peer::missing("opacus");
+  if (!missing.empty()) GTEST_SKIP() << missing;
+  struct Setting {
+    double noise, rate;
+    int64_t steps;
+    double delta;
+  };
+  std::vector<Setting> grid;
+  for (double z : {0.7, 1.1, 4.0}) {
+    for (double q : {0.004, 0.2, 1.0}) {
+      for (int64_t steps : {1, 50, 2000}) {
+        for (double delta : {1e-5, 1e-3}) grid.push_back({z, q, steps, delta});
+      }
+    }
+  }
+  nlohmann::json input;
+  input["orders"] = rdp_orders();
+  for (const auto& s : grid) {
+    input["settings"].push_back(
+        {{"noise", s.noise}, {"rate", s.rate}, {"steps", s.steps}, {"delta", s.delta}});
+  }
+  const auto theirs = peer::run("opacus_reference.py", input, "opacus");
+  ASSERT_EQ(theirs.size(), grid.size());
+  for (size_t g = 0; g < grid.size(); ++g) {
+    const auto& s = grid[g];
+    PrivacyAccountant a;
+    a.add(s.rate, s.noise, s.steps);
+    const Epsilon mine = a.epsilon(s.delta);
+    const double ref = theirs[g]["epsilon"].get<double>();
+    const std::string where =
+        cat("noise ", s.noise, " rate ", s.rate, " steps ", s.steps, " delta ", s.delta);
+    // Three significant digits.
+    EXPECT_NEAR(mine.epsilon, ref, 5e-4 * std::abs(ref)) << where;
+    EXPECT_EQ(mine.order, theirs[g]["order"].get<double>()) << where;
+    for (size_t k = 0; k < rdp_orders().size(); ++k) {
+      const double r = theirs[g]["rdp"][k].get<double>();
+      EXPECT_NEAR(sampled_gaussian_rdp(s.rate, s.noise, rdp_orders()[k]), r, 1e-9 + 1e-6 * r)
+          << where << " order " << rdp_orders()[k];
+    }
+  }
+}
+
+TEST(CentralDp, ClipsSumsAndDividesByTheClientsSelected) {
+  // Noise 0: Delta = (clip(a, 1) + b) / m with m = 3 selected (one dropped): a = (3, 4) has norm
+  // 5 and becomes (0.6, 0.8); b = (0.5, 0) stays.
+  CentralDp c(dp(0.0, 1.0));
+  const Weights like{vec({0, 0})};
+  AggregationReport report;
+  const Weights d =
+      c.aggregate(1, like, {update("b", 10, {0.5f, 0}), update("a", 1000, {3, 4})}, 3, 6, &report);
+  EXPECT_NEAR(d[0].data<float>()[0], (0.6 + 0.5) / 3, 1e-7);
+  EXPECT_NEAR(d[0].data<float>()[1], 0.8 / 3, 1e-7);
+  EXPECT_TRUE(report.clients["a"].clipped);
+  EXPECT_FALSE(report.clients["b"].clipped);
+  EXPECT_DOUBLE_EQ(report.clients["a"].norm, 5.0);
+  EXPECT_EQ(report.clipped(), 1);
+  EXPECT_DOUBLE_EQ(report.extra["sampling_rate"].get<double>(), 0.5);
+  EXPECT_EQ(report.extra["private_rounds"].get<int64_t>(), 1);
+}
+
+TEST(CentralDp, CappedTokenWeights) {
+  PrivacyOptions o = dp(0.0, 10.0);
+  o.weighting = "capped_tokens";
+  o.token_cap = 100;
+  CentralDp c(o);
+  // Weights min(1, t / 100): 0.5 and 1 (not 3): (0.5 * 2 + 1 * 4) / 2.
+  const Weights d =
+      c.aggregate(1, {vec({0})}, {update("a", 50, {2}), update("b", 300, {4})}, 2, 2, nullptr);
+  EXPECT_NEAR(d[0].data<float>()[0], 2.5, 1e-7);
+}
+
+TEST(CentralDp, NoiseHasStdNoiseMultiplierTimesClipOverM) {
+  CentralDp c(dp(1.5, 2.0));
+  const int64_t n = 200000;
+  const Weights like{Tensor::zeros({n}, DType::f32)};
+  ClientUpdate u;
+  u.client_id = "a";
+  u.tokens = 1;
+  u.delta.push_back(Tensor::zeros({n}, DType::f32));
+  const Weights d = c.aggregate(1, like, {u}, 4, 4, nullptr);
+  double s = 0, s2 = 0;
+  for (int64_t j = 0; j < n; ++j)
+    s += d[0].data<float>()[j], s2 += std::pow(d[0].data<float>()[j], 2);
+  const double mean = s / n, std = std::sqrt(s2 / n - mean * mean);
+  EXPECT_NEAR(std, 1.5 * 2.0 / 4, 0.01 * 0.75);
+  EXPECT_NEAR(mean, 0, 5 * 0.75 / std::sqrt(n));
+}
+
+TEST(CentralDp, AdaptiveClipFollowsTheTargetQuantileGeometrically) {
+  PrivacyOptions o = dp(0.0, 1.0);
+  o.adaptive_clip = true;
+  o.target_quantile = 0.5;
+  o.clip_lr = 0.2;
+  o.clipped_count_stddev = 1e-9;  // the count's noise out of the way
+  CentralDp c(o);
+  const Weights like{vec({0})};
+  // One of four updates within C = 1: b = 0.25, C <- exp(-0.2 (0.25 - 0.5)) = e^0.05.
+  c.aggregate(
+      1, like,
+      {update("a", 1, {0.5f}), update("b", 1, {2}), update("c", 1, {3}), update("d", 1, {4})}, 4, 4,
+      nullptr);
+  EXPECT_NEAR(c.clip(), std::exp(0.05), 1e-6);
+  // Over rounds it settles between the two middle norms (the median).
+  for (int r = 2; r <= 200; ++r) {
+    c.aggregate(
+        r, like,
+        {update("a", 1, {0.5f}), update("b", 1, {2}), update("c", 1, {3}), update("d", 1, {4})}, 4,
+        4, nullptr);
+  }
+  EXPECT_GT(c.clip(), 1.9);
+  EXPECT_LT(c.clip(), 3.1);
+}
+
+TEST(CentralDp, AdaptiveNoiseSplitKeepsTheTotalMultiplier) {
+  // z_sum = (z^-2 - (2 sigma_b)^-2)^-1/2; refused when z >= 2 sigma_b.
+  PrivacyOptions o = dp(1.0, 1.0);
+  o.adaptive_clip = true;
+  o.clipped_count_stddev = 2.0;
+  CentralDp c(o);
+  AggregationReport report;
+  c.aggregate(1, {vec({0})}, {update("a", 1, {1})}, 1, 1, &report);
+  EXPECT_NEAR(report.extra["sum_noise_multiplier"].get<double>(), 1 / std::sqrt(1 - 1.0 / 16),
+              1e-12);
+  o.clipped_count_stddev = 0.4;  // 2 sigma_b = 0.8 < z
+  CentralDp refused(o);
+  EXPECT_NE(refused.refuse_round(1, 4, 8).find("clipped_count_stddev"), std::string::npos);
+}
+
+TEST(CentralDp, BudgetRefusesTheRoundThatWouldPassIt) {
+  PrivacyOptions o = dp(1.0, 1.0);
+  PrivacyAccountant two;
+  two.add(0.5, 1.0, 2);
+  o.epsilon_budget = two.epsilon(o.delta).epsilon + 1e-9;  // room for exactly two rounds
+  CentralDp c(o);
+  const Weights like{vec({0})};
+  for (int r = 1; r <= 2; ++r) {
+    EXPECT_EQ(c.refuse_round(r, 2, 4), "");
+    c.aggregate(r, like, {update("a", 1, {1})}, 2, 4, nullptr);
+  }
+  const std::string why = c.refuse_round(3, 2, 4);
+  EXPECT_NE(why.find("privacy.epsilon_budget"), std::string::npos) << why;
+  EXPECT_NE(why.find("round 3"), std::string::npos) << why;
+  EXPECT_THROW(c.aggregate(3, like, {update("a", 1, {1})}, 2, 4, nullptr), Error);
+  EXPECT_NEAR(c.epsilon().epsilon, two.epsilon(o.delta).epsilon, 1e-12);
+}
+
+TEST(CentralDp, StateRoundTrips) {
+  PrivacyOptions o = dp(1.0, 1.0);
+  o.adaptive_clip = true;
+  o.clipped_count_stddev = 1.0;
+  CentralDp a(o), b(o);
+  a.aggregate(1, {vec({0})}, {update("a", 1, {3})}, 1, 2, nullptr);
+  b.load_state(nlohmann::json::parse(a.state().dump()));
+  EXPECT_EQ(b.clip(), a.clip());
+  EXPECT_EQ(b.epsilon().epsilon, a.epsilon().epsilon);
+}
+
+TEST(LocalDp, ClipsNoisesAndAccountsPerRound) {
+  LocalDpOptions o;
+  o.enabled = true;
+  o.clip = 1.0;
+  o.noise_multiplier = 0.0;
+  LocalDp quiet(o);
+  Weights w{vec({3, 4})};
+  EXPECT_TRUE(quiet.apply(w, 1));
+  EXPECT_NEAR(w[0].data<float>()[0], 0.6, 1e-7);
+  EXPECT_NEAR(w[0].data<float>()[1], 0.8, 1e-7);
+
+  o.noise_multiplier = 2.0;
+  o.noise_seed = 3;
+  LocalDp noisy(o);
+  const int64_t n = 100000;
+  Weights z{Tensor::zeros({n}, DType::f32)};
+  noisy.apply(z, 1);
+  noisy.apply(w, 2);
+  double s2 = 0;
+  for (int64_t j = 0; j < n; ++j) s2 += std::pow(z[0].data<float>()[j], 2);
+  EXPECT_NEAR(std::sqrt(s2 / n), 2.0, 0.02);
+  PrivacyAccountant two;
+  two.add(1.0, 2.0, 2);
+  EXPECT_DOUBLE_EQ(noisy.epsilon().epsilon, two.epsilon(1e-5).epsilon);
+}
+
+TEST(PrivacyCli, PrintsTheAccountantsEpsilon) {
+  int status = 0;
+  const std::string out = peer::run_capture(
+      std::string(POLLEN_BINARY) +
+          " fed privacy --noise-multiplier 1.1 --sampling-rate 0.01 --rounds 1000 --delta 1e-5",
+      &status);
+  ASSERT_EQ(status, 0) << out;
+  PrivacyAccountant a;
+  a.add(0.01, 1.1, 1000);
+  char expect[64];
+  std::snprintf(expect, sizeof expect, "%-8d %-12.6g", 1000, a.epsilon(1e-5).epsilon);
+  EXPECT_NE(out.find(expect), std::string::npos) << out;
+}
