@@ -20,6 +20,7 @@
 #include "obs/metrics.h"
 #include "obs/progress.h"
 #include "ops/gemm.h"
+#include "train/samples.h"
 
 namespace fs = std::filesystem;
 
@@ -284,7 +285,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
 
   int64_t step = 0, tokens = 0, bad_in_row = 0, skipped = 0;
   double elapsed_before = 0;
-  std::optional<uint64_t> jsonl_at = 0;
+  std::optional<uint64_t> jsonl_at = 0, samples_at = 0;
   std::string tb_file;
   uint64_t tb_at = 0;
   Rng rng(cfg.seed);
@@ -314,6 +315,10 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
       jsonl_at = st.at("metrics").at("jsonl_bytes").get<uint64_t>();
       tb_file = st.at("metrics").at("tensorboard_file").get<std::string>();
       tb_at = st.at("metrics").at("tensorboard_bytes").get<uint64_t>();
+      // Checkpoints written before samples were turned on have no position: append.
+      samples_at = st.at("metrics").contains("samples_bytes")
+                       ? std::optional(st.at("metrics").at("samples_bytes").get<uint64_t>())
+                       : std::nullopt;
       last_checkpoint = dir;
       log::info("resuming from '", dir.string(), "' at step ", step, " (", tokens, " tokens)");
     }
@@ -331,6 +336,8 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
       tb = obs::EventFileWriter::create(tb_dir);
     }
   }
+  SampleWriter samples;
+  if (!cfg.sample_prompts.empty()) samples = SampleWriter(cfg, samples_at);
   const std::string config_toml = cfg.to_toml();
   write_file_atomic(cfg.dir / "config.toml", config_toml);
 
@@ -347,6 +354,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
   auto save = [&](int64_t at) {
     jsonl.file().sync();
     if (tb.file().is_open()) tb.file().sync();
+    if (samples.enabled()) samples.file().sync();
     nlohmann::ordered_json st;
     st["step"] = at;
     st["tokens"] = tokens;
@@ -359,6 +367,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
                      {"tensorboard_file",
                       tb.file().is_open() ? tb.file().path().filename().string() : std::string()},
                      {"tensorboard_bytes", tb.file().is_open() ? tb.file().position() : 0}};
+    if (samples.enabled()) st["metrics"]["samples_bytes"] = samples.file().position();
     const auto w = write_checkpoint(ckpt_root, at, model, opt, st, config_toml);
     last_checkpoint = w.dir;
     const double mb = static_cast<double>(w.stats.bytes) / 1048576.0;
@@ -443,7 +452,8 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
       break;
     }
     const bool last = step == cfg.steps;
-    if (val_loader && ((cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || last)) {
+    const bool eval_now = (cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || last;
+    if (val_loader && eval_now) {
       last_val = evaluate(model, *val_loader, val_start, cfg.eval_batches);
       nlohmann::ordered_json v;
       v["step"] = step;
@@ -453,6 +463,10 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
       if (tb.file().is_open()) tb.add_scalar("val/loss", last_val, step, wall);
       progress.finish();
       log::info("step ", step, ": validation loss ", last_val);
+    }
+    if (samples.enabled() && eval_now) {
+      progress.finish();
+      samples.write(model, step, tokens, tb);
     }
     jsonl.file().flush();
     if (tb.file().is_open()) tb.file().flush();
