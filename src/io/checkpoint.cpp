@@ -6,9 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
-#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -54,34 +52,24 @@ CheckpointWriter::CheckpointWriter(const fs::path& root, int64_t step)
 }
 
 CheckpointWriter::~CheckpointWriter() {
-  for (auto& f : pending_)
-    if (f.written.valid()) f.written.wait();
   if (!committed_) {
     std::error_code ec;
     fs::remove_all(tmp_, ec);
   }
 }
 
-void CheckpointWriter::add_tensors(const std::string& file, const NamedTensors& tensors,
-                                   const std::map<std::string, std::string>& metadata) {
-  const auto t0 = std::chrono::steady_clock::now();
-  auto layout =
-      std::make_shared<const SafetensorsLayout>(layout_safetensors(tmp_ / file, tensors, metadata));
-  const std::chrono::duration<double> laid_out = std::chrono::steady_clock::now() - t0;
-  // The writer thread only reads the layout; it is owned (and freed) here.
-  auto written = std::async(std::launch::async, [path = tmp_ / file, l = layout.get(), laid_out] {
-    WriteStats s = write_synced(path, l->pieces());
-    s.serialise_s += laid_out.count();
-    return s;
-  });
-  pending_.push_back({file, std::move(layout), nullptr, std::move(written)});
+void CheckpointWriter::record(const std::string& file, const WriteStats& s) {
+  files_.emplace_back(file, s);
+  stats_ += s;
 }
 
-void CheckpointWriter::add_text(const std::string& file, std::string text) {
-  auto owned = std::make_shared<const std::string>(std::move(text));
-  auto written = std::async(
-      std::launch::async, [path = tmp_ / file, t = owned.get()] { return write_synced(path, *t); });
-  pending_.push_back({file, nullptr, std::move(owned), std::move(written)});
+void CheckpointWriter::add_tensors(const std::string& file, const NamedTensors& tensors,
+                                   const std::map<std::string, std::string>& metadata) {
+  record(file, write_safetensors(tmp_ / file, tensors, metadata));
+}
+
+void CheckpointWriter::add_text(const std::string& file, std::string_view text) {
+  record(file, write_synced(tmp_ / file, text));
 }
 
 fs::path CheckpointWriter::commit() {
@@ -90,11 +78,7 @@ fs::path CheckpointWriter::commit() {
   m["format"] = "pollen-checkpoint-1";
   m["step"] = step_;
   nlohmann::ordered_json files = nlohmann::ordered_json::object();
-  for (auto& f : pending_) {
-    const WriteStats s = f.written.get();  // rethrows a failed write
-    files[f.name] = {{"bytes", s.bytes}, {"sha256", s.sha256}};
-    stats_ += s;
-  }
+  for (const auto& [name, s] : files_) files[name] = {{"bytes", s.bytes}, {"sha256", s.sha256}};
   m["files"] = files;
   const auto ms = write_synced(tmp_ / "manifest.json", m.dump(2) + "\n");
   stats_.sync_s += ms.sync_s;

@@ -189,9 +189,9 @@ TEST(SyncedWrite, PiecesOfAnySizeMakeTheFileAndItsHash) {
   fs::remove_all(d);
 }
 
-// Files are written on their own threads; the manifest still lists them in the order added,
-// and a writer dropped before commit leaves nothing behind even with files in flight.
-TEST(Checkpoint, FilesWrittenInParallelKeepTheirOrderAndAtomicity) {
+// The manifest lists files in the order added, and a writer dropped before commit leaves
+// nothing behind.
+TEST(Checkpoint, ManifestKeepsFileOrderAndAnUncommittedWriterLeavesNothing) {
   const fs::path root = temp_dir("ckpt_parallel");
   const Tensor big = Tensor::full({1024, 1024}, 0.5, DType::f32);
   {
