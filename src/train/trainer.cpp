@@ -299,6 +299,15 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
                    "' verifies (", choice.skipped.size(), " skipped, reasons above)");
       log::info("--resume: no checkpoint under '", ckpt_root.string(), "' yet; starting at step 0");
     } else {
+      // The skipped ones are newer than the resume point, so this run will never reach them
+      // again; left in place they would count as the newest for retention, which would then
+      // delete good checkpoints and keep them. Moved aside, they stay for inspection.
+      for (const auto& [bad, why] : choice.skipped) {
+        const fs::path aside = bad.parent_path() / cat(".corrupt-", bad.filename().string());
+        fs::remove_all(aside);
+        fs::rename(bad, aside);
+        log::warn("moved '", bad.string(), "' aside to '", aside.string(), "'");
+      }
       const fs::path dir = *choice.dir;
       const TrainConfig saved =
           parse_train_config(read_file(dir / "config.toml"), (dir / "config.toml").string());

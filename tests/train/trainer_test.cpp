@@ -291,8 +291,11 @@ TEST(Trainer, ResumeIsBitwiseAndSkipsACorruptCheckpoint) {
   EXPECT_NE(err.find("resuming from"), std::string::npos) << err;
   EXPECT_EQ(losses(base / "bad"), losses(base / "full"));
   EXPECT_EQ(final_weights(base / "bad", 14), final_weights(base / "full", 14));
-  // Retention kept the newest two.
-  EXPECT_EQ(io::list_checkpoints(base / "bad/checkpoints").size(), 2u);
+  // The corrupt one was moved aside, and retention kept the newest two good ones.
+  EXPECT_TRUE(fs::exists(base / "bad/checkpoints/.corrupt-step-00000009/manifest.json"));
+  EXPECT_EQ(io::list_checkpoints(base / "bad/checkpoints"),
+            (std::vector<fs::path>{base / "bad/checkpoints/step-00000012",
+                                   base / "bad/checkpoints/step-00000014"}));
 
   // A fresh start in a run folder with checkpoints is refused; a changed key on resume too.
   EXPECT_NE(error_of([&] { train_quiet(bad); }).find("--resume"), std::string::npos);
