@@ -3,7 +3,8 @@
 #  1. `pollen train` throughput on llama-cpu against `pollen bench step` at the same batch, seq
 #     and threads (the trainer's overhead: data loading, accumulation, metrics);
 #  2. writing a llama-124m checkpoint (weights + AdamW moments, hashed, fsynced) against
-#     `dd conv=fsync` of the same size on the same disk, in the same run.
+#     `dd conv=fsync` of the same size on the same disk, 5 alternated pairs in the same run
+#     (bench/checkpoint_bench.sh).
 # Usage: bench/trainer_bench.sh MANIFEST [THREADS]   (any manifest with vocab_size <= 8192)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,12 +50,4 @@ print(json.dumps({"steps_timed": len(tail),
                   "last_loss": tail[-1]["loss"]}))
 PY
 
-echo "== checkpoint write: llama-124m vs dd conv=fsync of the same size"
-out=$($pollen bench checkpoint --model llama-124m --dir "$work/ckpt")
-echo "$out"
-bytes=$(python3 -c "import json,sys; print(json.loads(sys.argv[1])['bytes'])" "$out")
-mb=$(( (bytes + 1048575) / 1048576 ))
-dd if=/dev/zero of="$work/dd.bin" bs=1M count="$mb" conv=fsync 2>&1 | tail -1
-rm -f "$work/dd.bin"
-out=$($pollen bench checkpoint --model llama-124m --dir "$work/ckpt")
-echo "$out"
+bench/checkpoint_bench.sh "$work/ckpt-bench" 5 llama-124m

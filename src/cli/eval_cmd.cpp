@@ -1,7 +1,8 @@
 // `pollen eval --model M [--checkpoint DIR] (--data manifest.json... | --text FILE | --jsonl FILE |
-// --task FILE.jsonl)` and `pollen score --model M --input FILE --output F.jsonl`: wiring only; the
-// scoring is eval/perplexity (token shards, batched), eval/rolling (raw text, rolling windows) and
-// eval/multiple_choice (tasks).
+// --task FILE.jsonl)`, `pollen eval --run RUN_DIR [--data manifest.json...] [--again]` (every
+// checkpoint of a run) and `pollen score --model M --input FILE --output F.jsonl`: wiring only;
+// the scoring is eval/perplexity (token shards, batched), eval/rolling (raw text, rolling
+// windows), eval/multiple_choice (tasks) and train/run_eval (a run's checkpoints).
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/log.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
@@ -17,6 +19,7 @@
 #include "eval/multiple_choice.h"
 #include "eval/perplexity.h"
 #include "eval/rolling.h"
+#include "train/run_eval.h"
 
 namespace pollen::cli {
 namespace {
@@ -124,29 +127,40 @@ void add_eval_command(CLI::App& app) {
       "scored once), or loss, perplexity and bits per byte on raw text (long texts in rolling "
       "windows, each token scored once, as lm-evaluation-harness's loglikelihood_rolling), or acc "
       "and acc_norm on a multiple-choice task (log-likelihood of each choice, as "
-      "lm-evaluation-harness scores them)");
+      "lm-evaluation-harness scores them). With --run: every checkpoint of a training run on its "
+      "validation data (or --data), written to RUN_DIR/eval.jsonl and TensorBoard");
   struct Args {
-    std::string model, checkpoint, tokenizer, split = "validation", text, jsonl, field = "text",
-                                              output;
+    std::string model, run, checkpoint, tokenizer, split = "validation", text, jsonl,
+                                                   field = "text", output;
+    bool again = false;
     std::vector<std::string> data;
     int64_t window = 0, max_docs = 0, seq = 128, batch = 8;
     int threads = 0;
   };
   auto a = std::make_shared<Args>();
   auto t = std::make_shared<TaskArgs>();
-  cmd->add_option("--model", a->model, kModelHelp)->required();
-  cmd->add_option("--checkpoint", a->checkpoint,
-                  "Weights to score instead of --model's own: a checkpoint folder of pollen "
-                  "train or pollen fed, or a .safetensors file")
-      ->check(CLI::ExistingPath);
+  auto* model = cmd->add_option("--model", a->model, kModelHelp);
+  auto* run = cmd->add_option("--run", a->run,
+                              "A run folder of pollen train: evaluate each of its checkpoints "
+                              "that verifies (by default on the run's validation data, rows of "
+                              "its train.seq) into RUN_DIR/eval.jsonl, skipping those done")
+                  ->check(CLI::ExistingDirectory);
+  model->excludes(run);
+  cmd->add_flag("--again", a->again, "--run: evaluate checkpoints already in eval.jsonl again");
+  auto* checkpoint =
+      cmd->add_option("--checkpoint", a->checkpoint,
+                      "Weights to score instead of --model's own: a checkpoint folder of pollen "
+                      "train or pollen fed, or a .safetensors file")
+          ->check(CLI::ExistingPath);
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json for text (default: the model's)");
   auto* data = cmd->add_option("--data", a->data, "manifest.json files of token shards")
                    ->check(CLI::ExistingFile);
-  cmd->add_option("--split", a->split, "Split of --data")->capture_default_str();
-  cmd->add_option("--seq", a->seq, "--data: tokens per row; longer documents in pieces")
-      ->capture_default_str();
-  cmd->add_option("--batch", a->batch, "--data: rows per forward pass; --task: choices per pass")
-      ->capture_default_str();
+  auto* split = cmd->add_option("--split", a->split, "Split of --data")->capture_default_str();
+  auto* seq = cmd->add_option("--seq", a->seq, "--data: tokens per row; longer documents in pieces")
+                  ->capture_default_str();
+  auto* batch = cmd->add_option("--batch", a->batch,
+                                "--data: rows per forward pass; --task: choices per pass")
+                    ->capture_default_str();
   auto* text = cmd->add_option("--text", a->text, "A text file, scored as one document");
   auto* jsonl = cmd->add_option("--jsonl", a->jsonl, "JSONL file, one document per line");
   cmd->add_option("--field", a->field, "String field of --jsonl");
@@ -157,6 +171,7 @@ void add_eval_command(CLI::App& app) {
   data->excludes(text)->excludes(jsonl)->excludes(task);
   text->excludes(jsonl)->excludes(task);
   jsonl->excludes(task);
+  run->excludes(text)->excludes(jsonl)->excludes(task)->excludes(checkpoint);
   cmd->add_option("--fewshot", t->fewshot, "Task: examples before each item")
       ->capture_default_str();
   cmd->add_option("--fewshot-file", t->fewshot_file,
@@ -170,10 +185,28 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--max-docs", a->max_docs, "Text: score at most this many documents (0: all)");
   cmd->add_option("--output", a->output, "Text and task: also write the result JSON here");
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
-  cmd->callback([a, t] {
+  cmd->callback([a, t, split, seq, batch] {
+    if (a->threads > 0) set_num_threads(a->threads);
+    if (!a->run.empty()) {
+      train::RunEvalOptions o;
+      o.manifests = a->data;
+      if (split->count() > 0) o.split = a->split;
+      if (seq->count() > 0) o.seq = a->seq;
+      if (batch->count() > 0) o.batch = a->batch;
+      o.again = a->again;
+      const train::RunEvalResult r = train::evaluate_run(a->run, o);
+      for (const auto& j : r.evaluated) std::printf("%s\n", j.dump().c_str());
+      log::info("evaluated ", r.evaluated.size(), " (checkpoint, dataset) pairs into '",
+                (std::filesystem::path(a->run) / "eval.jsonl").string(), "'; ", r.already,
+                " already there",
+                r.unverified.empty()
+                    ? ""
+                    : cat("; ", r.unverified.size(), " checkpoints did not verify"));
+      return;
+    }
+    POLLEN_CHECK(!a->model.empty(), "eval: give --model (or --run)");
     POLLEN_CHECK(!a->data.empty() || !a->text.empty() || !a->jsonl.empty() || !t->task.empty(),
                  "eval: give --data, --text, --jsonl or --task");
-    if (a->threads > 0) set_num_threads(a->threads);
     const io::ModelSource src = io::resolve_model(a->model);
     const model::Llama m = io::load_model(src);
     if (!a->checkpoint.empty()) eval::load_weights(m, a->checkpoint);

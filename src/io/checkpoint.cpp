@@ -69,7 +69,7 @@ void CheckpointWriter::add_tensors(const std::string& file, const NamedTensors& 
 }
 
 void CheckpointWriter::add_text(const std::string& file, std::string_view text) {
-  record(file, write_file_synced(tmp_ / file, text));
+  record(file, write_synced(tmp_ / file, text));
 }
 
 fs::path CheckpointWriter::commit() {
@@ -80,7 +80,7 @@ fs::path CheckpointWriter::commit() {
   nlohmann::ordered_json files = nlohmann::ordered_json::object();
   for (const auto& [name, s] : files_) files[name] = {{"bytes", s.bytes}, {"sha256", s.sha256}};
   m["files"] = files;
-  const auto ms = write_file_synced(tmp_ / "manifest.json", m.dump(2) + "\n");
+  const auto ms = write_synced(tmp_ / "manifest.json", m.dump(2) + "\n");
   stats_.sync_s += ms.sync_s;
   const auto t0 = std::chrono::steady_clock::now();
   sync_dir(tmp_);

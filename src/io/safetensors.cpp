@@ -1,90 +1,14 @@
 #include "io/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <future>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
 #include "base/files.h"
-#include "base/hash.h"
 
 namespace pollen::io {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// An open file that hashes and times everything written to it.
-class SyncedWriter {
- public:
-  explicit SyncedWriter(const std::filesystem::path& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    POLLEN_CHECK(fd_ >= 0, "cannot create '", path.string(), "': ", std::strerror(errno));
-  }
-  ~SyncedWriter() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  void write(const void* data, size_t size) {
-    // Slices are hashed on a second thread while the same slice is written, so a checkpoint
-    // costs about max(write, hash), not their sum; the hash still sees the bytes in order.
-    constexpr size_t slice = size_t{8} << 20;
-    const auto* p = static_cast<const char*>(data);
-    for (size_t off = 0; off < size; off += slice) {
-      const size_t n = std::min(slice, size - off);
-      std::future<double> hashed;
-      if (n >= (size_t{1} << 20)) {
-        hashed = std::async(std::launch::async, [this, p, off, n] {
-          const auto t0 = Clock::now();
-          sha_.update(p + off, n);
-          return since(t0);
-        });
-      } else {
-        const auto t0 = Clock::now();
-        sha_.update(p + off, n);
-        stats_.hash_s += since(t0);
-      }
-      const auto t0 = Clock::now();
-      size_t done = 0;
-      while (done < n) {
-        const ssize_t w = ::write(fd_, p + off + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-          if (hashed.valid()) hashed.wait();
-          fail("cannot write '", path_.string(), "': ", std::strerror(errno));
-        }
-        done += static_cast<size_t>(w);
-      }
-      stats_.serialise_s += since(t0);
-      if (hashed.valid()) stats_.hash_s += hashed.get();
-    }
-    stats_.bytes += size;
-  }
-  WriteStats finish() {
-    const auto t0 = Clock::now();
-    POLLEN_CHECK(::fsync(fd_) == 0, "cannot sync '", path_.string(), "': ", std::strerror(errno));
-    POLLEN_CHECK(::close(fd_) == 0, "cannot close '", path_.string(), "': ", std::strerror(errno));
-    fd_ = -1;
-    stats_.sync_s += since(t0);
-    stats_.sha256 = sha_.hex_digest();
-    return stats_;
-  }
-
- private:
-  std::filesystem::path path_;
-  int fd_ = -1;
-  Sha256 sha_;
-  WriteStats stats_;
-};
-
-}  // namespace
 
 std::string safetensors_dtype(DType dtype) {
   switch (dtype) {
@@ -119,25 +43,18 @@ DType parse_safetensors_dtype(const std::string& name, const std::string& where)
        "U32, U16 or U8)");
 }
 
-WriteStats write_file_synced(const std::filesystem::path& path, std::string_view data) {
-  SyncedWriter w(path);
-  w.write(data.data(), data.size());
-  return w.finish();
-}
-
-WriteStats write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
-                             const std::map<std::string, std::string>& metadata) {
-  const auto t0 = Clock::now();
+SafetensorsLayout layout_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
+                                     const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
+  SafetensorsLayout layout;
+  layout.tensors.reserve(tensors.size());
   uint64_t offset = 0;
-  std::vector<Tensor> contiguous;
-  contiguous.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
     POLLEN_CHECK(!header.contains(name), "safetensors '", path.string(), "': tensor name '", name,
                  "' appears twice");
     POLLEN_CHECK(t.device() == Device::cpu, "safetensors: tensor '", name, "' is not on the CPU");
-    contiguous.push_back(t.is_contiguous() ? t : t.contiguous());
+    layout.tensors.push_back(t.is_contiguous() ? t : t.contiguous());
     const uint64_t n = t.nbytes();
     header[name] = {{"dtype", safetensors_dtype(t.dtype())},
                     {"shape", t.shape()},
@@ -147,16 +64,25 @@ WriteStats write_safetensors(const std::filesystem::path& path, const NamedTenso
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
   const uint64_t header_len = text.size();
-  char len_bytes[8];
-  std::memcpy(len_bytes, &header_len, 8);
-  const double build_s = since(t0);
+  layout.head.resize(8);
+  std::memcpy(layout.head.data(), &header_len, 8);
+  layout.head += text;
+  return layout;
+}
 
-  SyncedWriter w(path);
-  w.write(len_bytes, 8);
-  w.write(text.data(), text.size());
-  for (const auto& t : contiguous) w.write(t.raw(), t.nbytes());
-  WriteStats s = w.finish();
-  s.serialise_s += build_s;
+ByteSpans SafetensorsLayout::pieces() const {
+  ByteSpans p{std::as_bytes(std::span(head))};
+  for (const auto& t : tensors) p.emplace_back(static_cast<const std::byte*>(t.raw()), t.nbytes());
+  return p;
+}
+
+WriteStats write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
+                             const std::map<std::string, std::string>& metadata) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const SafetensorsLayout layout = layout_safetensors(path, tensors, metadata);
+  const std::chrono::duration<double> laid_out = std::chrono::steady_clock::now() - t0;
+  WriteStats s = write_synced(path, layout.pieces());
+  s.serialise_s += laid_out.count();
   return s;
 }
 

@@ -1,9 +1,9 @@
 #pragma once
 // safetensors (https://huggingface.co/docs/safetensors): an 8-byte little-endian header length,
 // a JSON header {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str: str}},
-// then the tensors' bytes. Writing hashes the bytes as they go out (no second read) and times
-// serialising, hashing and syncing apart; reading checks every header field and says what is
-// wrong, with the file's name, instead of trusting it.
+// then the tensors' bytes. Writing goes through write_synced (hashed beside the writes, timed
+// per phase); reading checks every header field and says what is wrong, with the file's name,
+// instead of trusting it.
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -11,32 +11,27 @@
 #include <utility>
 #include <vector>
 
+#include "io/synced_write.h"
 #include "tensor/tensor.h"
 
 namespace pollen::io {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
-// serialise_s: writing the bytes out (to the page cache, and to disk as its dirty limit is
-// reached); hash_s: SHA-256 time, on a second thread overlapping the writes; sync_s: fsync.
-struct WriteStats {
-  uint64_t bytes = 0;
-  std::string sha256;
-  double serialise_s = 0, hash_s = 0, sync_s = 0;
-  WriteStats& operator+=(const WriteStats& o) {
-    bytes += o.bytes;
-    serialise_s += o.serialise_s;
-    hash_s += o.hash_s;
-    sync_s += o.sync_s;
-    return *this;
-  }
+// A safetensors file as pieces of memory: the 8-byte header length and the header, then each
+// tensor's bytes (held, not copied, unless a tensor was not contiguous). `path` names the file
+// in errors.
+struct SafetensorsLayout {
+  std::string head;
+  std::vector<Tensor> tensors;
+  ByteSpans pieces() const;
 };
+SafetensorsLayout layout_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
+                                     const std::map<std::string, std::string>& metadata = {});
 
 // Writes (and fsyncs) a safetensors file; names must be unique.
 WriteStats write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
                              const std::map<std::string, std::string>& metadata = {});
-// Writes bytes to a new file, hashing and syncing it, with the same timing split.
-WriteStats write_file_synced(const std::filesystem::path& path, std::string_view data);
 
 struct SafetensorsFile {
   std::map<std::string, std::string> metadata;

@@ -94,6 +94,38 @@ std::string scalar_event(double wall_time, int64_t step, std::string_view tag, f
   return event;
 }
 
+// A text summary as TensorBoard's text plugin reads it: Value { tag = 1; TensorProto tensor = 8;
+// SummaryMetadata metadata = 9 }, SummaryMetadata { PluginData plugin_data = 1 { plugin_name = 1 }
+// }, TensorProto { dtype = 1 (DT_STRING = 7); TensorShapeProto tensor_shape = 2 { Dim dim = 2 {
+// size = 1 } }; repeated bytes string_val = 8 }, one string of shape [1].
+std::string text_event(double wall_time, int64_t step, std::string_view tag,
+                       std::string_view text) {
+  std::string plugin, metadata;
+  put_bytes(plugin, 1, "text");
+  put_bytes(metadata, 1, plugin);
+  std::string dim, shape, tensor;
+  put_varint(dim, 1 << 3 | 0);
+  put_varint(dim, 1);
+  put_bytes(shape, 2, dim);
+  put_varint(tensor, 1 << 3 | 0);
+  put_varint(tensor, 7);
+  put_bytes(tensor, 2, shape);
+  put_bytes(tensor, 8, text);
+  std::string v;
+  put_bytes(v, 1, tag);
+  put_bytes(v, 8, tensor);
+  put_bytes(v, 9, metadata);
+  std::string summary;
+  put_bytes(summary, 1, v);
+  std::string event;
+  put_varint(event, 1 << 3 | 1);
+  put_le(event, wall_time);
+  put_varint(event, 2 << 3 | 0);
+  put_varint(event, static_cast<uint64_t>(step));
+  put_bytes(event, 5, summary);
+  return event;
+}
+
 std::string file_version_event(double wall_time) {
   std::string event;
   put_varint(event, 1 << 3 | 1);
@@ -184,6 +216,11 @@ EventFileWriter EventFileWriter::resume(const std::filesystem::path& path, uint6
 void EventFileWriter::add_scalar(std::string_view tag, double value, int64_t step,
                                  double wall_time) {
   file_.write(tfrecord(scalar_event(wall_time, step, tag, static_cast<float>(value))));
+}
+
+void EventFileWriter::add_text(std::string_view tag, std::string_view text, int64_t step,
+                               double wall_time) {
+  file_.write(tfrecord(text_event(wall_time, step, tag, text)));
 }
 
 }  // namespace pollen::obs

@@ -1,7 +1,7 @@
 #pragma once
 // Metrics sinks: JSON lines (one object per line, what scripts and `pollen plot` read) and
 // TensorBoard event files (TFRecord framing with masked CRC32C around hand-encoded Event
-// protobufs holding scalar summaries). Both can be reopened at a byte position saved in a
+// protobufs holding scalar and text summaries). Both can be reopened at a byte position saved in a
 // checkpoint, so a resumed run continues the same files without duplicate or lost points.
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +22,8 @@ uint32_t masked_crc32c(const void* data, size_t size);
 std::string tfrecord(std::string_view data);
 // An Event protobuf: wall_time, step and one scalar summary value (tag, simple_value).
 std::string scalar_event(double wall_time, int64_t step, std::string_view tag, float value);
+// An Event holding one text summary (TensorBoard's text plugin; shown under its TEXT tab).
+std::string text_event(double wall_time, int64_t step, std::string_view tag, std::string_view text);
 // The Event that opens every event file: file_version "brain.Event:2".
 std::string file_version_event(double wall_time);
 
@@ -56,7 +58,11 @@ class JsonlWriter {
   JsonlWriter() = default;
   JsonlWriter(const std::filesystem::path& path, std::optional<uint64_t> resume_at = {})
       : file_(path, resume_at) {}
-  void write(const nlohmann::ordered_json& record) { file_.write(record.dump() + "\n"); }
+  // Invalid UTF-8 in strings (a sample cut inside a character) becomes U+FFFD, never an error.
+  void write(const nlohmann::ordered_json& record) {
+    file_.write(record.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
+                "\n");
+  }
   AppendFile& file() { return file_; }
 
  private:
@@ -72,6 +78,7 @@ class EventFileWriter {
   static EventFileWriter resume(const std::filesystem::path& path, uint64_t position);
 
   void add_scalar(std::string_view tag, double value, int64_t step, double wall_time);
+  void add_text(std::string_view tag, std::string_view text, int64_t step, double wall_time);
   AppendFile& file() { return file_; }
 
  private:

@@ -154,6 +154,25 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
   }
   POLLEN_CHECK(!r.train_loss.x.empty() || !r.val_loss.x.empty(), "'", file.string(),
                "' holds no loss records");
+  const std::filesystem::path evals = file.parent_path() / "eval.jsonl";
+  std::ifstream ein(evals);
+  n = 0;
+  while (ein && std::getline(ein, line)) {
+    ++n;
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    POLLEN_CHECK(!j.is_discarded() && j.is_object() && j.contains("tokens") &&
+                     j["tokens"].is_number() && j.contains("loss") && j["loss"].is_number() &&
+                     j.contains("data") && j["data"].is_string(),
+                 "'", evals.string(), "' line ", n,
+                 ": expected a JSON object with tokens, loss and data");
+    const std::string data = j["data"].get<std::string>() + " [" + j.value("split", "") + "]";
+    auto it = std::find_if(r.checkpoint_loss.begin(), r.checkpoint_loss.end(),
+                           [&](const auto& c) { return c.first == data; });
+    if (it == r.checkpoint_loss.end()) it = r.checkpoint_loss.insert(it, {data, Curve{}});
+    it->second.x.push_back(j["tokens"].get<double>());
+    it->second.y.push_back(j["loss"].get<double>());
+  }
   return r;
 }
 
@@ -163,6 +182,7 @@ std::string plot_svg(const std::vector<RunCurves>& runs) {
   for (const auto& r : runs) {
     losses.push_back(&r.train_loss);
     losses.push_back(&r.val_loss);
+    for (const auto& [data, c] : r.checkpoint_loss) losses.push_back(&c);
     lrs.push_back(&r.lr);
   }
   double x0, x1, y0, y1, l0, l1, d0, d1;
@@ -183,8 +203,8 @@ std::string plot_svg(const std::vector<RunCurves>& runs) {
     << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' "
        "fill='white'/>\n";
   o << "<text x='" << W / 2
-    << "' y='22' text-anchor='middle' font-size='15'>loss (solid: train, dashed with dots: "
-       "validation)</text>\n";
+    << "' y='22' text-anchor='middle' font-size='15'>loss (solid: train; dashed, dots: "
+       "validation; dotted, squares: pollen eval --run)</text>\n";
   axes(o, top, "loss", false);
   axes(o, bottom, "learning rate", true);
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -194,6 +214,13 @@ std::string plot_svg(const std::vector<RunCurves>& runs) {
     for (size_t k = 0; k < runs[i].val_loss.x.size(); ++k)
       o << "<circle cx='" << top.px(runs[i].val_loss.x[k]) << "' cy='"
         << top.py(runs[i].val_loss.y[k]) << "' r='3' fill='" << c << "'/>\n";
+    for (const auto& [data, curve] : runs[i].checkpoint_loss) {
+      polyline(o, top, curve, c, "stroke-dasharray='2,3'");
+      for (size_t k = 0; k < curve.x.size(); ++k)
+        o << "<rect x='" << top.px(curve.x[k]) - 3 << "' y='" << top.py(curve.y[k]) - 3
+          << "' width='6' height='6' fill='" << c << "'><title>" << esc(data)
+          << "</title></rect>\n";
+    }
     polyline(o, bottom, runs[i].lr, c, "");
     const double ly = top.top + 16 + 18 * static_cast<double>(i);
     o << "<line x1='" << top.left + top.width - 190 << "' y1='" << ly - 4 << "' x2='"

@@ -1,8 +1,10 @@
 #pragma once
 // Training curves as SVG: train and validation loss (top) and learning rate (bottom) against
-// tokens, one colour per run, read from each run folder's metrics.jsonl.
+// tokens, one colour per run, read from each run folder's metrics.jsonl, with the checkpoint
+// evaluations of `pollen eval --run` (eval.jsonl) when the folder has them.
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pollen::obs {
@@ -14,6 +16,7 @@ struct Curve {
 struct RunCurves {
   std::string name;
   Curve train_loss, val_loss, lr;
+  std::vector<std::pair<std::string, Curve>> checkpoint_loss;  // per dataset, from eval.jsonl
 };
 
 // Reads <run_dir>/metrics.jsonl (or a .jsonl file itself); errors name the file and line.

@@ -211,6 +211,22 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
     POLLEN_CHECK(c.eval_batches >= 0, e->where("batches"), ": expected 0 (off) or more");
     e->finish();
   }
+  if (auto sm = t.table("samples")) {
+    c.sample_prompts = sm->get_strings("prompts");
+    c.sample_max_tokens = sm->get_int("max_tokens", 32);
+    POLLEN_CHECK(c.sample_max_tokens > 0, sm->where("max_tokens"), ": expected 1 or more");
+    c.sample_temperature = sm->get_double("temperature", 0.8);
+    POLLEN_CHECK(c.sample_temperature >= 0, sm->where("temperature"),
+                 ": expected 0 (greedy) or more");
+    c.sample_top_k = sm->get_int("top_k", 0);
+    POLLEN_CHECK(c.sample_top_k >= 0, sm->where("top_k"), ": expected 0 (off) or more");
+    const int64_t seed = sm->get_int("seed", 0);
+    POLLEN_CHECK(seed >= 0, sm->where("seed"), ": expected a non-negative integer");
+    c.sample_seed = static_cast<uint64_t>(seed);
+    const std::string tokenizer = sm->get_string("tokenizer", "");
+    if (!tokenizer.empty()) c.sample_tokenizer = resolve(tokenizer);
+    sm->finish();
+  }
   if (auto k = t.table("checkpoint")) {
     c.checkpoint_interval = k->get_int("interval", 0);
     c.keep_checkpoints = static_cast<int>(k->get_int("keep", 3));
@@ -301,6 +317,12 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
   f.emplace_back("schedule.decay_fraction", toml_double(schedule.decay_fraction));
   f.emplace_back("eval.interval", i(eval_interval));
   f.emplace_back("eval.batches", i(eval_batches));
+  f.emplace_back("samples.prompts", toml_strings(sample_prompts));
+  f.emplace_back("samples.max_tokens", i(sample_max_tokens));
+  f.emplace_back("samples.temperature", toml_double(sample_temperature));
+  f.emplace_back("samples.top_k", i(sample_top_k));
+  f.emplace_back("samples.seed", i(static_cast<int64_t>(sample_seed)));
+  f.emplace_back("samples.tokenizer", toml_string(sample_tokenizer));
   f.emplace_back("checkpoint.interval", i(checkpoint_interval));
   f.emplace_back("checkpoint.keep", i(keep_checkpoints));
   f.emplace_back("metrics.tensorboard", b(tensorboard));
@@ -329,7 +351,7 @@ std::string TrainConfig::to_toml() const {
 
 bool key_may_change_on_resume(const std::string& key) {
   return key == "run.name" || key == "run.dir" || key == "run.threads" || key == "train.steps" ||
-         key == "train.max_bad_steps" || key.starts_with("eval.") ||
+         key == "train.max_bad_steps" || key.starts_with("eval.") || key.starts_with("samples.") ||
          key.starts_with("checkpoint.") || key.starts_with("metrics.") ||
          key.starts_with("parallel.");
 }

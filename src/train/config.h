@@ -41,6 +41,13 @@ struct TrainConfig {
   optim::Schedule schedule;  // lr and total_steps come from optimizer.lr and train.steps
   // [eval]
   int64_t eval_interval = 0, eval_batches = 8;
+  // [samples]: text generated from the model at each evaluation (none without prompts)
+  std::vector<std::string> sample_prompts;
+  int64_t sample_max_tokens = 32;
+  double sample_temperature = 0.8;
+  int64_t sample_top_k = 0;
+  uint64_t sample_seed = 0;
+  std::string sample_tokenizer;  // default: tokenizer.json beside the first data manifest
   // [checkpoint]
   int64_t checkpoint_interval = 0;
   int keep_checkpoints = 3;

@@ -23,6 +23,7 @@
 #include "obs/metrics.h"
 #include "obs/progress.h"
 #include "ops/gemm.h"
+#include "train/samples.h"
 
 namespace fs = std::filesystem;
 
@@ -435,7 +436,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
 
   int64_t step = 0, tokens = 0, bad_in_row = 0, skipped = 0;
   double elapsed_before = 0;
-  std::optional<uint64_t> jsonl_at = 0;
+  std::optional<uint64_t> jsonl_at = 0, samples_at = 0;
   std::string tb_file;
   uint64_t tb_at = 0;
   Rng rng(cfg.seed);
@@ -447,7 +448,18 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       const auto choice = io::choose_resume_checkpoint(ckpt_root);
       for (const auto& [dir, why] : choice.skipped)
         log::warn("skipping checkpoint '", dir.string(), "': ", why);
-      if (choice.dir) choice_of_lead[0] = io::checkpoint_step(*choice.dir);
+      if (choice.dir) {
+        choice_of_lead[0] = io::checkpoint_step(*choice.dir);
+        // The skipped ones are newer than the resume point, so this run will never reach them
+        // again; left in place they would count as the newest for retention, which would then
+        // delete good checkpoints and keep them. Moved aside, they stay for inspection.
+        for (const auto& [bad, why] : choice.skipped) {
+          const fs::path aside = bad.parent_path() / cat(".corrupt-", bad.filename().string());
+          fs::remove_all(aside);
+          fs::rename(bad, aside);
+          log::warn("moved '", bad.string(), "' aside to '", aside.string(), "'");
+        }
+      }
       choice_of_lead[1] = static_cast<int64_t>(choice.skipped.size());
     }
     comm.broadcast(choice_of_lead, 0, "the choice of checkpoint to resume");
@@ -473,6 +485,10 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       jsonl_at = st.at("metrics").at("jsonl_bytes").get<uint64_t>();
       tb_file = st.at("metrics").at("tensorboard_file").get<std::string>();
       tb_at = st.at("metrics").at("tensorboard_bytes").get<uint64_t>();
+      // Checkpoints written before samples were turned on have no position: append.
+      samples_at = st.at("metrics").contains("samples_bytes")
+                       ? std::optional(st.at("metrics").at("samples_bytes").get<uint64_t>())
+                       : std::nullopt;
       last_checkpoint = dir;
       log::info("resuming from '", dir.string(), "' at step ", step, " (", tokens, " tokens)");
     }
@@ -493,6 +509,8 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       tb = obs::EventFileWriter::create(tb_dir);
     }
   }
+  SampleWriter samples;
+  if (!cfg.sample_prompts.empty() && lead) samples = SampleWriter(cfg, samples_at);
   const std::string config_toml = cfg.to_toml();
   if (lead) write_file_atomic(cfg.dir / "config.toml", config_toml);
 
@@ -523,6 +541,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
     }
     jsonl->file().sync();
     if (tb.file().is_open()) tb.file().sync();
+    if (samples.enabled()) samples.file().sync();
     nlohmann::ordered_json st;
     st["step"] = at;
     st["tokens"] = tokens;
@@ -535,6 +554,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
                      {"tensorboard_file",
                       tb.file().is_open() ? tb.file().path().filename().string() : std::string()},
                      {"tensorboard_bytes", tb.file().is_open() ? tb.file().position() : 0}};
+    if (samples.enabled()) st["metrics"]["samples_bytes"] = samples.file().position();
     const auto w = zero ? write_checkpoint(ckpt_root, at, model, gathered, st, config_toml)
                         : write_checkpoint(ckpt_root, at, model, *opt, st, config_toml);
     last_checkpoint = w.dir;
@@ -641,7 +661,8 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       break;
     }
     const bool last = step == cfg.steps;
-    if (val_loader && ((cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || last)) {
+    const bool eval_now = (cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || last;
+    if (val_loader && eval_now) {
       last_val =
           evaluate(model, *val_loader, val_start, cfg.eval_batches, parallel ? &comm : nullptr);
       nlohmann::ordered_json v;
@@ -652,6 +673,10 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       if (tb.file().is_open()) tb.add_scalar("val/loss", last_val, step, wall);
       progress.finish();
       log::info("step ", step, ": validation loss ", last_val);
+    }
+    if (samples.enabled() && eval_now) {
+      progress.finish();
+      samples.write(model, step, tokens, tb);
     }
     if (jsonl) jsonl->file().flush();
     if (tb.file().is_open()) tb.file().flush();

@@ -11,6 +11,7 @@
 #include "base/hash.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "io/synced_write.h"
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -194,5 +195,63 @@ TEST(Checkpoint, CommitVerifyCorruptSkipAndRetain) {
   EXPECT_EQ(io::list_checkpoints(root), (std::vector<fs::path>{c3, root / "step-00000005"}));
   EXPECT_FALSE(fs::exists(root / ".tmp-step-00000004.999999"));
   EXPECT_EQ(removed.size(), 3u);
+  fs::remove_all(root);
+}
+
+// write_synced gathers pieces of any size (empty ones too) into large writes across chunk
+// boundaries; the file holds their concatenation and the hash, taken from memory on another
+// thread, is the file's.
+TEST(SyncedWrite, PiecesOfAnySizeMakeTheFileAndItsHash) {
+  const fs::path d = temp_dir("synced");
+  std::vector<std::string> parts = {"head", "", std::string(3, 'x')};
+  std::string big(size_t{21} << 20, '\0');  // crosses two 8 MiB chunk boundaries
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 2654435761u >> 13);
+  parts.push_back(big);
+  parts.push_back("");
+  parts.push_back(std::string(5000, 'y'));
+  io::ByteSpans pieces;
+  std::string expected;
+  for (const auto& p : parts) {
+    pieces.push_back(std::as_bytes(std::span(p)));
+    expected += p;
+  }
+  const auto s = io::write_synced(d / "f.bin", pieces);
+  EXPECT_EQ(s.bytes, expected.size());
+  EXPECT_EQ(read_file(d / "f.bin"), expected);
+  EXPECT_EQ(s.sha256, sha256_hex(expected));
+  EXPECT_EQ(s.sha256, sha256_file(d / "f.bin"));
+  const auto empty = io::write_synced(d / "e.bin", io::ByteSpans{});
+  EXPECT_EQ(empty.bytes, 0u);
+  EXPECT_EQ(empty.sha256, sha256_hex(""));
+  EXPECT_EQ(fs::file_size(d / "e.bin"), 0u);
+  fs::remove_all(d);
+}
+
+// The manifest lists files in the order added, and a writer dropped before commit leaves
+// nothing behind.
+TEST(Checkpoint, ManifestKeepsFileOrderAndAnUncommittedWriterLeavesNothing) {
+  const fs::path root = temp_dir("ckpt_parallel");
+  const Tensor big = Tensor::full({1024, 1024}, 0.5, DType::f32);
+  {
+    io::CheckpointWriter w(root, 7);
+    w.add_tensors("b.safetensors", {{"w", big}});
+    w.add_text("a.json", "{}");
+    w.add_tensors("c.safetensors", {{"v", Tensor::full({3}, 2.0, DType::f32)}});
+  }  // dropped: no checkpoint, no temp folder
+  EXPECT_TRUE(fs::is_empty(root));
+  io::CheckpointWriter w(root, 7);
+  w.add_tensors("b.safetensors", {{"w", big}});
+  w.add_text("a.json", "{}");
+  w.add_tensors("c.safetensors", {{"v", Tensor::full({3}, 2.0, DType::f32)}});
+  const fs::path dir = w.commit();
+  EXPECT_FALSE(io::verify_checkpoint(dir).has_value());
+  const auto m = nlohmann::ordered_json::parse(read_file(dir / "manifest.json"));
+  std::vector<std::string> names;
+  for (const auto& [name, info] : m["files"].items()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"b.safetensors", "a.json", "c.safetensors"}));
+  EXPECT_EQ(w.stats().bytes,
+            fs::file_size(dir / "b.safetensors") + 2 + fs::file_size(dir / "c.safetensors"));
+  const auto back = io::read_safetensors(dir / "b.safetensors");
+  EXPECT_EQ(std::memcmp(back.find("w")->raw(), big.raw(), big.nbytes()), 0);
   fs::remove_all(root);
 }

@@ -100,7 +100,7 @@ TEST(Progress, FormatsDurations) {
   EXPECT_EQ(obs::format_duration(NAN), "?");
 }
 
-TEST(TensorBoard, OwnReaderReadsOurScalars) {
+TEST(TensorBoard, OwnReaderReadsOurScalarsAndText) {
   const std::string python = POLLEN_PEERS_PYTHON;
   int status = 0;
   if (!fs::exists(python)) GTEST_SKIP() << "no peers venv at " << python << " (scripts/test-peers)";
@@ -125,6 +125,7 @@ TEST(TensorBoard, OwnReaderReadsOurScalars) {
     auto w = obs::EventFileWriter::resume(file, saved);
     w.add_scalar("train/loss", 2.5, 4, 1700000004.0);
     w.add_scalar("val/loss", 3.25, 4, 1700000004.0);
+    w.add_text("samples", "**Once** upon a time", 4, 1700000004.0);
     w.file().sync();
   }
   // tensorboard's record reader checks both CRCs of every record; the accumulator parses the
@@ -134,18 +135,23 @@ import sys
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 n = sum(1 for _ in event_file_loader.RawEventFileLoader(sys.argv[1]).Load())
-acc = EventAccumulator(sys.argv[2], size_guidance={'scalars': 0})
+acc = EventAccumulator(sys.argv[2], size_guidance={'scalars': 0, 'tensors': 0})
 acc.Reload()
 print('records', n)
 for tag in sorted(acc.Tags()['scalars']):
     for e in acc.Scalars(tag):
         print(tag, e.step, repr(round(e.value, 6)), int(e.wall_time))
+for e in acc.Tensors('samples'):
+    print('text', e.step, acc.SummaryMetadata('samples').plugin_data.plugin_name,
+          [d.size for d in e.tensor_proto.tensor_shape.dim],
+          e.tensor_proto.string_val[0].decode())
 )PY";
   write_file_atomic(d / "read.py", script);
   const std::string out = run_capture(
       python + " " + (d / "read.py").string() + " " + file.string() + " " + d.string(), &status);
   ASSERT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("records 9"), std::string::npos) << out;  // file_version + 8 scalars
+  EXPECT_NE(out.find("records 10"), std::string::npos) << out;  // file_version, 8 scalars, text
+  EXPECT_NE(out.find("text 4 text [1] **Once** upon a time"), std::string::npos) << out;
   EXPECT_NE(out.find("train/loss 1 10.0 1700000001"), std::string::npos) << out;
   EXPECT_NE(out.find("train/loss 3 3.333333 1700000003"), std::string::npos) << out;
   EXPECT_NE(out.find("train/loss 4 2.5 1700000004"), std::string::npos) << out;

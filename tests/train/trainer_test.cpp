@@ -1,5 +1,6 @@
 // The trainer: schedules, the run file, gradient accumulation, overfitting a tiny dataset,
-// bitwise resume (in process and across a SIGKILLed process), corrupt checkpoints, NaN stops.
+// bitwise resume (in process and across a SIGKILLed process), corrupt checkpoints, NaN stops,
+// text samples at each evaluation, and `pollen eval --run` over every checkpoint of a run.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "autograd/tape.h"
@@ -17,7 +19,10 @@
 #include "base/thread_pool.h"
 #include "io/checkpoint.h"
 #include "optim/schedule.h"
+#include "tokenizer/open.h"
+#include "tokenizer/trainer.h"
 #include "train/config.h"
+#include "train/run_eval.h"
 #include "train/tiny_run.h"
 #include "train/trainer.h"
 
@@ -286,8 +291,11 @@ TEST(Trainer, ResumeIsBitwiseAndSkipsACorruptCheckpoint) {
   EXPECT_NE(err.find("resuming from"), std::string::npos) << err;
   EXPECT_EQ(losses(base / "bad"), losses(base / "full"));
   EXPECT_EQ(final_weights(base / "bad", 14), final_weights(base / "full", 14));
-  // Retention kept the newest two.
-  EXPECT_EQ(io::list_checkpoints(base / "bad/checkpoints").size(), 2u);
+  // The corrupt one was moved aside, and retention kept the newest two good ones.
+  EXPECT_TRUE(fs::exists(base / "bad/checkpoints/.corrupt-step-00000009/manifest.json"));
+  EXPECT_EQ(io::list_checkpoints(base / "bad/checkpoints"),
+            (std::vector<fs::path>{base / "bad/checkpoints/step-00000012",
+                                   base / "bad/checkpoints/step-00000014"}));
 
   // A fresh start in a run folder with checkpoints is refused; a changed key on resume too.
   EXPECT_NE(error_of([&] { train_quiet(bad); }).find("--resume"), std::string::npos);
@@ -315,8 +323,9 @@ TEST(Trainer, NonFiniteLossesSkipUpdatesThenStop) {
   fs::remove_all(run);
 }
 
-// The pollen binary: SIGTERM is a preemption (exit 3), SIGKILL mid-run loses nothing that a
-// fresh process cannot redo bitwise, and the resumed run equals the uninterrupted one.
+// The pollen binary: SIGTERM is a preemption (exit 3), SIGKILL mid-step or mid-checkpoint loses
+// nothing that a fresh process cannot redo bitwise, and the resumed run equals the uninterrupted
+// one.
 TEST(TrainCli, SigkillThenResumeInAFreshProcessIsBitwise) {
   const fs::path base = temp_dir("cli");
   const auto write_cfg = [&](const std::string& name) {
@@ -366,7 +375,28 @@ TEST(TrainCli, SigkillThenResumeInAFreshProcessIsBitwise) {
     waitpid(pid, &status, 0);
     ASSERT_TRUE(WIFSIGNALED(status)) << "the run ended before it could be killed";
   }
+  // Then in the middle of writing a checkpoint: killed while its temp folder exists (tried a
+  // few times, since a tiny checkpoint takes only milliseconds to write).
+  const fs::path kroot = base / "killed/checkpoints";
+  auto temp_folder = [&] {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(kroot, ec))
+      if (e.path().filename().string().starts_with(".tmp-step-")) return e.path();
+    return fs::path();
+  };
+  bool mid_checkpoint = false;
+  for (int attempt = 0; attempt < 5 && !mid_checkpoint; ++attempt) {
+    const pid_t pid = spawn(kcfg, true);
+    int status = 0;
+    while (temp_folder().empty() && waitpid(pid, &status, WNOHANG) == 0) {
+    }
+    ::kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    mid_checkpoint = WIFSIGNALED(status) && !temp_folder().empty();
+  }
+  ASSERT_TRUE(mid_checkpoint) << "no kill landed while a checkpoint was being written";
   ASSERT_EQ(run("train --resume --config " + kcfg.string() + slow), 0);
+  EXPECT_TRUE(temp_folder().empty());  // the dead process's temp folder was cleaned up
   EXPECT_EQ(losses(base / "killed"), losses(base / "full"));
   EXPECT_EQ(final_weights(base / "killed", 40), final_weights(base / "full", 40));
 
@@ -413,5 +443,137 @@ TEST(TrainCli, HelpDocumentsExitCodesAndPlotDrawsRuns) {
   EXPECT_NE(svg.find(">b</text>"), std::string::npos);
   EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);  // validation curves
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  fs::remove_all(run);
+}
+
+namespace {
+
+// A byte-level BPE tokenizer beside the tiny dataset's manifest, where `pollen data prepare`
+// puts it (and where [samples] looks by default). The model's 300 ids outnumber its 260, as
+// padded vocabularies do, so samples meet ids it cannot decode.
+void write_tiny_tokenizer() {
+  const fs::path path = dataset().parent_path() / "tokenizer.json";
+  if (fs::exists(path)) return;
+  tokenizer::PieceCounts counts(tokenizer::pattern_regex("gpt2"));
+  const std::vector<std::string_view> docs = {"ABAB ABBA BABA", "AB BA AB"};
+  counts.add_documents(docs);
+  const auto tok =
+      tokenizer::train_bpe(counts, {260, {"<|endoftext|>"}, tokenizer::pattern_regex("gpt2")});
+  tokenizer::save_tokenizer(tok, path);
+}
+
+std::vector<std::string> sample_sets() {
+  return {"model.vocab_size=300", "samples.prompts=[\"AB\", \"BA B\"]", "samples.max_tokens=6",
+          "samples.temperature=1.0", "samples.seed=5"};
+}
+
+}  // namespace
+
+// Samples come from their own seeded sampler: a run with them trains bitwise as one without,
+// and a resumed run writes the same samples as the uninterrupted one.
+TEST(Trainer, SamplesAtEachEvalLeaveTrainingBitwiseAndResume) {
+  write_tiny_tokenizer();
+  const fs::path base = temp_dir("samples");
+  const auto plain = train_quiet(tiny(base / "plain", 12, {"model.vocab_size=300"}));
+  ASSERT_EQ(plain.status, train::RunStatus::finished) << plain.message;
+  const auto with = train_quiet(tiny(base / "with", 12, sample_sets()));
+  ASSERT_EQ(with.status, train::RunStatus::finished) << with.message;
+  EXPECT_EQ(losses(base / "with"), losses(base / "plain"));
+  EXPECT_EQ(final_weights(base / "with", 12), final_weights(base / "plain", 12));
+
+  // Evaluations at step 10 (eval.interval) and 12 (the end): two prompts each.
+  std::vector<nlohmann::json> samples;
+  {
+    std::ifstream in(base / "with/samples.jsonl");
+    std::string line;
+    while (std::getline(in, line)) samples.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(samples.size(), 4u);
+  EXPECT_EQ(samples[0]["step"], 10);
+  EXPECT_EQ(samples[0]["prompt"], "AB");
+  EXPECT_EQ(samples[1]["prompt"], "BA B");
+  EXPECT_EQ(samples[3]["step"], 12);
+  EXPECT_EQ(samples[3]["tokens"], 12 * 128);
+  for (const auto& s : samples) EXPECT_TRUE(s["text"].is_string() && s.contains("finish_reason"));
+  // The text summary went to TensorBoard too.
+  bool tagged = false;
+  for (const auto& e : fs::directory_iterator(base / "with/tensorboard"))
+    tagged |= read_file(e.path()).find("samples") != std::string::npos;
+  EXPECT_TRUE(tagged);
+
+  const auto cut = tiny(base / "cut", 12, sample_sets());
+  ASSERT_EQ(train_quiet(cut, false, 6).status, train::RunStatus::preempted);
+  ASSERT_EQ(train_quiet(cut, true).status, train::RunStatus::finished);
+  EXPECT_EQ(losses(base / "cut"), losses(base / "with"));
+  EXPECT_EQ(read_file(base / "cut/samples.jsonl"), read_file(base / "with/samples.jsonl"));
+
+  // A prompt too long for the context is refused, naming the key.
+  const auto err = error_of([&] {
+    auto sets = sample_sets();
+    sets.push_back("samples.max_tokens=64");
+    train_quiet(tiny(base / "long", 2, sets));
+  });
+  EXPECT_NE(err.find("samples.max_tokens"), std::string::npos) << err;
+  fs::remove_all(base);
+}
+
+// `pollen eval --run`: every checkpoint of a run, the same numbers as `pollen eval` of each
+// checkpoint, skipped when already done, a corrupt one skipped with its reason, and drawn by plot.
+TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
+  const fs::path run = temp_dir("evalrun");
+  const auto c = tiny(run, 12, {"checkpoint.keep=0"});
+  ASSERT_EQ(train_quiet(c).status, train::RunStatus::finished);
+  const auto all = io::list_checkpoints(run / "checkpoints");
+  ASSERT_EQ(all.size(), 3u);  // steps 4, 8, 12
+
+  auto pollen = [](const std::string& args) {
+    std::array<char, 4096> buf{};
+    std::string out;
+    FILE* p = popen((std::string(POLLEN_BINARY) + " " + args + " 2>/dev/null").c_str(), "r");
+    while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+    EXPECT_EQ(pclose(p), 0) << args;
+    std::vector<nlohmann::json> lines;
+    std::istringstream in(out);
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  };
+  const auto printed = pollen("eval --run " + run.string() + " --threads 2");
+  ASSERT_EQ(printed.size(), 3u);
+  const auto written = train::read_run_evals(run);
+  ASSERT_EQ(written.size(), 3u);
+  for (size_t i = 0; i < all.size(); ++i) {
+    const auto one = pollen("eval --model " + all[i].string() + " --data " + dataset().string() +
+                            " --split validation --seq 16 --batch 4 --threads 2");
+    ASSERT_EQ(one.size(), 1u);
+    EXPECT_EQ(written[i]["step"], io::checkpoint_step(all[i]));
+    EXPECT_EQ(written[i]["tokens"], io::checkpoint_step(all[i]) * 128);
+    EXPECT_EQ(written[i]["loss"].get<double>(), one[0]["loss"].get<double>()) << i;
+    EXPECT_EQ(written[i]["perplexity"].get<double>(), one[0]["perplexity"].get<double>());
+    EXPECT_EQ(printed[i]["loss"], written[i]["loss"]);
+  }
+  EXPECT_GT(written[0]["loss"].get<double>(), written[2]["loss"].get<double>());
+
+  // Done ones are skipped; --again redoes them, passing over a checkpoint that fails to verify.
+  train::RunEvalOptions o;
+  o.quiet = true;
+  auto r = train::evaluate_run(run, o);
+  EXPECT_TRUE(r.evaluated.empty());
+  EXPECT_EQ(r.already, 3);
+  fs::resize_file(all[1] / "model.safetensors", 100);
+  o.again = true;
+  ::testing::internal::CaptureStderr();
+  r = train::evaluate_run(run, o);
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.evaluated.size(), 2u);
+  ASSERT_EQ(r.unverified.size(), 1u);
+  EXPECT_NE(r.unverified[0].second.find("model.safetensors holds 100 bytes"), std::string::npos);
+  EXPECT_EQ(train::read_run_evals(run), written);  // the same numbers again
+
+  const std::string plot = std::string(POLLEN_BINARY) + " plot " + run.string() + " --output " +
+                           (run / "c.svg").string() + " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(plot.c_str()), 0);
+  EXPECT_NE(read_file(run / "c.svg").find("<rect x="), std::string::npos);
   fs::remove_all(run);
 }

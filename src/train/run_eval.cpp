@@ -1,0 +1,137 @@
+#include "train/run_eval.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <tuple>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "base/log.h"
+#include "eval/perplexity.h"
+#include "io/checkpoint.h"
+#include "io/model_source.h"
+#include "obs/metrics.h"
+#include "train/config.h"
+
+namespace fs = std::filesystem;
+
+namespace pollen::train {
+namespace {
+
+// What makes two evaluations the same: checkpoint step, dataset, split, row length.
+using EvalKey = std::tuple<int64_t, std::string, std::string, int64_t>;
+
+EvalKey key_of(const nlohmann::ordered_json& j) {
+  return {j.at("step").get<int64_t>(), j.at("data").get<std::string>(),
+          j.at("split").get<std::string>(), j.at("seq").get<int64_t>()};
+}
+
+// A dataset's name in TensorBoard tags: the folder holding its manifest.
+std::string dataset_label(const std::string& manifest) {
+  const std::string folder = fs::path(manifest).parent_path().filename().string();
+  return folder.empty() ? fs::path(manifest).stem().string() : folder;
+}
+
+}  // namespace
+
+std::vector<nlohmann::ordered_json> read_run_evals(const fs::path& run_dir) {
+  std::vector<nlohmann::ordered_json> out;
+  const fs::path path = run_dir / "eval.jsonl";
+  std::ifstream in(path);
+  if (!in) return out;
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    auto j = nlohmann::ordered_json::parse(line, nullptr, false);
+    POLLEN_CHECK(!j.is_discarded() && j.is_object() && j.contains("step") && j.contains("data") &&
+                     j.contains("split") && j.contains("seq"),
+                 "'", path.string(), "' line ", n,
+                 ": expected a JSON object with step, data, split and seq");
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
+  const fs::path config_path = run_dir / "config.toml";
+  POLLEN_CHECK(fs::is_regular_file(config_path), "'", run_dir.string(),
+               "' is not a run folder of pollen train (no config.toml)");
+  // The resolved config holds paths as the run saw them (absolute, or relative to where it ran).
+  const TrainConfig run = parse_train_config(read_file(config_path), config_path.string());
+  std::vector<std::string> manifests = o.manifests;
+  if (manifests.empty()) manifests = run.validation_manifests;
+  const std::string split = o.split.empty() ? run.validation_split : o.split;
+  POLLEN_CHECK(!split.empty(), "'", config_path.string(),
+               "': data.validation_split is empty (the run had no validation data); give the "
+               "split to evaluate");
+  eval::PerplexityOptions po;
+  po.split = split;
+  po.seq = o.seq > 0 ? o.seq : run.seq;
+  po.batch = o.batch > 0 ? o.batch : run.micro_batch;
+
+  std::map<EvalKey, nlohmann::ordered_json> records;
+  for (auto& j : read_run_evals(run_dir)) {
+    const EvalKey key = key_of(j);
+    records[key] = std::move(j);
+  }
+
+  RunEvalResult result;
+  obs::EventFileWriter tb;
+  for (const fs::path& dir : io::list_checkpoints(run_dir / "checkpoints")) {
+    const int64_t step = io::checkpoint_step(dir);
+    std::vector<std::string> todo;
+    for (const auto& m : manifests) {
+      if (!o.again && records.count({step, m, split, po.seq})) {
+        ++result.already;
+        continue;
+      }
+      todo.push_back(m);
+    }
+    if (todo.empty()) continue;
+    if (auto why = io::verify_checkpoint(dir)) {
+      log::warn("skipping checkpoint '", dir.string(), "': ", *why);
+      result.unverified.emplace_back(dir, *why);
+      continue;
+    }
+    const model::Llama model = io::load_model(io::resolve_model(dir.string()));
+    const auto state = nlohmann::json::parse(read_file(dir / "state.json"));
+    const int64_t tokens = state.at("tokens").get<int64_t>();
+    for (const auto& m : todo) {
+      const eval::PerplexityResult r = eval::perplexity(model, m, po);
+      nlohmann::ordered_json j;
+      j["step"] = step;
+      j["tokens"] = tokens;
+      j["checkpoint"] = dir.filename().string();
+      j["data"] = m;
+      j["split"] = split;
+      j["seq"] = po.seq;
+      j["loss"] = r.loss;
+      j["perplexity"] = r.perplexity;
+      j["scored_tokens"] = r.tokens;
+      j["documents"] = r.documents;
+      if (!o.quiet)
+        log::info("step ", step, " (", dir.filename().string(), ") on ", m, " [", split, "]: loss ",
+                  r.loss, ", perplexity ", r.perplexity);
+      if (run.tensorboard) {
+        if (!tb.file().is_open()) tb = obs::EventFileWriter::create(run_dir / "tensorboard");
+        const double wall = obs::wall_time_now();
+        tb.add_scalar(cat("eval/", dataset_label(m), "/loss"), r.loss, step, wall);
+        tb.add_scalar(cat("eval/", dataset_label(m), "/perplexity"), r.perplexity, step, wall);
+      }
+      records[key_of(j)] = j;
+      result.evaluated.push_back(std::move(j));
+    }
+    // Written after each checkpoint, so an interrupted evaluation keeps what it finished.
+    std::string text;
+    for (const auto& [key, j] : records) text += j.dump() + "\n";
+    write_file_atomic(run_dir / "eval.jsonl", text);
+    if (tb.file().is_open()) tb.file().sync();
+  }
+  return result;
+}
+
+}  // namespace pollen::train
