@@ -132,7 +132,7 @@ const char* GopherQualityFilter::check(std::string_view text) const {
   for (auto w : words) {
     if (has_non_punct(w)) {
       ++non_symbol;
-      non_symbol_len += w.size();
+      non_symbol_len += utf8_length(w);
     }
     alpha += has_alpha(w);
     if (min_stop_words > 0 && w.size() <= 4 &&
@@ -303,7 +303,7 @@ const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& li
     split_words(s, words);
     bool long_word = false;
     for (auto w : words)
-      long_word |= max_word_length > 0 && static_cast<int64_t>(w.size()) > max_word_length;
+      long_word |= max_word_length > 0 && static_cast<int64_t>(utf8_length(w)) > max_word_length;
     if (long_word) {
       ++lines_removed;
       continue;

@@ -93,6 +93,12 @@ size_t utf8_invalid_at(std::string_view s) {
   return std::string_view::npos;
 }
 
+size_t utf8_length(std::string_view s) {
+  size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 size_t utf8_repair(std::string_view s, std::string& out) {
   out.clear();
   out.reserve(s.size());

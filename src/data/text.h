@@ -15,6 +15,9 @@ size_t utf8_invalid_at(std::string_view s);
 // Replaces each maximal invalid subsequence by U+FFFD (as Python's errors="replace" and
 // WHATWG decoders do); returns how many replacements were made.
 size_t utf8_repair(std::string_view s, std::string& out);
+// Characters (code points) of valid UTF-8 `s`: what Python's len() counts, which the Gopher and
+// C4 word-length rules are defined by. Counts the bytes that do not continue a sequence.
+size_t utf8_length(std::string_view s);
 
 // Whitespace (ASCII space, tab, CR, LF, VT, FF) separated words, as views into `s`.
 void split_words(std::string_view s, std::vector<std::string_view>& out);

@@ -69,6 +69,8 @@ TEST(Filters, GopherQuality) {
   EXPECT_STREQ(f.check("the cat and the dog"), "gopher_too_few_words");
   EXPECT_STREQ(f.check("the and of to " + words(60, "extraordinarilylongish")),
                "gopher_long_mean_word");
+  // Word length is in characters, as datatrove's len(): six Cyrillic letters are 12 bytes.
+  EXPECT_EQ(f.check("the and of to " + words(60, "\u043f\u0440\u0438\u0432\u0435\u0442")), nullptr);
   std::string hashes = good_text();
   for (int i = 0; i < 30; ++i) hashes += " #tag";
   EXPECT_STREQ(f.check(hashes), "gopher_hash_ratio");
