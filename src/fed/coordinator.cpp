@@ -552,7 +552,7 @@ RoundSummary Coordinator::end_round() {
   metrics_.write(m);
   record_status(s);
   if (s.aggregated) {
-    write_tensorboard(s);
+    write_tensorboard(s, m);
     lineage_file_.write({{"round", s.round}, {"clients", lineage_clients}});
     save_checkpoint(s);
     log::info("fed server: round ", s.round, " done: ", s.participants.size(), " clients, ",
@@ -648,7 +648,8 @@ void Coordinator::record_status(const RoundSummary& s) {
   totals_.tokens_total += s.aggregated ? s.tokens : 0;
 }
 
-void Coordinator::write_tensorboard(const RoundSummary& s) {
+void Coordinator::write_tensorboard(const RoundSummary& s,
+                                    const nlohmann::ordered_json& round_metrics) {
   const double now = obs::wall_time_now();
   auto add = [&](const std::string& tag, double value) {
     tensorboard_.add_scalar(tag, value, s.round, now);
@@ -663,6 +664,11 @@ void Coordinator::write_tensorboard(const RoundSummary& s) {
   add("fed/wall_s", s.wall_s);
   for (const auto& [id, loss] : s.client_train_loss) add("client/" + id + "/train_loss", loss);
   for (const auto& [id, loss] : s.client_eval_loss) add("client/" + id + "/eval_loss", loss);
+  for (const char* key : {"clipped", "rejected"})
+    if (round_metrics.contains(key)) add(cat("fed/", key), round_metrics.at(key).get<double>());
+  if (round_metrics.contains("privacy"))
+    for (const auto& [key, value] : round_metrics.at("privacy").items())
+      if (value.is_number()) add("privacy/" + key, value.get<double>());
   tensorboard_.file().flush();
 }
 

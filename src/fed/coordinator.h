@@ -120,7 +120,8 @@ class Coordinator {
   // Unmasks the sum and applies it; false (with the reason in *why) when the round fails.
   bool aggregate_secure(int64_t round, int64_t tokens, size_t participants, std::string* why);
   void record_status(const RoundSummary& s);
-  void write_tensorboard(const RoundSummary& s);
+  // `round_metrics`: the round's metrics line, whose counts and privacy figures go there too.
+  void write_tensorboard(const RoundSummary& s, const nlohmann::ordered_json& round_metrics);
 
   ServerConfig config_;
   std::unique_ptr<Strategy> strategy_;

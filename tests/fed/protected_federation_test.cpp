@@ -260,6 +260,11 @@ TEST(Attack, CentralDpReportsEpsilonEachRoundAndStopsAtTheBudget) {
   EXPECT_EQ(metrics[3]["status"], "refused");
   EXPECT_NE(metrics[3]["reason"].get<std::string>().find("privacy.epsilon_budget"),
             std::string::npos);
+  // Epsilon is a TensorBoard scalar of every round too (the tag is stored as plain bytes).
+  std::string events;
+  for (const auto& f : fs::directory_iterator(cfg.server.dir / "tensorboard"))
+    events += read_file(f.path());
+  EXPECT_NE(events.find("privacy/epsilon"), std::string::npos);
   fs::remove_all(dir);
 }
 
