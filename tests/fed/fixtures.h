@@ -44,12 +44,13 @@ inline model::LlamaConfig tiny_model() {
 
 // A silo's data: documents counting up by `stride` modulo 60 from varying starts, so each silo
 // has its own learnable pattern.
-inline fs::path make_silo(const fs::path& dir, int stride) {
+inline fs::path make_silo(const fs::path& dir, int stride, int train_docs = 300,
+                          int validation_docs = 40) {
   fs::create_directories(dir);
   std::vector<data::ShardInfo> shards;
   for (const char* split : {"train", "validation"}) {
     data::ShardWriter w(dir, "silo", split, data::TokenDType::u16, 1 << 20);
-    const int docs = std::string(split) == "train" ? 300 : 40;
+    const int docs = std::string(split) == "train" ? train_docs : validation_docs;
     for (int d = 0; d < docs; ++d) {
       std::vector<uint32_t> ids(24);
       for (size_t p = 0; p < ids.size(); ++p) {

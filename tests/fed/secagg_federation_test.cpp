@@ -20,6 +20,7 @@
 #include "fed/client.h"
 #include "fed/config.h"
 #include "fed/coordinator.h"
+#include "fed/fixtures.h"
 #include "fed/run.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
@@ -28,61 +29,18 @@
 namespace fs = std::filesystem;
 using namespace pollen;
 using namespace pollen::fed;
+using namespace pollen::fed::testing;
 
 namespace {
-
-fs::path temp_dir(const std::string& name) {
-  fs::path p =
-      fs::temp_directory_path() / ("pollen_secagg_test_" + name + "_" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
 
 const char* kModelToml =
     "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
     "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
     "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n";
 
-model::LlamaConfig tiny_model() {
-  model::LlamaConfig c;
-  c.vocab_size = 64;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 2;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 64;
-  c.validate();
-  return c;
-}
-
-// A silo whose documents count up by `stride` modulo 60.
-fs::path make_silo(const fs::path& dir, int stride) {
-  fs::create_directories(dir);
-  std::vector<data::ShardInfo> shards;
-  for (const char* split : {"train", "validation"}) {
-    data::ShardWriter w(dir, "silo", split, data::TokenDType::u16, 1 << 20);
-    for (int d = 0; d < (std::string(split) == "train" ? 200 : 20); ++d) {
-      std::vector<uint32_t> ids(24);
-      for (size_t p = 0; p < ids.size(); ++p) {
-        ids[p] = static_cast<uint32_t>(1 + (d * 7 + static_cast<int>(p) * stride) % 60);
-      }
-      w.add_document(ids);
-    }
-    auto s = w.finish();
-    shards.insert(shards.end(), s.begin(), s.end());
-  }
-  nlohmann::json m{{"format", "pollen-shards-v1"}, {"token_dtype", "u16"}, {"vocab_size", 64}};
-  m["shards"] = nlohmann::json::array();
-  for (const auto& s : shards) m["shards"].push_back(s.to_json());
-  write_file_atomic(dir / "manifest.json", data::manifest_text(m));
-  return dir / "manifest.json";
-}
-
 std::vector<fs::path> make_silos(const fs::path& dir, int n) {
   std::vector<fs::path> out;
-  for (int i = 0; i < n; ++i) out.push_back(make_silo(dir / cat("silo", i), 1 + 2 * i));
+  for (int i = 0; i < n; ++i) out.push_back(make_silo(dir / cat("silo", i), 1 + 2 * i, 200, 20));
   return out;
 }
 
@@ -127,14 +85,6 @@ double max_abs_diff(const Weights& a, const Weights& b) {
   return worst;
 }
 
-bool bitwise_equal(const Weights& a, const Weights& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()) != 0) return false;
-  }
-  return true;
-}
-
 double byte_chi_square(const std::vector<uint64_t>& words) {
   std::array<double, 256> count{};
   for (uint64_t w : words) {
@@ -145,19 +95,6 @@ double byte_chi_square(const std::vector<uint64_t>& words) {
   for (double c : count) chi += (c - expected) * (c - expected) / expected;
   return chi;
 }
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
-struct Quiet {
-  Quiet() { log::set_level(log::Level::error); }
-  ~Quiet() { log::set_level(log::Level::info); }
-};
 
 // Clients in one process around one coordinator, driven phase by phase.
 struct Federation {
