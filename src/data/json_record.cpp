@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/unicode.h"
+
 namespace pollen::data {
 namespace {
 
@@ -24,24 +26,6 @@ int hex_value(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if ((c | 0x20) >= 'a' && (c | 0x20) <= 'f') return (c | 0x20) - 'a' + 10;
   return -1;
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 class Scanner {
@@ -155,7 +139,7 @@ class Scanner {
             return error("high surrogate not followed by a low surrogate");
           cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         }
-        if (out) append_utf8(*out, cp);
+        if (out) tokenizer::append_utf8(*out, static_cast<char32_t>(cp));
       }
       run = p_;
     }

@@ -83,15 +83,15 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   obs::EventFileWriter tb;
   for (const fs::path& dir : io::list_checkpoints(run_dir / "checkpoints")) {
     const int64_t step = io::checkpoint_step(dir);
-    std::vector<std::string> todo;
+    std::vector<std::string> pending;
     for (const auto& m : manifests) {
       if (!o.again && records.count({step, m, split, po.seq})) {
         ++result.already;
         continue;
       }
-      todo.push_back(m);
+      pending.push_back(m);
     }
-    if (todo.empty()) continue;
+    if (pending.empty()) continue;
     if (auto why = io::verify_checkpoint(dir)) {
       log::warn("skipping checkpoint '", dir.string(), "': ", *why);
       result.unverified.emplace_back(dir, *why);
@@ -100,7 +100,7 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
     const model::Llama model = io::load_model(io::resolve_model(dir.string()));
     const auto state = nlohmann::json::parse(read_file(dir / "state.json"));
     const int64_t tokens = state.at("tokens").get<int64_t>();
-    for (const auto& m : todo) {
+    for (const auto& m : pending) {
       const eval::PerplexityResult r = eval::perplexity(model, m, po);
       nlohmann::ordered_json j;
       j["step"] = step;
