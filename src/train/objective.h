@@ -1,0 +1,64 @@
+#pragma once
+// Post-training objectives (SFT, DPO, reward models, GRPO) share one loop (train/post_run.h):
+// AdamW on a schedule over the trainable parameters (the whole model, or only its LoRA adapters,
+// plus any parameters the objective adds, such as a reward head), gradient clipping, evaluation,
+// checkpoints that resume bitwise, metrics (JSONL + TensorBoard), progress and preemption. An
+// objective supplies what differs: its data, its loss and its metrics.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "autograd/var.h"
+#include "base/config.h"
+#include "model/llama.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace pollen::train {
+
+// What one optimizer step (or one evaluation) of an objective reports.
+struct ObjectiveStep {
+  double loss = 0;                 // the value whose gradient the step accumulated
+  int64_t tokens = 0;              // tokens run through the model (for tokens/s)
+  nlohmann::ordered_json metrics;  // the objective's own scalars: {"rewards/chosen": 0.3, ...}
+};
+
+class Objective {
+ public:
+  virtual ~Objective() = default;
+  virtual std::string name() const = 0;  // "sft", "dpo", "rm", "grpo": the metrics' prefix
+
+  // Parameters the objective adds to the model's and trains with them (a reward model's score
+  // head), with the names they are saved under. Most objectives add none.
+  virtual std::vector<std::pair<std::string, ag::Var>> extra_parameters() const { return {}; }
+
+  // Forward and backward of optimizer step `step` (1-based): every micro-batch of the step, the
+  // gradient of the step's loss accumulated into the trainable parameters' gradients (already
+  // zeroed by the loop). Deterministic given the objective's state, so a resumed run repeats it.
+  virtual ObjectiveStep train_step(const model::Llama& model, int64_t step) = 0;
+  // The loss and metrics on the held-out data, without gradients.
+  virtual ObjectiveStep evaluate(const model::Llama& model) = 0;
+
+  // Everything a resumed run needs to continue bitwise (data position, RNG counters), stored
+  // as JSON in each checkpoint, and restored from it before the first step of the resumed run.
+  virtual nlohmann::ordered_json state() const = 0;
+  virtual void restore(const nlohmann::ordered_json& state) = 0;
+};
+
+// What an objective is built from: its own section of the run file ([sft], [dpo], [rm] or
+// [grpo]; every key read from it and unknown keys refused by the objective), and what the loop
+// already resolved.
+struct ObjectiveContext {
+  ConfigTable section;
+  std::filesystem::path base_dir;  // relative data paths in the section are relative to this
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  tokenizer::ChatFormat chat_format;  // the model's chat template (or the one the run file names)
+  uint64_t seed = 0;
+  int64_t max_seq = 0;  // longest sequence the model may see (the model's max positions or less)
+};
+
+}  // namespace pollen::train
