@@ -25,12 +25,16 @@ void add_launch_command(CLI::App& app) {
                   "each, e.g. --mpirun-arg=-x --mpirun-arg=OMP_NUM_THREADS)")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  // Everything from the first argument that is not launch's own (after an optional --) is the
-  // command, passed on untouched.
+  // The command's first word, then everything after it (launch's own options come first; an
+  // optional -- ends them), passed on untouched. The first word is a positional so that CLI11
+  // lets a subcommand see the arguments after --; the rest are remaining() by prefix_command.
+  auto first = std::make_shared<std::string>();
+  cmd->add_option("command", *first, "The pollen command to run, then its arguments");
   cmd->prefix_command();
-  cmd->callback([cmd, opts] {
+  cmd->callback([cmd, opts, first] {
     std::vector<std::string> rest = cmd->remaining();
-    if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+    if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());  // launch's own --
+    if (!first->empty()) rest.insert(rest.begin(), *first);
     if (rest.empty()) throw CLI::RequiredError("launch: the pollen command to run, after --");
     // This binary's own path: each rank runs the same pollen.
     dist::exec_launch(*opts, std::filesystem::read_symlink("/proc/self/exe").string(), rest);
