@@ -47,6 +47,8 @@ class Communicator {
                                        std::string what) = 0;
   // Every rank's in[n] into out[world * n], in rank order.
   virtual Request start_all_gather(const float* in, float* out, int64_t n, std::string what) = 0;
+  // The root's data[n] into every rank's data[n].
+  virtual Request start_broadcast(float* data, int64_t n, int root, std::string what) = 0;
   // Lets collectives in flight advance (MPI moves them only inside its calls).
   virtual void progress() = 0;
   // Waits for one collective under the watchdog; returns the seconds spent waiting.
@@ -55,6 +57,9 @@ class Communicator {
   // Blocking sums and broadcasts of small values, under the watchdog.
   virtual void all_reduce_sum(std::span<double> values, std::string what) = 0;
   virtual void broadcast(std::span<int64_t> values, int root, std::string what) = 0;
+  // The same broadcast waited for with no watchdog, as long as the root takes to start it: for
+  // ranks that idle while the root waits on something outside the job (a federation server).
+  virtual void wait_for_broadcast(std::span<int64_t> values, int root, std::string what) = 0;
   void barrier(std::string what);
 
   // Ends every process of the job with this exit code (after a PeerFailure: the hung peer too).
@@ -72,10 +77,12 @@ class SingleProcess final : public Communicator {
   Request start_all_reduce(float*, int64_t, std::string) override { return 0; }
   Request start_reduce_scatter(const float* in, float* out, int64_t n, std::string) override;
   Request start_all_gather(const float* in, float* out, int64_t n, std::string) override;
+  Request start_broadcast(float*, int64_t, int, std::string) override { return 0; }
   void progress() override {}
   double wait(Request) override { return 0; }
   void all_reduce_sum(std::span<double>, std::string) override {}
   void broadcast(std::span<int64_t>, int, std::string) override {}
+  void wait_for_broadcast(std::span<int64_t>, int, std::string) override {}
   [[noreturn]] void abort_job(int exit_code) override;
 };
 

@@ -162,6 +162,13 @@ Request MpiCommunicator::start_all_gather(const float* in, float* out, int64_t n
   return track(r, std::move(what));
 }
 
+Request MpiCommunicator::start_broadcast(float* data, int64_t n, int root, std::string what) {
+  announce();
+  MPI_Request r;
+  check(MPI_Ibcast(data, count(n), MPI_FLOAT, root, collectives_, &r), what);
+  return track(r, std::move(what));
+}
+
 void MpiCommunicator::progress() {
   for (auto& [id, f] : in_flight_) {
     int done = 0;
@@ -171,18 +178,23 @@ void MpiCommunicator::progress() {
 }
 
 double MpiCommunicator::wait(Request request) {
+  return wait_within(request, timeout_s_);
+}
+
+double MpiCommunicator::wait_within(Request request, double timeout_s) {
   const auto it = in_flight_.find(request);
   POLLEN_ASSERT(it != in_flight_.end());
   InFlight f = std::move(it->second);
   in_flight_.erase(it);
   const auto t0 = Clock::now();
-  const auto deadline = t0 + std::chrono::duration<double>(timeout_s_);
+  const bool watched = std::isfinite(timeout_s);
+  const auto deadline = t0 + std::chrono::duration<double>(watched ? timeout_s : 0.0);
   for (int64_t polls = 0;; ++polls) {
     int done = 0;
     check(MPI_Test(&f.request, &done, MPI_STATUS_IGNORE), f.what);
     if (done) break;
     poll_arrivals();
-    if (Clock::now() > deadline) {
+    if (watched && Clock::now() > deadline) {
       std::vector<int> missing;
       for (int p = 0; p < world(); ++p)
         if (p != rank() && last_arrival_[static_cast<size_t>(p)] < f.seq) missing.push_back(p);
@@ -190,7 +202,7 @@ double MpiCommunicator::wait(Request request) {
                                   ? std::string("every rank reached it, so one hangs inside it")
                                   : cat(missing.size() == 1 ? "rank " : "ranks ",
                                         ranks_text(missing), " never reached it (dead or hung)");
-      throw PeerFailure(cat("rank ", rank(), ": ", f.what, " did not complete within ", timeout_s_,
+      throw PeerFailure(cat("rank ", rank(), ": ", f.what, " did not complete within ", timeout_s,
                             " s (parallel.timeout_s): ", who),
                         missing);
     }
@@ -208,13 +220,22 @@ void MpiCommunicator::all_reduce_sum(std::span<double> values, std::string what)
   wait(track(r, std::move(what)));
 }
 
-void MpiCommunicator::broadcast(std::span<int64_t> values, int root, std::string what) {
+Request MpiCommunicator::start_broadcast(std::span<int64_t> values, int root, std::string what) {
   announce();
   MPI_Request r;
   check(MPI_Ibcast(values.data(), count(static_cast<int64_t>(values.size())), MPI_INT64_T, root,
                    collectives_, &r),
         what);
-  wait(track(r, std::move(what)));
+  return track(r, std::move(what));
+}
+
+void MpiCommunicator::broadcast(std::span<int64_t> values, int root, std::string what) {
+  wait(start_broadcast(values, root, std::move(what)));
+}
+
+void MpiCommunicator::wait_for_broadcast(std::span<int64_t> values, int root, std::string what) {
+  wait_within(start_broadcast(values, root, std::move(what)),
+              std::numeric_limits<double>::infinity());
 }
 
 void MpiCommunicator::abort_job(int exit_code) {

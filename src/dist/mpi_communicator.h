@@ -36,10 +36,12 @@ class MpiCommunicator final : public Communicator {
   Request start_all_reduce(float* data, int64_t n, std::string what) override;
   Request start_reduce_scatter(const float* in, float* out, int64_t n, std::string what) override;
   Request start_all_gather(const float* in, float* out, int64_t n, std::string what) override;
+  Request start_broadcast(float* data, int64_t n, int root, std::string what) override;
   void progress() override;
   double wait(Request request) override;
   void all_reduce_sum(std::span<double> values, std::string what) override;
   void broadcast(std::span<int64_t> values, int root, std::string what) override;
+  void wait_for_broadcast(std::span<int64_t> values, int root, std::string what) override;
   [[noreturn]] void abort_job(int exit_code) override;
 
  private:
@@ -53,6 +55,9 @@ class MpiCommunicator final : public Communicator {
     std::unique_ptr<int64_t> seq;  // the send buffer lives until the send completes
   };
   Request track(MPI_Request request, std::string what);
+  Request start_broadcast(std::span<int64_t> values, int root, std::string what);
+  // wait() with a watchdog of timeout_s (infinity: none).
+  double wait_within(Request request, double timeout_s);
   int count(int64_t n) const;  // MPI's int count, checked
   void announce();             // tells every peer this rank reached collective seq_
   void poll_arrivals();
