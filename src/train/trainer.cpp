@@ -311,15 +311,16 @@ void load_checkpoint(const fs::path& dir, const model::Llama& model, optim::Adam
   opt.set_steps_taken(m.steps);
 }
 
-namespace {
-
-[[noreturn]] void inject_fault(const FaultInjection& f) {
+void inject_fault_at(const FaultInjection& f, int rank, int64_t step) {
+  if (f.kind == FaultInjection::Kind::none || f.rank != rank || f.step != step) return;
   log::warn("rank ", f.rank,
             ": POLLEN_FAULT_INJECT: ", f.kind == FaultInjection::Kind::kill ? "dying" : "hanging",
             " before step ", f.step);
   if (f.kind == FaultInjection::Kind::kill) ::raise(SIGKILL);
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
+
+namespace {
 
 TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   SignalGuard signals(o.handle_signals);
@@ -576,9 +577,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   double last_val = NAN, last_loss = NAN;
   bool stopped = false;
   while (step < cfg.steps) {
-    if (o.fault.kind != FaultInjection::Kind::none && o.fault.rank == comm.rank() &&
-        o.fault.step == step + 1)
-      inject_fault(o.fault);
+    inject_fault_at(o.fault, comm.rank(), step + 1);
     const auto t0 = Clock::now();
     const double lr = optim::lr_at(cfg.schedule, step);
     std::vector<model::Batch> micro;

@@ -32,6 +32,8 @@ struct FaultInjection {
 };
 // Parses "kill:RANK:STEP" or "hang:RANK:STEP"; an empty text injects nothing.
 FaultInjection parse_fault_injection(const std::string& text);
+// Dies or hangs as `f` says when this is its rank and the step about to run.
+void inject_fault_at(const FaultInjection& f, int rank, int64_t step);
 
 struct TrainOptions {
   bool resume = false;
