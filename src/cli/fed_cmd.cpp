@@ -1,6 +1,7 @@
 // `pollen fed server | client | simulate | privacy | certs | tokenizer | counts`: federated
 // training across silos (docs/federated.md). Parsing and wiring only.
 #include <cstdio>
+#include <cstdlib>
 
 #include "base/log.h"
 #include "base/thread_pool.h"
@@ -40,9 +41,15 @@ void add_fed_command(CLI::App& app) {
 
   auto* client = fed->add_subcommand("client",
                                      "Run one silo: join, train local steps, push "
-                                     "pseudo-gradients");
+                                     "pseudo-gradients. As several ranks under mpirun -np N, "
+                                     "srun or pollen launch --nproc N (docs/parallel.md); exit "
+                                     "code 4: a rank died or hung");
   client->add_option("--config", o->config, "client.toml")->required();
-  client->callback([o] { fed::run_client(fed::load_client_config(o->config)); });
+  client->callback([o] {
+    const char* fault = std::getenv("POLLEN_FAULT_INJECT");
+    fed::run_client(fed::load_client_config(o->config),
+                    train::parse_fault_injection(fault ? fault : ""));
+  });
 
   auto* sim = fed->add_subcommand("simulate", "N virtual clients and the server in one process");
   sim->add_option("--config", o->config, "sim.toml")->required();

@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "data/shards.h"
 #include "fed/client_state.h"
+#include "fed/silo.h"
 #include "optim/schedule.h"
 #include "train/trainer.h"
 
@@ -101,18 +102,44 @@ bool has_split(const std::vector<std::string>& manifests, const std::string& spl
 
 }  // namespace
 
-LocalTrainer::LocalTrainer(const ClientConfig& config)
-    : config_(config),
-      model_(config.model, config.seed),
-      opt_(model_.parameters(), adamw_options(config.train)) {
+LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
+    : config_(config), comm_(comm ? comm : &alone_), model_(config.model, config.seed) {
+  for (const auto& [name, p] : model_.named_parameters()) params_.push_back(p);
+  const int world = comm_->world();
+  if (world > 1) {
+    reducer_ = std::make_unique<dist::GradReducer>(
+        *comm_, params_, static_cast<int64_t>(config.parallel.bucket_mb * 1048576.0),
+        config.parallel.zero == 1 ? dist::ReduceMode::reduce_scatter
+                                  : dist::ReduceMode::all_reduce);
+  }
+  // Weight decay on matrices only (optim::AdamW's default), with or without ZeRO-1.
+  std::vector<bool> decay;
+  for (const auto& p : params_) decay.push_back(p.value().dim() >= 2);
+  if (reducer_ && config.parallel.zero == 1) {
+    zero_ = std::make_unique<dist::ZeroAdamW>(*reducer_, adamw_options(config.train), decay);
+  } else {
+    opt_.emplace(params_, adamw_options(config.train), decay);
+  }
+  // A step is the same global batch at any world size: each micro-step reads a global
+  // micro-batch of micro_batch x ranks rows and this rank takes its micro_batch of them.
+  POLLEN_CHECK(config.train.accumulation % world == 0, "client '", config.id,
+               "': train.accumulation (", config.train.accumulation,
+               ") is not a multiple of the silo's ranks (", world,
+               "): each rank reads train.micro_batch rows per micro-step");
+  micro_steps_ = config.train.accumulation / world;
   data::LoaderOptions lo;
   lo.manifests = paths(config.manifests);
-  lo.batch = config.train.micro_batch;
+  lo.batch = config.train.micro_batch * world;
   lo.seq = config.train.seq;
   lo.seed = config.seed;
   lo.split = "train";
+  lo.rank = comm_->rank();
+  lo.world = world;
   train_ = std::make_unique<data::Loader>(lo);
   if (config.train.eval_batches > 0 && has_split(config.manifests, "validation")) {
+    lo.batch = config.train.micro_batch;  // every rank reads every batch and scores its share
+    lo.rank = 0;
+    lo.world = 1;
     lo.split = "validation";
     validation_ = std::make_unique<data::Loader>(lo);
   }
@@ -139,10 +166,17 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
   Result r;
   double loss_sum = 0;
   for (int64_t s = 0; s < steps; ++s) {
+    train::inject_fault_at(fault_, comm_->rank(), step_ + 1);
     std::vector<model::Batch> micro;
-    for (int64_t a = 0; a < tc.accumulation; ++a) micro.push_back(train_->next());
-    // The trainer's rule: the gradient of the mean loss over every scored token of the step.
-    const train::AccumulatedLoss acc = train::accumulate_gradients(model_, micro);
+    for (int64_t a = 0; a < micro_steps_; ++a) micro.push_back(train_->next());
+    // The trainer's rule: the gradient of the mean loss over every scored token of the step
+    // (over every rank's rows: the count and the loss are the same on every rank).
+    bool stop = false;
+    double reduce_wait_s = 0;
+    const train::AccumulatedLoss acc =
+        reducer_
+            ? train::accumulate_gradients(model_, micro, *comm_, *reducer_, stop, reduce_wait_s)
+            : train::accumulate_gradients(model_, micro);
     POLLEN_CHECK(acc.scored > 0, "client '", config_.id, "': a step without scored tokens");
     POLLEN_CHECK(std::isfinite(acc.loss), "client '", config_.id,
                  "': non-finite loss at local step ", step_);
@@ -150,37 +184,75 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
     const double step_loss = acc.loss * static_cast<double>(scored);
     const double lr =
         optim::lr_at(sched, tc.total_steps > 0 ? std::min(step_, tc.total_steps - 1) : step_);
-    opt_.step(lr);
-    opt_.zero_grad();
+    if (zero_) {
+      zero_->step(lr);
+    } else {
+      opt_->step(lr);
+    }
+    for (auto& p : params_) p.zero_grad();
     ++step_;
     loss_sum += step_loss;
     r.tokens += scored;
+  }
+  if (zero_ && !config_.state_dir.empty()) {
+    // The state rank 0 writes after the round: every rank's blocks, gathered while all are here.
+    zero_->gather_state(gathered_.exp_avg, gathered_.exp_avg_sq);
+    gathered_.steps = zero_->steps_taken();
+    if (comm_->rank() != 0) gathered_ = {};
   }
   r.loss = r.tokens > 0 ? loss_sum / static_cast<double>(r.tokens) : 0;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
 }
 
+train::OptimizerMoments LocalTrainer::optimizer_moments() {
+  if (zero_) {
+    POLLEN_CHECK(!gathered_.exp_avg.empty(), "client '", config_.id,
+                 "': no inner optimizer state gathered yet (rank ", comm_->rank(), ")");
+    return gathered_;
+  }
+  train::OptimizerMoments m;
+  for (const auto& slot : opt_->slots()) {
+    m.exp_avg.push_back(slot.exp_avg);
+    m.exp_avg_sq.push_back(slot.exp_avg_sq);
+  }
+  m.steps = opt_->steps_taken();
+  return m;
+}
+
+void LocalTrainer::load_checkpoint(const std::filesystem::path& dir) {
+  if (!zero_) return train::load_checkpoint(dir, model_, *opt_);
+  train::OptimizerMoments m;
+  train::load_checkpoint(dir, model_, m);
+  zero_->load_state(m.exp_avg, m.exp_avg_sq);
+  zero_->set_steps_taken(m.steps);
+}
+
 double LocalTrainer::evaluate(int64_t* tokens) {
   *tokens = 0;
   if (!validation_) return 0;
   validation_->restore({config_.seed, 0, 0});  // the same batches every time
-  double sum = 0;
+  // Each rank scores every world-th batch; the sums are reduced (one process: all of them).
+  const int64_t rank = comm_->rank(), world = comm_->world();
+  double sums[2] = {0, 0};  // loss, scored tokens
   for (int64_t i = 0; i < config_.train.eval_batches; ++i) {
     const model::Batch b = validation_->next();
+    if (i % world != rank) continue;
     int64_t scored = 0;
     const ag::Var loss = model_.loss(b, ag::Reduction::sum, &scored);
-    sum += loss.value().item();
-    *tokens += scored;
+    sums[0] += loss.value().item();
+    sums[1] += static_cast<double>(scored);
   }
-  return *tokens > 0 ? sum / static_cast<double>(*tokens) : 0;
+  comm_->all_reduce_sum(sums, "the validation loss");
+  *tokens = static_cast<int64_t>(sums[1]);
+  return *tokens > 0 ? sums[0] / sums[1] : 0;
 }
 
 // ---- the client
 // ------------------------------------------------------------------------------------
 
-Client::Client(ClientConfig config, Transport& transport)
-    : config_(std::move(config)), transport_(transport), trainer_(config_) {
+Client::Client(ClientConfig config, Transport& transport, dist::Communicator* comm)
+    : config_(std::move(config)), transport_(transport), trainer_(config_, comm) {
   specs_ = param_specs(trainer_.model());
   if (config_.local_dp.enabled) local_dp_ = std::make_unique<LocalDp>(config_.local_dp);
   if (!config_.state_dir.empty()) {
@@ -243,6 +315,7 @@ void Client::run() {
     switch (t.kind()) {
       case pb::TASK_DONE:
         log::info("fed client '", config_.id, "': the run is over");
+        if (trainer_.communicator().world() > 1) send_order(trainer_.communicator(), {}, nullptr);
         return;
       case pb::TASK_TRAIN:
       case pb::TASK_SECAGG_ADVERTISE:
@@ -250,6 +323,8 @@ void Client::run() {
       case pb::TASK_SECAGG_UNMASK:
         try {
           handle(t);
+        } catch (const dist::PeerFailure&) {
+          throw;  // a rank of this silo died or hangs: the silo's job ends
         } catch (const Error& e) {
           // A round that closed or a stream that broke: the next task says what to do.
           log::warn("fed client '", config_.id, "': round ", t.round(), " failed: ", e.what());
@@ -298,6 +373,10 @@ void Client::train_round(const pb::TaskReply& task) {
   // same values on both sides whatever the codec.
   const Weights global = decode_set(header, bytes, specs_, what);
   set_model_weights(trainer_.model(), global);
+  if (trainer_.communicator().world() > 1) {
+    send_order(trainer_.communicator(), {task.round(), task.local_steps(), task.evaluate()},
+               &trainer_.model());
+  }
 
   pb::UpdateInfo info;
   info.set_client_id(config_.id);

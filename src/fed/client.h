@@ -7,15 +7,20 @@
 // the same protobuf messages through the same checks.
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "data/loader.h"
+#include "dist/communicator.h"
+#include "dist/grad_reducer.h"
+#include "dist/zero_adamw.h"
 #include "fed/config.h"
 #include "fed/coordinator.h"
 #include "fed/secagg/session.h"
 #include "fed/wire.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "train/trainer.h"
 
 namespace pollen::fed {
 
@@ -58,12 +63,17 @@ class LocalTransport : public Transport {
 };
 
 // The inner loop of a silo: H steps of AdamW on its own data (the gradient of each step is that
-// of the mean loss over every scored token of its micro-batches, as in `pollen train`).
+// of the mean loss over every scored token of its micro-batches, as in `pollen train`). With a
+// communicator of several ranks (a silo run under mpirun, fed/silo.h) each rank reads its part
+// of every global micro-batch and the gradients are summed over ranks as `pollen train` sums
+// them (ZeRO-1 with parallel.zero = 1): train, evaluate and load_checkpoint are then collectives
+// that every rank calls, and every rank ends a step with the same weights.
 class LocalTrainer {
  public:
-  explicit LocalTrainer(const ClientConfig& config);
+  // comm: the silo's ranks; null: this process alone.
+  explicit LocalTrainer(const ClientConfig& config, dist::Communicator* comm = nullptr);
   struct Result {
-    int64_t tokens = 0;  // scored tokens trained on
+    int64_t tokens = 0;  // scored tokens trained on (by every rank)
     double loss = 0;     // mean over them
     double seconds = 0;
   };
@@ -72,26 +82,43 @@ class LocalTrainer {
   // data has no validation split); *tokens gets how many were scored.
   double evaluate(int64_t* tokens);
   model::Llama& model() { return model_; }
+  dist::Communicator& communicator() { return *comm_; }
   const std::string& manifest_hash() const { return manifest_hash_; }
   int64_t steps_taken() const { return step_; }
-  // The state a client keeps across rounds and restarts (fed/client_state.h).
-  optim::AdamW& optimizer() { return opt_; }
+  // The state a client keeps across rounds and restarts (fed/client_state.h): the inner
+  // AdamW's whole moments (with ZeRO-1 as gathered at the end of the last train(), on rank 0,
+  // when the client keeps a state folder), and the loader, whose position every rank shares.
+  train::OptimizerMoments optimizer_moments();
+  // Weights and inner optimizer state from a checkpoint written with optimizer_moments().
+  void load_checkpoint(const std::filesystem::path& dir);
   data::Loader& train_loader() { return *train_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }
+  // POLLEN_FAULT_INJECT: this rank dies or hangs before a local step (counted over rounds).
+  void set_fault_injection(const train::FaultInjection& f) { fault_ = f; }
 
  private:
   ClientConfig config_;
+  dist::SingleProcess alone_;
+  dist::Communicator* comm_;
   model::Llama model_;
-  optim::AdamW opt_;
+  std::vector<ag::Var> params_;                 // in named_parameters() order
+  std::unique_ptr<dist::GradReducer> reducer_;  // several ranks
+  std::unique_ptr<dist::ZeroAdamW> zero_;       // several ranks and parallel.zero = 1
+  std::optional<optim::AdamW> opt_;             // otherwise
+  train::OptimizerMoments gathered_;            // ZeRO-1: the moments after the last train()
+  int64_t micro_steps_ = 1;                     // per step and rank
   std::unique_ptr<data::Loader> train_, validation_;
   std::string manifest_hash_;
   int64_t step_ = 0;
+  train::FaultInjection fault_;
 };
 
 class Client {
  public:
-  // Resumes the state saved under config.state_dir, when there is one.
-  Client(ClientConfig config, Transport& transport);
+  // Resumes the state saved under config.state_dir, when there is one. comm: the silo's ranks
+  // when it runs as several (this is rank 0, the only one that talks to the server; the others
+  // follow it, fed/silo.h); null: this process alone.
+  Client(ClientConfig config, Transport& transport, dist::Communicator* comm = nullptr);
   // Joins; throws with the server's reason when refused.
   void join();
   // One task request and what it asks: returns the task's kind.

@@ -18,12 +18,12 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
                        LocalTrainer& trainer, const ParamSpecs& specs,
                        const ErrorFeedback& feedback) {
   const auto params = trainer.model().named_parameters();
-  const auto& opt = trainer.optimizer();
+  const train::OptimizerMoments opt = trainer.optimizer_moments();
   io::NamedTensors weights, moments, residual;
   for (size_t i = 0; i < params.size(); ++i) {
     weights.emplace_back(params[i].first, params[i].second.value());
-    moments.emplace_back(params[i].first + ".exp_avg", opt.slots()[i].exp_avg);
-    moments.emplace_back(params[i].first + ".exp_avg_sq", opt.slots()[i].exp_avg_sq);
+    moments.emplace_back(params[i].first + ".exp_avg", opt.exp_avg[i]);
+    moments.emplace_back(params[i].first + ".exp_avg_sq", opt.exp_avg_sq[i]);
   }
   for (size_t i = 0; i < feedback.residual().size(); ++i) {
     residual.emplace_back(specs[i].name, feedback.residual()[i]);
@@ -32,7 +32,7 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
   // The names train::load_checkpoint reads.
   w.add_tensors("model.safetensors", weights);
   w.add_tensors("optimizer.safetensors", moments,
-                {{"step", std::to_string(opt.steps_taken())}, {"optimizer", "adamw"}});
+                {{"step", std::to_string(opt.steps)}, {"optimizer", "adamw"}});
   if (!residual.empty()) w.add_tensors("feedback.safetensors", residual);
   const nlohmann::ordered_json state{{"client", client_id},
                                      {"round", round},
@@ -46,12 +46,20 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
 
 int64_t load_client_state(const fs::path& dir, const std::string& client_id, LocalTrainer& trainer,
                           const ParamSpecs& specs, ErrorFeedback& feedback) {
-  auto choice = io::choose_resume_checkpoint(dir / "checkpoints");
-  for (const auto& [skipped, why] : choice.skipped) {
-    log::warn("fed client '", client_id, "': skipping state ", skipped.string(), ": ", why);
+  // Rank 0 chooses the state (the newest that verifies) and tells the silo's other ranks, which
+  // load the same one.
+  dist::Communicator& comm = trainer.communicator();
+  int64_t chosen = -1;
+  if (comm.rank() == 0) {
+    auto choice = io::choose_resume_checkpoint(dir / "checkpoints");
+    for (const auto& [skipped, why] : choice.skipped) {
+      log::warn("fed client '", client_id, "': skipping state ", skipped.string(), ": ", why);
+    }
+    if (choice.dir) chosen = io::checkpoint_step(*choice.dir);
   }
-  if (!choice.dir) return 0;
-  const fs::path& ckpt = *choice.dir;
+  comm.broadcast(std::span<int64_t>(&chosen, 1), 0, "the choice of client state to resume");
+  if (chosen < 0) return 0;
+  const fs::path ckpt = dir / "checkpoints" / io::checkpoint_name(chosen);
   const auto state = nlohmann::json::parse(read_file(ckpt / "state.json"));
   const auto owner = state.at("client").get<std::string>();
   POLLEN_CHECK(owner == client_id, "fed client '", client_id, "': state ", ckpt.string(),
@@ -60,11 +68,11 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
   POLLEN_CHECK(hash == trainer.manifest_hash(), "fed client '", client_id, "': state ",
                ckpt.string(), " was trained on data ", hash, ", the config's data is ",
                trainer.manifest_hash(), "; remove the state folder to start this silo afresh");
-  train::load_checkpoint(ckpt, trainer.model(), trainer.optimizer());
+  trainer.load_checkpoint(ckpt);
   trainer.train_loader().restore(data::LoaderState::from_json(state.at("loader")));
   trainer.set_steps_taken(state.at("local_steps").get<int64_t>());
   Weights residual;
-  if (fs::exists(ckpt / "feedback.safetensors")) {
+  if (comm.rank() == 0 && fs::exists(ckpt / "feedback.safetensors")) {
     const auto f = io::read_safetensors(ckpt / "feedback.safetensors");
     for (const auto& spec : specs) {
       const Tensor* t = f.find(spec.name);

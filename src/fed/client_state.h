@@ -3,7 +3,9 @@
 // inner AdamW moments and step count, the training loader's position (its seed, epoch and
 // cursor: the only randomness of local training), the error-feedback residual and the last
 // round it trained. Written after every round as a checkpoint (atomic, checksummed) under
-// `dir`/checkpoints/step-<local step>; the newest that verifies is resumed.
+// `dir`/checkpoints/step-<local step>; the newest that verifies is resumed. A silo of several
+// ranks writes it once, from rank 0, in the same format (so it resumes at any number of ranks);
+// every rank loads it (the error-feedback residual is rank 0's alone).
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -19,8 +21,9 @@ void save_client_state(const std::filesystem::path& dir, int keep, const std::st
                        int64_t round, LocalTrainer& trainer, const ParamSpecs& specs,
                        const ErrorFeedback& feedback);
 
-// Restores the newest valid state under dir; returns the last round trained then, or 0 when
-// there is none. Throws when the state belongs to another client or another dataset.
+// Restores the newest valid state under dir (a collective of the trainer's ranks); returns the
+// last round trained then, or 0 when there is none. Throws when the state belongs to another client
+// or another dataset.
 int64_t load_client_state(const std::filesystem::path& dir, const std::string& client_id,
                           LocalTrainer& trainer, const ParamSpecs& specs, ErrorFeedback& feedback);
 

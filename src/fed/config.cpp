@@ -152,6 +152,19 @@ ServerConfig read_server_config(ConfigTable& root) {
   return c;
 }
 
+SiloParallel read_silo_parallel(ConfigTable& p) {
+  SiloParallel c;
+  c.zero = static_cast<int>(p.get_int("zero", c.zero));
+  POLLEN_CHECK(c.zero == 0 || c.zero == 1, p.where("zero"),
+               ": expected 0 (replicated optimizer state) or 1 (sharded, ZeRO-1)");
+  c.bucket_mb = p.get_double("bucket_mb", c.bucket_mb);
+  POLLEN_CHECK(c.bucket_mb > 0, p.where("bucket_mb"), ": expected a positive size in MiB");
+  c.timeout_s = p.get_double("timeout_s", c.timeout_s);
+  POLLEN_CHECK(c.timeout_s > 0, p.where("timeout_s"), ": expected a positive number of seconds");
+  p.finish();
+  return c;
+}
+
 ServerConfig load_server_config(const std::filesystem::path& path) {
   ConfigTable root = ConfigTable::load(path);
   ServerConfig c = read_server_config(root);
@@ -181,6 +194,7 @@ ClientConfig load_client_config(const std::filesystem::path& path) {
   d->finish();
   if (auto tr = root.table("train")) c.train = read_local_train(*tr);
   if (auto l = root.table("local_dp")) c.local_dp = read_local_dp_options(*l);
+  if (auto p = root.table("parallel")) c.parallel = read_silo_parallel(*p);
   c.model = read_model(root, path);
   c.tokenizer_fingerprint = read_tokenizer(root);
   c.tls = read_tls(root, false);

@@ -61,6 +61,14 @@ struct LocalTrainConfig {
   int64_t eval_batches = 4;
 };
 
+// [parallel] of client.toml: a silo run as several ranks (docs/parallel.md); one process ignores
+// it. The keys of `pollen train`'s [parallel].
+struct SiloParallel {
+  int zero = 0;            // 1: shard the inner AdamW's state across ranks (ZeRO-1)
+  double bucket_mb = 25;   // gradients reduced in buckets of about this many MiB
+  double timeout_s = 300;  // a collective that takes longer means a dead or hung rank
+};
+
 struct ClientConfig {
   std::string id;
   std::string server = "127.0.0.1:50051";
@@ -77,6 +85,7 @@ struct ClientConfig {
   // (empty: in memory only).
   std::filesystem::path state_dir;
   int keep_checkpoints = 2;
+  SiloParallel parallel;
 };
 
 struct SimConfig {
@@ -92,5 +101,6 @@ SimConfig load_sim_config(const std::filesystem::path& path);
 ServerConfig read_server_config(ConfigTable& root);
 LocalTrainConfig read_local_train(ConfigTable& table);
 TlsFiles read_tls(ConfigTable& root, bool server);
+SiloParallel read_silo_parallel(ConfigTable& table);
 
 }  // namespace pollen::fed

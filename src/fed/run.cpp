@@ -10,6 +10,7 @@
 #include "fed/coordinator.h"
 #include "fed/grpc.h"
 #include "fed/server_metrics.h"
+#include "fed/silo.h"
 #include "obs/metrics_endpoint.h"
 
 namespace pollen::fed {
@@ -62,15 +63,50 @@ int64_t run_server(const ServerConfig& config, bool resume) {
   return coordinator.rounds_done();
 }
 
-void run_client(const ClientConfig& config) {
-  if (config.threads > 0) set_num_threads(config.threads);
+namespace {
+
+void lead_silo(const ClientConfig& config, dist::Communicator& comm,
+               const train::FaultInjection& fault) {
   GrpcTransport transport(config.server, config.tls, config.connect_timeout_s);
-  Client client(config, transport);
+  Client client(config, transport, &comm);
+  client.trainer().set_fault_injection(fault);
   client.join();
-  log::info("fed client '", config.id, "': joined ", config.server);
+  log::info("fed client '", config.id, "': joined ", config.server,
+            comm.world() > 1 ? cat(" (the silo runs as ", comm.world(), " ranks)") : "");
   client.run();
   log::info("fed client '", config.id, "': sent ", client.bytes_sent(), " bytes, received ",
             client.bytes_received());
+}
+
+}  // namespace
+
+void run_client(const ClientConfig& config, const train::FaultInjection& fault) {
+  // One process unless a launcher (mpirun, srun) started several.
+  const auto comm = dist::connect(config.parallel.timeout_s);
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  if (config.threads > 0 || comm->world() > 1) {
+    // Ranks on one node share its cores.
+    set_num_threads(config.threads > 0 ? config.threads
+                                       : std::max(1, hardware / comm->topology().local_world));
+  }
+  if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the silo
+  try {
+    if (comm->rank() == 0) {
+      lead_silo(config, *comm, fault);
+    } else {
+      follow_orders(config, *comm, fault);
+    }
+  } catch (const dist::PeerFailure& e) {
+    log::error(e.what(), "; stopping the silo's job. Start the client again: it resumes its state",
+               config.state_dir.empty() ? " (none kept: client.state_dir is not set)"
+                                        : cat(" under '", config.state_dir.string(), "'"));
+    comm->abort_job(4);  // ends the hung rank too
+  } catch (const std::exception& e) {
+    if (comm->world() == 1) throw;
+    // An error on one rank: the others wait for it in a collective, so end the job.
+    log::error("rank ", comm->rank(), ": ", e.what());
+    comm->abort_job(1);
+  }
 }
 
 SimulationResult run_simulation(const SimConfig& config, bool resume) {

@@ -5,6 +5,7 @@
 
 #include "fed/config.h"
 #include "fed/strategy.h"
+#include "train/trainer.h"
 
 namespace pollen::fed {
 
@@ -12,8 +13,10 @@ namespace pollen::fed {
 // Returns the rounds done.
 int64_t run_server(const ServerConfig& config, bool resume);
 
-// Joins and trains until the server says the run is over.
-void run_client(const ClientConfig& config);
+// Joins and trains until the server says the run is over. Under a launcher of several ranks
+// (mpirun, srun) the silo runs as all of them (fed/silo.h); a rank that dies or hangs ends the
+// job with exit code 4 (docs/parallel.md). `fault`: POLLEN_FAULT_INJECT's, for tests.
+void run_client(const ClientConfig& config, const train::FaultInjection& fault = {});
 
 struct SimulationResult {
   int64_t rounds = 0;

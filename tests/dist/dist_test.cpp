@@ -130,10 +130,12 @@ class RecordingComm final : public dist::Communicator {
     std::copy(in, in + n, out);
     return 0;
   }
+  dist::Request start_broadcast(float*, int64_t, int, std::string) override { return 0; }
   void progress() override {}
   double wait(dist::Request) override { return 0; }
   void all_reduce_sum(std::span<double>, std::string) override {}
   void broadcast(std::span<int64_t>, int, std::string) override {}
+  void wait_for_broadcast(std::span<int64_t>, int, std::string) override {}
   [[noreturn]] void abort_job(int) override { std::abort(); }
 
  private:

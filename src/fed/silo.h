@@ -1,0 +1,34 @@
+#pragma once
+// A silo run as several ranks: `mpirun -np N pollen fed client` (or `pollen launch --nproc N --
+// fed client ...`, docs/parallel.md). Rank 0 alone runs the Client and speaks to the server; for
+// every round it trains it sends the other ranks an order and the global model, and then every
+// rank evaluates and trains the round together (LocalTrainer's collectives: each rank its part
+// of every global batch, gradients summed over ranks). Only rank 0 computes and pushes the
+// pseudo-gradient and writes the client's state. The other ranks follow orders until rank 0
+// says the run is over.
+#include <cstdint>
+
+#include "dist/communicator.h"
+#include "fed/config.h"
+#include "model/llama.h"
+#include "train/trainer.h"
+
+namespace pollen::fed {
+
+struct RoundOrder {
+  int64_t round = 0;  // 0: the run is over
+  int64_t local_steps = 0;
+  bool evaluate = false;  // score the global model on the validation split first
+};
+
+// Rank 0: sends the order and, for a round, `model`'s weights (the global model) to the others.
+void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama* model);
+
+// Every rank but 0: resumes the client's state under config.state_dir as rank 0 does, then
+// trains the rounds rank 0 orders until it says the run is over. While rank 0 talks to the
+// server the others wait for its next order with no watchdog (a round may be minutes away);
+// every collective of a round is watched (parallel.timeout_s).
+void follow_orders(const ClientConfig& config, dist::Communicator& comm,
+                   const train::FaultInjection& fault);
+
+}  // namespace pollen::fed
