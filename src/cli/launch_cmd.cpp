@@ -16,7 +16,7 @@ void add_launch_command(CLI::App& app) {
       "Run a pollen command as N data-parallel ranks on this node, through OpenMPI's mpirun "
       "(docs/parallel.md). Several nodes: mpirun with a hostfile, or srun under Slurm.\n"
       "Example: pollen launch --nproc 4 -- train --config run.toml\n"
-      "Exit status: the job's (pollen train: 4 when a rank died or hung).");
+      "Exit status: the job's (pollen train and pollen fed client: 4 when a rank died or hung).");
   auto opts = std::make_shared<dist::LaunchOptions>();
   cmd->add_option("--nproc", opts->nproc, "Ranks to start")->required()->check(CLI::PositiveNumber);
   cmd->add_option("--mpirun", opts->mpirun, "The mpirun to use")->capture_default_str();
