@@ -171,12 +171,14 @@ TEST(FederatedSilo, TwoRanksPushTheOneProcessPseudoGradient) {
   const auto states = io::list_checkpoints(f.dir / "state" / "checkpoints");
   ASSERT_FALSE(states.empty());
   EXPECT_EQ(io::checkpoint_step(states.back()), 6);
+  fs::remove_all(f.dir);
 }
 
 TEST(FederatedSilo, ZeroShardedTwoRanksUnderPollenLaunchPushTheSamePseudoGradient) {
   // Small buckets: several per step, and parameters cut across the ranks' blocks.
   const Federation f = write_federation("zero", "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n");
   expect_same_pseudo_gradients(federate(f, 2, true), "2 ranks, ZeRO-1");
+  fs::remove_all(f.dir);
 }
 
 TEST(FederatedSilo, KilledRankIsNamedAndTheClientResumesAsOneProcess) {
@@ -199,6 +201,7 @@ TEST(FederatedSilo, KilledRankIsNamedAndTheClientResumesAsOneProcess) {
       << resumed.output;
   EXPECT_EQ(wait_exit(server), 0) << "see " << (f.dir / "server.log").string();
   expect_same_pseudo_gradients(global_models(f), "resumed as one process");
+  fs::remove_all(f.dir);
 }
 
 TEST(FederatedSilo, HungRankIsNamedWithExitCodeFourAndTheRestartedClientFinishes) {
@@ -214,4 +217,5 @@ TEST(FederatedSilo, HungRankIsNamedWithExitCodeFourAndTheRestartedClientFinishes
   EXPECT_EQ(again.exit_code, 0) << again.output;
   EXPECT_EQ(wait_exit(server), 0) << "see " << (f.dir / "server.log").string();
   expect_same_pseudo_gradients(global_models(f), "restarted after a hang");
+  fs::remove_all(f.dir);
 }
