@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "autograd/lora.h"
+#include "base/config.h"
 #include "base/error.h"
 #include "model/generate.h"
 #include "model/llama.h"
@@ -367,6 +368,38 @@ TEST(Lora, BadConfigurationsAreRefused) {
   EXPECT_THROW(
       other.attach_lora(std::make_shared<model::Lora>(wider, lora_config(2, {LoraTarget::q_proj}))),
       Error);
+}
+
+TEST(Lora, RunFileTable) {
+  ConfigTable root = ConfigTable::parse(
+      "[lora]\nrank = 4\nalpha = 8\ndropout = 0.05\ntarget_modules = ['q_proj', 'down_proj']\n"
+      "rslora = true\ntrain_a = false\n",
+      "run.toml");
+  ConfigTable t = *root.table("lora");
+  const model::LoraConfig c = model::read_lora_config(t, 99);
+  t.finish();
+  EXPECT_EQ(c.rank, 4);
+  EXPECT_DOUBLE_EQ(c.alpha, 8);
+  EXPECT_DOUBLE_EQ(c.dropout, 0.05);
+  EXPECT_EQ(c.targets, (std::vector<LoraTarget>{LoraTarget::q_proj, LoraTarget::down_proj}));
+  EXPECT_TRUE(c.rslora);
+  EXPECT_FALSE(c.train_a);
+  EXPECT_EQ(c.seed, 99u);
+  auto error = [](const std::string& text) {
+    try {
+      ConfigTable r = ConfigTable::parse(text, "run.toml");
+      ConfigTable l = *r.table("lora");
+      model::read_lora_config(l, 0);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error("[lora]\nrank = 0\n").find("key 'lora.rank'"), std::string::npos)
+      << error("[lora]\nrank = 0\n");
+  const std::string bad = error("[lora]\ntarget_modules = ['qkv']\n");
+  EXPECT_NE(bad.find("target_modules"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("'qkv'"), std::string::npos) << bad;
 }
 
 }  // namespace
