@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -252,6 +253,8 @@ TEST(Peft, AdaptersMatchPeftBothWays) {
   const Tensor ours = m.logits(batch);
   const auto peft_of_ours = read_logits(dir / "pollen_logits.bin");
   EXPECT_LT(max_diff(ours, peft_of_ours), 1e-4);
+  std::printf("pollen's adapter: pollen vs PEFT logits, max |diff| %.3g\n",
+              max_diff(ours, peft_of_ours));
   EXPECT_GT(max_diff(base_logits, peft_of_ours), 0.1) << "the adapters must matter for this test";
 
   const auto theirs = io::load_peft_adapter(dir / "peft", cfg);
@@ -260,7 +263,23 @@ TEST(Peft, AdaptersMatchPeftBothWays) {
   m.attach_lora(theirs);
   const auto peft_logits = read_logits(dir / "peft_logits.bin");
   EXPECT_LT(max_diff(m.logits(batch), peft_logits), 1e-4);
+  std::printf("PEFT's adapter: pollen vs PEFT logits, max |diff| %.3g\n",
+              max_diff(m.logits(batch), peft_logits));
   EXPECT_GT(max_diff(base_logits, peft_logits), 0.1) << "the adapters must matter for this test";
+
+  // `pollen export hf --adapter` writes the merged model, which gives PEFT's logits on its own.
+  ASSERT_EQ(
+      std::system((std::string(POLLEN_BINARY) + " export hf --model " + (dir / "base").string() +
+                   " --adapter " + (dir / "peft").string() + " --output " +
+                   (dir / "merged").string() + " >" + (dir / "stderr.txt").string() + " 2>&1")
+                      .c_str()),
+      0)
+      << read_file(dir / "stderr.txt");
+  const model::Llama merged = io::load_hf_model(dir / "merged");
+  EXPECT_FALSE(merged.lora());
+  EXPECT_LT(max_diff(merged.logits(batch), peft_logits), 1e-4);
+  std::printf("export hf --adapter: merged model vs PEFT logits, max |diff| %.3g\n",
+              max_diff(merged.logits(batch), peft_logits));
   fs::remove_all(dir);
 }
 
