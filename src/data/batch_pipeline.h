@@ -6,6 +6,8 @@
 // caller's thread. Either way the merge sees the same batches in the same order, so what it
 // produces does not depend on the thread count. At most `depth` batches exist (memory stays
 // bounded) and they are reused, keeping their buffers.
+#include <pthread.h>
+
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -33,8 +35,14 @@ class BatchPipeline {
     current_ = free_.front();
     free_.pop_front();
     if (overlap_) {
-      work_thread_ = std::thread([this] { run_stage(filled_, worked_, work_); });
-      merge_thread_ = std::thread([this] { run_stage(worked_, free_, merge_); });
+      work_thread_ = std::thread([this] {
+        pthread_setname_np(pthread_self(), "pollen-process");
+        run_stage(filled_, worked_, work_);
+      });
+      merge_thread_ = std::thread([this] {
+        pthread_setname_np(pthread_self(), "pollen-merge");
+        run_stage(worked_, free_, merge_);
+      });
     }
   }
   // Stops the stage threads without waiting for the batches in flight (after an error).
