@@ -986,7 +986,8 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
     fs::remove(resume_path, ec);
     out = std::make_unique<Pass2Outputs>(c, dtype, nullptr);
   }
-  // Shard files of an interrupted run that its resume point does not list are rewritten.
+  // Shard files of an interrupted run that the resume point does not list are removed (this run
+  // writes them again).
   std::set<std::string> kept_shards;
   for (int s = 0; s < 2 && c.tokenize; ++s)
     for (const auto& info : out->writers[s]->shards()) kept_shards.insert(info.tokens);

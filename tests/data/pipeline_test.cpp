@@ -1,12 +1,16 @@
 // The prepare pipeline end to end: accounting, bad input, determinism and resumption.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
+#include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -296,6 +300,69 @@ TEST(Pipeline, PassTwoResumesFromItsLastResumePointByteIdentical) {
   EXPECT_EQ(outputs(corpus().root / "out_lost"), one);
 }
 
+TEST(Pipeline, PrepareKilledInPassTwoResumesByteIdentical) {
+  // `pollen data prepare` processes, SIGKILLed right after pass 2 saves a resume point (one a
+  // batch here), then rerun to the end; against an uninterrupted process.
+  const fs::path root = corpus().root / "killed";
+  std::string jl;
+  for (int i = 0; i < 1500; ++i) jl += json{{"text", paragraph(1000 + i)}}.dump() + "\n";
+  write(root / "docs.jsonl", jl);
+  auto config = [&](const std::string& out) {
+    fs::path p = root / (out + ".toml");
+    write(p, "output = \"" + out +
+                 "\"\nthreads = 2\nbatch_bytes = 4096\ncheckpoint_bytes = 1\nsources = [\"d\"]\n"
+                 "[source.d]\npaths = [\"docs.jsonl\"]\nformat = \"jsonl\"\n"
+                 "[tokenize]\ntokenizer = \"" +
+                 (corpus().root / "tokenizer.json").string() + "\"\nshard_tokens = 20000\n");
+    return p;
+  };
+  auto spawn = [&](const fs::path& cfg, const std::string& log) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      freopen((root / log).c_str(), "w", stderr);
+      freopen("/dev/null", "w", stdout);
+      execl(POLLEN_BINARY, POLLEN_BINARY, "data", "prepare", "--config", cfg.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    return pid;
+  };
+  auto exit_code = [](pid_t pid) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  ASSERT_EQ(exit_code(spawn(config("whole"), "whole.log")), 0);
+  const fs::path resume_point = root / "killed" / "work" / "pass2.json";
+  auto saved_docs = [&]() -> int64_t {
+    std::error_code ec;
+    if (!fs::exists(resume_point, ec)) return -1;
+    json j = json::parse(read_file(resume_point), nullptr, false);
+    return j.is_discarded() ? -1 : j["state"]["docs"].get<int64_t>();
+  };
+  int kills = 0;
+  for (int round = 0; round < 3; ++round) {
+    const int64_t before = saved_docs();
+    const pid_t pid = spawn(config("killed"), "killed-" + std::to_string(round) + ".log");
+    // Kill once a resume point beyond the last one is on disk; stop if the run ends first.
+    bool killed = false;
+    while (!killed && waitpid(pid, nullptr, WNOHANG) == 0) {
+      if (saved_docs() > before) {
+        ::kill(pid, SIGKILL);
+        killed = true;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    if (!killed) break;
+    waitpid(pid, nullptr, 0);
+    ++kills;
+  }
+  EXPECT_GE(kills, 2);
+  ASSERT_EQ(exit_code(spawn(config("killed"), "resumed.log")), 0);
+  EXPECT_NE(read_file(root / "resumed.log").find("resuming pass 2 after"), std::string::npos);
+  EXPECT_EQ(outputs(root / "killed"), outputs(root / "whole"));
+}
+
 TEST(Pipeline, AHundredMegabyteLineIsReportedWithoutHoldingIt) {
   fs::path root =
       fs::temp_directory_path() / ("pollen_data_long_line_" + std::to_string(::getpid()));
@@ -330,16 +397,21 @@ TEST(Pipeline, AHundredMegabyteLineIsReportedWithoutHoldingIt) {
 }
 
 TEST(Pipeline, FailOnBadInputAbortsWithFileAndLine) {
-  auto cfg = PipelineConfig::load(corpus().config("out_fail", 1, ""));
-  cfg.fail_on_bad_input = true;
-  cfg.sources.erase(cfg.sources.begin(), cfg.sources.begin() + 2);  // records only
-  try {
-    prepare(cfg, {.progress = false});
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    std::string what = e.what();
-    EXPECT_NE(what.find("records/records.jsonl.zst"), std::string::npos) << what;
-    EXPECT_NE(what.find("line 11"), std::string::npos) << what;
+  // On 2 threads the error is raised by the merge thread while this one reads.
+  for (int threads : {1, 2}) {
+    auto cfg = PipelineConfig::load(corpus().config("out_fail", threads, ""));
+    cfg.fail_on_bad_input = true;
+    cfg.sources.erase(cfg.sources.begin(), cfg.sources.begin() + 2);  // records only
+    int before = num_threads();
+    try {
+      prepare(cfg, {.progress = false});
+      ADD_FAILURE() << "expected an error";
+    } catch (const Error& e) {
+      std::string what = e.what();
+      EXPECT_NE(what.find("records/records.jsonl.zst"), std::string::npos) << what;
+      EXPECT_NE(what.find("line 11"), std::string::npos) << what;
+    }
+    set_num_threads(before);
   }
 }
 
