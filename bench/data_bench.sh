@@ -6,6 +6,7 @@
 # Wall time and CPU time (user + sys) of each run are printed: MB/s per core is text bytes over
 # CPU seconds, which stays meaningful on a machine shared with other work.
 # Usage: bench/data_bench.sh [max_mb] [thread counts...]   (bench/README.md keeps the results)
+# DATATROVE=0 skips datatrove (it takes about 100 times longer than pollen).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MB=${1:-48}
@@ -88,7 +89,9 @@ print('pollen %s: %d documents in, %d near-duplicates dropped, %d clusters with 
 near "s3-t$first" "filters + exact dedup + minhash (verify off)"
 near "s6-t$first" "minhash only (verify off)"
 
-if [ -x build/bench-peers/bin/python ] && build/bench-peers/bin/python -c "import datatrove" 2>/dev/null; then
+if [ "${DATATROVE:-1}" = 0 ]; then
+  echo "datatrove: skipped (DATATROVE=0)"
+elif [ -x build/bench-peers/bin/python ] && build/bench-peers/bin/python -c "import datatrove" 2>/dev/null; then
   build/bench-peers/bin/python bench/data_datatrove.py "$W/corpus.jsonl" "$W/datatrove" \
     "$W/out-s6-t$first/near-duplicates.jsonl" 2>/dev/null |
     grep -E "^(datatrove |datatrove:|pollen:|same-cluster|clusters:|removed documents|  e\.g\.)"

@@ -18,6 +18,7 @@
 #include "base/hash.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
+#include "data/batch_pipeline.h"
 #include "data/decontam.h"
 #include "data/json_record.h"
 #include "data/shards.h"
@@ -40,6 +41,9 @@ PipelineConfig PipelineConfig::load(const fs::path& path) {
   c.threads = static_cast<int>(t.get_int("threads", 0));
   c.fail_on_bad_input = t.get_bool("fail_on_bad_input", false);
   c.batch_bytes = t.get_int("batch_bytes", c.batch_bytes);
+  POLLEN_CHECK(c.batch_bytes > 0, t.where("batch_bytes"), ": must be positive");
+  c.checkpoint_bytes = t.get_int("checkpoint_bytes", c.checkpoint_bytes);
+  POLLEN_CHECK(c.checkpoint_bytes > 0, t.where("checkpoint_bytes"), ": must be positive");
   c.limits.max_line_bytes = t.get_int("max_line_bytes", c.limits.max_line_bytes);
   c.limits.max_doc_bytes = t.get_int("max_doc_bytes", c.limits.max_doc_bytes);
   auto names = t.get_strings("sources");
@@ -280,19 +284,37 @@ enum Pass1Stage { kUtf8, kLength, kGopherQ, kGopherR, kC4, kFineWeb, kExact, kPa
 const char* kPass1Names[] = {"utf8", "length",  "gopher_quality", "gopher_repetition",
                              "c4",   "fineweb", "exact_dedup"};
 
-// A file written under a temporary name and renamed into place by commit().
+// A file written under a temporary name and renamed into place by commit(). An abandoned one
+// is removed, unless sync() made its bytes part of a resume point: then a later run reopens it
+// where that resume point left it.
 class AtomicOut {
  public:
-  explicit AtomicOut(fs::path path) : path_(std::move(path)) {
-    tmp_ = path_.parent_path() / ("." + path_.filename().string() + ".tmp");
+  explicit AtomicOut(fs::path path) : path_(std::move(path)), tmp_(tmp_path(path_)) {
     f_ = std::fopen(tmp_.c_str(), "wb");
     POLLEN_CHECK(f_, "cannot create '", tmp_.string(), "': ", std::strerror(errno));
+  }
+  // Continues a file that sync() left at `bytes` (later bytes are cut off); its hash is
+  // recomputed from what is there.
+  AtomicOut(fs::path path, int64_t bytes) : path_(std::move(path)), tmp_(tmp_path(path_)) {
+    f_ = std::fopen(tmp_.c_str(), "r+b");
+    POLLEN_CHECK(f_, "cannot reopen '", tmp_.string(), "': ", std::strerror(errno));
+    keep_ = true;
+    struct stat st {};
+    POLLEN_CHECK(
+        ::fstat(fileno(f_), &st) == 0 && st.st_size >= bytes && ::ftruncate(fileno(f_), bytes) == 0,
+        "'", tmp_.string(), "' is shorter than its resume point (", bytes, " bytes)");
+    std::vector<char> buf(1 << 20);
+    for (size_t got; (got = std::fread(buf.data(), 1, buf.size(), f_)) > 0;)
+      sha_.update(buf.data(), got);
+    POLLEN_CHECK(std::ftell(f_) == bytes && std::fseek(f_, 0, SEEK_END) == 0, "cannot read '",
+                 tmp_.string(), "'");
+    bytes_ = bytes;
   }
   ~AtomicOut() {
     if (f_) {
       std::fclose(f_);
       std::error_code ec;
-      fs::remove(tmp_, ec);
+      if (!keep_) fs::remove(tmp_, ec);
     }
   }
   void write(std::string_view s) {
@@ -301,9 +323,15 @@ class AtomicOut {
     sha_.update(s);
     bytes_ += static_cast<int64_t>(s.size());
   }
-  std::string commit() {
+  // Puts the bytes written so far on disk, for a resume point; returns their count.
+  int64_t sync() {
     POLLEN_CHECK(std::fflush(f_) == 0 && ::fsync(fileno(f_)) == 0, "cannot write '", tmp_.string(),
                  "'");
+    keep_ = true;
+    return bytes_;
+  }
+  std::string commit() {
+    sync();
     std::fclose(f_);
     f_ = nullptr;
     fs::rename(tmp_, path_);
@@ -312,8 +340,12 @@ class AtomicOut {
   int64_t bytes() const { return bytes_; }
 
  private:
+  static fs::path tmp_path(const fs::path& p) {
+    return p.parent_path() / ("." + p.filename().string() + ".tmp");
+  }
   fs::path path_, tmp_;
   std::FILE* f_ = nullptr;
+  bool keep_ = false;
   Sha256 sha_;
   int64_t bytes_ = 0;
 };
@@ -382,6 +414,7 @@ struct Pass1Result {
   int64_t problems_total = 0;
   json files = json::object();
   int64_t docs = 0;  // written to pass1.docs
+  std::string sha256_docs, sha256_sigs;
 };
 
 // A surviving document in work/pass1.docs: u32 source index, u32 id bytes, u64 text bytes
@@ -398,9 +431,9 @@ void write_doc_record(AtomicOut& out, uint32_t source, std::string_view id, std:
   out.write(text);
 }
 
-// Reads the next record of work/pass1.docs; false at the end.
+// Reads the next record of work/pass1.docs, advancing `offset` past it; false at the end.
 bool read_doc_record(std::FILE* in, const fs::path& path, uint32_t& source, std::string& id,
-                     std::string& text) {
+                     std::string& text, int64_t& offset) {
   char head[16];
   size_t got = std::fread(head, 1, 16, in);
   if (got == 0) return false;
@@ -414,6 +447,7 @@ bool read_doc_record(std::FILE* in, const fs::path& path, uint32_t& source, std:
   POLLEN_CHECK(got == 16 && std::fread(id.data(), 1, id_bytes, in) == id_bytes &&
                    std::fread(text.data(), 1, text_bytes, in) == text_bytes,
                "'", path.string(), "' ends in a partial record");
+  offset += static_cast<int64_t>(16 + id_bytes + text_bytes);
   return true;
 }
 
@@ -483,11 +517,14 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     uint64_t h1 = 0, h2 = 0;
     std::optional<Problem> problem;  // an invalid record (dropped at read) or invalid UTF-8
   };
+  struct Batch {
+    std::vector<Item> items;
+    std::vector<Outcome> outcome;
+    std::vector<uint32_t> sigs;  // (items, m) MinHash signatures
+    int64_t bytes = 0;           // text read
+  };
   constexpr int kDroppedAtRead = -1;
-  std::vector<Item> batch;
-  std::vector<Outcome> outcome;
-  std::vector<uint32_t> sigs;
-  int64_t batch_bytes = 0, total_bytes = 0, total_docs = 0;
+  int64_t done_bytes = 0, done_docs = 0;
   Progress progress(opt.progress, "pass 1 (read, filter, dedup)");
 
   // One document through the filters, on a worker thread.
@@ -560,19 +597,23 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     if (c.minhash.enabled) hasher.signature(text, sig);
   };
 
-  auto process = [&]() {
-    const int64_t n = static_cast<int64_t>(batch.size());
-    outcome.assign(batch.size(), Outcome{});
-    sigs.assign(static_cast<size_t>(n * m), 0);
+  // Every document of a batch through the filters, on all threads.
+  auto process = [&](Batch& b) {
+    const int64_t n = static_cast<int64_t>(b.items.size());
+    b.outcome.assign(b.items.size(), Outcome{});
+    b.sigs.assign(static_cast<size_t>(n * m), 0);
     for_each_document(n, [&](int64_t i) {
-      Item& it = batch[static_cast<size_t>(i)];
+      Item& it = b.items[static_cast<size_t>(i)];
       if (!it.problem)
-        filter(it, outcome[static_cast<size_t>(i)], &sigs[static_cast<size_t>(i * m)]);
+        filter(it, b.outcome[static_cast<size_t>(i)], &b.sigs[static_cast<size_t>(i * m)]);
     });
-    // Merge in input order.
+  };
+  // Counts, exact dedup and the outputs, in input order.
+  auto merge = [&](Batch& b) {
+    const int64_t n = static_cast<int64_t>(b.items.size());
     for (int64_t i = 0; i < n; ++i) {
-      Outcome& o = outcome[static_cast<size_t>(i)];
-      Item& it = batch[static_cast<size_t>(i)];
+      Outcome& o = b.outcome[static_cast<size_t>(i)];
+      Item& it = b.items[static_cast<size_t>(i)];
       if (it.problem) {
         report(*it.problem);
         continue;
@@ -608,16 +649,22 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
                        it.doc.text);
       if (c.minhash.enabled)
         sig_out.write(
-            std::string_view(reinterpret_cast<const char*>(&sigs[static_cast<size_t>(i * m)]),
+            std::string_view(reinterpret_cast<const char*>(&b.sigs[static_cast<size_t>(i * m)]),
                              static_cast<size_t>(m) * 4));
       res.docs++;
     }
-    total_docs += n;
-    progress.update(total_docs, total_bytes);
-    batch.clear();
-    batch_bytes = 0;
+    done_docs += n;
+    done_bytes += b.bytes;
+    progress.update(done_docs, done_bytes);
   };
 
+  // Reading on this thread, filtering on the pool, merging on a third thread.
+  BatchPipeline<Batch> pipe(process, merge);
+  auto next_batch = [&] {
+    pipe.submit();
+    pipe.batch().items.clear();
+    pipe.batch().bytes = 0;
+  };
   for (size_t fi = 0; fi < files.size(); ++fi) {
     const InputFile& f = files[fi];
     const SourceSpec& spec = c.sources[static_cast<size_t>(f.source)];
@@ -626,13 +673,13 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     read_input(
         f, spec, c.limits,
         [&](RawDoc&& d) {
-          batch_bytes += static_cast<int64_t>(d.text.size());
-          total_bytes += static_cast<int64_t>(d.text.size());
-          batch.push_back({std::move(d), fi, std::nullopt});
-          if (batch_bytes >= c.batch_bytes) process();
+          Batch& b = pipe.batch();
+          b.bytes += static_cast<int64_t>(d.text.size());
+          b.items.push_back({std::move(d), fi, std::nullopt});
+          if (b.bytes >= c.batch_bytes) next_batch();
         },
         [&](Problem&& p) {
-          batch.push_back({RawDoc{}, fi, std::move(p)});
+          pipe.batch().items.push_back({RawDoc{}, fi, std::move(p)});
         },
         bytes, sha);
     if (!f.missing) {
@@ -640,8 +687,9 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
       if (!sha.empty()) res.inputs.push_back({{"path", f.name}, {"sha256", sha}, {"bytes", bytes}});
     }
   }
-  if (!batch.empty()) process();
-  progress.update(total_docs, total_bytes, true);
+  if (!pipe.batch().items.empty()) pipe.submit();
+  pipe.finish();
+  progress.update(done_docs, done_bytes, true);
   read.extra = {{"files", files_read},
                 {"files_missing", files_missing},
                 {"files_empty", files_empty},
@@ -649,8 +697,8 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   res.stages.push_back(read);
   for (auto& s : st) res.stages.push_back(s);
   res.files = read.extra;
-  docs_out.commit();
-  sig_out.commit();
+  res.sha256_docs = docs_out.commit();
+  res.sha256_sigs = sig_out.commit();
   return res;
 }
 
@@ -692,6 +740,86 @@ Tok load_tokenizer(const PipelineConfig& c) {
                {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}, "eos_token");
   return k;
 }
+
+// Pass 2's counts and its position in pass1.docs: with the outputs' lengths, a resume point.
+struct Pass2State {
+  StageCounts near, pii, deco, split, tok;
+  PiiCounts pii_total;
+  int64_t split_docs[2] = {0, 0}, split_bytes[2] = {0, 0}, split_tokens[2] = {0, 0};
+  int64_t near_docs = 0;
+  int64_t docs = 0, offset = 0;  // documents and bytes of pass1.docs done
+  int64_t text_bytes = 0;        // their text
+
+  json to_json() const {
+    json stages = json::array();
+    for (const StageCounts* s : {&near, &pii, &deco, &split, &tok}) stages.push_back(s->to_json());
+    auto two = [](const int64_t(&v)[2]) { return json::array({v[0], v[1]}); };
+    return {{"stages", stages},
+            {"pii_total", pii_total.n},
+            {"split_docs", two(split_docs)},
+            {"split_bytes", two(split_bytes)},
+            {"split_tokens", two(split_tokens)},
+            {"near_docs", near_docs},
+            {"docs", docs},
+            {"offset", offset},
+            {"text_bytes", text_bytes}};
+  }
+  void restore(const json& j) {
+    const json& st = j.at("stages");
+    int k = 0;
+    for (StageCounts* s : {&near, &pii, &deco, &split, &tok})
+      *s = StageCounts::from_json(st.at(k++));
+    pii_total.n = j.at("pii_total");
+    for (int s = 0; s < 2; ++s) {
+      split_docs[s] = j.at("split_docs").at(s);
+      split_bytes[s] = j.at("split_bytes").at(s);
+      split_tokens[s] = j.at("split_tokens").at(s);
+    }
+    near_docs = j.at("near_docs");
+    docs = j.at("docs");
+    offset = j.at("offset");
+    text_bytes = j.at("text_bytes");
+  }
+};
+
+// Pass 2's output files: curated JSONL per split, near-duplicates and the shards of each split;
+// new, or continued from a resume point (`saved`, holding what checkpoint() returned).
+struct Pass2Outputs {
+  std::unique_ptr<AtomicOut> curated[2], near;
+  std::unique_ptr<ShardWriter> writers[2];
+
+  Pass2Outputs(const PipelineConfig& c, TokenDType dtype, const json* saved) {
+    auto open = [&](const char* name) {
+      const fs::path p = c.output / name;
+      return saved ? std::make_unique<AtomicOut>(p, saved->at("outputs").at(name).get<int64_t>())
+                   : std::make_unique<AtomicOut>(p);
+    };
+    curated[0] = open("curated-train.jsonl");
+    curated[1] = open("curated-validation.jsonl");
+    near = open("near-duplicates.jsonl");
+    for (int s = 0; s < 2 && c.tokenize; ++s) {
+      writers[s] = std::make_unique<ShardWriter>(
+          c.output, c.prefix, s == 0 ? "train" : "validation", dtype, c.shard_tokens);
+      if (saved) writers[s]->resume(saved->at("shards").at(s));
+    }
+  }
+  int64_t shards_done() const {
+    int64_t n = 0;
+    for (const auto& w : writers)
+      if (w) n += static_cast<int64_t>(w->shards().size());
+    return n;
+  }
+  // Puts every byte written so far on disk; returns the lengths and shard states to resume from.
+  json checkpoint() {
+    json shards = json::array();
+    for (auto& w : writers) shards.push_back(w ? w->checkpoint() : json());
+    return {{"outputs",
+             {{"curated-train.jsonl", curated[0]->sync()},
+              {"curated-validation.jsonl", curated[1]->sync()},
+              {"near-duplicates.jsonl", near->sync()}}},
+            {"shards", shards}};
+  }
+};
 
 }  // namespace
 
@@ -735,6 +863,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
       p1.problems = saved.at("problems");
       p1.problems_total = saved.at("problems_total");
       p1.docs = saved.at("docs");
+      p1.sha256_docs = saved.at("sha256_docs");
       reuse = true;
       log::info("data: pass 1 outputs match this config and these inputs; reusing them");
     }
@@ -750,8 +879,8 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
                {"problems", p1.problems},
                {"problems_total", p1.problems_total},
                {"docs", p1.docs},
-               {"sha256_docs", sha256_file(work / "pass1.docs")},
-               {"sha256_sigs", sha256_file(work / "pass1.sig")}};
+               {"sha256_docs", p1.sha256_docs},
+               {"sha256_sigs", p1.sha256_sigs}};
     write_file_atomic(work / "pass1.json", saved.dump(1) + "\n");
   }
   if (opt.stop_after == "pass1") return {};
@@ -782,15 +911,15 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   }
 
   // ---- pass 2
-  StageCounts pii_c, deco_c, split_c, tok_c;
-  pii_c.name = "pii";
-  pii_c.enabled = c.pii.enabled;
-  deco_c.name = "decontaminate";
-  deco_c.enabled = c.decontaminate;
-  split_c.name = "split";
-  tok_c.name = "tokenize";
-  tok_c.enabled = c.tokenize;
-  PiiCounts pii_total;
+  Pass2State p2;
+  p2.near = near;
+  p2.pii.name = "pii";
+  p2.pii.enabled = c.pii.enabled;
+  p2.deco.name = "decontaminate";
+  p2.deco.enabled = c.decontaminate;
+  p2.split.name = "split";
+  p2.tok.name = "tokenize";
+  p2.tok.enabled = c.tokenize;
   Decontaminator deco(c.decontaminate_ngram);
   if (c.decontaminate) {
     for (const auto& e : c.eval_files) {
@@ -818,29 +947,175 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
           },
           bytes, sha);
     }
-    deco_c.extra = {{"eval_texts", deco.eval_texts()},
-                    {"eval_texts_shorter_than_ngram", deco.short_texts()},
-                    {"eval_ngrams", deco.ngrams()}};
+    p2.deco.extra = {{"eval_texts", deco.eval_texts()},
+                     {"eval_texts_shorter_than_ngram", deco.short_texts()},
+                     {"eval_ngrams", deco.ngrams()}};
   }
   Tok tok;
   TokenDType dtype = TokenDType::u16;
-  std::unique_ptr<ShardWriter> writers[2];
-  const char* split_names[2] = {"train", "validation"};
   if (c.tokenize) {
     tok = load_tokenizer(c);
     dtype = token_dtype_for(tok.t->vocab_size());
-    for (const auto& e : fs::directory_iterator(c.output))
-      if (e.path().extension() == ".tokens" || e.path().extension() == ".index")
-        fs::remove(e.path());
-    for (int s = 0; s < 2; ++s)
-      writers[s] =
-          std::make_unique<ShardWriter>(c.output, c.prefix, split_names[s], dtype, c.shard_tokens);
   }
-  AtomicOut curated[2] = {AtomicOut(c.output / "curated-train.jsonl"),
-                          AtomicOut(c.output / "curated-validation.jsonl")};
-  AtomicOut near_out(c.output / "near-duplicates.jsonl");
-  int64_t near_docs = 0;
-  int64_t split_docs[2] = {0, 0}, split_bytes[2] = {0, 0}, split_tokens[2] = {0, 0};
+
+  // Resume from pass 2's last resume point when it belongs to this run's config, inputs and
+  // pass 1; else start pass 2 over.
+  const fs::path resume_path = work / "pass2.json";
+  const std::string key2 = sha256_hex(key_all + p1.sha256_docs);
+  std::unique_ptr<Pass2Outputs> out;
+  if (reuse && fs::exists(resume_path)) {
+    json saved = json::parse(read_file(resume_path), nullptr, false);
+    if (!saved.is_discarded() && saved.value("key", "") == key2) {
+      try {
+        out = std::make_unique<Pass2Outputs>(c, dtype, &saved);
+        Pass2State restored = p2;
+        restored.restore(saved.at("state"));
+        p2 = restored;
+        for (const auto& [g, id] :
+             saved.at("kept").get<std::vector<std::pair<int64_t, std::string>>>())
+          kept_of_cluster.at(g) = id;
+        log::info("data: resuming pass 2 after ", p2.docs, " of ", p1.docs, " documents");
+      } catch (const std::exception& e) {
+        log::warn("data: cannot resume pass 2 (", e.what(), "); starting it over");
+        out.reset();
+        for (auto& [g, id] : kept_of_cluster) id.clear();
+      }
+    }
+  }
+  if (!out) {
+    fs::remove(resume_path, ec);
+    out = std::make_unique<Pass2Outputs>(c, dtype, nullptr);
+  }
+  // Shard files of an interrupted run that the resume point does not list are removed (this run
+  // writes them again).
+  std::set<std::string> kept_shards;
+  for (int s = 0; s < 2 && c.tokenize; ++s)
+    for (const auto& info : out->writers[s]->shards()) kept_shards.insert(info.tokens);
+  for (const auto& e : fs::directory_iterator(c.output)) {
+    const fs::path p = e.path();
+    if ((p.extension() == ".tokens" || p.extension() == ".index") &&
+        !kept_shards.count(fs::path(p).replace_extension(".tokens").filename().string()))
+      fs::remove(p);
+  }
+
+  struct D {
+    uint32_t source = 0;
+    std::string id, text;
+    bool near_dup = false, contaminated = false;
+    PiiCounts pii;
+    int split = 0;
+    std::vector<uint32_t> ids;
+    int64_t bytes_in = 0;
+    std::string line;  // the curated JSONL record
+    // Empties the document for reuse, keeping its buffers.
+    void reset() {
+      near_dup = contaminated = false;
+      pii = {};
+      split = 0;
+      ids.clear();
+      line.clear();
+    }
+  };
+  struct Batch {
+    std::vector<D> docs;  // the first n are this batch's
+    int64_t n = 0;
+    int64_t first = 0;       // index in pass1.docs of docs[0]
+    int64_t end_offset = 0;  // byte offset in pass1.docs after the batch
+  };
+  Progress progress(opt.progress, "pass 2 (near-dedup, pii, decontaminate, tokenize)");
+  // One document through pass 2's stages, on a worker thread.
+  auto curate = [&](D& d, int64_t g) {
+    thread_local std::string tmp;
+    d.bytes_in = static_cast<int64_t>(d.text.size());
+    if (c.minhash.enabled && cluster[static_cast<size_t>(g)] != g) {
+      d.near_dup = true;
+      return;
+    }
+    if (c.pii.enabled) {
+      d.pii = redact_pii(d.text, c.pii, tmp);
+      if (d.pii.total()) d.text.swap(tmp);
+    }
+    if (c.decontaminate && deco.contaminated(d.text)) {
+      d.contaminated = true;
+      return;
+    }
+    uint64_t h = xxh64(d.text.data(), d.text.size(), c.split_seed);
+    double u = static_cast<double>(h >> 11) * 0x1.0p-53;
+    d.split = u < c.validation_fraction ? 1 : 0;
+    d.line = jsonl_line(d.id, c.sources[d.source].name, d.text);
+    if (c.tokenize) {
+      if (tok.bos) d.ids.push_back(*tok.bos);
+      tok.t->encode(d.text, {.special = tokenizer::SpecialPolicy::as_text()}, d.ids);
+      if (tok.eos) d.ids.push_back(*tok.eos);
+    }
+  };
+  auto process = [&](Batch& b) {
+    for_each_document(b.n, [&](int64_t i) { curate(b.docs[static_cast<size_t>(i)], b.first + i); });
+  };
+  // A resume point after the first batch that completes a shard, and after every
+  // checkpoint_bytes of text.
+  int64_t shards_at_resume_point = out->shards_done(), bytes_at_resume_point = p2.text_bytes;
+  int64_t batches_merged = 0;
+  auto save_resume_point = [&] {
+    json kept = json::array();
+    for (const auto& [g, id] : kept_of_cluster)
+      if (!id.empty()) kept.push_back(json::array({g, id}));
+    json saved = out->checkpoint();
+    saved["key"] = key2;
+    saved["state"] = p2.to_json();
+    saved["kept"] = kept;
+    write_file_atomic(resume_path, saved.dump() + "\n");
+    shards_at_resume_point = out->shards_done();
+    bytes_at_resume_point = p2.text_bytes;
+  };
+  // Counts and outputs, in document order.
+  auto merge = [&](Batch& b) {
+    for (int64_t i = 0; i < b.n; ++i) {
+      D& d = b.docs[static_cast<size_t>(i)];
+      const int64_t bytes = d.bytes_in, g = b.first + i;
+      p2.text_bytes += bytes;
+      if (d.near_dup) {
+        p2.near.drop("near_duplicate", bytes);
+        std::string rec = "{\"id\":";
+        append_json_string(rec, d.id);
+        rec += ",\"duplicate_of\":";
+        append_json_string(rec, kept_of_cluster.at(cluster[static_cast<size_t>(g)]));
+        rec += "}\n";
+        out->near->write(rec);
+        p2.near_docs++;
+        continue;
+      }
+      p2.near.keep(bytes, bytes);
+      if (auto it = kept_of_cluster.find(g); it != kept_of_cluster.end()) it->second = d.id;
+      int64_t after = static_cast<int64_t>(d.text.size());
+      p2.pii.keep(bytes, after);
+      if (d.pii.total()) p2.pii.docs_modified++;
+      for (int k = 0; k < kPiiTypes; ++k)
+        p2.pii_total.n[static_cast<size_t>(k)] += d.pii.n[static_cast<size_t>(k)];
+      if (d.contaminated) {
+        p2.deco.drop("contaminated", after);
+        continue;
+      }
+      p2.deco.keep(after, after);
+      p2.split.keep(after, after);
+      p2.split_docs[d.split]++;
+      p2.split_bytes[d.split] += after;
+      out->curated[d.split]->write(d.line);
+      if (c.tokenize) {
+        p2.tok.keep(after, after);
+        out->writers[d.split]->add_document(d.ids);
+        p2.split_tokens[d.split] += static_cast<int64_t>(d.ids.size());
+      }
+    }
+    p2.docs = b.first + b.n;
+    p2.offset = b.end_offset;
+    progress.update(p2.docs, p2.text_bytes);
+    if (out->shards_done() > shards_at_resume_point ||
+        p2.text_bytes - bytes_at_resume_point >= c.checkpoint_bytes)
+      save_resume_point();
+    if (++batches_merged == opt.interrupt_pass2_after)
+      fail("interrupted after ", batches_merged, " batches of pass 2 (as asked)");
+  };
   {
     const fs::path docs_path = work / "pass1.docs";
     std::FILE* in = std::fopen(docs_path.c_str(), "rb");
@@ -848,137 +1123,59 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(in, std::fclose);
     std::vector<char> inbuf(1 << 20);
     std::setvbuf(in, inbuf.data(), _IOFBF, inbuf.size());
-    struct D {
-      uint32_t source = 0;
-      std::string id, text;
-      bool near_dup = false, contaminated = false;
-      PiiCounts pii;
-      int split = 0;
-      std::vector<uint32_t> ids;
-      int64_t bytes_in = 0;
-      std::string line;  // the curated JSONL record
-      // Empties the document for reuse, keeping its buffers.
-      void reset() {
-        near_dup = contaminated = false;
-        pii = {};
-        split = 0;
-        ids.clear();
-        line.clear();
-      }
-    };
-    std::vector<D> docs;
-    int64_t index = 0, done_bytes = 0, batches = 0;
-    Progress progress(opt.progress, "pass 2 (near-dedup, pii, decontaminate, tokenize)");
-    // One document through pass 2's stages, on a worker thread.
-    auto curate = [&](D& d, int64_t g) {
-      thread_local std::string tmp;
-      d.bytes_in = static_cast<int64_t>(d.text.size());
-      if (c.minhash.enabled && cluster[static_cast<size_t>(g)] != g) {
-        d.near_dup = true;
-        return;
-      }
-      if (c.pii.enabled) {
-        d.pii = redact_pii(d.text, c.pii, tmp);
-        if (d.pii.total()) d.text.swap(tmp);
-      }
-      if (c.decontaminate && deco.contaminated(d.text)) {
-        d.contaminated = true;
-        return;
-      }
-      uint64_t h = xxh64(d.text.data(), d.text.size(), c.split_seed);
-      double u = static_cast<double>(h >> 11) * 0x1.0p-53;
-      d.split = u < c.validation_fraction ? 1 : 0;
-      d.line = jsonl_line(d.id, c.sources[d.source].name, d.text);
-      if (c.tokenize) {
-        if (tok.bos) d.ids.push_back(*tok.bos);
-        tok.t->encode(d.text, {.special = tokenizer::SpecialPolicy::as_text()}, d.ids);
-        if (tok.eos) d.ids.push_back(*tok.eos);
-      }
-    };
-    auto process = [&](int64_t n) {
-      for_each_document(n, [&](int64_t i) { curate(docs[static_cast<size_t>(i)], index + i); });
-      for (int64_t i = 0; i < n; ++i) {
-        D& d = docs[static_cast<size_t>(i)];
-        int64_t b = d.bytes_in;
-        done_bytes += b;
-        const int64_t g = index + i;
-        if (d.near_dup) {
-          near.drop("near_duplicate", b);
-          std::string rec = "{\"id\":";
-          append_json_string(rec, d.id);
-          rec += ",\"duplicate_of\":";
-          append_json_string(rec, kept_of_cluster.at(cluster[static_cast<size_t>(g)]));
-          rec += "}\n";
-          near_out.write(rec);
-          near_docs++;
-          continue;
-        }
-        near.keep(b, b);
-        if (auto it = kept_of_cluster.find(g); it != kept_of_cluster.end()) it->second = d.id;
-        int64_t after = static_cast<int64_t>(d.text.size());
-        pii_c.keep(b, after);
-        if (d.pii.total()) pii_c.docs_modified++;
-        for (int k = 0; k < kPiiTypes; ++k)
-          pii_total.n[static_cast<size_t>(k)] += d.pii.n[static_cast<size_t>(k)];
-        if (d.contaminated) {
-          deco_c.drop("contaminated", after);
-          continue;
-        }
-        deco_c.keep(after, after);
-        split_c.keep(after, after);
-        split_docs[d.split]++;
-        split_bytes[d.split] += after;
-        curated[d.split].write(d.line);
-        if (c.tokenize) {
-          tok_c.keep(after, after);
-          writers[d.split]->add_document(d.ids);
-          split_tokens[d.split] += static_cast<int64_t>(d.ids.size());
-        }
-      }
-      index += n;
-      progress.update(index, done_bytes);
-      if (opt.stop_after == "pass2_batch" && ++batches == 1)
-        fail("interrupted after pass 2's first batch (as asked)");
-    };
-    int64_t n = 0, bytes = 0;
+    POLLEN_CHECK(std::fseek(in, static_cast<long>(p2.offset), SEEK_SET) == 0, "cannot seek in '",
+                 docs_path.string(), "'");
+    int64_t index = p2.docs, offset = p2.offset, bytes = 0;
+    // Reading on this thread, curating on the pool, merging on a third thread.
+    BatchPipeline<Batch> pipe(process, merge);
+    pipe.batch().n = 0;
+    pipe.batch().first = index;
     while (true) {
-      if (static_cast<size_t>(n) == docs.size()) docs.emplace_back();
-      D& d = docs[static_cast<size_t>(n)];
+      Batch& b = pipe.batch();
+      if (static_cast<size_t>(b.n) == b.docs.size()) b.docs.emplace_back();
+      D& d = b.docs[static_cast<size_t>(b.n)];
       d.reset();
-      if (!read_doc_record(in, docs_path, d.source, d.id, d.text)) break;
+      if (!read_doc_record(in, docs_path, d.source, d.id, d.text, offset)) break;
       POLLEN_CHECK(d.source < c.sources.size(), "'", docs_path.string(), "' names source ",
                    d.source, " of ", c.sources.size());
       bytes += static_cast<int64_t>(d.text.size());
-      if (++n, bytes >= c.batch_bytes) {
-        process(n);
-        n = bytes = 0;
+      ++index;
+      if (++b.n, bytes >= c.batch_bytes) {
+        b.end_offset = offset;
+        pipe.submit();
+        pipe.batch().n = bytes = 0;
+        pipe.batch().first = index;
       }
     }
-    if (n > 0) process(n);
-    progress.update(index, done_bytes, true);
-    POLLEN_CHECK(index == p1.docs, "'", docs_path.string(), "' holds ", index,
+    if (pipe.batch().n > 0) {
+      pipe.batch().end_offset = offset;
+      pipe.submit();
+    }
+    pipe.finish();
+    progress.update(p2.docs, p2.text_bytes, true);
+    POLLEN_CHECK(index == p1.docs && p2.docs == p1.docs, "'", docs_path.string(), "' holds ", index,
                  " documents, pass 1 wrote ", p1.docs);
   }
   json pii_counts = json::object();
   for (int k = 0; k < kPiiTypes; ++k)
-    pii_counts[pii_type_name(static_cast<PiiType>(k))] = pii_total.n[static_cast<size_t>(k)];
-  pii_c.extra = {{"redactions", pii_counts}};
-  split_c.extra = {{"train", {{"docs", split_docs[0]}, {"bytes", split_bytes[0]}}},
-                   {"validation", {{"docs", split_docs[1]}, {"bytes", split_bytes[1]}}}};
-  tok_c.extra = {{"train_tokens", split_tokens[0]}, {"validation_tokens", split_tokens[1]}};
+    pii_counts[pii_type_name(static_cast<PiiType>(k))] = p2.pii_total.n[static_cast<size_t>(k)];
+  p2.pii.extra = {{"redactions", pii_counts}};
+  p2.split.extra = {{"train", {{"docs", p2.split_docs[0]}, {"bytes", p2.split_bytes[0]}}},
+                    {"validation", {{"docs", p2.split_docs[1]}, {"bytes", p2.split_bytes[1]}}}};
+  p2.tok.extra = {{"train_tokens", p2.split_tokens[0]}, {"validation_tokens", p2.split_tokens[1]}};
 
-  const int64_t near_bytes = near_out.bytes();
-  const std::string near_sha = near_out.commit();
+  const int64_t near_bytes = out->near->bytes();
+  const std::string near_sha = out->near->commit();
   std::string curated_sha[2];
   int64_t curated_bytes[2];
   for (int s = 0; s < 2; ++s) {
-    curated_bytes[s] = curated[s].bytes();
-    curated_sha[s] = curated[s].commit();
+    curated_bytes[s] = out->curated[s]->bytes();
+    curated_sha[s] = out->curated[s]->commit();
   }
   json shards = json::array();
   if (c.tokenize)
     for (int s = 0; s < 2; ++s)
-      for (const auto& info : writers[s]->finish()) shards.push_back(info.to_json());
+      for (const auto& info : out->writers[s]->finish()) shards.push_back(info.to_json());
 
   // ---- the manifest
   json m;
@@ -1001,28 +1198,26 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   m["config"] = c.to_json();
   json stages = json::array();
   for (const auto& s : p1.stages) stages.push_back(s.to_json());
-  stages.push_back(near.to_json());
-  stages.push_back(pii_c.to_json());
-  stages.push_back(deco_c.to_json());
-  stages.push_back(split_c.to_json());
-  stages.push_back(tok_c.to_json());
+  for (const StageCounts* s : {&p2.near, &p2.pii, &p2.deco, &p2.split, &p2.tok})
+    stages.push_back(s->to_json());
   m["stages"] = stages;
   m["problems"] = p1.problems;
   m["problems_total"] = p1.problems_total;
   m["curated"] = json::array();
   for (int s = 0; s < 2; ++s)
-    m["curated"].push_back({{"split", split_names[s]},
+    m["curated"].push_back({{"split", s == 0 ? "train" : "validation"},
                             {"file", s == 0 ? "curated-train.jsonl" : "curated-validation.jsonl"},
-                            {"docs", split_docs[s]},
+                            {"docs", p2.split_docs[s]},
                             {"bytes", curated_bytes[s]},
                             {"sha256", curated_sha[s]}});
   m["near_duplicates"] = {{"file", "near-duplicates.jsonl"},
-                          {"docs", near_docs},
+                          {"docs", p2.near_docs},
                           {"bytes", near_bytes},
                           {"sha256", near_sha}};
   m["shards"] = shards;
   std::string text = manifest_text(m);
   write_file_atomic(manifest_path, text);
+  fs::remove(resume_path, ec);
   write_file_atomic(work / "done.json",
                     json{{"key", key_all}, {"manifest_sha256", sha256_hex(text)}}.dump() + "\n");
   if (opt.progress) std::fprintf(stderr, "%s", dataset_stats(manifest_path).c_str());

@@ -6,13 +6,15 @@
 // Every document that enters a stage leaves it kept or dropped with a reason; the manifest
 // holds the counts (documents and bytes) of every stage. docs/data.md documents every key.
 //
-// Two streaming passes with bounded memory: pass 1 reads, filters and exact-deduplicates in
-// batches (each batch's documents are processed on all threads, results merged in input order,
-// so outputs do not depend on the thread count) and keeps one MinHash signature per surviving
-// document; pass 2 streams the survivors again, dropping near-duplicates, redacting PII,
-// decontaminating, splitting and tokenising. Pass 1's outputs are written atomically with a key
-// of the config and inputs; a rerun after an interruption skips pass 1 when they match, and a
-// rerun of a finished run does nothing.
+// Two streaming passes with bounded memory, each in batches through three overlapping stages:
+// one thread reads the next batch while the thread pool processes the current one and another
+// thread merges the previous one, in input order (so outputs do not depend on the thread
+// count). Pass 1 reads, filters and exact-deduplicates, and keeps one MinHash signature per
+// surviving document; pass 2 streams the survivors again, dropping near-duplicates, redacting
+// PII, decontaminating, splitting and tokenising. Pass 1's outputs are written atomically with
+// a key of the config and inputs; a rerun after an interruption skips pass 1 when they match.
+// Pass 2 saves resume points (after each completed shard and every checkpoint_bytes of text)
+// from which a rerun continues; a rerun of a finished run does nothing.
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -34,9 +36,10 @@ struct PipelineConfig {
   std::vector<SourceSpec> sources;
   ReadLimits limits;
   bool fail_on_bad_input = false;
-  int64_t batch_bytes = 16 << 20;  // text per processing batch
-  std::string utf8 = "repair";     // "repair" or "drop"
-  bool normalize_newlines = true;  // CRLF and CR to LF
+  int64_t batch_bytes = 16 << 20;                 // text per processing batch
+  int64_t checkpoint_bytes = int64_t{256} << 20;  // pass 2 text between resume points
+  std::string utf8 = "repair";                    // "repair" or "drop"
+  bool normalize_newlines = true;                 // CRLF and CR to LF
   LengthFilter length;
   GopherQualityFilter gopher_quality;
   GopherRepetitionFilter gopher_repetition;
@@ -65,9 +68,11 @@ struct PipelineConfig {
 
 struct PrepareOptions {
   bool progress = true;
-  // For tests of resumption: "pass1" stops after pass 1; "pass2_batch" fails after pass 2's
-  // first batch, as if interrupted.
+  // For tests of resumption: "pass1" stops after pass 1.
   std::string stop_after;
+  // For tests of resumption: when positive, pass 2 fails after merging this many batches (and
+  // saving a resume point if one was due), as if interrupted.
+  int64_t interrupt_pass2_after = 0;
 };
 
 // Runs the pipeline; returns the manifest's path.

@@ -216,6 +216,19 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
     return;
   }
   int64_t line_no = 0;
+  // Errors thrown by the callbacks are the caller's: they propagate instead of being reported
+  // as an unreadable file.
+  bool in_callback = false;
+  auto doc_out = [&](RawDoc&& d) {
+    in_callback = true;
+    on_doc(std::move(d));
+    in_callback = false;
+  };
+  auto problem_out = [&](Problem&& p) {
+    in_callback = true;
+    on_problem(std::move(p));
+    in_callback = false;
+  };
   try {
     ByteStream in(file.path, file.name);
     if (spec.format == "text") {
@@ -231,12 +244,12 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
         if (!too_big) text.append(buf.data(), n);
       }
       if (too_big)
-        on_problem({file.name, 0, "document_too_large",
-                    cat("over max_doc_bytes = ", limits.max_doc_bytes)});
+        problem_out({file.name, 0, "document_too_large",
+                     cat("over max_doc_bytes = ", limits.max_doc_bytes)});
       else if (in.raw_bytes() == 0)
-        on_problem({file.name, 0, "empty_file", "the file is empty"});
+        problem_out({file.name, 0, "empty_file", "the file is empty"});
       else
-        on_doc({file.name, std::move(text), 1});
+        doc_out({file.name, std::move(text), 1});
     } else if (spec.format == "delimited") {
       LineReader lines(in, limits.max_line_bytes);
       std::string line, doc;
@@ -245,11 +258,11 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
       auto flush = [&]() {
         ++n;
         if (doc_bad)
-          on_problem({file.name, doc_line, "document_too_large",
-                      "a line or the document is over "
-                      "the limits"});
+          problem_out({file.name, doc_line, "document_too_large",
+                       "a line or the document is over "
+                       "the limits"});
         else
-          on_doc({cat(file.name, "#", n), std::move(doc), doc_line});
+          doc_out({cat(file.name, "#", n), std::move(doc), doc_line});
         doc.clear();
         doc_bad = false;
         started = false;
@@ -278,7 +291,7 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
       }
       // A last document without a closing delimiter.
       if (started || doc_bad) flush();
-      if (!any) on_problem({file.name, 0, "empty_file", "the file is empty"});
+      if (!any) problem_out({file.name, 0, "empty_file", "the file is empty"});
     } else if (spec.format == "jsonl") {
       LineReader lines(in, limits.max_line_bytes);
       std::string line;
@@ -287,10 +300,10 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
         any = true;
         const int64_t ln = line_no = lines.number();
         if (too_long) {
-          on_problem({file.name, ln, "line_too_long",
-                      cat("a line of ", lines.length(),
-                          " bytes is over max_line_bytes = ", limits.max_line_bytes),
-                      lines.length()});
+          problem_out({file.name, ln, "line_too_long",
+                       cat("a line of ", lines.length(),
+                           " bytes is over max_line_bytes = ", limits.max_line_bytes),
+                       lines.length()});
           continue;
         }
         size_t n = line.size();
@@ -301,15 +314,16 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
         d.text.swap(line);
         d.line = ln;
         d.json = true;
-        on_doc(std::move(d));
+        doc_out(std::move(d));
       }
-      if (!any) on_problem({file.name, 0, "empty_file", "the file is empty"});
+      if (!any) problem_out({file.name, 0, "empty_file", "the file is empty"});
     } else {
       fail("unknown format '", spec.format, "'");
     }
     bytes = in.raw_bytes();
     sha256 = in.sha256();
   } catch (const Error& e) {
+    if (in_callback) throw;
     on_problem({file.name, line_no, "unreadable_file", e.what()});
   }
 }

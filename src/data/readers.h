@@ -60,7 +60,8 @@ struct ReadLimits {
 
 // Reads one file, calling on_doc for each document and on_problem for each bad record. Returns
 // the raw (compressed) bytes read and their SHA-256 through `bytes` and `sha256`. A line longer
-// than max_line_bytes is skipped without being held in memory.
+// than max_line_bytes is skipped without being held in memory. An error thrown by on_doc or
+// on_problem propagates (it is not reported as a problem of the file).
 void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits& limits,
                 const std::function<void(RawDoc&&)>& on_doc,
                 const std::function<void(Problem&&)>& on_problem, int64_t& bytes,

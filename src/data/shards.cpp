@@ -1,6 +1,7 @@
 #include "data/shards.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -82,11 +83,11 @@ ShardWriter::~ShardWriter() {
   if (open_ && open_->file) {
     std::fclose(open_->file);
     std::error_code ec;
-    fs::remove(open_->tokens_tmp, ec);
+    if (!keep_partial_) fs::remove(open_->tokens_tmp, ec);
   }
 }
 
-void ShardWriter::open_next() {
+void ShardWriter::open_next(const char* mode) {
   open_ = std::make_unique<Open>();
   char num[16];
   std::snprintf(num, sizeof num, "%05d", static_cast<int>(done_.size()));
@@ -95,7 +96,7 @@ void ShardWriter::open_next() {
   open_->info.tokens = base + ".tokens";
   open_->info.index = base + ".index";
   open_->tokens_tmp = dir_ / ("." + open_->info.tokens + ".tmp");
-  open_->file = std::fopen(open_->tokens_tmp.c_str(), "wb");
+  open_->file = std::fopen(open_->tokens_tmp.c_str(), mode);
   POLLEN_CHECK(open_->file, "cannot create '", open_->tokens_tmp.string(),
                "': ", std::strerror(errno));
 }
@@ -149,6 +150,51 @@ void ShardWriter::close_current() {
 std::vector<ShardInfo> ShardWriter::finish() {
   if (open_) close_current();
   return done_;
+}
+
+nlohmann::json ShardWriter::checkpoint() {
+  nlohmann::json done = nlohmann::json::array();
+  for (const auto& info : done_) done.push_back(info.to_json());
+  nlohmann::json open;  // null: no open shard
+  if (open_) {
+    POLLEN_CHECK(std::fflush(open_->file) == 0 && ::fsync(fileno(open_->file)) == 0,
+                 "cannot write '", open_->tokens_tmp.string(), "': ", std::strerror(errno));
+    open = {{"tokens", open_->info.tokens}, {"starts", open_->starts}};
+  }
+  keep_partial_ = true;
+  return {{"done", done}, {"open", open}};
+}
+
+void ShardWriter::resume(const nlohmann::json& state) {
+  POLLEN_CHECK(!open_ && done_.empty(), "ShardWriter::resume: the writer has already written");
+  keep_partial_ = true;
+  for (const auto& j : state.at("done")) {
+    done_.push_back(ShardInfo::from_json(j, "resume point"));
+    POLLEN_CHECK(fs::exists(dir_ / done_.back().tokens) && fs::exists(dir_ / done_.back().index),
+                 "shard '", done_.back().tokens, "' of the resume point is missing");
+  }
+  const nlohmann::json& open = state.at("open");
+  if (open.is_null()) return;
+  open_next("r+b");
+  POLLEN_CHECK(open.at("tokens").get<std::string>() == open_->info.tokens,
+               "resume point: open shard '", open.at("tokens").get<std::string>(), "', expected '",
+               open_->info.tokens, "'");
+  open_->starts = open.at("starts").get<std::vector<uint64_t>>();
+  POLLEN_CHECK(!open_->starts.empty() && open_->starts.front() == 0,
+               "resume point: bad starts of '", open_->info.tokens, "'");
+  open_->info.num_tokens = static_cast<int64_t>(open_->starts.back());
+  open_->info.num_docs = static_cast<int64_t>(open_->starts.size()) - 1;
+  const auto bytes =
+      static_cast<off_t>(open_->info.num_tokens) * static_cast<off_t>(token_dtype_bytes(dtype_));
+  struct stat st {};
+  POLLEN_CHECK(::fstat(fileno(open_->file), &st) == 0 && st.st_size >= bytes &&
+                   ::ftruncate(fileno(open_->file), bytes) == 0,
+               "'", open_->tokens_tmp.string(), "' is shorter than its resume point");
+  std::vector<char> buf(1 << 20);
+  for (size_t got; (got = std::fread(buf.data(), 1, buf.size(), open_->file)) > 0;)
+    open_->sha.update(buf.data(), got);
+  POLLEN_CHECK(std::ftell(open_->file) == bytes && std::fseek(open_->file, 0, SEEK_END) == 0,
+               "cannot read '", open_->tokens_tmp.string(), "'");
 }
 
 // ---- manifest ----------------------------------------------------------------------------------

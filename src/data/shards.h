@@ -50,10 +50,21 @@ class ShardWriter {
   void add_document(std::span<const uint32_t> ids);
   // Closes the last shard; returns every shard written (none if no document was added).
   std::vector<ShardInfo> finish();
+  // The shards completed so far.
+  const std::vector<ShardInfo>& shards() const { return done_; }
+
+  // A resume point: the completed shards and the open one's document starts, its tokens put on
+  // disk first. From then on a writer destroyed unfinished leaves its open shard's temporary
+  // file in place for resume().
+  nlohmann::json checkpoint();
+  // Continues from checkpoint() of a writer made with the same arguments: the open shard's
+  // temporary file is cut back to its checkpointed length and its hash recomputed. Throws when
+  // a file the resume point needs is missing or too short.
+  void resume(const nlohmann::json& state);
 
  private:
   struct Open;
-  void open_next();
+  void open_next(const char* mode = "wb");
   void close_current();
   std::filesystem::path dir_;
   std::string prefix_, split_;
@@ -62,6 +73,7 @@ class ShardWriter {
   std::unique_ptr<Open> open_;
   std::vector<ShardInfo> done_;
   std::vector<uint8_t> buffer_;
+  bool keep_partial_ = false;
 };
 
 // A manifest read back: the parsed JSON plus the fields the loader needs.
