@@ -5,19 +5,25 @@
 #   1. Silos by language from Debian's fortunes packages (German, Spanish, Italian, Russian,
 #      Polish, Czech, Brazilian Portuguese, English), each input checked by SHA-256; each silo
 #      curated on its own with `pollen data prepare` (5% held out).
+#      A public silo besides them (pub): the English categories of Debian's `fortunes` that the
+#      en silo does not hold, with the Bulgarian and Esperanto fortunes; no silo's data is in it.
 #   2. One shared tokenizer trained federatedly: each silo sends only its pre-token counts.
-#   3. For N in CLIENTS (default "4 8"; the first N silos):
+#   2b. The shared warm-up (DiLoCo starts from a pre-trained model): `pollen train` on the public
+#      silo alone for WARMUP_STEPS steps (0: none, every run starts from random weights).
+#   3. For N in CLIENTS (default "4 8"; the first N silos), each from the warm-up's checkpoint
+#      (model.init_from):
 #        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM, H local
 #                       AdamW steps per round, ROUNDS rounds, fp32 both ways
 #        diloco-int8-N  the same with int8 pseudo-gradients and an int8 model download
 #        baseline-N     one model, global batch N x local batch, ROUNDS x H steps, the same
 #                       silos mixed equally (the same tokens), the same inner schedule
-#      each evaluated with `pollen eval` on every silo's held-out data.
+#      each evaluated with `pollen eval` on every silo's held-out data (the warm-up model too).
 #   4. The table (bench/fed_vs_central/out/table.md) and `pollen plot` curves (curves-N.svg).
 #
 # Communication of the baseline: every client sends and receives the full fp32 gradient once
 # per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR, MIN_LR,
-# WARMUP, OUTER_LR, OUTER_MOMENTUM, THREADS (0: every core), OUT.
+# WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), OUTER_LR, OUTER_MOMENTUM, WARMUP_STEPS, WARMUP_LR, RUNS (which of diloco, diloco-int8,
+# baseline), THREADS (0: every core), OUT.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -31,6 +37,10 @@ MIN_LR=${MIN_LR:-3e-4}
 WARMUP=${WARMUP:-20}
 OUTER_LR=${OUTER_LR:-0.7}
 OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.9}
+ROUND_WARMUP=${ROUND_WARMUP:-0}
+WARMUP_STEPS=${WARMUP_STEPS:-500}
+WARMUP_LR=${WARMUP_LR:-3e-3}
+RUNS=${RUNS:-"diloco diloco-int8 baseline"}
 THREADS=${THREADS:-0}
 OUT=$(realpath -m "${OUT:-out/bench/fed_vs_central}")
 POLLEN=$(realpath build/pollen)
@@ -50,6 +60,11 @@ declare -A SOURCES=(
   [pt]="$F/brasil"
   [en]="$F/fortunes $F/literature $F/people $F/wisdom $F/humorists $F/science $F/politics"
 )
+PUBLIC_CATEGORIES="art computers cookie debian definitions disclaimer drugs education ethnic food
+  goedel kids knghtbrd law linux linuxcookie love magic medicine men-women miscellaneous news
+  paradoxum perl pets platitudes pratchett riddles songs-poems sports startrek tao translate-me
+  work zippy"
+SOURCES[pub]="$(for c in $PUBLIC_CATEGORIES; do printf '%s ' "$F/$c"; done)$F/bg $F/eo"
 # SHA-256 of each silo's input files (sorted by path, concatenated), Debian 12's packages.
 declare -A EXPECTED_SHA256=(
   [de]=8ad737883ae62768e105015fa1f70dde4611186ea425200525eb8f0ca5471519
@@ -60,12 +75,13 @@ declare -A EXPECTED_SHA256=(
   [cs]=f872f46795d01d073decbb551897f14553c3a027791ed7bc2c4d4b473309a05b
   [pt]=30ff61437317498276a0d107666321a267cbd54b295e4dda688697eb0bd86e88
   [en]=9e576c17ad32a1efa1dd49818dcce0ded349f14ca504d6132cb2e127aa690382
+  [pub]=bf11f89113745eac7182c84b6976f0677c7f8fce6585513a51d1509eb71c2948
 )
 
 inputs() { find $1 -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort; }
 
-step "1/4 one silo per language, each curated on its own"
-for l in "${LANGS[@]}"; do
+step "1/4 one silo per language, each curated on its own, and the public silo"
+for l in "${LANGS[@]}" pub; do
   sha=$(inputs "${SOURCES[$l]}" | xargs cat | sha256sum | cut -d' ' -f1)
   if [ "$sha" != "${EXPECTED_SHA256[$l]}" ]; then
     echo "silo $l: inputs have sha256 $sha, expected ${EXPECTED_SHA256[$l]} (other package" \
@@ -96,7 +112,7 @@ if [ ! -f "$OUT/tokenizer.json" ]; then
 fi
 FINGERPRINT=$("$POLLEN" tokenizer info --tokenizer "$OUT/tokenizer.json" |
   awk '/fingerprint/ {print $NF}')
-for l in "${LANGS[@]}"; do
+for l in "${LANGS[@]}" pub; do
   if ! jq -e '.shards | length > 0' "$OUT/data/$l/manifest.json" >/dev/null; then
     "$POLLEN" data prepare --config "$OUT/configs/silo-$l.toml" --threads "$THREADS" \
       >"$OUT/prepare-$l.log" 2>&1 || { cat "$OUT/prepare-$l.log"; exit 1; }
@@ -105,6 +121,10 @@ for l in "${LANGS[@]}"; do
     ([.shards[] | select(.split == "validation") | .num_tokens] | add) as $v |
     "  \($l): \($t) training tokens, \($v) held out"' "$OUT/data/$l/manifest.json"
 done
+
+# Where every run starts: the shared warm-up's checkpoint (empty: random weights from seed 0).
+INIT=""
+init_from() { [ -z "$INIT" ] || echo "init_from = \"$INIT\""; }
 
 # The inner schedule, shared by the clients (over their own steps) and the baseline.
 train_table() {
@@ -141,6 +161,7 @@ local_steps = $H
 eval_every = 1
 [model]
 file = "$HERE/model.toml"
+$(init_from)
 [tokenizer]
 fingerprint = "$FINGERPRINT"
 [strategy]
@@ -152,6 +173,7 @@ codec = "$codec"
 server_codec = "$codec"
 [train]
 $(train_table)
+$([ "$ROUND_WARMUP" = 0 ] || echo "round_warmup_steps = $ROUND_WARMUP")
 TOML
   rm -rf "$OUT/runs/$name"
   "$POLLEN" fed simulate --config "$OUT/configs/$name.toml" >"$OUT/$name.log" 2>&1 ||
@@ -178,6 +200,7 @@ seed = 0
 threads = $THREADS
 [model]
 file = "$(realpath $HERE/model.toml)"
+$(init_from)
 [data]
 manifests = [${manifests%, }]
 weights = [${weights%, }]
@@ -207,34 +230,90 @@ TOML
   cp "$OUT/runs/$name/metrics.jsonl" "$OUT/runs/$name/curves.jsonl"
 }
 
-evaluate() {  # name n
+# The shared warm-up: pollen train on the public silo alone, global batch 4 x local batch.
+warmup() {  # name
+  local name=$1
+  cat >"$OUT/configs/$name.toml" <<TOML
+[run]
+name = "$name"
+dir = "$OUT/runs/$name"
+seed = 0
+threads = $THREADS
+[model]
+file = "$(realpath $HERE/model.toml)"
+[data]
+manifests = ["$OUT/data/pub/manifest.json"]
+validation_split = ""
+[train]
+steps = $WARMUP_STEPS
+seq = $SEQ
+micro_batch = $MICRO_BATCH
+batch_tokens = $((4 * MICRO_BATCH * SEQ))
+grad_clip = 1.0
+[optimizer]
+lr = $WARMUP_LR
+weight_decay = 0.0
+[schedule]
+kind = "cosine"
+warmup_steps = $WARMUP
+min_lr = $MIN_LR
+[checkpoint]
+interval = $WARMUP_STEPS
+keep = 1
+[metrics]
+log_interval = 50
+TOML
+  rm -rf "$OUT/runs/$name"
+  "$POLLEN" train --config "$OUT/configs/$name.toml" >"$OUT/$name.log" 2>&1 ||
+    { tail -20 "$OUT/$name.log"; exit 1; }
+}
+
+evaluate() {  # name n [output name]
   local name=$1 n=$2 ms=()
   for l in "${LANGS[@]:0:n}"; do ms+=("$OUT/data/$l/manifest.json"); done
   local ckpt
   ckpt=$(find "$OUT/runs/$name/checkpoints" -maxdepth 1 -name 'step-*' | sort | tail -1)
   "$POLLEN" eval --model "$HERE/model.toml" --checkpoint "$ckpt" --data "${ms[@]}" \
-    --seq "$SEQ" --threads "$THREADS" >"$OUT/eval/$name.jsonl"
+    --seq "$SEQ" --threads "$THREADS" >"$OUT/eval/${3:-$name}.jsonl"
 }
+
+WARMUP_NAME=warmup-$WARMUP_STEPS-$WARMUP_LR
+if [ "$WARMUP_STEPS" -gt 0 ]; then
+  step "2b/4 the shared warm-up: $WARMUP_STEPS steps on the public silo (lr $WARMUP_LR)"
+  if ! ls -d "$OUT/runs/$WARMUP_NAME/checkpoints/step-"* >/dev/null 2>&1; then
+    warmup "$WARMUP_NAME"
+  fi
+  INIT=$(find "$OUT/runs/$WARMUP_NAME/checkpoints" -maxdepth 1 -name 'step-*' | sort | tail -1)
+  echo "  every run starts from $INIT"
+fi
 
 step "3/4 training: H=$H, $ROUNDS rounds, local batch $MICRO_BATCH x $SEQ, inner lr $INNER_LR"
 declare -A SECONDS_OF
 for n in $CLIENTS; do
-  for run in "diloco-$n none" "diloco-int8-$n int8" "baseline-$n"; do
-    set -- $run
+  [ -z "$INIT" ] || evaluate "$WARMUP_NAME" "$n" "$WARMUP_NAME-$n"
+  curves=()
+  for run in $RUNS; do
     t0=$(date +%s)
-    step "  $1"
-    if [ "$#" = 2 ]; then federated "$1" "$n" "$2"; else baseline "$1" "$n"; fi
-    evaluate "$1" "$n"
-    SECONDS_OF[$1]=$(($(date +%s) - t0))
+    step "  $run-$n"
+    case $run in
+      diloco) federated "$run-$n" "$n" none ;;
+      diloco-int8) federated "$run-$n" "$n" int8 ;;
+      baseline) baseline "$run-$n" "$n" ;;
+      *) echo "RUNS: unknown run '$run' (diloco, diloco-int8, baseline)" >&2; exit 1 ;;
+    esac
+    evaluate "$run-$n" "$n"
+    SECONDS_OF[$run-$n]=$(($(date +%s) - t0))
+    curves+=("$OUT/runs/$run-$n/curves.jsonl")
   done
-  "$POLLEN" plot "$OUT/runs/diloco-$n/curves.jsonl" "$OUT/runs/diloco-int8-$n/curves.jsonl" \
-    "$OUT/runs/baseline-$n/curves.jsonl" --output "$OUT/curves-$n.svg" 2>/dev/null
+  "$POLLEN" plot "${curves[@]}" --output "$OUT/curves-$n.svg" 2>/dev/null
 done
 
 step "4/4 results"
 {
   echo "H=$H rounds=$ROUNDS steps=$STEPS local batch=${MICRO_BATCH}x$SEQ inner lr=$INNER_LR" \
-    "(cosine to $MIN_LR, warmup $WARMUP) outer: nesterov lr=$OUTER_LR momentum=$OUTER_MOMENTUM"
+    "(cosine to $MIN_LR, warmup $WARMUP) outer: nesterov lr=$OUTER_LR momentum=$OUTER_MOMENTUM" \
+    "start: $([ -n "$INIT" ] && echo "warm-up of $WARMUP_STEPS steps on pub (lr $WARMUP_LR)" ||
+      echo "random weights")"
   echo
   echo "| run | clients | global batch (tokens) | steps | $(printf '%s | ' "${LANGS[@]}")mean | vs baseline | MB moved | less than baseline | seconds |"
   echo "|---|---|---|---|$(printf -- '---|%.0s' "${LANGS[@]}")---|---|---|---|---|"
@@ -244,8 +323,14 @@ step "4/4 results"
     # fp32 gradient = the parameters' bytes (the safetensors header is a few hundred bytes)
     dp_bytes=$(awk -v n="$n" -v s="$STEPS" -v m="$model_bytes" 'BEGIN {printf "%.0f", 2 * n * s * m}')
     base_mean=$(jq -s '[.[].loss] | add / length' "$OUT/eval/baseline-$n.jsonl")
-    for name in "diloco-$n" "diloco-int8-$n" "baseline-$n"; do
-      if [ -f "$OUT/runs/$name/metrics.jsonl" ] && [ "${name#baseline}" = "$name" ]; then
+    names=()
+    [ -z "$INIT" ] || names+=("$WARMUP_NAME-$n")
+    for run in $RUNS; do names+=("$run-$n"); done
+    for name in "${names[@]}"; do
+      steps=$STEPS
+      if [ "$name" = "$WARMUP_NAME-$n" ]; then  # where the runs start: 0 steps, nothing moved
+        bytes=0 steps=0
+      elif [ -f "$OUT/runs/$name/metrics.jsonl" ] && [ "${name#baseline}" = "$name" ]; then
         bytes=$(jq -s '[.[] | .bytes_sent + .bytes_received] | add' "$OUT/runs/$name/metrics.jsonl")
       else
         bytes=$dp_bytes
@@ -253,10 +338,10 @@ step "4/4 results"
       losses=$(jq -r '.loss' "$OUT/eval/$name.jsonl" | awk '{printf "%.4f | ", $1}')
       pad=$(for ((i = n; i < ${#LANGS[@]}; i++)); do printf -- '- | '; done)
       jq -s -r --arg name "$name" --arg n "$n" --arg gb "$((n * MICRO_BATCH * SEQ))" \
-        --arg steps "$STEPS" --arg losses "$losses$pad" --argjson base "$base_mean" \
-        --argjson bytes "$bytes" --argjson dp "$dp_bytes" --arg s "${SECONDS_OF[$name]}" \
+        --arg steps "$steps" --arg losses "$losses$pad" --argjson base "$base_mean" \
+        --argjson bytes "$bytes" --argjson dp "$dp_bytes" --arg s "${SECONDS_OF[$name]:-}" \
         '([.[].loss] | add / length) as $m |
-        "| \($name) | \($n) | \($gb) | \($steps) | \($losses)\($m * 10000 | round / 10000) | \(($m / $base - 1) * 1000 | round / 10)% | \($bytes / 1e6 * 10 | round / 10) | \($dp / $bytes * 10 | round / 10)x | \($s) |"' \
+        "| \($name) | \($n) | \($gb) | \($steps) | \($losses)\($m * 10000 | round / 10000) | \(($m / $base - 1) * 1000 | round / 10)% | \(if $bytes == 0 then "- | -" else "\($bytes / 1e6 * 10 | round / 10) | \($dp / $bytes * 10 | round / 10)x" end) | \($s) |"' \
         "$OUT/eval/$name.jsonl"
     done
   done

@@ -1,5 +1,7 @@
 #include "base/log.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
 #include <mutex>
@@ -32,9 +34,12 @@ Level level() {
 }
 
 void write(Level l, std::string_view message) {
+  // On a terminal a line starts by wiping what a progress bar (obs/progress.h) drew in place, so
+  // that a message never runs into the bar; the bar's next update draws it again below.
+  static const bool tty = ::isatty(STDERR_FILENO) == 1;
   std::lock_guard lock(g_mutex);
-  std::fprintf(stderr, "[pollen %s] %.*s\n", name(l), static_cast<int>(message.size()),
-               message.data());
+  std::fprintf(stderr, "%s[pollen %s] %.*s\n", tty ? "\r\033[K" : "", name(l),
+               static_cast<int>(message.size()), message.data());
 }
 
 }  // namespace pollen::log

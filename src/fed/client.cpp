@@ -182,7 +182,13 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
                  "': non-finite loss at local step ", step_);
     const int64_t scored = acc.scored;
     const double step_loss = acc.loss * static_cast<double>(scored);
+    // train.round_warmup_steps: the round's step s + 1 of them takes that fraction of the lr.
+    const double round_ramp =
+        tc.round_warmup_steps > 0
+            ? std::min(1.0, static_cast<double>(s + 1) / static_cast<double>(tc.round_warmup_steps))
+            : 1.0;
     const double lr =
+        round_ramp *
         optim::lr_at(sched, tc.total_steps > 0 ? std::min(step_, tc.total_steps - 1) : step_);
     if (zero_) {
       zero_->step(lr);

@@ -8,9 +8,12 @@ namespace pollen::fed {
 
 namespace {
 
-model::LlamaConfig read_model(ConfigTable& root, const std::filesystem::path& path) {
+// `init_from`: where the server's model.init_from goes (null: a client, which has none).
+model::LlamaConfig read_model(ConfigTable& root, const std::filesystem::path& path,
+                              std::string* init_from = nullptr) {
   auto m = root.table("model");
   POLLEN_CHECK(m.has_value(), root.where("model"), ": a [model] table is required");
+  if (init_from) *init_from = m->get_string("init_from", "");
   const std::string file = m->get_string("file", "");
   if (!file.empty()) {  // a pollen model file, relative to the working directory
     m->finish();
@@ -95,6 +98,8 @@ LocalTrainConfig read_local_train(ConfigTable& t) {
   c.min_lr = t.get_double("min_lr", c.min_lr);
   c.schedule = t.get_string("schedule", c.schedule);
   c.warmup_steps = t.get_int("warmup_steps", c.warmup_steps);
+  c.round_warmup_steps = t.get_int("round_warmup_steps", c.round_warmup_steps);
+  POLLEN_CHECK(c.round_warmup_steps >= 0, t.where("round_warmup_steps"), ": must be 0 or more");
   c.total_steps = t.get_int("total_steps", c.total_steps);
   c.beta1 = t.get_double("beta1", c.beta1);
   c.beta2 = t.get_double("beta2", c.beta2);
@@ -117,7 +122,7 @@ ServerConfig read_server_config(ConfigTable& root) {
   auto s = root.table("server");
   POLLEN_CHECK(s.has_value(), root.where("server"), ": a [server] table is required");
   read_server_table(*s, c);
-  c.model = read_model(root, {});
+  c.model = read_model(root, {}, &c.init_from);
   c.tokenizer_fingerprint = read_tokenizer(root);
   if (auto st = root.table("strategy")) {
     c.strategy = read_strategy_options(*st);

@@ -33,6 +33,7 @@ struct ServerConfig {
   std::string metrics_address;  // host:port of the Prometheus /metrics endpoint (empty: off)
   uint64_t seed = 0;
   model::LlamaConfig model;
+  std::string init_from;  // model.init_from: weights of round 1 (empty: drawn from seed)
   std::string tokenizer_fingerprint;
   int64_t rounds = 10;
   int64_t local_steps = 100;  // H: inner steps per round
@@ -56,7 +57,8 @@ struct LocalTrainConfig {
   double lr = 3e-4, min_lr = 0;
   std::string schedule = "constant";  // constant cosine linear wsd, over total_steps
   int64_t warmup_steps = 0,
-          total_steps = 0;  // 0: rounds * local_steps is unknown; constant after warmup
+          total_steps = 0;         // 0: rounds * local_steps is unknown; constant after warmup
+  int64_t round_warmup_steps = 0;  // each round's first steps ramp the lr up again (0: off)
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
   int64_t eval_batches = 4;
 };

@@ -5,10 +5,12 @@
 #include <thread>
 
 #include "base/files.h"
+#include "base/hash.h"
 #include "base/log.h"
 #include "fed/secagg/masked_set.h"
 #include "fed/secagg/quantize.h"
 #include "io/checkpoint.h"
+#include "io/model_source.h"
 #include "model/llama.h"
 
 namespace pollen::fed {
@@ -20,8 +22,12 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   strategy_ = make_strategy(config_.strategy);
   if (config_.privacy.enabled) dp_ = std::make_unique<CentralDp>(config_.privacy);
   model_json_ = model_config_json(config_.model);
+  io::ModelSource init;
   {
-    model::Llama m(config_.model, config_.seed);
+    const model::Llama m =
+        config_.init_from.empty()
+            ? model::Llama(config_.model, config_.seed)
+            : io::load_initial_weights(config_.init_from, config_.model, "model.init_from", &init);
     specs_ = param_specs(m);
     global_ = model_weights(m);
   }
@@ -59,6 +65,19 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   }
   metrics_ = obs::JsonlWriter(config_.dir / "metrics.jsonl", metrics_pos);
   lineage_file_ = obs::JsonlWriter(config_.dir / "lineage.jsonl", lineage_pos);
+  if (!lineage_pos && !config_.init_from.empty()) {
+    // Round 0 of the lineage: the weights the run started from, so that an audit can follow
+    // them to the run (and its data) that made them.
+    Sha256 weights;
+    for (const auto& w : global_) weights.update(w.data<float>(), w.nbytes());
+    const nlohmann::ordered_json start{{"round", 0},
+                                       {"init_from", config_.init_from},
+                                       {"source", io::model_kind_name(init.kind)},
+                                       {"path", init.path.string()},
+                                       {"weights_sha256", weights.hex_digest()}};
+    lineage_.push_back(nlohmann::json(start));
+    lineage_file_.write(start);
+  }
   const fs::path tb_dir = config_.dir / "tensorboard";
   if (!tb_file.empty() && fs::exists(tb_dir / tb_file)) {
     tensorboard_ = obs::EventFileWriter::resume(tb_dir / tb_file, tb_pos);
@@ -68,6 +87,8 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   }
   totals_.last.eval_loss = std::nan("");
   finished_ = done_ >= config_.rounds;
+  progress_ = std::make_unique<obs::Progress>("fed server", config_.rounds, done_);
+  if (!progress_->on_terminal()) progress_.reset();  // the log's round lines say it all there
 }
 
 Coordinator::~Coordinator() = default;
@@ -264,6 +285,7 @@ pb::PushReply Coordinator::push_finish(Push& p) {
     advance_secagg_locked();
   }
   updates_.emplace(p.info.client_id(), std::move(u));
+  show_progress_locked();
   changed_.notify_all();
   pb::PushReply reply;
   reply.set_accepted(true);
@@ -332,6 +354,7 @@ bool Coordinator::begin_round() {
   open_ = true;
   log::info("fed server: round ", round, " of ", config_.rounds, " with ", chosen.size(),
             " clients");
+  show_progress_locked();
   changed_.notify_all();
   return true;
 }
@@ -568,8 +591,18 @@ RoundSummary Coordinator::end_round() {
     }
     finished_ = true;
   }
+  show_progress_locked();
+  if (finished_ && progress_) progress_->finish();
   changed_.notify_all();
   return s;
+}
+
+void Coordinator::show_progress_locked() {
+  if (!progress_) return;
+  const std::string fields = open_ ? cat("round ", done_ + 1, ": ", updates_.size(), "/",
+                                         selected_.size(), " clients reported")
+                                   : cat("rounds done, ", alive_locked(), " clients connected");
+  progress_->update(done_, fields, /*force=*/true);
 }
 
 void Coordinator::run() {

@@ -22,6 +22,7 @@
 #include "fed/secagg/session.h"
 #include "fed/wire.h"
 #include "obs/metrics.h"
+#include "obs/progress.h"
 
 namespace pollen::fed {
 
@@ -120,6 +121,8 @@ class Coordinator {
   // Unmasks the sum and applies it; false (with the reason in *why) when the round fails.
   bool aggregate_secure(int64_t round, int64_t tokens, size_t participants, std::string* why);
   void record_status(const RoundSummary& s);
+  // Redraws the terminal's progress bar: rounds done, the open round's clients that reported.
+  void show_progress_locked();
   // `round_metrics`: the round's metrics line, whose counts and privacy figures go there too.
   void write_tensorboard(const RoundSummary& s, const nlohmann::ordered_json& round_metrics);
 
@@ -150,6 +153,7 @@ class Coordinator {
   obs::JsonlWriter metrics_, lineage_file_;
   obs::EventFileWriter tensorboard_;
   ServerStatus totals_;  // last round and totals; the rest of status() is filled when asked
+  std::unique_ptr<obs::Progress> progress_;  // on a terminal only
 };
 
 }  // namespace pollen::fed

@@ -1,9 +1,11 @@
 #include "io/model_source.h"
 
 #include <cstring>
+#include <map>
 
 #include "base/config.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "io/checkpoint.h"
 #include "io/hf.h"
 #include "io/safetensors.h"
@@ -76,6 +78,7 @@ ModelSource resolve_model(const std::string& spec) {
     ConfigTable root = ConfigTable::load(dir / "config.toml");
     auto m = root.table("model");
     POLLEN_CHECK(m.has_value(), "'", (dir / "config.toml").string(), "' has no [model] table");
+    m->get_string("init_from", "");  // where that run started: not part of the model
     s.config = model::read_config(*m);
     s.tokenizer = checkpoint_tokenizer(dir, root);
     return s;
@@ -120,6 +123,32 @@ model::Llama load_model(const ModelSource& s, DType dtype, uint64_t seed) {
     }
   }
   fail("unreachable");
+}
+
+model::Llama load_initial_weights(const std::string& spec, const model::LlamaConfig& expected,
+                                  const std::string& key, ModelSource* resolved) {
+  const ModelSource source = resolve_model(spec);
+  POLLEN_CHECK(
+      source.kind == ModelSource::Kind::checkpoint || source.kind == ModelSource::Kind::hf_dir, key,
+      " '", spec, "': a ", model_kind_name(source.kind),
+      " holds no weights; expected a pollen checkpoint (step-N/), a run folder or an HF ",
+      "directory");
+  const auto differences = model::architecture_differences(expected, source.config);
+  if (!differences.empty()) {
+    std::string list;
+    for (const auto& d : differences) list += (list.empty() ? "" : "; ") + d;
+    fail(key, " '", spec, "' (", model_kind_name(source.kind), " ", source.path.string(),
+         ") has another architecture than the run's [model]: ", list);
+  }
+  if (resolved) *resolved = source;
+  log::info(key, ": starting from the weights of ", model_kind_name(source.kind), " ",
+            source.path.string());
+  // Rebuilt under the run's config (its name and initializer_range), the tensors shared.
+  const model::Llama loaded = load_model(source);
+  std::map<std::string, Tensor> weights;
+  for (const auto& [name, var] : loaded.named_parameters()) weights.emplace(name, var.value());
+  return model::Llama(expected,
+                      [&](const std::string& name, const Shape&) { return weights.at(name); });
 }
 
 }  // namespace pollen::io

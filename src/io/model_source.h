@@ -28,4 +28,11 @@ ModelSource resolve_model(const std::string& spec);
 // Loads the weights (presets and model files: initialised from `seed`).
 model::Llama load_model(const ModelSource& source, DType dtype = DType::f32, uint64_t seed = 0);
 
+// The weights a run starts from (`model.init_from` of `pollen train` and `pollen fed server`):
+// `spec` resolved as above (a checkpoint, a run folder or an HF directory; weights only), refused
+// naming every key in which its architecture differs from the run's `expected` model. `key`
+// names the setting in errors ("model.init_from"); `resolved`, when given, gets what was read.
+model::Llama load_initial_weights(const std::string& spec, const model::LlamaConfig& expected,
+                                  const std::string& key, ModelSource* resolved = nullptr);
+
 }  // namespace pollen::io

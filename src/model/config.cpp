@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <type_traits>
+
 #include "base/config.h"
 #include "base/error.h"
 
@@ -127,6 +129,34 @@ LlamaConfig read_config(ConfigTable& t) {
   t.finish();
   c.validate();
   return c;
+}
+
+std::vector<std::string> architecture_differences(const LlamaConfig& expected,
+                                                  const LlamaConfig& got) {
+  std::vector<std::string> out;
+  auto check = [&](const char* key, const auto& a, const auto& b) {
+    if (a == b) return;
+    if constexpr (std::is_same_v<std::decay_t<decltype(a)>, bool>) {
+      out.push_back(cat(key, ": expected ", a ? "true" : "false", ", got ", b ? "true" : "false"));
+    } else {
+      out.push_back(cat(key, ": expected ", a, ", got ", b));
+    }
+  };
+  check("vocab_size", expected.vocab_size, got.vocab_size);
+  check("hidden_size", expected.hidden_size, got.hidden_size);
+  check("intermediate_size", expected.intermediate_size, got.intermediate_size);
+  check("num_hidden_layers", expected.num_hidden_layers, got.num_hidden_layers);
+  check("num_attention_heads", expected.num_attention_heads, got.num_attention_heads);
+  check("num_key_value_heads", expected.num_key_value_heads, got.num_key_value_heads);
+  check("head_dim", expected.resolved_head_dim(), got.resolved_head_dim());
+  check("max_position_embeddings", expected.max_position_embeddings, got.max_position_embeddings);
+  check("rope_theta", expected.rope_theta, got.rope_theta);
+  check("rms_norm_eps", expected.rms_norm_eps, got.rms_norm_eps);
+  check("tie_word_embeddings", expected.tie_word_embeddings, got.tie_word_embeddings);
+  check("attention_bias", expected.attention_bias, got.attention_bias);
+  check("sliding_window", expected.sliding_window, got.sliding_window);
+  if (!(expected.rope_scaling == got.rope_scaling)) out.push_back("rope_scaling differs");
+  return out;
 }
 
 LlamaConfig load_config(const std::filesystem::path& path) {

@@ -44,6 +44,11 @@ struct LlamaConfig {
   double flops_per_token(int64_t seq_len) const;
 };
 
+// The architecture keys in which `got` differs from `expected`, one "key: expected X, got Y" each
+// (name and initializer_range are not architecture: weights trained under one fit the other).
+std::vector<std::string> architecture_differences(const LlamaConfig& expected,
+                                                  const LlamaConfig& got);
+
 // Built-in presets: llama-tiny, llama-cpu, llama-124m, llama-1b, smollm2-135m.
 std::vector<std::string> preset_names();
 LlamaConfig preset(const std::string& name);  // throws listing the presets when unknown

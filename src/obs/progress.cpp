@@ -36,7 +36,7 @@ Progress::Progress(std::string label, int64_t total, int64_t done, int64_t line_
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}
 
-double Progress::update(int64_t done, const std::string& fields) {
+double Progress::update(int64_t done, const std::string& fields, bool force) {
   const auto now = std::chrono::steady_clock::now();
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const int64_t progressed = done - start_done_;
@@ -44,7 +44,7 @@ double Progress::update(int64_t done, const std::string& fields) {
                                           static_cast<double>(total_ - done)
                                     : NAN;
   if (tty_) {
-    const bool last = done >= total_;
+    const bool last = done >= total_ || force;
     if (!last && std::chrono::duration<double>(now - last_draw_).count() < 0.1) return eta;
     last_draw_ = now;
     constexpr int width = 24;

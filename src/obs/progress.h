@@ -15,7 +15,8 @@ class Progress {
   // `total` units of work starting at `done` (a resumed run starts part way).
   Progress(std::string label, int64_t total, int64_t done = 0, int64_t line_interval = 1);
   // Reports `done` units with extra text ("loss 3.21 lr 1e-3"); returns the ETA in seconds.
-  double update(int64_t done, const std::string& fields);
+  // The bar is redrawn at most every 0.1 s unless `force` (an event that must show at once).
+  double update(int64_t done, const std::string& fields, bool force = false);
   void finish();  // ends the terminal line
   bool on_terminal() const { return tty_; }
 

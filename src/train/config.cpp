@@ -124,6 +124,8 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
 
   auto model = t.table("model");
   POLLEN_CHECK(model.has_value(), "config file '", name, "': missing [model] (preset or file)");
+  c.init_from = model->get_string("init_from", "");
+  if (!c.init_from.empty()) c.init_from = resolve(c.init_from);
   if (model->has("file")) {
     const std::string file = model->get_string("file", "");
     model->finish();
@@ -293,6 +295,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
   f.emplace_back("model.tie_word_embeddings", b(m.tie_word_embeddings));
   f.emplace_back("model.attention_bias", b(m.attention_bias));
   f.emplace_back("model.initializer_range", toml_double(m.initializer_range));
+  f.emplace_back("model.init_from", toml_string(init_from));
   f.emplace_back("data.manifests", toml_strings(manifests));
   f.emplace_back("data.weights", toml_doubles(weights));
   f.emplace_back("data.train_split", toml_string(train_split));

@@ -22,6 +22,7 @@ struct TrainConfig {
   std::string device = "cpu", precision = "f32";
   // [model]
   model::LlamaConfig model;
+  std::string init_from;  // weights to start from (io::resolve_model's specs); empty: run.seed
   // [data]
   std::vector<std::string> manifests;
   std::vector<double> weights;  // empty: proportional to each dataset's tokens

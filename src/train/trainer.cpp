@@ -20,6 +20,7 @@
 #include "data/shards.h"
 #include "dist/zero_adamw.h"
 #include "io/checkpoint.h"
+#include "io/model_source.h"
 #include "obs/metrics.h"
 #include "obs/progress.h"
 #include "ops/gemm.h"
@@ -345,7 +346,10 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
                  cfg.model.vocab_size);
   }
 
-  model::Llama model(cfg.model, cfg.seed);
+  // model.init_from: its weights, the optimizer fresh (a resumed run's checkpoint replaces them).
+  model::Llama model = cfg.init_from.empty()
+                           ? model::Llama(cfg.model, cfg.seed)
+                           : io::load_initial_weights(cfg.init_from, cfg.model, "model.init_from");
   model.set_recompute(cfg.recompute);
   const auto named = model.named_parameters();
   std::vector<ag::Var> params;
