@@ -2,7 +2,8 @@
 # Checkpoint write speed (bench/README.md, "Trainer"): `pollen bench checkpoint` (weights + AdamW
 # moments, SHA-256 of every byte, fsynced, renamed) against `dd if=/dev/zero bs=1M conv=fsync` of
 # the same size into the same folder, alternated PAIRS times in one run (who goes first alternates
-# too), since a virtual disk's speed drifts between runs. Prints every pair and the median ratio.
+# too), since a virtual disk's speed drifts between runs. Prints every pair (pollen's JSON line
+# with its CPU seconds, dd's line with its CPU time), the median ratio and the load average.
 # Usage: bench/checkpoint_bench.sh [DIR] [PAIRS] [MODEL]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,15 +22,17 @@ run_pollen() {
   python3 -c "import json,sys; j=json.loads(sys.argv[1]); print(j['bytes'], j['seconds'])" "$out"
 }
 run_dd() {  # $1: MiB
-  local line
-  line=$(dd if=/dev/zero of="$dir/dd.bin" bs=1M count="$1" conv=fsync 2>&1 | tail -1)
+  local out line
+  out=$(/usr/bin/time -f "cpu %U s user %S s sys" \
+    dd if=/dev/zero of="$dir/dd.bin" bs=1M count="$1" conv=fsync 2>&1)
   rm -f "$dir/dd.bin"
-  echo "  dd:     $line" >&2
+  line=$(grep copied <<< "$out")
+  echo "  dd:     $line; $(tail -1 <<< "$out")" >&2
   # "1510998016 bytes (1.5 GB, 1.4 GiB) copied, 2.76161 s, 547 MB/s"
   python3 -c "import sys; w=sys.argv[1].split(); print(w[0], w[w.index('s,') - 1])" "$line"
 }
 
-echo "== $model checkpoint vs dd conv=fsync, $pairs pairs, into $dir"
+echo "== $model checkpoint vs dd conv=fsync, $pairs pairs, into $dir; $(uptime)"
 # The size dd writes: one checkpoint's bytes, rounded up to MiB (measured once, not timed).
 read -r bytes _ < <(run_pollen 2>/dev/null)
 mib=$(( (bytes + 1048575) / 1048576 ))
@@ -44,6 +47,7 @@ for i in $(seq 1 "$pairs"); do
   fi
   echo "$pb $ps $db $ds" >> "$results"
 done
+echo "== done; $(uptime)"
 python3 - "$results" <<'PY'
 import statistics, sys
 rows = [list(map(float, l.split())) for l in open(sys.argv[1])]

@@ -4,8 +4,8 @@
 // written into `.tmp-step-00000100.<pid>/`, every file and the folder fsynced, then renamed into
 // place and the parent fsynced: a crash leaves either the whole checkpoint or a temp folder
 // that nothing mistakes for one. Resuming takes the newest checkpoint that verifies. Files go
-// through write_synced (writeback started as they are written, hashed beside the writes), one
-// after the other: writing them in parallel measured slower on a shared two-core machine.
+// through write_synced (direct I/O from reused blocks, hashed beside the writes), one after
+// the other: writing them in parallel measured slower on a shared two-core machine.
 #include <cstdint>
 #include <filesystem>
 #include <optional>

@@ -1,15 +1,15 @@
 #include "io/synced_write.h"
 
 #include <fcntl.h>
-#include <limits.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <utility>
 
 #include "base/error.h"
@@ -23,49 +23,12 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-constexpr size_t kChunk = size_t{8} << 20;  // bytes per gathered write and writeback request
-constexpr size_t kInFlight = 16;            // chunks written but not yet known to be on disk
+constexpr size_t kAlign = 4096;              // O_DIRECT's unit for addresses, offsets, sizes
+constexpr size_t kBlock = size_t{16} << 20;  // bytes per write
+constexpr size_t kBlocks = 3;                // one being filled while the others are written
 
-// Walks the pieces in order, handing out up to `max` bytes at a time as iovecs.
-class PieceCursor {
- public:
-  explicit PieceCursor(const ByteSpans& pieces) : pieces_(pieces) {}
-  bool done() const { return index_ == pieces_.size(); }
-  std::vector<iovec> next(size_t max) const {
-    std::vector<iovec> iov;
-    size_t i = index_, off = offset_, taken = 0;
-    for (; i < pieces_.size() && taken < max && iov.size() < IOV_MAX; ++i, off = 0) {
-      const size_t n = std::min(pieces_[i].size() - off, max - taken);
-      if (n == 0) continue;
-      iov.push_back({const_cast<std::byte*>(pieces_[i].data() + off), n});
-      taken += n;
-    }
-    return iov;
-  }
-  void advance(size_t n) {  // past n bytes, and past any pieces that end there
-    while (index_ < pieces_.size()) {
-      const size_t step = std::min(pieces_[index_].size() - offset_, n);
-      offset_ += step;
-      n -= step;
-      if (offset_ < pieces_[index_].size()) break;
-      ++index_;
-      offset_ = 0;
-    }
-  }
-
- private:
-  const ByteSpans& pieces_;
-  size_t index_ = 0, offset_ = 0;
-};
-
-// Runs sync_file_range and says why it failed; EINVAL/ENOSYS/EOPNOTSUPP (file systems without
-// it) are not errors: the final fsync still makes the file durable.
-void sync_range(int fd, uint64_t offset, uint64_t size, unsigned flags,
-                const std::filesystem::path& path) {
-  if (::sync_file_range(fd, static_cast<off_t>(offset), static_cast<off_t>(size), flags) == 0)
-    return;
-  POLLEN_CHECK(errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP || errno == ESPIPE,
-               "cannot write back '", path.string(), "': ", std::strerror(errno));
+size_t round_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
 }
 
 class Fd {
@@ -83,12 +46,49 @@ class Fd {
   int fd_;
 };
 
+// Opens for direct I/O where the file system has it, for buffered writes where it does not.
+int open_for_writing(const std::filesystem::path& path) {
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+  int fd = ::open(path.c_str(), kFlags | O_DIRECT, 0644);
+  if (fd < 0 && errno == EINVAL) fd = ::open(path.c_str(), kFlags, 0644);
+  POLLEN_CHECK(fd >= 0, "cannot create '", path.string(), "': ", std::strerror(errno));
+  return fd;
+}
+
+// Writes `size` bytes (a multiple of kAlign) at `offset`. A file system that refuses direct
+// I/O at its first write (EINVAL: it needs a larger alignment, or has none) gets buffered
+// writes instead; the final fsync makes either durable.
+void write_block(int fd, const std::byte* data, size_t size, uint64_t offset,
+                 const std::filesystem::path& path) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pwrite(fd, data + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINVAL && (::fcntl(fd, F_GETFL) & O_DIRECT)) {
+      POLLEN_CHECK(::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_DIRECT) == 0, "cannot write '",
+                   path.string(), "': ", std::strerror(errno));
+      continue;
+    }
+    POLLEN_CHECK(n >= 0, "cannot write '", path.string(), "' at byte ", offset + done, ": ",
+                 std::strerror(errno));
+    POLLEN_CHECK(n > 0, "cannot write '", path.string(), "' at byte ", offset + done,
+                 ": the disk took no more bytes (is it full?)");
+    done += static_cast<size_t>(n);
+  }
+}
+
+struct FreeDeleter {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using AlignedBytes = std::unique_ptr<std::byte, FreeDeleter>;
+
 }  // namespace
 
 WriteStats write_synced(const std::filesystem::path& path, const ByteSpans& pieces) {
   WriteStats s;
-  // The hash reads the same memory as the writes, on its own thread; the future joins it even
-  // when a write throws, so the memory is never read after this function returns.
+  for (const auto& p : pieces) s.bytes += p.size();
+  // The hash reads the pieces on its own thread; the future joins it even when a write throws,
+  // so the memory is never read after this function returns.
   std::future<std::pair<std::string, double>> hashed = std::async(std::launch::async, [&pieces] {
     const auto t0 = Clock::now();
     Sha256 sha;
@@ -96,40 +96,48 @@ WriteStats write_synced(const std::filesystem::path& path, const ByteSpans& piec
     return std::pair{sha.hex_digest(), since(t0)};
   });
 
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  POLLEN_CHECK(fd.get() >= 0, "cannot create '", path.string(), "': ", std::strerror(errno));
-  PieceCursor cursor(pieces);
-  uint64_t written = 0, kicked = 0, settled = 0;
-  while (!cursor.done()) {
-    const std::vector<iovec> iov = cursor.next(kChunk);
-    if (iov.empty()) break;  // only empty pieces remain
+  Fd fd(open_for_writing(path));
+  const size_t block = std::min(kBlock, round_up(s.bytes));
+  std::vector<AlignedBytes> buffers;
+  for (size_t i = 0; i < kBlocks && block > 0; ++i) {
+    buffers.emplace_back(static_cast<std::byte*>(std::aligned_alloc(kAlign, block)));
+    POLLEN_CHECK(buffers.back() != nullptr, "out of memory for the write buffers of '",
+                 path.string(), "'");
+  }
+  // Destroyed first: waits for the writes still reading the buffers, even when one threw.
+  std::vector<std::future<void>> writes(buffers.size());
+  size_t piece = 0, piece_offset = 0;
+  for (uint64_t offset = 0, index = 0; offset < s.bytes; offset += block, ++index) {
+    std::future<void>& slot = writes[index % writes.size()];
     auto t0 = Clock::now();
-    const ssize_t n =
-        ::pwritev(fd.get(), iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(written));
-    if (n < 0 && errno == EINTR) continue;
-    POLLEN_CHECK(n > 0, "cannot write '", path.string(), "': ", std::strerror(errno));
-    s.serialise_s += since(t0);
-    cursor.advance(static_cast<size_t>(n));
-    written += static_cast<uint64_t>(n);
-    t0 = Clock::now();
-    if (written - kicked >= kChunk) {  // start writing back what was just copied
-      sync_range(fd.get(), kicked, written - kicked, SYNC_FILE_RANGE_WRITE, path);
-      kicked = written;
-    }
-    if (kicked - settled > kChunk * kInFlight) {  // wait for the oldest chunk to reach the disk
-      sync_range(fd.get(), settled, kChunk,
-                 SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER,
-                 path);
-      settled += kChunk;
-    }
+    if (slot.valid()) slot.get();  // the disk is done with this buffer
     s.sync_s += since(t0);
+    t0 = Clock::now();
+    std::byte* buf = buffers[index % buffers.size()].get();
+    size_t filled = 0;
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(block, s.bytes - offset));
+    while (filled < want) {
+      const auto& p = pieces[piece];
+      const size_t n = std::min(p.size() - piece_offset, want - filled);
+      std::memcpy(buf + filled, p.data() + piece_offset, n);
+      filled += n;
+      piece_offset += n;
+      if (piece_offset == p.size()) ++piece, piece_offset = 0;
+    }
+    std::memset(buf + filled, 0, round_up(filled) - filled);  // cut off again by ftruncate
+    s.serialise_s += since(t0);
+    slot = std::async(std::launch::async, write_block, fd.get(), buf, round_up(filled), offset,
+                      std::cref(path));
   }
   const auto t0 = Clock::now();
+  for (auto& w : writes)
+    if (w.valid()) w.get();
+  POLLEN_CHECK(::ftruncate(fd.get(), static_cast<off_t>(s.bytes)) == 0, "cannot size '",
+               path.string(), "': ", std::strerror(errno));
   POLLEN_CHECK(::fsync(fd.get()) == 0, "cannot sync '", path.string(), "': ", std::strerror(errno));
   POLLEN_CHECK(::close(fd.release()) == 0, "cannot close '", path.string(),
                "': ", std::strerror(errno));
   s.sync_s += since(t0);
-  s.bytes = written;
   auto [sha, hash_s] = hashed.get();
   s.sha256 = std::move(sha);
   s.hash_s = hash_s;

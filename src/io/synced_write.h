@@ -1,10 +1,12 @@
 #pragma once
 // Writing a file that must reach the disk whole and fast (checkpoints, exported weights). The
-// bytes come as pieces of memory in file order (a header, then each tensor) and go out in large
-// gathered writes. Writeback of every chunk is started as soon as it is written
-// (sync_file_range), so the disk works while later chunks are still being copied and the final
-// fsync has little left; a bounded window of chunks may be in flight, so dirty memory stays
-// small. SHA-256 runs on a second thread over the same memory, never re-reading the file.
+// bytes come as pieces of memory in file order (a header, then each tensor). They are copied
+// into a few aligned 16 MiB blocks, and each full block is written with O_DIRECT on its own
+// thread while the next one is filled: the disk takes the bytes straight from the block, so the
+// page cache is neither filled nor written back, and the copy stays in the CPU's cache instead
+// of streaming through memory a second time. The last block is padded to the 4 KiB unit and
+// the file cut back to its size. A file system without direct I/O gets the same blocks as
+// buffered writes. SHA-256 runs on a second thread over the pieces, never re-reading the file.
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -15,10 +17,10 @@
 
 namespace pollen::io {
 
-// Seconds spent in each phase, on whichever thread ran it. serialise_s: the write calls (copying
-// into the page cache); hash_s: SHA-256, on its own thread beside the writes; sync_s: waiting
-// for writeback of earlier chunks, the final fsync and folder syncs. The phases overlap, so
-// they may add up to more than the wall time.
+// Seconds spent in each phase. serialise_s: copying the pieces into the write blocks; sync_s:
+// waiting for the disk to take earlier blocks, the final fsync and folder syncs; hash_s:
+// SHA-256, on its own thread beside the other two, so the phases may add up to more than the
+// wall time.
 struct WriteStats {
   uint64_t bytes = 0;
   std::string sha256;

@@ -2,6 +2,7 @@
 // manifest, verified, skipped when corrupt, and pruned.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -204,7 +205,7 @@ TEST(Checkpoint, CommitVerifyCorruptSkipAndRetain) {
 TEST(SyncedWrite, PiecesOfAnySizeMakeTheFileAndItsHash) {
   const fs::path d = temp_dir("synced");
   std::vector<std::string> parts = {"head", "", std::string(3, 'x')};
-  std::string big(size_t{21} << 20, '\0');  // crosses two 8 MiB chunk boundaries
+  std::string big(size_t{21} << 20, '\0');  // crosses a 16 MiB write block
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 2654435761u >> 13);
   parts.push_back(big);
   parts.push_back("");
@@ -225,6 +226,19 @@ TEST(SyncedWrite, PiecesOfAnySizeMakeTheFileAndItsHash) {
   EXPECT_EQ(empty.sha256, sha256_hex(""));
   EXPECT_EQ(fs::file_size(d / "e.bin"), 0u);
   fs::remove_all(d);
+}
+
+// A disk that takes no more bytes is an error naming the file and the cause, not a short file.
+TEST(SyncedWrite, AFullDiskIsAClearError) {
+  const std::string data(size_t{3} << 20, 'z');
+  try {
+    io::write_synced("/dev/full", data);
+    FAIL() << "writing to /dev/full succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write '/dev/full' at byte 0"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::strerror(ENOSPC)), std::string::npos) << e.what();
+  }
 }
 
 // The manifest lists files in the order added, and a writer dropped before commit leaves
