@@ -45,6 +45,12 @@ void add_scalars(obs::EventFileWriter& tb, const std::string& prefix, const std:
     if (v.is_number()) tb.add_scalar(prefix + name + "/" + k, v.get<double>(), step, wall);
 }
 
+std::string describe_keys(const std::vector<std::pair<std::string, std::string>>& keys) {
+  std::string s;
+  for (const auto& [k, v] : keys) s += (s.empty() ? "" : ", ") + k + " = " + v;
+  return s.empty() ? "no keys" : s;
+}
+
 }  // namespace
 
 PostBase resolve_post_base(const PostConfig& cfg) {
@@ -116,6 +122,12 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
     for (const auto& w : check_resume_compatible(saved.flat(*saved.architecture), cfg.flat(arch),
                                                  "docs/posttraining.md"))
       log::warn("resume: ", w);
+    // The objective's section may not change at all: a key added or removed counts too.
+    POLLEN_CHECK(saved.objective_keys == cfg.objective_keys, "cannot resume: [", cfg.objective,
+                 "] differs from the checkpoint's (", describe_keys(saved.objective_keys), " -> ",
+                 describe_keys(cfg.objective_keys),
+                 "); the objective's keys may not change in a resumed run (see ",
+                 "docs/posttraining.md, 'Checkpoints and resuming')");
   }
   // A resumed run takes its weights from the checkpoint, not from the base.
   model::Llama model = resume_from ? model::Llama(arch, cfg.seed)
