@@ -2,12 +2,19 @@
 // (ChatML and Llama 3), packing equal to the examples one by one (loss and gradients), a short
 // run lowering the validation loss, malformed data and unknown keys refused.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
+#include <thread>
 
 #include "autograd/tape.h"
+#include "base/files.h"
+#include "io/checkpoint.h"
 #include "io/model_source.h"
 #include "tokenizer/open.h"
 #include "train/post_config.h"
@@ -314,6 +321,61 @@ TEST(Sft, LongExamplesAreTruncatedOrDropped) {
     EXPECT_TRUE(std::equal(e.scored.begin(), e.scored.end(), whole[i].scored.begin()));
   }
   EXPECT_EQ(build("too_long = \"drop\"\n")->train_examples().size(), fitting);
+}
+
+// The binary as a user runs it: `sft synth` is deterministic, SIGTERM is a preemption (exit 3)
+// with a checkpoint, and --resume finishes the run.
+TEST(SftCli, SynthThenPreemptThenResume) {
+  const auto& fx = fixture();
+  const fs::path dir = test_support::post_temp_dir("sft_cli");
+  auto pollen = [&](const std::string& args) {
+    const std::string cmd = std::string(POLLEN_BINARY) + " " + args + " > /dev/null 2>&1";
+    return WEXITSTATUS(std::system(cmd.c_str()));
+  };
+  const std::string synth = "sft synth --task upper --count 200 --seed 4 --out ";
+  ASSERT_EQ(pollen(synth + (dir / "a.jsonl").string()), 0);
+  ASSERT_EQ(pollen(synth + (dir / "b.jsonl").string()), 0);
+  ASSERT_EQ(
+      pollen("sft synth --task upper --count 200 --seed 5 --out " + (dir / "c.jsonl").string()), 0);
+  EXPECT_EQ(read_file(dir / "a.jsonl"), read_file(dir / "b.jsonl"));
+  EXPECT_NE(read_file(dir / "a.jsonl"), read_file(dir / "c.jsonl"));
+  EXPECT_NE(pollen("sft synth --task poetry --out " + (dir / "d.jsonl").string()), 0);
+
+  const fs::path cfg = dir / "run.toml";
+  write_file_atomic(cfg, test_support::tiny_post_toml(
+                             dir / "run", fx.model_file, fx.tokenizer_path, 400,
+                             "[sft]\ndata = \"" + (dir / "a.jsonl").string() + "\"\nseq = 64\n"));
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const std::string out = (dir / "log.txt").string();
+    std::freopen(out.c_str(), "w", stdout);
+    std::freopen(out.c_str(), "w", stderr);
+    std::string bin = POLLEN_BINARY, sft = "sft", config = "--config", path = cfg.string();
+    char* argv[] = {bin.data(), sft.data(), config.data(), path.data(), nullptr};
+    execv(POLLEN_BINARY, argv);
+    _exit(127);
+  }
+  // Stop it once it has taken a step.
+  for (int i = 0; i < 600 && !(fs::exists(dir / "run/metrics.jsonl") &&
+                               fs::file_size(dir / "run/metrics.jsonl") > 0);
+       ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 3) << read_file(dir / "log.txt");
+  const auto ckpts = io::list_checkpoints(dir / "run/checkpoints");
+  ASSERT_FALSE(ckpts.empty());
+  const int64_t stopped = io::checkpoint_step(ckpts.back());  // the preemption's checkpoint
+  EXPECT_LT(stopped, 400);
+  EXPECT_EQ(pollen("sft --config " + cfg.string()), 1);  // a fresh start over checkpoints
+  EXPECT_EQ(pollen("sft --config " + cfg.string() +
+                   " --resume --set train.steps=" + std::to_string(stopped + 2)),
+            0);
+  const auto st = nlohmann::json::parse(
+      read_file(io::list_checkpoints(dir / "run/checkpoints").back() / "state.json"));
+  EXPECT_EQ(st.at("step").get<int64_t>(), stopped + 2);
 }
 
 }  // namespace
