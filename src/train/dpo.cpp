@@ -38,8 +38,12 @@ ag::Var completion_logps(const model::Llama& model, const SequenceBatch& batch) 
 DpoObjective::DpoObjective(ObjectiveContext context) : context_(std::move(context)) {
   ConfigTable& s = context_.section;
   data_path_ = resolve(context_.base_dir, s.require_string("data"));
-  const std::string eval_data = s.get_string("eval_data", "");
-  if (!eval_data.empty()) eval_path_ = resolve(context_.base_dir, eval_data);
+  const std::string validation = s.get_string("validation", "");
+  if (!validation.empty()) eval_path_ = resolve(context_.base_dir, validation);
+  const double validation_fraction = s.get_double("validation_fraction", 0.0);
+  POLLEN_CHECK(validation.empty() != (validation_fraction == 0), s.where("validation"),
+               ": held-out pairs come from validation (a file) or validation_fraction (of data); "
+               "set exactly one");
   loss_.kind = preference_loss_named(s.get_string("loss", "sigmoid"), s.where("loss"));
   loss_.beta = s.get_double("beta", 0.1);
   POLLEN_CHECK(loss_.beta > 0, s.where("beta"), ": expected a positive number");
@@ -58,7 +62,12 @@ DpoObjective::DpoObjective(ObjectiveContext context) : context_(std::move(contex
 
   const SequenceFormat format{context_.tokenizer, context_.chat_format, context_.max_seq};
   train_pairs_ = read_preference_pairs(data_path_, format);
-  if (!eval_path_.empty()) eval_pairs_ = read_preference_pairs(eval_path_, format);
+  if (!eval_path_.empty()) {
+    eval_pairs_ = read_preference_pairs(eval_path_, format);
+  } else {
+    eval_pairs_ = split_off_validation(train_pairs_, validation_fraction, context_.seed,
+                                       s.where("validation_fraction"));
+  }
 
   // What the references depend on besides the model: the data and how it becomes tokens.
   Sha256 key;
@@ -67,7 +76,8 @@ DpoObjective::DpoObjective(ObjectiveContext context) : context_(std::move(contex
   key.update(context_.tokenizer->fingerprint());
   key.update(chat_template_name(context_.chat_format.kind));
   key.update(context_.chat_format.default_system.value_or("-"));
-  key.update(std::to_string(context_.max_seq));
+  key.update(std::to_string(context_.max_seq) + " " + std::to_string(validation_fraction) + " " +
+             std::to_string(context_.seed));
   data_key_ = key.hex_digest();
 }
 
@@ -130,7 +140,7 @@ const ReferenceLogps& DpoObjective::references(const model::Llama& model) {
                {"data_key", data_key_},
                {"model_sha256", model_hash},
                {"data", data_path_.string()},
-               {"eval_data", eval_path_.string()},
+               {"validation", eval_path_.string()},
                {"train", references_->train},
                {"eval", references_->eval}};
     fs::create_directories(context_.run_dir);
@@ -190,7 +200,6 @@ ObjectiveStep DpoObjective::train_step(const model::Llama& model, int64_t step) 
 }
 
 ObjectiveStep DpoObjective::evaluate(const model::Llama& model) {
-  POLLEN_CHECK(!eval_pairs_.empty(), "dpo: evaluation needs held-out pairs: set [dpo] eval_data");
   const ReferenceLogps& refs = references(model);
   std::vector<size_t> all(eval_pairs_.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = i;

@@ -5,8 +5,9 @@
 // kept in the run folder under a name made from the data files' and the model's hashes, so that
 // a resumed run (or a new run on the same data and model) reads them instead.
 //
-// [dpo] keys: data, eval_data (JSONL files), loss ("sigmoid" or "ipo"), beta, label_smoothing,
-// batch_pairs (pairs per optimizer step), micro_batch_pairs (pairs per forward pass).
+// [dpo] keys: data, validation (JSONL files) or validation_fraction, loss ("sigmoid" or "ipo"),
+// beta, label_smoothing, batch_pairs (pairs per optimizer step), micro_batch_pairs (pairs per
+// forward pass).
 #include <memory>
 #include <string>
 #include <vector>

@@ -1,6 +1,7 @@
 #include "train/preference_data.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -35,6 +36,9 @@ std::pair<std::string, std::string> render(const json& prompt, const json& compl
     return {prompt.get<std::string>(), completion.get<std::string>()};
   }
   POLLEN_CHECK(prompt.is_array(), where, ": field 'prompt' must be text or a list of messages");
+  POLLEN_CHECK(format.chat_format.has_value(), where,
+               ": the prompt is a list of messages, but no chat template is known to render it "
+               "(the model's tokenizer_config.json names none)");
   const auto prompt_messages = messages_of(prompt, where + ", field 'prompt'");
   auto all = prompt_messages;
   if (completion.is_string()) {
@@ -45,8 +49,8 @@ std::pair<std::string, std::string> render(const json& prompt, const json& compl
     for (auto& m : messages_of(completion, where + ", field '" + completion_field + "'"))
       all.push_back(std::move(m));
   }
-  std::string prompt_text = render_chat(format.chat_format, prompt_messages, true);
-  std::string full = render_chat(format.chat_format, all, false);
+  std::string prompt_text = render_chat(*format.chat_format, prompt_messages, true);
+  std::string full = render_chat(*format.chat_format, all, false);
   POLLEN_CHECK(full.starts_with(prompt_text), where, ": field '", completion_field,
                "' does not continue the prompt under the chat template (it must be the "
                "assistant's turn)");
@@ -119,6 +123,26 @@ std::vector<ScoredSequence> read_prompt_responses(const std::filesystem::path& p
     out.push_back(encode(render(r["prompt"], r["response"], format, w, "response"), format, w));
   });
   return out;
+}
+
+std::vector<PreferencePair> split_off_validation(std::vector<PreferencePair>& pairs,
+                                                 double fraction, uint64_t seed,
+                                                 const std::string& where) {
+  POLLEN_CHECK(fraction > 0 && fraction < 1, where, ": expected a number in (0, 1)");
+  const size_t n = pairs.size();
+  const size_t held = std::max<size_t>(1, static_cast<size_t>(std::llround(fraction * n)));
+  POLLEN_CHECK(held < n, where, ": holding out ", held, " of ", n,
+               " pairs leaves none to train on");
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  Rng rng = Rng(seed).fork(0x7a11d);
+  for (size_t i = n - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
+  std::vector<bool> is_held(n, false);
+  for (size_t i = 0; i < held; ++i) is_held[order[i]] = true;
+  std::vector<PreferencePair> train, validation;
+  for (size_t i = 0; i < n; ++i) (is_held[i] ? validation : train).push_back(std::move(pairs[i]));
+  pairs = std::move(train);
+  return validation;
 }
 
 SequenceBatch make_sequence_batch(const std::vector<const ScoredSequence*>& sequences,

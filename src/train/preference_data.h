@@ -6,6 +6,7 @@
 // the prompt's. Special tokens written in the text (such as <|endoftext|>) are tokens.
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,7 @@ struct PreferencePair {
 
 struct SequenceFormat {
   const tokenizer::Tokenizer* tokenizer = nullptr;
-  tokenizer::ChatFormat chat_format;
+  std::optional<tokenizer::ChatFormat> chat_format;  // needed by prompts given as messages
   // Longest sequence: longer ones keep the completion's first tokens (at most max_seq - 1) and
   // the prompt's last tokens that fit beside them.
   int64_t max_seq = 0;
@@ -40,6 +41,12 @@ std::vector<PreferencePair> read_preference_pairs(const std::filesystem::path& p
 // Reads prompt/response records (for scoring).
 std::vector<ScoredSequence> read_prompt_responses(const std::filesystem::path& path,
                                                   const SequenceFormat& format);
+
+// Moves round(fraction * N) pairs (at least one, fewer than N), picked by the seed, out of
+// `pairs` into the returned held-out set; both keep the file's order.
+std::vector<PreferencePair> split_off_validation(std::vector<PreferencePair>& pairs,
+                                                 double fraction, uint64_t seed,
+                                                 const std::string& where);
 
 // Sequences padded to the longest as one batch (B,T): targets are the next token at completion
 // positions and negative elsewhere (prompt, padding); padding follows each sequence, so causal

@@ -130,7 +130,7 @@ class DpoRun : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   std::string section(const std::string& extra = "") const {
-    return "data = \"" + train_.string() + "\"\neval_data = \"" + eval_.string() +
+    return "data = \"" + train_.string() + "\"\nvalidation = \"" + eval_.string() +
            "\"\nbeta = 0.1\nbatch_pairs = 8\nmicro_batch_pairs = 4\n" + extra;
   }
   model::Llama model() const { return pt::tiny_model(pt::chat_tokenizer().vocab_size()); }
@@ -162,7 +162,8 @@ TEST_F(DpoRun, MicroBatchesGiveTheGradientOfTheMeanOverTheStepsPairs) {
     train::DpoObjective dpo(pt::objective_context(
         "dpo",
         "data = \"" + train_.string() +
-            "\"\nbatch_pairs = 6\nmicro_batch_pairs = " + std::to_string(micro) + "\n",
+            "\"\nvalidation_fraction = 0.1\nbatch_pairs = 6\nmicro_batch_pairs = " +
+            std::to_string(micro) + "\n",
         config()));
     *loss = dpo.train_step(m, 2).loss;
     std::vector<double> g;
@@ -204,7 +205,7 @@ TEST_F(DpoRun, ReferencesAreCachedInTheRunFolderAndReadOnResume) {
   // Other data under the same run: the cache is refused by name.
   const fs::path other = pt::synth_pairs(dir_, "case", 48, 9);
   train::DpoObjective changed(pt::objective_context(
-      "dpo", "data = \"" + other.string() + "\"\neval_data = \"" + eval_.string() + "\"\n",
+      "dpo", "data = \"" + other.string() + "\"\nvalidation = \"" + eval_.string() + "\"\n",
       config(), run));
   try {
     changed.restore(state);
@@ -229,15 +230,18 @@ TEST_F(DpoRun, BadConfigAndDataAreRefusedByName) {
   EXPECT_NE(error(section("loss = \"ipo\"\nlabel_smoothing = 0.1")).find("label_smoothing"),
             std::string::npos);
   EXPECT_NE(error(section("label_smoothing = 0.7")).find("[0, 0.5)"), std::string::npos);
+  EXPECT_NE(error("data = \"" + train_.string() + "\"\n").find("set exactly one"),
+            std::string::npos);
   const fs::path bad = dir_ / "bad.jsonl";
   std::ofstream(bad) << "{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"c\"}\n"
                      << "{\"prompt\": \"a\", \"chosen\": \"b\"}\n";
-  const std::string missing = error("data = \"" + bad.string() + "\"\n");
+  const std::string missing = error("data = \"" + bad.string() + "\"\nvalidation_fraction = 0.5\n");
   EXPECT_NE(missing.find("line 2"), std::string::npos) << missing;
   EXPECT_NE(missing.find("'rejected'"), std::string::npos) << missing;
   std::ofstream(bad) << "{\"prompt\": [{\"role\": \"user\"}], \"chosen\": \"b\", \"rejected\": "
                         "\"c\"}\n";
-  const std::string no_content = error("data = \"" + bad.string() + "\"\n");
+  const std::string no_content =
+      error("data = \"" + bad.string() + "\"\nvalidation_fraction = 0.5\n");
   EXPECT_NE(no_content.find("line 1, field 'prompt'"), std::string::npos) << no_content;
 }
 
