@@ -43,7 +43,7 @@ class DpoObjective : public Objective {
   PreferenceStats run_pairs(const model::Llama& model, const std::vector<PreferencePair>& pairs,
                             const std::vector<double>& ref, const std::vector<size_t>& indices,
                             double scale, bool backward, int64_t* tokens) const;
-  std::filesystem::path cache_path(const std::string& key) const;
+  std::filesystem::path cache_path(const std::string& file) const;
   void load_cache(const std::filesystem::path& path, const std::string& data_key);
 
   ObjectiveContext context_;
