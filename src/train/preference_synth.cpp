@@ -75,6 +75,7 @@ void write_preference_synth(const PreferenceSynthOptions& options,
           json{{"prompt", prompt}, {"chosen", e.chosen}, {"rejected", e.rejected}}.dump() + "\n";
     }
   }
+  if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());
   write_file_atomic(out, text);
 }
 

@@ -265,6 +265,7 @@ void score_jsonl(const RewardModel& rm, const SequenceFormat& format, const fs::
     record["score"] = scores.at(i++);
     text += record.dump() + "\n";
   }
+  if (out.has_parent_path()) fs::create_directories(out.parent_path());
   write_file_atomic(out, text);
 }
 
