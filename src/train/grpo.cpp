@@ -7,7 +7,6 @@
 
 #include "autograd/token_logprobs.h"
 #include "base/error.h"
-#include "base/files.h"
 #include "base/rng.h"
 #include "io/model_source.h"
 #include "model/generate.h"
@@ -311,7 +310,7 @@ Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
   if (options_.updates_per_batch > 1) r.old_logp = completion_logprobs(model, r);
   if (options_.loss.beta > 0) {
     POLLEN_CHECK(reference_ != nullptr,
-                 "grpo: beta > 0 needs a reference model (the [grpo] key 'reference')");
+                 "grpo: beta > 0 needs a reference model ([grpo] reference, or the run's base)");
     r.ref_logp = completion_logprobs(*reference_, r);
   }
   return r;
@@ -486,21 +485,20 @@ void GrpoObjective::restore(const nlohmann::ordered_json& state) {
                  prompts_.size(), " (a different data file?)");
 }
 
-void write_arithmetic_prompts(const std::filesystem::path& out, int64_t count, uint64_t seed) {
-  POLLEN_CHECK(count >= 1, "grpo synth: --count must be >= 1, got ", count);
-  Rng rng(seed);
-  std::string text;
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t a = static_cast<int64_t>(rng.below(50)), b = static_cast<int64_t>(rng.below(50));
-    const bool add = rng.below(2) == 0;
-    const int64_t answer = add ? a + b : a - b;
-    nlohmann::ordered_json record;
-    record["prompt"] =
-        "What is " + std::to_string(a) + (add ? " + " : " - ") + std::to_string(b) + "?\n";
-    record["answer"] = answer;
-    text += record.dump() + "\n";
-  }
-  write_file_atomic(out, text);
+std::unique_ptr<Objective> make_grpo_objective(const ObjectiveContext& context,
+                                               const std::string& base) {
+  auto objective = std::make_unique<GrpoObjective>(context);
+  const GrpoOptions& o = objective->options();
+  if (o.loss.beta > 0 && o.reference.empty())
+    objective->set_reference(std::make_shared<model::Llama>(
+        io::load_model(io::resolve_model(base), DType::f32, context.seed)));
+  return objective;
+}
+
+std::string grpo_jsonl_line(const SynthExample& example) {
+  const nlohmann::ordered_json line{{"messages", {{{"role", "user"}, {"content", example.prompt}}}},
+                                    {"answer", example.answer}};
+  return line.dump();
 }
 
 }  // namespace pollen::train

@@ -20,6 +20,7 @@
 
 #include "train/grpo_loss.h"
 #include "train/objective.h"
+#include "train/synth_tasks.h"
 #include "train/verifiers.h"
 
 namespace pollen::train {
@@ -112,8 +113,14 @@ class GrpoObjective : public Objective {
   Rollouts rollouts_;
 };
 
-// `pollen grpo synth`: arithmetic prompts ("What is 17 + 25?") with numeric answers, in the
-// answer format the SFT arithmetic data teaches ("#### 42"). Deterministic in the seed.
-void write_arithmetic_prompts(const std::filesystem::path& out, int64_t count, uint64_t seed);
+// The objective of a run file: with beta > 0 and no `reference` key, the KL reference is the
+// run's base model (`base`, as the run file names it), also when the run resumes.
+std::unique_ptr<Objective> make_grpo_objective(const ObjectiveContext& context,
+                                               const std::string& base);
+
+// One line of GRPO prompts JSONL (no newline) from a template task (`pollen grpo synth`):
+// {"messages": [{user: prompt}], "answer": ...}, the conversation SFT's data of the same task
+// teaches to answer with "#### ANSWER".
+std::string grpo_jsonl_line(const SynthExample& example);
 
 }  // namespace pollen::train

@@ -338,20 +338,24 @@ TEST(Grpo, ResumesInsideABatchFromItsState) {
   EXPECT_NE(error_of([&] { fresh.train_step(m, 2); }).find("not restored"), std::string::npos);
 }
 
-TEST(Grpo, SynthWritesArithmeticWithNumericAnswers) {
+TEST(Grpo, SynthPromptsAskWhatSftDataOfTheSameTaskAnswers) {
   TinyGrpo t;
-  write_arithmetic_prompts(t.dir / "a.jsonl", 50, 3);
+  const std::vector<SynthExample> examples = synth_examples("arithmetic", 50, 3);
+  std::string text;
+  for (const auto& e : examples) text += grpo_jsonl_line(e) + "\n";
+  t.write("a.jsonl", text);
   ConfigTable section = ConfigTable::parse("data = \"a.jsonl\"\n", "run.toml");
   RewardFunction numeric;
   read_grpo_options(section, t.dir, &numeric);
   const auto prompts = read_grpo_prompts(t.dir / "a.jsonl", t.tok, {}, numeric);
   ASSERT_EQ(prompts.size(), 50u);
-  for (const auto& p : prompts) {
-    int a = 0, b = 0;
-    char op = 0;
-    ASSERT_EQ(std::sscanf(p.text.c_str(), "What is %d %c %d?", &a, &op, &b), 3) << p.text;
-    EXPECT_EQ(numeric(p.text, "#### " + std::to_string(op == '+' ? a + b : a - b), p.answer), 1.0)
-        << p.text << " answer " << p.answer;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    // The prompt is the SFT conversation's user turn, ready for the assistant's reply ...
+    EXPECT_EQ(prompts[i].text,
+              "<|im_start|>user\n" + examples[i].prompt + "<|im_end|>\n<|im_start|>assistant\n");
+    // ... and the reply SFT teaches earns the full reward, a wrong sum none.
+    EXPECT_EQ(numeric(prompts[i].text, examples[i].completion, prompts[i].answer), 1.0);
+    EXPECT_EQ(numeric(prompts[i].text, "#### " + prompts[i].answer + "1", prompts[i].answer), 0.0);
   }
 }
 
