@@ -211,7 +211,7 @@ CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const mod
     weights.tensors.emplace_back(name, p.value());
     trained.push_back(name);
   }
-  return write_checkpoint(root, step, {weights}, trained, moments, state, config_toml);
+  return write_checkpoint(root, step, {weights}, trained, moments, state, config_toml, {});
 }
 
 CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const model::Llama& model,
