@@ -235,7 +235,7 @@ TEST(Grpo, BadPromptsAndKeysAreNamed) {
   const model::Llama m = testing::tiny_model(t.tok.vocab_size());
   EXPECT_NE(error_of([&] {
               GrpoObjective(t.context("data = \"p.jsonl\"\nbeta = 0.1\n")).train_step(m, 1);
-            }).find("key 'reference'"),
+            }).find("needs a reference model"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
               GrpoObjective(t.context("data = \"p.jsonl\"\n[verifier]\nkind = \"nope\"\n"));
