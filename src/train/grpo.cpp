@@ -247,6 +247,15 @@ void GrpoObjective::set_reference(std::shared_ptr<const model::Llama> reference)
   reference_ = std::move(reference);
 }
 
+// A model's vocabulary may be larger than its tokenizer's (padded for speed); ids the tokenizer
+// does not know have no text, so a completion made of them answers nothing.
+std::string GrpoObjective::decode_known(std::span<const uint32_t> ids) const {
+  std::vector<uint32_t> known;
+  for (uint32_t id : ids)
+    if (id < tokenizer_->vocab_size()) known.push_back(id);
+  return tokenizer_->decode(known);
+}
+
 // Slot k of the run (batch b, slot j: k = b * prompts_per_step + j) takes position k mod n of
 // epoch k / n's shuffled order.
 std::vector<int64_t> GrpoObjective::batch_prompts(int64_t batch) const {
@@ -290,7 +299,7 @@ Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
                       batch_rng.fork(static_cast<uint64_t>(j) * g_size + g)});
     }
   }
-  const auto decode = [this](std::span<const uint32_t> ids) { return tokenizer_->decode(ids); };
+  const auto decode = [this](std::span<const uint32_t> ids) { return decode_known(ids); };
   const std::vector<model::Generation> gens = model::generate_rows(model, std::move(rows), decode);
   for (size_t i = 0; i < gens.size(); ++i) {
     std::vector<uint32_t> tokens = gens[i].tokens;
@@ -432,9 +441,8 @@ ObjectiveStep GrpoObjective::evaluate(const model::Llama& model) {
   greedy.max_tokens = options_.max_completion_tokens;
   greedy.stop_tokens = stop_tokens_;
   greedy.stop_strings = options_.stop;
-  const std::vector<model::Generation> gens =
-      model::generate(model, prompts, greedy,
-                      [this](std::span<const uint32_t> ids) { return tokenizer_->decode(ids); });
+  const std::vector<model::Generation> gens = model::generate(
+      model, prompts, greedy, [this](std::span<const uint32_t> ids) { return decode_known(ids); });
   std::vector<double> rewards;
   int64_t correct = 0, tokens = 0;
   for (size_t i = 0; i < n; ++i) {

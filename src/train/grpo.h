@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,7 @@ class GrpoObjective : public Objective {
 
  private:
   std::vector<int64_t> batch_prompts(int64_t batch) const;
+  std::string decode_known(std::span<const uint32_t> ids) const;
   Rollouts sample(const model::Llama& model, int64_t batch) const;
   // Per-token log-probabilities of each completion under `model` (no gradient).
   std::vector<std::vector<double>> completion_logprobs(const model::Llama& model,

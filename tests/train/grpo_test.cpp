@@ -279,6 +279,19 @@ TEST(Grpo, SamplingIsAFunctionOfSeedAndStepAndOneUpdateHasRatioOne) {
   EXPECT_GT(sa.metrics["reward_std"].get<double>(), 0.0);
 }
 
+TEST(Grpo, ModelVocabularyLargerThanTheTokenizers) {
+  // Models pad their vocabulary; sampled ids the tokenizer does not know have no text.
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  const model::Llama m = testing::tiny_model(t.tok.vocab_size() + 200);
+  GrpoObjective objective(t.context(kTinyRun), lowercase_share);
+  objective.train_step(m, 1);
+  bool unknown = false;
+  for (const auto& tokens : objective.rollouts().tokens)
+    for (uint32_t id : tokens) unknown |= id >= t.tok.vocab_size();
+  EXPECT_TRUE(unknown);  // the case was exercised
+}
+
 // Runs `steps` GRPO steps with AdamW at `lr`; returns the mean reward of the last `last` steps.
 double hand_loop(TinyGrpo& t, const std::string& toml, double lr, int steps, int last) {
   model::Llama m = testing::tiny_model(t.tok.vocab_size());
