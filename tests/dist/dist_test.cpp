@@ -399,6 +399,13 @@ TEST(DataParallel, TwoAndThreeRanksTrainAsOneProcessAndRepeatBitwise) {
     ASSERT_EQ(o.exit_code, 0) << o.output;
     const auto losses = train_losses(d / "run");
     expect_close(losses, ref, 2e-5, std::to_string(ranks) + " ranks");
+    // Rank 0 names every rank's place: here all on one node, local rank = rank.
+    const std::string last = std::to_string(ranks - 1);
+    EXPECT_NE(o.output.find("ranks: 0 on "), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find(", " + last + " on "), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find("(local " + last + " of " + std::to_string(ranks) + ")"),
+              std::string::npos)
+        << o.output;
     const auto recs = records(d / "run", "loss");
     EXPECT_EQ(recs.back()["ranks"], ranks);
     EXPECT_GE(recs.back()["reduce_wait_frac"].get<double>(), 0.0);
