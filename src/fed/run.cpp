@@ -90,8 +90,8 @@ void run_client(const ClientConfig& config, const train::FaultInjection& fault) 
                                        : std::max(1, hardware / comm->topology().local_world));
   }
   if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the silo
-  if (comm->world() > 1) log::info("fed client ranks: ", comm->placement());
   try {
+    if (comm->world() > 1) log::info("fed client ranks: ", comm->placement());
     if (comm->rank() == 0) {
       lead_silo(config, *comm, fault);
     } else {
