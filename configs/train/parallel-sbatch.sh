@@ -19,8 +19,12 @@ srun --mpi=pmix --cpu-bind=none "$pollen" train --config "$config" \
   --set run.threads="${SLURM_CPUS_PER_TASK:-0}" --resume &
 wait $!
 status=$?
-# 3: preempted (a checkpoint was written), 4: a rank died or hung: continue in a new job.
+# 3: preempted (a checkpoint was written), 4: a rank died or hung: continue in a new job of
+# this job's shape (sbatch would otherwise read the #SBATCH lines above again and drop the
+# options this job was submitted with).
 if [ "$status" -eq 3 ] || [ "$status" -eq 4 ]; then
-  sbatch "$0" "$config"
+  sbatch --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_NTASKS" \
+    --ntasks-per-node="$SLURM_NTASKS_PER_NODE" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
+    "$0" "$config"
 fi
 exit "$status"

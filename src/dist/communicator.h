@@ -61,6 +61,9 @@ class Communicator {
   // ranks that idle while the root waits on something outside the job (a federation server).
   virtual void wait_for_broadcast(std::span<int64_t> values, int root, std::string what) = 0;
   void barrier(std::string what);
+  // Where every rank runs, as its launcher placed it (a collective; rank 0 logs it):
+  // "0 on node1 (local 0 of 2), 1 on node1 (local 1 of 2), ...".
+  std::string placement();
 
   // Ends every process of the job with this exit code (after a PeerFailure: the hung peer too).
   [[noreturn]] virtual void abort_job(int exit_code) = 0;

@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "base/error.h"
 
@@ -21,13 +22,36 @@ int env_int(const char* name, int fallback) {
   return out;
 }
 
-// Tasks on this node from Slurm's compressed list ("2(x3),1": the first node's count, which is
-// this node's count on homogeneous allocations); 1 when unset or unreadable.
+// Tasks on this node (SLURM_NODEID-th of the step's nodes) from Slurm's compressed list of
+// tasks per node, "2(x3),1": three nodes with 2 tasks, then one with 1.
 int slurm_tasks_per_node() {
   const char* v = std::getenv("SLURM_STEP_TASKS_PER_NODE");
-  int out = 1;
-  if (v && *v) std::from_chars(v, v + std::strlen(v), out);
-  return out > 0 ? out : 1;
+  const std::string list = v ? v : "";
+  const int node = env_int("SLURM_NODEID", 0);
+  int first_node = 0;  // of the entry being read
+  size_t at = 0;
+  while (at < list.size()) {
+    int tasks = 0, repeat = 1;
+    const char* p = list.data() + at;
+    const char* end = list.data() + list.size();
+    auto r = std::from_chars(p, end, tasks);
+    if (r.ec == std::errc() && r.ptr + 2 < end && r.ptr[0] == '(' && r.ptr[1] == 'x') {
+      r = std::from_chars(r.ptr + 2, end, repeat);
+      if (r.ec == std::errc() && r.ptr < end && *r.ptr == ')')
+        ++r.ptr;
+      else
+        r.ec = std::errc::invalid_argument;
+    }
+    POLLEN_CHECK(r.ec == std::errc() && (r.ptr == end || *r.ptr == ',') && tasks > 0 && repeat > 0,
+                 "environment variable SLURM_STEP_TASKS_PER_NODE='", list,
+                 "': expected tasks per node as Slurm writes them, such as 2(x3),1");
+    if (node < first_node + repeat) return tasks;
+    first_node += repeat;
+    at = static_cast<size_t>(r.ptr - list.data()) + 1;
+  }
+  POLLEN_CHECK(list.empty(), "environment variable SLURM_STEP_TASKS_PER_NODE='", list,
+               "' lists fewer nodes than SLURM_NODEID=", node, " needs");
+  return 1;
 }
 
 bool env_set(const char* name) {
@@ -58,6 +82,14 @@ Topology topology_from_environment() {
     t.local_rank = env_int("SLURM_LOCALID", 0);
     t.local_world = slurm_tasks_per_node();
   }
+  // OpenMPI (Debian's 4.1, and every 5.x) joins srun's tasks into one job only through PMIx;
+  // under PMI-2 or none MPI_Init fails with advice to rebuild OpenMPI: say what to change.
+  const bool srun = env_set("SLURM_STEP_NUM_TASKS") && t.launcher != "mpirun";
+  POLLEN_CHECK(!srun || t.world == 1 || env_set("PMIX_RANK"), "srun started rank ", t.rank, " of ",
+               t.world,
+               " without PMIx (PMIX_RANK is not set), so MPI cannot join the ranks: launch with "
+               "srun --mpi=pmix (not pmi2 or none), or set MpiDefault=pmix in slurm.conf "
+               "(docs/parallel.md)");
   POLLEN_CHECK(t.world >= 1 && t.rank < t.world, "launcher environment (", t.launcher, "): rank ",
                t.rank, " is not in [0, ", t.world, ")");
   POLLEN_CHECK(t.local_world >= 1 && t.local_rank < t.local_world, "launcher environment (",

@@ -91,6 +91,7 @@ void run_client(const ClientConfig& config, const train::FaultInjection& fault) 
   }
   if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the silo
   try {
+    if (comm->world() > 1) log::info("fed client ranks: ", comm->placement());
     if (comm->rank() == 0) {
       lead_silo(config, *comm, fault);
     } else {

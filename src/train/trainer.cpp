@@ -489,6 +489,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
               "): ", reducer->buckets().size(), " gradient buckets of up to ", cfg.bucket_mb,
               " MiB, optimizer state ", zero ? "sharded (ZeRO-1)" : "replicated", ", ",
               optimizer_state_bytes(), " bytes on rank 0");
+    log::info("ranks: ", comm.placement());
   }
 
   const auto run_start = Clock::now();

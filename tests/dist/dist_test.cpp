@@ -331,17 +331,47 @@ TEST(Topology, ReadsTheLauncherEnvironment) {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
                         "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"})
     unsetenv(v);
-  setenv("SLURM_STEP_NUM_TASKS", "6", 1);
+  // srun -n 7 over 4 nodes, --mpi=pmix: 2, 2, 2 and 1 tasks; rank 5 is task 1 of node 2.
+  setenv("SLURM_STEP_NUM_TASKS", "7", 1);
   setenv("SLURM_PROCID", "5", 1);
   setenv("SLURM_LOCALID", "1", 1);
-  setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3)", 1);
+  setenv("SLURM_NODEID", "2", 1);
+  setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3),1", 1);
+  setenv("PMIX_RANK", "5", 1);
   const auto s = dist::topology_from_environment();
   EXPECT_EQ(s.launcher, "slurm");
+  EXPECT_EQ(s.world, 7);
   EXPECT_EQ(s.rank, 5);
   EXPECT_EQ(s.local_rank, 1);
   EXPECT_EQ(s.local_world, 2);
-  for (const char* v :
-       {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"})
+  // Rank 6 alone on the last node: its node's count, not the first node's.
+  setenv("SLURM_PROCID", "6", 1);
+  setenv("SLURM_LOCALID", "0", 1);
+  setenv("SLURM_NODEID", "3", 1);
+  EXPECT_EQ(dist::topology_from_environment().local_world, 1);
+  auto expect_error = [](const std::string& needle) {
+    try {
+      dist::topology_from_environment();
+      ADD_FAILURE() << "no error mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3", 1);
+  expect_error("SLURM_STEP_TASKS_PER_NODE='2(x3'");
+  setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3)", 1);
+  expect_error("lists fewer nodes than SLURM_NODEID=3");
+  // srun without --mpi=pmix: MPI_Init could not join the ranks; say so before it fails.
+  setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3),1", 1);
+  unsetenv("PMIX_RANK");
+  expect_error("srun --mpi=pmix");
+  setenv("PMI_SIZE", "7", 1);  // srun --mpi=pmi2
+  setenv("PMI_RANK", "6", 1);
+  expect_error("srun --mpi=pmix");
+  unsetenv("PMI_SIZE");
+  unsetenv("PMI_RANK");
+  for (const char* v : {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
+                        "SLURM_STEP_TASKS_PER_NODE"})
     unsetenv(v);
   EXPECT_FALSE(dist::topology_from_environment().distributed());
 }
@@ -369,6 +399,13 @@ TEST(DataParallel, TwoAndThreeRanksTrainAsOneProcessAndRepeatBitwise) {
     ASSERT_EQ(o.exit_code, 0) << o.output;
     const auto losses = train_losses(d / "run");
     expect_close(losses, ref, 2e-5, std::to_string(ranks) + " ranks");
+    // Rank 0 names every rank's place: here all on one node, local rank = rank.
+    const std::string last = std::to_string(ranks - 1);
+    EXPECT_NE(o.output.find("ranks: 0 on "), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find(", " + last + " on "), std::string::npos) << o.output;
+    EXPECT_NE(o.output.find("(local " + last + " of " + std::to_string(ranks) + ")"),
+              std::string::npos)
+        << o.output;
     const auto recs = records(d / "run", "loss");
     EXPECT_EQ(recs.back()["ranks"], ranks);
     EXPECT_GE(recs.back()["reduce_wait_frac"].get<double>(), 0.0);
