@@ -24,7 +24,8 @@
 # per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR, MIN_LR,
 # WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), OUTER_LR, OUTER_MOMENTUM,
 # WARMUP_STEPS, WARMUP_LR, RUNS (which of diloco, diloco-int8, baseline), MODEL (the model
-# file, default model.toml), POLLEN (the binary), THREADS (0: every core), OUT.
+# file, default model.toml), POLLEN (the binary), THREADS (0: every core), OUT. The defaults are
+# the best configuration measured (bench/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -36,10 +37,10 @@ MICRO_BATCH=${MICRO_BATCH:-4}
 INNER_LR=${INNER_LR:-3e-3}
 MIN_LR=${MIN_LR:-3e-4}
 WARMUP=${WARMUP:-20}
-OUTER_LR=${OUTER_LR:-0.7}
-OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.9}
+OUTER_LR=${OUTER_LR:-1.0}
+OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.5}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
-WARMUP_STEPS=${WARMUP_STEPS:-500}
+WARMUP_STEPS=${WARMUP_STEPS:-2000}
 WARMUP_LR=${WARMUP_LR:-3e-3}
 RUNS=${RUNS:-"diloco diloco-int8 baseline"}
 THREADS=${THREADS:-0}
