@@ -22,8 +22,10 @@
 #
 # Communication of the baseline: every client sends and receives the full fp32 gradient once
 # per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR, MIN_LR,
-# WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), OUTER_LR, OUTER_MOMENTUM, WARMUP_STEPS, WARMUP_LR, RUNS (which of diloco, diloco-int8,
-# baseline), THREADS (0: every core), OUT.
+# WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), OUTER_LR, OUTER_MOMENTUM,
+# WARMUP_STEPS, WARMUP_LR, RUNS (which of diloco, diloco-int8, baseline), MODEL (the model
+# file, default model.toml), POLLEN (the binary), THREADS (0: every core), OUT. The defaults are
+# the best configuration measured (bench/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -35,16 +37,17 @@ MICRO_BATCH=${MICRO_BATCH:-4}
 INNER_LR=${INNER_LR:-3e-3}
 MIN_LR=${MIN_LR:-3e-4}
 WARMUP=${WARMUP:-20}
-OUTER_LR=${OUTER_LR:-0.7}
-OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.9}
+OUTER_LR=${OUTER_LR:-1.0}
+OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.5}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
-WARMUP_STEPS=${WARMUP_STEPS:-500}
+WARMUP_STEPS=${WARMUP_STEPS:-2000}
 WARMUP_LR=${WARMUP_LR:-3e-3}
 RUNS=${RUNS:-"diloco diloco-int8 baseline"}
 THREADS=${THREADS:-0}
 OUT=$(realpath -m "${OUT:-out/bench/fed_vs_central}")
-POLLEN=$(realpath build/pollen)
+POLLEN=$(realpath "${POLLEN:-build/pollen}")
 HERE=bench/fed_vs_central
+MODEL=$(realpath "${MODEL:-$HERE/model.toml}")
 STEPS=$((ROUNDS * H))
 
 scripts/setup-deps bench
@@ -160,7 +163,7 @@ rounds = $ROUNDS
 local_steps = $H
 eval_every = 1
 [model]
-file = "$HERE/model.toml"
+file = "$MODEL"
 $(init_from)
 [tokenizer]
 fingerprint = "$FINGERPRINT"
@@ -199,7 +202,7 @@ dir = "$OUT/runs/$name"
 seed = 0
 threads = $THREADS
 [model]
-file = "$(realpath $HERE/model.toml)"
+file = "$MODEL"
 $(init_from)
 [data]
 manifests = [${manifests%, }]
@@ -240,7 +243,7 @@ dir = "$OUT/runs/$name"
 seed = 0
 threads = $THREADS
 [model]
-file = "$(realpath $HERE/model.toml)"
+file = "$MODEL"
 [data]
 manifests = ["$OUT/data/pub/manifest.json"]
 validation_split = ""
@@ -273,11 +276,13 @@ evaluate() {  # name n [output name]
   for l in "${LANGS[@]:0:n}"; do ms+=("$OUT/data/$l/manifest.json"); done
   local ckpt
   ckpt=$(find "$OUT/runs/$name/checkpoints" -maxdepth 1 -name 'step-*' | sort | tail -1)
-  "$POLLEN" eval --model "$HERE/model.toml" --checkpoint "$ckpt" --data "${ms[@]}" \
+  "$POLLEN" eval --model "$MODEL" --checkpoint "$ckpt" --data "${ms[@]}" \
     --seq "$SEQ" --threads "$THREADS" >"$OUT/eval/${3:-$name}.jsonl"
 }
 
 WARMUP_NAME=warmup-$WARMUP_STEPS-$WARMUP_LR
+# Another model warms up on its own (its name in the run folder).
+[ "$MODEL" = "$(realpath $HERE/model.toml)" ] || WARMUP_NAME+=-$(basename "$MODEL" .toml)
 if [ "$WARMUP_STEPS" -gt 0 ]; then
   step "2b/4 the shared warm-up: $WARMUP_STEPS steps on the public silo (lr $WARMUP_LR)"
   if ! ls -d "$OUT/runs/$WARMUP_NAME/checkpoints/step-"* >/dev/null 2>&1; then

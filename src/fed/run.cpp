@@ -122,7 +122,12 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
   }
   std::sort(clients.begin(), clients.end(),
             [](const auto& a, const auto& b) { return a->id() < b->id(); });
-  while (coordinator.begin_round()) {
+  for (;;) {
+    // The clients take turns, so the first one is not heard from again until the last one has
+    // trained: each asks for a task between rounds, as a deployed client does while it waits,
+    // or a round longer than server.client_timeout_s would leave it out of the next one.
+    for (auto& c : clients) c->poll_once();
+    if (!coordinator.begin_round()) break;
     // One pass trains; secure aggregation takes a pass per phase. A pass where nobody had work
     // closes the phase like its deadline would.
     while (!coordinator.round_complete()) {

@@ -166,6 +166,19 @@ TEST(Simulation, LossFallsAndMetricsAndLineageAreWritten) {
   EXPECT_EQ(state["lineage"].size(), 4u);
 }
 
+TEST(Simulation, ClientsThatTrainedFirstStayInLaterRounds) {
+  Quiet q;
+  const auto dir = temp_dir("timeout");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 3, 8);
+  // Shorter than a round: client a is last heard from when it asks for its task, before b trains.
+  cfg.server.client_timeout_s = 0.02;
+  const auto r = run_simulation(cfg, false);
+  EXPECT_EQ(r.rounds, 3);
+  for (const auto& m : read_jsonl(cfg.server.dir / "metrics.jsonl")) {
+    EXPECT_EQ(m["participants"].size(), 2u) << "round " << m["round"] << " left a client out";
+  }
+}
+
 TEST(Simulation, OneClientFedAvgIsLocalTraining) {
   Quiet q;
   const auto dir = temp_dir("one");
