@@ -65,8 +65,9 @@ void add_chat_command(CLI::App& app) {
     if (a->threads > 0) set_num_threads(a->threads);
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
-    const tokenizer::ChatFormat format =
-        tokenizer::choose_chat_format(tokenizer_config_dir(src), a->chat_template);
+    const tokenizer::ChatFormat format = tokenizer::choose_chat_format(
+        tokenizer_config_dir(src),
+        a->chat_template.empty() && src.chat_template ? *src.chat_template : a->chat_template);
     const model::Llama m = io::load_model(src);
     model::SamplingOptions o = a->sampling.resolved();
     o.stop_tokens = stop_tokens(src, tok);

@@ -76,8 +76,15 @@ ModelSource resolve_model(const std::string& spec) {
     ConfigTable root = ConfigTable::load(dir / "config.toml");
     auto m = root.table("model");
     POLLEN_CHECK(m.has_value(), "'", (dir / "config.toml").string(), "' has no [model] table");
+    // A post-training checkpoint's [model] also names its base, tokenizer and chat template.
+    m->get_string("base", "");
+    const std::string tokenizer = m->get_string("tokenizer", "");
+    const std::string chat_template = m->get_string("chat_template", "");
+    if (!chat_template.empty()) s.chat_template = chat_template;
     s.config = model::read_config(*m);
     s.tokenizer = checkpoint_tokenizer(dir, root);
+    if (!s.tokenizer && !tokenizer.empty() && fs::is_regular_file(tokenizer))
+      s.tokenizer = tokenizer;
     return s;
   }
   if (spec.ends_with(".toml")) {

@@ -18,6 +18,7 @@ struct ModelSource {
   model::LlamaConfig config;
   std::optional<std::filesystem::path> tokenizer;    // tokenizer.json that goes with it, if known
   std::vector<std::filesystem::path> hf_side_files;  // tokenizer_config.json etc. (HF dirs)
+  std::optional<std::string> chat_template;  // "chatml" or "llama3", when a checkpoint names it
 };
 
 const char* model_kind_name(ModelSource::Kind kind);

@@ -9,7 +9,6 @@
 #include "base/files.h"
 
 namespace pollen::train {
-namespace {
 
 std::string toml_string(const std::string& s) {
   std::ostringstream out;
@@ -34,6 +33,8 @@ std::string toml_doubles(const std::vector<double>& v) {
   for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + toml_double(v[i]);
   return s + "]";
 }
+
+namespace {
 
 void apply_override(toml::table& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
@@ -73,6 +74,103 @@ void apply_override(toml::table& root, const std::string& assignment) {
 
 }  // namespace
 
+std::pair<std::string, std::string> apply_overrides(const std::string& text,
+                                                    const std::string& source,
+                                                    const std::vector<std::string>& overrides) {
+  if (overrides.empty()) return {text, source};
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    fail("config file '", source, "': ", e.description(), " at line ", e.source().begin.line,
+         ", column ", e.source().begin.column);
+  }
+  for (const auto& o : overrides) apply_override(root, o);
+  std::ostringstream out;
+  out << root;
+  return {out.str(), source + " with --set"};
+}
+
+void read_optimizer(ConfigTable& o, OptimizerSettings& s) {
+  s.lr = o.get_double("lr", s.lr);
+  s.beta1 = o.get_double("beta1", s.beta1);
+  s.beta2 = o.get_double("beta2", s.beta2);
+  s.eps = o.get_double("eps", s.eps);
+  s.weight_decay = o.get_double("weight_decay", s.weight_decay);
+  if (o.has("no_decay")) s.no_decay = o.get_strings("no_decay");
+  for (const auto& g : s.no_decay)
+    POLLEN_CHECK(g == "norms" || g == "biases" || g == "embeddings", o.where("no_decay"),
+                 ": unknown group '", g, "'; expected norms, biases or embeddings");
+  POLLEN_CHECK(s.lr > 0, o.where("lr"), ": expected a positive number");
+  POLLEN_CHECK(s.beta1 >= 0 && s.beta1 < 1, o.where("beta1"), ": expected [0, 1)");
+  POLLEN_CHECK(s.beta2 >= 0 && s.beta2 < 1, o.where("beta2"), ": expected [0, 1)");
+  POLLEN_CHECK(s.eps > 0, o.where("eps"), ": expected a positive number");
+  POLLEN_CHECK(s.weight_decay >= 0, o.where("weight_decay"), ": expected 0 or more");
+  o.finish();
+}
+
+void read_schedule(ConfigTable& s, optim::Schedule& schedule) {
+  schedule.kind = optim::parse_schedule_kind(s.get_string("kind", "cosine"));
+  schedule.warmup_steps = s.get_int("warmup_steps", 0);
+  POLLEN_CHECK(schedule.warmup_steps >= 0, s.where("warmup_steps"), ": expected 0 or more");
+  schedule.min_lr = s.get_double("min_lr", 0.0);
+  POLLEN_CHECK(schedule.min_lr >= 0 && schedule.min_lr <= schedule.lr, s.where("min_lr"),
+               ": expected 0 to optimizer.lr (", schedule.lr, ")");
+  schedule.decay_fraction = s.get_double("decay_fraction", 0.2);
+  POLLEN_CHECK(schedule.decay_fraction >= 0 && schedule.decay_fraction <= 1,
+               s.where("decay_fraction"), ": expected 0 to 1");
+  s.finish();
+}
+
+void flat_optimizer(const OptimizerSettings& o, const optim::Schedule& s,
+                    std::vector<std::pair<std::string, std::string>>& f) {
+  f.emplace_back("optimizer.lr", toml_double(o.lr));
+  f.emplace_back("optimizer.beta1", toml_double(o.beta1));
+  f.emplace_back("optimizer.beta2", toml_double(o.beta2));
+  f.emplace_back("optimizer.eps", toml_double(o.eps));
+  f.emplace_back("optimizer.weight_decay", toml_double(o.weight_decay));
+  f.emplace_back("optimizer.no_decay", toml_strings(o.no_decay));
+  f.emplace_back("schedule.kind", toml_string(optim::schedule_kind_name(s.kind)));
+  f.emplace_back("schedule.warmup_steps", std::to_string(s.warmup_steps));
+  f.emplace_back("schedule.min_lr", toml_double(s.min_lr));
+  f.emplace_back("schedule.decay_fraction", toml_double(s.decay_fraction));
+}
+
+void flat_model(const model::LlamaConfig& m, std::vector<std::pair<std::string, std::string>>& f) {
+  auto i = [](int64_t v) { return std::to_string(v); };
+  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
+  f.emplace_back("model.name", toml_string(m.name));
+  f.emplace_back("model.vocab_size", i(m.vocab_size));
+  f.emplace_back("model.hidden_size", i(m.hidden_size));
+  f.emplace_back("model.intermediate_size", i(m.intermediate_size));
+  f.emplace_back("model.num_hidden_layers", i(m.num_hidden_layers));
+  f.emplace_back("model.num_attention_heads", i(m.num_attention_heads));
+  f.emplace_back("model.num_key_value_heads", i(m.num_key_value_heads));
+  f.emplace_back("model.head_dim", i(m.head_dim));
+  f.emplace_back("model.max_position_embeddings", i(m.max_position_embeddings));
+  f.emplace_back("model.rope_theta", toml_double(m.rope_theta));
+  f.emplace_back("model.rms_norm_eps", toml_double(m.rms_norm_eps));
+  f.emplace_back("model.tie_word_embeddings", b(m.tie_word_embeddings));
+  f.emplace_back("model.attention_bias", b(m.attention_bias));
+  f.emplace_back("model.initializer_range", toml_double(m.initializer_range));
+}
+
+std::string flat_to_toml(const std::vector<std::pair<std::string, std::string>>& flat,
+                         const std::string& header) {
+  std::string out = header;
+  std::string section;
+  for (const auto& [key, value] : flat) {
+    const auto dot = key.find('.');
+    const std::string s = key.substr(0, dot);
+    if (s != section) {
+      out += "\n[" + s + "]\n";
+      section = s;
+    }
+    out += key.substr(dot + 1) + " = " + value + "\n";
+  }
+  return out;
+}
+
 TrainConfig parse_train_config(const std::string& text, const std::string& source,
                                const std::vector<std::string>& overrides,
                                const std::filesystem::path& base_dir) {
@@ -81,22 +179,7 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
     return base_dir.empty() || path.is_absolute() ? p
                                                   : (base_dir / path).lexically_normal().string();
   };
-  std::string effective = text;
-  std::string name = source;
-  if (!overrides.empty()) {
-    toml::table root;
-    try {
-      root = toml::parse(text, source);
-    } catch (const toml::parse_error& e) {
-      fail("config file '", source, "': ", e.description(), " at line ", e.source().begin.line,
-           ", column ", e.source().begin.column);
-    }
-    for (const auto& o : overrides) apply_override(root, o);
-    std::ostringstream out;
-    out << root;
-    effective = out.str();
-    name = source + " with --set";
-  }
+  const auto [effective, name] = apply_overrides(text, source, overrides);
   ConfigTable t = ConfigTable::parse(effective, name);
   TrainConfig c;
 
@@ -170,39 +253,19 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   c.recompute = train->get_bool("recompute", false);
   train->finish();
 
-  if (auto o = t.table("optimizer")) {
-    c.lr = o->get_double("lr", c.lr);
-    c.beta1 = o->get_double("beta1", c.beta1);
-    c.beta2 = o->get_double("beta2", c.beta2);
-    c.eps = o->get_double("eps", c.eps);
-    c.weight_decay = o->get_double("weight_decay", c.weight_decay);
-    if (o->has("no_decay")) c.no_decay = o->get_strings("no_decay");
-    for (const auto& g : c.no_decay)
-      POLLEN_CHECK(g == "norms" || g == "biases" || g == "embeddings", o->where("no_decay"),
-                   ": unknown group '", g, "'; expected norms, biases or embeddings");
-    POLLEN_CHECK(c.lr > 0, o->where("lr"), ": expected a positive number");
-    POLLEN_CHECK(c.beta1 >= 0 && c.beta1 < 1, o->where("beta1"), ": expected [0, 1)");
-    POLLEN_CHECK(c.beta2 >= 0 && c.beta2 < 1, o->where("beta2"), ": expected [0, 1)");
-    POLLEN_CHECK(c.eps > 0, o->where("eps"), ": expected a positive number");
-    POLLEN_CHECK(c.weight_decay >= 0, o->where("weight_decay"), ": expected 0 or more");
-    o->finish();
-  }
+  OptimizerSettings opt;
+  if (auto o = t.table("optimizer")) read_optimizer(*o, opt);
+  c.lr = opt.lr;
+  c.beta1 = opt.beta1;
+  c.beta2 = opt.beta2;
+  c.eps = opt.eps;
+  c.weight_decay = opt.weight_decay;
+  c.no_decay = opt.no_decay;
 
   c.schedule.lr = c.lr;
   c.schedule.total_steps = c.steps;
   c.schedule.min_lr = 0;
-  if (auto s = t.table("schedule")) {
-    c.schedule.kind = optim::parse_schedule_kind(s->get_string("kind", "cosine"));
-    c.schedule.warmup_steps = s->get_int("warmup_steps", 0);
-    POLLEN_CHECK(c.schedule.warmup_steps >= 0, s->where("warmup_steps"), ": expected 0 or more");
-    c.schedule.min_lr = s->get_double("min_lr", 0.0);
-    POLLEN_CHECK(c.schedule.min_lr >= 0 && c.schedule.min_lr <= c.lr, s->where("min_lr"),
-                 ": expected 0 to optimizer.lr (", c.lr, ")");
-    c.schedule.decay_fraction = s->get_double("decay_fraction", 0.2);
-    POLLEN_CHECK(c.schedule.decay_fraction >= 0 && c.schedule.decay_fraction <= 1,
-                 s->where("decay_fraction"), ": expected 0 to 1");
-    s->finish();
-  }
+  if (auto s = t.table("schedule")) read_schedule(*s, c.schedule);
 
   if (auto e = t.table("eval")) {
     c.eval_interval = e->get_int("interval", 0);
@@ -278,21 +341,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
   f.emplace_back("run.threads", i(threads));
   f.emplace_back("run.device", toml_string(device));
   f.emplace_back("run.precision", toml_string(precision));
-  const auto& m = model;
-  f.emplace_back("model.name", toml_string(m.name));
-  f.emplace_back("model.vocab_size", i(m.vocab_size));
-  f.emplace_back("model.hidden_size", i(m.hidden_size));
-  f.emplace_back("model.intermediate_size", i(m.intermediate_size));
-  f.emplace_back("model.num_hidden_layers", i(m.num_hidden_layers));
-  f.emplace_back("model.num_attention_heads", i(m.num_attention_heads));
-  f.emplace_back("model.num_key_value_heads", i(m.num_key_value_heads));
-  f.emplace_back("model.head_dim", i(m.head_dim));
-  f.emplace_back("model.max_position_embeddings", i(m.max_position_embeddings));
-  f.emplace_back("model.rope_theta", toml_double(m.rope_theta));
-  f.emplace_back("model.rms_norm_eps", toml_double(m.rms_norm_eps));
-  f.emplace_back("model.tie_word_embeddings", b(m.tie_word_embeddings));
-  f.emplace_back("model.attention_bias", b(m.attention_bias));
-  f.emplace_back("model.initializer_range", toml_double(m.initializer_range));
+  flat_model(model, f);
   f.emplace_back("data.manifests", toml_strings(manifests));
   f.emplace_back("data.weights", toml_doubles(weights));
   f.emplace_back("data.train_split", toml_string(train_split));
@@ -305,16 +354,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
   f.emplace_back("train.grad_clip", toml_double(grad_clip));
   f.emplace_back("train.max_bad_steps", i(max_bad_steps));
   f.emplace_back("train.recompute", b(recompute));
-  f.emplace_back("optimizer.lr", toml_double(lr));
-  f.emplace_back("optimizer.beta1", toml_double(beta1));
-  f.emplace_back("optimizer.beta2", toml_double(beta2));
-  f.emplace_back("optimizer.eps", toml_double(eps));
-  f.emplace_back("optimizer.weight_decay", toml_double(weight_decay));
-  f.emplace_back("optimizer.no_decay", toml_strings(no_decay));
-  f.emplace_back("schedule.kind", toml_string(optim::schedule_kind_name(schedule.kind)));
-  f.emplace_back("schedule.warmup_steps", i(schedule.warmup_steps));
-  f.emplace_back("schedule.min_lr", toml_double(schedule.min_lr));
-  f.emplace_back("schedule.decay_fraction", toml_double(schedule.decay_fraction));
+  flat_optimizer({lr, beta1, beta2, eps, weight_decay, no_decay}, schedule, f);
   f.emplace_back("eval.interval", i(eval_interval));
   f.emplace_back("eval.batches", i(eval_batches));
   f.emplace_back("samples.prompts", toml_strings(sample_prompts));
@@ -335,18 +375,8 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
 }
 
 std::string TrainConfig::to_toml() const {
-  std::string out = "# Resolved by pollen train: every key with the value the run used.\n";
-  std::string section;
-  for (const auto& [key, value] : flat()) {
-    const auto dot = key.find('.');
-    const std::string s = key.substr(0, dot);
-    if (s != section) {
-      out += (section.empty() ? "\n[" : "\n[") + s + "]\n";
-      section = s;
-    }
-    out += key.substr(dot + 1) + " = " + value + "\n";
-  }
-  return out;
+  return flat_to_toml(flat(),
+                      "# Resolved by pollen train: every key with the value the run used.\n");
 }
 
 bool key_may_change_on_resume(const std::string& key) {
@@ -357,11 +387,16 @@ bool key_may_change_on_resume(const std::string& key) {
 }
 
 std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const TrainConfig& now) {
-  const auto flat_old = saved.flat();
-  const std::map<std::string, std::string> old(flat_old.begin(), flat_old.end());
+  return check_resume_compatible(saved.flat(), now.flat(), "docs/training.md");
+}
+
+std::vector<std::string> check_resume_compatible(
+    const std::vector<std::pair<std::string, std::string>>& saved,
+    const std::vector<std::pair<std::string, std::string>>& now, const std::string& doc) {
+  const std::map<std::string, std::string> old(saved.begin(), saved.end());
   std::vector<std::string> warnings;
   std::string refused;
-  for (const auto& [key, value] : now.flat()) {
+  for (const auto& [key, value] : now) {
     const auto it = old.find(key);
     if (it == old.end() || it->second == value) continue;
     const std::string change = cat(key, " (", it->second, " -> ", value, ")");
@@ -376,8 +411,7 @@ std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const
     }
   }
   POLLEN_CHECK(refused.empty(), "cannot resume: these keys differ from the checkpoint's config ",
-               "and may not change in a resumed run: ", refused,
-               " (see docs/training.md, 'Resuming')");
+               "and may not change in a resumed run: ", refused, " (see ", doc, ", 'Resuming')");
   return warnings;
 }
 

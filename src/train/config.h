@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/config.h"
 #include "model/config.h"
 #include "optim/schedule.h"
 
@@ -77,10 +78,39 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
                                const std::vector<std::string>& overrides = {},
                                const std::filesystem::path& base_dir = {});
 
+// Pieces every run file shares (pre- and post-training).
+// The text with `overrides` ("key=value") applied, and the name errors give it.
+std::pair<std::string, std::string> apply_overrides(const std::string& text,
+                                                    const std::string& source,
+                                                    const std::vector<std::string>& overrides);
+struct OptimizerSettings {  // [optimizer]: AdamW
+  double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  std::vector<std::string> no_decay = {"norms", "biases", "embeddings"};
+};
+void read_optimizer(ConfigTable& section, OptimizerSettings& settings);
+// [schedule]; `schedule.lr` must already be the optimizer's.
+void read_schedule(ConfigTable& section, optim::Schedule& schedule);
+void flat_optimizer(const OptimizerSettings& optimizer, const optim::Schedule& schedule,
+                    std::vector<std::pair<std::string, std::string>>& flat);
+// The architecture as [model] keys ("model.hidden_size", ...), as model::read_config reads them.
+void flat_model(const model::LlamaConfig& model,
+                std::vector<std::pair<std::string, std::string>>& flat);
+// Flat keys ("section.key", TOML value) as a TOML document after `header`.
+std::string flat_to_toml(const std::vector<std::pair<std::string, std::string>>& flat,
+                         const std::string& header);
+std::string toml_string(const std::string& s);
+std::string toml_double(double v);
+std::string toml_strings(const std::vector<std::string>& v);
+std::string toml_doubles(const std::vector<double>& v);
+
 // Keys that may differ between a checkpoint's config and the resumed run's.
 bool key_may_change_on_resume(const std::string& key);
 // Throws listing every key that differs and may not change; returns warnings for those that
 // may change but alter the run (train.steps moves the schedule's end, run.threads the bits).
 std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const TrainConfig& now);
+// The same over flat keys; errors point at `doc` for the rules.
+std::vector<std::string> check_resume_compatible(
+    const std::vector<std::pair<std::string, std::string>>& saved,
+    const std::vector<std::pair<std::string, std::string>>& now, const std::string& doc);
 
 }  // namespace pollen::train

@@ -1,10 +1,8 @@
 #include "train/trainer.h"
 
 #include <signal.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -23,6 +21,7 @@
 #include "obs/metrics.h"
 #include "obs/progress.h"
 #include "ops/gemm.h"
+#include "train/run_control.h"
 #include "train/samples.h"
 
 namespace fs = std::filesystem;
@@ -33,61 +32,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::atomic<int> g_stop_signal{0};
-
-void on_stop_signal(int sig) {
-  g_stop_signal.store(sig);
-  static const char msg[] =
-      "\npollen train: stop requested; finishing this step and writing a checkpoint "
-      "(send it again to abort at once)\n";
-  [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
-}
-
-// Installs the stop handlers for the life of a run; one-shot, so a second signal kills.
-class SignalGuard {
- public:
-  explicit SignalGuard(bool enable) : enabled_(enable) {
-    g_stop_signal.store(0);
-    if (!enabled_) return;
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESETHAND | SA_RESTART;
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~SignalGuard() {
-    if (!enabled_) return;
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-
- private:
-  bool enabled_;
-  struct sigaction old_int_ {
-  }, old_term_{};
-};
-
-double rss_mb() {
-  long pages = 0, resident = 0;
-  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
-    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-    std::fclose(f);
-  }
-  return static_cast<double>(resident) * static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1048576.0;
-}
-
-double peak_rss_mb() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_maxrss) / 1024.0;
-}
-
-// JSON numbers for metrics: non-finite values become null (JSON has no NaN).
-nlohmann::ordered_json num(double v) {
-  return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
 }
 
 // Mean validation loss over `batches` batches; with several ranks each evaluates every
@@ -228,26 +172,28 @@ double measure_peak_flops() {
   return best;
 }
 
-CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const model::Llama& model,
+CheckpointWritten write_checkpoint(const fs::path& root, int64_t step,
+                                   const std::vector<CheckpointTensors>& weights,
+                                   const std::vector<std::string>& trained,
                                    const OptimizerMoments& moments,
                                    const nlohmann::ordered_json& state,
-                                   const std::string& config_toml) {
+                                   const std::string& config_toml,
+                                   const std::vector<std::pair<std::string, std::string>>& texts) {
   const auto t0 = Clock::now();
-  const auto params = model.named_parameters();
-  POLLEN_ASSERT(moments.exp_avg.size() == params.size() &&
-                moments.exp_avg_sq.size() == params.size());
-  io::NamedTensors weights, tensors;
-  for (size_t i = 0; i < params.size(); ++i) {
-    weights.emplace_back(params[i].first, params[i].second.value());
-    tensors.emplace_back(params[i].first + ".exp_avg", moments.exp_avg[i]);
-    tensors.emplace_back(params[i].first + ".exp_avg_sq", moments.exp_avg_sq[i]);
+  POLLEN_ASSERT(moments.exp_avg.size() == trained.size() &&
+                moments.exp_avg_sq.size() == trained.size());
+  io::NamedTensors tensors;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    tensors.emplace_back(trained[i] + ".exp_avg", moments.exp_avg[i]);
+    tensors.emplace_back(trained[i] + ".exp_avg_sq", moments.exp_avg_sq[i]);
   }
   io::CheckpointWriter w(root, step);
-  w.add_tensors("model.safetensors", weights, {{"format", "pt"}});
+  for (const auto& f : weights) w.add_tensors(f.file, f.tensors, {{"format", "pt"}});
   w.add_tensors("optimizer.safetensors", tensors,
                 {{"step", std::to_string(moments.steps)}, {"optimizer", "adamw"}});
   w.add_text("state.json", state.dump(2) + "\n");
   w.add_text("config.toml", config_toml);
+  for (const auto& [file, text] : texts) w.add_text(file, text);
   CheckpointWritten out;
   out.dir = w.commit();
   out.stats = w.stats();
@@ -256,57 +202,82 @@ CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const mod
 }
 
 CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const model::Llama& model,
+                                   const OptimizerMoments& moments,
+                                   const nlohmann::ordered_json& state,
+                                   const std::string& config_toml) {
+  CheckpointTensors weights{"model.safetensors", {}};
+  std::vector<std::string> trained;
+  for (const auto& [name, p] : model.named_parameters()) {
+    weights.tensors.emplace_back(name, p.value());
+    trained.push_back(name);
+  }
+  return write_checkpoint(root, step, {weights}, trained, moments, state, config_toml, {});
+}
+
+CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const model::Llama& model,
                                    const optim::AdamW& opt, const nlohmann::ordered_json& state,
                                    const std::string& config_toml) {
-  OptimizerMoments m;
+  return write_checkpoint(root, step, model, moments_of(opt), state, config_toml);
+}
+
+OptimizerMoments moments_of(const optim::AdamW& opt) {
+  OptimizerMoments m;  // the optimizer's own tensors, shared
   for (const auto& slot : opt.slots()) {
     m.exp_avg.push_back(slot.exp_avg);
     m.exp_avg_sq.push_back(slot.exp_avg_sq);
   }
   m.steps = opt.steps_taken();
-  return write_checkpoint(root, step, model, m, state, config_toml);
+  return m;
 }
 
-void load_checkpoint(const fs::path& dir, const model::Llama& model, OptimizerMoments& moments) {
-  const auto weights = io::read_safetensors(dir / "model.safetensors");
-  const auto tensors = io::read_safetensors(dir / "optimizer.safetensors");
-  const auto params = model.named_parameters();
-  auto copy = [&](const io::SafetensorsFile& f, const std::string& file, const std::string& name,
-                  const Tensor& into) {
+void load_checkpoint_tensors(const fs::path& file,
+                             const std::vector<std::pair<std::string, Tensor>>& into) {
+  const auto f = io::read_safetensors(file);
+  for (const auto& [name, dst] : into) {
     const Tensor* t = f.find(name);
-    POLLEN_CHECK(t != nullptr, "checkpoint '", (dir / file).string(), "' has no tensor '", name,
-                 "'");
-    POLLEN_CHECK(t->shape() == into.shape() && t->dtype() == into.dtype(), "checkpoint '",
-                 (dir / file).string(), "': tensor '", name, "' is ", shape_str(t->shape()), " ",
-                 dtype_name(t->dtype()), ", the model wants ", shape_str(into.shape()), " ",
-                 dtype_name(into.dtype()));
-    std::memcpy(into.raw(), t->raw(), into.nbytes());
-  };
+    POLLEN_CHECK(t != nullptr, "checkpoint '", file.string(), "' has no tensor '", name, "'");
+    POLLEN_CHECK(t->shape() == dst.shape() && t->dtype() == dst.dtype(), "checkpoint '",
+                 file.string(), "': tensor '", name, "' is ", shape_str(t->shape()), " ",
+                 dtype_name(t->dtype()), ", the model wants ", shape_str(dst.shape()), " ",
+                 dtype_name(dst.dtype()));
+    std::memcpy(dst.raw(), t->raw(), dst.nbytes());
+  }
+}
+
+void load_optimizer_moments(const fs::path& dir,
+                            const std::vector<std::pair<std::string, ag::Var>>& trained,
+                            OptimizerMoments& moments) {
   if (moments.exp_avg.empty()) {
-    for (const auto& [name, p] : params) {
+    for (const auto& [name, p] : trained) {
       moments.exp_avg.push_back(Tensor::empty(p.shape(), p.dtype()));
       moments.exp_avg_sq.push_back(Tensor::empty(p.shape(), p.dtype()));
     }
   }
-  POLLEN_ASSERT(moments.exp_avg.size() == params.size() &&
-                moments.exp_avg_sq.size() == params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    copy(weights, "model.safetensors", params[i].first, params[i].second.value());
-    copy(tensors, "optimizer.safetensors", params[i].first + ".exp_avg", moments.exp_avg[i]);
-    copy(tensors, "optimizer.safetensors", params[i].first + ".exp_avg_sq", moments.exp_avg_sq[i]);
+  POLLEN_ASSERT(moments.exp_avg.size() == trained.size() &&
+                moments.exp_avg_sq.size() == trained.size());
+  std::vector<std::pair<std::string, Tensor>> into;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    into.emplace_back(trained[i].first + ".exp_avg", moments.exp_avg[i]);
+    into.emplace_back(trained[i].first + ".exp_avg_sq", moments.exp_avg_sq[i]);
   }
-  const auto it = tensors.metadata.find("step");
-  POLLEN_CHECK(it != tensors.metadata.end(), "checkpoint '",
-               (dir / "optimizer.safetensors").string(), "': metadata lacks 'step'");
+  const fs::path file = dir / "optimizer.safetensors";
+  load_checkpoint_tensors(file, into);
+  const auto meta = io::read_safetensors(file).metadata;
+  const auto it = meta.find("step");
+  POLLEN_CHECK(it != meta.end(), "checkpoint '", file.string(), "': metadata lacks 'step'");
   moments.steps = std::stoll(it->second);
 }
 
+void load_checkpoint(const fs::path& dir, const model::Llama& model, OptimizerMoments& moments) {
+  const auto params = model.named_parameters();
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (const auto& [name, p] : params) weights.emplace_back(name, p.value());
+  load_checkpoint_tensors(dir / "model.safetensors", weights);
+  load_optimizer_moments(dir, params, moments);
+}
+
 void load_checkpoint(const fs::path& dir, const model::Llama& model, optim::AdamW& opt) {
-  OptimizerMoments m;  // the optimizer's own tensors: loaded in place
-  for (const auto& slot : opt.slots()) {
-    m.exp_avg.push_back(slot.exp_avg);
-    m.exp_avg_sq.push_back(slot.exp_avg_sq);
-  }
+  OptimizerMoments m = moments_of(opt);  // loaded in place
   load_checkpoint(dir, model, m);
   opt.set_steps_taken(m.steps);
 }
@@ -446,22 +417,9 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
     // Rank 0 chooses the checkpoint and tells the others: {step or -1 for none, skipped}.
     int64_t choice_of_lead[2] = {-1, 0};
     if (lead) {
-      const auto choice = io::choose_resume_checkpoint(ckpt_root);
-      for (const auto& [dir, why] : choice.skipped)
-        log::warn("skipping checkpoint '", dir.string(), "': ", why);
-      if (choice.dir) {
-        choice_of_lead[0] = io::checkpoint_step(*choice.dir);
-        // The skipped ones are newer than the resume point, so this run will never reach them
-        // again; left in place they would count as the newest for retention, which would then
-        // delete good checkpoints and keep them. Moved aside, they stay for inspection.
-        for (const auto& [bad, why] : choice.skipped) {
-          const fs::path aside = bad.parent_path() / cat(".corrupt-", bad.filename().string());
-          fs::remove_all(aside);
-          fs::rename(bad, aside);
-          log::warn("moved '", bad.string(), "' aside to '", aside.string(), "'");
-        }
-      }
-      choice_of_lead[1] = static_cast<int64_t>(choice.skipped.size());
+      const ResumePoint point = choose_checkpoint_to_resume(ckpt_root);
+      if (point.dir) choice_of_lead[0] = io::checkpoint_step(*point.dir);
+      choice_of_lead[1] = point.skipped;
     }
     comm.broadcast(choice_of_lead, 0, "the choice of checkpoint to resume");
     const int64_t chosen = choice_of_lead[0];
@@ -585,8 +543,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
     for (int64_t i = 0; i < accum; ++i) micro.push_back(loader.next());
     // Several ranks agree on stopping at the start of a step (a signal reaches each at its own
     // moment); one process decides after the step, as it always has.
-    bool stop_all =
-        g_stop_signal.load() != 0 || (o.stop_after >= 0 && steps_here + 1 >= o.stop_after);
+    bool stop_all = stop_requested() || (o.stop_after >= 0 && steps_here + 1 >= o.stop_after);
     double reduce_wait = 0;
     const AccumulatedLoss acc =
         parallel ? accumulate_gradients(model, micro, comm, *reducer, stop_all, reduce_wait)
@@ -622,9 +579,9 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
     nlohmann::ordered_json rec;
     rec["step"] = step;
     rec["tokens"] = tokens;
-    rec["loss"] = num(acc.loss);
+    rec["loss"] = json_number(acc.loss);
     rec["lr"] = lr;
-    rec["grad_norm"] = num(gnorm);
+    rec["grad_norm"] = json_number(gnorm);
     rec["scored"] = acc.scored;
     rec["tokens_per_s"] = std::round(tps * 10) / 10;
     rec["mfu"] = std::round(mfu * 1e5) / 1e5;
@@ -667,7 +624,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       nlohmann::ordered_json v;
       v["step"] = step;
       v["tokens"] = tokens;
-      v["val_loss"] = num(last_val);
+      v["val_loss"] = json_number(last_val);
       if (jsonl) jsonl->write(v);
       if (tb.file().is_open()) tb.add_scalar("val/loss", last_val, step, wall);
       progress.finish();
@@ -685,8 +642,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
     progress.update(step, fields);
 
     const bool preempt =
-        parallel ? stop_all
-                 : g_stop_signal.load() != 0 || (o.stop_after >= 0 && steps_here >= o.stop_after);
+        parallel ? stop_all : stop_requested() || (o.stop_after >= 0 && steps_here >= o.stop_after);
     // Periodic checkpoints wait out a run of non-finite steps, so the last one written is the
     // last good state; a preemption always writes one (the run must be able to continue).
     if (preempt ||
@@ -718,8 +674,8 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   summary["step"] = step;
   summary["steps"] = cfg.steps;
   summary["tokens"] = tokens;
-  summary["loss"] = num(last_loss);
-  summary["val_loss"] = num(last_val);
+  summary["loss"] = json_number(last_loss);
+  summary["val_loss"] = json_number(last_val);
   summary["skipped_steps"] = skipped;
   summary["elapsed_s"] = std::round(total * 1000) / 1000;
   summary["tokens_per_s_this_process"] =

@@ -116,5 +116,31 @@ CheckpointWritten write_checkpoint(const std::filesystem::path& root, int64_t st
 // Loads weights and fills `moments` (allocated here) from a checkpoint folder.
 void load_checkpoint(const std::filesystem::path& dir, const model::Llama& model,
                      OptimizerMoments& moments);
+OptimizerMoments moments_of(const optim::AdamW& opt);  // sharing the optimizer's tensors
+
+// The general form, for runs that train more or less than a whole model (post-training): the
+// weight files (model.safetensors and any others) as given, AdamW's moments for the parameters
+// named `trained` (in the optimizer's order), the JSON state and config, and text files copied
+// in as they are (name, content).
+struct CheckpointTensors {
+  std::string file;  // "model.safetensors"
+  io::NamedTensors tensors;
+};
+CheckpointWritten write_checkpoint(const std::filesystem::path& root, int64_t step,
+                                   const std::vector<CheckpointTensors>& weights,
+                                   const std::vector<std::string>& trained,
+                                   const OptimizerMoments& moments,
+                                   const nlohmann::ordered_json& state,
+                                   const std::string& config_toml,
+                                   const std::vector<std::pair<std::string, std::string>>& texts);
+// Copies each named tensor of a checkpoint's safetensors file into the tensor given for it
+// (shape and dtype must match).
+void load_checkpoint_tensors(const std::filesystem::path& file,
+                             const std::vector<std::pair<std::string, Tensor>>& into);
+// AdamW's moments for `trained` and its step count from dir/optimizer.safetensors (`moments`
+// allocated here when empty, else filled in place).
+void load_optimizer_moments(const std::filesystem::path& dir,
+                            const std::vector<std::pair<std::string, ag::Var>>& trained,
+                            OptimizerMoments& moments);
 
 }  // namespace pollen::train

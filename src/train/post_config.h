@@ -1,0 +1,86 @@
+#pragma once
+// The run file of post-training (`pollen sft`, `dpo`, `rm`, `grpo`): one TOML file describes a
+// run: the base model, the loop's settings shared by every objective ([run], [model], [train],
+// [optimizer], [schedule], [eval], [checkpoint], [metrics], [lora]) and the objective's own
+// section ([sft], ...), which the objective reads. docs/posttraining.md documents every key.
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/config.h"
+#include "model/config.h"
+#include "optim/schedule.h"
+#include "train/config.h"
+
+namespace pollen::train {
+
+// [lora]: low-rank adapters on the named linear layers instead of training the whole model.
+struct LoraSettings {
+  bool enabled = false;  // the run file has a [lora] table
+  int64_t rank = 8;
+  double alpha = 16;
+  double dropout = 0;
+  std::vector<std::string> targets = {"q_proj", "v_proj"};  // module names (HF's)
+  uint64_t seed = 0;                                        // the adapters' initialisation
+};
+
+struct PostConfig {
+  std::string objective;  // the objective's section: "sft", "dpo", "rm", "grpo"
+  // [run]
+  std::string name;
+  std::filesystem::path dir;  // where checkpoints/, metrics.jsonl, tensorboard/ go
+  uint64_t seed = 0;
+  int threads = 0;  // 0: every hardware thread
+  // [model]
+  std::string base;           // anything io::resolve_model accepts
+  std::string tokenizer;      // tokenizer file; empty: the one that goes with the base
+  std::string chat_template;  // "chatml" or "llama3"; empty: the base's
+  // The base's architecture, present in a resolved config (a checkpoint's config.toml).
+  std::optional<model::LlamaConfig> architecture;
+  // [train]
+  int64_t steps = 0;
+  double grad_clip = 1.0;
+  int64_t max_bad_steps = 5;  // non-finite losses in a row before the run stops
+  // [optimizer], [schedule]
+  OptimizerSettings optimizer;
+  optim::Schedule schedule;  // lr and total_steps come from optimizer.lr and train.steps
+  // [eval]
+  int64_t eval_interval = 0;  // 0: at the end only
+  // [checkpoint]
+  int64_t checkpoint_interval = 0;
+  int keep_checkpoints = 3;
+  // [metrics]
+  bool tensorboard = true;
+  int64_t log_interval = 10;
+  // [lora]
+  LoraSettings lora;
+  // The objective's section, as given: its keys in TOML ("sft.seq", "1024"), and as a table
+  // for the objective to read (errors name the run file).
+  std::vector<std::pair<std::string, std::string>> objective_keys;
+  std::string objective_text;      // "[sft]\n..." (empty section when the file has none)
+  std::string source;              // the run file's name in errors
+  std::filesystem::path base_dir;  // relative paths in the objective's section are from here
+
+  ConfigTable objective_section() const;
+
+  // Every key with its resolved value; `architecture` (the base's) is written into [model] so
+  // that the resolved config of a checkpoint is a model that io::resolve_model can open.
+  std::vector<std::pair<std::string, std::string>> flat(
+      const model::LlamaConfig& architecture) const;
+  std::string to_toml(const model::LlamaConfig& architecture) const;
+};
+
+// Reads a run file for `objective` ("sft", ...), applying `overrides` ("key=value", TOML
+// syntax) first. Relative paths (run.dir, model.base when it names a file or folder,
+// model.tokenizer) are relative to the run file's folder. Unknown sections and keys are refused.
+PostConfig load_post_config(const std::filesystem::path& path, const std::string& objective,
+                            const std::vector<std::string>& overrides = {});
+PostConfig parse_post_config(const std::string& text, const std::string& source,
+                             const std::string& objective,
+                             const std::vector<std::string>& overrides = {},
+                             const std::filesystem::path& base_dir = {});
+
+}  // namespace pollen::train

@@ -1,0 +1,387 @@
+#include "train/post_run.h"
+
+#include <chrono>
+#include <thread>
+
+#include "autograd/tape.h"
+#include "base/files.h"
+#include "base/log.h"
+#include "base/thread_pool.h"
+#include "io/checkpoint.h"
+#include "obs/metrics.h"
+#include "obs/progress.h"
+#include "optim/adamw.h"
+#include "tokenizer/open.h"
+#include "train/run_control.h"
+
+namespace fs = std::filesystem;
+
+namespace pollen::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Where the base's tokenizer_config.json would be: beside its other HF files, else beside its
+// tokenizer.
+fs::path tokenizer_config_dir(const io::ModelSource& src, const fs::path& tokenizer) {
+  for (const auto& f : src.hf_side_files)
+    if (f.filename() == "tokenizer_config.json") return f.parent_path();
+  return tokenizer.parent_path();
+}
+
+// The objective's metrics under "<prefix><name>/<metric>".
+void add_metrics(nlohmann::ordered_json& record, const std::string& prefix, const std::string& name,
+                 const nlohmann::ordered_json& metrics) {
+  for (const auto& [k, v] : metrics.items()) record[prefix + name + "/" + k] = v;
+}
+
+void add_scalars(obs::EventFileWriter& tb, const std::string& prefix, const std::string& name,
+                 const nlohmann::ordered_json& metrics, int64_t step, double wall) {
+  if (!tb.file().is_open()) return;
+  for (const auto& [k, v] : metrics.items())
+    if (v.is_number()) tb.add_scalar(prefix + name + "/" + k, v.get<double>(), step, wall);
+}
+
+std::string describe_keys(const std::vector<std::pair<std::string, std::string>>& keys) {
+  std::string s;
+  for (const auto& [k, v] : keys) s += (s.empty() ? "" : ", ") + k + " = " + v;
+  return s.empty() ? "no keys" : s;
+}
+
+}  // namespace
+
+PostBase resolve_post_base(const PostConfig& cfg) {
+  PostBase b;
+  b.source = io::resolve_model(cfg.base);
+  b.tokenizer_path = cfg.tokenizer;
+  if (b.tokenizer_path.empty()) {
+    POLLEN_CHECK(b.source.tokenizer.has_value(), "config file '", cfg.source, "': model.base '",
+                 cfg.base, "' (", io::model_kind_name(b.source.kind),
+                 ") has no tokenizer that goes with it; set model.tokenizer");
+    b.tokenizer_path = *b.source.tokenizer;
+  }
+  b.tokenizer =
+      std::make_shared<const tokenizer::Tokenizer>(tokenizer::open_tokenizer(b.tokenizer_path, ""));
+  POLLEN_CHECK(b.tokenizer->vocab_size() <= b.source.config.vocab_size, "config file '", cfg.source,
+               "': the tokenizer '", b.tokenizer_path.string(), "' has ", b.tokenizer->vocab_size(),
+               " ids but model.base '", cfg.base, "' only ", b.source.config.vocab_size);
+  const std::string named =
+      !cfg.chat_template.empty() ? cfg.chat_template : b.source.chat_template.value_or("");
+  try {
+    b.chat_format =
+        tokenizer::choose_chat_format(tokenizer_config_dir(b.source, b.tokenizer_path), named);
+  } catch (const Error& e) {
+    fail("config file '", cfg.source, "': no chat template for model.base '", cfg.base, "' (",
+         e.what(), "); set model.chat_template to \"chatml\" or \"llama3\"");
+  }
+  return b;
+}
+
+std::vector<std::pair<std::string, ag::Var>> trained_model_parameters(const model::Llama& model,
+                                                                      const LoraSettings& lora) {
+  // The one place LoRA plugs in: with [lora], attach adapters and return only theirs.
+  POLLEN_CHECK(!lora.enabled,
+               "[lora]: LoRA adapters are not yet available in this build; remove the [lora] "
+               "table to train the whole model");
+  return model.named_parameters();
+}
+
+PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
+                             const ObjectiveFactory& make_objective) {
+  SignalGuard signals(o.handle_signals);
+  set_num_threads(cfg.threads > 0
+                      ? cfg.threads
+                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  const fs::path ckpt_root = cfg.dir / "checkpoints";
+  fs::create_directories(cfg.dir);
+  if (!o.resume) {
+    POLLEN_CHECK(io::list_checkpoints(ckpt_root).empty(), "run folder '", cfg.dir.string(),
+                 "' already holds checkpoints: pass --resume to continue it, or choose another ",
+                 "run.dir");
+  }
+  std::optional<fs::path> resume_from;
+  if (o.resume) {
+    const ResumePoint point = choose_checkpoint_to_resume(ckpt_root);
+    POLLEN_CHECK(point.dir || point.skipped == 0, "--resume: no checkpoint under '",
+                 ckpt_root.string(), "' verifies (", point.skipped, " skipped, reasons above)");
+    resume_from = point.dir;
+    if (!resume_from)
+      log::info("--resume: no checkpoint under '", ckpt_root.string(), "' yet; starting at step 0");
+  }
+
+  const PostBase base = resolve_post_base(cfg);
+  const model::LlamaConfig& arch = base.source.config;
+  const std::string config_toml = cfg.to_toml(arch);
+  if (resume_from) {
+    const fs::path file = *resume_from / "config.toml";
+    const PostConfig saved = parse_post_config(read_file(file), file.string(), cfg.objective);
+    POLLEN_CHECK(saved.architecture.has_value(), "'", file.string(), "' has no architecture");
+    for (const auto& w : check_resume_compatible(saved.flat(*saved.architecture), cfg.flat(arch),
+                                                 "docs/posttraining.md"))
+      log::warn("resume: ", w);
+    // The objective's section may not change at all: a key added or removed counts too.
+    POLLEN_CHECK(saved.objective_keys == cfg.objective_keys, "cannot resume: [", cfg.objective,
+                 "] differs from the checkpoint's (", describe_keys(saved.objective_keys), " -> ",
+                 describe_keys(cfg.objective_keys),
+                 "); the objective's keys may not change in a resumed run (see ",
+                 "docs/posttraining.md, 'Checkpoints and resuming')");
+  }
+  // A resumed run takes its weights from the checkpoint, not from the base.
+  model::Llama model = resume_from ? model::Llama(arch, cfg.seed)
+                                   : io::load_model(base.source, DType::f32, cfg.seed);
+  auto trained = trained_model_parameters(model, cfg.lora);
+
+  ObjectiveContext ctx{cfg.objective_section(), cfg.base_dir, base.tokenizer.get(),
+                       base.chat_format,        cfg.seed,     arch.max_position_embeddings};
+  const std::unique_ptr<Objective> objective = make_objective(ctx);
+  const std::string name = objective->name();
+  const auto extras = objective->extra_parameters();
+  trained.insert(trained.end(), extras.begin(), extras.end());
+
+  std::vector<ag::Var> params;
+  for (const auto& [n, v] : trained) params.push_back(v);
+  optim::AdamWOptions ao;
+  ao.lr = cfg.optimizer.lr;
+  ao.beta1 = cfg.optimizer.beta1;
+  ao.beta2 = cfg.optimizer.beta2;
+  ao.eps = cfg.optimizer.eps;
+  ao.weight_decay = cfg.optimizer.weight_decay;
+  ao.max_grad_norm = cfg.grad_clip;
+  optim::AdamW opt(params, ao, decay_mask(trained, cfg.optimizer.no_decay));
+
+  // The weight files of a checkpoint: the whole model, and the objective's own parameters.
+  auto weight_files = [&] {
+    std::vector<CheckpointTensors> files{{"model.safetensors", {}}};
+    for (const auto& [n, v] : model.named_parameters()) files[0].tensors.emplace_back(n, v.value());
+    if (!extras.empty()) {
+      files.push_back({"objective.safetensors", {}});
+      for (const auto& [n, v] : extras) files[1].tensors.emplace_back(n, v.value());
+    }
+    return files;
+  };
+
+  int64_t step = 0, tokens = 0, bad_in_row = 0, skipped = 0;
+  double elapsed_before = 0;
+  std::optional<uint64_t> jsonl_at = 0;
+  std::string tb_file;
+  uint64_t tb_at = 0;
+  fs::path last_checkpoint;
+  if (resume_from) {
+    const fs::path dir = *resume_from;
+    for (const auto& f : weight_files()) load_checkpoint_tensors(dir / f.file, f.tensors);
+    OptimizerMoments m = moments_of(opt);  // loaded in place
+    load_optimizer_moments(dir, trained, m);
+    opt.set_steps_taken(m.steps);
+    const auto st = nlohmann::ordered_json::parse(read_file(dir / "state.json"));
+    step = st.at("step").get<int64_t>();
+    tokens = st.at("tokens").get<int64_t>();
+    bad_in_row = st.at("bad_steps_in_row").get<int64_t>();
+    skipped = st.at("skipped_steps").get<int64_t>();
+    elapsed_before = st.at("elapsed_s").get<double>();
+    jsonl_at = st.at("metrics").at("jsonl_bytes").get<uint64_t>();
+    tb_file = st.at("metrics").at("tensorboard_file").get<std::string>();
+    tb_at = st.at("metrics").at("tensorboard_bytes").get<uint64_t>();
+    objective->restore(st.at("objective"));
+    last_checkpoint = dir;
+    log::info("resuming from '", dir.string(), "' at step ", step);
+  }
+
+  obs::JsonlWriter jsonl(cfg.dir / "metrics.jsonl", jsonl_at);
+  obs::EventFileWriter tb;
+  if (cfg.tensorboard) {
+    const fs::path tb_dir = cfg.dir / "tensorboard";
+    if (!tb_file.empty() && fs::exists(tb_dir / tb_file)) {
+      tb = obs::EventFileWriter::resume(tb_dir / tb_file, tb_at);
+    } else {
+      if (step == 0) fs::remove_all(tb_dir);  // a fresh run: no stale curves
+      fs::create_directories(tb_dir);
+      tb = obs::EventFileWriter::create(tb_dir);
+    }
+  }
+  write_file_atomic(cfg.dir / "config.toml", config_toml);
+  // The tokenizer travels with every checkpoint, so that the checkpoint is a model on its own.
+  tokenizer::save_tokenizer(*base.tokenizer, cfg.dir / "tokenizer.json");
+  const std::string tokenizer_json = read_file(cfg.dir / "tokenizer.json");
+
+  int64_t trained_count = 0;
+  for (const auto& p : params) trained_count += p.value().numel();
+  log::info(name, ": ", arch.name, " from '", cfg.base, "' (", arch.parameter_count(),
+            " parameters, ", trained_count, " trained) for ", cfg.steps, " steps, ", num_threads(),
+            " threads, chat template ", tokenizer::chat_template_name(base.chat_format.kind));
+
+  const auto run_start = Clock::now();
+  auto save = [&](int64_t at) {
+    jsonl.file().sync();
+    if (tb.file().is_open()) tb.file().sync();
+    nlohmann::ordered_json st;
+    st["step"] = at;
+    st["tokens"] = tokens;
+    st["bad_steps_in_row"] = bad_in_row;
+    st["skipped_steps"] = skipped;
+    st["elapsed_s"] = elapsed_before + seconds_since(run_start);
+    st["metrics"] = {{"jsonl_bytes", jsonl.file().position()},
+                     {"tensorboard_file",
+                      tb.file().is_open() ? tb.file().path().filename().string() : std::string()},
+                     {"tensorboard_bytes", tb.file().is_open() ? tb.file().position() : 0}};
+    st["objective"] = objective->state();
+    std::vector<std::string> names;
+    for (const auto& [n, v] : trained) names.push_back(n);
+    const auto w = write_checkpoint(ckpt_root, at, weight_files(), names, moments_of(opt), st,
+                                    config_toml, {{"tokenizer.json", tokenizer_json}});
+    last_checkpoint = w.dir;
+    log::info("checkpoint step ", at, " saved to '", w.dir.string(), "' (",
+              std::round(static_cast<double>(w.stats.bytes) / 1048576.0), " MB in ",
+              std::round(w.seconds * 100) / 100, " s)");
+    for (const auto& p : io::apply_retention(ckpt_root, cfg.keep_checkpoints))
+      log::debug("removed old checkpoint '", p.string(), "'");
+  };
+
+  PostResult r;
+  obs::Progress progress(name, cfg.steps, step, o.quiet ? (int64_t{1} << 62) : cfg.log_interval);
+  int64_t steps_here = 0;
+  double last_val = NAN, last_loss = NAN;
+  nlohmann::ordered_json last_val_metrics = nlohmann::ordered_json::object();
+  bool stopped = false;
+  for (auto& p : params) p.zero_grad();
+  while (step < cfg.steps) {
+    const auto t0 = Clock::now();
+    const double lr = optim::lr_at(cfg.schedule, step);
+    const ObjectiveStep s = objective->train_step(model, step + 1);
+    double gnorm = NAN;
+    bool good = std::isfinite(s.loss);
+    if (good) {
+      gnorm = opt.step(lr);
+      good = std::isfinite(gnorm);  // AdamW leaves the weights alone then
+    }
+    for (auto& p : params) p.zero_grad();
+    ++step;
+    ++steps_here;
+    tokens += s.tokens;
+    last_loss = s.loss;
+    if (good) {
+      bad_in_row = 0;
+    } else {
+      ++bad_in_row;
+      ++skipped;
+      progress.finish();
+      log::warn("step ", step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss",
+                "; update skipped (", bad_in_row, " in a row, stop at ", cfg.max_bad_steps, ")");
+    }
+    const double dt = seconds_since(t0);
+    const double tps = static_cast<double>(s.tokens) / dt;
+    const double wall = obs::wall_time_now();
+    nlohmann::ordered_json rec;
+    rec["step"] = step;
+    rec["tokens"] = tokens;
+    rec["loss"] = json_number(s.loss);
+    rec["lr"] = lr;
+    rec["grad_norm"] = json_number(gnorm);
+    add_metrics(rec, "", name, s.metrics);
+    rec["tokens_per_s"] = std::round(tps * 10) / 10;
+    rec["elapsed_s"] = std::round((elapsed_before + seconds_since(run_start)) * 1000) / 1000;
+    rec["rss_mb"] = std::round(rss_mb() * 10) / 10;
+    if (!good) rec["skipped"] = true;
+    jsonl.write(rec);
+    if (tb.file().is_open()) {
+      tb.add_scalar("train/loss", s.loss, step, wall);
+      tb.add_scalar("train/lr", lr, step, wall);
+      tb.add_scalar("train/grad_norm", gnorm, step, wall);
+      tb.add_scalar("perf/tokens_per_s", tps, step, wall);
+      tb.add_scalar("sys/rss_mb", rss_mb(), step, wall);
+      add_scalars(tb, "", name, s.metrics, step, wall);
+    }
+    if (bad_in_row >= cfg.max_bad_steps) {
+      progress.finish();
+      jsonl.file().sync();
+      r.status = RunStatus::failed;
+      r.message =
+          cat(bad_in_row, " non-finite steps in a row (train.max_bad_steps = ", cfg.max_bad_steps,
+              "); stopping. The last good checkpoint is ",
+              last_checkpoint.empty() ? std::string("none (no checkpoint was written)")
+                                      : "'" + last_checkpoint.string() + "'",
+              "; lower optimizer.lr or raise schedule.warmup_steps and resume from it");
+      stopped = true;
+      break;
+    }
+    const bool last = step == cfg.steps;
+    if ((cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || last) {
+      ObjectiveStep v;
+      {
+        ag::NoGrad no_grad;
+        v = objective->evaluate(model);
+      }
+      last_val = v.loss;
+      last_val_metrics = v.metrics;
+      nlohmann::ordered_json e;
+      e["step"] = step;
+      e["tokens"] = tokens;
+      e["val_loss"] = json_number(v.loss);
+      add_metrics(e, "val/", name, v.metrics);
+      jsonl.write(e);
+      if (tb.file().is_open()) tb.add_scalar("val/loss", v.loss, step, wall);
+      add_scalars(tb, "val/", name, v.metrics, step, wall);
+      progress.finish();
+      log::info("step ", step, ": validation loss ", v.loss);
+    }
+    jsonl.file().flush();
+    if (tb.file().is_open()) tb.file().flush();
+    char fields[128];
+    std::snprintf(fields, sizeof(fields), "loss=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f", s.loss, lr,
+                  gnorm, tps);
+    progress.update(step, fields);
+
+    const bool preempt = stop_requested() || (o.stop_after >= 0 && steps_here >= o.stop_after);
+    // Periodic checkpoints wait out a run of non-finite steps, so the last one written is the
+    // last good state; a preemption always writes one (the run must be able to continue).
+    if (preempt ||
+        ((last || (cfg.checkpoint_interval > 0 && step % cfg.checkpoint_interval == 0)) &&
+         bad_in_row == 0)) {
+      progress.finish();
+      save(step);
+    }
+    if (preempt && !last) {
+      r.status = RunStatus::preempted;
+      r.message = cat("preempted at step ", step, "; checkpoint saved to '",
+                      last_checkpoint.string(), "'; continue with --resume");
+      stopped = true;
+      break;
+    }
+  }
+  progress.finish();
+  r.step = step;
+  r.tokens = tokens;
+  r.skipped_steps = skipped;
+  r.last_loss = last_loss;
+  r.last_val_loss = last_val;
+  r.last_val_metrics = last_val_metrics;
+  r.last_checkpoint = last_checkpoint;
+  const double total = elapsed_before + seconds_since(run_start);
+  nlohmann::ordered_json summary;
+  summary["status"] = r.status == RunStatus::finished    ? "finished"
+                      : r.status == RunStatus::preempted ? "preempted"
+                                                         : "failed";
+  summary["objective"] = name;
+  summary["step"] = step;
+  summary["steps"] = cfg.steps;
+  summary["tokens"] = tokens;
+  summary["loss"] = json_number(last_loss);
+  summary["val_loss"] = json_number(last_val);
+  add_metrics(summary, "val/", name, last_val_metrics);
+  summary["skipped_steps"] = skipped;
+  summary["elapsed_s"] = std::round(total * 1000) / 1000;
+  summary["peak_rss_mb"] = std::round(peak_rss_mb());
+  summary["checkpoint"] = last_checkpoint.string();
+  write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
+  if (!stopped) {
+    r.message =
+        cat("finished ", step, " steps (", tokens, " tokens) in ", obs::format_duration(total),
+            ": loss ", last_loss, ", validation loss ", last_val, ", ", skipped,
+            " steps skipped; checkpoint '", last_checkpoint.string(), "'");
+  }
+  return r;
+}
+
+}  // namespace pollen::train

@@ -1,0 +1,191 @@
+// The post-training loop: bitwise resume after a preemption, checkpoints that are models
+// (io::resolve_model opens them with their tokenizer and chat template), the resolved config,
+// the run file's unknown keys and [lora] refused until LoRA is wired in.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+
+#include "base/files.h"
+#include "io/checkpoint.h"
+#include "io/model_source.h"
+#include "io/safetensors.h"
+#include "train/post_config.h"
+#include "train/post_fixtures.h"
+#include "train/post_run.h"
+#include "train/sft.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+
+namespace {
+
+struct Fixture {
+  fs::path dir, tokenizer_path, model_file, data;
+};
+
+const Fixture& fixture() {
+  static const Fixture f = [] {
+    Fixture x;
+    x.dir = test_support::post_temp_dir("loop");
+    x.tokenizer_path = test_support::make_chat_tokenizer(x.dir);
+    x.model_file = test_support::make_tiny_model_file(x.dir);
+    x.data = test_support::write_sft_data(x.dir / "train.jsonl", "arithmetic", 60, 1);
+    return x;
+  }();
+  return f;
+}
+
+std::string run_toml(const fs::path& run, int steps, const std::string& extra = "") {
+  const auto& fx = fixture();
+  return test_support::tiny_post_toml(
+      run, fx.model_file, fx.tokenizer_path, steps,
+      "[eval]\ninterval = 3\n\n[sft]\ndata = \"" + fx.data.string() +
+          "\"\nseq = 64\nmicro_batch = 2\naccumulation = 2\n" + extra);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<nlohmann::json> metrics(const fs::path& run) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(run / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+train::PostResult run(const std::string& text, bool resume, int64_t stop_after = -1) {
+  train::PostOptions o;
+  o.quiet = true;
+  o.handle_signals = false;
+  o.resume = resume;
+  o.stop_after = stop_after;
+  return train::run_post_training(train::parse_post_config(text, "post.toml", "sft"), o,
+                                  train::make_sft_objective);
+}
+
+TEST(PostRun, ResumeAfterPreemptionEqualsAnUninterruptedRunBitwise) {
+  const fs::path dir = test_support::post_temp_dir("resume");
+  const auto whole = run(run_toml(dir / "whole", 7), false);
+  ASSERT_EQ(whole.status, train::RunStatus::finished) << whole.message;
+
+  const std::string text = run_toml(dir / "split", 7);
+  const auto first = run(text, false, 3);
+  ASSERT_EQ(first.status, train::RunStatus::preempted) << first.message;
+  EXPECT_EQ(first.step, 3);
+  EXPECT_NE(error_of([&] { run(text, false); }).find("--resume"), std::string::npos);
+  const auto second = run(text, true);
+  ASSERT_EQ(second.status, train::RunStatus::finished) << second.message;
+  EXPECT_EQ(second.step, 7);
+  EXPECT_EQ(second.last_loss, whole.last_loss);
+  EXPECT_EQ(second.last_val_loss, whole.last_val_loss);
+
+  // Every step's loss and metrics, bitwise (the JSON text of the doubles).
+  const auto a = metrics(dir / "whole"), b = metrics(dir / "split");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (const char* k :
+         {"step", "loss", "grad_norm", "lr", "sft/scored", "sft/examples", "val_loss", "tokens"}) {
+      if (a[i].contains(k)) EXPECT_EQ(a[i][k].dump(), b[i][k].dump()) << i << " " << k;
+    }
+  }
+  // The weights and optimizer state, bitwise.
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const auto x = io::read_safetensors(whole.last_checkpoint / file);
+    const auto y = io::read_safetensors(second.last_checkpoint / file);
+    ASSERT_EQ(x.tensors.size(), y.tensors.size());
+    for (size_t i = 0; i < x.tensors.size(); ++i) {
+      ASSERT_EQ(x.tensors[i].first, y.tensors[i].first);
+      ASSERT_EQ(x.tensors[i].second.nbytes(), y.tensors[i].second.nbytes());
+      EXPECT_EQ(std::memcmp(x.tensors[i].second.raw(), y.tensors[i].second.raw(),
+                            x.tensors[i].second.nbytes()),
+                0)
+          << file << " " << x.tensors[i].first;
+    }
+  }
+  // A resumed run refuses a changed objective section (its data position would mean nothing).
+  EXPECT_NE(
+      error_of([&] { run(run_toml(dir / "split", 9, "pack = false\n"), true); }).find("sft.pack"),
+      std::string::npos);
+}
+
+TEST(PostRun, CheckpointIsAModelWithItsTokenizerAndChatTemplate) {
+  const fs::path dir = test_support::post_temp_dir("ckpt");
+  const auto r = run(run_toml(dir / "run", 2), false);
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  EXPECT_FALSE(io::verify_checkpoint(r.last_checkpoint).has_value());
+  for (const auto& spec : {r.last_checkpoint, dir / "run"}) {
+    const io::ModelSource src = io::resolve_model(spec.string());
+    EXPECT_EQ(src.kind, io::ModelSource::Kind::checkpoint);
+    ASSERT_TRUE(src.tokenizer.has_value());
+    EXPECT_EQ(src.tokenizer->filename(), "tokenizer.json");
+    EXPECT_EQ(src.chat_template.value_or(""), "chatml");
+    const model::Llama m = io::load_model(src);
+    const auto saved = io::read_safetensors(r.last_checkpoint / "model.safetensors");
+    const auto params = m.named_parameters();
+    ASSERT_EQ(params.size(), saved.tensors.size());
+    for (const auto& [name, p] : params) {
+      const Tensor* t = saved.find(name);
+      ASSERT_NE(t, nullptr) << name;
+      EXPECT_EQ(std::memcmp(t->raw(), p.value().raw(), t->nbytes()), 0) << name;
+    }
+  }
+  // The resolved config reads back as the same run.
+  const std::string text = read_file(r.last_checkpoint / "config.toml");
+  const auto saved = train::parse_post_config(text, "config.toml", "sft");
+  const auto now = train::parse_post_config(run_toml(dir / "run", 2), "post.toml", "sft");
+  ASSERT_TRUE(saved.architecture.has_value());
+  EXPECT_EQ(saved.flat(*saved.architecture), now.flat(*saved.architecture));
+  const auto st = nlohmann::json::parse(read_file(r.last_checkpoint / "state.json"));
+  EXPECT_TRUE(st.at("objective").contains("next"));
+}
+
+TEST(PostRun, UnknownKeysAndSectionsAreRefused) {
+  const fs::path dir = test_support::post_temp_dir("keys");
+  auto refused = [&](const std::string& extra, const std::string& key) {
+    const std::string e = error_of(
+        [&] { train::parse_post_config(run_toml(dir / "run", 2) + extra, "k.toml", "sft"); });
+    EXPECT_NE(e.find(key), std::string::npos) << e;
+    EXPECT_NE(e.find("k.toml"), std::string::npos) << e;
+  };
+  refused("\n[dpo]\nbeta = 0.1\n", "dpo");
+  refused("\n[samples]\nprompts = []\n", "samples");
+  EXPECT_NE(error_of([&] {
+              train::parse_post_config(run_toml(dir / "run", 2), "k.toml", "sft",
+                                       {"train.stpes=3"});
+            }).find("train.stpes"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              train::parse_post_config(run_toml(dir / "run", 2), "k.toml", "sft",
+                                       {"model.chat_template=\"jinja\""});
+            }).find("model.chat_template"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              train::parse_post_config(run_toml(dir / "run", 2), "k.toml", "sft", {"lora.rnak=4"});
+            }).find("lora.rnak"),
+            std::string::npos);
+}
+
+TEST(PostRun, LoraIsParsedAndRefusedUntilAvailable) {
+  const fs::path dir = test_support::post_temp_dir("lora");
+  const std::string text = run_toml(dir / "run", 2) +
+                           "\n[lora]\nrank = 4\nalpha = 8\ndropout = 0.1\ntargets = [\"q_proj\", "
+                           "\"o_proj\"]\nseed = 9\n";
+  const auto cfg = train::parse_post_config(text, "lora.toml", "sft");
+  EXPECT_TRUE(cfg.lora.enabled);
+  EXPECT_EQ(cfg.lora.rank, 4);
+  EXPECT_EQ(cfg.lora.alpha, 8);
+  EXPECT_EQ(cfg.lora.dropout, 0.1);
+  EXPECT_EQ(cfg.lora.targets, (std::vector<std::string>{"q_proj", "o_proj"}));
+  EXPECT_EQ(cfg.lora.seed, 9u);
+  EXPECT_NE(error_of([&] { run(text, false); }).find("not yet"), std::string::npos);
+}
+
+}  // namespace
