@@ -237,7 +237,7 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
 }
 
 Var checkpoint(const std::function<Var(const std::vector<Var>&)>& fn,
-               const std::vector<Var>& inputs) {
+               const std::vector<Var>& inputs, const std::vector<Var>& captured) {
   Var out;
   {
     NoGrad no_grad;
@@ -245,6 +245,7 @@ Var checkpoint(const std::function<Var(const std::vector<Var>&)>& fn,
   }
   bool record = false;
   for (const Var& v : inputs) record = record || should_record({&v});
+  for (const Var& v : captured) record = record || should_record({&v});
   Var y = make_output(out.value(), record);
   if (record) {
     on_backward(y, [fn, inputs](const Tensor& dy) {

@@ -38,8 +38,10 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
                   int64_t* scored = nullptr);
 
 // Runs fn(inputs) without keeping its activations; backward runs it again under a tape
-// (activation recomputation). fn must be deterministic.
+// (activation recomputation). fn must be deterministic. `captured`: parameters fn reads without
+// taking them as inputs; the call is recorded when an input or one of them wants a gradient
+// (a frozen model's layer whose only trainable parameters are LoRA adapters).
 Var checkpoint(const std::function<Var(const std::vector<Var>&)>& fn,
-               const std::vector<Var>& inputs);
+               const std::vector<Var>& inputs, const std::vector<Var>& captured = {});
 
 }  // namespace pollen::ag

@@ -43,7 +43,7 @@ void add_chat_command(CLI::App& app) {
       "Talk with a model: one message per line on stdin, the reply streamed to stdout; the "
       "conversation is kept until end of input (Ctrl-D)");
   struct Args {
-    std::string model, tokenizer, system, chat_template;
+    std::string model, adapter, tokenizer, system, chat_template;
     SamplingArgs sampling;
     int64_t context = 0;
     int threads = 0;
@@ -51,6 +51,7 @@ void add_chat_command(CLI::App& app) {
   auto a = std::make_shared<Args>();
   a->sampling.options.max_tokens = 512;
   cmd->add_option("--model", a->model, kModelHelp)->required();
+  cmd->add_option("--adapter", a->adapter, kAdapterHelp);
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
   cmd->add_option("--system", a->system, "System message that opens the conversation");
   cmd->add_option("--chat-template", a->chat_template,
@@ -68,7 +69,7 @@ void add_chat_command(CLI::App& app) {
     const tokenizer::ChatFormat format = tokenizer::choose_chat_format(
         tokenizer_config_dir(src),
         a->chat_template.empty() && src.chat_template ? *src.chat_template : a->chat_template);
-    const model::Llama m = io::load_model(src);
+    const model::Llama m = load_model_with_adapter(src, a->adapter);
     model::SamplingOptions o = a->sampling.resolved();
     o.stop_tokens = stop_tokens(src, tok);
     o.stop_tokens.push_back(special_token_id(tok, tokenizer::end_of_turn(format.kind),

@@ -1,6 +1,7 @@
-// `pollen export hf --model M --output DIR [--dtype f32|bf16|f16] [--max-shard-mb N]` and
-// `pollen export gguf --model M --output F.gguf [--type f32|f16|bf16|q8_0]`: wiring only; the
-// writers are io::export_hf and io::export_gguf.
+// `pollen export hf --model M [--adapter DIR] --output DIR [--dtype f32|bf16|f16]
+// [--max-shard-mb N]` and `pollen export gguf --model M [--adapter DIR] --output F.gguf
+// [--type f32|f16|bf16|q8_0]`: wiring only; the writers are io::export_hf and io::export_gguf,
+// LoRA adapters are merged by model::merge_lora.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -37,10 +38,11 @@ void add_export_gguf(CLI::App* cmd) {
   auto* gguf = cmd->add_subcommand(
       "gguf", "Write a GGUF v3 file for llama.cpp (llama architecture, byte-level BPE tokenizer)");
   struct Args {
-    std::string model, tokenizer, output, type = "f32";
+    std::string model, adapter, tokenizer, output, type = "f32";
   };
   auto a = std::make_shared<Args>();
   gguf->add_option("--model", a->model, kModelHelp)->required();
+  gguf->add_option("--adapter", a->adapter, kAdapterHelp);
   gguf->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
   gguf->add_option("--output", a->output, "GGUF file to write")->required();
   gguf->add_option("--type", a->type,
@@ -50,7 +52,7 @@ void add_export_gguf(CLI::App* cmd) {
   gguf->callback([a] {
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
-    const model::Llama m = io::load_model(src);
+    const model::Llama m = load_model_with_adapter(src, a->adapter);
     io::GgufExportOptions o;
     o.type = io::gguf_type_named(a->type);
     o.bos_token_id = configured_token(src, tok, "bos_token");
@@ -78,12 +80,14 @@ void add_export_command(CLI::App& app) {
       "Write an HF directory: config.json, model.safetensors (sharded with an index "
       "above --max-shard-mb) and the tokenizer files when the model has them");
   auto model = std::make_shared<std::string>();
+  auto adapter = std::make_shared<std::string>();
   auto output = std::make_shared<std::string>();
   auto dtype = std::make_shared<std::string>("f32");
   auto shard_mb = std::make_shared<uint64_t>(5000);
   hf->add_option("--model", *model,
                  "Preset, model file (.toml), pollen checkpoint or run folder, or HF directory")
       ->required();
+  hf->add_option("--adapter", *adapter, kAdapterHelp);
   hf->add_option("--output", *output, "Folder to write")->required();
   hf->add_option("--dtype", *dtype, "Stored dtype: f32, bf16 or f16")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}));
@@ -91,7 +95,7 @@ void add_export_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   hf->callback([=] {
     const io::ModelSource src = io::resolve_model(*model);
-    const model::Llama m = io::load_model(src);
+    const model::Llama m = load_model_with_adapter(src, *adapter);
     io::HfExportOptions o;
     o.dtype = *dtype == "bf16" ? DType::bf16 : *dtype == "f16" ? DType::f16 : DType::f32;
     o.max_shard_bytes = *shard_mb * 1'000'000ull;

@@ -17,7 +17,7 @@ namespace pollen::cli {
 void add_generate_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("generate", "Continue one or more prompts with a model");
   struct Args {
-    std::string model, tokenizer;
+    std::string model, adapter, tokenizer;
     std::vector<std::string> prompts;
     SamplingArgs sampling;
     bool no_cache = false, json = false, ignore_eos = false;
@@ -25,6 +25,7 @@ void add_generate_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model", a->model, kModelHelp)->required();
+  cmd->add_option("--adapter", a->adapter, kAdapterHelp);
   cmd->add_option("--prompt", a->prompts, "Prompt text (repeat for a batch)")->required();
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
   add_sampling_options(cmd, a->sampling);
@@ -36,7 +37,7 @@ void add_generate_command(CLI::App& app) {
     if (a->threads > 0) set_num_threads(a->threads);
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
-    const model::Llama m = io::load_model(src);
+    const model::Llama m = load_model_with_adapter(src, a->adapter);
     model::SamplingOptions o = a->sampling.resolved();
     o.use_cache = !a->no_cache;
     if (!a->ignore_eos) o.stop_tokens = stop_tokens(src, tok);

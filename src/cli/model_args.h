@@ -11,12 +11,25 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "io/model_source.h"
+#include "io/peft.h"
 #include "tokenizer/open.h"
 
 namespace pollen::cli {
 
 inline const char* kModelHelp =
     "Preset, model file (.toml), pollen checkpoint or run folder, or HF directory";
+
+inline const char* kAdapterHelp =
+    "LoRA adapter folder in PEFT's format (adapter_config.json, adapter_model.safetensors), "
+    "merged into the model";
+
+// The model, with --adapter's LoRA adapters merged in when one is given.
+inline model::Llama load_model_with_adapter(const io::ModelSource& src,
+                                            const std::string& adapter) {
+  model::Llama m = io::load_model(src);
+  if (adapter.empty()) return m;
+  return model::merge_lora(m, *io::load_peft_adapter(adapter, src.config));
+}
 
 // --tokenizer when given, else the one that goes with the model.
 inline tokenizer::Tokenizer model_tokenizer(const io::ModelSource& src,

@@ -209,7 +209,7 @@ std::vector<double> continuation_logprobs(const model::Llama& model,
                   h.data<float>() + scored_rows[static_cast<size_t>(k)] * C,
                   sizeof(float) * static_cast<size_t>(C));
     Tensor logits = Tensor::empty({n, V}, DType::f32);  // (n, V)
-    ops::gemm(picked, false, model.output_head().value(), true, logits);
+    ops::gemm(picked, false, model.head_weight().value(), true, logits);
     size_t k = 0;
     for (int64_t r = 0; r < B; ++r) {
       const size_t i = order[begin + static_cast<size_t>(r)];

@@ -33,6 +33,18 @@ Tensor linear(const Tensor& x, const ag::Var& w, const ag::Var& b) {
   return y;
 }
 
+// linear() plus a LoRA adapter's scale * (x A^T) B^T when `adapter` is defined (no dropout).
+Tensor linear(const Tensor& x, const ag::Var& w, const ag::Var& b, const LoraAdapter& adapter,
+              double scale) {
+  Tensor y = linear(x, w, b);
+  if (adapter.defined()) {
+    Tensor u = Tensor::empty({x.size(0), adapter.a.size(0)}, DType::f32);  // (N,r)
+    ops::gemm(x, false, adapter.a.value(), true, u);
+    ops::gemm(u, false, adapter.b.value(), true, y, scale, 1.0);
+  }
+  return y;
+}
+
 Tensor rmsnorm(const Tensor& x, const ag::Var& w, double eps) {
   Tensor y = Tensor::empty(x.shape(), DType::f32), rstd = Tensor::empty({x.size(0)}, DType::f32);
   ops::rmsnorm_forward(x, w.value(), eps, y, rstd);
@@ -91,11 +103,21 @@ Tensor KvCache::forward(const Llama& model, const std::vector<std::vector<uint32
   Tensor x = Tensor::empty({n, C}, DType::f32);
   ops::embedding_forward(model.embed_tokens().value(), ids, x);
 
+  const Lora* lora = model.lora().get();
+  const double lora_scale = lora ? lora->scale() : 0.0;
+  const LoraAdapter none;
   for (size_t l = 0; l < model.layers().size(); ++l) {
     const LayerParams& p = model.layers()[l];
+    auto adapter = [&](LoraTarget target) -> const LoraAdapter& {
+      return lora ? lora->adapter(static_cast<int64_t>(l), target) : none;
+    };
+    auto project = [&](const Tensor& in, const ag::Var& w, const ag::Var& b, LoraTarget target) {
+      return linear(in, w, b, adapter(target), lora_scale);
+    };
     Tensor h = rmsnorm(x, p.input_norm, c.rms_norm_eps);
-    Tensor q = linear(h, p.q_proj, p.q_bias), k = linear(h, p.k_proj, p.k_bias),
-           v = linear(h, p.v_proj, p.v_bias);
+    Tensor q = project(h, p.q_proj, p.q_bias, LoraTarget::q_proj),
+           k = project(h, p.k_proj, p.k_bias, LoraTarget::k_proj),
+           v = project(h, p.v_proj, p.v_bias, LoraTarget::v_proj);
     Tensor q4 = q.reshape({1, n, H, D}), k4 = k.reshape({1, n, KVH, D});
     ops::rope_forward(q4, positions, rope, q4);
     ops::rope_forward(k4, positions, rope, k4);
@@ -141,13 +163,14 @@ Tensor KvCache::forward(const Llama& model, const std::vector<std::vector<uint32
       }
     });
     Tensor x1 = Tensor::empty({n, C}, DType::f32);
-    ops::add(x, linear(a, p.o_proj, {}), x1);
+    ops::add(x, project(a, p.o_proj, {}, LoraTarget::o_proj), x1);
     Tensor h2 = rmsnorm(x1, p.post_attention_norm, c.rms_norm_eps);
-    Tensor gate = linear(h2, p.gate_proj, {}), up = linear(h2, p.up_proj, {});
+    Tensor gate = project(h2, p.gate_proj, {}, LoraTarget::gate_proj),
+           up = project(h2, p.up_proj, {}, LoraTarget::up_proj);
     Tensor m = Tensor::empty(gate.shape(), DType::f32);
     ops::swiglu_forward(gate, up, m);
     x = Tensor::empty({n, C}, DType::f32);
-    ops::add(x1, linear(m, p.down_proj, {}), x);
+    ops::add(x1, project(m, p.down_proj, {}, LoraTarget::down_proj), x);
   }
   for (size_t r = 0; r < tokens.size(); ++r) lengths_[r] += static_cast<int64_t>(tokens[r].size());
 
@@ -161,7 +184,7 @@ Tensor KvCache::forward(const Llama& model, const std::vector<std::vector<uint32
                 x.data<float>() + last_index[static_cast<size_t>(with_tokens[i])] * C,
                 sizeof(float) * C);
   Tensor hn = rmsnorm(last, model.final_norm(), c.rms_norm_eps);
-  Tensor logits = linear(hn, model.output_head(), {});
+  Tensor logits = linear(hn, model.output_head(), {}, lora ? lora->head() : none, lora_scale);
   for (size_t i = 0; i < with_tokens.size(); ++i)
     std::memcpy(out.data<float>() + with_tokens[i] * V,
                 logits.data<float>() + static_cast<int64_t>(i) * V, sizeof(float) * V);

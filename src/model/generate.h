@@ -13,7 +13,8 @@
 
 namespace pollen::model {
 
-// Keys and values of every layer for a batch of rows, each row with its own length.
+// Keys and values of every layer for a batch of rows, each row with its own length. A model
+// with LoRA adapters attached generates with them (without dropout).
 class KvCache {
  public:
   KvCache(const LlamaConfig& config, int64_t rows, int64_t capacity, DType dtype = DType::f32);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "autograd/lora.h"
 #include "base/rng.h"
 #include "ops/attention.h"
 #include "ops/gemm.h"
@@ -155,30 +156,45 @@ std::vector<ag::Var> Llama::parameters() const {
   return out;
 }
 
+ag::Var Llama::project(int64_t layer, LoraTarget target, const ag::Var& x, const ag::Var& w,
+                       const ag::Var* bias) const {
+  if (lora_) {
+    const LoraAdapter& ad = lora_->adapter(layer, target);
+    if (ad.defined())
+      return ag::lora_linear(x, w, bias, ad.a, ad.b, lora_->scale(),
+                             lora_->dropout_mask(layer, target, x.size(0), w.size(1)));
+  }
+  return ag::linear(x, w, bias);
+}
+
 // One pre-norm block on x (B*T, C):
 //   x = x + o_proj(attention(rope(q), rope(k), v))   with q, k, v from rmsnorm(x)
 //   x = x + down_proj(silu(gate_proj(h)) * up_proj(h))   with h = rmsnorm(x)
-ag::Var Llama::block(const LayerParams& p, const ag::Var& x, const Batch& batch,
+// Each projection carries its LoRA adapter when one is attached.
+ag::Var Llama::block(int64_t layer, const ag::Var& x, const Batch& batch,
                      const Tensor& seg_start) const {
+  const LayerParams& p = layers_[static_cast<size_t>(layer)];
   const int64_t b = batch.tokens.size(0), t = batch.tokens.size(1);
   const int64_t d = config_.resolved_head_dim();
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
   const double eps = config_.rms_norm_eps;
   const ops::RopeParams rope = config_.rope_params();
+  using enum LoraTarget;
 
   ag::Var h = ag::rmsnorm(x, p.input_norm, eps);
   auto bias = [](const ag::Var& v) { return v.defined() ? &v : nullptr; };
-  ag::Var q = ag::reshape(ag::linear(h, p.q_proj, bias(p.q_bias)), {b, t, nh, d});
-  ag::Var k = ag::reshape(ag::linear(h, p.k_proj, bias(p.k_bias)), {b, t, nkv, d});
-  ag::Var v = ag::reshape(ag::linear(h, p.v_proj, bias(p.v_bias)), {b, t, nkv, d});
+  ag::Var q = ag::reshape(project(layer, q_proj, h, p.q_proj, bias(p.q_bias)), {b, t, nh, d});
+  ag::Var k = ag::reshape(project(layer, k_proj, h, p.k_proj, bias(p.k_bias)), {b, t, nkv, d});
+  ag::Var v = ag::reshape(project(layer, v_proj, h, p.v_proj, bias(p.v_bias)), {b, t, nkv, d});
   q = ag::rope(q, batch.positions, rope);
   k = ag::rope(k, batch.positions, rope);
   ag::Var a = ag::attention(q, k, v, seg_start, 1.0 / std::sqrt(static_cast<double>(d)));
-  ag::Var x1 = ag::add(x, ag::linear(ag::reshape(a, {b * t, nh * d}), p.o_proj));
+  ag::Var x1 = ag::add(x, project(layer, o_proj, ag::reshape(a, {b * t, nh * d}), p.o_proj));
 
   ag::Var h2 = ag::rmsnorm(x1, p.post_attention_norm, eps);
-  ag::Var m = ag::swiglu(ag::linear(h2, p.gate_proj), ag::linear(h2, p.up_proj));
-  return ag::add(x1, ag::linear(m, p.down_proj));
+  ag::Var m = ag::swiglu(project(layer, gate_proj, h2, p.gate_proj),
+                         project(layer, up_proj, h2, p.up_proj));
+  return ag::add(x1, project(layer, down_proj, m, p.down_proj));
 }
 
 ag::Var Llama::hidden_states(const Batch& batch) const {
@@ -191,15 +207,22 @@ ag::Var Llama::hidden_states(const Batch& batch) const {
   const Tensor seg_start = window_starts(ops::segment_starts(full.doc_ids), config_.sliding_window);
 
   ag::Var x = ag::embedding(embed_tokens_, full.tokens);
-  for (const auto& p : layers_) {
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     if (recompute_) {
+      // The layer's adapters are captured parameters: with the base frozen they may be the only
+      // reason to record.
+      std::vector<ag::Var> adapters;
+      for (int target = 0; lora_ && target < kLayerTargets; ++target) {
+        const LoraAdapter& ad = lora_->adapter(l, static_cast<LoraTarget>(target));
+        if (ad.defined()) adapters.insert(adapters.end(), {ad.a, ad.b});
+      }
       x = ag::checkpoint(
-          [this, &p, full, seg_start](const std::vector<ag::Var>& in) {
-            return block(p, in[0], full, seg_start);
+          [this, l, full, seg_start](const std::vector<ag::Var>& in) {
+            return block(l, in[0], full, seg_start);
           },
-          {x});
+          {x}, adapters);
     } else {
-      x = block(p, x, full, seg_start);
+      x = block(l, x, full, seg_start);
     }
   }
   return ag::rmsnorm(x, norm_, config_.rms_norm_eps);
@@ -209,16 +232,50 @@ ag::Var Llama::loss(const Batch& batch, ag::Reduction reduction, int64_t* scored
   POLLEN_CHECK(batch.targets.defined() && batch.targets.shape() == batch.tokens.shape(),
                "model loss: targets must have the shape of tokens ",
                shape_str(batch.tokens.shape()));
-  return ag::cross_entropy(hidden_states(batch), output_head(), batch.targets, reduction, scored);
+  return ag::cross_entropy(hidden_states(batch), head_weight(), batch.targets, reduction, scored);
 }
 
 Tensor Llama::logits(const Batch& batch) const {
   ag::NoGrad no_grad;
   ag::Var h = hidden_states(batch);
-  const ag::Var& w = output_head();
+  const ag::Var w = head_weight();
   Tensor out = Tensor::empty({h.size(0), w.size(0)}, dtype_);
   ops::gemm(h.value(), false, w.value(), true, out);
   return out;
+}
+
+ag::Var Llama::head_weight() const {
+  if (lora_ && lora_->head().defined())
+    return ag::lora_weight(output_head(), lora_->head().a, lora_->head().b, lora_->scale());
+  return output_head();
+}
+
+void Llama::attach_lora(std::shared_ptr<const Lora> lora) {
+  POLLEN_CHECK(lora != nullptr, "attach_lora: no adapters");
+  const LlamaConfig& l = lora->model_config();
+  POLLEN_CHECK(
+      l.hidden_size == config_.hidden_size && l.intermediate_size == config_.intermediate_size &&
+          l.num_hidden_layers == config_.num_hidden_layers &&
+          l.num_attention_heads == config_.num_attention_heads &&
+          l.num_key_value_heads == config_.num_key_value_heads &&
+          l.resolved_head_dim() == config_.resolved_head_dim() &&
+          l.vocab_size == config_.vocab_size && l.tie_word_embeddings == tie_,
+      "attach_lora: the adapters were made for a model of another shape than '", config_.name, "'");
+  POLLEN_CHECK(lora->dtype() == dtype_, "attach_lora: adapters in ", dtype_name(lora->dtype()),
+               " for a model in ", dtype_name(dtype_));
+  lora_ = std::move(lora);
+  for (auto& [name, v] : named_parameters()) v.node()->requires_grad = false;
+}
+
+void Llama::detach_lora() {
+  lora_.reset();
+  for (auto& [name, v] : named_parameters()) v.node()->requires_grad = true;
+}
+
+Llama Llama::without_lora() const {
+  Llama base = *this;
+  base.lora_.reset();
+  return base;
 }
 
 }  // namespace pollen::model

@@ -4,12 +4,14 @@
 // embeddings and q/k/v biases). Parameters carry HF's names.
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "autograd/functions.h"
 #include "model/config.h"
+#include "model/lora.h"
 
 namespace pollen::model {
 
@@ -56,7 +58,23 @@ class Llama {
   // Logits (B*T, V) without autograd (evaluation, generation, parity tests).
   Tensor logits(const Batch& batch) const;
 
+  // The head's parameter (the embedding when tied), as exported.
   const ag::Var& output_head() const { return tie_ ? embed_tokens_ : lm_head_; }
+  // The head as the forward uses it: output_head(), plus scale * B A when a LoRA adapter on
+  // lm_head is attached (differentiable in the adapter). Objectives that score with the head
+  // (sequence log-probabilities) take this one.
+  ag::Var head_weight() const;
+
+  // Attaches LoRA adapters made for this model's shape and dtype (checked): every forward
+  // (hidden_states, loss, logits, generation) applies them, and the base parameters stop wanting
+  // gradients, so that training updates only lora->named_parameters(). Replaces any attached.
+  void attach_lora(std::shared_ptr<const Lora> lora);
+  // Removes the adapters; the base parameters want gradients again.
+  void detach_lora();
+  const std::shared_ptr<const Lora>& lora() const { return lora_; }
+  // The same model without adapters, sharing the base weights (nothing is copied): the frozen
+  // base as a reference (DPO, KL to the reference).
+  Llama without_lora() const;
 
   void set_recompute(bool recompute) { recompute_ = recompute; }  // per-layer recomputation
 
@@ -71,8 +89,10 @@ class Llama {
   // head.
   std::vector<std::pair<std::string, ag::Var>> collect_parameters(
       std::span<ag::Var LayerParams::*const> layer_order) const;
-  ag::Var block(const LayerParams& p, const ag::Var& x, const Batch& batch,
-                const Tensor& seg_start) const;
+  ag::Var block(int64_t layer, const ag::Var& x, const Batch& batch, const Tensor& seg_start) const;
+  // x W^T (+ bias) for one of layer `layer`'s projections, with its LoRA adapter when attached.
+  ag::Var project(int64_t layer, LoraTarget target, const ag::Var& x, const ag::Var& w,
+                  const ag::Var* bias = nullptr) const;
 
   LlamaConfig config_;
   DType dtype_;
@@ -80,6 +100,7 @@ class Llama {
   bool recompute_ = false;
   ag::Var embed_tokens_, norm_, lm_head_;
   std::vector<LayerParams> layers_;
+  std::shared_ptr<const Lora> lora_;
 };
 
 }  // namespace pollen::model

@@ -13,6 +13,14 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   });
 }
 
+void mul(const Tensor& a, const Tensor& b, Tensor& out) {
+  expect("mul", "b", b, a.shape(), a.dtype());
+  expect("mul", "out", out, a.shape(), a.dtype());
+  dispatch_float("mul", a.dtype(), [&]<typename T>(T) {
+    cpu::mul(a.data<T>(), b.data<T>(), out.data<T>(), a.numel());
+  });
+}
+
 void axpy(double alpha, const Tensor& x, Tensor& y) {
   expect("axpy", "x", x, y.shape(), y.dtype());
   dispatch_float("axpy", y.dtype(), [&]<typename T>(T) {

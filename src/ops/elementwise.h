@@ -5,6 +5,7 @@
 namespace pollen::ops {
 
 void add(const Tensor& a, const Tensor& b, Tensor& out);    // out = a + b (residual connections)
+void mul(const Tensor& a, const Tensor& b, Tensor& out);    // out = a * b (dropout masks)
 void axpy(double alpha, const Tensor& x, Tensor& y);        // y += alpha * x
 void scale_into(double alpha, const Tensor& x, Tensor& y);  // y = alpha * x
 

@@ -1,4 +1,4 @@
-// Elementwise CPU kernels: residual add, axpy, SwiGLU.
+// Elementwise CPU kernels: residual add, product, axpy, SwiGLU.
 #include <cmath>
 #include <type_traits>
 
@@ -25,6 +25,13 @@ template <typename T>
 void add(const T* a, const T* b, T* out, int64_t n) {
   parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) out[i] = a[i] + b[i];
+  });
+}
+
+template <typename T>
+void mul(const T* a, const T* b, T* out, int64_t n) {
+  parallel_for(n, kGrain, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) out[i] = a[i] * b[i];
   });
 }
 
@@ -70,6 +77,7 @@ void swiglu_backward(const T* dout, const T* gate, const T* up, T* dgate, T* dup
 
 #define POLLEN_INSTANTIATE(T)                                       \
   template void add<T>(const T*, const T*, T*, int64_t);            \
+  template void mul<T>(const T*, const T*, T*, int64_t);            \
   template void axpy<T>(T, const T*, T*, int64_t);                  \
   template void scale_into<T>(T, const T*, T*, int64_t);            \
   template void swiglu_forward<T>(const T*, const T*, T*, int64_t); \

@@ -28,6 +28,8 @@ void swiglu_backward(const T* dout, const T* gate, const T* up, T* dgate, T* dup
 template <typename T>
 void add(const T* a, const T* b, T* out, int64_t n);
 template <typename T>
+void mul(const T* a, const T* b, T* out, int64_t n);
+template <typename T>
 void axpy(T alpha, const T* x, T* y, int64_t n);  // y += alpha * x
 template <typename T>
 void scale_into(T alpha, const T* x, T* y, int64_t n);  // y = alpha * x
