@@ -59,6 +59,8 @@ struct ObjectiveContext {
   tokenizer::ChatFormat chat_format;  // the model's chat template (or the one the run file names)
   uint64_t seed = 0;
   int64_t max_seq = 0;  // longest sequence the model may see (the model's max positions or less)
+  model::LlamaConfig model_config;  // the model trained (a reward head's width comes from it)
+  std::filesystem::path run_dir;    // where an objective may keep caches; empty: keep none
 };
 
 }  // namespace pollen::train

@@ -143,6 +143,8 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
 
   ObjectiveContext ctx{cfg.objective_section(), cfg.base_dir, base.tokenizer.get(),
                        base.chat_format,        cfg.seed,     arch.max_position_embeddings};
+  ctx.model_config = arch;
+  ctx.run_dir = cfg.dir;
   const std::unique_ptr<Objective> objective = make_objective(ctx);
   const std::string name = objective->name();
   const auto extras = objective->extra_parameters();
