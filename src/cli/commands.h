@@ -25,6 +25,7 @@ void add_serve_command(CLI::App& app);
 void add_sft_command(CLI::App& app);
 void add_dpo_command(CLI::App& app);
 void add_rm_command(CLI::App& app);
+void add_grpo_command(CLI::App& app);
 
 // The process's exit code when a command finishes without an error (`pollen train` tells a
 // preempted run from a finished one this way).

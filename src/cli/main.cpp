@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   pollen::cli::add_sft_command(app);
   pollen::cli::add_dpo_command(app);
   pollen::cli::add_rm_command(app);
+  pollen::cli::add_grpo_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

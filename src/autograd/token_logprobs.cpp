@@ -1,0 +1,30 @@
+#include "autograd/token_logprobs.h"
+
+#include "ops/token_logprobs.h"
+
+namespace pollen::ag {
+
+Var token_logprobs(const Var& h, const Var& w, const Tensor& targets) {
+  const int64_t c = w.size(1);
+  const Tensor h2 = h.value().reshape({-1, c});
+  const Tensor tg = targets.reshape({-1});
+  const int64_t n = tg.numel();
+  Tensor logp = Tensor::empty({n}, h.dtype()), lse = Tensor::empty({n}, h.dtype());
+  ops::token_logprobs_forward(h2, w.value(), tg, logp, lse);
+  const bool record = should_record({&h, &w});
+  Var y(logp, record);
+  y.node()->is_leaf = false;
+  if (!record) return y;
+  active_tape()->record([out = y.node(), hn = h.node(), wn = w.node(), h2, tg, lse]() mutable {
+    if (!out->grad.defined()) return;
+    Tensor dh = Tensor::empty(h2.shape(), h2.dtype());
+    Tensor dw = Tensor::zeros(wn->value.shape(), wn->value.dtype());
+    ops::token_logprobs_backward(out->grad, h2, wn->value, tg, lse, dh, dw);
+    if (hn->requires_grad) accumulate(hn, dh.view(hn->value.shape()));
+    if (wn->requires_grad) accumulate(wn, dw);
+    out->grad = Tensor();
+  });
+  return y;
+}
+
+}  // namespace pollen::ag

@@ -1,0 +1,102 @@
+#include "ops/token_logprobs.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/thread_pool.h"
+#include "ops/check.h"
+#include "ops/cpu/kernels.h"
+#include "ops/cross_entropy.h"
+
+namespace pollen::ops {
+namespace {
+
+void check_args(const char* op, const Tensor& h, const Tensor& w, const Tensor& targets) {
+  const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
+  expect(op, "h", h, {n, c}, h.dtype());
+  expect(op, "w", w, {v, c}, h.dtype());
+  expect(op, "targets", targets, {n}, DType::i32);
+  const int32_t* tg = targets.data<int32_t>();
+  for (int64_t i = 0; i < n; ++i)
+    POLLEN_CHECK(tg[i] < v, op, ": target ", tg[i], " at row ", i,
+                 " is outside the vocabulary [0, ", v, ")");
+}
+
+int64_t rows_per_block(int64_t block_rows, int64_t v, int64_t n) {
+  if (block_rows <= 0) block_rows = cross_entropy_default_block_rows(v);
+  return std::min(block_rows, std::max<int64_t>(n, 1));
+}
+
+}  // namespace
+
+void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& logp,
+                            Tensor& lse, int64_t block_rows) {
+  const char* op = "token_logprobs";
+  check_args(op, h, w, targets);
+  const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
+  const DType dt = h.dtype();
+  expect(op, "logp", logp, {n}, dt);
+  expect(op, "lse", lse, {n}, dt);
+  block_rows = rows_per_block(block_rows, v, n);
+  const int32_t* tg = targets.data<int32_t>();
+  dispatch_float(op, dt, [&]<typename T>(T) {
+    Tensor logits = Tensor::empty({block_rows, v}, dt);
+    for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
+      const int64_t nb = std::min(block_rows, n - r0);
+      T* lg = logits.data<T>();
+      cpu::gemm<T>(h.data<T>() + r0 * c, false, w.data<T>(), true, lg, nb, v, c, T(1), T(0));
+      parallel_for(nb, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          const T* row = lg + i * v;
+          const double mx = static_cast<double>(*std::max_element(row, row + v));
+          double sum = 0;
+          for (int64_t j = 0; j < v; ++j) sum += std::exp(static_cast<double>(row[j]) - mx);
+          const double row_lse = mx + std::log(sum);
+          const int32_t t = tg[r0 + i];
+          lse.data<T>()[r0 + i] = static_cast<T>(row_lse);
+          logp.data<T>()[r0 + i] = t < 0 ? T(0) : static_cast<T>(row[t] - row_lse);
+        }
+      });
+    }
+  });
+}
+
+void token_logprobs_backward(const Tensor& dlogp, const Tensor& h, const Tensor& w,
+                             const Tensor& targets, const Tensor& lse, Tensor& dh, Tensor& dw,
+                             int64_t block_rows) {
+  const char* op = "token_logprobs backward";
+  check_args(op, h, w, targets);
+  const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
+  const DType dt = h.dtype();
+  expect(op, "dlogp", dlogp, {n}, dt);
+  expect(op, "lse", lse, {n}, dt);
+  expect(op, "dh", dh, {n, c}, dt);
+  expect(op, "dw", dw, {v, c}, dt);
+  block_rows = rows_per_block(block_rows, v, n);
+  const int32_t* tg = targets.data<int32_t>();
+  dispatch_float(op, dt, [&]<typename T>(T) {
+    Tensor logits = Tensor::empty({block_rows, v}, dt);
+    for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
+      const int64_t nb = std::min(block_rows, n - r0);
+      const T* hb = h.data<T>() + r0 * c;
+      T* lg = logits.data<T>();
+      cpu::gemm<T>(hb, false, w.data<T>(), true, lg, nb, v, c, T(1), T(0));
+      // Each row of logits becomes its gradient g * (onehot(target) - softmax).
+      parallel_for(nb, 1, [&](int64_t lo, int64_t hi) {
+        for (int64_t i = lo; i < hi; ++i) {
+          T* row = lg + i * v;
+          const int32_t t = tg[r0 + i];
+          const T g = t < 0 ? T(0) : dlogp.data<T>()[r0 + i];
+          const T row_lse = lse.data<T>()[r0 + i];
+          for (int64_t j = 0; j < v; ++j) row[j] = -g * std::exp(row[j] - row_lse);
+          if (t >= 0) row[t] += g;
+        }
+      });
+      // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
+      cpu::gemm<T>(lg, false, w.data<T>(), false, dh.data<T>() + r0 * c, nb, c, v, T(1), T(0));
+      cpu::gemm<T>(lg, true, hb, false, dw.data<T>(), v, c, nb, T(1), T(1));
+    }
+  });
+}
+
+}  // namespace pollen::ops

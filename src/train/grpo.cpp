@@ -1,0 +1,512 @@
+#include "train/grpo.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+
+#include "autograd/token_logprobs.h"
+#include "base/error.h"
+#include "base/rng.h"
+#include "io/model_source.h"
+#include "model/generate.h"
+
+namespace pollen::train {
+namespace {
+
+constexpr uint64_t kOrderStream = 0x6772706f6f726472ULL;   // prompt order per epoch
+constexpr uint64_t kSampleStream = 0x6772706f73616d70ULL;  // completions
+
+LossAggregation aggregation_named(ConfigTable& section) {
+  const std::string name = section.get_string("loss_aggregation", "sequence");
+  if (name == "sequence") return LossAggregation::sequence;
+  if (name == "token") return LossAggregation::token;
+  if (name == "constant") return LossAggregation::constant;
+  fail(section.where("loss_aggregation"),
+       ": expected \"sequence\", \"token\" or \"constant\", got \"", name, "\"");
+}
+
+int64_t positive(ConfigTable& section, const std::string& key, int64_t fallback) {
+  const int64_t v = section.get_int(key, fallback);
+  POLLEN_CHECK(v >= 1, section.where(key), ": must be >= 1, got ", v);
+  return v;
+}
+
+std::filesystem::path resolve(const std::filesystem::path& base_dir, const std::string& p) {
+  const std::filesystem::path path(p);
+  return path.is_absolute() ? path : base_dir / path;
+}
+
+// The model's input and targets for a group of completions: row r is prompt + completion, its
+// targets the next tokens with the prompt's masked (-100), padded to the longest row.
+struct ScoredRows {
+  model::Batch batch;
+  std::vector<int64_t> first;  // per row: the flat index (r*T + t) of its first completion token
+};
+
+ScoredRows scored_rows(const std::vector<const std::vector<uint32_t>*>& prompts,
+                       const std::vector<const std::vector<uint32_t>*>& completions) {
+  const int64_t rows = static_cast<int64_t>(prompts.size());
+  int64_t t_max = 1;
+  for (int64_t r = 0; r < rows; ++r)
+    t_max = std::max<int64_t>(t_max, prompts[r]->size() + completions[r]->size() - 1);
+  Tensor tokens = Tensor::zeros({rows, t_max}, DType::i32);
+  Tensor targets = Tensor::full({rows, t_max}, -100.0, DType::i32);
+  ScoredRows out;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<uint32_t> seq = *prompts[r];
+    seq.insert(seq.end(), completions[r]->begin(), completions[r]->end());
+    const int64_t p = static_cast<int64_t>(prompts[r]->size());
+    int32_t* tk = tokens.data<int32_t>() + r * t_max;
+    int32_t* tg = targets.data<int32_t>() + r * t_max;
+    for (int64_t t = 0; t + 1 < static_cast<int64_t>(seq.size()); ++t) {
+      tk[t] = static_cast<int32_t>(seq[t]);
+      if (t + 1 >= p) tg[t] = static_cast<int32_t>(seq[t + 1]);
+    }
+    out.first.push_back(r * t_max + p - 1);
+  }
+  out.batch = model::Batch::contiguous_rows(tokens, targets);
+  return out;
+}
+
+double mean_of(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+}
+
+double population_std(const std::vector<double>& v) {
+  const double m = mean_of(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return v.empty() ? 0.0 : std::sqrt(s / static_cast<double>(v.size()));
+}
+
+std::vector<uint32_t> stop_tokens_for(const tokenizer::Tokenizer& tokenizer,
+                                      const tokenizer::ChatFormat& chat_format) {
+  std::vector<uint32_t> stop;
+  const std::vector<uint32_t> eot = tokenizer.encode(
+      tokenizer::end_of_turn(chat_format.kind), {tokenizer::SpecialPolicy::allow_all(), false});
+  if (eot.size() == 1) stop.push_back(eot[0]);
+  for (uint32_t id : tokenizer.bos_eos().suffix)
+    if (std::find(stop.begin(), stop.end(), id) == stop.end()) stop.push_back(id);
+  return stop;
+}
+
+}  // namespace
+
+GrpoOptions read_grpo_options(ConfigTable& section, const std::filesystem::path& base_dir,
+                              RewardFunction* verifier) {
+  GrpoOptions o;
+  o.data = resolve(base_dir, section.require_string("data"));
+  if (section.has("eval_data"))
+    o.eval_data = resolve(base_dir, section.get_string("eval_data", ""));
+  o.eval_prompts = section.get_int("eval_prompts", 0);
+  POLLEN_CHECK(o.eval_prompts >= 0, section.where("eval_prompts"), ": must be >= 0");
+  o.group_size = positive(section, "group_size", o.group_size);
+  POLLEN_CHECK(o.group_size >= 2, section.where("group_size"),
+               ": must be >= 2 (advantages compare completions of one prompt), got ", o.group_size);
+  o.prompts_per_step = positive(section, "prompts_per_step", o.prompts_per_step);
+  o.updates_per_batch = positive(section, "updates_per_batch", o.updates_per_batch);
+  o.micro_batch = positive(section, "micro_batch", o.micro_batch);
+  o.max_completion_tokens = positive(section, "max_completion_tokens", o.max_completion_tokens);
+  o.temperature = section.get_double("temperature", o.temperature);
+  POLLEN_CHECK(o.temperature > 0, section.where("temperature"),
+               ": must be > 0 (completions are sampled), got ", o.temperature);
+  o.top_k = section.get_int("top_k", o.top_k);
+  POLLEN_CHECK(o.top_k >= 0, section.where("top_k"), ": must be >= 0");
+  o.top_p = section.get_double("top_p", o.top_p);
+  POLLEN_CHECK(o.top_p > 0 && o.top_p <= 1, section.where("top_p"), ": must be in (0, 1]");
+  o.stop = section.get_strings("stop");
+  o.loss.clip_low = section.get_double("clip_epsilon", o.loss.clip_low);
+  o.loss.clip_high = section.get_double("clip_epsilon_high", o.loss.clip_low);
+  POLLEN_CHECK(o.loss.clip_low > 0 && o.loss.clip_low < 1, section.where("clip_epsilon"),
+               ": must be in (0, 1), got ", o.loss.clip_low);
+  POLLEN_CHECK(o.loss.clip_high > 0, section.where("clip_epsilon_high"), ": must be > 0");
+  o.loss.beta = section.get_double("beta", o.loss.beta);
+  POLLEN_CHECK(o.loss.beta >= 0, section.where("beta"), ": must be >= 0, got ", o.loss.beta);
+  o.aggregation = aggregation_named(section);
+  o.scale_rewards = section.get_bool("scale_rewards", o.scale_rewards);
+  o.reference = section.get_string("reference", "");
+  if (!o.reference.empty() && std::filesystem::exists(resolve(base_dir, o.reference)))
+    o.reference = resolve(base_dir, o.reference).string();
+
+  std::optional<ConfigTable> table = section.table("verifier");
+  if (table) {
+    *verifier = make_verifier(*table);
+    table->finish();
+  } else {
+    ConfigTable defaults = ConfigTable::parse("", section.where("verifier"));
+    *verifier = make_verifier(defaults);
+  }
+  return o;
+}
+
+std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
+                                          const tokenizer::Tokenizer& tokenizer,
+                                          const tokenizer::ChatFormat& chat_format,
+                                          const RewardFunction& verifier) {
+  std::ifstream in(path);
+  POLLEN_CHECK(in.good(), "GRPO prompts: cannot open '", path.string(), "'");
+  std::vector<GrpoPrompt> prompts;
+  std::string line;
+  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    std::string where = "'";  // built step by step: gcc 12 warns falsely on "'" + string
+    where += path.string();
+    where += "' line ";
+    where += std::to_string(line_no);
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      fail(where, ": not valid JSON (", e.what(), ")");
+    }
+    POLLEN_CHECK(record.is_object(), where, ": expected a JSON object");
+    GrpoPrompt p;
+    if (record.contains("prompt")) {
+      POLLEN_CHECK(record["prompt"].is_string(), where, ": \"prompt\" must be a string");
+      POLLEN_CHECK(!record.contains("messages"), where,
+                   ": has both \"prompt\" and \"messages\"; give one");
+      p.text = record["prompt"].get<std::string>();
+    } else if (record.contains("messages")) {
+      const nlohmann::json& messages = record["messages"];
+      POLLEN_CHECK(messages.is_array() && !messages.empty(), where,
+                   ": \"messages\" must be a non-empty array");
+      std::vector<tokenizer::ChatMessage> chat;
+      for (const auto& m : messages) {
+        POLLEN_CHECK(m.is_object() && m.contains("role") && m["role"].is_string() &&
+                         m.contains("content") && m["content"].is_string(),
+                     where, ": each message needs string \"role\" and \"content\"");
+        chat.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
+      }
+      POLLEN_CHECK(chat.back().role != "assistant", where,
+                   ": the last message is the assistant's; the completion is what is sampled");
+      p.text = tokenizer::render_chat(chat_format, chat, true);
+    } else {
+      fail(where, ": expected a \"prompt\" (text) or \"messages\" (a conversation)");
+    }
+    POLLEN_CHECK(record.contains("answer"), where, ": missing \"answer\"");
+    const nlohmann::json& answer = record["answer"];
+    POLLEN_CHECK(answer.is_string() || answer.is_number(), where,
+                 ": \"answer\" must be a string or a number");
+    p.answer = answer.is_string() ? answer.get<std::string>() : answer.dump();
+    p.tokens = tokenizer.encode(p.text, {tokenizer::SpecialPolicy::allow_all(), false});
+    POLLEN_CHECK(!p.tokens.empty(), where, ": the prompt is empty");
+    try {
+      verifier(p.text, "", p.answer);
+    } catch (const Error& e) {
+      fail(where, ": ", e.what());
+    }
+    prompts.push_back(std::move(p));
+  }
+  POLLEN_CHECK(!prompts.empty(), "GRPO prompts: '", path.string(), "' has no records");
+  return prompts;
+}
+
+GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction reward)
+    : tokenizer_(context.tokenizer), seed_(context.seed) {
+  POLLEN_CHECK(tokenizer_ != nullptr, "grpo: needs a tokenizer");
+  ConfigTable section = context.section;
+  RewardFunction verifier;
+  options_ = read_grpo_options(section, context.base_dir, &verifier);
+  section.finish();
+  reward_ = reward ? std::move(reward) : verifier;
+  prompts_ = read_grpo_prompts(options_.data, *tokenizer_, context.chat_format, verifier);
+  if (!options_.eval_data.empty())
+    eval_prompts_ =
+        read_grpo_prompts(options_.eval_data, *tokenizer_, context.chat_format, verifier);
+  stop_tokens_ = stop_tokens_for(*tokenizer_, context.chat_format);
+  for (const auto* set : {&prompts_, &eval_prompts_})
+    for (const GrpoPrompt& p : *set)
+      POLLEN_CHECK(context.max_seq <= 0 ||
+                       static_cast<int64_t>(p.tokens.size()) + options_.max_completion_tokens <=
+                           context.max_seq,
+                   "grpo: a prompt of ", p.tokens.size(),
+                   " tokens plus max_completion_tokens = ", options_.max_completion_tokens,
+                   " exceeds the model's ", context.max_seq, " positions (\"", p.text.substr(0, 40),
+                   "...\")");
+  if (!options_.reference.empty())
+    set_reference(std::make_shared<model::Llama>(
+        io::load_model(io::resolve_model(options_.reference), DType::f32, context.seed)));
+}
+
+GrpoObjective::GrpoObjective(const GrpoOptions& options, std::vector<GrpoPrompt> prompts,
+                             std::vector<GrpoPrompt> eval_prompts, RewardFunction reward,
+                             const tokenizer::Tokenizer& tokenizer,
+                             std::vector<uint32_t> stop_tokens, uint64_t seed)
+    : options_(options),
+      prompts_(std::move(prompts)),
+      eval_prompts_(std::move(eval_prompts)),
+      reward_(std::move(reward)),
+      tokenizer_(&tokenizer),
+      stop_tokens_(std::move(stop_tokens)),
+      seed_(seed) {
+  POLLEN_CHECK(!prompts_.empty(), "grpo: no prompts");
+}
+
+void GrpoObjective::set_reference(std::shared_ptr<const model::Llama> reference) {
+  reference_ = std::move(reference);
+}
+
+// A model's vocabulary may be larger than its tokenizer's (padded for speed); ids the tokenizer
+// does not know have no text, so a completion made of them answers nothing.
+std::string GrpoObjective::decode_known(std::span<const uint32_t> ids) const {
+  std::vector<uint32_t> known;
+  for (uint32_t id : ids)
+    if (id < tokenizer_->vocab_size()) known.push_back(id);
+  return tokenizer_->decode(known);
+}
+
+// Slot k of the run (batch b, slot j: k = b * prompts_per_step + j) takes position k mod n of
+// epoch k / n's shuffled order.
+std::vector<int64_t> GrpoObjective::batch_prompts(int64_t batch) const {
+  const int64_t n = static_cast<int64_t>(prompts_.size());
+  std::vector<int64_t> out;
+  int64_t epoch = -1;
+  std::vector<int64_t> order;
+  for (int64_t j = 0; j < options_.prompts_per_step; ++j) {
+    const int64_t k = batch * options_.prompts_per_step + j;
+    if (k / n != epoch) {
+      epoch = k / n;
+      order.resize(static_cast<size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      Rng rng = Rng(seed_).fork(kOrderStream).fork(static_cast<uint64_t>(epoch));
+      for (int64_t i = n - 1; i > 0; --i)
+        std::swap(order[i], order[rng.below(static_cast<uint64_t>(i + 1))]);
+    }
+    out.push_back(order[k % n]);
+  }
+  return out;
+}
+
+Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
+  Rollouts r;
+  r.batch = batch;
+  const std::vector<int64_t> prompt_ids = batch_prompts(batch);
+  const int64_t g_size = options_.group_size;
+  std::vector<model::GenerationRow> rows;
+  model::SamplingOptions sampling;
+  sampling.max_tokens = options_.max_completion_tokens;
+  sampling.temperature = options_.temperature;
+  sampling.top_k = options_.top_k;
+  sampling.top_p = options_.top_p;
+  sampling.stop_tokens = stop_tokens_;
+  sampling.stop_strings = options_.stop;
+  const Rng batch_rng = Rng(seed_).fork(kSampleStream).fork(static_cast<uint64_t>(batch));
+  for (size_t j = 0; j < prompt_ids.size(); ++j) {
+    for (int64_t g = 0; g < g_size; ++g) {
+      r.prompt.push_back(prompt_ids[j]);
+      rows.push_back({prompts_[prompt_ids[j]].tokens, sampling,
+                      batch_rng.fork(static_cast<uint64_t>(j) * g_size + g)});
+    }
+  }
+  const auto decode = [this](std::span<const uint32_t> ids) { return decode_known(ids); };
+  const std::vector<model::Generation> gens = model::generate_rows(model, std::move(rows), decode);
+  for (size_t i = 0; i < gens.size(); ++i) {
+    std::vector<uint32_t> tokens = gens[i].tokens;
+    // A row that ended on a stop token (not a stop string) is scored with that token, so that
+    // the policy learns to stop.
+    const bool by_string =
+        std::any_of(options_.stop.begin(), options_.stop.end(), [&](const std::string& s) {
+          return !s.empty() && decode(tokens).find(s) != std::string::npos;
+        });
+    if (gens[i].finish_reason == "stop" && !by_string && !stop_tokens_.empty())
+      tokens.push_back(stop_tokens_.front());
+    const GrpoPrompt& p = prompts_[r.prompt[i]];
+    r.rewards.push_back(reward_(p.text, gens[i].text, p.answer));
+    r.tokens.push_back(std::move(tokens));
+  }
+  r.advantages = group_advantages(r.rewards, g_size, options_.scale_rewards);
+  if (options_.updates_per_batch > 1) r.old_logp = completion_logprobs(model, r);
+  if (options_.loss.beta > 0) {
+    POLLEN_CHECK(reference_ != nullptr,
+                 "grpo: beta > 0 needs a reference model ([grpo] reference, or the run's base)");
+    r.ref_logp = completion_logprobs(*reference_, r);
+  }
+  return r;
+}
+
+std::vector<std::vector<double>> GrpoObjective::completion_logprobs(const model::Llama& model,
+                                                                    const Rollouts& r) const {
+  ag::NoGrad no_grad;
+  std::vector<std::vector<double>> out;
+  const size_t n = r.tokens.size();
+  for (size_t m0 = 0; m0 < n; m0 += static_cast<size_t>(options_.micro_batch)) {
+    const size_t m1 = std::min(n, m0 + static_cast<size_t>(options_.micro_batch));
+    std::vector<const std::vector<uint32_t>*> prompts, completions;
+    for (size_t i = m0; i < m1; ++i) {
+      prompts.push_back(&prompts_[r.prompt[i]].tokens);
+      completions.push_back(&r.tokens[i]);
+    }
+    const ScoredRows rows = scored_rows(prompts, completions);
+    const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), model.output_head(),
+                                            rows.batch.targets);
+    for (size_t i = m0; i < m1; ++i) {
+      const int64_t first = rows.first[i - m0];
+      std::vector<double> lp;
+      for (size_t t = 0; t < r.tokens[i].size(); ++t)
+        lp.push_back(logp.value().data<float>()[first + static_cast<int64_t>(t)]);
+      out.push_back(std::move(lp));
+    }
+  }
+  return out;
+}
+
+ObjectiveStep GrpoObjective::train_step(const model::Llama& model, int64_t step) {
+  POLLEN_CHECK(step >= 1, "grpo: steps count from 1, got ", step);
+  const int64_t batch = (step - 1) / options_.updates_per_batch;
+  if (rollouts_.batch != batch) {
+    // A resumed run restores a batch it was in the middle of; anything else starts a new one.
+    POLLEN_CHECK((step - 1) % options_.updates_per_batch == 0, "grpo: step ", step,
+                 " is inside batch ", batch, ", which was not restored");
+    rollouts_ = sample(model, batch);
+  }
+  const Rollouts& r = rollouts_;
+  std::vector<int64_t> lengths;
+  for (const auto& t : r.tokens) lengths.push_back(static_cast<int64_t>(t.size()));
+  const std::vector<double> weights =
+      token_weights(lengths, options_.aggregation, options_.max_completion_tokens);
+
+  ObjectiveStep out;
+  ClippedLossStats total;
+  const size_t n = r.tokens.size();
+  size_t token_base = 0;  // index of the micro-batch's first token in `weights`
+  for (size_t m0 = 0; m0 < n; m0 += static_cast<size_t>(options_.micro_batch)) {
+    const size_t m1 = std::min(n, m0 + static_cast<size_t>(options_.micro_batch));
+    std::vector<const std::vector<uint32_t>*> prompts, completions;
+    for (size_t i = m0; i < m1; ++i) {
+      prompts.push_back(&prompts_[r.prompt[i]].tokens);
+      completions.push_back(&r.tokens[i]);
+    }
+    const ScoredRows rows = scored_rows(prompts, completions);
+    ag::Tape tape;
+    ag::Var loss;
+    ClippedLossStats stats;
+    {
+      ag::TapeScope scope(tape);
+      const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), model.output_head(),
+                                              rows.batch.targets);
+      const int64_t flat = logp.value().numel();
+      TokenTerms terms;
+      terms.old_logp.assign(flat, 0.0);
+      terms.advantage.assign(flat, 0.0);
+      terms.weight.assign(flat, 0.0);
+      if (options_.loss.beta > 0) terms.ref_logp.assign(flat, 0.0);
+      for (size_t i = m0; i < m1; ++i) {
+        const int64_t first = rows.first[i - m0];
+        for (size_t t = 0; t < r.tokens[i].size(); ++t) {
+          const int64_t at = first + static_cast<int64_t>(t);
+          // One update per batch: the sampling policy is the current one, so its log-probs are
+          // these very values (ratio 1, the gradient the policy gradient).
+          terms.old_logp[at] =
+              r.old_logp.empty() ? logp.value().data<float>()[at] : r.old_logp[i][t];
+          if (options_.loss.beta > 0) terms.ref_logp[at] = r.ref_logp[i][t];
+          terms.advantage[at] = r.advantages[i];
+          terms.weight[at] = weights[token_base++];
+        }
+      }
+      loss = clipped_policy_loss(logp, terms, options_.loss, &stats);
+    }
+    tape.backward(loss);
+    out.loss += loss.value().item();
+    total.tokens += stats.tokens;
+    total.clipped += stats.clipped;
+    total.kl_sum += stats.kl_sum;
+    for (size_t i = m0; i < m1; ++i)
+      out.tokens += static_cast<int64_t>(prompts_[r.prompt[i]].tokens.size() + r.tokens[i].size());
+  }
+
+  int64_t correct = 0;
+  for (double reward : r.rewards) correct += reward >= 1.0;
+  out.metrics["reward"] = mean_of(r.rewards);
+  out.metrics["reward_std"] = population_std(r.rewards);
+  out.metrics["accuracy"] = static_cast<double>(correct) / static_cast<double>(n);
+  out.metrics["completion_length"] = static_cast<double>(total.tokens) / static_cast<double>(n);
+  if (options_.loss.beta > 0)
+    out.metrics["kl"] = total.kl_sum / static_cast<double>(std::max<int64_t>(total.tokens, 1));
+  out.metrics["clip_fraction"] =
+      static_cast<double>(total.clipped) / static_cast<double>(std::max<int64_t>(total.tokens, 1));
+  return out;
+}
+
+ObjectiveStep GrpoObjective::evaluate(const model::Llama& model) {
+  ObjectiveStep out;
+  if (eval_prompts_.empty()) return out;
+  const size_t n = options_.eval_prompts > 0
+                       ? std::min(eval_prompts_.size(), static_cast<size_t>(options_.eval_prompts))
+                       : eval_prompts_.size();
+  std::vector<std::vector<uint32_t>> prompts;
+  for (size_t i = 0; i < n; ++i) prompts.push_back(eval_prompts_[i].tokens);
+  model::SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = options_.max_completion_tokens;
+  greedy.stop_tokens = stop_tokens_;
+  greedy.stop_strings = options_.stop;
+  const std::vector<model::Generation> gens = model::generate(
+      model, prompts, greedy, [this](std::span<const uint32_t> ids) { return decode_known(ids); });
+  std::vector<double> rewards;
+  int64_t correct = 0, tokens = 0;
+  for (size_t i = 0; i < n; ++i) {
+    rewards.push_back(reward_(eval_prompts_[i].text, gens[i].text, eval_prompts_[i].answer));
+    correct += rewards.back() >= 1.0;
+    tokens += static_cast<int64_t>(prompts[i].size() + gens[i].tokens.size());
+  }
+  out.loss = -mean_of(rewards);  // evaluation has no policy loss: the negated mean reward
+  out.tokens = tokens;
+  out.metrics["reward"] = mean_of(rewards);
+  out.metrics["accuracy"] = static_cast<double>(correct) / static_cast<double>(n);
+  return out;
+}
+
+nlohmann::ordered_json GrpoObjective::state() const {
+  // The prompts and random streams of every batch follow from the seed and the step, so only a
+  // batch that later steps still train on (updates_per_batch > 1) needs saving.
+  nlohmann::ordered_json s = nlohmann::ordered_json::object();
+  if (options_.updates_per_batch > 1 && rollouts_.batch >= 0) {
+    s["batch"] = rollouts_.batch;
+    s["prompt"] = rollouts_.prompt;
+    s["tokens"] = rollouts_.tokens;
+    s["rewards"] = rollouts_.rewards;
+    s["advantages"] = rollouts_.advantages;
+    s["old_logp"] = rollouts_.old_logp;
+    s["ref_logp"] = rollouts_.ref_logp;
+  }
+  return s;
+}
+
+void GrpoObjective::restore(const nlohmann::ordered_json& state) {
+  rollouts_ = Rollouts();
+  if (!state.contains("batch")) return;
+  try {
+    rollouts_.batch = state.at("batch").get<int64_t>();
+    rollouts_.prompt = state.at("prompt").get<std::vector<int64_t>>();
+    rollouts_.tokens = state.at("tokens").get<std::vector<std::vector<uint32_t>>>();
+    rollouts_.rewards = state.at("rewards").get<std::vector<double>>();
+    rollouts_.advantages = state.at("advantages").get<std::vector<double>>();
+    rollouts_.old_logp = state.at("old_logp").get<std::vector<std::vector<double>>>();
+    rollouts_.ref_logp = state.at("ref_logp").get<std::vector<std::vector<double>>>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("grpo: the checkpoint's objective state is malformed (", e.what(), ")");
+  }
+  for (int64_t p : rollouts_.prompt)
+    POLLEN_CHECK(p >= 0 && p < static_cast<int64_t>(prompts_.size()),
+                 "grpo: the checkpoint's batch names prompt ", p, " but the data has ",
+                 prompts_.size(), " (a different data file?)");
+}
+
+std::unique_ptr<Objective> make_grpo_objective(const ObjectiveContext& context,
+                                               const std::string& base) {
+  auto objective = std::make_unique<GrpoObjective>(context);
+  const GrpoOptions& o = objective->options();
+  if (o.loss.beta > 0 && o.reference.empty())
+    objective->set_reference(std::make_shared<model::Llama>(
+        io::load_model(io::resolve_model(base), DType::f32, context.seed)));
+  return objective;
+}
+
+std::string grpo_jsonl_line(const SynthExample& example) {
+  const nlohmann::ordered_json line{{"messages", {{{"role", "user"}, {"content", example.prompt}}}},
+                                    {"answer", example.answer}};
+  return line.dump();
+}
+
+}  // namespace pollen::train

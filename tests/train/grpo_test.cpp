@@ -1,0 +1,376 @@
+// GRPO: the clipped policy-ratio loss and its gradient against values computed here in double
+// and float64 finite differences; group-normalised advantages; prompts, sampling, resume, and a
+// short run on a tiny model that raises the reward.
+#include "train/grpo.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "base/error.h"
+#include "optim/adamw.h"
+#include "support/gradcheck.h"
+#include "support/tiny_lm.h"
+
+namespace pollen::train {
+namespace {
+
+// --- the loss on a fixed batch -------------------------------------------------------------
+
+// Two prompts, three completions each, of 2, 3, 1, 2, 1 and 3 tokens (12 in all), laid out with
+// two rows that are not completion tokens (weight 0) in between, as padding would be.
+struct FixedBatch {
+  std::vector<int64_t> lengths = {2, 3, 1, 2, 1, 3};
+  std::vector<double> rewards = {1, 0, 1, 0, 0.5, 1};
+  // per completion token
+  std::vector<double> logp = {-1.0, -0.5, -2.0, -0.3, -1.2, -0.7,
+                              -0.9, -1.5, -0.2, -2.2, -0.4, -1.1};
+  std::vector<double> old_logp = {-1.05, -0.9, -1.6,  -0.31, -1.0, -0.75,
+                                  -0.6,  -1.4, -0.25, -2.0,  -0.8, -1.0};
+  std::vector<double> ref_logp = {-1.2, -0.4, -2.1, -0.5, -1.0, -0.9,
+                                  -0.8, -1.7, -0.1, -2.0, -0.6, -1.3};
+  std::vector<int64_t> rows = {0, 1, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13};  // rows 2 and 10: padding
+  int64_t n_rows = 14;
+};
+
+// The DeepSeekMath objective written out directly, in double.
+double expected_loss(const FixedBatch& b, LossAggregation aggregation, double beta, double eps) {
+  std::vector<double> adv(6);
+  for (int g = 0; g < 2; ++g) {
+    const double* r = &b.rewards[3 * g];
+    const double mean = (r[0] + r[1] + r[2]) / 3;
+    const double sd = std::sqrt(((r[0] - mean) * (r[0] - mean) + (r[1] - mean) * (r[1] - mean) +
+                                 (r[2] - mean) * (r[2] - mean)) /
+                                2);
+    for (int i = 0; i < 3; ++i) adv[3 * g + i] = (r[i] - mean) / (sd + 1e-4);
+  }
+  double total = 0, sum_of_means = 0;
+  size_t t = 0;
+  for (int i = 0; i < 6; ++i) {
+    double seq = 0;
+    for (int64_t k = 0; k < b.lengths[i]; ++k, ++t) {
+      const double ratio = std::exp(b.logp[t] - b.old_logp[t]);
+      const double clipped = std::min(std::max(ratio, 1 - eps), 1 + eps);
+      const double d = b.ref_logp[t] - b.logp[t];
+      const double term =
+          -std::min(ratio * adv[i], clipped * adv[i]) + beta * (std::exp(d) - d - 1);
+      seq += term;
+    }
+    total += seq;
+    sum_of_means += seq / static_cast<double>(b.lengths[i]);
+  }
+  switch (aggregation) {
+    case LossAggregation::sequence:
+      return sum_of_means / 6;
+    case LossAggregation::token:
+      return total / 12;
+    case LossAggregation::constant:
+      return total / (6 * 5.0);  // max_completion_tokens = 5
+  }
+  return 0;
+}
+
+struct LossInputs {
+  ag::Var logp;
+  TokenTerms terms;
+};
+
+LossInputs loss_inputs(const FixedBatch& b, LossAggregation aggregation) {
+  Tensor logp = Tensor::zeros({b.n_rows}, DType::f64);
+  TokenTerms terms;
+  terms.old_logp.assign(b.n_rows, 0.0);
+  terms.ref_logp.assign(b.n_rows, 0.0);
+  terms.advantage.assign(b.n_rows, 0.0);
+  terms.weight.assign(b.n_rows, 0.0);
+  const std::vector<double> adv = group_advantages(b.rewards, 3, true);
+  const std::vector<double> w = token_weights(b.lengths, aggregation, 5);
+  size_t t = 0;
+  for (int i = 0; i < 6; ++i) {
+    for (int64_t k = 0; k < b.lengths[i]; ++k, ++t) {
+      const int64_t row = b.rows[t];
+      logp.data<double>()[row] = b.logp[t];
+      terms.old_logp[row] = b.old_logp[t];
+      terms.ref_logp[row] = b.ref_logp[t];
+      terms.advantage[row] = adv[i];
+      terms.weight[row] = w[t];
+    }
+  }
+  logp.data<double>()[2] = -3.0;  // padding rows hold something; it must not count
+  logp.data<double>()[10] = -0.1;
+  return {ag::Var(logp, true, "logp"), terms};
+}
+
+TEST(GrpoLoss, GroupAdvantagesByHand) {
+  const std::vector<double> a =
+      group_advantages(std::vector<double>{1, 0, 1, 0.5, 0.5, 0.5}, 3, true);
+  const double sd = std::sqrt(1.0 / 3.0);  // sample std of {1, 0, 1}
+  EXPECT_NEAR(a[0], (1.0 / 3) / (sd + 1e-4), 1e-12);
+  EXPECT_NEAR(a[1], (-2.0 / 3) / (sd + 1e-4), 1e-12);
+  EXPECT_EQ(a[3], 0.0);  // a group whose rewards all agree teaches nothing
+  EXPECT_EQ(a[5], 0.0);
+  const std::vector<double> dr = group_advantages(std::vector<double>{1, 0, 0, 0}, 4, false);
+  EXPECT_DOUBLE_EQ(dr[0], 0.75);
+  EXPECT_DOUBLE_EQ(dr[1], -0.25);
+}
+
+TEST(GrpoLoss, EveryAggregationMatchesHandComputedLossAndFiniteDifferences) {
+  const FixedBatch b;
+  for (auto aggregation :
+       {LossAggregation::sequence, LossAggregation::token, LossAggregation::constant}) {
+    for (double beta : {0.0, 0.04}) {
+      LossInputs in = loss_inputs(b, aggregation);
+      const ClippedLossOptions options{0.2, 0.2, beta};
+      ClippedLossStats stats;
+      const double loss = clipped_policy_loss(in.logp, in.terms, options, &stats).value().item();
+      EXPECT_NEAR(loss, expected_loss(b, aggregation, beta, 0.2), 1e-12)
+          << "aggregation " << static_cast<int>(aggregation) << " beta " << beta;
+      EXPECT_EQ(stats.tokens, 12);
+      std::vector<ag::Var> leaves = {in.logp};
+      testing::max_gradcheck_error(
+          [&](std::vector<ag::Var>& v) { return clipped_policy_loss(v[0], in.terms, options); },
+          leaves);
+      // Padding rows get no gradient.
+      EXPECT_EQ(leaves[0].grad().data<double>()[2], 0.0);
+      EXPECT_EQ(leaves[0].grad().data<double>()[10], 0.0);
+    }
+  }
+}
+
+TEST(GrpoLoss, ClippedTokensAreCountedAndGetNoRatioGradient) {
+  const FixedBatch b;
+  LossInputs in = loss_inputs(b, LossAggregation::token);
+  // By hand: completion 0 (A > 0) token 1 has ratio exp(0.4) = 1.49 > 1.2: clipped. Completion 1
+  // (A < 0) token 0: ratio exp(-0.4) = 0.67 < 0.8: clipped. Completion 3 (A < 0): token 0 ratio
+  // exp(-0.3) = 0.74: clipped. Completion 5 (A > 0): ratio exp(0.4) = 1.49 at its second token:
+  // clipped. Everything else is inside [0.8, 1.2] or on the side where min picks the ratio.
+  ClippedLossStats stats;
+  std::vector<ag::Var> leaves = {in.logp};
+  ag::Tape tape;
+  ag::Var loss;
+  {
+    ag::TapeScope scope(tape);
+    loss = clipped_policy_loss(leaves[0], in.terms, {0.2, 0.2, 0.0}, &stats);
+  }
+  tape.backward(loss);
+  EXPECT_EQ(stats.clipped, 4);
+  EXPECT_EQ(leaves[0].grad().data<double>()[1], 0.0);  // completion 0, token 1
+  EXPECT_EQ(leaves[0].grad().data<double>()[3], 0.0);  // completion 1, token 0
+  EXPECT_NE(leaves[0].grad().data<double>()[0], 0.0);
+}
+
+// --- prompts, sampling and training on a tiny model -----------------------------------------
+
+struct TinyGrpo {
+  std::filesystem::path dir = testing::unique_temp_dir("grpo");
+  tokenizer::Tokenizer tok = testing::tiny_tokenizer();
+
+  std::filesystem::path write(const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+    return dir / name;
+  }
+
+  ObjectiveContext context(const std::string& toml) {
+    ObjectiveContext c{ConfigTable::parse(toml, "run.toml"), dir, &tok, {}, 5, 256};
+    return c;
+  }
+};
+
+const char* kPrompts =
+    R"({"prompt": "The cat sat on", "answer": 1})"
+    "\n"
+    R"({"messages": [{"role": "user", "content": "what is two plus two?"}], "answer": "4"})"
+    "\n"
+    R"({"prompt": "Paris is the", "answer": 2.5})"
+    "\n";
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Grpo, ReadsPromptsAndRendersConversations) {
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  RewardFunction verifier = [](std::string_view, std::string_view, std::string_view) {
+    return 0.0;
+  };
+  const auto prompts = read_grpo_prompts(t.dir / "p.jsonl", t.tok, {}, verifier);
+  ASSERT_EQ(prompts.size(), 3u);
+  EXPECT_EQ(prompts[0].text, "The cat sat on");
+  EXPECT_EQ(prompts[0].answer, "1");
+  EXPECT_EQ(prompts[1].text,
+            "<|im_start|>user\nwhat is two plus two?<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  EXPECT_EQ(prompts[1].answer, "4");
+  EXPECT_EQ(prompts[2].answer, "2.5");
+  EXPECT_EQ(t.tok.decode(prompts[1].tokens), prompts[1].text);
+}
+
+TEST(Grpo, BadPromptsAndKeysAreNamed) {
+  TinyGrpo t;
+  RewardFunction numeric;
+  ConfigTable section = ConfigTable::parse("data = \"x\"\n", "run.toml");
+  read_grpo_options(section, t.dir, &numeric);
+  auto read = [&](const std::string& text) {
+    t.write("bad.jsonl", text);
+    return error_of([&] { read_grpo_prompts(t.dir / "bad.jsonl", t.tok, {}, numeric); });
+  };
+  EXPECT_NE(read("{\"prompt\": \"a\", \"answer\": 1}\n{oops\n").find("line 2: not valid JSON"),
+            std::string::npos);
+  EXPECT_NE(read("{\"prompt\": \"a\"}\n").find("line 1: missing \"answer\""), std::string::npos);
+  EXPECT_NE(read("{\"prompt\": \"a\", \"answer\": \"four\"}\n").find("\"four\" is not a number"),
+            std::string::npos);
+  EXPECT_NE(read("{\"text\": \"a\", \"answer\": 1}\n").find("expected a \"prompt\""),
+            std::string::npos);
+  t.write("p.jsonl", kPrompts);
+  EXPECT_NE(error_of([&] {
+              GrpoObjective(t.context("data = \"p.jsonl\"\ngroups = 4\n"));
+            }).find("groups"),
+            std::string::npos);
+  const model::Llama m = testing::tiny_model(t.tok.vocab_size());
+  EXPECT_NE(error_of([&] {
+              GrpoObjective(t.context("data = \"p.jsonl\"\nbeta = 0.1\n")).train_step(m, 1);
+            }).find("needs a reference model"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              GrpoObjective(t.context("data = \"p.jsonl\"\n[verifier]\nkind = \"nope\"\n"));
+            }).find("kind"),
+            std::string::npos);
+}
+
+// Reward for the tiny model: the share of the completion's bytes that are lowercase letters, so
+// that random completions differ and there is something to learn.
+double lowercase_share(std::string_view, std::string_view completion, std::string_view) {
+  if (completion.empty()) return 0.0;
+  double n = 0;
+  for (char c : completion) n += c >= 'a' && c <= 'z';
+  return n / static_cast<double>(completion.size());
+}
+
+const char* kTinyRun =
+    "data = \"p.jsonl\"\ngroup_size = 6\nprompts_per_step = 2\nmicro_batch = 5\n"
+    "max_completion_tokens = 6\n";
+
+TEST(Grpo, SamplingIsAFunctionOfSeedAndStepAndOneUpdateHasRatioOne) {
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  const model::Llama m = testing::tiny_model(t.tok.vocab_size());
+  GrpoObjective a(t.context(kTinyRun), lowercase_share), b(t.context(kTinyRun), lowercase_share);
+  for (const auto& p : m.parameters()) const_cast<ag::Var&>(p).zero_grad();
+  const ObjectiveStep sa = a.train_step(m, 3);
+  const ObjectiveStep sb = b.train_step(m, 3);
+  EXPECT_EQ(a.rollouts().tokens, b.rollouts().tokens);
+  EXPECT_EQ(a.rollouts().rewards, b.rollouts().rewards);
+  EXPECT_EQ(sa.loss, sb.loss);
+  EXPECT_EQ(a.rollouts().tokens.size(), 12u);
+  // Another step samples other completions; each group holds one prompt.
+  a.train_step(m, 4);
+  EXPECT_NE(a.rollouts().tokens, b.rollouts().tokens);
+  for (size_t i = 0; i < 12; ++i) EXPECT_EQ(a.rollouts().prompt[i], a.rollouts().prompt[i / 6 * 6]);
+  // The sampling policy is the trained one: the ratio is 1 everywhere, nothing is clipped, and
+  // with per-sequence averaging the loss is minus the mean advantage, 0.
+  EXPECT_EQ(sa.metrics["clip_fraction"].get<double>(), 0.0);
+  EXPECT_NEAR(sa.loss, 0.0, 1e-6);
+  EXPECT_GT(sa.metrics["reward_std"].get<double>(), 0.0);
+}
+
+TEST(Grpo, ModelVocabularyLargerThanTheTokenizers) {
+  // Models pad their vocabulary; sampled ids the tokenizer does not know have no text.
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  const model::Llama m = testing::tiny_model(t.tok.vocab_size() + 200);
+  GrpoObjective objective(t.context(kTinyRun), lowercase_share);
+  objective.train_step(m, 1);
+  bool unknown = false;
+  for (const auto& tokens : objective.rollouts().tokens)
+    for (uint32_t id : tokens) unknown |= id >= t.tok.vocab_size();
+  EXPECT_TRUE(unknown);  // the case was exercised
+}
+
+// Runs `steps` GRPO steps with AdamW at `lr`; returns the mean reward of the last `last` steps.
+double hand_loop(TinyGrpo& t, const std::string& toml, double lr, int steps, int last) {
+  model::Llama m = testing::tiny_model(t.tok.vocab_size());
+  GrpoObjective objective(t.context(toml), lowercase_share);
+  optim::AdamW adamw(m.parameters(), {lr, 0.9, 0.99, 1e-8, 0.0, 1.0});
+  double reward = 0;
+  for (int step = 1; step <= steps; ++step) {
+    adamw.zero_grad();
+    const ObjectiveStep s = objective.train_step(m, step);
+    adamw.step(lr);
+    if (step > steps - last) reward += s.metrics["reward"].get<double>() / last;
+  }
+  return reward;
+}
+
+TEST(Grpo, ShortRunRaisesTheRewardBeyondLearningRateZero) {
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  const double trained = hand_loop(t, kTinyRun, 2e-2, 24, 4);
+  const double frozen = hand_loop(t, kTinyRun, 0.0, 24, 4);
+  std::printf("mean reward over the last 4 of 24 steps: lr 2e-2 %.4f, lr 0 %.4f\n", trained,
+              frozen);
+  EXPECT_GT(trained, frozen + 0.15);
+}
+
+TEST(Grpo, ResumesInsideABatchFromItsState) {
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  const std::string toml = std::string(kTinyRun) + "updates_per_batch = 2\nbeta = 0.05\n";
+  auto reference = std::make_shared<model::Llama>(testing::tiny_model(t.tok.vocab_size(), 9));
+  model::Llama m = testing::tiny_model(t.tok.vocab_size());
+  GrpoObjective whole(t.context(toml), lowercase_share);
+  whole.set_reference(reference);
+  optim::AdamW adamw(m.parameters(), {1e-2, 0.9, 0.99, 1e-8, 0.0, 1.0});
+  adamw.zero_grad();
+  whole.train_step(m, 1);
+  adamw.step(1e-2);
+  const nlohmann::ordered_json state = whole.state();
+  adamw.zero_grad();
+  const ObjectiveStep second = whole.train_step(m, 2);
+  const std::vector<ag::Var> params = m.parameters();
+  const std::vector<double> grad = params[3].grad().to_doubles();
+
+  GrpoObjective resumed(t.context(toml), lowercase_share);
+  resumed.set_reference(reference);
+  resumed.restore(nlohmann::ordered_json::parse(state.dump()));  // as a checkpoint stores it
+  adamw.zero_grad();
+  const ObjectiveStep again = resumed.train_step(m, 2);
+  EXPECT_EQ(again.loss, second.loss);
+  EXPECT_EQ(params[3].grad().to_doubles(), grad);
+  // The second update on a batch sees the policy moved: ratios differ from 1, and KL is reported.
+  EXPECT_NE(second.loss, 0.0);
+  EXPECT_GT(second.metrics["kl"].get<double>(), 0.0);
+  // Without the state, step 2 cannot be run (its batch was sampled by the step-1 policy).
+  GrpoObjective fresh(t.context(toml), lowercase_share);
+  fresh.set_reference(reference);
+  EXPECT_NE(error_of([&] { fresh.train_step(m, 2); }).find("not restored"), std::string::npos);
+}
+
+TEST(Grpo, SynthPromptsAskWhatSftDataOfTheSameTaskAnswers) {
+  TinyGrpo t;
+  const std::vector<SynthExample> examples = synth_examples("arithmetic", 50, 3);
+  std::string text;
+  for (const auto& e : examples) text += grpo_jsonl_line(e) + "\n";
+  t.write("a.jsonl", text);
+  ConfigTable section = ConfigTable::parse("data = \"a.jsonl\"\n", "run.toml");
+  RewardFunction numeric;
+  read_grpo_options(section, t.dir, &numeric);
+  const auto prompts = read_grpo_prompts(t.dir / "a.jsonl", t.tok, {}, numeric);
+  ASSERT_EQ(prompts.size(), 50u);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    // The prompt is the SFT conversation's user turn, ready for the assistant's reply ...
+    EXPECT_EQ(prompts[i].text,
+              "<|im_start|>user\n" + examples[i].prompt + "<|im_end|>\n<|im_start|>assistant\n");
+    // ... and the reply SFT teaches earns the full reward, a wrong sum none.
+    EXPECT_EQ(numeric(prompts[i].text, examples[i].completion, prompts[i].answer), 1.0);
+    EXPECT_EQ(numeric(prompts[i].text, "#### " + prompts[i].answer + "1", prompts[i].answer), 0.0);
+  }
+}
+
+}  // namespace
+}  // namespace pollen::train
