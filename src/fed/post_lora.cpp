@@ -95,6 +95,7 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
   train::ObjectiveContext ctx{
       config.objective_section(), config.base_dir, base.tokenizer.get(),
       base.chat_format,           config.seed,     model_.config().max_position_embeddings};
+  ctx.model_config = model_.config();
   objective_ = make_objective(ctx);
   POLLEN_CHECK(objective_->extra_parameters().empty(), "silo '", id_, "': the objective '",
                objective_->name(), "' adds parameters, which a LoRA federation does not exchange");
