@@ -131,7 +131,11 @@ TEST(FedPostLora, RoundEqualsTheMeanOfTheSilosMergedUpdatesAndSendsOnlyB) {
 }
 
 TEST(FedPostLora, RoundsLowerTheSilosLoss) {
-  auto silos = make_silos();
+  std::vector<std::unique_ptr<fed::LoraSilo>> silos;
+  for (size_t i = 0; i < 3; ++i)
+    silos.push_back(std::make_unique<fed::LoraSilo>("silo-" + std::to_string(i),
+                                                    silo_config(i, {"optimizer.lr=0.02"}),
+                                                    train::make_sft_objective));
   fed::LoraFedOptions o;
   o.local_steps = 4;
   fed::LoraFederation server(silos[0]->model().config(), silos[0]->lora_config(), o);

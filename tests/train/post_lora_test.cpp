@@ -114,7 +114,7 @@ train::PostResult run(const std::string& text, bool resume, int64_t stop_after =
   o.resume = resume;
   o.stop_after = stop_after;
   return train::run_post_training(
-      train::parse_post_config(text, "lora.toml", "sft"), o,
+      train::parse_post_config(text, "lora.toml", "sft", {"optimizer.lr=0.02"}), o,
       [](const train::ObjectiveContext& ctx) { return std::make_unique<WatchedSft>(ctx); });
 }
 
