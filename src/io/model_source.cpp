@@ -63,6 +63,8 @@ ModelSource resolve_lora_checkpoint(const std::string& spec, const fs::path& dir
   return s;
 }
 
+}  // namespace
+
 const char* model_kind_name(ModelSource::Kind kind) {
   switch (kind) {
     case ModelSource::Kind::preset:
@@ -76,8 +78,6 @@ const char* model_kind_name(ModelSource::Kind kind) {
   }
   return "?";
 }
-
-}  // namespace
 
 ModelSource resolve_model(const std::string& spec) {
   ModelSource s;
