@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "io/checkpoint.h"
 #include "io/hf.h"
+#include "io/peft.h"
 #include "io/safetensors.h"
 
 namespace pollen::io {
@@ -28,6 +29,40 @@ std::optional<fs::path> checkpoint_tokenizer(const fs::path& dir, ConfigTable& r
     }
   }
   return std::nullopt;
+}
+
+// A LoRA run's checkpoint: the base that its config.toml's model.base names (resolved as --model
+// resolves it), with the run's tokenizer and chat template, and the adapters in the folder.
+ModelSource resolve_lora_checkpoint(const std::string& spec, const fs::path& dir) {
+  const fs::path config = dir / "config.toml";
+  ConfigTable root = ConfigTable::load(config);
+  auto m = root.table("model");
+  POLLEN_CHECK(m.has_value(), "'", config.string(), "' has no [model] table");
+  const std::string base = m->get_string("base", "");
+  POLLEN_CHECK(!base.empty(), "model '", spec, "': a LoRA checkpoint whose '", config.string(),
+               "' names no model.base; pass the base as --model and this folder as --adapter");
+  ModelSource s;
+  s.spec = spec;
+  s.kind = ModelSource::Kind::checkpoint;
+  s.path = dir;
+  try {
+    s.base = std::make_shared<const ModelSource>(resolve_model(base));
+  } catch (const Error& e) {
+    fail("model '", spec, "': the base of this LoRA checkpoint (model.base in '", config.string(),
+         "'): ", e.what());
+  }
+  auto run = root.table("run");
+  s.base_seed = run ? static_cast<uint64_t>(run->get_int("seed", 0)) : 0;
+  s.config = s.base->config;
+  const std::string chat_template = m->get_string("chat_template", "");
+  if (!chat_template.empty())
+    s.chat_template = chat_template;
+  else
+    s.chat_template = s.base->chat_template;
+  s.tokenizer = checkpoint_tokenizer(dir, root);
+  if (!s.tokenizer) s.tokenizer = s.base->tokenizer;
+  s.hf_side_files = s.base->hf_side_files;
+  return s;
 }
 
 }  // namespace
@@ -68,6 +103,10 @@ ModelSource resolve_model(const std::string& spec) {
                    "': a run folder without a checkpoint that verifies");
       dir = *choice.dir;
     }
+    if (!fs::is_regular_file(dir / "model.safetensors") &&
+        fs::is_regular_file(dir / "adapter_config.json") &&
+        fs::is_regular_file(dir / "config.toml"))
+      return resolve_lora_checkpoint(spec, dir);
     POLLEN_CHECK(
         fs::is_regular_file(dir / "model.safetensors") && fs::is_regular_file(dir / "config.toml"),
         "model '", spec, "': a folder that is neither an HF directory (config.json + ",
@@ -103,6 +142,10 @@ ModelSource resolve_model(const std::string& spec) {
 }
 
 model::Llama load_model(const ModelSource& s, DType dtype, uint64_t seed) {
+  if (s.base) {
+    const model::Llama base = load_model(*s.base, dtype, s.base_seed);
+    return model::merge_lora(base, *load_peft_adapter(s.path, base.config(), dtype));
+  }
   switch (s.kind) {
     case ModelSource::Kind::preset:
     case ModelSource::Kind::model_file:

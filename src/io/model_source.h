@@ -1,8 +1,11 @@
 #pragma once
 // The one place that turns what a user typed after --model into a model: a preset name, a
 // pollen model file (.toml), a pollen checkpoint folder (step-*/ from `pollen train`, or a run
-// folder, whose newest checkpoint that verifies is taken) or an HF directory.
+// folder, whose newest checkpoint that verifies is taken) or an HF directory. A post-training
+// checkpoint of a LoRA run (adapter_config.json and adapter_model.safetensors instead of
+// model.safetensors) is the base its config.toml names with the adapters merged in.
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -19,6 +22,10 @@ struct ModelSource {
   std::optional<std::filesystem::path> tokenizer;    // tokenizer.json that goes with it, if known
   std::vector<std::filesystem::path> hf_side_files;  // tokenizer_config.json etc. (HF dirs)
   std::optional<std::string> chat_template;  // "chatml" or "llama3", when a checkpoint names it
+  // A LoRA checkpoint: its adapters (`path`), merged into `base` as the run loaded it (presets
+  // and model files initialised from the run's seed, `base_seed`).
+  std::shared_ptr<const ModelSource> base;
+  uint64_t base_seed = 0;
 };
 
 const char* model_kind_name(ModelSource::Kind kind);

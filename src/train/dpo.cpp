@@ -116,6 +116,8 @@ const ReferenceLogps& DpoObjective::references(const model::Llama& model) {
     return *references_;
   }
   // Each pair's chosen and rejected completions under the starting model, without gradients.
+  // Under LoRA that is the frozen base (the adapters disabled), whatever the adapters hold now.
+  const model::Llama reference = model.lora() ? model.without_lora() : model;
   auto compute = [&](const std::vector<PreferencePair>& pairs) {
     ag::NoGrad no_grad;
     std::vector<double> out(2 * pairs.size());
@@ -123,7 +125,7 @@ const ReferenceLogps& DpoObjective::references(const model::Llama& model) {
     for (size_t i = 0; i < all.size(); ++i) all[i] = i;
     for (const auto& chunk : micro_batches(all, micro_batch_pairs_)) {
       const std::vector<double> logps =
-          completion_logps(model, pair_batch(pairs, chunk, 0)).value().to_doubles();
+          completion_logps(reference, pair_batch(pairs, chunk, 0)).value().to_doubles();
       for (size_t j = 0; j < chunk.size(); ++j) {
         out[chunk[j]] = logps[j];
         out[pairs.size() + chunk[j]] = logps[chunk.size() + j];

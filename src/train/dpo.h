@@ -3,7 +3,8 @@
 // post-training objective. Data: prompt/chosen/rejected JSONL (train/preference_data.h). The
 // reference log-probabilities are the starting model's, computed once before the first step and
 // kept in the run folder under a name made from the data files' and the model's hashes, so that
-// a resumed run (or a new run on the same data and model) reads them instead.
+// a resumed run (or a new run on the same data and model) reads them instead. Under LoRA the
+// reference is the frozen base (the model without its adapters), as the starting model is.
 //
 // [dpo] keys: data, validation (JSONL files) or validation_fraction, loss ("sigmoid" or "ipo"),
 // beta, label_smoothing, batch_pairs (pairs per optimizer step), micro_batch_pairs (pairs per

@@ -139,20 +139,8 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
     m->finish();
   }
   if (auto l = t.table("lora")) {
-    LoraSettings& s = c.lora;
-    s.enabled = l->get_bool("enabled", true);
-    s.rank = l->get_int("rank", s.rank);
-    POLLEN_CHECK(s.rank > 0, l->where("rank"), ": expected a positive integer");
-    s.alpha = l->get_double("alpha", s.alpha);
-    POLLEN_CHECK(s.alpha > 0, l->where("alpha"), ": expected a positive number");
-    s.dropout = l->get_double("dropout", s.dropout);
-    POLLEN_CHECK(s.dropout >= 0 && s.dropout < 1, l->where("dropout"), ": expected [0, 1)");
-    if (l->has("targets")) s.targets = l->get_strings("targets");
-    POLLEN_CHECK(!s.targets.empty(), l->where("targets"),
-                 ": expected module names such as [\"q_proj\", \"v_proj\"]");
-    const int64_t seed = l->get_int("seed", 0);
-    POLLEN_CHECK(seed >= 0, l->where("seed"), ": expected a non-negative integer");
-    s.seed = static_cast<uint64_t>(seed);
+    c.lora.enabled = l->get_bool("enabled", true);
+    c.lora.config = model::read_lora_config(*l, c.seed);  // the seed defaults to the run's
     l->finish();
   }
   (void)t.table(objective);  // the objective reads and checks its own section
@@ -195,11 +183,16 @@ std::vector<std::pair<std::string, std::string>> PostConfig::flat(
   f.emplace_back("metrics.tensorboard", b(tensorboard));
   f.emplace_back("metrics.log_interval", i(log_interval));
   if (lora.enabled) {
-    f.emplace_back("lora.rank", i(lora.rank));
-    f.emplace_back("lora.alpha", toml_double(lora.alpha));
-    f.emplace_back("lora.dropout", toml_double(lora.dropout));
-    f.emplace_back("lora.targets", toml_strings(lora.targets));
-    f.emplace_back("lora.seed", i(static_cast<int64_t>(lora.seed)));
+    const model::LoraConfig& l = lora.config;
+    std::vector<std::string> targets;
+    for (const model::LoraTarget t : l.targets) targets.emplace_back(model::lora_target_name(t));
+    f.emplace_back("lora.rank", i(l.rank));
+    f.emplace_back("lora.alpha", toml_double(l.alpha));
+    f.emplace_back("lora.dropout", toml_double(l.dropout));
+    f.emplace_back("lora.target_modules", toml_strings(targets));
+    f.emplace_back("lora.rslora", b(l.rslora));
+    f.emplace_back("lora.train_a", b(l.train_a));
+    f.emplace_back("lora.seed", i(static_cast<int64_t>(l.seed)));
   }
   f.insert(f.end(), objective_keys.begin(), objective_keys.end());
   return f;

@@ -12,19 +12,17 @@
 
 #include "base/config.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "optim/schedule.h"
 #include "train/config.h"
 
 namespace pollen::train {
 
-// [lora]: low-rank adapters on the named linear layers instead of training the whole model.
+// [lora]: low-rank adapters on the named linear layers instead of training the whole model
+// (model/lora.h reads the keys: rank, alpha, dropout, target_modules, rslora, train_a, seed).
 struct LoraSettings {
-  bool enabled = false;  // the run file has a [lora] table
-  int64_t rank = 8;
-  double alpha = 16;
-  double dropout = 0;
-  std::vector<std::string> targets = {"q_proj", "v_proj"};  // module names (HF's)
-  uint64_t seed = 0;                                        // the adapters' initialisation
+  bool enabled = false;  // the run file has a [lora] table (and no enabled = false)
+  model::LoraConfig config;
 };
 
 struct PostConfig {

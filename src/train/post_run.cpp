@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "io/checkpoint.h"
+#include "io/peft.h"
 #include "obs/metrics.h"
 #include "obs/progress.h"
 #include "optim/adamw.h"
@@ -80,13 +81,15 @@ PostBase resolve_post_base(const PostConfig& cfg) {
   return b;
 }
 
-std::vector<std::pair<std::string, ag::Var>> trained_model_parameters(const model::Llama& model,
-                                                                      const LoraSettings& lora) {
-  // The one place LoRA plugs in: with [lora], attach adapters and return only theirs.
-  POLLEN_CHECK(!lora.enabled,
-               "[lora]: LoRA adapters are not yet available in this build; remove the [lora] "
-               "table to train the whole model");
-  return model.named_parameters();
+TrainedParameters trained_model_parameters(model::Llama& model, const LoraSettings& lora) {
+  if (!lora.enabled) return {model.named_parameters(), nullptr};
+  auto adapters = std::make_shared<model::Lora>(model.config(), lora.config);
+  model.attach_lora(adapters);  // freezes the base
+  return {adapters->named_parameters(), adapters};
+}
+
+std::string lora_checkpoint_config(const model::Lora& lora, const std::string& base) {
+  return io::peft_config_json(lora.config(), base).dump(2) + "\n";
 }
 
 PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
@@ -129,10 +132,14 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
                  "); the objective's keys may not change in a resumed run (see ",
                  "docs/posttraining.md, 'Checkpoints and resuming')");
   }
-  // A resumed run takes its weights from the checkpoint, not from the base.
-  model::Llama model = resume_from ? model::Llama(arch, cfg.seed)
-                                   : io::load_model(base.source, DType::f32, cfg.seed);
-  auto trained = trained_model_parameters(model, cfg.lora);
+  // A resumed run takes its weights from the checkpoint, not from the base; under LoRA the
+  // checkpoint holds only the adapters and the base is loaded again.
+  model::Llama model = resume_from && !cfg.lora.enabled
+                           ? model::Llama(arch, cfg.seed)
+                           : io::load_model(base.source, DType::f32, cfg.seed);
+  TrainedParameters trained_params = trained_model_parameters(model, cfg.lora);
+  auto& trained = trained_params.named;
+  const std::shared_ptr<model::Lora> lora = trained_params.lora;
 
   ObjectiveContext ctx{cfg.objective_section(), cfg.base_dir, base.tokenizer.get(),
                        base.chat_format,        cfg.seed,     arch.max_position_embeddings};
@@ -154,10 +161,13 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   ao.max_grad_norm = cfg.grad_clip;
   optim::AdamW opt(params, ao, decay_mask(trained, cfg.optimizer.no_decay));
 
-  // The weight files of a checkpoint: the whole model, and the objective's own parameters.
+  // The weight files of a checkpoint: the whole model (or its adapters, A and B with PEFT's
+  // names), and the objective's own parameters.
   auto weight_files = [&] {
-    std::vector<CheckpointTensors> files{{"model.safetensors", {}}};
-    for (const auto& [n, v] : model.named_parameters()) files[0].tensors.emplace_back(n, v.value());
+    std::vector<CheckpointTensors> files{
+        {lora ? "adapter_model.safetensors" : "model.safetensors", {}}};
+    for (const auto& [n, v] : lora ? lora->named_tensors() : model.named_parameters())
+      files[0].tensors.emplace_back(n, v.value());
     if (!extras.empty()) {
       files.push_back({"objective.safetensors", {}});
       for (const auto& [n, v] : extras) files[1].tensors.emplace_back(n, v.value());
@@ -207,6 +217,8 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   // The tokenizer travels with every checkpoint, so that the checkpoint is a model on its own.
   tokenizer::save_tokenizer(*base.tokenizer, cfg.dir / "tokenizer.json");
   const std::string tokenizer_json = read_file(cfg.dir / "tokenizer.json");
+  std::vector<std::pair<std::string, std::string>> texts{{"tokenizer.json", tokenizer_json}};
+  if (lora) texts.emplace_back("adapter_config.json", lora_checkpoint_config(*lora, cfg.base));
 
   int64_t trained_count = 0;
   for (const auto& p : params) trained_count += p.value().numel();
@@ -232,7 +244,7 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
     std::vector<std::string> names;
     for (const auto& [n, v] : trained) names.push_back(n);
     const auto w = write_checkpoint(ckpt_root, at, weight_files(), names, moments_of(opt), st,
-                                    config_toml, {{"tokenizer.json", tokenizer_json}});
+                                    config_toml, texts);
     last_checkpoint = w.dir;
     log::info("checkpoint step ", at, " saved to '", w.dir.string(), "' (",
               std::round(static_cast<double>(w.stats.bytes) / 1048576.0), " MB in ",
@@ -251,7 +263,9 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   while (step < cfg.steps) {
     const auto t0 = Clock::now();
     const double lr = optim::lr_at(cfg.schedule, step);
+    if (lora) lora->set_dropout_step(static_cast<uint64_t>(step), 0);
     const ObjectiveStep s = objective->train_step(model, step + 1);
+    if (lora) lora->disable_dropout();
     double gnorm = NAN;
     bool good = std::isfinite(s.loss);
     if (good) {

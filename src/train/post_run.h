@@ -3,9 +3,10 @@
 // objective (train/objective.h). It owns the model (the base the run file names), AdamW on a
 // schedule over the trainable parameters, clipping, evaluation, checkpoints that resume bitwise
 // (pre-training's layout: model.safetensors with HF names, optimizer.safetensors, state.json with
-// the objective's state, config.toml, tokenizer.json, SHA-256 manifest), metrics (JSONL +
-// TensorBoard, the objective's under "<name>/<metric>"), progress, SIGINT/SIGTERM and a stop
-// after too many non-finite losses in a row. docs/posttraining.md.
+// the objective's state, config.toml, tokenizer.json, SHA-256 manifest; with [lora] the adapters
+// in PEFT's format, adapter_config.json and adapter_model.safetensors, instead of the model),
+// metrics (JSONL + TensorBoard, the objective's under "<name>/<metric>"), progress, SIGINT/SIGTERM
+// and a stop after too many non-finite losses in a row. docs/posttraining.md.
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -59,8 +60,17 @@ struct PostBase {
 PostBase resolve_post_base(const PostConfig& config);
 
 // The model's parameters the optimizer updates, with the names they are saved under: all of
-// them, or with [lora] only the adapters' (refused until the LoRA engine is wired in here).
-std::vector<std::pair<std::string, ag::Var>> trained_model_parameters(const model::Llama& model,
-                                                                      const LoraSettings& lora);
+// them, or with [lora] only the adapters', which this attaches to `model` (fresh: A drawn from
+// lora.config.seed, B zero); `lora` is then the attached adapters (the loop sets their dropout
+// step and saves them), else null.
+struct TrainedParameters {
+  std::vector<std::pair<std::string, ag::Var>> named;
+  std::shared_ptr<model::Lora> lora;
+};
+TrainedParameters trained_model_parameters(model::Llama& model, const LoraSettings& lora);
+
+// The text files of a LoRA checkpoint besides its tensors: adapter_config.json in PEFT's format,
+// naming `base` (the run's model.base) as base_model_name_or_path.
+std::string lora_checkpoint_config(const model::Lora& lora, const std::string& base);
 
 }  // namespace pollen::train

@@ -245,4 +245,27 @@ TEST_F(DpoRun, BadConfigAndDataAreRefusedByName) {
   EXPECT_NE(no_content.find("line 1, field 'prompt'"), std::string::npos) << no_content;
 }
 
+TEST_F(DpoRun, UnderLoraTheReferenceIsTheFrozenBase) {
+  // Adapters with a random non-zero B: the policy differs from the base, the reference does not.
+  model::Llama adapted = model();
+  model::LoraConfig lc;
+  lc.rank = 2;
+  lc.targets = {model::LoraTarget::q_proj, model::LoraTarget::v_proj, model::LoraTarget::down_proj};
+  auto lora = std::make_shared<model::Lora>(adapted.config(), lc);
+  Rng rng(17);
+  for (auto& [name, v] : lora->named_tensors()) {
+    if (!name.ends_with("lora_B.weight")) continue;
+    ag::Var b = v;
+    b.value().copy_(pt::random_tensor(b.value().shape(), rng, 0.5));
+  }
+  adapted.attach_lora(lora);
+  train::DpoObjective under_lora(pt::objective_context("dpo", section(), config()));
+  train::DpoObjective plain(pt::objective_context("dpo", section(), config()));
+  const model::Llama base = model();
+  EXPECT_EQ(under_lora.references(adapted).train, plain.references(base).train);
+  EXPECT_EQ(under_lora.references(adapted).eval, plain.references(base).eval);
+  const train::ObjectiveStep step = under_lora.evaluate(adapted);
+  EXPECT_GT(std::fabs(step.metrics["rewards/chosen"].get<double>()), 1e-4);  // policy != base
+}
+
 }  // namespace

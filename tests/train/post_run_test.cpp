@@ -1,6 +1,6 @@
 // The post-training loop: bitwise resume after a preemption, checkpoints that are models
 // (io::resolve_model opens them with their tokenizer and chat template), the resolved config,
-// the run file's unknown keys and [lora] refused until LoRA is wired in.
+// the run file's unknown keys refused (LoRA runs: post_lora_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -171,21 +171,6 @@ TEST(PostRun, UnknownKeysAndSectionsAreRefused) {
               train::parse_post_config(run_toml(dir / "run", 2), "k.toml", "sft", {"lora.rnak=4"});
             }).find("lora.rnak"),
             std::string::npos);
-}
-
-TEST(PostRun, LoraIsParsedAndRefusedUntilAvailable) {
-  const fs::path dir = test_support::post_temp_dir("lora");
-  const std::string text = run_toml(dir / "run", 2) +
-                           "\n[lora]\nrank = 4\nalpha = 8\ndropout = 0.1\ntargets = [\"q_proj\", "
-                           "\"o_proj\"]\nseed = 9\n";
-  const auto cfg = train::parse_post_config(text, "lora.toml", "sft");
-  EXPECT_TRUE(cfg.lora.enabled);
-  EXPECT_EQ(cfg.lora.rank, 4);
-  EXPECT_EQ(cfg.lora.alpha, 8);
-  EXPECT_EQ(cfg.lora.dropout, 0.1);
-  EXPECT_EQ(cfg.lora.targets, (std::vector<std::string>{"q_proj", "o_proj"}));
-  EXPECT_EQ(cfg.lora.seed, 9u);
-  EXPECT_NE(error_of([&] { run(text, false); }).find("not yet"), std::string::npos);
 }
 
 }  // namespace

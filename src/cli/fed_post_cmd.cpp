@@ -1,0 +1,33 @@
+// pollen fed post: federated post-training with LoRA adapters as the exchanged state, simulated in
+// one process (fed/post_lora.h).
+#include <cstdio>
+#include <memory>
+
+#include "cli/commands.h"
+#include "fed/post_lora.h"
+#include "train/sft.h"
+
+namespace pollen::cli {
+
+void add_fed_post_command(CLI::App& app) {
+  CLI::App* fed = app.get_subcommand("fed");
+  auto config = std::make_shared<std::string>();
+  auto* post = fed->add_subcommand(
+      "post",
+      "Federated post-training (SFT) with LoRA adapters: silos in one process train from the "
+      "round's adapters and send only B (A shared and frozen), see docs/federated.md");
+  post->add_option("--config", *config, "fed-sft-lora.toml")->required();
+  post->callback([config] {
+    const fed::LoraFedConfig cfg = fed::load_lora_fed_config(*config);
+    POLLEN_CHECK(cfg.objective == "sft", "config file '", *config, "': federation.objective '",
+                 cfg.objective, "': only \"sft\" runs federated so far");
+    const fed::LoraFedResult r = fed::run_lora_federation(cfg, train::make_sft_objective);
+    std::printf("%-24s %s\n", "silo", "validation loss with the final adapters");
+    for (size_t i = 0; i < cfg.silos.size(); ++i)
+      std::printf("%-24s %.4f\n", cfg.silos[i].c_str(), r.eval_loss[i]);
+    std::printf("%zu rounds; adapters (PEFT) and metrics.jsonl in %s\n", r.rounds.size(),
+                cfg.output.c_str());
+  });
+}
+
+}  // namespace pollen::cli

@@ -1,0 +1,280 @@
+#include "fed/post_lora.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+
+#include "autograd/tape.h"
+#include "base/config.h"
+#include "base/log.h"
+#include "io/peft.h"
+#include "optim/schedule.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace pollen::fed {
+namespace {
+
+// What the receiving side gets of an encoded set: through chunks, the header's checks and the
+// decoder, as over the network. Adds the bytes to *counted.
+Weights transfer(const EncodedSet& set, const ParamSpecs& specs, const CompressOptions& codec,
+                 const std::string& what, uint64_t* counted) {
+  validate_header(set.header, specs, codec, what);
+  ChunkAssembler chunks(set.header, what);
+  for_each_chunk(set.bytes, kMaxChunkBytes, [&](const pb::Chunk& c) { chunks.add(c); });
+  const std::string bytes = chunks.finish();
+  *counted += bytes.size();
+  return decode_set(set.header, bytes, specs, what);
+}
+
+std::string targets_text(const std::vector<model::LoraTarget>& targets) {
+  std::string s = "[";
+  for (const auto t : targets)
+    s += std::string(s.size() > 1 ? ", " : "") + model::lora_target_name(t);
+  return s + "]";
+}
+
+}  // namespace
+
+ParamSpecs lora_specs(const model::Lora& lora) {
+  ParamSpecs out;
+  for (const auto& [name, v] : lora.named_parameters()) out.push_back({name, v.value().shape()});
+  return out;
+}
+
+Weights lora_weights(const model::Lora& lora) {
+  Weights out;
+  for (const auto& [name, v] : lora.named_parameters()) out.push_back(v.value().to(DType::f32));
+  return out;
+}
+
+void set_lora_weights(const model::Lora& lora, const Weights& w) {
+  const auto params = lora.named_parameters();
+  POLLEN_CHECK(params.size() == w.size(), "adapters: ", w.size(), " tensors for ", params.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    ag::Var v = params[i].second;
+    POLLEN_CHECK(v.value().shape() == w[i].shape(), "adapters: tensor '", params[i].first, "' is ",
+                 shape_str(v.value().shape()), ", got ", shape_str(w[i].shape()));
+    v.value().copy_(w[i].to(v.value().dtype()));
+  }
+}
+
+std::string lora_agreement_differences(const model::LoraConfig& s, const model::LoraConfig& c) {
+  std::string out;
+  auto differ = [&](const char* key, const std::string& server, const std::string& client) {
+    if (server != client)
+      out += cat(out.empty() ? "" : "; ", "lora.", key, ": server ", server, ", client ", client);
+  };
+  auto num = [](double v) { return cat(v); };
+  differ("rank", cat(s.rank), cat(c.rank));
+  differ("alpha", num(s.alpha), num(c.alpha));
+  differ("dropout", num(s.dropout), num(c.dropout));
+  differ("target_modules", targets_text(s.targets), targets_text(c.targets));
+  differ("rslora", s.rslora ? "true" : "false", c.rslora ? "true" : "false");
+  differ("train_a", s.train_a ? "true" : "false", c.train_a ? "true" : "false");
+  differ("seed", cat(s.seed), cat(c.seed));
+  return out;
+}
+
+// ---- a silo ------------------------------------------------------------------------------------
+
+LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
+                   const train::ObjectiveFactory& make_objective)
+    : id_(std::move(id)), config_(config), model_([&] {
+        POLLEN_CHECK(config.lora.enabled, "silo '", id_, "': its run file '", config.source,
+                     "' has no [lora] table; federated post-training exchanges adapters");
+        POLLEN_CHECK(!config.lora.config.train_a, "silo '", id_, "': '", config.source,
+                     "' sets lora.train_a = true; federated post-training keeps A frozen from the "
+                     "shared lora.seed (set lora.train_a = false), which makes averaging B exact");
+        const train::PostBase base = train::resolve_post_base(config);
+        return io::load_model(base.source, DType::f32, config.seed);
+      }()) {
+  const train::PostBase base = train::resolve_post_base(config);
+  train::TrainedParameters trained = train::trained_model_parameters(model_, config.lora);
+  lora_ = trained.lora;
+  train::ObjectiveContext ctx{
+      config.objective_section(), config.base_dir, base.tokenizer.get(),
+      base.chat_format,           config.seed,     model_.config().max_position_embeddings};
+  ctx.model_config = model_.config();
+  objective_ = make_objective(ctx);
+  POLLEN_CHECK(objective_->extra_parameters().empty(), "silo '", id_, "': the objective '",
+               objective_->name(), "' adds parameters, which a LoRA federation does not exchange");
+  for (const auto& [n, v] : trained.named) params_.push_back(v);
+  optim::AdamWOptions o;
+  o.lr = config.optimizer.lr;
+  o.beta1 = config.optimizer.beta1;
+  o.beta2 = config.optimizer.beta2;
+  o.eps = config.optimizer.eps;
+  o.weight_decay = config.optimizer.weight_decay;
+  o.max_grad_norm = config.grad_clip;
+  opt_ = std::make_unique<optim::AdamW>(
+      params_, o, train::decay_mask(trained.named, config.optimizer.no_decay));
+}
+
+LoraSilo::Result LoraSilo::train_round(const Weights& global, int64_t steps) {
+  set_lora_weights(*lora_, global);
+  Result r;
+  double loss_sum = 0;
+  for (auto& p : params_) p.zero_grad();
+  for (int64_t s = 0; s < steps; ++s) {
+    lora_->set_dropout_step(static_cast<uint64_t>(step_), 0);
+    const train::ObjectiveStep st = objective_->train_step(model_, step_ + 1);
+    lora_->disable_dropout();
+    POLLEN_CHECK(std::isfinite(st.loss), "silo '", id_, "': non-finite loss at local step ",
+                 step_ + 1);
+    opt_->step(optim::lr_at(config_.schedule, step_));
+    for (auto& p : params_) p.zero_grad();
+    ++step_;
+    loss_sum += st.loss;
+    r.tokens += st.tokens;
+  }
+  r.loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0;
+  const Weights local = lora_weights(*lora_);
+  for (size_t i = 0; i < global.size(); ++i) {
+    Tensor d = Tensor::empty(global[i].shape(), DType::f32);
+    const float* g = global[i].data<float>();
+    const float* l = local[i].data<float>();
+    float* out = d.data<float>();
+    for (int64_t j = 0; j < d.numel(); ++j) out[j] = g[j] - l[j];
+    r.delta.push_back(std::move(d));
+  }
+  return r;
+}
+
+double LoraSilo::evaluate() {
+  ag::NoGrad no_grad;
+  return objective_->evaluate(model_).loss;
+}
+
+// ---- the server's side -------------------------------------------------------------------------
+
+LoraFederation::LoraFederation(const model::LlamaConfig& base, const model::LoraConfig& lora,
+                               LoraFedOptions options)
+    : base_(base), global_(base, lora), options_(std::move(options)) {
+  POLLEN_CHECK(!lora.train_a,
+               "federated LoRA: lora.train_a must be false (A frozen from the "
+               "shared seed), so that averaging B is exact");
+  specs_ = lora_specs(global_);
+  strategy_ = make_strategy(options_.strategy);
+}
+
+void LoraFederation::admit(const LoraSilo& silo) const {
+  std::string diff;
+  const std::string server_model = model_config_json(base_),
+                    client_model = model_config_json(silo.model().config());
+  if (server_model != client_model)
+    diff = cat("model: server ", server_model, ", client ", client_model);
+  const std::string lora = lora_agreement_differences(global_.config(), silo.lora_config());
+  if (!lora.empty()) diff += (diff.empty() ? "" : "; ") + lora;
+  POLLEN_CHECK(diff.empty(), "the federation refuses silo '", silo.id(), "': ", diff);
+}
+
+LoraRoundSummary LoraFederation::run_round(int64_t round, const std::vector<LoraSilo*>& silos) {
+  LoraRoundSummary sum;
+  sum.round = round;
+  const CompressOptions plain;  // the round's adapters go out as float32
+  const EncodedSet out = encode_weights(specs_, lora_weights(global_), plain);
+  std::vector<ClientUpdate> updates;
+  double loss_weighted = 0;
+  for (LoraSilo* silo : silos) {
+    const std::string pulled = cat("round ", round, " adapters for silo '", silo->id(), "'");
+    const Weights global = transfer(out, specs_, plain, pulled, &sum.bytes_sent);
+    LoraSilo::Result r = silo->train_round(global, options_.local_steps);
+    const std::string pushed = cat("round ", round, " update of silo '", silo->id(), "'");
+    ClientUpdate u;
+    u.client_id = silo->id();
+    u.tokens = r.tokens;
+    u.delta = transfer(encode_weights(specs_, r.delta, options_.compression), specs_,
+                       options_.compression, pushed, &sum.bytes_received);
+    updates.push_back(std::move(u));
+    sum.tokens += r.tokens;
+    loss_weighted += r.loss * static_cast<double>(r.tokens);
+    sum.client_train_loss[silo->id()] = r.loss;
+    sum.client_tokens[silo->id()] = r.tokens;
+  }
+  std::sort(updates.begin(), updates.end(),
+            [](const ClientUpdate& a, const ClientUpdate& b) { return a.client_id < b.client_id; });
+  Weights global = lora_weights(global_);
+  strategy_->aggregate(round, global, updates);
+  set_lora_weights(global_, global);
+  sum.train_loss = sum.tokens > 0 ? loss_weighted / static_cast<double>(sum.tokens) : 0;
+  return sum;
+}
+
+// ---- `pollen fed post` --------------------------------------------------------------------------
+
+LoraFedConfig load_lora_fed_config(const std::filesystem::path& path) {
+  ConfigTable root = ConfigTable::load(path);
+  const std::filesystem::path here = path.parent_path();
+  auto relative = [&](const std::string& p) {
+    const std::filesystem::path x(p);
+    return x.is_absolute() ? x : (here / x).lexically_normal();
+  };
+  LoraFedConfig c;
+  auto f = root.table("federation");
+  POLLEN_CHECK(f.has_value(), "config file '", path.string(), "': no [federation] table");
+  c.run_file = relative(f->require_string("run"));
+  c.objective = f->get_string("objective", c.objective);
+  c.silos = f->get_strings("silos");
+  for (const auto& d : f->get_strings("data")) c.data.push_back(relative(d).string());
+  POLLEN_CHECK(!c.silos.empty(), f->where("silos"), ": expected the silos' ids");
+  POLLEN_CHECK(c.data.size() == c.silos.size(), f->where("data"), ": expected one data file per ",
+               "silo (", c.silos.size(), "), got ", c.data.size());
+  for (const auto& id : c.silos) check_client_id(id, f->where("silos"));
+  c.output = relative(f->require_string("output"));
+  c.options.rounds = f->get_int("rounds", c.options.rounds);
+  c.options.local_steps = f->get_int("local_steps", c.options.local_steps);
+  POLLEN_CHECK(c.options.rounds >= 1, f->where("rounds"), ": expected 1 or more");
+  POLLEN_CHECK(c.options.local_steps >= 1, f->where("local_steps"), ": expected 1 or more");
+  f->finish();
+  if (auto s = root.table("strategy")) {
+    c.options.strategy = read_strategy_options(*s);
+    s->finish();
+  }
+  root.finish();
+  return c;
+}
+
+LoraFedResult run_lora_federation(const LoraFedConfig& c,
+                                  const train::ObjectiveFactory& make_objective) {
+  std::vector<std::unique_ptr<LoraSilo>> silos;
+  for (size_t i = 0; i < c.silos.size(); ++i) {
+    // The federation file's data paths are relative to it; the run file's to the run file.
+    const std::string data = std::filesystem::absolute(c.data[i]).string();
+    const train::PostConfig pc = train::load_post_config(
+        c.run_file, c.objective, {c.objective + ".data=" + train::toml_string(data)});
+    silos.push_back(std::make_unique<LoraSilo>(c.silos[i], pc, make_objective));
+  }
+  LoraFederation server(silos[0]->model().config(), silos[0]->lora_config(), c.options);
+  std::vector<LoraSilo*> ptrs;
+  for (auto& s : silos) {
+    server.admit(*s);
+    ptrs.push_back(s.get());
+  }
+  std::filesystem::create_directories(c.output);
+  std::ofstream metrics(c.output / "metrics.jsonl");
+  LoraFedResult r;
+  for (int64_t round = 1; round <= c.options.rounds; ++round) {
+    const LoraRoundSummary sum = server.run_round(round, ptrs);
+    nlohmann::ordered_json line;
+    line["round"] = round;
+    line["tokens"] = sum.tokens;
+    line["train_loss"] = sum.train_loss;
+    line["bytes_sent"] = sum.bytes_sent;
+    line["bytes_received"] = sum.bytes_received;
+    line["client_train_loss"] = sum.client_train_loss;
+    metrics << line.dump() << "\n" << std::flush;
+    log::info("round ", round, "/", c.options.rounds, ": train loss ", sum.train_loss, ", ",
+              sum.bytes_received, " bytes of adapters in");
+    r.rounds.push_back(sum);
+  }
+  const Weights global = lora_weights(server.global());
+  for (auto& s : silos) {
+    set_lora_weights(s->lora(), global);
+    r.eval_loss.push_back(s->evaluate());
+  }
+  io::save_peft_adapter(server.global(), c.output, silos[0]->base_name());
+  return r;
+}
+
+}  // namespace pollen::fed
