@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version end here with 0; every bad command line exits 2, as the help says.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const pollen::Error& e) {
     std::fprintf(stderr, "pollen: error: %s\n", e.what());
     return 1;

@@ -57,8 +57,7 @@ void add_sft_command(CLI::App& app) {
       "(docs/posttraining.md).\n"
       "Exit codes: 0 finished, 1 failed (bad config or data, too many non-finite losses in a "
       "row, any error), 3 preempted (SIGINT or SIGTERM: the step finished and a checkpoint "
-      "was written; rerun with --resume); a command line it cannot parse exits with the "
-      "argument parser's codes (above 100).");
+      "was written; rerun with --resume), 2 bad command line.");
   cmd->require_subcommand(0, 1);
   auto config = std::make_shared<std::string>();
   auto sets = std::make_shared<std::vector<std::string>>();
