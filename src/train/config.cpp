@@ -101,7 +101,9 @@ void read_optimizer(ConfigTable& o, OptimizerSettings& s) {
   for (const auto& g : s.no_decay)
     POLLEN_CHECK(g == "norms" || g == "biases" || g == "embeddings", o.where("no_decay"),
                  ": unknown group '", g, "'; expected norms, biases or embeddings");
-  POLLEN_CHECK(s.lr > 0, o.where("lr"), ": expected a positive number");
+  // lr = 0 is allowed: a run that samples, evaluates and logs without moving the weights is the
+  // baseline a learning run is compared with.
+  POLLEN_CHECK(s.lr >= 0, o.where("lr"), ": expected 0 (weights unchanged) or more");
   POLLEN_CHECK(s.beta1 >= 0 && s.beta1 < 1, o.where("beta1"), ": expected [0, 1)");
   POLLEN_CHECK(s.beta2 >= 0 && s.beta2 < 1, o.where("beta2"), ": expected [0, 1)");
   POLLEN_CHECK(s.eps > 0, o.where("eps"), ": expected a positive number");

@@ -10,6 +10,7 @@
 #include "base/rng.h"
 #include "io/model_source.h"
 #include "model/generate.h"
+#include "train/reward.h"
 
 namespace pollen::train {
 namespace {
@@ -129,11 +130,14 @@ GrpoOptions read_grpo_options(ConfigTable& section, const std::filesystem::path&
   if (!o.reference.empty() && std::filesystem::exists(resolve(base_dir, o.reference)))
     o.reference = resolve(base_dir, o.reference).string();
 
+  if (section.has("reward_model"))
+    o.reward_model = resolve(base_dir, section.get_string("reward_model", ""));
+
   std::optional<ConfigTable> table = section.table("verifier");
   if (table) {
     *verifier = make_verifier(*table);
     table->finish();
-  } else {
+  } else if (o.reward_model.empty()) {
     ConfigTable defaults = ConfigTable::parse("", section.where("verifier"));
     *verifier = make_verifier(defaults);
   }
@@ -184,15 +188,17 @@ std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
     } else {
       fail(where, ": expected a \"prompt\" (text) or \"messages\" (a conversation)");
     }
-    POLLEN_CHECK(record.contains("answer"), where, ": missing \"answer\"");
-    const nlohmann::json& answer = record["answer"];
-    POLLEN_CHECK(answer.is_string() || answer.is_number(), where,
-                 ": \"answer\" must be a string or a number");
-    p.answer = answer.is_string() ? answer.get<std::string>() : answer.dump();
+    POLLEN_CHECK(record.contains("answer") || !verifier, where, ": missing \"answer\"");
+    if (record.contains("answer")) {
+      const nlohmann::json& answer = record["answer"];
+      POLLEN_CHECK(answer.is_string() || answer.is_number(), where,
+                   ": \"answer\" must be a string or a number");
+      p.answer = answer.is_string() ? answer.get<std::string>() : answer.dump();
+    }
     p.tokens = tokenizer.encode(p.text, {tokenizer::SpecialPolicy::allow_all(), false});
     POLLEN_CHECK(!p.tokens.empty(), where, ": the prompt is empty");
     try {
-      verifier(p.text, "", p.answer);
+      if (verifier) verifier(p.text, "", p.answer);
     } catch (const Error& e) {
       fail(where, ": ", e.what());
     }
@@ -209,7 +215,12 @@ GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction rew
   RewardFunction verifier;
   options_ = read_grpo_options(section, context.base_dir, &verifier);
   section.finish();
-  reward_ = reward ? std::move(reward) : verifier;
+  if (reward)
+    reward_ = std::move(reward);
+  else if (!options_.reward_model.empty())
+    reward_ = reward_model_reward(options_.reward_model, *tokenizer_, verifier);
+  else
+    reward_ = verifier;
   prompts_ = read_grpo_prompts(options_.data, *tokenizer_, context.chat_format, verifier);
   if (!options_.eval_data.empty())
     eval_prompts_ =
@@ -491,6 +502,27 @@ void GrpoObjective::restore(const nlohmann::ordered_json& state) {
     POLLEN_CHECK(p >= 0 && p < static_cast<int64_t>(prompts_.size()),
                  "grpo: the checkpoint's batch names prompt ", p, " but the data has ",
                  prompts_.size(), " (a different data file?)");
+}
+
+RewardFunction reward_model_reward(const std::filesystem::path& reward_model,
+                                   const tokenizer::Tokenizer& tokenizer, RewardFunction verifier) {
+  auto rm = std::make_shared<const RewardModel>(load_reward_model(reward_model));
+  POLLEN_CHECK(rm->decoder->config().vocab_size >= static_cast<int64_t>(tokenizer.vocab_size()),
+               "grpo: the reward model '", reward_model.string(), "' knows ",
+               rm->decoder->config().vocab_size, " token ids, the policy's tokenizer ",
+               tokenizer.vocab_size(), " (the reward model must share the policy's tokenizer)");
+  return [rm, &tokenizer, verifier = std::move(verifier)](
+             std::string_view prompt, std::string_view completion, std::string_view answer) {
+    const tokenizer::EncodeOptions options{tokenizer::SpecialPolicy::allow_all(), false};
+    ScoredSequence s;
+    s.ids = tokenizer.encode(prompt, options);
+    s.prompt_tokens = static_cast<int64_t>(s.ids.size());
+    const std::vector<uint32_t> reply = tokenizer.encode(completion, options);
+    s.ids.insert(s.ids.end(), reply.begin(), reply.end());
+    double reward = score_sequences(*rm->decoder, rm->score, {s}, 1)[0];
+    if (verifier) reward += verifier(prompt, completion, answer);
+    return reward;
+  };
 }
 
 std::unique_ptr<Objective> make_grpo_objective(const ObjectiveContext& context,

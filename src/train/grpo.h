@@ -44,10 +44,14 @@ struct GrpoOptions {
   LossAggregation aggregation = LossAggregation::sequence;
   bool scale_rewards = true;  // divide advantages by the group's std (false: Dr. GRPO)
   std::string reference;      // the KL reference (any --model spec); needed when beta > 0
+  // A reward model (an HF sequence-classification directory, as `pollen rm` exports): its score
+  // of the prompt and the completion is the reward, plus the verifier's when [grpo.verifier]
+  // is given too.
+  std::filesystem::path reward_model;
 };
 
 // [grpo]: every key read and checked, [grpo.verifier] included (unknown keys refused). Paths are
-// relative to base_dir.
+// relative to base_dir. With a reward model and no [grpo.verifier], `verifier` is left empty.
 GrpoOptions read_grpo_options(ConfigTable& section, const std::filesystem::path& base_dir,
                               RewardFunction* verifier);
 
@@ -59,7 +63,8 @@ struct GrpoPrompt {
 };
 
 // Reads prompts JSONL; errors name the file, the line and the field. Every answer is checked by
-// the verifier (a numeric verifier refuses an answer that is not a number).
+// the verifier (a numeric verifier refuses an answer that is not a number); without a verifier
+// (an empty function: rewards from a reward model alone) the answer is optional.
 std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
                                           const tokenizer::Tokenizer& tokenizer,
                                           const tokenizer::ChatFormat& chat_format,
@@ -114,6 +119,11 @@ class GrpoObjective : public Objective {
   std::shared_ptr<const model::Llama> reference_;
   Rollouts rollouts_;
 };
+
+// The reward model's score of `prompt` followed by `completion` (each encoded by `tokenizer`, as
+// `pollen rm score` encodes a prompt/response record), plus `verifier`'s reward when it is set.
+RewardFunction reward_model_reward(const std::filesystem::path& reward_model,
+                                   const tokenizer::Tokenizer& tokenizer, RewardFunction verifier);
 
 // The objective of a run file: with beta > 0 and no `reference` key, the KL reference is the
 // run's base model (`base`, as the run file names it), also when the run resumes.

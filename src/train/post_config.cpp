@@ -13,6 +13,22 @@ namespace fs = std::filesystem;
 namespace pollen::train {
 namespace {
 
+// A table's keys as (dotted key, TOML value) pairs: a nested table such as [grpo.verifier]
+// becomes `grpo.verifier.kind`, which the resolved config writes back as a dotted key.
+void add_flat_keys(const toml::table& table, const std::string& prefix,
+                   std::vector<std::pair<std::string, std::string>>& keys) {
+  for (const auto& [k, v] : table) {
+    const std::string key = prefix + "." + std::string(k.str());
+    if (const toml::table* nested = v.as_table()) {
+      add_flat_keys(*nested, key, keys);
+      continue;
+    }
+    std::ostringstream value;
+    v.visit([&](const auto& node) { value << node; });
+    keys.emplace_back(key, value.str());
+  }
+}
+
 // The objective's section of the run file as (key, TOML value) pairs and as TOML text.
 void capture_objective_section(const std::string& text, const std::string& source, PostConfig& c) {
   toml::table root;
@@ -28,11 +44,7 @@ void capture_objective_section(const std::string& text, const std::string& sourc
                  "': expected a table");
     section = *n->as_table();
   }
-  for (const auto& [k, v] : section) {
-    std::ostringstream value;
-    v.visit([&](const auto& node) { value << node; });
-    c.objective_keys.emplace_back(c.objective + "." + std::string(k.str()), value.str());
-  }
+  add_flat_keys(section, c.objective, c.objective_keys);
   toml::table wrapped;
   wrapped.insert(c.objective, section);
   std::ostringstream out;

@@ -11,8 +11,8 @@
 
 namespace pollen::train {
 
-// Maps (prompt, completion, reference answer) to a reward in [0, 1]. A reward model ignores the
-// answer.
+// Maps (prompt, completion, reference answer) to a reward: a verifier's is in [0, 1], a reward
+// model's score any number (it ignores the answer).
 using RewardFunction = std::function<double(std::string_view prompt, std::string_view completion,
                                             std::string_view answer)>;
 

@@ -7,11 +7,13 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 
 #include "base/error.h"
 #include "optim/adamw.h"
 #include "support/gradcheck.h"
 #include "support/tiny_lm.h"
+#include "train/reward.h"
 
 namespace pollen::train {
 namespace {
@@ -349,6 +351,61 @@ TEST(Grpo, ResumesInsideABatchFromItsState) {
   GrpoObjective fresh(t.context(toml), lowercase_share);
   fresh.set_reference(reference);
   EXPECT_NE(error_of([&] { fresh.train_step(m, 2); }).find("not restored"), std::string::npos);
+}
+
+TEST(Grpo, RewardsFromARewardModelAreItsScores) {
+  TinyGrpo t;
+  // Prompts without answers: the reward model alone scores them.
+  t.write("p.jsonl", "{\"prompt\": \"The cat sat on\"}\n{\"prompt\": \"Paris is the\"}\n");
+  const model::Llama rm_decoder = testing::tiny_model(t.tok.vocab_size(), 11);
+  Tensor w = Tensor::empty({1, rm_decoder.config().hidden_size}, DType::f32);
+  for (int64_t i = 0; i < w.numel(); ++i)
+    w.data<float>()[i] = static_cast<float>(std::sin(1.0 + i));
+  export_reward_model(rm_decoder, ag::Var(w, false), 0, t.dir / "rm");
+
+  GrpoObjective objective(t.context(std::string(kTinyRun) + "reward_model = \"rm\"\n"));
+  const model::Llama m = testing::tiny_model(t.tok.vocab_size());
+  objective.train_step(m, 1);
+  const Rollouts& r = objective.rollouts();
+  ASSERT_EQ(r.rewards.size(), 12u);
+
+  // Each reward is the reward model's score of the prompt's tokens followed by the completion's
+  // text encoded (random completions are not always valid UTF-8, so not through JSONL).
+  const tokenizer::EncodeOptions specials{tokenizer::SpecialPolicy::allow_all(), false};
+  const std::vector<uint32_t> stop = {t.tok.encode("<|endoftext|>", specials)[0],
+                                      t.tok.encode("<|im_end|>", specials)[0]};
+  const auto prompts = read_grpo_prompts(t.dir / "p.jsonl", t.tok, {}, {});
+  std::vector<ScoredSequence> sequences;
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    std::vector<uint32_t> tokens = r.tokens[i];
+    if (!tokens.empty() && std::count(stop.begin(), stop.end(), tokens.back())) tokens.pop_back();
+    ScoredSequence s;
+    s.ids = prompts[r.prompt[i]].tokens;
+    s.prompt_tokens = static_cast<int64_t>(s.ids.size());
+    const std::vector<uint32_t> reply = t.tok.encode(t.tok.decode(tokens), specials);
+    s.ids.insert(s.ids.end(), reply.begin(), reply.end());
+    sequences.push_back(std::move(s));
+  }
+  const RewardModel rm = load_reward_model(t.dir / "rm");
+  const std::vector<double> scores = score_sequences(*rm.decoder, rm.score, sequences, 4);
+  std::set<double> distinct;
+  for (size_t i = 0; i < scores.size(); ++i) {
+    EXPECT_NEAR(r.rewards[i], scores[i], 1e-5) << "completion " << i;
+    distinct.insert(r.rewards[i]);
+  }
+  EXPECT_GE(distinct.size(), 4u);  // scores that differ: advantages that are not all zero
+
+  // With [grpo.verifier] too, the verifier's reward is added (here a regex every completion
+  // meets) and the prompts need their answers again.
+  t.write("p.jsonl",
+          "{\"prompt\": \"The cat sat on\", \"answer\": 1}\n"
+          "{\"prompt\": \"Paris is the\", \"answer\": 2}\n");
+  GrpoObjective both(t.context(std::string(kTinyRun) +
+                               "reward_model = \"rm\"\n[verifier]\nkind = \"regex\"\n"
+                               "pattern = \"\"\n"));
+  both.train_step(m, 1);
+  for (size_t k = 0; k < r.rewards.size(); ++k)
+    EXPECT_DOUBLE_EQ(both.rollouts().rewards[k], r.rewards[k] + 1.0);
 }
 
 TEST(Grpo, SynthPromptsAskWhatSftDataOfTheSameTaskAnswers) {

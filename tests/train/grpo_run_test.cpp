@@ -1,0 +1,175 @@
+// GRPO through the post-training loop: a run whose [grpo] section has a nested [grpo.verifier]
+// table resumes from its checkpoint; end to end, a model taught the "#### ANSWER" format by SFT
+// gains reward on a fixed set of 8 sums under GRPO, against the same run at learning rate 0.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+
+#include "train/grpo.h"
+#include "train/post_config.h"
+#include "train/post_fixtures.h"
+#include "train/post_run.h"
+#include "train/sft.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+
+namespace {
+
+struct GrpoRunFiles {
+  fs::path dir, tokenizer_path, model_file, prompts;
+};
+
+GrpoRunFiles grpo_run_files(const std::string& name) {
+  GrpoRunFiles f;
+  f.dir = test_support::post_temp_dir(name);
+  f.tokenizer_path = test_support::make_chat_tokenizer(f.dir);
+  f.model_file = test_support::make_tiny_model_file(f.dir);
+  f.prompts = f.dir / "prompts.jsonl";
+  std::ofstream out(f.prompts);
+  for (const auto& e : train::synth_examples("arithmetic", 16, 5))
+    out << train::grpo_jsonl_line(e) << "\n";
+  return f;
+}
+
+train::PostResult run_grpo(const std::string& text, bool resume, int64_t stop_after = -1) {
+  train::PostOptions o;
+  o.quiet = true;
+  o.handle_signals = false;
+  o.resume = resume;
+  o.stop_after = stop_after;
+  const train::PostConfig c = train::parse_post_config(text, "grpo.toml", "grpo");
+  return train::run_post_training(c, o, [&](const train::ObjectiveContext& context) {
+    return train::make_grpo_objective(context, c.base);
+  });
+}
+
+TEST(GrpoRun, ResumesARunWhoseSectionHasANestedVerifierTable) {
+  const GrpoRunFiles f = grpo_run_files("grpo_resume");
+  const std::string section = "[grpo]\ndata = \"" + f.prompts.string() +
+                              "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\n"
+                              "max_completion_tokens = 6\n\n[grpo.verifier]\nkind = \"numeric\"\n"
+                              "abs_tol = 0.5\n";
+  const fs::path run_dir = f.dir / "run";
+  const std::string text =
+      test_support::tiny_post_toml(run_dir, f.model_file, f.tokenizer_path, 4, section);
+  const train::PostResult first = run_grpo(text, false, 2);
+  ASSERT_FALSE(first.last_checkpoint.empty());
+  // The checkpoint's resolved config holds the nested table as dotted keys and reads back.
+  const train::PostConfig saved =
+      train::load_post_config(first.last_checkpoint / "config.toml", "grpo");
+  ConfigTable saved_section = saved.objective_section();
+  auto verifier = saved_section.table("verifier");
+  ASSERT_TRUE(verifier.has_value());
+  EXPECT_EQ(verifier->get_string("kind", ""), "numeric");
+  EXPECT_EQ(verifier->get_double("abs_tol", 0), 0.5);
+
+  const train::PostResult resumed = run_grpo(text, true);
+  EXPECT_EQ(resumed.status, train::RunStatus::finished) << resumed.message;
+  // A changed verifier is a changed objective: the resumed run refuses it, naming the key.
+  const std::string changed = test_support::tiny_post_toml(
+      f.dir / "run2", f.model_file, f.tokenizer_path, 4,
+      "[grpo]\ndata = \"" + f.prompts.string() +
+          "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\nmax_completion_tokens = 6\n"
+          "\n[grpo.verifier]\nkind = \"numeric\"\nabs_tol = 0.25\n");
+  fs::copy(run_dir, f.dir / "run2", fs::copy_options::recursive);
+  std::string error;
+  try {
+    run_grpo(changed, true);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("grpo.verifier.abs_tol"), std::string::npos) << error;
+  fs::remove_all(f.dir);
+}
+
+// --- end to end: SFT teaches the format, GRPO raises the reward ------------------------------
+
+// Sums of single digits, in the synthetic arithmetic task's format.
+std::vector<train::SynthExample> single_digit_sums() {
+  std::vector<train::SynthExample> out;
+  for (int a = 0; a < 10; ++a)
+    for (int b = 0; b < 10; ++b) {
+      const std::string expr = std::to_string(a) + " + " + std::to_string(b);
+      const std::string answer = std::to_string(a + b);
+      out.push_back({"What is " + expr + "?", expr + " = " + answer + "\n#### " + answer, answer});
+    }
+  return out;
+}
+
+std::vector<double> step_rewards(const fs::path& run_dir) {
+  std::vector<double> out;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("grpo/reward")) out.push_back(j["grpo/reward"].get<double>());
+  }
+  return out;
+}
+
+TEST(GrpoRun, AfterSftRaisesTheRewardBeyondTheSameRunAtLearningRateZero) {
+  const GrpoRunFiles f = grpo_run_files("grpo_e2e");
+  const std::vector<train::SynthExample> examples = single_digit_sums();
+  {
+    std::ofstream sft(f.dir / "sft.jsonl"), prompts(f.dir / "sums.jsonl");
+    for (const auto& e : examples) sft << train::sft_jsonl_line(e) << "\n";
+    const int n = 8;
+    for (int i = 0; i < n; ++i) prompts << train::grpo_jsonl_line(examples[(i * 37) % 100]) << "\n";
+  }
+  train::PostOptions quiet;
+  quiet.quiet = true;
+  quiet.handle_signals = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string sft_text =
+      test_support::tiny_post_toml(
+          f.dir / "sft", f.model_file, f.tokenizer_path, 400,
+          "[sft]\ndata = \"" + (f.dir / "sft.jsonl").string() +
+              "\"\nvalidation_fraction = 0.0\nseq = 64\nmicro_batch = 8\n") +
+      "";
+  ASSERT_EQ(
+      train::run_post_training(train::parse_post_config(sft_text, "sft.toml", "sft",
+                                                        {"optimizer.lr=" + std::string("3e-3"),
+                                                         "checkpoint.interval=0"}),
+                               quiet, train::make_sft_objective)
+          .status,
+      train::RunStatus::finished);
+  const auto t1 = std::chrono::steady_clock::now();
+  auto grpo_run = [&](const std::string& name, const std::string& lr) {
+    const std::string text =
+        "[run]\ndir = \"" + (f.dir / name).string() +
+        "\"\nseed = 3\nthreads = 2\n\n[model]\nbase = \"" + (f.dir / "sft").string() +
+        "\"\n\n[train]\nsteps = " + "60" + "\n\n[optimizer]\nlr = " + lr +
+        "\n\n[schedule]\nkind = \"constant\"\n\n[metrics]\ntensorboard = false\n\n"
+        "[grpo]\ndata = \"" +
+        (f.dir / "sums.jsonl").string() + "\"\ngroup_size = 8\nprompts_per_step = " + "8" +
+        "\nmicro_batch = 64\nmax_completion_tokens = 12\n";
+    const train::PostConfig c = train::parse_post_config(text, "grpo.toml", "grpo");
+    const train::PostResult r = train::run_post_training(
+        c, quiet,
+        [&](const train::ObjectiveContext& x) { return train::make_grpo_objective(x, c.base); });
+    EXPECT_EQ(r.status, train::RunStatus::finished) << r.message;
+    return step_rewards(f.dir / name);
+  };
+  const std::vector<double> trained = grpo_run("grpo", "3e-3");
+  const auto t2 = std::chrono::steady_clock::now();
+  const std::vector<double> frozen = grpo_run("frozen", "0");
+  // Same prompts, same random streams: at lr 0 every step samples from the SFT model.
+  ASSERT_EQ(trained.size(), 60u);
+  ASSERT_EQ(frozen.size(), 60u);
+  double late_trained = 0, late_frozen = 0;
+  for (size_t i = 50; i < 60; ++i) {
+    late_trained += trained[i] / 10;
+    late_frozen += frozen[i] / 10;
+  }
+  std::printf(
+      "mean reward over steps 51-60: lr 3e-3 %.4f, lr 0 %.4f (step 1: %.4f); sft %.1f s, "
+      "grpo %.1f s\n",
+      late_trained, late_frozen, trained[0], std::chrono::duration<double>(t1 - t0).count(),
+      std::chrono::duration<double>(t2 - t1).count());
+  EXPECT_GT(late_trained, late_frozen + 0.15);
+  fs::remove_all(f.dir);
+}
+
+}  // namespace
