@@ -93,8 +93,10 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
   POLLEN_CHECK(model.has_value(), "config file '", name,
                "': missing [model] (base: a preset, model file, checkpoint or HF directory)");
   c.base = model->require_string("base");
-  // A preset's name stays as it is; a file or folder is found relative to the run file.
-  if (!base_dir.empty() && fs::exists(base_dir / c.base)) c.base = resolve(c.base);
+  // A preset's name stays as it is; a file or folder is found relative to the run file and
+  // kept as an absolute path, so that a checkpoint naming its base opens from any folder.
+  if (fs::exists(base_dir / c.base))
+    c.base = fs::absolute(resolve(c.base)).lexically_normal().string();
   c.tokenizer = model->get_string("tokenizer", "");
   if (!c.tokenizer.empty()) c.tokenizer = resolve(c.tokenizer);
   c.chat_template = model->get_string("chat_template", "");
