@@ -46,8 +46,7 @@ std::string lora_toml(const fs::path& run, int steps, const std::string& lora_ex
                                           "\"\nseq = 64\nmicro_batch = 2\naccumulation = 2\n") +
          "\n[lora]\nrank = 4\nalpha = 8\ntarget_modules = [\"q_proj\", \"k_proj\", \"v_proj\", "
          "\"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"" +
-         more_targets + "]\nseed = 5\n" +
-         lora_extra;
+         more_targets + "]\nseed = 5\n" + lora_extra;
 }
 
 // The base as the run loads it (a model file is initialised from the run's seed, 3).
