@@ -1,6 +1,12 @@
 #include "data/filters.h"
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <array>
+#include <cstring>
 
 #include "base/config.h"
 #include "base/error.h"
@@ -13,20 +19,6 @@ namespace {
 bool is_punct(unsigned char c) {
   return (c >= '!' && c <= '/') || (c >= ':' && c <= '@') || (c >= '[' && c <= '`') ||
          (c >= '{' && c <= '~');
-}
-bool has_non_punct(std::string_view w) {
-  for (unsigned char c : w)
-    if (!is_punct(c)) return true;
-  return false;
-}
-bool has_alpha(std::string_view w) {
-  // ASCII letters, or any non-ASCII character (letters of other scripts).
-  for (unsigned char c : w)
-    if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')
-      return true;
-    else if (c >= 0x80)
-      return true;
-  return false;
 }
 size_t count_sub(std::string_view s, std::string_view sub) {
   size_t n = 0;
@@ -84,6 +76,33 @@ std::pair<size_t, size_t> find_duplicates(const std::vector<std::string_view>& x
   return {n, chars};
 }
 
+// A word's 64-bit hash, inline: words of up to 16 bytes are read as two (overlapping) words
+// and mixed by multiplies; longer ones go to xxh64.
+inline uint64_t word_hash(std::string_view w) {
+  const size_t n = w.size();
+  if (n > 16) return xxh64(w.data(), n, n);
+  uint64_t a = 0, b = 0;
+  if (n >= 8) {
+    std::memcpy(&a, w.data(), 8);
+    std::memcpy(&b, w.data() + n - 8, 8);
+  } else if (n >= 4) {
+    uint32_t x, y;
+    std::memcpy(&x, w.data(), 4);
+    std::memcpy(&y, w.data() + n - 4, 4);
+    a = x;
+    b = y;
+  } else if (n > 0) {
+    a = static_cast<unsigned char>(w[0]) |
+        (static_cast<uint64_t>(static_cast<unsigned char>(w[n / 2])) << 8) |
+        (static_cast<uint64_t>(static_cast<unsigned char>(w[n - 1])) << 16);
+  }
+  uint64_t h = a * 0x9e3779b97f4a7c15ull ^
+               ((b * 0xc2b2ae3d27d4eb4full) >> 31 | (b * 0xc2b2ae3d27d4eb4full) << 33) ^ n;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  return h ^ (h >> 29);
+}
+
 inline uint64_t mix(uint64_t h, uint64_t v) {
   h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
   return h * 0xff51afd7ed558ccdull;
@@ -122,24 +141,139 @@ const char* LengthFilter::check(std::string_view text) const {
   return nullptr;
 }
 
-const char* GopherQualityFilter::check(std::string_view text) const {
-  thread_local std::vector<std::string_view> words, lines;
-  split_words(text, words);
-  const double n_words = static_cast<double>(words.size());
-  int64_t non_symbol = 0;
-  size_t non_symbol_len = 0;
-  int64_t alpha = 0, stop = 0;
-  for (auto w : words) {
-    if (has_non_punct(w)) {
-      ++non_symbol;
-      non_symbol_len += utf8_length(w);
-    }
-    alpha += has_alpha(w);
-    if (min_stop_words > 0 && w.size() <= 4 &&
-        (w == "the" || w == "be" || w == "to" || w == "of" || w == "and" || w == "that" ||
-         w == "have" || w == "with"))
-      ++stop;
+namespace {
+// Byte classes of the Gopher quality rules' word statistics.
+enum : unsigned char { kSpace = 1, kNonPunct = 2, kAlpha = 4, kContinuation = 8 };
+const std::array<unsigned char, 256> kByteClass = [] {
+  std::array<unsigned char, 256> t{};
+  for (int c = 0; c < 256; ++c) {
+    auto u = static_cast<unsigned char>(c);
+    unsigned char k = 0;
+    if (c == ' ' || (c >= '\t' && c <= '\r')) k |= kSpace;
+    if (!is_punct(u) && !(k & kSpace)) k |= kNonPunct;
+    if (((c | 0x20) >= 'a' && (c | 0x20) <= 'z') || c >= 0x80) k |= kAlpha;
+    if ((c & 0xC0) == 0x80) k |= kContinuation;
+    t[static_cast<size_t>(c)] = k;
   }
+  return t;
+}();
+
+// Bit j of each mask: the class of byte j of the 64 at p.
+struct ClassMasks {
+  uint64_t space = 0, non_punct = 0, alpha = 0, continuation = 0;
+};
+ClassMasks class_masks(const unsigned char* p) {
+  ClassMasks m;
+#ifdef __AVX2__
+  for (int half = 0; half < 2; ++half) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * half));
+    auto in_range = [](__m256i x, char lo, char hi) {
+      const __m256i d = _mm256_sub_epi8(x, _mm256_set1_epi8(lo));
+      return _mm256_cmpeq_epi8(_mm256_min_epu8(d, _mm256_set1_epi8(static_cast<char>(hi - lo))), d);
+    };
+    const __m256i space =
+        _mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8(' ')), in_range(v, '\t', '\r'));
+    const __m256i punct =
+        _mm256_or_si256(_mm256_or_si256(in_range(v, '!', '/'), in_range(v, ':', '@')),
+                        _mm256_or_si256(in_range(v, '[', '`'), in_range(v, '{', '~')));
+    const __m256i high = _mm256_cmpgt_epi8(_mm256_setzero_si256(), v);  // 0x80 and above
+    const __m256i alpha =
+        _mm256_or_si256(in_range(_mm256_or_si256(v, _mm256_set1_epi8(0x20)), 'a', 'z'), high);
+    const __m256i continuation = _mm256_cmpgt_epi8(_mm256_set1_epi8(-64), v);  // 0x80..0xBF
+    auto bits = [](__m256i x) {
+      return static_cast<uint64_t>(static_cast<uint32_t>(_mm256_movemask_epi8(x)));
+    };
+    const int at = 32 * half;
+    m.space |= bits(space) << at;
+    m.non_punct |= (~bits(_mm256_or_si256(space, punct)) & 0xFFFFFFFFull) << at;
+    m.alpha |= bits(alpha) << at;
+    m.continuation |= bits(continuation) << at;
+  }
+#else
+  for (int j = 0; j < 64; ++j) {
+    const unsigned char k = kByteClass[p[j]];
+    m.space |= static_cast<uint64_t>((k & kSpace) != 0) << j;
+    m.non_punct |= static_cast<uint64_t>((k & kNonPunct) != 0) << j;
+    m.alpha |= static_cast<uint64_t>((k & kAlpha) != 0) << j;
+    m.continuation |= static_cast<uint64_t>((k & kContinuation) != 0) << j;
+  }
+#endif
+  return m;
+}
+
+bool is_stop_word(std::string_view w) {
+  switch (w.size()) {
+    case 2:
+      return w == "be" || w == "to" || w == "of";
+    case 3:
+      return w == "the" || w == "and";
+    case 4:
+      return w == "that" || w == "have" || w == "with";
+    default:
+      return false;
+  }
+}
+}  // namespace
+
+const char* GopherQualityFilter::check(std::string_view text) const {
+  // One pass over the text, 64 bytes at a time: words (whitespace-separated runs) start and end
+  // at the steps of the whitespace bits; the other class bits inside a word tell whether it
+  // holds a byte that is not ASCII punctuation (a non-symbol word, whose characters count
+  // towards the mean length), a letter, and how many UTF-8 continuation bytes.
+  int64_t n_words_i = 0, non_symbol = 0, alpha = 0, stop = 0;
+  size_t non_symbol_len = 0;
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  bool in_word = false, word_non_punct = false, word_alpha = false;
+  size_t word_start = 0, word_continuation = 0;
+  auto end_word = [&](size_t end) {
+    const size_t len = end - word_start;
+    ++n_words_i;
+    if (word_non_punct) {
+      ++non_symbol;
+      non_symbol_len += len - word_continuation;
+    }
+    alpha += word_alpha;
+    if (min_stop_words > 0) stop += is_stop_word(text.substr(word_start, len));
+    in_word = false;
+  };
+  uint64_t prev_space = 1;  // the byte before the text counts as whitespace
+  unsigned char tail[64];
+  for (size_t i = 0; i < n; i += 64) {
+    const unsigned char* block = p + i;
+    if (n - i < 64) {  // the last bytes, followed by whitespace
+      std::memset(tail, ' ', sizeof tail);
+      std::memcpy(tail, p + i, n - i);
+      block = tail;
+    }
+    const ClassMasks m = class_masks(block);
+    uint64_t edges = m.space ^ ((m.space << 1) | prev_space);  // word starts and ends
+    prev_space = m.space >> 63;
+    unsigned from = 0;  // where the current word's bytes in this block begin
+    auto take = [&](unsigned to) {
+      const uint64_t bits = (to == 64 ? ~0ull : (1ull << to) - 1) & ~((1ull << from) - 1);
+      word_non_punct |= (m.non_punct & bits) != 0;
+      word_alpha |= (m.alpha & bits) != 0;
+      word_continuation += static_cast<size_t>(__builtin_popcountll(m.continuation & bits));
+    };
+    while (edges) {
+      const auto j = static_cast<unsigned>(__builtin_ctzll(edges));
+      edges &= edges - 1;
+      if (in_word) {
+        take(j);
+        end_word(i + j);
+      } else {
+        in_word = true;
+        word_start = i + j;
+        from = j;
+        word_non_punct = word_alpha = false;
+        word_continuation = 0;
+      }
+    }
+    if (in_word) take(64);
+  }
+  if (in_word) end_word(n);
+  const double n_words = static_cast<double>(n_words_i);
   if (min_doc_words > 0 && non_symbol < min_doc_words) return "gopher_too_few_words";
   if (max_doc_words > 0 && non_symbol > max_doc_words) return "gopher_too_many_words";
   if (non_symbol == 0) return "gopher_no_words";
@@ -153,15 +287,19 @@ const char* GopherQualityFilter::check(std::string_view text) const {
         max_symbol_word_ratio)
       return "gopher_ellipsis_ratio";
   }
-  split_lines(text, lines);
-  if (!lines.empty()) {
-    size_t bullets = 0, ellipsis = 0;
-    for (auto l : lines) {
-      auto s = strip(l);
-      bullets += starts_with(s, "\u2022") || starts_with(s, "-");
-      ellipsis += ends_with(s, "...") || ends_with(s, "\u2026");
-    }
-    double nl = static_cast<double>(lines.size());
+  // Lines split on '\n' (a trailing empty line is not one).
+  size_t n_lines = 0, bullets = 0, ellipsis = 0;
+  for (size_t b = 0; b < text.size();) {
+    size_t e = text.find('\n', b);
+    if (e == std::string_view::npos) e = text.size();
+    auto s = strip(text.substr(b, e - b));
+    ++n_lines;
+    bullets += starts_with(s, "\u2022") || starts_with(s, "-");
+    ellipsis += ends_with(s, "...") || ends_with(s, "\u2026");
+    b = e + 1;
+  }
+  if (n_lines > 0) {
+    double nl = static_cast<double>(n_lines);
     if (static_cast<double>(bullets) / nl > max_bullet_lines_ratio) return "gopher_bullet_lines";
     if (static_cast<double>(ellipsis) / nl > max_ellipsis_lines_ratio)
       return "gopher_ellipsis_lines";
@@ -220,10 +358,11 @@ const char* GopherRepetitionFilter::ngram_rules(const std::vector<std::string_vi
   chars.resize(nw + 1);
   chars[0] = 0;
   for (size_t i = 0; i < nw; ++i) {
-    wh[i] = xxh64(words[i].data(), words[i].size());
+    wh[i] = word_hash(words[i]);
     chars[i + 1] = chars[i] + words[i].size();
   }
-  std::vector<int> sizes;
+  thread_local std::vector<int> sizes;
+  sizes.clear();
   for (auto [n, f] : top_n_grams) sizes.push_back(n);
   for (auto [n, f] : dup_n_grams) sizes.push_back(n);
   std::sort(sizes.begin(), sizes.end());
@@ -293,7 +432,7 @@ const char* GopherRepetitionFilter::ngram_rules(const std::vector<std::string_vi
 
 const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& lines_removed) const {
   thread_local std::vector<std::string_view> lines, words;
-  thread_local std::string line, lower;
+  thread_local std::string cleaned, lower;
   split_lines(text, lines);
   out.clear();
   lines_removed = 0;
@@ -302,26 +441,27 @@ const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& li
     auto s = strip(raw);
     split_words(s, words);
     bool long_word = false;
+    // A word's characters are at most its bytes: only long words are counted.
     for (auto w : words)
-      long_word |= max_word_length > 0 && static_cast<int64_t>(utf8_length(w)) > max_word_length;
+      long_word |= max_word_length > 0 && static_cast<int64_t>(w.size()) > max_word_length &&
+                   static_cast<int64_t>(utf8_length(w)) > max_word_length;
     if (long_word) {
       ++lines_removed;
       continue;
     }
-    line.assign(s);
-    if (remove_citations) {
+    std::string_view ls = s;
+    if (remove_citations && s.find('[') != std::string_view::npos) {
       // [1], [23], [edit], [citation needed]
-      thread_local std::string cleaned;
       cleaned.clear();
-      for (size_t i = 0; i < line.size();) {
-        if (line[i] == '[') {
+      for (size_t i = 0; i < s.size();) {
+        if (s[i] == '[') {
           size_t j = i + 1;
-          while (j < line.size() && line[j] >= '0' && line[j] <= '9') ++j;
-          if (j < line.size() && line[j] == ']') {
+          while (j < s.size() && s[j] >= '0' && s[j] <= '9') ++j;
+          if (j < s.size() && s[j] == ']') {
             i = j + 1;
             continue;
           }
-          std::string_view rest(line.data() + i, line.size() - i);
+          std::string_view rest = s.substr(i);
           if (starts_with(rest, "[edit]")) {
             i += 6;
             continue;
@@ -331,11 +471,13 @@ const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& li
             continue;
           }
         }
-        cleaned += line[i++];
+        size_t next = s.find('[', i + 1);
+        if (next == std::string_view::npos) next = s.size();
+        cleaned.append(s.substr(i, next - i));
+        i = next;
       }
-      line.swap(cleaned);
+      ls = cleaned;
     }
-    std::string_view ls(line);
     if (filter_no_terminal_punct) {
       bool term = ends_with(ls, ".") || ends_with(ls, "?") || ends_with(ls, "!") ||
                   ends_with(ls, "\"") || ends_with(ls, "'");
@@ -348,8 +490,8 @@ const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& li
       ++lines_removed;
       continue;
     }
-    lower.resize(line.size());
-    std::transform(line.begin(), line.end(), lower.begin(),
+    lower.resize(ls.size());
+    std::transform(ls.begin(), ls.end(), lower.begin(),
                    [](char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; });
     if (filter_lorem_ipsum && lower.find("lorem ipsum") != std::string::npos)
       return "c4_lorem_ipsum";
@@ -357,7 +499,7 @@ const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& li
       ++lines_removed;
       continue;
     }
-    if (filter_curly_bracket && line.find('{') != std::string::npos) return "c4_curly_bracket";
+    if (filter_curly_bracket && ls.find('{') != std::string_view::npos) return "c4_curly_bracket";
     if (filter_policy) {
       static const char* kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
                                       "uses cookies", "use of cookies", "use cookies"};
@@ -370,13 +512,13 @@ const char* C4Filter::apply(std::string_view text, std::string& out, int64_t& li
     }
     // Sentences: terminal punctuation followed by a space or the end of the line.
     int64_t n = 0;
-    for (size_t i = 0; i < line.size(); ++i)
-      if ((line[i] == '.' || line[i] == '!' || line[i] == '?') &&
-          (i + 1 == line.size() || line[i + 1] == ' '))
+    for (size_t i = 0; i < ls.size(); ++i)
+      if ((ls[i] == '.' || ls[i] == '!' || ls[i] == '?') &&
+          (i + 1 == ls.size() || ls[i + 1] == ' '))
         ++n;
     sentences += std::max<int64_t>(n, 1);
     if (!out.empty()) out += '\n';
-    out += line;
+    out += ls;
   }
   if (min_num_sentences > 0 && sentences < min_num_sentences) return "c4_too_few_sentences";
   if (out.empty()) return "c4_no_lines_left";

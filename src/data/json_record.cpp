@@ -1,5 +1,9 @@
 #include "data/json_record.h"
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -65,6 +69,21 @@ class Scanner {
     const char* run = p_;
     bool any_escape = false;
     while (true) {
+#ifdef __AVX2__
+      // 32 bytes at a time up to the first '"', '\\' or control character.
+      while (end_ - p_ >= 32) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p_));
+        const __m256i stop =
+            _mm256_or_si256(_mm256_or_si256(_mm256_cmpeq_epi8(v, _mm256_set1_epi8('"')),
+                                            _mm256_cmpeq_epi8(v, _mm256_set1_epi8('\\'))),
+                            _mm256_cmpeq_epi8(_mm256_min_epu8(v, _mm256_set1_epi8(0x1f)), v));
+        if (const auto m = static_cast<uint32_t>(_mm256_movemask_epi8(stop))) {
+          p_ += __builtin_ctz(m);
+          break;
+        }
+        p_ += 32;
+      }
+#endif
       // Eight bytes at a time while none is '"', '\\' or a control character.
       while (end_ - p_ >= 8) {
         uint64_t v;
