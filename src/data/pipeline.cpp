@@ -479,7 +479,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   AtomicOut docs_out(work / "pass1.docs");
   AtomicOut sig_out(work / "pass1.sig");
   MinHasher hasher(c.minhash);
-  const int m = c.minhash.signature_size();
+  const int m = c.minhash.enabled ? c.minhash.signature_size() : 0;  // per document
   std::unordered_set<uint64_t> seen;
   int64_t files_read = 0, files_missing = 0, files_empty = 0, files_unreadable = 0;
 
@@ -504,10 +504,15 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
       read.drop(p.reason, p.bytes);
   };
 
+  // A document as read, or a problem the reader found (then there is no document). Items are
+  // reused from batch to batch, keeping their buffers: copying a document in allocates nothing
+  // once warm.
   struct Item {
-    RawDoc doc;
-    size_t file = 0;                 // index into `files`
-    std::optional<Problem> problem;  // found by the reader (then there is no document)
+    size_t file = 0;    // index into `files`
+    int64_t line = 1;   // the document's first line in its file
+    bool json = false;  // `text` is a JSONL record until the worker decodes it
+    std::string id, text;
+    std::optional<Problem> problem;
   };
   struct Outcome {
     int stage = kPass1Stages;  // where it was dropped; kPass1Stages = survived the filters
@@ -518,12 +523,21 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     std::optional<Problem> problem;  // an invalid record (dropped at read) or invalid UTF-8
   };
   struct Batch {
-    std::vector<Item> items;
+    std::vector<Item> items;  // the first n are this batch's
+    size_t n = 0;
     std::vector<Outcome> outcome;
-    std::vector<uint32_t> sigs;  // (items, m) MinHash signatures
+    std::vector<uint32_t> sigs;  // (n, m) MinHash signatures
     int64_t bytes = 0;           // text read
+
+    Item& add() {
+      if (n == items.size()) items.emplace_back();
+      Item& it = items[n++];
+      it.problem.reset();
+      return it;
+    }
   };
   constexpr int kDroppedAtRead = -1;
+  constexpr size_t kKeptBufferBytes = 1 << 20;
   int64_t done_bytes = 0, done_docs = 0;
   Progress progress(opt.progress, "pass 1 (read, filter, dedup)");
 
@@ -531,20 +545,21 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   auto filter = [&](Item& it, Outcome& o, uint32_t* sig) {
     thread_local std::string tmp;
     const InputFile& f = files[it.file];
-    const bool was_json = it.doc.json;
+    const bool was_json = it.json;
     if (was_json) {
       Problem p;
-      if (!decode_record(it.doc, c.sources[static_cast<size_t>(f.source)], f.name, p)) {
+      if (!decode_record(it.text, it.line, c.sources[static_cast<size_t>(f.source)], f.name, it.id,
+                         it.text, p)) {
         o.stage = kDroppedAtRead;
         o.problem = std::move(p);
         return;
       }
     }
-    if (!utf8_valid(it.doc.id)) {  // ids go into JSON outputs
-      utf8_repair(it.doc.id, tmp);
-      it.doc.id.swap(tmp);
+    if (!utf8_valid(it.id)) {  // ids go into JSON outputs
+      utf8_repair(it.id, tmp);
+      it.id.swap(tmp);
     }
-    std::string& text = it.doc.text;
+    std::string& text = it.text;
     o.raw_bytes = static_cast<int64_t>(text.size());
     auto dropped = [&](int stage, const char* why) {
       o.stage = stage;
@@ -552,7 +567,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     };
     if (size_t bad = utf8_invalid_at(text); bad != std::string_view::npos) {
       const int64_t line =
-          it.doc.line +
+          it.line +
           (was_json ? 0
                     : std::count(text.begin(), text.begin() + static_cast<ptrdiff_t>(bad), '\n'));
       o.problem = Problem{f.name, line, "invalid_utf8",
@@ -599,18 +614,17 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
 
   // Every document of a batch through the filters, on all threads.
   auto process = [&](Batch& b) {
-    const int64_t n = static_cast<int64_t>(b.items.size());
-    b.outcome.assign(b.items.size(), Outcome{});
+    const auto n = static_cast<int64_t>(b.n);
+    b.outcome.assign(b.n, Outcome{});
     b.sigs.assign(static_cast<size_t>(n * m), 0);
     for_each_document(n, [&](int64_t i) {
       Item& it = b.items[static_cast<size_t>(i)];
-      if (!it.problem)
-        filter(it, b.outcome[static_cast<size_t>(i)], &b.sigs[static_cast<size_t>(i * m)]);
+      if (!it.problem) filter(it, b.outcome[static_cast<size_t>(i)], b.sigs.data() + i * m);
     });
   };
   // Counts, exact dedup and the outputs, in input order.
   auto merge = [&](Batch& b) {
-    const int64_t n = static_cast<int64_t>(b.items.size());
+    const auto n = static_cast<int64_t>(b.n);
     for (int64_t i = 0; i < n; ++i) {
       Outcome& o = b.outcome[static_cast<size_t>(i)];
       Item& it = b.items[static_cast<size_t>(i)];
@@ -645,8 +659,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
         bytes = out;
       }
       if (!alive) continue;
-      write_doc_record(docs_out, static_cast<uint32_t>(files[it.file].source), it.doc.id,
-                       it.doc.text);
+      write_doc_record(docs_out, static_cast<uint32_t>(files[it.file].source), it.id, it.text);
       if (c.minhash.enabled)
         sig_out.write(
             std::string_view(reinterpret_cast<const char*>(&b.sigs[static_cast<size_t>(i * m)]),
@@ -662,7 +675,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   BatchPipeline<Batch> pipe(process, merge);
   auto next_batch = [&] {
     pipe.submit();
-    pipe.batch().items.clear();
+    pipe.batch().n = 0;
     pipe.batch().bytes = 0;
   };
   for (size_t fi = 0; fi < files.size(); ++fi) {
@@ -672,14 +685,23 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     std::string sha;
     read_input(
         f, spec, c.limits,
-        [&](RawDoc&& d) {
+        [&](RawDoc& d) {
           Batch& b = pipe.batch();
+          Item& it = b.add();
+          it.file = fi;
+          it.line = d.line;
+          it.json = d.json;
+          it.id.assign(d.id);
+          // A buffer that held a large document is let go rather than kept for small ones.
+          if (it.text.capacity() > kKeptBufferBytes) std::string().swap(it.text);
+          it.text.assign(d.text);
           b.bytes += static_cast<int64_t>(d.text.size());
-          b.items.push_back({std::move(d), fi, std::nullopt});
           if (b.bytes >= c.batch_bytes) next_batch();
         },
         [&](Problem&& p) {
-          pipe.batch().items.push_back({RawDoc{}, fi, std::move(p)});
+          Item& it = pipe.batch().add();
+          it.file = fi;
+          it.problem = std::move(p);
         },
         bytes, sha);
     if (!f.missing) {
@@ -687,7 +709,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
       if (!sha.empty()) res.inputs.push_back({{"path", f.name}, {"sha256", sha}, {"bytes", bytes}});
     }
   }
-  if (!pipe.batch().items.empty()) pipe.submit();
+  if (pipe.batch().n > 0) pipe.submit();
   pipe.finish();
   progress.update(done_docs, done_bytes, true);
   read.extra = {{"files", files_read},
@@ -934,12 +956,13 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
       std::string sha;
       read_input(
           f, spec, c.limits,
-          [&](RawDoc&& d) {
+          [&](RawDoc& d) {
             Problem pr;
-            if (d.json && !decode_record(d, spec, f.name, pr))
+            std::string text;
+            if (d.json && !decode_record(d.text, d.line, spec, f.name, d.id, text, pr))
               fail("decontaminate.eval_files: '", e, "' line ", pr.line, ": ", pr.reason, " (",
                    pr.detail, ")");
-            deco.add_eval_text(d.text);
+            deco.add_eval_text(d.json ? text : d.text);
           },
           [&](Problem&& pr) {
             fail("decontaminate.eval_files: '", e, "'", pr.line ? cat(" line ", pr.line) : "", ": ",

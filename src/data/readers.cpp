@@ -206,7 +206,7 @@ class LineReader {
 }  // namespace
 
 void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits& limits,
-                const std::function<void(RawDoc&&)>& on_doc,
+                const std::function<void(RawDoc&)>& on_doc,
                 const std::function<void(Problem&&)>& on_problem, int64_t& bytes,
                 std::string& sha256) {
   bytes = 0;
@@ -219,9 +219,9 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
   // Errors thrown by the callbacks are the caller's: they propagate instead of being reported
   // as an unreadable file.
   bool in_callback = false;
-  auto doc_out = [&](RawDoc&& d) {
+  auto doc_out = [&](RawDoc& d) {
     in_callback = true;
-    on_doc(std::move(d));
+    on_doc(d);
     in_callback = false;
   };
   auto problem_out = [&](Problem&& p) {
@@ -231,8 +231,9 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
   };
   try {
     ByteStream in(file.path, file.name);
+    RawDoc d;
     if (spec.format == "text") {
-      std::string text;
+      std::string& text = d.text;
       std::vector<char> buf(1 << 20);
       bool too_big = false;
       for (size_t n; (n = in.read(buf.data(), buf.size())) > 0;) {
@@ -248,11 +249,14 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
                      cat("over max_doc_bytes = ", limits.max_doc_bytes)});
       else if (in.raw_bytes() == 0)
         problem_out({file.name, 0, "empty_file", "the file is empty"});
-      else
-        doc_out({file.name, std::move(text), 1});
+      else {
+        d.id = file.name;
+        doc_out(d);
+      }
     } else if (spec.format == "delimited") {
       LineReader lines(in, limits.max_line_bytes);
-      std::string line, doc;
+      std::string line;
+      std::string& doc = d.text;
       bool too_long = false, doc_bad = false, any = false, started = false;
       int64_t n = 0, doc_line = 1;
       auto flush = [&]() {
@@ -261,8 +265,11 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
           problem_out({file.name, doc_line, "document_too_large",
                        "a line or the document is over "
                        "the limits"});
-        else
-          doc_out({cat(file.name, "#", n), std::move(doc), doc_line});
+        else {
+          d.id.assign(file.name).append("#").append(std::to_string(n));
+          d.line = doc_line;
+          doc_out(d);
+        }
         doc.clear();
         doc_bad = false;
         started = false;
@@ -294,7 +301,8 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
       if (!any) problem_out({file.name, 0, "empty_file", "the file is empty"});
     } else if (spec.format == "jsonl") {
       LineReader lines(in, limits.max_line_bytes);
-      std::string line;
+      std::string& line = d.text;
+      d.json = true;
       bool too_long = false, any = false;
       while (lines.next(line, too_long)) {
         any = true;
@@ -310,11 +318,8 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
         while (n > 0 && (line[n - 1] == '\r' || line[n - 1] == ' ')) --n;
         if (n == 0) continue;
         line.resize(n);
-        RawDoc d;
-        d.text.swap(line);
         d.line = ln;
-        d.json = true;
-        doc_out(std::move(d));
+        doc_out(d);
       }
       if (!any) problem_out({file.name, 0, "empty_file", "the file is empty"});
     } else {
@@ -328,23 +333,26 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
   }
 }
 
-bool decode_record(RawDoc& doc, const SourceSpec& spec, const std::string& file_name,
+bool decode_record(std::string_view record, int64_t line, const SourceSpec& spec,
+                   const std::string& file_name, std::string& id, std::string& text,
                    Problem& problem) {
   thread_local RecordFields fields;
-  const int64_t bytes = static_cast<int64_t>(doc.text.size());
-  std::string error = parse_record(doc.text, spec.text_field, spec.id_field, fields);
+  const auto bytes = static_cast<int64_t>(record.size());
+  std::string error = parse_record(record, spec.text_field, spec.id_field, fields);
   if (!error.empty()) {
-    problem = {file_name, doc.line, "invalid_json", std::move(error), bytes};
+    problem = {file_name, line, "invalid_json", std::move(error), bytes};
     return false;
   }
   if (!fields.has_text) {
-    problem = {file_name, doc.line, "missing_field", cat("no string field '", spec.text_field, "'"),
+    problem = {file_name, line, "missing_field", cat("no string field '", spec.text_field, "'"),
                bytes};
     return false;
   }
-  doc.id = fields.has_id ? fields.id : cat(file_name, ":", doc.line);
-  doc.text.swap(fields.text);
-  doc.json = false;
+  if (fields.has_id)
+    id.swap(fields.id);
+  else
+    id = cat(file_name, ":", line);
+  text.swap(fields.text);
   return true;
 }
 

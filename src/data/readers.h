@@ -3,12 +3,14 @@
 // (fortune files' "%" lines), and JSONL with a chosen text field; each may be gzip (.gz) or
 // zstd (.zst) compressed. Bad input (a missing file, an unreadable or corrupt one, an invalid
 // JSON line, a record without its text field, an over-long line) is reported as a Problem that
-// names the file and line, and reading goes on. The reading thread only splits JSONL into
-// lines; decode_record parses them, on whichever thread processes the document.
+// names the file and line, and reading goes on. The reading thread only splits the bytes into
+// documents (JSONL lines, delimited documents), reusing its buffers; decode_record parses a
+// JSONL record on whichever thread processes the document.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace pollen::data {
@@ -39,8 +41,8 @@ struct Problem {
   int64_t bytes = 0;  // of the record, when known
 };
 
-// A document as read. A JSONL record comes as its raw line (`json` set) until decode_record
-// turns it into text and id.
+// A document as read. A JSONL record comes as its raw line (`json` set, `id` empty) until
+// decode_record turns it into text and id.
 struct RawDoc {
   std::string id;
   std::string text;
@@ -60,17 +62,20 @@ struct ReadLimits {
 
 // Reads one file, calling on_doc for each document and on_problem for each bad record. Returns
 // the raw (compressed) bytes read and their SHA-256 through `bytes` and `sha256`. A line longer
-// than max_line_bytes is skipped without being held in memory. An error thrown by on_doc or
-// on_problem propagates (it is not reported as a problem of the file).
+// than max_line_bytes is skipped without being held in memory. The document passed to on_doc
+// is the reader's, reused for the next one: copy or swap out what is kept. An error thrown by
+// on_doc or on_problem propagates (it is not reported as a problem of the file).
 void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits& limits,
-                const std::function<void(RawDoc&&)>& on_doc,
+                const std::function<void(RawDoc&)>& on_doc,
                 const std::function<void(Problem&&)>& on_problem, int64_t& bytes,
                 std::string& sha256);
 
-// Decodes a JSONL record (doc.json set) in place: its text field, and its id field or
-// "<file>:<line>". Returns false and fills `problem` (invalid_json, missing_field) when the
-// record is bad.
-bool decode_record(RawDoc& doc, const SourceSpec& spec, const std::string& file_name,
+// Decodes the JSONL record at `line` of a file: its text field into `text`, its id field or
+// "<file>:<line>" into `id`. Returns false and fills `problem` (invalid_json, missing_field)
+// when the record is bad. `record` may be a view of `text` (it is read before `text` is
+// written).
+bool decode_record(std::string_view record, int64_t line, const SourceSpec& spec,
+                   const std::string& file_name, std::string& id, std::string& text,
                    Problem& problem);
 
 }  // namespace pollen::data
