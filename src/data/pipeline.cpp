@@ -504,13 +504,24 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
       read.drop(p.reason, p.bytes);
   };
 
-  // A document as read, or a problem the reader found (then there is no document). Items are
-  // reused from batch to batch, keeping their buffers: copying a document in allocates nothing
-  // once warm.
+  // What the reader put into a batch, in input order: a document (text or delimited), a block
+  // of JSONL lines (split into records on the pool), or a problem. Bytes go to the batch's
+  // block and ids, so that reading allocates nothing per document.
+  struct Entry {
+    size_t file = 0;                   // index into `files`
+    int64_t line = 1;                  // the document's (the JSONL block's) first line
+    size_t begin = 0, size = 0;        // its bytes in the block
+    size_t id_begin = 0, id_size = 0;  // a document's id in the batch's ids
+    bool jsonl = false;
+    int64_t problem = -1;  // index into the batch's problems
+  };
+  // A document or a problem (then there is no document), as the filters see it. Items are
+  // reused from batch to batch, keeping their buffers.
   struct Item {
-    size_t file = 0;    // index into `files`
-    int64_t line = 1;   // the document's first line in its file
-    bool json = false;  // `text` is a JSONL record until the worker decodes it
+    size_t file = 0;
+    int64_t line = 1;
+    size_t begin = 0, size = 0;  // the document or JSONL record as read, in the block
+    bool json = false;           // a JSONL record, decoded by the worker into `text`
     std::string id, text;
     std::optional<Problem> problem;
   };
@@ -523,15 +534,29 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     std::optional<Problem> problem;  // an invalid record (dropped at read) or invalid UTF-8
   };
   struct Batch {
-    std::vector<Item> items;  // the first n are this batch's
+    std::vector<Entry> entries;
+    std::string block, ids;
+    std::vector<Problem> problems;
+    std::vector<std::vector<JsonlLine>> lines;  // of each entry (JSONL blocks)
+    std::vector<Item> items;                    // the first n are this batch's
     size_t n = 0;
     std::vector<Outcome> outcome;
     std::vector<uint32_t> sigs;  // (n, m) MinHash signatures
-    int64_t bytes = 0;           // text read
+    int64_t bytes = 0;           // bytes read
 
-    Item& add() {
+    void clear() {
+      entries.clear();
+      block.clear();
+      ids.clear();
+      problems.clear();
+      n = 0;
+      bytes = 0;
+    }
+    Item& add(size_t file) {
       if (n == items.size()) items.emplace_back();
       Item& it = items[n++];
+      it.file = file;
+      it.json = false;
       it.problem.reset();
       return it;
     }
@@ -542,18 +567,22 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   Progress progress(opt.progress, "pass 1 (read, filter, dedup)");
 
   // One document through the filters, on a worker thread.
-  auto filter = [&](Item& it, Outcome& o, uint32_t* sig) {
+  auto filter = [&](Item& it, std::string_view raw, Outcome& o, uint32_t* sig) {
     thread_local std::string tmp;
     const InputFile& f = files[it.file];
     const bool was_json = it.json;
+    // A buffer that held a large document is let go rather than kept for small ones.
+    if (it.text.capacity() > kKeptBufferBytes) std::string().swap(it.text);
     if (was_json) {
       Problem p;
-      if (!decode_record(it.text, it.line, c.sources[static_cast<size_t>(f.source)], f.name, it.id,
+      if (!decode_record(raw, it.line, c.sources[static_cast<size_t>(f.source)], f.name, it.id,
                          it.text, p)) {
         o.stage = kDroppedAtRead;
         o.problem = std::move(p);
         return;
       }
+    } else {
+      it.text.assign(raw);
     }
     if (!utf8_valid(it.id)) {  // ids go into JSON outputs
       utf8_repair(it.id, tmp);
@@ -612,14 +641,52 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     if (c.minhash.enabled) hasher.signature(text, sig);
   };
 
-  // Every document of a batch through the filters, on all threads.
+  // Every document of a batch through the filters, on all threads: JSONL blocks are split into
+  // records first (on all threads), then the items are laid out in input order.
   auto process = [&](Batch& b) {
+    const auto entries = static_cast<int64_t>(b.entries.size());
+    if (b.lines.size() < b.entries.size()) b.lines.resize(b.entries.size());
+    for_each_document(entries, [&](int64_t e) {
+      const Entry& en = b.entries[static_cast<size_t>(e)];
+      auto& lines = b.lines[static_cast<size_t>(e)];
+      lines.clear();
+      if (en.jsonl)
+        split_jsonl_lines(std::string_view(b.block).substr(en.begin, en.size), en.line,
+                          c.limits.max_line_bytes, lines);
+    });
+    for (int64_t e = 0; e < entries; ++e) {
+      const Entry& en = b.entries[static_cast<size_t>(e)];
+      if (en.problem >= 0) {
+        b.add(en.file).problem = std::move(b.problems[static_cast<size_t>(en.problem)]);
+      } else if (!en.jsonl) {
+        Item& it = b.add(en.file);
+        it.line = en.line;
+        it.begin = en.begin;
+        it.size = en.size;
+        it.id.assign(b.ids, en.id_begin, en.id_size);
+      } else {
+        for (const JsonlLine& l : b.lines[static_cast<size_t>(e)]) {
+          Item& it = b.add(en.file);
+          if (l.too_long_bytes) {
+            it.problem = line_too_long(files[en.file].name, l.line, l.too_long_bytes,
+                                       c.limits.max_line_bytes);
+            continue;
+          }
+          it.line = l.line;
+          it.begin = en.begin + l.begin;
+          it.size = l.size;
+          it.json = true;
+        }
+      }
+    }
     const auto n = static_cast<int64_t>(b.n);
     b.outcome.assign(b.n, Outcome{});
     b.sigs.assign(static_cast<size_t>(n * m), 0);
     for_each_document(n, [&](int64_t i) {
       Item& it = b.items[static_cast<size_t>(i)];
-      if (!it.problem) filter(it, b.outcome[static_cast<size_t>(i)], b.sigs.data() + i * m);
+      if (!it.problem)
+        filter(it, std::string_view(b.block).substr(it.begin, it.size),
+               b.outcome[static_cast<size_t>(i)], b.sigs.data() + i * m);
     });
   };
   // Counts, exact dedup and the outputs, in input order.
@@ -673,43 +740,70 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
 
   // Reading on this thread, filtering on the pool, merging on a third thread.
   BatchPipeline<Batch> pipe(process, merge);
-  auto next_batch = [&] {
-    pipe.submit();
-    pipe.batch().n = 0;
-    pipe.batch().bytes = 0;
+  // A batch's block holds up to batch_bytes and one JSONL block (or document) more: reserved
+  // once, it is neither copied while it grows nor given back to the system between batches.
+  const auto block_bytes = static_cast<size_t>(std::min<int64_t>(c.batch_bytes, 1 << 20));
+  auto start_batch = [&] {
+    Batch& b = pipe.batch();
+    b.clear();
+    b.block.reserve(static_cast<size_t>(c.batch_bytes) + 2 * block_bytes);
+  };
+  start_batch();
+  auto added = [&](size_t bytes) {
+    Batch& b = pipe.batch();
+    b.bytes += static_cast<int64_t>(bytes);
+    if (b.bytes >= c.batch_bytes) {
+      pipe.submit();
+      start_batch();
+    }
+  };
+  auto add_problem = [&](size_t fi, Problem&& p) {
+    Batch& b = pipe.batch();
+    b.entries.push_back({.file = fi, .problem = static_cast<int64_t>(b.problems.size())});
+    b.problems.push_back(std::move(p));
   };
   for (size_t fi = 0; fi < files.size(); ++fi) {
     const InputFile& f = files[fi];
     const SourceSpec& spec = c.sources[static_cast<size_t>(f.source)];
     int64_t bytes = 0;
     std::string sha;
-    read_input(
-        f, spec, c.limits,
-        [&](RawDoc& d) {
-          Batch& b = pipe.batch();
-          Item& it = b.add();
-          it.file = fi;
-          it.line = d.line;
-          it.json = d.json;
-          it.id.assign(d.id);
-          // A buffer that held a large document is let go rather than kept for small ones.
-          if (it.text.capacity() > kKeptBufferBytes) std::string().swap(it.text);
-          it.text.assign(d.text);
-          b.bytes += static_cast<int64_t>(d.text.size());
-          if (b.bytes >= c.batch_bytes) next_batch();
-        },
-        [&](Problem&& p) {
-          Item& it = pipe.batch().add();
-          it.file = fi;
-          it.problem = std::move(p);
-        },
-        bytes, sha);
+    if (spec.format == "jsonl") {
+      read_jsonl_blocks(
+          f, c.limits, block_bytes,
+          [&](std::string_view block, int64_t first_line) {
+            Batch& b = pipe.batch();
+            b.entries.push_back({.file = fi,
+                                 .line = first_line,
+                                 .begin = b.block.size(),
+                                 .size = block.size(),
+                                 .jsonl = true});
+            b.block.append(block);
+            added(block.size());
+          },
+          [&](Problem&& p) { add_problem(fi, std::move(p)); }, bytes, sha);
+    } else {
+      read_input(
+          f, spec, c.limits,
+          [&](RawDoc& d) {
+            Batch& b = pipe.batch();
+            b.entries.push_back({.file = fi,
+                                 .line = d.line,
+                                 .begin = b.block.size(),
+                                 .size = d.text.size(),
+                                 .id_begin = b.ids.size(),
+                                 .id_size = d.id.size()});
+            b.block.append(d.text);
+            b.ids.append(d.id);
+            added(d.text.size());
+          },
+          [&](Problem&& p) { add_problem(fi, std::move(p)); }, bytes, sha);
+    }
     if (!f.missing) {
       files_read++;
       if (!sha.empty()) res.inputs.push_back({{"path", f.name}, {"sha256", sha}, {"bytes", bytes}});
     }
   }
-  if (pipe.batch().n > 0) pipe.submit();
+  if (!pipe.batch().entries.empty()) pipe.submit();
   pipe.finish();
   progress.update(done_docs, done_bytes, true);
   read.extra = {{"files", files_read},

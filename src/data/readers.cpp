@@ -205,6 +205,119 @@ class LineReader {
 
 }  // namespace
 
+namespace {
+
+// The JSONL blocks of an open stream; `line_no` follows the last line handed on or reported.
+void jsonl_blocks(ByteStream& in, const InputFile& file, const ReadLimits& limits,
+                  size_t block_bytes,
+                  const std::function<void(std::string_view, int64_t)>& on_block,
+                  const std::function<void(Problem&&)>& on_problem, int64_t& line_no) {
+  const auto cap = static_cast<size_t>(limits.max_line_bytes);
+  std::vector<char> chunk(std::max<size_t>(block_bytes, 1));
+  std::string pending;    // the start of a line whose end is not read yet
+  int64_t skipping = -1;  // >= 0: bytes so far of an over-long line being skipped
+  bool any = false;
+  for (size_t n; (n = in.read(chunk.data(), chunk.size())) > 0;) {
+    any = true;
+    std::string_view c(chunk.data(), n);
+    if (skipping >= 0) {
+      const size_t nl = c.find('\n');
+      if (nl == std::string_view::npos) {
+        skipping += static_cast<int64_t>(n);
+        continue;
+      }
+      on_problem(line_too_long(file.name, ++line_no, skipping + static_cast<int64_t>(nl + 1),
+                               limits.max_line_bytes));
+      skipping = -1;
+      c.remove_prefix(nl + 1);
+    }
+    const size_t last = c.rfind('\n');
+    if (last != std::string_view::npos) {
+      std::string_view block = c.substr(0, last + 1);
+      if (!pending.empty()) block = pending.append(block);
+      on_block(block, line_no + 1);
+      line_no += std::count(block.begin(), block.end(), '\n');
+      pending.assign(c.substr(last + 1));
+    } else {
+      pending.append(c);
+    }
+    if (pending.size() > cap) {
+      skipping = static_cast<int64_t>(pending.size());
+      std::string().swap(pending);
+    }
+  }
+  if (skipping >= 0)
+    on_problem(line_too_long(file.name, ++line_no, skipping, limits.max_line_bytes));
+  else if (!pending.empty())
+    on_block(pending, line_no + 1);
+  if (!any) on_problem({file.name, 0, "empty_file", "the file is empty"});
+}
+
+}  // namespace
+
+void read_jsonl_blocks(const InputFile& file, const ReadLimits& limits, size_t block_bytes,
+                       const std::function<void(std::string_view, int64_t)>& on_block,
+                       const std::function<void(Problem&&)>& on_problem, int64_t& bytes,
+                       std::string& sha256) {
+  bytes = 0;
+  sha256.clear();
+  if (file.missing) {
+    on_problem({file.name, 0, "missing_file", "no such file"});
+    return;
+  }
+  int64_t line_no = 0;
+  // Errors thrown by the callbacks are the caller's: they propagate instead of being reported
+  // as an unreadable file.
+  bool in_callback = false;
+  try {
+    ByteStream in(file.path, file.name);
+    jsonl_blocks(
+        in, file, limits, block_bytes,
+        [&](std::string_view block, int64_t first) {
+          in_callback = true;
+          on_block(block, first);
+          in_callback = false;
+        },
+        [&](Problem&& p) {
+          in_callback = true;
+          on_problem(std::move(p));
+          in_callback = false;
+        },
+        line_no);
+    bytes = in.raw_bytes();
+    sha256 = in.sha256();
+  } catch (const Error& e) {
+    if (in_callback) throw;
+    on_problem({file.name, line_no, "unreadable_file", e.what()});
+  }
+}
+
+int64_t split_jsonl_lines(std::string_view block, int64_t first_line, int64_t max_line_bytes,
+                          std::vector<JsonlLine>& out) {
+  int64_t line = first_line;
+  for (size_t b = 0; b < block.size(); ++line) {
+    size_t e = block.find('\n', b);
+    const bool has_newline = e != std::string_view::npos;
+    if (!has_newline) e = block.size();
+    const size_t length = e - b;
+    if (static_cast<int64_t>(length) > max_line_bytes) {
+      out.push_back({b, 0, line, static_cast<int64_t>(length + has_newline)});
+    } else {
+      size_t n = length;
+      while (n > 0 && (block[b + n - 1] == '\r' || block[b + n - 1] == ' ')) --n;
+      if (n > 0) out.push_back({b, n, line, 0});
+    }
+    b = e + 1;
+  }
+  return line - first_line;
+}
+
+Problem line_too_long(const std::string& file_name, int64_t line, int64_t bytes,
+                      int64_t max_line_bytes) {
+  return {file_name, line, "line_too_long",
+          cat("a line of ", bytes, " bytes is over max_line_bytes = ", max_line_bytes), bytes};
+}
+
 void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits& limits,
                 const std::function<void(RawDoc&)>& on_doc,
                 const std::function<void(Problem&&)>& on_problem, int64_t& bytes,
@@ -300,28 +413,25 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
       if (started || doc_bad) flush();
       if (!any) problem_out({file.name, 0, "empty_file", "the file is empty"});
     } else if (spec.format == "jsonl") {
-      LineReader lines(in, limits.max_line_bytes);
-      std::string& line = d.text;
+      std::vector<JsonlLine> lines;
       d.json = true;
-      bool too_long = false, any = false;
-      while (lines.next(line, too_long)) {
-        any = true;
-        const int64_t ln = line_no = lines.number();
-        if (too_long) {
-          problem_out({file.name, ln, "line_too_long",
-                       cat("a line of ", lines.length(),
-                           " bytes is over max_line_bytes = ", limits.max_line_bytes),
-                       lines.length()});
-          continue;
-        }
-        size_t n = line.size();
-        while (n > 0 && (line[n - 1] == '\r' || line[n - 1] == ' ')) --n;
-        if (n == 0) continue;
-        line.resize(n);
-        d.line = ln;
-        doc_out(d);
-      }
-      if (!any) problem_out({file.name, 0, "empty_file", "the file is empty"});
+      jsonl_blocks(
+          in, file, limits, 1 << 20,
+          [&](std::string_view block, int64_t first) {
+            lines.clear();
+            split_jsonl_lines(block, first, limits.max_line_bytes, lines);
+            for (const JsonlLine& l : lines) {
+              if (l.too_long_bytes) {
+                problem_out(
+                    line_too_long(file.name, l.line, l.too_long_bytes, limits.max_line_bytes));
+                continue;
+              }
+              d.text.assign(block.substr(l.begin, l.size));
+              d.line = l.line;
+              doc_out(d);
+            }
+          },
+          problem_out, line_no);
     } else {
       fail("unknown format '", spec.format, "'");
     }

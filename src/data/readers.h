@@ -70,6 +70,32 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
                 const std::function<void(Problem&&)>& on_problem, int64_t& bytes,
                 std::string& sha256);
 
+// A JSONL file read in blocks of whole lines, so that splitting them into records and decoding
+// those can run on other threads (split_jsonl_lines): on_block gets each block (the file's last
+// line may lack its '\n') and the number of its first line; the view is valid during the call.
+// Blocks are read block_bytes at a time (a block holds more when a line is longer).
+// The reading thread only reads (decompressing) and hashes the bytes and finds the last line
+// end of each block. A line that grows over max_line_bytes before its end is read is skipped
+// and reported here, without being held.
+void read_jsonl_blocks(const InputFile& file, const ReadLimits& limits, size_t block_bytes,
+                       const std::function<void(std::string_view, int64_t)>& on_block,
+                       const std::function<void(Problem&&)>& on_problem, int64_t& bytes,
+                       std::string& sha256);
+
+// A line of a block: a record (trailing '\r' and spaces removed), or one over max_line_bytes.
+struct JsonlLine {
+  size_t begin = 0, size = 0;  // the record in the block
+  int64_t line = 0;            // its line number in the file
+  int64_t too_long_bytes = 0;  // > 0: the line is over max_line_bytes (its bytes with the '\n')
+};
+// Appends the lines of `block` (whole lines starting at line `first_line`) that are records or
+// too long; blank lines are skipped. Returns the number of lines, blank ones included.
+int64_t split_jsonl_lines(std::string_view block, int64_t first_line, int64_t max_line_bytes,
+                          std::vector<JsonlLine>& out);
+// The line_too_long problem of a JSONL line.
+Problem line_too_long(const std::string& file_name, int64_t line, int64_t bytes,
+                      int64_t max_line_bytes);
+
 // Decodes the JSONL record at `line` of a file: its text field into `text`, its id field or
 // "<file>:<line>" into `id`. Returns false and fills `problem` (invalid_json, missing_field)
 // when the record is bad. `record` may be a view of `text` (it is read before `text` is

@@ -363,6 +363,62 @@ TEST(Pipeline, PrepareKilledInPassTwoResumesByteIdentical) {
   EXPECT_EQ(outputs(root / "killed"), outputs(root / "whole"));
 }
 
+TEST(Pipeline, OneLargeFileKeepsItsOrderAndOutputsOnOneTwoAndFourThreads) {
+  // One plain JSONL file and one delimited file, each over many batches, with bad lines among
+  // the records: every thread count keeps every document in file order, with its line.
+  fs::path root =
+      fs::temp_directory_path() / ("pollen_data_one_file_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  std::string jl, fort, expected_ids;
+  int64_t line = 0;
+  for (int i = 0; i < 400; ++i) {
+    jl += json{{"text", paragraph(1000 + i)}}.dump() + (i % 7 == 3 ? "\r\n" : "\n");
+    expected_ids += "records/big.jsonl:" + std::to_string(++line) + "\n";
+    if (i % 50 == 10) {
+      jl += "{not json\n";
+      ++line;
+    }
+    if (i % 60 == 20) {
+      jl += "  \n";  // a blank line: no record
+      ++line;
+    }
+  }
+  for (int i = 0; i < 200; ++i) {
+    fort += paragraph(2000 + i) + "\n%\n";
+    expected_ids += "fortunes/big.txt#" + std::to_string(i + 1) + "\n";
+  }
+  write(root / "big.jsonl", jl);
+  write(root / "big.txt", fort);
+  auto prepare_on = [&](int threads) {
+    const std::string out = "out" + std::to_string(threads);
+    write(root / (out + ".toml"),
+          "output = \"" + out + "\"\nthreads = " + std::to_string(threads) +
+              "\nbatch_bytes = 4096\nsources = [\"records\", \"fortunes\"]\n"
+              "[source.records]\npaths = [\"big.jsonl\"]\nformat = \"jsonl\"\n"
+              "[source.fortunes]\npaths = [\"big.txt\"]\nformat = \"delimited\"\n"
+              "[gopher_quality]\nenabled = false\n[gopher_repetition]\nenabled = false\n"
+              "[minhash]\nenabled = false\n[split]\nvalidation_fraction = 0\n");
+    int before = num_threads();
+    prepare(PipelineConfig::load(root / (out + ".toml")), {.progress = false});
+    set_num_threads(before);
+    return outputs(root / out);
+  };
+  auto one = prepare_on(1);
+  const std::string& curated = one["curated-train.jsonl"];
+  std::string ids;
+  for (size_t at = 0; (at = curated.find("{\"id\":\"", at)) != std::string::npos;) {
+    at += 7;
+    ids += curated.substr(at, curated.find('"', at) - at) + "\n";
+  }
+  EXPECT_EQ(ids, expected_ids);
+  json m = json::parse(one["manifest.json"]);
+  EXPECT_EQ(m["stages"][0]["dropped"]["invalid_json"]["docs"], 8);
+  EXPECT_EQ(m["problems"][0]["line"], 12);  // after 11 records
+  EXPECT_EQ(prepare_on(2), one);
+  EXPECT_EQ(prepare_on(4), one);
+  fs::remove_all(root);
+}
+
 TEST(Pipeline, AHundredMegabyteLineIsReportedWithoutHoldingIt) {
   fs::path root =
       fs::temp_directory_path() / ("pollen_data_long_line_" + std::to_string(::getpid()));
