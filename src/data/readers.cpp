@@ -203,10 +203,6 @@ class LineReader {
   int64_t number_ = 0, length_ = 0;
 };
 
-}  // namespace
-
-namespace {
-
 // The JSONL blocks of an open stream; `line_no` follows the last line handed on or reported.
 void jsonl_blocks(ByteStream& in, const InputFile& file, const ReadLimits& limits,
                   size_t block_bytes,
