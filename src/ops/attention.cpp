@@ -1,10 +1,13 @@
-// Device dispatch for attention: checks every input, then runs the CPU kernel.
+// Device dispatch for attention: checks every input, then runs the CPU or the CUDA kernel.
 #include "ops/attention.h"
 
 #include <cmath>
 
 #include "ops/check.h"
 #include "ops/cpu/attention.h"
+#if POLLEN_HAVE_CUDA
+#include "ops/cuda/attention.h"
+#endif
 
 namespace pollen::ops {
 namespace {
@@ -58,6 +61,79 @@ void backward_typed(const cpu::AttentionShape& s, const Tensor& q, const Tensor&
                              dq.data<T>(), dk.data<T>(), dv.data<T>());
 }
 
+// ---- CUDA (ops/cuda/attention.h): every tensor on the GPU, f32 or bf16 with lse f32 -----------
+
+void check_cuda_tensor(const char* op, const char* name, const Tensor& t, DType dtype,
+                       const Shape& shape, const char* layout) {
+  POLLEN_CHECK(t.defined(), op, ": ", name, " is undefined; expected ", layout, " ",
+               shape_str(shape));
+  POLLEN_CHECK(t.device() == Device::cuda, op, ": ", name, " is on ", device_name(t.device()),
+               ", expected cuda like q");
+  POLLEN_CHECK(t.dtype() == dtype, op, ": ", name, " has dtype ", dtype_name(t.dtype()),
+               ", expected ", dtype_name(dtype));
+  POLLEN_CHECK(t.shape() == shape, op, ": ", name, " has shape ", shape_str(t.shape()),
+               ", expected ", layout, " ", shape_str(shape));
+  POLLEN_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+}
+
+// The shapes of a CUDA call; seg_start's values stay on the GPU and are the caller's promise.
+cpu::AttentionShape check_cuda_inputs(const char* op, const Tensor& q, const Tensor& k,
+                                      const Tensor& v, const Tensor& seg_start, double scale) {
+  POLLEN_CHECK(q.dim() == 4 && k.defined() && k.dim() == 4, op,
+               ": q must be (B,T,H,D) and k (B,T,KVH,D), got ", shape_str(q.shape()), " and ",
+               k.defined() ? shape_str(k.shape()) : "undefined");
+  POLLEN_CHECK(q.dtype() == DType::f32 || q.dtype() == DType::bf16, op,
+               ": q on cuda must be f32 or bf16, got ", dtype_name(q.dtype()));
+  const cpu::AttentionShape s{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  POLLEN_CHECK(s.heads > 0 && s.kv_heads > 0 && s.heads % s.kv_heads == 0, op, ": H = ", s.heads,
+               " (q) must be a positive multiple of KVH = ", s.kv_heads, " (k)");
+  POLLEN_CHECK(std::isfinite(scale), op, ": scale must be finite, got ", scale);
+  const Shape kvs{s.batch, s.seq, s.kv_heads, s.head_dim};
+  check_cuda_tensor(op, "q", q, q.dtype(), q.shape(), "(B,T,H,D)");
+  check_cuda_tensor(op, "k", k, q.dtype(), kvs, "(B,T,KVH,D)");
+  check_cuda_tensor(op, "v", v, q.dtype(), kvs, "(B,T,KVH,D)");
+  check_cuda_tensor(op, "seg_start", seg_start, DType::i32, {s.batch, s.seq}, "(B,T)");
+  return s;
+}
+
+void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                  double scale, Tensor& out, Tensor& lse) {
+  const char* op = "attention_forward";
+  const auto s = check_cuda_inputs(op, q, k, v, seg_start, scale);
+  check_cuda_tensor(op, "out", out, q.dtype(), q.shape(), "(B,T,H,D)");
+  check_cuda_tensor(op, "lse", lse, DType::f32, {s.batch, s.heads, s.seq}, "(B,H,T)");
+#if POLLEN_HAVE_CUDA
+  cuda::attention_forward({s.batch, s.seq, s.heads, s.kv_heads, s.head_dim}, q.dtype(), q.raw(),
+                          k.raw(), v.raw(), seg_start.data<int32_t>(), static_cast<float>(scale),
+                          out.raw(), lse.data<float>(), nullptr);
+#else
+  fail(op, ": tensors on cuda, but this pollen was built without CUDA");
+#endif
+}
+
+void backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
+                   const Tensor& out, const Tensor& lse, const Tensor& dout, double scale,
+                   Tensor& dq, Tensor& dk, Tensor& dv) {
+  const char* op = "attention_backward";
+  const auto s = check_cuda_inputs(op, q, k, v, seg_start, scale);
+  check_cuda_tensor(op, "out", out, q.dtype(), q.shape(), "(B,T,H,D)");
+  check_cuda_tensor(op, "lse", lse, DType::f32, {s.batch, s.heads, s.seq}, "(B,H,T)");
+  check_cuda_tensor(op, "dout", dout, q.dtype(), q.shape(), "(B,T,H,D)");
+  check_cuda_tensor(op, "dq", dq, q.dtype(), q.shape(), "(B,T,H,D)");
+  check_cuda_tensor(op, "dk", dk, q.dtype(), k.shape(), "(B,T,KVH,D)");
+  check_cuda_tensor(op, "dv", dv, q.dtype(), k.shape(), "(B,T,KVH,D)");
+#if POLLEN_HAVE_CUDA
+  const cuda::AttentionShape shape{s.batch, s.seq, s.heads, s.kv_heads, s.head_dim};
+  Tensor workspace = Tensor::empty({s.batch, s.heads, s.seq}, DType::f32, Device::cuda);
+  POLLEN_ASSERT(workspace.nbytes() >= cuda::attention_backward_workspace_bytes(shape));
+  cuda::attention_backward(shape, q.dtype(), q.raw(), k.raw(), v.raw(), seg_start.data<int32_t>(),
+                           out.raw(), lse.data<float>(), dout.raw(), static_cast<float>(scale),
+                           dq.raw(), dk.raw(), dv.raw(), workspace.raw(), nullptr);
+#else
+  fail(op, ": tensors on cuda, but this pollen was built without CUDA");
+#endif
+}
+
 }  // namespace
 
 Tensor segment_starts(const Tensor& doc_ids) {
@@ -73,6 +149,10 @@ Tensor segment_starts(const Tensor& doc_ids) {
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                        double scale, Tensor& out, Tensor& lse) {
+  if (q.defined() && q.device() == Device::cuda) {
+    forward_cuda(q, k, v, seg_start, scale, out, lse);
+    return;
+  }
   const char* op = "attention_forward";
   const auto s = check_attention_inputs(op, q, k, v, seg_start, scale);
   check_tensor(op, "out", out, q.dtype(), q.shape(), "(B,T,H,D)");
@@ -87,6 +167,10 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, double scale,
                         Tensor& dq, Tensor& dk, Tensor& dv) {
+  if (q.defined() && q.device() == Device::cuda) {
+    backward_cuda(q, k, v, seg_start, out, lse, dout, scale, dq, dk, dv);
+    return;
+  }
   const char* op = "attention_backward";
   const auto s = check_attention_inputs(op, q, k, v, seg_start, scale);
   check_tensor(op, "out", out, q.dtype(), q.shape(), "(B,T,H,D)");

@@ -16,7 +16,8 @@ Tensor segment_starts(const Tensor& doc_ids);
 // q (B,T,H,D); k, v (B,T,KVH,D) with H % KVH == 0 (head h reads kv head h / (H/KVH));
 // seg_start (B,T) int32 from segment_starts (non-decreasing, seg_start[b,t] <= t).
 // out (B,T,H,D) = softmax(q k^T * scale) v; lse (B,H,T) = logsumexp of each query's scaled scores.
-// out and lse are allocated by the caller; f32 or f64, all tensors contiguous on the CPU.
+// out and lse are allocated by the caller; f32 or f64, all tensors contiguous on the CPU. On CUDA
+// (q on the GPU; docs/cuda.md): every tensor on the GPU, f32 or bf16 with lse f32, D 32/64/128.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                        double scale, Tensor& out, Tensor& lse);
 
