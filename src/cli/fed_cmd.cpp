@@ -30,7 +30,8 @@ void add_fed_command(CLI::App& app) {
 
   auto* server = fed->add_subcommand("server",
                                      "Run the federation server (global model, outer "
-                                     "optimizer, rounds, checkpoints)");
+                                     "optimizer, rounds, checkpoints); with [post] the "
+                                     "exchanged state is LoRA adapters (post-training)");
   server->add_option("--config", o->config, "fed.toml")->required();
   server->add_flag("--resume", o->resume, "Continue from the newest valid checkpoint");
   server->callback([o] {
@@ -41,7 +42,8 @@ void add_fed_command(CLI::App& app) {
 
   auto* client = fed->add_subcommand("client",
                                      "Run one silo: join, train local steps, push "
-                                     "pseudo-gradients. As several ranks under mpirun -np N, "
+                                     "pseudo-gradients (with [post]: SFT or DPO steps on LoRA "
+                                     "adapters). As several ranks under mpirun -np N, "
                                      "srun or pollen launch --nproc N (docs/parallel.md); exit "
                                      "code 4: a rank died or hung");
   client->add_option("--config", o->config, "client.toml")->required();

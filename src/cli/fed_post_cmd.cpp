@@ -5,7 +5,6 @@
 
 #include "cli/commands.h"
 #include "fed/post_lora.h"
-#include "train/sft.h"
 
 namespace pollen::cli {
 
@@ -14,14 +13,14 @@ void add_fed_post_command(CLI::App& app) {
   auto config = std::make_shared<std::string>();
   auto* post = fed->add_subcommand(
       "post",
-      "Federated post-training (SFT) with LoRA adapters: silos in one process train from the "
-      "round's adapters and send only B (A shared and frozen), see docs/federated.md");
+      "Federated post-training (SFT or DPO) with LoRA adapters, simulated: silos in one process "
+      "train from the round's adapters and send only B (A shared and frozen), see "
+      "docs/federated.md");
   post->add_option("--config", *config, "fed-sft-lora.toml")->required();
   post->callback([config] {
     const fed::LoraFedConfig cfg = fed::load_lora_fed_config(*config);
-    POLLEN_CHECK(cfg.objective == "sft", "config file '", *config, "': federation.objective '",
-                 cfg.objective, "': only \"sft\" runs federated so far");
-    const fed::LoraFedResult r = fed::run_lora_federation(cfg, train::make_sft_objective);
+    const fed::LoraFedResult r = fed::run_lora_federation(
+        cfg, fed::lora_objective_factory(cfg.objective, *config + ": federation.objective"));
     std::printf("%-24s %s\n", "silo", "validation loss with the final adapters");
     for (size_t i = 0; i < cfg.silos.size(); ++i)
       std::printf("%-24s %.4f\n", cfg.silos[i].c_str(), r.eval_loss[i]);

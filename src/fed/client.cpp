@@ -258,18 +258,46 @@ double LocalTrainer::evaluate(int64_t* tokens) {
 // ------------------------------------------------------------------------------------
 
 Client::Client(ClientConfig config, Transport& transport, dist::Communicator* comm)
-    : config_(std::move(config)), transport_(transport), trainer_(config_, comm) {
-  specs_ = param_specs(trainer_.model());
+    : config_(std::move(config)), transport_(transport) {
+  if (config_.post.enabled()) {
+    POLLEN_CHECK(comm == nullptr || comm->world() == 1, "client '", config_.id,
+                 "': a post-training silo ([post]) runs as one process, not ", comm->world(),
+                 " ranks");
+    silo_ = std::make_unique<LoraSilo>(
+        config_.id, silo_post_config(config_.post),
+        lora_objective_factory(config_.post.objective, "post.objective"));
+    // What Join proposes: the base's architecture and tokenizer, as the run file resolved them.
+    config_.model = silo_->model().config();
+    config_.tokenizer_fingerprint = silo_->tokenizer_fingerprint();
+    trainer_ = silo_.get();
+  } else {
+    local_ = std::make_unique<LocalTrainer>(config_, comm);
+    trainer_ = local_.get();
+  }
+  specs_ = trainer_->exchanged_specs();
   if (config_.local_dp.enabled) local_dp_ = std::make_unique<LocalDp>(config_.local_dp);
   if (!config_.state_dir.empty()) {
-    last_round_ = load_client_state(config_.state_dir, config_.id, trainer_, specs_, feedback_);
+    last_round_ =
+        silo_ ? load_client_state(config_.state_dir, config_.id, *silo_, specs_, feedback_)
+              : load_client_state(config_.state_dir, config_.id, *local_, specs_, feedback_);
   }
+}
+
+LocalTrainer& Client::trainer() {
+  POLLEN_CHECK(local_ != nullptr, "client '", config_.id,
+               "': a post-training silo has no pre-training trainer");
+  return *local_;
 }
 
 void Client::save_state() {
   if (config_.state_dir.empty()) return;
-  save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, trainer_,
-                    specs_, feedback_);
+  if (silo_) {
+    save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, *silo_,
+                      specs_, feedback_);
+  } else {
+    save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, *local_,
+                      specs_, feedback_);
+  }
 }
 
 void Client::join() {
@@ -278,7 +306,11 @@ void Client::join() {
   r.set_client_id(config_.id);
   r.set_model_config(model_config_json(config_.model));
   r.set_tokenizer_fingerprint(config_.tokenizer_fingerprint);
-  r.set_data_manifest_hash(trainer_.manifest_hash());
+  r.set_data_manifest_hash(trainer_->manifest_hash());
+  if (silo_) {
+    r.set_base_fingerprint(silo_->base_sha256());
+    r.set_lora_config(lora_config_json(silo_->lora_config()));
+  }
   const auto reply = transport_.join(r);
   POLLEN_CHECK(reply.accepted(), "the server refused client '", config_.id, "': ", reply.reason());
 }
@@ -321,7 +353,7 @@ void Client::run() {
     switch (t.kind()) {
       case pb::TASK_DONE:
         log::info("fed client '", config_.id, "': the run is over");
-        if (trainer_.communicator().world() > 1) send_order(trainer_.communicator(), {}, nullptr);
+        if (several_ranks()) send_order(local_->communicator(), {}, nullptr);
         return;
       case pb::TASK_TRAIN:
       case pb::TASK_SECAGG_ADVERTISE:
@@ -378,28 +410,28 @@ void Client::train_round(const pb::TaskReply& task) {
   // What the client trains from and takes its pseudo-gradient against: the decoded model, the
   // same values on both sides whatever the codec.
   const Weights global = decode_set(header, bytes, specs_, what);
-  set_model_weights(trainer_.model(), global);
-  if (trainer_.communicator().world() > 1) {
-    send_order(trainer_.communicator(), {task.round(), task.local_steps(), task.evaluate()},
-               &trainer_.model());
+  trainer_->set_exchanged_weights(global);
+  if (several_ranks()) {
+    send_order(local_->communicator(), {task.round(), task.local_steps(), task.evaluate()},
+               &local_->model());
   }
 
   pb::UpdateInfo info;
   info.set_client_id(config_.id);
   info.set_round(task.round());
-  info.set_data_manifest_hash(trainer_.manifest_hash());
+  info.set_data_manifest_hash(trainer_->manifest_hash());
   if (task.evaluate()) {
     int64_t tokens = 0;
-    info.set_eval_loss(trainer_.evaluate(&tokens));
+    info.set_eval_loss(trainer_->evaluate(&tokens));
     info.set_eval_tokens(tokens);
   }
-  const auto res = trainer_.train(task.local_steps());
+  const auto res = trainer_->train(task.local_steps());
   info.set_tokens(res.tokens);
   info.set_train_loss(res.loss);
   info.set_train_seconds(res.seconds);
 
   // The pseudo-gradient: global minus local.
-  const Weights local = model_weights(trainer_.model());
+  const Weights local = trainer_->exchanged_weights();
   Weights delta;
   for (size_t i = 0; i < global.size(); ++i) {
     Tensor d = Tensor::empty(global[i].shape(), DType::f32);

@@ -2,9 +2,10 @@
 // One silo: holds its data, its model and its inner AdamW state across rounds (and, with a state
 // folder, across restarts); for each round it pulls the global model (decoded as the server
 // encoded it), trains H local steps, and pushes its pseudo-gradient (the decoded global model
-// minus the local weights), compressed with error feedback. The same Client runs over gRPC
-// (`pollen fed client`) and over the in-process transport (`pollen fed simulate`), which passes
-// the same protobuf messages through the same checks.
+// minus the local weights), compressed with error feedback. With [post] the silo is a LoraSilo
+// (fed/post_lora.h) and the exchanged "model" is its LoRA adapters' B; the rest is the same. The
+// same Client runs over gRPC (`pollen fed client`) and over the in-process transport (`pollen fed
+// simulate`), which passes the same protobuf messages through the same checks.
 #include <functional>
 #include <memory>
 #include <optional>
@@ -16,6 +17,8 @@
 #include "dist/zero_adamw.h"
 #include "fed/config.h"
 #include "fed/coordinator.h"
+#include "fed/post_lora.h"
+#include "fed/round_trainer.h"
 #include "fed/secagg/session.h"
 #include "fed/wire.h"
 #include "model/llama.h"
@@ -68,22 +71,22 @@ class LocalTransport : public Transport {
 // of every global micro-batch and the gradients are summed over ranks as `pollen train` sums
 // them (ZeRO-1 with parallel.zero = 1): train, evaluate and load_checkpoint are then collectives
 // that every rank calls, and every rank ends a step with the same weights.
-class LocalTrainer {
+class LocalTrainer : public RoundTrainer {
  public:
   // comm: the silo's ranks; null: this process alone.
   explicit LocalTrainer(const ClientConfig& config, dist::Communicator* comm = nullptr);
-  struct Result {
-    int64_t tokens = 0;  // scored tokens trained on (by every rank)
-    double loss = 0;     // mean over them
-    double seconds = 0;
-  };
-  Result train(int64_t steps);
+  // The result's tokens: scored tokens trained on (by every rank); its loss the mean over them.
+  Result train(int64_t steps) override;
   // Mean loss of the current weights over eval_batches validation batches (or none when the
   // data has no validation split); *tokens gets how many were scored.
-  double evaluate(int64_t* tokens);
+  double evaluate(int64_t* tokens) override;
+  // The exchanged tensors: the whole model.
+  ParamSpecs exchanged_specs() const override { return param_specs(model_); }
+  Weights exchanged_weights() const override { return model_weights(model_); }
+  void set_exchanged_weights(const Weights& w) override { set_model_weights(model_, w); }
   model::Llama& model() { return model_; }
   dist::Communicator& communicator() { return *comm_; }
-  const std::string& manifest_hash() const { return manifest_hash_; }
+  const std::string& manifest_hash() const override { return manifest_hash_; }
   int64_t steps_taken() const { return step_; }
   // The state a client keeps across rounds and restarts (fed/client_state.h): the inner
   // AdamW's whole moments (with ZeRO-1 as gathered at the end of the last train(), on rank 0,
@@ -117,7 +120,8 @@ class Client {
  public:
   // Resumes the state saved under config.state_dir, when there is one. comm: the silo's ranks
   // when it runs as several (this is rank 0, the only one that talks to the server; the others
-  // follow it, fed/silo.h); null: this process alone.
+  // follow it, fed/silo.h); null: this process alone. With config.post a LoRA silo of one
+  // process.
   Client(ClientConfig config, Transport& transport, dist::Communicator* comm = nullptr);
   // Joins; throws with the server's reason when refused.
   void join();
@@ -127,7 +131,11 @@ class Client {
   // forgotten it.
   void run();
   const std::string& id() const { return config_.id; }
-  LocalTrainer& trainer() { return trainer_; }
+  // Pre-training's trainer (throws with [post]), the LoRA silo (null without [post]), and
+  // whichever this client trains with.
+  LocalTrainer& trainer();
+  LoraSilo* lora_silo() { return silo_.get(); }
+  RoundTrainer& round_trainer() { return *trainer_; }
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
   int64_t last_round() const { return last_round_; }  // the last round trained (0: none)
@@ -142,9 +150,14 @@ class Client {
   EncodedSet masked_update(int64_t round, const Weights& delta, int64_t tokens);
   void save_state();
 
+  // The silo's ranks when there are several (pre-training only).
+  bool several_ranks() const { return local_ && local_->communicator().world() > 1; }
+
   ClientConfig config_;
   Transport& transport_;
-  LocalTrainer trainer_;
+  std::unique_ptr<LocalTrainer> local_;  // pre-training
+  std::unique_ptr<LoraSilo> silo_;       // post-training ([post])
+  RoundTrainer* trainer_ = nullptr;      // the one of them this client has
   ParamSpecs specs_;
   ErrorFeedback feedback_;
   std::unique_ptr<LocalDp> local_dp_;  // [local_dp]: clip and noise before anything leaves

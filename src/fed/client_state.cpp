@@ -6,6 +6,7 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "fed/client.h"
+#include "fed/post_lora.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "train/trainer.h"
@@ -14,19 +15,56 @@ namespace pollen::fed {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+io::NamedTensors residual_tensors(const ErrorFeedback& feedback, const ParamSpecs& specs) {
+  io::NamedTensors residual;
+  for (size_t i = 0; i < feedback.residual().size(); ++i) {
+    residual.emplace_back(specs[i].name, feedback.residual()[i]);
+  }
+  return residual;
+}
+
+// The error-feedback residual of a state (none when it has no file).
+Weights read_residual(const fs::path& ckpt, const std::string& client_id, const ParamSpecs& specs) {
+  Weights residual;
+  if (!fs::exists(ckpt / "feedback.safetensors")) return residual;
+  const auto f = io::read_safetensors(ckpt / "feedback.safetensors");
+  for (const auto& spec : specs) {
+    const Tensor* t = f.find(spec.name);
+    POLLEN_CHECK(t && t->shape() == spec.shape && t->dtype() == DType::f32, "fed client '",
+                 client_id, "': ", (ckpt / "feedback.safetensors").string(), ": tensor '",
+                 spec.name, "' is missing or not float32 of the exchanged tensors' shape");
+    residual.push_back(t->clone());
+  }
+  return residual;
+}
+
+// Refuses a state of another client, or trained on other data than the client's now.
+void check_owner(const nlohmann::json& state, const fs::path& ckpt, const std::string& client_id,
+                 const std::string& manifest_hash) {
+  const auto owner = state.at("client").get<std::string>();
+  POLLEN_CHECK(owner == client_id, "fed client '", client_id, "': state ", ckpt.string(),
+               " belongs to client '", owner, "'");
+  const auto hash = state.at("data_manifest_hash").get<std::string>();
+  POLLEN_CHECK(hash == manifest_hash, "fed client '", client_id, "': state ", ckpt.string(),
+               " was trained on data ", hash, ", the config's data is ", manifest_hash,
+               "; remove the state folder to start this silo afresh");
+}
+
+}  // namespace
+
 void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
                        LocalTrainer& trainer, const ParamSpecs& specs,
                        const ErrorFeedback& feedback) {
   const auto params = trainer.model().named_parameters();
   const train::OptimizerMoments opt = trainer.optimizer_moments();
-  io::NamedTensors weights, moments, residual;
+  io::NamedTensors weights, moments;
+  const io::NamedTensors residual = residual_tensors(feedback, specs);
   for (size_t i = 0; i < params.size(); ++i) {
     weights.emplace_back(params[i].first, params[i].second.value());
     moments.emplace_back(params[i].first + ".exp_avg", opt.exp_avg[i]);
     moments.emplace_back(params[i].first + ".exp_avg_sq", opt.exp_avg_sq[i]);
-  }
-  for (size_t i = 0; i < feedback.residual().size(); ++i) {
-    residual.emplace_back(specs[i].name, feedback.residual()[i]);
   }
   io::CheckpointWriter w(dir / "checkpoints", trainer.steps_taken());
   // The names train::load_checkpoint reads.
@@ -61,31 +99,56 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
   if (chosen < 0) return 0;
   const fs::path ckpt = dir / "checkpoints" / io::checkpoint_name(chosen);
   const auto state = nlohmann::json::parse(read_file(ckpt / "state.json"));
-  const auto owner = state.at("client").get<std::string>();
-  POLLEN_CHECK(owner == client_id, "fed client '", client_id, "': state ", ckpt.string(),
-               " belongs to client '", owner, "'");
-  const auto hash = state.at("data_manifest_hash").get<std::string>();
-  POLLEN_CHECK(hash == trainer.manifest_hash(), "fed client '", client_id, "': state ",
-               ckpt.string(), " was trained on data ", hash, ", the config's data is ",
-               trainer.manifest_hash(), "; remove the state folder to start this silo afresh");
+  check_owner(state, ckpt, client_id, trainer.manifest_hash());
   trainer.load_checkpoint(ckpt);
   trainer.train_loader().restore(data::LoaderState::from_json(state.at("loader")));
   trainer.set_steps_taken(state.at("local_steps").get<int64_t>());
-  Weights residual;
-  if (comm.rank() == 0 && fs::exists(ckpt / "feedback.safetensors")) {
-    const auto f = io::read_safetensors(ckpt / "feedback.safetensors");
-    for (const auto& spec : specs) {
-      const Tensor* t = f.find(spec.name);
-      POLLEN_CHECK(t && t->shape() == spec.shape && t->dtype() == DType::f32, "fed client '",
-                   client_id, "': ", (ckpt / "feedback.safetensors").string(), ": tensor '",
-                   spec.name, "' is missing or not float32 of the model's shape");
-      residual.push_back(t->clone());
-    }
-  }
-  feedback.set_residual(std::move(residual));
+  feedback.set_residual(comm.rank() == 0 ? read_residual(ckpt, client_id, specs) : Weights{});
   const int64_t round = state.at("round").get<int64_t>();
   log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
             trainer.steps_taken(), " local steps) from ", ckpt.string());
+  return round;
+}
+
+void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
+                       const LoraSilo& silo, const ParamSpecs& specs,
+                       const ErrorFeedback& feedback) {
+  io::CheckpointWriter w(dir / "checkpoints", silo.steps_taken());
+  const nlohmann::ordered_json trained = silo.write_state(w);
+  const io::NamedTensors residual = residual_tensors(feedback, specs);
+  if (!residual.empty()) w.add_tensors("feedback.safetensors", residual);
+  const nlohmann::ordered_json state{{"client", client_id},
+                                     {"round", round},
+                                     {"data_manifest_hash", silo.manifest_hash()},
+                                     {"base_sha256", silo.base_sha256()},
+                                     {"lora_config", lora_config_json(silo.lora_config())},
+                                     {"silo", trained}};
+  w.add_text("state.json", state.dump(1));
+  w.commit();
+  io::apply_retention(dir / "checkpoints", keep);
+}
+
+int64_t load_client_state(const fs::path& dir, const std::string& client_id, LoraSilo& silo,
+                          const ParamSpecs& specs, ErrorFeedback& feedback) {
+  auto choice = io::choose_resume_checkpoint(dir / "checkpoints");
+  for (const auto& [skipped, why] : choice.skipped) {
+    log::warn("fed client '", client_id, "': skipping state ", skipped.string(), ": ", why);
+  }
+  if (!choice.dir) return 0;
+  const fs::path ckpt = *choice.dir;
+  const auto state = nlohmann::ordered_json::parse(read_file(ckpt / "state.json"));
+  check_owner(state, ckpt, client_id, silo.manifest_hash());
+  POLLEN_CHECK(
+      state.at("base_sha256").get<std::string>() == silo.base_sha256() &&
+          state.at("lora_config").get<std::string>() == lora_config_json(silo.lora_config()),
+      "fed client '", client_id, "': state ", ckpt.string(),
+      " holds adapters of another base or LoRA config than post.run's; remove the state "
+      "folder to start this silo afresh");
+  silo.read_state(ckpt, state.at("silo"));
+  feedback.set_residual(read_residual(ckpt, client_id, specs));
+  const int64_t round = state.at("round").get<int64_t>();
+  log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
+            silo.steps_taken(), " local steps) from ", ckpt.string());
   return round;
 }
 

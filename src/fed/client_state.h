@@ -5,7 +5,10 @@
 // round it trained. Written after every round as a checkpoint (atomic, checksummed) under
 // `dir`/checkpoints/step-<local step>; the newest that verifies is resumed. A silo of several
 // ranks writes it once, from rank 0, in the same format (so it resumes at any number of ranks);
-// every rank loads it (the error-feedback residual is rank 0's alone).
+// every rank loads it (the error-feedback residual is rank 0's alone). A post-training silo
+// (LoraSilo) writes its adapters' B instead of the model (adapter.safetensors), the moments of B,
+// and its objective's state (data position), beside the same state.json and residual; its state
+// also names the base's fingerprint, and a state of another base is refused.
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -16,6 +19,7 @@
 namespace pollen::fed {
 
 class LocalTrainer;
+class LoraSilo;
 
 void save_client_state(const std::filesystem::path& dir, int keep, const std::string& client_id,
                        int64_t round, LocalTrainer& trainer, const ParamSpecs& specs,
@@ -26,5 +30,16 @@ void save_client_state(const std::filesystem::path& dir, int keep, const std::st
 // or another dataset.
 int64_t load_client_state(const std::filesystem::path& dir, const std::string& client_id,
                           LocalTrainer& trainer, const ParamSpecs& specs, ErrorFeedback& feedback);
+
+}  // namespace pollen::fed
+
+namespace pollen::fed {
+
+// The same for a post-training silo (one process).
+void save_client_state(const std::filesystem::path& dir, int keep, const std::string& client_id,
+                       int64_t round, const LoraSilo& silo, const ParamSpecs& specs,
+                       const ErrorFeedback& feedback);
+int64_t load_client_state(const std::filesystem::path& dir, const std::string& client_id,
+                          LoraSilo& silo, const ParamSpecs& specs, ErrorFeedback& feedback);
 
 }  // namespace pollen::fed

@@ -71,7 +71,27 @@ void read_server_table(ConfigTable& s, ServerConfig& c) {
   s.finish();
 }
 
+// With [post] the base's architecture and tokenizer come from the run file: [model] and
+// [tokenizer] (and a client's [data], [train], [parallel]) would say it twice.
+void refuse_beside_post(ConfigTable& root, const std::vector<std::string>& tables,
+                        const std::string& why) {
+  for (const auto& t : tables)
+    POLLEN_CHECK(!root.has(t), root.where(t), ": not allowed with [post]: ", why);
+}
+
 }  // namespace
+
+PostSettings read_post_settings(ConfigTable& p, bool client) {
+  PostSettings s;
+  s.run = p.require_string("run");
+  s.objective = p.get_string("objective", s.objective);
+  POLLEN_CHECK(s.objective == "sft" || s.objective == "dpo", p.where("objective"),
+               ": expected \"sft\" or \"dpo\" (the objectives that federate), got \"", s.objective,
+               "\"");
+  if (client) s.data = p.require_string("data");
+  p.finish();
+  return s;
+}
 
 TlsFiles read_tls(ConfigTable& root, bool server) {
   TlsFiles t;
@@ -122,8 +142,14 @@ ServerConfig read_server_config(ConfigTable& root) {
   auto s = root.table("server");
   POLLEN_CHECK(s.has_value(), root.where("server"), ": a [server] table is required");
   read_server_table(*s, c);
-  c.model = read_model(root, {}, &c.init_from);
-  c.tokenizer_fingerprint = read_tokenizer(root);
+  if (auto p = root.table("post")) {
+    c.post = read_post_settings(*p, false);
+    refuse_beside_post(root, {"model", "tokenizer"},
+                       "the base, its architecture and its tokenizer are post.run's");
+  } else {
+    c.model = read_model(root, {}, &c.init_from);
+    c.tokenizer_fingerprint = read_tokenizer(root);
+  }
   if (auto st = root.table("strategy")) {
     c.strategy = read_strategy_options(*st);
     st->finish();
@@ -192,17 +218,25 @@ ClientConfig load_client_config(const std::filesystem::path& path) {
   c.keep_checkpoints = static_cast<int>(t->get_int("keep_checkpoints", c.keep_checkpoints));
   POLLEN_CHECK(c.keep_checkpoints >= 1, t->where("keep_checkpoints"), ": must be at least 1");
   t->finish();
+  if (auto l = root.table("local_dp")) c.local_dp = read_local_dp_options(*l);
+  c.tls = read_tls(root, false);
+  if (auto p = root.table("post")) {
+    c.post = read_post_settings(*p, true);
+    refuse_beside_post(root, {"data", "train", "model", "tokenizer", "parallel"},
+                       "a post-training silo's base, tokenizer, optimizer and objective are "
+                       "post.run's, its data post.data, and it runs as one process");
+    root.finish();
+    return c;
+  }
   auto d = root.table("data");
   POLLEN_CHECK(d.has_value(), root.where("data"), ": a [data] table with manifests is required");
   c.manifests = d->get_strings("manifests");
   POLLEN_CHECK(!c.manifests.empty(), d->where("manifests"), ": at least one manifest is required");
   d->finish();
   if (auto tr = root.table("train")) c.train = read_local_train(*tr);
-  if (auto l = root.table("local_dp")) c.local_dp = read_local_dp_options(*l);
   if (auto p = root.table("parallel")) c.parallel = read_silo_parallel(*p);
   c.model = read_model(root, path);
   c.tokenizer_fingerprint = read_tokenizer(root);
-  c.tls = read_tls(root, false);
   root.finish();
   return c;
 }
@@ -225,6 +259,8 @@ SimConfig load_sim_config(const std::filesystem::path& path) {
                ": one manifest per client is required (", ids.size(), " clients, ",
                manifests.size(), " manifests)");
   sim->finish();
+  POLLEN_CHECK(!c.server.post.enabled(), root.where("post"),
+               ": post-training federations are simulated by `pollen fed post`");
   POLLEN_CHECK(!c.server.tls.enabled(), root.where("tls"),
                ": the simulation runs in one process and takes no TLS files");
   for (size_t i = 0; i < ids.size(); ++i) {

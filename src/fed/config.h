@@ -27,6 +27,17 @@ struct TlsFiles {
   bool enabled() const { return !ca.empty(); }
 };
 
+// [post] of fed.toml and client.toml: a post-training federation (docs/federated.md, 'Federated
+// post-training over the wire'). The exchanged state is the LoRA adapters' B (fed/post_lora.h)
+// instead of the whole model; the base, its tokenizer and the adapters' config come from the
+// post-training run file, which both sides read, and the base never travels.
+struct PostSettings {
+  std::filesystem::path run;      // the post-training run file (docs/posttraining.md)
+  std::string objective = "sft";  // "sft" or "dpo": the run file's section the silo trains
+  std::string data;               // client: the silo's data file, set as <objective>.data
+  bool enabled() const { return !run.empty(); }
+};
+
 struct ServerConfig {
   std::filesystem::path dir;  // checkpoints/, metrics.jsonl, lineage.jsonl
   std::string address = "127.0.0.1:50051";
@@ -49,6 +60,7 @@ struct ServerConfig {
   secagg::Options secure_aggregation;
   PrivacyOptions privacy;  // central DP ([privacy]); off unless the table is given
   TlsFiles tls;
+  PostSettings post;  // [post]: model and tokenizer come from post.run's base
 };
 
 // The inner (silo) training of a client.
@@ -88,6 +100,7 @@ struct ClientConfig {
   std::filesystem::path state_dir;
   int keep_checkpoints = 2;
   SiloParallel parallel;
+  PostSettings post;  // [post]: a LoRA silo instead of [data], [train], [model], [tokenizer]
 };
 
 struct SimConfig {
@@ -104,5 +117,6 @@ ServerConfig read_server_config(ConfigTable& root);
 LocalTrainConfig read_local_train(ConfigTable& table);
 TlsFiles read_tls(ConfigTable& root, bool server);
 SiloParallel read_silo_parallel(ConfigTable& table);
+PostSettings read_post_settings(ConfigTable& table, bool client);
 
 }  // namespace pollen::fed

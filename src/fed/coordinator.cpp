@@ -7,10 +7,12 @@
 #include "base/files.h"
 #include "base/hash.h"
 #include "base/log.h"
+#include "fed/post_lora.h"
 #include "fed/secagg/masked_set.h"
 #include "fed/secagg/quantize.h"
 #include "io/checkpoint.h"
 #include "io/model_source.h"
+#include "io/peft.h"
 #include "model/llama.h"
 
 namespace pollen::fed {
@@ -21,9 +23,21 @@ using Clock = std::chrono::steady_clock;
 Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(config)) {
   strategy_ = make_strategy(config_.strategy);
   if (config_.privacy.enabled) dp_ = std::make_unique<CentralDp>(config_.privacy);
-  model_json_ = model_config_json(config_.model);
   io::ModelSource init;
-  {
+  if (config_.post.enabled()) {
+    const PostBaseInfo post = read_post_base(config_.post);
+    config_.model = post.architecture;
+    config_.tokenizer_fingerprint = post.tokenizer_fingerprint;
+    adapter_ = std::make_unique<model::Lora>(post.architecture, post.lora);  // B zero
+    specs_ = lora_specs(*adapter_);
+    global_ = lora_weights(*adapter_);
+    lora_json_ = lora_config_json(post.lora);
+    base_sha256_ = post.base_sha256;
+    post_base_ = post.base;
+    log::info("fed server: post-training (", config_.post.objective, ") of LoRA adapters on '",
+              post.base, "' (base SHA-256 ", base_sha256_.substr(0, 16), "); ", specs_.size(),
+              " tensors of B travel");
+  } else {
     const model::Llama m =
         config_.init_from.empty()
             ? model::Llama(config_.model, config_.seed)
@@ -31,6 +45,7 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
     specs_ = param_specs(m);
     global_ = model_weights(m);
   }
+  model_json_ = model_config_json(config_.model);
   fs::create_directories(config_.dir);
   const fs::path ckpts = config_.dir / "checkpoints";
   std::optional<uint64_t> metrics_pos, lineage_pos;
@@ -65,6 +80,16 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   }
   metrics_ = obs::JsonlWriter(config_.dir / "metrics.jsonl", metrics_pos);
   lineage_file_ = obs::JsonlWriter(config_.dir / "lineage.jsonl", lineage_pos);
+  if (!lineage_pos && adapter_) {
+    // Round 0 of a post-training lineage: the base every silo trains adapters on.
+    const nlohmann::ordered_json start{{"round", 0},
+                                       {"post", config_.post.objective},
+                                       {"base", post_base_},
+                                       {"base_sha256", base_sha256_},
+                                       {"lora", nlohmann::json::parse(lora_json_)}};
+    lineage_.push_back(nlohmann::json(start));
+    lineage_file_.write(start);
+  }
   if (!lineage_pos && !config_.init_from.empty()) {
     // Round 0 of the lineage: the weights the run started from, so that an audit can follow
     // them to the run (and its data) that made them.
@@ -116,6 +141,11 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
   if (fs::exists(dir / "strategy.safetensors")) {
     strategy_->load_state(io::read_safetensors(dir / "strategy.safetensors").tensors);
   }
+  POLLEN_CHECK(state.value("base_sha256", std::string()) == base_sha256_ &&
+                   state.value("lora_config", std::string()) == lora_json_,
+               "fed server: checkpoint ", dir.string(),
+               base_sha256_.empty() ? " holds LoRA adapters, the config trains the whole model"
+                                    : " holds another base or LoRA config than post.run's");
   if (dp_) {
     POLLEN_CHECK(state.contains("privacy"), "fed server: checkpoint ", dir.string(),
                  " was written without [privacy]; its rounds were not accounted for");
@@ -146,8 +176,17 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
                                {"tensorboard_bytes", tensorboard_.file().position()},
                                {"lineage", lineage_}};
   if (dp_) state["privacy"] = dp_->state();
+  if (adapter_) {
+    state["base_sha256"] = base_sha256_;
+    state["lora_config"] = lora_json_;
+  }
   w.add_text("state.json", state.dump(1));
   w.commit();
+  if (adapter_) {
+    // The global adapters as `pollen chat --adapter` and PEFT take them.
+    set_lora_weights(*adapter_, global_);
+    io::save_peft_adapter(*adapter_, config_.dir / "adapter", post_base_);
+  }
   io::apply_retention(config_.dir / "checkpoints", config_.keep_checkpoints);
   (void)s;
 }
@@ -165,13 +204,19 @@ pb::JoinReply Coordinator::join(const pb::JoinRequest& r, const std::string& pee
   reply.set_protocol_version(kProtocolVersion);
   reply.set_model_config(model_json_);
   reply.set_tokenizer_fingerprint(config_.tokenizer_fingerprint);
+  reply.set_base_fingerprint(base_sha256_);
+  reply.set_lora_config(lora_json_);
   try {
     const std::string id = check_peer(r.client_id(), peer_id, "join");
     POLLEN_CHECK(r.model_config().size() <= 4096 && r.tokenizer_fingerprint().size() <= 128 &&
                      r.data_manifest_hash().size() <= 128,
                  "join: oversized fields");
-    const std::string diff =
+    POLLEN_CHECK(r.base_fingerprint().size() <= 128 && r.lora_config().size() <= 4096,
+                 "join: oversized fields");
+    std::string diff =
         agreement_differences(r, kProtocolVersion, model_json_, config_.tokenizer_fingerprint);
+    const std::string post = post_agreement_differences(r, lora_json_, base_sha256_);
+    if (!post.empty()) diff += (diff.empty() ? "" : "; ") + post;
     POLLEN_CHECK(diff.empty(), "client '", id, "' disagrees with the server: ", diff);
     std::lock_guard lock(mutex_);
     clients_[id] = {r.data_manifest_hash(), Clock::now()};

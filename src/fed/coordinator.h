@@ -7,6 +7,11 @@
 // After each aggregated round the server checkpoints its whole state (global weights, the
 // strategy's state, the round, the lineage of every round, the metrics files' positions) and
 // resumes from the newest checkpoint that verifies.
+//
+// With [post] (a post-training federation) the global "model" is the LoRA adapters' B of the
+// run file's [lora] on its base (fed/post_lora.h): the base is loaded once, only to fingerprint
+// it; Join must agree on its fingerprint and the LoRA config besides the architecture and the
+// tokenizer; every checkpoint also writes the global adapters as a PEFT folder, server.dir/adapter.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +26,7 @@
 #include "fed/config.h"
 #include "fed/secagg/session.h"
 #include "fed/wire.h"
+#include "model/lora.h"
 #include "obs/metrics.h"
 #include "obs/progress.h"
 
@@ -132,6 +138,9 @@ class Coordinator {
   ParamSpecs specs_;
   std::string model_json_;
   Weights global_;
+  // [post]: the global adapters (B is global_'s), what Join must agree on, the base's name.
+  std::unique_ptr<model::Lora> adapter_;
+  std::string lora_json_, base_sha256_, post_base_;
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;

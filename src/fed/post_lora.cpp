@@ -1,15 +1,21 @@
 #include "fed/post_lora.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 
 #include "autograd/tape.h"
 #include "base/config.h"
+#include "base/files.h"
+#include "base/hash.h"
 #include "base/log.h"
 #include "io/peft.h"
+#include "io/safetensors.h"
 #include "optim/schedule.h"
 #include "train/config.h"
+#include "train/dpo.h"
+#include "train/sft.h"
 #include "train/trainer.h"
 
 namespace pollen::fed {
@@ -76,6 +82,103 @@ std::string lora_agreement_differences(const model::LoraConfig& s, const model::
   return out;
 }
 
+std::string lora_config_json(const model::LoraConfig& c) {
+  nlohmann::json targets = nlohmann::json::array();
+  for (const auto t : c.targets) targets.push_back(model::lora_target_name(t));
+  const nlohmann::json j{{"rank", c.rank},     {"alpha", c.alpha},          {"dropout", c.dropout},
+                         {"rslora", c.rslora}, {"target_modules", targets}, {"train_a", c.train_a},
+                         {"seed", c.seed}};
+  return j.dump();  // keys sorted
+}
+
+model::LoraConfig parse_lora_config_json(const std::string& text, const std::string& what) {
+  POLLEN_CHECK(text.size() <= 4096, what, ": the LoRA config is ", text.size(),
+               " bytes, more than 4096");
+  model::LoraConfig c;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    POLLEN_CHECK(j.is_object() && j.size() == 7, what,
+                 ": expected the LoRA config's 7 keys (rank, alpha, dropout, rslora, "
+                 "target_modules, train_a, seed)");
+    c.rank = j.at("rank").get<int64_t>();
+    c.alpha = j.at("alpha").get<double>();
+    c.dropout = j.at("dropout").get<double>();
+    c.rslora = j.at("rslora").get<bool>();
+    c.train_a = j.at("train_a").get<bool>();
+    c.seed = j.at("seed").get<uint64_t>();
+    c.targets.clear();
+    for (const auto& t : j.at("target_modules"))
+      c.targets.push_back(model::parse_lora_target(t.get<std::string>(), what));
+  } catch (const nlohmann::json::exception& e) {
+    fail(what, ": the LoRA config is not valid: ", e.what());
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail(what, ": ", e.what());
+  }
+  return c;
+}
+
+std::string base_fingerprint(const model::Llama& base) {
+  Sha256 h;
+  for (const auto& [name, v] : base.named_parameters()) {
+    h.update(name);
+    const Tensor t = v.value().to(DType::f32).contiguous();
+    h.update(t.raw(), t.nbytes());
+  }
+  return h.hex_digest();
+}
+
+std::string post_agreement_differences(const pb::JoinRequest& client, const std::string& lora_json,
+                                       const std::string& base_sha256) {
+  if (lora_json.empty() && client.lora_config().empty()) return "";  // pre-training, both
+  if (lora_json.empty())
+    return "post-training: the server trains the whole model, the client LoRA adapters ([post])";
+  if (client.lora_config().empty())
+    return "post-training: the server exchanges LoRA adapters ([post]), the client the whole "
+           "model";
+  std::string out = lora_agreement_differences(
+      parse_lora_config_json(lora_json, "the server's LoRA config"),
+      parse_lora_config_json(client.lora_config(), "the client's LoRA config"));
+  if (client.base_fingerprint() != base_sha256)
+    out += cat(out.empty() ? "" : "; ", "base weights (SHA-256): server ", base_sha256, ", client ",
+               client.base_fingerprint().substr(0, 80));
+  return out;
+}
+
+train::ObjectiveFactory lora_objective_factory(const std::string& objective,
+                                               const std::string& where) {
+  if (objective == "sft") return train::make_sft_objective;
+  if (objective == "dpo") return train::make_dpo_objective;
+  fail(where, ": the objective '", objective, "' does not federate; expected \"sft\" or \"dpo\"");
+}
+
+PostBaseInfo read_post_base(const PostSettings& post) {
+  const train::PostConfig config = train::load_post_config(post.run, post.objective);
+  POLLEN_CHECK(config.lora.enabled, "post.run '", post.run.string(),
+               "': no [lora] table; a post-training federation exchanges LoRA adapters");
+  POLLEN_CHECK(!config.lora.config.train_a, "post.run '", post.run.string(),
+               "': lora.train_a must be false (A frozen from the shared lora.seed), which makes "
+               "averaging B exact");
+  const train::PostBase base = train::resolve_post_base(config);
+  const model::Llama model = io::load_model(base.source, DType::f32, config.seed);
+  PostBaseInfo info;
+  info.base = config.base;
+  info.architecture = model.config();
+  info.base_sha256 = base_fingerprint(model);
+  info.tokenizer_fingerprint = base.tokenizer->fingerprint();
+  info.lora = config.lora.config;
+  return info;
+}
+
+train::PostConfig silo_post_config(const PostSettings& post) {
+  const std::string data = std::filesystem::absolute(post.data).string();
+  POLLEN_CHECK(std::filesystem::exists(data), "post.data: '", post.data, "' does not exist");
+  return train::load_post_config(post.run, post.objective,
+                                 {post.objective + ".data=" + train::toml_string(data)});
+}
+
 // ---- a silo ------------------------------------------------------------------------------------
 
 LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
@@ -90,13 +193,26 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
         return io::load_model(base.source, DType::f32, config.seed);
       }()) {
   const train::PostBase base = train::resolve_post_base(config);
+  base_sha256_ = base_fingerprint(model_);
+  tokenizer_fingerprint_ = base.tokenizer->fingerprint();
   train::TrainedParameters trained = train::trained_model_parameters(model_, config.lora);
   lora_ = trained.lora;
+  trained_ = trained.named;
   train::ObjectiveContext ctx{
       config.objective_section(), config.base_dir, base.tokenizer.get(),
       base.chat_format,           config.seed,     model_.config().max_position_embeddings};
   ctx.model_config = model_.config();
+  ctx.run_dir = config.dir;  // DPO's reference cache, which a restarted client reads again
   objective_ = make_objective(ctx);
+  // The data version: the objective's section (which names the data) and the data file.
+  Sha256 data;
+  data.update(config.objective_text);
+  ConfigTable section = config.objective_section();
+  if (section.has("data")) {
+    const std::filesystem::path file(section.get_string("data", ""));
+    data.update(sha256_file(file.is_absolute() ? file : config.base_dir / file));
+  }
+  data_hash_ = data.hex_digest();
   POLLEN_CHECK(objective_->extra_parameters().empty(), "silo '", id_, "': the objective '",
                objective_->name(), "' adds parameters, which a LoRA federation does not exchange");
   for (const auto& [n, v] : trained.named) params_.push_back(v);
@@ -111,8 +227,26 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
       params_, o, train::decay_mask(trained.named, config.optimizer.no_decay));
 }
 
-LoraSilo::Result LoraSilo::train_round(const Weights& global, int64_t steps) {
+LoraSilo::RoundResult LoraSilo::train_round(const Weights& global, int64_t steps) {
   set_lora_weights(*lora_, global);
+  const Result t = train(steps);
+  RoundResult r;
+  r.tokens = t.tokens;
+  r.loss = t.loss;
+  const Weights local = lora_weights(*lora_);
+  for (size_t i = 0; i < global.size(); ++i) {
+    Tensor d = Tensor::empty(global[i].shape(), DType::f32);
+    const float* g = global[i].data<float>();
+    const float* l = local[i].data<float>();
+    float* out = d.data<float>();
+    for (int64_t j = 0; j < d.numel(); ++j) out[j] = g[j] - l[j];
+    r.delta.push_back(std::move(d));
+  }
+  return r;
+}
+
+RoundTrainer::Result LoraSilo::train(int64_t steps) {
+  const auto start = std::chrono::steady_clock::now();
   Result r;
   double loss_sum = 0;
   for (auto& p : params_) p.zero_grad();
@@ -129,21 +263,47 @@ LoraSilo::Result LoraSilo::train_round(const Weights& global, int64_t steps) {
     r.tokens += st.tokens;
   }
   r.loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0;
-  const Weights local = lora_weights(*lora_);
-  for (size_t i = 0; i < global.size(); ++i) {
-    Tensor d = Tensor::empty(global[i].shape(), DType::f32);
-    const float* g = global[i].data<float>();
-    const float* l = local[i].data<float>();
-    float* out = d.data<float>();
-    for (int64_t j = 0; j < d.numel(); ++j) out[j] = g[j] - l[j];
-    r.delta.push_back(std::move(d));
-  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
 
 double LoraSilo::evaluate() {
   ag::NoGrad no_grad;
   return objective_->evaluate(model_).loss;
+}
+
+double LoraSilo::evaluate(int64_t* tokens) {
+  ag::NoGrad no_grad;
+  const train::ObjectiveStep st = objective_->evaluate(model_);
+  const bool held_out = st.tokens > 0 && std::isfinite(st.loss);
+  *tokens = held_out ? st.tokens : 0;
+  return held_out ? st.loss : 0;
+}
+
+nlohmann::ordered_json LoraSilo::write_state(io::CheckpointWriter& w) const {
+  io::NamedTensors adapters, moments;
+  const train::OptimizerMoments m = train::moments_of(*opt_);
+  for (size_t i = 0; i < trained_.size(); ++i) {
+    adapters.emplace_back(trained_[i].first, trained_[i].second.value());
+    moments.emplace_back(trained_[i].first + ".exp_avg", m.exp_avg[i]);
+    moments.emplace_back(trained_[i].first + ".exp_avg_sq", m.exp_avg_sq[i]);
+  }
+  w.add_tensors("adapter.safetensors", adapters);
+  w.add_tensors("optimizer.safetensors", moments,
+                {{"step", std::to_string(opt_->steps_taken())}, {"optimizer", "adamw"}});
+  return {{"local_steps", step_}, {"objective", objective_->state()}};
+}
+
+void LoraSilo::read_state(const std::filesystem::path& checkpoint,
+                          const nlohmann::ordered_json& state) {
+  std::vector<std::pair<std::string, Tensor>> into;
+  for (const auto& [name, v] : trained_) into.emplace_back(name, v.value());
+  train::load_checkpoint_tensors(checkpoint / "adapter.safetensors", into);
+  train::OptimizerMoments m = train::moments_of(*opt_);  // filled in place
+  train::load_optimizer_moments(checkpoint, trained_, m);
+  opt_->set_steps_taken(m.steps);
+  step_ = state.at("local_steps").get<int64_t>();
+  objective_->restore(state.at("objective"));
 }
 
 // ---- the server's side -------------------------------------------------------------------------
@@ -179,7 +339,7 @@ LoraRoundSummary LoraFederation::run_round(int64_t round, const std::vector<Lora
   for (LoraSilo* silo : silos) {
     const std::string pulled = cat("round ", round, " adapters for silo '", silo->id(), "'");
     const Weights global = transfer(out, specs_, plain, pulled, &sum.bytes_sent);
-    LoraSilo::Result r = silo->train_round(global, options_.local_steps);
+    const LoraSilo::RoundResult r = silo->train_round(global, options_.local_steps);
     const std::string pushed = cat("round ", round, " update of silo '", silo->id(), "'");
     ClientUpdate u;
     u.client_id = silo->id();
@@ -215,6 +375,7 @@ LoraFedConfig load_lora_fed_config(const std::filesystem::path& path) {
   POLLEN_CHECK(f.has_value(), "config file '", path.string(), "': no [federation] table");
   c.run_file = relative(f->require_string("run"));
   c.objective = f->get_string("objective", c.objective);
+  lora_objective_factory(c.objective, f->where("objective"));  // refuses what does not federate
   c.silos = f->get_strings("silos");
   for (const auto& d : f->get_strings("data")) c.data.push_back(relative(d).string());
   POLLEN_CHECK(!c.silos.empty(), f->where("silos"), ": expected the silos' ids");

@@ -16,8 +16,11 @@
 #include <vector>
 
 #include "fed/compress.h"
+#include "fed/config.h"
+#include "fed/round_trainer.h"
 #include "fed/strategy.h"
 #include "fed/wire.h"
+#include "io/checkpoint.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "train/post_run.h"
@@ -36,35 +39,88 @@ void set_lora_weights(const model::Lora& lora, const Weights& w);  // copies in
 std::string lora_agreement_differences(const model::LoraConfig& server,
                                        const model::LoraConfig& client);
 
+// The adapters' config as canonical JSON (what Join carries), and back; the parse refuses
+// malformed or out-of-range input naming `what`.
+std::string lora_config_json(const model::LoraConfig& config);
+model::LoraConfig parse_lora_config_json(const std::string& json, const std::string& what);
+
+// SHA-256 over the base's parameters (names, float32 bytes, in named order): both sides of a
+// post-training federation must hold this base.
+std::string base_fingerprint(const model::Llama& base);
+
+// What a client's Join says of its post-training silo against the server's (`lora_json` and
+// `base_sha256` empty: a pre-training server): empty when they agree, else every difference
+// ("lora.rank: server 4, client 8; base weights: server 3f2a.., client 91c0..").
+std::string post_agreement_differences(const pb::JoinRequest& client, const std::string& lora_json,
+                                       const std::string& base_sha256);
+
+// The objectives that federate with LoRA ("sft", "dpo"); others are refused naming `where`.
+train::ObjectiveFactory lora_objective_factory(const std::string& objective,
+                                               const std::string& where);
+
+// What the server of a post-training federation reads of its [post] run file: the base (loaded
+// only to fingerprint it), its tokenizer's fingerprint and the adapters' config.
+struct PostBaseInfo {
+  std::string base;  // the run file's model.base (adapter_config.json names it)
+  model::LlamaConfig architecture;
+  std::string base_sha256, tokenizer_fingerprint;
+  model::LoraConfig lora;
+};
+PostBaseInfo read_post_base(const PostSettings& post);
+
+// A client's LoRA silo from its [post]: the run file with <objective>.data set to post.data.
+train::PostConfig silo_post_config(const PostSettings& post);
+
 // One silo: the base its run file names (frozen), adapters from the run file's [lora] (which
 // must have train_a = false), the objective over the silo's data, and AdamW over B on the run
 // file's [optimizer] and [schedule] (counted in local steps across rounds).
-class LoraSilo {
+// As a RoundTrainer it is what `pollen fed client` trains with [post]: the exchanged tensors are
+// B, the aggregation weight the tokens the objective ran through the model, the data version
+// the SHA-256 of the objective's section and data file.
+class LoraSilo : public RoundTrainer {
  public:
   LoraSilo(std::string id, const train::PostConfig& config,
            const train::ObjectiveFactory& make_objective);
-  struct Result {
+  struct RoundResult {
     int64_t tokens = 0;
     double loss = 0;  // mean of the steps' losses
     Weights delta;    // global minus local B
   };
   // `steps` optimizer steps of the objective from the global B.
-  Result train_round(const Weights& global, int64_t steps);
+  RoundResult train_round(const Weights& global, int64_t steps);
   // The objective's held-out loss with the current adapters.
   double evaluate();
+
+  ParamSpecs exchanged_specs() const override { return lora_specs(*lora_); }
+  Weights exchanged_weights() const override { return lora_weights(*lora_); }
+  void set_exchanged_weights(const Weights& w) override { set_lora_weights(*lora_, w); }
+  Result train(int64_t steps) override;
+  double evaluate(int64_t* tokens) override;
+  const std::string& manifest_hash() const override { return data_hash_; }
+
+  // The client's state across restarts (fed/client_state.h): B and the AdamW moments into
+  // `w`; the local step count and the objective's state (data position) as JSON.
+  nlohmann::ordered_json write_state(io::CheckpointWriter& w) const;
+  void read_state(const std::filesystem::path& checkpoint, const nlohmann::ordered_json& state);
 
   const std::string& id() const { return id_; }
   const model::Lora& lora() const { return *lora_; }
   const model::Llama& model() const { return model_; }
   const model::LoraConfig& lora_config() const { return lora_->config(); }
   const std::string& base_name() const { return config_.base; }  // the run file's model.base
+  const std::string& base_sha256() const { return base_sha256_; }
+  const std::string& tokenizer_fingerprint() const { return tokenizer_fingerprint_; }
+  train::Objective& objective() { return *objective_; }
+  int64_t steps_taken() const { return step_; }
 
  private:
   std::string id_;
   train::PostConfig config_;
   model::Llama model_;
+  std::string base_sha256_, tokenizer_fingerprint_, data_hash_;
   std::shared_ptr<model::Lora> lora_;
   std::unique_ptr<train::Objective> objective_;
+  std::vector<std::pair<std::string, ag::Var>> trained_;  // B, named
   std::vector<ag::Var> params_;
   std::unique_ptr<optim::AdamW> opt_;
   int64_t step_ = 0;  // local steps over every round

@@ -69,7 +69,7 @@ void lead_silo(const ClientConfig& config, dist::Communicator& comm,
                const train::FaultInjection& fault) {
   GrpcTransport transport(config.server, config.tls, config.connect_timeout_s);
   Client client(config, transport, &comm);
-  client.trainer().set_fault_injection(fault);
+  if (!config.post.enabled()) client.trainer().set_fault_injection(fault);
   client.join();
   log::info("fed client '", config.id, "': joined ", config.server,
             comm.world() > 1 ? cat(" (the silo runs as ", comm.world(), " ranks)") : "");
@@ -92,6 +92,9 @@ void run_client(const ClientConfig& config, const train::FaultInjection& fault) 
   if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the silo
   try {
     if (comm->world() > 1) log::info("fed client ranks: ", comm->placement());
+    POLLEN_CHECK(!config.post.enabled() || comm->world() == 1, "fed client '", config.id,
+                 "': a post-training silo ([post]) runs as one process, not ", comm->world(),
+                 " ranks");
     if (comm->rank() == 0) {
       lead_silo(config, *comm, fault);
     } else {

@@ -1,0 +1,36 @@
+#pragma once
+// What a federated client trains each round, behind one interface, so that one Client (and one
+// server, the Coordinator) runs both kinds of federation: pre-training's LocalTrainer, whose
+// exchanged state is the whole model, and post-training's LoraSilo (fed/post_lora.h), whose
+// exchanged state is its LoRA adapters' B. The client pulls the exchanged tensors, sets them,
+// trains, and pushes global minus local.
+#include <cstdint>
+#include <string>
+
+#include "fed/wire.h"
+
+namespace pollen::fed {
+
+class RoundTrainer {
+ public:
+  virtual ~RoundTrainer() = default;
+  struct Result {
+    int64_t tokens = 0;  // the aggregation weight: tokens trained on this round
+    double loss = 0;     // mean over the round
+    double seconds = 0;
+  };
+  // The tensors the federation exchanges, in wire order, and their current local values
+  // (float32 copies); set_exchanged_weights copies the round's global values in.
+  virtual ParamSpecs exchanged_specs() const = 0;
+  virtual Weights exchanged_weights() const = 0;
+  virtual void set_exchanged_weights(const Weights& w) = 0;
+  // `steps` optimizer steps on the silo's own data.
+  virtual Result train(int64_t steps) = 0;
+  // The held-out loss of the current weights; *tokens gets how many were scored (0: none held
+  // out, and the loss means nothing).
+  virtual double evaluate(int64_t* tokens) = 0;
+  // The version of the silo's data, recorded in the lineage (at most 128 characters).
+  virtual const std::string& manifest_hash() const = 0;
+};
+
+}  // namespace pollen::fed

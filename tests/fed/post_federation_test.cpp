@@ -1,0 +1,429 @@
+// Post-training federations over the real server and client (`pollen fed server` and `pollen fed
+// client` with [post]): LoRA adapters' B as the exchanged state. A 2-silo SFT federation of
+// processes on loopback gives bitwise the adapters of `pollen fed post`'s simulation; a DPO
+// federation raises the held-out margin; a silo of another LoRA config or base is refused naming
+// the difference; a restarted server (and restarted clients with their state) continue bitwise;
+// hostile adapter updates are refused; [post] keys are checked.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "base/thread_pool.h"
+#include "fed/client.h"
+#include "fed/coordinator.h"
+#include "fed/fixtures.h"
+#include "fed/grpc.h"
+#include "fed/post_lora.h"
+#include "io/safetensors.h"
+#include "train/post_fixtures.h"
+#include "train/preference_synth.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+using namespace pollen::fed;
+using namespace pollen::fed::testing;
+
+namespace {
+
+const char* kLora =
+    "\n[lora]\nrank = 4\nalpha = 8\ntarget_modules = [\"q_proj\", \"v_proj\", \"down_proj\", "
+    "\"lm_head\"]\ntrain_a = false\nseed = 11\n";
+
+struct Fixture {
+  fs::path dir, tokenizer, model_file;
+  fs::path sft[2], dpo[2], dpo_validation;
+};
+
+const Fixture& fixture() {
+  static const Fixture f = [] {
+    Fixture x;
+    x.dir = test_support::post_temp_dir("fed-post-wire");
+    x.tokenizer = test_support::make_chat_tokenizer(x.dir);
+    x.model_file = test_support::make_tiny_model_file(x.dir);
+    x.sft[0] = test_support::write_sft_data(x.dir / "arithmetic.jsonl", "arithmetic", 40, 1);
+    x.sft[1] = test_support::write_sft_data(x.dir / "reverse.jsonl", "reverse", 40, 2);
+    auto pairs = [&](const std::string& name, int64_t count, uint64_t seed) {
+      train::PreferenceSynthOptions o;
+      o.task = "case";
+      o.count = count;
+      o.seed = seed;
+      train::write_preference_synth(o, x.dir / name);
+      return x.dir / name;
+    };
+    x.dpo[0] = pairs("dpo-a.jsonl", 32, 1);
+    x.dpo[1] = pairs("dpo-b.jsonl", 32, 2);
+    x.dpo_validation = pairs("dpo-held-out.jsonl", 16, 3);
+    return x;
+  }();
+  return f;
+}
+
+// A silos' run file in `dir`: the tiny base, [lora] and the objective's section (its data comes
+// from each client's post.data), with `edits` (text, replacement) applied.
+fs::path write_run_file(const fs::path& dir, const std::string& objective,
+                        const std::vector<std::pair<std::string, std::string>>& edits = {}) {
+  const auto& fx = fixture();
+  fs::create_directories(dir);
+  const std::string section = objective == "sft"
+                                  ? "[sft]\nseq = 64\nmicro_batch = 2\nvalidation_fraction = 0\n"
+                                  : "[dpo]\nvalidation = \"" + fx.dpo_validation.string() +
+                                        "\"\nbeta = 0.1\nbatch_pairs = 8\nmicro_batch_pairs = 4\n";
+  const fs::path file = dir / (objective + "-run.toml");
+  std::string text =
+      test_support::tiny_post_toml(dir / "silo-run", fx.model_file, fx.tokenizer, 100, section) +
+      kLora;
+  for (const auto& [from, to] : edits) {
+    const size_t at = text.find(from);
+    POLLEN_CHECK(at != std::string::npos, "no '", from, "' in the run file");
+    text.replace(at, from.size(), to);
+  }
+  write_file_atomic(file, text);
+  return file;
+}
+
+ServerConfig post_server(const fs::path& dir, const fs::path& run, const std::string& objective,
+                         int64_t rounds, int64_t local_steps) {
+  ServerConfig c;
+  c.dir = dir / "server";
+  c.rounds = rounds;
+  c.local_steps = local_steps;
+  c.eval_every = 1;
+  c.strategy.min_clients = 2;
+  c.post.run = run;
+  c.post.objective = objective;
+  return c;
+}
+
+ClientConfig post_client(int i, const fs::path& run, const std::string& objective,
+                         const fs::path& data) {
+  ClientConfig c;
+  c.id = cat("silo-", i);
+  c.threads = 1;
+  c.post.run = run;
+  c.post.objective = objective;
+  c.post.data = data.string();
+  return c;
+}
+
+// The rounds of a federation in one process, as `pollen fed simulate` drives them: the same
+// Coordinator and Client, every message serialised through the in-process transport.
+void drive(Coordinator& server, std::vector<std::unique_ptr<Client>>& clients) {
+  for (;;) {
+    for (auto& c : clients) c->poll_once();
+    if (!server.begin_round()) return;
+    while (!server.round_complete()) {
+      bool worked = false;
+      for (auto& c : clients) worked = c->poll_once() != pb::TASK_WAIT || worked;
+      if (!worked) break;
+    }
+    server.end_round();
+  }
+}
+
+// The B tensors of a PEFT adapter folder, in file order.
+std::map<std::string, Tensor> adapter_b(const fs::path& dir) {
+  std::map<std::string, Tensor> out;
+  for (auto& [name, t] : io::read_safetensors(dir / "adapter_model.safetensors").tensors)
+    if (name.find("lora_B") != std::string::npos) out.emplace(name, t);
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+double held_out_margin(LoraSilo& silo, const Weights& b) {
+  silo.set_exchanged_weights(b);
+  ag::NoGrad no_grad;
+  return silo.objective().evaluate(silo.model()).metrics["rewards/margins"].get<double>();
+}
+
+}  // namespace
+
+TEST(FedPostWire, DeployedSftEqualsTheSimulationBitwise) {
+  const auto& fx = fixture();
+  const fs::path dir = temp_dir("post_deployed");
+  const fs::path run = write_run_file(dir, "sft");
+  set_num_threads(1);
+  {
+    Quiet q;
+    LoraFedConfig sim;
+    sim.run_file = run;
+    sim.objective = "sft";
+    sim.silos = {"silo-0", "silo-1"};
+    sim.data = {fx.sft[0].string(), fx.sft[1].string()};
+    sim.output = dir / "sim";
+    sim.options.rounds = 2;
+    sim.options.local_steps = 3;
+    run_lora_federation(sim, lora_objective_factory("sft", "test"));
+  }
+  // The same federation as three processes on loopback.
+  const int port = 20000 + static_cast<int>((::getpid() + 7919) % 20000);
+  const std::string address = cat("127.0.0.1:", port);
+  write_file_atomic(dir / "fed.toml",
+                    cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
+                        "'\nrounds = 2\nlocal_steps = 3\nround_timeout_s = 120\n"
+                        "wait_for_clients_s = 60\n[strategy]\nmin_clients = 2\n[post]\nrun = '",
+                        run.string(), "'\nobjective = 'sft'\n"));
+  for (int i = 0; i < 2; ++i)
+    write_file_atomic(
+        dir / cat("client", i, ".toml"),
+        cat("[client]\nid = 'silo-", i, "'\nserver = '", address, "'\nthreads = 1\n[post]\nrun = '",
+            run.string(), "'\nobjective = 'sft'\ndata = '", fx.sft[i].string(), "'\n"));
+  std::vector<pid_t> pids;
+  for (const auto& [sub, config] : std::vector<std::pair<std::string, std::string>>{
+           {"server", "fed"}, {"client", "client0"}, {"client", "client1"}}) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      freopen((dir / (config + ".log")).c_str(), "w", stderr);
+      const std::string file = (dir / (config + ".toml")).string();
+      execl(POLLEN_BINARY, POLLEN_BINARY, "fed", sub.c_str(), "--config", file.c_str(),
+            static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "a process failed; see " << dir.string() << "/*.log";
+  }
+  const auto sim = adapter_b(dir / "sim"), dep = adapter_b(dir / "dep/adapter");
+  ASSERT_EQ(sim.size(), 7u);  // 2 layers x 3 targets, the head
+  ASSERT_EQ(dep.size(), sim.size());
+  double largest = 0;
+  int64_t b_values = 0;
+  for (const auto& [name, t] : sim) {
+    const Tensor& d = dep.at(name);
+    ASSERT_EQ(d.shape(), t.shape()) << name;
+    EXPECT_EQ(std::memcmp(d.raw(), t.raw(), t.nbytes()), 0) << name << " differs";
+    for (double v : t.to_doubles()) largest = std::max(largest, std::fabs(v));
+    b_values += t.numel();
+  }
+  EXPECT_GT(largest, 1e-4);  // the silos did train B
+  // Only B travelled: each round, 2 silos x 4 bytes per value of B each way.
+  const auto lines = read_jsonl(dir / "dep/metrics.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  for (const auto& l : lines) {
+    EXPECT_EQ(l["bytes_received"].get<int64_t>(), 2 * 4 * b_values);
+    EXPECT_EQ(l["bytes_sent"].get<int64_t>(), 2 * 4 * b_values);
+  }
+  // The lineage starts with the base.
+  const auto lineage = read_jsonl(dir / "dep/lineage.jsonl");
+  ASSERT_EQ(lineage.size(), 3u);
+  EXPECT_EQ(lineage[0]["round"], 0);
+  EXPECT_EQ(lineage[0]["base_sha256"].get<std::string>().size(), 64u);
+}
+
+TEST(FedPostWire, DpoFederationOverGrpcRaisesTheHeldOutMargin) {
+  const auto& fx = fixture();
+  const fs::path dir = temp_dir("post_dpo");
+  // Adapters on every projection of the layers (the head left out), which learn the preference
+  // in a few steps.
+  const fs::path run = write_run_file(
+      dir, "dpo",
+      {{"lr = 3e-3", "lr = 1e-2"},
+       {"[\"q_proj\", \"v_proj\", \"down_proj\", \"lm_head\"]",
+        "[\"q_proj\", \"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", "
+        "\"down_proj\"]"}});
+  set_num_threads(1);
+  Quiet q;
+  ServerConfig sc = post_server(dir, run, "dpo", 3, 4);
+  Coordinator coordinator(sc, false);
+  GrpcServer server(coordinator, "127.0.0.1:0", {});
+  const std::string address = cat("127.0.0.1:", server.port());
+  std::vector<std::unique_ptr<GrpcTransport>> transports;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 2; ++i) {
+    transports.push_back(std::make_unique<GrpcTransport>(address, TlsFiles{}, 10));
+    clients.push_back(
+        std::make_unique<Client>(post_client(i, run, "dpo", fx.dpo[i]), *transports.back()));
+    clients.back()->join();
+  }
+  std::thread rounds([&] { coordinator.run(); });
+  std::vector<std::thread> silos;
+  for (auto& c : clients) silos.emplace_back([&c] { c->run(); });
+  rounds.join();
+  for (auto& t : silos) t.join();
+  server.shutdown();
+  ASSERT_EQ(coordinator.rounds_done(), 3);
+  LoraSilo& silo = *clients[0]->lora_silo();
+  Weights zero = coordinator.global_weights();
+  for (auto& t : zero) t = Tensor::zeros(t.shape(), DType::f32);
+  const double before = held_out_margin(silo, zero);
+  const double after = held_out_margin(silo, coordinator.global_weights());
+  std::printf("federated DPO, held-out margin: %.4f before, %.4f after 3 rounds\n", before, after);
+  EXPECT_NEAR(before, 0.0, 1e-9);  // B = 0: the policy is the reference
+  EXPECT_GT(after, 0.1);
+}
+
+TEST(FedPostWire, SiloWithAnotherLoraConfigOrBaseIsRefusedNamingIt) {
+  const auto& fx = fixture();
+  const fs::path dir = temp_dir("post_refused");
+  Quiet q;
+  Coordinator coordinator(post_server(dir, write_run_file(dir, "sft"), "sft", 1, 1), false);
+  LocalTransport transport(coordinator);
+  auto refusal = [&](const fs::path& run) {
+    Client c(post_client(0, run, "sft", fx.sft[0]), transport);
+    return error_of([&] { c.join(); });
+  };
+  // A twin of the server's run file (another folder) agrees.
+  EXPECT_EQ(refusal(write_run_file(dir / "twin", "sft")), "");
+  const std::string e = refusal(write_run_file(dir / "rank8", "sft", {{"rank = 4", "rank = 8"}}));
+  EXPECT_NE(e.find("lora.rank: server 4, client 8"), std::string::npos) << e;
+  // Another base: the model file's weights are drawn from run.seed, here another one.
+  const std::string b = refusal(write_run_file(dir / "base", "sft", {{"seed = 3", "seed = 4"}}));
+  EXPECT_NE(b.find("base weights (SHA-256): server "), std::string::npos) << b;
+  EXPECT_EQ(b.find("lora."), std::string::npos) << b;
+  // A pre-training client: it proposes the whole model.
+  pb::JoinRequest whole;
+  whole.set_protocol_version(kProtocolVersion);
+  whole.set_client_id("silo-w");
+  whole.set_model_config(model_config_json(coordinator.config().model));
+  whole.set_tokenizer_fingerprint(coordinator.config().tokenizer_fingerprint);
+  const auto reply = coordinator.join(whole, "");
+  EXPECT_FALSE(reply.accepted());
+  EXPECT_NE(reply.reason().find("the server exchanges LoRA adapters"), std::string::npos)
+      << reply.reason();
+}
+
+TEST(FedPostWire, RestartedServerAndClientsContinueBitwise) {
+  const auto& fx = fixture();
+  const fs::path dir = temp_dir("post_restart");
+  const fs::path run = write_run_file(dir, "sft");
+  set_num_threads(1);
+  Quiet q;
+  auto clients_for = [&](Transport& t, const std::string& state) {
+    std::vector<std::unique_ptr<Client>> out;
+    for (int i = 0; i < 2; ++i) {
+      ClientConfig c = post_client(i, run, "sft", fx.sft[i]);
+      c.state_dir = dir / state / c.id;
+      out.push_back(std::make_unique<Client>(c, t));
+      out.back()->join();
+    }
+    return out;
+  };
+  Weights uninterrupted;
+  {
+    Coordinator server(post_server(dir / "whole", run, "sft", 3, 2), false);
+    LocalTransport t(server);
+    auto clients = clients_for(t, "whole-state");
+    drive(server, clients);
+    ASSERT_EQ(server.rounds_done(), 3);
+    uninterrupted = server.global_weights();
+  }
+  ServerConfig cut = post_server(dir / "cut", run, "sft", 1, 2);
+  {
+    Coordinator server(cut, false);  // stops after round 1, as a killed server would
+    LocalTransport t(server);
+    auto clients = clients_for(t, "cut-state");
+    drive(server, clients);
+    ASSERT_EQ(server.rounds_done(), 1);
+  }
+  cut.rounds = 3;
+  Coordinator server(cut, true);
+  EXPECT_EQ(server.rounds_done(), 1);
+  LocalTransport t(server);
+  auto clients = clients_for(t, "cut-state");  // resumed from their state folders
+  EXPECT_EQ(clients[0]->last_round(), 1);
+  drive(server, clients);
+  ASSERT_EQ(server.rounds_done(), 3);
+  EXPECT_TRUE(bitwise_equal(server.global_weights(), uninterrupted))
+      << "the resumed federation's adapters differ from the uninterrupted one's";
+  const auto lineage = read_jsonl(dir / "cut/server/lineage.jsonl");
+  ASSERT_EQ(lineage.size(), 4u);  // round 0 (the base), then 1, 2, 3 once each
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(lineage[r]["round"], r);
+}
+
+TEST(FedPostWire, HostileAdapterUpdatesAreRefused) {
+  const auto& fx = fixture();
+  const fs::path dir = temp_dir("post_hostile");
+  Quiet q;
+  ServerConfig sc = post_server(dir, write_run_file(dir, "sft"), "sft", 1, 1);
+  sc.strategy.min_clients = 1;
+  Coordinator coordinator(sc, false);
+  LocalTransport transport(coordinator);
+  Client client(post_client(0, sc.post.run, "sft", fx.sft[0]), transport);
+  client.join();
+  ASSERT_TRUE(coordinator.begin_round());
+  const ParamSpecs specs = coordinator.specs();
+  pb::UpdateInfo info;
+  info.set_client_id("silo-0");
+  info.set_round(1);
+  info.set_tokens(100);
+  auto push = [&](const EncodedSet& set) {
+    return error_of([&] {
+      int stage = 0;
+      transport.push([&](pb::TensorStream& m) {
+        if (stage == 0) *m.mutable_update() = info;
+        if (stage == 1) *m.mutable_header() = set.header;
+        if (stage == 2) {
+          m.mutable_chunk()->set_offset(0);
+          m.mutable_chunk()->set_data(set.bytes);
+        }
+        return stage++ < 3;
+      });
+    });
+  };
+  Weights good;
+  for (const auto& s : specs) good.push_back(Tensor::zeros(s.shape, DType::f32));
+  // A tensor of the wrong shape (B of rank 8 where the federation's is rank 4).
+  ParamSpecs wide = specs;
+  wide[0].shape.back() = 8;
+  Weights wide_w = good;
+  wide_w[0] = Tensor::zeros(wide[0].shape, DType::f32);
+  const std::string shape = push(encode_weights(wide, wide_w, {}));
+  EXPECT_NE(shape.find(specs[0].name), std::string::npos) << shape;
+  EXPECT_NE(shape.find("shape"), std::string::npos) << shape;
+  // A NaN in B's update.
+  Weights nan = good;
+  nan[3] = Tensor::zeros(specs[3].shape, DType::f32);  // its own storage, not good[3]'s
+  nan[3].data<float>()[1] = std::nanf("");
+  const std::string value = push(encode_weights(specs, nan, {}));
+  EXPECT_NE(value.find("not finite"), std::string::npos) << value;
+  // Whole-model tensors where adapters are expected.
+  const std::string model = push(encode_weights({{"model.embed_tokens.weight", {320, 32}}},
+                                                {Tensor::zeros({320, 32}, DType::f32)}, {}));
+  EXPECT_NE(model.find("tensors"), std::string::npos) << model;
+  EXPECT_FALSE(coordinator.round_complete());  // nothing was taken
+  EXPECT_EQ(push(encode_weights(specs, good, {})), "");
+  EXPECT_TRUE(coordinator.round_complete());
+}
+
+TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
+  const fs::path dir = temp_dir("post_keys");
+  auto server_error = [&](const std::string& text) {
+    write_file_atomic(dir / "fed.toml", text);
+    return error_of([&] { load_server_config(dir / "fed.toml"); });
+  };
+  auto client_error = [&](const std::string& text) {
+    write_file_atomic(dir / "client.toml", text);
+    return error_of([&] { load_client_config(dir / "client.toml"); });
+  };
+  const std::string server = "[server]\ndir = 'x'\n[post]\nrun = 'r.toml'\n";
+  EXPECT_EQ(server_error(server), "");
+  EXPECT_NE(server_error(server + "objective = 'grpo'\n").find("post.objective"),
+            std::string::npos);
+  EXPECT_NE(server_error(server + "colour = 1\n").find("colour"), std::string::npos);
+  EXPECT_NE(
+      server_error(server + "[model]\npreset = 'llama-tiny'\n").find("not allowed with [post]"),
+      std::string::npos);
+  const std::string client = "[client]\nid = 'a'\n[post]\nrun = 'r.toml'\ndata = 'd.jsonl'\n";
+  EXPECT_EQ(client_error(client), "");
+  EXPECT_NE(client_error("[client]\nid = 'a'\n[post]\nrun = 'r.toml'\n").find("data"),
+            std::string::npos);
+  const std::string train = client_error(client + "[train]\nlr = 1e-3\n");
+  EXPECT_NE(train.find("train"), std::string::npos) << train;
+  EXPECT_NE(train.find("not allowed with [post]"), std::string::npos) << train;
+}
