@@ -25,14 +25,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Where the base's tokenizer_config.json would be: beside its other HF files, else beside its
-// tokenizer.
-fs::path tokenizer_config_dir(const io::ModelSource& src, const fs::path& tokenizer) {
-  for (const auto& f : src.hf_side_files)
-    if (f.filename() == "tokenizer_config.json") return f.parent_path();
-  return tokenizer.parent_path();
-}
-
 // The objective's metrics under "<prefix><name>/<metric>".
 void add_metrics(nlohmann::ordered_json& record, const std::string& prefix, const std::string& name,
                  const nlohmann::ordered_json& metrics) {
@@ -73,7 +65,7 @@ PostBase resolve_post_base(const PostConfig& cfg) {
       !cfg.chat_template.empty() ? cfg.chat_template : b.source.chat_template.value_or("");
   try {
     b.chat_format =
-        tokenizer::choose_chat_format(tokenizer_config_dir(b.source, b.tokenizer_path), named);
+        tokenizer::choose_chat_format(io::tokenizer_config_dir(b.source, b.tokenizer_path), named);
   } catch (const Error& e) {
     fail("config file '", cfg.source, "': no chat template for model.base '", cfg.base, "' (",
          e.what(), "); set model.chat_template to \"chatml\" or \"llama3\"");
