@@ -19,14 +19,6 @@
 namespace pollen::cli {
 namespace {
 
-// Where the model's tokenizer_config.json would be: beside its other HF files, else beside its
-// tokenizer.
-std::filesystem::path tokenizer_config_dir(const io::ModelSource& src) {
-  for (const auto& f : src.hf_side_files)
-    if (f.filename() == "tokenizer_config.json") return f.parent_path();
-  return src.tokenizer ? src.tokenizer->parent_path() : src.path;
-}
-
 uint32_t special_token_id(const tokenizer::Tokenizer& tok, std::string_view content,
                           std::string_view template_name) {
   for (const auto& t : tok.added_tokens())
@@ -67,7 +59,7 @@ void add_chat_command(CLI::App& app) {
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const tokenizer::ChatFormat format = tokenizer::choose_chat_format(
-        tokenizer_config_dir(src),
+        io::tokenizer_config_dir(src),
         a->chat_template.empty() && src.chat_template ? *src.chat_template : a->chat_template);
     const model::Llama m = load_model_with_adapter(src, a->adapter);
     model::SamplingOptions o = a->sampling.resolved();

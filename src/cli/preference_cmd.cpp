@@ -4,7 +4,6 @@
 // FILE` (a reward model's scores of prompt/response records): wiring only; the work is
 // train::run_post_training with train/dpo and train/reward, and train/preference_synth.
 #include <cstdio>
-#include <functional>
 #include <memory>
 #include <string>
 
@@ -12,6 +11,7 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/post_command.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/open.h"
 #include "train/dpo.h"
@@ -96,55 +96,18 @@ void add_rm_score(CLI::App* cmd) {
   });
 }
 
-constexpr const char* kExitCodes =
-    "\nExit codes: 0 finished, 1 failed (bad config or data, too many non-finite losses in a "
-    "row, any error), 3 preempted (SIGINT or SIGTERM: the step finished and a checkpoint was "
-    "written; rerun with --resume), 2 bad command line.";
-
-// --config, --set and --resume of a post-training command; `run` gets the loaded run file when no
-// subcommand ran.
-void add_run_options(
-    CLI::App* cmd, const std::string& objective,
-    std::function<train::PostResult(const train::PostConfig&, const train::PostOptions&)> run) {
-  cmd->require_subcommand(0, 1);
-  auto config = std::make_shared<std::string>();
-  auto sets = std::make_shared<std::vector<std::string>>();
-  auto resume = std::make_shared<bool>(false);
-  cmd->add_option("--config", *config, "Run file (TOML; docs/posttraining.md)");
-  cmd->add_option("--set", *sets,
-                  "Override a key, e.g. --set train.steps=200 --set " + objective +
-                      ".batch_pairs=16 (value in TOML syntax; a bare word is a string)");
-  cmd->add_flag("--resume", *resume,
-                "Continue from the newest checkpoint under run.dir/checkpoints that verifies");
-  cmd->callback([cmd, config, sets, resume, objective, run] {
-    if (!cmd->get_subcommands().empty()) return;  // a subcommand ran
-    if (config->empty()) throw CLI::RequiredError("--config");
-    const train::PostConfig cfg = train::load_post_config(*config, objective, *sets);
-    train::PostOptions o;
-    o.resume = *resume;
-    const train::PostResult r = run(cfg, o);
-    if (r.status == train::RunStatus::finished) {
-      log::info(r.message);
-    } else if (r.status == train::RunStatus::preempted) {
-      log::warn(r.message);
-    } else {
-      log::error(r.message);
-    }
-    set_exit_code(static_cast<int>(r.status));
-  });
-}
-
 }  // namespace
 
 void add_dpo_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "dpo", std::string("Direct preference optimisation (DPO, IPO) on prompt/chosen/rejected "
                          "pairs as one TOML run file describes (docs/posttraining.md).") +
-                 kExitCodes);
+                 kPostExitCodes);
   add_synth(cmd, false);
-  add_run_options(cmd, "dpo", [](const train::PostConfig& cfg, const train::PostOptions& o) {
-    return train::run_post_training(cfg, o, train::make_dpo_objective);
-  });
+  add_post_run_options(cmd, "dpo", "dpo.batch_pairs=16",
+                       [](const train::PostConfig& cfg, const train::PostOptions& o) {
+                         return train::run_post_training(cfg, o, train::make_dpo_objective);
+                       });
 }
 
 void add_rm_command(CLI::App& app) {
@@ -153,24 +116,26 @@ void add_rm_command(CLI::App& app) {
                         "(Bradley-Terry) as one TOML run file describes (docs/posttraining.md); "
                         "a finished run is exported to run.dir/reward_model as an HF "
                         "sequence-classification directory.") +
-                kExitCodes);
+                kPostExitCodes);
   add_synth(cmd, true);
   add_rm_score(cmd);
-  add_run_options(cmd, "rm", [](const train::PostConfig& cfg, const train::PostOptions& o) {
-    uint32_t pad_token_id = 0;
-    const train::PostResult r =
-        train::run_post_training(cfg, o, [&](const train::ObjectiveContext& ctx) {
-          auto rm = std::make_unique<train::RewardObjective>(ctx);
-          pad_token_id = rm->pad_token_id();
-          return std::unique_ptr<train::Objective>(std::move(rm));
-        });
-    if (r.status == train::RunStatus::finished) {
-      const auto out = cfg.dir / "reward_model";
-      train::export_reward_checkpoint(r.last_checkpoint, pad_token_id, out);
-      log::info("reward model exported to '", out.string(), "' (LlamaForSequenceClassification)");
-    }
-    return r;
-  });
+  add_post_run_options(cmd, "rm", "rm.batch_pairs=16",
+                       [](const train::PostConfig& cfg, const train::PostOptions& o) {
+                         uint32_t pad_token_id = 0;
+                         const train::PostResult r = train::run_post_training(
+                             cfg, o, [&](const train::ObjectiveContext& ctx) {
+                               auto rm = std::make_unique<train::RewardObjective>(ctx);
+                               pad_token_id = rm->pad_token_id();
+                               return std::unique_ptr<train::Objective>(std::move(rm));
+                             });
+                         if (r.status == train::RunStatus::finished) {
+                           const auto out = cfg.dir / "reward_model";
+                           train::export_reward_checkpoint(r.last_checkpoint, pad_token_id, out);
+                           log::info("reward model exported to '", out.string(),
+                                     "' (LlamaForSequenceClassification)");
+                         }
+                         return r;
+                       });
 }
 
 }  // namespace pollen::cli

@@ -1,91 +1,26 @@
 // `pollen sft --config run.toml [--set key=value ...] [--resume]` and `pollen sft synth`:
 // wiring only; the loop is train::run_post_training, the objective train::SftObjective.
-#include <filesystem>
-#include <fstream>
-#include <memory>
 #include <string>
-#include <vector>
 
-#include "base/error.h"
-#include "base/log.h"
 #include "cli/commands.h"
-#include "train/post_config.h"
-#include "train/post_run.h"
+#include "cli/post_command.h"
 #include "train/sft.h"
-#include "train/synth_tasks.h"
 
 namespace pollen::cli {
-namespace {
-
-void add_sft_synth(CLI::App* sft) {
-  auto* cmd = sft->add_subcommand(
-      "synth",
-      "Write example SFT conversations made from templates (JSONL, one {\"messages\": [...]} "
-      "per line; every reply ends with \"#### ANSWER\")");
-  struct Args {
-    std::string task, out;
-    int64_t count = 1000;
-    uint64_t seed = 0;
-  };
-  auto a = std::make_shared<Args>();
-  cmd->add_option("--task", a->task, "arithmetic, reverse or upper")
-      ->required()
-      ->check(CLI::IsMember(train::synth_task_names()));
-  cmd->add_option("--count", a->count, "Conversations to write")->capture_default_str();
-  cmd->add_option("--seed", a->seed, "Seed (the same seed writes the same file)")
-      ->capture_default_str();
-  cmd->add_option("--out", a->out, "JSONL file to write")->required();
-  cmd->callback([a] {
-    const auto examples = train::synth_examples(a->task, a->count, a->seed);
-    const std::filesystem::path parent = std::filesystem::path(a->out).parent_path();
-    if (!parent.empty()) std::filesystem::create_directories(parent);
-    std::ofstream out(a->out, std::ios::binary);
-    POLLEN_CHECK(out.good(), "cannot write '", a->out, "'");
-    for (const auto& e : examples) out << train::sft_jsonl_line(e) << "\n";
-    out.close();
-    POLLEN_CHECK(out.good(), "cannot write '", a->out, "'");
-    log::info("wrote ", examples.size(), " ", a->task, " conversations to '", a->out, "'");
-  });
-}
-
-}  // namespace
 
 void add_sft_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
-      "sft",
-      "Supervised fine-tuning on conversations as one TOML run file describes "
-      "(docs/posttraining.md).\n"
-      "Exit codes: 0 finished, 1 failed (bad config or data, too many non-finite losses in a "
-      "row, any error), 3 preempted (SIGINT or SIGTERM: the step finished and a checkpoint "
-      "was written; rerun with --resume), 2 bad command line.");
-  cmd->require_subcommand(0, 1);
-  auto config = std::make_shared<std::string>();
-  auto sets = std::make_shared<std::vector<std::string>>();
-  auto resume = std::make_shared<bool>(false);
-  cmd->add_option("--config", *config, "Run file (TOML)");
-  cmd->add_option("--set", *sets,
-                  "Override a key, e.g. --set train.steps=200 --set sft.seq=512 (value in TOML "
-                  "syntax; a bare word is a string)");
-  cmd->add_flag("--resume", *resume,
-                "Continue from the newest checkpoint under run.dir/checkpoints that verifies "
-                "(starts at step 0 when there is none yet)");
-  add_sft_synth(cmd);
-  cmd->callback([cmd, config, sets, resume] {
-    if (!cmd->get_subcommands().empty()) return;  // `pollen sft synth` ran
-    if (config->empty()) throw CLI::RequiredError("--config");
-    const train::PostConfig cfg = train::load_post_config(*config, "sft", *sets);
-    train::PostOptions o;
-    o.resume = *resume;
-    const train::PostResult r = train::run_post_training(cfg, o, train::make_sft_objective);
-    if (r.status == train::RunStatus::finished) {
-      log::info(r.message);
-    } else if (r.status == train::RunStatus::preempted) {
-      log::warn(r.message);
-    } else {
-      log::error(r.message);
-    }
-    set_exit_code(static_cast<int>(r.status));
-  });
+      "sft", std::string("Supervised fine-tuning on conversations as one TOML run file describes "
+                         "(docs/posttraining.md).") +
+                 kPostExitCodes);
+  add_post_run_options(cmd, "sft", "sft.seq=512",
+                       [](const train::PostConfig& cfg, const train::PostOptions& o) {
+                         return train::run_post_training(cfg, o, train::make_sft_objective);
+                       });
+  add_task_synth(cmd,
+                 "Write example SFT conversations made from templates (JSONL, one {\"messages\": "
+                 "[...]} per line; every reply ends with \"#### ANSWER\")",
+                 "conversations", train::sft_jsonl_line);
 }
 
 }  // namespace pollen::cli

@@ -141,6 +141,13 @@ ModelSource resolve_model(const std::string& spec) {
   return s;
 }
 
+fs::path tokenizer_config_dir(const ModelSource& source, const fs::path& tokenizer) {
+  for (const auto& f : source.hf_side_files)
+    if (f.filename() == "tokenizer_config.json") return f.parent_path();
+  if (!tokenizer.empty()) return tokenizer.parent_path();
+  return source.tokenizer ? source.tokenizer->parent_path() : source.path;
+}
+
 model::Llama load_model(const ModelSource& s, DType dtype, uint64_t seed) {
   if (s.base) {
     const model::Llama base = load_model(*s.base, dtype, s.base_seed);

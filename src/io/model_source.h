@@ -33,6 +33,12 @@ const char* model_kind_name(ModelSource::Kind kind);
 // Resolves without loading weights. Errors say what the spec was taken for and what is missing.
 ModelSource resolve_model(const std::string& spec);
 
+// The folder that holds (or would hold) the model's tokenizer_config.json, where its chat
+// template is looked up: beside its HF files, else beside `tokenizer` (empty: the tokenizer that
+// goes with the model), else the folder or file read.
+std::filesystem::path tokenizer_config_dir(const ModelSource& source,
+                                           const std::filesystem::path& tokenizer = {});
+
 // Loads the weights (presets and model files: initialised from `seed`).
 model::Llama load_model(const ModelSource& source, DType dtype = DType::f32, uint64_t seed = 0);
 

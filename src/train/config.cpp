@@ -91,6 +91,76 @@ std::pair<std::string, std::string> apply_overrides(const std::string& text,
   return {out.str(), source + " with --set"};
 }
 
+std::string read_config_file(const std::filesystem::path& path) {
+  try {
+    return read_file(path);
+  } catch (const Error& e) {
+    fail("cannot read config file '", path.string(), "': ", e.what());
+  }
+}
+
+std::string resolve_config_path(const std::filesystem::path& base_dir, const std::string& p) {
+  const std::filesystem::path path(p);
+  return base_dir.empty() || path.is_absolute() ? p : (base_dir / path).lexically_normal().string();
+}
+
+void read_run_keys(ConfigTable* run, const std::string& source,
+                   const std::filesystem::path& base_dir, LoopSettings& c) {
+  const std::string stem = std::filesystem::path(source).stem().string();
+  c.name = run ? run->get_string("name", stem) : stem;
+  c.dir = run && run->has("dir") ? resolve_config_path(base_dir, run->get_string("dir", ""))
+                                 : "runs/" + c.name;
+  if (!run) return;
+  const int64_t seed = run->get_int("seed", 0);
+  POLLEN_CHECK(seed >= 0, run->where("seed"), ": expected a non-negative integer");
+  c.seed = static_cast<uint64_t>(seed);
+  c.threads = static_cast<int>(run->get_int("threads", 0));
+  POLLEN_CHECK(c.threads >= 0, run->where("threads"), ": expected 0 (all) or more");
+}
+
+void read_train_keys(ConfigTable& train, LoopSettings& c) {
+  c.steps = train.require_int("steps");
+  POLLEN_CHECK(c.steps > 0, train.where("steps"), ": expected a positive integer");
+  c.grad_clip = train.get_double("grad_clip", 1.0);
+  POLLEN_CHECK(c.grad_clip >= 0, train.where("grad_clip"), ": expected 0 (off) or more");
+  c.max_bad_steps = train.get_int("max_bad_steps", 5);
+  POLLEN_CHECK(c.max_bad_steps > 0, train.where("max_bad_steps"), ": expected 1 or more");
+}
+
+void read_eval_keys(ConfigTable& e, LoopSettings& c) {
+  c.eval_interval = e.get_int("interval", 0);
+  POLLEN_CHECK(c.eval_interval >= 0, e.where("interval"), ": expected 0 (end only) or more");
+}
+
+void read_checkpoint(ConfigTable& k, LoopSettings& c) {
+  c.checkpoint_interval = k.get_int("interval", 0);
+  POLLEN_CHECK(c.checkpoint_interval >= 0, k.where("interval"), ": expected 0 (end only) or more");
+  c.keep_checkpoints = static_cast<int>(k.get_int("keep", 3));
+  POLLEN_CHECK(c.keep_checkpoints >= 0, k.where("keep"), ": expected 0 (all) or more");
+  k.finish();
+}
+
+void read_metrics_keys(ConfigTable& m, LoopSettings& c) {
+  c.tensorboard = m.get_bool("tensorboard", true);
+  c.log_interval = m.get_int("log_interval", 10);
+  POLLEN_CHECK(c.log_interval > 0, m.where("log_interval"), ": expected 1 or more");
+}
+
+void flat_run(const LoopSettings& c, std::vector<std::pair<std::string, std::string>>& f) {
+  f.emplace_back("run.name", toml_string(c.name));
+  f.emplace_back("run.dir", toml_string(c.dir.string()));
+  f.emplace_back("run.seed", std::to_string(c.seed));
+  f.emplace_back("run.threads", std::to_string(c.threads));
+}
+
+void flat_checkpoint_metrics(const LoopSettings& c,
+                             std::vector<std::pair<std::string, std::string>>& f) {
+  f.emplace_back("checkpoint.interval", std::to_string(c.checkpoint_interval));
+  f.emplace_back("checkpoint.keep", std::to_string(c.keep_checkpoints));
+  f.emplace_back("metrics.tensorboard", c.tensorboard ? "true" : "false");
+  f.emplace_back("metrics.log_interval", std::to_string(c.log_interval));
+}
+
 void read_optimizer(ConfigTable& o, OptimizerSettings& s) {
   s.lr = o.get_double("lr", s.lr);
   s.beta1 = o.get_double("beta1", s.beta1);
@@ -176,25 +246,14 @@ std::string flat_to_toml(const std::vector<std::pair<std::string, std::string>>&
 TrainConfig parse_train_config(const std::string& text, const std::string& source,
                                const std::vector<std::string>& overrides,
                                const std::filesystem::path& base_dir) {
-  auto resolve = [&](const std::string& p) {
-    const std::filesystem::path path(p);
-    return base_dir.empty() || path.is_absolute() ? p
-                                                  : (base_dir / path).lexically_normal().string();
-  };
+  auto resolve = [&](const std::string& p) { return resolve_config_path(base_dir, p); };
   const auto [effective, name] = apply_overrides(text, source, overrides);
   ConfigTable t = ConfigTable::parse(effective, name);
   TrainConfig c;
 
   auto run = t.table("run");
-  const std::string stem = std::filesystem::path(source).stem().string();
+  read_run_keys(run ? &*run : nullptr, source, base_dir, c);
   if (run) {
-    c.name = run->get_string("name", stem);
-    c.dir = run->has("dir") ? resolve(run->get_string("dir", "")) : "runs/" + c.name;
-    const int64_t seed = run->get_int("seed", 0);
-    POLLEN_CHECK(seed >= 0, run->where("seed"), ": expected a non-negative integer");
-    c.seed = static_cast<uint64_t>(seed);
-    c.threads = static_cast<int>(run->get_int("threads", 0));
-    POLLEN_CHECK(c.threads >= 0, run->where("threads"), ": expected 0 (all) or more");
     c.device = run->get_string("device", "cpu");
     POLLEN_CHECK(c.device == "cpu", run->where("device"), ": expected \"cpu\" (the only ",
                  "training device so far), got \"", c.device, "\"");
@@ -202,9 +261,6 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
     POLLEN_CHECK(c.precision == "f32", run->where("precision"), ": expected \"f32\" (the ",
                  "only training precision so far), got \"", c.precision, "\"");
     run->finish();
-  } else {
-    c.name = stem;
-    c.dir = "runs/" + stem;
   }
 
   auto model = t.table("model");
@@ -239,8 +295,7 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
 
   auto train = t.table("train");
   POLLEN_CHECK(train.has_value(), "config file '", name, "': missing [train] (steps)");
-  c.steps = train->require_int("steps");
-  POLLEN_CHECK(c.steps > 0, train->where("steps"), ": expected a positive integer");
+  read_train_keys(*train, c);
   c.micro_batch = train->get_int("micro_batch", 8);
   POLLEN_CHECK(c.micro_batch > 0, train->where("micro_batch"), ": expected a positive integer");
   c.seq = train->get_int("seq", 128);
@@ -250,10 +305,6 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   POLLEN_CHECK(c.batch_tokens > 0 && c.batch_tokens % (c.micro_batch * c.seq) == 0,
                train->where("batch_tokens"), ": expected a positive multiple of micro_batch * ",
                "seq (", c.micro_batch * c.seq, "), got ", c.batch_tokens);
-  c.grad_clip = train->get_double("grad_clip", 1.0);
-  POLLEN_CHECK(c.grad_clip >= 0, train->where("grad_clip"), ": expected 0 (off) or more");
-  c.max_bad_steps = train->get_int("max_bad_steps", 5);
-  POLLEN_CHECK(c.max_bad_steps > 0, train->where("max_bad_steps"), ": expected 1 or more");
   c.recompute = train->get_bool("recompute", false);
   train->finish();
 
@@ -272,9 +323,8 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   if (auto s = t.table("schedule")) read_schedule(*s, c.schedule);
 
   if (auto e = t.table("eval")) {
-    c.eval_interval = e->get_int("interval", 0);
+    read_eval_keys(*e, c);
     c.eval_batches = e->get_int("batches", 8);
-    POLLEN_CHECK(c.eval_interval >= 0, e->where("interval"), ": expected 0 (end only) or more");
     POLLEN_CHECK(c.eval_batches >= 0, e->where("batches"), ": expected 0 (off) or more");
     e->finish();
   }
@@ -294,18 +344,9 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
     if (!tokenizer.empty()) c.sample_tokenizer = resolve(tokenizer);
     sm->finish();
   }
-  if (auto k = t.table("checkpoint")) {
-    c.checkpoint_interval = k->get_int("interval", 0);
-    c.keep_checkpoints = static_cast<int>(k->get_int("keep", 3));
-    POLLEN_CHECK(c.checkpoint_interval >= 0, k->where("interval"),
-                 ": expected 0 (end only) or more");
-    POLLEN_CHECK(c.keep_checkpoints >= 0, k->where("keep"), ": expected 0 (all) or more");
-    k->finish();
-  }
+  if (auto k = t.table("checkpoint")) read_checkpoint(*k, c);
   if (auto m = t.table("metrics")) {
-    c.tensorboard = m->get_bool("tensorboard", true);
-    c.log_interval = m->get_int("log_interval", 10);
-    POLLEN_CHECK(c.log_interval > 0, m->where("log_interval"), ": expected 1 or more");
+    read_metrics_keys(*m, c);
     c.peak_flops = m->get_double("peak_flops", 0.0);
     POLLEN_CHECK(c.peak_flops >= 0, m->where("peak_flops"), ": expected 0 (measure) or more");
     m->finish();
@@ -326,23 +367,14 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
 
 TrainConfig load_train_config(const std::filesystem::path& path,
                               const std::vector<std::string>& overrides) {
-  std::string text;
-  try {
-    text = read_file(path);
-  } catch (const Error& e) {
-    fail("cannot read config file '", path.string(), "': ", e.what());
-  }
-  return parse_train_config(text, path.string(), overrides, path.parent_path());
+  return parse_train_config(read_config_file(path), path.string(), overrides, path.parent_path());
 }
 
 std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
   std::vector<std::pair<std::string, std::string>> f;
   auto i = [](int64_t v) { return std::to_string(v); };
   auto b = [](bool v) { return std::string(v ? "true" : "false"); };
-  f.emplace_back("run.name", toml_string(name));
-  f.emplace_back("run.dir", toml_string(dir.string()));
-  f.emplace_back("run.seed", i(static_cast<int64_t>(seed)));
-  f.emplace_back("run.threads", i(threads));
+  flat_run(*this, f);
   f.emplace_back("run.device", toml_string(device));
   f.emplace_back("run.precision", toml_string(precision));
   flat_model(model, f);
@@ -368,10 +400,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
   f.emplace_back("samples.top_k", i(sample_top_k));
   f.emplace_back("samples.seed", i(static_cast<int64_t>(sample_seed)));
   f.emplace_back("samples.tokenizer", toml_string(sample_tokenizer));
-  f.emplace_back("checkpoint.interval", i(checkpoint_interval));
-  f.emplace_back("checkpoint.keep", i(keep_checkpoints));
-  f.emplace_back("metrics.tensorboard", b(tensorboard));
-  f.emplace_back("metrics.log_interval", i(log_interval));
+  flat_checkpoint_metrics(*this, f);
   f.emplace_back("metrics.peak_flops", toml_double(peak_flops));
   f.emplace_back("parallel.zero", i(zero));
   f.emplace_back("parallel.bucket_mb", toml_double(bucket_mb));

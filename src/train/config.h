@@ -14,12 +14,32 @@
 
 namespace pollen::train {
 
-struct TrainConfig {
+// The keys every training loop's run file has (pre- and post-training), read and written by the
+// helpers below.
+struct LoopSettings {
   // [run]
   std::string name;
   std::filesystem::path dir;  // where checkpoints/, metrics.jsonl, tensorboard/ go
   uint64_t seed = 0;
   int threads = 0;  // 0: every hardware thread
+  // [train]
+  int64_t steps = 0;
+  double grad_clip = 1.0;
+  int64_t max_bad_steps = 5;  // non-finite losses in a row before the run stops
+  // [schedule]
+  optim::Schedule schedule;  // lr and total_steps come from optimizer.lr and train.steps
+  // [eval]
+  int64_t eval_interval = 0;  // 0: at the end only
+  // [checkpoint]
+  int64_t checkpoint_interval = 0;
+  int keep_checkpoints = 3;
+  // [metrics]
+  bool tensorboard = true;
+  int64_t log_interval = 10;
+};
+
+struct TrainConfig : LoopSettings {
+  // [run]
   std::string device = "cpu", precision = "f32";
   // [model]
   model::LlamaConfig model;
@@ -30,19 +50,14 @@ struct TrainConfig {
   std::string train_split = "train", validation_split = "validation";
   std::vector<std::string> validation_manifests;  // default: manifests
   // [train]
-  int64_t steps = 0;
   int64_t batch_tokens = 0;  // global batch in tokens; a multiple of micro_batch * seq
   int64_t micro_batch = 8, seq = 128;
-  double grad_clip = 1.0;
-  int64_t max_bad_steps = 5;  // non-finite losses in a row before the run stops
   bool recompute = false;
   // [optimizer]
   double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
   std::vector<std::string> no_decay = {"norms", "biases", "embeddings"};
-  // [schedule]
-  optim::Schedule schedule;  // lr and total_steps come from optimizer.lr and train.steps
   // [eval]
-  int64_t eval_interval = 0, eval_batches = 8;
+  int64_t eval_batches = 8;
   // [samples]: text generated from the model at each evaluation (none without prompts)
   std::vector<std::string> sample_prompts;
   int64_t sample_max_tokens = 32;
@@ -50,12 +65,7 @@ struct TrainConfig {
   int64_t sample_top_k = 0;
   uint64_t sample_seed = 0;
   std::string sample_tokenizer;  // default: tokenizer.json beside the first data manifest
-  // [checkpoint]
-  int64_t checkpoint_interval = 0;
-  int keep_checkpoints = 3;
   // [metrics]
-  bool tensorboard = true;
-  int64_t log_interval = 10;
   double peak_flops = 0;  // FLOP/s for MFU; 0: measure this machine's GEMM rate at start
   // [parallel] (several ranks: docs/parallel.md)
   int zero = 0;            // 1: shard AdamW's state across ranks (ZeRO-1)
@@ -80,6 +90,22 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
                                const std::filesystem::path& base_dir = {});
 
 // Pieces every run file shares (pre- and post-training).
+// The run file's text; an error names it.
+std::string read_config_file(const std::filesystem::path& path);
+// `path` as given in a run file: relative to `base_dir` (the run file's folder; empty: as it is).
+std::string resolve_config_path(const std::filesystem::path& base_dir, const std::string& path);
+// The LoopSettings keys of each section, checked; the caller reads its own keys of the section
+// and finishes it. `run` absent: the defaults (name: the run file's stem, dir: runs/<name>).
+void read_run_keys(ConfigTable* run, const std::string& source,
+                   const std::filesystem::path& base_dir, LoopSettings& settings);
+void read_train_keys(ConfigTable& train, LoopSettings& settings);
+void read_eval_keys(ConfigTable& eval, LoopSettings& settings);
+void read_checkpoint(ConfigTable& checkpoint, LoopSettings& settings);  // finishes the section
+void read_metrics_keys(ConfigTable& metrics, LoopSettings& settings);
+// [run]'s and then [checkpoint]'s and [metrics]' LoopSettings keys as flat keys.
+void flat_run(const LoopSettings& settings, std::vector<std::pair<std::string, std::string>>& flat);
+void flat_checkpoint_metrics(const LoopSettings& settings,
+                             std::vector<std::pair<std::string, std::string>>& flat);
 // The text with `overrides` ("key=value") applied, and the name errors give it.
 std::pair<std::string, std::string> apply_overrides(const std::string& text,
                                                     const std::string& source,

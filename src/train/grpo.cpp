@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <numeric>
 
 #include "autograd/token_logprobs.h"
@@ -10,6 +9,7 @@
 #include "base/rng.h"
 #include "io/model_source.h"
 #include "model/generate.h"
+#include "train/jsonl_data.h"
 #include "train/reward.h"
 
 namespace pollen::train {
@@ -148,63 +148,39 @@ std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
                                           const tokenizer::Tokenizer& tokenizer,
                                           const tokenizer::ChatFormat& chat_format,
                                           const RewardFunction& verifier) {
-  std::ifstream in(path);
-  POLLEN_CHECK(in.good(), "GRPO prompts: cannot open '", path.string(), "'");
   std::vector<GrpoPrompt> prompts;
-  std::string line;
-  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    std::string where = "'";  // built step by step: gcc 12 warns falsely on "'" + string
-    where += path.string();
-    where += "' line ";
-    where += std::to_string(line_no);
-    nlohmann::json record;
-    try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      fail(where, ": not valid JSON (", e.what(), ")");
-    }
-    POLLEN_CHECK(record.is_object(), where, ": expected a JSON object");
-    GrpoPrompt p;
-    if (record.contains("prompt")) {
-      POLLEN_CHECK(record["prompt"].is_string(), where, ": \"prompt\" must be a string");
-      POLLEN_CHECK(!record.contains("messages"), where,
-                   ": has both \"prompt\" and \"messages\"; give one");
-      p.text = record["prompt"].get<std::string>();
-    } else if (record.contains("messages")) {
-      const nlohmann::json& messages = record["messages"];
-      POLLEN_CHECK(messages.is_array() && !messages.empty(), where,
-                   ": \"messages\" must be a non-empty array");
-      std::vector<tokenizer::ChatMessage> chat;
-      for (const auto& m : messages) {
-        POLLEN_CHECK(m.is_object() && m.contains("role") && m["role"].is_string() &&
-                         m.contains("content") && m["content"].is_string(),
-                     where, ": each message needs string \"role\" and \"content\"");
-        chat.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-      }
-      POLLEN_CHECK(chat.back().role != "assistant", where,
-                   ": the last message is the assistant's; the completion is what is sampled");
-      p.text = tokenizer::render_chat(chat_format, chat, true);
-    } else {
-      fail(where, ": expected a \"prompt\" (text) or \"messages\" (a conversation)");
-    }
-    POLLEN_CHECK(record.contains("answer") || !verifier, where, ": missing \"answer\"");
-    if (record.contains("answer")) {
-      const nlohmann::json& answer = record["answer"];
-      POLLEN_CHECK(answer.is_string() || answer.is_number(), where,
-                   ": \"answer\" must be a string or a number");
-      p.answer = answer.is_string() ? answer.get<std::string>() : answer.dump();
-    }
-    p.tokens = tokenizer.encode(p.text, {tokenizer::SpecialPolicy::allow_all(), false});
-    POLLEN_CHECK(!p.tokens.empty(), where, ": the prompt is empty");
-    try {
-      if (verifier) verifier(p.text, "", p.answer);
-    } catch (const Error& e) {
-      fail(where, ": ", e.what());
-    }
-    prompts.push_back(std::move(p));
-  }
-  POLLEN_CHECK(!prompts.empty(), "GRPO prompts: '", path.string(), "' has no records");
+  for_each_jsonl_object(
+      path, "GRPO prompts", [&](const nlohmann::json& record, int64_t, const std::string& where) {
+        GrpoPrompt p;
+        if (record.contains("prompt")) {
+          POLLEN_CHECK(record["prompt"].is_string(), where, ": \"prompt\" must be a string");
+          POLLEN_CHECK(!record.contains("messages"), where,
+                       ": has both \"prompt\" and \"messages\"; give one");
+          p.text = record["prompt"].get<std::string>();
+        } else if (record.contains("messages")) {
+          const auto chat = read_messages(record["messages"], "messages", where);
+          POLLEN_CHECK(chat.back().role != "assistant", where,
+                       ": the last message is the assistant's; the completion is what is sampled");
+          p.text = tokenizer::render_chat(chat_format, chat, true);
+        } else {
+          fail(where, ": expected a \"prompt\" (text) or \"messages\" (a conversation)");
+        }
+        POLLEN_CHECK(record.contains("answer") || !verifier, where, ": missing \"answer\"");
+        if (record.contains("answer")) {
+          const nlohmann::json& answer = record["answer"];
+          POLLEN_CHECK(answer.is_string() || answer.is_number(), where,
+                       ": \"answer\" must be a string or a number");
+          p.answer = answer.is_string() ? answer.get<std::string>() : answer.dump();
+        }
+        p.tokens = tokenizer.encode(p.text, {tokenizer::SpecialPolicy::allow_all(), false});
+        POLLEN_CHECK(!p.tokens.empty(), where, ": the prompt is empty");
+        try {
+          if (verifier) verifier(p.text, "", p.answer);
+        } catch (const Error& e) {
+          fail(where, ": ", e.what());
+        }
+        prompts.push_back(std::move(p));
+      });
   return prompts;
 }
 

@@ -63,11 +63,7 @@ ConfigTable PostConfig::objective_section() const {
 PostConfig parse_post_config(const std::string& text, const std::string& source,
                              const std::string& objective,
                              const std::vector<std::string>& overrides, const fs::path& base_dir) {
-  auto resolve = [&](const std::string& p) {
-    const fs::path path(p);
-    return base_dir.empty() || path.is_absolute() ? p
-                                                  : (base_dir / path).lexically_normal().string();
-  };
+  auto resolve = [&](const std::string& p) { return resolve_config_path(base_dir, p); };
   const auto [effective, name] = apply_overrides(text, source, overrides);
   ConfigTable t = ConfigTable::parse(effective, name);
   PostConfig c;
@@ -75,19 +71,9 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
   c.source = name;
   c.base_dir = base_dir;
 
-  const std::string stem = fs::path(source).stem().string();
-  c.name = stem;
-  c.dir = "runs/" + stem;
-  if (auto run = t.table("run")) {
-    c.name = run->get_string("name", stem);
-    c.dir = run->has("dir") ? resolve(run->get_string("dir", "")) : "runs/" + c.name;
-    const int64_t seed = run->get_int("seed", 0);
-    POLLEN_CHECK(seed >= 0, run->where("seed"), ": expected a non-negative integer");
-    c.seed = static_cast<uint64_t>(seed);
-    c.threads = static_cast<int>(run->get_int("threads", 0));
-    POLLEN_CHECK(c.threads >= 0, run->where("threads"), ": expected 0 (all) or more");
-    run->finish();
-  }
+  auto run = t.table("run");
+  read_run_keys(run ? &*run : nullptr, source, base_dir, c);
+  if (run) run->finish();
 
   auto model = t.table("model");
   POLLEN_CHECK(model.has_value(), "config file '", name,
@@ -116,12 +102,7 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
 
   auto train = t.table("train");
   POLLEN_CHECK(train.has_value(), "config file '", name, "': missing [train] (steps)");
-  c.steps = train->require_int("steps");
-  POLLEN_CHECK(c.steps > 0, train->where("steps"), ": expected a positive integer");
-  c.grad_clip = train->get_double("grad_clip", 1.0);
-  POLLEN_CHECK(c.grad_clip >= 0, train->where("grad_clip"), ": expected 0 (off) or more");
-  c.max_bad_steps = train->get_int("max_bad_steps", 5);
-  POLLEN_CHECK(c.max_bad_steps > 0, train->where("max_bad_steps"), ": expected 1 or more");
+  read_train_keys(*train, c);
   train->finish();
 
   // Post-training starts from a trained model: a smaller default rate than pre-training's.
@@ -134,22 +115,12 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
   if (auto s = t.table("schedule")) read_schedule(*s, c.schedule);
 
   if (auto e = t.table("eval")) {
-    c.eval_interval = e->get_int("interval", 0);
-    POLLEN_CHECK(c.eval_interval >= 0, e->where("interval"), ": expected 0 (end only) or more");
+    read_eval_keys(*e, c);
     e->finish();
   }
-  if (auto k = t.table("checkpoint")) {
-    c.checkpoint_interval = k->get_int("interval", 0);
-    POLLEN_CHECK(c.checkpoint_interval >= 0, k->where("interval"),
-                 ": expected 0 (end only) or more");
-    c.keep_checkpoints = static_cast<int>(k->get_int("keep", 3));
-    POLLEN_CHECK(c.keep_checkpoints >= 0, k->where("keep"), ": expected 0 (all) or more");
-    k->finish();
-  }
+  if (auto k = t.table("checkpoint")) read_checkpoint(*k, c);
   if (auto m = t.table("metrics")) {
-    c.tensorboard = m->get_bool("tensorboard", true);
-    c.log_interval = m->get_int("log_interval", 10);
-    POLLEN_CHECK(c.log_interval > 0, m->where("log_interval"), ": expected 1 or more");
+    read_metrics_keys(*m, c);
     m->finish();
   }
   if (auto l = t.table("lora")) {
@@ -165,13 +136,8 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
 
 PostConfig load_post_config(const fs::path& path, const std::string& objective,
                             const std::vector<std::string>& overrides) {
-  std::string text;
-  try {
-    text = read_file(path);
-  } catch (const Error& e) {
-    fail("cannot read config file '", path.string(), "': ", e.what());
-  }
-  return parse_post_config(text, path.string(), objective, overrides, path.parent_path());
+  return parse_post_config(read_config_file(path), path.string(), objective, overrides,
+                           path.parent_path());
 }
 
 std::vector<std::pair<std::string, std::string>> PostConfig::flat(
@@ -179,10 +145,7 @@ std::vector<std::pair<std::string, std::string>> PostConfig::flat(
   std::vector<std::pair<std::string, std::string>> f;
   auto i = [](int64_t v) { return std::to_string(v); };
   auto b = [](bool v) { return std::string(v ? "true" : "false"); };
-  f.emplace_back("run.name", toml_string(name));
-  f.emplace_back("run.dir", toml_string(dir.string()));
-  f.emplace_back("run.seed", i(static_cast<int64_t>(seed)));
-  f.emplace_back("run.threads", i(threads));
+  flat_run(*this, f);
   f.emplace_back("model.base", toml_string(base));
   f.emplace_back("model.tokenizer", toml_string(tokenizer));
   f.emplace_back("model.chat_template", toml_string(chat_template));
@@ -192,10 +155,7 @@ std::vector<std::pair<std::string, std::string>> PostConfig::flat(
   f.emplace_back("train.max_bad_steps", i(max_bad_steps));
   flat_optimizer(optimizer, schedule, f);
   f.emplace_back("eval.interval", i(eval_interval));
-  f.emplace_back("checkpoint.interval", i(checkpoint_interval));
-  f.emplace_back("checkpoint.keep", i(keep_checkpoints));
-  f.emplace_back("metrics.tensorboard", b(tensorboard));
-  f.emplace_back("metrics.log_interval", i(log_interval));
+  flat_checkpoint_metrics(*this, f);
   if (lora.enabled) {
     const model::LoraConfig& l = lora.config;
     std::vector<std::string> targets;

@@ -25,34 +25,16 @@ struct LoraSettings {
   model::LoraConfig config;
 };
 
-struct PostConfig {
+struct PostConfig : LoopSettings {
   std::string objective;  // the objective's section: "sft", "dpo", "rm", "grpo"
-  // [run]
-  std::string name;
-  std::filesystem::path dir;  // where checkpoints/, metrics.jsonl, tensorboard/ go
-  uint64_t seed = 0;
-  int threads = 0;  // 0: every hardware thread
   // [model]
   std::string base;           // anything io::resolve_model accepts
   std::string tokenizer;      // tokenizer file; empty: the one that goes with the base
   std::string chat_template;  // "chatml" or "llama3"; empty: the base's
   // The base's architecture, present in a resolved config (a checkpoint's config.toml).
   std::optional<model::LlamaConfig> architecture;
-  // [train]
-  int64_t steps = 0;
-  double grad_clip = 1.0;
-  int64_t max_bad_steps = 5;  // non-finite losses in a row before the run stops
-  // [optimizer], [schedule]
+  // [optimizer]
   OptimizerSettings optimizer;
-  optim::Schedule schedule;  // lr and total_steps come from optimizer.lr and train.steps
-  // [eval]
-  int64_t eval_interval = 0;  // 0: at the end only
-  // [checkpoint]
-  int64_t checkpoint_interval = 0;
-  int keep_checkpoints = 3;
-  // [metrics]
-  bool tensorboard = true;
-  int64_t log_interval = 10;
   // [lora]
   LoraSettings lora;
   // The objective's section, as given: its keys in TOML ("sft.seq", "1024"), and as a table

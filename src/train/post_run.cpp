@@ -20,30 +20,16 @@ namespace fs = std::filesystem;
 namespace pollen::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Where the base's tokenizer_config.json would be: beside its other HF files, else beside its
-// tokenizer.
-fs::path tokenizer_config_dir(const io::ModelSource& src, const fs::path& tokenizer) {
-  for (const auto& f : src.hf_side_files)
-    if (f.filename() == "tokenizer_config.json") return f.parent_path();
-  return tokenizer.parent_path();
-}
-
 // The objective's metrics under "<prefix><name>/<metric>".
 void add_metrics(nlohmann::ordered_json& record, const std::string& prefix, const std::string& name,
                  const nlohmann::ordered_json& metrics) {
   for (const auto& [k, v] : metrics.items()) record[prefix + name + "/" + k] = v;
 }
 
-void add_scalars(obs::EventFileWriter& tb, const std::string& prefix, const std::string& name,
+void add_scalars(RunMetrics& out, const std::string& prefix, const std::string& name,
                  const nlohmann::ordered_json& metrics, int64_t step, double wall) {
-  if (!tb.file().is_open()) return;
   for (const auto& [k, v] : metrics.items())
-    if (v.is_number()) tb.add_scalar(prefix + name + "/" + k, v.get<double>(), step, wall);
+    if (v.is_number()) out.scalar(prefix + name + "/" + k, v.get<double>(), step, wall);
 }
 
 std::string describe_keys(const std::vector<std::pair<std::string, std::string>>& keys) {
@@ -73,7 +59,7 @@ PostBase resolve_post_base(const PostConfig& cfg) {
       !cfg.chat_template.empty() ? cfg.chat_template : b.source.chat_template.value_or("");
   try {
     b.chat_format =
-        tokenizer::choose_chat_format(tokenizer_config_dir(b.source, b.tokenizer_path), named);
+        tokenizer::choose_chat_format(io::tokenizer_config_dir(b.source, b.tokenizer_path), named);
   } catch (const Error& e) {
     fail("config file '", cfg.source, "': no chat template for model.base '", cfg.base, "' (",
          e.what(), "); set model.chat_template to \"chatml\" or \"llama3\"");
@@ -98,13 +84,7 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   set_num_threads(cfg.threads > 0
                       ? cfg.threads
                       : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
-  const fs::path ckpt_root = cfg.dir / "checkpoints";
-  fs::create_directories(cfg.dir);
-  if (!o.resume) {
-    POLLEN_CHECK(io::list_checkpoints(ckpt_root).empty(), "run folder '", cfg.dir.string(),
-                 "' already holds checkpoints: pass --resume to continue it, or choose another ",
-                 "run.dir");
-  }
+  const fs::path ckpt_root = prepare_run_dir(cfg.dir, o.resume);
   std::optional<fs::path> resume_from;
   if (o.resume) {
     const ResumePoint point = choose_checkpoint_to_resume(ckpt_root);
@@ -175,11 +155,8 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
     return files;
   };
 
-  int64_t step = 0, tokens = 0, bad_in_row = 0, skipped = 0;
-  double elapsed_before = 0;
-  std::optional<uint64_t> jsonl_at = 0;
-  std::string tb_file;
-  uint64_t tb_at = 0;
+  LoopCounters counters;
+  nlohmann::ordered_json state;  // the resumed checkpoint's
   fs::path last_checkpoint;
   if (resume_from) {
     const fs::path dir = *resume_from;
@@ -187,32 +164,15 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
     OptimizerMoments m = moments_of(opt);  // loaded in place
     load_optimizer_moments(dir, trained, m);
     opt.set_steps_taken(m.steps);
-    const auto st = nlohmann::ordered_json::parse(read_file(dir / "state.json"));
-    step = st.at("step").get<int64_t>();
-    tokens = st.at("tokens").get<int64_t>();
-    bad_in_row = st.at("bad_steps_in_row").get<int64_t>();
-    skipped = st.at("skipped_steps").get<int64_t>();
-    elapsed_before = st.at("elapsed_s").get<double>();
-    jsonl_at = st.at("metrics").at("jsonl_bytes").get<uint64_t>();
-    tb_file = st.at("metrics").at("tensorboard_file").get<std::string>();
-    tb_at = st.at("metrics").at("tensorboard_bytes").get<uint64_t>();
-    objective->restore(st.at("objective"));
+    state = nlohmann::ordered_json::parse(read_file(dir / "state.json"));
+    counters.restore(state);
+    objective->restore(state.at("objective"));
     last_checkpoint = dir;
-    log::info("resuming from '", dir.string(), "' at step ", step);
+    log::info("resuming from '", dir.string(), "' at step ", counters.step);
   }
 
-  obs::JsonlWriter jsonl(cfg.dir / "metrics.jsonl", jsonl_at);
-  obs::EventFileWriter tb;
-  if (cfg.tensorboard) {
-    const fs::path tb_dir = cfg.dir / "tensorboard";
-    if (!tb_file.empty() && fs::exists(tb_dir / tb_file)) {
-      tb = obs::EventFileWriter::resume(tb_dir / tb_file, tb_at);
-    } else {
-      if (step == 0) fs::remove_all(tb_dir);  // a fresh run: no stale curves
-      fs::create_directories(tb_dir);
-      tb = obs::EventFileWriter::create(tb_dir);
-    }
-  }
+  RunMetrics metrics = RunMetrics::open(
+      cfg.dir, cfg.tensorboard, resume_from ? &state.at("metrics") : nullptr, counters.step);
   write_file_atomic(cfg.dir / "config.toml", config_toml);
   // The tokenizer travels with every checkpoint, so that the checkpoint is a model on its own.
   tokenizer::save_tokenizer(*base.tokenizer, cfg.dir / "tokenizer.json");
@@ -228,32 +188,21 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
 
   const auto run_start = Clock::now();
   auto save = [&](int64_t at) {
-    jsonl.file().sync();
-    if (tb.file().is_open()) tb.file().sync();
+    metrics.sync();
     nlohmann::ordered_json st;
-    st["step"] = at;
-    st["tokens"] = tokens;
-    st["bad_steps_in_row"] = bad_in_row;
-    st["skipped_steps"] = skipped;
-    st["elapsed_s"] = elapsed_before + seconds_since(run_start);
-    st["metrics"] = {{"jsonl_bytes", jsonl.file().position()},
-                     {"tensorboard_file",
-                      tb.file().is_open() ? tb.file().path().filename().string() : std::string()},
-                     {"tensorboard_bytes", tb.file().is_open() ? tb.file().position() : 0}};
+    counters.save(st, seconds_since(run_start));
+    st["metrics"] = metrics.positions();
     st["objective"] = objective->state();
     std::vector<std::string> names;
     for (const auto& [n, v] : trained) names.push_back(n);
     const auto w = write_checkpoint(ckpt_root, at, weight_files(), names, moments_of(opt), st,
                                     config_toml, texts);
     last_checkpoint = w.dir;
-    log::info("checkpoint step ", at, " saved to '", w.dir.string(), "' (",
-              std::round(static_cast<double>(w.stats.bytes) / 1048576.0), " MB in ",
-              std::round(w.seconds * 100) / 100, " s)");
-    for (const auto& p : io::apply_retention(ckpt_root, cfg.keep_checkpoints))
-      log::debug("removed old checkpoint '", p.string(), "'");
+    log_checkpoint_and_retain(ckpt_root, at, w, cfg.keep_checkpoints);
   };
 
   PostResult r;
+  const int64_t& step = counters.step;
   obs::Progress progress(name, cfg.steps, step, o.quiet ? (int64_t{1} << 62) : cfg.log_interval);
   int64_t steps_here = 0;
   double last_val = NAN, last_loss = NAN;
@@ -273,52 +222,36 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
       good = std::isfinite(gnorm);  // AdamW leaves the weights alone then
     }
     for (auto& p : params) p.zero_grad();
-    ++step;
+    counters.count_step(s.tokens, good, s.loss, cfg.max_bad_steps, progress);
     ++steps_here;
-    tokens += s.tokens;
     last_loss = s.loss;
-    if (good) {
-      bad_in_row = 0;
-    } else {
-      ++bad_in_row;
-      ++skipped;
-      progress.finish();
-      log::warn("step ", step, ": non-finite ", std::isfinite(s.loss) ? "gradient norm" : "loss",
-                "; update skipped (", bad_in_row, " in a row, stop at ", cfg.max_bad_steps, ")");
-    }
     const double dt = seconds_since(t0);
     const double tps = static_cast<double>(s.tokens) / dt;
     const double wall = obs::wall_time_now();
     nlohmann::ordered_json rec;
     rec["step"] = step;
-    rec["tokens"] = tokens;
+    rec["tokens"] = counters.tokens;
     rec["loss"] = json_number(s.loss);
     rec["lr"] = lr;
     rec["grad_norm"] = json_number(gnorm);
     add_metrics(rec, "", name, s.metrics);
     rec["tokens_per_s"] = std::round(tps * 10) / 10;
-    rec["elapsed_s"] = std::round((elapsed_before + seconds_since(run_start)) * 1000) / 1000;
+    rec["elapsed_s"] =
+        std::round((counters.elapsed_before + seconds_since(run_start)) * 1000) / 1000;
     rec["rss_mb"] = std::round(rss_mb() * 10) / 10;
     if (!good) rec["skipped"] = true;
-    jsonl.write(rec);
-    if (tb.file().is_open()) {
-      tb.add_scalar("train/loss", s.loss, step, wall);
-      tb.add_scalar("train/lr", lr, step, wall);
-      tb.add_scalar("train/grad_norm", gnorm, step, wall);
-      tb.add_scalar("perf/tokens_per_s", tps, step, wall);
-      tb.add_scalar("sys/rss_mb", rss_mb(), step, wall);
-      add_scalars(tb, "", name, s.metrics, step, wall);
-    }
-    if (bad_in_row >= cfg.max_bad_steps) {
+    metrics.jsonl.write(rec);
+    metrics.scalar("train/loss", s.loss, step, wall);
+    metrics.scalar("train/lr", lr, step, wall);
+    metrics.scalar("train/grad_norm", gnorm, step, wall);
+    metrics.scalar("perf/tokens_per_s", tps, step, wall);
+    metrics.scalar("sys/rss_mb", rss_mb(), step, wall);
+    add_scalars(metrics, "", name, s.metrics, step, wall);
+    if (counters.bad_in_row >= cfg.max_bad_steps) {
       progress.finish();
-      jsonl.file().sync();
+      metrics.jsonl.file().sync();
       r.status = RunStatus::failed;
-      r.message =
-          cat(bad_in_row, " non-finite steps in a row (train.max_bad_steps = ", cfg.max_bad_steps,
-              "); stopping. The last good checkpoint is ",
-              last_checkpoint.empty() ? std::string("none (no checkpoint was written)")
-                                      : "'" + last_checkpoint.string() + "'",
-              "; lower optimizer.lr or raise schedule.warmup_steps and resume from it");
+      r.message = counters.too_many_bad_steps(cfg.max_bad_steps, last_checkpoint);
       stopped = true;
       break;
     }
@@ -333,69 +266,58 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
       last_val_metrics = v.metrics;
       nlohmann::ordered_json e;
       e["step"] = step;
-      e["tokens"] = tokens;
+      e["tokens"] = counters.tokens;
       e["val_loss"] = json_number(v.loss);
       add_metrics(e, "val/", name, v.metrics);
-      jsonl.write(e);
-      if (tb.file().is_open()) tb.add_scalar("val/loss", v.loss, step, wall);
-      add_scalars(tb, "val/", name, v.metrics, step, wall);
+      metrics.jsonl.write(e);
+      metrics.scalar("val/loss", v.loss, step, wall);
+      add_scalars(metrics, "val/", name, v.metrics, step, wall);
       progress.finish();
       log::info("step ", step, ": validation loss ", v.loss);
     }
-    jsonl.file().flush();
-    if (tb.file().is_open()) tb.file().flush();
+    metrics.flush();
     char fields[128];
     std::snprintf(fields, sizeof(fields), "loss=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f", s.loss, lr,
                   gnorm, tps);
     progress.update(step, fields);
 
     const bool preempt = stop_requested() || (o.stop_after >= 0 && steps_here >= o.stop_after);
-    // Periodic checkpoints wait out a run of non-finite steps, so the last one written is the
-    // last good state; a preemption always writes one (the run must be able to continue).
-    if (preempt ||
-        ((last || (cfg.checkpoint_interval > 0 && step % cfg.checkpoint_interval == 0)) &&
-         bad_in_row == 0)) {
+    if (checkpoint_due(step, last, cfg.checkpoint_interval, counters.bad_in_row, preempt)) {
       progress.finish();
       save(step);
     }
     if (preempt && !last) {
       r.status = RunStatus::preempted;
-      r.message = cat("preempted at step ", step, "; checkpoint saved to '",
-                      last_checkpoint.string(), "'; continue with --resume");
+      r.message = preempted_message(step, last_checkpoint);
       stopped = true;
       break;
     }
   }
   progress.finish();
   r.step = step;
-  r.tokens = tokens;
-  r.skipped_steps = skipped;
+  r.tokens = counters.tokens;
+  r.skipped_steps = counters.skipped;
   r.last_loss = last_loss;
   r.last_val_loss = last_val;
   r.last_val_metrics = last_val_metrics;
   r.last_checkpoint = last_checkpoint;
-  const double total = elapsed_before + seconds_since(run_start);
+  const double total = counters.elapsed_before + seconds_since(run_start);
   nlohmann::ordered_json summary;
-  summary["status"] = r.status == RunStatus::finished    ? "finished"
-                      : r.status == RunStatus::preempted ? "preempted"
-                                                         : "failed";
+  summary["status"] = run_status_name(r.status);
   summary["objective"] = name;
   summary["step"] = step;
   summary["steps"] = cfg.steps;
-  summary["tokens"] = tokens;
+  summary["tokens"] = counters.tokens;
   summary["loss"] = json_number(last_loss);
   summary["val_loss"] = json_number(last_val);
   add_metrics(summary, "val/", name, last_val_metrics);
-  summary["skipped_steps"] = skipped;
+  summary["skipped_steps"] = counters.skipped;
   summary["elapsed_s"] = std::round(total * 1000) / 1000;
   summary["peak_rss_mb"] = std::round(peak_rss_mb());
   summary["checkpoint"] = last_checkpoint.string();
   write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {
-    r.message =
-        cat("finished ", step, " steps (", tokens, " tokens) in ", obs::format_duration(total),
-            ": loss ", last_loss, ", validation loss ", last_val, ", ", skipped,
-            " steps skipped; checkpoint '", last_checkpoint.string(), "'");
+    r.message = finished_message(counters, total, last_loss, last_val, last_checkpoint);
   }
   return r;
 }

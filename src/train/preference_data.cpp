@@ -2,29 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "base/error.h"
 #include "base/rng.h"
+#include "train/jsonl_data.h"
 
 namespace pollen::train {
 namespace {
 
 using json = nlohmann::json;
-
-std::vector<tokenizer::ChatMessage> messages_of(const json& value, const std::string& where) {
-  std::vector<tokenizer::ChatMessage> out;
-  for (const json& m : value) {
-    POLLEN_CHECK(m.is_object() && m.contains("role") && m["role"].is_string() &&
-                     m.contains("content") && m["content"].is_string(),
-                 where, ": expected messages {\"role\": string, \"content\": string}");
-    out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
-  }
-  POLLEN_CHECK(!out.empty(), where, ": expected at least one message");
-  return out;
-}
 
 // The prompt's text and the completion's text after it.
 std::pair<std::string, std::string> render(const json& prompt, const json& completion,
@@ -39,15 +27,14 @@ std::pair<std::string, std::string> render(const json& prompt, const json& compl
   POLLEN_CHECK(format.chat_format.has_value(), where,
                ": the prompt is a list of messages, but no chat template is known to render it "
                "(the model's tokenizer_config.json names none)");
-  const auto prompt_messages = messages_of(prompt, where + ", field 'prompt'");
+  const auto prompt_messages = read_messages(prompt, "prompt", where);
   auto all = prompt_messages;
   if (completion.is_string()) {
     all.push_back({"assistant", completion.get<std::string>()});
   } else {
     POLLEN_CHECK(completion.is_array(), where, ": field '", completion_field,
                  "' must be text or a list of messages");
-    for (auto& m : messages_of(completion, where + ", field '" + completion_field + "'"))
-      all.push_back(std::move(m));
+    for (auto& m : read_messages(completion, completion_field, where)) all.push_back(std::move(m));
   }
   std::string prompt_text = render_chat(*format.chat_format, prompt_messages, true);
   std::string full = render_chat(*format.chat_format, all, false);
@@ -77,31 +64,15 @@ ScoredSequence encode(const std::pair<std::string, std::string>& texts,
   return s;
 }
 
-// Calls fn(record, where) for each non-empty line of a JSONL file.
+// Calls fn(record, where) for each record of a JSONL file, once it has every one of `fields`.
 template <typename F>
 void for_each_record(const std::filesystem::path& path, const std::vector<std::string>& fields,
                      F&& fn) {
-  std::ifstream in(path, std::ios::binary);
-  POLLEN_CHECK(in, "cannot open '", path.string(), "'");
-  std::string line;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    std::string where = "'";
-    where.append(path.string()).append("' line ").append(std::to_string(line_no));
-    json record;
-    try {
-      record = json::parse(line);
-    } catch (const json::exception& e) {
-      fail(where, ": not valid JSON: ", e.what());
-    }
-    POLLEN_CHECK(record.is_object(), where, ": expected a JSON object");
+  for_each_jsonl_object(path, "data", [&](const json& record, int64_t, const std::string& where) {
     for (const auto& f : fields)
       POLLEN_CHECK(record.contains(f), where, ": missing field '", f, "'");
     fn(record, where);
-  }
-  POLLEN_CHECK(line_no > 0, "'", path.string(), "' holds no records");
+  });
 }
 
 }  // namespace

@@ -72,6 +72,124 @@ ResumePoint choose_checkpoint_to_resume(const fs::path& root) {
   return point;
 }
 
+const char* run_status_name(RunStatus status) {
+  return status == RunStatus::finished    ? "finished"
+         : status == RunStatus::preempted ? "preempted"
+                                          : "failed";
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+fs::path prepare_run_dir(const fs::path& dir, bool resume) {
+  const fs::path ckpt_root = dir / "checkpoints";
+  fs::create_directories(dir);
+  if (!resume) {
+    POLLEN_CHECK(io::list_checkpoints(ckpt_root).empty(), "run folder '", dir.string(),
+                 "' already holds checkpoints: pass --resume to continue it, or choose another ",
+                 "run.dir");
+  }
+  return ckpt_root;
+}
+
+void LoopCounters::save(nlohmann::ordered_json& st, double elapsed_here) const {
+  st["step"] = step;
+  st["tokens"] = tokens;
+  st["bad_steps_in_row"] = bad_in_row;
+  st["skipped_steps"] = skipped;
+  st["elapsed_s"] = elapsed_before + elapsed_here;
+}
+
+void LoopCounters::restore(const nlohmann::ordered_json& st) {
+  step = st.at("step").get<int64_t>();
+  tokens = st.at("tokens").get<int64_t>();
+  bad_in_row = st.at("bad_steps_in_row").get<int64_t>();
+  skipped = st.at("skipped_steps").get<int64_t>();
+  elapsed_before = st.at("elapsed_s").get<double>();
+}
+
+void LoopCounters::count_step(int64_t step_tokens, bool good, double loss, int64_t max_bad_steps,
+                              obs::Progress& progress) {
+  ++step;
+  tokens += step_tokens;
+  if (good) {
+    bad_in_row = 0;
+    return;
+  }
+  ++bad_in_row;
+  ++skipped;
+  progress.finish();
+  log::warn("step ", step, ": non-finite ", std::isfinite(loss) ? "gradient norm" : "loss",
+            "; update skipped (", bad_in_row, " in a row, stop at ", max_bad_steps, ")");
+}
+
+std::string LoopCounters::too_many_bad_steps(int64_t max_bad_steps,
+                                             const fs::path& last_checkpoint) const {
+  return cat(bad_in_row, " non-finite steps in a row (train.max_bad_steps = ", max_bad_steps,
+             "); stopping. The last good checkpoint is ",
+             last_checkpoint.empty() ? std::string("none (no checkpoint was written)")
+                                     : cat("'", last_checkpoint.string(), "'"),
+             "; lower optimizer.lr or raise schedule.warmup_steps and resume from it");
+}
+
+RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,
+                            const nlohmann::ordered_json* saved, int64_t step) {
+  RunMetrics m;
+  m.jsonl =
+      obs::JsonlWriter(dir / "metrics.jsonl", saved ? saved->at("jsonl_bytes").get<uint64_t>() : 0);
+  if (!tensorboard) return m;
+  const fs::path tb_dir = dir / "tensorboard";
+  const std::string tb_file = saved ? saved->at("tensorboard_file").get<std::string>() : "";
+  if (!tb_file.empty() && fs::exists(tb_dir / tb_file)) {
+    m.tb = obs::EventFileWriter::resume(tb_dir / tb_file,
+                                        saved->at("tensorboard_bytes").get<uint64_t>());
+  } else {
+    if (step == 0) fs::remove_all(tb_dir);  // a fresh run: no stale curves
+    fs::create_directories(tb_dir);
+    m.tb = obs::EventFileWriter::create(tb_dir);
+  }
+  return m;
+}
+
+void RunMetrics::scalar(std::string_view tag, double value, int64_t step, double wall_time) {
+  if (tb.file().is_open()) tb.add_scalar(tag, value, step, wall_time);
+}
+
+nlohmann::ordered_json RunMetrics::positions() {
+  const bool open = tb.file().is_open();
+  return {{"jsonl_bytes", jsonl.file().position()},
+          {"tensorboard_file", open ? tb.file().path().filename().string() : std::string()},
+          {"tensorboard_bytes", open ? tb.file().position() : 0}};
+}
+
+void RunMetrics::flush() {
+  jsonl.file().flush();
+  if (tb.file().is_open()) tb.file().flush();
+}
+
+void RunMetrics::sync() {
+  jsonl.file().sync();
+  if (tb.file().is_open()) tb.file().sync();
+}
+
+bool checkpoint_due(int64_t step, bool last, int64_t interval, int64_t bad_in_row, bool preempt) {
+  return preempt || ((last || (interval > 0 && step % interval == 0)) && bad_in_row == 0);
+}
+
+std::string preempted_message(int64_t step, const fs::path& checkpoint) {
+  return cat("preempted at step ", step, "; checkpoint saved to '", checkpoint.string(),
+             "'; continue with --resume");
+}
+
+std::string finished_message(const LoopCounters& c, double seconds, double last_loss,
+                             double last_val_loss, const fs::path& checkpoint) {
+  return cat("finished ", c.step, " steps (", c.tokens, " tokens) in ",
+             obs::format_duration(seconds), ": loss ", last_loss, ", validation loss ",
+             last_val_loss, ", ", c.skipped, " steps skipped; checkpoint '", checkpoint.string(),
+             "'");
+}
+
 double rss_mb() {
   long pages = 0, resident = 0;
   if (FILE* f = std::fopen("/proc/self/statm", "r")) {

@@ -1,12 +1,28 @@
 #pragma once
 // What every training loop of pollen shares around its steps (pre-training's and
-// post-training's): stopping on SIGINT/SIGTERM after the current step, choosing the checkpoint to
-// resume from, memory figures and JSON numbers for metrics.
+// post-training's): stopping on SIGINT/SIGTERM after the current step, the run folder, choosing
+// the checkpoint to resume from, the counters and metrics files a checkpoint continues, when to
+// checkpoint, what a run that stops says, memory figures and JSON numbers for metrics.
+#include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <string>
+
+#include "obs/metrics.h"
+#include "obs/progress.h"
 
 namespace pollen::train {
+
+// Exit codes of `pollen train` and the post-training commands (docs/training.md): schedulers
+// tell these apart. rank_failed: in a job of several ranks, one died or hung (docs/parallel.md).
+enum class RunStatus { finished = 0, failed = 1, preempted = 3, rank_failed = 4 };
+// "finished", "preempted" or "failed", as summary.json says.
+const char* run_status_name(RunStatus status);
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start);
 
 // Installs the stop handlers for the life of a run: the first SIGINT/SIGTERM asks the loop to
 // finish its step, checkpoint and stop; the handlers are one-shot, so a second signal kills.
@@ -35,6 +51,52 @@ struct ResumePoint {
   int64_t skipped = 0;
 };
 ResumePoint choose_checkpoint_to_resume(const std::filesystem::path& root);
+
+// Creates the run folder and returns its checkpoints/ folder; a run that does not resume is
+// refused when checkpoints are already there.
+std::filesystem::path prepare_run_dir(const std::filesystem::path& dir, bool resume);
+
+// The loop's counters, saved in state.json and restored from it on resume.
+struct LoopCounters {
+  int64_t step = 0, tokens = 0;
+  int64_t bad_in_row = 0, skipped = 0;  // non-finite steps: in a row now, in all
+  double elapsed_before = 0;            // seconds the run ran before this process
+  // state.json's "step", "tokens", "bad_steps_in_row", "skipped_steps" and "elapsed_s" (the
+  // run's seconds so far, `elapsed_here` of them in this process).
+  void save(nlohmann::ordered_json& state, double elapsed_here) const;
+  void restore(const nlohmann::ordered_json& state);
+  // Counts a step of `step_tokens` that ran; a bad one (non-finite loss, else gradient norm) is
+  // counted as skipped and logged, after finishing the progress line.
+  void count_step(int64_t step_tokens, bool good, double loss, int64_t max_bad_steps,
+                  obs::Progress& progress);
+  // Why a run stops after `max_bad_steps` bad steps in a row, naming its last good checkpoint.
+  std::string too_many_bad_steps(int64_t max_bad_steps,
+                                 const std::filesystem::path& last_checkpoint) const;
+};
+
+// The run's metrics files: metrics.jsonl and, with TensorBoard, an event file under
+// dir/tensorboard. A resumed run continues both at the positions its checkpoint saved
+// (`saved`: state.json's "metrics"); a fresh one starts the TensorBoard folder anew.
+struct RunMetrics {
+  obs::JsonlWriter jsonl;
+  obs::EventFileWriter tb;  // not open without TensorBoard
+
+  static RunMetrics open(const std::filesystem::path& dir, bool tensorboard,
+                         const nlohmann::ordered_json* saved, int64_t step);
+  void scalar(std::string_view tag, double value, int64_t step, double wall_time);
+  // state.json's "metrics": "jsonl_bytes", "tensorboard_file", "tensorboard_bytes".
+  nlohmann::ordered_json positions();
+  void flush();
+  void sync();
+};
+
+// Periodic checkpoints (at `interval` steps and the last) wait out a run of bad steps, so that
+// the last one written is the last good state; a preemption always writes one (the run must be
+// able to continue).
+bool checkpoint_due(int64_t step, bool last, int64_t interval, int64_t bad_in_row, bool preempt);
+std::string preempted_message(int64_t step, const std::filesystem::path& checkpoint);
+std::string finished_message(const LoopCounters& counters, double seconds, double last_loss,
+                             double last_val_loss, const std::filesystem::path& checkpoint);
 
 double rss_mb();
 double peak_rss_mb();

@@ -1,12 +1,12 @@
 #include "train/sft.h"
 
 #include <algorithm>
-#include <fstream>
 #include <numeric>
 
 #include "autograd/tape.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "train/jsonl_data.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -28,15 +28,6 @@ uint64_t conversation_hash(const std::vector<tokenizer::ChatMessage>& messages) 
   return h;
 }
 
-std::string string_field(const nlohmann::json& object, const std::string& key,
-                         const std::string& field, const std::string& where) {
-  const auto it = object.find(key);
-  POLLEN_CHECK(it != object.end(), where, ": field '", field, "' is missing");
-  POLLEN_CHECK(it->is_string(), where, ": field '", field, "': expected a string, got ",
-               it->type_name());
-  return it->get<std::string>();
-}
-
 int64_t positions(const SftExample& e) {
   return static_cast<int64_t>(e.tokens.size()) - 1;
 }
@@ -44,48 +35,25 @@ int64_t positions(const SftExample& e) {
 }  // namespace
 
 std::vector<SftRecord> read_sft_jsonl(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  POLLEN_CHECK(in.good(), "cannot read SFT data '", path.string(), "'");
   std::vector<SftRecord> out;
-  std::string line;
-  int64_t n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = cat("file '", path.string(), "', line ", n);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      fail(where, ": not valid JSON (", e.what(), ")");
-    }
-    POLLEN_CHECK(j.is_object(), where, ": expected a JSON object, got ", j.type_name());
-    SftRecord r;
-    r.line = n;
-    if (j.contains("messages")) {
-      const auto& m = j["messages"];
-      POLLEN_CHECK(m.is_array() && !m.empty(), where,
-                   ": field 'messages': expected a non-empty array of {role, content}");
-      for (size_t i = 0; i < m.size(); ++i) {
-        const std::string field = cat("messages[", i, "]");
-        POLLEN_CHECK(m[i].is_object(), where, ": field '", field,
-                     "': expected an object with 'role' and 'content'");
-        r.messages.push_back({string_field(m[i], "role", field + ".role", where),
-                              string_field(m[i], "content", field + ".content", where)});
-      }
-      POLLEN_CHECK(std::any_of(r.messages.begin(), r.messages.end(),
-                               [](const auto& msg) { return msg.role == "assistant"; }),
-                   where, ": field 'messages': no message has role 'assistant'");
-    } else if (j.contains("prompt") || j.contains("completion")) {
-      r.messages.push_back({"user", string_field(j, "prompt", "prompt", where)});
-      r.messages.push_back({"assistant", string_field(j, "completion", "completion", where)});
-    } else {
-      fail(where, ": expected a field 'messages' (an array of {role, content}) or the fields ",
-           "'prompt' and 'completion'");
-    }
-    out.push_back(std::move(r));
-  }
-  POLLEN_CHECK(!out.empty(), "SFT data '", path.string(), "' holds no examples");
+  for_each_jsonl_object(
+      path, "SFT data", [&](const nlohmann::json& j, int64_t line, const std::string& where) {
+        SftRecord r;
+        r.line = line;
+        if (j.contains("messages")) {
+          r.messages = read_messages(j["messages"], "messages", where);
+          POLLEN_CHECK(std::any_of(r.messages.begin(), r.messages.end(),
+                                   [](const auto& msg) { return msg.role == "assistant"; }),
+                       where, ": field 'messages': no message has role 'assistant'");
+        } else if (j.contains("prompt") || j.contains("completion")) {
+          r.messages.push_back({"user", string_field(j, "prompt", "prompt", where)});
+          r.messages.push_back({"assistant", string_field(j, "completion", "completion", where)});
+        } else {
+          fail(where, ": expected a field 'messages' (an array of {role, content}) or the fields ",
+               "'prompt' and 'completion'");
+        }
+        out.push_back(std::move(r));
+      });
   return out;
 }
 

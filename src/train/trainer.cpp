@@ -30,11 +30,6 @@ namespace fs = std::filesystem;
 namespace pollen::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
 // Mean validation loss over `batches` batches; with several ranks each evaluates every
 // world-th batch and the sums are reduced, so the result is the single process's.
 double evaluate(const model::Llama& model, data::Loader& loader, const data::LoaderState& start,
@@ -221,6 +216,18 @@ CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const mod
   return write_checkpoint(root, step, model, moments_of(opt), state, config_toml);
 }
 
+void log_checkpoint_and_retain(const fs::path& root, int64_t step, const CheckpointWritten& w,
+                               int keep) {
+  const double mb = static_cast<double>(w.stats.bytes) / 1048576.0;
+  log::info("checkpoint step ", step, " saved to '", w.dir.string(), "' (", std::round(mb),
+            " MB in ", std::round(w.seconds * 100) / 100, " s: serialise ",
+            std::round(w.stats.serialise_s * 100) / 100, " s, hash ",
+            std::round(w.stats.hash_s * 100) / 100, " s, sync ",
+            std::round(w.stats.sync_s * 100) / 100, " s)");
+  for (const auto& p : io::apply_retention(root, keep))
+    log::debug("removed old checkpoint '", p.string(), "'");
+}
+
 OptimizerMoments moments_of(const optim::AdamW& opt) {
   OptimizerMoments m;  // the optimizer's own tensors, shared
   for (const auto& slot : opt.slots()) {
@@ -303,13 +310,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   const int hardware = static_cast<int>(std::thread::hardware_concurrency());
   set_num_threads(cfg.threads > 0 ? cfg.threads
                                   : std::max(1, hardware / comm.topology().local_world));
-  const fs::path ckpt_root = cfg.dir / "checkpoints";
-  fs::create_directories(cfg.dir);
-  if (!o.resume) {
-    POLLEN_CHECK(io::list_checkpoints(ckpt_root).empty(), "run folder '", cfg.dir.string(),
-                 "' already holds checkpoints: pass --resume to continue it, or choose another ",
-                 "run.dir");
-  }
+  const fs::path ckpt_root = prepare_run_dir(cfg.dir, o.resume);
   for (const auto& m : cfg.manifests) {
     const auto man = data::Manifest::load(m);
     POLLEN_CHECK(man.vocab_size <= cfg.model.vocab_size, "data manifest '", m, "' has vocab_size ",
@@ -410,11 +411,9 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
     }
   }
 
-  int64_t step = 0, tokens = 0, bad_in_row = 0, skipped = 0;
-  double elapsed_before = 0;
-  std::optional<uint64_t> jsonl_at = 0, samples_at = 0;
-  std::string tb_file;
-  uint64_t tb_at = 0;
+  LoopCounters counters;
+  std::optional<nlohmann::ordered_json> state;  // the resumed checkpoint's
+  std::optional<uint64_t> samples_at = 0;
   Rng rng(cfg.seed);
   fs::path last_checkpoint;
   if (o.resume) {
@@ -437,41 +436,27 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
           parse_train_config(read_file(dir / "config.toml"), (dir / "config.toml").string());
       for (const auto& w : check_resume_compatible(saved, cfg)) log::warn("resume: ", w);
       load(dir);
-      const auto st = nlohmann::json::parse(read_file(dir / "state.json"));
-      step = st.at("step").get<int64_t>();
-      tokens = st.at("tokens").get<int64_t>();
-      bad_in_row = st.at("bad_steps_in_row").get<int64_t>();
-      skipped = st.at("skipped_steps").get<int64_t>();
-      elapsed_before = st.at("elapsed_s").get<double>();
-      loader.restore(data::LoaderState::from_json(st.at("loader")));
+      state = nlohmann::ordered_json::parse(read_file(dir / "state.json"));
+      const nlohmann::ordered_json& st = *state;
+      counters.restore(st);
+      loader.restore(data::LoaderState::from_json(nlohmann::json(st.at("loader"))));
       rng = Rng(st.at("rng").at("seed").get<uint64_t>(), st.at("rng").at("offset").get<uint64_t>());
-      jsonl_at = st.at("metrics").at("jsonl_bytes").get<uint64_t>();
-      tb_file = st.at("metrics").at("tensorboard_file").get<std::string>();
-      tb_at = st.at("metrics").at("tensorboard_bytes").get<uint64_t>();
       // Checkpoints written before samples were turned on have no position: append.
       samples_at = st.at("metrics").contains("samples_bytes")
                        ? std::optional(st.at("metrics").at("samples_bytes").get<uint64_t>())
                        : std::nullopt;
       last_checkpoint = dir;
-      log::info("resuming from '", dir.string(), "' at step ", step, " (", tokens, " tokens)");
+      log::info("resuming from '", dir.string(), "' at step ", counters.step, " (", counters.tokens,
+                " tokens)");
     }
   }
 
   // Rank 0 writes the run's files (metrics, config, checkpoints, summary); every rank holds the
   // same weights and loader state.
-  std::optional<obs::JsonlWriter> jsonl;
-  if (lead) jsonl.emplace(cfg.dir / "metrics.jsonl", jsonl_at);
-  obs::EventFileWriter tb;
-  if (cfg.tensorboard && lead) {
-    const fs::path tb_dir = cfg.dir / "tensorboard";
-    if (!tb_file.empty() && fs::exists(tb_dir / tb_file)) {
-      tb = obs::EventFileWriter::resume(tb_dir / tb_file, tb_at);
-    } else {
-      if (step == 0) fs::remove_all(tb_dir);  // a fresh run: no stale curves
-      fs::create_directories(tb_dir);
-      tb = obs::EventFileWriter::create(tb_dir);
-    }
-  }
+  std::optional<RunMetrics> metrics;
+  if (lead)
+    metrics = RunMetrics::open(cfg.dir, cfg.tensorboard, state ? &state->at("metrics") : nullptr,
+                               counters.step);
   SampleWriter samples;
   if (!cfg.sample_prompts.empty() && lead) samples = SampleWriter(cfg, samples_at);
   const std::string config_toml = cfg.to_toml();
@@ -503,36 +488,22 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       last_checkpoint = ckpt_root / io::checkpoint_name(at);
       return;
     }
-    jsonl->file().sync();
-    if (tb.file().is_open()) tb.file().sync();
+    metrics->sync();
     if (samples.enabled()) samples.file().sync();
     nlohmann::ordered_json st;
-    st["step"] = at;
-    st["tokens"] = tokens;
-    st["bad_steps_in_row"] = bad_in_row;
-    st["skipped_steps"] = skipped;
-    st["elapsed_s"] = elapsed_before + seconds_since(run_start);
+    counters.save(st, seconds_since(run_start));
     st["loader"] = loader.state().to_json();
     st["rng"] = {{"seed", rng.seed()}, {"offset", rng.offset()}};
-    st["metrics"] = {{"jsonl_bytes", jsonl->file().position()},
-                     {"tensorboard_file",
-                      tb.file().is_open() ? tb.file().path().filename().string() : std::string()},
-                     {"tensorboard_bytes", tb.file().is_open() ? tb.file().position() : 0}};
+    st["metrics"] = metrics->positions();
     if (samples.enabled()) st["metrics"]["samples_bytes"] = samples.file().position();
     const auto w = zero ? write_checkpoint(ckpt_root, at, model, gathered, st, config_toml)
                         : write_checkpoint(ckpt_root, at, model, *opt, st, config_toml);
     last_checkpoint = w.dir;
-    const double mb = static_cast<double>(w.stats.bytes) / 1048576.0;
-    log::info("checkpoint step ", at, " saved to '", w.dir.string(), "' (", std::round(mb),
-              " MB in ", std::round(w.seconds * 100) / 100, " s: serialise ",
-              std::round(w.stats.serialise_s * 100) / 100, " s, hash ",
-              std::round(w.stats.hash_s * 100) / 100, " s, sync ",
-              std::round(w.stats.sync_s * 100) / 100, " s)");
-    for (const auto& p : io::apply_retention(ckpt_root, cfg.keep_checkpoints))
-      log::debug("removed old checkpoint '", p.string(), "'");
+    log_checkpoint_and_retain(ckpt_root, at, w, cfg.keep_checkpoints);
   };
 
   TrainResult r;
+  const int64_t& step = counters.step;
   obs::Progress progress("train", cfg.steps, step,
                          o.quiet || !lead ? (int64_t{1} << 62) : cfg.log_interval);
   double reduce_wait_total = 0, step_time_total = 0;
@@ -561,29 +532,19 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       if (zero) reduce_wait += zero->last_wait_s();
     }
     for (auto& p : params) p.zero_grad();
-    ++step;
+    counters.count_step(cfg.batch_tokens, good, acc.loss, cfg.max_bad_steps, progress);
     ++steps_here;
-    tokens += cfg.batch_tokens;
     last_loss = acc.loss;
-    if (good) {
-      bad_in_row = 0;
-    } else {
-      ++bad_in_row;
-      ++skipped;
-      progress.finish();
-      log::warn("step ", step, ": non-finite ", std::isfinite(acc.loss) ? "gradient norm" : "loss",
-                "; update skipped (", bad_in_row, " in a row, stop at ", cfg.max_bad_steps, ")");
-    }
     const double dt = seconds_since(t0);
     reduce_wait_total += reduce_wait;
     step_time_total += dt;
-    const double elapsed = elapsed_before + seconds_since(run_start);
+    const double elapsed = counters.elapsed_before + seconds_since(run_start);
     const double tps = static_cast<double>(cfg.batch_tokens) / dt;
     const double mfu = tps * flops_per_token / peak;
     const double wall = obs::wall_time_now();
     nlohmann::ordered_json rec;
     rec["step"] = step;
-    rec["tokens"] = tokens;
+    rec["tokens"] = counters.tokens;
     rec["loss"] = json_number(acc.loss);
     rec["lr"] = lr;
     rec["grad_norm"] = json_number(gnorm);
@@ -599,25 +560,20 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       rec["reduce_wait_frac"] = std::round(reduce_wait / dt * 1e4) / 1e4;
     }
     if (!good) rec["skipped"] = true;
-    if (jsonl) jsonl->write(rec);
-    if (tb.file().is_open()) {
-      tb.add_scalar("train/loss", acc.loss, step, wall);
-      tb.add_scalar("train/lr", lr, step, wall);
-      tb.add_scalar("train/grad_norm", gnorm, step, wall);
-      tb.add_scalar("perf/tokens_per_s", tps, step, wall);
-      tb.add_scalar("perf/mfu", mfu, step, wall);
-      tb.add_scalar("sys/rss_mb", rss_mb(), step, wall);
+    if (metrics) {
+      metrics->jsonl.write(rec);
+      metrics->scalar("train/loss", acc.loss, step, wall);
+      metrics->scalar("train/lr", lr, step, wall);
+      metrics->scalar("train/grad_norm", gnorm, step, wall);
+      metrics->scalar("perf/tokens_per_s", tps, step, wall);
+      metrics->scalar("perf/mfu", mfu, step, wall);
+      metrics->scalar("sys/rss_mb", rss_mb(), step, wall);
     }
-    if (bad_in_row >= cfg.max_bad_steps) {
+    if (counters.bad_in_row >= cfg.max_bad_steps) {
       progress.finish();
-      if (jsonl) jsonl->file().sync();
+      if (metrics) metrics->jsonl.file().sync();
       r.status = RunStatus::failed;
-      r.message =
-          cat(bad_in_row, " non-finite steps in a row (train.max_bad_steps = ", cfg.max_bad_steps,
-              "); stopping. The last good checkpoint is ",
-              last_checkpoint.empty() ? std::string("none (no checkpoint was written)")
-                                      : "'" + last_checkpoint.string() + "'",
-              "; lower optimizer.lr or raise schedule.warmup_steps and resume from it");
+      r.message = counters.too_many_bad_steps(cfg.max_bad_steps, last_checkpoint);
       stopped = true;
       break;
     }
@@ -628,19 +584,20 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
           evaluate(model, *val_loader, val_start, cfg.eval_batches, parallel ? &comm : nullptr);
       nlohmann::ordered_json v;
       v["step"] = step;
-      v["tokens"] = tokens;
+      v["tokens"] = counters.tokens;
       v["val_loss"] = json_number(last_val);
-      if (jsonl) jsonl->write(v);
-      if (tb.file().is_open()) tb.add_scalar("val/loss", last_val, step, wall);
+      if (metrics) {
+        metrics->jsonl.write(v);
+        metrics->scalar("val/loss", last_val, step, wall);
+      }
       progress.finish();
       log::info("step ", step, ": validation loss ", last_val);
     }
     if (samples.enabled() && eval_now) {
       progress.finish();
-      samples.write(model, step, tokens, tb);
+      samples.write(model, step, counters.tokens, metrics->tb);
     }
-    if (jsonl) jsonl->file().flush();
-    if (tb.file().is_open()) tb.file().flush();
+    if (metrics) metrics->flush();
     char fields[160];
     std::snprintf(fields, sizeof(fields), "loss=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f mfu=%.3f",
                   acc.loss, lr, gnorm, tps, mfu);
@@ -648,40 +605,33 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
 
     const bool preempt =
         parallel ? stop_all : stop_requested() || (o.stop_after >= 0 && steps_here >= o.stop_after);
-    // Periodic checkpoints wait out a run of non-finite steps, so the last one written is the
-    // last good state; a preemption always writes one (the run must be able to continue).
-    if (preempt ||
-        ((last || (cfg.checkpoint_interval > 0 && step % cfg.checkpoint_interval == 0)) &&
-         bad_in_row == 0)) {
+    if (checkpoint_due(step, last, cfg.checkpoint_interval, counters.bad_in_row, preempt)) {
       progress.finish();
       save(step);
     }
     if (preempt && !last) {
       r.status = RunStatus::preempted;
-      r.message = cat("preempted at step ", step, "; checkpoint saved to '",
-                      last_checkpoint.string(), "'; continue with --resume");
+      r.message = preempted_message(step, last_checkpoint);
       stopped = true;
       break;
     }
   }
   progress.finish();
   r.step = step;
-  r.tokens = tokens;
-  r.skipped_steps = skipped;
+  r.tokens = counters.tokens;
+  r.skipped_steps = counters.skipped;
   r.last_loss = last_loss;
   r.last_val_loss = last_val;
   r.last_checkpoint = last_checkpoint;
-  const double total = elapsed_before + seconds_since(run_start);
+  const double total = counters.elapsed_before + seconds_since(run_start);
   nlohmann::ordered_json summary;
-  summary["status"] = r.status == RunStatus::finished    ? "finished"
-                      : r.status == RunStatus::preempted ? "preempted"
-                                                         : "failed";
+  summary["status"] = run_status_name(r.status);
   summary["step"] = step;
   summary["steps"] = cfg.steps;
-  summary["tokens"] = tokens;
+  summary["tokens"] = counters.tokens;
   summary["loss"] = json_number(last_loss);
   summary["val_loss"] = json_number(last_val);
-  summary["skipped_steps"] = skipped;
+  summary["skipped_steps"] = counters.skipped;
   summary["elapsed_s"] = std::round(total * 1000) / 1000;
   summary["tokens_per_s_this_process"] =
       std::round(static_cast<double>(steps_here * cfg.batch_tokens) / seconds_since(run_start));
@@ -699,10 +649,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   }
   if (lead) write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {
-    r.message =
-        cat("finished ", step, " steps (", tokens, " tokens) in ", obs::format_duration(total),
-            ": loss ", last_loss, ", validation loss ", last_val, ", ", skipped,
-            " steps skipped; checkpoint '", last_checkpoint.string(), "'");
+    r.message = finished_message(counters, total, last_loss, last_val, last_checkpoint);
   }
   return r;
 }

@@ -15,12 +15,9 @@
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "train/config.h"
+#include "train/run_control.h"
 
 namespace pollen::train {
-
-// Exit codes of `pollen train` (docs/training.md): schedulers tell these apart.
-// rank_failed: in a job of several ranks, one died or hung (docs/parallel.md).
-enum class RunStatus { finished = 0, failed = 1, preempted = 3, rank_failed = 4 };
 
 // Makes one rank die or hang at a step, to exercise failure detection (tests; set through
 // POLLEN_FAULT_INJECT, docs/parallel.md).
@@ -98,6 +95,9 @@ CheckpointWritten write_checkpoint(const std::filesystem::path& root, int64_t st
                                    const model::Llama& model, const optim::AdamW& opt,
                                    const nlohmann::ordered_json& state,
                                    const std::string& config_toml);
+// Logs a checkpoint just written and removes the oldest under `root` beyond `keep` (0: none).
+void log_checkpoint_and_retain(const std::filesystem::path& root, int64_t step,
+                               const CheckpointWritten& written, int keep);
 // Loads weights and optimizer state from a checkpoint folder (names and shapes must match).
 void load_checkpoint(const std::filesystem::path& dir, const model::Llama& model,
                      optim::AdamW& opt);

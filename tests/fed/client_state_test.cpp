@@ -111,34 +111,16 @@ TEST(ClientState, KilledClientProcessRestartsFromItsState) {
     cfg.server.compression.codec = Codec::int4;
     run_simulation(cfg, false);
   }
-  const std::string model =
-      "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
-      "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
-      "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n";
-  const int port = 20000 + static_cast<int>((::getpid() + 7919) % 20000);
-  const std::string address = cat("127.0.0.1:", port);
+  const std::string address = loopback_address(7919);
   write_file_atomic(dir / "fed.toml",
                     cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
                         "'\nseed = 5\nrounds = 3\nlocal_steps = ", kSteps,
                         "\nround_timeout_s = 120\nwait_for_clients_s = 60\n"
                         "[strategy]\nname = 'diloco'\n[compression]\ncodec = 'int4'\n",
-                        model));
-  write_file_atomic(dir / "client.toml",
-                    cat("[client]\nid = 'silo-0'\nserver = '", address,
-                        "'\nseed = 100\nthreads = 1\nstate_dir = '", (dir / "state").string(),
-                        "'\n[data]\nmanifests = ['", silo.string(),
-                        "']\n[train]\nmicro_batch = 4\nseq = 16\nlr = 3e-3\nweight_decay = 0\n"
-                        "eval_batches = 2\n",
-                        model));
+                        kTinyModelToml));
+  write_file_atomic(dir / "client.toml", client_toml(address, dir / "state", silo));
   auto spawn = [&](const std::string& sub, const fs::path& config, const std::string& log) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      freopen((dir / log).c_str(), "w", stderr);
-      execl(POLLEN_BINARY, POLLEN_BINARY, "fed", sub.c_str(), "--config", config.c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    return pid;
+    return spawn_pollen({"fed", sub, "--config", config.string()}, dir / log);
   };
   const pid_t server = spawn("server", dir / "fed.toml", "server.log");
   pid_t client = spawn("client", dir / "client.toml", "client-1.log");

@@ -1,6 +1,6 @@
 #pragma once
 // What the federation tests share: tiny models, silos with learnable patterns, simulation
-// configs, and comparisons of weights.
+// configs, client updates made by hand, deployments as processes, and comparisons of weights.
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,11 +10,14 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "base/files.h"
 #include "base/log.h"
 #include "data/shards.h"
 #include "fed/config.h"
+#include "fed/strategy.h"
 #include "io/safetensors.h"
 
 namespace pollen::fed::testing {
@@ -66,6 +69,56 @@ inline fs::path make_silo(const fs::path& dir, int stride, int train_docs = 300,
   for (const auto& s : shards) m["shards"].push_back(s.to_json());
   write_file_atomic(dir / "manifest.json", data::manifest_text(m));
   return dir / "manifest.json";
+}
+
+// The tiny model as fed.toml and client.toml give it, with the tokenizer fingerprint
+// tiny_model()'s simulations use.
+inline const std::string kTinyModelToml =
+    "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
+    "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
+    "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n";
+
+// A loopback address whose port comes from this process's id and `salt` (tests apart).
+inline std::string loopback_address(int salt) {
+  return cat("127.0.0.1:", 20000 + static_cast<int>((::getpid() + salt) % 20000));
+}
+
+// client.toml of client silo-0 (local_train()'s settings) of the server at `address`.
+inline std::string client_toml(const std::string& address, const fs::path& state_dir,
+                               const fs::path& manifest) {
+  return cat("[client]\nid = 'silo-0'\nserver = '", address,
+             "'\nseed = 100\nthreads = 1\nstate_dir = '", state_dir.string(),
+             "'\n[data]\nmanifests = ['", manifest.string(),
+             "']\n[train]\nmicro_batch = 4\nseq = 16\nlr = 3e-3\nweight_decay = 0\n"
+             "eval_batches = 2\n",
+             kTinyModelToml);
+}
+
+// Starts `pollen args...` as a child process with its stderr in `log`; the child's pid.
+inline pid_t spawn_pollen(std::vector<std::string> args, const fs::path& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    freopen(log.c_str(), "w", stderr);
+    std::vector<char*> argv{const_cast<char*>(POLLEN_BINARY)};
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(POLLEN_BINARY, argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// A one-tensor vector, and a client's update of one such tensor weighted by `tokens`.
+inline Tensor vec(std::vector<float> v) {
+  const auto n = static_cast<int64_t>(v.size());
+  return Tensor::from<float>({n}, v);
+}
+inline ClientUpdate update(const std::string& id, int64_t tokens, std::vector<float> delta) {
+  ClientUpdate u;
+  u.client_id = id;
+  u.tokens = tokens;
+  u.delta.push_back(vec(std::move(delta)));
+  return u;
 }
 
 inline LocalTrainConfig local_train() {

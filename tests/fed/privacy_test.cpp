@@ -8,26 +8,15 @@
 
 #include "base/error.h"
 #include "fed/accountant.h"
+#include "fed/fixtures.h"
 #include "fed/privacy.h"
 #include "peer.h"
 
 using namespace pollen;
 using namespace pollen::fed;
+using namespace pollen::fed::testing;
 
 namespace {
-
-Tensor vec(std::vector<float> v) {
-  const auto n = static_cast<int64_t>(v.size());
-  return Tensor::from<float>({n}, v);
-}
-
-ClientUpdate update(const std::string& id, int64_t tokens, std::vector<float> delta) {
-  ClientUpdate u;
-  u.client_id = id;
-  u.tokens = tokens;
-  u.delta.push_back(vec(std::move(delta)));
-  return u;
-}
 
 PrivacyOptions dp(double z, double clip) {
   PrivacyOptions o;

@@ -9,27 +9,16 @@
 
 #include "base/error.h"
 #include "base/rng.h"
+#include "fed/fixtures.h"
 #include "fed/robust.h"
 #include "fed/strategy.h"
 #include "peer.h"
 
 using namespace pollen;
 using namespace pollen::fed;
+using namespace pollen::fed::testing;
 
 namespace {
-
-Tensor vec(std::vector<float> v) {
-  const auto n = static_cast<int64_t>(v.size());
-  return Tensor::from<float>({n}, v);
-}
-
-ClientUpdate update(const std::string& id, int64_t tokens, std::vector<float> delta) {
-  ClientUpdate u;
-  u.client_id = id;
-  u.tokens = tokens;
-  u.delta.push_back(vec(std::move(delta)));
-  return u;
-}
 
 std::vector<float> values(const Weights& w) {
   auto d = w[0].to_doubles();

@@ -19,35 +19,15 @@ using namespace pollen::fed::testing;
 TEST(ServerRestart, KilledServerResumesAndTheClientRejoins) {
   const auto dir = temp_dir("server_killed");
   const auto silo = make_silo(dir / "a", 3);
-  const std::string model =
-      "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
-      "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
-      "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n";
-  const int port = 20000 + static_cast<int>((::getpid() + 3571) % 20000);
-  const std::string address = cat("127.0.0.1:", port);
+  const std::string address = loopback_address(3571);
   write_file_atomic(dir / "fed.toml",
                     cat("[server]\ndir = '", (dir / "run").string(), "'\naddress = '", address,
                         "'\nseed = 5\nrounds = 4\nlocal_steps = 100\nround_timeout_s = 120\n"
                         "wait_for_clients_s = 60\n[strategy]\nname = 'fedadam'\n",
-                        model));
-  write_file_atomic(dir / "client.toml",
-                    cat("[client]\nid = 'silo-0'\nserver = '", address,
-                        "'\nseed = 100\nthreads = 1\nstate_dir = '", (dir / "state").string(),
-                        "'\n[data]\nmanifests = ['", silo.string(),
-                        "']\n[train]\nmicro_batch = 4\nseq = 16\nlr = 3e-3\nweight_decay = 0\n"
-                        "eval_batches = 2\n",
-                        model));
+                        kTinyModelToml));
+  write_file_atomic(dir / "client.toml", client_toml(address, dir / "state", silo));
   auto spawn = [&](std::vector<std::string> args, const std::string& log) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      freopen((dir / log).c_str(), "w", stderr);
-      std::vector<char*> argv{const_cast<char*>(POLLEN_BINARY)};
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(POLLEN_BINARY, argv.data());
-      _exit(127);
-    }
-    return pid;
+    return spawn_pollen(std::move(args), dir / log);
   };
   const std::string fed = (dir / "fed.toml").string();
   pid_t server = spawn({"fed", "server", "--config", fed}, "server-1.log");

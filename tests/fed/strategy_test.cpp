@@ -9,26 +9,15 @@
 
 #include "base/files.h"
 #include "base/rng.h"
+#include "fed/fixtures.h"
 #include "fed/strategy.h"
+#include "peer.h"
 
-namespace fs = std::filesystem;
 using namespace pollen;
 using namespace pollen::fed;
+using namespace pollen::fed::testing;
 
 namespace {
-
-Tensor vec(std::vector<float> v) {
-  const auto n = static_cast<int64_t>(v.size());
-  return Tensor::from<float>({n}, v);
-}
-
-ClientUpdate update(const std::string& id, int64_t tokens, std::vector<float> delta) {
-  ClientUpdate u;
-  u.client_id = id;
-  u.tokens = tokens;
-  u.delta.push_back(vec(std::move(delta)));
-  return u;
-}
 
 std::vector<float> values(const Tensor& t) {
   auto d = t.to_doubles();
@@ -164,22 +153,9 @@ TEST(Strategy, ClientSamplingIsSeededAndRespectsMinimum) {
 
 namespace {
 
-std::string run_capture(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  *status = pclose(p);
-  return out;
-}
-
 void compare_with_flower(const std::string& name, StrategyOptions o) {
-  const std::string python = POLLEN_PEERS_PYTHON;
-  if (!fs::exists(python)) GTEST_SKIP() << "no peers venv at " << python << " (scripts/test-peers)";
-  int status = 0;
-  run_capture(python + " -c 'import flwr' 2>/dev/null", &status);
-  if (status != 0) GTEST_SKIP() << "flwr is not installed in the peers venv";
+  const std::string missing = peer::missing("flwr");
+  if (!missing.empty()) GTEST_SKIP() << missing;
 
   o.name = name;
   auto s = make_strategy(o);
@@ -225,12 +201,8 @@ void compare_with_flower(const std::string& name, StrategyOptions o) {
     s->aggregate(r, x, ups);
     ours.push_back(clone_weights(x));
   }
-  const fs::path in = fs::temp_directory_path() / ("pollen_flower_" + name + ".json");
-  write_file_atomic(in, spec.dump());
-  const std::string out = run_capture(
-      python + " " + POLLEN_SOURCE_DIR + "/tests/fed/flower_reference.py " + in.string(), &status);
-  ASSERT_EQ(status, 0) << out;
-  const auto theirs = nlohmann::json::parse(out);
+  const nlohmann::json theirs = peer::run("flower_reference.py", spec, "flower_" + name);
+  ASSERT_FALSE(theirs.is_null());
   ASSERT_EQ(theirs.size(), static_cast<size_t>(rounds));
   for (int r = 0; r < rounds; ++r) {
     for (size_t t = 0; t < shapes.size(); ++t) {

@@ -242,7 +242,8 @@ TEST_F(DpoRun, BadConfigAndDataAreRefusedByName) {
                         "\"c\"}\n";
   const std::string no_content =
       error("data = \"" + bad.string() + "\"\nvalidation_fraction = 0.5\n");
-  EXPECT_NE(no_content.find("line 1, field 'prompt'"), std::string::npos) << no_content;
+  EXPECT_NE(no_content.find("line 1, field 'prompt[0].content' is missing"), std::string::npos)
+      << no_content;
 }
 
 TEST_F(DpoRun, UnderLoraTheReferenceIsTheFrozenBase) {

@@ -17,15 +17,12 @@ using namespace pollen;
 
 namespace {
 
-struct GrpoRunFiles {
-  fs::path dir, tokenizer_path, model_file, prompts;
+struct GrpoRunFiles : test_support::PostFiles {
+  fs::path prompts;
 };
 
 GrpoRunFiles grpo_run_files(const std::string& name) {
-  GrpoRunFiles f;
-  f.dir = test_support::post_temp_dir(name);
-  f.tokenizer_path = test_support::make_chat_tokenizer(f.dir);
-  f.model_file = test_support::make_tiny_model_file(f.dir);
+  GrpoRunFiles f{test_support::make_post_files(name), {}};
   f.prompts = f.dir / "prompts.jsonl";
   std::ofstream out(f.prompts);
   for (const auto& e : train::synth_examples("arithmetic", 16, 5))
@@ -34,15 +31,13 @@ GrpoRunFiles grpo_run_files(const std::string& name) {
 }
 
 train::PostResult run_grpo(const std::string& text, bool resume, int64_t stop_after = -1) {
-  train::PostOptions o;
-  o.quiet = true;
-  o.handle_signals = false;
-  o.resume = resume;
-  o.stop_after = stop_after;
   const train::PostConfig c = train::parse_post_config(text, "grpo.toml", "grpo");
-  return train::run_post_training(c, o, [&](const train::ObjectiveContext& context) {
-    return train::make_grpo_objective(context, c.base);
-  });
+  return test_support::run_post(
+      c,
+      [&](const train::ObjectiveContext& context) {
+        return train::make_grpo_objective(context, c.base);
+      },
+      resume, stop_after);
 }
 
 TEST(GrpoRun, ResumesARunWhoseSectionHasANestedVerifierTable) {

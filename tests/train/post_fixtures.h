@@ -11,6 +11,9 @@
 
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
+#include "train/post_config.h"
+#include "train/post_run.h"
+#include "train/run_checks.h"
 #include "train/synth_tasks.h"
 
 namespace pollen::test_support {
@@ -61,6 +64,18 @@ inline std::filesystem::path make_tiny_model_file(const std::filesystem::path& d
   return path;
 }
 
+// A fresh folder (post_temp_dir) holding the tokenizer and the tiny model file.
+struct PostFiles {
+  std::filesystem::path dir, tokenizer_path, model_file;
+};
+inline PostFiles make_post_files(const std::string& name) {
+  PostFiles f;
+  f.dir = post_temp_dir(name);
+  f.tokenizer_path = make_chat_tokenizer(f.dir);
+  f.model_file = make_tiny_model_file(f.dir);
+  return f;
+}
+
 // `count` synthetic conversations of `task` as SFT JSONL.
 inline std::filesystem::path write_sft_data(const std::filesystem::path& file,
                                             const std::string& task, int count, uint64_t seed) {
@@ -82,6 +97,19 @@ inline std::string tiny_post_toml(const std::filesystem::path& run_dir,
          "\n\n[optimizer]\nlr = 3e-3\n\n[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\n\n"
          "[checkpoint]\ninterval = 2\nkeep = 0\n\n[metrics]\nlog_interval = 1000\n\n" +
          extra;
+}
+
+// The loop over `config`, quiet and without signal handlers; preempted once `stop_after` steps
+// have run (-1: never).
+inline train::PostResult run_post(const train::PostConfig& config,
+                                  const train::ObjectiveFactory& make_objective, bool resume,
+                                  int64_t stop_after = -1) {
+  train::PostOptions o;
+  o.quiet = true;
+  o.handle_signals = false;
+  o.resume = resume;
+  o.stop_after = stop_after;
+  return train::run_post_training(config, o, make_objective);
 }
 
 }  // namespace pollen::test_support

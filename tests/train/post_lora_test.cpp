@@ -20,20 +20,15 @@ using namespace pollen;
 
 namespace {
 
-struct Fixture {
-  fs::path dir, tokenizer_path, model_file, data;
-};
-
-const Fixture& fixture() {
-  static const Fixture f = [] {
-    Fixture x;
-    x.dir = test_support::post_temp_dir("lora-loop");
-    x.tokenizer_path = test_support::make_chat_tokenizer(x.dir);
-    x.model_file = test_support::make_tiny_model_file(x.dir);
-    x.data = test_support::write_sft_data(x.dir / "train.jsonl", "arithmetic", 60, 1);
-    return x;
-  }();
+const test_support::PostFiles& fixture() {
+  static const test_support::PostFiles f = test_support::make_post_files("lora-loop");
   return f;
+}
+
+const fs::path& sft_data() {
+  static const fs::path data =
+      test_support::write_sft_data(fixture().dir / "train.jsonl", "arithmetic", 60, 1);
+  return data;
 }
 
 // The tiny run with adapters on every linear layer of the decoder; A trains unless `train_a`.
@@ -42,7 +37,7 @@ std::string lora_toml(const fs::path& run, int steps, const std::string& lora_ex
   const auto& fx = fixture();
   return test_support::tiny_post_toml(run, fx.model_file, fx.tokenizer_path, steps,
                                       "[eval]\ninterval = 2\n\n[sft]\ndata = \"" +
-                                          fx.data.string() +
+                                          sft_data().string() +
                                           "\"\nseq = 64\nmicro_batch = 2\naccumulation = 2\n") +
          "\n[lora]\nrank = 4\nalpha = 8\ntarget_modules = [\"q_proj\", \"k_proj\", \"v_proj\", "
          "\"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"" +
@@ -109,24 +104,16 @@ class WatchedSft : public train::Objective {
 };
 
 train::PostResult run(const std::string& text, bool resume, int64_t stop_after = -1) {
-  train::PostOptions o;
-  o.quiet = true;
-  o.handle_signals = false;
-  o.resume = resume;
-  o.stop_after = stop_after;
-  return train::run_post_training(
-      train::parse_post_config(text, "lora.toml", "sft", {"optimizer.lr=0.02"}), o,
-      [](const train::ObjectiveContext& ctx) { return std::make_unique<WatchedSft>(ctx); });
+  return test_support::run_post(
+      train::parse_post_config(text, "lora.toml", "sft", {"optimizer.lr=0.02"}),
+      [](const train::ObjectiveContext& ctx) { return std::make_unique<WatchedSft>(ctx); }, resume,
+      stop_after);
 }
 
 std::vector<nlohmann::json> val_records(const fs::path& run) {
   std::vector<nlohmann::json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
+  for (const auto& j : test_support::read_metrics(run))
     if (j.contains("val_loss")) out.push_back(j);
-  }
   return out;
 }
 

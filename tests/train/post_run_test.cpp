@@ -20,55 +20,30 @@ using namespace pollen;
 
 namespace {
 
-struct Fixture {
-  fs::path dir, tokenizer_path, model_file, data;
-};
+using test_support::error_of;
 
-const Fixture& fixture() {
-  static const Fixture f = [] {
-    Fixture x;
-    x.dir = test_support::post_temp_dir("loop");
-    x.tokenizer_path = test_support::make_chat_tokenizer(x.dir);
-    x.model_file = test_support::make_tiny_model_file(x.dir);
-    x.data = test_support::write_sft_data(x.dir / "train.jsonl", "arithmetic", 60, 1);
-    return x;
-  }();
+const test_support::PostFiles& fixture() {
+  static const test_support::PostFiles f = test_support::make_post_files("loop");
   return f;
+}
+
+const fs::path& sft_data() {
+  static const fs::path data =
+      test_support::write_sft_data(fixture().dir / "train.jsonl", "arithmetic", 60, 1);
+  return data;
 }
 
 std::string run_toml(const fs::path& run, int steps, const std::string& extra = "") {
   const auto& fx = fixture();
   return test_support::tiny_post_toml(
       run, fx.model_file, fx.tokenizer_path, steps,
-      "[eval]\ninterval = 3\n\n[sft]\ndata = \"" + fx.data.string() +
+      "[eval]\ninterval = 3\n\n[sft]\ndata = \"" + sft_data().string() +
           "\"\nseq = 64\nmicro_batch = 2\naccumulation = 2\n" + extra);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-std::vector<nlohmann::json> metrics(const fs::path& run) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
-
 train::PostResult run(const std::string& text, bool resume, int64_t stop_after = -1) {
-  train::PostOptions o;
-  o.quiet = true;
-  o.handle_signals = false;
-  o.resume = resume;
-  o.stop_after = stop_after;
-  return train::run_post_training(train::parse_post_config(text, "post.toml", "sft"), o,
-                                  train::make_sft_objective);
+  return test_support::run_post(train::parse_post_config(text, "post.toml", "sft"),
+                                train::make_sft_objective, resume, stop_after);
 }
 
 TEST(PostRun, ResumeAfterPreemptionEqualsAnUninterruptedRunBitwise) {
@@ -88,7 +63,8 @@ TEST(PostRun, ResumeAfterPreemptionEqualsAnUninterruptedRunBitwise) {
   EXPECT_EQ(second.last_val_loss, whole.last_val_loss);
 
   // Every step's loss and metrics, bitwise (the JSON text of the doubles).
-  const auto a = metrics(dir / "whole"), b = metrics(dir / "split");
+  const auto a = test_support::read_metrics(dir / "whole"),
+             b = test_support::read_metrics(dir / "split");
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     for (const char* k :

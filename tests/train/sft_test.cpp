@@ -29,30 +29,19 @@ using tokenizer::ChatMessage;
 
 namespace {
 
-struct Fixture {
-  fs::path dir, tokenizer_path, model_file;
+using test_support::error_of;
+
+struct Fixture : test_support::PostFiles {
   std::shared_ptr<tokenizer::Tokenizer> tok;
 };
 
 const Fixture& fixture() {
   static const Fixture f = [] {
-    Fixture x;
-    x.dir = test_support::post_temp_dir("sft");
-    x.tokenizer_path = test_support::make_chat_tokenizer(x.dir);
-    x.model_file = test_support::make_tiny_model_file(x.dir);
+    Fixture x{test_support::make_post_files("sft"), nullptr};
     x.tok = std::make_shared<tokenizer::Tokenizer>(tokenizer::open_tokenizer(x.tokenizer_path, ""));
     return x;
   }();
   return f;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 uint32_t special(const std::string& content) {

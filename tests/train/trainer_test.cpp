@@ -22,6 +22,7 @@
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
 #include "train/config.h"
+#include "train/run_checks.h"
 #include "train/run_eval.h"
 #include "train/tiny_run.h"
 #include "train/trainer.h"
@@ -44,27 +45,13 @@ const fs::path& dataset() {
   return m;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
-std::vector<nlohmann::json> metrics(const fs::path& run) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+using test_support::error_of;
+using test_support::read_metrics;
 
 // (step, loss) of every training record, and every validation loss, as exact text.
 std::vector<std::string> losses(const fs::path& run) {
   std::vector<std::string> out;
-  for (const auto& j : metrics(run)) {
+  for (const auto& j : read_metrics(run)) {
     if (j.contains("loss")) out.push_back("train " + j["step"].dump() + " " + j["loss"].dump());
     if (j.contains("val_loss"))
       out.push_back("val " + j["step"].dump() + " " + j["val_loss"].dump());
@@ -244,7 +231,7 @@ TEST(Trainer, TinyModelOverfitsTinyData) {
       "tiny.toml", {"optimizer.lr=1e-2", "schedule.min_lr=1e-3", "checkpoint.interval=0"});
   const auto r = train_quiet(c);
   ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
-  const auto m = metrics(run);
+  const auto m = read_metrics(run);
   EXPECT_GT(m.front()["loss"].get<double>(), 3.5);  // ln 64 = 4.16 at start
   EXPECT_LT(r.last_loss, 0.5) << "stated bound: train loss under 0.5 after 60 steps";
   EXPECT_TRUE(fs::exists(run / "summary.json"));
@@ -361,7 +348,7 @@ TEST(TrainCli, SigkillThenResumeInAFreshProcessIsBitwise) {
     }
     return pid;
   };
-  auto lines = [&](const fs::path& run_dir) { return metrics(run_dir).size(); };
+  auto lines = [&](const fs::path& run_dir) { return read_metrics(run_dir).size(); };
   const fs::path kcfg = write_cfg("killed");
   // Kill once a few steps past the first checkpoint, then again mid-way after a resume.
   for (size_t kill_at : {size_t{5}, size_t{19}}) {

@@ -1,0 +1,82 @@
+#include "cli/post_command.h"
+
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+#include "base/error.h"
+#include "base/log.h"
+#include "cli/commands.h"
+
+namespace pollen::cli {
+
+const char* const kPostExitCodes =
+    "\nExit codes: 0 finished, 1 failed (bad config or data, too many non-finite losses in a "
+    "row, any error), 3 preempted (SIGINT or SIGTERM: the step finished and a checkpoint was "
+    "written; rerun with --resume), 2 bad command line.";
+
+void add_post_run_options(CLI::App* cmd, const std::string& objective,
+                          const std::string& set_example, PostRun run) {
+  cmd->require_subcommand(0, 1);
+  auto config = std::make_shared<std::string>();
+  auto sets = std::make_shared<std::vector<std::string>>();
+  auto resume = std::make_shared<bool>(false);
+  cmd->add_option("--config", *config, "Run file (TOML)");
+  cmd->add_option("--set", *sets,
+                  "Override a key, e.g. --set train.steps=200 --set " + set_example +
+                      " (value in TOML syntax; a bare word is a string)");
+  cmd->add_flag("--resume", *resume,
+                "Continue from the newest checkpoint under run.dir/checkpoints that verifies "
+                "(starts at step 0 when there is none yet)");
+  cmd->callback([cmd, config, sets, resume, objective, run] {
+    if (!cmd->get_subcommands().empty()) return;  // a subcommand ran
+    if (config->empty()) throw CLI::RequiredError("--config");
+    const train::PostConfig cfg = train::load_post_config(*config, objective, *sets);
+    train::PostOptions o;
+    o.resume = *resume;
+    const train::PostResult r = run(cfg, o);
+    if (r.status == train::RunStatus::finished) {
+      log::info(r.message);
+    } else if (r.status == train::RunStatus::preempted) {
+      log::warn(r.message);
+    } else {
+      log::error(r.message);
+    }
+    set_exit_code(static_cast<int>(r.status));
+  });
+}
+
+void add_task_synth(CLI::App* cmd, const std::string& description, const std::string& what,
+                    std::function<std::string(const train::SynthExample&)> line) {
+  auto* synth = cmd->add_subcommand("synth", description);
+  struct Args {
+    std::string task, out;
+    int64_t count = 1000;
+    uint64_t seed = 0;
+  };
+  auto a = std::make_shared<Args>();
+  std::string count_help = what + " to write";
+  count_help[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(count_help[0])));
+  synth->add_option("--task", a->task, "arithmetic, reverse or upper")
+      ->required()
+      ->check(CLI::IsMember(train::synth_task_names()));
+  synth->add_option("--count", a->count, count_help)->capture_default_str();
+  synth->add_option("--seed", a->seed, "Seed (the same seed writes the same file)")
+      ->capture_default_str();
+  synth->add_option("--out", a->out, "JSONL file to write")->required();
+  synth->callback([a, what, line] {
+    const auto examples = train::synth_examples(a->task, a->count, a->seed);
+    const std::filesystem::path parent = std::filesystem::path(a->out).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    std::ofstream out(a->out, std::ios::binary);
+    POLLEN_CHECK(out.good(), "cannot write '", a->out, "'");
+    for (const auto& e : examples) out << line(e) << "\n";
+    out.close();
+    POLLEN_CHECK(out.good(), "cannot write '", a->out, "'");
+    log::info("wrote ", examples.size(), " ", a->task, " ", what, " to '", a->out, "'");
+  });
+}
+
+}  // namespace pollen::cli

@@ -1,0 +1,60 @@
+#include "train/jsonl_data.h"
+
+#include <fstream>
+
+#include "base/error.h"
+
+namespace pollen::train {
+
+void for_each_jsonl_object(
+    const std::filesystem::path& path, const std::string& what,
+    const std::function<void(const nlohmann::json&, int64_t, const std::string&)>& fn) {
+  std::ifstream in(path, std::ios::binary);
+  POLLEN_CHECK(in.good(), "cannot read ", what, " '", path.string(), "'");
+  std::string line;
+  int64_t records = 0;
+  for (int64_t line_no = 1; std::getline(in, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    std::string where = "'";  // built step by step: gcc 12 warns falsely on "'" + string
+    where += path.string();
+    where += "' line ";
+    where += std::to_string(line_no);
+    nlohmann::json record;
+    try {
+      record = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      fail(where, ": not valid JSON (", e.what(), ")");
+    }
+    POLLEN_CHECK(record.is_object(), where, ": expected a JSON object, got ", record.type_name());
+    fn(record, line_no, where);
+    ++records;
+  }
+  POLLEN_CHECK(records > 0, what, " '", path.string(), "' holds no records");
+}
+
+std::string string_field(const nlohmann::json& record, const std::string& key,
+                         const std::string& field, const std::string& where) {
+  const auto it = record.find(key);
+  POLLEN_CHECK(it != record.end(), where, ", field '", field, "' is missing");
+  POLLEN_CHECK(it->is_string(), where, ", field '", field, "': expected a string, got ",
+               it->type_name());
+  return it->get<std::string>();
+}
+
+std::vector<tokenizer::ChatMessage> read_messages(const nlohmann::json& value,
+                                                  const std::string& field,
+                                                  const std::string& where) {
+  POLLEN_CHECK(value.is_array() && !value.empty(), where, ", field '", field,
+               "': expected a non-empty array of {\"role\", \"content\"}");
+  std::vector<tokenizer::ChatMessage> out;
+  for (size_t i = 0; i < value.size(); ++i) {
+    const std::string element = cat(field, "[", i, "]");
+    POLLEN_CHECK(value[i].is_object(), where, ", field '", element,
+                 "': expected an object with \"role\" and \"content\"");
+    out.push_back({string_field(value[i], "role", element + ".role", where),
+                   string_field(value[i], "content", element + ".content", where)});
+  }
+  return out;
+}
+
+}  // namespace pollen::train
