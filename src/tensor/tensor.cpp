@@ -275,6 +275,10 @@ void Tensor::copy_(const Tensor& src) {
   if (src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous()) {
     if (on_host) {
       std::memmove(raw(), src.raw(), nbytes());
+    } else if (shares_storage(src)) {
+      // The ranges may overlap, which cudaMemcpy does not allow: stage through the host.
+      const Tensor staged = src.to(Device::cpu);
+      cuda::copy_bytes(raw(), device(), staged.raw(), Device::cpu, nbytes());
     } else {
       cuda::copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
     }

@@ -128,6 +128,16 @@ TEST(CudaCopy, StridedViewsBothWays) {
   }
 }
 
+TEST(CudaCopy, OverlappingViewsOfOneStorage) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  Tensor host = random_input({1000}, DType::f32, rng).ref.to(DType::f32);
+  Tensor gpu = host.to(Device::cuda);
+  gpu.slice(0, 0, 900).copy_(gpu.slice(0, 100, 1000));  // as memmove
+  host.slice(0, 0, 900).copy_(host.slice(0, 100, 1000));
+  EXPECT_EQ(gpu.to_doubles(), host.to_doubles());
+}
+
 TEST(CudaFill, ZeroAndFillOnTheGpu) {
   POLLEN_REQUIRE_GPU();
   for (DType t : {DType::f32, DType::bf16, DType::f64, DType::i32, DType::i64}) {
