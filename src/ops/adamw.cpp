@@ -5,6 +5,7 @@
 
 #include "base/thread_pool.h"
 #include "ops/check.h"
+#include "ops/cuda/kernels.h"
 
 namespace pollen::ops {
 namespace {
@@ -30,9 +31,61 @@ void adamw_range(const AdamWSlot& s, int64_t lo, int64_t hi, const AdamWHyper& h
   }
 }
 
+#if POLLEN_HAVE_CUDA
+void adamw_step_cuda(std::vector<AdamWSlot>& slots, const AdamWHyper& h) {
+  const float* device_scale = nullptr;
+  if (h.device_clip.defined()) {
+    expect("adamw", "device_clip", h.device_clip, {2}, DType::f32, Device::cuda);
+    device_scale = h.device_clip.data<float>() + 1;
+  }
+  for (const AdamWSlot& s : slots) {
+    const Shape& shape = s.param.shape();
+    expect("adamw", "param", s.param, shape, DType::f32, Device::cuda);
+    POLLEN_CHECK(
+        s.grad.defined() && (s.grad.dtype() == DType::f32 || s.grad.dtype() == DType::bf16),
+        "adamw: grad must be f32 or bf16 on cuda");
+    expect("adamw", "grad", s.grad, shape, s.grad.dtype(), Device::cuda);
+    expect("adamw", "exp_avg", s.exp_avg, shape, DType::f32, Device::cuda);
+    expect("adamw", "exp_avg_sq", s.exp_avg_sq, shape, DType::f32, Device::cuda);
+    if (s.model_copy.defined())
+      expect("adamw", "model_copy", s.model_copy, shape, DType::bf16, Device::cuda);
+  }
+  for (const AdamWSlot& s : slots) {
+    // The constants as adamw_range<float> computes them.
+    cuda::AdamWArgs a;
+    a.beta1 = static_cast<float>(h.beta1);
+    a.beta2 = static_cast<float>(h.beta2);
+    a.decay = static_cast<float>(1.0 - h.lr * s.weight_decay);
+    a.step_size = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, static_cast<double>(h.step))));
+    a.inv_sqrt_bias_correction2 =
+        static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(h.beta2, static_cast<double>(h.step))));
+    a.eps = static_cast<float>(h.eps);
+    a.grad_scale = static_cast<float>(h.grad_scale);
+    cuda::adamw(s.param.data<float>(), s.grad.raw(), s.grad.dtype(), s.exp_avg.data<float>(),
+                s.exp_avg_sq.data<float>(), s.model_copy.defined() ? s.model_copy.raw() : nullptr,
+                s.param.numel(), a, device_scale);
+  }
+}
+
+// total (1) f64 on the GPU += the sums of squares of the tensors (on the GPU).
+void sum_of_squares_cuda(const std::vector<Tensor>& tensors, Tensor& total) {
+  Tensor partials = Tensor::empty({cuda::kSumOfSquaresBlocks}, DType::f64, Device::cuda);
+  for (const Tensor& t : tensors) {
+    const Tensor tc = t.contiguous();
+    cuda::sum_of_squares_accumulate(tc.dtype(), tc.raw(), tc.numel(), partials.data<double>(),
+                                    total.data<double>());
+  }
+}
+#endif
+
 }  // namespace
 
 void adamw_step(std::vector<AdamWSlot>& slots, const AdamWHyper& hyper) {
+#if POLLEN_HAVE_CUDA
+  if (!slots.empty() && slots[0].param.defined() && slots[0].param.device() == Device::cuda)
+    return adamw_step_cuda(slots, hyper);
+#endif
+  POLLEN_CHECK(!hyper.device_clip.defined(), "adamw: device_clip is for parameters on cuda");
   // One parallel pass over the concatenation of all parameters.
   std::vector<int64_t> starts(slots.size() + 1, 0);
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -42,6 +95,7 @@ void adamw_step(std::vector<AdamWSlot>& slots, const AdamWHyper& hyper) {
     expect("adamw", "grad", s.grad, s.param.shape(), dt);
     expect("adamw", "exp_avg", s.exp_avg, s.param.shape(), dt);
     expect("adamw", "exp_avg_sq", s.exp_avg_sq, s.param.shape(), dt);
+    POLLEN_CHECK(!s.model_copy.defined(), "adamw: model_copy is for parameters on cuda");
     starts[i + 1] = starts[i] + s.param.numel();
   }
   parallel_for(starts.back(), 1 << 15, [&](int64_t lo, int64_t hi) {
@@ -58,7 +112,18 @@ void adamw_step(std::vector<AdamWSlot>& slots, const AdamWHyper& hyper) {
 
 double sum_of_squares(const std::vector<Tensor>& tensors) {
   double total = 0;
+#if POLLEN_HAVE_CUDA
+  std::vector<Tensor> on_gpu;
+  for (const Tensor& t : tensors)
+    if (t.device() == Device::cuda) on_gpu.push_back(t);
+  if (!on_gpu.empty()) {
+    Tensor gpu_total = Tensor::zeros({1}, DType::f64, Device::cuda);
+    sum_of_squares_cuda(on_gpu, gpu_total);
+    total += gpu_total.item();
+  }
+#endif
   for (const Tensor& t : tensors) {
+    if (t.device() != Device::cpu) continue;
     const int64_t n = t.numel();
     const int chunks =
         static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, n / 4096)));
@@ -81,6 +146,21 @@ double sum_of_squares(const std::vector<Tensor>& tensors) {
     for (double x : partial) total += x;
   }
   return total;
+}
+
+Tensor clip_factor(const std::vector<Tensor>& grads, double max_norm) {
+#if POLLEN_HAVE_CUDA
+  for (const Tensor& g : grads)
+    POLLEN_CHECK(g.defined() && g.device() == Device::cuda,
+                 "clip_factor: every gradient must be on cuda");
+  Tensor total = Tensor::zeros({1}, DType::f64, Device::cuda);
+  sum_of_squares_cuda(grads, total);
+  Tensor out = Tensor::empty({2}, DType::f32, Device::cuda);
+  cuda::clip_factor(total.data<double>(), max_norm, out.data<float>());
+  return out;
+#else
+  fail("clip_factor: the gradients must be on cuda, and this pollen was built without CUDA");
+#endif
 }
 
 }  // namespace pollen::ops

@@ -7,6 +7,7 @@
 #include "ops/cpu/attention.h"
 #if POLLEN_HAVE_CUDA
 #include "ops/cuda/attention.h"
+#include "tensor/cuda_context.h"  // the default stream every other GPU op runs on
 #endif
 
 namespace pollen::ops {
@@ -105,7 +106,7 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 #if POLLEN_HAVE_CUDA
   cuda::attention_forward({s.batch, s.seq, s.heads, s.kv_heads, s.head_dim}, q.dtype(), q.raw(),
                           k.raw(), v.raw(), seg_start.data<int32_t>(), static_cast<float>(scale),
-                          out.raw(), lse.data<float>(), nullptr);
+                          out.raw(), lse.data<float>(), cuda::default_stream());
 #else
   fail(op, ": tensors on cuda, but this pollen was built without CUDA");
 #endif
@@ -128,7 +129,7 @@ void backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   POLLEN_ASSERT(workspace.nbytes() >= cuda::attention_backward_workspace_bytes(shape));
   cuda::attention_backward(shape, q.dtype(), q.raw(), k.raw(), v.raw(), seg_start.data<int32_t>(),
                            out.raw(), lse.data<float>(), dout.raw(), static_cast<float>(scale),
-                           dq.raw(), dk.raw(), dv.raw(), workspace.raw(), nullptr);
+                           dq.raw(), dk.raw(), dv.raw(), workspace.raw(), cuda::default_stream());
 #else
   fail(op, ": tensors on cuda, but this pollen was built without CUDA");
 #endif

@@ -2,7 +2,8 @@
 
 namespace pollen::ops {
 
-void expect(const char* op, const char* name, const Tensor& t, const Shape& shape, DType dtype) {
+void expect(const char* op, const char* name, const Tensor& t, const Shape& shape, DType dtype,
+            Device device) {
   POLLEN_CHECK(t.defined(), op, ": ", name, " is undefined");
   bool ok = t.dtype() == dtype && t.dim() == static_cast<int64_t>(shape.size());
   for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || shape[i] == t.shape()[i];
@@ -15,7 +16,8 @@ void expect(const char* op, const char* name, const Tensor& t, const Shape& shap
          shape_str(t.shape()), " ", dtype_name(t.dtype()));
   }
   POLLEN_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
-  expect_cpu(op, t);
+  POLLEN_CHECK(t.device() == device, op, ": ", name, " is on ", device_name(t.device()),
+               ", expected ", device_name(device), " like the op's other tensors");
 }
 
 void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype,

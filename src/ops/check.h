@@ -7,9 +7,12 @@
 
 namespace pollen::ops {
 
-// Requires a defined, contiguous tensor of the given dtype and shape; -1 in `shape` matches any
-// size. Errors read "rmsnorm: x: expected shape (N, 384) f32, got (8, 256) f32".
-void expect(const char* op, const char* name, const Tensor& t, const Shape& shape, DType dtype);
+// Requires a defined, contiguous tensor of the given dtype and shape on `device` (an op's tensors
+// all live on one device); -1 in `shape` matches any size. Errors read
+// "rmsnorm: x: expected shape (N, 384) f32, got (8, 256) f32" or "add: out is on cpu, expected
+// cuda like the op's other tensors".
+void expect(const char* op, const char* name, const Tensor& t, const Shape& shape, DType dtype,
+            Device device = Device::cpu);
 
 // The same with the expected layout named in the error ("(B,T,H,D)"): a defined, contiguous CPU
 // tensor of exactly this dtype and shape.
@@ -26,11 +29,6 @@ void dispatch_float(const char* op, DType dtype, F&& f) {
   } else {
     fail(op, ": compute dtype must be f32 or f64 on CPU, got ", dtype_name(dtype));
   }
-}
-
-inline void expect_cpu(const char* op, const Tensor& t) {
-  POLLEN_CHECK(t.device() == Device::cpu, op, ": tensor on ", device_name(t.device()),
-               ", this op runs on cpu only in this build");
 }
 
 }  // namespace pollen::ops

@@ -9,6 +9,8 @@
 #include "ops/check.h"
 #include "ops/cpu/fast_exp.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cuda/kernels.h"
+#include "tensor/cuda_memory.h"
 
 namespace pollen::ops {
 namespace {
@@ -86,6 +88,44 @@ void softmax_rows(T* logits, const int32_t* targets, int64_t nb, int64_t v, doub
   });
 }
 
+#if POLLEN_HAVE_CUDA
+// The GPU version of the block loop: logits (block_rows,V) in fp32 from a GEMM that accumulates
+// in fp32 (bf16 h and w, or f32), softmax and loss per row on the GPU, and for bf16 the gradient
+// rounded to bf16 for the two gradient GEMMs. Row losses come back to the host once, at the end.
+void cross_entropy_cuda(const Tensor& h, const Tensor& w, const Tensor& targets,
+                        CrossEntropyGrads* grads, int64_t block_rows, double* row_loss) {
+  const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
+  const DType dt = h.dtype();
+  const size_t row_bytes = static_cast<size_t>(c) * dtype_size(dt);
+  Tensor logits = Tensor::empty({block_rows, v}, DType::f32, Device::cuda);
+  Tensor logits_bf16;
+  if (grads && dt == DType::bf16) logits_bf16 = Tensor::empty({block_rows, v}, dt, Device::cuda);
+  Tensor losses = Tensor::empty({n}, DType::f64, Device::cuda);
+  for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
+    const int64_t nb = std::min(block_rows, n - r0);
+    const void* hb = static_cast<const char*>(h.raw()) + static_cast<size_t>(r0) * row_bytes;
+    // (nb,V) = hb w^T
+    cuda::gemm(dt, hb, false, w.raw(), true, DType::f32, logits.raw(), nb, v, c, 1.0, 0.0);
+    cuda::softmax_cross_entropy_rows(logits.data<float>(), targets.data<int32_t>() + r0, nb, v,
+                                     losses.data<double>() + r0, grads != nullptr,
+                                     static_cast<float>(grads ? grads->grad_scale : 1.0));
+    if (grads) {
+      const void* g = logits.raw();
+      if (dt == DType::bf16) {
+        pollen::cuda::convert(logits.raw(), DType::f32, logits_bf16.raw(), dt, nb * v);
+        g = logits_bf16.raw();
+      }
+      void* dhb = static_cast<char*>(grads->dh.raw()) + static_cast<size_t>(r0) * row_bytes;
+      // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
+      cuda::gemm(dt, g, false, w.raw(), false, dt, dhb, nb, c, v, 1.0, 0.0);
+      cuda::gemm(dt, g, true, hb, false, dt, grads->dw.raw(), v, c, nb, 1.0, 1.0);
+    }
+  }
+  const std::vector<double> host = losses.to_doubles();
+  std::copy(host.begin(), host.end(), row_loss);
+}
+#endif
+
 }  // namespace
 
 int64_t cross_entropy_default_block_rows(int64_t vocab) {
@@ -96,10 +136,12 @@ double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& tar
                              int64_t* scored, CrossEntropyGrads* grads, int64_t block_rows) {
   const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
   const DType dt = h.dtype();
-  expect("cross_entropy", "h", h, {n, c}, dt);
-  expect("cross_entropy", "w", w, {v, c}, dt);
-  expect("cross_entropy", "targets", targets, {n}, DType::i32);
-  const int32_t* tg = targets.data<int32_t>();
+  const Device dev = h.device();
+  expect("cross_entropy", "h", h, {n, c}, dt, dev);
+  expect("cross_entropy", "w", w, {v, c}, dt, dev);
+  expect("cross_entropy", "targets", targets, {n}, DType::i32, dev);
+  const Tensor host_targets = dev == Device::cpu ? targets : targets.to(Device::cpu);
+  const int32_t* tg = host_targets.data<int32_t>();
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i) {
     POLLEN_CHECK(tg[i] < v, "cross_entropy: target ", tg[i], " at row ", i,
@@ -108,13 +150,21 @@ double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& tar
   }
   *scored = count;
   if (grads) {
-    expect("cross_entropy", "dh", grads->dh, {n, c}, dt);
-    expect("cross_entropy", "dw", grads->dw, {v, c}, dt);
+    expect("cross_entropy", "dh", grads->dh, {n, c}, dt, dev);
+    expect("cross_entropy", "dw", grads->dw, {v, c}, dt, dev);
   }
   if (block_rows <= 0) block_rows = cross_entropy_default_block_rows(v);
   block_rows = std::min(block_rows, std::max<int64_t>(n, 1));
 
   std::vector<double> row_loss(static_cast<size_t>(n));
+#if POLLEN_HAVE_CUDA
+  if (dev == Device::cuda) {
+    cross_entropy_cuda(h, w, targets, grads, block_rows, row_loss.data());
+    double total = 0;
+    for (double l : row_loss) total += l;
+    return total;
+  }
+#endif
   dispatch_float("cross_entropy", dt, [&]<typename T>(T) {
     Tensor logits = Tensor::empty({block_rows, v}, dt);
     for (int64_t r0 = 0; r0 < n; r0 += block_rows) {

@@ -15,6 +15,9 @@ struct CrossEntropyGrads {
   double grad_scale = 1.0;
 };
 
+// On the GPU h, w, dh and dw are f32 or bf16: each block's logits are fp32 (block_rows, V), as
+// the CPU's block, and for bf16 the gradient is rounded to bf16 for its two GEMMs; the targets
+// are checked on the host from a copy and the row losses are summed there.
 // h (N,C), w (V,C), targets (N) int32. Returns the sum over scored rows of
 // -log softmax(h w^T)[target] and sets *scored to the number of scored rows. When `grads` is
 // given, the gradients are computed in the same pass (the logits of a block are used for the

@@ -1,5 +1,6 @@
 #pragma once
-// Elementwise ops on same-shaped contiguous tensors.
+// Elementwise ops on same-shaped contiguous tensors of one dtype on one device: f32 or f64 on the
+// CPU, f32 or bf16 (fp32 math) on the GPU.
 #include "tensor/tensor.h"
 
 namespace pollen::ops {

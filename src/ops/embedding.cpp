@@ -1,25 +1,68 @@
 #include "ops/embedding.h"
 
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
 #include "ops/check.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cuda/kernels.h"
 
 namespace pollen::ops {
 namespace {
-void check_ids(const Tensor& ids, int64_t vocab) {
-  expect("embedding", "ids", ids, {-1}, DType::i32);
-  const int32_t* p = ids.data<int32_t>();
-  for (int64_t i = 0; i < ids.numel(); ++i) {
+// Checks every id (on the host: ids on the GPU are copied over) and returns the host copy.
+Tensor checked_ids(const Tensor& ids, int64_t vocab, Device device) {
+  expect("embedding", "ids", ids, {-1}, DType::i32, device);
+  const Tensor host = device == Device::cpu ? ids : ids.to(Device::cpu);
+  const int32_t* p = host.data<int32_t>();
+  for (int64_t i = 0; i < host.numel(); ++i) {
     POLLEN_CHECK(p[i] >= 0 && p[i] < vocab, "embedding: token id ", p[i], " at position ", i,
                  " is outside the vocabulary [0, ", vocab, ")");
   }
+  return host;
 }
+
+#if POLLEN_HAVE_CUDA
+// The GPU backward sums each id's tokens in token order: the distinct ids (rows), and for row r
+// the tokens order[starts[r] .. starts[r+1]), all on the GPU.
+void embedding_backward_cuda(const Tensor& dout, const Tensor& host_ids, Tensor& dtable) {
+  const int64_t n = host_ids.numel();
+  if (n == 0) return;
+  const int32_t* id = host_ids.data<int32_t>();
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return id[a] < id[b]; });
+  std::vector<int32_t> rows, starts;
+  for (int64_t k = 0; k < n; ++k) {
+    const int32_t row = id[order[static_cast<size_t>(k)]];
+    if (rows.empty() || rows.back() != row) {
+      rows.push_back(row);
+      starts.push_back(static_cast<int32_t>(k));
+    }
+  }
+  starts.push_back(static_cast<int32_t>(n));
+  const int64_t r = static_cast<int64_t>(rows.size());
+  const Tensor rows_gpu = Tensor::from<int32_t>({r}, rows).to(Device::cuda);
+  const Tensor starts_gpu = Tensor::from<int32_t>({r + 1}, starts).to(Device::cuda);
+  const Tensor order_gpu = Tensor::from<int32_t>({n}, order).to(Device::cuda);
+  cuda::embedding_backward(dtable.dtype(), dout.raw(), rows_gpu.data<int32_t>(),
+                           starts_gpu.data<int32_t>(), order_gpu.data<int32_t>(), r, dtable.raw(),
+                           dtable.size(1));
+}
+#endif
 }  // namespace
 
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
   const int64_t v = table.size(0), c = table.size(1), n = ids.numel();
-  check_ids(ids, v);
-  expect("embedding", "table", table, {v, c}, table.dtype());
-  expect("embedding", "out", out, {n, c}, table.dtype());
+  const Device dev = table.device();
+  checked_ids(ids, v, dev);
+  expect("embedding", "table", table, {v, c}, table.dtype(), dev);
+  expect("embedding", "out", out, {n, c}, table.dtype(), dev);
+#if POLLEN_HAVE_CUDA
+  if (dev == Device::cuda)
+    return cuda::embedding_forward(table.dtype(), table.raw(), ids.data<int32_t>(), out.raw(), n,
+                                   c);
+#endif
   dispatch_float("embedding", table.dtype(), [&]<typename T>(T) {
     cpu::embedding_forward(table.data<T>(), ids.data<int32_t>(), out.data<T>(), n, c);
   });
@@ -27,9 +70,13 @@ void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
 
 void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable) {
   const int64_t v = dtable.size(0), c = dtable.size(1), n = ids.numel();
-  check_ids(ids, v);
-  expect("embedding_backward", "dout", dout, {n, c}, dtable.dtype());
-  expect("embedding_backward", "dtable", dtable, {v, c}, dtable.dtype());
+  const Device dev = dtable.device();
+  const Tensor host_ids = checked_ids(ids, v, dev);
+  expect("embedding_backward", "dout", dout, {n, c}, dtable.dtype(), dev);
+  expect("embedding_backward", "dtable", dtable, {v, c}, dtable.dtype(), dev);
+#if POLLEN_HAVE_CUDA
+  if (dev == Device::cuda) return embedding_backward_cuda(dout, host_ids, dtable);
+#endif
   dispatch_float("embedding_backward", dtable.dtype(), [&]<typename T>(T) {
     cpu::embedding_backward(dout.data<T>(), ids.data<int32_t>(), dtable.data<T>(), n, c);
   });

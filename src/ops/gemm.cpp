@@ -2,6 +2,7 @@
 
 #include "ops/check.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cuda/kernels.h"
 
 namespace pollen::ops {
 
@@ -13,8 +14,17 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const int64_t k = trans_a ? a.size(0) : a.size(1);
   const int64_t n = trans_b ? b.size(0) : b.size(1);
   const DType dt = a.dtype();
-  expect("gemm", "a", a, a.shape(), dt);
-  expect("gemm", "b", b, {trans_b ? n : k, trans_b ? k : n}, dt);
+  const Device dev = a.device();
+  expect("gemm", "a", a, a.shape(), dt, dev);
+  expect("gemm", "b", b, {trans_b ? n : k, trans_b ? k : n}, dt, dev);
+#if POLLEN_HAVE_CUDA
+  if (dev == Device::cuda) {
+    // c may be f32 under bf16 a and b (fp32 accumulation either way).
+    expect("gemm", "c", c, {m, n}, c.dtype(), dev);
+    return cuda::gemm(dt, a.raw(), trans_a, b.raw(), trans_b, c.dtype(), c.raw(), m, n, k, alpha,
+                      beta);
+  }
+#endif
   expect("gemm", "c", c, {m, n}, dt);
   dispatch_float("gemm", dt, [&]<typename T>(T) {
     cpu::gemm<T>(a.data<T>(), trans_a, b.data<T>(), trans_b, c.data<T>(), m, n, k,

@@ -2,16 +2,28 @@
 
 #include "ops/check.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cuda/kernels.h"
 
 namespace pollen::ops {
+namespace {
+// rstd is kept in the compute dtype: x's on the CPU, f32 on the GPU (x f32 or bf16).
+DType rstd_dtype(const Tensor& x) {
+  return x.device() == Device::cuda ? DType::f32 : x.dtype();
+}
+}  // namespace
 
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
   const int64_t c = w.numel(), n = x.numel() / (c ? c : 1);
   const DType dt = x.dtype();
-  expect("rmsnorm", "x", x, {n, c}, dt);
-  expect("rmsnorm", "w", w, {c}, dt);
-  expect("rmsnorm", "y", y, {n, c}, dt);
-  expect("rmsnorm", "rstd", rstd, {n}, dt);
+  const Device dev = x.device();
+  expect("rmsnorm", "x", x, {n, c}, dt, dev);
+  expect("rmsnorm", "w", w, {c}, dt, dev);
+  expect("rmsnorm", "y", y, {n, c}, dt, dev);
+  expect("rmsnorm", "rstd", rstd, {n}, rstd_dtype(x), dev);
+#if POLLEN_HAVE_CUDA
+  if (dev == Device::cuda)
+    return cuda::rmsnorm_forward(dt, x.raw(), w.raw(), y.raw(), rstd.data<float>(), n, c, eps);
+#endif
   dispatch_float("rmsnorm", dt, [&]<typename T>(T) {
     cpu::rmsnorm_forward(x.data<T>(), w.data<T>(), y.data<T>(), rstd.data<T>(), n, c, eps);
   });
@@ -21,11 +33,18 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
                       Tensor& dx, Tensor& dw, bool accumulate_dx) {
   const int64_t c = w.numel(), n = x.numel() / (c ? c : 1);
   const DType dt = x.dtype();
-  expect("rmsnorm_backward", "dy", dy, {n, c}, dt);
-  expect("rmsnorm_backward", "x", x, {n, c}, dt);
-  expect("rmsnorm_backward", "rstd", rstd, {n}, dt);
-  expect("rmsnorm_backward", "dx", dx, {n, c}, dt);
-  expect("rmsnorm_backward", "dw", dw, {c}, dt);
+  const Device dev = x.device();
+  expect("rmsnorm_backward", "dy", dy, {n, c}, dt, dev);
+  expect("rmsnorm_backward", "x", x, {n, c}, dt, dev);
+  expect("rmsnorm_backward", "w", w, {c}, dt, dev);
+  expect("rmsnorm_backward", "rstd", rstd, {n}, rstd_dtype(x), dev);
+  expect("rmsnorm_backward", "dx", dx, {n, c}, dt, dev);
+  expect("rmsnorm_backward", "dw", dw, {c}, dt, dev);
+#if POLLEN_HAVE_CUDA
+  if (dev == Device::cuda)
+    return cuda::rmsnorm_backward(dt, dy.raw(), x.raw(), w.raw(), rstd.data<float>(), dx.raw(),
+                                  dw.raw(), n, c, accumulate_dx);
+#endif
   dispatch_float("rmsnorm_backward", dt, [&]<typename T>(T) {
     cpu::rmsnorm_backward(dy.data<T>(), x.data<T>(), w.data<T>(), rstd.data<T>(), dx.data<T>(),
                           dw.data<T>(), n, c, accumulate_dx);

@@ -1,11 +1,14 @@
-// Device dispatch for rotary position embedding: checks the inputs, then runs the CPU kernel.
+// Device dispatch for rotary position embedding: checks the inputs, then runs the CPU or the
+// CUDA kernel.
 #include "ops/rope.h"
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ops/check.h"
 #include "ops/cpu/rope.h"
+#include "ops/cuda/kernels.h"
 
 namespace pollen::ops {
 namespace {
@@ -13,27 +16,61 @@ namespace {
 // Largest position id accepted; the cached cos/sin tables cover [0, max position].
 constexpr int32_t kMaxPosition = 1 << 22;
 
+// The largest position, after checking each lies in [0, kMaxPosition]; positions (B,T) on the host.
+int32_t checked_max_position(const char* op, const Tensor& positions) {
+  const int64_t seq = positions.size(1);
+  const int32_t* pos = positions.data<int32_t>();
+  int32_t max_position = 0;
+  for (int64_t i = 0; i < positions.numel(); ++i) {
+    POLLEN_CHECK(pos[i] >= 0 && pos[i] <= kMaxPosition, op, ": positions[", i / seq, ",", i % seq,
+                 "] = ", pos[i], " must lie in [0, ", kMaxPosition, "]");
+    max_position = std::max(max_position, pos[i]);
+  }
+  return max_position;
+}
+
+#if POLLEN_HAVE_CUDA
+// On the GPU: f32 or bf16 (fp32 math); the inverse frequencies are computed here in double, and
+// the angles and their cos and sin on the GPU in double.
+void rope_cuda(const char* op, const char* in_name, const char* out_name, const Tensor& x,
+               const Tensor& positions, const RopeParams& params, bool inverse, Tensor& out) {
+  const int64_t batch = x.size(0), seq = x.size(1), heads = x.size(2), dim = x.size(3);
+  expect(op, in_name, x, x.shape(), x.dtype(), Device::cuda);
+  expect(op, "positions", positions, {batch, seq}, DType::i32, Device::cuda);
+  expect(op, out_name, out, x.shape(), x.dtype(), Device::cuda);
+  const int32_t max_position = checked_max_position(op, positions.to(Device::cpu));
+  const RopeParams resolved = rope_params_for_length(params, dim, int64_t{max_position} + 1);
+  std::vector<double> inv_freq(static_cast<size_t>(dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i)
+    inv_freq[static_cast<size_t>(i)] = rope_inv_freq(resolved, dim, i);
+  const Tensor inv_freq_gpu = Tensor::from<double>({dim / 2}, inv_freq).to(Device::cuda);
+  cuda::rope_rotate(x.dtype(), x.raw(), positions.data<int32_t>(), batch * seq, heads, dim,
+                    inv_freq_gpu.data<double>(), rope_attention_factor(resolved), inverse,
+                    out.raw());
+}
+#endif
+
 // x (B,T,H,D) rotated into out by +angle, or by -angle when inverse.
 void rope(const char* op, const char* in_name, const char* out_name, const Tensor& x,
           const Tensor& positions, const RopeParams& params, bool inverse, Tensor& out) {
   POLLEN_CHECK(x.defined() && x.dim() == 4, op, ": ", in_name, " must be (B,T,H,D), got ",
                x.defined() ? shape_str(x.shape()) : "undefined");
+  POLLEN_CHECK(x.size(3) % 2 == 0, op, ": head dimension D = ", x.size(3), " of ", in_name,
+               " must be even");
+  POLLEN_CHECK(std::isfinite(params.theta) && params.theta > 0, op,
+               ": theta must be positive, got ", params.theta);
+#if POLLEN_HAVE_CUDA
+  if (x.device() == Device::cuda)
+    return rope_cuda(op, in_name, out_name, x, positions, params, inverse, out);
+#endif
   POLLEN_CHECK(x.dtype() == DType::f32 || x.dtype() == DType::f64, op, ": ", in_name,
                " must be f32 or f64, got ", dtype_name(x.dtype()));
   const int64_t batch = x.size(0), seq = x.size(1), heads = x.size(2), dim = x.size(3);
-  POLLEN_CHECK(dim % 2 == 0, op, ": head dimension D = ", dim, " of ", in_name, " must be even");
-  POLLEN_CHECK(std::isfinite(params.theta) && params.theta > 0, op,
-               ": theta must be positive, got ", params.theta);
   check_tensor(op, in_name, x, x.dtype(), x.shape(), "(B,T,H,D)");
   check_tensor(op, "positions", positions, DType::i32, {batch, seq}, "(B,T)");
   check_tensor(op, out_name, out, x.dtype(), x.shape(), "(B,T,H,D)");
   const int32_t* pos = positions.data<int32_t>();
-  int32_t max_position = 0;
-  for (int64_t i = 0; i < batch * seq; ++i) {
-    POLLEN_CHECK(pos[i] >= 0 && pos[i] <= kMaxPosition, op, ": positions[", i / seq, ",", i % seq,
-                 "] = ", pos[i], " must lie in [0, ", kMaxPosition, "]");
-    max_position = std::max(max_position, pos[i]);
-  }
+  const int32_t max_position = checked_max_position(op, positions);
   const RopeParams resolved = rope_params_for_length(params, dim, int64_t{max_position} + 1);
   if (x.dtype() == DType::f32) {
     cpu::rope_rotate(x.data<float>(), pos, batch * seq, heads, dim, resolved, inverse,

@@ -52,6 +52,8 @@ double rope_attention_factor(const RopeParams& params);
 // becomes a plain rotation with its grown theta; the others are returned as they are.
 RopeParams rope_params_for_length(const RopeParams& params, int64_t head_dim, int64_t seq_len);
 
+// On the CPU x is f32 or f64; on the GPU f32 or bf16 (angles, cos and sin in f64, rotation in
+// fp32), with the positions checked on the host from a copy.
 // x (B,T,H,D) with D even (H may count query heads or kv heads); positions (B,T) int32 >= 0
 // (they restart per document in packed sequences). out (B,T,H,D) may be x itself (in place).
 void rope_forward(const Tensor& x, const Tensor& positions, const RopeParams& params, Tensor& out);

@@ -1,7 +1,18 @@
-// Built when the CUDA toolkit was not found: the CUDA device queries say so.
+// Built when the CUDA toolkit was not found: the CUDA device queries say so, and GPU memory is
+// refused with the same reason.
+#include "base/error.h"
+#include "tensor/cuda_memory.h"
 #include "tensor/device.h"
 
 namespace pollen {
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  fail(what,
+       ": device 'cuda' is not available: this pollen was built without the CUDA backend "
+       "(nvcc was not found at build time)");
+}
+}  // namespace
+
 bool cuda_built() {
   return false;
 }
@@ -11,4 +22,36 @@ std::vector<GpuInfo> cuda_devices() {
 std::string cuda_status() {
   return "CUDA backend not built (nvcc was not found at build time)";
 }
+
+CudaAllocator& CudaAllocator::instance() {
+  static CudaAllocator a;
+  return a;
+}
+void* CudaAllocator::allocate(size_t) {
+  no_cuda("GPU allocation");
+}
+void CudaAllocator::release(void*, size_t) {}
+void CudaAllocator::empty_cache() {}
+AllocatorStats CudaAllocator::stats() const {
+  return {};
+}
+void CudaAllocator::reset_peak() {}
+
+namespace cuda {
+void copy_bytes(void*, Device, const void*, Device, size_t) {
+  no_cuda("copy");
+}
+void zero_bytes(void*, size_t) {
+  no_cuda("zero_");
+}
+void fill(void*, DType, int64_t, double) {
+  no_cuda("fill_");
+}
+bool convert(const void*, DType, void*, DType, int64_t) {
+  no_cuda("convert");
+}
+void synchronize() {
+  no_cuda("synchronize");
+}
+}  // namespace cuda
 }  // namespace pollen

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "tensor/allocator.h"
+#include "tensor/cuda_memory.h"
 
 namespace pollen {
 
@@ -20,13 +21,16 @@ int64_t shape_numel(const Shape& s) {
 }
 
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  POLLEN_CHECK(device == Device::cpu, "host tensors only in this build path; got device ",
-               device_name(device));
-  data_ = CpuAllocator::instance().allocate(bytes);
+  data_ = device == Device::cpu ? CpuAllocator::instance().allocate(bytes)
+                                : CudaAllocator::instance().allocate(bytes);
 }
 
 Storage::~Storage() {
-  CpuAllocator::instance().release(data_, bytes_);
+  if (device_ == Device::cpu) {
+    CpuAllocator::instance().release(data_, bytes_);
+  } else {
+    CudaAllocator::instance().release(data_, bytes_);
+  }
 }
 
 namespace {
@@ -212,15 +216,54 @@ Tensor Tensor::to(DType dtype) const {
   return t;
 }
 
+Tensor Tensor::to(Device device) const {
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_(*this);
+  return t;
+}
+
+size_t Tensor::span_elements() const {
+  if (numel() == 0) return 0;
+  int64_t last = 0;
+  for (size_t i = 0; i < shape_.size(); ++i) last += (shape_[i] - 1) * strides_[i];
+  return static_cast<size_t>(last + 1);
+}
+
+Tensor Tensor::host_mirror() const {
+  Tensor h = *this;
+  const size_t bytes = span_elements() * dtype_size(dtype_);
+  h.storage_ = std::make_shared<Storage>(bytes, Device::cpu);
+  h.offset_ = 0;
+  if (bytes) cuda::copy_bytes(h.raw(), Device::cpu, raw(), device(), bytes);
+  return h;
+}
+
+void Tensor::write_back(const Tensor& mirror) {
+  const size_t bytes = span_elements() * dtype_size(dtype_);
+  if (bytes) cuda::copy_bytes(raw(), device(), mirror.raw(), Device::cpu, bytes);
+}
+
 void Tensor::zero_() {
-  if (is_contiguous()) {
+  if (!is_contiguous()) {
+    fill_(0.0);
+  } else if (device() == Device::cpu) {
     std::memset(raw(), 0, nbytes());
   } else {
-    fill_(0.0);
+    cuda::zero_bytes(raw(), nbytes());
   }
 }
 
 void Tensor::fill_(double value) {
+  if (device() != Device::cpu) {
+    if (is_contiguous()) {
+      cuda::fill(raw(), dtype_, numel(), value);
+    } else {
+      Tensor h = host_mirror();
+      h.fill_(value);
+      write_back(h);
+    }
+    return;
+  }
   void* base = raw();
   for_each_offset(*this, [&](int64_t, int64_t off) { store(base, dtype_, off, value); });
 }
@@ -228,8 +271,33 @@ void Tensor::fill_(double value) {
 void Tensor::copy_(const Tensor& src) {
   POLLEN_CHECK(src.shape_ == shape_, "copy_: shape ", shape_str(src.shape_), " into ",
                shape_str(shape_));
+  const bool on_host = device() == Device::cpu && src.device() == Device::cpu;
   if (src.dtype_ == dtype_ && is_contiguous() && src.is_contiguous()) {
-    std::memmove(raw(), src.raw(), nbytes());
+    if (on_host) {
+      std::memmove(raw(), src.raw(), nbytes());
+    } else if (shares_storage(src)) {
+      // The ranges may overlap, which cudaMemcpy does not allow: stage through the host.
+      const Tensor staged = src.to(Device::cpu);
+      cuda::copy_bytes(raw(), device(), staged.raw(), Device::cpu, nbytes());
+    } else {
+      cuda::copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
+    }
+    return;
+  }
+  if (!on_host) {
+    if (device() == Device::cuda && src.device() == Device::cuda && is_contiguous() &&
+        src.is_contiguous() && cuda::convert(src.raw(), src.dtype_, raw(), dtype_, numel()))
+      return;
+    // Strided copies and the other conversions that touch a GPU go through host memory: the
+    // views' spans are copied over, the elements moved on the host, and the span copied back.
+    const Tensor host_src = src.device() == Device::cpu ? src : src.host_mirror();
+    if (device() == Device::cpu) {
+      copy_(host_src);
+    } else {
+      Tensor host_dst = host_mirror();
+      host_dst.copy_(host_src);
+      write_back(host_dst);
+    }
     return;
   }
   std::vector<int64_t> dst_offsets(static_cast<size_t>(numel()));
@@ -244,10 +312,12 @@ void Tensor::copy_(const Tensor& src) {
 
 double Tensor::item() const {
   POLLEN_CHECK(numel() == 1, "item() of a tensor with ", numel(), " elements");
+  if (device() != Device::cpu) return to(Device::cpu).item();
   return load(raw(), dtype_, 0);
 }
 
 std::vector<double> Tensor::to_doubles() const {
+  if (device() != Device::cpu) return to(Device::cpu).to_doubles();
   std::vector<double> out(static_cast<size_t>(numel()));
   const void* base = raw();
   for_each_offset(*this, [&](int64_t i, int64_t off) {

@@ -72,11 +72,14 @@ class Tensor {
 
   Tensor contiguous() const;
   Tensor clone() const;
-  Tensor to(DType dtype) const;  // converts (copies even when the dtype is the same)
+  Tensor to(DType dtype) const;    // converts (copies even when the dtype is the same)
+  Tensor to(Device device) const;  // a contiguous copy on `device` (copies even on the same one)
 
+  // On the GPU these run in order on its default stream (tensor/cuda_memory.h); copies that
+  // involve host memory have finished when they return.
   void zero_();
   void fill_(double value);
-  void copy_(const Tensor& src);  // same shape; converts dtype
+  void copy_(const Tensor& src);  // same shape; converts dtype; across devices
 
   double item() const;                     // the value of a one-element float or integer tensor
   std::vector<double> to_doubles() const;  // every element, row-major
@@ -84,6 +87,12 @@ class Tensor {
   bool shares_storage(const Tensor& other) const { return storage_ == other.storage_; }
 
  private:
+  // GPU views moved through host memory: the elements from the first to the last one the view
+  // reaches, copied into a host tensor with the same view, and copied back.
+  size_t span_elements() const;
+  Tensor host_mirror() const;
+  void write_back(const Tensor& mirror);
+
   std::shared_ptr<Storage> storage_;
   int64_t offset_ = 0;  // in elements
   Shape shape_, strides_;

@@ -9,7 +9,7 @@
 // results; shared memory and registers start as NaN, so a read of anything unwritten shows).
 // What it does not: that the GPU compiles and launches it as written (shared-memory limits,
 // registers, barriers that every thread reaches), bf16 conversion on the device, or speed; the
-// GPU test (cuda_attention_test.cpp) covers those where a GPU is present.
+// GPU test (tests/cuda/attention_test.cpp) covers those where a GPU is present.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,0 +1,75 @@
+#pragma once
+// CUDA kernels behind the ops' dispatch points (src/ops/*.cpp), for code that does not include
+// CUDA's headers: raw device pointers, sizes and dtypes checked by the caller. Elements are f32 or
+// bf16 (T below: the op's dtype) with the arithmetic in fp32. Every launch goes to the current
+// GPU's default stream in order and is checked: a failure throws pollen::Error naming the kernel
+// and its sizes. Nothing here waits for the GPU unless it says so.
+#include <cstdint>
+
+#include "tensor/dtype.h"
+
+namespace pollen::ops::cuda {
+
+// c (M,N) = alpha * op(a) @ op(b) + beta * c through cuBLASLt, row-major as ops::gemm;
+// a, b of dtype ab (f32, or bf16), c of dtype c_type (f32, or bf16 when ab is bf16). The products
+// accumulate in fp32; f32 inputs never use TF32. beta = 0 never reads c.
+void gemm(DType ab, const void* a, bool trans_a, const void* b, bool trans_b, DType c_type, void* c,
+          int64_t m, int64_t n, int64_t k, double alpha, double beta);
+
+// Elementwise, n elements of dtype t.
+void add(DType t, const void* a, const void* b, void* out, int64_t n);
+void mul(DType t, const void* a, const void* b, void* out, int64_t n);
+void axpy(DType t, double alpha, const void* x, void* y, int64_t n);        // y += alpha * x
+void scale_into(DType t, double alpha, const void* x, void* y, int64_t n);  // y = alpha * x
+void swiglu_forward(DType t, const void* gate, const void* up, void* out, int64_t n);
+void swiglu_backward(DType t, const void* dout, const void* gate, const void* up, void* dgate,
+                     void* dup, int64_t n);
+
+// out (N,C) = table (V,C) rows at ids (N).
+void embedding_forward(DType t, const void* table, const int32_t* ids, void* out, int64_t n,
+                       int64_t c);
+// dtable (V,C) += the rows of dout (N,C) summed per id, in fp32 and in token order (no atomics):
+// rows (R) are the distinct ids, and the tokens of rows[r] are order[starts[r] .. starts[r+1]).
+void embedding_backward(DType t, const void* dout, const int32_t* rows, const int32_t* starts,
+                        const int32_t* order, int64_t row_count, void* dtable, int64_t c);
+
+// y (N,C) = x * rstd * w; rstd (N) fp32 = 1 / sqrt(mean(x^2) + eps).
+void rmsnorm_forward(DType t, const void* x, const void* w, void* y, float* rstd, int64_t n,
+                     int64_t c, double eps);
+// dx (N,C) = (or +=) the input gradient; dw (C) += sum over rows of dy * x * rstd.
+void rmsnorm_backward(DType t, const void* dy, const void* x, const void* w, const float* rstd,
+                      void* dx, void* dw, int64_t n, int64_t c, bool accumulate_dx);
+
+// x (rows, H, D) rotated by +angle (or -angle when inverse), angle = positions[row] *
+// inv_freq[i] in double, cos and sin times attention_factor; inv_freq (D/2) f64 on the GPU.
+// out may equal x.
+void rope_rotate(DType t, const void* x, const int32_t* positions, int64_t rows, int64_t heads,
+                 int64_t head_dim, const double* inv_freq, double attention_factor, bool inverse,
+                 void* out);
+
+// One block of cross-entropy rows: logits (nb,V) fp32 -> row_loss (nb) f64 (0 for targets < 0);
+// when want_grad the logits are replaced by grad_scale * (softmax - onehot(target)) (rows with
+// targets < 0 become zero).
+void softmax_cross_entropy_rows(float* logits, const int32_t* targets, int64_t nb, int64_t v,
+                                double* row_loss, bool want_grad, float grad_scale);
+
+// AdamW on n elements (torch.optim.AdamW): param, exp_avg, exp_avg_sq f32; grad of grad_type
+// (f32 or bf16); model_copy (bf16) is written with the updated param when not null. Gradients are
+// multiplied by grad_scale, and by *device_scale when not null (a factor computed on the GPU);
+// when that factor is not finite the step leaves everything unchanged.
+struct AdamWArgs {
+  float beta1, beta2, decay, step_size, inv_sqrt_bias_correction2, eps, grad_scale;
+};
+void adamw(float* param, const void* grad, DType grad_type, float* exp_avg, float* exp_avg_sq,
+           void* model_copy, int64_t n, const AdamWArgs& args, const float* device_scale);
+
+// total[0] += the sum of squares of x (n elements of dtype t, f32 or bf16), in f64, reduced in a
+// fixed order (deterministic). partials holds kSumOfSquaresBlocks doubles of scratch.
+inline constexpr int kSumOfSquaresBlocks = 256;
+void sum_of_squares_accumulate(DType t, const void* x, int64_t n, double* partials, double* total);
+
+// norm_and_scale (2) f32 = [sqrt(*total), the clipping factor]: max_norm / (norm + 1e-6) when
+// max_norm > 0 and norm > max_norm, else 1; NaN when the norm is not finite.
+void clip_factor(const double* total, double max_norm, float* norm_and_scale);
+
+}  // namespace pollen::ops::cuda

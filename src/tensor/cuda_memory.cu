@@ -1,0 +1,336 @@
+// GPU memory: the caching allocator, the default streams, and copies, fills and conversions.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "tensor/cuda_context.h"
+#include "tensor/cuda_memory.h"
+
+namespace pollen {
+namespace cuda {
+
+void fail_call(cudaError_t err, const char* call, const std::string& args, const char* file,
+               int line) {
+  cudaGetLastError();  // clears the error unless it is sticky (then the context is lost anyway)
+  fail(call, args.empty() ? "" : " [", args, args.empty() ? "" : "]",
+       " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") at ", file, ":", line);
+}
+
+int current_device() {
+  int device = 0;
+  POLLEN_CUDA_CHECK(cudaGetDevice(&device), "");
+  return device;
+}
+
+cudaStream_t default_stream() {
+  static std::mutex mutex;
+  static std::vector<cudaStream_t>* streams = new std::vector<cudaStream_t>();  // never freed
+  const int device = current_device();
+  std::lock_guard lock(mutex);
+  if (streams->size() <= static_cast<size_t>(device))
+    streams->resize(static_cast<size_t>(device) + 1, nullptr);
+  cudaStream_t& s = (*streams)[static_cast<size_t>(device)];
+  if (!s)
+    POLLEN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "device=", device);
+  return s;
+}
+
+}  // namespace cuda
+
+namespace {
+
+struct Block {
+  size_t size_class;
+  int device;
+  cudaStream_t stream;
+};
+
+struct State {
+  std::mutex mutex;
+  std::map<std::tuple<int, cudaStream_t, size_t>, std::vector<void*>> free_lists;
+  std::unordered_map<void*, Block> in_use;
+  AllocatorStats stats;
+};
+
+State& state() {
+  static State* s = new State();  // never destroyed: tensors may outlive static destructors
+  return *s;
+}
+
+void count_handed_out(State& s, size_t cls) {
+  s.stats.in_use_bytes += cls;
+  s.stats.peak_in_use_bytes = std::max(s.stats.peak_in_use_bytes, s.stats.in_use_bytes);
+}
+
+}  // namespace
+
+CudaAllocator& CudaAllocator::instance() {
+  static CudaAllocator a;
+  return a;
+}
+
+void* CudaAllocator::allocate(size_t bytes) {
+  const size_t cls = size_class(bytes == 0 ? 1 : bytes);
+  const int device = cuda::current_device();
+  cudaStream_t stream = cuda::default_stream();
+  State& s = state();
+  {
+    std::lock_guard lock(s.mutex);
+    auto it = s.free_lists.find({device, stream, cls});
+    if (it != s.free_lists.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      s.in_use[p] = {cls, device, stream};
+      s.stats.cached_bytes -= cls;
+      count_handed_out(s, cls);
+      ++s.stats.reuses;
+      return p;
+    }
+  }
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, cls);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    empty_cache();
+    err = cudaMalloc(&p, cls);
+  }
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    const AllocatorStats st = stats();
+    fail("out of GPU memory on device ", device, " allocating ", cls, " bytes: pollen holds ",
+         st.in_use_bytes, " bytes in tensors (cache emptied); the GPU has ", free_bytes, " of ",
+         total_bytes, " bytes free");
+  }
+  if (err != cudaSuccess)
+    cuda::fail_call(err, "cudaMalloc(&p, bytes)", cat("bytes=", cls, " device=", device), __FILE__,
+                    __LINE__);
+  std::lock_guard lock(s.mutex);
+  s.in_use[p] = {cls, device, stream};
+  count_handed_out(s, cls);
+  ++s.stats.system_allocs;
+  return p;
+}
+
+void CudaAllocator::release(void* ptr, size_t) {
+  if (!ptr) return;
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  auto it = s.in_use.find(ptr);
+  POLLEN_ASSERT(it != s.in_use.end());
+  const Block b = it->second;
+  s.in_use.erase(it);
+  // Work already enqueued on b.stream may still use the block; the next user is on the same
+  // stream, so it runs after that work. No synchronisation is needed.
+  s.free_lists[{b.device, b.stream, b.size_class}].push_back(ptr);
+  s.stats.in_use_bytes -= b.size_class;
+  s.stats.cached_bytes += b.size_class;
+}
+
+void CudaAllocator::empty_cache() {
+  State& s = state();
+  std::lock_guard lock(s.mutex);
+  int previous = 0;
+  POLLEN_CUDA_CHECK(cudaGetDevice(&previous), "");
+  for (auto& [key, blocks] : s.free_lists) {
+    if (blocks.empty()) continue;
+    const int device = std::get<0>(key);
+    POLLEN_CUDA_CHECK(cudaSetDevice(device), "device=", device);
+    POLLEN_CUDA_CHECK(cudaDeviceSynchronize(), "device=", device);  // the blocks' last users
+    for (void* p : blocks) POLLEN_CUDA_CHECK(cudaFree(p), "device=", device);
+    s.stats.cached_bytes -= std::get<2>(key) * blocks.size();
+    blocks.clear();
+  }
+  POLLEN_CUDA_CHECK(cudaSetDevice(previous), "device=", previous);
+}
+
+AllocatorStats CudaAllocator::stats() const {
+  std::lock_guard lock(state().mutex);
+  return state().stats;
+}
+
+void CudaAllocator::reset_peak() {
+  std::lock_guard lock(state().mutex);
+  state().stats.peak_in_use_bytes = state().stats.in_use_bytes;
+}
+
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Element of `bytes` bytes, copied as an unsigned integer of that size.
+template <typename U>
+__global__ void fill_kernel(U* dst, int64_t n, U pattern) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x)
+    dst[i] = pattern;
+}
+
+template <typename U>
+void launch_fill(void* dst, int64_t n, const void* pattern_bytes) {
+  U pattern;
+  std::memcpy(&pattern, pattern_bytes, sizeof(U));
+  fill_kernel<U><<<grid_blocks(n, kThreads), kThreads, 0, default_stream()>>>(static_cast<U*>(dst),
+                                                                              n, pattern);
+  POLLEN_CUDA_CHECK_LAUNCH("fill", "n=", n, " element bytes=", sizeof(U));
+}
+
+__device__ inline double to_double(double x) {
+  return x;
+}
+__device__ inline double to_double(float x) {
+  return x;
+}
+__device__ inline double to_double(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+// As the host's store(): f64 -> f32 rounds once; -> bf16 goes through f32 (RNE both times).
+template <typename D>
+__device__ inline D from_double(double x);
+template <>
+__device__ inline double from_double<double>(double x) {
+  return x;
+}
+template <>
+__device__ inline float from_double<float>(double x) {
+  return static_cast<float>(x);
+}
+template <>
+__device__ inline __nv_bfloat16 from_double<__nv_bfloat16>(double x) {
+  return __float2bfloat16(static_cast<float>(x));
+}
+
+template <typename S, typename D>
+__global__ void convert_kernel(const S* src, D* dst, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x)
+    dst[i] = from_double<D>(to_double(src[i]));
+}
+
+template <typename S, typename D>
+void launch_convert(const void* src, void* dst, int64_t n) {
+  convert_kernel<S, D><<<grid_blocks(n, kThreads), kThreads, 0, default_stream()>>>(
+      static_cast<const S*>(src), static_cast<D*>(dst), n);
+  POLLEN_CUDA_CHECK_LAUNCH("convert", "n=", n);
+}
+
+// Calls f(T{}) for the element types with conversion kernels; false for the others.
+template <typename F>
+bool with_float_type(DType t, F&& f) {
+  switch (t) {
+    case DType::f64:
+      f(double{});
+      return true;
+    case DType::f32:
+      f(float{});
+      return true;
+    case DType::bf16:
+      f(__nv_bfloat16{});
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_convertible(DType t) {
+  return t == DType::f64 || t == DType::f32 || t == DType::bf16;
+}
+
+// The bytes of `value` stored as one element of dtype t, as the host's Tensor::fill_ stores it.
+void element_bytes(DType t, double v, unsigned char* out) {
+  auto put = [&](auto x) { std::memcpy(out, &x, sizeof(x)); };
+  switch (t) {
+    case DType::f64:
+      put(v);
+      break;
+    case DType::f32:
+      put(static_cast<float>(v));
+      break;
+    case DType::bf16:
+      put(bf16::from_float(static_cast<float>(v)).bits);
+      break;
+    case DType::f16:
+      put(f16::from_float(static_cast<float>(v)).bits);
+      break;
+    case DType::i64:
+      put(static_cast<int64_t>(v));
+      break;
+    case DType::i32:
+      put(static_cast<int32_t>(v));
+      break;
+    case DType::u32:
+      put(static_cast<uint32_t>(v));
+      break;
+    case DType::u16:
+      put(static_cast<uint16_t>(v));
+      break;
+    case DType::u8:
+      put(static_cast<uint8_t>(v));
+      break;
+  }
+}
+
+}  // namespace
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  cudaStream_t stream = default_stream();
+  // Unified addressing lets the runtime tell host from device pointers (cudaMemcpyDefault).
+  POLLEN_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream), "dst on ",
+                    device_name(dst_device), ", src on ", device_name(src_device), ", ", bytes,
+                    " bytes");
+  if (dst_device == Device::cpu || src_device == Device::cpu)
+    POLLEN_CUDA_CHECK(cudaStreamSynchronize(stream), "after a copy of ", bytes, " bytes to ",
+                      device_name(dst_device), " from ", device_name(src_device));
+}
+
+void zero_bytes(void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  POLLEN_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, default_stream()), bytes, " bytes");
+}
+
+void fill(void* dst, DType dtype, int64_t n, double value) {
+  if (n == 0) return;
+  unsigned char pattern[8];
+  element_bytes(dtype, value, pattern);
+  switch (dtype_size(dtype)) {
+    case 1:
+      launch_fill<uint8_t>(dst, n, pattern);
+      break;
+    case 2:
+      launch_fill<uint16_t>(dst, n, pattern);
+      break;
+    case 4:
+      launch_fill<uint32_t>(dst, n, pattern);
+      break;
+    default:
+      launch_fill<uint64_t>(dst, n, pattern);
+      break;
+  }
+}
+
+bool convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n) {
+  if (!is_convertible(src_dtype) || !is_convertible(dst_dtype)) return false;
+  if (n == 0) return true;
+  with_float_type(src_dtype, [&](auto s) {
+    with_float_type(dst_dtype,
+                    [&](auto d) { launch_convert<decltype(s), decltype(d)>(src, dst, n); });
+  });
+  return true;
+}
+
+void synchronize() {
+  POLLEN_CUDA_CHECK(cudaStreamSynchronize(default_stream()), "device=", current_device());
+}
+
+}  // namespace cuda
+}  // namespace pollen

@@ -1,0 +1,59 @@
+#pragma once
+// GPU memory for tensors, for code that does not include CUDA's headers. Device memory comes
+// from a caching allocator: freed blocks are kept in free lists per (GPU, stream, size class) and
+// handed out again to the next request on that stream, so a training loop that asks for the same
+// sizes every step stops calling cudaMalloc after step one. Every GPU has one default stream
+// (created at first use); all of pollen's GPU work on that GPU runs in order on it.
+//
+// "The GPU" is the current CUDA device of the calling thread (device 0 unless changed).
+// In a build without the CUDA backend every function here throws, naming the missing backend.
+#include <cstddef>
+#include <cstdint>
+
+#include "tensor/allocator.h"
+#include "tensor/device.h"
+#include "tensor/dtype.h"
+
+namespace pollen {
+
+class CudaAllocator {
+ public:
+  static CudaAllocator& instance();
+  void* allocate(size_t bytes);  // on the current GPU, for its default stream; bytes rounded up
+  void release(void* ptr, size_t bytes);  // back to the free list of its GPU and stream
+  void empty_cache();  // waits for the GPUs, then returns every cached block to the driver
+  AllocatorStats stats() const;  // over all GPUs
+  void reset_peak();
+
+  // 512-byte steps up to 1 MiB, then 1/8 steps of the enclosing power of two (at most 12.5%
+  // waste), as CpuAllocator above a page.
+  static size_t size_class(size_t bytes) {
+    if (bytes <= (size_t{1} << 20)) return (bytes + 511) / 512 * 512;
+    size_t p = 1;
+    while (p * 2 <= bytes) p *= 2;
+    const size_t step = p / 8;
+    return (bytes + step - 1) / step * step;
+  }
+};
+
+namespace cuda {
+
+// Copies bytes between host and GPU memory, or within the GPU, in order on the default stream.
+// Returns once the copy is done whenever host memory takes part; a GPU-to-GPU copy is only
+// enqueued.
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+
+// Enqueue on the default stream: bytes of zeros; n elements of `dtype` set to value (converted
+// as Tensor::fill_ converts it on the host).
+void zero_bytes(void* dst, size_t bytes);
+void fill(void* dst, DType dtype, int64_t n, double value);
+
+// Enqueues dst[i] = src[i] converted, for n elements, when a kernel exists for the pair (f64,
+// f32, bf16 in any direction); returns false otherwise (the caller converts on the host).
+bool convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n);
+
+// Waits until the current GPU's default stream has finished; reports any asynchronous error.
+void synchronize();
+
+}  // namespace cuda
+}  // namespace pollen

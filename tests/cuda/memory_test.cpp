@@ -1,0 +1,163 @@
+// GPU memory: the caching allocator's reuse and statistics, copies between host and GPU (with
+// conversions and strided views), zero_ and fill_ on the GPU, and a clear error without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "cuda/gpu_compare.h"
+#include "tensor/cuda_memory.h"
+
+namespace pollen {
+namespace {
+
+using testing::fresh_rng;
+using testing::random_input;
+
+TEST(CudaAllocator, SizeClasses) {
+  EXPECT_EQ(CudaAllocator::size_class(1), 512u);
+  EXPECT_EQ(CudaAllocator::size_class(512), 512u);
+  EXPECT_EQ(CudaAllocator::size_class(513), 1024u);
+  EXPECT_EQ(CudaAllocator::size_class(size_t{1} << 20), size_t{1} << 20);
+  // Above 1 MiB: steps of an eighth of the enclosing power of two.
+  EXPECT_EQ(CudaAllocator::size_class((size_t{1} << 20) + 1),
+            (size_t{1} << 20) + (size_t{1} << 17));
+  EXPECT_EQ(CudaAllocator::size_class(size_t{3} << 29), size_t{3} << 29);
+}
+
+TEST(CudaAllocator, RefusedWithoutGpu) {
+  if (!cuda_devices().empty()) GTEST_SKIP() << "a GPU is present: " << cuda_status();
+  try {
+    Tensor::empty({4}, DType::f32, Device::cuda);
+    FAIL() << "a GPU tensor was allocated without a GPU";
+  } catch (const Error& e) {
+    // The failing CUDA call and its error, or the missing backend.
+    const std::string what = e.what();
+    RecordProperty("error", what);
+    const char* expected = cuda_built() ? " failed: cuda" : "built without the CUDA backend";
+    EXPECT_NE(what.find(expected), std::string::npos) << what;
+  }
+}
+
+TEST(CudaAllocator, ReusesFreedBlocksAndCountsThem) {
+  POLLEN_REQUIRE_GPU();
+  CudaAllocator& a = CudaAllocator::instance();
+  const size_t bytes = 3000 * 4, cls = CudaAllocator::size_class(bytes);
+  const AllocatorStats before = a.stats();
+  void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({3000}, DType::f32, Device::cuda);
+    first = t.raw();
+    const AllocatorStats held = a.stats();
+    EXPECT_EQ(held.in_use_bytes, before.in_use_bytes + cls);
+    EXPECT_GE(held.peak_in_use_bytes, held.in_use_bytes);
+  }
+  const AllocatorStats released = a.stats();
+  EXPECT_EQ(released.in_use_bytes, before.in_use_bytes);
+  EXPECT_GE(released.cached_bytes, cls);
+  {
+    Tensor again = Tensor::empty({3000}, DType::f32, Device::cuda);  // the same size class
+    EXPECT_EQ(again.raw(), first);
+    const AllocatorStats reused = a.stats();
+    EXPECT_EQ(reused.reuses, released.reuses + 1);
+    EXPECT_EQ(reused.system_allocs, released.system_allocs);
+    EXPECT_EQ(reused.cached_bytes, released.cached_bytes - cls);
+  }
+  a.reset_peak();
+  EXPECT_EQ(a.stats().peak_in_use_bytes, a.stats().in_use_bytes);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().cached_bytes, 0u);
+  Tensor fresh = Tensor::empty({3000}, DType::f32, Device::cuda);
+  EXPECT_EQ(a.stats().system_allocs, released.system_allocs + 1);
+}
+
+TEST(CudaCopy, RoundTripsEveryDtypeExactly) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  for (DType t : {DType::f64, DType::f32, DType::bf16, DType::i32, DType::u8}) {
+    SCOPED_TRACE(dtype_name(t));
+    Tensor host = Tensor::empty({7, 33}, t);
+    for (int64_t i = 0; i < host.numel(); ++i) {
+      Tensor one = Tensor::full({1}, std::floor(rng.uniform() * 200), t);
+      std::memcpy(static_cast<char*>(host.raw()) + i * dtype_size(t), one.raw(), dtype_size(t));
+    }
+    const Tensor gpu = host.to(Device::cuda);
+    EXPECT_EQ(gpu.device(), Device::cuda);
+    const Tensor gpu2 = gpu.clone();  // device to device
+    EXPECT_FALSE(gpu2.shares_storage(gpu));
+    const Tensor back = gpu2.to(Device::cpu);
+    EXPECT_EQ(std::memcmp(back.raw(), host.raw(), host.nbytes()), 0);
+  }
+}
+
+TEST(CudaCopy, ConvertsOnTheGpuAsTheHostDoes) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const Tensor host = random_input({5, 41}, DType::f64, rng, 3.0).ref;
+  for (DType from : {DType::f64, DType::f32, DType::bf16}) {
+    for (DType to : {DType::f64, DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + dtype_name(to));
+      const Tensor src = host.to(from);
+      const Tensor want = src.to(to);
+      const Tensor got = src.to(Device::cuda).to(to).to(Device::cpu);
+      EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0);
+    }
+  }
+}
+
+TEST(CudaCopy, StridedViewsBothWays) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const Tensor host = random_input({4, 6}, DType::f32, rng).ref.to(DType::f32);
+  const Tensor gpu = host.to(Device::cuda);
+  // A transposed GPU view read back, and converted on the way.
+  EXPECT_EQ(gpu.transpose(0, 1).to(Device::cpu).to_doubles(),
+            host.transpose(0, 1).contiguous().to_doubles());
+  EXPECT_EQ(gpu.transpose(0, 1).to(DType::bf16).to_doubles(),
+            host.transpose(0, 1).to(DType::bf16).to_doubles());
+  // Writing into a non-contiguous GPU view leaves the rest untouched.
+  Tensor target = Tensor::zeros({4, 6}, DType::f32, Device::cuda);
+  Tensor cols = target.slice(1, 2, 5);
+  cols.copy_(host.slice(1, 0, 3));
+  const std::vector<double> got = target.to_doubles(), src = host.to_doubles();
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t c = 0; c < 6; ++c) {
+      const double want = (c >= 2 && c < 5) ? src[static_cast<size_t>(r * 6 + c - 2)] : 0.0;
+      EXPECT_EQ(got[static_cast<size_t>(r * 6 + c)], want) << r << "," << c;
+    }
+  }
+}
+
+TEST(CudaCopy, OverlappingViewsOfOneStorage) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  Tensor host = random_input({1000}, DType::f32, rng).ref.to(DType::f32);
+  Tensor gpu = host.to(Device::cuda);
+  gpu.slice(0, 0, 900).copy_(gpu.slice(0, 100, 1000));  // as memmove
+  host.slice(0, 0, 900).copy_(host.slice(0, 100, 1000));
+  EXPECT_EQ(gpu.to_doubles(), host.to_doubles());
+}
+
+TEST(CudaFill, ZeroAndFillOnTheGpu) {
+  POLLEN_REQUIRE_GPU();
+  for (DType t : {DType::f32, DType::bf16, DType::f64, DType::i32, DType::i64}) {
+    SCOPED_TRACE(dtype_name(t));
+    Tensor x = Tensor::empty({3, 1000}, t, Device::cuda);
+    x.fill_(2.5);
+    const double want = t == DType::i32 || t == DType::i64 ? 2.0 : 2.5;
+    for (double v : x.to_doubles()) ASSERT_EQ(v, want);
+    x.zero_();
+    for (double v : x.to_doubles()) ASSERT_EQ(v, 0.0);
+    Tensor row = x.slice(1, 10, 20);  // non-contiguous
+    row.fill_(-1.0);
+    const std::vector<double> got = x.to_doubles();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const int64_t col = i % 1000;
+      ASSERT_EQ(got[static_cast<size_t>(i)], col >= 10 && col < 20 ? -1.0 : 0.0) << i;
+    }
+  }
+  EXPECT_EQ(Tensor::zeros({5}, DType::f32, Device::cuda).to_doubles(), std::vector<double>(5, 0.0));
+}
+
+}  // namespace
+}  // namespace pollen

@@ -1,0 +1,331 @@
+// Every op on the GPU against the same op on the CPU in f64 on the upcast inputs: fresh random
+// inputs each run, outputs poisoned with NaN first, norm-relative error per tensor under 1e-2 for
+// bf16 and 1e-4 for f32. Accumulating outputs start from the same random values on both sides.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cuda/gpu_compare.h"
+#include "ops/adamw.h"
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/gemm.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+
+namespace pollen {
+namespace {
+
+using testing::fresh_rng;
+using testing::Input;
+using testing::int_input;
+using testing::poisoned;
+using testing::random_input;
+using testing::rel_err;
+using testing::tolerance;
+
+constexpr DType kDtypes[] = {DType::f32, DType::bf16};
+
+std::vector<int32_t> random_ids(Rng& rng, int64_t n, int64_t below) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& id : ids) id = static_cast<int32_t>(rng.below(static_cast<uint64_t>(below)));
+  return ids;
+}
+
+TEST(CudaOps, GemmEveryTransposeWithAlphaAndBeta) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const int64_t m = 37, n = 53, k = 71;
+  for (DType t : kDtypes) {
+    for (DType ct : {t, DType::f32}) {
+      for (int trans = 0; trans < 4; ++trans) {
+        const bool ta = trans & 1, tb = trans & 2;
+        SCOPED_TRACE(cat(dtype_name(t), " -> ", dtype_name(ct), " trans_a=", ta, " trans_b=", tb));
+        const Input a = random_input(ta ? Shape{k, m} : Shape{m, k}, t, rng);
+        const Input b = random_input(tb ? Shape{n, k} : Shape{k, n}, t, rng);
+        // beta = 0 must not read c (poisoned); beta != 0 accumulates into random values.
+        Tensor c0 = poisoned({m, n}, ct);
+        Tensor ref0 = Tensor::empty({m, n}, DType::f64);
+        ops::gemm(a.gpu, ta, b.gpu, tb, c0, 0.7, 0.0);
+        ops::gemm(a.ref, ta, b.ref, tb, ref0, 0.7, 0.0);
+        EXPECT_CLOSE(c0, ref0, t);
+        const Input c = random_input({m, n}, ct, rng);
+        Tensor c1 = c.gpu, ref1 = c.ref.clone();
+        ops::gemm(a.gpu, ta, b.gpu, tb, c1, -1.3, 0.4);
+        ops::gemm(a.ref, ta, b.ref, tb, ref1, -1.3, 0.4);
+        EXPECT_CLOSE(c1, ref1, t);
+      }
+    }
+  }
+}
+
+TEST(CudaOps, GemmFp32IsNotTf32) {
+  POLLEN_REQUIRE_GPU();
+  // TF32 keeps 10 mantissa bits: products of numbers with bits below that differ by ~1e-4.
+  Rng rng = fresh_rng();
+  const Input a = random_input({64, 256}, DType::f32, rng),
+              b = random_input({256, 64}, DType::f32, rng);
+  Tensor c = poisoned({64, 64}, DType::f32), ref = Tensor::empty({64, 64}, DType::f64);
+  ops::gemm(a.gpu, false, b.gpu, false, c, 1.0, 0.0);
+  ops::gemm(a.ref, false, b.ref, false, ref, 1.0, 0.0);
+  EXPECT_LT(rel_err(c, ref), 1e-6);
+}
+
+TEST(CudaOps, Elementwise) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const Shape s = {3, 1001};
+  for (DType t : kDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const Input a = random_input(s, t, rng), b = random_input(s, t, rng);
+    Tensor out = poisoned(s, t), ref = Tensor::empty(s, DType::f64);
+    ops::add(a.gpu, b.gpu, out);
+    ops::add(a.ref, b.ref, ref);
+    EXPECT_CLOSE(out, ref, t);
+    out = poisoned(s, t);
+    ops::mul(a.gpu, b.gpu, out);
+    ops::mul(a.ref, b.ref, ref);
+    EXPECT_CLOSE(out, ref, t);
+    out = poisoned(s, t);
+    ops::scale_into(-0.37, a.gpu, out);
+    ops::scale_into(-0.37, a.ref, ref);
+    EXPECT_CLOSE(out, ref, t);
+    const Input y = random_input(s, t, rng);
+    Tensor y_gpu = y.gpu, y_ref = y.ref.clone();
+    ops::axpy(0.61, a.gpu, y_gpu);
+    ops::axpy(0.61, a.ref, y_ref);
+    EXPECT_CLOSE(y_gpu, y_ref, t);
+  }
+}
+
+TEST(CudaOps, SwiGLUForwardAndBackward) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const Shape s = {5, 777};
+  for (DType t : kDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const Input gate = random_input(s, t, rng, 2.0), up = random_input(s, t, rng),
+                dout = random_input(s, t, rng);
+    Tensor out = poisoned(s, t), ref = Tensor::empty(s, DType::f64);
+    ops::swiglu_forward(gate.gpu, up.gpu, out);
+    ops::swiglu_forward(gate.ref, up.ref, ref);
+    EXPECT_CLOSE(out, ref, t);
+    Tensor dgate = poisoned(s, t), dup = poisoned(s, t);
+    Tensor dgate_ref = Tensor::empty(s, DType::f64), dup_ref = Tensor::empty(s, DType::f64);
+    ops::swiglu_backward(dout.gpu, gate.gpu, up.gpu, dgate, dup);
+    ops::swiglu_backward(dout.ref, gate.ref, up.ref, dgate_ref, dup_ref);
+    EXPECT_CLOSE(dgate, dgate_ref, t);
+    EXPECT_CLOSE(dup, dup_ref, t);
+  }
+}
+
+TEST(CudaOps, EmbeddingForwardAndBackward) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const int64_t v = 97, c = 300, n = 500;  // ids repeat: the backward sums several tokens per row
+  for (DType t : kDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const Input table = random_input({v, c}, t, rng);
+    const Input ids = int_input({n}, random_ids(rng, n, v));
+    Tensor out = poisoned({n, c}, t), ref = Tensor::empty({n, c}, DType::f64);
+    ops::embedding_forward(table.gpu, ids.gpu, out);
+    ops::embedding_forward(table.ref, ids.ref, ref);
+    EXPECT_EQ(rel_err(out, ref), 0.0);  // a copy
+    const Input dout = random_input({n, c}, t, rng);
+    const Input dtable = random_input({v, c}, t, rng);
+    Tensor dtable_gpu = dtable.gpu, dtable_ref = dtable.ref.clone();
+    ops::embedding_backward(dout.gpu, ids.gpu, dtable_gpu);
+    ops::embedding_backward(dout.ref, ids.ref, dtable_ref);
+    EXPECT_CLOSE(dtable_gpu, dtable_ref, t);
+    const Input bad = int_input({2}, {0, static_cast<int32_t>(v)});
+    Tensor out2 = poisoned({2, c}, t);
+    EXPECT_THROW(ops::embedding_forward(table.gpu, bad.gpu, out2), Error);
+  }
+}
+
+TEST(CudaOps, RMSNormForwardAndBackward) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const int64_t n = 67, c = 384;
+  for (DType t : kDtypes) {
+    for (bool accumulate : {false, true}) {
+      SCOPED_TRACE(cat(dtype_name(t), accumulate ? " accumulating dx" : ""));
+      const Input x = random_input({n, c}, t, rng, 2.0), w = random_input({c}, t, rng),
+                  dy = random_input({n, c}, t, rng);
+      Tensor y = poisoned({n, c}, t), rstd = poisoned({n}, DType::f32);
+      Tensor y_ref = Tensor::empty({n, c}, DType::f64), rstd_ref = Tensor::empty({n}, DType::f64);
+      ops::rmsnorm_forward(x.gpu, w.gpu, 1e-5, y, rstd);
+      ops::rmsnorm_forward(x.ref, w.ref, 1e-5, y_ref, rstd_ref);
+      EXPECT_CLOSE(y, y_ref, t);
+      EXPECT_CLOSE(rstd, rstd_ref, t);
+      const Input dx0 = random_input({n, c}, t, rng), dw0 = random_input({c}, t, rng);
+      Tensor dx = accumulate ? dx0.gpu : poisoned({n, c}, t), dw = dw0.gpu;
+      Tensor dx_ref = dx0.ref.clone(), dw_ref = dw0.ref.clone();
+      ops::rmsnorm_backward(dy.gpu, x.gpu, w.gpu, rstd, dx, dw, accumulate);
+      ops::rmsnorm_backward(dy.ref, x.ref, w.ref, rstd_ref, dx_ref, dw_ref, accumulate);
+      EXPECT_CLOSE(dx, dx_ref, t);
+      EXPECT_CLOSE(dw, dw_ref, t);
+    }
+  }
+}
+
+TEST(CudaOps, RopeForwardAndBackwardWithScalingAndRestarts) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const int64_t b = 2, seq = 40, h = 3, d = 64;
+  std::vector<int32_t> pos(static_cast<size_t>(b * seq));
+  for (int64_t i = 0; i < b * seq; ++i)  // documents restart at 0 inside row 1
+    pos[static_cast<size_t>(i)] = static_cast<int32_t>(i < seq ? 3000 + i : (i - seq) % 17);
+  const Input positions = int_input({b, seq}, pos);
+  ops::RopeScaling llama3;
+  llama3.kind = ops::RopeScaling::Kind::llama3;
+  llama3.factor = 8.0;
+  llama3.original_max_position_embeddings = 2048;
+  for (const ops::RopeParams& params :
+       {ops::RopeParams(10000.0), ops::RopeParams(500000.0, llama3)}) {
+    for (DType t : kDtypes) {
+      SCOPED_TRACE(cat(dtype_name(t), " theta=", params.theta));
+      const Input x = random_input({b, seq, h, d}, t, rng);
+      Tensor out = poisoned({b, seq, h, d}, t), ref = Tensor::empty({b, seq, h, d}, DType::f64);
+      ops::rope_forward(x.gpu, positions.gpu, params, out);
+      ops::rope_forward(x.ref, positions.ref, params, ref);
+      EXPECT_CLOSE(out, ref, t);
+      Tensor dx = poisoned({b, seq, h, d}, t), dx_ref = Tensor::empty({b, seq, h, d}, DType::f64);
+      ops::rope_backward(x.gpu, positions.gpu, params, dx);
+      ops::rope_backward(x.ref, positions.ref, params, dx_ref);
+      EXPECT_CLOSE(dx, dx_ref, t);
+      Tensor in_place = x.gpu.clone();  // out may be x
+      ops::rope_forward(in_place, positions.gpu, params, in_place);
+      EXPECT_CLOSE(in_place, ref, t);
+    }
+  }
+}
+
+TEST(CudaOps, CrossEntropyOverVocabularyBlocks) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const int64_t n = 70, c = 48, v = 1031, block_rows = 16;  // five blocks, the last partial;
+  // V spans several passes of a row's 512 threads.
+  for (DType t : kDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    std::vector<int32_t> targets = random_ids(rng, n, v);
+    targets[3] = ops::kIgnoreIndex;
+    targets[40] = ops::kIgnoreIndex;
+    const Input tg = int_input({n}, targets);
+    const Input h = random_input({n, c}, t, rng), w = random_input({v, c}, t, rng, 0.3);
+    const Input dw0 = random_input({v, c}, t, rng, 0.1);
+    ops::CrossEntropyGrads grads{poisoned({n, c}, t), dw0.gpu, 0.05};
+    ops::CrossEntropyGrads grads_ref{Tensor::empty({n, c}, DType::f64), dw0.ref.clone(), 0.05};
+    int64_t scored = 0, scored_ref = 0;
+    const double loss =
+        ops::cross_entropy_forward(h.gpu, w.gpu, tg.gpu, &scored, &grads, block_rows);
+    const double loss_ref =
+        ops::cross_entropy_forward(h.ref, w.ref, tg.ref, &scored_ref, &grads_ref, block_rows);
+    EXPECT_EQ(scored, n - 2);
+    EXPECT_EQ(scored, scored_ref);
+    EXPECT_LT(std::abs(loss - loss_ref) / std::abs(loss_ref), tolerance(t))
+        << loss << " vs " << loss_ref;
+    EXPECT_CLOSE(grads.dh, grads_ref.dh, t);
+    EXPECT_CLOSE(grads.dw, grads_ref.dw, t);
+    // The loss alone, in the default block size.
+    int64_t scored_only = 0;
+    const double loss_only = ops::cross_entropy_forward(h.gpu, w.gpu, tg.gpu, &scored_only);
+    EXPECT_LT(std::abs(loss_only - loss_ref) / std::abs(loss_ref), tolerance(t));
+  }
+}
+
+// Three AdamW steps with mixed precision on the GPU (f32 master weights and state, bf16 or f32
+// gradients, a bf16 model copy) against the f64 CPU op on the same gradients.
+TEST(CudaOps, AdamWMixedPrecisionOverSteps) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const Shape shapes[] = {{33, 17}, {1000}};
+  for (DType grad_type : kDtypes) {
+    SCOPED_TRACE(cat("grads ", dtype_name(grad_type)));
+    std::vector<ops::AdamWSlot> gpu, cpu;
+    for (const Shape& s : shapes) {
+      const Input p = random_input(s, DType::f32, rng);
+      gpu.push_back({p.gpu, Tensor(), Tensor::zeros(s, DType::f32, Device::cuda),
+                     Tensor::zeros(s, DType::f32, Device::cuda), 0.1, poisoned(s, DType::bf16)});
+      cpu.push_back({p.ref.clone(), Tensor(), Tensor::zeros(s, DType::f64),
+                     Tensor::zeros(s, DType::f64), 0.1});
+    }
+    for (int step = 1; step <= 3; ++step) {
+      for (size_t i = 0; i < gpu.size(); ++i) {
+        const Input g = random_input(gpu[i].param.shape(), grad_type, rng);
+        gpu[i].grad = g.gpu;
+        cpu[i].grad = g.ref;
+      }
+      ops::AdamWHyper hyper{1e-2, 0.9, 0.95, 1e-8, step, 0.5};
+      ops::adamw_step(gpu, hyper);
+      ops::adamw_step(cpu, hyper);
+    }
+    for (size_t i = 0; i < gpu.size(); ++i) {
+      EXPECT_CLOSE(gpu[i].param, cpu[i].param, DType::f32);
+      EXPECT_CLOSE(gpu[i].exp_avg, cpu[i].exp_avg, DType::f32);
+      EXPECT_CLOSE(gpu[i].exp_avg_sq, cpu[i].exp_avg_sq, DType::f32);
+      EXPECT_CLOSE(gpu[i].model_copy, cpu[i].param, DType::bf16);
+    }
+  }
+}
+
+TEST(CudaOps, GlobalNormAndClippingStayOnTheGpu) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const Input a = random_input({300, 7}, DType::f32, rng),
+              b = random_input({4097}, DType::bf16, rng);
+  double sum_ref = 0;
+  for (const Tensor& r : {a.ref, b.ref})
+    for (double x : r.to_doubles()) sum_ref += x * x;
+  EXPECT_LT(std::abs(ops::sum_of_squares({a.gpu, b.gpu}) - sum_ref) / sum_ref, 1e-6);
+  const double norm_ref = std::sqrt(sum_ref);
+  // Clipped: max_norm below the norm.
+  const std::vector<double> clipped = ops::clip_factor({a.gpu, b.gpu}, norm_ref / 4).to_doubles();
+  EXPECT_LT(std::abs(clipped[0] - norm_ref) / norm_ref, 1e-6);
+  EXPECT_LT(std::abs(clipped[1] - (norm_ref / 4) / (norm_ref + 1e-6)), 1e-6);
+  // Not clipped: max_norm above the norm, or 0 (off).
+  EXPECT_EQ(ops::clip_factor({a.gpu, b.gpu}, norm_ref * 2).to_doubles()[1], 1.0);
+  EXPECT_EQ(ops::clip_factor({a.gpu, b.gpu}, 0.0).to_doubles()[1], 1.0);
+
+  // AdamW with the factor read on the GPU equals AdamW with the same factor given by the host.
+  const Input p = random_input({300, 7}, DType::f32, rng);
+  std::vector<ops::AdamWSlot> on_gpu = {{p.gpu.clone(), a.gpu,
+                                         Tensor::zeros({300, 7}, DType::f32, Device::cuda),
+                                         Tensor::zeros({300, 7}, DType::f32, Device::cuda), 0.0}};
+  std::vector<ops::AdamWSlot> by_host = {{p.gpu.clone(), a.gpu,
+                                          Tensor::zeros({300, 7}, DType::f32, Device::cuda),
+                                          Tensor::zeros({300, 7}, DType::f32, Device::cuda), 0.0}};
+  ops::AdamWHyper device_hyper{1e-2, 0.9, 0.95, 1e-8, 1, 1.0};
+  device_hyper.device_clip = ops::clip_factor({a.gpu, b.gpu}, norm_ref / 4);
+  ops::adamw_step(on_gpu, device_hyper);
+  ops::adamw_step(by_host, {1e-2, 0.9, 0.95, 1e-8, 1, clipped[1]});
+  EXPECT_LT(rel_err(on_gpu[0].param, by_host[0].param.to(DType::f64)), 1e-6);
+
+  // A non-finite norm leaves the parameters unchanged.
+  Tensor bad = a.gpu.clone();
+  bad.slice(0, 5, 6).fill_(std::nan(""));
+  ops::AdamWHyper skip{1e-2, 0.9, 0.95, 1e-8, 2, 1.0};
+  skip.device_clip = ops::clip_factor({bad}, 1.0);
+  const std::vector<double> before = on_gpu[0].param.to_doubles();
+  on_gpu[0].grad = bad;
+  ops::adamw_step(on_gpu, skip);
+  EXPECT_EQ(on_gpu[0].param.to_doubles(), before);
+}
+
+TEST(CudaOps, TensorsOnTwoDevicesAreRefused) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const Input a = random_input({4, 5}, DType::f32, rng);
+  Tensor out = Tensor::empty({4, 5}, DType::f32);  // on the CPU
+  try {
+    ops::add(a.gpu, a.gpu, out);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("add: out is on cpu, expected cuda"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pollen
