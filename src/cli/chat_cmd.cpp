@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -18,14 +17,6 @@
 
 namespace pollen::cli {
 namespace {
-
-// Where the model's tokenizer_config.json would be: beside its other HF files, else beside its
-// tokenizer.
-std::filesystem::path tokenizer_config_dir(const io::ModelSource& src) {
-  for (const auto& f : src.hf_side_files)
-    if (f.filename() == "tokenizer_config.json") return f.parent_path();
-  return src.tokenizer ? src.tokenizer->parent_path() : src.path;
-}
 
 uint32_t special_token_id(const tokenizer::Tokenizer& tok, std::string_view content,
                           std::string_view template_name) {
@@ -55,7 +46,8 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
   cmd->add_option("--system", a->system, "System message that opens the conversation");
   cmd->add_option("--chat-template", a->chat_template,
-                  "chatml or llama3 (default: the one the model's tokenizer_config.json names)")
+                  "chatml or llama3 (default: the one a post-training checkpoint names, else the "
+                  "model's tokenizer_config.json)")
       ->check(CLI::IsMember({"chatml", "llama3"}));
   add_sampling_options(cmd, a->sampling);
   cmd->add_option("--context", a->context,
@@ -66,11 +58,9 @@ void add_chat_command(CLI::App& app) {
     if (a->threads > 0) set_num_threads(a->threads);
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
-    const tokenizer::ChatFormat format = tokenizer::choose_chat_format(
-        tokenizer_config_dir(src),
-        a->chat_template.empty() && src.chat_template ? *src.chat_template : a->chat_template);
+    const tokenizer::ChatFormat format = model_chat_format(src, a->chat_template);
     const model::Llama m = load_model_with_adapter(src, a->adapter);
-    model::SamplingOptions o = a->sampling.resolved();
+    model::SamplingOptions o = a->sampling.resolved(tok);
     o.stop_tokens = stop_tokens(src, tok);
     o.stop_tokens.push_back(special_token_id(tok, tokenizer::end_of_turn(format.kind),
                                              tokenizer::chat_template_name(format.kind)));
