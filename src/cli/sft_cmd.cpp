@@ -26,6 +26,7 @@ void add_sft_synth(CLI::App* sft) {
     std::string task, out;
     int64_t count = 1000;
     uint64_t seed = 0;
+    int digits = 2;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--task", a->task, "arithmetic, reverse or upper")
@@ -34,9 +35,12 @@ void add_sft_synth(CLI::App* sft) {
   cmd->add_option("--count", a->count, "Conversations to write")->capture_default_str();
   cmd->add_option("--seed", a->seed, "Seed (the same seed writes the same file)")
       ->capture_default_str();
+  cmd->add_option("--digits", a->digits, "arithmetic: operands of at most this many digits")
+      ->check(CLI::Range(1, 9))
+      ->capture_default_str();
   cmd->add_option("--out", a->out, "JSONL file to write")->required();
   cmd->callback([a] {
-    const auto examples = train::synth_examples(a->task, a->count, a->seed);
+    const auto examples = train::synth_examples(a->task, a->count, a->seed, a->digits);
     const std::filesystem::path parent = std::filesystem::path(a->out).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
     std::ofstream out(a->out, std::ios::binary);
