@@ -257,7 +257,15 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   obs::Progress progress(name, cfg.steps, step, o.quiet ? (int64_t{1} << 62) : cfg.log_interval);
   int64_t steps_here = 0;
   double last_val = NAN, last_loss = NAN;
+  nlohmann::ordered_json last_metrics = nlohmann::ordered_json::object();
   nlohmann::ordered_json last_val_metrics = nlohmann::ordered_json::object();
+  // What the log lines show: the loss, or the objective's headline metric.
+  const std::string headline = objective->headline_metric();
+  const auto shown = [&](double loss, const nlohmann::ordered_json& metrics) {
+    if (headline.empty()) return cat("loss ", loss);
+    if (!metrics.contains(headline)) return std::string();
+    return cat(headline, " ", metrics[headline].get<double>());
+  };
   bool stopped = false;
   for (auto& p : params) p.zero_grad();
   while (step < cfg.steps) {
@@ -277,6 +285,7 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
     ++steps_here;
     tokens += s.tokens;
     last_loss = s.loss;
+    last_metrics = s.metrics;
     if (good) {
       bad_in_row = 0;
     } else {
@@ -340,13 +349,16 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
       if (tb.file().is_open()) tb.add_scalar("val/loss", v.loss, step, wall);
       add_scalars(tb, "val/", name, v.metrics, step, wall);
       progress.finish();
-      log::info("step ", step, ": validation loss ", v.loss);
+      if (!shown(v.loss, v.metrics).empty())
+        log::info("step ", step, ": validation ", shown(v.loss, v.metrics));
     }
     jsonl.file().flush();
     if (tb.file().is_open()) tb.file().flush();
     char fields[128];
-    std::snprintf(fields, sizeof(fields), "loss=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f", s.loss, lr,
-                  gnorm, tps);
+    const bool headline_shown = !headline.empty() && s.metrics.contains(headline);
+    std::snprintf(fields, sizeof(fields), "%s=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f",
+                  headline_shown ? headline.c_str() : "loss",
+                  headline_shown ? s.metrics[headline].get<double>() : s.loss, lr, gnorm, tps);
     progress.update(step, fields);
 
     const bool preempt = stop_requested() || (o.stop_after >= 0 && steps_here >= o.stop_after);
@@ -392,9 +404,12 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   summary["checkpoint"] = last_checkpoint.string();
   write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {
+    const std::string train_shown = shown(last_loss, last_metrics);
+    const std::string val_shown = shown(last_val, last_val_metrics);
     r.message =
         cat("finished ", step, " steps (", tokens, " tokens) in ", obs::format_duration(total),
-            ": loss ", last_loss, ", validation loss ", last_val, ", ", skipped,
+            ": ", train_shown.empty() ? "" : train_shown + ", ",
+            val_shown.empty() ? "" : "validation " + val_shown + ", ", skipped,
             " steps skipped; checkpoint '", last_checkpoint.string(), "'");
   }
   return r;

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 
+#include "base/files.h"
 #include "train/grpo.h"
 #include "train/post_config.h"
 #include "train/post_fixtures.h"
@@ -81,6 +83,29 @@ TEST(GrpoRun, ResumesARunWhoseSectionHasANestedVerifierTable) {
     error = e.what();
   }
   EXPECT_NE(error.find("grpo.verifier.abs_tol"), std::string::npos) << error;
+  fs::remove_all(f.dir);
+}
+
+// GRPO's loss is about 0 by construction: the run's lines and summary show the reward instead,
+// and a held-out reward of 0 is 0 in the summary, not -0.
+TEST(GrpoRun, SummaryShowsTheRewardAndNoNegativeZero) {
+  const GrpoRunFiles f = grpo_run_files("grpo_summary");
+  const std::string section = "[grpo]\ndata = \"" + f.prompts.string() + "\"\neval_data = \"" +
+                              f.prompts.string() +
+                              "\"\neval_prompts = 2\ngroup_size = 2\nprompts_per_step = 2\n"
+                              "micro_batch = 4\nmax_completion_tokens = 4\n";
+  const std::string text =
+      test_support::tiny_post_toml(f.dir / "run", f.model_file, f.tokenizer_path, 1, section);
+  const train::PostResult r = run_grpo(text, false);
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  // An untrained model answers no sum in 4 tokens.
+  EXPECT_EQ(r.last_val_metrics["reward"].get<double>(), 0.0);
+  EXPECT_FALSE(std::signbit(r.last_val_loss));
+  EXPECT_NE(r.message.find(": reward "), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find(", validation reward 0, "), std::string::npos) << r.message;
+  EXPECT_EQ(r.message.find("loss"), std::string::npos) << r.message;
+  const auto summary = nlohmann::json::parse(read_file(f.dir / "run/summary.json"));
+  EXPECT_FALSE(std::signbit(summary["val_loss"].get<double>())) << summary.dump();
   fs::remove_all(f.dir);
 }
 
