@@ -117,13 +117,19 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
 
   const PostBase base = resolve_post_base(cfg);
   const model::LlamaConfig& arch = base.source.config;
-  const std::string config_toml = cfg.to_toml(arch);
+  // The checkpoints name the chat template the run used, also when it came from the base, so
+  // that chat and serve on the result (and a run that starts from it) find it.
+  PostConfig resolved = cfg;
+  if (resolved.chat_template.empty())
+    resolved.chat_template = std::string(tokenizer::chat_template_name(base.chat_format.kind));
+  const std::string config_toml = resolved.to_toml(arch);
   if (resume_from) {
     const fs::path file = *resume_from / "config.toml";
-    const PostConfig saved = parse_post_config(read_file(file), file.string(), cfg.objective);
+    PostConfig saved = parse_post_config(read_file(file), file.string(), cfg.objective);
     POLLEN_CHECK(saved.architecture.has_value(), "'", file.string(), "' has no architecture");
-    for (const auto& w : check_resume_compatible(saved.flat(*saved.architecture), cfg.flat(arch),
-                                                 "docs/posttraining.md"))
+    if (saved.chat_template.empty()) saved.chat_template = resolved.chat_template;  // older runs
+    for (const auto& w : check_resume_compatible(saved.flat(*saved.architecture),
+                                                 resolved.flat(arch), "docs/posttraining.md"))
       log::warn("resume: ", w);
     // The objective's section may not change at all: a key added or removed counts too.
     POLLEN_CHECK(saved.objective_keys == cfg.objective_keys, "cannot resume: [", cfg.objective,
