@@ -51,14 +51,13 @@ std::vector<std::string> synth_task_names() {
 std::vector<SynthExample> synth_examples(const std::string& task, int64_t count, uint64_t seed,
                                          int digits) {
   SynthExample (*make)(Rng&, uint64_t) = task == "arithmetic" ? arithmetic
-                               : task == "reverse"  ? reverse
-                               : task == "upper"    ? upper
-                                                    : nullptr;
+                                         : task == "reverse"  ? reverse
+                                         : task == "upper"    ? upper
+                                                              : nullptr;
   POLLEN_CHECK(make != nullptr, "unknown synthetic task '", task,
                "': expected arithmetic, reverse or upper");
   POLLEN_CHECK(count > 0, "synthetic data: expected a positive count, got ", count);
-  POLLEN_CHECK(digits >= 1 && digits <= 9, "synthetic data: expected 1 to 9 digits, got ",
-               digits);
+  POLLEN_CHECK(digits >= 1 && digits <= 9, "synthetic data: expected 1 to 9 digits, got ", digits);
   uint64_t limit = 1;
   for (int d = 0; d < digits; ++d) limit *= 10;
   Rng rng(seed);
