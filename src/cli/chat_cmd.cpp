@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -47,7 +46,8 @@ void add_chat_command(CLI::App& app) {
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
   cmd->add_option("--system", a->system, "System message that opens the conversation");
   cmd->add_option("--chat-template", a->chat_template,
-                  "chatml or llama3 (default: the one the model's tokenizer_config.json names)")
+                  "chatml or llama3 (default: the one a post-training checkpoint names, else the "
+                  "model's tokenizer_config.json)")
       ->check(CLI::IsMember({"chatml", "llama3"}));
   add_sampling_options(cmd, a->sampling);
   cmd->add_option("--context", a->context,
@@ -58,11 +58,9 @@ void add_chat_command(CLI::App& app) {
     if (a->threads > 0) set_num_threads(a->threads);
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
-    const tokenizer::ChatFormat format = tokenizer::choose_chat_format(
-        io::tokenizer_config_dir(src),
-        a->chat_template.empty() && src.chat_template ? *src.chat_template : a->chat_template);
+    const tokenizer::ChatFormat format = model_chat_format(src, a->chat_template);
     const model::Llama m = load_model_with_adapter(src, a->adapter);
-    model::SamplingOptions o = a->sampling.resolved();
+    model::SamplingOptions o = a->sampling.resolved(tok);
     o.stop_tokens = stop_tokens(src, tok);
     o.stop_tokens.push_back(special_token_id(tok, tokenizer::end_of_turn(format.kind),
                                              tokenizer::chat_template_name(format.kind)));

@@ -1,5 +1,6 @@
 #pragma once
-// Wiring shared by the commands that take --model: the model's tokenizer and its stop tokens.
+// Wiring shared by the commands that take --model: the model's tokenizer, chat template and stop
+// tokens.
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -12,6 +13,7 @@
 #include "base/files.h"
 #include "io/model_source.h"
 #include "io/peft.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/open.h"
 
 namespace pollen::cli {
@@ -42,6 +44,16 @@ inline tokenizer::Tokenizer model_tokenizer(const io::ModelSource& src,
     path = *src.tokenizer;
   }
   return tokenizer::open_tokenizer(path, "");
+}
+
+// The chat template: `explicit_name` ("chatml" or "llama3") when given, else the one a
+// post-training checkpoint names, else the one the model's tokenizer_config.json names (beside
+// its other HF files, else beside its tokenizer); an error says what to pass when none does.
+inline tokenizer::ChatFormat model_chat_format(const io::ModelSource& src,
+                                               const std::string& explicit_name) {
+  return tokenizer::choose_chat_format(
+      io::tokenizer_config_dir(src),
+      explicit_name.empty() ? src.chat_template.value_or("") : explicit_name);
 }
 
 // End-of-sequence ids: generation_config.json's eos_token_id when the model has one, and the

@@ -55,6 +55,7 @@ void add_task_synth(CLI::App* cmd, const std::string& description, const std::st
     std::string task, out;
     int64_t count = 1000;
     uint64_t seed = 0;
+    int digits = 2;
   };
   auto a = std::make_shared<Args>();
   std::string count_help = what + " to write";
@@ -65,9 +66,12 @@ void add_task_synth(CLI::App* cmd, const std::string& description, const std::st
   synth->add_option("--count", a->count, count_help)->capture_default_str();
   synth->add_option("--seed", a->seed, "Seed (the same seed writes the same file)")
       ->capture_default_str();
+  synth->add_option("--digits", a->digits, "arithmetic: operands of at most this many digits")
+      ->check(CLI::Range(1, 9))
+      ->capture_default_str();
   synth->add_option("--out", a->out, "JSONL file to write")->required();
   synth->callback([a, what, line] {
-    const auto examples = train::synth_examples(a->task, a->count, a->seed);
+    const auto examples = train::synth_examples(a->task, a->count, a->seed, a->digits);
     const std::filesystem::path parent = std::filesystem::path(a->out).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
     std::ofstream out(a->out, std::ios::binary);

@@ -23,8 +23,9 @@ using PostRun =
 void add_post_run_options(CLI::App* cmd, const std::string& objective,
                           const std::string& set_example, PostRun run);
 
-// `<cmd> synth --task T --count N --seed S --out FILE`: `what` ("conversations", "prompts") made
-// from the task templates (train/synth_tasks.h), written one `line(example)` per line.
+// `<cmd> synth --task T --count N --seed S [--digits D] --out FILE`: `what` ("conversations",
+// "prompts") made from the task templates (train/synth_tasks.h), written one `line(example)` per
+// line.
 void add_task_synth(CLI::App* cmd, const std::string& description, const std::string& what,
                     std::function<std::string(const train::SynthExample&)> line);
 

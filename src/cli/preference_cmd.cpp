@@ -42,6 +42,9 @@ void add_synth(CLI::App* cmd, bool responses_option) {
       ->capture_default_str();
   synth->add_option("--count", a->o.count, "Pairs to write")->capture_default_str();
   synth->add_option("--seed", a->o.seed, "Random seed")->capture_default_str();
+  synth->add_option("--digits", a->o.digits, "arithmetic: operands of at most this many digits")
+      ->check(CLI::Range(1, 9))
+      ->capture_default_str();
   synth->add_flag("--text", a->text,
                   "Prompts as plain text (\"Question: ...\\nAnswer: \") instead of chat messages");
   if (responses_option)

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "model/generate.h"
+#include "tokenizer/tokenizer.h"
 
 namespace pollen::cli {
 
@@ -10,10 +11,12 @@ struct SamplingArgs {
   model::SamplingOptions options;
   bool greedy = false;
 
-  // The options as given, --greedy applied.
-  model::SamplingOptions resolved() const {
+  // The options as given, --greedy applied, sampling only ids that `tok` can decode (a model's
+  // vocabulary may be padded beyond its tokenizer's).
+  model::SamplingOptions resolved(const tokenizer::Tokenizer& tok) const {
     model::SamplingOptions o = options;
     if (greedy) o.temperature = 0;
+    o.vocab_size = static_cast<int64_t>(tok.vocab_size());
     return o;
   }
 };

@@ -9,7 +9,6 @@
 #include "cli/commands.h"
 #include "cli/model_args.h"
 #include "serve/server.h"
-#include "tokenizer/chat_template.h"
 
 namespace pollen::cli {
 namespace {
@@ -56,7 +55,9 @@ void add_serve_command(CLI::App& app) {
       ->excludes(key);
   cmd->add_option("--name", a->name, "Model name in the API (default: --model as given)");
   cmd->add_option("--chat-template", a->chat_template,
-                  "chatml or llama3 (default: the one the model's tokenizer_config.json names)");
+                  "chatml or llama3 (default: the one a post-training checkpoint names, else the "
+                  "model's tokenizer_config.json)")
+      ->check(CLI::IsMember({"chatml", "llama3"}));
   cmd->add_option("--max-body-bytes", a->limits.max_body_bytes, "Largest request body")
       ->capture_default_str();
   cmd->add_option("--max-prompt-tokens", a->limits.max_prompt_tokens,
@@ -89,15 +90,11 @@ void add_serve_command(CLI::App& app) {
                stop_tokens(src, tok)};
     o.limits = a->limits;
     o.max_batch_rows = a->max_batch_rows;
-    if (src.kind == io::ModelSource::Kind::hf_dir) {
-      try {
-        o.chat = tokenizer::choose_chat_format(src.path, a->chat_template);
-      } catch (const Error& e) {
-        if (!a->chat_template.empty()) throw;
-        std::fprintf(stderr, "pollen serve: chat completions are off: %s\n", e.what());
-      }
-    } else if (!a->chat_template.empty()) {
-      o.chat = tokenizer::ChatFormat{tokenizer::chat_template_named(a->chat_template), {}};
+    try {
+      o.chat = model_chat_format(src, a->chat_template);
+    } catch (const Error& e) {
+      if (!a->chat_template.empty()) throw;
+      std::fprintf(stderr, "pollen serve: chat completions are off: %s\n", e.what());
     }
     serve::Server server(m, tok, o);
     g_server = &server;

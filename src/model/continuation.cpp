@@ -69,6 +69,7 @@ Generation Continuation::generate(const std::vector<uint32_t>& sequence, const S
     const uint32_t next = sample_token({logits.data<float>(), V}, seen, o, rng_);
     if (std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next) != o.stop_tokens.end()) {
       out.finish_reason = "stop";
+      out.stop_token = next;
       break;
     }
     seen.push_back(next);

@@ -199,8 +199,15 @@ void KvCache::truncate(int64_t row, int64_t length) {
   have = length;
 }
 
-uint32_t sample_token(std::span<const float> logits, std::span<const uint32_t> seen,
+std::span<const float> candidate_logits(std::span<const float> logits, const SamplingOptions& o) {
+  POLLEN_CHECK(o.vocab_size >= 0, "generate: vocab_size must be >= 0, got ", o.vocab_size);
+  if (o.vocab_size == 0) return logits;
+  return logits.first(std::min(logits.size(), static_cast<size_t>(o.vocab_size)));
+}
+
+uint32_t sample_token(std::span<const float> all_logits, std::span<const uint32_t> seen,
                       const SamplingOptions& o, Rng& rng) {
+  const std::span<const float> logits = candidate_logits(all_logits, o);
   const size_t V = logits.size();
   std::vector<double> z(logits.begin(), logits.end());
   if (o.repetition_penalty != 1.0) {
@@ -315,11 +322,12 @@ std::vector<Generation> generate_rows(const Llama& model, std::vector<Generation
       if (std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next) != o.stop_tokens.end()) {
         done[r] = true;
         out[r].finish_reason = "stop";
+        out[r].stop_token = next;
         continue;
       }
       seqs[r].push_back(next);
       out[r].tokens.push_back(next);
-      if (on_token) on_token(r, next, row);
+      if (on_token) on_token(r, next, candidate_logits(row, o));
       if (!o.stop_strings.empty()) {
         const std::string text = decode(out[r].tokens);
         for (const auto& s : o.stop_strings) {

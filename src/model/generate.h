@@ -4,6 +4,7 @@
 // budget and a seed. It lives in the model layer so that training, evaluation and RL can use it.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,23 +44,31 @@ struct SamplingOptions {
   double min_p = 0.0;               // 0: off; drops tokens below min_p * the top probability
   double repetition_penalty = 1.0;  // HF's: logits of seen tokens divided (>0) or multiplied
   uint64_t seed = 0;
-  std::vector<uint32_t> stop_tokens;      // e.g. the tokenizer's EOS; not included in the output
+  std::vector<uint32_t> stop_tokens;  // e.g. the tokenizer's EOS; not included in the output
+  // Sample only ids below this: the tokenizer's size, when the model's vocabulary is padded
+  // beyond it (ids the tokenizer does not know have no text). 0: every id of the model.
+  int64_t vocab_size = 0;
   std::vector<std::string> stop_strings;  // need `decode`; the text is cut before the match
   bool use_cache = true;  // false: recompute the whole sequence every token (a reference)
 };
 
 struct Generation {
-  std::vector<uint32_t> tokens;  // generated (no prompt)
-  std::string text;              // decoded when a decoder was given, cut at a stop string
-  std::string finish_reason;     // "stop" (token or string) or "length"
+  std::vector<uint32_t> tokens;        // generated (no prompt)
+  std::string text;                    // decoded when a decoder was given, cut at a stop string
+  std::string finish_reason;           // "stop" (token or string) or "length"
+  std::optional<uint32_t> stop_token;  // the stop token that ended it, when one did
 };
 
 using Decoder = std::function<std::string(std::span<const uint32_t>)>;
 
 // One sampling step on one row's logits (V); `seen` are the row's tokens so far (for the
-// repetition penalty). Deterministic given rng's state.
+// repetition penalty). Only the first options.vocab_size logits are candidates (all with 0).
+// Deterministic given rng's state.
 uint32_t sample_token(std::span<const float> logits, std::span<const uint32_t> seen,
                       const SamplingOptions& options, Rng& rng);
+// The logits sampling draws from: the first options.vocab_size of `logits` (all with 0).
+std::span<const float> candidate_logits(std::span<const float> logits,
+                                        const SamplingOptions& options);
 
 // Generates for every prompt (non-empty). Row r draws from Rng(seed).fork(r), so a row's output
 // does not depend on the others in the batch.
@@ -75,7 +84,8 @@ struct GenerationRow {
   Rng rng;
 };
 
-// Called for every token a row keeps, with the logits (V) it was sampled from.
+// Called for every token a row keeps, with the logits it was sampled from (the first
+// options.vocab_size of the model's V, or all V).
 using OnToken = std::function<void(size_t row, uint32_t token, std::span<const float> logits)>;
 
 // generate() with per-row options; a row's result equals generate() of it alone with its rng.

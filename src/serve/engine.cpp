@@ -120,6 +120,8 @@ void Engine::run_batch(std::vector<std::unique_ptr<Job>>& jobs) {
           results[j][s].prompt_scores = eval::sequence_scores(
               model_, seq.prompt, static_cast<int64_t>(seq.prompt.size()), seq.top_logprobs);
         rows.push_back({seq.prompt, seq.options, seq.rng});
+        // Only ids the tokenizer can decode (a model's vocabulary may be padded beyond them).
+        rows.back().options.vocab_size = static_cast<int64_t>(tok_.vocab_size());
         owner.emplace_back(j, s);
       }
     }

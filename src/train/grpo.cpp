@@ -234,15 +234,6 @@ void GrpoObjective::set_reference(std::shared_ptr<const model::Llama> reference)
   reference_ = std::move(reference);
 }
 
-// A model's vocabulary may be larger than its tokenizer's (padded for speed); ids the tokenizer
-// does not know have no text, so a completion made of them answers nothing.
-std::string GrpoObjective::decode_known(std::span<const uint32_t> ids) const {
-  std::vector<uint32_t> known;
-  for (uint32_t id : ids)
-    if (id < tokenizer_->vocab_size()) known.push_back(id);
-  return tokenizer_->decode(known);
-}
-
 // Slot k of the run (batch b, slot j: k = b * prompts_per_step + j) takes position k mod n of
 // epoch k / n's shuffled order.
 std::vector<int64_t> GrpoObjective::batch_prompts(int64_t batch) const {
@@ -278,6 +269,7 @@ Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
   sampling.top_p = options_.top_p;
   sampling.stop_tokens = stop_tokens_;
   sampling.stop_strings = options_.stop;
+  sampling.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
   const Rng batch_rng = Rng(seed_).fork(kSampleStream).fork(static_cast<uint64_t>(batch));
   for (size_t j = 0; j < prompt_ids.size(); ++j) {
     for (int64_t g = 0; g < g_size; ++g) {
@@ -286,18 +278,14 @@ Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
                       batch_rng.fork(static_cast<uint64_t>(j) * g_size + g)});
     }
   }
-  const auto decode = [this](std::span<const uint32_t> ids) { return decode_known(ids); };
-  const std::vector<model::Generation> gens = model::generate_rows(model, std::move(rows), decode);
+  const std::vector<model::Generation> gens = model::generate_rows(
+      model, std::move(rows),
+      [this](std::span<const uint32_t> ids) { return tokenizer_->decode(ids); });
   for (size_t i = 0; i < gens.size(); ++i) {
     std::vector<uint32_t> tokens = gens[i].tokens;
-    // A row that ended on a stop token (not a stop string) is scored with that token, so that
-    // the policy learns to stop.
-    const bool by_string =
-        std::any_of(options_.stop.begin(), options_.stop.end(), [&](const std::string& s) {
-          return !s.empty() && decode(tokens).find(s) != std::string::npos;
-        });
-    if (gens[i].finish_reason == "stop" && !by_string && !stop_tokens_.empty())
-      tokens.push_back(stop_tokens_.front());
+    // A row that ended on a stop token (not a stop string) is scored with the one it sampled,
+    // so that the policy learns to stop.
+    if (gens[i].stop_token) tokens.push_back(*gens[i].stop_token);
     const GrpoPrompt& p = prompts_[r.prompt[i]];
     r.rewards.push_back(reward_(p.text, gens[i].text, p.answer));
     r.tokens.push_back(std::move(tokens));
@@ -428,8 +416,10 @@ ObjectiveStep GrpoObjective::evaluate(const model::Llama& model) {
   greedy.max_tokens = options_.max_completion_tokens;
   greedy.stop_tokens = stop_tokens_;
   greedy.stop_strings = options_.stop;
-  const std::vector<model::Generation> gens = model::generate(
-      model, prompts, greedy, [this](std::span<const uint32_t> ids) { return decode_known(ids); });
+  greedy.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
+  const std::vector<model::Generation> gens =
+      model::generate(model, prompts, greedy,
+                      [this](std::span<const uint32_t> ids) { return tokenizer_->decode(ids); });
   std::vector<double> rewards;
   int64_t correct = 0, tokens = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -437,7 +427,8 @@ ObjectiveStep GrpoObjective::evaluate(const model::Llama& model) {
     correct += rewards.back() >= 1.0;
     tokens += static_cast<int64_t>(prompts[i].size() + gens[i].tokens.size());
   }
-  out.loss = -mean_of(rewards);  // evaluation has no policy loss: the negated mean reward
+  // Evaluation has no policy loss: the negated mean reward (+ 0.0: 0, not -0, for no reward).
+  out.loss = -mean_of(rewards) + 0.0;
   out.tokens = tokens;
   out.metrics["reward"] = mean_of(rewards);
   out.metrics["accuracy"] = static_cast<double>(correct) / static_cast<double>(n);

@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -93,6 +92,9 @@ class GrpoObjective : public Objective {
   void set_reference(std::shared_ptr<const model::Llama> reference);
 
   std::string name() const override { return "grpo"; }
+  // The loss is about 0 by construction (advantages have mean 0 within each group); the mean
+  // reward says how the run goes.
+  std::string headline_metric() const override { return "reward"; }
   ObjectiveStep train_step(const model::Llama& model, int64_t step) override;
   ObjectiveStep evaluate(const model::Llama& model) override;
   nlohmann::ordered_json state() const override;
@@ -104,7 +106,6 @@ class GrpoObjective : public Objective {
 
  private:
   std::vector<int64_t> batch_prompts(int64_t batch) const;
-  std::string decode_known(std::span<const uint32_t> ids) const;
   Rollouts sample(const model::Llama& model, int64_t batch) const;
   // Per-token log-probabilities of each completion under `model` (no gradient).
   std::vector<std::vector<double>> completion_logprobs(const model::Llama& model,

@@ -36,6 +36,11 @@ class Objective {
   // head), with the names they are saved under. Most objectives add none.
   virtual std::vector<std::pair<std::string, ag::Var>> extra_parameters() const { return {}; }
 
+  // The metric that the progress line, the evaluation log line and the run's closing summary
+  // show instead of the loss, for an objective whose loss says little (GRPO's is about 0 by
+  // construction: "reward"); empty: the loss.
+  virtual std::string headline_metric() const { return ""; }
+
   // Forward and backward of optimizer step `step` (1-based): every micro-batch of the step, the
   // gradient of the step's loss accumulated into the trainable parameters' gradients (already
   // zeroed by the loop). Deterministic given the objective's state, so a resumed run repeats it.

@@ -97,13 +97,19 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
 
   const PostBase base = resolve_post_base(cfg);
   const model::LlamaConfig& arch = base.source.config;
-  const std::string config_toml = cfg.to_toml(arch);
+  // The checkpoints name the chat template the run used, also when it came from the base, so
+  // that chat and serve on the result (and a run that starts from it) find it.
+  PostConfig resolved = cfg;
+  if (resolved.chat_template.empty())
+    resolved.chat_template = std::string(tokenizer::chat_template_name(base.chat_format.kind));
+  const std::string config_toml = resolved.to_toml(arch);
   if (resume_from) {
     const fs::path file = *resume_from / "config.toml";
-    const PostConfig saved = parse_post_config(read_file(file), file.string(), cfg.objective);
+    PostConfig saved = parse_post_config(read_file(file), file.string(), cfg.objective);
     POLLEN_CHECK(saved.architecture.has_value(), "'", file.string(), "' has no architecture");
-    for (const auto& w : check_resume_compatible(saved.flat(*saved.architecture), cfg.flat(arch),
-                                                 "docs/posttraining.md"))
+    if (saved.chat_template.empty()) saved.chat_template = resolved.chat_template;  // older runs
+    for (const auto& w : check_resume_compatible(saved.flat(*saved.architecture),
+                                                 resolved.flat(arch), "docs/posttraining.md"))
       log::warn("resume: ", w);
     // The objective's section may not change at all: a key added or removed counts too.
     POLLEN_CHECK(saved.objective_keys == cfg.objective_keys, "cannot resume: [", cfg.objective,
@@ -206,7 +212,15 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   obs::Progress progress(name, cfg.steps, step, o.quiet ? (int64_t{1} << 62) : cfg.log_interval);
   int64_t steps_here = 0;
   double last_val = NAN, last_loss = NAN;
+  nlohmann::ordered_json last_metrics = nlohmann::ordered_json::object();
   nlohmann::ordered_json last_val_metrics = nlohmann::ordered_json::object();
+  // What the log lines show: the loss, or the objective's headline metric.
+  const std::string headline = objective->headline_metric();
+  const auto shown = [&](double loss, const nlohmann::ordered_json& metrics) {
+    if (headline.empty()) return cat("loss ", loss);
+    if (!metrics.contains(headline)) return std::string();
+    return cat(headline, " ", metrics[headline].get<double>());
+  };
   bool stopped = false;
   for (auto& p : params) p.zero_grad();
   while (step < cfg.steps) {
@@ -225,6 +239,7 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
     counters.count_step(s.tokens, good, s.loss, cfg.max_bad_steps, progress);
     ++steps_here;
     last_loss = s.loss;
+    last_metrics = s.metrics;
     const double dt = seconds_since(t0);
     const double tps = static_cast<double>(s.tokens) / dt;
     const double wall = obs::wall_time_now();
@@ -273,12 +288,15 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
       metrics.scalar("val/loss", v.loss, step, wall);
       add_scalars(metrics, "val/", name, v.metrics, step, wall);
       progress.finish();
-      log::info("step ", step, ": validation loss ", v.loss);
+      if (!shown(v.loss, v.metrics).empty())
+        log::info("step ", step, ": validation ", shown(v.loss, v.metrics));
     }
     metrics.flush();
     char fields[128];
-    std::snprintf(fields, sizeof(fields), "loss=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f", s.loss, lr,
-                  gnorm, tps);
+    const bool headline_shown = !headline.empty() && s.metrics.contains(headline);
+    std::snprintf(fields, sizeof(fields), "%s=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f",
+                  headline_shown ? headline.c_str() : "loss",
+                  headline_shown ? s.metrics[headline].get<double>() : s.loss, lr, gnorm, tps);
     progress.update(step, fields);
 
     const bool preempt = stop_requested() || (o.stop_after >= 0 && steps_here >= o.stop_after);
@@ -317,7 +335,13 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   summary["checkpoint"] = last_checkpoint.string();
   write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {
-    r.message = finished_message(counters, total, last_loss, last_val, last_checkpoint);
+    const std::string train_shown = shown(last_loss, last_metrics);
+    const std::string val_shown = shown(last_val, last_val_metrics);
+    r.message =
+        cat("finished ", counters.step, " steps (", counters.tokens, " tokens) in ",
+            obs::format_duration(total), ": ", train_shown.empty() ? "" : train_shown + ", ",
+            val_shown.empty() ? "" : "validation " + val_shown + ", ", counters.skipped,
+            " steps skipped; checkpoint '", last_checkpoint.string(), "'");
   }
   return r;
 }

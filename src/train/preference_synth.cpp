@@ -18,8 +18,10 @@ struct Example {
   std::string prompt, chosen, rejected;
 };
 
-Example arithmetic(Rng& rng) {
-  const int64_t a = static_cast<int64_t>(rng.below(50)), b = static_cast<int64_t>(rng.below(50));
+// Operands below `limit`.
+Example arithmetic(Rng& rng, uint64_t limit) {
+  const int64_t a = static_cast<int64_t>(rng.below(limit)),
+                b = static_cast<int64_t>(rng.below(limit));
   const bool plus = rng.below(2) == 0;
   const int64_t answer = plus ? a + b : a - b;
   const int64_t off = static_cast<int64_t>(rng.below(9)) + 1;
@@ -61,10 +63,14 @@ void write_preference_synth(const PreferenceSynthOptions& options,
   POLLEN_CHECK(options.task == "arithmetic" || options.task == "case",
                "synth: --task must be \"arithmetic\" or \"case\", got \"", options.task, "\"");
   POLLEN_CHECK(options.count > 0, "synth: --count must be positive");
+  POLLEN_CHECK(options.digits >= 1 && options.digits <= 9, "synth: --digits must be 1 to 9, got ",
+               options.digits);
+  uint64_t limit = 1;
+  for (int d = 0; d < options.digits; ++d) limit *= 10;
   Rng rng(options.seed);
   std::string text;
   for (int64_t i = 0; i < options.count; ++i) {
-    const Example e = options.task == "arithmetic" ? arithmetic(rng) : letter_case(rng);
+    const Example e = options.task == "arithmetic" ? arithmetic(rng, limit) : letter_case(rng);
     const json prompt = prompt_field(e.prompt, options.messages);
     if (options.responses) {
       text += json{{"prompt", prompt}, {"response", e.chosen}, {"preferred", true}}.dump() + "\n";

@@ -9,31 +9,6 @@
 namespace fs = std::filesystem;
 
 namespace pollen::train {
-namespace {
-
-// The text of generated ids. A model's vocabulary is often padded beyond its tokenizer's, and an
-// early model samples those ids too: they show as <id N> instead of stopping the run.
-std::string decode_lenient(const tokenizer::Tokenizer& tok, std::span<const uint32_t> ids) {
-  std::string out;
-  size_t start = 0;
-  for (size_t i = 0; i <= ids.size(); ++i) {
-    bool known = i < ids.size();
-    if (known) {
-      try {
-        tok.decode(ids.subspan(i, 1));
-      } catch (const Error&) {
-        known = false;
-      }
-    }
-    if (known) continue;
-    out += tok.decode(ids.subspan(start, i - start));
-    if (i < ids.size()) out += cat("<id ", ids[i], ">");
-    start = i + 1;
-  }
-  return out;
-}
-
-}  // namespace
 
 fs::path sample_tokenizer_path(const TrainConfig& c) {
   if (!c.sample_tokenizer.empty()) {
@@ -71,15 +46,15 @@ SampleWriter::SampleWriter(const TrainConfig& c, std::optional<uint64_t> resume_
   sampling_.temperature = c.sample_temperature;
   sampling_.top_k = c.sample_top_k;
   sampling_.seed = c.sample_seed;
+  // A model's vocabulary is often padded beyond its tokenizer's: those ids have no text.
+  sampling_.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
   jsonl_ = obs::JsonlWriter(c.dir / "samples.jsonl", resume_at);
 }
 
 void SampleWriter::write(const model::Llama& model, int64_t step, int64_t tokens,
                          obs::EventFileWriter& tb) {
   if (!enabled()) return;
-  const auto decode = [this](std::span<const uint32_t> ids) {
-    return decode_lenient(*tokenizer_, ids);
-  };
+  const auto decode = [this](std::span<const uint32_t> ids) { return tokenizer_->decode(ids); };
   const auto out = model::generate(model, prompts_, sampling_, decode);
   const double wall = obs::wall_time_now();
   std::string markdown;

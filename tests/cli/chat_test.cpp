@@ -14,6 +14,7 @@
 #include "base/rng.h"
 #include "io/hf.h"
 #include "model/generate.h"
+#include "support/tiny_lm.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
@@ -135,5 +136,29 @@ TEST(Chat, RepliesToEachLineWithTheWholeConversation) {
   const PollenRun none = run_pollen("chat --model " + cm.dir.string(), root / "input.txt", true);
   EXPECT_NE(none.status, 0);
   EXPECT_NE(none.output.find("--chat-template"), std::string::npos) << none.output;
+  fs::remove_all(root);
+}
+
+// A model's vocabulary padded beyond its tokenizer's (the llama-tiny preset's 4096 logits against
+// a 512-id tokenizer): `pollen generate` and `pollen chat` sample only ids the tokenizer knows,
+// even from a model that prefers an unknown one above all.
+TEST(Generate, APaddedVocabularySamplesOnlyTheTokenizersIds) {
+  const fs::path root = fs::temp_directory_path() / ("pollen_padded_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  const tokenizer::Tokenizer tok = pollen::testing::tiny_tokenizer();
+  pollen::testing::write_hf_dir(
+      pollen::testing::always_predicting(tok.vocab_size() + 10, tok.vocab_size() + 40), tok,
+      root / "model");
+  write_file_atomic(root / "input.txt", "hello\n");
+  const std::string model = " --model " + (root / "model").string() + " --max-tokens 6";
+  const PollenRun generated =
+      run_pollen("generate --json --prompt 'The cat'" + model, root / "input.txt");
+  ASSERT_EQ(generated.status, 0) << generated.output;
+  const auto j = nlohmann::json::parse(generated.output);
+  EXPECT_FALSE(j["tokens"].empty()) << generated.output;
+  for (const auto& id : j["tokens"]) EXPECT_LT(id.get<uint32_t>(), tok.vocab_size());
+  const PollenRun chat =
+      run_pollen("chat --chat-template chatml" + model, root / "input.txt", true);
+  EXPECT_EQ(chat.status, 0) << chat.output;
   fs::remove_all(root);
 }

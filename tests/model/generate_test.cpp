@@ -1,5 +1,6 @@
 // Generation: the KV cache against the full forward, greedy with and without the cache, seeded
-// sampling, the sampling filters on hand-made logits, stop tokens, stop strings and budgets.
+// sampling, the sampling filters on hand-made logits, stop tokens (and which one ended a row),
+// stop strings and budgets, and sampling kept to a tokenizer's ids.
 #include "model/generate.h"
 
 #include <gtest/gtest.h>
@@ -7,6 +8,8 @@
 #include <cmath>
 
 #include "base/rng.h"
+#include "model/continuation.h"
+#include "support/tiny_lm.h"
 
 namespace pollen {
 namespace {
@@ -159,6 +162,57 @@ TEST(Sampling, FiltersOnHandMadeLogits) {
   g.repetition_penalty = 3.0;
   const std::vector<uint32_t> history = {0};
   EXPECT_EQ(model::sample_token(logits, history, g, rng), 1u);
+}
+
+// A model's vocabulary padded beyond its tokenizer's: ids from options.vocab_size on are never
+// sampled, greedily or not, by generate, generate_rows or Continuation, even when the model
+// prefers one of them above all.
+TEST(Generate, SamplesOnlyIdsBelowVocabSize) {
+  const model::Llama m = testing::always_predicting(52, 53);
+  model::SamplingOptions o;
+  o.max_tokens = 6;
+  o.seed = 4;
+  EXPECT_EQ(model::generate(m, kPrompts, o)[0].tokens, std::vector<uint32_t>(6, 52));
+  o.vocab_size = 50;
+  for (double temperature : {0.0, 1.0}) {
+    o.temperature = temperature;
+    for (const auto& g : model::generate(m, kPrompts, o)) {
+      ASSERT_EQ(g.tokens.size(), 6u);
+      for (uint32_t id : g.tokens) EXPECT_LT(id, 50u) << "temperature " << temperature;
+    }
+    model::Continuation session(m, 64, 1);
+    for (uint32_t id : session.generate(kPrompts[0], o, {}).tokens) EXPECT_LT(id, 50u);
+    // Streaming callers see the logits that were sampled from.
+    model::generate_rows(
+        m, {{kPrompts[1], o, Rng(2)}}, {},
+        [](size_t, uint32_t, std::span<const float> logits) { EXPECT_EQ(logits.size(), 50u); });
+  }
+  // On hand-made logits: the best id below the limit, and never one above it.
+  const std::vector<float> logits = {0.0f, 1.0f, 0.5f, 9.0f};
+  o.vocab_size = 3;
+  o.temperature = 0;
+  Rng rng(1);
+  EXPECT_EQ(model::sample_token(logits, {}, o, rng), 1u);
+  o.temperature = 1.0;
+  for (int i = 0; i < 200; ++i) EXPECT_LT(model::sample_token(logits, {}, o, rng), 3u);
+}
+
+// With several stop tokens, a row that stopped names the one it sampled.
+TEST(Generate, ReportsTheStopTokenThatEndedARow) {
+  const model::Llama m = testing::always_predicting(7, 53);
+  model::SamplingOptions o;
+  o.max_tokens = 5;
+  o.stop_tokens = {3, 7};
+  const model::Generation g = model::generate(m, {kPrompts[0]}, o)[0];
+  EXPECT_EQ(g.finish_reason, "stop");
+  EXPECT_EQ(g.stop_token, std::optional<uint32_t>(7));
+  EXPECT_TRUE(g.tokens.empty());
+  model::Continuation session(m, 64, 1);
+  EXPECT_EQ(session.generate(kPrompts[0], o, {}).stop_token, std::optional<uint32_t>(7));
+  o.stop_tokens = {3};
+  const model::Generation cut = model::generate(m, {kPrompts[0]}, o)[0];
+  EXPECT_EQ(cut.finish_reason, "length");
+  EXPECT_FALSE(cut.stop_token.has_value());
 }
 
 TEST(GenerateRows, EachRowAsIfGeneratedAlone) {

@@ -1,21 +1,33 @@
 // The OpenAI-compatible server over real HTTP on an ephemeral port, with a tiny random model:
 // completions equal model::generate (greedy, seeded, batched), echo + logprobs equal `pollen
 // score`'s values, chat whole and streamed, concurrent requests batched and served correctly, and
-// each error with its status and OpenAI-style body.
+// each error with its status and OpenAI-style body. `pollen serve` itself: refusing an open
+// address without a key, and serving a post-training checkpoint with the chat template it names
+// and only its tokenizer's ids.
 #include "serve/server.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "eval/multiple_choice.h"
 #include "eval/rolling.h"
+#include "io/model_source.h"
 #include "support/tiny_lm.h"
+#include "train/post_config.h"
+#include "train/post_fixtures.h"
+#include "train/post_run.h"
+#include "train/sft.h"
 
 namespace pollen {
 namespace {
@@ -432,6 +444,114 @@ TEST(ServeCli, AnotherAddressWithoutAKeyIsRefusedBeforeLoading) {
   while (fgets(buf, sizeof buf, p)) out += buf;
   EXPECT_NE(pclose(p), 0);
   EXPECT_NE(out.find("needs an API key"), std::string::npos) << out;
+}
+
+// `pollen serve` running in the background: its process, output and the port it printed.
+class ServeProcess {
+ public:
+  explicit ServeProcess(const std::string& args) {
+    int fds[2];
+    EXPECT_EQ(pipe(fds), 0);
+    const std::string cmd = "exec " + std::string(POLLEN_BINARY) + " serve " + args + " 2>&1";
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], STDOUT_FILENO);
+      close(fds[0]);
+      close(fds[1]);
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    close(fds[1]);
+    out_ = fdopen(fds[0], "r");
+    constexpr const char* kAt = "on http://127.0.0.1:";
+    char line[1024];
+    while (port_ == 0 && fgets(line, sizeof line, out_)) {
+      output_ += line;
+      if (const char* at = std::strstr(line, kAt)) port_ = std::atoi(at + std::strlen(kAt));
+    }
+  }
+  ~ServeProcess() {
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+    fclose(out_);
+  }
+  int port() const { return port_; }
+  const std::string& output() const { return output_; }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* out_ = nullptr;
+  int port_ = 0;
+  std::string output_;
+};
+
+// A post-training checkpoint names its chat template (config.toml's model.chat_template) and has
+// no tokenizer_config.json: `pollen serve` takes the template from it, as `pollen chat` does, and
+// samples only ids its tokenizer knows although its model has 80 more logits.
+TEST(ServeCli, ServesAPostTrainingCheckpointWithItsChatTemplate) {
+  namespace fs = std::filesystem;
+  const fs::path dir = test_support::post_temp_dir("serve_checkpoint");
+  const fs::path tokenizer_path = test_support::make_chat_tokenizer(dir);
+  const fs::path model_file = dir / "padded-model.toml";
+  std::ofstream(model_file)
+      << "[model]\nname = \"tiny-padded\"\nvocab_size = 400\nhidden_size = 32\n"
+         "intermediate_size = 64\nnum_hidden_layers = 2\n"
+         "num_attention_heads = 2\nnum_key_value_heads = 1\n"
+         "max_position_embeddings = 128\n";
+  const fs::path data = test_support::write_sft_data(dir / "sft.jsonl", "arithmetic", 8, 1);
+  train::PostOptions quiet;
+  quiet.quiet = true;
+  quiet.handle_signals = false;
+  const train::PostResult sft = train::run_post_training(
+      train::parse_post_config(
+          test_support::tiny_post_toml(
+              dir / "run", model_file, tokenizer_path, 1,
+              "[sft]\ndata = \"" + data.string() + "\"\nvalidation_fraction = 0.0\nseq = 64\n"),
+          "sft.toml", "sft"),
+      quiet, train::make_sft_objective);
+  ASSERT_EQ(sft.status, train::RunStatus::finished) << sft.message;
+
+  const ServeProcess server("--model " + (dir / "run").string() + " --port 0 --threads 1");
+  ASSERT_NE(server.port(), 0) << server.output();
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60);
+  const json messages = {{{"role", "user"}, {"content", "What is 2 + 3?"}}};
+  auto reply = c.Post("/v1/chat/completions",
+                      json{{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}}.dump(),
+                      "application/json");
+  ASSERT_TRUE(reply);
+  ASSERT_EQ(reply->status, 200) << reply->body;
+
+  // The checkpoint's model, greedy on the conversation rendered with ChatML.
+  const io::ModelSource src = io::resolve_model((dir / "run").string());
+  const model::Llama m = io::load_model(src);
+  const tokenizer::Tokenizer tok = tokenizer::open_tokenizer(*src.tokenizer, "");
+  tokenizer::EncodeOptions eo;
+  eo.special = tokenizer::SpecialPolicy::allow_all();
+  const std::vector<uint32_t> prompt =
+      tok.encode(tokenizer::render_chat(tokenizer::ChatFormat{tokenizer::ChatTemplate::chatml, {}},
+                                        {{"user", "What is 2 + 3?"}}, true),
+                 eo);
+  model::SamplingOptions greedy;
+  greedy.temperature = 0;
+  greedy.max_tokens = 8;
+  greedy.vocab_size = tok.vocab_size();
+  for (const char* end : {"<|endoftext|>", "<|im_end|>", "<|eot_id|>"})
+    greedy.stop_tokens.push_back(tok.encode(end, eo)[0]);
+  const model::Generation expected = model::generate(
+      m, {prompt}, greedy, [&](std::span<const uint32_t> ids) { return tok.decode(ids); })[0];
+  const json got = json::parse(reply->body);
+  EXPECT_EQ(got["choices"][0]["message"]["content"],
+            json::parse(json(expected.text).dump(-1, ' ', false, json::error_handler_t::replace)))
+      << reply->body;
+
+  // Sampled completions keep to the tokenizer's 320 ids (the model has 400 logits).
+  auto sampled =
+      c.Post("/v1/completions", json{{"prompt", "What is"}, {"max_tokens", 24}, {"seed", 1}}.dump(),
+             "application/json");
+  ASSERT_TRUE(sampled);
+  EXPECT_EQ(sampled->status, 200) << sampled->body;
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -66,6 +66,24 @@ inline model::Llama tiny_model(uint32_t vocab, uint64_t seed = 7) {
   return m;
 }
 
+// A model that predicts `token` after anything, by far: its attention and MLP weights are zero,
+// so its last hidden state is the input's embedding; every embedding and output row is all ones
+// but `token`'s, all threes, so `token`'s logit is 3 * hidden_size and every other one
+// hidden_size.
+inline model::Llama always_predicting(uint32_t token, uint32_t vocab) {
+  model::Llama m(tiny_config(vocab), 1);
+  const int64_t hidden = m.config().hidden_size;
+  for (auto& [name, v] : m.named_parameters()) {
+    const bool table = name == "model.embed_tokens.weight" || name == "lm_head.weight";
+    float* p = v.value().data<float>();
+    for (int64_t i = 0; i < v.value().numel(); ++i)
+      p[i] = table || name.ends_with("norm.weight") ? 1.0f : 0.0f;
+    if (table)
+      for (int64_t j = 0; j < hidden; ++j) p[token * hidden + j] = 3.0f;
+  }
+  return m;
+}
+
 // The model as an HF directory with its tokenizer (and a tokenizer_config.json that HF's
 // AutoTokenizer reads).
 inline void write_hf_dir(const model::Llama& m, const tokenizer::Tokenizer& tok,

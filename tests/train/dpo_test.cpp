@@ -5,12 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 
 #include "autograd/sequence_logprob.h"
 #include "support/gradcheck.h"
 #include "train/preference_support.h"
+#include "train/preference_synth.h"
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -267,6 +270,34 @@ TEST_F(DpoRun, UnderLoraTheReferenceIsTheFrozenBase) {
   EXPECT_EQ(under_lora.references(adapted).eval, plain.references(base).eval);
   const train::ObjectiveStep step = under_lora.evaluate(adapted);
   EXPECT_GT(std::fabs(step.metrics["rewards/chosen"].get<double>()), 1e-4);  // policy != base
+}
+
+// `dpo synth --digits 1`: right and wrong sums of one-digit numbers (the SFT example's task).
+TEST(DpoSynth, ArithmeticOperandsHaveAtMostTheGivenDigits) {
+  const fs::path file = pt::unique_temp_dir("dpo_synth") / "pairs.jsonl";
+  train::PreferenceSynthOptions o;
+  o.count = 200;
+  o.seed = 3;
+  o.digits = 1;
+  train::write_preference_synth(o, file);
+  std::ifstream in(file);
+  std::string line;
+  int pairs = 0, largest = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    int a = 0, b = 0;
+    char op = 0;
+    const std::string prompt = j["prompt"][0]["content"];
+    ASSERT_EQ(std::sscanf(prompt.c_str(), "What is %d %c %d?", &a, &op, &b), 3) << prompt;
+    const std::string expr = prompt.substr(8, prompt.size() - 9);
+    EXPECT_EQ(j["chosen"], expr + " = " + std::to_string(op == '+' ? a + b : a - b) + ".");
+    EXPECT_NE(j["rejected"], j["chosen"]);
+    largest = std::max({largest, a, b});
+    ++pairs;
+  }
+  EXPECT_EQ(pairs, 200);
+  EXPECT_EQ(largest, 9);
+  fs::remove_all(file.parent_path());
 }
 
 }  // namespace

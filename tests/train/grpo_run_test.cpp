@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 
+#include "base/files.h"
+#include "io/model_source.h"
 #include "train/grpo.h"
 #include "train/post_config.h"
 #include "train/post_fixtures.h"
@@ -76,6 +79,53 @@ TEST(GrpoRun, ResumesARunWhoseSectionHasANestedVerifierTable) {
     error = e.what();
   }
   EXPECT_NE(error.find("grpo.verifier.abs_tol"), std::string::npos) << error;
+  fs::remove_all(f.dir);
+}
+
+// GRPO's loss is about 0 by construction: the run's lines and summary show the reward instead,
+// and a held-out reward of 0 is 0 in the summary, not -0.
+TEST(GrpoRun, SummaryShowsTheRewardAndNoNegativeZero) {
+  const GrpoRunFiles f = grpo_run_files("grpo_summary");
+  const std::string section = "[grpo]\ndata = \"" + f.prompts.string() + "\"\neval_data = \"" +
+                              f.prompts.string() +
+                              "\"\neval_prompts = 2\ngroup_size = 2\nprompts_per_step = 2\n"
+                              "micro_batch = 4\nmax_completion_tokens = 4\n";
+  const std::string text =
+      test_support::tiny_post_toml(f.dir / "run", f.model_file, f.tokenizer_path, 1, section);
+  const train::PostResult r = run_grpo(text, false);
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  // An untrained model answers no sum in 4 tokens.
+  EXPECT_EQ(r.last_val_metrics["reward"].get<double>(), 0.0);
+  EXPECT_FALSE(std::signbit(r.last_val_loss));
+  EXPECT_NE(r.message.find(": reward "), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find(", validation reward 0, "), std::string::npos) << r.message;
+  EXPECT_EQ(r.message.find("loss"), std::string::npos) << r.message;
+  const auto summary = nlohmann::json::parse(read_file(f.dir / "run/summary.json"));
+  EXPECT_FALSE(std::signbit(summary["val_loss"].get<double>())) << summary.dump();
+  fs::remove_all(f.dir);
+}
+
+// A run that takes its chat template from its base (no model.chat_template) names it in its
+// checkpoints all the same, so that chat and serve on its result find it; it resumes.
+TEST(GrpoRun, ACheckpointNamesTheChatTemplateItsBaseGave) {
+  const GrpoRunFiles f = grpo_run_files("grpo_template");
+  const std::string section = "[grpo]\ndata = \"" + f.prompts.string() +
+                              "\"\ngroup_size = 2\nprompts_per_step = 1\nmicro_batch = 2\n"
+                              "max_completion_tokens = 2\n";
+  ASSERT_EQ(run_grpo(test_support::tiny_post_toml(f.dir / "first", f.model_file, f.tokenizer_path,
+                                                  1, section),
+                     false)
+                .status,
+            train::RunStatus::finished);
+  std::string text =
+      test_support::tiny_post_toml(f.dir / "second", f.dir / "first", f.tokenizer_path, 2, section);
+  const std::string named = "chat_template = \"chatml\"\n";
+  ASSERT_NE(text.find(named), std::string::npos);
+  text.erase(text.find(named), named.size());
+  ASSERT_EQ(run_grpo(text, false, 1).status, train::RunStatus::preempted);
+  EXPECT_EQ(io::resolve_model((f.dir / "second").string()).chat_template,
+            std::optional<std::string>("chatml"));
+  EXPECT_EQ(run_grpo(text, true).status, train::RunStatus::finished);
   fs::remove_all(f.dir);
 }
 

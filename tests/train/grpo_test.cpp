@@ -1,11 +1,14 @@
 // GRPO: the clipped policy-ratio loss and its gradient against values computed here in double
-// and float64 finite differences; group-normalised advantages; prompts, sampling, resume, and a
-// short run on a tiny model that raises the reward.
+// and float64 finite differences; group-normalised advantages; prompts, sampling (the
+// tokenizer's ids only, completions scored with the stop token they sampled), resume, a short run
+// on a tiny model that raises the reward, and the synthetic prompts.
 #include "train/grpo.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <set>
 
@@ -282,16 +285,37 @@ TEST(Grpo, SamplingIsAFunctionOfSeedAndStepAndOneUpdateHasRatioOne) {
 }
 
 TEST(Grpo, ModelVocabularyLargerThanTheTokenizers) {
-  // Models pad their vocabulary; sampled ids the tokenizer does not know have no text.
+  // Models pad their vocabulary; ids the tokenizer does not know have no text and are never
+  // sampled, not even by a model that prefers one of them above all.
   TinyGrpo t;
   t.write("p.jsonl", kPrompts);
-  const model::Llama m = testing::tiny_model(t.tok.vocab_size() + 200);
+  const uint32_t known = t.tok.vocab_size();
+  const model::Llama m = testing::always_predicting(known + 100, known + 200);
   GrpoObjective objective(t.context(kTinyRun), lowercase_share);
   objective.train_step(m, 1);
-  bool unknown = false;
+  for (const auto& tokens : objective.rollouts().tokens) {
+    EXPECT_FALSE(tokens.empty());
+    for (uint32_t id : tokens) EXPECT_LT(id, known);
+  }
+}
+
+TEST(Grpo, ACompletionIsScoredWithTheStopTokenItSampled) {
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  const tokenizer::EncodeOptions specials{tokenizer::SpecialPolicy::allow_all(), false};
+  const uint32_t eot = t.tok.encode("<|endoftext|>", specials)[0];
+  const uint32_t im_end = t.tok.encode("<|im_end|>", specials)[0];
+  const model::Llama m = testing::always_predicting(im_end, t.tok.vocab_size());
+  GrpoOptions o;
+  o.group_size = 2;
+  o.prompts_per_step = 2;
+  o.max_completion_tokens = 4;
+  GrpoObjective objective(o, read_grpo_prompts(t.dir / "p.jsonl", t.tok, {}, lowercase_share), {},
+                          lowercase_share, t.tok, {eot, im_end}, 5);
+  objective.train_step(m, 1);
+  ASSERT_EQ(objective.rollouts().tokens.size(), 4u);
   for (const auto& tokens : objective.rollouts().tokens)
-    for (uint32_t id : tokens) unknown |= id >= t.tok.vocab_size();
-  EXPECT_TRUE(unknown);  // the case was exercised
+    EXPECT_EQ(tokens, std::vector<uint32_t>{im_end});
 }
 
 // Runs `steps` GRPO steps with AdamW at `lr`; returns the mean reward of the last `last` steps.
@@ -427,6 +451,25 @@ TEST(Grpo, SynthPromptsAskWhatSftDataOfTheSameTaskAnswers) {
     EXPECT_EQ(numeric(prompts[i].text, examples[i].completion, prompts[i].answer), 1.0);
     EXPECT_EQ(numeric(prompts[i].text, "#### " + prompts[i].answer + "1", prompts[i].answer), 0.0);
   }
+}
+
+// `digits` bounds the operands of arithmetic: one digit gives sums and differences of 0 to 9;
+// the default two digits reach up to 99.
+TEST(Grpo, SynthArithmeticOperandsHaveAtMostTheGivenDigits) {
+  const auto largest_operand = [](const std::vector<SynthExample>& examples) {
+    int largest = 0;
+    for (const auto& e : examples) {
+      int a = 0, b = 0;
+      char op = 0;
+      EXPECT_EQ(std::sscanf(e.prompt.c_str(), "What is %d %c %d?", &a, &op, &b), 3) << e.prompt;
+      EXPECT_EQ(std::to_string(op == '+' ? a + b : a - b), e.answer) << e.prompt;
+      largest = std::max({largest, a, b});
+    }
+    return largest;
+  };
+  EXPECT_EQ(largest_operand(synth_examples("arithmetic", 300, 4, 1)), 9);
+  EXPECT_GT(largest_operand(synth_examples("arithmetic", 300, 4)), 90);
+  EXPECT_THROW(synth_examples("arithmetic", 3, 4, 0), Error);
 }
 
 }  // namespace
