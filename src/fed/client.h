@@ -76,6 +76,9 @@ class LocalTrainer {
     int64_t tokens = 0;  // scored tokens trained on (by every rank)
     double loss = 0;     // mean over them
     double seconds = 0;
+    // The token ids at the scored positions (inputs) and what they predict (targets), over
+    // every rank; each sums to `tokens` (row weighting, fed/strategy.h).
+    TokenCounts input_counts, target_counts;
   };
   Result train(int64_t steps);
   // Mean loss of the current weights over eval_batches validation batches (or none when the
