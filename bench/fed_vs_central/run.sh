@@ -13,7 +13,8 @@
 #   3. For N in CLIENTS (default "4 8"; the first N silos), each from the warm-up's checkpoint
 #      (model.init_from):
 #        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM, H local
-#                       AdamW steps per round, ROUNDS rounds, fp32 both ways
+#                       AdamW steps per round, ROUNDS rounds, fp32 both ways (OUTER picks
+#                       another outer optimizer, ROW_WEIGHTING the strategy's row weighting)
 #        diloco-int8-N  the same with int8 pseudo-gradients and an int8 model download
 #        baseline-N     one model, global batch N x local batch, ROUNDS x H steps, the same
 #                       silos mixed equally (the same tokens), the same inner schedule
@@ -22,10 +23,12 @@
 #
 # Communication of the baseline: every client sends and receives the full fp32 gradient once
 # per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR, MIN_LR,
-# WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), OUTER_LR, OUTER_MOMENTUM,
-# WARMUP_STEPS, WARMUP_LR, RUNS (which of diloco, diloco-int8, baseline), MODEL (the model
-# file, default model.toml), POLLEN (the binary), THREADS (0: every core), OUT. The defaults are
-# the best configuration measured (bench/README.md).
+# WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), OUTER (strategy.name: diloco,
+# fedadam, fedyogi, ...), OUTER_LR, OUTER_MOMENTUM, OUTER_BETA1, OUTER_BETA2, OUTER_TAU (-1: the
+# strategy's default), ROW_WEIGHTING (strategy.row_weighting), WARMUP_STEPS, WARMUP_LR, RUNS
+# (which of diloco, diloco-int8, baseline), MODEL (the model file, default model.toml), POLLEN
+# (the binary), THREADS (0: every core), OUT. The defaults are the best configuration measured
+# (bench/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -37,8 +40,13 @@ MICRO_BATCH=${MICRO_BATCH:-4}
 INNER_LR=${INNER_LR:-3e-3}
 MIN_LR=${MIN_LR:-3e-4}
 WARMUP=${WARMUP:-20}
+OUTER=${OUTER:-diloco}
 OUTER_LR=${OUTER_LR:-1.0}
 OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.5}
+OUTER_BETA1=${OUTER_BETA1:--1}
+OUTER_BETA2=${OUTER_BETA2:--1}
+OUTER_TAU=${OUTER_TAU:--1}
+ROW_WEIGHTING=${ROW_WEIGHTING:-token_counts}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
 WARMUP_STEPS=${WARMUP_STEPS:-2000}
 WARMUP_LR=${WARMUP_LR:-3e-3}
@@ -168,9 +176,13 @@ $(init_from)
 [tokenizer]
 fingerprint = "$FINGERPRINT"
 [strategy]
-name = "diloco"
+name = "$OUTER"
 lr = $OUTER_LR
 momentum = $OUTER_MOMENTUM
+beta1 = $OUTER_BETA1
+beta2 = $OUTER_BETA2
+tau = $OUTER_TAU
+$([ "$ROW_WEIGHTING" = none ] || echo "row_weighting = \"$ROW_WEIGHTING\"")
 [compression]
 codec = "$codec"
 server_codec = "$codec"
@@ -316,7 +328,8 @@ done
 step "4/4 results"
 {
   echo "H=$H rounds=$ROUNDS steps=$STEPS local batch=${MICRO_BATCH}x$SEQ inner lr=$INNER_LR" \
-    "(cosine to $MIN_LR, warmup $WARMUP) outer: nesterov lr=$OUTER_LR momentum=$OUTER_MOMENTUM" \
+    "(cosine to $MIN_LR, warmup $WARMUP) outer: $OUTER lr=$OUTER_LR momentum=$OUTER_MOMENTUM" \
+    "beta1=$OUTER_BETA1 beta2=$OUTER_BETA2 tau=$OUTER_TAU row_weighting=$ROW_WEIGHTING" \
     "start: $([ -n "$INIT" ] && echo "warm-up of $WARMUP_STEPS steps on pub (lr $WARMUP_LR)" ||
       echo "random weights")"
   echo

@@ -100,6 +100,32 @@ bool has_split(const std::vector<std::string>& manifests, const std::string& spl
   return true;
 }
 
+// Counts the token ids at the batch's scored positions into counts[0, vocab) and their targets
+// into counts[vocab, 2 vocab).
+void count_scored_tokens(const model::Batch& b, std::vector<double>& counts) {
+  const int32_t* in = b.tokens.data<int32_t>();
+  const int32_t* out = b.targets.data<int32_t>();
+  const auto vocab = static_cast<int32_t>(counts.size() / 2);
+  for (int64_t i = 0; i < b.targets.numel(); ++i) {
+    if (out[i] < 0) continue;
+    POLLEN_CHECK(in[i] >= 0 && in[i] < vocab && out[i] < vocab, "token id ", in[i], " or ", out[i],
+                 " is outside the model's vocabulary of ", vocab);
+    counts[static_cast<size_t>(in[i])] += 1;
+    counts[static_cast<size_t>(vocab + out[i])] += 1;
+  }
+}
+
+// The non-zero counts of dense[begin, begin + n), ids counted from begin.
+TokenCounts sparse_counts(const std::vector<double>& dense, size_t begin, size_t n) {
+  TokenCounts c;
+  for (size_t id = 0; id < n; ++id) {
+    if (dense[begin + id] <= 0) continue;
+    c.ids.push_back(static_cast<int64_t>(id));
+    c.counts.push_back(static_cast<int64_t>(dense[begin + id]));
+  }
+  return c;
+}
+
 }  // namespace
 
 LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
@@ -165,10 +191,14 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
   sched.total_steps = tc.total_steps > 0 ? tc.total_steps : int64_t{1} << 40;
   Result r;
   double loss_sum = 0;
+  // Dense per-rank counts, summed over ranks after the round (exact in double below 2^53).
+  const auto vocab = static_cast<size_t>(config_.model.vocab_size);
+  std::vector<double> counts(2 * vocab, 0.0);  // inputs, then targets
   for (int64_t s = 0; s < steps; ++s) {
     train::inject_fault_at(fault_, comm_->rank(), step_ + 1);
     std::vector<model::Batch> micro;
     for (int64_t a = 0; a < micro_steps_; ++a) micro.push_back(train_->next());
+    for (const auto& b : micro) count_scored_tokens(b, counts);
     // The trainer's rule: the gradient of the mean loss over every scored token of the step
     // (over every rank's rows: the count and the loss are the same on every rank).
     bool stop = false;
@@ -206,6 +236,9 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
     gathered_.steps = zero_->steps_taken();
     if (comm_->rank() != 0) gathered_ = {};
   }
+  comm_->all_reduce_sum(counts, "the round's token counts");
+  r.input_counts = sparse_counts(counts, 0, vocab);
+  r.target_counts = sparse_counts(counts, vocab, vocab);
   r.loss = r.tokens > 0 ? loss_sum / static_cast<double>(r.tokens) : 0;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
@@ -378,6 +411,10 @@ void Client::run() {
 void Client::train_round(const pb::TaskReply& task) {
   POLLEN_CHECK(task.round() >= 1 && task.local_steps() >= 1 && task.local_steps() <= 10000000,
                "task: round ", task.round(), " with ", task.local_steps(), " local steps");
+  // Token counts leave the silo in the clear: local DP's noise does not cover them.
+  POLLEN_CHECK(!task.token_counts() || !local_dp_, "client '", config_.id,
+               "': the server weights rows by token counts (strategy.row_weighting), which "
+               "[local_dp] does not protect; the client sends none");
   CompressOptions codec;
   codec.codec = parse_codec(task.codec());
   codec.block = task.codec_block();
@@ -429,6 +466,10 @@ void Client::train_round(const pb::TaskReply& task) {
   info.set_tokens(res.tokens);
   info.set_train_loss(res.loss);
   info.set_train_seconds(res.seconds);
+  if (task.token_counts()) {
+    token_counts_to(res.input_counts, info.mutable_input_counts());
+    token_counts_to(res.target_counts, info.mutable_target_counts());
+  }
 
   // The pseudo-gradient: global minus local.
   const Weights local = trainer_->exchanged_weights();

@@ -179,6 +179,22 @@ ServerConfig read_server_config(ConfigTable& root) {
                root.where("secure_aggregation"),
                ": the server learns only the sum, so strategy.aggregation must be 'mean' and "
                "strategy.norm_bound 0 (robust rules need the single updates)");
+  // Row weighting needs each client's token counts in the clear and per-row weights; neither
+  // the masked sum nor central DP's bounded weights carry them (docs/federated.md).
+  POLLEN_CHECK(!c.strategy.weights_rows() || !c.secure_aggregation.enabled,
+               root.where("strategy.row_weighting"), ": '", c.strategy.row_weighting,
+               "' needs every client's token counts in the clear, which would reveal each "
+               "silo's token histogram that secure aggregation is there to hide, and per-row "
+               "weights that the masked sum does not carry; use row_weighting = 'none' with "
+               "secure aggregation");
+  POLLEN_CHECK(!c.strategy.weights_rows() || !c.privacy.enabled,
+               root.where("strategy.row_weighting"), ": '", c.strategy.row_weighting,
+               "' weights rows by token counts, which central DP's clip and bounded weights do "
+               "not cover; use row_weighting = 'none' with [privacy]");
+  POLLEN_CHECK(!c.strategy.weights_rows() || !c.post.enabled(),
+               root.where("strategy.row_weighting"), ": '", c.strategy.row_weighting,
+               "' weights the rows of token embeddings, and a [post] federation exchanges only "
+               "LoRA adapters; use row_weighting = 'none' with [post]");
   c.tls = read_tls(root, true);
   return c;
 }

@@ -46,6 +46,7 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
     global_ = model_weights(m);
   }
   model_json_ = model_config_json(config_.model);
+  strategy_->set_token_rows(token_row_tensors(specs_));
   fs::create_directories(config_.dir);
   const fs::path ckpts = config_.dir / "checkpoints";
   std::optional<uint64_t> metrics_pos, lineage_pos;
@@ -264,6 +265,7 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
     t.set_model_codec_block(config_.compression.block);
     t.set_evaluate(config_.eval_every > 0 && (round - 1) % config_.eval_every == 0);
     t.set_secure_aggregation(secagg_ != nullptr);
+    t.set_token_counts(config_.strategy.weights_rows());
     return t;
   }
   t.set_kind(pb::TASK_WAIT);
@@ -286,6 +288,7 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
                                           const std::string& peer_id) {
   const std::string what = cat("update from '", info.client_id().substr(0, kMaxIdBytes), "'");
   validate_update_info(info, what);
+  validate_token_counts(info, config_.strategy.weights_rows(), config_.model.vocab_size, what);
   check_peer(info.client_id(), peer_id, "push");
   {
     std::lock_guard lock(mutex_);
@@ -319,6 +322,8 @@ pb::PushReply Coordinator::push_finish(Push& p) {
   if (!config_.secure_aggregation.enabled)
     u.update.delta = decode_set(p.header, bytes, specs_, what);
   u.update.metrics = {{"train_loss", p.info.train_loss()}};
+  u.update.input_counts = token_counts_from(p.info.input_counts());
+  u.update.target_counts = token_counts_from(p.info.target_counts());
   u.info = p.info;
   u.bytes = bytes.size();
   std::lock_guard lock(mutex_);

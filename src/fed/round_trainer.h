@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "fed/strategy.h"
 #include "fed/wire.h"
 
 namespace pollen::fed {
@@ -18,6 +19,10 @@ class RoundTrainer {
     int64_t tokens = 0;  // the aggregation weight: tokens trained on this round
     double loss = 0;     // mean over the round
     double seconds = 0;
+    // The token ids at the scored positions (inputs) and what they predict (targets), over every
+    // rank; each sums to `tokens` (row weighting, fed/strategy.h). Empty where no row of the
+    // exchanged tensors belongs to a token (LoRA adapters).
+    TokenCounts input_counts, target_counts;
   };
   // The tensors the federation exchanges, in wire order, and their current local values
   // (float32 copies); set_exchanged_weights copies the round's global values in.

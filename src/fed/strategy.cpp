@@ -195,6 +195,10 @@ class FedOpt : public Strategy {
 
 }  // namespace
 
+std::vector<std::string> row_weighting_names() {
+  return {"none", "input_counts", "token_counts"};
+}
+
 std::vector<std::string> strategy_names() {
   return {"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "diloco"};
 }
@@ -204,6 +208,15 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o) {
                "strategy.fraction_fit must be in (0, 1], got ", o.fraction_fit);
   POLLEN_CHECK(o.min_clients >= 1, "strategy.min_clients must be at least 1, got ", o.min_clients);
   validate(o.robust, o.min_clients);
+  const auto rw = row_weighting_names();
+  POLLEN_CHECK(std::find(rw.begin(), rw.end(), o.row_weighting) != rw.end(),
+               "strategy.row_weighting must be none, input_counts or token_counts, got '",
+               o.row_weighting, "'");
+  POLLEN_CHECK(!o.weights_rows() || (o.robust.aggregation == "mean" && o.robust.norm_bound == 0),
+               "strategy.row_weighting = '", o.row_weighting,
+               "' weights the token-weighted mean's rows; it needs strategy.aggregation = 'mean' "
+               "and no strategy.norm_bound (got '",
+               o.robust.aggregation, "', ", o.robust.norm_bound, ")");
   if (o.name == "fedavg") return std::make_unique<FedAvg>(o);
   if (o.name == "fedavgm") return std::make_unique<Momentum>(o, false);
   if (o.name == "diloco") return std::make_unique<Momentum>(o, true);
@@ -230,6 +243,7 @@ StrategyOptions read_strategy_options(ConfigTable& t) {
   o.robust.trim_fraction = t.get_double("trim_fraction", o.robust.trim_fraction);
   o.robust.byzantine = t.get_int("byzantine", o.robust.byzantine);
   o.robust.multi_krum = t.get_int("multi_krum", o.robust.multi_krum);
+  o.row_weighting = t.get_string("row_weighting", o.row_weighting);
   make_strategy(o);  // validates the name and ranges now, naming the keys
   return o;
 }
@@ -257,9 +271,66 @@ Weights Strategy::weighted_delta(const Weights& like, const std::vector<ClientUp
   return robust_aggregate(RobustOptions{}, like, updates, nullptr);
 }
 
+void Strategy::weight_rows(Weights& mean, int64_t tensor, RowCounts which,
+                           const std::vector<ClientUpdate>& updates) {
+  POLLEN_CHECK(tensor >= 0 && static_cast<size_t>(tensor) < mean.size() &&
+                   mean[static_cast<size_t>(tensor)].dim() == 2,
+               "row weighting: tensor ", tensor, " is not a [vocab, hidden] matrix of the model");
+  Tensor& m = mean[static_cast<size_t>(tensor)];
+  const int64_t vocab = m.shape()[0], hidden = m.shape()[1];
+  std::vector<const ClientUpdate*> order;
+  for (const auto& u : updates) order.push_back(&u);
+  std::sort(order.begin(), order.end(), [](const ClientUpdate* a, const ClientUpdate* b) {
+    return a->client_id < b->client_id;
+  });
+  // Per row: sum_i c_ir delta_i[r] and sum_i c_ir, in double, clients in id order.
+  std::vector<double> sum(static_cast<size_t>(vocab * hidden), 0.0);
+  std::vector<double> weight(static_cast<size_t>(vocab), 0.0);
+  auto add = [&](const ClientUpdate& u, const TokenCounts& c) {
+    POLLEN_CHECK(c.ids.size() == c.counts.size(), "row weighting: update from '", u.client_id,
+                 "' has ", c.ids.size(), " token ids but ", c.counts.size(), " counts");
+    const float* d = u.delta[static_cast<size_t>(tensor)].data<float>();
+    for (size_t k = 0; k < c.ids.size(); ++k) {
+      const int64_t r = c.ids[k];
+      POLLEN_CHECK(r >= 0 && r < vocab && c.counts[k] >= 0, "row weighting: update from '",
+                   u.client_id, "' counts token ", r, " ", c.counts[k], " times; ids run below ",
+                   vocab, ", counts are not negative");
+      const auto w = static_cast<double>(c.counts[k]);
+      weight[static_cast<size_t>(r)] += w;
+      for (int64_t j = 0; j < hidden; ++j)
+        sum[static_cast<size_t>(r * hidden + j)] += w * static_cast<double>(d[r * hidden + j]);
+    }
+  };
+  for (const ClientUpdate* u : order) {
+    if (which != RowCounts::targets) add(*u, u->input_counts);
+    if (which != RowCounts::inputs) add(*u, u->target_counts);
+  }
+  float* out = m.data<float>();
+  for (int64_t r = 0; r < vocab; ++r) {
+    const double w = weight[static_cast<size_t>(r)];
+    if (w <= 0) continue;  // nobody saw this token: the token-weighted mean stays
+    for (int64_t j = 0; j < hidden; ++j)
+      out[r * hidden + j] = static_cast<float>(sum[static_cast<size_t>(r * hidden + j)] / w);
+  }
+}
+
 void Strategy::aggregate(int64_t round, Weights& global, const std::vector<ClientUpdate>& updates,
                          AggregationReport* report) {
-  aggregate_mean(round, global, robust_aggregate(options_.robust, global, updates, report));
+  Weights mean = robust_aggregate(options_.robust, global, updates, report);
+  if (options_.weights_rows()) {
+    POLLEN_CHECK(token_rows_.embedding >= 0,
+                 "row weighting: the strategy was not told which tensor is the embedding");
+    for (const auto& u : updates) {
+      POLLEN_CHECK(!u.input_counts.ids.empty() && !u.target_counts.ids.empty(),
+                   "row weighting: the update from '", u.client_id, "' carries no token counts");
+    }
+    const bool tied = token_rows_.output < 0;
+    const bool outputs = options_.row_weighting == "token_counts";
+    weight_rows(mean, token_rows_.embedding, tied && outputs ? RowCounts::both : RowCounts::inputs,
+                updates);
+    if (outputs && !tied) weight_rows(mean, token_rows_.output, RowCounts::targets, updates);
+  }
+  aggregate_mean(round, global, mean);
 }
 
 void Strategy::aggregate_mean(int64_t round, Weights& global, const Weights& mean_delta) {

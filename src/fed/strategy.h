@@ -25,6 +25,12 @@
 // The token-weighted mean is the default aggregation; [strategy] aggregation picks a robust rule
 // instead (fed/robust.h), and central differential privacy (fed/privacy.h) replaces it with a
 // clipped, noised mean that the coordinator hands to aggregate_mean().
+//
+// Row weighting (strategy.row_weighting, docs/federated.md): the rows of the token embedding
+// (and of the untied output layer) are averaged over the clients weighted by how often each
+// client saw that row's token this round, not by its tokens in all:
+//   Delta[r] = sum_i c_ir delta_i[r] / sum_i c_ir        (rows with sum_i c_ir = 0: as above)
+// so a row that one silo alone moved keeps that silo's move instead of a 1/n share of it.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -47,11 +53,26 @@ using Weights = std::vector<Tensor>;
 
 Weights clone_weights(const Weights& w);
 
+// How often each token id occurred in a client's round: sparse, ids strictly ascending, every
+// count at least 1.
+struct TokenCounts {
+  std::vector<int64_t> ids, counts;
+};
+
 struct ClientUpdate {
   std::string client_id;
   int64_t tokens = 0;  // tokens trained on this round: the aggregation weight
   Weights delta;       // global minus local weights, float32, same shapes as the global model
   std::map<std::string, double> metrics;
+  // With row weighting: the token ids of the round's scored positions (inputs) and the tokens
+  // they predict (targets); each sums to `tokens`.
+  TokenCounts input_counts, target_counts;
+};
+
+// Which of the model's tensors hold one row per token id ([vocab, hidden]); -1: none.
+struct TokenRowTensors {
+  int64_t embedding = -1;  // weighted by input counts
+  int64_t output = -1;     // an untied output layer, weighted by target counts
 };
 
 struct ClientEval {
@@ -71,6 +92,10 @@ struct StrategyOptions {
   double fraction_fit = 1.0;
   int64_t min_clients = 1;
   RobustOptions robust;  // aggregation, norm_bound, trim_fraction, byzantine, multi_krum
+  // none; input_counts: embedding rows by the clients' input counts; token_counts: also the
+  // untied output layer's rows by target counts (a tied embedding: by inputs plus targets).
+  std::string row_weighting = "none";
+  bool weights_rows() const { return row_weighting != "none"; }
 };
 
 // Reads the [strategy] table (every key documented in docs/federated.md).
@@ -85,8 +110,13 @@ class Strategy {
   std::vector<std::string> configure_round(int64_t round, const std::vector<std::string>& available,
                                            Rng& rng) const;
 
-  // Applies one round's updates to `global` in place, combined by options().robust. Updates with
-  // zero tokens are refused. Fills *report (per client norm, clipped, rejected) when given.
+  // The tensors that row weighting applies to (the coordinator names them from the model).
+  void set_token_rows(TokenRowTensors rows) { token_rows_ = rows; }
+
+  // Applies one round's updates to `global` in place, combined by options().robust, then with
+  // row weighting the token rows replaced by their count-weighted means. Updates with zero
+  // tokens are refused, and so are missing counts when rows are weighted. Fills *report (per
+  // client norm, clipped, rejected) when given.
   void aggregate(int64_t round, Weights& global, const std::vector<ClientUpdate>& updates,
                  AggregationReport* report = nullptr);
   // Applies a mean pseudo-gradient computed elsewhere (secure aggregation, which never holds the
@@ -95,6 +125,11 @@ class Strategy {
 
   // The token-weighted mean pseudo-gradient, summed in client-id order.
   static Weights weighted_delta(const Weights& like, const std::vector<ClientUpdate>& updates);
+  // Replaces the rows of mean[tensor] (shape [vocab, hidden]) whose token some client counted by
+  // the count-weighted mean of the clients' rows, summed in client-id order.
+  enum class RowCounts { inputs, targets, both };
+  static void weight_rows(Weights& mean, int64_t tensor, RowCounts counts,
+                          const std::vector<ClientUpdate>& updates);
 
   // The token-weighted mean loss of the clients' evaluations (federated evaluation).
   static ClientEval aggregate_evaluate(const std::vector<ClientEval>& evals);
@@ -110,10 +145,12 @@ class Strategy {
   virtual void apply(int64_t round, Weights& global, const Weights& delta) = 0;
 
   StrategyOptions options_;
+  TokenRowTensors token_rows_;
 };
 
 // Builds the strategy named in options.name; throws listing the names when unknown.
 std::unique_ptr<Strategy> make_strategy(const StrategyOptions& options);
 std::vector<std::string> strategy_names();
+std::vector<std::string> row_weighting_names();
 
 }  // namespace pollen::fed

@@ -15,6 +15,15 @@ ParamSpecs param_specs(const model::Llama& model) {
   return out;
 }
 
+TokenRowTensors token_row_tensors(const ParamSpecs& specs) {
+  TokenRowTensors rows;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].name == "model.embed_tokens.weight") rows.embedding = static_cast<int64_t>(i);
+    if (specs[i].name == "lm_head.weight") rows.output = static_cast<int64_t>(i);
+  }
+  return rows;
+}
+
 Weights model_weights(const model::Llama& model) {
   Weights out;
   for (const auto& [name, var] : model.named_parameters())
@@ -221,6 +230,59 @@ void validate_update_info(const pb::UpdateInfo& u, const std::string& what) {
                what, ": losses and times must be finite");
   POLLEN_CHECK(u.eval_tokens() >= 0, what, ": eval_tokens ", u.eval_tokens(), " is negative");
   POLLEN_CHECK(u.data_manifest_hash().size() <= 128, what, ": data manifest hash too long");
+}
+
+namespace {
+
+void check_counts(const pb::TokenCounts& c, int64_t tokens, int64_t vocab_size,
+                  const std::string& what) {
+  POLLEN_CHECK(c.ids_size() == c.counts_size(), what, ": ", c.ids_size(), " token ids but ",
+               c.counts_size(), " counts");
+  int64_t total = 0;
+  for (int k = 0; k < c.ids_size(); ++k) {
+    const int64_t id = c.ids(k);
+    POLLEN_CHECK(id < vocab_size, what, ": token id ", id, " is not below the vocabulary size ",
+                 vocab_size);
+    POLLEN_CHECK(k == 0 || id > static_cast<int64_t>(c.ids(k - 1)), what, ": token id ", id,
+                 " follows ", c.ids(k - 1), "; ids must be strictly ascending");
+    POLLEN_CHECK(c.counts(k) >= 1 && c.counts(k) <= tokens, what, ": token ", id, " counted ",
+                 c.counts(k), " times; a count is 1 to the update's ", tokens, " tokens");
+    total += c.counts(k);  // no overflow: each count <= tokens <= 2^50, at most 2^32 of them
+    POLLEN_CHECK(total <= tokens, what, ": the counts pass the update's ", tokens, " tokens");
+  }
+  POLLEN_CHECK(total == tokens, what, ": the counts sum to ", total, ", the update trained on ",
+               tokens, " tokens");
+}
+
+}  // namespace
+
+void validate_token_counts(const pb::UpdateInfo& u, bool expected, int64_t vocab_size,
+                           const std::string& what) {
+  const bool sent = u.has_input_counts() || u.has_target_counts();
+  if (!expected) {
+    POLLEN_CHECK(!sent, what, ": token counts were not asked for (strategy.row_weighting is none)");
+    return;
+  }
+  POLLEN_CHECK(u.has_input_counts() && u.has_target_counts(), what,
+               ": strategy.row_weighting needs the round's input and target token counts; the "
+               "update carries none (a client of an older pollen?)");
+  check_counts(u.input_counts(), u.tokens(), vocab_size, what + ", input_counts");
+  check_counts(u.target_counts(), u.tokens(), vocab_size, what + ", target_counts");
+}
+
+TokenCounts token_counts_from(const pb::TokenCounts& c) {
+  TokenCounts out;
+  out.ids.assign(c.ids().begin(), c.ids().end());
+  out.counts.assign(c.counts().begin(), c.counts().end());
+  return out;
+}
+
+void token_counts_to(const TokenCounts& c, pb::TokenCounts* out) {
+  out->Clear();
+  for (size_t k = 0; k < c.ids.size(); ++k) {
+    out->add_ids(static_cast<uint32_t>(c.ids[k]));
+    out->add_counts(c.counts[k]);
+  }
 }
 
 }  // namespace pollen::fed

@@ -34,6 +34,8 @@ struct ParamSpec {
 using ParamSpecs = std::vector<ParamSpec>;
 
 ParamSpecs param_specs(const model::Llama& model);
+// Where the embedding and the untied output layer are among the specs (for row weighting).
+TokenRowTensors token_row_tensors(const ParamSpecs& specs);
 Weights model_weights(const model::Llama& model);                     // copies, float32
 void set_model_weights(const model::Llama& model, const Weights& w);  // copies in
 
@@ -87,5 +89,13 @@ Weights decode_set(const pb::TensorSetHeader& h, const std::string& bytes, const
 
 // Checks the update info of a push: id, round, tokens and losses in range.
 void validate_update_info(const pb::UpdateInfo& u, const std::string& what);
+
+// Checks an update's token counts (row weighting): present exactly when `expected`, and then
+// both as many counts as ids, ids strictly ascending below vocab_size, counts at least 1, each
+// set summing to the update's tokens. Throws naming the field.
+void validate_token_counts(const pb::UpdateInfo& u, bool expected, int64_t vocab_size,
+                           const std::string& what);
+TokenCounts token_counts_from(const pb::TokenCounts& c);
+void token_counts_to(const TokenCounts& c, pb::TokenCounts* out);
 
 }  // namespace pollen::fed
