@@ -106,7 +106,7 @@ void forward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 #if POLLEN_HAVE_CUDA
   cuda::attention_forward({s.batch, s.seq, s.heads, s.kv_heads, s.head_dim}, q.dtype(), q.raw(),
                           k.raw(), v.raw(), seg_start.data<int32_t>(), static_cast<float>(scale),
-                          out.raw(), lse.data<float>(), cuda::default_stream());
+                          out.raw(), lse.data<float>(), pollen::cuda::default_stream());
 #else
   fail(op, ": tensors on cuda, but this pollen was built without CUDA");
 #endif
@@ -129,7 +129,8 @@ void backward_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   POLLEN_ASSERT(workspace.nbytes() >= cuda::attention_backward_workspace_bytes(shape));
   cuda::attention_backward(shape, q.dtype(), q.raw(), k.raw(), v.raw(), seg_start.data<int32_t>(),
                            out.raw(), lse.data<float>(), dout.raw(), static_cast<float>(scale),
-                           dq.raw(), dk.raw(), dv.raw(), workspace.raw(), cuda::default_stream());
+                           dq.raw(), dk.raw(), dv.raw(), workspace.raw(),
+                           pollen::cuda::default_stream());
 #else
   fail(op, ": tensors on cuda, but this pollen was built without CUDA");
 #endif
