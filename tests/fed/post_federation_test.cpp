@@ -419,6 +419,9 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
   EXPECT_NE(
       server_error(server + "[model]\npreset = 'llama-tiny'\n").find("not allowed with [post]"),
       std::string::npos);
+  const std::string rows = server_error(server + "[strategy]\nrow_weighting = 'token_counts'\n");
+  EXPECT_NE(rows.find("strategy.row_weighting"), std::string::npos) << rows;
+  EXPECT_NE(rows.find("[post]"), std::string::npos) << rows;
   const std::string client = "[client]\nid = 'a'\n[post]\nrun = 'r.toml'\ndata = 'd.jsonl'\n";
   EXPECT_EQ(client_error(client), "");
   EXPECT_NE(client_error("[client]\nid = 'a'\n[post]\nrun = 'r.toml'\n").find("data"),
