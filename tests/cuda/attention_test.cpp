@@ -11,6 +11,7 @@
 
 #include "base/rng.h"
 #include "ops/attention.h"
+#include "support/attention_inputs.h"
 #include "tensor/device.h"
 
 #if POLLEN_HAVE_CUDA
@@ -21,6 +22,9 @@
 
 namespace pollen::ops {
 namespace {
+
+using testing::random_seg_start;
+using testing::relative_error;
 
 #define SKIP_WITHOUT_GPU()                                                      \
   do {                                                                          \
@@ -90,39 +94,12 @@ std::vector<double> fetch(const DeviceBuffer& buffer, DType dtype, int64_t n) {
   return out;
 }
 
-// ||got - want|| / ||want||; NaN (so every comparison fails) when any element is not finite.
-double relative_error(const std::vector<double>& got, const Tensor& want) {
-  const double* w = want.data<double>();
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return std::numeric_limits<double>::quiet_NaN();
-    diff += (got[i] - w[i]) * (got[i] - w[i]);
-    norm += w[i] * w[i];
-  }
-  return std::sqrt(diff / norm);
-}
-
-std::vector<int32_t> random_seg_start(int64_t batch, int64_t seq, int64_t max_run, Rng& rng) {
-  std::vector<int32_t> seg(static_cast<size_t>(batch * seq));
-  for (int64_t b = 0; b < batch; ++b) {
-    int64_t start = 0, left = 0;
-    for (int64_t t = 0; t < seq; ++t, --left) {
-      if (left == 0) {
-        start = t;
-        left = 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(max_run)));
-      }
-      seg[static_cast<size_t>(b * seq + t)] = static_cast<int32_t>(start);
-    }
-  }
-  return seg;
-}
-
 void expect_matches_cpu_op(DType dtype, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                            int64_t dim, int64_t max_run) {
   const uint64_t seed = std::random_device{}();
-  SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " B=" << batch << " T=" << seq
-                                  << " H=" << heads << " KVH=" << kv_heads << " D=" << dim
-                                  << " max_run=" << max_run << " seed=" << seed);
+  SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " B=" << batch << " T=" << seq
+                                    << " H=" << heads << " KVH=" << kv_heads << " D=" << dim
+                                    << " max_run=" << max_run << " seed=" << seed);
   const double tolerance = dtype == DType::f32 ? 1e-4 : 1e-2;
   Rng rng(seed);
   const Shape qs{batch, seq, heads, dim}, kvs{batch, seq, kv_heads, dim}, ls{batch, heads, seq};

@@ -21,9 +21,13 @@
 #include "base/rng.h"
 #include "ops/attention.h"
 #include "ops/cuda/attention_tiles.h"
+#include "support/attention_inputs.h"
 
 namespace pollen::ops {
 namespace {
+
+using testing::random_seg_start;
+using testing::relative_error;
 
 namespace cu = pollen::ops::cuda;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -69,22 +73,6 @@ std::vector<float> random_floats(int64_t n, Rng& rng) {
   std::vector<float> x(static_cast<size_t>(n));
   for (float& value : x) value = static_cast<float>(rng.normal());
   return x;
-}
-
-// Documents of 1 to max_run tokens packed along each row.
-std::vector<int32_t> random_seg_start(int64_t batch, int64_t seq, int64_t max_run, Rng& rng) {
-  std::vector<int32_t> seg(static_cast<size_t>(batch * seq));
-  for (int64_t b = 0; b < batch; ++b) {
-    int64_t start = 0, left = 0;
-    for (int64_t t = 0; t < seq; ++t, --left) {
-      if (left == 0) {
-        start = t;
-        left = 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(max_run)));
-      }
-      seg[static_cast<size_t>(b * seq + t)] = static_cast<int32_t>(start);
-    }
-  }
-  return seg;
 }
 
 Problem random_problem(const cu::AttentionShape& s, int64_t max_run, uint64_t seed) {
@@ -155,24 +143,11 @@ Results emulate(const Problem& p, bool reverse) {
   return r;
 }
 
-// ||got - want|| / ||want||, NaN when anything is not finite.
-double relative_error(const std::vector<float>& got, const Tensor& want) {
-  const double* w = want.data<double>();
-  EXPECT_EQ(static_cast<int64_t>(got.size()), want.numel());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return std::numeric_limits<double>::quiet_NaN();
-    diff += (got[i] - w[i]) * (got[i] - w[i]);
-    norm += w[i] * w[i];
-  }
-  return std::sqrt(diff / norm);
-}
-
 template <int D>
 void expect_matches_cpu_op(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                            int64_t max_run, uint64_t seed) {
-  SCOPED_TRACE(testing::Message() << "B=" << batch << " T=" << seq << " H=" << heads
-                                  << " KVH=" << kv_heads << " D=" << D << " max_run=" << max_run);
+  SCOPED_TRACE(::testing::Message() << "B=" << batch << " T=" << seq << " H=" << heads
+                                    << " KVH=" << kv_heads << " D=" << D << " max_run=" << max_run);
   const Problem p = random_problem({batch, seq, heads, kv_heads, D}, max_run, seed);
   const Shape qs{batch, seq, heads, D}, kvs{batch, seq, kv_heads, D};
   const Tensor q = as_f64(p.q, qs), k = as_f64(p.k, kvs), v = as_f64(p.v, kvs);
