@@ -23,11 +23,12 @@
 #
 # Communication of the baseline: every client sends and receives the full fp32 gradient once
 # per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR, MIN_LR,
-# WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), OUTER (strategy.name: diloco,
-# fedadam, fedyogi, ...), OUTER_LR, OUTER_MOMENTUM, OUTER_BETA1, OUTER_BETA2, OUTER_TAU (-1: the
-# strategy's default), ROW_WEIGHTING (strategy.row_weighting), WARMUP_STEPS, WARMUP_LR, RUNS
-# (which of diloco, diloco-int8, baseline), MODEL (the model file, default model.toml), POLLEN
-# (the binary), THREADS (0: every core), OUT. The defaults are the best configuration measured
+# WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), DRIFT (their
+# train.drift_correction), OUTER (strategy.name: diloco, fedadam, fedyogi, ...), OUTER_LR,
+# OUTER_MOMENTUM, OUTER_BETA1, OUTER_BETA2, OUTER_TAU (-1: the strategy's default),
+# ROW_WEIGHTING (strategy.row_weighting), WARMUP_STEPS, WARMUP_LR, RUNS (which of diloco,
+# diloco-int8, baseline), MODEL (the model file, default model.toml), POLLEN (the binary),
+# THREADS (0: every core), OUT. The defaults are the best configuration measured
 # (bench/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -48,6 +49,7 @@ OUTER_BETA2=${OUTER_BETA2:--1}
 OUTER_TAU=${OUTER_TAU:--1}
 ROW_WEIGHTING=${ROW_WEIGHTING:-token_counts}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
+DRIFT=${DRIFT:-0}
 WARMUP_STEPS=${WARMUP_STEPS:-2000}
 WARMUP_LR=${WARMUP_LR:-3e-3}
 RUNS=${RUNS:-"diloco diloco-int8 baseline"}
@@ -189,6 +191,7 @@ server_codec = "$codec"
 [train]
 $(train_table)
 $([ "$ROUND_WARMUP" = 0 ] || echo "round_warmup_steps = $ROUND_WARMUP")
+$([ "$DRIFT" = 0 ] || echo "drift_correction = $DRIFT")
 TOML
   rm -rf "$OUT/runs/$name"
   "$POLLEN" fed simulate --config "$OUT/configs/$name.toml" >"$OUT/$name.log" 2>&1 ||

@@ -226,6 +226,7 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
       opt_->step(lr);
     }
     for (auto& p : params_) p.zero_grad();
+    apply_step_drift();
     ++step_;
     loss_sum += step_loss;
     r.tokens += scored;
@@ -242,6 +243,18 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
   r.loss = r.tokens > 0 ? loss_sum / static_cast<double>(r.tokens) : 0;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
+}
+
+void LocalTrainer::apply_step_drift() {
+  if (step_drift_.empty()) return;
+  POLLEN_ASSERT(step_drift_.size() == params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor w = params_[i].value();
+    POLLEN_ASSERT(w.dtype() == DType::f32 && w.numel() == step_drift_[i].numel());
+    float* p = w.data<float>();
+    const float* d = step_drift_[i].data<float>();
+    for (int64_t j = 0; j < w.numel(); ++j) p[j] -= d[j];
+  }
 }
 
 train::OptimizerMoments LocalTrainer::optimizer_moments() {
@@ -291,7 +304,7 @@ double LocalTrainer::evaluate(int64_t* tokens) {
 // ------------------------------------------------------------------------------------
 
 Client::Client(ClientConfig config, Transport& transport, dist::Communicator* comm)
-    : config_(std::move(config)), transport_(transport) {
+    : config_(std::move(config)), transport_(transport), drift_(config_.train.drift_correction) {
   if (config_.post.enabled()) {
     POLLEN_CHECK(comm == nullptr || comm->world() == 1, "client '", config_.id,
                  "': a post-training silo ([post]) runs as one process, not ", comm->world(),
@@ -311,8 +324,9 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
   if (config_.local_dp.enabled) local_dp_ = std::make_unique<LocalDp>(config_.local_dp);
   if (!config_.state_dir.empty()) {
     last_round_ =
-        silo_ ? load_client_state(config_.state_dir, config_.id, *silo_, specs_, feedback_)
-              : load_client_state(config_.state_dir, config_.id, *local_, specs_, feedback_);
+        silo_
+            ? load_client_state(config_.state_dir, config_.id, *silo_, specs_, feedback_)
+            : load_client_state(config_.state_dir, config_.id, *local_, specs_, feedback_, drift_);
   }
 }
 
@@ -329,7 +343,7 @@ void Client::save_state() {
                       specs_, feedback_);
   } else {
     save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, *local_,
-                      specs_, feedback_);
+                      specs_, feedback_, drift_);
   }
 }
 
@@ -448,9 +462,12 @@ void Client::train_round(const pb::TaskReply& task) {
   // same values on both sides whatever the codec.
   const Weights global = decode_set(header, bytes, specs_, what);
   trainer_->set_exchanged_weights(global);
+  // Drift correction (pre-training only): the move after each local step, on every rank.
+  const Weights step_drift = drift_.step_drift(task.round(), global, task.local_steps());
+  if (local_) local_->set_step_drift(step_drift);
   if (several_ranks()) {
     send_order(local_->communicator(), {task.round(), task.local_steps(), task.evaluate()},
-               &local_->model());
+               &local_->model(), step_drift);
   }
 
   pb::UpdateInfo info;
@@ -471,17 +488,10 @@ void Client::train_round(const pb::TaskReply& task) {
     token_counts_to(res.target_counts, info.mutable_target_counts());
   }
 
-  // The pseudo-gradient: global minus local.
-  const Weights local = trainer_->exchanged_weights();
-  Weights delta;
-  for (size_t i = 0; i < global.size(); ++i) {
-    Tensor d = Tensor::empty(global[i].shape(), DType::f32);
-    const float* g = global[i].data<float>();
-    const float* l = local[i].data<float>();
-    float* o = d.data<float>();
-    for (int64_t j = 0; j < d.numel(); ++j) o[j] = g[j] - l[j];
-    delta.push_back(std::move(d));
-  }
+  // The pseudo-gradient: global minus local, less the drift correction's share (what the
+  // client's own steps moved).
+  Weights delta = drift_.own_move(task.round(), global, trainer_->exchanged_weights(), step_drift,
+                                  task.local_steps());
   if (local_dp_) {
     const bool clipped = local_dp_->apply(delta, static_cast<uint64_t>(task.round()));
     const Epsilon e = local_dp_->epsilon();

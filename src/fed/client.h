@@ -17,6 +17,7 @@
 #include "dist/zero_adamw.h"
 #include "fed/config.h"
 #include "fed/coordinator.h"
+#include "fed/drift_correction.h"
 #include "fed/post_lora.h"
 #include "fed/round_trainer.h"
 #include "fed/secagg/session.h"
@@ -98,8 +99,13 @@ class LocalTrainer : public RoundTrainer {
   void set_steps_taken(int64_t steps) { step_ = steps; }
   // POLLEN_FAULT_INJECT: this rank dies or hangs before a local step (counted over rounds).
   void set_fault_injection(const train::FaultInjection& f) { fault_ = f; }
+  // Subtracted from the weights after every local step of the next train() calls (drift
+  // correction, fed/drift_correction.h); empty: nothing.
+  void set_step_drift(Weights drift) { step_drift_ = std::move(drift); }
 
  private:
+  void apply_step_drift();
+
   ClientConfig config_;
   dist::SingleProcess alone_;
   dist::Communicator* comm_;
@@ -114,6 +120,7 @@ class LocalTrainer : public RoundTrainer {
   std::string manifest_hash_;
   int64_t step_ = 0;
   train::FaultInjection fault_;
+  Weights step_drift_;
 };
 
 class Client {
@@ -160,6 +167,7 @@ class Client {
   RoundTrainer* trainer_ = nullptr;      // the one of them this client has
   ParamSpecs specs_;
   ErrorFeedback feedback_;
+  DriftCorrection drift_;              // pre-training's train.drift_correction
   std::unique_ptr<LocalDp> local_dp_;  // [local_dp]: clip and noise before anything leaves
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
   std::unique_ptr<secagg::ClientSession> secagg_;  // the current round's

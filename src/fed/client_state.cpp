@@ -17,27 +17,27 @@ namespace fs = std::filesystem;
 
 namespace {
 
-io::NamedTensors residual_tensors(const ErrorFeedback& feedback, const ParamSpecs& specs) {
-  io::NamedTensors residual;
-  for (size_t i = 0; i < feedback.residual().size(); ++i) {
-    residual.emplace_back(specs[i].name, feedback.residual()[i]);
-  }
-  return residual;
+io::NamedTensors named(const Weights& tensors, const ParamSpecs& specs) {
+  io::NamedTensors out;
+  for (size_t i = 0; i < tensors.size(); ++i) out.emplace_back(specs[i].name, tensors[i]);
+  return out;
 }
 
-// The error-feedback residual of a state (none when it has no file).
-Weights read_residual(const fs::path& ckpt, const std::string& client_id, const ParamSpecs& specs) {
-  Weights residual;
-  if (!fs::exists(ckpt / "feedback.safetensors")) return residual;
-  const auto f = io::read_safetensors(ckpt / "feedback.safetensors");
+// Tensors of the exchanged shapes from `file` of a state (none when it has no such file): the
+// error-feedback residual, the drift correction's anchor.
+Weights read_exchanged(const fs::path& ckpt, const std::string& file, const std::string& client_id,
+                       const ParamSpecs& specs) {
+  Weights out;
+  if (!fs::exists(ckpt / file)) return out;
+  const auto f = io::read_safetensors(ckpt / file);
   for (const auto& spec : specs) {
     const Tensor* t = f.find(spec.name);
     POLLEN_CHECK(t && t->shape() == spec.shape && t->dtype() == DType::f32, "fed client '",
-                 client_id, "': ", (ckpt / "feedback.safetensors").string(), ": tensor '",
-                 spec.name, "' is missing or not float32 of the exchanged tensors' shape");
-    residual.push_back(t->clone());
+                 client_id, "': ", (ckpt / file).string(), ": tensor '", spec.name,
+                 "' is missing or not float32 of the exchanged tensors' shape");
+    out.push_back(t->clone());
   }
-  return residual;
+  return out;
 }
 
 // Refuses a state of another client, or trained on other data than the client's now.
@@ -56,11 +56,11 @@ void check_owner(const nlohmann::json& state, const fs::path& ckpt, const std::s
 
 void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
                        LocalTrainer& trainer, const ParamSpecs& specs,
-                       const ErrorFeedback& feedback) {
+                       const ErrorFeedback& feedback, const DriftCorrection& drift) {
   const auto params = trainer.model().named_parameters();
   const train::OptimizerMoments opt = trainer.optimizer_moments();
   io::NamedTensors weights, moments;
-  const io::NamedTensors residual = residual_tensors(feedback, specs);
+  const io::NamedTensors residual = named(feedback.residual(), specs);
   for (size_t i = 0; i < params.size(); ++i) {
     weights.emplace_back(params[i].first, params[i].second.value());
     moments.emplace_back(params[i].first + ".exp_avg", opt.exp_avg[i]);
@@ -72,18 +72,23 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
   w.add_tensors("optimizer.safetensors", moments,
                 {{"step", std::to_string(opt.steps)}, {"optimizer", "adamw"}});
   if (!residual.empty()) w.add_tensors("feedback.safetensors", residual);
-  const nlohmann::ordered_json state{{"client", client_id},
-                                     {"round", round},
-                                     {"local_steps", trainer.steps_taken()},
-                                     {"data_manifest_hash", trainer.manifest_hash()},
-                                     {"loader", trainer.train_loader().state().to_json()}};
+  nlohmann::ordered_json state{{"client", client_id},
+                               {"round", round},
+                               {"local_steps", trainer.steps_taken()},
+                               {"data_manifest_hash", trainer.manifest_hash()},
+                               {"loader", trainer.train_loader().state().to_json()}};
+  if (!drift.anchor().empty()) {
+    w.add_tensors("drift_anchor.safetensors", named(drift.anchor(), specs));
+    state["drift_anchor_round"] = drift.anchor_round();
+  }
   w.add_text("state.json", state.dump(1));
   w.commit();
   io::apply_retention(dir / "checkpoints", keep);
 }
 
 int64_t load_client_state(const fs::path& dir, const std::string& client_id, LocalTrainer& trainer,
-                          const ParamSpecs& specs, ErrorFeedback& feedback) {
+                          const ParamSpecs& specs, ErrorFeedback& feedback,
+                          DriftCorrection& drift) {
   // Rank 0 chooses the state (the newest that verifies) and tells the silo's other ranks, which
   // load the same one.
   dist::Communicator& comm = trainer.communicator();
@@ -103,7 +108,11 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
   trainer.load_checkpoint(ckpt);
   trainer.train_loader().restore(data::LoaderState::from_json(state.at("loader")));
   trainer.set_steps_taken(state.at("local_steps").get<int64_t>());
-  feedback.set_residual(comm.rank() == 0 ? read_residual(ckpt, client_id, specs) : Weights{});
+  if (comm.rank() == 0) {
+    feedback.set_residual(read_exchanged(ckpt, "feedback.safetensors", client_id, specs));
+    drift.restore(read_exchanged(ckpt, "drift_anchor.safetensors", client_id, specs),
+                  state.value("drift_anchor_round", int64_t{0}));
+  }
   const int64_t round = state.at("round").get<int64_t>();
   log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
             trainer.steps_taken(), " local steps) from ", ckpt.string());
@@ -115,7 +124,7 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
                        const ErrorFeedback& feedback) {
   io::CheckpointWriter w(dir / "checkpoints", silo.steps_taken());
   const nlohmann::ordered_json trained = silo.write_state(w);
-  const io::NamedTensors residual = residual_tensors(feedback, specs);
+  const io::NamedTensors residual = named(feedback.residual(), specs);
   if (!residual.empty()) w.add_tensors("feedback.safetensors", residual);
   const nlohmann::ordered_json state{{"client", client_id},
                                      {"round", round},
@@ -145,7 +154,7 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Lor
       " holds adapters of another base or LoRA config than post.run's; remove the state "
       "folder to start this silo afresh");
   silo.read_state(ckpt, state.at("silo"));
-  feedback.set_residual(read_residual(ckpt, client_id, specs));
+  feedback.set_residual(read_exchanged(ckpt, "feedback.safetensors", client_id, specs));
   const int64_t round = state.at("round").get<int64_t>();
   log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
             silo.steps_taken(), " local steps) from ", ckpt.string());

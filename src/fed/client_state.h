@@ -1,19 +1,21 @@
 #pragma once
 // A client's local state on disk, so that a restarted silo continues where it stopped: the
 // inner AdamW moments and step count, the training loader's position (its seed, epoch and
-// cursor: the only randomness of local training), the error-feedback residual and the last
-// round it trained. Written after every round as a checkpoint (atomic, checksummed) under
-// `dir`/checkpoints/step-<local step>; the newest that verifies is resumed. A silo of several
-// ranks writes it once, from rank 0, in the same format (so it resumes at any number of ranks);
-// every rank loads it (the error-feedback residual is rank 0's alone). A post-training silo
-// (LoraSilo) writes its adapters' B instead of the model (adapter.safetensors), the moments of B,
-// and its objective's state (data position), beside the same state.json and residual; its state
-// also names the base's fingerprint, and a state of another base is refused.
+// cursor: the only randomness of local training), the error-feedback residual, the drift
+// correction's anchor (fed/drift_correction.h) and the last round it trained. Written after every
+// round as a checkpoint (atomic, checksummed) under `dir`/checkpoints/step-<local step>; the newest
+// that verifies is resumed. A silo of several ranks writes it once, from rank 0, in the same format
+// (so it resumes at any number of ranks); every rank loads it (the error-feedback residual and the
+// anchor are rank 0's alone). A post-training silo (LoraSilo) writes its adapters' B instead of the
+// model (adapter.safetensors), the moments of B, and its objective's state (data position), beside
+// the same state.json and residual; its state also names the base's fingerprint, and a state of
+// another base is refused.
 #include <cstdint>
 #include <filesystem>
 #include <string>
 
 #include "fed/compress.h"
+#include "fed/drift_correction.h"
 #include "fed/wire.h"
 
 namespace pollen::fed {
@@ -23,13 +25,14 @@ class LoraSilo;
 
 void save_client_state(const std::filesystem::path& dir, int keep, const std::string& client_id,
                        int64_t round, LocalTrainer& trainer, const ParamSpecs& specs,
-                       const ErrorFeedback& feedback);
+                       const ErrorFeedback& feedback, const DriftCorrection& drift);
 
 // Restores the newest valid state under dir (a collective of the trainer's ranks); returns the
 // last round trained then, or 0 when there is none. Throws when the state belongs to another client
 // or another dataset.
 int64_t load_client_state(const std::filesystem::path& dir, const std::string& client_id,
-                          LocalTrainer& trainer, const ParamSpecs& specs, ErrorFeedback& feedback);
+                          LocalTrainer& trainer, const ParamSpecs& specs, ErrorFeedback& feedback,
+                          DriftCorrection& drift);
 
 }  // namespace pollen::fed
 

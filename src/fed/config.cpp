@@ -120,6 +120,9 @@ LocalTrainConfig read_local_train(ConfigTable& t) {
   c.warmup_steps = t.get_int("warmup_steps", c.warmup_steps);
   c.round_warmup_steps = t.get_int("round_warmup_steps", c.round_warmup_steps);
   POLLEN_CHECK(c.round_warmup_steps >= 0, t.where("round_warmup_steps"), ": must be 0 or more");
+  c.drift_correction = t.get_double("drift_correction", c.drift_correction);
+  POLLEN_CHECK(c.drift_correction >= 0 && c.drift_correction <= 1, t.where("drift_correction"),
+               ": must be in [0, 1], got ", c.drift_correction);
   c.total_steps = t.get_int("total_steps", c.total_steps);
   c.beta1 = t.get_double("beta1", c.beta1);
   c.beta2 = t.get_double("beta2", c.beta2);

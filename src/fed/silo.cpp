@@ -18,12 +18,26 @@ void broadcast_weights(dist::Communicator& comm, model::Llama& model) {
   for (const auto r : requests) comm.wait(r);
 }
 
+// The step drift from rank 0 into `drift` (sized as the model's parameters on the other ranks).
+void broadcast_drift(dist::Communicator& comm, Weights& drift) {
+  std::vector<dist::Request> requests;
+  for (Tensor& d : drift) {
+    requests.push_back(comm.start_broadcast(d.data<float>(), d.numel(), 0, "the step drift"));
+  }
+  for (const auto r : requests) comm.wait(r);
+}
+
 }  // namespace
 
-void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama* model) {
-  int64_t words[3] = {order.round, order.local_steps, order.evaluate ? 1 : 0};
+void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama* model,
+                const Weights& step_drift) {
+  int64_t words[4] = {order.round, order.local_steps, order.evaluate ? 1 : 0,
+                      step_drift.empty() ? 0 : 1};
   comm.broadcast(words, 0, "rank 0's order");
-  if (order.round > 0) broadcast_weights(comm, *model);
+  if (order.round == 0) return;
+  broadcast_weights(comm, *model);
+  Weights drift = step_drift;  // shares the tensors: rank 0 only sends
+  if (!drift.empty()) broadcast_drift(comm, drift);
 }
 
 void follow_orders(const ClientConfig& config, dist::Communicator& comm,
@@ -32,14 +46,21 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
   trainer.set_fault_injection(fault);
   const ParamSpecs specs = param_specs(trainer.model());
   ErrorFeedback feedback;  // rank 0's alone; loaded there only
+  DriftCorrection drift;   // likewise
   if (!config.state_dir.empty()) {
-    load_client_state(config.state_dir, config.id, trainer, specs, feedback);
+    load_client_state(config.state_dir, config.id, trainer, specs, feedback, drift);
   }
   for (;;) {
-    int64_t words[3] = {0, 0, 0};
+    int64_t words[4] = {0, 0, 0, 0};
     comm.wait_for_broadcast(words, 0, "rank 0's order");
     if (words[0] == 0) return;
     broadcast_weights(comm, trainer.model());
+    Weights step_drift;
+    if (words[3] != 0) {
+      for (const auto& spec : specs) step_drift.push_back(Tensor::empty(spec.shape, DType::f32));
+      broadcast_drift(comm, step_drift);
+    }
+    trainer.set_step_drift(std::move(step_drift));
     try {
       if (words[2] != 0) {
         int64_t tokens = 0;

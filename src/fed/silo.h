@@ -10,6 +10,7 @@
 
 #include "dist/communicator.h"
 #include "fed/config.h"
+#include "fed/strategy.h"
 #include "model/llama.h"
 #include "train/trainer.h"
 
@@ -21,8 +22,10 @@ struct RoundOrder {
   bool evaluate = false;  // score the global model on the validation split first
 };
 
-// Rank 0: sends the order and, for a round, `model`'s weights (the global model) to the others.
-void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama* model);
+// Rank 0: sends the order and, for a round, `model`'s weights (the global model) and the round's
+// step drift (fed/drift_correction.h; empty: none) to the others.
+void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama* model,
+                const Weights& step_drift = {});
 
 // Every rank but 0: resumes the client's state under config.state_dir as rank 0 does, then
 // trains the rounds rank 0 orders until it says the run is over. While rank 0 talks to the

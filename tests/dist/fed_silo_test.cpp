@@ -35,25 +35,27 @@ struct Federation {
 };
 
 // A server of 2 rounds of 3 local steps (FedAvg, lr 1: the new global model is the old one minus
-// the only client's pseudo-gradient) and its client: a global batch of 4 rows per step (2 rows,
-// 2 micro-steps in one process; 1 micro-step of 2 rows per rank on 2 ranks), evaluation every
-// round, the client's state under state/.
-Federation write_federation(const std::string& name, const std::string& parallel = "") {
+// the only client's pseudo-gradient; or `strategy`) and its client: a global batch of 4 rows per
+// step (2 rows, 2 micro-steps in one process; 1 micro-step of 2 rows per rank on 2 ranks),
+// evaluation every round, the client's state under state/, `train` added to its [train].
+Federation write_federation(const std::string& name, const std::string& parallel = "",
+                            const std::string& strategy = "fedavg", const std::string& train = "") {
   static int runs = 0;
   Federation f{temp_dir(name), 20000 + static_cast<int>((::getpid() * 7 + 31 * runs++) % 20000)};
   write_file_atomic(
       f.dir / "fed.toml",
       cat("[server]\ndir = '", (f.dir / "server").string(), "'\naddress = '", f.address(),
           "'\nseed = 5\nrounds = 2\nlocal_steps = 3\nround_timeout_s = 120\n"
-          "wait_for_clients_s = 60\n[strategy]\nname = 'fedavg'\n",
-          kModel));
-  write_file_atomic(f.dir / "client.toml",
-                    cat("[client]\nid = 'silo-0'\nserver = '", f.address(),
-                        "'\nseed = 100\nthreads = 1\nstate_dir = '", (f.dir / "state").string(),
-                        "'\n[data]\nmanifests = ['", silo_data().string(),
-                        "']\n[train]\nmicro_batch = 2\naccumulation = 2\nseq = 16\nlr = 3e-3\n"
-                        "eval_batches = 2\n[parallel]\n",
-                        parallel.empty() ? "timeout_s = 20\n" : parallel, kModel));
+          "wait_for_clients_s = 60\n[strategy]\nname = '",
+          strategy, "'\n", kModel));
+  write_file_atomic(
+      f.dir / "client.toml",
+      cat("[client]\nid = 'silo-0'\nserver = '", f.address(),
+          "'\nseed = 100\nthreads = 1\nstate_dir = '", (f.dir / "state").string(),
+          "'\n[data]\nmanifests = ['", silo_data().string(),
+          "']\n[train]\nmicro_batch = 2\naccumulation = 2\nseq = 16\nlr = 3e-3\n"
+          "eval_batches = 2\n",
+          train, "[parallel]\n", parallel.empty() ? "timeout_s = 20\n" : parallel, kModel));
   return f;
 }
 
@@ -145,8 +147,8 @@ double max_abs(const std::vector<double>& v) {
 // from the common initial model is round 1's) must match the reference: every element of the
 // pseudo-gradient within 1e-5 of the largest (float reduction order differs with the ranks;
 // measured: 1.3e-6).
-void expect_same_pseudo_gradients(const std::vector<Weights>& models, const std::string& what) {
-  const auto& ref = reference();
+void expect_same_pseudo_gradients(const std::vector<Weights>& models, const std::string& what,
+                                  const std::vector<Weights>& ref = reference()) {
   ASSERT_GE(ref.size(), 2u);
   ASSERT_EQ(models.size(), ref.size()) << what;
   const auto n = ref.size();
@@ -179,6 +181,23 @@ TEST(FederatedSilo, ZeroShardedTwoRanksUnderPollenLaunchPushTheSamePseudoGradien
   const Federation f = write_federation("zero", "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n");
   expect_same_pseudo_gradients(federate(f, 2, true), "2 ranks, ZeRO-1");
   fs::remove_all(f.dir);
+}
+
+TEST(FederatedSilo, TwoRanksApplyTheDriftCorrectionOfOneProcess) {
+  // Under DiLoCo's momentum the global model moves further than the client's own move, so round
+  // 2 is corrected (docs/federated.md, Drift correction); every rank must take the same steps.
+  const auto drifting = [](const std::string& name) {
+    return write_federation(name, "", "diloco", "drift_correction = 1\n");
+  };
+  const Federation one = drifting("drift_one"), two = drifting("drift_two");
+  const auto ref = federate(one, 1);
+  expect_same_pseudo_gradients(federate(two, 2), "2 ranks with drift correction", ref);
+  // And the correction changed round 2 (against the same federation without it).
+  const Federation plain = write_federation("drift_plain", "", "diloco");
+  const auto uncorrected = federate(plain, 1);
+  ASSERT_EQ(uncorrected.size(), ref.size());
+  EXPECT_GT(max_abs(difference(uncorrected.back(), ref.back())), 1e-6);
+  for (const auto* f : {&one, &two, &plain}) fs::remove_all(f->dir);
 }
 
 TEST(FederatedSilo, KilledRankIsNamedAndTheClientResumesAsOneProcess) {
