@@ -9,7 +9,9 @@
 #      en silo does not hold, with the Bulgarian and Esperanto fortunes; no silo's data is in it.
 #   2. One shared tokenizer trained federatedly: each silo sends only its pre-token counts.
 #   2b. The shared warm-up (DiLoCo starts from a pre-trained model): `pollen train` on the public
-#      silo alone for WARMUP_STEPS steps (0: none, every run starts from random weights).
+#      silo alone for WARMUP_STEPS steps (0: none, every run starts from random weights). With
+#      WARMUP_SILO=man the public silo is instead the translated manual pages of the silos'
+#      languages (Debian's manpages-de, -es, -it, -ru, -pl, -cs, -pt-br, rendered with groff).
 #   3. For N in CLIENTS (default "4 8"; the first N silos), each from the warm-up's checkpoint
 #      (model.init_from):
 #        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM, H local
@@ -26,16 +28,16 @@
 # WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), DRIFT (their
 # train.drift_correction), OUTER (strategy.name: diloco, fedadam, fedyogi, ...), OUTER_LR,
 # OUTER_MOMENTUM, OUTER_BETA1, OUTER_BETA2, OUTER_TAU (-1: the strategy's default),
-# ROW_WEIGHTING (strategy.row_weighting), WARMUP_STEPS, WARMUP_LR, RUNS (which of diloco,
-# diloco-int8, baseline), MODEL (the model file, default model.toml), POLLEN (the binary),
-# THREADS (0: every core), OUT. The defaults are the best configuration measured
-# (bench/README.md).
+# ROW_WEIGHTING (strategy.row_weighting), WARMUP_STEPS, WARMUP_LR, WARMUP_SILO (pub or man),
+# RUNS (which of diloco, diloco-int8, baseline), MODEL (the model file, default model.toml),
+# POLLEN (the binary), THREADS (0: every core), OUT. The defaults are the best configuration
+# measured (bench/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 CLIENTS=${CLIENTS-"4 8"}
 H=${H:-125}
-ROUNDS=${ROUNDS:-2}
+ROUNDS=${ROUNDS:-8}
 SEQ=${SEQ:-64}
 MICRO_BATCH=${MICRO_BATCH:-4}
 INNER_LR=${INNER_LR:-3e-3}
@@ -49,9 +51,10 @@ OUTER_BETA2=${OUTER_BETA2:--1}
 OUTER_TAU=${OUTER_TAU:--1}
 ROW_WEIGHTING=${ROW_WEIGHTING:-token_counts}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
-DRIFT=${DRIFT:-0}
+DRIFT=${DRIFT:-0.75}
 WARMUP_STEPS=${WARMUP_STEPS:-2000}
 WARMUP_LR=${WARMUP_LR:-3e-3}
+WARMUP_SILO=${WARMUP_SILO:-pub}
 RUNS=${RUNS:-"diloco diloco-int8 baseline"}
 THREADS=${THREADS:-0}
 OUT=$(realpath -m "${OUT:-out/bench/fed_vs_central}")
@@ -89,9 +92,12 @@ declare -A EXPECTED_SHA256=(
   [pt]=30ff61437317498276a0d107666321a267cbd54b295e4dda688697eb0bd86e88
   [en]=9e576c17ad32a1efa1dd49818dcce0ded349f14ca504d6132cb2e127aa690382
   [pub]=bf11f89113745eac7182c84b6976f0677c7f8fce6585513a51d1509eb71c2948
+  [man]=b9df671719a78c4c76b7aea9c8a39baba9ad8997f5428c928502bdb0e72cbc8c
 )
+MAN_PACKAGES="manpages-de manpages-es manpages-it manpages-ru manpages-pl manpages-cs manpages-pt-br"
 
 inputs() { find $1 -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort; }
+man_pages() { for p in $MAN_PACKAGES; do dpkg -L "$p" | grep '\.gz$' | LC_ALL=C sort; done; }
 
 step "1/4 one silo per language, each curated on its own, and the public silo"
 for l in "${LANGS[@]}" pub; do
@@ -114,6 +120,26 @@ for l in "${LANGS[@]}" pub; do
     "$(inputs "${SOURCES[$l]}" | xargs cat | wc -c | awk '{print $1 / 1e6}')"
 done
 
+if [ "$WARMUP_SILO" = man ]; then
+  sha=$(man_pages | xargs cat | sha256sum | cut -d' ' -f1)
+  [ "$sha" = "${EXPECTED_SHA256[man]}" ] || [ -n "${ALLOW_OTHER_INPUTS:-}" ] ||
+    { echo "silo man: inputs have sha256 $sha, expected ${EXPECTED_SHA256[man]}" >&2; exit 1; }
+  if [ ! -d "$OUT/man-text" ]; then
+    man_pages | while read -r f; do
+      d="$OUT/man-text.tmp/$(basename "$(dirname "$(dirname "$f")")")"
+      mkdir -p "$d"
+      zcat "$f" | groff -k -man -Tutf8 -P-cbou -rLL=300n 2>/dev/null | tr -s ' ' \
+        >"$d/$(basename "$f" .gz).txt"
+    done
+    mv "$OUT/man-text.tmp" "$OUT/man-text"
+  fi
+  sed -e "s|@LANG@|man|g" -e "s|@OUT@|$OUT|g" -e "s|@PATHS@|\"$OUT/man-text\"|" \
+    -e 's|format = "delimited"|format = "text"|' -e '/^delimiter/d' -e '/^exclude/d' \
+    "$HERE/silo.toml.in" >"$OUT/configs/silo-man.toml"
+  printf '  man %6.2f MB of rendered manual pages\n' \
+    "$(cat "$OUT"/man-text/*/* | wc -c | awk '{print $1 / 1e6}')"
+fi
+
 step "2/4 the shared tokenizer from each silo's pre-token counts"
 if [ ! -f "$OUT/tokenizer.json" ]; then
   for l in "${LANGS[@]}"; do
@@ -125,8 +151,10 @@ if [ ! -f "$OUT/tokenizer.json" ]; then
 fi
 FINGERPRINT=$("$POLLEN" tokenizer info --tokenizer "$OUT/tokenizer.json" |
   awk '/fingerprint/ {print $NF}')
-for l in "${LANGS[@]}" pub; do
-  if ! jq -e '.shards | length > 0' "$OUT/data/$l/manifest.json" >/dev/null; then
+PUBLIC=(pub)
+[ "$WARMUP_SILO" = pub ] || PUBLIC+=("$WARMUP_SILO")
+for l in "${LANGS[@]}" "${PUBLIC[@]}"; do
+  if ! jq -e '.shards | length > 0' "$OUT/data/$l/manifest.json" >/dev/null 2>&1; then
     "$POLLEN" data prepare --config "$OUT/configs/silo-$l.toml" --threads "$THREADS" \
       >"$OUT/prepare-$l.log" 2>&1 || { cat "$OUT/prepare-$l.log"; exit 1; }
   fi
@@ -260,7 +288,7 @@ threads = $THREADS
 [model]
 file = "$MODEL"
 [data]
-manifests = ["$OUT/data/pub/manifest.json"]
+manifests = ["$OUT/data/$WARMUP_SILO/manifest.json"]
 validation_split = ""
 [train]
 steps = $WARMUP_STEPS
@@ -296,6 +324,7 @@ evaluate() {  # name n [output name]
 }
 
 WARMUP_NAME=warmup-$WARMUP_STEPS-$WARMUP_LR
+[ "$WARMUP_SILO" = pub ] || WARMUP_NAME+=-$WARMUP_SILO
 # Another model warms up on its own (its name in the run folder).
 [ "$MODEL" = "$(realpath $HERE/model.toml)" ] || WARMUP_NAME+=-$(basename "$MODEL" .toml)
 if [ "$WARMUP_STEPS" -gt 0 ]; then
