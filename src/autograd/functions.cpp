@@ -31,13 +31,13 @@ void on_backward(const Var& out, F&& fn) {
 }
 
 Tensor empty_like(const Tensor& t) {
-  return Tensor::empty(t.shape(), t.dtype());
+  return Tensor::empty(t.shape(), t.dtype(), t.device());
 }
 }  // namespace
 
 Var embedding(const Var& table, const Tensor& ids) {
   const int64_t n = ids.numel(), c = table.size(1);
-  Tensor out = Tensor::empty({n, c}, table.dtype());
+  Tensor out = Tensor::empty({n, c}, table.dtype(), table.value().device());
   ops::embedding_forward(table.value(), ids.reshape({n}), out);
   const bool record = should_record({&table});
   Var y = make_output(out, record);
@@ -53,10 +53,13 @@ Var linear(const Var& x, const Var& w, const Var* bias) {
   const int64_t k = w.size(1), m = w.size(0);
   const Tensor x2 = x.value().reshape({-1, k});
   const int64_t n = x2.size(0);
-  Tensor out = Tensor::empty({n, m}, x.dtype());
+  const Device device = x2.device();
+  Tensor out = Tensor::empty({n, m}, x.dtype(), device);
   if (bias) {
-    // Start from the bias broadcast over rows, then accumulate x @ w^T.
-    for (int64_t i = 0; i < n; ++i) out.slice(0, i, i + 1).copy_(bias->value().reshape({1, m}));
+    // Start from the bias broadcast over rows (ones (N,1) @ bias (1,M), exact), then accumulate
+    // x @ w^T.
+    ops::gemm(Tensor::full({n, 1}, 1.0, x.dtype()).to(device), false, bias->value().reshape({1, m}),
+              false, out);
     ops::gemm(x2, false, w.value(), true, out, 1.0, 1.0);
   } else {
     ops::gemm(x2, false, w.value(), true, out);
@@ -71,7 +74,7 @@ Var linear(const Var& x, const Var& w, const Var* bias) {
           Tensor dx = xn->grad.view({n, k});
           ops::gemm(dy, false, wn->value, false, dx, 1.0, 1.0);
         } else {
-          Tensor dx = Tensor::empty({n, k}, dy.dtype());
+          Tensor dx = Tensor::empty({n, k}, dy.dtype(), dy.device());
           ops::gemm(dy, false, wn->value, false, dx);
           accumulate(xn, dx);
         }
@@ -82,7 +85,7 @@ Var linear(const Var& x, const Var& w, const Var* bias) {
       }
       if (bn && bn->requires_grad) {  // db (M) += column sums of dy, in row order
         Tensor& db = grad_buffer(bn);
-        Tensor ones = Tensor::full({1, n}, 1.0, dy.dtype());
+        Tensor ones = Tensor::full({1, n}, 1.0, dy.dtype()).to(dy.device());
         Tensor db2 = db.view({1, m});
         ops::gemm(ones, false, dy, false, db2, 1.0, 1.0);
       }
@@ -94,7 +97,7 @@ Var linear(const Var& x, const Var& w, const Var* bias) {
 Var rmsnorm(const Var& x, const Var& w, double eps) {
   const int64_t c = w.size(0);
   const Tensor x2 = x.value().reshape({-1, c});
-  Tensor y = empty_like(x2), rstd = Tensor::empty({x2.size(0)}, x.dtype());
+  Tensor y = empty_like(x2), rstd = Tensor::empty({x2.size(0)}, x.dtype(), x2.device());
   ops::rmsnorm_forward(x2, w.value(), eps, y, rstd);
   const bool record = should_record({&x, &w});
   Var out = make_output(y.view(x.shape()), record);
@@ -102,8 +105,9 @@ Var rmsnorm(const Var& x, const Var& w, double eps) {
     on_backward(out, [xn = x.node(), wn = w.node(), x2, rstd](const Tensor& dy) {
       Tensor dx = empty_like(x2);
       Tensor dw_scratch;
-      Tensor& dw = wn->requires_grad ? grad_buffer(wn)
-                                     : (dw_scratch = Tensor::zeros(wn->value.shape(), dy.dtype()));
+      Tensor& dw = wn->requires_grad
+                       ? grad_buffer(wn)
+                       : (dw_scratch = Tensor::zeros(wn->value.shape(), dy.dtype(), dy.device()));
       ops::rmsnorm_backward(dy.reshape(x2.shape()), x2, wn->value, rstd, dx, dw, false);
       accumulate(xn, dx);
     });
@@ -130,7 +134,7 @@ Var attention(const Var& q, const Var& k, const Var& v, const Tensor& seg_start,
   const Tensor qc = q.value().contiguous(), kc = k.value().contiguous(),
                vc = v.value().contiguous();
   Tensor out = empty_like(qc);
-  Tensor lse = Tensor::empty({qc.size(0), qc.size(2), qc.size(1)}, qc.dtype());
+  Tensor lse = Tensor::empty({qc.size(0), qc.size(2), qc.size(1)}, qc.dtype(), qc.device());
   ops::attention_forward(qc, kc, vc, seg_start, scale, out, lse);
   const bool record = should_record({&q, &k, &v});
   Var y = make_output(out, record);
@@ -205,9 +209,10 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
   if (record) {
     // The gradient comes out of the same pass as the loss (for d loss = 1); backward scales it.
     grads.dh = empty_like(h2);
-    grads.dw = Tensor::zeros(w.shape(), w.dtype());
+    grads.dw = Tensor::zeros(w.shape(), w.dtype(), w.value().device());
+    const Tensor host_targets = tg.device() == Device::cpu ? tg : tg.to(Device::cpu);
     int64_t n_scored = 0;
-    for (int64_t i = 0; i < tg.numel(); ++i) n_scored += tg.data<int32_t>()[i] >= 0;
+    for (int64_t i = 0; i < tg.numel(); ++i) n_scored += host_targets.data<int32_t>()[i] >= 0;
     grads.grad_scale = reduction == Reduction::mean && n_scored > 0 ? 1.0 / n_scored : 1.0;
     loss = ops::cross_entropy_forward(h2, w.value(), tg, &count, &grads);
   } else {

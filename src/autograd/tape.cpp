@@ -52,7 +52,9 @@ ObserveBackward::~ObserveBackward() {
 
 Tensor& grad_buffer(const std::shared_ptr<VarNode>& v) {
   note_leaf(v);
-  if (!v->grad.defined()) v->grad = Tensor::zeros(v->value.shape(), v->value.dtype());
+  if (!v->grad.defined()) {
+    v->grad = Tensor::zeros(v->value.shape(), v->value.dtype(), v->value.device());
+  }
   return v->grad;
 }
 

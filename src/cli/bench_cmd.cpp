@@ -17,9 +17,11 @@ void add_bench_command(CLI::App& app) {
   auto* step = bench->add_subcommand(
       "step",
       "Full training steps (forward, backward, AdamW) on random tokens; prints one JSON "
-      "line with tokens_per_s, step_ms, params, flops_per_token, gflops, peak_rss_mb");
+      "line with tokens_per_s, step_ms, params, flops_per_token, gflops, peak_rss_mb (and "
+      "peak_device_mb on a GPU), and every step's loss");
   auto model = std::make_shared<std::string>("llama-tiny");
   auto opts = std::make_shared<train::StepBenchOptions>();
+  auto device = std::make_shared<std::string>("cpu");
   step->add_option("--model", *model,
                    "Preset (llama-tiny, llama-cpu, llama-124m, llama-1b, "
                    "smollm2-135m) or a model .toml file")
@@ -31,7 +33,11 @@ void add_bench_command(CLI::App& app) {
   step->add_option("--threads", opts->threads, "CPU threads (0: all)")->capture_default_str();
   step->add_option("--seed", opts->seed, "Seed for weights and tokens")->capture_default_str();
   step->add_flag("--recompute", opts->recompute, "Recompute each layer's activations in backward");
-  step->callback([model, opts] {
+  step->add_option("--device", *device,
+                   "cpu, or cuda: the model, gradients and AdamW state on the GPU (float32)")
+      ->capture_default_str();
+  step->callback([model, opts, device] {
+    opts->device = parse_device(*device);
     auto result = train::run_step_bench(model::resolve_config(*model), *opts);
     std::printf("%s\n", result.to_json().c_str());
   });

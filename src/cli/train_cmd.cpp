@@ -34,7 +34,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--resume", *resume,
                 "Continue from the newest checkpoint under run.dir/checkpoints that verifies "
                 "(starts at step 0 when there is none yet)");
-  cmd->callback([config, sets, resume] {
+  auto device = std::make_shared<std::string>();
+  cmd->add_option("--device", *device,
+                  "cpu or cuda: where the model, its gradients and AdamW's state live (as "
+                  "--set run.device=...; float32 either way)");
+  cmd->callback([config, sets, resume, device] {
+    if (!device->empty()) sets->push_back("run.device=" + *device);
     const train::TrainConfig cfg = train::load_train_config(*config, *sets);
     // One process unless a launcher (mpirun, srun) started several.
     const auto comm = dist::connect(cfg.timeout_s);

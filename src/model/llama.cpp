@@ -197,6 +197,22 @@ ag::Var Llama::block(int64_t layer, const ag::Var& x, const Batch& batch,
   return ag::add(x1, project(layer, down_proj, m, p.down_proj));
 }
 
+void Llama::to(Device device) {
+  if (device == device_) return;
+  POLLEN_CHECK(!lora_, "model '", config_.name, "': a model with LoRA adapters stays on the ",
+               device_name(device_));
+  if (device == Device::cuda) require_gpu("model '" + config_.name + "'");
+  for (auto& [name, v] : named_parameters()) {
+    v.node()->value = v.value().to(device);
+    v.node()->grad = Tensor();
+  }
+  device_ = device;
+}
+
+Tensor Llama::on_device(const Tensor& t) const {
+  return t.device() == device_ ? t : t.to(device_);
+}
+
 ag::Var Llama::hidden_states(const Batch& batch) const {
   POLLEN_CHECK(batch.tokens.dim() == 2, "model input: tokens must be (batch, seq), got ",
                shape_str(batch.tokens.shape()));
@@ -204,7 +220,11 @@ ag::Var Llama::hidden_states(const Batch& batch) const {
   Batch full = batch;
   if (!full.positions.defined()) full.positions = iota_rows(b, t);
   if (!full.doc_ids.defined()) full.doc_ids = Tensor::zeros({b, t}, DType::i32);
-  const Tensor seg_start = window_starts(ops::segment_starts(full.doc_ids), config_.sliding_window);
+  // Document starts come from the host's ids; then everything the layers read moves over.
+  const Tensor seg_start =
+      on_device(window_starts(ops::segment_starts(full.doc_ids), config_.sliding_window));
+  full.tokens = on_device(full.tokens);
+  full.positions = on_device(full.positions);
 
   ag::Var x = ag::embedding(embed_tokens_, full.tokens);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
@@ -232,14 +252,15 @@ ag::Var Llama::loss(const Batch& batch, ag::Reduction reduction, int64_t* scored
   POLLEN_CHECK(batch.targets.defined() && batch.targets.shape() == batch.tokens.shape(),
                "model loss: targets must have the shape of tokens ",
                shape_str(batch.tokens.shape()));
-  return ag::cross_entropy(hidden_states(batch), head_weight(), batch.targets, reduction, scored);
+  return ag::cross_entropy(hidden_states(batch), head_weight(), on_device(batch.targets), reduction,
+                           scored);
 }
 
 Tensor Llama::logits(const Batch& batch) const {
   ag::NoGrad no_grad;
   ag::Var h = hidden_states(batch);
   const ag::Var w = head_weight();
-  Tensor out = Tensor::empty({h.size(0), w.size(0)}, dtype_);
+  Tensor out = Tensor::empty({h.size(0), w.size(0)}, dtype_, device_);
   ops::gemm(h.value(), false, w.value(), true, out);
   return out;
 }

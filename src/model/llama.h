@@ -45,6 +45,12 @@ class Llama {
 
   const LlamaConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
+  // Where the parameters live. to() moves every parameter there (gradients are dropped); the
+  // forward then moves each batch's host tensors (tokens, positions, targets, document starts)
+  // to that device itself, so callers keep building batches on the host. LoRA adapters stay on
+  // the CPU: a model with adapters cannot move.
+  Device device() const { return device_; }
+  void to(Device device);
 
   // Every parameter with its HF name, in a fixed order.
   std::vector<std::pair<std::string, ag::Var>> named_parameters() const;
@@ -90,12 +96,14 @@ class Llama {
   std::vector<std::pair<std::string, ag::Var>> collect_parameters(
       std::span<ag::Var LayerParams::*const> layer_order) const;
   ag::Var block(int64_t layer, const ag::Var& x, const Batch& batch, const Tensor& seg_start) const;
+  Tensor on_device(const Tensor& t) const;  // t itself when it is already on the model's device
   // x W^T (+ bias) for one of layer `layer`'s projections, with its LoRA adapter when attached.
   ag::Var project(int64_t layer, LoraTarget target, const ag::Var& x, const ag::Var& w,
                   const ag::Var* bias = nullptr) const;
 
   LlamaConfig config_;
   DType dtype_;
+  Device device_ = Device::cpu;
   bool tie_;
   bool recompute_ = false;
   ag::Var embed_tokens_, norm_, lm_head_;

@@ -9,8 +9,8 @@ AdamW::AdamW(std::vector<ag::Var> params, const AdamWOptions& options)
   for (const auto& p : params_) {
     ops::AdamWSlot s;
     s.param = p.value();
-    s.exp_avg = Tensor::zeros(p.shape(), p.dtype());
-    s.exp_avg_sq = Tensor::zeros(p.shape(), p.dtype());
+    s.exp_avg = Tensor::zeros(p.shape(), p.dtype(), p.value().device());
+    s.exp_avg_sq = Tensor::zeros(p.shape(), p.dtype(), p.value().device());
     s.weight_decay = p.value().dim() >= 2 ? options_.weight_decay : 0.0;
     slots_.push_back(std::move(s));
   }

@@ -17,4 +17,9 @@ Device parse_device(const std::string& name) {
   fail("unknown device '", name, "': expected cpu or cuda");
 }
 
+void require_gpu(const std::string& what) {
+  POLLEN_CHECK(!cuda_devices().empty(), what,
+               ": device 'cuda' is not usable here: ", cuda_status());
+}
+
 }  // namespace pollen

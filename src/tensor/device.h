@@ -20,5 +20,7 @@ struct GpuInfo {
 bool cuda_built();                    // was the CUDA backend compiled in?
 std::vector<GpuInfo> cuda_devices();  // GPUs the runtime sees (empty without CUDA or GPU)
 std::string cuda_status();            // why there are none, or the runtime version
+// Throws "<what>: device 'cuda' is not usable here: <cuda_status()>" when no GPU is usable.
+void require_gpu(const std::string& what);
 
 }  // namespace pollen

@@ -9,6 +9,7 @@
 #include "base/thread_pool.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "tensor/cuda_memory.h"
 
 namespace pollen::train {
 namespace {
@@ -35,6 +36,9 @@ std::string StepBenchResult::to_json() const {
   j["gflops"] = std::round(gflops * 10) / 10;
   j["loss"] = std::round(last_loss * 1000) / 1000;
   j["peak_rss_mb"] = std::round(peak_rss_mb);
+  j["device"] = device;
+  if (device != "cpu") j["peak_device_mb"] = std::round(peak_device_mb);
+  j["losses"] = losses;
   return j.dump();
 }
 
@@ -44,7 +48,9 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
   set_num_threads(o.threads > 0 ? o.threads
                                 : static_cast<int>(std::thread::hardware_concurrency()));
   model::Llama model(config, o.seed);
+  model.to(o.device);
   model.set_recompute(o.recompute);
+  const bool gpu = o.device == Device::cuda;
   optim::AdamW opt(model.parameters(), optim::AdamWOptions{});
 
   Rng rng(o.seed + 1);
@@ -59,6 +65,7 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
   const model::Batch batch = model::Batch::contiguous_rows(tokens, targets);
 
   double loss = 0;
+  std::vector<double> losses;
   auto one_step = [&] {
     ag::Tape tape;
     ag::Var l;
@@ -69,9 +76,12 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
     tape.backward(l);
     opt.step(3e-4);
     opt.zero_grad();
-    loss = l.value().item();
+    loss = l.value().item();  // computed on the host; the GPU may still be stepping
+    if (gpu) cuda::synchronize();
+    losses.push_back(loss);
   };
   for (int64_t i = 0; i < o.warmup; ++i) one_step();
+  if (gpu) CudaAllocator::instance().reset_peak();
   const double cpu0 = cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < o.steps; ++i) one_step();
@@ -96,6 +106,12 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
   r.gflops = r.tokens_per_s * r.flops_per_token / 1e9;
   r.last_loss = loss;
   r.peak_rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;
+  r.device = device_name(o.device);
+  if (gpu) {
+    r.peak_device_mb =
+        static_cast<double>(CudaAllocator::instance().stats().peak_in_use_bytes) / (1 << 20);
+  }
+  r.losses = std::move(losses);
   return r;
 }
 

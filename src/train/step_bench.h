@@ -4,7 +4,10 @@
 #include <cstdint>
 #include <string>
 
+#include <vector>
+
 #include "model/config.h"
+#include "tensor/device.h"
 
 namespace pollen::train {
 
@@ -13,6 +16,7 @@ struct StepBenchOptions {
   int threads = 0;  // 0: all hardware threads
   bool recompute = false;
   uint64_t seed = 0;
+  Device device = Device::cpu;  // cuda: the model, its gradients and AdamW's state on the GPU
 };
 
 struct StepBenchResult {
@@ -21,6 +25,9 @@ struct StepBenchResult {
   int64_t params = 0, batch = 0, seq = 0, steps = 0;
   double step_ms = 0, cpu_ms = 0, tokens_per_s = 0, flops_per_token = 0, gflops = 0, last_loss = 0;
   double peak_rss_mb = 0;
+  std::string device = "cpu";
+  double peak_device_mb = 0;    // cuda: the allocator's peak of bytes in use
+  std::vector<double> losses;   // every step's loss, warm-up steps first (same seed: same data)
   std::string to_json() const;  // one line
 };
 

@@ -22,6 +22,7 @@
 #include "obs/metrics.h"
 #include "obs/progress.h"
 #include "ops/gemm.h"
+#include "tensor/cuda_memory.h"
 #include "train/run_control.h"
 #include "train/samples.h"
 
@@ -154,16 +155,19 @@ std::vector<bool> decay_mask(const std::vector<std::pair<std::string, ag::Var>>&
   return mask;
 }
 
-double measure_peak_flops() {
-  constexpr int64_t n = 1024;
-  Tensor a = Tensor::full({n, n}, 0.5, DType::f32), b = Tensor::full({n, n}, 0.25, DType::f32);
-  Tensor c = Tensor::zeros({n, n}, DType::f32);
+double measure_peak_flops(Device device) {
+  const int64_t n = device == Device::cpu ? 1024 : 4096;
+  Tensor a = Tensor::full({n, n}, 0.5, DType::f32).to(device);
+  Tensor b = Tensor::full({n, n}, 0.25, DType::f32).to(device);
+  Tensor c = Tensor::zeros({n, n}, DType::f32, device);
   ops::gemm(a, false, b, false, c);  // warm up
+  if (device == Device::cuda) cuda::synchronize();
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = Clock::now();
     ops::gemm(a, false, b, false, c);
-    best = std::max(best, 2.0 * n * n * n / seconds_since(t0));
+    if (device == Device::cuda) cuda::synchronize();
+    best = std::max(best, 2.0 * static_cast<double>(n * n * n) / seconds_since(t0));
   }
   return best;
 }
@@ -178,13 +182,19 @@ CheckpointWritten write_checkpoint(const fs::path& root, int64_t step,
   const auto t0 = Clock::now();
   POLLEN_ASSERT(moments.exp_avg.size() == trained.size() &&
                 moments.exp_avg_sq.size() == trained.size());
+  // Files are written from host memory: a GPU run's tensors are copied over first.
+  auto host = [](const Tensor& t) { return t.device() == Device::cpu ? t : t.to(Device::cpu); };
   io::NamedTensors tensors;
   for (size_t i = 0; i < trained.size(); ++i) {
-    tensors.emplace_back(trained[i] + ".exp_avg", moments.exp_avg[i]);
-    tensors.emplace_back(trained[i] + ".exp_avg_sq", moments.exp_avg_sq[i]);
+    tensors.emplace_back(trained[i] + ".exp_avg", host(moments.exp_avg[i]));
+    tensors.emplace_back(trained[i] + ".exp_avg_sq", host(moments.exp_avg_sq[i]));
   }
   io::CheckpointWriter w(root, step);
-  for (const auto& f : weights) w.add_tensors(f.file, f.tensors, {{"format", "pt"}});
+  for (const auto& f : weights) {
+    io::NamedTensors on_host;
+    for (const auto& [name, t] : f.tensors) on_host.emplace_back(name, host(t));
+    w.add_tensors(f.file, on_host, {{"format", "pt"}});
+  }
   w.add_tensors("optimizer.safetensors", tensors,
                 {{"step", std::to_string(moments.steps)}, {"optimizer", "adamw"}});
   w.add_text("state.json", state.dump(2) + "\n");
@@ -248,7 +258,7 @@ void load_checkpoint_tensors(const fs::path& file,
                  file.string(), "': tensor '", name, "' is ", shape_str(t->shape()), " ",
                  dtype_name(t->dtype()), ", the model wants ", shape_str(dst.shape()), " ",
                  dtype_name(dst.dtype()));
-    std::memcpy(dst.raw(), t->raw(), dst.nbytes());
+    Tensor(dst).copy_(*t);  // into host or GPU memory
   }
 }
 
@@ -323,6 +333,15 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
                            ? model::Llama(cfg.model, cfg.seed)
                            : io::load_initial_weights(cfg.init_from, cfg.model, "model.init_from");
   model.set_recompute(cfg.recompute);
+  const Device device = parse_device(cfg.device);
+  if (device == Device::cuda) {
+    POLLEN_CHECK(!parallel, "run.device = \"cuda\" with ", comm.world(),
+                 " ranks: data parallelism on GPUs (NCCL) is not built yet; run one process");
+    POLLEN_CHECK(cfg.sample_prompts.empty(),
+                 "run.device = \"cuda\": [samples] generates on the "
+                 "CPU only so far; remove samples.prompts for a GPU run");
+  }
+  model.to(device);  // the optimizer below allocates its state where the parameters are
   const auto named = model.named_parameters();
   std::vector<ag::Var> params;
   for (const auto& [n, v] : named) params.push_back(v);
@@ -462,7 +481,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   const std::string config_toml = cfg.to_toml();
   if (lead) write_file_atomic(cfg.dir / "config.toml", config_toml);
 
-  const double peak = cfg.peak_flops > 0 ? cfg.peak_flops : measure_peak_flops();
+  const double peak = cfg.peak_flops > 0 ? cfg.peak_flops : measure_peak_flops(device);
   const double flops_per_token = cfg.model.flops_per_token(cfg.seq);
   log::info("training ", cfg.model.name, " (", cfg.model.parameter_count(), " parameters) for ",
             cfg.steps, " steps of ", cfg.batch_tokens, " tokens (", accum, " x ", cfg.micro_batch,
@@ -532,6 +551,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       if (zero) reduce_wait += zero->last_wait_s();
     }
     for (auto& p : params) p.zero_grad();
+    if (device == Device::cuda) cuda::synchronize();  // the step's time includes its GPU work
     counters.count_step(cfg.batch_tokens, good, acc.loss, cfg.max_bad_steps, progress);
     ++steps_here;
     last_loss = acc.loss;
@@ -553,6 +573,11 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
     rec["mfu"] = std::round(mfu * 1e5) / 1e5;
     rec["elapsed_s"] = std::round(elapsed * 1000) / 1000;
     rec["rss_mb"] = std::round(rss_mb() * 10) / 10;
+    if (device == Device::cuda) {  // the GPU allocator's peak of bytes in use so far
+      const double peak_bytes =
+          static_cast<double>(CudaAllocator::instance().stats().peak_in_use_bytes);
+      rec["gpu_peak_mb"] = std::round(peak_bytes / 1048576.0 * 10) / 10;
+    }
     if (parallel) {
       rec["ranks"] = comm.world();
       rec["tokens_per_s_per_rank"] = std::round(tps / comm.world() * 10) / 10;

@@ -81,8 +81,9 @@ AccumulatedLoss accumulate_gradients(const model::Llama& model,
 std::vector<bool> decay_mask(const std::vector<std::pair<std::string, ag::Var>>& params,
                              const std::vector<std::string>& no_decay);
 
-// This machine's f32 GEMM rate on pollen's thread pool (FLOP/s), MFU's default peak.
-double measure_peak_flops();
+// This machine's f32 GEMM rate (FLOP/s), MFU's default peak: on pollen's thread pool, or on the
+// GPU (cuBLASLt, fp32 accumulation, no TF32).
+double measure_peak_flops(Device device = Device::cpu);
 
 // A checkpoint of a model and its optimizer: model.safetensors (HF names), optimizer.safetensors
 // (<name>.exp_avg, <name>.exp_avg_sq; metadata "step"), plus the given JSON state and config.

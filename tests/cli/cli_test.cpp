@@ -49,6 +49,33 @@ TEST(Cli, BenchStepPrintsOneJsonLine) {
   EXPECT_GT(j["tokens_per_s"].get<double>(), 0);
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 0);
   EXPECT_NEAR(j["loss"].get<double>(), std::log(4096.0), 0.5);  // random init: about log V
+  EXPECT_EQ(j["device"], "cpu");
+}
+
+TEST(Cli, BenchStepListsEveryStepsLossTheSameForTheSameSeed) {
+  const std::string args =
+      "bench step --model llama-tiny --batch 1 --seq 16 --steps 2 --warmup 1 --threads 1 --seed 3";
+  CliRun a = run_pollen(args), b = run_pollen(args);
+  ASSERT_EQ(a.status, 0) << a.output;
+  ASSERT_EQ(b.status, 0) << b.output;
+  const auto ja = nlohmann::json::parse(a.output), jb = nlohmann::json::parse(b.output);
+  ASSERT_EQ(ja["losses"].size(), 3u);  // the warm-up step first
+  EXPECT_EQ(ja["losses"], jb["losses"]);
+  EXPECT_NEAR(ja["losses"][2].get<double>(), ja["loss"].get<double>(), 1e-3);
+  // AdamW stepped between them: another loss on the same tokens.
+  EXPECT_NE(ja["losses"][0], ja["losses"][1]);
+}
+
+TEST(Cli, CudaWithoutAUsableGpuFailsNamingTheReason) {
+  CliRun r = run_pollen("bench step --model llama-tiny --batch 1 --seq 16 --steps 1 --device cuda");
+  if (r.status == 0) GTEST_SKIP() << "a GPU is usable here";
+  EXPECT_EQ(r.status, 1) << r.output;
+  // Built with CUDA: "device 'cuda' is not usable here: <the runtime's reason>"; without: the
+  // missing backend.
+  EXPECT_NE(r.output.find("device 'cuda'"), std::string::npos) << r.output;
+  r = run_pollen("bench step --device tpu");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("unknown device 'tpu'"), std::string::npos) << r.output;
 }
 
 TEST(Cli, UnknownPresetAndBadFlagsFailClearly) {

@@ -143,6 +143,12 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   changed.steps = 20;
   changed.eval_interval = 3;
   EXPECT_EQ(train::check_resume_compatible(c, changed).size(), 1u);  // a warning for steps
+  // A GPU run may continue on the CPU and back: warned, not refused.
+  changed.device = "cuda";
+  EXPECT_EQ(train::check_resume_compatible(c, changed).size(), 2u);
+  e = err(base, {"run.device=\"tpu\""});
+  EXPECT_NE(e.find("run.device"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected \"cpu\" or \"cuda\""), std::string::npos) << e;
   changed.lr = 0.5;
   changed.seq = 8;
   e = error_of([&] { train::check_resume_compatible(c, changed); });
