@@ -52,6 +52,9 @@ double AdamW::step(double lr) {
     active.push_back(slots_[i]);
   }
   ops::adamw_step(active, h);
+  // The slots must not keep this step's gradients alive past zero_grad: the next backward would
+  // allocate a second set beside them.
+  for (auto& slot : slots_) slot.grad = Tensor();
   return norm;
 }
 

@@ -60,6 +60,26 @@ TEST(CudaOps, GemmEveryTransposeWithAlphaAndBeta) {
   }
 }
 
+TEST(CudaOps, GemmWithAUnitDimension) {
+  POLLEN_REQUIRE_GPU();
+  // The shapes of a bias: broadcast over rows, ones (N,1) @ bias (1,M) (k = 1), and its
+  // gradient, ones (1,N) @ dy (N,M) (m = 1); and a matrix-vector product (n = 1).
+  Rng rng = fresh_rng();
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (const Case& s : {Case{300, 96, 1}, Case{1, 96, 300}, Case{96, 1, 300}}) {
+    for (DType t : kDtypes) {
+      SCOPED_TRACE(cat(dtype_name(t), " m=", s.m, " n=", s.n, " k=", s.k));
+      const Input a = random_input({s.m, s.k}, t, rng), b = random_input({s.k, s.n}, t, rng);
+      Tensor c = poisoned({s.m, s.n}, t), ref = Tensor::empty({s.m, s.n}, DType::f64);
+      ops::gemm(a.gpu, false, b.gpu, false, c, 1.0, 0.0);
+      ops::gemm(a.ref, false, b.ref, false, ref, 1.0, 0.0);
+      EXPECT_CLOSE(c, ref, t);
+    }
+  }
+}
+
 TEST(CudaOps, GemmFp32IsNotTf32) {
   POLLEN_REQUIRE_GPU();
   // TF32 keeps 10 mantissa bits: products of numbers with bits below that differ by ~1e-4.

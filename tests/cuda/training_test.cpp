@@ -15,15 +15,15 @@ using namespace pollen;
 
 namespace {
 
-void expect_same_losses(const std::string& preset, int64_t batch, int64_t seq) {
+void expect_same_losses(const model::LlamaConfig& config, int64_t batch, int64_t seq) {
   POLLEN_REQUIRE_GPU();
+  const std::string& preset = config.name;
   train::StepBenchOptions o;
   o.batch = batch;
   o.seq = seq;
   o.warmup = 0;
   o.steps = 10;
   o.seed = 7;
-  const model::LlamaConfig config = model::resolve_config(preset);
   const auto cpu = train::run_step_bench(config, o);
   o.device = Device::cuda;
   const auto gpu = train::run_step_bench(config, o);
@@ -41,9 +41,18 @@ void expect_same_losses(const std::string& preset, int64_t batch, int64_t seq) {
 }  // namespace
 
 TEST(CudaTraining, TenStepsOfLlamaTinyMatchTheCpu) {
-  expect_same_losses("llama-tiny", 4, 128);
+  expect_same_losses(model::resolve_config("llama-tiny"), 4, 128);
 }
 
 TEST(CudaTraining, TenStepsOfLlamaCpuMatchTheCpu) {
-  expect_same_losses("llama-cpu", 2, 256);
+  expect_same_losses(model::resolve_config("llama-cpu"), 2, 256);
+}
+
+TEST(CudaTraining, TenStepsWithAttentionBiasesMatchTheCpu) {
+  // Biases on q, k and v (as Qwen2 has): the bias broadcast and its gradient are GEMMs with a
+  // unit dimension.
+  model::LlamaConfig config = model::resolve_config("llama-tiny");
+  config.name = "llama-tiny with attention biases";
+  config.attention_bias = true;
+  expect_same_losses(config, 2, 64);
 }
