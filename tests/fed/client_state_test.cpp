@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <functional>
 #include <thread>
 
 #include "base/thread_pool.h"
@@ -20,13 +21,11 @@ using namespace pollen::fed::testing;
 
 namespace {
 
-// Three rounds of one client; `restart` rebuilds the client (a new process would) after round
-// `restart_after`, with or without its state folder. Returns the final global model.
-Weights three_rounds(const fs::path& dir, const fs::path& silo, int restart_after,
-                     bool keep_state) {
-  auto cfg = sim_config(dir, {silo}, "diloco", 3, 3);
-  cfg.server.compression.codec = Codec::int4;  // so that the error-feedback residual matters
-  cfg.clients[0].state_dir = dir / "client-state";
+// Three rounds of the one client of `cfg`, rebuilt (as a new process would be) after round
+// `restart_after` with the config `before_restart` leaves (it may also touch the state folder);
+// the rebuilt client must say it resumed round `resumed_round`. Returns the final global model.
+Weights three_rounds(SimConfig cfg, int restart_after,
+                     const std::function<void(ClientConfig&)>& before_restart, int resumed_round) {
   Coordinator server(cfg.server, false);
   LocalTransport transport(server);
   auto client = std::make_unique<Client>(cfg.clients[0], transport);
@@ -34,9 +33,9 @@ Weights three_rounds(const fs::path& dir, const fs::path& silo, int restart_afte
   for (int round = 1; round <= 3; ++round) {
     if (round == restart_after + 1) {
       client.reset();  // the silo is killed between rounds
-      if (!keep_state) fs::remove_all(cfg.clients[0].state_dir);
+      before_restart(cfg.clients[0]);
       client = std::make_unique<Client>(cfg.clients[0], transport);
-      EXPECT_EQ(client->last_round(), keep_state ? restart_after : 0);
+      EXPECT_EQ(client->last_round(), resumed_round);
       client->join();
     }
     EXPECT_TRUE(server.begin_round());
@@ -44,6 +43,20 @@ Weights three_rounds(const fs::path& dir, const fs::path& silo, int restart_afte
     EXPECT_TRUE(server.end_round().aggregated);
   }
   return server.global_weights();
+}
+
+// The same with or without the client's state folder at the restart.
+Weights three_rounds(const fs::path& dir, const fs::path& silo, int restart_after,
+                     bool keep_state) {
+  auto cfg = sim_config(dir, {silo}, "diloco", 3, 3);
+  cfg.server.compression.codec = Codec::int4;  // so that the error-feedback residual matters
+  cfg.clients[0].state_dir = dir / "client-state";
+  return three_rounds(
+      cfg, restart_after,
+      [&](ClientConfig& c) {
+        if (!keep_state) fs::remove_all(c.state_dir);
+      },
+      keep_state ? restart_after : 0);
 }
 
 }  // namespace
@@ -61,6 +74,29 @@ TEST(ClientState, RestartedClientContinuesWithItsState) {
   // comparison above can tell.
   const Weights afresh = three_rounds(dir / "run2", silo, 1, false);
   EXPECT_FALSE(bitwise_equal(uninterrupted, afresh));
+  fs::remove_all(dir);
+}
+
+TEST(ClientState, RestartedClientKeepsItsDriftAnchor) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("client_state_drift");
+  const auto silo = make_silo(dir / "a", 3);
+  // Under DiLoCo G - d is not zero, so rounds 2 and 3 are corrected (fed/drift_correction.h).
+  // Round 1 is never corrected, so a client that ran it with beta 0 holds the same state but no
+  // anchor: restarted with beta 1 after it, it trains round 2 uncorrected.
+  auto run = [&](const std::string& name, int restart_after, double beta_before_restart) {
+    SimConfig cfg = sim_config(dir / name, {silo}, "diloco", 3, 5);
+    cfg.clients[0].train.drift_correction = beta_before_restart;
+    cfg.clients[0].state_dir = dir / name / "state";
+    return three_rounds(
+        cfg, restart_after, [](ClientConfig& c) { c.train.drift_correction = 1; }, restart_after);
+  };
+  const Weights uninterrupted = run("run0", 3, 1);
+  EXPECT_TRUE(bitwise_equal(run("run1", 1, 1), uninterrupted))
+      << "a client restarted from its state should continue bitwise, its correction included";
+  // Without the anchor round 2 goes uncorrected: the comparison above can tell.
+  EXPECT_FALSE(bitwise_equal(run("run2", 1, 0), uninterrupted));
   fs::remove_all(dir);
 }
 

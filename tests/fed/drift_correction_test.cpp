@@ -1,6 +1,6 @@
 // train.drift_correction of a client (fed/drift_correction.h): after every local step the client
 // also moves by -beta (G - d) / H, G the global model's last move and d its own last move, and
-// sends only its own steps' move.
+// sends only its own steps' move. (Its anchor across restarts: tests/fed/client_state_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -129,46 +129,6 @@ TEST(DriftCorrection, OneClientUnderFedAvgHasNothingToCorrect) {
   // Under DiLoCo's Nesterov momentum the global model moves further than the client did, and
   // the correction follows it: another run.
   EXPECT_GT(distance(run(1, "diloco"), run(0, "diloco")), 1e-3);
-  fs::remove_all(dir);
-}
-
-TEST(DriftCorrection, RestartedClientKeepsItsAnchor) {
-  Quiet q;
-  set_num_threads(1);
-  const auto dir = temp_dir("drift_restart");
-  const auto silo = make_silo(dir / "a", 3);
-  // Three rounds under DiLoCo (so that G - d is not zero); the client is rebuilt from its state
-  // after round `restart_after`, with or without the anchor's file.
-  auto run = [&](const std::string& name, int restart_after, bool keep_anchor) {
-    SimConfig cfg = sim_config(dir / name, {silo}, "diloco", 3, 5);
-    cfg.clients[0].train.drift_correction = 1;
-    cfg.clients[0].state_dir = dir / name / "state";
-    Coordinator server(cfg.server, false);
-    LocalTransport transport(server);
-    auto client = std::make_unique<Client>(cfg.clients[0], transport);
-    client->join();
-    for (int round = 1; round <= 3; ++round) {
-      if (round == restart_after + 1) {
-        client.reset();
-        if (!keep_anchor) {
-          for (const auto& e : fs::recursive_directory_iterator(cfg.clients[0].state_dir)) {
-            if (e.path().filename() == "drift_anchor.safetensors") fs::remove(e.path());
-          }
-        }
-        client = std::make_unique<Client>(cfg.clients[0], transport);
-        client->join();
-      }
-      EXPECT_TRUE(server.begin_round());
-      EXPECT_EQ(client->poll_once(), pb::TASK_TRAIN);
-      EXPECT_TRUE(server.end_round().aggregated);
-    }
-    return server.global_weights();
-  };
-  const Weights uninterrupted = run("run0", 3, true);
-  EXPECT_TRUE(bitwise_equal(run("run1", 1, true), uninterrupted))
-      << "a client restarted from its state should continue bitwise, its correction included";
-  // Without the anchor round 2 goes uncorrected: the comparison above can tell.
-  EXPECT_FALSE(bitwise_equal(run("run2", 1, false), uninterrupted));
   fs::remove_all(dir);
 }
 
