@@ -17,7 +17,10 @@
 #        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM, H local
 #                       AdamW steps per round, ROUNDS rounds, fp32 both ways (OUTER picks
 #                       another outer optimizer, ROW_WEIGHTING the strategy's row weighting)
-#        diloco-int8-N  the same with int8 pseudo-gradients and an int8 model download
+#        diloco-int8-N  the same with int8 pseudo-gradients and an int8 model download (a delta
+#                       against the model the clients hold); diloco-CODEC-N with any codec
+#                       (int4, nf2, sign, topk; BLOCK values per scale, TOPK kept per block;
+#                       SERVER_CODEC for another codec on the way down)
 #        baseline-N     one model, global batch N x local batch, ROUNDS x H steps, the same
 #                       silos mixed equally (the same tokens), the same inner schedule
 #      each evaluated with `pollen eval` on every silo's held-out data (the warm-up model too).
@@ -29,7 +32,7 @@
 # train.drift_correction), OUTER (strategy.name: diloco, fedadam, fedyogi, ...), OUTER_LR,
 # OUTER_MOMENTUM, OUTER_BETA1, OUTER_BETA2, OUTER_TAU (-1: the strategy's default),
 # ROW_WEIGHTING (strategy.row_weighting), WARMUP_STEPS, WARMUP_LR, WARMUP_SILO (pub or man),
-# RUNS (which of diloco, diloco-int8, baseline), MODEL (the model file, default model.toml),
+# RUNS (which of diloco, diloco-CODEC, baseline), BLOCK, TOPK, SERVER_CODEC, MODEL (the model file, default model.toml),
 # POLLEN (the binary), THREADS (0: every core), OUT. The defaults are the best configuration
 # measured (bench/README.md).
 set -euo pipefail
@@ -56,6 +59,8 @@ WARMUP_STEPS=${WARMUP_STEPS:-2000}
 WARMUP_LR=${WARMUP_LR:-3e-3}
 WARMUP_SILO=${WARMUP_SILO:-pub}
 RUNS=${RUNS:-"diloco diloco-int8 baseline"}
+BLOCK=${BLOCK:-64}
+TOPK=${TOPK:-4}
 THREADS=${THREADS:-0}
 OUT=$(realpath -m "${OUT:-out/bench/fed_vs_central}")
 POLLEN=$(realpath "${POLLEN:-build/pollen}")
@@ -215,7 +220,9 @@ tau = $OUTER_TAU
 $([ "$ROW_WEIGHTING" = none ] || echo "row_weighting = \"$ROW_WEIGHTING\"")
 [compression]
 codec = "$codec"
-server_codec = "$codec"
+server_codec = "${SERVER_CODEC:-$codec}"
+block = $BLOCK
+$([ "$codec" != topk ] || echo "topk = $TOPK")
 [train]
 $(train_table)
 $([ "$ROUND_WARMUP" = 0 ] || echo "round_warmup_steps = $ROUND_WARMUP")
@@ -346,9 +353,9 @@ for n in $CLIENTS; do
     step "  $run-$n"
     case $run in
       diloco) federated "$run-$n" "$n" none ;;
-      diloco-int8) federated "$run-$n" "$n" int8 ;;
+      diloco-*) federated "$run-$n" "$n" "${run#diloco-}" ;;
       baseline) baseline "$run-$n" "$n" ;;
-      *) echo "RUNS: unknown run '$run' (diloco, diloco-int8, baseline)" >&2; exit 1 ;;
+      *) echo "RUNS: unknown run '$run' (diloco, diloco-CODEC, baseline)" >&2; exit 1 ;;
     esac
     evaluate "$run-$n" "$n"
     SECONDS_OF[$run-$n]=$(($(date +%s) - t0))

@@ -328,6 +328,10 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
             ? load_client_state(config_.state_dir, config_.id, *silo_, specs_, feedback_)
             : load_client_state(config_.state_dir, config_.id, *local_, specs_, feedback_, drift_);
   }
+  // A client that built the server's initial model (the same seed or model.init_from) may take
+  // round 1's compressed model as a delta; otherwise the server names another model and sends it
+  // whole.
+  held_ = std::make_unique<HeldModel>(trainer_->exchanged_weights());
 }
 
 LocalTrainer& Client::trainer() {
@@ -432,22 +436,25 @@ void Client::train_round(const pb::TaskReply& task) {
   CompressOptions codec;
   codec.codec = parse_codec(task.codec());
   codec.block = task.codec_block();
+  codec.topk = task.codec_topk();
   codec.validate();
   CompressOptions model_codec;
   model_codec.codec = task.model_codec().empty() ? Codec::none : parse_codec(task.model_codec());
   model_codec.block = task.model_codec().empty() ? codec.block : task.model_codec_block();
+  model_codec.topk = task.model_codec_topk();
   model_codec.validate();
-  // Pull the global model.
+  // Pull the global model: a delta against the model held, or the whole of it.
   pb::PullRequest pr;
   pr.set_client_id(config_.id);
   pr.set_round(task.round());
+  pr.set_held_model(held_->sha256());
   const std::string what = cat("global model of round ", task.round());
   std::unique_ptr<ChunkAssembler> chunks;
   pb::TensorSetHeader header;
   transport_.pull(pr, [&](const pb::TensorStream& m) {
     if (!chunks) {
       POLLEN_CHECK(m.has_header(), what, ": the stream must open with a header");
-      validate_header(m.header(), specs_, model_codec, what);
+      held_->validate(m.header(), specs_, model_codec, what);
       header = m.header();
       chunks = std::make_unique<ChunkAssembler>(header, what);
     } else {
@@ -458,9 +465,9 @@ void Client::train_round(const pb::TaskReply& task) {
   POLLEN_CHECK(chunks != nullptr, what, ": empty stream");
   const std::string bytes = chunks->finish();
   bytes_received_ += bytes.size();
-  // What the client trains from and takes its pseudo-gradient against: the decoded model, the
-  // same values on both sides whatever the codec.
-  const Weights global = decode_set(header, bytes, specs_, what);
+  // What the client trains from and takes its pseudo-gradient against: the model rebuilt from the
+  // set, the same values on both sides whatever the codec.
+  const Weights& global = held_->receive(header, bytes, specs_, what);
   trainer_->set_exchanged_weights(global);
   // Drift correction (pre-training only): the move after each local step, on every rank.
   const Weights step_drift = drift_.step_drift(task.round(), global, task.local_steps());

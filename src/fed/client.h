@@ -167,6 +167,7 @@ class Client {
   RoundTrainer* trainer_ = nullptr;      // the one of them this client has
   ParamSpecs specs_;
   ErrorFeedback feedback_;
+  std::unique_ptr<HeldModel> held_;    // the last round's model (fed/model_view.h)
   DriftCorrection drift_;              // pre-training's train.drift_correction
   std::unique_ptr<LocalDp> local_dp_;  // [local_dp]: clip and noise before anything leaves
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;

@@ -11,7 +11,10 @@ Codec parse_codec(const std::string& name) {
   if (name == "bf16") return Codec::bf16;
   if (name == "int8") return Codec::int8;
   if (name == "int4") return Codec::int4;
-  fail("unknown compression '", name, "'; expected none, bf16, int8 or int4");
+  if (name == "nf2") return Codec::nf2;
+  if (name == "sign") return Codec::sign;
+  if (name == "topk") return Codec::topk;
+  fail("unknown compression '", name, "'; expected none, bf16, int8, int4, nf2, sign or topk");
 }
 
 const char* codec_name(Codec c) {
@@ -24,6 +27,12 @@ const char* codec_name(Codec c) {
       return "int8";
     case Codec::int4:
       return "int4";
+    case Codec::nf2:
+      return "nf2";
+    case Codec::sign:
+      return "sign";
+    case Codec::topk:
+      return "topk";
   }
   return "?";
 }
@@ -31,17 +40,35 @@ const char* codec_name(Codec c) {
 void CompressOptions::validate() const {
   POLLEN_CHECK(block >= 1 && block <= (int64_t{1} << 20),
                "compression block must be in [1, 1048576], got ", block);
+  if (codec != Codec::topk) return;
+  POLLEN_CHECK(block <= 65536, "compression block must be at most 65536 with topk, got ", block);
+  POLLEN_CHECK(topk >= 1 && topk <= block, "compression topk must be in [1, block = ", block,
+               "], got ", topk);
 }
 
 namespace {
 
 int qmax(Codec c) {
-  return c == Codec::int8 ? 127 : 7;
+  return c == Codec::int4 ? 7 : 127;
 }
 
 int64_t blocks_of(int64_t n, int64_t block) {
   return (n + block - 1) / block;
 }
+
+// nf2's levels and the cut between the inner and outer ones, in units of the block's sigma.
+constexpr float kNf2Levels[4] = {-1.5104f, -0.4528f, 0.4528f, 1.5104f};
+constexpr float kNf2Cut = 0.9816f;
+
+// mean|x| over [lo, hi) times c; throws on a non-finite value (block b).
+float mean_magnitude(const float* x, int64_t lo, int64_t hi, double c, int64_t b) {
+  double sum = 0;
+  for (int64_t i = lo; i < hi; ++i) sum += std::fabs(x[i]);
+  POLLEN_CHECK(std::isfinite(sum), "compression: a non-finite value in block ", b);
+  return static_cast<float>(sum / static_cast<double>(hi - lo) * c);
+}
+
+const double kSigmaPerMeanMagnitude = std::sqrt(std::acos(-1.0) / 2);
 
 float load_f32(const uint8_t* p) {
   float f;
@@ -49,11 +76,95 @@ float load_f32(const uint8_t* p) {
   return f;
 }
 
+// Top-k's layout: how many values a block keeps, how wide an index is, and in all.
+struct TopkLayout {
+  int64_t blocks, kept_per_block, last_kept, index_bytes;
+  int64_t kept(int64_t b) const { return b + 1 < blocks ? kept_per_block : last_kept; }
+  int64_t total_kept() const { return blocks == 0 ? 0 : (blocks - 1) * kept_per_block + last_kept; }
+  uint64_t bytes() const {
+    return 4 * static_cast<uint64_t>(blocks) +
+           static_cast<uint64_t>(total_kept() * (index_bytes + 1));
+  }
+};
+
+TopkLayout topk_layout(int64_t n, const CompressOptions& o) {
+  TopkLayout l;
+  l.blocks = blocks_of(n, o.block);
+  l.kept_per_block = std::min(o.topk, o.block);
+  l.last_kept = l.blocks == 0 ? 0 : std::min(o.topk, n - (l.blocks - 1) * o.block);
+  l.index_bytes = o.block <= 256 ? 1 : 2;
+  return l;
+}
+
+// x[lo, hi)'s `k` largest magnitudes, their indices relative to lo in ascending order.
+void top_indices(const float* x, int64_t lo, int64_t hi, int64_t k, std::vector<int64_t>& idx) {
+  idx.resize(static_cast<size_t>(hi - lo));
+  for (int64_t i = lo; i < hi; ++i) idx[static_cast<size_t>(i - lo)] = i - lo;
+  const auto larger = [&](int64_t a, int64_t b) {
+    const float fa = std::fabs(x[lo + a]), fb = std::fabs(x[lo + b]);
+    return fa > fb || (fa == fb && a < b);
+  };
+  std::nth_element(idx.begin(), idx.begin() + k - 1, idx.end(), larger);
+  idx.resize(static_cast<size_t>(k));
+  std::sort(idx.begin(), idx.end());
+}
+
+void encode_topk(const float* x, int64_t n, const CompressOptions& o, uint8_t* p) {
+  const TopkLayout l = topk_layout(n, o);
+  uint8_t* indices = p + 4 * l.blocks;
+  uint8_t* values = indices + l.total_kept() * l.index_bytes;
+  std::vector<int64_t> idx;
+  int64_t at = 0;  // kept values so far
+  for (int64_t b = 0; b < l.blocks; ++b) {
+    const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
+    top_indices(x, lo, hi, l.kept(b), idx);
+    float amax = 0;
+    for (int64_t i : idx) amax = std::max(amax, std::fabs(x[lo + i]));
+    POLLEN_CHECK(std::isfinite(amax), "compression: a non-finite value in block ", b);
+    const float scale = amax / 127.0f;
+    std::memcpy(p + 4 * b, &scale, 4);
+    const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+    for (int64_t i : idx) {
+      const auto index = static_cast<uint16_t>(i);
+      std::memcpy(indices + at * l.index_bytes, &index, static_cast<size_t>(l.index_bytes));
+      const int v = std::clamp(static_cast<int>(std::nearbyint(x[lo + i] * inv)), -127, 127);
+      values[at++] = static_cast<uint8_t>(static_cast<int8_t>(v));
+    }
+  }
+}
+
+void decode_topk(const uint8_t* p, int64_t n, const CompressOptions& o, float* out,
+                 const std::string& what) {
+  const TopkLayout l = topk_layout(n, o);
+  const uint8_t* indices = p + 4 * l.blocks;
+  const uint8_t* values = indices + l.total_kept() * l.index_bytes;
+  std::fill(out, out + n, 0.0f);
+  int64_t at = 0;
+  for (int64_t b = 0; b < l.blocks; ++b) {
+    const float scale = load_f32(p + 4 * b);
+    POLLEN_CHECK(std::isfinite(scale) && scale >= 0, what, ": block ", b, " has scale ", scale,
+                 "; scales must be finite and non-negative");
+    const int64_t lo = b * o.block, len = std::min(n, lo + o.block) - lo;
+    int64_t previous = -1;
+    for (int64_t j = 0; j < l.kept(b); ++j, ++at) {
+      uint16_t index = 0;
+      std::memcpy(&index, indices + at * l.index_bytes, static_cast<size_t>(l.index_bytes));
+      POLLEN_CHECK(index > previous && index < len, what, ": block ", b, " index ", j, " is ",
+                   index, "; a block's indices ascend strictly and stay below ", len);
+      previous = index;
+      const int v = static_cast<int8_t>(values[at]);
+      POLLEN_CHECK(v != -128, what, ": kept value ", at, " is -128; codes are in [-127, 127]");
+      out[lo + index] = static_cast<float>(v) * scale;
+    }
+  }
+}
+
 }  // namespace
 
-uint64_t encoded_bytes(Codec codec, int64_t n, int64_t block) {
+uint64_t encoded_bytes(const CompressOptions& o, int64_t n) {
   const auto un = static_cast<uint64_t>(n);
-  switch (codec) {
+  const int64_t block = o.block;
+  switch (o.codec) {
     case Codec::none:
       return 4 * un;
     case Codec::bf16:
@@ -62,6 +173,12 @@ uint64_t encoded_bytes(Codec codec, int64_t n, int64_t block) {
       return 4 * static_cast<uint64_t>(blocks_of(n, block)) + un;
     case Codec::int4:
       return 4 * static_cast<uint64_t>(blocks_of(n, block)) + (un + 1) / 2;
+    case Codec::nf2:
+      return 4 * static_cast<uint64_t>(blocks_of(n, block)) + (un + 3) / 4;
+    case Codec::sign:
+      return 4 * static_cast<uint64_t>(blocks_of(n, block)) + (un + 7) / 8;
+    case Codec::topk:
+      return topk_layout(n, o).bytes();
   }
   return 0;
 }
@@ -69,7 +186,7 @@ uint64_t encoded_bytes(Codec codec, int64_t n, int64_t block) {
 void encode(const float* x, int64_t n, const CompressOptions& o, std::string& out) {
   o.validate();
   const size_t start = out.size();
-  out.resize(start + encoded_bytes(o.codec, n, o.block));
+  out.resize(start + encoded_bytes(o, n));
   auto* p = reinterpret_cast<uint8_t*>(out.data() + start);
   switch (o.codec) {
     case Codec::none:
@@ -107,13 +224,46 @@ void encode(const float* x, int64_t n, const CompressOptions& o, std::string& ou
       }
       return;
     }
+    case Codec::sign: {
+      const int64_t nb = blocks_of(n, o.block);
+      uint8_t* bits = p + 4 * nb;
+      std::memset(bits, 0, static_cast<size_t>((n + 7) / 8));
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
+        const float scale = mean_magnitude(x, lo, hi, 1.0, b);
+        std::memcpy(p + 4 * b, &scale, 4);
+        for (int64_t i = lo; i < hi; ++i) {
+          if (x[i] < 0) bits[i / 8] |= static_cast<uint8_t>(1u << (i & 7));
+        }
+      }
+      return;
+    }
+    case Codec::nf2: {
+      const int64_t nb = blocks_of(n, o.block);
+      uint8_t* codes = p + 4 * nb;
+      std::memset(codes, 0, static_cast<size_t>((n + 3) / 4));
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
+        const float scale = mean_magnitude(x, lo, hi, kSigmaPerMeanMagnitude, b);
+        std::memcpy(p + 4 * b, &scale, 4);
+        const float cut = kNf2Cut * scale;
+        for (int64_t i = lo; i < hi; ++i) {
+          const unsigned c = x[i] < 0 ? (x[i] < -cut ? 0 : 1) : (x[i] > cut ? 3 : 2);
+          codes[i / 4] |= static_cast<uint8_t>(c << (2 * (i & 3)));
+        }
+      }
+      return;
+    }
+    case Codec::topk:
+      encode_topk(x, n, o, p);
+      return;
   }
 }
 
 void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o, float* out,
             const std::string& what) {
   o.validate();
-  const uint64_t want = encoded_bytes(o.codec, n, o.block);
+  const uint64_t want = encoded_bytes(o, n);
   POLLEN_CHECK(size == want, what, ": ", size, " bytes, but ", n, " values in ",
                codec_name(o.codec), " take ", want);
   switch (o.codec) {
@@ -158,6 +308,41 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
       }
       return;
     }
+    case Codec::sign: {
+      const int64_t nb = blocks_of(n, o.block);
+      const uint8_t* bits = p + 4 * nb;
+      for (int64_t b = 0; b < nb; ++b) {
+        const float scale = load_f32(p + 4 * b);
+        POLLEN_CHECK(std::isfinite(scale) && scale >= 0, what, ": block ", b, " has scale ", scale,
+                     "; scales must be finite and non-negative");
+        const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
+        for (int64_t i = lo; i < hi; ++i) out[i] = (bits[i / 8] >> (i & 7)) & 1 ? -scale : scale;
+      }
+      if (n % 8) {
+        POLLEN_CHECK((bits[n / 8] >> (n % 8)) == 0, what, ": the unused last bits are not zero");
+      }
+      return;
+    }
+    case Codec::nf2: {
+      const int64_t nb = blocks_of(n, o.block);
+      const uint8_t* codes = p + 4 * nb;
+      for (int64_t b = 0; b < nb; ++b) {
+        const float scale = load_f32(p + 4 * b);
+        POLLEN_CHECK(std::isfinite(scale) && scale >= 0, what, ": block ", b, " has scale ", scale,
+                     "; scales must be finite and non-negative");
+        const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
+        for (int64_t i = lo; i < hi; ++i)
+          out[i] = kNf2Levels[(codes[i / 4] >> (2 * (i & 3))) & 3] * scale;
+      }
+      if (n % 4) {
+        POLLEN_CHECK((codes[n / 4] >> (2 * (n % 4))) == 0, what,
+                     ": the unused last bits are not zero");
+      }
+      return;
+    }
+    case Codec::topk:
+      decode_topk(p, n, o, out, what);
+      return;
   }
 }
 
@@ -182,6 +367,33 @@ std::vector<float> error_bound(const float* x, int64_t n, const CompressOptions&
         for (int64_t i = lo; i < hi; ++i) bound[static_cast<size_t>(i)] = b;
       }
       break;
+    case Codec::sign:
+    case Codec::nf2:
+      for (int64_t lo = 0, b = 0; lo < n; lo += o.block, ++b) {
+        const int64_t hi = std::min(n, lo + o.block);
+        const bool sign = o.codec == Codec::sign;
+        const float s = mean_magnitude(x, lo, hi, sign ? 1.0 : kSigmaPerMeanMagnitude, b);
+        for (int64_t i = lo; i < hi; ++i) {
+          const float a = std::fabs(x[i]);
+          const float e =
+              sign ? a + s : std::max((kNf2Levels[3] - kNf2Cut) * s, a - kNf2Levels[3] * s);
+          bound[static_cast<size_t>(i)] = e * (1 + 1e-5f) + s * 1e-6f;
+        }
+      }
+      break;
+    case Codec::topk: {
+      std::vector<int64_t> idx;
+      for (int64_t lo = 0; lo < n; lo += o.block) {
+        const int64_t hi = std::min(n, lo + o.block);
+        top_indices(x, lo, hi, std::min(o.topk, hi - lo), idx);
+        float amax = 0;
+        for (int64_t i : idx) amax = std::max(amax, std::fabs(x[lo + i]));
+        for (int64_t i = lo; i < hi; ++i) bound[static_cast<size_t>(i)] = std::fabs(x[i]);
+        const float b = amax / 127.0f * 0.5f * (1 + 1e-5f) + amax * 1e-6f;
+        for (int64_t i : idx) bound[static_cast<size_t>(lo + i)] = b;
+      }
+      break;
+    }
   }
   return bound;
 }

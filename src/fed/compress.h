@@ -7,11 +7,34 @@
 //          as int8 in [-127, 127]                          |err| <= s / 2 = max|x| / 254
 //   int4   as int8 with s = max|x| / 7 and values in [-7, 7], two per byte, low nibble first
 //                                                          |err| <= s / 2 = max|x| / 14
+//   nf2    per block: one float32 scale s = mean|x| sqrt(pi / 2) (a normal distribution's sigma,
+//          from the block's mean magnitude), then 2 bits per value, four per byte, low bits
+//          first: the levels of the 2-bit Lloyd-Max quantizer of a normal distribution,
+//          {-1.5104, -0.4528, 0.4528, 1.5104} s, cut at 0 and +-0.9816 s (the midpoints)
+//                                                |err| <= max(0.5288 s, |x| - 1.5104 s)
+//   sign   per block: one float32 scale s = mean|x| (the scale that makes s sign(x) nearest to x),
+//          then one bit per value, 1 for negative, low bit first; decoded as +-s
+//                                                          |err| <= |x| + s, 1 bit per value
+//   topk   per block: the `topk` values of largest magnitude (ties: the lower index), as int8
+//          with s = max|kept| / 127; the others are sent as zero. Per kept value one index
+//          within the block (1 byte when block <= 256, else 2) and one int8 byte
+//                                                          kept: |err| <= s / 2; others: |x|
 //
 // (the error bounds hold up to one float32 rounding of x / s and q * s). Layout of int8/int4:
-// all blocks' scales first (float32 LE), then the packed values. Decoding checks the payload's
-// size, that every scale is finite and non-negative, and that no value is -128 (int8) or -8
-// (int4), so a hostile payload cannot smuggle in NaN, infinities or asymmetric codes.
+// all blocks' scales first (float32 LE), then the packed values (nf2 and sign: any unused bits of
+// the last byte zero); of topk: the scales, then every
+// block's indices (ascending within a block, little-endian), then every block's values. A block
+// of fewer than `topk` values (the last) keeps them all. Decoding checks the payload's size, that
+// every scale is finite and non-negative, that no value is -128 (int8) or -8 (int4), and that a
+// block's indices ascend strictly and stay inside it, so a hostile payload cannot smuggle in NaN,
+// infinities, asymmetric codes or writes out of place.
+//
+// nf2 is the 2-bit member of the NormalFloat family of QLoRA (Dettmers et al. 2023), with levels
+// that minimise the squared error for normal values (Max 1960). Scaled sign with error feedback
+// is EF-SignSGD's compression (Karimireddy et al. 2019), 32x
+// smaller than float32 but for the scales. Top-k with error feedback is the sparsification of Deep
+// Gradient Compression (Lin et al. 2018) and SparseLoCo (Sarfi et al. 2025): what is not sent this
+// round stays in the residual and is sent when it has grown large enough.
 //
 // Error feedback (Seide et al. 2014; Karimireddy et al. 2019): the client adds what compression
 // lost last round to this round's update before encoding, and keeps what is lost now, so that
@@ -24,19 +47,21 @@
 
 namespace pollen::fed {
 
-enum class Codec : uint8_t { none = 0, bf16 = 1, int8 = 2, int4 = 3 };
+enum class Codec : uint8_t { none = 0, bf16 = 1, int8 = 2, int4 = 3, topk = 4, sign = 5, nf2 = 6 };
 
 Codec parse_codec(const std::string& name);  // throws listing the codecs
 const char* codec_name(Codec codec);
 
 struct CompressOptions {
   Codec codec = Codec::none;
-  int64_t block = 64;  // values per scale (int8, int4); 1 ... 1 << 20
+  int64_t block =
+      64;  // values per scale (int8, int4, nf2, sign, topk); 1 ... 1 << 20 (topk: ... 65536)
+  int64_t topk = 0;  // topk: values kept per block, 1 ... block
   void validate() const;
 };
 
 // Bytes of an encoded tensor of `numel` values.
-uint64_t encoded_bytes(Codec codec, int64_t numel, int64_t block);
+uint64_t encoded_bytes(const CompressOptions& options, int64_t numel);
 
 // Appends the encoding of x[0, n) to `out`.
 void encode(const float* x, int64_t n, const CompressOptions& options, std::string& out);

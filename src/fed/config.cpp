@@ -45,9 +45,18 @@ void read_compression(ConfigTable& root, ServerConfig& c) {
     };
     c.compression.codec = codec("codec");
     c.compression.block = t->get_int("block", c.compression.block);
+    c.compression.topk = t->get_int("topk", c.compression.topk);
     c.server_codec = codec("server_codec");
+    const bool topk = c.compression.codec == Codec::topk || c.server_codec == Codec::topk;
+    POLLEN_CHECK(topk || !t->has("topk"), t->where("topk"),
+                 ": only used by the topk codec (codec or server_codec)");
     t->finish();
-    c.compression.validate();
+    try {
+      c.compression.validate();
+      c.download().validate();
+    } catch (const Error& e) {
+      fail(t->where(topk ? "topk" : "block"), ": ", e.what());
+    }
   }
 }
 

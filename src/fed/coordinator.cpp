@@ -47,6 +47,8 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   }
   model_json_ = model_config_json(config_.model);
   strategy_->set_token_rows(token_row_tensors(specs_));
+  // Clients that built the same initial model hold the first view already.
+  publisher_ = std::make_unique<ModelPublisher>(specs_, config_.download(), clone_weights(global_));
   fs::create_directories(config_.dir);
   const fs::path ckpts = config_.dir / "checkpoints";
   std::optional<uint64_t> metrics_pos, lineage_pos;
@@ -142,6 +144,22 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
   if (fs::exists(dir / "strategy.safetensors")) {
     strategy_->load_state(io::read_safetensors(dir / "strategy.safetensors").tensors);
   }
+  if (publisher_->compressed()) {
+    // The model the clients hold; without it (compression turned on at resume) the next round
+    // sends the whole model to every client.
+    Weights view = clone_weights(global_);
+    if (fs::exists(dir / "view.safetensors")) {
+      const auto f = io::read_safetensors(dir / "view.safetensors");
+      for (size_t i = 0; i < specs_.size(); ++i) {
+        const Tensor* t = f.find(specs_[i].name);
+        POLLEN_CHECK(t && t->shape() == specs_[i].shape && t->dtype() == DType::f32,
+                     "fed server: ", dir.string(), "/view.safetensors: tensor '", specs_[i].name,
+                     "' is missing or not float32 of its shape");
+        view[i] = t->clone();
+      }
+    }
+    publisher_->restore(std::move(view));
+  }
   POLLEN_CHECK(state.value("base_sha256", std::string()) == base_sha256_ &&
                    state.value("lora_config", std::string()) == lora_json_,
                "fed server: checkpoint ", dir.string(),
@@ -166,6 +184,12 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
   w.add_tensors("model.safetensors", model, {{"round", std::to_string(done_)}});
   const auto st = strategy_->state();
   if (!st.empty()) w.add_tensors("strategy.safetensors", st);
+  if (publisher_->compressed()) {
+    io::NamedTensors view;
+    for (size_t i = 0; i < specs_.size(); ++i)
+      view.emplace_back(specs_[i].name, publisher_->view()[i]);
+    w.add_tensors("view.safetensors", view);
+  }
   nlohmann::ordered_json state{{"round", done_},
                                {"strategy", strategy_->name()},
                                {"model_config", model_json_},
@@ -261,8 +285,10 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
     t.set_local_steps(config_.local_steps);
     t.set_codec(codec_name(config_.compression.codec));
     t.set_codec_block(config_.compression.block);
+    t.set_codec_topk(config_.compression.codec == Codec::topk ? config_.compression.topk : 0);
     t.set_model_codec(codec_name(config_.server_codec));
     t.set_model_codec_block(config_.compression.block);
+    t.set_model_codec_topk(config_.server_codec == Codec::topk ? config_.compression.topk : 0);
     t.set_evaluate(config_.eval_every > 0 && (round - 1) % config_.eval_every == 0);
     t.set_secure_aggregation(secagg_ != nullptr);
     t.set_token_counts(config_.strategy.weights_rows());
@@ -279,8 +305,9 @@ std::shared_ptr<const EncodedSet> Coordinator::pull(const pb::PullRequest& r,
   std::lock_guard lock(mutex_);
   POLLEN_CHECK(open_ && r.round() == done_ + 1, "pull: round ", r.round(), " is not open");
   POLLEN_CHECK(selected_.count(id), "pull: client '", id, "' is not part of round ", r.round());
-  if (pulled_.insert(id).second) bytes_sent_ += round_model_->header.total_bytes();
-  return round_model_;
+  auto set = publisher_->for_client(r.held_model());
+  if (pulled_.insert(id).second) bytes_sent_ += set->header.total_bytes();
+  return set;
 }
 
 Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
@@ -396,10 +423,9 @@ bool Coordinator::begin_round() {
     secagg_ = std::make_unique<secagg::ServerSession>(round, chosen, config_.secure_aggregation,
                                                       rng.next_u64(), numel);
   }
-  // The clients train from, and take their pseudo-gradients against, this encoding of the exact
+  // The clients train from, and take their pseudo-gradients against, the view of the exact
   // weights, which the server keeps (docs/federated.md, "Compression").
-  const CompressOptions model_codec{config_.server_codec, config_.compression.block};
-  round_model_ = std::make_shared<const EncodedSet>(encode_weights(specs_, global_, model_codec));
+  publisher_->publish(global_);
   round_start_ = Clock::now();
   open_ = true;
   log::info("fed server: round ", round, " of ", config_.rounds, " with ", chosen.size(),
@@ -555,7 +581,7 @@ RoundSummary Coordinator::end_round() {
   }
   updates_.clear();
   selected_.clear();
-  round_model_.reset();
+  publisher_->release();
   std::string secure_error;
   AggregationReport report;
   if (secagg_) {

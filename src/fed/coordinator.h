@@ -24,6 +24,7 @@
 #include <string>
 
 #include "fed/config.h"
+#include "fed/model_view.h"
 #include "fed/secagg/session.h"
 #include "fed/wire.h"
 #include "model/lora.h"
@@ -153,7 +154,7 @@ class Coordinator {
   std::set<std::string> selected_, pulled_;
   int64_t round_available_ = 0;  // clients alive when the round opened (DP's sampling rate)
   std::map<std::string, Update> updates_;
-  std::shared_ptr<const EncodedSet> round_model_;
+  std::unique_ptr<ModelPublisher> publisher_;  // what each round's pull sends
   uint64_t bytes_sent_ = 0;
   std::chrono::steady_clock::time_point round_start_;
   std::unique_ptr<secagg::ServerSession> secagg_;

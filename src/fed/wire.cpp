@@ -110,6 +110,7 @@ EncodedSet encode_payloads(const ParamSpecs& specs, std::vector<std::string> pay
   EncodedSet out;
   out.header.set_codec(codec_name(codec.codec));
   out.header.set_codec_block(codec.block);
+  out.header.set_codec_topk(codec.codec == Codec::topk ? codec.topk : 0);
   size_t total = 0;
   for (const auto& p : payloads) total += p.size();
   out.bytes.reserve(total);
@@ -145,6 +146,8 @@ void validate_header(const pb::TensorSetHeader& h, const ParamSpecs& specs,
                "', expected '", codec_name(codec.codec), "'");
   POLLEN_CHECK(h.codec_block() == codec.block, what, ": codec block ", h.codec_block(),
                ", expected ", codec.block);
+  const int64_t topk = codec.codec == Codec::topk ? codec.topk : 0;
+  POLLEN_CHECK(h.codec_topk() == topk, what, ": codec topk ", h.codec_topk(), ", expected ", topk);
   POLLEN_CHECK(static_cast<size_t>(h.tensors_size()) == specs.size(), what, ": ", h.tensors_size(),
                " tensors, the model has ", specs.size());
   uint64_t total = 0;
@@ -156,7 +159,7 @@ void validate_header(const pb::TensorSetHeader& h, const ParamSpecs& specs,
     POLLEN_CHECK(shape == specs[i].shape, what, ": tensor '", specs[i].name, "' has shape ",
                  t.shape_size() <= 8 ? shape_str(shape) : std::string("(too many dims)"),
                  ", expected ", shape_str(specs[i].shape));
-    const uint64_t want = encoded_bytes(codec.codec, shape_numel(specs[i].shape), codec.block);
+    const uint64_t want = encoded_bytes(codec, shape_numel(specs[i].shape));
     POLLEN_CHECK(t.bytes() == want, what, ": tensor '", specs[i].name, "' says ", t.bytes(),
                  " bytes; ", codec_name(codec.codec), " needs ", want);
     total += want;
@@ -206,6 +209,7 @@ Weights decode_set(const pb::TensorSetHeader& h, const std::string& bytes, const
   CompressOptions codec;
   codec.codec = parse_codec(h.codec());
   codec.block = h.codec_block();
+  codec.topk = h.codec_topk();
   Weights out;
   uint64_t off = 0;
   for (size_t i = 0; i < specs.size(); ++i) {

@@ -50,6 +50,9 @@ Weights three_rounds(const fs::path& dir, const fs::path& silo, int restart_afte
                      bool keep_state) {
   auto cfg = sim_config(dir, {silo}, "diloco", 3, 3);
   cfg.server.compression.codec = Codec::int4;  // so that the error-feedback residual matters
+  // and a compressed download: the restarted client, holding no model the server knows, gets the
+  // whole view where the uninterrupted one gets a delta, and must train from the same values
+  cfg.server.server_codec = Codec::int4;
   cfg.clients[0].state_dir = dir / "client-state";
   return three_rounds(
       cfg, restart_after,

@@ -1,5 +1,5 @@
-// Compression of what the server sends: clients train from the decoded model and take their
-// pseudo-gradients against it, while the server keeps its own weights exact.
+// Compression of what the server sends: clients train from the view (fed/model_view.h) and take
+// their pseudo-gradients against it, while the server keeps its own weights exact.
 #include <gtest/gtest.h>
 
 #include "base/thread_pool.h"
@@ -7,6 +7,8 @@
 #include "fed/coordinator.h"
 #include "fed/fixtures.h"
 #include "fed/run.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "model/llama.h"
 
 using namespace pollen;
@@ -40,47 +42,90 @@ double worst_difference(const Weights& a, const Weights& b) {
   return worst;
 }
 
-}  // namespace
+Weights minus(const Weights& a, const Weights& b) {
+  Weights out;
+  for (size_t i = 0; i < a.size(); ++i) {
+    Tensor t = Tensor::empty(a[i].shape(), DType::f32);
+    for (int64_t j = 0; j < t.numel(); ++j)
+      t.data<float>()[j] = a[i].data<float>()[j] - b[i].data<float>()[j];
+    out.push_back(std::move(t));
+  }
+  return out;
+}
 
-TEST(ServerCodec, ClientTrainsFromTheDecodedModelAndTheServerKeepsItsWeightsExact) {
-  Quiet q;
-  const auto dir = temp_dir("server_codec");
-  const auto silo = make_silo(dir / "a", 1);
-  auto cfg = sim_config(dir, {silo}, "fedavg", 1, 4);
-  cfg.server.server_codec = Codec::int8;
-  cfg.server.compression.block = 32;
-  const auto r = run_simulation(cfg, false);
-
-  // By hand: x the initial model, xq = decode(encode(x)), the client trains 4 steps from xq to
-  // x_local and sends delta = xq - x_local; FedAvg (lr 1) on the exact x: x - delta.
-  set_num_threads(1);
-  model::Llama init(cfg.server.model, cfg.server.seed);
-  const Weights x = model_weights(init);
-  const CompressOptions int8{Codec::int8, 32};
-  const Weights xq = round_trip(x, int8);
-  LocalTrainer alone(cfg.clients[0]);
-  set_model_weights(alone.model(), xq);
-  alone.train(4);
-  const Weights x_local = model_weights(alone.model());
-  Weights expected;
+// x - (v - x_local) per value, as FedAvg (lr 1) applies one client's pseudo-gradient.
+Weights fedavg_step(const Weights& x, const Weights& v, const Weights& x_local) {
+  Weights out;
   for (size_t i = 0; i < x.size(); ++i) {
     Tensor e = Tensor::empty(x[i].shape(), DType::f32);
     for (int64_t j = 0; j < e.numel(); ++j) {
-      const float delta = xq[i].data<float>()[j] - x_local[i].data<float>()[j];
+      const float delta = v[i].data<float>()[j] - x_local[i].data<float>()[j];
       e.data<float>()[j] = static_cast<float>(static_cast<double>(x[i].data<float>()[j]) - delta);
     }
-    expected.push_back(std::move(e));
+    out.push_back(std::move(e));
   }
-  EXPECT_LT(worst_difference(r.global, expected), 1e-6);
-  // Had the server applied the update to xq (or the client trained from x), the result would be
-  // the local model, which differs by the int8 rounding of x.
-  EXPECT_GT(worst_difference(r.global, x_local), 1e-4);
+  return out;
+}
 
-  // The model went out as int8: block scales plus one byte per value.
+Weights read_tensors(const fs::path& file) {
+  Weights w;
+  for (auto& [n, t] : io::read_safetensors(file).tensors) w.push_back(t);
+  return w;
+}
+
+}  // namespace
+
+TEST(ServerCodec, ClientTrainsFromTheViewAndTheServerKeepsItsWeightsExact) {
+  Quiet q;
+  const auto dir = temp_dir("server_codec");
+  const auto silo = make_silo(dir / "a", 1);
+  auto cfg = sim_config(dir, {silo}, "fedavg", 2, 4);
+  cfg.server.server_codec = Codec::int8;
+  cfg.server.compression.block = 32;
+  const auto r = run_simulation(cfg, false);
+  const auto ckpts = io::list_checkpoints(cfg.server.dir / "checkpoints");
+  ASSERT_EQ(ckpts.size(), 2u);
+  const Weights x1 = read_model(ckpts[0]), v2 = read_tensors(ckpts[1] / "view.safetensors");
+
+  // By hand. Round 1: the client built another initial model (its own seed), so it gets the
+  // server's x0 whole and exact, trains 4 steps to xl1, and FedAvg makes x1 from it.
+  set_num_threads(1);
+  model::Llama init(cfg.server.model, cfg.server.seed);
+  const Weights x0 = model_weights(init);
+  LocalTrainer alone(cfg.clients[0]);
+  set_model_weights(alone.model(), x0);
+  alone.train(4);
+  EXPECT_LT(worst_difference(x1, fedavg_step(x0, x0, model_weights(alone.model()))), 1e-6);
+  // Round 2: it holds x0, so it gets int8(x1 - x0) and trains from v2 = x0 + decoded, the view
+  // the server checkpointed, bitwise.
+  const CompressOptions int8{Codec::int8, 32};
+  const Weights moved = round_trip(minus(x1, x0), int8);
+  Weights v2_by_hand;
+  for (size_t i = 0; i < x0.size(); ++i) {
+    Tensor t = Tensor::empty(x0[i].shape(), DType::f32);
+    for (int64_t j = 0; j < t.numel(); ++j)
+      t.data<float>()[j] = x0[i].data<float>()[j] + moved[i].data<float>()[j];
+    v2_by_hand.push_back(std::move(t));
+  }
+  EXPECT_TRUE(bitwise_equal(v2, v2_by_hand));
+  // The view misses x1 by the int8 rounding of one round's move, far less than int8 of x1's
+  // own values would.
+  EXPECT_GT(worst_difference(v2, x1), 0);
+  EXPECT_LT(worst_difference(v2, x1), worst_difference(round_trip(x1, int8), x1) / 10);
+  set_model_weights(alone.model(), v2);
+  alone.train(4);
+  const Weights xl2 = model_weights(alone.model());
+  // The server applies the update to its exact x1, not to v2.
+  EXPECT_LT(worst_difference(r.global, fedavg_step(x1, v2, xl2)), 1e-6);
+  EXPECT_GT(worst_difference(r.global, xl2), 1e-7);
+
+  // Bytes: the whole model in float32, then a delta in int8 (block scales plus a byte a value).
   const auto m = read_jsonl(cfg.server.dir / "metrics.jsonl");
-  uint64_t want = 0;
-  for (const auto& t : x) want += encoded_bytes(Codec::int8, t.numel(), 32);
-  EXPECT_EQ(m[0]["bytes_sent"].get<uint64_t>(), want);
+  uint64_t whole = 0, delta = 0;
+  for (const auto& t : x0) whole += 4 * static_cast<uint64_t>(t.numel());
+  for (const auto& t : x0) delta += encoded_bytes(int8, t.numel());
+  EXPECT_EQ(m[0]["bytes_sent"].get<uint64_t>(), whole);
+  EXPECT_EQ(m[1]["bytes_sent"].get<uint64_t>(), delta);
   fs::remove_all(dir);
 }
 
@@ -95,6 +140,18 @@ TEST(ServerCodec, ConfigKeyIsReadAndBadNamesAreRefused) {
   EXPECT_EQ(c.server_codec, Codec::int4);
   EXPECT_EQ(c.compression.codec, Codec::int8);
   EXPECT_EQ(c.compression.block, 16);
+  write_file_atomic(dir / "topk.toml", base + "server_codec = 'topk'\nblock = 256\ntopk = 8\n");
+  EXPECT_EQ(load_server_config(dir / "topk.toml").download().topk, 8);
+  for (const std::string& bad : {"codec = 'int8'\ntopk = 8\n",  // topk without the codec
+                                 "codec = 'topk'\nblock = 16\ntopk = 17\n"}) {
+    write_file_atomic(dir / "bad.toml", base + bad);
+    try {
+      load_server_config(dir / "bad.toml");
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("topk"), std::string::npos) << e.what();
+    }
+  }
   write_file_atomic(dir / "bad.toml", base + "server_codec = 'int3'\n");
   try {
     load_server_config(dir / "bad.toml");

@@ -1,0 +1,109 @@
+#include "fed/model_view.h"
+
+#include "base/hash.h"
+
+namespace pollen::fed {
+
+std::string weights_sha256(const Weights& w) {
+  Sha256 sha;
+  for (const auto& t : w) {
+    POLLEN_ASSERT(t.dtype() == DType::f32 && t.is_contiguous());
+    sha.update(t.data<float>(), t.nbytes());
+  }
+  return sha.hex_digest();
+}
+
+ModelPublisher::ModelPublisher(ParamSpecs specs, const CompressOptions& codec, Weights view)
+    : specs_(std::move(specs)), codec_(codec) {
+  if (compressed()) restore(std::move(view));
+}
+
+void ModelPublisher::restore(Weights view) {
+  POLLEN_ASSERT(compressed() && view.size() == specs_.size());
+  view_ = std::move(view);
+  view_sha256_ = weights_sha256(view_);
+  delta_.reset();
+  full_.reset();
+}
+
+void ModelPublisher::publish(const Weights& x) {
+  POLLEN_ASSERT(x.size() == specs_.size());
+  delta_.reset();
+  full_.reset();
+  if (!compressed()) {
+    auto full = std::make_shared<EncodedSet>(encode_weights(specs_, x, CompressOptions{}));
+    full->header.set_model_sha256(weights_sha256(x));
+    full_ = std::move(full);
+    return;
+  }
+  Weights moved;  // x - v, tensor by tensor
+  for (size_t i = 0; i < x.size(); ++i) {
+    Tensor m = Tensor::empty(x[i].shape(), DType::f32);
+    const float* a = x[i].data<float>();
+    const float* v = view_[i].data<float>();
+    float* d = m.data<float>();
+    for (int64_t j = 0; j < m.numel(); ++j) d[j] = a[j] - v[j];
+    moved.push_back(std::move(m));
+  }
+  auto delta = std::make_shared<EncodedSet>(encode_weights(specs_, moved, codec_));
+  const Weights sent = decode_set(delta->header, delta->bytes, specs_, "the round's model delta");
+  for (size_t i = 0; i < sent.size(); ++i) {
+    float* v = view_[i].data<float>();
+    const float* s = sent[i].data<float>();
+    for (int64_t j = 0; j < sent[i].numel(); ++j) v[j] += s[j];
+  }
+  delta->header.set_base_sha256(view_sha256_);
+  view_sha256_ = weights_sha256(view_);
+  delta->header.set_model_sha256(view_sha256_);
+  delta_ = std::move(delta);
+}
+
+std::shared_ptr<const EncodedSet> ModelPublisher::for_client(const std::string& held_sha256) {
+  if (delta_ && held_sha256 == delta_->header.base_sha256()) return delta_;
+  if (!full_) {
+    POLLEN_ASSERT(compressed());
+    auto full = std::make_shared<EncodedSet>(encode_weights(specs_, view_, CompressOptions{}));
+    full->header.set_model_sha256(view_sha256_);
+    full_ = std::move(full);
+  }
+  return full_;
+}
+
+void HeldModel::hold(Weights model) {
+  model_ = std::move(model);
+  sha256_ = weights_sha256(model_);
+}
+
+void HeldModel::validate(const pb::TensorSetHeader& h, const ParamSpecs& specs,
+                         const CompressOptions& codec, const std::string& what) const {
+  POLLEN_CHECK(h.model_sha256().size() == 64, what,
+               ": the header does not name the model (model_sha256 is not a SHA-256 hex digest)");
+  if (h.base_sha256().empty()) {
+    validate_header(h, specs, CompressOptions{}, what);
+    return;
+  }
+  POLLEN_CHECK(h.base_sha256() == sha256_, what, ": a delta to model ",
+               h.base_sha256().substr(0, 64), ", but this client holds ", sha256_);
+  validate_header(h, specs, codec, what);
+}
+
+const Weights& HeldModel::receive(const pb::TensorSetHeader& h, const std::string& bytes,
+                                  const ParamSpecs& specs, const std::string& what) {
+  Weights model = decode_set(h, bytes, specs, what);
+  if (!h.base_sha256().empty()) {
+    POLLEN_ASSERT(h.base_sha256() == sha256_);
+    for (size_t i = 0; i < model.size(); ++i) {  // v + decode(e), as the server adds them
+      float* m = model[i].data<float>();
+      const float* v = model_[i].data<float>();
+      for (int64_t j = 0; j < model[i].numel(); ++j) m[j] = v[j] + m[j];
+    }
+  }
+  const std::string sha = weights_sha256(model);
+  POLLEN_CHECK(sha == h.model_sha256(), what, ": the model rebuilt here (SHA-256 ", sha,
+               ") is not the server's (", h.model_sha256().substr(0, 64), ")");
+  model_ = std::move(model);
+  sha256_ = sha;
+  return model_;
+}
+
+}  // namespace pollen::fed
