@@ -96,10 +96,10 @@ void Engine::work() {
         jobs.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
+      // Counted before the batch runs: its callers may look as soon as their answers arrive.
+      largest_ = std::max(largest_, static_cast<int64_t>(jobs.size()));
     }
     run_batch(jobs);
-    std::lock_guard lock(mu_);
-    largest_ = std::max(largest_, static_cast<int64_t>(jobs.size()));
   }
   // Whatever is still queued at shutdown fails rather than hanging its caller.
   std::lock_guard lock(mu_);
