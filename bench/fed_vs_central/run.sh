@@ -222,7 +222,7 @@ $([ "$ROW_WEIGHTING" = none ] || echo "row_weighting = \"$ROW_WEIGHTING\"")
 codec = "$codec"
 server_codec = "${SERVER_CODEC:-$codec}"
 block = $BLOCK
-$([ "$codec" != topk ] || echo "topk = $TOPK")
+$([ "$codec" != topk ] && [ "${SERVER_CODEC:-$codec}" != topk ] || echo "topk = $TOPK")
 [train]
 $(train_table)
 $([ "$ROUND_WARMUP" = 0 ] || echo "round_warmup_steps = $ROUND_WARMUP")

@@ -9,6 +9,7 @@
 #include "data/shards.h"
 #include "fed/client_state.h"
 #include "fed/silo.h"
+#include "io/model_source.h"
 #include "optim/schedule.h"
 #include "train/trainer.h"
 
@@ -128,8 +129,17 @@ TokenCounts sparse_counts(const std::vector<double>& dense, size_t begin, size_t
 
 }  // namespace
 
+namespace {
+
+model::Llama initial_model(const ClientConfig& c) {
+  if (c.init_from.empty()) return model::Llama(c.model, c.seed);
+  return io::load_initial_weights(c.init_from, c.model, "model.init_from");
+}
+
+}  // namespace
+
 LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
-    : config_(config), comm_(comm ? comm : &alone_), model_(config.model, config.seed) {
+    : config_(config), comm_(comm ? comm : &alone_), model_(initial_model(config)) {
   for (const auto& [name, p] : model_.named_parameters()) params_.push_back(p);
   const int world = comm_->world();
   if (world > 1) {
@@ -322,16 +332,18 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
   }
   specs_ = trainer_->exchanged_specs();
   if (config_.local_dp.enabled) local_dp_ = std::make_unique<LocalDp>(config_.local_dp);
+  Weights pulled;  // the last round's model, from the state
   if (!config_.state_dir.empty()) {
     last_round_ =
-        silo_
-            ? load_client_state(config_.state_dir, config_.id, *silo_, specs_, feedback_)
-            : load_client_state(config_.state_dir, config_.id, *local_, specs_, feedback_, drift_);
+        silo_ ? load_client_state(config_.state_dir, config_.id, *silo_, specs_, feedback_, &pulled)
+              : load_client_state(config_.state_dir, config_.id, *local_, specs_, feedback_, drift_,
+                                  &pulled);
   }
-  // A client that built the server's initial model (the same seed or model.init_from) may take
-  // round 1's compressed model as a delta; otherwise the server names another model and sends it
-  // whole.
-  held_ = std::make_unique<HeldModel>(trainer_->exchanged_weights());
+  // A client holding the server's last model, or one that built the server's initial model (the
+  // same seed or model.init_from), takes the round's compressed model as a delta; otherwise the
+  // server names another model and sends it whole.
+  held_ = std::make_unique<HeldModel>(pulled.empty() ? trainer_->exchanged_weights()
+                                                     : std::move(pulled));
 }
 
 LocalTrainer& Client::trainer() {
@@ -344,10 +356,10 @@ void Client::save_state() {
   if (config_.state_dir.empty()) return;
   if (silo_) {
     save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, *silo_,
-                      specs_, feedback_);
+                      specs_, feedback_, held_->model());
   } else {
     save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, *local_,
-                      specs_, feedback_, drift_);
+                      specs_, feedback_, drift_, held_->model());
   }
 }
 

@@ -24,7 +24,7 @@ io::NamedTensors named(const Weights& tensors, const ParamSpecs& specs) {
 }
 
 // Tensors of the exchanged shapes from `file` of a state (none when it has no such file): the
-// error-feedback residual, the drift correction's anchor.
+// error-feedback residual, the drift correction's anchor, the pulled model.
 Weights read_exchanged(const fs::path& ckpt, const std::string& file, const std::string& client_id,
                        const ParamSpecs& specs) {
   Weights out;
@@ -56,7 +56,8 @@ void check_owner(const nlohmann::json& state, const fs::path& ckpt, const std::s
 
 void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
                        LocalTrainer& trainer, const ParamSpecs& specs,
-                       const ErrorFeedback& feedback, const DriftCorrection& drift) {
+                       const ErrorFeedback& feedback, const DriftCorrection& drift,
+                       const Weights& pulled) {
   const auto params = trainer.model().named_parameters();
   const train::OptimizerMoments opt = trainer.optimizer_moments();
   io::NamedTensors weights, moments;
@@ -72,6 +73,7 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
   w.add_tensors("optimizer.safetensors", moments,
                 {{"step", std::to_string(opt.steps)}, {"optimizer", "adamw"}});
   if (!residual.empty()) w.add_tensors("feedback.safetensors", residual);
+  if (!pulled.empty()) w.add_tensors("pulled_model.safetensors", named(pulled, specs));
   nlohmann::ordered_json state{{"client", client_id},
                                {"round", round},
                                {"local_steps", trainer.steps_taken()},
@@ -87,8 +89,8 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
 }
 
 int64_t load_client_state(const fs::path& dir, const std::string& client_id, LocalTrainer& trainer,
-                          const ParamSpecs& specs, ErrorFeedback& feedback,
-                          DriftCorrection& drift) {
+                          const ParamSpecs& specs, ErrorFeedback& feedback, DriftCorrection& drift,
+                          Weights* pulled) {
   // Rank 0 chooses the state (the newest that verifies) and tells the silo's other ranks, which
   // load the same one.
   dist::Communicator& comm = trainer.communicator();
@@ -112,6 +114,7 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
     feedback.set_residual(read_exchanged(ckpt, "feedback.safetensors", client_id, specs));
     drift.restore(read_exchanged(ckpt, "drift_anchor.safetensors", client_id, specs),
                   state.value("drift_anchor_round", int64_t{0}));
+    *pulled = read_exchanged(ckpt, "pulled_model.safetensors", client_id, specs);
   }
   const int64_t round = state.at("round").get<int64_t>();
   log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
@@ -120,12 +123,13 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
 }
 
 void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
-                       const LoraSilo& silo, const ParamSpecs& specs,
-                       const ErrorFeedback& feedback) {
+                       const LoraSilo& silo, const ParamSpecs& specs, const ErrorFeedback& feedback,
+                       const Weights& pulled) {
   io::CheckpointWriter w(dir / "checkpoints", silo.steps_taken());
   const nlohmann::ordered_json trained = silo.write_state(w);
   const io::NamedTensors residual = named(feedback.residual(), specs);
   if (!residual.empty()) w.add_tensors("feedback.safetensors", residual);
+  if (!pulled.empty()) w.add_tensors("pulled_model.safetensors", named(pulled, specs));
   const nlohmann::ordered_json state{{"client", client_id},
                                      {"round", round},
                                      {"data_manifest_hash", silo.manifest_hash()},
@@ -138,7 +142,7 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
 }
 
 int64_t load_client_state(const fs::path& dir, const std::string& client_id, LoraSilo& silo,
-                          const ParamSpecs& specs, ErrorFeedback& feedback) {
+                          const ParamSpecs& specs, ErrorFeedback& feedback, Weights* pulled) {
   auto choice = io::choose_resume_checkpoint(dir / "checkpoints");
   for (const auto& [skipped, why] : choice.skipped) {
     log::warn("fed client '", client_id, "': skipping state ", skipped.string(), ": ", why);
@@ -155,6 +159,7 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Lor
       "folder to start this silo afresh");
   silo.read_state(ckpt, state.at("silo"));
   feedback.set_residual(read_exchanged(ckpt, "feedback.safetensors", client_id, specs));
+  *pulled = read_exchanged(ckpt, "pulled_model.safetensors", client_id, specs);
   const int64_t round = state.at("round").get<int64_t>();
   log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
             silo.steps_taken(), " local steps) from ", ckpt.string());

@@ -2,14 +2,15 @@
 // A client's local state on disk, so that a restarted silo continues where it stopped: the
 // inner AdamW moments and step count, the training loader's position (its seed, epoch and
 // cursor: the only randomness of local training), the error-feedback residual, the drift
-// correction's anchor (fed/drift_correction.h) and the last round it trained. Written after every
-// round as a checkpoint (atomic, checksummed) under `dir`/checkpoints/step-<local step>; the newest
-// that verifies is resumed. A silo of several ranks writes it once, from rank 0, in the same format
-// (so it resumes at any number of ranks); every rank loads it (the error-feedback residual and the
-// anchor are rank 0's alone). A post-training silo (LoraSilo) writes its adapters' B instead of the
-// model (adapter.safetensors), the moments of B, and its objective's state (data position), beside
-// the same state.json and residual; its state also names the base's fingerprint, and a state of
-// another base is refused.
+// correction's anchor (fed/drift_correction.h), the last round's model as pulled (so that a
+// compressed download goes on as a delta, fed/model_view.h) and the last round it trained. Written
+// after every round as a checkpoint (atomic, checksummed) under `dir`/checkpoints/step-<local
+// step>; the newest that verifies is resumed. A silo of several ranks writes it once, from rank 0,
+// in the same format (so it resumes at any number of ranks); every rank loads it (the
+// error-feedback residual, the anchor and the pulled model are rank 0's alone). A post-training
+// silo (LoraSilo) writes its adapters' B instead of the model (adapter.safetensors), the moments of
+// B, and its objective's state (data position), beside the same state.json, residual and pulled
+// model; its state also names the base's fingerprint, and a state of another base is refused.
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -23,16 +24,18 @@ namespace pollen::fed {
 class LocalTrainer;
 class LoraSilo;
 
+// `pulled`: the last round's model as the client rebuilt it (empty: none).
 void save_client_state(const std::filesystem::path& dir, int keep, const std::string& client_id,
                        int64_t round, LocalTrainer& trainer, const ParamSpecs& specs,
-                       const ErrorFeedback& feedback, const DriftCorrection& drift);
+                       const ErrorFeedback& feedback, const DriftCorrection& drift,
+                       const Weights& pulled);
 
 // Restores the newest valid state under dir (a collective of the trainer's ranks); returns the
 // last round trained then, or 0 when there is none. Throws when the state belongs to another client
-// or another dataset.
+// or another dataset. *pulled gets the saved pulled model (empty when the state has none).
 int64_t load_client_state(const std::filesystem::path& dir, const std::string& client_id,
                           LocalTrainer& trainer, const ParamSpecs& specs, ErrorFeedback& feedback,
-                          DriftCorrection& drift);
+                          DriftCorrection& drift, Weights* pulled);
 
 }  // namespace pollen::fed
 
@@ -41,8 +44,9 @@ namespace pollen::fed {
 // The same for a post-training silo (one process).
 void save_client_state(const std::filesystem::path& dir, int keep, const std::string& client_id,
                        int64_t round, const LoraSilo& silo, const ParamSpecs& specs,
-                       const ErrorFeedback& feedback);
+                       const ErrorFeedback& feedback, const Weights& pulled);
 int64_t load_client_state(const std::filesystem::path& dir, const std::string& client_id,
-                          LoraSilo& silo, const ParamSpecs& specs, ErrorFeedback& feedback);
+                          LoraSilo& silo, const ParamSpecs& specs, ErrorFeedback& feedback,
+                          Weights* pulled);
 
 }  // namespace pollen::fed

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace pollen::fed {
 
@@ -76,6 +77,24 @@ float load_f32(const uint8_t* p) {
   return f;
 }
 
+// Throws unless every value of x[lo, hi) is finite (block b), before any is chosen or scaled.
+void check_finite(const float* x, int64_t lo, int64_t hi, int64_t b) {
+  for (int64_t i = lo; i < hi; ++i) {
+    POLLEN_CHECK(std::isfinite(x[i]), "compression: value ", i, " (block ", b, ") is not finite");
+  }
+}
+
+// Block b's scale from a payload: finite, non-negative, and small enough that the codec's largest
+// level times it stays finite.
+float read_scale(const uint8_t* scales, int64_t b, float largest_level, const std::string& what) {
+  const float scale = load_f32(scales + 4 * b);
+  POLLEN_CHECK(std::isfinite(scale) && scale >= 0 && std::isfinite(scale * largest_level), what,
+               ": block ", b, " has scale ", scale,
+               "; scales must be finite, non-negative and at most ",
+               std::numeric_limits<float>::max() / largest_level);
+  return scale;
+}
+
 // Top-k's layout: how many values a block keeps, how wide an index is, and in all.
 struct TopkLayout {
   int64_t blocks, kept_per_block, last_kept, index_bytes;
@@ -117,10 +136,10 @@ void encode_topk(const float* x, int64_t n, const CompressOptions& o, uint8_t* p
   int64_t at = 0;  // kept values so far
   for (int64_t b = 0; b < l.blocks; ++b) {
     const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
+    check_finite(x, lo, hi, b);
     top_indices(x, lo, hi, l.kept(b), idx);
     float amax = 0;
     for (int64_t i : idx) amax = std::max(amax, std::fabs(x[lo + i]));
-    POLLEN_CHECK(std::isfinite(amax), "compression: a non-finite value in block ", b);
     const float scale = amax / 127.0f;
     std::memcpy(p + 4 * b, &scale, 4);
     const float inv = scale > 0 ? 1.0f / scale : 0.0f;
@@ -141,9 +160,7 @@ void decode_topk(const uint8_t* p, int64_t n, const CompressOptions& o, float* o
   std::fill(out, out + n, 0.0f);
   int64_t at = 0;
   for (int64_t b = 0; b < l.blocks; ++b) {
-    const float scale = load_f32(p + 4 * b);
-    POLLEN_CHECK(std::isfinite(scale) && scale >= 0, what, ": block ", b, " has scale ", scale,
-                 "; scales must be finite and non-negative");
+    const float scale = read_scale(p, b, 127, what);
     const int64_t lo = b * o.block, len = std::min(n, lo + o.block) - lo;
     int64_t previous = -1;
     for (int64_t j = 0; j < l.kept(b); ++j, ++at) {
@@ -206,9 +223,9 @@ void encode(const float* x, int64_t n, const CompressOptions& o, std::string& ou
       if (o.codec == Codec::int4) std::memset(values, 0, static_cast<size_t>((n + 1) / 2));
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
+        check_finite(x, lo, hi, b);
         float amax = 0;
         for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
-        POLLEN_CHECK(std::isfinite(amax), "compression: a non-finite value in block ", b);
         const float scale = amax / static_cast<float>(q);
         std::memcpy(p + 4 * b, &scale, 4);
         const float inv = scale > 0 ? 1.0f / scale : 0.0f;
@@ -286,9 +303,7 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
       const int64_t nb = blocks_of(n, o.block);
       const uint8_t* values = p + 4 * nb;
       for (int64_t b = 0; b < nb; ++b) {
-        const float scale = load_f32(p + 4 * b);
-        POLLEN_CHECK(std::isfinite(scale) && scale >= 0, what, ": block ", b, " has scale ", scale,
-                     "; scales must be finite and non-negative");
+        const float scale = read_scale(p, b, static_cast<float>(qmax(o.codec)), what);
         const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
         for (int64_t i = lo; i < hi; ++i) {
           int v;
@@ -312,9 +327,7 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
       const int64_t nb = blocks_of(n, o.block);
       const uint8_t* bits = p + 4 * nb;
       for (int64_t b = 0; b < nb; ++b) {
-        const float scale = load_f32(p + 4 * b);
-        POLLEN_CHECK(std::isfinite(scale) && scale >= 0, what, ": block ", b, " has scale ", scale,
-                     "; scales must be finite and non-negative");
+        const float scale = read_scale(p, b, 1, what);
         const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
         for (int64_t i = lo; i < hi; ++i) out[i] = (bits[i / 8] >> (i & 7)) & 1 ? -scale : scale;
       }
@@ -327,9 +340,7 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
       const int64_t nb = blocks_of(n, o.block);
       const uint8_t* codes = p + 4 * nb;
       for (int64_t b = 0; b < nb; ++b) {
-        const float scale = load_f32(p + 4 * b);
-        POLLEN_CHECK(std::isfinite(scale) && scale >= 0, what, ": block ", b, " has scale ", scale,
-                     "; scales must be finite and non-negative");
+        const float scale = read_scale(p, b, kNf2Levels[3], what);
         const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
         for (int64_t i = lo; i < hi; ++i)
           out[i] = kNf2Levels[(codes[i / 4] >> (2 * (i & 3))) & 3] * scale;

@@ -24,10 +24,11 @@
 // all blocks' scales first (float32 LE), then the packed values (nf2 and sign: any unused bits of
 // the last byte zero); of topk: the scales, then every
 // block's indices (ascending within a block, little-endian), then every block's values. A block
-// of fewer than `topk` values (the last) keeps them all. Decoding checks the payload's size, that
-// every scale is finite and non-negative, that no value is -128 (int8) or -8 (int4), and that a
-// block's indices ascend strictly and stay inside it, so a hostile payload cannot smuggle in NaN,
-// infinities, asymmetric codes or writes out of place.
+// of fewer than `topk` values (the last) keeps them all. Encoding refuses a non-finite value.
+// Decoding checks the payload's size, that every scale is finite, non-negative and small enough
+// that its largest level stays finite, that no value is -128 (int8, topk) or -8 (int4), that unused
+// bits are zero, and that a block's indices ascend strictly and stay inside it, so a hostile
+// payload cannot smuggle in NaN, infinities, asymmetric codes or writes out of place.
 //
 // nf2 is the 2-bit member of the NormalFloat family of QLoRA (Dettmers et al. 2023), with levels
 // that minimise the squared error for normal values (Max 1960). Scaled sign with error feedback

@@ -8,7 +8,7 @@ namespace pollen::fed {
 
 namespace {
 
-// `init_from`: where the server's model.init_from goes (null: a client, which has none).
+// `init_from`: where model.init_from goes (null: refused).
 model::LlamaConfig read_model(ConfigTable& root, const std::filesystem::path& path,
                               std::string* init_from = nullptr) {
   auto m = root.table("model");
@@ -263,7 +263,7 @@ ClientConfig load_client_config(const std::filesystem::path& path) {
   d->finish();
   if (auto tr = root.table("train")) c.train = read_local_train(*tr);
   if (auto p = root.table("parallel")) c.parallel = read_silo_parallel(*p);
-  c.model = read_model(root, path);
+  c.model = read_model(root, path, &c.init_from);
   c.tokenizer_fingerprint = read_tokenizer(root);
   root.finish();
   return c;
@@ -298,6 +298,7 @@ SimConfig load_sim_config(const std::filesystem::path& path) {
     cc.seed = c.server.seed + 1 + i;
     cc.threads = c.threads;
     cc.model = c.server.model;
+    cc.init_from = c.server.init_from;
     cc.tokenizer_fingerprint = c.server.tokenizer_fingerprint;
     cc.manifests = {manifests[i]};
     cc.train = train;

@@ -91,6 +91,9 @@ struct ClientConfig {
   uint64_t seed = 0;  // data order
   int threads = 0;    // 0: every hardware thread
   model::LlamaConfig model;
+  // model.init_from: the weights the silo starts from, as the server's (so that round 1's
+  // compressed model comes as a delta); empty: drawn from seed
+  std::string init_from;
   std::string tokenizer_fingerprint;
   std::vector<std::string> manifests;
   double connect_timeout_s = 60;

@@ -46,7 +46,7 @@ class ModelPublisher {
   ParamSpecs specs_;
   CompressOptions codec_;
   Weights view_;
-  std::string view_sha256_, base_sha256_;
+  std::string view_sha256_;
   std::shared_ptr<const EncodedSet> delta_, full_;
 };
 
@@ -54,6 +54,7 @@ class ModelPublisher {
 class HeldModel {
  public:
   explicit HeldModel(Weights model) { hold(std::move(model)); }
+  const Weights& model() const { return model_; }
   const std::string& sha256() const { return sha256_; }
 
   // Checks the pulled set's header (the tensors, and the codec: `codec` for a delta against the

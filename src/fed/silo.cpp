@@ -47,8 +47,9 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
   const ParamSpecs specs = param_specs(trainer.model());
   ErrorFeedback feedback;  // rank 0's alone; loaded there only
   DriftCorrection drift;   // likewise
+  Weights pulled;          // likewise
   if (!config.state_dir.empty()) {
-    load_client_state(config.state_dir, config.id, trainer, specs, feedback, drift);
+    load_client_state(config.state_dir, config.id, trainer, specs, feedback, drift, &pulled);
   }
   for (;;) {
     int64_t words[4] = {0, 0, 0, 0};

@@ -14,6 +14,7 @@
 #include "fed/fixtures.h"
 #include "fed/run.h"
 #include "io/checkpoint.h"
+#include "model/llama.h"
 
 using namespace pollen;
 using namespace pollen::fed;
@@ -50,8 +51,8 @@ Weights three_rounds(const fs::path& dir, const fs::path& silo, int restart_afte
                      bool keep_state) {
   auto cfg = sim_config(dir, {silo}, "diloco", 3, 3);
   cfg.server.compression.codec = Codec::int4;  // so that the error-feedback residual matters
-  // and a compressed download: the restarted client, holding no model the server knows, gets the
-  // whole view where the uninterrupted one gets a delta, and must train from the same values
+  // and a compressed download: the restarted client must still hold the model it pulled, or the
+  // server sends it the whole view instead of a delta (ClientState.RestartedClient...Delta)
   cfg.server.server_codec = Codec::int4;
   cfg.clients[0].state_dir = dir / "client-state";
   return three_rounds(
@@ -63,6 +64,11 @@ Weights three_rounds(const fs::path& dir, const fs::path& silo, int restart_afte
 }
 
 }  // namespace
+
+// What the server sent in `round` (metrics.jsonl's bytes_sent).
+static uint64_t bytes_sent(const fs::path& server_dir, int round) {
+  return read_jsonl(server_dir / "metrics.jsonl").at(static_cast<size_t>(round - 1))["bytes_sent"];
+}
 
 TEST(ClientState, RestartedClientContinuesWithItsState) {
   Quiet q;
@@ -77,6 +83,14 @@ TEST(ClientState, RestartedClientContinuesWithItsState) {
   // comparison above can tell.
   const Weights afresh = three_rounds(dir / "run2", silo, 1, false);
   EXPECT_FALSE(bitwise_equal(uninterrupted, afresh));
+  // Round 2's download: the restarted client still held the model it pulled, so it got the int4
+  // delta as the uninterrupted one did; without its state it got the whole model in float32.
+  uint64_t numel = 0;
+  for (const auto& w : model_weights(model::Llama(tiny_model(), 0)))
+    numel += static_cast<uint64_t>(w.numel());
+  EXPECT_LT(bytes_sent(dir / "run1" / "server", 2), numel);
+  EXPECT_EQ(bytes_sent(dir / "run1" / "server", 2), bytes_sent(dir / "run0" / "server", 2));
+  EXPECT_EQ(bytes_sent(dir / "run2" / "server", 2), 4 * numel);
   fs::remove_all(dir);
 }
 

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 #include "base/rng.h"
 #include "fed/compress.h"
@@ -43,7 +45,7 @@ constexpr Codec kAllCodecs[] = {Codec::none, Codec::bf16, Codec::int8, Codec::in
 TEST(Compress, RoundTripWithinStatedBound) {
   for (Codec c : kAllCodecs) {
     for (int64_t n : {1, 7, 64, 1000, 4097}) {
-      for (int64_t block : {1, 32, 64, 100}) {
+      for (int64_t block : {1, 32, 64, 100, 300}) {  // 300: topk's 2-byte indices
         auto x = random_values(n, static_cast<uint64_t>(n * 31 + block), 1e-3);
         if (n > 3) x[3] = 0;  // zeros stay zero
         std::string enc;
@@ -177,8 +179,35 @@ TEST(Compress, HostilePayloadsAreRefused) {
   EXPECT_THROW(
       decode(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), 10, topk, y.data(), "t"),
       Error);
+  bad = enc;
+  bad[indices + 6] = '\x80';  // the first kept value: -128
+  EXPECT_THROW(
+      decode(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), 10, topk, y.data(), "t"),
+      Error);
+  // a scale so large that its largest level overflows to infinity
+  for (Codec c : {Codec::int8, Codec::nf2, Codec::topk}) {
+    bad.clear();
+    encode(x.data(), 10, opts(c, 4, 2), bad);
+    const float huge = std::numeric_limits<float>::max();
+    std::memcpy(bad.data(), &huge, 4);
+    EXPECT_THROW(decode(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), 10, opts(c, 4, 2),
+                        y.data(), "t"),
+                 Error)
+        << codec_name(c);
+  }
   EXPECT_THROW(opts(Codec::topk, 4, 5).validate(), Error);        // more than the block
   EXPECT_THROW(opts(Codec::topk, 1 << 17, 5).validate(), Error);  // indices are 16-bit
+}
+
+TEST(Compress, NonFiniteValuesAreRefusedBeforeEncoding) {
+  for (Codec c : {Codec::int8, Codec::int4, Codec::nf2, Codec::sign, Codec::topk}) {
+    for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
+      auto x = random_values(10, 3);
+      x[6] = bad;  // refused before top-k chooses, whatever its magnitude
+      std::string enc;
+      EXPECT_THROW(encode(x.data(), 10, opts(c, 4, 2), enc), Error) << codec_name(c) << " " << bad;
+    }
+  }
 }
 
 TEST(Compress, ErrorFeedbackSumsToTheOriginal) {

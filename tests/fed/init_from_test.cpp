@@ -1,16 +1,20 @@
 // model.init_from of `pollen fed server` and `pollen fed simulate`: round 1's global model is
 // exactly a `pollen train` checkpoint's weights, the lineage cites them, and a checkpoint of
-// another architecture is refused naming what differs.
+// another architecture is refused naming what differs. A client that starts from the same
+// weights gets round 1's compressed model as a delta.
 #include <gtest/gtest.h>
 
 #include <fstream>
 
 #include "base/files.h"
 #include "base/hash.h"
+#include "base/thread_pool.h"
+#include "fed/client.h"
 #include "fed/coordinator.h"
 #include "fed/fixtures.h"
 #include "fed/run.h"
 #include "io/checkpoint.h"
+#include "model/llama.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -118,6 +122,7 @@ TEST(InitFrom, SimConfigReadsItAndAnotherArchitectureIsRefused) {
   write_sim(same);
   const SimConfig c = load_sim_config(sim);
   EXPECT_EQ(c.server.init_from, ckpt.string());
+  EXPECT_EQ(c.clients.at(0).init_from, ckpt.string());  // the simulated silos start there too
   {
     const Coordinator server(c.server, false);
     EXPECT_TRUE(bitwise_equal(server.global_weights(), in_model_order(server, ckpt)));
@@ -139,11 +144,38 @@ TEST(InitFrom, SimConfigReadsItAndAnotherArchitectureIsRefused) {
   EXPECT_NE(e.find("num_key_value_heads: expected 1, got 2"), std::string::npos) << e;
   EXPECT_NE(e.find("rope_theta: expected 500000, got 10000"), std::string::npos) << e;
   EXPECT_EQ(e.find("hidden_size"), std::string::npos) << e;
-  // A client has no init_from: it takes the server's model.
+  // A client may start from the same weights (so that round 1's compressed model is a delta).
   std::ofstream(dir / "client.toml") << "[client]\nid = \"a\"\n[data]\nmanifests = [\""
                                      << silo.string() << "\"]\n[tokenizer]\nfingerprint = \"t\"\n"
                                      << "[model]\ninit_from = \"" << ckpt.string() << "\"\n"
                                      << same;
-  EXPECT_THROW(load_client_config(dir / "client.toml"), Error);
+  EXPECT_EQ(load_client_config(dir / "client.toml").init_from, ckpt.string());
+  fs::remove_all(dir);
+}
+
+TEST(InitFrom, ClientsThatStartFromItGetRoundOneAsADelta) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("init_from_delta");
+  const auto silo_a = make_silo(dir / "a", 1), silo_b = make_silo(dir / "b", 3);
+  const fs::path ckpt = pretrained(dir / "pretrain", silo_a);
+  auto cfg = sim_config(dir, {silo_a, silo_b}, "fedavg", 1, 2);
+  cfg.server.init_from = ckpt.string();
+  cfg.server.server_codec = Codec::int8;
+  cfg.clients[0].init_from = ckpt.string();  // silo-1 draws its own initial model
+  {
+    LocalTrainer a(cfg.clients[0]), b(cfg.clients[1]);
+    const Coordinator server(cfg.server, false);
+    EXPECT_TRUE(bitwise_equal(model_weights(a.model()), server.global_weights()));
+    EXPECT_FALSE(bitwise_equal(model_weights(b.model()), server.global_weights()));
+  }
+  fs::remove_all(cfg.server.dir);
+  run_simulation(cfg, false);
+  uint64_t whole = 0, delta = 0;
+  for (const auto& w : model_weights(model::Llama(cfg.server.model, 0))) {
+    whole += 4 * static_cast<uint64_t>(w.numel());
+    delta += encoded_bytes(CompressOptions{Codec::int8, 64}, w.numel());
+  }
+  EXPECT_EQ(read_jsonl(cfg.server.dir / "metrics.jsonl").at(0)["bytes_sent"], whole + delta);
   fs::remove_all(dir);
 }
