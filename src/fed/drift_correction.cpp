@@ -25,29 +25,14 @@ Weights DriftCorrection::own_move(int64_t round, const Weights& global, const We
                                   const Weights& drift, int64_t steps) {
   POLLEN_ASSERT(local.size() == global.size() && (drift.empty() || drift.size() == global.size()));
   const auto h = static_cast<float>(steps);
-  Weights own;
-  for (size_t i = 0; i < global.size(); ++i) {
-    Tensor d = Tensor::empty(global[i].shape(), DType::f32);
-    const float* x = global[i].data<float>();
-    const float* y = local[i].data<float>();
-    float* o = d.data<float>();
-    for (int64_t j = 0; j < d.numel(); ++j) o[j] = x[j] - y[j];
-    if (!drift.empty()) {
-      const float* c = drift[i].data<float>();
-      for (int64_t j = 0; j < d.numel(); ++j) o[j] -= h * c[j];
-    }
-    own.push_back(std::move(d));
+  Weights own = weights_minus(global, local);
+  for (size_t i = 0; i < drift.size(); ++i) {
+    const float* c = drift[i].data<float>();
+    float* o = own[i].data<float>();
+    for (int64_t j = 0; j < own[i].numel(); ++j) o[j] -= h * c[j];
   }
   if (enabled()) {
-    anchor_.clear();
-    for (size_t i = 0; i < global.size(); ++i) {
-      Tensor a = Tensor::empty(global[i].shape(), DType::f32);
-      const float* x = global[i].data<float>();
-      const float* d = own[i].data<float>();
-      float* o = a.data<float>();
-      for (int64_t j = 0; j < a.numel(); ++j) o[j] = x[j] - d[j];
-      anchor_.push_back(std::move(a));
-    }
+    anchor_ = weights_minus(global, own);
     anchor_round_ = round;
   }
   return own;

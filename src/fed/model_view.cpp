@@ -36,16 +36,8 @@ void ModelPublisher::publish(const Weights& x) {
     full_ = std::move(full);
     return;
   }
-  Weights moved;  // x - v, tensor by tensor
-  for (size_t i = 0; i < x.size(); ++i) {
-    Tensor m = Tensor::empty(x[i].shape(), DType::f32);
-    const float* a = x[i].data<float>();
-    const float* v = view_[i].data<float>();
-    float* d = m.data<float>();
-    for (int64_t j = 0; j < m.numel(); ++j) d[j] = a[j] - v[j];
-    moved.push_back(std::move(m));
-  }
-  auto delta = std::make_shared<EncodedSet>(encode_weights(specs_, moved, codec_));
+  auto delta =
+      std::make_shared<EncodedSet>(encode_weights(specs_, weights_minus(x, view_), codec_));
   const Weights sent = decode_set(delta->header, delta->bytes, specs_, "the round's model delta");
   for (size_t i = 0; i < sent.size(); ++i) {
     float* v = view_[i].data<float>();

@@ -233,15 +233,7 @@ LoraSilo::RoundResult LoraSilo::train_round(const Weights& global, int64_t steps
   RoundResult r;
   r.tokens = t.tokens;
   r.loss = t.loss;
-  const Weights local = lora_weights(*lora_);
-  for (size_t i = 0; i < global.size(); ++i) {
-    Tensor d = Tensor::empty(global[i].shape(), DType::f32);
-    const float* g = global[i].data<float>();
-    const float* l = local[i].data<float>();
-    float* out = d.data<float>();
-    for (int64_t j = 0; j < d.numel(); ++j) out[j] = g[j] - l[j];
-    r.delta.push_back(std::move(d));
-  }
+  r.delta = weights_minus(global, lora_weights(*lora_));
   return r;
 }
 

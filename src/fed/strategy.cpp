@@ -14,6 +14,22 @@ Weights clone_weights(const Weights& w) {
   return out;
 }
 
+Weights weights_minus(const Weights& a, const Weights& b) {
+  POLLEN_ASSERT(a.size() == b.size());
+  Weights out;
+  out.reserve(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    POLLEN_ASSERT(a[i].shape() == b[i].shape());
+    Tensor d = Tensor::empty(a[i].shape(), DType::f32);
+    const float* x = a[i].data<float>();
+    const float* y = b[i].data<float>();
+    float* o = d.data<float>();
+    for (int64_t j = 0; j < d.numel(); ++j) o[j] = x[j] - y[j];
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
 namespace {
 
 Weights zeros_like(const Weights& w) {

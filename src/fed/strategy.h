@@ -52,6 +52,8 @@ namespace pollen::fed {
 using Weights = std::vector<Tensor>;
 
 Weights clone_weights(const Weights& w);
+// a - b, tensor by tensor (float32, the same shapes).
+Weights weights_minus(const Weights& a, const Weights& b);
 
 // How often each token id occurred in a client's round: sparse, ids strictly ascending, every
 // count at least 1.
