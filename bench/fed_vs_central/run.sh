@@ -17,14 +17,14 @@
 #        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM, H local
 #                       AdamW steps per round, ROUNDS rounds, fp32 both ways (OUTER picks
 #                       another outer optimizer, ROW_WEIGHTING the strategy's row weighting)
-#        diloco-int8-N  the same with int8 pseudo-gradients and an int8 model download (a delta
-#                       against the model the clients hold); diloco-CODEC-N with any codec
-#                       (int4, nf2, sign, topk; BLOCK values per scale, TOPK kept per block;
-#                       SERVER_CODEC for another codec on the way down)
+#        diloco-CODEC-N the same with CODEC (int8, int4, nf2, sign, topk) both ways: the
+#                       pseudo-gradients with error feedback, the model download as a delta
+#                       against the model the clients hold (BLOCK values per scale, TOPK kept
+#                       per block, SERVER_CODEC for another codec on the way down)
 #        baseline-N     one model, global batch N x local batch, ROUNDS x H steps, the same
 #                       silos mixed equally (the same tokens), the same inner schedule
 #      each evaluated with `pollen eval` on every silo's held-out data (the warm-up model too).
-#   4. The table (bench/fed_vs_central/out/table.md) and `pollen plot` curves (curves-N.svg).
+#   4. The table ($OUT/table.md) and `pollen plot` curves ($OUT/curves-N.svg).
 #
 # Communication of the baseline: every client sends and receives the full fp32 gradient once
 # per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR, MIN_LR,
@@ -39,8 +39,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 CLIENTS=${CLIENTS-"4 8"}
-H=${H:-125}
-ROUNDS=${ROUNDS:-8}
+H=${H:-25}
+ROUNDS=${ROUNDS:-40}
 SEQ=${SEQ:-64}
 MICRO_BATCH=${MICRO_BATCH:-4}
 INNER_LR=${INNER_LR:-3e-3}
@@ -58,7 +58,7 @@ DRIFT=${DRIFT:-0.75}
 WARMUP_STEPS=${WARMUP_STEPS:-2000}
 WARMUP_LR=${WARMUP_LR:-3e-3}
 WARMUP_SILO=${WARMUP_SILO:-pub}
-RUNS=${RUNS:-"diloco diloco-int8 baseline"}
+RUNS=${RUNS:-"diloco diloco-int4 diloco-nf2 baseline"}
 BLOCK=${BLOCK:-64}
 TOPK=${TOPK:-4}
 THREADS=${THREADS:-0}

@@ -42,17 +42,6 @@ double worst_difference(const Weights& a, const Weights& b) {
   return worst;
 }
 
-Weights minus(const Weights& a, const Weights& b) {
-  Weights out;
-  for (size_t i = 0; i < a.size(); ++i) {
-    Tensor t = Tensor::empty(a[i].shape(), DType::f32);
-    for (int64_t j = 0; j < t.numel(); ++j)
-      t.data<float>()[j] = a[i].data<float>()[j] - b[i].data<float>()[j];
-    out.push_back(std::move(t));
-  }
-  return out;
-}
-
 // x - (v - x_local) per value, as FedAvg (lr 1) applies one client's pseudo-gradient.
 Weights fedavg_step(const Weights& x, const Weights& v, const Weights& x_local) {
   Weights out;
@@ -157,7 +146,7 @@ TEST(ServerCodec, ClientTrainsFromTheViewAndTheServerKeepsItsWeightsExact) {
   // Round 2: it holds x0, so it gets int8(x1 - x0) and trains from v2 = x0 + decoded, the view
   // the server checkpointed, bitwise.
   const CompressOptions int8{Codec::int8, 32};
-  const Weights moved = round_trip(minus(x1, x0), int8);
+  const Weights moved = round_trip(weights_minus(x1, x0), int8);
   Weights v2_by_hand;
   for (size_t i = 0; i < x0.size(); ++i) {
     Tensor t = Tensor::empty(x0[i].shape(), DType::f32);
