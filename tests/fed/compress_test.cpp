@@ -199,6 +199,35 @@ TEST(Compress, HostilePayloadsAreRefused) {
   EXPECT_THROW(opts(Codec::topk, 1 << 17, 5).validate(), Error);  // indices are 16-bit
 }
 
+TEST(Compress, MutatedPayloadsDecodeToFiniteValuesOrAreRefused) {
+  // Valid payloads with random bytes overwritten: the decoder either refuses them or returns
+  // finite values only, for every codec, whatever the bytes say.
+  Rng rng(11);
+  const int64_t n = 37;  // blocks of 8 with a short last one; topk keeps 3 of each
+  const auto x = random_values(n, 12);
+  std::vector<float> y(static_cast<size_t>(n));
+  for (Codec c : kAllCodecs) {
+    const auto o = opts(c, 8, 3);
+    std::string enc;
+    encode(x.data(), n, o, enc);
+    int refused = 0;
+    for (int trial = 0; trial < 2000; ++trial) {
+      std::string bad = enc;
+      for (int k = 0; k < 1 + trial % 4; ++k)
+        bad[rng.next_u64() % bad.size()] = static_cast<char>(rng.next_u64() & 0xff);
+      try {
+        decode(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), n, o, y.data(), "t");
+      } catch (const Error&) {
+        ++refused;
+        continue;
+      }
+      for (float v : y) ASSERT_TRUE(std::isfinite(v)) << codec_name(c) << " trial " << trial;
+    }
+    if (c == Codec::none || c == Codec::bf16) continue;  // most of their bytes are free
+    EXPECT_GT(refused, 0) << codec_name(c);
+  }
+}
+
 TEST(Compress, NonFiniteValuesAreRefusedBeforeEncoding) {
   for (Codec c : {Codec::int8, Codec::int4, Codec::nf2, Codec::sign, Codec::topk}) {
     for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity()}) {
