@@ -22,14 +22,12 @@ void ModelPublisher::restore(Weights view) {
   POLLEN_ASSERT(compressed() && view.size() == specs_.size());
   view_ = std::move(view);
   view_sha256_ = weights_sha256(view_);
-  delta_.reset();
-  full_.reset();
+  release();
 }
 
 void ModelPublisher::publish(const Weights& x) {
   POLLEN_ASSERT(x.size() == specs_.size());
-  delta_.reset();
-  full_.reset();
+  release();
   if (!compressed()) {
     auto full = std::make_shared<EncodedSet>(encode_weights(specs_, x, CompressOptions{}));
     full->header.set_model_sha256(weights_sha256(x));
@@ -52,6 +50,19 @@ void ModelPublisher::publish(const Weights& x) {
 
 std::shared_ptr<const EncodedSet> ModelPublisher::for_client(const std::string& held_sha256) {
   if (delta_ && held_sha256 == delta_->header.base_sha256()) return delta_;
+  if (compressed() && held_sha256 == view_sha256_) {
+    // It holds this round's model already (a pull retried within the round, or one before a
+    // server restart): an empty delta.
+    if (!same_) {
+      Weights zeros;
+      for (const auto& s : specs_) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
+      auto same = std::make_shared<EncodedSet>(encode_weights(specs_, zeros, codec_));
+      same->header.set_base_sha256(view_sha256_);
+      same->header.set_model_sha256(view_sha256_);
+      same_ = std::move(same);
+    }
+    return same_;
+  }
   if (!full_) {
     POLLEN_ASSERT(compressed());
     auto full = std::make_shared<EncodedSet>(encode_weights(specs_, view_, CompressOptions{}));

@@ -8,7 +8,8 @@
 // same float32 additions on both, so v is bitwise equal wherever it is held. What one round's
 // encoding misses stays in x - v and goes out with the next round's: error feedback for the
 // download, with no residual to keep beside v. A client that holds another model (a new or
-// restarted client, or one that missed a round) is sent v itself, exact in float32. Models are
+// restarted client without its state, or one that missed a round) is sent v itself, exact in
+// float32; one that holds v already (a retried pull) an empty delta. Models are
 // named by the SHA-256 of their weights; the client checks the model it rebuilt against the
 // server's name for it.
 #include <memory>
@@ -31,10 +32,10 @@ class ModelPublisher {
   // Opens a round on the exact model x: the new view, and the sets a pull may get.
   void publish(const Weights& x);
   // The round's set for a client holding the model named `held_sha256`: the delta when it holds
-  // the last view, the view itself otherwise.
+  // the last view, an empty delta when it holds this round's, the view itself otherwise.
   std::shared_ptr<const EncodedSet> for_client(const std::string& held_sha256);
   // The round is over: its sets are freed (pulls in flight keep theirs).
-  void release() { delta_.reset(), full_.reset(); }
+  void release() { delta_.reset(), full_.reset(), same_.reset(); }
 
   // What the clients train from this round.
   const Weights& view() const { return view_; }
@@ -47,7 +48,7 @@ class ModelPublisher {
   CompressOptions codec_;
   Weights view_;
   std::string view_sha256_;
-  std::shared_ptr<const EncodedSet> delta_, full_;
+  std::shared_ptr<const EncodedSet> delta_, full_, same_;
 };
 
 // The client's side: the model it holds, and the round's model from a pulled set.

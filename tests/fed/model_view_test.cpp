@@ -127,6 +127,24 @@ TEST(ModelView, AClientHoldingAnotherModelGetsTheWholeViewExactly) {
   EXPECT_TRUE(bitwise_equal(pull(fresh, server, int8), server.view()));
 }
 
+TEST(ModelView, AClientThatHoldsTheRoundsModelGetsAnEmptyDelta) {
+  // A pull retried within the round, or after a server restart: the client applied the round's
+  // delta already and must not get it (or the whole model) again.
+  for (const Codec c : {Codec::int8, Codec::nf2, Codec::sign, Codec::topk}) {
+    const CompressOptions codec{c, 16, c == Codec::topk ? 4 : 0};
+    const Weights x0 = random_weights(11, 0.05);
+    ModelPublisher server(kSpecs, codec, clone_weights(x0));
+    HeldModel client(clone_weights(x0));
+    server.publish(plus(x0, random_weights(12, 1e-3)));
+    const Weights first = clone_weights(pull(client, server, codec));
+    const auto again = server.for_client(client.sha256());
+    EXPECT_EQ(again->header.base_sha256(), client.sha256()) << codec_name(c);
+    EXPECT_EQ(again->header.total_bytes(), encoded_bytes(codec, 120) + encoded_bytes(codec, 17));
+    EXPECT_TRUE(bitwise_equal(pull(client, server, codec), first)) << codec_name(c);
+    EXPECT_TRUE(bitwise_equal(client.model(), server.view())) << codec_name(c);
+  }
+}
+
 TEST(ModelView, ADeltaToAnotherModelOrAWrongResultIsRefused) {
   const CompressOptions int8{Codec::int8, 16, 0};
   const Weights x0 = random_weights(8, 0.05);
