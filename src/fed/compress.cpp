@@ -95,6 +95,62 @@ float read_scale(const uint8_t* scales, int64_t b, float largest_level, const st
   return scale;
 }
 
+// sign and nf2: per block a scale s = mean|x| times a factor, then `bits` bits per value (low bits
+// first) choosing one of 2^bits levels, decoded as level * s.
+struct LevelCodec {
+  int bits;
+  const float* levels;
+  double scale_per_mean_magnitude;
+  unsigned (*code)(float x, float scale);
+};
+
+constexpr float kSignLevels[2] = {1.0f, -1.0f};
+
+LevelCodec level_codec(Codec c) {
+  if (c == Codec::sign)
+    return {1, kSignLevels, 1.0, [](float x, float) -> unsigned { return x < 0 ? 1 : 0; }};
+  return {2, kNf2Levels, kSigmaPerMeanMagnitude, [](float x, float scale) -> unsigned {
+            const float cut = kNf2Cut * scale;
+            return x < 0 ? (x < -cut ? 0 : 1) : (x > cut ? 3 : 2);
+          }};
+}
+
+void encode_levels(const LevelCodec& c, const float* x, int64_t n, int64_t block, uint8_t* p) {
+  const int64_t nb = blocks_of(n, block), per_byte = 8 / c.bits;
+  uint8_t* codes = p + 4 * nb;
+  std::memset(codes, 0, static_cast<size_t>((n + per_byte - 1) / per_byte));
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t lo = b * block, hi = std::min(n, lo + block);
+    const float scale = mean_magnitude(x, lo, hi, c.scale_per_mean_magnitude, b);
+    std::memcpy(p + 4 * b, &scale, 4);
+    for (int64_t i = lo; i < hi; ++i) {
+      const auto shift = static_cast<unsigned>(c.bits * (i % per_byte));
+      codes[i / per_byte] |= static_cast<uint8_t>(c.code(x[i], scale) << shift);
+    }
+  }
+}
+
+void decode_levels(const LevelCodec& c, const uint8_t* p, int64_t n, int64_t block, float* out,
+                   const std::string& what) {
+  const int64_t nb = blocks_of(n, block), per_byte = 8 / c.bits;
+  const uint8_t* codes = p + 4 * nb;
+  const unsigned mask = (1u << c.bits) - 1;
+  float largest = 0;
+  for (unsigned l = 0; l <= mask; ++l) largest = std::max(largest, std::fabs(c.levels[l]));
+  for (int64_t b = 0; b < nb; ++b) {
+    const float scale = read_scale(p, b, largest, what);
+    const int64_t lo = b * block, hi = std::min(n, lo + block);
+    for (int64_t i = lo; i < hi; ++i) {
+      const auto shift = static_cast<unsigned>(c.bits * (i % per_byte));
+      out[i] = c.levels[(codes[i / per_byte] >> shift) & mask] * scale;
+    }
+  }
+  if (n % per_byte) {
+    const auto used = static_cast<unsigned>(c.bits * (n % per_byte));
+    POLLEN_CHECK((codes[n / per_byte] >> used) == 0, what, ": the unused last bits are not zero");
+  }
+}
+
 // Top-k's layout: how many values a block keeps, how wide an index is, and in all.
 struct TopkLayout {
   int64_t blocks, kept_per_block, last_kept, index_bytes;
@@ -241,36 +297,10 @@ void encode(const float* x, int64_t n, const CompressOptions& o, std::string& ou
       }
       return;
     }
-    case Codec::sign: {
-      const int64_t nb = blocks_of(n, o.block);
-      uint8_t* bits = p + 4 * nb;
-      std::memset(bits, 0, static_cast<size_t>((n + 7) / 8));
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
-        const float scale = mean_magnitude(x, lo, hi, 1.0, b);
-        std::memcpy(p + 4 * b, &scale, 4);
-        for (int64_t i = lo; i < hi; ++i) {
-          if (x[i] < 0) bits[i / 8] |= static_cast<uint8_t>(1u << (i & 7));
-        }
-      }
+    case Codec::sign:
+    case Codec::nf2:
+      encode_levels(level_codec(o.codec), x, n, o.block, p);
       return;
-    }
-    case Codec::nf2: {
-      const int64_t nb = blocks_of(n, o.block);
-      uint8_t* codes = p + 4 * nb;
-      std::memset(codes, 0, static_cast<size_t>((n + 3) / 4));
-      for (int64_t b = 0; b < nb; ++b) {
-        const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
-        const float scale = mean_magnitude(x, lo, hi, kSigmaPerMeanMagnitude, b);
-        std::memcpy(p + 4 * b, &scale, 4);
-        const float cut = kNf2Cut * scale;
-        for (int64_t i = lo; i < hi; ++i) {
-          const unsigned c = x[i] < 0 ? (x[i] < -cut ? 0 : 1) : (x[i] > cut ? 3 : 2);
-          codes[i / 4] |= static_cast<uint8_t>(c << (2 * (i & 3)));
-        }
-      }
-      return;
-    }
     case Codec::topk:
       encode_topk(x, n, o, p);
       return;
@@ -323,34 +353,10 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
       }
       return;
     }
-    case Codec::sign: {
-      const int64_t nb = blocks_of(n, o.block);
-      const uint8_t* bits = p + 4 * nb;
-      for (int64_t b = 0; b < nb; ++b) {
-        const float scale = read_scale(p, b, 1, what);
-        const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
-        for (int64_t i = lo; i < hi; ++i) out[i] = (bits[i / 8] >> (i & 7)) & 1 ? -scale : scale;
-      }
-      if (n % 8) {
-        POLLEN_CHECK((bits[n / 8] >> (n % 8)) == 0, what, ": the unused last bits are not zero");
-      }
+    case Codec::sign:
+    case Codec::nf2:
+      decode_levels(level_codec(o.codec), p, n, o.block, out, what);
       return;
-    }
-    case Codec::nf2: {
-      const int64_t nb = blocks_of(n, o.block);
-      const uint8_t* codes = p + 4 * nb;
-      for (int64_t b = 0; b < nb; ++b) {
-        const float scale = read_scale(p, b, kNf2Levels[3], what);
-        const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
-        for (int64_t i = lo; i < hi; ++i)
-          out[i] = kNf2Levels[(codes[i / 4] >> (2 * (i & 3))) & 3] * scale;
-      }
-      if (n % 4) {
-        POLLEN_CHECK((codes[n / 4] >> (2 * (n % 4))) == 0, what,
-                     ": the unused last bits are not zero");
-      }
-      return;
-    }
     case Codec::topk:
       decode_topk(p, n, o, out, what);
       return;
