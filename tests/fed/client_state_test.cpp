@@ -164,7 +164,7 @@ TEST(ClientState, KilledClientProcessRestartsFromItsState) {
     cfg.server.compression.codec = Codec::int4;
     run_simulation(cfg, false);
   }
-  const std::string address = loopback_address(7919);
+  const std::string address = loopback_address();
   write_file_atomic(dir / "fed.toml",
                     cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
                         "'\nseed = 5\nrounds = 3\nlocal_steps = ", kSteps,

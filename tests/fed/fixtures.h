@@ -1,6 +1,9 @@
 #pragma once
 // What the federation tests share: tiny models, silos with learnable patterns, simulation
 // configs, client updates made by hand, deployments as processes, and comparisons of weights.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -78,9 +81,22 @@ inline const std::string kTinyModelToml =
     "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
     "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n";
 
-// A loopback address whose port comes from this process's id and `salt` (tests apart).
-inline std::string loopback_address(int salt) {
-  return cat("127.0.0.1:", 20000 + static_cast<int>((::getpid() + salt) % 20000));
+// A loopback address with a port the kernel had free just now, for a server started as another
+// process (which cannot report the port it bound). A port derived from the process id could be
+// one another test's connection already holds.
+inline std::string loopback_address() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  POLLEN_CHECK(fd >= 0, "loopback_address: socket() failed");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  POLLEN_CHECK(ok, "loopback_address: no free loopback port");
+  return cat("127.0.0.1:", ntohs(a.sin_port));
 }
 
 // client.toml of client silo-0 (local_train()'s settings) of the server at `address`.

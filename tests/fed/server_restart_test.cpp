@@ -19,7 +19,7 @@ using namespace pollen::fed::testing;
 TEST(ServerRestart, KilledServerResumesAndTheClientRejoins) {
   const auto dir = temp_dir("server_killed");
   const auto silo = make_silo(dir / "a", 3);
-  const std::string address = loopback_address(3571);
+  const std::string address = loopback_address();
   write_file_atomic(dir / "fed.toml",
                     cat("[server]\ndir = '", (dir / "run").string(), "'\naddress = '", address,
                         "'\nseed = 5\nrounds = 4\nlocal_steps = 100\nround_timeout_s = 120\n"
