@@ -438,6 +438,41 @@ void Client::run() {
   }
 }
 
+const Weights& Client::pull_model(const pb::TaskReply& task, const CompressOptions& model_codec) {
+  const std::string what = cat("global model of round ", task.round());
+  // The server keeps a chain only while it is smaller than the whole model, so even 1-bit deltas
+  // reach the round's model within this many pulls.
+  constexpr int kMaxPulls = 64;
+  POLLEN_CHECK(task.model_sha256().empty() || task.model_sha256().size() == 64, "task of round ",
+               task.round(), ": model_sha256 is not a SHA-256 hex digest");
+  for (int pulls = 1;; ++pulls) {
+    pb::PullRequest pr;
+    pr.set_client_id(config_.id);
+    pr.set_round(task.round());
+    pr.set_held_model(held_->sha256());
+    std::unique_ptr<ChunkAssembler> chunks;
+    pb::TensorSetHeader header;
+    transport_.pull(pr, [&](const pb::TensorStream& m) {
+      if (!chunks) {
+        POLLEN_CHECK(m.has_header(), what, ": the stream must open with a header");
+        held_->validate(m.header(), specs_, model_codec, what);
+        header = m.header();
+        chunks = std::make_unique<ChunkAssembler>(header, what);
+      } else {
+        POLLEN_CHECK(m.has_chunk(), what, ": after the header only chunks may follow");
+        chunks->add(m.chunk());
+      }
+    });
+    POLLEN_CHECK(chunks != nullptr, what, ": empty stream");
+    const std::string bytes = chunks->finish();
+    bytes_received_ += bytes.size();
+    const Weights& model = held_->receive(header, bytes, specs_, what);
+    if (task.model_sha256().empty() || held_->sha256() == task.model_sha256()) return model;
+    POLLEN_CHECK(pulls < kMaxPulls, what, ": after ", kMaxPulls, " pulls the client holds model ",
+                 held_->sha256(), ", not the round's (", task.model_sha256().substr(0, 64), ")");
+  }
+}
+
 void Client::train_round(const pb::TaskReply& task) {
   POLLEN_CHECK(task.round() >= 1 && task.local_steps() >= 1 && task.local_steps() <= 10000000,
                "task: round ", task.round(), " with ", task.local_steps(), " local steps");
@@ -455,31 +490,9 @@ void Client::train_round(const pb::TaskReply& task) {
   model_codec.block = task.model_codec().empty() ? codec.block : task.model_codec_block();
   model_codec.topk = task.model_codec_topk();
   model_codec.validate();
-  // Pull the global model: a delta against the model held, or the whole of it.
-  pb::PullRequest pr;
-  pr.set_client_id(config_.id);
-  pr.set_round(task.round());
-  pr.set_held_model(held_->sha256());
-  const std::string what = cat("global model of round ", task.round());
-  std::unique_ptr<ChunkAssembler> chunks;
-  pb::TensorSetHeader header;
-  transport_.pull(pr, [&](const pb::TensorStream& m) {
-    if (!chunks) {
-      POLLEN_CHECK(m.has_header(), what, ": the stream must open with a header");
-      held_->validate(m.header(), specs_, model_codec, what);
-      header = m.header();
-      chunks = std::make_unique<ChunkAssembler>(header, what);
-    } else {
-      POLLEN_CHECK(m.has_chunk(), what, ": after the header only chunks may follow");
-      chunks->add(m.chunk());
-    }
-  });
-  POLLEN_CHECK(chunks != nullptr, what, ": empty stream");
-  const std::string bytes = chunks->finish();
-  bytes_received_ += bytes.size();
   // What the client trains from and takes its pseudo-gradient against: the model rebuilt from the
-  // set, the same values on both sides whatever the codec.
-  const Weights& global = held_->receive(header, bytes, specs_, what);
+  // pulled sets, the same values on both sides whatever the codec.
+  const Weights& global = pull_model(task, model_codec);
   trainer_->set_exchanged_weights(global);
   // Drift correction (pre-training only): the move after each local step, on every rank.
   const Weights step_drift = drift_.step_drift(task.round(), global, task.local_steps());

@@ -150,6 +150,9 @@ class Client {
  private:
   void handle(const pb::TaskReply& task);
   void train_round(const pb::TaskReply& task);
+  // The round's model, pulled: a delta against the model held, the chain of deltas when the client
+  // missed rounds (one pull each), or the whole model.
+  const Weights& pull_model(const pb::TaskReply& task, const CompressOptions& model_codec);
   // Secure aggregation (client_secagg.cpp): the key, share and unmask steps, and the masked push
   // that replaces the plain one.
   void secagg_step(const pb::TaskReply& task);

@@ -289,6 +289,7 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
     t.set_model_codec(codec_name(config_.server_codec));
     t.set_model_codec_block(config_.compression.block);
     t.set_model_codec_topk(config_.server_codec == Codec::topk ? config_.compression.topk : 0);
+    t.set_model_sha256(publisher_->view_sha256());
     t.set_evaluate(config_.eval_every > 0 && (round - 1) % config_.eval_every == 0);
     t.set_secure_aggregation(secagg_ != nullptr);
     t.set_token_counts(config_.strategy.weights_rows());
@@ -306,7 +307,8 @@ std::shared_ptr<const EncodedSet> Coordinator::pull(const pb::PullRequest& r,
   POLLEN_CHECK(open_ && r.round() == done_ + 1, "pull: round ", r.round(), " is not open");
   POLLEN_CHECK(selected_.count(id), "pull: client '", id, "' is not part of round ", r.round());
   auto set = publisher_->for_client(r.held_model());
-  if (pulled_.insert(id).second) bytes_sent_ += set->header.total_bytes();
+  // Each link of a chain counts once, however often a pull of it is retried.
+  if (pulled_.insert(id + '\n' + r.held_model()).second) bytes_sent_ += set->header.total_bytes();
   return set;
 }
 

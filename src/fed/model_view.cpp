@@ -22,6 +22,8 @@ void ModelPublisher::restore(Weights view) {
   POLLEN_ASSERT(compressed() && view.size() == specs_.size());
   view_ = std::move(view);
   view_sha256_ = weights_sha256(view_);
+  chain_.clear();
+  chain_bytes_ = 0;
   release();
 }
 
@@ -30,7 +32,8 @@ void ModelPublisher::publish(const Weights& x) {
   release();
   if (!compressed()) {
     auto full = std::make_shared<EncodedSet>(encode_weights(specs_, x, CompressOptions{}));
-    full->header.set_model_sha256(weights_sha256(x));
+    view_sha256_ = weights_sha256(x);
+    full->header.set_model_sha256(view_sha256_);
     full_ = std::move(full);
     return;
   }
@@ -45,11 +48,19 @@ void ModelPublisher::publish(const Weights& x) {
   delta->header.set_base_sha256(view_sha256_);
   view_sha256_ = weights_sha256(view_);
   delta->header.set_model_sha256(view_sha256_);
-  delta_ = std::move(delta);
+  // Keep the newest deltas while their chain is smaller than the whole model: past that, a client
+  // that far behind is better sent the view itself.
+  uint64_t whole = 0;
+  for (const auto& s : specs_) whole += static_cast<uint64_t>(shape_numel(s.shape)) * 4;
+  chain_bytes_ += delta->header.total_bytes();
+  chain_.push_back(std::move(delta));
+  while (!chain_.empty() && chain_bytes_ >= whole) {
+    chain_bytes_ -= chain_.front()->header.total_bytes();
+    chain_.pop_front();
+  }
 }
 
 std::shared_ptr<const EncodedSet> ModelPublisher::for_client(const std::string& held_sha256) {
-  if (delta_ && held_sha256 == delta_->header.base_sha256()) return delta_;
   if (compressed() && held_sha256 == view_sha256_) {
     // It holds this round's model already (a pull retried within the round, or one before a
     // server restart): an empty delta.
@@ -63,6 +74,10 @@ std::shared_ptr<const EncodedSet> ModelPublisher::for_client(const std::string& 
     }
     return same_;
   }
+  // The next link of the chain from the view it holds (newest first: a round that left the view
+  // where it was would otherwise hold the client at that link).
+  for (auto it = chain_.rbegin(); it != chain_.rend(); ++it)
+    if (held_sha256 == (*it)->header.base_sha256()) return *it;
   if (!full_) {
     POLLEN_ASSERT(compressed());
     auto full = std::make_shared<EncodedSet>(encode_weights(specs_, view_, CompressOptions{}));

@@ -7,11 +7,14 @@
 // only how far x has moved from v, e = encode(x - v), and both sides set v <- v + decode(e): the
 // same float32 additions on both, so v is bitwise equal wherever it is held. What one round's
 // encoding misses stays in x - v and goes out with the next round's: error feedback for the
-// download, with no residual to keep beside v. A client that holds another model (a new or
-// restarted client without its state, or one that missed a round) is sent v itself, exact in
-// float32; one that holds v already (a retried pull) an empty delta. Models are
-// named by the SHA-256 of their weights; the client checks the model it rebuilt against the
-// server's name for it.
+// download, with no residual to keep beside v. A client that holds an older view (one that sat
+// out rounds, or resumed from an older state) is sent the chain of deltas it missed, one per pull,
+// while the chain is smaller than the model; one that holds another model (a new client, one
+// restarted without its state, or one too far behind) is sent v itself, exact in float32; one
+// that holds v already (a retried pull) an empty delta. Models are named by the SHA-256 of their
+// weights; the client checks each model it rebuilt against the server's name for it, and pulls
+// until it holds the round's.
+#include <deque>
 #include <memory>
 #include <string>
 
@@ -31,15 +34,20 @@ class ModelPublisher {
 
   // Opens a round on the exact model x: the new view, and the sets a pull may get.
   void publish(const Weights& x);
-  // The round's set for a client holding the model named `held_sha256`: the delta when it holds
-  // the last view, an empty delta when it holds this round's, the view itself otherwise.
+  // The next set for a client holding the model named `held_sha256`: an empty delta when it holds
+  // this round's view; the delta from the view it holds to the next, when that view is in the
+  // kept chain; the view itself otherwise.
   std::shared_ptr<const EncodedSet> for_client(const std::string& held_sha256);
-  // The round is over: its sets are freed (pulls in flight keep theirs).
-  void release() { delta_.reset(), full_.reset(), same_.reset(); }
+  // The round is over: its whole-model and empty sets are freed (pulls in flight keep theirs).
+  void release() { full_.reset(), same_.reset(); }
 
-  // What the clients train from this round.
+  // What the clients train from this round (with a codec), and its name (with or without).
   const Weights& view() const { return view_; }
-  // A resumed server's view (the checkpoint's), before the next publish.
+  const std::string& view_sha256() const { return view_sha256_; }
+  // How many of the last rounds' deltas are kept: the longest chain whose bytes stay under the
+  // whole model's.
+  size_t chain_length() const { return chain_.size(); }
+  // A resumed server's view (the checkpoint's), before the next publish; the chain starts anew.
   void restore(Weights view);
   bool compressed() const { return codec_.codec != Codec::none; }
 
@@ -48,7 +56,9 @@ class ModelPublisher {
   CompressOptions codec_;
   Weights view_;
   std::string view_sha256_;
-  std::shared_ptr<const EncodedSet> delta_, full_, same_;
+  std::deque<std::shared_ptr<const EncodedSet>> chain_;  // the last rounds' deltas, oldest first
+  uint64_t chain_bytes_ = 0;
+  std::shared_ptr<const EncodedSet> full_, same_;
 };
 
 // The client's side: the model it holds, and the round's model from a pulled set.

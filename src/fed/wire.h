@@ -23,8 +23,9 @@ namespace pb = ::pollen::fed::v1;
 
 // 2: the round's model may be compressed; 3: post-training federations (Join carries the base's
 // fingerprint and the LoRA config; the exchanged tensors are the adapters' B); 4: top-k, and a
-// compressed model download as a delta against the model the client holds
-constexpr uint32_t kProtocolVersion = 4;
+// compressed model download as a delta against the model the client holds; 5: the task names the
+// round's model, and a client that missed rounds pulls the chain of deltas it missed
+constexpr uint32_t kProtocolVersion = 5;
 constexpr uint64_t kMaxChunkBytes = 1u << 20;  // 1 MiB per chunk; gRPC's message limit is 4 MiB
 constexpr size_t kMaxIdBytes = 128;
 

@@ -127,6 +127,43 @@ TEST(ModelView, AClientHoldingAnotherModelGetsTheWholeViewExactly) {
   EXPECT_TRUE(bitwise_equal(pull(fresh, server, int8), server.view()));
 }
 
+TEST(ModelView, AClientThatMissedRoundsGetsTheChainOfDeltasWhileItIsSmallerThanTheModel) {
+  // int8 in blocks of 16: a delta is 177 bytes (a byte a value, 10 float32 scales) against the
+  // model's 548, so the server keeps three rounds' deltas; a fourth would outweigh the model.
+  const CompressOptions int8{Codec::int8, 16, 0};
+  const uint64_t delta_bytes = encoded_bytes(int8, 120) + encoded_bytes(int8, 17);
+  ASSERT_LT(3 * delta_bytes, 4 * numel());
+  ASSERT_GE(4 * delta_bytes, 4 * numel());
+  const Weights x0 = random_weights(21, 0.05);
+  ModelPublisher server(kSpecs, int8, clone_weights(x0));
+  HeldModel steady(clone_weights(x0)), behind(clone_weights(x0)), further(clone_weights(x0));
+  Weights x = clone_weights(x0);
+  for (int round = 1; round <= 3; ++round) {
+    x = plus(x, random_weights(30 + round, 1e-2));
+    server.publish(x);
+    pull(steady, server, int8);
+  }
+  EXPECT_EQ(server.chain_length(), 3u);
+  // Three pulls, a delta each, from the view it holds to the next; then it holds the round's.
+  for (int link = 1; link <= 3; ++link) {
+    const auto set = server.for_client(behind.sha256());
+    EXPECT_EQ(set->header.base_sha256(), behind.sha256()) << "link " << link;
+    EXPECT_EQ(set->header.total_bytes(), delta_bytes) << "link " << link;
+    pull(behind, server, int8);
+    EXPECT_EQ(behind.sha256() == server.view_sha256(), link == 3) << "link " << link;
+  }
+  EXPECT_TRUE(bitwise_equal(behind.model(), steady.model()));
+
+  // Round 4: the oldest delta goes, and a client still at x0 gets the whole view instead.
+  server.publish(plus(x, random_weights(34, 1e-2)));
+  pull(steady, server, int8);
+  EXPECT_EQ(server.chain_length(), 3u);
+  const auto set = server.for_client(further.sha256());
+  EXPECT_TRUE(set->header.base_sha256().empty());
+  EXPECT_EQ(set->header.total_bytes(), 4 * numel());
+  EXPECT_TRUE(bitwise_equal(pull(further, server, int8), steady.model()));
+}
+
 TEST(ModelView, AClientThatHoldsTheRoundsModelGetsAnEmptyDelta) {
   // A pull retried within the round, or after a server restart: the client applied the round's
   // delta already and must not get it (or the whole model) again.

@@ -2,6 +2,8 @@
 // their pseudo-gradients against it, while the server keeps its own weights exact.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "base/thread_pool.h"
 #include "fed/client.h"
 #include "fed/coordinator.h"
@@ -173,6 +175,50 @@ TEST(ServerCodec, ClientTrainsFromTheViewAndTheServerKeepsItsWeightsExact) {
   for (const auto& t : x0) delta += encoded_bytes(int8, t.numel());
   EXPECT_EQ(m[0]["bytes_sent"].get<uint64_t>(), whole);
   EXPECT_EQ(m[1]["bytes_sent"].get<uint64_t>(), delta);
+  fs::remove_all(dir);
+}
+
+TEST(ServerCodec, AClientThatSatOutRoundsGetsTheDeltasItMissed) {
+  // Two of four clients a round: a client selected again after sitting out rounds pulls the
+  // chain of int4 deltas from the view it holds, one per round it missed, not the whole model.
+  Quiet q;
+  const auto dir = temp_dir("server_codec_chain");
+  std::vector<fs::path> silos;
+  for (int i = 0; i < 4; ++i) silos.push_back(make_silo(dir / cat("s", i), i + 1, 60));
+  auto cfg = sim_config(dir, silos, "fedavg", 6, 2);
+  cfg.server.strategy.fraction_fit = 0.5;
+  cfg.server.strategy.min_clients = 2;
+  cfg.server.server_codec = Codec::int4;
+  cfg.server.compression.block = 32;
+  const auto r = run_simulation(cfg, false);
+  ASSERT_EQ(r.rounds, 6);
+
+  const CompressOptions int4{Codec::int4, 32};
+  uint64_t whole = 0, delta = 0;
+  for (const auto& t : r.global) {
+    whole += 4 * static_cast<uint64_t>(t.numel());
+    delta += encoded_bytes(int4, t.numel());
+  }
+  std::map<std::string, int64_t> last;  // the round each client last pulled
+  int64_t links = 0;
+  const auto m = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 6u);
+  for (int64_t round = 1; round <= 6; ++round) {
+    uint64_t expected = 0;
+    for (const auto& id : m[round - 1]["participants"]) {
+      const std::string c = id.get<std::string>();
+      // A new client holds its own initial model; the others the view of the round they last
+      // took part in, round - last[c] deltas behind (the chain is kept while under the whole).
+      const int64_t behind = last.count(c) ? round - last[c] : 0;
+      expected += behind > 0 && static_cast<uint64_t>(behind) * delta < whole
+                      ? static_cast<uint64_t>(behind) * delta
+                      : whole;
+      if (behind > 1) links += behind;
+      last[c] = round;
+    }
+    EXPECT_EQ(m[round - 1]["bytes_sent"].get<uint64_t>(), expected) << "round " << round;
+  }
+  EXPECT_GT(links, 0) << "no client sat out a round: the test checks nothing";
   fs::remove_all(dir);
 }
 
