@@ -278,6 +278,25 @@ void check_status(const grpc::Status& s, const char* what) {
   POLLEN_CHECK(s.ok(), "server refused ", what, " (", static_cast<int>(s.error_code()),
                "): ", s.error_message());
 }
+
+// Streams the messages `next` fills until it returns false, then the server's reply; a stream the
+// server ended or failed is a refusal with its reason.
+template <class Message>
+pb::PushReply upload(grpc::ClientWriter<Message>& writer, pb::PushReply& reply,
+                     const std::function<bool(Message&)>& next) {
+  Message m;
+  while (next(m)) {
+    if (!writer.Write(m)) break;  // the server ended the stream; Finish says why
+    m.Clear();
+  }
+  writer.WritesDone();
+  const grpc::Status s = writer.Finish();
+  if (!s.ok()) {
+    reply.set_accepted(false);
+    reply.set_reason(s.error_message());
+  }
+  return reply;
+}
 }  // namespace
 
 pb::JoinReply GrpcTransport::join(const pb::JoinRequest& r) {
@@ -331,18 +350,7 @@ pb::PushReply GrpcTransport::push(const std::function<bool(pb::TensorStream&)>& 
   grpc::ClientContext ctx;
   pb::PushReply reply;
   auto writer = impl_->stub->PushUpdate(&ctx, &reply);
-  pb::TensorStream m;
-  while (next(m)) {
-    if (!writer->Write(m)) break;  // the server ended the stream; Finish says why
-    m.Clear();
-  }
-  writer->WritesDone();
-  const grpc::Status s = writer->Finish();
-  if (!s.ok()) {
-    reply.set_accepted(false);
-    reply.set_reason(s.error_message());
-  }
-  return reply;
+  return upload(*writer, reply, next);
 }
 
 pb::PushReply GrpcTransport::push_counts(const std::function<bool(pb::FileStream&)>& next) {
@@ -353,18 +361,7 @@ pb::PushReply GrpcTransport::push_counts(const std::function<bool(pb::FileStream
       std::chrono::milliseconds(static_cast<int64_t>(impl_->connect_timeout_s * 1000)));
   pb::PushReply reply;
   auto writer = impl_->stub->PushCounts(&ctx, &reply);
-  pb::FileStream m;
-  while (next(m)) {
-    if (!writer->Write(m)) break;  // the server ended the stream; Finish says why
-    m.Clear();
-  }
-  writer->WritesDone();
-  const grpc::Status s = writer->Finish();
-  if (!s.ok()) {
-    reply.set_accepted(false);
-    reply.set_reason(s.error_message());
-  }
-  return reply;
+  return upload(*writer, reply, next);
 }
 
 void GrpcTransport::pull_tokenizer(const pb::TokenizerRequest& r,

@@ -76,15 +76,12 @@ std::string tfrecord(std::string_view data) {
   return out;
 }
 
+namespace {
 // Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
-// Summary { repeated Value value = 1; }  Value { string tag = 1; float simple_value = 2; }
-std::string scalar_event(double wall_time, int64_t step, std::string_view tag, float value) {
-  std::string v;
-  put_bytes(v, 1, tag);
-  put_varint(v, 2 << 3 | 5);
-  put_le(v, value);
+// An event whose summary holds one Value.
+std::string summary_event(double wall_time, int64_t step, const std::string& value) {
   std::string summary;
-  put_bytes(summary, 1, v);
+  put_bytes(summary, 1, value);
   std::string event;
   put_varint(event, 1 << 3 | 1);
   put_le(event, wall_time);
@@ -92,6 +89,16 @@ std::string scalar_event(double wall_time, int64_t step, std::string_view tag, f
   put_varint(event, static_cast<uint64_t>(step));
   put_bytes(event, 5, summary);
   return event;
+}
+}  // namespace
+
+// Summary { repeated Value value = 1; }  Value { string tag = 1; float simple_value = 2; }
+std::string scalar_event(double wall_time, int64_t step, std::string_view tag, float value) {
+  std::string v;
+  put_bytes(v, 1, tag);
+  put_varint(v, 2 << 3 | 5);
+  put_le(v, value);
+  return summary_event(wall_time, step, v);
 }
 
 // A text summary as TensorBoard's text plugin reads it: Value { tag = 1; TensorProto tensor = 8;
@@ -115,15 +122,7 @@ std::string text_event(double wall_time, int64_t step, std::string_view tag,
   put_bytes(v, 1, tag);
   put_bytes(v, 8, tensor);
   put_bytes(v, 9, metadata);
-  std::string summary;
-  put_bytes(summary, 1, v);
-  std::string event;
-  put_varint(event, 1 << 3 | 1);
-  put_le(event, wall_time);
-  put_varint(event, 2 << 3 | 0);
-  put_varint(event, static_cast<uint64_t>(step));
-  put_bytes(event, 5, summary);
-  return event;
+  return summary_event(wall_time, step, v);
 }
 
 std::string file_version_event(double wall_time) {
