@@ -440,16 +440,16 @@ void Client::run() {
 
 const Weights& Client::pull_model(const pb::TaskReply& task, const CompressOptions& model_codec) {
   const std::string what = cat("global model of round ", task.round());
-  // The server keeps a chain only while it is smaller than the whole model, so even 1-bit deltas
-  // reach the round's model within this many pulls.
-  constexpr int kMaxPulls = 64;
+  // The server keeps at most kMaxChainLinks deltas, then the whole model or the empty delta.
+  constexpr size_t kMaxPulls = kMaxChainLinks + 2;
   POLLEN_CHECK(task.model_sha256().empty() || task.model_sha256().size() == 64, "task of round ",
                task.round(), ": model_sha256 is not a SHA-256 hex digest");
-  for (int pulls = 1;; ++pulls) {
+  for (size_t pulls = 1;; ++pulls) {
     pb::PullRequest pr;
     pr.set_client_id(config_.id);
     pr.set_round(task.round());
     pr.set_held_model(held_->sha256());
+    pr.set_want_model(task.model_sha256());
     std::unique_ptr<ChunkAssembler> chunks;
     pb::TensorSetHeader header;
     transport_.pull(pr, [&](const pb::TensorStream& m) {
@@ -468,6 +468,10 @@ const Weights& Client::pull_model(const pb::TaskReply& task, const CompressOptio
     bytes_received_ += bytes.size();
     const Weights& model = held_->receive(header, bytes, specs_, what);
     if (task.model_sha256().empty() || held_->sha256() == task.model_sha256()) return model;
+    // The whole model or an empty delta ends a chain: past it no pull brings another model.
+    POLLEN_CHECK(!header.base_sha256().empty() && header.base_sha256() != header.model_sha256(),
+                 what, ": the server sent model ", held_->sha256(), " as final, not the task's (",
+                 task.model_sha256(), ")");
     POLLEN_CHECK(pulls < kMaxPulls, what, ": after ", kMaxPulls, " pulls the client holds model ",
                  held_->sha256(), ", not the round's (", task.model_sha256().substr(0, 64), ")");
   }

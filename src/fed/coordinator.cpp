@@ -306,9 +306,18 @@ std::shared_ptr<const EncodedSet> Coordinator::pull(const pb::PullRequest& r,
   std::lock_guard lock(mutex_);
   POLLEN_CHECK(open_ && r.round() == done_ + 1, "pull: round ", r.round(), " is not open");
   POLLEN_CHECK(selected_.count(id), "pull: client '", id, "' is not part of round ", r.round());
+  for (const std::string* name : {&r.held_model(), &r.want_model()}) {
+    POLLEN_CHECK(name->empty() || name->size() == 64, "pull: client '", id, "' names a model by ",
+                 name->size(), " characters, not a SHA-256 hex digest");
+  }
+  POLLEN_CHECK(r.want_model().empty() || r.want_model() == publisher_->view_sha256(),
+               "pull: client '", id, "' wants model ", r.want_model(), ", but round ", r.round(),
+               " was opened again since and trains from ", publisher_->view_sha256(),
+               "; ask for the task again");
   auto set = publisher_->for_client(r.held_model());
-  // Each link of a chain counts once, however often a pull of it is retried.
-  if (pulled_.insert(id + '\n' + r.held_model()).second) bytes_sent_ += set->header.total_bytes();
+  // Each set a client pulls counts once, however often the pull is retried.
+  if (pulled_.insert(id + '\n' + set->header.base_sha256() + set->header.model_sha256()).second)
+    bytes_sent_ += set->header.total_bytes();
   return set;
 }
 

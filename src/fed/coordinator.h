@@ -152,7 +152,7 @@ class Coordinator {
   bool finished_ = false;
   std::atomic<bool> stop_{false};
   std::set<std::string> selected_;
-  std::set<std::string> pulled_;  // client id, newline, the model it held: each pull's set once
+  std::set<std::string> pulled_;  // client id, newline, the set's base and model: counted once
   int64_t round_available_ = 0;   // clients alive when the round opened (DP's sampling rate)
   std::map<std::string, Update> updates_;
   std::unique_ptr<ModelPublisher> publisher_;  // what each round's pull sends

@@ -48,13 +48,15 @@ void ModelPublisher::publish(const Weights& x) {
   delta->header.set_base_sha256(view_sha256_);
   view_sha256_ = weights_sha256(view_);
   delta->header.set_model_sha256(view_sha256_);
-  // Keep the newest deltas while their chain is smaller than the whole model: past that, a client
-  // that far behind is better sent the view itself.
+  // A round that left the view where it was adds no link: its holders get the empty delta.
+  if (delta->header.base_sha256() == view_sha256_) return;
+  // Keep the newest deltas while their chain is smaller than the whole model (and at most
+  // kMaxChainLinks): past that, a client that far behind is better sent the view itself.
   uint64_t whole = 0;
   for (const auto& s : specs_) whole += static_cast<uint64_t>(shape_numel(s.shape)) * 4;
   chain_bytes_ += delta->header.total_bytes();
   chain_.push_back(std::move(delta));
-  while (!chain_.empty() && chain_bytes_ >= whole) {
+  while (!chain_.empty() && (chain_bytes_ >= whole || chain_.size() > kMaxChainLinks)) {
     chain_bytes_ -= chain_.front()->header.total_bytes();
     chain_.pop_front();
   }
@@ -74,8 +76,7 @@ std::shared_ptr<const EncodedSet> ModelPublisher::for_client(const std::string& 
     }
     return same_;
   }
-  // The next link of the chain from the view it holds (newest first: a round that left the view
-  // where it was would otherwise hold the client at that link).
+  // The next link of the chain from the view it holds.
   for (auto it = chain_.rbegin(); it != chain_.rend(); ++it)
     if (held_sha256 == (*it)->header.base_sha256()) return *it;
   if (!full_) {

@@ -44,8 +44,8 @@ class ModelPublisher {
   // What the clients train from this round (with a codec), and its name (with or without).
   const Weights& view() const { return view_; }
   const std::string& view_sha256() const { return view_sha256_; }
-  // How many of the last rounds' deltas are kept: the longest chain whose bytes stay under the
-  // whole model's.
+  // How many of the last publishes' deltas are kept: the longest chain whose bytes stay under the
+  // whole model's, of at most kMaxChainLinks (a publish that moved nothing adds none).
   size_t chain_length() const { return chain_.size(); }
   // A resumed server's view (the checkpoint's), before the next publish; the chain starts anew.
   void restore(Weights view);

@@ -26,6 +26,9 @@ namespace pb = ::pollen::fed::v1;
 // compressed model download as a delta against the model the client holds; 5: the task names the
 // round's model, and a client that missed rounds pulls the chain of deltas it missed
 constexpr uint32_t kProtocolVersion = 5;
+// The most deltas a compressed download keeps for clients that missed rounds (fed/model_view.h),
+// so that a client reaches the round's model within kMaxChainLinks + 1 pulls.
+constexpr size_t kMaxChainLinks = 62;
 constexpr uint64_t kMaxChunkBytes = 1u << 20;  // 1 MiB per chunk; gRPC's message limit is 4 MiB
 constexpr size_t kMaxIdBytes = 128;
 

@@ -164,6 +164,22 @@ TEST(ModelView, AClientThatMissedRoundsGetsTheChainOfDeltasWhileItIsSmallerThanT
   EXPECT_TRUE(bitwise_equal(pull(further, server, int8), steady.model()));
 }
 
+TEST(ModelView, APublishThatLeavesTheViewWhereItWasAddsNoLink) {
+  // A retried round of a model that did not move: its delta is zero, so the view keeps its name
+  // and the chain its links.
+  const CompressOptions int8{Codec::int8, 16, 0};
+  const Weights x0 = random_weights(41, 0.05);
+  ModelPublisher server(kSpecs, int8, clone_weights(x0));
+  HeldModel behind(clone_weights(x0));
+  server.publish(plus(x0, random_weights(42, 1e-2)));
+  const std::string v1 = server.view_sha256();
+  server.publish(server.view());
+  EXPECT_EQ(server.view_sha256(), v1);
+  EXPECT_EQ(server.chain_length(), 1u);
+  EXPECT_TRUE(bitwise_equal(pull(behind, server, int8), server.view()));
+  EXPECT_EQ(behind.sha256(), v1);
+}
+
 TEST(ModelView, AClientThatHoldsTheRoundsModelGetsAnEmptyDelta) {
   // A pull retried within the round, or after a server restart: the client applied the round's
   // delta already and must not get it (or the whole model) again.

@@ -222,6 +222,76 @@ TEST(ServerCodec, AClientThatSatOutRoundsGetsTheDeltasItMissed) {
   fs::remove_all(dir);
 }
 
+TEST(ServerCodec, APullForARoundOpenedAgainOrNamingNoModelIsRefused) {
+  Quiet q;
+  const auto dir = temp_dir("server_codec_retry");
+  ServerConfig sc = sim_config(dir, {}, "fedavg", 2, 1).server;
+  sc.server_codec = Codec::int8;
+  Coordinator server(sc, false);
+  pb::JoinRequest join;
+  join.set_protocol_version(kProtocolVersion);
+  join.set_client_id("a");
+  join.set_model_config(model_config_json(tiny_model()));
+  join.set_tokenizer_fingerprint("test-tokenizer");
+  ASSERT_TRUE(server.join(join, "").accepted());
+  pb::TaskRequest ask;
+  ask.set_client_id("a");
+  auto error_of = [&](const pb::PullRequest& r) -> std::string {
+    try {
+      server.pull(r, "");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+
+  // Round 1 by hand: an update that moves every weight, which int8 cannot carry exactly.
+  ASSERT_TRUE(server.begin_round());
+  ASSERT_EQ(server.task(ask, "").kind(), pb::TASK_TRAIN);
+  Rng rng(3);
+  Weights moved;
+  for (const auto& s : server.specs()) {
+    Tensor t = Tensor::empty(s.shape, DType::f32);
+    for (int64_t j = 0; j < t.numel(); ++j) t.data<float>()[j] = 1e-2f * rng.normal();
+    moved.push_back(std::move(t));
+  }
+  const EncodedSet update = encode_weights(server.specs(), moved, CompressOptions{});
+  pb::UpdateInfo info;
+  info.set_client_id("a");
+  info.set_round(1);
+  info.set_tokens(10);
+  auto push = server.push_begin(info, update.header, "");
+  for_each_chunk(update.bytes, kMaxChunkBytes, [&](const pb::Chunk& c) { push.chunks->add(c); });
+  ASSERT_TRUE(server.push_finish(push).accepted());
+  ASSERT_TRUE(server.end_round().aggregated);
+
+  // Round 2 sends int8(x1 - x0); what it misses stays in x1 - v.
+  ASSERT_TRUE(server.begin_round());
+  const pb::TaskReply first = server.task(ask, "");
+  ASSERT_EQ(first.kind(), pb::TASK_TRAIN);
+  ASSERT_EQ(first.model_sha256().size(), 64u);
+  pb::PullRequest pull;
+  pull.set_client_id("a");
+  pull.set_round(2);
+  pull.set_want_model(first.model_sha256());
+  EXPECT_EQ(error_of(pull), "");
+  pb::PullRequest bad = pull;
+  bad.set_held_model(std::string(65, 'f'));
+  EXPECT_NE(error_of(bad).find("65 characters"), std::string::npos) << error_of(bad);
+
+  // No update came: round 2 is retried, and the new attempt sends the rest of x1 - v, which
+  // moves the view. The first attempt's task now names a model no pull can bring.
+  EXPECT_FALSE(server.end_round().aggregated);
+  ASSERT_TRUE(server.begin_round());
+  const pb::TaskReply again = server.task(ask, "");
+  ASSERT_EQ(again.round(), 2);
+  EXPECT_NE(again.model_sha256(), first.model_sha256());
+  EXPECT_NE(error_of(pull).find("ask for the task again"), std::string::npos) << error_of(pull);
+  pull.set_want_model(again.model_sha256());
+  EXPECT_EQ(error_of(pull), "");
+  fs::remove_all(dir);
+}
+
 TEST(ServerCodec, ConfigKeyIsReadAndBadNamesAreRefused) {
   const auto dir = temp_dir("server_codec_config");
   const std::string base =
