@@ -320,19 +320,10 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   r.last_val_metrics = last_val_metrics;
   r.last_checkpoint = last_checkpoint;
   const double total = counters.elapsed_before + seconds_since(run_start);
-  nlohmann::ordered_json summary;
-  summary["status"] = run_status_name(r.status);
+  nlohmann::ordered_json summary =
+      run_summary(r.status, step, cfg.steps, counters, last_loss, last_val, total, last_checkpoint);
   summary["objective"] = name;
-  summary["step"] = step;
-  summary["steps"] = cfg.steps;
-  summary["tokens"] = counters.tokens;
-  summary["loss"] = json_number(last_loss);
-  summary["val_loss"] = json_number(last_val);
   add_metrics(summary, "val/", name, last_val_metrics);
-  summary["skipped_steps"] = counters.skipped;
-  summary["elapsed_s"] = std::round(total * 1000) / 1000;
-  summary["peak_rss_mb"] = std::round(peak_rss_mb());
-  summary["checkpoint"] = last_checkpoint.string();
   write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {
     const std::string train_shown = shown(last_loss, last_metrics);

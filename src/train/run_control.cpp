@@ -209,4 +209,22 @@ nlohmann::ordered_json json_number(double v) {
   return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
 }
 
+nlohmann::ordered_json run_summary(RunStatus status, int64_t step, int64_t steps,
+                                   const LoopCounters& counters, double last_loss,
+                                   double last_val_loss, double seconds,
+                                   const std::filesystem::path& checkpoint) {
+  nlohmann::ordered_json summary;
+  summary["status"] = run_status_name(status);
+  summary["step"] = step;
+  summary["steps"] = steps;
+  summary["tokens"] = counters.tokens;
+  summary["loss"] = json_number(last_loss);
+  summary["val_loss"] = json_number(last_val_loss);
+  summary["skipped_steps"] = counters.skipped;
+  summary["elapsed_s"] = std::round(seconds * 1000) / 1000;
+  summary["peak_rss_mb"] = std::round(peak_rss_mb());
+  summary["checkpoint"] = checkpoint.string();
+  return summary;
+}
+
 }  // namespace pollen::train

@@ -104,4 +104,12 @@ double peak_rss_mb();
 // JSON numbers for metrics: non-finite values become null (JSON has no NaN).
 nlohmann::ordered_json json_number(double v);
 
+// summary.json's fields that every training run writes, in this order: status, step, steps,
+// tokens, loss, val_loss, skipped_steps, elapsed_s (`seconds`, rounded to ms), peak_rss_mb and
+// checkpoint. Each run adds its own after them.
+nlohmann::ordered_json run_summary(RunStatus status, int64_t step, int64_t steps,
+                                   const LoopCounters& counters, double last_loss,
+                                   double last_val_loss, double seconds,
+                                   const std::filesystem::path& checkpoint);
+
 }  // namespace pollen::train

@@ -649,19 +649,10 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   r.last_val_loss = last_val;
   r.last_checkpoint = last_checkpoint;
   const double total = counters.elapsed_before + seconds_since(run_start);
-  nlohmann::ordered_json summary;
-  summary["status"] = run_status_name(r.status);
-  summary["step"] = step;
-  summary["steps"] = cfg.steps;
-  summary["tokens"] = counters.tokens;
-  summary["loss"] = json_number(last_loss);
-  summary["val_loss"] = json_number(last_val);
-  summary["skipped_steps"] = counters.skipped;
-  summary["elapsed_s"] = std::round(total * 1000) / 1000;
+  nlohmann::ordered_json summary =
+      run_summary(r.status, step, cfg.steps, counters, last_loss, last_val, total, last_checkpoint);
   summary["tokens_per_s_this_process"] =
       std::round(static_cast<double>(steps_here * cfg.batch_tokens) / seconds_since(run_start));
-  summary["peak_rss_mb"] = std::round(peak_rss_mb());
-  summary["checkpoint"] = last_checkpoint.string();
   if (parallel) {
     std::vector<double> state_bytes(static_cast<size_t>(comm.world()), 0.0);
     state_bytes[static_cast<size_t>(comm.rank())] = static_cast<double>(optimizer_state_bytes());
