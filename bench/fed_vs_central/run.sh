@@ -16,7 +16,8 @@
 #      (model.init_from):
 #        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM, H local
 #                       AdamW steps per round, ROUNDS rounds, fp32 both ways (OUTER picks
-#                       another outer optimizer, ROW_WEIGHTING the strategy's row weighting)
+#                       another outer optimizer, ROW_WEIGHTING the strategy's row weighting,
+#                       SECOND_MOMENTS whether the clients share their AdamW second moments)
 #        diloco-CODEC-N the same with CODEC (int8, int4, nf2, sign, topk) both ways: the
 #                       pseudo-gradients with error feedback, the model download as a delta
 #                       against the model the clients hold (BLOCK values per scale, TOPK kept
@@ -31,7 +32,8 @@
 # WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), DRIFT (their
 # train.drift_correction), OUTER (strategy.name: diloco, fedadam, fedyogi, ...), OUTER_LR,
 # OUTER_MOMENTUM, OUTER_BETA1, OUTER_BETA2, OUTER_TAU (-1: the strategy's default),
-# ROW_WEIGHTING (strategy.row_weighting), WARMUP_STEPS, WARMUP_LR, WARMUP_SILO (pub or man),
+# ROW_WEIGHTING (strategy.row_weighting), SECOND_MOMENTS (strategy.second_moments: none or
+# factored), WARMUP_STEPS, WARMUP_LR, WARMUP_SILO (pub or man),
 # RUNS (which of diloco, diloco-CODEC, baseline), BLOCK, TOPK, SERVER_CODEC, MODEL (the model file, default model.toml),
 # POLLEN (the binary), THREADS (0: every core), OUT. The defaults are the best configuration
 # measured (bench/README.md).
@@ -53,6 +55,7 @@ OUTER_BETA1=${OUTER_BETA1:--1}
 OUTER_BETA2=${OUTER_BETA2:--1}
 OUTER_TAU=${OUTER_TAU:--1}
 ROW_WEIGHTING=${ROW_WEIGHTING:-token_counts}
+SECOND_MOMENTS=${SECOND_MOMENTS:-none}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
 DRIFT=${DRIFT:-0.75}
 WARMUP_STEPS=${WARMUP_STEPS:-2000}
@@ -218,6 +221,7 @@ beta1 = $OUTER_BETA1
 beta2 = $OUTER_BETA2
 tau = $OUTER_TAU
 $([ "$ROW_WEIGHTING" = none ] || echo "row_weighting = \"$ROW_WEIGHTING\"")
+$([ "$SECOND_MOMENTS" = none ] || echo "second_moments = \"$SECOND_MOMENTS\"")
 [compression]
 codec = "$codec"
 server_codec = "${SERVER_CODEC:-$codec}"
@@ -368,7 +372,7 @@ step "4/4 results"
 {
   echo "H=$H rounds=$ROUNDS steps=$STEPS local batch=${MICRO_BATCH}x$SEQ inner lr=$INNER_LR" \
     "(cosine to $MIN_LR, warmup $WARMUP) outer: $OUTER lr=$OUTER_LR momentum=$OUTER_MOMENTUM" \
-    "beta1=$OUTER_BETA1 beta2=$OUTER_BETA2 tau=$OUTER_TAU row_weighting=$ROW_WEIGHTING" \
+    "beta1=$OUTER_BETA1 beta2=$OUTER_BETA2 tau=$OUTER_TAU row_weighting=$ROW_WEIGHTING second_moments=$SECOND_MOMENTS" \
     "start: $([ -n "$INIT" ] && echo "warm-up of $WARMUP_STEPS steps on pub (lr $WARMUP_LR)" ||
       echo "random weights")"
   echo

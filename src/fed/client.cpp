@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "data/shards.h"
 #include "fed/client_state.h"
+#include "fed/second_moments.h"
 #include "fed/silo.h"
 #include "io/model_source.h"
 #include "optim/schedule.h"
@@ -282,6 +283,24 @@ train::OptimizerMoments LocalTrainer::optimizer_moments() {
   return m;
 }
 
+std::vector<Tensor*> LocalTrainer::second_moments() {
+  POLLEN_CHECK(opt_ && comm_->world() == 1, "client '", config_.id,
+               "': strategy.second_moments needs a silo of one process (this one has ",
+               comm_->world(), " ranks)");
+  std::vector<Tensor*> v;
+  for (auto& slot : opt_->slots()) v.push_back(&slot.exp_avg_sq);
+  return v;
+}
+
+std::vector<float> LocalTrainer::factored_second_moments() {
+  const std::vector<Tensor*> v = second_moments();
+  return factor_second_moments(exchanged_specs(), {v.begin(), v.end()});
+}
+
+void LocalTrainer::set_second_moments(const std::vector<float>& factored) {
+  expand_second_moments(exchanged_specs(), factored, second_moments());
+}
+
 void LocalTrainer::load_checkpoint(const std::filesystem::path& dir) {
   if (!zero_) return train::load_checkpoint(dir, model_, *opt_);
   train::OptimizerMoments m;
@@ -465,8 +484,12 @@ const Weights& Client::pull_model(const pb::TaskReply& task, const CompressOptio
     });
     POLLEN_CHECK(chunks != nullptr, what, ": empty stream");
     const std::string bytes = chunks->finish();
-    bytes_received_ += bytes.size();
+    bytes_received_ += bytes.size() + header.second_moments().size();
     const Weights& model = held_->receive(header, bytes, specs_, what);
+    pulled_second_moments_ =
+        header.second_moments().empty()
+            ? std::vector<float>{}
+            : unpack_second_moments(header.second_moments(), factored_size(specs_), what);
     if (task.model_sha256().empty() || held_->sha256() == task.model_sha256()) return model;
     // The whole model or an empty delta ends a chain: past it no pull brings another model.
     POLLEN_CHECK(!header.base_sha256().empty() && header.base_sha256() != header.model_sha256(),
@@ -484,6 +507,11 @@ void Client::train_round(const pb::TaskReply& task) {
   POLLEN_CHECK(!task.token_counts() || !local_dp_, "client '", config_.id,
                "': the server weights rows by token counts (strategy.row_weighting), which "
                "[local_dp] does not protect; the client sends none");
+  POLLEN_CHECK(
+      !task.second_moments() || (local_ && !local_dp_), "client '", config_.id,
+      "': the server shares the clients' second moments (strategy.second_moments), ",
+      local_dp_ ? "which [local_dp] does not protect" : "which a [post] silo does not have",
+      "; the client sends none");
   CompressOptions codec;
   codec.codec = parse_codec(task.codec());
   codec.block = task.codec_block();
@@ -497,6 +525,9 @@ void Client::train_round(const pb::TaskReply& task) {
   // What the client trains from and takes its pseudo-gradient against: the model rebuilt from the
   // pulled sets, the same values on both sides whatever the codec.
   const Weights& global = pull_model(task, model_codec);
+  // Shared second moments: the round starts from the federation's (none before round 2).
+  if (task.second_moments() && !pulled_second_moments_.empty())
+    local_->set_second_moments(pulled_second_moments_);
   trainer_->set_exchanged_weights(global);
   // Drift correction (pre-training only): the move after each local step, on every rank.
   const Weights step_drift = drift_.step_drift(task.round(), global, task.local_steps());
@@ -522,6 +553,9 @@ void Client::train_round(const pb::TaskReply& task) {
   if (task.token_counts()) {
     token_counts_to(res.input_counts, info.mutable_input_counts());
     token_counts_to(res.target_counts, info.mutable_target_counts());
+  }
+  if (task.second_moments()) {
+    info.set_second_moments(pack_second_moments(local_->factored_second_moments()));
   }
 
   // The pseudo-gradient: global minus local, less the drift correction's share (what the
@@ -570,7 +604,7 @@ void Client::train_round(const pb::TaskReply& task) {
     throw;
   }
   if (reply.accepted()) {
-    bytes_sent_ += enc.bytes.size();
+    bytes_sent_ += enc.bytes.size() + info.second_moments().size();
     log::info("fed client '", config_.id, "': round ", task.round(), ": ", res.tokens,
               " tokens, loss ", res.loss, ", sent ", enc.bytes.size(), " bytes");
   } else {

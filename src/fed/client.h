@@ -102,9 +102,14 @@ class LocalTrainer : public RoundTrainer {
   // Subtracted from the weights after every local step of the next train() calls (drift
   // correction, fed/drift_correction.h); empty: nothing.
   void set_step_drift(Weights drift) { step_drift_ = std::move(drift); }
+  // The inner AdamW's second moments, factored (fed/second_moments.h), and their replacement
+  // by the federation's; a silo of one process only.
+  std::vector<float> factored_second_moments();
+  void set_second_moments(const std::vector<float>& factored);
 
  private:
   void apply_step_drift();
+  std::vector<Tensor*> second_moments();
 
   ClientConfig config_;
   dist::SingleProcess alone_;
@@ -170,9 +175,10 @@ class Client {
   RoundTrainer* trainer_ = nullptr;      // the one of them this client has
   ParamSpecs specs_;
   ErrorFeedback feedback_;
-  std::unique_ptr<HeldModel> held_;    // the last round's model (fed/model_view.h)
-  DriftCorrection drift_;              // pre-training's train.drift_correction
-  std::unique_ptr<LocalDp> local_dp_;  // [local_dp]: clip and noise before anything leaves
+  std::unique_ptr<HeldModel> held_;           // the last round's model (fed/model_view.h)
+  std::vector<float> pulled_second_moments_;  // the last pull's (strategy.second_moments)
+  DriftCorrection drift_;                     // pre-training's train.drift_correction
+  std::unique_ptr<LocalDp> local_dp_;         // [local_dp]: clip and noise before anything leaves
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
   std::unique_ptr<secagg::ClientSession> secagg_;  // the current round's
   int64_t last_round_ = 0;

@@ -207,6 +207,15 @@ ServerConfig read_server_config(ConfigTable& root) {
                root.where("strategy.row_weighting"), ": '", c.strategy.row_weighting,
                "' weights the rows of token embeddings, and a [post] federation exchanges only "
                "LoRA adapters; use row_weighting = 'none' with [post]");
+  // Shared second moments travel per client in the clear, outside the masked sum and the DP
+  // clip, and a [post] silo trains adapters with its own optimizer (docs/federated.md).
+  const std::string sm = c.strategy.second_moments;
+  POLLEN_CHECK(!c.strategy.shares_second_moments() ||
+                   (!c.secure_aggregation.enabled && !c.privacy.enabled && !c.post.enabled()),
+               root.where("strategy.second_moments"), ": '", sm,
+               "' sends each client's optimizer statistics in the clear, which secure "
+               "aggregation and [privacy] do not cover, and a [post] federation does not "
+               "exchange; use second_moments = 'none' with them");
   c.tls = read_tls(root, true);
   return c;
 }

@@ -10,6 +10,7 @@
 #include "fed/post_lora.h"
 #include "fed/secagg/masked_set.h"
 #include "fed/secagg/quantize.h"
+#include "fed/second_moments.h"
 #include "io/checkpoint.h"
 #include "io/model_source.h"
 #include "io/peft.h"
@@ -144,6 +145,15 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
   if (fs::exists(dir / "strategy.safetensors")) {
     strategy_->load_state(io::read_safetensors(dir / "strategy.safetensors").tensors);
   }
+  if (fs::exists(dir / "second_moments.safetensors")) {
+    const auto f = io::read_safetensors(dir / "second_moments.safetensors");
+    const Tensor* t = f.find("second_moments");
+    const std::string what = cat("fed server: ", dir.string(), "/second_moments.safetensors");
+    POLLEN_CHECK(t && t->dim() == 1 && t->dtype() == DType::f32, what,
+                 ": expected one float32 vector 'second_moments'");
+    check_second_moments(t->data<float>(), t->numel(), factored_size(specs_), what);
+    second_moments_.assign(t->data<float>(), t->data<float>() + t->numel());
+  }
   if (publisher_->compressed()) {
     // The model the clients hold; without it (compression turned on at resume) the next round
     // sends the whole model to every client.
@@ -184,6 +194,11 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
   w.add_tensors("model.safetensors", model, {{"round", std::to_string(done_)}});
   const auto st = strategy_->state();
   if (!st.empty()) w.add_tensors("strategy.safetensors", st);
+  if (!second_moments_.empty()) {
+    Tensor t = Tensor::empty({static_cast<int64_t>(second_moments_.size())}, DType::f32);
+    std::copy(second_moments_.begin(), second_moments_.end(), t.data<float>());
+    w.add_tensors("second_moments.safetensors", {{"second_moments", t}});
+  }
   if (publisher_->compressed()) {
     io::NamedTensors view;
     for (size_t i = 0; i < specs_.size(); ++i)
@@ -290,6 +305,7 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
     t.set_model_codec_block(config_.compression.block);
     t.set_model_codec_topk(config_.server_codec == Codec::topk ? config_.compression.topk : 0);
     t.set_model_sha256(publisher_->view_sha256());
+    t.set_second_moments(config_.strategy.shares_second_moments());
     t.set_evaluate(config_.eval_every > 0 && (round - 1) % config_.eval_every == 0);
     t.set_secure_aggregation(secagg_ != nullptr);
     t.set_token_counts(config_.strategy.weights_rows());
@@ -317,7 +333,7 @@ std::shared_ptr<const EncodedSet> Coordinator::pull(const pb::PullRequest& r,
   auto set = publisher_->for_client(r.held_model());
   // Each set a client pulls counts once, however often the pull is retried.
   if (pulled_.insert(id + '\n' + set->header.base_sha256() + set->header.model_sha256()).second)
-    bytes_sent_ += set->header.total_bytes();
+    bytes_sent_ += set->header.total_bytes() + set->header.second_moments().size();
   return set;
 }
 
@@ -327,6 +343,12 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
   const std::string what = cat("update from '", info.client_id().substr(0, kMaxIdBytes), "'");
   validate_update_info(info, what);
   validate_token_counts(info, config_.strategy.weights_rows(), config_.model.vocab_size, what);
+  if (config_.strategy.shares_second_moments()) {
+    unpack_second_moments(info.second_moments(), factored_size(specs_), what);
+  } else {
+    POLLEN_CHECK(info.second_moments().empty(), what,
+                 ": second moments the server did not ask for (strategy.second_moments)");
+  }
   check_peer(info.client_id(), peer_id, "push");
   {
     std::lock_guard lock(mutex_);
@@ -363,7 +385,7 @@ pb::PushReply Coordinator::push_finish(Push& p) {
   u.update.input_counts = token_counts_from(p.info.input_counts());
   u.update.target_counts = token_counts_from(p.info.target_counts());
   u.info = p.info;
-  u.bytes = bytes.size();
+  u.bytes = bytes.size() + p.info.second_moments().size();
   std::lock_guard lock(mutex_);
   POLLEN_CHECK(open_ && p.info.round() == done_ + 1, what, ": round ", p.info.round(),
                " closed while the update was arriving");
@@ -436,6 +458,7 @@ bool Coordinator::begin_round() {
   }
   // The clients train from, and take their pseudo-gradients against, the view of the exact
   // weights, which the server keeps (docs/federated.md, "Compression").
+  publisher_->set_second_moments(pack_second_moments(second_moments_));
   publisher_->publish(global_);
   round_start_ = Clock::now();
   open_ = true;
@@ -565,6 +588,8 @@ RoundSummary Coordinator::end_round() {
   nlohmann::ordered_json lineage_clients = nlohmann::ordered_json::array();
   uint64_t bytes_received = 0;
   double loss_sum = 0;
+  std::vector<std::vector<float>> moments;  // strategy.second_moments: each participant's
+  std::vector<double> moment_weights;
   for (const auto& id : s.selected) {
     auto it = updates_.find(id);
     if (it == updates_.end()) {
@@ -588,6 +613,11 @@ RoundSummary Coordinator::end_round() {
     lineage_clients.push_back({{"client", id},
                                {"data_manifest_hash", info.data_manifest_hash()},
                                {"tokens", info.tokens()}});
+    if (!info.second_moments().empty()) {
+      moments.push_back(unpack_second_moments(info.second_moments(), factored_size(specs_),
+                                              cat("update from '", id, "'")));
+      moment_weights.push_back(static_cast<double>(info.tokens()));
+    }
     ups.push_back(std::move(it->second.update));
   }
   updates_.clear();
@@ -608,6 +638,14 @@ RoundSummary Coordinator::end_round() {
     } else if (s.aggregated) {
       strategy_->aggregate(s.round, global_, ups, &report);
     }
+  }
+  if (s.aggregated && !moments.empty()) {
+    std::vector<const std::vector<float>*> each;
+    for (const auto& m : moments) each.push_back(&m);
+    // Kept as sent: rounded to bfloat16.
+    second_moments_ =
+        unpack_second_moments(pack_second_moments(average_second_moments(each, moment_weights)),
+                              factored_size(specs_), "the averaged second moments");
   }
   if (s.aggregated) {
     s.train_loss = loss_sum / static_cast<double>(s.tokens);

@@ -31,25 +31,22 @@ void ModelPublisher::publish(const Weights& x) {
   POLLEN_ASSERT(x.size() == specs_.size());
   release();
   if (!compressed()) {
-    auto full = std::make_shared<EncodedSet>(encode_weights(specs_, x, CompressOptions{}));
     view_sha256_ = weights_sha256(x);
-    full->header.set_model_sha256(view_sha256_);
-    full_ = std::move(full);
+    full_ = make_set(encode_weights(specs_, x, CompressOptions{}), "", view_sha256_);
     return;
   }
-  auto delta =
-      std::make_shared<EncodedSet>(encode_weights(specs_, weights_minus(x, view_), codec_));
-  const Weights sent = decode_set(delta->header, delta->bytes, specs_, "the round's model delta");
+  EncodedSet encoded = encode_weights(specs_, weights_minus(x, view_), codec_);
+  const Weights sent = decode_set(encoded.header, encoded.bytes, specs_, "the round's model delta");
   for (size_t i = 0; i < sent.size(); ++i) {
     float* v = view_[i].data<float>();
     const float* s = sent[i].data<float>();
     for (int64_t j = 0; j < sent[i].numel(); ++j) v[j] += s[j];
   }
-  delta->header.set_base_sha256(view_sha256_);
+  const std::string base = view_sha256_;
   view_sha256_ = weights_sha256(view_);
-  delta->header.set_model_sha256(view_sha256_);
   // A round that left the view where it was adds no link: its holders get the empty delta.
-  if (delta->header.base_sha256() == view_sha256_) return;
+  if (base == view_sha256_) return;
+  auto delta = make_set(std::move(encoded), base, view_sha256_);
   // Keep the newest deltas while their chain is smaller than the whole model (and at most
   // kMaxChainLinks): past that, a client that far behind is better sent the view itself.
   uint64_t whole = 0;
@@ -69,10 +66,7 @@ std::shared_ptr<const EncodedSet> ModelPublisher::for_client(const std::string& 
     if (!same_) {
       Weights zeros;
       for (const auto& s : specs_) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
-      auto same = std::make_shared<EncodedSet>(encode_weights(specs_, zeros, codec_));
-      same->header.set_base_sha256(view_sha256_);
-      same->header.set_model_sha256(view_sha256_);
-      same_ = std::move(same);
+      same_ = make_set(encode_weights(specs_, zeros, codec_), view_sha256_, view_sha256_);
     }
     return same_;
   }
@@ -81,11 +75,17 @@ std::shared_ptr<const EncodedSet> ModelPublisher::for_client(const std::string& 
     if (held_sha256 == (*it)->header.base_sha256()) return *it;
   if (!full_) {
     POLLEN_ASSERT(compressed());
-    auto full = std::make_shared<EncodedSet>(encode_weights(specs_, view_, CompressOptions{}));
-    full->header.set_model_sha256(view_sha256_);
-    full_ = std::move(full);
+    full_ = make_set(encode_weights(specs_, view_, CompressOptions{}), "", view_sha256_);
   }
   return full_;
+}
+
+std::shared_ptr<EncodedSet> ModelPublisher::make_set(EncodedSet set, const std::string& base,
+                                                     const std::string& model) const {
+  set.header.set_base_sha256(base);
+  set.header.set_model_sha256(model);
+  set.header.set_second_moments(second_moments_);
+  return std::make_shared<EncodedSet>(std::move(set));
 }
 
 void HeldModel::hold(Weights model) {

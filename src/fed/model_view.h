@@ -17,6 +17,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fed/compress.h"
 #include "fed/wire.h"
@@ -50,8 +51,14 @@ class ModelPublisher {
   // A resumed server's view (the checkpoint's), before the next publish; the chain starts anew.
   void restore(Weights view);
   bool compressed() const { return codec_.codec != Codec::none; }
+  // The clients' factored second moments as packed for the wire (strategy.second_moments,
+  // fed/second_moments.h): every set made from the next publish on carries them.
+  void set_second_moments(std::string packed) { second_moments_ = std::move(packed); }
 
  private:
+  std::shared_ptr<EncodedSet> make_set(EncodedSet set, const std::string& base,
+                                       const std::string& model) const;
+
   ParamSpecs specs_;
   CompressOptions codec_;
   Weights view_;
@@ -59,6 +66,7 @@ class ModelPublisher {
   std::deque<std::shared_ptr<const EncodedSet>> chain_;  // the last rounds' deltas, oldest first
   uint64_t chain_bytes_ = 0;
   std::shared_ptr<const EncodedSet> full_, same_;
+  std::string second_moments_;
 };
 
 // The client's side: the model it holds, and the round's model from a pulled set.

@@ -233,6 +233,8 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o) {
                "' weights the token-weighted mean's rows; it needs strategy.aggregation = 'mean' "
                "and no strategy.norm_bound (got '",
                o.robust.aggregation, "', ", o.robust.norm_bound, ")");
+  POLLEN_CHECK(o.second_moments == "none" || o.second_moments == "factored",
+               "strategy.second_moments must be none or factored, got '", o.second_moments, "'");
   if (o.name == "fedavg") return std::make_unique<FedAvg>(o);
   if (o.name == "fedavgm") return std::make_unique<Momentum>(o, false);
   if (o.name == "diloco") return std::make_unique<Momentum>(o, true);
@@ -260,6 +262,7 @@ StrategyOptions read_strategy_options(ConfigTable& t) {
   o.robust.byzantine = t.get_int("byzantine", o.robust.byzantine);
   o.robust.multi_krum = t.get_int("multi_krum", o.robust.multi_krum);
   o.row_weighting = t.get_string("row_weighting", o.row_weighting);
+  o.second_moments = t.get_string("second_moments", o.second_moments);
   make_strategy(o);  // validates the name and ranges now, naming the keys
   return o;
 }

@@ -98,6 +98,9 @@ struct StrategyOptions {
   // untied output layer's rows by target counts (a tied embedding: by inputs plus targets).
   std::string row_weighting = "none";
   bool weights_rows() const { return row_weighting != "none"; }
+  // none; factored: the clients share their inner AdamW's second moments (fed/second_moments.h)
+  std::string second_moments = "none";
+  bool shares_second_moments() const { return second_moments != "none"; }
 };
 
 // Reads the [strategy] table (every key documented in docs/federated.md).

@@ -1,0 +1,54 @@
+#pragma once
+// Shared second moments (`strategy.second_moments = "factored"`; docs/federated.md, "Shared
+// second moments").
+//
+// Each client's inner AdamW divides its moves by its own running mean of squared gradients, v.
+// With silos whose data differ, each client then normalises its own silo's gradients, where the
+// data-parallel baseline normalises the sum of all silos' gradients once, and the average of the
+// clients' moves loses what they dispute. Sharing v fixes the scale: the clients send their v
+// with their update, the server averages them (weighted by tokens, like the update), and every
+// client starts the next round from that average.
+//
+// What travels is v factored as Adafactor stores it: for each matrix [rows, cols] its row means
+// R and column means C (rows + cols values), rebuilt as v[i][j] = R[i] C[j] / mean(R); every
+// other tensor (norm weights) whole; on the wire in bfloat16. The means are linear, so the
+// average of the clients' factored v is the factored average v. For a model of hidden size d
+// the factored form has about 2/d as many values as the model.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fed/wire.h"
+#include "tensor/tensor.h"
+
+namespace pollen::fed {
+
+// How many values the factored form of tensors of these shapes has.
+int64_t factored_size(const ParamSpecs& specs);
+
+// v (one tensor per spec, float32) factored: each matrix's row means then column means, every
+// other tensor whole, in the specs' order.
+std::vector<float> factor_second_moments(const ParamSpecs& specs,
+                                         const std::vector<const Tensor*>& v);
+
+// Rebuilds v from its factored form: each matrix as R[i] C[j] / mean(R) (zero where the mean is
+// zero), every other tensor as it is.
+void expand_second_moments(const ParamSpecs& specs, const std::vector<float>& factored,
+                           const std::vector<Tensor*>& v);
+
+// The weighted mean of the clients' factored moments, summed in double in the order given.
+std::vector<float> average_second_moments(const std::vector<const std::vector<float>*>& factored,
+                                          const std::vector<double>& weights);
+
+// Refuses a factored form of another size than `size`, or with a value that is not finite or
+// is negative, naming `what`.
+void check_second_moments(const float* values, int64_t count, int64_t size,
+                          const std::string& what);
+
+// The factored form on the wire: bfloat16 (rounded to nearest even), 2 bytes a value.
+std::string pack_second_moments(const std::vector<float>& factored);
+// The values of `bytes`, checked as check_second_moments does (`size` values).
+std::vector<float> unpack_second_moments(const std::string& bytes, int64_t size,
+                                         const std::string& what);
+
+}  // namespace pollen::fed

@@ -1,0 +1,211 @@
+// Shared second moments (fed/second_moments.h): the factored form, its average, and a federation
+// in which the server averages what the clients send and hands it back with the next model.
+#include <gtest/gtest.h>
+
+#include "base/thread_pool.h"
+#include "fed/client.h"
+#include "fed/config.h"
+#include "fed/coordinator.h"
+#include "fed/fixtures.h"
+#include "fed/second_moments.h"
+
+using namespace pollen;
+using namespace pollen::fed;
+using namespace pollen::fed::testing;
+
+namespace {
+
+const ParamSpecs kSpecs{{"w", {3, 4}}, {"norm", {5}}};
+
+Tensor filled(const Shape& shape, const std::function<float(int64_t)>& f) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  for (int64_t j = 0; j < t.numel(); ++j) t.data<float>()[j] = f(j);
+  return t;
+}
+
+std::vector<float> pull_second_moments(Coordinator& server, const std::string& id, int64_t round) {
+  pb::PullRequest r;
+  r.set_client_id(id);
+  r.set_round(round);
+  const auto set = server.pull(r, "");
+  return unpack_second_moments(set->header.second_moments(), factored_size(server.specs()), "pull");
+}
+
+}  // namespace
+
+TEST(SecondMoments, FactoredFormIsRowAndColumnMeansAndRebuildsARankOneMatrix) {
+  // v[i][j] = a[i] b[j]: row means a[i] mean(b), column means mean(a) b[j].
+  const std::vector<float> a{1, 2, 4}, b{0.5f, 1, 3, 0.25f};
+  const Tensor w = filled({3, 4}, [&](int64_t k) { return a[k / 4] * b[k % 4]; });
+  const Tensor norm = filled({5}, [](int64_t k) { return 0.1f * static_cast<float>(k + 1); });
+  EXPECT_EQ(factored_size(kSpecs), 3 + 4 + 5);
+  const std::vector<float> f = factor_second_moments(kSpecs, {&w, &norm});
+  ASSERT_EQ(f.size(), 12u);
+  const double mean_b = (0.5 + 1 + 3 + 0.25) / 4, mean_a = 7.0 / 3;
+  for (int i = 0; i < 3; ++i) EXPECT_FLOAT_EQ(f[i], static_cast<float>(a[i] * mean_b));
+  for (int j = 0; j < 4; ++j) EXPECT_FLOAT_EQ(f[3 + j], static_cast<float>(mean_a * b[j]));
+  for (int k = 0; k < 5; ++k) EXPECT_EQ(f[7 + k], norm.data<float>()[k]);  // vectors whole
+
+  Tensor w2 = Tensor::zeros({3, 4}, DType::f32), norm2 = Tensor::zeros({5}, DType::f32);
+  expand_second_moments(kSpecs, f, {&w2, &norm2});
+  for (int64_t k = 0; k < 12; ++k)
+    EXPECT_NEAR(w2.data<float>()[k], w.data<float>()[k], 1e-6 * w.data<float>()[k]) << k;
+  EXPECT_EQ(std::memcmp(norm2.raw(), norm.raw(), norm.nbytes()), 0);
+  // A matrix that is not rank one keeps its row and column means, not its values.
+  const Tensor bumpy = filled({3, 4}, [](int64_t k) { return k == 5 ? 9.0f : 1.0f; });
+  expand_second_moments(kSpecs, factor_second_moments(kSpecs, {&bumpy, &norm}), {&w2, &norm2});
+  const std::vector<float> again = factor_second_moments(kSpecs, {&w2, &norm2});
+  const std::vector<float> want = factor_second_moments(kSpecs, {&bumpy, &norm});
+  for (size_t k = 0; k < 7; ++k) EXPECT_NEAR(again[k], want[k], 1e-5) << k;
+  EXPECT_NE(w2.data<float>()[5], 9.0f);
+}
+
+TEST(SecondMoments, AverageIsWeightedAndBadValuesAreRefused) {
+  const std::vector<float> x{1, 2, 0}, y{3, 6, 4};
+  const auto avg = average_second_moments({&x, &y}, {1, 3});
+  EXPECT_EQ(avg, (std::vector<float>{2.5f, 5.0f, 3.0f}));
+  auto error_of = [](const std::vector<float>& v, int64_t size) -> std::string {
+    try {
+      check_second_moments(v.data(), static_cast<int64_t>(v.size()), size, "update from 'a'");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error_of({1, 0, 2}, 3), "");
+  EXPECT_NE(error_of({1, 2}, 3).find("2 second-moment values"), std::string::npos);
+  EXPECT_NE(error_of({1, -1, 2}, 3).find("value 1 is -1"), std::string::npos);
+  EXPECT_NE(error_of({1, NAN, 2}, 3).find("value 1"), std::string::npos);
+  // On the wire: bfloat16, rounded to nearest even; an odd byte count is refused.
+  const std::string packed = pack_second_moments({1.0f, 3.0f, 1.00390625f, 0.0f});
+  EXPECT_EQ(packed.size(), 8u);
+  EXPECT_EQ(unpack_second_moments(packed, 4, "x"), (std::vector<float>{1.0f, 3.0f, 1.0f, 0.0f}));
+  try {
+    unpack_second_moments(packed.substr(1), 4, "update from 'a'");
+    ADD_FAILURE() << "odd byte count accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("7 bytes"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SecondMoments, ServerAveragesTheClientsAndSendsItWithTheNextModel) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("second_moments");
+  const auto silo_a = make_silo(dir / "a", 1), silo_b = make_silo(dir / "b", 3);
+  auto run = [&](const std::string& name, const std::string& second_moments) {
+    auto cfg = sim_config(dir / name, {silo_a, silo_b}, "fedavg", 2, 3);
+    cfg.server.strategy.second_moments = second_moments;
+    Coordinator server(cfg.server, false);
+    LocalTransport to_a(server), to_b(server);
+    Client a(cfg.clients[0], to_a), b(cfg.clients[1], to_b);
+    a.join(), b.join();
+    EXPECT_TRUE(server.begin_round());
+    EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+    EXPECT_EQ(b.poll_once(), pb::TASK_TRAIN);
+    const std::vector<float> fa = a.trainer().factored_second_moments();
+    const std::vector<float> fb = b.trainer().factored_second_moments();
+    EXPECT_TRUE(server.end_round().aggregated);
+    const auto m = read_jsonl(cfg.server.dir / "metrics.jsonl");
+    const auto ta = m[0]["clients"]["silo-0"]["tokens"].get<double>();
+    const auto tb = m[0]["clients"]["silo-1"]["tokens"].get<double>();
+    EXPECT_TRUE(server.begin_round());
+    // Round 2's model comes with the clients' round-1 moments averaged by tokens, bitwise.
+    std::vector<float> sent;
+    if (second_moments != "none") {
+      sent = pull_second_moments(server, "silo-0", 2);
+      // Each way in bfloat16: the clients' moments rounded, averaged, rounded again.
+      const auto n = factored_size(server.specs());
+      const auto wa = unpack_second_moments(pack_second_moments(fa), n, "a");
+      const auto wb = unpack_second_moments(pack_second_moments(fb), n, "b");
+      EXPECT_EQ(sent, unpack_second_moments(
+                          pack_second_moments(average_second_moments({&wa, &wb}, {ta, tb})), n,
+                          "average"));
+    }
+    EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+    EXPECT_EQ(b.poll_once(), pb::TASK_TRAIN);
+    const std::vector<float> after = a.trainer().factored_second_moments();
+    EXPECT_TRUE(server.end_round().aggregated);
+    // Both rounds' updates carry the factored moments, round 2's model too: 2 bytes a value.
+    const auto m2 = read_jsonl(cfg.server.dir / "metrics.jsonl");
+    return std::tuple{sent, after, m2, static_cast<uint64_t>(factored_size(server.specs()))};
+  };
+  const auto [sent, shared, m_shared, n] = run("shared", "factored");
+  const auto [none, own, m_own, n_own] = run("own", "none");
+  ASSERT_EQ(sent.size(), n);
+  EXPECT_TRUE(none.empty());
+  // Client a started round 2 from the average, not from its own moments.
+  EXPECT_NE(shared, own);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(m_shared[r]["bytes_received"].get<uint64_t>(),
+              m_own[r]["bytes_received"].get<uint64_t>() + 2 * 2 * n)
+        << "round " << r + 1;
+  }
+  EXPECT_EQ(m_shared[0]["bytes_sent"], m_own[0]["bytes_sent"]);  // nothing to share before round 2
+  EXPECT_EQ(m_shared[1]["bytes_sent"].get<uint64_t>(),
+            m_own[1]["bytes_sent"].get<uint64_t>() + 2 * 2 * n);
+  fs::remove_all(dir);
+}
+
+TEST(SecondMoments, BadMomentsInAnUpdateAndUnprotectedCombinationsAreRefused) {
+  Quiet q;
+  const auto dir = temp_dir("second_moments_refused");
+  ServerConfig sc = sim_config(dir, {}, "fedavg", 2, 1).server;
+  sc.strategy.second_moments = "factored";
+  Coordinator server(sc, false);
+  pb::JoinRequest join;
+  join.set_protocol_version(kProtocolVersion);
+  join.set_client_id("a");
+  join.set_model_config(model_config_json(tiny_model()));
+  join.set_tokenizer_fingerprint("test-tokenizer");
+  ASSERT_TRUE(server.join(join, "").accepted());
+  ASSERT_TRUE(server.begin_round());
+  pb::TaskRequest ask;
+  ask.set_client_id("a");
+  EXPECT_TRUE(server.task(ask, "").second_moments());
+  Weights zeros;
+  for (const auto& s : server.specs()) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
+  const EncodedSet update = encode_weights(server.specs(), zeros, CompressOptions{});
+  const int64_t n = factored_size(server.specs());
+  auto push_error = [&](const std::vector<float>& moments) -> std::string {
+    pb::UpdateInfo info;
+    info.set_client_id("a");
+    info.set_round(1);
+    info.set_tokens(10);
+    info.set_second_moments(pack_second_moments(moments));
+    try {
+      server.push_begin(info, update.header, "");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(push_error({}).find("0 second-moment values"), std::string::npos);
+  std::vector<float> negative(static_cast<size_t>(n), 1.0f);
+  negative[3] = -2;
+  EXPECT_NE(push_error(negative).find("value 3 is -2"), std::string::npos);
+  EXPECT_EQ(push_error(std::vector<float>(static_cast<size_t>(n), 1.0f)), "");
+
+  // The moments travel in the clear: not with secure aggregation or central DP.
+  const std::string base =
+      "[server]\ndir = 'x'\n[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
+      "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
+      "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 't'\n"
+      "[strategy]\nsecond_moments = 'factored'\n";
+  write_file_atomic(dir / "ok.toml", base);
+  EXPECT_EQ(load_server_config(dir / "ok.toml").strategy.second_moments, "factored");
+  write_file_atomic(dir / "secagg.toml", base + "[secure_aggregation]\nenabled = true\n");
+  try {
+    load_server_config(dir / "secagg.toml");
+    ADD_FAILURE() << "second moments accepted with secure aggregation";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("second_moments"), std::string::npos) << e.what();
+  }
+  write_file_atomic(dir / "bad.toml",
+                    "[server]\ndir = 'x'\n[model]\nvocab_size = 64\nhidden_size = 32\n"
+                    "intermediate_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 2\n"
+                    "num_key_value_heads = 2\nmax_position_embeddings = 64\n[tokenizer]\n"
+                    "fingerprint = 't'\n[strategy]\nsecond_moments = 'exact'\n");
+  EXPECT_THROW(load_server_config(dir / "bad.toml"), Error);
+  fs::remove_all(dir);
+}
