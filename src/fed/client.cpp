@@ -292,13 +292,29 @@ std::vector<Tensor*> LocalTrainer::second_moments() {
   return v;
 }
 
+double LocalTrainer::second_moment_bias() const {
+  return 1.0 - std::pow(config_.train.beta2, static_cast<double>(opt_->steps_taken()));
+}
+
 std::vector<float> LocalTrainer::factored_second_moments() {
   const std::vector<Tensor*> v = second_moments();
-  return factor_second_moments(exchanged_specs(), {v.begin(), v.end()});
+  std::vector<float> f = factor_second_moments(exchanged_specs(), {v.begin(), v.end()});
+  // AdamW's estimate v / (1 - beta2^t), so that clients of another age agree on its scale.
+  const double bias = second_moment_bias();
+  for (float& x : f) x = bias > 0 ? static_cast<float>(x / bias) : 0.0f;
+  return f;
 }
 
 void LocalTrainer::set_second_moments(const std::vector<float>& factored) {
-  expand_second_moments(exchanged_specs(), factored, second_moments());
+  const std::vector<Tensor*> v = second_moments();
+  expand_second_moments(exchanged_specs(), factored, v);
+  // Stored so that AdamW's estimate is the federation's: v / (1 - beta2^t) = shared. A client
+  // that has not stepped yet (t = 0) keeps its empty moments, as AdamW starts.
+  const auto bias = static_cast<float>(second_moment_bias());
+  for (Tensor* t : v) {
+    float* x = t->data<float>();
+    for (int64_t j = 0; j < t->numel(); ++j) x[j] *= bias;
+  }
 }
 
 void LocalTrainer::load_checkpoint(const std::filesystem::path& dir) {
@@ -507,11 +523,13 @@ void Client::train_round(const pb::TaskReply& task) {
   POLLEN_CHECK(!task.token_counts() || !local_dp_, "client '", config_.id,
                "': the server weights rows by token counts (strategy.row_weighting), which "
                "[local_dp] does not protect; the client sends none");
-  POLLEN_CHECK(
-      !task.second_moments() || (local_ && !local_dp_), "client '", config_.id,
-      "': the server shares the clients' second moments (strategy.second_moments), ",
-      local_dp_ ? "which [local_dp] does not protect" : "which a [post] silo does not have",
-      "; the client sends none");
+  POLLEN_CHECK(!task.second_moments() || (local_ && !local_dp_ && !several_ranks()), "client '",
+               config_.id,
+               "': the server shares the clients' second moments (strategy.second_moments), ",
+               local_dp_ ? "which [local_dp] does not protect"
+               : local_  ? "which a silo of several ranks does not support yet"
+                         : "which a [post] silo does not have",
+               "; the client sends none");
   CompressOptions codec;
   codec.codec = parse_codec(task.codec());
   codec.block = task.codec_block();

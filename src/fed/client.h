@@ -110,6 +110,7 @@ class LocalTrainer : public RoundTrainer {
  private:
   void apply_step_drift();
   std::vector<Tensor*> second_moments();
+  double second_moment_bias() const;  // 1 - beta2^t of the inner AdamW
 
   ClientConfig config_;
   dist::SingleProcess alone_;

@@ -211,6 +211,11 @@ ServerConfig read_server_config(ConfigTable& root) {
   // clip, and a [post] silo trains adapters with its own optimizer (docs/federated.md).
   const std::string sm = c.strategy.second_moments;
   POLLEN_CHECK(!c.strategy.shares_second_moments() ||
+                   (c.strategy.robust.aggregation == "mean" && c.strategy.robust.norm_bound == 0),
+               root.where("strategy.second_moments"), ": '", sm,
+               "' averages the clients' moments by tokens, which robust aggregation would not "
+               "protect; it needs strategy.aggregation = 'mean' and no strategy.norm_bound");
+  POLLEN_CHECK(!c.strategy.shares_second_moments() ||
                    (!c.secure_aggregation.enabled && !c.privacy.enabled && !c.post.enabled()),
                root.where("strategy.second_moments"), ": '", sm,
                "' sends each client's optimizer statistics in the clear, which secure "

@@ -145,7 +145,7 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
   if (fs::exists(dir / "strategy.safetensors")) {
     strategy_->load_state(io::read_safetensors(dir / "strategy.safetensors").tensors);
   }
-  if (fs::exists(dir / "second_moments.safetensors")) {
+  if (config_.strategy.shares_second_moments() && fs::exists(dir / "second_moments.safetensors")) {
     const auto f = io::read_safetensors(dir / "second_moments.safetensors");
     const Tensor* t = f.find("second_moments");
     const std::string what = cat("fed server: ", dir.string(), "/second_moments.safetensors");

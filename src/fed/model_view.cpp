@@ -44,8 +44,23 @@ void ModelPublisher::publish(const Weights& x) {
   }
   const std::string base = view_sha256_;
   view_sha256_ = weights_sha256(view_);
-  // A round that left the view where it was adds no link: its holders get the empty delta.
-  if (base == view_sha256_) return;
+  // Only the newest link carries the second moments: a client walking the chain trains with
+  // those of the last set it pulls, which must be this round's.
+  if (!chain_.empty() && !chain_.back()->header.second_moments().empty()) {
+    auto older = std::make_shared<EncodedSet>(*chain_.back());
+    older->header.clear_second_moments();
+    chain_.back() = std::move(older);
+  }
+  // A round that left the view where it was adds no link: its holders get the empty delta, and
+  // the newest link takes this round's second moments.
+  if (base == view_sha256_) {
+    if (!chain_.empty() && !second_moments_.empty()) {
+      auto newest = std::make_shared<EncodedSet>(*chain_.back());
+      newest->header.set_second_moments(second_moments_);
+      chain_.back() = std::move(newest);
+    }
+    return;
+  }
   auto delta = make_set(std::move(encoded), base, view_sha256_);
   // Keep the newest deltas while their chain is smaller than the whole model (and at most
   // kMaxChainLinks): past that, a client that far behind is better sent the view itself.

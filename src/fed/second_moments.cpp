@@ -1,6 +1,8 @@
 #include "fed/second_moments.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "base/error.h"
 
@@ -64,10 +66,12 @@ void expand_second_moments(const ParamSpecs& specs, const std::vector<float>& fa
     double mean = 0;
     for (int64_t i = 0; i < rows; ++i) mean += row[i];
     mean /= static_cast<double>(rows);
+    // Clamped to float32's range: hostile or extreme means must not make v infinite.
+    const double most = std::numeric_limits<float>::max();
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = 0; j < cols; ++j) {
-        x[i * cols + j] =
-            mean > 0 ? static_cast<float>(static_cast<double>(row[i]) * col[j] / mean) : 0.0f;
+        const double value = mean > 0 ? static_cast<double>(row[i]) * col[j] / mean : 0.0;
+        x[i * cols + j] = static_cast<float>(std::min(value, most));
       }
     }
     f += rows + cols;

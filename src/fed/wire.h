@@ -24,8 +24,9 @@ namespace pb = ::pollen::fed::v1;
 // 2: the round's model may be compressed; 3: post-training federations (Join carries the base's
 // fingerprint and the LoRA config; the exchanged tensors are the adapters' B); 4: top-k, and a
 // compressed model download as a delta against the model the client holds; 5: the task names the
-// round's model, and a client that missed rounds pulls the chain of deltas it missed
-constexpr uint32_t kProtocolVersion = 5;
+// round's model, and a client that missed rounds pulls the chain of deltas it missed; 6: shared
+// second moments (strategy.second_moments)
+constexpr uint32_t kProtocolVersion = 6;
 // The most deltas a compressed download keeps for clients that missed rounds (fed/model_view.h),
 // so that a client reaches the round's model within kMaxChainLinks + 1 pulls.
 constexpr size_t kMaxChainLinks = 62;

@@ -180,6 +180,27 @@ TEST(ModelView, APublishThatLeavesTheViewWhereItWasAddsNoLink) {
   EXPECT_EQ(behind.sha256(), v1);
 }
 
+TEST(ModelView, OnlyTheNewestLinkCarriesTheRoundsSecondMoments) {
+  const CompressOptions int8{Codec::int8, 16, 0};
+  const Weights x0 = random_weights(51, 0.05);
+  ModelPublisher server(kSpecs, int8, clone_weights(x0));
+  HeldModel behind(clone_weights(x0));
+  server.set_second_moments("round 1");
+  server.publish(plus(x0, random_weights(52, 1e-2)));
+  server.set_second_moments("round 2");
+  const Weights x2 = plus(server.view(), random_weights(53, 1e-2));
+  server.publish(x2);
+  ASSERT_EQ(server.chain_length(), 2u);
+  EXPECT_EQ(server.for_client(behind.sha256())->header.second_moments(), "");
+  pull(behind, server, int8);
+  EXPECT_EQ(server.for_client(behind.sha256())->header.second_moments(), "round 2");
+  // A round that leaves the view where it was: the newest link takes its moments.
+  server.set_second_moments("round 3");
+  server.publish(server.view());
+  EXPECT_EQ(server.chain_length(), 2u);
+  EXPECT_EQ(server.for_client(behind.sha256())->header.second_moments(), "round 3");
+}
+
 TEST(ModelView, AClientThatHoldsTheRoundsModelGetsAnEmptyDelta) {
   // A pull retried within the round, or after a server restart: the client applied the round's
   // delta already and must not get it (or the whole model) again.

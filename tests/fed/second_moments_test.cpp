@@ -2,6 +2,9 @@
 // in which the server averages what the clients send and hands it back with the next model.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "base/thread_pool.h"
 #include "fed/client.h"
 #include "fed/config.h"
@@ -58,6 +61,40 @@ TEST(SecondMoments, FactoredFormIsRowAndColumnMeansAndRebuildsARankOneMatrix) {
   const std::vector<float> want = factor_second_moments(kSpecs, {&bumpy, &norm});
   for (size_t k = 0; k < 7; ++k) EXPECT_NEAR(again[k], want[k], 1e-5) << k;
   EXPECT_NE(w2.data<float>()[5], 9.0f);
+}
+
+TEST(SecondMoments, ExtremeMeansRebuildToFiniteValues) {
+  // The largest float32 row and column means over a tiny overall mean: R C / mean(R) would
+  // overflow float32; the rebuilt v stays finite.
+  std::vector<float> f(12, 1e-30f);
+  f[0] = f[3] = std::numeric_limits<float>::max();
+  Tensor w = Tensor::zeros({3, 4}, DType::f32), norm = Tensor::zeros({5}, DType::f32);
+  expand_second_moments(kSpecs, f, {&w, &norm});
+  for (int64_t k = 0; k < 12; ++k) EXPECT_TRUE(std::isfinite(w.data<float>()[k])) << k;
+  EXPECT_EQ(w.data<float>()[0], std::numeric_limits<float>::max());
+}
+
+TEST(SecondMoments, TheTrainersMomentsTakeTheSharedOnesInItsOrderAndScale) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("second_moments_trainer");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 1, 1).clients[0];
+  LocalTrainer trainer(cfg);
+  trainer.train(3);
+  // Distinct values everywhere: another parameter order, a transposed matrix or a missed bias
+  // correction would give other row and column means back.
+  std::vector<Tensor> v;
+  for (const auto& spec : trainer.exchanged_specs())
+    v.push_back(
+        filled(spec.shape, [](int64_t k) { return 1e-4f * static_cast<float>(1 + k % 97); }));
+  std::vector<const Tensor*> each;
+  for (const auto& t : v) each.push_back(&t);
+  const std::vector<float> shared = factor_second_moments(trainer.exchanged_specs(), each);
+  trainer.set_second_moments(shared);
+  const std::vector<float> back = trainer.factored_second_moments();
+  ASSERT_EQ(back.size(), shared.size());
+  for (size_t k = 0; k < shared.size(); ++k) EXPECT_NEAR(back[k], shared[k], 1e-5 * shared[k]) << k;
+  fs::remove_all(dir);
 }
 
 TEST(SecondMoments, AverageIsWeightedAndBadValuesAreRefused) {
@@ -200,6 +237,20 @@ TEST(SecondMoments, BadMomentsInAnUpdateAndUnprotectedCombinationsAreRefused) {
     ADD_FAILURE() << "second moments accepted with secure aggregation";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("second_moments"), std::string::npos) << e.what();
+  }
+  for (const std::string& other : {"[privacy]\nnoise_multiplier = 1.0\nclip = 1.0\n",
+                                   "[strategy]\naggregation = 'median'\n"}) {
+    std::string toml = base + other;
+    if (other.rfind("[strategy]", 0) == 0)  // one [strategy] table
+      toml = base.substr(0, base.find("[strategy]")) +
+             "[strategy]\nsecond_moments = 'factored'\naggregation = 'median'\n";
+    write_file_atomic(dir / "other.toml", toml);
+    try {
+      load_server_config(dir / "other.toml");
+      ADD_FAILURE() << "second moments accepted with " << other;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("second_moments"), std::string::npos) << e.what();
+    }
   }
   write_file_atomic(dir / "bad.toml",
                     "[server]\ndir = 'x'\n[model]\nvocab_size = 64\nhidden_size = 32\n"
