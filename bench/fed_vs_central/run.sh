@@ -55,7 +55,7 @@ OUTER_BETA1=${OUTER_BETA1:--1}
 OUTER_BETA2=${OUTER_BETA2:--1}
 OUTER_TAU=${OUTER_TAU:--1}
 ROW_WEIGHTING=${ROW_WEIGHTING:-token_counts}
-SECOND_MOMENTS=${SECOND_MOMENTS:-none}
+SECOND_MOMENTS=${SECOND_MOMENTS:-factored}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
 DRIFT=${DRIFT:-0.75}
 WARMUP_STEPS=${WARMUP_STEPS:-2000}
@@ -379,11 +379,15 @@ step "4/4 results"
   echo "| run | clients | global batch (tokens) | steps | $(printf '%s | ' "${LANGS[@]}")mean | vs baseline | MB moved | less than baseline | seconds |"
   echo "|---|---|---|---|$(printf -- '---|%.0s' "${LANGS[@]}")---|---|---|---|---|"
   for n in $CLIENTS; do
-    model_bytes=$(find "$OUT/runs/baseline-$n/checkpoints" -name model.safetensors | head -1 |
+    # every run's model has the same size (the warm-up's, or any other run's when RUNS has no
+    # baseline)
+    model_bytes=$(find -L "$OUT/runs" -path '*/checkpoints/*' -name model.safetensors | head -1 |
       xargs stat -c %s)
     # fp32 gradient = the parameters' bytes (the safetensors header is a few hundred bytes)
     dp_bytes=$(awk -v n="$n" -v s="$STEPS" -v m="$model_bytes" 'BEGIN {printf "%.0f", 2 * n * s * m}')
-    base_mean=$(jq -s '[.[].loss] | add / length' "$OUT/eval/baseline-$n.jsonl")
+    base_mean=null  # "vs baseline" is left out when RUNS has no baseline
+    [ ! -f "$OUT/eval/baseline-$n.jsonl" ] ||
+      base_mean=$(jq -s '[.[].loss] | add / length' "$OUT/eval/baseline-$n.jsonl")
     names=()
     [ -z "$INIT" ] || names+=("$WARMUP_NAME-$n")
     for run in $RUNS; do names+=("$run-$n"); done
@@ -402,7 +406,7 @@ step "4/4 results"
         --arg steps "$steps" --arg losses "$losses$pad" --argjson base "$base_mean" \
         --argjson bytes "$bytes" --argjson dp "$dp_bytes" --arg s "${SECONDS_OF[$name]:-}" \
         '([.[].loss] | add / length) as $m |
-        "| \($name) | \($n) | \($gb) | \($steps) | \($losses)\($m * 10000 | round / 10000) | \(($m / $base - 1) * 1000 | round / 10)% | \(if $bytes == 0 then "- | -" else "\($bytes / 1e6 * 10 | round / 10) | \($dp / $bytes * 10 | round / 10)x" end) | \($s) |"' \
+        "| \($name) | \($n) | \($gb) | \($steps) | \($losses)\($m * 10000 | round / 10000) | \(if $base == null then "-" else "\(($m / $base - 1) * 1000 | round / 10)%" end) | \(if $bytes == 0 then "- | -" else "\($bytes / 1e6 * 10 | round / 10) | \($dp / $bytes * 10 | round / 10)x" end) | \($s) |"' \
         "$OUT/eval/$name.jsonl"
     done
   done
