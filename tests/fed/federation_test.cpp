@@ -314,12 +314,7 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
     TlsFiles t{(dir / "certs/ca.pem").string(), (certs / ("client-" + cert_id + ".pem")).string(),
                (certs / ("client-" + cert_id + ".key")).string(), "", ""};
     GrpcTransport tr(address, t, 3);
-    pb::JoinRequest r;
-    r.set_protocol_version(kProtocolVersion);
-    r.set_client_id(claim);
-    r.set_model_config(model_config_json(tiny_model()));
-    r.set_tokenizer_fingerprint("test-tokenizer");
-    return tr.join(r);
+    return tr.join(tiny_join(claim));
   };
   EXPECT_TRUE(join(dir / "certs", "alice", "alice").accepted());
   // claiming another id than the certificate's name

@@ -21,6 +21,7 @@
 #include "data/shards.h"
 #include "fed/config.h"
 #include "fed/strategy.h"
+#include "fed/wire.h"
 #include "io/safetensors.h"
 
 namespace pollen::fed::testing {
@@ -145,6 +146,16 @@ inline LocalTrainConfig local_train() {
   t.weight_decay = 0;
   t.eval_batches = 2;
   return t;
+}
+
+// A Join for tiny_model() with the fixtures' tokenizer fingerprint, as a client `id` sends it.
+inline pb::JoinRequest tiny_join(const std::string& id) {
+  pb::JoinRequest r;
+  r.set_protocol_version(kProtocolVersion);
+  r.set_client_id(id);
+  r.set_model_config(model_config_json(tiny_model()));
+  r.set_tokenizer_fingerprint("test-tokenizer");
+  return r;
 }
 
 inline SimConfig sim_config(const fs::path& dir, const std::vector<fs::path>& manifests,

@@ -190,12 +190,7 @@ TEST(SecondMoments, BadMomentsInAnUpdateAndUnprotectedCombinationsAreRefused) {
   ServerConfig sc = sim_config(dir, {}, "fedavg", 2, 1).server;
   sc.strategy.second_moments = "factored";
   Coordinator server(sc, false);
-  pb::JoinRequest join;
-  join.set_protocol_version(kProtocolVersion);
-  join.set_client_id("a");
-  join.set_model_config(model_config_json(tiny_model()));
-  join.set_tokenizer_fingerprint("test-tokenizer");
-  ASSERT_TRUE(server.join(join, "").accepted());
+  ASSERT_TRUE(server.join(tiny_join("a"), "").accepted());
   ASSERT_TRUE(server.begin_round());
   pb::TaskRequest ask;
   ask.set_client_id("a");

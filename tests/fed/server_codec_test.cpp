@@ -233,12 +233,7 @@ TEST(ServerCodec, APullForARoundOpenedAgainOrNamingNoModelIsRefused) {
   ServerConfig sc = sim_config(dir, {}, "fedavg", 2, 1).server;
   sc.server_codec = Codec::int8;
   Coordinator server(sc, false);
-  pb::JoinRequest join;
-  join.set_protocol_version(kProtocolVersion);
-  join.set_client_id("a");
-  join.set_model_config(model_config_json(tiny_model()));
-  join.set_tokenizer_fingerprint("test-tokenizer");
-  ASSERT_TRUE(server.join(join, "").accepted());
+  ASSERT_TRUE(server.join(tiny_join("a"), "").accepted());
   pb::TaskRequest ask;
   ask.set_client_id("a");
   auto error_of = [&](const pb::PullRequest& r) -> std::string {
