@@ -190,10 +190,7 @@ TEST(RowWeighting, CountsOnTheWireAreChecked) {
 TEST(RowWeighting, SecureAggregationAndCentralDpRefuseIt) {
   const auto dir = temp_dir("row_weighting_config");
   const std::string base =
-      "[server]\ndir = 'x'\n[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
-      "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
-      "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 't'\n"
-      "[strategy]\nrow_weighting = 'token_counts'\n";
+      "[server]\ndir = 'x'\n" + kTinyModelToml + "[strategy]\nrow_weighting = 'token_counts'\n";
   write_file_atomic(dir / "ok.toml", base);
   EXPECT_EQ(load_server_config(dir / "ok.toml").strategy.row_weighting, "token_counts");
   auto refused = [&](const std::string& name, const std::string& extra, const std::string& says) {

@@ -220,10 +220,7 @@ TEST(SecondMoments, BadMomentsInAnUpdateAndUnprotectedCombinationsAreRefused) {
 
   // The moments travel in the clear: not with secure aggregation or central DP.
   const std::string base =
-      "[server]\ndir = 'x'\n[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
-      "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
-      "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 't'\n"
-      "[strategy]\nsecond_moments = 'factored'\n";
+      "[server]\ndir = 'x'\n" + kTinyModelToml + "[strategy]\nsecond_moments = 'factored'\n";
   write_file_atomic(dir / "ok.toml", base);
   EXPECT_EQ(load_server_config(dir / "ok.toml").strategy.second_moments, "factored");
   write_file_atomic(dir / "secagg.toml", base + "[secure_aggregation]\nenabled = true\n");
@@ -247,11 +244,8 @@ TEST(SecondMoments, BadMomentsInAnUpdateAndUnprotectedCombinationsAreRefused) {
       EXPECT_NE(std::string(e.what()).find("second_moments"), std::string::npos) << e.what();
     }
   }
-  write_file_atomic(dir / "bad.toml",
-                    "[server]\ndir = 'x'\n[model]\nvocab_size = 64\nhidden_size = 32\n"
-                    "intermediate_size = 64\nnum_hidden_layers = 2\nnum_attention_heads = 2\n"
-                    "num_key_value_heads = 2\nmax_position_embeddings = 64\n[tokenizer]\n"
-                    "fingerprint = 't'\n[strategy]\nsecond_moments = 'exact'\n");
+  write_file_atomic(dir / "bad.toml", "[server]\ndir = 'x'\n" + kTinyModelToml +
+                                          "[strategy]\nsecond_moments = 'exact'\n");
   EXPECT_THROW(load_server_config(dir / "bad.toml"), Error);
   fs::remove_all(dir);
 }

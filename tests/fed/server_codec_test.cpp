@@ -294,10 +294,7 @@ TEST(ServerCodec, APullForARoundOpenedAgainOrNamingNoModelIsRefused) {
 
 TEST(ServerCodec, ConfigKeyIsReadAndBadNamesAreRefused) {
   const auto dir = temp_dir("server_codec_config");
-  const std::string base =
-      "[server]\ndir = 'x'\n[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
-      "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
-      "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 't'\n[compression]\n";
+  const std::string base = "[server]\ndir = 'x'\n" + kTinyModelToml + "[compression]\n";
   write_file_atomic(dir / "ok.toml", base + "codec = 'int8'\nserver_codec = 'int4'\nblock = 16\n");
   const auto c = load_server_config(dir / "ok.toml");
   EXPECT_EQ(c.server_codec, Codec::int4);
