@@ -21,7 +21,8 @@
 #        diloco-CODEC-N the same with CODEC (int8, int4, nf2, sign, topk) both ways: the
 #                       pseudo-gradients with error feedback, the model download as a delta
 #                       against the model the clients hold (BLOCK values per scale, TOPK kept
-#                       per block, SERVER_CODEC for another codec on the way down)
+#                       per block, SCALE how each block's scale is stored: float32 or bf16,
+#                       SERVER_CODEC for another codec on the way down)
 #        baseline-N     one model, global batch N x local batch, ROUNDS x H steps, the same
 #                       silos mixed equally (the same tokens), the same inner schedule
 #      each evaluated with `pollen eval` on every silo's held-out data (the warm-up model too).
@@ -34,7 +35,7 @@
 # OUTER_MOMENTUM, OUTER_BETA1, OUTER_BETA2, OUTER_TAU (-1: the strategy's default),
 # ROW_WEIGHTING (strategy.row_weighting), SECOND_MOMENTS (strategy.second_moments: none or
 # factored), WARMUP_STEPS, WARMUP_LR, WARMUP_SILO (pub or man),
-# RUNS (which of diloco, diloco-CODEC, baseline), BLOCK, TOPK, SERVER_CODEC, MODEL (the model file, default model.toml),
+# RUNS (which of diloco, diloco-CODEC, baseline), BLOCK, TOPK, SCALE, SERVER_CODEC, MODEL (the model file, default model.toml),
 # POLLEN (the binary), THREADS (0: every core), OUT. The defaults are the best configuration
 # measured (bench/README.md).
 set -euo pipefail
@@ -64,6 +65,7 @@ WARMUP_SILO=${WARMUP_SILO:-pub}
 RUNS=${RUNS:-"diloco diloco-int4 diloco-nf2 baseline"}
 BLOCK=${BLOCK:-64}
 TOPK=${TOPK:-4}
+SCALE=${SCALE:-bf16}
 THREADS=${THREADS:-0}
 OUT=$(realpath -m "${OUT:-out/bench/fed_vs_central}")
 POLLEN=$(realpath "${POLLEN:-build/pollen}")
@@ -226,6 +228,7 @@ $([ "$SECOND_MOMENTS" = none ] || echo "second_moments = \"$SECOND_MOMENTS\"")
 codec = "$codec"
 server_codec = "${SERVER_CODEC:-$codec}"
 block = $BLOCK
+scale = "$SCALE"
 $([ "$codec" != topk ] && [ "${SERVER_CODEC:-$codec}" != topk ] || echo "topk = $TOPK")
 [train]
 $(train_table)
@@ -373,6 +376,7 @@ step "4/4 results"
   echo "H=$H rounds=$ROUNDS steps=$STEPS local batch=${MICRO_BATCH}x$SEQ inner lr=$INNER_LR" \
     "(cosine to $MIN_LR, warmup $WARMUP) outer: $OUTER lr=$OUTER_LR momentum=$OUTER_MOMENTUM" \
     "beta1=$OUTER_BETA1 beta2=$OUTER_BETA2 tau=$OUTER_TAU row_weighting=$ROW_WEIGHTING second_moments=$SECOND_MOMENTS" \
+    "block=$BLOCK scale=$SCALE" \
     "start: $([ -n "$INIT" ] && echo "warm-up of $WARMUP_STEPS steps on pub (lr $WARMUP_LR)" ||
       echo "random weights")"
   echo

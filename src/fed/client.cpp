@@ -502,10 +502,9 @@ const Weights& Client::pull_model(const pb::TaskReply& task, const CompressOptio
     const std::string bytes = chunks->finish();
     bytes_received_ += bytes.size() + header.second_moments().size();
     const Weights& model = held_->receive(header, bytes, specs_, what);
-    pulled_second_moments_ =
-        header.second_moments().empty()
-            ? std::vector<float>{}
-            : unpack_second_moments(header.second_moments(), factored_size(specs_), what);
+    pulled_second_moments_ = header.second_moments().empty()
+                                 ? std::vector<float>{}
+                                 : unpack_second_moments(specs_, header.second_moments(), what);
     if (task.model_sha256().empty() || held_->sha256() == task.model_sha256()) return model;
     // The whole model or an empty delta ends a chain: past it no pull brings another model.
     POLLEN_CHECK(!header.base_sha256().empty() && header.base_sha256() != header.model_sha256(),
@@ -534,11 +533,13 @@ void Client::train_round(const pb::TaskReply& task) {
   codec.codec = parse_codec(task.codec());
   codec.block = task.codec_block();
   codec.topk = task.codec_topk();
+  codec.scale = parse_wire_scale(task.codec_scale(), "the task's codec_scale");
   codec.validate();
   CompressOptions model_codec;
   model_codec.codec = task.model_codec().empty() ? Codec::none : parse_codec(task.model_codec());
   model_codec.block = task.model_codec().empty() ? codec.block : task.model_codec_block();
   model_codec.topk = task.model_codec_topk();
+  model_codec.scale = parse_wire_scale(task.model_codec_scale(), "the task's model_codec_scale");
   model_codec.validate();
   // What the client trains from and takes its pseudo-gradient against: the model rebuilt from the
   // pulled sets, the same values on both sides whatever the codec.
@@ -573,7 +574,7 @@ void Client::train_round(const pb::TaskReply& task) {
     token_counts_to(res.target_counts, info.mutable_target_counts());
   }
   if (task.second_moments()) {
-    info.set_second_moments(pack_second_moments(local_->factored_second_moments()));
+    info.set_second_moments(pack_second_moments(specs_, local_->factored_second_moments()));
   }
 
   // The pseudo-gradient: global minus local, less the drift correction's share (what the

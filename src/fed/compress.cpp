@@ -38,6 +38,16 @@ const char* codec_name(Codec c) {
   return "?";
 }
 
+ScaleFormat parse_scale_format(const std::string& name) {
+  if (name == "float32") return ScaleFormat::f32;
+  if (name == "bf16") return ScaleFormat::bf16;
+  fail("unknown scale format '", name, "'; expected float32 or bf16");
+}
+
+const char* scale_format_name(ScaleFormat f) {
+  return f == ScaleFormat::bf16 ? "bf16" : "float32";
+}
+
 void CompressOptions::validate() const {
   POLLEN_CHECK(block >= 1 && block <= (int64_t{1} << 20),
                "compression block must be in [1, 1048576], got ", block);
@@ -71,9 +81,41 @@ float mean_magnitude(const float* x, int64_t lo, int64_t hi, double c, int64_t b
 
 const double kSigmaPerMeanMagnitude = std::sqrt(std::acos(-1.0) / 2);
 
-float load_f32(const uint8_t* p) {
+uint64_t scale_bytes(const CompressOptions& o) {
+  return o.scale == ScaleFormat::bf16 ? 2 : 4;
+}
+
+// Largest relative amount a stored scale exceeds the computed one.
+float scale_slack(const CompressOptions& o) {
+  return o.scale == ScaleFormat::bf16 ? 1 + std::ldexp(1.0f, -7) : 1.0f;
+}
+
+// Stores block b's scale s >= 0 in the options' format, rounded up (bf16: to the next
+// representable value at or above s), and returns the stored value, the one values are coded
+// against.
+float store_scale(uint8_t* scales, int64_t b, float s, const CompressOptions& o) {
+  if (o.scale == ScaleFormat::f32) {
+    std::memcpy(scales + 4 * b, &s, 4);
+    return s;
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &s, 4);
+  const auto high = static_cast<uint16_t>((bits + 0xffffu) >> 16);
+  const float stored = bf16{high}.to_float();
+  POLLEN_CHECK(std::isfinite(stored), "compression: block ", b, "'s scale ", s,
+               " does not fit a bf16 scale");
+  std::memcpy(scales + 2 * b, &high, 2);
+  return stored;
+}
+
+float load_scale(const uint8_t* scales, int64_t b, const CompressOptions& o) {
+  if (o.scale == ScaleFormat::bf16) {
+    bf16 h;
+    std::memcpy(&h.bits, scales + 2 * b, 2);
+    return h.to_float();
+  }
   float f;
-  std::memcpy(&f, p, 4);
+  std::memcpy(&f, scales + 4 * b, 4);
   return f;
 }
 
@@ -86,8 +128,9 @@ void check_finite(const float* x, int64_t lo, int64_t hi, int64_t b) {
 
 // Block b's scale from a payload: finite, non-negative, and small enough that the codec's largest
 // level times it stays finite.
-float read_scale(const uint8_t* scales, int64_t b, float largest_level, const std::string& what) {
-  const float scale = load_f32(scales + 4 * b);
+float read_scale(const uint8_t* scales, int64_t b, const CompressOptions& o, float largest_level,
+                 const std::string& what) {
+  const float scale = load_scale(scales, b, o);
   POLLEN_CHECK(std::isfinite(scale) && scale >= 0 && std::isfinite(scale * largest_level), what,
                ": block ", b, " has scale ", scale,
                "; scales must be finite, non-negative and at most ",
@@ -115,14 +158,15 @@ LevelCodec level_codec(Codec c) {
           }};
 }
 
-void encode_levels(const LevelCodec& c, const float* x, int64_t n, int64_t block, uint8_t* p) {
-  const int64_t nb = blocks_of(n, block), per_byte = 8 / c.bits;
-  uint8_t* codes = p + 4 * nb;
+void encode_levels(const LevelCodec& c, const float* x, int64_t n, const CompressOptions& o,
+                   uint8_t* p) {
+  const int64_t block = o.block, nb = blocks_of(n, block), per_byte = 8 / c.bits;
+  uint8_t* codes = p + scale_bytes(o) * nb;
   std::memset(codes, 0, static_cast<size_t>((n + per_byte - 1) / per_byte));
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t lo = b * block, hi = std::min(n, lo + block);
-    const float scale = mean_magnitude(x, lo, hi, c.scale_per_mean_magnitude, b);
-    std::memcpy(p + 4 * b, &scale, 4);
+    const float scale =
+        store_scale(p, b, mean_magnitude(x, lo, hi, c.scale_per_mean_magnitude, b), o);
     for (int64_t i = lo; i < hi; ++i) {
       const auto shift = static_cast<unsigned>(c.bits * (i % per_byte));
       codes[i / per_byte] |= static_cast<uint8_t>(c.code(x[i], scale) << shift);
@@ -130,15 +174,15 @@ void encode_levels(const LevelCodec& c, const float* x, int64_t n, int64_t block
   }
 }
 
-void decode_levels(const LevelCodec& c, const uint8_t* p, int64_t n, int64_t block, float* out,
-                   const std::string& what) {
-  const int64_t nb = blocks_of(n, block), per_byte = 8 / c.bits;
-  const uint8_t* codes = p + 4 * nb;
+void decode_levels(const LevelCodec& c, const uint8_t* p, int64_t n, const CompressOptions& o,
+                   float* out, const std::string& what) {
+  const int64_t block = o.block, nb = blocks_of(n, block), per_byte = 8 / c.bits;
+  const uint8_t* codes = p + scale_bytes(o) * nb;
   const unsigned mask = (1u << c.bits) - 1;
   float largest = 0;
   for (unsigned l = 0; l <= mask; ++l) largest = std::max(largest, std::fabs(c.levels[l]));
   for (int64_t b = 0; b < nb; ++b) {
-    const float scale = read_scale(p, b, largest, what);
+    const float scale = read_scale(p, b, o, largest, what);
     const int64_t lo = b * block, hi = std::min(n, lo + block);
     for (int64_t i = lo; i < hi; ++i) {
       const auto shift = static_cast<unsigned>(c.bits * (i % per_byte));
@@ -154,10 +198,11 @@ void decode_levels(const LevelCodec& c, const uint8_t* p, int64_t n, int64_t blo
 // Top-k's layout: how many values a block keeps, how wide an index is, and in all.
 struct TopkLayout {
   int64_t blocks, kept_per_block, last_kept, index_bytes;
+  uint64_t scale_bytes;
   int64_t kept(int64_t b) const { return b + 1 < blocks ? kept_per_block : last_kept; }
   int64_t total_kept() const { return blocks == 0 ? 0 : (blocks - 1) * kept_per_block + last_kept; }
   uint64_t bytes() const {
-    return 4 * static_cast<uint64_t>(blocks) +
+    return scale_bytes * static_cast<uint64_t>(blocks) +
            static_cast<uint64_t>(total_kept() * (index_bytes + 1));
   }
 };
@@ -168,6 +213,7 @@ TopkLayout topk_layout(int64_t n, const CompressOptions& o) {
   l.kept_per_block = std::min(o.topk, o.block);
   l.last_kept = l.blocks == 0 ? 0 : std::min(o.topk, n - (l.blocks - 1) * o.block);
   l.index_bytes = o.block <= 256 ? 1 : 2;
+  l.scale_bytes = scale_bytes(o);
   return l;
 }
 
@@ -186,7 +232,7 @@ void top_indices(const float* x, int64_t lo, int64_t hi, int64_t k, std::vector<
 
 void encode_topk(const float* x, int64_t n, const CompressOptions& o, uint8_t* p) {
   const TopkLayout l = topk_layout(n, o);
-  uint8_t* indices = p + 4 * l.blocks;
+  uint8_t* indices = p + l.scale_bytes * l.blocks;
   uint8_t* values = indices + l.total_kept() * l.index_bytes;
   std::vector<int64_t> idx;
   int64_t at = 0;  // kept values so far
@@ -196,8 +242,7 @@ void encode_topk(const float* x, int64_t n, const CompressOptions& o, uint8_t* p
     top_indices(x, lo, hi, l.kept(b), idx);
     float amax = 0;
     for (int64_t i : idx) amax = std::max(amax, std::fabs(x[lo + i]));
-    const float scale = amax / 127.0f;
-    std::memcpy(p + 4 * b, &scale, 4);
+    const float scale = store_scale(p, b, amax / 127.0f, o);
     const float inv = scale > 0 ? 1.0f / scale : 0.0f;
     for (int64_t i : idx) {
       const auto index = static_cast<uint16_t>(i);
@@ -211,12 +256,12 @@ void encode_topk(const float* x, int64_t n, const CompressOptions& o, uint8_t* p
 void decode_topk(const uint8_t* p, int64_t n, const CompressOptions& o, float* out,
                  const std::string& what) {
   const TopkLayout l = topk_layout(n, o);
-  const uint8_t* indices = p + 4 * l.blocks;
+  const uint8_t* indices = p + l.scale_bytes * l.blocks;
   const uint8_t* values = indices + l.total_kept() * l.index_bytes;
   std::fill(out, out + n, 0.0f);
   int64_t at = 0;
   for (int64_t b = 0; b < l.blocks; ++b) {
-    const float scale = read_scale(p, b, 127, what);
+    const float scale = read_scale(p, b, o, 127, what);
     const int64_t lo = b * o.block, len = std::min(n, lo + o.block) - lo;
     int64_t previous = -1;
     for (int64_t j = 0; j < l.kept(b); ++j, ++at) {
@@ -236,20 +281,20 @@ void decode_topk(const uint8_t* p, int64_t n, const CompressOptions& o, float* o
 
 uint64_t encoded_bytes(const CompressOptions& o, int64_t n) {
   const auto un = static_cast<uint64_t>(n);
-  const int64_t block = o.block;
+  const uint64_t scales = scale_bytes(o) * static_cast<uint64_t>(blocks_of(n, o.block));
   switch (o.codec) {
     case Codec::none:
       return 4 * un;
     case Codec::bf16:
       return 2 * un;
     case Codec::int8:
-      return 4 * static_cast<uint64_t>(blocks_of(n, block)) + un;
+      return scales + un;
     case Codec::int4:
-      return 4 * static_cast<uint64_t>(blocks_of(n, block)) + (un + 1) / 2;
+      return scales + (un + 1) / 2;
     case Codec::nf2:
-      return 4 * static_cast<uint64_t>(blocks_of(n, block)) + (un + 3) / 4;
+      return scales + (un + 3) / 4;
     case Codec::sign:
-      return 4 * static_cast<uint64_t>(blocks_of(n, block)) + (un + 7) / 8;
+      return scales + (un + 7) / 8;
     case Codec::topk:
       return topk_layout(n, o).bytes();
   }
@@ -275,15 +320,14 @@ void encode(const float* x, int64_t n, const CompressOptions& o, std::string& ou
     case Codec::int4: {
       const int q = qmax(o.codec);
       const int64_t nb = blocks_of(n, o.block);
-      uint8_t* values = p + 4 * nb;
+      uint8_t* values = p + scale_bytes(o) * nb;
       if (o.codec == Codec::int4) std::memset(values, 0, static_cast<size_t>((n + 1) / 2));
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
         check_finite(x, lo, hi, b);
         float amax = 0;
         for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
-        const float scale = amax / static_cast<float>(q);
-        std::memcpy(p + 4 * b, &scale, 4);
+        const float scale = store_scale(p, b, amax / static_cast<float>(q), o);
         const float inv = scale > 0 ? 1.0f / scale : 0.0f;
         for (int64_t i = lo; i < hi; ++i) {
           int v = static_cast<int>(std::nearbyint(x[i] * inv));
@@ -299,7 +343,7 @@ void encode(const float* x, int64_t n, const CompressOptions& o, std::string& ou
     }
     case Codec::sign:
     case Codec::nf2:
-      encode_levels(level_codec(o.codec), x, n, o.block, p);
+      encode_levels(level_codec(o.codec), x, n, o, p);
       return;
     case Codec::topk:
       encode_topk(x, n, o, p);
@@ -331,9 +375,9 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
     case Codec::int8:
     case Codec::int4: {
       const int64_t nb = blocks_of(n, o.block);
-      const uint8_t* values = p + 4 * nb;
+      const uint8_t* values = p + scale_bytes(o) * nb;
       for (int64_t b = 0; b < nb; ++b) {
-        const float scale = read_scale(p, b, static_cast<float>(qmax(o.codec)), what);
+        const float scale = read_scale(p, b, o, static_cast<float>(qmax(o.codec)), what);
         const int64_t lo = b * o.block, hi = std::min(n, lo + o.block);
         for (int64_t i = lo; i < hi; ++i) {
           int v;
@@ -355,7 +399,7 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
     }
     case Codec::sign:
     case Codec::nf2:
-      decode_levels(level_codec(o.codec), p, n, o.block, out, what);
+      decode_levels(level_codec(o.codec), p, n, o, out, what);
       return;
     case Codec::topk:
       decode_topk(p, n, o, out, what);
@@ -365,6 +409,7 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
 
 std::vector<float> error_bound(const float* x, int64_t n, const CompressOptions& o) {
   std::vector<float> bound(static_cast<size_t>(n), 0.0f);
+  const float slack = scale_slack(o);  // the stored scale is at most this much larger
   switch (o.codec) {
     case Codec::none:
       break;
@@ -380,7 +425,7 @@ std::vector<float> error_bound(const float* x, int64_t n, const CompressOptions&
         for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
         // half a step, plus the float32 roundings of x / s and q * s
         const float b =
-            amax / static_cast<float>(qmax(o.codec)) * 0.5f * (1 + 1e-5f) + amax * 1e-6f;
+            amax / static_cast<float>(qmax(o.codec)) * slack * 0.5f * (1 + 1e-5f) + amax * 1e-6f;
         for (int64_t i = lo; i < hi; ++i) bound[static_cast<size_t>(i)] = b;
       }
       break;
@@ -393,7 +438,8 @@ std::vector<float> error_bound(const float* x, int64_t n, const CompressOptions&
         for (int64_t i = lo; i < hi; ++i) {
           const float a = std::fabs(x[i]);
           const float e =
-              sign ? a + s : std::max((kNf2Levels[3] - kNf2Cut) * s, a - kNf2Levels[3] * s);
+              sign ? a + s * slack
+                   : std::max((kNf2Levels[3] - kNf2Cut) * s * slack, a - kNf2Levels[3] * s);
           bound[static_cast<size_t>(i)] = e * (1 + 1e-5f) + s * 1e-6f;
         }
       }
@@ -406,7 +452,7 @@ std::vector<float> error_bound(const float* x, int64_t n, const CompressOptions&
         float amax = 0;
         for (int64_t i : idx) amax = std::max(amax, std::fabs(x[lo + i]));
         for (int64_t i = lo; i < hi; ++i) bound[static_cast<size_t>(i)] = std::fabs(x[i]);
-        const float b = amax / 127.0f * 0.5f * (1 + 1e-5f) + amax * 1e-6f;
+        const float b = amax / 127.0f * slack * 0.5f * (1 + 1e-5f) + amax * 1e-6f;
         for (int64_t i : idx) bound[static_cast<size_t>(lo + i)] = b;
       }
       break;

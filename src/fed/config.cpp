@@ -47,6 +47,11 @@ void read_compression(ConfigTable& root, ServerConfig& c) {
     c.compression.block = t->get_int("block", c.compression.block);
     c.compression.topk = t->get_int("topk", c.compression.topk);
     c.server_codec = codec("server_codec");
+    try {
+      c.compression.scale = parse_scale_format(t->get_string("scale", "float32"));
+    } catch (const Error& e) {
+      fail(t->where("scale"), ": ", e.what());
+    }
     const bool topk = c.compression.codec == Codec::topk || c.server_codec == Codec::topk;
     POLLEN_CHECK(topk || !t->has("topk"), t->where("topk"),
                  ": only used by the topk codec (codec or server_codec)");

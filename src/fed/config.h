@@ -57,7 +57,9 @@ struct ServerConfig {
   StrategyOptions strategy;
   CompressOptions compression;       // what clients send
   Codec server_codec = Codec::none;  // what the server sends (the round's model), same block, topk
-  CompressOptions download() const { return {server_codec, compression.block, compression.topk}; }
+  CompressOptions download() const {
+    return {server_codec, compression.block, compression.topk, compression.scale};
+  }
   secagg::Options secure_aggregation;
   PrivacyOptions privacy;  // central DP ([privacy]); off unless the table is given
   TlsFiles tls;

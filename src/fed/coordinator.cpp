@@ -304,6 +304,8 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
     t.set_model_codec(codec_name(config_.server_codec));
     t.set_model_codec_block(config_.compression.block);
     t.set_model_codec_topk(config_.server_codec == Codec::topk ? config_.compression.topk : 0);
+    t.set_codec_scale(scale_format_name(config_.compression.scale));
+    t.set_model_codec_scale(scale_format_name(config_.compression.scale));
     t.set_model_sha256(publisher_->view_sha256());
     t.set_second_moments(config_.strategy.shares_second_moments());
     t.set_evaluate(config_.eval_every > 0 && (round - 1) % config_.eval_every == 0);
@@ -344,7 +346,7 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
   validate_update_info(info, what);
   validate_token_counts(info, config_.strategy.weights_rows(), config_.model.vocab_size, what);
   if (config_.strategy.shares_second_moments()) {
-    unpack_second_moments(info.second_moments(), factored_size(specs_), what);
+    unpack_second_moments(specs_, info.second_moments(), what);
   } else {
     POLLEN_CHECK(info.second_moments().empty(), what,
                  ": second moments the server did not ask for (strategy.second_moments)");
@@ -458,7 +460,7 @@ bool Coordinator::begin_round() {
   }
   // The clients train from, and take their pseudo-gradients against, the view of the exact
   // weights, which the server keeps (docs/federated.md, "Compression").
-  publisher_->set_second_moments(pack_second_moments(second_moments_));
+  publisher_->set_second_moments(pack_second_moments(specs_, second_moments_));
   publisher_->publish(global_);
   round_start_ = Clock::now();
   open_ = true;
@@ -614,8 +616,8 @@ RoundSummary Coordinator::end_round() {
                                {"data_manifest_hash", info.data_manifest_hash()},
                                {"tokens", info.tokens()}});
     if (!info.second_moments().empty()) {
-      moments.push_back(unpack_second_moments(info.second_moments(), factored_size(specs_),
-                                              cat("update from '", id, "'")));
+      moments.push_back(
+          unpack_second_moments(specs_, info.second_moments(), cat("update from '", id, "'")));
       moment_weights.push_back(static_cast<double>(info.tokens()));
     }
     ups.push_back(std::move(it->second.update));
@@ -642,10 +644,10 @@ RoundSummary Coordinator::end_round() {
   if (s.aggregated && !moments.empty()) {
     std::vector<const std::vector<float>*> each;
     for (const auto& m : moments) each.push_back(&m);
-    // Kept as sent: rounded to bfloat16.
-    second_moments_ =
-        unpack_second_moments(pack_second_moments(average_second_moments(each, moment_weights)),
-                              factored_size(specs_), "the averaged second moments");
+    // Kept as sent: rounded to the wire's 8-bit codes.
+    second_moments_ = unpack_second_moments(
+        specs_, pack_second_moments(specs_, average_second_moments(each, moment_weights)),
+        "the averaged second moments");
   }
   if (s.aggregated) {
     s.train_loss = loss_sum / static_cast<double>(s.tokens);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "base/error.h"
@@ -105,28 +106,95 @@ void check_second_moments(const float* values, int64_t count, int64_t size,
   }
 }
 
-std::string pack_second_moments(const std::vector<float>& factored) {
-  std::string out(2 * factored.size(), '\0');
-  for (size_t j = 0; j < factored.size(); ++j) {
-    const uint16_t b = bf16::from_float(factored[j]).bits;
-    out[2 * j] = static_cast<char>(b & 0xff);
-    out[2 * j + 1] = static_cast<char>(b >> 8);
+namespace {
+
+// The factored form's segments: each matrix's row means and column means, each other tensor.
+std::vector<int64_t> segment_sizes(const ParamSpecs& specs) {
+  std::vector<int64_t> out;
+  for (const auto& s : specs) {
+    if (is_matrix(s)) {
+      out.push_back(s.shape[0]);
+      out.push_back(s.shape[1]);
+    } else {
+      out.push_back(shape_numel(s.shape));
+    }
   }
   return out;
 }
 
-std::vector<float> unpack_second_moments(const std::string& bytes, int64_t size,
-                                         const std::string& what) {
-  POLLEN_CHECK(bytes.size() % 2 == 0, what, ": ", bytes.size(),
-               " bytes of second moments, not a whole number of bfloat16 values");
-  std::vector<float> out(bytes.size() / 2);
-  for (size_t j = 0; j < out.size(); ++j) {
-    bf16 b;
-    b.bits = static_cast<uint16_t>(static_cast<uint8_t>(bytes[2 * j]) |
-                                   static_cast<uint8_t>(bytes[2 * j + 1]) << 8);
-    out[j] = b.to_float();
+constexpr double kLevels = 254;  // the steps between codes 1 and 255
+
+void put_f32(std::string& out, float f) {
+  char b[4];
+  std::memcpy(b, &f, 4);
+  out.append(b, 4);
+}
+
+float get_f32(const std::string& bytes, size_t at) {
+  float f;
+  std::memcpy(&f, bytes.data() + at, 4);
+  return f;
+}
+
+}  // namespace
+
+std::string pack_second_moments(const ParamSpecs& specs, const std::vector<float>& factored) {
+  if (factored.empty()) return {};
+  POLLEN_ASSERT(static_cast<int64_t>(factored.size()) == factored_size(specs));
+  std::string out;
+  const float* v = factored.data();
+  for (int64_t n : segment_sizes(specs)) {
+    double lo = 0, hi = 0;
+    bool any = false;
+    for (int64_t j = 0; j < n; ++j) {
+      POLLEN_ASSERT(std::isfinite(v[j]) && v[j] >= 0);
+      if (v[j] <= 0) continue;
+      const double l = std::log2(static_cast<double>(v[j]));
+      lo = any ? std::min(lo, l) : l;
+      hi = any ? std::max(hi, l) : l;
+      any = true;
+    }
+    // lo and hi as sent: decoding uses the float32 values, so coding does too
+    const auto lo32 = static_cast<float>(lo), hi32 = static_cast<float>(hi);
+    put_f32(out, lo32);
+    put_f32(out, hi32);
+    const double span = static_cast<double>(hi32) - lo32;
+    for (int64_t j = 0; j < n; ++j) {
+      if (v[j] <= 0) {
+        out.push_back('\0');
+        continue;
+      }
+      const double t = span > 0 ? (std::log2(static_cast<double>(v[j])) - lo32) / span : 0.0;
+      const double code = 1 + std::nearbyint(std::clamp(t, 0.0, 1.0) * kLevels);
+      out.push_back(static_cast<char>(static_cast<uint8_t>(code)));
+    }
+    v += n;
   }
-  check_second_moments(out.data(), static_cast<int64_t>(out.size()), size, what);
+  return out;
+}
+
+std::vector<float> unpack_second_moments(const ParamSpecs& specs, const std::string& bytes,
+                                         const std::string& what) {
+  const std::vector<int64_t> segments = segment_sizes(specs);
+  const auto want = static_cast<size_t>(factored_size(specs)) + 8 * segments.size();
+  POLLEN_CHECK(bytes.size() == want, what, ": ", bytes.size(),
+               " bytes of second moments; the model's factored second moments take ", want);
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(factored_size(specs)));
+  size_t at = 0;
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const float lo = get_f32(bytes, at), hi = get_f32(bytes, at + 4);
+    at += 8;
+    POLLEN_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo <= hi && hi < 128, what,
+                 ": second-moment segment ", k, " has log2 range [", lo, ", ", hi,
+                 "]; expected finite lo <= hi < 128");
+    const double span = static_cast<double>(hi) - lo;
+    for (int64_t j = 0; j < segments[k]; ++j, ++at) {
+      const auto c = static_cast<uint8_t>(bytes[at]);
+      out.push_back(c == 0 ? 0.0f : static_cast<float>(std::exp2(lo + (c - 1) * span / kLevels)));
+    }
+  }
+  check_second_moments(out.data(), static_cast<int64_t>(out.size()), factored_size(specs), what);
   return out;
 }
 

@@ -11,7 +11,8 @@
 //
 // What travels is v factored as Adafactor stores it: for each matrix [rows, cols] its row means
 // R and column means C (rows + cols values), rebuilt as v[i][j] = R[i] C[j] / mean(R); every
-// other tensor (norm weights) whole; on the wire in bfloat16. The means are linear, so the
+// other tensor (norm weights) whole; on the wire in 8-bit logarithmic codes. The means are
+// linear, so the
 // average of the clients' factored v is the factored average v. For a model of hidden size d
 // the factored form has about 2/d as many values as the model.
 #include <cstdint>
@@ -45,10 +46,16 @@ std::vector<float> average_second_moments(const std::vector<const std::vector<fl
 void check_second_moments(const float* values, int64_t count, int64_t size,
                           const std::string& what);
 
-// The factored form on the wire: bfloat16 (rounded to nearest even), 2 bytes a value.
-std::string pack_second_moments(const std::vector<float>& factored);
-// The values of `bytes`, checked as check_second_moments does (`size` values).
-std::vector<float> unpack_second_moments(const std::string& bytes, int64_t size,
+// The factored form on the wire (empty for none), segment by segment: each matrix's row means,
+// its column means, each other tensor. A segment is two float32 (little-endian), lo and hi, the
+// log2 of its smallest and largest positive value (both 0 when none is positive), then one
+// byte a value: 0 for zero, else c in [1, 255] for 2^(lo + (c - 1) (hi - lo) / 254), the
+// nearest such level in log2. A value is then kept to within a factor 2^((hi - lo) / 508):
+// 2.8% over a segment spanning 2^20. About 1 byte a value where bfloat16 takes 2.
+std::string pack_second_moments(const ParamSpecs& specs, const std::vector<float>& factored);
+// The values of `bytes` for `specs`; throws naming `what` unless the size is exactly the specs',
+// every lo <= hi is finite and hi < 128 (so each value is finite), as check_second_moments.
+std::vector<float> unpack_second_moments(const ParamSpecs& specs, const std::string& bytes,
                                          const std::string& what);
 
 }  // namespace pollen::fed

@@ -104,6 +104,15 @@ std::string agreement_differences(const pb::JoinRequest& client, uint32_t protoc
   return out;
 }
 
+ScaleFormat parse_wire_scale(const std::string& name, const std::string& what) {
+  if (name.empty()) return ScaleFormat::f32;
+  try {
+    return parse_scale_format(name);
+  } catch (const Error&) {
+    fail(what, ": scale format '", name.substr(0, 16), "', expected float32 or bf16");
+  }
+}
+
 EncodedSet encode_payloads(const ParamSpecs& specs, std::vector<std::string> payloads,
                            const CompressOptions& codec) {
   POLLEN_ASSERT(specs.size() == payloads.size());
@@ -111,6 +120,7 @@ EncodedSet encode_payloads(const ParamSpecs& specs, std::vector<std::string> pay
   out.header.set_codec(codec_name(codec.codec));
   out.header.set_codec_block(codec.block);
   out.header.set_codec_topk(codec.codec == Codec::topk ? codec.topk : 0);
+  out.header.set_codec_scale(scale_format_name(codec.scale));
   size_t total = 0;
   for (const auto& p : payloads) total += p.size();
   out.bytes.reserve(total);
@@ -148,6 +158,8 @@ void validate_header(const pb::TensorSetHeader& h, const ParamSpecs& specs,
                ", expected ", codec.block);
   const int64_t topk = codec.codec == Codec::topk ? codec.topk : 0;
   POLLEN_CHECK(h.codec_topk() == topk, what, ": codec topk ", h.codec_topk(), ", expected ", topk);
+  POLLEN_CHECK(parse_wire_scale(h.codec_scale(), what) == codec.scale, what, ": codec scale '",
+               h.codec_scale().substr(0, 16), "', expected '", scale_format_name(codec.scale), "'");
   POLLEN_CHECK(static_cast<size_t>(h.tensors_size()) == specs.size(), what, ": ", h.tensors_size(),
                " tensors, the model has ", specs.size());
   uint64_t total = 0;
@@ -210,6 +222,7 @@ Weights decode_set(const pb::TensorSetHeader& h, const std::string& bytes, const
   codec.codec = parse_codec(h.codec());
   codec.block = h.codec_block();
   codec.topk = h.codec_topk();
+  codec.scale = parse_wire_scale(h.codec_scale(), what);
   Weights out;
   uint64_t off = 0;
   for (size_t i = 0; i < specs.size(); ++i) {

@@ -25,8 +25,9 @@ namespace pb = ::pollen::fed::v1;
 // fingerprint and the LoRA config; the exchanged tensors are the adapters' B); 4: top-k, and a
 // compressed model download as a delta against the model the client holds; 5: the task names the
 // round's model, and a client that missed rounds pulls the chain of deltas it missed; 6: shared
-// second moments (strategy.second_moments)
-constexpr uint32_t kProtocolVersion = 6;
+// second moments (strategy.second_moments); 7: block scales may be bf16 (compression.scale), and
+// the second moments travel as 8-bit log codes
+constexpr uint32_t kProtocolVersion = 7;
 // The most deltas a compressed download keeps for clients that missed rounds (fed/model_view.h),
 // so that a client reaches the round's model within kMaxChainLinks + 1 pulls.
 constexpr size_t kMaxChainLinks = 62;
@@ -65,6 +66,9 @@ struct EncodedSet {
 EncodedSet encode_payloads(const ParamSpecs& specs, std::vector<std::string> payloads,
                            const CompressOptions& codec);
 EncodedSet encode_weights(const ParamSpecs& specs, const Weights& w, const CompressOptions& codec);
+
+// A scale format as a message names it: empty or "float32", or "bf16"; throws naming `what`.
+ScaleFormat parse_wire_scale(const std::string& name, const std::string& what);
 
 // Checks a received header against what is expected: the same tensors (names, order, shapes),
 // the expected codec, and sizes that match the codec exactly. Throws naming `what`.

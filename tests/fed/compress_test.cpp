@@ -20,10 +20,12 @@ std::vector<float> random_values(int64_t n, uint64_t seed, double scale = 1.0) {
   return v;
 }
 
-CompressOptions opts(Codec c, int64_t block = 64, int64_t topk = 0) {
+CompressOptions opts(Codec c, int64_t block = 64, int64_t topk = 0,
+                     ScaleFormat scale = ScaleFormat::f32) {
   CompressOptions o;
   o.codec = c;
   o.block = block;
+  o.scale = scale;
   if (c == Codec::topk) o.topk = topk > 0 ? topk : std::max<int64_t>(1, block / 4);
   return o;
 }
@@ -39,30 +41,43 @@ std::vector<float> round_trip(const std::vector<float>& x, const CompressOptions
 
 constexpr Codec kAllCodecs[] = {Codec::none, Codec::bf16, Codec::int8, Codec::int4,
                                 Codec::nf2,  Codec::sign, Codec::topk};
+constexpr ScaleFormat kScaleFormats[] = {ScaleFormat::f32, ScaleFormat::bf16};
+
+// The smallest bfloat16 at or above x > 0.
+float bf16_ceil(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if (u & 0xffffu) u = (u | 0xffffu) + 1;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
 
 }  // namespace
 
 TEST(Compress, RoundTripWithinStatedBound) {
-  for (Codec c : kAllCodecs) {
-    for (int64_t n : {1, 7, 64, 1000, 4097}) {
-      for (int64_t block : {1, 32, 64, 100, 300}) {  // 300: topk's 2-byte indices
-        auto x = random_values(n, static_cast<uint64_t>(n * 31 + block), 1e-3);
-        if (n > 3) x[3] = 0;  // zeros stay zero
-        std::string enc;
-        const auto o = opts(c, block);
-        encode(x.data(), n, o, enc);
-        ASSERT_EQ(enc.size(), encoded_bytes(o, n));
-        const bool zero_stays = c != Codec::sign && c != Codec::nf2;  // they have no zero level
-        std::vector<float> y(static_cast<size_t>(n));
-        decode(reinterpret_cast<const uint8_t*>(enc.data()), enc.size(), n, o, y.data(), "t");
-        const auto bound = error_bound(x.data(), n, o);
-        for (int64_t i = 0; i < n; ++i) {
-          const auto k = static_cast<size_t>(i);
-          ASSERT_LE(std::fabs(y[k] - x[k]), bound[k])
-              << codec_name(c) << " n=" << n << " block=" << block << " i=" << i;
+  for (ScaleFormat scale : kScaleFormats) {
+    for (Codec c : kAllCodecs) {
+      for (int64_t n : {1, 7, 64, 1000, 4097}) {
+        for (int64_t block : {1, 32, 64, 100, 300}) {  // 300: topk's 2-byte indices
+          auto x = random_values(n, static_cast<uint64_t>(n * 31 + block), 1e-3);
+          if (n > 3) x[3] = 0;  // zeros stay zero
+          std::string enc;
+          const auto o = opts(c, block, 0, scale);
+          encode(x.data(), n, o, enc);
+          ASSERT_EQ(enc.size(), encoded_bytes(o, n));
+          const bool zero_stays = c != Codec::sign && c != Codec::nf2;  // they have no zero level
+          std::vector<float> y(static_cast<size_t>(n));
+          decode(reinterpret_cast<const uint8_t*>(enc.data()), enc.size(), n, o, y.data(), "t");
+          const auto bound = error_bound(x.data(), n, o);
+          for (int64_t i = 0; i < n; ++i) {
+            const auto k = static_cast<size_t>(i);
+            ASSERT_LE(std::fabs(y[k] - x[k]), bound[k])
+                << codec_name(c) << " n=" << n << " block=" << block << " i=" << i
+                << " scale=" << scale_format_name(scale);
+          }
+          if (n > 3 && zero_stays) EXPECT_EQ(y[3], 0.0f);
+          if (c == Codec::none) EXPECT_EQ(x, y);
         }
-        if (n > 3 && zero_stays) EXPECT_EQ(y[3], 0.0f);
-        if (c == Codec::none) EXPECT_EQ(x, y);
       }
     }
   }
@@ -81,6 +96,47 @@ TEST(Compress, SizesAreWhatTheDocsSay) {
   EXPECT_EQ(encoded_bytes(opts(Codec::topk, 300, 16), 1000), 4 * 4 + 64 * 3u);
   // a last block shorter than topk keeps all of its values
   EXPECT_EQ(encoded_bytes(opts(Codec::topk, 8, 6), 10), 2 * 4 + 8 * 2u);
+  // bf16 scales: 2 bytes a block; codecs without scales are unchanged
+  const auto bf = ScaleFormat::bf16;
+  EXPECT_EQ(encoded_bytes(opts(Codec::none, 64, 0, bf), 1000), 4000u);
+  EXPECT_EQ(encoded_bytes(opts(Codec::bf16, 64, 0, bf), 1000), 2000u);
+  EXPECT_EQ(encoded_bytes(opts(Codec::int8, 64, 0, bf), 1000), 16 * 2 + 1000u);
+  EXPECT_EQ(encoded_bytes(opts(Codec::int4, 64, 0, bf), 1001), 16 * 2 + 501u);
+  EXPECT_EQ(encoded_bytes(opts(Codec::sign, 64, 0, bf), 1001), 16 * 2 + 126u);
+  EXPECT_EQ(encoded_bytes(opts(Codec::nf2, 64, 0, bf), 1001), 16 * 2 + 251u);
+  EXPECT_EQ(encoded_bytes(opts(Codec::topk, 256, 16, bf), 1000), 4 * 2 + 64 * 2u);
+}
+
+TEST(Compress, Bf16ScalesRoundUpSoNoCodeLeavesItsRange) {
+  // int8: s = amax / 127 = 1 + 2^-9, which bfloat16 would round to nearest as 1 (and clip the
+  // largest value to 127); stored rounded up it is 1 + 2^-7, and the largest value keeps its code.
+  const float amax = 127.0f * (1 + std::ldexp(1.0f, -9));
+  const std::vector<float> x{amax, -amax / 2, 0.25f, 0};
+  const auto o = opts(Codec::int8, 4, 0, ScaleFormat::bf16);
+  std::string enc;
+  encode(x.data(), 4, o, enc);
+  uint16_t stored;
+  std::memcpy(&stored, enc.data(), 2);
+  EXPECT_EQ(stored, 0x3f81);  // 1 + 2^-7
+  const float s = bf16_ceil(amax / 127);
+  EXPECT_EQ(s, 1 + std::ldexp(1.0f, -7));
+  const auto y = round_trip(x, o);
+  EXPECT_EQ(y[0], 126 * s);  // amax / s = 126.06
+  EXPECT_EQ(y[1], -63 * s);  // amax / 2s = 63.03
+  EXPECT_EQ(y[2], 0.0f);     // 0.25 / s = 0.248
+  // nf2 codes against the stored scale: cuts at +-0.9816 s' with s' = bf16_ceil(s)
+  const std::vector<float> z{1, -3, 0, 2};
+  const auto y2 = round_trip(z, opts(Codec::nf2, 4, 0, ScaleFormat::bf16));
+  const float s2 = bf16_ceil(static_cast<float>(1.5 * std::sqrt(std::acos(-1.0) / 2)));
+  const std::vector<float> want{0.4528f * s2, -1.5104f * s2, 0.4528f * s2, 1.5104f * s2};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_FLOAT_EQ(y2[i], want[i]) << i;
+  // a scale past bfloat16's largest finite value is refused, not sent as infinity
+  const float max = std::numeric_limits<float>::max();
+  const std::vector<float> huge{max, max, max, max};  // sign's scale: mean|x| = max
+  EXPECT_THROW(encode(huge.data(), 4, opts(Codec::sign, 4, 0, ScaleFormat::bf16), enc), Error);
+  EXPECT_EQ(parse_scale_format("bf16"), ScaleFormat::bf16);
+  EXPECT_EQ(parse_scale_format("float32"), ScaleFormat::f32);
+  EXPECT_THROW(parse_scale_format("fp8"), Error);
 }
 
 TEST(Compress, SignSendsTheBlocksMeanMagnitude) {
@@ -184,6 +240,19 @@ TEST(Compress, HostilePayloadsAreRefused) {
   EXPECT_THROW(
       decode(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), 10, topk, y.data(), "t"),
       Error);
+  // bf16 scales: infinite, NaN or negative ones are refused
+  for (Codec c : {Codec::int8, Codec::nf2, Codec::sign, Codec::topk}) {
+    const auto o = opts(c, 4, 2, ScaleFormat::bf16);
+    for (uint16_t scale : {0x7f80, 0x7fc0, 0xbf80}) {
+      bad.clear();
+      encode(x.data(), 10, o, bad);
+      std::memcpy(bad.data() + 2, &scale, 2);  // the second block's
+      EXPECT_THROW(
+          decode(reinterpret_cast<const uint8_t*>(bad.data()), bad.size(), 10, o, y.data(), "t"),
+          Error)
+          << codec_name(c) << " " << scale;
+    }
+  }
   // a scale so large that its largest level overflows to infinity
   for (Codec c : {Codec::int8, Codec::nf2, Codec::topk}) {
     bad.clear();
@@ -206,8 +275,18 @@ TEST(Compress, MutatedPayloadsDecodeToFiniteValuesOrAreRefused) {
   const int64_t n = 37;  // blocks of 8 with a short last one; topk keeps 3 of each
   const auto x = random_values(n, 12);
   std::vector<float> y(static_cast<size_t>(n));
-  for (Codec c : kAllCodecs) {
-    const auto o = opts(c, 8, 3);
+  for (const auto& [c, scale] :
+       std::vector<std::pair<Codec, ScaleFormat>>{{Codec::none, ScaleFormat::f32},
+                                                  {Codec::bf16, ScaleFormat::f32},
+                                                  {Codec::int8, ScaleFormat::f32},
+                                                  {Codec::int4, ScaleFormat::f32},
+                                                  {Codec::nf2, ScaleFormat::f32},
+                                                  {Codec::sign, ScaleFormat::f32},
+                                                  {Codec::topk, ScaleFormat::f32},
+                                                  {Codec::int8, ScaleFormat::bf16},
+                                                  {Codec::nf2, ScaleFormat::bf16},
+                                                  {Codec::topk, ScaleFormat::bf16}}) {
+    const auto o = opts(c, 8, 3, scale);
     std::string enc;
     encode(x.data(), n, o, enc);
     int refused = 0;
@@ -241,8 +320,16 @@ TEST(Compress, NonFiniteValuesAreRefusedBeforeEncoding) {
 
 TEST(Compress, ErrorFeedbackSumsToTheOriginal) {
   // Over R rounds: sum of decoded updates + the residual left = sum of the true updates.
-  for (Codec c : {Codec::bf16, Codec::int8, Codec::int4, Codec::nf2, Codec::sign, Codec::topk}) {
-    const auto o = opts(c, 16);
+  for (const auto& [c, scale] :
+       std::vector<std::pair<Codec, ScaleFormat>>{{Codec::bf16, ScaleFormat::f32},
+                                                  {Codec::int8, ScaleFormat::f32},
+                                                  {Codec::int4, ScaleFormat::f32},
+                                                  {Codec::nf2, ScaleFormat::f32},
+                                                  {Codec::sign, ScaleFormat::f32},
+                                                  {Codec::topk, ScaleFormat::f32},
+                                                  {Codec::nf2, ScaleFormat::bf16},
+                                                  {Codec::int4, ScaleFormat::bf16}}) {
+    const auto o = opts(c, 16, 0, scale);
     ErrorFeedback ef;
     const int64_t n = 300;
     std::vector<double> sum_true(n, 0), sum_sent(n, 0);

@@ -56,6 +56,11 @@ TEST(Wire, HeaderChecksNamesShapesSizesAndCodec) {
   h.set_codec("int8");
   expect_refused(h, "codec 'int8'");
   h = enc.header;
+  h.set_codec_scale("bf16");
+  expect_refused(h, "codec scale 'bf16', expected 'float32'");
+  h.set_codec_scale("fp8");
+  expect_refused(h, "scale format 'fp8'");
+  h = enc.header;
   h.add_tensors()->set_name("extra");
   expect_refused(h, "3 tensors");
   EXPECT_THROW(validate_header(enc.header, specs, int8, "t"), Error);
@@ -119,7 +124,7 @@ TEST(Wire, AgreementSaysWhatDiffers) {
   r.set_tokenizer_fingerprint("other");
   r.set_protocol_version(99);
   const auto d = agreement_differences(r, kProtocolVersion, server, "tok");
-  EXPECT_NE(d.find("protocol version: server 6, client 99"), std::string::npos) << d;
+  EXPECT_NE(d.find("protocol version: server 7, client 99"), std::string::npos) << d;
   EXPECT_NE(d.find("model.hidden_size: server 32, client 64"), std::string::npos) << d;
   EXPECT_NE(d.find("tokenizer fingerprint"), std::string::npos) << d;
   r.set_model_config("{not json");

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "base/thread_pool.h"
@@ -31,7 +32,15 @@ std::vector<float> pull_second_moments(Coordinator& server, const std::string& i
   r.set_client_id(id);
   r.set_round(round);
   const auto set = server.pull(r, "");
-  return unpack_second_moments(set->header.second_moments(), factored_size(server.specs()), "pull");
+  return unpack_second_moments(server.specs(), set->header.second_moments(), "pull");
+}
+
+// Bytes of the factored form on the wire: a value a byte, and 8 bytes a segment (each matrix's
+// rows and columns, each other tensor).
+uint64_t wire_bytes(const ParamSpecs& specs) {
+  uint64_t segments = 0;
+  for (const auto& s : specs) segments += s.shape.size() == 2 ? 2 : 1;
+  return static_cast<uint64_t>(factored_size(specs)) + 8 * segments;
 }
 
 }  // namespace
@@ -113,16 +122,60 @@ TEST(SecondMoments, AverageIsWeightedAndBadValuesAreRefused) {
   EXPECT_NE(error_of({1, 2}, 3).find("2 second-moment values"), std::string::npos);
   EXPECT_NE(error_of({1, -1, 2}, 3).find("value 1 is -1"), std::string::npos);
   EXPECT_NE(error_of({1, NAN, 2}, 3).find("value 1"), std::string::npos);
-  // On the wire: bfloat16, rounded to nearest even; an odd byte count is refused.
-  const std::string packed = pack_second_moments({1.0f, 3.0f, 1.00390625f, 0.0f});
-  EXPECT_EQ(packed.size(), 8u);
-  EXPECT_EQ(unpack_second_moments(packed, 4, "x"), (std::vector<float>{1.0f, 3.0f, 1.0f, 0.0f}));
-  try {
-    unpack_second_moments(packed.substr(1), 4, "update from 'a'");
-    ADD_FAILURE() << "odd byte count accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("7 bytes"), std::string::npos) << e.what();
+}
+
+TEST(SecondMoments, OnTheWireEachSegmentIsEightBitLogCodesBetweenItsExtremes) {
+  // Segments of kSpecs: w's 3 row means, its 4 column means, norm's 5 values.
+  const std::vector<float> f{1, 2,     4,             // lo 0, hi 2: codes 1, 128, 255, exact
+                             0, 1,     1, 1,          // one level: lo = hi = 0; zero is code 0
+                             1, 1.01f, 3, 1e-3f, 0};  // spans log2(3000) = 11.55
+  const std::string packed = pack_second_moments(kSpecs, f);
+  ASSERT_EQ(packed.size(), 12 + 3 * 8u);
+  ASSERT_EQ(wire_bytes(kSpecs), packed.size());
+  float lo, hi;
+  std::memcpy(&lo, packed.data(), 4);
+  std::memcpy(&hi, packed.data() + 4, 4);
+  EXPECT_EQ(lo, 0.0f);
+  EXPECT_EQ(hi, 2.0f);
+  EXPECT_EQ(static_cast<uint8_t>(packed[8]), 1);
+  EXPECT_EQ(static_cast<uint8_t>(packed[9]), 128);
+  EXPECT_EQ(static_cast<uint8_t>(packed[10]), 255);
+  EXPECT_EQ(static_cast<uint8_t>(packed[11 + 8]), 0);  // the column means' zero
+  const auto back = unpack_second_moments(kSpecs, packed, "x");
+  ASSERT_EQ(back.size(), f.size());
+  for (size_t k = 0; k < 7; ++k) EXPECT_EQ(back[k], f[k]) << k;
+  // Within a factor 2^(span / 508) elsewhere; the extremes and zero exact to float rounding.
+  const double factor = std::exp2(std::log2(3000.0) / 508);
+  for (size_t k = 7; k < 12; ++k) {
+    EXPECT_LE(back[k], f[k] * factor * (1 + 1e-6)) << k;
+    EXPECT_GE(back[k], f[k] / factor / (1 + 1e-6)) << k;
   }
+  EXPECT_NEAR(back[9], 3.0f, 3e-6);
+  EXPECT_NEAR(back[10], 1e-3f, 1e-9);
+  EXPECT_EQ(back[11], 0.0f);
+  EXPECT_NE(back[8], 1.01f);  // 8 bits cannot keep 1% steps over 11.5 octaves
+
+  auto error_of = [&](const std::string& bytes) -> std::string {
+    try {
+      unpack_second_moments(kSpecs, bytes, "update from 'a'");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of(packed.substr(1)).find("35 bytes of second moments"), std::string::npos);
+  auto with_range = [&](size_t segment_at, float l, float h) {
+    std::string bad = packed;
+    std::memcpy(bad.data() + segment_at, &l, 4);
+    std::memcpy(bad.data() + segment_at + 4, &h, 4);
+    return error_of(bad);
+  };
+  const size_t norm_at = 8 + 3 + 8 + 4;  // the third segment's header
+  EXPECT_EQ(with_range(norm_at, -10, 1.6f), "");
+  EXPECT_NE(with_range(norm_at, 2, 1).find("segment 2 has log2 range [2, 1]"), std::string::npos);
+  EXPECT_NE(with_range(norm_at, 0, 128).find("segment 2"), std::string::npos);  // 2^128 = inf
+  EXPECT_NE(with_range(0, NAN, 1).find("segment 0"), std::string::npos);
+  EXPECT_EQ(pack_second_moments(kSpecs, {}), "");  // none yet: nothing sent
 }
 
 TEST(SecondMoments, ServerAveragesTheClientsAndSendsItWithTheNextModel) {
@@ -151,36 +204,38 @@ TEST(SecondMoments, ServerAveragesTheClientsAndSendsItWithTheNextModel) {
     std::vector<float> sent;
     if (second_moments != "none") {
       sent = pull_second_moments(server, "silo-0", 2);
-      // Each way in bfloat16: the clients' moments rounded, averaged, rounded again.
-      const auto n = factored_size(server.specs());
-      const auto wa = unpack_second_moments(pack_second_moments(fa), n, "a");
-      const auto wb = unpack_second_moments(pack_second_moments(fb), n, "b");
-      EXPECT_EQ(sent, unpack_second_moments(
-                          pack_second_moments(average_second_moments({&wa, &wb}, {ta, tb})), n,
-                          "average"));
+      // Each way in 8-bit codes: the clients' moments rounded, averaged, rounded again.
+      const auto& specs = server.specs();
+      const auto wa = unpack_second_moments(specs, pack_second_moments(specs, fa), "a");
+      const auto wb = unpack_second_moments(specs, pack_second_moments(specs, fb), "b");
+      EXPECT_EQ(sent,
+                unpack_second_moments(
+                    specs, pack_second_moments(specs, average_second_moments({&wa, &wb}, {ta, tb})),
+                    "average"));
     }
     EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
     EXPECT_EQ(b.poll_once(), pb::TASK_TRAIN);
     const std::vector<float> after = a.trainer().factored_second_moments();
     EXPECT_TRUE(server.end_round().aggregated);
-    // Both rounds' updates carry the factored moments, round 2's model too: 2 bytes a value.
+    // Both rounds' updates carry the factored moments, round 2's model too.
     const auto m2 = read_jsonl(cfg.server.dir / "metrics.jsonl");
-    return std::tuple{sent, after, m2, static_cast<uint64_t>(factored_size(server.specs()))};
+    return std::tuple{sent, after, m2, static_cast<uint64_t>(factored_size(server.specs())),
+                      wire_bytes(server.specs())};
   };
-  const auto [sent, shared, m_shared, n] = run("shared", "factored");
-  const auto [none, own, m_own, n_own] = run("own", "none");
+  const auto [sent, shared, m_shared, n, wire] = run("shared", "factored");
+  const auto [none, own, m_own, n_own, wire_own] = run("own", "none");
   ASSERT_EQ(sent.size(), n);
   EXPECT_TRUE(none.empty());
   // Client a started round 2 from the average, not from its own moments.
   EXPECT_NE(shared, own);
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(m_shared[r]["bytes_received"].get<uint64_t>(),
-              m_own[r]["bytes_received"].get<uint64_t>() + 2 * 2 * n)
+              m_own[r]["bytes_received"].get<uint64_t>() + 2 * wire)
         << "round " << r + 1;
   }
   EXPECT_EQ(m_shared[0]["bytes_sent"], m_own[0]["bytes_sent"]);  // nothing to share before round 2
   EXPECT_EQ(m_shared[1]["bytes_sent"].get<uint64_t>(),
-            m_own[1]["bytes_sent"].get<uint64_t>() + 2 * 2 * n);
+            m_own[1]["bytes_sent"].get<uint64_t>() + 2 * wire);
   fs::remove_all(dir);
 }
 
@@ -199,12 +254,12 @@ TEST(SecondMoments, BadMomentsInAnUpdateAndUnprotectedCombinationsAreRefused) {
   for (const auto& s : server.specs()) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
   const EncodedSet update = encode_weights(server.specs(), zeros, CompressOptions{});
   const int64_t n = factored_size(server.specs());
-  auto push_error = [&](const std::vector<float>& moments) -> std::string {
+  auto push_error = [&](const std::string& moments) -> std::string {
     pb::UpdateInfo info;
     info.set_client_id("a");
     info.set_round(1);
     info.set_tokens(10);
-    info.set_second_moments(pack_second_moments(moments));
+    info.set_second_moments(moments);
     try {
       server.push_begin(info, update.header, "");
     } catch (const Error& e) {
@@ -212,11 +267,14 @@ TEST(SecondMoments, BadMomentsInAnUpdateAndUnprotectedCombinationsAreRefused) {
     }
     return "";
   };
-  EXPECT_NE(push_error({}).find("0 second-moment values"), std::string::npos);
-  std::vector<float> negative(static_cast<size_t>(n), 1.0f);
-  negative[3] = -2;
-  EXPECT_NE(push_error(negative).find("value 3 is -2"), std::string::npos);
-  EXPECT_EQ(push_error(std::vector<float>(static_cast<size_t>(n), 1.0f)), "");
+  EXPECT_NE(push_error("").find("0 bytes of second moments"), std::string::npos);
+  const std::string ones =
+      pack_second_moments(server.specs(), std::vector<float>(static_cast<size_t>(n), 1.0f));
+  std::string inverted = ones;
+  const float five = 5;
+  std::memcpy(inverted.data(), &five, 4);  // the first segment's lo above its hi (0)
+  EXPECT_NE(push_error(inverted).find("log2 range [5, 0]"), std::string::npos);
+  EXPECT_EQ(push_error(ones), "");
 
   // The moments travel in the clear: not with secure aggregation or central DP.
   const std::string base =

@@ -183,6 +183,48 @@ TEST(ServerCodec, ClientTrainsFromTheViewAndTheServerKeepsItsWeightsExact) {
   fs::remove_all(dir);
 }
 
+TEST(ServerCodec, Bf16ScalesTravelBothWaysAndAreCounted) {
+  // nf2 both ways with bf16 block scales: the client rebuilds the view the server checkpointed
+  // bitwise, and each direction moves 2 bytes a block, not 4.
+  Quiet q;
+  const auto dir = temp_dir("server_codec_bf16_scales");
+  const auto silo = make_silo(dir / "a", 1);
+  auto cfg = sim_config(dir, {silo}, "fedavg", 2, 4);
+  cfg.server.compression.codec = Codec::nf2;
+  cfg.server.server_codec = Codec::nf2;
+  cfg.server.compression.block = 32;
+  cfg.server.compression.scale = ScaleFormat::bf16;
+  const auto r = run_simulation(cfg, false);
+  ASSERT_EQ(r.rounds, 2);
+  const auto ckpts = io::list_checkpoints(cfg.server.dir / "checkpoints");
+  ASSERT_EQ(ckpts.size(), 2u);
+  const Weights x1 = read_model(ckpts[0]), v2 = read_tensors(ckpts[1] / "view.safetensors");
+  set_num_threads(1);
+  const Weights x0 = model_weights(model::Llama(cfg.server.model, cfg.server.seed));
+  const CompressOptions nf2{Codec::nf2, 32, 0, ScaleFormat::bf16};
+  const Weights moved = round_trip(weights_minus(x1, x0), nf2);
+  Weights v2_by_hand;
+  for (size_t i = 0; i < x0.size(); ++i) {
+    Tensor t = Tensor::empty(x0[i].shape(), DType::f32);
+    for (int64_t j = 0; j < t.numel(); ++j)
+      t.data<float>()[j] = x0[i].data<float>()[j] + moved[i].data<float>()[j];
+    v2_by_hand.push_back(std::move(t));
+  }
+  EXPECT_TRUE(bitwise_equal(v2, v2_by_hand));
+  uint64_t whole = 0, coded = 0, coded_f32 = 0;
+  for (const auto& t : x0) {
+    whole += 4 * static_cast<uint64_t>(t.numel());
+    coded += encoded_bytes(nf2, t.numel());
+    coded_f32 += encoded_bytes({Codec::nf2, 32}, t.numel());
+  }
+  const auto m = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  EXPECT_EQ(m[0]["bytes_sent"].get<uint64_t>(), whole);
+  EXPECT_EQ(m[1]["bytes_sent"].get<uint64_t>(), coded);
+  for (const auto& round : m) EXPECT_EQ(round["bytes_received"].get<uint64_t>(), coded);
+  EXPECT_LT(coded, coded_f32);
+  fs::remove_all(dir);
+}
+
 TEST(ServerCodec, AClientThatSatOutRoundsGetsTheDeltasItMissed) {
   // Two of four clients a round: a client selected again after sitting out rounds pulls the
   // chain of int4 deltas from the view it holds, one per round it missed, not the whole model.
@@ -311,6 +353,17 @@ TEST(ServerCodec, ConfigKeyIsReadAndBadNamesAreRefused) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("topk"), std::string::npos) << e.what();
     }
+  }
+  write_file_atomic(dir / "scale.toml", base + "codec = 'nf2'\nscale = 'bf16'\n");
+  EXPECT_EQ(load_server_config(dir / "scale.toml").compression.scale, ScaleFormat::bf16);
+  EXPECT_EQ(load_server_config(dir / "scale.toml").download().scale, ScaleFormat::bf16);
+  EXPECT_EQ(c.compression.scale, ScaleFormat::f32);
+  write_file_atomic(dir / "bad.toml", base + "codec = 'nf2'\nscale = 'fp8'\n");
+  try {
+    load_server_config(dir / "bad.toml");
+    ADD_FAILURE() << "an unknown scale format was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("compression.scale"), std::string::npos) << e.what();
   }
   write_file_atomic(dir / "bad.toml", base + "server_codec = 'int3'\n");
   try {
