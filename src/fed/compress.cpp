@@ -87,24 +87,28 @@ uint64_t scale_bytes(const CompressOptions& o) {
 
 // Largest relative amount a stored scale exceeds the computed one.
 float scale_slack(const CompressOptions& o) {
-  return o.scale == ScaleFormat::bf16 ? 1 + std::ldexp(1.0f, -7) : 1.0f;
+  return 1 + std::ldexp(1.0f, o.scale == ScaleFormat::bf16 ? -7 : -23);
 }
 
-// Stores block b's scale s >= 0 in the options' format, rounded up (bf16: to the next
-// representable value at or above s), and returns the stored value, the one values are coded
-// against.
-float store_scale(uint8_t* scales, int64_t b, float s, const CompressOptions& o) {
+// Stores block b's scale s >= 0 in the options' format, rounded up to the next representable
+// value at or above s, and returns the stored value, the one values are coded against: no
+// value's code then needs clipping, in float32's subnormal range too. Refuses a scale whose
+// largest level would overflow, as decoding would.
+float store_scale(uint8_t* scales, int64_t b, double s, float largest_level,
+                  const CompressOptions& o) {
+  float stored = static_cast<float>(s);
+  if (static_cast<double>(stored) < s) stored = std::nextafter(stored, INFINITY);
   if (o.scale == ScaleFormat::f32) {
-    std::memcpy(scales + 4 * b, &s, 4);
-    return s;
+    std::memcpy(scales + 4 * b, &stored, 4);
+  } else {
+    uint32_t bits;
+    std::memcpy(&bits, &stored, 4);
+    const auto high = static_cast<uint16_t>((bits + 0xffffu) >> 16);
+    stored = bf16{high}.to_float();
+    std::memcpy(scales + 2 * b, &high, 2);
   }
-  uint32_t bits;
-  std::memcpy(&bits, &s, 4);
-  const auto high = static_cast<uint16_t>((bits + 0xffffu) >> 16);
-  const float stored = bf16{high}.to_float();
-  POLLEN_CHECK(std::isfinite(stored), "compression: block ", b, "'s scale ", s,
-               " does not fit a bf16 scale");
-  std::memcpy(scales + 2 * b, &high, 2);
+  POLLEN_CHECK(std::isfinite(stored * largest_level), "compression: block ", b, "'s scale ", s,
+               " is too large for a ", scale_format_name(o.scale), " scale");
   return stored;
 }
 
@@ -158,6 +162,12 @@ LevelCodec level_codec(Codec c) {
           }};
 }
 
+float largest_level(const LevelCodec& c) {
+  float largest = 0;
+  for (int l = 0; l < (1 << c.bits); ++l) largest = std::max(largest, std::fabs(c.levels[l]));
+  return largest;
+}
+
 void encode_levels(const LevelCodec& c, const float* x, int64_t n, const CompressOptions& o,
                    uint8_t* p) {
   const int64_t block = o.block, nb = blocks_of(n, block), per_byte = 8 / c.bits;
@@ -165,8 +175,8 @@ void encode_levels(const LevelCodec& c, const float* x, int64_t n, const Compres
   std::memset(codes, 0, static_cast<size_t>((n + per_byte - 1) / per_byte));
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t lo = b * block, hi = std::min(n, lo + block);
-    const float scale =
-        store_scale(p, b, mean_magnitude(x, lo, hi, c.scale_per_mean_magnitude, b), o);
+    const float scale = store_scale(p, b, mean_magnitude(x, lo, hi, c.scale_per_mean_magnitude, b),
+                                    largest_level(c), o);
     for (int64_t i = lo; i < hi; ++i) {
       const auto shift = static_cast<unsigned>(c.bits * (i % per_byte));
       codes[i / per_byte] |= static_cast<uint8_t>(c.code(x[i], scale) << shift);
@@ -179,8 +189,7 @@ void decode_levels(const LevelCodec& c, const uint8_t* p, int64_t n, const Compr
   const int64_t block = o.block, nb = blocks_of(n, block), per_byte = 8 / c.bits;
   const uint8_t* codes = p + scale_bytes(o) * nb;
   const unsigned mask = (1u << c.bits) - 1;
-  float largest = 0;
-  for (unsigned l = 0; l <= mask; ++l) largest = std::max(largest, std::fabs(c.levels[l]));
+  const float largest = largest_level(c);
   for (int64_t b = 0; b < nb; ++b) {
     const float scale = read_scale(p, b, o, largest, what);
     const int64_t lo = b * block, hi = std::min(n, lo + block);
@@ -242,8 +251,9 @@ void encode_topk(const float* x, int64_t n, const CompressOptions& o, uint8_t* p
     top_indices(x, lo, hi, l.kept(b), idx);
     float amax = 0;
     for (int64_t i : idx) amax = std::max(amax, std::fabs(x[lo + i]));
-    const float scale = store_scale(p, b, amax / 127.0f, o);
-    const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+    const float scale = store_scale(p, b, amax / 127.0, 127, o);
+    // in double: 1 / scale overflows float32 for scales below 2^-128
+    const double inv = scale > 0 ? 1.0 / scale : 0.0;
     for (int64_t i : idx) {
       const auto index = static_cast<uint16_t>(i);
       std::memcpy(indices + at * l.index_bytes, &index, static_cast<size_t>(l.index_bytes));
@@ -327,8 +337,9 @@ void encode(const float* x, int64_t n, const CompressOptions& o, std::string& ou
         check_finite(x, lo, hi, b);
         float amax = 0;
         for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
-        const float scale = store_scale(p, b, amax / static_cast<float>(q), o);
-        const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+        const float scale =
+            store_scale(p, b, amax / static_cast<double>(q), static_cast<float>(q), o);
+        const double inv = scale > 0 ? 1.0 / scale : 0.0;  // see encode_topk
         for (int64_t i = lo; i < hi; ++i) {
           int v = static_cast<int>(std::nearbyint(x[i] * inv));
           v = std::clamp(v, -q, q);
@@ -409,7 +420,11 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
 
 std::vector<float> error_bound(const float* x, int64_t n, const CompressOptions& o) {
   std::vector<float> bound(static_cast<size_t>(n), 0.0f);
-  const float slack = scale_slack(o);  // the stored scale is at most this much larger
+  // The stored scale s' is at most s * slack, and, below float32's normal range, one step above
+  // s (bfloat16's steps there are 2^-133, float32's 2^-149): each bound's scale term grows by
+  // that, and a decoded level times s' rounds to float32's steps there.
+  const float slack = scale_slack(o);
+  const float tiny = std::ldexp(1.0f, o.scale == ScaleFormat::bf16 ? -132 : -147);
   switch (o.codec) {
     case Codec::none:
       break;
@@ -424,8 +439,8 @@ std::vector<float> error_bound(const float* x, int64_t n, const CompressOptions&
         float amax = 0;
         for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
         // half a step, plus the float32 roundings of x / s and q * s
-        const float b =
-            amax / static_cast<float>(qmax(o.codec)) * slack * 0.5f * (1 + 1e-5f) + amax * 1e-6f;
+        const float b = amax / static_cast<float>(qmax(o.codec)) * slack * 0.5f * (1 + 1e-5f) +
+                        amax * 1e-6f + tiny;
         for (int64_t i = lo; i < hi; ++i) bound[static_cast<size_t>(i)] = b;
       }
       break;
@@ -440,7 +455,7 @@ std::vector<float> error_bound(const float* x, int64_t n, const CompressOptions&
           const float e =
               sign ? a + s * slack
                    : std::max((kNf2Levels[3] - kNf2Cut) * s * slack, a - kNf2Levels[3] * s);
-          bound[static_cast<size_t>(i)] = e * (1 + 1e-5f) + s * 1e-6f;
+          bound[static_cast<size_t>(i)] = e * (1 + 1e-5f) + s * 1e-6f + 2 * tiny;
         }
       }
       break;
@@ -452,7 +467,7 @@ std::vector<float> error_bound(const float* x, int64_t n, const CompressOptions&
         float amax = 0;
         for (int64_t i : idx) amax = std::max(amax, std::fabs(x[lo + i]));
         for (int64_t i = lo; i < hi; ++i) bound[static_cast<size_t>(i)] = std::fabs(x[i]);
-        const float b = amax / 127.0f * slack * 0.5f * (1 + 1e-5f) + amax * 1e-6f;
+        const float b = amax / 127.0f * slack * 0.5f * (1 + 1e-5f) + amax * 1e-6f + tiny;
         for (int64_t i : idx) bound[static_cast<size_t>(lo + i)] = b;
       }
       break;

@@ -31,10 +31,11 @@
 // payload cannot smuggle in NaN, infinities, asymmetric codes or writes out of place.
 //
 // Scales are float32 by default; with `scale = bf16` each is stored as a bfloat16 (2 bytes, LE),
-// rounded up, never down, so that no value's code leaves its range, and the values are coded
-// against the stored scale. That moves 2 bytes less per block (nf2 with blocks of 64: 2.25 bits
-// per value instead of 2.5) and loosens each bound above by at most a factor 1 + 2^-7 on its
-// scale term: s <= s' <= s (1 + 2^-7) for the stored s'.
+// rounded up, never down, and the values are coded against the stored scale s'. Then
+// s <= s' <= s (1 + 2^-7) (plus at most 2^-133 below float32's normal range), so each bound
+// above loosens by that much on its scale term and the scale's rounding only ever widens the
+// levels. That moves 2 bytes less per block (nf2 with blocks of 64: 2.25 bits per value instead
+// of 2.5). An encoder refuses a scale whose largest level would not be finite in its format.
 //
 // nf2 is the 2-bit member of the NormalFloat family of QLoRA (Dettmers et al. 2023), with levels
 // that minimise the squared error for normal values (Max 1960). Scaled sign with error feedback

@@ -55,8 +55,9 @@ struct ServerConfig {
   int64_t max_round_retries = 3;     // rounds with fewer than min_clients updates are retried
   int keep_checkpoints = 3;
   StrategyOptions strategy;
-  CompressOptions compression;       // what clients send
-  Codec server_codec = Codec::none;  // what the server sends (the round's model), same block, topk
+  CompressOptions compression;  // what clients send
+  // what the server sends (the round's model), with the same block, topk and scale format
+  Codec server_codec = Codec::none;
   CompressOptions download() const {
     return {server_codec, compression.block, compression.topk, compression.scale};
   }

@@ -149,10 +149,12 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
     const auto f = io::read_safetensors(dir / "second_moments.safetensors");
     const Tensor* t = f.find("second_moments");
     const std::string what = cat("fed server: ", dir.string(), "/second_moments.safetensors");
-    POLLEN_CHECK(t && t->dim() == 1 && t->dtype() == DType::f32, what,
-                 ": expected one float32 vector 'second_moments'");
-    check_second_moments(t->data<float>(), t->numel(), factored_size(specs_), what);
-    second_moments_.assign(t->data<float>(), t->data<float>() + t->numel());
+    POLLEN_CHECK(t && t->dim() == 1 && t->dtype() == DType::u8, what,
+                 ": expected one uint8 vector 'second_moments' (the moments as sent)");
+    std::string wire(reinterpret_cast<const char*>(t->data<uint8_t>()),
+                     static_cast<size_t>(t->numel()));
+    unpack_second_moments(specs_, wire, what);
+    second_moments_ = std::move(wire);
   }
   if (publisher_->compressed()) {
     // The model the clients hold; without it (compression turned on at resume) the next round
@@ -195,8 +197,9 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
   const auto st = strategy_->state();
   if (!st.empty()) w.add_tensors("strategy.safetensors", st);
   if (!second_moments_.empty()) {
-    Tensor t = Tensor::empty({static_cast<int64_t>(second_moments_.size())}, DType::f32);
-    std::copy(second_moments_.begin(), second_moments_.end(), t.data<float>());
+    Tensor t = Tensor::empty({static_cast<int64_t>(second_moments_.size())}, DType::u8);
+    std::copy(second_moments_.begin(), second_moments_.end(),
+              reinterpret_cast<char*>(t.data<uint8_t>()));
     w.add_tensors("second_moments.safetensors", {{"second_moments", t}});
   }
   if (publisher_->compressed()) {
@@ -460,7 +463,7 @@ bool Coordinator::begin_round() {
   }
   // The clients train from, and take their pseudo-gradients against, the view of the exact
   // weights, which the server keeps (docs/federated.md, "Compression").
-  publisher_->set_second_moments(pack_second_moments(specs_, second_moments_));
+  publisher_->set_second_moments(second_moments_);
   publisher_->publish(global_);
   round_start_ = Clock::now();
   open_ = true;
@@ -644,10 +647,8 @@ RoundSummary Coordinator::end_round() {
   if (s.aggregated && !moments.empty()) {
     std::vector<const std::vector<float>*> each;
     for (const auto& m : moments) each.push_back(&m);
-    // Kept as sent: rounded to the wire's 8-bit codes.
-    second_moments_ = unpack_second_moments(
-        specs_, pack_second_moments(specs_, average_second_moments(each, moment_weights)),
-        "the averaged second moments");
+    // Kept as sent, in the wire's 8-bit codes.
+    second_moments_ = pack_second_moments(specs_, average_second_moments(each, moment_weights));
   }
   if (s.aggregated) {
     s.train_loss = loss_sum / static_cast<double>(s.tokens);

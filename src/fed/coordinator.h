@@ -157,8 +157,9 @@ class Coordinator {
   std::map<std::string, Update> updates_;
   std::unique_ptr<ModelPublisher> publisher_;  // what each round's pull sends
   // strategy.second_moments: the clients' factored second moments averaged over the last
-  // aggregated round (empty before the first), sent with the next rounds' model
-  std::vector<float> second_moments_;
+  // aggregated round, packed as they are sent with the next rounds' model (empty before the
+  // first)
+  std::string second_moments_;
   uint64_t bytes_sent_ = 0;
   std::chrono::steady_clock::time_point round_start_;
   std::unique_ptr<secagg::ServerSession> secagg_;

@@ -154,8 +154,10 @@ std::string pack_second_moments(const ParamSpecs& specs, const std::vector<float
       hi = any ? std::max(hi, l) : l;
       any = true;
     }
-    // lo and hi as sent: decoding uses the float32 values, so coding does too
-    const auto lo32 = static_cast<float>(lo), hi32 = static_cast<float>(hi);
+    // lo and hi as sent: decoding uses the float32 values, so coding does too (hi below 128
+    // even for a value within float rounding of float32's largest)
+    const float hi32 = std::min(static_cast<float>(hi), std::nextafter(128.0f, 0.0f));
+    const float lo32 = std::min(static_cast<float>(lo), hi32);
     put_f32(out, lo32);
     put_f32(out, hi32);
     const double span = static_cast<double>(hi32) - lo32;

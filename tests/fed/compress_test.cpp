@@ -83,6 +83,27 @@ TEST(Compress, RoundTripWithinStatedBound) {
   }
 }
 
+TEST(Compress, TinyValuesStayWithinTheBoundInBothScaleFormats) {
+  // Blocks whose scale is below float32's normal range: 1 / s overflows float32, and bfloat16's
+  // steps there are 2^-133, far coarser than 2^-7 s.
+  for (ScaleFormat scale : kScaleFormats) {
+    for (Codec c : {Codec::int8, Codec::int4, Codec::nf2, Codec::sign, Codec::topk}) {
+      for (double magnitude : {1e-36, 1e-39, 1e-42}) {
+        auto x = random_values(64, 7, magnitude);
+        x[5] = 0;
+        const auto o = opts(c, 16, 4, scale);
+        const auto y = round_trip(x, o);
+        const auto bound = error_bound(x.data(), 64, o);
+        for (size_t i = 0; i < x.size(); ++i) {
+          ASSERT_LE(std::fabs(y[i] - x[i]), bound[i])
+              << codec_name(c) << " " << scale_format_name(scale) << " " << magnitude << " i=" << i;
+        }
+        if (c == Codec::int8 || c == Codec::int4 || c == Codec::topk) EXPECT_EQ(y[5], 0.0f);
+      }
+    }
+  }
+}
+
 TEST(Compress, SizesAreWhatTheDocsSay) {
   EXPECT_EQ(encoded_bytes(opts(Codec::none), 1000), 4000u);
   EXPECT_EQ(encoded_bytes(opts(Codec::bf16), 1000), 2000u);
@@ -108,8 +129,8 @@ TEST(Compress, SizesAreWhatTheDocsSay) {
 }
 
 TEST(Compress, Bf16ScalesRoundUpSoNoCodeLeavesItsRange) {
-  // int8: s = amax / 127 = 1 + 2^-9, which bfloat16 would round to nearest as 1 (and clip the
-  // largest value to 127); stored rounded up it is 1 + 2^-7, and the largest value keeps its code.
+  // int8: s = amax / 127 = 1 + 2^-9, which rounded to the nearest bfloat16 would be 1, below s;
+  // stored, it is rounded up to 1 + 2^-7, and the values are coded against that.
   const float amax = 127.0f * (1 + std::ldexp(1.0f, -9));
   const std::vector<float> x{amax, -amax / 2, 0.25f, 0};
   const auto o = opts(Codec::int8, 4, 0, ScaleFormat::bf16);
@@ -121,8 +142,8 @@ TEST(Compress, Bf16ScalesRoundUpSoNoCodeLeavesItsRange) {
   const float s = bf16_ceil(amax / 127);
   EXPECT_EQ(s, 1 + std::ldexp(1.0f, -7));
   const auto y = round_trip(x, o);
-  EXPECT_EQ(y[0], 126 * s);  // amax / s = 126.06
-  EXPECT_EQ(y[1], -63 * s);  // amax / 2s = 63.03
+  EXPECT_EQ(y[0], 126 * s);  // amax / s = 126.26
+  EXPECT_EQ(y[1], -63 * s);  // amax / 2s = 63.13
   EXPECT_EQ(y[2], 0.0f);     // 0.25 / s = 0.248
   // nf2 codes against the stored scale: cuts at +-0.9816 s' with s' = bf16_ceil(s)
   const std::vector<float> z{1, -3, 0, 2};
@@ -134,6 +155,9 @@ TEST(Compress, Bf16ScalesRoundUpSoNoCodeLeavesItsRange) {
   const float max = std::numeric_limits<float>::max();
   const std::vector<float> huge{max, max, max, max};  // sign's scale: mean|x| = max
   EXPECT_THROW(encode(huge.data(), 4, opts(Codec::sign, 4, 0, ScaleFormat::bf16), enc), Error);
+  // int8: max / 127 rounds up to a scale whose code 127 would overflow: refused, not sent
+  EXPECT_THROW(encode(huge.data(), 4, opts(Codec::int8, 4, 0, ScaleFormat::bf16), enc), Error);
+  EXPECT_THROW(encode(huge.data(), 4, opts(Codec::int8, 4), enc), Error);
   EXPECT_EQ(parse_scale_format("bf16"), ScaleFormat::bf16);
   EXPECT_EQ(parse_scale_format("float32"), ScaleFormat::f32);
   EXPECT_THROW(parse_scale_format("fp8"), Error);
