@@ -128,7 +128,7 @@ TEST(Compress, SizesAreWhatTheDocsSay) {
   EXPECT_EQ(encoded_bytes(opts(Codec::topk, 256, 16, bf), 1000), 4 * 2 + 64 * 2u);
 }
 
-TEST(Compress, Bf16ScalesRoundUpSoNoCodeLeavesItsRange) {
+TEST(Compress, Bf16ScalesRoundUpAndValuesAreCodedAgainstTheStoredScale) {
   // int8: s = amax / 127 = 1 + 2^-9, which rounded to the nearest bfloat16 would be 1, below s;
   // stored, it is rounded up to 1 + 2^-7, and the values are coded against that.
   const float amax = 127.0f * (1 + std::ldexp(1.0f, -9));
