@@ -43,6 +43,15 @@ constexpr Codec kAllCodecs[] = {Codec::none, Codec::bf16, Codec::int8, Codec::in
                                 Codec::nf2,  Codec::sign, Codec::topk};
 constexpr ScaleFormat kScaleFormats[] = {ScaleFormat::f32, ScaleFormat::bf16};
 
+// Every codec with float32 scales, and those with block scales with bf16 scales too.
+std::vector<std::pair<Codec, ScaleFormat>> codecs_and_scales() {
+  std::vector<std::pair<Codec, ScaleFormat>> out;
+  for (Codec c : kAllCodecs) out.emplace_back(c, ScaleFormat::f32);
+  for (Codec c : {Codec::int8, Codec::int4, Codec::nf2, Codec::sign, Codec::topk})
+    out.emplace_back(c, ScaleFormat::bf16);
+  return out;
+}
+
 // The smallest bfloat16 at or above x > 0.
 float bf16_ceil(float x) {
   uint32_t u;
@@ -299,17 +308,7 @@ TEST(Compress, MutatedPayloadsDecodeToFiniteValuesOrAreRefused) {
   const int64_t n = 37;  // blocks of 8 with a short last one; topk keeps 3 of each
   const auto x = random_values(n, 12);
   std::vector<float> y(static_cast<size_t>(n));
-  for (const auto& [c, scale] :
-       std::vector<std::pair<Codec, ScaleFormat>>{{Codec::none, ScaleFormat::f32},
-                                                  {Codec::bf16, ScaleFormat::f32},
-                                                  {Codec::int8, ScaleFormat::f32},
-                                                  {Codec::int4, ScaleFormat::f32},
-                                                  {Codec::nf2, ScaleFormat::f32},
-                                                  {Codec::sign, ScaleFormat::f32},
-                                                  {Codec::topk, ScaleFormat::f32},
-                                                  {Codec::int8, ScaleFormat::bf16},
-                                                  {Codec::nf2, ScaleFormat::bf16},
-                                                  {Codec::topk, ScaleFormat::bf16}}) {
+  for (const auto& [c, scale] : codecs_and_scales()) {
     const auto o = opts(c, 8, 3, scale);
     std::string enc;
     encode(x.data(), n, o, enc);
@@ -344,15 +343,8 @@ TEST(Compress, NonFiniteValuesAreRefusedBeforeEncoding) {
 
 TEST(Compress, ErrorFeedbackSumsToTheOriginal) {
   // Over R rounds: sum of decoded updates + the residual left = sum of the true updates.
-  for (const auto& [c, scale] :
-       std::vector<std::pair<Codec, ScaleFormat>>{{Codec::bf16, ScaleFormat::f32},
-                                                  {Codec::int8, ScaleFormat::f32},
-                                                  {Codec::int4, ScaleFormat::f32},
-                                                  {Codec::nf2, ScaleFormat::f32},
-                                                  {Codec::sign, ScaleFormat::f32},
-                                                  {Codec::topk, ScaleFormat::f32},
-                                                  {Codec::nf2, ScaleFormat::bf16},
-                                                  {Codec::int4, ScaleFormat::bf16}}) {
+  for (const auto& [c, scale] : codecs_and_scales()) {
+    if (c == Codec::none) continue;  // nothing lost, nothing kept
     const auto o = opts(c, 16, 0, scale);
     ErrorFeedback ef;
     const int64_t n = 300;

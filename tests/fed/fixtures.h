@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -197,6 +199,30 @@ inline bool bitwise_equal(const Weights& a, const Weights& b) {
     }
   }
   return true;
+}
+
+// a + b per value, in float32 as a view adds a decoded delta.
+inline Weights plus(const Weights& a, const Weights& b) {
+  Weights out;
+  for (size_t i = 0; i < a.size(); ++i) {
+    Tensor t = Tensor::empty(a[i].shape(), DType::f32);
+    for (int64_t j = 0; j < t.numel(); ++j)
+      t.data<float>()[j] = a[i].data<float>()[j] + b[i].data<float>()[j];
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// The largest |a - b| over every value.
+inline double worst_difference(const Weights& a, const Weights& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (int64_t j = 0; j < a[i].numel(); ++j) {
+      worst = std::max(worst, std::fabs(static_cast<double>(a[i].data<float>()[j]) -
+                                        static_cast<double>(b[i].data<float>()[j])));
+    }
+  }
+  return worst;
 }
 
 inline std::vector<nlohmann::json> read_jsonl(const fs::path& p) {

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include "base/rng.h"
+#include "fed/fixtures.h"
 #include "fed/model_view.h"
 
 using namespace pollen;
 using namespace pollen::fed;
+using namespace pollen::fed::testing;
 
 namespace {
 
@@ -23,32 +25,6 @@ Weights random_weights(uint64_t seed, double scale) {
     w.push_back(std::move(t));
   }
   return w;
-}
-
-Weights plus(const Weights& a, const Weights& b) {
-  Weights out;
-  for (size_t i = 0; i < a.size(); ++i) {
-    Tensor t = Tensor::empty(a[i].shape(), DType::f32);
-    for (int64_t j = 0; j < t.numel(); ++j)
-      t.data<float>()[j] = a[i].data<float>()[j] + b[i].data<float>()[j];
-    out.push_back(std::move(t));
-  }
-  return out;
-}
-
-double worst_difference(const Weights& a, const Weights& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    for (int64_t j = 0; j < a[i].numel(); ++j)
-      worst = std::max(
-          worst, std::fabs(static_cast<double>(a[i].data<float>()[j]) - b[i].data<float>()[j]));
-  return worst;
-}
-
-bool bitwise_equal(const Weights& a, const Weights& b) {
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(a[i].raw(), b[i].raw(), a[i].nbytes()) != 0) return false;
-  return a.size() == b.size();
 }
 
 // What a client does with a pulled set: the header's checks, then the rebuilt model.
