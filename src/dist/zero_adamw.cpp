@@ -113,12 +113,19 @@ void ZeroAdamW::gather_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& 
 
 void ZeroAdamW::load_state(const std::vector<Tensor>& exp_avg,
                            const std::vector<Tensor>& exp_avg_sq) {
-  POLLEN_ASSERT(exp_avg.size() == reducer_.params().size() &&
-                exp_avg_sq.size() == reducer_.params().size());
+  POLLEN_ASSERT(exp_avg.size() == reducer_.params().size());
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const Piece& p = pieces_[k];
     copy_floats(slots_[k].exp_avg.data<float>(),
                 exp_avg[p.param].contiguous().data<float>() + p.in_param, p.numel);
+  }
+  load_second_moments(exp_avg_sq);
+}
+
+void ZeroAdamW::load_second_moments(const std::vector<Tensor>& exp_avg_sq) {
+  POLLEN_ASSERT(exp_avg_sq.size() == reducer_.params().size());
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const Piece& p = pieces_[k];
     copy_floats(slots_[k].exp_avg_sq.data<float>(),
                 exp_avg_sq[p.param].contiguous().data<float>() + p.in_param, p.numel);
   }

@@ -34,6 +34,8 @@ class ZeroAdamW {
   void gather_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq);
   // Takes this rank's blocks of whole per-parameter moments (a checkpoint's).
   void load_state(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);
+  // Takes this rank's blocks of whole per-parameter second moments, keeping the first.
+  void load_second_moments(const std::vector<Tensor>& exp_avg_sq);
 
  private:
   // A run of this rank's block that lies in one parameter.

@@ -242,8 +242,9 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
     loss_sum += step_loss;
     r.tokens += scored;
   }
-  if (zero_ && !config_.state_dir.empty()) {
-    // The state rank 0 writes after the round: every rank's blocks, gathered while all are here.
+  if (zero_ && (!config_.state_dir.empty() || share_moments_)) {
+    // The state rank 0 writes (and the moments it shares) after the round: every rank's blocks,
+    // gathered while all are here.
     zero_->gather_state(gathered_.exp_avg, gathered_.exp_avg_sq);
     gathered_.steps = zero_->steps_taken();
     if (comm_->rank() != 0) gathered_ = {};
@@ -283,22 +284,21 @@ train::OptimizerMoments LocalTrainer::optimizer_moments() {
   return m;
 }
 
-std::vector<Tensor*> LocalTrainer::second_moments() {
-  POLLEN_CHECK(opt_ && comm_->world() == 1, "client '", config_.id,
-               "': strategy.second_moments needs a silo of one process (this one has ",
-               comm_->world(), " ranks)");
-  std::vector<Tensor*> v;
-  for (auto& slot : opt_->slots()) v.push_back(&slot.exp_avg_sq);
-  return v;
-}
-
 double LocalTrainer::second_moment_bias() const {
-  return 1.0 - std::pow(config_.train.beta2, static_cast<double>(opt_->steps_taken()));
+  const int64_t steps = zero_ ? zero_->steps_taken() : opt_->steps_taken();
+  return 1.0 - std::pow(config_.train.beta2, static_cast<double>(steps));
 }
 
 std::vector<float> LocalTrainer::factored_second_moments() {
-  const std::vector<Tensor*> v = second_moments();
-  std::vector<float> f = factor_second_moments(exchanged_specs(), {v.begin(), v.end()});
+  std::vector<const Tensor*> v;
+  if (zero_) {
+    POLLEN_CHECK(share_moments_ && !gathered_.exp_avg_sq.empty(), "client '", config_.id,
+                 "': no second moments gathered after the round (rank ", comm_->rank(), ")");
+    for (const Tensor& t : gathered_.exp_avg_sq) v.push_back(&t);
+  } else {
+    for (const auto& slot : opt_->slots()) v.push_back(&slot.exp_avg_sq);
+  }
+  std::vector<float> f = factor_second_moments(exchanged_specs(), v);
   // AdamW's estimate v / (1 - beta2^t), so that clients of another age agree on its scale.
   const double bias = second_moment_bias();
   for (float& x : f) x = bias > 0 ? static_cast<float>(x / bias) : 0.0f;
@@ -306,7 +306,15 @@ std::vector<float> LocalTrainer::factored_second_moments() {
 }
 
 void LocalTrainer::set_second_moments(const std::vector<float>& factored) {
-  const std::vector<Tensor*> v = second_moments();
+  // With ZeRO-1 the whole moments are rebuilt on every rank, which keeps its blocks of them.
+  std::vector<Tensor> whole;
+  std::vector<Tensor*> v;
+  if (zero_) {
+    for (const auto& s : exchanged_specs()) whole.push_back(Tensor::empty(s.shape, DType::f32));
+    for (Tensor& t : whole) v.push_back(&t);
+  } else {
+    for (auto& slot : opt_->slots()) v.push_back(&slot.exp_avg_sq);
+  }
   expand_second_moments(exchanged_specs(), factored, v);
   // Stored so that AdamW's estimate is the federation's: v / (1 - beta2^t) = shared. A client
   // that has not stepped yet (t = 0) keeps its empty moments, as AdamW starts.
@@ -315,6 +323,7 @@ void LocalTrainer::set_second_moments(const std::vector<float>& factored) {
     float* x = t->data<float>();
     for (int64_t j = 0; j < t->numel(); ++j) x[j] *= bias;
   }
+  if (zero_) zero_->load_second_moments(whole);
 }
 
 void LocalTrainer::load_checkpoint(const std::filesystem::path& dir) {
@@ -522,13 +531,11 @@ void Client::train_round(const pb::TaskReply& task) {
   POLLEN_CHECK(!task.token_counts() || !local_dp_, "client '", config_.id,
                "': the server weights rows by token counts (strategy.row_weighting), which "
                "[local_dp] does not protect; the client sends none");
-  POLLEN_CHECK(!task.second_moments() || (local_ && !local_dp_ && !several_ranks()), "client '",
-               config_.id,
-               "': the server shares the clients' second moments (strategy.second_moments), ",
-               local_dp_ ? "which [local_dp] does not protect"
-               : local_  ? "which a silo of several ranks does not support yet"
-                         : "which a [post] silo does not have",
-               "; the client sends none");
+  POLLEN_CHECK(
+      !task.second_moments() || (local_ && !local_dp_), "client '", config_.id,
+      "': the server shares the clients' second moments (strategy.second_moments), ",
+      local_dp_ ? "which [local_dp] does not protect" : "which a [post] silo does not have",
+      "; the client sends none");
   CompressOptions codec;
   codec.codec = parse_codec(task.codec());
   codec.block = task.codec_block();
@@ -544,16 +551,20 @@ void Client::train_round(const pb::TaskReply& task) {
   // What the client trains from and takes its pseudo-gradient against: the model rebuilt from the
   // pulled sets, the same values on both sides whatever the codec.
   const Weights& global = pull_model(task, model_codec);
-  // Shared second moments: the round starts from the federation's (none before round 2).
-  if (task.second_moments() && !pulled_second_moments_.empty())
-    local_->set_second_moments(pulled_second_moments_);
+  // Shared second moments: the round starts from the federation's (none before round 2), on
+  // every rank.
+  const std::vector<float> no_moments;
+  const std::vector<float>& moments = task.second_moments() ? pulled_second_moments_ : no_moments;
+  if (local_) local_->share_second_moments(task.second_moments());
+  if (!moments.empty()) local_->set_second_moments(moments);
   trainer_->set_exchanged_weights(global);
   // Drift correction (pre-training only): the move after each local step, on every rank.
   const Weights step_drift = drift_.step_drift(task.round(), global, task.local_steps());
   if (local_) local_->set_step_drift(step_drift);
   if (several_ranks()) {
-    send_order(local_->communicator(), {task.round(), task.local_steps(), task.evaluate()},
-               &local_->model(), step_drift);
+    send_order(local_->communicator(),
+               {task.round(), task.local_steps(), task.evaluate(), task.second_moments()},
+               &local_->model(), step_drift, moments);
   }
 
   pb::UpdateInfo info;

@@ -102,14 +102,17 @@ class LocalTrainer : public RoundTrainer {
   // Subtracted from the weights after every local step of the next train() calls (drift
   // correction, fed/drift_correction.h); empty: nothing.
   void set_step_drift(Weights drift) { step_drift_ = std::move(drift); }
-  // The inner AdamW's second moments, factored (fed/second_moments.h), and their replacement
-  // by the federation's; a silo of one process only.
+  // Whether the next train() calls share their second moments (strategy.second_moments): with
+  // ZeRO-1 they then gather the moments after training, as for the client's state.
+  void share_second_moments(bool on) { share_moments_ = on; }
+  // The inner AdamW's second moments after the last train(), factored (fed/second_moments.h);
+  // rank 0 of a silo of several ranks.
   std::vector<float> factored_second_moments();
+  // Replaces the inner AdamW's second moments by the federation's; every rank, before the round.
   void set_second_moments(const std::vector<float>& factored);
 
  private:
   void apply_step_drift();
-  std::vector<Tensor*> second_moments();
   double second_moment_bias() const;  // 1 - beta2^t of the inner AdamW
 
   ClientConfig config_;
@@ -121,6 +124,7 @@ class LocalTrainer : public RoundTrainer {
   std::unique_ptr<dist::ZeroAdamW> zero_;       // several ranks and parallel.zero = 1
   std::optional<optim::AdamW> opt_;             // otherwise
   train::OptimizerMoments gathered_;            // ZeRO-1: the moments after the last train()
+  bool share_moments_ = false;                  // strategy.second_moments this round
   int64_t micro_steps_ = 1;                     // per step and rank
   std::unique_ptr<data::Loader> train_, validation_;
   std::string manifest_hash_;

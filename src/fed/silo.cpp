@@ -3,6 +3,7 @@
 #include "base/log.h"
 #include "fed/client.h"
 #include "fed/client_state.h"
+#include "fed/second_moments.h"
 
 namespace pollen::fed {
 namespace {
@@ -27,17 +28,29 @@ void broadcast_drift(dist::Communicator& comm, Weights& drift) {
   for (const auto r : requests) comm.wait(r);
 }
 
+// The federation's factored second moments from rank 0 into `moments` (sized on the others).
+void broadcast_moments(dist::Communicator& comm, std::vector<float>& moments) {
+  comm.wait(comm.start_broadcast(moments.data(), static_cast<int64_t>(moments.size()), 0,
+                                 "the shared second moments"));
+}
+
 }  // namespace
 
 void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama* model,
-                const Weights& step_drift) {
-  int64_t words[4] = {order.round, order.local_steps, order.evaluate ? 1 : 0,
-                      step_drift.empty() ? 0 : 1};
+                const Weights& step_drift, const std::vector<float>& second_moments) {
+  int64_t words[6] = {order.round,
+                      order.local_steps,
+                      order.evaluate ? 1 : 0,
+                      step_drift.empty() ? 0 : 1,
+                      order.second_moments ? 1 : 0,
+                      static_cast<int64_t>(second_moments.size())};
   comm.broadcast(words, 0, "rank 0's order");
   if (order.round == 0) return;
   broadcast_weights(comm, *model);
   Weights drift = step_drift;  // shares the tensors: rank 0 only sends
   if (!drift.empty()) broadcast_drift(comm, drift);
+  std::vector<float> moments = second_moments;
+  if (!moments.empty()) broadcast_moments(comm, moments);
 }
 
 void follow_orders(const ClientConfig& config, dist::Communicator& comm,
@@ -52,7 +65,7 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
     load_client_state(config.state_dir, config.id, trainer, specs, feedback, drift, &pulled);
   }
   for (;;) {
-    int64_t words[4] = {0, 0, 0, 0};
+    int64_t words[6] = {0, 0, 0, 0, 0, 0};
     comm.wait_for_broadcast(words, 0, "rank 0's order");
     if (words[0] == 0) return;
     broadcast_weights(comm, trainer.model());
@@ -62,6 +75,15 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
       broadcast_drift(comm, step_drift);
     }
     trainer.set_step_drift(std::move(step_drift));
+    trainer.share_second_moments(words[4] != 0);
+    if (words[5] > 0) {
+      POLLEN_CHECK(words[5] == factored_size(specs), "fed client '", config.id, "' rank ",
+                   comm.rank(), ": rank 0 sends ", words[5], " second-moment values, expected ",
+                   factored_size(specs));
+      std::vector<float> moments(static_cast<size_t>(words[5]));
+      broadcast_moments(comm, moments);
+      trainer.set_second_moments(moments);
+    }
     try {
       if (words[2] != 0) {
         int64_t tokens = 0;

@@ -19,13 +19,15 @@ namespace pollen::fed {
 struct RoundOrder {
   int64_t round = 0;  // 0: the run is over
   int64_t local_steps = 0;
-  bool evaluate = false;  // score the global model on the validation split first
+  bool evaluate = false;        // score the global model on the validation split first
+  bool second_moments = false;  // the round shares the inner AdamW's second moments
 };
 
-// Rank 0: sends the order and, for a round, `model`'s weights (the global model) and the round's
-// step drift (fed/drift_correction.h; empty: none) to the others.
+// Rank 0: sends the order and, for a round, `model`'s weights (the global model), the round's
+// step drift (fed/drift_correction.h; empty: none) and the federation's factored second moments
+// to start from (fed/second_moments.h; empty: none) to the others.
 void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama* model,
-                const Weights& step_drift = {});
+                const Weights& step_drift = {}, const std::vector<float>& second_moments = {});
 
 // Every rank but 0: resumes the client's state under config.state_dir as rank 0 does, then
 // trains the rounds rank 0 orders until it says the run is over. While rank 0 talks to the

@@ -37,9 +37,11 @@ struct Federation {
 // A server of 2 rounds of 3 local steps (FedAvg, lr 1: the new global model is the old one minus
 // the only client's pseudo-gradient; or `strategy`) and its client: a global batch of 4 rows per
 // step (2 rows, 2 micro-steps in one process; 1 micro-step of 2 rows per rank on 2 ranks),
-// evaluation every round, the client's state under state/, `train` added to its [train].
+// evaluation every round, the client's state under state/, `train` added to its [train] and
+// `strategy_keys` to the server's [strategy].
 Federation write_federation(const std::string& name, const std::string& parallel = "",
-                            const std::string& strategy = "fedavg", const std::string& train = "") {
+                            const std::string& strategy = "fedavg", const std::string& train = "",
+                            const std::string& strategy_keys = "") {
   static int runs = 0;
   Federation f{temp_dir(name), 20000 + static_cast<int>((::getpid() * 7 + 31 * runs++) % 20000)};
   write_file_atomic(
@@ -47,7 +49,7 @@ Federation write_federation(const std::string& name, const std::string& parallel
       cat("[server]\ndir = '", (f.dir / "server").string(), "'\naddress = '", f.address(),
           "'\nseed = 5\nrounds = 2\nlocal_steps = 3\nround_timeout_s = 120\n"
           "wait_for_clients_s = 60\n[strategy]\nname = '",
-          strategy, "'\n", kModel));
+          strategy, "'\n", strategy_keys, kModel));
   write_file_atomic(
       f.dir / "client.toml",
       cat("[client]\nid = 'silo-0'\nserver = '", f.address(),
@@ -198,6 +200,26 @@ TEST(FederatedSilo, TwoRanksApplyTheDriftCorrectionOfOneProcess) {
   ASSERT_EQ(uncorrected.size(), ref.size());
   EXPECT_GT(max_abs(difference(uncorrected.back(), ref.back())), 1e-6);
   for (const auto* f : {&one, &two, &plain}) fs::remove_all(f->dir);
+}
+
+TEST(FederatedSilo, TwoRanksShareTheSecondMomentsOfOneProcess) {
+  // strategy.second_moments: round 2 starts from the federation's moments (round 1's, through
+  // the wire's 8-bit codes) on every rank, with and without ZeRO-1; a rank that kept its own
+  // would train other weights, and rank 0's pseudo-gradient would differ from one process's.
+  const auto sharing = [](const std::string& name, const std::string& parallel) {
+    return write_federation(name, parallel, "diloco", "", "second_moments = 'factored'\n");
+  };
+  const Federation one = sharing("moments_one", ""), two = sharing("moments_two", "");
+  const Federation zero = sharing("moments_zero", "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n");
+  const auto ref = federate(one, 1);
+  expect_same_pseudo_gradients(federate(two, 2), "2 ranks sharing second moments", ref);
+  expect_same_pseudo_gradients(federate(zero, 2, true), "2 ranks, ZeRO-1, sharing moments", ref);
+  // And sharing changed round 2 (against the same federation without it).
+  const Federation plain = write_federation("moments_plain", "", "diloco");
+  const auto own = federate(plain, 1);
+  ASSERT_EQ(own.size(), ref.size());
+  EXPECT_GT(max_abs(difference(own.back(), ref.back())), 1e-6);
+  for (const auto* f : {&one, &two, &zero, &plain}) fs::remove_all(f->dir);
 }
 
 TEST(FederatedSilo, KilledRankIsNamedAndTheClientResumesAsOneProcess) {
