@@ -551,21 +551,21 @@ void Client::train_round(const pb::TaskReply& task) {
   // What the client trains from and takes its pseudo-gradient against: the model rebuilt from the
   // pulled sets, the same values on both sides whatever the codec.
   const Weights& global = pull_model(task, model_codec);
-  // Shared second moments: the round starts from the federation's (none before round 2), on
-  // every rank.
-  const std::vector<float> no_moments;
-  const std::vector<float>& moments = task.second_moments() ? pulled_second_moments_ : no_moments;
-  if (local_) local_->share_second_moments(task.second_moments());
-  if (!moments.empty()) local_->set_second_moments(moments);
   trainer_->set_exchanged_weights(global);
   // Drift correction (pre-training only): the move after each local step, on every rank.
   const Weights step_drift = drift_.step_drift(task.round(), global, task.local_steps());
   if (local_) local_->set_step_drift(step_drift);
+  // Shared second moments: the round starts from the federation's (none before round 2), on
+  // every rank; rank 0 takes them once the others have them too.
+  const std::vector<float> no_moments;
+  const std::vector<float>& moments = task.second_moments() ? pulled_second_moments_ : no_moments;
   if (several_ranks()) {
     send_order(local_->communicator(),
                {task.round(), task.local_steps(), task.evaluate(), task.second_moments()},
                &local_->model(), step_drift, moments);
   }
+  if (local_) local_->share_second_moments(task.second_moments());
+  if (!moments.empty()) local_->set_second_moments(moments);
 
   pb::UpdateInfo info;
   info.set_client_id(config_.id);

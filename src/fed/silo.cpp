@@ -77,11 +77,11 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
     trainer.set_step_drift(std::move(step_drift));
     trainer.share_second_moments(words[4] != 0);
     if (words[5] > 0) {
-      POLLEN_CHECK(words[5] == factored_size(specs), "fed client '", config.id, "' rank ",
-                   comm.rank(), ": rank 0 sends ", words[5], " second-moment values, expected ",
-                   factored_size(specs));
       std::vector<float> moments(static_cast<size_t>(words[5]));
-      broadcast_moments(comm, moments);
+      broadcast_moments(comm, moments);  // received before any check, as rank 0 sends them
+      POLLEN_CHECK(words[5] == factored_size(specs), "fed client '", config.id, "' rank ",
+                   comm.rank(), ": rank 0 sent ", words[5], " second-moment values, expected ",
+                   factored_size(specs));
       trainer.set_second_moments(moments);
     }
     try {

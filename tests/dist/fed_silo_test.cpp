@@ -37,11 +37,11 @@ struct Federation {
 // A server of 2 rounds of 3 local steps (FedAvg, lr 1: the new global model is the old one minus
 // the only client's pseudo-gradient; or `strategy`) and its client: a global batch of 4 rows per
 // step (2 rows, 2 micro-steps in one process; 1 micro-step of 2 rows per rank on 2 ranks),
-// evaluation every round, the client's state under state/, `train` added to its [train] and
-// `strategy_keys` to the server's [strategy].
+// evaluation every round, the client's state under state/ (unless not `keep_state`), `train` added
+// to its [train] and `strategy_keys` to the server's [strategy].
 Federation write_federation(const std::string& name, const std::string& parallel = "",
                             const std::string& strategy = "fedavg", const std::string& train = "",
-                            const std::string& strategy_keys = "") {
+                            const std::string& strategy_keys = "", bool keep_state = true) {
   static int runs = 0;
   Federation f{temp_dir(name), 20000 + static_cast<int>((::getpid() * 7 + 31 * runs++) % 20000)};
   write_file_atomic(
@@ -52,9 +52,9 @@ Federation write_federation(const std::string& name, const std::string& parallel
           strategy, "'\n", strategy_keys, kModel));
   write_file_atomic(
       f.dir / "client.toml",
-      cat("[client]\nid = 'silo-0'\nserver = '", f.address(),
-          "'\nseed = 100\nthreads = 1\nstate_dir = '", (f.dir / "state").string(),
-          "'\n[data]\nmanifests = ['", silo_data().string(),
+      cat("[client]\nid = 'silo-0'\nserver = '", f.address(), "'\nseed = 100\nthreads = 1\n",
+          keep_state ? cat("state_dir = '", (f.dir / "state").string(), "'\n") : std::string(),
+          "[data]\nmanifests = ['", silo_data().string(),
           "']\n[train]\nmicro_batch = 2\naccumulation = 2\nseq = 16\nlr = 3e-3\n"
           "eval_batches = 2\n",
           train, "[parallel]\n", parallel.empty() ? "timeout_s = 20\n" : parallel, kModel));
@@ -206,11 +206,13 @@ TEST(FederatedSilo, TwoRanksShareTheSecondMomentsOfOneProcess) {
   // strategy.second_moments: round 2 starts from the federation's moments (round 1's, through
   // the wire's 8-bit codes) on every rank, with and without ZeRO-1; a rank that kept its own
   // would train other weights, and rank 0's pseudo-gradient would differ from one process's.
-  const auto sharing = [](const std::string& name, const std::string& parallel) {
-    return write_federation(name, parallel, "diloco", "", "second_moments = 'factored'\n");
+  // ZeRO-1 without a state folder: the ranks gather the moments for rank 0 to factor anyway.
+  const auto sharing = [](const std::string& name, const std::string& parallel, bool state) {
+    return write_federation(name, parallel, "diloco", "", "second_moments = 'factored'\n", state);
   };
-  const Federation one = sharing("moments_one", ""), two = sharing("moments_two", "");
-  const Federation zero = sharing("moments_zero", "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n");
+  const Federation one = sharing("moments_one", "", true), two = sharing("moments_two", "", true);
+  const Federation zero =
+      sharing("moments_zero", "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n", false);
   const auto ref = federate(one, 1);
   expect_same_pseudo_gradients(federate(two, 2), "2 ranks sharing second moments", ref);
   expect_same_pseudo_gradients(federate(zero, 2, true), "2 ranks, ZeRO-1, sharing moments", ref);
