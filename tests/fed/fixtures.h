@@ -225,6 +225,17 @@ inline double worst_difference(const Weights& a, const Weights& b) {
   return worst;
 }
 
+// What load_server_config says of `toml` written to `file`: the error, or "" when it accepts it.
+inline std::string server_config_error(const fs::path& file, const std::string& toml) {
+  write_file_atomic(file, toml);
+  try {
+    load_server_config(file);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 inline std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
   std::vector<nlohmann::json> out;
   std::ifstream in(p);
