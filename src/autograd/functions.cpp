@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "ops/attention.h"
+#include "ops/check.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -97,7 +98,8 @@ Var linear(const Var& x, const Var& w, const Var* bias) {
 Var rmsnorm(const Var& x, const Var& w, double eps) {
   const int64_t c = w.size(0);
   const Tensor x2 = x.value().reshape({-1, c});
-  Tensor y = empty_like(x2), rstd = Tensor::empty({x2.size(0)}, x.dtype(), x2.device());
+  Tensor y = empty_like(x2);
+  Tensor rstd = Tensor::empty({x2.size(0)}, ops::statistics_dtype(x2), x2.device());
   ops::rmsnorm_forward(x2, w.value(), eps, y, rstd);
   const bool record = should_record({&x, &w});
   Var out = make_output(y.view(x.shape()), record);
@@ -134,7 +136,8 @@ Var attention(const Var& q, const Var& k, const Var& v, const Tensor& seg_start,
   const Tensor qc = q.value().contiguous(), kc = k.value().contiguous(),
                vc = v.value().contiguous();
   Tensor out = empty_like(qc);
-  Tensor lse = Tensor::empty({qc.size(0), qc.size(2), qc.size(1)}, qc.dtype(), qc.device());
+  Tensor lse =
+      Tensor::empty({qc.size(0), qc.size(2), qc.size(1)}, ops::statistics_dtype(qc), qc.device());
   ops::attention_forward(qc, kc, vc, seg_start, scale, out, lse);
   const bool record = should_record({&q, &k, &v});
   Var y = make_output(out, record);
@@ -220,7 +223,8 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
   }
   if (scored) *scored = count;
   if (reduction == Reduction::mean) loss = count > 0 ? loss / static_cast<double>(count) : 0.0;
-  Var y = make_output(Tensor::full({1}, loss, h.dtype()), record);
+  // The loss is a host scalar in the statistics dtype: f32 for a bf16 model on the GPU.
+  Var y = make_output(Tensor::full({1}, loss, ops::statistics_dtype(h.value())), record);
   if (record) {
     on_backward(y, [hn = h.node(), wn = w.node(), grads](const Tensor& dy) mutable {
       const double s = dy.item();

@@ -22,6 +22,7 @@ void add_bench_command(CLI::App& app) {
   auto model = std::make_shared<std::string>("llama-tiny");
   auto opts = std::make_shared<train::StepBenchOptions>();
   auto device = std::make_shared<std::string>("cpu");
+  auto compute = std::make_shared<std::string>("f32");
   step->add_option("--model", *model,
                    "Preset (llama-tiny, llama-cpu, llama-124m, llama-1b, "
                    "smollm2-135m) or a model .toml file")
@@ -34,10 +35,16 @@ void add_bench_command(CLI::App& app) {
   step->add_option("--seed", opts->seed, "Seed for weights and tokens")->capture_default_str();
   step->add_flag("--recompute", opts->recompute, "Recompute each layer's activations in backward");
   step->add_option("--device", *device,
-                   "cpu, or cuda: the model, gradients and AdamW state on the GPU (float32)")
+                   "cpu, or cuda: the model, gradients and AdamW state on the GPU")
       ->capture_default_str();
-  step->callback([model, opts, device] {
+  step->add_option("--compute", *compute,
+                   "f32, or bf16 (cuda only): bf16 weights, activations and gradients, with "
+                   "f32 master weights and AdamW state")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  step->callback([model, opts, device, compute] {
     opts->device = parse_device(*device);
+    opts->compute = *compute == "bf16" ? DType::bf16 : DType::f32;
     auto result = train::run_step_bench(model::resolve_config(*model), *opts);
     std::printf("%s\n", result.to_json().c_str());
   });

@@ -33,4 +33,8 @@ void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype
   POLLEN_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
 }
 
+DType statistics_dtype(const Tensor& x) {
+  return x.device() == Device::cuda ? DType::f32 : x.dtype();
+}
+
 }  // namespace pollen::ops

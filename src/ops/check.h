@@ -19,6 +19,10 @@ void expect(const char* op, const char* name, const Tensor& t, const Shape& shap
 void check_tensor(const char* op, const char* name, const Tensor& t, DType dtype,
                   const Shape& shape, const char* layout);
 
+// The dtype of an op's per-row statistics (rmsnorm's rstd, attention's lse, a loss): the
+// input's on the CPU; f32 on the GPU, where f32 and bf16 inputs are both computed in f32.
+DType statistics_dtype(const Tensor& x);
+
 // Calls f(float{}) or f(double{}) for the float compute dtypes; other dtypes are an error.
 template <typename F>
 void dispatch_float(const char* op, DType dtype, F&& f) {

@@ -5,13 +5,6 @@
 #include "ops/cuda/kernels.h"
 
 namespace pollen::ops {
-namespace {
-// rstd is kept in the compute dtype: x's on the CPU, f32 on the GPU (x f32 or bf16).
-DType rstd_dtype(const Tensor& x) {
-  return x.device() == Device::cuda ? DType::f32 : x.dtype();
-}
-}  // namespace
-
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
   const int64_t c = w.numel(), n = x.numel() / (c ? c : 1);
   const DType dt = x.dtype();
@@ -19,7 +12,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Te
   expect("rmsnorm", "x", x, {n, c}, dt, dev);
   expect("rmsnorm", "w", w, {c}, dt, dev);
   expect("rmsnorm", "y", y, {n, c}, dt, dev);
-  expect("rmsnorm", "rstd", rstd, {n}, rstd_dtype(x), dev);
+  expect("rmsnorm", "rstd", rstd, {n}, statistics_dtype(x), dev);
 #if POLLEN_HAVE_CUDA
   if (dev == Device::cuda)
     return cuda::rmsnorm_forward(dt, x.raw(), w.raw(), y.raw(), rstd.data<float>(), n, c, eps);
@@ -37,7 +30,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   expect("rmsnorm_backward", "dy", dy, {n, c}, dt, dev);
   expect("rmsnorm_backward", "x", x, {n, c}, dt, dev);
   expect("rmsnorm_backward", "w", w, {c}, dt, dev);
-  expect("rmsnorm_backward", "rstd", rstd, {n}, rstd_dtype(x), dev);
+  expect("rmsnorm_backward", "rstd", rstd, {n}, statistics_dtype(x), dev);
   expect("rmsnorm_backward", "dx", dx, {n, c}, dt, dev);
   expect("rmsnorm_backward", "dw", dw, {c}, dt, dev);
 #if POLLEN_HAVE_CUDA

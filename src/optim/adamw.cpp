@@ -25,6 +25,20 @@ AdamW::AdamW(std::vector<ag::Var> params, const AdamWOptions& options,
     slots_[i].weight_decay = decay[i] ? options_.weight_decay : 0.0;
 }
 
+void AdamW::compute_in_bf16() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ag::Var& p = params_[i];
+    ops::AdamWSlot& slot = slots_[i];
+    if (slot.model_copy.defined()) continue;
+    POLLEN_CHECK(p.value().device() == Device::cuda && p.dtype() == DType::f32,
+                 "AdamW: bf16 compute needs f32 parameters on the GPU; parameter '", p.name(),
+                 "' is ", dtype_name(p.dtype()), " on ", device_name(p.value().device()));
+    slot.model_copy = p.value().to(DType::bf16);  // slot.param keeps the f32 tensor
+    p.node()->value = slot.model_copy;
+    p.node()->grad = Tensor();
+  }
+}
+
 double grad_norm(const std::vector<ag::Var>& params) {
   std::vector<Tensor> grads;
   for (const auto& p : params)

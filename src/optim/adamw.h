@@ -29,9 +29,16 @@ class AdamW {
   double step(double lr);
   void zero_grad();
 
+  // Mixed precision, GPU only: from here on each parameter's value is a bf16 copy of its weights,
+  // which the model computes with (so its gradients come in bf16). The f32 weights stay in the
+  // slots as master weights beside the f32 moments, and every step rewrites the copies from them.
+  void compute_in_bf16();
+  bool computes_in_bf16() const { return !slots_.empty() && slots_[0].model_copy.defined(); }
+
   int64_t steps_taken() const { return step_; }
   const AdamWOptions& options() const { return options_; }
-  // The optimizer state per parameter (exp_avg, exp_avg_sq), for checkpoints.
+  // The optimizer state per parameter (the f32 weights in param, exp_avg, exp_avg_sq), for
+  // checkpoints.
   const std::vector<ops::AdamWSlot>& slots() const { return slots_; }
   std::vector<ops::AdamWSlot>& slots() { return slots_; }
   // Restoring from a checkpoint: the count of updates already taken (for bias correction).

@@ -37,6 +37,7 @@ std::string StepBenchResult::to_json() const {
   j["loss"] = std::round(last_loss * 1000) / 1000;
   j["peak_rss_mb"] = std::round(peak_rss_mb);
   j["device"] = device;
+  j["compute"] = compute;
   if (device != "cpu") j["peak_device_mb"] = std::round(peak_device_mb);
   j["losses"] = losses;
   return j.dump();
@@ -52,6 +53,13 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
   model.set_recompute(o.recompute);
   const bool gpu = o.device == Device::cuda;
   optim::AdamW opt(model.parameters(), optim::AdamWOptions{});
+  if (o.compute == DType::bf16) {
+    POLLEN_CHECK(gpu, "bench step: bf16 compute runs on the GPU only (--device cuda)");
+    opt.compute_in_bf16();
+  } else {
+    POLLEN_CHECK(o.compute == DType::f32, "bench step: compute dtype must be f32 or bf16, got ",
+                 dtype_name(o.compute));
+  }
 
   Rng rng(o.seed + 1);
   Tensor tokens = Tensor::empty({o.batch, o.seq}, DType::i32);
@@ -107,6 +115,7 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
   r.last_loss = loss;
   r.peak_rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;
   r.device = device_name(o.device);
+  r.compute = dtype_name(o.compute);
   if (gpu) {
     r.peak_device_mb =
         static_cast<double>(CudaAllocator::instance().stats().peak_in_use_bytes) / (1 << 20);

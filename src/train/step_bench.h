@@ -8,6 +8,7 @@
 
 #include "model/config.h"
 #include "tensor/device.h"
+#include "tensor/dtype.h"
 
 namespace pollen::train {
 
@@ -17,6 +18,8 @@ struct StepBenchOptions {
   bool recompute = false;
   uint64_t seed = 0;
   Device device = Device::cpu;  // cuda: the model, its gradients and AdamW's state on the GPU
+  // f32, or bf16 (GPU only): the model computes in bf16 while AdamW keeps f32 master weights.
+  DType compute = DType::f32;
 };
 
 struct StepBenchResult {
@@ -25,7 +28,7 @@ struct StepBenchResult {
   int64_t params = 0, batch = 0, seq = 0, steps = 0;
   double step_ms = 0, cpu_ms = 0, tokens_per_s = 0, flops_per_token = 0, gflops = 0, last_loss = 0;
   double peak_rss_mb = 0;
-  std::string device = "cpu";
+  std::string device = "cpu", compute = "f32";
   double peak_device_mb = 0;    // cuda: the allocator's peak of bytes in use
   std::vector<double> losses;   // every step's loss, warm-up steps first (same seed: same data)
   std::string to_json() const;  // one line
