@@ -39,6 +39,11 @@ void AdamW::compute_in_bf16() {
   }
 }
 
+void AdamW::refresh_model_copies() {
+  for (auto& slot : slots_)
+    if (slot.model_copy.defined()) slot.model_copy.copy_(slot.param);
+}
+
 double grad_norm(const std::vector<ag::Var>& params) {
   std::vector<Tensor> grads;
   for (const auto& p : params)

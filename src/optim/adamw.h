@@ -34,6 +34,8 @@ class AdamW {
   // slots as master weights beside the f32 moments, and every step rewrites the copies from them.
   void compute_in_bf16();
   bool computes_in_bf16() const { return !slots_.empty() && slots_[0].model_copy.defined(); }
+  // Rewrites the bf16 copies from the master weights (after loading these from a checkpoint).
+  void refresh_model_copies();
 
   int64_t steps_taken() const { return step_; }
   const AdamWOptions& options() const { return options_; }

@@ -258,8 +258,12 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
     POLLEN_CHECK(c.device == "cpu" || c.device == "cuda", run->where("device"),
                  ": expected \"cpu\" or \"cuda\", got \"", c.device, "\"");
     c.precision = run->get_string("precision", "f32");
-    POLLEN_CHECK(c.precision == "f32", run->where("precision"), ": expected \"f32\" (the ",
-                 "only training precision so far), got \"", c.precision, "\"");
+    POLLEN_CHECK(c.precision == "f32" || c.precision == "bf16", run->where("precision"),
+                 ": expected \"f32\" or \"bf16\" (bf16 compute with f32 master weights, on ",
+                 "the GPU), got \"", c.precision, "\"");
+    POLLEN_CHECK(c.precision == "f32" || c.device == "cuda", run->where("precision"),
+                 ": run.precision = \"", c.precision,
+                 "\" needs run.device = \"cuda\": the CPU trains in f32");
     run->finish();
   }
 
@@ -415,9 +419,10 @@ std::string TrainConfig::to_toml() const {
 
 bool key_may_change_on_resume(const std::string& key) {
   return key == "run.name" || key == "run.dir" || key == "run.threads" || key == "run.device" ||
-         key == "train.steps" || key == "train.max_bad_steps" || key.starts_with("eval.") ||
-         key.starts_with("samples.") || key.starts_with("checkpoint.") ||
-         key.starts_with("metrics.") || key.starts_with("parallel.");
+         key == "run.precision" || key == "train.steps" || key == "train.max_bad_steps" ||
+         key.starts_with("eval.") || key.starts_with("samples.") ||
+         key.starts_with("checkpoint.") || key.starts_with("metrics.") ||
+         key.starts_with("parallel.");
 }
 
 std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const TrainConfig& now) {
@@ -439,9 +444,10 @@ std::vector<std::string> check_resume_compatible(
     } else if (key == "train.steps") {
       warnings.push_back(cat(change, ": the schedule now ends at the new step count, so the ",
                              "learning rate differs from the checkpointed run's from here on"));
-    } else if (key == "run.threads" || key == "run.device") {
-      warnings.push_back(cat(change, ": a different thread count or device gives results that ",
-                             "agree to rounding, not bitwise"));
+    } else if (key == "run.threads" || key == "run.device" || key == "run.precision") {
+      warnings.push_back(cat(change,
+                             ": a different thread count, device or precision gives results ",
+                             "that agree to rounding, not bitwise"));
     }
   }
   POLLEN_CHECK(refused.empty(), "cannot resume: these keys differ from the checkpoint's config ",

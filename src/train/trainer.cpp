@@ -155,11 +155,11 @@ std::vector<bool> decay_mask(const std::vector<std::pair<std::string, ag::Var>>&
   return mask;
 }
 
-double measure_peak_flops(Device device) {
+double measure_peak_flops(Device device, DType dtype) {
   const int64_t n = device == Device::cpu ? 1024 : 4096;
-  Tensor a = Tensor::full({n, n}, 0.5, DType::f32).to(device);
-  Tensor b = Tensor::full({n, n}, 0.25, DType::f32).to(device);
-  Tensor c = Tensor::zeros({n, n}, DType::f32, device);
+  Tensor a = Tensor::full({n, n}, 0.5, dtype).to(device);
+  Tensor b = Tensor::full({n, n}, 0.25, dtype).to(device);
+  Tensor c = Tensor::zeros({n, n}, dtype, device);
   ops::gemm(a, false, b, false, c);  // warm up
   if (device == Device::cuda) cuda::synchronize();
   double best = 0;
@@ -220,10 +220,34 @@ CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const mod
   return write_checkpoint(root, step, {weights}, trained, moments, state, config_toml, {});
 }
 
+namespace {
+// The weights a checkpoint holds for `model` trained by `opt`: its parameters' values, or in
+// mixed precision the optimizer's f32 master weights in their place.
+std::vector<std::pair<std::string, Tensor>> checkpoint_weights(const model::Llama& model,
+                                                               const optim::AdamW& opt) {
+  const auto named = model.named_parameters();
+  POLLEN_ASSERT(opt.slots().size() == named.size());
+  std::vector<std::pair<std::string, Tensor>> weights;
+  for (size_t i = 0; i < named.size(); ++i) {
+    weights.emplace_back(named[i].first,
+                         opt.computes_in_bf16() ? opt.slots()[i].param : named[i].second.value());
+  }
+  return weights;
+}
+}  // namespace
+
 CheckpointWritten write_checkpoint(const fs::path& root, int64_t step, const model::Llama& model,
                                    const optim::AdamW& opt, const nlohmann::ordered_json& state,
                                    const std::string& config_toml) {
-  return write_checkpoint(root, step, model, moments_of(opt), state, config_toml);
+  if (!opt.computes_in_bf16())
+    return write_checkpoint(root, step, model, moments_of(opt), state, config_toml);
+  CheckpointTensors weights{"model.safetensors", {}};
+  std::vector<std::string> trained;
+  for (auto& [name, t] : checkpoint_weights(model, opt)) {
+    weights.tensors.emplace_back(name, t);
+    trained.push_back(name);
+  }
+  return write_checkpoint(root, step, {weights}, trained, moments_of(opt), state, config_toml, {});
 }
 
 void log_checkpoint_and_retain(const fs::path& root, int64_t step, const CheckpointWritten& w,
@@ -296,7 +320,13 @@ void load_checkpoint(const fs::path& dir, const model::Llama& model, OptimizerMo
 
 void load_checkpoint(const fs::path& dir, const model::Llama& model, optim::AdamW& opt) {
   OptimizerMoments m = moments_of(opt);  // loaded in place
-  load_checkpoint(dir, model, m);
+  if (opt.computes_in_bf16()) {
+    load_checkpoint_tensors(dir / "model.safetensors", checkpoint_weights(model, opt));
+    load_optimizer_moments(dir, model.named_parameters(), m);
+    opt.refresh_model_copies();
+  } else {
+    load_checkpoint(dir, model, m);
+  }
   opt.set_steps_taken(m.steps);
 }
 
@@ -366,6 +396,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
     zero = std::make_unique<dist::ZeroAdamW>(*reducer, ao, decay_mask(named, cfg.no_decay));
   } else {
     opt.emplace(params, ao, decay_mask(named, cfg.no_decay));
+    if (cfg.precision == "bf16") opt->compute_in_bf16();  // on the GPU: the config requires it
   }
   auto optimizer_step = [&](double lr) { return zero ? zero->step(lr) : opt->step(lr); };
   auto optimizer_state_bytes = [&] {
@@ -481,7 +512,10 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   const std::string config_toml = cfg.to_toml();
   if (lead) write_file_atomic(cfg.dir / "config.toml", config_toml);
 
-  const double peak = cfg.peak_flops > 0 ? cfg.peak_flops : measure_peak_flops(device);
+  const double peak =
+      cfg.peak_flops > 0
+          ? cfg.peak_flops
+          : measure_peak_flops(device, cfg.precision == "bf16" ? DType::bf16 : DType::f32);
   const double flops_per_token = cfg.model.flops_per_token(cfg.seq);
   log::info("training ", cfg.model.name, " (", cfg.model.parameter_count(), " parameters) for ",
             cfg.steps, " steps of ", cfg.batch_tokens, " tokens (", accum, " x ", cfg.micro_batch,

@@ -81,12 +81,14 @@ AccumulatedLoss accumulate_gradients(const model::Llama& model,
 std::vector<bool> decay_mask(const std::vector<std::pair<std::string, ag::Var>>& params,
                              const std::vector<std::string>& no_decay);
 
-// This machine's f32 GEMM rate (FLOP/s), MFU's default peak: on pollen's thread pool, or on the
-// GPU (cuBLASLt, fp32 accumulation, no TF32).
-double measure_peak_flops(Device device = Device::cpu);
+// This machine's GEMM rate (FLOP/s) in `dtype`, MFU's default peak: f32 on pollen's thread pool,
+// or f32 or bf16 on the GPU (cuBLASLt, fp32 accumulation, no TF32).
+double measure_peak_flops(Device device = Device::cpu, DType dtype = DType::f32);
 
 // A checkpoint of a model and its optimizer: model.safetensors (HF names), optimizer.safetensors
 // (<name>.exp_avg, <name>.exp_avg_sq; metadata "step"), plus the given JSON state and config.
+// The optimizer's parameters are the model's, in named_parameters() order. In mixed precision
+// (AdamW::compute_in_bf16) the f32 master weights are written, and loaded back into them.
 struct CheckpointWritten {
   std::filesystem::path dir;
   io::WriteStats stats;

@@ -146,9 +146,18 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   // A GPU run may continue on the CPU and back: warned, not refused.
   changed.device = "cuda";
   EXPECT_EQ(train::check_resume_compatible(c, changed).size(), 2u);
+  // So may its precision: checkpoints hold f32 weights either way.
+  changed.precision = "bf16";
+  EXPECT_EQ(train::check_resume_compatible(c, changed).size(), 3u);
   e = err(base, {"run.device=\"tpu\""});
   EXPECT_NE(e.find("run.device"), std::string::npos) << e;
   EXPECT_NE(e.find("expected \"cpu\" or \"cuda\""), std::string::npos) << e;
+  e = err(base, {"run.precision=\"fp16\""});
+  EXPECT_NE(e.find("run.precision"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected \"f32\" or \"bf16\""), std::string::npos) << e;
+  // bf16 compute needs the GPU: refused on the CPU, naming both keys.
+  e = err(base, {"run.precision=\"bf16\""});
+  EXPECT_NE(e.find("run.precision = \"bf16\" needs run.device = \"cuda\""), std::string::npos) << e;
   changed.lr = 0.5;
   changed.seq = 8;
   e = error_of([&] { train::check_resume_compatible(c, changed); });
