@@ -1,5 +1,6 @@
 #include "autograd/token_logprobs.h"
 
+#include "ops/check.h"
 #include "ops/token_logprobs.h"
 
 namespace pollen::ag {
@@ -7,9 +8,13 @@ namespace pollen::ag {
 Var token_logprobs(const Var& h, const Var& w, const Tensor& targets) {
   const int64_t c = w.size(1);
   const Tensor h2 = h.value().reshape({-1, c});
-  const Tensor tg = targets.reshape({-1});
+  Tensor tg = targets.reshape({-1});
+  if (tg.device() != h2.device()) tg = tg.to(h2.device());  // a GPU model's targets move over
   const int64_t n = tg.numel();
-  Tensor logp = Tensor::empty({n}, h.dtype()), lse = Tensor::empty({n}, h.dtype());
+  // logp and lse in the statistics dtype: f32 on the GPU, also for a bf16 model.
+  const DType stats = ops::statistics_dtype(h2);
+  const Device dev = h2.device();
+  Tensor logp = Tensor::empty({n}, stats, dev), lse = Tensor::empty({n}, stats, dev);
   ops::token_logprobs_forward(h2, w.value(), tg, logp, lse);
   const bool record = should_record({&h, &w});
   Var y(logp, record);
@@ -17,8 +22,8 @@ Var token_logprobs(const Var& h, const Var& w, const Tensor& targets) {
   if (!record) return y;
   active_tape()->record([out = y.node(), hn = h.node(), wn = w.node(), h2, tg, lse]() mutable {
     if (!out->grad.defined()) return;
-    Tensor dh = Tensor::empty(h2.shape(), h2.dtype());
-    Tensor dw = Tensor::zeros(wn->value.shape(), wn->value.dtype());
+    Tensor dh = Tensor::empty(h2.shape(), h2.dtype(), h2.device());
+    Tensor dw = Tensor::zeros(wn->value.shape(), wn->value.dtype(), h2.device());
     ops::token_logprobs_backward(out->grad, h2, wn->value, tg, lse, dh, dw);
     if (hn->requires_grad) accumulate(hn, dh.view(hn->value.shape()));
     if (wn->requires_grad) accumulate(wn, dw);

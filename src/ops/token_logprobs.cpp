@@ -7,16 +7,25 @@
 #include "ops/check.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cross_entropy.h"
+#include "ops/cuda/kernels.h"
+#include "tensor/cuda_memory.h"
 
 namespace pollen::ops {
 namespace {
 
+// h, w and targets on one device, shapes and dtypes as documented; every target below the
+// vocabulary (read on the host, from a copy for GPU targets).
 void check_args(const char* op, const Tensor& h, const Tensor& w, const Tensor& targets) {
   const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
-  expect(op, "h", h, {n, c}, h.dtype());
-  expect(op, "w", w, {v, c}, h.dtype());
-  expect(op, "targets", targets, {n}, DType::i32);
-  const int32_t* tg = targets.data<int32_t>();
+  const Device dev = h.device();
+  expect(op, "h", h, {n, c}, h.dtype(), dev);
+  expect(op, "w", w, {v, c}, h.dtype(), dev);
+  expect(op, "targets", targets, {n}, DType::i32, dev);
+  if (dev == Device::cuda)
+    POLLEN_CHECK(h.dtype() == DType::f32 || h.dtype() == DType::bf16, op,
+                 ": h must be f32 or bf16 on cuda, got ", dtype_name(h.dtype()));
+  const Tensor host = dev == Device::cpu ? targets : targets.to(Device::cpu);
+  const int32_t* tg = host.data<int32_t>();
   for (int64_t i = 0; i < n; ++i)
     POLLEN_CHECK(tg[i] < v, op, ": target ", tg[i], " at row ", i,
                  " is outside the vocabulary [0, ", v, ")");
@@ -27,6 +36,52 @@ int64_t rows_per_block(int64_t block_rows, int64_t v, int64_t n) {
   return std::min(block_rows, std::max<int64_t>(n, 1));
 }
 
+#if POLLEN_HAVE_CUDA
+// The GPU versions of the block loops below: each block's logits (block_rows,V) in fp32 from a
+// GEMM that accumulates in fp32 (bf16 or f32 h and w); for bf16 the gradient is rounded to bf16
+// for the two gradient GEMMs, as cross-entropy does.
+void forward_cuda(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& logp,
+                  Tensor& lse, int64_t block_rows) {
+  const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
+  const DType dt = h.dtype();
+  const size_t row_bytes = static_cast<size_t>(c) * dtype_size(dt);
+  Tensor logits = Tensor::empty({block_rows, v}, DType::f32, Device::cuda);
+  for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
+    const int64_t nb = std::min(block_rows, n - r0);
+    const void* hb = static_cast<const char*>(h.raw()) + static_cast<size_t>(r0) * row_bytes;
+    cuda::gemm(dt, hb, false, w.raw(), true, DType::f32, logits.raw(), nb, v, c, 1.0, 0.0);
+    cuda::token_logprob_rows(logits.data<float>(), targets.data<int32_t>() + r0, nb, v,
+                             logp.data<float>() + r0, lse.data<float>() + r0);
+  }
+}
+
+void backward_cuda(const Tensor& dlogp, const Tensor& h, const Tensor& w, const Tensor& targets,
+                   const Tensor& lse, Tensor& dh, Tensor& dw, int64_t block_rows) {
+  const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
+  const DType dt = h.dtype();
+  const size_t row_bytes = static_cast<size_t>(c) * dtype_size(dt);
+  Tensor logits = Tensor::empty({block_rows, v}, DType::f32, Device::cuda);
+  Tensor logits_bf16;
+  if (dt == DType::bf16) logits_bf16 = Tensor::empty({block_rows, v}, dt, Device::cuda);
+  for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
+    const int64_t nb = std::min(block_rows, n - r0);
+    const void* hb = static_cast<const char*>(h.raw()) + static_cast<size_t>(r0) * row_bytes;
+    cuda::gemm(dt, hb, false, w.raw(), true, DType::f32, logits.raw(), nb, v, c, 1.0, 0.0);
+    cuda::token_logprob_grad_rows(logits.data<float>(), targets.data<int32_t>() + r0,
+                                  dlogp.data<float>() + r0, lse.data<float>() + r0, nb, v);
+    const void* g = logits.raw();
+    if (dt == DType::bf16) {
+      pollen::cuda::convert(logits.raw(), DType::f32, logits_bf16.raw(), dt, nb * v);
+      g = logits_bf16.raw();
+    }
+    void* dhb = static_cast<char*>(dh.raw()) + static_cast<size_t>(r0) * row_bytes;
+    // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
+    cuda::gemm(dt, g, false, w.raw(), false, dt, dhb, nb, c, v, 1.0, 0.0);
+    cuda::gemm(dt, g, true, hb, false, dt, dw.raw(), v, c, nb, 1.0, 1.0);
+  }
+}
+#endif
+
 }  // namespace
 
 void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& logp,
@@ -35,9 +90,12 @@ void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targ
   check_args(op, h, w, targets);
   const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
   const DType dt = h.dtype();
-  expect(op, "logp", logp, {n}, dt);
-  expect(op, "lse", lse, {n}, dt);
+  expect(op, "logp", logp, {n}, statistics_dtype(h), h.device());
+  expect(op, "lse", lse, {n}, statistics_dtype(h), h.device());
   block_rows = rows_per_block(block_rows, v, n);
+#if POLLEN_HAVE_CUDA
+  if (h.device() == Device::cuda) return forward_cuda(h, w, targets, logp, lse, block_rows);
+#endif
   const int32_t* tg = targets.data<int32_t>();
   dispatch_float(op, dt, [&]<typename T>(T) {
     Tensor logits = Tensor::empty({block_rows, v}, dt);
@@ -68,11 +126,15 @@ void token_logprobs_backward(const Tensor& dlogp, const Tensor& h, const Tensor&
   check_args(op, h, w, targets);
   const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
   const DType dt = h.dtype();
-  expect(op, "dlogp", dlogp, {n}, dt);
-  expect(op, "lse", lse, {n}, dt);
-  expect(op, "dh", dh, {n, c}, dt);
-  expect(op, "dw", dw, {v, c}, dt);
+  const Device dev = h.device();
+  expect(op, "dlogp", dlogp, {n}, statistics_dtype(h), dev);
+  expect(op, "lse", lse, {n}, statistics_dtype(h), dev);
+  expect(op, "dh", dh, {n, c}, dt, dev);
+  expect(op, "dw", dw, {v, c}, dt, dev);
   block_rows = rows_per_block(block_rows, v, n);
+#if POLLEN_HAVE_CUDA
+  if (dev == Device::cuda) return backward_cuda(dlogp, h, w, targets, lse, dh, dw, block_rows);
+#endif
   const int32_t* tg = targets.data<int32_t>();
   dispatch_float(op, dt, [&]<typename T>(T) {
     Tensor logits = Tensor::empty({block_rows, v}, dt);

@@ -10,13 +10,16 @@
 
 namespace pollen::ops {
 
-// h (N,C), w (V,C), targets (N) int32 (negative: not scored). Writes logp (N) (0 for unscored
-// rows) and lse (N), the log-sum-exp of each row's logits (kept for backward).
+// h (N,C), w (V,C), targets (N) int32 (negative: not scored), all on one device: f32 or f64 on
+// the CPU, f32 or bf16 on the GPU. Writes logp (N) (0 for unscored rows) and lse (N), the
+// log-sum-exp of each row's logits (kept for backward), in statistics_dtype(h) (ops/check.h):
+// h's dtype on the CPU, f32 on the GPU.
 void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& logp,
                             Tensor& lse, int64_t block_rows = 0);
 
-// dlogp (N): d(loss)/d(logp). Overwrites dh (N,C) with d(loss)/dh and accumulates d(loss)/dw into
-// dw (V,C): for row i, d logp_i / d logits_i = onehot(target_i) - softmax(logits_i).
+// dlogp (N): d(loss)/d(logp), in logp's dtype. Overwrites dh (N,C) with d(loss)/dh and accumulates
+// d(loss)/dw into dw (V,C): for row i, d logp_i / d logits_i = onehot(target_i) -
+// softmax(logits_i).
 void token_logprobs_backward(const Tensor& dlogp, const Tensor& h, const Tensor& w,
                              const Tensor& targets, const Tensor& lse, Tensor& dh, Tensor& dw,
                              int64_t block_rows = 0);

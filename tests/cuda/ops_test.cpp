@@ -13,6 +13,7 @@
 #include "ops/gemm.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
+#include "ops/token_logprobs.h"
 
 namespace pollen {
 namespace {
@@ -252,6 +253,38 @@ TEST(CudaOps, CrossEntropyOverVocabularyBlocks) {
     int64_t scored_only = 0;
     const double loss_only = ops::cross_entropy_forward(h.gpu, w.gpu, tg.gpu, &scored_only);
     EXPECT_LT(std::abs(loss_only - loss_ref) / std::abs(loss_ref), tolerance(t));
+  }
+}
+
+TEST(CudaOps, TokenLogprobsForwardAndBackwardOverVocabularyBlocks) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const int64_t n = 70, c = 48, v = 1031, block_rows = 16;  // as for cross-entropy
+  for (DType t : kDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    std::vector<int32_t> targets = random_ids(rng, n, v);
+    targets[5] = ops::kIgnoreIndex;
+    targets[66] = ops::kIgnoreIndex;
+    const Input tg = int_input({n}, targets);
+    const Input h = random_input({n, c}, t, rng), w = random_input({v, c}, t, rng, 0.3);
+    // logp and lse are f32 on the GPU whatever h's dtype.
+    Tensor logp = poisoned({n}, DType::f32), lse = poisoned({n}, DType::f32);
+    Tensor logp_ref = Tensor::empty({n}, DType::f64), lse_ref = Tensor::empty({n}, DType::f64);
+    ops::token_logprobs_forward(h.gpu, w.gpu, tg.gpu, logp, lse, block_rows);
+    ops::token_logprobs_forward(h.ref, w.ref, tg.ref, logp_ref, lse_ref, block_rows);
+    EXPECT_CLOSE(logp, logp_ref, t);
+    EXPECT_CLOSE(lse, lse_ref, t);
+    EXPECT_EQ(logp.to_doubles()[5], 0.0);  // not scored
+
+    const Input dlogp = random_input({n}, DType::f32, rng);
+    const Input dw0 = random_input({v, c}, t, rng, 0.1);
+    Tensor dh = poisoned({n, c}, t), dw = dw0.gpu;
+    Tensor dh_ref = Tensor::empty({n, c}, DType::f64), dw_ref = dw0.ref.clone();
+    ops::token_logprobs_backward(dlogp.gpu, h.gpu, w.gpu, tg.gpu, lse, dh, dw, block_rows);
+    ops::token_logprobs_backward(dlogp.ref, h.ref, w.ref, tg.ref, lse_ref, dh_ref, dw_ref,
+                                 block_rows);
+    EXPECT_CLOSE(dh, dh_ref, t);
+    EXPECT_CLOSE(dw, dw_ref, t);
   }
 }
 

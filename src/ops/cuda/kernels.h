@@ -53,6 +53,15 @@ void rope_rotate(DType t, const void* x, const int32_t* positions, int64_t rows,
 void softmax_cross_entropy_rows(float* logits, const int32_t* targets, int64_t nb, int64_t v,
                                 double* row_loss, bool want_grad, float grad_scale);
 
+// One block of token log-probability rows: logits (nb,V) fp32 -> lse (nb) and logp (nb) f32, the
+// log-softmax at each row's target (0 for targets < 0).
+void token_logprob_rows(const float* logits, const int32_t* targets, int64_t nb, int64_t v,
+                        float* logp, float* lse);
+// Their backward: logits (nb,V) replaced by dlogp * (onehot(target) - exp(logits - lse)) (rows
+// with targets < 0 become zero).
+void token_logprob_grad_rows(float* logits, const int32_t* targets, const float* dlogp,
+                             const float* lse, int64_t nb, int64_t v);
+
 // AdamW on n elements (torch.optim.AdamW): param, exp_avg, exp_avg_sq f32; grad of grad_type
 // (f32 or bf16); model_copy (bf16) is written with the updated param when not null. Gradients are
 // multiplied by grad_scale, and by *device_scale when not null (a factor computed on the GPU);
