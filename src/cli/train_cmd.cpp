@@ -37,7 +37,8 @@ void add_train_command(CLI::App& app) {
   auto device = std::make_shared<std::string>();
   cmd->add_option("--device", *device,
                   "cpu or cuda: where the model, its gradients and AdamW's state live (as "
-                  "--set run.device=...; float32 either way)");
+                  "--set run.device=...; on cuda, run.precision = \"bf16\" computes in bf16 "
+                  "with f32 master weights)");
   cmd->callback([config, sets, resume, device] {
     if (!device->empty()) sets->push_back("run.device=" + *device);
     const train::TrainConfig cfg = train::load_train_config(*config, *sets);

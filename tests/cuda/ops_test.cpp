@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "autograd/tape.h"
+#include "autograd/token_logprobs.h"
 #include "cuda/gpu_compare.h"
 #include "ops/adamw.h"
 #include "ops/cross_entropy.h"
@@ -285,6 +287,40 @@ TEST(CudaOps, TokenLogprobsForwardAndBackwardOverVocabularyBlocks) {
                                  block_rows);
     EXPECT_CLOSE(dh, dh_ref, t);
     EXPECT_CLOSE(dw, dw_ref, t);
+  }
+}
+
+// Through autograd, as GRPO calls it: targets on the host, h and w on the GPU; the gradients of
+// a weighted sum of the log-probabilities against the same on the CPU in f64.
+TEST(CudaOps, TokenLogprobsThroughAutogradWithHostTargets) {
+  POLLEN_REQUIRE_GPU();
+  Rng rng = fresh_rng();
+  const int64_t n = 40, c = 32, v = 300;
+  for (DType t : kDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    std::vector<int32_t> ids = random_ids(rng, n, v);
+    ids[7] = ops::kIgnoreIndex;
+    const Tensor targets = Tensor::from<int32_t>({n}, ids);
+    const Input h = random_input({n, c}, t, rng), w = random_input({v, c}, t, rng, 0.3);
+    const Input weights = random_input({n}, DType::f32, rng);
+    auto run = [&](const Tensor& hv, const Tensor& wv, const Tensor& dy) {
+      ag::Var hvar(hv.clone(), true), wvar(wv.clone(), true);
+      ag::Tape tape;
+      ag::Var logp;
+      {
+        ag::TapeScope scope(tape);
+        logp = ag::token_logprobs(hvar, wvar, targets);
+      }
+      tape.backward(logp, dy);
+      return std::vector<Tensor>{logp.value(), hvar.grad(), wvar.grad()};
+    };
+    const auto gpu = run(h.gpu, w.gpu, weights.gpu);
+    const auto ref = run(h.ref, w.ref, weights.ref);
+    EXPECT_EQ(gpu[0].device(), Device::cuda);
+    EXPECT_EQ(gpu[0].dtype(), DType::f32);
+    EXPECT_CLOSE(gpu[0], ref[0], t);
+    EXPECT_CLOSE(gpu[1], ref[1], t);
+    EXPECT_CLOSE(gpu[2], ref[2], t);
   }
 }
 
