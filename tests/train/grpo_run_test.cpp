@@ -197,7 +197,9 @@ TEST(GrpoRun, AfterSftRaisesTheRewardBeyondTheSameRunAtLearningRateZero) {
     EXPECT_EQ(r.status, train::RunStatus::finished) << r.message;
     return step_rewards(f.dir / name);
   };
-  const std::vector<double> trained = grpo_run("grpo", "3e-3");
+  // At 1e-3 every seed tried (1-5, with and without AVX-512) ends at 0.42-0.53 against 0.17-0.20
+  // frozen; at 3e-3 the policy collapses on most seeds (late reward 0-0.12).
+  const std::vector<double> trained = grpo_run("grpo", "1e-3");
   const auto t2 = std::chrono::steady_clock::now();
   const std::vector<double> frozen = grpo_run("frozen", "0");
   // Same prompts, same random streams: at lr 0 every step samples from the SFT model.
@@ -209,7 +211,7 @@ TEST(GrpoRun, AfterSftRaisesTheRewardBeyondTheSameRunAtLearningRateZero) {
     late_frozen += frozen[i] / 10;
   }
   std::printf(
-      "mean reward over steps 51-60: lr 3e-3 %.4f, lr 0 %.4f (step 1: %.4f); sft %.1f s, "
+      "mean reward over steps 51-60: lr 1e-3 %.4f, lr 0 %.4f (step 1: %.4f); sft %.1f s, "
       "grpo %.1f s\n",
       late_trained, late_frozen, trained[0], std::chrono::duration<double>(t1 - t0).count(),
       std::chrono::duration<double>(t2 - t1).count());
