@@ -1,7 +1,5 @@
 #include "dist/grad_reducer.h"
 
-#include <cstring>
-
 namespace pollen::dist {
 
 std::vector<Bucket> plan_buckets(const std::vector<ag::Var>& params, int64_t bucket_bytes,
@@ -13,8 +11,11 @@ std::vector<Bucket> plan_buckets(const std::vector<ag::Var>& params, int64_t buc
   int64_t filled = 0;
   for (size_t k = params.size(); k-- > 0;) {
     const ag::Var& p = params[k];
-    POLLEN_CHECK(p.dtype() == DType::f32, "data parallel: parameter '", p.name(), "' is ",
-                 dtype_name(p.dtype()), "; gradients are reduced in f32");
+    // bf16 gradients (a GPU model computing in bf16) are reduced in f32 buckets too.
+    POLLEN_CHECK(
+        p.dtype() == DType::f32 || (p.dtype() == DType::bf16 && p.value().device() == Device::cuda),
+        "data parallel: parameter '", p.name(), "' is ", dtype_name(p.dtype()), " on ",
+        device_name(p.value().device()), "; gradients are reduced in f32");
     const int64_t n = p.value().numel();
     if (buckets.empty() || (filled > 0 && filled + n > cap)) {
       buckets.emplace_back();
@@ -31,12 +32,16 @@ GradReducer::GradReducer(Communicator& comm, std::vector<ag::Var> params, int64_
                          ReduceMode mode)
     : comm_(comm), params_(std::move(params)), mode_(mode) {
   buckets_ = plan_buckets(params_, bucket_bytes, comm_.world());
+  if (!params_.empty()) device_ = params_[0].value().device();
+  for (const auto& p : params_)
+    POLLEN_CHECK(p.value().device() == device_, "data parallel: parameter '", p.name(), "' is on ",
+                 device_name(p.value().device()), ", the others on ", device_name(device_));
   bucket_of_.assign(params_.size(), 0);
   for (size_t b = 0; b < buckets_.size(); ++b) {
     for (const auto& e : buckets_[b].entries) bucket_of_[e.param] = b;
-    flats_.push_back(Tensor::zeros({buckets_[b].padded}, DType::f32));
+    flats_.push_back(Tensor::zeros({buckets_[b].padded}, DType::f32, device_));
     if (mode_ == ReduceMode::reduce_scatter)
-      shards_.push_back(Tensor::zeros({shard_size(b)}, DType::f32));
+      shards_.push_back(Tensor::zeros({shard_size(b)}, DType::f32, device_));
   }
   for (size_t i = 0; i < params_.size(); ++i) index_[params_[i].node().get()] = i;
   expected_writes_.assign(params_.size(), -1);
@@ -75,13 +80,14 @@ void GradReducer::step_done() {
 void GradReducer::start(size_t b) {
   Bucket& bucket = buckets_[b];
   float* flat = flats_[b].data<float>();
+  // On the GPU the copies are enqueued before the collective on the same stream.
   for (const auto& e : bucket.entries) {
+    Tensor part = flats_[b].slice(0, e.offset, e.offset + e.numel);
     const Tensor& g = params_[e.param].grad();
     if (g.defined()) {
-      const Tensor c = g.contiguous();
-      std::memcpy(flat + e.offset, c.raw(), static_cast<size_t>(e.numel) * sizeof(float));
+      part.copy_(g.contiguous().view({e.numel}));  // bf16 gradients widen to f32 here
     } else {
-      std::memset(flat + e.offset, 0, static_cast<size_t>(e.numel) * sizeof(float));
+      part.zero_();
     }
   }
   const std::string what = cat("the gradient reduction of bucket ", b);
@@ -93,11 +99,11 @@ void GradReducer::start(size_t b) {
 }
 
 void GradReducer::copy_out(size_t b) {
-  const float* flat = flats_[b].data<float>();
   for (const auto& e : buckets_[b].entries) {
     ag::Var& p = params_[e.param];
-    Tensor g = Tensor::empty(p.shape(), DType::f32);
-    std::memcpy(g.raw(), flat + e.offset, static_cast<size_t>(e.numel) * sizeof(float));
+    // f32 whatever the parameter's dtype: AdamW takes f32 gradients for bf16 weights.
+    Tensor g = Tensor::empty(p.shape(), DType::f32, device_);
+    g.view({e.numel}).copy_(flats_[b].slice(0, e.offset, e.offset + e.numel));
     p.grad() = std::move(g);
   }
 }

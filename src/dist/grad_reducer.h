@@ -9,6 +9,9 @@
 // buffer and starts a non-blocking reduction, in bucket order on every rank. The first step
 // learns how many writes each parameter gets and reduces everything after backward.
 //
+// The buckets live where the parameters do: host memory for MPI, GPU memory for NCCL
+// (nccl_communicator.h), which then reduces them on the GPU's stream after the copies into them.
+//
 //   all_reduce mode:     each rank ends with the sum of every gradient (plain data parallel).
 //   reduce_scatter mode: each rank ends with its block of each bucket's sum (ZeRO-1): bucket b
 //                        is padded to a multiple of the world size and rank r owns elements
@@ -35,8 +38,9 @@ struct Bucket {
   int64_t padded = 0;  // elements in the flat buffer: a multiple of the world size
 };
 
-// Packs parameters (f32) into buckets of at most `bucket_bytes` (a larger parameter gets a
-// bucket of its own), last parameter first; each bucket padded to a multiple of `world`.
+// Packs parameters (f32, or bf16 on the GPU) into buckets of at most `bucket_bytes` (a larger
+// parameter gets a bucket of its own), last parameter first; each bucket padded to a multiple of
+// `world`.
 std::vector<Bucket> plan_buckets(const std::vector<ag::Var>& params, int64_t bucket_bytes,
                                  int world);
 
@@ -71,6 +75,7 @@ class GradReducer final : public ag::BackwardObserver {
   Communicator& comm_;
   std::vector<ag::Var> params_;
   ReduceMode mode_;
+  Device device_ = Device::cpu;  // the parameters', their gradients' and the buckets'
   std::vector<Bucket> buckets_;
   std::vector<Tensor> flats_, shards_;
   std::unordered_map<const ag::VarNode*, size_t> index_;

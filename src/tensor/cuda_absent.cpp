@@ -53,5 +53,8 @@ bool convert(const void*, DType, void*, DType, int64_t) {
 void synchronize() {
   no_cuda("synchronize");
 }
+void set_device(int) {
+  no_cuda("set_device");
+}
 }  // namespace cuda
 }  // namespace pollen

@@ -332,5 +332,9 @@ void synchronize() {
   POLLEN_CUDA_CHECK(cudaStreamSynchronize(default_stream()), "device=", current_device());
 }
 
+void set_device(int device) {
+  POLLEN_CUDA_CHECK(cudaSetDevice(device), "device=", device);
+}
+
 }  // namespace cuda
 }  // namespace pollen

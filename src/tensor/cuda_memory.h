@@ -55,5 +55,8 @@ bool convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64
 // Waits until the current GPU's default stream has finished; reports any asynchronous error.
 void synchronize();
 
+// Makes GPU `device` the calling thread's current one (a data-parallel rank's own GPU).
+void set_device(int device);
+
 }  // namespace cuda
 }  // namespace pollen

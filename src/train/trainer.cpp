@@ -16,6 +16,7 @@
 #include "base/thread_pool.h"
 #include "data/loader.h"
 #include "data/shards.h"
+#include "dist/nccl_communicator.h"
 #include "dist/zero_adamw.h"
 #include "io/checkpoint.h"
 #include "io/model_source.h"
@@ -364,9 +365,14 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
                            : io::load_initial_weights(cfg.init_from, cfg.model, "model.init_from");
   model.set_recompute(cfg.recompute);
   const Device device = parse_device(cfg.device);
+  // Several ranks on GPUs: one GPU per rank (its local rank), gradients reduced by NCCL.
+  std::unique_ptr<dist::NcclCommunicator> gpu_comm;
   if (device == Device::cuda) {
-    POLLEN_CHECK(!parallel, "run.device = \"cuda\" with ", comm.world(),
-                 " ranks: data parallelism on GPUs (NCCL) is not built yet; run one process");
+    if (parallel) {
+      POLLEN_CHECK(cfg.zero == 0, "parallel.zero = 1 with run.device = \"cuda\": sharding ",
+                   "AdamW's state over GPUs is not built yet; set parallel.zero = 0");
+      gpu_comm = std::make_unique<dist::NcclCommunicator>(comm, cfg.timeout_s);
+    }
     POLLEN_CHECK(cfg.sample_prompts.empty(),
                  "run.device = \"cuda\": [samples] generates on the "
                  "CPU only so far; remove samples.prompts for a GPU run");
@@ -389,7 +395,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   std::optional<optim::AdamW> opt;
   if (parallel) {
     reducer = std::make_unique<dist::GradReducer>(
-        comm, params, static_cast<int64_t>(cfg.bucket_mb * 1048576.0),
+        gpu_comm ? *gpu_comm : comm, params, static_cast<int64_t>(cfg.bucket_mb * 1048576.0),
         cfg.zero == 1 ? dist::ReduceMode::reduce_scatter : dist::ReduceMode::all_reduce);
   }
   if (reducer && cfg.zero == 1) {
@@ -524,9 +530,10 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
             cfg.peak_flops > 0 ? "" : " (measured)");
   if (parallel) {
     log::info("data parallel over ", comm.world(), " ranks (", comm.topology().launcher,
-              "): ", reducer->buckets().size(), " gradient buckets of up to ", cfg.bucket_mb,
-              " MiB, optimizer state ", zero ? "sharded (ZeRO-1)" : "replicated", ", ",
-              optimizer_state_bytes(), " bytes on rank 0");
+              gpu_comm ? ", NCCL on one GPU each" : "", "): ", reducer->buckets().size(),
+              " gradient buckets of up to ", cfg.bucket_mb, " MiB, optimizer state ",
+              zero ? "sharded (ZeRO-1)" : "replicated", ", ", optimizer_state_bytes(),
+              " bytes on rank 0");
     log::info("ranks: ", comm.placement());
   }
 

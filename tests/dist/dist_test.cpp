@@ -16,6 +16,7 @@
 #include "dist/communicator.h"
 #include "dist/grad_reducer.h"
 #include "dist/launch.h"
+#include "dist/nccl_communicator.h"
 #include "dist/topology.h"
 #include "dist/zero_adamw.h"
 #include "io/checkpoint.h"
@@ -488,4 +489,31 @@ TEST(DataParallel, SingleProcessNeedsNoLauncher) {
   float in[3] = {1, 2, 3}, out[3] = {};
   c->wait(c->start_all_gather(in, out, 3, "copy"));
   EXPECT_EQ(out[2], 3.0f);
+}
+
+TEST(DataParallel, NcclWithoutAGpuIsRefusedSayingWhy) {
+  if (!cuda_devices().empty()) GTEST_SKIP() << "a GPU is usable here (tests/cuda covers NCCL)";
+  dist::SingleProcess host;
+  std::string e;
+  try {
+    dist::NcclCommunicator comm(host, 5);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  // A CUDA build names the missing GPU and the runtime's reason, a CPU build the missing NCCL.
+  const bool names_gpus = e.find("0 usable GPU(s): run one rank per GPU") != std::string::npos;
+  const bool names_nccl = e.find("needs NCCL") != std::string::npos;
+  EXPECT_TRUE(names_gpus || names_nccl) << e;
+}
+
+TEST(Buckets, Bf16ParametersOnTheCpuAreRefusedNamingThem) {
+  std::vector<ag::Var> params;
+  params.emplace_back(Tensor::zeros({4}, DType::bf16), true, "layer.weight");
+  std::string e;
+  try {
+    dist::plan_buckets(params, 1024, 2);
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("parameter 'layer.weight' is bf16 on cpu"), std::string::npos) << e;
 }

@@ -1,0 +1,118 @@
+// Data parallelism on the GPU (dist/nccl_communicator.h) as far as one GPU can check it: one NCCL
+// rank beside the single-process launcher. Each collective on GPU buffers gives what a world of
+// one must (the sum of one rank is its own values), and a training step's gradients reduced in
+// buckets by NCCL equal the same step's gradients without a reducer, in f32 and in bf16 (widened
+// to f32), bit for bit. Several ranks need several GPUs.
+#include <gtest/gtest.h>
+
+#include "cuda/gpu_compare.h"
+#include "dist/grad_reducer.h"
+#include "dist/nccl_communicator.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "train/trainer.h"
+
+using namespace pollen;
+
+namespace {
+
+Tensor gpu_values(const std::vector<float>& values) {
+  return Tensor::from<float>({static_cast<int64_t>(values.size())}, values).to(Device::cuda);
+}
+
+std::vector<double> host_values(const Tensor& t) {
+  return t.to_doubles();
+}
+
+// Two micro-batches of random tokens for `config`.
+std::vector<model::Batch> micro_batches(const model::LlamaConfig& config, Rng& rng) {
+  std::vector<model::Batch> out;
+  for (int m = 0; m < 2; ++m) {
+    Tensor tokens = Tensor::empty({2, 64}, DType::i32),
+           targets = Tensor::empty({2, 64}, DType::i32);
+    for (int64_t i = 0; i < tokens.numel(); ++i) {
+      tokens.data<int32_t>()[i] = static_cast<int32_t>(rng.below(config.vocab_size));
+      targets.data<int32_t>()[i] = static_cast<int32_t>(rng.below(config.vocab_size));
+    }
+    out.push_back(model::Batch::contiguous_rows(tokens, targets));
+  }
+  return out;
+}
+
+// Every gradient of `model`'s parameters as f64 values, after one accumulation of `batches`,
+// with the reducer given or none.
+std::vector<std::vector<double>> gradients(const model::Llama& model,
+                                           const std::vector<model::Batch>& batches,
+                                           dist::Communicator* comm, dist::GradReducer* reducer) {
+  for (auto& p : model.parameters()) p.zero_grad();
+  if (reducer) {
+    bool stop = false;
+    double waited = 0;
+    train::accumulate_gradients(model, batches, *comm, *reducer, stop, waited);
+  } else {
+    train::accumulate_gradients(model, batches);
+  }
+  std::vector<std::vector<double>> out;
+  for (const auto& p : model.parameters()) out.push_back(p.grad().to_doubles());
+  return out;
+}
+
+}  // namespace
+
+TEST(CudaNccl, CollectivesOfOneRankOnGpuBuffers) {
+  POLLEN_REQUIRE_GPU();
+  dist::SingleProcess host;
+  dist::NcclCommunicator comm(host, 60);
+  EXPECT_EQ(comm.world(), 1);
+  const std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f};
+  Tensor data = gpu_values(values);
+  comm.wait(comm.start_all_reduce(data.data<float>(), 5, "an all-reduce"));
+  EXPECT_EQ(host_values(data), std::vector<double>({1.5, -2.0, 3.25, 0.0, 7.0}));
+
+  Tensor out = gpu_values({0, 0, 0, 0, 0});
+  comm.wait(
+      comm.start_reduce_scatter(data.data<float>(), out.data<float>(), 5, "a reduce-scatter"));
+  EXPECT_EQ(host_values(out), host_values(data));
+  Tensor gathered = gpu_values({0, 0, 0, 0, 0});
+  comm.wait(comm.start_all_gather(data.data<float>(), gathered.data<float>(), 5, "an all-gather"));
+  EXPECT_EQ(host_values(gathered), host_values(data));
+  comm.wait(comm.start_broadcast(data.data<float>(), 5, 0, "a broadcast"));
+  EXPECT_EQ(host_values(data), std::vector<double>({1.5, -2.0, 3.25, 0.0, 7.0}));
+
+  // Host values go through the launcher's communicator.
+  double sum[1] = {4.0};
+  comm.all_reduce_sum(sum, "a host sum");
+  EXPECT_EQ(sum[0], 4.0);
+}
+
+TEST(CudaNccl, BucketedGradientsEqualTheUnreducedOnesInF32AndBf16) {
+  POLLEN_REQUIRE_GPU();
+  const model::LlamaConfig config = model::resolve_config("llama-tiny");
+  Rng rng(11);
+  const auto batches = micro_batches(config, rng);
+  for (DType compute : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(compute));
+    model::Llama model(config, 5);
+    model.to(Device::cuda);
+    optim::AdamW opt(model.parameters(), optim::AdamWOptions{});
+    if (compute == DType::bf16) opt.compute_in_bf16();
+    const auto alone = gradients(model, batches, nullptr, nullptr);
+
+    dist::SingleProcess host;
+    dist::NcclCommunicator comm(host, 60);
+    // Small buckets: several reductions start while backward runs.
+    dist::GradReducer reducer(comm, model.parameters(), 64 * 1024, dist::ReduceMode::all_reduce);
+    ASSERT_GT(reducer.buckets().size(), 2u);
+    // Twice: the first step learns each parameter's writes, the second starts buckets early.
+    for (int step = 0; step < 2; ++step) {
+      const auto reduced = gradients(model, batches, &comm, &reducer);
+      ASSERT_EQ(reduced.size(), alone.size());
+      for (size_t i = 0; i < alone.size(); ++i)
+        EXPECT_EQ(reduced[i], alone[i]) << "parameter " << i;
+      for (const auto& p : model.parameters()) {
+        EXPECT_EQ(p.grad().device(), Device::cuda);
+        EXPECT_EQ(p.grad().dtype(), DType::f32);  // reduced in f32, whatever the weights' dtype
+      }
+    }
+  }
+}
