@@ -19,6 +19,7 @@ namespace pollen::dist::nccl {
 class Comm {
  public:
   ncclComm_t handle = nullptr;
+  cudaStream_t stream = nullptr;  // NCCL's own, so that the default stream's kernels go on
 };
 
 class Event {
@@ -108,48 +109,65 @@ Comm* init(const UniqueId& id, int world, int rank) {
     check(r, "ncclCommInitRank",
           cat("world=", world, " rank=", rank, " device=", cuda::current_device()));
   }
+  POLLEN_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->stream, cudaStreamNonBlocking), "");
   return comm;
 }
 
 void destroy(Comm* comm) {
   if (!comm) return;
+  cudaStreamSynchronize(comm->stream);
   library().comm_destroy(comm->handle);
+  cudaStreamDestroy(comm->stream);
   delete comm;
 }
 
 void abort(Comm* comm) {
   if (!comm) return;
-  library().comm_abort(comm->handle);
+  library().comm_abort(comm->handle);  // ends the kernels in flight on comm->stream
+  cudaStreamDestroy(comm->stream);
   delete comm;
 }
 
+namespace {
+// NCCL's stream waits for what the default stream has enqueued so far (the inputs' producers).
+cudaStream_t after_default_stream(Comm* comm) {
+  cudaEvent_t ready = nullptr;
+  POLLEN_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "");
+  POLLEN_CUDA_CHECK(cudaEventRecord(ready, cuda::default_stream()), "");
+  POLLEN_CUDA_CHECK(cudaStreamWaitEvent(comm->stream, ready, 0), "");
+  cudaEventDestroy(ready);  // released once the wait has happened
+  return comm->stream;
+}
+}  // namespace
+
 void all_reduce_sum(Comm* comm, float* data, int64_t n) {
   check(library().all_reduce(data, data, count(n), ncclFloat32, ncclSum, comm->handle,
-                             cuda::default_stream()),
+                             after_default_stream(comm)),
         "ncclAllReduce", cat("n=", n));
 }
 
 void reduce_scatter_sum(Comm* comm, const float* in, float* out, int64_t n) {
   check(library().reduce_scatter(in, out, count(n), ncclFloat32, ncclSum, comm->handle,
-                                 cuda::default_stream()),
+                                 after_default_stream(comm)),
         "ncclReduceScatter", cat("n=", n));
 }
 
 void all_gather(Comm* comm, const float* in, float* out, int64_t n) {
-  check(library().all_gather(in, out, count(n), ncclFloat32, comm->handle, cuda::default_stream()),
+  check(library().all_gather(in, out, count(n), ncclFloat32, comm->handle,
+                             after_default_stream(comm)),
         "ncclAllGather", cat("n=", n));
 }
 
 void broadcast(Comm* comm, float* data, int64_t n, int root) {
   check(library().broadcast(data, data, count(n), ncclFloat32, root, comm->handle,
-                            cuda::default_stream()),
+                            after_default_stream(comm)),
         "ncclBroadcast", cat("n=", n, " root=", root));
 }
 
-Event* record() {
+Event* record(Comm* comm) {
   auto* e = new Event;
   POLLEN_CUDA_CHECK(cudaEventCreateWithFlags(&e->handle, cudaEventDisableTiming), "");
-  POLLEN_CUDA_CHECK(cudaEventRecord(e->handle, cuda::default_stream()), "");
+  POLLEN_CUDA_CHECK(cudaEventRecord(e->handle, comm->stream), "");
   return e;
 }
 

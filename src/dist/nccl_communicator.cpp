@@ -25,10 +25,11 @@ NcclCommunicator::NcclCommunicator(Communicator& host, double timeout_s)
                "without it (docs/parallel.md)");
   const int gpus = static_cast<int>(cuda_devices().size());
   const Topology& t = host.topology();
-  POLLEN_CHECK(t.local_rank < gpus, "rank ", t.rank, " is local rank ", t.local_rank, " of ",
-               t.local_world, " on its node, which has ", gpus,
+  // A rank that sees one GPU (srun --gpus-per-task=1, CUDA_VISIBLE_DEVICES) takes it.
+  POLLEN_CHECK(gpus == 1 || t.local_rank < gpus, "rank ", t.rank, " is local rank ", t.local_rank,
+               " of ", t.local_world, " on its node, which has ", gpus,
                " usable GPU(s): run one rank per GPU (", cuda_status(), ")");
-  cuda::set_device(t.local_rank);
+  cuda::set_device(gpus == 1 ? 0 : t.local_rank);
   int64_t words[kIdWords] = {};
   if (t.rank == 0) {
     const nccl::UniqueId id = nccl::make_unique_id();
@@ -51,28 +52,37 @@ NcclCommunicator::~NcclCommunicator() {
 
 Request NcclCommunicator::track(std::string what) {
   const Request r = next_request_++;
-  in_flight_[r] = InFlight{nccl::record(), std::move(what)};
+  in_flight_[r] = InFlight{nccl::record(comm_), std::move(what)};
   return r;
 }
 
+void NcclCommunicator::check_usable() const {
+  POLLEN_CHECK(comm_ != nullptr, "rank ", rank(), ": NCCL was aborted after a failed collective; ",
+               "this job cannot go on");
+}
+
 Request NcclCommunicator::start_all_reduce(float* data, int64_t n, std::string what) {
+  check_usable();
   nccl::all_reduce_sum(comm_, data, n);
   return track(std::move(what));
 }
 
 Request NcclCommunicator::start_reduce_scatter(const float* in, float* out, int64_t n,
                                                std::string what) {
+  check_usable();
   nccl::reduce_scatter_sum(comm_, in, out, n);
   return track(std::move(what));
 }
 
 Request NcclCommunicator::start_all_gather(const float* in, float* out, int64_t n,
                                            std::string what) {
+  check_usable();
   nccl::all_gather(comm_, in, out, n);
   return track(std::move(what));
 }
 
 Request NcclCommunicator::start_broadcast(float* data, int64_t n, int root, std::string what) {
+  check_usable();
   nccl::broadcast(comm_, data, n, root);
   return track(std::move(what));
 }

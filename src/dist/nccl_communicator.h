@@ -3,10 +3,11 @@
 // waited for under a watchdog, beside the launcher's communicator (MPI, or one process), which
 // carries the NCCL rendezvous and the small host-side sums and broadcasts.
 //
-// Each rank drives one GPU: rank r takes local GPU (local rank), so a node runs as many ranks as
-// it has GPUs. Collectives are enqueued on the GPU's default stream after the work that made
-// their inputs, so a gradient bucket starts reducing while backward still runs; wait() polls an
-// event recorded after it. A wait past the timeout aborts the NCCL communicator and asks the
+// Each rank drives one GPU: rank r takes local GPU (local rank), or the one GPU it sees, so a node
+// runs as many ranks as it has GPUs. Collectives run on NCCL's own stream after the work the
+// default stream had enqueued before them (the copies into a gradient bucket), so a bucket is
+// summed while the default stream goes on with backward; wait() polls an event recorded after
+// it. A wait past the timeout aborts the NCCL communicator and asks the
 // launcher's communicator which ranks are still there: its own watchdog names a dead or hung
 // peer.
 #include <map>
@@ -46,6 +47,7 @@ class NcclCommunicator final : public Communicator {
 
  private:
   Request track(std::string what);
+  void check_usable() const;  // NCCL not aborted by an earlier failure
 
   Communicator& host_;
   double timeout_s_;
