@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include "dist/communicator.h"
 #include "dist/grad_reducer.h"
 #include "dist/launch.h"
+#include "dist/nccl.h"
 #include "dist/nccl_communicator.h"
 #include "dist/topology.h"
 #include "dist/zero_adamw.h"
@@ -504,6 +506,14 @@ TEST(DataParallel, NcclWithoutAGpuIsRefusedSayingWhy) {
   const bool names_gpus = e.find("0 usable GPU(s): run one rank per GPU") != std::string::npos;
   const bool names_nccl = e.find("needs NCCL") != std::string::npos;
   EXPECT_TRUE(names_gpus || names_nccl) << e;
+}
+
+// NCCL is loaded at run time: where this pollen was built with it, the library loads, every
+// function binds and a unique id is made (that needs no GPU).
+TEST(DataParallel, NcclLoadsAtRunTimeAndMakesAUniqueId) {
+  if (!dist::nccl::built()) GTEST_SKIP() << "built without NCCL";
+  const dist::nccl::UniqueId id = dist::nccl::make_unique_id();
+  EXPECT_TRUE(std::any_of(id.begin(), id.end(), [](char c) { return c != 0; }));
 }
 
 TEST(Buckets, Bf16ParametersOnTheCpuAreRefusedNamingThem) {
