@@ -37,15 +37,7 @@ train::TrainConfig tiny(const fs::path& run, const fs::path& data, int steps,
                                    sets);
 }
 
-train::TrainResult train_quiet(const train::TrainConfig& c, bool resume = false,
-                               int64_t stop_after = -1) {
-  train::TrainOptions o;
-  o.resume = resume;
-  o.stop_after = stop_after;
-  o.quiet = true;
-  o.handle_signals = false;
-  return train::run_training(c, o);
-}
+using test_support::train_quiet;
 
 std::vector<double> train_losses(const fs::path& run) {
   std::vector<double> out;

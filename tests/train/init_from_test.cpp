@@ -8,6 +8,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "train/config.h"
+#include "train/run_checks.h"
 #include "train/tiny_run.h"
 #include "train/trainer.h"
 
@@ -24,12 +25,7 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-train::TrainResult train_quiet(const train::TrainConfig& c) {
-  train::TrainOptions o;
-  o.quiet = true;
-  o.handle_signals = false;
-  return train::run_training(c, o);
-}
+using test_support::train_quiet;
 
 // Names of the tensors whose bytes differ between two safetensors files (all of them must exist
 // in both).

@@ -1,6 +1,6 @@
 #pragma once
-// What the training tests check runs with: the error a call throws and the records of a run's
-// metrics.jsonl.
+// What the training tests check runs with: a run without output or signal handlers, the error a
+// call throws and the records of a run's metrics.jsonl.
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -8,7 +8,21 @@
 #include <string>
 #include <vector>
 
+#include "train/trainer.h"
+
 namespace pollen::test_support {
+
+// `pollen train` on `c` in this process, quiet, leaving signals alone; stop_after >= 0 preempts
+// the run after that many steps, as a signal would.
+inline train::TrainResult train_quiet(const train::TrainConfig& c, bool resume = false,
+                                      int64_t stop_after = -1) {
+  train::TrainOptions o;
+  o.resume = resume;
+  o.stop_after = stop_after;
+  o.quiet = true;
+  o.handle_signals = false;
+  return train::run_training(c, o);
+}
 
 // The message of what `f` throws; "" when it throws nothing.
 inline std::string error_of(const std::function<void()>& f) {

@@ -69,15 +69,7 @@ train::TrainConfig tiny(const fs::path& run, int steps, std::vector<std::string>
                                    sets);
 }
 
-train::TrainResult train_quiet(const train::TrainConfig& c, bool resume = false,
-                               int64_t stop_after = -1) {
-  train::TrainOptions o;
-  o.resume = resume;
-  o.stop_after = stop_after;
-  o.quiet = true;
-  o.handle_signals = false;
-  return train::run_training(c, o);
-}
+using test_support::train_quiet;
 
 }  // namespace
 

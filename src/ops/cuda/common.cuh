@@ -73,4 +73,18 @@ __device__ inline float block_max(float v) {
   return total;
 }
 
+// A row of v logits' maximum and the sum of exp(logit - maximum), both returned to every
+// thread; every thread of the block must call it (one block per row).
+struct RowExpSum {
+  float max, sum;
+};
+__device__ inline RowExpSum row_exp_sum(const float* row, int64_t v) {
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, row[j]);
+  mx = block_max(mx);
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) sum += expf(row[j] - mx);
+  return {mx, block_sum(sum)};
+}
+
 }  // namespace pollen::ops::cuda

@@ -19,12 +19,7 @@ __global__ void softmax_cross_entropy_kernel(float* logits, const int32_t* targe
     return;
   }
   const float target_logit = row[t];  // read before any thread of the block writes the row
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, row[j]);
-  mx = block_max(mx);
-  float sum = 0;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) sum += expf(row[j] - mx);
-  sum = block_sum(sum);
+  const auto [mx, sum] = row_exp_sum(row, v);
   if (threadIdx.x == 0)
     row_loss[blockIdx.x] =
         static_cast<double>(mx) + log(static_cast<double>(sum)) - static_cast<double>(target_logit);

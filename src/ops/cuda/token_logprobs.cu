@@ -13,12 +13,7 @@ constexpr int kRowThreads = 512;
 __global__ void token_logprob_rows_kernel(const float* logits, const int32_t* targets, int64_t v,
                                           float* logp, float* lse) {
   const float* row = logits + blockIdx.x * v;
-  float mx = -INFINITY;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) mx = fmaxf(mx, row[j]);
-  mx = block_max(mx);
-  float sum = 0;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) sum += expf(row[j] - mx);
-  sum = block_sum(sum);
+  const auto [mx, sum] = row_exp_sum(row, v);
   if (threadIdx.x != 0) return;
   const double row_lse = static_cast<double>(mx) + log(static_cast<double>(sum));
   const int32_t t = targets[blockIdx.x];
