@@ -1,13 +1,13 @@
 #include "dist/zero_adamw.h"
 
 #include <cmath>
-#include <cstring>
 
 namespace pollen::dist {
 namespace {
 
-void copy_floats(float* to, const float* from, int64_t n) {
-  std::memcpy(to, from, static_cast<size_t>(n) * sizeof(float));
+// Elements [at, at + n) of a flat (or flattened contiguous) tensor, as a view.
+Tensor span_of(const Tensor& t, int64_t at, int64_t n) {
+  return t.view({-1}).slice(0, at, at + n);
 }
 
 }  // namespace
@@ -18,22 +18,26 @@ ZeroAdamW::ZeroAdamW(GradReducer& reducer, const optim::AdamWOptions& options,
   const auto& params = reducer_.params();
   POLLEN_CHECK(decay.size() == params.size(), "ZeRO AdamW: ", decay.size(), " decay flags for ",
                params.size(), " parameters");
+  if (!params.empty()) device_ = params[0].value().device();
+  for (const auto& p : params)
+    POLLEN_CHECK(p.dtype() == DType::f32, "ZeRO AdamW: parameter '", p.name(), "' is ",
+                 dtype_name(p.dtype()), "; the sharded optimizer updates f32 weights in place");
   const auto& buckets = reducer_.buckets();
   for (size_t b = 0; b < buckets.size(); ++b) {
     const int64_t s = reducer_.shard_size(b);
     const int64_t lo = comm_.rank() * s, hi = lo + s;
-    exp_avg_.push_back(Tensor::zeros({s}, DType::f32));
-    exp_avg_sq_.push_back(Tensor::zeros({s}, DType::f32));
+    exp_avg_.push_back(Tensor::zeros({s}, DType::f32, device_));
+    exp_avg_sq_.push_back(Tensor::zeros({s}, DType::f32, device_));
     for (const auto& e : buckets[b].entries) {
       const int64_t first = std::max(lo, e.offset), last = std::min(hi, e.offset + e.numel);
       if (first >= last) continue;
       const Piece p{b, e.param, first - e.offset, first - lo, last - first};
       pieces_.push_back(p);
       ops::AdamWSlot slot;
-      slot.param = params[e.param].value().view({-1}).slice(0, p.in_param, p.in_param + p.numel);
-      slot.grad = reducer_.shard_grad(b).slice(0, p.in_shard, p.in_shard + p.numel);
-      slot.exp_avg = exp_avg_[b].slice(0, p.in_shard, p.in_shard + p.numel);
-      slot.exp_avg_sq = exp_avg_sq_[b].slice(0, p.in_shard, p.in_shard + p.numel);
+      slot.param = span_of(params[e.param].value(), p.in_param, p.numel);
+      slot.grad = span_of(reducer_.shard_grad(b), p.in_shard, p.numel);
+      slot.exp_avg = span_of(exp_avg_[b], p.in_shard, p.numel);
+      slot.exp_avg_sq = span_of(exp_avg_sq_[b], p.in_shard, p.numel);
       slot.weight_decay = decay[e.param] ? options_.weight_decay : 0.0;
       slots_.push_back(std::move(slot));
     }
@@ -71,10 +75,9 @@ double ZeroAdamW::step(double lr) {
   std::vector<Tensor> send;
   std::vector<Request> requests;
   for (size_t b = 0; b < buckets.size(); ++b)
-    send.push_back(Tensor::zeros({reducer_.shard_size(b)}, DType::f32));
+    send.push_back(Tensor::zeros({reducer_.shard_size(b)}, DType::f32, device_));
   for (size_t k = 0; k < pieces_.size(); ++k)
-    copy_floats(send[pieces_[k].bucket].data<float>() + pieces_[k].in_shard,
-                slots_[k].param.data<float>(), pieces_[k].numel);
+    span_of(send[pieces_[k].bucket], pieces_[k].in_shard, pieces_[k].numel).copy_(slots_[k].param);
   for (size_t b = 0; b < buckets.size(); ++b)
     requests.push_back(comm_.start_all_gather(send[b].data<float>(), reducer_.flat(b).data<float>(),
                                               reducer_.shard_size(b),
@@ -82,23 +85,23 @@ double ZeroAdamW::step(double lr) {
   const auto& params = reducer_.params();
   for (size_t b = 0; b < buckets.size(); ++b) {
     last_wait_s_ += comm_.wait(requests[b]);
-    const float* flat = reducer_.flat(b).data<float>();
     for (const auto& e : buckets[b].entries)
-      copy_floats(params[e.param].value().data<float>(), flat + e.offset, e.numel);
+      span_of(params[e.param].value(), 0, e.numel)
+          .copy_(span_of(reducer_.flat(b), e.offset, e.numel));
   }
   return norm;
 }
 
 void ZeroAdamW::gather_bucket_moments(size_t b, const Tensor& shard_moment,
                                       std::vector<Tensor>& whole) {
-  Tensor all = Tensor::empty({reducer_.buckets()[b].padded}, DType::f32);
+  Tensor all = Tensor::empty({reducer_.buckets()[b].padded}, DType::f32, device_);
   comm_.wait(comm_.start_all_gather(shard_moment.data<float>(), all.data<float>(),
                                     reducer_.shard_size(b),
                                     cat("the optimizer state gather of bucket ", b)));
   const auto& params = reducer_.params();
   for (const auto& e : reducer_.buckets()[b].entries) {
-    whole[e.param] = Tensor::empty(params[e.param].shape(), DType::f32);
-    copy_floats(whole[e.param].data<float>(), all.data<float>() + e.offset, e.numel);
+    whole[e.param] = Tensor::empty(params[e.param].shape(), DType::f32, device_);
+    span_of(whole[e.param], 0, e.numel).copy_(span_of(all, e.offset, e.numel));
   }
 }
 
@@ -116,8 +119,7 @@ void ZeroAdamW::load_state(const std::vector<Tensor>& exp_avg,
   POLLEN_ASSERT(exp_avg.size() == reducer_.params().size());
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const Piece& p = pieces_[k];
-    copy_floats(slots_[k].exp_avg.data<float>(),
-                exp_avg[p.param].contiguous().data<float>() + p.in_param, p.numel);
+    slots_[k].exp_avg.copy_(span_of(exp_avg[p.param].contiguous(), p.in_param, p.numel));
   }
   load_second_moments(exp_avg_sq);
 }
@@ -126,8 +128,7 @@ void ZeroAdamW::load_second_moments(const std::vector<Tensor>& exp_avg_sq) {
   POLLEN_ASSERT(exp_avg_sq.size() == reducer_.params().size());
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const Piece& p = pieces_[k];
-    copy_floats(slots_[k].exp_avg_sq.data<float>(),
-                exp_avg_sq[p.param].contiguous().data<float>() + p.in_param, p.numel);
+    slots_[k].exp_avg_sq.copy_(span_of(exp_avg_sq[p.param].contiguous(), p.in_param, p.numel));
   }
 }
 

@@ -3,7 +3,9 @@
 // exp_avg_sq only for its block of every gradient bucket (GradReducer in reduce_scatter mode),
 // so optimizer memory falls by the world size. A step: the global gradient norm from every
 // rank's block, the update of this rank's block of the parameters, then an all-gather of every
-// bucket's parameters. The arithmetic is AdamW's (optim/adamw.h) element by element.
+// bucket's parameters. The arithmetic is AdamW's (optim/adamw.h) element by element. The state
+// lives where the parameters do (host or GPU memory; f32 weights only), and the checkpoint
+// helpers take and give whole moments on either.
 #include <cstdint>
 #include <vector>
 
@@ -53,6 +55,7 @@ class ZeroAdamW {
   std::vector<Piece> pieces_;
   std::vector<ops::AdamWSlot> slots_;  // one per piece: views of parameter and block gradient
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // per bucket: this rank's block
+  Device device_ = Device::cpu;               // the parameters', the state's and the buckets'
   int64_t step_ = 0;
   double last_wait_s_ = 0;
 };

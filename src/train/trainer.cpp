@@ -368,11 +368,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   // Several ranks on GPUs: one GPU per rank (its local rank), gradients reduced by NCCL.
   std::unique_ptr<dist::NcclCommunicator> gpu_comm;
   if (device == Device::cuda) {
-    if (parallel) {
-      POLLEN_CHECK(cfg.zero == 0, "parallel.zero = 1 with run.device = \"cuda\": sharding ",
-                   "AdamW's state over GPUs is not built yet; set parallel.zero = 0");
-      gpu_comm = std::make_unique<dist::NcclCommunicator>(comm, cfg.timeout_s);
-    }
+    if (parallel) gpu_comm = std::make_unique<dist::NcclCommunicator>(comm, cfg.timeout_s);
     POLLEN_CHECK(cfg.sample_prompts.empty(),
                  "run.device = \"cuda\": [samples] generates on the "
                  "CPU only so far; remove samples.prompts for a GPU run");
@@ -399,6 +395,9 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
         cfg.zero == 1 ? dist::ReduceMode::reduce_scatter : dist::ReduceMode::all_reduce);
   }
   if (reducer && cfg.zero == 1) {
+    POLLEN_CHECK(cfg.precision == "f32", "run.precision = \"", cfg.precision,
+                 "\" with parallel.zero = 1: the sharded optimizer keeps no master weights yet; ",
+                 "set parallel.zero = 0 or run.precision = \"f32\"");
     zero = std::make_unique<dist::ZeroAdamW>(*reducer, ao, decay_mask(named, cfg.no_decay));
   } else {
     opt.emplace(params, ao, decay_mask(named, cfg.no_decay));

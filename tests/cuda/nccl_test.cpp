@@ -2,12 +2,14 @@
 // rank beside the single-process launcher. Each collective on GPU buffers gives what a world of
 // one must (the sum of one rank is its own values), and a training step's gradients reduced in
 // buckets by NCCL equal the same step's gradients without a reducer, in f32 and in bf16 (widened
-// to f32), bit for bit. Several ranks need several GPUs.
+// to f32), bit for bit, and ZeRO-1's sharded AdamW steps as plain AdamW does. Several ranks need
+// several GPUs.
 #include <gtest/gtest.h>
 
 #include "cuda/gpu_compare.h"
 #include "dist/grad_reducer.h"
 #include "dist/nccl_communicator.h"
+#include "dist/zero_adamw.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "train/trainer.h"
@@ -114,5 +116,46 @@ TEST(CudaNccl, BucketedGradientsEqualTheUnreducedOnesInF32AndBf16) {
         EXPECT_EQ(p.grad().dtype(), DType::f32);  // reduced in f32, whatever the weights' dtype
       }
     }
+  }
+}
+
+TEST(CudaNccl, ZeroAdamWOnTheGpuStepsAsAdamW) {
+  POLLEN_REQUIRE_GPU();
+  const model::LlamaConfig config = model::resolve_config("llama-tiny");
+  Rng rng(12);
+  const auto batches = micro_batches(config, rng);
+  optim::AdamWOptions ao;
+  ao.lr = 1e-2;
+  ao.max_grad_norm = 0;  // no clipping: the norms' summation orders differ
+  model::Llama plain(config, 5), sharded(config, 5);
+  plain.to(Device::cuda);
+  sharded.to(Device::cuda);
+  std::vector<bool> decay;
+  for (const auto& p : plain.parameters()) decay.push_back(p.value().dim() >= 2);
+  optim::AdamW adamw(plain.parameters(), ao, decay);
+  dist::SingleProcess host;
+  dist::NcclCommunicator comm(host, 60);
+  dist::GradReducer reducer(comm, sharded.parameters(), 64 * 1024,
+                            dist::ReduceMode::reduce_scatter);
+  dist::ZeroAdamW zero(reducer, ao, decay);
+  for (int step = 0; step < 3; ++step) {
+    gradients(plain, batches, nullptr, nullptr);
+    const double norm = adamw.step(ao.lr);
+    bool stop = false;
+    double waited = 0;
+    for (auto& p : sharded.parameters()) p.zero_grad();
+    train::accumulate_gradients(sharded, batches, comm, reducer, stop, waited);
+    EXPECT_NEAR(zero.step(ao.lr), norm, 1e-6 * norm);
+  }
+  const auto a = plain.parameters(), b = sharded.parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].value().device(), Device::cuda);
+    EXPECT_EQ(b[i].value().to_doubles(), a[i].value().to_doubles()) << "parameter " << i;
+  }
+  std::vector<Tensor> m1, m2;
+  zero.gather_state(m1, m2);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(m1[i].to_doubles(), adamw.slots()[i].exp_avg.to_doubles()) << i;
+    EXPECT_EQ(m2[i].to_doubles(), adamw.slots()[i].exp_avg_sq.to_doubles()) << i;
   }
 }
