@@ -92,11 +92,9 @@ double ZeroAdamW::step(double lr) {
   return norm;
 }
 
-void ZeroAdamW::gather_bucket_moments(size_t b, const Tensor& shard_moment,
-                                      std::vector<Tensor>& whole) {
+void ZeroAdamW::gather_bucket(size_t b, const Tensor& shard, std::vector<Tensor>& whole) {
   Tensor all = Tensor::empty({reducer_.buckets()[b].padded}, DType::f32, device_);
-  comm_.wait(comm_.start_all_gather(shard_moment.data<float>(), all.data<float>(),
-                                    reducer_.shard_size(b),
+  comm_.wait(comm_.start_all_gather(shard.data<float>(), all.data<float>(), reducer_.shard_size(b),
                                     cat("the optimizer state gather of bucket ", b)));
   const auto& params = reducer_.params();
   for (const auto& e : reducer_.buckets()[b].entries) {
@@ -109,8 +107,8 @@ void ZeroAdamW::gather_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& 
   exp_avg.assign(reducer_.params().size(), Tensor());
   exp_avg_sq.assign(reducer_.params().size(), Tensor());
   for (size_t b = 0; b < reducer_.buckets().size(); ++b) {
-    gather_bucket_moments(b, exp_avg_[b], exp_avg);
-    gather_bucket_moments(b, exp_avg_sq_[b], exp_avg_sq);
+    gather_bucket(b, exp_avg_[b], exp_avg);
+    gather_bucket(b, exp_avg_sq_[b], exp_avg_sq);
   }
 }
 
@@ -129,6 +127,48 @@ void ZeroAdamW::load_second_moments(const std::vector<Tensor>& exp_avg_sq) {
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const Piece& p = pieces_[k];
     slots_[k].exp_avg_sq.copy_(span_of(exp_avg_sq[p.param].contiguous(), p.in_param, p.numel));
+  }
+}
+
+void ZeroAdamW::compute_in_bf16() {
+  if (computes_in_bf16()) return;
+  POLLEN_CHECK(device_ == Device::cuda, "ZeRO AdamW: bf16 compute needs the parameters on the ",
+               "GPU, they are on ", device_name(device_));
+  for (size_t b = 0; b < reducer_.buckets().size(); ++b)
+    masters_.push_back(Tensor::zeros({reducer_.shard_size(b)}, DType::f32, device_));
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const Piece& p = pieces_[k];
+    Tensor master = span_of(masters_[p.bucket], p.in_shard, p.numel);
+    master.copy_(slots_[k].param);
+    slots_[k].param = master;
+  }
+  for (const auto& v : reducer_.params()) {
+    v.node()->value = v.value().to(DType::bf16);
+    v.node()->grad = Tensor();
+  }
+}
+
+std::vector<Tensor> ZeroAdamW::gather_weights() {
+  std::vector<Tensor> whole(reducer_.params().size());
+  if (!computes_in_bf16()) {
+    for (size_t i = 0; i < whole.size(); ++i) whole[i] = reducer_.params()[i].value();
+    return whole;
+  }
+  for (size_t b = 0; b < reducer_.buckets().size(); ++b) gather_bucket(b, masters_[b], whole);
+  return whole;
+}
+
+void ZeroAdamW::load_weights(const std::vector<Tensor>& weights) {
+  const auto& params = reducer_.params();
+  POLLEN_ASSERT(weights.size() == params.size());
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const Piece& p = pieces_[k];
+    if (computes_in_bf16())
+      slots_[k].param.copy_(span_of(weights[p.param].contiguous(), p.in_param, p.numel));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor value = params[i].value();
+    value.copy_(weights[i]);  // rounded to bf16 in mixed precision
   }
 }
 

@@ -39,6 +39,17 @@ class ZeroAdamW {
   // Takes this rank's blocks of whole per-parameter second moments, keeping the first.
   void load_second_moments(const std::vector<Tensor>& exp_avg_sq);
 
+  // Mixed precision, GPU only: from here on the parameters are bf16 copies, which the model
+  // computes with, and this rank keeps f32 master weights for its blocks alone, beside its blocks
+  // of the moments; every step all-gathers the updated f32 blocks into the bf16 parameters.
+  void compute_in_bf16();
+  bool computes_in_bf16() const { return !masters_.empty(); }
+  // Whole f32 weights (a collective): in mixed precision gathered from every rank's master
+  // blocks, else the parameters themselves. In the reducer's parameter order.
+  std::vector<Tensor> gather_weights();
+  // Takes this rank's blocks of whole f32 weights (a checkpoint's) and sets the parameters.
+  void load_weights(const std::vector<Tensor>& weights);
+
  private:
   // A run of this rank's block that lies in one parameter.
   struct Piece {
@@ -47,14 +58,17 @@ class ZeroAdamW {
     int64_t in_shard;  // first element within this rank's block of the bucket
     int64_t numel;
   };
-  void gather_bucket_moments(size_t b, const Tensor& shard_moment, std::vector<Tensor>& whole);
+  // Every rank's block `shard` of bucket b, as whole per-parameter tensors into `whole`.
+  void gather_bucket(size_t b, const Tensor& shard, std::vector<Tensor>& whole);
 
   GradReducer& reducer_;
   Communicator& comm_;
   optim::AdamWOptions options_;
   std::vector<Piece> pieces_;
-  std::vector<ops::AdamWSlot> slots_;  // one per piece: views of parameter and block gradient
+  // One per piece: views of the parameter (or of its master block) and of the block gradient.
+  std::vector<ops::AdamWSlot> slots_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;  // per bucket: this rank's block
+  std::vector<Tensor> masters_;               // per bucket, in mixed precision: f32 weights
   Device device_ = Device::cpu;               // the parameters', the state's and the buckets'
   int64_t step_ = 0;
   double last_wait_s_ = 0;

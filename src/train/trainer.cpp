@@ -395,10 +395,8 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
         cfg.zero == 1 ? dist::ReduceMode::reduce_scatter : dist::ReduceMode::all_reduce);
   }
   if (reducer && cfg.zero == 1) {
-    POLLEN_CHECK(cfg.precision == "f32", "run.precision = \"", cfg.precision,
-                 "\" with parallel.zero = 1: the sharded optimizer keeps no master weights yet; ",
-                 "set parallel.zero = 0 or run.precision = \"f32\"");
     zero = std::make_unique<dist::ZeroAdamW>(*reducer, ao, decay_mask(named, cfg.no_decay));
+    if (cfg.precision == "bf16") zero->compute_in_bf16();  // master blocks sharded too
   } else {
     opt.emplace(params, ao, decay_mask(named, cfg.no_decay));
     if (cfg.precision == "bf16") opt->compute_in_bf16();  // on the GPU: the config requires it
@@ -411,10 +409,21 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       bytes += static_cast<int64_t>(slot.exp_avg.nbytes() + slot.exp_avg_sq.nbytes());
     return bytes;
   };
+  // ZeRO-1: the whole f32 weights and moments are read on every rank, which keeps its blocks.
   auto load = [&](const fs::path& dir) {
     if (!zero) return load_checkpoint(dir, model, *opt);
+    std::vector<Tensor> weights;
+    std::vector<std::pair<std::string, Tensor>> into;
     OptimizerMoments m;
-    load_checkpoint(dir, model, m);
+    for (const auto& [name, p] : named) {
+      weights.push_back(Tensor::empty(p.shape(), DType::f32));
+      into.emplace_back(name, weights.back());
+      m.exp_avg.push_back(Tensor::empty(p.shape(), DType::f32));
+      m.exp_avg_sq.push_back(Tensor::empty(p.shape(), DType::f32));
+    }
+    load_checkpoint_tensors(dir / "model.safetensors", into);
+    load_optimizer_moments(dir, named, m);
+    zero->load_weights(weights);
     zero->load_state(m.exp_avg, m.exp_avg_sq);
     zero->set_steps_taken(m.steps);
   };
@@ -538,10 +547,19 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
 
   const auto run_start = Clock::now();
   auto save = [&](int64_t at) {
-    OptimizerMoments gathered;  // ZeRO-1: every rank's shard, gathered for rank 0 to write
+    // ZeRO-1: every rank's blocks of the moments (and of the master weights in bf16), gathered
+    // for rank 0 to write.
+    OptimizerMoments gathered;
+    CheckpointTensors weights{"model.safetensors", {}};
+    std::vector<std::string> trained;
     if (zero) {
       zero->gather_state(gathered.exp_avg, gathered.exp_avg_sq);
       gathered.steps = zero->steps_taken();
+      const std::vector<Tensor> whole = zero->gather_weights();
+      for (size_t i = 0; i < named.size(); ++i) {
+        weights.tensors.emplace_back(named[i].first, whole[i]);
+        trained.push_back(named[i].first);
+      }
     }
     if (!lead) {
       last_checkpoint = ckpt_root / io::checkpoint_name(at);
@@ -555,8 +573,9 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
     st["rng"] = {{"seed", rng.seed()}, {"offset", rng.offset()}};
     st["metrics"] = metrics->positions();
     if (samples.enabled()) st["metrics"]["samples_bytes"] = samples.file().position();
-    const auto w = zero ? write_checkpoint(ckpt_root, at, model, gathered, st, config_toml)
-                        : write_checkpoint(ckpt_root, at, model, *opt, st, config_toml);
+    const auto w =
+        zero ? write_checkpoint(ckpt_root, at, {weights}, trained, gathered, st, config_toml, {})
+             : write_checkpoint(ckpt_root, at, model, *opt, st, config_toml);
     last_checkpoint = w.dir;
     log_checkpoint_and_retain(ckpt_root, at, w, cfg.keep_checkpoints);
   };

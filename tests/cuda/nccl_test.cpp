@@ -119,8 +119,11 @@ TEST(CudaNccl, BucketedGradientsEqualTheUnreducedOnesInF32AndBf16) {
   }
 }
 
-TEST(CudaNccl, ZeroAdamWOnTheGpuStepsAsAdamW) {
-  POLLEN_REQUIRE_GPU();
+namespace {
+
+// ZeRO-1's steps against AdamW's on the same model and data, with the compute dtype given: in
+// bf16, both keep f32 master weights (ZeRO-1 for its blocks only) and bf16 parameters.
+void expect_zero_steps_as_adamw(DType compute) {
   const model::LlamaConfig config = model::resolve_config("llama-tiny");
   Rng rng(12);
   const auto batches = micro_batches(config, rng);
@@ -138,6 +141,10 @@ TEST(CudaNccl, ZeroAdamWOnTheGpuStepsAsAdamW) {
   dist::GradReducer reducer(comm, sharded.parameters(), 64 * 1024,
                             dist::ReduceMode::reduce_scatter);
   dist::ZeroAdamW zero(reducer, ao, decay);
+  if (compute == DType::bf16) {
+    adamw.compute_in_bf16();
+    zero.compute_in_bf16();
+  }
   for (int step = 0; step < 3; ++step) {
     gradients(plain, batches, nullptr, nullptr);
     const double norm = adamw.step(ao.lr);
@@ -154,8 +161,41 @@ TEST(CudaNccl, ZeroAdamWOnTheGpuStepsAsAdamW) {
   }
   std::vector<Tensor> m1, m2;
   zero.gather_state(m1, m2);
+  const std::vector<Tensor> weights = zero.gather_weights();  // the f32 masters in bf16
   for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].value().dtype(), compute);
     EXPECT_EQ(m1[i].to_doubles(), adamw.slots()[i].exp_avg.to_doubles()) << i;
     EXPECT_EQ(m2[i].to_doubles(), adamw.slots()[i].exp_avg_sq.to_doubles()) << i;
+    EXPECT_EQ(weights[i].dtype(), DType::f32);
+    EXPECT_EQ(weights[i].to_doubles(), adamw.slots()[i].param.to_doubles()) << i;
   }
+
+  // A checkpoint's weights go back into a fresh model's master blocks and parameters.
+  model::Llama resumed(config, 6);
+  resumed.to(Device::cuda);
+  dist::GradReducer reducer2(comm, resumed.parameters(), 64 * 1024,
+                             dist::ReduceMode::reduce_scatter);
+  dist::ZeroAdamW zero2(reducer2, ao, decay);
+  if (compute == DType::bf16) zero2.compute_in_bf16();
+  std::vector<Tensor> on_host;
+  for (const Tensor& w : weights) on_host.push_back(w.to(Device::cpu));
+  zero2.load_weights(on_host);
+  const auto r = resumed.parameters();
+  const std::vector<Tensor> again = zero2.gather_weights();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(r[i].value().to_doubles(), a[i].value().to_doubles()) << i;
+    EXPECT_EQ(again[i].to_doubles(), weights[i].to_doubles()) << i;
+  }
+}
+
+}  // namespace
+
+TEST(CudaNccl, ZeroAdamWOnTheGpuStepsAsAdamW) {
+  POLLEN_REQUIRE_GPU();
+  expect_zero_steps_as_adamw(DType::f32);
+}
+
+TEST(CudaNccl, ZeroAdamWInBf16KeepsShardedMasterWeightsAndStepsAsAdamW) {
+  POLLEN_REQUIRE_GPU();
+  expect_zero_steps_as_adamw(DType::bf16);
 }

@@ -22,6 +22,7 @@
 #include "dist/topology.h"
 #include "dist/zero_adamw.h"
 #include "io/checkpoint.h"
+#include "ops/elementwise.h"
 #include "train/tiny_run.h"
 
 namespace fs = std::filesystem;
@@ -255,6 +256,35 @@ TEST(ZeroAdamW, UpdatesBlocksAsAdamWUpdatesTheWholeParameters) {
   zero.gather_state(m1, m2);
   for (size_t i = 0; i < plain.params.size(); ++i)
     EXPECT_EQ(m2[i].to_doubles(), adamw.slots()[i].exp_avg_sq.to_doubles()) << i;
+}
+
+TEST(ZeroAdamW, Bf16ComputeOnTheCpuIsRefusedAndF32WeightsRoundTrip) {
+  optim::AdamWOptions ao;
+  TinyModel m;
+  RecordingComm comm;
+  dist::GradReducer reducer(comm, m.params, 4096, dist::ReduceMode::reduce_scatter);
+  std::vector<bool> decay(m.params.size(), true);
+  dist::ZeroAdamW zero(reducer, ao, decay);
+  std::string e;
+  try {
+    zero.compute_in_bf16();
+  } catch (const Error& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("bf16 compute needs the parameters on the GPU, they are on cpu"),
+            std::string::npos)
+      << e;
+  // In f32 the weights a checkpoint takes are the parameters, and loading sets them.
+  std::vector<Tensor> weights = zero.gather_weights();
+  std::vector<Tensor> doubled;
+  for (const Tensor& w : weights) {
+    Tensor d = w.clone();
+    ops::scale_into(2.0, d, d);
+    doubled.push_back(d);
+  }
+  zero.load_weights(doubled);
+  for (size_t i = 0; i < m.params.size(); ++i)
+    EXPECT_EQ(m.params[i].value().to_doubles(), doubled[i].to_doubles()) << i;
 }
 
 TEST(Loader, RanksTakeDisjointPartsThatCoverTheGlobalBatch) {
