@@ -48,6 +48,7 @@ int64_t ZeroAdamW::state_bytes() const {
   int64_t bytes = 0;
   for (size_t b = 0; b < exp_avg_.size(); ++b)
     bytes += static_cast<int64_t>(exp_avg_[b].nbytes() + exp_avg_sq_[b].nbytes());
+  for (const Tensor& m : masters_) bytes += static_cast<int64_t>(m.nbytes());
   return bytes;
 }
 
@@ -96,10 +97,12 @@ void ZeroAdamW::gather_bucket(size_t b, const Tensor& shard, std::vector<Tensor>
   Tensor all = Tensor::empty({reducer_.buckets()[b].padded}, DType::f32, device_);
   comm_.wait(comm_.start_all_gather(shard.data<float>(), all.data<float>(), reducer_.shard_size(b),
                                     cat("the optimizer state gather of bucket ", b)));
+  // To host memory bucket by bucket: whole moments on the GPU would take back what ZeRO saves.
+  const Tensor host = all.device() == Device::cpu ? all : all.to(Device::cpu);
   const auto& params = reducer_.params();
   for (const auto& e : reducer_.buckets()[b].entries) {
-    whole[e.param] = Tensor::empty(params[e.param].shape(), DType::f32, device_);
-    span_of(whole[e.param], 0, e.numel).copy_(span_of(all, e.offset, e.numel));
+    whole[e.param] = Tensor::empty(params[e.param].shape(), DType::f32);
+    span_of(whole[e.param], 0, e.numel).copy_(span_of(host, e.offset, e.numel));
   }
 }
 
@@ -161,14 +164,21 @@ std::vector<Tensor> ZeroAdamW::gather_weights() {
 void ZeroAdamW::load_weights(const std::vector<Tensor>& weights) {
   const auto& params = reducer_.params();
   POLLEN_ASSERT(weights.size() == params.size());
-  for (size_t k = 0; k < pieces_.size(); ++k) {
-    const Piece& p = pieces_[k];
-    if (computes_in_bf16())
-      slots_[k].param.copy_(span_of(weights[p.param].contiguous(), p.in_param, p.numel));
-  }
+  for (size_t i = 0; i < params.size(); ++i)
+    POLLEN_CHECK(weights[i].dtype() == DType::f32 && weights[i].shape() == params[i].shape(),
+                 "ZeRO AdamW: weights of '", params[i].name(), "' must be f32 ",
+                 shape_str(params[i].shape()), ", got ", dtype_name(weights[i].dtype()), " ",
+                 shape_str(weights[i].shape()));
   for (size_t i = 0; i < params.size(); ++i) {
-    Tensor value = params[i].value();
-    value.copy_(weights[i]);  // rounded to bf16 in mixed precision
+    // On the parameters' device first, so that bf16 rounding runs there.
+    const Tensor w = weights[i].device() == device_ ? weights[i] : weights[i].to(device_);
+    if (computes_in_bf16()) {
+      for (size_t k = 0; k < pieces_.size(); ++k)
+        if (pieces_[k].param == i)
+          slots_[k].param.copy_(span_of(w.contiguous(), pieces_[k].in_param, pieces_[k].numel));
+    }
+    Tensor value = params[i].value();  // copied into: the optimizer's views stay valid
+    value.copy_(w);
   }
 }
 

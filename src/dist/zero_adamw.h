@@ -28,11 +28,13 @@ class ZeroAdamW {
 
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t steps) { step_ = steps; }
-  // Bytes of optimizer state this rank holds.
+  // Bytes of optimizer state this rank holds (its blocks of the moments, and of the master
+  // weights in mixed precision).
   int64_t state_bytes() const;
 
   // Whole per-parameter moments, gathered from every rank (a collective: every rank calls it;
-  // every rank receives them). In the reducer's parameter order.
+  // every rank receives them, in host memory, bucket by bucket). In the reducer's parameter
+  // order.
   void gather_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq);
   // Takes this rank's blocks of whole per-parameter moments (a checkpoint's).
   void load_state(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);
@@ -45,7 +47,8 @@ class ZeroAdamW {
   void compute_in_bf16();
   bool computes_in_bf16() const { return !masters_.empty(); }
   // Whole f32 weights (a collective): in mixed precision gathered from every rank's master
-  // blocks, else the parameters themselves. In the reducer's parameter order.
+  // blocks into host memory, else the parameters themselves (which the next step changes). In
+  // the reducer's parameter order.
   std::vector<Tensor> gather_weights();
   // Takes this rank's blocks of whole f32 weights (a checkpoint's) and sets the parameters.
   void load_weights(const std::vector<Tensor>& weights);

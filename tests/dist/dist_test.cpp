@@ -274,10 +274,11 @@ TEST(ZeroAdamW, Bf16ComputeOnTheCpuIsRefusedAndF32WeightsRoundTrip) {
   EXPECT_NE(e.find("bf16 compute needs the parameters on the GPU, they are on cpu"),
             std::string::npos)
       << e;
+  EXPECT_FALSE(zero.computes_in_bf16());
+  for (const auto& p : m.params) EXPECT_EQ(p.dtype(), DType::f32);
   // In f32 the weights a checkpoint takes are the parameters, and loading sets them.
-  std::vector<Tensor> weights = zero.gather_weights();
   std::vector<Tensor> doubled;
-  for (const Tensor& w : weights) {
+  for (const Tensor& w : zero.gather_weights()) {
     Tensor d = w.clone();
     ops::scale_into(2.0, d, d);
     doubled.push_back(d);
@@ -285,6 +286,24 @@ TEST(ZeroAdamW, Bf16ComputeOnTheCpuIsRefusedAndF32WeightsRoundTrip) {
   zero.load_weights(doubled);
   for (size_t i = 0; i < m.params.size(); ++i)
     EXPECT_EQ(m.params[i].value().to_doubles(), doubled[i].to_doubles()) << i;
+  // The next step starts from the loaded weights, as AdamW from the same weights does.
+  ao.max_grad_norm = 0;
+  TinyModel plain;
+  for (size_t i = 0; i < plain.params.size(); ++i) plain.params[i].value().copy_(doubled[i]);
+  optim::AdamW adamw(plain.params, ao, decay);
+  plain.backward(nullptr, nullptr);
+  adamw.step(ao.lr);
+  dist::ZeroAdamW fresh(reducer, ao, decay);
+  fresh.load_weights(doubled);
+  m.backward(&comm, &reducer);
+  reducer.finish();
+  fresh.step(ao.lr);
+  for (size_t i = 0; i < m.params.size(); ++i)
+    EXPECT_EQ(m.params[i].value().to_doubles(), plain.params[i].value().to_doubles()) << i;
+  // Weights of another dtype or shape are refused, naming the parameter.
+  std::vector<Tensor> wrong = doubled;
+  wrong[0] = Tensor::zeros({3}, DType::f32);
+  EXPECT_THROW(fresh.load_weights(wrong), Error);
 }
 
 TEST(Loader, RanksTakeDisjointPartsThatCoverTheGlobalBatch) {
