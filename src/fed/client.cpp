@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "data/shards.h"
 #include "fed/client_state.h"
+#include "fed/first_moments.h"
 #include "fed/second_moments.h"
 #include "fed/silo.h"
 #include "io/model_source.h"
@@ -326,6 +327,55 @@ void LocalTrainer::set_second_moments(const std::vector<float>& factored) {
   if (zero_) zero_->load_second_moments(whole);
 }
 
+double LocalTrainer::first_moment_bias() const {
+  return 1.0 - std::pow(config_.train.beta1, static_cast<double>(opt_->steps_taken()));
+}
+
+std::vector<size_t> LocalTrainer::moment_slots(const ParamSpecs& moments) const {
+  POLLEN_CHECK(!zero_ && comm_->world() == 1, "client '", config_.id,
+               "': shared first moments (strategy.first_moments) need a silo of one process");
+  const auto named = model_.named_parameters();
+  std::vector<size_t> slots;
+  for (const auto& m : moments) {
+    const std::string name = moment_tensor_name(m);
+    size_t i = 0;
+    while (i < named.size() && named[i].first != name) ++i;
+    POLLEN_CHECK(i < named.size(), "client '", config_.id, "': the model has no tensor '", name,
+                 "' for its first moments");
+    slots.push_back(i);
+  }
+  return slots;
+}
+
+Weights LocalTrainer::first_moments(const ParamSpecs& moments) const {
+  const double bias = first_moment_bias();
+  Weights out;
+  for (size_t i : moment_slots(moments)) {
+    const Tensor& m = opt_->slots()[i].exp_avg;
+    Tensor e = Tensor::empty(m.shape(), DType::f32);
+    const float* x = m.data<float>();
+    float* o = e.data<float>();
+    for (int64_t j = 0; j < m.numel(); ++j)
+      o[j] = bias > 0 ? static_cast<float>(x[j] / bias) : 0.0f;
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+void LocalTrainer::set_first_moments(const ParamSpecs& moments, const Weights& estimate) {
+  const std::vector<size_t> slots = moment_slots(moments);
+  POLLEN_ASSERT(estimate.size() == slots.size());
+  // m = estimate (1 - beta1^t), so that AdamW's m / (1 - beta1^t) is the federation's.
+  const auto bias = static_cast<float>(first_moment_bias());
+  for (size_t k = 0; k < slots.size(); ++k) {
+    Tensor& m = opt_->slots()[slots[k]].exp_avg;
+    POLLEN_ASSERT(m.shape() == estimate[k].shape());
+    const float* e = estimate[k].data<float>();
+    float* x = m.data<float>();
+    for (int64_t j = 0; j < m.numel(); ++j) x[j] = e[j] * bias;
+  }
+}
+
 void LocalTrainer::load_checkpoint(const std::filesystem::path& dir) {
   if (!zero_) return train::load_checkpoint(dir, model_, *opt_);
   train::OptimizerMoments m;
@@ -524,6 +574,32 @@ const Weights& Client::pull_model(const pb::TaskReply& task, const CompressOptio
   }
 }
 
+Weights Client::pull_first_moments(const pb::TaskReply& task, const CompressOptions& model_codec,
+                                   const ParamSpecs& moments) {
+  const std::string what = cat("first moments of round ", task.round());
+  pb::PullRequest pr;
+  pr.set_client_id(config_.id);
+  pr.set_round(task.round());
+  pr.set_first_moments(true);
+  std::unique_ptr<ChunkAssembler> chunks;
+  pb::TensorSetHeader header;
+  transport_.pull(pr, [&](const pb::TensorStream& m) {
+    if (!chunks) {
+      POLLEN_CHECK(m.has_header(), what, ": the stream must open with a header");
+      validate_header(m.header(), moments, model_codec, what);
+      header = m.header();
+      chunks = std::make_unique<ChunkAssembler>(header, what);
+    } else {
+      POLLEN_CHECK(m.has_chunk(), what, ": after the header only chunks may follow");
+      chunks->add(m.chunk());
+    }
+  });
+  POLLEN_CHECK(chunks != nullptr, what, ": empty stream");
+  const std::string bytes = chunks->finish();
+  bytes_received_ += bytes.size();
+  return decode_set(header, bytes, moments, what);
+}
+
 void Client::train_round(const pb::TaskReply& task) {
   POLLEN_CHECK(task.round() >= 1 && task.local_steps() >= 1 && task.local_steps() <= 10000000,
                "task: round ", task.round(), " with ", task.local_steps(), " local steps");
@@ -536,6 +612,17 @@ void Client::train_round(const pb::TaskReply& task) {
       "': the server shares the clients' second moments (strategy.second_moments), ",
       local_dp_ ? "which [local_dp] does not protect" : "which a [post] silo does not have",
       "; the client sends none");
+  POLLEN_CHECK(task.first_moments().empty() ||
+                   (local_ && !local_dp_ && !several_ranks() && !task.secure_aggregation()),
+               "client '", config_.id, "': the server shares the clients' first moments ",
+               "(strategy.first_moments), which ",
+               !local_                     ? "a [post] silo does not have"
+               : local_dp_                 ? "[local_dp] does not protect"
+               : task.secure_aggregation() ? "secure aggregation does not carry"
+                                           : "a silo of several processes does not share yet",
+               "; the client sends none");
+  const ParamSpecs first_moments =
+      first_moment_specs(specs_, task.first_moments().empty() ? "none" : task.first_moments());
   CompressOptions codec;
   codec.codec = parse_codec(task.codec());
   codec.block = task.codec_block();
@@ -566,6 +653,9 @@ void Client::train_round(const pb::TaskReply& task) {
   }
   if (local_) local_->share_second_moments(task.second_moments());
   if (!moments.empty()) local_->set_second_moments(moments);
+  // Shared first moments: the round starts from the federation's (none before round 2).
+  if (!first_moments.empty() && task.pull_first_moments())
+    local_->set_first_moments(first_moments, pull_first_moments(task, model_codec, first_moments));
 
   pb::UpdateInfo info;
   info.set_client_id(config_.id);
@@ -600,9 +690,24 @@ void Client::train_round(const pb::TaskReply& task) {
               task.round(), " rounds");
   }
   const Weights saved_residual = clone_weights(feedback_.residual());
-  EncodedSet enc = task.secure_aggregation()
-                       ? masked_update(task.round(), delta, res.tokens)
-                       : encode_payloads(specs_, feedback_.encode(delta, codec), codec);
+  EncodedSet enc;
+  if (task.secure_aggregation()) {
+    enc = masked_update(task.round(), delta, res.tokens);
+  } else {
+    // The pseudo-gradient with error feedback, then the first moments without (a state, not a
+    // sum over rounds).
+    std::vector<std::string> payloads = feedback_.encode(delta, codec);
+    ParamSpecs sent = specs_;
+    if (!first_moments.empty()) {
+      const Weights m = local_->first_moments(first_moments);
+      for (const Tensor& t : m) {
+        payloads.emplace_back();
+        encode(t.data<float>(), t.numel(), codec, payloads.back());
+      }
+      sent.insert(sent.end(), first_moments.begin(), first_moments.end());
+    }
+    enc = encode_payloads(sent, std::move(payloads), codec);
+  }
 
   last_round_ = task.round();
   int stage = 0;

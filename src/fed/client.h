@@ -110,10 +110,19 @@ class LocalTrainer : public RoundTrainer {
   std::vector<float> factored_second_moments();
   // Replaces the inner AdamW's second moments by the federation's; every rank, before the round.
   void set_second_moments(const std::vector<float>& factored);
+  // The inner AdamW's first moments of the `moments` tensors (fed/first_moments.h) after the
+  // last train(), as AdamW's estimate m / (1 - beta1^t); a silo of one rank.
+  Weights first_moments(const ParamSpecs& moments) const;
+  // Replaces those first moments by the federation's estimate, stored in this AdamW's scale
+  // (a client that has not stepped yet keeps its zeros); before the round.
+  void set_first_moments(const ParamSpecs& moments, const Weights& estimate);
 
  private:
   void apply_step_drift();
   double second_moment_bias() const;  // 1 - beta2^t of the inner AdamW
+  double first_moment_bias() const;   // 1 - beta1^t of the inner AdamW
+  // The inner AdamW's slot of each moment spec's tensor; a silo of one rank.
+  std::vector<size_t> moment_slots(const ParamSpecs& moments) const;
 
   ClientConfig config_;
   dist::SingleProcess alone_;
@@ -163,6 +172,10 @@ class Client {
   // The round's model, pulled: a delta against the model held, the chain of deltas when the client
   // missed rounds (one pull each), or the whole model.
   const Weights& pull_model(const pb::TaskReply& task, const CompressOptions& model_codec);
+  // The clients' averaged first moments of the `moments` tensors (strategy.first_moments),
+  // pulled after the round's model.
+  Weights pull_first_moments(const pb::TaskReply& task, const CompressOptions& model_codec,
+                             const ParamSpecs& moments);
   // Secure aggregation (client_secagg.cpp): the key, share and unmask steps, and the masked push
   // that replaces the plain one.
   void secagg_step(const pb::TaskReply& task);

@@ -226,6 +226,26 @@ ServerConfig read_server_config(ConfigTable& root) {
                "' sends each client's optimizer statistics in the clear, which secure "
                "aggregation and [privacy] do not cover, and a [post] federation does not "
                "exchange; use second_moments = 'none' with them");
+  // Shared first moments travel like the second ones, and like the model's update they are
+  // encoded with the round's codecs, where top-k would drop most of them: no error feedback
+  // carries what it leaves out of a moment to the next round.
+  const std::string fm = c.strategy.first_moments;
+  POLLEN_CHECK(!c.strategy.shares_first_moments() ||
+                   (c.strategy.robust.aggregation == "mean" && c.strategy.robust.norm_bound == 0),
+               root.where("strategy.first_moments"), ": '", fm,
+               "' averages the clients' moments by tokens, which robust aggregation would not "
+               "protect; it needs strategy.aggregation = 'mean' and no strategy.norm_bound");
+  POLLEN_CHECK(!c.strategy.shares_first_moments() ||
+                   (!c.secure_aggregation.enabled && !c.privacy.enabled && !c.post.enabled()),
+               root.where("strategy.first_moments"), ": '", fm,
+               "' sends each client's optimizer statistics in the clear, which secure "
+               "aggregation and [privacy] do not cover, and a [post] federation does not "
+               "exchange; use first_moments = 'none' with them");
+  POLLEN_CHECK(!c.strategy.shares_first_moments() ||
+                   (c.compression.codec != Codec::topk && c.server_codec != Codec::topk),
+               root.where("strategy.first_moments"), ": '", fm,
+               "' sends the moments with the round's codecs, and top-k without error feedback "
+               "would drop most of them; use another codec");
   c.tls = read_tls(root, true);
   return c;
 }

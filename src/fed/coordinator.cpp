@@ -7,6 +7,7 @@
 #include "base/files.h"
 #include "base/hash.h"
 #include "base/log.h"
+#include "fed/first_moments.h"
 #include "fed/post_lora.h"
 #include "fed/secagg/masked_set.h"
 #include "fed/secagg/quantize.h"
@@ -48,6 +49,9 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   }
   model_json_ = model_config_json(config_.model);
   strategy_->set_token_rows(token_row_tensors(specs_));
+  moment_specs_ = first_moment_specs(specs_, config_.strategy.first_moments);
+  update_specs_ = specs_;
+  update_specs_.insert(update_specs_.end(), moment_specs_.begin(), moment_specs_.end());
   // Clients that built the same initial model hold the first view already.
   publisher_ = std::make_unique<ModelPublisher>(specs_, config_.download(), clone_weights(global_));
   fs::create_directories(config_.dir);
@@ -156,6 +160,18 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
     unpack_second_moments(specs_, wire, what);
     second_moments_ = std::move(wire);
   }
+  if (!moment_specs_.empty() && fs::exists(dir / "first_moments.safetensors")) {
+    const auto f = io::read_safetensors(dir / "first_moments.safetensors");
+    Weights mean;
+    for (const auto& m : moment_specs_) {
+      const Tensor* t = f.find(m.name);
+      POLLEN_CHECK(t && t->shape() == m.shape && t->dtype() == DType::f32,
+                   "fed server: ", dir.string(), "/first_moments.safetensors: tensor '", m.name,
+                   "' is missing or not float32 of its shape");
+      mean.push_back(t->clone());
+    }
+    set_first_moments(std::move(mean));
+  }
   if (publisher_->compressed()) {
     // The model the clients hold; without it (compression turned on at resume) the next round
     // sends the whole model to every client.
@@ -201,6 +217,12 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
     std::copy(second_moments_.begin(), second_moments_.end(),
               reinterpret_cast<char*>(t.data<uint8_t>()));
     w.add_tensors("second_moments.safetensors", {{"second_moments", t}});
+  }
+  if (!first_moments_.empty()) {
+    io::NamedTensors moments;
+    for (size_t i = 0; i < moment_specs_.size(); ++i)
+      moments.emplace_back(moment_specs_[i].name, first_moments_[i]);
+    w.add_tensors("first_moments.safetensors", moments);
   }
   if (publisher_->compressed()) {
     io::NamedTensors view;
@@ -311,6 +333,9 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
     t.set_model_codec_scale(scale_format_name(config_.compression.scale));
     t.set_model_sha256(publisher_->view_sha256());
     t.set_second_moments(config_.strategy.shares_second_moments());
+    if (config_.strategy.shares_first_moments())
+      t.set_first_moments(config_.strategy.first_moments);
+    t.set_pull_first_moments(first_moments_set_ != nullptr);
     t.set_evaluate(config_.eval_every > 0 && (round - 1) % config_.eval_every == 0);
     t.set_secure_aggregation(secagg_ != nullptr);
     t.set_token_counts(config_.strategy.weights_rows());
@@ -335,6 +360,14 @@ std::shared_ptr<const EncodedSet> Coordinator::pull(const pb::PullRequest& r,
                "pull: client '", id, "' wants model ", r.want_model(), ", but round ", r.round(),
                " was opened again since and trains from ", publisher_->view_sha256(),
                "; ask for the task again");
+  if (r.first_moments()) {
+    POLLEN_CHECK(first_moments_set_, "pull: client '", id, "' asks for first moments, which ",
+                 moment_specs_.empty() ? "this federation does not share (strategy.first_moments)"
+                                       : "no round has averaged yet");
+    if (pulled_.insert(id + "\nfirst_moments").second)
+      bytes_sent_ += first_moments_set_->header.total_bytes();
+    return first_moments_set_;
+  }
   auto set = publisher_->for_client(r.held_model());
   // Each set a client pulls counts once, however often the pull is retried.
   if (pulled_.insert(id + '\n' + set->header.base_sha256() + set->header.model_sha256()).second)
@@ -368,7 +401,7 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
   if (config_.secure_aggregation.enabled) {
     secagg::validate_masked_header(header, specs_, config_.secure_aggregation.ring_bits, what);
   } else {
-    validate_header(header, specs_, config_.compression, what);
+    validate_header(header, update_specs_, config_.compression, what);
   }
   Push p;
   p.info = info;
@@ -384,8 +417,15 @@ pb::PushReply Coordinator::push_finish(Push& p) {
   u.update.client_id = p.info.client_id();
   u.update.tokens = p.info.tokens();
   // A masked update is only added to the session's running sum; it is never decoded.
-  if (!config_.secure_aggregation.enabled)
-    u.update.delta = decode_set(p.header, bytes, specs_, what);
+  if (!config_.secure_aggregation.enabled) {
+    // The pseudo-gradient's tensors, then the first moments' (strategy.first_moments).
+    Weights all = decode_set(p.header, bytes, update_specs_, what);
+    const auto model_tensors = static_cast<std::ptrdiff_t>(specs_.size());
+    u.first_moments.assign(std::make_move_iterator(all.begin() + model_tensors),
+                           std::make_move_iterator(all.end()));
+    all.resize(specs_.size());
+    u.update.delta = std::move(all);
+  }
   u.update.metrics = {{"train_loss", p.info.train_loss()}};
   u.update.input_counts = token_counts_from(p.info.input_counts());
   u.update.target_counts = token_counts_from(p.info.target_counts());
@@ -580,6 +620,13 @@ bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t partici
   return true;
 }
 
+void Coordinator::set_first_moments(Weights mean) {
+  first_moments_ = std::move(mean);
+  // Encoded once for every pull of the rounds until the next average.
+  first_moments_set_ = std::make_shared<const EncodedSet>(
+      encode_weights(moment_specs_, first_moments_, config_.download()));
+}
+
 RoundSummary Coordinator::end_round() {
   std::unique_lock lock(mutex_);
   POLLEN_ASSERT(open_);
@@ -595,6 +642,8 @@ RoundSummary Coordinator::end_round() {
   double loss_sum = 0;
   std::vector<std::vector<float>> moments;  // strategy.second_moments: each participant's
   std::vector<double> moment_weights;
+  std::vector<Weights> first_moments;  // strategy.first_moments: each participant's
+  std::vector<double> first_moment_weights;
   for (const auto& id : s.selected) {
     auto it = updates_.find(id);
     if (it == updates_.end()) {
@@ -623,6 +672,10 @@ RoundSummary Coordinator::end_round() {
           unpack_second_moments(specs_, info.second_moments(), cat("update from '", id, "'")));
       moment_weights.push_back(static_cast<double>(info.tokens()));
     }
+    if (!it->second.first_moments.empty()) {
+      first_moments.push_back(std::move(it->second.first_moments));
+      first_moment_weights.push_back(static_cast<double>(info.tokens()));
+    }
     ups.push_back(std::move(it->second.update));
   }
   updates_.clear();
@@ -649,6 +702,11 @@ RoundSummary Coordinator::end_round() {
     for (const auto& m : moments) each.push_back(&m);
     // Kept as sent, in the wire's 8-bit codes.
     second_moments_ = pack_second_moments(specs_, average_second_moments(each, moment_weights));
+  }
+  if (s.aggregated && !first_moments.empty()) {
+    std::vector<const Weights*> each;
+    for (const auto& m : first_moments) each.push_back(&m);
+    set_first_moments(average_first_moments(each, first_moment_weights));
   }
   if (s.aggregated) {
     s.train_loss = loss_sum / static_cast<double>(s.tokens);

@@ -115,6 +115,7 @@ class Coordinator {
   };
   struct Update {
     ClientUpdate update;
+    Weights first_moments;  // strategy.first_moments: the client's, as decoded
     pb::UpdateInfo info;
     uint64_t bytes = 0;
   };
@@ -160,6 +161,13 @@ class Coordinator {
   // aggregated round, packed as they are sent with the next rounds' model (empty before the
   // first)
   std::string second_moments_;
+  // strategy.first_moments: the tensors whose moments travel (fed/first_moments.h), what an
+  // update's set holds (the model's tensors, then those), the clients' moments averaged over the
+  // last aggregated round and the set the clients pull them as (null before the first)
+  ParamSpecs moment_specs_, update_specs_;
+  Weights first_moments_;
+  std::shared_ptr<const EncodedSet> first_moments_set_;
+  void set_first_moments(Weights mean);
   uint64_t bytes_sent_ = 0;
   std::chrono::steady_clock::time_point round_start_;
   std::unique_ptr<secagg::ServerSession> secagg_;

@@ -235,6 +235,9 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o) {
                o.robust.aggregation, "', ", o.robust.norm_bound, ")");
   POLLEN_CHECK(o.second_moments == "none" || o.second_moments == "factored",
                "strategy.second_moments must be none or factored, got '", o.second_moments, "'");
+  POLLEN_CHECK(
+      o.first_moments == "none" || o.first_moments == "output" || o.first_moments == "token_rows",
+      "strategy.first_moments must be none, output or token_rows, got '", o.first_moments, "'");
   if (o.name == "fedavg") return std::make_unique<FedAvg>(o);
   if (o.name == "fedavgm") return std::make_unique<Momentum>(o, false);
   if (o.name == "diloco") return std::make_unique<Momentum>(o, true);
@@ -263,6 +266,7 @@ StrategyOptions read_strategy_options(ConfigTable& t) {
   o.robust.multi_krum = t.get_int("multi_krum", o.robust.multi_krum);
   o.row_weighting = t.get_string("row_weighting", o.row_weighting);
   o.second_moments = t.get_string("second_moments", o.second_moments);
+  o.first_moments = t.get_string("first_moments", o.first_moments);
   make_strategy(o);  // validates the name and ranges now, naming the keys
   return o;
 }

@@ -101,6 +101,10 @@ struct StrategyOptions {
   // none; factored: the clients share their inner AdamW's second moments (fed/second_moments.h)
   std::string second_moments = "none";
   bool shares_second_moments() const { return second_moments != "none"; }
+  // none; output: the clients share their inner AdamW's first moments of the output layer;
+  // token_rows: of the embedding too (fed/first_moments.h)
+  std::string first_moments = "none";
+  bool shares_first_moments() const { return first_moments != "none"; }
 };
 
 // Reads the [strategy] table (every key documented in docs/federated.md).

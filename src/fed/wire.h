@@ -26,8 +26,9 @@ namespace pb = ::pollen::fed::v1;
 // compressed model download as a delta against the model the client holds; 5: the task names the
 // round's model, and a client that missed rounds pulls the chain of deltas it missed; 6: shared
 // second moments (strategy.second_moments); 7: block scales may be bf16 (compression.scale), and
-// the second moments travel as 8-bit log codes
-constexpr uint32_t kProtocolVersion = 7;
+// the second moments travel as 8-bit log codes; 8: shared first moments of the token rows
+// (strategy.first_moments)
+constexpr uint32_t kProtocolVersion = 8;
 // The most deltas a compressed download keeps for clients that missed rounds (fed/model_view.h),
 // so that a client reaches the round's model within kMaxChainLinks + 1 pulls.
 constexpr size_t kMaxChainLinks = 62;

@@ -1,0 +1,313 @@
+// Shared first moments of the token rows (fed/first_moments.h): which tensors travel, their
+// average, and a federation in which the server averages what the clients send and every client
+// starts the next round from it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "base/thread_pool.h"
+#include "fed/client.h"
+#include "fed/config.h"
+#include "fed/coordinator.h"
+#include "fed/first_moments.h"
+#include "fed/fixtures.h"
+
+using namespace pollen;
+using namespace pollen::fed;
+using namespace pollen::fed::testing;
+
+namespace {
+
+const ParamSpecs kUntied{{"model.embed_tokens.weight", {8, 4}},
+                         {"model.layers.0.mlp.up_proj.weight", {6, 4}},
+                         {"model.norm.weight", {4}},
+                         {"lm_head.weight", {8, 4}}};
+
+std::vector<std::string> names(const ParamSpecs& specs) {
+  std::vector<std::string> out;
+  for (const auto& s : specs) out.push_back(s.name);
+  return out;
+}
+
+// The averaged first moments the server hands out for `round`, as client `id` pulls them.
+Weights pull_first_moments(Coordinator& server, const ParamSpecs& moments, const std::string& id,
+                           int64_t round) {
+  pb::PullRequest r;
+  r.set_client_id(id);
+  r.set_round(round);
+  r.set_first_moments(true);
+  const auto set = server.pull(r, "");
+  return decode_set(set->header, set->bytes, moments, "pull");
+}
+
+double max_abs_difference(const Weights& a, const Weights& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    for (int64_t j = 0; j < a[i].numel(); ++j) {
+      worst = std::max(worst, std::abs(static_cast<double>(a[i].data<float>()[j]) -
+                                       static_cast<double>(b[i].data<float>()[j])));
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST(FirstMoments, TheOutputLayerAloneOrWithTheEmbeddingInTheModelsOrder) {
+  EXPECT_TRUE(first_moment_specs(kUntied, "none").empty());
+  EXPECT_EQ(names(first_moment_specs(kUntied, "output")),
+            std::vector<std::string>{"lm_head.weight.exp_avg"});
+  EXPECT_EQ(
+      names(first_moment_specs(kUntied, "token_rows")),
+      (std::vector<std::string>{"model.embed_tokens.weight.exp_avg", "lm_head.weight.exp_avg"}));
+  EXPECT_EQ(first_moment_specs(kUntied, "output")[0].shape, (Shape{8, 4}));
+  EXPECT_EQ(moment_tensor_name(first_moment_specs(kUntied, "output")[0]), "lm_head.weight");
+  // Tied: the embedding is the output layer, and it travels once.
+  const ParamSpecs tied(kUntied.begin(), kUntied.end() - 1);
+  EXPECT_EQ(names(first_moment_specs(tied, "output")),
+            std::vector<std::string>{"model.embed_tokens.weight.exp_avg"});
+  EXPECT_EQ(names(first_moment_specs(tied, "token_rows")),
+            std::vector<std::string>{"model.embed_tokens.weight.exp_avg"});
+  EXPECT_THROW(first_moment_specs(kUntied, "all"), Error);
+  EXPECT_THROW(first_moment_specs({{"w", {2, 2}}}, "output"), Error);  // no token rows
+}
+
+TEST(FirstMoments, AverageIsWeightedInDouble) {
+  const Weights a{Tensor::from<float>({3}, {1.0f, -2.0f, 1e8f})};
+  const Weights b{Tensor::from<float>({3}, {5.0f, 2.0f, 1.0f})};
+  const Weights m = average_first_moments({&a, &b}, {1, 3});
+  EXPECT_FLOAT_EQ(m[0].data<float>()[0], 4.0f);
+  EXPECT_FLOAT_EQ(m[0].data<float>()[1], 1.0f);
+  EXPECT_FLOAT_EQ(m[0].data<float>()[2], static_cast<float>((1e8 + 3.0) / 4.0));
+  EXPECT_THROW(average_first_moments({&a, &b}, {0, 0}), Error);
+}
+
+TEST(FirstMoments, TheTrainersMomentsTakeTheSharedEstimateInItsScale) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("first_moments_trainer");
+  ClientConfig cc = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 1, 1).clients[0];
+  LocalTrainer trainer(cc);
+  const ParamSpecs moments = first_moment_specs(trainer.exchanged_specs(), "token_rows");
+  // Before any step AdamW's moments are zero and stay so: there is no estimate to scale.
+  Weights twos;
+  for (const auto& m : moments) twos.push_back(Tensor::full(m.shape, 2.0f, DType::f32));
+  trainer.set_first_moments(moments, twos);
+  for (const Tensor& t : trainer.first_moments(moments)) {
+    for (int64_t j = 0; j < t.numel(); ++j) ASSERT_EQ(t.data<float>()[j], 0.0f);
+  }
+  trainer.train(3);
+  const Weights own = trainer.first_moments(moments);
+  ASSERT_EQ(own.size(), 2u);
+  EXPECT_GT(max_abs_difference(own, twos), 1.0);
+  // After 3 steps the estimate read back is the one set, to float rounding of m (1 - 0.9^3).
+  trainer.set_first_moments(moments, twos);
+  EXPECT_LT(max_abs_difference(trainer.first_moments(moments), twos), 2.0 * 4e-7);
+  // A tensor the model does not have is named.
+  try {
+    trainer.first_moments({{"model.head.weight.exp_avg", {32}}});
+    ADD_FAILURE() << "moments of a tensor the model does not have";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no tensor 'model.head.weight'"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(FirstMoments, ServerAveragesTheClientsAndTheNextRoundStartsFromIt) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("first_moments");
+  const auto silo_a = make_silo(dir / "a", 1), silo_b = make_silo(dir / "b", 3);
+  auto run = [&](const std::string& name, const std::string& first_moments) {
+    auto cfg = sim_config(dir / name, {silo_a, silo_b}, "fedavg", 2, 3);
+    cfg.server.strategy.first_moments = first_moments;
+    Coordinator server(cfg.server, false);
+    LocalTransport to_a(server), to_b(server);
+    Client a(cfg.clients[0], to_a), b(cfg.clients[1], to_b);
+    a.join(), b.join();
+    const ParamSpecs moments = first_moment_specs(server.specs(), "token_rows");
+    EXPECT_TRUE(server.begin_round());
+    pb::TaskRequest ask;
+    ask.set_client_id("silo-0");
+    const pb::TaskReply first = server.task(ask, "");
+    EXPECT_EQ(first.first_moments(), first_moments == "none" ? "" : first_moments);
+    EXPECT_FALSE(first.pull_first_moments());  // nothing averaged before round 2
+    EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+    EXPECT_EQ(b.poll_once(), pb::TASK_TRAIN);
+    const Weights ma = a.trainer().first_moments(moments);
+    const Weights mb = b.trainer().first_moments(moments);
+    EXPECT_TRUE(server.end_round().aggregated);
+    const auto m = read_jsonl(cfg.server.dir / "metrics.jsonl");
+    const auto ta = m[0]["clients"]["silo-0"]["tokens"].get<double>();
+    const auto tb = m[0]["clients"]["silo-1"]["tokens"].get<double>();
+    EXPECT_TRUE(server.begin_round());
+    Weights sent;
+    if (first_moments != "none") {
+      EXPECT_TRUE(server.task(ask, "").pull_first_moments());
+      // Round 2's moments: the clients' round-1 estimates averaged by tokens, exactly (float32
+      // both ways).
+      sent = pull_first_moments(server, moments, "silo-0", 2);
+      EXPECT_TRUE(bitwise_equal(sent, average_first_moments({&ma, &mb}, {ta, tb})));
+      EXPECT_GT(max_abs_difference(ma, mb), 1e-3);  // the silos' moments differ
+    }
+    EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+    EXPECT_EQ(b.poll_once(), pb::TASK_TRAIN);
+    const Weights after = a.trainer().first_moments(moments);
+    EXPECT_TRUE(server.end_round().aggregated);
+    const auto m2 = read_jsonl(cfg.server.dir / "metrics.jsonl");
+    uint64_t moment_bytes = 0;
+    for (const auto& s : moments) moment_bytes += 4 * static_cast<uint64_t>(shape_numel(s.shape));
+    return std::tuple{sent, after, m2, moment_bytes};
+  };
+  const auto [sent, shared, m_shared, bytes] = run("shared", "token_rows");
+  const auto [none, own, m_own, bytes_own] = run("own", "none");
+  EXPECT_TRUE(none.empty());
+  // Client a trained round 2 from the average, not from its own moments.
+  EXPECT_GT(max_abs_difference(shared, own), 1e-4);
+  // Both rounds' updates carry the moments, round 2's download too, each counted.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(m_shared[r]["bytes_received"].get<uint64_t>(),
+              m_own[r]["bytes_received"].get<uint64_t>() + 2 * bytes)
+        << "round " << r + 1;
+  }
+  EXPECT_EQ(m_shared[0]["bytes_sent"], m_own[0]["bytes_sent"]);
+  EXPECT_EQ(m_shared[1]["bytes_sent"].get<uint64_t>(),
+            m_own[1]["bytes_sent"].get<uint64_t>() + 2 * bytes);
+  fs::remove_all(dir);
+}
+
+TEST(FirstMoments, ARestartedServerHandsOutTheAverageItHeldInInt8) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("first_moments_restart");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 3, 2);
+  cfg.server.strategy.first_moments = "output";
+  cfg.server.compression.codec = Codec::int8;
+  cfg.server.server_codec = Codec::int8;
+  Weights before;
+  ParamSpecs moments;
+  {
+    Coordinator server(cfg.server, false);
+    LocalTransport to_a(server), to_b(server);
+    Client a(cfg.clients[0], to_a), b(cfg.clients[1], to_b);
+    a.join(), b.join();
+    moments = first_moment_specs(server.specs(), "output");
+    EXPECT_TRUE(server.begin_round());
+    EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+    // What the client sent: its estimate in int8, within half a step of its block's scale.
+    const Weights ma = a.trainer().first_moments(moments);
+    EXPECT_EQ(b.poll_once(), pb::TASK_TRAIN);
+    EXPECT_TRUE(server.end_round().aggregated);
+    EXPECT_TRUE(server.begin_round());
+    before = pull_first_moments(server, moments, "silo-0", 2);
+    double largest = 0;
+    for (int64_t j = 0; j < ma[0].numel(); ++j)
+      largest = std::max(largest, std::abs(static_cast<double>(ma[0].data<float>()[j])));
+    EXPECT_GT(largest, 0.0);
+  }
+  Coordinator resumed(cfg.server, true);
+  ASSERT_TRUE(resumed.join(tiny_join("silo-0"), "").accepted());
+  ASSERT_TRUE(resumed.begin_round());
+  const auto set = [&] {
+    pb::PullRequest r;
+    r.set_client_id("silo-0");
+    r.set_round(2);
+    r.set_first_moments(true);
+    return resumed.pull(r, "");
+  }();
+  EXPECT_EQ(set->header.codec(), "int8");
+  EXPECT_TRUE(bitwise_equal(decode_set(set->header, set->bytes, moments, "pull"), before));
+  fs::remove_all(dir);
+}
+
+TEST(FirstMoments, MissingOrBadMomentsAndUnprotectedCombinationsAreRefused) {
+  Quiet q;
+  const auto dir = temp_dir("first_moments_refused");
+  ServerConfig sc = sim_config(dir, {}, "fedavg", 2, 1).server;
+  sc.strategy.first_moments = "output";
+  Coordinator server(sc, false);
+  ASSERT_TRUE(server.join(tiny_join("a"), "").accepted());
+  ASSERT_TRUE(server.begin_round());
+  // Before a round has averaged there is nothing to pull.
+  pb::PullRequest early;
+  early.set_client_id("a");
+  early.set_round(1);
+  early.set_first_moments(true);
+  try {
+    server.pull(early, "");
+    ADD_FAILURE() << "first moments pulled before any round averaged them";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no round has averaged yet"), std::string::npos)
+        << e.what();
+  }
+  const ParamSpecs moments = first_moment_specs(server.specs(), "output");
+  ParamSpecs with = server.specs();
+  with.insert(with.end(), moments.begin(), moments.end());
+  Weights zeros;
+  for (const auto& s : with) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
+  auto push_error = [&](const pb::TensorSetHeader& header) -> std::string {
+    pb::UpdateInfo info;
+    info.set_client_id("a");
+    info.set_round(1);
+    info.set_tokens(10);
+    try {
+      server.push_begin(info, header, "");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // An update without the moments, or with them under another name, is refused before its bytes.
+  const EncodedSet plain =
+      encode_weights(server.specs(), Weights(zeros.begin(), zeros.end() - 1), CompressOptions{});
+  EXPECT_NE(push_error(plain.header).find("tensors, the model has"), std::string::npos);
+  ParamSpecs renamed = with;
+  renamed.back().name = "lm_head.weight.exp_avg_sq";
+  EXPECT_NE(push_error(encode_weights(renamed, zeros, CompressOptions{}).header)
+                .find("expected 'lm_head.weight.exp_avg'"),
+            std::string::npos);
+  // A moment that is not finite is refused when the stream is decoded.
+  zeros.back().data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+  EncodedSet nan = encode_weights(with, zeros, CompressOptions{});
+  EXPECT_EQ(push_error(nan.header), "");
+  pb::UpdateInfo info;
+  info.set_client_id("a");
+  info.set_round(1);
+  info.set_tokens(10);
+  auto push = server.push_begin(info, nan.header, "");
+  for_each_chunk(nan.bytes, kMaxChunkBytes, [&](const pb::Chunk& c) { push.chunks->add(c); });
+  EXPECT_THROW(server.push_finish(push), Error);
+
+  // The moments travel in the clear and without error feedback.
+  const std::string base =
+      "[server]\ndir = 'x'\n" + kTinyModelToml + "[strategy]\nfirst_moments = 'token_rows'\n";
+  write_file_atomic(dir / "ok.toml", base);
+  EXPECT_EQ(load_server_config(dir / "ok.toml").strategy.first_moments, "token_rows");
+  for (const std::string& other :
+       {"[secure_aggregation]\nenabled = true\n", "[privacy]\nnoise_multiplier = 1.0\nclip = 1.0\n",
+        "[compression]\ncodec = 'topk'\ntopk = 4\n"}) {
+    write_file_atomic(dir / "other.toml", base + other);
+    try {
+      load_server_config(dir / "other.toml");
+      ADD_FAILURE() << "first moments accepted with " << other;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("first_moments"), std::string::npos) << e.what();
+    }
+  }
+  write_file_atomic(dir / "median.toml",
+                    "[server]\ndir = 'x'\n" + kTinyModelToml +
+                        "[strategy]\nfirst_moments = 'output'\naggregation = 'median'\n");
+  EXPECT_THROW(load_server_config(dir / "median.toml"), Error);
+  write_file_atomic(dir / "bad.toml", "[server]\ndir = 'x'\n" + kTinyModelToml +
+                                          "[strategy]\nfirst_moments = 'all'\n");
+  try {
+    load_server_config(dir / "bad.toml");
+    ADD_FAILURE() << "first_moments = 'all' accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("none, output or token_rows"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
