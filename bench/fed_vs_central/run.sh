@@ -17,7 +17,8 @@
 #        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM, H local
 #                       AdamW steps per round, ROUNDS rounds, fp32 both ways (OUTER picks
 #                       another outer optimizer, ROW_WEIGHTING the strategy's row weighting,
-#                       SECOND_MOMENTS whether the clients share their AdamW second moments)
+#                       SECOND_MOMENTS whether the clients share their AdamW second moments,
+#                       FIRST_MOMENTS which of their first moments they share)
 #        diloco-CODEC-N the same with CODEC (int8, int4, nf2, sign, topk) both ways: the
 #                       pseudo-gradients with error feedback, the model download as a delta
 #                       against the model the clients hold (BLOCK values per scale, TOPK kept
@@ -34,7 +35,7 @@
 # train.drift_correction), OUTER (strategy.name: diloco, fedadam, fedyogi, ...), OUTER_LR,
 # OUTER_MOMENTUM, OUTER_BETA1, OUTER_BETA2, OUTER_TAU (-1: the strategy's default),
 # ROW_WEIGHTING (strategy.row_weighting), SECOND_MOMENTS (strategy.second_moments: none or
-# factored), WARMUP_STEPS, WARMUP_LR, WARMUP_SILO (pub or man),
+# factored), FIRST_MOMENTS (strategy.first_moments: none, output or token_rows), WARMUP_STEPS, WARMUP_LR, WARMUP_SILO (pub or man),
 # RUNS (which of diloco, diloco-CODEC, baseline), BLOCK, TOPK, SCALE, SERVER_CODEC, MODEL (the model file, default model.toml),
 # POLLEN (the binary), THREADS (0: every core), OUT. The defaults are the best configuration
 # measured (bench/README.md).
@@ -57,6 +58,7 @@ OUTER_BETA2=${OUTER_BETA2:--1}
 OUTER_TAU=${OUTER_TAU:--1}
 ROW_WEIGHTING=${ROW_WEIGHTING:-token_counts}
 SECOND_MOMENTS=${SECOND_MOMENTS:-factored}
+FIRST_MOMENTS=${FIRST_MOMENTS:-none}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
 DRIFT=${DRIFT:-0.75}
 WARMUP_STEPS=${WARMUP_STEPS:-2000}
@@ -224,6 +226,7 @@ beta2 = $OUTER_BETA2
 tau = $OUTER_TAU
 $([ "$ROW_WEIGHTING" = none ] || echo "row_weighting = \"$ROW_WEIGHTING\"")
 $([ "$SECOND_MOMENTS" = none ] || echo "second_moments = \"$SECOND_MOMENTS\"")
+$([ "$FIRST_MOMENTS" = none ] || echo "first_moments = \"$FIRST_MOMENTS\"")
 [compression]
 codec = "$codec"
 server_codec = "${SERVER_CODEC:-$codec}"
@@ -376,6 +379,7 @@ step "4/4 results"
   echo "H=$H rounds=$ROUNDS steps=$STEPS local batch=${MICRO_BATCH}x$SEQ inner lr=$INNER_LR" \
     "(cosine to $MIN_LR, warmup $WARMUP) outer: $OUTER lr=$OUTER_LR momentum=$OUTER_MOMENTUM" \
     "beta1=$OUTER_BETA1 beta2=$OUTER_BETA2 tau=$OUTER_TAU row_weighting=$ROW_WEIGHTING second_moments=$SECOND_MOMENTS" \
+    "first_moments=$FIRST_MOMENTS" \
     "block=$BLOCK scale=$SCALE" \
     "start: $([ -n "$INIT" ] && echo "warm-up of $WARMUP_STEPS steps on pub (lr $WARMUP_LR)" ||
       echo "random weights")"
