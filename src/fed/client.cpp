@@ -348,9 +348,10 @@ std::vector<size_t> LocalTrainer::moment_slots(const ParamSpecs& moments) const 
 }
 
 Weights LocalTrainer::first_moments(const ParamSpecs& moments) const {
+  const std::vector<size_t> slots = moment_slots(moments);  // checks for a silo of one process
   const double bias = first_moment_bias();
   Weights out;
-  for (size_t i : moment_slots(moments)) {
+  for (size_t i : slots) {
     const Tensor& m = opt_->slots()[i].exp_avg;
     Tensor e = Tensor::empty(m.shape(), DType::f32);
     const float* x = m.data<float>();
@@ -654,7 +655,8 @@ void Client::train_round(const pb::TaskReply& task) {
   if (local_) local_->share_second_moments(task.second_moments());
   if (!moments.empty()) local_->set_second_moments(moments);
   // Shared first moments: the round starts from the federation's (none before round 2).
-  if (!first_moments.empty() && task.pull_first_moments())
+  // A client that has not stepped yet would keep its zeros: it pulls nothing.
+  if (!first_moments.empty() && task.pull_first_moments() && local_->steps_taken() > 0)
     local_->set_first_moments(first_moments, pull_first_moments(task, model_codec, first_moments));
 
   pb::UpdateInfo info;

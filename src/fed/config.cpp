@@ -227,8 +227,8 @@ ServerConfig read_server_config(ConfigTable& root) {
                "aggregation and [privacy] do not cover, and a [post] federation does not "
                "exchange; use second_moments = 'none' with them");
   // Shared first moments travel like the second ones, and like the model's update they are
-  // encoded with the round's codecs, where top-k would drop most of them: no error feedback
-  // carries what it leaves out of a moment to the next round.
+  // encoded with the round's codecs, where top-k and sign would lose most of them: no error
+  // feedback carries what they leave out of a moment to the next round.
   const std::string fm = c.strategy.first_moments;
   POLLEN_CHECK(!c.strategy.shares_first_moments() ||
                    (c.strategy.robust.aggregation == "mean" && c.strategy.robust.norm_bound == 0),
@@ -242,10 +242,11 @@ ServerConfig read_server_config(ConfigTable& root) {
                "aggregation and [privacy] do not cover, and a [post] federation does not "
                "exchange; use first_moments = 'none' with them");
   POLLEN_CHECK(!c.strategy.shares_first_moments() ||
-                   (c.compression.codec != Codec::topk && c.server_codec != Codec::topk),
+                   (c.compression.codec != Codec::topk && c.server_codec != Codec::topk &&
+                    c.compression.codec != Codec::sign && c.server_codec != Codec::sign),
                root.where("strategy.first_moments"), ": '", fm,
-               "' sends the moments with the round's codecs, and top-k without error feedback "
-               "would drop most of them; use another codec");
+               "' sends the moments with the round's codecs, and topk or sign without error "
+               "feedback would lose most of them; use none, bf16, int8, int4 or nf2");
   c.tls = read_tls(root, true);
   return c;
 }

@@ -161,16 +161,23 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
     second_moments_ = std::move(wire);
   }
   if (!moment_specs_.empty() && fs::exists(dir / "first_moments.safetensors")) {
+    const std::string what = cat("fed server: ", dir.string(), "/first_moments.safetensors");
     const auto f = io::read_safetensors(dir / "first_moments.safetensors");
     Weights mean;
     for (const auto& m : moment_specs_) {
       const Tensor* t = f.find(m.name);
-      POLLEN_CHECK(t && t->shape() == m.shape && t->dtype() == DType::f32,
-                   "fed server: ", dir.string(), "/first_moments.safetensors: tensor '", m.name,
-                   "' is missing or not float32 of its shape");
+      if (!t) break;  // written with other tensors shared (strategy.first_moments changed)
+      POLLEN_CHECK(t->shape() == m.shape && t->dtype() == DType::f32, what, ": tensor '", m.name,
+                   "' is not float32 of its shape");
       mean.push_back(t->clone());
     }
-    set_first_moments(std::move(mean));
+    if (mean.size() == moment_specs_.size()) {
+      check_first_moments(moment_specs_, mean, what);
+      set_first_moments(std::move(mean));
+    } else {
+      log::warn(what, " holds other tensors' moments than strategy.first_moments = '",
+                config_.strategy.first_moments, "' shares; the clients start from their own");
+    }
   }
   if (publisher_->compressed()) {
     // The model the clients hold; without it (compression turned on at resume) the next round
@@ -425,6 +432,7 @@ pb::PushReply Coordinator::push_finish(Push& p) {
                            std::make_move_iterator(all.end()));
     all.resize(specs_.size());
     u.update.delta = std::move(all);
+    check_first_moments(moment_specs_, u.first_moments, what);
   }
   u.update.metrics = {{"train_loss", p.info.train_loss()}};
   u.update.input_counts = token_counts_from(p.info.input_counts());

@@ -1,5 +1,7 @@
 #include "fed/first_moments.h"
 
+#include <cmath>
+
 #include "base/error.h"
 
 namespace pollen::fed {
@@ -32,6 +34,19 @@ std::string moment_tensor_name(const ParamSpec& moment) {
                 moment.name.compare(moment.name.size() - suffix.size(), suffix.size(), suffix) ==
                     0);
   return moment.name.substr(0, moment.name.size() - suffix.size());
+}
+
+void check_first_moments(const ParamSpecs& moments, const Weights& m, const std::string& what) {
+  POLLEN_CHECK(m.size() == moments.size(), what, ": ", m.size(), " first moments, expected ",
+               moments.size());
+  for (size_t t = 0; t < m.size(); ++t) {
+    const float* x = m[t].data<float>();
+    for (int64_t j = 0; j < m[t].numel(); ++j) {
+      POLLEN_CHECK(std::isfinite(x[j]) && std::abs(x[j]) <= kMaxFirstMoment, what, ": '",
+                   moments[t].name, "'[", j, "] is ", x[j], ", beyond +-", kMaxFirstMoment,
+                   " (a first moment is a running mean of gradients)");
+    }
+  }
 }
 
 Weights average_first_moments(const std::vector<const Weights*>& each,

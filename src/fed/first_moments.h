@@ -28,6 +28,15 @@ ParamSpecs first_moment_specs(const ParamSpecs& specs, const std::string& which)
 // The model tensor a moment spec belongs to ("lm_head.weight" of "lm_head.weight.exp_avg").
 std::string moment_tensor_name(const ParamSpec& moment);
 
+// The largest magnitude a shared first moment may have. AdamW's m is a running mean of
+// gradients, which clipping keeps near 1; a client that sends more is refused, so that no
+// client can push the average, or its encoding, out of float32's range.
+constexpr float kMaxFirstMoment = 1e6f;
+
+// Refuses moments that are not finite or larger than kMaxFirstMoment, naming `what`, the tensor
+// and the index.
+void check_first_moments(const ParamSpecs& moments, const Weights& m, const std::string& what);
+
 // The weighted mean of the clients' moments, tensor by tensor, summed in double in the order
 // given.
 Weights average_first_moments(const std::vector<const Weights*>& each,

@@ -98,12 +98,43 @@ TEST(FirstMoments, TheTrainersMomentsTakeTheSharedEstimateInItsScale) {
     for (int64_t j = 0; j < t.numel(); ++j) ASSERT_EQ(t.data<float>()[j], 0.0f);
   }
   trainer.train(3);
+  // The estimate is AdamW's m of the named tensor (the embedding first, then the output layer)
+  // over 1 - beta1^3.
+  const double bias = 1.0 - std::pow(0.9, 3);
+  const auto named = trainer.model().named_parameters();
+  auto slot_of = [&](const std::string& name) {
+    size_t i = 0;
+    while (named[i].first != name) ++i;
+    return i;
+  };
+  const train::OptimizerMoments before = trainer.optimizer_moments();
   const Weights own = trainer.first_moments(moments);
   ASSERT_EQ(own.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    const Tensor& m = before.exp_avg[slot_of(moment_tensor_name(moments[k]))];
+    for (int64_t j = 0; j < m.numel(); ++j)
+      ASSERT_FLOAT_EQ(own[k].data<float>()[j], static_cast<float>(m.data<float>()[j] / bias))
+          << moments[k].name << "[" << j << "]";
+  }
   EXPECT_GT(max_abs_difference(own, twos), 1.0);
-  // After 3 steps the estimate read back is the one set, to float rounding of m (1 - 0.9^3).
-  trainer.set_first_moments(moments, twos);
-  EXPECT_LT(max_abs_difference(trainer.first_moments(moments), twos), 2.0 * 4e-7);
+  // Set to 2 and -3: each named slot holds its value times 1 - beta1^3, the others are untouched.
+  const Weights values{Tensor::full(moments[0].shape, 2.0f, DType::f32),
+                       Tensor::full(moments[1].shape, -3.0f, DType::f32)};
+  trainer.set_first_moments(moments, values);
+  const train::OptimizerMoments after = trainer.optimizer_moments();
+  for (size_t i = 0; i < named.size(); ++i) {
+    const bool embedding = named[i].first == "model.embed_tokens.weight";
+    const bool output = named[i].first == "lm_head.weight";
+    for (int64_t j = 0; j < after.exp_avg[i].numel(); ++j) {
+      const float got = after.exp_avg[i].data<float>()[j];
+      if (embedding || output) {
+        ASSERT_FLOAT_EQ(got, static_cast<float>((embedding ? 2.0 : -3.0) * bias)) << named[i].first;
+      } else {
+        ASSERT_EQ(got, before.exp_avg[i].data<float>()[j]) << named[i].first;
+      }
+    }
+  }
+  EXPECT_LT(max_abs_difference(trainer.first_moments(moments), values), 3.0 * 4e-7);
   // A tensor the model does not have is named.
   try {
     trainer.first_moments({{"model.head.weight.exp_avg", {32}}});
@@ -159,11 +190,21 @@ TEST(FirstMoments, ServerAveragesTheClientsAndTheNextRoundStartsFromIt) {
     const auto m2 = read_jsonl(cfg.server.dir / "metrics.jsonl");
     uint64_t moment_bytes = 0;
     for (const auto& s : moments) moment_bytes += 4 * static_cast<uint64_t>(shape_numel(s.shape));
-    return std::tuple{sent, after, m2, moment_bytes};
+    const auto ckpt = cfg.server.dir / "checkpoints";
+    return std::tuple{sent,
+                      after,
+                      m2,
+                      moment_bytes,
+                      read_model(ckpt / "step-00000001"),
+                      read_model(ckpt / "step-00000002")};
   };
-  const auto [sent, shared, m_shared, bytes] = run("shared", "token_rows");
-  const auto [none, own, m_own, bytes_own] = run("own", "none");
+  const auto [sent, shared, m_shared, bytes, g1_shared, g2_shared] = run("shared", "token_rows");
+  const auto [none, own, m_own, bytes_own, g1_own, g2_own] = run("own", "none");
   EXPECT_TRUE(none.empty());
+  // Round 1 trains from the clients' own moments: the moments sent beside the update do not
+  // enter the model. Round 2 starts from the average, so its model is another.
+  EXPECT_TRUE(bitwise_equal(g1_shared, g1_own));
+  EXPECT_GT(max_abs_difference(g2_shared, g2_own), 1e-5);
   // Client a trained round 2 from the average, not from its own moments.
   EXPECT_GT(max_abs_difference(shared, own), 1e-4);
   // Both rounds' updates carry the moments, round 2's download too, each counted.
@@ -175,6 +216,32 @@ TEST(FirstMoments, ServerAveragesTheClientsAndTheNextRoundStartsFromIt) {
   EXPECT_EQ(m_shared[0]["bytes_sent"], m_own[0]["bytes_sent"]);
   EXPECT_EQ(m_shared[1]["bytes_sent"].get<uint64_t>(),
             m_own[1]["bytes_sent"].get<uint64_t>() + 2 * bytes);
+  fs::remove_all(dir);
+}
+
+TEST(FirstMoments, ARetriedRoundKeepsTheLastAggregatedRoundsAverage) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("first_moments_retry");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 3, 2);
+  cfg.server.strategy.first_moments = "output";
+  cfg.server.strategy.min_clients = 2;
+  Coordinator server(cfg.server, false);
+  LocalTransport to_a(server), to_b(server);
+  Client a(cfg.clients[0], to_a), b(cfg.clients[1], to_b);
+  a.join(), b.join();
+  const ParamSpecs moments = first_moment_specs(server.specs(), "output");
+  EXPECT_TRUE(server.begin_round());
+  EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+  EXPECT_EQ(b.poll_once(), pb::TASK_TRAIN);
+  EXPECT_TRUE(server.end_round().aggregated);
+  EXPECT_TRUE(server.begin_round());
+  const Weights round1 = pull_first_moments(server, moments, "silo-0", 2);
+  // Round 2 gets one update of the two it needs: nothing of it is averaged.
+  EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+  EXPECT_FALSE(server.end_round().aggregated);
+  EXPECT_TRUE(server.begin_round());
+  EXPECT_TRUE(bitwise_equal(pull_first_moments(server, moments, "silo-1", 2), round1));
   fs::remove_all(dir);
 }
 
@@ -217,6 +284,11 @@ TEST(FirstMoments, ARestartedServerHandsOutTheAverageItHeldInInt8) {
     r.set_first_moments(true);
     return resumed.pull(r, "");
   }();
+  pb::TaskRequest ask;
+  ask.set_client_id("silo-0");
+  const pb::TaskReply task = resumed.task(ask, "");
+  EXPECT_EQ(task.first_moments(), "output");
+  EXPECT_TRUE(task.pull_first_moments());
   EXPECT_EQ(set->header.codec(), "int8");
   EXPECT_TRUE(bitwise_equal(decode_set(set->header, set->bytes, moments, "pull"), before));
   fs::remove_all(dir);
@@ -268,17 +340,47 @@ TEST(FirstMoments, MissingOrBadMomentsAndUnprotectedCombinationsAreRefused) {
   EXPECT_NE(push_error(encode_weights(renamed, zeros, CompressOptions{}).header)
                 .find("expected 'lm_head.weight.exp_avg'"),
             std::string::npos);
-  // A moment that is not finite is refused when the stream is decoded.
-  zeros.back().data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
-  EncodedSet nan = encode_weights(with, zeros, CompressOptions{});
-  EXPECT_EQ(push_error(nan.header), "");
+  // A moment that is not finite, or too large for an average that stays finite, is refused
+  // when the stream is decoded.
+  auto finish_error = [&](float bad) -> std::string {
+    Weights values = clone_weights(zeros);
+    values.back().data<float>()[3] = bad;
+    const EncodedSet set = encode_weights(with, values, CompressOptions{});
+    EXPECT_EQ(push_error(set.header), "");
+    pb::UpdateInfo info;
+    info.set_client_id("a");
+    info.set_round(1);
+    info.set_tokens(10);
+    auto push = server.push_begin(info, set.header, "");
+    for_each_chunk(set.bytes, kMaxChunkBytes, [&](const pb::Chunk& c) { push.chunks->add(c); });
+    try {
+      server.push_finish(push);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(finish_error(std::numeric_limits<float>::quiet_NaN()), "");
+  EXPECT_NE(finish_error(3e38f).find("'lm_head.weight.exp_avg'[3] is 3e+38"), std::string::npos);
+  EXPECT_NE(finish_error(-2e6f).find("beyond +-1e+06"), std::string::npos);
+
+  // A federation that does not share them refuses both the pull and an update carrying them.
+  ServerConfig plain_config = sim_config(dir / "none", {}, "fedavg", 2, 1).server;
+  Coordinator none(plain_config, false);
+  ASSERT_TRUE(none.join(tiny_join("a"), "").accepted());
+  ASSERT_TRUE(none.begin_round());
+  try {
+    none.pull(early, "");
+    ADD_FAILURE() << "first moments pulled from a federation that does not share them";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not share"), std::string::npos) << e.what();
+  }
   pb::UpdateInfo info;
   info.set_client_id("a");
   info.set_round(1);
   info.set_tokens(10);
-  auto push = server.push_begin(info, nan.header, "");
-  for_each_chunk(nan.bytes, kMaxChunkBytes, [&](const pb::Chunk& c) { push.chunks->add(c); });
-  EXPECT_THROW(server.push_finish(push), Error);
+  EXPECT_THROW(none.push_begin(info, encode_weights(with, zeros, CompressOptions{}).header, ""),
+               Error);
 
   // The moments travel in the clear and without error feedback.
   const std::string base =
@@ -287,7 +389,7 @@ TEST(FirstMoments, MissingOrBadMomentsAndUnprotectedCombinationsAreRefused) {
   EXPECT_EQ(load_server_config(dir / "ok.toml").strategy.first_moments, "token_rows");
   for (const std::string& other :
        {"[secure_aggregation]\nenabled = true\n", "[privacy]\nnoise_multiplier = 1.0\nclip = 1.0\n",
-        "[compression]\ncodec = 'topk'\ntopk = 4\n"}) {
+        "[compression]\ncodec = 'topk'\ntopk = 4\n", "[compression]\nserver_codec = 'sign'\n"}) {
     write_file_atomic(dir / "other.toml", base + other);
     try {
       load_server_config(dir / "other.toml");
