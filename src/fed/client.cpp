@@ -533,6 +533,36 @@ void Client::run() {
   }
 }
 
+namespace {
+
+// One pulled tensor set: its header, checked by `validate` before any chunk is taken, and the
+// whole stream, checked against the header's size and SHA-256.
+struct PulledSet {
+  pb::TensorSetHeader header;
+  std::string bytes;
+};
+PulledSet pull_set(Transport& transport, const pb::PullRequest& request, const std::string& what,
+                   const std::function<void(const pb::TensorSetHeader&)>& validate) {
+  std::unique_ptr<ChunkAssembler> chunks;
+  PulledSet set;
+  transport.pull(request, [&](const pb::TensorStream& m) {
+    if (!chunks) {
+      POLLEN_CHECK(m.has_header(), what, ": the stream must open with a header");
+      validate(m.header());
+      set.header = m.header();
+      chunks = std::make_unique<ChunkAssembler>(set.header, what);
+    } else {
+      POLLEN_CHECK(m.has_chunk(), what, ": after the header only chunks may follow");
+      chunks->add(m.chunk());
+    }
+  });
+  POLLEN_CHECK(chunks != nullptr, what, ": empty stream");
+  set.bytes = chunks->finish();
+  return set;
+}
+
+}  // namespace
+
 const Weights& Client::pull_model(const pb::TaskReply& task, const CompressOptions& model_codec) {
   const std::string what = cat("global model of round ", task.round());
   // The server keeps at most kMaxChainLinks deltas, then the whole model or the empty delta.
@@ -545,21 +575,9 @@ const Weights& Client::pull_model(const pb::TaskReply& task, const CompressOptio
     pr.set_round(task.round());
     pr.set_held_model(held_->sha256());
     pr.set_want_model(task.model_sha256());
-    std::unique_ptr<ChunkAssembler> chunks;
-    pb::TensorSetHeader header;
-    transport_.pull(pr, [&](const pb::TensorStream& m) {
-      if (!chunks) {
-        POLLEN_CHECK(m.has_header(), what, ": the stream must open with a header");
-        held_->validate(m.header(), specs_, model_codec, what);
-        header = m.header();
-        chunks = std::make_unique<ChunkAssembler>(header, what);
-      } else {
-        POLLEN_CHECK(m.has_chunk(), what, ": after the header only chunks may follow");
-        chunks->add(m.chunk());
-      }
+    const auto [header, bytes] = pull_set(transport_, pr, what, [&](const auto& h) {
+      held_->validate(h, specs_, model_codec, what);
     });
-    POLLEN_CHECK(chunks != nullptr, what, ": empty stream");
-    const std::string bytes = chunks->finish();
     bytes_received_ += bytes.size() + header.second_moments().size();
     const Weights& model = held_->receive(header, bytes, specs_, what);
     pulled_second_moments_ = header.second_moments().empty()
@@ -582,21 +600,8 @@ Weights Client::pull_first_moments(const pb::TaskReply& task, const CompressOpti
   pr.set_client_id(config_.id);
   pr.set_round(task.round());
   pr.set_first_moments(true);
-  std::unique_ptr<ChunkAssembler> chunks;
-  pb::TensorSetHeader header;
-  transport_.pull(pr, [&](const pb::TensorStream& m) {
-    if (!chunks) {
-      POLLEN_CHECK(m.has_header(), what, ": the stream must open with a header");
-      validate_header(m.header(), moments, model_codec, what);
-      header = m.header();
-      chunks = std::make_unique<ChunkAssembler>(header, what);
-    } else {
-      POLLEN_CHECK(m.has_chunk(), what, ": after the header only chunks may follow");
-      chunks->add(m.chunk());
-    }
-  });
-  POLLEN_CHECK(chunks != nullptr, what, ": empty stream");
-  const std::string bytes = chunks->finish();
+  const auto [header, bytes] = pull_set(
+      transport_, pr, what, [&](const auto& h) { validate_header(h, moments, model_codec, what); });
   bytes_received_ += bytes.size();
   return decode_set(header, bytes, moments, what);
 }

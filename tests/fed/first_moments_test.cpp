@@ -41,17 +41,6 @@ Weights pull_first_moments(Coordinator& server, const ParamSpecs& moments, const
   return decode_set(set->header, set->bytes, moments, "pull");
 }
 
-double max_abs_difference(const Weights& a, const Weights& b) {
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    for (int64_t j = 0; j < a[i].numel(); ++j) {
-      worst = std::max(worst, std::abs(static_cast<double>(a[i].data<float>()[j]) -
-                                       static_cast<double>(b[i].data<float>()[j])));
-    }
-  }
-  return worst;
-}
-
 }  // namespace
 
 TEST(FirstMoments, TheOutputLayerAloneOrWithTheEmbeddingInTheModelsOrder) {
@@ -116,7 +105,7 @@ TEST(FirstMoments, TheTrainersMomentsTakeTheSharedEstimateInItsScale) {
       ASSERT_FLOAT_EQ(own[k].data<float>()[j], static_cast<float>(m.data<float>()[j] / bias))
           << moments[k].name << "[" << j << "]";
   }
-  EXPECT_GT(max_abs_difference(own, twos), 1.0);
+  EXPECT_GT(worst_difference(own, twos), 1.0);
   // Set to 2 and -3: each named slot holds its value times 1 - beta1^3, the others are untouched.
   const Weights values{Tensor::full(moments[0].shape, 2.0f, DType::f32),
                        Tensor::full(moments[1].shape, -3.0f, DType::f32)};
@@ -134,7 +123,7 @@ TEST(FirstMoments, TheTrainersMomentsTakeTheSharedEstimateInItsScale) {
       }
     }
   }
-  EXPECT_LT(max_abs_difference(trainer.first_moments(moments), values), 3.0 * 4e-7);
+  EXPECT_LT(worst_difference(trainer.first_moments(moments), values), 3.0 * 4e-7);
   // A tensor the model does not have is named.
   try {
     trainer.first_moments({{"model.head.weight.exp_avg", {32}}});
@@ -181,7 +170,7 @@ TEST(FirstMoments, ServerAveragesTheClientsAndTheNextRoundStartsFromIt) {
       // both ways).
       sent = pull_first_moments(server, moments, "silo-0", 2);
       EXPECT_TRUE(bitwise_equal(sent, average_first_moments({&ma, &mb}, {ta, tb})));
-      EXPECT_GT(max_abs_difference(ma, mb), 1e-3);  // the silos' moments differ
+      EXPECT_GT(worst_difference(ma, mb), 1e-3);  // the silos' moments differ
     }
     EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
     EXPECT_EQ(b.poll_once(), pb::TASK_TRAIN);
@@ -204,9 +193,9 @@ TEST(FirstMoments, ServerAveragesTheClientsAndTheNextRoundStartsFromIt) {
   // Round 1 trains from the clients' own moments: the moments sent beside the update do not
   // enter the model. Round 2 starts from the average, so its model is another.
   EXPECT_TRUE(bitwise_equal(g1_shared, g1_own));
-  EXPECT_GT(max_abs_difference(g2_shared, g2_own), 1e-5);
+  EXPECT_GT(worst_difference(g2_shared, g2_own), 1e-5);
   // Client a trained round 2 from the average, not from its own moments.
-  EXPECT_GT(max_abs_difference(shared, own), 1e-4);
+  EXPECT_GT(worst_difference(shared, own), 1e-4);
   // Both rounds' updates carry the moments, round 2's download too, each counted.
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(m_shared[r]["bytes_received"].get<uint64_t>(),
