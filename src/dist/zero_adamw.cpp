@@ -133,6 +133,15 @@ void ZeroAdamW::load_second_moments(const std::vector<Tensor>& exp_avg_sq) {
   }
 }
 
+void ZeroAdamW::load_first_moments(const std::vector<Tensor>& exp_avg) {
+  POLLEN_ASSERT(exp_avg.size() == reducer_.params().size());
+  for (size_t k = 0; k < pieces_.size(); ++k) {
+    const Piece& p = pieces_[k];
+    if (!exp_avg[p.param].defined()) continue;
+    slots_[k].exp_avg.copy_(span_of(exp_avg[p.param].contiguous(), p.in_param, p.numel));
+  }
+}
+
 void ZeroAdamW::compute_in_bf16() {
   if (computes_in_bf16()) return;
   POLLEN_CHECK(device_ == Device::cuda, "ZeRO AdamW: bf16 compute needs the parameters on the ",

@@ -40,6 +40,9 @@ class ZeroAdamW {
   void load_state(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);
   // Takes this rank's blocks of whole per-parameter second moments, keeping the first.
   void load_second_moments(const std::vector<Tensor>& exp_avg_sq);
+  // Takes this rank's blocks of the whole first moments given, keeping the others' (an
+  // undefined tensor: that parameter's moments stay) and every second moment.
+  void load_first_moments(const std::vector<Tensor>& exp_avg);
 
   // Mixed precision, GPU only: from here on the parameters are bf16 copies, which the model
   // computes with, and this rank keeps f32 master weights for its blocks alone, beside its blocks

@@ -243,7 +243,7 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
     loss_sum += step_loss;
     r.tokens += scored;
   }
-  if (zero_ && (!config_.state_dir.empty() || share_moments_)) {
+  if (zero_ && (!config_.state_dir.empty() || share_moments_ || share_first_moments_)) {
     // The state rank 0 writes (and the moments it shares) after the round: every rank's blocks,
     // gathered while all are here.
     zero_->gather_state(gathered_.exp_avg, gathered_.exp_avg_sq);
@@ -328,12 +328,11 @@ void LocalTrainer::set_second_moments(const std::vector<float>& factored) {
 }
 
 double LocalTrainer::first_moment_bias() const {
-  return 1.0 - std::pow(config_.train.beta1, static_cast<double>(opt_->steps_taken()));
+  const int64_t steps = zero_ ? zero_->steps_taken() : opt_->steps_taken();
+  return 1.0 - std::pow(config_.train.beta1, static_cast<double>(steps));
 }
 
 std::vector<size_t> LocalTrainer::moment_slots(const ParamSpecs& moments) const {
-  POLLEN_CHECK(!zero_ && comm_->world() == 1, "client '", config_.id,
-               "': shared first moments (strategy.first_moments) need a silo of one process");
   const auto named = model_.named_parameters();
   std::vector<size_t> slots;
   for (const auto& m : moments) {
@@ -348,11 +347,14 @@ std::vector<size_t> LocalTrainer::moment_slots(const ParamSpecs& moments) const 
 }
 
 Weights LocalTrainer::first_moments(const ParamSpecs& moments) const {
-  const std::vector<size_t> slots = moment_slots(moments);  // checks for a silo of one process
+  const std::vector<size_t> slots = moment_slots(moments);
+  POLLEN_CHECK(!zero_ || (share_first_moments_ && !gathered_.exp_avg.empty()), "client '",
+               config_.id, "': no first moments gathered after the round (rank ", comm_->rank(),
+               ")");
   const double bias = first_moment_bias();
   Weights out;
   for (size_t i : slots) {
-    const Tensor& m = opt_->slots()[i].exp_avg;
+    const Tensor& m = zero_ ? gathered_.exp_avg[i] : opt_->slots()[i].exp_avg;
     Tensor e = Tensor::empty(m.shape(), DType::f32);
     const float* x = m.data<float>();
     float* o = e.data<float>();
@@ -366,15 +368,20 @@ Weights LocalTrainer::first_moments(const ParamSpecs& moments) const {
 void LocalTrainer::set_first_moments(const ParamSpecs& moments, const Weights& estimate) {
   const std::vector<size_t> slots = moment_slots(moments);
   POLLEN_ASSERT(estimate.size() == slots.size());
-  // m = estimate (1 - beta1^t), so that AdamW's m / (1 - beta1^t) is the federation's.
+  // m = estimate (1 - beta1^t), so that AdamW's m / (1 - beta1^t) is the federation's. With
+  // ZeRO-1 the whole tensors are built on every rank, which keeps its blocks of them.
   const auto bias = static_cast<float>(first_moment_bias());
+  std::vector<Tensor> whole(params_.size());
   for (size_t k = 0; k < slots.size(); ++k) {
-    Tensor& m = opt_->slots()[slots[k]].exp_avg;
+    Tensor m =
+        zero_ ? Tensor::empty(estimate[k].shape(), DType::f32) : opt_->slots()[slots[k]].exp_avg;
     POLLEN_ASSERT(m.shape() == estimate[k].shape());
     const float* e = estimate[k].data<float>();
     float* x = m.data<float>();
     for (int64_t j = 0; j < m.numel(); ++j) x[j] = e[j] * bias;
+    whole[slots[k]] = std::move(m);
   }
+  if (zero_) zero_->load_first_moments(whole);
 }
 
 void LocalTrainer::load_checkpoint(const std::filesystem::path& dir) {
@@ -618,14 +625,12 @@ void Client::train_round(const pb::TaskReply& task) {
       "': the server shares the clients' second moments (strategy.second_moments), ",
       local_dp_ ? "which [local_dp] does not protect" : "which a [post] silo does not have",
       "; the client sends none");
-  POLLEN_CHECK(task.first_moments().empty() ||
-                   (local_ && !local_dp_ && !several_ranks() && !task.secure_aggregation()),
+  POLLEN_CHECK(task.first_moments().empty() || (local_ && !local_dp_ && !task.secure_aggregation()),
                "client '", config_.id, "': the server shares the clients' first moments ",
                "(strategy.first_moments), which ",
-               !local_                     ? "a [post] silo does not have"
-               : local_dp_                 ? "[local_dp] does not protect"
-               : task.secure_aggregation() ? "secure aggregation does not carry"
-                                           : "a silo of several processes does not share yet",
+               !local_     ? "a [post] silo does not have"
+               : local_dp_ ? "[local_dp] does not protect"
+                           : "secure aggregation does not carry",
                "; the client sends none");
   const ParamSpecs first_moments =
       first_moment_specs(specs_, task.first_moments().empty() ? "none" : task.first_moments());
@@ -652,17 +657,23 @@ void Client::train_round(const pb::TaskReply& task) {
   // every rank; rank 0 takes them once the others have them too.
   const std::vector<float> no_moments;
   const std::vector<float>& moments = task.second_moments() ? pulled_second_moments_ : no_moments;
-  if (several_ranks()) {
-    send_order(local_->communicator(),
-               {task.round(), task.local_steps(), task.evaluate(), task.second_moments()},
-               &local_->model(), step_drift, moments);
-  }
-  if (local_) local_->share_second_moments(task.second_moments());
-  if (!moments.empty()) local_->set_second_moments(moments);
-  // Shared first moments: the round starts from the federation's (none before round 2).
-  // A client that has not stepped yet would keep its zeros: it pulls nothing.
+  // Shared first moments: likewise from round 2 on; a client that has not stepped yet would keep
+  // its zeros, so it pulls none.
+  Weights first_estimate;
   if (!first_moments.empty() && task.pull_first_moments() && local_->steps_taken() > 0)
-    local_->set_first_moments(first_moments, pull_first_moments(task, model_codec, first_moments));
+    first_estimate = pull_first_moments(task, model_codec, first_moments);
+  if (several_ranks()) {
+    const RoundOrder order{task.round(), task.local_steps(), task.evaluate(), task.second_moments(),
+                           task.first_moments().empty() ? "none" : task.first_moments()};
+    send_order(local_->communicator(), order, &local_->model(), step_drift, moments,
+               first_estimate);
+  }
+  if (local_) {
+    local_->share_second_moments(task.second_moments());
+    local_->share_first_moments(!first_moments.empty());
+  }
+  if (!moments.empty()) local_->set_second_moments(moments);
+  if (!first_estimate.empty()) local_->set_first_moments(first_moments, first_estimate);
 
   pb::UpdateInfo info;
   info.set_client_id(config_.id);

@@ -110,18 +110,21 @@ class LocalTrainer : public RoundTrainer {
   std::vector<float> factored_second_moments();
   // Replaces the inner AdamW's second moments by the federation's; every rank, before the round.
   void set_second_moments(const std::vector<float>& factored);
+  // Whether the next train() calls share first moments (strategy.first_moments): with ZeRO-1
+  // they then gather the moments after training, as for the client's state.
+  void share_first_moments(bool on) { share_first_moments_ = on; }
   // The inner AdamW's first moments of the `moments` tensors (fed/first_moments.h) after the
-  // last train(), as AdamW's estimate m / (1 - beta1^t); a silo of one rank.
+  // last train(), as AdamW's estimate m / (1 - beta1^t); rank 0 of a silo of several ranks.
   Weights first_moments(const ParamSpecs& moments) const;
   // Replaces those first moments by the federation's estimate, stored in this AdamW's scale
-  // (a client that has not stepped yet keeps its zeros); before the round.
+  // (a client that has not stepped yet keeps its zeros); every rank, before the round.
   void set_first_moments(const ParamSpecs& moments, const Weights& estimate);
 
  private:
   void apply_step_drift();
   double second_moment_bias() const;  // 1 - beta2^t of the inner AdamW
   double first_moment_bias() const;   // 1 - beta1^t of the inner AdamW
-  // The inner AdamW's slot of each moment spec's tensor; a silo of one rank.
+  // The index of each moment spec's tensor among the parameters (and AdamW's slots).
   std::vector<size_t> moment_slots(const ParamSpecs& moments) const;
 
   ClientConfig config_;
@@ -134,6 +137,7 @@ class LocalTrainer : public RoundTrainer {
   std::optional<optim::AdamW> opt_;             // otherwise
   train::OptimizerMoments gathered_;            // ZeRO-1: the moments after the last train()
   bool share_moments_ = false;                  // strategy.second_moments this round
+  bool share_first_moments_ = false;            // strategy.first_moments this round
   int64_t micro_steps_ = 1;                     // per step and rank
   std::unique_ptr<data::Loader> train_, validation_;
   std::string manifest_hash_;

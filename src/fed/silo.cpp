@@ -3,6 +3,7 @@
 #include "base/log.h"
 #include "fed/client.h"
 #include "fed/client_state.h"
+#include "fed/first_moments.h"
 #include "fed/second_moments.h"
 
 namespace pollen::fed {
@@ -19,13 +20,21 @@ void broadcast_weights(dist::Communicator& comm, model::Llama& model) {
   for (const auto r : requests) comm.wait(r);
 }
 
-// The step drift from rank 0 into `drift` (sized as the model's parameters on the other ranks).
-void broadcast_drift(dist::Communicator& comm, Weights& drift) {
+// Tensors from rank 0 into `tensors` (sized as rank 0's on the others).
+void broadcast_tensors(dist::Communicator& comm, Weights& tensors, const char* what) {
   std::vector<dist::Request> requests;
-  for (Tensor& d : drift) {
-    requests.push_back(comm.start_broadcast(d.data<float>(), d.numel(), 0, "the step drift"));
-  }
+  for (Tensor& t : tensors)
+    requests.push_back(comm.start_broadcast(t.data<float>(), t.numel(), 0, what));
   for (const auto r : requests) comm.wait(r);
+}
+
+// The codes of RoundOrder::first_moments in an order's words.
+constexpr const char* kFirstMoments[] = {"none", "output", "token_rows"};
+
+int64_t first_moments_code(const std::string& which) {
+  for (int64_t c = 0; c < 3; ++c)
+    if (which == kFirstMoments[c]) return c;
+  fail("first moments of '", which, "': expected none, output or token_rows");
 }
 
 // The federation's factored second moments from rank 0 into `moments` (sized on the others).
@@ -37,20 +46,25 @@ void broadcast_moments(dist::Communicator& comm, std::vector<float>& moments) {
 }  // namespace
 
 void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama* model,
-                const Weights& step_drift, const std::vector<float>& second_moments) {
-  int64_t words[6] = {order.round,
+                const Weights& step_drift, const std::vector<float>& second_moments,
+                const Weights& first_moments) {
+  int64_t words[8] = {order.round,
                       order.local_steps,
                       order.evaluate ? 1 : 0,
                       step_drift.empty() ? 0 : 1,
                       order.second_moments ? 1 : 0,
-                      static_cast<int64_t>(second_moments.size())};
+                      static_cast<int64_t>(second_moments.size()),
+                      first_moments_code(order.first_moments),
+                      first_moments.empty() ? 0 : 1};
   comm.broadcast(words, 0, "rank 0's order");
   if (order.round == 0) return;
   broadcast_weights(comm, *model);
   Weights drift = step_drift;  // shares the tensors: rank 0 only sends
-  if (!drift.empty()) broadcast_drift(comm, drift);
+  if (!drift.empty()) broadcast_tensors(comm, drift, "the step drift");
   std::vector<float> moments = second_moments;
   if (!moments.empty()) broadcast_moments(comm, moments);
+  Weights first = first_moments;  // likewise
+  if (!first.empty()) broadcast_tensors(comm, first, "the shared first moments");
 }
 
 void follow_orders(const ClientConfig& config, dist::Communicator& comm,
@@ -65,14 +79,14 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
     load_client_state(config.state_dir, config.id, trainer, specs, feedback, drift, &pulled);
   }
   for (;;) {
-    int64_t words[6] = {0, 0, 0, 0, 0, 0};
+    int64_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     comm.wait_for_broadcast(words, 0, "rank 0's order");
     if (words[0] == 0) return;
     broadcast_weights(comm, trainer.model());
     Weights step_drift;
     if (words[3] != 0) {
       for (const auto& spec : specs) step_drift.push_back(Tensor::empty(spec.shape, DType::f32));
-      broadcast_drift(comm, step_drift);
+      broadcast_tensors(comm, step_drift, "the step drift");
     }
     trainer.set_step_drift(std::move(step_drift));
     trainer.share_second_moments(words[4] != 0);
@@ -83,6 +97,16 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
                    comm.rank(), ": rank 0 sent ", words[5], " second-moment values, expected ",
                    factored_size(specs));
       trainer.set_second_moments(moments);
+    }
+    POLLEN_CHECK(words[6] >= 0 && words[6] < 3, "fed client '", config.id, "' rank ", comm.rank(),
+                 ": rank 0 sent first-moments code ", words[6]);
+    const ParamSpecs first_specs = first_moment_specs(specs, kFirstMoments[words[6]]);
+    trainer.share_first_moments(!first_specs.empty());
+    if (words[7] != 0) {
+      Weights first;
+      for (const auto& spec : first_specs) first.push_back(Tensor::empty(spec.shape, DType::f32));
+      broadcast_tensors(comm, first, "the shared first moments");
+      trainer.set_first_moments(first_specs, first);
     }
     try {
       if (words[2] != 0) {

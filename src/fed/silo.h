@@ -7,6 +7,7 @@
 // pseudo-gradient and writes the client's state. The other ranks follow orders until rank 0
 // says the run is over.
 #include <cstdint>
+#include <string>
 
 #include "dist/communicator.h"
 #include "fed/config.h"
@@ -21,13 +22,18 @@ struct RoundOrder {
   int64_t local_steps = 0;
   bool evaluate = false;        // score the global model on the validation split first
   bool second_moments = false;  // the round shares the inner AdamW's second moments
+  // The round shares the inner AdamW's first moments of these tensors (fed/first_moments.h):
+  // none, output or token_rows.
+  std::string first_moments = "none";
 };
 
 // Rank 0: sends the order and, for a round, `model`'s weights (the global model), the round's
-// step drift (fed/drift_correction.h; empty: none) and the federation's factored second moments
-// to start from (fed/second_moments.h; empty: none) to the others.
+// step drift (fed/drift_correction.h; empty: none), the federation's factored second moments
+// to start from (fed/second_moments.h; empty: none) and its first moments of the order's tensors
+// (empty: none) to the others.
 void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama* model,
-                const Weights& step_drift = {}, const std::vector<float>& second_moments = {});
+                const Weights& step_drift = {}, const std::vector<float>& second_moments = {},
+                const Weights& first_moments = {});
 
 // Every rank but 0: resumes the client's state under config.state_dir as rank 0 does, then
 // trains the rounds rank 0 orders until it says the run is over. While rank 0 talks to the

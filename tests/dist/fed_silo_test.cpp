@@ -166,6 +166,30 @@ void expect_same_pseudo_gradients(const std::vector<Weights>& models, const std:
       << what << ": the global model after round 1";
 }
 
+// A second client of the federation, silo-1: one process, data of its own, the same [train].
+void write_second_client(const Federation& f) {
+  static const fs::path data = make_silo(temp_dir("silo_data_b"), 5);
+  write_file_atomic(f.dir / "client2.toml",
+                    cat("[client]\nid = 'silo-1'\nserver = '", f.address(),
+                        "'\nseed = 101\nthreads = 1\n[data]\nmanifests = ['", data.string(),
+                        "']\n[train]\nmicro_batch = 2\naccumulation = 2\nseq = 16\nlr = 3e-3\n"
+                        "eval_batches = 2\n",
+                        kModel));
+}
+
+// federate() with silo-1 beside silo-0 (the server waits for both: min_clients = 2).
+std::vector<Weights> federate_with_second_client(const Federation& f, int ranks,
+                                                 bool launch = false) {
+  const pid_t server = start_server(f);
+  const pid_t second = spawn_pollen(
+      {"fed", "client", "--config", (f.dir / "client2.toml").string()}, f.dir / "client2.log");
+  const Outcome client = run_client(f, ranks, launch);
+  EXPECT_EQ(client.exit_code, 0) << client.output;
+  EXPECT_EQ(wait_exit(second), 0) << "see " << (f.dir / "client2.log").string();
+  EXPECT_EQ(wait_exit(server), 0) << "see " << (f.dir / "server.log").string();
+  return global_models(f);
+}
+
 }  // namespace
 
 TEST(FederatedSilo, TwoRanksPushTheOneProcessPseudoGradient) {
@@ -261,4 +285,34 @@ TEST(FederatedSilo, HungRankIsNamedWithExitCodeFourAndTheRestartedClientFinishes
   EXPECT_EQ(wait_exit(server), 0) << "see " << (f.dir / "server.log").string();
   expect_same_pseudo_gradients(global_models(f), "restarted after a hang");
   fs::remove_all(f.dir);
+}
+
+TEST(FederatedSilo, TwoRanksShareTheFirstMomentsOfOneProcess) {
+  // strategy.first_moments with a second client (silo-1, one process, its own data), so that the
+  // federation's first moments are not silo-0's own: round 2 starts from their average on every
+  // rank of silo-0, with and without ZeRO-1 (whose ranks each keep their blocks of them, and
+  // gather them after the round for rank 0 to send). A rank that kept its own would train other
+  // weights, and the global model would differ from that of silo-0 as one process.
+  const auto sharing = [](const std::string& name, const std::string& parallel, bool state) {
+    Federation f = write_federation(name, parallel, "diloco", "",
+                                    "first_moments = 'token_rows'\nmin_clients = 2\n", state);
+    write_second_client(f);
+    return f;
+  };
+  const Federation one = sharing("first_one", "", true), two = sharing("first_two", "", true);
+  const Federation zero =
+      sharing("first_zero", "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n", false);
+  const auto ref = federate_with_second_client(one, 1);
+  expect_same_pseudo_gradients(federate_with_second_client(two, 2), "2 ranks sharing first moments",
+                               ref);
+  expect_same_pseudo_gradients(federate_with_second_client(zero, 2, true),
+                               "2 ranks, ZeRO-1, sharing first moments", ref);
+  // And sharing changed round 2 (against the same federation without it), not round 1.
+  const Federation plain = write_federation("first_plain", "", "diloco", "", "min_clients = 2\n");
+  write_second_client(plain);
+  const auto own = federate_with_second_client(plain, 1);
+  ASSERT_EQ(own.size(), ref.size());
+  EXPECT_TRUE(bitwise_equal(own.front(), ref.front()));
+  EXPECT_GT(max_abs(difference(own.back(), ref.back())), 1e-6);
+  for (const auto* f : {&one, &two, &zero, &plain}) fs::remove_all(f->dir);
 }
