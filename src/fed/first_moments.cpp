@@ -10,6 +10,11 @@ namespace {
 constexpr const char* kSuffix = ".exp_avg";
 }
 
+const std::vector<std::string>& first_moments_names() {
+  static const std::vector<std::string> names{"none", "output", "token_rows"};
+  return names;
+}
+
 ParamSpecs first_moment_specs(const ParamSpecs& specs, const std::string& which) {
   if (which == "none") return {};
   POLLEN_CHECK(which == "output" || which == "token_rows", "first moments of '", which,

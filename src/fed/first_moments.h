@@ -21,7 +21,11 @@
 
 namespace pollen::fed {
 
-// The tensors whose first moments are shared (`which`: none, output or token_rows), named
+// What `strategy.first_moments` may name, in the order a silo's order codes them: none, output,
+// token_rows.
+const std::vector<std::string>& first_moments_names();
+
+// The tensors whose first moments are shared (`which`: one of first_moments_names()), named
 // "<tensor>.exp_avg", in the specs' order. A tied embedding is the output layer.
 ParamSpecs first_moment_specs(const ParamSpecs& specs, const std::string& which);
 

@@ -1,5 +1,7 @@
 #include "fed/silo.h"
 
+#include <algorithm>
+
 #include "base/log.h"
 #include "fed/client.h"
 #include "fed/client_state.h"
@@ -28,13 +30,12 @@ void broadcast_tensors(dist::Communicator& comm, Weights& tensors, const char* w
   for (const auto r : requests) comm.wait(r);
 }
 
-// The codes of RoundOrder::first_moments in an order's words.
-constexpr const char* kFirstMoments[] = {"none", "output", "token_rows"};
-
+// RoundOrder::first_moments as an order's word: its index among first_moments_names().
 int64_t first_moments_code(const std::string& which) {
-  for (int64_t c = 0; c < 3; ++c)
-    if (which == kFirstMoments[c]) return c;
-  fail("first moments of '", which, "': expected none, output or token_rows");
+  const auto& names = first_moments_names();
+  const auto it = std::find(names.begin(), names.end(), which);
+  POLLEN_CHECK(it != names.end(), "first moments of '", which, "': not one of the names");
+  return it - names.begin();
 }
 
 // The federation's factored second moments from rank 0 into `moments` (sized on the others).
@@ -98,9 +99,10 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
                    factored_size(specs));
       trainer.set_second_moments(moments);
     }
-    POLLEN_CHECK(words[6] >= 0 && words[6] < 3, "fed client '", config.id, "' rank ", comm.rank(),
-                 ": rank 0 sent first-moments code ", words[6]);
-    const ParamSpecs first_specs = first_moment_specs(specs, kFirstMoments[words[6]]);
+    const auto& names = first_moments_names();
+    POLLEN_CHECK(words[6] >= 0 && words[6] < static_cast<int64_t>(names.size()), "fed client '",
+                 config.id, "' rank ", comm.rank(), ": rank 0 sent first-moments code ", words[6]);
+    const ParamSpecs first_specs = first_moment_specs(specs, names[static_cast<size_t>(words[6])]);
     trainer.share_first_moments(!first_specs.empty());
     if (words[7] != 0) {
       Weights first;

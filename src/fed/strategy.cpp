@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/config.h"
+#include "fed/first_moments.h"
 
 namespace pollen::fed {
 
@@ -235,9 +236,10 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o) {
                o.robust.aggregation, "', ", o.robust.norm_bound, ")");
   POLLEN_CHECK(o.second_moments == "none" || o.second_moments == "factored",
                "strategy.second_moments must be none or factored, got '", o.second_moments, "'");
-  POLLEN_CHECK(
-      o.first_moments == "none" || o.first_moments == "output" || o.first_moments == "token_rows",
-      "strategy.first_moments must be none, output or token_rows, got '", o.first_moments, "'");
+  const auto& fm = first_moments_names();
+  POLLEN_CHECK(std::find(fm.begin(), fm.end(), o.first_moments) != fm.end(),
+               "strategy.first_moments must be none, output or token_rows, got '", o.first_moments,
+               "'");
   if (o.name == "fedavg") return std::make_unique<FedAvg>(o);
   if (o.name == "fedavgm") return std::make_unique<Momentum>(o, false);
   if (o.name == "diloco") return std::make_unique<Momentum>(o, true);

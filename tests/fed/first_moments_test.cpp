@@ -58,6 +58,9 @@ TEST(FirstMoments, TheOutputLayerAloneOrWithTheEmbeddingInTheModelsOrder) {
             std::vector<std::string>{"model.embed_tokens.weight.exp_avg"});
   EXPECT_EQ(names(first_moment_specs(tied, "token_rows")),
             std::vector<std::string>{"model.embed_tokens.weight.exp_avg"});
+  // Every name the strategy accepts (and a silo's order codes) names tensors or none.
+  for (const auto& name : first_moments_names())
+    EXPECT_EQ(first_moment_specs(kUntied, name).empty(), name == "none") << name;
   EXPECT_THROW(first_moment_specs(kUntied, "all"), Error);
   EXPECT_THROW(first_moment_specs({{"w", {2, 2}}}, "output"), Error);  // no token rows
 }
