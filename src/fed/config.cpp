@@ -212,35 +212,26 @@ ServerConfig read_server_config(ConfigTable& root) {
                root.where("strategy.row_weighting"), ": '", c.strategy.row_weighting,
                "' weights the rows of token embeddings, and a [post] federation exchanges only "
                "LoRA adapters; use row_weighting = 'none' with [post]");
-  // Shared second moments travel per client in the clear, outside the masked sum and the DP
-  // clip, and a [post] silo trains adapters with its own optimizer (docs/federated.md).
-  const std::string sm = c.strategy.second_moments;
-  POLLEN_CHECK(!c.strategy.shares_second_moments() ||
-                   (c.strategy.robust.aggregation == "mean" && c.strategy.robust.norm_bound == 0),
-               root.where("strategy.second_moments"), ": '", sm,
-               "' averages the clients' moments by tokens, which robust aggregation would not "
-               "protect; it needs strategy.aggregation = 'mean' and no strategy.norm_bound");
-  POLLEN_CHECK(!c.strategy.shares_second_moments() ||
-                   (!c.secure_aggregation.enabled && !c.privacy.enabled && !c.post.enabled()),
-               root.where("strategy.second_moments"), ": '", sm,
-               "' sends each client's optimizer statistics in the clear, which secure "
-               "aggregation and [privacy] do not cover, and a [post] federation does not "
-               "exchange; use second_moments = 'none' with them");
-  // Shared first moments travel like the second ones, and like the model's update they are
-  // encoded with the round's codecs, where top-k and sign would lose most of them: no error
-  // feedback carries what they leave out of a moment to the next round.
-  const std::string fm = c.strategy.first_moments;
-  POLLEN_CHECK(!c.strategy.shares_first_moments() ||
-                   (c.strategy.robust.aggregation == "mean" && c.strategy.robust.norm_bound == 0),
-               root.where("strategy.first_moments"), ": '", fm,
-               "' averages the clients' moments by tokens, which robust aggregation would not "
-               "protect; it needs strategy.aggregation = 'mean' and no strategy.norm_bound");
-  POLLEN_CHECK(!c.strategy.shares_first_moments() ||
-                   (!c.secure_aggregation.enabled && !c.privacy.enabled && !c.post.enabled()),
-               root.where("strategy.first_moments"), ": '", fm,
-               "' sends each client's optimizer statistics in the clear, which secure "
-               "aggregation and [privacy] do not cover, and a [post] federation does not "
-               "exchange; use first_moments = 'none' with them");
+  // Shared moments (second and first) travel per client in the clear, outside the masked sum
+  // and the DP clip, and a [post] silo trains adapters with its own optimizer
+  // (docs/federated.md).
+  for (const auto& [key, value] : {std::pair{"second_moments", c.strategy.second_moments},
+                                   std::pair{"first_moments", c.strategy.first_moments}}) {
+    if (value == "none") continue;
+    POLLEN_CHECK(c.strategy.robust.aggregation == "mean" && c.strategy.robust.norm_bound == 0,
+                 root.where(cat("strategy.", key)), ": '", value,
+                 "' averages the clients' moments by tokens, which robust aggregation would not "
+                 "protect; it needs strategy.aggregation = 'mean' and no strategy.norm_bound");
+    POLLEN_CHECK(!c.secure_aggregation.enabled && !c.privacy.enabled && !c.post.enabled(),
+                 root.where(cat("strategy.", key)), ": '", value,
+                 "' sends each client's optimizer statistics in the clear, which secure "
+                 "aggregation and [privacy] do not cover, and a [post] federation does not "
+                 "exchange; use ",
+                 key, " = 'none' with them");
+  }
+  // First moments are encoded with the round's codecs, where top-k and sign would lose most of
+  // them: no error feedback carries what they leave out of a moment to the next round.
+  const std::string& fm = c.strategy.first_moments;
   POLLEN_CHECK(!c.strategy.shares_first_moments() ||
                    (c.compression.codec != Codec::topk && c.server_codec != Codec::topk &&
                     c.compression.codec != Codec::sign && c.server_codec != Codec::sign),

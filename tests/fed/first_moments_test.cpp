@@ -41,6 +41,15 @@ Weights pull_first_moments(Coordinator& server, const ParamSpecs& moments, const
   return decode_set(set->header, set->bytes, moments, "pull");
 }
 
+// Two silos of other data (strides 1 and 3) sharing the output layer's first moments over
+// `rounds` rounds of 2 local steps.
+SimConfig sharing_output(const fs::path& dir, int64_t rounds) {
+  auto cfg =
+      sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", rounds, 2);
+  cfg.server.strategy.first_moments = "output";
+  return cfg;
+}
+
 }  // namespace
 
 TEST(FirstMoments, TheOutputLayerAloneOrWithTheEmbeddingInTheModelsOrder) {
@@ -215,8 +224,7 @@ TEST(FirstMoments, ARetriedRoundKeepsTheLastAggregatedRoundsAverage) {
   Quiet q;
   set_num_threads(1);
   const auto dir = temp_dir("first_moments_retry");
-  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 3, 2);
-  cfg.server.strategy.first_moments = "output";
+  auto cfg = sharing_output(dir, 3);
   cfg.server.strategy.min_clients = 2;
   Coordinator server(cfg.server, false);
   LocalTransport to_a(server), to_b(server);
@@ -241,8 +249,7 @@ TEST(FirstMoments, ARestartedServerHandsOutTheAverageItHeldInInt8) {
   Quiet q;
   set_num_threads(1);
   const auto dir = temp_dir("first_moments_restart");
-  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 3, 2);
-  cfg.server.strategy.first_moments = "output";
+  auto cfg = sharing_output(dir, 3);
   cfg.server.compression.codec = Codec::int8;
   cfg.server.server_codec = Codec::int8;
   Weights before;
