@@ -1,5 +1,6 @@
 #include "dist/zero_adamw.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace pollen::dist {
@@ -93,42 +94,52 @@ double ZeroAdamW::step(double lr) {
   return norm;
 }
 
-void ZeroAdamW::gather_bucket(size_t b, const Tensor& shard, std::vector<Tensor>& whole) {
+void ZeroAdamW::gather_bucket(size_t b, const Tensor& shard, std::vector<Tensor>& whole,
+                              const std::vector<bool>& wanted, bool keep) {
+  const auto& entries = reducer_.buckets()[b].entries;
+  const auto is_wanted = [&](size_t param) { return wanted.empty() || wanted[param]; };
+  if (std::none_of(entries.begin(), entries.end(),
+                   [&](const auto& e) { return is_wanted(e.param); }))
+    return;  // every rank skips the same buckets: their layouts are the same
   Tensor all = Tensor::empty({reducer_.buckets()[b].padded}, DType::f32, device_);
   comm_.wait(comm_.start_all_gather(shard.data<float>(), all.data<float>(), reducer_.shard_size(b),
                                     cat("the optimizer state gather of bucket ", b)));
+  if (!keep) return;
   // To host memory bucket by bucket: whole moments on the GPU would take back what ZeRO saves.
   const Tensor host = all.device() == Device::cpu ? all : all.to(Device::cpu);
   const auto& params = reducer_.params();
-  for (const auto& e : reducer_.buckets()[b].entries) {
+  for (const auto& e : entries) {
+    if (!is_wanted(e.param)) continue;
     whole[e.param] = Tensor::empty(params[e.param].shape(), DType::f32);
     span_of(whole[e.param], 0, e.numel).copy_(span_of(host, e.offset, e.numel));
   }
 }
 
-void ZeroAdamW::gather_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq) {
+void ZeroAdamW::gather_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq,
+                             bool keep) {
   exp_avg.assign(reducer_.params().size(), Tensor());
   exp_avg_sq.assign(reducer_.params().size(), Tensor());
   for (size_t b = 0; b < reducer_.buckets().size(); ++b) {
-    gather_bucket(b, exp_avg_[b], exp_avg);
-    gather_bucket(b, exp_avg_sq_[b], exp_avg_sq);
+    gather_bucket(b, exp_avg_[b], exp_avg, {}, keep);
+    gather_bucket(b, exp_avg_sq_[b], exp_avg_sq, {}, keep);
   }
+}
+
+std::vector<Tensor> ZeroAdamW::gather_first_moments(const std::vector<bool>& wanted, bool keep) {
+  POLLEN_ASSERT(wanted.size() == reducer_.params().size());
+  std::vector<Tensor> exp_avg(reducer_.params().size());
+  for (size_t b = 0; b < reducer_.buckets().size(); ++b)
+    gather_bucket(b, exp_avg_[b], exp_avg, wanted, keep);
+  return exp_avg;
 }
 
 void ZeroAdamW::load_state(const std::vector<Tensor>& exp_avg,
                            const std::vector<Tensor>& exp_avg_sq) {
-  POLLEN_ASSERT(exp_avg.size() == reducer_.params().size());
+  POLLEN_ASSERT(exp_avg.size() == reducer_.params().size() &&
+                exp_avg_sq.size() == reducer_.params().size());
   for (size_t k = 0; k < pieces_.size(); ++k) {
     const Piece& p = pieces_[k];
     slots_[k].exp_avg.copy_(span_of(exp_avg[p.param].contiguous(), p.in_param, p.numel));
-  }
-  load_second_moments(exp_avg_sq);
-}
-
-void ZeroAdamW::load_second_moments(const std::vector<Tensor>& exp_avg_sq) {
-  POLLEN_ASSERT(exp_avg_sq.size() == reducer_.params().size());
-  for (size_t k = 0; k < pieces_.size(); ++k) {
-    const Piece& p = pieces_[k];
     slots_[k].exp_avg_sq.copy_(span_of(exp_avg_sq[p.param].contiguous(), p.in_param, p.numel));
   }
 }
@@ -140,6 +151,13 @@ void ZeroAdamW::load_first_moments(const std::vector<Tensor>& exp_avg) {
     if (!exp_avg[p.param].defined()) continue;
     slots_[k].exp_avg.copy_(span_of(exp_avg[p.param].contiguous(), p.in_param, p.numel));
   }
+}
+
+std::vector<ZeroAdamW::Block> ZeroAdamW::blocks() const {
+  std::vector<Block> out;
+  for (size_t k = 0; k < pieces_.size(); ++k)
+    out.push_back({pieces_[k].param, pieces_[k].in_param, slots_[k].exp_avg, slots_[k].exp_avg_sq});
+  return out;
 }
 
 void ZeroAdamW::compute_in_bf16() {
@@ -166,7 +184,8 @@ std::vector<Tensor> ZeroAdamW::gather_weights() {
     for (size_t i = 0; i < whole.size(); ++i) whole[i] = reducer_.params()[i].value();
     return whole;
   }
-  for (size_t b = 0; b < reducer_.buckets().size(); ++b) gather_bucket(b, masters_[b], whole);
+  for (size_t b = 0; b < reducer_.buckets().size(); ++b)
+    gather_bucket(b, masters_[b], whole, {}, true);
   return whole;
 }
 

@@ -32,17 +32,29 @@ class ZeroAdamW {
   // weights in mixed precision).
   int64_t state_bytes() const;
 
-  // Whole per-parameter moments, gathered from every rank (a collective: every rank calls it;
-  // every rank receives them, in host memory, bucket by bucket). In the reducer's parameter
-  // order.
-  void gather_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq);
+  // Whole per-parameter moments gathered from every rank's blocks (a collective: every rank
+  // calls it), into host memory bucket by bucket, in the reducer's parameter order. Only a rank
+  // that passes `keep` holds them after; the others' stay undefined, so that no rank but the one
+  // that writes or sends them ever holds the whole state.
+  void gather_state(std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq, bool keep);
+  // The same for the first moments of the parameters `wanted` marks alone (the others stay
+  // undefined): a bucket that holds none of them is not gathered.
+  std::vector<Tensor> gather_first_moments(const std::vector<bool>& wanted, bool keep);
   // Takes this rank's blocks of whole per-parameter moments (a checkpoint's).
   void load_state(const std::vector<Tensor>& exp_avg, const std::vector<Tensor>& exp_avg_sq);
-  // Takes this rank's blocks of whole per-parameter second moments, keeping the first.
-  void load_second_moments(const std::vector<Tensor>& exp_avg_sq);
   // Takes this rank's blocks of the whole first moments given, keeping the others' (an
   // undefined tensor: that parameter's moments stay) and every second moment.
   void load_first_moments(const std::vector<Tensor>& exp_avg);
+
+  // This rank's blocks of the moments, as views into its state (on the parameters' device):
+  // each holds elements [in_param, in_param + numel) of parameter `param`, flattened. For work
+  // on the moments that needs no whole tensor (factoring them, setting them from factors).
+  struct Block {
+    size_t param;
+    int64_t in_param;
+    Tensor exp_avg, exp_avg_sq;  // [numel] each
+  };
+  std::vector<Block> blocks() const;
 
   // Mixed precision, GPU only: from here on the parameters are bf16 copies, which the model
   // computes with, and this rank keeps f32 master weights for its blocks alone, beside its blocks
@@ -64,8 +76,10 @@ class ZeroAdamW {
     int64_t in_shard;  // first element within this rank's block of the bucket
     int64_t numel;
   };
-  // Every rank's block `shard` of bucket b, as whole per-parameter tensors into `whole`.
-  void gather_bucket(size_t b, const Tensor& shard, std::vector<Tensor>& whole);
+  // Every rank's block `shard` of bucket b, as whole per-parameter tensors into `whole` (only
+  // those `wanted` marks, all when it is empty; none unless `keep`).
+  void gather_bucket(size_t b, const Tensor& shard, std::vector<Tensor>& whole,
+                     const std::vector<bool>& wanted, bool keep);
 
   GradReducer& reducer_;
   Communicator& comm_;

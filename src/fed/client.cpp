@@ -243,13 +243,7 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
     loss_sum += step_loss;
     r.tokens += scored;
   }
-  if (zero_ && (!config_.state_dir.empty() || share_moments_ || share_first_moments_)) {
-    // The state rank 0 writes (and the moments it shares) after the round: every rank's blocks,
-    // gathered while all are here.
-    zero_->gather_state(gathered_.exp_avg, gathered_.exp_avg_sq);
-    gathered_.steps = zero_->steps_taken();
-    if (comm_->rank() != 0) gathered_ = {};
-  }
+  if (zero_) gather_after_round();
   comm_->all_reduce_sum(counts, "the round's token counts");
   r.input_counts = sparse_counts(counts, 0, vocab);
   r.target_counts = sparse_counts(counts, vocab, vocab);
@@ -270,9 +264,36 @@ void LocalTrainer::apply_step_drift() {
   }
 }
 
+void LocalTrainer::gather_after_round() {
+  const bool lead = comm_->rank() == 0;
+  gathered_ = {};
+  if (!config_.state_dir.empty()) {
+    zero_->gather_state(gathered_.exp_avg, gathered_.exp_avg_sq, lead);
+  } else if (!first_moment_specs_.empty()) {
+    std::vector<bool> wanted(params_.size(), false);
+    for (size_t i : moment_slots(first_moment_specs_)) wanted[i] = true;
+    gathered_.exp_avg = zero_->gather_first_moments(wanted, lead);
+  }
+  gathered_.steps = zero_->steps_taken();
+  gathered_factored_ = share_moments_ ? sharded_factored_second_moments() : std::vector<float>{};
+  if (!lead) gathered_factored_.clear();
+}
+
+std::vector<float> LocalTrainer::sharded_factored_second_moments() {
+  const ParamSpecs specs = exchanged_specs();
+  std::vector<double> sums(static_cast<size_t>(factored_size(specs)), 0.0);
+  for (const auto& block : zero_->blocks()) {
+    const Tensor& v = block.exp_avg_sq;
+    const Tensor host = v.device() == Device::cpu ? v : v.to(Device::cpu);
+    add_factor_sums(specs, block.param, block.in_param, host.data<float>(), host.numel(), sums);
+  }
+  comm_->all_reduce_sum(sums, "the factored second moments");
+  return factor_means(specs, sums);
+}
+
 train::OptimizerMoments LocalTrainer::optimizer_moments() {
   if (zero_) {
-    POLLEN_CHECK(!gathered_.exp_avg.empty(), "client '", config_.id,
+    POLLEN_CHECK(!gathered_.exp_avg_sq.empty(), "client '", config_.id,
                  "': no inner optimizer state gathered yet (rank ", comm_->rank(), ")");
     return gathered_;
   }
@@ -291,15 +312,16 @@ double LocalTrainer::second_moment_bias() const {
 }
 
 std::vector<float> LocalTrainer::factored_second_moments() {
-  std::vector<const Tensor*> v;
+  std::vector<float> f;
   if (zero_) {
-    POLLEN_CHECK(share_moments_ && !gathered_.exp_avg_sq.empty(), "client '", config_.id,
+    POLLEN_CHECK(share_moments_ && !gathered_factored_.empty(), "client '", config_.id,
                  "': no second moments gathered after the round (rank ", comm_->rank(), ")");
-    for (const Tensor& t : gathered_.exp_avg_sq) v.push_back(&t);
+    f = gathered_factored_;
   } else {
+    std::vector<const Tensor*> v;
     for (const auto& slot : opt_->slots()) v.push_back(&slot.exp_avg_sq);
+    f = factor_second_moments(exchanged_specs(), v);
   }
-  std::vector<float> f = factor_second_moments(exchanged_specs(), v);
   // AdamW's estimate v / (1 - beta2^t), so that clients of another age agree on its scale.
   const double bias = second_moment_bias();
   for (float& x : f) x = bias > 0 ? static_cast<float>(x / bias) : 0.0f;
@@ -307,24 +329,30 @@ std::vector<float> LocalTrainer::factored_second_moments() {
 }
 
 void LocalTrainer::set_second_moments(const std::vector<float>& factored) {
-  // With ZeRO-1 the whole moments are rebuilt on every rank, which keeps its blocks of them.
-  std::vector<Tensor> whole;
-  std::vector<Tensor*> v;
-  if (zero_) {
-    for (const auto& s : exchanged_specs()) whole.push_back(Tensor::empty(s.shape, DType::f32));
-    for (Tensor& t : whole) v.push_back(&t);
-  } else {
-    for (auto& slot : opt_->slots()) v.push_back(&slot.exp_avg_sq);
-  }
-  expand_second_moments(exchanged_specs(), factored, v);
   // Stored so that AdamW's estimate is the federation's: v / (1 - beta2^t) = shared. A client
   // that has not stepped yet (t = 0) keeps its empty moments, as AdamW starts.
   const auto bias = static_cast<float>(second_moment_bias());
-  for (Tensor* t : v) {
-    float* x = t->data<float>();
-    for (int64_t j = 0; j < t->numel(); ++j) x[j] *= bias;
+  const auto scale = [bias](Tensor& t) {
+    float* x = t.data<float>();
+    for (int64_t j = 0; j < t.numel(); ++j) x[j] *= bias;
+  };
+  const ParamSpecs specs = exchanged_specs();
+  if (!zero_) {
+    std::vector<Tensor*> v;
+    for (auto& slot : opt_->slots()) v.push_back(&slot.exp_avg_sq);
+    expand_second_moments(specs, factored, v);
+    for (Tensor* t : v) scale(*t);
+    return;
   }
-  if (zero_) zero_->load_second_moments(whole);
+  // ZeRO-1: each rank rebuilds its own blocks alone.
+  for (const auto& block : zero_->blocks()) {
+    Tensor v = Tensor::empty({block.exp_avg_sq.numel()}, DType::f32);
+    expand_second_moments_range(specs, factored, block.param, block.in_param, v.numel(),
+                                v.data<float>());
+    scale(v);
+    Tensor target = block.exp_avg_sq;  // a view into the optimizer's state
+    target.copy_(v);
+  }
 }
 
 double LocalTrainer::first_moment_bias() const {
@@ -348,9 +376,12 @@ std::vector<size_t> LocalTrainer::moment_slots(const ParamSpecs& moments) const 
 
 Weights LocalTrainer::first_moments(const ParamSpecs& moments) const {
   const std::vector<size_t> slots = moment_slots(moments);
-  POLLEN_CHECK(!zero_ || (share_first_moments_ && !gathered_.exp_avg.empty()), "client '",
-               config_.id, "': no first moments gathered after the round (rank ", comm_->rank(),
-               ")");
+  for (size_t k = 0; k < slots.size(); ++k) {
+    POLLEN_CHECK(
+        !zero_ || (slots[k] < gathered_.exp_avg.size() && gathered_.exp_avg[slots[k]].defined()),
+        "client '", config_.id, "': the first moments of '", moment_tensor_name(moments[k]),
+        "' were not gathered after the round (rank ", comm_->rank(), ")");
+  }
   const double bias = first_moment_bias();
   Weights out;
   for (size_t i : slots) {
@@ -670,7 +701,7 @@ void Client::train_round(const pb::TaskReply& task) {
   }
   if (local_) {
     local_->share_second_moments(task.second_moments());
-    local_->share_first_moments(!first_moments.empty());
+    local_->share_first_moments(first_moments);
   }
   if (!moments.empty()) local_->set_second_moments(moments);
   if (!first_estimate.empty()) local_->set_first_moments(first_moments, first_estimate);

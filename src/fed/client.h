@@ -103,18 +103,20 @@ class LocalTrainer : public RoundTrainer {
   // correction, fed/drift_correction.h); empty: nothing.
   void set_step_drift(Weights drift) { step_drift_ = std::move(drift); }
   // Whether the next train() calls share their second moments (strategy.second_moments): with
-  // ZeRO-1 they then gather the moments after training, as for the client's state.
+  // ZeRO-1 every rank then adds its blocks' row and column sums into rank 0's factored form
+  // after training, so that no rank gathers the whole moments for it.
   void share_second_moments(bool on) { share_moments_ = on; }
   // The inner AdamW's second moments after the last train(), factored (fed/second_moments.h);
   // rank 0 of a silo of several ranks.
   std::vector<float> factored_second_moments();
   // Replaces the inner AdamW's second moments by the federation's; every rank, before the round.
   void set_second_moments(const std::vector<float>& factored);
-  // Whether the next train() calls share first moments (strategy.first_moments): with ZeRO-1
-  // they then gather the moments after training, as for the client's state.
-  void share_first_moments(bool on) { share_first_moments_ = on; }
+  // The tensors whose first moments the next train() calls share (strategy.first_moments;
+  // none: empty): with ZeRO-1 rank 0 then gathers those tensors' moments alone after training.
+  void share_first_moments(ParamSpecs moments) { first_moment_specs_ = std::move(moments); }
   // The inner AdamW's first moments of the `moments` tensors (fed/first_moments.h) after the
-  // last train(), as AdamW's estimate m / (1 - beta1^t); rank 0 of a silo of several ranks.
+  // last train(), as AdamW's estimate m / (1 - beta1^t); rank 0 of a silo of several ranks, of
+  // the tensors shared then.
   Weights first_moments(const ParamSpecs& moments) const;
   // Replaces those first moments by the federation's estimate, stored in this AdamW's scale
   // (a client that has not stepped yet keeps its zeros); every rank, before the round.
@@ -122,6 +124,10 @@ class LocalTrainer : public RoundTrainer {
 
  private:
   void apply_step_drift();
+  // ZeRO-1, every rank after the round: rank 0 gathers what it writes or sends (the whole state
+  // with a state folder, else the shared first moments) and the factored second moments.
+  void gather_after_round();
+  std::vector<float> sharded_factored_second_moments();
   double second_moment_bias() const;  // 1 - beta2^t of the inner AdamW
   double first_moment_bias() const;   // 1 - beta1^t of the inner AdamW
   // The index of each moment spec's tensor among the parameters (and AdamW's slots).
@@ -135,10 +141,13 @@ class LocalTrainer : public RoundTrainer {
   std::unique_ptr<dist::GradReducer> reducer_;  // several ranks
   std::unique_ptr<dist::ZeroAdamW> zero_;       // several ranks and parallel.zero = 1
   std::optional<optim::AdamW> opt_;             // otherwise
-  train::OptimizerMoments gathered_;            // ZeRO-1: the moments after the last train()
-  bool share_moments_ = false;                  // strategy.second_moments this round
-  bool share_first_moments_ = false;            // strategy.first_moments this round
-  int64_t micro_steps_ = 1;                     // per step and rank
+  // ZeRO-1, rank 0: the moments after the last train() (see gather_after_round) and the
+  // factored second moments
+  train::OptimizerMoments gathered_;
+  std::vector<float> gathered_factored_;
+  bool share_moments_ = false;     // strategy.second_moments this round
+  ParamSpecs first_moment_specs_;  // strategy.first_moments this round
+  int64_t micro_steps_ = 1;        // per step and rank
   std::unique_ptr<data::Loader> train_, validation_;
   std::string manifest_hash_;
   int64_t step_ = 0;

@@ -10,72 +10,106 @@
 namespace pollen::fed {
 
 namespace {
+
 bool is_matrix(const ParamSpec& s) {
   return s.shape.size() == 2;
 }
+
+// How many values one tensor's factored form has.
+int64_t factored_values(const ParamSpec& s) {
+  return is_matrix(s) ? s.shape[0] + s.shape[1] : shape_numel(s.shape);
+}
+
+// Where the k-th tensor's values start in the factored form.
+int64_t factored_offset(const ParamSpecs& specs, size_t k) {
+  int64_t n = 0;
+  for (size_t i = 0; i < k; ++i) n += factored_values(specs[i]);
+  return n;
+}
+
 }  // namespace
 
 int64_t factored_size(const ParamSpecs& specs) {
-  int64_t n = 0;
-  for (const auto& s : specs) n += is_matrix(s) ? s.shape[0] + s.shape[1] : shape_numel(s.shape);
-  return n;
+  return factored_offset(specs, specs.size());
+}
+
+void add_factor_sums(const ParamSpecs& specs, size_t k, int64_t first, const float* v,
+                     int64_t count, std::vector<double>& sums) {
+  POLLEN_ASSERT(k < specs.size() && first >= 0 && first + count <= shape_numel(specs[k].shape) &&
+                static_cast<int64_t>(sums.size()) == factored_size(specs));
+  double* s = sums.data() + factored_offset(specs, k);
+  if (!is_matrix(specs[k])) {
+    for (int64_t e = 0; e < count; ++e) s[first + e] += v[e];
+    return;
+  }
+  // [rows, cols]: element e is row e / cols, column e % cols
+  const int64_t rows = specs[k].shape[0], cols = specs[k].shape[1];
+  double* row = s;
+  double* col = s + rows;
+  for (int64_t e = 0; e < count; ++e) {
+    row[(first + e) / cols] += v[e];
+    col[(first + e) % cols] += v[e];
+  }
+}
+
+std::vector<float> factor_means(const ParamSpecs& specs, const std::vector<double>& sums) {
+  POLLEN_ASSERT(static_cast<int64_t>(sums.size()) == factored_size(specs));
+  std::vector<float> out;
+  out.reserve(sums.size());
+  const double* s = sums.data();
+  for (const auto& spec : specs) {
+    if (!is_matrix(spec)) {
+      for (int64_t j = 0; j < shape_numel(spec.shape); ++j) out.push_back(static_cast<float>(*s++));
+      continue;
+    }
+    const int64_t rows = spec.shape[0], cols = spec.shape[1];
+    for (int64_t i = 0; i < rows; ++i) out.push_back(static_cast<float>(*s++ / cols));
+    for (int64_t j = 0; j < cols; ++j) out.push_back(static_cast<float>(*s++ / rows));
+  }
+  return out;
 }
 
 std::vector<float> factor_second_moments(const ParamSpecs& specs,
                                          const std::vector<const Tensor*>& v) {
   POLLEN_ASSERT(v.size() == specs.size());
-  std::vector<float> out;
-  out.reserve(static_cast<size_t>(factored_size(specs)));
+  std::vector<double> sums(static_cast<size_t>(factored_size(specs)), 0.0);
   for (size_t k = 0; k < specs.size(); ++k) {
     POLLEN_ASSERT(v[k]->shape() == specs[k].shape && v[k]->dtype() == DType::f32);
-    const float* x = v[k]->data<float>();
-    if (!is_matrix(specs[k])) {
-      out.insert(out.end(), x, x + v[k]->numel());
-      continue;
-    }
-    // [rows, cols] -> rows means of each row, then cols means of each column
-    const int64_t rows = specs[k].shape[0], cols = specs[k].shape[1];
-    std::vector<double> row(static_cast<size_t>(rows), 0.0), col(static_cast<size_t>(cols), 0.0);
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t j = 0; j < cols; ++j) {
-        row[static_cast<size_t>(i)] += x[i * cols + j];
-        col[static_cast<size_t>(j)] += x[i * cols + j];
-      }
-    }
-    for (double r : row) out.push_back(static_cast<float>(r / static_cast<double>(cols)));
-    for (double c : col) out.push_back(static_cast<float>(c / static_cast<double>(rows)));
+    add_factor_sums(specs, k, 0, v[k]->data<float>(), v[k]->numel(), sums);
   }
-  return out;
+  return factor_means(specs, sums);
+}
+
+void expand_second_moments_range(const ParamSpecs& specs, const std::vector<float>& factored,
+                                 size_t k, int64_t first, int64_t count, float* out) {
+  POLLEN_ASSERT(k < specs.size() && first >= 0 && first + count <= shape_numel(specs[k].shape) &&
+                static_cast<int64_t>(factored.size()) == factored_size(specs));
+  const float* f = factored.data() + factored_offset(specs, k);
+  if (!is_matrix(specs[k])) {
+    std::copy(f + first, f + first + count, out);
+    return;
+  }
+  const int64_t rows = specs[k].shape[0], cols = specs[k].shape[1];
+  const float* row = f;
+  const float* col = f + rows;
+  double mean = 0;
+  for (int64_t i = 0; i < rows; ++i) mean += row[i];
+  mean /= static_cast<double>(rows);
+  // Clamped to float32's range: hostile or extreme means must not make v infinite.
+  const double most = std::numeric_limits<float>::max();
+  for (int64_t e = 0; e < count; ++e) {
+    const int64_t i = (first + e) / cols, j = (first + e) % cols;
+    const double value = mean > 0 ? static_cast<double>(row[i]) * col[j] / mean : 0.0;
+    out[e] = static_cast<float>(std::min(value, most));
+  }
 }
 
 void expand_second_moments(const ParamSpecs& specs, const std::vector<float>& factored,
                            const std::vector<Tensor*>& v) {
-  POLLEN_ASSERT(v.size() == specs.size() &&
-                static_cast<int64_t>(factored.size()) == factored_size(specs));
-  const float* f = factored.data();
+  POLLEN_ASSERT(v.size() == specs.size());
   for (size_t k = 0; k < specs.size(); ++k) {
     POLLEN_ASSERT(v[k]->shape() == specs[k].shape && v[k]->dtype() == DType::f32);
-    float* x = v[k]->data<float>();
-    if (!is_matrix(specs[k])) {
-      std::copy(f, f + v[k]->numel(), x);
-      f += v[k]->numel();
-      continue;
-    }
-    const int64_t rows = specs[k].shape[0], cols = specs[k].shape[1];
-    const float* row = f;
-    const float* col = f + rows;
-    double mean = 0;
-    for (int64_t i = 0; i < rows; ++i) mean += row[i];
-    mean /= static_cast<double>(rows);
-    // Clamped to float32's range: hostile or extreme means must not make v infinite.
-    const double most = std::numeric_limits<float>::max();
-    for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t j = 0; j < cols; ++j) {
-        const double value = mean > 0 ? static_cast<double>(row[i]) * col[j] / mean : 0.0;
-        x[i * cols + j] = static_cast<float>(std::min(value, most));
-      }
-    }
-    f += rows + cols;
+    expand_second_moments_range(specs, factored, k, 0, v[k]->numel(), v[k]->data<float>());
   }
 }
 

@@ -37,6 +37,19 @@ std::vector<float> factor_second_moments(const ParamSpecs& specs,
 void expand_second_moments(const ParamSpecs& specs, const std::vector<float>& factored,
                            const std::vector<Tensor*>& v);
 
+// v held in pieces (ZeRO-1 keeps each rank's blocks of it), factored without whole tensors:
+// add_factor_sums adds elements [first, first + count) of the k-th tensor's v (flattened) into
+// `sums`, laid out as the factored form but holding each matrix's row and column sums;
+// factor_means turns the sums of every piece into the factored form. Over whole tensors in
+// order this is factor_second_moments, bit for bit.
+void add_factor_sums(const ParamSpecs& specs, size_t k, int64_t first, const float* v,
+                     int64_t count, std::vector<double>& sums);
+std::vector<float> factor_means(const ParamSpecs& specs, const std::vector<double>& sums);
+// Elements [first, first + count) of the k-th tensor rebuilt from the factored form into `out`,
+// as expand_second_moments rebuilds them.
+void expand_second_moments_range(const ParamSpecs& specs, const std::vector<float>& factored,
+                                 size_t k, int64_t first, int64_t count, float* out);
+
 // The weighted mean of the clients' factored moments, summed in double in the order given.
 std::vector<float> average_second_moments(const std::vector<const std::vector<float>*>& factored,
                                           const std::vector<double>& weights);

@@ -103,7 +103,7 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
     POLLEN_CHECK(words[6] >= 0 && words[6] < static_cast<int64_t>(names.size()), "fed client '",
                  config.id, "' rank ", comm.rank(), ": rank 0 sent first-moments code ", words[6]);
     const ParamSpecs first_specs = first_moment_specs(specs, names[static_cast<size_t>(words[6])]);
-    trainer.share_first_moments(!first_specs.empty());
+    trainer.share_first_moments(first_specs);
     if (words[7] != 0) {
       Weights first;
       for (const auto& spec : first_specs) first.push_back(Tensor::empty(spec.shape, DType::f32));

@@ -553,7 +553,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
     CheckpointTensors weights{"model.safetensors", {}};
     std::vector<std::string> trained;
     if (zero) {
-      zero->gather_state(gathered.exp_avg, gathered.exp_avg_sq);
+      zero->gather_state(gathered.exp_avg, gathered.exp_avg_sq, lead);
       gathered.steps = zero->steps_taken();
       const std::vector<Tensor> whole = zero->gather_weights();
       for (size_t i = 0; i < named.size(); ++i) {

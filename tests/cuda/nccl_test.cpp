@@ -160,7 +160,7 @@ void expect_zero_steps_as_adamw(DType compute) {
     EXPECT_EQ(b[i].value().to_doubles(), a[i].value().to_doubles()) << "parameter " << i;
   }
   std::vector<Tensor> m1, m2;
-  zero.gather_state(m1, m2);
+  zero.gather_state(m1, m2, true);
   const std::vector<Tensor> weights = zero.gather_weights();  // the f32 masters in bf16
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(b[i].value().dtype(), compute);

@@ -253,9 +253,36 @@ TEST(ZeroAdamW, UpdatesBlocksAsAdamWUpdatesTheWholeParameters) {
   for (size_t i = 0; i < plain.params.size(); ++i)
     EXPECT_EQ(plain.params[i].value().to_doubles(), sharded.params[i].value().to_doubles()) << i;
   std::vector<Tensor> m1, m2;
-  zero.gather_state(m1, m2);
-  for (size_t i = 0; i < plain.params.size(); ++i)
+  zero.gather_state(m1, m2, true);
+  for (size_t i = 0; i < plain.params.size(); ++i) {
+    EXPECT_EQ(m1[i].to_doubles(), adamw.slots()[i].exp_avg.to_doubles()) << i;
     EXPECT_EQ(m2[i].to_doubles(), adamw.slots()[i].exp_avg_sq.to_doubles()) << i;
+  }
+  // A rank that does not keep them takes part in the gather but holds none of it after.
+  std::vector<Tensor> n1, n2;
+  zero.gather_state(n1, n2, false);
+  ASSERT_EQ(n1.size(), plain.params.size());
+  for (size_t i = 0; i < plain.params.size(); ++i)
+    EXPECT_FALSE(n1[i].defined() || n2[i].defined()) << i;
+  // The first moments of the wanted parameters alone.
+  std::vector<bool> wanted(plain.params.size(), false);
+  wanted[1] = wanted.back() = true;
+  const std::vector<Tensor> first = zero.gather_first_moments(wanted, true);
+  for (size_t i = 0; i < plain.params.size(); ++i) {
+    ASSERT_EQ(first[i].defined(), wanted[i]) << i;
+    if (wanted[i]) EXPECT_EQ(first[i].to_doubles(), m1[i].to_doubles()) << i;
+  }
+  // This rank's blocks are views into its state: together they cover each parameter once.
+  std::vector<int64_t> covered(plain.params.size(), 0);
+  for (const auto& block : zero.blocks()) {
+    const auto whole = m2[block.param].to_doubles();
+    const auto values = block.exp_avg_sq.to_doubles();
+    for (size_t j = 0; j < values.size(); ++j)
+      ASSERT_EQ(values[j], whole[static_cast<size_t>(block.in_param) + j]) << block.param;
+    covered[block.param] += block.exp_avg_sq.numel();
+  }
+  for (size_t i = 0; i < plain.params.size(); ++i)
+    EXPECT_EQ(covered[i], plain.params[i].value().numel()) << i;
 }
 
 TEST(ZeroAdamW, Bf16ComputeOnTheCpuIsRefusedAndF32WeightsRoundTrip) {

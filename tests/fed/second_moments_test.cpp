@@ -72,6 +72,34 @@ TEST(SecondMoments, FactoredFormIsRowAndColumnMeansAndRebuildsARankOneMatrix) {
   EXPECT_NE(w2.data<float>()[5], 9.0f);
 }
 
+TEST(SecondMoments, PiecesFactorAndRebuildAsTheWholeTensorsDo) {
+  // ZeRO-1 keeps each rank's blocks of v: runs that start and end mid-row. Two "ranks" each add
+  // their runs into their own sums; the sums added then give the whole tensors' factored form,
+  // and each run rebuilt alone is that run of the whole rebuilt tensor, bit for bit.
+  const Tensor w = filled({3, 4}, [](int64_t k) { return 0.25f * static_cast<float>(1 + k * k); });
+  const Tensor norm = filled({5}, [](int64_t k) { return 0.1f * static_cast<float>(k + 1); });
+  const std::vector<float> whole = factor_second_moments(kSpecs, {&w, &norm});
+  const size_t n = whole.size();
+  std::vector<double> rank0(n, 0.0), rank1(n, 0.0);
+  add_factor_sums(kSpecs, 0, 5, w.data<float>() + 5, 7, rank0);  // rows 1 (from column 1) and 2
+  add_factor_sums(kSpecs, 1, 0, norm.data<float>(), 2, rank0);
+  add_factor_sums(kSpecs, 0, 0, w.data<float>(), 5, rank1);  // row 0 and column 0 of row 1
+  add_factor_sums(kSpecs, 1, 2, norm.data<float>() + 2, 3, rank1);
+  std::vector<double> sum(n);
+  for (size_t k = 0; k < n; ++k) sum[k] = rank0[k] + rank1[k];
+  const std::vector<float> pieces = factor_means(kSpecs, sum);
+  for (size_t k = 0; k < n; ++k) EXPECT_FLOAT_EQ(pieces[k], whole[k]) << k;
+  EXPECT_NE(factor_means(kSpecs, rank0)[0], whole[0]);  // one rank's runs alone are not it
+
+  Tensor w2 = Tensor::zeros({3, 4}, DType::f32), norm2 = Tensor::zeros({5}, DType::f32);
+  expand_second_moments(kSpecs, whole, {&w2, &norm2});
+  std::vector<float> run(7, -1.0f);
+  expand_second_moments_range(kSpecs, whole, 0, 5, 7, run.data());
+  EXPECT_EQ(std::memcmp(run.data(), w2.data<float>() + 5, 7 * sizeof(float)), 0);
+  expand_second_moments_range(kSpecs, whole, 1, 2, 3, run.data());
+  EXPECT_EQ(std::memcmp(run.data(), norm2.data<float>() + 2, 3 * sizeof(float)), 0);
+}
+
 TEST(SecondMoments, ExtremeMeansRebuildToFiniteValues) {
   // The largest float32 row and column means over a tiny overall mean: R C / mean(R) would
   // overflow float32; the rebuilt v stays finite.
