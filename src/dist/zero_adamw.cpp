@@ -153,7 +153,7 @@ void ZeroAdamW::load_first_moments(const std::vector<Tensor>& exp_avg) {
   }
 }
 
-std::vector<ZeroAdamW::Block> ZeroAdamW::blocks() const {
+std::vector<ZeroAdamW::Block> ZeroAdamW::blocks() {
   std::vector<Block> out;
   for (size_t k = 0; k < pieces_.size(); ++k)
     out.push_back({pieces_[k].param, pieces_[k].in_param, slots_[k].exp_avg, slots_[k].exp_avg_sq});
@@ -178,14 +178,14 @@ void ZeroAdamW::compute_in_bf16() {
   }
 }
 
-std::vector<Tensor> ZeroAdamW::gather_weights() {
+std::vector<Tensor> ZeroAdamW::gather_weights(bool keep) {
   std::vector<Tensor> whole(reducer_.params().size());
   if (!computes_in_bf16()) {
     for (size_t i = 0; i < whole.size(); ++i) whole[i] = reducer_.params()[i].value();
     return whole;
   }
   for (size_t b = 0; b < reducer_.buckets().size(); ++b)
-    gather_bucket(b, masters_[b], whole, {}, true);
+    gather_bucket(b, masters_[b], whole, {}, keep);
   return whole;
 }
 

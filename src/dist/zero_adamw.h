@@ -54,7 +54,7 @@ class ZeroAdamW {
     int64_t in_param;
     Tensor exp_avg, exp_avg_sq;  // [numel] each
   };
-  std::vector<Block> blocks() const;
+  std::vector<Block> blocks();
 
   // Mixed precision, GPU only: from here on the parameters are bf16 copies, which the model
   // computes with, and this rank keeps f32 master weights for its blocks alone, beside its blocks
@@ -62,9 +62,10 @@ class ZeroAdamW {
   void compute_in_bf16();
   bool computes_in_bf16() const { return !masters_.empty(); }
   // Whole f32 weights (a collective): in mixed precision gathered from every rank's master
-  // blocks into host memory, else the parameters themselves (which the next step changes). In
-  // the reducer's parameter order.
-  std::vector<Tensor> gather_weights();
+  // blocks into host memory, which only a rank that passes `keep` holds after (the others get
+  // undefined tensors), else the parameters themselves (which the next step changes). In the
+  // reducer's parameter order.
+  std::vector<Tensor> gather_weights(bool keep);
   // Takes this rank's blocks of whole f32 weights (a checkpoint's) and sets the parameters.
   void load_weights(const std::vector<Tensor>& weights);
 

@@ -276,7 +276,10 @@ void LocalTrainer::gather_after_round() {
   }
   gathered_.steps = zero_->steps_taken();
   gathered_factored_ = share_moments_ ? sharded_factored_second_moments() : std::vector<float>{};
-  if (!lead) gathered_factored_.clear();
+  if (!lead) {  // took part; keeps nothing
+    gathered_ = {};
+    gathered_factored_.clear();
+  }
 }
 
 std::vector<float> LocalTrainer::sharded_factored_second_moments() {

@@ -42,13 +42,18 @@ void add_factor_sums(const ParamSpecs& specs, size_t k, int64_t first, const flo
     for (int64_t e = 0; e < count; ++e) s[first + e] += v[e];
     return;
   }
-  // [rows, cols]: element e is row e / cols, column e % cols
+  // [rows, cols], walked row by row from element `first` (row first / cols, column first % cols)
   const int64_t rows = specs[k].shape[0], cols = specs[k].shape[1];
   double* row = s;
   double* col = s + rows;
-  for (int64_t e = 0; e < count; ++e) {
-    row[(first + e) / cols] += v[e];
-    col[(first + e) % cols] += v[e];
+  for (int64_t e = first, end = first + count; e < end;) {
+    const int64_t i = e / cols, j0 = e % cols, n = std::min(cols - j0, end - e);
+    const float* x = v + (e - first);
+    for (int64_t j = 0; j < n; ++j) {
+      row[i] += x[j];
+      col[j0 + j] += x[j];
+    }
+    e += n;
   }
 }
 
@@ -97,10 +102,14 @@ void expand_second_moments_range(const ParamSpecs& specs, const std::vector<floa
   mean /= static_cast<double>(rows);
   // Clamped to float32's range: hostile or extreme means must not make v infinite.
   const double most = std::numeric_limits<float>::max();
-  for (int64_t e = 0; e < count; ++e) {
-    const int64_t i = (first + e) / cols, j = (first + e) % cols;
-    const double value = mean > 0 ? static_cast<double>(row[i]) * col[j] / mean : 0.0;
-    out[e] = static_cast<float>(std::min(value, most));
+  for (int64_t e = first, end = first + count; e < end;) {
+    const int64_t i = e / cols, j0 = e % cols, n = std::min(cols - j0, end - e);
+    float* o = out + (e - first);
+    for (int64_t j = 0; j < n; ++j) {
+      const double value = mean > 0 ? static_cast<double>(row[i]) * col[j0 + j] / mean : 0.0;
+      o[j] = static_cast<float>(std::min(value, most));
+    }
+    e += n;
   }
 }
 

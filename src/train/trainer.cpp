@@ -548,14 +548,14 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   const auto run_start = Clock::now();
   auto save = [&](int64_t at) {
     // ZeRO-1: every rank's blocks of the moments (and of the master weights in bf16), gathered
-    // for rank 0 to write.
+    // for rank 0 to write; the other ranks keep none of them.
     OptimizerMoments gathered;
     CheckpointTensors weights{"model.safetensors", {}};
     std::vector<std::string> trained;
     if (zero) {
       zero->gather_state(gathered.exp_avg, gathered.exp_avg_sq, lead);
       gathered.steps = zero->steps_taken();
-      const std::vector<Tensor> whole = zero->gather_weights();
+      const std::vector<Tensor> whole = zero->gather_weights(lead);
       for (size_t i = 0; i < named.size(); ++i) {
         weights.tensors.emplace_back(named[i].first, whole[i]);
         trained.push_back(named[i].first);

@@ -161,7 +161,7 @@ void expect_zero_steps_as_adamw(DType compute) {
   }
   std::vector<Tensor> m1, m2;
   zero.gather_state(m1, m2, true);
-  const std::vector<Tensor> weights = zero.gather_weights();  // the f32 masters in bf16
+  const std::vector<Tensor> weights = zero.gather_weights(true);  // the f32 masters in bf16
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(b[i].value().dtype(), compute);
     EXPECT_EQ(m1[i].to_doubles(), adamw.slots()[i].exp_avg.to_doubles()) << i;
@@ -181,7 +181,7 @@ void expect_zero_steps_as_adamw(DType compute) {
   for (const Tensor& w : weights) on_host.push_back(w.to(Device::cpu));
   zero2.load_weights(on_host);
   const auto r = resumed.parameters();
-  const std::vector<Tensor> again = zero2.gather_weights();
+  const std::vector<Tensor> again = zero2.gather_weights(true);
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(r[i].value().to_doubles(), a[i].value().to_doubles()) << i;
     EXPECT_EQ(again[i].to_doubles(), weights[i].to_doubles()) << i;

@@ -230,22 +230,26 @@ TEST(FederatedSilo, TwoRanksShareTheSecondMomentsOfOneProcess) {
   // strategy.second_moments: round 2 starts from the federation's moments (round 1's, through
   // the wire's 8-bit codes) on every rank, with and without ZeRO-1; a rank that kept its own
   // would train other weights, and rank 0's pseudo-gradient would differ from one process's.
-  // ZeRO-1 without a state folder: the ranks gather the moments for rank 0 to factor anyway.
+  // ZeRO-1 factors them from each rank's blocks and rebuilds each rank's blocks alone, without a
+  // state folder and with one (where rank 0 also gathers the whole state to write it).
   const auto sharing = [](const std::string& name, const std::string& parallel, bool state) {
     return write_federation(name, parallel, "diloco", "", "second_moments = 'factored'\n", state);
   };
+  const std::string zero_1 = "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n";
   const Federation one = sharing("moments_one", "", true), two = sharing("moments_two", "", true);
-  const Federation zero =
-      sharing("moments_zero", "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n", false);
+  const Federation zero = sharing("moments_zero", zero_1, false);
+  const Federation zero_state = sharing("moments_zero_state", zero_1, true);
   const auto ref = federate(one, 1);
   expect_same_pseudo_gradients(federate(two, 2), "2 ranks sharing second moments", ref);
   expect_same_pseudo_gradients(federate(zero, 2, true), "2 ranks, ZeRO-1, sharing moments", ref);
+  expect_same_pseudo_gradients(federate(zero_state, 2, true),
+                               "2 ranks, ZeRO-1 with a state folder, sharing moments", ref);
   // And sharing changed round 2 (against the same federation without it).
   const Federation plain = write_federation("moments_plain", "", "diloco");
   const auto own = federate(plain, 1);
   ASSERT_EQ(own.size(), ref.size());
   EXPECT_GT(max_abs(difference(own.back(), ref.back())), 1e-6);
-  for (const auto* f : {&one, &two, &zero, &plain}) fs::remove_all(f->dir);
+  for (const auto* f : {&one, &two, &zero, &zero_state, &plain}) fs::remove_all(f->dir);
 }
 
 TEST(FederatedSilo, KilledRankIsNamedAndTheClientResumesAsOneProcess) {
@@ -290,9 +294,9 @@ TEST(FederatedSilo, HungRankIsNamedWithExitCodeFourAndTheRestartedClientFinishes
 TEST(FederatedSilo, TwoRanksShareTheFirstMomentsOfOneProcess) {
   // strategy.first_moments with a second client (silo-1, one process, its own data), so that the
   // federation's first moments are not silo-0's own: round 2 starts from their average on every
-  // rank of silo-0, with and without ZeRO-1 (whose ranks each keep their blocks of them, and
-  // gather them after the round for rank 0 to send). A rank that kept its own would train other
-  // weights, and the global model would differ from that of silo-0 as one process.
+  // rank of silo-0, with and without ZeRO-1 (whose ranks each keep their blocks of them; after
+  // the round rank 0 gathers the token rows' alone, to send). A rank that kept its own would train
+  // other weights, and the global model would differ from that of silo-0 as one process.
   const auto sharing = [](const std::string& name, const std::string& parallel, bool state) {
     Federation f = write_federation(name, parallel, "diloco", "",
                                     "first_moments = 'token_rows'\nmin_clients = 2\n", state);
