@@ -213,7 +213,7 @@ class FedOpt : public Strategy {
 }  // namespace
 
 std::vector<std::string> row_weighting_names() {
-  return {"none", "input_counts", "token_counts"};
+  return {"none", "input_counts", "target_counts", "token_counts"};
 }
 
 std::vector<std::string> strategy_names() {
@@ -226,9 +226,10 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o) {
   POLLEN_CHECK(o.min_clients >= 1, "strategy.min_clients must be at least 1, got ", o.min_clients);
   validate(o.robust, o.min_clients);
   const auto rw = row_weighting_names();
-  POLLEN_CHECK(std::find(rw.begin(), rw.end(), o.row_weighting) != rw.end(),
-               "strategy.row_weighting must be none, input_counts or token_counts, got '",
-               o.row_weighting, "'");
+  POLLEN_CHECK(
+      std::find(rw.begin(), rw.end(), o.row_weighting) != rw.end(),
+      "strategy.row_weighting must be none, input_counts, target_counts or token_counts, got '",
+      o.row_weighting, "'");
   POLLEN_CHECK(!o.weights_rows() || (o.robust.aggregation == "mean" && o.robust.norm_bound == 0),
                "strategy.row_weighting = '", o.row_weighting,
                "' weights the token-weighted mean's rows; it needs strategy.aggregation = 'mean' "
@@ -349,11 +350,20 @@ void Strategy::aggregate(int64_t round, Weights& global, const std::vector<Clien
       POLLEN_CHECK(!u.input_counts.ids.empty() && !u.target_counts.ids.empty(),
                    "row weighting: the update from '", u.client_id, "' carries no token counts");
     }
-    const bool tied = token_rows_.output < 0;
-    const bool outputs = options_.row_weighting == "token_counts";
-    weight_rows(mean, token_rows_.embedding, tied && outputs ? RowCounts::both : RowCounts::inputs,
-                updates);
-    if (outputs && !tied) weight_rows(mean, token_rows_.output, RowCounts::targets, updates);
+    // The embedding's rows by input counts, the output layer's by target counts (a tied
+    // embedding is both).
+    const bool inputs = options_.row_weighting != "target_counts";
+    const bool outputs = options_.row_weighting != "input_counts";
+    if (token_rows_.output < 0) {
+      weight_rows(mean, token_rows_.embedding,
+                  inputs && outputs ? RowCounts::both
+                  : inputs          ? RowCounts::inputs
+                                    : RowCounts::targets,
+                  updates);
+    } else {
+      if (inputs) weight_rows(mean, token_rows_.embedding, RowCounts::inputs, updates);
+      if (outputs) weight_rows(mean, token_rows_.output, RowCounts::targets, updates);
+    }
   }
   aggregate_mean(round, global, mean);
 }

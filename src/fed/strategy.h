@@ -94,8 +94,9 @@ struct StrategyOptions {
   double fraction_fit = 1.0;
   int64_t min_clients = 1;
   RobustOptions robust;  // aggregation, norm_bound, trim_fraction, byzantine, multi_krum
-  // none; input_counts: embedding rows by the clients' input counts; token_counts: also the
-  // untied output layer's rows by target counts (a tied embedding: by inputs plus targets).
+  // none; input_counts: embedding rows by the clients' input counts; target_counts: the output
+  // layer's rows by their target counts (a tied embedding: by targets); token_counts: both (a
+  // tied embedding: by inputs plus targets).
   std::string row_weighting = "none";
   bool weights_rows() const { return row_weighting != "none"; }
   // none; factored: the clients share their inner AdamW's second moments (fed/second_moments.h)

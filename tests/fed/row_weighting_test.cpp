@@ -64,7 +64,7 @@ TEST(RowWeighting, DisjointTokensGiveEachRowItsOwnClientsDelta) {
   // a saw tokens 0 and 1 as inputs, b token 2; nobody token 3. Targets: a 1, b 2 and 3.
   const auto a = update("a", 6, 100, {{0, 1}, {2, 4}}, {{1}, {6}});
   const auto b = update("b", 2, 200, {{2}, {2}}, {{2, 3}, {1, 1}});
-  for (const std::string mode : {"input_counts", "token_counts"}) {
+  for (const std::string mode : {"input_counts", "target_counts", "token_counts"}) {
     Weights x = zero_model();
     fedavg(mode, {0, 1})->aggregate(1, x, {b, a});  // arrival order must not matter
     const Weights plain_x = [&] {
@@ -73,11 +73,15 @@ TEST(RowWeighting, DisjointTokensGiveEachRowItsOwnClientsDelta) {
       return y;
     }();
     for (int64_t c = 0; c < 2; ++c) {
-      EXPECT_EQ(at(x, 0, 0, c), -at(a.delta, 0, 0, c)) << mode;
-      EXPECT_EQ(at(x, 0, 1, c), -at(a.delta, 0, 1, c)) << mode;
-      EXPECT_EQ(at(x, 0, 2, c), -at(b.delta, 0, 2, c)) << mode;
-      EXPECT_EQ(at(x, 0, 3, c), at(plain_x, 0, 3, c)) << mode;  // nobody saw it: token-weighted
-      if (mode == "token_counts") {
+      if (mode == "target_counts") {
+        for (int64_t r = 0; r < 4; ++r) EXPECT_EQ(at(x, 0, r, c), at(plain_x, 0, r, c)) << mode;
+      } else {
+        EXPECT_EQ(at(x, 0, 0, c), -at(a.delta, 0, 0, c)) << mode;
+        EXPECT_EQ(at(x, 0, 1, c), -at(a.delta, 0, 1, c)) << mode;
+        EXPECT_EQ(at(x, 0, 2, c), -at(b.delta, 0, 2, c)) << mode;
+        EXPECT_EQ(at(x, 0, 3, c), at(plain_x, 0, 3, c)) << mode;  // nobody saw it: token-weighted
+      }
+      if (mode != "input_counts") {
         EXPECT_EQ(at(x, 1, 0, c), at(plain_x, 1, 0, c));  // no target 0 anywhere
         EXPECT_EQ(at(x, 1, 1, c), -at(a.delta, 1, 1, c));
         EXPECT_EQ(at(x, 1, 2, c), -at(b.delta, 1, 2, c));
@@ -89,8 +93,10 @@ TEST(RowWeighting, DisjointTokensGiveEachRowItsOwnClientsDelta) {
     // Everything else is the token-weighted mean: (6 * 120 + 2 * 220) / 8 = 145 at entry 0.
     EXPECT_FLOAT_EQ(at(x, 2, 0, 0), -145.0f);
     EXPECT_EQ(at(x, 2, 2, 0), at(plain_x, 2, 2, 0));
-    // The plain mean would have given row 2 of the embedding a mix: that is what changed.
-    EXPECT_NE(at(x, 0, 2, 0), at(plain_x, 0, 2, 0));
+    // The plain mean would have given row 2 of the embedding (and of the output layer) a mix:
+    // that is what changed.
+    EXPECT_NE(at(x, mode == "target_counts" ? 1 : 0, 2, 0),
+              at(plain_x, mode == "target_counts" ? 1 : 0, 2, 0));
   }
 }
 
@@ -109,7 +115,7 @@ TEST(RowWeighting, SharedTokensTakeTheCountWeightedMean) {
   }
 }
 
-TEST(RowWeighting, ATiedEmbeddingWeighsByInputsAndTargetsTogether) {
+TEST(RowWeighting, ATiedEmbeddingWeighsByInputsAndTargetsTogetherOrByEitherAlone) {
   const auto a = update("a", 2, 100, {{0}, {2}}, {{0, 1}, {1, 1}});
   const auto b = update("b", 2, 200, {{1}, {2}}, {{0}, {2}});
   Weights x = zero_model();
@@ -117,6 +123,12 @@ TEST(RowWeighting, ATiedEmbeddingWeighsByInputsAndTargetsTogether) {
   // Row 0: a counted 2 + 1, b 0 + 2; row 1: a 0 + 1, b 2 + 0.
   EXPECT_FLOAT_EQ(at(x, 0, 0, 0), -(3.0f * 100 + 2.0f * 200) / 5);
   EXPECT_FLOAT_EQ(at(x, 0, 1, 0), -(1.0f * 101 + 2.0f * 201) / 3);
+  // By one kind of count alone: inputs (row 0: a 2, b 0) or targets (row 0: a 1, b 2).
+  Weights by_inputs = zero_model(), by_targets = zero_model();
+  fedavg("input_counts", {0, -1})->aggregate(1, by_inputs, {a, b});
+  fedavg("target_counts", {0, -1})->aggregate(1, by_targets, {a, b});
+  EXPECT_FLOAT_EQ(at(by_inputs, 0, 0, 0), -100.0f);
+  EXPECT_FLOAT_EQ(at(by_targets, 0, 0, 0), -(1.0f * 100 + 2.0f * 200) / 3);
 }
 
 TEST(RowWeighting, UpdatesWithoutCountsAndBadOptionsAreRefused) {
