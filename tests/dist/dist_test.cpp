@@ -119,10 +119,28 @@ const std::vector<double>& reference_losses() {
   return losses;
 }
 
-// One rank that records when reductions start: the tape's steps left at each start.
-class RecordingComm final : public dist::Communicator {
+// A communicator whose collectives do nothing: the fakes below override what they test.
+class FakeComm : public dist::Communicator {
  public:
-  RecordingComm() : Communicator(dist::Topology{}) {}
+  explicit FakeComm(dist::Topology t) : Communicator(std::move(t)) {}
+  dist::Request start_all_reduce(float*, int64_t, std::string) override { return 0; }
+  dist::Request start_reduce_scatter(const float*, float*, int64_t, std::string) override {
+    return 0;
+  }
+  dist::Request start_all_gather(const float*, float*, int64_t, std::string) override { return 0; }
+  dist::Request start_broadcast(float*, int64_t, int, std::string) override { return 0; }
+  void progress() override {}
+  double wait(dist::Request) override { return 0; }
+  void all_reduce_sum(std::span<double>, std::string) override {}
+  void broadcast(std::span<int64_t>, int, std::string) override {}
+  void wait_for_broadcast(std::span<int64_t>, int, std::string) override {}
+  [[noreturn]] void abort_job(int) override { std::abort(); }
+};
+
+// One rank that records when reductions start: the tape's steps left at each start.
+class RecordingComm final : public FakeComm {
+ public:
+  RecordingComm() : FakeComm(dist::Topology{}) {}
   const ag::Tape* tape = nullptr;
   std::vector<size_t> tape_left_at_start;
   dist::Request start_all_reduce(float*, int64_t, std::string) override { return record(); }
@@ -134,13 +152,6 @@ class RecordingComm final : public dist::Communicator {
     std::copy(in, in + n, out);
     return 0;
   }
-  dist::Request start_broadcast(float*, int64_t, int, std::string) override { return 0; }
-  void progress() override {}
-  double wait(dist::Request) override { return 0; }
-  void all_reduce_sum(std::span<double>, std::string) override {}
-  void broadcast(std::span<int64_t>, int, std::string) override {}
-  void wait_for_broadcast(std::span<int64_t>, int, std::string) override {}
-  [[noreturn]] void abort_job(int) override { std::abort(); }
 
  private:
   dist::Request record() {
@@ -150,27 +161,16 @@ class RecordingComm final : public dist::Communicator {
 };
 
 // Rank 1 of 2, alone: an all-gather puts this rank's block after rank 0's, which reads -1.
-class SecondOfTwoComm final : public dist::Communicator {
+class SecondOfTwoComm final : public FakeComm {
  public:
-  SecondOfTwoComm() : Communicator(dist::Topology{1, 2, 1, 2, "none"}) {}
+  SecondOfTwoComm() : FakeComm(dist::Topology{1, 2, 1, 2, "none"}) {}
   int all_gathers = 0;
-  dist::Request start_all_reduce(float*, int64_t, std::string) override { return 0; }
-  dist::Request start_reduce_scatter(const float*, float*, int64_t, std::string) override {
-    return 0;
-  }
   dist::Request start_all_gather(const float* in, float* out, int64_t n, std::string) override {
     std::fill(out, out + n, -1.0f);
     std::copy(in, in + n, out + n);
     ++all_gathers;
     return 0;
   }
-  dist::Request start_broadcast(float*, int64_t, int, std::string) override { return 0; }
-  void progress() override {}
-  double wait(dist::Request) override { return 0; }
-  void all_reduce_sum(std::span<double>, std::string) override {}
-  void broadcast(std::span<int64_t>, int, std::string) override {}
-  void wait_for_broadcast(std::span<int64_t>, int, std::string) override {}
-  [[noreturn]] void abort_job(int) override { std::abort(); }
 };
 
 struct TinyModel {
