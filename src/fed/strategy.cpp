@@ -118,10 +118,10 @@ class Momentum : public Strategy {
   }
 
  protected:
-  void apply(int64_t, Weights& x, const Weights& d) override {
+  void apply(int64_t round, Weights& x, const Weights& d) override {
     if (m_.empty()) m_ = zeros_like(x);
     check_same_layout(x, m_, "strategy momentum state");
-    const double lr = lr_, mu = mu_;
+    const double lr = lr_, mu = momentum(round);
     const bool nesterov = nesterov_;
     for_each_element(x, &m_, nullptr, d, [=](float& xi, float& mi, float&, float di) {
       const double m = mu * mi + di;
@@ -129,6 +129,12 @@ class Momentum : public Strategy {
       const double step = nesterov ? di + mu * m : m;
       xi = static_cast<float>(static_cast<double>(xi) - lr * step);
     });
+  }
+  // Round r's momentum: mu (r - 1) / w for the w warm-up rounds, then mu.
+  double momentum(int64_t round) const {
+    const int64_t w = options_.momentum_warmup_rounds;
+    if (round > w) return mu_;
+    return mu_ * static_cast<double>(round - 1) / static_cast<double>(w);
   }
   bool nesterov_;
   double lr_, mu_;
@@ -241,6 +247,13 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o) {
   POLLEN_CHECK(std::find(fm.begin(), fm.end(), o.first_moments) != fm.end(),
                "strategy.first_moments must be none, output or token_rows, got '", o.first_moments,
                "'");
+  POLLEN_CHECK(o.momentum_warmup_rounds >= 0,
+               "strategy.momentum_warmup_rounds must be at least 0, got ",
+               o.momentum_warmup_rounds);
+  POLLEN_CHECK(o.momentum_warmup_rounds == 0 || o.name == "fedavgm" || o.name == "diloco",
+               "strategy.momentum_warmup_rounds ramps the momentum of fedavgm and diloco; "
+               "strategy '",
+               o.name, "' has none");
   if (o.name == "fedavg") return std::make_unique<FedAvg>(o);
   if (o.name == "fedavgm") return std::make_unique<Momentum>(o, false);
   if (o.name == "diloco") return std::make_unique<Momentum>(o, true);
@@ -257,6 +270,7 @@ StrategyOptions read_strategy_options(ConfigTable& t) {
   o.name = t.get_string("name", o.name);
   o.lr = t.get_double("lr", o.lr);
   o.momentum = t.get_double("momentum", o.momentum);
+  o.momentum_warmup_rounds = t.get_int("momentum_warmup_rounds", o.momentum_warmup_rounds);
   o.beta1 = t.get_double("beta1", o.beta1);
   o.beta2 = t.get_double("beta2", o.beta2);
   o.tau = t.get_double("tau", o.tau);

@@ -84,9 +84,12 @@ struct ClientEval {
 };
 
 struct StrategyOptions {
-  std::string name = "fedavg";    // fedavg fedavgm fedadam fedyogi fedadagrad diloco
-  double lr = -1;                 // server learning rate (eta); -1: the strategy's default
-  double momentum = -1;           // fedavgm, diloco; -1: default
+  std::string name = "fedavg";  // fedavg fedavgm fedadam fedyogi fedadagrad diloco
+  double lr = -1;               // server learning rate (eta); -1: the strategy's default
+  double momentum = -1;         // fedavgm, diloco; -1: default
+  // fedavgm, diloco: the momentum grows linearly from 0 in round 1 to `momentum` in round
+  // momentum_warmup_rounds + 1 (0: `momentum` from round 1)
+  int64_t momentum_warmup_rounds = 0;
   double beta1 = -1, beta2 = -1;  // fedadam, fedyogi 0.9, 0.99; fedadagrad beta1 0
   double tau = -1;                // fedadam 1e-9, fedyogi 1e-3, fedadagrad 1e-9
   // Client selection per round: a fraction of the available clients (at least min_clients),

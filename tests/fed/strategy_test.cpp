@@ -77,6 +77,47 @@ TEST(Strategy, DiLoCoNesterovByHand) {
   EXPECT_FLOAT_EQ(values(x[0])[0], 6.745f);
 }
 
+TEST(Strategy, MomentumWarmsUpOverTheFirstRounds) {
+  // diloco, lr 1, mu 0.8, 2 warm-up rounds, Delta 1 every round: mu is 0, 0.4, then 0.8.
+  // Round 1: m = 1, step = 1, x = 9. Round 2: m = 0.4 + 1 = 1.4, step = 1 + 0.56, x = 7.44.
+  // Round 3: m = 1.12 + 1 = 2.12, step = 1 + 1.696, x = 4.744.
+  // Round 4: m = 1.696 + 1 = 2.696, step = 1 + 2.1568, x = 1.5872.
+  StrategyOptions o;
+  o.name = "diloco";
+  o.lr = 1.0;
+  o.momentum = 0.8;
+  o.momentum_warmup_rounds = 2;
+  auto s = make_strategy(o);
+  Weights x{vec({10})};
+  const std::vector<float> expected{9, 7.44f, 4.744f, 1.5872f};
+  for (int r = 1; r <= 3; ++r) {
+    s->aggregate(r, x, {update("a", 1, {1})});
+    EXPECT_FLOAT_EQ(values(x[0])[0], expected[r - 1]) << "round " << r;
+  }
+  // A restarted server resumes the ramp from the round number and the checkpointed momentum.
+  auto resumed = make_strategy(o);
+  resumed->load_state(s->state());
+  resumed->aggregate(4, x, {update("a", 1, {1})});
+  EXPECT_FLOAT_EQ(values(x[0])[0], expected[3]);
+
+  // fedavgm, lr 1, mu 0.5, 2 warm-up rounds: m1 = 1, x = 9; mu 0.25: m2 = 1.25, x = 7.75
+  // (7.5 without the warm-up).
+  o.name = "fedavgm";
+  o.momentum = 0.5;
+  auto h = make_strategy(o);
+  Weights y{vec({10})};
+  h->aggregate(1, y, {update("a", 1, {1})});
+  h->aggregate(2, y, {update("a", 1, {1})});
+  EXPECT_FLOAT_EQ(values(y[0])[0], 7.75f);
+
+  // Without momentum there is nothing to warm up; a negative count is refused too.
+  o.name = "fedadam";
+  EXPECT_THROW(make_strategy(o), Error);
+  o.name = "diloco";
+  o.momentum_warmup_rounds = -1;
+  EXPECT_THROW(make_strategy(o), Error);
+}
+
 TEST(Strategy, FedAvgMByHand) {
   // lr 1, mu 0.5: m1 = 1, x = 9; m2 = 0.5 + 1 = 1.5, x = 7.5.
   Weights x{vec({10})};
