@@ -33,11 +33,13 @@
 # per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR, MIN_LR,
 # WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), DRIFT (their
 # train.drift_correction), OUTER (strategy.name: diloco, fedadam, fedyogi, ...), OUTER_LR,
-# OUTER_MOMENTUM, OUTER_BETA1, OUTER_BETA2, OUTER_TAU (-1: the strategy's default),
+# OUTER_MOMENTUM, MOMENTUM_WARMUP (strategy.momentum_warmup_rounds), OUTER_BETA1, OUTER_BETA2,
+# OUTER_TAU (-1: the strategy's default),
 # ROW_WEIGHTING (strategy.row_weighting), SECOND_MOMENTS (strategy.second_moments: none or
 # factored), FIRST_MOMENTS (strategy.first_moments: none, output or token_rows), WARMUP_STEPS, WARMUP_LR, WARMUP_SILO (pub or man),
 # RUNS (which of diloco, diloco-CODEC, baseline), BLOCK, TOPK, SCALE, SERVER_CODEC, MODEL (the model file, default model.toml),
-# POLLEN (the binary), THREADS (0: every core), OUT. The defaults are the best configuration
+# POLLEN (the binary), THREADS (0: every core), SEED (the server's and the baseline's seed; the
+# clients draw theirs from the server's), OUT. The defaults are the best configuration
 # measured (bench/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -53,6 +55,7 @@ WARMUP=${WARMUP:-20}
 OUTER=${OUTER:-diloco}
 OUTER_LR=${OUTER_LR:-1.0}
 OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.5}
+MOMENTUM_WARMUP=${MOMENTUM_WARMUP:-0}
 OUTER_BETA1=${OUTER_BETA1:--1}
 OUTER_BETA2=${OUTER_BETA2:--1}
 OUTER_TAU=${OUTER_TAU:--1}
@@ -69,6 +72,7 @@ BLOCK=${BLOCK:-64}
 TOPK=${TOPK:-4}
 SCALE=${SCALE:-bf16}
 THREADS=${THREADS:-0}
+SEED=${SEED:-0}
 OUT=$(realpath -m "${OUT:-out/bench/fed_vs_central}")
 POLLEN=$(realpath "${POLLEN:-build/pollen}")
 HERE=bench/fed_vs_central
@@ -208,7 +212,7 @@ manifests = [${manifests%, }]
 threads = $THREADS
 [server]
 dir = "$OUT/runs/$name"
-seed = 0
+seed = $SEED
 rounds = $ROUNDS
 local_steps = $H
 eval_every = 1
@@ -221,6 +225,7 @@ fingerprint = "$FINGERPRINT"
 name = "$OUTER"
 lr = $OUTER_LR
 momentum = $OUTER_MOMENTUM
+momentum_warmup_rounds = $MOMENTUM_WARMUP
 beta1 = $OUTER_BETA1
 beta2 = $OUTER_BETA2
 tau = $OUTER_TAU
@@ -259,7 +264,7 @@ baseline() {  # name n
 [run]
 name = "$name"
 dir = "$OUT/runs/$name"
-seed = 0
+seed = $SEED
 threads = $THREADS
 [model]
 file = "$MODEL"
@@ -378,9 +383,10 @@ step "4/4 results"
 {
   echo "H=$H rounds=$ROUNDS steps=$STEPS local batch=${MICRO_BATCH}x$SEQ inner lr=$INNER_LR" \
     "(cosine to $MIN_LR, warmup $WARMUP) outer: $OUTER lr=$OUTER_LR momentum=$OUTER_MOMENTUM" \
+    "momentum_warmup_rounds=$MOMENTUM_WARMUP" \
     "beta1=$OUTER_BETA1 beta2=$OUTER_BETA2 tau=$OUTER_TAU row_weighting=$ROW_WEIGHTING second_moments=$SECOND_MOMENTS" \
     "first_moments=$FIRST_MOMENTS" \
-    "block=$BLOCK scale=$SCALE" \
+    "block=$BLOCK scale=$SCALE seed=$SEED" \
     "start: $([ -n "$INIT" ] && echo "warm-up of $WARMUP_STEPS steps on pub (lr $WARMUP_LR)" ||
       echo "random weights")"
   echo
