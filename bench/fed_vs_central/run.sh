@@ -12,10 +12,11 @@
 #      silo alone for WARMUP_STEPS steps (0: none, every run starts from random weights). With
 #      WARMUP_SILO=man the public silo is instead the translated manual pages of the silos'
 #      languages (Debian's manpages-de, -es, -it, -ru, -pl, -cs, -pt-br, rendered with groff).
-#   3. For N in CLIENTS (default "4 8"; the first N silos), each from the warm-up's checkpoint
-#      (model.init_from):
-#        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM, H local
-#                       AdamW steps per round, ROUNDS rounds, fp32 both ways (OUTER picks
+#   3. For N in CLIENTS (default "4 8"; the first N silos), each run of RUNS (default
+#      "diloco-nf2 baseline") from the warm-up's checkpoint (model.init_from):
+#        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM (ramped
+#                       up over MOMENTUM_WARMUP rounds), H local AdamW steps per round, ROUNDS
+#                       rounds, fp32 both ways (OUTER picks
 #                       another outer optimizer, ROW_WEIGHTING the strategy's row weighting,
 #                       SECOND_MOMENTS whether the clients share their AdamW second moments,
 #                       FIRST_MOMENTS which of their first moments they share)
@@ -45,8 +46,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 CLIENTS=${CLIENTS-"4 8"}
-H=${H:-25}
-ROUNDS=${ROUNDS:-40}
+H=${H:-11}
+ROUNDS=${ROUNDS:-91}
 SEQ=${SEQ:-64}
 MICRO_BATCH=${MICRO_BATCH:-4}
 INNER_LR=${INNER_LR:-3e-3}
@@ -54,20 +55,20 @@ MIN_LR=${MIN_LR:-3e-4}
 WARMUP=${WARMUP:-20}
 OUTER=${OUTER:-diloco}
 OUTER_LR=${OUTER_LR:-1.0}
-OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.5}
-MOMENTUM_WARMUP=${MOMENTUM_WARMUP:-0}
+OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.7}
+MOMENTUM_WARMUP=${MOMENTUM_WARMUP:-10}
 OUTER_BETA1=${OUTER_BETA1:--1}
 OUTER_BETA2=${OUTER_BETA2:--1}
 OUTER_TAU=${OUTER_TAU:--1}
-ROW_WEIGHTING=${ROW_WEIGHTING:-token_counts}
+ROW_WEIGHTING=${ROW_WEIGHTING:-target_counts}
 SECOND_MOMENTS=${SECOND_MOMENTS:-factored}
-FIRST_MOMENTS=${FIRST_MOMENTS:-none}
+FIRST_MOMENTS=${FIRST_MOMENTS:-output}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
 DRIFT=${DRIFT:-0.75}
 WARMUP_STEPS=${WARMUP_STEPS:-2000}
 WARMUP_LR=${WARMUP_LR:-3e-3}
 WARMUP_SILO=${WARMUP_SILO:-pub}
-RUNS=${RUNS:-"diloco diloco-int4 diloco-nf2 baseline"}
+RUNS=${RUNS:-"diloco-nf2 baseline"}
 BLOCK=${BLOCK:-64}
 TOPK=${TOPK:-4}
 SCALE=${SCALE:-bf16}
