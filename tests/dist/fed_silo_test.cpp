@@ -144,11 +144,19 @@ double max_abs(const std::vector<double>& v) {
   return m;
 }
 
+// a, one flat vector over every tensor.
+std::vector<double> flat(const Weights& a) {
+  std::vector<double> v;
+  for (const Tensor& t : a) v.insert(v.end(), t.data<float>(), t.data<float>() + t.numel());
+  return v;
+}
+
 // Round r's pseudo-gradient is the drop of the global model from round r - 1 to r; round 2's
 // (after a round of inner AdamW state carried across) and the model after round 1 (whose drop
 // from the common initial model is round 1's) must match the reference: every element of the
 // pseudo-gradient within 1e-5 of the largest (float reduction order differs with the ranks;
-// measured: 1.3e-6).
+// measured: 1.3e-6), plus one float32 rounding, 2^-23 of its magnitude, of each model value it
+// is taken from (the RMSNorm weights stay near 1, where one rounding is 1.2e-7; seen on AMD Zen 4).
 void expect_same_pseudo_gradients(const std::vector<Weights>& models, const std::string& what,
                                   const std::vector<Weights>& ref = reference()) {
   ASSERT_GE(ref.size(), 2u);
@@ -156,14 +164,19 @@ void expect_same_pseudo_gradients(const std::vector<Weights>& models, const std:
   const auto n = ref.size();
   const auto ref_delta = difference(ref[n - 2], ref[n - 1]);
   const auto delta = difference(models[n - 2], models[n - 1]);
+  const auto before = flat(ref[n - 2]), after = flat(ref[n - 1]), got = flat(models[n - 2]);
   const double scale = max_abs(ref_delta);
   ASSERT_GT(scale, 1e-4) << "the round trained nothing";
-  double worst = 0;
-  for (size_t i = 0; i < delta.size(); ++i)
-    worst = std::max(worst, std::abs(delta[i] - ref_delta[i]));
-  EXPECT_LE(worst, 1e-5 * scale) << what << ": round 2's pseudo-gradient";
-  EXPECT_LE(max_abs(difference(models[n - 2], ref[n - 2])), 1e-5 * scale)
-      << what << ": the global model after round 1";
+  const double rounding = std::ldexp(1.0, -23);
+  double worst_delta = 0, worst_model = 0;  // as a multiple of each element's tolerance
+  for (size_t i = 0; i < delta.size(); ++i) {
+    const double ends = rounding * (std::abs(before[i]) + std::abs(after[i]));
+    worst_delta = std::max(worst_delta, std::abs(delta[i] - ref_delta[i]) / (1e-5 * scale + ends));
+    worst_model = std::max(worst_model, std::abs(got[i] - before[i]) /
+                                            (1e-5 * scale + rounding * std::abs(before[i])));
+  }
+  EXPECT_LE(worst_delta, 1.0) << what << ": round 2's pseudo-gradient";
+  EXPECT_LE(worst_model, 1.0) << what << ": the global model after round 1";
 }
 
 // A second client of the federation, silo-1: one process, data of its own, the same [train].
