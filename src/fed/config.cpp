@@ -238,6 +238,19 @@ ServerConfig read_server_config(ConfigTable& root) {
                root.where("strategy.first_moments"), ": '", fm,
                "' sends the moments with the round's codecs, and topk or sign without error "
                "feedback would lose most of them; use none, bf16, int8, int4 or nf2");
+  // nf2 has no zero level, and a moment has no error feedback: a block that spans two token rows
+  // hands a rarely written row a busy row's noise, every round. bench/fed_vs_central diverged so
+  // (blocks of 256 over rows of 64, bench/README.md "int8 at 400x"); blocks within a row do not.
+  const int64_t row = c.model.hidden_size, block = c.compression.block;
+  POLLEN_CHECK(!c.strategy.shares_first_moments() ||
+                   (c.compression.codec != Codec::nf2 && c.server_codec != Codec::nf2) ||
+                   row % block == 0,
+               root.where("compression.block"), ": ", block,
+               " values per scale span more than one token row (model.hidden_size ", row,
+               ") of the first moments that strategy.first_moments = '", fm,
+               "' sends with nf2, which has no zero level: a rarely written row would take a "
+               "busy row's noise and training diverges; use a block that divides ",
+               row, ", or int8 or int4");
   c.tls = read_tls(root, true);
   return c;
 }

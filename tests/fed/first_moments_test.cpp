@@ -388,7 +388,9 @@ TEST(FirstMoments, MissingOrBadMomentsAndUnprotectedCombinationsAreRefused) {
   EXPECT_EQ(load_server_config(dir / "ok.toml").strategy.first_moments, "token_rows");
   for (const std::string& other :
        {"[secure_aggregation]\nenabled = true\n", "[privacy]\nnoise_multiplier = 1.0\nclip = 1.0\n",
-        "[compression]\ncodec = 'topk'\ntopk = 4\n", "[compression]\nserver_codec = 'sign'\n"}) {
+        "[compression]\ncodec = 'topk'\ntopk = 4\n", "[compression]\nserver_codec = 'sign'\n",
+        "[compression]\ncodec = 'nf2'\nblock = 64\n",
+        "[compression]\nserver_codec = 'nf2'\nblock = 24\n"}) {
     write_file_atomic(dir / "other.toml", base + other);
     try {
       load_server_config(dir / "other.toml");
@@ -396,6 +398,13 @@ TEST(FirstMoments, MissingOrBadMomentsAndUnprotectedCombinationsAreRefused) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("first_moments"), std::string::npos) << e.what();
     }
+  }
+  // nf2 in blocks within a token row (hidden_size 32) passes; int8 in any block does.
+  for (const std::string& fine : {"[compression]\ncodec = 'nf2'\nblock = 32\n",
+                                  "[compression]\nserver_codec = 'nf2'\nblock = 16\n",
+                                  "[compression]\ncodec = 'int8'\nblock = 256\n"}) {
+    write_file_atomic(dir / "fine.toml", base + fine);
+    EXPECT_NO_THROW(load_server_config(dir / "fine.toml")) << fine;
   }
   write_file_atomic(dir / "median.toml",
                     "[server]\ndir = 'x'\n" + kTinyModelToml +
