@@ -16,6 +16,7 @@
 #include "io/model_source.h"
 #include "io/peft.h"
 #include "model/llama.h"
+#include "train/config.h"
 
 namespace pollen::fed {
 
@@ -253,6 +254,16 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
     state["lora_config"] = lora_json_;
   }
   w.add_text("state.json", state.dump(1));
+  if (!adapter_) {
+    // The architecture as [model]: the folder is then a pollen checkpoint that generate, eval,
+    // serve and export take as --model (the tokenizer given beside it).
+    std::vector<std::pair<std::string, std::string>> flat;
+    train::flat_model(config_.model, flat);
+    w.add_text("config.toml",
+               train::flat_to_toml(flat, cat("# The global model after round ", done_,
+                                             " of a pollen fed server (tokenizer fingerprint ",
+                                             config_.tokenizer_fingerprint, ").\n")));
+  }
   w.commit();
   if (adapter_) {
     // The global adapters as `pollen chat --adapter` and PEFT take them.

@@ -19,6 +19,7 @@
 #include "fed/grpc.h"
 #include "fed/run.h"
 #include "io/checkpoint.h"
+#include "io/model_source.h"
 #include "io/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -169,6 +170,25 @@ TEST(Simulation, LossFallsAndMetricsAndLineageAreWritten) {
   const auto state = nlohmann::json::parse(read_file(ckpts.back() / "state.json"));
   EXPECT_EQ(state["round"], 4);
   EXPECT_EQ(state["lineage"].size(), 4u);
+  // The checkpoint is a model folder (config.toml's [model]): generate, eval, serve and export
+  // take it as --model, and it holds the global model of the last round.
+  const io::ModelSource source = io::resolve_model(ckpts.back().string());
+  EXPECT_EQ(source.kind, io::ModelSource::Kind::checkpoint);
+  EXPECT_EQ(source.config.hidden_size, cfg.server.model.hidden_size);
+  EXPECT_EQ(source.config.num_hidden_layers, cfg.server.model.num_hidden_layers);
+  EXPECT_EQ(source.config.vocab_size, cfg.server.model.vocab_size);
+  EXPECT_EQ(source.config.tie_word_embeddings, cfg.server.model.tie_word_embeddings);
+  const model::Llama loaded = io::load_model(source);
+  const auto saved = io::read_safetensors(ckpts.back() / "model.safetensors");
+  for (const auto& [name, var] : loaded.named_parameters()) {
+    const Tensor* t = saved.find(name);
+    ASSERT_NE(t, nullptr) << name;
+    const Tensor expected = t->to(DType::f32);
+    const Tensor got = var.value().to(DType::f32);
+    ASSERT_EQ(got.numel(), expected.numel()) << name;
+    for (int64_t i = 0; i < got.numel(); ++i)
+      ASSERT_EQ(got.data<float>()[i], expected.data<float>()[i]) << name << " at " << i;
+  }
 }
 
 TEST(Simulation, ClientsThatTrainedFirstStayInLaterRounds) {
