@@ -351,7 +351,7 @@ WARMUP_NAME=warmup-$WARMUP_STEPS-$WARMUP_LR
 # Another model warms up on its own (its name in the run folder).
 [ "$MODEL" = "$(realpath $HERE/model.toml)" ] || WARMUP_NAME+=-$(basename "$MODEL" .toml)
 if [ "$WARMUP_STEPS" -gt 0 ]; then
-  step "2b/4 the shared warm-up: $WARMUP_STEPS steps on the public silo (lr $WARMUP_LR)"
+  step "2b/4 the shared warm-up: $WARMUP_STEPS steps on the public silo $WARMUP_SILO (lr $WARMUP_LR)"
   if ! ls -d "$OUT/runs/$WARMUP_NAME/checkpoints/step-"* >/dev/null 2>&1; then
     warmup "$WARMUP_NAME"
   fi
@@ -388,7 +388,7 @@ step "4/4 results"
     "beta1=$OUTER_BETA1 beta2=$OUTER_BETA2 tau=$OUTER_TAU row_weighting=$ROW_WEIGHTING second_moments=$SECOND_MOMENTS" \
     "first_moments=$FIRST_MOMENTS" \
     "block=$BLOCK scale=$SCALE seed=$SEED" \
-    "start: $([ -n "$INIT" ] && echo "warm-up of $WARMUP_STEPS steps on pub (lr $WARMUP_LR)" ||
+    "start: $([ -n "$INIT" ] && echo "warm-up of $WARMUP_STEPS steps on $WARMUP_SILO (lr $WARMUP_LR)" ||
       echo "random weights")"
   echo
   echo "| run | clients | global batch (tokens) | steps | $(printf '%s | ' "${LANGS[@]}")mean | vs baseline | MB moved | less than baseline | seconds |"
