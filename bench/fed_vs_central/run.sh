@@ -8,10 +8,11 @@
 #      A public silo besides them (pub): the English categories of Debian's `fortunes` that the
 #      en silo does not hold, with the Bulgarian and Esperanto fortunes; no silo's data is in it.
 #   2. One shared tokenizer trained federatedly: each silo sends only its pre-token counts.
-#   2b. The shared warm-up (DiLoCo starts from a pre-trained model): `pollen train` on the public
-#      silo alone for WARMUP_STEPS steps (0: none, every run starts from random weights). With
-#      WARMUP_SILO=man the public silo is instead the translated manual pages of the silos'
-#      languages (Debian's manpages-de, -es, -it, -ru, -pl, -cs, -pt-br, rendered with groff).
+#   2b. The shared warm-up (DiLoCo starts from a pre-trained model): `pollen train` for
+#      WARMUP_STEPS steps (0: none, every run starts from random weights) on public data that is
+#      no silo's: with WARMUP_SILO=man (the default) the translated manual pages of the silos'
+#      languages (Debian's manpages-de, -es, -it, -ru, -pl, -cs, -pt-br, rendered with groff),
+#      with WARMUP_SILO=pub the public silo above.
 #   3. For N in CLIENTS (default "4 8"; the first N silos), each run of RUNS (default
 #      "diloco-nf2 baseline") from the warm-up's checkpoint (model.init_from):
 #        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM (ramped
@@ -65,9 +66,9 @@ SECOND_MOMENTS=${SECOND_MOMENTS:-factored}
 FIRST_MOMENTS=${FIRST_MOMENTS:-output}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
 DRIFT=${DRIFT:-0.75}
-WARMUP_STEPS=${WARMUP_STEPS:-2000}
+WARMUP_STEPS=${WARMUP_STEPS:-8000}
 WARMUP_LR=${WARMUP_LR:-3e-3}
-WARMUP_SILO=${WARMUP_SILO:-pub}
+WARMUP_SILO=${WARMUP_SILO:-man}
 RUNS=${RUNS:-"diloco-nf2 baseline"}
 BLOCK=${BLOCK:-64}
 TOPK=${TOPK:-4}
