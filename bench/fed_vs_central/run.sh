@@ -33,7 +33,8 @@
 #
 # Communication of the baseline: every client sends and receives the full fp32 gradient once
 # per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR, MIN_LR,
-# WARMUP, ROUND_WARMUP (clients' train.round_warmup_steps), DRIFT (their
+# WARMUP, GRAD_CLIP (the gradient-norm clip of the clients' and the baseline's steps; 0: off),
+# ROUND_WARMUP (clients' train.round_warmup_steps), DRIFT (their
 # train.drift_correction), OUTER (strategy.name: diloco, fedadam, fedyogi, ...), OUTER_LR,
 # OUTER_MOMENTUM, MOMENTUM_WARMUP (strategy.momentum_warmup_rounds), OUTER_BETA1, OUTER_BETA2,
 # OUTER_TAU (-1: the strategy's default),
@@ -54,6 +55,7 @@ MICRO_BATCH=${MICRO_BATCH:-4}
 INNER_LR=${INNER_LR:-3e-3}
 MIN_LR=${MIN_LR:-3e-4}
 WARMUP=${WARMUP:-20}
+GRAD_CLIP=${GRAD_CLIP:-1.0}
 OUTER=${OUTER:-diloco}
 OUTER_LR=${OUTER_LR:-1.0}
 OUTER_MOMENTUM=${OUTER_MOMENTUM:-0.7}
@@ -196,7 +198,7 @@ schedule = "cosine"
 warmup_steps = $WARMUP
 total_steps = $STEPS
 weight_decay = 0.0
-grad_clip = 1.0
+grad_clip = $GRAD_CLIP
 eval_batches = 4
 TOML
 }
@@ -280,7 +282,7 @@ steps = $STEPS
 seq = $SEQ
 micro_batch = $MICRO_BATCH
 batch_tokens = $((n * MICRO_BATCH * SEQ))
-grad_clip = 1.0
+grad_clip = $GRAD_CLIP
 [optimizer]
 lr = $INNER_LR
 weight_decay = 0.0
