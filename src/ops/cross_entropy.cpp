@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "ops/cpu/fast_exp.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/weight_grad_sum.h"
 #include "tensor/cuda_memory.h"
 
 namespace pollen::ops {
@@ -91,7 +93,8 @@ void softmax_rows(T* logits, const int32_t* targets, int64_t nb, int64_t v, doub
 #if POLLEN_HAVE_CUDA
 // The GPU version of the block loop: logits (block_rows,V) in fp32 from a GEMM that accumulates
 // in fp32 (bf16 h and w, or f32), softmax and loss per row on the GPU, and for bf16 the gradient
-// rounded to bf16 for the two gradient GEMMs. Row losses come back to the host once, at the end.
+// rounded to bf16 for the two gradient GEMMs; dw sums the blocks in fp32 (WeightGradSum). Row
+// losses come back to the host once, at the end.
 void cross_entropy_cuda(const Tensor& h, const Tensor& w, const Tensor& targets,
                         CrossEntropyGrads* grads, int64_t block_rows, double* row_loss) {
   const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
@@ -101,6 +104,8 @@ void cross_entropy_cuda(const Tensor& h, const Tensor& w, const Tensor& targets,
   Tensor logits_bf16;
   if (grads && dt == DType::bf16) logits_bf16 = Tensor::empty({block_rows, v}, dt, Device::cuda);
   Tensor losses = Tensor::empty({n}, DType::f64, Device::cuda);
+  std::optional<cuda::WeightGradSum> dw_sum;
+  if (grads) dw_sum.emplace(grads->dw, (n + block_rows - 1) / block_rows);
   for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
     const int64_t nb = std::min(block_rows, n - r0);
     const void* hb = static_cast<const char*>(h.raw()) + static_cast<size_t>(r0) * row_bytes;
@@ -118,9 +123,10 @@ void cross_entropy_cuda(const Tensor& h, const Tensor& w, const Tensor& targets,
       void* dhb = static_cast<char*>(grads->dh.raw()) + static_cast<size_t>(r0) * row_bytes;
       // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
       cuda::gemm(dt, g, false, w.raw(), false, dt, dhb, nb, c, v, 1.0, 0.0);
-      cuda::gemm(dt, g, true, hb, false, dt, grads->dw.raw(), v, c, nb, 1.0, 1.0);
+      dw_sum->add(dt, g, hb, nb);
     }
   }
+  if (dw_sum) dw_sum->finish();
   const std::vector<double> host = losses.to_doubles();
   std::copy(host.begin(), host.end(), row_loss);
 }
@@ -128,8 +134,15 @@ void cross_entropy_cuda(const Tensor& h, const Tensor& w, const Tensor& targets,
 
 }  // namespace
 
-int64_t cross_entropy_default_block_rows(int64_t vocab) {
-  return std::max<int64_t>(16, (int64_t{1} << 22) / std::max<int64_t>(vocab, 1));
+int64_t cross_entropy_default_block_rows(int64_t vocab, Device device) {
+  vocab = std::max<int64_t>(vocab, 1);
+  // On the GPU every block costs a dw GEMM that reads and writes all of dw (V,C): the CPU's ~4 M
+  // logits per block would make that hundreds of skinny GEMMs per batch (32 rows each for
+  // V = 128 K). So 2^28 logits per block (1 GiB of fp32 logits, plus 0.5 GiB for bf16's copy of
+  // the gradient), and at least 256 rows so that the GEMMs stay wide for any vocabulary (above
+  // V = 2^20 that is more than 1 GiB). The caller caps the rows at N.
+  if (device == Device::cuda) return std::max<int64_t>(256, (int64_t{1} << 28) / vocab);
+  return std::max<int64_t>(16, (int64_t{1} << 22) / vocab);
 }
 
 double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& targets,
@@ -153,7 +166,7 @@ double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& tar
     expect("cross_entropy", "dh", grads->dh, {n, c}, dt, dev);
     expect("cross_entropy", "dw", grads->dw, {v, c}, dt, dev);
   }
-  if (block_rows <= 0) block_rows = cross_entropy_default_block_rows(v);
+  if (block_rows <= 0) block_rows = cross_entropy_default_block_rows(v, dev);
   block_rows = std::min(block_rows, std::max<int64_t>(n, 1));
 
   std::vector<double> row_loss(static_cast<size_t>(n));

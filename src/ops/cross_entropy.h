@@ -16,8 +16,9 @@ struct CrossEntropyGrads {
 };
 
 // On the GPU h, w, dh and dw are f32 or bf16: each block's logits are fp32 (block_rows, V), as
-// the CPU's block, and for bf16 the gradient is rounded to bf16 for its two GEMMs; the targets
-// are checked on the host from a copy and the row losses are summed there.
+// the CPU's block, and for bf16 the gradient is rounded to bf16 for its two GEMMs; a bf16 dw sums
+// the blocks in fp32 and is rounded once; the targets are checked on the host from a copy and
+// the row losses are summed there.
 // h (N,C), w (V,C), targets (N) int32. Returns the sum over scored rows of
 // -log softmax(h w^T)[target] and sets *scored to the number of scored rows. When `grads` is
 // given, the gradients are computed in the same pass (the logits of a block are used for the
@@ -26,7 +27,8 @@ double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& tar
                              int64_t* scored, CrossEntropyGrads* grads = nullptr,
                              int64_t block_rows = 0);
 
-// The rows per block used when block_rows is 0: about 4 M logits per block.
-int64_t cross_entropy_default_block_rows(int64_t vocab);
+// The rows per block used when block_rows is 0 (also by token_logprobs), before the cap at N:
+// about 4 M logits per block on the CPU; on the GPU, max(256, 2^28 / V) (fewer, wider dw GEMMs).
+int64_t cross_entropy_default_block_rows(int64_t vocab, Device device);
 
 }  // namespace pollen::ops

@@ -8,6 +8,7 @@
 #include "ops/cpu/kernels.h"
 #include "ops/cross_entropy.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/weight_grad_sum.h"
 #include "tensor/cuda_memory.h"
 
 namespace pollen::ops {
@@ -31,15 +32,16 @@ void check_args(const char* op, const Tensor& h, const Tensor& w, const Tensor& 
                  " is outside the vocabulary [0, ", v, ")");
 }
 
-int64_t rows_per_block(int64_t block_rows, int64_t v, int64_t n) {
-  if (block_rows <= 0) block_rows = cross_entropy_default_block_rows(v);
+int64_t rows_per_block(int64_t block_rows, int64_t v, int64_t n, Device device) {
+  if (block_rows <= 0) block_rows = cross_entropy_default_block_rows(v, device);
   return std::min(block_rows, std::max<int64_t>(n, 1));
 }
 
 #if POLLEN_HAVE_CUDA
 // The GPU versions of the block loops below: each block's logits (block_rows,V) in fp32 from a
 // GEMM that accumulates in fp32 (bf16 or f32 h and w); for bf16 the gradient is rounded to bf16
-// for the two gradient GEMMs, as cross-entropy does.
+// for the two gradient GEMMs and dw sums the blocks in fp32 (WeightGradSum), as cross-entropy
+// does.
 void forward_cuda(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& logp,
                   Tensor& lse, int64_t block_rows) {
   const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
@@ -63,6 +65,7 @@ void backward_cuda(const Tensor& dlogp, const Tensor& h, const Tensor& w, const 
   Tensor logits = Tensor::empty({block_rows, v}, DType::f32, Device::cuda);
   Tensor logits_bf16;
   if (dt == DType::bf16) logits_bf16 = Tensor::empty({block_rows, v}, dt, Device::cuda);
+  cuda::WeightGradSum dw_sum(dw, (n + block_rows - 1) / block_rows);
   for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
     const int64_t nb = std::min(block_rows, n - r0);
     const void* hb = static_cast<const char*>(h.raw()) + static_cast<size_t>(r0) * row_bytes;
@@ -77,8 +80,9 @@ void backward_cuda(const Tensor& dlogp, const Tensor& h, const Tensor& w, const 
     void* dhb = static_cast<char*>(dh.raw()) + static_cast<size_t>(r0) * row_bytes;
     // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
     cuda::gemm(dt, g, false, w.raw(), false, dt, dhb, nb, c, v, 1.0, 0.0);
-    cuda::gemm(dt, g, true, hb, false, dt, dw.raw(), v, c, nb, 1.0, 1.0);
+    dw_sum.add(dt, g, hb, nb);
   }
+  dw_sum.finish();
 }
 #endif
 
@@ -92,7 +96,7 @@ void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targ
   const DType dt = h.dtype();
   expect(op, "logp", logp, {n}, statistics_dtype(h), h.device());
   expect(op, "lse", lse, {n}, statistics_dtype(h), h.device());
-  block_rows = rows_per_block(block_rows, v, n);
+  block_rows = rows_per_block(block_rows, v, n, h.device());
 #if POLLEN_HAVE_CUDA
   if (h.device() == Device::cuda) return forward_cuda(h, w, targets, logp, lse, block_rows);
 #endif
@@ -131,7 +135,7 @@ void token_logprobs_backward(const Tensor& dlogp, const Tensor& h, const Tensor&
   expect(op, "lse", lse, {n}, statistics_dtype(h), dev);
   expect(op, "dh", dh, {n, c}, dt, dev);
   expect(op, "dw", dw, {v, c}, dt, dev);
-  block_rows = rows_per_block(block_rows, v, n);
+  block_rows = rows_per_block(block_rows, v, n, dev);
 #if POLLEN_HAVE_CUDA
   if (dev == Device::cuda) return backward_cuda(dlogp, h, w, targets, lse, dh, dw, block_rows);
 #endif

@@ -37,9 +37,11 @@ struct Input {
   Tensor gpu, ref;
 };
 
-inline Input random_input(const Shape& shape, DType dtype, Rng& rng, double scale = 1.0) {
+// Elements offset + scale * N(0, 1).
+inline Input random_input(const Shape& shape, DType dtype, Rng& rng, double scale = 1.0,
+                          double offset = 0.0) {
   Tensor host = Tensor::empty(shape, DType::f64);
-  for (int64_t i = 0; i < host.numel(); ++i) host.data<double>()[i] = scale * rng.normal();
+  for (int64_t i = 0; i < host.numel(); ++i) host.data<double>()[i] = offset + scale * rng.normal();
   const Tensor rounded = host.to(dtype);
   return {rounded.to(Device::cuda), rounded.to(DType::f64)};
 }

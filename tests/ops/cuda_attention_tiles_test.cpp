@@ -36,15 +36,15 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // next (the barrier). Registers start as NaN, as unwritten ones would read on the GPU at worst.
 template <typename State>
 struct SequentialBlock {
-  explicit SequentialBlock(bool reverse) : reverse(reverse), states(cu::kThreads) {
+  explicit SequentialBlock(bool reverse) : reverse(reverse), states(cu::kAttentionThreads) {
     static_assert(sizeof(State) % sizeof(float) == 0);
     for (State& s : states)
       std::fill_n(reinterpret_cast<float*>(&s), sizeof(State) / sizeof(float), kNaN);
   }
   template <typename Phase>
   void run(Phase&& phase) {
-    for (int n = 0; n < cu::kThreads; ++n) {
-      const int tid = reverse ? cu::kThreads - 1 - n : n;
+    for (int n = 0; n < cu::kAttentionThreads; ++n) {
+      const int tid = reverse ? cu::kAttentionThreads - 1 - n : n;
       phase(tid, states[static_cast<size_t>(tid)]);
     }
   }

@@ -23,9 +23,12 @@ struct Element<__nv_bfloat16> {
 
 namespace {
 
-// Throws naming the failing call, the op and its shape.
+// Throws naming the failing call, the op and its shape. A failed runtime call (such as
+// cudaFuncSetAttribute) also records its error as the thread's last error: clear it first, or
+// the next launch check (cudaGetLastError) anywhere would report it again as its own failure.
 void check_cuda(cudaError_t err, const char* call, const char* op, const AttentionShape& s) {
   if (err == cudaSuccess) return;
+  cudaGetLastError();  // clears the error unless it is sticky (then the context is lost anyway)
   fail("CUDA error in ", op, " (B=", s.batch, " T=", s.seq, " H=", s.heads, " KVH=", s.kv_heads,
        " D=", s.head_dim, "): ", call, " returned ", cudaGetErrorName(err), ": ",
        cudaGetErrorString(err));
@@ -47,7 +50,7 @@ struct GpuBlock {
 };
 
 template <int D, typename T>
-__global__ void __launch_bounds__(kThreads) forward_kernel(ForwardArgs<T> a) {
+__global__ void __launch_bounds__(kAttentionThreads) forward_kernel(ForwardArgs<T> a) {
   extern __shared__ float4 smem[];
   GpuBlock<Accumulator<D>> block;
   forward_block<D>(block, a, blockIdx.x, blockIdx.y, reinterpret_cast<float*>(smem));
@@ -60,14 +63,14 @@ __global__ void delta_kernel(BackwardArgs<T> a, int64_t rows, float* delta) {
 }
 
 template <int D, typename T>
-__global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(BackwardArgs<T> a) {
+__global__ void __launch_bounds__(kAttentionThreads) backward_dkdv_kernel(BackwardArgs<T> a) {
   extern __shared__ float4 smem[];
   GpuBlock<DkDv<D>> block;
   backward_dkdv_block<D>(block, a, blockIdx.x, blockIdx.y, reinterpret_cast<float*>(smem));
 }
 
 template <int D, typename T>
-__global__ void __launch_bounds__(kThreads) backward_dq_kernel(BackwardArgs<T> a) {
+__global__ void __launch_bounds__(kAttentionThreads) backward_dq_kernel(BackwardArgs<T> a) {
   extern __shared__ float4 smem[];
   GpuBlock<Accumulator<D>> block;
   backward_dq_block<D>(block, a, blockIdx.x, blockIdx.y, reinterpret_cast<float*>(smem));
@@ -83,7 +86,7 @@ void launch_tiles(Kernel kernel, const Args& args, int64_t tiles, int64_t heads,
                                             static_cast<int>(bytes)),
                        op, s);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(heads));
-  kernel<<<grid, kThreads, bytes, stream>>>(args);
+  kernel<<<grid, kAttentionThreads, bytes, stream>>>(args);
   ATTENTION_CUDA_CHECK(cudaGetLastError(), op, s);
 }
 

@@ -6,11 +6,11 @@
 // schedule of one thread block: which tiles it loads, which key tiles it visits and in what
 // order, and the phases between barriers. It hands each phase to `block.run(phase)`, which on the
 // GPU runs the phase in the calling thread and then waits at __syncthreads(), and on the CPU
-// (tests/ops/cuda_attention_tiles_test.cpp) runs the phase for each of the kThreads threads in
-// turn. The arithmetic (online softmax, rescaling, dS = P * (dP - delta)) is in the small
-// functions at the top, shared by both. So the CPU test checks the tile indexing, the GQA head
-// mapping, the segment skipping and the math of the kernels against ops::attention_forward and
-// attention_backward; it cannot check what only a GPU does (the launch itself, the real
+// (tests/ops/cuda_attention_tiles_test.cpp) runs the phase for each of the kAttentionThreads
+// threads in turn. The arithmetic (online softmax, rescaling, dS = P * (dP - delta)) is in the
+// small functions at the top, shared by both. So the CPU test checks the tile indexing, the GQA
+// head mapping, the segment skipping and the math of the kernels against ops::attention_forward
+// and attention_backward; it cannot check what only a GPU does (the launch itself, the real
 // interleaving of threads, bf16 conversion intrinsics, shared-memory limits).
 //
 // Layouts are the CPU op's: q (B,T,H,D), k and v (B,T,KVH,D), seg_start (B,T) int32, out
@@ -35,11 +35,11 @@ struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;  // B, T, H, KVH, D
 };
 
-constexpr int kThreads = 256;  // threads per block
-constexpr int kTile = 64;      // queries per query tile and keys per key tile
-constexpr int kLanes = 16;     // a (kTile, kTile) tile is cut into 16 x 16 micro tiles of 4 x 4
+constexpr int kAttentionThreads = 256;  // threads per block
+constexpr int kTile = 64;               // queries per query tile and keys per key tile
+constexpr int kLanes = 16;              // (kTile, kTile) tiles: 16 x 16 micro tiles of 4 x 4
 constexpr int kMicro = kTile / kLanes;
-static_assert(kLanes * kLanes == kThreads, "one thread per micro tile");
+static_assert(kLanes * kLanes == kAttentionThreads, "one thread per micro tile");
 constexpr int kScoreRow = kTile + 1;  // row stride of score tiles (+1: no bank conflicts)
 
 // Thread tid owns rows lane_row(tid) + kLanes * i and columns lane_col(tid) + kLanes * c of every
@@ -259,7 +259,7 @@ struct Accumulator {
 template <int D, typename T>
 POLLEN_HD void load_rows(int tid, const T* src, int64_t stride, int64_t rows, float factor,
                          float* tile) {
-  for (int e = tid; e < kTile * D; e += kThreads) {
+  for (int e = tid; e < kTile * D; e += kAttentionThreads) {
     const int r = e / D, d = e % D;
     tile[r * kRow<D> + d] = r < rows ? Element<T>::load(src[r * stride + d]) * factor : 0.0f;
   }
