@@ -27,12 +27,17 @@
 #                       per block, SCALE how each block's scale is stored: float32 or bf16,
 #                       SERVER_CODEC for another codec on the way down)
 #        baseline-N     one model, global batch N x local batch, ROUNDS x H steps, the same
-#                       silos mixed equally (the same tokens), the same inner schedule
+#                       silos mixed equally (the same tokens), the same schedule, at the best
+#                       peak learning rate of BASELINE_LRS: each is trained
+#                       (baseline-lrLR-N) and the one with the lowest mean loss on the silos'
+#                       held-out data is the baseline every run is compared with (a larger
+#                       global batch takes a larger rate than a client's local batch does)
 #      each evaluated with `pollen eval` on every silo's held-out data (the warm-up model too).
 #   4. The table ($OUT/table.md) and `pollen plot` curves ($OUT/curves-N.svg).
 #
 # Communication of the baseline: every client sends and receives the full fp32 gradient once
-# per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR, MIN_LR,
+# per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR (the clients'
+# peak rate), BASELINE_LRS (the baseline's candidates), MIN_LR,
 # WARMUP, GRAD_CLIP (the gradient-norm clip of the clients' and the baseline's steps; 0: off),
 # ROUND_WARMUP (clients' train.round_warmup_steps), DRIFT (their
 # train.drift_correction), OUTER (strategy.name: diloco, fedadam, fedyogi, ...), OUTER_LR,
@@ -52,7 +57,8 @@ H=${H:-11}
 ROUNDS=${ROUNDS:-91}
 SEQ=${SEQ:-64}
 MICRO_BATCH=${MICRO_BATCH:-4}
-INNER_LR=${INNER_LR:-3e-3}
+INNER_LR=${INNER_LR:-6e-3}
+BASELINE_LRS=${BASELINE_LRS:-"3e-3 6e-3 8e-3 1.2e-2 1.6e-2"}
 MIN_LR=${MIN_LR:-3e-4}
 WARMUP=${WARMUP:-20}
 GRAD_CLIP=${GRAD_CLIP:-1.0}
@@ -187,7 +193,8 @@ done
 INIT=""
 init_from() { [ -z "$INIT" ] || echo "init_from = \"$INIT\""; }
 
-# The inner schedule, shared by the clients (over their own steps) and the baseline.
+# The inner schedule of the clients (over their own steps); the baseline's is the same at its
+# own peak rate.
 train_table() {
   cat <<TOML
 micro_batch = $MICRO_BATCH
@@ -258,8 +265,8 @@ TOML
     "$OUT/runs/$name/metrics.jsonl" >"$OUT/runs/$name/curves.jsonl"
 }
 
-baseline() {  # name n
-  local name=$1 n=$2 manifests="" weights=""
+baseline() {  # name n lr
+  local name=$1 n=$2 lr=$3 manifests="" weights=""
   for l in "${LANGS[@]:0:n}"; do
     manifests+="\"$OUT/data/$l/manifest.json\", "
     weights+="1.0, "
@@ -284,7 +291,7 @@ micro_batch = $MICRO_BATCH
 batch_tokens = $((n * MICRO_BATCH * SEQ))
 grad_clip = $GRAD_CLIP
 [optimizer]
-lr = $INNER_LR
+lr = $lr
 weight_decay = 0.0
 [schedule]
 kind = "cosine"
@@ -349,6 +356,32 @@ evaluate() {  # name n [output name]
     --seq "$SEQ" --threads "$THREADS" >"$OUT/eval/${3:-$name}.jsonl"
 }
 
+mean_loss() { jq -s '[.[].loss] | add / length' "$OUT/eval/$1.jsonl"; }
+
+# The baseline at each rate of BASELINE_LRS; baseline-N becomes the best of them (its run folder
+# a link to that run's, its evaluation a copy).
+baseline_sweep() {  # n
+  local n=$1 lr best="" best_mean=""
+  rm -rf "$OUT/runs/baseline-$n"
+  for lr in $BASELINE_LRS; do
+    local t0 name=baseline-lr$lr-$n
+    t0=$(date +%s)
+    step "  $name"
+    baseline "$name" "$n" "$lr"
+    evaluate "$name" "$n"
+    SECONDS_OF[$name]=$(($(date +%s) - t0))
+    local m
+    m=$(mean_loss "$name")
+    if [ -z "$best" ] || awk -v a="$m" -v b="$best_mean" 'BEGIN {exit !(a < b)}'; then
+      best=$name best_mean=$m
+    fi
+  done
+  echo "  the baseline: $best (mean $best_mean)"
+  ln -s "$best" "$OUT/runs/baseline-$n"
+  cp "$OUT/eval/$best.jsonl" "$OUT/eval/baseline-$n.jsonl"
+  BEST_BASELINE[$n]=$best
+}
+
 WARMUP_NAME=warmup-$WARMUP_STEPS-$WARMUP_LR
 [ "$WARMUP_SILO" = pub ] || WARMUP_NAME+=-$WARMUP_SILO
 # Another model warms up on its own (its name in the run folder).
@@ -363,21 +396,22 @@ if [ "$WARMUP_STEPS" -gt 0 ]; then
 fi
 
 step "3/4 training: H=$H, $ROUNDS rounds, local batch $MICRO_BATCH x $SEQ, inner lr $INNER_LR"
-declare -A SECONDS_OF
+declare -A SECONDS_OF BEST_BASELINE
 for n in $CLIENTS; do
   [ -z "$INIT" ] || evaluate "$WARMUP_NAME" "$n" "$WARMUP_NAME-$n"
   curves=()
   for run in $RUNS; do
     t0=$(date +%s)
-    step "  $run-$n"
     case $run in
-      diloco) federated "$run-$n" "$n" none ;;
-      diloco-*) federated "$run-$n" "$n" "${run#diloco-}" ;;
-      baseline) baseline "$run-$n" "$n" ;;
+      baseline) baseline_sweep "$n" ;;
+      diloco | diloco-*)
+        step "  $run-$n"
+        federated "$run-$n" "$n" "$([ "$run" = diloco ] && echo none || echo "${run#diloco-}")"
+        evaluate "$run-$n" "$n"
+        SECONDS_OF[$run-$n]=$(($(date +%s) - t0))
+        ;;
       *) echo "RUNS: unknown run '$run' (diloco, diloco-CODEC, baseline)" >&2; exit 1 ;;
     esac
-    evaluate "$run-$n" "$n"
-    SECONDS_OF[$run-$n]=$(($(date +%s) - t0))
     curves+=("$OUT/runs/$run-$n/curves.jsonl")
   done
   "$POLLEN" plot "${curves[@]}" --output "$OUT/curves-$n.svg" 2>/dev/null
@@ -386,6 +420,7 @@ done
 step "4/4 results"
 {
   echo "H=$H rounds=$ROUNDS steps=$STEPS local batch=${MICRO_BATCH}x$SEQ inner lr=$INNER_LR" \
+    "baseline lrs=$BASELINE_LRS" \
     "(cosine to $MIN_LR, warmup $WARMUP) outer: $OUTER lr=$OUTER_LR momentum=$OUTER_MOMENTUM" \
     "momentum_warmup_rounds=$MOMENTUM_WARMUP" \
     "beta1=$OUTER_BETA1 beta2=$OUTER_BETA2 tau=$OUTER_TAU row_weighting=$ROW_WEIGHTING second_moments=$SECOND_MOMENTS" \
@@ -405,10 +440,15 @@ step "4/4 results"
     dp_bytes=$(awk -v n="$n" -v s="$STEPS" -v m="$model_bytes" 'BEGIN {printf "%.0f", 2 * n * s * m}')
     base_mean=null  # "vs baseline" is left out when RUNS has no baseline
     [ ! -f "$OUT/eval/baseline-$n.jsonl" ] ||
-      base_mean=$(jq -s '[.[].loss] | add / length' "$OUT/eval/baseline-$n.jsonl")
+      base_mean=$(mean_loss "baseline-$n")
     names=()
     [ -z "$INIT" ] || names+=("$WARMUP_NAME-$n")
-    for run in $RUNS; do names+=("$run-$n"); done
+    for run in $RUNS; do
+      if [ "$run" = baseline ]; then
+        for lr in $BASELINE_LRS; do names+=("baseline-lr$lr-$n"); done
+      fi
+      names+=("$run-$n")
+    done
     for name in "${names[@]}"; do
       steps=$STEPS
       if [ "$name" = "$WARMUP_NAME-$n" ]; then  # where the runs start: 0 steps, nothing moved
