@@ -379,7 +379,6 @@ baseline_sweep() {  # n
   echo "  the baseline: $best (mean $best_mean)"
   ln -s "$best" "$OUT/runs/baseline-$n"
   cp "$OUT/eval/$best.jsonl" "$OUT/eval/baseline-$n.jsonl"
-  BEST_BASELINE[$n]=$best
 }
 
 WARMUP_NAME=warmup-$WARMUP_STEPS-$WARMUP_LR
@@ -396,7 +395,7 @@ if [ "$WARMUP_STEPS" -gt 0 ]; then
 fi
 
 step "3/4 training: H=$H, $ROUNDS rounds, local batch $MICRO_BATCH x $SEQ, inner lr $INNER_LR"
-declare -A SECONDS_OF BEST_BASELINE
+declare -A SECONDS_OF
 for n in $CLIENTS; do
   [ -z "$INIT" ] || evaluate "$WARMUP_NAME" "$n" "$WARMUP_NAME-$n"
   curves=()
