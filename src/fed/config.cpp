@@ -238,6 +238,15 @@ ServerConfig read_server_config(ConfigTable& root) {
                root.where("strategy.first_moments"), ": '", fm,
                "' sends the moments with the round's codecs, and topk or sign without error "
                "feedback would lose most of them; use none, bf16, int8, int4 or nf2");
+  // A client steps by m / sqrt(v): with the federation's m and its own v, a row its silo rarely
+  // writes (a small v) takes the other silos' m at full scale. bench/fed_vs_central diverged so in
+  // round 2, float32 and nf2, 4 and 8 clients (bench/README.md, "The baseline at its own learning
+  // rate"); shared second moments give every client the federation's v as well.
+  POLLEN_CHECK(!c.strategy.shares_first_moments() || c.strategy.shares_second_moments(),
+               root.where("strategy.first_moments"), ": '", fm,
+               "' needs strategy.second_moments = 'factored': the clients would divide the "
+               "federation's first moments by their own second moments, which are small on the "
+               "rows their silo rarely writes, and training diverges");
   // nf2 has no zero level, and a moment has no error feedback: a block that spans two token rows
   // hands a rarely written row a busy row's noise, every round. bench/fed_vs_central diverged so
   // (blocks of 256 over rows of 64, bench/README.md "int8 at 400x"); blocks within a row do not.

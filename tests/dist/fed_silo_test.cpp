@@ -312,7 +312,9 @@ TEST(FederatedSilo, TwoRanksShareTheFirstMomentsOfOneProcess) {
   // other weights, and the global model would differ from that of silo-0 as one process.
   const auto sharing = [](const std::string& name, const std::string& parallel, bool state) {
     Federation f = write_federation(name, parallel, "diloco", "",
-                                    "first_moments = 'token_rows'\nmin_clients = 2\n", state);
+                                    "first_moments = 'token_rows'\nsecond_moments = 'factored'\n"
+                                    "min_clients = 2\n",
+                                    state);
     write_second_client(f);
     return f;
   };

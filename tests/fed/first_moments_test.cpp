@@ -381,11 +381,20 @@ TEST(FirstMoments, MissingOrBadMomentsAndUnprotectedCombinationsAreRefused) {
   EXPECT_THROW(none.push_begin(info, encode_weights(with, zeros, CompressOptions{}).header, ""),
                Error);
 
-  // The moments travel in the clear and without error feedback.
+  // The moments travel in the clear and without error feedback, and only beside the second ones.
+  const std::string strategy = "[strategy]\nfirst_moments = 'token_rows'\n";
   const std::string base =
-      "[server]\ndir = 'x'\n" + kTinyModelToml + "[strategy]\nfirst_moments = 'token_rows'\n";
+      "[server]\ndir = 'x'\n" + kTinyModelToml + strategy + "second_moments = 'factored'\n";
   write_file_atomic(dir / "ok.toml", base);
   EXPECT_EQ(load_server_config(dir / "ok.toml").strategy.first_moments, "token_rows");
+  write_file_atomic(dir / "alone.toml", "[server]\ndir = 'x'\n" + kTinyModelToml + strategy);
+  try {
+    load_server_config(dir / "alone.toml");
+    ADD_FAILURE() << "first moments accepted without second moments";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("strategy.second_moments = 'factored'"), std::string::npos)
+        << e.what();
+  }
   for (const std::string& other :
        {"[secure_aggregation]\nenabled = true\n", "[privacy]\nnoise_multiplier = 1.0\nclip = 1.0\n",
         "[compression]\ncodec = 'topk'\ntopk = 4\n", "[compression]\nserver_codec = 'sign'\n",
