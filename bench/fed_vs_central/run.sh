@@ -37,14 +37,16 @@
 #
 # Communication of the baseline: every client sends and receives the full fp32 gradient once
 # per step. Knobs (environment): CLIENTS, H, ROUNDS, SEQ, MICRO_BATCH, INNER_LR (the clients'
-# peak rate), BASELINE_LRS (the baseline's candidates), MIN_LR,
+# peak rate), INNER_BETA1 and INNER_BETA2 (their AdamW betas; the baseline keeps 0.9 and 0.95),
+# BASELINE_LRS (the baseline's candidates), MIN_LR,
 # WARMUP, GRAD_CLIP (the gradient-norm clip of the clients' and the baseline's steps; 0: off),
 # ROUND_WARMUP (clients' train.round_warmup_steps), DRIFT (their
 # train.drift_correction), OUTER (strategy.name: diloco, fedadam, fedyogi, ...), OUTER_LR,
 # OUTER_MOMENTUM, MOMENTUM_WARMUP (strategy.momentum_warmup_rounds), OUTER_BETA1, OUTER_BETA2,
 # OUTER_TAU (-1: the strategy's default),
 # ROW_WEIGHTING (strategy.row_weighting), SECOND_MOMENTS (strategy.second_moments: none or
-# factored), FIRST_MOMENTS (strategy.first_moments: none, output or token_rows), WARMUP_STEPS, WARMUP_LR, WARMUP_SILO (pub or man),
+# factored), FIRST_MOMENTS (strategy.first_moments: none, output or token_rows),
+# EMBEDDING_LR_SCALE (strategy.embedding_lr_scale), WARMUP_STEPS, WARMUP_LR, WARMUP_SILO (pub or man),
 # RUNS (which of diloco, diloco-CODEC, baseline), BLOCK, TOPK, SCALE, SERVER_CODEC, MODEL (the model file, default model.toml),
 # POLLEN (the binary), THREADS (0: every core), SEED (the server's and the baseline's seed; the
 # clients draw theirs from the server's), OUT. The defaults are the best configuration
@@ -60,6 +62,8 @@ MICRO_BATCH=${MICRO_BATCH:-4}
 INNER_LR=${INNER_LR:-6e-3}
 BASELINE_LRS=${BASELINE_LRS:-"3e-3 6e-3 8e-3 1.2e-2 1.6e-2"}
 MIN_LR=${MIN_LR:-3e-4}
+INNER_BETA1=${INNER_BETA1:-0.9}
+INNER_BETA2=${INNER_BETA2:-0.95}
 WARMUP=${WARMUP:-20}
 GRAD_CLIP=${GRAD_CLIP:-1.0}
 OUTER=${OUTER:-diloco}
@@ -72,6 +76,7 @@ OUTER_TAU=${OUTER_TAU:--1}
 ROW_WEIGHTING=${ROW_WEIGHTING:-target_counts}
 SECOND_MOMENTS=${SECOND_MOMENTS:-factored}
 FIRST_MOMENTS=${FIRST_MOMENTS:-output}
+EMBEDDING_LR_SCALE=${EMBEDDING_LR_SCALE:-1}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
 DRIFT=${DRIFT:-0.75}
 WARMUP_STEPS=${WARMUP_STEPS:-8000}
@@ -206,6 +211,8 @@ warmup_steps = $WARMUP
 total_steps = $STEPS
 weight_decay = 0.0
 grad_clip = $GRAD_CLIP
+beta1 = $INNER_BETA1
+beta2 = $INNER_BETA2
 eval_batches = 4
 TOML
 }
@@ -243,6 +250,7 @@ tau = $OUTER_TAU
 $([ "$ROW_WEIGHTING" = none ] || echo "row_weighting = \"$ROW_WEIGHTING\"")
 $([ "$SECOND_MOMENTS" = none ] || echo "second_moments = \"$SECOND_MOMENTS\"")
 $([ "$FIRST_MOMENTS" = none ] || echo "first_moments = \"$FIRST_MOMENTS\"")
+embedding_lr_scale = $EMBEDDING_LR_SCALE
 [compression]
 codec = "$codec"
 server_codec = "${SERVER_CODEC:-$codec}"
@@ -423,7 +431,8 @@ step "4/4 results"
     "(cosine to $MIN_LR, warmup $WARMUP) outer: $OUTER lr=$OUTER_LR momentum=$OUTER_MOMENTUM" \
     "momentum_warmup_rounds=$MOMENTUM_WARMUP" \
     "beta1=$OUTER_BETA1 beta2=$OUTER_BETA2 tau=$OUTER_TAU row_weighting=$ROW_WEIGHTING second_moments=$SECOND_MOMENTS" \
-    "first_moments=$FIRST_MOMENTS" \
+    "first_moments=$FIRST_MOMENTS embedding_lr_scale=$EMBEDDING_LR_SCALE" \
+    "inner betas=$INNER_BETA1/$INNER_BETA2" \
     "block=$BLOCK scale=$SCALE seed=$SEED" \
     "start: $([ -n "$INIT" ] && echo "warm-up of $WARMUP_STEPS steps on $WARMUP_SILO (lr $WARMUP_LR)" ||
       echo "random weights")"

@@ -50,9 +50,11 @@ void check_same_layout(const Weights& a, const Weights& b, const std::string& wh
   }
 }
 
-// Runs f(x, m, v, d) over every element; x, m, v are float32 storage, d the aggregated delta.
+// Runs f(x, m, v, d, s) over every element; x, m, v are float32 storage, d the aggregated delta,
+// s the element's tensor's multiple of the learning rate.
 template <typename F>
-void for_each_element(Weights& x, Weights* m, Weights* v, const Weights& d, F f) {
+void for_each_element(Weights& x, Weights* m, Weights* v, const Weights& d,
+                      const std::vector<double>& scale, F f) {
   for (size_t i = 0; i < x.size(); ++i) {
     float* xp = x[i].data<float>();
     float* mp = m ? (*m)[i].data<float>() : nullptr;
@@ -60,7 +62,7 @@ void for_each_element(Weights& x, Weights* m, Weights* v, const Weights& d, F f)
     const float* dp = d[i].data<float>();
     const int64_t n = x[i].numel();
     for (int64_t j = 0; j < n; ++j) {
-      f(xp[j], mp ? mp[j] : *xp, vp ? vp[j] : *xp, dp[j]);
+      f(xp[j], mp ? mp[j] : *xp, vp ? vp[j] : *xp, dp[j], scale[i]);
     }
   }
 }
@@ -95,9 +97,10 @@ class FedAvg : public Strategy {
  protected:
   void apply(int64_t, Weights& x, const Weights& d) override {
     const double lr = lr_;
-    for_each_element(x, nullptr, nullptr, d, [lr](float& xi, float&, float&, float di) {
-      xi = static_cast<float>(static_cast<double>(xi) - lr * di);
-    });
+    for_each_element(x, nullptr, nullptr, d, lr_scales(x),
+                     [lr](float& xi, float&, float&, float di, double s) {
+                       xi = static_cast<float>(static_cast<double>(xi) - lr * s * di);
+                     });
   }
   double lr_;
 };
@@ -123,12 +126,13 @@ class Momentum : public Strategy {
     check_same_layout(x, m_, "strategy momentum state");
     const double lr = lr_, mu = momentum(round);
     const bool nesterov = nesterov_;
-    for_each_element(x, &m_, nullptr, d, [=](float& xi, float& mi, float&, float di) {
-      const double m = mu * mi + di;
-      mi = static_cast<float>(m);
-      const double step = nesterov ? di + mu * m : m;
-      xi = static_cast<float>(static_cast<double>(xi) - lr * step);
-    });
+    for_each_element(x, &m_, nullptr, d, lr_scales(x),
+                     [=](float& xi, float& mi, float&, float di, double s) {
+                       const double m = mu * mi + di;
+                       mi = static_cast<float>(m);
+                       const double step = nesterov ? di + mu * m : m;
+                       xi = static_cast<float>(static_cast<double>(xi) - lr * s * step);
+                     });
   }
   // Round r's momentum: mu (r - 1) / w for the w warm-up rounds, then mu.
   double momentum(int64_t round) const {
@@ -188,28 +192,29 @@ class FedOpt : public Strategy {
       eta = eta_ * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
     }
     const Kind kind = kind_;
-    for_each_element(x, &m_, &v_, delta, [=](float& xi, float& mi, float& vi, float di) {
-      const double d = -static_cast<double>(di);
-      const double m = b1 * mi + (1 - b1) * d;
-      const double d2 = d * d;
-      double v = vi;
-      switch (kind) {
-        case Kind::adam:
-          v = b2 * v + (1 - b2) * d2;
-          break;
-        case Kind::yogi: {
-          const double s = v - d2;
-          v = v - (1 - b2) * d2 * static_cast<double>((s > 0) - (s < 0));
-          break;
-        }
-        case Kind::adagrad:
-          v = v + d2;
-          break;
-      }
-      mi = static_cast<float>(m);
-      vi = static_cast<float>(v);
-      xi = static_cast<float>(static_cast<double>(xi) + eta * m / (std::sqrt(v) + tau));
-    });
+    for_each_element(
+        x, &m_, &v_, delta, lr_scales(x), [=](float& xi, float& mi, float& vi, float di, double s) {
+          const double d = -static_cast<double>(di);
+          const double m = b1 * mi + (1 - b1) * d;
+          const double d2 = d * d;
+          double v = vi;
+          switch (kind) {
+            case Kind::adam:
+              v = b2 * v + (1 - b2) * d2;
+              break;
+            case Kind::yogi: {
+              const double gap = v - d2;
+              v = v - (1 - b2) * d2 * static_cast<double>((gap > 0) - (gap < 0));
+              break;
+            }
+            case Kind::adagrad:
+              v = v + d2;
+              break;
+          }
+          mi = static_cast<float>(m);
+          vi = static_cast<float>(v);
+          xi = static_cast<float>(static_cast<double>(xi) + eta * s * m / (std::sqrt(v) + tau));
+        });
   }
   Kind kind_;
   double eta_, b1_, b2_, tau_;
@@ -247,6 +252,8 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o) {
   POLLEN_CHECK(std::find(fm.begin(), fm.end(), o.first_moments) != fm.end(),
                "strategy.first_moments must be none, output or token_rows, got '", o.first_moments,
                "'");
+  POLLEN_CHECK(std::isfinite(o.embedding_lr_scale) && o.embedding_lr_scale > 0,
+               "strategy.embedding_lr_scale must be a positive number, got ", o.embedding_lr_scale);
   POLLEN_CHECK(o.momentum_warmup_rounds >= 0,
                "strategy.momentum_warmup_rounds must be at least 0, got ",
                o.momentum_warmup_rounds);
@@ -284,8 +291,27 @@ StrategyOptions read_strategy_options(ConfigTable& t) {
   o.row_weighting = t.get_string("row_weighting", o.row_weighting);
   o.second_moments = t.get_string("second_moments", o.second_moments);
   o.first_moments = t.get_string("first_moments", o.first_moments);
+  o.embedding_lr_scale = t.get_double("embedding_lr_scale", o.embedding_lr_scale);
   make_strategy(o);  // validates the name and ranges now, naming the keys
   return o;
+}
+
+void Strategy::set_token_rows(TokenRowTensors rows) {
+  POLLEN_CHECK(
+      options_.embedding_lr_scale == 1 || (rows.embedding >= 0 && rows.output >= 0),
+      "strategy.embedding_lr_scale = ", options_.embedding_lr_scale,
+      " scales the outer step of an untied token embedding, and this model ",
+      rows.embedding < 0 ? "has no token embedding" : "ties its embedding to the output layer",
+      "; leave it at 1");
+  token_rows_ = rows;
+}
+
+std::vector<double> Strategy::lr_scales(const Weights& global) const {
+  std::vector<double> scales(global.size(), 1.0);
+  if (token_rows_.embedding >= 0 && token_rows_.output >= 0) {
+    scales.at(static_cast<size_t>(token_rows_.embedding)) = options_.embedding_lr_scale;
+  }
+  return scales;
 }
 
 std::vector<std::string> Strategy::configure_round(int64_t round,

@@ -109,6 +109,9 @@ struct StrategyOptions {
   // token_rows: of the embedding too (fed/first_moments.h)
   std::string first_moments = "none";
   bool shares_first_moments() const { return first_moments != "none"; }
+  // The outer step of an untied token embedding as a multiple of every other tensor's: x -=
+  // lr * embedding_lr_scale * step on its rows (docs/federated.md, "The embedding's outer step").
+  double embedding_lr_scale = 1.0;
 };
 
 // Reads the [strategy] table (every key documented in docs/federated.md).
@@ -123,8 +126,9 @@ class Strategy {
   std::vector<std::string> configure_round(int64_t round, const std::vector<std::string>& available,
                                            Rng& rng) const;
 
-  // The tensors that row weighting applies to (the coordinator names them from the model).
-  void set_token_rows(TokenRowTensors rows) { token_rows_ = rows; }
+  // The tensors that row weighting and embedding_lr_scale apply to (the coordinator names them
+  // from the model). Refuses an embedding_lr_scale other than 1 without an untied embedding.
+  void set_token_rows(TokenRowTensors rows);
 
   // Applies one round's updates to `global` in place, combined by options().robust, then with
   // row weighting the token rows replaced by their count-weighted means. Updates with zero
@@ -156,6 +160,9 @@ class Strategy {
  protected:
   explicit Strategy(StrategyOptions options) : options_(std::move(options)) {}
   virtual void apply(int64_t round, Weights& global, const Weights& delta) = 0;
+  // Each tensor's multiple of the outer learning rate: embedding_lr_scale for the untied
+  // embedding, 1 for every other.
+  std::vector<double> lr_scales(const Weights& global) const;
 
   StrategyOptions options_;
   TokenRowTensors token_rows_;

@@ -118,6 +118,87 @@ TEST(Strategy, MomentumWarmsUpOverTheFirstRounds) {
   EXPECT_THROW(make_strategy(o), Error);
 }
 
+TEST(Strategy, EmbeddingLrScaleMultipliesOnlyTheEmbeddingsStep) {
+  // Tensors: an embedding [2, 2], an untied output layer [2, 2], a norm [2]; every delta is 1 in
+  // round 1 and 2 in round 2.
+  auto model = [] { return Weights{vec({10, 10, 10, 10}), vec({10, 10, 10, 10}), vec({10, 10})}; };
+  auto deltas = [](float d) {
+    ClientUpdate u = update("a", 1, {d, d, d, d});
+    u.delta.push_back(vec({d, d, d, d}));
+    u.delta.push_back(vec({d, d}));
+    return u;
+  };
+  StrategyOptions o;
+  o.name = "diloco";
+  o.lr = 0.5;
+  o.momentum = 0.9;
+  o.embedding_lr_scale = 3;
+  auto s = make_strategy(o);
+  s->set_token_rows({0, 1});
+  Weights x = model();
+  // As DiLoCoNesterovByHand: the other tensors step 0.95, then 2.305; the embedding 3 times that.
+  s->aggregate(1, x, {deltas(1)});
+  s->aggregate(2, x, {deltas(2)});
+  for (float v : values(x[0])) EXPECT_NEAR(v, 10 - 3 * (0.95 + 2.305), 1e-6);
+  for (size_t t : {1u, 2u}) {
+    for (float v : values(x[t])) EXPECT_FLOAT_EQ(v, 6.745f) << "tensor " << t;
+  }
+  // The momentum is the unscaled one: a restarted server continues the same way.
+  auto resumed = make_strategy(o);
+  resumed->set_token_rows({0, 1});
+  resumed->load_state(s->state());
+  Weights y = x;
+  s->aggregate(3, x, {deltas(1)});
+  resumed->aggregate(3, y, {deltas(1)});
+  EXPECT_EQ(values(x[0]), values(y[0]));
+
+  // fedavg (lr 1) and fedadam: the embedding moves exactly 3 times as far as the output layer,
+  // which receives the same deltas.
+  for (const std::string name : {"fedavg", "fedadam"}) {
+    o.name = name;
+    o.lr = -1;
+    o.momentum = -1;
+    auto f = make_strategy(o);
+    f->set_token_rows({0, 1});
+    Weights z = model();
+    f->aggregate(1, z, {deltas(1)});
+    f->aggregate(2, z, {deltas(2)});
+    const float out = values(z[1])[0] - 10, emb = values(z[0])[0] - 10;
+    EXPECT_NE(out, 0) << name;
+    EXPECT_NEAR(emb, 3 * out, 1e-5 * std::fabs(out) + 1e-6) << name;
+    EXPECT_EQ(values(z[2])[0], values(z[1])[0]) << name;  // same deltas, same unscaled steps
+  }
+
+  // Only an untied embedding has a scale of its own: a tied one (no output tensor) or none is
+  // refused when the model's tensors are named, and a scale that is not positive when read.
+  o.name = "diloco";
+  for (TokenRowTensors rows : {TokenRowTensors{0, -1}, TokenRowTensors{-1, -1}}) {
+    auto t = make_strategy(o);
+    try {
+      t->set_token_rows(rows);
+      ADD_FAILURE() << "scale 3 accepted without an untied embedding";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("strategy.embedding_lr_scale"), std::string::npos)
+          << e.what();
+    }
+  }
+  o.embedding_lr_scale = 1;
+  EXPECT_NO_THROW(make_strategy(o)->set_token_rows({0, -1}));
+  for (double bad : {0.0, -1.0, std::nan("")}) {
+    o.embedding_lr_scale = bad;
+    EXPECT_THROW(make_strategy(o), Error) << bad;
+  }
+  const auto dir = temp_dir("embedding_lr_scale");
+  const std::string server = "[server]\ndir = 'x'\n" + kTinyModelToml + "[strategy]\n";
+  write_file_atomic(dir / "ok.toml", server + "embedding_lr_scale = 2.5\n");
+  EXPECT_EQ(load_server_config(dir / "ok.toml").strategy.embedding_lr_scale, 2.5);
+  const std::string zero =
+      server_config_error(dir / "zero.toml", server + "embedding_lr_scale = 0\n");
+  EXPECT_NE(zero.find("strategy.embedding_lr_scale must be a positive number"), std::string::npos)
+      << zero;
+  fs::remove_all(dir);
+}
+
 TEST(Strategy, FedAvgMByHand) {
   // lr 1, mu 0.5: m1 = 1, x = 9; m2 = 0.5 + 1 = 1.5, x = 7.5.
   Weights x{vec({10})};
