@@ -21,6 +21,8 @@
 //
 // The FedOpt family (Reddi et al. 2021) follows Flower's implementations exactly, round number
 // t counted from 1; arithmetic is in double per element, state and weights stored as float32.
+// With embedding_lr_scale k an untied token embedding takes lr * k (eta * k) in each formula,
+// its state kept as without k.
 //
 // The token-weighted mean is the default aggregation; [strategy] aggregation picks a robust rule
 // instead (fed/robust.h), and central differential privacy (fed/privacy.h) replaces it with a
