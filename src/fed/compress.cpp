@@ -13,9 +13,10 @@ Codec parse_codec(const std::string& name) {
   if (name == "int8") return Codec::int8;
   if (name == "int4") return Codec::int4;
   if (name == "nf2") return Codec::nf2;
+  if (name == "nf3") return Codec::nf3;
   if (name == "sign") return Codec::sign;
   if (name == "topk") return Codec::topk;
-  fail("unknown compression '", name, "'; expected none, bf16, int8, int4, nf2, sign or topk");
+  fail("unknown compression '", name, "'; expected none, bf16, int8, int4, nf3, nf2, sign or topk");
 }
 
 const char* codec_name(Codec c) {
@@ -30,6 +31,8 @@ const char* codec_name(Codec c) {
       return "int4";
     case Codec::nf2:
       return "nf2";
+    case Codec::nf3:
+      return "nf3";
     case Codec::sign:
       return "sign";
     case Codec::topk:
@@ -67,9 +70,13 @@ int64_t blocks_of(int64_t n, int64_t block) {
   return (n + block - 1) / block;
 }
 
-// nf2's levels and the cut between the inner and outer ones, in units of the block's sigma.
+// nf2's and nf3's levels, and the cuts between them (the midpoints), in units of the block's
+// sigma: the Lloyd-Max quantizers of a normal distribution with 4 and 8 levels.
 constexpr float kNf2Levels[4] = {-1.5104f, -0.4528f, 0.4528f, 1.5104f};
 constexpr float kNf2Cut = 0.9816f;
+constexpr float kNf3Levels[8] = {-2.1519f, -1.3439f, -0.7560f, -0.2451f,
+                                 0.2451f,  0.7560f,  1.3439f,  2.1519f};
+constexpr float kNf3Cuts[3] = {0.5005f, 1.0500f, 1.7479f};  // the positive ones; 0 is the fourth
 
 // mean|x| over [lo, hi) times c; throws on a non-finite value (block b).
 float mean_magnitude(const float* x, int64_t lo, int64_t hi, double c, int64_t b) {
@@ -142,24 +149,39 @@ float read_scale(const uint8_t* scales, int64_t b, const CompressOptions& o, flo
   return scale;
 }
 
-// sign and nf2: per block a scale s = mean|x| times a factor, then `bits` bits per value (low bits
-// first) choosing one of 2^bits levels, decoded as level * s.
+// sign, nf2 and nf3: per block a scale s = mean|x| times a factor, then `bits` bits per value
+// choosing one of 2^bits levels, decoded as level * s. The codes form one little-endian bit
+// stream: value i takes bits [bits i, bits (i + 1)), low bits first (so with 3 bits a value may
+// span two bytes).
 struct LevelCodec {
   int bits;
   const float* levels;
   double scale_per_mean_magnitude;
+  float inner_error;  // the largest error, in units of s, of a value inside the outermost cuts
   unsigned (*code)(float x, float scale);
 };
 
 constexpr float kSignLevels[2] = {1.0f, -1.0f};
 
 LevelCodec level_codec(Codec c) {
-  if (c == Codec::sign)
-    return {1, kSignLevels, 1.0, [](float x, float) -> unsigned { return x < 0 ? 1 : 0; }};
-  return {2, kNf2Levels, kSigmaPerMeanMagnitude, [](float x, float scale) -> unsigned {
-            const float cut = kNf2Cut * scale;
-            return x < 0 ? (x < -cut ? 0 : 1) : (x > cut ? 3 : 2);
-          }};
+  switch (c) {
+    case Codec::sign:
+      return {1, kSignLevels, 1.0, 0, [](float x, float) -> unsigned { return x < 0 ? 1 : 0; }};
+    case Codec::nf3:
+      return {3, kNf3Levels, kSigmaPerMeanMagnitude, kNf3Levels[7] - kNf3Cuts[2],
+              [](float x, float scale) -> unsigned {
+                const float a = std::fabs(x);
+                const unsigned up = (a > kNf3Cuts[0] * scale) + (a > kNf3Cuts[1] * scale) +
+                                    (a > kNf3Cuts[2] * scale);
+                return x < 0 ? 3 - up : 4 + up;
+              }};
+    default:
+      return {2, kNf2Levels, kSigmaPerMeanMagnitude, kNf2Levels[3] - kNf2Cut,
+              [](float x, float scale) -> unsigned {
+                const float cut = kNf2Cut * scale;
+                return x < 0 ? (x < -cut ? 0 : 1) : (x > cut ? 3 : 2);
+              }};
+  }
 }
 
 float largest_level(const LevelCodec& c) {
@@ -168,39 +190,48 @@ float largest_level(const LevelCodec& c) {
   return largest;
 }
 
+uint64_t level_code_bytes(int bits, int64_t n) {
+  return (static_cast<uint64_t>(n) * static_cast<uint64_t>(bits) + 7) / 8;
+}
+
 void encode_levels(const LevelCodec& c, const float* x, int64_t n, const CompressOptions& o,
                    uint8_t* p) {
-  const int64_t block = o.block, nb = blocks_of(n, block), per_byte = 8 / c.bits;
+  const int64_t block = o.block, nb = blocks_of(n, block);
   uint8_t* codes = p + scale_bytes(o) * nb;
-  std::memset(codes, 0, static_cast<size_t>((n + per_byte - 1) / per_byte));
+  std::memset(codes, 0, static_cast<size_t>(level_code_bytes(c.bits, n)));
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t lo = b * block, hi = std::min(n, lo + block);
     const float scale = store_scale(p, b, mean_magnitude(x, lo, hi, c.scale_per_mean_magnitude, b),
                                     largest_level(c), o);
     for (int64_t i = lo; i < hi; ++i) {
-      const auto shift = static_cast<unsigned>(c.bits * (i % per_byte));
-      codes[i / per_byte] |= static_cast<uint8_t>(c.code(x[i], scale) << shift);
+      const int64_t bit = c.bits * i;
+      const unsigned v = c.code(x[i], scale) << (bit % 8);
+      codes[bit / 8] |= static_cast<uint8_t>(v);
+      if (v > 0xffu) codes[bit / 8 + 1] |= static_cast<uint8_t>(v >> 8);
     }
   }
 }
 
 void decode_levels(const LevelCodec& c, const uint8_t* p, int64_t n, const CompressOptions& o,
                    float* out, const std::string& what) {
-  const int64_t block = o.block, nb = blocks_of(n, block), per_byte = 8 / c.bits;
+  const int64_t block = o.block, nb = blocks_of(n, block);
   const uint8_t* codes = p + scale_bytes(o) * nb;
+  const uint64_t code_bytes = level_code_bytes(c.bits, n);
   const unsigned mask = (1u << c.bits) - 1;
   const float largest = largest_level(c);
   for (int64_t b = 0; b < nb; ++b) {
     const float scale = read_scale(p, b, o, largest, what);
     const int64_t lo = b * block, hi = std::min(n, lo + block);
     for (int64_t i = lo; i < hi; ++i) {
-      const auto shift = static_cast<unsigned>(c.bits * (i % per_byte));
-      out[i] = c.levels[(codes[i / per_byte] >> shift) & mask] * scale;
+      const auto byte = static_cast<uint64_t>(c.bits * i / 8);
+      unsigned v = codes[byte];
+      if (byte + 1 < code_bytes) v |= static_cast<unsigned>(codes[byte + 1]) << 8;
+      out[i] = c.levels[(v >> (c.bits * i % 8)) & mask] * scale;
     }
   }
-  if (n % per_byte) {
-    const auto used = static_cast<unsigned>(c.bits * (n % per_byte));
-    POLLEN_CHECK((codes[n / per_byte] >> used) == 0, what, ": the unused last bits are not zero");
+  const auto used = static_cast<unsigned>(c.bits * n % 8);
+  if (used) {
+    POLLEN_CHECK((codes[code_bytes - 1] >> used) == 0, what, ": the unused last bits are not zero");
   }
 }
 
@@ -301,10 +332,12 @@ uint64_t encoded_bytes(const CompressOptions& o, int64_t n) {
       return scales + un;
     case Codec::int4:
       return scales + (un + 1) / 2;
+    case Codec::nf3:
+      return scales + level_code_bytes(3, n);
     case Codec::nf2:
-      return scales + (un + 3) / 4;
+      return scales + level_code_bytes(2, n);
     case Codec::sign:
-      return scales + (un + 7) / 8;
+      return scales + level_code_bytes(1, n);
     case Codec::topk:
       return topk_layout(n, o).bytes();
   }
@@ -354,6 +387,7 @@ void encode(const float* x, int64_t n, const CompressOptions& o, std::string& ou
     }
     case Codec::sign:
     case Codec::nf2:
+    case Codec::nf3:
       encode_levels(level_codec(o.codec), x, n, o, p);
       return;
     case Codec::topk:
@@ -410,6 +444,7 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
     }
     case Codec::sign:
     case Codec::nf2:
+    case Codec::nf3:
       decode_levels(level_codec(o.codec), p, n, o, out, what);
       return;
     case Codec::topk:
@@ -446,15 +481,16 @@ std::vector<float> error_bound(const float* x, int64_t n, const CompressOptions&
       break;
     case Codec::sign:
     case Codec::nf2:
+    case Codec::nf3:
       for (int64_t lo = 0, b = 0; lo < n; lo += o.block, ++b) {
         const int64_t hi = std::min(n, lo + o.block);
         const bool sign = o.codec == Codec::sign;
-        const float s = mean_magnitude(x, lo, hi, sign ? 1.0 : kSigmaPerMeanMagnitude, b);
+        const LevelCodec c = level_codec(o.codec);
+        const float s = mean_magnitude(x, lo, hi, c.scale_per_mean_magnitude, b);
         for (int64_t i = lo; i < hi; ++i) {
           const float a = std::fabs(x[i]);
           const float e =
-              sign ? a + s * slack
-                   : std::max((kNf2Levels[3] - kNf2Cut) * s * slack, a - kNf2Levels[3] * s);
+              sign ? a + s * slack : std::max(c.inner_error * s * slack, a - largest_level(c) * s);
           bound[static_cast<size_t>(i)] = e * (1 + 1e-5f) + s * 1e-6f + 2 * tiny;
         }
       }

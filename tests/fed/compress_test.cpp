@@ -40,14 +40,14 @@ std::vector<float> round_trip(const std::vector<float>& x, const CompressOptions
 }
 
 constexpr Codec kAllCodecs[] = {Codec::none, Codec::bf16, Codec::int8, Codec::int4,
-                                Codec::nf2,  Codec::sign, Codec::topk};
+                                Codec::nf3,  Codec::nf2,  Codec::sign, Codec::topk};
 constexpr ScaleFormat kScaleFormats[] = {ScaleFormat::f32, ScaleFormat::bf16};
 
 // Every codec with float32 scales, and those with block scales with bf16 scales too.
 std::vector<std::pair<Codec, ScaleFormat>> codecs_and_scales() {
   std::vector<std::pair<Codec, ScaleFormat>> out;
   for (Codec c : kAllCodecs) out.emplace_back(c, ScaleFormat::f32);
-  for (Codec c : {Codec::int8, Codec::int4, Codec::nf2, Codec::sign, Codec::topk})
+  for (Codec c : {Codec::int8, Codec::int4, Codec::nf3, Codec::nf2, Codec::sign, Codec::topk})
     out.emplace_back(c, ScaleFormat::bf16);
   return out;
 }
@@ -74,7 +74,8 @@ TEST(Compress, RoundTripWithinStatedBound) {
           const auto o = opts(c, block, 0, scale);
           encode(x.data(), n, o, enc);
           ASSERT_EQ(enc.size(), encoded_bytes(o, n));
-          const bool zero_stays = c != Codec::sign && c != Codec::nf2;  // they have no zero level
+          // sign, nf2 and nf3 have no zero level
+          const bool zero_stays = c != Codec::sign && c != Codec::nf2 && c != Codec::nf3;
           std::vector<float> y(static_cast<size_t>(n));
           decode(reinterpret_cast<const uint8_t*>(enc.data()), enc.size(), n, o, y.data(), "t");
           const auto bound = error_bound(x.data(), n, o);
@@ -96,7 +97,7 @@ TEST(Compress, TinyValuesStayWithinTheBoundInBothScaleFormats) {
   // Blocks whose scale is below float32's normal range: 1 / s overflows float32, and bfloat16's
   // steps there are 2^-133, far coarser than 2^-7 s.
   for (ScaleFormat scale : kScaleFormats) {
-    for (Codec c : {Codec::int8, Codec::int4, Codec::nf2, Codec::sign, Codec::topk}) {
+    for (Codec c : {Codec::int8, Codec::int4, Codec::nf3, Codec::nf2, Codec::sign, Codec::topk}) {
       for (double magnitude : {1e-36, 1e-39, 1e-42}) {
         auto x = random_values(64, 7, magnitude);
         x[5] = 0;
@@ -120,6 +121,7 @@ TEST(Compress, SizesAreWhatTheDocsSay) {
   EXPECT_EQ(encoded_bytes(opts(Codec::int4), 1001), 16 * 4 + 501u);
   EXPECT_EQ(encoded_bytes(opts(Codec::sign), 1001), 16 * 4 + 126u);
   EXPECT_EQ(encoded_bytes(opts(Codec::nf2), 1001), 16 * 4 + 251u);
+  EXPECT_EQ(encoded_bytes(opts(Codec::nf3), 1001), 16 * 4 + 376u);  // 3003 bits
   // 4 blocks (the last of 232 values), 16 kept in each: scale, then 1-byte index and value each
   EXPECT_EQ(encoded_bytes(opts(Codec::topk, 256, 16), 1000), 4 * 4 + 64 * 2u);
   // blocks of 300 take 2-byte indices; the last block (100 values) keeps 16 too
@@ -192,6 +194,31 @@ TEST(Compress, Nf2CutsAtTheNormalLloydMaxPoints) {
   for (size_t i = 0; i < y.size(); ++i) EXPECT_FLOAT_EQ(y[i], want[i]) << i;
 }
 
+TEST(Compress, Nf3CutsAtTheNormalLloydMaxPointsAndPacksThreeBitsAValue) {
+  // one block of 16: mean|x| = 0.38125, s = mean|x| sqrt(pi / 2) = 0.4778; cuts at 0, +-0.2392,
+  // +-0.5017 and +-0.8352, so the first eight values land in each level once, in a shuffled order
+  // whose codes straddle byte boundaries, and the zeros in the level just above 0
+  std::vector<float> x{1.6f, -0.1f, 0.4f, -1.9f, 0.1f, -0.4f, 0.8f, -0.8f};
+  x.resize(16, 0.0f);
+  const auto o = opts(Codec::nf3, 16);
+  std::string enc;
+  encode(x.data(), 16, o, enc);
+  ASSERT_EQ(enc.size(), 4u + 6u);
+  // value i at bits 3i .. 3i + 2 of the stream, low bits first
+  const uint64_t codes[16] = {7, 3, 5, 0, 4, 2, 6, 1, 4, 4, 4, 4, 4, 4, 4, 4};
+  uint64_t stream = 0;
+  for (int i = 0; i < 16; ++i) stream |= codes[i] << (3 * i);
+  for (int byte = 0; byte < 6; ++byte)
+    EXPECT_EQ(static_cast<uint8_t>(enc[static_cast<size_t>(4 + byte)]),
+              (stream >> (8 * byte)) & 0xffu)
+        << byte;
+  const auto y = round_trip(x, o);
+  const auto s = static_cast<float>(0.38125 * std::sqrt(std::acos(-1.0) / 2));
+  const float levels[8] = {-2.1519f, -1.3439f, -0.7560f, -0.2451f,
+                           0.2451f,  0.7560f,  1.3439f,  2.1519f};
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_FLOAT_EQ(y[i], levels[codes[i]] * s) << i;
+}
+
 TEST(Compress, TopkKeepsTheLargestMagnitudesOfEachBlock) {
   const std::vector<float> x{0.1f, -5, 3, 0.2f, 4, -0.3f, 0, 1, 1, -1, 1, 0.5f};
   const auto y = round_trip(x, opts(Codec::topk, 4, 2));
@@ -246,6 +273,14 @@ TEST(Compress, HostilePayloadsAreRefused) {
   enc.back() = static_cast<char>(enc.back() | 0x40);
   EXPECT_THROW(decode(reinterpret_cast<const uint8_t*>(enc.data()), enc.size(), 10,
                       opts(Codec::nf2, 4), y.data(), "t"),
+               Error);
+  // nf3 likewise (10 values: 30 bits, 2 unused in the last byte)
+  enc.clear();
+  encode(x.data(), 10, opts(Codec::nf3, 4), enc);
+  ASSERT_EQ(enc.size(), 3 * 4 + 4u);
+  enc.back() = static_cast<char>(enc.back() | 0x40);
+  EXPECT_THROW(decode(reinterpret_cast<const uint8_t*>(enc.data()), enc.size(), 10,
+                      opts(Codec::nf3, 4), y.data(), "t"),
                Error);
   // topk: a block's indices must ascend strictly and stay inside the block (blocks 4, 4, 2)
   const auto topk = opts(Codec::topk, 4, 2);
@@ -370,7 +405,8 @@ TEST(Compress, ErrorFeedbackSumsToTheOriginal) {
     double amax = 0;
     for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(static_cast<double>(res[i])));
     const bool coarse = c == Codec::sign || c == Codec::nf2;
-    EXPECT_LT(amax, coarse ? 0.05 : c == Codec::int4 ? 0.02 : 0.005) << codec_name(c);
+    const bool medium = c == Codec::int4 || c == Codec::nf3;
+    EXPECT_LT(amax, coarse ? 0.05 : medium ? 0.02 : 0.005) << codec_name(c);
     EXPECT_LT(worst_without, coarse ? 0.05 : 0.03) << codec_name(c);
   }
 }

@@ -398,8 +398,18 @@ TEST(FirstMoments, MissingOrBadMomentsAndUnprotectedCombinationsAreRefused) {
     const std::string error = server_config_error(dir / "other.toml", base + other);
     EXPECT_NE(error.find("first_moments"), std::string::npos) << other << ": " << error;
   }
-  // nf2 in blocks within a token row (hidden_size 32) passes; int8 in any block does.
+  // nf3 has no zero level either; the message names the codec that has none.
+  for (const std::string& zeroless : {"[compression]\ncodec = 'nf3'\nblock = 64\n",
+                                      "[compression]\ncodec = 'int4'\nserver_codec = 'nf3'\n"
+                                      "block = 48\n"}) {
+    const std::string error = server_config_error(dir / "nf3.toml", base + zeroless);
+    EXPECT_NE(error.find("sends with nf3, which has no zero level"), std::string::npos)
+        << zeroless << ": " << error;
+  }
+  // nf2 and nf3 in blocks within a token row (hidden_size 32) pass; int8 in any block does.
   for (const std::string& fine : {"[compression]\ncodec = 'nf2'\nblock = 32\n",
+                                  "[compression]\ncodec = 'nf3'\nserver_codec = 'int4'\n"
+                                  "block = 32\n",
                                   "[compression]\nserver_codec = 'nf2'\nblock = 16\n",
                                   "[compression]\ncodec = 'int8'\nblock = 256\n"}) {
     write_file_atomic(dir / "fine.toml", base + fine);
