@@ -21,7 +21,7 @@
 #                       another outer optimizer, ROW_WEIGHTING the strategy's row weighting,
 #                       SECOND_MOMENTS whether the clients share their AdamW second moments,
 #                       FIRST_MOMENTS which of their first moments they share)
-#        diloco-CODEC-N the same with CODEC (int8, int4, nf3, nf2, sign, topk) both ways: the
+#        diloco-CODEC-N the same with CODEC (int8, int4, nf3, nf2, mix, sign, topk) both ways: the
 #                       pseudo-gradients with error feedback, the model download as a delta
 #                       against the model the clients hold (BLOCK values per scale, TOPK kept
 #                       per block, SCALE how each block's scale is stored: float32 or bf16,

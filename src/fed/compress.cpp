@@ -1,5 +1,7 @@
 #include "fed/compress.h"
 
+#include "fed/compress_mix.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,9 +16,11 @@ Codec parse_codec(const std::string& name) {
   if (name == "int4") return Codec::int4;
   if (name == "nf2") return Codec::nf2;
   if (name == "nf3") return Codec::nf3;
+  if (name == "mix") return Codec::mix;
   if (name == "sign") return Codec::sign;
   if (name == "topk") return Codec::topk;
-  fail("unknown compression '", name, "'; expected none, bf16, int8, int4, nf3, nf2, sign or topk");
+  fail("unknown compression '", name,
+       "'; expected none, bf16, int8, int4, nf3, nf2, mix, sign or topk");
 }
 
 const char* codec_name(Codec c) {
@@ -33,6 +37,8 @@ const char* codec_name(Codec c) {
       return "nf2";
     case Codec::nf3:
       return "nf3";
+    case Codec::mix:
+      return "mix";
     case Codec::sign:
       return "sign";
     case Codec::topk:
@@ -334,6 +340,8 @@ uint64_t encoded_bytes(const CompressOptions& o, int64_t n) {
       return scales + (un + 1) / 2;
     case Codec::nf3:
       return scales + level_code_bytes(3, n);
+    case Codec::mix:
+      return mix_encoded_bytes(o, n);
     case Codec::nf2:
       return scales + level_code_bytes(2, n);
     case Codec::sign:
@@ -389,6 +397,9 @@ void encode(const float* x, int64_t n, const CompressOptions& o, std::string& ou
     case Codec::nf2:
     case Codec::nf3:
       encode_levels(level_codec(o.codec), x, n, o, p);
+      return;
+    case Codec::mix:
+      mix_encode(x, n, o, p);
       return;
     case Codec::topk:
       encode_topk(x, n, o, p);
@@ -447,6 +458,9 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
     case Codec::nf3:
       decode_levels(level_codec(o.codec), p, n, o, out, what);
       return;
+    case Codec::mix:
+      mix_decode(p, n, o, out, what);
+      return;
     case Codec::topk:
       decode_topk(p, n, o, out, what);
       return;
@@ -495,6 +509,8 @@ std::vector<float> error_bound(const float* x, int64_t n, const CompressOptions&
         }
       }
       break;
+    case Codec::mix:
+      return mix_error_bound(x, n, o);
     case Codec::topk: {
       std::vector<int64_t> idx;
       for (int64_t lo = 0; lo < n; lo += o.block) {

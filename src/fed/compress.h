@@ -19,6 +19,10 @@
 //   sign   per block: one float32 scale s = mean|x| (the scale that makes s sign(x) nearest to x),
 //          then one bit per value, 1 for negative, low bit first; decoded as +-s
 //                                                          |err| <= |x| + s, 1 bit per value
+//   mix    nf2's bytes and 3 bits per block, spent where the values are: per block one of none
+//          (skipped, decoded as zeros), sign, nf2, nf3, int4 or int8, chosen to leave the least
+//          squared error over the tensor (fed/compress_mix.h)
+//                                                          the chosen coding's bound
 //   topk   per block: the `topk` values of largest magnitude (ties: the lower index), as int8
 //          with s = max|kept| / 127; the others are sent as zero. Per kept value one index
 //          within the block (1 byte when block <= 256, else 2) and one int8 byte
@@ -69,7 +73,8 @@ enum class Codec : uint8_t {
   topk = 4,
   sign = 5,
   nf2 = 6,
-  nf3 = 7
+  nf3 = 7,
+  mix = 8
 };
 
 Codec parse_codec(const std::string& name);  // throws listing the codecs

@@ -237,7 +237,7 @@ ServerConfig read_server_config(ConfigTable& root) {
                     c.compression.codec != Codec::sign && c.server_codec != Codec::sign),
                root.where("strategy.first_moments"), ": '", fm,
                "' sends the moments with the round's codecs, and topk or sign without error "
-               "feedback would lose most of them; use none, bf16, int8, int4, nf3 or nf2");
+               "feedback would lose most of them; use none, bf16, int8, int4, nf3, nf2 or mix");
   // A client steps by m / sqrt(v): with the federation's m and its own v, a row its silo rarely
   // writes (a small v) takes the other silos' m at full scale. bench/fed_vs_central diverged so in
   // round 2, float32 and nf2, 4 and 8 clients (bench/README.md, "The baseline at its own learning
@@ -247,19 +247,23 @@ ServerConfig read_server_config(ConfigTable& root) {
                "' needs strategy.second_moments = 'factored': the clients would divide the "
                "federation's first moments by their own second moments, which are small on the "
                "rows their silo rarely writes, and training diverges");
-  // nf2 and nf3 have no zero level, and a moment has no error feedback: a block that spans two
-  // token rows hands a rarely written row a busy row's noise, every round. bench/fed_vs_central
-  // diverged so (blocks of 256 over rows of 64, bench/README.md "int8 at 400x"); blocks within a
-  // row do not.
+  // nf2 and nf3 have no zero level (mix codes blocks with them too), and a moment has no error
+  // feedback: a block that spans two token rows hands a rarely written row a busy row's noise,
+  // every round. bench/fed_vs_central diverged so (blocks of 256 over rows of 64, bench/README.md
+  // "int8 at 400x"); blocks within a row do not.
   const int64_t row = c.model.hidden_size, block = c.compression.block;
-  const auto no_zero_level = [](Codec codec) { return codec == Codec::nf2 || codec == Codec::nf3; };
+  const auto no_zero_level = [](Codec codec) {
+    return codec == Codec::nf2 || codec == Codec::nf3 || codec == Codec::mix;
+  };
   const Codec zeroless = no_zero_level(c.compression.codec) ? c.compression.codec : c.server_codec;
   POLLEN_CHECK(!c.strategy.shares_first_moments() || !no_zero_level(zeroless) || row % block == 0,
                root.where("compression.block"), ": ", block,
                " values per scale span more than one token row (model.hidden_size ", row,
                ") of the first moments that strategy.first_moments = '", fm, "' sends with ",
                codec_name(zeroless),
-               ", which has no zero level: a rarely written row would take a busy row's noise "
+               zeroless == Codec::mix ? ", whose nf2 and nf3 blocks have no zero level"
+                                      : ", which has no zero level",
+               ": a rarely written row would take a busy row's noise "
                "and training diverges; use a block that divides ",
                row, ", or int8 or int4");
   c.tls = read_tls(root, true);

@@ -39,15 +39,16 @@ std::vector<float> round_trip(const std::vector<float>& x, const CompressOptions
   return y;
 }
 
-constexpr Codec kAllCodecs[] = {Codec::none, Codec::bf16, Codec::int8, Codec::int4,
-                                Codec::nf3,  Codec::nf2,  Codec::sign, Codec::topk};
+constexpr Codec kAllCodecs[] = {Codec::none, Codec::bf16, Codec::int8, Codec::int4, Codec::nf3,
+                                Codec::nf2,  Codec::mix,  Codec::sign, Codec::topk};
 constexpr ScaleFormat kScaleFormats[] = {ScaleFormat::f32, ScaleFormat::bf16};
 
 // Every codec with float32 scales, and those with block scales with bf16 scales too.
 std::vector<std::pair<Codec, ScaleFormat>> codecs_and_scales() {
   std::vector<std::pair<Codec, ScaleFormat>> out;
   for (Codec c : kAllCodecs) out.emplace_back(c, ScaleFormat::f32);
-  for (Codec c : {Codec::int8, Codec::int4, Codec::nf3, Codec::nf2, Codec::sign, Codec::topk})
+  for (Codec c :
+       {Codec::int8, Codec::int4, Codec::nf3, Codec::nf2, Codec::mix, Codec::sign, Codec::topk})
     out.emplace_back(c, ScaleFormat::bf16);
   return out;
 }
@@ -74,8 +75,9 @@ TEST(Compress, RoundTripWithinStatedBound) {
           const auto o = opts(c, block, 0, scale);
           encode(x.data(), n, o, enc);
           ASSERT_EQ(enc.size(), encoded_bytes(o, n));
-          // sign, nf2 and nf3 have no zero level
-          const bool zero_stays = c != Codec::sign && c != Codec::nf2 && c != Codec::nf3;
+          // sign, nf2 and nf3 have no zero level, and mix may code a block with them
+          const bool zero_stays =
+              c != Codec::sign && c != Codec::nf2 && c != Codec::nf3 && c != Codec::mix;
           std::vector<float> y(static_cast<size_t>(n));
           decode(reinterpret_cast<const uint8_t*>(enc.data()), enc.size(), n, o, y.data(), "t");
           const auto bound = error_bound(x.data(), n, o);
@@ -404,7 +406,7 @@ TEST(Compress, ErrorFeedbackSumsToTheOriginal) {
     // and what is still owed is no more than one round's compression error
     double amax = 0;
     for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(static_cast<double>(res[i])));
-    const bool coarse = c == Codec::sign || c == Codec::nf2;
+    const bool coarse = c == Codec::sign || c == Codec::nf2 || c == Codec::mix;
     const bool medium = c == Codec::int4 || c == Codec::nf3;
     EXPECT_LT(amax, coarse ? 0.05 : medium ? 0.02 : 0.005) << codec_name(c);
     EXPECT_LT(worst_without, coarse ? 0.05 : 0.03) << codec_name(c);

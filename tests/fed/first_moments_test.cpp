@@ -406,6 +406,11 @@ TEST(FirstMoments, MissingOrBadMomentsAndUnprotectedCombinationsAreRefused) {
     EXPECT_NE(error.find("sends with nf3, which has no zero level"), std::string::npos)
         << zeroless << ": " << error;
   }
+  const std::string mix =
+      server_config_error(dir / "mix.toml", base + "[compression]\nserver_codec = 'mix'\n");
+  EXPECT_NE(mix.find("sends with mix, whose nf2 and nf3 blocks have no zero level"),
+            std::string::npos)
+      << mix;
   // nf2 and nf3 in blocks within a token row (hidden_size 32) pass; int8 in any block does.
   for (const std::string& fine : {"[compression]\ncodec = 'nf2'\nblock = 32\n",
                                   "[compression]\ncodec = 'nf3'\nserver_codec = 'int4'\n"
