@@ -14,7 +14,7 @@
 #      languages (Debian's manpages-de, -es, -it, -ru, -pl, -cs, -pt-br, rendered with groff),
 #      with WARMUP_SILO=pub the public silo above.
 #   3. For N in CLIENTS (default "4 8"; the first N silos), each run of RUNS (default
-#      "diloco-nf2 baseline") from the warm-up's checkpoint (model.init_from):
+#      "diloco-mix baseline") from the warm-up's checkpoint (model.init_from):
 #        diloco-N       DiLoCo: Nesterov outer lr OUTER_LR, momentum OUTER_MOMENTUM (ramped
 #                       up over MOMENTUM_WARMUP rounds), H local AdamW steps per round, ROUNDS
 #                       rounds, fp32 both ways (OUTER picks
@@ -82,7 +82,7 @@ DRIFT=${DRIFT:-0.75}
 WARMUP_STEPS=${WARMUP_STEPS:-8000}
 WARMUP_LR=${WARMUP_LR:-3e-3}
 WARMUP_SILO=${WARMUP_SILO:-man}
-RUNS=${RUNS:-"diloco-nf2 baseline"}
+RUNS=${RUNS:-"diloco-mix baseline"}
 BLOCK=${BLOCK:-64}
 TOPK=${TOPK:-4}
 SCALE=${SCALE:-bf16}

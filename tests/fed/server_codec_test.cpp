@@ -202,6 +202,34 @@ TEST(ServerCodec, Bf16ScalesTravelBothWaysAndAreCounted) {
   fs::remove_all(dir);
 }
 
+TEST(ServerCodec, MixTravelsBothWaysAndTheViewIsRebuiltBitwise) {
+  // mix both ways through a simulation: the view the server checkpointed after round 2 is the
+  // initial model plus mix's decoding of round 1's move, and each direction moves mix's bytes.
+  Quiet q;
+  const auto dir = temp_dir("server_codec_mix");
+  const auto silo = make_silo(dir / "a", 1);
+  auto cfg = sim_config(dir, {silo}, "fedavg", 2, 4);
+  cfg.server.compression.codec = Codec::mix;
+  cfg.server.server_codec = Codec::mix;
+  cfg.server.compression.block = 32;
+  cfg.server.compression.scale = ScaleFormat::bf16;
+  const auto r = run_simulation(cfg, false);
+  ASSERT_EQ(r.rounds, 2);
+  const auto ckpts = io::list_checkpoints(cfg.server.dir / "checkpoints");
+  ASSERT_EQ(ckpts.size(), 2u);
+  const Weights x1 = read_model(ckpts[0]), v2 = read_tensors(ckpts[1] / "view.safetensors");
+  set_num_threads(1);
+  const Weights x0 = model_weights(model::Llama(cfg.server.model, cfg.server.seed));
+  const CompressOptions mix{Codec::mix, 32, 0, ScaleFormat::bf16};
+  EXPECT_TRUE(bitwise_equal(v2, plus(x0, round_trip(weights_minus(x1, x0), mix))));
+  uint64_t coded = 0;
+  for (const auto& t : x0) coded += encoded_bytes(mix, t.numel());
+  const auto m = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  EXPECT_EQ(m[1]["bytes_sent"].get<uint64_t>(), coded);
+  for (const auto& round : m) EXPECT_EQ(round["bytes_received"].get<uint64_t>(), coded);
+  fs::remove_all(dir);
+}
+
 TEST(ServerCodec, AClientThatSatOutRoundsGetsTheDeltasItMissed) {
   // Two of four clients a round: a client selected again after sitting out rounds pulls the
   // chain of int4 deltas from the view it holds, one per round it missed, not the whole model.
