@@ -168,66 +168,42 @@ TEST(ServerCodec, ClientTrainsFromTheViewAndTheServerKeepsItsWeightsExact) {
 }
 
 TEST(ServerCodec, Bf16ScalesTravelBothWaysAndAreCounted) {
-  // nf2 both ways with bf16 block scales: the client rebuilds the view the server checkpointed
-  // bitwise, and each direction moves 2 bytes a block, not 4.
-  Quiet q;
-  const auto dir = temp_dir("server_codec_bf16_scales");
-  const auto silo = make_silo(dir / "a", 1);
-  auto cfg = sim_config(dir, {silo}, "fedavg", 2, 4);
-  cfg.server.compression.codec = Codec::nf2;
-  cfg.server.server_codec = Codec::nf2;
-  cfg.server.compression.block = 32;
-  cfg.server.compression.scale = ScaleFormat::bf16;
-  const auto r = run_simulation(cfg, false);
-  ASSERT_EQ(r.rounds, 2);
-  const auto ckpts = io::list_checkpoints(cfg.server.dir / "checkpoints");
-  ASSERT_EQ(ckpts.size(), 2u);
-  const Weights x1 = read_model(ckpts[0]), v2 = read_tensors(ckpts[1] / "view.safetensors");
-  set_num_threads(1);
-  const Weights x0 = model_weights(model::Llama(cfg.server.model, cfg.server.seed));
-  const CompressOptions nf2{Codec::nf2, 32, 0, ScaleFormat::bf16};
-  const Weights moved = round_trip(weights_minus(x1, x0), nf2);
-  EXPECT_TRUE(bitwise_equal(v2, plus(x0, moved)));
-  uint64_t whole = 0, coded = 0, coded_f32 = 0;
-  for (const auto& t : x0) {
-    whole += 4 * static_cast<uint64_t>(t.numel());
-    coded += encoded_bytes(nf2, t.numel());
-    coded_f32 += encoded_bytes({Codec::nf2, 32}, t.numel());
+  // nf2 and mix both ways with bf16 block scales: the client rebuilds the view the server
+  // checkpointed bitwise (the initial model plus the codec's decoding of round 1's move), and each
+  // direction moves the codec's bytes, 2 a block less than with float32 scales.
+  for (Codec codec : {Codec::nf2, Codec::mix}) {
+    SCOPED_TRACE(codec_name(codec));
+    Quiet q;
+    const auto dir = temp_dir(cat("server_codec_bf16_scales_", codec_name(codec)));
+    const auto silo = make_silo(dir / "a", 1);
+    auto cfg = sim_config(dir, {silo}, "fedavg", 2, 4);
+    cfg.server.compression.codec = codec;
+    cfg.server.server_codec = codec;
+    cfg.server.compression.block = 32;
+    cfg.server.compression.scale = ScaleFormat::bf16;
+    const auto r = run_simulation(cfg, false);
+    ASSERT_EQ(r.rounds, 2);
+    const auto ckpts = io::list_checkpoints(cfg.server.dir / "checkpoints");
+    ASSERT_EQ(ckpts.size(), 2u);
+    const Weights x1 = read_model(ckpts[0]), v2 = read_tensors(ckpts[1] / "view.safetensors");
+    set_num_threads(1);
+    const Weights x0 = model_weights(model::Llama(cfg.server.model, cfg.server.seed));
+    const CompressOptions coding{codec, 32, 0, ScaleFormat::bf16};
+    const Weights moved = round_trip(weights_minus(x1, x0), coding);
+    EXPECT_TRUE(bitwise_equal(v2, plus(x0, moved)));
+    uint64_t whole = 0, coded = 0, coded_f32 = 0;
+    for (const auto& t : x0) {
+      whole += 4 * static_cast<uint64_t>(t.numel());
+      coded += encoded_bytes(coding, t.numel());
+      coded_f32 += encoded_bytes({codec, 32}, t.numel());
+    }
+    const auto m = read_jsonl(cfg.server.dir / "metrics.jsonl");
+    EXPECT_EQ(m[0]["bytes_sent"].get<uint64_t>(), whole);
+    EXPECT_EQ(m[1]["bytes_sent"].get<uint64_t>(), coded);
+    for (const auto& round : m) EXPECT_EQ(round["bytes_received"].get<uint64_t>(), coded);
+    EXPECT_LT(coded, coded_f32);
+    fs::remove_all(dir);
   }
-  const auto m = read_jsonl(cfg.server.dir / "metrics.jsonl");
-  EXPECT_EQ(m[0]["bytes_sent"].get<uint64_t>(), whole);
-  EXPECT_EQ(m[1]["bytes_sent"].get<uint64_t>(), coded);
-  for (const auto& round : m) EXPECT_EQ(round["bytes_received"].get<uint64_t>(), coded);
-  EXPECT_LT(coded, coded_f32);
-  fs::remove_all(dir);
-}
-
-TEST(ServerCodec, MixTravelsBothWaysAndTheViewIsRebuiltBitwise) {
-  // mix both ways through a simulation: the view the server checkpointed after round 2 is the
-  // initial model plus mix's decoding of round 1's move, and each direction moves mix's bytes.
-  Quiet q;
-  const auto dir = temp_dir("server_codec_mix");
-  const auto silo = make_silo(dir / "a", 1);
-  auto cfg = sim_config(dir, {silo}, "fedavg", 2, 4);
-  cfg.server.compression.codec = Codec::mix;
-  cfg.server.server_codec = Codec::mix;
-  cfg.server.compression.block = 32;
-  cfg.server.compression.scale = ScaleFormat::bf16;
-  const auto r = run_simulation(cfg, false);
-  ASSERT_EQ(r.rounds, 2);
-  const auto ckpts = io::list_checkpoints(cfg.server.dir / "checkpoints");
-  ASSERT_EQ(ckpts.size(), 2u);
-  const Weights x1 = read_model(ckpts[0]), v2 = read_tensors(ckpts[1] / "view.safetensors");
-  set_num_threads(1);
-  const Weights x0 = model_weights(model::Llama(cfg.server.model, cfg.server.seed));
-  const CompressOptions mix{Codec::mix, 32, 0, ScaleFormat::bf16};
-  EXPECT_TRUE(bitwise_equal(v2, plus(x0, round_trip(weights_minus(x1, x0), mix))));
-  uint64_t coded = 0;
-  for (const auto& t : x0) coded += encoded_bytes(mix, t.numel());
-  const auto m = read_jsonl(cfg.server.dir / "metrics.jsonl");
-  EXPECT_EQ(m[1]["bytes_sent"].get<uint64_t>(), coded);
-  for (const auto& round : m) EXPECT_EQ(round["bytes_received"].get<uint64_t>(), coded);
-  fs::remove_all(dir);
 }
 
 TEST(ServerCodec, AClientThatSatOutRoundsGetsTheDeltasItMissed) {
