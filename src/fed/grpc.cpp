@@ -215,6 +215,9 @@ void GrpcServer::start(const std::string& address, const TlsFiles& tls) {
   impl_->service = std::make_unique<FederationService>(impl_->coordinator, impl_->tokenizer,
                                                        tls.enabled(), std::move(revoked));
   grpc::ServerBuilder b;
+  // gRPC lets servers share a port by default (SO_REUSEPORT), and the kernel would then hand each
+  // of them a share of the clients: a second server on a busy port must fail instead.
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   b.AddListeningPort(address, creds, &impl_->port);
   b.RegisterService(impl_->service.get());
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);

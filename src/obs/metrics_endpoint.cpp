@@ -1,11 +1,10 @@
 #include "obs/metrics_endpoint.h"
 
-#include <httplib.h>
-
 #include <charconv>
 #include <thread>
 
 #include "base/error.h"
+#include "base/http_server.h"
 #include "obs/prometheus.h"
 
 namespace pollen::obs {
@@ -40,6 +39,7 @@ MetricsEndpoint::MetricsEndpoint(const std::string& address, std::function<std::
                         res.set_content(e.what(), "text/plain");
                       }
                     });
+  listen_exclusively(impl_->server);
   if (port == 0) {
     impl_->port = impl_->server.bind_to_any_port(host);
   } else {

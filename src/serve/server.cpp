@@ -1,12 +1,13 @@
 #include "serve/server.h"
 
-#include <httplib.h>
 #include <openssl/crypto.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+
+#include "base/http_server.h"
 
 namespace pollen::serve {
 namespace {
@@ -122,6 +123,7 @@ Server::Server(const model::Llama& model, const tokenizer::Tokenizer& tok, Serve
   const size_t threads = static_cast<size_t>(options_.limits.max_concurrent) + 4;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(options_.limits.max_body_bytes);
+  listen_exclusively(*http_);
   add_routes();
   port_ = options_.port == 0
               ? http_->bind_to_any_port(options_.host)

@@ -30,8 +30,8 @@ const char* const kModel =
 
 struct Federation {
   fs::path dir;
-  int port = 0;
-  std::string address() const { return cat("127.0.0.1:", port); }
+  std::string address_;
+  const std::string& address() const { return address_; }
 };
 
 // A server of 2 rounds of 3 local steps (FedAvg, lr 1: the new global model is the old one minus
@@ -42,8 +42,7 @@ struct Federation {
 Federation write_federation(const std::string& name, const std::string& parallel = "",
                             const std::string& strategy = "fedavg", const std::string& train = "",
                             const std::string& strategy_keys = "", bool keep_state = true) {
-  static int runs = 0;
-  Federation f{temp_dir(name), 20000 + static_cast<int>((::getpid() * 7 + 31 * runs++) % 20000)};
+  Federation f{temp_dir(name), loopback_address()};
   write_file_atomic(
       f.dir / "fed.toml",
       cat("[server]\ndir = '", (f.dir / "server").string(), "'\naddress = '", f.address(),

@@ -371,6 +371,27 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   server.shutdown();
 }
 
+TEST(Grpc, ASecondServerOnTheSamePortIsRefused) {
+  // Two servers sharing a port would each take some of the clients (SO_REUSEPORT): the second
+  // must fail to start, saying where, while the first keeps serving.
+  Quiet q;
+  const auto dir = temp_dir("same_port");
+  Coordinator first(sim_config(dir / "first", {}, "fedavg", 1, 1).server, false),
+      second(sim_config(dir / "second", {}, "fedavg", 1, 1).server, false);
+  GrpcServer server(first, "127.0.0.1:0", {});
+  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  try {
+    GrpcServer again(second, address, {});
+    ADD_FAILURE() << "a second server listened on " << address;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen on '" + address + "'"), std::string::npos)
+        << e.what();
+  }
+  GrpcTransport tr(address, {}, 3);
+  EXPECT_TRUE(tr.join(tiny_join("alice")).accepted());
+  server.shutdown();
+}
+
 TEST(Grpc, SimulatedEqualsDeployedBitwise) {
   const auto dir = temp_dir("deployed");
   const auto a = make_silo(dir / "a", 1), b = make_silo(dir / "b", 3);
@@ -385,8 +406,7 @@ TEST(Grpc, SimulatedEqualsDeployedBitwise) {
       "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
       "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
       "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n";
-  const int port = 20000 + static_cast<int>(::getpid() % 20000);
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const std::string address = loopback_address();
   write_file_atomic(dir / "fed.toml",
                     cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
                         "'\nseed = 5\nrounds = 2\nlocal_steps = 3\nround_timeout_s = 120\n"

@@ -168,8 +168,7 @@ TEST(FedPostWire, DeployedSftEqualsTheSimulationBitwise) {
     run_lora_federation(sim, lora_objective_factory("sft", "test"));
   }
   // The same federation as three processes on loopback.
-  const int port = 20000 + static_cast<int>((::getpid() + 7919) % 20000);
-  const std::string address = cat("127.0.0.1:", port);
+  const std::string address = loopback_address();
   write_file_atomic(dir / "fed.toml",
                     cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
                         "'\nrounds = 2\nlocal_steps = 3\nround_timeout_s = 120\n"

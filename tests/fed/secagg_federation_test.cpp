@@ -290,8 +290,7 @@ TEST(SecureGrpc, DeployedOnLoopbackEqualsTheSimulationBitwise) {
     cfg.server.secure_aggregation.neighbours = 2;
     run_simulation(cfg, false);
   }
-  const int port = 20000 + static_cast<int>((::getpid() + 7919) % 20000);
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  const std::string address = loopback_address();
   write_file_atomic(dir / "fed.toml",
                     cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
                         "'\nseed = 5\nrounds = 2\nlocal_steps = 2\neval_every = 0\n"

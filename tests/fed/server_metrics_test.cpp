@@ -176,3 +176,15 @@ TEST(FedObservability, EndpointRefusesMalformedAddresses) {
   EXPECT_THROW(obs::MetricsEndpoint("127.0.0.1:99999", render), Error);
   EXPECT_THROW(obs::MetricsEndpoint("127.0.0.1:9x", render), Error);
 }
+
+TEST(FedObservability, EndpointRefusesAPortAnotherHolds) {
+  // A second endpoint on a busy port must not take a share of the first one's scrapes.
+  obs::MetricsEndpoint first("127.0.0.1:0", [] { return std::string("first\n"); });
+  const std::string address = "127.0.0.1:" + std::to_string(first.port());
+  try {
+    obs::MetricsEndpoint second(address, [] { return std::string("second\n"); });
+    ADD_FAILURE() << "a second endpoint listened on " << address;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen there"), std::string::npos) << e.what();
+  }
+}

@@ -160,6 +160,23 @@ TEST_F(Serving, HealthAndModels) {
   EXPECT_EQ(j["data"][0]["id"], "tiny");
 }
 
+TEST_F(Serving, ASecondServerOnTheSamePortIsRefused) {
+  // It would otherwise take a share of the first one's requests.
+  start();
+  serve::ServerOptions o = options();
+  o.port = server_->port();
+  try {
+    serve::Server second(*model_, *tok_, o);
+    ADD_FAILURE() << "a second server listened on port " << o.port;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot listen"), std::string::npos) << e.what();
+  }
+  httplib::Client c("127.0.0.1", server_->port());
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
 TEST_F(Serving, CompletionsEqualGenerate) {
   start();
   // Greedy, one prompt.
