@@ -46,7 +46,7 @@ MetricsEndpoint::MetricsEndpoint(const std::string& address, std::function<std::
     impl_->port = impl_->server.bind_to_port(host, port) ? port : -1;
   }
   POLLEN_CHECK(impl_->port > 0, "metrics address '", address, "': cannot listen there");
-  impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
+  impl_->thread = listen_in_background(impl_->server);
 }
 
 MetricsEndpoint::~MetricsEndpoint() {

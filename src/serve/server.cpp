@@ -141,7 +141,7 @@ void Server::run() {
 }
 
 void Server::start() {
-  thread_ = std::thread([this] { run(); });
+  thread_ = listen_in_background(*http_);
 }
 
 void Server::stop() {

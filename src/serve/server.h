@@ -53,7 +53,7 @@ class Server {
 
   int port() const { return port_; }
   void run();    // serves until stop()
-  void start();  // run() on a thread of its own
+  void start();  // run() on a thread of its own; returns once it listens
   void stop();
 
   Engine& engine() { return *engine_; }

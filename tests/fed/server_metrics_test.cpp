@@ -177,6 +177,12 @@ TEST(FedObservability, EndpointRefusesMalformedAddresses) {
   EXPECT_THROW(obs::MetricsEndpoint("127.0.0.1:9x", render), Error);
 }
 
+TEST(FedObservability, AnEndpointStoppedRightAfterItStartedEnds) {
+  // Its destructor stops the listening thread; before that thread listened, cpp-httplib's stop()
+  // did nothing and the destructor waited for ever.
+  for (int i = 0; i < 20; ++i) obs::MetricsEndpoint("127.0.0.1:0", [] { return std::string(); });
+}
+
 TEST(FedObservability, EndpointRefusesAPortAnotherHolds) {
   // A second endpoint on a busy port must not take a share of the first one's scrapes.
   obs::MetricsEndpoint first("127.0.0.1:0", [] { return std::string("first\n"); });

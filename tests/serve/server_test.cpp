@@ -177,6 +177,15 @@ TEST_F(Serving, ASecondServerOnTheSamePortIsRefused) {
   EXPECT_EQ(h->status, 200);
 }
 
+TEST_F(Serving, AServerStoppedRightAfterItStartedEnds) {
+  // Before its thread listened, cpp-httplib's stop() did nothing and stop() waited for ever.
+  for (int i = 0; i < 20; ++i) {
+    serve::Server s(*model_, *tok_, options());
+    s.start();
+    s.stop();
+  }
+}
+
 TEST_F(Serving, CompletionsEqualGenerate) {
   start();
   // Greedy, one prompt.
