@@ -34,9 +34,11 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   expect("rmsnorm_backward", "dx", dx, {n, c}, dt, dev);
   expect("rmsnorm_backward", "dw", dw, {c}, dt, dev);
 #if POLLEN_HAVE_CUDA
-  if (dev == Device::cuda)
+  if (dev == Device::cuda) {
+    Tensor dw_partials = Tensor::empty({cuda::rmsnorm_dw_chunks(n), c}, DType::f32, Device::cuda);
     return cuda::rmsnorm_backward(dt, dy.raw(), x.raw(), w.raw(), rstd.data<float>(), dx.raw(),
-                                  dw.raw(), n, c, accumulate_dx);
+                                  dw.raw(), dw_partials.data<float>(), n, c, accumulate_dx);
+  }
 #endif
   dispatch_float("rmsnorm_backward", dt, [&]<typename T>(T) {
     cpu::rmsnorm_backward(dy.data<T>(), x.data<T>(), w.data<T>(), rstd.data<T>(), dx.data<T>(),

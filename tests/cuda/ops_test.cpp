@@ -198,25 +198,31 @@ TEST(CudaOps, EmbeddingForwardAndBackward) {
 TEST(CudaOps, RMSNormForwardAndBackward) {
   POLLEN_REQUIRE_GPU();
   Rng rng = fresh_rng();
-  const int64_t n = 67, c = 384;
-  for (DType t : kDtypes) {
-    for (bool accumulate : {false, true}) {
-      SCOPED_TRACE(cat(dtype_name(t), accumulate ? " accumulating dx" : ""));
-      const Input x = random_input({n, c}, t, rng, 2.0), w = random_input({c}, t, rng),
-                  dy = random_input({n, c}, t, rng);
-      Tensor y = poisoned({n, c}, t), rstd = poisoned({n}, DType::f32);
-      Tensor y_ref = Tensor::empty({n, c}, DType::f64), rstd_ref = Tensor::empty({n}, DType::f64);
-      ops::rmsnorm_forward(x.gpu, w.gpu, 1e-5, y, rstd);
-      ops::rmsnorm_forward(x.ref, w.ref, 1e-5, y_ref, rstd_ref);
-      EXPECT_CLOSE(y, y_ref, t);
-      EXPECT_CLOSE(rstd, rstd_ref, DType::f32);  // f32 statistics whatever x's dtype
-      const Input dx0 = random_input({n, c}, t, rng), dw0 = random_input({c}, t, rng);
-      Tensor dx = accumulate ? dx0.gpu : poisoned({n, c}, t), dw = dw0.gpu;
-      Tensor dx_ref = dx0.ref.clone(), dw_ref = dw0.ref.clone();
-      ops::rmsnorm_backward(dy.gpu, x.gpu, w.gpu, rstd, dx, dw, accumulate);
-      ops::rmsnorm_backward(dy.ref, x.ref, w.ref, rstd_ref, dx_ref, dw_ref, accumulate);
-      EXPECT_CLOSE(dx, dx_ref, t);
-      EXPECT_CLOSE(dw, dw_ref, t);
+  // dw sums over chunks of rows: 67 rows make 2 chunks, 3001 rows 47 (the last one short), and
+  // 200 channels leave the second block of channels part empty.
+  struct Case {
+    int64_t n, c;
+  };
+  for (const auto [n, c] : {Case{67, 384}, Case{3001, 200}}) {
+    for (DType t : kDtypes) {
+      for (bool accumulate : {false, true}) {
+        SCOPED_TRACE(cat(dtype_name(t), " n=", n, " c=", c, accumulate ? " accumulating dx" : ""));
+        const Input x = random_input({n, c}, t, rng, 2.0), w = random_input({c}, t, rng),
+                    dy = random_input({n, c}, t, rng);
+        Tensor y = poisoned({n, c}, t), rstd = poisoned({n}, DType::f32);
+        Tensor y_ref = Tensor::empty({n, c}, DType::f64), rstd_ref = Tensor::empty({n}, DType::f64);
+        ops::rmsnorm_forward(x.gpu, w.gpu, 1e-5, y, rstd);
+        ops::rmsnorm_forward(x.ref, w.ref, 1e-5, y_ref, rstd_ref);
+        EXPECT_CLOSE(y, y_ref, t);
+        EXPECT_CLOSE(rstd, rstd_ref, DType::f32);  // f32 statistics whatever x's dtype
+        const Input dx0 = random_input({n, c}, t, rng), dw0 = random_input({c}, t, rng);
+        Tensor dx = accumulate ? dx0.gpu : poisoned({n, c}, t), dw = dw0.gpu;
+        Tensor dx_ref = dx0.ref.clone(), dw_ref = dw0.ref.clone();
+        ops::rmsnorm_backward(dy.gpu, x.gpu, w.gpu, rstd, dx, dw, accumulate);
+        ops::rmsnorm_backward(dy.ref, x.ref, w.ref, rstd_ref, dx_ref, dw_ref, accumulate);
+        EXPECT_CLOSE(dx, dx_ref, t);
+        EXPECT_CLOSE(dw, dw_ref, t);
+      }
     }
   }
 }

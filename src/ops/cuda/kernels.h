@@ -36,9 +36,18 @@ void embedding_backward(DType t, const void* dout, const int32_t* rows, const in
 // y (N,C) = x * rstd * w; rstd (N) fp32 = 1 / sqrt(mean(x^2) + eps).
 void rmsnorm_forward(DType t, const void* x, const void* w, void* y, float* rstd, int64_t n,
                      int64_t c, double eps);
-// dx (N,C) = (or +=) the input gradient; dw (C) += sum over rows of dy * x * rstd.
+// dx (N,C) = (or +=) the input gradient; dw (C) += sum over rows of dy * x * rstd, summed in fp32
+// over rmsnorm_dw_chunks(N) chunks of rows into dw_partials (chunks,C) f32 (scratch), then over
+// the chunks in order, and rounded into dw once.
 void rmsnorm_backward(DType t, const void* dy, const void* x, const void* w, const float* rstd,
-                      void* dx, void* dw, int64_t n, int64_t c, bool accumulate_dx);
+                      void* dx, void* dw, float* dw_partials, int64_t n, int64_t c,
+                      bool accumulate_dx);
+// Chunks of at least 64 rows, at most 128 of them: 32768 rows (llama-124m's batch) make 128
+// chunks of 256 rows, 384 blocks for C = 768.
+inline int64_t rmsnorm_dw_chunks(int64_t n) {
+  const int64_t chunks = (n + 63) / 64;
+  return chunks < 1 ? 1 : (chunks > 128 ? 128 : chunks);
+}
 
 // x (rows, H, D) rotated by +angle (or -angle when inverse), angle = positions[row] *
 // inv_freq[i] in double, cos and sin times attention_factor; inv_freq (D/2) f64 on the GPU.

@@ -1,5 +1,7 @@
 // RMSNorm (HF LlamaRMSNorm) forward and backward: one block per row, fp32 math, the sum of
-// squares in f64 as on the CPU.
+// squares in f64 as on the CPU. dw sums over all rows in two passes (chunks of rows side by side,
+// then the chunks in order), so that a long batch keeps the whole GPU busy and the sum stays
+// deterministic.
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 
@@ -40,15 +42,28 @@ __global__ void rmsnorm_dx_kernel(const T* dy, const T* x, const T* w, const flo
   }
 }
 
-// dw[j] += sum over rows i of dy[i,j] * x[i,j] * rstd[i]: one thread per channel, rows in order.
+// dw's first pass: partials[k, j] = the sum over rows i of chunk k of dy[i,j] * x[i,j] * rstd[i],
+// rows in order; grid (channel tiles, chunks), one thread per channel of the tile.
 template <typename T>
-__global__ void rmsnorm_dw_kernel(const T* dy, const T* x, const float* rstd, T* dw, int64_t n,
-                                  int64_t c) {
-  const int64_t j = grid_start();
+__global__ void rmsnorm_dw_partial_kernel(const T* dy, const T* x, const float* rstd,
+                                          float* partials, int64_t n, int64_t c,
+                                          int64_t chunk_rows) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= c) return;
+  const int64_t first = blockIdx.y * chunk_rows, end = min(n, first + chunk_rows);
   float sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += load(dy, i * c + j) * load(x, i * c + j) * rstd[i];
-  store(dw, j, load(dw, j) + sum);
+  for (int64_t i = first; i < end; ++i) sum += load(dy, i * c + j) * load(x, i * c + j) * rstd[i];
+  partials[blockIdx.y * c + j] = sum;
+}
+
+// dw's second pass: dw[j] += the chunks' partials[:, j] summed in chunk order, rounded once.
+template <typename T>
+__global__ void rmsnorm_dw_finish_kernel(const float* partials, int64_t chunks, T* dw, int64_t c) {
+  for (int64_t j = grid_start(); j < c; j += grid_stride()) {
+    float sum = 0;
+    for (int64_t k = 0; k < chunks; ++k) sum += partials[k * c + j];
+    store(dw, j, load(dw, j) + sum);
+  }
 }
 
 }  // namespace
@@ -65,7 +80,8 @@ void rmsnorm_forward(DType t, const void* x, const void* w, void* y, float* rstd
 }
 
 void rmsnorm_backward(DType t, const void* dy, const void* x, const void* w, const float* rstd,
-                      void* dx, void* dw, int64_t n, int64_t c, bool accumulate_dx) {
+                      void* dx, void* dw, float* dw_partials, int64_t n, int64_t c,
+                      bool accumulate_dx) {
   if (n == 0) return;
   dispatch("rmsnorm_backward", t, [&](auto tag) {
     using T = decltype(tag);
@@ -73,9 +89,15 @@ void rmsnorm_backward(DType t, const void* dy, const void* x, const void* w, con
         static_cast<const T*>(dy), static_cast<const T*>(x), static_cast<const T*>(w), rstd,
         static_cast<T*>(dx), c, accumulate_dx);
     POLLEN_CUDA_CHECK_LAUNCH("rmsnorm_backward (dx)", "n=", n, " c=", c);
-    const unsigned blocks = static_cast<unsigned>((c + kThreads - 1) / kThreads);
-    rmsnorm_dw_kernel<T><<<blocks, kThreads, 0, default_stream()>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), rstd, static_cast<T*>(dw), n, c);
+    const int64_t chunks = rmsnorm_dw_chunks(n), chunk_rows = (n + chunks - 1) / chunks;
+    const dim3 grid(static_cast<unsigned>((c + kThreads - 1) / kThreads),
+                    static_cast<unsigned>(chunks));
+    rmsnorm_dw_partial_kernel<T><<<grid, kThreads, 0, default_stream()>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(x), rstd, dw_partials, n, c, chunk_rows);
+    POLLEN_CUDA_CHECK_LAUNCH("rmsnorm_backward (dw partials)", "n=", n, " c=", c,
+                             " chunks=", chunks);
+    rmsnorm_dw_finish_kernel<T><<<grid_blocks(c, kThreads), kThreads, 0, default_stream()>>>(
+        dw_partials, chunks, static_cast<T*>(dw), c);
     POLLEN_CUDA_CHECK_LAUNCH("rmsnorm_backward (dw)", "n=", n, " c=", c);
   });
 }
