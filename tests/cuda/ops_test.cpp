@@ -83,6 +83,28 @@ TEST(CudaOps, GemmWithAUnitDimension) {
   }
 }
 
+TEST(CudaOps, GemmPlansFollowThePointersAlignment) {
+  POLLEN_REQUIRE_GPU();
+  // gemm keeps cuBLASLt's plan per shape and alignment: the same shape one element past an
+  // aligned address needs a kernel that assumes less, so a plan made for the aligned call and
+  // reused for it would be refused or misread. Aligned, offset, then aligned again.
+  Rng rng = fresh_rng();
+  const int64_t m = 64, n = 96, k = 128;
+  for (DType t : kDtypes) {
+    const Input a = random_input({m * k + 1}, t, rng), b = random_input({k * n + 1}, t, rng);
+    for (int64_t offset : {0, 1, 0}) {
+      SCOPED_TRACE(cat(dtype_name(t), " offset=", offset));
+      const auto part = [&](const Tensor& x, int64_t rows, int64_t cols) {
+        return x.slice(0, offset, offset + rows * cols).view({rows, cols});
+      };
+      Tensor c = part(poisoned({m * n + 1}, t), m, n), ref = Tensor::empty({m, n}, DType::f64);
+      ops::gemm(part(a.gpu, m, k), false, part(b.gpu, k, n), false, c, 1.0, 0.0);
+      ops::gemm(part(a.ref, m, k), false, part(b.ref, k, n), false, ref, 1.0, 0.0);
+      EXPECT_CLOSE(c, ref, t);
+    }
+  }
+}
+
 TEST(CudaOps, GemmFp32IsNotTf32) {
   POLLEN_REQUIRE_GPU();
   // TF32 keeps 10 mantissa bits: its products are off by ~3e-4 (norm-relative) here, where fp32's

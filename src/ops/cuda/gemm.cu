@@ -3,7 +3,10 @@
 // c^T (N,M) = op(b)^T (N,K) op(a)^T (K,M), with b's buffer as cuBLASLt's A and a's as its B.
 #include <cublasLt.h>
 
+#include <memory>
 #include <mutex>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ops/cuda/common.cuh"
@@ -53,6 +56,9 @@ DeviceGemm& device_gemm() {
 template <typename D, cublasStatus_t (*destroy)(D)>
 struct Owned {
   D d = nullptr;
+  Owned() = default;
+  Owned(const Owned&) = delete;
+  Owned& operator=(const Owned&) = delete;
   ~Owned() {
     if (d) destroy(d);
   }
@@ -74,6 +80,120 @@ uint32_t alignment_of(const void* p) {
   return a;
 }
 
+// Everything that decides a call's descriptors and algorithm: all of it but the pointers' values
+// and alpha and beta (passed to each cublasLtMatmul).
+struct PlanKey {
+  int device;
+  DType ab, c_type;
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  uint32_t align_a, align_b, align_c;
+  bool operator==(const PlanKey& o) const {
+    return device == o.device && ab == o.ab && c_type == o.c_type && trans_a == o.trans_a &&
+           trans_b == o.trans_b && m == o.m && n == o.n && k == o.k && align_a == o.align_a &&
+           align_b == o.align_b && align_c == o.align_c;
+  }
+
+  std::string describe() const {
+    return cat("m=", m, " n=", n, " k=", k, " trans_a=", trans_a, " trans_b=", trans_b,
+               " ab=", dtype_name(ab), " c=", dtype_name(c_type), " alignments a=", align_a,
+               " b=", align_b, " c=", align_c);
+  }
+};
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const {
+    size_t h = 0;
+    for (const uint64_t v :
+         {uint64_t(key.device), uint64_t(key.ab), uint64_t(key.c_type),
+          uint64_t(key.trans_a) | uint64_t(key.trans_b) << 1, uint64_t(key.m), uint64_t(key.n),
+          uint64_t(key.k),
+          uint64_t(key.align_a) | uint64_t(key.align_b) << 9 | uint64_t(key.align_c) << 18})
+      h = (h ^ std::hash<uint64_t>{}(v)) * 0x100000001b3ull;
+    return h;
+  }
+};
+
+// A call's descriptors and the algorithm cuBLASLt's heuristic chose for them.
+struct Plan {
+  MatmulDesc desc;
+  Layout lay_b, lay_a, lay_c;  // cuBLASLt's A (b's buffer), B (a's) and C = D
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// Builds the plan of a key: fp32 accumulation and scaling (CUBLAS_COMPUTE_32F never uses TF32;
+// the _FAST_TF32 variant would), the stored shapes, and the heuristic's first algorithm for them
+// within the workspace and the pointers' alignments.
+std::shared_ptr<const Plan> make_plan(const PlanKey& key, cublasLtHandle_t handle) {
+  auto plan = std::make_shared<Plan>();
+  POLLEN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc.d, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                      key.describe());
+  const cublasOperation_t op_b = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A
+  const cublasOperation_t op_a = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B
+  POLLEN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc.d, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                     &op_b, sizeof(op_b)),
+                      key.describe());
+  POLLEN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc.d, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                     &op_a, sizeof(op_a)),
+                      key.describe());
+
+  // Stored (column-major) shapes: b's buffer is (N,K) ld N, or (K,N) ld K when transposed;
+  // a's is (K,M) ld K, or (M,K) ld M when transposed; c's is (N,M) ld N.
+  const uint64_t mu = static_cast<uint64_t>(key.m), nu = static_cast<uint64_t>(key.n),
+                 ku = static_cast<uint64_t>(key.k);
+  const bool ta = key.trans_a, tb = key.trans_b;
+  POLLEN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lay_b.d, cuda_type(key.ab), tb ? ku : nu,
+                                                 tb ? nu : ku, tb ? ku : nu),
+                      key.describe());
+  POLLEN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lay_a.d, cuda_type(key.ab), ta ? mu : ku,
+                                                 ta ? ku : mu, ta ? mu : ku),
+                      key.describe());
+  POLLEN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lay_c.d, cuda_type(key.c_type), nu, mu, nu),
+                      key.describe());
+
+  Preference pref;
+  POLLEN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d), key.describe());
+  const auto set_preference = [&](cublasLtMatmulPreferenceAttributes_t attribute, const void* value,
+                                  size_t bytes) {
+    POLLEN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, attribute, value, bytes),
+                        key.describe());
+  };
+  set_preference(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
+                 sizeof(kWorkspaceBytes));
+  set_preference(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_b, sizeof(key.align_b));
+  set_preference(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_a, sizeof(key.align_a));
+  set_preference(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_c, sizeof(key.align_c));
+  set_preference(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_c, sizeof(key.align_c));
+
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  POLLEN_CUBLAS_CHECK(
+      cublasLtMatmulAlgoGetHeuristic(handle, plan->desc.d, plan->lay_b.d, plan->lay_a.d,
+                                     plan->lay_c.d, plan->lay_c.d, pref.d, 1, &heuristic, &found),
+      key.describe());
+  POLLEN_CHECK(found > 0, "gemm: cuBLASLt has no algorithm for ", key.describe());
+  plan->algo = heuristic.algo;
+  return plan;
+}
+
+// The plans made so far, so that a training step's repeated shapes skip the descriptors and the
+// heuristic (tens of microseconds of host time each). Bounded: when full it starts over (plans
+// in use stay alive with their callers).
+std::shared_ptr<const Plan> cached_plan(const PlanKey& key, cublasLtHandle_t handle) {
+  constexpr size_t kMaxPlans = 4096;
+  static std::mutex mutex;
+  static auto* plans =  // never freed: plans must not be destroyed after the CUDA context
+      new std::unordered_map<PlanKey, std::shared_ptr<const Plan>, PlanKeyHash>();
+  {
+    std::lock_guard lock(mutex);
+    if (const auto it = plans->find(key); it != plans->end()) return it->second;
+  }
+  std::shared_ptr<const Plan> plan = make_plan(key, handle);
+  std::lock_guard lock(mutex);
+  if (plans->size() >= kMaxPlans) plans->clear();
+  return plans->try_emplace(key, std::move(plan)).first->second;
+}
+
 }  // namespace
 
 void gemm(DType ab, const void* a, bool trans_a, const void* b, bool trans_b, DType c_type, void* c,
@@ -92,73 +212,24 @@ void gemm(DType ab, const void* a, bool trans_a, const void* b, bool trans_b, DT
     }
     return;
   }
-  const std::string shape =
-      cat("m=", m, " n=", n, " k=", k, " trans_a=", trans_a, " trans_b=", trans_b,
-          " ab=", dtype_name(ab), " c=", dtype_name(c_type));
   DeviceGemm& g = device_gemm();
-
-  // fp32 accumulation and scaling; CUBLAS_COMPUTE_32F never uses TF32 (the _FAST_TF32 variant
-  // would).
-  MatmulDesc desc;
-  POLLEN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.d, CUBLAS_COMPUTE_32F, CUDA_R_32F), shape);
-  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A
-  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B
-  POLLEN_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)),
-      shape);
-  POLLEN_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)),
-      shape);
-
-  // Stored (column-major) shapes: b's buffer is (N,K) ld N, or (K,N) ld K when transposed;
-  // a's is (K,M) ld K, or (M,K) ld M when transposed; c's is (N,M) ld N.
-  const uint64_t mu = static_cast<uint64_t>(m), nu = static_cast<uint64_t>(n),
-                 ku = static_cast<uint64_t>(k);
-  Layout lay_b, lay_a, lay_c;
-  POLLEN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lay_b.d, cuda_type(ab), trans_b ? ku : nu,
-                                                 trans_b ? nu : ku, trans_b ? ku : nu),
-                      shape);
-  POLLEN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lay_a.d, cuda_type(ab), trans_a ? mu : ku,
-                                                 trans_a ? ku : mu, trans_a ? mu : ku),
-                      shape);
-  POLLEN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lay_c.d, cuda_type(c_type), nu, mu, nu), shape);
-
-  Preference pref;
-  POLLEN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d), shape);
-  POLLEN_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &kWorkspaceBytes, sizeof(kWorkspaceBytes)),
-      shape);
-  const uint32_t align_b = alignment_of(b), align_a = alignment_of(a), align_c = alignment_of(c);
-  POLLEN_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                           &align_b, sizeof(align_b)),
-      shape);
-  POLLEN_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                           &align_a, sizeof(align_a)),
-      shape);
-  POLLEN_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                           &align_c, sizeof(align_c)),
-      shape);
-  POLLEN_CUBLAS_CHECK(
-      cublasLtMatmulPreferenceSetAttribute(pref.d, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                           &align_c, sizeof(align_c)),
-      shape);
-
-  cublasLtMatmulHeuristicResult_t heuristic{};
-  int found = 0;
-  POLLEN_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(g.handle, desc.d, lay_b.d, lay_a.d, lay_c.d,
-                                                     lay_c.d, pref.d, 1, &heuristic, &found),
-                      shape);
-  POLLEN_CHECK(found > 0, "gemm: cuBLASLt has no algorithm for ", shape);
-
+  const PlanKey key{.device = ::pollen::cuda::current_device(),
+                    .ab = ab,
+                    .c_type = c_type,
+                    .trans_a = trans_a,
+                    .trans_b = trans_b,
+                    .m = m,
+                    .n = n,
+                    .k = k,
+                    .align_a = alignment_of(a),
+                    .align_b = alignment_of(b),
+                    .align_c = alignment_of(c)};
+  const std::shared_ptr<const Plan> plan = cached_plan(key, g.handle);
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-  POLLEN_CUBLAS_CHECK(
-      cublasLtMatmul(g.handle, desc.d, &alpha_f, b, lay_b.d, a, lay_a.d, &beta_f, c, lay_c.d, c,
-                     lay_c.d, &heuristic.algo, g.workspace, kWorkspaceBytes, default_stream()),
-      shape);
+  POLLEN_CUBLAS_CHECK(cublasLtMatmul(g.handle, plan->desc.d, &alpha_f, b, plan->lay_b.d, a,
+                                     plan->lay_a.d, &beta_f, c, plan->lay_c.d, c, plan->lay_c.d,
+                                     &plan->algo, g.workspace, kWorkspaceBytes, default_stream()),
+                      key.describe());
 }
 
 }  // namespace pollen::ops::cuda
