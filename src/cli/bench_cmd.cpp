@@ -42,10 +42,14 @@ void add_bench_command(CLI::App& app) {
                    "f32 master weights and AdamW state")
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
+  step->add_flag("--profile", opts->profile,
+                 "Time the timed steps op by op (GPU time on cuda): a table on stderr, and the "
+                 "JSON line's \"ops\" (calls and ms per step of each op, the most time first)");
   step->callback([model, opts, device, compute] {
     opts->device = parse_device(*device);
     opts->compute = *compute == "bf16" ? DType::bf16 : DType::f32;
     auto result = train::run_step_bench(model::resolve_config(*model), *opts);
+    if (opts->profile) std::fprintf(stderr, "%s", result.ops_table().c_str());
     std::printf("%s\n", result.to_json().c_str());
   });
 

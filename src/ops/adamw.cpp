@@ -6,6 +6,7 @@
 #include "base/thread_pool.h"
 #include "ops/check.h"
 #include "ops/cuda/kernels.h"
+#include "ops/profile.h"
 
 namespace pollen::ops {
 namespace {
@@ -81,6 +82,7 @@ void sum_of_squares_cuda(const std::vector<Tensor>& tensors, Tensor& total) {
 }  // namespace
 
 void adamw_step(std::vector<AdamWSlot>& slots, const AdamWHyper& hyper) {
+  const OpTimer timer("adamw", slots.empty() ? Tensor() : slots.front().param);
 #if POLLEN_HAVE_CUDA
   if (!slots.empty() && slots[0].param.defined() && slots[0].param.device() == Device::cuda)
     return adamw_step_cuda(slots, hyper);
@@ -111,6 +113,7 @@ void adamw_step(std::vector<AdamWSlot>& slots, const AdamWHyper& hyper) {
 }
 
 double sum_of_squares(const std::vector<Tensor>& tensors) {
+  const OpTimer timer("grad_norm", tensors.empty() ? Tensor() : tensors.front());
   double total = 0;
 #if POLLEN_HAVE_CUDA
   std::vector<Tensor> on_gpu;
@@ -149,6 +152,7 @@ double sum_of_squares(const std::vector<Tensor>& tensors) {
 }
 
 Tensor clip_factor(const std::vector<Tensor>& grads, double max_norm) {
+  const OpTimer timer("grad_norm", grads.empty() ? Tensor() : grads.front());
 #if POLLEN_HAVE_CUDA
   for (const Tensor& g : grads)
     POLLEN_CHECK(g.defined() && g.device() == Device::cuda,

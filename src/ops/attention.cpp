@@ -7,6 +7,7 @@
 #include "ops/cpu/attention.h"
 #if POLLEN_HAVE_CUDA
 #include "ops/cuda/attention.h"
+#include "ops/profile.h"
 #include "tensor/cuda_context.h"  // the default stream every other GPU op runs on
 #endif
 
@@ -151,6 +152,7 @@ Tensor segment_starts(const Tensor& doc_ids) {
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                        double scale, Tensor& out, Tensor& lse) {
+  const OpTimer timer("attention_forward", q);
   if (q.defined() && q.device() == Device::cuda) {
     forward_cuda(q, k, v, seg_start, scale, out, lse);
     return;
@@ -169,6 +171,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& seg_start,
                         const Tensor& out, const Tensor& lse, const Tensor& dout, double scale,
                         Tensor& dq, Tensor& dk, Tensor& dv) {
+  const OpTimer timer("attention_backward", q);
   if (q.defined() && q.device() == Device::cuda) {
     backward_cuda(q, k, v, seg_start, out, lse, dout, scale, dq, dk, dv);
     return;

@@ -12,6 +12,7 @@
 #include "ops/cpu/kernels.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/weight_grad_sum.h"
+#include "ops/profile.h"
 #include "tensor/cuda_memory.h"
 
 namespace pollen::ops {
@@ -147,6 +148,7 @@ int64_t cross_entropy_default_block_rows(int64_t vocab, Device device) {
 
 double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& targets,
                              int64_t* scored, CrossEntropyGrads* grads, int64_t block_rows) {
+  const OpTimer timer("cross_entropy", h);
   const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
   const DType dt = h.dtype();
   const Device dev = h.device();

@@ -3,10 +3,12 @@
 #include "ops/check.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cuda/kernels.h"
+#include "ops/profile.h"
 
 namespace pollen::ops {
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const OpTimer timer("add", out);
   const Device dev = a.device();
   expect("add", "a", a, a.shape(), a.dtype(), dev);
   expect("add", "b", b, a.shape(), a.dtype(), dev);
@@ -20,6 +22,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void mul(const Tensor& a, const Tensor& b, Tensor& out) {
+  const OpTimer timer("mul", out);
   const Device dev = a.device();
   expect("mul", "a", a, a.shape(), a.dtype(), dev);
   expect("mul", "b", b, a.shape(), a.dtype(), dev);
@@ -33,6 +36,7 @@ void mul(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void axpy(double alpha, const Tensor& x, Tensor& y) {
+  const OpTimer timer("axpy", y);
   const Device dev = y.device();
   expect("axpy", "y", y, y.shape(), y.dtype(), dev);
   expect("axpy", "x", x, y.shape(), y.dtype(), dev);
@@ -45,6 +49,7 @@ void axpy(double alpha, const Tensor& x, Tensor& y) {
 }
 
 void scale_into(double alpha, const Tensor& x, Tensor& y) {
+  const OpTimer timer("scale", y);
   const Device dev = y.device();
   expect("scale_into", "y", y, y.shape(), y.dtype(), dev);
   expect("scale_into", "x", x, y.shape(), y.dtype(), dev);
@@ -57,6 +62,7 @@ void scale_into(double alpha, const Tensor& x, Tensor& y) {
 }
 
 void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const OpTimer timer("swiglu_forward", out);
   const Device dev = gate.device();
   expect("swiglu", "gate", gate, gate.shape(), gate.dtype(), dev);
   expect("swiglu", "up", up, gate.shape(), gate.dtype(), dev);
@@ -72,6 +78,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
 
 void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
                      Tensor& dup) {
+  const OpTimer timer("swiglu_backward", dgate);
   const Device dev = gate.device();
   for (const Tensor* t :
        {&dout, &gate, &up, static_cast<const Tensor*>(&dgate), static_cast<const Tensor*>(&dup)})

@@ -7,6 +7,7 @@
 #include "ops/check.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cuda/kernels.h"
+#include "ops/profile.h"
 
 namespace pollen::ops {
 namespace {
@@ -53,6 +54,7 @@ void embedding_backward_cuda(const Tensor& dout, const Tensor& host_ids, Tensor&
 }  // namespace
 
 void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
+  const OpTimer timer("embedding_forward", table);
   const int64_t v = table.size(0), c = table.size(1), n = ids.numel();
   const Device dev = table.device();
   checked_ids(ids, v, dev);
@@ -69,6 +71,7 @@ void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
 }
 
 void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable) {
+  const OpTimer timer("embedding_backward", dtable);
   const int64_t v = dtable.size(0), c = dtable.size(1), n = ids.numel();
   const Device dev = dtable.device();
   const Tensor host_ids = checked_ids(ids, v, dev);

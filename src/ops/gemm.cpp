@@ -3,11 +3,13 @@
 #include "ops/check.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cuda/kernels.h"
+#include "ops/profile.h"
 
 namespace pollen::ops {
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, double alpha,
           double beta) {
+  const OpTimer timer("gemm", c);
   POLLEN_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "gemm: expected 2-D tensors, got ",
                shape_str(a.shape()), ", ", shape_str(b.shape()), ", ", shape_str(c.shape()));
   const int64_t m = trans_a ? a.size(1) : a.size(0);

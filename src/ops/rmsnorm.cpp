@@ -3,9 +3,11 @@
 #include "ops/check.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cuda/kernels.h"
+#include "ops/profile.h"
 
 namespace pollen::ops {
 void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Tensor& rstd) {
+  const OpTimer timer("rmsnorm_forward", x);
   const int64_t c = w.numel(), n = x.numel() / (c ? c : 1);
   const DType dt = x.dtype();
   const Device dev = x.device();
@@ -24,6 +26,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, Tensor& y, Te
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd,
                       Tensor& dx, Tensor& dw, bool accumulate_dx) {
+  const OpTimer timer("rmsnorm_backward", x);
   const int64_t c = w.numel(), n = x.numel() / (c ? c : 1);
   const DType dt = x.dtype();
   const Device dev = x.device();

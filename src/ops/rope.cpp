@@ -9,6 +9,7 @@
 #include "ops/check.h"
 #include "ops/cpu/rope.h"
 #include "ops/cuda/kernels.h"
+#include "ops/profile.h"
 
 namespace pollen::ops {
 namespace {
@@ -142,11 +143,13 @@ RopeParams rope_params_for_length(const RopeParams& params, int64_t head_dim, in
 }
 
 void rope_forward(const Tensor& x, const Tensor& positions, const RopeParams& params, Tensor& out) {
+  const OpTimer timer("rope_forward", x);
   rope("rope_forward", "x", "out", x, positions, params, false, out);
 }
 
 void rope_backward(const Tensor& dout, const Tensor& positions, const RopeParams& params,
                    Tensor& dx) {
+  const OpTimer timer("rope_backward", dout);
   rope("rope_backward", "dout", "dx", dout, positions, params, true, dx);
 }
 

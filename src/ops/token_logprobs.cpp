@@ -9,6 +9,7 @@
 #include "ops/cross_entropy.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/weight_grad_sum.h"
+#include "ops/profile.h"
 #include "tensor/cuda_memory.h"
 
 namespace pollen::ops {
@@ -90,6 +91,7 @@ void backward_cuda(const Tensor& dlogp, const Tensor& h, const Tensor& w, const 
 
 void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& logp,
                             Tensor& lse, int64_t block_rows) {
+  const OpTimer timer("token_logprobs_forward", h);
   const char* op = "token_logprobs";
   check_args(op, h, w, targets);
   const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
@@ -126,6 +128,7 @@ void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targ
 void token_logprobs_backward(const Tensor& dlogp, const Tensor& h, const Tensor& w,
                              const Tensor& targets, const Tensor& lse, Tensor& dh, Tensor& dw,
                              int64_t block_rows) {
+  const OpTimer timer("token_logprobs_backward", h);
   const char* op = "token_logprobs backward";
   check_args(op, h, w, targets);
   const int64_t v = w.size(0), c = w.size(1), n = targets.numel();

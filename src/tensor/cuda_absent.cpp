@@ -1,6 +1,7 @@
 // Built when the CUDA toolkit was not found: the CUDA device queries say so, and GPU memory is
 // refused with the same reason.
 #include "base/error.h"
+#include "tensor/cuda_event.h"
 #include "tensor/cuda_memory.h"
 #include "tensor/device.h"
 
@@ -55,6 +56,15 @@ void synchronize() {
 }
 void set_device(int) {
   no_cuda("set_device");
+}
+
+Event::Event() {
+  no_cuda("timing event");
+}
+Event::~Event() = default;
+void Event::record() {}
+float Event::ms_since(const Event&) const {
+  return 0;
 }
 }  // namespace cuda
 }  // namespace pollen

@@ -4,10 +4,12 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/rng.h"
 #include "base/thread_pool.h"
 #include "model/llama.h"
+#include "ops/profile.h"
 #include "optim/adamw.h"
 #include "tensor/cuda_memory.h"
 
@@ -40,7 +42,34 @@ std::string StepBenchResult::to_json() const {
   j["compute"] = compute;
   if (device != "cpu") j["peak_device_mb"] = std::round(peak_device_mb);
   j["losses"] = losses;
+  if (!ops.empty()) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const StepOpTime& o : ops)
+      list.push_back({{"op", o.op},
+                      {"calls_per_step", o.calls_per_step},
+                      {"ms_per_step", std::round(o.ms_per_step * 1000) / 1000}});
+    j["ops"] = list;
+  }
   return j.dump();
+}
+
+std::string StepBenchResult::ops_table() const {
+  std::string out = "op                       calls/step   ms/step   share\n";
+  double covered = 0;
+  auto row = [&](const std::string& op, const std::string& calls, double ms) {
+    char line[128];
+    std::snprintf(line, sizeof line, "%-24s %11s %9.3f %6.1f%%\n", op.c_str(), calls.c_str(), ms,
+                  step_ms > 0 ? 100 * ms / step_ms : 0.0);
+    out += line;
+  };
+  for (const StepOpTime& o : ops) {
+    char calls[32];
+    std::snprintf(calls, sizeof calls, "%.0f", o.calls_per_step);
+    row(o.op, calls, o.ms_per_step);
+    covered += o.ms_per_step;
+  }
+  row("other", "", step_ms - covered);
+  return out;
 }
 
 StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBenchOptions& o) {
@@ -74,6 +103,7 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
 
   double loss = 0;
   std::vector<double> losses;
+  std::optional<ops::OpProfile> profile;  // active over the timed steps alone
   auto one_step = [&] {
     ag::Tape tape;
     ag::Var l;
@@ -86,10 +116,12 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
     opt.zero_grad();
     loss = l.value().item();  // computed on the host; the GPU may still be stepping
     if (gpu) cuda::synchronize();
+    if (profile) profile->settle();  // the GPU is done: reading its events waits for nothing
     losses.push_back(loss);
   };
   for (int64_t i = 0; i < o.warmup; ++i) one_step();
   if (gpu) CudaAllocator::instance().reset_peak();
+  if (o.profile) profile.emplace();
   const double cpu0 = cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < o.steps; ++i) one_step();
@@ -121,6 +153,12 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
         static_cast<double>(CudaAllocator::instance().stats().peak_in_use_bytes) / (1 << 20);
   }
   r.losses = std::move(losses);
+  if (profile) {
+    for (const ops::OpProfile::Entry& e : profile->entries()) {
+      const double steps = static_cast<double>(o.steps);
+      r.ops.push_back({e.op, static_cast<double>(e.calls) / steps, e.ms / steps});
+    }
+  }
   return r;
 }
 

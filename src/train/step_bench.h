@@ -20,6 +20,13 @@ struct StepBenchOptions {
   Device device = Device::cpu;  // cuda: the model, its gradients and AdamW's state on the GPU
   // f32, or bf16 (GPU only): the model computes in bf16 while AdamW keeps f32 master weights.
   DType compute = DType::f32;
+  bool profile = false;  // time the timed steps op by op (ops/profile.h)
+};
+
+// One op's share of a timed step (with StepBenchOptions::profile).
+struct StepOpTime {
+  std::string op;
+  double calls_per_step = 0, ms_per_step = 0;
 };
 
 struct StepBenchResult {
@@ -29,9 +36,11 @@ struct StepBenchResult {
   double step_ms = 0, cpu_ms = 0, tokens_per_s = 0, flops_per_token = 0, gflops = 0, last_loss = 0;
   double peak_rss_mb = 0;
   std::string device = "cpu", compute = "f32";
-  double peak_device_mb = 0;    // cuda: the allocator's peak of bytes in use
-  std::vector<double> losses;   // every step's loss, warm-up steps first (same seed: same data)
-  std::string to_json() const;  // one line
+  double peak_device_mb = 0;      // cuda: the allocator's peak of bytes in use
+  std::vector<double> losses;     // every step's loss, warm-up steps first (same seed: same data)
+  std::vector<StepOpTime> ops;    // with profile: the ops by time, most first
+  std::string to_json() const;    // one line
+  std::string ops_table() const;  // with profile: the ops as a text table, the rest as "other"
 };
 
 StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBenchOptions& options);

@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -64,6 +65,37 @@ TEST(Cli, BenchStepListsEveryStepsLossTheSameForTheSameSeed) {
   EXPECT_NEAR(ja["losses"][2].get<double>(), ja["loss"].get<double>(), 1e-3);
   // AdamW stepped between them: another loss on the same tokens.
   EXPECT_NE(ja["losses"][0], ja["losses"][1]);
+}
+
+TEST(Cli, BenchStepProfileTimesEveryOpOfTheStep) {
+  CliRun r = run_pollen(
+      "bench step --model llama-tiny --batch 1 --seq 16 --steps 2 --warmup 1 --threads 1 "
+      "--profile");
+  ASSERT_EQ(r.status, 0) << r.output;
+  // The table (stderr) names the time no op covers; the JSON line is the last line.
+  EXPECT_NE(r.output.find("other"), std::string::npos) << r.output;
+  const size_t line = r.output.rfind("\n{");
+  ASSERT_NE(line, std::string::npos) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(line + 1));
+  std::map<std::string, double> calls;
+  double ms = 0;
+  for (const auto& op : j["ops"]) {
+    calls[op["op"].get<std::string>()] = op["calls_per_step"].get<double>();
+    ms += op["ms_per_step"].get<double>();
+  }
+  // llama-tiny: 4 layers, each with two norms, one attention and one MLP; the final norm, the
+  // embedding and the loss once. Per timed step, whatever the warm-up.
+  EXPECT_EQ(calls["embedding_forward"], 1);
+  EXPECT_EQ(calls["rmsnorm_forward"], 9);
+  EXPECT_EQ(calls["rmsnorm_backward"], 9);
+  EXPECT_EQ(calls["attention_forward"], 4);
+  EXPECT_EQ(calls["attention_backward"], 4);
+  EXPECT_EQ(calls["swiglu_forward"], 4);
+  EXPECT_EQ(calls["cross_entropy"], 1);
+  EXPECT_EQ(calls["adamw"], 1);
+  EXPECT_GT(calls["gemm"], 0);
+  EXPECT_GT(ms, 0);
+  EXPECT_LE(ms, j["step_ms"].get<double>() * 1.01);  // the ops lie inside the step
 }
 
 TEST(Cli, CudaWithoutAUsableGpuFailsNamingTheReason) {

@@ -3,6 +3,7 @@
 // bf16 and 1e-4 for f32. Accumulating outputs start from the same random values on both sides.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 
 #include "autograd/tape.h"
@@ -13,6 +14,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
+#include "ops/profile.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "ops/token_logprobs.h"
@@ -116,6 +118,30 @@ TEST(CudaOps, GemmFp32IsNotTf32) {
   ops::gemm(a.gpu, false, b.gpu, false, c, 1.0, 0.0);
   ops::gemm(a.ref, false, b.ref, false, ref, 1.0, 0.0);
   EXPECT_LT(rel_err(c, ref), 1e-5);
+}
+
+TEST(CudaOps, OpProfileTimesGpuOpsBetweenEvents) {
+  POLLEN_REQUIRE_GPU();
+  // Ops on the GPU are timed by events around their work: each GEMM of 512^3 takes GPU time,
+  // and the profile's sum lies within the wall time of the whole (read after the GPU is done).
+  Rng rng = fresh_rng();
+  const Input a = random_input({512, 512}, DType::f32, rng),
+              b = random_input({512, 512}, DType::f32, rng);
+  Tensor c = poisoned({512, 512}, DType::f32);
+  const auto t0 = std::chrono::steady_clock::now();
+  ops::OpProfile profile;
+  for (int i = 0; i < 3; ++i) ops::gemm(a.gpu, false, b.gpu, false, c, 1.0, 0.0);
+  ops::add(a.gpu, b.gpu, c);
+  const auto entries = profile.entries();
+  const double wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].op, "gemm");
+  EXPECT_EQ(entries[0].calls, 3);
+  EXPECT_GT(entries[0].ms, 0);
+  EXPECT_EQ(entries[1].op, "add");
+  EXPECT_EQ(entries[1].calls, 1);
+  EXPECT_LE(entries[0].ms + entries[1].ms, wall_ms);
 }
 
 TEST(CudaOps, Elementwise) {
