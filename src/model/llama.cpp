@@ -7,6 +7,7 @@
 #include "base/rng.h"
 #include "ops/attention.h"
 #include "ops/gemm.h"
+#include "ops/rope.h"
 
 namespace pollen::model {
 namespace {
@@ -224,6 +225,8 @@ ag::Var Llama::hidden_states(const Batch& batch) const {
   const Tensor seg_start =
       on_device(window_starts(ops::segment_starts(full.doc_ids), config_.sliding_window));
   full.tokens = on_device(full.tokens);
+  // The GPU's rope trusts its positions: checked here, once per batch, before they move.
+  if (device_ == Device::cuda) ops::check_rope_positions(full.positions);
   full.positions = on_device(full.positions);
 
   ag::Var x = ag::embedding(embed_tokens_, full.tokens);

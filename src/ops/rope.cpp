@@ -31,23 +31,44 @@ int32_t checked_max_position(const char* op, const Tensor& positions) {
 }
 
 #if POLLEN_HAVE_CUDA
-// On the GPU: f32 or bf16 (fp32 math); the inverse frequencies are computed here in double, and
-// the angles and their cos and sin on the GPU in double.
+// The inverse frequencies of (params, D), computed in double on the host and kept on this
+// thread's GPU (a thread keeps to one GPU), so that a step's rope calls upload nothing. The most
+// recent few are kept: dynamic scaling makes new parameters as sequences grow.
+Tensor device_inv_freq(const RopeParams& params, int64_t dim) {
+  struct Entry {
+    RopeParams params;
+    int64_t dim;
+    Tensor inv_freq;  // (D/2) f64 on the GPU
+  };
+  thread_local std::vector<Entry> cache;
+  for (const Entry& e : cache)
+    if (e.params == params && e.dim == dim) return e.inv_freq;
+  std::vector<double> inv_freq(static_cast<size_t>(dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i)
+    inv_freq[static_cast<size_t>(i)] = rope_inv_freq(params, dim, i);
+  constexpr size_t kMaxEntries = 16;
+  if (cache.size() == kMaxEntries) cache.erase(cache.begin());
+  cache.push_back({params, dim, Tensor::from<double>({dim / 2}, inv_freq).to(Device::cuda)});
+  return cache.back().inv_freq;
+}
+
+// On the GPU: f32 or bf16 (fp32 math), the angles and their cos and sin in double. The positions
+// stay on the GPU, unread (reading them back would wait for every op before): the caller checks
+// them (check_rope_positions). Dynamic scaling alone reads them, for the longest position.
 void rope_cuda(const char* op, const char* in_name, const char* out_name, const Tensor& x,
                const Tensor& positions, const RopeParams& params, bool inverse, Tensor& out) {
   const int64_t batch = x.size(0), seq = x.size(1), heads = x.size(2), dim = x.size(3);
   expect(op, in_name, x, x.shape(), x.dtype(), Device::cuda);
   expect(op, "positions", positions, {batch, seq}, DType::i32, Device::cuda);
   expect(op, out_name, out, x.shape(), x.dtype(), Device::cuda);
-  const int32_t max_position = checked_max_position(op, positions.to(Device::cpu));
-  const RopeParams resolved = rope_params_for_length(params, dim, int64_t{max_position} + 1);
-  std::vector<double> inv_freq(static_cast<size_t>(dim / 2));
-  for (int64_t i = 0; i < dim / 2; ++i)
-    inv_freq[static_cast<size_t>(i)] = rope_inv_freq(resolved, dim, i);
-  const Tensor inv_freq_gpu = Tensor::from<double>({dim / 2}, inv_freq).to(Device::cuda);
+  RopeParams resolved = params;
+  if (params.scaling.kind == RopeScaling::Kind::dynamic) {
+    const int32_t max_position = checked_max_position(op, positions.to(Device::cpu));
+    resolved = rope_params_for_length(params, dim, int64_t{max_position} + 1);
+  }
+  const Tensor inv_freq = device_inv_freq(resolved, dim);
   cuda::rope_rotate(x.dtype(), x.raw(), positions.data<int32_t>(), batch * seq, heads, dim,
-                    inv_freq_gpu.data<double>(), rope_attention_factor(resolved), inverse,
-                    out.raw());
+                    inv_freq.data<double>(), rope_attention_factor(resolved), inverse, out.raw());
 }
 #endif
 
@@ -140,6 +161,16 @@ RopeParams rope_params_for_length(const RopeParams& params, int64_t head_dim, in
   const double theta =
       params.theta * std::pow(s.factor * len / old_len - (s.factor - 1.0), dim / (dim - 2.0));
   return RopeParams(theta);
+}
+
+void check_rope_positions(const Tensor& positions) {
+  POLLEN_CHECK(positions.defined() && positions.dim() == 2 && positions.dtype() == DType::i32,
+               "rope: positions must be (B,T) int32, got ",
+               positions.defined()
+                   ? cat(shape_str(positions.shape()), " ", dtype_name(positions.dtype()))
+                   : std::string("undefined"));
+  checked_max_position("rope", positions.device() == Device::cpu ? positions.contiguous()
+                                                                 : positions.to(Device::cpu));
 }
 
 void rope_forward(const Tensor& x, const Tensor& positions, const RopeParams& params, Tensor& out) {

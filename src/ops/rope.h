@@ -52,8 +52,14 @@ double rope_attention_factor(const RopeParams& params);
 // becomes a plain rotation with its grown theta; the others are returned as they are.
 RopeParams rope_params_for_length(const RopeParams& params, int64_t head_dim, int64_t seq_len);
 
-// On the CPU x is f32 or f64; on the GPU f32 or bf16 (angles, cos and sin in f64, rotation in
-// fp32), with the positions checked on the host from a copy.
+// On the CPU x is f32 or f64, and the positions are checked. On the GPU x is f32 or bf16 (angles,
+// cos and sin in f64, rotation in fp32), and the positions are used there unread, so that no call
+// waits for the GPU: check them first with check_rope_positions (Llama does, once per batch).
+// Only dynamic scaling reads them back, for the longest position.
+// Checks that every position (B,T) int32 lies in [0, 2^22] (the CPU's cos and sin tables' reach),
+// naming the first that does not; positions on the GPU are copied to the host for it.
+void check_rope_positions(const Tensor& positions);
+
 // x (B,T,H,D) with D even (H may count query heads or kv heads); positions (B,T) int32 >= 0
 // (they restart per document in packed sequences). out (B,T,H,D) may be x itself (in place).
 void rope_forward(const Tensor& x, const Tensor& positions, const RopeParams& params, Tensor& out);

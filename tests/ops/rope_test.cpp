@@ -209,6 +209,17 @@ TEST(Rope, RejectsBadInputs) {
               rope_forward(x, wrong_shape, kTheta, dx);
             }).find("positions has shape (2, 1), expected (B,T) (1, 2)"),
             std::string::npos);
+  // What the GPU's rope leaves to its caller: the same check on its own.
+  EXPECT_NE(message([&] { check_rope_positions(negative); }).find("positions[0,1] = -1"),
+            std::string::npos);
+  const Tensor too_far = Tensor::from<int32_t>({2, 2}, {0, 1, 2, (1 << 22) + 1});
+  EXPECT_NE(message([&] { check_rope_positions(too_far); }).find("positions[1,1] = 4194305"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              check_rope_positions(Tensor::zeros({4}, DType::i32));
+            }).find("positions must be (B,T) int32"),
+            std::string::npos);
+  EXPECT_NO_THROW(check_rope_positions(Tensor::from<int32_t>({1, 3}, {0, 1, 1 << 22})));
 }
 
 }  // namespace
