@@ -1,6 +1,7 @@
 #include "autograd/functions.h"
 
 #include <cmath>
+#include <memory>
 
 #include "ops/attention.h"
 #include "ops/check.h"
@@ -43,8 +44,14 @@ Var embedding(const Var& table, const Tensor& ids) {
   const bool record = should_record({&table});
   Var y = make_output(out, record);
   if (record) {
-    on_backward(y, [t = table.node(), ids = ids.reshape({n})](const Tensor& dy) {
-      ops::embedding_backward(dy, ids, grad_buffer(t));
+    // On the GPU the tokens are grouped by id now, while the forward pass runs, not at the end of
+    // the backward, where it would wait for the GPU.
+    std::shared_ptr<const ops::EmbeddingRows> rows;
+    if (table.value().device() == Device::cuda)
+      rows = std::make_shared<const ops::EmbeddingRows>(
+          ops::embedding_rows(ids.reshape({n}), table.size(0)));
+    on_backward(y, [t = table.node(), ids = ids.reshape({n}), rows](const Tensor& dy) {
+      ops::embedding_backward(dy, ids, grad_buffer(t), rows.get());
     });
   }
   return y;

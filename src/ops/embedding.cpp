@@ -23,12 +23,10 @@ Tensor checked_ids(const Tensor& ids, int64_t vocab, Device device) {
   return host;
 }
 
-#if POLLEN_HAVE_CUDA
-// The GPU backward sums each id's tokens in token order: the distinct ids (rows), and for row r
-// the tokens order[starts[r] .. starts[r+1]), all on the GPU.
-void embedding_backward_cuda(const Tensor& dout, const Tensor& host_ids, Tensor& dtable) {
+// The grouping of embedding_rows from checked host ids (N): the distinct ids in increasing order
+// and each one's tokens in token order.
+EmbeddingRows group_by_id(const Tensor& host_ids, Device device) {
   const int64_t n = host_ids.numel();
-  if (n == 0) return;
   const int32_t* id = host_ids.data<int32_t>();
   std::vector<int32_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
@@ -43,11 +41,22 @@ void embedding_backward_cuda(const Tensor& dout, const Tensor& host_ids, Tensor&
   }
   starts.push_back(static_cast<int32_t>(n));
   const int64_t r = static_cast<int64_t>(rows.size());
-  const Tensor rows_gpu = Tensor::from<int32_t>({r}, rows).to(Device::cuda);
-  const Tensor starts_gpu = Tensor::from<int32_t>({r + 1}, starts).to(Device::cuda);
-  const Tensor order_gpu = Tensor::from<int32_t>({n}, order).to(Device::cuda);
-  cuda::embedding_backward(dtable.dtype(), dout.raw(), rows_gpu.data<int32_t>(),
-                           starts_gpu.data<int32_t>(), order_gpu.data<int32_t>(), r, dtable.raw(),
+  return {Tensor::from<int32_t>({r}, rows).to(device),
+          Tensor::from<int32_t>({r + 1}, starts).to(device),
+          Tensor::from<int32_t>({n}, order).to(device)};
+}
+
+#if POLLEN_HAVE_CUDA
+// The GPU backward sums each id's tokens in token order, as `rows` groups them.
+void embedding_backward_cuda(const Tensor& dout, const EmbeddingRows& rows, Tensor& dtable) {
+  const int64_t n = rows.order.numel();
+  if (n == 0) return;
+  expect("embedding_backward", "rows.order", rows.order, {n}, DType::i32, Device::cuda);
+  expect("embedding_backward", "rows.rows", rows.rows, {-1}, DType::i32, Device::cuda);
+  const int64_t r = rows.rows.numel();
+  expect("embedding_backward", "rows.starts", rows.starts, {r + 1}, DType::i32, Device::cuda);
+  cuda::embedding_backward(dtable.dtype(), dout.raw(), rows.rows.data<int32_t>(),
+                           rows.starts.data<int32_t>(), rows.order.data<int32_t>(), r, dtable.raw(),
                            dtable.size(1));
 }
 #endif
@@ -70,16 +79,28 @@ void embedding_forward(const Tensor& table, const Tensor& ids, Tensor& out) {
   });
 }
 
-void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable) {
+EmbeddingRows embedding_rows(const Tensor& ids, int64_t vocab) {
+  return group_by_id(checked_ids(ids, vocab, ids.device()), Device::cuda);
+}
+
+void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dtable,
+                        const EmbeddingRows* rows) {
   const OpTimer timer("embedding_backward", dtable);
   const int64_t v = dtable.size(0), c = dtable.size(1), n = ids.numel();
   const Device dev = dtable.device();
-  const Tensor host_ids = checked_ids(ids, v, dev);
   expect("embedding_backward", "dout", dout, {n, c}, dtable.dtype(), dev);
   expect("embedding_backward", "dtable", dtable, {v, c}, dtable.dtype(), dev);
 #if POLLEN_HAVE_CUDA
-  if (dev == Device::cuda) return embedding_backward_cuda(dout, host_ids, dtable);
+  if (dev == Device::cuda) {
+    if (rows) {
+      POLLEN_CHECK(rows->order.numel() == n, "embedding_backward: rows group ", rows->order.numel(),
+                   " tokens, the ids ", n);
+      return embedding_backward_cuda(dout, *rows, dtable);
+    }
+    return embedding_backward_cuda(dout, group_by_id(checked_ids(ids, v, dev), dev), dtable);
+  }
 #endif
+  checked_ids(ids, v, dev);
   dispatch_float("embedding_backward", dtable.dtype(), [&]<typename T>(T) {
     cpu::embedding_backward(dout.data<T>(), ids.data<int32_t>(), dtable.data<T>(), n, c);
   });

@@ -237,9 +237,17 @@ TEST(CudaOps, EmbeddingForwardAndBackward) {
     ops::embedding_backward(dout.gpu, ids.gpu, dtable_gpu);
     ops::embedding_backward(dout.ref, ids.ref, dtable_ref);
     EXPECT_CLOSE(dtable_gpu, dtable_ref, t);
+    // Grouped ahead (as the autograd's forward does): the same sums, bit for bit.
+    const ops::EmbeddingRows rows = ops::embedding_rows(ids.gpu, v);
+    Tensor dtable_grouped = dtable.gpu.clone(), dtable_here = dtable.gpu.clone();
+    ops::embedding_backward(dout.gpu, ids.gpu, dtable_grouped, &rows);
+    ops::embedding_backward(dout.gpu, ids.gpu, dtable_here);
+    EXPECT_EQ(rel_err(dtable_grouped, dtable_here), 0.0);
+    EXPECT_LT(rows.rows.numel(), n);  // repeated ids share a row
     const Input bad = int_input({2}, {0, static_cast<int32_t>(v)});
     Tensor out2 = poisoned({2, c}, t);
     EXPECT_THROW(ops::embedding_forward(table.gpu, bad.gpu, out2), Error);
+    EXPECT_THROW(ops::embedding_rows(bad.gpu, v), Error);
   }
 }
 
