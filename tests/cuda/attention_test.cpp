@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <vector>
@@ -200,7 +201,20 @@ TEST(CudaAttention, HeadDim32ShortDocumentsAndALongRow) {
   SKIP_WITHOUT_GPU();
 #if POLLEN_HAVE_CUDA
   expect_matches_cpu_op(DType::f32, 1, 333, 4, 1, 32, 10);
+  expect_matches_cpu_op(DType::bf16, 2, 130, 4, 2, 32, 12);
   expect_matches_cpu_op(DType::bf16, 1, 1000, 4, 2, 64, 400);
+#endif
+}
+
+// bf16 runs on the tensor cores (attention_mma.h); POLLEN_CUDA_ATTENTION=tiles puts it back on
+// the CUDA-core kernels, which must stay right too.
+TEST(CudaAttention, Bfloat16OnCudaCoresWhenAsked) {
+  SKIP_WITHOUT_GPU();
+#if POLLEN_HAVE_CUDA
+  ASSERT_EQ(setenv("POLLEN_CUDA_ATTENTION", "tiles", 1), 0);
+  expect_matches_cpu_op(DType::bf16, 2, 200, 8, 2, 64, 90);
+  expect_matches_cpu_op(DType::bf16, 1, 150, 2, 2, 128, 40);
+  unsetenv("POLLEN_CUDA_ATTENTION");
 #endif
 }
 

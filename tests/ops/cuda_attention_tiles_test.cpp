@@ -1,7 +1,9 @@
-// The CUDA attention kernels' block functions (ops/cuda/attention_tiles.h) run on the CPU: each
-// block of the grid in turn, each phase for all 256 threads in turn, with the same tile sizes,
-// loop bounds, shared-memory layout and arithmetic as on the GPU, against ops::attention_forward
-// and attention_backward in double precision.
+// The CUDA attention kernels' block functions (ops/cuda/attention_tiles.h for f32 on CUDA cores,
+// ops/cuda/attention_mma.h for bf16 on the tensor cores) run on the CPU: each block of the grid in
+// turn, each phase for all 256 threads in turn, with the same tile sizes, loop bounds,
+// shared-memory layout and arithmetic as on the GPU, against ops::attention_forward and
+// attention_backward in double precision. The tensor-core products run as warp_mma.h emulates
+// them: lane 0 of each warp computes the warp's tile, checking WMMA's alignment rules.
 //
 // What this proves: the tile indexing, the GQA head mapping, the segment masks and the key-tile
 // skipping, the online softmax and the backward's math, and that no phase reads shared memory
@@ -20,6 +22,7 @@
 
 #include "base/rng.h"
 #include "ops/attention.h"
+#include "ops/cuda/attention_mma.h"
 #include "ops/cuda/attention_tiles.h"
 #include "support/attention_inputs.h"
 
@@ -52,12 +55,14 @@ struct SequentialBlock {
   std::vector<State> states;
 };
 
-// Shared memory of one block, NaN at the start like memory nothing wrote.
+// Shared memory of one block, NaN at the start like memory nothing wrote; 128-byte aligned, as
+// the GPU's dynamic shared memory starts.
 struct SharedMemory {
-  explicit SharedMemory(size_t floats) : data(floats) {}
+  explicit SharedMemory(size_t floats) : data(floats + 32) {}
   float* fresh() {
     std::fill(data.begin(), data.end(), kNaN);
-    return data.data();
+    const auto address = reinterpret_cast<uintptr_t>(data.data());
+    return data.data() + (128 - address % 128) % 128 / sizeof(float);
   }
   std::vector<float> data;
 };
@@ -97,8 +102,12 @@ struct Results {
   std::vector<float> out, lse, dq, dk, dv;
 };
 
+// Which kernels: attention_tiles.h's (f32 on CUDA cores) or attention_mma.h's (bf16 on the tensor
+// cores).
+enum class Kernels { tiles, mma };
+
 // The GPU's forward, then backward (on the forward's own out and lse), as the grids would run.
-template <int D>
+template <int D, Kernels kKernels = Kernels::tiles>
 Results emulate(const Problem& p, bool reverse) {
   const cu::AttentionShape& s = p.shape;
   const cu::Geometry geo{s};
@@ -112,11 +121,18 @@ Results emulate(const Problem& p, bool reverse) {
   const cu::ForwardArgs<float> fwd{geo,          p.q.data(),         p.k.data(),
                                    p.v.data(),   p.seg_start.data(), p.scale,
                                    r.out.data(), r.lse.data()};
-  SharedMemory forward_smem(cu::ForwardSmem<D>::kFloats);
+  constexpr bool kMma = kKernels == Kernels::mma;
+  SharedMemory forward_smem(kMma ? cu::MmaForwardSmem<D>::kBytes / sizeof(float)
+                                 : cu::ForwardSmem<D>::kFloats);
   for (int64_t bh = 0; bh < s.batch * s.heads; ++bh) {
     for (int64_t tile = 0; tile < tiles; ++tile) {
-      SequentialBlock<cu::Accumulator<D>> block(reverse);
-      cu::forward_block<D>(block, fwd, tile, bh, forward_smem.fresh());
+      if constexpr (kMma) {
+        SequentialBlock<cu::MmaNoState> block(reverse);
+        cu::mma_forward_block<D>(block, fwd, tile, bh, forward_smem.fresh());
+      } else {
+        SequentialBlock<cu::Accumulator<D>> block(reverse);
+        cu::forward_block<D>(block, fwd, tile, bh, forward_smem.fresh());
+      }
     }
   }
 
@@ -127,28 +143,51 @@ Results emulate(const Problem& p, bool reverse) {
                                     r.dv.data()};
   for (int64_t row = 0; row < s.batch * s.seq * s.heads; ++row)
     cu::delta_for_row(bwd, row, delta.data());
-  SharedMemory backward_smem(cu::BackwardSmem<D>::kFloats);
+  SharedMemory backward_smem(kMma ? cu::MmaBackwardSmem<D>::kBytes / sizeof(float)
+                                  : cu::BackwardSmem<D>::kFloats);
   for (int64_t bkv = 0; bkv < s.batch * s.kv_heads; ++bkv) {
     for (int64_t tile = 0; tile < tiles; ++tile) {
-      SequentialBlock<cu::DkDv<D>> block(reverse);
-      cu::backward_dkdv_block<D>(block, bwd, tile, bkv, backward_smem.fresh());
+      if constexpr (kMma) {
+        SequentialBlock<cu::MmaDkDv<D>> block(reverse);
+        cu::mma_backward_dkdv_block<D>(block, bwd, tile, bkv, backward_smem.fresh());
+      } else {
+        SequentialBlock<cu::DkDv<D>> block(reverse);
+        cu::backward_dkdv_block<D>(block, bwd, tile, bkv, backward_smem.fresh());
+      }
     }
   }
   for (int64_t bh = 0; bh < s.batch * s.heads; ++bh) {
     for (int64_t tile = 0; tile < tiles; ++tile) {
-      SequentialBlock<cu::Accumulator<D>> block(reverse);
-      cu::backward_dq_block<D>(block, bwd, tile, bh, backward_smem.fresh());
+      if constexpr (kMma) {
+        SequentialBlock<cu::MmaDq<D>> block(reverse);
+        cu::mma_backward_dq_block<D>(block, bwd, tile, bh, backward_smem.fresh());
+      } else {
+        SequentialBlock<cu::Accumulator<D>> block(reverse);
+        cu::backward_dq_block<D>(block, bwd, tile, bh, backward_smem.fresh());
+      }
     }
   }
   return r;
 }
 
-template <int D>
+// The values as bf16 holds them (the tensor-core kernels' inputs are bf16).
+void round_to_bf16(std::vector<float>& x) {
+  for (float& value : x) value = bf16::from_float(value).to_float();
+}
+
+// f32 kernels agree with the double-precision op to float rounding; the bf16 ones, which round P
+// and dS to bf16 for their products (inputs already bf16), to bf16's.
+template <int D, Kernels kKernels = Kernels::tiles>
 void expect_matches_cpu_op(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                            int64_t max_run, uint64_t seed) {
   SCOPED_TRACE(::testing::Message() << "B=" << batch << " T=" << seq << " H=" << heads
-                                    << " KVH=" << kv_heads << " D=" << D << " max_run=" << max_run);
-  const Problem p = random_problem({batch, seq, heads, kv_heads, D}, max_run, seed);
+                                    << " KVH=" << kv_heads << " D=" << D << " max_run=" << max_run
+                                    << (kKernels == Kernels::mma ? " tensor cores" : ""));
+  Problem p = random_problem({batch, seq, heads, kv_heads, D}, max_run, seed);
+  const double tolerance = kKernels == Kernels::mma ? 5e-3 : 1e-5;
+  if (kKernels == Kernels::mma) {
+    for (std::vector<float>* x : {&p.q, &p.k, &p.v, &p.dout}) round_to_bf16(*x);
+  }
   const Shape qs{batch, seq, heads, D}, kvs{batch, seq, kv_heads, D};
   const Tensor q = as_f64(p.q, qs), k = as_f64(p.k, kvs), v = as_f64(p.v, kvs);
   const Tensor seg = Tensor::from({batch, seq}, p.seg_start);
@@ -158,15 +197,15 @@ void expect_matches_cpu_op(int64_t batch, int64_t seq, int64_t heads, int64_t kv
          dv = Tensor::empty(kvs, DType::f64);
   attention_backward(q, k, v, seg, out, lse, as_f64(p.dout, qs), p.scale, dq, dk, dv);
 
-  const Results got = emulate<D>(p, false);
-  EXPECT_LT(relative_error(got.out, out), 1e-5);
-  EXPECT_LT(relative_error(got.lse, lse), 1e-5);
-  EXPECT_LT(relative_error(got.dq, dq), 1e-5);
-  EXPECT_LT(relative_error(got.dk, dk), 1e-5);
-  EXPECT_LT(relative_error(got.dv, dv), 1e-5);
+  const Results got = emulate<D, kKernels>(p, false);
+  EXPECT_LT(relative_error(got.out, out), tolerance);
+  EXPECT_LT(relative_error(got.lse, lse), tolerance);
+  EXPECT_LT(relative_error(got.dq, dq), tolerance);
+  EXPECT_LT(relative_error(got.dk, dk), tolerance);
+  EXPECT_LT(relative_error(got.dv, dv), tolerance);
 
   // Threads in the other order: a phase reading what another thread writes in it would differ.
-  const Results reversed = emulate<D>(p, true);
+  const Results reversed = emulate<D, kKernels>(p, true);
   EXPECT_EQ(reversed.out, got.out);
   EXPECT_EQ(reversed.lse, got.lse);
   EXPECT_EQ(reversed.dq, got.dq);
@@ -189,6 +228,23 @@ TEST(CudaAttentionTiles, HeadDim32AndShortDocumentsMatchTheCpuOp) {
 TEST(CudaAttentionTiles, OneDocumentPerRowAndShortSequencesMatchTheCpuOp) {
   expect_matches_cpu_op<64>(1, 200, 2, 1, 1000, 4);
   expect_matches_cpu_op<64>(3, 17, 4, 4, 5, 5);
+}
+
+TEST(CudaAttentionMma, GroupedQueryFourToOneMatchesTheCpuOp) {
+  expect_matches_cpu_op<64, Kernels::mma>(2, 150, 8, 2, 90, 1);
+}
+
+TEST(CudaAttentionMma, OneKvHeadPerQueryHeadMatchesTheCpuOp) {
+  expect_matches_cpu_op<128, Kernels::mma>(1, 200, 2, 2, 150, 2);
+}
+
+TEST(CudaAttentionMma, HeadDim32AndShortDocumentsMatchTheCpuOp) {
+  expect_matches_cpu_op<32, Kernels::mma>(2, 130, 4, 2, 12, 3);
+}
+
+TEST(CudaAttentionMma, OneDocumentPerRowAndShortSequencesMatchTheCpuOp) {
+  expect_matches_cpu_op<64, Kernels::mma>(1, 200, 2, 1, 1000, 4);
+  expect_matches_cpu_op<64, Kernels::mma>(3, 17, 4, 4, 5, 5);
 }
 
 // The key tiles a query tile visits are exactly those holding a key one of its queries sees, and

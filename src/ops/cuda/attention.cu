@@ -1,5 +1,6 @@
 // CUDA attention: the kernels are thin wrappers that run the block functions of
-// ops/cuda/attention_tiles.h with one GPU thread block each; see that header for the schedule.
+// ops/cuda/attention_tiles.h (f32, on CUDA cores) or ops/cuda/attention_mma.h (bf16, on the
+// tensor cores) with one GPU thread block each; see those headers for the schedule.
 //
 // forward:  grid (query tiles, B*H); out and lse.
 // backward: delta = rowsum(dout * out) (one thread per row); then dk, dv with grid (key tiles,
@@ -8,10 +9,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "base/error.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_mma.h"
 
 namespace pollen::ops::cuda {
 
@@ -76,6 +80,38 @@ __global__ void __launch_bounds__(kAttentionThreads) backward_dq_kernel(Backward
   backward_dq_block<D>(block, a, blockIdx.x, blockIdx.y, reinterpret_cast<float*>(smem));
 }
 
+// The tensor-core kernels of bf16 (attention_mma.h); their shared memory starts 128-byte aligned.
+template <int D>
+__global__ void __launch_bounds__(kAttentionThreads)
+    mma_forward_kernel(ForwardArgs<__nv_bfloat16> a) {
+  extern __shared__ __align__(128) unsigned char mma_smem[];
+  GpuBlock<MmaNoState> block;
+  mma_forward_block<D>(block, a, blockIdx.x, blockIdx.y, mma_smem);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kAttentionThreads)
+    mma_backward_dkdv_kernel(BackwardArgs<__nv_bfloat16> a) {
+  extern __shared__ __align__(128) unsigned char mma_smem[];
+  GpuBlock<MmaDkDv<D>> block;
+  mma_backward_dkdv_block<D>(block, a, blockIdx.x, blockIdx.y, mma_smem);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kAttentionThreads)
+    mma_backward_dq_kernel(BackwardArgs<__nv_bfloat16> a) {
+  extern __shared__ __align__(128) unsigned char mma_smem[];
+  GpuBlock<MmaDq<D>> block;
+  mma_backward_dq_block<D>(block, a, blockIdx.x, blockIdx.y, mma_smem);
+}
+
+// bf16 runs on the tensor cores unless POLLEN_CUDA_ATTENTION=tiles asks for the CUDA-core
+// kernels (the f32 path's), read at each call.
+bool bf16_on_tensor_cores() {
+  const char* choice = std::getenv("POLLEN_CUDA_ATTENTION");
+  return choice == nullptr || std::strcmp(choice, "tiles") != 0;
+}
+
 // Launches kernel on grid (tiles, heads) with `bytes` of dynamic shared memory (over 48 KB needs
 // the kernel's limit raised first).
 template <typename Kernel, typename Args>
@@ -119,6 +155,11 @@ void forward_typed(const AttentionShape& s, const void* q, const void* k, const 
                          lse};
   with_head_dim(s.head_dim, "attention_forward", [&](auto dim) {
     constexpr int D = decltype(dim)::value;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (bf16_on_tensor_cores())
+        return launch_tiles(mma_forward_kernel<D>, a, tile_count(s.seq), s.batch * s.heads,
+                            MmaForwardSmem<D>::kBytes, "attention_forward", s, stream);
+    }
     launch_tiles(forward_kernel<D, T>, a, tile_count(s.seq), s.batch * s.heads,
                  ForwardSmem<D>::kBytes, "attention_forward", s, stream);
   });
@@ -151,6 +192,14 @@ void backward_typed(const AttentionShape& s, const void* q, const void* k, const
   ATTENTION_CUDA_CHECK(cudaGetLastError(), op, s);
   with_head_dim(s.head_dim, op, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      if (bf16_on_tensor_cores()) {
+        launch_tiles(mma_backward_dkdv_kernel<D>, a, tile_count(s.seq), s.batch * s.kv_heads,
+                     MmaBackwardSmem<D>::kBytes, op, s, stream);
+        return launch_tiles(mma_backward_dq_kernel<D>, a, tile_count(s.seq), s.batch * s.heads,
+                            MmaBackwardSmem<D>::kBytes, op, s, stream);
+      }
+    }
     launch_tiles(backward_dkdv_kernel<D, T>, a, tile_count(s.seq), s.batch * s.kv_heads,
                  BackwardSmem<D>::kBytes, op, s, stream);
     launch_tiles(backward_dq_kernel<D, T>, a, tile_count(s.seq), s.batch * s.heads,
