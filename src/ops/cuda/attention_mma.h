@@ -57,11 +57,18 @@ constexpr size_t kMmaProbTileBytes = mma_region(kTile * kMmaProbLd * 2);
 template <int D>
 constexpr size_t kMmaOutTileBytes = mma_region(kTile* kMmaOutLd<D> * 4);
 constexpr size_t kMmaRowStatBytes = mma_region(kTile * 4);
+constexpr size_t kMmaRowQuarterBytes = mma_region(kTile * 4 * 4);
+
+// The forward's softmax runs on all threads: thread tid takes row tid / 4 and its quarter tid % 4
+// of the columns (and of the output's columns when rescaling).
+constexpr int kRowQuarters = kAttentionThreads / kTile;
+static_assert(kRowQuarters == 4, "four threads per query row");
 
 template <int D>
 struct MmaForwardSmem {
   static constexpr size_t kBytes = 3 * kMmaRowTileBytes<D> + kMmaScoreTileBytes +
-                                   kMmaProbTileBytes + kMmaOutTileBytes<D> + 4 * kMmaRowStatBytes;
+                                   kMmaProbTileBytes + kMmaOutTileBytes<D> + 3 * kMmaRowStatBytes +
+                                   2 * kMmaRowQuarterBytes + kMmaRowStatBytes;
   POLLEN_HD explicit MmaForwardSmem(void* base) {
     SmemRegions r{static_cast<char*>(base)};
     q = r.take<MmaBf16>(kTile * kMmaRowLd<D>);
@@ -72,15 +79,19 @@ struct MmaForwardSmem {
     out = r.take<float>(kTile * kMmaOutLd<D>);
     row_max = r.take<float>(kTile);
     row_sum = r.take<float>(kTile);
-    row_rescale = r.take<float>(kTile);
+    row_inv_sum = r.take<float>(kTile);
+    quarter_max = r.take<float>(kTile * kRowQuarters);
+    quarter_sum = r.take<float>(kTile * kRowQuarters);
     seg = r.take<int32_t>(kTile);
   }
-  MmaBf16 *q, *k, *v;  // (kTile, D)
-  float* scores;       // (kTile, kTile) q k^T, then scale * (q k^T), -inf where not visible
-  MmaBf16* probs;      // (kTile, kTile) exp(score - row_max)
-  float* out;          // (kTile, D) the unnormalised output
-  float *row_max, *row_sum, *row_rescale;  // (kTile) online softmax state
-  int32_t* seg;                            // (kTile) seg_start of the tile's queries
+  MmaBf16 *q, *k, *v;        // (kTile, D)
+  float* scores;             // (kTile, kTile) q k^T, then scale * (q k^T), -inf where not visible
+  MmaBf16* probs;            // (kTile, kTile) exp(score - row_max)
+  float* out;                // (kTile, D) the unnormalised output
+  float *row_max, *row_sum;  // (kTile) online softmax state
+  float* row_inv_sum;        // (kTile) 1 / row_sum, at the end
+  float *quarter_max, *quarter_sum;  // (kTile, 4) this key tile's, per quarter of a row
+  int32_t* seg;                      // (kTile) seg_start of the tile's queries
 };
 
 template <int D>
@@ -126,6 +137,13 @@ struct MmaDkDv {
 };
 
 // ---- phases ----------------------------------------------------------------------------------
+
+// A row's running maximum after a key tile whose quarters' maxima are quarter_max[0..4).
+POLLEN_HD float row_max_after(float old_max, const float* quarter_max) {
+  float m = old_max;
+  for (int q = 0; q < kRowQuarters; ++q) m = quarter_max[q] > m ? quarter_max[q] : m;
+  return m;
+}
 
 // Rows [0, rows) of a head, `stride` elements apart, into a bf16 row tile; rows past `rows` are
 // zero.
@@ -243,9 +261,8 @@ template <int D, typename T, typename Block>
 POLLEN_HD void mma_forward_block(Block& block, const ForwardArgs<T>& a, int64_t query_tile,
                                  int64_t bh, void* smem_base) {
   const Geometry& g = a.geo;
-  const int64_t seq = g.s.seq, b = bh / g.s.heads, h = bh % g.s.heads;
-  const int64_t kv = h / g.group(), query0 = query_tile * kTile;
-  const int64_t rows = seq - query0 < kTile ? seq - query0 : kTile;
+  const QueryTileAt at = query_tile_at(g, query_tile, bh);
+  const int64_t seq = g.s.seq, b = at.b, h = at.h, kv = at.kv, query0 = at.query0, rows = at.rows;
   const int32_t* seg = a.seg_start + b * seq;
   const MmaForwardSmem<D> sm(smem_base);
 
@@ -261,37 +278,45 @@ POLLEN_HD void mma_forward_block(Block& block, const ForwardArgs<T>& a, int64_t 
   const TileRange keys = key_tiles_for_queries(seg[query0], query0, rows);
   for (int64_t key_tile = keys.first; key_tile < keys.end; ++key_tile) {
     const int64_t key0 = key_tile * kTile;
-    const int64_t key_rows = seq - key0 < kTile ? seq - key0 : kTile;
+    const int64_t key_rows = tile_rows(seq, key0);
     block.run([&](int tid, MmaNoState&) {
       load_rows_bf16<D>(tid, a.k + g.kv_at(b, key0, kv), g.s.kv_heads * D, key_rows, sm.k);
       load_rows_bf16<D>(tid, a.v + g.kv_at(b, key0, kv), g.s.kv_heads * D, key_rows, sm.v);
     });
     block.run([&](int tid, MmaNoState&) { warp_scores<D>(tid, sm.q, sm.k, sm.scores); });
-    // online softmax and the output's rescaling, one thread per query row
+    // online softmax, four threads per query row: the scaled, masked scores and their maximum
+    // per quarter of the row
     block.run([&](int tid, MmaNoState&) {
-      if (tid >= kTile) return;
-      float* row = sm.scores + tid * kMmaScoreLd;
-      float tile_max = -INFINITY;
-      for (int j = 0; j < kTile; ++j) {
-        const bool visible = tid < rows && key_visible(sm.seg[tid], query0 + tid, key0 + j);
+      const int r = tid / kRowQuarters, first = tid % kRowQuarters * (kTile / kRowQuarters);
+      float* row = sm.scores + r * kMmaScoreLd;
+      float quarter_max = -INFINITY;
+      for (int j = first; j < first + kTile / kRowQuarters; ++j) {
+        const bool visible = r < rows && key_visible(sm.seg[r], query0 + r, key0 + j);
         row[j] = visible ? row[j] * a.scale : -INFINITY;
-        tile_max = row[j] > tile_max ? row[j] : tile_max;
+        quarter_max = row[j] > quarter_max ? row[j] : quarter_max;
       }
-      const float old_max = sm.row_max[tid];
-      const float new_max = tile_max > old_max ? tile_max : old_max;
+      sm.quarter_max[tid] = quarter_max;
+    });
+    // P = exp(score - the row's new maximum) and its sum per quarter; the output's quarter of the
+    // row rescaled to the new maximum
+    block.run([&](int tid, MmaNoState&) {
+      const int r = tid / kRowQuarters, quarter = tid % kRowQuarters;
+      const float old_max = sm.row_max[r];
+      const float new_max = row_max_after(old_max, sm.quarter_max + r * kRowQuarters);
+      const int first = quarter * (kTile / kRowQuarters);
       float sum = 0.0f;
-      for (int j = 0; j < kTile; ++j) {
-        const float p = shifted_exp(row[j], new_max);
-        sm.probs[tid * kMmaProbLd + j] = to_mma_bf16(p);
+      for (int j = first; j < first + kTile / kRowQuarters; ++j) {
+        const float p = shifted_exp(sm.scores[r * kMmaScoreLd + j], new_max);
+        sm.probs[r * kMmaProbLd + j] = to_mma_bf16(p);
         sum += p;
       }
+      sm.quarter_sum[tid] = sum;
       const float rescale = softmax_rescale(old_max, new_max);
-      sm.row_sum[tid] = sm.row_sum[tid] * rescale + sum;
-      sm.row_max[tid] = new_max;
-      float* out_row = sm.out + tid * kMmaOutLd<D>;
-      for (int d = 0; d < D; ++d) out_row[d] *= rescale;
+      float* out_row = sm.out + r * kMmaOutLd<D>;
+      for (int d = quarter * (D / kRowQuarters); d < (quarter + 1) * (D / kRowQuarters); ++d)
+        out_row[d] *= rescale;
     });
-    // out += P v
+    // out += P v; the rows' softmax state moves on to this key tile
     block.run([&](int tid, MmaNoState&) {
       const int warp = tid / kWarpSize, lane = tid % kWarpSize;
       POLLEN_UNROLL
@@ -302,16 +327,24 @@ POLLEN_HD void mma_forward_block(Block& block, const ForwardArgs<T>& a, int64_t 
         warp_accumulate<D, false>(lane, warp, i, acc, sm.probs, sm.v);
         mma_store(lane, tile, acc, kMmaOutLd<D>);
       }
+      if (tid < kTile) {
+        const float old_max = sm.row_max[tid];
+        const float new_max = row_max_after(old_max, sm.quarter_max + tid * kRowQuarters);
+        const float* sums = sm.quarter_sum + tid * kRowQuarters;
+        sm.row_sum[tid] = sm.row_sum[tid] * softmax_rescale(old_max, new_max) +
+                          (sums[0] + sums[1]) + (sums[2] + sums[3]);
+        sm.row_max[tid] = new_max;
+      }
     });
   }
   block.run([&](int tid, MmaNoState&) {
     if (tid < rows) {
-      sm.row_rescale[tid] = 1.0f / sm.row_sum[tid];
+      sm.row_inv_sum[tid] = 1.0f / sm.row_sum[tid];
       a.lse[g.row_at(b, h, query0 + tid)] = row_lse(sm.row_max[tid], sm.row_sum[tid]);
     }
   });
   block.run([&](int tid, MmaNoState&) {
-    store_stage<D>(tid, sm.out, sm.row_rescale, 1.0f, rows, g.s.heads * D,
+    store_stage<D>(tid, sm.out, sm.row_inv_sum, 1.0f, rows, g.s.heads * D,
                    a.out + g.q_at(b, query0, h));
   });
 }
@@ -321,9 +354,8 @@ template <int D, typename T, typename Block>
 POLLEN_HD void mma_backward_dq_block(Block& block, const BackwardArgs<T>& a, int64_t query_tile,
                                      int64_t bh, void* smem_base) {
   const Geometry& g = a.geo;
-  const int64_t seq = g.s.seq, b = bh / g.s.heads, h = bh % g.s.heads;
-  const int64_t kv = h / g.group(), query0 = query_tile * kTile;
-  const int64_t rows = seq - query0 < kTile ? seq - query0 : kTile;
+  const QueryTileAt at = query_tile_at(g, query_tile, bh);
+  const int64_t seq = g.s.seq, b = at.b, h = at.h, kv = at.kv, query0 = at.query0, rows = at.rows;
   const MmaBackwardSmem<D> sm(smem_base);
 
   block.run([&](int tid, MmaDq<D>& st) {
@@ -334,7 +366,7 @@ POLLEN_HD void mma_backward_dq_block(Block& block, const BackwardArgs<T>& a, int
   const TileRange keys = key_tiles_for_queries(a.seg_start[b * seq + query0], query0, rows);
   for (int64_t key_tile = keys.first; key_tile < keys.end; ++key_tile) {
     const int64_t key0 = key_tile * kTile;
-    const int64_t key_rows = seq - key0 < kTile ? seq - key0 : kTile;
+    const int64_t key_rows = tile_rows(seq, key0);
     block.run([&](int tid, MmaDq<D>&) {
       load_rows_bf16<D>(tid, a.k + g.kv_at(b, key0, kv), g.s.kv_heads * D, key_rows, sm.k);
       load_rows_bf16<D>(tid, a.v + g.kv_at(b, key0, kv), g.s.kv_heads * D, key_rows, sm.v);
@@ -374,7 +406,7 @@ POLLEN_HD void mma_backward_dkdv_block(Block& block, const BackwardArgs<T>& a, i
   const Geometry& g = a.geo;
   const int64_t seq = g.s.seq, b = bkv / g.s.kv_heads, kv = bkv % g.s.kv_heads;
   const int64_t key0 = key_tile * kTile;
-  const int64_t key_rows = seq - key0 < kTile ? seq - key0 : kTile;
+  const int64_t key_rows = tile_rows(seq, key0);
   const int64_t stride = g.s.kv_heads * D;
   const MmaBackwardSmem<D> sm(smem_base);
 
@@ -391,7 +423,7 @@ POLLEN_HD void mma_backward_dkdv_block(Block& block, const BackwardArgs<T>& a, i
   for (int64_t member = 0; member < g.group(); ++member) {
     const int64_t h = kv * g.group() + member;
     for (int64_t query0 = key0; query0 < query_end; query0 += kTile) {
-      const int64_t rows = query_end - query0 < kTile ? query_end - query0 : kTile;
+      const int64_t rows = tile_rows(query_end, query0);
       block.run(
           [&](int tid, MmaDkDv<D>&) { load_query_side_bf16<D>(tid, a, b, h, query0, rows, sm); });
       block.run([&](int tid, MmaDkDv<D>&) {

@@ -138,6 +138,21 @@ struct Geometry {
   }
 };
 
+// The rows of the tile starting at row `first` of `end`: kTile, or fewer in the last tile.
+POLLEN_HD int64_t tile_rows(int64_t end, int64_t first) {
+  return end - first < kTile ? end - first : kTile;
+}
+
+// Where a block of a query-tile grid (x = query tile, y = b * H + h) works: batch row b, query
+// head h and its kv head, the tile's first query and its rows.
+struct QueryTileAt {
+  int64_t b, h, kv, query0, rows;
+};
+POLLEN_HD QueryTileAt query_tile_at(const Geometry& g, int64_t query_tile, int64_t bh) {
+  const int64_t h = bh % g.s.heads, query0 = query_tile * kTile;
+  return {bh / g.s.heads, h, h / g.group(), query0, tile_rows(g.s.seq, query0)};
+}
+
 // Pointers of one forward call: q (B,T,H,D), k v (B,T,KVH,D) in, out (B,T,H,D) and lse (B,H,T)
 // out.
 template <typename T>
@@ -372,9 +387,8 @@ template <int D, typename T, typename Block>
 POLLEN_HD void forward_block(Block& block, const ForwardArgs<T>& a, int64_t query_tile, int64_t bh,
                              float* smem_base) {
   const Geometry& g = a.geo;
-  const int64_t seq = g.s.seq, b = bh / g.s.heads, h = bh % g.s.heads;
-  const int64_t kv = h / g.group(), query0 = query_tile * kTile;
-  const int64_t rows = seq - query0 < kTile ? seq - query0 : kTile;
+  const QueryTileAt at = query_tile_at(g, query_tile, bh);
+  const int64_t seq = g.s.seq, b = at.b, h = at.h, kv = at.kv, query0 = at.query0, rows = at.rows;
   const int32_t* seg = a.seg_start + b * seq;
   const ForwardSmem<D> sm(smem_base);
 
@@ -390,7 +404,7 @@ POLLEN_HD void forward_block(Block& block, const ForwardArgs<T>& a, int64_t quer
   const TileRange keys = key_tiles_for_queries(seg[query0], query0, rows);
   for (int64_t key_tile = keys.first; key_tile < keys.end; ++key_tile) {
     const int64_t key0 = key_tile * kTile;
-    const int64_t key_rows = seq - key0 < kTile ? seq - key0 : kTile;
+    const int64_t key_rows = tile_rows(seq, key0);
     block.run([&](int tid, Accumulator<D>&) {
       load_rows<D>(tid, a.k + g.kv_at(b, key0, kv), g.s.kv_heads * D, key_rows, 1.0f, sm.k);
       load_rows<D>(tid, a.v + g.kv_at(b, key0, kv), g.s.kv_heads * D, key_rows, 1.0f, sm.v);
@@ -456,9 +470,8 @@ template <int D, typename T, typename Block>
 POLLEN_HD void backward_dq_block(Block& block, const BackwardArgs<T>& a, int64_t query_tile,
                                  int64_t bh, float* smem_base) {
   const Geometry& g = a.geo;
-  const int64_t seq = g.s.seq, b = bh / g.s.heads, h = bh % g.s.heads;
-  const int64_t kv = h / g.group(), query0 = query_tile * kTile;
-  const int64_t rows = seq - query0 < kTile ? seq - query0 : kTile;
+  const QueryTileAt at = query_tile_at(g, query_tile, bh);
+  const int64_t seq = g.s.seq, b = at.b, h = at.h, kv = at.kv, query0 = at.query0, rows = at.rows;
   const BackwardSmem<D> sm(smem_base);
 
   block.run([&](int tid, Accumulator<D>& dq) {
@@ -468,7 +481,7 @@ POLLEN_HD void backward_dq_block(Block& block, const BackwardArgs<T>& a, int64_t
   const TileRange keys = key_tiles_for_queries(a.seg_start[b * seq + query0], query0, rows);
   for (int64_t key_tile = keys.first; key_tile < keys.end; ++key_tile) {
     const int64_t key0 = key_tile * kTile;
-    const int64_t key_rows = seq - key0 < kTile ? seq - key0 : kTile;
+    const int64_t key_rows = tile_rows(seq, key0);
     block.run([&](int tid, Accumulator<D>&) {
       load_rows<D>(tid, a.k + g.kv_at(b, key0, kv), g.s.kv_heads * D, key_rows, 1.0f, sm.k);
       load_rows<D>(tid, a.v + g.kv_at(b, key0, kv), g.s.kv_heads * D, key_rows, 1.0f, sm.v);
@@ -496,7 +509,7 @@ POLLEN_HD void backward_dkdv_block(Block& block, const BackwardArgs<T>& a, int64
   const Geometry& g = a.geo;
   const int64_t seq = g.s.seq, b = bkv / g.s.kv_heads, kv = bkv % g.s.kv_heads;
   const int64_t key0 = key_tile * kTile;
-  const int64_t key_rows = seq - key0 < kTile ? seq - key0 : kTile;
+  const int64_t key_rows = tile_rows(seq, key0);
   const BackwardSmem<D> sm(smem_base);
 
   block.run([&](int tid, DkDv<D>& acc) {
@@ -509,7 +522,7 @@ POLLEN_HD void backward_dkdv_block(Block& block, const BackwardArgs<T>& a, int64
   for (int64_t member = 0; member < g.group(); ++member) {
     const int64_t h = kv * g.group() + member;
     for (int64_t query0 = key0; query0 < query_end; query0 += kTile) {
-      const int64_t rows = query_end - query0 < kTile ? query_end - query0 : kTile;
+      const int64_t rows = tile_rows(query_end, query0);
       block.run([&](int tid, DkDv<D>&) { load_query_side<D>(tid, a, b, h, query0, rows, sm); });
       block.run([&](int tid, DkDv<D>&) { probs_and_dscores<D>(tid, sm, query0, rows, key0); });
       // dv += P^T dout; dk += dS^T (q * scale)
