@@ -112,15 +112,13 @@ void cross_entropy_cuda(const Tensor& h, const Tensor& w, const Tensor& targets,
     const void* hb = static_cast<const char*>(h.raw()) + static_cast<size_t>(r0) * row_bytes;
     // (nb,V) = hb w^T
     cuda::gemm(dt, hb, false, w.raw(), true, DType::f32, logits.raw(), nb, v, c, 1.0, 0.0);
+    // the gradient over the logits, or straight into logits_bf16 for bf16's GEMMs
     cuda::softmax_cross_entropy_rows(logits.data<float>(), targets.data<int32_t>() + r0, nb, v,
                                      losses.data<double>() + r0, grads != nullptr,
-                                     static_cast<float>(grads ? grads->grad_scale : 1.0));
+                                     static_cast<float>(grads ? grads->grad_scale : 1.0),
+                                     logits_bf16.defined() ? logits_bf16.raw() : nullptr);
     if (grads) {
-      const void* g = logits.raw();
-      if (dt == DType::bf16) {
-        pollen::cuda::convert(logits.raw(), DType::f32, logits_bf16.raw(), dt, nb * v);
-        g = logits_bf16.raw();
-      }
+      const void* g = logits_bf16.defined() ? logits_bf16.raw() : logits.raw();
       void* dhb = static_cast<char*>(grads->dh.raw()) + static_cast<size_t>(r0) * row_bytes;
       // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
       cuda::gemm(dt, g, false, w.raw(), false, dt, dhb, nb, c, v, 1.0, 0.0);

@@ -8,14 +8,26 @@ namespace {
 
 constexpr int kRowThreads = 512;
 
+// The gradient goes over the logits (f32), or to grad_bf16 when given (the bf16 GEMMs' input,
+// rounded once, without another pass over the f32 logits).
+__device__ __forceinline__ void store_grad(float* row, bf16_t* grad_row, int64_t j, float g) {
+  if (grad_row) {
+    store(grad_row, j, g);
+  } else {
+    row[j] = g;
+  }
+}
+
 __global__ void softmax_cross_entropy_kernel(float* logits, const int32_t* targets, int64_t v,
-                                             double* row_loss, bool want_grad, float grad_scale) {
+                                             double* row_loss, bool want_grad, float grad_scale,
+                                             bf16_t* grad_bf16) {
   float* row = logits + blockIdx.x * v;
+  bf16_t* grad_row = grad_bf16 ? grad_bf16 + blockIdx.x * v : nullptr;
   const int32_t t = targets[blockIdx.x];  // the same for the whole block: uniform branches
   if (t < 0) {
     if (threadIdx.x == 0) row_loss[blockIdx.x] = 0;
     if (want_grad)
-      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) row[j] = 0;
+      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) store_grad(row, grad_row, j, 0.0f);
     return;
   }
   const float target_logit = row[t];  // read before any thread of the block writes the row
@@ -27,17 +39,18 @@ __global__ void softmax_cross_entropy_kernel(float* logits, const int32_t* targe
   const float inv = grad_scale / sum;
   for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
     const float g = expf(row[j] - mx) * inv;
-    row[j] = j == t ? g - grad_scale : g;
+    store_grad(row, grad_row, j, j == t ? g - grad_scale : g);
   }
 }
 
 }  // namespace
 
 void softmax_cross_entropy_rows(float* logits, const int32_t* targets, int64_t nb, int64_t v,
-                                double* row_loss, bool want_grad, float grad_scale) {
+                                double* row_loss, bool want_grad, float grad_scale,
+                                void* grad_bf16) {
   if (nb == 0) return;
   softmax_cross_entropy_kernel<<<static_cast<unsigned>(nb), kRowThreads, 0, default_stream()>>>(
-      logits, targets, v, row_loss, want_grad, grad_scale);
+      logits, targets, v, row_loss, want_grad, grad_scale, static_cast<bf16_t*>(grad_bf16));
   POLLEN_CUDA_CHECK_LAUNCH("softmax_cross_entropy_rows", "rows=", nb, " vocab=", v);
 }
 

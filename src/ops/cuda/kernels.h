@@ -57,10 +57,11 @@ void rope_rotate(DType t, const void* x, const int32_t* positions, int64_t rows,
                  void* out);
 
 // One block of cross-entropy rows: logits (nb,V) fp32 -> row_loss (nb) f64 (0 for targets < 0);
-// when want_grad the logits are replaced by grad_scale * (softmax - onehot(target)) (rows with
-// targets < 0 become zero).
+// when want_grad the gradient grad_scale * (softmax - onehot(target)) (zero in rows with targets
+// < 0) replaces the logits, or, when grad_bf16 is not null, goes there as bf16 (nb,V) instead.
 void softmax_cross_entropy_rows(float* logits, const int32_t* targets, int64_t nb, int64_t v,
-                                double* row_loss, bool want_grad, float grad_scale);
+                                double* row_loss, bool want_grad, float grad_scale,
+                                void* grad_bf16 = nullptr);
 
 // One block of token log-probability rows: logits (nb,V) fp32 -> lse (nb) and logp (nb) f32, the
 // log-softmax at each row's target (0 for targets < 0).
