@@ -13,7 +13,6 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/weight_grad_sum.h"
 #include "ops/profile.h"
-#include "tensor/cuda_memory.h"
 
 namespace pollen::ops {
 namespace {

@@ -10,7 +10,6 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/weight_grad_sum.h"
 #include "ops/profile.h"
-#include "tensor/cuda_memory.h"
 
 namespace pollen::ops {
 namespace {
@@ -71,13 +70,11 @@ void backward_cuda(const Tensor& dlogp, const Tensor& h, const Tensor& w, const 
     const int64_t nb = std::min(block_rows, n - r0);
     const void* hb = static_cast<const char*>(h.raw()) + static_cast<size_t>(r0) * row_bytes;
     cuda::gemm(dt, hb, false, w.raw(), true, DType::f32, logits.raw(), nb, v, c, 1.0, 0.0);
+    // the gradient over the logits, or straight into logits_bf16 for bf16's GEMMs
     cuda::token_logprob_grad_rows(logits.data<float>(), targets.data<int32_t>() + r0,
-                                  dlogp.data<float>() + r0, lse.data<float>() + r0, nb, v);
-    const void* g = logits.raw();
-    if (dt == DType::bf16) {
-      pollen::cuda::convert(logits.raw(), DType::f32, logits_bf16.raw(), dt, nb * v);
-      g = logits_bf16.raw();
-    }
+                                  dlogp.data<float>() + r0, lse.data<float>() + r0, nb, v,
+                                  logits_bf16.defined() ? logits_bf16.raw() : nullptr);
+    const void* g = logits_bf16.defined() ? logits_bf16.raw() : logits.raw();
     void* dhb = static_cast<char*>(dh.raw()) + static_cast<size_t>(r0) * row_bytes;
     // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
     cuda::gemm(dt, g, false, w.raw(), false, dt, dhb, nb, c, v, 1.0, 0.0);

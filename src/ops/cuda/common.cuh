@@ -27,6 +27,16 @@ __device__ __forceinline__ void store(bf16_t* p, int64_t i, float v) {
   p[i] = __float2bfloat16(v);  // round to nearest even, as pollen's host bf16
 }
 
+// Element j of a row's gradient over a row of f32 logits, or into grad_row (bf16) when given: the
+// bf16 GEMMs' input rounded once, without another pass over the f32 logits.
+__device__ __forceinline__ void store_grad(float* row, bf16_t* grad_row, int64_t j, float g) {
+  if (grad_row) {
+    store(grad_row, j, g);
+  } else {
+    row[j] = g;
+  }
+}
+
 // Calls f(float{}) or f(bf16_t{}) for the op's dtype; other dtypes are an error naming the op.
 template <typename F>
 void dispatch(const char* op, DType t, F&& f) {

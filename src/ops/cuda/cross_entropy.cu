@@ -8,16 +8,6 @@ namespace {
 
 constexpr int kRowThreads = 512;
 
-// The gradient goes over the logits (f32), or to grad_bf16 when given (the bf16 GEMMs' input,
-// rounded once, without another pass over the f32 logits).
-__device__ __forceinline__ void store_grad(float* row, bf16_t* grad_row, int64_t j, float g) {
-  if (grad_row) {
-    store(grad_row, j, g);
-  } else {
-    row[j] = g;
-  }
-}
-
 __global__ void softmax_cross_entropy_kernel(float* logits, const int32_t* targets, int64_t v,
                                              double* row_loss, bool want_grad, float grad_scale,
                                              bf16_t* grad_bf16) {

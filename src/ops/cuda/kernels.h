@@ -68,9 +68,9 @@ void softmax_cross_entropy_rows(float* logits, const int32_t* targets, int64_t n
 void token_logprob_rows(const float* logits, const int32_t* targets, int64_t nb, int64_t v,
                         float* logp, float* lse);
 // Their backward: logits (nb,V) replaced by dlogp * (onehot(target) - exp(logits - lse)) (rows
-// with targets < 0 become zero).
+// with targets < 0 become zero), or that written to grad_bf16 (nb,V) as bf16 when not null.
 void token_logprob_grad_rows(float* logits, const int32_t* targets, const float* dlogp,
-                             const float* lse, int64_t nb, int64_t v);
+                             const float* lse, int64_t nb, int64_t v, void* grad_bf16 = nullptr);
 
 // AdamW on n elements (torch.optim.AdamW): param, exp_avg, exp_avg_sq f32; grad of grad_type
 // (f32 or bf16); model_copy (bf16) is written with the updated param when not null. Gradients are
