@@ -51,31 +51,39 @@ void adamw_step_cuda(std::vector<AdamWSlot>& slots, const AdamWHyper& h) {
     if (s.model_copy.defined())
       expect("adamw", "model_copy", s.model_copy, shape, DType::bf16, Device::cuda);
   }
+  // The constants as adamw_range<float> computes them.
+  cuda::AdamWArgs a;
+  a.beta1 = static_cast<float>(h.beta1);
+  a.beta2 = static_cast<float>(h.beta2);
+  a.step_size = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, static_cast<double>(h.step))));
+  a.inv_sqrt_bias_correction2 =
+      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(h.beta2, static_cast<double>(h.step))));
+  a.eps = static_cast<float>(h.eps);
+  a.grad_scale = static_cast<float>(h.grad_scale);
+  std::vector<cuda::AdamWTensor> tensors;
   for (const AdamWSlot& s : slots) {
-    // The constants as adamw_range<float> computes them.
-    cuda::AdamWArgs a;
-    a.beta1 = static_cast<float>(h.beta1);
-    a.beta2 = static_cast<float>(h.beta2);
-    a.decay = static_cast<float>(1.0 - h.lr * s.weight_decay);
-    a.step_size = static_cast<float>(h.lr / (1.0 - std::pow(h.beta1, static_cast<double>(h.step))));
-    a.inv_sqrt_bias_correction2 =
-        static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(h.beta2, static_cast<double>(h.step))));
-    a.eps = static_cast<float>(h.eps);
-    a.grad_scale = static_cast<float>(h.grad_scale);
-    cuda::adamw(s.param.data<float>(), s.grad.raw(), s.grad.dtype(), s.exp_avg.data<float>(),
-                s.exp_avg_sq.data<float>(), s.model_copy.defined() ? s.model_copy.raw() : nullptr,
-                s.param.numel(), a, device_scale);
+    tensors.push_back(
+        {s.param.data<float>(), s.grad.raw(), s.exp_avg.data<float>(), s.exp_avg_sq.data<float>(),
+         s.model_copy.defined() ? s.model_copy.raw() : nullptr, s.param.numel(),
+         static_cast<float>(1.0 - h.lr * s.weight_decay), s.grad.dtype() == DType::bf16});
   }
+  cuda::adamw(tensors.data(), static_cast<int64_t>(tensors.size()), a, device_scale);
 }
 
 // total (1) f64 on the GPU += the sums of squares of the tensors (on the GPU).
 void sum_of_squares_cuda(const std::vector<Tensor>& tensors, Tensor& total) {
   Tensor partials = Tensor::empty({cuda::kSumOfSquaresBlocks}, DType::f64, Device::cuda);
+  std::vector<Tensor> contiguous;  // keeps the copies of non-contiguous tensors alive
+  std::vector<cuda::SquaresTensor> list;
   for (const Tensor& t : tensors) {
-    const Tensor tc = t.contiguous();
-    cuda::sum_of_squares_accumulate(tc.dtype(), tc.raw(), tc.numel(), partials.data<double>(),
-                                    total.data<double>());
+    POLLEN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16,
+                 "sum_of_squares: tensors on cuda must be f32 or bf16, got ",
+                 dtype_name(t.dtype()));
+    contiguous.push_back(t.contiguous());
+    list.push_back({contiguous.back().raw(), t.numel(), t.dtype() == DType::bf16});
   }
+  cuda::sum_of_squares_accumulate(list.data(), static_cast<int64_t>(list.size()),
+                                  partials.data<double>(), total.data<double>());
 }
 #endif
 

@@ -481,22 +481,25 @@ Tensor minus(const Tensor& a, const Tensor& b) {
 }
 
 // Three AdamW steps with mixed precision on the GPU (f32 master weights and state, bf16 or f32
-// gradients, a bf16 model copy) against the f64 CPU op on the same gradients.
+// gradients, a bf16 model copy) against the f64 CPU op on the same gradients. 102 tensors: more
+// than one launch's list (kMultiTensors), of sizes from 1 to 1000, with and without weight decay.
 TEST(CudaOps, AdamWMixedPrecisionOverSteps) {
   POLLEN_REQUIRE_GPU();
   Rng rng = fresh_rng();
-  const Shape shapes[] = {{33, 17}, {1000}};
+  std::vector<Shape> shapes = {{33, 17}, {1000}};
+  for (int64_t i = 0; i < 100; ++i) shapes.push_back({i * 37 % 301 + 1});
   for (DType grad_type : kDtypes) {
     SCOPED_TRACE(cat("grads ", dtype_name(grad_type)));
     std::vector<ops::AdamWSlot> gpu, cpu;
     std::vector<Tensor> starts;  // the parameters before the steps (f64, CPU)
     for (const Shape& s : shapes) {
       const Input p = random_input(s, DType::f32, rng);
+      const double decay = gpu.size() % 2 ? 0.0 : 0.1;
       starts.push_back(p.ref);
       gpu.push_back({p.gpu, Tensor(), Tensor::zeros(s, DType::f32, Device::cuda),
-                     Tensor::zeros(s, DType::f32, Device::cuda), 0.1, poisoned(s, DType::bf16)});
+                     Tensor::zeros(s, DType::f32, Device::cuda), decay, poisoned(s, DType::bf16)});
       cpu.push_back({p.ref.clone(), Tensor(), Tensor::zeros(s, DType::f64),
-                     Tensor::zeros(s, DType::f64), 0.1});
+                     Tensor::zeros(s, DType::f64), decay});
     }
     for (int step = 1; step <= 3; ++step) {
       for (size_t i = 0; i < gpu.size(); ++i) {
@@ -529,6 +532,15 @@ TEST(CudaOps, GlobalNormAndClippingStayOnTheGpu) {
   for (const Tensor& r : {a.ref, b.ref})
     for (double x : r.to_doubles()) sum_ref += x * x;
   EXPECT_LT(std::abs(ops::sum_of_squares({a.gpu, b.gpu}) - sum_ref) / sum_ref, 1e-6);
+  // A list longer than one launch takes (kMultiTensors): 100 tensors, f32 and bf16 in turn.
+  std::vector<Tensor> many;
+  double many_ref = 0;
+  for (int64_t i = 0; i < 100; ++i) {
+    const Input x = random_input({i * 53 % 997 + 1}, kDtypes[i % 2], rng);
+    many.push_back(x.gpu);
+    for (double e : x.ref.to_doubles()) many_ref += e * e;
+  }
+  EXPECT_LT(std::abs(ops::sum_of_squares(many) - many_ref) / many_ref, 1e-6);
   const double norm_ref = std::sqrt(sum_ref);
   // Clipped: max_norm below the norm.
   const std::vector<double> clipped = ops::clip_factor({a.gpu, b.gpu}, norm_ref / 4).to_doubles();

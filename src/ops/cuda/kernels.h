@@ -72,20 +72,39 @@ void token_logprob_rows(const float* logits, const int32_t* targets, int64_t nb,
 void token_logprob_grad_rows(float* logits, const int32_t* targets, const float* dlogp,
                              const float* lse, int64_t nb, int64_t v, void* grad_bf16 = nullptr);
 
-// AdamW on n elements (torch.optim.AdamW): param, exp_avg, exp_avg_sq f32; grad of grad_type
-// (f32 or bf16); model_copy (bf16) is written with the updated param when not null. Gradients are
-// multiplied by grad_scale, and by *device_scale when not null (a factor computed on the GPU);
-// when that factor is not finite the step leaves everything unchanged.
-struct AdamWArgs {
-  float beta1, beta2, decay, step_size, inv_sqrt_bias_correction2, eps, grad_scale;
+// AdamW (torch.optim.AdamW) on many tensors in few launches (kMultiTensors a launch): param,
+// exp_avg and exp_avg_sq f32; grad f32 or bf16 (grad_bf16); model_copy (bf16) written with the
+// updated param when not null. Gradients are multiplied by grad_scale, and by *device_scale when
+// not null (a factor computed on the GPU); when that factor is not finite the step leaves
+// everything unchanged.
+struct AdamWTensor {
+  float* param;
+  const void* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  void* model_copy;
+  int64_t n;
+  float decay;  // 1 - lr * weight_decay
+  bool grad_bf16;
 };
-void adamw(float* param, const void* grad, DType grad_type, float* exp_avg, float* exp_avg_sq,
-           void* model_copy, int64_t n, const AdamWArgs& args, const float* device_scale);
+struct AdamWArgs {
+  float beta1, beta2, step_size, inv_sqrt_bias_correction2, eps, grad_scale;
+};
+inline constexpr int kMultiTensors = 48;  // per launch: the list stays within 4 KB of parameters
+void adamw(const AdamWTensor* tensors, int64_t count, const AdamWArgs& args,
+           const float* device_scale);
 
-// total[0] += the sum of squares of x (n elements of dtype t, f32 or bf16), in f64, reduced in a
-// fixed order (deterministic). partials holds kSumOfSquaresBlocks doubles of scratch.
+// total[0] += the sum of squares of the elements of every tensor (f32, or bf16 when bf16), in
+// f64, reduced in a fixed order (deterministic), kMultiTensors tensors a launch. partials holds
+// kSumOfSquaresBlocks doubles of scratch.
+struct SquaresTensor {
+  const void* x;
+  int64_t n;
+  bool bf16;
+};
 inline constexpr int kSumOfSquaresBlocks = 256;
-void sum_of_squares_accumulate(DType t, const void* x, int64_t n, double* partials, double* total);
+void sum_of_squares_accumulate(const SquaresTensor* tensors, int64_t count, double* partials,
+                               double* total);
 
 // norm_and_scale (2) f32 = [sqrt(*total), the clipping factor]: max_norm / (norm + 1e-6) when
 // max_norm > 0 and norm > max_norm, else 1; NaN when the norm is not finite.
