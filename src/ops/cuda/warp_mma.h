@@ -130,4 +130,25 @@ void mma(int lane, MmaAccumulator& c, const MmaBf16* a, int lda, const MmaBf16* 
 
 #endif
 
+// Eight elements from src, or zeros when src is null, into eight bf16 at dst (16-byte aligned).
+// On the GPU bf16 elements at a 16-byte aligned src move as one 16-byte copy.
+constexpr int kBf16PerCopy = 8;
+template <typename T>
+POLLEN_HD void copy_to_bf16(const T* src, MmaBf16* dst) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<T, MmaBf16>) {
+    if (reinterpret_cast<uintptr_t>(src) % 16 == 0) {  // null too: zeros
+      *reinterpret_cast<uint4*>(dst) =
+          src ? *reinterpret_cast<const uint4*>(src) : make_uint4(0, 0, 0, 0);
+      return;
+    }
+  }
+#else
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0)
+    throw std::logic_error("copy_to_bf16: destination not 16-byte aligned");
+#endif
+  for (int i = 0; i < kBf16PerCopy; ++i)
+    dst[i] = to_mma_bf16(src ? Element<T>::load(src[i]) : 0.0f);
+}
+
 }  // namespace pollen::ops::cuda
