@@ -72,10 +72,15 @@ OpTimer::OpTimer(const char* name, const Tensor& on) : name_(name) {
   if (timer_depth++ > 0) return;
   profile_ = active_profile;
   if (on.defined() && on.device() == Device::cuda) {
-    span_.op = name;
-    span_.start = profile_->spare_event();
-    span_.end = profile_->spare_event();
-    span_.start->record();
+    try {
+      span_.op = name;
+      span_.start = profile_->spare_event();
+      span_.end = profile_->spare_event();
+      span_.start->record();
+    } catch (const Error&) {
+      --timer_depth;  // no destructor runs for a constructor that throws
+      throw;
+    }
   } else {
     start_ns_ = now_ns();
   }
