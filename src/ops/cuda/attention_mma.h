@@ -254,6 +254,34 @@ POLLEN_HD void probs_and_dscores_bf16(int tid, const MmaBackwardSmem<D>& sm, flo
   }
 }
 
+// The backward's two phases per (query tile, key tile): S = q k^T and dP = dout v^T on the tensor
+// cores, then P and dS in bf16 from them.
+template <int D, typename Block>
+POLLEN_HD void backward_tile_phases(Block& block, const MmaBackwardSmem<D>& sm, float scale,
+                                    int64_t query0, int64_t rows, int64_t key0) {
+  block.run([&](int tid, auto&) {
+    warp_scores<D>(tid, sm.q, sm.k, sm.scores);
+    warp_scores<D>(tid, sm.dout, sm.v, sm.dprobs);
+  });
+  block.run([&](int tid, auto&) { probs_and_dscores_bf16<D>(tid, sm, scale, query0, rows, key0); });
+}
+
+// The warps' accumulators of a (kTile, D) output, as `pick` selects them from a thread's state,
+// through the stage tile to rows [0, rows) of a head in device memory, times factor.
+template <int D, typename Block, typename Pick, typename T>
+POLLEN_HD void store_accumulators(Block& block, Pick pick, float* stage, float factor, int64_t rows,
+                                  int64_t stride, T* dst) {
+  block.run([&](int tid, auto& st) {
+    const int warp = tid / kWarpSize, lane = tid % kWarpSize;
+    const MmaAccumulator* acc = pick(st);
+    POLLEN_UNROLL
+    for (int i = 0; i < D / 32; ++i)
+      mma_store(lane, out_tile<D>(stage, warp, i), acc[i], kMmaOutLd<D>);
+  });
+  block.run(
+      [&](int tid, auto&) { store_stage<D>(tid, stage, nullptr, factor, rows, stride, dst); });
+}
+
 // ---- blocks ----------------------------------------------------------------------------------
 
 // Forward grid: x = query tile, y = b * H + h.
@@ -371,13 +399,7 @@ POLLEN_HD void mma_backward_dq_block(Block& block, const BackwardArgs<T>& a, int
       load_rows_bf16<D>(tid, a.k + g.kv_at(b, key0, kv), g.s.kv_heads * D, key_rows, sm.k);
       load_rows_bf16<D>(tid, a.v + g.kv_at(b, key0, kv), g.s.kv_heads * D, key_rows, sm.v);
     });
-    block.run([&](int tid, MmaDq<D>&) {
-      warp_scores<D>(tid, sm.q, sm.k, sm.scores);
-      warp_scores<D>(tid, sm.dout, sm.v, sm.dprobs);
-    });
-    block.run([&](int tid, MmaDq<D>&) {
-      probs_and_dscores_bf16<D>(tid, sm, a.scale, query0, rows, key0);
-    });
+    backward_tile_phases<D>(block, sm, a.scale, query0, rows, key0);
     block.run([&](int tid, MmaDq<D>& st) {
       const int warp = tid / kWarpSize, lane = tid % kWarpSize;
       POLLEN_UNROLL
@@ -385,16 +407,9 @@ POLLEN_HD void mma_backward_dq_block(Block& block, const BackwardArgs<T>& a, int
         warp_accumulate<D, false>(lane, warp, i, st.dq[i], sm.dscores, sm.k);
     });
   }
-  block.run([&](int tid, MmaDq<D>& st) {
-    const int warp = tid / kWarpSize, lane = tid % kWarpSize;
-    POLLEN_UNROLL
-    for (int i = 0; i < D / 32; ++i)
-      mma_store(lane, out_tile<D>(sm.stage, warp, i), st.dq[i], kMmaOutLd<D>);
-  });
-  block.run([&](int tid, MmaDq<D>&) {
-    store_stage<D>(tid, sm.stage, nullptr, a.scale, rows, g.s.heads * D,
-                   a.dq + g.q_at(b, query0, h));
-  });
+  store_accumulators<D>(
+      block, [](MmaDq<D>& st) { return st.dq; }, sm.stage, a.scale, rows, g.s.heads * D,
+      a.dq + g.q_at(b, query0, h));
 }
 
 // dk, dv grid: x = key tile, y = b * KVH + kv. Visits every query head reading kv head kv and
@@ -426,13 +441,7 @@ POLLEN_HD void mma_backward_dkdv_block(Block& block, const BackwardArgs<T>& a, i
       const int64_t rows = tile_rows(query_end, query0);
       block.run(
           [&](int tid, MmaDkDv<D>&) { load_query_side_bf16<D>(tid, a, b, h, query0, rows, sm); });
-      block.run([&](int tid, MmaDkDv<D>&) {
-        warp_scores<D>(tid, sm.q, sm.k, sm.scores);
-        warp_scores<D>(tid, sm.dout, sm.v, sm.dprobs);
-      });
-      block.run([&](int tid, MmaDkDv<D>&) {
-        probs_and_dscores_bf16<D>(tid, sm, a.scale, query0, rows, key0);
-      });
+      backward_tile_phases<D>(block, sm, a.scale, query0, rows, key0);
       // dv += P^T dout; dk += dS^T q
       block.run([&](int tid, MmaDkDv<D>& st) {
         const int warp = tid / kWarpSize, lane = tid % kWarpSize;
@@ -444,24 +453,12 @@ POLLEN_HD void mma_backward_dkdv_block(Block& block, const BackwardArgs<T>& a, i
       });
     }
   }
-  block.run([&](int tid, MmaDkDv<D>& st) {
-    const int warp = tid / kWarpSize, lane = tid % kWarpSize;
-    POLLEN_UNROLL
-    for (int i = 0; i < D / 32; ++i)
-      mma_store(lane, out_tile<D>(sm.stage, warp, i), st.dk[i], kMmaOutLd<D>);
-  });
-  block.run([&](int tid, MmaDkDv<D>&) {
-    store_stage<D>(tid, sm.stage, nullptr, a.scale, key_rows, stride, a.dk + g.kv_at(b, key0, kv));
-  });
-  block.run([&](int tid, MmaDkDv<D>& st) {
-    const int warp = tid / kWarpSize, lane = tid % kWarpSize;
-    POLLEN_UNROLL
-    for (int i = 0; i < D / 32; ++i)
-      mma_store(lane, out_tile<D>(sm.stage, warp, i), st.dv[i], kMmaOutLd<D>);
-  });
-  block.run([&](int tid, MmaDkDv<D>&) {
-    store_stage<D>(tid, sm.stage, nullptr, 1.0f, key_rows, stride, a.dv + g.kv_at(b, key0, kv));
-  });
+  store_accumulators<D>(
+      block, [](MmaDkDv<D>& st) { return st.dk; }, sm.stage, a.scale, key_rows, stride,
+      a.dk + g.kv_at(b, key0, kv));
+  store_accumulators<D>(
+      block, [](MmaDkDv<D>& st) { return st.dv; }, sm.stage, 1.0f, key_rows, stride,
+      a.dv + g.kv_at(b, key0, kv));
 }
 
 }  // namespace pollen::ops::cuda
