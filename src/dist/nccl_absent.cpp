@@ -36,7 +36,7 @@ void all_gather(Comm*, const float*, float*, int64_t) {
 void broadcast(Comm*, float*, int64_t, int) {
   missing();
 }
-Event* record() {
+Event* record(Comm*) {
   missing();
 }
 bool done(Event*) {

@@ -5,9 +5,9 @@
 
 #include "ops/check.h"
 #include "ops/cpu/attention.h"
+#include "ops/profile.h"
 #if POLLEN_HAVE_CUDA
 #include "ops/cuda/attention.h"
-#include "ops/profile.h"
 #include "tensor/cuda_context.h"  // the default stream every other GPU op runs on
 #endif
 
