@@ -7,7 +7,9 @@
 # bench/setup-pypi-torch has made build/bench-torch, the current torch from PyPI. Each model is
 # run ROUNDS times, alternating the implementations, and the best round of each is kept (the
 # least disturbed by anything else on the machine). Peak RSS comes from getrusage in every case.
-# The GEMM ceiling is measured in the same run with `pollen bench gemm`.
+# The GEMM ceiling is measured in the same run with `pollen bench gemm`. BASELINE=path/to/pollen
+# adds another pollen binary (a build of an earlier commit) as one more implementation, so that a
+# change is measured against what it changed in the same run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS=${THREADS:-2}
@@ -15,15 +17,18 @@ ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-10}
 PEER=${PEER:-../shared/peers/pytorch_cpu_peer.py}
 POLLEN=build/pollen
+BASELINE=${BASELINE:-}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 impls=(pollen debian-torch)
 [ -x build/bench-torch/bin/python ] && impls+=(pypi-torch)
+[ -n "$BASELINE" ] && impls+=(pollen-baseline)
 
 run_one() {  # impl model batch seq
   case "$1" in
     pollen) "$POLLEN" bench step --model "$2" --batch "$3" --seq "$4" --steps "$STEPS" --threads "$THREADS" ;;
+    pollen-baseline) "$BASELINE" bench step --model "$2" --batch "$3" --seq "$4" --steps "$STEPS" --threads "$THREADS" ;;
     debian-torch) OPENBLAS_NUM_THREADS=1 /usr/bin/python3 "$PEER" "$2" "$THREADS" "$STEPS" ;;
     pypi-torch) build/bench-torch/bin/python "$PEER" "$2" "$THREADS" "$STEPS" ;;
   esac
@@ -58,6 +63,7 @@ for model in ("llama-tiny", "llama-cpu"):
         rss = r.get("peak_rss_mb", r.get("peak_rss_MB"))
         gf = r["tokens_per_s"] * fpt / 1e9
         ratio = best["pollen"]["tokens_per_s"] / r["tokens_per_s"]
-        print(f"| {model} | {r.get('impl', 'pollen')} | {r['tokens_per_s']:.0f} | {r['step_ms']} | {rss:.0f} | "
+        name = r.get("impl", impl)
+        print(f"| {model} | {name} | {r['tokens_per_s']:.0f} | {r['step_ms']} | {rss:.0f} | "
               f"{ratio:.2f}x | {gf:.1f} | {100 * gf / gemm['gflops']:.0f}% |")
 PY
