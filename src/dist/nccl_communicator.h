@@ -10,6 +10,7 @@
 // it. A wait past the timeout aborts the NCCL communicator and asks the
 // launcher's communicator which ranks are still there: its own watchdog names a dead or hung
 // peer.
+#include <cstdlib>
 #include <map>
 
 #include "dist/communicator.h"
@@ -43,7 +44,10 @@ class NcclCommunicator final : public Communicator {
   void wait_for_broadcast(std::span<int64_t> values, int root, std::string what) override {
     host_.wait_for_broadcast(values, root, std::move(what));
   }
-  [[noreturn]] void abort_job(int exit_code) override { host_.abort_job(exit_code); }
+  [[noreturn]] void abort_job(int exit_code) override {
+    host_.abort_job(exit_code);
+    std::abort();  // not reached: a virtual call does not carry [[noreturn]] to the compiler
+  }
 
  private:
   Request track(std::string what);
