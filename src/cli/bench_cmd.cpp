@@ -17,8 +17,9 @@ void add_bench_command(CLI::App& app) {
   auto* step = bench->add_subcommand(
       "step",
       "Full training steps (forward, backward, AdamW) on random tokens; prints one JSON "
-      "line with tokens_per_s, step_ms, params, flops_per_token, gflops, peak_rss_mb (and "
-      "peak_device_mb on a GPU), the compute dtype and every step's loss");
+      "line with tokens_per_s, step_ms, params, flops_per_token, gflops, peak_rss_mb, "
+      "peak_device_mb and peak_device_reserved_mb (the peaks in tensors and held by the "
+      "allocator of the step's device), the compute dtype and every step's loss");
   auto model = std::make_shared<std::string>("llama-tiny");
   auto opts = std::make_shared<train::StepBenchOptions>();
   auto device = std::make_shared<std::string>("cpu");

@@ -1,5 +1,6 @@
 #include "tensor/allocator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -18,6 +19,13 @@ struct State {
 State& state() {
   static State* s = new State();  // never destroyed: tensors may outlive static destructors
   return *s;
+}
+
+void count_handed_out(State& s, size_t cls) {
+  s.stats.in_use_bytes += cls;
+  s.stats.peak_in_use_bytes = std::max(s.stats.peak_in_use_bytes, s.stats.in_use_bytes);
+  s.stats.peak_reserved_bytes =
+      std::max(s.stats.peak_reserved_bytes, s.stats.in_use_bytes + s.stats.cached_bytes);
 }
 }  // namespace
 
@@ -45,8 +53,7 @@ void* CpuAllocator::allocate(size_t bytes) {
       void* p = it->second.back();
       it->second.pop_back();
       s.stats.cached_bytes -= cls;
-      s.stats.in_use_bytes += cls;
-      s.stats.peak_in_use_bytes = std::max(s.stats.peak_in_use_bytes, s.stats.in_use_bytes);
+      count_handed_out(s, cls);
       ++s.stats.reuses;
       return p;
     }
@@ -58,8 +65,7 @@ void* CpuAllocator::allocate(size_t bytes) {
   }
   POLLEN_CHECK(p, "out of host memory allocating ", cls, " bytes");
   std::lock_guard lock(s.mutex);
-  s.stats.in_use_bytes += cls;
-  s.stats.peak_in_use_bytes = std::max(s.stats.peak_in_use_bytes, s.stats.in_use_bytes);
+  count_handed_out(s, cls);
   ++s.stats.system_allocs;
   return p;
 }
@@ -91,7 +97,9 @@ AllocatorStats CpuAllocator::stats() const {
 
 void CpuAllocator::reset_peak() {
   std::lock_guard lock(state().mutex);
-  state().stats.peak_in_use_bytes = state().stats.in_use_bytes;
+  AllocatorStats& st = state().stats;
+  st.peak_in_use_bytes = st.in_use_bytes;
+  st.peak_reserved_bytes = st.in_use_bytes + st.cached_bytes;
 }
 
 }  // namespace pollen

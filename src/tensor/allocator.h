@@ -9,9 +9,10 @@ namespace pollen {
 struct AllocatorStats {
   size_t in_use_bytes = 0;  // handed out now
   size_t peak_in_use_bytes = 0;
-  size_t cached_bytes = 0;     // freed, kept for reuse
-  uint64_t system_allocs = 0;  // calls that reached the system allocator
-  uint64_t reuses = 0;         // requests served from the cache
+  size_t cached_bytes = 0;         // freed, kept for reuse
+  size_t peak_reserved_bytes = 0;  // peak of in use + cached: what was held from the system
+  uint64_t system_allocs = 0;      // calls that reached the system allocator
+  uint64_t reuses = 0;             // requests served from the cache
 };
 
 class CpuAllocator {

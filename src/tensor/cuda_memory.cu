@@ -66,6 +66,8 @@ State& state() {
 void count_handed_out(State& s, size_t cls) {
   s.stats.in_use_bytes += cls;
   s.stats.peak_in_use_bytes = std::max(s.stats.peak_in_use_bytes, s.stats.in_use_bytes);
+  s.stats.peak_reserved_bytes =
+      std::max(s.stats.peak_reserved_bytes, s.stats.in_use_bytes + s.stats.cached_bytes);
 }
 
 }  // namespace
@@ -158,7 +160,9 @@ AllocatorStats CudaAllocator::stats() const {
 
 void CudaAllocator::reset_peak() {
   std::lock_guard lock(state().mutex);
-  state().stats.peak_in_use_bytes = state().stats.in_use_bytes;
+  AllocatorStats& st = state().stats;
+  st.peak_in_use_bytes = st.in_use_bytes;
+  st.peak_reserved_bytes = st.in_use_bytes + st.cached_bytes;
 }
 
 namespace cuda {

@@ -11,6 +11,7 @@
 #include "model/llama.h"
 #include "ops/profile.h"
 #include "optim/adamw.h"
+#include "tensor/allocator.h"
 #include "tensor/cuda_memory.h"
 
 namespace pollen::train {
@@ -40,7 +41,8 @@ std::string StepBenchResult::to_json() const {
   j["peak_rss_mb"] = std::round(peak_rss_mb);
   j["device"] = device;
   j["compute"] = compute;
-  if (device != "cpu") j["peak_device_mb"] = std::round(peak_device_mb);
+  j["peak_device_mb"] = std::round(peak_device_mb);
+  j["peak_device_reserved_mb"] = std::round(peak_device_reserved_mb);
   j["losses"] = losses;
   if (!ops.empty()) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
@@ -120,7 +122,12 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
     losses.push_back(loss);
   };
   for (int64_t i = 0; i < o.warmup; ++i) one_step();
-  if (gpu) CudaAllocator::instance().reset_peak();
+  // The peaks of the timed steps, on the device that holds the step's tensors.
+  if (gpu) {
+    CudaAllocator::instance().reset_peak();
+  } else {
+    CpuAllocator::instance().reset_peak();
+  }
   if (o.profile) profile.emplace();
   const double cpu0 = cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
@@ -148,10 +155,10 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
   r.peak_rss_mb = static_cast<double>(ru.ru_maxrss) / 1024.0;
   r.device = device_name(o.device);
   r.compute = dtype_name(o.compute);
-  if (gpu) {
-    r.peak_device_mb =
-        static_cast<double>(CudaAllocator::instance().stats().peak_in_use_bytes) / (1 << 20);
-  }
+  const AllocatorStats memory =
+      gpu ? CudaAllocator::instance().stats() : CpuAllocator::instance().stats();
+  r.peak_device_mb = static_cast<double>(memory.peak_in_use_bytes) / (1 << 20);
+  r.peak_device_reserved_mb = static_cast<double>(memory.peak_reserved_bytes) / (1 << 20);
   r.losses = std::move(losses);
   if (profile) {
     for (const ops::OpProfile::Entry& e : profile->entries()) {

@@ -36,7 +36,8 @@ struct StepBenchResult {
   double step_ms = 0, cpu_ms = 0, tokens_per_s = 0, flops_per_token = 0, gflops = 0, last_loss = 0;
   double peak_rss_mb = 0;
   std::string device = "cpu", compute = "f32";
-  double peak_device_mb = 0;      // cuda: the allocator's peak of bytes in use
+  double peak_device_mb = 0;           // the device allocator's peak of bytes in tensors
+  double peak_device_reserved_mb = 0;  // its peak of bytes held (in tensors and cached)
   std::vector<double> losses;     // every step's loss, warm-up steps first (same seed: same data)
   std::vector<StepOpTime> ops;    // with profile: the ops by time, most first
   std::string to_json() const;    // one line

@@ -51,6 +51,23 @@ TEST(Cli, BenchStepPrintsOneJsonLine) {
   EXPECT_GT(j["peak_rss_mb"].get<double>(), 0);
   EXPECT_NEAR(j["loss"].get<double>(), std::log(4096.0), 0.5);  // random init: about log V
   EXPECT_EQ(j["device"], "cpu");
+  // In tensors at the peak at least the f32 weights, their gradients and AdamW's two moments.
+  const double state_mb = 16.0 * j["params"].get<double>() / (1 << 20);
+  EXPECT_GE(j["peak_device_mb"].get<double>(), std::floor(state_mb));
+  EXPECT_GE(j["peak_device_reserved_mb"].get<double>(), j["peak_device_mb"].get<double>());
+}
+
+TEST(Cli, BenchStepHoldsLessAtItsPeakWhenLayersAreRecomputed) {
+  const std::string args =
+      "bench step --model llama-tiny --batch 4 --seq 256 --steps 1 --warmup 1 --threads 1";
+  CliRun kept = run_pollen(args), recomputed = run_pollen(args + " --recompute");
+  ASSERT_EQ(kept.status, 0) << kept.output;
+  ASSERT_EQ(recomputed.status, 0) << recomputed.output;
+  const auto jk = nlohmann::json::parse(kept.output), jr = nlohmann::json::parse(recomputed.output);
+  // Four layers' activations of 1024 tokens, about 16 KB a token each (64 MiB), against one
+  // layer's and the layers' inputs: at the start of backward, the peak of both runs.
+  EXPECT_LT(jr["peak_device_mb"].get<double>() + 40, jk["peak_device_mb"].get<double>());
+  EXPECT_EQ(jr["losses"], jk["losses"]);  // the same steps
 }
 
 TEST(Cli, BenchStepListsEveryStepsLossTheSameForTheSameSeed) {

@@ -51,6 +51,7 @@ TEST(CudaAllocator, ReusesFreedBlocksAndCountsThem) {
     const AllocatorStats held = a.stats();
     EXPECT_EQ(held.in_use_bytes, before.in_use_bytes + cls);
     EXPECT_GE(held.peak_in_use_bytes, held.in_use_bytes);
+    EXPECT_GE(held.peak_reserved_bytes, held.in_use_bytes + held.cached_bytes);
   }
   const AllocatorStats released = a.stats();
   EXPECT_EQ(released.in_use_bytes, before.in_use_bytes);
@@ -65,10 +66,23 @@ TEST(CudaAllocator, ReusesFreedBlocksAndCountsThem) {
   }
   a.reset_peak();
   EXPECT_EQ(a.stats().peak_in_use_bytes, a.stats().in_use_bytes);
+  EXPECT_EQ(a.stats().peak_reserved_bytes, a.stats().in_use_bytes + a.stats().cached_bytes);
+
   a.empty_cache();
   EXPECT_EQ(a.stats().cached_bytes, 0u);
   Tensor fresh = Tensor::empty({3000}, DType::f32, Device::cuda);
   EXPECT_EQ(a.stats().system_allocs, released.system_allocs + 1);
+  // Held counts the cache too: with a block cached, another size class comes from cudaMalloc.
+  { Tensor cached = Tensor::empty({3000}, DType::f32, Device::cuda); }
+  a.reset_peak();
+  const AllocatorStats idle = a.stats();
+  EXPECT_GE(idle.cached_bytes, cls);
+  {
+    Tensor other = Tensor::empty({300000}, DType::f32, Device::cuda);
+    const size_t other_cls = CudaAllocator::size_class(300000 * 4);
+    EXPECT_EQ(a.stats().peak_reserved_bytes, idle.in_use_bytes + idle.cached_bytes + other_cls);
+    EXPECT_EQ(a.stats().peak_in_use_bytes, idle.in_use_bytes + other_cls);
+  }
 }
 
 TEST(CudaCopy, RoundTripsEveryDtypeExactly) {

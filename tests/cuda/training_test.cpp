@@ -43,6 +43,7 @@ void expect_same_losses(const model::LlamaConfig& config, int64_t batch, int64_t
   // The steps trained: the loss fell.
   EXPECT_LT(gpu.losses.back(), gpu.losses.front()) << preset;
   EXPECT_GT(gpu.peak_device_mb, 0) << preset;
+  EXPECT_GE(gpu.peak_device_reserved_mb, gpu.peak_device_mb) << preset;
 }
 
 }  // namespace

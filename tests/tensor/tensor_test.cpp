@@ -49,6 +49,26 @@ TEST(Tensor, ConvertsBetweenDtypes) {
   EXPECT_EQ(t.to(DType::i32).to_doubles(), (std::vector<double>{1, -2, 3}));
 }
 
+TEST(Allocator, CountsThePeakHeldBesideThePeakInUse) {
+  auto& a = CpuAllocator::instance();
+  // Size classes no other tensor of this test uses: 1 MiB and 2 MiB blocks.
+  const size_t small = CpuAllocator::size_class(1 << 20), large = CpuAllocator::size_class(2 << 20);
+  ASSERT_NE(small, large);
+  a.empty_cache();
+  a.reset_peak();
+  const AllocatorStats start = a.stats();
+  EXPECT_EQ(start.peak_reserved_bytes, start.in_use_bytes + start.cached_bytes);
+  { Tensor t = Tensor::empty({1 << 18}, DType::f32); }  // 1 MiB, then cached
+  { Tensor t = Tensor::empty({1 << 19}, DType::f32); }  // 2 MiB from the system: 1 MiB idle
+  const AllocatorStats after = a.stats();
+  // In tensors at most 2 MiB at a time; held, the cached 1 MiB besides.
+  EXPECT_EQ(after.peak_in_use_bytes, start.in_use_bytes + large);
+  EXPECT_EQ(after.peak_reserved_bytes, start.in_use_bytes + start.cached_bytes + small + large);
+  a.reset_peak();
+  EXPECT_EQ(a.stats().peak_reserved_bytes, a.stats().in_use_bytes + a.stats().cached_bytes);
+  EXPECT_EQ(a.stats().peak_in_use_bytes, a.stats().in_use_bytes);
+}
+
 TEST(Allocator, ReusesFreedBlocks) {
   auto& a = CpuAllocator::instance();
   { Tensor warm = Tensor::empty({1000, 37}, DType::f32); }
