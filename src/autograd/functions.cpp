@@ -75,15 +75,15 @@ Var linear(const Var& x, const Var& w, const Var* bias) {
   const bool record = should_record({&x, &w, bias});
   Var y = make_output(out, record);
   if (record) {
-    on_backward(y, [xn = x.node(), wn = w.node(), bn = bias ? bias->node() : NodePtr(), x2, n, m,
-                    k](const Tensor& dy) {
+    on_backward(y, [xn = x.node(), wn = w.node(), bn = bias ? bias->node() : NodePtr(), x2,
+                    w_value = w.value(), n, m, k](const Tensor& dy) {
       if (xn->requires_grad) {  // dx (N,K) (+)= dy (N,M) @ w (M,K), accumulating in the GEMM
         if (xn->grad.defined()) {
           Tensor dx = xn->grad.view({n, k});
-          ops::gemm(dy, false, wn->value, false, dx, 1.0, 1.0);
+          ops::gemm(dy, false, w_value, false, dx, 1.0, 1.0);
         } else {
           Tensor dx = Tensor::empty({n, k}, dy.dtype(), dy.device());
-          ops::gemm(dy, false, wn->value, false, dx);
+          ops::gemm(dy, false, w_value, false, dx);
           accumulate(xn, dx);
         }
       }
@@ -111,15 +111,16 @@ Var rmsnorm(const Var& x, const Var& w, double eps) {
   const bool record = should_record({&x, &w});
   Var out = make_output(y.view(x.shape()), record);
   if (record) {
-    on_backward(out, [xn = x.node(), wn = w.node(), x2, rstd](const Tensor& dy) {
-      Tensor dx = empty_like(x2);
-      Tensor dw_scratch;
-      Tensor& dw = wn->requires_grad
-                       ? grad_buffer(wn)
-                       : (dw_scratch = Tensor::zeros(wn->value.shape(), dy.dtype(), dy.device()));
-      ops::rmsnorm_backward(dy.reshape(x2.shape()), x2, wn->value, rstd, dx, dw, false);
-      accumulate(xn, dx);
-    });
+    on_backward(
+        out, [xn = x.node(), wn = w.node(), x2, w_value = w.value(), rstd](const Tensor& dy) {
+          Tensor dx = empty_like(x2);
+          Tensor dw_scratch;
+          Tensor& dw = wn->requires_grad
+                           ? grad_buffer(wn)
+                           : (dw_scratch = Tensor::zeros(w_value.shape(), dy.dtype(), dy.device()));
+          ops::rmsnorm_backward(dy.reshape(x2.shape()), x2, w_value, rstd, dx, dw, false);
+          accumulate(xn, dx);
+        });
   }
   return out;
 }
@@ -167,12 +168,13 @@ Var swiglu(const Var& gate, const Var& up) {
   const bool record = should_record({&gate, &up});
   Var y = make_output(out, record);
   if (record) {
-    on_backward(y, [gn = gate.node(), un = up.node()](const Tensor& dy) {
-      Tensor dg = empty_like(gn->value), du = empty_like(un->value);
-      ops::swiglu_backward(dy, gn->value, un->value, dg, du);
-      accumulate(gn, dg);
-      accumulate(un, du);
-    });
+    on_backward(
+        y, [gn = gate.node(), un = up.node(), g = gate.value(), u = up.value()](const Tensor& dy) {
+          Tensor dg = empty_like(g), du = empty_like(u);
+          ops::swiglu_backward(dy, g, u, dg, du);
+          accumulate(gn, dg);
+          accumulate(un, du);
+        });
   }
   return y;
 }
@@ -201,8 +203,7 @@ Var reshape(const Var& x, const Shape& shape) {
   const bool record = should_record({&x});
   Var y = make_output(x.value().reshape(shape), record);
   if (record) {
-    on_backward(
-        y, [xn = x.node()](const Tensor& dy) { accumulate(xn, dy.reshape(xn->value.shape())); });
+    on_backward(y, [xn = x.node()](const Tensor& dy) { accumulate(xn, dy.reshape(xn->shape())); });
   }
   return y;
 }
@@ -237,7 +238,7 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
       const double s = dy.item();
       if (hn->requires_grad) {
         if (s != 1.0) ops::scale_into(s, grads.dh, grads.dh);
-        accumulate(hn, grads.dh.view(hn->value.shape()));
+        accumulate(hn, grads.dh.view(hn->shape()));
       }
       if (wn->requires_grad) {
         if (wn->grad.defined()) {

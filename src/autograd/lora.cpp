@@ -43,14 +43,15 @@ Var lora_linear(const Var& x, const Var& w, const Var* bias, const Var& a, const
   if (!record) return y;
   active_tape()->record([yn = y.node(), xn = x.node(), wn = w.node(),
                          bn = bias ? bias->node() : std::shared_ptr<VarNode>(), an = a.node(),
-                         b_n = b.node(), x2, xd, u, mask, scale, n, m, k, r]() {
+                         b_n = b.node(), w_value = w.value(), a_value = a.value(),
+                         b_value = b.value(), x2, xd, u, mask, scale, n, m, k, r]() {
     if (!yn->grad.defined()) return;
     const Tensor dy = yn->grad.contiguous().view({n, m});
     if (b_n->requires_grad) ops::gemm(dy, true, u, false, grad_buffer(b_n), scale, 1.0);
     Tensor du;  // (N,r) = scale dy B
     if (an->requires_grad || xn->requires_grad) {
       du = Tensor::empty({n, r}, dy.dtype());
-      ops::gemm(dy, false, b_n->value, false, du, scale);
+      ops::gemm(dy, false, b_value, false, du, scale);
     }
     if (an->requires_grad) ops::gemm(du, true, xd, false, grad_buffer(an), 1.0, 1.0);
     if (wn->requires_grad) ops::gemm(dy, true, x2, false, grad_buffer(wn), 1.0, 1.0);
@@ -62,14 +63,14 @@ Var lora_linear(const Var& x, const Var& w, const Var* bias, const Var& a, const
     if (xn->requires_grad) {  // dx = dy W + (du A) * mask
       Tensor dx = Tensor::empty({n, k}, dy.dtype());
       if (mask.defined()) {
-        ops::gemm(du, false, an->value, false, dx);
+        ops::gemm(du, false, a_value, false, dx);
         ops::mul(dx, mask.reshape({n, k}), dx);
-        ops::gemm(dy, false, wn->value, false, dx, 1.0, 1.0);
+        ops::gemm(dy, false, w_value, false, dx, 1.0, 1.0);
       } else {
-        ops::gemm(dy, false, wn->value, false, dx);
-        ops::gemm(du, false, an->value, false, dx, 1.0, 1.0);
+        ops::gemm(dy, false, w_value, false, dx);
+        ops::gemm(du, false, a_value, false, dx, 1.0, 1.0);
       }
-      accumulate(xn, dx.view(xn->value.shape()));
+      accumulate(xn, dx.view(xn->shape()));
     }
     yn->grad = Tensor();
   });
@@ -86,11 +87,12 @@ Var lora_weight(const Var& w, const Var& a, const Var& b, double scale) {
   const bool record = should_record({&w, &a, &b});
   Var y = recorded_output(out, record);
   if (!record) return y;
-  active_tape()->record([yn = y.node(), wn = w.node(), an = a.node(), b_n = b.node(), scale]() {
+  active_tape()->record([yn = y.node(), wn = w.node(), an = a.node(), b_n = b.node(),
+                         a_value = a.value(), b_value = b.value(), scale]() {
     if (!yn->grad.defined()) return;
     const Tensor& dy = yn->grad;  // (M,K)
-    if (b_n->requires_grad) ops::gemm(dy, false, an->value, true, grad_buffer(b_n), scale, 1.0);
-    if (an->requires_grad) ops::gemm(b_n->value, true, dy, false, grad_buffer(an), scale, 1.0);
+    if (b_n->requires_grad) ops::gemm(dy, false, a_value, true, grad_buffer(b_n), scale, 1.0);
+    if (an->requires_grad) ops::gemm(b_value, true, dy, false, grad_buffer(an), scale, 1.0);
     if (wn->requires_grad) accumulate(wn, dy.clone());
     yn->grad = Tensor();
   });

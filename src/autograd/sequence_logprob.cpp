@@ -29,26 +29,27 @@ Var sequence_logprobs(const Var& h, const Var& w, const Tensor& targets, int64_t
   Var y(logp, record);
   y.node()->is_leaf = false;
   if (!record) return y;
-  active_tape()->record([out = y.node(), hn = h.node(), wn = w.node(), h2, tg, rows, t, c]() {
-    if (!out->grad.defined()) return;
-    // Backward: row b's cross-entropy again with gradients, scaled by -dlogp[b]; dh (B*T,C),
-    // dw (V,C) accumulated over rows.
-    const std::vector<double> dlogp = out->grad.to_doubles();
-    out->grad = Tensor();
-    ops::CrossEntropyGrads grads;
-    grads.dw = Tensor::zeros(wn->value.shape(), wn->value.dtype());
-    Tensor dh = Tensor::zeros(h2.shape(), h2.dtype());
-    for (int64_t b = 0; b < rows; ++b) {
-      if (dlogp[static_cast<size_t>(b)] == 0) continue;
-      grads.dh = dh.slice(0, b * t, (b + 1) * t);
-      grads.grad_scale = -dlogp[static_cast<size_t>(b)];
-      int64_t scored = 0;
-      ops::cross_entropy_forward(h2.slice(0, b * t, (b + 1) * t), wn->value,
-                                 tg.slice(0, b * t, (b + 1) * t), &scored, &grads);
-    }
-    if (hn->requires_grad) accumulate(hn, dh.view(hn->value.shape()));
-    if (wn->requires_grad) accumulate(wn, grads.dw);
-  });
+  active_tape()->record(
+      [out = y.node(), hn = h.node(), wn = w.node(), h2, w_value = w.value(), tg, rows, t, c]() {
+        if (!out->grad.defined()) return;
+        // Backward: row b's cross-entropy again with gradients, scaled by -dlogp[b]; dh (B*T,C),
+        // dw (V,C) accumulated over rows.
+        const std::vector<double> dlogp = out->grad.to_doubles();
+        out->grad = Tensor();
+        ops::CrossEntropyGrads grads;
+        grads.dw = Tensor::zeros(w_value.shape(), w_value.dtype());
+        Tensor dh = Tensor::zeros(h2.shape(), h2.dtype());
+        for (int64_t b = 0; b < rows; ++b) {
+          if (dlogp[static_cast<size_t>(b)] == 0) continue;
+          grads.dh = dh.slice(0, b * t, (b + 1) * t);
+          grads.grad_scale = -dlogp[static_cast<size_t>(b)];
+          int64_t scored = 0;
+          ops::cross_entropy_forward(h2.slice(0, b * t, (b + 1) * t), w_value,
+                                     tg.slice(0, b * t, (b + 1) * t), &scored, &grads);
+        }
+        if (hn->requires_grad) accumulate(hn, dh.view(hn->shape()));
+        if (wn->requires_grad) accumulate(wn, grads.dw);
+      });
   return y;
 }
 

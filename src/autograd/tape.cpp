@@ -12,10 +12,21 @@ void note_leaf(const std::shared_ptr<VarNode>& v) {
 }
 }  // namespace
 
-Var::Var(Tensor value, bool requires_grad, std::string name) : node_(std::make_shared<VarNode>()) {
+void VarNode::release_value() {
+  released_ = {value.shape(), value.dtype(), value.device()};
+  value = Tensor();
+}
+
+Var::Var(Tensor value, bool requires_grad, std::string name)
+    : holder_(std::make_shared<Holder>(Holder{std::make_shared<VarNode>()})), node_(holder_->node) {
   node_->value = std::move(value);
   node_->requires_grad = requires_grad;
   node_->name = std::move(name);
+}
+
+Var::Holder::~Holder() {
+  // Recorded closures may still hold the node for its gradient; none reads its value.
+  if (node && !node->is_leaf && node->value.defined()) node->release_value();
 }
 
 Tape* active_tape() {
@@ -53,7 +64,7 @@ ObserveBackward::~ObserveBackward() {
 Tensor& grad_buffer(const std::shared_ptr<VarNode>& v) {
   note_leaf(v);
   if (!v->grad.defined()) {
-    v->grad = Tensor::zeros(v->value.shape(), v->value.dtype(), v->value.device());
+    v->grad = Tensor::zeros(v->shape(), v->dtype(), v->device());
   }
   return v->grad;
 }
@@ -62,9 +73,9 @@ void accumulate(const std::shared_ptr<VarNode>& v, const Tensor& g) {
   if (!v->requires_grad) return;
   note_leaf(v);
   if (!v->grad.defined()) {
-    v->grad = g.shape() == v->value.shape() ? g : g.reshape(v->value.shape());
+    v->grad = g.shape() == v->shape() ? g : g.reshape(v->shape());
   } else {
-    ops::axpy(1.0, g.reshape(v->value.shape()), v->grad);
+    ops::axpy(1.0, g.reshape(v->shape()), v->grad);
   }
 }
 

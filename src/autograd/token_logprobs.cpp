@@ -20,15 +20,16 @@ Var token_logprobs(const Var& h, const Var& w, const Tensor& targets) {
   Var y(logp, record);
   y.node()->is_leaf = false;
   if (!record) return y;
-  active_tape()->record([out = y.node(), hn = h.node(), wn = w.node(), h2, tg, lse]() mutable {
-    if (!out->grad.defined()) return;
-    Tensor dh = Tensor::empty(h2.shape(), h2.dtype(), h2.device());
-    Tensor dw = Tensor::zeros(wn->value.shape(), wn->value.dtype(), h2.device());
-    ops::token_logprobs_backward(out->grad, h2, wn->value, tg, lse, dh, dw);
-    if (hn->requires_grad) accumulate(hn, dh.view(hn->value.shape()));
-    if (wn->requires_grad) accumulate(wn, dw);
-    out->grad = Tensor();
-  });
+  active_tape()->record(
+      [out = y.node(), hn = h.node(), wn = w.node(), h2, w_value = w.value(), tg, lse]() mutable {
+        if (!out->grad.defined()) return;
+        Tensor dh = Tensor::empty(h2.shape(), h2.dtype(), h2.device());
+        Tensor dw = Tensor::zeros(w_value.shape(), w_value.dtype(), h2.device());
+        ops::token_logprobs_backward(out->grad, h2, w_value, tg, lse, dh, dw);
+        if (hn->requires_grad) accumulate(hn, dh.view(hn->shape()));
+        if (wn->requires_grad) accumulate(wn, dw);
+        out->grad = Tensor();
+      });
   return y;
 }
 

@@ -8,12 +8,30 @@
 
 namespace pollen::ag {
 
+// The tape's closures hold the nodes of their inputs and outputs for the gradients alone: what a
+// backward step reads of a value it captures as a Tensor. So an op's output (a non-leaf) gives
+// its value back once no Var holds it, and only what backward reads stays in memory (a
+// projection's output that a residual add consumes, a query before rotary, ...).
 struct VarNode {
-  Tensor value;
-  Tensor grad;  // undefined until a backward pass reaches this Var
+  Tensor value;  // undefined once released
+  Tensor grad;   // undefined until a backward pass reaches this Var
   bool requires_grad = false;
   bool is_leaf = true;  // made by the user (parameters, inputs); op outputs are not leaves
   std::string name;
+
+  // The value's shape, dtype and device, also after its release: what a gradient must be.
+  const Shape& shape() const { return value.defined() ? value.shape() : released_.shape; }
+  DType dtype() const { return value.defined() ? value.dtype() : released_.dtype; }
+  Device device() const { return value.defined() ? value.device() : released_.device; }
+  // Drops the value, keeping what shape(), dtype() and device() return.
+  void release_value();
+
+ private:
+  struct Spec {
+    Shape shape;
+    DType dtype = DType::f32;
+    Device device = Device::cpu;
+  } released_;
 };
 
 class Var {
@@ -36,7 +54,13 @@ class Var {
   const std::shared_ptr<VarNode>& node() const { return node_; }
 
  private:
-  std::shared_ptr<VarNode> node_;
+  // Shared by a Var and its copies: the last one gone releases a non-leaf's value.
+  struct Holder {
+    std::shared_ptr<VarNode> node;
+    ~Holder();
+  };
+  std::shared_ptr<Holder> holder_;
+  std::shared_ptr<VarNode> node_;  // holder_->node, kept here for cheap access
 };
 
 }  // namespace pollen::ag

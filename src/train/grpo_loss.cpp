@@ -99,9 +99,9 @@ ag::Var clipped_policy_loss(const ag::Var& logp, const TokenTerms& terms,
     ag::active_tape()->record([out = out.node(), in = logp.node(), dloss = std::move(dloss)]() {
       if (!out->grad.defined()) return;
       const double dy = out->grad.item();
-      Tensor g = Tensor::empty(in->value.shape(), in->value.dtype());
+      Tensor g = Tensor::empty(in->shape(), in->dtype());
       for (size_t i = 0; i < dloss.size(); ++i) {
-        if (in->value.dtype() == DType::f64) {
+        if (in->dtype() == DType::f64) {
           g.data<double>()[i] = dy * dloss[i];
         } else {
           g.data<float>()[i] = static_cast<float>(dy * dloss[i]);

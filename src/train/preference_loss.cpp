@@ -102,7 +102,7 @@ ag::Var preference_loss(const ag::Var& logps, const std::vector<double>& referen
     std::vector<double> g(dlogps.size());
     for (size_t i = 0; i < g.size(); ++i) g[i] = seed * dlogps[i];
     Tensor grad = Tensor::from<double>({static_cast<int64_t>(g.size())}, g);
-    ag::accumulate(in, grad.to(in->value.dtype()).view(in->value.shape()));
+    ag::accumulate(in, grad.to(in->dtype()).view(in->shape()));
   });
   return out;
 }
