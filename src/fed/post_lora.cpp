@@ -198,11 +198,15 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
   train::TrainedParameters trained = train::trained_model_parameters(model_, config.lora);
   lora_ = trained.lora;
   trained_ = trained.named;
-  train::ObjectiveContext ctx{
-      config.objective_section(), config.base_dir, base.tokenizer.get(),
-      base.chat_format,           config.seed,     model_.config().max_position_embeddings};
-  ctx.model_config = model_.config();
-  ctx.run_dir = config.dir;  // DPO's reference cache, which a restarted client reads again
+  // run_dir: DPO's reference cache, which a restarted client reads again.
+  const train::ObjectiveContext ctx{config.objective_section(),
+                                    config.base_dir,
+                                    base.tokenizer.get(),
+                                    base.chat_format,
+                                    config.seed,
+                                    model_.config().max_position_embeddings,
+                                    model_.config(),
+                                    config.dir};
   objective_ = make_objective(ctx);
   // The data version: the objective's section (which names the data) and the data file.
   Sha256 data;

@@ -127,10 +127,14 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   auto& trained = trained_params.named;
   const std::shared_ptr<model::Lora> lora = trained_params.lora;
 
-  ObjectiveContext ctx{cfg.objective_section(), cfg.base_dir, base.tokenizer.get(),
-                       base.chat_format,        cfg.seed,     arch.max_position_embeddings};
-  ctx.model_config = arch;
-  ctx.run_dir = cfg.dir;
+  const ObjectiveContext ctx{cfg.objective_section(),
+                             cfg.base_dir,
+                             base.tokenizer.get(),
+                             base.chat_format,
+                             cfg.seed,
+                             arch.max_position_embeddings,
+                             arch,
+                             cfg.dir};
   const std::unique_ptr<Objective> objective = make_objective(ctx);
   const std::string name = objective->name();
   const auto extras = objective->extra_parameters();
@@ -216,10 +220,10 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   nlohmann::ordered_json last_val_metrics = nlohmann::ordered_json::object();
   // What the log lines show: the loss, or the objective's headline metric.
   const std::string headline = objective->headline_metric();
-  const auto shown = [&](double loss, const nlohmann::ordered_json& metrics) {
+  const auto shown = [&](double loss, const nlohmann::ordered_json& values) {
     if (headline.empty()) return cat("loss ", loss);
-    if (!metrics.contains(headline)) return std::string();
-    return cat(headline, " ", metrics[headline].get<double>());
+    if (!values.contains(headline)) return std::string();
+    return cat(headline, " ", values[headline].get<double>());
   };
   bool stopped = false;
   for (auto& p : params) p.zero_grad();
