@@ -4,11 +4,12 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
-#include <tuple>
 #include <unordered_map>
 #include <vector>
 
+#include "tensor/block_pool.h"
 #include "tensor/cuda_context.h"
 #include "tensor/cuda_memory.h"
 
@@ -45,29 +46,56 @@ cudaStream_t default_stream() {
 
 namespace {
 
-struct Block {
-  size_t size_class;
-  int device;
-  cudaStream_t stream;
-};
-
+// One pool per GPU and stream: a block freed on a stream is reused by work on that stream,
+// which runs after the block's last user, so no synchronisation is needed.
 struct State {
   std::mutex mutex;
-  std::map<std::tuple<int, cudaStream_t, size_t>, std::vector<void*>> free_lists;
-  std::unordered_map<void*, Block> in_use;
+  std::map<std::pair<int, cudaStream_t>, std::unique_ptr<BlockPool>> pools;
+  std::unordered_map<void*, BlockPool*> owner;  // the pool of each block handed out
   AllocatorStats stats;
 };
+
+size_t reserved_bytes(const State& s) {  // over all pools
+  size_t total = 0;
+  for (const auto& [key, pool] : s.pools) total += pool->reserved_bytes();
+  return total;
+}
 
 State& state() {
   static State* s = new State();  // never destroyed: tensors may outlive static destructors
   return *s;
 }
 
-void count_handed_out(State& s, size_t cls) {
-  s.stats.in_use_bytes += cls;
-  s.stats.peak_in_use_bytes = std::max(s.stats.peak_in_use_bytes, s.stats.in_use_bytes);
-  s.stats.peak_reserved_bytes =
-      std::max(s.stats.peak_reserved_bytes, s.stats.in_use_bytes + s.stats.cached_bytes);
+// Segments from cudaMalloc on `device`; nullptr when the GPU has no room.
+BlockPool::Source device_segments(int device) {
+  return {[device](size_t bytes) -> void* {
+            void* p = nullptr;
+            const cudaError_t err = cudaMalloc(&p, bytes);
+            if (err == cudaErrorMemoryAllocation) {
+              cudaGetLastError();
+              return nullptr;
+            }
+            if (err != cudaSuccess)
+              cuda::fail_call(err, "cudaMalloc(&p, bytes)",
+                              cat("bytes=", bytes, " device=", device), __FILE__, __LINE__);
+            return p;
+          },
+          [device](void* ptr, size_t) { POLLEN_CUDA_CHECK(cudaFree(ptr), "device=", device); }};
+}
+
+// Returns every wholly free segment of every pool to the driver, once the GPUs are done with
+// them. The caller holds the lock.
+void release_free_segments(State& s) {
+  int previous = 0;
+  POLLEN_CUDA_CHECK(cudaGetDevice(&previous), "");
+  for (auto& [key, pool] : s.pools) {
+    const int device = key.first;
+    POLLEN_CUDA_CHECK(cudaSetDevice(device), "device=", device);
+    POLLEN_CUDA_CHECK(cudaDeviceSynchronize(), "device=", device);  // the blocks' last users
+    pool->release_free_segments();
+  }
+  POLLEN_CUDA_CHECK(cudaSetDevice(previous), "device=", previous);
+  s.stats.cached_bytes = reserved_bytes(s) - s.stats.in_use_bytes;
 }
 
 }  // namespace
@@ -78,46 +106,29 @@ CudaAllocator& CudaAllocator::instance() {
 }
 
 void* CudaAllocator::allocate(size_t bytes) {
-  const size_t cls = size_class(bytes == 0 ? 1 : bytes);
   const int device = cuda::current_device();
   cudaStream_t stream = cuda::default_stream();
   State& s = state();
-  {
-    std::lock_guard lock(s.mutex);
-    auto it = s.free_lists.find({device, stream, cls});
-    if (it != s.free_lists.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
-      s.in_use[p] = {cls, device, stream};
-      s.stats.cached_bytes -= cls;
-      count_handed_out(s, cls);
-      ++s.stats.reuses;
-      return p;
-    }
+  std::lock_guard lock(s.mutex);
+  std::unique_ptr<BlockPool>& pool = s.pools[{device, stream}];
+  if (!pool) pool = std::make_unique<BlockPool>(device_segments(device));
+  const uint64_t segments = pool->segments_allocated();
+  size_t size = 0;
+  void* p = pool->allocate(bytes, &size);
+  if (!p) {  // the cache's free segments back to the driver, then once more
+    release_free_segments(s);
+    p = pool->allocate(bytes, &size);
   }
-  void* p = nullptr;
-  cudaError_t err = cudaMalloc(&p, cls);
-  if (err == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
-    empty_cache();
-    err = cudaMalloc(&p, cls);
-  }
-  if (err == cudaErrorMemoryAllocation) {
-    cudaGetLastError();
+  if (!p) {
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
-    const AllocatorStats st = stats();
-    fail("out of GPU memory on device ", device, " allocating ", cls, " bytes: pollen holds ",
-         st.in_use_bytes, " bytes in tensors (cache emptied); the GPU has ", free_bytes, " of ",
-         total_bytes, " bytes free");
+    fail("out of GPU memory on device ", device, " allocating ", size_class(bytes),
+         " bytes: pollen holds ", s.stats.in_use_bytes, " bytes in tensors and ", reserved_bytes(s),
+         " in all (free segments returned); the GPU has ", free_bytes, " of ", total_bytes,
+         " bytes free");
   }
-  if (err != cudaSuccess)
-    cuda::fail_call(err, "cudaMalloc(&p, bytes)", cat("bytes=", cls, " device=", device), __FILE__,
-                    __LINE__);
-  std::lock_guard lock(s.mutex);
-  s.in_use[p] = {cls, device, stream};
-  count_handed_out(s, cls);
-  ++s.stats.system_allocs;
+  s.owner.emplace(p, pool.get());
+  s.stats.handed_out(size, reserved_bytes(s), pool->segments_allocated() != segments);
   return p;
 }
 
@@ -125,32 +136,19 @@ void CudaAllocator::release(void* ptr, size_t) {
   if (!ptr) return;
   State& s = state();
   std::lock_guard lock(s.mutex);
-  auto it = s.in_use.find(ptr);
-  POLLEN_ASSERT(it != s.in_use.end());
-  const Block b = it->second;
-  s.in_use.erase(it);
-  // Work already enqueued on b.stream may still use the block; the next user is on the same
-  // stream, so it runs after that work. No synchronisation is needed.
-  s.free_lists[{b.device, b.stream, b.size_class}].push_back(ptr);
-  s.stats.in_use_bytes -= b.size_class;
-  s.stats.cached_bytes += b.size_class;
+  auto it = s.owner.find(ptr);
+  POLLEN_ASSERT(it != s.owner.end());
+  // Work already enqueued on the pool's stream may still use the block; the next user is on the
+  // same stream, so it runs after that work.
+  const size_t size = it->second->release(ptr);
+  s.owner.erase(it);
+  s.stats.given_back(size, reserved_bytes(s));
 }
 
 void CudaAllocator::empty_cache() {
   State& s = state();
   std::lock_guard lock(s.mutex);
-  int previous = 0;
-  POLLEN_CUDA_CHECK(cudaGetDevice(&previous), "");
-  for (auto& [key, blocks] : s.free_lists) {
-    if (blocks.empty()) continue;
-    const int device = std::get<0>(key);
-    POLLEN_CUDA_CHECK(cudaSetDevice(device), "device=", device);
-    POLLEN_CUDA_CHECK(cudaDeviceSynchronize(), "device=", device);  // the blocks' last users
-    for (void* p : blocks) POLLEN_CUDA_CHECK(cudaFree(p), "device=", device);
-    s.stats.cached_bytes -= std::get<2>(key) * blocks.size();
-    blocks.clear();
-  }
-  POLLEN_CUDA_CHECK(cudaSetDevice(previous), "device=", previous);
+  release_free_segments(s);
 }
 
 AllocatorStats CudaAllocator::stats() const {

@@ -1,9 +1,10 @@
 #pragma once
 // GPU memory for tensors, for code that does not include CUDA's headers. Device memory comes
-// from a caching allocator: freed blocks are kept in free lists per (GPU, stream, size class) and
-// handed out again to the next request on that stream, so a training loop that asks for the same
-// sizes every step stops calling cudaMalloc after step one. Every GPU has one default stream
-// (created at first use); all of pollen's GPU work on that GPU runs in order on it.
+// from a caching allocator: a BlockPool per (GPU, stream) over cudaMalloc'd segments hands freed
+// blocks out again to the next request on that stream, split and merged, so a training loop
+// stops calling cudaMalloc after step one and memory freed in one shape serves another. Every GPU
+// has one default stream (created at first use); all of pollen's GPU work on that GPU runs in order
+// on it.
 //
 // "The GPU" is the current CUDA device of the calling thread (device 0 unless changed).
 // In a build without the CUDA backend every function here throws, naming the missing backend.
@@ -11,6 +12,7 @@
 #include <cstdint>
 
 #include "tensor/allocator.h"
+#include "tensor/block_pool.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 
@@ -19,21 +21,15 @@ namespace pollen {
 class CudaAllocator {
  public:
   static CudaAllocator& instance();
-  void* allocate(size_t bytes);  // on the current GPU, for its default stream; bytes rounded up
-  void release(void* ptr, size_t bytes);  // back to the free list of its GPU and stream
-  void empty_cache();  // waits for the GPUs, then returns every cached block to the driver
+  // On the current GPU, for its default stream, from that pair's BlockPool over cudaMalloc'd
+  // segments; bytes rounded up to a multiple of 512.
+  void* allocate(size_t bytes);
+  void release(void* ptr, size_t bytes);  // back to the pool of its GPU and stream
+  void empty_cache();  // waits for the GPUs, then returns every wholly free segment to the driver
   AllocatorStats stats() const;  // over all GPUs
   void reset_peak();
 
-  // 512-byte steps up to 1 MiB, then 1/8 steps of the enclosing power of two (at most 12.5%
-  // waste), as CpuAllocator above a page.
-  static size_t size_class(size_t bytes) {
-    if (bytes <= (size_t{1} << 20)) return (bytes + 511) / 512 * 512;
-    size_t p = 1;
-    while (p * 2 <= bytes) p *= 2;
-    const size_t step = p / 8;
-    return (bytes + step - 1) / step * step;
-  }
+  static size_t size_class(size_t bytes) { return BlockPool::rounded(bytes); }
 };
 
 namespace cuda {

@@ -14,14 +14,12 @@ namespace {
 using testing::fresh_rng;
 using testing::random_input;
 
-TEST(CudaAllocator, SizeClasses) {
+TEST(CudaAllocator, BlocksAreMultiplesOf512Bytes) {
   EXPECT_EQ(CudaAllocator::size_class(1), 512u);
   EXPECT_EQ(CudaAllocator::size_class(512), 512u);
   EXPECT_EQ(CudaAllocator::size_class(513), 1024u);
   EXPECT_EQ(CudaAllocator::size_class(size_t{1} << 20), size_t{1} << 20);
-  // Above 1 MiB: steps of an eighth of the enclosing power of two.
-  EXPECT_EQ(CudaAllocator::size_class((size_t{1} << 20) + 1),
-            (size_t{1} << 20) + (size_t{1} << 17));
+  EXPECT_EQ(CudaAllocator::size_class((size_t{1} << 20) + 1), (size_t{1} << 20) + 512);
   EXPECT_EQ(CudaAllocator::size_class(size_t{3} << 29), size_t{3} << 29);
 }
 
@@ -44,10 +42,8 @@ TEST(CudaAllocator, ReusesFreedBlocksAndCountsThem) {
   CudaAllocator& a = CudaAllocator::instance();
   const size_t bytes = 3000 * 4, cls = CudaAllocator::size_class(bytes);
   const AllocatorStats before = a.stats();
-  void* first = nullptr;
   {
     Tensor t = Tensor::empty({3000}, DType::f32, Device::cuda);
-    first = t.raw();
     const AllocatorStats held = a.stats();
     EXPECT_EQ(held.in_use_bytes, before.in_use_bytes + cls);
     EXPECT_GE(held.peak_in_use_bytes, held.in_use_bytes);
@@ -57,8 +53,7 @@ TEST(CudaAllocator, ReusesFreedBlocksAndCountsThem) {
   EXPECT_EQ(released.in_use_bytes, before.in_use_bytes);
   EXPECT_GE(released.cached_bytes, cls);
   {
-    Tensor again = Tensor::empty({3000}, DType::f32, Device::cuda);  // the same size class
-    EXPECT_EQ(again.raw(), first);
+    Tensor again = Tensor::empty({3000}, DType::f32, Device::cuda);
     const AllocatorStats reused = a.stats();
     EXPECT_EQ(reused.reuses, released.reuses + 1);
     EXPECT_EQ(reused.system_allocs, released.system_allocs);
@@ -67,22 +62,41 @@ TEST(CudaAllocator, ReusesFreedBlocksAndCountsThem) {
   a.reset_peak();
   EXPECT_EQ(a.stats().peak_in_use_bytes, a.stats().in_use_bytes);
   EXPECT_EQ(a.stats().peak_reserved_bytes, a.stats().in_use_bytes + a.stats().cached_bytes);
-
+  // Wholly free segments go back to the driver: with nothing in use, all of them.
   a.empty_cache();
-  EXPECT_EQ(a.stats().cached_bytes, 0u);
-  Tensor fresh = Tensor::empty({3000}, DType::f32, Device::cuda);
-  EXPECT_EQ(a.stats().system_allocs, released.system_allocs + 1);
-  // Held counts the cache too: with a block cached, another size class comes from cudaMalloc.
-  { Tensor cached = Tensor::empty({3000}, DType::f32, Device::cuda); }
+  const AllocatorStats emptied = a.stats();
+  EXPECT_LT(emptied.cached_bytes, released.cached_bytes);
+  if (emptied.in_use_bytes == 0) EXPECT_EQ(emptied.cached_bytes, 0u);
+}
+
+TEST(CudaAllocator, MemoryFreedInOneShapeServesAnother) {
+  POLLEN_REQUIRE_GPU();
+  CudaAllocator& a = CudaAllocator::instance();
+  a.empty_cache();
   a.reset_peak();
-  const AllocatorStats idle = a.stats();
-  EXPECT_GE(idle.cached_bytes, cls);
+  const AllocatorStats start = a.stats();
+  constexpr int64_t kMiB = 1 << 18;                                     // f32 values in a MiB
+  { Tensor t = Tensor::empty({32 * kMiB}, DType::f32, Device::cuda); }  // its own segment
+  const AllocatorStats freed = a.stats();
+  EXPECT_EQ(freed.system_allocs, start.system_allocs + 1);
+  EXPECT_EQ(freed.cached_bytes, start.cached_bytes + (32 << 20));
   {
-    Tensor other = Tensor::empty({300000}, DType::f32, Device::cuda);
-    const size_t other_cls = CudaAllocator::size_class(300000 * 4);
-    EXPECT_EQ(a.stats().peak_reserved_bytes, idle.in_use_bytes + idle.cached_bytes + other_cls);
-    EXPECT_EQ(a.stats().peak_in_use_bytes, idle.in_use_bytes + other_cls);
+    // Three tensors of other sizes, at once, out of those 32 MiB: no cudaMalloc.
+    Tensor x = Tensor::empty({12 * kMiB}, DType::f32, Device::cuda);
+    Tensor y = Tensor::empty({3 * kMiB, 4}, DType::bf16, Device::cuda);  // 6 MiB
+    Tensor z = Tensor::empty({5 * kMiB}, DType::f32, Device::cuda);
+    z.zero_();  // and the memory works
+    const AllocatorStats held = a.stats();
+    EXPECT_EQ(held.system_allocs, freed.system_allocs);
+    EXPECT_EQ(held.in_use_bytes, start.in_use_bytes + (23 << 20));
+    EXPECT_EQ(static_cast<char*>(y.raw()) - static_cast<char*>(x.raw()), 12 << 20);
+    EXPECT_EQ(z.to(Device::cpu).to_doubles(), std::vector<double>(5 * kMiB, 0.0));
   }
+  const AllocatorStats after = a.stats();
+  EXPECT_EQ(after.peak_in_use_bytes, start.in_use_bytes + (32 << 20));
+  EXPECT_EQ(after.peak_reserved_bytes, start.in_use_bytes + start.cached_bytes + (32 << 20));
+  a.empty_cache();  // the three blocks merged back: the segment goes back whole
+  EXPECT_EQ(a.stats().cached_bytes, start.cached_bytes);
 }
 
 TEST(CudaCopy, RoundTripsEveryDtypeExactly) {

@@ -49,24 +49,37 @@ TEST(Tensor, ConvertsBetweenDtypes) {
   EXPECT_EQ(t.to(DType::i32).to_doubles(), (std::vector<double>{1, -2, 3}));
 }
 
-TEST(Allocator, CountsThePeakHeldBesideThePeakInUse) {
+TEST(Allocator, MemoryFreedInOneShapeServesAnother) {
   auto& a = CpuAllocator::instance();
-  // Size classes no other tensor of this test uses: 1 MiB and 2 MiB blocks.
-  const size_t small = CpuAllocator::size_class(1 << 20), large = CpuAllocator::size_class(2 << 20);
-  ASSERT_NE(small, large);
   a.empty_cache();
   a.reset_peak();
   const AllocatorStats start = a.stats();
   EXPECT_EQ(start.peak_reserved_bytes, start.in_use_bytes + start.cached_bytes);
-  { Tensor t = Tensor::empty({1 << 18}, DType::f32); }  // 1 MiB, then cached
-  { Tensor t = Tensor::empty({1 << 19}, DType::f32); }  // 2 MiB from the system: 1 MiB idle
+  constexpr int64_t kMiB = 1 << 18;                       // f32 values in a MiB
+  { Tensor t = Tensor::empty({32 * kMiB}, DType::f32); }  // a segment of its own, then free
+  const AllocatorStats freed = a.stats();
+  EXPECT_EQ(freed.system_allocs, start.system_allocs + 1);
+  EXPECT_EQ(freed.cached_bytes, start.cached_bytes + (32 << 20));
+  {
+    // Three tensors of other sizes, at once, out of those 32 MiB: no new segment.
+    Tensor x = Tensor::empty({12 * kMiB}, DType::f32), y = Tensor::empty({3 * kMiB, 4}, DType::f32);
+    Tensor z = Tensor::empty({5 * kMiB}, DType::f32);
+    const AllocatorStats held = a.stats();
+    EXPECT_EQ(held.system_allocs, freed.system_allocs);
+    EXPECT_EQ(held.reuses, freed.reuses + 3);
+    EXPECT_EQ(held.in_use_bytes, start.in_use_bytes + (29 << 20));
+    EXPECT_EQ(held.cached_bytes, freed.cached_bytes - (29 << 20));
+  }
   const AllocatorStats after = a.stats();
-  // In tensors at most 2 MiB at a time; held, the cached 1 MiB besides.
-  EXPECT_EQ(after.peak_in_use_bytes, start.in_use_bytes + large);
-  EXPECT_EQ(after.peak_reserved_bytes, start.in_use_bytes + start.cached_bytes + small + large);
+  // In tensors at most 32 MiB at a time, and never more held than the one segment.
+  EXPECT_EQ(after.peak_in_use_bytes, start.in_use_bytes + (32 << 20));
+  EXPECT_EQ(after.peak_reserved_bytes, start.in_use_bytes + start.cached_bytes + (32 << 20));
   a.reset_peak();
   EXPECT_EQ(a.stats().peak_reserved_bytes, a.stats().in_use_bytes + a.stats().cached_bytes);
   EXPECT_EQ(a.stats().peak_in_use_bytes, a.stats().in_use_bytes);
+  // The three blocks merged back into one: the segment is whole again and goes back.
+  a.empty_cache();
+  EXPECT_EQ(a.stats().cached_bytes, start.cached_bytes);
 }
 
 TEST(Allocator, ReusesFreedBlocks) {
