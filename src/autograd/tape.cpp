@@ -18,10 +18,11 @@ void VarNode::release_value() {
 }
 
 Var::Var(Tensor value, bool requires_grad, std::string name)
-    : holder_(std::make_shared<Holder>(Holder{std::make_shared<VarNode>()})), node_(holder_->node) {
-  node_->value = std::move(value);
-  node_->requires_grad = requires_grad;
-  node_->name = std::move(name);
+    : holder_(std::make_shared<Holder>(Holder{std::make_shared<VarNode>()})) {
+  VarNode& node = *holder_->node;
+  node.value = std::move(value);
+  node.requires_grad = requires_grad;
+  node.name = std::move(name);
 }
 
 Var::Holder::~Holder() {

@@ -39,19 +39,19 @@ class Var {
   Var() = default;
   explicit Var(Tensor value, bool requires_grad = false, std::string name = {});
 
-  bool defined() const { return node_ != nullptr; }
-  const Tensor& value() const { return node_->value; }
-  Tensor& value() { return node_->value; }
-  const Tensor& grad() const { return node_->grad; }
-  Tensor& grad() { return node_->grad; }
-  bool requires_grad() const { return node_ && node_->requires_grad; }
-  const std::string& name() const { return node_->name; }
-  const Shape& shape() const { return node_->value.shape(); }
-  int64_t size(int64_t d) const { return node_->value.size(d); }
-  DType dtype() const { return node_->value.dtype(); }
+  bool defined() const { return holder_ != nullptr; }
+  const Tensor& value() const { return node()->value; }
+  Tensor& value() { return node()->value; }
+  const Tensor& grad() const { return node()->grad; }
+  Tensor& grad() { return node()->grad; }
+  bool requires_grad() const { return holder_ && node()->requires_grad; }
+  const std::string& name() const { return node()->name; }
+  const Shape& shape() const { return node()->value.shape(); }
+  int64_t size(int64_t d) const { return node()->value.size(d); }
+  DType dtype() const { return node()->value.dtype(); }
 
-  void zero_grad() { node_->grad = Tensor(); }
-  const std::shared_ptr<VarNode>& node() const { return node_; }
+  void zero_grad() { node()->grad = Tensor(); }
+  const std::shared_ptr<VarNode>& node() const { return holder_ ? holder_->node : kNoNode; }
 
  private:
   // Shared by a Var and its copies: the last one gone releases a non-leaf's value.
@@ -59,8 +59,8 @@ class Var {
     std::shared_ptr<VarNode> node;
     ~Holder();
   };
+  inline static const std::shared_ptr<VarNode> kNoNode;  // the node of Var()
   std::shared_ptr<Holder> holder_;
-  std::shared_ptr<VarNode> node_;  // holder_->node, kept here for cheap access
 };
 
 }  // namespace pollen::ag

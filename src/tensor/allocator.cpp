@@ -59,7 +59,7 @@ void* CpuAllocator::allocate(size_t bytes) {
   return p;
 }
 
-void CpuAllocator::release(void* ptr, size_t) {
+void CpuAllocator::release(void* ptr) {
   if (!ptr) return;
   State& s = state();
   std::lock_guard lock(s.mutex);

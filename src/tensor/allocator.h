@@ -25,8 +25,8 @@ class CpuAllocator {
  public:
   static CpuAllocator& instance();
   void* allocate(size_t bytes);  // 512-byte aligned; bytes rounded up to a multiple of 512
-  void release(void* ptr, size_t bytes);
-  void empty_cache();  // returns every wholly free segment to the system
+  void release(void* ptr);       // a pointer allocate returned
+  void empty_cache();            // returns every wholly free segment to the system
   AllocatorStats stats() const;
   void reset_peak();
   static size_t size_class(size_t bytes);  // the size of the block `bytes` takes

@@ -31,7 +31,7 @@ CudaAllocator& CudaAllocator::instance() {
 void* CudaAllocator::allocate(size_t) {
   no_cuda("GPU allocation");
 }
-void CudaAllocator::release(void*, size_t) {}
+void CudaAllocator::release(void*) {}
 void CudaAllocator::empty_cache() {}
 AllocatorStats CudaAllocator::stats() const {
   return {};

@@ -132,7 +132,7 @@ void* CudaAllocator::allocate(size_t bytes) {
   return p;
 }
 
-void CudaAllocator::release(void* ptr, size_t) {
+void CudaAllocator::release(void* ptr) {
   if (!ptr) return;
   State& s = state();
   std::lock_guard lock(s.mutex);

@@ -24,7 +24,7 @@ class CudaAllocator {
   // On the current GPU, for its default stream, from that pair's BlockPool over cudaMalloc'd
   // segments; bytes rounded up to a multiple of 512.
   void* allocate(size_t bytes);
-  void release(void* ptr, size_t bytes);  // back to the pool of its GPU and stream
+  void release(void* ptr);  // back to the pool of its GPU and stream
   void empty_cache();  // waits for the GPUs, then returns every wholly free segment to the driver
   AllocatorStats stats() const;  // over all GPUs
   void reset_peak();

@@ -27,9 +27,9 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
 
 Storage::~Storage() {
   if (device_ == Device::cpu) {
-    CpuAllocator::instance().release(data_, bytes_);
+    CpuAllocator::instance().release(data_);
   } else {
-    CudaAllocator::instance().release(data_, bytes_);
+    CudaAllocator::instance().release(data_);
   }
 }
 
