@@ -15,14 +15,18 @@ struct CliRun {
   std::string output;
 };
 
-CliRun run_pollen(const std::string& args) {
-  std::string cmd = std::string(POLLEN_BINARY) + " " + args + " 2>&1";
+CliRun run_shell(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf{};
   while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
   int status = pclose(p);
   return {WEXITSTATUS(status), out};
+}
+
+CliRun run_pollen(const std::string& args) {
+  return run_shell(std::string(POLLEN_BINARY) + " " + args);
 }
 
 TEST(Cli, HelpListsCommands) {
@@ -55,6 +59,21 @@ TEST(Cli, BenchStepPrintsOneJsonLine) {
   const double state_mb = 16.0 * j["params"].get<double>() / (1 << 20);
   EXPECT_GE(j["peak_device_mb"].get<double>(), std::floor(state_mb));
   EXPECT_GE(j["peak_device_reserved_mb"].get<double>(), j["peak_device_mb"].get<double>());
+}
+
+// A CUDA build loads cuBLASLt at its first GEMM on a GPU (about 150 MB mapped), so a CPU run
+// never maps it. The loader's own log (LD_DEBUG) names every library a process opens.
+TEST(Cli, CpuTrainingStepNeverLoadsCublasLt) {
+  const CliRun r = run_shell("env LD_DEBUG=files " + std::string(POLLEN_BINARY) +
+                             " bench step --model llama-tiny --batch 1 --seq 16 --steps 1 "
+                             "--warmup 0 --threads 1 --device cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("file=libopenblas"), std::string::npos) << r.output;  // the log works
+#ifdef POLLEN_HAVE_CUDA
+  EXPECT_NE(r.output.find("file=libcudart"), std::string::npos) << r.output;
+#endif
+  EXPECT_EQ(r.output.find("libcublasLt"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\"tokens_per_s\""), std::string::npos) << r.output;
 }
 
 TEST(Cli, BenchStepHoldsLessAtItsPeakWhenLayersAreRecomputed) {

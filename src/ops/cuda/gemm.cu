@@ -1,8 +1,6 @@
 // Row-major GEMM through cuBLASLt, which is column-major: a row-major (R,C) matrix is the
 // column-major (C,R) matrix, its transpose, so c = op(a) op(b) is computed as
 // c^T (N,M) = op(b)^T (N,K) op(a)^T (K,M), with b's buffer as cuBLASLt's A and a's as its B.
-#include <cublasLt.h>
-
 #include <memory>
 #include <mutex>
 #include <string>
@@ -10,6 +8,7 @@
 #include <vector>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/cublaslt.h"
 #include "ops/cuda/kernels.h"
 #include "tensor/cuda_memory.h"
 
@@ -18,8 +17,8 @@ namespace {
 
 [[noreturn]] void fail_cublas(cublasStatus_t status, const char* call, const std::string& args,
                               const char* file, int line) {
-  fail(call, " [", args, "] failed: ", cublasLtGetStatusName(status), " (",
-       cublasLtGetStatusString(status), ") at ", file, ":", line);
+  fail(call, " [", args, "] failed: ", cublaslt().get_status_name(status), " (",
+       cublaslt().get_status_string(status), ") at ", file, ":", line);
 }
 
 #define POLLEN_CUBLAS_CHECK(call, ...)                                                           \
@@ -46,26 +45,26 @@ DeviceGemm& device_gemm() {
     per_device->resize(static_cast<size_t>(device) + 1);
   DeviceGemm& g = (*per_device)[static_cast<size_t>(device)];
   if (!g.handle) {
-    POLLEN_CUBLAS_CHECK(cublasLtCreate(&g.handle), "device=", device);
+    POLLEN_CUBLAS_CHECK(cublaslt().create(&g.handle), "device=", device);
     g.workspace = CudaAllocator::instance().allocate(kWorkspaceBytes);
   }
   return g;
 }
 
-// Destroys a cuBLASLt descriptor when it goes out of scope.
-template <typename D, cublasStatus_t (*destroy)(D)>
+// Destroys a cuBLASLt descriptor with the library's destroy function when it goes out of scope.
+template <typename D, auto CublasLt::*destroy>
 struct Owned {
   D d = nullptr;
   Owned() = default;
   Owned(const Owned&) = delete;
   Owned& operator=(const Owned&) = delete;
   ~Owned() {
-    if (d) destroy(d);
+    if (d) (cublaslt().*destroy)(d);
   }
 };
-using MatmulDesc = Owned<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
-using Layout = Owned<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;
-using Preference = Owned<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>;
+using MatmulDesc = Owned<cublasLtMatmulDesc_t, &CublasLt::matmul_desc_destroy>;
+using Layout = Owned<cublasLtMatrixLayout_t, &CublasLt::matrix_layout_destroy>;
+using Preference = Owned<cublasLtMatmulPreference_t, &CublasLt::matmul_preference_destroy>;
 
 cudaDataType_t cuda_type(DType t) {
   return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -126,15 +125,15 @@ struct Plan {
 // within the workspace and the pointers' alignments.
 std::shared_ptr<const Plan> make_plan(const PlanKey& key, cublasLtHandle_t handle) {
   auto plan = std::make_shared<Plan>();
-  POLLEN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->desc.d, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+  POLLEN_CUBLAS_CHECK(cublaslt().matmul_desc_create(&plan->desc.d, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                       key.describe());
   const cublasOperation_t op_b = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A
   const cublasOperation_t op_a = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B
-  POLLEN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc.d, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                     &op_b, sizeof(op_b)),
+  POLLEN_CUBLAS_CHECK(cublaslt().matmul_desc_set_attribute(
+                          plan->desc.d, CUBLASLT_MATMUL_DESC_TRANSA, &op_b, sizeof(op_b)),
                       key.describe());
-  POLLEN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->desc.d, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                     &op_a, sizeof(op_a)),
+  POLLEN_CUBLAS_CHECK(cublaslt().matmul_desc_set_attribute(
+                          plan->desc.d, CUBLASLT_MATMUL_DESC_TRANSB, &op_a, sizeof(op_a)),
                       key.describe());
 
   // Stored (column-major) shapes: b's buffer is (N,K) ld N, or (K,N) ld K when transposed;
@@ -142,20 +141,21 @@ std::shared_ptr<const Plan> make_plan(const PlanKey& key, cublasLtHandle_t handl
   const uint64_t mu = static_cast<uint64_t>(key.m), nu = static_cast<uint64_t>(key.n),
                  ku = static_cast<uint64_t>(key.k);
   const bool ta = key.trans_a, tb = key.trans_b;
-  POLLEN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lay_b.d, cuda_type(key.ab), tb ? ku : nu,
-                                                 tb ? nu : ku, tb ? ku : nu),
+  POLLEN_CUBLAS_CHECK(cublaslt().matrix_layout_create(&plan->lay_b.d, cuda_type(key.ab),
+                                                      tb ? ku : nu, tb ? nu : ku, tb ? ku : nu),
                       key.describe());
-  POLLEN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lay_a.d, cuda_type(key.ab), ta ? mu : ku,
-                                                 ta ? ku : mu, ta ? mu : ku),
+  POLLEN_CUBLAS_CHECK(cublaslt().matrix_layout_create(&plan->lay_a.d, cuda_type(key.ab),
+                                                      ta ? mu : ku, ta ? ku : mu, ta ? mu : ku),
                       key.describe());
-  POLLEN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->lay_c.d, cuda_type(key.c_type), nu, mu, nu),
-                      key.describe());
+  POLLEN_CUBLAS_CHECK(
+      cublaslt().matrix_layout_create(&plan->lay_c.d, cuda_type(key.c_type), nu, mu, nu),
+      key.describe());
 
   Preference pref;
-  POLLEN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.d), key.describe());
+  POLLEN_CUBLAS_CHECK(cublaslt().matmul_preference_create(&pref.d), key.describe());
   const auto set_preference = [&](cublasLtMatmulPreferenceAttributes_t attribute, const void* value,
                                   size_t bytes) {
-    POLLEN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.d, attribute, value, bytes),
+    POLLEN_CUBLAS_CHECK(cublaslt().matmul_preference_set_attribute(pref.d, attribute, value, bytes),
                         key.describe());
   };
   set_preference(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
@@ -167,10 +167,10 @@ std::shared_ptr<const Plan> make_plan(const PlanKey& key, cublasLtHandle_t handl
 
   cublasLtMatmulHeuristicResult_t heuristic{};
   int found = 0;
-  POLLEN_CUBLAS_CHECK(
-      cublasLtMatmulAlgoGetHeuristic(handle, plan->desc.d, plan->lay_b.d, plan->lay_a.d,
-                                     plan->lay_c.d, plan->lay_c.d, pref.d, 1, &heuristic, &found),
-      key.describe());
+  POLLEN_CUBLAS_CHECK(cublaslt().matmul_algo_get_heuristic(
+                          handle, plan->desc.d, plan->lay_b.d, plan->lay_a.d, plan->lay_c.d,
+                          plan->lay_c.d, pref.d, 1, &heuristic, &found),
+                      key.describe());
   POLLEN_CHECK(found > 0, "gemm: cuBLASLt has no algorithm for ", key.describe());
   plan->algo = heuristic.algo;
   return plan;
@@ -226,10 +226,11 @@ void gemm(DType ab, const void* a, bool trans_a, const void* b, bool trans_b, DT
                     .align_c = alignment_of(c)};
   const std::shared_ptr<const Plan> plan = cached_plan(key, g.handle);
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
-  POLLEN_CUBLAS_CHECK(cublasLtMatmul(g.handle, plan->desc.d, &alpha_f, b, plan->lay_b.d, a,
-                                     plan->lay_a.d, &beta_f, c, plan->lay_c.d, c, plan->lay_c.d,
-                                     &plan->algo, g.workspace, kWorkspaceBytes, default_stream()),
-                      key.describe());
+  POLLEN_CUBLAS_CHECK(
+      cublaslt().matmul(g.handle, plan->desc.d, &alpha_f, b, plan->lay_b.d, a, plan->lay_a.d,
+                        &beta_f, c, plan->lay_c.d, c, plan->lay_c.d, &plan->algo, g.workspace,
+                        kWorkspaceBytes, default_stream()),
+      key.describe());
 }
 
 }  // namespace pollen::ops::cuda
