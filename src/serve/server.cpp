@@ -33,6 +33,13 @@ bool same_key(const std::string& given, const std::string& key) {
   return given.size() == key.size() && CRYPTO_memcmp(given.data(), key.data(), key.size()) == 0;
 }
 
+// Whether the request may use the API: no key is set, or it sends "Authorization: Bearer KEY".
+bool authorized(const httplib::Request& req, const std::string& api_key) {
+  if (api_key.empty()) return true;
+  const std::string auth = req.get_header_value("Authorization");
+  return auth.starts_with("Bearer ") && same_key(auth.substr(7), api_key);
+}
+
 // Keeps a request counted as in flight for as long as it lives (a stream: until it ends).
 class Slot {
  public:
@@ -151,17 +158,6 @@ void Server::stop() {
 
 void Server::add_routes() {
   const Limits& limits = options_.limits;
-  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (options_.api_key.empty() || req.path == "/health")
-      return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
-    if (auth.starts_with("Bearer ") && same_key(auth.substr(7), options_.api_key))
-      return httplib::Server::HandlerResponse::Unhandled;
-    send_error(res, ApiError(401, "invalid_request_error", "invalid_api_key", "",
-                             auth.empty() ? "Missing API key: send 'Authorization: Bearer KEY'"
-                                          : "Incorrect API key"));
-    return httplib::Server::HandlerResponse::Handled;
-  });
   http_->set_error_handler([limits](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 413)
@@ -176,11 +172,21 @@ void Server::add_routes() {
                                cat("HTTP status ", res.status)));
   });
 
-  // Every API call: counted against max_concurrent, errors as OpenAI bodies.
+  // Every API call: its key checked, counted against max_concurrent, errors as OpenAI bodies.
+  // The key is checked here, once the body has been read, not before routing: a server that
+  // answers before reading the body closes its socket with unread bytes, which resets the
+  // connection, and the client may lose the 401 to the reset.
   using Handler =
       std::function<void(const httplib::Request&, httplib::Response&, std::shared_ptr<Slot>)>;
   const auto api = [this](Handler handler) {
     return [this, handler](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, options_.api_key)) {
+        const bool missing = req.get_header_value("Authorization").empty();
+        send_error(res, ApiError(401, "invalid_request_error", "invalid_api_key", "",
+                                 missing ? "Missing API key: send 'Authorization: Bearer KEY'"
+                                         : "Incorrect API key"));
+        return;
+      }
       auto slot = std::make_shared<Slot>(in_flight_);
       try {
         if (++in_flight_ > options_.limits.max_concurrent)

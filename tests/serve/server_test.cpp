@@ -9,7 +9,11 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -399,6 +403,38 @@ TEST_F(Serving, ApiKeyIsCheckedAsBearerToken) {
   auto m = c.Get("/v1/models");
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 401);
+}
+
+// A server that answers before reading the body closes its socket on unread bytes, which resets
+// the connection: a client still sending, or not yet reading, loses the answer. So a request
+// with a wrong key is answered only once its whole body has arrived.
+TEST_F(Serving, ARefusedKeyIsAnsweredAfterTheBody) {
+  serve::ServerOptions o = options();
+  o.api_key = "sekret";
+  start(o);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(server_->port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  const std::string body = json{{"prompt", "hi"}, {"max_tokens", 1}}.dump();
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+      "Authorization: Bearer wrong\r\nContent-Type: application/json\r\n"
+      "Connection: close\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n";
+  ASSERT_EQ(send(fd, head.data(), head.size(), 0), static_cast<ssize_t>(head.size()));
+  pollfd readable{fd, POLLIN, 0};
+  EXPECT_EQ(poll(&readable, 1, 300), 0) << "answered before the body was sent";
+  ASSERT_EQ(send(fd, body.data(), body.size(), 0), static_cast<ssize_t>(body.size()));
+  std::string response;
+  char buffer[4096];
+  for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
+  close(fd);
+  EXPECT_TRUE(response.starts_with("HTTP/1.1 401")) << response;
+  EXPECT_NE(response.find("invalid_api_key"), std::string::npos) << response;
 }
 
 TEST_F(Serving, WaitingRequestsShareABatchAndExtraOnesGet429) {
