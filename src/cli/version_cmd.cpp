@@ -3,9 +3,13 @@
 
 #include <cstdio>
 
+#include "base/error.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "pollen/build_info.h"
+#if POLLEN_HAVE_CUDA
+#include "ops/cuda/cublaslt.h"
+#endif
 #include "tensor/device.h"
 
 namespace pollen::cli {
@@ -22,6 +26,16 @@ void add_version_command(CLI::App& app) {
                   static_cast<double>(g.memory_bytes) / (1 << 30), g.compute_major,
                   g.compute_minor);
     }
+#if POLLEN_HAVE_CUDA
+    // Loaded at the first GEMM on a GPU; where there is one, say which library GEMMs will use.
+    if (!cuda_devices().empty()) {
+      try {
+        std::printf("  gemm: %s\n", ops::cuda::cublaslt_description().c_str());
+      } catch (const Error& e) {
+        std::printf("  gemm: unavailable: %s\n", e.what());
+      }
+    }
+#endif
   });
 }
 

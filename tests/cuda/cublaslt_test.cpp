@@ -33,5 +33,11 @@ TEST(CudaCublasLt, LoadsAtFirstUseWithEveryFunctionBound) {
   EXPECT_EQ(&cublaslt(), &lib);  // loaded once
 }
 
+TEST(CudaCublasLt, DescriptionNamesTheVersionAndTheFile) {
+  const std::string d = cublaslt_description();
+  EXPECT_TRUE(d.starts_with("cuBLASLt " + std::to_string(CUBLAS_VER_MAJOR) + ".")) << d;
+  EXPECT_NE(d.find("libcublasLt.so"), std::string::npos) << d;
+}
+
 }  // namespace
 }  // namespace pollen::ops::cuda

@@ -46,8 +46,19 @@ const CublasLt& cublaslt() {
     bind(handle, path, "cublasLtMatmulAlgoGetHeuristic", lib.matmul_algo_get_heuristic);
     bind(handle, path, "cublasLtGetStatusName", lib.get_status_name);
     bind(handle, path, "cublasLtGetStatusString", lib.get_status_string);
+    bind(handle, path, "cublasLtGetVersion", lib.get_version);
   });
   return lib;
+}
+
+std::string cublaslt_description() {
+  const CublasLt& lib = cublaslt();
+  const size_t v = lib.get_version();  // major * 10000 + minor * 100 + patch
+  Dl_info info{};
+  const bool found = dladdr(reinterpret_cast<const void*>(lib.create), &info) != 0;
+  return "cuBLASLt " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100) + " from " +
+         (found && info.dli_fname ? info.dli_fname : std::string("an unknown file"));
 }
 
 }  // namespace pollen::ops::cuda

@@ -4,6 +4,8 @@
 // CPU run of a CUDA build never calls it.
 #include <cublasLt.h>
 
+#include <string>
+
 namespace pollen::ops::cuda {
 
 struct CublasLt {
@@ -20,11 +22,16 @@ struct CublasLt {
   decltype(&cublasLtMatmulAlgoGetHeuristic) matmul_algo_get_heuristic;
   decltype(&cublasLtGetStatusName) get_status_name;
   decltype(&cublasLtGetStatusString) get_status_string;
+  decltype(&cublasLtGetVersion) get_version;
 };
 
 // The library, loaded at the first call: LD_LIBRARY_PATH and the loader's paths first, then the
 // CUDA toolkit's library folder that pollen was built against. Fails naming both when neither
 // has it.
 const CublasLt& cublaslt();
+
+// "cuBLASLt 13.1.0 from /usr/local/cuda/lib64/libcublasLt.so.13", loading the library first (for
+// `pollen version` on a machine with a GPU); throws as cublaslt() does.
+std::string cublaslt_description();
 
 }  // namespace pollen::ops::cuda
