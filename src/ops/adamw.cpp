@@ -133,29 +133,40 @@ double sum_of_squares(const std::vector<Tensor>& tensors) {
     total += gpu_total.item();
   }
 #endif
+  // One parallel pass over the concatenation of the tensors on the CPU: a launch of the pool per
+  // tensor cost more than the reading for a model's many small ones.
+  std::vector<Tensor> on_cpu;
+  std::vector<int64_t> starts{0};
   for (const Tensor& t : tensors) {
     if (t.device() != Device::cpu) continue;
-    const int64_t n = t.numel();
-    const int chunks =
-        static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, n / 4096)));
-    std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
-    const Tensor tc = t.contiguous();
-    dispatch_float("sum_of_squares", t.dtype(), [&]<typename T>(T) {
-      const T* p = tc.data<T>();
-      pool().run_chunks(n, chunks, [&](int64_t lo, int64_t hi, int c) {
-        // Eight independent lanes, added in a fixed order: vectorised and deterministic.
-        double lane[8] = {};
-        int64_t i = lo;
-        for (; i + 8 <= hi; i += 8)
-          for (int l = 0; l < 8; ++l) lane[l] += static_cast<double>(p[i + l]) * p[i + l];
-        double acc = 0;
-        for (double x : lane) acc += x;
-        for (; i < hi; ++i) acc += static_cast<double>(p[i]) * p[i];
-        partial[static_cast<size_t>(c)] = acc;
-      });
-    });
-    for (double x : partial) total += x;
+    on_cpu.push_back(t.contiguous());
+    starts.push_back(starts.back() + t.numel());
   }
+  const int64_t n = starts.back();
+  const int chunks =
+      static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, n / 4096)));
+  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
+  pool().run_chunks(n, chunks, [&](int64_t lo, int64_t hi, int c) {
+    // Eight independent lanes, added in a fixed order: vectorised and deterministic.
+    double lane[8] = {};
+    size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) -
+                                   starts.begin() - 1);
+    for (; i < on_cpu.size() && starts[i] < hi; ++i) {
+      const int64_t b = std::max(lo, starts[i]) - starts[i];
+      const int64_t e = std::min(hi, starts[i + 1]) - starts[i];
+      dispatch_float("sum_of_squares", on_cpu[i].dtype(), [&]<typename T>(T) {
+        const T* p = on_cpu[i].data<T>();
+        int64_t j = b;
+        for (; j + 8 <= e; j += 8)
+          for (int l = 0; l < 8; ++l) lane[l] += static_cast<double>(p[j + l]) * p[j + l];
+        for (; j < e; ++j) lane[0] += static_cast<double>(p[j]) * p[j];
+      });
+    }
+    double acc = 0;
+    for (double x : lane) acc += x;
+    partial[static_cast<size_t>(c)] = acc;
+  });
+  for (double x : partial) total += x;
   return total;
 }
 

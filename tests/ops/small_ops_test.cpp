@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "base/rng.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -64,6 +65,30 @@ TEST(AdamW, MatchesPyTorchUpdateRuleOverSteps) {
 TEST(SumOfSquares, AcrossTensors) {
   std::vector<Tensor> ts = {Tensor::from<float>({2}, {3, 4}), Tensor::from<double>({1}, {12})};
   EXPECT_EQ(ops::sum_of_squares(ts), 169.0);
+}
+
+// Many tensors of odd sizes, f32 and f64, empty ones among them, cut across threads' chunks:
+// every element counts once, and the total is the same on every call.
+TEST(SumOfSquares, ManyTensorsAcrossChunks) {
+  Rng rng(7);
+  std::vector<Tensor> ts;
+  double expected = 0;
+  for (int64_t i = 0; i < 40; ++i) {
+    const int64_t n = i % 7 == 3 ? 0 : (i * 3677) % 9001 + 1;
+    std::vector<double> v(static_cast<size_t>(n));
+    for (double& x : v) x = rng.normal();
+    if (i % 2) {
+      std::vector<float> f(v.begin(), v.end());
+      for (float x : f) expected += static_cast<double>(x) * x;
+      ts.push_back(Tensor::from<float>({n}, f));
+    } else {
+      for (double x : v) expected += x * x;
+      ts.push_back(Tensor::from<double>({n}, v));
+    }
+  }
+  const double got = ops::sum_of_squares(ts);
+  EXPECT_NEAR(got, expected, 1e-12 * expected);
+  EXPECT_EQ(ops::sum_of_squares(ts), got);
 }
 
 }  // namespace
