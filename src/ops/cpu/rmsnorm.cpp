@@ -6,6 +6,25 @@
 #include "ops/cpu/kernels.h"
 
 namespace pollen::ops::cpu {
+namespace {
+
+// sum_j term(j) for j in [0, n), in Acc, over eight independent lanes added in a fixed order: the
+// compiler vectorises it (one chain of adds would not be: float addition does not reassociate)
+// and the result does not depend on threads.
+template <typename Acc, typename Term>
+Acc lane_sum(int64_t n, Term term) {
+  constexpr int64_t kLanes = 8;
+  Acc lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] += term(j + l);
+  Acc sum = 0;
+  for (const Acc x : lane) sum += x;
+  for (; j < n; ++j) sum += term(j);
+  return sum;
+}
+
+}  // namespace
 
 // x, y (N,C); w (C); rstd (N) saved for backward. Sums of squares in double.
 template <typename T>
@@ -14,8 +33,8 @@ void rmsnorm_forward(const T* x, const T* w, T* y, T* rstd, int64_t n, int64_t c
     for (int64_t i = lo; i < hi; ++i) {
       const T* xi = x + i * c;
       T* yi = y + i * c;
-      double ss = 0;
-      for (int64_t j = 0; j < c; ++j) ss += static_cast<double>(xi[j]) * xi[j];
+      const double ss =
+          lane_sum<double>(c, [&](int64_t j) { return static_cast<double>(xi[j]) * xi[j]; });
       T r = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(c) + eps));
       rstd[i] = r;
       for (int64_t j = 0; j < c; ++j) yi[j] = xi[j] * r * w[j];
@@ -37,8 +56,7 @@ void rmsnorm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx,
       const T* dyi = dy + i * c;
       T* dxi = dx + i * c;
       const T r = rstd[i];
-      T dot = 0;
-      for (int64_t j = 0; j < c; ++j) dot += dyi[j] * w[j] * xi[j];
+      const T dot = lane_sum<T>(c, [&](int64_t j) { return dyi[j] * w[j] * xi[j]; });
       const T coef = dot * r * r / static_cast<T>(c);
       for (int64_t j = 0; j < c; ++j) {
         T g = r * (dyi[j] * w[j] - xi[j] * coef);
