@@ -52,6 +52,14 @@ void check_owner(const nlohmann::json& state, const fs::path& ckpt, const std::s
                "; remove the state folder to start this silo afresh");
 }
 
+// A silo whose saved states all fail to verify stops rather than start afresh beside them.
+void refuse_if_none_verifies(bool chosen, int64_t skipped, const fs::path& dir,
+                             const std::string& client_id) {
+  POLLEN_CHECK(chosen || skipped == 0, "fed client '", client_id, "': no saved state under ",
+               (dir / "checkpoints").string(), " verifies (", skipped,
+               " skipped, reasons above); move the folder away to start this silo afresh");
+}
+
 }  // namespace
 
 void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
@@ -94,15 +102,16 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
   // Rank 0 chooses the state (the newest that verifies) and tells the silo's other ranks, which
   // load the same one.
   dist::Communicator& comm = trainer.communicator();
-  int64_t chosen = -1;
+  int64_t choice[2] = {-1, 0};  // {step or -1 for none, states skipped}
   if (comm.rank() == 0) {
-    auto choice = io::choose_resume_checkpoint(dir / "checkpoints");
-    for (const auto& [skipped, why] : choice.skipped) {
-      log::warn("fed client '", client_id, "': skipping state ", skipped.string(), ": ", why);
-    }
-    if (choice.dir) chosen = io::checkpoint_step(*choice.dir);
+    const auto point =
+        io::choose_checkpoint_to_resume(dir / "checkpoints", cat("fed client '", client_id, "'"));
+    if (point.dir) choice[0] = io::checkpoint_step(*point.dir);
+    choice[1] = point.skipped;
   }
-  comm.broadcast(std::span<int64_t>(&chosen, 1), 0, "the choice of client state to resume");
+  comm.broadcast(std::span<int64_t>(choice, 2), 0, "the choice of client state to resume");
+  refuse_if_none_verifies(choice[0] >= 0, choice[1], dir, client_id);
+  const int64_t chosen = choice[0];
   if (chosen < 0) return 0;
   const fs::path ckpt = dir / "checkpoints" / io::checkpoint_name(chosen);
   const auto state = nlohmann::json::parse(read_file(ckpt / "state.json"));
@@ -143,10 +152,9 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
 
 int64_t load_client_state(const fs::path& dir, const std::string& client_id, LoraSilo& silo,
                           const ParamSpecs& specs, ErrorFeedback& feedback, Weights* pulled) {
-  auto choice = io::choose_resume_checkpoint(dir / "checkpoints");
-  for (const auto& [skipped, why] : choice.skipped) {
-    log::warn("fed client '", client_id, "': skipping state ", skipped.string(), ": ", why);
-  }
+  const auto choice =
+      io::choose_checkpoint_to_resume(dir / "checkpoints", cat("fed client '", client_id, "'"));
+  refuse_if_none_verifies(choice.dir.has_value(), choice.skipped, dir, client_id);
   if (!choice.dir) return 0;
   const fs::path ckpt = *choice.dir;
   const auto state = nlohmann::ordered_json::parse(read_file(ckpt / "state.json"));

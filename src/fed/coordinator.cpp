@@ -66,10 +66,10 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
                  "server.dir");
   }
   if (resume) {
-    auto choice = io::choose_resume_checkpoint(ckpts);
-    for (const auto& [dir, why] : choice.skipped) {
-      log::warn("fed server: skipping checkpoint ", dir.string(), ": ", why);
-    }
+    const auto choice = io::choose_checkpoint_to_resume(ckpts, "fed server");
+    POLLEN_CHECK(choice.dir || choice.skipped == 0, "fed server --resume: no checkpoint under ",
+                 ckpts.string(), " verifies (", choice.skipped,
+                 " skipped, reasons above); nothing was changed");
     if (choice.dir) {
       load_checkpoint(*choice.dir);
       const auto state = nlohmann::json::parse(read_file(*choice.dir / "state.json"));
@@ -132,6 +132,11 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
   POLLEN_CHECK(state.at("model_config").get<std::string>() == model_json_,
                "fed server: checkpoint ", dir.string(),
                " holds another model config than server config's [model]");
+  const auto fingerprint = state.at("tokenizer_fingerprint").get<std::string>();
+  POLLEN_CHECK(fingerprint == config_.tokenizer_fingerprint, "fed server: checkpoint ",
+               dir.string(), " was trained with tokenizer fingerprint ", fingerprint,
+               ", the config says ", config_.tokenizer_fingerprint,
+               " ([tokenizer]): its weights belong to the other tokenizer's ids");
   POLLEN_CHECK(state.at("strategy").get<std::string>() == strategy_->name(),
                "fed server: checkpoint ", dir.string(), " was written by strategy '",
                state.at("strategy").get<std::string>(), "', the config says '", strategy_->name(),

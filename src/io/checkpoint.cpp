@@ -163,6 +163,21 @@ ResumeChoice choose_resume_checkpoint(const fs::path& root) {
   return c;
 }
 
+ResumePoint choose_checkpoint_to_resume(const fs::path& root, const std::string& who) {
+  const auto choice = choose_resume_checkpoint(root);
+  for (const auto& [dir, why] : choice.skipped)
+    log::warn(who, ": skipping checkpoint '", dir.string(), "': ", why);
+  const ResumePoint point{choice.dir, static_cast<int64_t>(choice.skipped.size())};
+  if (!choice.dir) return point;
+  for (const auto& [bad, why] : choice.skipped) {
+    const fs::path aside = bad.parent_path() / cat(".corrupt-", bad.filename().string());
+    fs::remove_all(aside);
+    fs::rename(bad, aside);
+    log::warn(who, ": moved '", bad.string(), "' aside to '", aside.string(), "'");
+  }
+  return point;
+}
+
 std::vector<fs::path> apply_retention(const fs::path& root, int keep) {
   std::vector<fs::path> removed;
   if (!fs::is_directory(root)) return removed;

@@ -58,6 +58,18 @@ struct ResumeChoice {
 };
 ResumeChoice choose_resume_checkpoint(const std::filesystem::path& root);
 
+// For a run that resumes: the newest checkpoint under `root` that verifies (none: no dir), and
+// how many newer ones were skipped, each with a warning that starts with `who`. When one is
+// chosen, the newer ones that do not verify are moved aside (".corrupt-step-..."): the resumed
+// run will never reach them again, and retention would otherwise count them as the newest and
+// delete good checkpoints instead. A caller refuses to start when some were skipped and none
+// verifies, rather than start afresh beside them.
+struct ResumePoint {
+  std::optional<std::filesystem::path> dir;
+  int64_t skipped = 0;
+};
+ResumePoint choose_checkpoint_to_resume(const std::filesystem::path& root, const std::string& who);
+
 // Deletes all but the newest `keep` checkpoints (keep <= 0 keeps all) and leftover temp
 // folders of this process or of dead ones; returns what it removed.
 std::vector<std::filesystem::path> apply_retention(const std::filesystem::path& root, int keep);

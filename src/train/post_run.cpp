@@ -87,7 +87,7 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   const fs::path ckpt_root = prepare_run_dir(cfg.dir, o.resume);
   std::optional<fs::path> resume_from;
   if (o.resume) {
-    const ResumePoint point = choose_checkpoint_to_resume(ckpt_root);
+    const io::ResumePoint point = io::choose_checkpoint_to_resume(ckpt_root, "--resume");
     POLLEN_CHECK(point.dir || point.skipped == 0, "--resume: no checkpoint under '",
                  ckpt_root.string(), "' verifies (", point.skipped, " skipped, reasons above)");
     resume_from = point.dir;

@@ -57,21 +57,6 @@ bool stop_requested() {
   return g_stop_signal.load() != 0;
 }
 
-ResumePoint choose_checkpoint_to_resume(const fs::path& root) {
-  const auto choice = io::choose_resume_checkpoint(root);
-  for (const auto& [dir, why] : choice.skipped)
-    log::warn("skipping checkpoint '", dir.string(), "': ", why);
-  const ResumePoint point{choice.dir, static_cast<int64_t>(choice.skipped.size())};
-  if (!choice.dir) return point;
-  for (const auto& [bad, why] : choice.skipped) {
-    const fs::path aside = bad.parent_path() / cat(".corrupt-", bad.filename().string());
-    fs::remove_all(aside);
-    fs::rename(bad, aside);
-    log::warn("moved '", bad.string(), "' aside to '", aside.string(), "'");
-  }
-  return point;
-}
-
 const char* run_status_name(RunStatus status) {
   return status == RunStatus::finished    ? "finished"
          : status == RunStatus::preempted ? "preempted"

@@ -42,16 +42,6 @@ class SignalGuard {
 // Whether a stop signal arrived since the guard was installed.
 bool stop_requested();
 
-// The newest checkpoint under `root` that verifies (none: no dir), and how many were skipped
-// with a warning each. When one is chosen, the newer ones that do not verify are moved aside
-// (".corrupt-step-..."): the resumed run will never reach them again, and retention would
-// otherwise count them as the newest and delete good checkpoints instead.
-struct ResumePoint {
-  std::optional<std::filesystem::path> dir;
-  int64_t skipped = 0;
-};
-ResumePoint choose_checkpoint_to_resume(const std::filesystem::path& root);
-
 // Creates the run folder and returns its checkpoints/ folder; a run that does not resume is
 // refused when checkpoints are already there.
 std::filesystem::path prepare_run_dir(const std::filesystem::path& dir, bool resume);

@@ -484,7 +484,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
     // Rank 0 chooses the checkpoint and tells the others: {step or -1 for none, skipped}.
     int64_t choice_of_lead[2] = {-1, 0};
     if (lead) {
-      const ResumePoint point = choose_checkpoint_to_resume(ckpt_root);
+      const io::ResumePoint point = io::choose_checkpoint_to_resume(ckpt_root, "--resume");
       if (point.dir) choice_of_lead[0] = io::checkpoint_step(*point.dir);
       choice_of_lead[1] = point.skipped;
     }

@@ -154,6 +154,37 @@ TEST(ClientState, StateOfAnotherClientOrDatasetIsRefused) {
   fs::remove_all(dir);
 }
 
+// A client whose newest saved state does not verify resumes the one before and moves the bad one
+// aside (retention would otherwise delete each new state in its favour); with none that verifies
+// it refuses to start rather than train afresh beside them.
+TEST(ClientState, CorruptStatesAreSetAsideOrRefused) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("client_state_corrupt");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 3)}, "fedavg", 3, 2);
+  cfg.clients[0].state_dir = dir / "state";
+  const fs::path states = dir / "state" / "checkpoints";
+  three_rounds(
+      cfg, 2,
+      [&](ClientConfig&) { flip_a_byte(io::list_checkpoints(states).back() / "state.json"); }, 1);
+  EXPECT_TRUE(fs::exists(states / ".corrupt-step-00000004" / "manifest.json"));
+  const auto kept = io::list_checkpoints(states);
+  ASSERT_EQ(kept.size(), 2u);  // keep_checkpoints: the states of rounds 1 and 3
+  for (const auto& s : kept) EXPECT_FALSE(io::verify_checkpoint(s)) << s;
+
+  for (const auto& s : kept) flip_a_byte(s / "state.json");
+  Coordinator server(cfg.server, true);
+  LocalTransport transport(server);
+  try {
+    Client client(cfg.clients[0], transport);
+    ADD_FAILURE() << "a client started beside saved states that do not verify";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no saved state under"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(io::list_checkpoints(states), kept);
+  fs::remove_all(dir);
+}
+
 TEST(ClientState, KilledClientProcessRestartsFromItsState) {
   const auto dir = temp_dir("client_killed");
   const auto silo = make_silo(dir / "a", 3);

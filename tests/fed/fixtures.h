@@ -244,6 +244,17 @@ inline std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
   return out;
 }
 
+// Flips one byte in the middle of `file`, as a failing disk would, so that a checkpoint holding
+// it no longer verifies.
+inline void flip_a_byte(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  const auto middle = static_cast<std::streamoff>(fs::file_size(file) / 2);
+  f.seekg(middle);
+  const char c = static_cast<char>(f.get());
+  f.seekp(middle);
+  f.put(static_cast<char>(c ^ 0x55));
+}
+
 // Runs a shell command; its stdout and stderr together.
 inline std::string run_capture(const std::string& cmd, int* status) {
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");

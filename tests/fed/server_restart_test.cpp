@@ -9,6 +9,9 @@
 #include <chrono>
 #include <thread>
 
+#include "base/thread_pool.h"
+#include "fed/client.h"
+#include "fed/coordinator.h"
 #include "fed/fixtures.h"
 #include "io/checkpoint.h"
 
@@ -63,5 +66,66 @@ TEST(ServerRestart, KilledServerResumesAndTheClientRejoins) {
   std::vector<int> lineage;
   for (const auto& l : read_jsonl(dir / "run/lineage.jsonl")) lineage.push_back(l["round"]);
   EXPECT_EQ(lineage, (std::vector<int>{1, 2, 3, 4}));
+  fs::remove_all(dir);
+}
+
+// A server whose newest checkpoint does not verify resumes from the one before and moves the bad
+// one aside, so that retention never counts it as the newest; with none that verifies it refuses
+// to start rather than begin round 1 beside them (and delete the run's metrics); a checkpoint
+// trained with another tokenizer is refused.
+TEST(ServerRestart, CorruptCheckpointsAreSetAsideOrRefused) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("server_corrupt");
+  const auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 4, 1);
+  auto train = [&](Coordinator& server, int rounds) {
+    LocalTransport transport(server);
+    Client client(cfg.clients[0], transport);
+    client.join();
+    for (int i = 0; i < rounds; ++i) {
+      ASSERT_TRUE(server.begin_round());
+      client.poll_once();
+      ASSERT_TRUE(server.end_round().aggregated);
+    }
+  };
+  const fs::path ckpts = cfg.server.dir / "checkpoints";
+  auto step = [&](int round) { return ckpts / io::checkpoint_name(round); };
+  {
+    Coordinator server(cfg.server, false);
+    train(server, 2);
+  }
+  flip_a_byte(step(2) / "model.safetensors");
+  {
+    Coordinator server(cfg.server, true);
+    EXPECT_EQ(server.rounds_done(), 1);
+    EXPECT_TRUE(fs::exists(ckpts / ".corrupt-step-00000002" / "manifest.json"));
+    train(server, 3);
+  }
+  EXPECT_EQ(io::list_checkpoints(ckpts), (std::vector<fs::path>{step(2), step(3), step(4)}));
+
+  auto refusal = [&](const ServerConfig& c) {
+    try {
+      Coordinator server(c, true);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("resumed");
+  };
+  ServerConfig other_tokenizer = cfg.server;
+  other_tokenizer.tokenizer_fingerprint = "another-tokenizer";
+  EXPECT_NE(refusal(other_tokenizer).find("tokenizer fingerprint test-tokenizer"),
+            std::string::npos)
+      << refusal(other_tokenizer);
+
+  for (int round = 2; round <= 4; ++round) flip_a_byte(step(round) / "state.json");
+  const std::string why = refusal(cfg.server);
+  EXPECT_NE(why.find("no checkpoint under"), std::string::npos) << why;
+  EXPECT_NE(why.find("(3 skipped"), std::string::npos) << why;
+  // Nothing was changed: the checkpoints and the four rounds' metrics are all still there.
+  EXPECT_EQ(io::list_checkpoints(ckpts), (std::vector<fs::path>{step(2), step(3), step(4)}));
+  int aggregated = 0;
+  for (const auto& m : read_jsonl(cfg.server.dir / "metrics.jsonl"))
+    aggregated += m["status"] == "aggregated";
+  EXPECT_EQ(aggregated, 4);
   fs::remove_all(dir);
 }
