@@ -411,6 +411,7 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
                  ": second moments the server did not ask for (strategy.second_moments)");
   }
   check_peer(info.client_id(), peer_id, "push");
+  Push p;
   {
     std::lock_guard lock(mutex_);
     POLLEN_CHECK(open_ && info.round() == done_ + 1, what, ": round ", info.round(),
@@ -420,13 +421,13 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
     POLLEN_CHECK(!updates_.count(info.client_id()), what, ": already pushed for round ",
                  info.round());
     if (secagg_) secagg_->check_input(info.client_id());
+    p.attempt = attempts_;
   }
   if (config_.secure_aggregation.enabled) {
     secagg::validate_masked_header(header, specs_, config_.secure_aggregation.ring_bits, what);
   } else {
     validate_header(header, update_specs_, config_.compression, what);
   }
-  Push p;
   p.info = info;
   p.header = header;
   p.chunks = std::make_unique<ChunkAssembler>(header, what);
@@ -448,6 +449,7 @@ pb::PushReply Coordinator::push_finish(Push& p) {
                            std::make_move_iterator(all.end()));
     all.resize(specs_.size());
     u.update.delta = std::move(all);
+    check_update_values(specs_, u.update.delta, what);
     check_first_moments(moment_specs_, u.first_moments, what);
   }
   u.update.metrics = {{"train_loss", p.info.train_loss()}};
@@ -456,8 +458,8 @@ pb::PushReply Coordinator::push_finish(Push& p) {
   u.info = p.info;
   u.bytes = bytes.size() + p.info.second_moments().size();
   std::lock_guard lock(mutex_);
-  POLLEN_CHECK(open_ && p.info.round() == done_ + 1, what, ": round ", p.info.round(),
-               " closed while the update was arriving");
+  POLLEN_CHECK(open_ && p.info.round() == done_ + 1 && p.attempt == attempts_, what, ": round ",
+               p.info.round(), " closed while the update was arriving");
   POLLEN_CHECK(!updates_.count(p.info.client_id()), what, ": already pushed");
   if (secagg_) {
     secagg_->add_input(p.info.client_id(), bytes);
@@ -513,6 +515,7 @@ bool Coordinator::begin_round() {
     }
   }
   round_available_ = static_cast<int64_t>(alive.size());
+  ++attempts_;
   selected_ = {chosen.begin(), chosen.end()};
   pulled_.clear();
   updates_.clear();

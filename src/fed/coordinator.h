@@ -73,6 +73,7 @@ class Coordinator {
     pb::UpdateInfo info;
     pb::TensorSetHeader header;
     std::unique_ptr<ChunkAssembler> chunks;
+    int64_t attempt = 0;  // the round attempt it began in: only that attempt takes it
   };
   Push push_begin(const pb::UpdateInfo& info, const pb::TensorSetHeader& header,
                   const std::string& peer_id);
@@ -147,8 +148,9 @@ class Coordinator {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::map<std::string, ClientState> clients_;
-  int64_t done_ = 0;     // rounds aggregated
-  int64_t retries_ = 0;  // failed attempts at the current round
+  int64_t done_ = 0;      // rounds aggregated
+  int64_t retries_ = 0;   // failed attempts at the current round
+  int64_t attempts_ = 0;  // rounds opened by begin_round, retries included
   bool open_ = false;
   bool finished_ = false;
   std::atomic<bool> stop_{false};

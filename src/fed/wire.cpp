@@ -245,8 +245,25 @@ void validate_update_info(const pb::UpdateInfo& u, const std::string& what) {
   POLLEN_CHECK(std::isfinite(u.train_loss()) && std::isfinite(u.eval_loss()) &&
                    std::isfinite(u.train_seconds()),
                what, ": losses and times must be finite");
-  POLLEN_CHECK(u.eval_tokens() >= 0, what, ": eval_tokens ", u.eval_tokens(), " is negative");
+  for (const auto& [name, loss] :
+       {std::pair{"train_loss", u.train_loss()}, std::pair{"eval_loss", u.eval_loss()}}) {
+    POLLEN_CHECK(loss >= 0 && loss <= kMaxLoss, what, ": ", name, " ", loss, " is outside [0, ",
+                 kMaxLoss, "] (a cross-entropy per token)");
+  }
+  POLLEN_CHECK(u.eval_tokens() >= 0 && u.eval_tokens() <= (int64_t{1} << 50), what,
+               ": eval_tokens ", u.eval_tokens(), " out of range (0 to 2^50)");
   POLLEN_CHECK(u.data_manifest_hash().size() <= 128, what, ": data manifest hash too long");
+}
+
+void check_update_values(const ParamSpecs& specs, const Weights& delta, const std::string& what) {
+  for (size_t t = 0; t < delta.size(); ++t) {
+    const float* x = delta[t].data<float>();
+    for (int64_t j = 0; j < delta[t].numel(); ++j) {
+      POLLEN_CHECK(std::abs(x[j]) <= kMaxUpdateValue, what, ": '", specs[t].name, "'[", j, "] is ",
+                   x[j], ", beyond +-", kMaxUpdateValue,
+                   " (a pseudo-gradient moves a weight by far less in a round)");
+    }
+  }
 }
 
 namespace {

@@ -98,8 +98,18 @@ class ChunkAssembler {
 Weights decode_set(const pb::TensorSetHeader& h, const std::string& bytes, const ParamSpecs& specs,
                    const std::string& what);
 
-// Checks the update info of a push: id, round, tokens and losses in range.
+// Checks the update info of a push: id, round, tokens (training and evaluation) at most 2^50,
+// losses and times finite, losses in [0, kMaxLoss], so that the server's weighted sums stay
+// exact and finite.
+constexpr double kMaxLoss = 1e9;
 void validate_update_info(const pb::UpdateInfo& u, const std::string& what);
+
+// The largest magnitude a decoded pseudo-gradient value may have. No training step moves a
+// weight that far in one round; refusing such a value keeps every outer optimizer's step, and
+// so the global model, inside float32's range whatever a client sends.
+constexpr float kMaxUpdateValue = 1e6f;
+// Refuses a value beyond kMaxUpdateValue, naming `what`, the tensor and the index.
+void check_update_values(const ParamSpecs& specs, const Weights& delta, const std::string& what);
 
 // Checks an update's token counts (row weighting): present exactly when `expected`, and then
 // both as many counts as ids, ids strictly ascending below vocab_size, counts at least 1, each

@@ -292,11 +292,84 @@ TEST(Simulation, MalformedPushesAreRefusedAndTheServerGoesOn) {
   auto nan_loss = info;
   nan_loss.mutable_update()->set_train_loss(NAN);
   EXPECT_THROW(push({nan_loss, header}), Error);
+  auto refusal = [&](std::vector<pb::TensorStream> msgs) {
+    try {
+      push(std::move(msgs));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  auto negative_loss = info;
+  negative_loss.mutable_update()->set_eval_loss(-1);
+  EXPECT_NE(refusal({negative_loss, header}).find("eval_loss -1 is outside"), std::string::npos);
+  auto huge_loss = info;
+  huge_loss.mutable_update()->set_train_loss(1e300);
+  EXPECT_NE(refusal({huge_loss, header}).find("train_loss"), std::string::npos);
+  auto eval_tokens = info;  // two of these would overflow the server's int64 sum
+  eval_tokens.mutable_update()->set_eval_tokens(INT64_MAX);
+  EXPECT_NE(refusal({eval_tokens, header}).find("eval_tokens"), std::string::npos);
   chunk.mutable_chunk()->set_offset(0);
   chunk.mutable_chunk()->set_data(enc.bytes.substr(0, 100));
   EXPECT_THROW(push({info, header, chunk}), Error);  // short stream
+  // A finite value far beyond any training step (with Nesterov it would reach infinity in the
+  // global model).
+  Weights huge = zeros;
+  huge[1].data<float>()[3] = 3.4e38f;
+  const auto huge_enc = encode_weights(server.specs(), huge, {});
+  pb::TensorStream huge_header, huge_chunk;
+  *huge_header.mutable_header() = huge_enc.header;
+  huge_chunk.mutable_chunk()->set_offset(0);
+  huge_chunk.mutable_chunk()->set_data(huge_enc.bytes);
+  const std::string why = refusal({info, huge_header, huge_chunk});
+  EXPECT_NE(why.find(cat("'", server.specs()[1].name, "'[3] is 3.4e+38, beyond +-1e+06")),
+            std::string::npos)
+      << why;
   // and a proper update is still taken
   EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+  EXPECT_TRUE(server.round_complete());
+  EXPECT_TRUE(server.end_round().aggregated);
+}
+
+// A push that began in an attempt of a round that then closed (too few updates by its deadline)
+// is refused when it ends in the retried attempt: it would count as one of the new attempt's
+// updates and close it early.
+TEST(Simulation, APushFromAClosedAttemptIsRefused) {
+  Quiet q;
+  const auto dir = temp_dir("stale_push");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 1, 1);
+  set_num_threads(1);
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  Client a(cfg.clients[0], transport);
+  a.join();
+  ASSERT_TRUE(server.begin_round());
+  pb::UpdateInfo info;
+  info.set_client_id("silo-0");
+  info.set_round(1);
+  info.set_tokens(10);
+  Weights zeros;
+  for (const auto& s : server.specs()) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
+  const auto enc = encode_weights(server.specs(), zeros, {});
+  auto stale = server.push_begin(info, enc.header, "");
+  pb::Chunk chunk;
+  chunk.set_offset(0);
+  chunk.set_data(enc.bytes);
+  stale.chunks->add(chunk);
+  EXPECT_FALSE(server.end_round().aggregated);  // the deadline: no update yet, so retried
+  ASSERT_TRUE(server.begin_round());
+  try {
+    server.push_finish(stale);
+    ADD_FAILURE() << "a push of a closed attempt was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("closed while the update was arriving"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(server.round_complete());
+  // A push begun in this attempt is taken.
+  auto fresh = server.push_begin(info, enc.header, "");
+  fresh.chunks->add(chunk);
+  EXPECT_TRUE(server.push_finish(fresh).accepted());
   EXPECT_TRUE(server.round_complete());
   EXPECT_TRUE(server.end_round().aggregated);
 }
