@@ -40,25 +40,34 @@ int64_t run_server(const ServerConfig& config, bool resume) {
   g_signal = 0;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  std::atomic<bool> done{false};
-  std::thread watcher([&] {
-    while (!done) {
-      if (g_signal) {
-        log::warn("fed server: signal ", g_signal.load(), "; stopping after the last round");
-        coordinator.stop();
-        return;
+  {
+    // Joined however run() ends, so that its error (a full disk at a checkpoint, say) reaches
+    // the caller as that error and not as std::terminate on a joinable thread.
+    struct SignalWatcher {
+      std::atomic<bool> done{false};
+      std::thread thread;
+      ~SignalWatcher() {
+        done = true;
+        if (thread.joinable()) thread.join();
+        std::signal(SIGINT, SIG_DFL);
+        std::signal(SIGTERM, SIG_DFL);
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
-  coordinator.run();
-  // Let polling clients hear that the run is over before the port closes.
-  if (coordinator.finished()) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  done = true;
-  watcher.join();
+    } watcher;
+    watcher.thread = std::thread([&] {
+      while (!watcher.done) {
+        if (g_signal) {
+          log::warn("fed server: signal ", g_signal.load(), "; stopping after the last round");
+          coordinator.stop();
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+    coordinator.run();
+    // Let polling clients hear that the run is over before the port closes.
+    if (coordinator.finished()) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  }
   server.shutdown();
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
   log::info("fed server: ", coordinator.rounds_done(), " of ", config.rounds, " rounds done");
   return coordinator.rounds_done();
 }
