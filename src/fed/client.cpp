@@ -470,10 +470,10 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
   if (config_.local_dp.enabled) local_dp_ = std::make_unique<LocalDp>(config_.local_dp);
   Weights pulled;  // the last round's model, from the state
   if (!config_.state_dir.empty()) {
-    last_round_ =
-        silo_ ? load_client_state(config_.state_dir, config_.id, *silo_, specs_, feedback_, &pulled)
-              : load_client_state(config_.state_dir, config_.id, *local_, specs_, feedback_, drift_,
-                                  &pulled);
+    last_round_ = silo_ ? load_client_state(config_.state_dir, config_.id, *silo_, specs_,
+                                            feedback_, &pulled, local_dp_.get())
+                        : load_client_state(config_.state_dir, config_.id, *local_, specs_,
+                                            feedback_, drift_, &pulled, local_dp_.get());
   }
   // A client holding the server's last model, or one that built the server's initial model (the
   // same seed or model.init_from), takes the round's compressed model as a delta; otherwise the
@@ -492,10 +492,10 @@ void Client::save_state() {
   if (config_.state_dir.empty()) return;
   if (silo_) {
     save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, *silo_,
-                      specs_, feedback_, held_->model());
+                      specs_, feedback_, held_->model(), local_dp_.get());
   } else {
     save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, *local_,
-                      specs_, feedback_, drift_, held_->model());
+                      specs_, feedback_, drift_, held_->model(), local_dp_.get());
   }
 }
 

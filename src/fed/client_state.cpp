@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "fed/client.h"
 #include "fed/post_lora.h"
+#include "fed/privacy.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "train/trainer.h"
@@ -60,12 +61,29 @@ void refuse_if_none_verifies(bool chosen, int64_t skipped, const fs::path& dir,
                " skipped, reasons above); move the folder away to start this silo afresh");
 }
 
+// [local_dp]'s accountant, kept beside the state so that a restarted client reports the epsilon
+// of every round it released, not only of those since the restart.
+void save_local_dp(const LocalDp* local_dp, nlohmann::ordered_json& state) {
+  if (local_dp) state["local_dp"] = local_dp->state();
+}
+
+// `saved`: the state's "local_dp" (null when it has none).
+void load_local_dp(LocalDp* local_dp, const nlohmann::json* saved, int64_t round,
+                   const fs::path& ckpt, const std::string& client_id) {
+  if (!local_dp) return;
+  POLLEN_CHECK(saved || round == 0, "fed client '", client_id, "': state ", ckpt.string(),
+               " is of ", round,
+               " rounds released without [local_dp], so no epsilon can be "
+               "claimed for this silo; remove the state folder to start it afresh");
+  if (saved) local_dp->load_state(*saved);
+}
+
 }  // namespace
 
 void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
                        LocalTrainer& trainer, const ParamSpecs& specs,
                        const ErrorFeedback& feedback, const DriftCorrection& drift,
-                       const Weights& pulled) {
+                       const Weights& pulled, const LocalDp* local_dp) {
   const auto params = trainer.model().named_parameters();
   const train::OptimizerMoments opt = trainer.optimizer_moments();
   io::NamedTensors weights, moments;
@@ -91,6 +109,7 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
     w.add_tensors("drift_anchor.safetensors", named(drift.anchor(), specs));
     state["drift_anchor_round"] = drift.anchor_round();
   }
+  save_local_dp(local_dp, state);
   w.add_text("state.json", state.dump(1));
   w.commit();
   io::apply_retention(dir / "checkpoints", keep);
@@ -98,7 +117,7 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
 
 int64_t load_client_state(const fs::path& dir, const std::string& client_id, LocalTrainer& trainer,
                           const ParamSpecs& specs, ErrorFeedback& feedback, DriftCorrection& drift,
-                          Weights* pulled) {
+                          Weights* pulled, LocalDp* local_dp) {
   // Rank 0 chooses the state (the newest that verifies) and tells the silo's other ranks, which
   // load the same one.
   dist::Communicator& comm = trainer.communicator();
@@ -119,13 +138,15 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
   trainer.load_checkpoint(ckpt);
   trainer.train_loader().restore(data::LoaderState::from_json(state.at("loader")));
   trainer.set_steps_taken(state.at("local_steps").get<int64_t>());
+  const int64_t round = state.at("round").get<int64_t>();
   if (comm.rank() == 0) {
     feedback.set_residual(read_exchanged(ckpt, "feedback.safetensors", client_id, specs));
     drift.restore(read_exchanged(ckpt, "drift_anchor.safetensors", client_id, specs),
                   state.value("drift_anchor_round", int64_t{0}));
     *pulled = read_exchanged(ckpt, "pulled_model.safetensors", client_id, specs);
+    load_local_dp(local_dp, state.contains("local_dp") ? &state.at("local_dp") : nullptr, round,
+                  ckpt, client_id);
   }
-  const int64_t round = state.at("round").get<int64_t>();
   log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
             trainer.steps_taken(), " local steps) from ", ckpt.string());
   return round;
@@ -133,25 +154,27 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
 
 void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
                        const LoraSilo& silo, const ParamSpecs& specs, const ErrorFeedback& feedback,
-                       const Weights& pulled) {
+                       const Weights& pulled, const LocalDp* local_dp) {
   io::CheckpointWriter w(dir / "checkpoints", silo.steps_taken());
   const nlohmann::ordered_json trained = silo.write_state(w);
   const io::NamedTensors residual = named(feedback.residual(), specs);
   if (!residual.empty()) w.add_tensors("feedback.safetensors", residual);
   if (!pulled.empty()) w.add_tensors("pulled_model.safetensors", named(pulled, specs));
-  const nlohmann::ordered_json state{{"client", client_id},
-                                     {"round", round},
-                                     {"data_manifest_hash", silo.manifest_hash()},
-                                     {"base_sha256", silo.base_sha256()},
-                                     {"lora_config", lora_config_json(silo.lora_config())},
-                                     {"silo", trained}};
+  nlohmann::ordered_json state{{"client", client_id},
+                               {"round", round},
+                               {"data_manifest_hash", silo.manifest_hash()},
+                               {"base_sha256", silo.base_sha256()},
+                               {"lora_config", lora_config_json(silo.lora_config())},
+                               {"silo", trained}};
+  save_local_dp(local_dp, state);
   w.add_text("state.json", state.dump(1));
   w.commit();
   io::apply_retention(dir / "checkpoints", keep);
 }
 
 int64_t load_client_state(const fs::path& dir, const std::string& client_id, LoraSilo& silo,
-                          const ParamSpecs& specs, ErrorFeedback& feedback, Weights* pulled) {
+                          const ParamSpecs& specs, ErrorFeedback& feedback, Weights* pulled,
+                          LocalDp* local_dp) {
   const auto choice =
       io::choose_checkpoint_to_resume(dir / "checkpoints", cat("fed client '", client_id, "'"));
   refuse_if_none_verifies(choice.dir.has_value(), choice.skipped, dir, client_id);
@@ -169,6 +192,8 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Lor
   feedback.set_residual(read_exchanged(ckpt, "feedback.safetensors", client_id, specs));
   *pulled = read_exchanged(ckpt, "pulled_model.safetensors", client_id, specs);
   const int64_t round = state.at("round").get<int64_t>();
+  const nlohmann::json saved_dp = state.value("local_dp", nlohmann::ordered_json());
+  load_local_dp(local_dp, saved_dp.is_null() ? nullptr : &saved_dp, round, ckpt, client_id);
   log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
             silo.steps_taken(), " local steps) from ", ckpt.string());
   return round;

@@ -3,7 +3,8 @@
 // inner AdamW moments and step count, the training loader's position (its seed, epoch and
 // cursor: the only randomness of local training), the error-feedback residual, the drift
 // correction's anchor (fed/drift_correction.h), the last round's model as pulled (so that a
-// compressed download goes on as a delta, fed/model_view.h) and the last round it trained. Written
+// compressed download goes on as a delta, fed/model_view.h), [local_dp]'s privacy accountant (so
+// that the epsilon it reports counts every round released) and the last round it trained. Written
 // after every round as a checkpoint (atomic, checksummed) under `dir`/checkpoints/step-<local
 // step>; the newest that verifies is resumed. A silo of several ranks writes it once, from rank 0,
 // in the same format (so it resumes at any number of ranks); every rank loads it (the
@@ -23,19 +24,23 @@ namespace pollen::fed {
 
 class LocalTrainer;
 class LoraSilo;
+class LocalDp;
 
-// `pulled`: the last round's model as the client rebuilt it (empty: none).
+// `pulled`: the last round's model as the client rebuilt it (empty: none); `local_dp`: the
+// client's [local_dp] (null without).
 void save_client_state(const std::filesystem::path& dir, int keep, const std::string& client_id,
                        int64_t round, LocalTrainer& trainer, const ParamSpecs& specs,
                        const ErrorFeedback& feedback, const DriftCorrection& drift,
-                       const Weights& pulled);
+                       const Weights& pulled, const LocalDp* local_dp);
 
 // Restores the newest valid state under dir (a collective of the trainer's ranks); returns the
-// last round trained then, or 0 when there is none. Throws when the state belongs to another client
-// or another dataset. *pulled gets the saved pulled model (empty when the state has none).
+// last round trained then, or 0 when there is none. Throws when the state belongs to another
+// client or another dataset, when none verifies, or when `local_dp` is given and the state's
+// rounds were released without it. *pulled gets the saved pulled model (empty when the state has
+// none). The residual, anchor, pulled model and accountant are rank 0's alone.
 int64_t load_client_state(const std::filesystem::path& dir, const std::string& client_id,
                           LocalTrainer& trainer, const ParamSpecs& specs, ErrorFeedback& feedback,
-                          DriftCorrection& drift, Weights* pulled);
+                          DriftCorrection& drift, Weights* pulled, LocalDp* local_dp);
 
 }  // namespace pollen::fed
 
@@ -44,9 +49,10 @@ namespace pollen::fed {
 // The same for a post-training silo (one process).
 void save_client_state(const std::filesystem::path& dir, int keep, const std::string& client_id,
                        int64_t round, const LoraSilo& silo, const ParamSpecs& specs,
-                       const ErrorFeedback& feedback, const Weights& pulled);
+                       const ErrorFeedback& feedback, const Weights& pulled,
+                       const LocalDp* local_dp);
 int64_t load_client_state(const std::filesystem::path& dir, const std::string& client_id,
                           LoraSilo& silo, const ParamSpecs& specs, ErrorFeedback& feedback,
-                          Weights* pulled);
+                          Weights* pulled, LocalDp* local_dp);
 
 }  // namespace pollen::fed

@@ -213,4 +213,12 @@ bool LocalDp::apply(Weights& delta, uint64_t round) {
   return clipped;
 }
 
+nlohmann::json LocalDp::state() const {
+  return {{"rdp", accountant_.rdp()}, {"steps", accountant_.steps()}};
+}
+
+void LocalDp::load_state(const nlohmann::json& s) {
+  accountant_.restore(s.at("rdp").get<std::vector<double>>(), s.at("steps").get<int64_t>());
+}
+
 }  // namespace pollen::fed

@@ -112,6 +112,9 @@ class LocalDp {
   bool apply(Weights& delta, uint64_t round);
   Epsilon epsilon() const { return accountant_.epsilon(options_.delta); }
 
+  nlohmann::json state() const;  // the accountant, for the client's saved state
+  void load_state(const nlohmann::json& state);
+
  private:
   LocalDpOptions options_;
   PrivacyAccountant accountant_;

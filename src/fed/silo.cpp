@@ -77,7 +77,8 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
   DriftCorrection drift;   // likewise
   Weights pulled;          // likewise
   if (!config.state_dir.empty()) {
-    load_client_state(config.state_dir, config.id, trainer, specs, feedback, drift, &pulled);
+    load_client_state(config.state_dir, config.id, trainer, specs, feedback, drift, &pulled,
+                      nullptr);
   }
   for (;;) {
     int64_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};

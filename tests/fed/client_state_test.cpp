@@ -154,6 +154,42 @@ TEST(ClientState, StateOfAnotherClientOrDatasetIsRefused) {
   fs::remove_all(dir);
 }
 
+// A restarted client's [local_dp] accountant counts the rounds before the restart, so the epsilon
+// it reports is that of every update it released; a state of rounds released without [local_dp]
+// is not resumed under it, since no epsilon can be claimed for them.
+TEST(ClientState, RestartedClientKeepsItsPrivacyAccount) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("client_state_dp");
+  const auto silo = make_silo(dir / "a", 3);
+  auto cfg = sim_config(dir / "run0", {silo}, "fedavg", 3, 2);
+  auto with_dp = [](ClientConfig& c) {
+    c.local_dp.enabled = true;
+    c.local_dp.clip = 0.05;
+    c.local_dp.noise_multiplier = 1.0;
+    c.local_dp.noise_seed = 9;
+  };
+  with_dp(cfg.clients[0]);
+  cfg.clients[0].state_dir = dir / "run0" / "state";
+  three_rounds(
+      cfg, 2, [](ClientConfig&) {}, 2);
+  const auto state = nlohmann::json::parse(read_file(
+      io::list_checkpoints(dir / "run0" / "state" / "checkpoints").back() / "state.json"));
+  EXPECT_EQ(state["round"], 3);
+  EXPECT_EQ(state["local_dp"]["steps"], 3) << "the accountant forgot the rounds before the restart";
+
+  auto plain = sim_config(dir / "run1", {silo}, "fedavg", 3, 2);
+  plain.clients[0].state_dir = dir / "run1" / "state";
+  try {
+    three_rounds(plain, 1, with_dp, 1);
+    ADD_FAILURE() << "rounds released without [local_dp] were resumed under it";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("released without [local_dp]"), std::string::npos)
+        << e.what();
+  }
+  fs::remove_all(dir);
+}
+
 // A client whose newest saved state does not verify resumes the one before and moves the bad one
 // aside (retention would otherwise delete each new state in its favour); with none that verifies
 // it refuses to start rather than train afresh beside them.
