@@ -185,12 +185,16 @@ void AppendFile::write(std::string_view bytes) {
 }
 
 void AppendFile::flush() {
-  if (file_) std::fflush(file_);
+  // A full disk shows here more often than in write(): the lines are small, and stdio drops
+  // what it could not write, so the position would count bytes that never reached the file.
+  if (file_) {
+    POLLEN_CHECK(std::fflush(file_) == 0, "cannot write '", path_.string(), "': ", errno_text());
+  }
 }
 
 void AppendFile::sync() {
   if (!file_) return;
-  std::fflush(file_);
+  flush();
   POLLEN_CHECK(::fsync(::fileno(file_)) == 0, "cannot sync '", path_.string(), "': ", errno_text());
 }
 

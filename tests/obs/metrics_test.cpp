@@ -1,8 +1,10 @@
 // Metrics sinks: CRC-32C test vectors, TFRecord framing, files reopened at a saved position, and
 // TensorBoard's own event reader reading back the scalars we wrote.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <array>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -90,6 +92,35 @@ TEST(AppendFile, ResumeCutsTheTail) {
   }
   EXPECT_EQ(read_file(d / "m.jsonl"), "{\"step\":1}\n{\"step\":2}\n{\"step\":3}\n");
   EXPECT_THROW(obs::JsonlWriter(d / "m.jsonl", 1000), pollen::Error);
+  fs::remove_all(d);
+}
+
+// A file that takes no more bytes (here: past the file-size limit, as on a full disk) is an error
+// naming the file at the flush that finds it. Lines are small, so stdio buffers them and the
+// failure shows at fflush, which drops them: ignored, the file would silently lose lines while
+// the position (saved in checkpoints) still counted them.
+TEST(AppendFile, AFileThatTakesNoMoreBytesIsAClearError) {
+  const fs::path d = temp_dir("append_full");
+  obs::AppendFile f(d / "m.jsonl");
+  f.write("{}\n");
+  f.flush();
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &before), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+  const rlimit tiny{8, before.rlim_max};
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tiny), 0);
+  std::string error;
+  try {
+    f.write(std::string(100, 'x'));
+    f.flush();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &before);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_NE(error.find(cat("cannot write '", (d / "m.jsonl").string(), "'")), std::string::npos)
+      << error;
+  EXPECT_NE(error.find(std::strerror(EFBIG)), std::string::npos) << error;
   fs::remove_all(d);
 }
 
