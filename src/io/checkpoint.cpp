@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -29,10 +30,9 @@ void sync_dir(const fs::path& dir) {
 
 bool parse_step_name(const std::string& name, int64_t* step) {
   if (!name.starts_with("step-") || name.size() <= 5) return false;
-  for (size_t i = 5; i < name.size(); ++i)
-    if (name[i] < '0' || name[i] > '9') return false;
-  *step = std::stoll(name.substr(5));
-  return true;
+  const char* end = name.data() + name.size();
+  const auto [last, ec] = std::from_chars(name.data() + 5, end, *step);
+  return ec == std::errc() && last == end && *step >= 0;  // digits only, within int64
 }
 
 }  // namespace
@@ -111,15 +111,19 @@ std::optional<std::string> verify_checkpoint(const fs::path& dir) {
   } catch (const std::exception& e) {
     return cat("manifest.json is unreadable: ", e.what());
   }
-  if (!m.is_object() || !m.contains("files") || !m["files"].is_object() || !m.contains("step"))
-    return std::string("manifest.json lacks 'step' or 'files'");
+  if (!m.is_object() || !m.contains("files") || !m["files"].is_object() || !m.contains("step") ||
+      !m["step"].is_number_integer())
+    return std::string("manifest.json lacks 'step' (an integer) or 'files'");
   for (const auto& [name, info] : m["files"].items()) {
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+      return cat("manifest.json names '", name, "', not a file of the checkpoint's folder");
     const fs::path p = dir / name;
     std::error_code ec;
     const auto size = fs::file_size(p, ec);
     if (ec) return cat(name, " is missing");
-    if (!info.contains("bytes") || !info.contains("sha256"))
-      return cat("manifest entry for ", name, " lacks bytes or sha256");
+    if (!info.is_object() || !info.contains("bytes") || !info["bytes"].is_number_unsigned() ||
+        !info.contains("sha256") || !info["sha256"].is_string())
+      return cat("manifest entry for ", name, " lacks bytes (a count) or sha256 (a string)");
     if (size != info["bytes"].get<uint64_t>())
       return cat(name, " holds ", size, " bytes, manifest says ", info["bytes"].get<uint64_t>());
     const std::string sha = sha256_file(p);
@@ -131,8 +135,11 @@ std::optional<std::string> verify_checkpoint(const fs::path& dir) {
 }
 
 int64_t checkpoint_step(const fs::path& dir) {
-  const auto m = nlohmann::json::parse(read_file(dir / "manifest.json"));
-  return m.at("step").get<int64_t>();
+  try {
+    return nlohmann::json::parse(read_file(dir / "manifest.json")).at("step").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint '", dir.string(), "': manifest.json has no integer 'step': ", e.what());
+  }
 }
 
 std::vector<fs::path> list_checkpoints(const fs::path& root) {

@@ -199,6 +199,38 @@ TEST(Checkpoint, CommitVerifyCorruptSkipAndRetain) {
   fs::remove_all(root);
 }
 
+// A manifest that is valid JSON but of the wrong shape is a reason to skip its checkpoint, not an
+// error that stops the resume; a manifest naming a file outside its folder fails to verify; a
+// folder whose step does not fit in int64 is no checkpoint.
+TEST(Checkpoint, HostileManifestsAreSkippedWithAReason) {
+  const fs::path root = temp_dir("ckpt_hostile");
+  auto write = [&](int64_t step) {
+    io::CheckpointWriter w(root, step);
+    w.add_text("state.json", "{}");
+    return w.commit();
+  };
+  const fs::path good = write(1), bad = write(2);
+  const std::vector<std::pair<std::string, std::string>> manifests = {
+      {R"({"step": 2, "files": {"state.json": {"bytes": "2", "sha256": 1}}})",
+       "lacks bytes (a count) or sha256 (a string)"},
+      {R"({"step": 2, "files": {"state.json": 7}})", "lacks bytes (a count) or sha256"},
+      {R"({"step": "2", "files": {}})", "lacks 'step' (an integer) or 'files'"},
+      {R"({"step": 2, "files": {"../step-00000001/state.json": {"bytes": 2, "sha256": "x"}}})",
+       "not a file of the checkpoint's folder"},
+  };
+  for (const auto& [manifest, reason] : manifests) {
+    write_file_atomic(bad / "manifest.json", manifest);
+    const auto choice = io::choose_resume_checkpoint(root);
+    ASSERT_EQ(choice.dir, good) << manifest;
+    ASSERT_EQ(choice.skipped.size(), 1u);
+    EXPECT_NE(choice.skipped[0].second.find(reason), std::string::npos)
+        << manifest << ": " << choice.skipped[0].second;
+  }
+  fs::create_directories(root / "step-99999999999999999999");
+  EXPECT_EQ(io::list_checkpoints(root), (std::vector<fs::path>{good, bad}));
+  fs::remove_all(root);
+}
+
 // write_synced gathers pieces of any size (empty ones too) into large writes across chunk
 // boundaries; the file holds their concatenation and the hash, taken from memory on another
 // thread, is the file's.
