@@ -36,6 +36,26 @@ class Reader {
     }
   }
 
+  const json& list(const json& obj, const std::string& key, const std::string& where) const {
+    const json& v = at(obj, key, where);
+    if (!v.is_array()) fail_at(where + "." + key, cat("expected a list, got ", v.type_name()));
+    return v;
+  }
+
+  std::string text(const json& v, const std::string& where) const {
+    if (!v.is_string()) fail_at(where, cat("expected a string, got ", v.type_name()));
+    return v.get<std::string>();
+  }
+
+  // A token id: an integer below kMaxTokenId (a larger one would only make the vocabulary a
+  // table of billions of empty entries).
+  uint32_t token_id(const json& v, const std::string& where) const {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() >= kMaxTokenId)
+      fail_at(where,
+              cat("expected a token id, an integer below ", kMaxTokenId, ", got ", v.dump()));
+    return v.get<uint32_t>();
+  }
+
   std::string type_of(const json& obj, const std::string& where) const {
     std::string type = get<std::string>(obj, "type", where, "");
     if (type.empty()) fail_at(where + ".type", "missing");
@@ -64,7 +84,7 @@ void read_normalizer(const Reader& r, const json& node, const std::string& where
   std::string type = r.type_of(node, where);
   using Kind = NormalizerStep::Kind;
   if (type == "Sequence") {
-    const json& list = r.at(node, "normalizers", where);
+    const json& list = r.list(node, "normalizers", where);
     for (size_t i = 0; i < list.size(); ++i)
       read_normalizer(r, list[i], cat(where, ".normalizers[", i, "]"), steps);
   } else if (type == "NFC") {
@@ -77,7 +97,7 @@ void read_normalizer(const Reader& r, const json& node, const std::string& where
     const json& pattern = r.at(node, "pattern", where);
     if (!pattern.contains("String"))
       r.fail_at(where + ".pattern", "only a String pattern is supported in Replace");
-    steps.push_back({Kind::kReplace, pattern["String"].get<std::string>(),
+    steps.push_back({Kind::kReplace, r.text(pattern["String"], where + ".pattern.String"),
                      r.get<std::string>(node, "content", where, "")});
   } else {
     r.fail_at(where + ".type", cat("normalizer '", type, "' is not supported"));
@@ -106,7 +126,7 @@ void read_pre_tokenizer(const Reader& r, const json& node, const std::string& wh
   if (node.is_null()) return;
   std::string type = r.type_of(node, where);
   if (type == "Sequence") {
-    const json& list = r.at(node, "pretokenizers", where);
+    const json& list = r.list(node, "pretokenizers", where);
     for (size_t i = 0; i < list.size(); ++i)
       read_pre_tokenizer(r, list[i], cat(where, ".pretokenizers[", i, "]"), steps);
   } else if (type == "Split") {
@@ -115,9 +135,9 @@ void read_pre_tokenizer(const Reader& r, const json& node, const std::string& wh
     const json& pattern = r.at(node, "pattern", where);
     std::string regex;
     if (pattern.contains("Regex"))
-      regex = pattern["Regex"].get<std::string>();
+      regex = r.text(pattern["Regex"], where + ".pattern.Regex");
     else if (pattern.contains("String"))
-      regex = escape_literal(pattern["String"]);
+      regex = escape_literal(r.text(pattern["String"], where + ".pattern.String"));
     else
       r.fail_at(where + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
     try {
@@ -156,14 +176,14 @@ void read_decoder(const Reader& r, const json& node, const std::string& where,
   if (node.is_null()) return;
   std::string type = r.type_of(node, where);
   if (type == "Sequence") {
-    const json& list = r.at(node, "decoders", where);
+    const json& list = r.list(node, "decoders", where);
     for (size_t i = 0; i < list.size(); ++i)
       read_decoder(r, list[i], cat(where, ".decoders[", i, "]"), decoder);
   } else if (type == "Replace") {
     const json& pattern = r.at(node, "pattern", where);
     if (!pattern.contains("String") || r.get<std::string>(node, "content", where, "") != " ")
       r.fail_at(where, "only Replace(String marker -> \" \") is supported in a decoder");
-    decoder.space_marker = pattern["String"].get<std::string>();
+    decoder.space_marker = r.text(pattern["String"], where + ".pattern.String");
   } else if (type == "Metaspace") {
     decoder.space_marker = r.get<std::string>(node, "replacement", where, "\u2581");
     bool prepends = r.get<std::string>(node, "prepend_scheme", where, "always") != "never" &&
@@ -186,13 +206,13 @@ void read_template(const Reader& r, const json& node, const std::string& where,
   if (node.is_null()) return;
   std::string type = r.type_of(node, where);
   if (type == "Sequence") {
-    const json& list = r.at(node, "processors", where);
+    const json& list = r.list(node, "processors", where);
     for (size_t i = 0; i < list.size(); ++i)
       read_template(r, list[i], cat(where, ".processors[", i, "]"), bos_eos);
   } else if (type == "TemplateProcessing") {
     const json& specials = r.at(node, "special_tokens", where);
     bool before = true;
-    const json& single = r.at(node, "single", where);
+    const json& single = r.list(node, "single", where);
     for (size_t i = 0; i < single.size(); ++i) {
       const json& item = single[i];
       if (item.contains("Sequence")) {
@@ -200,12 +220,12 @@ void read_template(const Reader& r, const json& node, const std::string& where,
         continue;
       }
       std::string item_where = cat(where, ".single[", i, "]");
-      std::string name =
-          r.at(r.at(item, "SpecialToken", item_where), "id", item_where).get<std::string>();
-      const json& ids = r.at(r.at(specials, name, where + ".special_tokens"), "ids",
-                             where + ".special_tokens." + name);
+      std::string name = r.text(r.at(r.at(item, "SpecialToken", item_where), "id", item_where),
+                                item_where + ".SpecialToken.id");
+      const std::string ids_where = where + ".special_tokens." + name;
+      const json& ids = r.list(r.at(specials, name, where + ".special_tokens"), "ids", ids_where);
       for (const json& id : ids)
-        (before ? bos_eos.prefix : bos_eos.suffix).push_back(id.get<uint32_t>());
+        (before ? bos_eos.prefix : bos_eos.suffix).push_back(r.token_id(id, ids_where + ".ids"));
     }
   } else if (type != "ByteLevel") {
     r.fail_at(where + ".type", cat("post-processor '", type, "' is not supported"));
@@ -243,15 +263,16 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
 
   std::vector<AddedToken> added;
   std::map<std::string, uint32_t> added_ids;
-  const json& added_json = root.value("added_tokens", json::array());
+  const json& added_json =
+      root.contains("added_tokens") ? r.list(root, "added_tokens", "") : json::array();
   for (size_t i = 0; i < added_json.size(); ++i) {
     const json& t = added_json[i];
     std::string where = cat("added_tokens[", i, "]");
     for (const char* flag : {"single_word", "lstrip", "rstrip"})
       if (r.get<bool>(t, flag, where, false))
         r.fail_at(cat(where, ".", flag), "added-token flag is not supported");
-    added.push_back({r.at(t, "id", where).get<uint32_t>(),
-                     r.at(t, "content", where).get<std::string>(),
+    added.push_back({r.token_id(r.at(t, "id", where), where + ".id"),
+                     r.text(r.at(t, "content", where), where + ".content"),
                      r.get<bool>(t, "special", where, false)});
     added_ids[added.back().content] = added.back().id;
   }
@@ -262,20 +283,20 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
   Vocab vocab;
   std::map<std::string, uint32_t> id_of;
   for (const auto& [token, id] : vocab_json.items()) {
-    if (!id.is_number_unsigned()) r.fail_at("model.vocab." + token, "id is not an integer");
+    const uint32_t token_id = r.token_id(id, "model.vocab." + token);
     // An added token in the vocabulary is spelled as its content, not in the byte alphabet.
     auto added_id = added_ids.find(token);
-    bool is_added = added_id != added_ids.end() && added_id->second == id.get<uint32_t>();
+    bool is_added = added_id != added_ids.end() && added_id->second == token_id;
     try {
-      vocab.add(id.get<uint32_t>(), is_added ? token : token_bytes(token, "model.vocab"));
+      vocab.add(token_id, is_added ? token : token_bytes(token, "model.vocab"));
     } catch (const Error& e) {
       r.fail_at("model.vocab", e.what());
     }
-    id_of[token] = id.get<uint32_t>();
+    id_of[token] = token_id;
   }
 
   std::vector<Merge> merges;
-  const json& merges_json = r.at(model, "merges", "model");
+  const json& merges_json = r.list(model, "merges", "model");
   for (size_t i = 0; i < merges_json.size(); ++i) {
     const json& m = merges_json[i];
     std::string where = cat("model.merges[", i, "]");

@@ -36,7 +36,8 @@ void Vocab::grow_index() {
 
 void Vocab::add(uint32_t id, std::string bytes) {
   POLLEN_CHECK(!contains(id), "token id ", id, " appears twice");
-  POLLEN_CHECK(id < UINT32_MAX - 1, "token id ", id, " is too large");
+  POLLEN_CHECK(id < kMaxTokenId, "token id ", id, " is too large (ids are below ", kMaxTokenId,
+               ")");
   if (id >= tokens_.size()) {
     tokens_.resize(id + 1);
     present_.resize(id + 1, 0);

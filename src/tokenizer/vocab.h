@@ -9,6 +9,11 @@
 
 namespace pollen::tokenizer {
 
+// Token ids are below this (2^24; the largest vocabularies in use hold a few hundred thousand):
+// the vocabulary is a table indexed by id, so a file's larger id would only allocate billions of
+// empty entries.
+constexpr uint32_t kMaxTokenId = uint32_t{1} << 24;
+
 class Vocab {
  public:
   // Adds a token; throws if the id or the bytes are already present.

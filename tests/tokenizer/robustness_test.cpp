@@ -113,6 +113,8 @@ TEST(Robustness, MalformedRankFilesNameFileAndLine) {
                {"r.tiktoken", "byte 0 has none"});
   expect_error([&] { tiktoken_from_text("", "r.tiktoken", pattern, {}); },
                {"r.tiktoken", "no tokens"});
+  expect_error([&] { tiktoken_from_text("YQ== 4294967000\n", "r.tiktoken", pattern, {}); },
+               {"r.tiktoken:1", "too large"});
 }
 
 TEST(Robustness, MalformedTokenizerJsonNamesFileAndKey) {
@@ -120,7 +122,28 @@ TEST(Robustness, MalformedTokenizerJsonNamesFileAndKey) {
   expect_error(load("{"), {"t.json", "not valid JSON"});
   expect_error(load(R"({"model": {"type": "WordPiece", "vocab": {}}})"), {"t.json", "model.type"});
   expect_error(load(R"({"model": {"vocab": {"a": "x"}, "merges": []}})"),
-               {"t.json", "model.vocab.a", "not an integer"});
+               {"t.json", "model.vocab.a", "expected a token id"});
+  // Ids past 2^24 would allocate a table of billions of entries; past 2^32 they used to wrap.
+  expect_error(load(R"({"model": {"vocab": {"a": 4294967000}, "merges": []}})"),
+               {"t.json", "model.vocab.a", "below 16777216"});
+  expect_error(load(R"({"model": {"vocab": {"a": 4294967297}, "merges": []}})"),
+               {"t.json", "model.vocab.a", "below 16777216"});
+  expect_error(load(R"({"added_tokens": [{"id": "x", "content": "a"}],
+                        "model": {"vocab": {"a": 0}, "merges": []}})"),
+               {"t.json", "added_tokens[0].id", "expected a token id"});
+  expect_error(load(R"({"added_tokens": {"id": 0},
+                        "model": {"vocab": {"a": 0}, "merges": []}})"),
+               {"t.json", "added_tokens", "expected a list"});
+  expect_error(load(R"({"model": {"vocab": {"a": 0}, "merges": {"a": "b"}}})"),
+               {"t.json", "model.merges", "expected a list"});
+  expect_error(load(R"({"normalizer": {"type": "Replace", "pattern": {"String": 1}},
+                        "model": {"vocab": {"a": 0}, "merges": []}})"),
+               {"t.json", "normalizer.pattern.String", "expected a string"});
+  expect_error(load(R"({"post_processor": {"type": "TemplateProcessing",
+                          "single": [{"SpecialToken": {"id": "<s>"}}],
+                          "special_tokens": {"<s>": {"ids": [-1]}}},
+                        "model": {"vocab": {"a": 0}, "merges": []}})"),
+               {"t.json", "post_processor.special_tokens.<s>.ids", "expected a token id"});
   expect_error(load(R"({"model": {"vocab": {"a": 0}, "merges": ["a b"]}})"),
                {"t.json", "model.merges[0]", "not in the vocabulary"});
   expect_error(load(R"({"model": {"vocab": {"a": 0}, "merges": [1]}})"),
