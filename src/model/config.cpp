@@ -43,16 +43,21 @@ LlamaConfig preset(const std::string& name) {
 }
 
 void LlamaConfig::validate() const {
-  auto positive = [&](const char* key, int64_t v) {
-    POLLEN_CHECK(v > 0, "model '", name, "': ", key, " must be positive, got ", v);
+  // Bounds far above any Llama-family model, so that no product of sizes overflows.
+  auto in_range = [&](const char* key, int64_t v, int log2_max) {
+    POLLEN_CHECK(v > 0 && v <= (int64_t{1} << log2_max), "model '", name, "': ", key,
+                 " must be 1 to 2^", log2_max, ", got ", v);
   };
-  positive("vocab_size", vocab_size);
-  positive("hidden_size", hidden_size);
-  positive("intermediate_size", intermediate_size);
-  positive("num_hidden_layers", num_hidden_layers);
-  positive("num_attention_heads", num_attention_heads);
-  positive("num_key_value_heads", num_key_value_heads);
-  positive("max_position_embeddings", max_position_embeddings);
+  in_range("vocab_size", vocab_size, 24);
+  in_range("hidden_size", hidden_size, 20);
+  in_range("intermediate_size", intermediate_size, 22);
+  in_range("num_hidden_layers", num_hidden_layers, 16);
+  in_range("num_attention_heads", num_attention_heads, 16);
+  in_range("num_key_value_heads", num_key_value_heads, 16);
+  in_range("max_position_embeddings", max_position_embeddings, 24);
+  POLLEN_CHECK(head_dim >= 0 && head_dim <= (int64_t{1} << 16), "model '", name,
+               "': head_dim must be 1 to 2^16 (or 0: hidden_size / num_attention_heads), got ",
+               head_dim);
   POLLEN_CHECK(num_attention_heads % num_key_value_heads == 0, "model '", name,
                "': num_attention_heads (", num_attention_heads,
                ") must be a multiple of num_key_value_heads (", num_key_value_heads, ")");

@@ -16,7 +16,10 @@ std::string shape_str(const Shape& s) {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s) {
+    POLLEN_CHECK(!__builtin_mul_overflow(n, d, &n), "shape ", shape_str(s),
+                 " has more elements than int64 holds");
+  }
   return n;
 }
 
@@ -123,9 +126,12 @@ void store(void* base, DType t, int64_t i, double v) {
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) POLLEN_CHECK(d >= 0, "negative dimension in shape ", shape_str(shape));
+  size_t bytes = 0;
+  POLLEN_CHECK(
+      !__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype), &bytes),
+      "shape ", shape_str(shape), " of ", dtype_name(dtype), " has more bytes than fit");
   Tensor t;
-  t.storage_ = std::make_shared<Storage>(
-      static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype), device);
+  t.storage_ = std::make_shared<Storage>(bytes, device);
   t.shape_ = shape;
   t.strides_ = contiguous_strides(shape);
   t.dtype_ = dtype;

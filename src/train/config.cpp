@@ -301,11 +301,14 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   POLLEN_CHECK(train.has_value(), "config file '", name, "': missing [train] (steps)");
   read_train_keys(*train, c);
   c.micro_batch = train->get_int("micro_batch", 8);
-  POLLEN_CHECK(c.micro_batch > 0, train->where("micro_batch"), ": expected a positive integer");
+  POLLEN_CHECK(c.micro_batch > 0 && c.micro_batch <= (int64_t{1} << 24),
+               train->where("micro_batch"), ": expected 1 to 2^24 sequences");
   c.seq = train->get_int("seq", 128);
   POLLEN_CHECK(c.seq > 0 && c.seq <= c.model.max_position_embeddings, train->where("seq"),
                ": expected 1 to max_position_embeddings (", c.model.max_position_embeddings, ")");
   c.batch_tokens = train->get_int("batch_tokens", c.micro_batch * c.seq);
+  // micro_batch * seq cannot overflow: both are at most 2^24 (seq through
+  // max_position_embeddings).
   POLLEN_CHECK(c.batch_tokens > 0 && c.batch_tokens % (c.micro_batch * c.seq) == 0,
                train->where("batch_tokens"), ": expected a positive multiple of micro_batch * ",
                "seq (", c.micro_batch * c.seq, "), got ", c.batch_tokens);

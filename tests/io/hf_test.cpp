@@ -96,6 +96,8 @@ TEST(HfConfig, HeadDim) {
   EXPECT_EQ(io::parse_hf_config(j, "c").resolved_head_dim(), 16);
   j["head_dim"] = nullptr;
   EXPECT_EQ(io::parse_hf_config(j, "c").resolved_head_dim(), 8);
+  j["head_dim"] = -16;  // not "unset"
+  expect_refused(j, "head_dim must be 1 to 2^16");
 }
 
 TEST(HfConfig, TieWordEmbeddings) {

@@ -23,6 +23,24 @@ TEST(Tensor, ViewsSliceAndTranspose) {
   EXPECT_THROW(t.data<double>(), Error);
 }
 
+// A shape whose element or byte count does not fit is refused, not wrapped into a small buffer
+// that the tensor's writers would then overrun.
+TEST(Tensor, ShapesTooLargeToCountAreRefused) {
+  auto error_of = [](const Shape& shape, DType dtype) {
+    try {
+      Tensor::empty(shape, dtype);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("allocated");
+  };
+  EXPECT_NE(error_of({int64_t{1} << 40, int64_t{1} << 40}, DType::f32)
+                .find("has more elements than int64 holds"),
+            std::string::npos);
+  EXPECT_NE(error_of({int64_t{1} << 62}, DType::f64).find("has more bytes than fit"),
+            std::string::npos);
+}
+
 TEST(DType, Bf16RoundsToNearestEven) {
   EXPECT_EQ(bf16::from_float(1.0f).bits, 0x3f80);
   // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0).

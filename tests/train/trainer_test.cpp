@@ -119,6 +119,13 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   EXPECT_NE(e.find("expected an integer"), std::string::npos) << e;
   e = err(base, {"train.batch_tokens=100"});
   EXPECT_NE(e.find("multiple of micro_batch"), std::string::npos) << e;
+  // micro_batch * seq would wrap to 0 and divide by it
+  e = err(base, {"train.micro_batch=4611686018427387904", "train.batch_tokens=8"});
+  EXPECT_NE(e.find("train.micro_batch"), std::string::npos) << e;
+  EXPECT_NE(e.find("1 to 2^24"), std::string::npos) << e;
+  // an embedding of 2^60 x 4 would wrap its byte count to 0 and be written past its end
+  e = err(base, {"model.vocab_size=1152921504606846976"});
+  EXPECT_NE(e.find("vocab_size must be 1 to 2^24"), std::string::npos) << e;
   e = err(base, {"schedule.kind=exp"});
   EXPECT_NE(e.find("unknown schedule 'exp'"), std::string::npos) << e;
   e = err(base, {"model.hidden_sise=8"});
