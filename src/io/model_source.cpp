@@ -170,6 +170,8 @@ model::Llama load_model(const ModelSource& s, DType dtype, uint64_t seed) {
             POLLEN_CHECK(t != nullptr, "'", file.string(), "' has no tensor '", name, "'");
             POLLEN_CHECK(t->shape() == shape, "'", file.string(), "': tensor '", name, "' is ",
                          shape_str(t->shape()), ", config.toml implies ", shape_str(shape));
+            POLLEN_CHECK(dtype_is_float(t->dtype()), "'", file.string(), "': tensor '", name,
+                         "' has dtype ", dtype_name(t->dtype()), "; weights are floating point");
             ++used;
             return t->dtype() == dtype ? *t : t->to(dtype);
           },

@@ -152,6 +152,8 @@ std::shared_ptr<model::Lora> load_peft_adapter(const fs::path& dir, const model:
         POLLEN_CHECK(t->shape() == shape, "'", file.string(), "': tensor '", name, "' is ",
                      shape_str(t->shape()), ", the base model '", base.name, "' needs ",
                      shape_str(shape));
+        POLLEN_CHECK(dtype_is_float(t->dtype()), "'", file.string(), "': tensor '", name,
+                     "' has dtype ", dtype_name(t->dtype()), "; adapters are floating point");
         used.insert(name);
         return t->dtype() == dtype ? *t : t->to(dtype);
       },

@@ -370,6 +370,17 @@ TEST(ModelSource, CheckpointAndHfDirGiveTheSameLogits) {
   EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
   const Tensor e = m.logits(batch);
   EXPECT_EQ(std::memcmp(a.raw(), e.raw(), a.nbytes()), 0);
+  // A weight stored as integers is refused, not converted, as in an HF folder.
+  weights.back().second = Tensor::zeros(weights.back().second.shape(), DType::i32);
+  io::write_safetensors(ck.path / "model.safetensors", weights);
+  try {
+    io::load_model(ck);
+    ADD_FAILURE() << "an integer weight was loaded";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("has dtype i32; weights are floating point"),
+              std::string::npos)
+        << err.what();
+  }
   try {
     io::resolve_model(root.string());
     ADD_FAILURE();

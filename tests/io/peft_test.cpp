@@ -144,6 +144,10 @@ TEST(Peft, MalformedAdaptersAreRefusedNamingTheTensorOrKey) {
   });
   EXPECT_NE(e.find(q_a), std::string::npos) << e;
   EXPECT_NE(e.find("(2, 31)"), std::string::npos) << e;
+  e = variant("dtype", [&](io::NamedTensors& t) {
+    t[0].second = Tensor::zeros(t[0].second.shape(), DType::i32);
+  });
+  EXPECT_NE(e.find("has dtype i32; adapters are floating point"), std::string::npos) << e;
   e = variant("rank", [&](io::NamedTensors& t) {
     t[0].second = Tensor::zeros({4, 32}, DType::f32);
   });
