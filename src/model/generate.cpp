@@ -205,6 +205,13 @@ std::span<const float> candidate_logits(std::span<const float> logits, const Sam
   return logits.first(std::min(logits.size(), static_cast<size_t>(o.vocab_size)));
 }
 
+size_t first_stop(std::string_view text, const std::vector<std::string>& stops) {
+  size_t first = std::string_view::npos;
+  for (const auto& s : stops)
+    if (!s.empty()) first = std::min(first, text.find(s));
+  return first;
+}
+
 uint32_t sample_token(std::span<const float> all_logits, std::span<const uint32_t> seen,
                       const SamplingOptions& o, Rng& rng) {
   const std::span<const float> logits = candidate_logits(all_logits, o);
@@ -221,7 +228,6 @@ uint32_t sample_token(std::span<const float> all_logits, std::span<const uint32_
   if (o.temperature <= 0) {  // greedy: the first of equal maxima
     return static_cast<uint32_t>(std::max_element(z.begin(), z.end()) - z.begin());
   }
-  for (double& v : z) v /= o.temperature;
   std::vector<uint32_t> order(V);
   std::iota(order.begin(), order.end(), 0u);
   std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return z[a] > z[b]; });
@@ -229,7 +235,10 @@ uint32_t sample_token(std::span<const float> all_logits, std::span<const uint32_
   if (o.top_k > 0) keep = std::min(keep, static_cast<size_t>(o.top_k));
   std::vector<double> prob(keep);
   double total = 0;
-  for (size_t i = 0; i < keep; ++i) total += (prob[i] = std::exp(z[order[i]] - z[order[0]]));
+  // exp((z - z_max) / T): the difference first, so that a tiny temperature drives the others to 0
+  // rather than z / T to infinity and the weights to NaN.
+  for (size_t i = 0; i < keep; ++i)
+    total += (prob[i] = std::exp((z[order[i]] - z[order[0]]) / o.temperature));
   for (double& p : prob) p /= total;
   if (o.top_p < 1.0) {  // the smallest prefix whose mass reaches top_p
     double mass = 0;
@@ -330,17 +339,14 @@ std::vector<Generation> generate_rows(const Llama& model, std::vector<Generation
       if (on_token) on_token(r, next, candidate_logits(row, o));
       if (!o.stop_strings.empty()) {
         const std::string text = decode(out[r].tokens);
-        for (const auto& s : o.stop_strings) {
-          const size_t at = text.find(s);
-          if (!s.empty() && at != std::string::npos) {
-            done[r] = true;
-            out[r].finish_reason = "stop";
-            out[r].text = text.substr(0, at);
-            cut[r] = true;
-            break;
-          }
+        const size_t first = first_stop(text, o.stop_strings);
+        if (first != std::string::npos) {
+          done[r] = true;
+          out[r].finish_reason = "stop";
+          out[r].text = text.substr(0, first);
+          cut[r] = true;
+          continue;
         }
-        if (done[r]) continue;
       }
       if (static_cast<int64_t>(out[r].tokens.size()) == o.max_tokens) {
         done[r] = true;

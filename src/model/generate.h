@@ -7,6 +7,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/rng.h"
@@ -69,6 +70,10 @@ uint32_t sample_token(std::span<const float> logits, std::span<const uint32_t> s
 // The logits sampling draws from: the first options.vocab_size of `logits` (all with 0).
 std::span<const float> candidate_logits(std::span<const float> logits,
                                         const SamplingOptions& options);
+
+// Where `text` is cut: the earliest position of any of `stops` in it (empty ones never match),
+// or npos when none occurs.
+size_t first_stop(std::string_view text, const std::vector<std::string>& stops);
 
 // Generates for every prompt (non-empty). Row r draws from Rng(seed).fork(r), so a row's output
 // does not depend on the others in the batch.

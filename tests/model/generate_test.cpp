@@ -164,6 +164,28 @@ TEST(Sampling, FiltersOnHandMadeLogits) {
   EXPECT_EQ(model::sample_token(logits, history, g, rng), 1u);
 }
 
+// A temperature above 0 but too small to divide logits by (z / T overflows) samples the most
+// likely token, as the limit T -> 0 does, not NaN weights that fall through to the least likely.
+TEST(Sampling, ATinyTemperatureIsGreedy) {
+  const std::vector<float> logits = {0.5f, 3.0f, -2.0f, 1.0f};
+  model::SamplingOptions o;
+  Rng rng(3);
+  for (const double t : {1e-300, 1e-310, 1e-20}) {
+    o.temperature = t;
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(model::sample_token(logits, {}, o, rng), 1u) << t;
+  }
+}
+
+// A text is cut at the earliest stop string in it, whichever comes first in the list: one token
+// may complete two of them at once.
+TEST(Generate, TheEarliestStopStringCuts) {
+  const std::vector<std::string> stops = {"lo", "el", ""};
+  EXPECT_EQ(model::first_stop(" hello", stops), 2u);
+  EXPECT_EQ(model::first_stop(" hallo", stops), 4u);
+  EXPECT_EQ(model::first_stop(" ha", stops), std::string::npos);
+  EXPECT_EQ(model::first_stop("", {}), std::string::npos);
+}
+
 // A model's vocabulary padded beyond its tokenizer's: ids from options.vocab_size on are never
 // sampled, greedily or not, by generate, generate_rows or Continuation, even when the model
 // prefers one of them above all.
