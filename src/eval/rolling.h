@@ -40,9 +40,12 @@ struct TokenScore {
 };
 
 // sequence_logprobs with the top alternatives at each position: the same logprobs, bit for bit.
+// The alternatives are drawn from the ids below `top_vocab` (0: all of the model's), so that a
+// model whose vocabulary is padded beyond its tokenizer never names an id nothing can decode.
 std::vector<std::optional<TokenScore>> sequence_scores(const model::Llama& model,
                                                        std::span<const uint32_t> tokens,
-                                                       int64_t max_len, int64_t top);
+                                                       int64_t max_len, int64_t top,
+                                                       int64_t top_vocab = 0);
 
 // Sums over a corpus; loss and perplexity per scored token, bits per byte over the bytes of text
 // the scored tokens stand for.

@@ -80,6 +80,10 @@ int64_t Engine::largest_batch() const {
   return largest_;
 }
 
+int64_t Engine::most_rows() const {
+  return most_rows_.load();
+}
+
 void Engine::work() {
   for (;;) {
     std::vector<std::unique_ptr<Job>> jobs;
@@ -117,8 +121,9 @@ void Engine::run_batch(std::vector<std::unique_ptr<Job>>& jobs) {
       for (size_t s = 0; s < jobs[j]->sequences.size(); ++s) {
         const Sequence& seq = jobs[j]->sequences[s];
         if (seq.prompt_logprobs)
-          results[j][s].prompt_scores = eval::sequence_scores(
-              model_, seq.prompt, static_cast<int64_t>(seq.prompt.size()), seq.top_logprobs);
+          results[j][s].prompt_scores =
+              eval::sequence_scores(model_, seq.prompt, static_cast<int64_t>(seq.prompt.size()),
+                                    seq.top_logprobs, static_cast<int64_t>(tok_.vocab_size()));
         rows.push_back({seq.prompt, seq.options, seq.rng});
         // Only ids the tokenizer can decode (a model's vocabulary may be padded beyond them).
         rows.back().options.vocab_size = static_cast<int64_t>(tok_.vocab_size());
@@ -126,15 +131,24 @@ void Engine::run_batch(std::vector<std::unique_ptr<Job>>& jobs) {
       }
     }
     const auto decode = [this](std::span<const uint32_t> ids) { return tok_.decode(ids); };
-    const auto on_token = [&](size_t row, uint32_t token, std::span<const float> logits) {
-      const auto [j, s] = owner[row];
-      const Sequence& seq = jobs[j]->sequences[s];
-      results[j][s].token_scores.push_back(score_logits(logits, token, seq.top_logprobs));
-      if (jobs[j]->sink) jobs[j]->sink(s, token);
-    };
-    const auto gens = model::generate_rows(model_, std::move(rows), decode, on_token);
-    for (size_t r = 0; r < gens.size(); ++r)
-      results[owner[r].first][owner[r].second].generation = gens[r];
+    // At most max_rows_ rows at a time: a request of more prompts than that (the first waiting
+    // request is always taken whole) runs in turns, so the KV caches never hold more rows.
+    const auto step = static_cast<size_t>(max_rows_);
+    for (size_t first = 0; first < rows.size(); first += step) {
+      const size_t end = std::min(rows.size(), first + step);
+      std::vector<model::GenerationRow> part(std::make_move_iterator(rows.begin() + first),
+                                             std::make_move_iterator(rows.begin() + end));
+      most_rows_ = std::max(most_rows_.load(), static_cast<int64_t>(part.size()));
+      const auto on_token = [&](size_t row, uint32_t token, std::span<const float> logits) {
+        const auto [j, s] = owner[first + row];
+        const Sequence& seq = jobs[j]->sequences[s];
+        results[j][s].token_scores.push_back(score_logits(logits, token, seq.top_logprobs));
+        if (jobs[j]->sink) jobs[j]->sink(s, token);
+      };
+      const auto gens = model::generate_rows(model_, std::move(part), decode, on_token);
+      for (size_t r = 0; r < gens.size(); ++r)
+        results[owner[first + r].first][owner[first + r].second].generation = gens[r];
+    }
   } catch (...) {
     for (auto& job : jobs) job->done.set_exception(std::current_exception());
     return;

@@ -5,6 +5,7 @@
 // sequences in one batch (model::generate_rows: one forward per step for every row, each row with
 // its own options and random stream). HTTP threads only queue work and wait for it, so the model
 // is never run from two threads at once.
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -65,6 +66,7 @@ class Engine {
 
   int64_t pending() const;        // requests waiting for the worker
   int64_t largest_batch() const;  // most requests that shared one batch
+  int64_t most_rows() const;      // most sequences generated at once (at most max_batch_rows)
 
  private:
   struct Job {
@@ -81,6 +83,7 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Job>> queue_;
+  std::atomic<int64_t> most_rows_{0};
   int holds_ = 0;
   bool stop_ = false;
   int64_t largest_ = 0;

@@ -183,13 +183,14 @@ json parse_body(const std::string& body) {
 }
 
 void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& model,
-                         const Limits& limits) {
+                         const Limits& limits, const std::string& prompt_field) {
   const int64_t n = static_cast<int64_t>(tokens);
   const int64_t most = limits.max_prompt_tokens > 0
                            ? std::min(limits.max_prompt_tokens, model.context)
                            : model.context;
   if (n > most)
-    bad_request("prompt", cat("The prompt has ", n, " tokens; this server takes at most ", most),
+    bad_request(prompt_field,
+                cat("The prompt has ", n, " tokens; this server takes at most ", most),
                 "context_length_exceeded");
   if (n + max_tokens > model.context)
     bad_request("max_tokens",
@@ -290,6 +291,7 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
   const std::string budget_key =
       body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   r.sampling = sampling(body, model, limits, limits.max_tokens, budget_key);
+  r.budget_given = body.contains(budget_key) && !body[budget_key].is_null();
   r.stream = boolean(body, "stream");
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     bad_request("messages", "'messages' must be a non-empty list of {role, content} objects");
@@ -308,8 +310,8 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
       content = c.get<std::string>();
     } else if (c.is_array()) {  // [{"type": "text", "text": ...}, ...]
       for (const json& part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-            !part["text"].is_string())
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+            !part.contains("text") || !part["text"].is_string())
           bad_request(where + ".content", cat("'", where,
                                               ".content' parts must be {\"type\": \"text\", "
                                               "\"text\": string}"));

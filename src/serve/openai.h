@@ -76,6 +76,7 @@ struct ChatRequest {
   std::vector<tokenizer::ChatMessage> messages;
   model::SamplingOptions sampling;
   bool stream = false;
+  bool budget_given = false;  // max_tokens or max_completion_tokens was sent
 };
 
 ChatRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model,
@@ -91,10 +92,10 @@ TokenizeRequest parse_tokenize_request(const nlohmann::json& body);
 std::vector<uint32_t> parse_detokenize_request(const nlohmann::json& body,
                                                const tokenizer::Tokenizer& tok);
 
-// The prompt's tokens within the limits (a 400 otherwise): max_prompt_tokens, and the context
-// holding prompt + max_tokens.
+// The prompt's tokens within the limits (a 400 otherwise, naming `prompt_field` or max_tokens):
+// max_prompt_tokens, and the context holding prompt + max_tokens.
 void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& model,
-                         const Limits& limits);
+                         const Limits& limits, const std::string& prompt_field = "prompt");
 
 // OpenAI's logprobs object of a completion choice: tokens, token_logprobs (null for a first
 // prompt token), top_logprobs ({token: logprob}) and text_offset (characters into the prompt

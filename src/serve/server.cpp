@@ -123,6 +123,11 @@ Server::Server(const model::Llama& model, const tokenizer::Tokenizer& tok, Serve
     : tok_(tok), options_(std::move(options)) {
   check_bind(options_.host, options_.api_key);
   POLLEN_CHECK(options_.model.context > 0, "serve: the model's context must be known");
+  // Every id a request may hold (those the tokenizer knows) must have a row in the model.
+  POLLEN_CHECK(static_cast<int64_t>(tok.vocab_size()) <= model.config().vocab_size,
+               "serve: the tokenizer has ", tok.vocab_size(),
+               " ids, more than the model's vocab_size of ", model.config().vocab_size,
+               "; pass the model's own tokenizer (--tokenizer)");
   POLLEN_CHECK(options_.limits.max_concurrent >= 1, "serve: max_concurrent must be >= 1");
   engine_ = std::make_unique<Engine>(model, tok, options_.max_batch_rows);
   http_ = std::make_unique<httplib::Server>();
@@ -319,7 +324,7 @@ void Server::add_routes() {
       "/v1/chat/completions",
       api([this](const httplib::Request& req, httplib::Response& res, std::shared_ptr<Slot> slot) {
         const json body = parse_body(req.body);
-        const ChatRequest r = parse_chat_request(body, options_.model, options_.limits);
+        ChatRequest r = parse_chat_request(body, options_.model, options_.limits);
         if (!options_.chat)
           throw ApiError(400, "invalid_request_error", "no_chat_template", "messages",
                          "This model has no chat template; start the server with --chat-template");
@@ -327,7 +332,13 @@ void Server::add_routes() {
         eo.special = tokenizer::SpecialPolicy::allow_all();
         const std::vector<uint32_t> prompt =
             tok_.encode(tokenizer::render_chat(*options_.chat, r.messages, true), eo);
-        check_prompt_length(prompt.size(), r.sampling.max_tokens, options_.model, options_.limits);
+        // Without a budget from the client the reply may run to the end of the context, as
+        // OpenAI's does (up to --max-tokens).
+        const int64_t room = options_.model.context - static_cast<int64_t>(prompt.size());
+        if (!r.budget_given)
+          r.sampling.max_tokens = std::min(r.sampling.max_tokens, std::max<int64_t>(room, 0));
+        check_prompt_length(prompt.size(), r.sampling.max_tokens, options_.model, options_.limits,
+                            "messages");
         std::vector<Sequence> seqs{{prompt, r.sampling, Rng(r.sampling.seed).fork(0), false, 0}};
         const std::string id = cat("chatcmpl-", ++next_id_);
         const int64_t created = unix_time();

@@ -381,6 +381,83 @@ TEST_F(Serving, InvalidRequestsGet4xxWithOpenAiErrors) {
   expect_error(
       post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", 3}}}}}), 400,
       "messages[0].content");
+  const json typed = {{"role", "user"}, {"content", {{{"type", 5}, {"text", "x"}}}}};
+  expect_error(post("/v1/chat/completions", json{{"messages", {typed}}}), 400,
+               "messages[0].content");
+}
+
+// A request of more prompts than --max-batch-rows runs in turns of at most that many rows, so
+// that one request cannot make the KV caches hold more; each prompt gets what generate() gives.
+TEST_F(Serving, ARequestOfMorePromptsThanABatchRunsInTurns) {
+  serve::ServerOptions o = options();
+  o.max_batch_rows = 2;
+  start(o);
+  const std::vector<std::string> prompts = {"The cat", "Paris", "Water boils", "Bees", "Rome"};
+  auto r = post("/v1/completions",
+                json{{"prompt", prompts}, {"max_tokens", 6}, {"temperature", 0.8}, {"seed", 11}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  std::vector<std::vector<uint32_t>> ids;
+  for (const auto& p : prompts) ids.push_back(prompt_ids(p));
+  const auto g = model::generate(*model_, ids, sampling(6, 0.8, 11));
+  ASSERT_EQ(r.second["choices"].size(), prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(r.second["choices"][i]["text"], decode(g[i].tokens)) << i;
+  EXPECT_EQ(server_->engine().most_rows(), 2);
+}
+
+// A chat without max_tokens may run to the end of the context (the default budget, --max-tokens,
+// shrinks to what the context leaves), and a conversation over the prompt limit is refused
+// naming 'messages', the field the client sent.
+TEST_F(Serving, AChatBudgetEndsAtTheContextAndLongChatsNameMessages) {
+  serve::ServerOptions o = options();
+  o.model.context = 48;
+  o.limits.max_prompt_tokens = 40;
+  start(o);
+  std::string words;
+  for (int i = 0; i < 4; ++i) words += "The cat sat. ";
+  const json messages = {{{"role", "user"}, {"content", words}}};
+  tokenizer::EncodeOptions eo;
+  eo.special = tokenizer::SpecialPolicy::allow_all();
+  const auto prompt = tok_->encode(
+      tokenizer::render_chat(tokenizer::ChatTemplate::chatml, {{"user", words}}, true), eo);
+  ASSERT_GT(prompt.size() + 32, 48u);  // the default budget would pass the context
+  ASSERT_LE(prompt.size(), 40u);
+  auto r = post("/v1/chat/completions", json{{"messages", messages}, {"temperature", 0}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  EXPECT_LE(r.second["usage"]["completion_tokens"].get<size_t>(), 48 - prompt.size());
+  // With max_tokens given, it is kept and checked.
+  expect_error(post("/v1/chat/completions", json{{"messages", messages}, {"max_tokens", 32}}), 400,
+               "max_tokens");
+  std::string more;
+  for (int i = 0; i < 12; ++i) more += "The cat sat. ";
+  auto long_chat =
+      post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", more}}}}});
+  expect_error(long_chat, 400, "messages");
+  EXPECT_EQ(long_chat.second["error"]["code"], "context_length_exceeded");
+}
+
+// A model whose vocabulary is padded beyond its tokenizer's: the echoed prompt's alternatives
+// are ids the tokenizer can name (the padding rows, untrained, often rank among the top).
+TEST_F(Serving, EchoedAlternativesOfAPaddedVocabularyAreTokens) {
+  const model::Llama padded = testing::tiny_model(tok_->vocab_size() + 200, 3);
+  server_ = std::make_unique<serve::Server>(padded, *tok_, options());
+  server_->start();
+  auto r = post("/v1/completions", json{{"prompt", "Paris is the capital of France."},
+                                        {"max_tokens", 0},
+                                        {"echo", true},
+                                        {"logprobs", 20}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  for (const json& top : r.second["choices"][0]["logprobs"]["top_logprobs"])  // by text: ids
+    if (!top.is_null()) EXPECT_TRUE(!top.empty() && top.size() <= 20u);       // may share one
+  // A tokenizer with more ids than the model has rows is refused when the server starts.
+  const model::Llama small = testing::tiny_model(tok_->vocab_size() - 1, 3);
+  try {
+    serve::Server refused(small, *tok_, options());
+    ADD_FAILURE() << "a tokenizer larger than the model was served";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the model's vocab_size"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(Serving, ApiKeyIsCheckedAsBearerToken) {
