@@ -480,7 +480,11 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   AtomicOut sig_out(work / "pass1.sig");
   MinHasher hasher(c.minhash);
   const int m = c.minhash.enabled ? c.minhash.signature_size() : 0;  // per document
-  std::unordered_set<uint64_t> seen;
+  // Exact duplicates by all 128 bits of their content hash (h1 alone only places them).
+  struct ContentHash {
+    size_t operator()(const std::pair<uint64_t, uint64_t>& h) const { return h.first; }
+  };
+  std::unordered_set<std::pair<uint64_t, uint64_t>, ContentHash> seen;
   int64_t files_read = 0, files_missing = 0, files_empty = 0, files_unreadable = 0;
 
   // Bad input, in input order: counted, listed (the first 1000) and logged (the first 20).
@@ -579,6 +583,15 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
                          it.text, p)) {
         o.stage = kDroppedAtRead;
         o.problem = std::move(p);
+        return;
+      }
+      // The document limit holds for a record's text as for a text or delimited document
+      // (max_line_bytes bounds only the line it came in).
+      if (static_cast<int64_t>(it.text.size()) > c.limits.max_doc_bytes) {
+        o.stage = kDroppedAtRead;
+        o.problem = {f.name, it.line, "document_too_large",
+                     cat("over max_doc_bytes = ", c.limits.max_doc_bytes),
+                     static_cast<int64_t>(raw.size())};
         return;
       }
     } else {
@@ -713,9 +726,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
         }
         int64_t out = s == kUtf8 ? o.utf8_bytes : s == kC4 ? o.c4_bytes : bytes;
         if (s == kExact && c.exact_dedup) {
-          // 128 bits of content hash: h1 picks the set, h2 must match too.
-          uint64_t key = o.h1 ^ (o.h2 * 0x9e3779b97f4a7c15ull);
-          if (!seen.insert(key).second) {
+          if (!seen.insert({o.h1, o.h2}).second) {
             sc.drop("duplicate", bytes);
             alive = false;
             break;
@@ -948,9 +959,17 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   const fs::path manifest_path = c.output / "manifest.json";
   std::vector<InputFile> files = list_inputs(c.sources, c.base_dir);
   const std::string key1 = pass1_key(c, files);
-  const std::string key_all =
-      sha256_hex(key1 + c.to_json().dump() +
-                 (c.tokenize ? sha256_file(c.base_dir / c.tokenizer) : std::string()));
+  // The config names the tokenizer and the eval files; their contents count too, so that an
+  // edited one makes a finished (or half-done) pass 2 start over.
+  std::string contents = c.tokenize ? sha256_file(c.base_dir / c.tokenizer) : std::string();
+  if (c.decontaminate) {
+    for (const auto& e : c.eval_files) {
+      const fs::path p = c.base_dir / e;
+      POLLEN_CHECK(fs::exists(p), "decontaminate.eval_files: '", e, "' does not exist");
+      contents += sha256_file(p);
+    }
+  }
+  const std::string key_all = sha256_hex(key1 + c.to_json().dump() + contents);
   // A finished run with the same config and inputs: nothing to do.
   if (fs::exists(manifest_path) && fs::exists(work / "done.json")) {
     json done = json::parse(read_file(work / "done.json"), nullptr, false);

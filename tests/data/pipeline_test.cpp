@@ -6,10 +6,12 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -228,6 +230,48 @@ TEST(Pipeline, EveryDocumentIsAccountedForAndBadInputIsReported) {
   std::string curated = read_file(out / "curated-train.jsonl");
   EXPECT_NE(curated.find("<EMAIL>"), std::string::npos);
   EXPECT_EQ(curated.find("someone@example.org"), std::string::npos);
+}
+
+// max_doc_bytes holds for a JSONL record's text as for a text file or a delimited document
+// (max_line_bytes bounds only the line): each longer record is dropped at read, at its line.
+TEST(Pipeline, TheDocumentLimitHoldsForRecordsToo) {
+  std::vector<size_t> sizes;  // records 1 to 10 hold paragraph(200) to paragraph(209)
+  for (int i = 200; i < 210; ++i) sizes.push_back(paragraph(i).size());
+  std::vector<size_t> sorted = sizes;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t limit = sorted[5];  // some records over it, some not
+  std::set<int64_t> expected;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i] > limit) expected.insert(static_cast<int64_t>(i) + 1);
+  if (paragraph(210).size() + 11 > limit) expected.insert(14);  // the record of invalid UTF-8
+  ASSERT_FALSE(expected.empty());
+  const int before = num_threads();
+  auto cfg = PipelineConfig::load(
+      corpus().config("out_doc_limit", 2, "", "max_doc_bytes = " + std::to_string(limit) + "\n"));
+  fs::remove_all(cfg.output);
+  prepare(cfg, {.progress = false});
+  set_num_threads(before);
+  const json m = json::parse(read_file(cfg.output / "manifest.json"));
+  std::set<int64_t> dropped;
+  for (const auto& p : m["problems"])
+    if (p["reason"] == "document_too_large" && p["file"] == "records/records.jsonl.zst")
+      dropped.insert(p["line"].get<int64_t>());
+  EXPECT_EQ(dropped, expected);
+}
+
+// The eval files' contents key a finished run, as the tokenizer's do: after an eval file is
+// edited in place, a rerun decontaminates again and ends where a fresh run ends.
+TEST(Pipeline, AnEditedEvalFileIsNotAFinishedRun) {
+  const fs::path eval = corpus().root / "eval.jsonl";
+  const std::string original = read_file(eval);
+  const auto before = outputs(run("out_eval_a", 2));
+  write(eval, json{{"text", paragraph(12)}}.dump() + "\n");
+  ASSERT_TRUE(rerun("out_eval_a", 2, 0));
+  const auto edited = outputs(corpus().root / "out_eval_a");
+  const auto fresh = outputs(run("out_eval_b", 2));
+  write(eval, original);
+  EXPECT_NE(edited, before);  // the comparison can tell
+  EXPECT_EQ(edited, fresh);
 }
 
 TEST(Pipeline, ByteIdenticalAcrossThreadsFoldersAndResumption) {
