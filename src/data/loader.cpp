@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "base/error.h"
 #include "base/rng.h"
@@ -47,6 +48,26 @@ struct Loader::Dataset {
   }
 };
 
+namespace {
+
+// Manifests mixed into one stream must speak the same ids: one vocabulary, one tokenizer, one
+// end-of-document token.
+void check_same_tokens(const Manifest& a, const Manifest& b) {
+  const auto fingerprint = [](const Manifest& m) {
+    const auto& t = m.json.value("tokenizer", nlohmann::json::object());
+    return t.is_object() ? t.value("fingerprint", std::string()) : std::string();
+  };
+  const auto eos = [](const Manifest& m) { return m.json.value("eos_id", nlohmann::json()); };
+  POLLEN_CHECK(a.vocab_size == b.vocab_size && fingerprint(a) == fingerprint(b) && eos(a) == eos(b),
+               "loader: manifest '", b.path.string(), "' (vocab_size ", b.vocab_size,
+               ", tokenizer ", fingerprint(b).substr(0, 16), ", eos_id ", eos(b).dump(),
+               ") was tokenized unlike '", a.path.string(), "' (vocab_size ", a.vocab_size,
+               ", tokenizer ", fingerprint(a).substr(0, 16), ", eos_id ", eos(a).dump(),
+               "); mixed manifests must share one tokenizer");
+}
+
+}  // namespace
+
 Loader::Loader(const LoaderOptions& options) : options_(options) {
   const auto& o = options_;
   POLLEN_CHECK(!o.manifests.empty(), "loader: no manifest given");
@@ -58,14 +79,20 @@ Loader::Loader(const LoaderOptions& options) : options_(options) {
   POLLEN_CHECK(o.batch % o.world == 0, "loader: batch ", o.batch, " is not a multiple of world ",
                o.world);
   const uint64_t wlen = static_cast<uint64_t>(o.seq + 1);
+  std::optional<Manifest> first;
   for (const auto& path : o.manifests) {
     Manifest m = Manifest::load(path);
+    if (first) check_same_tokens(*first, m);
     auto d = std::make_unique<Dataset>();
     d->manifest = path;
     d->bases.push_back(0);
     d->starts.push_back(0);
     for (const auto& info : m.split(o.split)) {
       auto r = std::make_unique<ShardReader>(m.dir(), info, m.token_dtype);
+      const uint32_t most = r->max_token();
+      POLLEN_CHECK(static_cast<int64_t>(most) < m.vocab_size, "shard '",
+                   (m.dir() / info.tokens).string(), "' holds token id ", most,
+                   ", not below its manifest's vocab_size ", m.vocab_size);
       uint64_t base = d->num_tokens;
       for (size_t i = 1; i < r->doc_starts().size(); ++i)
         d->starts.push_back(base + r->doc_starts()[i]);
@@ -75,6 +102,7 @@ Loader::Loader(const LoaderOptions& options) : options_(options) {
     }
     d->num_windows = static_cast<int64_t>(d->num_tokens / wlen);
     datasets_.push_back(std::move(d));
+    if (!first) first = std::move(m);
   }
   // Windows per epoch and each dataset's share.
   int64_t total = 0;

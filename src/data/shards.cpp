@@ -222,6 +222,9 @@ Manifest Manifest::load(const fs::path& path) {
   try {
     m.token_dtype = parse_token_dtype(m.json.at("token_dtype").get<std::string>(), where);
     m.vocab_size = m.json.at("vocab_size").get<int64_t>();
+    POLLEN_CHECK(m.vocab_size > 0 && (m.token_dtype == TokenDType::u32 || m.vocab_size <= 65536),
+                 where, ": vocab_size ", m.vocab_size, " does not fit its token_dtype ",
+                 token_dtype_name(m.token_dtype));
     for (const auto& s : m.json.at("shards")) m.shards.push_back(ShardInfo::from_json(s, where));
   } catch (const nlohmann::json::exception& e) {
     fail(where, ": ", e.what());
@@ -283,6 +286,12 @@ ShardReader::ShardReader(const fs::path& dir, const ShardInfo& info, TokenDType 
 }
 
 ShardReader::~ShardReader() = default;
+
+uint32_t ShardReader::max_token() const {
+  uint32_t most = 0;
+  for (int64_t i = 0; i < num_tokens_; ++i) most = std::max(most, token(i));
+  return most;
+}
 
 uint32_t ShardReader::token(int64_t i) const {
   const auto* p = reinterpret_cast<const uint8_t*>(impl_->tokens->data());

@@ -106,6 +106,8 @@ class ShardReader {
   uint32_t token(int64_t i) const;
   // num_docs + 1 document starts (the last is num_tokens).
   const std::vector<uint64_t>& doc_starts() const { return starts_; }
+  // The largest token id in the shard (0 when empty): one pass over its tokens.
+  uint32_t max_token() const;
 
  private:
   struct Impl;

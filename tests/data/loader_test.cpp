@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include "base/error.h"
@@ -232,6 +233,44 @@ TEST(Loader, ShaMismatchNamesTheFile) {
     EXPECT_NE(std::string(e.what()).find("ds-train-00000.tokens"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("SHA-256"), std::string::npos) << e.what();
   }
+}
+
+// A manifest edited or written inconsistently is refused naming it: a vocab_size below the ids
+// its shards hold (which would otherwise fail inside the embedding, naming no file), one its
+// token_dtype cannot hold, and manifests of different tokenizers mixed into one stream.
+TEST(Loader, ManifestsThatDisagreeWithTheirTokensAreRefused) {
+  const fs::path dir = temp_dir("vocab");
+  const fs::path a = make_dataset(dir / "a", 20, 100000), b = make_dataset(dir / "b", 20, 100000);
+  auto edit = [](const fs::path& manifest, const std::function<void(nlohmann::json&)>& change) {
+    auto m = nlohmann::json::parse(read_file(manifest));
+    change(m);
+    write_file_atomic(manifest, manifest_text(m));
+  };
+  auto error = [](const std::vector<fs::path>& manifests) {
+    LoaderOptions o;
+    o.manifests = {manifests.begin(), manifests.end()};
+    o.batch = 1;
+    o.seq = 4;
+    try {
+      Loader l(o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  EXPECT_EQ(error({a, b}), "loaded");
+  edit(b, [](nlohmann::json& m) { m["tokenizer"] = {{"fingerprint", "0123456789abcdef0"}}; });
+  std::string e = error({a, b});
+  EXPECT_NE(e.find("was tokenized unlike"), std::string::npos) << e;
+  EXPECT_NE(e.find((dir / "b" / "manifest.json").string()), std::string::npos) << e;
+  edit(a, [](nlohmann::json& m) { m["vocab_size"] = 1000; });  // the shards hold ids to 60000
+  e = error({a});
+  EXPECT_NE(e.find("ds-train-00000.tokens' holds token id"), std::string::npos) << e;
+  EXPECT_NE(e.find("not below its manifest's vocab_size 1000"), std::string::npos) << e;
+  edit(a, [](nlohmann::json& m) { m["vocab_size"] = 100000; });  // u16 holds ids to 65535
+  e = error({a});
+  EXPECT_NE(e.find("vocab_size 100000 does not fit its token_dtype u16"), std::string::npos) << e;
+  fs::remove_all(dir);
 }
 
 TEST(Loader, ValidationSplitAndTooSmall) {
