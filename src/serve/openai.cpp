@@ -255,6 +255,8 @@ CompletionRequest parse_completion_request(const json& body, const tokenizer::To
     check_prompt_length(ids.size(), r.sampling.max_tokens, model, limits);
   if (r.stream && r.echo)
     bad_request("echo", "'echo' cannot be combined with 'stream'", "unsupported_value");
+  if (r.stream && r.logprobs)
+    bad_request("logprobs", "'logprobs' cannot be combined with 'stream'", "unsupported_value");
   return r;
 }
 
@@ -287,6 +289,9 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
   check_model(body, model);
   if (boolean(body, "logprobs"))
     bad_request("logprobs", "'logprobs' is not supported on chat completions", "unsupported_value");
+  if (body.contains("top_logprobs") && !body["top_logprobs"].is_null() && body["top_logprobs"] != 0)
+    bad_request("top_logprobs", "'top_logprobs' is not supported on chat completions",
+                "unsupported_value");
   ChatRequest r;
   const std::string budget_key =
       body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";

@@ -98,8 +98,8 @@ void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& m
                          const Limits& limits, const std::string& prompt_field = "prompt");
 
 // OpenAI's logprobs object of a completion choice: tokens, token_logprobs (null for a first
-// prompt token), top_logprobs ({token: logprob}) and text_offset (characters into the prompt
-// text followed by the completion). With echo, the prompt's tokens come first.
+// prompt token), top_logprobs ({token: logprob}) and text_offset (characters of the prompt and
+// completion tokens before each, as decoded). With echo, the prompt's tokens come first.
 nlohmann::json completion_logprobs(const tokenizer::Tokenizer& tok,
                                    const std::vector<uint32_t>& prompt, const SequenceResult& r,
                                    bool echo);

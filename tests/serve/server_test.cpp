@@ -381,6 +381,12 @@ TEST_F(Serving, InvalidRequestsGet4xxWithOpenAiErrors) {
   expect_error(
       post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", 3}}}}}), 400,
       "messages[0].content");
+  expect_error(post("/v1/completions", json{{"prompt", "hi"}, {"stream", true}, {"logprobs", 2}}),
+               400, "logprobs");
+  expect_error(
+      post("/v1/chat/completions",
+           json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"top_logprobs", 3}}),
+      400, "top_logprobs");
   const json typed = {{"role", "user"}, {"content", {{{"type", 5}, {"text", "x"}}}}};
   expect_error(post("/v1/chat/completions", json{{"messages", {typed}}}), 400,
                "messages[0].content");
