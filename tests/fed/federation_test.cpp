@@ -252,16 +252,34 @@ TEST(Simulation, DroppedClientLeavesTheRoundToTheRest) {
   EXPECT_EQ(a.poll_once(), pb::TASK_DONE);
 }
 
+// One silo joined to a server whose round 1 is open, and an all-zero update of the model's
+// shape, for tests that push by hand.
+struct OneSiloRound {
+  explicit OneSiloRound(const std::string& name)
+      : dir(temp_dir(name)),
+        cfg(sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 1, 1)),
+        server(cfg.server, false),
+        transport(server),
+        client(cfg.clients[0], transport) {
+    client.join();
+    EXPECT_TRUE(server.begin_round());
+    for (const auto& s : server.specs()) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
+  }
+  fs::path dir;
+  SimConfig cfg;
+  Coordinator server;
+  LocalTransport transport;
+  Client client;
+  Weights zeros;
+};
+
 TEST(Simulation, MalformedPushesAreRefusedAndTheServerGoesOn) {
   Quiet q;
-  const auto dir = temp_dir("bad");
-  auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 1, 1);
   set_num_threads(1);
-  Coordinator server(cfg.server, false);
-  LocalTransport transport(server);
-  Client a(cfg.clients[0], transport);
-  a.join();
-  ASSERT_TRUE(server.begin_round());
+  OneSiloRound round("bad");
+  Coordinator& server = round.server;
+  Client& a = round.client;
+  const Weights& zeros = round.zeros;
   auto push = [&](std::vector<pb::TensorStream> msgs) {
     size_t i = 0;
     return serve_push(server, "", [&](pb::TensorStream& m) {
@@ -274,8 +292,6 @@ TEST(Simulation, MalformedPushesAreRefusedAndTheServerGoesOn) {
   info.mutable_update()->set_client_id("silo-0");
   info.mutable_update()->set_round(1);
   info.mutable_update()->set_tokens(10);
-  Weights zeros;
-  for (const auto& s : server.specs()) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
   const auto enc = encode_weights(server.specs(), zeros, {});
   *header.mutable_header() = enc.header;
   EXPECT_THROW(push({header}), Error);      // no update info
@@ -314,7 +330,7 @@ TEST(Simulation, MalformedPushesAreRefusedAndTheServerGoesOn) {
   EXPECT_THROW(push({info, header, chunk}), Error);  // short stream
   // A finite value far beyond any training step (with Nesterov it would reach infinity in the
   // global model).
-  Weights huge = zeros;
+  Weights huge = clone_weights(zeros);
   huge[1].data<float>()[3] = 3.4e38f;
   const auto huge_enc = encode_weights(server.specs(), huge, {});
   pb::TensorStream huge_header, huge_chunk;
@@ -336,21 +352,14 @@ TEST(Simulation, MalformedPushesAreRefusedAndTheServerGoesOn) {
 // updates and close it early.
 TEST(Simulation, APushFromAClosedAttemptIsRefused) {
   Quiet q;
-  const auto dir = temp_dir("stale_push");
-  auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 1, 1);
   set_num_threads(1);
-  Coordinator server(cfg.server, false);
-  LocalTransport transport(server);
-  Client a(cfg.clients[0], transport);
-  a.join();
-  ASSERT_TRUE(server.begin_round());
+  OneSiloRound round("stale_push");
+  Coordinator& server = round.server;
   pb::UpdateInfo info;
   info.set_client_id("silo-0");
   info.set_round(1);
   info.set_tokens(10);
-  Weights zeros;
-  for (const auto& s : server.specs()) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
-  const auto enc = encode_weights(server.specs(), zeros, {});
+  const auto enc = encode_weights(server.specs(), round.zeros, {});
   auto stale = server.push_begin(info, enc.header, "");
   pb::Chunk chunk;
   chunk.set_offset(0);
