@@ -175,9 +175,13 @@ Weights CentralDp::aggregate(int64_t round, const Weights& like,
   const double used_clip = clip_;
   double noised_fraction = -1;
   if (options_.adaptive_clip) {
-    Weights count{Tensor::from<float>({1}, {static_cast<float>(unclipped)})};
+    // Each update's indicator centred to +-1/2 (as TF Privacy's quantile estimator does), so
+    // that one client moves the released count by at most 1/2: the sensitivity the noise split
+    // (sum_noise_multiplier) assumes.
+    const double centred = static_cast<double>(unclipped) - 0.5 * static_cast<double>(order.size());
+    Weights count{Tensor::from<float>({1}, {static_cast<float>(centred)})};
     add_gaussian_noise(count, count_stddev(selected), options_.noise_seed, seed_stream + 1);
-    noised_fraction = count[0].data<float>()[0] / m;
+    noised_fraction = count[0].data<float>()[0] / m + 0.5;
     clip_ *= std::exp(-options_.clip_lr * (noised_fraction - options_.target_quantile));
   }
   accountant_.add(q, options_.noise_multiplier);

@@ -12,9 +12,11 @@
 // w_i = 1 (uniform) or min(1, t_i / token_cap) (capped tokens): unbounded token weights would
 // let one client's influence, and so the sensitivity, grow without limit. With adaptive clipping
 // (Andrew et al. 2021) C follows the target quantile gamma of the update norms:
-//   b = (sum_i [|delta_i| <= C] + N(0, sigma_b^2)) / m,   C <- C exp(-eta_C (b - gamma)),
-// and the sum's noise is z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), so that the two releases
-// together cost what one Gaussian mechanism of multiplier z does. The accountant
+//   b = (sum_i ([|delta_i| <= C] - 1/2) + N(0, sigma_b^2)) / m + 1/2,
+//   C <- C exp(-eta_C (b - gamma)),
+// each indicator centred so that one client moves the count by at most 1/2; the sum's noise is
+// then z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), so that the two releases together cost what one
+// Gaussian mechanism of multiplier z does. The accountant
 // (fed/accountant.h) composes one sampled Gaussian release of multiplier z per round, with the
 // round's sampling rate q = selected / available clients; a round that would take epsilon past
 // the budget is not started.

@@ -171,6 +171,25 @@ TEST(CentralDp, AdaptiveClipFollowsTheTargetQuantileGeometrically) {
   EXPECT_LT(c.clip(), 3.1);
 }
 
+// The released count of unclipped updates has sensitivity 1/2, as the noise split assumes: one
+// client more or fewer, clipped or not, moves it by exactly 1/2 (uncentred, by 1).
+TEST(CentralDp, OneClientMovesTheReleasedCountByAHalf) {
+  PrivacyOptions o = dp(0.0, 1.0);
+  o.adaptive_clip = true;
+  o.clipped_count_stddev = 1e-9;  // the count's noise out of the way
+  const Weights like{vec({0})};
+  auto released_count = [&](const std::vector<ClientUpdate>& updates) {
+    CentralDp c(o);
+    AggregationReport report;
+    c.aggregate(1, like, updates, 4, 4, &report);
+    return (report.extra["noised_unclipped_fraction"].get<double>() - 0.5) * 4;
+  };
+  const auto inside = update("a", 1, {0.5f}), outside = update("b", 1, {3});
+  const double both = released_count({inside, outside});
+  EXPECT_NEAR(std::abs(released_count({inside}) - both), 0.5, 1e-6);
+  EXPECT_NEAR(std::abs(released_count({outside}) - both), 0.5, 1e-6);
+}
+
 TEST(CentralDp, AdaptiveNoiseSplitKeepsTheTotalMultiplier) {
   // z_sum = (z^-2 - (2 sigma_b)^-2)^-1/2; refused when z >= 2 sigma_b.
   PrivacyOptions o = dp(1.0, 1.0);
