@@ -107,8 +107,10 @@ Loader::Loader(const LoaderOptions& options) : options_(options) {
   // Windows per epoch and each dataset's share.
   int64_t total = 0;
   for (const auto& d : datasets_) total += d->num_windows;
-  POLLEN_CHECK(total >= o.batch, "loader: the '", o.split, "' split has ", total, " windows of ",
-               wlen, " tokens, fewer than one batch of ", o.batch);
+  POLLEN_CHECK(o.step_batch >= 0 && o.step_batch % o.batch == 0, "loader: step_batch ",
+               o.step_batch, " is not a multiple of batch ", o.batch);
+  POLLEN_CHECK(total >= step_rows(), "loader: the '", o.split, "' split has ", total,
+               " windows of ", wlen, " tokens, fewer than one step of ", step_rows());
   per_epoch_.assign(datasets_.size(), 0);
   if (o.weights.empty()) {
     for (size_t i = 0; i < datasets_.size(); ++i) per_epoch_[i] = datasets_[i]->num_windows;
@@ -206,7 +208,9 @@ void Loader::fill_row(const Entry& e, int64_t row, model::Batch& b) const {
 
 model::Batch Loader::next() {
   const int64_t B = options_.batch;
-  if (static_cast<int64_t>(state_.cursor) + B > windows_per_epoch()) {
+  const auto step = static_cast<uint64_t>(step_rows());
+  if (state_.cursor % step == 0 &&
+      state_.cursor + step > static_cast<uint64_t>(windows_per_epoch())) {
     state_.epoch++;
     state_.cursor = 0;
   }
@@ -223,6 +227,10 @@ model::Batch Loader::next() {
     fill_row(order_[static_cast<size_t>(static_cast<int64_t>(state_.cursor) + first + r)], r, b);
   state_.cursor += static_cast<uint64_t>(B);
   return b;
+}
+
+int64_t Loader::step_rows() const {
+  return options_.step_batch > 0 ? options_.step_batch : options_.batch;
 }
 
 LoaderState Loader::state() const {

@@ -6,11 +6,14 @@
 // An epoch is a list of windows drawn from every dataset (all of each one's windows when no
 // weights are given; otherwise each dataset's share of the epoch follows its weight, repeating
 // or subsampling its windows), shuffled by one permutation seeded by (seed, epoch). Global
-// batch g of an epoch is permutation entries [g * batch, (g + 1) * batch); an epoch ends when
-// fewer than `batch` entries are left (those are skipped). The state is (seed, epoch, cursor),
-// cursor counting windows of the epoch already read, so a resumed run reads exactly what the
-// uninterrupted one would, whatever the number of ranks. Rank r reads rows
-// [r * batch / world, (r + 1) * batch / world) of each global batch.
+// batch g of an epoch is permutation entries [g * batch, (g + 1) * batch). An optimizer step
+// reads `step_batch` rows (several global batches with gradient accumulation), and an epoch ends
+// only between steps, when fewer than `step_batch` entries are left (those are skipped): so no
+// step mixes two epochs, and where epochs end is the same whatever the number of ranks (which
+// changes `batch` but not `step_batch`). The state is (seed, epoch, cursor), cursor counting
+// windows of the epoch already read, so a resumed run reads exactly what the uninterrupted one
+// would, whatever the number of ranks. Rank r reads rows [r * batch / world,
+// (r + 1) * batch / world) of each global batch.
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -28,6 +31,7 @@ struct LoaderOptions {
   std::vector<double> weights;                   // mixing weights (empty: proportional to tokens)
   std::string split = "train";                   // or "validation"
   int64_t batch = 8, seq = 128;                  // global batch rows, tokens per row
+  int64_t step_batch = 0;  // global rows per optimizer step, a multiple of batch (0: batch)
   uint64_t seed = 0;
   int rank = 0, world = 1;  // this rank gets rows [rank*batch/world, (rank+1)*batch/world)
 };
@@ -64,6 +68,7 @@ class Loader {
   int64_t windows_per_epoch() const;
 
  private:
+  int64_t step_rows() const;  // step_batch, or batch when 0
   struct Dataset;
   struct Entry {
     uint32_t dataset;

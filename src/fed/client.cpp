@@ -168,6 +168,7 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
   data::LoaderOptions lo;
   lo.manifests = paths(config.manifests);
   lo.batch = config.train.micro_batch * world;
+  lo.step_batch = config.train.micro_batch * config.train.accumulation;  // any number of ranks
   lo.seq = config.train.seq;
   lo.seed = config.seed;
   lo.split = "train";
@@ -176,6 +177,7 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
   train_ = std::make_unique<data::Loader>(lo);
   if (config.train.eval_batches > 0 && has_split(config.manifests, "validation")) {
     lo.batch = config.train.micro_batch;  // every rank reads every batch and scores its share
+    lo.step_batch = 0;
     lo.rank = 0;
     lo.world = 1;
     lo.split = "validation";

@@ -442,6 +442,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   lo.weights = cfg.weights;
   lo.split = cfg.train_split;
   lo.batch = global_rows;
+  lo.step_batch = global_rows * accum;  // batch_tokens / seq, the same at any world size
   lo.seq = cfg.seq;
   lo.seed = cfg.seed;
   lo.rank = comm.rank();
@@ -453,6 +454,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   if (!cfg.validation_split.empty() && cfg.eval_batches > 0) {
     data::LoaderOptions vo = lo;
     vo.batch = cfg.micro_batch;  // every rank reads every batch and scores its share of them
+    vo.step_batch = 0;
     vo.rank = 0;
     vo.world = 1;
     vo.manifests.clear();

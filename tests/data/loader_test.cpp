@@ -135,6 +135,47 @@ TEST(Loader, RanksAreDisjointAndCoverEachGlobalBatch) {
   EXPECT_EQ(whole.state().epoch, 1u);
 }
 
+// An optimizer step of 8 rows is the same 8 windows whether 1, 2 or 4 ranks read it (1 rank
+// accumulating 4 micro-batches of 2, 2 ranks 2 of 4, 4 ranks 1 of 8), also across epoch ends
+// where the epoch's windows are not a multiple of the step: the epoch ends between steps, never
+// inside one.
+TEST(Loader, StepsAreTheSameRowsAtAnyWorldSizeAcrossEpochs) {
+  fs::path dir = temp_dir("steps");
+  LoaderOptions o;
+  o.manifests = {make_dataset(dir, 400, 1000)};
+  o.seq = 16;
+  o.seed = 5;
+  o.step_batch = 8;
+  auto steps_read = [&](int world) {
+    std::vector<std::unique_ptr<Loader>> ranks;
+    LoaderOptions r = o;
+    r.world = world;
+    r.batch = 2 * world;
+    for (int k = 0; k < world; ++k) {
+      r.rank = k;
+      ranks.push_back(std::make_unique<Loader>(r));
+    }
+    const int64_t per_epoch = ranks[0]->windows_per_epoch();
+    EXPECT_GE(per_epoch % 8, 2) << "the epoch must end inside a step's worth of windows";
+    std::vector<std::vector<int32_t>> steps;
+    for (int64_t step = 0; step < 2 * (per_epoch / 8) + 3; ++step) {  // past two epoch ends
+      std::vector<int32_t> rows;
+      for (int micro = 0; micro < 4 / world; ++micro)
+        for (auto& rank : ranks) {
+          const auto part = values(rank->next().tokens);
+          rows.insert(rows.end(), part.begin(), part.end());
+        }
+      steps.push_back(rows);
+    }
+    EXPECT_EQ(ranks[0]->state().epoch, 2u);
+    return steps;
+  };
+  const auto one = steps_read(1);
+  EXPECT_EQ(steps_read(2), one);
+  EXPECT_EQ(steps_read(4), one);
+  fs::remove_all(dir);
+}
+
 TEST(Loader, ResumeIsBitwiseAlsoWithAnotherWorldSize) {
   fs::path dir = temp_dir("resume");
   auto manifest = make_dataset(dir, 300, 700);
