@@ -32,7 +32,7 @@ std::string model_sha256(const model::Llama& model) {
 
 ag::Var completion_logps(const model::Llama& model, const SequenceBatch& batch) {
   const ag::Var h = model.hidden_states(batch.batch);  // (B*T,C)
-  return ag::sequence_logprobs(h, model.output_head(), batch.batch.targets, batch.rows);
+  return ag::sequence_logprobs(h, model.head_weight(), batch.batch.targets, batch.rows);
 }
 
 DpoObjective::DpoObjective(ObjectiveContext context) : context_(std::move(context)) {

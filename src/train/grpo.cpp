@@ -313,7 +313,7 @@ std::vector<std::vector<double>> GrpoObjective::completion_logprobs(const model:
       completions.push_back(&r.tokens[i]);
     }
     const ScoredRows rows = scored_rows(prompts, completions);
-    const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), model.output_head(),
+    const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), model.head_weight(),
                                             rows.batch.targets);
     for (size_t i = m0; i < m1; ++i) {
       const int64_t first = rows.first[i - m0];
@@ -358,7 +358,7 @@ ObjectiveStep GrpoObjective::train_step(const model::Llama& model, int64_t step)
     ClippedLossStats stats;
     {
       ag::TapeScope scope(tape);
-      const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), model.output_head(),
+      const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), model.head_weight(),
                                               rows.batch.targets);
       const int64_t flat = logp.value().numel();
       TokenTerms terms;

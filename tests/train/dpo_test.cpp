@@ -272,6 +272,26 @@ TEST_F(DpoRun, UnderLoraTheReferenceIsTheFrozenBase) {
   EXPECT_GT(std::fabs(step.metrics["rewards/chosen"].get<double>()), 1e-4);  // policy != base
 }
 
+// An adapter on lm_head alone moves the policy too: the head's scale * B A is part of the model
+// whose log-probabilities DPO compares with the reference's.
+TEST_F(DpoRun, AnAdapterOnTheHeadMovesThePolicy) {
+  model::Llama adapted = model();
+  model::LoraConfig lc;
+  lc.rank = 2;
+  lc.targets = {model::LoraTarget::lm_head};
+  auto lora = std::make_shared<model::Lora>(adapted.config(), lc);
+  Rng rng(17);
+  for (auto& [name, v] : lora->named_tensors()) {
+    if (!name.ends_with("lora_B.weight")) continue;
+    ag::Var b = v;
+    b.value().copy_(pt::random_tensor(b.value().shape(), rng, 0.5));
+  }
+  adapted.attach_lora(lora);
+  train::DpoObjective dpo(pt::objective_context("dpo", section(), config()));
+  const train::ObjectiveStep step = dpo.evaluate(adapted);
+  EXPECT_GT(std::fabs(step.metrics["rewards/chosen"].get<double>()), 1e-4);  // policy != base
+}
+
 // `dpo synth --digits 1`: right and wrong sums of one-digit numbers (the SFT example's task).
 TEST(DpoSynth, ArithmeticOperandsHaveAtMostTheGivenDigits) {
   const fs::path file = pt::unique_temp_dir("dpo_synth") / "pairs.jsonl";

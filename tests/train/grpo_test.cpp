@@ -284,6 +284,34 @@ TEST(Grpo, SamplingIsAFunctionOfSeedAndStepAndOneUpdateHasRatioOne) {
   EXPECT_GT(sa.metrics["reward_std"].get<double>(), 0.0);
 }
 
+// A LoRA adapter on lm_head is part of the policy that is scored and trained, as it is of the
+// one that samples: with B non-zero, both A and B of the head get a gradient.
+TEST(Grpo, AnAdapterOnTheHeadIsTrained) {
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  model::Llama m = testing::tiny_model(t.tok.vocab_size());
+  model::LoraConfig lc;
+  lc.rank = 2;
+  lc.targets = {model::LoraTarget::lm_head};
+  auto lora = std::make_shared<model::Lora>(m.config(), lc);
+  Rng rng(5);
+  for (auto& [name, v] : lora->named_tensors()) {
+    if (!name.ends_with("lora_B.weight")) continue;
+    ag::Var b = v;
+    b.value().copy_(testing::random_tensor(b.value().shape(), rng, 0.5));
+  }
+  m.attach_lora(lora);
+  for (auto& [name, v] : lora->named_tensors()) const_cast<ag::Var&>(v).zero_grad();
+  GrpoObjective objective(t.context(kTinyRun), lowercase_share);
+  objective.train_step(m, 3);
+  for (const auto& [name, v] : lora->named_tensors()) {
+    ASSERT_TRUE(v.grad().defined()) << name;
+    double norm = 0;
+    for (double g : v.grad().to_doubles()) norm += g * g;
+    EXPECT_GT(norm, 0.0) << name;
+  }
+}
+
 TEST(Grpo, ModelVocabularyLargerThanTheTokenizers) {
   // Models pad their vocabulary; ids the tokenizer does not know have no text and are never
   // sampled, not even by a model that prefers one of them above all.
