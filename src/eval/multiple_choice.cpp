@@ -133,6 +133,11 @@ TokenPair encode_pair(const tokenizer::Tokenizer& tok, std::string_view context,
     cut -= bytes;
   }
   const std::string whole = std::string(context) + std::string(continuation);
+  if (cut == 0) {  // a context of whitespace alone: nothing is left to predict the first token
+    out.context = {prefix};
+    out.continuation = tok.encode(whole, eo);
+    return out;
+  }
   out.context = tok.encode(context.substr(0, cut), eo);
   const std::vector<uint32_t> all = tok.encode(whole, eo);
   if (all.size() > out.context.size())
@@ -153,6 +158,8 @@ std::vector<double> continuation_logprobs(const model::Llama& model,
     const TokenPair& p = pairs[i];
     POLLEN_CHECK(!p.continuation.empty(), "continuation scores: pair ", i,
                  " has a continuation of no tokens");
+    POLLEN_CHECK(!p.context.empty(), "continuation scores: pair ", i,
+                 " has a context of no tokens (the prefix token stands for an empty one)");
     POLLEN_CHECK(static_cast<int64_t>(p.continuation.size()) <= max_len,
                  "continuation scores: pair ", i, " has ", p.continuation.size(),
                  " continuation tokens, over max_len ", max_len);

@@ -48,7 +48,8 @@ std::string fewshot_prefix(std::span<const ChoiceItem* const> examples);
 std::vector<const ChoiceItem*> pick_fewshot(std::span<const ChoiceItem> pool, bool pool_is_task,
                                             int64_t index, int64_t count, uint64_t seed);
 
-// lm-evaluation-harness's split of (context, continuation) into tokens.
+// lm-evaluation-harness's split of (context, continuation) into tokens; an empty context (or one
+// of whitespace alone, moved to the continuation) becomes the prefix token.
 struct TokenPair {
   std::vector<uint32_t> context, continuation;
 };

@@ -60,6 +60,15 @@ TEST(MultipleChoice, EncodePairMovesTrailingSpaceToTheContinuation) {
   const auto empty = eval::encode_pair(tok, "", " cat", 42);
   EXPECT_EQ(empty.context, std::vector<uint32_t>{42});
   EXPECT_EQ(empty.continuation, tok.encode(" cat", eo));
+  // A context of whitespace alone leaves no token to predict the first: it is scored as an empty
+  // one, the whitespace moved to the continuation (before, an empty context made the scorer
+  // read the logits before its row).
+  const auto blank = eval::encode_pair(tok, " \n", " cat", 42);
+  EXPECT_EQ(blank.context, std::vector<uint32_t>{42});
+  EXPECT_EQ(blank.continuation, tok.encode(" \n cat", eo));
+  EXPECT_THROW(eval::continuation_logprobs(testing::tiny_model(tok.vocab_size()),
+                                           std::vector<eval::TokenPair>{{{}, {5, 6}}}, 16, 1),
+               Error);
 }
 
 TEST(MultipleChoice, ContinuationScoresEqualTheDirectLogSoftmaxInAnyBatch) {
