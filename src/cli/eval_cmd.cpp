@@ -53,15 +53,9 @@ std::vector<std::string> read_documents(const std::string& path, bool jsonl,
   return docs;
 }
 
+// lm-evaluation-harness's max_length for an HF model: the config's max_position_embeddings.
 int64_t default_window(const model::LlamaConfig& c, int64_t given) {
-  return given > 0 ? given : std::min<int64_t>(c.max_position_embeddings, 2048);
-}
-
-// lm-evaluation-harness's prefix token: the BOS the post-processor adds, else the first EOS.
-std::optional<uint32_t> prefix_token(const io::ModelSource& src, const tokenizer::Tokenizer& tok) {
-  if (!tok.bos_eos().prefix.empty()) return tok.bos_eos().prefix.front();
-  if (auto stops = stop_tokens(src, tok); !stops.empty()) return stops.front();
-  return std::nullopt;
+  return given > 0 ? given : c.max_position_embeddings;
 }
 
 struct TaskArgs {
@@ -81,7 +75,7 @@ nlohmann::ordered_json run_task(const model::Llama& m, const io::ModelSource& sr
   o.fewshot = t.fewshot;
   o.seed = t.seed;
   o.fewshot_pool = pool;
-  o.prefix = prefix_token(src, tok).value_or(0);
+  o.prefix = lm_eval_prefix_token(src, tok).value_or(0);
   o.max_len = window;
   o.batch = batch;
   const eval::ChoiceEvalResult r = eval::evaluate_choices(m, tok, items, o);
@@ -181,7 +175,7 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--details", t->details, "Task: write one JSON line per item here");
   cmd->add_option("--window", a->window,
-                  "Text and task: tokens per window (default: min(context, 2048))");
+                  "Text and task: tokens per window (default: the model's context, as lm-eval)");
   cmd->add_option("--max-docs", a->max_docs, "Text: score at most this many documents (0: all)");
   cmd->add_option("--output", a->output, "Text and task: also write the result JSON here");
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
@@ -238,10 +232,11 @@ void add_eval_command(CLI::App& app) {
     result["model"] = a->model;
     const bool is_jsonl = !a->jsonl.empty();
     const auto docs = read_documents(is_jsonl ? a->jsonl : a->text, is_jsonl, a->field, false);
-    // lm-evaluation-harness: text without special tokens, the BOS (else EOS) as the prefix.
-    const std::optional<uint32_t> prefix = prefix_token(src, tok);
+    // lm-evaluation-harness: no BOS or EOS added, special tokens in the text matched as the HF
+    // tokenizer matches them, the BOS (else EOS) as the prefix.
+    const std::optional<uint32_t> prefix = lm_eval_prefix_token(src, tok);
     tokenizer::EncodeOptions eo;
-    eo.special = tokenizer::SpecialPolicy::as_text();
+    eo.special = tokenizer::SpecialPolicy::allow_all();
     for (const auto& doc : docs) {
       if (a->max_docs > 0 && totals.documents >= a->max_docs) break;
       const auto ids = tok.encode(doc, eo);
@@ -289,7 +284,8 @@ void add_score_command(CLI::App& app) {
   cmd->add_flag("--jsonl", a->jsonl, "The input is JSONL");
   cmd->add_option("--field", a->field, "String field of JSONL documents");
   cmd->add_option("--output", a->output, "JSONL file to write")->required();
-  cmd->add_option("--window", a->window, "Tokens per window (default: min(context, 2048))");
+  cmd->add_option("--window", a->window,
+                  "Tokens per window (default: the model's context, as lm-eval)");
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
   cmd->callback([a] {
     if (a->threads > 0) set_num_threads(a->threads);

@@ -16,24 +16,6 @@
 namespace pollen::cli {
 namespace {
 
-// tokenizer_config.json's bos_token or eos_token ("<s>" or {"content": "<s>", ...}) as an id.
-std::optional<uint32_t> configured_token(const io::ModelSource& src,
-                                         const tokenizer::Tokenizer& tok, const char* key) {
-  for (const auto& f : src.hf_side_files) {
-    if (f.filename() != "tokenizer_config.json") continue;
-    const auto j = nlohmann::json::parse(read_file(f), nullptr, false);
-    if (!j.is_object() || !j.contains(key)) continue;
-    const auto& v = j[key];
-    const std::string content = v.is_string() ? v.get<std::string>()
-                                : v.is_object() && v.contains("content")
-                                    ? v["content"].get<std::string>()
-                                    : "";
-    for (const auto& t : tok.added_tokens())
-      if (t.content == content) return t.id;
-  }
-  return std::nullopt;
-}
-
 void add_export_gguf(CLI::App* cmd) {
   auto* gguf = cmd->add_subcommand(
       "gguf", "Write a GGUF v3 file for llama.cpp (llama architecture, byte-level BPE tokenizer)");

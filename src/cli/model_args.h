@@ -1,6 +1,7 @@
 #pragma once
 // Wiring shared by the commands that take --model: the model's tokenizer, chat template and stop
 // tokens.
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -79,6 +80,39 @@ inline std::vector<uint32_t> stop_tokens(const io::ModelSource& src,
       ids.insert(t.id);
   }
   return {ids.begin(), ids.end()};
+}
+
+// tokenizer_config.json's `key` (bos_token or eos_token: "<s>" or {"content": "<s>", ...}) as an
+// id of the tokenizer's added tokens; none when the model has no such file, key or token.
+inline std::optional<uint32_t> configured_token(const io::ModelSource& src,
+                                                const tokenizer::Tokenizer& tok, const char* key) {
+  for (const auto& f : src.hf_side_files) {
+    if (f.filename() != "tokenizer_config.json") continue;
+    const auto j = nlohmann::json::parse(read_file(f), nullptr, false);
+    if (!j.is_object() || !j.contains(key)) continue;
+    const auto& v = j[key];
+    const auto& content = v.is_object() && v.contains("content") ? v["content"] : v;
+    if (!content.is_string()) continue;
+    for (const auto& t : tok.added_tokens())
+      if (t.content == content.get<std::string>()) return t.id;
+  }
+  return std::nullopt;
+}
+
+// lm-evaluation-harness's prefix token (what an empty context or a document's first window is
+// conditioned on): the tokenizer's bos_token_id, else its eos_token_id, as tokenizer_config.json
+// names them; for a model without that file (a pollen model), the BOS the post-processor adds,
+// else the first end token.
+inline std::optional<uint32_t> lm_eval_prefix_token(const io::ModelSource& src,
+                                                    const tokenizer::Tokenizer& tok) {
+  if (auto bos = configured_token(src, tok, "bos_token")) return bos;
+  const bool configured =
+      std::any_of(src.hf_side_files.begin(), src.hf_side_files.end(),
+                  [](const auto& f) { return f.filename() == "tokenizer_config.json"; });
+  if (!configured && !tok.bos_eos().prefix.empty()) return tok.bos_eos().prefix.front();
+  if (auto eos = configured_token(src, tok, "eos_token")) return eos;
+  if (auto stops = stop_tokens(src, tok); !stops.empty()) return stops.front();
+  return std::nullopt;
 }
 
 }  // namespace pollen::cli
