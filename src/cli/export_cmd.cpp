@@ -16,6 +16,21 @@
 namespace pollen::cli {
 namespace {
 
+// tokenizer_config.json for a tokenizer.json of pollen's: loaded as it is
+// (PreTrainedTokenizerFast), with its BOS and EOS named.
+nlohmann::json hf_tokenizer_config(const tokenizer::Tokenizer& tok, const SpecialIds& ids,
+                                   int64_t context) {
+  const auto content = [&](const std::optional<uint32_t>& id) {
+    for (const auto& t : tok.added_tokens())
+      if (id && t.id == *id) return nlohmann::json(t.content);
+    return nlohmann::json(nullptr);
+  };
+  return {{"tokenizer_class", "PreTrainedTokenizerFast"},
+          {"bos_token", content(ids.bos)},
+          {"eos_token", content(ids.eos)},
+          {"model_max_length", context}};
+}
+
 void add_export_gguf(CLI::App* cmd) {
   auto* gguf = cmd->add_subcommand(
       "gguf", "Write a GGUF v3 file for llama.cpp (llama architecture, byte-level BPE tokenizer)");
@@ -37,11 +52,9 @@ void add_export_gguf(CLI::App* cmd) {
     const model::Llama m = load_model_with_adapter(src, a->adapter);
     io::GgufExportOptions o;
     o.type = io::gguf_type_named(a->type);
-    o.bos_token_id = configured_token(src, tok, "bos_token");
-    if (!o.bos_token_id && !tok.bos_eos().prefix.empty()) o.bos_token_id = tok.bos_eos().prefix[0];
-    o.eos_token_id = configured_token(src, tok, "eos_token");
-    if (const auto ends = stop_tokens(src, tok); !o.eos_token_id && !ends.empty())
-      o.eos_token_id = ends.front();
+    const SpecialIds ids = special_ids(src, tok);
+    o.bos_token_id = ids.bos;
+    o.eos_token_id = ids.eos;
     const io::GgufExportResult r = io::export_gguf(m, tok, a->output, o);
     std::printf("exported %s '%s' to %s: %zu tensors (%s), %.1f MB%s\n",
                 io::model_kind_name(src.kind), a->model.c_str(), a->output.c_str(), r.tensors,
@@ -83,6 +96,13 @@ void add_export_command(CLI::App& app) {
     o.max_shard_bytes = *shard_mb * 1'000'000ull;
     if (src.tokenizer) o.extra_files.push_back(*src.tokenizer);
     for (const auto& f : src.hf_side_files) o.extra_files.push_back(f);
+    if (src.tokenizer) {
+      const tokenizer::Tokenizer tok = model_tokenizer(src, "");
+      const SpecialIds ids = special_ids(src, tok);
+      o.bos_token_id = ids.bos;
+      o.eos_token_id = ids.eos;
+      o.tokenizer_config = hf_tokenizer_config(tok, ids, m.config().max_position_embeddings);
+    }
     const io::HfExportResult r = io::export_hf(m, *output, o);
     std::printf("exported %s '%s' to %s: %zu files, %.1f MB of weights%s\n",
                 io::model_kind_name(src.kind), model->c_str(), output->c_str(), r.files.size(),

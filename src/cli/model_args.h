@@ -99,6 +99,18 @@ inline std::optional<uint32_t> configured_token(const io::ModelSource& src,
   return std::nullopt;
 }
 
+// The model's BOS and EOS: tokenizer_config.json's bos_token and eos_token, else the BOS the
+// post-processor adds and the first end token (what export writes for HF and llama.cpp).
+struct SpecialIds {
+  std::optional<uint32_t> bos, eos;
+};
+inline SpecialIds special_ids(const io::ModelSource& src, const tokenizer::Tokenizer& tok) {
+  SpecialIds ids{configured_token(src, tok, "bos_token"), configured_token(src, tok, "eos_token")};
+  if (!ids.bos && !tok.bos_eos().prefix.empty()) ids.bos = tok.bos_eos().prefix.front();
+  if (const auto ends = stop_tokens(src, tok); !ids.eos && !ends.empty()) ids.eos = ends.front();
+  return ids;
+}
+
 // lm-evaluation-harness's prefix token (what an empty context or a document's first window is
 // conditioned on): the tokenizer's bos_token_id, else its eos_token_id, as tokenizer_config.json
 // names them; for a model without that file (a pollen model), the BOS the post-processor adds,

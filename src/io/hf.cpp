@@ -405,9 +405,28 @@ HfExportResult export_hf(const model::Llama& model, const fs::path& dir,
     fs::rename(tmp, dir / file);
     out.files.push_back(dir / file);
   };
-  write_file_atomic(dir / "config.json",
-                    hf_config_json(model.config(), dtype_names().at(dname)).dump(2) + "\n");
+  nlohmann::ordered_json config = hf_config_json(model.config(), dtype_names().at(dname));
+  json generation = json::object();
+  for (const auto& [key, id] : {std::pair{"bos_token_id", options.bos_token_id},
+                                std::pair{"eos_token_id", options.eos_token_id}}) {
+    if (!id) continue;
+    config[key] = *id;
+    generation[key] = *id;
+  }
+  write_file_atomic(dir / "config.json", config.dump(2) + "\n");
   out.files.push_back(dir / "config.json");
+  const auto in_extra = [&](const char* name) {
+    return std::any_of(options.extra_files.begin(), options.extra_files.end(),
+                       [&](const fs::path& f) { return f.filename() == name; });
+  };
+  if (!generation.empty() && !in_extra("generation_config.json")) {
+    write_file_atomic(dir / "generation_config.json", generation.dump(2) + "\n");
+    out.files.push_back(dir / "generation_config.json");
+  }
+  if (!options.tokenizer_config.is_null() && !in_extra("tokenizer_config.json")) {
+    write_file_atomic(dir / "tokenizer_config.json", options.tokenizer_config.dump(2) + "\n");
+    out.files.push_back(dir / "tokenizer_config.json");
+  }
   if (shards.size() == 1) {
     write_tensors("model.safetensors", shards[0]);
     fs::remove(dir / "model.safetensors.index.json");

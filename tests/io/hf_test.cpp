@@ -16,6 +16,8 @@
 #include "io/checkpoint.h"
 #include "io/hf.h"
 #include "io/model_source.h"
+#include "support/tiny_lm.h"
+#include "tokenizer/open.h"
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -439,6 +441,58 @@ double max_diff(const Tensor& logits, const std::vector<double>& ref) {
   for (size_t i = 0; i < ref.size() && i < static_cast<size_t>(logits.numel()); ++i)
     worst = std::max(worst, std::abs(static_cast<double>(logits.data<float>()[i]) - ref[i]));
   return worst;
+}
+
+// `pollen export hf` of a pollen checkpoint: AutoTokenizer loads its tokenizer.json as it is
+// (not as LlamaTokenizerFast, which would add <s>, </s> and <unk>), encodes as pollen does, and
+// the tokenizer, config.json and generation_config.json agree on the EOS.
+TEST(HfExport, APollenCheckpointsTokenizerLoadsInTransformers) {
+  if (!transformers_available())
+    GTEST_SKIP() << "HF transformers not importable by " << hf_python()
+                 << " (scripts/test-peers makes it)";
+  const fs::path root = temp_dir("export_tokenizer");
+  const tokenizer::Tokenizer tok = pollen::testing::tiny_tokenizer();
+  model::LlamaConfig c = small(false, false);
+  c.vocab_size = tok.vocab_size();
+  const model::Llama m(c, 7);
+  io::CheckpointWriter w(root / "run" / "checkpoints", 5);
+  io::NamedTensors weights;
+  for (const auto& [n, v] : m.named_parameters()) weights.emplace_back(n, v.value());
+  w.add_tensors("model.safetensors", weights);
+  w.add_text("config.toml",
+             cat("[model]\nvocab_size = ", c.vocab_size,
+                 "\nhidden_size = 32\nintermediate_size = 48\nnum_hidden_layers = 2\n"
+                 "num_attention_heads = 4\nnum_key_value_heads = 2\n"
+                 "max_position_embeddings = 64\n"));
+  const fs::path ckpt = w.commit();
+  tokenizer::save_tokenizer(tok, ckpt / "tokenizer.json");
+  const fs::path out = root / "hf";
+  ASSERT_EQ(
+      std::system(cat(POLLEN_BINARY, " export hf --model ", (root / "run").string(), " --output ",
+                      out.string(), " > ", (root / "export.log").string(), " 2>&1")
+                      .c_str()),
+      0)
+      << read_file(root / "export.log");
+  const std::string text = "The cat sat.<|endoftext|> Bees make honey.";
+  write_file_atomic(out / "text.txt", text);
+  ASSERT_EQ(std::system((hf_python() + " " + script() + " tokenizer " + out.string() + " 2>" +
+                         (root / "stderr.txt").string())
+                            .c_str()),
+            0)
+      << read_file(root / "stderr.txt");
+  const json got = json::parse(read_file(out / "tokenizer.out.json"));
+  EXPECT_EQ(got["class"], "PreTrainedTokenizerFast");
+  tokenizer::EncodeOptions eo;
+  eo.special = tokenizer::SpecialPolicy::allow_all();
+  eo.add_bos_eos = true;
+  EXPECT_EQ(got["ids"].get<std::vector<uint32_t>>(), tok.encode(text, eo));
+  uint32_t eot = 0;
+  for (const auto& t : tok.added_tokens())
+    if (t.content == "<|endoftext|>") eot = t.id;
+  EXPECT_EQ(got["eos"], eot);
+  EXPECT_EQ(got["config_eos"], eot);
+  EXPECT_EQ(got["generation_eos"], eot);
+  fs::remove_all(root);
 }
 
 class Transformers : public ::testing::TestWithParam<std::string> {};

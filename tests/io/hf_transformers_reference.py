@@ -5,6 +5,9 @@ usage:
       smollm2, smollm2-bf16, mistral, llama-dynamic, llama-yarn), saves it to DIR with
       save_pretrained and writes the logits of DIR/tokens.json's rows to DIR/logits.bin
   hf_transformers_reference.py logits DIR      loads DIR (written by pollen) and writes the logits
+  hf_transformers_reference.py tokenizer DIR   loads DIR's tokenizer and configs with the Auto
+      classes and writes DIR/tokenizer.out.json: the tokenizer's class, the ids of DIR/text.txt,
+      and the BOS and EOS ids that the tokenizer, config.json and generation_config.json name
 
 logits.bin holds float64 values, rows x vocab, little-endian; no numpy is used, so any numpy
 beside torch is fine.
@@ -76,6 +79,26 @@ def main():
             folder, torch_dtype=torch.float32, attn_implementation="eager")
         model.eval()
         logits_of(model, folder)
+    elif mode == "tokenizer":
+        folder = sys.argv[2]
+        import tokenizers
+        if tuple(int(x) for x in tokenizers.__version__.split(".")[:2]) < (0, 20):
+            # This environment's tokenizers (pinned by transformers 4.44) reads merges only as
+            # "a b" strings; pollen writes the [a, b] pairs of tokenizers >= 0.20. The same merges.
+            with open(f"{folder}/tokenizer.json", encoding="utf-8") as f:
+                spec = json.load(f)
+            spec["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m
+                                       for m in spec["model"]["merges"]]
+            with open(f"{folder}/tokenizer.json", "w", encoding="utf-8") as f:
+                json.dump(spec, f, ensure_ascii=False)
+        tok = transformers.AutoTokenizer.from_pretrained(folder)
+        config = transformers.AutoConfig.from_pretrained(folder)
+        generation = transformers.GenerationConfig.from_pretrained(folder)
+        text = open(f"{folder}/text.txt", encoding="utf-8").read()
+        json.dump({"class": type(tok).__name__, "ids": tok.encode(text),
+                   "bos": tok.bos_token_id, "eos": tok.eos_token_id,
+                   "config_eos": config.eos_token_id, "generation_eos": generation.eos_token_id},
+                  open(f"{folder}/tokenizer.out.json", "w"))
     else:
         raise SystemExit(__doc__)
 
