@@ -637,6 +637,9 @@ bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t partici
     return false;
   }
   try {
+    // Before unmasking: a sum that may not fit the ring is refused without rebuilding any
+    // client's secrets for a round that is then thrown away.
+    secagg::check_fits(tokens, config_.secure_aggregation);
     const std::vector<uint64_t> sum = secagg_->unmasked_sum();
     const Weights mean = secagg::dequantize(sum, tokens, config_.secure_aggregation, global_);
     strategy_->aggregate_mean(round, global_, mean);
