@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/hash.h"
+#include "io/hf.h"
 
 namespace pollen::train {
 namespace fs = std::filesystem;
@@ -17,9 +18,12 @@ fs::path resolve(const fs::path& base, const std::string& p) {
   return fs::path(p).is_absolute() || base.empty() ? fs::path(p) : base / p;
 }
 
-// SHA-256 over every parameter's name and bytes.
+// SHA-256 over the architecture (as config.json would state it: rope, norms, biases, ...) and
+// every parameter's name and bytes: two models of the same weights but another rope_theta score
+// differently.
 std::string model_sha256(const model::Llama& model) {
   Sha256 h;
+  h.update(io::hf_config_json(model.config(), "float32").dump());
   for (const auto& [name, v] : model.named_parameters()) {
     h.update(name);
     const Tensor t = v.value().contiguous();

@@ -205,6 +205,21 @@ TEST_F(DpoRun, ReferencesAreCachedInTheRunFolderAndReadOnResume) {
   train::DpoObjective fresh(pt::objective_context("dpo", section(), config()));
   EXPECT_NE(fresh.references(m).train, expected.train);  // the trained model's differ
 
+  // The same weights under another architecture (rope_theta) score differently: another cache.
+  model::LlamaConfig wider_rope = config();
+  wider_rope.rope_theta *= 4;
+  const model::Llama start = model(), same_weights(wider_rope, 7);
+  const auto from = start.named_parameters(), to = same_weights.named_parameters();
+  for (size_t i = 0; i < from.size(); ++i) {
+    ag::Var w = to[i].second;
+    w.value().copy_(from[i].second.value());
+  }
+  train::DpoObjective a(pt::objective_context("dpo", section(), config(), dir_ / "rope"));
+  train::DpoObjective b(pt::objective_context("dpo", section(), wider_rope, dir_ / "rope"));
+  a.references(start);
+  b.references(same_weights);
+  EXPECT_NE(a.state()["reference_cache"], b.state()["reference_cache"]);
+
   // Other data under the same run: the cache is refused by name.
   const fs::path other = pt::synth_pairs(dir_, "case", 48, 9);
   train::DpoObjective changed(pt::objective_context(
