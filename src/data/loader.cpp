@@ -209,8 +209,11 @@ void Loader::fill_row(const Entry& e, int64_t row, model::Batch& b) const {
 model::Batch Loader::next() {
   const int64_t B = options_.batch;
   const auto step = static_cast<uint64_t>(step_rows());
-  if (state_.cursor % step == 0 &&
-      state_.cursor + step > static_cast<uint64_t>(windows_per_epoch())) {
+  const auto windows = static_cast<uint64_t>(windows_per_epoch());
+  // Between steps when a whole step no longer fits; inside one only when the batch itself does
+  // not (a state saved before steps decided, whose cursor is not at a step boundary).
+  if ((state_.cursor % step == 0 && state_.cursor + step > windows) ||
+      state_.cursor + static_cast<uint64_t>(B) > windows) {
     state_.epoch++;
     state_.cursor = 0;
   }
