@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/rng.h"
 #include "data/shards.h"
 
@@ -58,7 +59,9 @@ void check_same_tokens(const Manifest& a, const Manifest& b) {
     return t.is_object() ? t.value("fingerprint", std::string()) : std::string();
   };
   const auto eos = [](const Manifest& m) { return m.json.value("eos_id", nlohmann::json()); };
-  POLLEN_CHECK(a.vocab_size == b.vocab_size && fingerprint(a) == fingerprint(b) && eos(a) == eos(b),
+  // One without an end token appended (add_eos off) mixes with one with.
+  const bool same_eos = eos(a).is_null() || eos(b).is_null() || eos(a) == eos(b);
+  POLLEN_CHECK(a.vocab_size == b.vocab_size && fingerprint(a) == fingerprint(b) && same_eos,
                "loader: manifest '", b.path.string(), "' (vocab_size ", b.vocab_size,
                ", tokenizer ", fingerprint(b).substr(0, 16), ", eos_id ", eos(b).dump(),
                ") was tokenized unlike '", a.path.string(), "' (vocab_size ", a.vocab_size,
@@ -82,6 +85,8 @@ Loader::Loader(const LoaderOptions& options) : options_(options) {
   std::optional<Manifest> first;
   for (const auto& path : o.manifests) {
     Manifest m = Manifest::load(path);
+    POLLEN_CHECK(m.vocab_size > 0, "loader: manifest '", path.string(),
+                 "' holds no tokens (prepared without [tokenize])");
     if (first) check_same_tokens(*first, m);
     auto d = std::make_unique<Dataset>();
     d->manifest = path;
@@ -209,11 +214,8 @@ void Loader::fill_row(const Entry& e, int64_t row, model::Batch& b) const {
 model::Batch Loader::next() {
   const int64_t B = options_.batch;
   const auto step = static_cast<uint64_t>(step_rows());
-  const auto windows = static_cast<uint64_t>(windows_per_epoch());
-  // Between steps when a whole step no longer fits; inside one only when the batch itself does
-  // not (a state saved before steps decided, whose cursor is not at a step boundary).
-  if ((state_.cursor % step == 0 && state_.cursor + step > windows) ||
-      state_.cursor + static_cast<uint64_t>(B) > windows) {
+  if (state_.cursor % step == 0 &&
+      state_.cursor + step > static_cast<uint64_t>(windows_per_epoch())) {
     state_.epoch++;
     state_.cursor = 0;
   }
@@ -244,6 +246,14 @@ void Loader::restore(const LoaderState& s) {
   POLLEN_CHECK(s.cursor <= static_cast<uint64_t>(windows_per_epoch()), "loader state: cursor ",
                s.cursor, " is past the epoch's ", windows_per_epoch(), " windows");
   state_ = s;
+  if (state_.cursor % static_cast<uint64_t>(step_rows()) != 0) {
+    // Saved before epochs ended between steps: the next epoch starts now, so that from here on
+    // every step reads one epoch's windows.
+    log::warn("loader: resumed at window ", state_.cursor, " of epoch ", state_.epoch,
+              ", not between steps of ", step_rows(), " rows; starting epoch ", state_.epoch + 1);
+    state_.epoch++;
+    state_.cursor = 0;
+  }
 }
 
 }  // namespace pollen::data

@@ -222,7 +222,8 @@ Manifest Manifest::load(const fs::path& path) {
   try {
     m.token_dtype = parse_token_dtype(m.json.at("token_dtype").get<std::string>(), where);
     m.vocab_size = m.json.at("vocab_size").get<int64_t>();
-    POLLEN_CHECK(m.vocab_size > 0 && (m.token_dtype == TokenDType::u32 || m.vocab_size <= 65536),
+    // 0: prepared without tokenizing (no shards to read).
+    POLLEN_CHECK(m.vocab_size >= 0 && (m.token_dtype == TokenDType::u32 || m.vocab_size <= 65536),
                  where, ": vocab_size ", m.vocab_size, " does not fit its token_dtype ",
                  token_dtype_name(m.token_dtype));
     for (const auto& s : m.json.at("shards")) m.shards.push_back(ShardInfo::from_json(s, where));

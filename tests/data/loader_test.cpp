@@ -173,15 +173,17 @@ TEST(Loader, StepsAreTheSameRowsAtAnyWorldSizeAcrossEpochs) {
   const auto one = steps_read(1);
   EXPECT_EQ(steps_read(2), one);
   EXPECT_EQ(steps_read(4), one);
-  // A state saved before epochs ended between steps may sit off a step boundary: a batch that
-  // no longer fits still starts the next epoch rather than reading past this one.
+  // A state saved before epochs ended between steps may sit off a step boundary: it resumes at
+  // the next epoch's start, so that every step after it reads one epoch's windows (and never
+  // past the end of this one).
   LoaderOptions r = o;
   r.batch = 2;
   Loader old(r);
   const auto windows = static_cast<uint64_t>(old.windows_per_epoch());
   old.restore({o.seed, 0, windows - 1});
-  old.next();
-  EXPECT_EQ(old.state(), (LoaderState{o.seed, 1, 2}));
+  EXPECT_EQ(old.state(), (LoaderState{o.seed, 1, 0}));
+  old.restore({o.seed, 0, 16});  // between steps: kept
+  EXPECT_EQ(old.state(), (LoaderState{o.seed, 0, 16}));
   fs::remove_all(dir);
 }
 
@@ -309,6 +311,13 @@ TEST(Loader, ManifestsThatDisagreeWithTheirTokensAreRefused) {
     return std::string("loaded");
   };
   EXPECT_EQ(error({a, b}), "loaded");
+  // One with end tokens appended mixes with one without (eos_id null), not with another EOS.
+  edit(a, [](nlohmann::json& m) { m["eos_id"] = 2; });
+  edit(b, [](nlohmann::json& m) { m["eos_id"] = nullptr; });
+  EXPECT_EQ(error({a, b}), "loaded");
+  edit(b, [](nlohmann::json& m) { m["eos_id"] = 3; });
+  EXPECT_NE(error({a, b}).find("was tokenized unlike"), std::string::npos);
+  edit(b, [](nlohmann::json& m) { m["eos_id"] = 2; });
   edit(b, [](nlohmann::json& m) { m["tokenizer"] = {{"fingerprint", "0123456789abcdef0"}}; });
   std::string e = error({a, b});
   EXPECT_NE(e.find("was tokenized unlike"), std::string::npos) << e;
@@ -320,6 +329,10 @@ TEST(Loader, ManifestsThatDisagreeWithTheirTokensAreRefused) {
   edit(a, [](nlohmann::json& m) { m["vocab_size"] = 100000; });  // u16 holds ids to 65535
   e = error({a});
   EXPECT_NE(e.find("vocab_size 100000 does not fit its token_dtype u16"), std::string::npos) << e;
+  // Prepared without tokenizing (vocab_size 0): a manifest to inspect, not to train on.
+  edit(a, [](nlohmann::json& m) { m["vocab_size"] = 0; });
+  EXPECT_NO_THROW(Manifest::load(a));
+  EXPECT_NE(error({a}).find("holds no tokens"), std::string::npos);
   fs::remove_all(dir);
 }
 
