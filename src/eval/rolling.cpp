@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/tape.h"
 #include "base/error.h"
+#include "ops/gemm.h"
 
 namespace pollen::eval {
 
@@ -35,6 +37,8 @@ std::vector<Window> rolling_windows(std::span<const uint32_t> tokens, uint32_t p
 
 namespace {
 
+constexpr int64_t kScoredRows = 512;  // logits rows computed at once
+
 // Runs the windows and calls visit(target, logits row (V), log-sum-exp of the row) for every
 // scored token in order.
 template <typename Visit>
@@ -49,19 +53,28 @@ void score_windows(const model::Llama& model, std::span<const uint32_t> tokens, 
                    w.input[static_cast<size_t>(i)], " is outside the model's vocabulary of ", V);
       ids.data<int32_t>()[i] = static_cast<int32_t>(w.input[static_cast<size_t>(i)]);
     }
-    const Tensor logits = model.logits(model::Batch::contiguous_rows(ids, ids)).to(DType::f32);
+    // The scored rows' logits kScoredRows at a time: a window of the model's whole context never
+    // holds its T x V logits at once (131072 x 128256 floats would be 67 GB).
+    ag::NoGrad no_grad;
+    const ag::Var h = model.hidden_states(model::Batch::contiguous_rows(ids, ids));  // (t, C)
+    const ag::Var head = model.head_weight();                                        // (V, C)
     const int64_t scored = static_cast<int64_t>(w.targets.size());
-    for (int64_t j = 0; j < scored; ++j) {
-      const int64_t row = t - scored + j;
-      const float* z = logits.data<float>() + row * V;
-      const uint32_t target = w.targets[static_cast<size_t>(j)];
-      POLLEN_CHECK(target < static_cast<uint64_t>(V), "token id ", target,
-                   " is outside the model's vocabulary of ", V);
-      double best = z[0];
-      for (int64_t v = 1; v < V; ++v) best = std::max(best, static_cast<double>(z[v]));
-      double sum = 0;
-      for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - best);
-      visit(target, std::span<const float>(z, static_cast<size_t>(V)), best + std::log(sum));
+    for (int64_t j0 = 0; j0 < scored; j0 += kScoredRows) {
+      const int64_t n = std::min(kScoredRows, scored - j0), first = t - scored + j0;
+      Tensor chunk = Tensor::empty({n, V}, h.value().dtype(), h.value().device());
+      ops::gemm(h.value().slice(0, first, first + n), false, head.value(), true, chunk);
+      const Tensor logits = chunk.to(DType::f32);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* z = logits.data<float>() + j * V;
+        const uint32_t target = w.targets[static_cast<size_t>(j0 + j)];
+        POLLEN_CHECK(target < static_cast<uint64_t>(V), "token id ", target,
+                     " is outside the model's vocabulary of ", V);
+        double best = z[0];
+        for (int64_t v = 1; v < V; ++v) best = std::max(best, static_cast<double>(z[v]));
+        double sum = 0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - best);
+        visit(target, std::span<const float>(z, static_cast<size_t>(V)), best + std::log(sum));
+      }
     }
   }
 }
