@@ -280,6 +280,16 @@ TEST(SecAggQuantize, WeightedMeanWithinTheStatedBound) {
           << "bits " << bits << " stochastic " << stochastic;
       if (bits == 32) EXPECT_GT(worst, o.error_bound() / 8) << "the step should matter at 2^-14";
       if (stochastic && bits == 32) EXPECT_LT(std::fabs(bias), o.step / 10) << "unbiased rounding";
+      // A word beyond what +-range allows (a client that skipped the clipping) fails the sum.
+      std::vector<uint64_t> hostile = sum;
+      hostile[7] = (hostile[7] + (uint64_t{1} << (bits - 2))) & ring_mask(bits);
+      try {
+        dequantize(hostile, total, o, deltas[0]);
+        ADD_FAILURE() << "a sum beyond the range was taken";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("value 7 of the unmasked sum"), std::string::npos)
+            << e.what();
+      }
     }
   }
 }

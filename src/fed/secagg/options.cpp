@@ -14,7 +14,9 @@ void Options::validate(const std::function<std::string(const std::string&)>& whe
                ": 0 (a majority) or at least 2, got ", threshold);
   POLLEN_CHECK(neighbours >= 0, where("neighbours"), ": 0 (every client) or more, got ",
                neighbours);
-  POLLEN_CHECK(std::isfinite(range) && range > 0, where("range"), ": must be positive");
+  // At most the bound every decoded pseudo-gradient value is held to (fed/wire.h).
+  POLLEN_CHECK(std::isfinite(range) && range > 0 && range <= 1e6, where("range"),
+               ": must be positive and at most 1e6");
   POLLEN_CHECK(std::isfinite(step) && step > 0 && step <= range, where("step"),
                ": must be positive and at most range");
   POLLEN_CHECK(range / step <= 0x1p52, where("step"), ": range / step must be at most 2^52 levels");

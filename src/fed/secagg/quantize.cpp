@@ -67,6 +67,9 @@ Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_tokens, const
                    const Weights& like) {
   check_fits(total_tokens, options);
   const double scale = options.step / static_cast<double>(total_tokens);
+  // Honest clients' values lie within +-range, so their weighted sum within this: a sum past it
+  // holds a word no client may send (the masked updates are never checked one by one).
+  const double most = static_cast<double>(total_tokens) * static_cast<double>(options.max_level());
   Weights out;
   size_t k = 0;
   for (const Tensor& t : like) {
@@ -74,8 +77,11 @@ Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_tokens, const
     float* o = d.data<float>();
     for (int64_t j = 0; j < d.numel(); ++j, ++k) {
       POLLEN_ASSERT(k < sum.size());
-      o[j] =
-          static_cast<float>(static_cast<double>(ring_signed(sum[k], options.ring_bits)) * scale);
+      const auto s = static_cast<double>(ring_signed(sum[k], options.ring_bits));
+      POLLEN_CHECK(std::fabs(s) <= most, "secure aggregation: value ", k,
+                   " of the unmasked sum is ", s * scale, ", beyond +-secure_aggregation.range (",
+                   options.range, "): a client sent a value outside it");
+      o[j] = static_cast<float>(s * scale);
     }
     out.push_back(std::move(d));
   }
