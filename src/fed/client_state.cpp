@@ -72,9 +72,10 @@ void load_local_dp(LocalDp* local_dp, const nlohmann::json* saved, int64_t round
                    const fs::path& ckpt, const std::string& client_id) {
   if (!local_dp) return;
   POLLEN_CHECK(saved || round == 0, "fed client '", client_id, "': state ", ckpt.string(),
-               " is of ", round,
-               " rounds released without [local_dp], so no epsilon can be "
-               "claimed for this silo; remove the state folder to start it afresh");
+               " of round ", round,
+               " holds no [local_dp] privacy account (its rounds ran "
+               "without [local_dp], or before the account was kept), so the epsilon of the "
+               "rounds released so far is unknown; remove the state folder to start afresh");
   if (saved) local_dp->load_state(*saved);
 }
 

@@ -184,7 +184,7 @@ TEST(ClientState, RestartedClientKeepsItsPrivacyAccount) {
     three_rounds(plain, 1, with_dp, 1);
     ADD_FAILURE() << "rounds released without [local_dp] were resumed under it";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("released without [local_dp]"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("holds no [local_dp] privacy account"), std::string::npos)
         << e.what();
   }
   fs::remove_all(dir);
