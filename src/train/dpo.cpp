@@ -1,12 +1,12 @@
 #include "train/dpo.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "autograd/sequence_logprob.h"
 #include "base/error.h"
 #include "base/files.h"
 #include "base/hash.h"
-#include "io/hf.h"
 
 namespace pollen::train {
 namespace fs = std::filesystem;
@@ -18,12 +18,28 @@ fs::path resolve(const fs::path& base, const std::string& p) {
   return fs::path(p).is_absolute() || base.empty() ? fs::path(p) : base / p;
 }
 
-// SHA-256 over the architecture (as config.json would state it: rope, norms, biases, ...) and
-// every parameter's name and bytes: two models of the same weights but another rope_theta score
-// differently.
+// Every number of the architecture that the forward reads.
+std::string architecture_key(const model::LlamaConfig& c) {
+  const auto g = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g ", v);
+    return std::string(buf);
+  };
+  const ops::RopeScaling& s = c.rope_scaling;
+  return cat(c.vocab_size, " ", c.hidden_size, " ", c.intermediate_size, " ", c.num_hidden_layers,
+             " ", c.num_attention_heads, " ", c.num_key_value_heads, " ", c.resolved_head_dim(),
+             " ", c.max_position_embeddings, " ", c.sliding_window, " ", c.tie_word_embeddings, " ",
+             c.attention_bias, " ", static_cast<int>(s.kind), " ",
+             s.original_max_position_embeddings, " ", g(c.rope_theta), g(c.rms_norm_eps),
+             g(s.factor), g(s.low_freq_factor), g(s.high_freq_factor), g(s.attention_factor),
+             g(s.beta_fast), g(s.beta_slow));
+}
+
+// SHA-256 over the architecture and every parameter's name and bytes: two models of the same
+// weights but another rope_theta score differently.
 std::string model_sha256(const model::Llama& model) {
   Sha256 h;
-  h.update(io::hf_config_json(model.config(), "float32").dump());
+  h.update(architecture_key(model.config()));
   for (const auto& [name, v] : model.named_parameters()) {
     h.update(name);
     const Tensor t = v.value().contiguous();
