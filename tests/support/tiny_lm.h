@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +14,8 @@
 #include "base/rng.h"
 #include "io/hf.h"
 #include "model/llama.h"
+#include "model/lora.h"
+#include "support/gradcheck.h"
 #include "tokenizer/hf_format.h"
 #include "tokenizer/pattern.h"
 #include "tokenizer/trainer.h"
@@ -98,6 +101,25 @@ inline void write_hf_dir(const model::Llama& m, const tokenizer::Tokenizer& tok,
   io::HfExportOptions o;
   o.extra_files = {staging / "tokenizer.json", staging / "tokenizer_config.json"};
   io::export_hf(m, dir, o);
+}
+
+// LoRA adapters of rank 2 on `targets` attached to `model`, with a random non-zero B, so that the
+// adapted model differs from its base from the start.
+inline std::shared_ptr<model::Lora> attach_random_lora(model::Llama& model,
+                                                       std::vector<model::LoraTarget> targets,
+                                                       uint64_t seed) {
+  model::LoraConfig lc;
+  lc.rank = 2;
+  lc.targets = std::move(targets);
+  auto lora = std::make_shared<model::Lora>(model.config(), lc);
+  Rng rng(seed);
+  for (auto& [name, v] : lora->named_tensors()) {
+    if (!name.ends_with("lora_B.weight")) continue;
+    ag::Var b = v;
+    b.value().copy_(random_tensor(b.value().shape(), rng, 0.5));
+  }
+  model.attach_lora(lora);
+  return lora;
 }
 
 }  // namespace pollen::testing

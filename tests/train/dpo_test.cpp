@@ -267,17 +267,9 @@ TEST_F(DpoRun, BadConfigAndDataAreRefusedByName) {
 TEST_F(DpoRun, UnderLoraTheReferenceIsTheFrozenBase) {
   // Adapters with a random non-zero B: the policy differs from the base, the reference does not.
   model::Llama adapted = model();
-  model::LoraConfig lc;
-  lc.rank = 2;
-  lc.targets = {model::LoraTarget::q_proj, model::LoraTarget::v_proj, model::LoraTarget::down_proj};
-  auto lora = std::make_shared<model::Lora>(adapted.config(), lc);
-  Rng rng(17);
-  for (auto& [name, v] : lora->named_tensors()) {
-    if (!name.ends_with("lora_B.weight")) continue;
-    ag::Var b = v;
-    b.value().copy_(pt::random_tensor(b.value().shape(), rng, 0.5));
-  }
-  adapted.attach_lora(lora);
+  pt::attach_random_lora(
+      adapted, {model::LoraTarget::q_proj, model::LoraTarget::v_proj, model::LoraTarget::down_proj},
+      17);
   train::DpoObjective under_lora(pt::objective_context("dpo", section(), config()));
   train::DpoObjective plain(pt::objective_context("dpo", section(), config()));
   const model::Llama base = model();
@@ -291,17 +283,7 @@ TEST_F(DpoRun, UnderLoraTheReferenceIsTheFrozenBase) {
 // whose log-probabilities DPO compares with the reference's.
 TEST_F(DpoRun, AnAdapterOnTheHeadMovesThePolicy) {
   model::Llama adapted = model();
-  model::LoraConfig lc;
-  lc.rank = 2;
-  lc.targets = {model::LoraTarget::lm_head};
-  auto lora = std::make_shared<model::Lora>(adapted.config(), lc);
-  Rng rng(17);
-  for (auto& [name, v] : lora->named_tensors()) {
-    if (!name.ends_with("lora_B.weight")) continue;
-    ag::Var b = v;
-    b.value().copy_(pt::random_tensor(b.value().shape(), rng, 0.5));
-  }
-  adapted.attach_lora(lora);
+  pt::attach_random_lora(adapted, {model::LoraTarget::lm_head}, 17);
   train::DpoObjective dpo(pt::objective_context("dpo", section(), config()));
   const train::ObjectiveStep step = dpo.evaluate(adapted);
   EXPECT_GT(std::fabs(step.metrics["rewards/chosen"].get<double>()), 1e-4);  // policy != base

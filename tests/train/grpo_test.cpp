@@ -290,17 +290,7 @@ TEST(Grpo, AnAdapterOnTheHeadIsTrained) {
   TinyGrpo t;
   t.write("p.jsonl", kPrompts);
   model::Llama m = testing::tiny_model(t.tok.vocab_size());
-  model::LoraConfig lc;
-  lc.rank = 2;
-  lc.targets = {model::LoraTarget::lm_head};
-  auto lora = std::make_shared<model::Lora>(m.config(), lc);
-  Rng rng(5);
-  for (auto& [name, v] : lora->named_tensors()) {
-    if (!name.ends_with("lora_B.weight")) continue;
-    ag::Var b = v;
-    b.value().copy_(testing::random_tensor(b.value().shape(), rng, 0.5));
-  }
-  m.attach_lora(lora);
+  const auto lora = testing::attach_random_lora(m, {model::LoraTarget::lm_head}, 5);
   for (auto& [name, v] : lora->named_tensors()) const_cast<ag::Var&>(v).zero_grad();
   GrpoObjective objective(t.context(kTinyRun), lowercase_share);
   objective.train_step(m, 3);
