@@ -96,11 +96,12 @@ X509* make_cert(EVP_PKEY* key, const std::string& cn, X509* issuer, EVP_PKEY* is
   X509_gmtime_adj(X509_getm_notAfter(c), static_cast<long>(days) * 86400);
   X509_set_pubkey(c, key);
   X509_NAME* name = X509_get_subject_name(c);
-  X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>("pollen federation"), -1, -1,
-                             0);
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
-                             reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1, 0);
+  if (!X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
+                                  reinterpret_cast<const unsigned char*>("pollen federation"), -1,
+                                  -1, 0) ||
+      !X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                                  reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1, 0))
+    ssl_fail(cat("name a certificate '", cn, "'"));
   X509_set_issuer_name(c, issuer ? X509_get_subject_name(issuer) : name);
   for (const auto& [nid, v] : exts) add_ext(c, issuer ? issuer : c, nid, v);
   if (!X509_sign(c, issuer_key, EVP_sha256())) ssl_fail("sign a certificate");
@@ -123,7 +124,11 @@ void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients
                     const std::vector<std::string>& server_names, int days) {
   POLLEN_CHECK(days >= 1, "fed certs: --days must be at least 1");
   POLLEN_CHECK(!server_names.empty(), "fed certs: at least one server name is needed");
-  for (const auto& id : clients) check_client_id(id, "fed certs --client");
+  for (const auto& id : clients) {
+    check_client_id(id, "fed certs --client");
+    POLLEN_CHECK(id.size() <= 64, "fed certs --client: '", id,
+                 "' is longer than the 64 characters a certificate's common name holds");
+  }
   fs::create_directories(dir);
   EVP_PKEY* ca_key;
   X509* ca;

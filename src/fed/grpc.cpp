@@ -137,6 +137,10 @@ class FederationService final : public pb::Federation::Service {
     const std::string serial = serial_hex(cert);
     X509_free(cert);
     const std::string id(cn[0].data(), cn[0].size());
+    // An empty common name would read as "no TLS" to the coordinator and let the client claim
+    // any id: a certificate must name a valid client id.
+    if (id.empty()) throw std::runtime_error("the client certificate has no common name");
+    check_client_id(id, "the client certificate's common name");
     if (revoked_.count(serial)) {
       throw std::runtime_error(
           cat("the certificate of '", id, "' (serial ", serial, ") is revoked"));

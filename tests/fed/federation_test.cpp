@@ -450,6 +450,22 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
     }
     EXPECT_FALSE(reply.accepted());
   }
+  // A certificate of the federation's CA without a common name: it must not pass as "no TLS",
+  // where any claimed id would do (openssl's command line signs one with the CA's key).
+  const fs::path nameless = dir / "certs";
+  const std::string make_nameless = cat(
+      "cd ", nameless.string(), " && openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256",
+      " -nodes -keyout client-nameless.key -subj /O=pollen -out nameless.csr 2>/dev/null && ",
+      "openssl x509 -req -in nameless.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1",
+      " -extfile <(printf 'extendedKeyUsage=clientAuth') -out client-nameless.pem 2>/dev/null");
+  ASSERT_EQ(std::system(cat("bash -c \"", make_nameless, "\"").c_str()), 0);
+  try {
+    EXPECT_FALSE(join(nameless, "nameless", "alice").accepted());
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no common name"), std::string::npos) << e.what();
+  }
+  // Ids longer than a common name holds get no certificate (it would have been issued nameless).
+  EXPECT_THROW(make_dev_certs(dir / "long", {std::string(65, 'a')}, {"localhost"}, 1), Error);
   server.shutdown();
 }
 
