@@ -38,10 +38,11 @@ std::string read_file(const std::filesystem::path& path) {
   return ss.str();
 }
 
-void write_file_atomic(const std::filesystem::path& path, std::string_view data) {
+void write_file_atomic(const std::filesystem::path& path, std::string_view data, int mode) {
   auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
   auto tmp = dir / cat(".", path.filename().string(), ".tmp.", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  ::unlink(tmp.c_str());  // a leftover temp file of this pid would keep its old permissions
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, static_cast<mode_t>(mode));
   POLLEN_CHECK(fd >= 0, "cannot create '", tmp.string(), "': ", errno_text());
   try {
     write_all(fd, data, tmp);

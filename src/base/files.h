@@ -11,7 +11,8 @@ namespace pollen {
 std::string read_file(const std::filesystem::path& path);
 
 // Writes `data` to `path` atomically: readers see the old file or the whole new one.
-void write_file_atomic(const std::filesystem::path& path, std::string_view data);
+// `mode`: the permissions the file is created with (before the umask), from its first byte.
+void write_file_atomic(const std::filesystem::path& path, std::string_view data, int mode = 0644);
 
 class MappedFile {
  public:

@@ -109,8 +109,7 @@ X509* make_cert(EVP_PKEY* key, const std::string& cn, X509* issuer, EVP_PKEY* is
 }
 
 void write_private(const fs::path& p, const std::string& pem) {
-  write_file_atomic(p, pem);
-  fs::permissions(p, fs::perms::owner_read | fs::perms::owner_write, fs::perm_options::replace);
+  write_file_atomic(p, pem, 0600);  // never readable by others, not even before the rename
 }
 
 bool is_ip(const std::string& s) {

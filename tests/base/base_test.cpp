@@ -121,6 +121,11 @@ TEST(Files, AtomicWriteReplacesWholeFile) {
   EXPECT_EQ(std::string(reinterpret_cast<const char*>(m.data()), m.size()), "second version");
   for (auto& e : std::filesystem::directory_iterator(dir))
     EXPECT_EQ(e.path().filename(), "f.txt") << "temporary file left behind";
+  // A private file is never readable by others, not even as its temporary file.
+  write_file_atomic(dir / "key.pem", "secret", 0600);
+  EXPECT_EQ(std::filesystem::status(dir / "key.pem").permissions() & std::filesystem::perms::all,
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::filesystem::remove(dir / "key.pem");
   std::string err = error_of([&] { read_file(dir / "missing.txt"); });
   EXPECT_NE(err.find("missing.txt"), std::string::npos);
   std::filesystem::remove_all(dir);
