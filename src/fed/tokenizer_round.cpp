@@ -65,8 +65,11 @@ void TokenizerRound::add_counts(const std::string& client_id, const std::string&
                                 const std::string& bytes) {
   const std::string id = check_client(client_id, peer_id, "counts");
   {
+    // Reserved before the file is written, so that two pushes of one silo never share it.
     std::lock_guard lock(mutex_);
-    POLLEN_CHECK(!counts_.count(id), "counts: client '", id, "' already sent its counts");
+    POLLEN_CHECK(!counts_.count(id) && !receiving_.count(id), "counts: client '", id,
+                 "' already sent its counts");
+    receiving_.insert(id);
   }
   const fs::path file = config_.dir / "counts" / (id + ".counts");
   const fs::path tmp = config_.dir / "counts" / (id + ".counts.received");
@@ -80,15 +83,17 @@ void TokenizerRound::add_counts(const std::string& client_id, const std::string&
     POLLEN_CHECK(pattern_.empty() || pattern == pattern_, "counts of '", id,
                  "': pre-tokenised with another pattern than the other silos' ('",
                  pattern.substr(0, 80), "')");
-    POLLEN_CHECK(!counts_.count(id), "counts: client '", id, "' already sent its counts");
     pattern_ = pattern;
     fs::rename(tmp, file);
     counts_[id] = file;
+    receiving_.erase(id);
     log::info("fed tokenizer: counts of '", id, "': ", check.distinct(), " distinct pieces of ",
               check.bytes_read(), " bytes (", counts_.size(), " of ", config_.clients.size(),
               " silos)");
   } catch (...) {
     fs::remove(tmp);
+    std::lock_guard lock(mutex_);
+    receiving_.erase(id);
     throw;
   }
   changed_.notify_all();

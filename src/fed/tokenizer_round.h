@@ -64,6 +64,7 @@ class TokenizerRound {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::map<std::string, std::filesystem::path> counts_;  // by client id
+  std::set<std::string> receiving_;  // ids whose counts are being checked (one push at a time)
   std::string pattern_;
   std::shared_ptr<const std::string> tokenizer_json_;
   std::set<std::string> pulled_;

@@ -177,6 +177,10 @@ void PieceCounts::merge_file(const std::filesystem::path& path) {
     std::string_view piece = r.bytes(r.get<uint32_t>());
     const uint64_t n = r.get<uint64_t>();
     r.fail_if(piece.empty() || n == 0, "piece " + std::to_string(i) + " is empty or has count 0");
+    // 2^48 occurrences of one piece is far past any corpus; bounded, the merged counts of up to
+    // 2^14 files cannot wrap, and the trainer's signed pair counts cannot overflow.
+    r.fail_if(n > (uint64_t{1} << 48),
+              "piece " + std::to_string(i) + " has count " + std::to_string(n) + ", over 2^48");
     r.fail_if(i > 0 && !(previous < piece),
               "piece " + std::to_string(i) + " is out of order (pieces are sorted and unique)");
     previous.assign(piece);

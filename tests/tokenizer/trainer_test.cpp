@@ -2,8 +2,11 @@
 // trainer, and a trained tokenizer gives the same ids in pollen, HF tokenizers and tiktoken.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "base/error.h"
 #include "base/files.h"
+#include "base/hash.h"
 #include "base/thread_pool.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/hf_format.h"
@@ -142,6 +145,19 @@ TEST_F(Trainer, BadCountFilesAreRefusedNamingTheFile) {
   expect_error("short.counts", bytes.substr(0, bytes.size() - 7), cl100k(), "checksum");
   expect_error("text.counts", "not a count file at all, just some text here", cl100k(), "magic");
   expect_error("pattern.counts", bytes, "\\w+", "pattern");
+  // A count past 2^48 (the first piece's, the checksum made again): merged counts could wrap.
+  const std::string pattern = cl100k();
+  const size_t count_at = bytes.find(pattern) + pattern.size() + 16;  // bytes read, pieces
+  uint32_t length = 0;
+  std::memcpy(&length, bytes.data() + count_at, 4);
+  std::string huge = bytes.substr(0, bytes.size() - 32);
+  const uint64_t count = (uint64_t{1} << 48) + 1;
+  std::memcpy(huge.data() + count_at + 4 + length, &count, 8);
+  Sha256 h;
+  h.update(huge);
+  const auto digest = h.digest();
+  huge.append(reinterpret_cast<const char*>(digest.data()), digest.size());
+  expect_error("huge.counts", huge, cl100k(), "over 2^48");
 }
 
 // HF's trainer breaks ties by the same rule (see trainer.h), so the merges are identical. They
