@@ -2,6 +2,7 @@
 // wiring only; templates are tokenizer::render_chat, generation model::Continuation.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -51,8 +52,8 @@ void add_chat_command(CLI::App& app) {
       ->check(CLI::IsMember({"chatml", "llama3"}));
   add_sampling_options(cmd, a->sampling);
   cmd->add_option("--context", a->context,
-                  "Most tokens the conversation may hold (default: the model's "
-                  "max_position_embeddings)");
+                  "Most tokens the conversation may hold, its KV cache allocated up front "
+                  "(default: the model's max_position_embeddings, at most 8192)");
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
   cmd->callback([a] {
     if (a->threads > 0) set_num_threads(a->threads);
@@ -67,7 +68,9 @@ void add_chat_command(CLI::App& app) {
     tokenizer::EncodeOptions eo;  // the template writes BOS itself where the model wants one
     eo.special = tokenizer::SpecialPolicy::allow_all();
     const auto decode = [&](std::span<const uint32_t> ids) { return tok.decode(ids); };
-    const int64_t context = a->context > 0 ? a->context : m.config().max_position_embeddings;
+    // The cache is allocated whole: a 131072-token default would take 34 GB on an 8B model.
+    const int64_t context =
+        a->context > 0 ? a->context : std::min<int64_t>(m.config().max_position_embeddings, 8192);
     model::Continuation session(m, context, o.seed);
 
     const bool interactive = isatty(STDIN_FILENO);

@@ -77,13 +77,9 @@ Generation Continuation::generate(const std::vector<uint32_t>& sequence, const S
     feed = {next};
     if (!decode) continue;
     text = decode(out.tokens);
-    for (const std::string& s : o.stop_strings) {
-      const size_t at = s.empty() ? std::string::npos : text.find(s);
-      if (at != std::string::npos) {
-        text.resize(at);
-        cut = true;
-        break;
-      }
+    if (const size_t at = first_stop(text, o.stop_strings); at != std::string::npos) {
+      text.resize(at);
+      cut = true;
     }
     if (cut) {
       out.finish_reason = "stop";

@@ -37,6 +37,16 @@ std::string letters(std::span<const uint32_t> ids) {
   return s;
 }
 
+// Two characters a token: its letter in lower then upper case.
+std::string letter_pairs(std::span<const uint32_t> ids) {
+  std::string s;
+  for (uint32_t id : ids) {
+    s += static_cast<char>('a' + id % 26);
+    s += static_cast<char>('A' + id % 26);
+  }
+  return s;
+}
+
 TEST(Continuation, TurnsReuseTheCacheAndMatchGenerate) {
   const model::Llama m = random_model(5);
   model::SamplingOptions o;
@@ -84,6 +94,17 @@ TEST(Continuation, StreamsTheReplyAndHoldsBackStopStrings) {
   EXPECT_EQ(reply.finish_reason, "stop");
   EXPECT_EQ(streamed, reply.text);
   EXPECT_GE(pieces.size(), 2u);  // streamed as it went, not at the end only
+  // One token that completes two stop strings is cut at the earlier of them, whichever the list
+  // names first: the text never keeps a stop string.
+  o.stop_strings.clear();
+  const std::string pairs = model::Continuation(m, 64, 0).generate(prompt, o, letter_pairs).text;
+  size_t k = 1;  // a token whose letter no earlier token has, so that it completes both
+  while (k < pairs.size() / 2 && pairs.substr(0, 2 * k).find(pairs[2 * k]) != std::string::npos)
+    ++k;
+  ASSERT_LT(k, pairs.size() / 2) << pairs;
+  o.stop_strings = {pairs.substr(2 * k + 1, 1), pairs.substr(2 * k, 1)};  // upper, then lower
+  const auto cut = model::Continuation(m, 64, 0).generate(prompt, o, letter_pairs);
+  EXPECT_EQ(cut.text, pairs.substr(0, 2 * k));
   // Sequences that would outgrow the context are refused.
   model::Continuation small(m, 8, 0);
   EXPECT_THROW(small.generate(prompt, o, letters), Error);
