@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -106,13 +107,14 @@ class ShardReader {
   uint32_t token(int64_t i) const;
   // num_docs + 1 document starts (the last is num_tokens).
   const std::vector<uint64_t>& doc_starts() const { return starts_; }
-  // The largest token id in the shard (0 when empty): one pass over its tokens.
+  // The largest token id in the shard (0 when empty): taken while verifying, else one pass.
   uint32_t max_token() const;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int64_t num_tokens_ = 0;
+  std::optional<uint32_t> max_token_;  // taken in the verifying pass
   TokenDType dtype_;
   std::vector<uint64_t> starts_;
 };
