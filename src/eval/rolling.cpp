@@ -63,7 +63,7 @@ void score_windows(const model::Llama& model, std::span<const uint32_t> tokens, 
       const int64_t n = std::min(kScoredRows, scored - j0), first = t - scored + j0;
       Tensor chunk = Tensor::empty({n, V}, h.value().dtype(), h.value().device());
       ops::gemm(h.value().slice(0, first, first + n), false, head.value(), true, chunk);
-      const Tensor logits = chunk.to(DType::f32);
+      const Tensor logits = chunk.dtype() == DType::f32 ? chunk : chunk.to(DType::f32);
       for (int64_t j = 0; j < n; ++j) {
         const float* z = logits.data<float>() + j * V;
         const uint32_t target = w.targets[static_cast<size_t>(j0 + j)];
