@@ -142,29 +142,38 @@ double sum_of_squares(const std::vector<Tensor>& tensors) {
     on_cpu.push_back(t.contiguous());
     starts.push_back(starts.back() + t.numel());
   }
+  // The sum is cut into fixed blocks, each summed on its own and the blocks added in order, so
+  // that it is the same bitwise on any number of threads: data-parallel ranks with different
+  // thread counts clip by the same norm and keep the same weights.
+  constexpr int64_t kBlock = int64_t{1} << 16;
   const int64_t n = starts.back();
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
   const int chunks =
-      static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, n / 4096)));
-  std::vector<double> partial(static_cast<size_t>(chunks), 0.0);
-  pool().run_chunks(n, chunks, [&](int64_t lo, int64_t hi, int c) {
-    // Eight independent lanes, added in a fixed order: vectorised and deterministic.
-    double lane[8] = {};
-    size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) -
-                                   starts.begin() - 1);
-    for (; i < on_cpu.size() && starts[i] < hi; ++i) {
-      const int64_t b = std::max(lo, starts[i]) - starts[i];
-      const int64_t e = std::min(hi, starts[i + 1]) - starts[i];
-      dispatch_float("sum_of_squares", on_cpu[i].dtype(), [&]<typename T>(T) {
-        const T* p = on_cpu[i].data<T>();
-        int64_t j = b;
-        for (; j + 8 <= e; j += 8)
-          for (int l = 0; l < 8; ++l) lane[l] += static_cast<double>(p[j + l]) * p[j + l];
-        for (; j < e; ++j) lane[0] += static_cast<double>(p[j]) * p[j];
-      });
+      static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, blocks)));
+  std::vector<double> partial(static_cast<size_t>(blocks), 0.0);
+  pool().run_chunks(blocks, chunks, [&](int64_t first_block, int64_t end_block, int) {
+    for (int64_t block = first_block; block < end_block; ++block) {
+      const int64_t lo = block * kBlock;
+      const int64_t hi = std::min(n, lo + kBlock);
+      // Eight independent lanes, added in a fixed order: vectorised and deterministic.
+      double lane[8] = {};
+      size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), lo) -
+                                     starts.begin() - 1);
+      for (; i < on_cpu.size() && starts[i] < hi; ++i) {
+        const int64_t b = std::max(lo, starts[i]) - starts[i];
+        const int64_t e = std::min(hi, starts[i + 1]) - starts[i];
+        dispatch_float("sum_of_squares", on_cpu[i].dtype(), [&]<typename T>(T) {
+          const T* p = on_cpu[i].data<T>();
+          int64_t j = b;
+          for (; j + 8 <= e; j += 8)
+            for (int l = 0; l < 8; ++l) lane[l] += static_cast<double>(p[j + l]) * p[j + l];
+          for (; j < e; ++j) lane[0] += static_cast<double>(p[j]) * p[j];
+        });
+      }
+      double acc = 0;
+      for (double x : lane) acc += x;
+      partial[static_cast<size_t>(block)] = acc;
     }
-    double acc = 0;
-    for (double x : lane) acc += x;
-    partial[static_cast<size_t>(c)] = acc;
   });
   for (double x : partial) total += x;
   return total;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/rng.h"
+#include "base/thread_pool.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -89,6 +90,24 @@ TEST(SumOfSquares, ManyTensorsAcrossChunks) {
   const double got = ops::sum_of_squares(ts);
   EXPECT_NEAR(got, expected, 1e-12 * expected);
   EXPECT_EQ(ops::sum_of_squares(ts), got);
+}
+
+// Data-parallel ranks clip by the norm each computes: ranks with different thread counts must
+// get the same bits, or their weights part after the first clipped step.
+TEST(SumOfSquares, TheSameBitsOnAnyNumberOfThreads) {
+  Rng rng(11);
+  std::vector<float> v(300001);
+  for (float& x : v) x = static_cast<float>(rng.normal());
+  const std::vector<Tensor> ts = {Tensor::from<float>({static_cast<int64_t>(v.size())}, v),
+                                  Tensor::from<float>({3}, {1.5f, -2.0f, 0.25f})};
+  const int threads_before = num_threads();
+  std::vector<double> sums;
+  for (int threads : {1, 2, 3, 5}) {
+    set_num_threads(threads);
+    sums.push_back(ops::sum_of_squares(ts));
+  }
+  set_num_threads(threads_before);
+  for (size_t i = 1; i < sums.size(); ++i) EXPECT_EQ(sums[i], sums[0]) << "thread count " << i;
 }
 
 }  // namespace
