@@ -129,7 +129,8 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
     if (point.dir) choice[0] = io::checkpoint_step(*point.dir);
     choice[1] = point.skipped;
   }
-  comm.broadcast(std::span<int64_t>(choice, 2), 0, "the choice of client state to resume");
+  // No watchdog: rank 0 verifies the state's hashes first, which can outlast parallel.timeout_s.
+  comm.wait_for_broadcast(std::span<int64_t>(choice, 2), 0, "the choice of client state to resume");
   refuse_if_none_verifies(choice[0] >= 0, choice[1], dir, client_id);
   const int64_t chosen = choice[0];
   if (chosen < 0) return 0;

@@ -490,7 +490,9 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       if (point.dir) choice_of_lead[0] = io::checkpoint_step(*point.dir);
       choice_of_lead[1] = point.skipped;
     }
-    comm.broadcast(choice_of_lead, 0, "the choice of checkpoint to resume");
+    // No watchdog: rank 0 verifies the checkpoint's hashes first, which for a large model on a
+    // shared file system can take longer than parallel.timeout_s.
+    comm.wait_for_broadcast(choice_of_lead, 0, "the choice of checkpoint to resume");
     const int64_t chosen = choice_of_lead[0];
     POLLEN_CHECK(chosen >= 0 || choice_of_lead[1] == 0, "--resume: no checkpoint under '",
                  ckpt_root.string(), "' verifies (", choice_of_lead[1], " skipped, reasons above)");
