@@ -475,6 +475,17 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       log::warn("no evaluation: ", e.what());
       val_loader.reset();
     }
+    // Evaluation is a collective: it runs only if every rank has the validation data (one rank
+    // that cannot read it would leave the others' reductions paired with the wrong ones).
+    if (parallel) {
+      double ranks_with_data[1] = {val_loader ? 1.0 : 0.0};
+      comm.all_reduce_sum(ranks_with_data, "whether every rank has validation data");
+      if (ranks_with_data[0] < comm.world() && val_loader) {
+        log::warn("no evaluation: ", comm.world() - static_cast<int>(ranks_with_data[0]),
+                  " rank(s) could not read validation split '", cfg.validation_split, "'");
+        val_loader.reset();
+      }
+    }
   }
 
   LoopCounters counters;
