@@ -194,7 +194,33 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
   }
 }
 
+template <typename Work>
+auto LocalTrainer::with_the_other_ranks(Work&& work) {
+  try {
+    return work();
+  } catch (const dist::PeerFailure&) {
+    throw;
+  } catch (const RoundFailure&) {
+    throw;
+  } catch (const Error& e) {
+    if (comm_->world() > 1) {
+      log::error("client '", config_.id, "' rank ", comm_->rank(), ": ", e.what(),
+                 "; ending the silo's job");
+      comm_->abort_job(1);
+    }
+    throw;
+  }
+}
+
 LocalTrainer::Result LocalTrainer::train(int64_t steps) {
+  return with_the_other_ranks([&] { return train_steps(steps); });
+}
+
+double LocalTrainer::evaluate(int64_t* tokens) {
+  return with_the_other_ranks([&] { return evaluate_share(tokens); });
+}
+
+LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {
   const auto t0 = Clock::now();
   const auto& tc = config_.train;
   optim::Schedule sched;
@@ -221,9 +247,11 @@ LocalTrainer::Result LocalTrainer::train(int64_t steps) {
         reducer_
             ? train::accumulate_gradients(model_, micro, *comm_, *reducer_, stop, reduce_wait_s)
             : train::accumulate_gradients(model_, micro);
-    POLLEN_CHECK(acc.scored > 0, "client '", config_.id, "': a step without scored tokens");
-    POLLEN_CHECK(std::isfinite(acc.loss), "client '", config_.id,
-                 "': non-finite loss at local step ", step_);
+    // The count and the loss are the same on every rank: these failures are the round's.
+    if (acc.scored <= 0)
+      throw RoundFailure(cat("client '", config_.id, "': a step without scored tokens"));
+    if (!std::isfinite(acc.loss))
+      throw RoundFailure(cat("client '", config_.id, "': non-finite loss at local step ", step_));
     const int64_t scored = acc.scored;
     const double step_loss = acc.loss * static_cast<double>(scored);
     // train.round_warmup_steps: the round's step s + 1 of them takes that fraction of the lr.
@@ -428,7 +456,7 @@ void LocalTrainer::load_checkpoint(const std::filesystem::path& dir) {
   zero_->set_steps_taken(m.steps);
 }
 
-double LocalTrainer::evaluate(int64_t* tokens) {
+double LocalTrainer::evaluate_share(int64_t* tokens) {
   *tokens = 0;
   if (!validation_) return 0;
   validation_->restore({config_.seed, 0, 0});  // the same batches every time

@@ -66,6 +66,13 @@ class LocalTransport : public Transport {
   Coordinator& c_;
 };
 
+// A failure that every rank of a silo meets at the same point (a step's loss or token count,
+// which the ranks agree on): the round fails on every rank and the silo waits for the next one.
+class RoundFailure : public Error {
+ public:
+  using Error::Error;
+};
+
 // The inner loop of a silo: H steps of AdamW on its own data (the gradient of each step is that
 // of the mean loss over every scored token of its micro-batches, as in `pollen train`). With a
 // communicator of several ranks (a silo run under mpirun, fed/silo.h) each rank reads its part
@@ -123,6 +130,13 @@ class LocalTrainer : public RoundTrainer {
   void set_first_moments(const ParamSpecs& moments, const Weights& estimate);
 
  private:
+  Result train_steps(int64_t steps);
+  double evaluate_share(int64_t* tokens);
+  // Runs a round's collective work. In a silo of several ranks any error but a RoundFailure or a
+  // dead peer is this rank's alone and leaves the others waiting in a collective it will never
+  // start: it ends the silo's job (exit code 1), as an error on one rank of `pollen train` does.
+  template <typename Work>
+  auto with_the_other_ranks(Work&& work);
   void apply_step_drift();
   // ZeRO-1, every rank after the round: rank 0 gathers what it writes or sends (the whole state
   // with a state folder, else the shared first moments) and the factored second moments.

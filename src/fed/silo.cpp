@@ -117,9 +117,7 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
         trainer.evaluate(&tokens);
       }
       trainer.train(words[1]);
-    } catch (const dist::PeerFailure&) {
-      throw;
-    } catch (const Error& e) {
+    } catch (const RoundFailure& e) {
       // The same failure as rank 0's (the loss and counts are the job's): wait for the next.
       log::warn("fed client '", config.id, "' rank ", comm.rank(), ": round ", words[0],
                 " failed: ", e.what());

@@ -126,16 +126,21 @@ FaultInjection parse_fault_injection(const std::string& text) {
   const auto a = text.find(':'), b = text.rfind(':');
   const std::string kind = text.substr(0, a);
   try {
-    POLLEN_CHECK(a != std::string::npos && b != a && (kind == "kill" || kind == "hang"), "");
+    POLLEN_CHECK(
+        a != std::string::npos && b != a && (kind == "kill" || kind == "hang" || kind == "error"),
+        "");
     size_t used = 0;
     f.rank = std::stoi(text.substr(a + 1, b - a - 1), &used);
     POLLEN_CHECK(used == b - a - 1, "");
     f.step = std::stoll(text.substr(b + 1), &used);
     POLLEN_CHECK(used == text.size() - b - 1 && f.rank >= 0 && f.step >= 1, "");
   } catch (const std::exception&) {
-    fail("POLLEN_FAULT_INJECT='", text, "': expected kill:RANK:STEP or hang:RANK:STEP");
+    fail("POLLEN_FAULT_INJECT='", text,
+         "': expected kill:RANK:STEP, hang:RANK:STEP or error:RANK:STEP");
   }
-  f.kind = kind == "kill" ? FaultInjection::Kind::kill : FaultInjection::Kind::hang;
+  f.kind = kind == "kill"   ? FaultInjection::Kind::kill
+           : kind == "hang" ? FaultInjection::Kind::hang
+                            : FaultInjection::Kind::error;
   return f;
 }
 
@@ -333,6 +338,8 @@ void load_checkpoint(const fs::path& dir, const model::Llama& model, optim::Adam
 
 void inject_fault_at(const FaultInjection& f, int rank, int64_t step) {
   if (f.kind == FaultInjection::Kind::none || f.rank != rank || f.step != step) return;
+  if (f.kind == FaultInjection::Kind::error)
+    fail("rank ", f.rank, ": POLLEN_FAULT_INJECT: an error before step ", f.step);
   log::warn("rank ", f.rank,
             ": POLLEN_FAULT_INJECT: ", f.kind == FaultInjection::Kind::kill ? "dying" : "hanging",
             " before step ", f.step);

@@ -303,6 +303,24 @@ TEST(FederatedSilo, HungRankIsNamedWithExitCodeFourAndTheRestartedClientFinishes
   fs::remove_all(f.dir);
 }
 
+// An error that rank 1 alone meets inside a round (its data, its memory) ends the silo's job with
+// exit code 1 and that error, instead of leaving rank 0 waiting in a reduction until the watchdog
+// blames a hung rank 1; the restarted client finishes the run.
+TEST(FederatedSilo, AnErrorOnOneRankEndsTheSilosJobWithThatError) {
+  const Federation f = write_federation("one_rank_error");
+  const pid_t server = start_server(f);
+  const Outcome failed = run_client(f, 2, false, "POLLEN_FAULT_INJECT=error:1:5");
+  EXPECT_EQ(failed.exit_code, 1) << failed.output;
+  EXPECT_NE(failed.output.find("rank 1: POLLEN_FAULT_INJECT: an error before step 5"),
+            std::string::npos)
+      << failed.output;
+  EXPECT_EQ(failed.output.find("never reached it"), std::string::npos) << failed.output;
+  const Outcome again = run_client(f, 2);
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(wait_exit(server), 0) << "see " << (f.dir / "server.log").string();
+  fs::remove_all(f.dir);
+}
+
 TEST(FederatedSilo, TwoRanksShareTheFirstMomentsOfOneProcess) {
   // strategy.first_moments with a second client (silo-1, one process, its own data), so that the
   // federation's first moments are not silo-0's own: round 2 starts from their average on every
