@@ -1,5 +1,8 @@
 #include "base/thread_pool.h"
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <memory>
 
@@ -83,9 +86,23 @@ void ThreadPool::worker_loop(int) {
   }
 }
 
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+int threads_per_rank(int ranks_on_node) {
+  const int mine = available_cpus();
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (online > 0 && mine < online) return mine;  // bound by its launcher: those are its own
+  return std::max(1, mine / std::max(1, ranks_on_node));
+}
+
 namespace {
 int default_threads() {
-  return std::max(1u, std::thread::hardware_concurrency());
+  return available_cpus();
 }
 std::unique_ptr<ThreadPool>& pool_slot() {
   static std::unique_ptr<ThreadPool> p = std::make_unique<ThreadPool>(default_threads());

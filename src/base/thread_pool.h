@@ -39,7 +39,14 @@ class ThreadPool {
   std::exception_ptr error_;
 };
 
-// The process-wide pool used by ops; sized by set_num_threads (default: hardware threads).
+// The CPUs this process may run on: its affinity mask (taskset, Slurm's --cpus-per-task,
+// mpirun's binding), not every core of the machine.
+int available_cpus();
+// Threads for one of `ranks_on_node` ranks of a job: the CPUs its launcher bound it to, or, when
+// it may run on every CPU of the node, an equal share of them.
+int threads_per_rank(int ranks_on_node);
+
+// The process-wide pool used by ops; sized by set_num_threads (default: available_cpus()).
 ThreadPool& pool();
 void set_num_threads(int threads);
 int num_threads();

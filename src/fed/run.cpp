@@ -92,11 +92,9 @@ void lead_silo(const ClientConfig& config, dist::Communicator& comm,
 void run_client(const ClientConfig& config, const train::FaultInjection& fault) {
   // One process unless a launcher (mpirun, srun) started several.
   const auto comm = dist::connect(config.parallel.timeout_s);
-  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
   if (config.threads > 0 || comm->world() > 1) {
-    // Ranks on one node share its cores.
     set_num_threads(config.threads > 0 ? config.threads
-                                       : std::max(1, hardware / comm->topology().local_world));
+                                       : threads_per_rank(comm->topology().local_world));
   }
   if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the silo
   try {

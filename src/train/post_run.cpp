@@ -1,7 +1,6 @@
 #include "train/post_run.h"
 
 #include <chrono>
-#include <thread>
 
 #include "autograd/tape.h"
 #include "base/files.h"
@@ -81,9 +80,7 @@ std::string lora_checkpoint_config(const model::Lora& lora, const std::string& b
 PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
                              const ObjectiveFactory& make_objective) {
   SignalGuard signals(o.handle_signals);
-  set_num_threads(cfg.threads > 0
-                      ? cfg.threads
-                      : std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+  set_num_threads(cfg.threads > 0 ? cfg.threads : available_cpus());
   const fs::path ckpt_root = prepare_run_dir(cfg.dir, o.resume);
   std::optional<fs::path> resume_from;
   if (o.resume) {

@@ -77,8 +77,7 @@ std::string StepBenchResult::ops_table() const {
 StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBenchOptions& o) {
   POLLEN_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0, "bench step: batch, seq and steps must ",
                "be positive");
-  set_num_threads(o.threads > 0 ? o.threads
-                                : static_cast<int>(std::thread::hardware_concurrency()));
+  set_num_threads(o.threads > 0 ? o.threads : available_cpus());
   model::Llama model(config, o.seed);
   model.to(o.device);
   model.set_recompute(o.recompute);

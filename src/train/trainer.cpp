@@ -354,10 +354,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   dist::SingleProcess alone;
   dist::Communicator& comm = o.comm ? *o.comm : alone;
   const bool parallel = comm.world() > 1, lead = comm.rank() == 0;
-  // Ranks on one node share its cores.
-  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
-  set_num_threads(cfg.threads > 0 ? cfg.threads
-                                  : std::max(1, hardware / comm.topology().local_world));
+  set_num_threads(cfg.threads > 0 ? cfg.threads : threads_per_rank(comm.topology().local_world));
   const fs::path ckpt_root = prepare_run_dir(cfg.dir, o.resume);
   for (const auto& m : cfg.manifests) {
     const auto man = data::Manifest::load(m);

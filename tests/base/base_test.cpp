@@ -1,5 +1,7 @@
 // The base layer: config errors, the counter-based RNG, the thread pool, hashing and files.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
@@ -103,6 +105,31 @@ TEST(ThreadPool, ChunksCoverRangeOnceAndErrorsPropagate) {
                                  if (b > 0) fail("boom");
                                }),
                Error);
+}
+
+// A rank bound to some CPUs (Slurm's --cpus-per-task, taskset) runs that many threads; a rank free
+// to run anywhere takes its share of the node. Here the test thread is bound to one CPU.
+TEST(ThreadPool, ThreadsPerRankFollowTheAffinityMask) {
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t before;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+  if (CPU_COUNT(&before) == online) {
+    EXPECT_EQ(threads_per_rank(1), online);
+    EXPECT_EQ(threads_per_rank(2), std::max<long>(1, online / 2));
+  }
+  if (online < 2) GTEST_SKIP() << "one CPU: no smaller mask to bind to";
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &before)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const int alone = available_cpus(), bound = threads_per_rank(1);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
+  EXPECT_EQ(alone, 1);
+  EXPECT_EQ(bound, 1);
 }
 
 TEST(Hash, Sha256AndXxh64KnownValues) {
