@@ -59,9 +59,12 @@ class JsonlWriter {
   JsonlWriter(const std::filesystem::path& path, std::optional<uint64_t> resume_at = {})
       : file_(path, resume_at) {}
   // Invalid UTF-8 in strings (a sample cut inside a character) becomes U+FFFD, never an error.
+  // Each record goes to the OS whole, at once: a crash between records leaves whole lines (a
+  // buffer flushed when full would end the file inside one).
   void write(const nlohmann::ordered_json& record) {
     file_.write(record.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
                 "\n");
+    file_.flush();
   }
   AppendFile& file() { return file_; }
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/log.h"
 
 namespace pollen::obs {
 namespace {
@@ -134,6 +135,11 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
   while (std::getline(in, line)) {
     ++n;
     if (line.empty()) continue;
+    if (in.eof()) {
+      // No line end: the record a crash cut short (or one being written now).
+      log::warn("'", file.string(), "' line ", n, ": unfinished (no line end); left out");
+      break;
+    }
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
@@ -160,6 +166,10 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
   while (ein && std::getline(ein, line)) {
     ++n;
     if (line.empty()) continue;
+    if (ein.eof()) {
+      log::warn("'", evals.string(), "' line ", n, ": unfinished (no line end); left out");
+      break;
+    }
     const auto j = nlohmann::json::parse(line, nullptr, false);
     POLLEN_CHECK(!j.is_discarded() && j.is_object() && j.contains("tokens") &&
                      j["tokens"].is_number() && j.contains("loss") && j["loss"].is_number() &&

@@ -13,6 +13,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "obs/metrics.h"
+#include "obs/plot.h"
 #include "obs/progress.h"
 
 namespace fs = std::filesystem;
@@ -121,6 +122,29 @@ TEST(AppendFile, AFileThatTakesNoMoreBytesIsAClearError) {
   EXPECT_NE(error.find(cat("cannot write '", (d / "m.jsonl").string(), "'")), std::string::npos)
       << error;
   EXPECT_NE(error.find(std::strerror(EFBIG)), std::string::npos) << error;
+  fs::remove_all(d);
+}
+
+// A JSONL record reaches the file whole when it is written, not when stdio's buffer fills: a run
+// killed later (during an evaluation, say) leaves whole lines, not one cut at 4 KB.
+TEST(JsonlWriter, EachRecordReachesTheFileWhole) {
+  const fs::path d = temp_dir("jsonl_whole");
+  obs::JsonlWriter w(d / "metrics.jsonl");
+  w.write({{"step", 1}, {"tokens", 10}, {"loss", 2.5}});
+  EXPECT_EQ(read_file(d / "metrics.jsonl"), "{\"step\":1,\"tokens\":10,\"loss\":2.5}\n");
+  fs::remove_all(d);
+}
+
+// A metrics file whose last line a crash cut short still plots: the whole records before it.
+TEST(Plot, AnUnfinishedLastLineIsLeftOut) {
+  const fs::path d = temp_dir("plot_torn");
+  write_file_atomic(d / "metrics.jsonl",
+                    "{\"tokens\":10,\"loss\":3.0}\n{\"tokens\":20,\"loss\":2.0}\n{\"tokens\":3");
+  write_file_atomic(d / "eval.jsonl", "{\"tokens\":20,\"loss\":2.5,\"data\":\"m\"}\n{\"tok");
+  const obs::RunCurves r = obs::read_run_curves(d);
+  EXPECT_EQ(r.train_loss.y, (std::vector<double>{3.0, 2.0}));
+  ASSERT_EQ(r.checkpoint_loss.size(), 1u);
+  EXPECT_EQ(r.checkpoint_loss[0].second.y, std::vector<double>{2.5});
   fs::remove_all(d);
 }
 
