@@ -36,7 +36,7 @@ double lr_at(const Schedule& s, int64_t step) {
   }
   const int64_t last = std::max<int64_t>(s.total_steps - 1, s.warmup_steps);
   auto progress = [](int64_t from, int64_t to, int64_t at) {
-    if (to <= from) return 1.0;
+    if (to <= from) return 0.0;  // one step after warmup: it trains at the peak rate
     return std::clamp(static_cast<double>(at - from) / static_cast<double>(to - from), 0.0, 1.0);
   };
   switch (s.kind) {
@@ -49,8 +49,11 @@ double lr_at(const Schedule& s, int64_t step) {
     case ScheduleKind::linear:
       return s.lr + (s.min_lr - s.lr) * progress(s.warmup_steps, last, step);
     case ScheduleKind::wsd: {
+      // At least one decaying step whenever two or more follow warmup, so that the last is at
+      // min_lr even in runs too short for the fraction to round to a step.
       const auto decay_steps =
-          static_cast<int64_t>(std::llround(s.decay_fraction * static_cast<double>(s.total_steps)));
+          std::max<int64_t>(last > s.warmup_steps ? 1 : 0,
+                            std::llround(s.decay_fraction * static_cast<double>(s.total_steps)));
       const int64_t start = std::max(s.warmup_steps, last - decay_steps);
       if (step <= start) return s.lr;
       return s.lr + (s.min_lr - s.lr) * progress(start, last, step);

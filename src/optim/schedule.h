@@ -2,7 +2,8 @@
 // Learning-rate schedules: linear warmup, then constant, cosine, linear or WSD
 // (warmup-stable-decay) down to a minimum. `step` is 0-based: lr_at(s, 0) is the rate of the
 // first update. After warmup, progress p runs from 0 at step `warmup_steps` to 1 at the last
-// step (total_steps - 1), so the last update uses exactly min_lr (constant excepted).
+// step (total_steps - 1), so the last update uses exactly min_lr (constant excepted; a run with
+// a single step after warmup takes it at lr).
 //
 //   constant: lr
 //   cosine:   min_lr + (lr - min_lr) * (1 + cos(pi * p)) / 2

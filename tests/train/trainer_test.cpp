@@ -104,6 +104,29 @@ TEST(Schedule, DocumentedShapes) {
   EXPECT_THROW(optim::parse_schedule_kind("exp"), Error);
 }
 
+// Runs too short for the general rule: one step after warmup trains at the peak (a one-step run
+// at the default min_lr 0 would change nothing), and WSD decays over at least one step.
+TEST(Schedule, ShortRuns) {
+  optim::Schedule s;
+  s.lr = 1.0;
+  s.min_lr = 0.0;
+  for (auto kind :
+       {optim::ScheduleKind::cosine, optim::ScheduleKind::linear, optim::ScheduleKind::wsd}) {
+    s.kind = kind;
+    s.warmup_steps = 0;
+    s.total_steps = 1;
+    EXPECT_DOUBLE_EQ(optim::lr_at(s, 0), 1.0);
+    s.warmup_steps = 10;
+    s.total_steps = 11;
+    EXPECT_DOUBLE_EQ(optim::lr_at(s, 10), 1.0);
+  }
+  s.kind = optim::ScheduleKind::wsd;
+  s.warmup_steps = 0;
+  s.total_steps = 2;
+  EXPECT_DOUBLE_EQ(optim::lr_at(s, 0), 1.0);
+  EXPECT_DOUBLE_EQ(optim::lr_at(s, 1), 0.0);
+}
+
 TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   const std::string base = test_support::tiny_run_toml("/tmp/x", dataset(), 5);
   auto err = [&](const std::string& text, std::vector<std::string> sets = {}) {
