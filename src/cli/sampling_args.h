@@ -23,13 +23,21 @@ struct SamplingArgs {
 
 inline void add_sampling_options(CLI::App* cmd, SamplingArgs& a) {
   model::SamplingOptions& o = a.options;
-  cmd->add_option("--max-tokens", o.max_tokens, "Most tokens to generate per prompt");
-  cmd->add_option("--temperature", o.temperature, "0 for greedy decoding");
+  cmd->add_option("--max-tokens", o.max_tokens, "Most tokens to generate per prompt")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", o.temperature, "0 for greedy decoding")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--greedy", a.greedy, "Greedy decoding (same as --temperature 0)");
-  cmd->add_option("--top-k", o.top_k, "Keep the k most likely tokens (0: off)");
-  cmd->add_option("--top-p", o.top_p, "Nucleus sampling mass (1: off)");
-  cmd->add_option("--min-p", o.min_p, "Drop tokens below min-p x the top probability (0: off)");
-  cmd->add_option("--repetition-penalty", o.repetition_penalty, "HF's repetition penalty");
+  cmd->add_option("--top-k", o.top_k,
+                  "Keep the k most likely tokens, ties with the k-th too (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", o.top_p, "Nucleus sampling mass in (0, 1] (1: off)")
+      ->check(CLI::PositiveNumber & CLI::Range(0.0, 1.0));
+  cmd->add_option("--min-p", o.min_p, "Drop tokens below min-p x the top probability (0: off)")
+      ->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--repetition-penalty", o.repetition_penalty,
+                  "HF's repetition penalty, above 0 (1: off)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--stop", o.stop_strings, "Stop string (repeatable)");
   cmd->add_option("--seed", o.seed, "Sampling seed");
 }

@@ -212,11 +212,26 @@ size_t first_stop(std::string_view text, const std::vector<std::string>& stops) 
   return first;
 }
 
+void check_sampling_options(const SamplingOptions& o) {
+  POLLEN_CHECK(std::isfinite(o.temperature) && o.temperature >= 0,
+               "sampling: temperature must be >= 0, got ", o.temperature);
+  POLLEN_CHECK(o.top_k >= 0, "sampling: top_k must be >= 0 (0: off), got ", o.top_k);
+  POLLEN_CHECK(o.top_p > 0 && o.top_p <= 1, "sampling: top_p must be in (0, 1], got ", o.top_p);
+  POLLEN_CHECK(o.min_p >= 0 && o.min_p <= 1, "sampling: min_p must be in [0, 1], got ", o.min_p);
+  POLLEN_CHECK(std::isfinite(o.repetition_penalty) && o.repetition_penalty > 0,
+               "sampling: repetition_penalty must be above 0 (1: off), got ", o.repetition_penalty);
+}
+
 uint32_t sample_token(std::span<const float> all_logits, std::span<const uint32_t> seen,
                       const SamplingOptions& o, Rng& rng) {
+  check_sampling_options(o);
   const std::span<const float> logits = candidate_logits(all_logits, o);
   const size_t V = logits.size();
+  POLLEN_CHECK(V > 0, "sampling: no logits to sample from");
   std::vector<double> z(logits.begin(), logits.end());
+  // A NaN would break the ordering below (and every probability): the model's output is broken.
+  POLLEN_CHECK(std::none_of(z.begin(), z.end(), [](double x) { return std::isnan(x); }),
+               "sampling: the model's logits hold NaN");
   if (o.repetition_penalty != 1.0) {
     std::vector<bool> done(V, false);
     for (uint32_t t : seen) {
@@ -232,7 +247,10 @@ uint32_t sample_token(std::span<const float> all_logits, std::span<const uint32_
   std::iota(order.begin(), order.end(), 0u);
   std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return z[a] > z[b]; });
   size_t keep = V;
-  if (o.top_k > 0) keep = std::min(keep, static_cast<size_t>(o.top_k));
+  if (o.top_k > 0) {  // as HF: every token tied with the k-th stays
+    keep = std::min(keep, static_cast<size_t>(o.top_k));
+    while (keep < V && z[order[keep]] == z[order[keep - 1]]) ++keep;
+  }
   std::vector<double> prob(keep);
   double total = 0;
   // exp((z - z_max) / T): the difference first, so that a tiny temperature drives the others to 0

@@ -40,7 +40,7 @@ class KvCache {
 struct SamplingOptions {
   int64_t max_tokens = 64;
   double temperature = 1.0;         // 0: greedy
-  int64_t top_k = 0;                // 0: off
+  int64_t top_k = 0;                // 0: off; tokens tied with the k-th are kept too (as HF)
   double top_p = 1.0;               // 1: off
   double min_p = 0.0;               // 0: off; drops tokens below min_p * the top probability
   double repetition_penalty = 1.0;  // HF's: logits of seen tokens divided (>0) or multiplied
@@ -62,6 +62,9 @@ struct Generation {
 
 using Decoder = std::function<std::string(std::span<const uint32_t>)>;
 
+// Throws naming the first option out of its range (temperature >= 0, top_k >= 0, top_p in
+// (0, 1], min_p in [0, 1], repetition_penalty > 0).
+void check_sampling_options(const SamplingOptions& options);
 // One sampling step on one row's logits (V); `seen` are the row's tokens so far (for the
 // repetition penalty). Only the first options.vocab_size logits are candidates (all with 0).
 // Deterministic given rng's state.

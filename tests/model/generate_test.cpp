@@ -164,6 +164,53 @@ TEST(Sampling, FiltersOnHandMadeLogits) {
   EXPECT_EQ(model::sample_token(logits, history, g, rng), 1u);
 }
 
+// As HF's TopKLogitsWarper: tokens tied with the k-th stay in; a negative logit seen before is
+// multiplied by the penalty (moved away from the top), a positive one divided.
+TEST(Sampling, TopKKeepsTiesAndThePenaltyMovesNegativeLogitsDown) {
+  const std::vector<float> tied = {1.0f, 1.0f, 1.0f, 0.0f};
+  model::SamplingOptions o;
+  o.top_k = 1;
+  Rng rng(5);
+  std::vector<int> seen(4, 0);
+  for (int i = 0; i < 300; ++i) ++seen[model::sample_token(tied, {}, o, rng)];
+  EXPECT_GT(seen[0], 0);
+  EXPECT_GT(seen[1], 0);
+  EXPECT_GT(seen[2], 0);
+  EXPECT_EQ(seen[3], 0);
+  const std::vector<float> negative = {-1.0f, -1.5f};
+  model::SamplingOptions g;
+  g.temperature = 0;
+  g.repetition_penalty = 2.0;  // token 0: -1 * 2 = -2 < -1.5
+  const std::vector<uint32_t> history = {0};
+  EXPECT_EQ(model::sample_token(negative, history, g, rng), 1u);
+}
+
+// Options out of range are refused with their name, as HF refuses them, rather than sampled with
+// (a penalty of 0 made seen logits infinite and the weights NaN); NaN logits too.
+TEST(Sampling, OptionsOutOfRangeAndNaNLogitsAreRefused) {
+  const std::vector<float> logits = {0.5f, 3.0f};
+  Rng rng(1);
+  auto error = [&](auto change, std::span<const float> l) {
+    model::SamplingOptions o;
+    change(o);
+    try {
+      model::sample_token(l, {}, o, rng);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error([](auto& o) { o.repetition_penalty = 0; }, logits).find("repetition_penalty"),
+            std::string::npos);
+  EXPECT_NE(error([](auto& o) { o.temperature = -1; }, logits).find("temperature"),
+            std::string::npos);
+  EXPECT_NE(error([](auto& o) { o.top_k = -2; }, logits).find("top_k"), std::string::npos);
+  EXPECT_NE(error([](auto& o) { o.top_p = 0; }, logits).find("top_p"), std::string::npos);
+  EXPECT_NE(error([](auto& o) { o.min_p = 1.5; }, logits).find("min_p"), std::string::npos);
+  const std::vector<float> nan = {0.5f, std::nanf("")};
+  EXPECT_NE(error([](auto&) {}, nan).find("NaN"), std::string::npos);
+}
+
 // A temperature above 0 but too small to divide logits by (z / T overflows) samples the most
 // likely token, as the limit T -> 0 does, not NaN weights that fall through to the least likely.
 TEST(Sampling, ATinyTemperatureIsGreedy) {
