@@ -247,7 +247,7 @@ RoundTrainer::Result LoraSilo::train(int64_t steps) {
   double loss_sum = 0;
   for (auto& p : params_) p.zero_grad();
   for (int64_t s = 0; s < steps; ++s) {
-    lora_->set_dropout_step(static_cast<uint64_t>(step_), 0);
+    lora_->set_dropout_step(static_cast<uint64_t>(step_));
     const train::ObjectiveStep st = objective_->train_step(model_, step_ + 1);
     lora_->disable_dropout();
     POLLEN_CHECK(std::isfinite(st.loss), "silo '", id_, "': non-finite loss at local step ",

@@ -158,12 +158,12 @@ std::vector<ag::Var> Llama::parameters() const {
 }
 
 ag::Var Llama::project(int64_t layer, LoraTarget target, const ag::Var& x, const ag::Var& w,
-                       const ag::Var* bias) const {
+                       uint64_t forward, const ag::Var* bias) const {
   if (lora_) {
     const LoraAdapter& ad = lora_->adapter(layer, target);
     if (ad.defined())
       return ag::lora_linear(x, w, bias, ad.a, ad.b, lora_->scale(),
-                             lora_->dropout_mask(layer, target, x.size(0), w.size(1)));
+                             lora_->dropout_mask(layer, target, x.size(0), w.size(1), forward));
   }
   return ag::linear(x, w, bias);
 }
@@ -172,8 +172,8 @@ ag::Var Llama::project(int64_t layer, LoraTarget target, const ag::Var& x, const
 //   x = x + o_proj(attention(rope(q), rope(k), v))   with q, k, v from rmsnorm(x)
 //   x = x + down_proj(silu(gate_proj(h)) * up_proj(h))   with h = rmsnorm(x)
 // Each projection carries its LoRA adapter when one is attached.
-ag::Var Llama::block(int64_t layer, const ag::Var& x, const Batch& batch,
-                     const Tensor& seg_start) const {
+ag::Var Llama::block(int64_t layer, const ag::Var& x, const Batch& batch, const Tensor& seg_start,
+                     uint64_t forward) const {
   const LayerParams& p = layers_[static_cast<size_t>(layer)];
   const int64_t b = batch.tokens.size(0), t = batch.tokens.size(1);
   const int64_t d = config_.resolved_head_dim();
@@ -184,18 +184,22 @@ ag::Var Llama::block(int64_t layer, const ag::Var& x, const Batch& batch,
 
   ag::Var h = ag::rmsnorm(x, p.input_norm, eps);
   auto bias = [](const ag::Var& v) { return v.defined() ? &v : nullptr; };
-  ag::Var q = ag::reshape(project(layer, q_proj, h, p.q_proj, bias(p.q_bias)), {b, t, nh, d});
-  ag::Var k = ag::reshape(project(layer, k_proj, h, p.k_proj, bias(p.k_bias)), {b, t, nkv, d});
-  ag::Var v = ag::reshape(project(layer, v_proj, h, p.v_proj, bias(p.v_bias)), {b, t, nkv, d});
+  ag::Var q =
+      ag::reshape(project(layer, q_proj, h, p.q_proj, forward, bias(p.q_bias)), {b, t, nh, d});
+  ag::Var k =
+      ag::reshape(project(layer, k_proj, h, p.k_proj, forward, bias(p.k_bias)), {b, t, nkv, d});
+  ag::Var v =
+      ag::reshape(project(layer, v_proj, h, p.v_proj, forward, bias(p.v_bias)), {b, t, nkv, d});
   q = ag::rope(q, batch.positions, rope);
   k = ag::rope(k, batch.positions, rope);
   ag::Var a = ag::attention(q, k, v, seg_start, 1.0 / std::sqrt(static_cast<double>(d)));
-  ag::Var x1 = ag::add(x, project(layer, o_proj, ag::reshape(a, {b * t, nh * d}), p.o_proj));
+  ag::Var x1 =
+      ag::add(x, project(layer, o_proj, ag::reshape(a, {b * t, nh * d}), p.o_proj, forward));
 
   ag::Var h2 = ag::rmsnorm(x1, p.post_attention_norm, eps);
-  ag::Var m = ag::swiglu(project(layer, gate_proj, h2, p.gate_proj),
-                         project(layer, up_proj, h2, p.up_proj));
-  return ag::add(x1, project(layer, down_proj, m, p.down_proj));
+  ag::Var m = ag::swiglu(project(layer, gate_proj, h2, p.gate_proj, forward),
+                         project(layer, up_proj, h2, p.up_proj, forward));
+  return ag::add(x1, project(layer, down_proj, m, p.down_proj, forward));
 }
 
 void Llama::to(Device device) {
@@ -229,6 +233,7 @@ ag::Var Llama::hidden_states(const Batch& batch) const {
   if (device_ == Device::cuda) ops::check_rope_positions(full.positions);
   full.positions = on_device(full.positions);
 
+  const uint64_t forward = lora_ ? lora_->next_dropout_forward() : 0;
   ag::Var x = ag::embedding(embed_tokens_, full.tokens);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     if (recompute_) {
@@ -240,12 +245,12 @@ ag::Var Llama::hidden_states(const Batch& batch) const {
         if (ad.defined()) adapters.insert(adapters.end(), {ad.a, ad.b});
       }
       x = ag::checkpoint(
-          [this, l, full, seg_start](const std::vector<ag::Var>& in) {
-            return block(l, in[0], full, seg_start);
+          [this, l, full, seg_start, forward](const std::vector<ag::Var>& in) {
+            return block(l, in[0], full, seg_start, forward);
           },
           {x}, adapters);
     } else {
-      x = block(l, x, full, seg_start);
+      x = block(l, x, full, seg_start, forward);
     }
   }
   return ag::rmsnorm(x, norm_, config_.rms_norm_eps);

@@ -95,11 +95,13 @@ class Llama {
   // head.
   std::vector<std::pair<std::string, ag::Var>> collect_parameters(
       std::span<ag::Var LayerParams::*const> layer_order) const;
-  ag::Var block(int64_t layer, const ag::Var& x, const Batch& batch, const Tensor& seg_start) const;
+  // `forward`: the step's forward pass this is (LoRA dropout draws a mask per pass).
+  ag::Var block(int64_t layer, const ag::Var& x, const Batch& batch, const Tensor& seg_start,
+                uint64_t forward) const;
   Tensor on_device(const Tensor& t) const;  // t itself when it is already on the model's device
   // x W^T (+ bias) for one of layer `layer`'s projections, with its LoRA adapter when attached.
   ag::Var project(int64_t layer, LoraTarget target, const ag::Var& x, const ag::Var& w,
-                  const ag::Var* bias = nullptr) const;
+                  uint64_t forward, const ag::Var* bias = nullptr) const;
 
   LlamaConfig config_;
   DType dtype_;

@@ -219,16 +219,22 @@ std::string Lora::base_weight_name(const std::string& adapter_name) {
          ".weight";
 }
 
-void Lora::set_dropout_step(uint64_t step, uint64_t micro_batch) {
-  dropout_key_ = DropoutKey{step, micro_batch};
+void Lora::set_dropout_step(uint64_t step) {
+  dropout_key_ = DropoutKey{step};
 }
 
-Tensor Lora::dropout_mask(int64_t layer, LoraTarget target, int64_t rows, int64_t cols) const {
+uint64_t Lora::next_dropout_forward() const {
+  if (!dropout_key_ || config_.dropout == 0) return 0;
+  return dropout_key_->forwards++;
+}
+
+Tensor Lora::dropout_mask(int64_t layer, LoraTarget target, int64_t rows, int64_t cols,
+                          uint64_t forward) const {
   if (!dropout_key_ || config_.dropout == 0) return {};
   Rng rng = Rng(config_.seed)
                 .fork(kDropoutDomain)
                 .fork(dropout_key_->step)
-                .fork(dropout_key_->micro_batch)
+                .fork(forward)
                 .fork(static_cast<uint64_t>(layer) * 8 + static_cast<uint64_t>(target));
   const double keep = 1.0 / (1.0 - config_.dropout);
   Tensor mask = Tensor::empty({rows, cols}, DType::f64);

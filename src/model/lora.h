@@ -88,24 +88,32 @@ class Lora {
   // "model.layers.0.self_attn.q_proj.weight".
   static std::string base_weight_name(const std::string& adapter_name);
 
-  // Dropout draws its masks from (seed, step, micro_batch, layer, target) once a training step
-  // is set, so a step's forward (and its recomputation) is the same every time and a resumed run
-  // draws what the uninterrupted one did. Until set (and after disable_dropout) no dropout.
-  void set_dropout_step(uint64_t step, uint64_t micro_batch);
+  // Dropout draws its masks from (seed, step, forward pass, layer, target) once a training step
+  // is set: each forward pass of the step (its micro-batches, DPO's chunks) draws its own, a
+  // recomputation draws its forward's again, and a resumed run draws what the uninterrupted one
+  // did. Until set (and after disable_dropout) no dropout.
+  void set_dropout_step(uint64_t step);
   void disable_dropout() { dropout_key_.reset(); }
-  // The mask (rows, cols) of 0 and 1/(1-p) for one adapter; undefined when dropout is off.
-  Tensor dropout_mask(int64_t layer, LoraTarget target, int64_t rows, int64_t cols) const;
+  // The number of the step's forward pass that starts now (0, 1, ...); the model takes one at
+  // the start of each forward pass. 0 when dropout is off.
+  uint64_t next_dropout_forward() const;
+  // The mask (rows, cols) of 0 and 1/(1-p) for one adapter in one forward pass; undefined when
+  // dropout is off.
+  Tensor dropout_mask(int64_t layer, LoraTarget target, int64_t rows, int64_t cols,
+                      uint64_t forward) const;
 
  private:
   struct DropoutKey {
-    uint64_t step, micro_batch;
+    uint64_t step;
+    uint64_t forwards = 0;  // forward passes begun in this step
   };
   LlamaConfig model_;
   LoraConfig config_;
   DType dtype_;
   std::vector<std::array<LoraAdapter, kLayerTargets>> layers_;
   LoraAdapter head_;
-  std::optional<DropoutKey> dropout_key_;
+  // Mutable: a forward pass of a const model counts itself here (training is one thread).
+  mutable std::optional<DropoutKey> dropout_key_;
 };
 
 // W' = W + scale * B A for every adapted weight: a plain Llama with its own weights (the base is

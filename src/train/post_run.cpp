@@ -227,7 +227,7 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   while (step < cfg.steps) {
     const auto t0 = Clock::now();
     const double lr = optim::lr_at(cfg.schedule, step);
-    if (lora) lora->set_dropout_step(static_cast<uint64_t>(step), 0);
+    if (lora) lora->set_dropout_step(static_cast<uint64_t>(step));
     const ObjectiveStep s = objective->train_step(model, step + 1);
     if (lora) lora->disable_dropout();
     double gnorm = NAN;

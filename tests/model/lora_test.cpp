@@ -129,14 +129,17 @@ TEST(LoraGradients, WholeAdaptedModelAgainstFiniteDifferences) {
   for (const model::LoraConfig& lc : {lora_config(2, kAllTargets), with_dropout}) {
     auto lora = std::make_shared<model::Lora>(cfg, lc, DType::f64);
     randomise(lora->named_tensors(), 4, 0.5);
-    lora->set_dropout_step(7, 0);
     m.attach_lora(lora);
     auto params = std::vector<ag::Var>{};
     for (auto& [name, v] : lora->named_parameters()) params.push_back(v);
     const bool head = lc.targets_module(LoraTarget::lm_head);
     EXPECT_EQ(params.size(), static_cast<size_t>(2 * (7 * cfg.num_hidden_layers + (head ? 1 : 0))));
-    const double err =
-        testing::max_gradcheck_error([&](std::vector<ag::Var>&) { return m.loss(batch); }, params);
+    const double err = testing::max_gradcheck_error(
+        [&](std::vector<ag::Var>&) {
+          lora->set_dropout_step(7);  // every evaluation is the same step's first forward pass
+          return m.loss(batch);
+        },
+        params);
     EXPECT_LT(err, 1e-5);
     for (auto& [name, v] : m.named_parameters())
       EXPECT_FALSE(v.grad().defined()) << "frozen base parameter " << name << " got a gradient";
@@ -236,8 +239,27 @@ TEST(Lora, GenerationWithAdaptersEqualsMergedModel) {
   EXPECT_LT(max_abs_diff(cached, full.slice(0, 3, 4)), 1e-5);
 }
 
+// Each forward pass of a step draws its own masks, as PEFT's dropout does (the micro-batches of an
+// accumulated step are not dropped alike); setting the step again draws the same sequence.
+TEST(Lora, EachForwardPassOfAStepDrawsItsOwnMask) {
+  const model::LlamaConfig cfg = micro_config();
+  const model::Batch batch = random_batch(2, 6, cfg.vocab_size, 3);
+  model::LoraConfig lc = lora_config(2, {LoraTarget::q_proj, LoraTarget::down_proj});
+  lc.dropout = 0.5;
+  model::Llama m(cfg, 1);
+  auto lora = std::make_shared<model::Lora>(cfg, lc);
+  randomise(lora->named_tensors(), 4, 0.5);
+  m.attach_lora(lora);
+  lora->set_dropout_step(3);
+  const double first = m.loss(batch).value().item();
+  const double second = m.loss(batch).value().item();
+  lora->set_dropout_step(3);
+  EXPECT_EQ(m.loss(batch).value().item(), first);
+  EXPECT_NE(second, first);
+}
+
 // Recomputation through a frozen base still reaches the adapters, with the same gradients;
-// dropout masks depend on (seed, step, micro-batch) only.
+// dropout masks depend on (seed, step, forward pass) only.
 TEST(Lora, RecomputationAndDropoutAreDeterministic) {
   const model::LlamaConfig cfg = micro_config();
   const model::Batch batch = random_batch(2, 6, cfg.vocab_size, 3);
@@ -249,7 +271,7 @@ TEST(Lora, RecomputationAndDropoutAreDeterministic) {
     m.set_recompute(recompute);
     auto lora = std::make_shared<model::Lora>(cfg, lc);
     randomise(lora->named_tensors(), 4, 0.5);
-    if (dropout) lora->set_dropout_step(step, 1);
+    if (dropout) lora->set_dropout_step(step);
     m.attach_lora(lora);
     ag::Tape tape;
     ag::Var loss;
