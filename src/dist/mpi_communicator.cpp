@@ -100,7 +100,9 @@ void MpiCommunicator::check(int mpi_error, const std::string& what) const {
 
 int MpiCommunicator::count(int64_t n) const {
   POLLEN_CHECK(n >= 0 && n <= std::numeric_limits<int>::max(), "collective of ", n,
-               " elements: more than MPI's int count allows; lower parallel.bucket_mb");
+               " elements: more than MPI's int count (2^31 - 1) allows: lower parallel.bucket_mb "
+               "below 8192, unless one parameter alone is that large (MPI cannot sum it in one "
+               "piece)");
   return static_cast<int>(n);
 }
 

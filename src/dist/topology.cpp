@@ -59,6 +59,13 @@ bool env_set(const char* name) {
   return v && *v;
 }
 
+// The integer in `name`, which the launcher that set `by` always sets too.
+int env_required(const char* name, const char* by) {
+  POLLEN_CHECK(env_set(name), "launcher environment: ", by, " is set but ", name,
+               " is not (a launcher sets both; was the environment copied from another job?)");
+  return env_int(name, 0);
+}
+
 }  // namespace
 
 Topology topology_from_environment() {
@@ -66,20 +73,20 @@ Topology topology_from_environment() {
   if (env_set("OMPI_COMM_WORLD_SIZE")) {
     t.launcher = "mpirun";
     t.world = env_int("OMPI_COMM_WORLD_SIZE", 1);
-    t.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
-    t.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-    t.local_world = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1);
+    t.rank = env_required("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
+    t.local_rank = env_required("OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE");
+    t.local_world = env_required("OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE");
   } else if (env_set("PMI_SIZE")) {
     t.launcher = "pmi";
     t.world = env_int("PMI_SIZE", 1);
-    t.rank = env_int("PMI_RANK", 0);
+    t.rank = env_required("PMI_RANK", "PMI_SIZE");
     t.local_rank = env_int("MPI_LOCALRANKID", env_int("SLURM_LOCALID", 0));
     t.local_world = env_int("MPI_LOCALNRANKS", slurm_tasks_per_node());
   } else if (env_set("SLURM_STEP_NUM_TASKS")) {
     t.launcher = "slurm";
     t.world = env_int("SLURM_STEP_NUM_TASKS", 1);
-    t.rank = env_int("SLURM_PROCID", 0);
-    t.local_rank = env_int("SLURM_LOCALID", 0);
+    t.rank = env_required("SLURM_PROCID", "SLURM_STEP_NUM_TASKS");
+    t.local_rank = env_required("SLURM_LOCALID", "SLURM_STEP_NUM_TASKS");
     t.local_world = slurm_tasks_per_node();
   }
   // OpenMPI (Debian's 4.1, and every 5.x) joins srun's tasks into one job only through PMIx;
@@ -94,6 +101,8 @@ Topology topology_from_environment() {
                t.rank, " is not in [0, ", t.world, ")");
   POLLEN_CHECK(t.local_world >= 1 && t.local_rank < t.local_world, "launcher environment (",
                t.launcher, "): local rank ", t.local_rank, " is not in [0, ", t.local_world, ")");
+  POLLEN_CHECK(t.local_world <= t.world, "launcher environment (", t.launcher, "): ", t.local_world,
+               " ranks on this node, more than the job's ", t.world);
   return t;
 }
 

@@ -480,6 +480,17 @@ TEST(Topology, ReadsTheLauncherEnvironment) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("OMPI_COMM_WORLD_RANK"), std::string::npos) << e.what();
   }
+  // A launcher's variable missing beside the others (an environment copied by hand) is named,
+  // not taken as 0: a wrong local rank picks the wrong GPU and thread count.
+  setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  try {
+    dist::topology_from_environment();
+    ADD_FAILURE() << "a missing local rank was taken as 0";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("OMPI_COMM_WORLD_LOCAL_RANK is not"), std::string::npos)
+        << e.what();
+  }
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
                         "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"})
     unsetenv(v);
