@@ -10,7 +10,7 @@ std::string prometheus_metrics(const ServerStatus& st) {
   obs::PrometheusText p;
   const auto d = [](auto v) { return static_cast<double>(v); };
   p.gauge("pollen_fed_rounds_done", "Rounds aggregated so far.", d(st.rounds_done));
-  p.gauge("pollen_fed_rounds_total", "Rounds the run aggregates.", d(st.rounds_total));
+  p.gauge("pollen_fed_rounds_planned", "Rounds the run aggregates.", d(st.rounds_total));
   p.gauge("pollen_fed_round_open", "The round open now (0: none).", d(st.open_round));
   p.gauge("pollen_fed_clients_joined", "Clients that joined.", d(st.clients_joined));
   p.gauge("pollen_fed_clients_connected", "Clients heard from within client_timeout_s.",

@@ -2,7 +2,7 @@
 // The server's status as Prometheus metrics (text format 0.0.4), served on /metrics by
 // `pollen fed server` and `pollen fed simulate` when server.metrics_address is set.
 //
-//   pollen_fed_rounds_done, pollen_fed_rounds_total, pollen_fed_round_open     gauges
+//   pollen_fed_rounds_done, pollen_fed_rounds_planned, pollen_fed_round_open     gauges
 //   pollen_fed_clients_joined, pollen_fed_clients_connected                   gauges
 //   pollen_fed_last_round, ..._participants, ..._dropped, ..._tokens,
 //   ..._bytes_sent, ..._bytes_received, ..._wall_seconds, ..._train_loss,

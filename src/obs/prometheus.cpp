@@ -51,6 +51,9 @@ PrometheusText& PrometheusText::family(std::string_view name, std::string_view t
   POLLEN_CHECK(valid_name(name, true), "prometheus: invalid metric name '", name, "'");
   POLLEN_CHECK(type == "counter" || type == "gauge" || type == "untyped", "prometheus: metric '",
                name, "' has type '", type, "'; expected counter, gauge or untyped");
+  // OpenMetrics keeps the _total suffix for counters (its parsers refuse it on anything else).
+  POLLEN_CHECK(type == "counter" || !name.ends_with("_total"), "prometheus: metric '", name,
+               "' ends in _total, which only counters may");
   name_ = name;
   text_ += cat("# HELP ", name, " ", escape(help, false), "\n# TYPE ", name, " ", type, "\n");
   return *this;

@@ -45,6 +45,7 @@ TEST(Prometheus, RefusesInvalidNamesAndTypes) {
   EXPECT_THROW(p.gauge("1abc", "h", 1), Error);
   EXPECT_THROW(p.gauge("a-b", "h", 1), Error);
   EXPECT_THROW(p.family("ok", "histogram", "h"), Error);
+  EXPECT_THROW(p.gauge("rounds_total", "a gauge named as a counter", 1), Error);
   p.gauge("a:b_c", "colons are allowed in metric names", 1);
   EXPECT_THROW(p.sample(1, {{"a:b", "v"}}), Error);  // not in label names
   EXPECT_THROW(p.sample(1, {{"__reserved", "v"}}), Error);
