@@ -7,6 +7,7 @@
 #include "base/thread_pool.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
+#include "ops/gemm.h"
 #include "ops/embedding.h"
 #include "ops/rmsnorm.h"
 
@@ -108,6 +109,22 @@ TEST(SumOfSquares, TheSameBitsOnAnyNumberOfThreads) {
   }
   set_num_threads(threads_before);
   for (size_t i = 1; i < sums.size(); ++i) EXPECT_EQ(sums[i], sums[0]) << "thread count " << i;
+}
+
+// An inner dimension of 0 is an empty sum: c = beta c, zero when beta is 0 (whatever c held),
+// in every transpose (BLAS refuses the leading dimension of 0 and left c untouched).
+TEST(Gemm, AnEmptyInnerDimensionScalesC) {
+  for (int trans = 0; trans < 4; ++trans) {
+    const bool ta = trans & 1, tb = trans & 2;
+    const Tensor a = Tensor::empty(ta ? Shape{0, 3} : Shape{3, 0}, DType::f32);
+    const Tensor b = Tensor::empty(tb ? Shape{2, 0} : Shape{0, 2}, DType::f32);
+    Tensor c = Tensor::from<float>({3, 2}, {1, 2, 3, 4, 5, std::nanf("")});
+    ops::gemm(a, ta, b, tb, c, 0.7, 0.0);
+    EXPECT_EQ(c.to_doubles(), std::vector<double>(6, 0.0)) << "trans " << trans;
+    c = Tensor::from<float>({3, 2}, {1, 2, 3, 4, 5, 6});
+    ops::gemm(a, ta, b, tb, c, 0.7, 0.5);
+    EXPECT_EQ(c.to_doubles(), (std::vector<double>{0.5, 1, 1.5, 2, 2.5, 3})) << "trans " << trans;
+  }
 }
 
 }  // namespace

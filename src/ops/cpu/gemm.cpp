@@ -42,6 +42,12 @@ template <typename T>
 void gemm(const T* a, bool ta, const T* b, bool tb, T* c, int64_t m, int64_t n, int64_t k, T alpha,
           T beta) {
   if (m == 0 || n == 0) return;
+  if (k == 0) {
+    // An empty sum: c = beta c, and zero when beta is 0 (c is not read). BLAS would refuse the
+    // leading dimension of 0 and leave c as it was.
+    for (int64_t i = 0; i < m * n; ++i) c[i] = beta == T(0) ? T(0) : beta * c[i];
+    return;
+  }
   make_blas_single_threaded();
   const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans;
   const CBLAS_TRANSPOSE opb = tb ? CblasTrans : CblasNoTrans;
