@@ -9,8 +9,10 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <memory>
 #include <mutex>
 
+#include "base/log.h"
 #include "dist/nccl.h"
 #include "tensor/cuda_context.h"
 
@@ -73,10 +75,19 @@ const Library& library() {
   return lib;
 }
 
+// "call [args] failed: NCCL's error string (its last error's text)".
+std::string describe_failure(ncclResult_t result, const char* call, const std::string& args) {
+  return cat(call, " [", args, "] failed: ", library().get_error_string(result), " (",
+             library().get_last_error(nullptr), ")");
+}
+
 void check(ncclResult_t result, const char* call, const std::string& args) {
-  if (result == ncclSuccess) return;
-  fail(call, " [", args, "] failed: ", library().get_error_string(result), " (",
-       library().get_last_error(nullptr), ")");
+  if (result != ncclSuccess) throw Error(describe_failure(result, call, args));
+}
+
+// For cleanup, which must not throw: a failure is written as a warning.
+void warn_on_failure(ncclResult_t result, const char* call, const std::string& args) {
+  if (result != ncclSuccess) log::warn(describe_failure(result, call, args));
 }
 
 size_t count(int64_t n) {
@@ -102,29 +113,37 @@ UniqueId make_unique_id() {
 Comm* init(const UniqueId& id, int world, int rank) {
   ncclUniqueId nid;
   std::memcpy(nid.internal, id.data(), id.size());
-  auto* comm = new Comm;
-  const ncclResult_t r = library().comm_init_rank(&comm->handle, world, nid, rank);
+  const Library& lib = library();  // loaded before anything is made that a failure would leak
+  const int device = cuda::current_device();
+  // The stream first: if joining then fails, the stream is destroyed and the struct freed; made
+  // after the communicator, a stream that could not be made would leak both.
+  auto comm = std::make_unique<Comm>();
+  POLLEN_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->stream, cudaStreamNonBlocking),
+                    "device=", device);
+  const ncclResult_t r = lib.comm_init_rank(&comm->handle, world, nid, rank);
   if (r != ncclSuccess) {
-    delete comm;
-    check(r, "ncclCommInitRank",
-          cat("world=", world, " rank=", rank, " device=", cuda::current_device()));
+    POLLEN_CUDA_WARN(cudaStreamDestroy(comm->stream), "after ncclCommInitRank failed");
+    check(r, "ncclCommInitRank", cat("world=", world, " rank=", rank, " device=", device));
   }
-  POLLEN_CUDA_CHECK(cudaStreamCreateWithFlags(&comm->stream, cudaStreamNonBlocking), "");
-  return comm;
+  return comm.release();
 }
 
+// Cleanup, from NcclCommunicator's destructor, and abort also after a failed or timed-out
+// collective, whose error is on its way: failures are warnings, and the rest of the cleanup still
+// runs.
 void destroy(Comm* comm) {
   if (!comm) return;
-  cudaStreamSynchronize(comm->stream);
-  library().comm_destroy(comm->handle);
-  cudaStreamDestroy(comm->stream);
+  POLLEN_CUDA_WARN(cudaStreamSynchronize(comm->stream), "NCCL's stream, before ncclCommDestroy");
+  warn_on_failure(library().comm_destroy(comm->handle), "ncclCommDestroy", "");
+  POLLEN_CUDA_WARN(cudaStreamDestroy(comm->stream), "NCCL's stream");
   delete comm;
 }
 
 void abort(Comm* comm) {
   if (!comm) return;
-  library().comm_abort(comm->handle);  // ends the kernels in flight on comm->stream
-  cudaStreamDestroy(comm->stream);
+  // Ends the kernels in flight on comm->stream.
+  warn_on_failure(library().comm_abort(comm->handle), "ncclCommAbort", "");
+  POLLEN_CUDA_WARN(cudaStreamDestroy(comm->stream), "NCCL's stream, after ncclCommAbort");
   delete comm;
 }
 
@@ -135,7 +154,9 @@ cudaStream_t after_default_stream(Comm* comm) {
   POLLEN_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "");
   POLLEN_CUDA_CHECK(cudaEventRecord(ready, cuda::default_stream()), "");
   POLLEN_CUDA_CHECK(cudaStreamWaitEvent(comm->stream, ready, 0), "");
-  cudaEventDestroy(ready);  // released once the wait has happened
+  // Released once the wait has happened. The wait is enqueued, so a failure here loses nothing
+  // but the event: a warning.
+  POLLEN_CUDA_WARN(cudaEventDestroy(ready), "the default stream's marker for NCCL's stream");
   return comm->stream;
 }
 }  // namespace
@@ -178,9 +199,9 @@ bool done(Event* event) {
   return true;
 }
 
-void destroy(Event* event) {
+void destroy(Event* event) {  // cleanup, from NcclCommunicator's destructor too: warns
   if (!event) return;
-  cudaEventDestroy(event->handle);
+  POLLEN_CUDA_WARN(cudaEventDestroy(event->handle), "a collective's completion event");
   delete event;
 }
 

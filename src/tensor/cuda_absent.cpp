@@ -31,6 +31,9 @@ CudaAllocator& CudaAllocator::instance() {
 void* CudaAllocator::allocate(size_t) {
   no_cuda("GPU allocation");
 }
+bool CudaAllocator::caching() {
+  return true;  // nothing to cache without GPUs; the setting is not read
+}
 void CudaAllocator::release(void*) {}
 void CudaAllocator::empty_cache() {}
 AllocatorStats CudaAllocator::stats() const {

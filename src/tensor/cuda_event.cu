@@ -11,7 +11,7 @@ Event::Event() {
 }
 
 Event::~Event() {
-  cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+  POLLEN_CUDA_WARN(cudaEventDestroy(static_cast<cudaEvent_t>(event_)), "a timing event");
 }
 
 void Event::record() {

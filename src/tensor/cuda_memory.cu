@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -9,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/log.h"
 #include "tensor/block_pool.h"
 #include "tensor/cuda_context.h"
 #include "tensor/cuda_memory.h"
@@ -16,11 +18,27 @@
 namespace pollen {
 namespace cuda {
 
+namespace {
+// "call [args] failed: name (text) at file:line"; clears the thread's last error unless it is
+// sticky (then the context is lost anyway), so that the next launch check does not report it as
+// its own.
+std::string describe_failure(cudaError_t err, const char* call, const std::string& args,
+                             const char* file, int line) {
+  cudaGetLastError();
+  return cat(call, args.empty() ? "" : " [", args, args.empty() ? "" : "]",
+             " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") at ", file, ":",
+             line);
+}
+}  // namespace
+
 void fail_call(cudaError_t err, const char* call, const std::string& args, const char* file,
                int line) {
-  cudaGetLastError();  // clears the error unless it is sticky (then the context is lost anyway)
-  fail(call, args.empty() ? "" : " [", args, args.empty() ? "" : "]",
-       " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ") at ", file, ":", line);
+  throw Error(describe_failure(err, call, args, file, line));
+}
+
+void warn_call(cudaError_t err, const char* call, const std::string& args, const char* file,
+               int line) {
+  log::warn(describe_failure(err, call, args, file, line));
 }
 
 int current_device() {
@@ -46,17 +64,26 @@ cudaStream_t default_stream() {
 
 namespace {
 
+// With caching off (POLLEN_CUDA_NO_CACHING=1): a block that has its own cudaMalloc, and the
+// stream whose work may still use it when it is released.
+struct UncachedBlock {
+  size_t size;
+  cudaStream_t stream;
+};
+
 // One pool per GPU and stream: a block freed on a stream is reused by work on that stream,
 // which runs after the block's last user, so no synchronisation is needed.
 struct State {
   std::mutex mutex;
   std::map<std::pair<int, cudaStream_t>, std::unique_ptr<BlockPool>> pools;
-  std::unordered_map<void*, BlockPool*> owner;  // the pool of each block handed out
+  std::unordered_map<void*, BlockPool*> owner;        // the pool of each block handed out
+  std::unordered_map<void*, UncachedBlock> uncached;  // with caching off, instead of the pools
+  size_t uncached_bytes = 0;
   AllocatorStats stats;
 };
 
-size_t reserved_bytes(const State& s) {  // over all pools
-  size_t total = 0;
+size_t reserved_bytes(const State& s) {  // over all pools, and the uncached blocks
+  size_t total = s.uncached_bytes;
   for (const auto& [key, pool] : s.pools) total += pool->reserved_bytes();
   return total;
 }
@@ -66,20 +93,23 @@ State& state() {
   return *s;
 }
 
+// cudaMalloc on the current GPU, `device`; nullptr when it has no room.
+void* device_malloc(size_t bytes, int device) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  if (err != cudaSuccess)
+    cuda::fail_call(err, "cudaMalloc(&p, bytes)", cat("bytes=", bytes, " device=", device),
+                    __FILE__, __LINE__);
+  return p;
+}
+
 // Segments from cudaMalloc on `device`; nullptr when the GPU has no room.
 BlockPool::Source device_segments(int device) {
-  return {[device](size_t bytes) -> void* {
-            void* p = nullptr;
-            const cudaError_t err = cudaMalloc(&p, bytes);
-            if (err == cudaErrorMemoryAllocation) {
-              cudaGetLastError();
-              return nullptr;
-            }
-            if (err != cudaSuccess)
-              cuda::fail_call(err, "cudaMalloc(&p, bytes)",
-                              cat("bytes=", bytes, " device=", device), __FILE__, __LINE__);
-            return p;
-          },
+  return {[device](size_t bytes) { return device_malloc(bytes, device); },
           [device](void* ptr, size_t) { POLLEN_CUDA_CHECK(cudaFree(ptr), "device=", device); }};
 }
 
@@ -98,6 +128,49 @@ void release_free_segments(State& s) {
   s.stats.cached_bytes = reserved_bytes(s) - s.stats.in_use_bytes;
 }
 
+// Names the request, what pollen holds, and what the GPU has free when the runtime can say (the
+// part is left out when cudaMemGetInfo fails). The caller holds the lock.
+[[noreturn]] void fail_out_of_memory(const State& s, int device, size_t bytes) {
+  size_t free_bytes = 0, total_bytes = 0;
+  const cudaError_t err = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (err != cudaSuccess) cudaGetLastError();  // not this error's cause: cleared, left unsaid
+  const std::string gpu_free =
+      err == cudaSuccess ? cat("; the GPU has ", free_bytes, " of ", total_bytes, " bytes free")
+                         : "";
+  const char* cache = CudaAllocator::caching() ? "free segments returned"
+                                               : "caching off by POLLEN_CUDA_NO_CACHING=1";
+  fail("out of GPU memory on device ", device, " allocating ", BlockPool::rounded(bytes),
+       " bytes: pollen holds ", s.stats.in_use_bytes, " bytes in tensors and ", reserved_bytes(s),
+       " in all (", cache, ")", gpu_free);
+}
+
+// With caching off: a cudaMalloc of the request's block size, for it alone. Stats count it as a
+// segment from the driver that is wholly in use. The caller holds the lock.
+void* allocate_uncached(State& s, size_t bytes, int device, cudaStream_t stream) {
+  const size_t size = BlockPool::rounded(bytes);
+  void* p = device_malloc(size, device);
+  if (!p) fail_out_of_memory(s, device, bytes);
+  s.uncached.emplace(p, UncachedBlock{size, stream});
+  s.uncached_bytes += size;
+  s.stats.handed_out(size, reserved_bytes(s), /*new_segment=*/true);
+  return p;
+}
+
+// With caching off: waits for the block's stream, where work enqueued before the release may
+// still use it (the pools need no wait: the block's next user runs after that work on the same
+// stream), then frees it. Called from tensors' destructors: failures are warnings. The caller
+// holds the lock.
+void release_uncached(State& s, void* ptr) {
+  const auto it = s.uncached.find(ptr);
+  POLLEN_ASSERT(it != s.uncached.end());
+  const UncachedBlock block = it->second;
+  s.uncached.erase(it);
+  s.uncached_bytes -= block.size;
+  s.stats.given_back(block.size, reserved_bytes(s));
+  POLLEN_CUDA_WARN(cudaStreamSynchronize(block.stream), "before freeing ", block.size, " bytes");
+  POLLEN_CUDA_WARN(cudaFree(ptr), block.size, " bytes");
+}
+
 }  // namespace
 
 CudaAllocator& CudaAllocator::instance() {
@@ -105,11 +178,24 @@ CudaAllocator& CudaAllocator::instance() {
   return a;
 }
 
+bool CudaAllocator::caching() {
+  static const bool on = [] {
+    const char* value = std::getenv("POLLEN_CUDA_NO_CACHING");
+    if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "0") == 0)
+      return true;
+    if (std::strcmp(value, "1") == 0) return false;
+    fail("POLLEN_CUDA_NO_CACHING must be 1 (a cudaMalloc and cudaFree per tensor) or 0 (the ",
+         "caching allocator), got '", value, "'");
+  }();
+  return on;
+}
+
 void* CudaAllocator::allocate(size_t bytes) {
   const int device = cuda::current_device();
   cudaStream_t stream = cuda::default_stream();
   State& s = state();
   std::lock_guard lock(s.mutex);
+  if (!caching()) return allocate_uncached(s, bytes, device, stream);
   std::unique_ptr<BlockPool>& pool = s.pools[{device, stream}];
   if (!pool) pool = std::make_unique<BlockPool>(device_segments(device));
   const uint64_t segments = pool->segments_allocated();
@@ -119,14 +205,7 @@ void* CudaAllocator::allocate(size_t bytes) {
     release_free_segments(s);
     p = pool->allocate(bytes, &size);
   }
-  if (!p) {
-    size_t free_bytes = 0, total_bytes = 0;
-    cudaMemGetInfo(&free_bytes, &total_bytes);
-    fail("out of GPU memory on device ", device, " allocating ", size_class(bytes),
-         " bytes: pollen holds ", s.stats.in_use_bytes, " bytes in tensors and ", reserved_bytes(s),
-         " in all (free segments returned); the GPU has ", free_bytes, " of ", total_bytes,
-         " bytes free");
-  }
+  if (!p) fail_out_of_memory(s, device, bytes);
   s.owner.emplace(p, pool.get());
   s.stats.handed_out(size, reserved_bytes(s), pool->segments_allocated() != segments);
   return p;
@@ -136,6 +215,7 @@ void CudaAllocator::release(void* ptr) {
   if (!ptr) return;
   State& s = state();
   std::lock_guard lock(s.mutex);
+  if (!caching()) return release_uncached(s, ptr);
   auto it = s.owner.find(ptr);
   POLLEN_ASSERT(it != s.owner.end());
   // Work already enqueued on the pool's stream may still use the block; the next user is on the

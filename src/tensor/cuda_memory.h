@@ -6,6 +6,13 @@
 // has one default stream (created at first use); all of pollen's GPU work on that GPU runs in order
 // on it.
 //
+// POLLEN_CUDA_NO_CACHING=1 (read once) turns the caching off, for memory checkers: every tensor
+// gets its own cudaMalloc and its release a cudaFree, after its stream has finished, as PyTorch's
+// PYTORCH_NO_CUDA_MEMORY_CACHING=1 does. compute-sanitizer's memcheck then sees each tensor's
+// bounds; inside a pooled segment an overrun lands in a neighbouring block, which it cannot tell
+// from a valid access. Slow: for checking only. The stats stay meaningful: bytes in use and their
+// peak as with caching, nothing cached, and each tensor counted as a segment from the driver.
+//
 // "The GPU" is the current CUDA device of the calling thread (device 0 unless changed).
 // In a build without the CUDA backend every function here throws, naming the missing backend.
 #include <cstddef>
@@ -30,6 +37,9 @@ class CudaAllocator {
   void reset_peak();
 
   static size_t size_class(size_t bytes) { return BlockPool::rounded(bytes); }
+  // False when POLLEN_CUDA_NO_CACHING=1 (above); throws naming the variable when it is set to
+  // anything but 1, 0 or empty.
+  static bool caching();
 };
 
 namespace cuda {

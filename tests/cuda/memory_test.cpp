@@ -11,8 +11,16 @@
 namespace pollen {
 namespace {
 
-using testing::fresh_rng;
 using testing::random_input;
+
+// The caching allocator's own tests count its blocks and segments, which POLLEN_CUDA_NO_CACHING=1
+// does away with: they skip then (gpu-check's memcheck pass, which sets it, leaves them out).
+#define REQUIRE_CACHING()                                                                    \
+  do {                                                                                       \
+    if (!CudaAllocator::caching())                                                           \
+      GTEST_SKIP() << "POLLEN_CUDA_NO_CACHING=1: every tensor has its own cudaMalloc, so "   \
+                      "there are no blocks to reuse, split or merge, nor segments to count"; \
+  } while (0)
 
 TEST(CudaAllocator, BlocksAreMultiplesOf512Bytes) {
   EXPECT_EQ(CudaAllocator::size_class(1), 512u);
@@ -37,8 +45,35 @@ TEST(CudaAllocator, RefusedWithoutGpu) {
   }
 }
 
-TEST(CudaAllocator, ReusesFreedBlocksAndCountsThem) {
+// Whether the allocator caches or not (POLLEN_CUDA_NO_CACHING=1, as in gpu-check's memcheck
+// pass): bytes in use rise by the block's size and fall back, and the peak follows them.
+TEST(CudaAllocator, CountsBytesInUseAndTheirPeak) {
   POLLEN_REQUIRE_GPU();
+  CudaAllocator& a = CudaAllocator::instance();
+  const size_t cls = CudaAllocator::size_class(3000 * 4);
+  a.reset_peak();
+  const AllocatorStats before = a.stats();
+  {
+    Tensor t = Tensor::empty({3000}, DType::f32, Device::cuda);
+    t.zero_();
+    const AllocatorStats held = a.stats();
+    EXPECT_EQ(held.in_use_bytes, before.in_use_bytes + cls);
+    EXPECT_EQ(held.peak_in_use_bytes, held.in_use_bytes);
+    EXPECT_GE(held.peak_reserved_bytes, held.in_use_bytes + held.cached_bytes);
+  }
+  const AllocatorStats after = a.stats();
+  EXPECT_EQ(after.in_use_bytes, before.in_use_bytes);
+  EXPECT_EQ(after.peak_in_use_bytes, before.in_use_bytes + cls);
+  if (!CudaAllocator::caching()) {  // nothing held beyond what is in use; a cudaMalloc a tensor
+    EXPECT_EQ(after.cached_bytes, 0u);
+    EXPECT_EQ(after.system_allocs, before.system_allocs + 1);
+    EXPECT_EQ(after.reuses, before.reuses);
+  }
+}
+
+TEST(CudaCachingAllocator, ReusesFreedBlocksAndCountsThem) {
+  POLLEN_REQUIRE_GPU();
+  REQUIRE_CACHING();
   CudaAllocator& a = CudaAllocator::instance();
   const size_t bytes = 3000 * 4, cls = CudaAllocator::size_class(bytes);
   const AllocatorStats before = a.stats();
@@ -69,8 +104,9 @@ TEST(CudaAllocator, ReusesFreedBlocksAndCountsThem) {
   if (emptied.in_use_bytes == 0) EXPECT_EQ(emptied.cached_bytes, 0u);
 }
 
-TEST(CudaAllocator, MemoryFreedInOneShapeServesAnother) {
+TEST(CudaCachingAllocator, MemoryFreedInOneShapeServesAnother) {
   POLLEN_REQUIRE_GPU();
+  REQUIRE_CACHING();
   CudaAllocator& a = CudaAllocator::instance();
   a.empty_cache();
   a.reset_peak();
@@ -101,7 +137,7 @@ TEST(CudaAllocator, MemoryFreedInOneShapeServesAnother) {
 
 TEST(CudaCopy, RoundTripsEveryDtypeExactly) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   for (DType t : {DType::f64, DType::f32, DType::bf16, DType::i32, DType::u8}) {
     SCOPED_TRACE(dtype_name(t));
     Tensor host = Tensor::empty({7, 33}, t);
@@ -120,7 +156,7 @@ TEST(CudaCopy, RoundTripsEveryDtypeExactly) {
 
 TEST(CudaCopy, ConvertsOnTheGpuAsTheHostDoes) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const Tensor host = random_input({5, 41}, DType::f64, rng, 3.0).ref;
   for (DType from : {DType::f64, DType::f32, DType::bf16}) {
     for (DType to : {DType::f64, DType::f32, DType::bf16}) {
@@ -135,7 +171,7 @@ TEST(CudaCopy, ConvertsOnTheGpuAsTheHostDoes) {
 
 TEST(CudaCopy, StridedViewsBothWays) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const Tensor host = random_input({4, 6}, DType::f32, rng).ref.to(DType::f32);
   const Tensor gpu = host.to(Device::cuda);
   // A transposed GPU view read back, and converted on the way.
@@ -158,7 +194,7 @@ TEST(CudaCopy, StridedViewsBothWays) {
 
 TEST(CudaCopy, OverlappingViewsOfOneStorage) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   Tensor host = random_input({1000}, DType::f32, rng).ref.to(DType::f32);
   Tensor gpu = host.to(Device::cuda);
   gpu.slice(0, 0, 900).copy_(gpu.slice(0, 100, 1000));  // as memmove

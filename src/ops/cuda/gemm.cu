@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/log.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/cublaslt.h"
 #include "ops/cuda/kernels.h"
@@ -36,22 +37,46 @@ struct DeviceGemm {
   void* workspace = nullptr;
 };
 
-DeviceGemm& device_gemm() {
-  static std::mutex mutex;
-  static std::vector<DeviceGemm>* per_device = new std::vector<DeviceGemm>();  // never freed
-  const int device = ::pollen::cuda::current_device();
-  std::lock_guard lock(mutex);
-  if (per_device->size() <= static_cast<size_t>(device))
-    per_device->resize(static_cast<size_t>(device) + 1);
-  DeviceGemm& g = (*per_device)[static_cast<size_t>(device)];
-  if (!g.handle) {
-    POLLEN_CUBLAS_CHECK(cublaslt().create(&g.handle), "device=", device);
-    g.workspace = CudaAllocator::instance().allocate(kWorkspaceBytes);
+// Both made, or neither: the workspace first, given back if the handle cannot be made.
+std::unique_ptr<DeviceGemm> make_device_gemm(int device) {
+  auto g = std::make_unique<DeviceGemm>();
+  g->workspace = CudaAllocator::instance().allocate(kWorkspaceBytes);
+  const cublasStatus_t status = cublaslt().create(&g->handle);
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    CudaAllocator::instance().release(g->workspace);
+    fail_cublas(status, "cublasLtCreate(&handle)", cat("device=", device), __FILE__, __LINE__);
   }
   return g;
 }
 
-// Destroys a cuBLASLt descriptor with the library's destroy function when it goes out of scope.
+// Each GPU's entry is made once, behind its own pointer: callers use the reference after the
+// lock is released, while another thread may add a GPU's entry and grow the vector (which would
+// move entries stored in it by value).
+DeviceGemm& device_gemm() {
+  static std::mutex mutex;
+  static auto* per_device = new std::vector<std::unique_ptr<DeviceGemm>>();  // never freed
+  const int device = ::pollen::cuda::current_device();
+  std::lock_guard lock(mutex);
+  if (per_device->size() <= static_cast<size_t>(device))
+    per_device->resize(static_cast<size_t>(device) + 1);
+  std::unique_ptr<DeviceGemm>& g = (*per_device)[static_cast<size_t>(device)];
+  if (!g) g = make_device_gemm(device);
+  return *g;
+}
+
+// The library function that destroys each kind of descriptor, for warnings.
+const char* destroy_name(cublasLtMatmulDesc_t) {
+  return "cublasLtMatmulDescDestroy";
+}
+const char* destroy_name(cublasLtMatrixLayout_t) {
+  return "cublasLtMatrixLayoutDestroy";
+}
+const char* destroy_name(cublasLtMatmulPreference_t) {
+  return "cublasLtMatmulPreferenceDestroy";
+}
+
+// Destroys a cuBLASLt descriptor with the library's destroy function when it goes out of scope;
+// a failure is a warning, as destructors must not throw.
 template <typename D, auto CublasLt::*destroy>
 struct Owned {
   D d = nullptr;
@@ -59,7 +84,11 @@ struct Owned {
   Owned(const Owned&) = delete;
   Owned& operator=(const Owned&) = delete;
   ~Owned() {
-    if (d) (cublaslt().*destroy)(d);
+    if (!d) return;
+    const cublasStatus_t status = (cublaslt().*destroy)(d);
+    if (status != CUBLAS_STATUS_SUCCESS)
+      log::warn(destroy_name(d), " failed: ", cublaslt().get_status_name(status), " (",
+                cublaslt().get_status_string(status), ")");
   }
 };
 using MatmulDesc = Owned<cublasLtMatmulDesc_t, &CublasLt::matmul_desc_destroy>;
