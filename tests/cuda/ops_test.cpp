@@ -1,6 +1,8 @@
 // Every op on the GPU against the same op on the CPU in f64 on the upcast inputs: fresh random
-// inputs each run, outputs poisoned with NaN first, norm-relative error per tensor under 1e-2 for
-// bf16 and 1e-4 for f32. Accumulating outputs start from the same random values on both sides.
+// inputs each run (the seed named in every failure), outputs poisoned with NaN first and guarded
+// on both sides against writes past their ends, norm-relative error per tensor under 1e-2 for
+// bf16 and 1e-4 for f32, and no element off by more than 10 times that in rms of the reference
+// (gpu_compare.h). Accumulating outputs start from the same random values on both sides.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -22,7 +24,7 @@
 namespace pollen {
 namespace {
 
-using testing::fresh_rng;
+using testing::guarded_copy;
 using testing::Input;
 using testing::int_input;
 using testing::poisoned;
@@ -40,7 +42,7 @@ std::vector<int32_t> random_ids(Rng& rng, int64_t n, int64_t below) {
 
 TEST(CudaOps, GemmEveryTransposeWithAlphaAndBeta) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const int64_t m = 37, n = 53, k = 71;
   for (DType t : kDtypes) {
     for (DType ct : {t, DType::f32}) {
@@ -50,13 +52,14 @@ TEST(CudaOps, GemmEveryTransposeWithAlphaAndBeta) {
         const Input a = random_input(ta ? Shape{k, m} : Shape{m, k}, t, rng);
         const Input b = random_input(tb ? Shape{n, k} : Shape{k, n}, t, rng);
         // beta = 0 must not read c (poisoned); beta != 0 accumulates into random values.
-        Tensor c0 = poisoned({m, n}, ct);
+        auto c0 = poisoned({m, n}, ct);
         Tensor ref0 = Tensor::empty({m, n}, DType::f64);
         ops::gemm(a.gpu, ta, b.gpu, tb, c0, 0.7, 0.0);
         ops::gemm(a.ref, ta, b.ref, tb, ref0, 0.7, 0.0);
         EXPECT_CLOSE(c0, ref0, t);
         const Input c = random_input({m, n}, ct, rng);
-        Tensor c1 = c.gpu, ref1 = c.ref.clone();
+        auto c1 = guarded_copy(c.gpu);
+        Tensor ref1 = c.ref.clone();
         ops::gemm(a.gpu, ta, b.gpu, tb, c1, -1.3, 0.4);
         ops::gemm(a.ref, ta, b.ref, tb, ref1, -1.3, 0.4);
         EXPECT_CLOSE(c1, ref1, t);
@@ -69,7 +72,7 @@ TEST(CudaOps, GemmWithAUnitDimension) {
   POLLEN_REQUIRE_GPU();
   // The shapes of a bias: broadcast over rows, ones (N,1) @ bias (1,M) (k = 1), and its
   // gradient, ones (1,N) @ dy (N,M) (m = 1); and a matrix-vector product (n = 1).
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   struct Case {
     int64_t m, n, k;
   };
@@ -77,10 +80,38 @@ TEST(CudaOps, GemmWithAUnitDimension) {
     for (DType t : kDtypes) {
       SCOPED_TRACE(cat(dtype_name(t), " m=", s.m, " n=", s.n, " k=", s.k));
       const Input a = random_input({s.m, s.k}, t, rng), b = random_input({s.k, s.n}, t, rng);
-      Tensor c = poisoned({s.m, s.n}, t), ref = Tensor::empty({s.m, s.n}, DType::f64);
+      auto c = poisoned({s.m, s.n}, t);
+      Tensor ref = Tensor::empty({s.m, s.n}, DType::f64);
       ops::gemm(a.gpu, false, b.gpu, false, c, 1.0, 0.0);
       ops::gemm(a.ref, false, b.ref, false, ref, 1.0, 0.0);
       EXPECT_CLOSE(c, ref, t);
+    }
+  }
+}
+
+TEST(CudaOps, GemmWithAnEmptyInnerDimensionScalesC) {
+  POLLEN_REQUIRE_GPU();
+  // k = 0: op(a) op(b) is an empty sum, so c = beta * c, and zero when beta = 0 (c not read).
+  POLLEN_FRESH_RNG(rng);
+  const int64_t m = 37, n = 53;
+  for (DType t : kDtypes) {
+    for (DType ct : {t, DType::f32}) {
+      for (int trans = 0; trans < 4; ++trans) {
+        const bool ta = trans & 1, tb = trans & 2;
+        SCOPED_TRACE(cat(dtype_name(t), " -> ", dtype_name(ct), " trans_a=", ta, " trans_b=", tb));
+        const Input a = random_input(ta ? Shape{0, m} : Shape{m, 0}, t, rng);
+        const Input b = random_input(tb ? Shape{n, 0} : Shape{0, n}, t, rng);
+        auto c0 = poisoned({m, n}, ct);
+        ops::gemm(a.gpu, ta, b.gpu, tb, c0, 0.7, 0.0);
+        EXPECT_EQ(c0.to_doubles(), std::vector<double>(static_cast<size_t>(m * n), 0.0));
+        EXPECT_TRUE(c0.guards_intact());
+        const Input c = random_input({m, n}, ct, rng);
+        auto c1 = guarded_copy(c.gpu);
+        Tensor ref1 = Tensor::empty({m, n}, DType::f64);
+        ops::gemm(a.gpu, ta, b.gpu, tb, c1, -1.3, 0.4);
+        ops::scale_into(0.4, c.ref, ref1);
+        EXPECT_CLOSE(c1, ref1, ct);
+      }
     }
   }
 }
@@ -90,7 +121,7 @@ TEST(CudaOps, GemmPlansFollowThePointersAlignment) {
   // gemm keeps cuBLASLt's plan per shape and alignment: the same shape one element past an
   // aligned address needs a kernel that assumes less, so a plan made for the aligned call and
   // reused for it would be refused or misread. Aligned, offset, then aligned again.
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const int64_t m = 64, n = 96, k = 128;
   for (DType t : kDtypes) {
     const Input a = random_input({m * k + 1}, t, rng), b = random_input({k * n + 1}, t, rng);
@@ -111,10 +142,11 @@ TEST(CudaOps, GemmFp32IsNotTf32) {
   POLLEN_REQUIRE_GPU();
   // TF32 keeps 10 mantissa bits: its products are off by ~3e-4 (norm-relative) here, where fp32's
   // rounding and summation order give ~3e-7; 1e-5 is 30 times from both.
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const Input a = random_input({64, 256}, DType::f32, rng),
               b = random_input({256, 64}, DType::f32, rng);
-  Tensor c = poisoned({64, 64}, DType::f32), ref = Tensor::empty({64, 64}, DType::f64);
+  auto c = poisoned({64, 64}, DType::f32);
+  Tensor ref = Tensor::empty({64, 64}, DType::f64);
   ops::gemm(a.gpu, false, b.gpu, false, c, 1.0, 0.0);
   ops::gemm(a.ref, false, b.ref, false, ref, 1.0, 0.0);
   EXPECT_LT(rel_err(c, ref), 1e-5);
@@ -124,7 +156,7 @@ TEST(CudaOps, OpProfileTimesGpuOpsBetweenEvents) {
   POLLEN_REQUIRE_GPU();
   // Ops on the GPU are timed by events around their work: each GEMM of 512^3 takes GPU time,
   // and the profile's sum lies within the wall time of the whole (read after the GPU is done).
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const Input a = random_input({512, 512}, DType::f32, rng),
               b = random_input({512, 512}, DType::f32, rng);
   Tensor c = poisoned({512, 512}, DType::f32);
@@ -146,12 +178,13 @@ TEST(CudaOps, OpProfileTimesGpuOpsBetweenEvents) {
 
 TEST(CudaOps, Elementwise) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const Shape s = {3, 1001};
   for (DType t : kDtypes) {
     SCOPED_TRACE(dtype_name(t));
     const Input a = random_input(s, t, rng), b = random_input(s, t, rng);
-    Tensor out = poisoned(s, t), ref = Tensor::empty(s, DType::f64);
+    auto out = poisoned(s, t);
+    Tensor ref = Tensor::empty(s, DType::f64);
     ops::add(a.gpu, b.gpu, out);
     ops::add(a.ref, b.ref, ref);
     EXPECT_CLOSE(out, ref, t);
@@ -164,7 +197,8 @@ TEST(CudaOps, Elementwise) {
     ops::scale_into(-0.37, a.ref, ref);
     EXPECT_CLOSE(out, ref, t);
     const Input y = random_input(s, t, rng);
-    Tensor y_gpu = y.gpu, y_ref = y.ref.clone();
+    auto y_gpu = guarded_copy(y.gpu);
+    Tensor y_ref = y.ref.clone();
     ops::axpy(0.61, a.gpu, y_gpu);
     ops::axpy(0.61, a.ref, y_ref);
     EXPECT_CLOSE(y_gpu, y_ref, t);
@@ -176,12 +210,13 @@ TEST(CudaOps, Elementwise) {
 // stays NaN otherwise.
 TEST(CudaOps, AddAndConvertBeyondOneGridPass) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const int64_t n = int64_t{65535} * 256 + 223'043;  // ~17 M
   for (DType t : kDtypes) {
     SCOPED_TRACE(dtype_name(t));
     const Input a = random_input({n}, t, rng), b = random_input({n}, t, rng);
-    Tensor out = poisoned({n}, t), ref = Tensor::empty({n}, DType::f64);
+    auto out = poisoned({n}, t);
+    Tensor ref = Tensor::empty({n}, DType::f64);
     ops::add(a.gpu, b.gpu, out);
     ops::add(a.ref, b.ref, ref);
     EXPECT_CLOSE(out, ref, t);
@@ -189,28 +224,31 @@ TEST(CudaOps, AddAndConvertBeyondOneGridPass) {
   // f32 -> bf16 on the GPU (copy_'s conversion kernel) rounds to nearest even as the host does,
   // and bf16 -> f32 is exact: both equal their reference.
   const Input x = random_input({n}, DType::f32, rng);
-  Tensor narrowed = poisoned({n}, DType::bf16);
+  auto narrowed = poisoned({n}, DType::bf16);
   narrowed.copy_(x.gpu);
   EXPECT_EQ(rel_err(narrowed, x.gpu.to(Device::cpu).to(DType::bf16)), 0.0);
+  EXPECT_TRUE(narrowed.guards_intact());
   const Input y = random_input({n}, DType::bf16, rng);
-  Tensor widened = poisoned({n}, DType::f32);
+  auto widened = poisoned({n}, DType::f32);
   widened.copy_(y.gpu);
   EXPECT_EQ(rel_err(widened, y.ref), 0.0);
+  EXPECT_TRUE(widened.guards_intact());
 }
 
 TEST(CudaOps, SwiGLUForwardAndBackward) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const Shape s = {5, 777};
   for (DType t : kDtypes) {
     SCOPED_TRACE(dtype_name(t));
     const Input gate = random_input(s, t, rng, 2.0), up = random_input(s, t, rng),
                 dout = random_input(s, t, rng);
-    Tensor out = poisoned(s, t), ref = Tensor::empty(s, DType::f64);
+    auto out = poisoned(s, t);
+    Tensor ref = Tensor::empty(s, DType::f64);
     ops::swiglu_forward(gate.gpu, up.gpu, out);
     ops::swiglu_forward(gate.ref, up.ref, ref);
     EXPECT_CLOSE(out, ref, t);
-    Tensor dgate = poisoned(s, t), dup = poisoned(s, t);
+    auto dgate = poisoned(s, t), dup = poisoned(s, t);
     Tensor dgate_ref = Tensor::empty(s, DType::f64), dup_ref = Tensor::empty(s, DType::f64);
     ops::swiglu_backward(dout.gpu, gate.gpu, up.gpu, dgate, dup);
     ops::swiglu_backward(dout.ref, gate.ref, up.ref, dgate_ref, dup_ref);
@@ -221,19 +259,22 @@ TEST(CudaOps, SwiGLUForwardAndBackward) {
 
 TEST(CudaOps, EmbeddingForwardAndBackward) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const int64_t v = 97, c = 300, n = 500;  // ids repeat: the backward sums several tokens per row
   for (DType t : kDtypes) {
     SCOPED_TRACE(dtype_name(t));
     const Input table = random_input({v, c}, t, rng);
     const Input ids = int_input({n}, random_ids(rng, n, v));
-    Tensor out = poisoned({n, c}, t), ref = Tensor::empty({n, c}, DType::f64);
+    auto out = poisoned({n, c}, t);
+    Tensor ref = Tensor::empty({n, c}, DType::f64);
     ops::embedding_forward(table.gpu, ids.gpu, out);
     ops::embedding_forward(table.ref, ids.ref, ref);
     EXPECT_EQ(rel_err(out, ref), 0.0);  // a copy
+    EXPECT_TRUE(out.guards_intact());
     const Input dout = random_input({n, c}, t, rng);
     const Input dtable = random_input({v, c}, t, rng);
-    Tensor dtable_gpu = dtable.gpu, dtable_ref = dtable.ref.clone();
+    auto dtable_gpu = guarded_copy(dtable.gpu);
+    Tensor dtable_ref = dtable.ref.clone();
     ops::embedding_backward(dout.gpu, ids.gpu, dtable_gpu);
     ops::embedding_backward(dout.ref, ids.ref, dtable_ref);
     EXPECT_CLOSE(dtable_gpu, dtable_ref, t);
@@ -253,26 +294,29 @@ TEST(CudaOps, EmbeddingForwardAndBackward) {
 
 TEST(CudaOps, RMSNormForwardAndBackward) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   // dw sums over chunks of rows: 67 rows make 2 chunks, 3001 rows 47 (the last one short), and
-  // 200 channels leave the second block of channels part empty.
+  // 200 channels leave the second block of channels part empty. 8193 rows reach the cap of 128
+  // chunks, of 65 rows: chunk 126 holds the last 3 rows and chunk 127 none (it starts at row
+  // 8255), so its partial sums must come out zero.
   struct Case {
     int64_t n, c;
   };
-  for (const auto [n, c] : {Case{67, 384}, Case{3001, 200}}) {
+  for (const auto [n, c] : {Case{67, 384}, Case{3001, 200}, Case{8193, 64}}) {
     for (DType t : kDtypes) {
       for (bool accumulate : {false, true}) {
         SCOPED_TRACE(cat(dtype_name(t), " n=", n, " c=", c, accumulate ? " accumulating dx" : ""));
         const Input x = random_input({n, c}, t, rng, 2.0), w = random_input({c}, t, rng),
                     dy = random_input({n, c}, t, rng);
-        Tensor y = poisoned({n, c}, t), rstd = poisoned({n}, DType::f32);
+        auto y = poisoned({n, c}, t), rstd = poisoned({n}, DType::f32);
         Tensor y_ref = Tensor::empty({n, c}, DType::f64), rstd_ref = Tensor::empty({n}, DType::f64);
         ops::rmsnorm_forward(x.gpu, w.gpu, 1e-5, y, rstd);
         ops::rmsnorm_forward(x.ref, w.ref, 1e-5, y_ref, rstd_ref);
         EXPECT_CLOSE(y, y_ref, t);
         EXPECT_CLOSE(rstd, rstd_ref, DType::f32);  // f32 statistics whatever x's dtype
         const Input dx0 = random_input({n, c}, t, rng), dw0 = random_input({c}, t, rng);
-        Tensor dx = accumulate ? dx0.gpu : poisoned({n, c}, t), dw = dw0.gpu;
+        auto dx = accumulate ? guarded_copy(dx0.gpu) : poisoned({n, c}, t);
+        auto dw = guarded_copy(dw0.gpu);
         Tensor dx_ref = dx0.ref.clone(), dw_ref = dw0.ref.clone();
         ops::rmsnorm_backward(dy.gpu, x.gpu, w.gpu, rstd, dx, dw, accumulate);
         ops::rmsnorm_backward(dy.ref, x.ref, w.ref, rstd_ref, dx_ref, dw_ref, accumulate);
@@ -285,7 +329,7 @@ TEST(CudaOps, RMSNormForwardAndBackward) {
 
 TEST(CudaOps, RopeForwardAndBackwardWithScalingAndRestarts) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const int64_t b = 2, seq = 40, h = 3, d = 64;
   std::vector<int32_t> pos(static_cast<size_t>(b * seq));
   for (int64_t i = 0; i < b * seq; ++i)  // documents restart at 0 inside row 1
@@ -300,15 +344,17 @@ TEST(CudaOps, RopeForwardAndBackwardWithScalingAndRestarts) {
     for (DType t : kDtypes) {
       SCOPED_TRACE(cat(dtype_name(t), " theta=", params.theta));
       const Input x = random_input({b, seq, h, d}, t, rng);
-      Tensor out = poisoned({b, seq, h, d}, t), ref = Tensor::empty({b, seq, h, d}, DType::f64);
+      auto out = poisoned({b, seq, h, d}, t);
+      Tensor ref = Tensor::empty({b, seq, h, d}, DType::f64);
       ops::rope_forward(x.gpu, positions.gpu, params, out);
       ops::rope_forward(x.ref, positions.ref, params, ref);
       EXPECT_CLOSE(out, ref, t);
-      Tensor dx = poisoned({b, seq, h, d}, t), dx_ref = Tensor::empty({b, seq, h, d}, DType::f64);
+      auto dx = poisoned({b, seq, h, d}, t);
+      Tensor dx_ref = Tensor::empty({b, seq, h, d}, DType::f64);
       ops::rope_backward(x.gpu, positions.gpu, params, dx);
       ops::rope_backward(x.ref, positions.ref, params, dx_ref);
       EXPECT_CLOSE(dx, dx_ref, t);
-      Tensor in_place = x.gpu.clone();  // out may be x
+      auto in_place = guarded_copy(x.gpu);  // out may be x
       ops::rope_forward(in_place, positions.gpu, params, in_place);
       EXPECT_CLOSE(in_place, ref, t);
     }
@@ -317,7 +363,7 @@ TEST(CudaOps, RopeForwardAndBackwardWithScalingAndRestarts) {
 
 TEST(CudaOps, CrossEntropyOverVocabularyBlocks) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const int64_t n = 70, c = 48, v = 1031, block_rows = 16;  // five blocks, the last partial;
   // V spans several passes of a row's 512 threads.
   for (DType t : kDtypes) {
@@ -328,7 +374,9 @@ TEST(CudaOps, CrossEntropyOverVocabularyBlocks) {
     const Input tg = int_input({n}, targets);
     const Input h = random_input({n, c}, t, rng), w = random_input({v, c}, t, rng, 0.3);
     const Input dw0 = random_input({v, c}, t, rng, 0.1);
-    ops::CrossEntropyGrads grads{poisoned({n, c}, t), dw0.gpu, 0.05};
+    // The grads share the guarded outputs' storage: dh and dw are checked through them.
+    auto dh = poisoned({n, c}, t), dw = guarded_copy(dw0.gpu);
+    ops::CrossEntropyGrads grads{dh, dw, 0.05};
     ops::CrossEntropyGrads grads_ref{Tensor::empty({n, c}, DType::f64), dw0.ref.clone(), 0.05};
     int64_t scored = 0, scored_ref = 0;
     const double loss =
@@ -339,8 +387,8 @@ TEST(CudaOps, CrossEntropyOverVocabularyBlocks) {
     EXPECT_EQ(scored, scored_ref);
     EXPECT_LT(std::abs(loss - loss_ref) / std::abs(loss_ref), tolerance(t))
         << loss << " vs " << loss_ref;
-    EXPECT_CLOSE(grads.dh, grads_ref.dh, t);
-    EXPECT_CLOSE(grads.dw, grads_ref.dw, t);
+    EXPECT_CLOSE(dh, grads_ref.dh, t);
+    EXPECT_CLOSE(dw, grads_ref.dw, t);
     // The loss alone, in the default block size.
     int64_t scored_only = 0;
     const double loss_only = ops::cross_entropy_forward(h.gpu, w.gpu, tg.gpu, &scored_only);
@@ -350,7 +398,7 @@ TEST(CudaOps, CrossEntropyOverVocabularyBlocks) {
 
 TEST(CudaOps, TokenLogprobsForwardAndBackwardOverVocabularyBlocks) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const int64_t n = 70, c = 48, v = 1031, block_rows = 16;  // as for cross-entropy
   for (DType t : kDtypes) {
     SCOPED_TRACE(dtype_name(t));
@@ -360,7 +408,7 @@ TEST(CudaOps, TokenLogprobsForwardAndBackwardOverVocabularyBlocks) {
     const Input tg = int_input({n}, targets);
     const Input h = random_input({n, c}, t, rng), w = random_input({v, c}, t, rng, 0.3);
     // logp and lse are f32 on the GPU whatever h's dtype.
-    Tensor logp = poisoned({n}, DType::f32), lse = poisoned({n}, DType::f32);
+    auto logp = poisoned({n}, DType::f32), lse = poisoned({n}, DType::f32);
     Tensor logp_ref = Tensor::empty({n}, DType::f64), lse_ref = Tensor::empty({n}, DType::f64);
     ops::token_logprobs_forward(h.gpu, w.gpu, tg.gpu, logp, lse, block_rows);
     ops::token_logprobs_forward(h.ref, w.ref, tg.ref, logp_ref, lse_ref, block_rows);
@@ -370,7 +418,7 @@ TEST(CudaOps, TokenLogprobsForwardAndBackwardOverVocabularyBlocks) {
 
     const Input dlogp = random_input({n}, DType::f32, rng);
     const Input dw0 = random_input({v, c}, t, rng, 0.1);
-    Tensor dh = poisoned({n, c}, t), dw = dw0.gpu;
+    auto dh = poisoned({n, c}, t), dw = guarded_copy(dw0.gpu);
     Tensor dh_ref = Tensor::empty({n, c}, DType::f64), dw_ref = dw0.ref.clone();
     ops::token_logprobs_backward(dlogp.gpu, h.gpu, w.gpu, tg.gpu, lse, dh, dw, block_rows);
     ops::token_logprobs_backward(dlogp.ref, h.ref, w.ref, tg.ref, lse_ref, dh_ref, dw_ref,
@@ -398,7 +446,7 @@ ManyBlocksInputs many_blocks_inputs(DType t, Rng& rng, int64_t n, int64_t c, int
 
 TEST(CudaOps, CrossEntropyWeightGradientOverManyBlocks) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const int64_t n = 300, c = 48, v = 1031, block_rows = 1;  // 300 blocks
   for (DType t : kDtypes) {
     SCOPED_TRACE(dtype_name(t));
@@ -416,7 +464,7 @@ TEST(CudaOps, CrossEntropyWeightGradientOverManyBlocks) {
 
 TEST(CudaOps, TokenLogprobsWeightGradientOverManyBlocks) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const int64_t n = 300, c = 48, v = 1031, block_rows = 1;  // as for cross-entropy
   for (DType t : kDtypes) {
     SCOPED_TRACE(dtype_name(t));
@@ -442,7 +490,7 @@ TEST(CudaOps, TokenLogprobsWeightGradientOverManyBlocks) {
 // a weighted sum of the log-probabilities against the same on the CPU in f64.
 TEST(CudaOps, TokenLogprobsThroughAutogradWithHostTargets) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const int64_t n = 40, c = 32, v = 300;
   for (DType t : kDtypes) {
     SCOPED_TRACE(dtype_name(t));
@@ -485,7 +533,7 @@ Tensor minus(const Tensor& a, const Tensor& b) {
 // than one launch's list (kMultiTensors), of sizes from 1 to 1000, with and without weight decay.
 TEST(CudaOps, AdamWMixedPrecisionOverSteps) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   std::vector<Shape> shapes = {{33, 17}, {1000}};
   for (int64_t i = 0; i < 100; ++i) shapes.push_back({i * 37 % 301 + 1});
   for (DType grad_type : kDtypes) {
@@ -525,7 +573,7 @@ TEST(CudaOps, AdamWMixedPrecisionOverSteps) {
 
 TEST(CudaOps, GlobalNormAndClippingStayOnTheGpu) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const Input a = random_input({300, 7}, DType::f32, rng),
               b = random_input({4097}, DType::bf16, rng);
   double sum_ref = 0;
@@ -577,7 +625,7 @@ TEST(CudaOps, GlobalNormAndClippingStayOnTheGpu) {
 
 TEST(CudaOps, TensorsOnTwoDevicesAreRefused) {
   POLLEN_REQUIRE_GPU();
-  Rng rng = fresh_rng();
+  POLLEN_FRESH_RNG(rng);
   const Input a = random_input({4, 5}, DType::f32, rng);
   Tensor out = Tensor::empty({4, 5}, DType::f32);  // on the CPU
   try {
