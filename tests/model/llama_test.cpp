@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/files.h"
+#include "ops/cross_entropy.h"
 #include "optim/adamw.h"
 #include "support/gradcheck.h"
 
@@ -200,6 +201,25 @@ TEST(LlamaGradients, WholeModelAgainstFiniteDifferences) {
   testing::max_gradcheck_error([&](std::vector<ag::Var>&) { return m.loss(batch); }, params);
 }
 
+// The tied head: the embedding's gradient is the sum of its two uses (lookup and classifier),
+// and ignored targets (-100) add nothing to either; the mean is over the scored targets only.
+TEST(LlamaGradients, TiedHeadAndIgnoredTargetsAgainstFiniteDifferences) {
+  model::LlamaConfig cfg = micro_config();
+  cfg.num_hidden_layers = 1;
+  cfg.hidden_size = 8;
+  cfg.intermediate_size = 12;
+  cfg.vocab_size = 11;
+  cfg.num_attention_heads = 2;
+  cfg.num_key_value_heads = 1;
+  cfg.tie_word_embeddings = true;
+  model::Llama m(cfg, 1, DType::f64);
+  randomise(m, 2, 0.5);
+  model::Batch batch = make_batch(2, 9, cfg.vocab_size, {4, 5}, 3);
+  for (int64_t i : {0, 4, 5, 11, 17}) batch.targets.data<int32_t>()[i] = ops::kIgnoreIndex;
+  auto params = m.parameters();
+  testing::max_gradcheck_error([&](std::vector<ag::Var>&) { return m.loss(batch); }, params);
+}
+
 std::vector<std::vector<double>> train_steps(bool recompute, int steps) {
   model::Llama m(model::preset("llama-tiny"), 9);
   m.set_recompute(recompute);
@@ -274,10 +294,15 @@ TEST(LlamaTraining, GradientAccumulationSumsOverBackwardPasses) {
       }
       tape.backward(l);
     }
-    return m.parameters()[1].grad().to_doubles();
+    std::vector<std::vector<double>> grads;  // every parameter: embedding, layers, head
+    for (auto& p : m.parameters()) grads.push_back(p.grad().to_doubles());
+    return grads;
   };
   const auto g1 = grads_after({&b1}), g2 = grads_after({&b2}), g12 = grads_after({&b1, &b2});
-  for (size_t i = 0; i < g12.size(); ++i) EXPECT_NEAR(g12[i], g1[i] + g2[i], 1e-12);
+  ASSERT_EQ(g12.size(), g1.size());
+  for (size_t p = 0; p < g12.size(); ++p)
+    for (size_t i = 0; i < g12[p].size(); ++i)
+      EXPECT_NEAR(g12[p][i], g1[p][i] + g2[p][i], 1e-12) << "parameter " << p << " element " << i;
 }
 
 TEST(LlamaInference, NoGradRecordsNothing) {
