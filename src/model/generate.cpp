@@ -64,6 +64,28 @@ KvCache::KvCache(const LlamaConfig& config, int64_t rows, int64_t capacity, DTyp
   }
 }
 
+namespace {
+
+// Rotary embedding of the new tokens' q (N,1,H,D) and k (N,1,KVH,D) at positions (N,1), in
+// place. Dynamic scaling takes its theta from the longest position of a call, so each row's
+// tokens (contiguous in the N) are rotated by a call of their own: a row's result must not
+// depend on the rows beside it.
+void rotate_rows(Tensor q, Tensor k, const Tensor& positions, const ops::RopeParams& rope,
+                 const std::vector<int64_t>& row_of) {
+  const int64_t n = static_cast<int64_t>(row_of.size());
+  const bool per_row = rope.scaling.kind == ops::RopeScaling::Kind::dynamic;
+  for (int64_t begin = 0, end = 0; begin < n; begin = end) {
+    end = per_row ? begin : n;
+    while (end < n && row_of[static_cast<size_t>(end)] == row_of[static_cast<size_t>(begin)]) ++end;
+    Tensor qr = q.slice(0, begin, end), kr = k.slice(0, begin, end);
+    const Tensor pr = positions.slice(0, begin, end);
+    ops::rope_forward(qr, pr, rope, qr);
+    ops::rope_forward(kr, pr, rope, kr);
+  }
+}
+
+}  // namespace
+
 // Every new token of every row goes through the layers as one (N, C) matrix, so projections
 // and the MLP are single GEMMs; attention reads each token's own row of the cache.
 Tensor KvCache::forward(const Llama& model, const std::vector<std::vector<uint32_t>>& tokens) {
@@ -94,7 +116,7 @@ Tensor KvCache::forward(const Llama& model, const std::vector<std::vector<uint32
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const ops::RopeParams rope = c.rope_params();
 
-  Tensor ids = Tensor::empty({n}, DType::i32), positions = Tensor::empty({1, n}, DType::i32);
+  Tensor ids = Tensor::empty({n}, DType::i32), positions = Tensor::empty({n, 1}, DType::i32);
   for (int64_t i = 0; i < n; ++i) {
     ids.data<int32_t>()[i] = static_cast<int32_t>(tokens[static_cast<size_t>(
         row_of[i])][static_cast<size_t>(pos_of[i] - lengths_[static_cast<size_t>(row_of[i])])]);
@@ -118,9 +140,7 @@ Tensor KvCache::forward(const Llama& model, const std::vector<std::vector<uint32
     Tensor q = project(h, p.q_proj, p.q_bias, LoraTarget::q_proj),
            k = project(h, p.k_proj, p.k_bias, LoraTarget::k_proj),
            v = project(h, p.v_proj, p.v_bias, LoraTarget::v_proj);
-    Tensor q4 = q.reshape({1, n, H, D}), k4 = k.reshape({1, n, KVH, D});
-    ops::rope_forward(q4, positions, rope, q4);
-    ops::rope_forward(k4, positions, rope, k4);
+    rotate_rows(q.reshape({n, 1, H, D}), k.reshape({n, 1, KVH, D}), positions, rope, row_of);
     float* kc = k_[l].data<float>();
     float* vc = v_[l].data<float>();
     for (int64_t i = 0; i < n; ++i) {

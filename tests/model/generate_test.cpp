@@ -64,6 +64,25 @@ TEST(KvCache, LogitsMatchTheFullForward) {
   }
 }
 
+// Dynamic rope scaling grows theta with a call's longest position: a short row batched beside
+// one past max_position_embeddings must still be rotated as it would be alone.
+TEST(KvCache, DynamicScalingRotatesEachRowOnItsOwn) {
+  model::LlamaConfig c = gen_config(false, 0);
+  c.max_position_embeddings = 8;
+  c.rope_scaling = {};
+  c.rope_scaling.kind = ops::RopeScaling::Kind::dynamic;
+  c.rope_scaling.factor = 2.0;
+  c.rope_scaling.original_max_position_embeddings = 8;
+  const model::Llama m = random_model(c, 5);
+  const std::vector<uint32_t> longer(20, 3), shorter = {1, 2, 3};
+  model::KvCache both(m.config(), 2, 32), alone(m.config(), 1, 32);
+  const Tensor together = both.forward(m, {longer, shorter});
+  const Tensor by_itself = alone.forward(m, {shorter});
+  const int64_t V = c.vocab_size;
+  for (int64_t v = 0; v < V; ++v)
+    EXPECT_NEAR(together.data<float>()[V + v], by_itself.data<float>()[v], 1e-5) << "logit " << v;
+}
+
 TEST(Generate, GreedyWithAndWithoutCacheAgree) {
   for (int64_t window : {0, 4}) {
     const model::Llama m = random_model(gen_config(window == 0, window), 5);
