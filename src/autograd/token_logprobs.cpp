@@ -5,7 +5,7 @@
 
 namespace pollen::ag {
 
-Var token_logprobs(const Var& h, const Var& w, const Tensor& targets) {
+Var token_logprobs(const Var& h, const Var& w, const Tensor& targets, double temperature) {
   const int64_t c = w.size(1);
   const Tensor h2 = h.value().reshape({-1, c});
   Tensor tg = targets.reshape({-1});
@@ -15,21 +15,21 @@ Var token_logprobs(const Var& h, const Var& w, const Tensor& targets) {
   const DType stats = ops::statistics_dtype(h2);
   const Device dev = h2.device();
   Tensor logp = Tensor::empty({n}, stats, dev), lse = Tensor::empty({n}, stats, dev);
-  ops::token_logprobs_forward(h2, w.value(), tg, logp, lse);
+  ops::token_logprobs_forward(h2, w.value(), tg, logp, lse, temperature);
   const bool record = should_record({&h, &w});
   Var y(logp, record);
   y.node()->is_leaf = false;
   if (!record) return y;
-  active_tape()->record(
-      [out = y.node(), hn = h.node(), wn = w.node(), h2, w_value = w.value(), tg, lse]() mutable {
-        if (!out->grad.defined()) return;
-        Tensor dh = Tensor::empty(h2.shape(), h2.dtype(), h2.device());
-        Tensor dw = Tensor::zeros(w_value.shape(), w_value.dtype(), h2.device());
-        ops::token_logprobs_backward(out->grad, h2, w_value, tg, lse, dh, dw);
-        if (hn->requires_grad) accumulate(hn, dh.view(hn->shape()));
-        if (wn->requires_grad) accumulate(wn, dw);
-        out->grad = Tensor();
-      });
+  active_tape()->record([out = y.node(), hn = h.node(), wn = w.node(), h2, w_value = w.value(), tg,
+                         lse, temperature]() mutable {
+    if (!out->grad.defined()) return;
+    Tensor dh = Tensor::empty(h2.shape(), h2.dtype(), h2.device());
+    Tensor dw = Tensor::zeros(w_value.shape(), w_value.dtype(), h2.device());
+    ops::token_logprobs_backward(out->grad, h2, w_value, tg, lse, dh, dw, temperature);
+    if (hn->requires_grad) accumulate(hn, dh.view(hn->shape()));
+    if (wn->requires_grad) accumulate(wn, dw);
+    out->grad = Tensor();
+  });
   return y;
 }
 

@@ -32,6 +32,11 @@ void check_args(const char* op, const Tensor& h, const Tensor& w, const Tensor& 
                  " is outside the vocabulary [0, ", v, ")");
 }
 
+void check_temperature(const char* op, double temperature) {
+  POLLEN_CHECK(std::isfinite(temperature) && temperature > 0, op,
+               ": temperature must be a positive number, got ", temperature);
+}
+
 int64_t rows_per_block(int64_t block_rows, int64_t v, int64_t n, Device device) {
   if (block_rows <= 0) block_rows = cross_entropy_default_block_rows(v, device);
   return std::min(block_rows, std::max<int64_t>(n, 1));
@@ -43,7 +48,7 @@ int64_t rows_per_block(int64_t block_rows, int64_t v, int64_t n, Device device) 
 // for the two gradient GEMMs and dw sums the blocks in fp32 (WeightGradSum), as cross-entropy
 // does.
 void forward_cuda(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& logp,
-                  Tensor& lse, int64_t block_rows) {
+                  Tensor& lse, double temperature, int64_t block_rows) {
   const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
   const DType dt = h.dtype();
   const size_t row_bytes = static_cast<size_t>(c) * dtype_size(dt);
@@ -51,14 +56,16 @@ void forward_cuda(const Tensor& h, const Tensor& w, const Tensor& targets, Tenso
   for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
     const int64_t nb = std::min(block_rows, n - r0);
     const void* hb = static_cast<const char*>(h.raw()) + static_cast<size_t>(r0) * row_bytes;
-    cuda::gemm(dt, hb, false, w.raw(), true, DType::f32, logits.raw(), nb, v, c, 1.0, 0.0);
+    cuda::gemm(dt, hb, false, w.raw(), true, DType::f32, logits.raw(), nb, v, c, 1.0 / temperature,
+               0.0);
     cuda::token_logprob_rows(logits.data<float>(), targets.data<int32_t>() + r0, nb, v,
                              logp.data<float>() + r0, lse.data<float>() + r0);
   }
 }
 
 void backward_cuda(const Tensor& dlogp, const Tensor& h, const Tensor& w, const Tensor& targets,
-                   const Tensor& lse, Tensor& dh, Tensor& dw, int64_t block_rows) {
+                   const Tensor& lse, Tensor& dh, Tensor& dw, double temperature,
+                   int64_t block_rows) {
   const int64_t v = w.size(0), c = w.size(1), n = targets.numel();
   const DType dt = h.dtype();
   const size_t row_bytes = static_cast<size_t>(c) * dtype_size(dt);
@@ -69,10 +76,13 @@ void backward_cuda(const Tensor& dlogp, const Tensor& h, const Tensor& w, const 
   for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
     const int64_t nb = std::min(block_rows, n - r0);
     const void* hb = static_cast<const char*>(h.raw()) + static_cast<size_t>(r0) * row_bytes;
-    cuda::gemm(dt, hb, false, w.raw(), true, DType::f32, logits.raw(), nb, v, c, 1.0, 0.0);
-    // the gradient over the logits, or straight into logits_bf16 for bf16's GEMMs
+    cuda::gemm(dt, hb, false, w.raw(), true, DType::f32, logits.raw(), nb, v, c, 1.0 / temperature,
+               0.0);
+    // the gradient over the unscaled logits (1/T through the scaling), or straight into
+    // logits_bf16 for bf16's GEMMs
     cuda::token_logprob_grad_rows(logits.data<float>(), targets.data<int32_t>() + r0,
                                   dlogp.data<float>() + r0, lse.data<float>() + r0, nb, v,
+                                  static_cast<float>(1.0 / temperature),
                                   logits_bf16.defined() ? logits_bf16.raw() : nullptr);
     const void* g = logits_bf16.defined() ? logits_bf16.raw() : logits.raw();
     void* dhb = static_cast<char*>(dh.raw()) + static_cast<size_t>(r0) * row_bytes;
@@ -87,7 +97,7 @@ void backward_cuda(const Tensor& dlogp, const Tensor& h, const Tensor& w, const 
 }  // namespace
 
 void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targets, Tensor& logp,
-                            Tensor& lse, int64_t block_rows) {
+                            Tensor& lse, double temperature, int64_t block_rows) {
   const OpTimer timer("token_logprobs_forward", h);
   const char* op = "token_logprobs";
   check_args(op, h, w, targets);
@@ -95,9 +105,11 @@ void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targ
   const DType dt = h.dtype();
   expect(op, "logp", logp, {n}, statistics_dtype(h), h.device());
   expect(op, "lse", lse, {n}, statistics_dtype(h), h.device());
+  check_temperature(op, temperature);
   block_rows = rows_per_block(block_rows, v, n, h.device());
 #if POLLEN_HAVE_CUDA
-  if (h.device() == Device::cuda) return forward_cuda(h, w, targets, logp, lse, block_rows);
+  if (h.device() == Device::cuda)
+    return forward_cuda(h, w, targets, logp, lse, temperature, block_rows);
 #endif
   const int32_t* tg = targets.data<int32_t>();
   dispatch_float(op, dt, [&]<typename T>(T) {
@@ -105,7 +117,8 @@ void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targ
     for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
       const int64_t nb = std::min(block_rows, n - r0);
       T* lg = logits.data<T>();
-      cpu::gemm<T>(h.data<T>() + r0 * c, false, w.data<T>(), true, lg, nb, v, c, T(1), T(0));
+      cpu::gemm<T>(h.data<T>() + r0 * c, false, w.data<T>(), true, lg, nb, v, c,
+                   static_cast<T>(1.0 / temperature), T(0));
       parallel_for(nb, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
           const T* row = lg + i * v;
@@ -124,7 +137,7 @@ void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targ
 
 void token_logprobs_backward(const Tensor& dlogp, const Tensor& h, const Tensor& w,
                              const Tensor& targets, const Tensor& lse, Tensor& dh, Tensor& dw,
-                             int64_t block_rows) {
+                             double temperature, int64_t block_rows) {
   const OpTimer timer("token_logprobs_backward", h);
   const char* op = "token_logprobs backward";
   check_args(op, h, w, targets);
@@ -135,9 +148,11 @@ void token_logprobs_backward(const Tensor& dlogp, const Tensor& h, const Tensor&
   expect(op, "lse", lse, {n}, statistics_dtype(h), dev);
   expect(op, "dh", dh, {n, c}, dt, dev);
   expect(op, "dw", dw, {v, c}, dt, dev);
+  check_temperature(op, temperature);
   block_rows = rows_per_block(block_rows, v, n, dev);
 #if POLLEN_HAVE_CUDA
-  if (dev == Device::cuda) return backward_cuda(dlogp, h, w, targets, lse, dh, dw, block_rows);
+  if (dev == Device::cuda)
+    return backward_cuda(dlogp, h, w, targets, lse, dh, dw, temperature, block_rows);
 #endif
   const int32_t* tg = targets.data<int32_t>();
   dispatch_float(op, dt, [&]<typename T>(T) {
@@ -146,13 +161,15 @@ void token_logprobs_backward(const Tensor& dlogp, const Tensor& h, const Tensor&
       const int64_t nb = std::min(block_rows, n - r0);
       const T* hb = h.data<T>() + r0 * c;
       T* lg = logits.data<T>();
-      cpu::gemm<T>(hb, false, w.data<T>(), true, lg, nb, v, c, T(1), T(0));
-      // Each row of logits becomes its gradient g * (onehot(target) - softmax).
+      cpu::gemm<T>(hb, false, w.data<T>(), true, lg, nb, v, c, static_cast<T>(1.0 / temperature),
+                   T(0));
+      // Each row of logits becomes its gradient g * (onehot(target) - softmax), g = dlogp / T
+      // (through the logits' scaling).
       parallel_for(nb, 1, [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
           T* row = lg + i * v;
           const int32_t t = tg[r0 + i];
-          const T g = t < 0 ? T(0) : dlogp.data<T>()[r0 + i];
+          const T g = t < 0 ? T(0) : static_cast<T>(dlogp.data<T>()[r0 + i] / temperature);
           const T row_lse = lse.data<T>()[r0 + i];
           for (int64_t j = 0; j < v; ++j) row[j] = -g * std::exp(row[j] - row_lse);
           if (t >= 0) row[t] += g;

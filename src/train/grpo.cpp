@@ -313,8 +313,9 @@ std::vector<std::vector<double>> GrpoObjective::completion_logprobs(const model:
       completions.push_back(&r.tokens[i]);
     }
     const ScoredRows rows = scored_rows(prompts, completions);
+    // At the sampling temperature, as TRL scores: the distribution the completions came from.
     const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), model.head_weight(),
-                                            rows.batch.targets);
+                                            rows.batch.targets, options_.temperature);
     for (size_t i = m0; i < m1; ++i) {
       const int64_t first = rows.first[i - m0];
       std::vector<double> lp;
@@ -359,7 +360,7 @@ ObjectiveStep GrpoObjective::train_step(const model::Llama& model, int64_t step)
     {
       ag::TapeScope scope(tape);
       const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), model.head_weight(),
-                                              rows.batch.targets);
+                                              rows.batch.targets, options_.temperature);
       const int64_t flat = logp.value().numel();
       TokenTerms terms;
       terms.old_logp.assign(flat, 0.0);

@@ -410,8 +410,10 @@ TEST(CudaOps, TokenLogprobsForwardAndBackwardOverVocabularyBlocks) {
     // logp and lse are f32 on the GPU whatever h's dtype.
     auto logp = poisoned({n}, DType::f32), lse = poisoned({n}, DType::f32);
     Tensor logp_ref = Tensor::empty({n}, DType::f64), lse_ref = Tensor::empty({n}, DType::f64);
-    ops::token_logprobs_forward(h.gpu, w.gpu, tg.gpu, logp, lse, block_rows);
-    ops::token_logprobs_forward(h.ref, w.ref, tg.ref, logp_ref, lse_ref, block_rows);
+    // At a sampling temperature other than 1 (GRPO's): the logits divided by it.
+    const double temperature = 0.7;
+    ops::token_logprobs_forward(h.gpu, w.gpu, tg.gpu, logp, lse, temperature, block_rows);
+    ops::token_logprobs_forward(h.ref, w.ref, tg.ref, logp_ref, lse_ref, temperature, block_rows);
     EXPECT_CLOSE(logp, logp_ref, t);
     EXPECT_CLOSE(lse, lse_ref, t);
     EXPECT_EQ(logp.to_doubles()[5], 0.0);  // not scored
@@ -420,9 +422,10 @@ TEST(CudaOps, TokenLogprobsForwardAndBackwardOverVocabularyBlocks) {
     const Input dw0 = random_input({v, c}, t, rng, 0.1);
     auto dh = poisoned({n, c}, t), dw = guarded_copy(dw0.gpu);
     Tensor dh_ref = Tensor::empty({n, c}, DType::f64), dw_ref = dw0.ref.clone();
-    ops::token_logprobs_backward(dlogp.gpu, h.gpu, w.gpu, tg.gpu, lse, dh, dw, block_rows);
-    ops::token_logprobs_backward(dlogp.ref, h.ref, w.ref, tg.ref, lse_ref, dh_ref, dw_ref,
+    ops::token_logprobs_backward(dlogp.gpu, h.gpu, w.gpu, tg.gpu, lse, dh, dw, temperature,
                                  block_rows);
+    ops::token_logprobs_backward(dlogp.ref, h.ref, w.ref, tg.ref, lse_ref, dh_ref, dw_ref,
+                                 temperature, block_rows);
     EXPECT_CLOSE(dh, dh_ref, t);
     EXPECT_CLOSE(dw, dw_ref, t);
   }
@@ -471,16 +474,17 @@ TEST(CudaOps, TokenLogprobsWeightGradientOverManyBlocks) {
     const ManyBlocksInputs in = many_blocks_inputs(t, rng, n, c, v);
     Tensor logp = poisoned({n}, DType::f32), lse = poisoned({n}, DType::f32);
     Tensor logp_ref = Tensor::empty({n}, DType::f64), lse_ref = Tensor::empty({n}, DType::f64);
-    ops::token_logprobs_forward(in.h.gpu, in.w.gpu, in.targets.gpu, logp, lse, block_rows);
-    ops::token_logprobs_forward(in.h.ref, in.w.ref, in.targets.ref, logp_ref, lse_ref, block_rows);
+    ops::token_logprobs_forward(in.h.gpu, in.w.gpu, in.targets.gpu, logp, lse, 1.0, block_rows);
+    ops::token_logprobs_forward(in.h.ref, in.w.ref, in.targets.ref, logp_ref, lse_ref, 1.0,
+                                block_rows);
     // dlogp of one sign (-0.05 +- 0.01, as the cross-entropy's -grad_scale): the same small terms.
     const Input dlogp = random_input({n}, DType::f32, rng, 0.01, -0.05);
     Tensor dh = poisoned({n, c}, t), dw = in.dw0.gpu;
     Tensor dh_ref = Tensor::empty({n, c}, DType::f64), dw_ref = in.dw0.ref.clone();
-    ops::token_logprobs_backward(dlogp.gpu, in.h.gpu, in.w.gpu, in.targets.gpu, lse, dh, dw,
+    ops::token_logprobs_backward(dlogp.gpu, in.h.gpu, in.w.gpu, in.targets.gpu, lse, dh, dw, 1.0,
                                  block_rows);
     ops::token_logprobs_backward(dlogp.ref, in.h.ref, in.w.ref, in.targets.ref, lse_ref, dh_ref,
-                                 dw_ref, block_rows);
+                                 dw_ref, 1.0, block_rows);
     EXPECT_CLOSE(dh, dh_ref, t);
     EXPECT_CLOSE(dw, dw_ref, t);
   }

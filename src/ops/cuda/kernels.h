@@ -67,10 +67,12 @@ void softmax_cross_entropy_rows(float* logits, const int32_t* targets, int64_t n
 // log-softmax at each row's target (0 for targets < 0).
 void token_logprob_rows(const float* logits, const int32_t* targets, int64_t nb, int64_t v,
                         float* logp, float* lse);
-// Their backward: logits (nb,V) replaced by dlogp * (onehot(target) - exp(logits - lse)) (rows
-// with targets < 0 become zero), or that written to grad_bf16 (nb,V) as bf16 when not null.
+// Their backward: logits (nb,V) replaced by dlogp * scale * (onehot(target) - exp(logits - lse))
+// (rows with targets < 0 become zero), or that written to grad_bf16 (nb,V) as bf16 when not null.
+// scale: 1 / the temperature the logits were divided by.
 void token_logprob_grad_rows(float* logits, const int32_t* targets, const float* dlogp,
-                             const float* lse, int64_t nb, int64_t v, void* grad_bf16 = nullptr);
+                             const float* lse, int64_t nb, int64_t v, float scale,
+                             void* grad_bf16 = nullptr);
 
 // AdamW (torch.optim.AdamW) on many tensors in few launches (kMultiTensors a launch): param,
 // exp_avg and exp_avg_sq f32; grad f32 or bf16 (grad_bf16); model_copy (bf16) written with the
