@@ -188,9 +188,19 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
     manifest_hash_ += data::dataset_version(m).substr(0, config.manifests.size() > 1 ? 16 : 64);
   }
   for (const auto& m : config.manifests) {
-    const auto vocab = data::Manifest::load(m).vocab_size;
-    POLLEN_CHECK(vocab <= config.model.vocab_size, "client '", config.id, "': dataset ", m,
-                 " has vocab_size ", vocab, ", more than the model's ", config.model.vocab_size);
+    const data::Manifest manifest = data::Manifest::load(m);
+    POLLEN_CHECK(manifest.vocab_size <= config.model.vocab_size, "client '", config.id,
+                 "': dataset ", m, " has vocab_size ", manifest.vocab_size,
+                 ", more than the model's ", config.model.vocab_size);
+    // The federation's agreement on a tokenizer holds only if the data was tokenised with it:
+    // the server compares the configs' fingerprints, this the data's with the config's.
+    const auto& tokenizer = manifest.json.value("tokenizer", nlohmann::json::object());
+    const std::string used =
+        tokenizer.is_object() ? tokenizer.value("fingerprint", std::string()) : std::string();
+    POLLEN_CHECK(used.empty() || used == config.tokenizer_fingerprint, "client '", config.id,
+                 "': dataset ", m, " was tokenised with tokenizer ", used,
+                 ", not the federation's (tokenizer.fingerprint = '",
+                 config.tokenizer_fingerprint.substr(0, 80), "')");
   }
 }
 

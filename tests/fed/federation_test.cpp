@@ -189,6 +189,27 @@ TEST(Simulation, LossFallsAndMetricsAndLineageAreWritten) {
   }
 }
 
+// The configs' fingerprints agree, but one silo's data was tokenised with another tokenizer: the
+// ids would mean other pieces. Its client refuses the data, naming both tokenizers.
+TEST(Simulation, DataTokenisedWithAnotherTokenizerIsRefused) {
+  Quiet q;
+  const auto dir = temp_dir("sim_other_tokenizer");
+  const fs::path other = make_silo(dir / "b", 3);
+  nlohmann::json m = nlohmann::json::parse(read_file(other));
+  m["tokenizer"] = {{"fingerprint", "another-tokenizer"}, {"file", "tokenizer.json"}};
+  write_file_atomic(other, data::manifest_text(m));
+  const auto cfg = sim_config(dir, {make_silo(dir / "a", 1), other}, "fedavg", 1, 2);
+  try {
+    run_simulation(cfg, false);
+    ADD_FAILURE() << "data of another tokenizer was trained on";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("tokenised with tokenizer another-tokenizer"), std::string::npos) << what;
+    EXPECT_NE(what.find("test-tokenizer"), std::string::npos) << what;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Simulation, ClientsThatTrainedFirstStayInLaterRounds) {
   Quiet q;
   const auto dir = temp_dir("timeout");
