@@ -320,6 +320,10 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   r.last_val_loss = last_val;
   r.last_val_metrics = last_val_metrics;
   r.last_checkpoint = last_checkpoint;
+  if (auto done = already_finished(o.resume, steps_here, cfg.dir, step, last_checkpoint)) {
+    r.message = *done;
+    return r;
+  }
   const double total = counters.elapsed_before + seconds_since(run_start);
   nlohmann::ordered_json summary =
       run_summary(r.status, step, cfg.steps, counters, last_loss, last_val, total, last_checkpoint);

@@ -162,6 +162,14 @@ bool checkpoint_due(int64_t step, bool last, int64_t interval, int64_t bad_in_ro
   return preempt || ((last || (interval > 0 && step % interval == 0)) && bad_in_row == 0);
 }
 
+std::optional<std::string> already_finished(bool resumed, int64_t steps_here,
+                                            const fs::path& run_dir, int64_t step,
+                                            const fs::path& checkpoint) {
+  if (!resumed || steps_here > 0 || !fs::exists(run_dir / "summary.json")) return std::nullopt;
+  return cat("the run had already finished at step ", step, " (checkpoint '", checkpoint.string(),
+             "'); nothing to do, summary.json kept");
+}
+
 std::string preempted_message(int64_t step, const fs::path& checkpoint) {
   return cat("preempted at step ", step, "; checkpoint saved to '", checkpoint.string(),
              "'; continue with --resume");

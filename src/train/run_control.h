@@ -85,6 +85,11 @@ struct RunMetrics {
 // able to continue).
 bool checkpoint_due(int64_t step, bool last, int64_t interval, int64_t bad_in_row, bool preempt);
 std::string preempted_message(int64_t step, const std::filesystem::path& checkpoint);
+// A run resumed after its last step trains nothing: its summary.json (of the run that did) stays,
+// and this is the message to end with. Nothing when steps ran here or there is no summary yet.
+std::optional<std::string> already_finished(bool resumed, int64_t steps_here,
+                                            const std::filesystem::path& run_dir, int64_t step,
+                                            const std::filesystem::path& checkpoint);
 std::string finished_message(const LoopCounters& counters, double seconds, double last_loss,
                              double last_val_loss, const std::filesystem::path& checkpoint);
 

@@ -726,6 +726,10 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   r.last_loss = last_loss;
   r.last_val_loss = last_val;
   r.last_checkpoint = last_checkpoint;
+  if (auto done = already_finished(o.resume, steps_here, cfg.dir, step, last_checkpoint)) {
+    r.message = *done;
+    return r;
+  }
   const double total = counters.elapsed_before + seconds_since(run_start);
   nlohmann::ordered_json summary =
       run_summary(r.status, step, cfg.steps, counters, last_loss, last_val, total, last_checkpoint);

@@ -295,6 +295,13 @@ TEST(Trainer, ResumeIsBitwiseAndSkipsACorruptCheckpoint) {
   ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
   EXPECT_EQ(losses(base / "cut"), losses(base / "full"));
   EXPECT_EQ(final_weights(base / "cut", 14), final_weights(base / "full", 14));
+  // --resume of the finished run (a scheduler always passes it) trains nothing and keeps the
+  // summary of the run that did (it was overwritten with null losses).
+  const std::string summary = read_file(base / "cut" / "summary.json");
+  r = train_quiet(cut, true);
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  EXPECT_NE(r.message.find("already finished at step 14"), std::string::npos) << r.message;
+  EXPECT_EQ(read_file(base / "cut" / "summary.json"), summary);
 
   // Stop at 9 (checkpoints 8 and 9), corrupt 9: resume takes 8 and still ends bitwise equal.
   const auto bad = tiny(base / "bad", 14);
