@@ -115,7 +115,11 @@ std::string LoopCounters::too_many_bad_steps(int64_t max_bad_steps,
              "); stopping. The last good checkpoint is ",
              last_checkpoint.empty() ? std::string("none (no checkpoint was written)")
                                      : cat("'", last_checkpoint.string(), "'"),
-             "; lower optimizer.lr or raise schedule.warmup_steps and resume from it");
+             last_checkpoint.empty()
+                 ? "; lower optimizer.lr or raise schedule.warmup_steps and start again"
+                 : "; to go on from it with a lower optimizer.lr or more schedule.warmup_steps "
+                   "(which --resume keeps as they were), start a new run with model.init_from "
+                   "set to it");
 }
 
 RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,
