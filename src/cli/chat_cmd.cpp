@@ -17,18 +17,6 @@
 #include "tokenizer/chat_template.h"
 
 namespace pollen::cli {
-namespace {
-
-uint32_t special_token_id(const tokenizer::Tokenizer& tok, std::string_view content,
-                          std::string_view template_name) {
-  for (const auto& t : tok.added_tokens())
-    if (t.content == content) return t.id;
-  fail("the ", template_name, " chat template ends turns with ", content,
-       ", which the tokenizer does not have; choose another with --chat-template");
-}
-
-}  // namespace
-
 void add_chat_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "chat",
@@ -63,8 +51,7 @@ void add_chat_command(CLI::App& app) {
     const model::Llama m = load_model_with_adapter(src, a->adapter);
     model::SamplingOptions o = a->sampling.resolved(tok);
     o.stop_tokens = stop_tokens(src, tok);
-    o.stop_tokens.push_back(special_token_id(tok, tokenizer::end_of_turn(format.kind),
-                                             tokenizer::chat_template_name(format.kind)));
+    o.stop_tokens.push_back(end_of_turn_id(tok, format));
     tokenizer::EncodeOptions eo;  // the template writes BOS itself where the model wants one
     eo.special = tokenizer::SpecialPolicy::allow_all();
     const auto decode = [&](std::span<const uint32_t> ids) { return tok.decode(ids); };

@@ -92,7 +92,9 @@ void add_serve_command(CLI::App& app) {
     o.max_batch_rows = a->max_batch_rows;
     try {
       o.chat = model_chat_format(src, a->chat_template);
+      end_of_turn_id(tok, *o.chat);  // as pollen chat: a template the tokenizer cannot end
     } catch (const Error& e) {
+      o.chat.reset();
       if (!a->chat_template.empty()) throw;
       std::fprintf(stderr, "pollen serve: chat completions are off: %s\n", e.what());
     }

@@ -591,6 +591,33 @@ TEST(ServeCli, AnotherAddressWithoutAKeyIsRefusedBeforeLoading) {
   EXPECT_NE(out.find("needs an API key"), std::string::npos) << out;
 }
 
+// A chat template whose end-of-turn token the tokenizer lacks would encode its markers as plain
+// bytes, and no reply could end: refused at start, as pollen chat refuses it.
+TEST(ServeCli, AChatTemplateTheTokenizerCannotEndIsRefused) {
+  namespace fs = std::filesystem;
+  const fs::path dir = test_support::post_temp_dir("serve_no_im_end");
+  const std::string pattern = tokenizer::pattern_regex("gpt2");
+  tokenizer::PieceCounts counts(pattern);
+  const std::vector<std::string_view> docs = {"hello there", "general kenobi"};
+  counts.add_documents(docs);
+  tokenizer::save_tokenizer(tokenizer::train_bpe(counts, {270, {}, pattern}),
+                            dir / "tokenizer.json");
+  // (under a time limit: a server that started would run until stopped)
+  const std::string cmd =
+      "timeout 60 " + std::string(POLLEN_BINARY) + " serve --model llama-tiny --tokenizer " +
+      (dir / "tokenizer.json").string() + " --chat-template chatml --port 0 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  EXPECT_NE(pclose(p), 0) << out;
+  EXPECT_NE(out.find("ends turns with <|im_end|>, which the tokenizer does not have"),
+            std::string::npos)
+      << out;
+  fs::remove_all(dir);
+}
+
 // `pollen serve` running in the background: its process, output and the port it printed.
 class ServeProcess {
  public:
