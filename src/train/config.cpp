@@ -374,7 +374,10 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
 
 TrainConfig load_train_config(const std::filesystem::path& path,
                               const std::vector<std::string>& overrides) {
-  return parse_train_config(read_config_file(path), path.string(), overrides, path.parent_path());
+  // Paths resolve against the run file's absolute folder: the run folder's config.toml then names
+  // its data and init_from wherever a later command runs from.
+  return parse_train_config(read_config_file(path), path.string(), overrides,
+                            std::filesystem::absolute(path).parent_path());
 }
 
 std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {

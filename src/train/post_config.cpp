@@ -136,8 +136,10 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
 
 PostConfig load_post_config(const fs::path& path, const std::string& objective,
                             const std::vector<std::string>& overrides) {
+  // Against the run file's absolute folder, as pollen train's: the run folder's config.toml
+  // then names its base and data wherever a later command runs from.
   return parse_post_config(read_config_file(path), path.string(), objective, overrides,
-                           path.parent_path());
+                           fs::absolute(path).parent_path());
 }
 
 std::vector<std::pair<std::string, std::string>> PostConfig::flat(

@@ -127,6 +127,23 @@ TEST(Schedule, ShortRuns) {
   EXPECT_DOUBLE_EQ(optim::lr_at(s, 1), 0.0);
 }
 
+// A run file named by a relative path (pollen train --config run.toml) resolves its paths to
+// absolute ones: the run folder's config.toml, which generate, serve, export and eval --run read
+// from wherever they run, names the data and the warm-up it used.
+TEST(TrainConfig, PathsOfARunFileGivenRelativelyBecomeAbsolute) {
+  const fs::path dir = temp_dir("relative_run_file");
+  write_file_atomic(dir / "run.toml",
+                    "[run]\ndir = 'runs/x'\n[model]\npreset = 'llama-tiny'\ninit_from = 'w'\n"
+                    "[data]\nmanifests = ['../data/manifest.json']\n[train]\nsteps = 1\n");
+  const fs::path relative = fs::relative(dir / "run.toml", fs::current_path());
+  ASSERT_TRUE(relative.is_relative());
+  const train::TrainConfig c = train::load_train_config(relative, {});
+  EXPECT_EQ(c.manifests[0], (dir.parent_path() / "data" / "manifest.json").string());
+  EXPECT_EQ(c.dir, dir / "runs" / "x");
+  EXPECT_EQ(c.init_from, (dir / "w").string());
+  fs::remove_all(dir);
+}
+
 TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   const std::string base = test_support::tiny_run_toml("/tmp/x", dataset(), 5);
   auto err = [&](const std::string& text, std::vector<std::string> sets = {}) {
