@@ -38,7 +38,26 @@ std::string read_file(const std::filesystem::path& path) {
   return ss.str();
 }
 
+bool is_special_file(const std::filesystem::path& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
 void write_file_atomic(const std::filesystem::path& path, std::string_view data, int mode) {
+  if (is_special_file(path)) {
+    // A device, pipe or terminal (/dev/stdout, a FIFO) is written in place: a rename over it
+    // would replace the node itself with a file.
+    int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    POLLEN_CHECK(fd >= 0, "cannot open '", path.string(), "' for writing: ", errno_text());
+    try {
+      write_all(fd, data, path);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    POLLEN_CHECK(::close(fd) == 0, "cannot write '", path.string(), "': ", errno_text());
+    return;
+  }
   auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
   auto tmp = dir / cat(".", path.filename().string(), ".tmp.", ::getpid());
   ::unlink(tmp.c_str());  // a leftover temp file of this pid would keep its old permissions

@@ -10,8 +10,13 @@ namespace pollen {
 
 std::string read_file(const std::filesystem::path& path);
 
+// Whether `path` (its links followed) is a device, pipe, terminal or socket: something to write
+// into in place, never to replace.
+bool is_special_file(const std::filesystem::path& path);
+
 // Writes `data` to `path` atomically: readers see the old file or the whole new one.
 // `mode`: the permissions the file is created with (before the umask), from its first byte.
+// A special file (/dev/stdout, a FIFO) is written in place instead.
 void write_file_atomic(const std::filesystem::path& path, std::string_view data, int mode = 0644);
 
 class MappedFile {

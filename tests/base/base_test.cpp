@@ -155,6 +155,15 @@ TEST(Files, AtomicWriteReplacesWholeFile) {
   std::filesystem::remove(dir / "key.pem");
   std::string err = error_of([&] { read_file(dir / "missing.txt"); });
   EXPECT_NE(err.find("missing.txt"), std::string::npos);
+  // A device (here behind a link, so that an old writer replaces only the link) is written in
+  // place, not replaced by a file; a device that takes no bytes is an error.
+  std::filesystem::create_symlink("/dev/null", dir / "null");
+  write_file_atomic(dir / "null", "into the device");
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "null"));
+  std::filesystem::create_symlink("/dev/full", dir / "full");
+  EXPECT_NE(error_of([&] { write_file_atomic(dir / "full", "no room"); }).find("full"),
+            std::string::npos);
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "full"));
   std::filesystem::remove_all(dir);
 }
 
