@@ -1,10 +1,14 @@
 // `pollen tokenizer train|count|encode|decode|info|convert|bench`: parsing and wiring; the work is
 // in src/tokenizer.
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "base/error.h"
@@ -14,6 +18,7 @@
 #include "tokenizer/documents.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
+#include "tokenizer/vocab.h"
 
 namespace pollen::cli {
 namespace {
@@ -35,16 +40,22 @@ void add_tokenizer_args(CLI::App* cmd, TokenizerArgs& a) {
   cmd->add_option("--add-special", a.specials, "For a rank file: an extra special token, TOKEN=ID");
 }
 
+// A token id written in decimal, the whole of `text`, below `limit`; nothing otherwise.
+std::optional<uint32_t> parse_token_id(std::string_view text, uint64_t limit) {
+  uint64_t id = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), id);
+  if (ec != std::errc() || end != text.data() + text.size() || id >= limit) return std::nullopt;
+  return static_cast<uint32_t>(id);
+}
+
 tk::Tokenizer open(const TokenizerArgs& a) {
   std::vector<tk::AddedToken> specials;
   for (const std::string& s : a.specials) {
     size_t eq = s.rfind('=');
     POLLEN_CHECK(eq != std::string::npos && eq > 0, "--add-special '", s, "': expected TOKEN=ID");
-    try {
-      specials.push_back({static_cast<uint32_t>(std::stoul(s.substr(eq + 1))), s.substr(0, eq)});
-    } catch (const std::exception&) {
-      fail("--add-special '", s, "': the id is not a number");
-    }
+    const auto id = parse_token_id(std::string_view(s).substr(eq + 1), tk::kMaxTokenId);
+    POLLEN_CHECK(id.has_value(), "--add-special '", s, "': the id is not a number below 2^24");
+    specials.push_back({*id, s.substr(0, eq)});
   }
   return tk::open_tokenizer(a.file, a.pattern, std::move(specials));
 }
@@ -55,15 +66,40 @@ tk::SpecialPolicy special_policy(const std::string& mode) {
   return tk::SpecialPolicy::refuse_all();
 }
 
-// Writes ids as text (one line per document) or, for a .bin file, as little-endian uint32.
+// Writes ids as text (one line per document) or, for a .bin file, as little-endian uint32. A
+// file is written beside its place and renamed there by finish(): a run that fails (a full disk)
+// leaves no truncated ids looking whole.
 class IdWriter {
  public:
   explicit IdWriter(const std::string& path)
-      : binary_(path.ends_with(".bin")), to_stdout_(path == "-") {
-    if (!to_stdout_) {
-      file_.open(path, std::ios::binary | std::ios::trunc);
-      POLLEN_CHECK(file_.good(), "cannot write ", path);
+      : path_(path), binary_(path.ends_with(".bin")), to_stdout_(path == "-") {
+    if (to_stdout_) return;
+    // A device or pipe (/dev/stdout, a FIFO) is written in place: renamed over, it would be
+    // replaced by a file.
+    in_place_ = is_special_file(path);
+    const std::filesystem::path p(path);
+    temp_ = in_place_ ? p : p.parent_path() / ("." + p.filename().string() + ".tmp");
+    file_.open(temp_, std::ios::binary | (in_place_ ? std::ios::out : std::ios::trunc));
+    POLLEN_CHECK(file_.good(), "cannot write '", temp_.string(), "': ", std::strerror(errno));
+  }
+  ~IdWriter() {
+    if (!to_stdout_ && !in_place_ && !finished_) {
+      file_.close();
+      std::error_code ec;
+      std::filesystem::remove(temp_, ec);
     }
+  }
+  // Every id written, or an error naming the file.
+  void finish() {
+    std::ostream& out = to_stdout_ ? std::cout : file_;
+    out.flush();
+    POLLEN_CHECK(out.good(), "cannot write ", to_stdout_ ? "to standard output" : "'" + path_ + "'",
+                 ": ", std::strerror(errno));
+    if (to_stdout_) return;
+    file_.close();
+    POLLEN_CHECK(!file_.fail(), "cannot write '", path_, "': ", std::strerror(errno));
+    if (!in_place_) std::filesystem::rename(temp_, path_);
+    finished_ = true;
   }
   void write(const std::vector<uint32_t>& ids) {
     std::ostream& out = to_stdout_ ? std::cout : file_;
@@ -82,7 +118,9 @@ class IdWriter {
   }
 
  private:
-  bool binary_, to_stdout_;
+  std::string path_;
+  std::filesystem::path temp_;
+  bool binary_, to_stdout_, in_place_ = false, finished_ = false;
   std::ofstream file_;
 };
 
@@ -175,6 +213,9 @@ void add_count(CLI::App* parent) {
     tk::PieceCounts counts(tk::pattern_regex(a->pattern));
     for (const std::string& input : a->inputs) counts.add_file(input, a->jsonl, a->field);
     const size_t before = counts.distinct();
+    // Checked here too: a negative or NaN stddev must not quietly send exact counts.
+    POLLEN_CHECK(std::isfinite(a->noise) && a->noise >= 0, "--noise-stddev ", a->noise,
+                 ": expected a finite value >= 0");
     if (a->noise > 0 || a->min_count > 1) counts.perturb(a->noise, a->seed, a->min_count);
     counts.save(a->output);
     std::printf("counted %zu distinct pieces in %.1f MB (%zu written): %s\n", before,
@@ -219,6 +260,7 @@ void add_encode(CLI::App* parent) {
                                   for (const auto& ids : tok.encode_batch(docs, options))
                                     writer.write(ids);
                                 });
+    writer.finish();
   });
 }
 
@@ -237,11 +279,23 @@ void add_decode(CLI::App* parent) {
   cmd->callback([a] {
     tk::Tokenizer tok = open(a->tok);
     std::string data = read_file(a->input), text;
+    const uint64_t vocab = tok.vocab_size();
+    // Decoded with the place of a failure (an id with no bytes: a hole in the vocabulary).
+    const auto decode = [&](const std::vector<uint32_t>& ids, const std::string& where) {
+      try {
+        return tok.decode(ids);
+      } catch (const Error& e) {
+        fail(where, ": ", e.what());
+      }
+    };
     if (a->input.ends_with(".bin")) {
       POLLEN_CHECK(data.size() % 4 == 0, a->input, ": size is not a multiple of 4 bytes");
       std::vector<uint32_t> ids(data.size() / 4);
       std::memcpy(ids.data(), data.data(), data.size());
-      text = tok.decode(ids);
+      for (size_t i = 0; i < ids.size(); ++i)
+        POLLEN_CHECK(ids[i] < vocab, a->input, ": id ", ids[i], " at position ", i,
+                     " is not a token id (0 to ", vocab - 1, ")");
+      text = decode(ids, a->input);
     } else {
       std::istringstream lines(data);
       size_t number = 0;
@@ -250,19 +304,21 @@ void add_decode(CLI::App* parent) {
         std::istringstream words(line);
         std::vector<uint32_t> ids;
         for (std::string w; words >> w;) {
-          try {
-            ids.push_back(static_cast<uint32_t>(std::stoul(w)));
-          } catch (const std::exception&) {
-            fail(a->input, ":", number, ": '", w, "' is not a token id");
-          }
+          const auto id = parse_token_id(w, vocab);
+          POLLEN_CHECK(id.has_value(), a->input, ":", number, ": '", w,
+                       "' is not a token id (0 to ", vocab - 1, ")");
+          ids.push_back(*id);
         }
-        text += tok.decode(ids) + "\n";
+        text += decode(ids, cat(a->input, ":", number)) + "\n";
       }
     }
-    if (a->output == "-")
-      std::fwrite(text.data(), 1, text.size(), stdout);
-    else
+    if (a->output == "-") {
+      POLLEN_CHECK(std::fwrite(text.data(), 1, text.size(), stdout) == text.size() &&
+                       std::fflush(stdout) == 0,
+                   "cannot write to standard output: ", std::strerror(errno));
+    } else {
       write_file_atomic(a->output, text);
+    }
   });
 }
 

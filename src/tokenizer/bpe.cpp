@@ -40,12 +40,16 @@ struct BpeModel::PairTable {
     shift = 64 - bits;
   }
 
-  // Keeps the first insertion of a pair.
-  void insert(uint32_t left, uint32_t right, uint32_t rank, uint32_t result) {
+  // A pair inserted again keeps its first rank and result, or takes the new ones when
+  // `replace`.
+  void insert(uint32_t left, uint32_t right, uint32_t rank, uint32_t result, bool replace = false) {
     uint64_t key = key_of(left, right);
     size_t mask = slots.size() - 1;
     for (size_t i = home(key);; i = (i + 1) & mask) {
-      if (slots[i].key == key) return;
+      if (slots[i].key == key) {
+        if (replace) slots[i] = {key, rank, result};
+        return;
+      }
       if (slots[i].key == kEmpty) {
         slots[i] = {key, rank, result};
         ++count;
@@ -100,7 +104,8 @@ BpeModel::BpeModel(Vocab vocab, std::vector<Merge> merges, BpeOptions options)
       std::string joined = cat(vocab_.bytes(m.left), vocab_.bytes(m.right));
       auto result = vocab_.find(joined);
       POLLEN_CHECK(result, "merge ", rank, " makes a token that is not in the vocabulary");
-      pairs_->insert(m.left, m.right, rank, *result);
+      // A merge listed twice takes its last rank, as HF's merge map does.
+      pairs_->insert(m.left, m.right, rank, *result, /*replace=*/true);
     }
     merges_ = std::move(merges);
     std::call_once(*merges_once_, [] {});

@@ -99,7 +99,8 @@ void split_with(const PatternSplitter& splitter, SplitBehavior behavior, Piece p
 // Splits on every occurrence of `sep`, each joined to the text after it.
 void split_before(std::string_view text, std::string_view sep, bool at_start, const Emit& emit) {
   size_t begin = 0;
-  for (size_t at = text.find(sep, sep.size()); at != std::string_view::npos;
+  // From offset 1: a separator at 0 starts the first piece, one anywhere after cuts.
+  for (size_t at = text.find(sep, 1); at != std::string_view::npos;
        at = text.find(sep, at + sep.size())) {
     if (at > begin) emit({text.substr(begin, at - begin), at_start && begin == 0});
     begin = at;

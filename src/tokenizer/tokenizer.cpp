@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
+#include <unordered_map>
 
 #include "base/error.h"
 #include "base/thread_pool.h"
@@ -16,8 +18,18 @@ Tokenizer::Tokenizer(BpeModel model, Normalizer normalizer, PreTokenizer pre_tok
       added_(std::move(added)),
       bos_eos_(std::move(bos_eos)),
       decoder_(std::move(decoder)) {
+  std::unordered_map<uint32_t, const AddedToken*> by_id;
+  std::unordered_map<std::string_view, const AddedToken*> by_content;
   for (const AddedToken& t : added_) {
     POLLEN_CHECK(!t.content.empty(), "added token ", t.id, " has empty content");
+    POLLEN_CHECK(t.id < kMaxTokenId, "added token '", t.content, "' has id ", t.id,
+                 ", over the largest token id pollen takes (2^24 - 1)");
+    const auto [same_id, new_id] = by_id.emplace(t.id, &t);
+    POLLEN_CHECK(new_id, "added tokens '", same_id->second->content, "' and '", t.content,
+                 "' share id ", t.id);
+    const auto [same_content, new_content] = by_content.emplace(t.content, &t);
+    POLLEN_CHECK(new_content, "added token '", t.content, "' is given twice (ids ",
+                 same_content->second->id, " and ", t.id, ")");
     added_first_byte_[static_cast<unsigned char>(t.content[0])] = true;
   }
   std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& a, const AddedToken& b) {

@@ -67,6 +67,11 @@ void PieceCounts::add_piece(std::string_view piece, uint64_t n) {
   if (n > 0) counts_->add(piece, n);
 }
 
+namespace {
+// The most a count file may hold for one piece (readers refuse more).
+constexpr uint64_t kMaxPieceCount = uint64_t{1} << 48;
+}  // namespace
+
 void PieceCounts::perturb(double stddev, uint64_t seed, uint64_t min_count) {
   POLLEN_CHECK(stddev >= 0 && std::isfinite(stddev), "noise stddev ", stddev,
                ": expected a finite value >= 0");
@@ -77,6 +82,9 @@ void PieceCounts::perturb(double stddev, uint64_t seed, uint64_t min_count) {
   for (auto& [piece, n] : pieces) {
     double v = static_cast<double>(n);
     if (stddev > 0) v += std::round(stddev * rng.normal());
+    // Noise so large that a count would pass 2^48 (which no reader accepts) is refused.
+    POLLEN_CHECK(v <= static_cast<double>(kMaxPieceCount), "noise stddev ", stddev,
+                 ": a noisy count reached ", v, ", over 2^48");
     if (v >= static_cast<double>(min_count)) counts_->counts.emplace(std::move(piece), uint64_t(v));
   }
 }
@@ -178,8 +186,8 @@ void PieceCounts::merge_file(const std::filesystem::path& path) {
     const uint64_t n = r.get<uint64_t>();
     r.fail_if(piece.empty() || n == 0, "piece " + std::to_string(i) + " is empty or has count 0");
     // 2^48 occurrences of one piece is far past any corpus; bounded, the merged counts of up to
-    // 2^14 files cannot wrap, and the trainer's signed pair counts cannot overflow.
-    r.fail_if(n > (uint64_t{1} << 48),
+    // 2^14 files cannot wrap (the trainer bounds the pair counts they make: MergeTrainer).
+    r.fail_if(n > kMaxPieceCount,
               "piece " + std::to_string(i) + " has count " + std::to_string(n) + ", over 2^48");
     r.fail_if(i > 0 && !(previous < piece),
               "piece " + std::to_string(i) + " is out of order (pieces are sorted and unique)");
@@ -220,6 +228,18 @@ class MergeTrainer {
     order_.resize(256);
     for (uint32_t i = 0; i < 256; ++i) order_[bytes[i]] = i;
     for (uint32_t b = 0; b < 256; ++b) add_token(std::string(1, static_cast<char>(b)));
+    // Every pair count the merges make is at most the sum of count x (length - 1) over the
+    // pieces: bounded, the signed counts cannot overflow.
+    uint64_t pairs_total = 0;
+    for (const auto& [piece, count] : pieces) {
+      uint64_t pairs = 0;
+      POLLEN_CHECK(
+          piece.size() < 2 || (!__builtin_mul_overflow(count, uint64_t{piece.size() - 1}, &pairs) &&
+                               !__builtin_add_overflow(pairs_total, pairs, &pairs_total) &&
+                               pairs_total <= uint64_t{INT64_MAX}),
+          "tokenizer training: the piece counts are too large (their pairs would "
+          "overflow 2^63); are the count files corrupt?");
+    }
     for (const auto& [piece, count] : pieces) {
       Word w{{}, count};
       for (unsigned char c : piece) w.symbols.push_back(c);
@@ -312,21 +332,29 @@ class MergeTrainer {
     for (uint32_t wi : words) {
       Word& w = words_[wi];
       auto c = static_cast<int64_t>(w.count);
+      // One pass that writes the merged word over itself at `o` (an erase per occurrence was
+      // quadratic in a long word): the left neighbour is the last symbol written (a token just
+      // made, perhaps), the right one still the input's.
       std::vector<uint32_t>& s = w.symbols;
-      for (size_t i = 0; i + 1 < s.size(); ++i) {
-        if (s[i] != m.left || s[i + 1] != m.right) continue;
-        if (i > 0) {
-          change(pair_key(s[i - 1], m.left), -c, wi, touched);
-          change(pair_key(s[i - 1], made), c, wi, touched);
+      size_t o = 0;
+      for (size_t i = 0; i < s.size();) {
+        if (i + 1 >= s.size() || s[i] != m.left || s[i + 1] != m.right) {
+          s[o++] = s[i++];
+          continue;
+        }
+        if (o > 0) {
+          change(pair_key(s[o - 1], m.left), -c, wi, touched);
+          change(pair_key(s[o - 1], made), c, wi, touched);
         }
         if (i + 2 < s.size()) {
           change(pair_key(m.right, s[i + 2]), -c, wi, touched);
           change(pair_key(made, s[i + 2]), c, wi, touched);
         }
         change(key, -c, wi, touched);
-        s[i] = made;
-        s.erase(s.begin() + static_cast<ptrdiff_t>(i) + 1);
+        s[o++] = made;
+        i += 2;
       }
+      s.resize(o);
     }
     std::sort(touched.begin(), touched.end());
     touched.erase(std::unique(touched.begin(), touched.end()), touched.end());

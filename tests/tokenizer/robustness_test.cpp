@@ -4,11 +4,15 @@
 
 #include <random>
 
+#include <nlohmann/json.hpp>
 #include "base/error.h"
 #include "base/files.h"
+
+#include "tokenizer/byte_level.h"
 #include "tokenizer/hf_format.h"
 #include "tokenizer/pattern.h"
 #include "tokenizer/peers.h"
+#include "tokenizer/pretokenizer.h"
 #include "tokenizer/tiktoken_format.h"
 
 namespace pollen::tokenizer {
@@ -115,6 +119,60 @@ TEST(Robustness, MalformedRankFilesNameFileAndLine) {
                {"r.tiktoken", "no tokens"});
   expect_error([&] { tiktoken_from_text("YQ== 4294967000\n", "r.tiktoken", pattern, {}); },
                {"r.tiktoken:1", "too large"});
+}
+
+// Metaspace's split cuts before every separator but one at the very start, also one inside the
+// first three bytes ("a▁b": HF gives "a", "▁b"; the search began after the separator's length).
+TEST(HfSemantics, MetaspaceCutsBeforeASeparatorNearTheStart) {
+  const PreTokenizer p({PreTokenizerStep::metaspace("\u2581", PrependScheme::kNever, true)});
+  auto pieces = [&](std::string_view text) {
+    std::vector<std::string> out;
+    p.run(text, true, [&](std::string_view piece) { out.emplace_back(piece); });
+    return out;
+  };
+  EXPECT_EQ(pieces("a b"), (std::vector<std::string>{"a", "\u2581b"}));
+  EXPECT_EQ(pieces("xa b"), (std::vector<std::string>{"xa", "\u2581b"}));
+  EXPECT_EQ(pieces(" a"), (std::vector<std::string>{"\u2581a"}));
+}
+
+// A merge listed twice takes its last rank, as HF's merge map does: with merges (b c), (a b),
+// (b c), "abc" merges a b first (HF: [257, 99]).
+TEST(HfSemantics, AMergeListedTwiceTakesItsLastRank) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) {
+    std::string c;
+    const char32_t cp = byte_level_char(static_cast<unsigned char>(b));
+    if (cp < 0x80) {
+      c += static_cast<char>(cp);
+    } else {
+      c += static_cast<char>(0xC0 | (cp >> 6));
+      c += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    vocab[c] = b;
+  }
+  vocab["bc"] = 256;
+  vocab["ab"] = 257;
+  const nlohmann::json j = {
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"b c", "a b", "b c"}}}}};
+  const Tokenizer tok = hf_from_json_text(j.dump(), "dupmerge.json");
+  EXPECT_EQ(tok.encode("abc", {}), (std::vector<uint32_t>{257, 99}));
+}
+
+// Added tokens with ids past 2^24, two sharing an id, or one given twice are refused (the
+// vocabulary size would wrap, or one of them could never be encoded).
+TEST(HfSemantics, AddedTokensWithBadIdsAreRefused) {
+  const std::string base = R"("model": {"vocab": {"a": 0}, "merges": []})";
+  auto load = [&](const std::string& added) {
+    return [text = "{\"added_tokens\": " + added + ", " + base + "}"] {
+      hf_from_json_text(text, "t.json");
+    };
+  };
+  expect_error(load(R"([{"id": 1, "content": "<x>"}, {"id": 1, "content": "<y>"}])"),
+               {"share id 1"});
+  expect_error(load(R"([{"id": 1, "content": "<x>"}, {"id": 2, "content": "<x>"}])"),
+               {"'<x>' is given twice"});
 }
 
 TEST(Robustness, MalformedTokenizerJsonNamesFileAndKey) {

@@ -160,6 +160,63 @@ TEST_F(Trainer, BadCountFilesAreRefusedNamingTheFile) {
   expect_error("huge.counts", huge, cl100k(), "over 2^48");
 }
 
+// Counts that each pass the readers' bound but whose pairs add past 2^63 (one long piece counted
+// 2^48 times) would wrap the trainer's pair counts and merge the wrong pairs: refused.
+TEST(TrainerCounts, PairCountsThatWouldOverflowAreRefused) {
+  PieceCounts c(cl100k());
+  c.add_piece(std::string(70000, 'a'), uint64_t{1} << 48);
+  c.add_piece("hello", 5);
+  try {
+    train_bpe(c, {260, {}, cl100k()});
+    FAIL() << "trained on counts whose pairs overflow";
+  } catch (const pollen::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("too large"), std::string::npos) << e.what();
+  }
+}
+
+// A negative or NaN noise stddev is an error, not exact counts sent as if they were noisy.
+TEST(TrainerCounts, ANegativeOrNanNoiseIsRefusedByTheCountCommand) {
+  const fs::path dir = testing::temp_dir("noise_cli");
+  write_file_atomic(dir / "silo.txt", "some text of a silo\nand another line\n");
+  for (const char* noise : {"-5", "nan"}) {
+    const std::string cmd = std::string(POLLEN_BINARY) + " tokenizer count --input " +
+                            (dir / "silo.txt").string() + " --output " +
+                            (dir / "c.counts").string() + " --noise-stddev=" + noise +
+                            " > /dev/null 2>&1";
+    EXPECT_NE(std::system(cmd.c_str()), 0) << noise;
+    EXPECT_FALSE(fs::exists(dir / "c.counts")) << noise;
+  }
+  fs::remove_all(dir);
+}
+
+// Ids that cannot be written (a full disk: /dev/full, behind a link so that a writer renaming
+// over it replaces only the link) fail the command; text that is not an id is named with its line.
+TEST(TrainerCounts, EncodeAndDecodeFailWhenTheirOutputCannotBeWritten) {
+  const fs::path dir = testing::temp_dir("encode_full");
+  write_file_atomic(dir / "text.txt", "some text\n");
+  PieceCounts counts(cl100k());
+  counts.add_file(dir / "text.txt", false, "");
+  save_hf_json(train_bpe(counts, {270, {}, cl100k()}), dir / "tok.json");
+  fs::create_symlink("/dev/full", dir / "full");
+  const std::string pollen = std::string(POLLEN_BINARY) + " tokenizer ";
+  const std::string tok = " --tokenizer " + (dir / "tok.json").string();
+  auto status = [](const std::string& cmd) { return std::system((cmd + " 2>/dev/null").c_str()); };
+  EXPECT_NE(status(pollen + "encode" + tok + " --input " + (dir / "text.txt").string() +
+                   " --output " + (dir / "full").string()),
+            0);
+  EXPECT_NE(
+      status(pollen + "encode" + tok + " --input " + (dir / "text.txt").string() + " > /dev/full"),
+      0);
+  write_file_atomic(dir / "ids.txt", "97 98\n");
+  EXPECT_NE(
+      status(pollen + "decode" + tok + " --input " + (dir / "ids.txt").string() + " > /dev/full"),
+      0);
+  EXPECT_TRUE(fs::is_symlink(dir / "full"));
+  write_file_atomic(dir / "bad.txt", "97 4294967393\n");  // 2^32 + 97: no longer taken as 97
+  EXPECT_NE(status(pollen + "decode" + tok + " --input " + (dir / "bad.txt").string()), 0);
+  fs::remove_all(dir);
+}
+
 // HF's trainer breaks ties by the same rule (see trainer.h), so the merges are identical. They
 // could differ only where HF's pre-tokenizer and pollen's pattern disagree on a piece, which
 // the parity tests rule out for this corpus.
