@@ -37,6 +37,7 @@ void add_bench_command(CLI::App& app) {
   step->add_flag("--recompute", opts->recompute, "Recompute each layer's activations in backward");
   step->add_option("--device", *device,
                    "cpu, or cuda: the model, gradients and AdamW state on the GPU")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   step->add_option("--compute", *compute,
                    "f32, or bf16 (cuda only): bf16 weights, activations and gradients, with "

@@ -27,6 +27,17 @@ void add_dpo_command(CLI::App& app);
 void add_rm_command(CLI::App& app);
 void add_grpo_command(CLI::App& app);
 
+// --set's form, KEY=VALUE with a key, checked while the command line is parsed (exit code 2).
+inline CLI::Validator key_equals_value() {
+  return CLI::Validator(
+      [](const std::string& text) -> std::string {
+        const size_t eq = text.find('=');
+        return eq != std::string::npos && eq > 0 ? std::string()
+                                                 : "'" + text + "': expected KEY=VALUE";
+      },
+      "KEY=VALUE");
+}
+
 // The process's exit code when a command finishes without an error (`pollen train` tells a
 // preempted run from a finished one this way).
 inline int& exit_code_slot() {

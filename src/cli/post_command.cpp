@@ -26,7 +26,8 @@ void add_post_run_options(CLI::App* cmd, const std::string& objective,
   cmd->add_option("--config", *config, "Run file (TOML)");
   cmd->add_option("--set", *sets,
                   "Override a key, e.g. --set train.steps=200 --set " + set_example +
-                      " (value in TOML syntax; a bare word is a string)");
+                      " (value in TOML syntax; a bare word is a string)")
+      ->check(key_equals_value());
   cmd->add_flag("--resume", *resume,
                 "Continue from the newest checkpoint under run.dir/checkpoints that verifies "
                 "(starts at step 0 when there is none yet)");

@@ -178,6 +178,11 @@ void add_train(CLI::App* parent) {
                 tok.vocab_size(), counts.bytes_read() / 1e6, counts.distinct(), seconds,
                 a->output.c_str());
     std::printf("fingerprint %s\n", tok.fingerprint().c_str());
+    if (tok.vocab_size() < a->vocab_size)
+      std::fprintf(stderr,
+                   "pollen tokenizer train: %u tokens, not the %u asked for: the text has no "
+                   "more pairs to merge (more text, or a smaller --vocab-size)\n",
+                   tok.vocab_size(), a->vocab_size);
   });
 }
 

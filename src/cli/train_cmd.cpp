@@ -30,7 +30,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--config", *config, "Run file (TOML)")->required();
   cmd->add_option("--set", *sets,
                   "Override a key, e.g. --set train.steps=200 --set optimizer.lr=1e-3 (value in "
-                  "TOML syntax; a bare word is a string)");
+                  "TOML syntax; a bare word is a string)")
+      ->check(key_equals_value());
   cmd->add_flag("--resume", *resume,
                 "Continue from the newest checkpoint under run.dir/checkpoints that verifies "
                 "(starts at step 0 when there is none yet)");
@@ -38,7 +39,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--device", *device,
                   "cpu or cuda: where the model, its gradients and AdamW's state live (as "
                   "--set run.device=...; on cuda, run.precision = \"bf16\" computes in bf16 "
-                  "with f32 master weights)");
+                  "with f32 master weights)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([config, sets, resume, device] {
     if (!device->empty()) sets->push_back("run.device=" + *device);
     const train::TrainConfig cfg = train::load_train_config(*config, *sets);
