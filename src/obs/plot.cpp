@@ -128,10 +128,13 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
   POLLEN_CHECK(in.good(), "cannot read '", file.string(), "' (is '", run.string(),
                "' a run folder of pollen train?)");
   RunCurves r;
+  // Runs are told apart by their folders (one run file with other --set values makes runs of
+  // one run.name).
   r.name = (std::filesystem::is_directory(run) ? run : run.parent_path()).filename().string();
   if (r.name.empty() || r.name == ".") r.name = std::filesystem::absolute(run).filename().string();
   std::string line;
   int64_t n = 0;
+  double fed_tokens = 0;  // a federation's tokens trained over the rounds so far
   while (std::getline(in, line)) {
     ++n;
     if (line.empty()) continue;
@@ -147,6 +150,21 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
       fail("'", file.string(), "' line ", n, ": not JSON: ", e.what());
     }
     if (!j.contains("tokens") || !j["tokens"].is_number()) continue;
+    if (j.contains("round") && j.contains("train_loss")) {
+      // A federated server's round: the global model's evaluation before it trained, its
+      // clients' train loss after; tokens count up over the rounds.
+      const double before = fed_tokens;
+      fed_tokens += j["tokens"].get<double>();
+      auto add_at = [&](const char* key, double x, Curve& c) {
+        if (j[key].is_number() && std::isfinite(j[key].get<double>())) {
+          c.x.push_back(x);
+          c.y.push_back(j[key].get<double>());
+        }
+      };
+      add_at("train_loss", fed_tokens, r.train_loss);
+      if (j.contains("eval_loss")) add_at("eval_loss", before, r.val_loss);
+      continue;
+    }
     const double x = j["tokens"].get<double>();
     auto add = [&](const char* key, Curve& c) {
       if (j.contains(key) && j[key].is_number() && std::isfinite(j[key].get<double>())) {

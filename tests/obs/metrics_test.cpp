@@ -148,6 +148,22 @@ TEST(Plot, AnUnfinishedLastLineIsLeftOut) {
   fs::remove_all(d);
 }
 
+// A federated server's metrics.jsonl (one record per round) plots beside a training run's: the
+// clients' train loss after each round, the global model's evaluation before it, against the
+// tokens trained over the rounds.
+TEST(Plot, AFederatedRunsRounds) {
+  const fs::path d = temp_dir("plot_fed");
+  write_file_atomic(d / "metrics.jsonl",
+                    "{\"round\":1,\"tokens\":100,\"train_loss\":5.0,\"eval_loss\":6.0}\n"
+                    "{\"round\":2,\"tokens\":120,\"train_loss\":4.0,\"eval_loss\":4.5}\n");
+  const obs::RunCurves r = obs::read_run_curves(d);
+  EXPECT_EQ(r.train_loss.x, (std::vector<double>{100, 220}));
+  EXPECT_EQ(r.train_loss.y, (std::vector<double>{5.0, 4.0}));
+  EXPECT_EQ(r.val_loss.x, (std::vector<double>{0, 100}));
+  EXPECT_EQ(r.val_loss.y, (std::vector<double>{6.0, 4.5}));
+  fs::remove_all(d);
+}
+
 TEST(Progress, FormatsDurations) {
   EXPECT_EQ(obs::format_duration(12.4), "12s");
   EXPECT_EQ(obs::format_duration(185), "3m05s");
