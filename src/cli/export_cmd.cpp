@@ -12,6 +12,7 @@
 #include "io/gguf.h"
 #include "io/hf.h"
 #include "io/model_source.h"
+#include "tokenizer/chat_template.h"
 
 namespace pollen::cli {
 namespace {
@@ -102,6 +103,11 @@ void add_export_command(CLI::App& app) {
       o.bos_token_id = ids.bos;
       o.eos_token_id = ids.eos;
       o.tokenizer_config = hf_tokenizer_config(tok, ids, m.config().max_position_embeddings);
+      // A chat-trained checkpoint's template goes with it, so that transformers'
+      // apply_chat_template (and pollen chat on the export) render the turns it learned.
+      if (src.chat_template)
+        o.tokenizer_config["chat_template"] = std::string(
+            tokenizer::chat_template_jinja(tokenizer::chat_template_named(*src.chat_template)));
     }
     const io::HfExportResult r = io::export_hf(m, *output, o);
     std::printf("exported %s '%s' to %s: %zu files, %.1f MB of weights%s\n",

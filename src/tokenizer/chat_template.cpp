@@ -155,6 +155,10 @@ std::string_view chat_template_name(ChatTemplate t) {
   return t == ChatTemplate::chatml ? "chatml" : "llama3";
 }
 
+std::string_view chat_template_jinja(ChatTemplate t) {
+  return t == ChatTemplate::llama3 ? kLlama3Jinja : kChatmlJinja;
+}
+
 ChatFormat recognise_chat_template(std::string_view jinja, std::string_view source) {
   const std::string text = canonical_jinja(jinja);
   if (text == canonical_jinja(kChatmlJinja)) return {ChatTemplate::chatml, std::nullopt};

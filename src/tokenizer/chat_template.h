@@ -39,6 +39,10 @@ std::string render_chat(const ChatFormat& format, const std::vector<ChatMessage>
 // The special token that ends a turn: "<|im_end|>" (ChatML) or "<|eot_id|>" (Llama 3).
 std::string_view end_of_turn(ChatTemplate t);
 
+// The template's Jinja text as HF models carry it (what tokenizer_config.json's chat_template
+// holds for it).
+std::string_view chat_template_jinja(ChatTemplate t);
+
 // "chatml" or "llama3"; anything else is refused naming the choices.
 ChatTemplate chat_template_named(std::string_view name);
 std::string_view chat_template_name(ChatTemplate t);

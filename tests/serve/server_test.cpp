@@ -723,6 +723,15 @@ TEST(ServeCli, ServesAPostTrainingCheckpointWithItsChatTemplate) {
              "application/json");
   ASSERT_TRUE(sampled);
   EXPECT_EQ(sampled->status, 200) << sampled->body;
+
+  // Exported to HF, the checkpoint's template goes into tokenizer_config.json, where
+  // transformers (and pollen chat) find it.
+  const std::string export_cmd = std::string(POLLEN_BINARY) + " export hf --model " +
+                                 (dir / "run").string() + " --output " + (dir / "hf").string() +
+                                 " > /dev/null 2>&1";
+  ASSERT_EQ(std::system(export_cmd.c_str()), 0);
+  EXPECT_EQ(tokenizer::chat_format_from_config(dir / "hf" / "tokenizer_config.json").kind,
+            tokenizer::ChatTemplate::chatml);
   fs::remove_all(dir);
 }
 
