@@ -148,15 +148,20 @@ void add_fed_command(CLI::App& app) {
       "certs", "Make a development CA, a server certificate and per-client certificates");
   certs->add_option("--dir", o->dir, "Where the PEM files go")->capture_default_str();
   certs->add_option("--client", o->clients, "A client id (repeat for more)");
-  certs->add_option("--server-name", o->names, "DNS names or IPs of the server")
-      ->capture_default_str();
+  auto* server_names =
+      certs
+          ->add_option("--server-name", o->names,
+                       "DNS names or IPs of the server (given: a new server certificate; not "
+                       "given: the one in --dir is kept, made when there is none)")
+          ->capture_default_str();
   certs->add_option("--days", o->days, "Validity in days")->capture_default_str();
   certs->add_option("--revoke", o->revoke, "Revoke this client's certificate (writes crl.pem)");
-  certs->callback([o] {
+  certs->callback([o, server_names] {
     if (!o->revoke.empty()) {
       fed::revoke_client_cert(o->dir, o->revoke);
     } else {
-      fed::make_dev_certs(o->dir, o->clients, o->names, o->days);
+      fed::make_dev_certs(o->dir, o->clients, o->names, o->days,
+                          /*replace_server=*/server_names->count() > 0);
     }
   });
 }

@@ -120,7 +120,7 @@ bool is_ip(const std::string& s) {
 }  // namespace
 
 void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients,
-                    const std::vector<std::string>& server_names, int days) {
+                    const std::vector<std::string>& server_names, int days, bool replace_server) {
   POLLEN_CHECK(days >= 1, "fed certs: --days must be at least 1");
   POLLEN_CHECK(!server_names.empty(), "fed certs: at least one server name is needed");
   for (const auto& id : clients) {
@@ -147,7 +147,12 @@ void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients
   std::string san;
   for (const auto& n : server_names)
     san += cat(san.empty() ? "" : ",", is_ip(n) ? "IP:" : "DNS:", n);
-  {
+  const bool keep_server =
+      !replace_server && fs::exists(dir / "server.pem") && fs::exists(dir / "server.key");
+  if (keep_server) {
+    log::info("fed certs: keeping the server certificate in ", (dir / "server.pem").string(),
+              " (pass --server-name to make another)");
+  } else {
     EVP_PKEY* k = new_key();
     X509* c = make_cert(k, server_names[0], ca, ca_key, days,
                         {{NID_basic_constraints, "critical,CA:FALSE"},
@@ -172,8 +177,8 @@ void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients
   }
   X509_free(ca);
   EVP_PKEY_free(ca_key);
-  log::info("fed certs: wrote server and ", clients.size(), " client certificates to ",
-            dir.string());
+  log::info("fed certs: wrote ", keep_server ? "" : "the server's and ", clients.size(),
+            " client certificates to ", dir.string());
 }
 
 void revoke_client_cert(const fs::path& dir, const std::string& client) {

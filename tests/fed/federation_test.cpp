@@ -487,6 +487,13 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   }
   // Ids longer than a common name holds get no certificate (it would have been issued nameless).
   EXPECT_THROW(make_dev_certs(dir / "long", {std::string(65, 'a')}, {"localhost"}, 1), Error);
+  // Adding a client later keeps the server certificate (its names) unless names are given.
+  const std::string server_pem = read_file(dir / "certs" / "server.pem");
+  make_dev_certs(dir / "certs", {"carol"}, {"localhost"}, 1, /*replace_server=*/false);
+  EXPECT_EQ(read_file(dir / "certs" / "server.pem"), server_pem);
+  EXPECT_TRUE(fs::exists(dir / "certs" / "client-carol.pem"));
+  make_dev_certs(dir / "certs", {}, {"fed.example.org"}, 1, /*replace_server=*/true);
+  EXPECT_NE(read_file(dir / "certs" / "server.pem"), server_pem);
   server.shutdown();
 }
 
