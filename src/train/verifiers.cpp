@@ -1,8 +1,11 @@
 #include "train/verifiers.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <regex>
+#include <string>
+#include <vector>
 
 #include "base/error.h"
 
@@ -231,6 +234,23 @@ RewardFunction make_verifier(ConfigTable& table) {
     };
   } else {
     fail(table.where("kind"), ": expected \"exact\", \"numeric\" or \"regex\", got \"", kind, "\"");
+  }
+  // Keys of another kind (left from switching kind with --set) are named with the kinds they
+  // belong to, not only as unknown keys.
+  struct Owner {
+    const char* key;
+    std::vector<std::string> kinds;
+  };
+  const Owner owners[] = {{"abs_tol", {"numeric"}},
+                          {"rel_tol", {"numeric"}},
+                          {"extract", {"exact", "numeric"}},
+                          {"marker", {"exact", "numeric"}},
+                          {"pattern", {"regex"}}};
+  for (const Owner& o : owners) {
+    const bool belongs = std::find(o.kinds.begin(), o.kinds.end(), kind) != o.kinds.end();
+    POLLEN_CHECK(belongs || !table.has(o.key), table.where(o.key), " applies to kind = \"",
+                 o.kinds.front(), o.kinds.size() > 1 ? "\" or \"" + o.kinds.back() : "",
+                 "\" only, and kind is \"", kind, "\"");
   }
   return reward;
 }

@@ -117,6 +117,10 @@ TEST(Verifiers, BadConfigsAndAnswersAreNamed) {
   EXPECT_NE(error_of("kind = \"numeric\"\nextract = \"first\"\n").find("extract"),
             std::string::npos);
   EXPECT_NE(error_of("kind = \"numeric\"\ntolerance = 1\n").find("tolerance"), std::string::npos);
+  // A key of another kind (kind switched with --set) says which kind it belongs to.
+  EXPECT_NE(error_of("kind = \"regex\"\npattern = 'x'\nabs_tol = 0.1\n")
+                .find("applies to kind = \"numeric\" only, and kind is \"regex\""),
+            std::string::npos);
   const auto numeric = verifier("");
   try {
     numeric("", "#### 3", "three");
