@@ -181,10 +181,12 @@ std::string preempted_message(int64_t step, const fs::path& checkpoint) {
 
 std::string finished_message(const LoopCounters& c, double seconds, double last_loss,
                              double last_val_loss, const fs::path& checkpoint) {
+  // A run without validation data (or evaluation) has no validation loss to show.
+  const std::string validation =
+      std::isnan(last_val_loss) ? std::string() : cat(", validation loss ", last_val_loss);
   return cat("finished ", c.step, " steps (", c.tokens, " tokens) in ",
-             obs::format_duration(seconds), ": loss ", last_loss, ", validation loss ",
-             last_val_loss, ", ", c.skipped, " steps skipped; checkpoint '", checkpoint.string(),
-             "'");
+             obs::format_duration(seconds), ": loss ", last_loss, validation, ", ", c.skipped,
+             " steps skipped; checkpoint '", checkpoint.string(), "'");
 }
 
 double rss_mb() {
