@@ -38,29 +38,35 @@ inline CLI::Validator number_in(double low, double high, bool above, const std::
         const bool ok = (above ? v > low : v >= low) && v <= high;
         return ok ? std::string() : "expected a number " + words + ", got " + text;
       },
-      words);
+      "");  // the help text says the range in words
 }
 
 inline void add_sampling_options(CLI::App* cmd, SamplingArgs& a) {
   constexpr double kAny = std::numeric_limits<double>::max();
   model::SamplingOptions& o = a.options;
   cmd->add_option("--max-tokens", o.max_tokens, "Most tokens to generate per prompt")
-      ->check(number_in(0, kAny, false, ">= 0"));
+      ->check(number_in(0, kAny, false, ">= 0"))
+      ->capture_default_str();
   cmd->add_option("--temperature", o.temperature, "0 for greedy decoding")
-      ->check(number_in(0, kAny, false, ">= 0"));
+      ->check(number_in(0, kAny, false, ">= 0"))
+      ->capture_default_str();
   cmd->add_flag("--greedy", a.greedy, "Greedy decoding (same as --temperature 0)");
   cmd->add_option("--top-k", o.top_k,
                   "Keep the k most likely tokens, ties with the k-th too (0: off)")
-      ->check(number_in(0, kAny, false, ">= 0"));
+      ->check(number_in(0, kAny, false, ">= 0"))
+      ->capture_default_str();
   cmd->add_option("--top-p", o.top_p, "Nucleus sampling mass in (0, 1] (1: off)")
-      ->check(number_in(0, 1, true, "in (0, 1]"));
+      ->check(number_in(0, 1, true, "in (0, 1]"))
+      ->capture_default_str();
   cmd->add_option("--min-p", o.min_p, "Drop tokens below min-p x the top probability (0: off)")
-      ->check(number_in(0, 1, false, "in [0, 1]"));
+      ->check(number_in(0, 1, false, "in [0, 1]"))
+      ->capture_default_str();
   cmd->add_option("--repetition-penalty", o.repetition_penalty,
                   "HF's repetition penalty, above 0 (1: off)")
-      ->check(number_in(0, kAny, true, "above 0"));
+      ->check(number_in(0, kAny, true, "above 0"))
+      ->capture_default_str();
   cmd->add_option("--stop", o.stop_strings, "Stop string (repeatable)");
-  cmd->add_option("--seed", o.seed, "Sampling seed");
+  cmd->add_option("--seed", o.seed, "Sampling seed")->capture_default_str();
 }
 
 }  // namespace pollen::cli

@@ -26,7 +26,7 @@ Tokenizer open_tokenizer(const std::filesystem::path& path, const std::string& p
   }
   POLLEN_CHECK(
       !pattern.empty(), path.string(),
-      ": a tiktoken rank file needs a pattern (gpt2, cl100k_base, o200k_base, or a regex)");
+      ": a tiktoken rank file needs a pattern (gpt2, cl100k_base, o200k_base, qwen2, or a regex)");
   if (auto known = known_pattern_named(pattern)) {
     std::vector<AddedToken> known_specials = known_special_tokens(*known);
     special_tokens.insert(special_tokens.begin(), known_specials.begin(), known_specials.end());
