@@ -220,7 +220,8 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
   if (record) {
     // The gradient comes out of the same pass as the loss (for d loss = 1); backward scales it.
     grads.dh = empty_like(h2);
-    grads.dw = Tensor::zeros(w.shape(), w.dtype(), w.value().device());
+    // A frozen head (LoRA without an lm_head adapter) needs no dw: its GEMM is skipped.
+    if (w.requires_grad()) grads.dw = Tensor::zeros(w.shape(), w.dtype(), w.value().device());
     const Tensor host_targets = tg.device() == Device::cpu ? tg : tg.to(Device::cpu);
     int64_t n_scored = 0;
     for (int64_t i = 0; i < tg.numel(); ++i) n_scored += host_targets.data<int32_t>()[i] >= 0;

@@ -37,7 +37,8 @@ Var sequence_logprobs(const Var& h, const Var& w, const Tensor& targets, int64_t
         const std::vector<double> dlogp = out->grad.to_doubles();
         out->grad = Tensor();
         ops::CrossEntropyGrads grads;
-        grads.dw = Tensor::zeros(w_value.shape(), w_value.dtype());
+        if (wn->requires_grad)  // a frozen head needs no dw (its GEMM is skipped)
+          grads.dw = Tensor::zeros(w_value.shape(), w_value.dtype());
         Tensor dh = Tensor::zeros(h2.shape(), h2.dtype());
         for (int64_t b = 0; b < rows; ++b) {
           if (dlogp[static_cast<size_t>(b)] == 0) continue;

@@ -24,7 +24,9 @@ Var token_logprobs(const Var& h, const Var& w, const Tensor& targets, double tem
                          lse, temperature]() mutable {
     if (!out->grad.defined()) return;
     Tensor dh = Tensor::empty(h2.shape(), h2.dtype(), h2.device());
-    Tensor dw = Tensor::zeros(w_value.shape(), w_value.dtype(), h2.device());
+    // A frozen head (LoRA without an lm_head adapter) needs no dw: its GEMM is skipped.
+    Tensor dw;
+    if (wn->requires_grad) dw = Tensor::zeros(w_value.shape(), w_value.dtype(), h2.device());
     ops::token_logprobs_backward(out->grad, h2, w_value, tg, lse, dh, dw, temperature);
     if (hn->requires_grad) accumulate(hn, dh.view(hn->shape()));
     if (wn->requires_grad) accumulate(wn, dw);

@@ -105,7 +105,7 @@ void cross_entropy_cuda(const Tensor& h, const Tensor& w, const Tensor& targets,
   if (grads && dt == DType::bf16) logits_bf16 = Tensor::empty({block_rows, v}, dt, Device::cuda);
   Tensor losses = Tensor::empty({n}, DType::f64, Device::cuda);
   std::optional<cuda::WeightGradSum> dw_sum;
-  if (grads) dw_sum.emplace(grads->dw, (n + block_rows - 1) / block_rows);
+  if (grads && grads->dw.defined()) dw_sum.emplace(grads->dw, (n + block_rows - 1) / block_rows);
   for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
     const int64_t nb = std::min(block_rows, n - r0);
     const void* hb = static_cast<const char*>(h.raw()) + static_cast<size_t>(r0) * row_bytes;
@@ -121,7 +121,7 @@ void cross_entropy_cuda(const Tensor& h, const Tensor& w, const Tensor& targets,
       void* dhb = static_cast<char*>(grads->dh.raw()) + static_cast<size_t>(r0) * row_bytes;
       // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
       cuda::gemm(dt, g, false, w.raw(), false, dt, dhb, nb, c, v, 1.0, 0.0);
-      dw_sum->add(dt, g, hb, nb);
+      if (dw_sum) dw_sum->add(dt, g, hb, nb);
     }
   }
   if (dw_sum) dw_sum->finish();
@@ -163,7 +163,7 @@ double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& tar
   *scored = count;
   if (grads) {
     expect("cross_entropy", "dh", grads->dh, {n, c}, dt, dev);
-    expect("cross_entropy", "dw", grads->dw, {v, c}, dt, dev);
+    if (grads->dw.defined()) expect("cross_entropy", "dw", grads->dw, {v, c}, dt, dev);
   }
   if (block_rows <= 0) block_rows = cross_entropy_default_block_rows(v, dev);
   block_rows = std::min(block_rows, std::max<int64_t>(n, 1));
@@ -190,7 +190,8 @@ double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& tar
         // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
         cpu::gemm<T>(lg, false, w.data<T>(), false, grads->dh.data<T>() + r0 * c, nb, c, v, T(1),
                      T(0));
-        cpu::gemm<T>(lg, true, hb, false, grads->dw.data<T>(), v, c, nb, T(1), T(1));
+        if (grads->dw.defined())
+          cpu::gemm<T>(lg, true, hb, false, grads->dw.data<T>(), v, c, nb, T(1), T(1));
       }
     }
   });

@@ -11,7 +11,8 @@ inline constexpr int32_t kIgnoreIndex = -100;  // targets below 0 are not scored
 
 struct CrossEntropyGrads {
   Tensor dh;  // (N,C): overwritten with grad_scale * d(loss_sum)/dh
-  Tensor dw;  // (V,C): accumulated with grad_scale * d(loss_sum)/dw
+  Tensor dw;  // (V,C): accumulated with grad_scale * d(loss_sum)/dw; undefined: not computed (a
+              // frozen head), which saves a GEMM per block
   double grad_scale = 1.0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "base/thread_pool.h"
 #include "ops/check.h"
@@ -72,7 +73,8 @@ void backward_cuda(const Tensor& dlogp, const Tensor& h, const Tensor& w, const 
   Tensor logits = Tensor::empty({block_rows, v}, DType::f32, Device::cuda);
   Tensor logits_bf16;
   if (dt == DType::bf16) logits_bf16 = Tensor::empty({block_rows, v}, dt, Device::cuda);
-  cuda::WeightGradSum dw_sum(dw, (n + block_rows - 1) / block_rows);
+  std::optional<cuda::WeightGradSum> dw_sum;
+  if (dw.defined()) dw_sum.emplace(dw, (n + block_rows - 1) / block_rows);
   for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
     const int64_t nb = std::min(block_rows, n - r0);
     const void* hb = static_cast<const char*>(h.raw()) + static_cast<size_t>(r0) * row_bytes;
@@ -88,9 +90,9 @@ void backward_cuda(const Tensor& dlogp, const Tensor& h, const Tensor& w, const 
     void* dhb = static_cast<char*>(dh.raw()) + static_cast<size_t>(r0) * row_bytes;
     // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
     cuda::gemm(dt, g, false, w.raw(), false, dt, dhb, nb, c, v, 1.0, 0.0);
-    dw_sum.add(dt, g, hb, nb);
+    if (dw_sum) dw_sum->add(dt, g, hb, nb);
   }
-  dw_sum.finish();
+  if (dw_sum) dw_sum->finish();
 }
 #endif
 
@@ -147,7 +149,7 @@ void token_logprobs_backward(const Tensor& dlogp, const Tensor& h, const Tensor&
   expect(op, "dlogp", dlogp, {n}, statistics_dtype(h), dev);
   expect(op, "lse", lse, {n}, statistics_dtype(h), dev);
   expect(op, "dh", dh, {n, c}, dt, dev);
-  expect(op, "dw", dw, {v, c}, dt, dev);
+  if (dw.defined()) expect(op, "dw", dw, {v, c}, dt, dev);
   check_temperature(op, temperature);
   block_rows = rows_per_block(block_rows, v, n, dev);
 #if POLLEN_HAVE_CUDA
@@ -177,7 +179,7 @@ void token_logprobs_backward(const Tensor& dlogp, const Tensor& h, const Tensor&
       });
       // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
       cpu::gemm<T>(lg, false, w.data<T>(), false, dh.data<T>() + r0 * c, nb, c, v, T(1), T(0));
-      cpu::gemm<T>(lg, true, hb, false, dw.data<T>(), v, c, nb, T(1), T(1));
+      if (dw.defined()) cpu::gemm<T>(lg, true, hb, false, dw.data<T>(), v, c, nb, T(1), T(1));
     }
   });
 }

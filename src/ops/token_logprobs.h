@@ -19,8 +19,9 @@ void token_logprobs_forward(const Tensor& h, const Tensor& w, const Tensor& targ
                             Tensor& lse, double temperature = 1.0, int64_t block_rows = 0);
 
 // dlogp (N): d(loss)/d(logp), in logp's dtype. Overwrites dh (N,C) with d(loss)/dh and accumulates
-// d(loss)/dw into dw (V,C): for row i, d logp_i / d logits_i = (onehot(target_i) -
-// softmax(logits_i / T)) / T. `temperature` and lse as the forward's.
+// d(loss)/dw into dw (V,C) (undefined dw: not computed, a frozen head's GEMM saved): for row i, d
+// logp_i / d logits_i = (onehot(target_i) - softmax(logits_i / T)) / T. `temperature` and lse as
+// the forward's.
 void token_logprobs_backward(const Tensor& dlogp, const Tensor& h, const Tensor& w,
                              const Tensor& targets, const Tensor& lse, Tensor& dh, Tensor& dw,
                              double temperature = 1.0, int64_t block_rows = 0);

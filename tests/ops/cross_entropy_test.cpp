@@ -62,6 +62,11 @@ TEST(CrossEntropy, EveryBlockSizeMatchesNaiveLossAndGradients) {
     auto dh = g.dh.to_doubles(), dw = g.dw.to_doubles();
     for (size_t i = 0; i < dh.size(); ++i) EXPECT_NEAR(dh[i], want.dh[i], 1e-12);
     for (size_t i = 0; i < dw.size(); ++i) EXPECT_NEAR(dw[i], want.dw[i] + 1.0, 1e-12);
+    // A frozen head's dw is not asked for: dh and the loss are the same without it.
+    ops::CrossEntropyGrads no_dw;
+    no_dw.dh = Tensor::full({n, c}, 99.0, DType::f64);
+    EXPECT_EQ(ops::cross_entropy_forward(h, w, targets, &scored, &no_dw, block), loss);
+    EXPECT_EQ(no_dw.dh.to_doubles(), g.dh.to_doubles());
   }
 }
 
