@@ -185,7 +185,9 @@ TEST(LlamaParity, Float64LogitsEqualIndependentPyTorchImplementation) {
   }
 }
 
-TEST(LlamaGradients, WholeModelAgainstFiniteDifferences) {
+// A model small enough to check every weight by finite differences: one layer, grouped-query
+// heads (2 over 1).
+model::LlamaConfig gradcheck_config() {
   model::LlamaConfig cfg = micro_config();
   cfg.num_hidden_layers = 1;
   cfg.hidden_size = 8;
@@ -193,6 +195,11 @@ TEST(LlamaGradients, WholeModelAgainstFiniteDifferences) {
   cfg.vocab_size = 11;
   cfg.num_attention_heads = 2;
   cfg.num_key_value_heads = 1;
+  return cfg;
+}
+
+TEST(LlamaGradients, WholeModelAgainstFiniteDifferences) {
+  model::LlamaConfig cfg = gradcheck_config();
   cfg.attention_bias = true;
   model::Llama m(cfg, 1, DType::f64);
   randomise(m, 2, 0.5);
@@ -204,13 +211,7 @@ TEST(LlamaGradients, WholeModelAgainstFiniteDifferences) {
 // The tied head: the embedding's gradient is the sum of its two uses (lookup and classifier),
 // and ignored targets (-100) add nothing to either; the mean is over the scored targets only.
 TEST(LlamaGradients, TiedHeadAndIgnoredTargetsAgainstFiniteDifferences) {
-  model::LlamaConfig cfg = micro_config();
-  cfg.num_hidden_layers = 1;
-  cfg.hidden_size = 8;
-  cfg.intermediate_size = 12;
-  cfg.vocab_size = 11;
-  cfg.num_attention_heads = 2;
-  cfg.num_key_value_heads = 1;
+  model::LlamaConfig cfg = gradcheck_config();
   cfg.tie_word_embeddings = true;
   model::Llama m(cfg, 1, DType::f64);
   randomise(m, 2, 0.5);
