@@ -102,7 +102,9 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   const std::string config_toml = resolved.to_toml(arch);
   if (resume_from) {
     const fs::path file = *resume_from / "config.toml";
-    PostConfig saved = parse_post_config(read_file(file), file.string(), cfg.objective);
+    // Relative paths of an older pollen's config.toml: the folder it ran from (as pollen train).
+    PostConfig saved =
+        parse_post_config(read_file(file), file.string(), cfg.objective, {}, fs::current_path());
     POLLEN_CHECK(saved.architecture.has_value(), "'", file.string(), "' has no architecture");
     if (saved.chat_template.empty()) saved.chat_template = resolved.chat_template;  // older runs
     for (const auto& w : check_resume_compatible(saved.flat(*saved.architecture),

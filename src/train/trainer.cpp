@@ -515,8 +515,10 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
       log::info("--resume: no checkpoint under '", ckpt_root.string(), "' yet; starting at step 0");
     } else {
       const fs::path dir = ckpt_root / io::checkpoint_name(chosen);
-      const TrainConfig saved =
-          parse_train_config(read_file(dir / "config.toml"), (dir / "config.toml").string());
+      // Relative paths in a config.toml of an older pollen were relative to the folder it ran
+      // from: resumed from there, they compare equal to today's absolute ones.
+      const TrainConfig saved = parse_train_config(
+          read_file(dir / "config.toml"), (dir / "config.toml").string(), {}, fs::current_path());
       for (const auto& w : check_resume_compatible(saved, cfg)) log::warn("resume: ", w);
       load(dir);
       state = nlohmann::ordered_json::parse(read_file(dir / "state.json"));
