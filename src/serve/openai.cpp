@@ -333,6 +333,44 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
   return r;
 }
 
+namespace {
+
+// The characters `text` has in a reply: a JSON string holds UTF-8, and invalid bytes (a token
+// that is part of a character, or bytes of no character) are written as one U+FFFD per maximal
+// invalid run, as the reply's encoder (nlohmann's error_handler_t::replace, Hoehrmann's decoder)
+// writes them; an incomplete character at the end counts once. text_offset must count the text
+// so, or offsets after an invalid byte run behind it.
+int64_t rendered_chars(std::string_view text) {
+  int64_t chars = 0;
+  size_t i = 0;
+  const auto byte = [&](size_t at) { return static_cast<uint8_t>(text[at]); };
+  while (i < text.size()) {
+    const uint8_t lead = byte(i);
+    ++chars;
+    size_t need = lead < 0x80                    ? 0
+                  : lead >= 0xC2 && lead <= 0xDF ? 1
+                  : lead >= 0xE0 && lead <= 0xEF ? 2
+                  : lead >= 0xF0 && lead <= 0xF4 ? 3
+                                                 : 0;
+    if (lead >= 0x80 && need == 0) {  // a stray continuation byte, or no lead byte at all
+      ++i;
+      continue;
+    }
+    // The second byte's range depends on the lead (no overlongs, surrogates or past U+10FFFF).
+    const uint8_t low = lead == 0xE0 ? 0xA0 : lead == 0xF0 ? 0x90 : 0x80;
+    const uint8_t high = lead == 0xED ? 0x9F : lead == 0xF4 ? 0x8F : 0xBF;
+    size_t j = i + 1;
+    for (size_t k = 0; k < need && j < text.size(); ++k, ++j) {
+      const uint8_t b = byte(j);
+      if (b < (k == 0 ? low : 0x80) || b > (k == 0 ? high : 0xBF)) break;
+    }
+    i = j;  // a whole character, or the invalid run up to the byte that broke it (read again)
+  }
+  return chars;
+}
+
+}  // namespace
+
 json completion_logprobs(const tokenizer::Tokenizer& tok, const std::vector<uint32_t>& prompt,
                          const SequenceResult& r, bool echo) {
   json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
@@ -342,7 +380,7 @@ json completion_logprobs(const tokenizer::Tokenizer& tok, const std::vector<uint
   const size_t first = echo ? 0 : prompt.size();
   for (size_t i = first; i < all.size(); ++i) {
     tokens.push_back(tok.decode(std::vector<uint32_t>{all[i]}));
-    offsets.push_back(eval::char_length(tok.decode(std::span<const uint32_t>(all.data(), i))));
+    offsets.push_back(rendered_chars(tok.decode(std::span<const uint32_t>(all.data(), i))));
     const bool in_prompt = i < prompt.size();
     const std::optional<eval::TokenScore>* ps =
         in_prompt && i < r.prompt_scores.size() ? &r.prompt_scores[i] : nullptr;

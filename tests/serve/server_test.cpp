@@ -279,6 +279,24 @@ TEST_F(Serving, EchoLogprobsEqualScore) {
   EXPECT_NEAR(sum, direct[0], 1e-4);
 }
 
+// Bytes that are no character come back as U+FFFD, one per invalid run; text_offset counts the
+// text as it comes back, so each token's offset is where its text starts in the reply's text.
+TEST_F(Serving, TextOffsetsCountInvalidBytesAsTheTextShowsThem) {
+  start();
+  const auto ids = prompt_ids("Sun\x80\xBFrom");  // two stray continuation bytes
+  auto r = post("/v1/completions",
+                json{{"prompt", ids}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  const json& c = r.second["choices"][0];
+  EXPECT_EQ(c["text"], "Sun\uFFFD\uFFFDrom");
+  const json& lp = c["logprobs"];
+  int64_t at = 0;  // code points of the tokens before this one, as the reply shows them
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<int64_t>(), at) << "token " << i << ": " << lp.dump();
+    at += eval::char_length(lp["tokens"][i].get<std::string>());
+  }
+}
+
 TEST_F(Serving, StopStringsCutTheText) {
   start();
   const auto full = model::generate(*model_, {prompt_ids("Bees make")}, sampling(16, 0, 0),
