@@ -129,6 +129,25 @@ std::string tiktoken_text(const Tokenizer& tokenizer) {
                "only a byte-level tokenizer can be written as a tiktoken rank file");
   POLLEN_CHECK(tokenizer.normalizer().empty(),
                "a tokenizer with a normalizer cannot be written as a tiktoken rank file");
+  // A rank file is read with one pattern whose matches are the pieces. Byte-level steps that
+  // neither split nor add a space change nothing and are passed over.
+  using Kind = PreTokenizerStep::Kind;
+  int cutting = 0;
+  bool one_pattern = true;
+  for (const PreTokenizerStep& step : tokenizer.pre_tokenizer().steps()) {
+    if (step.kind == Kind::kByteLevel && !step.add_prefix_space && !step.splitter) continue;
+    ++cutting;
+    one_pattern =
+        one_pattern && ((step.kind == Kind::kSplit && step.behavior == SplitBehavior::kIsolated) ||
+                        (step.kind == Kind::kByteLevel && !step.add_prefix_space));
+  }
+  POLLEN_CHECK(cutting <= 1 && one_pattern,
+               "this tokenizer's pre-tokenizer is not one pattern whose matches are the pieces "
+               "(a Split that isolates them, or ByteLevel without a prefix space), so as a "
+               "tiktoken rank file it would encode differently");
+  for (const AddedToken& t : tokenizer.added_tokens())
+    POLLEN_CHECK(t.special, "added token '", t.content, "' (id ", t.id,
+                 ") is not special, and a tiktoken rank file has no place for it");
   if (model.options().rule == MergeRule::kMergeList) {
     const Vocab& vocab = model.vocab();
     for (const Merge& m : model.merges()) {

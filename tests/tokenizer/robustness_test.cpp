@@ -135,9 +135,8 @@ TEST(HfSemantics, MetaspaceCutsBeforeASeparatorNearTheStart) {
   EXPECT_EQ(pieces(" a"), (std::vector<std::string>{"\u2581a"}));
 }
 
-// A merge listed twice takes its last rank, as HF's merge map does: with merges (b c), (a b),
-// (b c), "abc" merges a b first (HF: [257, 99]).
-TEST(HfSemantics, AMergeListedTwiceTakesItsLastRank) {
+// A byte-level vocabulary as tokenizer.json holds it: each byte's character, its id the byte.
+nlohmann::json byte_level_vocab() {
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) {
     std::string c;
@@ -150,6 +149,13 @@ TEST(HfSemantics, AMergeListedTwiceTakesItsLastRank) {
     }
     vocab[c] = b;
   }
+  return vocab;
+}
+
+// A merge listed twice takes its last rank, as HF's merge map does: with merges (b c), (a b),
+// (b c), "abc" merges a b first (HF: [257, 99]).
+TEST(HfSemantics, AMergeListedTwiceTakesItsLastRank) {
+  nlohmann::json vocab = byte_level_vocab();
   vocab["bc"] = 256;
   vocab["ab"] = 257;
   const nlohmann::json j = {
@@ -158,6 +164,28 @@ TEST(HfSemantics, AMergeListedTwiceTakesItsLastRank) {
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"b c", "a b", "b c"}}}}};
   const Tokenizer tok = hf_from_json_text(j.dump(), "dupmerge.json");
   EXPECT_EQ(tok.encode("abc", {}), (std::vector<uint32_t>{257, 99}));
+}
+
+// A tokenizer that one pattern cannot describe, or with a non-special added token, is refused as
+// a tiktoken rank file instead of written to encode otherwise (digits split apart first here).
+TEST(HfSemantics, TokenizersARankFileCannotHoldAreRefused) {
+  const nlohmann::json model = {
+      {"type", "BPE"}, {"vocab", byte_level_vocab()}, {"merges", nlohmann::json::array()}};
+  const nlohmann::json digits_first = {
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Digits"}, {"individual_digits", true}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}}}}},
+      {"model", model}};
+  expect_error([&] { tiktoken_text(hf_from_json_text(digits_first.dump(), "d.json")); },
+               {"not one pattern"});
+  const nlohmann::json plain_added = {
+      {"added_tokens", {{{"id", 256}, {"content", "<x>"}, {"special", false}}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"model", model}};
+  expect_error([&] { tiktoken_text(hf_from_json_text(plain_added.dump(), "a.json")); },
+               {"'<x>'", "not special"});
 }
 
 // Added tokens with ids past 2^24, two sharing an id, or one given twice are refused (the
