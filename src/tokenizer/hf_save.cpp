@@ -71,6 +71,15 @@ json byte_level_json(bool add_prefix_space, bool use_regex) {
           {"use_regex", use_regex}};
 }
 
+// A Split's pattern. A literal one (tokenizer.json's {"String": ...}) is held as ICU's \Q...\E,
+// which HF's regex engine (Oniguruma) reads as other text: it goes back as the String it was.
+json split_pattern_json(const std::string& regex) {
+  const bool literal = regex.size() >= 4 && regex.starts_with("\\Q") && regex.ends_with("\\E") &&
+                       regex.find("\\E") == regex.size() - 2;
+  if (literal) return {{"String", regex.substr(2, regex.size() - 4)}};
+  return {{"Regex", regex}};
+}
+
 json pre_tokenizer_json(const PreTokenizer& pre, bool byte_level) {
   json list = json::array();
   bool has_byte_level = false;
@@ -79,7 +88,7 @@ json pre_tokenizer_json(const PreTokenizer& pre, bool byte_level) {
     switch (step.kind) {
       case Kind::kSplit:
         list.push_back({{"type", "Split"},
-                        {"pattern", {{"Regex", step.splitter->regex()}}},
+                        {"pattern", split_pattern_json(step.splitter->regex())},
                         {"behavior", behavior_name(step.behavior)},
                         {"invert", false}});
         break;

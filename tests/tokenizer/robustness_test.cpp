@@ -188,6 +188,25 @@ TEST(HfSemantics, TokenizersARankFileCannotHoldAreRefused) {
                {"'<x>'", "not special"});
 }
 
+// A Split on a literal string is written back as {"String": ...}: as a regex its ICU spelling
+// (\Q..\E) means other text to HF's engine.
+TEST(HfSemantics, ALiteralSplitIsSavedAsAString) {
+  const nlohmann::json j = {
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"String", "ab"}}}, {"behavior", "Isolated"}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+      {"model",
+       {{"type", "BPE"}, {"vocab", byte_level_vocab()}, {"merges", nlohmann::json::array()}}}};
+  const Tokenizer tok = hf_from_json_text(j.dump(), "s.json");
+  const nlohmann::json saved = nlohmann::json::parse(hf_json_text(tok));
+  EXPECT_EQ(saved["pre_tokenizer"]["pretokenizers"][0]["pattern"],
+            (nlohmann::json{{"String", "ab"}}))
+      << saved["pre_tokenizer"].dump();
+  EXPECT_EQ(hf_from_json_text(saved.dump(), "saved.json").encode("xabyab"), tok.encode("xabyab"));
+}
+
 // Added tokens with ids past 2^24, two sharing an id, or one given twice are refused (the
 // vocabulary size would wrap, or one of them could never be encoded).
 TEST(HfSemantics, AddedTokensWithBadIdsAreRefused) {
