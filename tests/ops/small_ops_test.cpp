@@ -7,8 +7,8 @@
 #include "base/thread_pool.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
-#include "ops/gemm.h"
 #include "ops/embedding.h"
+#include "ops/gemm.h"
 #include "ops/rmsnorm.h"
 
 namespace pollen {
