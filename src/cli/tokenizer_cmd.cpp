@@ -1,5 +1,7 @@
 // `pollen tokenizer train|count|encode|decode|info|convert|bench`: parsing and wiring; the work is
 // in src/tokenizer.
+#include <unistd.h>
+
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -78,7 +80,8 @@ class IdWriter {
     // replaced by a file.
     in_place_ = is_special_file(path);
     const std::filesystem::path p(path);
-    temp_ = in_place_ ? p : p.parent_path() / ("." + p.filename().string() + ".tmp");
+    // With the pid, as write_file_atomic names its own: two runs writing one file do not share it.
+    temp_ = in_place_ ? p : p.parent_path() / cat(".", p.filename().string(), ".tmp.", ::getpid());
     file_.open(temp_, std::ios::binary | (in_place_ ? std::ios::out : std::ios::trunc));
     POLLEN_CHECK(file_.good(), "cannot write '", temp_.string(), "': ", std::strerror(errno));
   }
