@@ -93,6 +93,7 @@ std::string Tokenizer::fingerprint() const {
   c.field(decoder_.space_marker);
   c.number(decoder_.byte_fallback);
   c.number(static_cast<uint64_t>(decoder_.strip_leading_spaces));
+  if (decoder_.drop_markers_in_first_token) c.field("drop markers in first token");
   return c.hex();
 }
 

@@ -186,9 +186,10 @@ void read_decoder(const Reader& r, const json& node, const std::string& where,
     decoder.space_marker = r.text(pattern["String"], where + ".pattern.String");
   } else if (type == "Metaspace") {
     decoder.space_marker = r.get<std::string>(node, "replacement", where, "\u2581");
-    bool prepends = r.get<std::string>(node, "prepend_scheme", where, "always") != "never" &&
-                    r.get<bool>(node, "add_prefix_space", where, true);
-    decoder.strip_leading_spaces = prepends ? 1 : 0;
+    // As HF does: with a scheme that prepends, every marker of the first token is dropped.
+    decoder.drop_markers_in_first_token =
+        r.get<std::string>(node, "prepend_scheme", where, "always") != "never" &&
+        r.get<bool>(node, "add_prefix_space", where, true);
   } else if (type == "ByteFallback") {
     decoder.byte_fallback = true;
   } else if (type == "Strip") {

@@ -117,7 +117,12 @@ json pre_tokenizer_json(const PreTokenizer& pre, bool byte_level) {
 json decoder_json(const DecoderSpec& d, bool byte_level) {
   if (byte_level) return byte_level_json(true, true);
   json list = json::array();
-  if (!d.space_marker.empty())
+  if (d.drop_markers_in_first_token)
+    list.push_back({{"type", "Metaspace"},
+                    {"replacement", d.space_marker},
+                    {"prepend_scheme", "always"},
+                    {"split", true}});
+  else if (!d.space_marker.empty())
     list.push_back(
         {{"type", "Replace"}, {"pattern", {{"String", d.space_marker}}}, {"content", " "}});
   if (d.byte_fallback) list.push_back({{"type", "ByteFallback"}});

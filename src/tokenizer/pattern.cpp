@@ -264,6 +264,8 @@ class IcuRegex {
                  u_errorName(status), " at offset ", where.offset, ")");
   }
 
+  // Reports the matches as HF's regex engine (Oniguruma) iterates them: empty matches too,
+  // except one at the end of the match before.
   void find_all(std::string_view text,
                 const std::function<void(size_t begin, size_t end)>& on_match) const {
     UErrorCode status = U_ZERO_ERROR;
@@ -271,9 +273,12 @@ class IcuRegex {
     std::unique_ptr<icu::RegexMatcher> matcher(pattern_->matcher(status));
     POLLEN_CHECK(U_SUCCESS(status), "ICU regex: ", u_errorName(status));
     matcher->reset(utext);
+    int64_t last_end = -1;
     while (matcher->find(status) && U_SUCCESS(status)) {
       int64_t b = matcher->start64(status), e = matcher->end64(status);
-      if (e > b) on_match(static_cast<size_t>(b), static_cast<size_t>(e));
+      if (e == b && b == last_end) continue;
+      on_match(static_cast<size_t>(b), static_cast<size_t>(e));
+      last_end = e;
     }
     utext_close(utext);
     POLLEN_CHECK(U_SUCCESS(status), "ICU regex: ", u_errorName(status));

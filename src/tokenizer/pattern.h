@@ -33,7 +33,9 @@ size_t known_pattern_match(KnownPattern pattern, const unsigned char* p, const u
 class IcuRegex;
 
 // Splits text into the matches of one regex. Gaps that no match covers (possible with
-// arbitrary patterns) are reported too, flagged as not matched.
+// arbitrary patterns) are reported too, flagged as not matched; so are empty matches (a cut
+// where the pattern matches the empty string), as empty pieces. Invalid bytes are reported as
+// matched pieces of one byte.
 class PatternSplitter {
  public:
   explicit PatternSplitter(std::string regex);

@@ -15,6 +15,12 @@ struct Piece {
 
 using Emit = std::function<void(Piece)>;
 
+// A splitter reports each invalid UTF-8 byte as a piece of one byte; no valid piece is a single
+// byte of 0x80 or more.
+bool is_invalid_byte(std::string_view piece) {
+  return piece.size() == 1 && static_cast<unsigned char>(piece[0]) >= 0x80;
+}
+
 // Applies a split behaviour to the stream of (piece, matched) that a splitter produces. The
 // pieces are adjacent views of one string, so merging two is widening a view.
 class BehaviorJoiner {
@@ -22,18 +28,26 @@ class BehaviorJoiner {
   BehaviorJoiner(SplitBehavior behavior, bool at_start, const Emit& emit)
       : behavior_(behavior), at_start_(at_start), emit_(emit) {}
 
-  // As HF does: a match joins its neighbour only when that neighbour is not a match itself.
+  // As HF does: a match joins its neighbour only when that neighbour is not a match itself. An
+  // empty match cuts. An invalid byte is a piece of its own, and the text after it starts
+  // afresh, as if it began the text.
   void add(std::string_view piece, bool matched) {
+    if (is_invalid_byte(piece)) {
+      start(piece);
+      flush_pending();
+      pending_matched_ = false;
+      return;
+    }
     switch (behavior_) {
       case SplitBehavior::kIsolated:
         start(piece);
         break;
       case SplitBehavior::kRemoved:
         flush_pending();
-        if (matched)
-          at_start_ = false;
-        else
+        if (!matched)
           pending_ = piece;
+        else if (!piece.empty())
+          at_start_ = false;
         break;
       case SplitBehavior::kMergedWithPrevious:
         if (matched && !pending_.empty() && !pending_matched_)
@@ -86,6 +100,7 @@ void split_with(const PatternSplitter& splitter, SplitBehavior behavior, Piece p
   if (behavior == SplitBehavior::kIsolated) {
     bool first = piece.at_start;
     splitter.split(piece.text, [&](std::string_view p, bool) {
+      if (p.empty()) return;
       emit({p, first});
       first = false;
     });

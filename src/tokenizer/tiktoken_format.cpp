@@ -1,15 +1,125 @@
 #include "tokenizer/tiktoken_format.h"
 
 #include <charconv>
+#include <unordered_map>
 
 #include "base/error.h"
 #include "base/files.h"
+#include "tokenizer/byte_level.h"
 
 namespace pollen::tokenizer {
 
 namespace {
 constexpr std::string_view kBase64 =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+// A token as tokenizer.json spells it, with its id: 'ab' (id 256).
+std::string token_named(const Vocab& vocab, uint32_t id) {
+  return cat("'", bytes_to_byte_level(vocab.bytes(id)), "' (id ", id, ")");
+}
+
+std::string merge_named(const Vocab& vocab, const Merge& m) {
+  return cat("'", bytes_to_byte_level(vocab.bytes(m.left)), "' '",
+             bytes_to_byte_level(vocab.bytes(m.right)), "'");
+}
+
+std::string ids_named(const std::vector<uint32_t>& ids) {
+  std::string out;
+  for (uint32_t id : ids) out += cat(out.empty() ? "" : ", ", id);
+  return "[" + out + "]";
+}
+
+bool is_special(const Tokenizer& tokenizer, uint32_t id) {
+  for (const AddedToken& t : tokenizer.added_tokens())
+    if (t.id == id) return true;
+  return false;
+}
+
+// The merges as HF ranks them, each with the token it makes: a merge listed twice takes its
+// last place.
+std::vector<std::pair<size_t, uint32_t>> effective_merges(const BpeModel& model) {
+  const Vocab& vocab = model.vocab();
+  const std::vector<Merge>& merges = model.merges();
+  std::unordered_map<uint64_t, size_t> last;
+  for (size_t i = 0; i < merges.size(); ++i)
+    last[uint64_t{merges[i].left} << 32 | merges[i].right] = i;
+  std::vector<std::pair<size_t, uint32_t>> out;
+  for (size_t i = 0; i < merges.size(); ++i)
+    if (last[uint64_t{merges[i].left} << 32 | merges[i].right] == i)
+      out.push_back(
+          {i, *vocab.find(cat(vocab.bytes(merges[i].left), vocab.bytes(merges[i].right)))});
+  return out;
+}
+
+// In a rank file a token's rank is its merge priority; in the merge list it is the merge's
+// place. They agree only if the made tokens' ids rise along the list.
+void check_ids_follow_merge_order(const BpeModel& model) {
+  const Vocab& vocab = model.vocab();
+  std::optional<uint32_t> highest;
+  for (const auto& [i, made] : effective_merges(model)) {
+    POLLEN_CHECK(!highest || made >= *highest, "model.merges[", i, "] (",
+                 merge_named(vocab, model.merges()[i]), " -> ", token_named(vocab, made),
+                 ") comes after a merge that makes ", token_named(vocab, *highest),
+                 ": a tiktoken rank file merges in the order of the made tokens' ids, so they "
+                 "must rise along the merge list");
+    highest = made;
+  }
+}
+
+// tiktoken takes a piece that is a token as that token; the merge list without ignore_merges
+// makes it only if its merges reach it.
+void check_tokens_encode_as_themselves(const Tokenizer& tokenizer) {
+  const BpeModel& model = tokenizer.model();
+  const Vocab& vocab = model.vocab();
+  std::vector<uint32_t> ids;
+  for (uint32_t id = 0; id < vocab.id_end(); ++id) {
+    if (!vocab.contains(id) || vocab.bytes(id).size() < 2 || is_special(tokenizer, id)) continue;
+    ids.clear();
+    model.encode(vocab.bytes(id), ids);
+    POLLEN_CHECK(ids == std::vector<uint32_t>{id}, "model.ignore_merges is false and token ",
+                 token_named(vocab, id), " encodes by the merges as ", ids_named(ids),
+                 ", while a tiktoken rank file encodes a piece that is a token as that token");
+  }
+}
+
+// tiktoken makes a token from any two tokens that spell it, at the token's rank: the two its
+// lower ranks reach on the token's bytes. Each token must be made by exactly that merge.
+void check_merges_are_tiktokens(const Tokenizer& tokenizer) {
+  const BpeModel& model = tokenizer.model();
+  const Vocab& vocab = model.vocab();
+  Vocab ranked_vocab;
+  for (uint32_t id = 0; id < vocab.id_end(); ++id)
+    if (vocab.contains(id) && !is_special(tokenizer, id))
+      ranked_vocab.add(id, std::string(vocab.bytes(id)));
+  const BpeModel ranked(std::move(ranked_vocab), {}, BpeOptions{});
+  std::vector<Merge> tiktoken_merges;
+  try {
+    tiktoken_merges = ranked.merges();
+  } catch (const Error& e) {
+    fail("as a tiktoken rank file: ", e.what());
+  }
+  std::unordered_map<uint32_t, Merge> merge_of;
+  for (const auto& [i, made] : effective_merges(model)) {
+    const auto [other, fresh] = merge_of.emplace(made, model.merges()[i]);
+    POLLEN_CHECK(fresh, "token ", token_named(vocab, made), " is made by two merges (",
+                 merge_named(vocab, other->second), " and model.merges[", i, "] ",
+                 merge_named(vocab, model.merges()[i]),
+                 "), and a tiktoken rank file gives a token one rank");
+  }
+  size_t next = 0;
+  for (uint32_t id = 0; id < ranked.vocab().id_end(); ++id) {
+    if (!ranked.vocab().contains(id) || ranked.vocab().bytes(id).size() < 2) continue;
+    const Merge& expected = tiktoken_merges[next++];
+    auto it = merge_of.find(id);
+    POLLEN_CHECK(it != merge_of.end(), "token ", token_named(vocab, id),
+                 " is made by no merge, but tiktoken would make it from ",
+                 merge_named(vocab, expected));
+    POLLEN_CHECK(it->second == expected, "token ", token_named(vocab, id), " is made by merge ",
+                 merge_named(vocab, it->second), ", but tiktoken would make it from ",
+                 merge_named(vocab, expected), " (what its lower ranks reach on its bytes)");
+  }
+}
+
 }  // namespace
 
 std::string base64_encode(std::string_view bytes) {
@@ -156,6 +266,9 @@ std::string tiktoken_text(const Tokenizer& tokenizer) {
                    "this tokenizer's ids do not follow its merge order (token ", made,
                    "), so as a tiktoken rank file it would encode differently");
     }
+    check_ids_follow_merge_order(model);
+    if (!model.options().ignore_merges) check_tokens_encode_as_themselves(tokenizer);
+    check_merges_are_tiktokens(tokenizer);
   }
   std::string out;
   const Vocab& vocab = model.vocab();

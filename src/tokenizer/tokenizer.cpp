@@ -117,7 +117,7 @@ const AddedToken* Tokenizer::added_with_id(uint32_t id) const {
   return nullptr;
 }
 
-void Tokenizer::decode_token(std::string_view bytes, std::string& out) const {
+void Tokenizer::decode_token(std::string_view bytes, bool first, std::string& out) const {
   if (decoder_.space_marker.empty()) {
     out.append(bytes);
     return;
@@ -127,9 +127,10 @@ void Tokenizer::decode_token(std::string_view bytes, std::string& out) const {
     out += static_cast<char>(std::stoi(std::string(bytes.substr(3, 2)), nullptr, 16));
     return;
   }
+  const std::string_view space = first && decoder_.drop_markers_in_first_token ? "" : " ";
   for (size_t at; (at = bytes.find(decoder_.space_marker)) != std::string_view::npos;) {
     out.append(bytes.substr(0, at));
-    out += ' ';
+    out += space;
     bytes.remove_prefix(at + decoder_.space_marker.size());
   }
   out.append(bytes);
@@ -137,7 +138,7 @@ void Tokenizer::decode_token(std::string_view bytes, std::string& out) const {
 
 std::string Tokenizer::decode(std::span<const uint32_t> ids) const {
   std::string out;
-  for (uint32_t id : ids) decode_token(token_bytes(id), out);
+  for (size_t i = 0; i < ids.size(); ++i) decode_token(token_bytes(ids[i]), i == 0, out);
   size_t strip = 0;
   while (strip < static_cast<size_t>(decoder_.strip_leading_spaces) && strip < out.size() &&
          out[strip] == ' ')

@@ -42,11 +42,14 @@ struct EncodeOptions {
 
 // How ids become bytes again. Byte-level tokens hold raw bytes; SentencePiece-style tokens
 // hold text in which `space_marker` (usually "▁") stands for a space, <0xNN> tokens are bytes
-// when `byte_fallback`, and `strip_leading_spaces` spaces are removed from the start.
+// when `byte_fallback`, and `strip_leading_spaces` spaces are removed from the start. With
+// `drop_markers_in_first_token` (HF's Metaspace decoder when its scheme prepends a marker), the
+// markers of the first token are dropped instead of turned into spaces.
 struct DecoderSpec {
   std::string space_marker;
   bool byte_fallback = false;
   int strip_leading_spaces = 0;
+  bool drop_markers_in_first_token = false;
   bool operator==(const DecoderSpec&) const = default;
 };
 
@@ -91,7 +94,7 @@ class Tokenizer {
   const AddedToken* added_at(std::string_view text, size_t at) const;
   const AddedToken* added_with_id(uint32_t id) const;
   // As HF does, added tokens go through the decoder too.
-  void decode_token(std::string_view bytes, std::string& out) const;
+  void decode_token(std::string_view bytes, bool first, std::string& out) const;
 
   BpeModel model_;
   Normalizer normalizer_;

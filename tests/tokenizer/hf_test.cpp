@@ -109,6 +109,70 @@ INSTANTIATE_TEST_SUITE_P(
                       Flavour{"sentencepiece", {{"kind", "sentencepiece"}, {"vocab_size", 900}}}),
     [](const auto& info) { return info.param.name; });
 
+// A SentencePiece-style tokenizer.json with a Metaspace pre-tokenizer and decoder: `decoder`
+// is the decoder's JSON.
+nlohmann::json metaspace_json(const nlohmann::json& decoder) {
+  const nlohmann::json vocab = {
+      {"a", 0},       {"b", 1},        {"\u2581", 2},        {"\u2581a", 3},
+      {"\u2581b", 4}, {"a\u2581b", 5}, {"\u2581\u2581a", 6}, {"<s>", 7}};
+  nlohmann::json pre = decoder;
+  pre["split"] = true;
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens",
+           {{{"id", 7},
+             {"content", "<s>"},
+             {"single_word", false},
+             {"lstrip", false},
+             {"rstrip", false},
+             {"normalized", false},
+             {"special", true}}}},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", pre},
+          {"post_processor", nullptr},
+          {"decoder", decoder},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr},
+            {"fuse_unk", false},
+            {"byte_fallback", false},
+            {"vocab", vocab},
+            {"merges", nlohmann::json::array()}}}};
+}
+
+// The Metaspace decoder decodes as HF's for each prepend scheme (and the older add_prefix_space):
+// first tokens with and without "▁", with "▁" inside, and "▁" in later tokens. Saved and loaded
+// again, the tokenizer decodes the same.
+TEST(HfJson, MetaspaceDecoderDecodesAsHf) {
+  POLLEN_REQUIRE_PEERS();
+  const std::vector<std::vector<uint32_t>> sequences = {
+      {3, 4}, {0, 4}, {5, 3}, {6, 1}, {2, 3}, {7, 3}, {1, 5}, {2}, {0, 2, 2}, {4, 6, 5}};
+  const nlohmann::json decoders[] = {
+      {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "always"}},
+      {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}},
+      {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "never"}},
+      {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"add_prefix_space", true}}};
+  fs::path dir = testing::temp_dir("metaspace_decoder");
+  for (const nlohmann::json& decoder : decoders) {
+    fs::path file = dir / "tokenizer.json";
+    write_file_atomic(file, metaspace_json(decoder).dump());
+    auto hf = testing::run_reference(
+        {{"mode", "hf_decode"}, {"tokenizer_json", file.string()}, {"ids", sequences}});
+    Tokenizer tok = load_hf_json(file);
+    Tokenizer saved = hf_from_json_text(hf_json_text(tok), "saved.json");
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      const std::string expected = hf["texts"][i].get<std::string>();
+      EXPECT_EQ(tok.decode(sequences[i]), expected) << decoder.dump() << " sequence " << i;
+      EXPECT_EQ(saved.decode(sequences[i]), expected) << decoder.dump() << " sequence " << i;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(HfJson, TiktokenSavedAsJsonKeepsIdsAndFingerprint) {
   POLLEN_REQUIRE_SHARED_TOKENIZERS(shared);
   POLLEN_REQUIRE_PEERS();

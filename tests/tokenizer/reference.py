@@ -37,6 +37,25 @@ def run_hf(req):
     return {"ids": ids, "decoded": [tok.decode(i, skip_special_tokens=False) for i in ids]}
 
 
+def decode_hf(req):
+    """HF's decode of given id sequences (special tokens kept)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(req["tokenizer_json"])
+    return {"texts": [tok.decode(ids, skip_special_tokens=False) for ids in req["ids"]]}
+
+
+def split_hf(req):
+    """The pieces HF's Split pre-tokenizer cuts each text into."""
+    from tokenizers import Regex, pre_tokenizers
+
+    pieces = []
+    for case in req["cases"]:
+        split = pre_tokenizers.Split(Regex(case["pattern"]), behavior=case["behavior"])
+        pieces.append([piece for piece, _ in split.pre_tokenize_str(case["text"])])
+    return {"pieces": pieces}
+
+
 def gpt2_json(req):
     """GPT-2's tokenizer.json, built by HF tokenizers from encoder.json and vocab.bpe."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -104,7 +123,8 @@ def train_hf(req):
 def main():
     with open(sys.argv[1], encoding="utf-8") as f:
         req = json.load(f)
-    handlers = {"tiktoken": run_tiktoken, "hf": run_hf, "gpt2_json": gpt2_json, "train_hf": train_hf}
+    handlers = {"tiktoken": run_tiktoken, "hf": run_hf, "hf_decode": decode_hf, "split": split_hf,
+                "gpt2_json": gpt2_json, "train_hf": train_hf}
     result = handlers[req["mode"]](req)
     with open(sys.argv[2], "w", encoding="utf-8") as f:
         json.dump(result, f)

@@ -135,6 +135,75 @@ TEST(HfSemantics, MetaspaceCutsBeforeASeparatorNearTheStart) {
   EXPECT_EQ(pieces(" a"), (std::vector<std::string>{"\u2581a"}));
 }
 
+const std::pair<SplitBehavior, const char*> kSplitBehaviors[] = {
+    {SplitBehavior::kRemoved, "removed"},
+    {SplitBehavior::kIsolated, "isolated"},
+    {SplitBehavior::kMergedWithPrevious, "merged_with_previous"},
+    {SplitBehavior::kMergedWithNext, "merged_with_next"},
+    {SplitBehavior::kContiguous, "contiguous"}};
+
+std::vector<std::string> split_pieces(const std::string& pattern, SplitBehavior behavior,
+                                      std::string_view text) {
+  const PreTokenizer p({PreTokenizerStep::split_on(pattern, behavior)});
+  std::vector<std::string> out;
+  p.run(text, true, [&](std::string_view piece) { out.emplace_back(piece); });
+  return out;
+}
+
+// HF's pieces of each (pattern, behavior, valid UTF-8 text) case, in order.
+std::vector<std::vector<std::string>> hf_split_pieces(const nlohmann::json& cases) {
+  const auto result = testing::run_reference({{"mode", "split"}, {"cases", cases}});
+  return result["pieces"].get<std::vector<std::vector<std::string>>>();
+}
+
+// A Split whose pattern can match the empty string cuts at the empty matches as HF does, with
+// every behavior.
+TEST(HfSemantics, SplitCutsAtEmptyMatchesAsHfDoes) {
+  POLLEN_REQUIRE_PEERS();
+  const std::vector<std::string> patterns = {"x*", R"(\s*)", "(?=b)", R"(\b)", "a|", "a?", ""};
+  const std::vector<std::string> texts = {"abxxc d", "ab bb", "xx", " a  b ", "b"};
+  nlohmann::json cases = nlohmann::json::array();
+  std::vector<std::vector<std::string>> ours;
+  for (const std::string& pattern : patterns)
+    for (const auto& [behavior, name] : kSplitBehaviors)
+      for (const std::string& text : texts) {
+        cases.push_back({{"pattern", pattern}, {"behavior", name}, {"text", text}});
+        ours.push_back(split_pieces(pattern, behavior, text));
+      }
+  const auto hf = hf_split_pieces(cases);
+  for (size_t i = 0; i < ours.size(); ++i) EXPECT_EQ(ours[i], hf[i]) << cases[i].dump();
+}
+
+// pollen's rule for invalid UTF-8 holds for Split with every behavior: each invalid byte is a
+// piece of its own (never removed nor merged), and the valid text on either side is split as HF
+// splits it alone.
+TEST(HfSemantics, SplitKeepsInvalidBytesAsPiecesOfTheirOwn) {
+  POLLEN_REQUIRE_PEERS();
+  const std::vector<std::string> runs = {"ab", "cd  e", " f", "x"};
+  const std::string text =
+      "ab\xFF"
+      "cd  e\x80\x80 f\xC3"
+      "x";
+  const std::vector<std::string> invalid_after = {"\xFF", "\x80\x80", "\xC3", ""};
+  for (const std::string& pattern : {std::string(" "), std::string(R"(\s+|x)")}) {
+    nlohmann::json cases = nlohmann::json::array();
+    for (const auto& [behavior, name] : kSplitBehaviors)
+      for (const std::string& run : runs)
+        cases.push_back({{"pattern", pattern}, {"behavior", name}, {"text", run}});
+    const auto hf = hf_split_pieces(cases);
+    size_t next = 0;
+    for (const auto& [behavior, name] : kSplitBehaviors) {
+      std::vector<std::string> expected;
+      for (size_t r = 0; r < runs.size(); ++r) {
+        const auto& pieces = hf[next++];
+        expected.insert(expected.end(), pieces.begin(), pieces.end());
+        for (char byte : invalid_after[r]) expected.emplace_back(1, byte);
+      }
+      EXPECT_EQ(split_pieces(pattern, behavior, text), expected) << pattern << " " << name;
+    }
+  }
+}
+
 // A byte-level vocabulary as tokenizer.json holds it: each byte's character, its id the byte.
 nlohmann::json byte_level_vocab() {
   nlohmann::json vocab = nlohmann::json::object();
@@ -186,6 +255,75 @@ TEST(HfSemantics, TokenizersARankFileCannotHoldAreRefused) {
       {"model", model}};
   expect_error([&] { tiktoken_text(hf_from_json_text(plain_added.dump(), "a.json")); },
                {"'<x>'", "not special"});
+}
+
+// Exports the tokenizer.json as a tiktoken rank file and expects either a refusal that names
+// `reasons`, or a rank file that tiktoken reads to HF's ids for `texts`.
+void expect_rank_file_encodes_as_hf(const nlohmann::json& tokenizer_json,
+                                    const std::vector<std::string>& texts,
+                                    const std::vector<std::string>& reasons) {
+  const fs::path dir = testing::temp_dir("rank_export");
+  const fs::path json_file = dir / "tokenizer.json", rank_file = dir / "ranks.tiktoken";
+  write_file_atomic(json_file, tokenizer_json.dump());
+  const Tokenizer tok = load_hf_json(json_file);
+  std::string ranks;
+  try {
+    ranks = tiktoken_text(tok);
+  } catch (const Error& e) {
+    for (const std::string& reason : reasons)
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    fs::remove_all(dir);
+    return;
+  }
+  write_file_atomic(rank_file, ranks);
+  const auto hf = testing::run_reference(
+      {{"mode", "hf"}, {"tokenizer_json", json_file.string()}, {"texts", texts}});
+  const auto tiktoken = testing::run_reference({{"mode", "tiktoken"},
+                                                {"rank_file", rank_file.string()},
+                                                {"pat_str", tok.pattern()},
+                                                {"texts", texts}});
+  EXPECT_EQ(tiktoken["ids"], hf["ids"]) << "the rank file encodes otherwise; expected a refusal";
+  fs::remove_all(dir);
+}
+
+nlohmann::json byte_level_bpe_json(const nlohmann::json& tokens, const nlohmann::json& merges,
+                                   bool ignore_merges) {
+  nlohmann::json vocab = byte_level_vocab();
+  vocab.update(tokens);
+  const nlohmann::json byte_level = {{"type", "ByteLevel"},
+                                     {"add_prefix_space", false},
+                                     {"trim_offsets", true},
+                                     {"use_regex", true}};
+  return {
+      {"pre_tokenizer", byte_level},
+      {"decoder", byte_level},
+      {"model",
+       {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}, {"ignore_merges", ignore_merges}}}};
+}
+
+// A rank is the merge priority in a rank file: merges whose tokens' ids run against the merge
+// order (b c before a b, with "ab" the lower id) would merge "abc" otherwise.
+TEST(HfSemantics, RankFileExportRefusesIdsAgainstTheMergeOrder) {
+  POLLEN_REQUIRE_PEERS();
+  expect_rank_file_encodes_as_hf(
+      byte_level_bpe_json({{"ab", 256}, {"bc", 257}}, {"b c", "a b"}, false), {"abc", "xabcab"},
+      {"model.merges[1]", "'a' 'b'", "'ab' (id 256)", "'bc' (id 257)"});
+}
+
+// A token its merge does not make the way tiktoken would ("abc" from "a bc", where the lower
+// ranks reach "ab" + "c"): HF without ignore_merges never makes it from "abc", tiktoken takes a
+// piece that is a token whole; with ignore_merges, tiktoken still makes it inside "xabc".
+TEST(HfSemantics, RankFileExportRefusesTokensTiktokenWouldMakeOtherwise) {
+  POLLEN_REQUIRE_PEERS();
+  const nlohmann::json tokens = {{"ab", 256}, {"bc", 257}, {"abc", 258}};
+  const nlohmann::json merges = {"a b", "b c", "a bc"};
+  expect_rank_file_encodes_as_hf(byte_level_bpe_json(tokens, merges, false), {"abc", "xabc"},
+                                 {"ignore_merges", "'abc' (id 258)", "[256, 99]"});
+  expect_rank_file_encodes_as_hf(byte_level_bpe_json(tokens, merges, true), {"abc", "xabc"},
+                                 {"'abc' (id 258)", "'a' 'bc'", "'ab' 'c'"});
+  // A multi-byte token that no merge makes, which tiktoken makes from "ab" + "c".
+  expect_rank_file_encodes_as_hf(byte_level_bpe_json({{"ab", 256}, {"abc", 257}}, {"a b"}, true),
+                                 {"abc", "xabc"}, {"'abc' (id 257)", "no merge", "'ab' 'c'"});
 }
 
 // A Split on a literal string is written back as {"String": ...}: as a regex its ICU spelling
