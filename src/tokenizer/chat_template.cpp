@@ -1,5 +1,6 @@
 #include "tokenizer/chat_template.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -31,14 +32,58 @@ constexpr std::string_view kLlama3Jinja =
     "endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ "
     "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}";
 
+// The code point at `at` in UTF-8 text and its length; invalid bytes count as themselves.
+std::pair<char32_t, size_t> code_point_at(std::string_view s, size_t at) {
+  const auto b = static_cast<unsigned char>(s[at]);
+  size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
+  if (at + len > s.size()) return {b, 1};
+  char32_t cp = len == 1 ? b : len == 2 ? b & 0x1f : len == 3 ? b & 0x0f : b & 0x07;
+  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[at + k]) & 0x3f);
+  return {cp, len};
+}
+
+// Python's str.isspace, which Jinja's trim filter (str.strip) uses.
+bool is_python_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f ||
+         c == 0x205f || c == 0x3000;
+}
+
+size_t leading_python_spaces(std::string_view s) {
+  size_t n = 0;
+  while (n < s.size()) {
+    auto [cp, len] = code_point_at(s, n);
+    if (!is_python_space(cp)) break;
+    n += len;
+  }
+  return n;
+}
+
+size_t trailing_python_spaces(std::string_view s) {
+  size_t end = s.size();
+  while (end > 0) {
+    size_t start = end - 1;  // back to the first byte of the last code point
+    while (start > 0 && (static_cast<unsigned char>(s[start]) & 0xc0) == 0x80) --start;
+    auto [cp, len] = code_point_at(s, start);
+    if (start + len != end || !is_python_space(cp)) break;
+    end = start;
+  }
+  return s.size() - end;
+}
+
+std::string_view python_strip(std::string_view s) {
+  s.remove_prefix(leading_python_spaces(s));
+  return s.substr(0, s.size() - trailing_python_spaces(s));
+}
+
 bool is_jinja_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
-// The template with whitespace outside string literals removed and every literal's escapes
+// A tag's code with whitespace outside string literals removed and every literal's escapes
 // decoded and requoted with '...', so that the spellings one template takes in different files
 // compare equal. An unterminated literal yields text no known template has.
-std::string canonical_jinja(std::string_view text) {
+std::string canonical_code(std::string_view text) {
   std::string out;
   for (size_t i = 0; i < text.size();) {
     const char c = text[i];
@@ -63,39 +108,111 @@ std::string canonical_jinja(std::string_view text) {
   return out;
 }
 
-// The code point at `at` in UTF-8 text and its length; invalid bytes count as themselves.
-std::pair<char32_t, size_t> code_point_at(std::string_view s, size_t at) {
-  const auto b = static_cast<unsigned char>(s[at]);
-  size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 1;
-  if (at + len > s.size()) return {b, 1};
-  char32_t cp = len == 1 ? b : len == 2 ? b & 0x1f : len == 3 ? b & 0x0f : b & 0x07;
-  for (size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[at + k]) & 0x3f);
-  return {cp, len};
+// A piece of a Jinja template: a tag ({% %}, {{ }} or {# #}) or the text between two tags.
+struct JinjaPart {
+  char tag = 0;              // '%', '{' or '#' for a tag; 0 for text
+  char left = 0, right = 0;  // a tag's whitespace-control markers: '-', '+' or 0
+  std::string text;          // a tag's code (without delimiters and markers), or the text
+};
+
+// Where a tag whose code starts at `from` ends (the offset of its closing delimiter), skipping
+// string literals in code; npos when it does not end.
+size_t jinja_tag_end(std::string_view t, size_t from, char tag) {
+  const std::string_view close = tag == '%' ? "%}" : tag == '{' ? "}}" : "#}";
+  if (tag == '#') return t.find(close, from);
+  for (size_t i = from; i < t.size(); ++i) {
+    if (t[i] == '\'' || t[i] == '"') {
+      for (const char quote = t[i++]; i < t.size() && t[i] != quote; ++i)
+        if (t[i] == '\\') ++i;
+    } else if (t.substr(i).starts_with(close)) {
+      return i;
+    }
+  }
+  return std::string_view::npos;
 }
 
-// Python's str.isspace, which Jinja's trim filter (str.strip) uses.
-bool is_python_space(char32_t c) {
-  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f ||
-         c == 0x205f || c == 0x3000;
+std::vector<JinjaPart> jinja_parts(std::string_view t) {
+  std::vector<JinjaPart> parts;
+  for (size_t i = 0; i < t.size();) {
+    size_t open = i;
+    while (open + 1 < t.size() &&
+           !(t[open] == '{' && (t[open + 1] == '%' || t[open + 1] == '{' || t[open + 1] == '#')))
+      ++open;
+    if (open + 1 >= t.size()) open = t.size();
+    if (open > i) parts.push_back({0, 0, 0, std::string(t.substr(i, open - i))});
+    if (open == t.size()) break;
+    JinjaPart tag{t[open + 1], 0, 0, ""};
+    size_t body = open + 2;
+    if (body < t.size() && (t[body] == '-' || t[body] == '+')) tag.left = t[body++];
+    const size_t close = jinja_tag_end(t, body, tag.tag);
+    size_t body_end = std::min(close, t.size());
+    if (body_end > body && (t[body_end - 1] == '-' || t[body_end - 1] == '+'))
+      tag.right = t[--body_end];
+    tag.text = std::string(t.substr(body, body_end - body));
+    parts.push_back(std::move(tag));
+    i = close == std::string_view::npos ? t.size() : close + 2;
+  }
+  return parts;
 }
 
-std::string_view python_strip(std::string_view s) {
-  size_t begin = 0;
-  while (begin < s.size()) {
-    auto [cp, len] = code_point_at(s, begin);
-    if (!is_python_space(cp)) break;
-    begin += len;
+// What a text part outputs under Jinja's whitespace control as apply_chat_template sets it up
+// (trim_blocks and lstrip_blocks on): a '-' marker strips all whitespace on its side; otherwise
+// a block or comment tag drops the one newline after it (unless marked '+'), and one alone on
+// its line drops the spaces before it.
+std::string jinja_output(const JinjaPart* before, std::string text, const JinjaPart* after) {
+  bool line_starting = true;
+  if (before && before->right == '-') {
+    const size_t n = leading_python_spaces(text);
+    line_starting = n > 0 && text[n - 1] == '\n';
+    text.erase(0, n);
+  } else if (before && before->tag != '{' && before->right != '+' && text.starts_with('\n')) {
+    text.erase(0, 1);
+  } else if (before) {
+    line_starting = false;
   }
-  size_t end = s.size();
-  while (end > begin) {
-    size_t start = end - 1;  // back to the first byte of the last code point
-    while (start > begin && (static_cast<unsigned char>(s[start]) & 0xc0) == 0x80) --start;
-    auto [cp, len] = code_point_at(s, start);
-    if (start + len != end || !is_python_space(cp)) break;
-    end = start;
+  if (after && after->left == '-') {
+    text.resize(text.size() - trailing_python_spaces(text));
+  } else if (after && after->tag != '{' && after->left != '+') {
+    const size_t line = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+    // Jinja strips spaces and tabs only (its lexer's [^ \t] test), not other white space.
+    if ((line > 0 || line_starting) && line < text.size() &&
+        text.find_first_not_of(" \t", line) == std::string::npos)
+      text.resize(line);
   }
-  return s.substr(begin, end - begin);
+  return text;
+}
+
+// The template reduced to what decides its output: the code of its tags (see canonical_code)
+// and the text they output between them, after Jinja's line-ending normalisation (which also
+// drops one final newline) and whitespace control.
+std::string canonical_jinja(std::string_view jinja) {
+  std::string source;
+  for (size_t i = 0; i < jinja.size(); ++i) {
+    if (jinja[i] != '\r') {
+      source += jinja[i];
+    } else {
+      source += '\n';
+      if (i + 1 < jinja.size() && jinja[i + 1] == '\n') ++i;
+    }
+  }
+  if (source.ends_with('\n')) source.pop_back();
+  const std::vector<JinjaPart> parts = jinja_parts(source);
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const JinjaPart& part = parts[i];
+    if (part.tag == '%' || part.tag == '{') {
+      const char close = part.tag == '%' ? '%' : '}';
+      out.append("{").append(1, part.tag).append(canonical_code(part.text));
+      out.append(1, close).append("}");
+    } else if (!part.tag) {
+      const JinjaPart* before = i > 0 ? &parts[i - 1] : nullptr;
+      const JinjaPart* after = i + 1 < parts.size() ? &parts[i + 1] : nullptr;
+      // Kept apart from code by a byte no code holds.
+      const std::string text = jinja_output(before, part.text, after);
+      if (!text.empty()) out.append("\x01").append(text).append("\x01");
+    }
+  }
+  return out;
 }
 
 std::string render_chatml(const std::vector<ChatMessage>& messages,
@@ -163,11 +280,11 @@ ChatFormat recognise_chat_template(std::string_view jinja, std::string_view sour
   const std::string text = canonical_jinja(jinja);
   if (text == canonical_jinja(kChatmlJinja)) return {ChatTemplate::chatml, std::nullopt};
   if (text == canonical_jinja(kLlama3Jinja)) return {ChatTemplate::llama3, std::nullopt};
-  const std::string head = canonical_jinja(std::string(kChatmlDefaultSystemHead) + "'");
-  const std::string tail = canonical_jinja("'" + std::string(kChatmlDefaultSystemTail));
-  // Without the quotes added to close and open the system message's literal:
-  const std::string_view open = std::string_view(head).substr(0, head.size() - 1);
-  const std::string_view close = std::string_view(tail).substr(1);
+  // The system message's literal holds a placeholder, which cuts the template in two.
+  const std::string known =
+      canonical_jinja(cat(kChatmlDefaultSystemHead, "\x02", kChatmlDefaultSystemTail));
+  const std::string_view open = std::string_view(known).substr(0, known.find('\x02'));
+  const std::string_view close = std::string_view(known).substr(open.size() + 1);
   if (text.size() >= open.size() + close.size() && text.starts_with(open) &&
       text.ends_with(close)) {
     std::string system = text.substr(open.size(), text.size() - open.size() - close.size());

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/error.h"
 #include "base/files.h"
@@ -158,5 +159,75 @@ TEST(ChatTemplate, MatchesTransformersApplyChatTemplate) {
   ASSERT_EQ(texts.size(), ours.size());
   for (size_t i = 0; i < ours.size(); ++i)
     EXPECT_EQ(ours[i], texts[i].get<std::string>()) << "case " << request["cases"][i].dump();
+  fs::remove_all(dir);
+}
+
+// ChatML written with whitespace between the tags. Jinja's whitespace control ('-' markers,
+// and the trim_blocks and lstrip_blocks that apply_chat_template sets) removes some of it, and
+// what remains is text the template outputs. pollen recognises a template only where its output
+// is ChatML's, and renders it as transformers does.
+TEST(ChatTemplate, WhitespaceBetweenTagsAsTransformersRendersIt) {
+  if (!transformers_available())
+    GTEST_SKIP() << "HF transformers not importable by " << POLLEN_HF_PEERS_PYTHON;
+  const std::string turn =
+      "{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}";
+  const std::string prompt =
+      "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  struct Variant {
+    std::string name, jinja;
+    bool chatml;  // renders as ChatML, so pollen must recognise it
+  };
+  const std::vector<Variant> variants = {
+      {"dashes",
+       "{%- for message in messages %}\n    {{- '<|im_start|>' + message['role'] + '\\n' + "
+       "message['content'] + '<|im_end|>' + '\\n' }}\n{%- endfor %}\n{%- if "
+       "add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n",
+       true},
+      {"blocks_on_lines",
+       "{% for message in messages %}\n" + turn + "{% endfor %}\n  " + prompt + "\n", true},
+      {"comment", "{# ChatML #}\n{% for message in messages %}" + turn + "{% endfor %}" + prompt,
+       true},
+      {"crlf", "{% for message in messages %}\r\n" + turn + "{% endfor %}\r\n" + prompt, true},
+      {"newline_after_output", "{% for message in messages %}" + turn + "\n{% endfor %}" + prompt,
+       false},
+      {"indented_output", "{% for message in messages %}\n  " + turn + "{% endfor %}" + prompt,
+       false},
+      {"keep_marker", "{% for message in messages +%}\n" + turn + "{% endfor %}" + prompt, false},
+      {"dash_keeps_text",
+       "{% for message in messages %}x\n{{- " + turn.substr(2) + "{% endfor %}" + prompt, false},
+  };
+  const fs::path dir = temp_dir("whitespace");
+  json request = {{"cases", json::array()}};
+  std::vector<std::optional<ChatFormat>> formats;
+  for (const Variant& v : variants) {
+    const fs::path config = dir / (v.name + ".json");
+    write_file_atomic(config, json{{"chat_template", v.jinja}}.dump());
+    std::optional<ChatFormat> format;
+    try {
+      format = chat_format_from_config(config);
+    } catch (const Error&) {
+    }
+    if (v.chatml) EXPECT_TRUE(format) << v.name << " is ChatML once Jinja trims its whitespace";
+    for (const auto& chat : conversations()) {
+      request["cases"].push_back({{"config", config.string()},
+                                  {"messages", to_json(chat)},
+                                  {"add_generation_prompt", true}});
+      formats.push_back(format);
+    }
+  }
+  write_file_atomic(dir / "request.json", request.dump());
+  const std::string command = std::string(POLLEN_HF_PEERS_PYTHON) + " " + POLLEN_SOURCE_DIR +
+                              "/tests/tokenizer/chat_reference.py " +
+                              (dir / "request.json").string() + " " +
+                              (dir / "result.json").string() + " 2>/dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const json texts = json::parse(read_file(dir / "result.json"))["texts"];
+  const auto chats = conversations();
+  for (size_t i = 0; i < formats.size(); ++i) {
+    if (!formats[i]) continue;  // refused: pollen does not render what it cannot
+    const auto& chat = chats[i % chats.size()];
+    EXPECT_EQ(render_chat(*formats[i], chat, true), texts[i].get<std::string>())
+        << variants[i / chats.size()].name;
+  }
   fs::remove_all(dir);
 }
