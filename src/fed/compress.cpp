@@ -359,7 +359,8 @@ void encode(const float* x, int64_t n, const CompressOptions& o, std::string& ou
   auto* p = reinterpret_cast<uint8_t*>(out.data() + start);
   switch (o.codec) {
     case Codec::none:
-      std::memcpy(p, x, static_cast<size_t>(n) * 4);
+      if (n > 0)
+        std::memcpy(p, x, static_cast<size_t>(n) * 4);  // an empty tensor's data may be null
       return;
     case Codec::bf16:
       for (int64_t i = 0; i < n; ++i) {
@@ -415,7 +416,7 @@ void decode(const uint8_t* p, uint64_t size, int64_t n, const CompressOptions& o
                codec_name(o.codec), " take ", want);
   switch (o.codec) {
     case Codec::none:
-      std::memcpy(out, p, static_cast<size_t>(n) * 4);
+      if (n > 0) std::memcpy(out, p, static_cast<size_t>(n) * 4);  // an empty tensor's may be null
       for (int64_t i = 0; i < n; ++i) {
         POLLEN_CHECK(std::isfinite(out[i]), what, ": value ", i, " is not finite");
       }
