@@ -6,10 +6,14 @@
 #include <sstream>
 #include <string>
 
+#if POLLEN_HAVE_CUDA
 #include "ops/cuda/cublaslt.h"
+#endif
 
 namespace pollen::ops::cuda {
 namespace {
+
+#if POLLEN_HAVE_CUDA
 
 std::string mapped_files() {
   std::ifstream maps("/proc/self/maps");
@@ -38,6 +42,12 @@ TEST(CudaCublasLt, DescriptionNamesTheVersionAndTheFile) {
   EXPECT_TRUE(d.starts_with("cuBLASLt " + std::to_string(CUBLAS_VER_MAJOR) + ".")) << d;
   EXPECT_NE(d.find("libcublasLt.so"), std::string::npos) << d;
 }
+
+#else
+TEST(CudaCublasLt, NeedsTheCudaBackend) {
+  GTEST_SKIP() << "built without the CUDA backend";
+}
+#endif  // POLLEN_HAVE_CUDA
 
 }  // namespace
 }  // namespace pollen::ops::cuda
