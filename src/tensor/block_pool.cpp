@@ -9,6 +9,11 @@ namespace pollen {
 
 BlockPool::~BlockPool() {
   release_free_segments();
+  // Blocks still in use are their owner's error, and their segments stay with the source; the
+  // pool's records of them and of the free blocks beside them go with the pool.
+  for (const auto& [ptr, block] : in_use_) delete block;
+  for (FreeSet* free : {&free_small_, &free_large_})
+    for (Block* b : *free) delete b;
 }
 
 size_t BlockPool::rounded(size_t bytes) {
