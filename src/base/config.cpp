@@ -78,6 +78,14 @@ int64_t ConfigTable::get_int(const std::string& key, int64_t fallback) {
   return n->as_integer()->get();
 }
 
+int64_t ConfigTable::get_int_in(const std::string& key, int64_t fallback, int64_t min,
+                                int64_t max) {
+  const int64_t v = get_int(key, fallback);
+  POLLEN_CHECK(v >= min && v <= max, where(key), ": expected an integer from ", min, " to ", max,
+               ", got ", v);
+  return v;
+}
+
 int64_t ConfigTable::require_int(const std::string& key) {
   POLLEN_CHECK(has(key), where(key), ": missing; expected an integer");
   return get_int(key, 0);

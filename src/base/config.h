@@ -4,6 +4,7 @@
 // file, the dotted key and what was expected.
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -18,6 +19,10 @@ class table;
 
 namespace pollen {
 
+// Bounds for get_int_in: any TOML integer (seeds, sizes), and a thread count (0: every core).
+inline constexpr int64_t kConfigIntMax = std::numeric_limits<int64_t>::max();
+inline constexpr int64_t kConfigThreadsMax = int64_t{1} << 16;
+
 class ConfigTable {
  public:
   // Parses a TOML file; a syntax error names the file, line and column.
@@ -31,6 +36,9 @@ class ConfigTable {
   bool has(const std::string& key) const;
   int64_t get_int(const std::string& key, int64_t fallback);
   int64_t require_int(const std::string& key);
+  // An integer from min to max: a value outside names the key and the range, rather than
+  // wrapping where it is narrowed (a thread count of 2^32 read as 0, a negative seed as 2^64 - 1).
+  int64_t get_int_in(const std::string& key, int64_t fallback, int64_t min, int64_t max);
   double get_double(const std::string& key, double fallback);  // integers are accepted too
   double require_double(const std::string& key);
   bool get_bool(const std::string& key, bool fallback);

@@ -32,20 +32,22 @@ using nlohmann::json;
 
 // ---- config ------------------------------------------------------------------------------------
 
-PipelineConfig PipelineConfig::load(const fs::path& path) {
-  ConfigTable t = ConfigTable::load(path);
+namespace {
+
+PipelineConfig read_pipeline_config(ConfigTable& t, const fs::path& path) {
   PipelineConfig c;
   c.base_dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   std::string out = t.require_string("output");
   c.output = (fs::path(out).is_absolute() ? fs::path(out) : c.base_dir / out).lexically_normal();
-  c.threads = static_cast<int>(t.get_int("threads", 0));
+  c.threads = static_cast<int>(t.get_int_in("threads", 0, 0, kConfigThreadsMax));
   c.fail_on_bad_input = t.get_bool("fail_on_bad_input", false);
   c.batch_bytes = t.get_int("batch_bytes", c.batch_bytes);
   POLLEN_CHECK(c.batch_bytes > 0, t.where("batch_bytes"), ": must be positive");
   c.checkpoint_bytes = t.get_int("checkpoint_bytes", c.checkpoint_bytes);
   POLLEN_CHECK(c.checkpoint_bytes > 0, t.where("checkpoint_bytes"), ": must be positive");
-  c.limits.max_line_bytes = t.get_int("max_line_bytes", c.limits.max_line_bytes);
-  c.limits.max_doc_bytes = t.get_int("max_doc_bytes", c.limits.max_doc_bytes);
+  c.limits.max_line_bytes =
+      t.get_int_in("max_line_bytes", c.limits.max_line_bytes, 1, kConfigIntMax);
+  c.limits.max_doc_bytes = t.get_int_in("max_doc_bytes", c.limits.max_doc_bytes, 1, kConfigIntMax);
   auto names = t.get_strings("sources");
   POLLEN_CHECK(!names.empty(), t.where("sources"), ": list at least one source");
   auto src_table = t.table("source");
@@ -91,15 +93,14 @@ PipelineConfig PipelineConfig::load(const fs::path& path) {
   if (auto f = t.table("minhash")) {
     auto& m = c.minhash;
     m.enabled = f->get_bool("enabled", m.enabled);
-    m.ngram = static_cast<int>(f->get_int("ngram", m.ngram));
-    m.bands = static_cast<int>(f->get_int("bands", m.bands));
-    m.rows = static_cast<int>(f->get_int("rows", m.rows));
+    m.ngram = static_cast<int>(f->get_int_in("ngram", m.ngram, 1, 1 << 20));
+    m.bands = static_cast<int>(f->get_int_in("bands", m.bands, 1, 1 << 20));
+    m.rows = static_cast<int>(f->get_int_in("rows", m.rows, 1, 1 << 20));
     m.verify = f->get_bool("verify", m.verify);
     m.threshold = f->get_double("threshold", m.threshold);
-    m.seed = static_cast<uint64_t>(f->get_int("seed", static_cast<int64_t>(m.seed)));
+    m.seed = static_cast<uint64_t>(
+        f->get_int_in("seed", static_cast<int64_t>(m.seed), 0, kConfigIntMax));
     m.max_bucket_compare = f->get_int("max_bucket_compare", m.max_bucket_compare);
-    POLLEN_CHECK(m.ngram > 0 && m.bands > 0 && m.rows > 0, f->where("ngram"),
-                 ": ngram, bands and rows must be positive");
     f->finish();
   }
   if (auto f = t.table("pii")) {
@@ -113,7 +114,8 @@ PipelineConfig PipelineConfig::load(const fs::path& path) {
   if (auto f = t.table("decontaminate")) {
     c.eval_files = f->get_strings("eval_files");
     c.decontaminate = f->get_bool("enabled", !c.eval_files.empty());
-    c.decontaminate_ngram = static_cast<int>(f->get_int("ngram", c.decontaminate_ngram));
+    c.decontaminate_ngram =
+        static_cast<int>(f->get_int_in("ngram", c.decontaminate_ngram, 1, 1 << 20));
     c.eval_text_field = f->get_string("text_field", c.eval_text_field);
     POLLEN_CHECK(!c.decontaminate || !c.eval_files.empty(), f->where("eval_files"),
                  ": decontamination needs at least one evaluation file");
@@ -123,7 +125,7 @@ PipelineConfig PipelineConfig::load(const fs::path& path) {
     c.validation_fraction = f->get_double("validation_fraction", c.validation_fraction);
     POLLEN_CHECK(c.validation_fraction >= 0 && c.validation_fraction <= 1,
                  f->where("validation_fraction"), ": expected a number in [0, 1]");
-    c.split_seed = static_cast<uint64_t>(f->get_int("seed", 0));
+    c.split_seed = static_cast<uint64_t>(f->get_int_in("seed", 0, 0, kConfigIntMax));
     f->finish();
   }
   if (auto f = t.table("tokenize")) {
@@ -144,6 +146,18 @@ PipelineConfig PipelineConfig::load(const fs::path& path) {
   }
   t.finish();
   return c;
+}
+
+}  // namespace
+
+PipelineConfig PipelineConfig::load(const fs::path& path) {
+  ConfigTable t = ConfigTable::load(path);
+  return read_pipeline_config(t, path);
+}
+
+PipelineConfig PipelineConfig::parse(const std::string& text, const fs::path& path) {
+  ConfigTable t = ConfigTable::parse(text, path.string());
+  return read_pipeline_config(t, path);
 }
 
 json PipelineConfig::to_json() const {

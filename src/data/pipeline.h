@@ -62,6 +62,9 @@ struct PipelineConfig {
   std::string prefix = "data";
 
   static PipelineConfig load(const std::filesystem::path& path);
+  // The same from TOML text, as if read from `path` (relative paths resolve against its folder;
+  // errors name it).
+  static PipelineConfig parse(const std::string& text, const std::filesystem::path& path);
   // The resolved config as it goes into the manifest (every key, no output folder).
   nlohmann::json to_json() const;
 };

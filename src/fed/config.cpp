@@ -9,8 +9,7 @@ namespace pollen::fed {
 namespace {
 
 // `init_from`: where model.init_from goes (null: refused).
-model::LlamaConfig read_model(ConfigTable& root, const std::filesystem::path& path,
-                              std::string* init_from = nullptr) {
+model::LlamaConfig read_model(ConfigTable& root, std::string* init_from = nullptr) {
   auto m = root.table("model");
   POLLEN_CHECK(m.has_value(), root.where("model"), ": a [model] table is required");
   if (init_from) *init_from = m->get_string("init_from", "");
@@ -69,7 +68,7 @@ void read_server_table(ConfigTable& s, ServerConfig& c) {
   c.dir = s.require_string("dir");
   c.address = s.get_string("address", c.address);
   c.metrics_address = s.get_string("metrics_address", c.metrics_address);
-  c.seed = static_cast<uint64_t>(s.get_int("seed", 0));
+  c.seed = static_cast<uint64_t>(s.get_int_in("seed", 0, 0, kConfigIntMax));
   c.rounds = s.get_int("rounds", c.rounds);
   c.local_steps = s.get_int("local_steps", c.local_steps);
   c.eval_every = s.get_int("eval_every", c.eval_every);
@@ -77,7 +76,8 @@ void read_server_table(ConfigTable& s, ServerConfig& c) {
   c.wait_for_clients_s = s.get_double("wait_for_clients_s", c.wait_for_clients_s);
   c.client_timeout_s = s.get_double("client_timeout_s", c.client_timeout_s);
   c.max_round_retries = s.get_int("max_round_retries", c.max_round_retries);
-  c.keep_checkpoints = static_cast<int>(s.get_int("keep_checkpoints", c.keep_checkpoints));
+  c.keep_checkpoints =  // 0: all
+      static_cast<int>(s.get_int_in("keep_checkpoints", c.keep_checkpoints, 0, INT32_MAX));
   POLLEN_CHECK(c.rounds >= 1, s.where("rounds"), ": must be at least 1");
   POLLEN_CHECK(c.local_steps >= 1, s.where("local_steps"), ": must be at least 1");
   POLLEN_CHECK(c.eval_every >= 0, s.where("eval_every"), ": must be 0 or more");
@@ -164,7 +164,7 @@ ServerConfig read_server_config(ConfigTable& root) {
     refuse_beside_post(root, {"model", "tokenizer"},
                        "the base, its architecture and its tokenizer are post.run's");
   } else {
-    c.model = read_model(root, {}, &c.init_from);
+    c.model = read_model(root, &c.init_from);
     c.tokenizer_fingerprint = read_tokenizer(root);
   }
   if (auto st = root.table("strategy")) {
@@ -272,8 +272,9 @@ ServerConfig read_server_config(ConfigTable& root) {
 
 SiloParallel read_silo_parallel(ConfigTable& p) {
   SiloParallel c;
-  c.zero = static_cast<int>(p.get_int("zero", c.zero));
-  POLLEN_CHECK(c.zero == 0 || c.zero == 1, p.where("zero"),
+  const int64_t zero = p.get_int("zero", c.zero);
+  c.zero = static_cast<int>(zero);
+  POLLEN_CHECK(zero == 0 || zero == 1, p.where("zero"),
                ": expected 0 (replicated optimizer state) or 1 (sharded, ZeRO-1)");
   c.bucket_mb = p.get_double("bucket_mb", c.bucket_mb);
   POLLEN_CHECK(c.bucket_mb > 0, p.where("bucket_mb"), ": expected a positive size in MiB");
@@ -283,27 +284,27 @@ SiloParallel read_silo_parallel(ConfigTable& p) {
   return c;
 }
 
-ServerConfig load_server_config(const std::filesystem::path& path) {
-  ConfigTable root = ConfigTable::load(path);
+namespace {
+
+ServerConfig read_server_root(ConfigTable& root) {
   ServerConfig c = read_server_config(root);
   root.finish();
   return c;
 }
 
-ClientConfig load_client_config(const std::filesystem::path& path) {
-  ConfigTable root = ConfigTable::load(path);
+ClientConfig read_client_root(ConfigTable& root) {
   ClientConfig c;
   auto t = root.table("client");
   POLLEN_CHECK(t.has_value(), root.where("client"), ": a [client] table is required");
   c.id = t->require_string("id");
   check_client_id(c.id, t->where("id"));
   c.server = t->get_string("server", c.server);
-  c.seed = static_cast<uint64_t>(t->get_int("seed", 0));
-  c.threads = static_cast<int>(t->get_int("threads", 0));
+  c.seed = static_cast<uint64_t>(t->get_int_in("seed", 0, 0, kConfigIntMax));
+  c.threads = static_cast<int>(t->get_int_in("threads", 0, 0, kConfigThreadsMax));
   c.connect_timeout_s = t->get_double("connect_timeout_s", c.connect_timeout_s);
   c.state_dir = t->get_string("state_dir", "");
-  c.keep_checkpoints = static_cast<int>(t->get_int("keep_checkpoints", c.keep_checkpoints));
-  POLLEN_CHECK(c.keep_checkpoints >= 1, t->where("keep_checkpoints"), ": must be at least 1");
+  c.keep_checkpoints =
+      static_cast<int>(t->get_int_in("keep_checkpoints", c.keep_checkpoints, 1, INT32_MAX));
   t->finish();
   if (auto l = root.table("local_dp")) c.local_dp = read_local_dp_options(*l);
   c.tls = read_tls(root, false);
@@ -322,14 +323,13 @@ ClientConfig load_client_config(const std::filesystem::path& path) {
   d->finish();
   if (auto tr = root.table("train")) c.train = read_local_train(*tr);
   if (auto p = root.table("parallel")) c.parallel = read_silo_parallel(*p);
-  c.model = read_model(root, path, &c.init_from);
+  c.model = read_model(root, &c.init_from);
   c.tokenizer_fingerprint = read_tokenizer(root);
   root.finish();
   return c;
 }
 
-SimConfig load_sim_config(const std::filesystem::path& path) {
-  ConfigTable root = ConfigTable::load(path);
+SimConfig read_sim_root(ConfigTable& root) {
   SimConfig c;
   c.server = read_server_config(root);
   LocalTrainConfig train;
@@ -340,7 +340,7 @@ SimConfig load_sim_config(const std::filesystem::path& path) {
   POLLEN_CHECK(sim.has_value(), root.where("sim"), ": a [sim] table is required");
   const auto ids = sim->get_strings("clients");
   const auto manifests = sim->get_strings("manifests");
-  c.threads = static_cast<int>(sim->get_int("threads", 0));
+  c.threads = static_cast<int>(sim->get_int_in("threads", 0, 0, kConfigThreadsMax));
   POLLEN_CHECK(!ids.empty(), sim->where("clients"), ": at least one client id is required");
   POLLEN_CHECK(manifests.size() == ids.size(), sim->where("manifests"),
                ": one manifest per client is required (", ids.size(), " clients, ",
@@ -368,6 +368,38 @@ SimConfig load_sim_config(const std::filesystem::path& path) {
   }
   root.finish();
   return c;
+}
+
+}  // namespace
+
+ServerConfig load_server_config(const std::filesystem::path& path) {
+  ConfigTable root = ConfigTable::load(path);
+  return read_server_root(root);
+}
+
+ClientConfig load_client_config(const std::filesystem::path& path) {
+  ConfigTable root = ConfigTable::load(path);
+  return read_client_root(root);
+}
+
+SimConfig load_sim_config(const std::filesystem::path& path) {
+  ConfigTable root = ConfigTable::load(path);
+  return read_sim_root(root);
+}
+
+ServerConfig parse_server_config(const std::string& text, const std::string& source) {
+  ConfigTable root = ConfigTable::parse(text, source);
+  return read_server_root(root);
+}
+
+ClientConfig parse_client_config(const std::string& text, const std::string& source) {
+  ConfigTable root = ConfigTable::parse(text, source);
+  return read_client_root(root);
+}
+
+SimConfig parse_sim_config(const std::string& text, const std::string& source) {
+  ConfigTable root = ConfigTable::parse(text, source);
+  return read_sim_root(root);
 }
 
 }  // namespace pollen::fed

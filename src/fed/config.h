@@ -120,6 +120,10 @@ struct SimConfig {
 ServerConfig load_server_config(const std::filesystem::path& path);
 ClientConfig load_client_config(const std::filesystem::path& path);
 SimConfig load_sim_config(const std::filesystem::path& path);
+// The same from TOML text; `source` names it in errors.
+ServerConfig parse_server_config(const std::string& text, const std::string& source);
+ClientConfig parse_client_config(const std::string& text, const std::string& source);
+SimConfig parse_sim_config(const std::string& text, const std::string& source);
 
 ServerConfig read_server_config(ConfigTable& root);
 LocalTrainConfig read_local_train(ConfigTable& table);

@@ -124,7 +124,8 @@ LoraConfig read_lora_config(ConfigTable& table, uint64_t default_seed) {
   }
   c.rslora = table.get_bool("rslora", c.rslora);
   c.train_a = table.get_bool("train_a", c.train_a);
-  c.seed = static_cast<uint64_t>(table.get_int("seed", static_cast<int64_t>(default_seed)));
+  c.seed = static_cast<uint64_t>(
+      table.get_int_in("seed", static_cast<int64_t>(default_seed), 0, kConfigIntMax));
   POLLEN_CHECK(c.rank > 0, table.where("rank"), ": expected a positive rank, got ", c.rank);
   POLLEN_CHECK(std::isfinite(c.alpha), table.where("alpha"), ": expected a finite number");
   POLLEN_CHECK(c.dropout >= 0 && c.dropout < 1, table.where("dropout"),

@@ -114,8 +114,7 @@ void read_run_keys(ConfigTable* run, const std::string& source,
   const int64_t seed = run->get_int("seed", 0);
   POLLEN_CHECK(seed >= 0, run->where("seed"), ": expected a non-negative integer");
   c.seed = static_cast<uint64_t>(seed);
-  c.threads = static_cast<int>(run->get_int("threads", 0));
-  POLLEN_CHECK(c.threads >= 0, run->where("threads"), ": expected 0 (all) or more");
+  c.threads = static_cast<int>(run->get_int_in("threads", 0, 0, kConfigThreadsMax));
 }
 
 void read_train_keys(ConfigTable& train, LoopSettings& c) {
@@ -135,8 +134,7 @@ void read_eval_keys(ConfigTable& e, LoopSettings& c) {
 void read_checkpoint(ConfigTable& k, LoopSettings& c) {
   c.checkpoint_interval = k.get_int("interval", 0);
   POLLEN_CHECK(c.checkpoint_interval >= 0, k.where("interval"), ": expected 0 (end only) or more");
-  c.keep_checkpoints = static_cast<int>(k.get_int("keep", 3));
-  POLLEN_CHECK(c.keep_checkpoints >= 0, k.where("keep"), ": expected 0 (all) or more");
+  c.keep_checkpoints = static_cast<int>(k.get_int_in("keep", 3, 0, INT32_MAX));  // 0: all
   k.finish();
 }
 
@@ -359,8 +357,9 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
     m->finish();
   }
   if (auto p = t.table("parallel")) {
-    c.zero = static_cast<int>(p->get_int("zero", 0));
-    POLLEN_CHECK(c.zero == 0 || c.zero == 1, p->where("zero"),
+    const int64_t zero = p->get_int("zero", 0);
+    c.zero = static_cast<int>(zero);
+    POLLEN_CHECK(zero == 0 || zero == 1, p->where("zero"),
                  ": expected 0 (replicated optimizer state) or 1 (sharded, ZeRO-1)");
     c.bucket_mb = p->get_double("bucket_mb", 25);
     POLLEN_CHECK(c.bucket_mb > 0, p->where("bucket_mb"), ": expected a positive size in MiB");

@@ -49,6 +49,17 @@ TEST(Config, WrongTypeNamesFileKeyAndExpectedType) {
   EXPECT_NE(e.find("expected an integer, got a string"), std::string::npos) << e;
 }
 
+TEST(Config, RangedIntegersNameTheKeyAndTheRangeInsteadOfWrapping) {
+  auto t = ConfigTable::parse("threads = 4294967296\nseed = -1\nkeep = 2\n", "run.toml");
+  EXPECT_EQ(t.get_int_in("keep", 3, 0, 10), 2);
+  EXPECT_EQ(t.get_int_in("missing", 3, 0, 10), 3);
+  std::string e = error_of([&] { t.get_int_in("threads", 0, 0, kConfigThreadsMax); });
+  EXPECT_NE(e.find("key 'threads'"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected an integer from 0 to 65536, got 4294967296"), std::string::npos) << e;
+  e = error_of([&] { t.get_int_in("seed", 0, 0, kConfigIntMax); });
+  EXPECT_NE(e.find("got -1"), std::string::npos) << e;
+}
+
 TEST(Config, UnknownKeysAreErrors) {
   auto t = ConfigTable::parse("hidden_size = 3\nhiden = 4\n", "m.toml");
   t.get_int("hidden_size", 0);

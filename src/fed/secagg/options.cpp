@@ -40,7 +40,8 @@ Options read_options(ConfigTable& t) {
   o.enabled = t.get_bool("enabled", o.enabled);
   o.threshold = t.get_int("threshold", o.threshold);
   o.neighbours = t.get_int("neighbours", o.neighbours);
-  o.ring_bits = static_cast<int>(t.get_int("ring_bits", o.ring_bits));
+  o.ring_bits =
+      static_cast<int>(t.get_int_in("ring_bits", o.ring_bits, 32, 64));  // validate(): 32 or 64
   o.range = t.get_double("range", o.range);
   o.step = t.get_double("step", o.step);
   const std::string rounding = t.get_string("rounding", "stochastic");

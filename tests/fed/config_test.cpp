@@ -1,0 +1,56 @@
+// The federation's config readers refuse integers that would wrap where they are narrowed.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "base/error.h"
+#include "fed/config.h"
+
+using namespace pollen;
+
+namespace {
+
+constexpr const char* kClient = R"([client]
+id = "silo-a"
+seed = SEED
+threads = THREADS
+state_dir = "runs/silo-a"
+[data]
+manifests = ["data/silo-a/manifest.json"]
+[train]
+micro_batch = 8
+seq = 64
+[model]
+preset = "llama-tiny"
+[tokenizer]
+fingerprint = "f"
+)";
+
+std::string client_toml(const std::string& seed, const std::string& threads) {
+  std::string text = kClient;
+  text.replace(text.find("SEED"), 4, seed);
+  text.replace(text.find("THREADS"), 7, threads);
+  return text;
+}
+
+std::string error_of(const std::string& text) {
+  try {
+    fed::parse_client_config(text, "client.toml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(FedConfig, SeedsAndThreadCountsThatWouldWrapAreRefused) {
+  EXPECT_EQ(fed::parse_client_config(client_toml("7", "2"), "client.toml").seed, 7u);
+  // -1 was taken as seed 2^64 - 1, and 2^32 threads as 0 (every core).
+  std::string e = error_of(client_toml("-1", "2"));
+  EXPECT_NE(e.find("client.seed"), std::string::npos) << e;
+  EXPECT_NE(e.find("got -1"), std::string::npos) << e;
+  e = error_of(client_toml("7", "4294967296"));
+  EXPECT_NE(e.find("client.threads"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected an integer from 0 to 65536"), std::string::npos) << e;
+}
