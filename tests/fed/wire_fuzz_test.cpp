@@ -4,11 +4,10 @@
 // fuzzer found a fault with.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <string>
 
-#include "base/files.h"
 #include "fed/fuzz/wire_target.h"
+#include "support/fuzz_corpus.h"
 
 using namespace pollen;
 
@@ -21,17 +20,9 @@ bool run_target(const std::string& input) {
 }  // namespace
 
 TEST(FedWireFuzz, CorpusIsTakenOrRefused) {
-  const std::filesystem::path dir = POLLEN_SOURCE_DIR "/tests/fed/fuzz/corpus";
-  int files = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    ++files;
-    try {
-      run_target(read_file(entry.path()));
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << entry.path().filename() << " escaped as " << e.what();
-    }
-  }
-  EXPECT_GT(files, 10);
+  const auto run = pollen::testing::run_corpus(POLLEN_SOURCE_DIR "/tests/fed/fuzz/corpus",
+                                               fuzz::receive_untrusted_fed);
+  EXPECT_GT(run.files, 10);
 }
 
 TEST(FedWireFuzz, ValidMessagesAreTaken) {

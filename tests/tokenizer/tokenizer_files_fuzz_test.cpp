@@ -4,34 +4,14 @@
 // found a fault with.
 #include <gtest/gtest.h>
 
-#include <filesystem>
-#include <string>
-
-#include "base/files.h"
+#include "support/fuzz_corpus.h"
 #include "tokenizer/fuzz/tokenizer_files_target.h"
 
 using namespace pollen;
 
-namespace {
-
-bool run_target(const std::string& input) {
-  return fuzz::load_untrusted_tokenizer(reinterpret_cast<const uint8_t*>(input.data()),
-                                        input.size());
-}
-
-}  // namespace
-
 TEST(TokenizerFilesFuzz, CorpusIsLoadedOrRefused) {
-  const std::filesystem::path dir = POLLEN_SOURCE_DIR "/tests/tokenizer/fuzz/corpus";
-  int files = 0, loaded = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    ++files;
-    try {
-      loaded += run_target(read_file(entry.path()));
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << entry.path().filename() << " escaped as " << e.what();
-    }
-  }
-  EXPECT_GT(files, 1);
-  EXPECT_GT(loaded, 0);  // the seeds are valid files
+  const auto run = pollen::testing::run_corpus(POLLEN_SOURCE_DIR "/tests/tokenizer/fuzz/corpus",
+                                               fuzz::load_untrusted_tokenizer);
+  EXPECT_GT(run.files, 1);
+  EXPECT_GT(run.taken, 0);  // the seeds are valid files
 }
