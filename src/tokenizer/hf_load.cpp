@@ -47,13 +47,19 @@ class Reader {
     return v.get<std::string>();
   }
 
-  // A token id: an integer below kMaxTokenId (a larger one would only make the vocabulary a
-  // table of billions of empty entries).
+  // A token id: an integer below id_limit (see token_id_limit: a larger one would only make
+  // the vocabulary a table of empty entries).
   uint32_t token_id(const json& v, const std::string& where) const {
-    if (!v.is_number_unsigned() || v.get<uint64_t>() >= kMaxTokenId)
-      fail_at(where,
-              cat("expected a token id, an integer below ", kMaxTokenId, ", got ", v.dump()));
+    if (!v.is_number_unsigned() || v.get<uint64_t>() >= id_limit_)
+      fail_at(where, cat("expected a token id, an integer below ", id_limit_, " (the file's ",
+                         tokens_, " tokens plus ", kMaxIdsPastTokens, "), got ", v.dump()));
     return v.get<uint32_t>();
+  }
+
+  // How many tokens the file holds (the vocabulary's and the added ones), and so its ids' limit.
+  void set_token_count(uint64_t count) {
+    tokens_ = count;
+    id_limit_ = token_id_limit(count);
   }
 
   std::string type_of(const json& obj, const std::string& where) const {
@@ -64,6 +70,8 @@ class Reader {
 
  private:
   std::string source_;
+  uint64_t tokens_ = 0;
+  uint32_t id_limit_ = kMaxTokenId;
 };
 
 bool mentions_byte_level(const json& node) {
@@ -252,6 +260,10 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (!r.get<std::string>(model, key, "model", "").empty())
       r.fail_at(cat("model.", key), "is not supported");
+  const json* vocab_entries = model.contains("vocab") ? &model["vocab"] : nullptr;
+  const json* added_entries = root.contains("added_tokens") ? &root["added_tokens"] : nullptr;
+  r.set_token_count((vocab_entries && vocab_entries->is_object() ? vocab_entries->size() : 0) +
+                    (added_entries && added_entries->is_array() ? added_entries->size() : 0));
 
   bool byte_level = mentions_byte_level(root.value("pre_tokenizer", json())) ||
                     mentions_byte_level(root.value("decoder", json()));

@@ -1,5 +1,6 @@
 #include "tokenizer/tiktoken_format.h"
 
+#include <algorithm>
 #include <charconv>
 #include <unordered_map>
 
@@ -188,6 +189,9 @@ std::vector<AddedToken> known_special_tokens(KnownPattern pattern) {
 Tokenizer tiktoken_from_text(std::string_view text, std::string_view source, std::string pattern,
                              std::vector<AddedToken> special_tokens) {
   Vocab vocab;
+  // At most one token a line, so the ranks' limit (token_id_limit) follows from the lines.
+  const auto lines = static_cast<uint64_t>(std::count(text.begin(), text.end(), '\n')) + 1;
+  const uint32_t rank_limit = token_id_limit(lines);
   size_t line_number = 0;
   while (!text.empty()) {
     size_t eol = text.find('\n');
@@ -207,6 +211,9 @@ Tokenizer tiktoken_from_text(std::string_view text, std::string_view source, std
     auto [end, ec] = std::from_chars(rank_text.data(), rank_text.data() + rank_text.size(), rank);
     POLLEN_CHECK(ec == std::errc() && end == rank_text.data() + rank_text.size(), source, ":",
                  line_number, ": rank '", rank_text, "' is not a non-negative integer");
+    POLLEN_CHECK(rank < rank_limit, source, ":", line_number, ": rank ", rank,
+                 " is too large for a file of ", lines, " lines (ranks index a table: below ",
+                 rank_limit, ")");
     try {
       vocab.add(rank, std::move(*bytes));
     } catch (const Error& e) {

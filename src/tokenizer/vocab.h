@@ -1,6 +1,7 @@
 #pragma once
 // A BPE vocabulary: token id <-> token bytes, with a fast lookup from bytes to id.
 // Ids may have holes (tiktoken's cl100k_base has some); holes have no bytes.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -13,6 +14,16 @@ namespace pollen::tokenizer {
 // the vocabulary is a table indexed by id, so a file's larger id would only allocate billions of
 // empty entries.
 constexpr uint32_t kMaxTokenId = uint32_t{1} << 24;
+
+// Nor may a file name an id far past its number of tokens: vocabularies are dense, with their
+// special tokens just past them, and a lone large id would allocate a table of empty entries
+// (id 2^24 - 1 in a 14-byte rank file took 512 MiB before the file was refused).
+constexpr uint32_t kMaxIdsPastTokens = uint32_t{1} << 16;
+
+// One past the largest id a file of `tokens` tokens may name.
+inline uint32_t token_id_limit(uint64_t tokens) {
+  return static_cast<uint32_t>(std::min<uint64_t>(kMaxTokenId, tokens + kMaxIdsPastTokens));
+}
 
 class Vocab {
  public:

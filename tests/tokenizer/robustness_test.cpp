@@ -119,6 +119,10 @@ TEST(Robustness, MalformedRankFilesNameFileAndLine) {
                {"r.tiktoken", "no tokens"});
   expect_error([&] { tiktoken_from_text("YQ== 4294967000\n", "r.tiktoken", pattern, {}); },
                {"r.tiktoken:1", "too large"});
+  // A rank far past the file's lines is refused before the table of ranks grows to it (it took
+  // 512 MiB for this 14-byte file).
+  expect_error([&] { tiktoken_from_text("QQ== 16777215\n", "r.tiktoken", pattern, {}); },
+               {"r.tiktoken:1", "rank 16777215 is too large for a file of 2 lines", "below 65538"});
 }
 
 // Metaspace's split cuts before every separator but one at the very start, also one inside the
@@ -366,11 +370,15 @@ TEST(Robustness, MalformedTokenizerJsonNamesFileAndKey) {
   expect_error(load(R"({"model": {"type": "WordPiece", "vocab": {}}})"), {"t.json", "model.type"});
   expect_error(load(R"({"model": {"vocab": {"a": "x"}, "merges": []}})"),
                {"t.json", "model.vocab.a", "expected a token id"});
-  // Ids past 2^24 would allocate a table of billions of entries; past 2^32 they used to wrap.
+  // Ids far past the file's token count would allocate a table of empty entries (past 2^32
+  // they used to wrap).
   expect_error(load(R"({"model": {"vocab": {"a": 4294967000}, "merges": []}})"),
-               {"t.json", "model.vocab.a", "below 16777216"});
+               {"t.json", "model.vocab.a", "below 65537 (the file's 1 tokens plus 65536)"});
   expect_error(load(R"({"model": {"vocab": {"a": 4294967297}, "merges": []}})"),
-               {"t.json", "model.vocab.a", "below 16777216"});
+               {"t.json", "model.vocab.a", "below 65537"});
+  expect_error(load(R"({"added_tokens": [{"id": 70000, "content": "<x>"}],
+                        "model": {"vocab": {"a": 0}, "merges": []}})"),
+               {"t.json", "added_tokens[0].id", "below 65538"});
   expect_error(load(R"({"added_tokens": [{"id": "x", "content": "a"}],
                         "model": {"vocab": {"a": 0}, "merges": []}})"),
                {"t.json", "added_tokens[0].id", "expected a token id"});
