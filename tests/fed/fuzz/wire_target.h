@@ -53,6 +53,18 @@ inline fed::ParamSpecs specs() {
 }
 constexpr int64_t kVocab = 6;
 
+// The model whose config the server publishes and a join must agree with.
+inline model::LlamaConfig model_config() {
+  model::LlamaConfig mc;
+  mc.vocab_size = kVocab;
+  mc.hidden_size = 4;
+  mc.intermediate_size = 3;
+  mc.num_hidden_layers = 1;
+  mc.num_attention_heads = 1;
+  mc.num_key_value_heads = 1;
+  return mc;
+}
+
 // The receiving side's codec from byte 1: the codec, bf16 scales or not, blocks of 4 or 5.
 inline fed::CompressOptions codec_of(uint8_t config) {
   fed::CompressOptions o;
@@ -238,13 +250,7 @@ inline void join(uint8_t flags, const std::vector<std::string>& recs) {
                "join: oversized fields");
   POLLEN_CHECK(r.base_fingerprint().size() <= 128 && r.lora_config().size() <= 4096,
                "join: oversized fields");
-  model::LlamaConfig mc;
-  mc.vocab_size = kVocab;
-  mc.hidden_size = 4;
-  mc.intermediate_size = 3;
-  mc.num_hidden_layers = 1;
-  mc.num_attention_heads = 1;
-  mc.num_key_value_heads = 1;
+  const model::LlamaConfig mc = model_config();
   const std::string lora_json = (flags & 1) ? fed::lora_config_json(model::LoraConfig{}) : "";
   std::string diff = fed::agreement_differences(r, fed::kProtocolVersion,
                                                 fed::model_config_json(mc), std::string(64, 'a'));
@@ -386,13 +392,7 @@ inline std::vector<std::string> valid_inputs() {
   }
   // a join
   {
-    model::LlamaConfig mc;
-    mc.vocab_size = kVocab;
-    mc.hidden_size = 4;
-    mc.intermediate_size = 3;
-    mc.num_hidden_layers = 1;
-    mc.num_attention_heads = 1;
-    mc.num_key_value_heads = 1;
+    const model::LlamaConfig mc = model_config();
     fed::pb::JoinRequest r;
     r.set_protocol_version(fed::kProtocolVersion);
     r.set_client_id("silo-2");
