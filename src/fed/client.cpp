@@ -9,6 +9,7 @@
 #include "data/shards.h"
 #include "fed/client_state.h"
 #include "fed/first_moments.h"
+#include "fed/received.h"
 #include "fed/second_moments.h"
 #include "fed/silo.h"
 #include "io/model_source.h"
@@ -648,8 +649,6 @@ const Weights& Client::pull_model(const pb::TaskReply& task, const CompressOptio
   const std::string what = cat("global model of round ", task.round());
   // The server keeps at most kMaxChainLinks deltas, then the whole model or the empty delta.
   constexpr size_t kMaxPulls = kMaxChainLinks + 2;
-  POLLEN_CHECK(task.model_sha256().empty() || task.model_sha256().size() == 64, "task of round ",
-               task.round(), ": model_sha256 is not a SHA-256 hex digest");
   for (size_t pulls = 1;; ++pulls) {
     pb::PullRequest pr;
     pr.set_client_id(config_.id);
@@ -688,8 +687,7 @@ Weights Client::pull_first_moments(const pb::TaskReply& task, const CompressOpti
 }
 
 void Client::train_round(const pb::TaskReply& task) {
-  POLLEN_CHECK(task.round() >= 1 && task.local_steps() >= 1 && task.local_steps() <= 10000000,
-               "task: round ", task.round(), " with ", task.local_steps(), " local steps");
+  const TaskCodecs codecs = check_task(task);
   // Token counts leave the silo in the clear: local DP's noise does not cover them.
   POLLEN_CHECK(!task.token_counts() || !local_dp_, "client '", config_.id,
                "': the server weights rows by token counts (strategy.row_weighting), which "
@@ -708,21 +706,9 @@ void Client::train_round(const pb::TaskReply& task) {
                "; the client sends none");
   const ParamSpecs first_moments =
       first_moment_specs(specs_, task.first_moments().empty() ? "none" : task.first_moments());
-  CompressOptions codec;
-  codec.codec = parse_codec(task.codec());
-  codec.block = task.codec_block();
-  codec.topk = task.codec_topk();
-  codec.scale = parse_wire_scale(task.codec_scale(), "the task's codec_scale");
-  codec.validate();
-  CompressOptions model_codec;
-  model_codec.codec = task.model_codec().empty() ? Codec::none : parse_codec(task.model_codec());
-  model_codec.block = task.model_codec().empty() ? codec.block : task.model_codec_block();
-  model_codec.topk = task.model_codec_topk();
-  model_codec.scale = parse_wire_scale(task.model_codec_scale(), "the task's model_codec_scale");
-  model_codec.validate();
   // What the client trains from and takes its pseudo-gradient against: the model rebuilt from the
   // pulled sets, the same values on both sides whatever the codec.
-  const Weights& global = pull_model(task, model_codec);
+  const Weights& global = pull_model(task, codecs.model);
   trainer_->set_exchanged_weights(global);
   // Drift correction (pre-training only): the move after each local step, on every rank.
   const Weights step_drift = drift_.step_drift(task.round(), global, task.local_steps());
@@ -735,7 +721,7 @@ void Client::train_round(const pb::TaskReply& task) {
   // its zeros, so it pulls none.
   Weights first_estimate;
   if (!first_moments.empty() && task.pull_first_moments() && local_->steps_taken() > 0)
-    first_estimate = pull_first_moments(task, model_codec, first_moments);
+    first_estimate = pull_first_moments(task, codecs.model, first_moments);
   if (several_ranks()) {
     const RoundOrder order{task.round(), task.local_steps(), task.evaluate(), task.second_moments(),
                            task.first_moments().empty() ? "none" : task.first_moments()};
@@ -788,17 +774,17 @@ void Client::train_round(const pb::TaskReply& task) {
   } else {
     // The pseudo-gradient with error feedback, then the first moments without (a state, not a
     // sum over rounds).
-    std::vector<std::string> payloads = feedback_.encode(delta, codec);
+    std::vector<std::string> payloads = feedback_.encode(delta, codecs.update);
     ParamSpecs sent = specs_;
     if (!first_moments.empty()) {
       const Weights m = local_->first_moments(first_moments);
       for (const Tensor& t : m) {
         payloads.emplace_back();
-        encode(t.data<float>(), t.numel(), codec, payloads.back());
+        encode(t.data<float>(), t.numel(), codecs.update, payloads.back());
       }
       sent.insert(sent.end(), first_moments.begin(), first_moments.end());
     }
-    enc = encode_payloads(sent, std::move(payloads), codec);
+    enc = encode_payloads(sent, std::move(payloads), codecs.update);
   }
 
   last_round_ = task.round();

@@ -34,11 +34,11 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
     adapter_ = std::make_unique<model::Lora>(post.architecture, post.lora);  // B zero
     specs_ = lora_specs(*adapter_);
     global_ = lora_weights(*adapter_);
-    lora_json_ = lora_config_json(post.lora);
-    base_sha256_ = post.base_sha256;
+    terms_.lora_json = lora_config_json(post.lora);
+    terms_.base_sha256 = post.base_sha256;
     post_base_ = post.base;
     log::info("fed server: post-training (", config_.post.objective, ") of LoRA adapters on '",
-              post.base, "' (base SHA-256 ", base_sha256_.substr(0, 16), "); ", specs_.size(),
+              post.base, "' (base SHA-256 ", terms_.base_sha256.substr(0, 16), "); ", specs_.size(),
               " tensors of B travel");
   } else {
     const model::Llama m =
@@ -48,11 +48,18 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
     specs_ = param_specs(m);
     global_ = model_weights(m);
   }
-  model_json_ = model_config_json(config_.model);
+  terms_.model_json = model_config_json(config_.model);
+  terms_.tokenizer_fingerprint = config_.tokenizer_fingerprint;
   strategy_->set_token_rows(token_row_tensors(specs_));
   moment_specs_ = first_moment_specs(specs_, config_.strategy.first_moments);
-  update_specs_ = specs_;
-  update_specs_.insert(update_specs_.end(), moment_specs_.begin(), moment_specs_.end());
+  update_rules_.model = specs_;
+  update_rules_.first_moments = moment_specs_;
+  update_rules_.codec = config_.compression;
+  update_rules_.token_counts = config_.strategy.weights_rows();
+  update_rules_.second_moments = config_.strategy.shares_second_moments();
+  update_rules_.ring_bits =
+      config_.secure_aggregation.enabled ? config_.secure_aggregation.ring_bits : 0;
+  update_rules_.vocab_size = config_.model.vocab_size;
   // Clients that built the same initial model hold the first view already.
   publisher_ = std::make_unique<ModelPublisher>(specs_, config_.download(), clone_weights(global_));
   fs::create_directories(config_.dir);
@@ -94,8 +101,8 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
     const nlohmann::ordered_json start{{"round", 0},
                                        {"post", config_.post.objective},
                                        {"base", post_base_},
-                                       {"base_sha256", base_sha256_},
-                                       {"lora", nlohmann::json::parse(lora_json_)}};
+                                       {"base_sha256", terms_.base_sha256},
+                                       {"lora", nlohmann::json::parse(terms_.lora_json)}};
     lineage_.push_back(nlohmann::json(start));
     lineage_file_.write(start);
   }
@@ -129,7 +136,7 @@ Coordinator::~Coordinator() = default;
 
 void Coordinator::load_checkpoint(const fs::path& dir) {
   const auto state = nlohmann::json::parse(read_file(dir / "state.json"));
-  POLLEN_CHECK(state.at("model_config").get<std::string>() == model_json_,
+  POLLEN_CHECK(state.at("model_config").get<std::string>() == terms_.model_json,
                "fed server: checkpoint ", dir.string(),
                " holds another model config than server config's [model]");
   const auto fingerprint = state.at("tokenizer_fingerprint").get<std::string>();
@@ -201,11 +208,12 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
     }
     publisher_->restore(std::move(view));
   }
-  POLLEN_CHECK(state.value("base_sha256", std::string()) == base_sha256_ &&
-                   state.value("lora_config", std::string()) == lora_json_,
+  POLLEN_CHECK(state.value("base_sha256", std::string()) == terms_.base_sha256 &&
+                   state.value("lora_config", std::string()) == terms_.lora_json,
                "fed server: checkpoint ", dir.string(),
-               base_sha256_.empty() ? " holds LoRA adapters, the config trains the whole model"
-                                    : " holds another base or LoRA config than post.run's");
+               terms_.base_sha256.empty()
+                   ? " holds LoRA adapters, the config trains the whole model"
+                   : " holds another base or LoRA config than post.run's");
   if (dp_) {
     POLLEN_CHECK(state.contains("privacy"), "fed server: checkpoint ", dir.string(),
                  " was written without [privacy]; its rounds were not accounted for");
@@ -245,7 +253,7 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
   }
   nlohmann::ordered_json state{{"round", done_},
                                {"strategy", strategy_->name()},
-                               {"model_config", model_json_},
+                               {"model_config", terms_.model_json},
                                {"tokenizer_fingerprint", config_.tokenizer_fingerprint},
                                {"protocol_version", kProtocolVersion},
                                {"metrics_bytes", metrics_.file().position()},
@@ -255,8 +263,8 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
                                {"lineage", lineage_}};
   if (dp_) state["privacy"] = dp_->state();
   if (adapter_) {
-    state["base_sha256"] = base_sha256_;
-    state["lora_config"] = lora_json_;
+    state["base_sha256"] = terms_.base_sha256;
+    state["lora_config"] = terms_.lora_json;
   }
   w.add_text("state.json", state.dump(1));
   if (!adapter_) {
@@ -290,22 +298,13 @@ std::string Coordinator::check_peer(const std::string& claimed, const std::strin
 pb::JoinReply Coordinator::join(const pb::JoinRequest& r, const std::string& peer_id) {
   pb::JoinReply reply;
   reply.set_protocol_version(kProtocolVersion);
-  reply.set_model_config(model_json_);
+  reply.set_model_config(terms_.model_json);
   reply.set_tokenizer_fingerprint(config_.tokenizer_fingerprint);
-  reply.set_base_fingerprint(base_sha256_);
-  reply.set_lora_config(lora_json_);
+  reply.set_base_fingerprint(terms_.base_sha256);
+  reply.set_lora_config(terms_.lora_json);
   try {
+    check_join_request(r, terms_);
     const std::string id = check_peer(r.client_id(), peer_id, "join");
-    POLLEN_CHECK(r.model_config().size() <= 4096 && r.tokenizer_fingerprint().size() <= 128 &&
-                     r.data_manifest_hash().size() <= 128,
-                 "join: oversized fields");
-    POLLEN_CHECK(r.base_fingerprint().size() <= 128 && r.lora_config().size() <= 4096,
-                 "join: oversized fields");
-    std::string diff =
-        agreement_differences(r, kProtocolVersion, model_json_, config_.tokenizer_fingerprint);
-    const std::string post = post_agreement_differences(r, lora_json_, base_sha256_);
-    if (!post.empty()) diff += (diff.empty() ? "" : "; ") + post;
-    POLLEN_CHECK(diff.empty(), "client '", id, "' disagrees with the server: ", diff);
     std::lock_guard lock(mutex_);
     clients_[id] = {r.data_manifest_hash(), Clock::now()};
     reply.set_accepted(true);
@@ -402,14 +401,7 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
                                           const pb::TensorSetHeader& header,
                                           const std::string& peer_id) {
   const std::string what = cat("update from '", info.client_id().substr(0, kMaxIdBytes), "'");
-  validate_update_info(info, what);
-  validate_token_counts(info, config_.strategy.weights_rows(), config_.model.vocab_size, what);
-  if (config_.strategy.shares_second_moments()) {
-    unpack_second_moments(specs_, info.second_moments(), what);
-  } else {
-    POLLEN_CHECK(info.second_moments().empty(), what,
-                 ": second moments the server did not ask for (strategy.second_moments)");
-  }
+  check_update_info(info, update_rules_, what);
   check_peer(info.client_id(), peer_id, "push");
   Push p;
   {
@@ -423,11 +415,7 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
     if (secagg_) secagg_->check_input(info.client_id());
     p.attempt = attempts_;
   }
-  if (config_.secure_aggregation.enabled) {
-    secagg::validate_masked_header(header, specs_, config_.secure_aggregation.ring_bits, what);
-  } else {
-    validate_header(header, update_specs_, config_.compression, what);
-  }
+  check_update_header(header, update_rules_, what);
   p.info = info;
   p.header = header;
   p.chunks = std::make_unique<ChunkAssembler>(header, what);
@@ -442,15 +430,9 @@ pb::PushReply Coordinator::push_finish(Push& p) {
   u.update.tokens = p.info.tokens();
   // A masked update is only added to the session's running sum; it is never decoded.
   if (!config_.secure_aggregation.enabled) {
-    // The pseudo-gradient's tensors, then the first moments' (strategy.first_moments).
-    Weights all = decode_set(p.header, bytes, update_specs_, what);
-    const auto model_tensors = static_cast<std::ptrdiff_t>(specs_.size());
-    u.first_moments.assign(std::make_move_iterator(all.begin() + model_tensors),
-                           std::make_move_iterator(all.end()));
-    all.resize(specs_.size());
-    u.update.delta = std::move(all);
-    check_update_values(specs_, u.update.delta, what);
-    check_first_moments(moment_specs_, u.first_moments, what);
+    UpdateTensors tensors = decode_update(p.header, bytes, update_rules_, what);
+    u.update.delta = std::move(tensors.delta);
+    u.first_moments = std::move(tensors.first_moments);
   }
   u.update.metrics = {{"train_loss", p.info.train_loss()}};
   u.update.input_counts = token_counts_from(p.info.input_counts());

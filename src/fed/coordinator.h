@@ -25,6 +25,7 @@
 
 #include "fed/config.h"
 #include "fed/model_view.h"
+#include "fed/received.h"
 #include "fed/secagg/session.h"
 #include "fed/wire.h"
 #include "model/lora.h"
@@ -139,11 +140,11 @@ class Coordinator {
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<CentralDp> dp_;  // central DP when [privacy] is given
   ParamSpecs specs_;
-  std::string model_json_;
   Weights global_;
-  // [post]: the global adapters (B is global_'s), what Join must agree on, the base's name.
+  ServerTerms terms_;  // what a joining client must agree with
+  // [post]: the global adapters (B is global_'s), the base's name.
   std::unique_ptr<model::Lora> adapter_;
-  std::string lora_json_, base_sha256_, post_base_;
+  std::string post_base_;
 
   mutable std::mutex mutex_;
   std::condition_variable changed_;
@@ -163,10 +164,11 @@ class Coordinator {
   // aggregated round, packed as they are sent with the next rounds' model (empty before the
   // first)
   std::string second_moments_;
-  // strategy.first_moments: the tensors whose moments travel (fed/first_moments.h), what an
-  // update's set holds (the model's tensors, then those), the clients' moments averaged over the
-  // last aggregated round and the set the clients pull them as (null before the first)
-  ParamSpecs moment_specs_, update_specs_;
+  UpdateRules update_rules_;  // what a pushed update must hold
+  // strategy.first_moments: the tensors whose moments travel (fed/first_moments.h), the clients'
+  // moments averaged over the last aggregated round and the set the clients pull them as (null
+  // before the first)
+  ParamSpecs moment_specs_;
   Weights first_moments_;
   std::shared_ptr<const EncodedSet> first_moments_set_;
   void set_first_moments(Weights mean);

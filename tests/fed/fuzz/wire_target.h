@@ -1,9 +1,10 @@
 #pragma once
 // What the federation wire fuzz target runs on each input: the checks a server or a client puts
-// every received message through, and the decoders of compressed payloads, fed bytes a hostile
-// peer controls. Each input must be taken or refused with pollen::Error; anything else (another
-// exception, a crash, a sanitizer report, a decoded value that is not finite) is a finding.
-// Shared by the libFuzzer target and the deterministic corpus test.
+// every received message through (fed/received.h, the functions the coordinator and the client
+// call), and the decoders of compressed payloads, fed bytes a hostile peer controls. Each input
+// must be taken or refused with pollen::Error; anything else (another exception, a crash, a
+// sanitizer report, a decoded value that is not finite) is a finding. Shared by the libFuzzer
+// target and the deterministic corpus test.
 //
 // Input: byte 0 chooses what is received, byte 1 the receiving side's codec (codec_of), byte 2
 // its other settings (the flags below), the rest is the message:
@@ -31,6 +32,7 @@
 #include "fed/first_moments.h"
 #include "fed/model_view.h"
 #include "fed/post_lora.h"
+#include "fed/received.h"
 #include "fed/secagg/masked_set.h"
 #include "fed/second_moments.h"
 #include "fed/wire.h"
@@ -152,78 +154,53 @@ inline void payload(uint8_t flags, const uint8_t* p, size_t n) {
     if (!std::isfinite(x)) throw std::logic_error("a decoded value is not finite");
 }
 
+// The server's rules for a push from bytes 1 and 2.
+inline fed::UpdateRules server_rules(uint8_t config, uint8_t flags) {
+  fed::UpdateRules r;
+  r.model = specs();
+  r.first_moments =
+      fed::first_moment_specs(r.model, (flags & kFirstMoments) ? "token_rows" : "none");
+  r.codec = codec_of(config);
+  r.token_counts = flags & kRowWeighting;
+  r.second_moments = flags & kSecondMoments;
+  r.ring_bits = (flags & kSecure) ? ((flags & kRing64) ? 64 : 32) : 0;
+  r.vocab_size = kVocab;
+  return r;
+}
+
 inline void push(uint8_t config, uint8_t flags, const std::vector<std::string>& recs) {
   POLLEN_CHECK(recs.size() >= 2, "push: no update info and header");
-  const fed::ParamSpecs model = specs();
-  const fed::CompressOptions codec = codec_of(config);
-  const bool row_weighting = flags & kRowWeighting, second_moments = flags & kSecondMoments;
-  const bool first_moments = flags & kFirstMoments, secure = flags & kSecure;
-  const fed::ParamSpecs moments =
-      fed::first_moment_specs(model, first_moments ? "token_rows" : "none");
-  fed::ParamSpecs update = model;
-  update.insert(update.end(), moments.begin(), moments.end());
-
+  const fed::UpdateRules rules = server_rules(config, flags);
   const auto info_message = parse<fed::pb::TensorStream>(recs[0], "push");
   POLLEN_CHECK(info_message.has_update(), "push: the stream must open with the update info");
-  const fed::pb::UpdateInfo& info = info_message.update();
   const std::string what = "update";
-  fed::validate_update_info(info, what);
-  fed::validate_token_counts(info, row_weighting, kVocab, what);
-  if (second_moments) fed::unpack_second_moments(model, info.second_moments(), what);
+  fed::check_update_info(info_message.update(), rules, what);
   auto header_message = parse<fed::pb::TensorStream>(recs[1], "push");
   POLLEN_CHECK(header_message.has_header(), "push: the header must follow the update info");
   fed::pb::TensorSetHeader header = header_message.header();
-  if (secure) {
-    const int ring_bits = (flags & kRing64) ? 64 : 32;
-    fed::secagg::validate_masked_header(header, model, ring_bits, what);
-    assemble(header, recs, 2, flags & kFixChecksum, what);
-    return;
-  }
-  fed::validate_header(header, update, codec, what);
+  fed::check_update_header(header, rules, what);
   const std::string bytes = assemble(header, recs, 2, flags & kFixChecksum, what);
-  fed::Weights all = fed::decode_set(header, bytes, update, what);
-  require_finite(all);
-  fed::Weights firsts(
-      std::make_move_iterator(all.begin() + static_cast<std::ptrdiff_t>(model.size())),
-      std::make_move_iterator(all.end()));
-  all.resize(model.size());
-  fed::check_update_values(model, all, what);
-  fed::check_first_moments(moments, firsts, what);
-  fed::token_counts_from(info.input_counts());
+  if (rules.ring_bits > 0) return;  // a masked update is summed, never decoded
+  fed::UpdateTensors u = fed::decode_update(header, bytes, rules, what);
+  require_finite(u.delta);
+  require_finite(u.first_moments);
+  fed::token_counts_from(info_message.update().input_counts());
 }
 
 inline void pull(uint8_t flags, const std::vector<std::string>& recs) {
   POLLEN_CHECK(recs.size() >= 2, "pull: no task and header");
   const fed::ParamSpecs model = specs();
-  // The task, checked as the client's train_round does.
   const auto task = parse<fed::pb::TaskReply>(recs[0], "task");
-  POLLEN_CHECK(task.round() >= 1 && task.local_steps() >= 1 && task.local_steps() <= 10000000,
-               "task: round ", task.round(), " with ", task.local_steps(), " local steps");
+  const fed::TaskCodecs codecs = fed::check_task(task);
   const fed::ParamSpecs moments =
       fed::first_moment_specs(model, task.first_moments().empty() ? "none" : task.first_moments());
-  fed::CompressOptions codec;
-  codec.codec = fed::parse_codec(task.codec());
-  codec.block = task.codec_block();
-  codec.topk = task.codec_topk();
-  codec.scale = fed::parse_wire_scale(task.codec_scale(), "the task's codec_scale");
-  codec.validate();
-  fed::CompressOptions model_codec;
-  model_codec.codec =
-      task.model_codec().empty() ? fed::Codec::none : fed::parse_codec(task.model_codec());
-  model_codec.block = task.model_codec().empty() ? codec.block : task.model_codec_block();
-  model_codec.topk = task.model_codec_topk();
-  model_codec.scale =
-      fed::parse_wire_scale(task.model_codec_scale(), "the task's model_codec_scale");
-  model_codec.validate();
-  POLLEN_CHECK(task.model_sha256().empty() || task.model_sha256().size() == 64,
-               "task: model_sha256");
 
   const std::string what = "global model";
   auto header_message = parse<fed::pb::TensorStream>(recs[1], "pull");
   POLLEN_CHECK(header_message.has_header(), what, ": the stream must open with a header");
   fed::pb::TensorSetHeader header = header_message.header();
   if (flags & kMomentSet) {
-    fed::validate_header(header, moments, model_codec, what);
+    fed::validate_header(header, moments, codecs.model, what);
     const std::string bytes = assemble(header, recs, 2, flags & kFixChecksum, what);
     require_finite(fed::decode_set(header, bytes, moments, what));
     return;
@@ -232,7 +209,7 @@ inline void pull(uint8_t flags, const std::vector<std::string>& recs) {
   for (const auto& s : model) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
   fed::HeldModel held(std::move(zeros));
   if ((flags & kDelta) && !header.base_sha256().empty()) header.set_base_sha256(held.sha256());
-  held.validate(header, model, model_codec, what);
+  held.validate(header, model, codecs.model, what);
   const std::string bytes = assemble(header, recs, 2, flags & kFixChecksum, what);
   if (flags & kFixModel)
     header.set_model_sha256(fed::weights_sha256(fed::decode_set(header, bytes, model, what)));
@@ -241,21 +218,22 @@ inline void pull(uint8_t flags, const std::vector<std::string>& recs) {
     fed::unpack_second_moments(model, header.second_moments(), what);
 }
 
+// The server's terms: the model above, a tokenizer, and with flag 1 a post-training base and the
+// default adapters.
+inline fed::ServerTerms server_terms(uint8_t flags) {
+  fed::ServerTerms t;
+  t.model_json = fed::model_config_json(model_config());
+  t.tokenizer_fingerprint = std::string(64, 'a');
+  if (flags & 1) {
+    t.lora_json = fed::lora_config_json(model::LoraConfig{});
+    t.base_sha256 = std::string(64, 'b');
+  }
+  return t;
+}
+
 inline void join(uint8_t flags, const std::vector<std::string>& recs) {
   POLLEN_CHECK(!recs.empty(), "join: no request");
-  const auto r = parse<fed::pb::JoinRequest>(recs[0], "join");
-  fed::check_client_id(r.client_id(), "join");
-  POLLEN_CHECK(r.model_config().size() <= 4096 && r.tokenizer_fingerprint().size() <= 128 &&
-                   r.data_manifest_hash().size() <= 128,
-               "join: oversized fields");
-  POLLEN_CHECK(r.base_fingerprint().size() <= 128 && r.lora_config().size() <= 4096,
-               "join: oversized fields");
-  const model::LlamaConfig mc = model_config();
-  const std::string lora_json = (flags & 1) ? fed::lora_config_json(model::LoraConfig{}) : "";
-  std::string diff = fed::agreement_differences(r, fed::kProtocolVersion,
-                                                fed::model_config_json(mc), std::string(64, 'a'));
-  diff += fed::post_agreement_differences(r, lora_json, std::string(64, 'b'));
-  POLLEN_CHECK(diff.empty(), "join: the client disagrees with the server: ", diff);
+  fed::check_join_request(parse<fed::pb::JoinRequest>(recs[0], "join"), server_terms(flags));
 }
 
 // Valid inputs of every kind, for the corpus and the tests: each is taken.
