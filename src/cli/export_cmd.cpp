@@ -17,8 +17,7 @@
 namespace pollen::cli {
 namespace {
 
-// tokenizer_config.json for a tokenizer.json of pollen's: loaded as it is
-// (PreTrainedTokenizerFast), with its BOS and EOS named.
+// tokenizer_config.json for a tokenizer.json of pollen's, with its BOS and EOS named.
 nlohmann::json hf_tokenizer_config(const tokenizer::Tokenizer& tok, const SpecialIds& ids,
                                    int64_t context) {
   const auto content = [&](const std::optional<uint32_t>& id) {
@@ -26,10 +25,10 @@ nlohmann::json hf_tokenizer_config(const tokenizer::Tokenizer& tok, const Specia
       if (id && t.id == *id) return nlohmann::json(t.content);
     return nlohmann::json(nullptr);
   };
-  return {{"tokenizer_class", "PreTrainedTokenizerFast"},
-          {"bos_token", content(ids.bos)},
-          {"eos_token", content(ids.eos)},
-          {"model_max_length", context}};
+  nlohmann::json config = io::hf_tokenizer_config(context);
+  config["bos_token"] = content(ids.bos);
+  config["eos_token"] = content(ids.eos);
+  return config;
 }
 
 void add_export_gguf(CLI::App* cmd) {

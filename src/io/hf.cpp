@@ -375,6 +375,12 @@ model::Llama load_hf_model(const fs::path& dir, DType dtype) {
   return m;
 }
 
+nlohmann::json hf_tokenizer_config(int64_t context) {
+  return {{"tokenizer_class", "PreTrainedTokenizerFast"},
+          {"model_input_names", {"input_ids", "attention_mask"}},
+          {"model_max_length", context}};
+}
+
 HfExportResult export_hf(const model::Llama& model, const fs::path& dir,
                          const HfExportOptions& options) {
   const std::string dname = dtype_name(options.dtype);

@@ -46,6 +46,11 @@ struct HfExportOptions {
   nlohmann::json tokenizer_config;
 };
 
+// The start of a tokenizer_config.json for a tokenizer.json of pollen's: loaded as it is
+// (PreTrainedTokenizerFast), its calls giving input_ids and attention_mask only (no
+// token_type_ids, which a Llama's forward and generate refuse), up to `context` tokens.
+nlohmann::json hf_tokenizer_config(int64_t context);
+
 struct HfExportResult {
   std::vector<std::filesystem::path> files;  // written, in order
   uint64_t weight_bytes = 0;

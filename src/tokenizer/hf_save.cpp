@@ -184,8 +184,19 @@ std::string hf_json_text(const Tokenizer& tok) {
   // (as HF's trainer does) keeps their ids.
   for (const AddedToken& t : tok.added_tokens())
     if (!vocab.contains(t.id)) vocab_json[t.content] = t.id;
+  // Merges as "a b" strings, which every version of HF tokenizers reads (before 0.20 the only
+  // form), unless a side holds a space: then as [a, b] pairs, which tokenizers 0.20 and later read.
+  bool has_space = false;
+  for (const Merge& m : model.merges())
+    has_space = has_space || spelled(m.left).find(' ') != std::string::npos ||
+                spelled(m.right).find(' ') != std::string::npos;
   json merges = json::array();
-  for (const Merge& m : model.merges()) merges.push_back({spelled(m.left), spelled(m.right)});
+  for (const Merge& m : model.merges()) {
+    if (has_space)
+      merges.push_back({spelled(m.left), spelled(m.right)});
+    else
+      merges.push_back(spelled(m.left) + " " + spelled(m.right));
+  }
 
   const BpeOptions& o = model.options();
   json bpe = {{"type", "BPE"},

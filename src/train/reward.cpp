@@ -186,9 +186,8 @@ void export_reward_checkpoint(const fs::path& checkpoint, uint32_t pad_token_id,
   std::string pad;
   for (const auto& t : tok.added_tokens())
     if (t.id == pad_token_id) pad = t.content;
-  const json tokenizer_config{{"tokenizer_class", "PreTrainedTokenizerFast"},
-                              {"pad_token", pad},
-                              {"model_max_length", decoder.config().max_position_embeddings}};
+  json tokenizer_config = io::hf_tokenizer_config(decoder.config().max_position_embeddings);
+  tokenizer_config["pad_token"] = pad;
   write_file_atomic(dir / "tokenizer_config.json", tokenizer_config.dump(2) + "\n");
   export_reward_model(decoder, ag::Var(score->to(DType::f32)), pad_token_id, dir,
                       {*source.tokenizer});

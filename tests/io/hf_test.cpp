@@ -482,6 +482,7 @@ TEST(HfExport, APollenCheckpointsTokenizerLoadsInTransformers) {
       << read_file(root / "stderr.txt");
   const json got = json::parse(read_file(out / "tokenizer.out.json"));
   EXPECT_EQ(got["class"], "PreTrainedTokenizerFast");
+  EXPECT_EQ(got["input_names"], json({"attention_mask", "input_ids"}));
   tokenizer::EncodeOptions eo;
   eo.special = tokenizer::SpecialPolicy::allow_all();
   eo.add_bos_eos = true;

@@ -81,21 +81,16 @@ def main():
         logits_of(model, folder)
     elif mode == "tokenizer":
         folder = sys.argv[2]
-        import tokenizers
-        if tuple(int(x) for x in tokenizers.__version__.split(".")[:2]) < (0, 20):
-            # This environment's tokenizers (pinned by transformers 4.44) reads merges only as
-            # "a b" strings; pollen writes the [a, b] pairs of tokenizers >= 0.20. The same merges.
-            with open(f"{folder}/tokenizer.json", encoding="utf-8") as f:
-                spec = json.load(f)
-            spec["model"]["merges"] = [" ".join(m) if isinstance(m, list) else m
-                                       for m in spec["model"]["merges"]]
-            with open(f"{folder}/tokenizer.json", "w", encoding="utf-8") as f:
-                json.dump(spec, f, ensure_ascii=False)
         tok = transformers.AutoTokenizer.from_pretrained(folder)
         config = transformers.AutoConfig.from_pretrained(folder)
         generation = transformers.GenerationConfig.from_pretrained(folder)
         text = open(f"{folder}/text.txt", encoding="utf-8").read()
+        # The usual call: the tokenizer's output straight into generate.
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder)
+        inputs = tok(text, return_tensors="pt")
+        generated = model.generate(**inputs, max_new_tokens=2, do_sample=False)
         json.dump({"class": type(tok).__name__, "ids": tok.encode(text),
+                   "input_names": sorted(inputs.keys()), "generated": generated.shape[1],
                    "bos": tok.bos_token_id, "eos": tok.eos_token_id,
                    "config_eos": config.eos_token_id, "generation_eos": generation.eos_token_id},
                   open(f"{folder}/tokenizer.out.json", "w"))
