@@ -9,6 +9,7 @@
 #include "base/rng.h"
 #include "io/model_source.h"
 #include "model/generate.h"
+#include "tokenizer/open.h"
 #include "train/jsonl_data.h"
 #include "train/reward.h"
 
@@ -475,6 +476,15 @@ void GrpoObjective::restore(const nlohmann::ordered_json& state) {
 RewardFunction reward_model_reward(const std::filesystem::path& reward_model,
                                    const tokenizer::Tokenizer& tokenizer, RewardFunction verifier) {
   auto rm = std::make_shared<const RewardModel>(load_reward_model(reward_model));
+  // The reward model reads the policy's token ids: its own tokenizer must be the policy's.
+  const std::filesystem::path rm_tokenizer = reward_model / "tokenizer.json";
+  if (std::filesystem::exists(rm_tokenizer)) {
+    const std::string theirs = tokenizer::open_tokenizer(rm_tokenizer, "").fingerprint();
+    POLLEN_CHECK(theirs == tokenizer.fingerprint(), "grpo: the reward model '",
+                 reward_model.string(), "' was trained with another tokenizer (fingerprint ",
+                 theirs.substr(0, 16), ", the policy's ", tokenizer.fingerprint().substr(0, 16),
+                 "); grpo.reward_model must share the policy's tokenizer");
+  }
   POLLEN_CHECK(rm->decoder->config().vocab_size >= static_cast<int64_t>(tokenizer.vocab_size()),
                "grpo: the reward model '", reward_model.string(), "' knows ",
                rm->decoder->config().vocab_size, " token ids, the policy's tokenizer ",

@@ -16,6 +16,8 @@
 #include "optim/adamw.h"
 #include "support/gradcheck.h"
 #include "support/tiny_lm.h"
+#include "tokenizer/open.h"
+#include "tokenizer/trainer.h"
 #include "train/reward.h"
 
 namespace pollen::train {
@@ -393,6 +395,35 @@ TEST(Grpo, ResumesInsideABatchFromItsState) {
   GrpoObjective fresh(t.context(toml), lowercase_share);
   fresh.set_reference(reference);
   EXPECT_NE(error_of([&] { fresh.train_step(m, 2); }).find("not restored"), std::string::npos);
+}
+
+// A reward model reads the policy's token ids: one trained with another tokenizer would score
+// other text than the policy wrote, so it is refused; one with the policy's is taken.
+TEST(Grpo, ARewardModelWithAnotherTokenizerIsRefused) {
+  TinyGrpo t;
+  t.write("p.jsonl", "{\"prompt\": \"The cat sat on\"}\n");
+  const model::Llama rm_decoder = testing::tiny_model(t.tok.vocab_size(), 11);
+  const Tensor w = Tensor::zeros({1, rm_decoder.config().hidden_size}, DType::f32);
+  // Another tokenizer: other documents, other added tokens.
+  const std::string pattern(tokenizer::known_pattern_regex(tokenizer::KnownPattern::kGpt2));
+  tokenizer::PieceCounts counts(pattern);
+  const std::vector<std::string_view> docs = {"The cat sat on the mat.", "Bees make honey."};
+  counts.add_documents(docs);
+  std::filesystem::create_directories(t.dir / "other");
+  tokenizer::save_tokenizer(tokenizer::train_bpe(counts, {280, {"<|eot|>"}, pattern}),
+                            t.dir / "other" / "tokenizer.json");
+  export_reward_model(rm_decoder, ag::Var(w, false), 0, t.dir / "rm-other",
+                      {t.dir / "other" / "tokenizer.json"});
+  const std::string error = error_of(
+      [&] { GrpoObjective(t.context(std::string(kTinyRun) + "reward_model = \"rm-other\"\n")); });
+  EXPECT_NE(error.find("another tokenizer"), std::string::npos) << error;
+
+  std::filesystem::create_directories(t.dir / "policy");
+  tokenizer::save_tokenizer(t.tok, t.dir / "policy" / "tokenizer.json");
+  export_reward_model(rm_decoder, ag::Var(w, false), 0, t.dir / "rm-same",
+                      {t.dir / "policy" / "tokenizer.json"});
+  ASSERT_TRUE(std::filesystem::exists(t.dir / "rm-same" / "tokenizer.json"));
+  GrpoObjective same(t.context(std::string(kTinyRun) + "reward_model = \"rm-same\"\n"));
 }
 
 TEST(Grpo, RewardsFromARewardModelAreItsScores) {
