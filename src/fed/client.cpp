@@ -686,8 +686,31 @@ Weights Client::pull_first_moments(const pb::TaskReply& task, const CompressOpti
   return decode_set(header, bytes, moments, what);
 }
 
+void Client::rewind(int64_t round) {
+  int64_t was = -1;
+  Weights pulled;
+  if (!config_.state_dir.empty() && !several_ranks()) {
+    was = silo_ ? rewind_client_state(config_.state_dir, config_.id, round, *silo_, specs_,
+                                      feedback_, &pulled)
+                : rewind_client_state(config_.state_dir, config_.id, round, *local_, specs_,
+                                      feedback_, drift_, &pulled);
+  }
+  if (was < 0) {
+    log::warn("fed client '", config_.id, "': round ", round,
+              " again (its update was lost); the local steps it took for it stay in its "
+              "optimizer and data position",
+              config_.state_dir.empty() ? " (client.state_dir keeps states to go back to)"
+              : several_ranks()         ? " (a silo of several ranks does not go back)"
+                                        : " (no saved state of an earlier round)");
+    return;
+  }
+  last_round_ = was;
+  if (!pulled.empty()) held_ = std::make_unique<HeldModel>(std::move(pulled));
+}
+
 void Client::train_round(const pb::TaskReply& task) {
   const TaskCodecs codecs = check_task(task);
+  if (task.round() <= last_round_) rewind(task.round());
   // Token counts leave the silo in the clear: local DP's noise does not cover them.
   POLLEN_CHECK(!task.token_counts() || !local_dp_, "client '", config_.id,
                "': the server weights rows by token counts (strategy.row_weighting), which "

@@ -209,6 +209,11 @@ class Client {
   pb::SecAggReply secagg_call(int64_t round, const std::function<void(pb::SecAggRequest&)>& fill);
   EncodedSet masked_update(int64_t round, const Weights& delta, int64_t tokens);
   void save_state();
+  // A task of a round this client trained already: its update was lost (the server resumed from
+  // an earlier checkpoint, or the round is retried). With client.state_dir the client goes back
+  // to its state before that round, so that no local step counts twice and no data is skipped;
+  // otherwise (or in a silo of several ranks) it goes on from where it is, and says so.
+  void rewind(int64_t round);
 
   // The silo's ranks when there are several (pre-training only).
   bool several_ranks() const { return local_ && local_->communicator().world() > 1; }

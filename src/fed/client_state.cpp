@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/files.h"
 #include "base/log.h"
@@ -116,6 +117,50 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
   io::apply_retention(dir / "checkpoints", keep);
 }
 
+namespace {
+
+// Restores the state in `ckpt` (on every rank of the trainer); returns its round. local_dp: null
+// leaves the accountant as it is.
+int64_t restore_state(const fs::path& ckpt, const std::string& client_id, LocalTrainer& trainer,
+                      const ParamSpecs& specs, ErrorFeedback& feedback, DriftCorrection& drift,
+                      Weights* pulled, LocalDp* local_dp) {
+  const auto state = nlohmann::json::parse(read_file(ckpt / "state.json"));
+  check_owner(state, ckpt, client_id, trainer.manifest_hash());
+  trainer.load_checkpoint(ckpt);
+  trainer.train_loader().restore(data::LoaderState::from_json(state.at("loader")));
+  trainer.set_steps_taken(state.at("local_steps").get<int64_t>());
+  const int64_t round = state.at("round").get<int64_t>();
+  if (trainer.communicator().rank() == 0) {
+    feedback.set_residual(read_exchanged(ckpt, "feedback.safetensors", client_id, specs));
+    drift.restore(read_exchanged(ckpt, "drift_anchor.safetensors", client_id, specs),
+                  state.value("drift_anchor_round", int64_t{0}));
+    *pulled = read_exchanged(ckpt, "pulled_model.safetensors", client_id, specs);
+    load_local_dp(local_dp, state.contains("local_dp") ? &state.at("local_dp") : nullptr, round,
+                  ckpt, client_id);
+  }
+  return round;
+}
+
+// The newest state under dir that verifies and was saved after a round before `round` (none:
+// there is none).
+std::optional<fs::path> state_before(const fs::path& dir, int64_t round) {
+  const auto states = io::list_checkpoints(dir / "checkpoints");
+  for (auto it = states.rbegin(); it != states.rend(); ++it) {
+    const auto state = nlohmann::json::parse(read_file(*it / "state.json"), nullptr, false);
+    if (state.is_discarded() || !state.contains("round") || !state["round"].is_number_integer() ||
+        state["round"].get<int64_t>() >= round)
+      continue;
+    if (auto why = io::verify_checkpoint(*it)) {
+      log::warn("skipping client state ", it->string(), ": ", *why);
+      continue;
+    }
+    return *it;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 int64_t load_client_state(const fs::path& dir, const std::string& client_id, LocalTrainer& trainer,
                           const ParamSpecs& specs, ErrorFeedback& feedback, DriftCorrection& drift,
                           Weights* pulled, LocalDp* local_dp) {
@@ -135,23 +180,24 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
   const int64_t chosen = choice[0];
   if (chosen < 0) return 0;
   const fs::path ckpt = dir / "checkpoints" / io::checkpoint_name(chosen);
-  const auto state = nlohmann::json::parse(read_file(ckpt / "state.json"));
-  check_owner(state, ckpt, client_id, trainer.manifest_hash());
-  trainer.load_checkpoint(ckpt);
-  trainer.train_loader().restore(data::LoaderState::from_json(state.at("loader")));
-  trainer.set_steps_taken(state.at("local_steps").get<int64_t>());
-  const int64_t round = state.at("round").get<int64_t>();
-  if (comm.rank() == 0) {
-    feedback.set_residual(read_exchanged(ckpt, "feedback.safetensors", client_id, specs));
-    drift.restore(read_exchanged(ckpt, "drift_anchor.safetensors", client_id, specs),
-                  state.value("drift_anchor_round", int64_t{0}));
-    *pulled = read_exchanged(ckpt, "pulled_model.safetensors", client_id, specs);
-    load_local_dp(local_dp, state.contains("local_dp") ? &state.at("local_dp") : nullptr, round,
-                  ckpt, client_id);
-  }
+  const int64_t round =
+      restore_state(ckpt, client_id, trainer, specs, feedback, drift, pulled, local_dp);
   log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
             trainer.steps_taken(), " local steps) from ", ckpt.string());
   return round;
+}
+
+int64_t rewind_client_state(const fs::path& dir, const std::string& client_id, int64_t round,
+                            LocalTrainer& trainer, const ParamSpecs& specs, ErrorFeedback& feedback,
+                            DriftCorrection& drift, Weights* pulled) {
+  const auto ckpt = state_before(dir, round);
+  if (!ckpt) return -1;
+  const int64_t was =
+      restore_state(*ckpt, client_id, trainer, specs, feedback, drift, pulled, nullptr);
+  log::info("fed client '", client_id, "': round ", round,
+            " again (its update was lost): back to its state of round ", was, " (",
+            trainer.steps_taken(), " local steps) from ", ckpt->string());
+  return was;
 }
 
 void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
@@ -174,14 +220,11 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
   io::apply_retention(dir / "checkpoints", keep);
 }
 
-int64_t load_client_state(const fs::path& dir, const std::string& client_id, LoraSilo& silo,
-                          const ParamSpecs& specs, ErrorFeedback& feedback, Weights* pulled,
-                          LocalDp* local_dp) {
-  const auto choice =
-      io::choose_checkpoint_to_resume(dir / "checkpoints", cat("fed client '", client_id, "'"));
-  refuse_if_none_verifies(choice.dir.has_value(), choice.skipped, dir, client_id);
-  if (!choice.dir) return 0;
-  const fs::path ckpt = *choice.dir;
+namespace {
+
+int64_t restore_state(const fs::path& ckpt, const std::string& client_id, LoraSilo& silo,
+                      const ParamSpecs& specs, ErrorFeedback& feedback, Weights* pulled,
+                      LocalDp* local_dp) {
   const auto state = nlohmann::ordered_json::parse(read_file(ckpt / "state.json"));
   check_owner(state, ckpt, client_id, silo.manifest_hash());
   POLLEN_CHECK(
@@ -196,9 +239,35 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Lor
   const int64_t round = state.at("round").get<int64_t>();
   const nlohmann::json saved_dp = state.value("local_dp", nlohmann::ordered_json());
   load_local_dp(local_dp, saved_dp.is_null() ? nullptr : &saved_dp, round, ckpt, client_id);
-  log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
-            silo.steps_taken(), " local steps) from ", ckpt.string());
   return round;
+}
+
+}  // namespace
+
+int64_t load_client_state(const fs::path& dir, const std::string& client_id, LoraSilo& silo,
+                          const ParamSpecs& specs, ErrorFeedback& feedback, Weights* pulled,
+                          LocalDp* local_dp) {
+  const auto choice =
+      io::choose_checkpoint_to_resume(dir / "checkpoints", cat("fed client '", client_id, "'"));
+  refuse_if_none_verifies(choice.dir.has_value(), choice.skipped, dir, client_id);
+  if (!choice.dir) return 0;
+  const int64_t round =
+      restore_state(*choice.dir, client_id, silo, specs, feedback, pulled, local_dp);
+  log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
+            silo.steps_taken(), " local steps) from ", choice.dir->string());
+  return round;
+}
+
+int64_t rewind_client_state(const fs::path& dir, const std::string& client_id, int64_t round,
+                            LoraSilo& silo, const ParamSpecs& specs, ErrorFeedback& feedback,
+                            Weights* pulled) {
+  const auto ckpt = state_before(dir, round);
+  if (!ckpt) return -1;
+  const int64_t was = restore_state(*ckpt, client_id, silo, specs, feedback, pulled, nullptr);
+  log::info("fed client '", client_id, "': round ", round,
+            " again (its update was lost): back to its state of round ", was, " (",
+            silo.steps_taken(), " local steps) from ", ckpt->string());
+  return was;
 }
 
 }  // namespace pollen::fed

@@ -42,6 +42,16 @@ int64_t load_client_state(const std::filesystem::path& dir, const std::string& c
                           LocalTrainer& trainer, const ParamSpecs& specs, ErrorFeedback& feedback,
                           DriftCorrection& drift, Weights* pulled, LocalDp* local_dp);
 
+// For a client asked to train a round it trained already (its update was lost: the server
+// resumed from an earlier checkpoint, or the round was retried): restores the newest state that
+// verifies of a round before `round`, so that the round is trained again from where the
+// federation stands, on the same data (one process only; the privacy accountant is left as it
+// is: the lost update was released). Returns that state's round, or -1 when there is none
+// (nothing is changed).
+int64_t rewind_client_state(const std::filesystem::path& dir, const std::string& client_id,
+                            int64_t round, LocalTrainer& trainer, const ParamSpecs& specs,
+                            ErrorFeedback& feedback, DriftCorrection& drift, Weights* pulled);
+
 }  // namespace pollen::fed
 
 namespace pollen::fed {
@@ -54,5 +64,8 @@ void save_client_state(const std::filesystem::path& dir, int keep, const std::st
 int64_t load_client_state(const std::filesystem::path& dir, const std::string& client_id,
                           LoraSilo& silo, const ParamSpecs& specs, ErrorFeedback& feedback,
                           Weights* pulled, LocalDp* local_dp);
+int64_t rewind_client_state(const std::filesystem::path& dir, const std::string& client_id,
+                            int64_t round, LoraSilo& silo, const ParamSpecs& specs,
+                            ErrorFeedback& feedback, Weights* pulled);
 
 }  // namespace pollen::fed

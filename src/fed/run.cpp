@@ -126,7 +126,14 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
   const auto metrics = serve_metrics(coordinator);
   LocalTransport transport(coordinator);
   std::vector<std::unique_ptr<Client>> clients;
-  for (const auto& cc : config.clients) {
+  for (ClientConfig cc : config.clients) {
+    // Each client keeps its state beside the server's, so that --resume continues the clients
+    // (optimizer, data position, residual) as well as the server.
+    // A run started afresh (the server refused if it had checkpoints) starts them afresh too.
+    if (cc.state_dir.empty()) {
+      cc.state_dir = config.server.dir / "clients" / cc.id;
+      if (!resume) std::filesystem::remove_all(cc.state_dir);
+    }
     clients.push_back(std::make_unique<Client>(cc, transport));
     clients.back()->join();
   }

@@ -419,6 +419,30 @@ TEST(Simulation, ServerResumesAtTheLastRound) {
   const auto state = nlohmann::json::parse(
       read_file(io::list_checkpoints(cfg.server.dir / "checkpoints").back() / "state.json"));
   EXPECT_EQ(state["lineage"].size(), 4u);
+
+  // The clients kept their states too: the resumed run is the uninterrupted one, bit for bit.
+  auto whole = cfg;
+  whole.server.dir = dir / "whole";
+  const auto uninterrupted = run_simulation(whole, false);
+  EXPECT_TRUE(bitwise_equal(uninterrupted.global, r.global));
+}
+
+// A server that stopped after its clients had trained a round but before its checkpoint of it
+// (here: the newest checkpoint removed) resumes at that round; each client goes back to its
+// state before the round and trains it again on the same data, so no step counts twice.
+TEST(Simulation, ClientsTrainARoundWhoseUpdateWasLostAgainFromTheirStateBeforeIt) {
+  Quiet q;
+  const auto dir = temp_dir("lost_round");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 3, 2);
+  run_simulation(cfg, false);
+  fs::remove_all(io::list_checkpoints(cfg.server.dir / "checkpoints").back());
+  cfg.server.rounds = 4;
+  const auto resumed = run_simulation(cfg, true);
+  EXPECT_EQ(resumed.rounds, 4);
+  auto whole = cfg;
+  whole.server.dir = dir / "whole";
+  const auto uninterrupted = run_simulation(whole, false);
+  EXPECT_TRUE(bitwise_equal(uninterrupted.global, resumed.global));
 }
 
 // ---- over gRPC
