@@ -65,6 +65,9 @@ void add_fed_command(CLI::App& app) {
     }
     std::printf("%lld rounds; metrics in %s\n", static_cast<long long>(r.rounds),
                 (cfg.server.dir / "metrics.jsonl").c_str());
+    // As `fed server`: a run that stopped early (the privacy budget, too many retries) fails.
+    if (r.rounds < cfg.server.rounds)
+      throw Error(cat("stopped after ", r.rounds, " of ", cfg.server.rounds, " rounds"));
   });
 
   auto* tok = fed->add_subcommand(

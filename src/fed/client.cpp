@@ -592,8 +592,12 @@ void Client::run() {
     }
     switch (t.kind()) {
       case pb::TASK_DONE:
-        log::info("fed client '", config_.id, "': the run is over");
         if (several_ranks()) send_order(local_->communicator(), {}, nullptr);
+        // A run the server gave up is a failure for its clients too (a non-zero exit).
+        POLLEN_CHECK(
+            t.stopped().empty(), "fed client '", config_.id,
+            "': the server stopped the run before its last round: ", t.stopped().substr(0, 1024));
+        log::info("fed client '", config_.id, "': the run is over");
         return;
       case pb::TASK_TRAIN:
       case pb::TASK_SECAGG_ADVERTISE:

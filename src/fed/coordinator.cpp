@@ -329,6 +329,7 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
   pb::TaskReply t;
   if (finished_) {
     t.set_kind(pb::TASK_DONE);
+    t.set_stopped(stopped_);
     return t;
   }
   using Phase = secagg::ServerSession::Phase;
@@ -492,6 +493,7 @@ bool Coordinator::begin_round() {
       metrics_.write({{"round", round}, {"status", "refused"}, {"reason", why}});
       metrics_.file().flush();
       finished_ = true;
+      stopped_ = why;
       changed_.notify_all();
       return false;
     }
@@ -785,7 +787,9 @@ RoundSummary Coordinator::end_round() {
   }
   if (done_ >= config_.rounds || retries_ > config_.max_round_retries) {
     if (retries_ > config_.max_round_retries) {
-      log::error("fed server: round ", s.round, " failed ", retries_, " times; stopping");
+      stopped_ = cat("round ", s.round, " failed ", retries_, " times (server.max_round_retries ",
+                     config_.max_round_retries, ")");
+      log::error("fed server: ", stopped_, "; stopping");
     }
     finished_ = true;
   }
@@ -813,8 +817,10 @@ void Coordinator::run() {
                              std::chrono::duration<double>(config_.wait_for_clients_s));
       while (!stop_ && static_cast<int64_t>(alive_locked()) < config_.strategy.min_clients) {
         if (Clock::now() > give_up) {
-          log::error("fed server: fewer than ", config_.strategy.min_clients, " clients after ",
-                     config_.wait_for_clients_s, " s; stopping");
+          stopped_ = cat("fewer than ", config_.strategy.min_clients,
+                         " clients (strategy.min_clients) after ", config_.wait_for_clients_s,
+                         " s (server.wait_for_clients_s)");
+          log::error("fed server: ", stopped_, "; stopping");
           finished_ = true;
           return;
         }

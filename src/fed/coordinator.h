@@ -154,6 +154,7 @@ class Coordinator {
   int64_t attempts_ = 0;  // rounds opened by begin_round, retries included
   bool open_ = false;
   bool finished_ = false;
+  std::string stopped_;  // why the run ended before its last round (empty: it did not)
   std::atomic<bool> stop_{false};
   std::set<std::string> selected_;
   std::set<std::string> pulled_;  // client id, newline, the set's base and model: counted once

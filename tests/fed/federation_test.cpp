@@ -445,6 +445,28 @@ TEST(Simulation, ClientsTrainARoundWhoseUpdateWasLostAgainFromTheirStateBeforeIt
   EXPECT_TRUE(bitwise_equal(uninterrupted.global, resumed.global));
 }
 
+// A server that gives up (here: fewer than min_clients in time) tells its clients why, and they
+// fail with that reason instead of ending as after a finished run.
+TEST(Simulation, ClientsOfARunTheServerGaveUpFailNamingWhy) {
+  Quiet q;
+  const auto dir = temp_dir("gave_up");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 3, 2);
+  cfg.server.strategy.min_clients = 2;
+  cfg.server.wait_for_clients_s = 0.1;
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  Client client(cfg.clients[0], transport);
+  client.join();
+  server.run();
+  EXPECT_EQ(server.rounds_done(), 0);
+  try {
+    client.run();
+    ADD_FAILURE() << "the client ended as after a finished run";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("strategy.min_clients"), std::string::npos) << e.what();
+  }
+}
+
 // ---- over gRPC
 // --------------------------------------------------------------------------------------
 
