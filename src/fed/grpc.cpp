@@ -250,10 +250,42 @@ void GrpcServer::shutdown() {
 // ---- client
 // ---------------------------------------------------------------------------------------
 
+namespace {
+
+// Where a client looks for its server, for its errors.
+struct Endpoint {
+  std::string address;
+  bool tls = false;
+  double connect_timeout_s = 60;
+};
+
+// What a failed call says. One that never reached the server (nothing listening there, a TLS
+// handshake that failed: gRPC tells the two apart only in the server's log) names the address
+// and what to check; anything else is the server's refusal with its reason.
+std::string failure_text(const grpc::Status& s, const char* what, const Endpoint& e) {
+  const auto code = s.error_code();
+  if (code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::UNAVAILABLE) {
+    return cat("could not reach the federation server at ", e.address, " (", what, ", ",
+               s.error_message(), "; waited up to ", e.connect_timeout_s,
+               " s): is it running there, ",
+               e.tls ? "and do the TLS files (CA, certificate, key, server name) match the "
+                       "server's? A failed TLS handshake looks the same from here; the server's "
+                       "log names it"
+                     : "and without TLS? A server with [tls] refuses a client without");
+  }
+  return cat("server refused ", what, " (", static_cast<int>(code), "): ", s.error_message());
+}
+
+void check_status(const grpc::Status& s, const char* what, const Endpoint& e) {
+  POLLEN_CHECK(s.ok(), failure_text(s, what, e));
+}
+
+}  // namespace
+
 struct GrpcTransport::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::Federation::Stub> stub;
-  double connect_timeout_s = 60;
+  Endpoint endpoint;
 };
 
 GrpcTransport::GrpcTransport(const std::string& address, const TlsFiles& tls,
@@ -275,22 +307,18 @@ GrpcTransport::GrpcTransport(const std::string& address, const TlsFiles& tls,
   }
   impl_->channel = grpc::CreateCustomChannel(address, creds, args);
   impl_->stub = pb::Federation::NewStub(impl_->channel);
-  impl_->connect_timeout_s = connect_timeout_s;
+  impl_->endpoint = {address, tls.enabled(), connect_timeout_s};
 }
 
 GrpcTransport::~GrpcTransport() = default;
 
 namespace {
-void check_status(const grpc::Status& s, const char* what) {
-  POLLEN_CHECK(s.ok(), "server refused ", what, " (", static_cast<int>(s.error_code()),
-               "): ", s.error_message());
-}
-
 // Streams the messages `next` fills until it returns false, then the server's reply; a stream the
 // server ended or failed is a refusal with its reason.
 template <class Message>
 pb::PushReply upload(grpc::ClientWriter<Message>& writer, pb::PushReply& reply,
-                     const std::function<bool(Message&)>& next) {
+                     const std::function<bool(Message&)>& next, const Endpoint& e,
+                     const char* what) {
   Message m;
   while (next(m)) {
     if (!writer.Write(m)) break;  // the server ended the stream; Finish says why
@@ -300,7 +328,7 @@ pb::PushReply upload(grpc::ClientWriter<Message>& writer, pb::PushReply& reply,
   const grpc::Status s = writer.Finish();
   if (!s.ok()) {
     reply.set_accepted(false);
-    reply.set_reason(s.error_message());
+    reply.set_reason(failure_text(s, what, e));
   }
   return reply;
 }
@@ -312,8 +340,8 @@ pb::JoinReply GrpcTransport::join(const pb::JoinRequest& r) {
   ctx.set_wait_for_ready(true);  // the server may not be up yet
   ctx.set_deadline(
       std::chrono::system_clock::now() +
-      std::chrono::milliseconds(static_cast<int64_t>(impl_->connect_timeout_s * 1000)));
-  check_status(impl_->stub->Join(&ctx, r, &reply), "join");
+      std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
+  check_status(impl_->stub->Join(&ctx, r, &reply), "join", impl_->endpoint);
   return reply;
 }
 
@@ -323,8 +351,8 @@ pb::TaskReply GrpcTransport::task(const pb::TaskRequest& r) {
   ctx.set_wait_for_ready(true);
   ctx.set_deadline(
       std::chrono::system_clock::now() +
-      std::chrono::milliseconds(static_cast<int64_t>(impl_->connect_timeout_s * 1000)));
-  check_status(impl_->stub->GetTask(&ctx, r, &reply), "task");
+      std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
+  check_status(impl_->stub->GetTask(&ctx, r, &reply), "task", impl_->endpoint);
   return reply;
 }
 
@@ -340,7 +368,7 @@ void GrpcTransport::pull(const pb::PullRequest& r,
     reader->Finish();
     throw;
   }
-  check_status(reader->Finish(), "pull");
+  check_status(reader->Finish(), "pull", impl_->endpoint);
 }
 
 pb::SecAggReply GrpcTransport::secagg(const pb::SecAggRequest& r) {
@@ -348,8 +376,8 @@ pb::SecAggReply GrpcTransport::secagg(const pb::SecAggRequest& r) {
   grpc::ClientContext ctx;
   ctx.set_deadline(
       std::chrono::system_clock::now() +
-      std::chrono::milliseconds(static_cast<int64_t>(impl_->connect_timeout_s * 1000)));
-  check_status(impl_->stub->SecAgg(&ctx, r, &reply), "secure aggregation");
+      std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
+  check_status(impl_->stub->SecAgg(&ctx, r, &reply), "secure aggregation", impl_->endpoint);
   return reply;
 }
 
@@ -357,7 +385,7 @@ pb::PushReply GrpcTransport::push(const std::function<bool(pb::TensorStream&)>& 
   grpc::ClientContext ctx;
   pb::PushReply reply;
   auto writer = impl_->stub->PushUpdate(&ctx, &reply);
-  return upload(*writer, reply, next);
+  return upload(*writer, reply, next, impl_->endpoint, "push");
 }
 
 pb::PushReply GrpcTransport::push_counts(const std::function<bool(pb::FileStream&)>& next) {
@@ -365,10 +393,10 @@ pb::PushReply GrpcTransport::push_counts(const std::function<bool(pb::FileStream
   ctx.set_wait_for_ready(true);  // the server may not be up yet
   ctx.set_deadline(
       std::chrono::system_clock::now() +
-      std::chrono::milliseconds(static_cast<int64_t>(impl_->connect_timeout_s * 1000)));
+      std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
   pb::PushReply reply;
   auto writer = impl_->stub->PushCounts(&ctx, &reply);
-  return upload(*writer, reply, next);
+  return upload(*writer, reply, next, impl_->endpoint, "counts");
 }
 
 void GrpcTransport::pull_tokenizer(const pb::TokenizerRequest& r,
@@ -384,7 +412,7 @@ void GrpcTransport::pull_tokenizer(const pb::TokenizerRequest& r,
     reader->Finish();
     throw;
   }
-  check_status(reader->Finish(), "tokenizer");
+  check_status(reader->Finish(), "tokenizer", impl_->endpoint);
 }
 
 }  // namespace pollen::fed

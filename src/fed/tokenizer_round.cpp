@@ -196,6 +196,13 @@ std::string run_tokenizer_server(const TokenizerServerConfig& config) {
 
 std::string run_counts_client(const CountsClientOptions& o) {
   check_client_id(o.id, "--id");
+  // The TLS files are checked before the counting, which can take long.
+  const std::pair<const std::string*, const char*> tls_files[] = {
+      {&o.tls.ca, "--ca"}, {&o.tls.cert, "--cert"}, {&o.tls.key, "--key"}};
+  for (const auto& [path, flag] : tls_files)
+    POLLEN_CHECK(path->empty() || fs::exists(*path), flag, ": no file '", *path, "'");
+  POLLEN_CHECK(o.tls.ca.empty() == o.tls.cert.empty() && o.tls.ca.empty() == o.tls.key.empty(),
+               "--ca, --cert and --key go together (mutual TLS), or none of them");
   tokenizer::PieceCounts counts(tokenizer::pattern_regex(o.pattern));
   for (const auto& input : o.inputs) counts.add_file(input, o.jsonl, o.field);
   if (o.noise_stddev > 0 || o.min_count > 1) counts.perturb(o.noise_stddev, o.seed, o.min_count);
@@ -225,7 +232,7 @@ std::string run_counts_client(const CountsClientOptions& o) {
     offset += n;
     return true;
   });
-  POLLEN_CHECK(reply.accepted(), "the server refused the counts of '", o.id, "': ", reply.reason());
+  POLLEN_CHECK(reply.accepted(), "the counts of '", o.id, "' were not taken: ", reply.reason());
 
   pb::TokenizerRequest r;
   r.set_client_id(o.id);

@@ -470,6 +470,23 @@ TEST(Simulation, ClientsOfARunTheServerGaveUpFailNamingWhy) {
 // ---- over gRPC
 // --------------------------------------------------------------------------------------
 
+// A server that cannot be reached is not a refusal: the error names the address and what to
+// check.
+TEST(Grpc, AServerThatCannotBeReachedIsNamedWithWhatToCheck) {
+  Quiet q;
+  const std::string address = loopback_address();  // nothing listens there
+  GrpcTransport transport(address, TlsFiles{}, 0.3);
+  try {
+    transport.join(tiny_join("silo-0"));
+    ADD_FAILURE() << "a join without a server succeeded";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("could not reach the federation server at " + address), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("without TLS"), std::string::npos) << what;
+  }
+}
+
 TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   Quiet q;
   const auto dir = temp_dir("tls");
