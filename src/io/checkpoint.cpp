@@ -102,7 +102,8 @@ fs::path CheckpointWriter::commit() {
   return final_;
 }
 
-std::optional<std::string> verify_checkpoint(const fs::path& dir) {
+std::optional<std::string> verify_checkpoint(const fs::path& dir,
+                                             const std::vector<std::string>& only) {
   const fs::path mpath = dir / "manifest.json";
   if (!fs::exists(mpath)) return std::string("manifest.json is missing");
   nlohmann::json m;
@@ -117,6 +118,7 @@ std::optional<std::string> verify_checkpoint(const fs::path& dir) {
   for (const auto& [name, info] : m["files"].items()) {
     if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
       return cat("manifest.json names '", name, "', not a file of the checkpoint's folder");
+    if (!only.empty() && std::find(only.begin(), only.end(), name) == only.end()) continue;
     const fs::path p = dir / name;
     std::error_code ec;
     const auto size = fs::file_size(p, ec);

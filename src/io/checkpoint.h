@@ -45,7 +45,10 @@ class CheckpointWriter {
 };
 
 // Checks the manifest and every file's size and SHA-256; returns why it fails, or nothing.
-std::optional<std::string> verify_checkpoint(const std::filesystem::path& dir);
+// `only`: when not empty, only these of the manifest's files are checked (the ones a reader
+// loads: a folder whose optimizer state was removed still gives its model).
+std::optional<std::string> verify_checkpoint(const std::filesystem::path& dir,
+                                             const std::vector<std::string>& only = {});
 // The step recorded in a checkpoint's manifest.
 int64_t checkpoint_step(const std::filesystem::path& dir);
 

@@ -97,21 +97,29 @@ ModelSource resolve_model(const std::string& spec) {
       return s;
     }
     fs::path dir = p;
+    bool verified = false;
     if (!fs::is_regular_file(dir / "model.safetensors") && fs::is_directory(dir / "checkpoints")) {
       const ResumeChoice choice = choose_resume_checkpoint(dir / "checkpoints");
       POLLEN_CHECK(choice.dir.has_value(), "model '", spec,
                    "': a run folder without a checkpoint that verifies");
       dir = *choice.dir;
+      verified = true;
     }
-    if (!fs::is_regular_file(dir / "model.safetensors") &&
-        fs::is_regular_file(dir / "adapter_config.json") &&
-        fs::is_regular_file(dir / "config.toml"))
-      return resolve_lora_checkpoint(spec, dir);
-    POLLEN_CHECK(
-        fs::is_regular_file(dir / "model.safetensors") && fs::is_regular_file(dir / "config.toml"),
-        "model '", spec, "': a folder that is neither an HF directory (config.json + ",
-        "model.safetensors or its index) nor a pollen checkpoint (model.safetensors + ",
-        "config.toml) nor a run folder with checkpoints/");
+    const bool lora = !fs::is_regular_file(dir / "model.safetensors") &&
+                      fs::is_regular_file(dir / "adapter_config.json") &&
+                      fs::is_regular_file(dir / "config.toml");
+    POLLEN_CHECK(lora || (fs::is_regular_file(dir / "model.safetensors") &&
+                          fs::is_regular_file(dir / "config.toml")),
+                 "model '", spec, "': a folder that is neither an HF directory (config.json + ",
+                 "model.safetensors or its index) nor a pollen checkpoint (model.safetensors + ",
+                 "config.toml) nor a run folder with checkpoints/");
+    // A checkpoint named directly: the files it is loaded from must be the ones it wrote.
+    if (!verified && fs::is_regular_file(dir / "manifest.json")) {
+      if (auto why = verify_checkpoint(dir, {"model.safetensors", "adapter_model.safetensors",
+                                             "config.toml", "tokenizer.json"}))
+        fail("model '", spec, "': checkpoint '", dir.string(), "' does not verify: ", *why);
+    }
+    if (lora) return resolve_lora_checkpoint(spec, dir);
     s.kind = ModelSource::Kind::checkpoint;
     s.path = dir;
     ConfigTable root = ConfigTable::load(dir / "config.toml");

@@ -392,6 +392,39 @@ TEST(ModelSource, CheckpointAndHfDirGiveTheSameLogits) {
   fs::remove_all(root);
 }
 
+// A checkpoint folder named directly is checked against its manifest before it is loaded: the
+// files it is loaded from, not the others (its optimizer state may have been removed).
+TEST(ModelSource, ACheckpointNamedDirectlyIsVerified) {
+  const model::Llama m(small(false, false), 7);
+  const fs::path root = temp_dir("verify_direct");
+  io::CheckpointWriter w(root / "checkpoints", 3);
+  io::NamedTensors weights;
+  for (const auto& [n, v] : m.named_parameters()) weights.emplace_back(n, v.value());
+  w.add_tensors("model.safetensors", weights);
+  w.add_tensors("optimizer.safetensors", weights);
+  w.add_text("config.toml",
+             "[model]\nvocab_size = 61\nhidden_size = 32\nintermediate_size = 48\n"
+             "num_hidden_layers = 2\nnum_attention_heads = 4\nnum_key_value_heads = 2\n"
+             "max_position_embeddings = 64\n");
+  const fs::path ckpt = w.commit();
+  EXPECT_EQ(io::resolve_model(ckpt.string()).kind, io::ModelSource::Kind::checkpoint);
+  fs::remove(ckpt / "optimizer.safetensors");
+  EXPECT_EQ(io::resolve_model(ckpt.string()).kind, io::ModelSource::Kind::checkpoint);
+  // One byte of a weight changed, the size kept.
+  std::string bytes = read_file(ckpt / "model.safetensors");
+  bytes[bytes.size() - 3] ^= 0x10;
+  write_file_atomic(ckpt / "model.safetensors", bytes);
+  try {
+    io::resolve_model(ckpt.string());
+    ADD_FAILURE() << "a checkpoint whose weights changed was taken";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("does not verify: model.safetensors has SHA-256"),
+              std::string::npos)
+        << err.what();
+  }
+  fs::remove_all(root);
+}
+
 // ---- against HF transformers ----------------------------------------------------------------
 
 std::string hf_python() {
