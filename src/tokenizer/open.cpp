@@ -1,6 +1,7 @@
 #include "tokenizer/open.h"
 
 #include "base/error.h"
+#include "base/files.h"
 #include "tokenizer/hf_format.h"
 #include "tokenizer/tiktoken_format.h"
 
@@ -9,6 +10,19 @@ namespace pollen::tokenizer {
 namespace {
 bool is_json(const std::filesystem::path& path) {
   return path.extension() == ".json";
+}
+
+// The lines of a rank file that hold a rank.
+int64_t rank_lines(std::string_view text) {
+  int64_t n = 0;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    n += end > at && !(end == at + 1 && text[at] == '\r');
+    at = end + 1;
+  }
+  return n;
 }
 }  // namespace
 
@@ -27,11 +41,15 @@ Tokenizer open_tokenizer(const std::filesystem::path& path, const std::string& p
   POLLEN_CHECK(
       !pattern.empty(), path.string(),
       ": a tiktoken rank file needs a pattern (gpt2, cl100k_base, o200k_base, qwen2, or a regex)");
+  const std::string text = read_file(path);
   if (auto known = known_pattern_named(pattern)) {
+    // The encoding's special tokens come with its own rank file only (their ids follow its
+    // ranks); a file of another size made with the same pattern gets the pattern alone.
     std::vector<AddedToken> known_specials = known_special_tokens(*known);
-    special_tokens.insert(special_tokens.begin(), known_specials.begin(), known_specials.end());
+    if (rank_lines(text) == known_rank_count(*known))
+      special_tokens.insert(special_tokens.begin(), known_specials.begin(), known_specials.end());
   }
-  return load_tiktoken(path, pattern_regex(pattern), std::move(special_tokens));
+  return tiktoken_from_text(text, path.string(), pattern_regex(pattern), std::move(special_tokens));
 }
 
 void save_tokenizer(const Tokenizer& tokenizer, const std::filesystem::path& path) {

@@ -186,6 +186,20 @@ std::vector<AddedToken> known_special_tokens(KnownPattern pattern) {
   return {};
 }
 
+int64_t known_rank_count(KnownPattern pattern) {
+  switch (pattern) {
+    case KnownPattern::kGpt2:
+      return 50256;
+    case KnownPattern::kCl100k:
+      return 100256;
+    case KnownPattern::kO200k:
+      return 199998;
+    case KnownPattern::kQwen2:
+      return 151643;
+  }
+  return 0;
+}
+
 Tokenizer tiktoken_from_text(std::string_view text, std::string_view source, std::string pattern,
                              std::vector<AddedToken> special_tokens) {
   Vocab vocab;

@@ -14,6 +14,8 @@ namespace pollen::tokenizer {
 
 // The special tokens of an official encoding (as tiktoken defines them; none for qwen2).
 std::vector<AddedToken> known_special_tokens(KnownPattern pattern);
+// The number of ranks in the encoding's own rank file (whose ids its special tokens follow).
+int64_t known_rank_count(KnownPattern pattern);
 
 // Reads a rank file; `pattern` is a pre-tokenisation regex (use known_pattern_regex for the
 // official ones). Errors name the file and the line.

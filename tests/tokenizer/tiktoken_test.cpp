@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "tokenizer/open.h"
 #include "tokenizer/peers.h"
 #include "tokenizer/tiktoken_format.h"
 
@@ -88,6 +89,29 @@ TEST(Tiktoken, SaveAndLoadRoundTrips) {
   Tokenizer tok = load_official(dir, KnownPattern::kGpt2);
   std::string text = tiktoken_text(tok);
   EXPECT_EQ(text, read_file(dir / "gpt2.tiktoken"));
+}
+
+// A pattern name brings its encoding's special tokens with that encoding's own rank file, whose
+// ranks they follow, and not with another file made with the same pattern.
+TEST(Tiktoken, APatternNameBringsItsSpecialTokensOnlyWithItsOwnRankFile) {
+  POLLEN_REQUIRE_SHARED_TOKENIZERS(dir);
+  const Tokenizer official = open_tokenizer(dir / "cl100k_base.tiktoken", "cl100k_base");
+  EXPECT_EQ(official.vocab_size(), 100277u);
+  EXPECT_EQ(official.encode("<|endoftext|>", {SpecialPolicy::allow_all(), false}),
+            std::vector<uint32_t>{100257});
+  // The first 300 ranks of cl100k: a rank file of another size.
+  const std::string text = read_file(dir / "cl100k_base.tiktoken");
+  size_t end = 0;
+  for (int i = 0; i < 300; ++i) end = text.find('\n', end) + 1;
+  const auto small = std::filesystem::temp_directory_path() / "pollen_small_cl100k.tiktoken";
+  write_file_atomic(small, text.substr(0, end));
+  const Tokenizer mine = open_tokenizer(small, "cl100k_base");
+  EXPECT_EQ(mine.vocab_size(), 300u);
+  EXPECT_TRUE(mine.added_tokens().empty());
+  const Tokenizer with_eot = open_tokenizer(small, "cl100k_base", {{300, "<|endoftext|>"}});
+  EXPECT_EQ(with_eot.encode("<|endoftext|>", {SpecialPolicy::allow_all(), false}),
+            std::vector<uint32_t>{300});
+  std::filesystem::remove(small);
 }
 
 TEST(Base64, EncodesAndRejects) {
