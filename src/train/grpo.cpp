@@ -131,8 +131,13 @@ GrpoOptions read_grpo_options(ConfigTable& section, const std::filesystem::path&
   if (!o.reference.empty() && std::filesystem::exists(resolve(base_dir, o.reference)))
     o.reference = resolve(base_dir, o.reference).string();
 
-  if (section.has("reward_model"))
+  if (section.has("reward_model")) {
     o.reward_model = resolve(base_dir, section.get_string("reward_model", ""));
+    POLLEN_CHECK(std::filesystem::is_regular_file(o.reward_model / "config.json"),
+                 section.where("reward_model"), ": '", o.reward_model.string(),
+                 "' is not a reward model's folder (no config.json; `pollen rm` writes one as "
+                 "RUN/reward_model)");
+  }
 
   std::optional<ConfigTable> table = section.table("verifier");
   if (table) {

@@ -424,6 +424,11 @@ TEST(Grpo, ARewardModelWithAnotherTokenizerIsRefused) {
                       {t.dir / "policy" / "tokenizer.json"});
   ASSERT_TRUE(std::filesystem::exists(t.dir / "rm-same" / "tokenizer.json"));
   GrpoObjective same(t.context(std::string(kTinyRun) + "reward_model = \"rm-same\"\n"));
+  // A path that holds no reward model is named by its key before anything is loaded.
+  const std::string missing = error_of(
+      [&] { GrpoObjective(t.context(std::string(kTinyRun) + "reward_model = \"no\"\n")); });
+  EXPECT_NE(missing.find("reward_model"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("not a reward model's folder"), std::string::npos) << missing;
 }
 
 TEST(Grpo, RewardsFromARewardModelAreItsScores) {
