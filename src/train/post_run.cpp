@@ -81,7 +81,8 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
                              const ObjectiveFactory& make_objective) {
   SignalGuard signals(o.handle_signals);
   set_num_threads(cfg.threads > 0 ? cfg.threads : available_cpus());
-  const fs::path ckpt_root = prepare_run_dir(cfg.dir, o.resume);
+  const fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
+  fs::create_directories(cfg.dir);
   std::optional<fs::path> resume_from;
   if (o.resume) {
     const io::ResumePoint point = io::choose_checkpoint_to_resume(ckpt_root, "--resume");

@@ -67,9 +67,8 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-fs::path prepare_run_dir(const fs::path& dir, bool resume) {
+fs::path check_run_dir(const fs::path& dir, bool resume) {
   const fs::path ckpt_root = dir / "checkpoints";
-  fs::create_directories(dir);
   if (!resume) {
     POLLEN_CHECK(io::list_checkpoints(ckpt_root).empty(), "run folder '", dir.string(),
                  "' already holds checkpoints: pass --resume to continue it, or choose another ",

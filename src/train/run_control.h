@@ -42,9 +42,10 @@ class SignalGuard {
 // Whether a stop signal arrived since the guard was installed.
 bool stop_requested();
 
-// Creates the run folder and returns its checkpoints/ folder; a run that does not resume is
-// refused when checkpoints are already there.
-std::filesystem::path prepare_run_dir(const std::filesystem::path& dir, bool resume);
+// Returns the run folder's checkpoints/ folder; a run that does not resume is refused when
+// checkpoints are already there. The caller creates the folder once the run's model is built,
+// so that a run refused before (a wrong init_from, no GPU) leaves no empty folder behind.
+std::filesystem::path check_run_dir(const std::filesystem::path& dir, bool resume);
 
 // The loop's counters, saved in state.json and restored from it on resume.
 struct LoopCounters {

@@ -355,7 +355,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   dist::Communicator& comm = o.comm ? *o.comm : alone;
   const bool parallel = comm.world() > 1, lead = comm.rank() == 0;
   set_num_threads(cfg.threads > 0 ? cfg.threads : threads_per_rank(comm.topology().local_world));
-  const fs::path ckpt_root = prepare_run_dir(cfg.dir, o.resume);
+  const fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
   for (const auto& m : cfg.manifests) {
     const auto man = data::Manifest::load(m);
     POLLEN_CHECK(man.vocab_size <= cfg.model.vocab_size, "data manifest '", m, "' has vocab_size ",
@@ -378,6 +378,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
                  "CPU only so far; remove samples.prompts for a GPU run");
   }
   model.to(device);  // the optimizer below allocates its state where the parameters are
+  fs::create_directories(cfg.dir);
   const auto named = model.named_parameters();
   std::vector<ag::Var> params;
   for (const auto& [n, v] : named) params.push_back(v);

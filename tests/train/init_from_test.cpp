@@ -110,7 +110,7 @@ TEST(InitFrom, AnotherArchitectureOrAModelWithoutWeightsIsRefused) {
   EXPECT_NE(e.find("hidden_size: expected 48, got 32"), std::string::npos) << e;
   EXPECT_NE(e.find("num_hidden_layers: expected 3, got 2"), std::string::npos) << e;
   EXPECT_EQ(e.find("intermediate_size"), std::string::npos) << e;
-  EXPECT_FALSE(fs::exists(dir / "b/checkpoints"));
+  EXPECT_FALSE(fs::exists(dir / "b")) << "a refused run leaves no folder behind";
   // A preset names an architecture, not weights.
   const std::string p = error_of({"model.init_from=\"llama-tiny\""});
   EXPECT_NE(p.find("holds no weights"), std::string::npos) << p;
