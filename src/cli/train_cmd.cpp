@@ -44,6 +44,7 @@ void add_train_command(CLI::App& app) {
   cmd->callback([config, sets, resume, device] {
     if (!device->empty()) sets->push_back("run.device=" + *device);
     const train::TrainConfig cfg = train::load_train_config(*config, *sets);
+    train::check_manifests_exist(cfg, *config);
     // One process unless a launcher (mpirun, srun) started several.
     const auto comm = dist::connect(cfg.timeout_s);
     if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the job

@@ -147,7 +147,11 @@ LocalTrainConfig read_local_train(ConfigTable& t) {
   POLLEN_CHECK(c.micro_batch >= 1 && c.seq >= 1 && c.accumulation >= 1, t.where("micro_batch"),
                ": micro_batch, seq and accumulation must be at least 1");
   POLLEN_CHECK(c.lr > 0, t.where("lr"), ": must be positive");
-  optim::parse_schedule_kind(c.schedule);
+  try {
+    optim::parse_schedule_kind(c.schedule);
+  } catch (const Error& e) {
+    fail(t.where("schedule"), ": ", e.what());
+  }
   POLLEN_CHECK(c.schedule == "constant" || c.total_steps > 0, t.where("total_steps"),
                ": schedule '", c.schedule, "' needs total_steps");
   t.finish();

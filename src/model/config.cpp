@@ -116,7 +116,13 @@ double LlamaConfig::flops_per_token(int64_t seq_len) const {
 LlamaConfig read_config(ConfigTable& t) {
   LlamaConfig c;
   std::string base = t.get_string("preset", "");
-  if (!base.empty()) c = preset(base);
+  if (!base.empty()) {
+    try {
+      c = preset(base);
+    } catch (const Error& e) {
+      fail(t.where("preset"), ": ", e.what());
+    }
+  }
   c.name = t.get_string("name", base.empty() ? "custom" : base);
   c.vocab_size = t.get_int("vocab_size", c.vocab_size);
   c.hidden_size = t.get_int("hidden_size", c.hidden_size);

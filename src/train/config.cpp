@@ -180,7 +180,11 @@ void read_optimizer(ConfigTable& o, OptimizerSettings& s) {
 }
 
 void read_schedule(ConfigTable& s, optim::Schedule& schedule) {
-  schedule.kind = optim::parse_schedule_kind(s.get_string("kind", "cosine"));
+  try {
+    schedule.kind = optim::parse_schedule_kind(s.get_string("kind", "cosine"));
+  } catch (const Error& e) {
+    fail(s.where("kind"), ": ", e.what());
+  }
   schedule.warmup_steps = s.get_int("warmup_steps", 0);
   POLLEN_CHECK(schedule.warmup_steps >= 0, s.where("warmup_steps"), ": expected 0 or more");
   schedule.min_lr = s.get_double("min_lr", 0.0);
@@ -369,6 +373,14 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   }
   t.finish();
   return c;
+}
+
+void check_manifests_exist(const TrainConfig& c, const std::string& source) {
+  for (const auto* key : {"manifests", "validation_manifests"})
+    for (const auto& m : std::string(key) == "manifests" ? c.manifests : c.validation_manifests)
+      POLLEN_CHECK(std::filesystem::is_regular_file(m), "config file '", source, "', key 'data.",
+                   key, "': '", m, "' does not exist (expected the manifest.json of a dataset ",
+                   "made by pollen data prepare)");
 }
 
 TrainConfig load_train_config(const std::filesystem::path& path,

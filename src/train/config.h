@@ -89,6 +89,11 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
                                const std::vector<std::string>& overrides = {},
                                const std::filesystem::path& base_dir = {});
 
+// Throws, naming the run file and the key, when a manifest of data.manifests or
+// data.validation_manifests does not exist: checked before the run starts, so that a wrong path
+// is reported as the key that holds it, not as a file the trainer cannot open.
+void check_manifests_exist(const TrainConfig& config, const std::string& source);
+
 // Pieces every run file shares (pre- and post-training).
 // The run file's text; an error names it.
 std::string read_config_file(const std::filesystem::path& path);

@@ -168,6 +168,21 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   EXPECT_NE(e.find("vocab_size must be 1 to 2^24"), std::string::npos) << e;
   e = err(base, {"schedule.kind=exp"});
   EXPECT_NE(e.find("unknown schedule 'exp'"), std::string::npos) << e;
+  EXPECT_NE(e.find("config file 'run.toml with --set', key 'schedule.kind'"), std::string::npos)
+      << e;
+  // A manifest that does not exist is named by its key, before any work.
+  e = error_of([&] {
+    train::check_manifests_exist(
+        train::parse_train_config(base, "run.toml", {"data.manifests=[\"/nope/m.json\"]"}),
+        "run.toml");
+  });
+  EXPECT_NE(e.find("config file 'run.toml', key 'data.manifests': '/nope/m.json' does not exist"),
+            std::string::npos)
+      << e;
+  EXPECT_NO_THROW(train::check_manifests_exist(train::parse_train_config(base, "run.toml"), ""));
+  e = err(base, {"model.preset=\"llama-huge\""});
+  EXPECT_NE(e.find("key 'model.preset': unknown model preset 'llama-huge'"), std::string::npos)
+      << e;
   e = err(base, {"model.hidden_sise=8"});
   EXPECT_NE(e.find("model.hidden_sise"), std::string::npos) << e;
 
