@@ -36,6 +36,7 @@ namespace {
 
 PipelineConfig read_pipeline_config(ConfigTable& t, const fs::path& path) {
   PipelineConfig c;
+  c.source = path.string();
   c.base_dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   std::string out = t.require_string("output");
   c.output = (fs::path(out).is_absolute() ? fs::path(out) : c.base_dir / out).lexically_normal();
@@ -966,7 +967,30 @@ struct Pass2Outputs {
 
 // ---- the run -----------------------------------------------------------------------------------
 
+namespace {
+
+// The files and folders the config names, checked before any work: one that does not exist is
+// a typo (or a mount that is not there), reported as the key that holds it.
+void check_configured_paths(const PipelineConfig& c) {
+  auto check = [&](const std::string& key, const std::string& p, const std::string& expected) {
+    const fs::path path = fs::path(p).is_absolute() ? fs::path(p) : c.base_dir / p;
+    POLLEN_CHECK(fs::exists(path), "config file '", c.source, "', key '", key, "': '", p,
+                 "' does not exist", path.string() == p ? "" : cat(" ('", path.string(), "')"),
+                 "; expected ", expected);
+  };
+  for (const auto& s : c.sources)
+    for (const auto& p : s.paths) check("source." + s.name + ".paths", p, "a file or folder");
+  if (c.tokenize)
+    check("tokenize.tokenizer", c.tokenizer,
+          "a tokenizer.json (or --no-tokenize, to stop at the curated JSONL)");
+  if (c.decontaminate)
+    for (const auto& e : c.eval_files) check("decontaminate.eval_files", e, "a file");
+}
+
+}  // namespace
+
 fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
+  check_configured_paths(c);
   if (c.threads > 0) set_num_threads(c.threads);
   fs::create_directories(c.output / "work");
   const fs::path work = c.output / "work";

@@ -30,6 +30,7 @@
 namespace pollen::data {
 
 struct PipelineConfig {
+  std::string source;              // the config file, named by errors
   std::filesystem::path base_dir;  // relative paths in the config resolve against this
   std::filesystem::path output;
   int threads = 0;  // 0: all hardware threads

@@ -110,7 +110,7 @@ struct Corpus {
     write(p, "output = \"" + out + "\"\nthreads = " + std::to_string(threads) +
                  "\nmax_line_bytes = 1000\nbatch_bytes = 4096\n" + top +
                  "sources = [\"text\", \"fortunes\", \"records\"]\n"
-                 "[source.text]\npaths = [\"corpus/text\", \"corpus/missing.txt\"]\n"
+                 "[source.text]\npaths = [\"corpus/text\"]\n"
                  "[source.fortunes]\npaths = [\"corpus/fortunes.gz\"]\nformat = \"delimited\"\n"
                  "[source.records]\npaths = [\"corpus/records.jsonl.zst\"]\nformat = \"jsonl\"\n"
                  "[minhash]\nngram = 5\n"
@@ -194,7 +194,7 @@ TEST(Pipeline, EveryDocumentIsAccountedForAndBadInputIsReported) {
   EXPECT_EQ(stage("read")["dropped"]["invalid_json"]["docs"], 1);
   EXPECT_EQ(stage("read")["dropped"]["missing_field"]["docs"], 1);
   EXPECT_EQ(stage("read")["dropped"]["line_too_long"]["docs"], 1);
-  EXPECT_EQ(stage("read")["files_missing"], 1);
+  EXPECT_EQ(stage("read")["files_missing"], 0);
   EXPECT_EQ(stage("read")["files_empty"], 1);
   EXPECT_EQ(stage("utf8")["docs_modified"], 2);
   EXPECT_EQ(stage("exact_dedup")["dropped"]["duplicate"]["docs"], 1);
@@ -217,9 +217,8 @@ TEST(Pipeline, EveryDocumentIsAccountedForAndBadInputIsReported) {
   EXPECT_EQ(where["invalid_utf8"],
             (At{{"text/bad_utf8.txt", 1 + std::count(p77.begin(), p77.end(), '\n')},
                 {"records/records.jsonl.zst", 14}}));
-  EXPECT_EQ(where["missing_file"], (At{{"text/missing.txt", 0}}));
   EXPECT_EQ(where["empty_file"], (At{{"text/empty.txt", 0}}));
-  EXPECT_EQ(m["problems_total"], 7);
+  EXPECT_EQ(m["problems_total"], 6);
   // Shards hold what the split stage kept, and the loader reads them.
   int64_t docs = 0;
   for (const auto& s : m["shards"]) docs += s["num_docs"].get<int64_t>();
@@ -230,6 +229,37 @@ TEST(Pipeline, EveryDocumentIsAccountedForAndBadInputIsReported) {
   std::string curated = read_file(out / "curated-train.jsonl");
   EXPECT_NE(curated.find("<EMAIL>"), std::string::npos);
   EXPECT_EQ(curated.find("someone@example.org"), std::string::npos);
+}
+
+// A path the config names that does not exist is a typo: an error naming the config file, the
+// key and the path, before any work (no output folder), not a warning and 0 documents.
+TEST(Pipeline, AConfiguredPathThatDoesNotExistIsAnErrorBeforeAnyWork) {
+  const fs::path cfg_path = corpus().config("out_typo", 1);
+  const std::string text = read_file(cfg_path);
+  auto error = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    t.replace(t.find(from), from.size(), to);
+    const PipelineConfig c = PipelineConfig::parse(t, cfg_path);
+    try {
+      prepare(c, {.progress = false});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string e = error("\"corpus/text\"", "\"corpus/txet\"");
+  EXPECT_NE(e.find("config file '" + cfg_path.string() +
+                   "', key 'source.text.paths': 'corpus/txet' does not exist"),
+            std::string::npos)
+      << e;
+  e = error("\"tokenizer.json\"", "\"nope.json\"");
+  EXPECT_NE(e.find("key 'tokenize.tokenizer': 'nope.json' does not exist"), std::string::npos) << e;
+  EXPECT_NE(e.find("--no-tokenize"), std::string::npos) << e;
+  e = error("\"eval.jsonl\"", "\"eval.jsnol\"");
+  EXPECT_NE(e.find("key 'decontaminate.eval_files': 'eval.jsnol' does not exist"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(corpus().root / "out_typo"));
 }
 
 // max_doc_bytes holds for a JSONL record's text as for a text file or a delimited document
