@@ -144,8 +144,20 @@ ModelSource resolve_model(const std::string& spec) {
     s.config = model::load_config(p);
     return s;
   }
+  // A preset name has neither a '/' nor an extension: anything else that reaches here was meant
+  // as a path, and the error is that it names nothing, not that it is an unknown preset.
+  const bool exists = fs::exists(p);
+  POLLEN_CHECK(exists || (spec.find('/') == std::string::npos && !p.has_extension()), "model '",
+               spec, "': no such file or folder (expected a run folder, a checkpoint folder, ",
+               "an HF directory or a .toml model file)");
+  POLLEN_CHECK(!exists, "model '", spec, "': a file that is not a model (expected a run folder, ",
+               "a checkpoint folder, an HF directory, a .toml model file or a preset)");
   s.kind = ModelSource::Kind::preset;
-  s.config = model::resolve_config(spec);
+  try {
+    s.config = model::resolve_config(spec);
+  } catch (const Error& e) {
+    fail(e.what(), "; nor is there a file or folder '", spec, "'");
+  }
   return s;
 }
 

@@ -389,6 +389,28 @@ TEST(ModelSource, CheckpointAndHfDirGiveTheSameLogits) {
   } catch (const Error& err) {
     EXPECT_NE(std::string(err.what()).find("neither an HF directory"), std::string::npos);
   }
+  // A path that names nothing is a wrong path, not an unknown preset; a word may be either.
+  for (const std::string spec :
+       {(root / "nope").string(), std::string("out/nope"), std::string("nope.safetensors")}) {
+    try {
+      io::resolve_model(spec);
+      ADD_FAILURE() << spec;
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("model '" + spec + "': no such file or folder"),
+                std::string::npos)
+          << err.what();
+    }
+  }
+  try {
+    io::resolve_model("llama-huge");
+    ADD_FAILURE();
+  } catch (const Error& err) {
+    const std::string what = err.what();
+    EXPECT_NE(what.find("unknown model preset 'llama-huge': expected one of llama-tiny"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("nor is there a file or folder 'llama-huge'"), std::string::npos) << what;
+  }
   fs::remove_all(root);
 }
 
