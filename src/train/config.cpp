@@ -108,8 +108,11 @@ void read_run_keys(ConfigTable* run, const std::string& source,
                    const std::filesystem::path& base_dir, LoopSettings& c) {
   const std::string stem = std::filesystem::path(source).stem().string();
   c.name = run ? run->get_string("name", stem) : stem;
-  c.dir = run && run->has("dir") ? resolve_config_path(base_dir, run->get_string("dir", ""))
-                                 : "runs/" + c.name;
+  // The default is in the current folder, recorded as absolute like the paths of the run file,
+  // so that the run folder's config.toml and summary.json name it from wherever they are read.
+  c.dir = run && run->has("dir")
+              ? resolve_config_path(base_dir, run->get_string("dir", ""))
+              : (std::filesystem::absolute("runs") / c.name).lexically_normal().string();
   if (!run) return;
   const int64_t seed = run->get_int("seed", 0);
   POLLEN_CHECK(seed >= 0, run->where("seed"), ": expected a non-negative integer");

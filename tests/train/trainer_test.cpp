@@ -141,6 +141,11 @@ TEST(TrainConfig, PathsOfARunFileGivenRelativelyBecomeAbsolute) {
   EXPECT_EQ(c.manifests[0], (dir.parent_path() / "data" / "manifest.json").string());
   EXPECT_EQ(c.dir, dir / "runs" / "x");
   EXPECT_EQ(c.init_from, (dir / "w").string());
+  // run.dir left out: runs/<name> in the current folder, recorded as absolute too.
+  write_file_atomic(dir / "run.toml",
+                    "[model]\npreset = 'llama-tiny'\n[data]\nmanifests = ['m.json']\n"
+                    "[train]\nsteps = 1\n");
+  EXPECT_EQ(train::load_train_config(relative, {}).dir, fs::current_path() / "runs" / "run");
   fs::remove_all(dir);
 }
 
