@@ -23,8 +23,15 @@ namespace {
 // What makes two evaluations the same: checkpoint step, dataset, split, row length.
 using EvalKey = std::tuple<int64_t, std::string, std::string, int64_t>;
 
+// A manifest as stored and compared: absolute, so that the same data given by a relative and an
+// absolute path (or from another folder) is one dataset. Records written with a relative path
+// resolve the same way, against the current folder.
+std::string manifest_key(const std::string& manifest) {
+  return fs::absolute(manifest).lexically_normal().string();
+}
+
 EvalKey key_of(const nlohmann::ordered_json& j) {
-  return {j.at("step").get<int64_t>(), j.at("data").get<std::string>(),
+  return {j.at("step").get<int64_t>(), manifest_key(j.at("data").get<std::string>()),
           j.at("split").get<std::string>(), j.at("seq").get<int64_t>()};
 }
 
@@ -64,6 +71,7 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   const TrainConfig run = parse_train_config(read_file(config_path), config_path.string());
   std::vector<std::string> manifests = o.manifests;
   if (manifests.empty()) manifests = run.validation_manifests;
+  for (auto& m : manifests) m = manifest_key(m);
   const std::string split = o.split.empty() ? run.validation_split : o.split;
   POLLEN_CHECK(!split.empty(), "'", config_path.string(),
                "': data.validation_split is empty (the run had no validation data); give the "

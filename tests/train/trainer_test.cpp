@@ -632,6 +632,13 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
   auto r = train::evaluate_run(run, o);
   EXPECT_TRUE(r.evaluated.empty());
   EXPECT_EQ(r.already, 3);
+  // The same data named by a relative path is the same dataset, done already.
+  o.manifests = {fs::relative(dataset(), fs::current_path()).string()};
+  ASSERT_TRUE(fs::path(o.manifests[0]).is_relative());
+  r = train::evaluate_run(run, o);
+  EXPECT_TRUE(r.evaluated.empty());
+  EXPECT_EQ(r.already, 3);
+  o.manifests.clear();
   fs::resize_file(all[1] / "model.safetensors", 100);
   o.again = true;
   ::testing::internal::CaptureStderr();
