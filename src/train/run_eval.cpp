@@ -6,6 +6,7 @@
 #include <map>
 #include <tuple>
 
+#include "base/config.h"
 #include "base/error.h"
 #include "base/files.h"
 #include "base/log.h"
@@ -67,8 +68,24 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   const fs::path config_path = run_dir / "config.toml";
   POLLEN_CHECK(fs::is_regular_file(config_path), "'", run_dir.string(),
                "' is not a run folder of pollen train (no config.toml)");
+  const std::string config_text = read_file(config_path);
+  {
+    // A post-training run's config.toml names its base model and has its objective's section:
+    // say so, rather than listing those keys as unknown to pollen train.
+    ConfigTable t = ConfigTable::parse(config_text, config_path.string());
+    auto model = t.table("model");
+    if (model && model->has("base")) {
+      std::string objective = "post-training";
+      for (const char* section : {"sft", "dpo", "rm", "grpo"})
+        if (t.has(section)) objective = section;
+      fail("'", run_dir.string(), "' is a run of pollen ", objective,
+           ", and eval --run evaluates runs of pollen train; evaluate its newest checkpoint with ",
+           "pollen eval --model ", run_dir.string(), " --data MANIFEST (or one checkpoint with ",
+           "--model ", (run_dir / "checkpoints" / "step-NNNNNNNN").string(), ")");
+    }
+  }
   // The resolved config holds paths as the run saw them (absolute, or relative to where it ran).
-  const TrainConfig run = parse_train_config(read_file(config_path), config_path.string());
+  const TrainConfig run = parse_train_config(config_text, config_path.string());
   std::vector<std::string> manifests = o.manifests;
   if (manifests.empty()) manifests = run.validation_manifests;
   for (auto& m : manifests) m = manifest_key(m);

@@ -224,6 +224,21 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   EXPECT_NE(e.find("train.seq"), std::string::npos) << e;
 }
 
+// eval --run takes runs of pollen train; a post-training run's config.toml (its base model and
+// objective's section) is named as such, with the command that evaluates it.
+TEST(RunEval, APostTrainingRunIsPointedAtEvalModel) {
+  const fs::path run = temp_dir("post_run_eval");
+  write_file_atomic(run / "config.toml",
+                    "[model]\nbase = 'llama-tiny'\ntokenizer = 't.json'\n[sft]\nseq = 64\n");
+  const std::string e = error_of([&] { train::evaluate_run(run, {}); });
+  EXPECT_NE(e.find("is a run of pollen sft, and eval --run evaluates runs of pollen train"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("pollen eval --model " + run.string() + " --data MANIFEST"), std::string::npos)
+      << e;
+  fs::remove_all(run);
+}
+
 TEST(Accumulation, MicroBatchesWithUnequalScoredTokensEqualOneBigBatch) {
   set_num_threads(2);
   model::LlamaConfig mc;
