@@ -31,6 +31,10 @@ class DpoObjective : public Objective {
   std::string name() const override { return "dpo"; }
   ObjectiveStep train_step(const model::Llama& model, int64_t step) override;
   ObjectiveStep evaluate(const model::Llama& model) override;
+  // Held-out pairs: a validation fraction holds out at least one; a validation file may be empty.
+  std::string no_validation_data() const override {
+    return eval_pairs_.empty() ? "dpo.validation holds no pairs" : "";
+  }
   nlohmann::ordered_json state() const override;
   void restore(const nlohmann::ordered_json& state) override;
 

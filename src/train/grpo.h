@@ -97,6 +97,11 @@ class GrpoObjective : public Objective {
   std::string headline_metric() const override { return "reward"; }
   ObjectiveStep train_step(const model::Llama& model, int64_t step) override;
   ObjectiveStep evaluate(const model::Llama& model) override;
+  std::string no_validation_data() const override {
+    if (!eval_prompts_.empty()) return "";
+    return options_.eval_data.empty() ? "grpo.eval_data is not set"
+                                      : "grpo.eval_data holds no prompts";
+  }
   nlohmann::ordered_json state() const override;
   void restore(const nlohmann::ordered_json& state) override;
 

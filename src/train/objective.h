@@ -47,6 +47,10 @@ class Objective {
   virtual ObjectiveStep train_step(const model::Llama& model, int64_t step) = 0;
   // The loss and metrics on the held-out data, without gradients.
   virtual ObjectiveStep evaluate(const model::Llama& model) = 0;
+  // Empty when there is held-out data; otherwise why there is none and which key gives some.
+  // The loop then warns once at the start and never evaluates, as pollen train does without
+  // validation data, rather than logging a loss of nan at every evaluation.
+  virtual std::string no_validation_data() const { return ""; }
 
   // Everything a resumed run needs to continue bitwise (data position, RNG counters), stored
   // as JSON in each checkpoint, and restored from it before the first step of the resumed run.

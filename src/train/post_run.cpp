@@ -225,6 +225,8 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
     if (!values.contains(headline)) return std::string();
     return cat(headline, " ", values[headline].get<double>());
   };
+  const std::string no_validation = objective->no_validation_data();
+  if (!no_validation.empty()) log::warn("no evaluation: ", no_validation);
   bool stopped = false;
   for (auto& p : params) p.zero_grad();
   while (step < cfg.steps) {
@@ -275,7 +277,8 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
       break;
     }
     const bool last = step == cfg.steps;
-    if ((cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || last) {
+    if (no_validation.empty() &&
+        ((cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || last)) {
       ObjectiveStep v;
       {
         ag::NoGrad no_grad;
@@ -335,7 +338,8 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {
     const std::string train_shown = shown(last_loss, last_metrics);
-    const std::string val_shown = shown(last_val, last_val_metrics);
+    const std::string val_shown =
+        no_validation.empty() ? shown(last_val, last_val_metrics) : std::string();
     r.message =
         cat("finished ", counters.step, " steps (", counters.tokens, " tokens) in ",
             obs::format_duration(total), ": ", train_shown.empty() ? "" : train_shown + ", ",

@@ -321,6 +321,14 @@ ObjectiveStep SftObjective::evaluate(const model::Llama& model) {
   return s;
 }
 
+std::string SftObjective::no_validation_data() const {
+  if (!validation_rows_.empty()) return "";
+  if (!settings_.validation.empty())
+    return cat("sft.validation '", settings_.validation.string(), "' holds no examples");
+  return cat("sft.validation_fraction (", settings_.validation_fraction, ") held out none of ",
+             train_.size(), " examples; set a larger fraction or sft.validation (a file)");
+}
+
 nlohmann::ordered_json SftObjective::state() const {
   return {{"epoch", epoch_}, {"next", next_}};
 }

@@ -80,6 +80,7 @@ class SftObjective : public Objective {
   std::string name() const override { return "sft"; }
   ObjectiveStep train_step(const model::Llama& model, int64_t step) override;
   ObjectiveStep evaluate(const model::Llama& model) override;
+  std::string no_validation_data() const override;
   nlohmann::ordered_json state() const override;
   void restore(const nlohmann::ordered_json& state) override;
 

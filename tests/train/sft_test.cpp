@@ -215,6 +215,32 @@ TEST(Sft, ShortRunLowersTheValidationLoss) {
   EXPECT_EQ(r.last_val_metrics.at("examples").get<int64_t>(), 40);
 }
 
+// As pollen train without validation data: one warning at the start naming the key that gives
+// some, then no evaluation (no val_loss record, no "nan" logged or summed up).
+TEST(Sft, WithoutValidationDataTheRunWarnsOnceAndNeverEvaluates) {
+  const auto& fx = fixture();
+  const fs::path dir = test_support::post_temp_dir("sft_no_val");
+  const auto data = test_support::write_sft_data(dir / "train.jsonl", "upper", 1, 1);
+  const std::string text =
+      test_support::tiny_post_toml(dir / "run", fx.model_file, fx.tokenizer_path, 2,
+                                   "[sft]\ndata = \"" + data.string() + "\"\nmicro_batch = 1\n");
+  const auto cfg = train::parse_post_config(text, "one.toml", "sft");
+  train::PostOptions o;
+  o.quiet = true;
+  o.handle_signals = false;
+  ::testing::internal::CaptureStderr();
+  const auto r = train::run_post_training(cfg, o, train::make_sft_objective);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message << log;
+  const std::string warning =
+      "no evaluation: sft.validation_fraction (0.05) held out none of 1 examples";
+  EXPECT_NE(log.find(warning), std::string::npos) << log;
+  EXPECT_EQ(log.find("no evaluation", log.find(warning) + 1), std::string::npos) << log;
+  EXPECT_EQ(log.find("nan"), std::string::npos) << log;
+  EXPECT_EQ(r.message.find("nan"), std::string::npos) << r.message;
+  EXPECT_EQ(read_file(dir / "run" / "metrics.jsonl").find("val_loss"), std::string::npos);
+}
+
 TEST(Sft, MalformedLinesAreRefusedNamingFileLineAndField) {
   const fs::path dir = test_support::post_temp_dir("sft_bad");
   auto check = [&](const std::string& body, const std::vector<std::string>& wanted) {
