@@ -308,7 +308,8 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
     const std::string role = m["role"].get<std::string>();
     if (role != "system" && role != "user" && role != "assistant" && role != "developer")
       bad_request(where + ".role",
-                  cat("'", where, ".role' must be system, user or assistant, got '", role, "'"));
+                  cat("'", where, ".role' must be system, user, assistant or developer (taken ",
+                      "as system), got '", role, "'"));
     std::string content;
     const json c = m.contains("content") ? m["content"] : json(nullptr);
     if (c.is_string()) {

@@ -51,8 +51,16 @@ std::vector<tokenizer::ChatMessage> read_messages(const nlohmann::json& value,
     const std::string element = cat(field, "[", i, "]");
     POLLEN_CHECK(value[i].is_object(), where, ", field '", element,
                  "': expected an object with \"role\" and \"content\"");
-    out.push_back({string_field(value[i], "role", element + ".role", where),
-                   string_field(value[i], "content", element + ".content", where)});
+    std::string role = string_field(value[i], "role", element + ".role", where);
+    // The roles the chat templates render, as pollen serve takes them: OpenAI's "developer" is
+    // the system message of newer models. Any other would be rendered as a turn the model was
+    // never trained on (a typo such as "bot" would train the reply unscored).
+    POLLEN_CHECK(role == "system" || role == "user" || role == "assistant" || role == "developer",
+                 where, ", field '", element, ".role': expected system, user, assistant or ",
+                 "developer (taken as system), got '", role, "'");
+    if (role == "developer") role = "system";
+    out.push_back(
+        {std::move(role), string_field(value[i], "content", element + ".content", where)});
   }
   return out;
 }

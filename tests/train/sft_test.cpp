@@ -261,6 +261,17 @@ TEST(Sft, MalformedLinesAreRefusedNamingFileLineAndField) {
   check(R"({"text": "hi"})", {"line 1", "'messages'", "'prompt'"});
   check(R"({"messages": [{"role": "user", "content": "hi"}]})", {"line 1", "assistant"});
   check(R"({"messages": [{"content": "hi"}]})", {"messages[0].role", "missing"});
+  // Only the roles the chat templates render, as pollen serve takes them.
+  check(
+      R"({"messages": [{"role": "bot", "content": "hi"}, {"role": "assistant", "content": "yo"}]})",
+      {"bad.jsonl", "line 1", "messages[0].role",
+       "expected system, user, assistant or developer (taken as system), got 'bot'"});
+  const fs::path dev = dir / "developer.jsonl";
+  std::ofstream(dev)
+      << R"({"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", )"
+      << R"("content": "hi"}, {"role": "assistant", "content": "yo"}]})"
+      << "\n";
+  EXPECT_EQ(train::read_sft_jsonl(dev)[0].messages[0].role, "system");
   // prompt/completion becomes a user and an assistant message.
   const fs::path f = dir / "pc.jsonl";
   std::ofstream(f) << R"({"prompt": "What is 1 + 1?", "completion": "2"})"
