@@ -446,7 +446,7 @@ bool key_may_change_on_resume(const std::string& key) {
 }
 
 std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const TrainConfig& now) {
-  return check_resume_compatible(saved.flat(), now.flat(), "docs/training.md");
+  return check_resume_compatible(saved.flat(), now.flat(), "docs/training.md, 'Resuming'");
 }
 
 std::vector<std::string> check_resume_compatible(
@@ -471,7 +471,7 @@ std::vector<std::string> check_resume_compatible(
     }
   }
   POLLEN_CHECK(refused.empty(), "cannot resume: these keys differ from the checkpoint's config ",
-               "and may not change in a resumed run: ", refused, " (see ", doc, ", 'Resuming')");
+               "and may not change in a resumed run: ", refused, " (see ", doc, ")");
   return warnings;
 }
 

@@ -140,7 +140,7 @@ bool key_may_change_on_resume(const std::string& key);
 // Throws listing every key that differs and may not change; returns warnings for those that
 // may change but alter the run (train.steps moves the schedule's end, run.threads the bits).
 std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const TrainConfig& now);
-// The same over flat keys; errors point at `doc` for the rules.
+// The same over flat keys; errors point at `doc`, a page and its section, for the rules.
 std::vector<std::string> check_resume_compatible(
     const std::vector<std::pair<std::string, std::string>>& saved,
     const std::vector<std::pair<std::string, std::string>>& now, const std::string& doc);

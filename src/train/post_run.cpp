@@ -108,8 +108,9 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
         parse_post_config(read_file(file), file.string(), cfg.objective, {}, fs::current_path());
     POLLEN_CHECK(saved.architecture.has_value(), "'", file.string(), "' has no architecture");
     if (saved.chat_template.empty()) saved.chat_template = resolved.chat_template;  // older runs
-    for (const auto& w : check_resume_compatible(saved.flat(*saved.architecture),
-                                                 resolved.flat(arch), "docs/posttraining.md"))
+    for (const auto& w :
+         check_resume_compatible(saved.flat(*saved.architecture), resolved.flat(arch),
+                                 "docs/posttraining.md, 'Checkpoints and resuming'"))
       log::warn("resume: ", w);
     // The objective's section may not change at all: a key added or removed counts too.
     POLLEN_CHECK(saved.objective_keys == cfg.objective_keys, "cannot resume: [", cfg.objective,

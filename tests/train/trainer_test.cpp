@@ -222,6 +222,7 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   e = error_of([&] { train::check_resume_compatible(c, changed); });
   EXPECT_NE(e.find("optimizer.lr"), std::string::npos) << e;
   EXPECT_NE(e.find("train.seq"), std::string::npos) << e;
+  EXPECT_NE(e.find("(see docs/training.md, 'Resuming')"), std::string::npos) << e;
 }
 
 // eval --run takes runs of pollen train; a post-training run's config.toml (its base model and
