@@ -18,6 +18,20 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// The method each endpoint takes; null for a path that is none.
+const char* endpoint_method(const std::string& path) {
+  static const std::pair<const char*, const char*> endpoints[] = {{"/health", "GET"},
+                                                                  {"/v1/models", "GET"},
+                                                                  {"/tokenizer_info", "GET"},
+                                                                  {"/tokenize", "POST"},
+                                                                  {"/detokenize", "POST"},
+                                                                  {"/v1/completions", "POST"},
+                                                                  {"/v1/chat/completions", "POST"}};
+  for (const auto& [p, method] : endpoints)
+    if (path == p) return method;
+  return nullptr;
+}
+
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(dump(error_body(e)), "application/json");
@@ -165,6 +179,17 @@ void Server::add_routes() {
   const Limits& limits = options_.limits;
   http_->set_error_handler([limits](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
+    // A known endpoint asked with another method (httplib answers 404, or 400 for a POST without
+    // a body): 405 with the method it takes, rather than an error that blames the URL or body.
+    if (const char* allowed = endpoint_method(req.path);
+        allowed && req.method != allowed &&
+        !(req.method == "HEAD" && std::string_view(allowed) == "GET")) {
+      res.set_header("Allow", allowed);
+      send_error(
+          res, ApiError(405, "invalid_request_error", "method_not_allowed", "",
+                        cat(req.method, " is not allowed on ", req.path, ": it takes ", allowed)));
+      return;
+    }
     if (res.status == 413)
       send_error(res, ApiError(413, "invalid_request_error", "request_too_large", "",
                                cat("The request body exceeds this server's limit of ",

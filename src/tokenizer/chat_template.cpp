@@ -324,9 +324,10 @@ ChatFormat choose_chat_format(const std::filesystem::path& model_dir,
                               std::string_view explicit_name) {
   if (!explicit_name.empty()) return {chat_template_named(explicit_name), std::nullopt};
   const std::filesystem::path config = model_dir / "tokenizer_config.json";
-  POLLEN_CHECK(std::filesystem::exists(config), model_dir.string(),
-               ": no tokenizer_config.json names a chat template; pass --chat-template chatml or "
-               "--chat-template llama3");
+  // model_dir is empty for a tokenizer file named without a folder: the current one.
+  POLLEN_CHECK(std::filesystem::exists(config), "no tokenizer_config.json in '",
+               model_dir.empty() ? std::string(".") : model_dir.string(),
+               "' names a chat template; pass --chat-template chatml or --chat-template llama3");
   return chat_format_from_config(config);
 }
 

@@ -392,6 +392,27 @@ TEST_F(Serving, InvalidRequestsGet4xxWithOpenAiErrors) {
   expect_error(post("/v1/completions", json{{"prompt", std::string(5000, 'a')}}), 413, "");
   expect_error(post("/v1/completions", json{{"model", "gpt-9"}, {"prompt", "hi"}}), 404, "model");
   expect_error(post("/v1/nothing", json{{"prompt", "hi"}}), 404, "");
+  // A known endpoint with the wrong method: 405, naming the method it takes.
+  {
+    httplib::Client c("127.0.0.1", server_->port());
+    auto m = c.Post("/v1/models", "{}", "application/json");
+    ASSERT_TRUE(m);
+    expect_error({m->status, json::parse(m->body)}, 405, "");
+    EXPECT_EQ(m->get_header_value("Allow"), "GET");
+    EXPECT_EQ(json::parse(m->body)["error"]["message"],
+              "POST is not allowed on /v1/models: it takes GET");
+    auto g = c.Get("/v1/chat/completions");
+    ASSERT_TRUE(g);
+    expect_error({g->status, json::parse(g->body)}, 405, "");
+    EXPECT_EQ(g->get_header_value("Allow"), "POST");
+    // Without a body too (which httplib would answer 400).
+    auto empty = c.Post("/v1/models");
+    ASSERT_TRUE(empty);
+    EXPECT_EQ(empty->status, 405) << empty->body;
+    auto d = c.Delete("/tokenize");
+    ASSERT_TRUE(d);
+    EXPECT_EQ(d->status, 405) << d->body;
+  }
   expect_error(post("/v1/chat/completions", json{{"messages", "hi"}}), 400, "messages");
   expect_error(
       post("/v1/chat/completions", json{{"messages", {{{"role", "wizard"}, {"content", "hi"}}}}}),

@@ -118,6 +118,9 @@ TEST(ChatTemplate, RefusesTemplatesItCannotRender) {
   fs::remove(dir / "tokenizer_config.json");
   EXPECT_NE(error_of([&] { choose_chat_format(dir, ""); }).find("--chat-template"),
             std::string::npos);
+  EXPECT_EQ(error_of([&] { choose_chat_format(dir, ""); }),
+            "no tokenizer_config.json in '" + dir.string() +
+                "' names a chat template; pass --chat-template chatml or --chat-template llama3");
   write_file_atomic(dir / "tokenizer_config.json", R"({"bos_token": "<s>"})");
   EXPECT_NE(error_of([&] { choose_chat_format(dir, ""); }).find("has no 'chat_template'"),
             std::string::npos);
