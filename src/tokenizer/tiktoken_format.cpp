@@ -204,7 +204,9 @@ Tokenizer tiktoken_from_text(std::string_view text, std::string_view source, std
                              std::vector<AddedToken> special_tokens) {
   Vocab vocab;
   // At most one token a line, so the ranks' limit (token_id_limit) follows from the lines.
-  const auto lines = static_cast<uint64_t>(std::count(text.begin(), text.end(), '\n')) + 1;
+  // A last line without its newline counts too.
+  const auto lines = static_cast<uint64_t>(std::count(text.begin(), text.end(), '\n')) +
+                     (!text.empty() && text.back() != '\n' ? 1 : 0);
   const uint32_t rank_limit = token_id_limit(lines);
   size_t line_number = 0;
   while (!text.empty()) {
@@ -226,8 +228,8 @@ Tokenizer tiktoken_from_text(std::string_view text, std::string_view source, std
     POLLEN_CHECK(ec == std::errc() && end == rank_text.data() + rank_text.size(), source, ":",
                  line_number, ": rank '", rank_text, "' is not a non-negative integer");
     POLLEN_CHECK(rank < rank_limit, source, ":", line_number, ": rank ", rank,
-                 " is too large for a file of ", lines, " lines (ranks index a table: below ",
-                 rank_limit, ")");
+                 " is too large for a file of ", lines, lines == 1 ? " line" : " lines",
+                 " (ranks index a table: below ", rank_limit, ")");
     try {
       vocab.add(rank, std::move(*bytes));
     } catch (const Error& e) {

@@ -122,7 +122,9 @@ TEST(Robustness, MalformedRankFilesNameFileAndLine) {
   // A rank far past the file's lines is refused before the table of ranks grows to it (it took
   // 512 MiB for this 14-byte file).
   expect_error([&] { tiktoken_from_text("QQ== 16777215\n", "r.tiktoken", pattern, {}); },
-               {"r.tiktoken:1", "rank 16777215 is too large for a file of 2 lines", "below 65538"});
+               {"r.tiktoken:1", "rank 16777215 is too large for a file of 1 line", "below 65537"});
+  expect_error([&] { tiktoken_from_text("QQ== 0\nQg== 70000\nQw== 2", "r.tiktoken", pattern, {}); },
+               {"r.tiktoken:2", "rank 70000 is too large for a file of 3 lines", "below 65539"});
 }
 
 // Metaspace's split cuts before every separator but one at the very start, also one inside the
