@@ -4,6 +4,7 @@
 
 #include "base/thread_pool.h"
 #include "cli/commands.h"
+#include "cli/sampling_args.h"
 #include "data/pipeline.h"
 #include "data/shards.h"
 
@@ -55,9 +56,16 @@ void add_data_command(CLI::App& app) {
       ->required()
       ->check(CLI::ExistingPath);
   insp->add_option("--split", ia->split, "train or validation")->capture_default_str();
-  insp->add_option("--doc", ia->doc, "First document")->capture_default_str();
-  insp->add_option("--count", ia->count, "How many documents")->capture_default_str();
-  insp->add_option("--max-ids", ia->max_ids, "Token ids shown per document")->capture_default_str();
+  constexpr double kAny = std::numeric_limits<double>::max();
+  insp->add_option("--doc", ia->doc, "First document (from 0)")
+      ->capture_default_str()
+      ->check(number_in(0, kAny, false, ">= 0"));
+  insp->add_option("--count", ia->count, "How many documents (1 or more)")
+      ->capture_default_str()
+      ->check(number_in(1, kAny, false, ">= 1"));
+  insp->add_option("--max-ids", ia->max_ids, "Token ids shown per document")
+      ->capture_default_str()
+      ->check(number_in(0, kAny, false, ">= 0"));
   insp->callback([ia] {
     std::printf(
         "%s",

@@ -1451,6 +1451,15 @@ std::string inspect_documents(const fs::path& where, const std::string& split, i
       fs::exists(m.dir() / m.json["tokenizer"]["file"].get<std::string>()))
     tok = std::make_unique<tokenizer::Tokenizer>(
         tokenizer::load_hf_json(m.dir() / m.json["tokenizer"]["file"].get<std::string>()));
+  if (m.split(split).empty()) {
+    // A split name the manifest does not have (a typo, "test"): name the ones it has.
+    std::set<std::string> names;
+    for (const auto& s : m.shards) names.insert(s.split);
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "'" : ", '") + n + "'";
+    fail("inspect: '", path.string(), "' has no split '", split,
+         "'; its splits: ", list.empty() ? "none (no shards)" : list);
+  }
   std::string out;
   int64_t base = 0;
   for (const auto& info : m.split(split)) {

@@ -229,6 +229,17 @@ TEST(Pipeline, EveryDocumentIsAccountedForAndBadInputIsReported) {
   std::string curated = read_file(out / "curated-train.jsonl");
   EXPECT_NE(curated.find("<EMAIL>"), std::string::npos);
   EXPECT_EQ(curated.find("someone@example.org"), std::string::npos);
+  // inspect: a split the manifest does not have is named with the ones it has.
+  EXPECT_NE(inspect_documents(out, "validation", 0, 1, 8).find("--- validation doc 0"),
+            std::string::npos);
+  try {
+    inspect_documents(out, "test", 0, 1, 8);
+    ADD_FAILURE() << "no error for a split the manifest does not have";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no split 'test'; its splits: 'train', 'validation'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // A path the config names that does not exist is a typo: an error naming the config file, the
