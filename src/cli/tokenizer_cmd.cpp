@@ -175,6 +175,14 @@ void add_train(CLI::App* parent) {
     for (const std::string& file : a->counts) counts.merge_file(file);
     tk::Tokenizer tok = tk::train_bpe(counts, {a->vocab_size, a->specials, counts.pattern()});
     tk::save_tokenizer(tok, a->output);
+    // A rank file holds only the ranks: the special tokens are lost unless given again.
+    if (std::filesystem::path(a->output).extension() != ".json")
+      for (const auto& t : tok.added_tokens())
+        std::fprintf(stderr,
+                     "pollen tokenizer train: '%s' (id %u) is not stored in the rank file '%s' "
+                     "(a rank file holds no special tokens): give it where the file is used as "
+                     "--add-special '%s=%u', or write a tokenizer.json\n",
+                     t.content.c_str(), t.id, a->output.c_str(), t.content.c_str(), t.id);
     double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("trained %u tokens on %.1f MB (%zu distinct pieces) in %.1f s: %s\n",
