@@ -553,10 +553,12 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
           ? cfg.peak_flops
           : measure_peak_flops(device, cfg.precision == "bf16" ? DType::bf16 : DType::f32);
   const double flops_per_token = cfg.model.flops_per_token(cfg.seq);
+  // The step's shape as a product equal to its tokens: with several ranks, theirs comes first.
+  const std::string ranks = parallel ? cat(comm.world(), " ranks x ") : "";
   log::info("training ", cfg.model.name, " (", cfg.model.parameter_count(), " parameters) for ",
-            cfg.steps, " steps of ", cfg.batch_tokens, " tokens (", accum, " x ", cfg.micro_batch,
-            " x ", cfg.seq, "), ", num_threads(), " threads, ", loader.tokens_per_epoch(),
-            " tokens per epoch; peak ", peak / 1e9, " GFLOP/s",
+            cfg.steps, " steps of ", cfg.batch_tokens, " tokens (", ranks, accum, " x ",
+            cfg.micro_batch, " x ", cfg.seq, "), ", num_threads(), " threads, ",
+            loader.tokens_per_epoch(), " tokens per epoch; peak ", peak / 1e9, " GFLOP/s",
             cfg.peak_flops > 0 ? "" : " (measured)");
   if (parallel) {
     log::info("data parallel over ", comm.world(), " ranks (", comm.topology().launcher,
