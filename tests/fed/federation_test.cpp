@@ -404,6 +404,12 @@ TEST(Simulation, APushFromAClosedAttemptIsRefused) {
   EXPECT_TRUE(server.end_round().aggregated);
 }
 
+// The global model of `cfg` run from the start without a stop, in a folder of its own.
+Weights uninterrupted_global(SimConfig cfg, const fs::path& dir) {
+  cfg.server.dir = dir;
+  return run_simulation(cfg, false).global;
+}
+
 TEST(Simulation, ServerResumesAtTheLastRound) {
   Quiet q;
   const auto dir = temp_dir("resume");
@@ -421,10 +427,7 @@ TEST(Simulation, ServerResumesAtTheLastRound) {
   EXPECT_EQ(state["lineage"].size(), 4u);
 
   // The clients kept their states too: the resumed run is the uninterrupted one, bit for bit.
-  auto whole = cfg;
-  whole.server.dir = dir / "whole";
-  const auto uninterrupted = run_simulation(whole, false);
-  EXPECT_TRUE(bitwise_equal(uninterrupted.global, r.global));
+  EXPECT_TRUE(bitwise_equal(uninterrupted_global(cfg, dir / "whole"), r.global));
 }
 
 // A server that stopped after its clients had trained a round but before its checkpoint of it
@@ -439,10 +442,7 @@ TEST(Simulation, ClientsTrainARoundWhoseUpdateWasLostAgainFromTheirStateBeforeIt
   cfg.server.rounds = 4;
   const auto resumed = run_simulation(cfg, true);
   EXPECT_EQ(resumed.rounds, 4);
-  auto whole = cfg;
-  whole.server.dir = dir / "whole";
-  const auto uninterrupted = run_simulation(whole, false);
-  EXPECT_TRUE(bitwise_equal(uninterrupted.global, resumed.global));
+  EXPECT_TRUE(bitwise_equal(uninterrupted_global(cfg, dir / "whole"), resumed.global));
 }
 
 // A server that gives up (here: fewer than min_clients in time) tells its clients why, and they
