@@ -346,8 +346,12 @@ void add_info(CLI::App* parent) {
   cmd->callback([a] {
     tk::Tokenizer tok = open(*a);
     const auto& model = tok.model();
-    std::printf("vocab size   %u (%zu BPE tokens, %zu merges)\n", tok.vocab_size(),
-                model.vocab().size(), model.merges().size());
+    // A tokenizer.json may list its added tokens in the model's vocabulary too (pollen's do, as
+    // HF's trainer does): they are counted once, as added tokens.
+    size_t bpe = model.vocab().size();
+    for (const tk::AddedToken& t : tok.added_tokens()) bpe -= model.vocab().contains(t.id);
+    std::printf("vocab size   %u (%zu BPE tokens, %zu merges, %zu added)\n", tok.vocab_size(), bpe,
+                model.merges().size(), tok.added_tokens().size());
     std::printf("kind         %s\n", model.options().alphabet == tk::Alphabet::kBytes
                                          ? "byte-level BPE"
                                          : "SentencePiece-style BPE");
