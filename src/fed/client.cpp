@@ -607,9 +607,13 @@ void Client::run() {
           handle(t);
         } catch (const dist::PeerFailure&) {
           throw;  // a rank of this silo died or hangs: the silo's job ends
+        } catch (const RoundCannotSucceed&) {
+          throw;
         } catch (const Error& e) {
-          // A round that closed or a stream that broke: the next task says what to do.
+          // A round that closed or a stream that broke: the next task says what to do, after a
+          // pause, so that a failure that repeats does not spin.
           log::warn("fed client '", config_.id, "': round ", t.round(), " failed: ", e.what());
+          std::this_thread::sleep_for(std::chrono::seconds(1));
         }
         break;
       default:

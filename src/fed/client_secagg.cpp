@@ -51,6 +51,11 @@ EncodedSet Client::masked_update(int64_t round, const Weights& delta, int64_t to
   POLLEN_CHECK(secagg_ && secagg_->round() == round,
                "secure aggregation: no shared keys for round ", round);
   const auto& options = secagg_->options();
+  try {
+    secagg::check_fits(tokens, options);
+  } catch (const Error& e) {
+    throw RoundCannotSucceed(cat("fed client '", config_.id, "': round ", round, ": ", e.what()));
+  }
   secagg::QuantizeStats stats;
   // Stochastic rounding drawn from the client's seed and the round: runs repeat bitwise.
   const uint64_t seed = Rng(config_.seed).fork(static_cast<uint64_t>(round)).next_u64();

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "base/config.h"
 #include "base/files.h"
@@ -207,6 +208,54 @@ TEST(SecureRound, BelowTheThresholdTheRoundFailsAndNothingIsApplied) {
   EXPECT_EQ(metrics[0]["status"], "retry");
   const std::string why = metrics[0]["secagg_error"];
   EXPECT_NE(why.find("fewer than the threshold 3"), std::string::npos) << why;
+}
+
+// A ring too small for a client's tokens fails every attempt alike: the client stops, naming
+// the keys to change, instead of training the round again and again.
+TEST(SecureRound, AClientWhoseTokensTheRingCannotHoldStops) {
+  Quiet q;
+  const auto dir = temp_dir("ring_too_small");
+  auto cfg = sim_config(dir, make_silos(dir, 3), "fedavg", 1, true);
+  // 2^31 / 2^24 levels: below 128 tokens; a client scores about 240 in 4 steps.
+  cfg.server.secure_aggregation.ring_bits = 32;
+  cfg.server.local_steps = 4;
+  cfg.server.round_timeout_s = 30;
+  set_num_threads(1);
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  std::vector<std::unique_ptr<Client>> clients;
+  for (const auto& cc : cfg.clients) {
+    clients.push_back(std::make_unique<Client>(cc, transport));
+    clients.back()->join();
+  }
+  std::thread rounds([&] { server.run(); });
+  // Each client stops: on its own update, or on the server's stop once the others have left.
+  std::vector<std::string> stops(clients.size());
+  std::vector<std::thread> silos;
+  for (size_t i = 0; i < clients.size(); ++i) {
+    silos.emplace_back([&, i] {
+      try {
+        clients[i]->run();
+      } catch (const RoundCannotSucceed& e) {
+        stops[i] = cat("own update: ", e.what());
+      } catch (const Error& e) {
+        stops[i] = cat("server: ", e.what());
+      }
+    });
+  }
+  for (auto& t : silos) t.join();
+  server.stop();
+  rounds.join();
+  int own = 0;
+  for (const std::string& e : stops) {
+    EXPECT_FALSE(e.empty()) << "a client ended as after a finished run";
+    if (e.starts_with("own update: ")) {
+      ++own;
+      EXPECT_NE(e.find("ring_bits 64"), std::string::npos) << e;
+    }
+  }
+  EXPECT_GE(own, 1);
+  EXPECT_EQ(server.rounds_done(), 0);
 }
 
 TEST(SecureRound, HostileOrMisplacedMessagesAreRefused) {
