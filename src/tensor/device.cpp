@@ -11,7 +11,9 @@ const char* device_name(Device d) {
 Device parse_device(const std::string& name) {
   if (name == "cpu") return Device::cpu;
   if (name == "cuda") {
-    POLLEN_CHECK(cuda_built(), "device 'cuda' asked for, but this pollen was built without CUDA");
+    POLLEN_CHECK(cuda_built(),
+                 "device 'cuda' is not available: this pollen was built without the CUDA backend "
+                 "(nvcc was not found at build time)");
     return Device::cuda;
   }
   fail("unknown device '", name, "': expected cpu or cuda");
