@@ -386,6 +386,20 @@ LoraFedConfig load_lora_fed_config(const std::filesystem::path& path) {
   f->finish();
   if (auto s = root.table("strategy")) {
     c.options.strategy = read_strategy_options(*s);
+    // The keys this simulation has no use for are refused, not ignored: it trains every silo
+    // every round, and only the adapters' B travels (no token rows, no optimizer moments).
+    const StrategyOptions& o = c.options.strategy;
+    POLLEN_CHECK(o.fraction_fit == 1.0 && o.min_clients <= static_cast<int64_t>(c.silos.size()),
+                 s->where("fraction_fit"),
+                 ": `pollen fed post` trains every silo every round (fraction_fit 1, min_clients "
+                 "at most the silos); client sampling is `pollen fed server` with [post]");
+    for (const auto& [key, off] : {std::pair{"row_weighting", !o.weights_rows()},
+                                   std::pair{"second_moments", !o.shares_second_moments()},
+                                   std::pair{"first_moments", !o.shares_first_moments()},
+                                   std::pair{"embedding_lr_scale", o.embedding_lr_scale == 1.0}})
+      POLLEN_CHECK(off, s->where(key),
+                   ": a post-training federation exchanges only the LoRA adapters' B, which "
+                   "has no token rows or shared optimizer moments; leave it out");
     s->finish();
   }
   root.finish();

@@ -428,4 +428,22 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
   const std::string train = client_error(client + "[train]\nlr = 1e-3\n");
   EXPECT_NE(train.find("train"), std::string::npos) << train;
   EXPECT_NE(train.find("not allowed with [post]"), std::string::npos) << train;
+
+  // `pollen fed post` refuses the [strategy] keys it would have ignored.
+  auto post_error = [&](const std::string& strategy) {
+    write_file_atomic(dir / "post.toml",
+                      "[federation]\nrun = 'r.toml'\nsilos = ['a', 'b']\n"
+                      "data = ['a.jsonl', 'b.jsonl']\noutput = 'o'\n"
+                      "[strategy]\n" +
+                          strategy);
+    return error_of([&] { load_lora_fed_config(dir / "post.toml"); });
+  };
+  EXPECT_EQ(post_error("name = 'fedadam'\n"), "");
+  for (const char* key :
+       {"fraction_fit = 0.5", "row_weighting = 'token_counts'", "second_moments = 'factored'",
+        "first_moments = 'output'", "embedding_lr_scale = 2.0"}) {
+    const std::string e = post_error(std::string(key) + "\n");
+    const std::string name = std::string(key).substr(0, std::string(key).find(' '));
+    EXPECT_NE(e.find("strategy." + name), std::string::npos) << key << ": " << e;
+  }
 }
