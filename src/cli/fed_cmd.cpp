@@ -135,15 +135,16 @@ void add_fed_command(CLI::App& app) {
     POLLEN_CHECK(p->noise >= 0, "--noise-multiplier must be 0 or more, got ", p->noise);
     POLLEN_CHECK(p->rate > 0 && p->rate <= 1, "--sampling-rate must be in (0, 1], got ", p->rate);
     POLLEN_CHECK(p->delta > 0 && p->delta < 1, "--delta must be in (0, 1), got ", p->delta);
-    fed::PrivacyAccountant accountant;
     std::printf("%-8s %-12s %s\n", "rounds", "epsilon", "best RDP order");
-    for (int64_t r = 1; r <= p->rounds; ++r) {
-      accountant.add(p->rate, p->noise);
-      if (r == p->rounds || (p->every > 0 && r % p->every == 0)) {
-        const auto e = accountant.epsilon(p->delta);
-        std::printf("%-8lld %-12.6g %g\n", static_cast<long long>(r), e.epsilon, e.order);
-      }
-    }
+    // R rounds at one rate and noise compose to R times one round's RDP (as Opacus computes it):
+    // each row is one product, whatever the number of rounds.
+    auto print_after = [&](int64_t r) {
+      const auto e = fed::PrivacyAccountant().after(p->rate, p->noise, r).epsilon(p->delta);
+      std::printf("%-8lld %-12.6g %g\n", static_cast<long long>(r), e.epsilon, e.order);
+    };
+    if (p->every > 0)
+      for (int64_t r = p->every; r < p->rounds; r += p->every) print_after(r);
+    print_after(p->rounds);
     std::printf("noise multiplier %g, sampling rate %g, delta %g\n", p->noise, p->rate, p->delta);
   });
 
