@@ -88,7 +88,11 @@ std::pair<std::string, std::string> apply_overrides(const std::string& text,
   for (const auto& o : overrides) apply_override(root, o);
   std::ostringstream out;
   out << root;
-  return {out.str(), source + " with --set"};
+  // Errors name the keys set over the file (by --set, or by the command: --device, a silo's
+  // data), not only "--set", which the user may not have given.
+  std::string keys;
+  for (const auto& o : overrides) keys += (keys.empty() ? "" : ", ") + o.substr(0, o.find('='));
+  return {out.str(), cat(source, " with ", keys, " set")};
 }
 
 std::string read_config_file(const std::filesystem::path& path) {

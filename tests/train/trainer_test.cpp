@@ -173,7 +173,8 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   EXPECT_NE(e.find("vocab_size must be 1 to 2^24"), std::string::npos) << e;
   e = err(base, {"schedule.kind=exp"});
   EXPECT_NE(e.find("unknown schedule 'exp'"), std::string::npos) << e;
-  EXPECT_NE(e.find("config file 'run.toml with --set', key 'schedule.kind'"), std::string::npos)
+  EXPECT_NE(e.find("config file 'run.toml with schedule.kind set', key 'schedule.kind'"),
+            std::string::npos)
       << e;
   // A manifest that does not exist is named by its key, before any work.
   e = error_of([&] {
