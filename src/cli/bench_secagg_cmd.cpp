@@ -1,5 +1,6 @@
 // `pollen bench secagg`: bytes and seconds of one securely aggregated round against plain
 // aggregation (fed/secagg/bench.h); one JSON line.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -38,7 +39,10 @@ void add_bench_secagg_command(CLI::App& app) {
     o.threshold = a->threshold;
     o.ring_bits = a->ring_bits;
     if (o.ring_bits == 32) o.step = 0x1p-12;  // a 32-bit ring needs a coarser step
-    o.validate([](const std::string& key) { return "--" + key; });
+    o.validate([](std::string key) {
+      std::replace(key.begin(), key.end(), '_', '-');  // the option's spelling
+      return "--" + key;
+    });
     const auto r = fed::secagg::bench_round(a->clients, a->params, a->dropouts, o, 1);
     auto ms = [](double s) { return std::round(s * 1e4) / 10; };
     nlohmann::ordered_json j{{"clients", a->clients},

@@ -1,5 +1,6 @@
 #include "fed/secagg/bench.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -25,6 +26,17 @@ BenchResult bench_round(int64_t clients, int64_t params, int64_t dropouts, const
                         uint64_t seed) {
   POLLEN_CHECK(clients >= 2 && params >= 1 && dropouts >= 0 && dropouts < clients,
                "bench secagg: 2 or more clients, 1 or more params, fewer dropouts than clients");
+  // Each client's shares go to its holders (its neighbours and itself); the threshold of them
+  // must exist, and with every client a neighbour, survive the dropouts.
+  const int64_t holders =
+      options.neighbours > 0 ? std::min(options.neighbours, clients - 1) + 1 : clients;
+  const auto threshold = static_cast<int64_t>(options.resolved_threshold(holders));
+  POLLEN_CHECK(threshold <= holders, "bench secagg: --threshold ", threshold, " exceeds the ",
+               holders, " holders of each client's shares (its --neighbours and itself)");
+  POLLEN_CHECK(options.neighbours > 0 || clients - dropouts >= threshold,
+               "bench secagg: ", dropouts, " --dropouts of ", clients, " clients leave ",
+               clients - dropouts, " holders of each client's shares, fewer than the threshold ",
+               threshold);
   const auto n = static_cast<size_t>(clients);
   Rng rng(seed);
   std::vector<Weights> deltas(n);
