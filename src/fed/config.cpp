@@ -216,6 +216,10 @@ ServerConfig read_server_config(ConfigTable& root) {
                root.where("strategy.row_weighting"), ": '", c.strategy.row_weighting,
                "' weights the rows of token embeddings, and a [post] federation exchanges only "
                "LoRA adapters; use row_weighting = 'none' with [post]");
+  POLLEN_CHECK(c.strategy.embedding_lr_scale == 1.0 || !c.post.enabled(),
+               root.where("strategy.embedding_lr_scale"), ": ", c.strategy.embedding_lr_scale,
+               " scales the token embedding's outer step, and a [post] federation exchanges only "
+               "LoRA adapters; leave it at 1 with [post]");
   // Shared moments (second and first) travel per client in the clear, outside the masked sum
   // and the DP clip, and a [post] silo trains adapters with its own optimizer
   // (docs/federated.md).

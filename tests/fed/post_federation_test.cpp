@@ -421,6 +421,9 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
   const std::string rows = server_error(server + "[strategy]\nrow_weighting = 'token_counts'\n");
   EXPECT_NE(rows.find("strategy.row_weighting"), std::string::npos) << rows;
   EXPECT_NE(rows.find("[post]"), std::string::npos) << rows;
+  const std::string scale = server_error(server + "[strategy]\nembedding_lr_scale = 2.0\n");
+  EXPECT_NE(scale.find("strategy.embedding_lr_scale"), std::string::npos) << scale;
+  EXPECT_NE(scale.find("[post]"), std::string::npos) << scale;
   const std::string client = "[client]\nid = 'a'\n[post]\nrun = 'r.toml'\ndata = 'd.jsonl'\n";
   EXPECT_EQ(client_error(client), "");
   EXPECT_NE(client_error("[client]\nid = 'a'\n[post]\nrun = 'r.toml'\n").find("data"),
