@@ -67,7 +67,8 @@ void add_fed_command(CLI::App& app) {
                 (cfg.server.dir / "metrics.jsonl").c_str());
     // As `fed server`: a run that stopped early (the privacy budget, too many retries) fails.
     if (r.rounds < cfg.server.rounds)
-      throw Error(cat("stopped after ", r.rounds, " of ", cfg.server.rounds, " rounds"));
+      throw Error(cat("stopped after ", r.rounds, " of ", cfg.server.rounds, " rounds",
+                      r.stopped.empty() ? "" : ": " + r.stopped));
   });
 
   auto* tok = fed->add_subcommand(

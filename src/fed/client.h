@@ -51,7 +51,6 @@ void serve_pull(Coordinator& c, const pb::PullRequest& r, const std::string& pee
 pb::PushReply serve_push(Coordinator& c, const std::string& peer_id,
                          const std::function<bool(pb::TensorStream&)>& read);
 
-// Calls the coordinator directly (simulation), through the same functions as the gRPC service.
 // A round no retry can make succeed: this client's update cannot be sent as the federation is
 // configured (a secure aggregation ring too small for its tokens). The client stops, naming it,
 // rather than train the round again and again.
@@ -60,6 +59,7 @@ class RoundCannotSucceed : public Error {
   using Error::Error;
 };
 
+// Calls the coordinator directly (simulation), through the same functions as the gRPC service.
 class LocalTransport : public Transport {
  public:
   explicit LocalTransport(Coordinator& c) : c_(c) {}

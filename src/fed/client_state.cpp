@@ -3,6 +3,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <vector>
 
 #include "base/files.h"
 #include "base/log.h"
@@ -142,18 +143,24 @@ int64_t restore_state(const fs::path& ckpt, const std::string& client_id, LocalT
 }
 
 // The newest state under dir that verifies and was saved after a round before `round` (none:
-// there is none).
+// there is none). When there is one, the newer states (of `round` and later: the lost attempt's
+// training) are removed, so that neither retention nor a restart takes them for the newest.
 std::optional<fs::path> state_before(const fs::path& dir, int64_t round) {
   const auto states = io::list_checkpoints(dir / "checkpoints");
+  std::vector<fs::path> lost;
   for (auto it = states.rbegin(); it != states.rend(); ++it) {
-    const auto state = nlohmann::json::parse(read_file(*it / "state.json"), nullptr, false);
-    if (state.is_discarded() || !state.contains("round") || !state["round"].is_number_integer() ||
-        state["round"].get<int64_t>() >= round)
-      continue;
     if (auto why = io::verify_checkpoint(*it)) {
       log::warn("skipping client state ", it->string(), ": ", *why);
       continue;
     }
+    const auto state = nlohmann::json::parse(read_file(*it / "state.json"), nullptr, false);
+    if (state.is_discarded() || !state.contains("round") || !state["round"].is_number_integer())
+      continue;
+    if (state["round"].get<int64_t>() >= round) {
+      lost.push_back(*it);
+      continue;
+    }
+    for (const fs::path& p : lost) fs::remove_all(p);
     return *it;
   }
   return std::nullopt;

@@ -871,6 +871,11 @@ int64_t Coordinator::rounds_done() const {
   return done_;
 }
 
+std::string Coordinator::stopped_reason() const {
+  std::lock_guard lock(mutex_);
+  return stopped_;
+}
+
 bool Coordinator::finished() const {
   std::lock_guard lock(mutex_);
   return finished_;

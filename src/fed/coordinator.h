@@ -104,6 +104,9 @@ class Coordinator {
 
   int64_t rounds_done() const;
   bool finished() const;
+  // Why the run ended before its last round (min_clients, retries, the privacy budget); empty
+  // when it did not.
+  std::string stopped_reason() const;
   Weights global_weights() const;
   const ParamSpecs& specs() const { return specs_; }
   const ServerConfig& config() const { return config_; }

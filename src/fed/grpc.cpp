@@ -259,12 +259,23 @@ struct Endpoint {
   double connect_timeout_s = 60;
 };
 
-// What a failed call says. One that never reached the server (nothing listening there, a TLS
-// handshake that failed: gRPC tells the two apart only in the server's log) names the address
-// and what to check; anything else is the server's refusal with its reason.
-std::string failure_text(const grpc::Status& s, const char* what, const Endpoint& e) {
+// Whether a call waits for the server to come up (join, task, counts: wait_for_ready and the
+// connect timeout), so that failing to reach it means it was never reached.
+enum class Waits { for_the_server, no };
+
+// What a failed call says. A call that waits for the server and never reached it (nothing
+// listening there, a TLS handshake that failed: gRPC tells the two apart only in the server's
+// log) names the address and what to check; another call whose connection failed names the
+// address; anything else is the server's refusal with its reason.
+std::string failure_text(const grpc::Status& s, const char* what, const Endpoint& e, Waits waits) {
   const auto code = s.error_code();
-  if (code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::UNAVAILABLE) {
+  const bool unreachable =
+      code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::UNAVAILABLE;
+  if (unreachable && waits == Waits::no) {
+    return cat("the connection to the federation server at ", e.address, " failed during ", what,
+               " (", s.error_message(), ")");
+  }
+  if (unreachable) {
     return cat("could not reach the federation server at ", e.address, " (", what, ", ",
                s.error_message(), "; waited up to ", e.connect_timeout_s,
                " s): is it running there, ",
@@ -276,8 +287,9 @@ std::string failure_text(const grpc::Status& s, const char* what, const Endpoint
   return cat("server refused ", what, " (", static_cast<int>(code), "): ", s.error_message());
 }
 
-void check_status(const grpc::Status& s, const char* what, const Endpoint& e) {
-  POLLEN_CHECK(s.ok(), failure_text(s, what, e));
+void check_status(const grpc::Status& s, const char* what, const Endpoint& e,
+                  Waits waits = Waits::no) {
+  POLLEN_CHECK(s.ok(), failure_text(s, what, e, waits));
 }
 
 }  // namespace
@@ -317,8 +329,8 @@ namespace {
 // server ended or failed is a refusal with its reason.
 template <class Message>
 pb::PushReply upload(grpc::ClientWriter<Message>& writer, pb::PushReply& reply,
-                     const std::function<bool(Message&)>& next, const Endpoint& e,
-                     const char* what) {
+                     const std::function<bool(Message&)>& next, const Endpoint& e, const char* what,
+                     Waits waits) {
   Message m;
   while (next(m)) {
     if (!writer.Write(m)) break;  // the server ended the stream; Finish says why
@@ -328,7 +340,7 @@ pb::PushReply upload(grpc::ClientWriter<Message>& writer, pb::PushReply& reply,
   const grpc::Status s = writer.Finish();
   if (!s.ok()) {
     reply.set_accepted(false);
-    reply.set_reason(failure_text(s, what, e));
+    reply.set_reason(failure_text(s, what, e, waits));
   }
   return reply;
 }
@@ -341,7 +353,7 @@ pb::JoinReply GrpcTransport::join(const pb::JoinRequest& r) {
   ctx.set_deadline(
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
-  check_status(impl_->stub->Join(&ctx, r, &reply), "join", impl_->endpoint);
+  check_status(impl_->stub->Join(&ctx, r, &reply), "join", impl_->endpoint, Waits::for_the_server);
   return reply;
 }
 
@@ -352,7 +364,8 @@ pb::TaskReply GrpcTransport::task(const pb::TaskRequest& r) {
   ctx.set_deadline(
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
-  check_status(impl_->stub->GetTask(&ctx, r, &reply), "task", impl_->endpoint);
+  check_status(impl_->stub->GetTask(&ctx, r, &reply), "task", impl_->endpoint,
+               Waits::for_the_server);
   return reply;
 }
 
@@ -385,7 +398,7 @@ pb::PushReply GrpcTransport::push(const std::function<bool(pb::TensorStream&)>& 
   grpc::ClientContext ctx;
   pb::PushReply reply;
   auto writer = impl_->stub->PushUpdate(&ctx, &reply);
-  return upload(*writer, reply, next, impl_->endpoint, "push");
+  return upload(*writer, reply, next, impl_->endpoint, "push", Waits::no);
 }
 
 pb::PushReply GrpcTransport::push_counts(const std::function<bool(pb::FileStream&)>& next) {
@@ -396,7 +409,7 @@ pb::PushReply GrpcTransport::push_counts(const std::function<bool(pb::FileStream
       std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
   pb::PushReply reply;
   auto writer = impl_->stub->PushCounts(&ctx, &reply);
-  return upload(*writer, reply, next, impl_->endpoint, "counts");
+  return upload(*writer, reply, next, impl_->endpoint, "counts", Waits::for_the_server);
 }
 
 void GrpcTransport::pull_tokenizer(const pb::TokenizerRequest& r,

@@ -390,7 +390,7 @@ LoraFedConfig load_lora_fed_config(const std::filesystem::path& path) {
     // every round, and only the adapters' B travels (no token rows, no optimizer moments).
     const StrategyOptions& o = c.options.strategy;
     POLLEN_CHECK(o.fraction_fit == 1.0 && o.min_clients <= static_cast<int64_t>(c.silos.size()),
-                 s->where("fraction_fit"),
+                 s->where(o.fraction_fit != 1.0 ? "fraction_fit" : "min_clients"),
                  ": `pollen fed post` trains every silo every round (fraction_fit 1, min_clients "
                  "at most the silos); client sampling is `pollen fed server` with [post]");
     for (const auto& [key, off] : {std::pair{"row_weighting", !o.weights_rows()},

@@ -129,10 +129,11 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
   for (ClientConfig cc : config.clients) {
     // Each client keeps its state beside the server's, so that --resume continues the clients
     // (optimizer, data position, residual) as well as the server.
-    // A run started afresh (the server refused if it had checkpoints) starts them afresh too.
+    // A run that starts at round 1 (afresh, or resumed without a checkpoint) starts them
+    // afresh too: states left by a run stopped before its first checkpoint are not the round's.
     if (cc.state_dir.empty()) {
       cc.state_dir = config.server.dir / "clients" / cc.id;
-      if (!resume) std::filesystem::remove_all(cc.state_dir);
+      if (coordinator.rounds_done() == 0) std::filesystem::remove_all(cc.state_dir);
     }
     clients.push_back(std::make_unique<Client>(cc, transport));
     clients.back()->join();
@@ -156,6 +157,12 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
   }
   SimulationResult r;
   r.rounds = coordinator.rounds_done();
+  r.stopped = coordinator.stopped_reason();
+  // A round begins only with min_clients; the simulation's clients are all there will be.
+  if (r.stopped.empty() && r.rounds < config.server.rounds &&
+      static_cast<int64_t>(clients.size()) < config.server.strategy.min_clients)
+    r.stopped = cat(clients.size(), " clients, fewer than strategy.min_clients ",
+                    config.server.strategy.min_clients);
   r.global = coordinator.global_weights();
   for (auto& c : clients) {
     set_model_weights(c->trainer().model(), r.global);

@@ -23,6 +23,7 @@ struct SimulationResult {
   Weights global;
   std::vector<std::string> clients;
   std::vector<double> eval_loss;  // each client's validation loss of the final global model
+  std::string stopped;            // why the run ended before its last round (empty: it did not)
 };
 
 // N clients and the server in one process: the same Coordinator and Client, the in-process

@@ -51,6 +51,10 @@ void check_client_id(const std::string& id, const std::string& what) {
                     c == '.' || c == '_' || c == '-';
     POLLEN_CHECK(ok, what, ": client id may hold only letters, digits, '.', '_' and '-'");
   }
+  // An id names folders (certificates, a simulated client's state): '.' and '..' would name
+  // others.
+  POLLEN_CHECK(id.find_first_not_of('.') != std::string::npos, what, ": client id '", id,
+               "' is made of dots only");
 }
 
 std::string model_config_json(const model::LlamaConfig& c) {

@@ -54,3 +54,17 @@ TEST(FedConfig, SeedsAndThreadCountsThatWouldWrapAreRefused) {
   EXPECT_NE(e.find("client.threads"), std::string::npos) << e;
   EXPECT_NE(e.find("expected an integer from 0 to 65536"), std::string::npos) << e;
 }
+
+// A client id names folders (its certificate, a simulated client's state under
+// server.dir/clients/<id>): one of dots only would name the folder itself or its parent.
+TEST(FedConfig, ClientIdsOfDotsOnlyAreRefused) {
+  for (const char* id : {"..", "."}) {
+    std::string text = client_toml("7", "2");
+    text.replace(text.find("silo-a"), 6, id);
+    const std::string e = error_of(text);
+    EXPECT_NE(e.find("made of dots only"), std::string::npos) << id << ": " << e;
+  }
+  std::string text = client_toml("7", "2");
+  text.replace(text.find("silo-a"), 6, "silo.a");
+  EXPECT_EQ(error_of(text), "");
+}

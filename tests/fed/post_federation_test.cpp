@@ -443,8 +443,8 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
   };
   EXPECT_EQ(post_error("name = 'fedadam'\n"), "");
   for (const char* key :
-       {"fraction_fit = 0.5", "row_weighting = 'token_counts'", "second_moments = 'factored'",
-        "first_moments = 'output'", "embedding_lr_scale = 2.0"}) {
+       {"fraction_fit = 0.5", "min_clients = 3", "row_weighting = 'token_counts'",
+        "second_moments = 'factored'", "first_moments = 'output'", "embedding_lr_scale = 2.0"}) {
     const std::string e = post_error(std::string(key) + "\n");
     const std::string name = std::string(key).substr(0, std::string(key).find(' '));
     EXPECT_NE(e.find("strategy." + name), std::string::npos) << key << ": " << e;

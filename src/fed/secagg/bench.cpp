@@ -1,12 +1,12 @@
 #include "fed/secagg/bench.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 
 #include "base/error.h"
 #include "base/rng.h"
 #include "fed/compress.h"
+#include "fed/secagg/graph.h"
 #include "fed/secagg/quantize.h"
 #include "fed/secagg/session.h"
 
@@ -28,8 +28,8 @@ BenchResult bench_round(int64_t clients, int64_t params, int64_t dropouts, const
                "bench secagg: 2 or more clients, 1 or more params, fewer dropouts than clients");
   // Each client's shares go to its holders (its neighbours and itself); the threshold of them
   // must exist, and with every client a neighbour, survive the dropouts.
-  const int64_t holders =
-      options.neighbours > 0 ? std::min(options.neighbours, clients - 1) + 1 : clients;
+  const auto holders =
+      static_cast<int64_t>(graph_degree(static_cast<size_t>(clients), options.neighbours)) + 1;
   const auto threshold = static_cast<int64_t>(options.resolved_threshold(holders));
   POLLEN_CHECK(threshold <= holders, "bench secagg: --threshold ", threshold, " exceeds the ",
                holders, " holders of each client's shares (its --neighbours and itself)");
