@@ -467,6 +467,29 @@ TEST(Simulation, ClientsOfARunTheServerGaveUpFailNamingWhy) {
   }
 }
 
+// `pollen fed simulate` whose run stops before its last round fails, naming why.
+TEST(Simulation, ACommandWhoseRunStoppedEarlyFailsNamingWhy) {
+  const auto dir = temp_dir("sim_cli_stop");
+  const fs::path a = make_silo(dir / "a", 1), b = make_silo(dir / "b", 3);
+  write_file_atomic(
+      dir / "sim.toml",
+      cat("[server]\ndir = '", (dir / "server").string(),
+          "'\nrounds = 2\nlocal_steps = 2\n[strategy]\nmin_clients = 3\n"
+          "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
+          "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
+          "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n"
+          "[train]\nmicro_batch = 4\nseq = 16\n[sim]\nthreads = 1\nclients = ['a', 'b']\n"
+          "manifests = ['",
+          a.string(), "', '", b.string(), "']\n"));
+  int status = 0;
+  const std::string out = run_capture(
+      cat(POLLEN_BINARY, " fed simulate --config ", (dir / "sim.toml").string()), &status);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("stopped after 0 of 2 rounds: 2 clients, fewer than strategy.min_clients 3"),
+            std::string::npos)
+      << out;
+}
+
 // ---- over gRPC
 // --------------------------------------------------------------------------------------
 
