@@ -404,9 +404,11 @@ TEST(Simulation, APushFromAClosedAttemptIsRefused) {
   EXPECT_TRUE(server.end_round().aggregated);
 }
 
-// The global model of `cfg` run from the start without a stop, in a folder of its own.
+// The global model of `cfg` run from the start without a stop, in a folder of its own (the
+// clients' states too).
 Weights uninterrupted_global(SimConfig cfg, const fs::path& dir) {
   cfg.server.dir = dir;
+  for (auto& cc : cfg.clients) cc.state_dir.clear();
   return run_simulation(cfg, false).global;
 }
 
@@ -443,6 +445,37 @@ TEST(Simulation, ClientsTrainARoundWhoseUpdateWasLostAgainFromTheirStateBeforeIt
   const auto resumed = run_simulation(cfg, true);
   EXPECT_EQ(resumed.rounds, 4);
   EXPECT_TRUE(bitwise_equal(uninterrupted_global(cfg, dir / "whole"), resumed.global));
+}
+
+// A round retried (too few updates by its deadline) after a client had pushed: with a state
+// folder that client goes back to its state before the round and trains it again on the same
+// data, so the federation is the one where the first attempt never happened.
+TEST(Simulation, AClientRetrainsARetriedRoundFromItsStateBeforeIt) {
+  Quiet q;
+  const auto dir = temp_dir("retried_round");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 2, 2);
+  cfg.server.strategy.min_clients = 2;
+  for (auto& cc : cfg.clients) cc.state_dir = dir / "states" / cc.id;
+  set_num_threads(1);
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  Client first(cfg.clients[0], transport), second(cfg.clients[1], transport);
+  first.join();
+  second.join();
+  ASSERT_TRUE(server.begin_round());  // round 1: both
+  first.poll_once();
+  second.poll_once();
+  ASSERT_TRUE(server.end_round().aggregated);
+  ASSERT_TRUE(server.begin_round());             // round 2: one update, then the deadline
+  EXPECT_EQ(first.poll_once(), pb::TASK_TRAIN);  // trains and pushes; the other does not
+  EXPECT_FALSE(server.end_round().aggregated);   // one update of two: retried
+  ASSERT_TRUE(server.begin_round());
+  first.poll_once();
+  second.poll_once();
+  ASSERT_TRUE(server.round_complete());
+  ASSERT_TRUE(server.end_round().aggregated);
+  EXPECT_EQ(first.trainer().steps_taken(), 4) << "the lost attempt's steps were counted";
+  EXPECT_TRUE(bitwise_equal(uninterrupted_global(cfg, dir / "whole"), server.global_weights()));
 }
 
 // A server that gives up (here: fewer than min_clients in time) tells its clients why, and they
