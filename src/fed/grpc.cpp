@@ -287,8 +287,7 @@ std::string failure_text(const grpc::Status& s, const char* what, const Endpoint
   return cat("server refused ", what, " (", static_cast<int>(code), "): ", s.error_message());
 }
 
-void check_status(const grpc::Status& s, const char* what, const Endpoint& e,
-                  Waits waits = Waits::no) {
+void check_status(const grpc::Status& s, const char* what, const Endpoint& e, Waits waits) {
   POLLEN_CHECK(s.ok(), failure_text(s, what, e, waits));
 }
 
@@ -381,7 +380,7 @@ void GrpcTransport::pull(const pb::PullRequest& r,
     reader->Finish();
     throw;
   }
-  check_status(reader->Finish(), "pull", impl_->endpoint);
+  check_status(reader->Finish(), "pull", impl_->endpoint, Waits::no);
 }
 
 pb::SecAggReply GrpcTransport::secagg(const pb::SecAggRequest& r) {
@@ -390,7 +389,8 @@ pb::SecAggReply GrpcTransport::secagg(const pb::SecAggRequest& r) {
   ctx.set_deadline(
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
-  check_status(impl_->stub->SecAgg(&ctx, r, &reply), "secure aggregation", impl_->endpoint);
+  check_status(impl_->stub->SecAgg(&ctx, r, &reply), "secure aggregation", impl_->endpoint,
+               Waits::no);
   return reply;
 }
 
@@ -425,7 +425,7 @@ void GrpcTransport::pull_tokenizer(const pb::TokenizerRequest& r,
     reader->Finish();
     throw;
   }
-  check_status(reader->Finish(), "tokenizer", impl_->endpoint);
+  check_status(reader->Finish(), "tokenizer", impl_->endpoint, Waits::no);
 }
 
 }  // namespace pollen::fed
