@@ -521,6 +521,8 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
   // server names another model and sends it whole.
   held_ = std::make_unique<HeldModel>(pulled.empty() ? trainer_->exchanged_weights()
                                                      : std::move(pulled));
+  // The state before round 1, for a first round trained again (its update lost) to start from.
+  if (last_round_ == 0 && !several_ranks()) save_state();
 }
 
 LocalTrainer& Client::trainer() {

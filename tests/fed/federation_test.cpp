@@ -478,6 +478,32 @@ TEST(Simulation, AClientRetrainsARetriedRoundFromItsStateBeforeIt) {
   EXPECT_TRUE(bitwise_equal(uninterrupted_global(cfg, dir / "whole"), server.global_weights()));
 }
 
+// The same for round 1: the client goes back to the state it started from.
+TEST(Simulation, AClientRetrainsARetriedFirstRoundFromItsStartingState) {
+  Quiet q;
+  const auto dir = temp_dir("retried_first_round");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 2, 2);
+  cfg.server.strategy.min_clients = 2;
+  for (auto& cc : cfg.clients) cc.state_dir = dir / "states" / cc.id;
+  set_num_threads(1);
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  Client first(cfg.clients[0], transport), second(cfg.clients[1], transport);
+  first.join();
+  second.join();
+  ASSERT_TRUE(server.begin_round());             // round 1: one update, then the deadline
+  EXPECT_EQ(first.poll_once(), pb::TASK_TRAIN);  // trains and pushes; the other does not
+  EXPECT_FALSE(server.end_round().aggregated);   // one update of two: retried
+  for (int round = 1; round <= 2; ++round) {
+    ASSERT_TRUE(server.begin_round());
+    first.poll_once();
+    second.poll_once();
+    ASSERT_TRUE(server.end_round().aggregated);
+  }
+  EXPECT_EQ(first.trainer().steps_taken(), 4) << "the lost attempt's steps were counted";
+  EXPECT_TRUE(bitwise_equal(uninterrupted_global(cfg, dir / "whole"), server.global_weights()));
+}
+
 // A server that gives up (here: fewer than min_clients in time) tells its clients why, and they
 // fail with that reason instead of ending as after a finished run.
 TEST(Simulation, ClientsOfARunTheServerGaveUpFailNamingWhy) {
