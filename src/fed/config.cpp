@@ -349,6 +349,7 @@ SimConfig read_sim_root(ConfigTable& root) {
   const auto ids = sim->get_strings("clients");
   const auto manifests = sim->get_strings("manifests");
   c.threads = static_cast<int>(sim->get_int_in("threads", 0, 0, kConfigThreadsMax));
+  c.client_states = sim->get_bool("client_states", true);
   POLLEN_CHECK(!ids.empty(), sim->where("clients"), ": at least one client id is required");
   POLLEN_CHECK(manifests.size() == ids.size(), sim->where("manifests"),
                ": one manifest per client is required (", ids.size(), " clients, ",

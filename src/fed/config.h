@@ -115,6 +115,7 @@ struct SimConfig {
   ServerConfig server;
   std::vector<ClientConfig> clients;  // every client shares [train], [model] and the tokenizer
   int threads = 0;
+  bool client_states = true;  // each client keeps its state under server.dir/clients/<id>
 };
 
 ServerConfig load_server_config(const std::filesystem::path& path);

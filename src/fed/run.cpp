@@ -131,9 +131,13 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
     // (optimizer, data position, residual) as well as the server.
     // A run that starts at round 1 (afresh, or resumed without a checkpoint) starts them
     // afresh too: states left by a run stopped before its first checkpoint are not the round's.
-    if (cc.state_dir.empty()) {
+    if (cc.state_dir.empty() && config.client_states) {
       cc.state_dir = config.server.dir / "clients" / cc.id;
       if (coordinator.rounds_done() == 0) std::filesystem::remove_all(cc.state_dir);
+    } else if (cc.state_dir.empty() && coordinator.rounds_done() > 0) {
+      log::warn("fed simulate: client '", cc.id, "' resumes at round ",
+                coordinator.rounds_done() + 1,
+                " with a fresh optimizer and its data from the start (sim.client_states = false)");
     }
     clients.push_back(std::make_unique<Client>(cc, transport));
     clients.back()->join();

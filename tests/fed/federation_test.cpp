@@ -526,20 +526,30 @@ TEST(Simulation, ClientsOfARunTheServerGaveUpFailNamingWhy) {
   }
 }
 
-// `pollen fed simulate` whose run stops before its last round fails, naming why.
-TEST(Simulation, ACommandWhoseRunStoppedEarlyFailsNamingWhy) {
-  const auto dir = temp_dir("sim_cli_stop");
+namespace {
+
+// sim.toml for `pollen fed simulate` of two tiny silos under dir (server under dir/server).
+fs::path write_two_silo_sim(const fs::path& dir, int rounds, const std::string& strategy,
+                            const std::string& sim) {
   const fs::path a = make_silo(dir / "a", 1), b = make_silo(dir / "b", 3);
   write_file_atomic(
       dir / "sim.toml",
-      cat("[server]\ndir = '", (dir / "server").string(),
-          "'\nrounds = 2\nlocal_steps = 2\n[strategy]\nmin_clients = 3\n"
+      cat("[server]\ndir = '", (dir / "server").string(), "'\nrounds = ", rounds,
+          "\nlocal_steps = 2\n[strategy]\n", strategy,
           "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
           "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
           "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n"
-          "[train]\nmicro_batch = 4\nseq = 16\n[sim]\nthreads = 1\nclients = ['a', 'b']\n"
-          "manifests = ['",
-          a.string(), "', '", b.string(), "']\n"));
+          "[train]\nmicro_batch = 4\nseq = 16\n[sim]\nthreads = 1\nclients = ['a', 'b']\n",
+          sim, "manifests = ['", a.string(), "', '", b.string(), "']\n"));
+  return dir / "sim.toml";
+}
+
+}  // namespace
+
+// `pollen fed simulate` whose run stops before its last round fails, naming why.
+TEST(Simulation, ACommandWhoseRunStoppedEarlyFailsNamingWhy) {
+  const auto dir = temp_dir("sim_cli_stop");
+  write_two_silo_sim(dir, 2, "min_clients = 3\n", "");
   int status = 0;
   const std::string out = run_capture(
       cat(POLLEN_BINARY, " fed simulate --config ", (dir / "sim.toml").string()), &status);
@@ -547,6 +557,31 @@ TEST(Simulation, ACommandWhoseRunStoppedEarlyFailsNamingWhy) {
   EXPECT_NE(out.find("stopped after 0 of 2 rounds: 2 clients, fewer than strategy.min_clients 3"),
             std::string::npos)
       << out;
+}
+
+// sim.client_states = false: no client states on disk; a resumed run says its clients start
+// afresh.
+TEST(Simulation, ClientStatesCanBeTurnedOffAndAResumeSaysWhatThatCosts) {
+  const auto dir = temp_dir("sim_no_states");
+  const std::string sim =
+      cat(POLLEN_BINARY, " fed simulate --config ", (dir / "sim.toml").string());
+  write_two_silo_sim(dir, 1, "", "client_states = false\n");
+  int status = 0;
+  std::string out = run_capture(sim, &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_FALSE(fs::exists(dir / "server" / "clients")) << out;
+  write_two_silo_sim(dir, 2, "", "client_states = false\n");
+  out = run_capture(sim + " --resume", &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("client 'a' resumes at round 2 with a fresh optimizer"), std::string::npos)
+      << out;
+  EXPECT_FALSE(fs::exists(dir / "server" / "clients")) << out;
+
+  write_two_silo_sim(dir / "kept", 1, "", "");
+  out = run_capture(
+      cat(POLLEN_BINARY, " fed simulate --config ", (dir / "kept" / "sim.toml").string()), &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_TRUE(fs::is_directory(dir / "kept" / "server" / "clients" / "a")) << out;
 }
 
 // ---- over gRPC
