@@ -1,5 +1,6 @@
 #include "obs/progress.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -27,6 +28,37 @@ std::string format_duration(double s) {
   return buf;
 }
 
+std::string progress_line(const std::string& label, int64_t done, int64_t total,
+                          const std::string& fields, const std::string& eta, int columns) {
+  constexpr int width = 24;
+  const double frac = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1;
+  const int filled = static_cast<int>(frac * width);
+  std::string bar(static_cast<size_t>(filled), '#');
+  bar.append(static_cast<size_t>(width - filled), '.');
+  const std::string head = cat(label, " [", bar, "] ", done, "/", total);
+  const std::string tail = cat(" eta ", eta);
+  std::string shown = fields;
+  if (columns <= 0) return cat(head, " ", shown, tail);
+  const size_t room = static_cast<size_t>(columns - 1);
+  while (!shown.empty() && head.size() + 1 + shown.size() + tail.size() > room) {
+    const size_t space = shown.rfind(' ');
+    shown.resize(space == std::string::npos ? 0 : space);
+  }
+  std::string line = shown.empty() ? head + tail : cat(head, " ", shown, tail);
+  if (line.size() > room) line.resize(room);
+  return line;
+}
+
+namespace {
+
+// stderr's terminal width, 0 when unknown.
+int terminal_columns() {
+  winsize ws{};
+  return ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 ? ws.ws_col : 0;
+}
+
+}  // namespace
+
 Progress::Progress(std::string label, int64_t total, int64_t done, int64_t line_interval)
     : label_(std::move(label)),
       total_(total),
@@ -47,14 +79,9 @@ double Progress::update(int64_t done, const std::string& fields, bool force) {
     const bool last = done >= total_ || force;
     if (!last && std::chrono::duration<double>(now - last_draw_).count() < 0.1) return eta;
     last_draw_ = now;
-    constexpr int width = 24;
-    const double frac = total_ > 0 ? static_cast<double>(done) / static_cast<double>(total_) : 1;
-    const int filled = static_cast<int>(frac * width);
-    std::string bar(static_cast<size_t>(filled), '#');
-    bar.append(static_cast<size_t>(width - filled), '.');
-    std::fprintf(stderr, "\r\033[K%s [%s] %lld/%lld %s eta %s", label_.c_str(), bar.c_str(),
-                 static_cast<long long>(done), static_cast<long long>(total_), fields.c_str(),
-                 format_duration(eta).c_str());
+    const std::string line =
+        progress_line(label_, done, total_, fields, format_duration(eta), terminal_columns());
+    std::fprintf(stderr, "\r\033[K%s", line.c_str());
     std::fflush(stderr);
     drawn_ = true;
   } else if (done % line_interval_ == 0 || done >= total_) {

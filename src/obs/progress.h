@@ -10,6 +10,12 @@ namespace pollen::obs {
 // "1h02m", "3m05s", "12s"
 std::string format_duration(double seconds);
 
+// The bar's line: "label [####....] done/total fields eta 5s", cut to fit `columns` - 1
+// characters when columns > 0 (a line that wrapped could not be redrawn in place): whole
+// `fields` words go first, from the end, then the rest is cut.
+std::string progress_line(const std::string& label, int64_t done, int64_t total,
+                          const std::string& fields, const std::string& eta, int columns);
+
 class Progress {
  public:
   // `total` units of work starting at `done` (a resumed run starts part way).

@@ -171,6 +171,24 @@ TEST(Progress, FormatsDurations) {
   EXPECT_EQ(obs::format_duration(NAN), "?");
 }
 
+// A bar wider than the terminal would wrap, and \r could no longer redraw it in place: the line
+// drops whole fields from the end, keeps the ETA, and is cut only when even that is too wide.
+TEST(Progress, LinesFitTheTerminal) {
+  const std::string fields = "loss=7.4362 lr=0.0025 grad_norm=0.68 tok/s=9832";
+  const std::string full = obs::progress_line("train", 10, 30, fields, "8s", 0);
+  EXPECT_EQ(full,
+            "train [########................] 10/30 loss=7.4362 lr=0.0025 grad_norm=0.68 "
+            "tok/s=9832 eta 8s");
+  EXPECT_EQ(obs::progress_line("train", 10, 30, fields, "8s", 200), full);
+  EXPECT_EQ(obs::progress_line("train", 10, 30, fields, "8s", 80),
+            "train [########................] 10/30 loss=7.4362 lr=0.0025 eta 8s");
+  EXPECT_EQ(obs::progress_line("train", 10, 30, fields, "8s", 50),
+            "train [########................] 10/30 eta 8s");
+  EXPECT_EQ(obs::progress_line("train", 10, 30, fields, "8s", 21), "train [########.....");
+  EXPECT_EQ(obs::progress_line("train", 30, 30, "", "0s", 80),
+            "train [########################] 30/30 eta 0s");
+}
+
 TEST(TensorBoard, OwnReaderReadsOurScalarsAndText) {
   const std::string python = POLLEN_PEERS_PYTHON;
   int status = 0;
