@@ -25,6 +25,7 @@
 #include "fed/strategy.h"
 #include "fed/wire.h"
 #include "io/safetensors.h"
+#include "support/process.h"
 
 namespace pollen::fed::testing {
 
@@ -255,15 +256,7 @@ inline void flip_a_byte(const fs::path& file) {
   f.put(static_cast<char>(c ^ 0x55));
 }
 
-// Runs a shell command; its stdout and stderr together.
-inline std::string run_capture(const std::string& cmd, int* status) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  *status = WEXITSTATUS(pclose(p));
-  return out;
-}
+using pollen::testing::run_capture;  // stdout and stderr together
 
 struct Quiet {
   Quiet() { log::set_level(log::Level::error); }

@@ -10,18 +10,9 @@
 #include <string>
 
 #include "base/files.h"
+#include "support/process.h"
 
 namespace pollen::fed::peer {
-
-inline std::string run_capture(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  *status = pclose(p);
-  return out;
-}
 
 // Empty when the peers environment has `module`, else why not.
 inline std::string missing(const std::string& module) {
@@ -29,7 +20,7 @@ inline std::string missing(const std::string& module) {
   if (!std::filesystem::exists(python))
     return "no peers venv at " + python + " (scripts/test-peers)";
   int status = 0;
-  run_capture(python + " -c 'import " + module + "' 2>/dev/null", &status);
+  pollen::testing::run_capture(python + " -c 'import " + module + "'", &status);
   return status == 0 ? "" : module + " is not installed in the peers venv (scripts/test-peers)";
 }
 
@@ -40,9 +31,10 @@ inline nlohmann::json run(const std::string& script, const nlohmann::json& input
                   ("pollen_peer_" + tag + "_" + std::to_string(::getpid()) + ".json");
   write_file_atomic(in, input.dump());
   int status = 0;
-  const std::string out = run_capture(std::string(POLLEN_PEERS_PYTHON) + " " + POLLEN_SOURCE_DIR +
-                                          "/tests/fed/" + script + " " + in.string(),
-                                      &status);
+  const std::string out =
+      pollen::testing::run_capture(std::string(POLLEN_PEERS_PYTHON) + " " + POLLEN_SOURCE_DIR +
+                                       "/tests/fed/" + script + " " + in.string(),
+                                   &status, /*with_stderr=*/false);
   std::filesystem::remove(in);
   EXPECT_EQ(status, 0) << script << ": " << out;
   if (status != 0) return nullptr;

@@ -262,7 +262,7 @@ TEST(LocalDp, ClipsNoisesAndAccountsPerRound) {
 
 TEST(PrivacyCli, PrintsTheAccountantsEpsilon) {
   int status = 0;
-  const std::string out = peer::run_capture(
+  const std::string out = pollen::testing::run_capture(
       std::string(POLLEN_BINARY) +
           " fed privacy --noise-multiplier 1.1 --sampling-rate 0.01 --rounds 1000 --delta 1e-5",
       &status);

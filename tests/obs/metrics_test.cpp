@@ -15,6 +15,7 @@
 #include "obs/metrics.h"
 #include "obs/plot.h"
 #include "obs/progress.h"
+#include "support/process.h"
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -28,14 +29,7 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
-std::string run_capture(const std::string& cmd, int* status) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  *status = WEXITSTATUS(pclose(p));
-  return out;
-}
+using pollen::testing::run_capture;
 
 }  // namespace
 
