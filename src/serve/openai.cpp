@@ -66,6 +66,25 @@ void neutral_only(const json& body) {
     bad_request("model", "'model' must be a string");
 }
 
+// stream_options ({"include_usage": bool}), which only a streamed request may carry: whether a
+// last chunk brings the request's usage.
+bool include_usage(const json& body, bool stream) {
+  if (!body.contains("stream_options") || body["stream_options"].is_null()) return false;
+  const json& o = body["stream_options"];
+  if (!o.is_object())
+    bad_request("stream_options", "'stream_options' must be an object, got " + shown(o));
+  if (!stream)
+    bad_request("stream_options", "'stream_options' is only allowed when 'stream' is true");
+  for (const auto& [key, value] : o.items())
+    if (key != "include_usage")
+      bad_request("stream_options", "Unrecognized stream option: " + key, "unknown_field");
+  if (!o.contains("include_usage") || o["include_usage"].is_null()) return false;
+  if (!o["include_usage"].is_boolean())
+    bad_request("stream_options", "'stream_options.include_usage' must be true or false, got " +
+                                      shown(o["include_usage"]));
+  return o["include_usage"].get<bool>();
+}
+
 void check_model(const json& body, const ServedModel& model) {
   if (body.contains("model") && body["model"].is_string() &&
       body["model"].get<std::string>() != model.name)
@@ -213,6 +232,7 @@ CompletionRequest parse_completion_request(const json& body, const tokenizer::To
   r.sampling = sampling(body, model, limits, 16, "max_tokens");
   r.echo = boolean(body, "echo");
   r.stream = boolean(body, "stream");
+  r.include_usage = include_usage(body, r.stream);
   if (body.contains("logprobs") && !body["logprobs"].is_null())
     r.logprobs = integer_in(body, "logprobs", 0, 20, 0);
   if (!body.contains("prompt")) bad_request("prompt", "'prompt' is required", "missing_field");
@@ -298,6 +318,7 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
   r.sampling = sampling(body, model, limits, limits.max_tokens, budget_key);
   r.budget_given = body.contains(budget_key) && !body[budget_key].is_null();
   r.stream = boolean(body, "stream");
+  r.include_usage = include_usage(body, r.stream);
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     bad_request("messages", "'messages' must be a non-empty list of {role, content} objects");
   for (size_t i = 0; i < body["messages"].size(); ++i) {

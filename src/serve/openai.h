@@ -63,6 +63,7 @@ struct CompletionRequest {
   bool echo = false;
   std::optional<int64_t> logprobs;  // top alternatives per token, when logprobs are asked for
   bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
 };
 
 // Prompts: a string, a list of strings, a list of token ids or a list of such lists. Text is
@@ -76,7 +77,8 @@ struct ChatRequest {
   std::vector<tokenizer::ChatMessage> messages;
   model::SamplingOptions sampling;
   bool stream = false;
-  bool budget_given = false;  // max_tokens or max_completion_tokens was sent
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
+  bool budget_given = false;   // max_tokens or max_completion_tokens was sent
 };
 
 ChatRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model,

@@ -122,6 +122,22 @@ void stream_events(httplib::Response& res, std::shared_ptr<Slot> slot,
   });
 }
 
+// OpenAI's usage object.
+json usage(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+// The tokens of a request's prompts and of its generations.
+std::pair<int64_t, int64_t> token_counts(const std::vector<std::vector<uint32_t>>& prompts,
+                                         const Results& rs) {
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  for (const auto& p : prompts) prompt_tokens += static_cast<int64_t>(p.size());
+  for (const auto& r : rs) completion_tokens += static_cast<int64_t>(r.generation.tokens.size());
+  return {prompt_tokens, completion_tokens};
+}
+
 }  // namespace
 
 bool is_loopback(const std::string& host) {
@@ -290,16 +306,23 @@ void Server::add_routes() {
         const std::string id = cat("cmpl-", ++next_id_);
         const int64_t created = unix_time();
         const std::string name = options_.model.name;
+        // A streamed chunk; with stream_options.include_usage each has a null usage but the
+        // last, which has no choices.
+        const bool with_usage = r.include_usage;
+        const auto head = [=](json choices) {
+          json j = {{"id", id},
+                    {"object", "text_completion"},
+                    {"created", created},
+                    {"model", name},
+                    {"choices", std::move(choices)}};
+          if (with_usage) j["usage"] = nullptr;
+          return j;
+        };
         const auto chunk = [=](size_t index, const std::string& text, json finish) {
-          return json{{"id", id},
-                      {"object", "text_completion"},
-                      {"created", created},
-                      {"model", name},
-                      {"choices",
-                       {{{"index", index},
-                         {"text", text},
-                         {"logprobs", nullptr},
-                         {"finish_reason", finish}}}}};
+          return head({{{"index", index},
+                        {"text", text},
+                        {"logprobs", nullptr},
+                        {"finish_reason", finish}}});
         };
         if (r.stream) {
           auto queue = std::make_shared<EventQueue>();
@@ -310,18 +333,23 @@ void Server::add_routes() {
                 const std::string delta = (*streams)[s].on_token(token);
                 if (!delta.empty()) queue->push(chunk(s, delta, nullptr));
               }));
-          stream_events(res, slot, queue, results, [streams, chunk](const Results& rs) {
-            std::vector<json> last;
-            for (size_t s = 0; s < rs.size(); ++s)
-              last.push_back(chunk(s, (*streams)[s].finish(rs[s].generation.text),
-                                   rs[s].generation.finish_reason));
-            return last;
-          });
+          stream_events(res, slot, queue, results,
+                        [streams, chunk, head, with_usage, prompts = r.prompts](const Results& rs) {
+                          std::vector<json> last;
+                          for (size_t s = 0; s < rs.size(); ++s)
+                            last.push_back(chunk(s, (*streams)[s].finish(rs[s].generation.text),
+                                                 rs[s].generation.finish_reason));
+                          if (with_usage) {
+                            const auto [p, c] = token_counts(prompts, rs);
+                            last.push_back(head(json::array()));
+                            last.back()["usage"] = usage(p, c);
+                          }
+                          return last;
+                        });
           return;
         }
         const Results rs = engine_->submit(std::move(seqs)).get();
         json choices = json::array();
-        int64_t prompt_tokens = 0, completion_tokens = 0;
         for (size_t i = 0; i < rs.size(); ++i) {
           const model::Generation& g = rs[i].generation;
           choices.push_back(
@@ -330,18 +358,11 @@ void Server::add_routes() {
                {"logprobs", r.logprobs ? completion_logprobs(tok_, r.prompts[i], rs[i], r.echo)
                                        : json(nullptr)},
                {"finish_reason", g.finish_reason}});
-          prompt_tokens += static_cast<int64_t>(r.prompts[i].size());
-          completion_tokens += static_cast<int64_t>(g.tokens.size());
         }
-        const json out = {{"id", id},
-                          {"object", "text_completion"},
-                          {"created", created},
-                          {"model", name},
-                          {"choices", choices},
-                          {"usage",
-                           {{"prompt_tokens", prompt_tokens},
-                            {"completion_tokens", completion_tokens},
-                            {"total_tokens", prompt_tokens + completion_tokens}}}};
+        const auto [prompt_tokens, completion_tokens] = token_counts(r.prompts, rs);
+        const json out = {{"id", id},           {"object", "text_completion"},
+                          {"created", created}, {"model", name},
+                          {"choices", choices}, {"usage", usage(prompt_tokens, completion_tokens)}};
         res.set_content(dump(out), "application/json");
       }));
 
@@ -369,12 +390,18 @@ void Server::add_routes() {
         const int64_t created = unix_time();
         const std::string name = options_.model.name;
         if (r.stream) {
+          const bool with_usage = r.include_usage;
+          const auto head = [=](json choices) {
+            json j = {{"id", id},
+                      {"object", "chat.completion.chunk"},
+                      {"created", created},
+                      {"model", name},
+                      {"choices", std::move(choices)}};
+            if (with_usage) j["usage"] = nullptr;
+            return j;
+          };
           const auto chunk = [=](json delta, json finish) {
-            return json{{"id", id},
-                        {"object", "chat.completion.chunk"},
-                        {"created", created},
-                        {"model", name},
-                        {"choices", {{{"index", 0}, {"delta", delta}, {"finish_reason", finish}}}}};
+            return head({{{"index", 0}, {"delta", delta}, {"finish_reason", finish}}});
           };
           auto queue = std::make_shared<EventQueue>();
           queue->push(chunk({{"role", "assistant"}, {"content", ""}}, nullptr));
@@ -384,19 +411,24 @@ void Server::add_routes() {
                 const std::string delta = stream->on_token(token);
                 if (!delta.empty()) queue->push(chunk({{"content", delta}}, nullptr));
               }));
-          stream_events(res, slot, queue, results, [stream, chunk](const Results& rs) {
-            std::vector<json> last;
-            const std::string rest = stream->finish(rs[0].generation.text);
-            if (!rest.empty()) last.push_back(chunk({{"content", rest}}, nullptr));
-            last.push_back(chunk(json::object(), rs[0].generation.finish_reason));
-            return last;
-          });
+          stream_events(res, slot, queue, results,
+                        [stream, chunk, head, with_usage, prompt](const Results& rs) {
+                          std::vector<json> last;
+                          const std::string rest = stream->finish(rs[0].generation.text);
+                          if (!rest.empty()) last.push_back(chunk({{"content", rest}}, nullptr));
+                          last.push_back(chunk(json::object(), rs[0].generation.finish_reason));
+                          if (with_usage) {
+                            const auto [p, c] = token_counts({prompt}, rs);
+                            last.push_back(head(json::array()));
+                            last.back()["usage"] = usage(p, c);
+                          }
+                          return last;
+                        });
           return;
         }
         const Results rs = engine_->submit(std::move(seqs)).get();
         const model::Generation& g = rs[0].generation;
-        const int64_t n_prompt = static_cast<int64_t>(prompt.size()),
-                      n_gen = static_cast<int64_t>(g.tokens.size());
+        const auto [n_prompt, n_gen] = token_counts({prompt}, rs);
         const json out = {{"id", id},
                           {"object", "chat.completion"},
                           {"created", created},
@@ -405,10 +437,7 @@ void Server::add_routes() {
                            {{{"index", 0},
                              {"message", {{"role", "assistant"}, {"content", g.text}}},
                              {"finish_reason", g.finish_reason}}}},
-                          {"usage",
-                           {{"prompt_tokens", n_prompt},
-                            {"completion_tokens", n_gen},
-                            {"total_tokens", n_prompt + n_gen}}}};
+                          {"usage", usage(n_prompt, n_gen)}};
         res.set_content(dump(out), "application/json");
       }));
 }

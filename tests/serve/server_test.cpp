@@ -27,6 +27,7 @@
 #include "eval/multiple_choice.h"
 #include "eval/rolling.h"
 #include "io/model_source.h"
+#include "support/process.h"
 #include "support/tiny_lm.h"
 #include "train/post_config.h"
 #include "train/post_fixtures.h"
@@ -369,6 +370,73 @@ TEST_F(Serving, ChatWholeAndStreamed) {
             expected[0].finish_reason);
 }
 
+// The peer: OpenAI's official Python client (tests/serve/openai_client.py) validates every
+// response against its own types and reads what pollen's generation gives.
+TEST_F(Serving, TheOfficialOpenAiClientReadsEveryResponse) {
+  const std::string python = POLLEN_PEERS_PYTHON;
+  ASSERT_TRUE(std::filesystem::exists(python)) << python << " is missing: run scripts/test-peers";
+  start();
+  int status = 0;
+  const std::string out = testing::run_capture(
+      cat(python, " ", POLLEN_SOURCE_DIR,
+          "/tests/serve/openai_client.py http://127.0.0.1:", server_->port(), "/v1"),
+      &status, /*with_stderr=*/false);
+  ASSERT_EQ(status, 0) << out;
+  const json got = json::parse(out);
+  std::printf("openai client %s\n", got["client_version"].get<std::string>().c_str());
+  EXPECT_EQ(got["models"], json({"tiny"}));
+
+  const auto usage = [](size_t prompt, size_t completion) {
+    return json{{"prompt_tokens", prompt},
+                {"completion_tokens", completion},
+                {"total_tokens", prompt + completion}};
+  };
+  const auto cat_ids = prompt_ids("The cat sat");
+  const auto greedy = model::generate(*model_, {cat_ids}, sampling(8, 0, 0));
+  EXPECT_EQ(got["completion"]["text"], decode(greedy[0].tokens));
+  EXPECT_EQ(got["completion"]["finish_reason"], greedy[0].finish_reason);
+  EXPECT_EQ(got["completion"]["usage"], usage(cat_ids.size(), greedy[0].tokens.size()));
+  EXPECT_EQ(got["completion_streamed"]["text"], got["completion"]["text"]);
+  EXPECT_EQ(got["completion_streamed"]["usage"], got["completion"]["usage"]);
+
+  const std::string text = "Paris is the capital of France.";
+  const auto ids = prompt_ids(text);
+  const auto expected = eval::sequence_logprobs(*model_, ids, 256);
+  const json& echo = got["echo"];
+  EXPECT_EQ(echo["text"], text);
+  ASSERT_EQ(echo["token_logprobs"].size(), ids.size());
+  EXPECT_TRUE(echo["token_logprobs"][0].is_null());
+  for (size_t i = 1; i < ids.size(); ++i) {
+    EXPECT_EQ(echo["token_logprobs"][i].get<double>(), *expected[i]) << i;
+    EXPECT_EQ(echo["top_logprobs"][i].size(), 2u) << i;
+  }
+
+  const std::vector<tokenizer::ChatMessage> msgs = {{"system", "You are terse."},
+                                                    {"user", "What is two plus two?"}};
+  tokenizer::EncodeOptions eo;
+  eo.special = tokenizer::SpecialPolicy::allow_all();
+  const auto prompt =
+      tok_->encode(tokenizer::render_chat(tokenizer::ChatTemplate::chatml, msgs, true), eo);
+  const auto reply = model::generate(*model_, {prompt}, sampling(20, 0, 0));
+  EXPECT_EQ(got["chat"]["role"], "assistant");
+  EXPECT_EQ(got["chat"]["content"], decode(reply[0].tokens));
+  EXPECT_EQ(got["chat"]["finish_reason"], reply[0].finish_reason);
+  EXPECT_EQ(got["chat"]["usage"], usage(prompt.size(), reply[0].tokens.size()));
+  EXPECT_EQ(got["chat_streamed"]["content"], got["chat"]["content"]);
+  EXPECT_EQ(got["chat_streamed"]["finish_reason"], got["chat"]["finish_reason"]);
+  EXPECT_EQ(got["chat_streamed"]["usage"], got["chat"]["usage"]);
+  EXPECT_EQ(got["chat_stream_manager"], got["chat"]["content"]);
+
+  const json& errors = got["errors"];
+  EXPECT_EQ(errors["bad_temperature"]["class"], "BadRequestError");
+  EXPECT_EQ(errors["bad_temperature"]["param"], "temperature");
+  EXPECT_EQ(errors["bad_temperature"]["type"], "invalid_request_error");
+  EXPECT_EQ(errors["unknown_model"]["class"], "NotFoundError");
+  EXPECT_EQ(errors["unknown_model"]["code"], "model_not_found");
+  EXPECT_EQ(errors["options_without_stream"]["class"], "BadRequestError");
+  EXPECT_EQ(errors["options_without_stream"]["param"], "stream_options");
+}
+
 TEST_F(Serving, InvalidRequestsGet4xxWithOpenAiErrors) {
   start();
   expect_error(post("/v1/completions", std::string("{\"prompt\": ")), 400, "");
@@ -391,6 +459,16 @@ TEST_F(Serving, InvalidRequestsGet4xxWithOpenAiErrors) {
   EXPECT_EQ(r.second["error"]["code"], "context_length_exceeded");
   expect_error(post("/v1/completions", json{{"prompt", std::string(5000, 'a')}}), 413, "");
   expect_error(post("/v1/completions", json{{"model", "gpt-9"}, {"prompt", "hi"}}), 404, "model");
+  expect_error(post("/v1/completions",
+                    json{{"prompt", "hi"}, {"stream_options", {{"include_usage", true}}}}),
+               400, "stream_options");
+  expect_error(
+      post("/v1/completions",
+           json{{"prompt", "hi"}, {"stream", true}, {"stream_options", {{"include_usage", 1}}}}),
+      400, "stream_options");
+  expect_error(post("/v1/completions",
+                    json{{"prompt", "hi"}, {"stream", true}, {"stream_options", {{"frob", true}}}}),
+               400, "stream_options");
   expect_error(post("/v1/nothing", json{{"prompt", "hi"}}), 404, "");
   // A known endpoint with the wrong method: 405, naming the method it takes.
   {
