@@ -21,6 +21,7 @@
 #include "base/thread_pool.h"
 #include "data/loader.h"
 #include "data/pipeline.h"
+#include "data/readers.h"
 #include "data/shards.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
@@ -271,6 +272,44 @@ TEST(Pipeline, AConfiguredPathThatDoesNotExistIsAnErrorBeforeAnyWork) {
             std::string::npos)
       << e;
   EXPECT_FALSE(fs::exists(corpus().root / "out_typo"));
+}
+
+// A file listed and then removed before it is read (another process cleaning up) is reported
+// as unreadable, naming it and why, and reading goes on; it does not end the run.
+TEST(Pipeline, AFileThatVanishesAfterListingIsReportedAndReadingGoesOn) {
+  const fs::path dir = corpus().root / "vanishing";
+  write(dir / "text" / "a.txt", paragraph(1));
+  write(dir / "text" / "b.txt", paragraph(2));
+  write(dir / "records" / "gone.jsonl", "{\"text\": \"hello\"}\n");
+  const std::vector<SourceSpec> sources = {
+      {.name = "text", .paths = {"text"}},
+      {.name = "records", .paths = {"records"}, .format = "jsonl"}};
+  const std::vector<InputFile> files = list_inputs(sources, dir);
+  ASSERT_EQ(files.size(), 3u);
+  fs::remove(dir / "text" / "a.txt");
+  fs::remove(dir / "records" / "gone.jsonl");
+  std::vector<Problem> problems;
+  int docs = 0;
+  int64_t bytes = 0;
+  std::string sha;
+  const auto on_problem = [&](Problem&& p) { problems.push_back(std::move(p)); };
+  for (const InputFile& f : files) {
+    if (sources[static_cast<size_t>(f.source)].format == "jsonl")
+      read_jsonl_blocks(
+          f, {}, 1 << 16, [&](std::string_view, int64_t) { ++docs; }, on_problem, bytes, sha);
+    else
+      read_input(
+          f, sources[static_cast<size_t>(f.source)], {}, [&](RawDoc&) { ++docs; }, on_problem,
+          bytes, sha);
+  }
+  EXPECT_EQ(docs, 1);  // b.txt
+  ASSERT_EQ(problems.size(), 2u);
+  EXPECT_EQ(problems[0].file, "text/a.txt");
+  EXPECT_EQ(problems[1].file, "records/gone.jsonl");
+  for (const Problem& p : problems) {
+    EXPECT_EQ(p.reason, "unreadable_file") << p.file;
+    EXPECT_NE(p.detail.find("No such file or directory"), std::string::npos) << p.detail;
+  }
 }
 
 // max_doc_bytes holds for a JSONL record's text as for a text file or a delimited document
