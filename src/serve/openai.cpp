@@ -307,18 +307,19 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
              "frequency_penalty", "logit_bias", "user", "logprobs", "top_logprobs"});
   neutral_only(body);
   check_model(body, model);
-  if (boolean(body, "logprobs"))
-    bad_request("logprobs", "'logprobs' is not supported on chat completions", "unsupported_value");
-  if (body.contains("top_logprobs") && !body["top_logprobs"].is_null() && body["top_logprobs"] != 0)
-    bad_request("top_logprobs", "'top_logprobs' is not supported on chat completions",
-                "unsupported_value");
   ChatRequest r;
+  const bool logprobs = boolean(body, "logprobs");
+  if (body.contains("top_logprobs") && !body["top_logprobs"].is_null() && !logprobs)
+    bad_request("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  if (logprobs) r.logprobs = integer_in(body, "top_logprobs", 0, 20, 0);
   const std::string budget_key =
       body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
   r.sampling = sampling(body, model, limits, limits.max_tokens, budget_key);
   r.budget_given = body.contains(budget_key) && !body[budget_key].is_null();
   r.stream = boolean(body, "stream");
   r.include_usage = include_usage(body, r.stream);
+  if (r.stream && r.logprobs)
+    bad_request("logprobs", "'logprobs' cannot be combined with 'stream'", "unsupported_value");
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
     bad_request("messages", "'messages' must be a non-empty list of {role, content} objects");
   for (size_t i = 0; i < body["messages"].size(); ++i) {
@@ -419,6 +420,30 @@ json completion_logprobs(const tokenizer::Tokenizer& tok, const std::vector<uint
           {"token_logprobs", lps},
           {"top_logprobs", tops},
           {"text_offset", offsets}};
+}
+
+namespace {
+
+// One token of a chat choice's logprobs: its text, log-probability and UTF-8 bytes.
+json chat_token(const tokenizer::Tokenizer& tok, uint32_t id, double logprob) {
+  const std::string text = tok.decode(std::vector<uint32_t>{id});
+  json bytes = json::array();
+  for (const char c : text) bytes.push_back(static_cast<unsigned char>(c));
+  return {{"token", text}, {"logprob", logprob}, {"bytes", bytes}};
+}
+
+}  // namespace
+
+json chat_logprobs(const tokenizer::Tokenizer& tok, const SequenceResult& r) {
+  json content = json::array();
+  for (size_t i = 0; i < r.generation.tokens.size(); ++i) {
+    const eval::TokenScore& s = r.token_scores[i];
+    json entry = chat_token(tok, r.generation.tokens[i], s.logprob);
+    entry["top_logprobs"] = json::array();
+    for (const auto& [id, lp] : s.top) entry["top_logprobs"].push_back(chat_token(tok, id, lp));
+    content.push_back(std::move(entry));
+  }
+  return {{"content", content}, {"refusal", nullptr}};
 }
 
 std::string TextStream::on_token(uint32_t token) {

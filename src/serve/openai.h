@@ -76,6 +76,7 @@ CompletionRequest parse_completion_request(const nlohmann::json& body,
 struct ChatRequest {
   std::vector<tokenizer::ChatMessage> messages;
   model::SamplingOptions sampling;
+  std::optional<int64_t> logprobs;  // top_logprobs, when logprobs are asked for
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool budget_given = false;   // max_tokens or max_completion_tokens was sent
@@ -105,6 +106,10 @@ void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& m
 nlohmann::json completion_logprobs(const tokenizer::Tokenizer& tok,
                                    const std::vector<uint32_t>& prompt, const SequenceResult& r,
                                    bool echo);
+
+// OpenAI's logprobs object of a chat choice: {"content": one {token, logprob, bytes,
+// top_logprobs: [{token, logprob, bytes}]} per generated token, "refusal": null}.
+nlohmann::json chat_logprobs(const tokenizer::Tokenizer& tok, const SequenceResult& r);
 
 // Text deltas for streaming: what can be sent after each token without ever sending text that a
 // stop string or an unfinished UTF-8 character would take back.

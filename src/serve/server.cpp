@@ -385,7 +385,8 @@ void Server::add_routes() {
           r.sampling.max_tokens = std::min(r.sampling.max_tokens, std::max<int64_t>(room, 0));
         check_prompt_length(prompt.size(), r.sampling.max_tokens, options_.model, options_.limits,
                             "messages");
-        std::vector<Sequence> seqs{{prompt, r.sampling, Rng(r.sampling.seed).fork(0), false, 0}};
+        std::vector<Sequence> seqs{
+            {prompt, r.sampling, Rng(r.sampling.seed).fork(0), false, r.logprobs.value_or(0)}};
         const std::string id = cat("chatcmpl-", ++next_id_);
         const int64_t created = unix_time();
         const std::string name = options_.model.name;
@@ -436,6 +437,7 @@ void Server::add_routes() {
                           {"choices",
                            {{{"index", 0},
                              {"message", {{"role", "assistant"}, {"content", g.text}}},
+                             {"logprobs", r.logprobs ? chat_logprobs(tok_, rs[0]) : json(nullptr)},
                              {"finish_reason", g.finish_reason}}}},
                           {"usage", usage(n_prompt, n_gen)}};
         res.set_content(dump(out), "application/json");

@@ -78,6 +78,19 @@ out["chat"] = {
     "usage": chat.usage.to_dict(),
 }
 
+scored_chat = checked(
+    ChatCompletion,
+    client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=20, temperature=0, logprobs=True,
+        top_logprobs=2,
+    ),
+)
+out["chat_logprobs"] = [
+    {"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
+     "top": [a.token for a in t.top_logprobs]}
+    for t in scored_chat.choices[0].logprobs.content
+]
+
 content, finish, usage = "", None, None
 for chunk in client.chat.completions.create(
     model="tiny", messages=messages, max_tokens=20, temperature=0, stream=True,

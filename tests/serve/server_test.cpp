@@ -370,6 +370,61 @@ TEST_F(Serving, ChatWholeAndStreamed) {
             expected[0].finish_reason);
 }
 
+// Chat logprobs: one entry per generated token with its text, bytes and log-probability (as
+// scoring the whole conversation gives it) and the most likely alternatives, best first.
+TEST_F(Serving, ChatLogprobsScoreEachGeneratedToken) {
+  start();
+  const json messages = {{{"role", "user"}, {"content", "What is two plus two?"}}};
+  const json ask = {{"messages", messages}, {"max_tokens", 12}, {"temperature", 0}};
+  json with = ask;
+  with["logprobs"] = true;
+  with["top_logprobs"] = 3;
+  auto r = post("/v1/chat/completions", with);
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  tokenizer::EncodeOptions eo;
+  eo.special = tokenizer::SpecialPolicy::allow_all();
+  const auto prompt =
+      tok_->encode(tokenizer::render_chat(tokenizer::ChatTemplate::chatml,
+                                          {{"user", "What is two plus two?"}}, true),
+                   eo);
+  const auto reply = model::generate(*model_, {prompt}, sampling(12, 0, 0));
+  const std::vector<uint32_t>& gen = reply[0].tokens;
+  std::vector<uint32_t> all = prompt;
+  all.insert(all.end(), gen.begin(), gen.end());
+  const auto expected = eval::sequence_logprobs(*model_, all, 256);
+  ASSERT_GE(gen.size(), 4u) << "a reply this short tests little";
+  const json& content = r.second["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), gen.size()) << r.second.dump();
+  std::string bytes;
+  for (size_t i = 0; i < gen.size(); ++i) {
+    const json& e = content[i];
+    EXPECT_EQ(e["token"], decode({gen[i]})) << i;
+    for (const json& b : e["bytes"]) bytes += static_cast<char>(b.get<int>());
+    EXPECT_NEAR(e["logprob"].get<double>(), *expected[prompt.size() + i], 1e-4) << i;
+    ASSERT_EQ(e["top_logprobs"].size(), 3u) << i;
+    EXPECT_EQ(e["top_logprobs"][0]["token"], e["token"]) << i;  // greedy: the best is chosen
+    for (size_t k = 1; k < 3; ++k)
+      EXPECT_LE(e["top_logprobs"][k]["logprob"].get<double>(),
+                e["top_logprobs"][k - 1]["logprob"].get<double>())
+          << i;
+  }
+  EXPECT_EQ(bytes, tok_->decode(gen));
+  EXPECT_EQ(r.second["choices"][0]["message"]["content"], decode(gen));
+
+  r = post("/v1/chat/completions", ask);
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  EXPECT_TRUE(r.second["choices"][0]["logprobs"].is_null()) << r.second.dump();
+  json bad = ask;
+  bad["top_logprobs"] = 2;
+  expect_error(post("/v1/chat/completions", bad), 400, "top_logprobs");
+  bad["logprobs"] = true;
+  bad["top_logprobs"] = 21;
+  expect_error(post("/v1/chat/completions", bad), 400, "top_logprobs");
+  bad["top_logprobs"] = 2;
+  bad["stream"] = true;
+  expect_error(post("/v1/chat/completions", bad), 400, "logprobs");
+}
+
 // The peer: OpenAI's official Python client (tests/serve/openai_client.py) validates every
 // response against its own types and reads what pollen's generation gives.
 TEST_F(Serving, TheOfficialOpenAiClientReadsEveryResponse) {
@@ -426,6 +481,15 @@ TEST_F(Serving, TheOfficialOpenAiClientReadsEveryResponse) {
   EXPECT_EQ(got["chat_streamed"]["finish_reason"], got["chat"]["finish_reason"]);
   EXPECT_EQ(got["chat_streamed"]["usage"], got["chat"]["usage"]);
   EXPECT_EQ(got["chat_stream_manager"], got["chat"]["content"]);
+  const json& scored = got["chat_logprobs"];
+  ASSERT_EQ(scored.size(), reply[0].tokens.size());
+  std::string bytes;
+  for (size_t i = 0; i < scored.size(); ++i) {
+    EXPECT_EQ(scored[i]["token"], decode({reply[0].tokens[i]})) << i;
+    EXPECT_EQ(scored[i]["top"].size(), 2u) << i;
+    for (const json& b : scored[i]["bytes"]) bytes += static_cast<char>(b.get<int>());
+  }
+  EXPECT_EQ(bytes, tok_->decode(reply[0].tokens));
 
   const json& errors = got["errors"];
   EXPECT_EQ(errors["bad_temperature"]["class"], "BadRequestError");
