@@ -65,7 +65,8 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-tokens", a->limits.max_tokens, "Most tokens generated per prompt")
       ->capture_default_str();
-  cmd->add_option("--max-prompts", a->limits.max_prompts, "Most prompts in one request")
+  cmd->add_option("--max-prompts", a->limits.max_prompts,
+                  "Most choices in one request (prompts times n)")
       ->capture_default_str();
   cmd->add_option("--max-concurrent", a->limits.max_concurrent,
                   "Most requests in flight; more are answered 429")

@@ -50,9 +50,9 @@ bool boolean(const json& body, const std::string& key) {
 
 // Fields accepted only at the value that changes nothing.
 void neutral_only(const json& body) {
-  for (const char* key : {"n", "best_of"})
-    if (body.contains(key) && !body[key].is_null() && body[key] != json(1))
-      bad_request(key, cat("'", key, "' must be 1: one choice per prompt"), "unsupported_value");
+  if (body.contains("best_of") && !body["best_of"].is_null() && body["best_of"] != json(1))
+    bad_request("best_of", "'best_of' must be 1: every sampled choice is returned",
+                "unsupported_value");
   for (const char* key : {"presence_penalty", "frequency_penalty"})
     if (body.contains(key) && !body[key].is_null() &&
         !(body[key].is_number() && body[key].get<double>() == 0))
@@ -83,6 +83,11 @@ bool include_usage(const json& body, bool stream) {
     bad_request("stream_options", "'stream_options.include_usage' must be true or false, got " +
                                       shown(o["include_usage"]));
   return o["include_usage"].get<bool>();
+}
+
+// n: choices per prompt, each sampled on its own (at most --max-prompts in a request).
+int64_t choices_per_prompt(const json& body, const Limits& limits) {
+  return integer_in(body, "n", 1, limits.max_prompts, 1);
 }
 
 void check_model(const json& body, const ServedModel& model) {
@@ -267,10 +272,12 @@ CompletionRequest parse_completion_request(const json& body, const tokenizer::To
                 "list of such lists, got " +
                     shown(p));
   }
-  if (static_cast<int64_t>(r.prompts.size()) > limits.max_prompts)
-    bad_request("prompt",
-                cat("'prompt' holds ", r.prompts.size(), " prompts; this server takes at most ",
-                    limits.max_prompts, " per request"));
+  r.n = choices_per_prompt(body, limits);
+  if (static_cast<int64_t>(r.prompts.size()) * r.n > limits.max_prompts)
+    bad_request(r.n > 1 ? "n" : "prompt",
+                cat("'prompt' holds ", r.prompts.size(), " prompts",
+                    r.n > 1 ? cat(" of n = ", r.n, " choices each") : "",
+                    "; this server takes at most ", limits.max_prompts, " choices per request"));
   for (const auto& ids : r.prompts)
     check_prompt_length(ids.size(), r.sampling.max_tokens, model, limits);
   if (r.stream && r.echo)
@@ -318,6 +325,7 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
   r.budget_given = body.contains(budget_key) && !body[budget_key].is_null();
   r.stream = boolean(body, "stream");
   r.include_usage = include_usage(body, r.stream);
+  r.n = choices_per_prompt(body, limits);
   if (r.stream && r.logprobs)
     bad_request("logprobs", "'logprobs' cannot be combined with 'stream'", "unsupported_value");
   if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())

@@ -42,7 +42,7 @@ struct Limits {
   size_t max_body_bytes = 4 << 20;  // request body
   int64_t max_prompt_tokens = 0;    // per prompt; 0: the model's context
   int64_t max_tokens = 1024;        // generated per sequence
-  int64_t max_prompts = 64;         // prompts in one /v1/completions request
+  int64_t max_prompts = 64;         // choices in one request (prompts times n)
   int64_t max_concurrent = 32;      // requests in flight (queued, running or streaming)
 };
 
@@ -62,6 +62,7 @@ struct CompletionRequest {
   model::SamplingOptions sampling;
   bool echo = false;
   std::optional<int64_t> logprobs;  // top alternatives per token, when logprobs are asked for
+  int64_t n = 1;  // choices per prompt: choice i * n + j from Rng(seed).fork(i * n + j)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
 };
@@ -77,6 +78,7 @@ struct ChatRequest {
   std::vector<tokenizer::ChatMessage> messages;
   model::SamplingOptions sampling;
   std::optional<int64_t> logprobs;  // top_logprobs, when logprobs are asked for
+  int64_t n = 1;                    // choices: choice j from Rng(seed).fork(j)
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
   bool budget_given = false;   // max_tokens or max_completion_tokens was sent

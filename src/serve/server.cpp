@@ -299,9 +299,11 @@ void Server::add_routes() {
         const json body = parse_body(req.body);
         const CompletionRequest r =
             parse_completion_request(body, tok_, options_.model, options_.limits);
+        // Choice k is prompt k / n's, sampled from Rng(seed).fork(k).
+        const auto n = static_cast<size_t>(r.n);
         std::vector<Sequence> seqs;
-        for (size_t i = 0; i < r.prompts.size(); ++i)
-          seqs.push_back({r.prompts[i], r.sampling, Rng(r.sampling.seed).fork(i),
+        for (size_t k = 0; k < r.prompts.size() * n; ++k)
+          seqs.push_back({r.prompts[k / n], r.sampling, Rng(r.sampling.seed).fork(k),
                           r.echo && r.logprobs.has_value(), r.logprobs.value_or(0)});
         const std::string id = cat("cmpl-", ++next_id_);
         const int64_t created = unix_time();
@@ -327,7 +329,7 @@ void Server::add_routes() {
         if (r.stream) {
           auto queue = std::make_shared<EventQueue>();
           auto streams = std::make_shared<std::vector<TextStream>>(
-              r.prompts.size(), TextStream(tok_, r.sampling.stop_strings));
+              seqs.size(), TextStream(tok_, r.sampling.stop_strings));
           auto results = std::make_shared<std::future<Results>>(
               engine_->submit(std::move(seqs), [queue, streams, chunk](size_t s, uint32_t token) {
                 const std::string delta = (*streams)[s].on_token(token);
@@ -350,12 +352,12 @@ void Server::add_routes() {
         }
         const Results rs = engine_->submit(std::move(seqs)).get();
         json choices = json::array();
-        for (size_t i = 0; i < rs.size(); ++i) {
-          const model::Generation& g = rs[i].generation;
+        for (size_t k = 0; k < rs.size(); ++k) {
+          const model::Generation& g = rs[k].generation;
           choices.push_back(
-              {{"index", i},
-               {"text", (r.echo ? r.prompt_texts[i] : std::string()) + g.text},
-               {"logprobs", r.logprobs ? completion_logprobs(tok_, r.prompts[i], rs[i], r.echo)
+              {{"index", k},
+               {"text", (r.echo ? r.prompt_texts[k / n] : std::string()) + g.text},
+               {"logprobs", r.logprobs ? completion_logprobs(tok_, r.prompts[k / n], rs[k], r.echo)
                                        : json(nullptr)},
                {"finish_reason", g.finish_reason}});
         }
@@ -385,8 +387,11 @@ void Server::add_routes() {
           r.sampling.max_tokens = std::min(r.sampling.max_tokens, std::max<int64_t>(room, 0));
         check_prompt_length(prompt.size(), r.sampling.max_tokens, options_.model, options_.limits,
                             "messages");
-        std::vector<Sequence> seqs{
-            {prompt, r.sampling, Rng(r.sampling.seed).fork(0), false, r.logprobs.value_or(0)}};
+        // Choice j is sampled from Rng(seed).fork(j).
+        std::vector<Sequence> seqs;
+        for (int64_t j = 0; j < r.n; ++j)
+          seqs.push_back({prompt, r.sampling, Rng(r.sampling.seed).fork(static_cast<uint64_t>(j)),
+                          false, r.logprobs.value_or(0)});
         const std::string id = cat("chatcmpl-", ++next_id_);
         const int64_t created = unix_time();
         const std::string name = options_.model.name;
@@ -401,45 +406,50 @@ void Server::add_routes() {
             if (with_usage) j["usage"] = nullptr;
             return j;
           };
-          const auto chunk = [=](json delta, json finish) {
-            return head({{{"index", 0}, {"delta", delta}, {"finish_reason", finish}}});
+          const auto chunk = [=](size_t index, json delta, json finish) {
+            return head({{{"index", index}, {"delta", delta}, {"finish_reason", finish}}});
           };
           auto queue = std::make_shared<EventQueue>();
-          queue->push(chunk({{"role", "assistant"}, {"content", ""}}, nullptr));
-          auto stream = std::make_shared<TextStream>(tok_, r.sampling.stop_strings);
+          for (size_t j = 0; j < seqs.size(); ++j)
+            queue->push(chunk(j, {{"role", "assistant"}, {"content", ""}}, nullptr));
+          auto streams = std::make_shared<std::vector<TextStream>>(
+              seqs.size(), TextStream(tok_, r.sampling.stop_strings));
           auto results = std::make_shared<std::future<Results>>(
-              engine_->submit(std::move(seqs), [queue, stream, chunk](size_t, uint32_t token) {
-                const std::string delta = stream->on_token(token);
-                if (!delta.empty()) queue->push(chunk({{"content", delta}}, nullptr));
+              engine_->submit(std::move(seqs), [queue, streams, chunk](size_t j, uint32_t token) {
+                const std::string delta = (*streams)[j].on_token(token);
+                if (!delta.empty()) queue->push(chunk(j, {{"content", delta}}, nullptr));
               }));
-          stream_events(res, slot, queue, results,
-                        [stream, chunk, head, with_usage, prompt](const Results& rs) {
-                          std::vector<json> last;
-                          const std::string rest = stream->finish(rs[0].generation.text);
-                          if (!rest.empty()) last.push_back(chunk({{"content", rest}}, nullptr));
-                          last.push_back(chunk(json::object(), rs[0].generation.finish_reason));
-                          if (with_usage) {
-                            const auto [p, c] = token_counts({prompt}, rs);
-                            last.push_back(head(json::array()));
-                            last.back()["usage"] = usage(p, c);
-                          }
-                          return last;
-                        });
+          stream_events(
+              res, slot, queue, results,
+              [streams, chunk, head, with_usage, prompt](const Results& rs) {
+                std::vector<json> last;
+                for (size_t j = 0; j < rs.size(); ++j) {
+                  const std::string rest = (*streams)[j].finish(rs[j].generation.text);
+                  if (!rest.empty()) last.push_back(chunk(j, {{"content", rest}}, nullptr));
+                  last.push_back(chunk(j, json::object(), rs[j].generation.finish_reason));
+                }
+                if (with_usage) {
+                  const auto [p, c] = token_counts({prompt}, rs);
+                  last.push_back(head(json::array()));
+                  last.back()["usage"] = usage(p, c);
+                }
+                return last;
+              });
           return;
         }
         const Results rs = engine_->submit(std::move(seqs)).get();
-        const model::Generation& g = rs[0].generation;
-        const auto [n_prompt, n_gen] = token_counts({prompt}, rs);
-        const json out = {{"id", id},
-                          {"object", "chat.completion"},
-                          {"created", created},
-                          {"model", name},
-                          {"choices",
-                           {{{"index", 0},
+        json choices = json::array();
+        for (size_t j = 0; j < rs.size(); ++j) {
+          const model::Generation& g = rs[j].generation;
+          choices.push_back({{"index", j},
                              {"message", {{"role", "assistant"}, {"content", g.text}}},
-                             {"logprobs", r.logprobs ? chat_logprobs(tok_, rs[0]) : json(nullptr)},
-                             {"finish_reason", g.finish_reason}}}},
-                          {"usage", usage(n_prompt, n_gen)}};
+                             {"logprobs", r.logprobs ? chat_logprobs(tok_, rs[j]) : json(nullptr)},
+                             {"finish_reason", g.finish_reason}});
+        }
+        const auto [n_prompt, n_gen] = token_counts({prompt}, rs);
+        const json out = {{"id", id},           {"object", "chat.completion"},
+                          {"created", created}, {"model", name},
+                          {"choices", choices}, {"usage", usage(n_prompt, n_gen)}};
         res.set_content(dump(out), "application/json");
       }));
 }

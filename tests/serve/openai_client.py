@@ -91,6 +91,14 @@ out["chat_logprobs"] = [
     for t in scored_chat.choices[0].logprobs.content
 ]
 
+several = checked(
+    ChatCompletion,
+    client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=8, temperature=0.9, seed=3, n=2
+    ),
+)
+out["chat_n"] = [[c.index, c.message.content] for c in several.choices]
+
 content, finish, usage = "", None, None
 for chunk in client.chat.completions.create(
     model="tiny", messages=messages, max_tokens=20, temperature=0, stream=True,

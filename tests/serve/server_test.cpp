@@ -223,6 +223,71 @@ TEST_F(Serving, CompletionsEqualGenerate) {
   EXPECT_NE(alone[0].tokens, sampled[1].tokens);
 }
 
+// n choices per prompt: choice k is prompt k / n's, sampled from Rng(seed).fork(k), as
+// `pollen generate` samples its k-th prompt; prompt tokens count once per prompt in the usage.
+TEST_F(Serving, NChoicesPerPromptEachFromItsOwnFork) {
+  start();
+  const std::string p0 = "The cat sat", p1 = "Rome is";
+  auto r = post(
+      "/v1/completions",
+      json{{"prompt", {p0, p1}}, {"n", 2}, {"max_tokens", 10}, {"temperature", 0.9}, {"seed", 5}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  const auto ids0 = prompt_ids(p0), ids1 = prompt_ids(p1);
+  const auto expected = model::generate(*model_, {ids0, ids0, ids1, ids1}, sampling(10, 0.9, 5));
+  ASSERT_EQ(r.second["choices"].size(), 4u);
+  size_t generated = 0;
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(r.second["choices"][k]["index"], k);
+    EXPECT_EQ(r.second["choices"][k]["text"], decode(expected[k].tokens)) << k;
+    generated += expected[k].tokens.size();
+  }
+  EXPECT_NE(expected[0].tokens, expected[1].tokens) << "two choices of one prompt should differ";
+  EXPECT_EQ(r.second["usage"]["prompt_tokens"], ids0.size() + ids1.size());
+  EXPECT_EQ(r.second["usage"]["completion_tokens"], generated);
+
+  // Chat: choice j from fork(j), whole and streamed alike.
+  const json chat = {{"messages", {{{"role", "user"}, {"content", "Hello"}}}},
+                     {"n", 3},
+                     {"max_tokens", 8},
+                     {"temperature", 0.9},
+                     {"seed", 9}};
+  r = post("/v1/chat/completions", chat);
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  tokenizer::EncodeOptions eo;
+  eo.special = tokenizer::SpecialPolicy::allow_all();
+  const auto prompt = tok_->encode(
+      tokenizer::render_chat(tokenizer::ChatTemplate::chatml, {{"user", "Hello"}}, true), eo);
+  const auto replies = model::generate(*model_, {prompt, prompt, prompt}, sampling(8, 0.9, 9));
+  ASSERT_EQ(r.second["choices"].size(), 3u);
+  for (size_t j = 0; j < 3; ++j)
+    EXPECT_EQ(r.second["choices"][j]["message"]["content"], decode(replies[j].tokens)) << j;
+  json streamed_chat = chat;
+  streamed_chat["stream"] = true;
+  const auto ev = events(post_stream("/v1/chat/completions", streamed_chat));
+  std::vector<std::string> streamed(3);
+  std::vector<int> roles(3), finishes(3);
+  for (size_t i = 0; i + 1 < ev.size(); ++i) {
+    const json c = json::parse(ev[i])["choices"][0];
+    const size_t j = c["index"].get<size_t>();
+    ASSERT_LT(j, 3u);
+    roles[j] += c["delta"].contains("role");
+    finishes[j] += !c["finish_reason"].is_null();
+    if (c["delta"].contains("content")) streamed[j] += c["delta"]["content"].get<std::string>();
+  }
+  for (size_t j = 0; j < 3; ++j) {
+    EXPECT_EQ(streamed[j], decode(replies[j].tokens)) << j;
+    EXPECT_EQ(roles[j], 1) << j;
+    EXPECT_EQ(finishes[j], 1) << j;
+  }
+  // Choices are bounded as prompts are: prompts times n at most --max-prompts.
+  json many = chat;
+  many["n"] = 65;
+  expect_error(post("/v1/chat/completions", many), 400, "n");
+  auto opts = options();
+  expect_error(post("/v1/completions", json{{"prompt", {p0, p1}}, {"n", opts.limits.max_prompts}}),
+               400, "n");
+}
+
 TEST_F(Serving, EchoLogprobsEqualScore) {
   start();
   const std::string text = "Paris is the capital of France.";
@@ -481,6 +546,8 @@ TEST_F(Serving, TheOfficialOpenAiClientReadsEveryResponse) {
   EXPECT_EQ(got["chat_streamed"]["finish_reason"], got["chat"]["finish_reason"]);
   EXPECT_EQ(got["chat_streamed"]["usage"], got["chat"]["usage"]);
   EXPECT_EQ(got["chat_stream_manager"], got["chat"]["content"]);
+  const auto two = model::generate(*model_, {prompt, prompt}, sampling(8, 0.9, 3));
+  EXPECT_EQ(got["chat_n"], json({{0, decode(two[0].tokens)}, {1, decode(two[1].tokens)}}));
   const json& scored = got["chat_logprobs"];
   ASSERT_EQ(scored.size(), reply[0].tokens.size());
   std::string bytes;
