@@ -129,6 +129,21 @@ json usage(int64_t prompt_tokens, int64_t completion_tokens) {
           {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
+// A streamed chunk around its choices; with stream_options.include_usage every chunk has a null
+// usage but the last (usage_chunk), which has no choices.
+std::function<json(json)> chunk_frame(const std::string& id, const std::string& object,
+                                      int64_t created, const std::string& model, bool with_usage) {
+  return [=](json choices) {
+    json j = {{"id", id},
+              {"object", object},
+              {"created", created},
+              {"model", model},
+              {"choices", std::move(choices)}};
+    if (with_usage) j["usage"] = nullptr;
+    return j;
+  };
+}
+
 // The tokens of a request's prompts and of its generations.
 std::pair<int64_t, int64_t> token_counts(const std::vector<std::vector<uint32_t>>& prompts,
                                          const Results& rs) {
@@ -308,18 +323,8 @@ void Server::add_routes() {
         const std::string id = cat("cmpl-", ++next_id_);
         const int64_t created = unix_time();
         const std::string name = options_.model.name;
-        // A streamed chunk; with stream_options.include_usage each has a null usage but the
-        // last, which has no choices.
         const bool with_usage = r.include_usage;
-        const auto head = [=](json choices) {
-          json j = {{"id", id},
-                    {"object", "text_completion"},
-                    {"created", created},
-                    {"model", name},
-                    {"choices", std::move(choices)}};
-          if (with_usage) j["usage"] = nullptr;
-          return j;
-        };
+        const auto head = chunk_frame(id, "text_completion", created, name, with_usage);
         const auto chunk = [=](size_t index, const std::string& text, json finish) {
           return head({{{"index", index},
                         {"text", text},
@@ -397,15 +402,7 @@ void Server::add_routes() {
         const std::string name = options_.model.name;
         if (r.stream) {
           const bool with_usage = r.include_usage;
-          const auto head = [=](json choices) {
-            json j = {{"id", id},
-                      {"object", "chat.completion.chunk"},
-                      {"created", created},
-                      {"model", name},
-                      {"choices", std::move(choices)}};
-            if (with_usage) j["usage"] = nullptr;
-            return j;
-          };
+          const auto head = chunk_frame(id, "chat.completion.chunk", created, name, with_usage);
           const auto chunk = [=](size_t index, json delta, json finish) {
             return head({{{"index", index}, {"delta", delta}, {"finish_reason", finish}}});
           };
