@@ -93,6 +93,13 @@ class Serving : public ::testing::Test {
     return tok_->encode(text, eo);
   }
 
+  // The prompt the server renders for a conversation (the fixture's ChatML template).
+  static std::vector<uint32_t> chat_prompt(const std::vector<tokenizer::ChatMessage>& msgs) {
+    tokenizer::EncodeOptions eo;
+    eo.special = tokenizer::SpecialPolicy::allow_all();
+    return tok_->encode(tokenizer::render_chat(tokenizer::ChatTemplate::chatml, msgs, true), eo);
+  }
+
   static model::SamplingOptions sampling(int64_t max_tokens, double temperature, uint64_t seed) {
     model::SamplingOptions o;
     o.max_tokens = max_tokens;
@@ -253,10 +260,7 @@ TEST_F(Serving, NChoicesPerPromptEachFromItsOwnFork) {
                      {"seed", 9}};
   r = post("/v1/chat/completions", chat);
   ASSERT_EQ(r.first, 200) << r.second.dump();
-  tokenizer::EncodeOptions eo;
-  eo.special = tokenizer::SpecialPolicy::allow_all();
-  const auto prompt = tok_->encode(
-      tokenizer::render_chat(tokenizer::ChatTemplate::chatml, {{"user", "Hello"}}, true), eo);
+  const auto prompt = chat_prompt({{"user", "Hello"}});
   const auto replies = model::generate(*model_, {prompt, prompt, prompt}, sampling(8, 0.9, 9));
   ASSERT_EQ(r.second["choices"].size(), 3u);
   for (size_t j = 0; j < 3; ++j)
@@ -402,10 +406,7 @@ TEST_F(Serving, ChatWholeAndStreamed) {
                          {{"role", "user"}, {"content", "What is two plus two?"}}};
   const std::vector<tokenizer::ChatMessage> msgs = {{"system", "You are terse."},
                                                     {"user", "What is two plus two?"}};
-  tokenizer::EncodeOptions eo;
-  eo.special = tokenizer::SpecialPolicy::allow_all();
-  const auto prompt =
-      tok_->encode(tokenizer::render_chat(tokenizer::ChatTemplate::chatml, msgs, true), eo);
+  const auto prompt = chat_prompt(msgs);
   const auto expected = model::generate(*model_, {prompt}, sampling(20, 0, 0));
   auto r = post("/v1/chat/completions",
                 json{{"messages", messages}, {"max_tokens", 20}, {"temperature", 0}});
@@ -446,12 +447,7 @@ TEST_F(Serving, ChatLogprobsScoreEachGeneratedToken) {
   with["top_logprobs"] = 3;
   auto r = post("/v1/chat/completions", with);
   ASSERT_EQ(r.first, 200) << r.second.dump();
-  tokenizer::EncodeOptions eo;
-  eo.special = tokenizer::SpecialPolicy::allow_all();
-  const auto prompt =
-      tok_->encode(tokenizer::render_chat(tokenizer::ChatTemplate::chatml,
-                                          {{"user", "What is two plus two?"}}, true),
-                   eo);
+  const auto prompt = chat_prompt({{"user", "What is two plus two?"}});
   const auto reply = model::generate(*model_, {prompt}, sampling(12, 0, 0));
   const std::vector<uint32_t>& gen = reply[0].tokens;
   std::vector<uint32_t> all = prompt;
@@ -533,10 +529,7 @@ TEST_F(Serving, TheOfficialOpenAiClientReadsEveryResponse) {
 
   const std::vector<tokenizer::ChatMessage> msgs = {{"system", "You are terse."},
                                                     {"user", "What is two plus two?"}};
-  tokenizer::EncodeOptions eo;
-  eo.special = tokenizer::SpecialPolicy::allow_all();
-  const auto prompt =
-      tok_->encode(tokenizer::render_chat(tokenizer::ChatTemplate::chatml, msgs, true), eo);
+  const auto prompt = chat_prompt(msgs);
   const auto reply = model::generate(*model_, {prompt}, sampling(20, 0, 0));
   EXPECT_EQ(got["chat"]["role"], "assistant");
   EXPECT_EQ(got["chat"]["content"], decode(reply[0].tokens));
@@ -670,10 +663,7 @@ TEST_F(Serving, AChatBudgetEndsAtTheContextAndLongChatsNameMessages) {
   std::string words;
   for (int i = 0; i < 4; ++i) words += "The cat sat. ";
   const json messages = {{{"role", "user"}, {"content", words}}};
-  tokenizer::EncodeOptions eo;
-  eo.special = tokenizer::SpecialPolicy::allow_all();
-  const auto prompt = tok_->encode(
-      tokenizer::render_chat(tokenizer::ChatTemplate::chatml, {{"user", words}}, true), eo);
+  const auto prompt = chat_prompt({{"user", words}});
   ASSERT_GT(prompt.size() + 32, 48u);  // the default budget would pass the context
   ASSERT_LE(prompt.size(), 40u);
   auto r = post("/v1/chat/completions", json{{"messages", messages}, {"temperature", 0}});
