@@ -98,7 +98,8 @@ void run_client(const ClientConfig& config, const train::FaultInjection& fault) 
   }
   if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the silo
   try {
-    if (comm->world() > 1) log::info("fed client ranks: ", comm->placement());
+    if (comm->world() > 1)
+      log::info("fed client ranks (", comm->topology().launcher, "): ", comm->placement());
     POLLEN_CHECK(!config.post.enabled() || comm->world() == 1, "fed client '", config.id,
                  "': a post-training silo ([post]) runs as one process, not ", comm->world(),
                  " ranks");
