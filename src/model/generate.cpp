@@ -341,6 +341,12 @@ std::vector<Generation> generate_rows(const Llama& model, std::vector<Generation
   if (use_cache) cache.emplace(model.config(), static_cast<int64_t>(B), capacity);
   const int64_t V = model.config().vocab_size;
   for (int64_t step = 0; step < steps; ++step) {
+    for (size_t r = 0; r < B; ++r) {
+      if (!done[r] && rows[r].cancelled && rows[r].cancelled->load()) {
+        done[r] = true;
+        out[r].finish_reason = "cancelled";
+      }
+    }
     if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
     Tensor logits;
     if (cache) {

@@ -2,8 +2,10 @@
 // Generation: a KV cache, batched prompts of different lengths, and sampling (greedy,
 // temperature, top-k, top-p, min-p, repetition penalty), stop tokens and stop strings, a token
 // budget and a seed. It lives in the model layer so that training, evaluation and RL can use it.
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -90,6 +92,9 @@ struct GenerationRow {
   std::vector<uint32_t> prompt;  // non-empty
   SamplingOptions options;
   Rng rng;
+  // Once set (by another thread: a client that went away), the row ends before its next step,
+  // finish_reason "cancelled".
+  std::shared_ptr<const std::atomic<bool>> cancelled;
 };
 
 // Called for every token a row keeps, with the logits it was sampled from (the first

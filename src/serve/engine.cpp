@@ -43,11 +43,13 @@ Engine::~Engine() {
   worker_.join();
 }
 
-std::future<std::vector<SequenceResult>> Engine::submit(std::vector<Sequence> sequences,
-                                                        TokenSink sink) {
+std::future<std::vector<SequenceResult>> Engine::submit(
+    std::vector<Sequence> sequences, TokenSink sink,
+    std::shared_ptr<const std::atomic<bool>> cancelled) {
   auto job = std::make_unique<Job>();
   job->sequences = std::move(sequences);
   job->sink = std::move(sink);
+  job->cancelled = std::move(cancelled);
   auto future = job->done.get_future();
   {
     std::lock_guard lock(mu_);
@@ -124,7 +126,7 @@ void Engine::run_batch(std::vector<std::unique_ptr<Job>>& jobs) {
           results[j][s].prompt_scores =
               eval::sequence_scores(model_, seq.prompt, static_cast<int64_t>(seq.prompt.size()),
                                     seq.top_logprobs, static_cast<int64_t>(tok_.vocab_size()));
-        rows.push_back({seq.prompt, seq.options, seq.rng});
+        rows.push_back({seq.prompt, seq.options, seq.rng, jobs[j]->cancelled});
         // Only ids the tokenizer can decode (a model's vocabulary may be padded beyond them).
         rows.back().options.vocab_size = static_cast<int64_t>(tok_.vocab_size());
         owner.emplace_back(j, s);

@@ -48,8 +48,11 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Queues one request's sequences; the future holds their results in order (or the error).
-  std::future<std::vector<SequenceResult>> submit(std::vector<Sequence> sequences,
-                                                  TokenSink sink = {});
+  // Once `cancelled` is set (the client went away) its sequences end before their next step,
+  // finish_reason "cancelled".
+  std::future<std::vector<SequenceResult>> submit(
+      std::vector<Sequence> sequences, TokenSink sink = {},
+      std::shared_ptr<const std::atomic<bool>> cancelled = nullptr);
 
   // While a Hold lives the worker starts no new batch (requests queue up); for draining and for
   // tests that need requests to be waiting at a known moment.
@@ -72,6 +75,7 @@ class Engine {
   struct Job {
     std::vector<Sequence> sequences;
     TokenSink sink;
+    std::shared_ptr<const std::atomic<bool>> cancelled;
     std::promise<std::vector<SequenceResult>> done;
   };
   void work();

@@ -83,43 +83,53 @@ struct EventQueue {
 using Results = std::vector<SequenceResult>;
 
 // Streams `queue`'s events; once the engine is done, `finish` gives the last events ("[DONE]"
-// comes after them).
+// comes after them). A client that goes away sets `cancelled`, which ends its generation.
 void stream_events(httplib::Response& res, std::shared_ptr<Slot> slot,
                    std::shared_ptr<EventQueue> queue, std::shared_ptr<std::future<Results>> results,
+                   std::shared_ptr<std::atomic<bool>> cancelled,
                    std::function<std::vector<json>(const Results&)> finish) {
   auto finished = std::make_shared<bool>(false);
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [slot, queue, results, finish, finished](
-                                                            size_t, httplib::DataSink& sink) {
-    std::deque<std::string> ready;
-    {
-      std::unique_lock lock(queue->mu);
-      queue->cv.wait_for(lock, std::chrono::milliseconds(20),
-                         [&] { return !queue->events.empty(); });
-      ready.swap(queue->events);
-    }
-    for (const std::string& e : ready)
-      if (!sink.write(e.data(), e.size())) return false;
-    if (*finished) return true;
-    if (results->wait_for(std::chrono::seconds(0)) != std::future_status::ready) return true;
-    *finished = true;
-    std::string tail;
-    try {
-      const Results r = results->get();
-      std::lock_guard lock(queue->mu);  // the worker has pushed its last token by now
-      for (const std::string& e : queue->events) tail += e;
-      queue->events.clear();
-      for (const json& j : finish(r)) tail += "data: " + dump(j) + "\n\n";
-    } catch (const std::exception& e) {
-      tail += "data: " +
-              dump(error_body(ApiError(500, "server_error", "internal_error", "", e.what()))) +
-              "\n\n";
-    }
-    tail += "data: [DONE]\n\n";
-    if (!sink.write(tail.data(), tail.size())) return false;
-    sink.done();
-    return true;
-  });
+  const auto gone = [cancelled] {
+    cancelled->store(true);
+    return false;
+  };
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [slot, queue, results, finish, finished, gone](size_t, httplib::DataSink& sink) {
+        if (!sink.is_writable()) return gone();
+        std::deque<std::string> ready;
+        {
+          std::unique_lock lock(queue->mu);
+          queue->cv.wait_for(lock, std::chrono::milliseconds(20),
+                             [&] { return !queue->events.empty(); });
+          ready.swap(queue->events);
+        }
+        for (const std::string& e : ready)
+          if (!sink.write(e.data(), e.size())) return gone();
+        if (*finished) return true;
+        if (results->wait_for(std::chrono::seconds(0)) != std::future_status::ready) return true;
+        *finished = true;
+        std::string tail;
+        try {
+          const Results r = results->get();
+          std::lock_guard lock(queue->mu);  // the worker has pushed its last token by now
+          for (const std::string& e : queue->events) tail += e;
+          queue->events.clear();
+          for (const json& j : finish(r)) tail += "data: " + dump(j) + "\n\n";
+        } catch (const std::exception& e) {
+          tail += "data: " +
+                  dump(error_body(ApiError(500, "server_error", "internal_error", "", e.what()))) +
+                  "\n\n";
+        }
+        tail += "data: [DONE]\n\n";
+        if (!sink.write(tail.data(), tail.size())) return gone();
+        sink.done();
+        return true;
+      },
+      [cancelled](bool success) {
+        if (!success) cancelled->store(true);
+      });
 }
 
 // OpenAI's usage object.
@@ -335,12 +345,15 @@ void Server::add_routes() {
           auto queue = std::make_shared<EventQueue>();
           auto streams = std::make_shared<std::vector<TextStream>>(
               seqs.size(), TextStream(tok_, r.sampling.stop_strings));
-          auto results = std::make_shared<std::future<Results>>(
-              engine_->submit(std::move(seqs), [queue, streams, chunk](size_t s, uint32_t token) {
+          auto cancelled = std::make_shared<std::atomic<bool>>(false);
+          auto results = std::make_shared<std::future<Results>>(engine_->submit(
+              std::move(seqs),
+              [queue, streams, chunk](size_t s, uint32_t token) {
                 const std::string delta = (*streams)[s].on_token(token);
                 if (!delta.empty()) queue->push(chunk(s, delta, nullptr));
-              }));
-          stream_events(res, slot, queue, results,
+              },
+              cancelled));
+          stream_events(res, slot, queue, results, cancelled,
                         [streams, chunk, head, with_usage, prompts = r.prompts](const Results& rs) {
                           std::vector<json> last;
                           for (size_t s = 0; s < rs.size(); ++s)
@@ -411,13 +424,16 @@ void Server::add_routes() {
             queue->push(chunk(j, {{"role", "assistant"}, {"content", ""}}, nullptr));
           auto streams = std::make_shared<std::vector<TextStream>>(
               seqs.size(), TextStream(tok_, r.sampling.stop_strings));
-          auto results = std::make_shared<std::future<Results>>(
-              engine_->submit(std::move(seqs), [queue, streams, chunk](size_t j, uint32_t token) {
+          auto cancelled = std::make_shared<std::atomic<bool>>(false);
+          auto results = std::make_shared<std::future<Results>>(engine_->submit(
+              std::move(seqs),
+              [queue, streams, chunk](size_t j, uint32_t token) {
                 const std::string delta = (*streams)[j].on_token(token);
                 if (!delta.empty()) queue->push(chunk(j, {{"content", delta}}, nullptr));
-              }));
+              },
+              cancelled));
           stream_events(
-              res, slot, queue, results,
+              res, slot, queue, results, cancelled,
               [streams, chunk, head, with_usage, prompt](const Results& rs) {
                 std::vector<json> last;
                 for (size_t j = 0; j < rs.size(); ++j) {

@@ -122,6 +122,23 @@ TEST(Generate, SeededSamplingIsReproducibleAndRowsIndependent) {
   EXPECT_TRUE(differs);
 }
 
+// A row whose cancelled flag is set ends before its next step ("cancelled"); the others go on.
+TEST(Generate, ACancelledRowEndsAtTheNextStep) {
+  const model::Llama m = random_model(gen_config(false, 0), 7);
+  model::SamplingOptions o;
+  o.max_tokens = 8;
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  std::vector<model::GenerationRow> rows = {{kPrompts[0], o, Rng(1), cancelled},
+                                            {kPrompts[1], o, Rng(2)}};
+  const auto out = model::generate_rows(m, rows, {}, [&](size_t row, uint32_t, auto) {
+    if (row == 0) cancelled->store(true);  // after its first token
+  });
+  EXPECT_EQ(out[0].finish_reason, "cancelled");
+  EXPECT_EQ(out[0].tokens.size(), 1u);
+  EXPECT_EQ(out[1].finish_reason, "length");
+  EXPECT_EQ(out[1].tokens, model::generate_rows(m, {{kPrompts[1], o, Rng(2)}})[0].tokens);
+}
+
 TEST(Generate, StopTokensStopStringsAndBudget) {
   const model::Llama m = random_model(gen_config(false, 0), 9);
   model::SamplingOptions o;

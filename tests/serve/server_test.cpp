@@ -793,6 +793,33 @@ TEST_F(Serving, WaitingRequestsShareABatchAndExtraOnesGet429) {
   }
 }
 
+// A request whose client went away (its cancelled flag set) ends before its next step; the
+// requests batched with it go on as if alone.
+TEST_F(Serving, ACancelledRequestEndsAtTheNextStepAndItsBatchGoesOn) {
+  start();
+  serve::Engine& engine = server_->engine();
+  const auto ids = prompt_ids("The dog");
+  const auto seq = [&](uint64_t seed) {
+    return serve::Sequence{ids, sampling(12, 0.7, seed), Rng(seed).fork(0), false, 0};
+  };
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  std::future<std::vector<serve::SequenceResult>> gone, kept;
+  {
+    serve::Engine::Hold hold(engine);  // both requests in one batch
+    int seen = 0;
+    gone = engine.submit(
+        {seq(3)}, [&](size_t, uint32_t) { cancelled->store(++seen == 2); }, cancelled);
+    kept = engine.submit({seq(4)});
+  }
+  const auto g = gone.get(), k = kept.get();
+  EXPECT_EQ(g[0].generation.finish_reason, "cancelled");
+  EXPECT_EQ(g[0].generation.tokens.size(), 2u);
+  EXPECT_EQ(engine.largest_batch(), 2);
+  const auto alone = model::generate(*model_, {ids}, sampling(12, 0.7, 4));
+  EXPECT_EQ(k[0].generation.tokens, alone[0].tokens);
+  ASSERT_GT(alone[0].tokens.size(), 2u) << "the kept request should outlive the cancelled one";
+}
+
 TEST_F(Serving, ConcurrentRequestsAreServedCorrectly) {
   serve::ServerOptions o = options();
   o.limits.max_concurrent = 8;
