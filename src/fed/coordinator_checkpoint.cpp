@@ -1,0 +1,174 @@
+// The server's checkpoint: everything a resumed run needs (global weights, the strategy's and
+// privacy accountant's state, the shared moments, the clients' view, the lineage, the metrics
+// files' positions), written after each aggregated round and read back on --resume.
+#include "fed/coordinator.h"
+
+#include <algorithm>
+
+#include "base/files.h"
+#include "base/log.h"
+#include "fed/first_moments.h"
+#include "fed/post_lora.h"
+#include "fed/second_moments.h"
+#include "io/checkpoint.h"
+#include "io/peft.h"
+#include "train/config.h"
+
+namespace pollen::fed {
+
+namespace fs = std::filesystem;
+
+void Coordinator::load_checkpoint(const fs::path& dir) {
+  const auto state = nlohmann::json::parse(read_file(dir / "state.json"));
+  POLLEN_CHECK(state.at("model_config").get<std::string>() == terms_.model_json,
+               "fed server: checkpoint ", dir.string(),
+               " holds another model config than server config's [model]");
+  const auto fingerprint = state.at("tokenizer_fingerprint").get<std::string>();
+  POLLEN_CHECK(fingerprint == config_.tokenizer_fingerprint, "fed server: checkpoint ",
+               dir.string(), " was trained with tokenizer fingerprint ", fingerprint,
+               ", the config says ", config_.tokenizer_fingerprint,
+               " ([tokenizer]): its weights belong to the other tokenizer's ids");
+  POLLEN_CHECK(state.at("strategy").get<std::string>() == strategy_->name(),
+               "fed server: checkpoint ", dir.string(), " was written by strategy '",
+               state.at("strategy").get<std::string>(), "', the config says '", strategy_->name(),
+               "'");
+  const auto model = io::read_safetensors(dir / "model.safetensors");
+  POLLEN_CHECK(model.tensors.size() == specs_.size(), "fed server: ", dir.string(),
+               "/model.safetensors has ", model.tensors.size(), " tensors, the model ",
+               specs_.size());
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const Tensor* t = model.find(specs_[i].name);
+    POLLEN_CHECK(t && t->shape() == specs_[i].shape, "fed server: ", dir.string(),
+                 "/model.safetensors: tensor '", specs_[i].name,
+                 "' is missing or has another shape");
+    global_[i] = t->to(DType::f32);
+  }
+  if (fs::exists(dir / "strategy.safetensors")) {
+    strategy_->load_state(io::read_safetensors(dir / "strategy.safetensors").tensors);
+  }
+  if (config_.strategy.shares_second_moments() && fs::exists(dir / "second_moments.safetensors")) {
+    const auto f = io::read_safetensors(dir / "second_moments.safetensors");
+    const Tensor* t = f.find("second_moments");
+    const std::string what = cat("fed server: ", dir.string(), "/second_moments.safetensors");
+    POLLEN_CHECK(t && t->dim() == 1 && t->dtype() == DType::u8, what,
+                 ": expected one uint8 vector 'second_moments' (the moments as sent)");
+    std::string wire(reinterpret_cast<const char*>(t->data<uint8_t>()),
+                     static_cast<size_t>(t->numel()));
+    unpack_second_moments(specs_, wire, what);
+    second_moments_ = std::move(wire);
+  }
+  if (!moment_specs_.empty() && fs::exists(dir / "first_moments.safetensors")) {
+    const std::string what = cat("fed server: ", dir.string(), "/first_moments.safetensors");
+    const auto f = io::read_safetensors(dir / "first_moments.safetensors");
+    Weights mean;
+    for (const auto& m : moment_specs_) {
+      const Tensor* t = f.find(m.name);
+      if (!t) break;  // written with other tensors shared (strategy.first_moments changed)
+      POLLEN_CHECK(t->shape() == m.shape && t->dtype() == DType::f32, what, ": tensor '", m.name,
+                   "' is not float32 of its shape");
+      mean.push_back(t->clone());
+    }
+    if (mean.size() == moment_specs_.size()) {
+      check_first_moments(moment_specs_, mean, what);
+      set_first_moments(std::move(mean));
+    } else {
+      log::warn(what, " holds other tensors' moments than strategy.first_moments = '",
+                config_.strategy.first_moments, "' shares; the clients start from their own");
+    }
+  }
+  if (publisher_->compressed()) {
+    // The model the clients hold; without it (compression turned on at resume) the next round
+    // sends the whole model to every client.
+    Weights view = clone_weights(global_);
+    if (fs::exists(dir / "view.safetensors")) {
+      const auto f = io::read_safetensors(dir / "view.safetensors");
+      for (size_t i = 0; i < specs_.size(); ++i) {
+        const Tensor* t = f.find(specs_[i].name);
+        POLLEN_CHECK(t && t->shape() == specs_[i].shape && t->dtype() == DType::f32,
+                     "fed server: ", dir.string(), "/view.safetensors: tensor '", specs_[i].name,
+                     "' is missing or not float32 of its shape");
+        view[i] = t->clone();
+      }
+    }
+    publisher_->restore(std::move(view));
+  }
+  POLLEN_CHECK(state.value("base_sha256", std::string()) == terms_.base_sha256 &&
+                   state.value("lora_config", std::string()) == terms_.lora_json,
+               "fed server: checkpoint ", dir.string(),
+               terms_.base_sha256.empty()
+                   ? " holds LoRA adapters, the config trains the whole model"
+                   : " holds another base or LoRA config than post.run's");
+  if (dp_) {
+    POLLEN_CHECK(state.contains("privacy"), "fed server: checkpoint ", dir.string(),
+                 " was written without [privacy]; its rounds were not accounted for");
+    dp_->load_state(state.at("privacy"));
+  }
+  done_ = state.at("round").get<int64_t>();
+  lineage_ = state.at("lineage");
+}
+
+void Coordinator::save_checkpoint(const RoundSummary& s) {
+  metrics_.file().sync();
+  lineage_file_.file().sync();
+  tensorboard_.file().sync();
+  io::CheckpointWriter w(config_.dir / "checkpoints", done_);
+  io::NamedTensors model;
+  for (size_t i = 0; i < specs_.size(); ++i) model.emplace_back(specs_[i].name, global_[i]);
+  w.add_tensors("model.safetensors", model, {{"round", std::to_string(done_)}});
+  const auto st = strategy_->state();
+  if (!st.empty()) w.add_tensors("strategy.safetensors", st);
+  if (!second_moments_.empty()) {
+    Tensor t = Tensor::empty({static_cast<int64_t>(second_moments_.size())}, DType::u8);
+    std::copy(second_moments_.begin(), second_moments_.end(),
+              reinterpret_cast<char*>(t.data<uint8_t>()));
+    w.add_tensors("second_moments.safetensors", {{"second_moments", t}});
+  }
+  if (!first_moments_.empty()) {
+    io::NamedTensors moments;
+    for (size_t i = 0; i < moment_specs_.size(); ++i)
+      moments.emplace_back(moment_specs_[i].name, first_moments_[i]);
+    w.add_tensors("first_moments.safetensors", moments);
+  }
+  if (publisher_->compressed()) {
+    io::NamedTensors view;
+    for (size_t i = 0; i < specs_.size(); ++i)
+      view.emplace_back(specs_[i].name, publisher_->view()[i]);
+    w.add_tensors("view.safetensors", view);
+  }
+  nlohmann::ordered_json state{{"round", done_},
+                               {"strategy", strategy_->name()},
+                               {"model_config", terms_.model_json},
+                               {"tokenizer_fingerprint", config_.tokenizer_fingerprint},
+                               {"protocol_version", kProtocolVersion},
+                               {"metrics_bytes", metrics_.file().position()},
+                               {"lineage_bytes", lineage_file_.file().position()},
+                               {"tensorboard_file", tensorboard_.file().path().filename().string()},
+                               {"tensorboard_bytes", tensorboard_.file().position()},
+                               {"lineage", lineage_}};
+  if (dp_) state["privacy"] = dp_->state();
+  if (adapter_) {
+    state["base_sha256"] = terms_.base_sha256;
+    state["lora_config"] = terms_.lora_json;
+  }
+  w.add_text("state.json", state.dump(1));
+  if (!adapter_) {
+    // The architecture as [model]: the folder is then a pollen checkpoint that generate, eval,
+    // serve and export take as --model (the tokenizer given beside it).
+    std::vector<std::pair<std::string, std::string>> flat;
+    train::flat_model(config_.model, flat);
+    w.add_text("config.toml",
+               train::flat_to_toml(flat, cat("# The global model after round ", done_,
+                                             " of a pollen fed server (tokenizer fingerprint ",
+                                             config_.tokenizer_fingerprint, ").\n")));
+  }
+  w.commit();
+  if (adapter_) {
+    // The global adapters as `pollen chat --adapter` and PEFT take them.
+    set_lora_weights(*adapter_, global_);
+    io::save_peft_adapter(*adapter_, config_.dir / "adapter", post_base_);
+  }
+  io::apply_retention(config_.dir / "checkpoints", config_.keep_checkpoints);
+  (void)s;
+}
+
+}  // namespace pollen::fed

@@ -1,0 +1,289 @@
+// A round from opening to closing: begin_round selects the clients and publishes the model;
+// end_round aggregates the updates (or retries the round), averages the shared moments, writes
+// the metrics, TensorBoard and lineage lines and checkpoints.
+#include "fed/coordinator.h"
+
+#include <cmath>
+
+#include "base/log.h"
+#include "fed/first_moments.h"
+#include "fed/second_moments.h"
+
+namespace pollen::fed {
+
+using Clock = std::chrono::steady_clock;
+
+bool Coordinator::begin_round() {
+  std::lock_guard lock(mutex_);
+  POLLEN_ASSERT(!open_);
+  if (finished_ || done_ >= config_.rounds) return false;
+  std::vector<std::string> alive;
+  const auto now = Clock::now();
+  for (const auto& [id, c] : clients_) {
+    if (std::chrono::duration<double>(now - c.last_seen).count() <= config_.client_timeout_s) {
+      alive.push_back(id);
+    }
+  }
+  if (static_cast<int64_t>(alive.size()) < config_.strategy.min_clients) return false;
+  const int64_t round = done_ + 1;
+  Rng rng = Rng(config_.seed).fork(static_cast<uint64_t>(round * 1000 + retries_));
+  const auto chosen = strategy_->configure_round(round, alive, rng);
+  if (dp_) {
+    const std::string why = dp_->refuse_round(round, static_cast<int64_t>(chosen.size()),
+                                              static_cast<int64_t>(alive.size()));
+    if (!why.empty()) {
+      log::error("fed server: ", why);
+      metrics_.write({{"round", round}, {"status", "refused"}, {"reason", why}});
+      metrics_.file().flush();
+      finished_ = true;
+      stopped_ = why;
+      changed_.notify_all();
+      return false;
+    }
+  }
+  round_available_ = static_cast<int64_t>(alive.size());
+  ++attempts_;
+  selected_ = {chosen.begin(), chosen.end()};
+  pulled_.clear();
+  updates_.clear();
+  bytes_sent_ = 0;
+  secagg_.reset();
+  secagg_bytes_in_ = secagg_bytes_out_ = 0;
+  if (config_.secure_aggregation.enabled) {
+    int64_t numel = 0;
+    for (const auto& p : specs_) numel += shape_numel(p.shape);
+    secagg_ = std::make_unique<secagg::ServerSession>(round, chosen, config_.secure_aggregation,
+                                                      rng.next_u64(), numel);
+  }
+  // The clients train from, and take their pseudo-gradients against, the view of the exact
+  // weights, which the server keeps (docs/federated.md, "Compression").
+  publisher_->set_second_moments(second_moments_);
+  publisher_->publish(global_);
+  round_start_ = Clock::now();
+  open_ = true;
+  log::info("fed server: round ", round, " of ", config_.rounds, " with ", chosen.size(),
+            " clients");
+  show_progress_locked();
+  changed_.notify_all();
+  return true;
+}
+
+bool Coordinator::round_complete_locked() const {
+  if (!open_) return false;
+  if (!secagg_) return updates_.size() == selected_.size();
+  using Phase = secagg::ServerSession::Phase;
+  return secagg_->phase() == Phase::done || secagg_->phase() == Phase::failed;
+}
+
+bool Coordinator::round_complete() const {
+  std::lock_guard lock(mutex_);
+  return round_complete_locked();
+}
+
+void Coordinator::set_first_moments(Weights mean) {
+  first_moments_ = std::move(mean);
+  // Encoded once for every pull of the rounds until the next average.
+  first_moments_set_ = std::make_shared<const EncodedSet>(
+      encode_weights(moment_specs_, first_moments_, config_.download()));
+}
+
+RoundSummary Coordinator::end_round() {
+  std::unique_lock lock(mutex_);
+  POLLEN_ASSERT(open_);
+  open_ = false;
+  RoundSummary s;
+  s.round = done_ + 1;
+  s.selected = {selected_.begin(), selected_.end()};
+  std::vector<ClientUpdate> ups;
+  std::vector<ClientEval> evals;
+  nlohmann::ordered_json clients = nlohmann::ordered_json::object();
+  nlohmann::ordered_json lineage_clients = nlohmann::ordered_json::array();
+  uint64_t bytes_received = 0;
+  double loss_sum = 0;
+  std::vector<std::vector<float>> moments;  // strategy.second_moments: each participant's
+  std::vector<double> moment_weights;
+  std::vector<Weights> first_moments;  // strategy.first_moments: each participant's
+  std::vector<double> first_moment_weights;
+  for (const auto& id : s.selected) {
+    auto it = updates_.find(id);
+    if (it == updates_.end()) {
+      s.dropped.push_back(id);
+      continue;
+    }
+    s.participants.push_back(id);
+    const auto& info = it->second.info;
+    s.tokens += info.tokens();
+    loss_sum += info.train_loss() * static_cast<double>(info.tokens());
+    bytes_received += it->second.bytes;
+    if (info.eval_tokens() > 0) evals.push_back({id, info.eval_tokens(), info.eval_loss()});
+    nlohmann::ordered_json c{{"tokens", info.tokens()},
+                             {"train_loss", info.train_loss()},
+                             {"train_seconds", info.train_seconds()},
+                             {"bytes", it->second.bytes}};
+    if (info.eval_tokens() > 0) c["eval_loss"] = info.eval_loss();
+    clients[id] = c;
+    s.client_train_loss[id] = info.train_loss();
+    if (info.eval_tokens() > 0) s.client_eval_loss[id] = info.eval_loss();
+    lineage_clients.push_back({{"client", id},
+                               {"data_manifest_hash", info.data_manifest_hash()},
+                               {"tokens", info.tokens()}});
+    if (!info.second_moments().empty()) {
+      moments.push_back(
+          unpack_second_moments(specs_, info.second_moments(), cat("update from '", id, "'")));
+      moment_weights.push_back(static_cast<double>(info.tokens()));
+    }
+    if (!it->second.first_moments.empty()) {
+      first_moments.push_back(std::move(it->second.first_moments));
+      first_moment_weights.push_back(static_cast<double>(info.tokens()));
+    }
+    ups.push_back(std::move(it->second.update));
+  }
+  updates_.clear();
+  selected_.clear();
+  publisher_->release();
+  std::string secure_error;
+  AggregationReport report;
+  if (secagg_) {
+    s.aggregated = aggregate_secure(s.round, s.tokens, ups.size(), &secure_error);
+    secagg_.reset();  // nothing of the round's masked inputs outlives it
+  } else {
+    s.aggregated = static_cast<int64_t>(ups.size()) >= config_.strategy.min_clients;
+    if (s.aggregated && dp_) {
+      const auto selected = static_cast<int64_t>(s.selected.size());
+      strategy_->aggregate_mean(
+          s.round, global_,
+          dp_->aggregate(s.round, global_, ups, selected, round_available_, &report));
+    } else if (s.aggregated) {
+      strategy_->aggregate(s.round, global_, ups, &report);
+    }
+  }
+  if (s.aggregated && !moments.empty()) {
+    std::vector<const std::vector<float>*> each;
+    for (const auto& m : moments) each.push_back(&m);
+    // Kept as sent, in the wire's 8-bit codes.
+    second_moments_ = pack_second_moments(specs_, average_second_moments(each, moment_weights));
+  }
+  if (s.aggregated && !first_moments.empty()) {
+    std::vector<const Weights*> each;
+    for (const auto& m : first_moments) each.push_back(&m);
+    set_first_moments(average_first_moments(each, first_moment_weights));
+  }
+  if (s.aggregated) {
+    s.train_loss = loss_sum / static_cast<double>(s.tokens);
+    ++done_;
+    retries_ = 0;
+    lineage_.push_back({{"round", s.round}, {"clients", lineage_clients}});
+  } else if (!secure_error.empty()) {
+    ++retries_;
+    log::warn("fed server: ", secure_error, "; nothing is applied and the round is retried");
+  } else {
+    ++retries_;
+    log::warn("fed server: round ", s.round, " got ", ups.size(), " updates, fewer than ",
+              config_.strategy.min_clients, "; the round is retried");
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - round_start_).count();
+  s.wall_s = wall;
+  s.bytes_sent = bytes_sent_;
+  s.bytes_received = bytes_received;
+  s.eval_loss = evals.empty() ? std::nan("") : Strategy::aggregate_evaluate(evals).loss;
+  nlohmann::ordered_json m{{"round", s.round},
+                           {"status", s.aggregated ? "aggregated" : "retry"},
+                           {"selected", s.selected.size()},
+                           {"participants", s.participants},
+                           {"dropped", s.dropped},
+                           {"tokens", s.tokens},
+                           {"bytes_sent", bytes_sent_},
+                           {"bytes_received", bytes_received},
+                           {"wall_s", wall}};
+  if (config_.secure_aggregation.enabled) {
+    m["secagg_bytes_received"] = secagg_bytes_in_;
+    m["secagg_bytes_sent"] = secagg_bytes_out_;
+    if (!secure_error.empty()) m["secagg_error"] = secure_error;
+  }
+  if (s.aggregated) m["train_loss"] = s.train_loss;
+  if (!evals.empty()) m["eval_loss"] = s.eval_loss;
+  if (s.aggregated) {
+    m["aggregation"] = dp_                                  ? "dp_mean"
+                       : config_.secure_aggregation.enabled ? "secure_mean"
+                                                            : config_.strategy.robust.aggregation;
+    m["clipped"] = report.clipped();
+    m["rejected"] = report.rejected();
+    if (dp_) m["privacy"] = report.extra;
+    for (const auto& [id, r] : report.clients) {
+      auto& c = clients[id];
+      c["update_norm"] = r.norm;
+      c["clipped"] = r.clipped;
+      c["rejected"] = r.rejected;
+      if (r.trimmed >= 0) c["trimmed"] = r.trimmed;
+    }
+  }
+  m["clients"] = clients;
+  metrics_.write(m);
+  record_status(s);
+  if (s.aggregated) {
+    write_tensorboard(s, m);
+    lineage_file_.write({{"round", s.round}, {"clients", lineage_clients}});
+    save_checkpoint(s);
+    log::info("fed server: round ", s.round, " done: ", s.participants.size(), " clients, ",
+              s.tokens, " tokens, train loss ", s.train_loss,
+              evals.empty() ? "" : cat(", eval loss ", s.eval_loss), ", ", bytes_received,
+              " bytes in, ", bytes_sent_, " out, ", wall, " s");
+  } else {
+    metrics_.file().flush();
+  }
+  if (done_ >= config_.rounds || retries_ > config_.max_round_retries) {
+    if (retries_ > config_.max_round_retries) {
+      stopped_ = cat("round ", s.round, " failed ", retries_, " times (server.max_round_retries ",
+                     config_.max_round_retries, ")");
+      log::error("fed server: ", stopped_, "; stopping");
+    }
+    finished_ = true;
+  }
+  show_progress_locked();
+  if (finished_ && progress_) progress_->finish();
+  changed_.notify_all();
+  return s;
+}
+
+void Coordinator::show_progress_locked() {
+  if (!progress_) return;
+  const std::string fields = open_ ? cat("round ", done_ + 1, ": ", updates_.size(), "/",
+                                         selected_.size(), " clients reported")
+                                   : cat("rounds done, ", alive_locked(), " clients connected");
+  progress_->update(done_, fields, /*force=*/true);
+}
+
+void Coordinator::record_status(const RoundSummary& s) {
+  totals_.last = s;
+  totals_.bytes_sent_total += s.bytes_sent;
+  totals_.bytes_received_total += s.bytes_received;
+  totals_.dropped_total += static_cast<int64_t>(s.dropped.size());
+  totals_.retries_total += s.aggregated ? 0 : 1;
+  totals_.tokens_total += s.aggregated ? s.tokens : 0;
+}
+
+void Coordinator::write_tensorboard(const RoundSummary& s,
+                                    const nlohmann::ordered_json& round_metrics) {
+  const double now = obs::wall_time_now();
+  auto add = [&](const std::string& tag, double value) {
+    tensorboard_.add_scalar(tag, value, s.round, now);
+  };
+  add("fed/train_loss", s.train_loss);
+  if (!std::isnan(s.eval_loss)) add("fed/eval_loss", s.eval_loss);
+  add("fed/participants", static_cast<double>(s.participants.size()));
+  add("fed/dropped", static_cast<double>(s.dropped.size()));
+  add("fed/tokens", static_cast<double>(s.tokens));
+  add("fed/bytes_sent", static_cast<double>(s.bytes_sent));
+  add("fed/bytes_received", static_cast<double>(s.bytes_received));
+  add("fed/wall_s", s.wall_s);
+  for (const auto& [id, loss] : s.client_train_loss) add("client/" + id + "/train_loss", loss);
+  for (const auto& [id, loss] : s.client_eval_loss) add("client/" + id + "/eval_loss", loss);
+  for (const char* key : {"clipped", "rejected"})
+    if (round_metrics.contains(key)) add(cat("fed/", key), round_metrics.at(key).get<double>());
+  if (round_metrics.contains("privacy"))
+    for (const auto& [key, value] : round_metrics.at("privacy").items())
+      if (value.is_number()) add("privacy/" + key, value.get<double>());
+  tensorboard_.file().flush();
+}
+
+}  // namespace pollen::fed

@@ -1,0 +1,109 @@
+// The server's side of secure aggregation (fed/secagg/session.h): the clients' key, share and
+// unmask steps, the phases' closing, and the unmasked sum applied to the global model.
+#include "fed/coordinator.h"
+
+#include "base/log.h"
+#include "fed/secagg/quantize.h"
+
+namespace pollen::fed {
+
+using Clock = std::chrono::steady_clock;
+
+void Coordinator::advance_secagg_locked() {
+  using Phase = secagg::ServerSession::Phase;
+  while (secagg_->phase() != Phase::done && secagg_->phase() != Phase::failed &&
+         secagg_->phase_complete()) {
+    secagg_->close_phase();
+  }
+  changed_.notify_all();
+}
+
+bool Coordinator::close_phase() {
+  std::lock_guard lock(mutex_);
+  using Phase = secagg::ServerSession::Phase;
+  if (!open_ || !secagg_ || secagg_->phase() == Phase::done || secagg_->phase() == Phase::failed) {
+    return false;
+  }
+  log::info("fed server: secure aggregation phase '",
+            secagg::ServerSession::phase_name(secagg_->phase()), "' of round ", done_ + 1,
+            " closes with the clients that answered");
+  secagg_->close_phase();
+  advance_secagg_locked();
+  return true;
+}
+
+pb::SecAggReply Coordinator::secagg(const pb::SecAggRequest& r, const std::string& peer_id) {
+  try {
+    const std::string id = check_peer(r.client_id(), peer_id, "secure aggregation");
+    std::lock_guard lock(mutex_);
+    POLLEN_CHECK(secagg_ != nullptr && open_ && r.round() == done_ + 1, "secure aggregation from '",
+                 id, "': round ", r.round(),
+                 config_.secure_aggregation.enabled ? " is not open"
+                                                    : " (the server does not aggregate securely)");
+    if (auto it = clients_.find(id); it != clients_.end()) it->second.last_seen = Clock::now();
+    pb::SecAggReply reply;
+    switch (r.body_case()) {
+      case pb::SecAggRequest::kAdvertise:
+        secagg_->advertise(id, r.advertise());
+        reply.set_accepted(true);
+        break;
+      case pb::SecAggRequest::kGetRoster:
+        *reply.mutable_roster() = secagg_->roster(id);
+        break;
+      case pb::SecAggRequest::kShares:
+        secagg_->shares(id, r.shares());
+        reply.set_accepted(true);
+        break;
+      case pb::SecAggRequest::kGetInbox:
+        *reply.mutable_inbox() = secagg_->inbox(id);
+        break;
+      case pb::SecAggRequest::kGetSurvivors:
+        *reply.mutable_survivors() = secagg_->survivors(id);
+        break;
+      case pb::SecAggRequest::kReveal:
+        secagg_->reveal(id, r.reveal());
+        reply.set_accepted(true);
+        break;
+      default:
+        fail("secure aggregation from '", id, "': the request holds no step");
+    }
+    secagg_bytes_in_ += r.ByteSizeLong();
+    secagg_bytes_out_ += reply.ByteSizeLong();
+    advance_secagg_locked();
+    return reply;
+  } catch (const Error& e) {
+    log::warn("fed server: refused a secure aggregation message: ", e.what());
+    throw;
+  }
+}
+
+bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t participants,
+                                   std::string* why) {
+  using Phase = secagg::ServerSession::Phase;
+  if (secagg_->phase() != Phase::done) {
+    *why = secagg_->phase() == Phase::failed
+               ? secagg_->failure()
+               : cat("secure aggregation of round ", round, " did not finish (phase '",
+                     secagg::ServerSession::phase_name(secagg_->phase()), "')");
+    return false;
+  }
+  if (static_cast<int64_t>(participants) < config_.strategy.min_clients) {
+    *why =
+        cat(participants, " masked updates, fewer than min_clients ", config_.strategy.min_clients);
+    return false;
+  }
+  try {
+    // Before unmasking: a sum that may not fit the ring is refused without rebuilding any
+    // client's secrets for a round that is then thrown away.
+    secagg::check_fits(tokens, config_.secure_aggregation);
+    const std::vector<uint64_t> sum = secagg_->unmasked_sum();
+    const Weights mean = secagg::dequantize(sum, tokens, config_.secure_aggregation, global_);
+    strategy_->aggregate_mean(round, global_, mean);
+  } catch (const Error& e) {
+    *why = e.what();
+    return false;
+  }
+  return true;
+}
+
+}  // namespace pollen::fed
