@@ -139,7 +139,8 @@ void Coordinator::run() {
       const auto give_up =
           Clock::now() + std::chrono::duration_cast<Clock::duration>(
                              std::chrono::duration<double>(config_.wait_for_clients_s));
-      while (!stop_ && static_cast<int64_t>(alive_locked()) < config_.strategy.min_clients) {
+      while (!stop_ &&
+             static_cast<int64_t>(alive_ids_locked().size()) < config_.strategy.min_clients) {
         if (Clock::now() > give_up) {
           stopped_ = cat("fewer than ", config_.strategy.min_clients,
                          " clients (strategy.min_clients) after ", config_.wait_for_clients_s,
@@ -212,7 +213,7 @@ ServerStatus Coordinator::status() const {
   st.rounds_total = config_.rounds;
   st.open_round = open_ ? done_ + 1 : 0;
   st.clients_joined = clients_.size();
-  st.clients_alive = alive_locked();
+  st.clients_alive = alive_ids_locked().size();
   return st;
 }
 

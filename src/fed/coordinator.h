@@ -128,7 +128,7 @@ class Coordinator {
                          const char* what) const;
   void save_checkpoint(const RoundSummary& s);
   void load_checkpoint(const std::filesystem::path& dir);
-  size_t alive_locked() const;
+  std::vector<std::string> alive_ids_locked() const;  // clients heard from within client_timeout_s
   void advance_secagg_locked();
   bool round_complete_locked() const;
   // Unmasks the sum and applies it; false (with the reason in *why) when the round fails.

@@ -178,18 +178,19 @@ pb::PushReply Coordinator::push_finish(Push& p) {
   return reply;
 }
 
-size_t Coordinator::alive_locked() const {
+std::vector<std::string> Coordinator::alive_ids_locked() const {
   const auto now = Clock::now();
-  size_t n = 0;
+  std::vector<std::string> alive;
   for (const auto& [id, c] : clients_) {
-    if (std::chrono::duration<double>(now - c.last_seen).count() <= config_.client_timeout_s) ++n;
+    if (std::chrono::duration<double>(now - c.last_seen).count() <= config_.client_timeout_s)
+      alive.push_back(id);
   }
-  return n;
+  return alive;
 }
 
 size_t Coordinator::alive_clients() const {
   std::lock_guard lock(mutex_);
-  return alive_locked();
+  return alive_ids_locked().size();
 }
 
 }  // namespace pollen::fed

@@ -17,13 +17,7 @@ bool Coordinator::begin_round() {
   std::lock_guard lock(mutex_);
   POLLEN_ASSERT(!open_);
   if (finished_ || done_ >= config_.rounds) return false;
-  std::vector<std::string> alive;
-  const auto now = Clock::now();
-  for (const auto& [id, c] : clients_) {
-    if (std::chrono::duration<double>(now - c.last_seen).count() <= config_.client_timeout_s) {
-      alive.push_back(id);
-    }
-  }
+  const std::vector<std::string> alive = alive_ids_locked();
   if (static_cast<int64_t>(alive.size()) < config_.strategy.min_clients) return false;
   const int64_t round = done_ + 1;
   Rng rng = Rng(config_.seed).fork(static_cast<uint64_t>(round * 1000 + retries_));
@@ -247,9 +241,10 @@ RoundSummary Coordinator::end_round() {
 
 void Coordinator::show_progress_locked() {
   if (!progress_) return;
-  const std::string fields = open_ ? cat("round ", done_ + 1, ": ", updates_.size(), "/",
-                                         selected_.size(), " clients reported")
-                                   : cat("rounds done, ", alive_locked(), " clients connected");
+  const std::string fields =
+      open_ ? cat("round ", done_ + 1, ": ", updates_.size(), "/", selected_.size(),
+                  " clients reported")
+            : cat("rounds done, ", alive_ids_locked().size(), " clients connected");
   progress_->update(done_, fields, /*force=*/true);
 }
 
