@@ -393,7 +393,9 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
           doc_line = line_no + 1;
           continue;
         }
-        if (too_long || static_cast<int64_t>(doc.size() + l.size()) > limits.max_doc_bytes) {
+        // The document as it would be: its lines so far, a '\n', then this line.
+        const size_t joined = doc.size() + (started ? 1 : 0) + l.size();
+        if (too_long || static_cast<int64_t>(joined) > limits.max_doc_bytes) {
           doc_bad = true;
           doc.clear();
           started = true;

@@ -1,0 +1,59 @@
+// The input readers on small files written here: what each reads and what it reports.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "data/readers.h"
+
+using namespace pollen;
+using namespace pollen::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Read {
+  std::vector<RawDoc> docs;
+  std::vector<Problem> problems;
+};
+
+Read read_file_as(const std::string& name, const std::string& content, const SourceSpec& spec,
+                  const ReadLimits& limits) {
+  const fs::path dir = fs::temp_directory_path() / ("pollen_readers_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const fs::path path = dir / name;
+  std::ofstream(path, std::ios::binary) << content;
+  Read r;
+  int64_t bytes = 0;
+  std::string sha;
+  read_input(
+      {0, path, "src/" + name, false}, spec, limits, [&](RawDoc& d) { r.docs.push_back(d); },
+      [&](Problem&& p) { r.problems.push_back(std::move(p)); }, bytes, sha);
+  fs::remove_all(dir);
+  return r;
+}
+
+}  // namespace
+
+// max_doc_bytes bounds a delimited document as it is handed on, its lines joined by '\n': two
+// lines that fit only without the '\n' between them make a document over the limit.
+TEST(Readers, ADelimitedDocumentOverTheLimitWithItsLineBreaksIsDropped) {
+  SourceSpec spec{.name = "src", .format = "delimited"};
+  ReadLimits limits;
+  limits.max_doc_bytes = 4;
+  const Read r = read_file_as("f.txt", "ab\ncd\n%\nab\nc\n%\nabcd\n", spec, limits);
+  ASSERT_EQ(r.problems.size(), 1u);
+  EXPECT_EQ(r.problems[0].reason, "document_too_large");
+  EXPECT_EQ(r.problems[0].file, "src/f.txt");
+  EXPECT_EQ(r.problems[0].line, 1);
+  ASSERT_EQ(r.docs.size(), 2u);
+  EXPECT_EQ(r.docs[0].text, "ab\nc");
+  EXPECT_EQ(r.docs[0].line, 4);
+  EXPECT_EQ(r.docs[0].id, "src/f.txt#2");
+  EXPECT_EQ(r.docs[1].text, "abcd");
+  for (const RawDoc& d : r.docs) EXPECT_LE(d.text.size(), 4u) << d.id;
+}
