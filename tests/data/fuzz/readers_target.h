@@ -286,15 +286,19 @@ inline std::string zstd(std::string_view c, bool checksum) {
   return out;
 }
 
-// A folder of this process for the files read.
+// A folder of this process for the files read, removed when the process exits.
 inline const std::filesystem::path& folder() {
-  static const std::filesystem::path dir = [] {
-    const auto d = std::filesystem::temp_directory_path() /
-                   ("pollen_fuzz_readers_" + std::to_string(getpid()));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  return dir;
+  struct Folder {
+    std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                ("pollen_fuzz_readers_" + std::to_string(getpid()));
+    Folder() { std::filesystem::create_directories(dir); }
+    ~Folder() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  };
+  static const Folder f;
+  return f.dir;
 }
 
 inline void write_bytes(const std::filesystem::path& path, std::string_view bytes) {
