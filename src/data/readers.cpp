@@ -53,7 +53,8 @@ std::vector<InputFile> list_inputs(const std::vector<SourceSpec>& sources, const
 
 namespace {
 
-// Raw bytes of a file, decompressed when its name ends in .gz or .zst; hashes the raw bytes.
+// The bytes of a file, decompressed when its name ends in .gz or .zst, without a UTF-8 byte
+// order mark at their start (editors on Windows write one; it is not text); hashes the raw bytes.
 class ByteStream {
  public:
   ByteStream(const fs::path& path, const std::string& name) : name_(name) {
@@ -81,6 +82,27 @@ class ByteStream {
 
   // Fills up to n bytes; returns 0 at the end.
   size_t read(char* out, size_t n) {
+    if (!head_read_) {
+      head_read_ = true;
+      while (head_len_ < 3) {
+        const size_t got = read_decoded(head_ + head_len_, 3 - head_len_);
+        if (got == 0) break;
+        head_len_ += got;
+      }
+      if (head_len_ == 3 && std::memcmp(head_, "\xEF\xBB\xBF", 3) == 0) head_len_ = 0;
+    }
+    if (head_pos_ < head_len_) {
+      const size_t k = std::min(n, head_len_ - head_pos_);
+      std::memcpy(out, head_ + head_pos_, k);
+      head_pos_ += k;
+      return k;
+    }
+    return read_decoded(out, n);
+  }
+
+ private:
+  // The file's bytes as they come, decompressed.
+  size_t read_decoded(char* out, size_t n) {
     if (kind_ == 0) return fill_raw_direct(out, n);
     while (true) {
       if (raw_pos_ == raw_len_ && !eof_) refill();
@@ -121,7 +143,6 @@ class ByteStream {
     }
   }
 
- private:
   void refill() {
     raw_len_ = std::fread(raw_.data(), 1, raw_.size(), file_);
     POLLEN_CHECK(!std::ferror(file_), "read error: ", std::strerror(errno));
@@ -148,6 +169,9 @@ class ByteStream {
   bool eof_ = false, stream_done_ = false, zstd_frame_done_ = true;
   Sha256 sha_;
   int64_t raw_bytes_ = 0;
+  char head_[3] = {};  // the first bytes, held back until they are known not to be a mark
+  size_t head_len_ = 0, head_pos_ = 0;
+  bool head_read_ = false;
 };
 
 // Lines of a ByteStream; a line longer than `cap` is reported as too long and skipped.

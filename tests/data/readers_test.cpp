@@ -57,3 +57,25 @@ TEST(Readers, ADelimitedDocumentOverTheLimitWithItsLineBreaksIsDropped) {
   EXPECT_EQ(r.docs[1].text, "abcd");
   for (const RawDoc& d : r.docs) EXPECT_LE(d.text.size(), 4u) << d.id;
 }
+
+// A UTF-8 byte order mark at the start of a file (as editors on Windows write) is not text: the
+// first JSONL record parses, and a text file's document does not begin with it.
+TEST(Readers, AByteOrderMarkAtTheStartOfAFileIsDropped) {
+  const std::string bom = "\xEF\xBB\xBF";
+  const SourceSpec jsonl{.name = "src", .format = "jsonl"};
+  Read r = read_file_as("f.jsonl", bom + "{\"text\": \"one\"}\n{\"text\": \"two\"}\n", jsonl, {});
+  EXPECT_TRUE(r.problems.empty()) << r.problems[0].reason << ": " << r.problems[0].detail;
+  ASSERT_EQ(r.docs.size(), 2u);
+  EXPECT_EQ(r.docs[0].text, "{\"text\": \"one\"}");  // the raw record, decoded later
+  const SourceSpec text{.name = "src", .format = "text"};
+  r = read_file_as("f.txt", bom + "Hello there.", text, {});
+  ASSERT_EQ(r.docs.size(), 1u);
+  EXPECT_EQ(r.docs[0].text, "Hello there.");
+  // Only at the start: a mark inside the text stays, and a file of fewer bytes is read whole.
+  r = read_file_as("g.txt", "Hi " + bom, text, {});
+  ASSERT_EQ(r.docs.size(), 1u);
+  EXPECT_EQ(r.docs[0].text, "Hi " + bom);
+  r = read_file_as("h.txt", "\xEF\xBB", text, {});
+  ASSERT_EQ(r.docs.size(), 1u);
+  EXPECT_EQ(r.docs[0].text, "\xEF\xBB");
+}

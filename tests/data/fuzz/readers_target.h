@@ -213,7 +213,7 @@ inline void check_record(std::string_view record, int64_t line, const data::Sour
   }
   // Where the record is valid UTF-8, nlohmann's parser is the reference; but it takes a NUL
   // byte for the end of the text, and skips a leading UTF-8 byte order mark that decode_record
-  // refuses (as RFC 8259 allows).
+  // refuses inside a file (as RFC 8259 allows; at a file's start the reader drops it).
   if (tokenizer::valid_utf8_prefix(record) != record.size() ||
       record.find('\0') != std::string_view::npos || record.starts_with("\xef\xbb\xbf"))
     return;
@@ -450,12 +450,14 @@ inline bool read_untrusted_input(const uint8_t* data, size_t size) {
                   unreadable ? " bytes that could not be read" : " bytes"));
   }
 
-  // Exactly what the content holds, where it is known.
+  // Exactly what the content holds, where it is known: its text, without a UTF-8 byte order
+  // mark at its start.
   if (known) {
+    const std::string_view text = content.starts_with("\xef\xbb\xbf") ? content.substr(3) : content;
     const std::vector<Event> want =
-        format == 0   ? expected_text(content, stored.size(), file.name, limits)
-        : format == 1 ? expected_delimited(content, spec.delimiter, file.name, limits)
-                      : expected_jsonl(content, limits);
+        format == 0   ? expected_text(text, stored.size(), file.name, limits)
+        : format == 1 ? expected_delimited(text, spec.delimiter, file.name, limits)
+                      : expected_jsonl(text, limits);
     if (stopped ? got.size() > want.size() : got.size() != want.size()) {
       const size_t n = std::min(got.size(), want.size());
       size_t i = 0;
