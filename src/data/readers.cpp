@@ -53,6 +53,12 @@ std::vector<InputFile> list_inputs(const std::vector<SourceSpec>& sources, const
 
 namespace {
 
+// A file listed as missing, or removed since it was listed (another process cleaning up).
+bool gone(const InputFile& file) {
+  std::error_code ec;
+  return file.missing || !fs::exists(file.path, ec);
+}
+
 // The bytes of a file, decompressed when its name ends in .gz or .zst, without a UTF-8 byte
 // order mark at their start (editors on Windows write one; it is not text); hashes the raw bytes.
 class ByteStream {
@@ -281,7 +287,7 @@ void read_jsonl_blocks(const InputFile& file, const ReadLimits& limits, size_t b
                        std::string& sha256) {
   bytes = 0;
   sha256.clear();
-  if (file.missing) {
+  if (gone(file)) {
     on_problem({file.name, 0, "missing_file", "no such file"});
     return;
   }
@@ -344,7 +350,7 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
                 std::string& sha256) {
   bytes = 0;
   sha256.clear();
-  if (file.missing) {
+  if (gone(file)) {
     on_problem({file.name, 0, "missing_file", "no such file"});
     return;
   }
