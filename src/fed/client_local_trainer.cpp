@@ -1,0 +1,269 @@
+// LocalTrainer, a silo's inner loop: its model, optimizer and loaders, the local steps of a
+// round (over one rank or several) and the validation loss. Its optimizer moments, kept and
+// shared: client_local_trainer_moments.cpp.
+#include "fed/client.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "autograd/tape.h"
+#include "base/log.h"
+#include "data/shards.h"
+#include "io/model_source.h"
+#include "optim/schedule.h"
+#include "train/trainer.h"
+
+namespace pollen::fed {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+optim::AdamWOptions adamw_options(const LocalTrainConfig& t) {
+  optim::AdamWOptions o;
+  o.lr = t.lr;
+  o.beta1 = t.beta1;
+  o.beta2 = t.beta2;
+  o.eps = t.eps;
+  o.weight_decay = t.weight_decay;
+  o.max_grad_norm = t.grad_clip;
+  return o;
+}
+
+std::vector<std::filesystem::path> paths(const std::vector<std::string>& s) {
+  return {s.begin(), s.end()};
+}
+
+bool has_split(const std::vector<std::string>& manifests, const std::string& split) {
+  for (const auto& m : manifests) {
+    if (data::Manifest::load(m).split(split).empty()) return false;
+  }
+  return true;
+}
+
+// Counts the token ids at the batch's scored positions into counts[0, vocab) and their targets
+// into counts[vocab, 2 vocab).
+void count_scored_tokens(const model::Batch& b, std::vector<double>& counts) {
+  const int32_t* in = b.tokens.data<int32_t>();
+  const int32_t* out = b.targets.data<int32_t>();
+  const auto vocab = static_cast<int32_t>(counts.size() / 2);
+  for (int64_t i = 0; i < b.targets.numel(); ++i) {
+    if (out[i] < 0) continue;
+    POLLEN_CHECK(in[i] >= 0 && in[i] < vocab && out[i] < vocab, "token id ", in[i], " or ", out[i],
+                 " is outside the model's vocabulary of ", vocab);
+    counts[static_cast<size_t>(in[i])] += 1;
+    counts[static_cast<size_t>(vocab + out[i])] += 1;
+  }
+}
+
+// The non-zero counts of dense[begin, begin + n), ids counted from begin.
+TokenCounts sparse_counts(const std::vector<double>& dense, size_t begin, size_t n) {
+  TokenCounts c;
+  for (size_t id = 0; id < n; ++id) {
+    if (dense[begin + id] <= 0) continue;
+    c.ids.push_back(static_cast<int64_t>(id));
+    c.counts.push_back(static_cast<int64_t>(dense[begin + id]));
+  }
+  return c;
+}
+
+model::Llama initial_model(const ClientConfig& c) {
+  if (c.init_from.empty()) return model::Llama(c.model, c.seed);
+  return io::load_initial_weights(c.init_from, c.model, "model.init_from");
+}
+
+}  // namespace
+
+LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
+    : config_(config), comm_(comm ? comm : &alone_), model_(initial_model(config)) {
+  for (const auto& [name, p] : model_.named_parameters()) params_.push_back(p);
+  const int world = comm_->world();
+  if (world > 1) {
+    reducer_ = std::make_unique<dist::GradReducer>(
+        *comm_, params_, static_cast<int64_t>(config.parallel.bucket_mb * 1048576.0),
+        config.parallel.zero == 1 ? dist::ReduceMode::reduce_scatter
+                                  : dist::ReduceMode::all_reduce);
+  }
+  // Weight decay on matrices only (optim::AdamW's default), with or without ZeRO-1.
+  std::vector<bool> decay;
+  for (const auto& p : params_) decay.push_back(p.value().dim() >= 2);
+  if (reducer_ && config.parallel.zero == 1) {
+    zero_ = std::make_unique<dist::ZeroAdamW>(*reducer_, adamw_options(config.train), decay);
+  } else {
+    opt_.emplace(params_, adamw_options(config.train), decay);
+  }
+  // A step is the same global batch at any world size: each micro-step reads a global
+  // micro-batch of micro_batch x ranks rows and this rank takes its micro_batch of them.
+  POLLEN_CHECK(config.train.accumulation % world == 0, "client '", config.id,
+               "': train.accumulation (", config.train.accumulation,
+               ") is not a multiple of the silo's ranks (", world,
+               "): each rank reads train.micro_batch rows per micro-step");
+  micro_steps_ = config.train.accumulation / world;
+  data::LoaderOptions lo;
+  lo.manifests = paths(config.manifests);
+  lo.batch = config.train.micro_batch * world;
+  lo.step_batch = config.train.micro_batch * config.train.accumulation;  // any number of ranks
+  lo.seq = config.train.seq;
+  lo.seed = config.seed;
+  lo.split = "train";
+  lo.rank = comm_->rank();
+  lo.world = world;
+  train_ = std::make_unique<data::Loader>(lo);
+  if (config.train.eval_batches > 0 && has_split(config.manifests, "validation")) {
+    lo.batch = config.train.micro_batch;  // every rank reads every batch and scores its share
+    lo.step_batch = 0;
+    lo.rank = 0;
+    lo.world = 1;
+    lo.split = "validation";
+    validation_ = std::make_unique<data::Loader>(lo);
+  }
+  for (const auto& m : config.manifests) {
+    if (!manifest_hash_.empty()) manifest_hash_ += "+";
+    manifest_hash_ += data::dataset_version(m).substr(0, config.manifests.size() > 1 ? 16 : 64);
+  }
+  for (const auto& m : config.manifests) {
+    const data::Manifest manifest = data::Manifest::load(m);
+    POLLEN_CHECK(manifest.vocab_size <= config.model.vocab_size, "client '", config.id,
+                 "': dataset ", m, " has vocab_size ", manifest.vocab_size,
+                 ", more than the model's ", config.model.vocab_size);
+    // The federation's agreement on a tokenizer holds only if the data was tokenised with it:
+    // the server compares the configs' fingerprints, this the data's with the config's.
+    const auto& tokenizer = manifest.json.value("tokenizer", nlohmann::json::object());
+    const std::string used =
+        tokenizer.is_object() ? tokenizer.value("fingerprint", std::string()) : std::string();
+    POLLEN_CHECK(used.empty() || used == config.tokenizer_fingerprint, "client '", config.id,
+                 "': dataset ", m, " was tokenised with tokenizer ", used,
+                 ", not the federation's (tokenizer.fingerprint = '",
+                 config.tokenizer_fingerprint.substr(0, 80), "')");
+  }
+}
+
+template <typename Work>
+auto LocalTrainer::with_the_other_ranks(Work&& work) {
+  try {
+    return work();
+  } catch (const dist::PeerFailure&) {
+    throw;
+  } catch (const RoundFailure&) {
+    throw;
+  } catch (const Error& e) {
+    if (comm_->world() > 1) {
+      log::error("client '", config_.id, "' rank ", comm_->rank(), ": ", e.what(),
+                 "; ending the silo's job");
+      comm_->abort_job(1);
+    }
+    throw;
+  }
+}
+
+LocalTrainer::Result LocalTrainer::train(int64_t steps) {
+  return with_the_other_ranks([&] { return train_steps(steps); });
+}
+
+double LocalTrainer::evaluate(int64_t* tokens) {
+  return with_the_other_ranks([&] { return evaluate_share(tokens); });
+}
+
+LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {
+  const auto t0 = Clock::now();
+  const auto& tc = config_.train;
+  optim::Schedule sched;
+  sched.kind = optim::parse_schedule_kind(tc.schedule);
+  sched.lr = tc.lr;
+  sched.min_lr = tc.min_lr;
+  sched.warmup_steps = tc.warmup_steps;
+  sched.total_steps = tc.total_steps > 0 ? tc.total_steps : int64_t{1} << 40;
+  Result r;
+  double loss_sum = 0;
+  // Dense per-rank counts, summed over ranks after the round (exact in double below 2^53).
+  const auto vocab = static_cast<size_t>(config_.model.vocab_size);
+  std::vector<double> counts(2 * vocab, 0.0);  // inputs, then targets
+  for (int64_t s = 0; s < steps; ++s) {
+    train::inject_fault_at(fault_, comm_->rank(), step_ + 1);
+    std::vector<model::Batch> micro;
+    for (int64_t a = 0; a < micro_steps_; ++a) micro.push_back(train_->next());
+    for (const auto& b : micro) count_scored_tokens(b, counts);
+    // The trainer's rule: the gradient of the mean loss over every scored token of the step
+    // (over every rank's rows: the count and the loss are the same on every rank).
+    bool stop = false;
+    double reduce_wait_s = 0;
+    const train::AccumulatedLoss acc =
+        reducer_
+            ? train::accumulate_gradients(model_, micro, *comm_, *reducer_, stop, reduce_wait_s)
+            : train::accumulate_gradients(model_, micro);
+    // The count and the loss are the same on every rank: these failures are the round's.
+    if (acc.scored <= 0)
+      throw RoundFailure(cat("client '", config_.id, "': a step without scored tokens"));
+    if (!std::isfinite(acc.loss))
+      throw RoundFailure(cat("client '", config_.id, "': non-finite loss at local step ", step_));
+    const int64_t scored = acc.scored;
+    const double step_loss = acc.loss * static_cast<double>(scored);
+    // train.round_warmup_steps: the round's step s + 1 of them takes that fraction of the lr.
+    const double round_ramp =
+        tc.round_warmup_steps > 0
+            ? std::min(1.0, static_cast<double>(s + 1) / static_cast<double>(tc.round_warmup_steps))
+            : 1.0;
+    const double lr =
+        round_ramp *
+        optim::lr_at(sched, tc.total_steps > 0 ? std::min(step_, tc.total_steps - 1) : step_);
+    if (zero_) {
+      zero_->step(lr);
+    } else {
+      opt_->step(lr);
+    }
+    for (auto& p : params_) p.zero_grad();
+    apply_step_drift();
+    ++step_;
+    loss_sum += step_loss;
+    r.tokens += scored;
+  }
+  if (zero_) gather_after_round();
+  comm_->all_reduce_sum(counts, "the round's token counts");
+  r.input_counts = sparse_counts(counts, 0, vocab);
+  r.target_counts = sparse_counts(counts, vocab, vocab);
+  r.loss = r.tokens > 0 ? loss_sum / static_cast<double>(r.tokens) : 0;
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return r;
+}
+
+void LocalTrainer::apply_step_drift() {
+  if (step_drift_.empty()) return;
+  POLLEN_ASSERT(step_drift_.size() == params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor w = params_[i].value();
+    POLLEN_ASSERT(w.dtype() == DType::f32 && w.numel() == step_drift_[i].numel());
+    float* p = w.data<float>();
+    const float* d = step_drift_[i].data<float>();
+    for (int64_t j = 0; j < w.numel(); ++j) p[j] -= d[j];
+  }
+}
+
+void LocalTrainer::load_checkpoint(const std::filesystem::path& dir) {
+  if (!zero_) return train::load_checkpoint(dir, model_, *opt_);
+  train::OptimizerMoments m;
+  train::load_checkpoint(dir, model_, m);
+  zero_->load_state(m.exp_avg, m.exp_avg_sq);
+  zero_->set_steps_taken(m.steps);
+}
+
+double LocalTrainer::evaluate_share(int64_t* tokens) {
+  *tokens = 0;
+  if (!validation_) return 0;
+  validation_->restore({config_.seed, 0, 0});  // the same batches every time
+  // Each rank scores every world-th batch; the sums are reduced (one process: all of them).
+  const int64_t rank = comm_->rank(), world = comm_->world();
+  double sums[2] = {0, 0};  // loss, scored tokens
+  for (int64_t i = 0; i < config_.train.eval_batches; ++i) {
+    const model::Batch b = validation_->next();
+    if (i % world != rank) continue;
+    int64_t scored = 0;
+    const ag::Var loss = model_.loss(b, ag::Reduction::sum, &scored);
+    sums[0] += loss.value().item();
+    sums[1] += static_cast<double>(scored);
+  }
+  comm_->all_reduce_sum(sums, "the validation loss");
+  *tokens = static_cast<int64_t>(sums[1]);
+  return *tokens > 0 ? sums[0] / sums[1] : 0;
+}
+
+}  // namespace pollen::fed
