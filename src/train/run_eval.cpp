@@ -141,7 +141,11 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
       if (!o.quiet)
         log::info("step ", step, " (", dir.filename().string(), ") on ", m, " [", split, "]: loss ",
                   r.loss, ", perplexity ", r.perplexity);
-      if (run.tensorboard) {
+      // TensorBoard's files are only appended to: a result it holds already (--again giving the
+      // same numbers) is not written twice.
+      const auto before = records.find(key_of(j));
+      const bool shown = before != records.end() && before->second["loss"] == j["loss"];
+      if (run.tensorboard && !shown) {
         if (!tb.file().is_open()) tb = obs::EventFileWriter::create(run_dir / "tensorboard");
         const double wall = obs::wall_time_now();
         tb.add_scalar(cat("eval/", dataset_label(m), "/loss"), r.loss, step, wall);

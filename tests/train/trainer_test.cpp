@@ -658,9 +658,17 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
   o.manifests.clear();
   fs::resize_file(all[1] / "model.safetensors", 100);
   o.again = true;
+  const auto event_files = [&] {  // name and size of each event file
+    std::map<fs::path, uintmax_t> files;
+    for (const auto& e : fs::directory_iterator(run / "tensorboard"))
+      files[e.path()] = e.file_size();
+    return files;
+  };
+  const auto events_before = event_files();
   ::testing::internal::CaptureStderr();
   r = train::evaluate_run(run, o);
   ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(event_files(), events_before) << "the same results written to TensorBoard again";
   EXPECT_EQ(r.evaluated.size(), 2u);
   ASSERT_EQ(r.unverified.size(), 1u);
   EXPECT_NE(r.unverified[0].second.find("model.safetensors holds 100 bytes"), std::string::npos);
