@@ -247,16 +247,29 @@ TEST(Simulation, OneClientFedAvgIsLocalTraining) {
   EXPECT_LT(worst, 1e-6) << "FedAvg (lr 1) of one client should be its local training";
 }
 
+// The server of `cfg` and its first two clients on the in-process transport, both joined.
+struct TwoClients {
+  explicit TwoClients(const SimConfig& cfg)
+      : server(cfg.server, false),
+        transport(server),
+        first(cfg.clients[0], transport),
+        second(cfg.clients[1], transport) {
+    first.join();
+    second.join();
+  }
+  Coordinator server;
+  LocalTransport transport;
+  Client first, second;
+};
+
 TEST(Simulation, DroppedClientLeavesTheRoundToTheRest) {
   Quiet q;
   const auto dir = temp_dir("drop");
   auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 2, 2);
   set_num_threads(1);
-  Coordinator server(cfg.server, false);
-  LocalTransport transport(server);
-  Client a(cfg.clients[0], transport), b(cfg.clients[1], transport);
-  a.join();
-  b.join();
+  TwoClients f(cfg);
+  Coordinator& server = f.server;
+  Client &a = f.first, &b = f.second;
   ASSERT_TRUE(server.begin_round());
   EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);  // b never answers: killed mid-round
   auto s = server.end_round();
@@ -458,11 +471,9 @@ void expect_a_retried_round_trained_again(const std::string& name, int64_t retri
   cfg.server.strategy.min_clients = 2;
   for (auto& cc : cfg.clients) cc.state_dir = dir / "states" / cc.id;
   set_num_threads(1);
-  Coordinator server(cfg.server, false);
-  LocalTransport transport(server);
-  Client first(cfg.clients[0], transport), second(cfg.clients[1], transport);
-  first.join();
-  second.join();
+  TwoClients f(cfg);
+  Coordinator& server = f.server;
+  Client &first = f.first, &second = f.second;
   for (int64_t round = 1; round <= 2; ++round) {
     ASSERT_TRUE(server.begin_round());
     if (round == retried) {
