@@ -41,13 +41,15 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
                         : load_client_state(config_.state_dir, config_.id, *local_, specs_,
                                             feedback_, drift_, &pulled, local_dp_.get());
   }
+  // Every saved state holds the model pulled last, so none was found when `pulled` is empty.
+  const bool fresh = pulled.empty();
   // A client holding the server's last model, or one that built the server's initial model (the
   // same seed or model.init_from), takes the round's compressed model as a delta; otherwise the
   // server names another model and sends it whole.
   held_ = std::make_unique<HeldModel>(pulled.empty() ? trainer_->exchanged_weights()
                                                      : std::move(pulled));
   // The state before round 1, for a first round trained again (its update lost) to start from.
-  if (last_round_ == 0 && !several_ranks()) save_state();
+  if (fresh && !several_ranks()) save_state();
 }
 
 LocalTrainer& Client::trainer() {
