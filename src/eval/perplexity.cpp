@@ -7,6 +7,7 @@
 #include "autograd/tape.h"
 #include "base/error.h"
 #include "data/shards.h"
+#include "io/checkpoint.h"
 #include "io/safetensors.h"
 
 namespace pollen::eval {
@@ -147,6 +148,12 @@ void load_weights(const model::Llama& model, const fs::path& checkpoint) {
   const fs::path file =
       fs::is_directory(checkpoint) ? checkpoint / "model.safetensors" : checkpoint;
   POLLEN_CHECK(fs::is_regular_file(file), "no weights at '", file.string(), "'");
+  // A checkpoint's file (its folder has a manifest) must be the one the checkpoint wrote.
+  const fs::path folder = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  if (fs::is_regular_file(folder / "manifest.json")) {
+    if (auto why = io::verify_checkpoint(folder, {file.filename().string()}))
+      fail("checkpoint '", folder.string(), "' does not verify: ", *why);
+  }
   const auto weights = io::read_safetensors(file);
   for (const auto& [name, var] : model.named_parameters()) {
     const Tensor& into = var.value();

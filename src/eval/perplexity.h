@@ -34,8 +34,9 @@ PerplexityResult perplexity(const model::Llama& model, const std::filesystem::pa
                             const PerplexityOptions& options);
 
 // Copies weights into the model from a safetensors file, or from `model.safetensors` in a
-// checkpoint folder (of `pollen train` or `pollen fed`). Every parameter must be present with
-// its shape; an error names the file and the tensor.
+// checkpoint folder (of `pollen train` or `pollen fed`). A file in a folder with a checkpoint
+// manifest must have the size and SHA-256 it records. Every parameter must be present with its
+// shape; an error names the file and the tensor.
 void load_weights(const model::Llama& model, const std::filesystem::path& checkpoint);
 
 }  // namespace pollen::eval

@@ -8,8 +8,10 @@
 
 #include "autograd/tape.h"
 #include "base/error.h"
+#include "base/files.h"
 #include "data/shards.h"
 #include "eval/perplexity.h"
+#include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "train/tiny_run.h"
 
@@ -111,6 +113,33 @@ TEST_F(Perplexity, LoadsWeightsByNameAndRefusesMismatches) {
     EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
   }
   EXPECT_THROW(perplexity(trained, manifest_, {"nosuchsplit", 16, 2}), pollen::Error);
+}
+
+TEST_F(Perplexity, RefusesACheckpointWhoseWeightsChangedAfterItWasWritten) {
+  const model::Llama trained(tiny_config(), 11), fresh(tiny_config(), 12);
+  io::NamedTensors named;
+  for (const auto& [name, var] : trained.named_parameters()) named.emplace_back(name, var.value());
+  io::CheckpointWriter writer(dir_ / "run", 7);
+  writer.add_tensors("model.safetensors", named);
+  const fs::path ckpt = writer.commit();
+  load_weights(fresh, ckpt);
+  load_weights(fresh, ckpt / "model.safetensors");
+
+  // One weight changed in place, the size kept: only the checksum tells.
+  const fs::path file = ckpt / "model.safetensors";
+  std::string bytes = read_file(file);
+  bytes[bytes.size() - 3] ^= 0x10;
+  write_file_atomic(file, bytes);
+  for (const fs::path& given : {ckpt, file}) {
+    try {
+      load_weights(fresh, given);
+      FAIL() << "expected a checksum error for " << given;
+    } catch (const pollen::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("does not verify"), std::string::npos) << what;
+      EXPECT_NE(what.find("SHA-256"), std::string::npos) << what;
+    }
+  }
 }
 
 }  // namespace
