@@ -115,8 +115,9 @@ ModelSource resolve_model(const std::string& spec) {
                  "config.toml) nor a run folder with checkpoints/");
     // A checkpoint named directly: the files it is loaded from must be the ones it wrote.
     if (!verified && fs::is_regular_file(dir / "manifest.json")) {
-      if (auto why = verify_checkpoint(dir, {"model.safetensors", "adapter_model.safetensors",
-                                             "config.toml", "tokenizer.json"}))
+      if (auto why =
+              verify_checkpoint(dir, {"model.safetensors", "adapter_model.safetensors",
+                                      "objective.safetensors", "config.toml", "tokenizer.json"}))
         fail("model '", spec, "': checkpoint '", dir.string(), "' does not verify: ", *why);
     }
     if (lora) return resolve_lora_checkpoint(spec, dir);

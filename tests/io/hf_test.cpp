@@ -424,6 +424,7 @@ TEST(ModelSource, ACheckpointNamedDirectlyIsVerified) {
   for (const auto& [n, v] : m.named_parameters()) weights.emplace_back(n, v.value());
   w.add_tensors("model.safetensors", weights);
   w.add_tensors("optimizer.safetensors", weights);
+  w.add_tensors("objective.safetensors", {{"score.weight", Tensor::zeros({1, 32}, DType::f32)}});
   w.add_text("config.toml",
              "[model]\nvocab_size = 61\nhidden_size = 32\nintermediate_size = 48\n"
              "num_hidden_layers = 2\nnum_attention_heads = 4\nnum_key_value_heads = 2\n"
@@ -433,7 +434,8 @@ TEST(ModelSource, ACheckpointNamedDirectlyIsVerified) {
   fs::remove(ckpt / "optimizer.safetensors");
   EXPECT_EQ(io::resolve_model(ckpt.string()).kind, io::ModelSource::Kind::checkpoint);
   // One byte of a weight changed, the size kept.
-  std::string bytes = read_file(ckpt / "model.safetensors");
+  const std::string original = read_file(ckpt / "model.safetensors");
+  std::string bytes = original;
   bytes[bytes.size() - 3] ^= 0x10;
   write_file_atomic(ckpt / "model.safetensors", bytes);
   try {
@@ -441,6 +443,19 @@ TEST(ModelSource, ACheckpointNamedDirectlyIsVerified) {
     ADD_FAILURE() << "a checkpoint whose weights changed was taken";
   } catch (const Error& err) {
     EXPECT_NE(std::string(err.what()).find("does not verify: model.safetensors has SHA-256"),
+              std::string::npos)
+        << err.what();
+  }
+  // The reward head read beside the weights (rm export) is checked as well.
+  write_file_atomic(ckpt / "model.safetensors", original);
+  EXPECT_EQ(io::resolve_model(ckpt.string()).kind, io::ModelSource::Kind::checkpoint);
+  write_file_atomic(ckpt / "objective.safetensors",
+                    read_file(ckpt / "objective.safetensors") + " ");
+  try {
+    io::resolve_model(ckpt.string());
+    ADD_FAILURE() << "a checkpoint whose objective changed was taken";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("does not verify: objective.safetensors holds"),
               std::string::npos)
         << err.what();
   }
