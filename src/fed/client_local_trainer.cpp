@@ -9,6 +9,7 @@
 #include "autograd/tape.h"
 #include "base/log.h"
 #include "data/shards.h"
+#include "fed/proximal.h"
 #include "io/model_source.h"
 #include "optim/schedule.h"
 #include "train/trainer.h"
@@ -178,11 +179,17 @@ LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {
   // Dense per-rank counts, summed over ranks after the round (exact in double below 2^53).
   const auto vocab = static_cast<size_t>(config_.model.vocab_size);
   std::vector<double> counts(2 * vocab, 0.0);  // inputs, then targets
+  // FedProx: the weights the round starts from anchor its proximal term.
+  Weights anchor;
+  if (tc.proximal_mu > 0)
+    for (const auto& p : params_) anchor.push_back(p.value().clone());
   for (int64_t s = 0; s < steps; ++s) {
     train::inject_fault_at(fault_, comm_->rank(), step_ + 1);
     std::vector<model::Batch> micro;
     for (int64_t a = 0; a < micro_steps_; ++a) micro.push_back(train_->next());
     for (const auto& b : micro) count_scored_tokens(b, counts);
+    // Each rank's share of mu (w - anchor): the reduction sums the ranks' gradients.
+    if (!anchor.empty()) seed_proximal_gradients(params_, anchor, tc.proximal_mu / comm_->world());
     // The trainer's rule: the gradient of the mean loss over every scored token of the step
     // (over every rank's rows: the count and the loss are the same on every rank).
     bool stop = false;

@@ -1,5 +1,7 @@
 #include "fed/config.h"
 
+#include <cmath>
+
 #include "base/config.h"
 #include "fed/wire.h"
 #include "optim/schedule.h"
@@ -137,6 +139,9 @@ LocalTrainConfig read_local_train(ConfigTable& t) {
   c.drift_correction = t.get_double("drift_correction", c.drift_correction);
   POLLEN_CHECK(c.drift_correction >= 0 && c.drift_correction <= 1, t.where("drift_correction"),
                ": must be in [0, 1], got ", c.drift_correction);
+  c.proximal_mu = t.get_double("proximal_mu", c.proximal_mu);
+  POLLEN_CHECK(c.proximal_mu >= 0 && std::isfinite(c.proximal_mu), t.where("proximal_mu"),
+               ": must be 0 or more, got ", c.proximal_mu);
   c.total_steps = t.get_int("total_steps", c.total_steps);
   c.beta1 = t.get_double("beta1", c.beta1);
   c.beta2 = t.get_double("beta2", c.beta2);

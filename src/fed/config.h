@@ -76,6 +76,9 @@ struct LocalTrainConfig {
           total_steps = 0;         // 0: rounds * local_steps is unknown; constant after warmup
   int64_t round_warmup_steps = 0;  // each round's first steps ramp the lr up again (0: off)
   double drift_correction = 0;     // beta of fed/drift_correction.h, in [0, 1] (0: off)
+  // FedProx's mu: each local step's gradient also has mu (w - w_start), w_start the weights the
+  // round's training started from (the gradient of mu / 2 |w - w_start|^2); 0: off
+  double proximal_mu = 0;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
   int64_t eval_batches = 4;
 };

@@ -238,6 +238,27 @@ TEST(FederatedSilo, TwoRanksApplyTheDriftCorrectionOfOneProcess) {
   for (const auto* f : {&one, &two, &plain}) fs::remove_all(f->dir);
 }
 
+TEST(FederatedSilo, TwoRanksTakeTheProximalStepsOfOneProcess) {
+  // train.proximal_mu: each rank seeds its share of mu (w - w_start) into the gradients and the
+  // reduction sums the shares, with and without ZeRO-1; a rank that seeded the whole term would
+  // step with the term doubled.
+  const auto proximal = [](const std::string& name, const std::string& parallel) {
+    return write_federation(name, parallel, "diloco", "proximal_mu = 10\n");
+  };
+  const Federation one = proximal("prox_one", ""), two = proximal("prox_two", "");
+  const Federation zero = proximal("prox_zero", "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n");
+  const auto ref = federate(one, 1);
+  expect_same_pseudo_gradients(federate(two, 2), "2 ranks with the proximal term", ref);
+  expect_same_pseudo_gradients(federate(zero, 2, true), "2 ranks, ZeRO-1, with the proximal term",
+                               ref);
+  // And the term changed the steps (against the same federation without it).
+  const Federation plain = write_federation("prox_plain", "", "diloco");
+  const auto without = federate(plain, 1);
+  ASSERT_EQ(without.size(), ref.size());
+  EXPECT_GT(max_abs(difference(without.back(), ref.back())), 1e-6);
+  for (const auto* f : {&one, &two, &zero, &plain}) fs::remove_all(f->dir);
+}
+
 TEST(FederatedSilo, TwoRanksShareTheSecondMomentsOfOneProcess) {
   // strategy.second_moments: round 2 starts from the federation's moments (round 1's, through
   // the wire's 8-bit codes) on every rank, with and without ZeRO-1; a rank that kept its own
