@@ -145,6 +145,7 @@ void Engine::run_batch(std::vector<std::unique_ptr<Job>>& jobs) {
         const auto [j, s] = owner[first + row];
         const Sequence& seq = jobs[j]->sequences[s];
         results[j][s].token_scores.push_back(score_logits(logits, token, seq.top_logprobs));
+        ++tokens_;
         if (jobs[j]->sink) jobs[j]->sink(s, token);
       };
       const auto gens = model::generate_rows(model_, std::move(part), decode, on_token);

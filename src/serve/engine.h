@@ -70,6 +70,7 @@ class Engine {
   int64_t pending() const;        // requests waiting for the worker
   int64_t largest_batch() const;  // most requests that shared one batch
   int64_t most_rows() const;      // most sequences generated at once (at most max_batch_rows)
+  int64_t tokens_generated() const { return tokens_.load(); }  // over every request so far
 
  private:
   struct Job {
@@ -88,6 +89,7 @@ class Engine {
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Job>> queue_;
   std::atomic<int64_t> most_rows_{0};
+  std::atomic<int64_t> tokens_{0};
   int holds_ = 0;
   bool stop_ = false;
   int64_t largest_ = 0;

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "base/http_server.h"
+#include "serve/connection.h"
 
 namespace pollen::serve {
 namespace {
@@ -82,8 +83,22 @@ struct EventQueue {
 
 using Results = std::vector<SequenceResult>;
 
+// Generates a request's sequences and waits for them; a client that leaves meanwhile ends its
+// generation (its answer then goes nowhere).
+Results wait_for_results(Engine& engine, std::vector<Sequence> seqs, const httplib::Request& req) {
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  std::future<Results> results = engine.submit(std::move(seqs), nullptr, cancelled);
+  std::optional<ClientConnection> client;
+  while (results.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) {
+    if (!client) client.emplace(req.remote_addr, req.remote_port, req.local_port);
+    if (client->gone()) cancelled->store(true);
+  }
+  return results.get();
+}
+
 // Streams `queue`'s events; once the engine is done, `finish` gives the last events ("[DONE]"
-// comes after them). A client that goes away sets `cancelled`, which ends its generation.
+// comes after them). A client that goes away sets `cancelled`, which ends its generation
+// (cpp-httplib's is_writable() sees a closed connection between writes too).
 void stream_events(httplib::Response& res, std::shared_ptr<Slot> slot,
                    std::shared_ptr<EventQueue> queue, std::shared_ptr<std::future<Results>> results,
                    std::shared_ptr<std::atomic<bool>> cancelled,
@@ -368,7 +383,7 @@ void Server::add_routes() {
                         });
           return;
         }
-        const Results rs = engine_->submit(std::move(seqs)).get();
+        const Results rs = wait_for_results(*engine_, std::move(seqs), req);
         json choices = json::array();
         for (size_t k = 0; k < rs.size(); ++k) {
           const model::Generation& g = rs[k].generation;
@@ -450,7 +465,7 @@ void Server::add_routes() {
               });
           return;
         }
-        const Results rs = engine_->submit(std::move(seqs)).get();
+        const Results rs = wait_for_results(*engine_, std::move(seqs), req);
         json choices = json::array();
         for (size_t j = 0; j < rs.size(); ++j) {
           const model::Generation& g = rs[j].generation;

@@ -793,6 +793,63 @@ TEST_F(Serving, WaitingRequestsShareABatchAndExtraOnesGet429) {
   }
 }
 
+// A client that leaves before its answer ends its generation, whole or streamed: the server sees
+// the connection closed while the request waits, before any token is due (a whole answer through
+// serve/connection.h, a stream through cpp-httplib's is_writable()).
+TEST_F(Serving, AClientThatLeavesEndsItsGenerationStreamedOrNot) {
+  start();
+  serve::Engine& engine = server_->engine();
+  const json body = {{"prompt", "The dog"}, {"max_tokens", 32}, {"temperature", 0.7}, {"seed", 3}};
+  ASSERT_EQ(post("/v1/completions", body.dump()).first, 200);
+  const int64_t whole = engine.tokens_generated();  // what the request takes when its client stays
+  ASSERT_GT(whole, 2);
+  for (const bool stream : {false, true}) {
+    json b = body;
+    if (stream) b["stream"] = true;
+    const std::string text = b.dump();
+    const int64_t before = engine.tokens_generated();
+    {
+      serve::Engine::Hold hold(engine);  // the request waits in the queue
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      ASSERT_GE(fd, 0);
+      sockaddr_in address{};
+      address.sin_family = AF_INET;
+      address.sin_port = htons(static_cast<uint16_t>(server_->port()));
+      address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+      const std::string request =
+          "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+          "Content-Length: " +
+          std::to_string(text.size()) + "\r\n\r\n" + text;
+      ASSERT_EQ(send(fd, request.data(), request.size(), 0), static_cast<ssize_t>(request.size()));
+      for (int w = 0; w < 1000 && engine.pending() < 1; ++w)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      ASSERT_EQ(engine.pending(), 1);
+      if (stream) {
+        // A streamed answer's head comes at once; read, so that closing sends no reset (which
+        // the next write would notice) but the orderly end of a client that left.
+        std::string head;
+        char c;
+        while (!head.ends_with("\r\n\r\n") && recv(fd, &c, 1, 0) == 1) head += c;
+        ASSERT_TRUE(head.starts_with("HTTP/1.1 200")) << head;
+      }
+      close(fd);
+      // The server looks every 50 ms (whole) or 20 ms (streamed) while the request waits.
+      std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    }
+    for (int w = 0; w < 1000 && server_->in_flight() > 0; ++w)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_EQ(server_->in_flight(), 0);
+    EXPECT_EQ(engine.tokens_generated() - before, 0)
+        << (stream ? "streamed" : "whole") << ": generated for a client that left (" << whole
+        << " tokens when it stays)";
+  }
+  // And a client that stays gets its whole answer.
+  const int64_t before = engine.tokens_generated();
+  EXPECT_EQ(post("/v1/completions", body.dump()).first, 200);
+  EXPECT_EQ(engine.tokens_generated() - before, whole);
+}
+
 // A request whose client went away (its cancelled flag set) ends before its next step; the
 // requests batched with it go on as if alone.
 TEST_F(Serving, ACancelledRequestEndsAtTheNextStepAndItsBatchGoesOn) {
