@@ -4,11 +4,11 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
-#include <set>
 #include <thread>
 
 #include "base/files.h"
 #include "base/log.h"
+#include "fed/revocation.h"
 #include "pollen_fed.grpc.pb.h"
 
 namespace pollen::fed {
@@ -20,46 +20,6 @@ constexpr int kMaxMessageBytes = static_cast<int>(kMaxChunkBytes) + (64 << 10);
 std::string read_pem(const std::string& path, const char* what) {
   POLLEN_CHECK(std::filesystem::exists(path), "tls.", what, ": no file '", path, "'");
   return read_file(path);
-}
-
-std::string serial_hex(const X509* cert) {
-  const ASN1_INTEGER* s = X509_get0_serialNumber(cert);
-  BIGNUM* bn = ASN1_INTEGER_to_BN(s, nullptr);
-  char* hex = BN_bn2hex(bn);
-  std::string out(hex);
-  OPENSSL_free(hex);
-  BN_free(bn);
-  return out;
-}
-
-// The serials a CA-signed CRL revokes; throws when the CRL is not signed by the CA.
-std::set<std::string> load_crl(const std::string& crl_path, const std::string& ca_pem) {
-  std::set<std::string> out;
-  const std::string crl_pem = read_pem(crl_path, "crl");
-  BIO* b = BIO_new_mem_buf(crl_pem.data(), static_cast<int>(crl_pem.size()));
-  X509_CRL* crl = PEM_read_bio_X509_CRL(b, nullptr, nullptr, nullptr);
-  BIO_free(b);
-  POLLEN_CHECK(crl, "tls.crl: '", crl_path, "' is not a PEM certificate revocation list");
-  BIO* cb = BIO_new_mem_buf(ca_pem.data(), static_cast<int>(ca_pem.size()));
-  X509* ca = PEM_read_bio_X509(cb, nullptr, nullptr, nullptr);
-  BIO_free(cb);
-  const bool ok = ca && X509_CRL_verify(crl, X509_get0_pubkey(ca)) == 1;
-  if (ca) X509_free(ca);
-  if (!ok) {
-    X509_CRL_free(crl);
-    fail("tls.crl: '", crl_path, "' is not signed by the CA");
-  }
-  STACK_OF(X509_REVOKED)* revoked = X509_CRL_get_REVOKED(crl);
-  for (int i = 0; revoked && i < sk_X509_REVOKED_num(revoked); ++i) {
-    const ASN1_INTEGER* s = X509_REVOKED_get0_serialNumber(sk_X509_REVOKED_value(revoked, i));
-    BIGNUM* bn = ASN1_INTEGER_to_BN(s, nullptr);
-    char* hex = BN_bn2hex(bn);
-    out.insert(hex);
-    OPENSSL_free(hex);
-    BN_free(bn);
-  }
-  X509_CRL_free(crl);
-  return out;
 }
 
 grpc::Status error_status(const std::exception& e, grpc::StatusCode code) {
@@ -74,7 +34,8 @@ grpc::Status error_status(const std::exception& e, grpc::StatusCode code) {
 class FederationService final : public pb::Federation::Service {
  public:
   // Either a training coordinator or a tokenizer round; the other's calls are refused.
-  FederationService(Coordinator* c, TokenizerRound* t, bool tls, std::set<std::string> revoked)
+  FederationService(Coordinator* c, TokenizerRound* t, bool tls,
+                    std::unique_ptr<RevocationList> revoked)
       : c_(c), t_(t), tls_(tls), revoked_(std::move(revoked)) {}
 
   grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* r,
@@ -134,14 +95,14 @@ class FederationService final : public pb::Federation::Service {
     X509* cert = PEM_read_bio_X509(b, nullptr, nullptr, nullptr);
     BIO_free(b);
     if (!cert) throw std::runtime_error("unreadable client certificate");
-    const std::string serial = serial_hex(cert);
+    const std::string serial = certificate_serial(cert);
     X509_free(cert);
     const std::string id(cn[0].data(), cn[0].size());
     // An empty common name would read as "no TLS" to the coordinator and let the client claim
     // any id: a certificate must name a valid client id.
     if (id.empty()) throw std::runtime_error("the client certificate has no common name");
     check_client_id(id, "the client certificate's common name");
-    if (revoked_.count(serial)) {
+    if (revoked_ && revoked_->revoked(serial)) {
       throw std::runtime_error(
           cat("the certificate of '", id, "' (serial ", serial, ") is revoked"));
     }
@@ -181,7 +142,7 @@ class FederationService final : public pb::Federation::Service {
   Coordinator* c_;
   TokenizerRound* t_;
   bool tls_;
-  std::set<std::string> revoked_;
+  std::unique_ptr<RevocationList> revoked_;  // tls.crl; none: nothing is revoked
 };
 
 struct GrpcServer::Impl {
@@ -206,13 +167,13 @@ GrpcServer::GrpcServer(TokenizerRound& t, const std::string& address, const TlsF
 
 void GrpcServer::start(const std::string& address, const TlsFiles& tls) {
   std::shared_ptr<grpc::ServerCredentials> creds;
-  std::set<std::string> revoked;
+  std::unique_ptr<RevocationList> revoked;
   if (tls.enabled()) {
     grpc::SslServerCredentialsOptions o(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
     o.pem_root_certs = read_pem(tls.ca, "ca");
     o.pem_key_cert_pairs.push_back({read_pem(tls.key, "key"), read_pem(tls.cert, "cert")});
     creds = grpc::SslServerCredentials(o);
-    if (!tls.crl.empty()) revoked = load_crl(tls.crl, o.pem_root_certs);
+    if (!tls.crl.empty()) revoked = std::make_unique<RevocationList>(tls.crl, o.pem_root_certs);
   } else {
     creds = grpc::InsecureServerCredentials();
   }

@@ -597,6 +597,44 @@ TEST(Grpc, AServerThatCannotBeReachedIsNamedWithWhatToCheck) {
   }
 }
 
+TEST(Grpc, ARevocationReachesARunningServerAtTheClientsNextCall) {
+  Quiet q;
+  const auto dir = temp_dir("tls_reload");
+  make_dev_certs(dir / "certs", {"alice", "bob", "carol"}, {"localhost", "127.0.0.1"}, 1);
+  revoke_client_cert(dir / "certs", "carol");
+  ServerConfig sc = sim_config(dir, {}, "fedavg", 1, 1).server;
+  sc.tls = {(dir / "certs/ca.pem").string(), (dir / "certs/server.pem").string(),
+            (dir / "certs/server.key").string(), (dir / "certs/crl.pem").string(), ""};
+  Coordinator coordinator(sc, false);
+  GrpcServer server(coordinator, "127.0.0.1:0", sc.tls);
+  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  auto joins = [&](const std::string& id) {
+    TlsFiles t{(dir / "certs/ca.pem").string(), (dir / cat("certs/client-", id, ".pem")).string(),
+               (dir / cat("certs/client-", id, ".key")).string(), "", ""};
+    GrpcTransport tr(address, t, 3);
+    try {
+      return tr.join(tiny_join(id)).accepted();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("revoked"), std::string::npos) << e.what();
+      return false;
+    }
+  };
+  EXPECT_TRUE(joins("alice"));
+  EXPECT_TRUE(joins("bob"));
+  EXPECT_FALSE(joins("carol"));
+  // Revoked while the server runs: refused from the next call on, the others not.
+  revoke_client_cert(dir / "certs", "bob");
+  EXPECT_FALSE(joins("bob"));
+  EXPECT_TRUE(joins("alice"));
+  // A damaged list does not lift a revocation: the last good one stays.
+  write_file_atomic(dir / "certs/crl.pem", "-----BEGIN X509 CRL-----\nnot a list\n");
+  EXPECT_FALSE(joins("bob"));
+  EXPECT_FALSE(joins("carol"));
+  EXPECT_TRUE(joins("alice"));
+  server.shutdown();
+  fs::remove_all(dir);
+}
+
 TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   Quiet q;
   const auto dir = temp_dir("tls");
