@@ -41,7 +41,7 @@
 # BASELINE_LRS (the baseline's candidates), MIN_LR,
 # WARMUP, GRAD_CLIP (the gradient-norm clip of the clients' and the baseline's steps; 0: off),
 # ROUND_WARMUP (clients' train.round_warmup_steps), DRIFT (their
-# train.drift_correction), OUTER (strategy.name: diloco, fedadam, fedyogi, ...), OUTER_LR,
+# train.drift_correction), PROXIMAL_MU (their train.proximal_mu: FedProx), OUTER (strategy.name: diloco, fedadam, fedyogi, ...), OUTER_LR,
 # OUTER_MOMENTUM, MOMENTUM_WARMUP (strategy.momentum_warmup_rounds), OUTER_BETA1, OUTER_BETA2,
 # OUTER_TAU (-1: the strategy's default),
 # ROW_WEIGHTING (strategy.row_weighting), SECOND_MOMENTS (strategy.second_moments: none or
@@ -79,6 +79,7 @@ FIRST_MOMENTS=${FIRST_MOMENTS:-output}
 EMBEDDING_LR_SCALE=${EMBEDDING_LR_SCALE:-3}
 ROUND_WARMUP=${ROUND_WARMUP:-0}
 DRIFT=${DRIFT:-0.75}
+PROXIMAL_MU=${PROXIMAL_MU:-0}
 WARMUP_STEPS=${WARMUP_STEPS:-8000}
 WARMUP_LR=${WARMUP_LR:-3e-3}
 WARMUP_SILO=${WARMUP_SILO:-man}
@@ -261,6 +262,7 @@ $([ "$codec" != topk ] && [ "${SERVER_CODEC:-$codec}" != topk ] || echo "topk = 
 $(train_table)
 $([ "$ROUND_WARMUP" = 0 ] || echo "round_warmup_steps = $ROUND_WARMUP")
 $([ "$DRIFT" = 0 ] || echo "drift_correction = $DRIFT")
+$([ "$PROXIMAL_MU" = 0 ] || echo "proximal_mu = $PROXIMAL_MU")
 TOML
   rm -rf "$OUT/runs/$name"
   "$POLLEN" fed simulate --config "$OUT/configs/$name.toml" >"$OUT/$name.log" 2>&1 ||
