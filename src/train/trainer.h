@@ -2,20 +2,19 @@
 // The pre-training loop behind `pollen train`: gradient accumulation over micro-batches with the
 // loss a mean over every scored token of the global batch, AdamW on a schedule, evaluation,
 // checkpoints that resume bitwise, metrics (JSONL + TensorBoard), preemption by SIGINT/SIGTERM
-// and a stop after too many non-finite losses in a row.
+// and a stop after too many non-finite losses in a row. The checkpoint format and its helpers:
+// train/trainer_checkpoint.h.
 #include <cstdint>
 #include <filesystem>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "dist/communicator.h"
 #include "dist/grad_reducer.h"
-#include "io/safetensors.h"
 #include "model/llama.h"
-#include "optim/adamw.h"
 #include "train/config.h"
 #include "train/run_control.h"
+#include "train/trainer_checkpoint.h"
 
 namespace pollen::train {
 
@@ -84,66 +83,5 @@ std::vector<bool> decay_mask(const std::vector<std::pair<std::string, ag::Var>>&
 // This machine's GEMM rate (FLOP/s) in `dtype`, MFU's default peak: f32 on pollen's thread pool,
 // or f32 or bf16 on the GPU (cuBLASLt, fp32 accumulation, no TF32).
 double measure_peak_flops(Device device = Device::cpu, DType dtype = DType::f32);
-
-// A checkpoint of a model and its optimizer: model.safetensors (HF names), optimizer.safetensors
-// (<name>.exp_avg, <name>.exp_avg_sq; metadata "step"), plus the given JSON state and config.
-// The optimizer's parameters are the model's, in named_parameters() order. In mixed precision
-// (AdamW::compute_in_bf16) the f32 master weights are written, and loaded back into them.
-struct CheckpointWritten {
-  std::filesystem::path dir;
-  io::WriteStats stats;
-  double seconds = 0;
-};
-CheckpointWritten write_checkpoint(const std::filesystem::path& root, int64_t step,
-                                   const model::Llama& model, const optim::AdamW& opt,
-                                   const nlohmann::ordered_json& state,
-                                   const std::string& config_toml);
-// Logs a checkpoint just written and removes the oldest under `root` beyond `keep` (0: none).
-void log_checkpoint_and_retain(const std::filesystem::path& root, int64_t step,
-                               const CheckpointWritten& written, int keep);
-// Loads weights and optimizer state from a checkpoint folder (names and shapes must match).
-void load_checkpoint(const std::filesystem::path& dir, const model::Llama& model,
-                     optim::AdamW& opt);
-
-// AdamW's state as a checkpoint holds it, whole, per parameter in model order; the form both
-// a replicated and a sharded (ZeRO-1) optimizer write and read, so that a checkpoint resumes
-// at any world size.
-struct OptimizerMoments {
-  std::vector<Tensor> exp_avg, exp_avg_sq;
-  int64_t steps = 0;
-};
-CheckpointWritten write_checkpoint(const std::filesystem::path& root, int64_t step,
-                                   const model::Llama& model, const OptimizerMoments& moments,
-                                   const nlohmann::ordered_json& state,
-                                   const std::string& config_toml);
-// Loads weights and fills `moments` (allocated here) from a checkpoint folder.
-void load_checkpoint(const std::filesystem::path& dir, const model::Llama& model,
-                     OptimizerMoments& moments);
-OptimizerMoments moments_of(const optim::AdamW& opt);  // sharing the optimizer's tensors
-
-// The general form, for runs that train more or less than a whole model (post-training): the
-// weight files (model.safetensors and any others) as given, AdamW's moments for the parameters
-// named `trained` (in the optimizer's order), the JSON state and config, and text files copied
-// in as they are (name, content).
-struct CheckpointTensors {
-  std::string file;  // "model.safetensors"
-  io::NamedTensors tensors;
-};
-CheckpointWritten write_checkpoint(const std::filesystem::path& root, int64_t step,
-                                   const std::vector<CheckpointTensors>& weights,
-                                   const std::vector<std::string>& trained,
-                                   const OptimizerMoments& moments,
-                                   const nlohmann::ordered_json& state,
-                                   const std::string& config_toml,
-                                   const std::vector<std::pair<std::string, std::string>>& texts);
-// Copies each named tensor of a checkpoint's safetensors file into the tensor given for it
-// (shape and dtype must match).
-void load_checkpoint_tensors(const std::filesystem::path& file,
-                             const std::vector<std::pair<std::string, Tensor>>& into);
-// AdamW's moments for `trained` and its step count from dir/optimizer.safetensors (`moments`
-// allocated here when empty, else filled in place).
-void load_optimizer_moments(const std::filesystem::path& dir,
-                            const std::vector<std::pair<std::string, ag::Var>>& trained,
-                            OptimizerMoments& moments);
 
 }  // namespace pollen::train
