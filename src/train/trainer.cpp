@@ -5,19 +5,19 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
+#include <cstdio>
+#include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "autograd/tape.h"
 #include "base/files.h"
 #include "base/log.h"
 #include "base/rng.h"
 #include "base/thread_pool.h"
-#include "data/loader.h"
 #include "data/shards.h"
 #include "dist/nccl_communicator.h"
-#include "dist/zero_adamw.h"
 #include "io/checkpoint.h"
 #include "io/model_source.h"
 #include "obs/metrics.h"
@@ -26,33 +26,12 @@
 #include "tensor/cuda_memory.h"
 #include "train/run_control.h"
 #include "train/samples.h"
+#include "train/trainer_data.h"
+#include "train/trainer_optimizer.h"
 
 namespace fs = std::filesystem;
 
 namespace pollen::train {
-namespace {
-
-// Mean validation loss over `batches` batches; with several ranks each evaluates every
-// world-th batch and the sums are reduced, so the result is the single process's.
-double evaluate(const model::Llama& model, data::Loader& loader, const data::LoaderState& start,
-                int64_t batches, dist::Communicator* comm) {
-  ag::NoGrad no_grad;
-  loader.restore(start);  // the same validation batches at every evaluation
-  const int64_t rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;
-  double sums[2] = {0, 0};  // loss, scored tokens
-  for (int64_t i = 0; i < batches; ++i) {
-    const model::Batch b = loader.next();
-    if (i % world != rank) continue;
-    int64_t n = 0;
-    const ag::Var l = model.loss(b, ag::Reduction::sum, &n);
-    sums[0] += l.value().item();
-    sums[1] += static_cast<double>(n);
-  }
-  if (comm) comm->all_reduce_sum(sums, "the validation loss");
-  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
-}
-
-}  // namespace
 
 int64_t count_scored(const model::Batch& batch) {
   const int32_t* t = batch.targets.data<int32_t>();
@@ -191,13 +170,362 @@ void inject_fault_at(const FaultInjection& f, int rank, int64_t step) {
 
 namespace {
 
+// What one step did, as its metrics record reports it.
+struct StepReport {
+  int64_t step = 0, tokens = 0, scored = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double tokens_per_s = 0, mfu = 0, elapsed_s = 0;
+  double seconds = 0, reduce_wait_s = 0;  // the step's, and of them waiting for reductions
+  bool good = true;
+};
+
+// The step's line in metrics.jsonl and its TensorBoard scalars.
+void record_step(RunMetrics& metrics, const StepReport& s, Device device, int world, double wall) {
+  nlohmann::ordered_json rec;
+  rec["step"] = s.step;
+  rec["tokens"] = s.tokens;
+  rec["loss"] = json_number(s.loss);
+  rec["lr"] = s.lr;
+  rec["grad_norm"] = json_number(s.grad_norm);
+  rec["scored"] = s.scored;
+  rec["tokens_per_s"] = std::round(s.tokens_per_s * 10) / 10;
+  rec["mfu"] = std::round(s.mfu * 1e5) / 1e5;
+  rec["elapsed_s"] = std::round(s.elapsed_s * 1000) / 1000;
+  rec["rss_mb"] = std::round(rss_mb() * 10) / 10;
+  if (device == Device::cuda) {  // the GPU allocator's peak of bytes in use so far
+    const double peak_bytes =
+        static_cast<double>(CudaAllocator::instance().stats().peak_in_use_bytes);
+    rec["gpu_peak_mb"] = std::round(peak_bytes / 1048576.0 * 10) / 10;
+  }
+  if (world > 1) {
+    rec["ranks"] = world;
+    rec["tokens_per_s_per_rank"] = std::round(s.tokens_per_s / world * 10) / 10;
+    rec["reduce_wait_s"] = std::round(s.reduce_wait_s * 1e5) / 1e5;
+    rec["reduce_wait_frac"] = std::round(s.reduce_wait_s / s.seconds * 1e4) / 1e4;
+  }
+  if (!s.good) rec["skipped"] = true;
+  metrics.jsonl.write(rec);
+  metrics.scalar("train/loss", s.loss, s.step, wall);
+  metrics.scalar("train/lr", s.lr, s.step, wall);
+  metrics.scalar("train/grad_norm", s.grad_norm, s.step, wall);
+  metrics.scalar("perf/tokens_per_s", s.tokens_per_s, s.step, wall);
+  metrics.scalar("perf/mfu", s.mfu, s.step, wall);
+  metrics.scalar("sys/rss_mb", rss_mb(), s.step, wall);
+}
+
+// --resume: rank 0 chooses the checkpoint and tells the others; none when the run has none yet.
+std::optional<fs::path> agree_on_checkpoint(const fs::path& ckpt_root, dist::Communicator& comm) {
+  int64_t choice_of_lead[2] = {-1, 0};  // {step or -1 for none, skipped}
+  if (comm.rank() == 0) {
+    const io::ResumePoint point = io::choose_checkpoint_to_resume(ckpt_root, "--resume");
+    if (point.dir) choice_of_lead[0] = io::checkpoint_step(*point.dir);
+    choice_of_lead[1] = point.skipped;
+  }
+  // No watchdog: rank 0 verifies the checkpoint's hashes first, which for a large model on a
+  // shared file system can take longer than parallel.timeout_s.
+  comm.wait_for_broadcast(choice_of_lead, 0, "the choice of checkpoint to resume");
+  const int64_t chosen = choice_of_lead[0];
+  POLLEN_CHECK(chosen >= 0 || choice_of_lead[1] == 0, "--resume: no checkpoint under '",
+               ckpt_root.string(), "' verifies (", choice_of_lead[1], " skipped, reasons above)");
+  if (chosen == -1) {
+    log::info("--resume: no checkpoint under '", ckpt_root.string(), "' yet; starting at step 0");
+    return std::nullopt;
+  }
+  return ckpt_root / io::checkpoint_name(chosen);
+}
+
+// A pre-training run in this process once its model, optimizer and data are set up: resuming,
+// the steps with their evaluations and checkpoints, and the summary. Rank 0 writes the run's
+// files (metrics, config, checkpoints, summary); every rank holds the same weights and loader
+// state.
+class TrainingRun {
+ public:
+  TrainingRun(const TrainConfig& cfg, const TrainOptions& o, dist::Communicator& comm,
+              fs::path ckpt_root, model::Llama& model, Device device, TrainerOptimizer& optimizer,
+              TrainData& data)
+      : cfg_(cfg),
+        o_(o),
+        comm_(comm),
+        parallel_(comm.world() > 1),
+        lead_(comm.rank() == 0),
+        ckpt_root_(std::move(ckpt_root)),
+        model_(model),
+        device_(device),
+        optimizer_(optimizer),
+        data_(data),
+        rng_(cfg.seed) {}
+
+  // --resume: the weights, optimizer state, counters, loader, RNG and metrics positions of the
+  // checkpoint rank 0 chooses, if there is one.
+  void resume();
+  // Rank 0's files: metrics (continued where a resumed checkpoint left them), samples and
+  // config.toml.
+  void open_outputs();
+  // Sets the peak FLOP/s that MFU is a fraction of (measured unless the config gives it) and
+  // logs what the run will do; `nccl`: gradients are reduced by NCCL.
+  void log_start(bool nccl);
+  // The steps, then the summary.
+  TrainResult run();
+
+ private:
+  // One step with its metrics, evaluation and checkpoint; false when the run stops after it
+  // (result_ says why).
+  bool step(obs::Progress& progress);
+  // The validation loss and the samples, at an evaluation step.
+  void evaluate(obs::Progress& progress, double wall);
+  void save(int64_t at);
+  TrainResult finish(bool stopped);
+
+  const TrainConfig& cfg_;
+  const TrainOptions& o_;
+  dist::Communicator& comm_;
+  const bool parallel_, lead_;
+  const fs::path ckpt_root_;
+  model::Llama& model_;
+  const Device device_;
+  TrainerOptimizer& optimizer_;
+  TrainData& data_;
+
+  LoopCounters counters_;
+  Rng rng_;
+  fs::path last_checkpoint_;
+  std::optional<nlohmann::ordered_json> resumed_;  // the resumed checkpoint's state.json
+  std::optional<uint64_t> samples_at_ = 0;
+  std::optional<RunMetrics> metrics_;  // rank 0's
+  SampleWriter samples_;
+  std::string config_toml_;
+  double peak_ = 0, flops_per_token_ = 0;
+  Clock::time_point run_start_;
+  double reduce_wait_total_ = 0, step_time_total_ = 0;
+  int64_t steps_here_ = 0;
+  double last_val_ = NAN, last_loss_ = NAN;
+  TrainResult result_;
+};
+
+void TrainingRun::resume() {
+  const std::optional<fs::path> dir = agree_on_checkpoint(ckpt_root_, comm_);
+  if (!dir) return;
+  // Relative paths in a config.toml of an older pollen were relative to the folder it ran
+  // from: resumed from there, they compare equal to today's absolute ones.
+  const TrainConfig saved = parse_train_config(
+      read_file(*dir / "config.toml"), (*dir / "config.toml").string(), {}, fs::current_path());
+  for (const auto& w : check_resume_compatible(saved, cfg_)) log::warn("resume: ", w);
+  optimizer_.load(*dir, model_);
+  resumed_ = nlohmann::ordered_json::parse(read_file(*dir / "state.json"));
+  const nlohmann::ordered_json& st = *resumed_;
+  counters_.restore(st);
+  data_.loader.restore(data::LoaderState::from_json(nlohmann::json(st.at("loader"))));
+  rng_ = Rng(st.at("rng").at("seed").get<uint64_t>(), st.at("rng").at("offset").get<uint64_t>());
+  // Checkpoints written before samples were turned on have no position: append.
+  samples_at_ = st.at("metrics").contains("samples_bytes")
+                    ? std::optional(st.at("metrics").at("samples_bytes").get<uint64_t>())
+                    : std::nullopt;
+  last_checkpoint_ = *dir;
+  log::info("resuming from '", dir->string(), "' at step ", counters_.step, " (", counters_.tokens,
+            " tokens)");
+}
+
+void TrainingRun::open_outputs() {
+  if (lead_)
+    metrics_ = RunMetrics::open(cfg_.dir, cfg_.tensorboard,
+                                resumed_ ? &resumed_->at("metrics") : nullptr, counters_.step);
+  if (!cfg_.sample_prompts.empty() && lead_) samples_ = SampleWriter(cfg_, samples_at_);
+  config_toml_ = cfg_.to_toml();
+  if (lead_) write_file_atomic(cfg_.dir / "config.toml", config_toml_);
+}
+
+void TrainingRun::log_start(bool nccl) {
+  peak_ = cfg_.peak_flops > 0
+              ? cfg_.peak_flops
+              : measure_peak_flops(device_, cfg_.precision == "bf16" ? DType::bf16 : DType::f32);
+  flops_per_token_ = cfg_.model.flops_per_token(cfg_.seq);
+  // The step's shape as a product equal to its tokens: with several ranks, theirs comes first.
+  const std::string ranks = parallel_ ? cat(comm_.world(), " ranks x ") : "";
+  log::info("training ", cfg_.model.name, " (", cfg_.model.parameter_count(), " parameters) for ",
+            cfg_.steps, " steps of ", cfg_.batch_tokens, " tokens (", ranks, data_.accum, " x ",
+            cfg_.micro_batch, " x ", cfg_.seq, "), ", num_threads(), " threads, ",
+            data_.loader.tokens_per_epoch(), " tokens per epoch; peak ", peak_ / 1e9, " GFLOP/s",
+            cfg_.peak_flops > 0 ? "" : " (measured)");
+  if (parallel_) {
+    log::info("data parallel over ", comm_.world(), " ranks (", comm_.topology().launcher,
+              nccl ? ", NCCL on one GPU each" : "", "): ", optimizer_.reducer()->buckets().size(),
+              " gradient buckets of up to ", cfg_.bucket_mb, " MiB, optimizer state ",
+              optimizer_.sharded() ? "sharded (ZeRO-1)" : "replicated", ", ",
+              optimizer_.state_bytes(), " bytes on rank 0");
+    log::info("ranks: ", comm_.placement());
+  }
+}
+
+TrainResult TrainingRun::run() {
+  run_start_ = Clock::now();
+  obs::Progress progress("train", cfg_.steps, counters_.step,
+                         o_.quiet || !lead_ ? (int64_t{1} << 62) : cfg_.log_interval);
+  bool stopped = false;
+  while (!stopped && counters_.step < cfg_.steps) stopped = !step(progress);
+  progress.finish();
+  return finish(stopped);
+}
+
+bool TrainingRun::step(obs::Progress& progress) {
+  const int64_t& step = counters_.step;
+  inject_fault_at(o_.fault, comm_.rank(), step + 1);
+  const auto t0 = Clock::now();
+  const double lr = optim::lr_at(cfg_.schedule, step);
+  std::vector<model::Batch> micro;
+  micro.reserve(static_cast<size_t>(data_.accum));
+  for (int64_t i = 0; i < data_.accum; ++i) micro.push_back(data_.loader.next());
+  // Several ranks agree on stopping at the start of a step (a signal reaches each at its own
+  // moment); one process decides after the step, as it always has.
+  bool stop_all = stop_requested() || (o_.stop_after >= 0 && steps_here_ + 1 >= o_.stop_after);
+  double reduce_wait = 0;
+  const AccumulatedLoss acc =
+      parallel_
+          ? accumulate_gradients(model_, micro, comm_, *optimizer_.reducer(), stop_all, reduce_wait)
+          : accumulate_gradients(model_, micro);
+  double gnorm = NAN;
+  bool good = std::isfinite(acc.loss);
+  if (good) {
+    gnorm = optimizer_.step(lr);
+    good = std::isfinite(gnorm);  // AdamW leaves the weights alone then
+    reduce_wait += optimizer_.last_wait_s();
+  }
+  optimizer_.zero_grad();
+  if (device_ == Device::cuda) cuda::synchronize();  // the step's time includes its GPU work
+  counters_.count_step(cfg_.batch_tokens, good, acc.loss, cfg_.max_bad_steps, progress);
+  ++steps_here_;
+  last_loss_ = acc.loss;
+  const double dt = seconds_since(t0);
+  reduce_wait_total_ += reduce_wait;
+  step_time_total_ += dt;
+  StepReport s;
+  s.step = step;
+  s.tokens = counters_.tokens;
+  s.scored = acc.scored;
+  s.loss = acc.loss;
+  s.lr = lr;
+  s.grad_norm = gnorm;
+  s.tokens_per_s = static_cast<double>(cfg_.batch_tokens) / dt;
+  s.mfu = s.tokens_per_s * flops_per_token_ / peak_;
+  s.elapsed_s = counters_.elapsed_before + seconds_since(run_start_);
+  s.seconds = dt;
+  s.reduce_wait_s = reduce_wait;
+  s.good = good;
+  const double wall = obs::wall_time_now();
+  if (metrics_) record_step(*metrics_, s, device_, comm_.world(), wall);
+  if (counters_.bad_in_row >= cfg_.max_bad_steps) {
+    progress.finish();
+    if (metrics_) metrics_->jsonl.file().sync();
+    result_.status = RunStatus::failed;
+    result_.message = counters_.too_many_bad_steps(cfg_.max_bad_steps, last_checkpoint_);
+    return false;
+  }
+  const bool last = step == cfg_.steps;
+  if ((cfg_.eval_interval > 0 && step % cfg_.eval_interval == 0) || last) evaluate(progress, wall);
+  if (metrics_) metrics_->flush();
+  char fields[160];
+  std::snprintf(fields, sizeof(fields), "loss=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f mfu=%.3f",
+                acc.loss, lr, gnorm, s.tokens_per_s, s.mfu);
+  progress.update(step, fields);
+
+  const bool preempt =
+      parallel_ ? stop_all
+                : stop_requested() || (o_.stop_after >= 0 && steps_here_ >= o_.stop_after);
+  if (checkpoint_due(step, last, cfg_.checkpoint_interval, counters_.bad_in_row, preempt)) {
+    progress.finish();
+    save(step);
+  }
+  if (preempt && !last) {
+    result_.status = RunStatus::preempted;
+    result_.message = preempted_message(step, last_checkpoint_);
+    return false;
+  }
+  return true;
+}
+
+void TrainingRun::evaluate(obs::Progress& progress, double wall) {
+  const int64_t step = counters_.step;
+  if (data_.validation.loader) {
+    last_val_ =
+        validation_loss(model_, data_.validation, cfg_.eval_batches, parallel_ ? &comm_ : nullptr);
+    nlohmann::ordered_json v;
+    v["step"] = step;
+    v["tokens"] = counters_.tokens;
+    v["val_loss"] = json_number(last_val_);
+    if (metrics_) {
+      metrics_->jsonl.write(v);
+      metrics_->scalar("val/loss", last_val_, step, wall);
+    }
+    progress.finish();
+    log::info("step ", step, ": validation loss ", last_val_);
+  }
+  if (samples_.enabled()) {
+    progress.finish();
+    samples_.write(model_, step, counters_.tokens, metrics_->tb);
+  }
+}
+
+void TrainingRun::save(int64_t at) {
+  // ZeRO-1: every rank's blocks of the moments (and of the master weights in bf16), gathered
+  // for rank 0 to write; the other ranks keep none of them.
+  const TrainerOptimizer::Gathered gathered = optimizer_.gather_for_checkpoint(lead_);
+  if (!lead_) {
+    last_checkpoint_ = ckpt_root_ / io::checkpoint_name(at);
+    return;
+  }
+  metrics_->sync();
+  if (samples_.enabled()) samples_.file().sync();
+  nlohmann::ordered_json st;
+  counters_.save(st, seconds_since(run_start_));
+  st["loader"] = data_.loader.state().to_json();
+  st["rng"] = {{"seed", rng_.seed()}, {"offset", rng_.offset()}};
+  st["metrics"] = metrics_->positions();
+  if (samples_.enabled()) st["metrics"]["samples_bytes"] = samples_.file().position();
+  const auto w = optimizer_.write_checkpoint(ckpt_root_, at, model_, gathered, st, config_toml_);
+  last_checkpoint_ = w.dir;
+  log_checkpoint_and_retain(ckpt_root_, at, w, cfg_.keep_checkpoints);
+}
+
+TrainResult TrainingRun::finish(bool stopped) {
+  const int64_t step = counters_.step;
+  TrainResult& r = result_;
+  r.step = step;
+  r.tokens = counters_.tokens;
+  r.skipped_steps = counters_.skipped;
+  r.last_loss = last_loss_;
+  r.last_val_loss = last_val_;
+  r.last_checkpoint = last_checkpoint_;
+  if (auto done = already_finished(o_.resume, steps_here_, cfg_.dir, step, last_checkpoint_)) {
+    r.message = *done;
+    return r;
+  }
+  const double total = counters_.elapsed_before + seconds_since(run_start_);
+  nlohmann::ordered_json summary = run_summary(r.status, step, cfg_.steps, counters_, last_loss_,
+                                               last_val_, total, last_checkpoint_);
+  summary["tokens_per_s_this_process"] =
+      std::round(static_cast<double>(steps_here_ * cfg_.batch_tokens) / seconds_since(run_start_));
+  if (parallel_) {
+    std::vector<double> state_bytes(static_cast<size_t>(comm_.world()), 0.0);
+    state_bytes[static_cast<size_t>(comm_.rank())] = static_cast<double>(optimizer_.state_bytes());
+    comm_.all_reduce_sum(state_bytes, "the optimizer state sizes");
+    summary["ranks"] = comm_.world();
+    summary["zero"] = cfg_.zero;
+    summary["optimizer_state_bytes_per_rank"] = state_bytes;
+    summary["reduce_wait_frac"] =
+        step_time_total_ > 0 ? std::round(reduce_wait_total_ / step_time_total_ * 1e4) / 1e4 : 0.0;
+  }
+  if (lead_) write_file_atomic(cfg_.dir / "summary.json", summary.dump(2) + "\n");
+  if (!stopped) {
+    r.message = finished_message(counters_, total, last_loss_, last_val_, last_checkpoint_);
+  }
+  return r;
+}
+
 TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   SignalGuard signals(o.handle_signals);
   dist::SingleProcess alone;
   dist::Communicator& comm = o.comm ? *o.comm : alone;
-  const bool parallel = comm.world() > 1, lead = comm.rank() == 0;
   set_num_threads(cfg.threads > 0 ? cfg.threads : threads_per_rank(comm.topology().local_world));
-  const fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
+  fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
   for (const auto& m : cfg.manifests) {
     const auto man = data::Manifest::load(m);
     POLLEN_CHECK(man.vocab_size <= cfg.model.vocab_size, "data manifest '", m, "' has vocab_size ",
@@ -214,389 +542,23 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   // Several ranks on GPUs: one GPU per rank (its local rank), gradients reduced by NCCL.
   std::unique_ptr<dist::NcclCommunicator> gpu_comm;
   if (device == Device::cuda) {
-    if (parallel) gpu_comm = std::make_unique<dist::NcclCommunicator>(comm, cfg.timeout_s);
+    if (comm.world() > 1) gpu_comm = std::make_unique<dist::NcclCommunicator>(comm, cfg.timeout_s);
     POLLEN_CHECK(cfg.sample_prompts.empty(),
                  "run.device = \"cuda\": [samples] generates on the "
                  "CPU only so far; remove samples.prompts for a GPU run");
   }
   model.to(device);  // the optimizer below allocates its state where the parameters are
   fs::create_directories(cfg.dir);
-  const auto named = model.named_parameters();
-  std::vector<ag::Var> params;
-  for (const auto& [n, v] : named) params.push_back(v);
-  optim::AdamWOptions ao;
-  ao.lr = cfg.lr;
-  ao.beta1 = cfg.beta1;
-  ao.beta2 = cfg.beta2;
-  ao.eps = cfg.eps;
-  ao.weight_decay = cfg.weight_decay;
-  ao.max_grad_norm = cfg.grad_clip;
-  // Several ranks: gradients reduced in buckets; with parallel.zero = 1 the optimizer's state
-  // is sharded (ZeRO-1), else every rank holds all of it.
-  std::unique_ptr<dist::GradReducer> reducer;
-  std::unique_ptr<dist::ZeroAdamW> zero;
-  std::optional<optim::AdamW> opt;
-  if (parallel) {
-    reducer = std::make_unique<dist::GradReducer>(
-        gpu_comm ? *gpu_comm : comm, params, static_cast<int64_t>(cfg.bucket_mb * 1048576.0),
-        cfg.zero == 1 ? dist::ReduceMode::reduce_scatter : dist::ReduceMode::all_reduce);
-  }
-  if (reducer && cfg.zero == 1) {
-    zero = std::make_unique<dist::ZeroAdamW>(*reducer, ao, decay_mask(named, cfg.no_decay));
-    if (cfg.precision == "bf16") zero->compute_in_bf16();  // master blocks sharded too
-  } else {
-    opt.emplace(params, ao, decay_mask(named, cfg.no_decay));
-    if (cfg.precision == "bf16") opt->compute_in_bf16();  // on the GPU: the config requires it
-  }
-  auto optimizer_step = [&](double lr) { return zero ? zero->step(lr) : opt->step(lr); };
-  auto optimizer_state_bytes = [&] {
-    if (zero) return zero->state_bytes();
-    int64_t bytes = 0;
-    for (const auto& slot : opt->slots())
-      bytes += static_cast<int64_t>(slot.exp_avg.nbytes() + slot.exp_avg_sq.nbytes());
-    return bytes;
-  };
-  // ZeRO-1: the whole f32 weights and moments are read on every rank, which keeps its blocks.
-  auto load = [&](const fs::path& dir) {
-    if (!zero) return load_checkpoint(dir, model, *opt);
-    std::vector<Tensor> weights;
-    std::vector<std::pair<std::string, Tensor>> into;
-    OptimizerMoments m;
-    for (const auto& [name, p] : named) {
-      weights.push_back(Tensor::empty(p.shape(), DType::f32));
-      into.emplace_back(name, weights.back());
-      m.exp_avg.push_back(Tensor::empty(p.shape(), DType::f32));
-      m.exp_avg_sq.push_back(Tensor::empty(p.shape(), DType::f32));
-    }
-    load_checkpoint_tensors(dir / "model.safetensors", into);
-    load_optimizer_moments(dir, named, m);
-    zero->load_weights(weights);
-    zero->load_state(m.exp_avg, m.exp_avg_sq);
-    zero->set_steps_taken(m.steps);
-  };
+  // Several ranks: gradients reduced by NCCL on GPUs, else over the job's communicator.
+  dist::Communicator* reduce_over = comm.world() == 1 ? nullptr : gpu_comm ? gpu_comm.get() : &comm;
+  TrainerOptimizer optimizer(cfg, model.named_parameters(), reduce_over);
+  TrainData data = open_train_data(cfg, comm);
 
-  // Each micro-step reads micro_batch rows on every rank: one global micro-batch of
-  // micro_batch x ranks rows, split by rank; a step is the same global batch at any world size.
-  const int64_t global_rows = cfg.micro_batch * comm.world();
-  POLLEN_CHECK(cfg.batch_tokens % (global_rows * cfg.seq) == 0, "train.batch_tokens (",
-               cfg.batch_tokens, ") is not a multiple of micro_batch * seq * ranks (",
-               cfg.micro_batch, " * ", cfg.seq, " * ", comm.world(),
-               "): each rank reads micro_batch rows per micro-step");
-  const int64_t accum = cfg.batch_tokens / (global_rows * cfg.seq);
-
-  data::LoaderOptions lo;
-  for (const auto& m : cfg.manifests) lo.manifests.emplace_back(m);
-  lo.weights = cfg.weights;
-  lo.split = cfg.train_split;
-  lo.batch = global_rows;
-  lo.step_batch = global_rows * accum;  // batch_tokens / seq, the same at any world size
-  lo.seq = cfg.seq;
-  lo.seed = cfg.seed;
-  lo.rank = comm.rank();
-  lo.world = comm.world();
-  data::Loader loader(lo);
-
-  std::unique_ptr<data::Loader> val_loader;
-  data::LoaderState val_start;
-  if (!cfg.validation_split.empty() && cfg.eval_batches > 0) {
-    data::LoaderOptions vo = lo;
-    vo.batch = cfg.micro_batch;  // every rank reads every batch and scores its share of them
-    vo.step_batch = 0;
-    vo.rank = 0;
-    vo.world = 1;
-    vo.manifests.clear();
-    for (const auto& m : cfg.validation_manifests) vo.manifests.emplace_back(m);
-    vo.weights = cfg.validation_manifests == cfg.manifests ? cfg.weights : std::vector<double>{};
-    vo.split = cfg.validation_split;
-    try {
-      val_loader = std::make_unique<data::Loader>(vo);
-      if (val_loader->windows_per_epoch() < cfg.micro_batch) {
-        log::warn("validation split '", cfg.validation_split, "' has ",
-                  val_loader->windows_per_epoch(), " windows of ", cfg.seq + 1,
-                  " tokens, fewer than one micro-batch: no evaluation");
-        val_loader.reset();
-      } else {
-        val_start = val_loader->state();
-      }
-    } catch (const Error& e) {
-      log::warn("no evaluation: ", e.what());
-      val_loader.reset();
-    }
-    // Evaluation is a collective: it runs only if every rank has the validation data (one rank
-    // that cannot read it would leave the others' reductions paired with the wrong ones).
-    if (parallel) {
-      double ranks_with_data[1] = {val_loader ? 1.0 : 0.0};
-      comm.all_reduce_sum(ranks_with_data, "whether every rank has validation data");
-      if (ranks_with_data[0] < comm.world() && val_loader) {
-        log::warn("no evaluation: ", comm.world() - static_cast<int>(ranks_with_data[0]),
-                  " rank(s) could not read validation split '", cfg.validation_split, "'");
-        val_loader.reset();
-      }
-    }
-  }
-
-  LoopCounters counters;
-  std::optional<nlohmann::ordered_json> state;  // the resumed checkpoint's
-  std::optional<uint64_t> samples_at = 0;
-  Rng rng(cfg.seed);
-  fs::path last_checkpoint;
-  if (o.resume) {
-    // Rank 0 chooses the checkpoint and tells the others: {step or -1 for none, skipped}.
-    int64_t choice_of_lead[2] = {-1, 0};
-    if (lead) {
-      const io::ResumePoint point = io::choose_checkpoint_to_resume(ckpt_root, "--resume");
-      if (point.dir) choice_of_lead[0] = io::checkpoint_step(*point.dir);
-      choice_of_lead[1] = point.skipped;
-    }
-    // No watchdog: rank 0 verifies the checkpoint's hashes first, which for a large model on a
-    // shared file system can take longer than parallel.timeout_s.
-    comm.wait_for_broadcast(choice_of_lead, 0, "the choice of checkpoint to resume");
-    const int64_t chosen = choice_of_lead[0];
-    POLLEN_CHECK(chosen >= 0 || choice_of_lead[1] == 0, "--resume: no checkpoint under '",
-                 ckpt_root.string(), "' verifies (", choice_of_lead[1], " skipped, reasons above)");
-    if (chosen == -1) {
-      log::info("--resume: no checkpoint under '", ckpt_root.string(), "' yet; starting at step 0");
-    } else {
-      const fs::path dir = ckpt_root / io::checkpoint_name(chosen);
-      // Relative paths in a config.toml of an older pollen were relative to the folder it ran
-      // from: resumed from there, they compare equal to today's absolute ones.
-      const TrainConfig saved = parse_train_config(
-          read_file(dir / "config.toml"), (dir / "config.toml").string(), {}, fs::current_path());
-      for (const auto& w : check_resume_compatible(saved, cfg)) log::warn("resume: ", w);
-      load(dir);
-      state = nlohmann::ordered_json::parse(read_file(dir / "state.json"));
-      const nlohmann::ordered_json& st = *state;
-      counters.restore(st);
-      loader.restore(data::LoaderState::from_json(nlohmann::json(st.at("loader"))));
-      rng = Rng(st.at("rng").at("seed").get<uint64_t>(), st.at("rng").at("offset").get<uint64_t>());
-      // Checkpoints written before samples were turned on have no position: append.
-      samples_at = st.at("metrics").contains("samples_bytes")
-                       ? std::optional(st.at("metrics").at("samples_bytes").get<uint64_t>())
-                       : std::nullopt;
-      last_checkpoint = dir;
-      log::info("resuming from '", dir.string(), "' at step ", counters.step, " (", counters.tokens,
-                " tokens)");
-    }
-  }
-
-  // Rank 0 writes the run's files (metrics, config, checkpoints, summary); every rank holds the
-  // same weights and loader state.
-  std::optional<RunMetrics> metrics;
-  if (lead)
-    metrics = RunMetrics::open(cfg.dir, cfg.tensorboard, state ? &state->at("metrics") : nullptr,
-                               counters.step);
-  SampleWriter samples;
-  if (!cfg.sample_prompts.empty() && lead) samples = SampleWriter(cfg, samples_at);
-  const std::string config_toml = cfg.to_toml();
-  if (lead) write_file_atomic(cfg.dir / "config.toml", config_toml);
-
-  const double peak =
-      cfg.peak_flops > 0
-          ? cfg.peak_flops
-          : measure_peak_flops(device, cfg.precision == "bf16" ? DType::bf16 : DType::f32);
-  const double flops_per_token = cfg.model.flops_per_token(cfg.seq);
-  // The step's shape as a product equal to its tokens: with several ranks, theirs comes first.
-  const std::string ranks = parallel ? cat(comm.world(), " ranks x ") : "";
-  log::info("training ", cfg.model.name, " (", cfg.model.parameter_count(), " parameters) for ",
-            cfg.steps, " steps of ", cfg.batch_tokens, " tokens (", ranks, accum, " x ",
-            cfg.micro_batch, " x ", cfg.seq, "), ", num_threads(), " threads, ",
-            loader.tokens_per_epoch(), " tokens per epoch; peak ", peak / 1e9, " GFLOP/s",
-            cfg.peak_flops > 0 ? "" : " (measured)");
-  if (parallel) {
-    log::info("data parallel over ", comm.world(), " ranks (", comm.topology().launcher,
-              gpu_comm ? ", NCCL on one GPU each" : "", "): ", reducer->buckets().size(),
-              " gradient buckets of up to ", cfg.bucket_mb, " MiB, optimizer state ",
-              zero ? "sharded (ZeRO-1)" : "replicated", ", ", optimizer_state_bytes(),
-              " bytes on rank 0");
-    log::info("ranks: ", comm.placement());
-  }
-
-  const auto run_start = Clock::now();
-  auto save = [&](int64_t at) {
-    // ZeRO-1: every rank's blocks of the moments (and of the master weights in bf16), gathered
-    // for rank 0 to write; the other ranks keep none of them.
-    OptimizerMoments gathered;
-    CheckpointTensors weights{"model.safetensors", {}};
-    std::vector<std::string> trained;
-    if (zero) {
-      zero->gather_state(gathered.exp_avg, gathered.exp_avg_sq, lead);
-      gathered.steps = zero->steps_taken();
-      const std::vector<Tensor> whole = zero->gather_weights(lead);
-      for (size_t i = 0; i < named.size(); ++i) {
-        weights.tensors.emplace_back(named[i].first, whole[i]);
-        trained.push_back(named[i].first);
-      }
-    }
-    if (!lead) {
-      last_checkpoint = ckpt_root / io::checkpoint_name(at);
-      return;
-    }
-    metrics->sync();
-    if (samples.enabled()) samples.file().sync();
-    nlohmann::ordered_json st;
-    counters.save(st, seconds_since(run_start));
-    st["loader"] = loader.state().to_json();
-    st["rng"] = {{"seed", rng.seed()}, {"offset", rng.offset()}};
-    st["metrics"] = metrics->positions();
-    if (samples.enabled()) st["metrics"]["samples_bytes"] = samples.file().position();
-    const auto w =
-        zero ? write_checkpoint(ckpt_root, at, {weights}, trained, gathered, st, config_toml, {})
-             : write_checkpoint(ckpt_root, at, model, *opt, st, config_toml);
-    last_checkpoint = w.dir;
-    log_checkpoint_and_retain(ckpt_root, at, w, cfg.keep_checkpoints);
-  };
-
-  TrainResult r;
-  const int64_t& step = counters.step;
-  obs::Progress progress("train", cfg.steps, step,
-                         o.quiet || !lead ? (int64_t{1} << 62) : cfg.log_interval);
-  double reduce_wait_total = 0, step_time_total = 0;
-  int64_t steps_here = 0;
-  double last_val = NAN, last_loss = NAN;
-  bool stopped = false;
-  while (step < cfg.steps) {
-    inject_fault_at(o.fault, comm.rank(), step + 1);
-    const auto t0 = Clock::now();
-    const double lr = optim::lr_at(cfg.schedule, step);
-    std::vector<model::Batch> micro;
-    micro.reserve(static_cast<size_t>(accum));
-    for (int64_t i = 0; i < accum; ++i) micro.push_back(loader.next());
-    // Several ranks agree on stopping at the start of a step (a signal reaches each at its own
-    // moment); one process decides after the step, as it always has.
-    bool stop_all = stop_requested() || (o.stop_after >= 0 && steps_here + 1 >= o.stop_after);
-    double reduce_wait = 0;
-    const AccumulatedLoss acc =
-        parallel ? accumulate_gradients(model, micro, comm, *reducer, stop_all, reduce_wait)
-                 : accumulate_gradients(model, micro);
-    double gnorm = NAN;
-    bool good = std::isfinite(acc.loss);
-    if (good) {
-      gnorm = optimizer_step(lr);
-      good = std::isfinite(gnorm);  // AdamW leaves the weights alone then
-      if (zero) reduce_wait += zero->last_wait_s();
-    }
-    for (auto& p : params) p.zero_grad();
-    if (device == Device::cuda) cuda::synchronize();  // the step's time includes its GPU work
-    counters.count_step(cfg.batch_tokens, good, acc.loss, cfg.max_bad_steps, progress);
-    ++steps_here;
-    last_loss = acc.loss;
-    const double dt = seconds_since(t0);
-    reduce_wait_total += reduce_wait;
-    step_time_total += dt;
-    const double elapsed = counters.elapsed_before + seconds_since(run_start);
-    const double tps = static_cast<double>(cfg.batch_tokens) / dt;
-    const double mfu = tps * flops_per_token / peak;
-    const double wall = obs::wall_time_now();
-    nlohmann::ordered_json rec;
-    rec["step"] = step;
-    rec["tokens"] = counters.tokens;
-    rec["loss"] = json_number(acc.loss);
-    rec["lr"] = lr;
-    rec["grad_norm"] = json_number(gnorm);
-    rec["scored"] = acc.scored;
-    rec["tokens_per_s"] = std::round(tps * 10) / 10;
-    rec["mfu"] = std::round(mfu * 1e5) / 1e5;
-    rec["elapsed_s"] = std::round(elapsed * 1000) / 1000;
-    rec["rss_mb"] = std::round(rss_mb() * 10) / 10;
-    if (device == Device::cuda) {  // the GPU allocator's peak of bytes in use so far
-      const double peak_bytes =
-          static_cast<double>(CudaAllocator::instance().stats().peak_in_use_bytes);
-      rec["gpu_peak_mb"] = std::round(peak_bytes / 1048576.0 * 10) / 10;
-    }
-    if (parallel) {
-      rec["ranks"] = comm.world();
-      rec["tokens_per_s_per_rank"] = std::round(tps / comm.world() * 10) / 10;
-      rec["reduce_wait_s"] = std::round(reduce_wait * 1e5) / 1e5;
-      rec["reduce_wait_frac"] = std::round(reduce_wait / dt * 1e4) / 1e4;
-    }
-    if (!good) rec["skipped"] = true;
-    if (metrics) {
-      metrics->jsonl.write(rec);
-      metrics->scalar("train/loss", acc.loss, step, wall);
-      metrics->scalar("train/lr", lr, step, wall);
-      metrics->scalar("train/grad_norm", gnorm, step, wall);
-      metrics->scalar("perf/tokens_per_s", tps, step, wall);
-      metrics->scalar("perf/mfu", mfu, step, wall);
-      metrics->scalar("sys/rss_mb", rss_mb(), step, wall);
-    }
-    if (counters.bad_in_row >= cfg.max_bad_steps) {
-      progress.finish();
-      if (metrics) metrics->jsonl.file().sync();
-      r.status = RunStatus::failed;
-      r.message = counters.too_many_bad_steps(cfg.max_bad_steps, last_checkpoint);
-      stopped = true;
-      break;
-    }
-    const bool last = step == cfg.steps;
-    const bool eval_now = (cfg.eval_interval > 0 && step % cfg.eval_interval == 0) || last;
-    if (val_loader && eval_now) {
-      last_val =
-          evaluate(model, *val_loader, val_start, cfg.eval_batches, parallel ? &comm : nullptr);
-      nlohmann::ordered_json v;
-      v["step"] = step;
-      v["tokens"] = counters.tokens;
-      v["val_loss"] = json_number(last_val);
-      if (metrics) {
-        metrics->jsonl.write(v);
-        metrics->scalar("val/loss", last_val, step, wall);
-      }
-      progress.finish();
-      log::info("step ", step, ": validation loss ", last_val);
-    }
-    if (samples.enabled() && eval_now) {
-      progress.finish();
-      samples.write(model, step, counters.tokens, metrics->tb);
-    }
-    if (metrics) metrics->flush();
-    char fields[160];
-    std::snprintf(fields, sizeof(fields), "loss=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f mfu=%.3f",
-                  acc.loss, lr, gnorm, tps, mfu);
-    progress.update(step, fields);
-
-    const bool preempt =
-        parallel ? stop_all : stop_requested() || (o.stop_after >= 0 && steps_here >= o.stop_after);
-    if (checkpoint_due(step, last, cfg.checkpoint_interval, counters.bad_in_row, preempt)) {
-      progress.finish();
-      save(step);
-    }
-    if (preempt && !last) {
-      r.status = RunStatus::preempted;
-      r.message = preempted_message(step, last_checkpoint);
-      stopped = true;
-      break;
-    }
-  }
-  progress.finish();
-  r.step = step;
-  r.tokens = counters.tokens;
-  r.skipped_steps = counters.skipped;
-  r.last_loss = last_loss;
-  r.last_val_loss = last_val;
-  r.last_checkpoint = last_checkpoint;
-  if (auto done = already_finished(o.resume, steps_here, cfg.dir, step, last_checkpoint)) {
-    r.message = *done;
-    return r;
-  }
-  const double total = counters.elapsed_before + seconds_since(run_start);
-  nlohmann::ordered_json summary =
-      run_summary(r.status, step, cfg.steps, counters, last_loss, last_val, total, last_checkpoint);
-  summary["tokens_per_s_this_process"] =
-      std::round(static_cast<double>(steps_here * cfg.batch_tokens) / seconds_since(run_start));
-  if (parallel) {
-    std::vector<double> state_bytes(static_cast<size_t>(comm.world()), 0.0);
-    state_bytes[static_cast<size_t>(comm.rank())] = static_cast<double>(optimizer_state_bytes());
-    comm.all_reduce_sum(state_bytes, "the optimizer state sizes");
-    summary["ranks"] = comm.world();
-    summary["zero"] = cfg.zero;
-    summary["optimizer_state_bytes_per_rank"] = state_bytes;
-    summary["reduce_wait_frac"] =
-        step_time_total > 0 ? std::round(reduce_wait_total / step_time_total * 1e4) / 1e4 : 0.0;
-  }
-  if (lead) write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
-  if (!stopped) {
-    r.message = finished_message(counters, total, last_loss, last_val, last_checkpoint);
-  }
-  return r;
+  TrainingRun run(cfg, o, comm, std::move(ckpt_root), model, device, optimizer, data);
+  if (o.resume) run.resume();
+  run.open_outputs();
+  run.log_start(gpu_comm != nullptr);
+  return run.run();
 }
 
 }  // namespace

@@ -1,0 +1,107 @@
+#include "train/trainer_data.h"
+
+#include <cmath>
+
+#include "autograd/tape.h"
+#include "base/error.h"
+#include "base/log.h"
+
+namespace pollen::train {
+namespace {
+
+// Each micro-step reads micro_batch rows on every rank: one global micro-batch of
+// micro_batch x ranks rows, split by rank; a step is the same global batch at any world size.
+int64_t micro_steps_per_step(const TrainConfig& cfg, const dist::Communicator& comm) {
+  const int64_t global_rows = cfg.micro_batch * comm.world();
+  POLLEN_CHECK(cfg.batch_tokens % (global_rows * cfg.seq) == 0, "train.batch_tokens (",
+               cfg.batch_tokens, ") is not a multiple of micro_batch * seq * ranks (",
+               cfg.micro_batch, " * ", cfg.seq, " * ", comm.world(),
+               "): each rank reads micro_batch rows per micro-step");
+  return cfg.batch_tokens / (global_rows * cfg.seq);
+}
+
+data::LoaderOptions train_loader_options(const TrainConfig& cfg, const dist::Communicator& comm,
+                                         int64_t accum) {
+  const int64_t global_rows = cfg.micro_batch * comm.world();
+  data::LoaderOptions lo;
+  for (const auto& m : cfg.manifests) lo.manifests.emplace_back(m);
+  lo.weights = cfg.weights;
+  lo.split = cfg.train_split;
+  lo.batch = global_rows;
+  lo.step_batch = global_rows * accum;  // batch_tokens / seq, the same at any world size
+  lo.seq = cfg.seq;
+  lo.seed = cfg.seed;
+  lo.rank = comm.rank();
+  lo.world = comm.world();
+  return lo;
+}
+
+// The validation split of the train loader's data (`train`), or none: not asked for, too small
+// for one micro-batch, unreadable (a warning says why) or unreadable on another rank.
+Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& train,
+                           dist::Communicator& comm) {
+  Validation v;
+  if (cfg.validation_split.empty() || cfg.eval_batches <= 0) return v;
+  data::LoaderOptions vo = train;
+  vo.batch = cfg.micro_batch;  // every rank reads every batch and scores its share of them
+  vo.step_batch = 0;
+  vo.rank = 0;
+  vo.world = 1;
+  vo.manifests.clear();
+  for (const auto& m : cfg.validation_manifests) vo.manifests.emplace_back(m);
+  vo.weights = cfg.validation_manifests == cfg.manifests ? cfg.weights : std::vector<double>{};
+  vo.split = cfg.validation_split;
+  try {
+    v.loader = std::make_unique<data::Loader>(vo);
+    if (v.loader->windows_per_epoch() < cfg.micro_batch) {
+      log::warn("validation split '", cfg.validation_split, "' has ", v.loader->windows_per_epoch(),
+                " windows of ", cfg.seq + 1, " tokens, fewer than one micro-batch: no evaluation");
+      v.loader.reset();
+    } else {
+      v.start = v.loader->state();
+    }
+  } catch (const Error& e) {
+    log::warn("no evaluation: ", e.what());
+    v.loader.reset();
+  }
+  // Evaluation is a collective: it runs only if every rank has the validation data (one rank
+  // that cannot read it would leave the others' reductions paired with the wrong ones).
+  if (comm.world() > 1) {
+    double ranks_with_data[1] = {v.loader ? 1.0 : 0.0};
+    comm.all_reduce_sum(ranks_with_data, "whether every rank has validation data");
+    if (ranks_with_data[0] < comm.world() && v.loader) {
+      log::warn("no evaluation: ", comm.world() - static_cast<int>(ranks_with_data[0]),
+                " rank(s) could not read validation split '", cfg.validation_split, "'");
+      v.loader.reset();
+    }
+  }
+  return v;
+}
+
+}  // namespace
+
+TrainData open_train_data(const TrainConfig& cfg, dist::Communicator& comm) {
+  const int64_t accum = micro_steps_per_step(cfg, comm);
+  const data::LoaderOptions lo = train_loader_options(cfg, comm, accum);
+  return TrainData{accum, data::Loader(lo), open_validation(cfg, lo, comm)};
+}
+
+double validation_loss(const model::Llama& model, Validation& validation, int64_t batches,
+                       dist::Communicator* comm) {
+  ag::NoGrad no_grad;
+  validation.loader->restore(validation.start);  // the same validation batches at every evaluation
+  const int64_t rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;
+  double sums[2] = {0, 0};  // loss, scored tokens
+  for (int64_t i = 0; i < batches; ++i) {
+    const model::Batch b = validation.loader->next();
+    if (i % world != rank) continue;
+    int64_t n = 0;
+    const ag::Var l = model.loss(b, ag::Reduction::sum, &n);
+    sums[0] += l.value().item();
+    sums[1] += static_cast<double>(n);
+  }
+  if (comm) comm->all_reduce_sum(sums, "the validation loss");
+  return sums[1] > 0 ? sums[0] / sums[1] : NAN;
+}
+
+}  // namespace pollen::train
