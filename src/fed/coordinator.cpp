@@ -22,7 +22,12 @@ using Clock = std::chrono::steady_clock;
 
 Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(config)) {
   strategy_ = make_strategy(config_.strategy);
-  if (config_.privacy.enabled) dp_ = std::make_unique<CentralDp>(config_.privacy);
+  // Poisson sampling exists for central DP's accountant; without [privacy] nothing would account
+  // for it, and the strategy's fixed-size draw is what min_clients and retries are made for.
+  POLLEN_CHECK(config_.privacy.enabled || !config_.privacy.poisson(),
+               "privacy.sampling = 'poisson' needs central DP ([privacy])");
+  if (config_.privacy.enabled)
+    dp_ = std::make_unique<CentralDp>(config_.privacy, config_.strategy.fraction_fit);
   io::ModelSource init;
   if (config_.post.enabled()) {
     const PostBaseInfo post = read_post_base(config_.post);

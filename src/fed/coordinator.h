@@ -38,7 +38,9 @@ struct RoundSummary {
   int64_t round = 0;
   bool aggregated = false;
   std::vector<std::string> selected, participants, dropped;
-  double train_loss = 0, eval_loss = 0;  // eval_loss: NaN when no client evaluated
+  // train_loss: NaN when no update came (a Poisson-sampled DP round that still released);
+  // eval_loss: NaN when no client evaluated
+  double train_loss = 0, eval_loss = 0;
   int64_t tokens = 0;
   uint64_t bytes_sent = 0, bytes_received = 0;  // the round's model out, updates in
   double wall_s = 0;
@@ -94,8 +96,9 @@ class Coordinator {
   bool begin_round();
   // Whether every selected client has pushed.
   bool round_complete() const;
-  // Closes the round: aggregates when at least min_clients updates came, else the round is
-  // retried; checkpoints and writes metrics either way.
+  // Closes the round: aggregates when at least min_clients updates came (always under central
+  // DP's Poisson sampling, whose release is accounted whatever came), else the round is retried;
+  // checkpoints and writes metrics either way.
   RoundSummary end_round();
 
   // `pollen fed server`: rounds until done (or stop()), waiting for clients and deadlines.
@@ -129,6 +132,11 @@ class Coordinator {
   void save_checkpoint(const RoundSummary& s);
   void load_checkpoint(const std::filesystem::path& dir);
   std::vector<std::string> alive_ids_locked() const;  // clients heard from within client_timeout_s
+  // The round's clients from `alive`: the strategy's fixed-size draw, or a Poisson sample under
+  // privacy.sampling = "poisson".
+  std::vector<std::string> select_clients(int64_t round, const std::vector<std::string>& alive,
+                                          Rng& rng) const;
+  bool poisson_dp() const { return dp_ && config_.privacy.poisson(); }
   void advance_secagg_locked();
   bool round_complete_locked() const;
   // Unmasks the sum and applies it; false (with the reason in *why) when the round fails.

@@ -21,7 +21,7 @@ bool Coordinator::begin_round() {
   if (static_cast<int64_t>(alive.size()) < config_.strategy.min_clients) return false;
   const int64_t round = done_ + 1;
   Rng rng = Rng(config_.seed).fork(static_cast<uint64_t>(round * 1000 + retries_));
-  const auto chosen = strategy_->configure_round(round, alive, rng);
+  const auto chosen = select_clients(round, alive, rng);
   if (dp_) {
     const std::string why = dp_->refuse_round(round, static_cast<int64_t>(chosen.size()),
                                               static_cast<int64_t>(alive.size()));
@@ -60,6 +60,15 @@ bool Coordinator::begin_round() {
   show_progress_locked();
   changed_.notify_all();
   return true;
+}
+
+std::vector<std::string> Coordinator::select_clients(int64_t round,
+                                                     const std::vector<std::string>& alive,
+                                                     Rng& rng) const {
+  // Drawn from the round's own generator, so that a restarted or resumed server selects the
+  // same clients for the same round and attempt.
+  if (poisson_dp()) return poisson_sample(alive, config_.strategy.fraction_fit, rng);
+  return strategy_->configure_round(round, alive, rng);
 }
 
 bool Coordinator::round_complete_locked() const {
@@ -141,7 +150,10 @@ RoundSummary Coordinator::end_round() {
     s.aggregated = aggregate_secure(s.round, s.tokens, ups.size(), &secure_error);
     secagg_.reset();  // nothing of the round's masked inputs outlives it
   } else {
-    s.aggregated = static_cast<int64_t>(ups.size()) >= config_.strategy.min_clients;
+    // A Poisson-sampled DP round releases whatever came, none included: retrying it for too few
+    // updates would condition the released sample on its size, which the accountant does not
+    // cover.
+    s.aggregated = poisson_dp() || static_cast<int64_t>(ups.size()) >= config_.strategy.min_clients;
     if (s.aggregated && dp_) {
       const auto selected = static_cast<int64_t>(s.selected.size());
       strategy_->aggregate_mean(
@@ -163,7 +175,7 @@ RoundSummary Coordinator::end_round() {
     set_first_moments(average_first_moments(each, first_moment_weights));
   }
   if (s.aggregated) {
-    s.train_loss = loss_sum / static_cast<double>(s.tokens);
+    s.train_loss = s.tokens > 0 ? loss_sum / static_cast<double>(s.tokens) : std::nan("");
     ++done_;
     retries_ = 0;
     lineage_.push_back({{"round", s.round}, {"clients", lineage_clients}});
@@ -194,7 +206,7 @@ RoundSummary Coordinator::end_round() {
     m["secagg_bytes_sent"] = secagg_bytes_out_;
     if (!secure_error.empty()) m["secagg_error"] = secure_error;
   }
-  if (s.aggregated) m["train_loss"] = s.train_loss;
+  if (s.aggregated && s.tokens > 0) m["train_loss"] = s.train_loss;
   if (!evals.empty()) m["eval_loss"] = s.eval_loss;
   if (s.aggregated) {
     m["aggregation"] = dp_                                  ? "dp_mean"
@@ -263,7 +275,7 @@ void Coordinator::write_tensorboard(const RoundSummary& s,
   auto add = [&](const std::string& tag, double value) {
     tensorboard_.add_scalar(tag, value, s.round, now);
   };
-  add("fed/train_loss", s.train_loss);
+  if (!std::isnan(s.train_loss)) add("fed/train_loss", s.train_loss);
   if (!std::isnan(s.eval_loss)) add("fed/eval_loss", s.eval_loss);
   add("fed/participants", static_cast<double>(s.participants.size()));
   add("fed/dropped", static_cast<double>(s.dropped.size()));

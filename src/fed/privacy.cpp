@@ -24,10 +24,15 @@ PrivacyOptions read_privacy_options(ConfigTable& t) {
   o.delta = t.get_double("delta", o.delta);
   o.epsilon_budget = t.get_double("epsilon_budget", o.epsilon_budget);
   o.noise_seed = t.get_int("noise_seed", o.noise_seed);
+  o.sampling = t.get_string("sampling", o.sampling);
   POLLEN_CHECK(std::isfinite(o.noise_multiplier) && o.noise_multiplier >= 0,
                t.where("noise_multiplier"), ": must be 0 or more, got ", o.noise_multiplier);
   POLLEN_CHECK(std::isfinite(o.clip) && o.clip > 0, t.where("clip"), ": must be positive, got ",
                o.clip);
+  POLLEN_CHECK(o.sampling == "fixed" || o.sampling == "poisson", t.where("sampling"),
+               ": expected 'fixed' (a fixed-size sample, accounted as Poisson sampling) or "
+               "'poisson' (each client on its own, accounted exactly), got '",
+               o.sampling, "'");
   POLLEN_CHECK(o.target_quantile >= 0 && o.target_quantile <= 1, t.where("target_quantile"),
                ": must be in [0, 1], got ", o.target_quantile);
   POLLEN_CHECK(o.clip_lr >= 0, t.where("clip_lr"), ": must be 0 or more, got ", o.clip_lr);
@@ -81,30 +86,48 @@ void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream) {
   }
 }
 
-CentralDp::CentralDp(PrivacyOptions options) : options_(std::move(options)) {
+CentralDp::CentralDp(PrivacyOptions options, double poisson_rate)
+    : options_(std::move(options)), poisson_rate_(poisson_rate) {
+  POLLEN_CHECK(options_.sampling == "fixed" || options_.poisson(),
+               "privacy.sampling: expected 'fixed' or 'poisson', got '", options_.sampling, "'");
+  POLLEN_CHECK(poisson_rate_ > 0 && poisson_rate_ <= 1,
+               "privacy: the Poisson sampling rate (strategy.fraction_fit) must be in (0, 1], got ",
+               poisson_rate_);
   clip_ = options_.clip;
 }
 
-double CentralDp::count_stddev(int64_t selected) const {
-  return options_.clipped_count_stddev > 0 ? options_.clipped_count_stddev
-                                           : static_cast<double>(selected) / 20.0;
+double CentralDp::sampling_rate(int64_t selected, int64_t available) const {
+  return options_.poisson() ? poisson_rate_
+                            : static_cast<double>(selected) / static_cast<double>(available);
 }
 
-double CentralDp::sum_noise_multiplier(int64_t selected) const {
+double CentralDp::denominator(int64_t selected, int64_t available) const {
+  // Under Poisson sampling the realised count would tell whether one more client was sampled;
+  // the expected count does not depend on who was.
+  return options_.poisson() ? poisson_rate_ * static_cast<double>(available)
+                            : static_cast<double>(selected);
+}
+
+double CentralDp::count_stddev(double m) const {
+  return options_.clipped_count_stddev > 0 ? options_.clipped_count_stddev : m / 20.0;
+}
+
+double CentralDp::sum_noise_multiplier(double m) const {
   const double z = options_.noise_multiplier;
   if (!options_.adaptive_clip || z == 0) return z;
-  const double sb = count_stddev(selected);
+  const double sb = count_stddev(m);
   return std::pow(std::pow(z, -2) - std::pow(2 * sb, -2), -0.5);
 }
 
 std::string CentralDp::refuse_round(int64_t round, int64_t selected, int64_t available) const {
-  const double q = static_cast<double>(selected) / static_cast<double>(available);
+  const double q = sampling_rate(selected, available);
   if (options_.adaptive_clip && options_.noise_multiplier > 0) {
-    const double sb = count_stddev(selected);
+    const double m = denominator(selected, available);
+    const double sb = count_stddev(m);
     if (options_.noise_multiplier >= 2 * sb) {
       return cat("privacy: adaptive clipping with noise_multiplier ", options_.noise_multiplier,
                  " needs clipped_count_stddev above ", options_.noise_multiplier / 2, " (it is ",
-                 sb, " for ", selected,
+                 sb, " for ", m, options_.poisson() ? " expected" : "",
                  " clients); raise privacy.clipped_count_stddev or turn adaptive_clip off");
     }
   }
@@ -125,7 +148,7 @@ std::string CentralDp::refuse_round(int64_t round, int64_t selected, int64_t ava
 Weights CentralDp::aggregate(int64_t round, const Weights& like,
                              const std::vector<ClientUpdate>& updates, int64_t selected,
                              int64_t available, AggregationReport* report) {
-  POLLEN_CHECK(!updates.empty(), "aggregate: no client updates");
+  POLLEN_CHECK(!updates.empty() || options_.poisson(), "aggregate: no client updates");
   POLLEN_CHECK(selected >= static_cast<int64_t>(updates.size()) && available >= selected,
                "privacy: ", updates.size(), " updates from ", selected, " selected of ", available,
                " clients");
@@ -163,15 +186,15 @@ Weights CentralDp::aggregate(int64_t round, const Weights& like,
   Weights delta = weighted_sum(like, deltas, weights);
   clipped.clear();
   // Noise on the sum, then the fixed denominator m.
-  const double m = static_cast<double>(selected);
-  const double z_sum = sum_noise_multiplier(selected);
+  const double m = denominator(selected, available);
+  const double z_sum = sum_noise_multiplier(m);
   const auto seed_stream = static_cast<uint64_t>(round) * 2;
   add_gaussian_noise(delta, z_sum * clip_, options_.noise_seed, seed_stream);
   for (Tensor& t : delta) {
     float* p = t.data<float>();
     for (int64_t j = 0; j < t.numel(); ++j) p[j] = static_cast<float>(p[j] / m);
   }
-  const double q = static_cast<double>(selected) / static_cast<double>(available);
+  const double q = sampling_rate(selected, available);
   const double used_clip = clip_;
   double noised_fraction = -1;
   if (options_.adaptive_clip) {
@@ -180,7 +203,7 @@ Weights CentralDp::aggregate(int64_t round, const Weights& like,
     // (sum_noise_multiplier) assumes.
     const double centred = static_cast<double>(unclipped) - 0.5 * static_cast<double>(order.size());
     Weights count{Tensor::from<float>({1}, {static_cast<float>(centred)})};
-    add_gaussian_noise(count, count_stddev(selected), options_.noise_seed, seed_stream + 1);
+    add_gaussian_noise(count, count_stddev(m), options_.noise_seed, seed_stream + 1);
     noised_fraction = count[0].data<float>()[0] / m + 0.5;
     clip_ *= std::exp(-options_.clip_lr * (noised_fraction - options_.target_quantile));
   }
@@ -192,6 +215,8 @@ Weights CentralDp::aggregate(int64_t round, const Weights& like,
   r.extra["noise_multiplier"] = options_.noise_multiplier;
   r.extra["sum_noise_multiplier"] = z_sum;
   r.extra["sampling_rate"] = q;
+  r.extra["sampling"] = options_.sampling;
+  r.extra["expected_clients"] = m;  // q * available: a fixed sample's size is its expectation
   r.extra["clip"] = used_clip;
   if (options_.adaptive_clip) {
     r.extra["noised_unclipped_fraction"] = noised_fraction;

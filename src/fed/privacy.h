@@ -16,10 +16,19 @@
 //   C <- C exp(-eta_C (b - gamma)),
 // each indicator centred so that one client moves the count by at most 1/2; the sum's noise is
 // then z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), so that the two releases together cost what one
-// Gaussian mechanism of multiplier z does. The accountant
-// (fed/accountant.h) composes one sampled Gaussian release of multiplier z per round, with the
-// round's sampling rate q = selected / available clients; a round that would take epsilon past
-// the budget is not started.
+// Gaussian mechanism of multiplier z does. The accountant (fed/accountant.h) composes one
+// sampled Gaussian release of multiplier z per aggregated round; a round that would take
+// epsilon past the budget is not started.
+//
+// Sampling (privacy.sampling): the accountant's analysis is of Poisson sampling, every client
+// present independently with probability q.
+//   "poisson": the server samples so (q = strategy.fraction_fit, a coin per available client)
+//     and divides by the expected count m = q * available, DP-FedAvg's qW, so that no client's
+//     presence moves the denominator; the analysis is exact. A sample may be empty, or every
+//     selected client may fail: the round still releases noise / m and is accounted.
+//   "fixed" (the default): the server draws a fixed-size sample without replacement and divides
+//     by its size m; it is accounted as Poisson sampling at q = selected / available, the usual
+//     approximation of DP-FedAvg deployments, not an exact bound.
 //
 // Local DP (`[local_dp]` of a client): the client clips its own update to C and adds
 // N(0, (z C)^2 I) before it leaves the silo, trusting nobody; it logs its own epsilon (one
@@ -55,8 +64,11 @@ struct PrivacyOptions {
   std::string weighting = "uniform";  // uniform | capped_tokens
   int64_t token_cap = 0;              // capped_tokens: tokens that give the full weight 1
   double delta = 1e-5;
-  double epsilon_budget = 0;  // 0: no budget
-  int64_t noise_seed = -1;    // -1: the OS's CSPRNG
+  double epsilon_budget = 0;       // 0: no budget
+  int64_t noise_seed = -1;         // -1: the OS's CSPRNG
+  std::string sampling = "fixed";  // fixed | poisson: how each round's clients are drawn
+
+  bool poisson() const { return sampling == "poisson"; }
 };
 
 // Reads the [privacy] table (docs/federated.md).
@@ -79,14 +91,18 @@ void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream);
 // The server's central DP: clipping, noise, the clip norm's adaptation and the accountant.
 class CentralDp {
  public:
-  explicit CentralDp(PrivacyOptions options);
+  // `poisson_rate`: under sampling "poisson", q, the probability each available client is
+  // selected with (strategy.fraction_fit); "fixed" takes q from each round's sample instead.
+  explicit CentralDp(PrivacyOptions options, double poisson_rate = 1);
 
   // Before round `round` with `selected` of `available` clients: empty when it may start, else
   // why not (the budget would be passed, or adaptive clipping cannot afford its count noise).
   std::string refuse_round(int64_t round, int64_t selected, int64_t available) const;
 
-  // The round's noised mean pseudo-gradient; accounts for the release and adapts C. `selected`
-  // is the fixed denominator m. Fills report->clients (norm, clipped) and report->extra.
+  // The round's noised mean pseudo-gradient; accounts for the release and adapts C. The fixed
+  // denominator m is `selected` ("fixed") or q * `available` ("poisson"); under "poisson"
+  // `updates` may be empty (the release is then noise / m). Fills report->clients (norm,
+  // clipped) and report->extra.
   Weights aggregate(int64_t round, const Weights& like, const std::vector<ClientUpdate>& updates,
                     int64_t selected, int64_t available, AggregationReport* report);
 
@@ -98,10 +114,15 @@ class CentralDp {
   void load_state(const nlohmann::json& state);
 
  private:
-  double count_stddev(int64_t selected) const;
-  double sum_noise_multiplier(int64_t selected) const;
+  // The round's sampling rate q and fixed denominator m (a number of clients, fractional
+  // under "poisson").
+  double sampling_rate(int64_t selected, int64_t available) const;
+  double denominator(int64_t selected, int64_t available) const;
+  double count_stddev(double m) const;
+  double sum_noise_multiplier(double m) const;
 
   PrivacyOptions options_;
+  double poisson_rate_;
   double clip_;
   PrivacyAccountant accountant_;
 };

@@ -29,7 +29,7 @@ std::string prometheus_metrics(const ServerStatus& st) {
   p.gauge("pollen_fed_last_round_bytes_received", "Bytes of updates received in the last round.",
           d(r.bytes_received));
   p.gauge("pollen_fed_last_round_wall_seconds", "Wall time of the last round.", r.wall_s);
-  if (r.aggregated) {
+  if (r.aggregated && !std::isnan(r.train_loss)) {
     p.gauge("pollen_fed_last_round_train_loss", "Token-weighted train loss of the last round.",
             r.train_loss);
   }

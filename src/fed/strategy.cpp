@@ -333,6 +333,18 @@ std::vector<std::string> Strategy::configure_round(int64_t round,
   return ids;
 }
 
+std::vector<std::string> poisson_sample(const std::vector<std::string>& available, double rate,
+                                        Rng& rng) {
+  std::vector<std::string> ids = available;
+  std::sort(ids.begin(), ids.end());
+  std::vector<std::string> chosen;
+  // One draw per client whatever the others drew, so that each client's presence is
+  // independent of every other's, as the accountant's analysis assumes.
+  for (auto& id : ids)
+    if (rng.uniform() < rate) chosen.push_back(std::move(id));
+  return chosen;
+}
+
 Weights Strategy::weighted_delta(const Weights& like, const std::vector<ClientUpdate>& updates) {
   return robust_aggregate(RobustOptions{}, like, updates, nullptr);
 }

@@ -95,7 +95,9 @@ struct StrategyOptions {
   double beta1 = -1, beta2 = -1;  // fedadam, fedyogi 0.9, 0.99; fedadagrad beta1 0
   double tau = -1;                // fedadam 1e-9, fedyogi 1e-3, fedadagrad 1e-9
   // Client selection per round: a fraction of the available clients (at least min_clients),
-  // drawn by the server's seeded generator; 1 takes every available client.
+  // drawn by the server's seeded generator; 1 takes every available client. Under central DP's
+  // Poisson sampling fraction_fit is each client's rate and min_clients only the clients a
+  // round needs alive to start.
   double fraction_fit = 1.0;
   int64_t min_clients = 1;
   RobustOptions robust;  // aggregation, norm_bound, trim_fraction, byzantine, multi_krum
@@ -119,12 +121,19 @@ struct StrategyOptions {
 // Reads the [strategy] table (every key documented in docs/federated.md).
 StrategyOptions read_strategy_options(ConfigTable& table);
 
+// Poisson sampling (central DP's privacy.sampling = "poisson"): each of `available` is selected
+// on its own, with probability `rate`, by one draw of `rng` per client in id order; the sample
+// (sorted) may be of any size, empty included.
+std::vector<std::string> poisson_sample(const std::vector<std::string>& available, double rate,
+                                        Rng& rng);
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
   virtual std::string name() const = 0;
 
-  // The clients that train in `round` (1-based), chosen from `available` (sorted ids).
+  // The clients that train in `round` (1-based), chosen from `available` (sorted ids): a fixed
+  // number, max(ceil(fraction_fit n), min_clients), drawn without replacement.
   std::vector<std::string> configure_round(int64_t round, const std::vector<std::string>& available,
                                            Rng& rng) const;
 
