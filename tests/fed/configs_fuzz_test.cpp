@@ -32,7 +32,8 @@ TEST(ConfigsFuzz, CorpusIsReadOrRefused) {
 // Every seed is a valid config of its reader, so that the fuzzer starts from inputs that reach
 // past the first missing table.
 TEST(ConfigsFuzz, SeedsAreRead) {
-  for (const char* seed : {"train", "sft", "sft_lora", "dpo", "rm", "grpo", "fed_server",
-                           "fed_client", "fed_client_post", "fed_sim", "data"})
+  for (const char* seed :
+       {"train", "sft", "sft_lora", "dpo", "rm", "grpo", "fed_server", "fed_server_privacy",
+        "fed_client", "fed_client_post", "fed_sim", "data"})
     EXPECT_TRUE(run_target(read_file(kCorpus / seed))) << seed;
 }
