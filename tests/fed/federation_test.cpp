@@ -597,17 +597,37 @@ TEST(Grpc, AServerThatCannotBeReachedIsNamedWithWhatToCheck) {
   }
 }
 
+namespace {
+
+// A server with mutual TLS on a free port: the CA, server certificate and CRL of dir/certs.
+struct TlsServer {
+  static ServerConfig config_in(const fs::path& dir) {
+    ServerConfig sc = sim_config(dir, {}, "fedavg", 1, 1).server;
+    sc.tls = {(dir / "certs/ca.pem").string(), (dir / "certs/server.pem").string(),
+              (dir / "certs/server.key").string(), (dir / "certs/crl.pem").string(), ""};
+    return sc;
+  }
+  explicit TlsServer(const fs::path& dir)
+      : config(config_in(dir)),
+        coordinator(config, false),
+        grpc(coordinator, "127.0.0.1:0", config.tls),
+        address("127.0.0.1:" + std::to_string(grpc.port())) {}
+
+  ServerConfig config;
+  Coordinator coordinator;
+  GrpcServer grpc;
+  std::string address;
+};
+
+}  // namespace
+
 TEST(Grpc, ARevocationReachesARunningServerAtTheClientsNextCall) {
   Quiet q;
   const auto dir = temp_dir("tls_reload");
   make_dev_certs(dir / "certs", {"alice", "bob", "carol"}, {"localhost", "127.0.0.1"}, 1);
   revoke_client_cert(dir / "certs", "carol");
-  ServerConfig sc = sim_config(dir, {}, "fedavg", 1, 1).server;
-  sc.tls = {(dir / "certs/ca.pem").string(), (dir / "certs/server.pem").string(),
-            (dir / "certs/server.key").string(), (dir / "certs/crl.pem").string(), ""};
-  Coordinator coordinator(sc, false);
-  GrpcServer server(coordinator, "127.0.0.1:0", sc.tls);
-  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  TlsServer server(dir);
+  const std::string& address = server.address;
   auto joins = [&](const std::string& id) {
     TlsFiles t{(dir / "certs/ca.pem").string(), (dir / cat("certs/client-", id, ".pem")).string(),
                (dir / cat("certs/client-", id, ".key")).string(), "", ""};
@@ -631,7 +651,7 @@ TEST(Grpc, ARevocationReachesARunningServerAtTheClientsNextCall) {
   EXPECT_FALSE(joins("bob"));
   EXPECT_FALSE(joins("carol"));
   EXPECT_TRUE(joins("alice"));
-  server.shutdown();
+  server.grpc.shutdown();
   fs::remove_all(dir);
 }
 
@@ -641,12 +661,8 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   make_dev_certs(dir / "certs", {"alice", "bob"}, {"localhost", "127.0.0.1"}, 1);
   make_dev_certs(dir / "other", {"alice"}, {"localhost"}, 1);  // another CA
   revoke_client_cert(dir / "certs", "bob");
-  ServerConfig sc = sim_config(dir, {}, "fedavg", 1, 1).server;
-  sc.tls = {(dir / "certs/ca.pem").string(), (dir / "certs/server.pem").string(),
-            (dir / "certs/server.key").string(), (dir / "certs/crl.pem").string(), ""};
-  Coordinator coordinator(sc, false);
-  GrpcServer server(coordinator, "127.0.0.1:0", sc.tls);
-  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  TlsServer server(dir);
+  const std::string& address = server.address;
   auto join = [&](const fs::path& certs, const std::string& cert_id, const std::string& claim) {
     TlsFiles t{(dir / "certs/ca.pem").string(), (certs / ("client-" + cert_id + ".pem")).string(),
                (certs / ("client-" + cert_id + ".key")).string(), "", ""};
@@ -705,7 +721,7 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   EXPECT_TRUE(fs::exists(dir / "certs" / "client-carol.pem"));
   make_dev_certs(dir / "certs", {}, {"fed.example.org"}, 1, /*replace_server=*/true);
   EXPECT_NE(read_file(dir / "certs" / "server.pem"), server_pem);
-  server.shutdown();
+  server.grpc.shutdown();
 }
 
 TEST(Grpc, ASecondServerOnTheSamePortIsRefused) {

@@ -39,6 +39,22 @@ namespace {
 
 using json = nlohmann::json;
 
+// A TCP connection to 127.0.0.1:port, for requests no HTTP client library would send; -1 when
+// it fails.
+int connect_loopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 class Serving : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -733,13 +749,8 @@ TEST_F(Serving, ARefusedKeyIsAnsweredAfterTheBody) {
   serve::ServerOptions o = options();
   o.api_key = "sekret";
   start(o);
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = connect_loopback(server_->port());
   ASSERT_GE(fd, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(server_->port()));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
   const std::string body = json{{"prompt", "hi"}, {"max_tokens", 1}}.dump();
   const std::string head =
       "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -810,13 +821,8 @@ TEST_F(Serving, AClientThatLeavesEndsItsGenerationStreamedOrNot) {
     const int64_t before = engine.tokens_generated();
     {
       serve::Engine::Hold hold(engine);  // the request waits in the queue
-      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      const int fd = connect_loopback(server_->port());
       ASSERT_GE(fd, 0);
-      sockaddr_in address{};
-      address.sin_family = AF_INET;
-      address.sin_port = htons(static_cast<uint16_t>(server_->port()));
-      address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
       const std::string request =
           "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
           "Content-Length: " +
