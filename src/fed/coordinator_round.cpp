@@ -65,9 +65,7 @@ bool Coordinator::begin_round() {
 std::vector<std::string> Coordinator::select_clients(int64_t round,
                                                      const std::vector<std::string>& alive,
                                                      Rng& rng) const {
-  // Drawn from the round's own generator, so that a restarted or resumed server selects the
-  // same clients for the same round and attempt.
-  if (poisson_dp()) return poisson_sample(alive, config_.strategy.fraction_fit, rng);
+  if (poisson_dp()) return dp_->sample_clients(round, retries_, alive);
   return strategy_->configure_round(round, alive, rng);
 }
 

@@ -119,6 +119,16 @@ double CentralDp::sum_noise_multiplier(double m) const {
   return std::pow(std::pow(z, -2) - std::pow(2 * sb, -2), -0.5);
 }
 
+std::vector<std::string> CentralDp::sample_clients(
+    int64_t round, int64_t attempt, const std::vector<std::string>& available) const {
+  POLLEN_ASSERT(options_.poisson());
+  // A stream of its own, apart from the noise's (2 round and 2 round + 1).
+  Rng rng =
+      noise_rng(options_.noise_seed, (uint64_t{1} << 62) + static_cast<uint64_t>(round) * 1000 +
+                                         static_cast<uint64_t>(attempt));
+  return poisson_sample(available, poisson_rate_, rng);
+}
+
 std::string CentralDp::refuse_round(int64_t round, int64_t selected, int64_t available) const {
   const double q = sampling_rate(selected, available);
   if (options_.adaptive_clip && options_.noise_multiplier > 0) {

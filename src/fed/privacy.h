@@ -99,6 +99,12 @@ class CentralDp {
   // why not (the budget would be passed, or adaptive clipping cannot afford its count noise).
   std::string refuse_round(int64_t round, int64_t selected, int64_t available) const;
 
+  // Under sampling "poisson": attempt `attempt` of round `round`'s clients from `available`, each
+  // at rate q, drawn like the noise (from the OS's CSPRNG, so that nobody can draw the sample
+  // again and amplification by sampling holds; repeatable with noise_seed, for tests).
+  std::vector<std::string> sample_clients(int64_t round, int64_t attempt,
+                                          const std::vector<std::string>& available) const;
+
   // The round's noised mean pseudo-gradient; accounts for the release and adapts C. The fixed
   // denominator m is `selected` ("fixed") or q * `available` ("poisson"); under "poisson"
   // `updates` may be empty (the release is then noise / m). Fills report->clients (norm,

@@ -109,6 +109,23 @@ TEST(PoissonSampling, TheSameSeedRoundAndAttemptDrawTheSameSample) {
   EXPECT_EQ(poisson_sample(ids, 1.0, all), ids);  // q = 1: everyone, as fixed sampling does
 }
 
+// The server draws its sample like its noise: from the OS's generator, which nobody can replay,
+// unless noise_seed makes both repeatable (for tests).
+TEST(PoissonSampling, TheServerDrawsItsSampleSecretlyUnlessANoiseSeedIsSet) {
+  const auto ids = ten_ids();
+  PrivacyOptions secret = poisson_dp(1.0, 1.0);
+  secret.noise_seed = -1;
+  const CentralDp a(secret, 0.5), b(secret, 0.5), seeded(poisson_dp(1.0, 1.0), 0.5),
+      seeded_again(poisson_dp(1.0, 1.0), 0.5);
+  int differ = 0;
+  for (int r = 1; r <= 20; ++r) {
+    differ += a.sample_clients(r, 0, ids) != b.sample_clients(r, 0, ids);
+    EXPECT_EQ(seeded.sample_clients(r, 0, ids), seeded_again.sample_clients(r, 0, ids)) << r;
+  }
+  EXPECT_GT(differ, 10);  // equal by chance with probability 2^-10 a round
+  EXPECT_NE(seeded.sample_clients(1, 0, ids), seeded.sample_clients(1, 1, ids));
+}
+
 // Two updates of six available clients at q = 0.5, noise multiplier 1 and clip 1 in round 3:
 // Delta = (clip(a) + b + N(0, 1)) / m with m = q * 6 = 3 under "poisson" (not the 2 that came),
 // and m = 2, the sample's size, under "fixed" (whose q is 2 / 6).
