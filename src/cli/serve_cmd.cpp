@@ -31,7 +31,7 @@ void add_serve_command(CLI::App& app) {
       "serve",
       "Serve a model over an OpenAI-compatible HTTP API: /v1/completions (with echo and "
       "logprobs, as lm-evaluation-harness's local-completions needs), /v1/chat/completions "
-      "(streaming too, and logprobs), /v1/models, /health");
+      "(streaming too, and logprobs), /v1/models, /health, /metrics (Prometheus)");
   struct Args {
     std::string model, tokenizer, host = "127.0.0.1", api_key, api_key_file, name, chat_template;
     int port = 8000;

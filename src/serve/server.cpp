@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "base/http_server.h"
+#include "obs/prometheus.h"
 #include "serve/connection.h"
 
 namespace pollen::serve {
@@ -21,13 +22,11 @@ std::string dump(const json& j) {
 
 // The method each endpoint takes; null for a path that is none.
 const char* endpoint_method(const std::string& path) {
-  static const std::pair<const char*, const char*> endpoints[] = {{"/health", "GET"},
-                                                                  {"/v1/models", "GET"},
-                                                                  {"/tokenizer_info", "GET"},
-                                                                  {"/tokenize", "POST"},
-                                                                  {"/detokenize", "POST"},
-                                                                  {"/v1/completions", "POST"},
-                                                                  {"/v1/chat/completions", "POST"}};
+  static const std::pair<const char*, const char*> endpoints[] = {
+      {"/health", "GET"},          {"/metrics", "GET"},
+      {"/v1/models", "GET"},       {"/tokenizer_info", "GET"},
+      {"/tokenize", "POST"},       {"/detokenize", "POST"},
+      {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
   for (const auto& [p, method] : endpoints)
     if (path == p) return method;
   return nullptr;
@@ -290,6 +289,26 @@ void Server::add_routes() {
 
   http_->Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
+  });
+  // Prometheus scrapes: behind the API key like the API, but no request slot (a scrape of a busy
+  // server must not count as, or be refused for, one of its requests).
+  http_->Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!authorized(req, options_.api_key)) {
+      send_error(res, ApiError(401, "invalid_request_error", "invalid_api_key", "",
+                               "Missing or incorrect API key"));
+      return;
+    }
+    ServeStatus st;
+    st.requests = requests_.snapshot();
+    st.in_flight = in_flight_.load();
+    st.waiting = engine_->pending();
+    st.tokens_generated = engine_->tokens_generated();
+    st.largest_batch = engine_->largest_batch();
+    res.set_content(prometheus_metrics(st), obs::kPrometheusContentType);
+  });
+  // Counted once answered (a stream once it ended).
+  http_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    requests_.count(req.path, endpoint_method(req.path) != nullptr, res.status);
   });
   http_->Get("/v1/models", api([this](const httplib::Request&, httplib::Response& res, auto) {
                const json models = {{"object", "list"},

@@ -1,6 +1,7 @@
 #pragma once
 // The OpenAI-compatible HTTP server (cpp-httplib): /v1/completions, /v1/chat/completions (whole
-// or streamed as server-sent events ending in "data: [DONE]"), /v1/models and /health.
+// or streamed as server-sent events ending in "data: [DONE]"), /v1/models, /health and
+// Prometheus's /metrics (serve/server_metrics.h).
 //
 // Safety: it binds 127.0.0.1 unless told otherwise and refuses any other address without an API
 // key, which every request but /health must then carry as "Authorization: Bearer KEY" (401
@@ -18,6 +19,7 @@
 #include "model/llama.h"
 #include "serve/engine.h"
 #include "serve/openai.h"
+#include "serve/server_metrics.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -68,6 +70,7 @@ class Server {
   std::unique_ptr<httplib::Server> http_;
   std::atomic<int64_t> in_flight_{0};
   std::atomic<int64_t> next_id_{0};
+  RequestCounts requests_;
   int port_ = 0;
   std::thread thread_;
 };

@@ -742,6 +742,52 @@ TEST_F(Serving, ApiKeyIsCheckedAsBearerToken) {
   EXPECT_EQ(m->status, 401);
 }
 
+// /metrics for Prometheus: requests by path and status, in flight, waiting, tokens generated;
+// behind the API key, and a scrape is no request slot.
+TEST_F(Serving, MetricsCountRequestsAndTokensForPrometheus) {
+  serve::ServerOptions o = options();
+  o.api_key = "sekret";
+  start(o);
+  const httplib::Headers key = {{"Authorization", "Bearer sekret"}};
+  ASSERT_EQ(
+      post("/v1/completions", json{{"prompt", "The dog"}, {"max_tokens", 5}}.dump(), key).first,
+      200);
+  ASSERT_EQ(post("/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 5000}}.dump(), key).first,
+            400);
+  ASSERT_EQ(post("/v1/completions", json{{"prompt", "hi"}}.dump()).first, 401);
+  httplib::Client c("127.0.0.1", server_->port());
+  c.Get("/no/such/path", key);
+  auto refused = c.Get("/metrics");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 401);
+  const std::vector<std::string> expected = {
+      "pollen_serve_requests_total{path=\"/v1/completions\",code=\"200\"} 1",
+      "pollen_serve_requests_total{path=\"/v1/completions\",code=\"400\"} 1",
+      "pollen_serve_requests_total{path=\"/v1/completions\",code=\"401\"} 1",
+      "pollen_serve_requests_total{path=\"/metrics\",code=\"401\"} 1",
+      "pollen_serve_requests_total{path=\"other\",code=\"404\"} 1",
+      "pollen_serve_requests_in_flight 0",
+      "pollen_serve_requests_waiting 0",
+      "# TYPE pollen_serve_generated_tokens_total counter",
+      cat("pollen_serve_generated_tokens_total ", server_->engine().tokens_generated()),
+      "pollen_serve_largest_batch 1"};
+  // A request is counted once its answer is written, which its client may see first: scrape
+  // until the last one is in.
+  std::string text;
+  for (int w = 0; w < 100; ++w) {
+    auto m = c.Get("/metrics", key);
+    ASSERT_TRUE(m);
+    ASSERT_EQ(m->status, 200);
+    EXPECT_EQ(m->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+    text = m->body;
+    if (text.find(expected[3] + "\n") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (const std::string& line : expected)
+    EXPECT_NE(text.find(line + "\n"), std::string::npos) << line << " in:\n" << text;
+  EXPECT_GT(server_->engine().tokens_generated(), 0);
+}
+
 // A server that answers before reading the body closes its socket on unread bytes, which resets
 // the connection: a client still sending, or not yet reading, loses the answer. So a request
 // with a wrong key is answered only once its whole body has arrived.
