@@ -82,6 +82,9 @@ struct EventQueue {
 
 using Results = std::vector<SequenceResult>;
 
+// When the request this server thread answers was routed (unset: none, or not routed).
+thread_local std::chrono::steady_clock::time_point request_start;
+
 // Generates a request's sequences and waits for them; a client that leaves meanwhile ends its
 // generation (its answer then goes nowhere).
 Results wait_for_results(Engine& engine, std::vector<Sequence> seqs, const httplib::Request& req) {
@@ -299,16 +302,28 @@ void Server::add_routes() {
       return;
     }
     ServeStatus st;
-    st.requests = requests_.snapshot();
+    st.requests = requests_.answered();
+    st.durations = requests_.durations();
     st.in_flight = in_flight_.load();
     st.waiting = engine_->pending();
     st.tokens_generated = engine_->tokens_generated();
     st.largest_batch = engine_->largest_batch();
     res.set_content(prometheus_metrics(st), obs::kPrometheusContentType);
   });
-  // Counted once answered (a stream once it ended).
+  // Counted once answered (a stream once it ended), timed from its routing on this thread; a
+  // request refused before routing (a malformed one) is counted without a duration.
+  http_->set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+    request_start = std::chrono::steady_clock::now();
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   http_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    requests_.count(req.path, endpoint_method(req.path) != nullptr, res.status);
+    const bool timed = request_start != std::chrono::steady_clock::time_point{};
+    const double seconds =
+        timed ? std::chrono::duration<double>(std::chrono::steady_clock::now() - request_start)
+                    .count()
+              : -1.0;
+    request_start = {};
+    requests_.count(req.path, endpoint_method(req.path) != nullptr, res.status, seconds);
   });
   http_->Get("/v1/models", api([this](const httplib::Request&, httplib::Response& res, auto) {
                const json models = {{"object", "list"},

@@ -1,17 +1,33 @@
 #include "serve/server_metrics.h"
 
+#include <algorithm>
+
 #include "obs/prometheus.h"
 
 namespace pollen::serve {
 
-void RequestCounts::count(std::string_view path, bool known_path, int status) {
+void RequestCounts::count(std::string_view path, bool known_path, int status, double seconds) {
+  const std::string key = known_path ? std::string(path) : std::string("other");
   std::lock_guard lock(mu_);
-  ++counts_[{known_path ? std::string(path) : std::string("other"), status}];
+  ++answered_[{key, status}];
+  if (seconds < 0) return;
+  const auto& bounds = request_seconds_bounds();
+  // The first bucket whose upper bound the duration does not pass.
+  const auto b =
+      static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), seconds) - bounds.begin());
+  RequestDurations& d = durations_[key];
+  ++d.counts[b];
+  d.sum += seconds;
 }
 
-std::map<std::pair<std::string, int>, int64_t> RequestCounts::snapshot() const {
+std::map<std::pair<std::string, int>, int64_t> RequestCounts::answered() const {
   std::lock_guard lock(mu_);
-  return counts_;
+  return answered_;
+}
+
+std::map<std::string, RequestDurations> RequestCounts::durations() const {
+  std::lock_guard lock(mu_);
+  return durations_;
 }
 
 std::string prometheus_metrics(const ServeStatus& st) {
@@ -20,6 +36,10 @@ std::string prometheus_metrics(const ServeStatus& st) {
   p.family("pollen_serve_requests_total", "counter", "Requests answered, by path and status.");
   for (const auto& [key, n] : st.requests)
     p.sample(d(n), {{"path", key.first}, {"code", std::to_string(key.second)}});
+  p.family("pollen_serve_request_seconds", "histogram",
+           "Seconds from a request's arrival to its whole answer written (a stream's end).");
+  for (const auto& [path, durations] : st.durations)
+    p.histogram(request_seconds_bounds(), durations.counts, durations.sum, {{"path", path}});
   p.gauge("pollen_serve_requests_in_flight", "API requests being answered now.", d(st.in_flight));
   p.gauge("pollen_serve_requests_waiting", "Requests waiting for the engine's next batch.",
           d(st.waiting));

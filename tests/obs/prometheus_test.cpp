@@ -44,10 +44,29 @@ TEST(Prometheus, RefusesInvalidNamesAndTypes) {
   EXPECT_THROW(p.sample(1), Error);  // no family yet
   EXPECT_THROW(p.gauge("1abc", "h", 1), Error);
   EXPECT_THROW(p.gauge("a-b", "h", 1), Error);
-  EXPECT_THROW(p.family("ok", "histogram", "h"), Error);
+  EXPECT_THROW(p.family("ok", "summary", "h"), Error);
   EXPECT_THROW(p.gauge("rounds_total", "a gauge named as a counter", 1), Error);
   p.gauge("a:b_c", "colons are allowed in metric names", 1);
   EXPECT_THROW(p.sample(1, {{"a:b", "v"}}), Error);  // not in label names
   EXPECT_THROW(p.sample(1, {{"__reserved", "v"}}), Error);
   EXPECT_THROW(p.sample(1, {{"", "v"}}), Error);
+}
+
+TEST(Prometheus, HistogramsAreCumulativeBucketsSumAndCount) {
+  obs::PrometheusText p;
+  p.family("pollen_seconds", "histogram", "Request seconds.");
+  // 2 at or under 0.1, 1 in (0.1, 1], none in (1, 10], 1 above 10.
+  p.histogram({0.1, 1, 10}, {2, 1, 0, 1}, 12.5, {{"path", "/v1"}});
+  EXPECT_EQ(p.text(),
+            "# HELP pollen_seconds Request seconds.\n# TYPE pollen_seconds histogram\n"
+            "pollen_seconds_bucket{path=\"/v1\",le=\"0.1\"} 2\n"
+            "pollen_seconds_bucket{path=\"/v1\",le=\"1\"} 3\n"
+            "pollen_seconds_bucket{path=\"/v1\",le=\"10\"} 3\n"
+            "pollen_seconds_bucket{path=\"/v1\",le=\"+Inf\"} 4\n"
+            "pollen_seconds_sum{path=\"/v1\"} 12.5\npollen_seconds_count{path=\"/v1\"} 4\n");
+  EXPECT_THROW(p.sample(1), Error);                                 // a histogram takes histogram()
+  EXPECT_THROW(p.histogram({1}, {1}, 1), Error);                    // one count short of +Inf
+  EXPECT_THROW(p.histogram({1}, {1, 0}, 1, {{"le", "x"}}), Error);  // le is the buckets'
+  p.gauge("after", "h", 1);
+  EXPECT_THROW(p.histogram({1}, {1, 0}, 1), Error);  // not a histogram family
 }

@@ -770,7 +770,10 @@ TEST_F(Serving, MetricsCountRequestsAndTokensForPrometheus) {
       "pollen_serve_requests_waiting 0",
       "# TYPE pollen_serve_generated_tokens_total counter",
       cat("pollen_serve_generated_tokens_total ", server_->engine().tokens_generated()),
-      "pollen_serve_largest_batch 1"};
+      "pollen_serve_largest_batch 1",
+      "# TYPE pollen_serve_request_seconds histogram",
+      "pollen_serve_request_seconds_bucket{path=\"/v1/completions\",le=\"+Inf\"} 3",
+      "pollen_serve_request_seconds_count{path=\"/v1/completions\"} 3"};
   // A request is counted once its answer is written, which its client may see first: scrape
   // until the last one is in.
   std::string text;
@@ -786,6 +789,29 @@ TEST_F(Serving, MetricsCountRequestsAndTokensForPrometheus) {
   for (const std::string& line : expected)
     EXPECT_NE(text.find(line + "\n"), std::string::npos) << line << " in:\n" << text;
   EXPECT_GT(server_->engine().tokens_generated(), 0);
+  // The Prometheus project's own parser reads the scrape, the histogram's series included.
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / cat("pollen_serve_metrics_", getpid());
+  std::filesystem::create_directories(dir);
+  write_file_atomic(dir / "scrape.txt", text);
+  int status = 0;
+  const std::string parsed = testing::run_capture(
+      cat(POLLEN_PEERS_PYTHON, " -c \"import sys\nfrom prometheus_client.parser import ",
+          "text_string_to_metric_families as f\nfor m in f(open(sys.argv[1]).read()):\n",
+          " print(m.name, m.type, sum(1 for s in m.samples))\" ", (dir / "scrape.txt").string()),
+      &status);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(status, 0) << parsed;
+  // 15 buckets, a sum and a count for each timed path.
+  size_t timed_paths = 0;
+  for (size_t at = 0;
+       (at = text.find("pollen_serve_request_seconds_count{", at)) != std::string::npos; ++at)
+    ++timed_paths;
+  EXPECT_GE(timed_paths, 2u);
+  EXPECT_NE(parsed.find(cat("pollen_serve_request_seconds histogram ", 17 * timed_paths, "\n")),
+            std::string::npos)
+      << parsed;
+  EXPECT_NE(parsed.find("pollen_serve_requests counter"), std::string::npos) << parsed;
 }
 
 // A server that answers before reading the body closes its socket on unread bytes, which resets
@@ -989,7 +1015,7 @@ TEST(ServeCli, AChatTemplateTheTokenizerCannotEndIsRefused) {
   EXPECT_NE(out.find("ends turns with <|im_end|>, which the tokenizer does not have"),
             std::string::npos)
       << out;
-  fs::remove_all(dir);
+  std::filesystem::remove_all(dir);
 }
 
 // `pollen serve` running in the background: its process, output and the port it printed.
@@ -1106,7 +1132,7 @@ TEST(ServeCli, ServesAPostTrainingCheckpointWithItsChatTemplate) {
   ASSERT_EQ(std::system(export_cmd.c_str()), 0);
   EXPECT_EQ(tokenizer::chat_format_from_config(dir / "hf" / "tokenizer_config.json").kind,
             tokenizer::ChatTemplate::chatml);
-  fs::remove_all(dir);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
