@@ -50,6 +50,7 @@ std::future<std::vector<SequenceResult>> Engine::submit(
   job->sequences = std::move(sequences);
   job->sink = std::move(sink);
   job->cancelled = std::move(cancelled);
+  job->submitted = std::chrono::steady_clock::now();
   auto future = job->done.get_future();
   {
     std::lock_guard lock(mu_);
@@ -80,6 +81,11 @@ int64_t Engine::pending() const {
 int64_t Engine::largest_batch() const {
   std::lock_guard lock(mu_);
   return largest_;
+}
+
+obs::SecondsHistogram Engine::time_to_first_token() const {
+  std::lock_guard lock(mu_);
+  return first_token_;
 }
 
 int64_t Engine::most_rows() const {
@@ -146,6 +152,13 @@ void Engine::run_batch(std::vector<std::unique_ptr<Job>>& jobs) {
         const Sequence& seq = jobs[j]->sequences[s];
         results[j][s].token_scores.push_back(score_logits(logits, token, seq.top_logprobs));
         ++tokens_;
+        if (!jobs[j]->first_token) {
+          jobs[j]->first_token = true;
+          const std::chrono::duration<double> waited =
+              std::chrono::steady_clock::now() - jobs[j]->submitted;
+          std::lock_guard lock(mu_);
+          first_token_.observe(waited.count());
+        }
         if (jobs[j]->sink) jobs[j]->sink(s, token);
       };
       const auto gens = model::generate_rows(model_, std::move(part), decode, on_token);

@@ -6,6 +6,7 @@
 // its own options and random stream). HTTP threads only queue work and wait for it, so the model
 // is never run from two threads at once.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -19,6 +20,7 @@
 
 #include "eval/rolling.h"
 #include "model/generate.h"
+#include "obs/seconds_histogram.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pollen::serve {
@@ -71,6 +73,8 @@ class Engine {
   int64_t largest_batch() const;  // most requests that shared one batch
   int64_t most_rows() const;      // most sequences generated at once (at most max_batch_rows)
   int64_t tokens_generated() const { return tokens_.load(); }  // over every request so far
+  // Seconds from each request's submission to its first generated token, so far.
+  obs::SecondsHistogram time_to_first_token() const;
 
  private:
   struct Job {
@@ -78,6 +82,8 @@ class Engine {
     TokenSink sink;
     std::shared_ptr<const std::atomic<bool>> cancelled;
     std::promise<std::vector<SequenceResult>> done;
+    std::chrono::steady_clock::time_point submitted;
+    bool first_token = false;  // seen
   };
   void work();
   void run_batch(std::vector<std::unique_ptr<Job>>& jobs);
@@ -90,6 +96,7 @@ class Engine {
   std::deque<std::unique_ptr<Job>> queue_;
   std::atomic<int64_t> most_rows_{0};
   std::atomic<int64_t> tokens_{0};
+  obs::SecondsHistogram first_token_;  // under mu_
   int holds_ = 0;
   bool stop_ = false;
   int64_t largest_ = 0;

@@ -308,6 +308,7 @@ void Server::add_routes() {
     st.waiting = engine_->pending();
     st.tokens_generated = engine_->tokens_generated();
     st.largest_batch = engine_->largest_batch();
+    st.first_token = engine_->time_to_first_token();
     res.set_content(prometheus_metrics(st), obs::kPrometheusContentType);
   });
   // Counted once answered (a stream once it ended), timed from its routing on this thread; a

@@ -1,7 +1,5 @@
 #include "serve/server_metrics.h"
 
-#include <algorithm>
-
 #include "obs/prometheus.h"
 
 namespace pollen::serve {
@@ -10,14 +8,7 @@ void RequestCounts::count(std::string_view path, bool known_path, int status, do
   const std::string key = known_path ? std::string(path) : std::string("other");
   std::lock_guard lock(mu_);
   ++answered_[{key, status}];
-  if (seconds < 0) return;
-  const auto& bounds = request_seconds_bounds();
-  // The first bucket whose upper bound the duration does not pass.
-  const auto b =
-      static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), seconds) - bounds.begin());
-  RequestDurations& d = durations_[key];
-  ++d.counts[b];
-  d.sum += seconds;
+  if (seconds >= 0) durations_[key].observe(seconds);
 }
 
 std::map<std::pair<std::string, int>, int64_t> RequestCounts::answered() const {
@@ -25,7 +16,7 @@ std::map<std::pair<std::string, int>, int64_t> RequestCounts::answered() const {
   return answered_;
 }
 
-std::map<std::string, RequestDurations> RequestCounts::durations() const {
+std::map<std::string, obs::SecondsHistogram> RequestCounts::durations() const {
   std::lock_guard lock(mu_);
   return durations_;
 }
@@ -39,7 +30,10 @@ std::string prometheus_metrics(const ServeStatus& st) {
   p.family("pollen_serve_request_seconds", "histogram",
            "Seconds from a request's arrival to its whole answer written (a stream's end).");
   for (const auto& [path, durations] : st.durations)
-    p.histogram(request_seconds_bounds(), durations.counts, durations.sum, {{"path", path}});
+    p.histogram(obs::SecondsHistogram::bounds(), durations.counts, durations.sum, {{"path", path}});
+  p.family("pollen_serve_time_to_first_token_seconds", "histogram",
+           "Seconds from a request's submission to the engine to its first generated token.");
+  p.histogram(obs::SecondsHistogram::bounds(), st.first_token.counts, st.first_token.sum);
   p.gauge("pollen_serve_requests_in_flight", "API requests being answered now.", d(st.in_flight));
   p.gauge("pollen_serve_requests_waiting", "Requests waiting for the engine's next batch.",
           d(st.waiting));

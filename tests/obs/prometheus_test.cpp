@@ -3,10 +3,12 @@
 // prometheus_client.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/error.h"
 #include "obs/prometheus.h"
+#include "obs/seconds_histogram.h"
 
 using namespace pollen;
 
@@ -69,4 +71,19 @@ TEST(Prometheus, HistogramsAreCumulativeBucketsSumAndCount) {
   EXPECT_THROW(p.histogram({1}, {1, 0}, 1, {{"le", "x"}}), Error);  // le is the buckets'
   p.gauge("after", "h", 1);
   EXPECT_THROW(p.histogram({1}, {1, 0}, 1), Error);  // not a histogram family
+}
+
+TEST(SecondsHistogram, EachDurationInTheFirstBucketItDoesNotPass) {
+  obs::SecondsHistogram h;
+  const auto& b = obs::SecondsHistogram::bounds();
+  ASSERT_EQ(h.counts.size(), b.size() + 1);
+  h.observe(0.005);   // on a bound: that bucket (Prometheus's le is "at most")
+  h.observe(0.0051);  // just over: the next
+  h.observe(1.0);
+  h.observe(500);  // over every bound: the last
+  EXPECT_EQ(h.counts[0], 1);
+  EXPECT_EQ(h.counts[1], 1);
+  EXPECT_EQ(h.counts[static_cast<size_t>(std::find(b.begin(), b.end(), 1.0) - b.begin())], 1);
+  EXPECT_EQ(h.counts.back(), 1);
+  EXPECT_DOUBLE_EQ(h.sum, 0.005 + 0.0051 + 1.0 + 500);
 }

@@ -773,7 +773,9 @@ TEST_F(Serving, MetricsCountRequestsAndTokensForPrometheus) {
       "pollen_serve_largest_batch 1",
       "# TYPE pollen_serve_request_seconds histogram",
       "pollen_serve_request_seconds_bucket{path=\"/v1/completions\",le=\"+Inf\"} 3",
-      "pollen_serve_request_seconds_count{path=\"/v1/completions\"} 3"};
+      "pollen_serve_request_seconds_count{path=\"/v1/completions\"} 3",
+      "# TYPE pollen_serve_time_to_first_token_seconds histogram",
+      "pollen_serve_time_to_first_token_seconds_count 1"};  // the request that generated
   // A request is counted once its answer is written, which its client may see first: scrape
   // until the last one is in.
   std::string text;
@@ -803,12 +805,16 @@ TEST_F(Serving, MetricsCountRequestsAndTokensForPrometheus) {
   std::filesystem::remove_all(dir);
   ASSERT_EQ(status, 0) << parsed;
   // 15 buckets, a sum and a count for each timed path.
-  size_t timed_paths = 0;
+  size_t timed_paths = 1;  // and the time to first token
   for (size_t at = 0;
        (at = text.find("pollen_serve_request_seconds_count{", at)) != std::string::npos; ++at)
     ++timed_paths;
-  EXPECT_GE(timed_paths, 2u);
-  EXPECT_NE(parsed.find(cat("pollen_serve_request_seconds histogram ", 17 * timed_paths, "\n")),
+  EXPECT_GE(timed_paths, 3u);
+  EXPECT_NE(
+      parsed.find(cat("pollen_serve_request_seconds histogram ", 17 * (timed_paths - 1), "\n")),
+      std::string::npos)
+      << parsed;
+  EXPECT_NE(parsed.find("pollen_serve_time_to_first_token_seconds histogram 17\n"),
             std::string::npos)
       << parsed;
   EXPECT_NE(parsed.find("pollen_serve_requests counter"), std::string::npos) << parsed;
