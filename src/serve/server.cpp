@@ -32,6 +32,14 @@ const char* endpoint_method(const std::string& path) {
   return nullptr;
 }
 
+// The 401 of a request without the right API key.
+ApiError unauthorized(const httplib::Request& req) {
+  const bool missing = req.get_header_value("Authorization").empty();
+  return ApiError(
+      401, "invalid_request_error", "invalid_api_key", "",
+      missing ? "Missing API key: send 'Authorization: Bearer KEY'" : "Incorrect API key");
+}
+
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   res.set_content(dump(error_body(e)), "application/json");
@@ -268,13 +276,7 @@ void Server::add_routes() {
       std::function<void(const httplib::Request&, httplib::Response&, std::shared_ptr<Slot>)>;
   const auto api = [this](Handler handler) {
     return [this, handler](const httplib::Request& req, httplib::Response& res) {
-      if (!authorized(req, options_.api_key)) {
-        const bool missing = req.get_header_value("Authorization").empty();
-        send_error(res, ApiError(401, "invalid_request_error", "invalid_api_key", "",
-                                 missing ? "Missing API key: send 'Authorization: Bearer KEY'"
-                                         : "Incorrect API key"));
-        return;
-      }
+      if (!authorized(req, options_.api_key)) return send_error(res, unauthorized(req));
       auto slot = std::make_shared<Slot>(in_flight_);
       try {
         if (++in_flight_ > options_.limits.max_concurrent)
@@ -296,11 +298,7 @@ void Server::add_routes() {
   // Prometheus scrapes: behind the API key like the API, but no request slot (a scrape of a busy
   // server must not count as, or be refused for, one of its requests).
   http_->Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
-    if (!authorized(req, options_.api_key)) {
-      send_error(res, ApiError(401, "invalid_request_error", "invalid_api_key", "",
-                               "Missing or incorrect API key"));
-      return;
-    }
+    if (!authorized(req, options_.api_key)) return send_error(res, unauthorized(req));
     ServeStatus st;
     st.requests = requests_.answered();
     st.durations = requests_.durations();
