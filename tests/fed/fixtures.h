@@ -161,6 +161,17 @@ inline pb::JoinRequest tiny_join(const std::string& id) {
   return r;
 }
 
+// Central DP with noise multiplier z and clip norm `clip`, its noise repeatable (noise_seed 7).
+inline PrivacyOptions central_dp(double z, double clip, const std::string& sampling = "fixed") {
+  PrivacyOptions o;
+  o.enabled = true;
+  o.noise_multiplier = z;
+  o.clip = clip;
+  o.noise_seed = 7;
+  o.sampling = sampling;
+  return o;
+}
+
 inline SimConfig sim_config(const fs::path& dir, const std::vector<fs::path>& manifests,
                             const std::string& strategy, int64_t rounds, int64_t local_steps) {
   SimConfig c;

@@ -28,13 +28,7 @@ using namespace pollen::fed::testing;
 namespace {
 
 PrivacyOptions poisson_dp(double z, double clip) {
-  PrivacyOptions o;
-  o.enabled = true;
-  o.noise_multiplier = z;
-  o.clip = clip;
-  o.noise_seed = 7;
-  o.sampling = "poisson";
-  return o;
+  return central_dp(z, clip, "poisson");
 }
 
 std::vector<std::string> ten_ids() {

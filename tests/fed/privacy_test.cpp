@@ -16,19 +16,6 @@ using namespace pollen;
 using namespace pollen::fed;
 using namespace pollen::fed::testing;
 
-namespace {
-
-PrivacyOptions dp(double z, double clip) {
-  PrivacyOptions o;
-  o.enabled = true;
-  o.noise_multiplier = z;
-  o.clip = clip;
-  o.noise_seed = 7;
-  return o;
-}
-
-}  // namespace
-
 TEST(Accountant, FullBatchIsTheGaussianMechanism) {
   // q = 1: RDP of the Gaussian mechanism, alpha / (2 z^2), composed linearly over steps.
   PrivacyAccountant a;
@@ -103,7 +90,7 @@ TEST(AccountantVsOpacus, EpsilonAndRdpToThreeSignificantDigits) {
 TEST(CentralDp, ClipsSumsAndDividesByTheClientsSelected) {
   // Noise 0: Delta = (clip(a, 1) + b) / m with m = 3 selected (one dropped): a = (3, 4) has norm
   // 5 and becomes (0.6, 0.8); b = (0.5, 0) stays.
-  CentralDp c(dp(0.0, 1.0));
+  CentralDp c(central_dp(0.0, 1.0));
   const Weights like{vec({0, 0})};
   AggregationReport report;
   const Weights d =
@@ -119,7 +106,7 @@ TEST(CentralDp, ClipsSumsAndDividesByTheClientsSelected) {
 }
 
 TEST(CentralDp, CappedTokenWeights) {
-  PrivacyOptions o = dp(0.0, 10.0);
+  PrivacyOptions o = central_dp(0.0, 10.0);
   o.weighting = "capped_tokens";
   o.token_cap = 100;
   CentralDp c(o);
@@ -130,7 +117,7 @@ TEST(CentralDp, CappedTokenWeights) {
 }
 
 TEST(CentralDp, NoiseHasStdNoiseMultiplierTimesClipOverM) {
-  CentralDp c(dp(1.5, 2.0));
+  CentralDp c(central_dp(1.5, 2.0));
   const int64_t n = 200000;
   const Weights like{Tensor::zeros({n}, DType::f32)};
   ClientUpdate u;
@@ -147,7 +134,7 @@ TEST(CentralDp, NoiseHasStdNoiseMultiplierTimesClipOverM) {
 }
 
 TEST(CentralDp, AdaptiveClipFollowsTheTargetQuantileGeometrically) {
-  PrivacyOptions o = dp(0.0, 1.0);
+  PrivacyOptions o = central_dp(0.0, 1.0);
   o.adaptive_clip = true;
   o.target_quantile = 0.5;
   o.clip_lr = 0.2;
@@ -174,7 +161,7 @@ TEST(CentralDp, AdaptiveClipFollowsTheTargetQuantileGeometrically) {
 // The released count of unclipped updates has sensitivity 1/2, as the noise split assumes: one
 // client more or fewer, clipped or not, moves it by exactly 1/2 (uncentred, by 1).
 TEST(CentralDp, OneClientMovesTheReleasedCountByAHalf) {
-  PrivacyOptions o = dp(0.0, 1.0);
+  PrivacyOptions o = central_dp(0.0, 1.0);
   o.adaptive_clip = true;
   o.clipped_count_stddev = 1e-9;  // the count's noise out of the way
   const Weights like{vec({0})};
@@ -192,7 +179,7 @@ TEST(CentralDp, OneClientMovesTheReleasedCountByAHalf) {
 
 TEST(CentralDp, AdaptiveNoiseSplitKeepsTheTotalMultiplier) {
   // z_sum = (z^-2 - (2 sigma_b)^-2)^-1/2; refused when z >= 2 sigma_b.
-  PrivacyOptions o = dp(1.0, 1.0);
+  PrivacyOptions o = central_dp(1.0, 1.0);
   o.adaptive_clip = true;
   o.clipped_count_stddev = 2.0;
   CentralDp c(o);
@@ -206,7 +193,7 @@ TEST(CentralDp, AdaptiveNoiseSplitKeepsTheTotalMultiplier) {
 }
 
 TEST(CentralDp, BudgetRefusesTheRoundThatWouldPassIt) {
-  PrivacyOptions o = dp(1.0, 1.0);
+  PrivacyOptions o = central_dp(1.0, 1.0);
   PrivacyAccountant two;
   two.add(0.5, 1.0, 2);
   o.epsilon_budget = two.epsilon(o.delta).epsilon + 1e-9;  // room for exactly two rounds
@@ -224,7 +211,7 @@ TEST(CentralDp, BudgetRefusesTheRoundThatWouldPassIt) {
 }
 
 TEST(CentralDp, StateRoundTrips) {
-  PrivacyOptions o = dp(1.0, 1.0);
+  PrivacyOptions o = central_dp(1.0, 1.0);
   o.adaptive_clip = true;
   o.clipped_count_stddev = 1.0;
   CentralDp a(o), b(o);
