@@ -9,6 +9,7 @@
 #include "fed/accountant.h"
 #include "fed/config.h"
 #include "fed/grpc.h"
+#include "fed/privacy.h"
 #include "fed/run.h"
 #include "fed/tokenizer_round.h"
 
@@ -120,6 +121,7 @@ void add_fed_command(CLI::App& app) {
   struct PrivacyOpts {
     double noise = 0, rate = 0, delta = 1e-5;
     int64_t rounds = 0, every = 0;
+    std::string sampling = "fixed";
   };
   auto p = std::make_shared<PrivacyOpts>();
   auto* privacy = fed->add_subcommand(
@@ -130,6 +132,12 @@ void add_fed_command(CLI::App& app) {
   privacy->add_option("--rounds", p->rounds, "Rounds")->required();
   privacy->add_option("--delta", p->delta, "delta")->capture_default_str();
   privacy->add_option("--every", p->every, "Also print epsilon every this many rounds");
+  privacy
+      ->add_option("--sampling", p->sampling,
+                   "privacy.sampling: fixed (a sample without replacement, accounted with "
+                   "multiplier z / 2 below rate 1) or poisson")
+      ->check(CLI::IsMember({"fixed", "poisson"}))
+      ->capture_default_str();
   privacy->callback([p] {
     POLLEN_CHECK(p->rounds >= 1, "--rounds must be at least 1, got ", p->rounds);
     POLLEN_CHECK(p->every >= 0, "--every must be 0 or more, got ", p->every);
@@ -140,13 +148,16 @@ void add_fed_command(CLI::App& app) {
     // R rounds at one rate and noise compose to R times one round's RDP (as Opacus computes it):
     // each row is one product, whatever the number of rounds.
     auto print_after = [&](int64_t r) {
-      const auto e = fed::PrivacyAccountant().after(p->rate, p->noise, r).epsilon(p->delta);
+      const auto e =
+          fed::after_central_releases(fed::PrivacyAccountant(), p->sampling, p->rate, p->noise, r)
+              .epsilon(p->delta);
       std::printf("%-8lld %-12.6g %g\n", static_cast<long long>(r), e.epsilon, e.order);
     };
     if (p->every > 0)
       for (int64_t r = p->every; r < p->rounds; r += p->every) print_after(r);
     print_after(p->rounds);
-    std::printf("noise multiplier %g, sampling rate %g, delta %g\n", p->noise, p->rate, p->delta);
+    std::printf("noise multiplier %g, sampling rate %g (%s), delta %g\n", p->noise, p->rate,
+                p->sampling.c_str(), p->delta);
   });
 
   auto* certs = fed->add_subcommand(

@@ -78,6 +78,83 @@ double log_a_fractional(double q, double sigma, double alpha) {
   return log_add(log_a0, log_a1);
 }
 
+// A real number as its sign and the log of its magnitude.
+struct LogSigned {
+  bool positive = true;
+  double log_abs = -kInf;
+};
+
+// b - a for a, b in log space (the magnitudes' difference keeps its sign).
+LogSigned log_difference(LogSigned a, LogSigned b) {
+  if (a.positive != b.positive) return {b.positive, log_add(a.log_abs, b.log_abs)};
+  LogSigned d;  // |b| - |a|, then the common sign
+  if (b.log_abs > a.log_abs) {
+    d = {true, b.log_abs + std::log1p(-std::exp(a.log_abs - b.log_abs))};
+  } else if (b.log_abs < a.log_abs) {
+    d = {false, a.log_abs + std::log1p(-std::exp(b.log_abs - a.log_abs))};
+  }
+  if (!b.positive) d.positive = !d.positive;
+  return d;
+}
+
+// log |Delta^k g(0)| for k = 1 .. n + 1 (index k - 1), the forward differences of
+// g(x) = exp((x - 1) x / 2 sigma^2) = exp((x - 1) eps(x)), eps the Gaussian mechanism's RDP,
+// differenced in place in log space as dp_accounting does.
+std::vector<double> log_forward_differences(double sigma, int64_t n) {
+  std::vector<LogSigned> v(static_cast<size_t>(n + 3));
+  for (size_t x = 0; x < v.size(); ++x) {
+    const double d = static_cast<double>(x);
+    v[x] = {true, (d - 1) * d / (2 * sigma * sigma)};
+  }
+  std::vector<double> out(static_cast<size_t>(n + 2));
+  for (size_t k = 0; k < out.size(); ++k) {
+    for (size_t j = 0; j + 1 < v.size() - k; ++j) v[j] = log_difference(v[j], v[j + 1]);
+    out[k] = v[0].log_abs;
+  }
+  return out;
+}
+
+// log(A_alpha) of Theorem 27 (Wang, Balle and Kasiviswanathan 2019) for integer alpha >= 2 and
+// 0 < q < 1: the RDP of the Gaussian mechanism on a sample without replacement, times alpha - 1.
+double log_a_without_replacement(double q, double sigma, int64_t alpha) {
+  POLLEN_CHECK(alpha <= 256, "privacy accountant: order ", alpha, " is past the exact bound's 256");
+  const auto eps = [&](double x) { return x / (2 * sigma * sigma); };  // the Gaussian's RDP
+  const auto cgf = [&](double x) { return x * (x + 1) / (2 * sigma * sigma); };
+  const double a = static_cast<double>(alpha);
+  const auto log_binom = [&](double i) {
+    return std::lgamma(a + 1) - std::lgamma(i + 1) - std::lgamma(a - i + 1);
+  };
+  const std::vector<double> diffs = log_forward_differences(sigma, alpha);
+  double log_a = 0;  // the bound's leading 1
+  for (int64_t k = 2; k <= alpha; ++k) {
+    const double i = static_cast<double>(k);
+    double s;
+    if (k == 2) {
+      const double log_e2_minus_1 = eps(2) + std::log1p(-std::exp(-eps(2)));
+      s = std::min(std::log(4.0) + log_e2_minus_1, eps(2) + std::log(2.0));
+    } else {
+      const double lo = diffs[static_cast<size_t>(2 * (k / 2) - 1)];
+      const double hi = diffs[static_cast<size_t>(2 * ((k + 1) / 2) - 1)];
+      s = std::min(std::log(4.0) + 0.5 * (lo + hi), std::log(2.0) + cgf(i - 1));
+    }
+    log_a = log_add(log_a, s + i * std::log(q) + log_binom(i));
+  }
+  return log_a;
+}
+
+double without_replacement_rdp(double q, double sigma, double alpha) {
+  if (alpha == std::floor(alpha)) {
+    return log_a_without_replacement(q, sigma, static_cast<int64_t>(alpha)) / (alpha - 1);
+  }
+  // Between integer orders, the bound's log A interpolated linearly (their Corollary 10); at
+  // order 1 it is 0.
+  const double lo = std::floor(alpha), hi = std::ceil(alpha), t = alpha - lo;
+  const double log_a_lo =
+      lo < 2 ? 0.0 : log_a_without_replacement(q, sigma, static_cast<int64_t>(lo));
+  const double log_a_hi = log_a_without_replacement(q, sigma, static_cast<int64_t>(hi));
+  return ((1 - t) * log_a_lo + t * log_a_hi) / (alpha - 1);
+}
+
 }  // namespace
 
 const std::vector<double>& rdp_orders() {
@@ -90,13 +167,14 @@ const std::vector<double>& rdp_orders() {
   return orders;
 }
 
-double sampled_gaussian_rdp(double q, double sigma, double alpha) {
+double sampled_gaussian_rdp(double q, double sigma, double alpha, Sampling sampling) {
   POLLEN_CHECK(q >= 0 && q <= 1, "privacy accountant: sampling rate must be in [0, 1], got ", q);
   POLLEN_CHECK(sigma >= 0, "privacy accountant: noise multiplier must be >= 0, got ", sigma);
   POLLEN_CHECK(alpha > 1, "privacy accountant: RDP orders must be > 1, got ", alpha);
   if (q == 0) return 0;
   if (sigma == 0) return kInf;
   if (q == 1) return alpha / (2 * sigma * sigma);  // the Gaussian mechanism itself
+  if (sampling == Sampling::without_replacement) return without_replacement_rdp(q, sigma, alpha);
   const double log_a = alpha == std::floor(alpha)
                            ? log_a_integer(q, sigma, static_cast<int64_t>(alpha))
                            : log_a_fractional(q, sigma, alpha);
@@ -120,18 +198,19 @@ Epsilon rdp_to_epsilon(const std::vector<double>& rdp, double delta) {
 
 PrivacyAccountant::PrivacyAccountant() : rdp_(rdp_orders().size(), 0.0) {}
 
-void PrivacyAccountant::add(double q, double sigma, int64_t steps) {
+void PrivacyAccountant::add(double q, double sigma, int64_t steps, Sampling sampling) {
   POLLEN_CHECK(steps >= 0, "privacy accountant: steps must be >= 0, got ", steps);
   const auto& orders = rdp_orders();
   for (size_t k = 0; k < orders.size(); ++k) {
-    rdp_[k] += static_cast<double>(steps) * sampled_gaussian_rdp(q, sigma, orders[k]);
+    rdp_[k] += static_cast<double>(steps) * sampled_gaussian_rdp(q, sigma, orders[k], sampling);
   }
   steps_ += steps;
 }
 
-PrivacyAccountant PrivacyAccountant::after(double q, double sigma, int64_t steps) const {
+PrivacyAccountant PrivacyAccountant::after(double q, double sigma, int64_t steps,
+                                           Sampling sampling) const {
   PrivacyAccountant a = *this;
-  a.add(q, sigma, steps);
+  a.add(q, sigma, steps, sampling);
   return a;
 }
 

@@ -19,9 +19,17 @@ namespace pollen::fed {
 // The orders at which RDP is tracked: 1.1, 1.2, ..., 10.9 and 12, 13, ..., 63 (Opacus's).
 const std::vector<double>& rdp_orders();
 
+// How a release's clients were drawn.
+enum class Sampling {
+  poisson,              // each independently with probability q (add or remove one)
+  without_replacement,  // q n of n, uniformly (replace one)
+};
+
 // RDP at order alpha (> 1) of one release of the Gaussian mechanism with noise multiplier sigma
-// (noise std / sensitivity) on a Poisson sample of rate q in [0, 1].
-double sampled_gaussian_rdp(double q, double sigma, double alpha);
+// (noise std / sensitivity under the sampling's neighbouring relation) on a sample of rate q in
+// [0, 1].
+double sampled_gaussian_rdp(double q, double sigma, double alpha,
+                            Sampling sampling = Sampling::poisson);
 
 struct Epsilon {
   double epsilon = 0;
@@ -35,9 +43,10 @@ class PrivacyAccountant {
  public:
   PrivacyAccountant();
   // Composes `steps` releases with sampling rate q and noise multiplier sigma.
-  void add(double q, double sigma, int64_t steps = 1);
-  // What add(q, sigma, steps) would leave, without taking it.
-  PrivacyAccountant after(double q, double sigma, int64_t steps = 1) const;
+  void add(double q, double sigma, int64_t steps = 1, Sampling sampling = Sampling::poisson);
+  // What add(q, sigma, steps, sampling) would leave, without taking it.
+  PrivacyAccountant after(double q, double sigma, int64_t steps = 1,
+                          Sampling sampling = Sampling::poisson) const;
   Epsilon epsilon(double delta) const { return rdp_to_epsilon(rdp_, delta); }
   int64_t steps() const { return steps_; }
 

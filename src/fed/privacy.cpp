@@ -30,8 +30,8 @@ PrivacyOptions read_privacy_options(ConfigTable& t) {
   POLLEN_CHECK(std::isfinite(o.clip) && o.clip > 0, t.where("clip"), ": must be positive, got ",
                o.clip);
   POLLEN_CHECK(o.sampling == "fixed" || o.sampling == "poisson", t.where("sampling"),
-               ": expected 'fixed' (a fixed-size sample, accounted as Poisson sampling) or "
-               "'poisson' (each client on its own, accounted exactly), got '",
+               ": expected 'fixed' (a fixed-size sample without replacement) or 'poisson' (each "
+               "client on its own), got '",
                o.sampling, "'");
   POLLEN_CHECK(o.target_quantile >= 0 && o.target_quantile <= 1, t.where("target_quantile"),
                ": must be in [0, 1], got ", o.target_quantile);
@@ -119,6 +119,19 @@ double CentralDp::sum_noise_multiplier(double m) const {
   return std::pow(std::pow(z, -2) - std::pow(2 * sb, -2), -0.5);
 }
 
+PrivacyAccountant after_central_releases(const PrivacyAccountant& accountant,
+                                         const std::string& sampling, double q, double z,
+                                         int64_t rounds) {
+  POLLEN_CHECK(sampling == "fixed" || sampling == "poisson",
+               "privacy.sampling: expected fixed or poisson, got '", sampling, "'");
+  // A client's update present or absent moves the clipped sum by at most C. With every client
+  // selected (q = 1) that is all there is: the Gaussian mechanism of multiplier z.
+  if (sampling == "poisson" || q == 1) return accountant.after(q, z, rounds);
+  // Amplification by sampling without replacement holds for one client's data replaced by
+  // another's, which moves the sum by up to 2C: multiplier z / 2 against it.
+  return accountant.after(q, z / 2, rounds, Sampling::without_replacement);
+}
+
 std::vector<std::string> CentralDp::sample_clients(
     int64_t round, int64_t attempt, const std::vector<std::string>& available) const {
   POLLEN_ASSERT(options_.poisson());
@@ -143,7 +156,9 @@ std::string CentralDp::refuse_round(int64_t round, int64_t selected, int64_t ava
   }
   if (options_.epsilon_budget > 0) {
     const Epsilon now = epsilon();
-    const Epsilon next = accountant_.after(q, options_.noise_multiplier).epsilon(options_.delta);
+    const Epsilon next =
+        after_central_releases(accountant_, options_.sampling, q, options_.noise_multiplier)
+            .epsilon(options_.delta);
     if (next.epsilon > options_.epsilon_budget) {
       return cat("privacy budget: round ", round, " (sampling rate ", q, ", noise multiplier ",
                  options_.noise_multiplier, ") would take epsilon from ", now.epsilon, " to ",
@@ -217,7 +232,8 @@ Weights CentralDp::aggregate(int64_t round, const Weights& like,
     noised_fraction = count[0].data<float>()[0] / m + 0.5;
     clip_ *= std::exp(-options_.clip_lr * (noised_fraction - options_.target_quantile));
   }
-  accountant_.add(q, options_.noise_multiplier);
+  accountant_ =
+      after_central_releases(accountant_, options_.sampling, q, options_.noise_multiplier);
   const Epsilon e = epsilon();
   r.extra["epsilon"] = e.epsilon;
   r.extra["delta"] = options_.delta;

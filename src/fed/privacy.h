@@ -20,15 +20,20 @@
 // sampled Gaussian release of multiplier z per aggregated round; a round that would take
 // epsilon past the budget is not started.
 //
-// Sampling (privacy.sampling): the accountant's analysis is of Poisson sampling, every client
-// present independently with probability q.
-//   "poisson": the server samples so (q = strategy.fraction_fit, a coin per available client)
-//     and divides by the expected count m = q * available, DP-FedAvg's qW, so that no client's
-//     presence moves the denominator; the analysis is exact. A sample may be empty, or every
-//     selected client may fail: the round still releases noise / m and is accounted.
-//   "fixed" (the default): the server draws a fixed-size sample without replacement and divides
-//     by its size m; it is accounted as Poisson sampling at q = selected / available, the usual
-//     approximation of DP-FedAvg deployments, not an exact bound.
+// Sampling (privacy.sampling), each accounted by an analysis that holds for it (fed/accountant.h);
+// the guarantee is about one client's update being there or not (which clients are available is
+// not secret), a change that moves the clipped sum by at most C:
+//   "poisson": every available client selected independently with probability q
+//     (strategy.fraction_fit), the denominator the expected count m = q * available, DP-FedAvg's
+//     qW, so that no client's presence moves it: the Poisson-sampled Gaussian of multiplier z. A
+//     sample may be empty, or every selected client may fail: the round still releases
+//     noise / m and is accounted.
+//   "fixed" (the default): a uniformly random sample of m = max(ceil(q n), min_clients) of the
+//     n available clients without replacement, the denominator m. Every client selected
+//     (m = n): the Gaussian of multiplier z. Otherwise amplification by sampling without
+//     replacement, which is proven for one client's data replaced by another's (a move of up to
+//     2C): the Gaussian of multiplier z / 2 on a sample without replacement at rate m / n, a
+//     sound bound but a loose one.
 //
 // Local DP (`[local_dp]` of a client): the client clips its own update to C and adds
 // N(0, (z C)^2 I) before it leaves the silo, trusting nobody; it logs its own epsilon (one
@@ -87,6 +92,12 @@ LocalDpOptions read_local_dp_options(ConfigTable& table);
 // Adds N(0, std^2) to every element of w; `seed` < 0 draws the key from the OS's CSPRNG, else
 // the stream is Philox(seed, stream).
 void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream);
+
+// `accountant` after `rounds` more central-DP releases of noise multiplier z at sampling rate q,
+// by the analysis of privacy.sampling `sampling` (above).
+PrivacyAccountant after_central_releases(const PrivacyAccountant& accountant,
+                                         const std::string& sampling, double q, double z,
+                                         int64_t rounds = 1);
 
 // The server's central DP: clipping, noise, the clip norm's adaptation and the accountant.
 class CentralDp {

@@ -122,7 +122,7 @@ TEST(PoissonSampling, TheServerDrawsItsSampleSecretlyUnlessANoiseSeedIsSet) {
 
 // Two updates of six available clients at q = 0.5, noise multiplier 1 and clip 1 in round 3:
 // Delta = (clip(a) + b + N(0, 1)) / m with m = q * 6 = 3 under "poisson" (not the 2 that came),
-// and m = 2, the sample's size, under "fixed" (whose q is 2 / 6).
+// and m = 2, the sample's size, under "fixed" (whose q is 2 / 6); each accounted by its analysis.
 TEST(PoissonSampling, TheDenominatorIsTheExpectedCount) {
   const Weights like{vec({0, 0})};
   const std::vector<ClientUpdate> ups{update("a", 10, {3, 4}), update("b", 10, {0.5f, 0})};
@@ -136,6 +136,9 @@ TEST(PoissonSampling, TheDenominatorIsTheExpectedCount) {
   EXPECT_EQ(pr.extra["sampling"], "poisson");
   EXPECT_DOUBLE_EQ(pr.extra["expected_clients"].get<double>(), 3.0);
   EXPECT_DOUBLE_EQ(pr.extra["sampling_rate"].get<double>(), 0.5);
+  // Accounted as Poisson sampling: multiplier z.
+  EXPECT_DOUBLE_EQ(pr.extra["epsilon"].get<double>(),
+                   PrivacyAccountant().after(0.5, 1.0).epsilon(1e-5).epsilon);
 
   PrivacyOptions fixed_options = poisson_dp(1.0, 1.0);
   fixed_options.sampling = "fixed";
@@ -146,6 +149,13 @@ TEST(PoissonSampling, TheDenominatorIsTheExpectedCount) {
   EXPECT_EQ(fr.extra["sampling"], "fixed");
   EXPECT_DOUBLE_EQ(fr.extra["expected_clients"].get<double>(), 2.0);
   EXPECT_DOUBLE_EQ(fr.extra["sampling_rate"].get<double>(), 2.0 / 6);
+  // Accounted as sampling without replacement, proven for one client replaced by another: the
+  // sum moves by up to 2C, so the multiplier is z / 2.
+  EXPECT_DOUBLE_EQ(fr.extra["epsilon"].get<double>(),
+                   PrivacyAccountant()
+                       .after(2.0 / 6, 0.5, 1, Sampling::without_replacement)
+                       .epsilon(1e-5)
+                       .epsilon);
 
   // The expected count need not be whole: q = 0.3 of 5 clients, m = 1.5.
   CentralDp quiet(poisson_dp(0.0, 1.0), 0.3);

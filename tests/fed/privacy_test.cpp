@@ -1,6 +1,7 @@
-// Differential privacy: the RDP accountant against Opacus on a grid of settings, clipping, noise
-// and the fixed denominator of central DP by hand, adaptive clipping's geometric step, the
-// budget refusing a round, local DP, and `pollen fed privacy`.
+// Differential privacy: the RDP accountant against Opacus (Poisson sampling) and dp_accounting
+// (sampling without replacement) on grids of settings, clipping, noise and the fixed denominator
+// of central DP by hand, which analysis a fixed-size sample is accounted by, adaptive clipping's
+// geometric step, the budget refusing a round, local DP, and `pollen fed privacy`.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -82,6 +83,67 @@ TEST(AccountantVsOpacus, EpsilonAndRdpToThreeSignificantDigits) {
     for (size_t k = 0; k < rdp_orders().size(); ++k) {
       const double r = theirs[g]["rdp"][k].get<double>();
       EXPECT_NEAR(sampled_gaussian_rdp(s.rate, s.noise, rdp_orders()[k]), r, 1e-9 + 1e-6 * r)
+          << where << " order " << rdp_orders()[k];
+    }
+  }
+}
+
+TEST(Accountant, WithoutReplacementOrderTwoByHand) {
+  // Theorem 27 at alpha = 2 keeps one term: A = 1 + q^2 min(4 (e^eps2 - 1), 2 e^eps2) with
+  // eps2 = 2 / 2z^2, the Gaussian's RDP at order 2.
+  const double q = 0.1, z = 1.5, eps2 = 1 / (z * z);
+  const double a2 = 1 + q * q * std::min(4 * (std::exp(eps2) - 1), 2 * std::exp(eps2));
+  EXPECT_NEAR(sampled_gaussian_rdp(q, z, 2.0, Sampling::without_replacement), std::log(a2), 1e-14);
+  // Between integer orders log A is interpolated: at 2.5, halfway between order 2's and 3's.
+  const double at3 = sampled_gaussian_rdp(q, z, 3.0, Sampling::without_replacement) * 2;
+  EXPECT_NEAR(sampled_gaussian_rdp(q, z, 2.5, Sampling::without_replacement),
+              (0.5 * std::log(a2) + 0.5 * at3) / 1.5, 1e-14);
+  EXPECT_DOUBLE_EQ(sampled_gaussian_rdp(1.0, z, 7.0, Sampling::without_replacement),
+                   7 / (2 * z * z));
+}
+
+TEST(AccountantVsDpAccounting, SamplingWithoutReplacementToSixSignificantDigits) {
+  const std::string missing = peer::missing("dp_accounting");
+  if (!missing.empty()) GTEST_SKIP() << missing;
+  struct Setting {
+    double noise;
+    int64_t clients, sample, steps;
+    double delta;
+  };
+  std::vector<Setting> grid;
+  for (double z : {0.7, 1.1, 4.0}) {
+    for (auto [n, m] : {std::pair<int64_t, int64_t>{1000, 4}, {20, 5}, {9, 8}}) {
+      for (int64_t steps : {1, 50, 2000}) {
+        for (double delta : {1e-5, 1e-3}) grid.push_back({z, n, m, steps, delta});
+      }
+    }
+  }
+  nlohmann::json input;
+  input["orders"] = rdp_orders();
+  for (const auto& s : grid) {
+    input["settings"].push_back({{"noise", s.noise},
+                                 {"clients", s.clients},
+                                 {"sample", s.sample},
+                                 {"steps", s.steps},
+                                 {"delta", s.delta}});
+  }
+  const auto theirs = peer::run("dp_accounting_reference.py", input, "dp_accounting");
+  ASSERT_EQ(theirs.size(), grid.size());
+  for (size_t g = 0; g < grid.size(); ++g) {
+    const auto& s = grid[g];
+    const double q = static_cast<double>(s.sample) / static_cast<double>(s.clients);
+    PrivacyAccountant a;
+    a.add(q, s.noise, s.steps, Sampling::without_replacement);
+    const Epsilon mine = a.epsilon(s.delta);
+    const double ref = theirs[g]["epsilon"].get<double>();
+    const std::string where = cat("noise ", s.noise, " sample ", s.sample, " of ", s.clients,
+                                  " steps ", s.steps, " delta ", s.delta);
+    EXPECT_NEAR(mine.epsilon, ref, 1e-6 * std::abs(ref)) << where;
+    EXPECT_EQ(mine.order, theirs[g]["order"].get<double>()) << where;
+    for (size_t k = 0; k < rdp_orders().size(); ++k) {
+      const double r = theirs[g]["rdp"][k].get<double>();
+      EXPECT_NEAR(sampled_gaussian_rdp(q, s.noise, rdp_orders()[k], Sampling::without_replacement),
+                  r, 1e-12 + 1e-9 * r)
           << where << " order " << rdp_orders()[k];
     }
   }
@@ -192,10 +254,27 @@ TEST(CentralDp, AdaptiveNoiseSplitKeepsTheTotalMultiplier) {
   EXPECT_NE(refused.refuse_round(1, 4, 8).find("clipped_count_stddev"), std::string::npos);
 }
 
+TEST(CentralDp, AFixedSampleIsAccountedAsTheGaussianWhenWholeAndWithoutReplacementElse) {
+  CentralDp c(central_dp(1.0, 1.0));
+  const Weights like{vec({0})};
+  AggregationReport whole, half;
+  // 2 of 2: no sampling, one client's update there or not moves the sum by C: multiplier z.
+  c.aggregate(1, like, {update("a", 1, {1}), update("b", 1, {-1})}, 2, 2, &whole);
+  PrivacyAccountant expected = PrivacyAccountant().after(1.0, 1.0);
+  EXPECT_DOUBLE_EQ(whole.extra["epsilon"].get<double>(), expected.epsilon(1e-5).epsilon);
+  // 1 of 2: amplification without replacement, proven for a replaced client (2C): z / 2.
+  c.aggregate(2, like, {update("a", 1, {1})}, 1, 2, &half);
+  expected.add(0.5, 0.5, 1, Sampling::without_replacement);
+  EXPECT_DOUBLE_EQ(half.extra["epsilon"].get<double>(), expected.epsilon(1e-5).epsilon);
+  EXPECT_GT(half.extra["epsilon"].get<double>(),
+            PrivacyAccountant().after(1.0, 1.0).after(0.5, 1.0).epsilon(1e-5).epsilon);
+}
+
 TEST(CentralDp, BudgetRefusesTheRoundThatWouldPassIt) {
   PrivacyOptions o = central_dp(1.0, 1.0);
+  // A fixed-size sample: 2 of 4 without replacement, one client replaced, multiplier z / 2.
   PrivacyAccountant two;
-  two.add(0.5, 1.0, 2);
+  two.add(0.5, 0.5, 2, Sampling::without_replacement);
   o.epsilon_budget = two.epsilon(o.delta).epsilon + 1e-9;  // room for exactly two rounds
   CentralDp c(o);
   const Weights like{vec({0})};
@@ -248,15 +327,23 @@ TEST(LocalDp, ClipsNoisesAndAccountsPerRound) {
 }
 
 TEST(PrivacyCli, PrintsTheAccountantsEpsilon) {
-  int status = 0;
-  const std::string out = pollen::testing::run_capture(
-      std::string(POLLEN_BINARY) +
-          " fed privacy --noise-multiplier 1.1 --sampling-rate 0.01 --rounds 1000 --delta 1e-5",
-      &status);
-  ASSERT_EQ(status, 0) << out;
-  PrivacyAccountant a;
-  a.add(0.01, 1.1, 1000);
-  char expect[64];
-  std::snprintf(expect, sizeof expect, "%-8d %-12.6g", 1000, a.epsilon(1e-5).epsilon);
-  EXPECT_NE(out.find(expect), std::string::npos) << out;
+  // The server's default sampling (fixed: without replacement, multiplier z / 2), then Poisson.
+  for (const std::string sampling : {"", "poisson"}) {
+    int status = 0;
+    const std::string out = pollen::testing::run_capture(
+        std::string(POLLEN_BINARY) +
+            " fed privacy --noise-multiplier 1.1 --sampling-rate 0.01 --rounds 1000 --delta 1e-5" +
+            (sampling.empty() ? "" : " --sampling " + sampling),
+        &status);
+    ASSERT_EQ(status, 0) << out;
+    PrivacyAccountant a;
+    if (sampling.empty()) {
+      a.add(0.01, 0.55, 1000, Sampling::without_replacement);
+    } else {
+      a.add(0.01, 1.1, 1000);
+    }
+    char expect[64];
+    std::snprintf(expect, sizeof expect, "%-8d %-12.6g", 1000, a.epsilon(1e-5).epsilon);
+    EXPECT_NE(out.find(expect), std::string::npos) << sampling << "\n" << out;
+  }
 }
