@@ -132,8 +132,9 @@ class Coordinator {
   void save_checkpoint(const RoundSummary& s);
   void load_checkpoint(const std::filesystem::path& dir);
   std::vector<std::string> alive_ids_locked() const;  // clients heard from within client_timeout_s
-  // The round's clients from `alive`: the strategy's fixed-size draw, or a Poisson sample under
-  // privacy.sampling = "poisson".
+  // The round's clients from `alive`: the strategy's fixed-size draw (from `rng`, or under
+  // central DP from its secret generator), or a Poisson sample under privacy.sampling =
+  // "poisson".
   std::vector<std::string> select_clients(int64_t round, const std::vector<std::string>& alive,
                                           Rng& rng) const;
   bool poisson_dp() const { return dp_ && config_.privacy.poisson(); }

@@ -65,8 +65,13 @@ bool Coordinator::begin_round() {
 std::vector<std::string> Coordinator::select_clients(int64_t round,
                                                      const std::vector<std::string>& alive,
                                                      Rng& rng) const {
+  if (!dp_) return strategy_->configure_round(round, alive, rng);
   if (poisson_dp()) return dp_->sample_clients(round, retries_, alive);
-  return strategy_->configure_round(round, alive, rng);
+  // Central DP's fixed-size sample comes from its secret generator as well: with the server's
+  // seed anyone who knows it could draw the sample again, and amplification by sampling
+  // assumes nobody knows who was sampled.
+  Rng secret = dp_->sampling_rng(round, retries_);
+  return strategy_->configure_round(round, alive, secret);
 }
 
 bool Coordinator::round_complete_locked() const {

@@ -132,13 +132,16 @@ PrivacyAccountant after_central_releases(const PrivacyAccountant& accountant,
   return accountant.after(q, z / 2, rounds, Sampling::without_replacement);
 }
 
+Rng CentralDp::sampling_rng(int64_t round, int64_t attempt) const {
+  // A stream of its own, apart from the noise's (2 round and 2 round + 1).
+  return noise_rng(options_.noise_seed, (uint64_t{1} << 62) + static_cast<uint64_t>(round) * 1000 +
+                                            static_cast<uint64_t>(attempt));
+}
+
 std::vector<std::string> CentralDp::sample_clients(
     int64_t round, int64_t attempt, const std::vector<std::string>& available) const {
   POLLEN_ASSERT(options_.poisson());
-  // A stream of its own, apart from the noise's (2 round and 2 round + 1).
-  Rng rng =
-      noise_rng(options_.noise_seed, (uint64_t{1} << 62) + static_cast<uint64_t>(round) * 1000 +
-                                         static_cast<uint64_t>(attempt));
+  Rng rng = sampling_rng(round, attempt);
   return poisson_sample(available, poisson_rate_, rng);
 }
 

@@ -110,9 +110,12 @@ class CentralDp {
   // why not (the budget would be passed, or adaptive clipping cannot afford its count noise).
   std::string refuse_round(int64_t round, int64_t selected, int64_t available) const;
 
-  // Under sampling "poisson": attempt `attempt` of round `round`'s clients from `available`, each
-  // at rate q, drawn like the noise (from the OS's CSPRNG, so that nobody can draw the sample
-  // again and amplification by sampling holds; repeatable with noise_seed, for tests).
+  // The generator of attempt `attempt` of round `round`'s sample, drawn like the noise (from the
+  // OS's CSPRNG, so that nobody can draw the sample again and amplification by sampling holds;
+  // repeatable with noise_seed, for tests). Under "fixed" the strategy's draw takes it.
+  Rng sampling_rng(int64_t round, int64_t attempt) const;
+  // Under sampling "poisson": the sample from `available`, each client at rate q, drawn from
+  // sampling_rng(round, attempt).
   std::vector<std::string> sample_clients(int64_t round, int64_t attempt,
                                           const std::vector<std::string>& available) const;
 

@@ -269,6 +269,37 @@ TEST(Attack, CentralDpReportsEpsilonEachRoundAndStopsAtTheBudget) {
   fs::remove_all(dir);
 }
 
+// Under central DP a fixed-size sample is drawn like the noise, from the OS's generator: two
+// runs with the same server seed pick different clients (2 of 4 in 8 rounds: alike with
+// probability 6^-8), unless noise_seed makes both repeatable.
+TEST(Attack, CentralDpsFixedSampleIsSecretUnlessNoiseSeeded) {
+  Quiet quiet;
+  const auto dir = temp_dir("dp_sample");
+  std::vector<fs::path> silos;
+  for (int i = 0; i < 4; ++i) silos.push_back(make_silo(dir / ("silo" + std::to_string(i)), i));
+  auto samples = [&](const std::string& name, int64_t noise_seed) {
+    SimConfig cfg = four_silos(dir / name, silos);
+    cfg.server.rounds = 8;
+    cfg.server.local_steps = 1;
+    cfg.server.strategy.fraction_fit = 0.5;
+    cfg.server.strategy.min_clients = 2;
+    cfg.server.privacy = PrivacyOptions{};
+    auto& p = cfg.server.privacy;
+    p.enabled = true, p.noise_multiplier = 0.1, p.clip = 0.05, p.noise_seed = noise_seed;
+    run_simulation(cfg, false);
+    std::vector<std::vector<std::string>> out;
+    for (const auto& m : read_jsonl(cfg.server.dir / "metrics.jsonl")) {
+      out.emplace_back();
+      for (const auto& [id, c] : m["clients"].items()) out.back().push_back(id);
+    }
+    EXPECT_EQ(out.size(), 8u) << name;
+    return out;
+  };
+  EXPECT_NE(samples("secret-a", -1), samples("secret-b", -1));
+  EXPECT_EQ(samples("seeded-a", 3), samples("seeded-b", 3));
+  fs::remove_all(dir);
+}
+
 TEST(Attack, LocalDpClipsAndNoisesBeforeTheUpdateLeavesTheSilo) {
   Quiet quiet;
   const auto dir = temp_dir("local");
