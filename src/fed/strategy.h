@@ -95,7 +95,8 @@ struct StrategyOptions {
   double beta1 = -1, beta2 = -1;  // fedadam, fedyogi 0.9, 0.99; fedadagrad beta1 0
   double tau = -1;                // fedadam 1e-9, fedyogi 1e-3, fedadagrad 1e-9
   // Client selection per round: a fraction of the available clients (at least min_clients),
-  // drawn by the server's seeded generator; 1 takes every available client. Under central DP's
+  // drawn by the server's seeded generator (under central DP by its secret one); 1 takes every
+  // available client. Under central DP's
   // Poisson sampling fraction_fit is each client's rate and min_clients only the clients a
   // round needs alive to start.
   double fraction_fit = 1.0;
