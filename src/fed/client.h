@@ -25,6 +25,7 @@
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "train/trainer.h"
+#include "train/trainer_data.h"
 
 namespace pollen::fed {
 
@@ -170,7 +171,8 @@ class LocalTrainer : public RoundTrainer {
   bool share_moments_ = false;     // strategy.second_moments this round
   ParamSpecs first_moment_specs_;  // strategy.first_moments this round
   int64_t micro_steps_ = 1;        // per step and rank
-  std::unique_ptr<data::Loader> train_, validation_;
+  std::unique_ptr<data::Loader> train_;
+  train::Validation validation_;  // the same batches at every evaluation; none: no loader
   std::string manifest_hash_;
   int64_t step_ = 0;
   train::FaultInjection fault_;

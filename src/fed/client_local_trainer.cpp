@@ -116,7 +116,8 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
     lo.rank = 0;
     lo.world = 1;
     lo.split = "validation";
-    validation_ = std::make_unique<data::Loader>(lo);
+    validation_.loader = std::make_unique<data::Loader>(lo);
+    validation_.start = {config.seed, 0, 0};
   }
   for (const auto& m : config.manifests) {
     if (!manifest_hash_.empty()) manifest_hash_ += "+";
@@ -255,22 +256,10 @@ void LocalTrainer::load_checkpoint(const std::filesystem::path& dir) {
 
 double LocalTrainer::evaluate_share(int64_t* tokens) {
   *tokens = 0;
-  if (!validation_) return 0;
-  validation_->restore({config_.seed, 0, 0});  // the same batches every time
-  // Each rank scores every world-th batch; the sums are reduced (one process: all of them).
-  const int64_t rank = comm_->rank(), world = comm_->world();
-  double sums[2] = {0, 0};  // loss, scored tokens
-  for (int64_t i = 0; i < config_.train.eval_batches; ++i) {
-    const model::Batch b = validation_->next();
-    if (i % world != rank) continue;
-    int64_t scored = 0;
-    const ag::Var loss = model_.loss(b, ag::Reduction::sum, &scored);
-    sums[0] += loss.value().item();
-    sums[1] += static_cast<double>(scored);
-  }
-  comm_->all_reduce_sum(sums, "the validation loss");
-  *tokens = static_cast<int64_t>(sums[1]);
-  return *tokens > 0 ? sums[0] / sums[1] : 0;
+  if (!validation_.loader) return 0;
+  const double loss =
+      train::validation_loss(model_, validation_, config_.train.eval_batches, comm_, tokens);
+  return *tokens > 0 ? loss : 0;
 }
 
 }  // namespace pollen::fed

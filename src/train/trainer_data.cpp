@@ -87,7 +87,7 @@ TrainData open_train_data(const TrainConfig& cfg, dist::Communicator& comm) {
 }
 
 double validation_loss(const model::Llama& model, Validation& validation, int64_t batches,
-                       dist::Communicator* comm) {
+                       dist::Communicator* comm, int64_t* scored) {
   ag::NoGrad no_grad;
   validation.loader->restore(validation.start);  // the same validation batches at every evaluation
   const int64_t rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;
@@ -101,6 +101,7 @@ double validation_loss(const model::Llama& model, Validation& validation, int64_
     sums[1] += static_cast<double>(n);
   }
   if (comm) comm->all_reduce_sum(sums, "the validation loss");
+  if (scored) *scored = static_cast<int64_t>(sums[1]);
   return sums[1] > 0 ? sums[0] / sums[1] : NAN;
 }
 

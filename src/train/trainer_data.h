@@ -28,9 +28,10 @@ struct TrainData {
 // validation data).
 TrainData open_train_data(const TrainConfig& cfg, dist::Communicator& comm);
 
-// Mean validation loss over `batches` batches; with several ranks each evaluates every
-// world-th batch and the sums are reduced, so the result is the single process's.
+// Mean validation loss over `batches` batches (NaN when none scored a token); with several ranks
+// each evaluates every world-th batch and the sums are reduced, so the result is the single
+// process's. `scored`, when given, receives the tokens scored.
 double validation_loss(const model::Llama& model, Validation& validation, int64_t batches,
-                       dist::Communicator* comm);
+                       dist::Communicator* comm, int64_t* scored = nullptr);
 
 }  // namespace pollen::train
