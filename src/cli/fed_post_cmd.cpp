@@ -13,14 +13,16 @@ void add_fed_post_command(CLI::App& app) {
   auto config = std::make_shared<std::string>();
   auto* post = fed->add_subcommand(
       "post",
-      "Federated post-training (SFT or DPO) with LoRA adapters, simulated: silos in one process "
+      "Federated post-training (SFT, DPO or GRPO) with LoRA adapters, simulated: silos in one "
+      "process "
       "train from the round's adapters and send only B (A shared and frozen), see "
       "docs/federated.md");
   post->add_option("--config", *config, "fed-sft-lora.toml")->required();
   post->callback([config] {
     const fed::LoraFedConfig cfg = fed::load_lora_fed_config(*config);
+    const std::string base = train::load_post_config(cfg.run_file, cfg.objective).base;
     const fed::LoraFedResult r = fed::run_lora_federation(
-        cfg, fed::lora_objective_factory(cfg.objective, *config + ": federation.objective"));
+        cfg, fed::lora_objective_factory(cfg.objective, *config + ": federation.objective", base));
     std::printf("%-24s %s\n", "silo", "validation loss with the final adapters");
     for (size_t i = 0; i < cfg.silos.size(); ++i)
       std::printf("%-24s %.4f\n", cfg.silos[i].c_str(), r.eval_loss[i]);

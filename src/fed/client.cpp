@@ -21,9 +21,10 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
     POLLEN_CHECK(comm == nullptr || comm->world() == 1, "client '", config_.id,
                  "': a post-training silo ([post]) runs as one process, not ", comm->world(),
                  " ranks");
+    const train::PostConfig run = silo_post_config(config_.post);
     silo_ = std::make_unique<LoraSilo>(
-        config_.id, silo_post_config(config_.post),
-        lora_objective_factory(config_.post.objective, "post.objective"));
+        config_.id, run,
+        lora_objective_factory(config_.post.objective, "post.objective", run.base));
     // What Join proposes: the base's architecture and tokenizer, as the run file resolved them.
     config_.model = silo_->model().config();
     config_.tokenizer_fingerprint = silo_->tokenizer_fingerprint();

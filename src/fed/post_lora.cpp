@@ -15,6 +15,7 @@
 #include "optim/schedule.h"
 #include "train/config.h"
 #include "train/dpo.h"
+#include "train/grpo.h"
 #include "train/sft.h"
 #include "train/trainer.h"
 
@@ -148,10 +149,16 @@ std::string post_agreement_differences(const pb::JoinRequest& client, const std:
 }
 
 train::ObjectiveFactory lora_objective_factory(const std::string& objective,
-                                               const std::string& where) {
+                                               const std::string& where, const std::string& base) {
   if (objective == "sft") return train::make_sft_objective;
   if (objective == "dpo") return train::make_dpo_objective;
-  fail(where, ": the objective '", objective, "' does not federate; expected \"sft\" or \"dpo\"");
+  if (objective == "grpo") {
+    return [base](const train::ObjectiveContext& context) {
+      return train::make_grpo_objective(context, base);
+    };
+  }
+  fail(where, ": the objective '", objective,
+       "' does not federate; expected \"sft\", \"dpo\" or \"grpo\"");
 }
 
 PostBaseInfo read_post_base(const PostSettings& post) {
@@ -194,14 +201,15 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
       }()) {
   const train::PostBase base = train::resolve_post_base(config);
   base_sha256_ = base_fingerprint(model_);
-  tokenizer_fingerprint_ = base.tokenizer->fingerprint();
+  tokenizer_ = base.tokenizer;
+  tokenizer_fingerprint_ = tokenizer_->fingerprint();
   train::TrainedParameters trained = train::trained_model_parameters(model_, config.lora);
   lora_ = trained.lora;
   trained_ = trained.named;
   // run_dir: DPO's reference cache, which a restarted client reads again.
   const train::ObjectiveContext ctx{config.objective_section(),
                                     config.base_dir,
-                                    base.tokenizer.get(),
+                                    tokenizer_.get(),
                                     base.chat_format,
                                     config.seed,
                                     model_.config().max_position_embeddings,

@@ -54,9 +54,12 @@ std::string base_fingerprint(const model::Llama& base);
 std::string post_agreement_differences(const pb::JoinRequest& client, const std::string& lora_json,
                                        const std::string& base_sha256);
 
-// The objectives that federate with LoRA ("sft", "dpo"); others are refused naming `where`.
+// The objectives that federate with LoRA ("sft", "dpo", "grpo"); others are refused naming
+// `where`. `base`: the run file's model.base, GRPO's KL reference when grpo.beta > 0 and no
+// grpo.reference is named (as `pollen grpo` takes it).
 train::ObjectiveFactory lora_objective_factory(const std::string& objective,
-                                               const std::string& where);
+                                               const std::string& where,
+                                               const std::string& base = {});
 
 // What the server of a post-training federation reads of its [post] run file: the base (loaded
 // only to fingerprint it), its tokenizer's fingerprint and the adapters' config.
@@ -119,6 +122,9 @@ class LoraSilo : public RoundTrainer {
   model::Llama model_;
   std::string base_sha256_, tokenizer_fingerprint_, data_hash_;
   std::shared_ptr<model::Lora> lora_;
+  // The base's tokenizer, which the objective keeps a pointer to (GRPO decodes every
+  // completion with it): it lives as long as the silo.
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<train::Objective> objective_;
   std::vector<std::pair<std::string, ag::Var>> trained_;  // B, named
   std::vector<ag::Var> params_;

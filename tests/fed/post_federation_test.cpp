@@ -1,6 +1,7 @@
 // Post-training federations over the real server and client (`pollen fed server` and `pollen fed
-// client` with [post]): LoRA adapters' B as the exchanged state. A 2-silo SFT federation of
-// processes on loopback gives bitwise the adapters of `pollen fed post`'s simulation; a DPO
+// client` with [post]): LoRA adapters' B as the exchanged state. A 2-silo SFT federation, and a
+// GRPO one, of processes on loopback give bitwise the adapters of `pollen fed post`'s
+// simulation; a DPO
 // federation raises the held-out margin; a silo of another LoRA config or base is refused naming
 // the difference; a restarted server (and restarted clients with their state) continue bitwise;
 // hostile adapter updates are refused; [post] keys are checked.
@@ -10,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <thread>
 
@@ -20,6 +22,8 @@
 #include "fed/grpc.h"
 #include "fed/post_lora.h"
 #include "io/safetensors.h"
+#include "train/grpo.h"
+#include "train/post_config.h"
 #include "train/post_fixtures.h"
 #include "train/preference_synth.h"
 
@@ -36,7 +40,7 @@ const char* kLora =
 
 struct Fixture {
   fs::path dir, tokenizer, model_file;
-  fs::path sft[2], dpo[2], dpo_validation;
+  fs::path sft[2], dpo[2], dpo_validation, grpo[2];
 };
 
 const Fixture& fixture() {
@@ -58,6 +62,12 @@ const Fixture& fixture() {
     x.dpo[0] = pairs("dpo-a.jsonl", 32, 1);
     x.dpo[1] = pairs("dpo-b.jsonl", 32, 2);
     x.dpo_validation = pairs("dpo-held-out.jsonl", 16, 3);
+    for (int i = 0; i < 2; ++i) {
+      x.grpo[i] = x.dir / cat("grpo-", i, ".jsonl");
+      std::ofstream out(x.grpo[i]);
+      for (const auto& e : train::synth_examples("arithmetic", 16, 5 + i))
+        out << train::grpo_jsonl_line(e) << "\n";
+    }
     return x;
   }();
   return f;
@@ -69,10 +79,15 @@ fs::path write_run_file(const fs::path& dir, const std::string& objective,
                         const std::vector<std::pair<std::string, std::string>>& edits = {}) {
   const auto& fx = fixture();
   fs::create_directories(dir);
-  const std::string section = objective == "sft"
-                                  ? "[sft]\nseq = 64\nmicro_batch = 2\nvalidation_fraction = 0\n"
-                                  : "[dpo]\nvalidation = \"" + fx.dpo_validation.string() +
-                                        "\"\nbeta = 0.1\nbatch_pairs = 8\nmicro_batch_pairs = 4\n";
+  // GRPO: the untrained model never answers a sum, so the reward is a vowel anywhere in the
+  // completion, which makes the groups' rewards differ.
+  const std::string section =
+      objective == "sft"   ? "[sft]\nseq = 64\nmicro_batch = 2\nvalidation_fraction = 0\n"
+      : objective == "dpo" ? "[dpo]\nvalidation = \"" + fx.dpo_validation.string() +
+                                 "\"\nbeta = 0.1\nbatch_pairs = 8\nmicro_batch_pairs = 4\n"
+                           : "[grpo]\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\n"
+                             "max_completion_tokens = 6\nbeta = 0.04\n\n[grpo.verifier]\n"
+                             "kind = \"regex\"\npattern = \"[aeiou]\"\n";
   const fs::path file = dir / (objective + "-run.toml");
   std::string text =
       test_support::tiny_post_toml(dir / "silo-run", fx.model_file, fx.tokenizer, 100, section) +
@@ -150,22 +165,27 @@ double held_out_margin(LoraSilo& silo, const Weights& b) {
 
 }  // namespace
 
-TEST(FedPostWire, DeployedSftEqualsTheSimulationBitwise) {
-  const auto& fx = fixture();
-  const fs::path dir = temp_dir("post_deployed");
-  const fs::path run = write_run_file(dir, "sft");
+namespace {
+
+// `objective`'s federation of two silos over `data` run as three processes on loopback (`pollen
+// fed server` and two `pollen fed client`) ends with the adapters of the same federation
+// simulated in this process, bit for bit.
+void expect_deployed_equals_simulation(const std::string& objective, const fs::path (&data)[2]) {
+  const fs::path dir = temp_dir("post_deployed_" + objective);
+  const fs::path run = write_run_file(dir, objective);
   set_num_threads(1);
   {
     Quiet q;
     LoraFedConfig sim;
     sim.run_file = run;
-    sim.objective = "sft";
+    sim.objective = objective;
     sim.silos = {"silo-0", "silo-1"};
-    sim.data = {fx.sft[0].string(), fx.sft[1].string()};
+    sim.data = {data[0].string(), data[1].string()};
     sim.output = dir / "sim";
     sim.options.rounds = 2;
     sim.options.local_steps = 3;
-    run_lora_federation(sim, lora_objective_factory("sft", "test"));
+    const std::string base = train::load_post_config(run, objective).base;
+    run_lora_federation(sim, lora_objective_factory(objective, "test", base));
   }
   // The same federation as three processes on loopback.
   const std::string address = loopback_address();
@@ -173,12 +193,12 @@ TEST(FedPostWire, DeployedSftEqualsTheSimulationBitwise) {
                     cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
                         "'\nrounds = 2\nlocal_steps = 3\nround_timeout_s = 120\n"
                         "wait_for_clients_s = 60\n[strategy]\nmin_clients = 2\n[post]\nrun = '",
-                        run.string(), "'\nobjective = 'sft'\n"));
+                        run.string(), "'\nobjective = '", objective, "'\n"));
   for (int i = 0; i < 2; ++i)
     write_file_atomic(
         dir / cat("client", i, ".toml"),
         cat("[client]\nid = 'silo-", i, "'\nserver = '", address, "'\nthreads = 1\n[post]\nrun = '",
-            run.string(), "'\nobjective = 'sft'\ndata = '", fx.sft[i].string(), "'\n"));
+            run.string(), "'\nobjective = '", objective, "'\ndata = '", data[i].string(), "'\n"));
   std::vector<pid_t> pids;
   for (const auto& [sub, config] : std::vector<std::pair<std::string, std::string>>{
            {"server", "fed"}, {"client", "client0"}, {"client", "client1"}}) {
@@ -223,6 +243,18 @@ TEST(FedPostWire, DeployedSftEqualsTheSimulationBitwise) {
   ASSERT_EQ(lineage.size(), 3u);
   EXPECT_EQ(lineage[0]["round"], 0);
   EXPECT_EQ(lineage[0]["base_sha256"].get<std::string>().size(), 64u);
+}
+
+}  // namespace
+
+TEST(FedPostWire, DeployedSftEqualsTheSimulationBitwise) {
+  expect_deployed_equals_simulation("sft", fixture().sft);
+}
+
+// GRPO's silos sample their rollouts with the generation engine and keep a KL reference (the
+// base, loaded from the run file's model.base): deployed, as simulated.
+TEST(FedPostWire, DeployedGrpoEqualsTheSimulationBitwise) {
+  expect_deployed_equals_simulation("grpo", fixture().grpo);
 }
 
 TEST(FedPostWire, DpoFederationOverGrpcRaisesTheHeldOutMargin) {
@@ -412,8 +444,7 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
   };
   const std::string server = "[server]\ndir = 'x'\n[post]\nrun = 'r.toml'\n";
   EXPECT_EQ(server_error(server), "");
-  EXPECT_NE(server_error(server + "objective = 'grpo'\n").find("post.objective"),
-            std::string::npos);
+  EXPECT_NE(server_error(server + "objective = 'rm'\n").find("post.objective"), std::string::npos);
   EXPECT_NE(server_error(server + "colour = 1\n").find("colour"), std::string::npos);
   EXPECT_NE(
       server_error(server + "[model]\npreset = 'llama-tiny'\n").find("not allowed with [post]"),

@@ -3,10 +3,12 @@
 // the adapters' B travel; a silo whose adapters differ is refused naming the difference.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 
 #include "fed/post_lora.h"
 #include "ops/elementwise.h"
+#include "train/grpo.h"
 #include "train/post_config.h"
 #include "train/post_fixtures.h"
 #include "train/sft.h"
@@ -145,6 +147,56 @@ TEST(FedPostLora, RoundsLowerTheSilosLoss) {
   double last = first;
   for (int64_t r = 2; r <= 4; ++r) last = server.run_round(r, ptrs).train_loss;
   EXPECT_LT(last, 0.9 * first);
+}
+
+// GRPO federates like SFT: a federation of one GRPO silo at FedAvg lr 1, 2 rounds of 2 local
+// steps, ends with the adapters that 4 steps of the same silo alone give (its rollouts are
+// functions of the seed and the step, its AdamW state and the KL reference, the base, carry
+// across rounds), to float rounding. The untrained model never answers a sum, so the reward is
+// a vowel anywhere in the completion: the groups' rewards differ and the steps train.
+TEST(FedPostLora, OneGrpoSiloFederatedEqualsItsLocalTraining) {
+  const auto& fx = fixture();
+  const fs::path prompts = fx.dir / "grpo-prompts.jsonl";
+  {
+    std::ofstream out(prompts);
+    for (const auto& e : train::synth_examples("arithmetic", 16, 5))
+      out << train::grpo_jsonl_line(e) << "\n";
+  }
+  const std::string section = "[grpo]\ndata = \"" + prompts.string() +
+                              "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\n"
+                              "max_completion_tokens = 6\nbeta = 0.04\n\n[grpo.verifier]\n"
+                              "kind = \"regex\"\npattern = \"[aeiou]\"\n";
+  auto silo = [&](const std::string& name) {
+    const train::PostConfig c =
+        train::parse_post_config(test_support::tiny_post_toml(fx.dir / name, fx.model_file,
+                                                              fx.tokenizer_path, 100, section) +
+                                     kLora,
+                                 "grpo.toml", "grpo", {"optimizer.lr=0.05"});
+    return std::make_unique<fed::LoraSilo>(name, c,
+                                           fed::lora_objective_factory("grpo", "test", c.base));
+  };
+  auto federated = silo("grpo-federated");
+  fed::LoraFedOptions o;
+  o.local_steps = 2;
+  fed::LoraFederation server(federated->model().config(), federated->lora_config(), o);
+  server.admit(*federated);
+  for (int64_t r = 1; r <= 2; ++r) EXPECT_GT(server.run_round(r, {federated.get()}).tokens, 0);
+
+  auto alone = silo("grpo-alone");
+  alone->train(4);
+  const fed::Weights mine = fed::lora_weights(server.global()),
+                     theirs = fed::lora_weights(alone->lora());
+  ASSERT_EQ(mine.size(), theirs.size());
+  double worst = 0, largest = 0;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const auto x = mine[i].to_doubles(), y = theirs[i].to_doubles();
+    for (size_t j = 0; j < x.size(); ++j) {
+      worst = std::max(worst, std::fabs(x[j] - y[j]));
+      largest = std::max(largest, std::fabs(y[j]));
+    }
+  }
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_GT(largest, 1e-3);  // B left zero: the steps did train
 }
 
 TEST(FedPostLora, SilosWithOtherAdaptersAreRefusedNamingTheDifference) {
