@@ -214,8 +214,10 @@ void Client::train_round(const pb::TaskReply& task) {
   }
   if (reply.accepted()) {
     bytes_sent_ += enc.bytes.size() + info.second_moments().size();
+    std::string objective_metrics;  // a post-training objective's, GRPO's reward say
+    for (const auto& [name, value] : res.metrics) objective_metrics += cat(", ", name, " ", value);
     log::info("fed client '", config_.id, "': round ", task.round(), ": ", res.tokens,
-              " tokens, loss ", res.loss, ", sent ", enc.bytes.size(), " bytes");
+              " tokens, loss ", res.loss, objective_metrics, ", sent ", enc.bytes.size(), " bytes");
   } else {
     // The update did not count: what error feedback kept back for it is void too.
     feedback_.set_residual(saved_residual);

@@ -245,6 +245,7 @@ LoraSilo::RoundResult LoraSilo::train_round(const Weights& global, int64_t steps
   RoundResult r;
   r.tokens = t.tokens;
   r.loss = t.loss;
+  r.metrics = t.metrics;
   r.delta = weights_minus(global, lora_weights(*lora_));
   return r;
 }
@@ -265,8 +266,11 @@ RoundTrainer::Result LoraSilo::train(int64_t steps) {
     ++step_;
     loss_sum += st.loss;
     r.tokens += st.tokens;
+    for (const auto& [name, value] : st.metrics.items())
+      if (value.is_number()) r.metrics[name] += value.get<double>();
   }
   r.loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0;
+  for (auto& [name, sum] : r.metrics) sum /= static_cast<double>(steps);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
@@ -355,6 +359,10 @@ LoraRoundSummary LoraFederation::run_round(int64_t round, const std::vector<Lora
     loss_weighted += r.loss * static_cast<double>(r.tokens);
     sum.client_train_loss[silo->id()] = r.loss;
     sum.client_tokens[silo->id()] = r.tokens;
+    sum.client_metrics[silo->id()] = r.metrics;
+    for (const auto& [name, value] : r.metrics)
+      sum.metrics[name] += value * static_cast<double>(r.tokens);
+    sum.headline = silo->objective().headline_metric();
   }
   std::sort(updates.begin(), updates.end(),
             [](const ClientUpdate& a, const ClientUpdate& b) { return a.client_id < b.client_id; });
@@ -362,6 +370,8 @@ LoraRoundSummary LoraFederation::run_round(int64_t round, const std::vector<Lora
   strategy_->aggregate(round, global, updates);
   set_lora_weights(global_, global);
   sum.train_loss = sum.tokens > 0 ? loss_weighted / static_cast<double>(sum.tokens) : 0;
+  for (auto& [name, value] : sum.metrics)
+    value = sum.tokens > 0 ? value / static_cast<double>(sum.tokens) : 0;
   return sum;
 }
 
@@ -442,9 +452,15 @@ LoraFedResult run_lora_federation(const LoraFedConfig& c,
     line["bytes_sent"] = sum.bytes_sent;
     line["bytes_received"] = sum.bytes_received;
     line["client_train_loss"] = sum.client_train_loss;
+    if (!sum.metrics.empty()) {
+      line["metrics"] = sum.metrics;
+      line["client_metrics"] = sum.client_metrics;
+    }
     metrics << line.dump() << "\n" << std::flush;
-    log::info("round ", round, "/", c.options.rounds, ": train loss ", sum.train_loss, ", ",
-              sum.bytes_received, " bytes of adapters in");
+    const auto headline = sum.metrics.find(sum.headline);
+    log::info("round ", round, "/", c.options.rounds, ": train loss ", sum.train_loss,
+              headline == sum.metrics.end() ? "" : cat(", ", sum.headline, " ", headline->second),
+              ", ", sum.bytes_received, " bytes of adapters in");
     r.rounds.push_back(sum);
   }
   const Weights global = lora_weights(server.global());

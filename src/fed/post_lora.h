@@ -86,8 +86,9 @@ class LoraSilo : public RoundTrainer {
            const train::ObjectiveFactory& make_objective);
   struct RoundResult {
     int64_t tokens = 0;
-    double loss = 0;  // mean of the steps' losses
-    Weights delta;    // global minus local B
+    double loss = 0;                        // mean of the steps' losses
+    std::map<std::string, double> metrics;  // the objective's, means over the steps
+    Weights delta;                          // global minus local B
   };
   // `steps` optimizer steps of the objective from the global B.
   RoundResult train_round(const Weights& global, int64_t steps);
@@ -146,6 +147,9 @@ struct LoraRoundSummary {
   uint64_t bytes_sent = 0, bytes_received = 0;  // the round's adapters out, updates in
   std::map<std::string, double> client_train_loss;
   std::map<std::string, int64_t> client_tokens;  // each silo's aggregation weight
+  std::map<std::string, std::map<std::string, double>> client_metrics;  // the objective's
+  std::map<std::string, double> metrics;  // the objective's, token-weighted over silos
+  std::string headline;                   // the objective's headline metric; empty: the loss
 };
 
 // The server's side: the global adapters (A from the shared seed, B zero) on a base

@@ -5,6 +5,7 @@
 // exchanged state is its LoRA adapters' B. The client pulls the exchanged tensors, sets them,
 // trains, and pushes global minus local.
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "fed/strategy.h"
@@ -23,6 +24,9 @@ class RoundTrainer {
     // rank; each sums to `tokens` (row weighting, fed/strategy.h). Empty where no row of the
     // exchanged tensors belongs to a token (LoRA adapters).
     TokenCounts input_counts, target_counts;
+    // The objective's own scalars, each the mean over the round's steps (a post-training
+    // objective's: GRPO's "reward", DPO's "rewards/margins", ...); empty in pre-training.
+    std::map<std::string, double> metrics;
   };
   // The tensors the federation exchanges, in wire order, and their current local values
   // (float32 copies); set_exchanged_weights copies the round's global values in.

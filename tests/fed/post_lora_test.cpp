@@ -152,8 +152,9 @@ TEST(FedPostLora, RoundsLowerTheSilosLoss) {
 // GRPO federates like SFT: a federation of one GRPO silo at FedAvg lr 1, 2 rounds of 2 local
 // steps, ends with the adapters that 4 steps of the same silo alone give (its rollouts are
 // functions of the seed and the step, its AdamW state and the KL reference, the base, carry
-// across rounds), to float rounding. The untrained model never answers a sum, so the reward is
-// a vowel anywhere in the completion: the groups' rewards differ and the steps train.
+// across rounds), to float rounding, and reports the rewards it trained on. The untrained model
+// never answers a sum, so the reward is a vowel anywhere in the completion: the groups' rewards
+// differ and the steps train.
 TEST(FedPostLora, OneGrpoSiloFederatedEqualsItsLocalTraining) {
   const auto& fx = fixture();
   const fs::path prompts = fx.dir / "grpo-prompts.jsonl";
@@ -180,10 +181,18 @@ TEST(FedPostLora, OneGrpoSiloFederatedEqualsItsLocalTraining) {
   o.local_steps = 2;
   fed::LoraFederation server(federated->model().config(), federated->lora_config(), o);
   server.admit(*federated);
-  for (int64_t r = 1; r <= 2; ++r) EXPECT_GT(server.run_round(r, {federated.get()}).tokens, 0);
+  double rewards = 0;  // the rounds' mean rewards, each over its 2 steps
+  for (int64_t r = 1; r <= 2; ++r) {
+    const fed::LoraRoundSummary sum = server.run_round(r, {federated.get()});
+    EXPECT_GT(sum.tokens, 0);
+    EXPECT_EQ(sum.headline, "reward");
+    rewards += sum.client_metrics.at("grpo-federated").at("reward");
+  }
 
   auto alone = silo("grpo-alone");
-  alone->train(4);
+  const auto local = alone->train(4);
+  // The same rollouts, scored alike: the rounds' rewards are the local steps'.
+  EXPECT_DOUBLE_EQ(rewards / 2, local.metrics.at("reward"));
   const fed::Weights mine = fed::lora_weights(server.global()),
                      theirs = fed::lora_weights(alone->lora());
   ASSERT_EQ(mine.size(), theirs.size());
