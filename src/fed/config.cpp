@@ -34,6 +34,8 @@ std::string read_tokenizer(ConfigTable& root) {
   return fp;
 }
 
+}  // namespace
+
 void read_compression(ConfigTable& root, ServerConfig& c) {
   if (auto t = root.table("compression")) {
     auto codec = [&](const char* key) {
@@ -65,6 +67,8 @@ void read_compression(ConfigTable& root, ServerConfig& c) {
     }
   }
 }
+
+namespace {
 
 void read_server_table(ConfigTable& s, ServerConfig& c) {
   c.dir = s.require_string("dir");

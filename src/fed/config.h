@@ -130,6 +130,8 @@ ClientConfig parse_client_config(const std::string& text, const std::string& sou
 SimConfig parse_sim_config(const std::string& text, const std::string& source);
 
 ServerConfig read_server_config(ConfigTable& root);
+// root's [compression] into c.compression and c.server_codec (absent: both none).
+void read_compression(ConfigTable& root, ServerConfig& c);
 LocalTrainConfig read_local_train(ConfigTable& table);
 TlsFiles read_tls(ConfigTable& root, bool server);
 SiloParallel read_silo_parallel(ConfigTable& table);

@@ -352,7 +352,8 @@ LoraRoundSummary LoraFederation::run_round(int64_t round, const std::vector<Lora
     ClientUpdate u;
     u.client_id = silo->id();
     u.tokens = r.tokens;
-    u.delta = transfer(encode_weights(specs_, r.delta, options_.compression), specs_,
+    std::vector<std::string> payloads = feedback_[silo->id()].encode(r.delta, options_.compression);
+    u.delta = transfer(encode_payloads(specs_, std::move(payloads), options_.compression), specs_,
                        options_.compression, pushed, &sum.bytes_received);
     updates.push_back(std::move(u));
     sum.tokens += r.tokens;
@@ -420,6 +421,15 @@ LoraFedConfig load_lora_fed_config(const std::filesystem::path& path) {
                    "has no token rows or shared optimizer moments; leave it out");
     s->finish();
   }
+  // [compression] as a server reads it; the adapters go out as float32 (the download codec
+  // belongs to the deployed server's model view).
+  ServerConfig codecs;
+  read_compression(root, codecs);
+  POLLEN_CHECK(codecs.server_codec == Codec::none, "config file '", path.string(),
+               "': compression.server_codec: `pollen fed post` sends the round's adapters as "
+               "float32; a compressed download runs over the wire (`pollen fed server` with "
+               "[post])");
+  c.options.compression = codecs.compression;
   root.finish();
   return c;
 }

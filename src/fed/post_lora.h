@@ -160,8 +160,9 @@ class LoraFederation {
                  LoraFedOptions options);
   // Refuses a silo whose base architecture or adapters differ, naming every difference.
   void admit(const LoraSilo& silo) const;
-  // One round: each silo (in the given order; the mean is summed in id order) pulls the encoded
-  // global B, trains, pushes its encoded delta; the strategy aggregates.
+  // One round: each silo (in the given order; the mean is summed in id order) pulls the global B
+  // (float32), trains, pushes its delta encoded with options.compression and the silo's error
+  // feedback, as a deployed client does; the strategy aggregates.
   LoraRoundSummary run_round(int64_t round, const std::vector<LoraSilo*>& silos);
 
   const model::Lora& global() const { return global_; }
@@ -173,6 +174,8 @@ class LoraFederation {
   LoraFedOptions options_;
   ParamSpecs specs_;
   std::unique_ptr<Strategy> strategy_;
+  // Each silo's error feedback under compression, kept where its client would keep it.
+  std::map<std::string, ErrorFeedback> feedback_;
 };
 
 // `pollen fed post --config FILE`: a simulated federation of LoRA silos in one process. The file's

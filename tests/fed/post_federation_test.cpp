@@ -169,21 +169,21 @@ namespace {
 
 // `objective`'s federation of two silos over `data` run as three processes on loopback (`pollen
 // fed server` and two `pollen fed client`) ends with the adapters of the same federation
-// simulated in this process, bit for bit.
-void expect_deployed_equals_simulation(const std::string& objective, const fs::path (&data)[2]) {
-  const fs::path dir = temp_dir("post_deployed_" + objective);
+// simulated in this process (from a `pollen fed post` file), bit for bit. `compression`: a
+// [compression] table both sides get.
+void expect_deployed_equals_simulation(const std::string& objective, const fs::path (&data)[2],
+                                       const std::string& compression = "") {
+  const fs::path dir = temp_dir("post_deployed_" + objective + (compression.empty() ? "" : "_c"));
   const fs::path run = write_run_file(dir, objective);
   set_num_threads(1);
   {
     Quiet q;
-    LoraFedConfig sim;
-    sim.run_file = run;
-    sim.objective = objective;
-    sim.silos = {"silo-0", "silo-1"};
-    sim.data = {data[0].string(), data[1].string()};
-    sim.output = dir / "sim";
-    sim.options.rounds = 2;
-    sim.options.local_steps = 3;
+    write_file_atomic(dir / "sim.toml",
+                      cat("[federation]\nrun = '", run.string(), "'\nobjective = '", objective,
+                          "'\nsilos = ['silo-0', 'silo-1']\ndata = ['", data[0].string(), "', '",
+                          data[1].string(), "']\nrounds = 2\nlocal_steps = 3\noutput = '",
+                          (dir / "sim").string(), "'\n", compression));
+    const LoraFedConfig sim = load_lora_fed_config(dir / "sim.toml");
     const std::string base = train::load_post_config(run, objective).base;
     run_lora_federation(sim, lora_objective_factory(objective, "test", base));
   }
@@ -193,7 +193,7 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
                     cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
                         "'\nrounds = 2\nlocal_steps = 3\nround_timeout_s = 120\n"
                         "wait_for_clients_s = 60\n[strategy]\nmin_clients = 2\n[post]\nrun = '",
-                        run.string(), "'\nobjective = '", objective, "'\n"));
+                        run.string(), "'\nobjective = '", objective, "'\n", compression));
   for (int i = 0; i < 2; ++i)
     write_file_atomic(
         dir / cat("client", i, ".toml"),
@@ -231,12 +231,21 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
     b_values += t.numel();
   }
   EXPECT_GT(largest, 1e-4);  // the silos did train B
-  // Only B travelled: each round, 2 silos x 4 bytes per value of B each way.
+  // Only B travelled: each round, 2 silos x 4 bytes per value of B each way (the updates
+  // compressed: as many bytes as the simulation's).
   const auto lines = read_jsonl(dir / "dep/metrics.jsonl");
+  const auto sim_lines = read_jsonl(dir / "sim/metrics.jsonl");
   ASSERT_EQ(lines.size(), 2u);
-  for (const auto& l : lines) {
-    EXPECT_EQ(l["bytes_received"].get<int64_t>(), 2 * 4 * b_values);
-    EXPECT_EQ(l["bytes_sent"].get<int64_t>(), 2 * 4 * b_values);
+  ASSERT_EQ(sim_lines.size(), 2u);
+  for (size_t r = 0; r < lines.size(); ++r) {
+    const auto received = lines[r]["bytes_received"].get<int64_t>();
+    EXPECT_EQ(received, sim_lines[r]["bytes_received"].get<int64_t>());
+    if (compression.empty()) {
+      EXPECT_EQ(received, 2 * 4 * b_values);
+    } else {
+      EXPECT_LT(received, 2 * 4 * b_values / 3);
+    }
+    EXPECT_EQ(lines[r]["bytes_sent"].get<int64_t>(), 2 * 4 * b_values);
   }
   // The lineage starts with the base.
   const auto lineage = read_jsonl(dir / "dep/lineage.jsonl");
@@ -249,6 +258,12 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
 
 TEST(FedPostWire, DeployedSftEqualsTheSimulationBitwise) {
   expect_deployed_equals_simulation("sft", fixture().sft);
+}
+
+// int8 updates with error feedback: the simulation keeps each silo's residual where its client
+// does, round after round.
+TEST(FedPostWire, DeployedCompressedSftEqualsTheSimulationBitwise) {
+  expect_deployed_equals_simulation("sft", fixture().sft, "[compression]\ncodec = 'int8'\n");
 }
 
 // GRPO's silos sample their rollouts with the generation engine and keep a KL reference (the
@@ -480,4 +495,10 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
     const std::string name = std::string(key).substr(0, std::string(key).find(' '));
     EXPECT_NE(e.find("strategy." + name), std::string::npos) << key << ": " << e;
   }
+  // [compression] is read as a server reads it; the download goes out as float32.
+  EXPECT_EQ(post_error("[compression]\ncodec = 'int4'\n"), "");
+  const std::string download = post_error("[compression]\nserver_codec = 'int8'\n");
+  EXPECT_NE(download.find("compression.server_codec"), std::string::npos) << download;
+  const std::string bad = post_error("[compression]\ncodec = 'int7'\n");
+  EXPECT_NE(bad.find("compression.codec"), std::string::npos) << bad;
 }
