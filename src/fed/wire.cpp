@@ -249,10 +249,12 @@ void validate_update_info(const pb::UpdateInfo& u, const std::string& what) {
   POLLEN_CHECK(std::isfinite(u.train_loss()) && std::isfinite(u.eval_loss()) &&
                    std::isfinite(u.train_seconds()),
                what, ": losses and times must be finite");
+  // A cross-entropy is never negative, but a post-training objective's loss may be: GRPO's
+  // policy loss, and its held-out loss, the negated mean reward.
   for (const auto& [name, loss] :
        {std::pair{"train_loss", u.train_loss()}, std::pair{"eval_loss", u.eval_loss()}}) {
-    POLLEN_CHECK(loss >= 0 && loss <= kMaxLoss, what, ": ", name, " ", loss, " is outside [0, ",
-                 kMaxLoss, "] (a cross-entropy per token)");
+    POLLEN_CHECK(std::abs(loss) <= kMaxLoss, what, ": ", name, " ", loss, " is outside [-",
+                 kMaxLoss, ", ", kMaxLoss, "]");
   }
   POLLEN_CHECK(u.eval_tokens() >= 0 && u.eval_tokens() <= (int64_t{1} << 50), what,
                ": eval_tokens ", u.eval_tokens(), " out of range (0 to 2^50)");

@@ -99,8 +99,8 @@ Weights decode_set(const pb::TensorSetHeader& h, const std::string& bytes, const
                    const std::string& what);
 
 // Checks the update info of a push: id, round, tokens (training and evaluation) at most 2^50,
-// losses and times finite, losses in [0, kMaxLoss], so that the server's weighted sums stay
-// exact and finite.
+// losses and times finite, losses within +-kMaxLoss (negative for some post-training objectives),
+// so that the server's weighted sums stay exact and finite.
 constexpr double kMaxLoss = 1e9;
 void validate_update_info(const pb::UpdateInfo& u, const std::string& what);
 

@@ -85,9 +85,10 @@ fs::path write_run_file(const fs::path& dir, const std::string& objective,
       objective == "sft"   ? "[sft]\nseq = 64\nmicro_batch = 2\nvalidation_fraction = 0\n"
       : objective == "dpo" ? "[dpo]\nvalidation = \"" + fx.dpo_validation.string() +
                                  "\"\nbeta = 0.1\nbatch_pairs = 8\nmicro_batch_pairs = 4\n"
-                           : "[grpo]\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\n"
-                             "max_completion_tokens = 6\nbeta = 0.04\n\n[grpo.verifier]\n"
-                             "kind = \"regex\"\npattern = \"[aeiou]\"\n";
+                           : "[grpo]\neval_data = \"" + fx.grpo[0].string() +
+                                 "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\n"
+                                 "max_completion_tokens = 6\nbeta = 0.04\n\n[grpo.verifier]\n"
+                                 "kind = \"regex\"\npattern = \"[aeiou]\"\n";
   const fs::path file = dir / (objective + "-run.toml");
   std::string text =
       test_support::tiny_post_toml(dir / "silo-run", fx.model_file, fx.tokenizer, 100, section) +
@@ -246,6 +247,13 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
       EXPECT_LT(received, 2 * 4 * b_values / 3);
     }
     EXPECT_EQ(lines[r]["bytes_sent"].get<int64_t>(), 2 * 4 * b_values);
+    // GRPO's held-out loss is its negated mean reward: the server takes it, negative as it is.
+    if (objective == "grpo") {
+      for (const auto& [id, c] : lines[r]["clients"].items()) {
+        ASSERT_TRUE(c.contains("eval_loss")) << id;
+        EXPECT_LE(c["eval_loss"].get<double>(), 0) << id;
+      }
+    }
   }
   // The lineage starts with the base.
   const auto lineage = read_jsonl(dir / "dep/lineage.jsonl");
