@@ -144,6 +144,7 @@ void Client::train_round(const pb::TaskReply& task) {
   info.set_tokens(res.tokens);
   info.set_train_loss(res.loss);
   info.set_train_seconds(res.seconds);
+  for (const auto& [name, value] : res.metrics) (*info.mutable_objective_metrics())[name] = value;
   if (task.token_counts()) {
     token_counts_to(res.input_counts, info.mutable_input_counts());
     token_counts_to(res.target_counts, info.mutable_target_counts());

@@ -45,6 +45,9 @@ struct RoundSummary {
   uint64_t bytes_sent = 0, bytes_received = 0;  // the round's model out, updates in
   double wall_s = 0;
   std::map<std::string, double> client_train_loss, client_eval_loss;
+  // A post-training objective's own scalars (GRPO's "reward", ...), token-weighted over the
+  // participants; empty in pre-training
+  std::map<std::string, double> metrics;
 };
 
 // The server's status (what /metrics shows): the last closed round and totals since start.

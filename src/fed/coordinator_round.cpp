@@ -4,6 +4,7 @@
 #include "fed/coordinator.h"
 
 #include <cmath>
+#include <map>
 
 #include "base/log.h"
 #include "fed/first_moments.h"
@@ -106,7 +107,8 @@ RoundSummary Coordinator::end_round() {
   nlohmann::ordered_json lineage_clients = nlohmann::ordered_json::array();
   uint64_t bytes_received = 0;
   double loss_sum = 0;
-  std::vector<std::vector<float>> moments;  // strategy.second_moments: each participant's
+  std::map<std::string, double> objective_metrics;  // token-weighted sums
+  std::vector<std::vector<float>> moments;          // strategy.second_moments: each participant's
   std::vector<double> moment_weights;
   std::vector<Weights> first_moments;  // strategy.first_moments: each participant's
   std::vector<double> first_moment_weights;
@@ -127,6 +129,14 @@ RoundSummary Coordinator::end_round() {
                              {"train_seconds", info.train_seconds()},
                              {"bytes", it->second.bytes}};
     if (info.eval_tokens() > 0) c["eval_loss"] = info.eval_loss();
+    if (!info.objective_metrics().empty()) {
+      // Sorted by name: a protobuf map's order is unspecified.
+      const std::map<std::string, double> m(info.objective_metrics().begin(),
+                                            info.objective_metrics().end());
+      c["metrics"] = m;
+      for (const auto& [name, value] : m)
+        objective_metrics[name] += value * static_cast<double>(info.tokens());
+    }
     clients[id] = c;
     s.client_train_loss[id] = info.train_loss();
     if (info.eval_tokens() > 0) s.client_eval_loss[id] = info.eval_loss();
@@ -195,6 +205,8 @@ RoundSummary Coordinator::end_round() {
   s.bytes_sent = bytes_sent_;
   s.bytes_received = bytes_received;
   s.eval_loss = evals.empty() ? std::nan("") : Strategy::aggregate_evaluate(evals).loss;
+  for (const auto& [name, sum] : objective_metrics)
+    if (s.tokens > 0) s.metrics[name] = sum / static_cast<double>(s.tokens);
   nlohmann::ordered_json m{{"round", s.round},
                            {"status", s.aggregated ? "aggregated" : "retry"},
                            {"selected", s.selected.size()},
@@ -210,6 +222,7 @@ RoundSummary Coordinator::end_round() {
     if (!secure_error.empty()) m["secagg_error"] = secure_error;
   }
   if (s.aggregated && s.tokens > 0) m["train_loss"] = s.train_loss;
+  if (!s.metrics.empty()) m["metrics"] = s.metrics;
   if (!evals.empty()) m["eval_loss"] = s.eval_loss;
   if (s.aggregated) {
     m["aggregation"] = dp_                                  ? "dp_mean"
@@ -288,6 +301,7 @@ void Coordinator::write_tensorboard(const RoundSummary& s,
   add("fed/wall_s", s.wall_s);
   for (const auto& [id, loss] : s.client_train_loss) add("client/" + id + "/train_loss", loss);
   for (const auto& [id, loss] : s.client_eval_loss) add("client/" + id + "/eval_loss", loss);
+  for (const auto& [name, value] : s.metrics) add("fed/" + name, value);
   for (const char* key : {"clipped", "rejected"})
     if (round_metrics.contains(key)) add(cat("fed/", key), round_metrics.at(key).get<double>());
   if (round_metrics.contains("privacy"))

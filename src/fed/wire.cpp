@@ -1,5 +1,7 @@
 #include "fed/wire.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -259,6 +261,19 @@ void validate_update_info(const pb::UpdateInfo& u, const std::string& what) {
   POLLEN_CHECK(u.eval_tokens() >= 0 && u.eval_tokens() <= (int64_t{1} << 50), what,
                ": eval_tokens ", u.eval_tokens(), " out of range (0 to 2^50)");
   POLLEN_CHECK(u.data_manifest_hash().size() <= 128, what, ": data manifest hash too long");
+  POLLEN_CHECK(u.objective_metrics_size() <= 16, what, ": ", u.objective_metrics_size(),
+               " objective metrics, more than 16");
+  for (const auto& [name, value] : u.objective_metrics()) {
+    POLLEN_CHECK(!name.empty() && name.size() <= 64 &&
+                     std::all_of(name.begin(), name.end(),
+                                 [](char c) {
+                                   return std::isalnum(static_cast<unsigned char>(c)) || c == '_' ||
+                                          c == '/' || c == '.' || c == '-';
+                                 }),
+                 what, ": objective metric names are 1 to 64 of A-Z a-z 0-9 _ / . -");
+    POLLEN_CHECK(std::isfinite(value) && std::abs(value) <= kMaxLoss, what, ": objective metric '",
+                 name, "' is ", value, ", not a finite value within +-", kMaxLoss);
+  }
 }
 
 void check_update_values(const ParamSpecs& specs, const Weights& delta, const std::string& what) {

@@ -354,6 +354,18 @@ TEST(Simulation, MalformedPushesAreRefusedAndTheServerGoesOn) {
   far_negative_loss.mutable_update()->set_eval_loss(-1e300);
   EXPECT_NE(refusal({far_negative_loss, header}).find("eval_loss -1e+300 is outside"),
             std::string::npos);
+  // A post-training objective's metrics: named plainly, finite, at most 16.
+  auto metric = [&](const std::map<std::string, double>& m) {
+    auto bad = info;
+    for (const auto& [name, value] : m)
+      (*bad.mutable_update()->mutable_objective_metrics())[name] = value;
+    return refusal({bad, header});
+  };
+  EXPECT_NE(metric({{"re ward", 1}}).find("objective metric names"), std::string::npos);
+  EXPECT_NE(metric({{"reward", NAN}}).find("objective metric 'reward'"), std::string::npos);
+  std::map<std::string, double> many;
+  for (int i = 0; i < 17; ++i) many[cat("m", i)] = 0;
+  EXPECT_NE(metric(many).find("more than 16"), std::string::npos);
   auto huge_loss = info;
   huge_loss.mutable_update()->set_train_loss(1e300);
   EXPECT_NE(refusal({huge_loss, header}).find("train_loss"), std::string::npos);

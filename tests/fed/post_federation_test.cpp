@@ -248,11 +248,15 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
     }
     EXPECT_EQ(lines[r]["bytes_sent"].get<int64_t>(), 2 * 4 * b_values);
     // GRPO's held-out loss is its negated mean reward: the server takes it, negative as it is.
+    // The rewards the silos trained on come with the updates, as the simulation has them.
     if (objective == "grpo") {
       for (const auto& [id, c] : lines[r]["clients"].items()) {
         ASSERT_TRUE(c.contains("eval_loss")) << id;
         EXPECT_LE(c["eval_loss"].get<double>(), 0) << id;
+        EXPECT_EQ(c["metrics"]["reward"], sim_lines[r]["client_metrics"][id]["reward"]) << id;
       }
+      EXPECT_DOUBLE_EQ(lines[r]["metrics"]["reward"].get<double>(),
+                       sim_lines[r]["metrics"]["reward"].get<double>());
     }
   }
   // The lineage starts with the base.
