@@ -312,6 +312,7 @@ inline std::vector<std::string> valid_inputs() {
     info.set_tokens(100);
     info.set_train_loss(2.5);
     info.set_train_seconds(1.5);
+    (*info.mutable_objective_metrics())["reward"] = 0.375;  // a post-training objective's
     if (row_weighting) {
       fed::token_counts_to({{0, 2}, {60, 40}}, info.mutable_input_counts());
       fed::token_counts_to({{1, 5}, {99, 1}}, info.mutable_target_counts());
