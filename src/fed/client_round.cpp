@@ -2,6 +2,8 @@
 // the pseudo-gradient pushed, compressed with error feedback (or masked, client_secagg.cpp).
 #include "fed/client.h"
 
+#include <cmath>
+
 #include "base/log.h"
 #include "fed/first_moments.h"
 #include "fed/received.h"
@@ -144,7 +146,10 @@ void Client::train_round(const pb::TaskReply& task) {
   info.set_tokens(res.tokens);
   info.set_train_loss(res.loss);
   info.set_train_seconds(res.seconds);
-  for (const auto& [name, value] : res.metrics) (*info.mutable_objective_metrics())[name] = value;
+  // What the server takes (fed/wire.h): a metric without a finite value this round is left out.
+  for (const auto& [name, value] : res.metrics)
+    if (std::isfinite(value) && std::abs(value) <= kMaxLoss)
+      (*info.mutable_objective_metrics())[name] = value;
   if (task.token_counts()) {
     token_counts_to(res.input_counts, info.mutable_input_counts());
     token_counts_to(res.target_counts, info.mutable_target_counts());
