@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 
 #include "autograd/tape.h"
 #include "base/config.h"
@@ -12,6 +11,7 @@
 #include "base/log.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
+#include "obs/metrics.h"
 #include "optim/schedule.h"
 #include "train/config.h"
 #include "train/dpo.h"
@@ -434,6 +434,27 @@ LoraFedConfig load_lora_fed_config(const std::filesystem::path& path) {
   return c;
 }
 
+namespace {
+
+// A round's TensorBoard scalars at step = round, named as the deployed server names them.
+void write_round_scalars(obs::EventFileWriter& tensorboard, const LoraRoundSummary& sum) {
+  const double now = obs::wall_time_now();
+  auto add = [&](const std::string& tag, double value) {
+    tensorboard.add_scalar(tag, value, sum.round, now);
+  };
+  add("fed/train_loss", sum.train_loss);
+  add("fed/tokens", static_cast<double>(sum.tokens));
+  add("fed/bytes_sent", static_cast<double>(sum.bytes_sent));
+  add("fed/bytes_received", static_cast<double>(sum.bytes_received));
+  for (const auto& [name, value] : sum.metrics) add("fed/" + name, value);
+  for (const auto& [id, loss] : sum.client_train_loss) add("client/" + id + "/train_loss", loss);
+  for (const auto& [id, m] : sum.client_metrics)
+    for (const auto& [name, value] : m) add("client/" + id + "/" + name, value);
+  tensorboard.file().flush();
+}
+
+}  // namespace
+
 LoraFedResult run_lora_federation(const LoraFedConfig& c,
                                   const train::ObjectiveFactory& make_objective) {
   std::vector<std::unique_ptr<LoraSilo>> silos;
@@ -451,7 +472,9 @@ LoraFedResult run_lora_federation(const LoraFedConfig& c,
     ptrs.push_back(s.get());
   }
   std::filesystem::create_directories(c.output);
-  std::ofstream metrics(c.output / "metrics.jsonl");
+  obs::JsonlWriter metrics(c.output / "metrics.jsonl", 0);  // a new run: the file starts empty
+  std::filesystem::remove_all(c.output / "tensorboard");    // and so do the curves
+  obs::EventFileWriter tensorboard = obs::EventFileWriter::create(c.output / "tensorboard");
   LoraFedResult r;
   for (int64_t round = 1; round <= c.options.rounds; ++round) {
     const LoraRoundSummary sum = server.run_round(round, ptrs);
@@ -466,7 +489,8 @@ LoraFedResult run_lora_federation(const LoraFedConfig& c,
       line["metrics"] = sum.metrics;
       line["client_metrics"] = sum.client_metrics;
     }
-    metrics << line.dump() << "\n" << std::flush;
+    metrics.write(line);
+    write_round_scalars(tensorboard, sum);
     const auto headline = sum.metrics.find(sum.headline);
     log::info("round ", round, "/", c.options.rounds, ": train loss ", sum.train_loss,
               headline == sum.metrics.end() ? "" : cat(", ", sum.headline, " ", headline->second),

@@ -259,6 +259,14 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
                        sim_lines[r]["metrics"]["reward"].get<double>());
     }
   }
+  // The simulation's curves are TensorBoard scalars too (tags stored as plain bytes), named as
+  // the deployed server names them.
+  std::string events;
+  for (const auto& f : fs::directory_iterator(dir / "sim/tensorboard"))
+    events += read_file(f.path());
+  for (const std::string tag : {"fed/train_loss", "client/silo-1/train_loss", "fed/bytes_received"})
+    EXPECT_NE(events.find(tag), std::string::npos) << tag;
+  if (objective == "grpo") EXPECT_NE(events.find("fed/reward"), std::string::npos);
   // The lineage starts with the base.
   const auto lineage = read_jsonl(dir / "dep/lineage.jsonl");
   ASSERT_EQ(lineage.size(), 3u);
