@@ -23,11 +23,20 @@ void add_fed_post_command(CLI::App& app) {
     const std::string base = train::load_post_config(cfg.run_file, cfg.objective).base;
     const fed::LoraFedResult r = fed::run_lora_federation(
         cfg, fed::lora_objective_factory(cfg.objective, *config + ": federation.objective", base));
-    std::printf("%-24s %s\n", "silo", "validation loss with the final adapters");
-    for (size_t i = 0; i < cfg.silos.size(); ++i)
-      std::printf("%-24s %.4f\n", cfg.silos[i].c_str(), r.eval_loss[i]);
-    std::printf("%zu rounds; adapters (PEFT) and metrics.jsonl in %s\n", r.rounds.size(),
-                cfg.output.c_str());
+    // With the final adapters, on each silo's held-out data: the loss, and the objective's
+    // headline metric when it has one (GRPO's reward, whose negation is its held-out loss).
+    if (r.headline.empty()) {
+      std::printf("%-24s %s\n", "silo", "held-out loss");
+      for (size_t i = 0; i < cfg.silos.size(); ++i)
+        std::printf("%-24s %.4f\n", cfg.silos[i].c_str(), r.eval_loss[i]);
+    } else {
+      std::printf("%-24s %-14s held-out %s\n", "silo", "held-out loss", r.headline.c_str());
+      for (size_t i = 0; i < cfg.silos.size(); ++i)
+        std::printf("%-24s %-14.4f %.4f\n", cfg.silos[i].c_str(), r.eval_loss[i],
+                    r.eval_headline[i]);
+    }
+    std::printf("%zu rounds; adapters (PEFT), metrics.jsonl and tensorboard/ in %s\n",
+                r.rounds.size(), cfg.output.c_str());
   });
 }
 

@@ -275,9 +275,9 @@ RoundTrainer::Result LoraSilo::train(int64_t steps) {
   return r;
 }
 
-double LoraSilo::evaluate() {
+train::ObjectiveStep LoraSilo::evaluate_held_out() {
   ag::NoGrad no_grad;
-  return objective_->evaluate(model_).loss;
+  return objective_->evaluate(model_);
 }
 
 double LoraSilo::evaluate(int64_t* tokens) {
@@ -500,7 +500,12 @@ LoraFedResult run_lora_federation(const LoraFedConfig& c,
   const Weights global = lora_weights(server.global());
   for (auto& s : silos) {
     set_lora_weights(s->lora(), global);
-    r.eval_loss.push_back(s->evaluate());
+    const train::ObjectiveStep held_out = s->evaluate_held_out();
+    r.headline = s->objective().headline_metric();
+    r.eval_loss.push_back(held_out.loss);
+    r.eval_headline.push_back(held_out.metrics.contains(r.headline)
+                                  ? held_out.metrics[r.headline].get<double>()
+                                  : std::nan(""));
   }
   io::save_peft_adapter(server.global(), c.output, silos[0]->base_name());
   return r;

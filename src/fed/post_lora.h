@@ -92,8 +92,8 @@ class LoraSilo : public RoundTrainer {
   };
   // `steps` optimizer steps of the objective from the global B.
   RoundResult train_round(const Weights& global, int64_t steps);
-  // The objective's held-out loss with the current adapters.
-  double evaluate();
+  // The objective's held-out loss and metrics with the current adapters.
+  train::ObjectiveStep evaluate_held_out();
 
   ParamSpecs exchanged_specs() const override { return lora_specs(*lora_); }
   Weights exchanged_weights() const override { return lora_weights(*lora_); }
@@ -195,7 +195,10 @@ LoraFedConfig load_lora_fed_config(const std::filesystem::path& path);
 
 struct LoraFedResult {
   std::vector<LoraRoundSummary> rounds;
-  std::vector<double> eval_loss;  // each silo's held-out loss with the final global adapters
+  // Each silo's held-out loss with the final global adapters, and the objective's headline
+  // metric there (GRPO's reward; NaN where the objective has none)
+  std::vector<double> eval_loss, eval_headline;
+  std::string headline;  // its name; empty: the loss is the headline
 };
 LoraFedResult run_lora_federation(const LoraFedConfig& config,
                                   const train::ObjectiveFactory& make_objective);
