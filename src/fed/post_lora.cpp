@@ -228,15 +228,9 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
   POLLEN_CHECK(objective_->extra_parameters().empty(), "silo '", id_, "': the objective '",
                objective_->name(), "' adds parameters, which a LoRA federation does not exchange");
   for (const auto& [n, v] : trained.named) params_.push_back(v);
-  optim::AdamWOptions o;
-  o.lr = config.optimizer.lr;
-  o.beta1 = config.optimizer.beta1;
-  o.beta2 = config.optimizer.beta2;
-  o.eps = config.optimizer.eps;
-  o.weight_decay = config.optimizer.weight_decay;
-  o.max_grad_norm = config.grad_clip;
-  opt_ = std::make_unique<optim::AdamW>(
-      params_, o, train::decay_mask(trained.named, config.optimizer.no_decay));
+  opt_ =
+      std::make_unique<optim::AdamW>(params_, config.optimizer.adamw(config.grad_clip),
+                                     train::decay_mask(trained.named, config.optimizer.no_decay));
 }
 
 LoraSilo::RoundResult LoraSilo::train_round(const Weights& global, int64_t steps) {

@@ -166,6 +166,17 @@ void flat_checkpoint_metrics(const LoopSettings& c,
   f.emplace_back("metrics.log_interval", std::to_string(c.log_interval));
 }
 
+optim::AdamWOptions OptimizerSettings::adamw(double max_grad_norm) const {
+  optim::AdamWOptions o;
+  o.lr = lr;
+  o.beta1 = beta1;
+  o.beta2 = beta2;
+  o.eps = eps;
+  o.weight_decay = weight_decay;
+  o.max_grad_norm = max_grad_norm;
+  return o;
+}
+
 void read_optimizer(ConfigTable& o, OptimizerSettings& s) {
   s.lr = o.get_double("lr", s.lr);
   s.beta1 = o.get_double("beta1", s.beta1);
@@ -324,16 +335,8 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   c.recompute = train->get_bool("recompute", false);
   train->finish();
 
-  OptimizerSettings opt;
-  if (auto o = t.table("optimizer")) read_optimizer(*o, opt);
-  c.lr = opt.lr;
-  c.beta1 = opt.beta1;
-  c.beta2 = opt.beta2;
-  c.eps = opt.eps;
-  c.weight_decay = opt.weight_decay;
-  c.no_decay = opt.no_decay;
-
-  c.schedule.lr = c.lr;
+  if (auto o = t.table("optimizer")) read_optimizer(*o, c.optimizer);
+  c.schedule.lr = c.optimizer.lr;
   c.schedule.total_steps = c.steps;
   c.schedule.min_lr = 0;
   if (auto s = t.table("schedule")) read_schedule(*s, c.schedule);
@@ -419,7 +422,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
   f.emplace_back("train.grad_clip", toml_double(grad_clip));
   f.emplace_back("train.max_bad_steps", i(max_bad_steps));
   f.emplace_back("train.recompute", b(recompute));
-  flat_optimizer({lr, beta1, beta2, eps, weight_decay, no_decay}, schedule, f);
+  flat_optimizer(optimizer, schedule, f);
   f.emplace_back("eval.interval", i(eval_interval));
   f.emplace_back("eval.batches", i(eval_batches));
   f.emplace_back("samples.prompts", toml_strings(sample_prompts));

@@ -10,6 +10,7 @@
 
 #include "base/config.h"
 #include "model/config.h"
+#include "optim/adamw.h"
 #include "optim/schedule.h"
 
 namespace pollen::train {
@@ -38,6 +39,13 @@ struct LoopSettings {
   int64_t log_interval = 10;
 };
 
+struct OptimizerSettings {  // [optimizer]: AdamW
+  double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+  std::vector<std::string> no_decay = {"norms", "biases", "embeddings"};
+  // AdamW's options: these, with global-norm clipping at `max_grad_norm` (train.grad_clip).
+  optim::AdamWOptions adamw(double max_grad_norm) const;
+};
+
 struct TrainConfig : LoopSettings {
   // [run]
   std::string device = "cpu", precision = "f32";
@@ -53,9 +61,7 @@ struct TrainConfig : LoopSettings {
   int64_t batch_tokens = 0;  // global batch in tokens; a multiple of micro_batch * seq
   int64_t micro_batch = 8, seq = 128;
   bool recompute = false;
-  // [optimizer]
-  double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
-  std::vector<std::string> no_decay = {"norms", "biases", "embeddings"};
+  OptimizerSettings optimizer;  // [optimizer]
   // [eval]
   int64_t eval_batches = 8;
   // [samples]: text generated from the model at each evaluation (none without prompts)
@@ -115,10 +121,6 @@ void flat_checkpoint_metrics(const LoopSettings& settings,
 std::pair<std::string, std::string> apply_overrides(const std::string& text,
                                                     const std::string& source,
                                                     const std::vector<std::string>& overrides);
-struct OptimizerSettings {  // [optimizer]: AdamW
-  double lr = 3e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
-  std::vector<std::string> no_decay = {"norms", "biases", "embeddings"};
-};
 void read_optimizer(ConfigTable& section, OptimizerSettings& settings);
 // [schedule]; `schedule.lr` must already be the optimizer's.
 void read_schedule(ConfigTable& section, optim::Schedule& schedule);

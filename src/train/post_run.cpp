@@ -143,14 +143,8 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
 
   std::vector<ag::Var> params;
   for (const auto& [n, v] : trained) params.push_back(v);
-  optim::AdamWOptions ao;
-  ao.lr = cfg.optimizer.lr;
-  ao.beta1 = cfg.optimizer.beta1;
-  ao.beta2 = cfg.optimizer.beta2;
-  ao.eps = cfg.optimizer.eps;
-  ao.weight_decay = cfg.optimizer.weight_decay;
-  ao.max_grad_norm = cfg.grad_clip;
-  optim::AdamW opt(params, ao, decay_mask(trained, cfg.optimizer.no_decay));
+  optim::AdamW opt(params, cfg.optimizer.adamw(cfg.grad_clip),
+                   decay_mask(trained, cfg.optimizer.no_decay));
 
   // The weight files of a checkpoint: the whole model (or its adapters, A and B with PEFT's
   // names), and the objective's own parameters.

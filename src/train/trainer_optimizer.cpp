@@ -12,13 +12,7 @@ TrainerOptimizer::TrainerOptimizer(const TrainConfig& cfg,
     : named_(named) {
   std::vector<ag::Var> params;
   for (const auto& [n, v] : named) params.push_back(v);
-  optim::AdamWOptions ao;
-  ao.lr = cfg.lr;
-  ao.beta1 = cfg.beta1;
-  ao.beta2 = cfg.beta2;
-  ao.eps = cfg.eps;
-  ao.weight_decay = cfg.weight_decay;
-  ao.max_grad_norm = cfg.grad_clip;
+  const optim::AdamWOptions ao = cfg.optimizer.adamw(cfg.grad_clip);
   // Several ranks: gradients reduced in buckets; with parallel.zero = 1 the optimizer's state
   // is sharded (ZeRO-1), else every rank holds all of it.
   if (reduce_over) {
@@ -27,10 +21,11 @@ TrainerOptimizer::TrainerOptimizer(const TrainConfig& cfg,
         cfg.zero == 1 ? dist::ReduceMode::reduce_scatter : dist::ReduceMode::all_reduce);
   }
   if (reducer_ && cfg.zero == 1) {
-    zero_ = std::make_unique<dist::ZeroAdamW>(*reducer_, ao, decay_mask(named, cfg.no_decay));
+    zero_ =
+        std::make_unique<dist::ZeroAdamW>(*reducer_, ao, decay_mask(named, cfg.optimizer.no_decay));
     if (cfg.precision == "bf16") zero_->compute_in_bf16();  // master blocks sharded too
   } else {
-    adamw_.emplace(params, ao, decay_mask(named, cfg.no_decay));
+    adamw_.emplace(params, ao, decay_mask(named, cfg.optimizer.no_decay));
     if (cfg.precision == "bf16") adamw_->compute_in_bf16();  // on the GPU: the config requires it
   }
 }

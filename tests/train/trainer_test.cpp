@@ -218,7 +218,7 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   // bf16 compute needs the GPU: refused on the CPU, naming both keys.
   e = err(base, {"run.precision=\"bf16\""});
   EXPECT_NE(e.find("run.precision = \"bf16\" needs run.device = \"cuda\""), std::string::npos) << e;
-  changed.lr = 0.5;
+  changed.optimizer.lr = 0.5;
   changed.seq = 8;
   e = error_of([&] { train::check_resume_compatible(c, changed); });
   EXPECT_NE(e.find("optimizer.lr"), std::string::npos) << e;
