@@ -106,7 +106,7 @@ void ZeroAdamW::gather_bucket(size_t b, const Tensor& shard, std::vector<Tensor>
                                     cat("the optimizer state gather of bucket ", b)));
   if (!keep) return;
   // To host memory bucket by bucket: whole moments on the GPU would take back what ZeRO saves.
-  const Tensor host = all.device() == Device::cpu ? all : all.to(Device::cpu);
+  const Tensor host = all.cpu();
   const auto& params = reducer_.params();
   for (const auto& e : entries) {
     if (!is_wanted(e.param)) continue;

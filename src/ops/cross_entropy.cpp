@@ -152,7 +152,7 @@ double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& tar
   expect("cross_entropy", "h", h, {n, c}, dt, dev);
   expect("cross_entropy", "w", w, {v, c}, dt, dev);
   expect("cross_entropy", "targets", targets, {n}, DType::i32, dev);
-  const Tensor host_targets = dev == Device::cpu ? targets : targets.to(Device::cpu);
+  const Tensor host_targets = targets.cpu();
   const int32_t* tg = host_targets.data<int32_t>();
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -14,7 +14,7 @@ namespace {
 // Checks every id (on the host: ids on the GPU are copied over) and returns the host copy.
 Tensor checked_ids(const Tensor& ids, int64_t vocab, Device device) {
   expect("embedding", "ids", ids, {-1}, DType::i32, device);
-  const Tensor host = device == Device::cpu ? ids : ids.to(Device::cpu);
+  const Tensor host = ids.cpu();
   const int32_t* p = host.data<int32_t>();
   for (int64_t i = 0; i < host.numel(); ++i) {
     POLLEN_CHECK(p[i] >= 0 && p[i] < vocab, "embedding: token id ", p[i], " at position ", i,

@@ -26,7 +26,7 @@ void check_args(const char* op, const Tensor& h, const Tensor& w, const Tensor& 
   if (dev == Device::cuda)
     POLLEN_CHECK(h.dtype() == DType::f32 || h.dtype() == DType::bf16, op,
                  ": h must be f32 or bf16 on cuda, got ", dtype_name(h.dtype()));
-  const Tensor host = dev == Device::cpu ? targets : targets.to(Device::cpu);
+  const Tensor host = targets.cpu();
   const int32_t* tg = host.data<int32_t>();
   for (int64_t i = 0; i < n; ++i)
     POLLEN_CHECK(tg[i] < v, op, ": target ", tg[i], " at row ", i,

@@ -228,6 +228,10 @@ Tensor Tensor::to(Device device) const {
   return t;
 }
 
+Tensor Tensor::cpu() const {
+  return device() == Device::cpu ? *this : to(Device::cpu);
+}
+
 size_t Tensor::span_elements() const {
   if (numel() == 0) return 0;
   int64_t last = 0;

@@ -74,6 +74,7 @@ class Tensor {
   Tensor clone() const;
   Tensor to(DType dtype) const;    // converts (copies even when the dtype is the same)
   Tensor to(Device device) const;  // a contiguous copy on `device` (copies even on the same one)
+  Tensor cpu() const;              // this tensor when it is on the CPU, else a copy there
 
   // On the GPU these run in order on its default stream (tensor/cuda_memory.h); copies that
   // involve host memory have finished when they return.

@@ -21,16 +21,15 @@ CheckpointWritten write_checkpoint(const fs::path& root, int64_t step,
   POLLEN_ASSERT(moments.exp_avg.size() == trained.size() &&
                 moments.exp_avg_sq.size() == trained.size());
   // Files are written from host memory: a GPU run's tensors are copied over first.
-  auto host = [](const Tensor& t) { return t.device() == Device::cpu ? t : t.to(Device::cpu); };
   io::NamedTensors tensors;
   for (size_t i = 0; i < trained.size(); ++i) {
-    tensors.emplace_back(trained[i] + ".exp_avg", host(moments.exp_avg[i]));
-    tensors.emplace_back(trained[i] + ".exp_avg_sq", host(moments.exp_avg_sq[i]));
+    tensors.emplace_back(trained[i] + ".exp_avg", moments.exp_avg[i].cpu());
+    tensors.emplace_back(trained[i] + ".exp_avg_sq", moments.exp_avg_sq[i].cpu());
   }
   io::CheckpointWriter w(root, step);
   for (const auto& f : weights) {
     io::NamedTensors on_host;
-    for (const auto& [name, t] : f.tensors) on_host.emplace_back(name, host(t));
+    for (const auto& [name, t] : f.tensors) on_host.emplace_back(name, t.cpu());
     w.add_tensors(f.file, on_host, {{"format", "pt"}});
   }
   w.add_tensors("optimizer.safetensors", tensors,
