@@ -35,6 +35,14 @@ void on_backward(const Var& out, F&& fn) {
 Tensor empty_like(const Tensor& t) {
   return Tensor::empty(t.shape(), t.dtype(), t.device());
 }
+
+// Ones on `device`, filled there: a host tensor copied over would wait for the GPU's queue.
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  t.fill_(1.0);
+  return t;
+}
+
 }  // namespace
 
 Var embedding(const Var& table, const Tensor& ids) {
@@ -66,8 +74,7 @@ Var linear(const Var& x, const Var& w, const Var* bias) {
   if (bias) {
     // Start from the bias broadcast over rows (ones (N,1) @ bias (1,M), exact), then accumulate
     // x @ w^T.
-    ops::gemm(Tensor::full({n, 1}, 1.0, x.dtype()).to(device), false, bias->value().reshape({1, m}),
-              false, out);
+    ops::gemm(ones({n, 1}, x.dtype(), device), false, bias->value().reshape({1, m}), false, out);
     ops::gemm(x2, false, w.value(), true, out, 1.0, 1.0);
   } else {
     ops::gemm(x2, false, w.value(), true, out);
@@ -93,9 +100,8 @@ Var linear(const Var& x, const Var& w, const Var* bias) {
       }
       if (bn && bn->requires_grad) {  // db (M) += column sums of dy, in row order
         Tensor& db = grad_buffer(bn);
-        Tensor ones = Tensor::full({1, n}, 1.0, dy.dtype()).to(dy.device());
         Tensor db2 = db.view({1, m});
-        ops::gemm(ones, false, dy, false, db2, 1.0, 1.0);
+        ops::gemm(ones({1, n}, dy.dtype(), dy.device()), false, dy, false, db2, 1.0, 1.0);
       }
     });
   }
@@ -222,7 +228,7 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
     grads.dh = empty_like(h2);
     // A frozen head (LoRA without an lm_head adapter) needs no dw: its GEMM is skipped.
     if (w.requires_grad()) grads.dw = Tensor::zeros(w.shape(), w.dtype(), w.value().device());
-    const Tensor host_targets = tg.device() == Device::cpu ? tg : tg.to(Device::cpu);
+    const Tensor host_targets = tg.cpu();
     int64_t n_scored = 0;
     for (int64_t i = 0; i < tg.numel(); ++i) n_scored += host_targets.data<int32_t>()[i] >= 0;
     grads.grad_scale = reduction == Reduction::mean && n_scored > 0 ? 1.0 / n_scored : 1.0;
