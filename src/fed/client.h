@@ -117,7 +117,7 @@ class LocalTrainer : public RoundTrainer {
   void set_fault_injection(const train::FaultInjection& f) { fault_ = f; }
   // Subtracted from the weights after every local step of the next train() calls (drift
   // correction, fed/drift_correction.h); empty: nothing.
-  void set_step_drift(Weights drift) { step_drift_ = std::move(drift); }
+  void set_step_drift(Weights drift);
   // Whether the next train() calls share their second moments (strategy.second_moments): with
   // ZeRO-1 every rank then adds its blocks' row and column sums into rank 0's factored form
   // after training, so that no rank gathers the whole moments for it.
@@ -159,6 +159,7 @@ class LocalTrainer : public RoundTrainer {
   ClientConfig config_;
   dist::SingleProcess alone_;
   dist::Communicator* comm_;
+  Device device_;  // train.device: where the model, its gradients and AdamW's state live
   model::Llama model_;
   std::vector<ag::Var> params_;                 // in named_parameters() order
   std::unique_ptr<dist::GradReducer> reducer_;  // several ranks

@@ -11,6 +11,7 @@
 #include "data/shards.h"
 #include "fed/proximal.h"
 #include "io/model_source.h"
+#include "ops/elementwise.h"
 #include "optim/schedule.h"
 #include "train/trainer.h"
 
@@ -73,12 +74,35 @@ model::Llama initial_model(const ClientConfig& c) {
   return io::load_initial_weights(c.init_from, c.model, "model.init_from");
 }
 
+// train.device, refused naming the key when this build or machine has no GPU, or for a silo of
+// several ranks on GPUs.
+Device silo_device(const ClientConfig& c, int world) {
+  const std::string key = cat("client '", c.id, "': train.device");
+  Device d = Device::cpu;
+  try {
+    d = parse_device(c.train.device);
+  } catch (const Error& e) {
+    fail(key, ": ", e.what());
+  }
+  if (d == Device::cuda) {
+    require_gpu(key);
+    POLLEN_CHECK(world == 1, key,
+                 " = \"cuda\" trains a silo on one GPU; a silo of several GPU ranks is not "
+                 "supported yet (run it as one rank, or on the CPU)");
+  }
+  return d;
+}
+
 }  // namespace
 
 LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
-    : config_(config), comm_(comm ? comm : &alone_), model_(initial_model(config)) {
-  for (const auto& [name, p] : model_.named_parameters()) params_.push_back(p);
+    : config_(config),
+      comm_(comm ? comm : &alone_),
+      device_(silo_device(config, comm_->world())),
+      model_(initial_model(config)) {
   const int world = comm_->world();
+  model_.to(device_);  // the optimizer below allocates its state where the parameters are
+  for (const auto& [name, p] : model_.named_parameters()) params_.push_back(p);
   if (world > 1) {
     reducer_ = std::make_unique<dist::GradReducer>(
         *comm_, params_, static_cast<int64_t>(config.parallel.bucket_mb * 1048576.0),
@@ -234,15 +258,17 @@ LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {
   return r;
 }
 
+void LocalTrainer::set_step_drift(Weights drift) {
+  step_drift_.clear();
+  for (Tensor& d : drift) step_drift_.push_back(d.device() == device_ ? d : d.to(device_));
+}
+
 void LocalTrainer::apply_step_drift() {
   if (step_drift_.empty()) return;
   POLLEN_ASSERT(step_drift_.size() == params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor w = params_[i].value();
-    POLLEN_ASSERT(w.dtype() == DType::f32 && w.numel() == step_drift_[i].numel());
-    float* p = w.data<float>();
-    const float* d = step_drift_[i].data<float>();
-    for (int64_t j = 0; j < w.numel(); ++j) p[j] -= d[j];
+    ops::axpy(-1.0, step_drift_[i], w);  // w -= drift, on the weights' device
   }
 }
 

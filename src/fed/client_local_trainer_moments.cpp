@@ -33,7 +33,7 @@ std::vector<float> LocalTrainer::sharded_factored_second_moments() {
   std::vector<double> sums(static_cast<size_t>(factored_size(specs)), 0.0);
   for (const auto& block : zero_->blocks()) {
     const Tensor& v = block.exp_avg_sq;
-    const Tensor host = v.device() == Device::cpu ? v : v.to(Device::cpu);
+    const Tensor host = v.cpu();
     add_factor_sums(specs, block.param, block.in_param, host.data<float>(), host.numel(), sums);
   }
   comm_->all_reduce_sum(sums, "the factored second moments");
@@ -48,8 +48,8 @@ train::OptimizerMoments LocalTrainer::optimizer_moments() {
   }
   train::OptimizerMoments m;
   for (const auto& slot : opt_->slots()) {
-    m.exp_avg.push_back(slot.exp_avg);
-    m.exp_avg_sq.push_back(slot.exp_avg_sq);
+    m.exp_avg.push_back(slot.exp_avg.cpu());
+    m.exp_avg_sq.push_back(slot.exp_avg_sq.cpu());
   }
   m.steps = opt_->steps_taken();
   return m;
@@ -67,8 +67,10 @@ std::vector<float> LocalTrainer::factored_second_moments() {
                  "': no second moments gathered after the round (rank ", comm_->rank(), ")");
     f = gathered_factored_;
   } else {
+    std::vector<Tensor> host;
+    for (const auto& slot : opt_->slots()) host.push_back(slot.exp_avg_sq.cpu());
     std::vector<const Tensor*> v;
-    for (const auto& slot : opt_->slots()) v.push_back(&slot.exp_avg_sq);
+    for (const Tensor& t : host) v.push_back(&t);
     f = factor_second_moments(exchanged_specs(), v);
   }
   // AdamW's estimate v / (1 - beta2^t), so that clients of another age agree on its scale.
@@ -87,10 +89,17 @@ void LocalTrainer::set_second_moments(const std::vector<float>& factored) {
   };
   const ParamSpecs specs = exchanged_specs();
   if (!zero_) {
+    // Expanded in host memory (the moments themselves on the CPU), then copied to the GPU.
+    std::vector<Tensor> host;
+    for (auto& slot : opt_->slots()) host.push_back(slot.exp_avg_sq.cpu());
     std::vector<Tensor*> v;
-    for (auto& slot : opt_->slots()) v.push_back(&slot.exp_avg_sq);
+    for (Tensor& t : host) v.push_back(&t);
     expand_second_moments(specs, factored, v);
-    for (Tensor* t : v) scale(*t);
+    for (size_t i = 0; i < host.size(); ++i) {
+      scale(host[i]);
+      Tensor& target = opt_->slots()[i].exp_avg_sq;
+      if (!target.shares_storage(host[i])) target.copy_(host[i]);
+    }
     return;
   }
   // ZeRO-1: each rank rebuilds its own blocks alone.
@@ -134,7 +143,7 @@ Weights LocalTrainer::first_moments(const ParamSpecs& moments) const {
   const double bias = first_moment_bias();
   Weights out;
   for (size_t i : slots) {
-    const Tensor& m = zero_ ? gathered_.exp_avg[i] : opt_->slots()[i].exp_avg;
+    const Tensor m = zero_ ? gathered_.exp_avg[i] : opt_->slots()[i].exp_avg.cpu();
     Tensor e = Tensor::empty(m.shape(), DType::f32);
     const float* x = m.data<float>();
     float* o = e.data<float>();
@@ -153,12 +162,15 @@ void LocalTrainer::set_first_moments(const ParamSpecs& moments, const Weights& e
   const auto bias = static_cast<float>(first_moment_bias());
   std::vector<Tensor> whole(params_.size());
   for (size_t k = 0; k < slots.size(); ++k) {
-    Tensor m =
-        zero_ ? Tensor::empty(estimate[k].shape(), DType::f32) : opt_->slots()[slots[k]].exp_avg;
-    POLLEN_ASSERT(m.shape() == estimate[k].shape());
+    Tensor m = Tensor::empty(estimate[k].shape(), DType::f32);
     const float* e = estimate[k].data<float>();
     float* x = m.data<float>();
     for (int64_t j = 0; j < m.numel(); ++j) x[j] = e[j] * bias;
+    if (!zero_) {
+      Tensor& target = opt_->slots()[slots[k]].exp_avg;
+      POLLEN_ASSERT(target.shape() == m.shape());
+      target.copy_(m);  // into host or GPU memory
+    }
     whole[slots[k]] = std::move(m);
   }
   if (zero_) zero_->load_first_moments(whole);

@@ -92,7 +92,7 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
   io::NamedTensors weights, moments;
   const io::NamedTensors residual = named(feedback.residual(), specs);
   for (size_t i = 0; i < params.size(); ++i) {
-    weights.emplace_back(params[i].first, params[i].second.value());
+    weights.emplace_back(params[i].first, params[i].second.value().cpu());
     moments.emplace_back(params[i].first + ".exp_avg", opt.exp_avg[i]);
     moments.emplace_back(params[i].first + ".exp_avg_sq", opt.exp_avg_sq[i]);
   }

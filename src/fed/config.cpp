@@ -154,6 +154,9 @@ LocalTrainConfig read_local_train(ConfigTable& t) {
   c.weight_decay = t.get_double("weight_decay", c.weight_decay);
   c.grad_clip = t.get_double("grad_clip", c.grad_clip);
   c.eval_batches = t.get_int("eval_batches", c.eval_batches);
+  c.device = t.get_string("device", c.device);
+  POLLEN_CHECK(c.device == "cpu" || c.device == "cuda", t.where("device"),
+               ": expected \"cpu\" or \"cuda\", got \"", c.device, "\"");
   POLLEN_CHECK(c.micro_batch >= 1 && c.seq >= 1 && c.accumulation >= 1, t.where("micro_batch"),
                ": micro_batch, seq and accumulation must be at least 1");
   POLLEN_CHECK(c.lr > 0, t.where("lr"), ": must be positive");

@@ -11,8 +11,8 @@
 
 namespace pollen::fed {
 
-// Sets each parameter's gradient to scale (w - anchor), replacing what it held: float32 weights
-// on the CPU, anchor[i] shaped as params[i]. With several ranks each seeds its share, scale =
+// Sets each parameter's gradient to scale (w - anchor), replacing what it held: float32 weights,
+// anchor[i] shaped as params[i] and on its device. With several ranks each seeds its share, scale =
 // mu / ranks, and the gradient reduction sums the shares.
 void seed_proximal_gradients(std::vector<ag::Var>& params, const Weights& anchor, double scale);
 

@@ -28,8 +28,11 @@ TokenRowTensors token_row_tensors(const ParamSpecs& specs) {
 
 Weights model_weights(const model::Llama& model) {
   Weights out;
-  for (const auto& [name, var] : model.named_parameters())
-    out.push_back(var.value().to(DType::f32));
+  for (const auto& [name, var] : model.named_parameters()) {
+    Tensor w = Tensor::empty(var.value().shape(), DType::f32);
+    w.copy_(var.value());  // from host or GPU memory, converted to float32
+    out.push_back(std::move(w));
+  }
   return out;
 }
 

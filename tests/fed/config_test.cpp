@@ -4,7 +4,9 @@
 #include <string>
 
 #include "base/error.h"
+#include "fed/client.h"
 #include "fed/config.h"
+#include "tensor/device.h"
 
 using namespace pollen;
 
@@ -67,4 +69,31 @@ TEST(FedConfig, ClientIdsOfDotsOnlyAreRefused) {
   std::string text = client_toml("7", "2");
   text.replace(text.find("silo-a"), 6, "silo.a");
   EXPECT_EQ(error_of(text), "");
+}
+
+// train.device: "cpu" (the default) or "cuda"; anything else is refused naming the key, and a
+// silo on "cuda" where no GPU can be used is refused when its trainer starts, naming the key and
+// saying why, before any data is read.
+TEST(FedConfig, TrainDeviceIsCpuOrCudaAndAGpuSiloNeedsAGpu) {
+  EXPECT_EQ(fed::parse_client_config(client_toml("7", "2"), "client.toml").train.device, "cpu");
+  std::string text = client_toml("7", "2");
+  text.replace(text.find("seq = 64"), 8, "seq = 64\ndevice = \"cuda\"");
+  const fed::ClientConfig gpu = fed::parse_client_config(text, "client.toml");
+  EXPECT_EQ(gpu.train.device, "cuda");
+  text.replace(text.find("\"cuda\""), 6, "\"tpu\"");
+  const std::string e = error_of(text);
+  EXPECT_NE(e.find("train.device"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected \"cpu\" or \"cuda\", got \"tpu\""), std::string::npos) << e;
+
+  if (!cuda_devices().empty()) GTEST_SKIP() << "a GPU is usable here: tests/cuda covers it";
+  try {
+    fed::LocalTrainer trainer(gpu);
+    ADD_FAILURE() << "a GPU silo started without a GPU";
+  } catch (const Error& err) {
+    const std::string m = err.what();
+    EXPECT_NE(m.find("client 'silo-a': train.device"), std::string::npos) << m;
+    EXPECT_NE(m.find(cuda_built() ? "not usable here" : "built without the CUDA backend"),
+              std::string::npos)
+        << m;
+  }
 }
