@@ -13,10 +13,9 @@ void add_fed_post_command(CLI::App& app) {
   auto config = std::make_shared<std::string>();
   auto* post = fed->add_subcommand(
       "post",
-      "Federated post-training (SFT, DPO or GRPO) with LoRA adapters, simulated: silos in one "
-      "process "
-      "train from the round's adapters and send only B (A shared and frozen), see "
-      "docs/federated.md");
+      "Federated post-training (SFT, DPO, GRPO or a reward model) with LoRA adapters, simulated: "
+      "silos in one process train from the round's adapters and send only B (A shared and "
+      "frozen; a reward model's score head beside it), see docs/federated.md");
   post->add_option("--config", *config, "fed-sft-lora.toml")->required();
   post->callback([config] {
     const fed::LoraFedConfig cfg = fed::load_lora_fed_config(*config);
@@ -35,8 +34,9 @@ void add_fed_post_command(CLI::App& app) {
         std::printf("%-24s %-14.4f %.4f\n", cfg.silos[i].c_str(), r.eval_loss[i],
                     r.eval_headline[i]);
     }
-    std::printf("%zu rounds; adapters (PEFT), metrics.jsonl and tensorboard/ in %s\n",
-                r.rounds.size(), cfg.output.c_str());
+    std::printf("%zu rounds; adapters (PEFT), %smetrics.jsonl and tensorboard/ in %s\n",
+                r.rounds.size(), cfg.objective == "rm" ? "reward_model/, " : "",
+                cfg.output.c_str());
   });
 }
 

@@ -80,6 +80,7 @@ void Client::join() {
   if (silo_) {
     r.set_base_fingerprint(silo_->base_sha256());
     r.set_lora_config(lora_config_json(silo_->lora_config()));
+    r.set_post_objective(config_.post.objective);
   }
   const auto reply = transport_.join(r);
   POLLEN_CHECK(reply.accepted(), "the server refused client '", config_.id, "': ", reply.reason());

@@ -105,10 +105,12 @@ PostSettings read_post_settings(ConfigTable& p, bool client) {
   PostSettings s;
   s.run = p.require_string("run");
   s.objective = p.get_string("objective", s.objective);
-  POLLEN_CHECK(s.objective == "sft" || s.objective == "dpo" || s.objective == "grpo",
-               p.where("objective"),
-               ": expected \"sft\", \"dpo\" or \"grpo\" (the objectives that federate), got \"",
-               s.objective, "\"");
+  POLLEN_CHECK(
+      s.objective == "sft" || s.objective == "dpo" || s.objective == "grpo" || s.objective == "rm",
+      p.where("objective"),
+      ": expected \"sft\", \"dpo\", \"grpo\" or \"rm\" (the objectives that "
+      "federate), got \"",
+      s.objective, "\"");
   if (client) s.data = p.require_string("data");
   p.finish();
   return s;

@@ -33,7 +33,7 @@ struct TlsFiles {
 // post-training run file, which both sides read, and the base never travels.
 struct PostSettings {
   std::filesystem::path run;      // the post-training run file (docs/posttraining.md)
-  std::string objective = "sft";  // "sft" or "dpo": the run file's section the silo trains
+  std::string objective = "sft";  // sft, dpo, grpo or rm: the run file's section the silo trains
   std::string data;               // client: the silo's data file, set as <objective>.data
   bool enabled() const { return !run.empty(); }
 };

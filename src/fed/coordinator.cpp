@@ -33,15 +33,18 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
     const PostBaseInfo post = read_post_base(config_.post);
     config_.model = post.architecture;
     config_.tokenizer_fingerprint = post.tokenizer_fingerprint;
-    adapter_ = std::make_unique<model::Lora>(post.architecture, post.lora);  // B zero
-    specs_ = lora_specs(*adapter_);
-    global_ = lora_weights(*adapter_);
+    // B zero, and the objective's own parameters as a silo's objective draws them
+    post_global_ = std::make_unique<PostGlobal>(post.architecture, post.lora,
+                                                config_.post.objective, post.seed);
+    specs_ = post_global_->specs();
+    global_ = post_global_->weights();
     terms_.lora_json = lora_config_json(post.lora);
     terms_.base_sha256 = post.base_sha256;
+    terms_.post_objective = config_.post.objective;
     post_base_ = post.base;
     log::info("fed server: post-training (", config_.post.objective, ") of LoRA adapters on '",
               post.base, "' (base SHA-256 ", terms_.base_sha256.substr(0, 16), "); ", specs_.size(),
-              " tensors of B travel");
+              " tensors travel");
   } else {
     const model::Llama m =
         config_.init_from.empty()
@@ -98,7 +101,7 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   }
   metrics_ = obs::JsonlWriter(config_.dir / "metrics.jsonl", metrics_pos);
   lineage_file_ = obs::JsonlWriter(config_.dir / "lineage.jsonl", lineage_pos);
-  if (!lineage_pos && adapter_) {
+  if (!lineage_pos && post_global_) {
     // Round 0 of a post-training lineage: the base every silo trains adapters on.
     const nlohmann::ordered_json start{{"round", 0},
                                        {"post", config_.post.objective},

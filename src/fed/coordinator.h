@@ -25,6 +25,7 @@
 
 #include "fed/config.h"
 #include "fed/model_view.h"
+#include "fed/post_lora.h"
 #include "fed/received.h"
 #include "fed/secagg/session.h"
 #include "fed/wire.h"
@@ -110,6 +111,10 @@ class Coordinator {
 
   int64_t rounds_done() const;
   bool finished() const;
+  // [post] with objective "rm", after the last round: the global adapters merged into the base
+  // and the global score head, exported as `pollen rm` exports a reward model, to
+  // server.dir/reward_model; returns that folder.
+  std::filesystem::path export_reward_model();
   // Why the run ended before its last round (min_clients, retries, the privacy budget); empty
   // when it did not.
   std::string stopped_reason() const;
@@ -157,8 +162,9 @@ class Coordinator {
   ParamSpecs specs_;
   Weights global_;
   ServerTerms terms_;  // what a joining client must agree with
-  // [post]: the global adapters (B is global_'s), the base's name.
-  std::unique_ptr<model::Lora> adapter_;
+  // [post]: the global adapters and the objective's own parameters (their values are
+  // global_'s), the base's name.
+  std::unique_ptr<PostGlobal> post_global_;
   std::string post_base_;
 
   mutable std::mutex mutex_;

@@ -146,12 +146,12 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
                                {"tensorboard_bytes", tensorboard_.file().position()},
                                {"lineage", lineage_}};
   if (dp_) state["privacy"] = dp_->state();
-  if (adapter_) {
+  if (post_global_) {
     state["base_sha256"] = terms_.base_sha256;
     state["lora_config"] = terms_.lora_json;
   }
   w.add_text("state.json", state.dump(1));
-  if (!adapter_) {
+  if (!post_global_) {
     // The architecture as [model]: the folder is then a pollen checkpoint that generate, eval,
     // serve and export take as --model (the tokenizer given beside it).
     std::vector<std::pair<std::string, std::string>> flat;
@@ -162,13 +162,25 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
                                              config_.tokenizer_fingerprint, ").\n")));
   }
   w.commit();
-  if (adapter_) {
+  if (post_global_) {
     // The global adapters as `pollen chat --adapter` and PEFT take them.
-    set_lora_weights(*adapter_, global_);
-    io::save_peft_adapter(*adapter_, config_.dir / "adapter", post_base_);
+    post_global_->set_weights(global_);
+    post_global_->save(config_.dir / "adapter", post_base_);
   }
   io::apply_retention(config_.dir / "checkpoints", config_.keep_checkpoints);
   (void)s;
+}
+
+std::filesystem::path Coordinator::export_reward_model() {
+  std::lock_guard lock(mutex_);
+  POLLEN_CHECK(post_global_ && !post_global_->objective_params().empty(),
+               "fed server: only a reward model's federation ([post] objective = \"rm\") exports "
+               "a reward model");
+  post_global_->set_weights(global_);
+  const fs::path dir = config_.dir / "reward_model";
+  export_federated_reward_model(train::load_post_config(config_.post.run, config_.post.objective),
+                                *post_global_, dir);
+  return dir;
 }
 
 }  // namespace pollen::fed

@@ -16,6 +16,7 @@
 #include "train/config.h"
 #include "train/dpo.h"
 #include "train/grpo.h"
+#include "train/reward.h"
 #include "train/sft.h"
 #include "train/trainer.h"
 
@@ -64,6 +65,63 @@ void set_lora_weights(const model::Lora& lora, const Weights& w) {
                  shape_str(v.value().shape()), ", got ", shape_str(w[i].shape()));
     v.value().copy_(w[i].to(v.value().dtype()));
   }
+}
+
+ParamSpecs objective_specs(const std::string& objective, const model::LlamaConfig& base) {
+  if (objective == "rm") return {{"score.weight", {1, base.hidden_size}}};
+  return {};
+}
+
+// ---- the server's global state ------------------------------------------------------------------
+
+PostGlobal::PostGlobal(const model::LlamaConfig& base, const model::LoraConfig& lora,
+                       const std::string& objective, uint64_t seed)
+    : lora_(base, lora), specs_(lora_specs(lora_)) {
+  for (const ParamSpec& s : objective_specs(objective, base)) specs_.push_back(s);
+  if (objective == "rm") objective_params_.push_back(train::initial_score_head(base, seed));
+}
+
+Weights PostGlobal::weights() const {
+  Weights w = lora_weights(lora_);
+  for (const Tensor& t : objective_params_) w.push_back(t.clone());
+  return w;
+}
+
+void PostGlobal::set_weights(const Weights& w) {
+  POLLEN_CHECK(w.size() == specs_.size(), "post-training state: ", w.size(), " tensors for ",
+               specs_.size());
+  const size_t adapters = specs_.size() - objective_params_.size();
+  set_lora_weights(lora_, Weights(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(adapters)));
+  for (size_t i = 0; i < objective_params_.size(); ++i) {
+    const ParamSpec& spec = specs_[adapters + i];
+    POLLEN_CHECK(w[adapters + i].shape() == spec.shape, "post-training state: tensor '", spec.name,
+                 "' is ", shape_str(spec.shape), ", got ", shape_str(w[adapters + i].shape()));
+    objective_params_[i].copy_(w[adapters + i]);
+  }
+}
+
+void PostGlobal::save(const std::filesystem::path& dir, const std::string& base_name) const {
+  io::save_peft_adapter(lora_, dir, base_name);
+  if (objective_params_.empty()) return;
+  const size_t adapters = specs_.size() - objective_params_.size();
+  io::NamedTensors tensors;
+  for (size_t i = 0; i < objective_params_.size(); ++i)
+    tensors.emplace_back(specs_[adapters + i].name, objective_params_[i]);
+  io::write_safetensors(dir / "objective.safetensors", tensors, {{"format", "pt"}});
+}
+
+void export_federated_reward_model(const train::PostConfig& config, const PostGlobal& global,
+                                   const std::filesystem::path& dir) {
+  POLLEN_CHECK(global.objective_params().size() == 1,
+               "export_federated_reward_model: the "
+               "federation's objective has no score head");
+  const train::PostBase base = train::resolve_post_base(config);
+  const model::Llama merged =
+      model::merge_lora(io::load_model(base.source, DType::f32, config.seed), global.lora());
+  ConfigTable section = config.objective_section();
+  const uint32_t pad = train::rm_pad_token_id(section, *base.tokenizer);
+  train::export_reward_model_with_tokenizer(merged, ag::Var(global.objective_params()[0]), pad,
+                                            base.tokenizer_path, dir);
 }
 
 std::string lora_agreement_differences(const model::LoraConfig& s, const model::LoraConfig& c) {
@@ -131,8 +189,8 @@ std::string base_fingerprint(const model::Llama& base) {
   return h.hex_digest();
 }
 
-std::string post_agreement_differences(const pb::JoinRequest& client, const std::string& lora_json,
-                                       const std::string& base_sha256) {
+std::string post_agreement_differences(const pb::JoinRequest& client, const ServerTerms& terms) {
+  const std::string& lora_json = terms.lora_json;
   if (lora_json.empty() && client.lora_config().empty()) return "";  // pre-training, both
   if (lora_json.empty())
     return "post-training: the server trains the whole model, the client LoRA adapters ([post])";
@@ -142,9 +200,12 @@ std::string post_agreement_differences(const pb::JoinRequest& client, const std:
   std::string out = lora_agreement_differences(
       parse_lora_config_json(lora_json, "the server's LoRA config"),
       parse_lora_config_json(client.lora_config(), "the client's LoRA config"));
-  if (client.base_fingerprint() != base_sha256)
-    out += cat(out.empty() ? "" : "; ", "base weights (SHA-256): server ", base_sha256, ", client ",
-               client.base_fingerprint().substr(0, 80));
+  if (client.base_fingerprint() != terms.base_sha256)
+    out += cat(out.empty() ? "" : "; ", "base weights (SHA-256): server ", terms.base_sha256,
+               ", client ", client.base_fingerprint().substr(0, 80));
+  if (client.post_objective() != terms.post_objective)
+    out += cat(out.empty() ? "" : "; ", "post.objective: server ", terms.post_objective,
+               ", client ", client.post_objective().substr(0, 16));
   return out;
 }
 
@@ -152,13 +213,14 @@ train::ObjectiveFactory lora_objective_factory(const std::string& objective,
                                                const std::string& where, const std::string& base) {
   if (objective == "sft") return train::make_sft_objective;
   if (objective == "dpo") return train::make_dpo_objective;
+  if (objective == "rm") return train::make_reward_objective;
   if (objective == "grpo") {
     return [base](const train::ObjectiveContext& context) {
       return train::make_grpo_objective(context, base);
     };
   }
   fail(where, ": the objective '", objective,
-       "' does not federate; expected \"sft\", \"dpo\" or \"grpo\"");
+       "' does not federate; expected \"sft\", \"dpo\", \"grpo\" or \"rm\"");
 }
 
 PostBaseInfo read_post_base(const PostSettings& post) {
@@ -176,6 +238,7 @@ PostBaseInfo read_post_base(const PostSettings& post) {
   info.base_sha256 = base_fingerprint(model);
   info.tokenizer_fingerprint = base.tokenizer->fingerprint();
   info.lora = config.lora.config;
+  info.seed = config.seed;
   return info;
 }
 
@@ -225,22 +288,46 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
     data.update(sha256_file(file.is_absolute() ? file : config.base_dir / file));
   }
   data_hash_ = data.hex_digest();
-  POLLEN_CHECK(objective_->extra_parameters().empty(), "silo '", id_, "': the objective '",
-               objective_->name(), "' adds parameters, which a LoRA federation does not exchange");
-  for (const auto& [n, v] : trained.named) params_.push_back(v);
-  opt_ =
-      std::make_unique<optim::AdamW>(params_, config.optimizer.adamw(config.grad_clip),
-                                     train::decay_mask(trained.named, config.optimizer.no_decay));
+  // The objective's own parameters (a reward model's head) train and travel beside B.
+  objective_params_ = objective_->extra_parameters();
+  for (const auto& named : objective_params_) trained_.push_back(named);
+  for (const auto& [n, v] : trained_) params_.push_back(v);
+  opt_ = std::make_unique<optim::AdamW>(params_, config.optimizer.adamw(config.grad_clip),
+                                        train::decay_mask(trained_, config.optimizer.no_decay));
+}
+
+ParamSpecs LoraSilo::exchanged_specs() const {
+  ParamSpecs specs = lora_specs(*lora_);
+  for (const auto& [name, v] : objective_params_) specs.push_back({name, v.value().shape()});
+  return specs;
+}
+
+Weights LoraSilo::exchanged_weights() const {
+  Weights w = lora_weights(*lora_);
+  for (const auto& [name, v] : objective_params_) w.push_back(v.value().to(DType::f32));
+  return w;
+}
+
+void LoraSilo::set_exchanged_weights(const Weights& w) {
+  const size_t adapters = w.size() - std::min(w.size(), objective_params_.size());
+  set_lora_weights(*lora_, Weights(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(adapters)));
+  for (size_t i = 0; i < objective_params_.size(); ++i) {
+    Tensor dst = objective_params_[i].second.value();
+    POLLEN_CHECK(dst.shape() == w[adapters + i].shape(), "silo '", id_, "': tensor '",
+                 objective_params_[i].first, "' is ", shape_str(dst.shape()), ", got ",
+                 shape_str(w[adapters + i].shape()));
+    dst.copy_(w[adapters + i]);
+  }
 }
 
 LoraSilo::RoundResult LoraSilo::train_round(const Weights& global, int64_t steps) {
-  set_lora_weights(*lora_, global);
+  set_exchanged_weights(global);
   const Result t = train(steps);
   RoundResult r;
   r.tokens = t.tokens;
   r.loss = t.loss;
   r.metrics = t.metrics;
-  r.delta = weights_minus(global, lora_weights(*lora_));
+  r.delta = weights_minus(global, exchanged_weights());
   return r;
 }
 
@@ -311,12 +398,11 @@ void LoraSilo::read_state(const std::filesystem::path& checkpoint,
 // ---- the server's side -------------------------------------------------------------------------
 
 LoraFederation::LoraFederation(const model::LlamaConfig& base, const model::LoraConfig& lora,
-                               LoraFedOptions options)
-    : base_(base), global_(base, lora), options_(std::move(options)) {
+                               const std::string& objective, uint64_t seed, LoraFedOptions options)
+    : base_(base), global_(base, lora, objective, seed), options_(std::move(options)) {
   POLLEN_CHECK(!lora.train_a,
                "federated LoRA: lora.train_a must be false (A frozen from the "
                "shared seed), so that averaging B is exact");
-  specs_ = lora_specs(global_);
   strategy_ = make_strategy(options_.strategy);
 }
 
@@ -326,7 +412,7 @@ void LoraFederation::admit(const LoraSilo& silo) const {
                     client_model = model_config_json(silo.model().config());
   if (server_model != client_model)
     diff = cat("model: server ", server_model, ", client ", client_model);
-  const std::string lora = lora_agreement_differences(global_.config(), silo.lora_config());
+  const std::string lora = lora_agreement_differences(global_.lora().config(), silo.lora_config());
   if (!lora.empty()) diff += (diff.empty() ? "" : "; ") + lora;
   POLLEN_CHECK(diff.empty(), "the federation refuses silo '", silo.id(), "': ", diff);
 }
@@ -335,19 +421,20 @@ LoraRoundSummary LoraFederation::run_round(int64_t round, const std::vector<Lora
   LoraRoundSummary sum;
   sum.round = round;
   const CompressOptions plain;  // the round's adapters go out as float32
-  const EncodedSet out = encode_weights(specs_, lora_weights(global_), plain);
+  const ParamSpecs& specs = global_.specs();
+  const EncodedSet out = encode_weights(specs, global_.weights(), plain);
   std::vector<ClientUpdate> updates;
   double loss_weighted = 0;
   for (LoraSilo* silo : silos) {
     const std::string pulled = cat("round ", round, " adapters for silo '", silo->id(), "'");
-    const Weights global = transfer(out, specs_, plain, pulled, &sum.bytes_sent);
+    const Weights global = transfer(out, specs, plain, pulled, &sum.bytes_sent);
     const LoraSilo::RoundResult r = silo->train_round(global, options_.local_steps);
     const std::string pushed = cat("round ", round, " update of silo '", silo->id(), "'");
     ClientUpdate u;
     u.client_id = silo->id();
     u.tokens = r.tokens;
     std::vector<std::string> payloads = feedback_[silo->id()].encode(r.delta, options_.compression);
-    u.delta = transfer(encode_payloads(specs_, std::move(payloads), options_.compression), specs_,
+    u.delta = transfer(encode_payloads(specs, std::move(payloads), options_.compression), specs,
                        options_.compression, pushed, &sum.bytes_received);
     updates.push_back(std::move(u));
     sum.tokens += r.tokens;
@@ -361,9 +448,9 @@ LoraRoundSummary LoraFederation::run_round(int64_t round, const std::vector<Lora
   }
   std::sort(updates.begin(), updates.end(),
             [](const ClientUpdate& a, const ClientUpdate& b) { return a.client_id < b.client_id; });
-  Weights global = lora_weights(global_);
+  Weights global = global_.weights();
   strategy_->aggregate(round, global, updates);
-  set_lora_weights(global_, global);
+  global_.set_weights(global);
   sum.train_loss = sum.tokens > 0 ? loss_weighted / static_cast<double>(sum.tokens) : 0;
   for (auto& [name, value] : sum.metrics)
     value = sum.tokens > 0 ? value / static_cast<double>(sum.tokens) : 0;
@@ -459,7 +546,8 @@ LoraFedResult run_lora_federation(const LoraFedConfig& c,
         c.run_file, c.objective, {c.objective + ".data=" + train::toml_string(data)});
     silos.push_back(std::make_unique<LoraSilo>(c.silos[i], pc, make_objective));
   }
-  LoraFederation server(silos[0]->model().config(), silos[0]->lora_config(), c.options);
+  LoraFederation server(silos[0]->model().config(), silos[0]->lora_config(), c.objective,
+                        silos[0]->seed(), c.options);
   std::vector<LoraSilo*> ptrs;
   for (auto& s : silos) {
     server.admit(*s);
@@ -491,9 +579,9 @@ LoraFedResult run_lora_federation(const LoraFedConfig& c,
               ", ", sum.bytes_received, " bytes of adapters in");
     r.rounds.push_back(sum);
   }
-  const Weights global = lora_weights(server.global());
+  const Weights global = server.global().weights();
   for (auto& s : silos) {
-    set_lora_weights(s->lora(), global);
+    s->set_exchanged_weights(global);
     const train::ObjectiveStep held_out = s->evaluate_held_out();
     r.headline = s->objective().headline_metric();
     r.eval_loss.push_back(held_out.loss);
@@ -501,7 +589,12 @@ LoraFedResult run_lora_federation(const LoraFedConfig& c,
                                   ? held_out.metrics[r.headline].get<double>()
                                   : std::nan(""));
   }
-  io::save_peft_adapter(server.global(), c.output, silos[0]->base_name());
+  server.global().save(c.output, silos[0]->base_name());
+  if (!server.global().objective_params().empty()) {
+    export_federated_reward_model(silos[0]->config(), server.global(), c.output / "reward_model");
+    log::info("reward model exported to '", (c.output / "reward_model").string(),
+              "' (LlamaForSequenceClassification)");
+  }
   return r;
 }
 

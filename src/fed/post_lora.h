@@ -3,11 +3,12 @@
 // 'Federated post-training with LoRA'). Every silo runs a post-training objective (SFT, ...) on
 // its own data, starting each round from the round's global adapters, with A drawn from the
 // federation's shared seed and frozen (lora.train_a = false); it sends only B's pseudo-gradient
-// (the global B minus its local B). The server averages them weighted by tokens and applies its
-// outer optimizer (fed/strategy.h) to B alone. Exact, because with A shared and frozen the merged
-// update is linear in B: mean_i(scale B_i A) = scale mean_i(B_i) A (model::average_lora_shared_a).
-// The adapters travel through the wire's encoding and checks (fed/wire.h), as the model does in
-// pre-training; the base never travels.
+// (the global B minus its local B), and that of the objective's own parameters where it has any
+// (a reward model's score head, which is dense and averages as it is). The server averages them
+// weighted by tokens and applies its outer optimizer (fed/strategy.h) to B alone. Exact, because
+// with A shared and frozen the merged update is linear in B: mean_i(scale B_i A) = scale
+// mean_i(B_i) A (model::average_lora_shared_a). The adapters travel through the wire's encoding and
+// checks (fed/wire.h), as the model does in pre-training; the base never travels.
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -17,6 +18,7 @@
 
 #include "fed/compress.h"
 #include "fed/config.h"
+#include "fed/received.h"
 #include "fed/round_trainer.h"
 #include "fed/strategy.h"
 #include "fed/wire.h"
@@ -48,27 +50,63 @@ model::LoraConfig parse_lora_config_json(const std::string& json, const std::str
 // post-training federation must hold this base.
 std::string base_fingerprint(const model::Llama& base);
 
-// What a client's Join says of its post-training silo against the server's (`lora_json` and
-// `base_sha256` empty: a pre-training server): empty when they agree, else every difference
-// ("lora.rank: server 4, client 8; base weights: server 3f2a.., client 91c0..").
-std::string post_agreement_differences(const pb::JoinRequest& client, const std::string& lora_json,
-                                       const std::string& base_sha256);
+// What a client's Join says of its post-training silo against the server's terms (their
+// lora_json empty: a pre-training server): empty when they agree, else every difference
+// ("lora.rank: server 4, client 8; base weights: server 3f2a.., client 91c0..; post.objective:
+// server rm, client sft").
+std::string post_agreement_differences(const pb::JoinRequest& client, const ServerTerms& terms);
 
-// The objectives that federate with LoRA ("sft", "dpo", "grpo"); others are refused naming
+// The objectives that federate with LoRA ("sft", "dpo", "grpo", "rm"); others are refused naming
 // `where`. `base`: the run file's model.base, GRPO's KL reference when grpo.beta > 0 and no
 // grpo.reference is named (as `pollen grpo` takes it).
 train::ObjectiveFactory lora_objective_factory(const std::string& objective,
                                                const std::string& where,
                                                const std::string& base = {});
 
+// The objective's own parameters that travel beside B, by name and shape: a reward model's
+// score head (1, hidden); none for the others.
+ParamSpecs objective_specs(const std::string& objective, const model::LlamaConfig& base);
+
 // What the server of a post-training federation reads of its [post] run file: the base (loaded
-// only to fingerprint it), its tokenizer's fingerprint and the adapters' config.
+// only to fingerprint it), its tokenizer's fingerprint, the adapters' config and the seed that
+// draws the objective's own parameters.
 struct PostBaseInfo {
   std::string base;  // the run file's model.base (adapter_config.json names it)
   model::LlamaConfig architecture;
   std::string base_sha256, tokenizer_fingerprint;
   model::LoraConfig lora;
+  uint64_t seed = 0;  // the run file's run.seed
 };
+
+// The global state of a post-training federation, as its server holds it: the adapters (A drawn
+// from the shared lora.seed, B zero at first) and the objective's own parameters, drawn from the
+// run file's seed as a silo's objective draws them (a reward model's score head). What travels is
+// every B, then those parameters (specs()).
+class PostGlobal {
+ public:
+  PostGlobal(const model::LlamaConfig& base, const model::LoraConfig& lora,
+             const std::string& objective, uint64_t seed);
+  const ParamSpecs& specs() const { return specs_; }
+  Weights weights() const;  // copies, float32, in specs() order
+  void set_weights(const Weights& w);
+  const model::Lora& lora() const { return lora_; }
+  // The objective's parameters (in objective_specs() order); empty for most objectives.
+  const Weights& objective_params() const { return objective_params_; }
+  // The adapters as a PEFT folder in `dir`, and the objective's parameters beside them in
+  // dir/objective.safetensors when it has any.
+  void save(const std::filesystem::path& dir, const std::string& base_name) const;
+
+ private:
+  model::Lora lora_;
+  ParamSpecs specs_;
+  Weights objective_params_;
+};
+
+// A federated reward model exported as `pollen rm` exports one (docs/posttraining.md, [rm]):
+// `config`'s base with the global adapters merged, the global score head, the base's tokenizer
+// and the [rm] pad token, as an HF sequence-classification folder `dir`.
+void export_federated_reward_model(const train::PostConfig& config, const PostGlobal& global,
+                                   const std::filesystem::path& dir);
 PostBaseInfo read_post_base(const PostSettings& post);
 
 // A client's LoRA silo from its [post]: the run file with <objective>.data set to post.data.
@@ -88,16 +126,17 @@ class LoraSilo : public RoundTrainer {
     int64_t tokens = 0;
     double loss = 0;                        // mean of the steps' losses
     std::map<std::string, double> metrics;  // the objective's, means over the steps
-    Weights delta;                          // global minus local B
+    Weights delta;                          // global minus local exchanged weights
   };
-  // `steps` optimizer steps of the objective from the global B.
+  // `steps` optimizer steps of the objective from the global exchanged weights.
   RoundResult train_round(const Weights& global, int64_t steps);
   // The objective's held-out loss and metrics with the current adapters.
   train::ObjectiveStep evaluate_held_out();
 
-  ParamSpecs exchanged_specs() const override { return lora_specs(*lora_); }
-  Weights exchanged_weights() const override { return lora_weights(*lora_); }
-  void set_exchanged_weights(const Weights& w) override { set_lora_weights(*lora_, w); }
+  // B of every adapter, then the objective's own parameters (a reward model's head).
+  ParamSpecs exchanged_specs() const override;
+  Weights exchanged_weights() const override;
+  void set_exchanged_weights(const Weights& w) override;
   Result train(int64_t steps) override;
   double evaluate(int64_t* tokens) override;
   const std::string& manifest_hash() const override { return data_hash_; }
@@ -112,6 +151,8 @@ class LoraSilo : public RoundTrainer {
   const model::Llama& model() const { return model_; }
   const model::LoraConfig& lora_config() const { return lora_->config(); }
   const std::string& base_name() const { return config_.base; }  // the run file's model.base
+  uint64_t seed() const { return config_.seed; }                 // the run file's run.seed
+  const train::PostConfig& config() const { return config_; }
   const std::string& base_sha256() const { return base_sha256_; }
   const std::string& tokenizer_fingerprint() const { return tokenizer_fingerprint_; }
   train::Objective& objective() { return *objective_; }
@@ -127,7 +168,8 @@ class LoraSilo : public RoundTrainer {
   // completion with it): it lives as long as the silo.
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<train::Objective> objective_;
-  std::vector<std::pair<std::string, ag::Var>> trained_;  // B, named
+  std::vector<std::pair<std::string, ag::Var>> trained_;           // B, then the objective's, named
+  std::vector<std::pair<std::string, ag::Var>> objective_params_;  // a reward model's head
   std::vector<ag::Var> params_;
   std::unique_ptr<optim::AdamW> opt_;
   int64_t step_ = 0;  // local steps over every round
@@ -153,11 +195,11 @@ struct LoraRoundSummary {
 };
 
 // The server's side: the global adapters (A from the shared seed, B zero) on a base
-// architecture, and the outer optimizer over B.
+// architecture with the objective's own parameters, and the outer optimizer over what travels.
 class LoraFederation {
  public:
   LoraFederation(const model::LlamaConfig& base, const model::LoraConfig& lora,
-                 LoraFedOptions options);
+                 const std::string& objective, uint64_t seed, LoraFedOptions options);
   // Refuses a silo whose base architecture or adapters differ, naming every difference.
   void admit(const LoraSilo& silo) const;
   // One round: each silo (in the given order; the mean is summed in id order) pulls the global B
@@ -165,14 +207,13 @@ class LoraFederation {
   // feedback, as a deployed client does; the strategy aggregates.
   LoraRoundSummary run_round(int64_t round, const std::vector<LoraSilo*>& silos);
 
-  const model::Lora& global() const { return global_; }
-  const ParamSpecs& specs() const { return specs_; }
+  const PostGlobal& global() const { return global_; }
+  const ParamSpecs& specs() const { return global_.specs(); }
 
  private:
   model::LlamaConfig base_;
-  model::Lora global_;
+  PostGlobal global_;
   LoraFedOptions options_;
-  ParamSpecs specs_;
   std::unique_ptr<Strategy> strategy_;
   // Each silo's error feedback under compression, kept where its client would keep it.
   std::map<std::string, ErrorFeedback> feedback_;
@@ -181,8 +222,9 @@ class LoraFederation {
 // `pollen fed post --config FILE`: a simulated federation of LoRA silos in one process. The file's
 // [federation] names the silos' post-training run file (`run`, its [lora] with train_a = false),
 // the objective, the silos and each one's data (set as <objective>.data of the run file), rounds,
-// local_steps and `output` (the final adapters as a PEFT folder, metrics.jsonl beside it);
-// [strategy] and [compression] as in docs/federated.md.
+// local_steps and `output` (the final adapters as a PEFT folder, metrics.jsonl beside it; for a
+// reward model also output/reward_model, as `pollen rm` exports one); [strategy] and
+// [compression] as in docs/federated.md.
 struct LoraFedConfig {
   std::filesystem::path run_file;
   std::string objective = "sft";

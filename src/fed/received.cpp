@@ -24,11 +24,11 @@ void check_join_request(const pb::JoinRequest& r, const ServerTerms& terms) {
   check_client_id(r.client_id(), "join");
   POLLEN_CHECK(r.model_config().size() <= 4096 && r.tokenizer_fingerprint().size() <= 128 &&
                    r.data_manifest_hash().size() <= 128 && r.base_fingerprint().size() <= 128 &&
-                   r.lora_config().size() <= 4096,
+                   r.lora_config().size() <= 4096 && r.post_objective().size() <= 16,
                "join: oversized fields");
   std::string diff =
       agreement_differences(r, kProtocolVersion, terms.model_json, terms.tokenizer_fingerprint);
-  const std::string post = post_agreement_differences(r, terms.lora_json, terms.base_sha256);
+  const std::string post = post_agreement_differences(r, terms);
   if (!post.empty()) diff += (diff.empty() ? "" : "; ") + post;
   POLLEN_CHECK(diff.empty(), "client '", r.client_id(), "' disagrees with the server: ", diff);
 }

@@ -17,6 +17,7 @@ struct ServerTerms {
   std::string tokenizer_fingerprint;  // the shared tokenizer's
   std::string lora_json;              // post-training: the adapters' config; empty otherwise
   std::string base_sha256;            // post-training: the frozen base model's fingerprint
+  std::string post_objective;         // post-training: the objective the silos train
 };
 
 // A join: the client id, field sizes, then agreement with `terms` (protocol, model, tokenizer,

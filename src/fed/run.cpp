@@ -69,6 +69,10 @@ int64_t run_server(const ServerConfig& config, bool resume) {
   }
   server.shutdown();
   log::info("fed server: ", coordinator.rounds_done(), " of ", config.rounds, " rounds done");
+  if (coordinator.finished() && config.post.enabled() && config.post.objective == "rm") {
+    log::info("fed server: reward model exported to '", coordinator.export_reward_model().string(),
+              "' (LlamaForSequenceClassification)");
+  }
   return coordinator.rounds_done();
 }
 

@@ -28,7 +28,7 @@ namespace pb = ::pollen::fed::v1;
 // second moments (strategy.second_moments); 7: block scales may be bf16 (compression.scale), and
 // the second moments travel as 8-bit log codes; 8: shared first moments of the token rows
 // (strategy.first_moments)
-constexpr uint32_t kProtocolVersion = 8;
+constexpr uint32_t kProtocolVersion = 9;
 // The most deltas a compressed download keeps for clients that missed rounds (fed/model_view.h),
 // so that a client reaches the round's model within kMaxChainLinks + 1 pulls.
 constexpr size_t kMaxChainLinks = 62;

@@ -62,10 +62,9 @@ RewardObjective::RewardObjective(ObjectiveContext context) : context_(std::move(
   micro_batch_pairs_ = s.get_int("micro_batch_pairs", 4);
   POLLEN_CHECK(micro_batch_pairs_ > 0, s.where("micro_batch_pairs"),
                ": expected a positive integer");
-  const std::string pad = s.get_string("pad_token", "<|endoftext|>");
-  s.finish();
   POLLEN_CHECK(context_.tokenizer != nullptr, "rm: no tokenizer");
-  pad_token_id_ = pad_token_named(*context_.tokenizer, pad, s.where("pad_token"));
+  pad_token_id_ = rm_pad_token_id(s, *context_.tokenizer);
+  s.finish();
 
   const SequenceFormat format{context_.tokenizer, context_.chat_format, context_.max_seq};
   train_pairs_ = read_preference_pairs(data, format);
@@ -79,13 +78,21 @@ RewardObjective::RewardObjective(ObjectiveContext context) : context_(std::move(
                                        s.where("validation_fraction"));
   }
 
-  // The head starts as HF initialises it: normal(0, initializer_range), from the run's seed.
-  const int64_t c = context_.model_config.hidden_size;
+  score_ = ag::Var(initial_score_head(context_.model_config, context_.seed), true, "score.weight");
+}
+
+uint32_t rm_pad_token_id(ConfigTable& section, const tokenizer::Tokenizer& tokenizer) {
+  const std::string pad = section.get_string("pad_token", "<|endoftext|>");
+  return pad_token_named(tokenizer, pad, section.where("pad_token"));
+}
+
+Tensor initial_score_head(const model::LlamaConfig& config, uint64_t seed) {
+  const int64_t c = config.hidden_size;
   Tensor w = Tensor::empty({1, c}, DType::f32);
-  Rng rng = Rng(context_.seed).fork(0x5c0e);
+  Rng rng = Rng(seed).fork(0x5c0e);
   for (int64_t i = 0; i < c; ++i)
-    w.data<float>()[i] = static_cast<float>(context_.model_config.initializer_range * rng.normal());
-  score_ = ag::Var(w, true, "score.weight");
+    w.data<float>()[i] = static_cast<float>(config.initializer_range * rng.normal());
+  return w;
 }
 
 PreferenceStats RewardObjective::run_pairs(const model::Llama& model,
@@ -181,16 +188,22 @@ void export_reward_checkpoint(const fs::path& checkpoint, uint32_t pad_token_id,
                "' has no score.weight: not a reward model's checkpoint");
   POLLEN_CHECK(source.tokenizer.has_value(), "checkpoint '", checkpoint.string(),
                "' has no tokenizer.json");
+  export_reward_model_with_tokenizer(decoder, ag::Var(score->to(DType::f32)), pad_token_id,
+                                     *source.tokenizer, dir);
+}
+
+void export_reward_model_with_tokenizer(const model::Llama& decoder, const ag::Var& score,
+                                        uint32_t pad_token_id, const fs::path& tokenizer_json,
+                                        const fs::path& dir) {
   fs::create_directories(dir);
-  const tokenizer::Tokenizer tok = tokenizer::open_tokenizer(*source.tokenizer, "");
+  const tokenizer::Tokenizer tok = tokenizer::open_tokenizer(tokenizer_json, "");
   std::string pad;
   for (const auto& t : tok.added_tokens())
     if (t.id == pad_token_id) pad = t.content;
   json tokenizer_config = io::hf_tokenizer_config(decoder.config().max_position_embeddings);
   tokenizer_config["pad_token"] = pad;
   write_file_atomic(dir / "tokenizer_config.json", tokenizer_config.dump(2) + "\n");
-  export_reward_model(decoder, ag::Var(score->to(DType::f32)), pad_token_id, dir,
-                      {*source.tokenizer});
+  export_reward_model(decoder, score, pad_token_id, dir, {tokenizer_json});
 }
 
 RewardModel load_reward_model(const fs::path& dir) {

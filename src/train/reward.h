@@ -53,6 +53,13 @@ class RewardObjective : public Objective {
 
 std::unique_ptr<Objective> make_reward_objective(ObjectiveContext context);
 
+// The id of the [rm] section's pad_token (default "<|endoftext|>") in the tokenizer.
+uint32_t rm_pad_token_id(ConfigTable& section, const tokenizer::Tokenizer& tokenizer);
+
+// The score head (1,C) a reward model starts from, as HF initialises it: normal(0,
+// initializer_range), drawn from the run's seed.
+Tensor initial_score_head(const model::LlamaConfig& config, uint64_t seed);
+
 // The id of `token` in the tokenizer's added tokens; an error names `where` otherwise.
 uint32_t pad_token_named(const tokenizer::Tokenizer& tokenizer, const std::string& token,
                          const std::string& where);
@@ -75,6 +82,12 @@ RewardModel load_reward_model(const std::filesystem::path& dir);
 void export_reward_model(const model::Llama& decoder, const ag::Var& score, uint32_t pad_token_id,
                          const std::filesystem::path& dir,
                          const std::vector<std::filesystem::path>& extra_files = {});
+// The same with the tokenizer: `tokenizer_json` copied beside, and tokenizer_config.json naming
+// the pad token.
+void export_reward_model_with_tokenizer(const model::Llama& decoder, const ag::Var& score,
+                                        uint32_t pad_token_id,
+                                        const std::filesystem::path& tokenizer_json,
+                                        const std::filesystem::path& dir);
 
 // The reward model of a post-training checkpoint (its model, objective.safetensors' score.weight
 // and tokenizer.json) exported with export_reward_model, with a tokenizer_config.json naming the

@@ -15,6 +15,7 @@
 #include <map>
 #include <thread>
 
+#include "base/hash.h"
 #include "base/thread_pool.h"
 #include "fed/client.h"
 #include "fed/coordinator.h"
@@ -85,10 +86,12 @@ fs::path write_run_file(const fs::path& dir, const std::string& objective,
       objective == "sft"   ? "[sft]\nseq = 64\nmicro_batch = 2\nvalidation_fraction = 0\n"
       : objective == "dpo" ? "[dpo]\nvalidation = \"" + fx.dpo_validation.string() +
                                  "\"\nbeta = 0.1\nbatch_pairs = 8\nmicro_batch_pairs = 4\n"
-                           : "[grpo]\neval_data = \"" + fx.grpo[0].string() +
-                                 "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\n"
-                                 "max_completion_tokens = 6\nbeta = 0.04\n\n[grpo.verifier]\n"
-                                 "kind = \"regex\"\npattern = \"[aeiou]\"\n";
+      : objective == "rm" ? "[rm]\nvalidation = \"" + fx.dpo_validation.string() +
+                                "\"\nbatch_pairs = 8\nmicro_batch_pairs = 4\n"
+                          : "[grpo]\neval_data = \"" + fx.grpo[0].string() +
+                                "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\n"
+                                "max_completion_tokens = 6\nbeta = 0.04\n\n[grpo.verifier]\n"
+                                "kind = \"regex\"\npattern = \"[aeiou]\"\n";
   const fs::path file = dir / (objective + "-run.toml");
   std::string text =
       test_support::tiny_post_toml(dir / "silo-run", fx.model_file, fx.tokenizer, 100, section) +
@@ -232,8 +235,24 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
     b_values += t.numel();
   }
   EXPECT_GT(largest, 1e-4);  // the silos did train B
-  // Only B travelled: each round, 2 silos x 4 bytes per value of B each way (the updates
-  // compressed: as many bytes as the simulation's).
+  int64_t exchanged_values = b_values;
+  if (objective == "rm") {
+    // The score head travelled beside B and was averaged alike; both sides export the reward
+    // model, the same to the last bit.
+    const auto head = [](const fs::path& file) {
+      return io::read_safetensors(file).find("score.weight")->clone();
+    };
+    const Tensor sim_head = head(dir / "sim/objective.safetensors");
+    EXPECT_EQ(sim_head.shape(), (Shape{1, 32}));  // (1, hidden)
+    EXPECT_TRUE(bitwise_equal({head(dir / "dep/adapter/objective.safetensors")}, {sim_head}));
+    EXPECT_EQ(sha256_file(dir / "dep/reward_model/model.safetensors"),
+              sha256_file(dir / "sim/reward_model/model.safetensors"));
+    EXPECT_EQ(read_file(dir / "dep/reward_model/config.json"),
+              read_file(dir / "sim/reward_model/config.json"));
+    exchanged_values += sim_head.numel();
+  }
+  // Only B (and a reward model's head) travelled: each round, 2 silos x 4 bytes per value each
+  // way (the updates compressed: as many bytes as the simulation's).
   const auto lines = read_jsonl(dir / "dep/metrics.jsonl");
   const auto sim_lines = read_jsonl(dir / "sim/metrics.jsonl");
   ASSERT_EQ(lines.size(), 2u);
@@ -242,11 +261,11 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
     const auto received = lines[r]["bytes_received"].get<int64_t>();
     EXPECT_EQ(received, sim_lines[r]["bytes_received"].get<int64_t>());
     if (compression.empty()) {
-      EXPECT_EQ(received, 2 * 4 * b_values);
+      EXPECT_EQ(received, 2 * 4 * exchanged_values);
     } else {
-      EXPECT_LT(received, 2 * 4 * b_values / 3);
+      EXPECT_LT(received, 2 * 4 * exchanged_values / 3);
     }
-    EXPECT_EQ(lines[r]["bytes_sent"].get<int64_t>(), 2 * 4 * b_values);
+    EXPECT_EQ(lines[r]["bytes_sent"].get<int64_t>(), 2 * 4 * exchanged_values);
     // GRPO's held-out loss is its negated mean reward: the server takes it, negative as it is.
     // The rewards the silos trained on come with the updates, as the simulation has them.
     if (objective == "grpo") {
@@ -290,6 +309,12 @@ TEST(FedPostWire, DeployedCompressedSftEqualsTheSimulationBitwise) {
 // base, loaded from the run file's model.base): deployed, as simulated.
 TEST(FedPostWire, DeployedGrpoEqualsTheSimulationBitwise) {
   expect_deployed_equals_simulation("grpo", fixture().grpo);
+}
+
+// A reward model: the score head is the objective's own parameter, trained by every silo and
+// averaged with B; the server and the simulation export the same reward model.
+TEST(FedPostWire, DeployedRewardModelEqualsTheSimulationBitwise) {
+  expect_deployed_equals_simulation("rm", fixture().dpo);
 }
 
 TEST(FedPostWire, DpoFederationOverGrpcRaisesTheHeldOutMargin) {
@@ -352,6 +377,13 @@ TEST(FedPostWire, SiloWithAnotherLoraConfigOrBaseIsRefusedNamingIt) {
   const std::string b = refusal(write_run_file(dir / "base", "sft", {{"seed = 3", "seed = 4"}}));
   EXPECT_NE(b.find("base weights (SHA-256): server "), std::string::npos) << b;
   EXPECT_EQ(b.find("lora."), std::string::npos) << b;
+  // Another objective: a reward model's silo would send its score head beside B.
+  {
+    const fs::path rm_run = write_run_file(dir / "rm", "rm");
+    Client c(post_client(0, rm_run, "rm", fx.dpo[0]), transport);
+    const std::string o = error_of([&] { c.join(); });
+    EXPECT_NE(o.find("post.objective: server sft, client rm"), std::string::npos) << o;
+  }
   // A pre-training client: it proposes the whole model.
   pb::JoinRequest whole;
   whole.set_protocol_version(kProtocolVersion);
@@ -479,7 +511,10 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
   };
   const std::string server = "[server]\ndir = 'x'\n[post]\nrun = 'r.toml'\n";
   EXPECT_EQ(server_error(server), "");
-  EXPECT_NE(server_error(server + "objective = 'rm'\n").find("post.objective"), std::string::npos);
+  EXPECT_EQ(server_error(server + "objective = 'rm'\n"), "");
+  const std::string ppo = server_error(server + "objective = 'ppo'\n");
+  EXPECT_NE(ppo.find("post.objective"), std::string::npos) << ppo;
+  EXPECT_NE(ppo.find("\"sft\", \"dpo\", \"grpo\" or \"rm\""), std::string::npos) << ppo;
   EXPECT_NE(server_error(server + "colour = 1\n").find("colour"), std::string::npos);
   EXPECT_NE(
       server_error(server + "[model]\npreset = 'llama-tiny'\n").find("not allowed with [post]"),

@@ -7,10 +7,13 @@
 #include <map>
 
 #include "fed/post_lora.h"
+#include "io/model_source.h"
 #include "ops/elementwise.h"
 #include "train/grpo.h"
 #include "train/post_config.h"
 #include "train/post_fixtures.h"
+#include "train/preference_synth.h"
+#include "train/reward.h"
 #include "train/sft.h"
 
 namespace fs = std::filesystem;
@@ -75,7 +78,7 @@ TEST(FedPostLora, RoundEqualsTheMeanOfTheSilosMergedUpdatesAndSendsOnlyB) {
   const model::Llama& base = silos[0]->model();
   fed::LoraFedOptions o;
   o.local_steps = 3;  // fedavg, lr 1: the new global B is the token-weighted mean of the local B
-  fed::LoraFederation server(base.config(), silos[0]->lora_config(), o);
+  fed::LoraFederation server(base.config(), silos[0]->lora_config(), "sft", 0, o);
   std::vector<fed::LoraSilo*> ptrs;
   for (auto& s : silos) {
     server.admit(*s);
@@ -99,7 +102,7 @@ TEST(FedPostLora, RoundEqualsTheMeanOfTheSilosMergedUpdatesAndSendsOnlyB) {
   for (const auto& [name, d] : updates) ops::axpy(1.0, d, reference.at(name));
 
   // The global model by the rule: the base with the aggregated adapters merged in.
-  const model::Llama merged = model::merge_lora(base, server.global());
+  const model::Llama merged = model::merge_lora(base, server.global().lora());
   double worst = 0, largest_update = 0;
   for (const auto& [name, v] : merged.named_parameters()) {
     const auto x = v.value().to_doubles(), y = reference.at(name).to_doubles();
@@ -114,7 +117,7 @@ TEST(FedPostLora, RoundEqualsTheMeanOfTheSilosMergedUpdatesAndSendsOnlyB) {
   // (tests/model/lora_test.cpp shows that case; here every silo's A is the federation's.)
   for (const auto& [name, v] : silos[1]->lora().named_tensors()) {
     if (!name.ends_with("lora_A.weight")) continue;
-    for (const auto& [gname, gv] : server.global().named_tensors())
+    for (const auto& [gname, gv] : server.global().lora().named_tensors())
       if (gname == name) {
         EXPECT_EQ(v.value().to_doubles(), gv.value().to_doubles()) << name;
       }
@@ -140,7 +143,7 @@ TEST(FedPostLora, RoundsLowerTheSilosLoss) {
                                                     train::make_sft_objective));
   fed::LoraFedOptions o;
   o.local_steps = 4;
-  fed::LoraFederation server(silos[0]->model().config(), silos[0]->lora_config(), o);
+  fed::LoraFederation server(silos[0]->model().config(), silos[0]->lora_config(), "sft", 0, o);
   std::vector<fed::LoraSilo*> ptrs;
   for (auto& s : silos) ptrs.push_back(s.get());
   const double first = server.run_round(1, ptrs).train_loss;
@@ -179,7 +182,8 @@ TEST(FedPostLora, OneGrpoSiloFederatedEqualsItsLocalTraining) {
   auto federated = silo("grpo-federated");
   fed::LoraFedOptions o;
   o.local_steps = 2;
-  fed::LoraFederation server(federated->model().config(), federated->lora_config(), o);
+  fed::LoraFederation server(federated->model().config(), federated->lora_config(), "grpo",
+                             federated->seed(), o);
   server.admit(*federated);
   double rewards = 0;  // the rounds' mean rewards, each over its 2 steps
   for (int64_t r = 1; r <= 2; ++r) {
@@ -193,7 +197,7 @@ TEST(FedPostLora, OneGrpoSiloFederatedEqualsItsLocalTraining) {
   const auto local = alone->train(4);
   // The same rollouts, scored alike: the rounds' rewards are the local steps'.
   EXPECT_DOUBLE_EQ(rewards / 2, local.metrics.at("reward"));
-  const fed::Weights mine = fed::lora_weights(server.global()),
+  const fed::Weights mine = fed::lora_weights(server.global().lora()),
                      theirs = fed::lora_weights(alone->lora());
   ASSERT_EQ(mine.size(), theirs.size());
   double worst = 0, largest = 0;
@@ -208,9 +212,86 @@ TEST(FedPostLora, OneGrpoSiloFederatedEqualsItsLocalTraining) {
   EXPECT_GT(largest, 1e-3);  // B left zero: the steps did train
 }
 
+// A reward model's score head is the objective's own parameter: it starts on the server as the
+// silo's objective draws it (from the run file's seed), trains with B and travels beside it. A
+// federation of one silo at FedAvg lr 1, 2 rounds of 2 local steps, ends with the adapters and the
+// head that 4 steps of the same silo alone give, and exports the reward model of the merged base
+// and that head.
+TEST(FedPostLora, OneRewardModelSiloFederatedEqualsItsLocalTraining) {
+  const auto& fx = fixture();
+  train::PreferenceSynthOptions pairs;
+  pairs.task = "case";
+  pairs.count = 24;
+  const fs::path data = fx.dir / "rm-pairs.jsonl";
+  train::write_preference_synth(pairs, data);
+  const std::string section = "[rm]\ndata = \"" + data.string() +
+                              "\"\nvalidation_fraction = 0.25\nbatch_pairs = 4\n"
+                              "micro_batch_pairs = 4\n";
+  auto silo = [&](const std::string& name) {
+    const train::PostConfig c =
+        train::parse_post_config(test_support::tiny_post_toml(fx.dir / name, fx.model_file,
+                                                              fx.tokenizer_path, 100, section) +
+                                     kLora,
+                                 "rm.toml", "rm", {"optimizer.lr=0.05"});
+    return std::make_unique<fed::LoraSilo>(name, c, fed::lora_objective_factory("rm", "test"));
+  };
+  auto federated = silo("rm-federated");
+  const fed::ParamSpecs specs = federated->exchanged_specs();
+  ASSERT_EQ(specs.back().name, "score.weight");
+  EXPECT_EQ(specs.back().shape, (Shape{1, federated->model().config().hidden_size}));
+  fed::LoraFedOptions o;
+  o.local_steps = 2;
+  fed::LoraFederation server(federated->model().config(), federated->lora_config(), "rm",
+                             federated->seed(), o);
+  ASSERT_EQ(server.specs().size(), specs.size());
+  // The server's head is the one the silo's objective drew.
+  EXPECT_TRUE(server.global().objective_params()[0].to_doubles() ==
+              federated->exchanged_weights().back().to_doubles());
+  server.admit(*federated);
+  for (int64_t r = 1; r <= 2; ++r) server.run_round(r, {federated.get()});
+
+  auto alone = silo("rm-alone");
+  alone->train(4);
+  const fed::Weights mine = server.global().weights(), theirs = alone->exchanged_weights();
+  ASSERT_EQ(mine.size(), theirs.size());
+  double worst = 0, head_moved = 0;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const auto x = mine[i].to_doubles(), y = theirs[i].to_doubles();
+    for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::fabs(x[j] - y[j]));
+  }
+  const auto start = server.global().objective_params()[0].to_doubles();
+  const auto initial = silo("rm-initial")->exchanged_weights().back().to_doubles();
+  for (size_t j = 0; j < start.size(); ++j)
+    head_moved = std::max(head_moved, std::fabs(start[j] - initial[j]));
+  EXPECT_LT(worst, 1e-6);
+  EXPECT_GT(head_moved, 1e-3);  // the head trained
+
+  // The export: the base with the global adapters merged, and the global head.
+  const fs::path out = fx.dir / "rm-export";
+  fed::export_federated_reward_model(federated->config(), server.global(), out);
+  const train::RewardModel rm = train::load_reward_model(out);
+  EXPECT_TRUE(rm.score.value().to_doubles() == start);
+  const train::PostBase base = train::resolve_post_base(federated->config());
+  EXPECT_EQ(rm.pad_token_id, train::pad_token_named(*base.tokenizer, "<|endoftext|>", "test"));
+  const model::Llama merged = model::merge_lora(
+      io::load_model(base.source, DType::f32, federated->seed()), server.global().lora());
+  // The decoder's tensors (a sequence classifier has no lm_head).
+  std::map<std::string, std::vector<double>> expected;
+  for (const auto& [name, v] : merged.named_parameters())
+    if (name.starts_with("model.")) expected[name] = v.value().to_doubles();
+  size_t compared = 0;
+  for (const auto& [name, v] : rm.decoder->named_parameters()) {
+    if (!name.starts_with("model.")) continue;
+    ASSERT_TRUE(expected.contains(name)) << name;
+    EXPECT_TRUE(v.value().to_doubles() == expected[name]) << name;
+    ++compared;
+  }
+  EXPECT_EQ(compared, expected.size());
+}
+
 TEST(FedPostLora, SilosWithOtherAdaptersAreRefusedNamingTheDifference) {
   const auto silos = make_silos();
-  fed::LoraFederation server(silos[0]->model().config(), silos[0]->lora_config(), {});
+  fed::LoraFederation server(silos[0]->model().config(), silos[0]->lora_config(), "sft", 0, {});
   const fed::LoraSilo rank8("silo-r", silo_config(0, {"lora.rank=8"}), train::make_sft_objective);
   EXPECT_NE(error_of([&] { server.admit(rank8); }).find("lora.rank: server 4, client 8"),
             std::string::npos);
