@@ -8,10 +8,9 @@
 #include "base/config.h"
 #include "base/files.h"
 #include "base/hash.h"
-#include "base/log.h"
+#include "fed/strategy.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
-#include "obs/metrics.h"
 #include "optim/schedule.h"
 #include "train/config.h"
 #include "train/dpo.h"
@@ -22,18 +21,6 @@
 
 namespace pollen::fed {
 namespace {
-
-// What the receiving side gets of an encoded set: through chunks, the header's checks and the
-// decoder, as over the network. Adds the bytes to *counted.
-Weights transfer(const EncodedSet& set, const ParamSpecs& specs, const CompressOptions& codec,
-                 const std::string& what, uint64_t* counted) {
-  validate_header(set.header, specs, codec, what);
-  ChunkAssembler chunks(set.header, what);
-  for_each_chunk(set.bytes, kMaxChunkBytes, [&](const pb::Chunk& c) { chunks.add(c); });
-  const std::string bytes = chunks.finish();
-  *counted += bytes.size();
-  return decode_set(set.header, bytes, specs, what);
-}
 
 std::string targets_text(const std::vector<model::LoraTarget>& targets) {
   std::string s = "[";
@@ -107,7 +94,10 @@ void PostGlobal::save(const std::filesystem::path& dir, const std::string& base_
   io::NamedTensors tensors;
   for (size_t i = 0; i < objective_params_.size(); ++i)
     tensors.emplace_back(specs_[adapters + i].name, objective_params_[i]);
-  io::write_safetensors(dir / "objective.safetensors", tensors, {{"format", "pt"}});
+  // Written beside and renamed over, as the adapter is: a reader never sees a torn file.
+  const std::filesystem::path tmp = dir / ".objective.safetensors.tmp";
+  io::write_safetensors(tmp, tensors, {{"format", "pt"}});
+  std::filesystem::rename(tmp, dir / "objective.safetensors");
 }
 
 void export_federated_reward_model(const train::PostConfig& config, const PostGlobal& global,
@@ -395,104 +385,48 @@ void LoraSilo::read_state(const std::filesystem::path& checkpoint,
   objective_->restore(state.at("objective"));
 }
 
-// ---- the server's side -------------------------------------------------------------------------
-
-LoraFederation::LoraFederation(const model::LlamaConfig& base, const model::LoraConfig& lora,
-                               const std::string& objective, uint64_t seed, LoraFedOptions options)
-    : base_(base), global_(base, lora, objective, seed), options_(std::move(options)) {
-  POLLEN_CHECK(!lora.train_a,
-               "federated LoRA: lora.train_a must be false (A frozen from the "
-               "shared seed), so that averaging B is exact");
-  strategy_ = make_strategy(options_.strategy);
-}
-
-void LoraFederation::admit(const LoraSilo& silo) const {
-  std::string diff;
-  const std::string server_model = model_config_json(base_),
-                    client_model = model_config_json(silo.model().config());
-  if (server_model != client_model)
-    diff = cat("model: server ", server_model, ", client ", client_model);
-  const std::string lora = lora_agreement_differences(global_.lora().config(), silo.lora_config());
-  if (!lora.empty()) diff += (diff.empty() ? "" : "; ") + lora;
-  POLLEN_CHECK(diff.empty(), "the federation refuses silo '", silo.id(), "': ", diff);
-}
-
-LoraRoundSummary LoraFederation::run_round(int64_t round, const std::vector<LoraSilo*>& silos) {
-  LoraRoundSummary sum;
-  sum.round = round;
-  const CompressOptions plain;  // the round's adapters go out as float32
-  const ParamSpecs& specs = global_.specs();
-  const EncodedSet out = encode_weights(specs, global_.weights(), plain);
-  std::vector<ClientUpdate> updates;
-  double loss_weighted = 0;
-  for (LoraSilo* silo : silos) {
-    const std::string pulled = cat("round ", round, " adapters for silo '", silo->id(), "'");
-    const Weights global = transfer(out, specs, plain, pulled, &sum.bytes_sent);
-    const LoraSilo::RoundResult r = silo->train_round(global, options_.local_steps);
-    const std::string pushed = cat("round ", round, " update of silo '", silo->id(), "'");
-    ClientUpdate u;
-    u.client_id = silo->id();
-    u.tokens = r.tokens;
-    std::vector<std::string> payloads = feedback_[silo->id()].encode(r.delta, options_.compression);
-    u.delta = transfer(encode_payloads(specs, std::move(payloads), options_.compression), specs,
-                       options_.compression, pushed, &sum.bytes_received);
-    updates.push_back(std::move(u));
-    sum.tokens += r.tokens;
-    loss_weighted += r.loss * static_cast<double>(r.tokens);
-    sum.client_train_loss[silo->id()] = r.loss;
-    sum.client_tokens[silo->id()] = r.tokens;
-    sum.client_metrics[silo->id()] = r.metrics;
-    for (const auto& [name, value] : r.metrics)
-      sum.metrics[name] += value * static_cast<double>(r.tokens);
-    sum.headline = silo->objective().headline_metric();
-  }
-  std::sort(updates.begin(), updates.end(),
-            [](const ClientUpdate& a, const ClientUpdate& b) { return a.client_id < b.client_id; });
-  Weights global = global_.weights();
-  strategy_->aggregate(round, global, updates);
-  global_.set_weights(global);
-  sum.train_loss = sum.tokens > 0 ? loss_weighted / static_cast<double>(sum.tokens) : 0;
-  for (auto& [name, value] : sum.metrics)
-    value = sum.tokens > 0 ? value / static_cast<double>(sum.tokens) : 0;
-  return sum;
-}
-
 // ---- `pollen fed post` --------------------------------------------------------------------------
 
-LoraFedConfig load_lora_fed_config(const std::filesystem::path& path) {
+SimConfig load_fed_post_config(const std::filesystem::path& path) {
   ConfigTable root = ConfigTable::load(path);
   const std::filesystem::path here = path.parent_path();
   auto relative = [&](const std::string& p) {
     const std::filesystem::path x(p);
     return x.is_absolute() ? x : (here / x).lexically_normal();
   };
-  LoraFedConfig c;
+  SimConfig c;
+  ServerConfig& server = c.server;
   auto f = root.table("federation");
   POLLEN_CHECK(f.has_value(), "config file '", path.string(), "': no [federation] table");
-  c.run_file = relative(f->require_string("run"));
-  c.objective = f->get_string("objective", c.objective);
-  lora_objective_factory(c.objective, f->where("objective"));  // refuses what does not federate
-  c.silos = f->get_strings("silos");
-  for (const auto& d : f->get_strings("data")) c.data.push_back(relative(d).string());
-  POLLEN_CHECK(!c.silos.empty(), f->where("silos"), ": expected the silos' ids");
-  POLLEN_CHECK(c.data.size() == c.silos.size(), f->where("data"), ": expected one data file per ",
-               "silo (", c.silos.size(), "), got ", c.data.size());
-  for (const auto& id : c.silos) check_client_id(id, f->where("silos"));
-  c.output = relative(f->require_string("output"));
-  c.options.rounds = f->get_int("rounds", c.options.rounds);
-  c.options.local_steps = f->get_int("local_steps", c.options.local_steps);
-  POLLEN_CHECK(c.options.rounds >= 1, f->where("rounds"), ": expected 1 or more");
-  POLLEN_CHECK(c.options.local_steps >= 1, f->where("local_steps"), ": expected 1 or more");
+  server.post.run = relative(f->require_string("run"));
+  server.post.objective = f->get_string("objective", server.post.objective);
+  lora_objective_factory(server.post.objective, f->where("objective"));  // refuses the others
+  const std::vector<std::string> silos = f->get_strings("silos");
+  std::vector<std::string> data;
+  for (const auto& d : f->get_strings("data")) data.push_back(relative(d).string());
+  POLLEN_CHECK(!silos.empty(), f->where("silos"), ": expected the silos' ids");
+  POLLEN_CHECK(data.size() == silos.size(), f->where("data"), ": expected one data file per ",
+               "silo (", silos.size(), "), got ", data.size());
+  server.dir = relative(f->require_string("output"));
+  server.rounds = f->get_int("rounds", 1);
+  server.local_steps = f->get_int("local_steps", 10);
+  server.eval_every = f->get_int("eval_every", 0);
+  POLLEN_CHECK(server.rounds >= 1, f->where("rounds"), ": expected 1 or more");
+  POLLEN_CHECK(server.local_steps >= 1, f->where("local_steps"), ": expected 1 or more");
+  POLLEN_CHECK(server.eval_every >= 0, f->where("eval_every"), ": expected 0 (never) or more");
   f->finish();
+  for (size_t i = 0; i < silos.size(); ++i) {
+    ClientConfig client;
+    client.id = silos[i];
+    check_client_id(client.id, f->where("silos"));
+    client.post = {server.post.run, server.post.objective, data[i]};
+    c.clients.push_back(std::move(client));
+  }
   if (auto s = root.table("strategy")) {
-    c.options.strategy = read_strategy_options(*s);
-    // The keys this simulation has no use for are refused, not ignored: it trains every silo
-    // every round, and only the adapters' B travels (no token rows, no optimizer moments).
-    const StrategyOptions& o = c.options.strategy;
-    POLLEN_CHECK(o.fraction_fit == 1.0 && o.min_clients <= static_cast<int64_t>(c.silos.size()),
-                 s->where(o.fraction_fit != 1.0 ? "fraction_fit" : "min_clients"),
-                 ": `pollen fed post` trains every silo every round (fraction_fit 1, min_clients "
-                 "at most the silos); client sampling is `pollen fed server` with [post]");
+    server.strategy = read_strategy_options(*s);
+    // Only the adapters' B (and an objective's own parameters) travel: no token rows, no shared
+    // optimizer moments; refused, not ignored, as the server refuses them with [post].
+    const StrategyOptions& o = server.strategy;
     for (const auto& [key, off] : {std::pair{"row_weighting", !o.weights_rows()},
                                    std::pair{"second_moments", !o.shares_second_moments()},
                                    std::pair{"first_moments", !o.shares_first_moments()},
@@ -502,100 +436,9 @@ LoraFedConfig load_lora_fed_config(const std::filesystem::path& path) {
                    "has no token rows or shared optimizer moments; leave it out");
     s->finish();
   }
-  // [compression] as a server reads it; the adapters go out as float32 (the download codec
-  // belongs to the deployed server's model view).
-  ServerConfig codecs;
-  read_compression(root, codecs);
-  POLLEN_CHECK(codecs.server_codec == Codec::none, "config file '", path.string(),
-               "': compression.server_codec: `pollen fed post` sends the round's adapters as "
-               "float32; a compressed download runs over the wire (`pollen fed server` with "
-               "[post])");
-  c.options.compression = codecs.compression;
+  read_compression(root, server);
   root.finish();
   return c;
-}
-
-namespace {
-
-// A round's TensorBoard scalars at step = round, named as the deployed server names them.
-void write_round_scalars(obs::EventFileWriter& tensorboard, const LoraRoundSummary& sum) {
-  const double now = obs::wall_time_now();
-  auto add = [&](const std::string& tag, double value) {
-    tensorboard.add_scalar(tag, value, sum.round, now);
-  };
-  add("fed/train_loss", sum.train_loss);
-  add("fed/tokens", static_cast<double>(sum.tokens));
-  add("fed/bytes_sent", static_cast<double>(sum.bytes_sent));
-  add("fed/bytes_received", static_cast<double>(sum.bytes_received));
-  for (const auto& [name, value] : sum.metrics) add("fed/" + name, value);
-  for (const auto& [id, loss] : sum.client_train_loss) add("client/" + id + "/train_loss", loss);
-  for (const auto& [id, m] : sum.client_metrics)
-    for (const auto& [name, value] : m) add("client/" + id + "/" + name, value);
-  tensorboard.file().flush();
-}
-
-}  // namespace
-
-LoraFedResult run_lora_federation(const LoraFedConfig& c,
-                                  const train::ObjectiveFactory& make_objective) {
-  std::vector<std::unique_ptr<LoraSilo>> silos;
-  for (size_t i = 0; i < c.silos.size(); ++i) {
-    // The federation file's data paths are relative to it; the run file's to the run file.
-    const std::string data = std::filesystem::absolute(c.data[i]).string();
-    const train::PostConfig pc = train::load_post_config(
-        c.run_file, c.objective, {c.objective + ".data=" + train::toml_string(data)});
-    silos.push_back(std::make_unique<LoraSilo>(c.silos[i], pc, make_objective));
-  }
-  LoraFederation server(silos[0]->model().config(), silos[0]->lora_config(), c.objective,
-                        silos[0]->seed(), c.options);
-  std::vector<LoraSilo*> ptrs;
-  for (auto& s : silos) {
-    server.admit(*s);
-    ptrs.push_back(s.get());
-  }
-  std::filesystem::create_directories(c.output);
-  obs::JsonlWriter metrics(c.output / "metrics.jsonl", 0);  // a new run: the file starts empty
-  std::filesystem::remove_all(c.output / "tensorboard");    // and so do the curves
-  obs::EventFileWriter tensorboard = obs::EventFileWriter::create(c.output / "tensorboard");
-  LoraFedResult r;
-  for (int64_t round = 1; round <= c.options.rounds; ++round) {
-    const LoraRoundSummary sum = server.run_round(round, ptrs);
-    nlohmann::ordered_json line;
-    line["round"] = round;
-    line["tokens"] = sum.tokens;
-    line["train_loss"] = sum.train_loss;
-    line["bytes_sent"] = sum.bytes_sent;
-    line["bytes_received"] = sum.bytes_received;
-    line["client_train_loss"] = sum.client_train_loss;
-    if (!sum.metrics.empty()) {
-      line["metrics"] = sum.metrics;
-      line["client_metrics"] = sum.client_metrics;
-    }
-    metrics.write(line);
-    write_round_scalars(tensorboard, sum);
-    const auto headline = sum.metrics.find(sum.headline);
-    log::info("round ", round, "/", c.options.rounds, ": train loss ", sum.train_loss,
-              headline == sum.metrics.end() ? "" : cat(", ", sum.headline, " ", headline->second),
-              ", ", sum.bytes_received, " bytes of adapters in");
-    r.rounds.push_back(sum);
-  }
-  const Weights global = server.global().weights();
-  for (auto& s : silos) {
-    s->set_exchanged_weights(global);
-    const train::ObjectiveStep held_out = s->evaluate_held_out();
-    r.headline = s->objective().headline_metric();
-    r.eval_loss.push_back(held_out.loss);
-    r.eval_headline.push_back(held_out.metrics.contains(r.headline)
-                                  ? held_out.metrics[r.headline].get<double>()
-                                  : std::nan(""));
-  }
-  server.global().save(c.output, silos[0]->base_name());
-  if (!server.global().objective_params().empty()) {
-    export_federated_reward_model(silos[0]->config(), server.global(), c.output / "reward_model");
-    log::info("reward model exported to '", (c.output / "reward_model").string(),
-              "' (LlamaForSequenceClassification)");
-  }
-  return r;
 }
 
 }  // namespace pollen::fed

@@ -5,8 +5,8 @@
 // federation's shared seed and frozen (lora.train_a = false); it sends only B's pseudo-gradient
 // (the global B minus its local B), and that of the objective's own parameters where it has any
 // (a reward model's score head, which is dense and averages as it is). The server averages them
-// weighted by tokens and applies its outer optimizer (fed/strategy.h) to B alone. Exact, because
-// with A shared and frozen the merged update is linear in B: mean_i(scale B_i A) = scale
+// weighted by tokens and applies its outer optimizer (fed/strategy.h) to what travels. Exact,
+// because with A shared and frozen the merged update is linear in B: mean_i(scale B_i A) = scale
 // mean_i(B_i) A (model::average_lora_shared_a). The adapters travel through the wire's encoding and
 // checks (fed/wire.h), as the model does in pre-training; the base never travels.
 #include <cstdint>
@@ -16,11 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "fed/compress.h"
 #include "fed/config.h"
 #include "fed/received.h"
 #include "fed/round_trainer.h"
-#include "fed/strategy.h"
 #include "fed/wire.h"
 #include "io/checkpoint.h"
 #include "model/llama.h"
@@ -175,74 +173,13 @@ class LoraSilo : public RoundTrainer {
   int64_t step_ = 0;  // local steps over every round
 };
 
-struct LoraFedOptions {
-  int64_t rounds = 1;
-  int64_t local_steps = 10;     // H: optimizer steps per silo and round
-  StrategyOptions strategy;     // fedavg with lr 1 (the token-weighted mean of the local B) default
-  CompressOptions compression;  // what silos send
-};
-
-struct LoraRoundSummary {
-  int64_t round = 0;
-  int64_t tokens = 0;
-  double train_loss = 0;                        // token-weighted over silos
-  uint64_t bytes_sent = 0, bytes_received = 0;  // the round's adapters out, updates in
-  std::map<std::string, double> client_train_loss;
-  std::map<std::string, int64_t> client_tokens;  // each silo's aggregation weight
-  std::map<std::string, std::map<std::string, double>> client_metrics;  // the objective's
-  std::map<std::string, double> metrics;  // the objective's, token-weighted over silos
-  std::string headline;                   // the objective's headline metric; empty: the loss
-};
-
-// The server's side: the global adapters (A from the shared seed, B zero) on a base
-// architecture with the objective's own parameters, and the outer optimizer over what travels.
-class LoraFederation {
- public:
-  LoraFederation(const model::LlamaConfig& base, const model::LoraConfig& lora,
-                 const std::string& objective, uint64_t seed, LoraFedOptions options);
-  // Refuses a silo whose base architecture or adapters differ, naming every difference.
-  void admit(const LoraSilo& silo) const;
-  // One round: each silo (in the given order; the mean is summed in id order) pulls the global B
-  // (float32), trains, pushes its delta encoded with options.compression and the silo's error
-  // feedback, as a deployed client does; the strategy aggregates.
-  LoraRoundSummary run_round(int64_t round, const std::vector<LoraSilo*>& silos);
-
-  const PostGlobal& global() const { return global_; }
-  const ParamSpecs& specs() const { return global_.specs(); }
-
- private:
-  model::LlamaConfig base_;
-  PostGlobal global_;
-  LoraFedOptions options_;
-  std::unique_ptr<Strategy> strategy_;
-  // Each silo's error feedback under compression, kept where its client would keep it.
-  std::map<std::string, ErrorFeedback> feedback_;
-};
-
-// `pollen fed post --config FILE`: a simulated federation of LoRA silos in one process. The file's
-// [federation] names the silos' post-training run file (`run`, its [lora] with train_a = false),
-// the objective, the silos and each one's data (set as <objective>.data of the run file), rounds,
-// local_steps and `output` (the final adapters as a PEFT folder, metrics.jsonl beside it; for a
-// reward model also output/reward_model, as `pollen rm` exports one); [strategy] and
-// [compression] as in docs/federated.md.
-struct LoraFedConfig {
-  std::filesystem::path run_file;
-  std::string objective = "sft";
-  std::vector<std::string> silos;
-  std::vector<std::string> data;  // one per silo
-  std::filesystem::path output;
-  LoraFedOptions options;
-};
-LoraFedConfig load_lora_fed_config(const std::filesystem::path& path);
-
-struct LoraFedResult {
-  std::vector<LoraRoundSummary> rounds;
-  // Each silo's held-out loss with the final global adapters, and the objective's headline
-  // metric there (GRPO's reward; NaN where the objective has none)
-  std::vector<double> eval_loss, eval_headline;
-  std::string headline;  // its name; empty: the loss is the headline
-};
-LoraFedResult run_lora_federation(const LoraFedConfig& config,
-                                  const train::ObjectiveFactory& make_objective);
+// `pollen fed post --config FILE`: a post-training federation simulated in one process as `pollen
+// fed simulate` runs one (fed/run.h: the server's Coordinator and a Client per silo, every message
+// through the in-process transport). The file's [federation] names the silos' post-training run
+// file (`run`, its [lora] with train_a = false), the objective, the silos and each one's data
+// (set as the run file's <objective>.data), rounds, local_steps, eval_every and `output` (the
+// server's folder: adapter/, checkpoints/, metrics.jsonl, the clients' states; for a reward model
+// reward_model/); [strategy] and [compression] as the server reads them.
+SimConfig load_fed_post_config(const std::filesystem::path& path);
 
 }  // namespace pollen::fed

@@ -31,6 +31,21 @@ std::unique_ptr<obs::MetricsEndpoint> serve_metrics(const Coordinator& c) {
   return e;
 }
 
+// A reward model's federation exports it once its last round is done; a run that stopped before
+// (the privacy budget, too few clients, failed retries) says why there is none.
+void export_reward_model_when_done(Coordinator& coordinator, const ServerConfig& config,
+                                   const char* who) {
+  if (!config.post.enabled() || config.post.objective != "rm") return;
+  if (coordinator.rounds_done() < config.rounds || !coordinator.stopped_reason().empty()) {
+    log::warn(who, ": no reward model exported: the run stopped after ", coordinator.rounds_done(),
+              " of ", config.rounds, " rounds",
+              coordinator.stopped_reason().empty() ? "" : ": " + coordinator.stopped_reason());
+    return;
+  }
+  log::info(who, ": reward model exported to '", coordinator.export_reward_model().string(),
+            "' (LlamaForSequenceClassification)");
+}
+
 }  // namespace
 
 int64_t run_server(const ServerConfig& config, bool resume) {
@@ -69,10 +84,7 @@ int64_t run_server(const ServerConfig& config, bool resume) {
   }
   server.shutdown();
   log::info("fed server: ", coordinator.rounds_done(), " of ", config.rounds, " rounds done");
-  if (coordinator.finished() && config.post.enabled() && config.post.objective == "rm") {
-    log::info("fed server: reward model exported to '", coordinator.export_reward_model().string(),
-              "' (LlamaForSequenceClassification)");
-  }
+  export_reward_model_when_done(coordinator, config, "fed server");
   return coordinator.rounds_done();
 }
 
@@ -174,11 +186,21 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
                     config.server.strategy.min_clients);
   r.global = coordinator.global_weights();
   for (auto& c : clients) {
-    set_model_weights(c->trainer().model(), r.global);
-    int64_t tokens = 0;
     r.clients.push_back(c->id());
-    r.eval_loss.push_back(c->trainer().evaluate(&tokens));
+    c->round_trainer().set_exchanged_weights(r.global);
+    if (LoraSilo* silo = c->lora_silo()) {  // the objective's held-out loss and headline metric
+      const train::ObjectiveStep held_out = silo->evaluate_held_out();
+      r.headline = silo->objective().headline_metric();
+      r.eval_loss.push_back(held_out.loss);
+      r.eval_headline.push_back(held_out.metrics.contains(r.headline)
+                                    ? held_out.metrics[r.headline].get<double>()
+                                    : std::nan(""));
+    } else {
+      int64_t tokens = 0;
+      r.eval_loss.push_back(c->round_trainer().evaluate(&tokens));
+    }
   }
+  export_reward_model_when_done(coordinator, config.server, "fed simulate");
   return r;
 }
 

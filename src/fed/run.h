@@ -23,11 +23,17 @@ struct SimulationResult {
   Weights global;
   std::vector<std::string> clients;
   std::vector<double> eval_loss;  // each client's validation loss of the final global model
-  std::string stopped;            // why the run ended before its last round (empty: it did not)
+  // Post-training: the objective's headline metric (GRPO's reward; empty: the loss is the
+  // headline) of the final global adapters on each silo's held-out data (NaN without one).
+  std::string headline;
+  std::vector<double> eval_headline;
+  std::string stopped;  // why the run ended before its last round (empty: it did not)
 };
 
 // N clients and the server in one process: the same Coordinator and Client, the in-process
-// transport, clients run one after another in id order (bitwise repeatable).
+// transport, clients run one after another in id order (bitwise repeatable). Pre-training
+// (`pollen fed simulate`) or, with server.post, post-training (`pollen fed post`; a reward
+// model is exported after the last round, as the server exports it).
 SimulationResult run_simulation(const SimConfig& config, bool resume);
 
 }  // namespace pollen::fed

@@ -22,6 +22,7 @@
 #include "fed/fixtures.h"
 #include "fed/grpc.h"
 #include "fed/post_lora.h"
+#include "fed/run.h"
 #include "io/safetensors.h"
 #include "train/grpo.h"
 #include "train/post_config.h"
@@ -187,9 +188,7 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
                           "'\nsilos = ['silo-0', 'silo-1']\ndata = ['", data[0].string(), "', '",
                           data[1].string(), "']\nrounds = 2\nlocal_steps = 3\noutput = '",
                           (dir / "sim").string(), "'\n", compression));
-    const LoraFedConfig sim = load_lora_fed_config(dir / "sim.toml");
-    const std::string base = train::load_post_config(run, objective).base;
-    run_lora_federation(sim, lora_objective_factory(objective, "test", base));
+    run_simulation(load_fed_post_config(dir / "sim.toml"), false);
   }
   // The same federation as three processes on loopback.
   const std::string address = loopback_address();
@@ -222,7 +221,7 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
         << "a process failed; see " << dir.string() << "/*.log";
   }
-  const auto sim = adapter_b(dir / "sim"), dep = adapter_b(dir / "dep/adapter");
+  const auto sim = adapter_b(dir / "sim/adapter"), dep = adapter_b(dir / "dep/adapter");
   ASSERT_EQ(sim.size(), 7u);  // 2 layers x 3 targets, the head
   ASSERT_EQ(dep.size(), sim.size());
   double largest = 0;
@@ -242,7 +241,7 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
     const auto head = [](const fs::path& file) {
       return io::read_safetensors(file).find("score.weight")->clone();
     };
-    const Tensor sim_head = head(dir / "sim/objective.safetensors");
+    const Tensor sim_head = head(dir / "sim/adapter/objective.safetensors");
     EXPECT_EQ(sim_head.shape(), (Shape{1, 32}));  // (1, hidden)
     EXPECT_TRUE(bitwise_equal({head(dir / "dep/adapter/objective.safetensors")}, {sim_head}));
     EXPECT_EQ(sha256_file(dir / "dep/reward_model/model.safetensors"),
@@ -272,7 +271,7 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
       for (const auto& [id, c] : lines[r]["clients"].items()) {
         ASSERT_TRUE(c.contains("eval_loss")) << id;
         EXPECT_LE(c["eval_loss"].get<double>(), 0) << id;
-        EXPECT_EQ(c["metrics"]["reward"], sim_lines[r]["client_metrics"][id]["reward"]) << id;
+        EXPECT_EQ(c["metrics"]["reward"], sim_lines[r]["clients"][id]["metrics"]["reward"]) << id;
       }
       EXPECT_DOUBLE_EQ(lines[r]["metrics"]["reward"].get<double>(),
                        sim_lines[r]["metrics"]["reward"].get<double>());
@@ -533,27 +532,29 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
   EXPECT_NE(train.find("train"), std::string::npos) << train;
   EXPECT_NE(train.find("not allowed with [post]"), std::string::npos) << train;
 
-  // `pollen fed post` refuses the [strategy] keys it would have ignored.
+  // `pollen fed post` refuses the [strategy] keys a post-training federation has no use for, as
+  // the server does with [post]; client sampling and the compressed download are the server's.
   auto post_error = [&](const std::string& strategy) {
     write_file_atomic(dir / "post.toml",
                       "[federation]\nrun = 'r.toml'\nsilos = ['a', 'b']\n"
                       "data = ['a.jsonl', 'b.jsonl']\noutput = 'o'\n"
                       "[strategy]\n" +
                           strategy);
-    return error_of([&] { load_lora_fed_config(dir / "post.toml"); });
+    return error_of([&] { load_fed_post_config(dir / "post.toml"); });
   };
-  EXPECT_EQ(post_error("name = 'fedadam'\n"), "");
-  for (const char* key :
-       {"fraction_fit = 0.5", "min_clients = 3", "row_weighting = 'token_counts'",
-        "second_moments = 'factored'", "first_moments = 'output'", "embedding_lr_scale = 2.0"}) {
+  EXPECT_EQ(post_error("name = 'fedadam'\nfraction_fit = 0.5\nmin_clients = 1\n"), "");
+  for (const char* key : {"row_weighting = 'token_counts'", "second_moments = 'factored'",
+                          "first_moments = 'output'", "embedding_lr_scale = 2.0"}) {
     const std::string e = post_error(std::string(key) + "\n");
     const std::string name = std::string(key).substr(0, std::string(key).find(' '));
     EXPECT_NE(e.find("strategy." + name), std::string::npos) << key << ": " << e;
   }
-  // [compression] is read as a server reads it; the download goes out as float32.
-  EXPECT_EQ(post_error("[compression]\ncodec = 'int4'\n"), "");
-  const std::string download = post_error("[compression]\nserver_codec = 'int8'\n");
-  EXPECT_NE(download.find("compression.server_codec"), std::string::npos) << download;
+  // [compression] is read as a server reads it, the download's codec included.
+  EXPECT_EQ(post_error("[compression]\ncodec = 'int4'\nserver_codec = 'int8'\n"), "");
+  const SimConfig read = load_fed_post_config(dir / "post.toml");
+  EXPECT_EQ(read.server.server_codec, Codec::int8);
+  EXPECT_EQ(read.clients.size(), 2u);
+  EXPECT_EQ(read.clients[1].post.data, (dir / "b.jsonl").lexically_normal().string());
   const std::string bad = post_error("[compression]\ncodec = 'int7'\n");
   EXPECT_NE(bad.find("compression.codec"), std::string::npos) << bad;
 }

@@ -1,11 +1,17 @@
-// Federated post-training with LoRA adapters: a simulated round of three SFT silos gives the
-// model that averaging the silos' merged updates gives (A shared and frozen, B averaged); only
-// the adapters' B travel; a silo whose adapters differ is refused naming the difference.
+// Federated post-training with LoRA adapters, driven in this process as `pollen fed post` drives
+// it (the server's Coordinator, a Client per silo, the in-process transport): a round of three
+// SFT silos gives the model that averaging the silos' merged updates gives (A shared and frozen,
+// B averaged); only the adapters' B travel; GRPO and reward-model silos federated at FedAvg lr 1
+// end where their local steps alone do; a silo whose adapters differ is refused naming the
+// difference.
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <map>
 
+#include "fed/client.h"
+#include "fed/coordinator.h"
+#include "fed/fixtures.h"
 #include "fed/post_lora.h"
 #include "io/model_source.h"
 #include "ops/elementwise.h"
@@ -14,10 +20,10 @@
 #include "train/post_fixtures.h"
 #include "train/preference_synth.h"
 #include "train/reward.h"
-#include "train/sft.h"
 
 namespace fs = std::filesystem;
 using namespace pollen;
+using fed::testing::Quiet;
 
 namespace {
 
@@ -45,23 +51,103 @@ const char* kLora =
     "\n[lora]\nrank = 4\nalpha = 8\ntarget_modules = [\"q_proj\", \"v_proj\", \"o_proj\", "
     "\"down_proj\", \"lm_head\"]\ntrain_a = false\nseed = 11\n";
 
-train::PostConfig silo_config(size_t silo, const std::vector<std::string>& sets = {}) {
+// The silos' run file `name`: the tiny base, [lora] and the objective's `section` (the data comes
+// from each silo's post.data), with `edits` (text, replacement) applied.
+fs::path run_file(const std::string& name, const std::string& section,
+                  const std::vector<std::pair<std::string, std::string>>& edits = {}) {
   const auto& fx = fixture();
-  const std::string text =
-      test_support::tiny_post_toml(fx.dir / ("silo" + std::to_string(silo)), fx.model_file,
-                                   fx.tokenizer_path, 100,
-                                   "[sft]\ndata = \"" + fx.data[silo].string() +
-                                       "\"\nseq = 64\nmicro_batch = 2\nvalidation_fraction = 0\n") +
-      kLora;
-  return train::parse_post_config(text, "silo.toml", "sft", sets);
+  std::string text = test_support::tiny_post_toml(fx.dir / (name + "-run"), fx.model_file,
+                                                  fx.tokenizer_path, 100, section) +
+                     kLora;
+  for (const auto& [from, to] : edits) {
+    const size_t at = text.find(from);
+    POLLEN_CHECK(at != std::string::npos, "no '", from, "' in the run file");
+    text.replace(at, from.size(), to);
+  }
+  const fs::path file = fx.dir / (name + ".toml");
+  write_file_atomic(file, text);
+  return file;
 }
 
-std::vector<std::unique_ptr<fed::LoraSilo>> make_silos() {
-  std::vector<std::unique_ptr<fed::LoraSilo>> silos;
-  for (size_t i = 0; i < 3; ++i)
-    silos.push_back(std::make_unique<fed::LoraSilo>("silo-" + std::to_string(i), silo_config(i),
-                                                    train::make_sft_objective));
-  return silos;
+const char* kSft = "[sft]\nseq = 64\nmicro_batch = 2\nvalidation_fraction = 0\n";
+
+// A federation of one silo per data file over `run`, FedAvg at lr 1, in this process; the
+// clients stay, so that a test can look at each silo after a round.
+class Federation {
+ public:
+  Federation(const std::string& name, const fs::path& run, const std::string& objective,
+             const std::vector<fs::path>& data, int64_t local_steps)
+      : quiet_(),
+        coordinator_(server(name, run, objective, data.size(), local_steps), false),
+        transport_(coordinator_) {
+    for (size_t i = 0; i < data.size(); ++i) {
+      fed::ClientConfig c;
+      c.id = cat(name, "-", i);
+      c.post = {run, objective, data[i].string()};
+      clients_.push_back(std::make_unique<fed::Client>(c, transport_));
+      clients_.back()->join();
+    }
+  }
+
+  // One round, as the simulation runs it; returns its line of the server's metrics.jsonl.
+  nlohmann::json round() {
+    for (auto& c : clients_) c->poll_once();
+    POLLEN_CHECK(coordinator_.begin_round(), "the round did not begin");
+    while (!coordinator_.round_complete()) {
+      bool worked = false;
+      for (auto& c : clients_) worked = c->poll_once() != fed::pb::TASK_WAIT || worked;
+      if (!worked) break;
+    }
+    coordinator_.end_round();
+    return fed::testing::read_jsonl(coordinator_.config().dir / "metrics.jsonl").back();
+  }
+
+  fed::LoraSilo& silo(size_t i) { return *clients_.at(i)->lora_silo(); }
+  const std::string& id(size_t i) const { return clients_.at(i)->id(); }
+  fed::Weights global() const { return coordinator_.global_weights(); }
+  fed::Coordinator& coordinator() { return coordinator_; }
+  fed::Transport& transport() { return transport_; }
+
+ private:
+  static fed::ServerConfig server(const std::string& name, const fs::path& run,
+                                  const std::string& objective, size_t silos, int64_t local_steps) {
+    fed::ServerConfig c;
+    c.dir = fixture().dir / (name + "-server");
+    fs::remove_all(c.dir);
+    c.rounds = 100;
+    c.local_steps = local_steps;
+    c.eval_every = 0;
+    c.strategy.min_clients = static_cast<int64_t>(silos);
+    c.post = {run, objective, ""};
+    return c;
+  }
+
+  Quiet quiet_;
+  fed::Coordinator coordinator_;
+  fed::LocalTransport transport_;
+  std::vector<std::unique_ptr<fed::Client>> clients_;
+};
+
+// The largest |a - b| over every value, and the largest |b|.
+std::pair<double, double> worst_and_largest(const fed::Weights& a, const fed::Weights& b) {
+  double worst = 0, largest = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto x = a[i].to_doubles(), y = b[i].to_doubles();
+    for (size_t j = 0; j < x.size(); ++j) {
+      worst = std::max(worst, std::fabs(x[j] - y[j]));
+      largest = std::max(largest, std::fabs(y[j]));
+    }
+  }
+  return {worst, largest};
+}
+
+// A silo of `run` on `data` alone, as a federated client builds it.
+std::unique_ptr<fed::LoraSilo> alone(const fs::path& run, const std::string& objective,
+                                     const fs::path& data) {
+  const fed::PostSettings post{run, objective, data.string()};
+  const train::PostConfig c = fed::silo_post_config(post);
+  return std::make_unique<fed::LoraSilo>("alone", c,
+                                         fed::lora_objective_factory(objective, "test", c.base));
 }
 
 std::string error_of(const std::function<void()>& f) {
@@ -74,25 +160,18 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 TEST(FedPostLora, RoundEqualsTheMeanOfTheSilosMergedUpdatesAndSendsOnlyB) {
-  auto silos = make_silos();
-  const model::Llama& base = silos[0]->model();
-  fed::LoraFedOptions o;
-  o.local_steps = 3;  // fedavg, lr 1: the new global B is the token-weighted mean of the local B
-  fed::LoraFederation server(base.config(), silos[0]->lora_config(), "sft", 0, o);
-  std::vector<fed::LoraSilo*> ptrs;
-  for (auto& s : silos) {
-    server.admit(*s);
-    ptrs.push_back(s.get());
-  }
-  const fed::LoraRoundSummary sum = server.run_round(1, ptrs);
+  // fedavg, lr 1: the new global B is the token-weighted mean of the local B
+  Federation f("mean", run_file("mean", kSft), "sft", fixture().data, 3);
+  const nlohmann::json line = f.round();
 
   // The reference: the base plus the token-weighted mean of the silos' merged updates
   // scale * B_i A, each silo's B_i as it ended the round.
+  const model::Llama& base = f.silo(0).model();
   std::vector<const model::Lora*> locals;
   std::vector<double> weights;
-  for (auto& s : silos) {
-    locals.push_back(&s->lora());
-    weights.push_back(static_cast<double>(sum.client_tokens.at(s->id())));
+  for (size_t i = 0; i < 3; ++i) {
+    locals.push_back(&f.silo(i).lora());
+    weights.push_back(line["clients"][f.id(i)]["tokens"].get<double>());
     EXPECT_GT(weights.back(), 0);
   }
   std::map<std::string, Tensor> reference;
@@ -102,7 +181,9 @@ TEST(FedPostLora, RoundEqualsTheMeanOfTheSilosMergedUpdatesAndSendsOnlyB) {
   for (const auto& [name, d] : updates) ops::axpy(1.0, d, reference.at(name));
 
   // The global model by the rule: the base with the aggregated adapters merged in.
-  const model::Llama merged = model::merge_lora(base, server.global().lora());
+  fed::PostGlobal global(base.config(), f.silo(0).lora_config(), "sft", 0);
+  global.set_weights(f.global());
+  const model::Llama merged = model::merge_lora(base, global.lora());
   double worst = 0, largest_update = 0;
   for (const auto& [name, v] : merged.named_parameters()) {
     const auto x = v.value().to_doubles(), y = reference.at(name).to_doubles();
@@ -115,9 +196,9 @@ TEST(FedPostLora, RoundEqualsTheMeanOfTheSilosMergedUpdatesAndSendsOnlyB) {
 
   // Averaging each silo's own A and B separately would not give it: the rule needs A shared.
   // (tests/model/lora_test.cpp shows that case; here every silo's A is the federation's.)
-  for (const auto& [name, v] : silos[1]->lora().named_tensors()) {
+  for (const auto& [name, v] : f.silo(1).lora().named_tensors()) {
     if (!name.ends_with("lora_A.weight")) continue;
-    for (const auto& [gname, gv] : server.global().lora().named_tensors())
+    for (const auto& [gname, gv] : global.lora().named_tensors())
       if (gname == name) {
         EXPECT_EQ(v.value().to_doubles(), gv.value().to_doubles()) << name;
       }
@@ -125,30 +206,22 @@ TEST(FedPostLora, RoundEqualsTheMeanOfTheSilosMergedUpdatesAndSendsOnlyB) {
 
   // Only B travels: 3 silos x B's float32 bytes each way, far less than the model.
   int64_t b_values = 0, model_values = 0;
-  for (const auto& spec : server.specs()) {
+  for (const auto& spec : f.silo(0).exchanged_specs()) {
     EXPECT_NE(spec.name.find("lora_B"), std::string::npos) << spec.name;
     b_values += shape_numel(spec.shape);
   }
   for (const auto& [name, v] : base.named_parameters()) model_values += v.value().numel();
-  EXPECT_EQ(sum.bytes_received, static_cast<uint64_t>(3 * 4 * b_values));
-  EXPECT_EQ(sum.bytes_sent, static_cast<uint64_t>(3 * 4 * b_values));
+  EXPECT_EQ(line["bytes_received"].get<int64_t>(), 3 * 4 * b_values);
+  EXPECT_EQ(line["bytes_sent"].get<int64_t>(), 3 * 4 * b_values);
   EXPECT_LT(b_values * 10, model_values);
 }
 
 TEST(FedPostLora, RoundsLowerTheSilosLoss) {
-  std::vector<std::unique_ptr<fed::LoraSilo>> silos;
-  for (size_t i = 0; i < 3; ++i)
-    silos.push_back(std::make_unique<fed::LoraSilo>("silo-" + std::to_string(i),
-                                                    silo_config(i, {"optimizer.lr=0.02"}),
-                                                    train::make_sft_objective));
-  fed::LoraFedOptions o;
-  o.local_steps = 4;
-  fed::LoraFederation server(silos[0]->model().config(), silos[0]->lora_config(), "sft", 0, o);
-  std::vector<fed::LoraSilo*> ptrs;
-  for (auto& s : silos) ptrs.push_back(s.get());
-  const double first = server.run_round(1, ptrs).train_loss;
+  Federation f("lower", run_file("lower", kSft, {{"lr = 3e-3", "lr = 0.02"}}), "sft",
+               fixture().data, 4);
+  const double first = f.round()["train_loss"].get<double>();
   double last = first;
-  for (int64_t r = 2; r <= 4; ++r) last = server.run_round(r, ptrs).train_loss;
+  for (int64_t r = 2; r <= 4; ++r) last = f.round()["train_loss"].get<double>();
   EXPECT_LT(last, 0.9 * first);
 }
 
@@ -166,48 +239,24 @@ TEST(FedPostLora, OneGrpoSiloFederatedEqualsItsLocalTraining) {
     for (const auto& e : train::synth_examples("arithmetic", 16, 5))
       out << train::grpo_jsonl_line(e) << "\n";
   }
-  const std::string section = "[grpo]\ndata = \"" + prompts.string() +
-                              "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\n"
-                              "max_completion_tokens = 6\nbeta = 0.04\n\n[grpo.verifier]\n"
-                              "kind = \"regex\"\npattern = \"[aeiou]\"\n";
-  auto silo = [&](const std::string& name) {
-    const train::PostConfig c =
-        train::parse_post_config(test_support::tiny_post_toml(fx.dir / name, fx.model_file,
-                                                              fx.tokenizer_path, 100, section) +
-                                     kLora,
-                                 "grpo.toml", "grpo", {"optimizer.lr=0.05"});
-    return std::make_unique<fed::LoraSilo>(name, c,
-                                           fed::lora_objective_factory("grpo", "test", c.base));
-  };
-  auto federated = silo("grpo-federated");
-  fed::LoraFedOptions o;
-  o.local_steps = 2;
-  fed::LoraFederation server(federated->model().config(), federated->lora_config(), "grpo",
-                             federated->seed(), o);
-  server.admit(*federated);
+  const fs::path run = run_file("grpo",
+                                "[grpo]\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\n"
+                                "max_completion_tokens = 6\nbeta = 0.04\n\n[grpo.verifier]\n"
+                                "kind = \"regex\"\npattern = \"[aeiou]\"\n",
+                                {{"lr = 3e-3", "lr = 0.05"}});
+  Federation f("grpo", run, "grpo", {prompts}, 2);
   double rewards = 0;  // the rounds' mean rewards, each over its 2 steps
   for (int64_t r = 1; r <= 2; ++r) {
-    const fed::LoraRoundSummary sum = server.run_round(r, {federated.get()});
-    EXPECT_GT(sum.tokens, 0);
-    EXPECT_EQ(sum.headline, "reward");
-    rewards += sum.client_metrics.at("grpo-federated").at("reward");
+    const nlohmann::json line = f.round();
+    EXPECT_GT(line["tokens"].get<int64_t>(), 0);
+    rewards += line["clients"][f.id(0)]["metrics"]["reward"].get<double>();
+    EXPECT_EQ(line["metrics"]["reward"], line["clients"][f.id(0)]["metrics"]["reward"]);
   }
-
-  auto alone = silo("grpo-alone");
-  const auto local = alone->train(4);
+  auto local = alone(run, "grpo", prompts);
+  const auto steps = local->train(4);
   // The same rollouts, scored alike: the rounds' rewards are the local steps'.
-  EXPECT_DOUBLE_EQ(rewards / 2, local.metrics.at("reward"));
-  const fed::Weights mine = fed::lora_weights(server.global().lora()),
-                     theirs = fed::lora_weights(alone->lora());
-  ASSERT_EQ(mine.size(), theirs.size());
-  double worst = 0, largest = 0;
-  for (size_t i = 0; i < mine.size(); ++i) {
-    const auto x = mine[i].to_doubles(), y = theirs[i].to_doubles();
-    for (size_t j = 0; j < x.size(); ++j) {
-      worst = std::max(worst, std::fabs(x[j] - y[j]));
-      largest = std::max(largest, std::fabs(y[j]));
-    }
-  }
+  EXPECT_DOUBLE_EQ(rewards / 2, steps.metrics.at("reward"));
+  const auto [worst, largest] = worst_and_largest(f.global(), local->exchanged_weights());
   EXPECT_LT(worst, 1e-6);
   EXPECT_GT(largest, 1e-3);  // B left zero: the steps did train
 }
@@ -224,57 +273,37 @@ TEST(FedPostLora, OneRewardModelSiloFederatedEqualsItsLocalTraining) {
   pairs.count = 24;
   const fs::path data = fx.dir / "rm-pairs.jsonl";
   train::write_preference_synth(pairs, data);
-  const std::string section = "[rm]\ndata = \"" + data.string() +
-                              "\"\nvalidation_fraction = 0.25\nbatch_pairs = 4\n"
-                              "micro_batch_pairs = 4\n";
-  auto silo = [&](const std::string& name) {
-    const train::PostConfig c =
-        train::parse_post_config(test_support::tiny_post_toml(fx.dir / name, fx.model_file,
-                                                              fx.tokenizer_path, 100, section) +
-                                     kLora,
-                                 "rm.toml", "rm", {"optimizer.lr=0.05"});
-    return std::make_unique<fed::LoraSilo>(name, c, fed::lora_objective_factory("rm", "test"));
-  };
-  auto federated = silo("rm-federated");
-  const fed::ParamSpecs specs = federated->exchanged_specs();
+  const fs::path run =
+      run_file("rm", "[rm]\nvalidation_fraction = 0.25\nbatch_pairs = 4\nmicro_batch_pairs = 4\n",
+               {{"lr = 3e-3", "lr = 0.05"}});
+  Federation f("rm", run, "rm", {data}, 2);
+  const fed::ParamSpecs specs = f.silo(0).exchanged_specs();
   ASSERT_EQ(specs.back().name, "score.weight");
-  EXPECT_EQ(specs.back().shape, (Shape{1, federated->model().config().hidden_size}));
-  fed::LoraFedOptions o;
-  o.local_steps = 2;
-  fed::LoraFederation server(federated->model().config(), federated->lora_config(), "rm",
-                             federated->seed(), o);
-  ASSERT_EQ(server.specs().size(), specs.size());
+  const int64_t hidden = f.silo(0).model().config().hidden_size;
+  EXPECT_EQ(specs.back().shape, (Shape{1, hidden}));
   // The server's head is the one the silo's objective drew.
-  EXPECT_TRUE(server.global().objective_params()[0].to_doubles() ==
-              federated->exchanged_weights().back().to_doubles());
-  server.admit(*federated);
-  for (int64_t r = 1; r <= 2; ++r) server.run_round(r, {federated.get()});
+  const fed::Weights start = f.global();
+  ASSERT_EQ(start.size(), specs.size());
+  EXPECT_TRUE(start.back().to_doubles() == f.silo(0).exchanged_weights().back().to_doubles());
+  for (int64_t r = 1; r <= 2; ++r) f.round();
 
-  auto alone = silo("rm-alone");
-  alone->train(4);
-  const fed::Weights mine = server.global().weights(), theirs = alone->exchanged_weights();
-  ASSERT_EQ(mine.size(), theirs.size());
-  double worst = 0, head_moved = 0;
-  for (size_t i = 0; i < mine.size(); ++i) {
-    const auto x = mine[i].to_doubles(), y = theirs[i].to_doubles();
-    for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::fabs(x[j] - y[j]));
-  }
-  const auto start = server.global().objective_params()[0].to_doubles();
-  const auto initial = silo("rm-initial")->exchanged_weights().back().to_doubles();
-  for (size_t j = 0; j < start.size(); ++j)
-    head_moved = std::max(head_moved, std::fabs(start[j] - initial[j]));
-  EXPECT_LT(worst, 1e-6);
-  EXPECT_GT(head_moved, 1e-3);  // the head trained
+  auto local = alone(run, "rm", data);
+  local->train(4);
+  const fed::Weights end = f.global();
+  EXPECT_LT(worst_and_largest(end, local->exchanged_weights()).first, 1e-6);
+  EXPECT_GT(worst_and_largest({end.back()}, {start.back()}).first, 1e-3);  // the head trained
 
   // The export: the base with the global adapters merged, and the global head.
-  const fs::path out = fx.dir / "rm-export";
-  fed::export_federated_reward_model(federated->config(), server.global(), out);
+  const fs::path out = f.coordinator().export_reward_model();
   const train::RewardModel rm = train::load_reward_model(out);
-  EXPECT_TRUE(rm.score.value().to_doubles() == start);
-  const train::PostBase base = train::resolve_post_base(federated->config());
+  EXPECT_TRUE(rm.score.value().to_doubles() == end.back().to_doubles());
+  const train::PostConfig config = fed::silo_post_config({run, "rm", data.string()});
+  const train::PostBase base = train::resolve_post_base(config);
   EXPECT_EQ(rm.pad_token_id, train::pad_token_named(*base.tokenizer, "<|endoftext|>", "test"));
-  const model::Llama merged = model::merge_lora(
-      io::load_model(base.source, DType::f32, federated->seed()), server.global().lora());
+  fed::PostGlobal global(f.silo(0).model().config(), f.silo(0).lora_config(), "rm", config.seed);
+  global.set_weights(end);
+  const model::Llama merged =
+      model::merge_lora(io::load_model(base.source, DType::f32, config.seed), global.lora());
   // The decoder's tensors (a sequence classifier has no lm_head).
   std::map<std::string, std::vector<double>> expected;
   for (const auto& [name, v] : merged.named_parameters())
@@ -290,24 +319,30 @@ TEST(FedPostLora, OneRewardModelSiloFederatedEqualsItsLocalTraining) {
 }
 
 TEST(FedPostLora, SilosWithOtherAdaptersAreRefusedNamingTheDifference) {
-  const auto silos = make_silos();
-  fed::LoraFederation server(silos[0]->model().config(), silos[0]->lora_config(), "sft", 0, {});
-  const fed::LoraSilo rank8("silo-r", silo_config(0, {"lora.rank=8"}), train::make_sft_objective);
-  EXPECT_NE(error_of([&] { server.admit(rank8); }).find("lora.rank: server 4, client 8"),
-            std::string::npos);
-  const fed::LoraSilo targets("silo-t", silo_config(0, {"lora.target_modules=[\"q_proj\"]"}),
-                              train::make_sft_objective);
-  const std::string e = error_of([&] { server.admit(targets); });
+  Federation f("refused", run_file("refused", kSft), "sft", {fixture().data[0]}, 1);
+  auto join = [&](const fs::path& run) {
+    fed::ClientConfig c;
+    c.id = "silo-x";
+    c.post = {run, "sft", fixture().data[1].string()};
+    fed::Client client(c, f.transport());
+    return error_of([&] { client.join(); });
+  };
+  std::string e = join(run_file("rank8", kSft, {{"rank = 4", "rank = 8"}}));
+  EXPECT_NE(e.find("lora.rank: server 4, client 8"), std::string::npos) << e;
+  e = join(run_file("targets", kSft,
+                    {{"target_modules = [\"q_proj\", \"v_proj\", \"o_proj\", \"down_proj\", "
+                      "\"lm_head\"]",
+                      "target_modules = [\"q_proj\"]"}}));
   EXPECT_NE(
       e.find("lora.target_modules: server [q_proj, v_proj, o_proj, down_proj, lm_head], client "
              "[q_proj]"),
       std::string::npos)
       << e;
-  EXPECT_NE(e.find("silo-t"), std::string::npos);
+  EXPECT_NE(e.find("silo-x"), std::string::npos) << e;
   // A that trains cannot be averaged exactly: refused when the silo is made.
   EXPECT_NE(error_of([&] {
-              fed::LoraSilo("silo-a", silo_config(0, {"lora.train_a=true"}),
-                            train::make_sft_objective);
+              alone(run_file("train-a", kSft, {{"train_a = false", "train_a = true"}}), "sft",
+                    fixture().data[0]);
             }).find("lora.train_a"),
             std::string::npos);
 }
