@@ -41,13 +41,13 @@ void add_fed_command(CLI::App& app) {
     if (done < cfg.rounds) throw Error(cat("stopped after ", done, " of ", cfg.rounds, " rounds"));
   });
 
-  auto* client =
-      fed->add_subcommand("client",
-                          "Run one silo: join, train local steps, push "
-                          "pseudo-gradients (with [post]: SFT, DPO or GRPO steps on LoRA "
-                          "adapters). As several ranks under mpirun -np N, "
-                          "srun or pollen launch --nproc N (docs/parallel.md); exit "
-                          "code 4: a rank died or hung");
+  auto* client = fed->add_subcommand(
+      "client",
+      "Run one silo: join, train local steps, push "
+      "pseudo-gradients (with [post]: SFT, DPO, GRPO or reward-model steps on LoRA "
+      "adapters). As several ranks under mpirun -np N, "
+      "srun or pollen launch --nproc N (docs/parallel.md); exit "
+      "code 4: a rank died or hung");
   client->add_option("--config", o->config, "client.toml")->required();
   client->callback([o] {
     const char* fault = std::getenv("POLLEN_FAULT_INJECT");

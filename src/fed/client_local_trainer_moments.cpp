@@ -90,8 +90,11 @@ void LocalTrainer::set_second_moments(const std::vector<float>& factored) {
   const ParamSpecs specs = exchanged_specs();
   if (!zero_) {
     // Expanded in host memory (the moments themselves on the CPU), then copied to the GPU.
-    std::vector<Tensor> host;
-    for (auto& slot : opt_->slots()) host.push_back(slot.exp_avg_sq.cpu());
+    std::vector<Tensor> host;  // every value is rewritten: GPU moments need not come over
+    for (auto& slot : opt_->slots()) {
+      const Tensor& m = slot.exp_avg_sq;
+      host.push_back(m.device() == Device::cpu ? m : Tensor::empty(m.shape(), DType::f32));
+    }
     std::vector<Tensor*> v;
     for (Tensor& t : host) v.push_back(&t);
     expand_second_moments(specs, factored, v);

@@ -32,6 +32,13 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
                "fed server: checkpoint ", dir.string(), " was written by strategy '",
                state.at("strategy").get<std::string>(), "', the config says '", strategy_->name(),
                "'");
+  // A post-training checkpoint of another objective holds other tensors (a reward model's head).
+  if (state.contains("post_objective")) {
+    const std::string objective = state.at("post_objective").get<std::string>();
+    POLLEN_CHECK(objective == terms_.post_objective, "fed server: checkpoint ", dir.string(),
+                 " was written by a federation of post.objective '", objective,
+                 "', the config says '", terms_.post_objective, "'");
+  }
   const auto model = io::read_safetensors(dir / "model.safetensors");
   POLLEN_CHECK(model.tensors.size() == specs_.size(), "fed server: ", dir.string(),
                "/model.safetensors has ", model.tensors.size(), " tensors, the model ",
@@ -149,6 +156,7 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
   if (post_global_) {
     state["base_sha256"] = terms_.base_sha256;
     state["lora_config"] = terms_.lora_json;
+    state["post_objective"] = terms_.post_objective;
   }
   w.add_text("state.json", state.dump(1));
   if (!post_global_) {

@@ -1,7 +1,7 @@
 // A federated silo on the GPU (train.device = "cuda"): a simulation whose clients train on the
 // GPU follows the same simulation on the CPU, with everything a client does to its weights and
 // its inner AdamW between steps and rounds switched on: drift correction, the proximal term, the
-// shared first and second moments, and client states written after every round.
+// shared first and second moments, and client states written after every round and resumed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,10 +16,11 @@ using namespace pollen::fed::testing;
 
 namespace {
 
-// Two silos of other data, 3 rounds of 4 local steps of DiLoCo, on `device`.
+// Two silos of other data, `rounds` rounds of 4 local steps of DiLoCo, on `device`; `pulls`:
+// with drift correction and the proximal term.
 SimConfig simulation(const fs::path& dir, const std::vector<fs::path>& silos,
-                     const std::string& device) {
-  SimConfig c = sim_config(dir, silos, "diloco", 3, 4);
+                     const std::string& device, int64_t rounds = 3, bool pulls = true) {
+  SimConfig c = sim_config(dir, silos, "diloco", rounds, 4);
   // One head of 32: the GPU's attention takes head dimensions 32, 64 and 128.
   c.server.model.num_attention_heads = 1;
   c.server.model.num_key_value_heads = 1;
@@ -29,8 +30,8 @@ SimConfig simulation(const fs::path& dir, const std::vector<fs::path>& silos,
   for (auto& cc : c.clients) {
     cc.model = c.server.model;
     cc.train.device = device;
-    cc.train.drift_correction = 0.5;
-    cc.train.proximal_mu = 0.01;
+    cc.train.drift_correction = pulls ? 0.5 : 0.0;
+    cc.train.proximal_mu = pulls ? 1.0 : 0.0;
     cc.state_dir = dir / ("state-" + cc.id);
   }
   return c;
@@ -81,8 +82,19 @@ TEST(CudaFedClient, ASimulationOnTheGpuFollowsTheCpus) {
   ASSERT_EQ(gpu.eval_loss.size(), cpu.eval_loss.size());
   for (size_t i = 0; i < cpu.eval_loss.size(); ++i)
     EXPECT_NEAR(gpu.eval_loss[i], cpu.eval_loss[i], 1e-3 * cpu.eval_loss[i]) << cpu.clients[i];
-  // Each client kept its state on disk after every round.
+  // The bound catches a client that skips a step's pull: without drift correction and the
+  // proximal term the GPU run ends further than that from the CPU's.
+  const SimulationResult plain =
+      run_simulation(simulation(dir / "plain", silos, "cuda", 3, false), false);
+  EXPECT_GT(relative_error(minus(plain.global, start), minus(cpu.global, start)), 1e-2);
+
+  // Each client kept its state on disk after every round; stopped after round 2 and resumed,
+  // the GPU clients load theirs back into GPU memory and end where the uninterrupted run does.
   for (const auto& id : gpu.clients)
     EXPECT_TRUE(fs::exists(dir / "gpu" / ("state-" + id) / "checkpoints")) << id;
+  ASSERT_EQ(run_simulation(simulation(dir / "cut", silos, "cuda", 2), false).rounds, 2);
+  const SimulationResult resumed = run_simulation(simulation(dir / "cut", silos, "cuda"), true);
+  ASSERT_EQ(resumed.rounds, 3);
+  EXPECT_LT(relative_error(minus(resumed.global, start), minus(gpu.global, start)), 1e-6);
   fs::remove_all(dir);
 }
