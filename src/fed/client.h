@@ -97,10 +97,15 @@ class LocalTrainer : public RoundTrainer {
   // Mean loss of the current weights over eval_batches validation batches (or none when the
   // data has no validation split); *tokens gets how many were scored.
   double evaluate(int64_t* tokens) override;
-  // The exchanged tensors: the whole model.
+  // The exchanged tensors: the whole model, its f32 weights (with bf16 compute, AdamW's master
+  // weights, not the bf16 copies the model computes with).
   ParamSpecs exchanged_specs() const override { return param_specs(model_); }
-  Weights exchanged_weights() const override { return model_weights(model_); }
-  void set_exchanged_weights(const Weights& w) override { set_model_weights(model_, w); }
+  Weights exchanged_weights() const override;  // host copies
+  void set_exchanged_weights(const Weights& w) override;
+  // The f32 weights where they live, in named_parameters() order: the parameters, or with bf16
+  // compute the master weights; weights_changed() after writing them rewrites the bf16 copies.
+  std::vector<Tensor> weights() const;
+  void weights_changed();
   model::Llama& model() { return model_; }
   dist::Communicator& communicator() { return *comm_; }
   const std::string& manifest_hash() const override { return manifest_hash_; }

@@ -116,6 +116,7 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
     zero_ = std::make_unique<dist::ZeroAdamW>(*reducer_, adamw_options(config.train), decay);
   } else {
     opt_.emplace(params_, adamw_options(config.train), decay);
+    if (config.train.precision == "bf16") opt_->compute_in_bf16();  // on the GPU: checked above
   }
   // A step is the same global batch at any world size: each micro-step reads a global
   // micro-batch of micro_batch x ranks rows and this rank takes its micro_batch of them.
@@ -207,14 +208,15 @@ LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {
   // FedProx: the weights the round starts from anchor its proximal term.
   Weights anchor;
   if (tc.proximal_mu > 0)
-    for (const auto& p : params_) anchor.push_back(p.value().clone());
+    for (const Tensor& w : weights()) anchor.push_back(w.clone());
   for (int64_t s = 0; s < steps; ++s) {
     train::inject_fault_at(fault_, comm_->rank(), step_ + 1);
     std::vector<model::Batch> micro;
     for (int64_t a = 0; a < micro_steps_; ++a) micro.push_back(train_->next());
     for (const auto& b : micro) count_scored_tokens(b, counts);
     // Each rank's share of mu (w - anchor): the reduction sums the ranks' gradients.
-    if (!anchor.empty()) seed_proximal_gradients(params_, anchor, tc.proximal_mu / comm_->world());
+    if (!anchor.empty())
+      seed_proximal_gradients(params_, weights(), anchor, tc.proximal_mu / comm_->world());
     // The trainer's rule: the gradient of the mean loss over every scored token of the step
     // (over every rank's rows: the count and the loss are the same on every rank).
     bool stop = false;
@@ -266,10 +268,44 @@ void LocalTrainer::set_step_drift(Weights drift) {
 void LocalTrainer::apply_step_drift() {
   if (step_drift_.empty()) return;
   POLLEN_ASSERT(step_drift_.size() == params_.size());
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor w = params_[i].value();
-    ops::axpy(-1.0, step_drift_[i], w);  // w -= drift, on the weights' device
+  std::vector<Tensor> w = weights();
+  for (size_t i = 0; i < w.size(); ++i) ops::axpy(-1.0, step_drift_[i], w[i]);  // w -= drift
+  weights_changed();
+}
+
+std::vector<Tensor> LocalTrainer::weights() const {
+  std::vector<Tensor> w;
+  const bool masters = opt_ && opt_->computes_in_bf16();
+  for (size_t i = 0; i < params_.size(); ++i)
+    w.push_back(masters ? opt_->slots()[i].param : params_[i].value());
+  return w;
+}
+
+void LocalTrainer::weights_changed() {
+  if (opt_ && opt_->computes_in_bf16()) opt_->refresh_model_copies();
+}
+
+Weights LocalTrainer::exchanged_weights() const {
+  Weights out;
+  for (const Tensor& w : weights()) {
+    Tensor host = Tensor::empty(w.shape(), DType::f32);
+    host.copy_(w);  // from host or GPU memory
+    out.push_back(std::move(host));
   }
+  return out;
+}
+
+void LocalTrainer::set_exchanged_weights(const Weights& w) {
+  const auto named = model_.named_parameters();
+  std::vector<Tensor> dst = weights();
+  POLLEN_CHECK(w.size() == dst.size(), "client '", config_.id, "': ", w.size(), " tensors for ",
+               dst.size(), " parameters");
+  for (size_t i = 0; i < w.size(); ++i) {
+    POLLEN_CHECK(dst[i].shape() == w[i].shape(), "client '", config_.id, "': '", named[i].first,
+                 "' has shape ", shape_str(dst[i].shape()), ", got ", shape_str(w[i].shape()));
+    dst[i].copy_(w[i]);
+  }
+  weights_changed();
 }
 
 void LocalTrainer::load_checkpoint(const std::filesystem::path& dir) {

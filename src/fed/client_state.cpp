@@ -88,11 +88,12 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
                        const ErrorFeedback& feedback, const DriftCorrection& drift,
                        const Weights& pulled, const LocalDp* local_dp) {
   const auto params = trainer.model().named_parameters();
+  const std::vector<Tensor> f32 = trainer.weights();  // the master weights under bf16 compute
   const train::OptimizerMoments opt = trainer.optimizer_moments();
   io::NamedTensors weights, moments;
   const io::NamedTensors residual = named(feedback.residual(), specs);
   for (size_t i = 0; i < params.size(); ++i) {
-    weights.emplace_back(params[i].first, params[i].second.value().cpu());
+    weights.emplace_back(params[i].first, f32[i].cpu());
     moments.emplace_back(params[i].first + ".exp_avg", opt.exp_avg[i]);
     moments.emplace_back(params[i].first + ".exp_avg_sq", opt.exp_avg_sq[i]);
   }

@@ -159,6 +159,11 @@ LocalTrainConfig read_local_train(ConfigTable& t) {
   c.device = t.get_string("device", c.device);
   POLLEN_CHECK(c.device == "cpu" || c.device == "cuda", t.where("device"),
                ": expected \"cpu\" or \"cuda\", got \"", c.device, "\"");
+  c.precision = t.get_string("precision", c.precision);
+  POLLEN_CHECK(c.precision == "f32" || c.precision == "bf16", t.where("precision"),
+               ": expected \"f32\" or \"bf16\", got \"", c.precision, "\"");
+  POLLEN_CHECK(c.precision == "f32" || c.device == "cuda", t.where("precision"),
+               ": \"bf16\" needs train.device = \"cuda\": the CPU trains in f32");
   POLLEN_CHECK(c.micro_batch >= 1 && c.seq >= 1 && c.accumulation >= 1, t.where("micro_batch"),
                ": micro_batch, seq and accumulation must be at least 1");
   POLLEN_CHECK(c.lr > 0, t.where("lr"), ": must be positive");

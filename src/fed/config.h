@@ -81,9 +81,12 @@ struct LocalTrainConfig {
   double proximal_mu = 0;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
   int64_t eval_batches = 4;
-  // Where the silo trains: "cpu", or "cuda" (one GPU, float32; the pseudo-gradients, moments and
-  // state are still exchanged and kept from host memory)
+  // Where the silo trains: "cpu", or "cuda" (one GPU; the pseudo-gradients, moments and state are
+  // still exchanged and kept from host memory)
   std::string device = "cpu";
+  // "f32", or on the GPU "bf16": the model computes with bf16 copies of the f32 weights, which
+  // AdamW keeps as master weights and which are what the silo exchanges and saves
+  std::string precision = "f32";
 };
 
 // [parallel] of client.toml: a silo run as several ranks (docs/parallel.md); one process ignores

@@ -11,9 +11,11 @@
 
 namespace pollen::fed {
 
-// Sets each parameter's gradient to scale (w - anchor), replacing what it held: float32 weights,
-// anchor[i] shaped as params[i] and on its device. With several ranks each seeds its share, scale =
-// mu / ranks, and the gradient reduction sums the shares.
-void seed_proximal_gradients(std::vector<ag::Var>& params, const Weights& anchor, double scale);
+// Sets each parameter's gradient to scale (w - anchor), replacing what it held: `weights` the
+// parameters' float32 weights (their values, or the master weights of bf16 copies), anchor[i]
+// shaped as them and on their device; the gradient takes the parameter's dtype. With several
+// ranks each seeds its share, scale = mu / ranks, and the gradient reduction sums the shares.
+void seed_proximal_gradients(std::vector<ag::Var>& params, const std::vector<Tensor>& weights,
+                             const Weights& anchor, double scale);
 
 }  // namespace pollen::fed

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "cuda/gpu_compare.h"
+#include "fed/client.h"
 #include "fed/fixtures.h"
 #include "fed/run.h"
 
@@ -96,5 +97,49 @@ TEST(CudaFedClient, ASimulationOnTheGpuFollowsTheCpus) {
   const SimulationResult resumed = run_simulation(simulation(dir / "cut", silos, "cuda"), true);
   ASSERT_EQ(resumed.rounds, 3);
   EXPECT_LT(relative_error(minus(resumed.global, start), minus(gpu.global, start)), 1e-6);
+  fs::remove_all(dir);
+}
+
+// train.precision = "bf16": the model computes with bf16 copies and the silo exchanges and saves
+// AdamW's f32 master weights, so the federation trains as the f32 CPU federation does, within
+// bf16's rounding, and its global model is not rounded to bf16.
+TEST(CudaFedClient, Bf16SilosExchangeTheirF32MasterWeights) {
+  POLLEN_REQUIRE_GPU();
+  const fs::path dir = temp_dir("cuda_sim_bf16");
+  const std::vector<fs::path> silos = {make_silo(dir / "a", 1), make_silo(dir / "b", 3)};
+  const SimulationResult cpu = run_simulation(simulation(dir / "cpu", silos, "cpu"), false);
+  SimConfig bf16 = simulation(dir / "bf16", silos, "cuda");
+  for (auto& cc : bf16.clients) cc.train.precision = "bf16";
+  const SimulationResult gpu = run_simulation(bf16, false);
+  ASSERT_EQ(gpu.rounds, 3);
+
+  // The fresh model's loss on each silo, and how far each federation took it down.
+  SimConfig fresh = simulation(dir / "fresh", silos, "cpu");
+  for (size_t i = 0; i < cpu.eval_loss.size(); ++i) {
+    LocalTrainer start(fresh.clients[i]);
+    start.set_exchanged_weights(model_weights(model::Llama(fresh.server.model, 5)));
+    int64_t tokens = 0;
+    const double initial = start.evaluate(&tokens);
+    EXPECT_GT(initial - gpu.eval_loss[i], 0.5 * (initial - cpu.eval_loss[i])) << cpu.clients[i];
+    EXPECT_NEAR(gpu.eval_loss[i], cpu.eval_loss[i], 2e-2 * cpu.eval_loss[i]) << cpu.clients[i];
+  }
+  // Masters, not copies: most global values are not bf16 numbers, and neither are the saved ones.
+  const auto share_off_bf16 = [](const Weights& w) {
+    int64_t off = 0, all = 0;
+    for (const Tensor& t : w) {
+      const auto x = t.to_doubles(), rounded = t.to(DType::bf16).to_doubles();
+      for (size_t j = 0; j < x.size(); ++j) off += x[j] != rounded[j];
+      all += t.numel();
+    }
+    return static_cast<double>(off) / static_cast<double>(all);
+  };
+  EXPECT_GT(share_off_bf16(gpu.global), 0.5);
+  const fs::path states = dir / "bf16" / ("state-" + gpu.clients[0]) / "checkpoints";
+  ASSERT_TRUE(fs::exists(states));
+  fs::path newest;
+  for (const auto& e : fs::directory_iterator(states))
+    if (e.is_directory() && e.path().filename().string().starts_with("step-"))
+      newest = std::max(newest, e.path());
+  EXPECT_GT(share_off_bf16(read_model(newest)), 0.5);
   fs::remove_all(dir);
 }

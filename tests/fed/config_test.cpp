@@ -84,6 +84,14 @@ TEST(FedConfig, TrainDeviceIsCpuOrCudaAndAGpuSiloNeedsAGpu) {
   const std::string e = error_of(text);
   EXPECT_NE(e.find("train.device"), std::string::npos) << e;
   EXPECT_NE(e.find("expected \"cpu\" or \"cuda\", got \"tpu\""), std::string::npos) << e;
+  // bf16 compute keeps f32 master weights on the GPU; the CPU trains in f32.
+  std::string bf16 = client_toml("7", "2");
+  bf16.replace(bf16.find("seq = 64"), 8, "seq = 64\nprecision = \"bf16\"");
+  const std::string p = error_of(bf16);
+  EXPECT_NE(p.find("train.precision"), std::string::npos) << p;
+  EXPECT_NE(p.find("needs train.device = \"cuda\""), std::string::npos) << p;
+  bf16.replace(bf16.find("precision"), 9, "device = \"cuda\"\nprecision");
+  EXPECT_EQ(fed::parse_client_config(bf16, "client.toml").train.precision, "bf16");
 
   if (!cuda_devices().empty()) GTEST_SKIP() << "a GPU is usable here: tests/cuda covers it";
   try {

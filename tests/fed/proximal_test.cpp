@@ -61,7 +61,7 @@ TEST(Proximal, SeedsEachGradientWithItsShareOfMuTimesTheDistanceFromTheStart) {
   std::vector<ag::Var> params{ag::Var(vec({1.0f, -2.0f, 0.5f}), true), ag::Var(vec({4.0f}), true)};
   params[0].grad() = vec({9.0f, 9.0f, 9.0f});  // what a step left behind is replaced
   const Weights anchor{vec({0.5f, -2.0f, 1.5f}), vec({3.0f})};
-  seed_proximal_gradients(params, anchor, 0.25);
+  seed_proximal_gradients(params, {params[0].value(), params[1].value()}, anchor, 0.25);
   const float* g0 = params[0].grad().data<float>();
   EXPECT_FLOAT_EQ(g0[0], 0.125f);
   EXPECT_FLOAT_EQ(g0[1], 0.0f);
