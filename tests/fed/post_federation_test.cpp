@@ -429,6 +429,12 @@ TEST(FedPostWire, RestartedServerAndClientsContinueBitwise) {
     ASSERT_EQ(server.rounds_done(), 1);
   }
   cut.rounds = 3;
+  // A checkpoint of another objective is refused saying so (a DPO federation's holds the same
+  // tensors; a reward model's one more).
+  ServerConfig other = cut;
+  other.post = {write_run_file(dir / "dpo-run", "dpo"), "dpo", ""};
+  const std::string o = error_of([&] { Coordinator refused(other, true); });
+  EXPECT_NE(o.find("post.objective 'sft', the config says 'dpo'"), std::string::npos) << o;
   Coordinator server(cut, true);
   EXPECT_EQ(server.rounds_done(), 1);
   LocalTransport t(server);
