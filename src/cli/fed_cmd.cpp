@@ -61,7 +61,8 @@ void add_fed_command(CLI::App& app) {
   sim->callback([o] {
     const auto cfg = fed::load_sim_config(o->config);
     const auto r = fed::run_simulation(cfg, o->resume);
-    std::printf("%-24s %s\n", "client", "validation loss of the global model");
+    if (!r.clients.empty())  // a run stopped by a signal has no final evaluation
+      std::printf("%-24s %s\n", "client", "validation loss of the global model");
     for (size_t i = 0; i < r.clients.size(); ++i) {
       std::printf("%-24s %.4f\n", r.clients[i].c_str(), r.eval_loss[i]);
     }

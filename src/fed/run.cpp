@@ -20,6 +20,20 @@ std::atomic<int> g_signal{0};
 extern "C" void on_signal(int sig) {
   g_signal = sig;
 }
+
+// While it lives, SIGINT and SIGTERM set g_signal instead of ending the process; the default
+// handlers come back after.
+struct SignalCatcher {
+  SignalCatcher() {
+    g_signal = 0;
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+  }
+  ~SignalCatcher() {
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+  }
+};
 // The Prometheus endpoint of server.metrics_address, when set.
 std::unique_ptr<obs::MetricsEndpoint> serve_metrics(const Coordinator& c) {
   if (c.config().metrics_address.empty()) return nullptr;
@@ -52,9 +66,7 @@ int64_t run_server(const ServerConfig& config, bool resume) {
   Coordinator coordinator(config, resume);
   GrpcServer server(coordinator, config.address, config.tls);
   const auto metrics = serve_metrics(coordinator);
-  g_signal = 0;
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  const SignalCatcher signals;
   {
     // Joined however run() ends, so that its error (a full disk at a checkpoint, say) reaches
     // the caller as that error and not as std::terminate on a joinable thread.
@@ -64,8 +76,6 @@ int64_t run_server(const ServerConfig& config, bool resume) {
       ~SignalWatcher() {
         done = true;
         if (thread.joinable()) thread.join();
-        std::signal(SIGINT, SIG_DFL);
-        std::signal(SIGTERM, SIG_DFL);
       }
     } watcher;
     watcher.thread = std::thread([&] {
@@ -161,7 +171,14 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
   }
   std::sort(clients.begin(), clients.end(),
             [](const auto& a, const auto& b) { return a->id() < b->id(); });
+  // SIGINT or SIGTERM: the round in progress finishes (and is checkpointed), then the run stops.
+  const SignalCatcher signals;
   for (;;) {
+    if (g_signal) {
+      log::warn("fed simulate: signal ", g_signal.load(), "; stopped after round ",
+                coordinator.rounds_done(), " (--resume continues)");
+      break;
+    }
     // The clients take turns, so the first one is not heard from again until the last one has
     // trained: each asks for a task between rounds, as a deployed client does while it waits,
     // or a round longer than server.client_timeout_s would leave it out of the next one.
@@ -179,12 +196,16 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
   SimulationResult r;
   r.rounds = coordinator.rounds_done();
   r.stopped = coordinator.stopped_reason();
+  r.global = coordinator.global_weights();
+  if (g_signal) {  // stopped by hand: no final evaluation
+    r.stopped = cat("signal ", g_signal.load(), "; --resume continues from round ", r.rounds + 1);
+    return r;
+  }
   // A round begins only with min_clients; the simulation's clients are all there will be.
   if (r.stopped.empty() && r.rounds < config.server.rounds &&
       static_cast<int64_t>(clients.size()) < config.server.strategy.min_clients)
     r.stopped = cat(clients.size(), " clients, fewer than strategy.min_clients ",
                     config.server.strategy.min_clients);
-  r.global = coordinator.global_weights();
   for (auto& c : clients) {
     r.clients.push_back(c->id());
     c->round_trainer().set_exchanged_weights(r.global);

@@ -4,9 +4,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <thread>
 
 #include "base/files.h"
@@ -563,6 +565,46 @@ TEST(Simulation, ACommandWhoseRunStoppedEarlyFailsNamingWhy) {
   EXPECT_NE(out.find("stopped after 0 of 2 rounds: 2 clients, fewer than strategy.min_clients 3"),
             std::string::npos)
       << out;
+}
+
+// SIGINT stops `pollen fed simulate` after the round in progress, checkpointed, and the command
+// fails saying how to go on; --resume then runs the rest, every round once.
+TEST(Simulation, SigintStopsAfterTheRoundInProgressAndResumeGoesOn) {
+  const auto dir = temp_dir("sim_sigint");
+  const std::string config = write_two_silo_sim(dir, 100000, "", "").string();
+  const pid_t pid = spawn_pollen({"fed", "simulate", "--config", config}, dir / "run-1.log");
+  auto checkpointed = [&] {
+    const auto c = io::list_checkpoints(dir / "server/checkpoints");
+    return c.empty() ? int64_t{0} : io::checkpoint_step(c.back());
+  };
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (checkpointed() < 1 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  ::kill(pid, SIGINT);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string log = read_file(dir / "run-1.log");
+  ASSERT_TRUE(WIFEXITED(status)) << log;  // it stopped itself, not the signal
+  EXPECT_EQ(WEXITSTATUS(status), 1) << log;
+  const int64_t done = checkpointed();
+  ASSERT_GE(done, 1) << log;
+  EXPECT_NE(log.find(cat("stopped after ", done,
+                         " of 100000 rounds: signal 2; --resume continues "
+                         "from round ",
+                         done + 1)),
+            std::string::npos)
+      << log;
+  write_two_silo_sim(dir, static_cast<int>(done) + 1, "", "");
+  const std::string out =
+      run_capture(cat(POLLEN_BINARY, " fed simulate --config ", config, " --resume"), &status);
+  ASSERT_EQ(status, 0) << out;
+  std::vector<int> rounds;
+  for (const auto& m : read_jsonl(dir / "server/metrics.jsonl"))
+    if (m["status"] == "aggregated") rounds.push_back(m["round"].get<int>());
+  std::vector<int> expected(static_cast<size_t>(done) + 1);
+  std::iota(expected.begin(), expected.end(), 1);
+  EXPECT_EQ(rounds, expected);
+  fs::remove_all(dir);
 }
 
 // sim.client_states = false: no client states on disk; a resumed run says its clients start
