@@ -15,6 +15,14 @@
 
 namespace pollen::cli {
 
+namespace {
+
+constexpr const char* kDeviceHelp =
+    "cpu or cuda: where the silo trains (as [train] device; on cuda one GPU, and [train] "
+    "precision = \"bf16\" computes in bf16 with f32 master weights)";
+
+}  // namespace
+
 void add_fed_command(CLI::App& app) {
   auto* fed = app.add_subcommand("fed", "Federated training across data silos");
   fed->require_subcommand(1);
@@ -26,6 +34,7 @@ void add_fed_command(CLI::App& app) {
     std::vector<std::string> clients, names{"localhost", "127.0.0.1"};
     std::string revoke;
     int days = 365;
+    std::string device;  // --device of client and simulate: train.device
   };
   auto o = std::make_shared<Opts>();
 
@@ -49,17 +58,22 @@ void add_fed_command(CLI::App& app) {
       "srun or pollen launch --nproc N (docs/parallel.md); exit "
       "code 4: a rank died or hung");
   client->add_option("--config", o->config, "client.toml")->required();
+  client->add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   client->callback([o] {
     const char* fault = std::getenv("POLLEN_FAULT_INJECT");
-    fed::run_client(fed::load_client_config(o->config),
-                    train::parse_fault_injection(fault ? fault : ""));
+    fed::ClientConfig cfg = fed::load_client_config(o->config);
+    if (!o->device.empty()) fed::set_train_device(cfg, o->device);
+    fed::run_client(cfg, train::parse_fault_injection(fault ? fault : ""));
   });
 
   auto* sim = fed->add_subcommand("simulate", "N virtual clients and the server in one process");
   sim->add_option("--config", o->config, "sim.toml")->required();
   sim->add_flag("--resume", o->resume, "Continue from the newest valid checkpoint");
+  sim->add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   sim->callback([o] {
-    const auto cfg = fed::load_sim_config(o->config);
+    fed::SimConfig cfg = fed::load_sim_config(o->config);
+    if (!o->device.empty())
+      for (auto& c : cfg.clients) fed::set_train_device(c, o->device);
     const auto r = fed::run_simulation(cfg, o->resume);
     if (!r.clients.empty())  // a run stopped by a signal has no final evaluation
       std::printf("%-24s %s\n", "client", "validation loss of the global model");

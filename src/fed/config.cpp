@@ -178,6 +178,16 @@ LocalTrainConfig read_local_train(ConfigTable& t) {
   return c;
 }
 
+void set_train_device(ClientConfig& c, const std::string& device) {
+  POLLEN_CHECK(device == "cpu" || device == "cuda", "--device: expected cpu or cuda, got '", device,
+               "'");
+  POLLEN_CHECK(!c.post.enabled() || device == "cpu", "--device ", device, ": client '", c.id,
+               "' is a post-training silo ([post]), which trains on the CPU");
+  POLLEN_CHECK(c.train.precision == "f32" || device == "cuda", "--device ", device, ": client '",
+               c.id, "' has train.precision = \"", c.train.precision, "\", which needs the GPU");
+  c.train.device = device;
+}
+
 ServerConfig read_server_config(ConfigTable& root) {
   ServerConfig c;
   auto s = root.table("server");

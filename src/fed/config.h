@@ -139,6 +139,9 @@ ServerConfig read_server_config(ConfigTable& root);
 // root's [compression] into c.compression and c.server_codec (absent: both none).
 void read_compression(ConfigTable& root, ServerConfig& c);
 LocalTrainConfig read_local_train(ConfigTable& table);
+// `--device` of `pollen fed client` and `fed simulate`: sets train.device, checked as the key is
+// (bf16 needs the GPU; a post-training silo has no [train] and trains on the CPU).
+void set_train_device(ClientConfig& c, const std::string& device);
 TlsFiles read_tls(ConfigTable& root, bool server);
 SiloParallel read_silo_parallel(ConfigTable& table);
 PostSettings read_post_settings(ConfigTable& table, bool client);

@@ -1,6 +1,7 @@
 // The federation's config readers refuse integers that would wrap where they are narrowed.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 
 #include "base/error.h"
@@ -38,6 +39,15 @@ std::string client_toml(const std::string& seed, const std::string& threads) {
 std::string error_of(const std::string& text) {
   try {
     fed::parse_client_config(text, "client.toml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string error_of_call(const std::function<void()>& f) {
+  try {
+    f();
   } catch (const Error& e) {
     return e.what();
   }
@@ -92,6 +102,20 @@ TEST(FedConfig, TrainDeviceIsCpuOrCudaAndAGpuSiloNeedsAGpu) {
   EXPECT_NE(p.find("needs train.device = \"cuda\""), std::string::npos) << p;
   bf16.replace(bf16.find("precision"), 9, "device = \"cuda\"\nprecision");
   EXPECT_EQ(fed::parse_client_config(bf16, "client.toml").train.precision, "bf16");
+
+  // --device of `fed client` and `fed simulate` sets the key, checked as the key is.
+  fed::ClientConfig flagged = fed::parse_client_config(client_toml("7", "2"), "client.toml");
+  fed::set_train_device(flagged, "cuda");
+  EXPECT_EQ(flagged.train.device, "cuda");
+  flagged.train.precision = "bf16";
+  const std::string cpu_bf16 = error_of_call([&] { fed::set_train_device(flagged, "cpu"); });
+  EXPECT_NE(cpu_bf16.find("--device cpu: client 'silo-a' has train.precision = \"bf16\""),
+            std::string::npos)
+      << cpu_bf16;
+  flagged.post.run = "r.toml";
+  const std::string post = error_of_call([&] { fed::set_train_device(flagged, "cuda"); });
+  EXPECT_NE(post.find("post-training silo ([post]), which trains on the CPU"), std::string::npos)
+      << post;
 
   if (!cuda_devices().empty()) GTEST_SKIP() << "a GPU is usable here: tests/cuda covers it";
   try {
