@@ -34,6 +34,7 @@ struct SignalCatcher {
     std::signal(SIGTERM, SIG_DFL);
   }
 };
+
 // The Prometheus endpoint of server.metrics_address, when set.
 std::unique_ptr<obs::MetricsEndpoint> serve_metrics(const Coordinator& c) {
   if (c.config().metrics_address.empty()) return nullptr;
