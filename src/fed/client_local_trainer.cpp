@@ -116,7 +116,7 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
     zero_ = std::make_unique<dist::ZeroAdamW>(*reducer_, adamw_options(config.train), decay);
   } else {
     opt_.emplace(params_, adamw_options(config.train), decay);
-    if (config.train.precision == "bf16") opt_->compute_in_bf16();  // on the GPU: checked above
+    if (config.train.precision == "bf16") opt_->compute_in_bf16();  // the config requires cuda
   }
   // A step is the same global batch at any world size: each micro-step reads a global
   // micro-batch of micro_batch x ranks rows and this rank takes its micro_batch of them.
