@@ -125,6 +125,7 @@ struct SimConfig {
   std::vector<ClientConfig> clients;  // every client shares [train], [model] and the tokenizer
   int threads = 0;
   bool client_states = true;  // each client keeps its state under server.dir/clients/<id>
+  std::string command = "fed simulate";  // how its log lines name it ("fed post")
 };
 
 ServerConfig load_server_config(const std::filesystem::path& path);

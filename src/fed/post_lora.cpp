@@ -395,6 +395,7 @@ SimConfig load_fed_post_config(const std::filesystem::path& path) {
     return x.is_absolute() ? x : (here / x).lexically_normal();
   };
   SimConfig c;
+  c.command = "fed post";
   ServerConfig& server = c.server;
   auto f = root.table("federation");
   POLLEN_CHECK(f.has_value(), "config file '", path.string(), "': no [federation] table");

@@ -49,7 +49,7 @@ std::unique_ptr<obs::MetricsEndpoint> serve_metrics(const Coordinator& c) {
 // A reward model's federation exports it once its last round is done; a run that stopped before
 // (the privacy budget, too few clients, failed retries) says why there is none.
 void export_reward_model_when_done(Coordinator& coordinator, const ServerConfig& config,
-                                   const char* who) {
+                                   const std::string& who) {
   if (!config.post.enabled() || config.post.objective != "rm") return;
   if (coordinator.rounds_done() < config.rounds || !coordinator.stopped_reason().empty()) {
     log::warn(who, ": no reward model exported: the run stopped after ", coordinator.rounds_done(),
@@ -163,7 +163,7 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
       cc.state_dir = config.server.dir / "clients" / cc.id;
       if (coordinator.rounds_done() == 0) std::filesystem::remove_all(cc.state_dir);
     } else if (cc.state_dir.empty() && coordinator.rounds_done() > 0) {
-      log::warn("fed simulate: client '", cc.id, "' resumes at round ",
+      log::warn(config.command, ": client '", cc.id, "' resumes at round ",
                 coordinator.rounds_done() + 1,
                 " with a fresh optimizer and its data from the start (sim.client_states = false)");
     }
@@ -176,7 +176,7 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
   const SignalCatcher signals;
   for (;;) {
     if (g_signal) {
-      log::warn("fed simulate: signal ", g_signal.load(), "; stopped after round ",
+      log::warn(config.command, ": signal ", g_signal.load(), "; stopped after round ",
                 coordinator.rounds_done(), " (--resume continues)");
       break;
     }
@@ -222,7 +222,7 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
       r.eval_loss.push_back(c->round_trainer().evaluate(&tokens));
     }
   }
-  export_reward_model_when_done(coordinator, config.server, "fed simulate");
+  export_reward_model_when_done(coordinator, config.server, config.command);
   return r;
 }
 
