@@ -54,49 +54,52 @@ void set_lora_weights(const model::Lora& lora, const Weights& w) {
   }
 }
 
-ParamSpecs objective_specs(const std::string& objective, const model::LlamaConfig& base) {
-  if (objective == "rm") return {{"score.weight", {1, base.hidden_size}}};
+io::NamedTensors initial_objective_params(const std::string& objective,
+                                          const model::LlamaConfig& base, uint64_t seed) {
+  if (objective == "rm") return {{"score.weight", train::initial_score_head(base, seed)}};
   return {};
+}
+
+ParamSpecs post_specs(const model::Lora& lora, const io::NamedTensors& objective) {
+  ParamSpecs specs = lora_specs(lora);
+  for (const auto& [name, t] : objective) specs.push_back({name, t.shape()});
+  return specs;
+}
+
+Weights post_weights(const model::Lora& lora, const io::NamedTensors& objective) {
+  Weights w = lora_weights(lora);
+  for (const auto& [name, t] : objective) w.push_back(t.to(DType::f32));
+  return w;
+}
+
+void set_post_weights(const model::Lora& lora, const io::NamedTensors& objective, const Weights& w,
+                      const std::string& what) {
+  const size_t adapters = lora.named_parameters().size();
+  POLLEN_CHECK(w.size() == adapters + objective.size(), what, ": ", w.size(), " tensors for ",
+               adapters, " of B and ", objective.size(), " of the objective's");
+  set_lora_weights(lora, Weights(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(adapters)));
+  for (size_t i = 0; i < objective.size(); ++i) {
+    const auto& [name, t] = objective[i];
+    POLLEN_CHECK(t.shape() == w[adapters + i].shape(), what, ": tensor '", name, "' is ",
+                 shape_str(t.shape()), ", got ", shape_str(w[adapters + i].shape()));
+    Tensor(t).copy_(w[adapters + i]);
+  }
 }
 
 // ---- the server's global state ------------------------------------------------------------------
 
 PostGlobal::PostGlobal(const model::LlamaConfig& base, const model::LoraConfig& lora,
                        const std::string& objective, uint64_t seed)
-    : lora_(base, lora), specs_(lora_specs(lora_)) {
-  for (const ParamSpec& s : objective_specs(objective, base)) specs_.push_back(s);
-  if (objective == "rm") objective_params_.push_back(train::initial_score_head(base, seed));
-}
-
-Weights PostGlobal::weights() const {
-  Weights w = lora_weights(lora_);
-  for (const Tensor& t : objective_params_) w.push_back(t.clone());
-  return w;
-}
-
-void PostGlobal::set_weights(const Weights& w) {
-  POLLEN_CHECK(w.size() == specs_.size(), "post-training state: ", w.size(), " tensors for ",
-               specs_.size());
-  const size_t adapters = specs_.size() - objective_params_.size();
-  set_lora_weights(lora_, Weights(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(adapters)));
-  for (size_t i = 0; i < objective_params_.size(); ++i) {
-    const ParamSpec& spec = specs_[adapters + i];
-    POLLEN_CHECK(w[adapters + i].shape() == spec.shape, "post-training state: tensor '", spec.name,
-                 "' is ", shape_str(spec.shape), ", got ", shape_str(w[adapters + i].shape()));
-    objective_params_[i].copy_(w[adapters + i]);
-  }
-}
+    : lora_(base, lora),
+      objective_params_(initial_objective_params(objective, base, seed)),
+      specs_(post_specs(lora_, objective_params_)) {}
 
 void PostGlobal::save(const std::filesystem::path& dir, const std::string& base_name) const {
   io::save_peft_adapter(lora_, dir, base_name);
   if (objective_params_.empty()) return;
-  const size_t adapters = specs_.size() - objective_params_.size();
-  io::NamedTensors tensors;
-  for (size_t i = 0; i < objective_params_.size(); ++i)
-    tensors.emplace_back(specs_[adapters + i].name, objective_params_[i]);
   // Written beside and renamed over, as the adapter is: a reader never sees a torn file.
   const std::filesystem::path tmp = dir / ".objective.safetensors.tmp";
-  io::write_safetensors(tmp, tensors, {{"format", "pt"}});
+  io::write_safetensors(tmp, objective_params_, {{"format", "pt"}});
   std::filesystem::rename(tmp, dir / "objective.safetensors");
 }
 
@@ -110,8 +113,8 @@ void export_federated_reward_model(const train::PostConfig& config, const PostGl
       model::merge_lora(io::load_model(base.source, DType::f32, config.seed), global.lora());
   ConfigTable section = config.objective_section();
   const uint32_t pad = train::rm_pad_token_id(section, *base.tokenizer);
-  train::export_reward_model_with_tokenizer(merged, ag::Var(global.objective_params()[0]), pad,
-                                            base.tokenizer_path, dir);
+  train::export_reward_model_with_tokenizer(merged, ag::Var(global.objective_params()[0].second),
+                                            pad, base.tokenizer_path, dir);
 }
 
 std::string lora_agreement_differences(const model::LoraConfig& s, const model::LoraConfig& c) {
@@ -279,46 +282,13 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
   }
   data_hash_ = data.hex_digest();
   // The objective's own parameters (a reward model's head) train and travel beside B.
-  objective_params_ = objective_->extra_parameters();
-  for (const auto& named : objective_params_) trained_.push_back(named);
+  for (const auto& [name, v] : objective_->extra_parameters()) {
+    trained_.emplace_back(name, v);
+    objective_params_.emplace_back(name, v.value());  // the same storage, trained in place
+  }
   for (const auto& [n, v] : trained_) params_.push_back(v);
   opt_ = std::make_unique<optim::AdamW>(params_, config.optimizer.adamw(config.grad_clip),
                                         train::decay_mask(trained_, config.optimizer.no_decay));
-}
-
-ParamSpecs LoraSilo::exchanged_specs() const {
-  ParamSpecs specs = lora_specs(*lora_);
-  for (const auto& [name, v] : objective_params_) specs.push_back({name, v.value().shape()});
-  return specs;
-}
-
-Weights LoraSilo::exchanged_weights() const {
-  Weights w = lora_weights(*lora_);
-  for (const auto& [name, v] : objective_params_) w.push_back(v.value().to(DType::f32));
-  return w;
-}
-
-void LoraSilo::set_exchanged_weights(const Weights& w) {
-  const size_t adapters = w.size() - std::min(w.size(), objective_params_.size());
-  set_lora_weights(*lora_, Weights(w.begin(), w.begin() + static_cast<std::ptrdiff_t>(adapters)));
-  for (size_t i = 0; i < objective_params_.size(); ++i) {
-    Tensor dst = objective_params_[i].second.value();
-    POLLEN_CHECK(dst.shape() == w[adapters + i].shape(), "silo '", id_, "': tensor '",
-                 objective_params_[i].first, "' is ", shape_str(dst.shape()), ", got ",
-                 shape_str(w[adapters + i].shape()));
-    dst.copy_(w[adapters + i]);
-  }
-}
-
-LoraSilo::RoundResult LoraSilo::train_round(const Weights& global, int64_t steps) {
-  set_exchanged_weights(global);
-  const Result t = train(steps);
-  RoundResult r;
-  r.tokens = t.tokens;
-  r.loss = t.loss;
-  r.metrics = t.metrics;
-  r.delta = weights_minus(global, exchanged_weights());
-  return r;
 }
 
 RoundTrainer::Result LoraSilo::train(int64_t steps) {

@@ -11,7 +11,6 @@
 // checks (fed/wire.h), as the model does in pre-training; the base never travels.
 #include <cstdint>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +20,7 @@
 #include "fed/round_trainer.h"
 #include "fed/wire.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "train/post_run.h"
@@ -61,9 +61,19 @@ train::ObjectiveFactory lora_objective_factory(const std::string& objective,
                                                const std::string& where,
                                                const std::string& base = {});
 
-// The objective's own parameters that travel beside B, by name and shape: a reward model's
-// score head (1, hidden); none for the others.
-ParamSpecs objective_specs(const std::string& objective, const model::LlamaConfig& base);
+// The objective's own parameters, which travel beside B, as its objective starts them (drawn
+// from the run file's seed): a reward model's score head `score.weight` (1, hidden); none for the
+// others.
+io::NamedTensors initial_objective_params(const std::string& objective,
+                                          const model::LlamaConfig& base, uint64_t seed);
+
+// What a post-training federation exchanges: B of every adapter, then the objective's own
+// parameters (`objective`, named tensors). The specs, float32 copies, and the values copied in
+// (shapes checked; `what` names the holder in errors).
+ParamSpecs post_specs(const model::Lora& lora, const io::NamedTensors& objective);
+Weights post_weights(const model::Lora& lora, const io::NamedTensors& objective);
+void set_post_weights(const model::Lora& lora, const io::NamedTensors& objective, const Weights& w,
+                      const std::string& what);
 
 // What the server of a post-training federation reads of its [post] run file: the base (loaded
 // only to fingerprint it), its tokenizer's fingerprint, the adapters' config and the seed that
@@ -85,19 +95,21 @@ class PostGlobal {
   PostGlobal(const model::LlamaConfig& base, const model::LoraConfig& lora,
              const std::string& objective, uint64_t seed);
   const ParamSpecs& specs() const { return specs_; }
-  Weights weights() const;  // copies, float32, in specs() order
-  void set_weights(const Weights& w);
+  Weights weights() const { return post_weights(lora_, objective_params_); }  // float32 copies
+  void set_weights(const Weights& w) {
+    set_post_weights(lora_, objective_params_, w, "the server's post-training state");
+  }
   const model::Lora& lora() const { return lora_; }
-  // The objective's parameters (in objective_specs() order); empty for most objectives.
-  const Weights& objective_params() const { return objective_params_; }
+  // The objective's parameters, named; empty for most objectives.
+  const io::NamedTensors& objective_params() const { return objective_params_; }
   // The adapters as a PEFT folder in `dir`, and the objective's parameters beside them in
   // dir/objective.safetensors when it has any.
   void save(const std::filesystem::path& dir, const std::string& base_name) const;
 
  private:
   model::Lora lora_;
+  io::NamedTensors objective_params_;
   ParamSpecs specs_;
-  Weights objective_params_;
 };
 
 // A federated reward model exported as `pollen rm` exports one (docs/posttraining.md, [rm]):
@@ -120,21 +132,15 @@ class LoraSilo : public RoundTrainer {
  public:
   LoraSilo(std::string id, const train::PostConfig& config,
            const train::ObjectiveFactory& make_objective);
-  struct RoundResult {
-    int64_t tokens = 0;
-    double loss = 0;                        // mean of the steps' losses
-    std::map<std::string, double> metrics;  // the objective's, means over the steps
-    Weights delta;                          // global minus local exchanged weights
-  };
-  // `steps` optimizer steps of the objective from the global exchanged weights.
-  RoundResult train_round(const Weights& global, int64_t steps);
   // The objective's held-out loss and metrics with the current adapters.
   train::ObjectiveStep evaluate_held_out();
 
   // B of every adapter, then the objective's own parameters (a reward model's head).
-  ParamSpecs exchanged_specs() const override;
-  Weights exchanged_weights() const override;
-  void set_exchanged_weights(const Weights& w) override;
+  ParamSpecs exchanged_specs() const override { return post_specs(*lora_, objective_params_); }
+  Weights exchanged_weights() const override { return post_weights(*lora_, objective_params_); }
+  void set_exchanged_weights(const Weights& w) override {
+    set_post_weights(*lora_, objective_params_, w, cat("silo '", id_, "'"));
+  }
   Result train(int64_t steps) override;
   double evaluate(int64_t* tokens) override;
   const std::string& manifest_hash() const override { return data_hash_; }
@@ -166,8 +172,8 @@ class LoraSilo : public RoundTrainer {
   // completion with it): it lives as long as the silo.
   std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<train::Objective> objective_;
-  std::vector<std::pair<std::string, ag::Var>> trained_;           // B, then the objective's, named
-  std::vector<std::pair<std::string, ag::Var>> objective_params_;  // a reward model's head
+  std::vector<std::pair<std::string, ag::Var>> trained_;  // B, then the objective's, named
+  io::NamedTensors objective_params_;  // a reward model's head: the values of its Vars
   std::vector<ag::Var> params_;
   std::unique_ptr<optim::AdamW> opt_;
   int64_t step_ = 0;  // local steps over every round
