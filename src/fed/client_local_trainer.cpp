@@ -21,17 +21,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-optim::AdamWOptions adamw_options(const LocalTrainConfig& t) {
-  optim::AdamWOptions o;
-  o.lr = t.lr;
-  o.beta1 = t.beta1;
-  o.beta2 = t.beta2;
-  o.eps = t.eps;
-  o.weight_decay = t.weight_decay;
-  o.max_grad_norm = t.grad_clip;
-  return o;
-}
-
 std::vector<std::filesystem::path> paths(const std::vector<std::string>& s) {
   return {s.begin(), s.end()};
 }
@@ -109,13 +98,14 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
         config.parallel.zero == 1 ? dist::ReduceMode::reduce_scatter
                                   : dist::ReduceMode::all_reduce);
   }
-  // Weight decay on matrices only (optim::AdamW's default), with or without ZeRO-1.
-  std::vector<bool> decay;
-  for (const auto& p : params_) decay.push_back(p.value().dim() >= 2);
+  // Weight decay spares the groups train.no_decay names, as pollen train's does.
+  const std::vector<bool> decay =
+      train::decay_mask(model_.named_parameters(), config.train.optimizer.no_decay);
+  const optim::AdamWOptions adamw = config.train.optimizer.adamw(config.train.grad_clip);
   if (reducer_ && config.parallel.zero == 1) {
-    zero_ = std::make_unique<dist::ZeroAdamW>(*reducer_, adamw_options(config.train), decay);
+    zero_ = std::make_unique<dist::ZeroAdamW>(*reducer_, adamw, decay);
   } else {
-    opt_.emplace(params_, adamw_options(config.train), decay);
+    opt_.emplace(params_, adamw, decay);
     if (config.train.precision == "bf16") opt_->compute_in_bf16();  // the config requires cuda
   }
   // A step is the same global batch at any world size: each micro-step reads a global
@@ -196,7 +186,7 @@ LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {
   const auto& tc = config_.train;
   optim::Schedule sched;
   sched.kind = optim::parse_schedule_kind(tc.schedule);
-  sched.lr = tc.lr;
+  sched.lr = tc.optimizer.lr;
   sched.min_lr = tc.min_lr;
   sched.warmup_steps = tc.warmup_steps;
   sched.total_steps = tc.total_steps > 0 ? tc.total_steps : int64_t{1} << 40;

@@ -57,7 +57,7 @@ train::OptimizerMoments LocalTrainer::optimizer_moments() {
 
 double LocalTrainer::second_moment_bias() const {
   const int64_t steps = zero_ ? zero_->steps_taken() : opt_->steps_taken();
-  return 1.0 - std::pow(config_.train.beta2, static_cast<double>(steps));
+  return 1.0 - std::pow(config_.train.optimizer.beta2, static_cast<double>(steps));
 }
 
 std::vector<float> LocalTrainer::factored_second_moments() {
@@ -118,7 +118,7 @@ void LocalTrainer::set_second_moments(const std::vector<float>& factored) {
 
 double LocalTrainer::first_moment_bias() const {
   const int64_t steps = zero_ ? zero_->steps_taken() : opt_->steps_taken();
-  return 1.0 - std::pow(config_.train.beta1, static_cast<double>(steps));
+  return 1.0 - std::pow(config_.train.optimizer.beta1, static_cast<double>(steps));
 }
 
 std::vector<size_t> LocalTrainer::moment_slots(const ParamSpecs& moments) const {

@@ -137,7 +137,7 @@ LocalTrainConfig read_local_train(ConfigTable& t) {
   c.micro_batch = t.get_int("micro_batch", c.micro_batch);
   c.seq = t.get_int("seq", c.seq);
   c.accumulation = t.get_int("accumulation", c.accumulation);
-  c.lr = t.get_double("lr", c.lr);
+  train::read_optimizer_keys(t, c.optimizer);
   c.min_lr = t.get_double("min_lr", c.min_lr);
   c.schedule = t.get_string("schedule", c.schedule);
   c.warmup_steps = t.get_int("warmup_steps", c.warmup_steps);
@@ -150,10 +150,6 @@ LocalTrainConfig read_local_train(ConfigTable& t) {
   POLLEN_CHECK(c.proximal_mu >= 0 && std::isfinite(c.proximal_mu), t.where("proximal_mu"),
                ": must be 0 or more, got ", c.proximal_mu);
   c.total_steps = t.get_int("total_steps", c.total_steps);
-  c.beta1 = t.get_double("beta1", c.beta1);
-  c.beta2 = t.get_double("beta2", c.beta2);
-  c.eps = t.get_double("eps", c.eps);
-  c.weight_decay = t.get_double("weight_decay", c.weight_decay);
   c.grad_clip = t.get_double("grad_clip", c.grad_clip);
   c.eval_batches = t.get_int("eval_batches", c.eval_batches);
   c.device = t.get_string("device", c.device);
@@ -166,7 +162,7 @@ LocalTrainConfig read_local_train(ConfigTable& t) {
                ": \"bf16\" needs train.device = \"cuda\": the CPU trains in f32");
   POLLEN_CHECK(c.micro_batch >= 1 && c.seq >= 1 && c.accumulation >= 1, t.where("micro_batch"),
                ": micro_batch, seq and accumulation must be at least 1");
-  POLLEN_CHECK(c.lr > 0, t.where("lr"), ": must be positive");
+  POLLEN_CHECK(c.optimizer.lr > 0, t.where("lr"), ": must be positive");
   try {
     optim::parse_schedule_kind(c.schedule);
   } catch (const Error& e) {

@@ -12,6 +12,7 @@
 #include "fed/secagg/options.h"
 #include "fed/strategy.h"
 #include "model/config.h"
+#include "train/config.h"
 
 namespace pollen {
 class ConfigTable;
@@ -70,7 +71,10 @@ struct ServerConfig {
 // The inner (silo) training of a client.
 struct LocalTrainConfig {
   int64_t micro_batch = 8, seq = 128, accumulation = 1;
-  double lr = 3e-4, min_lr = 0;
+  // AdamW's lr, betas, eps, weight decay and the groups it spares (no_decay): pollen train's
+  // [optimizer] keys and defaults, read from [train]
+  train::OptimizerSettings optimizer;
+  double min_lr = 0;
   std::string schedule = "constant";  // constant cosine linear wsd, over total_steps
   int64_t warmup_steps = 0,
           total_steps = 0;         // 0: rounds * local_steps is unknown; constant after warmup
@@ -79,7 +83,7 @@ struct LocalTrainConfig {
   // FedProx's mu: each local step's gradient also has mu (w - w_start), w_start the weights the
   // round's training started from (the gradient of mu / 2 |w - w_start|^2); 0: off
   double proximal_mu = 0;
-  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1, grad_clip = 1.0;
+  double grad_clip = 1.0;
   int64_t eval_batches = 4;
   // Where the silo trains: "cpu", or "cuda" (one GPU; the pseudo-gradients, moments and state are
   // still exchanged and kept from host memory)

@@ -177,7 +177,7 @@ optim::AdamWOptions OptimizerSettings::adamw(double max_grad_norm) const {
   return o;
 }
 
-void read_optimizer(ConfigTable& o, OptimizerSettings& s) {
+void read_optimizer_keys(ConfigTable& o, OptimizerSettings& s) {
   s.lr = o.get_double("lr", s.lr);
   s.beta1 = o.get_double("beta1", s.beta1);
   s.beta2 = o.get_double("beta2", s.beta2);
@@ -194,6 +194,10 @@ void read_optimizer(ConfigTable& o, OptimizerSettings& s) {
   POLLEN_CHECK(s.beta2 >= 0 && s.beta2 < 1, o.where("beta2"), ": expected [0, 1)");
   POLLEN_CHECK(s.eps > 0, o.where("eps"), ": expected a positive number");
   POLLEN_CHECK(s.weight_decay >= 0, o.where("weight_decay"), ": expected 0 or more");
+}
+
+void read_optimizer(ConfigTable& o, OptimizerSettings& s) {
+  read_optimizer_keys(o, s);
   o.finish();
 }
 

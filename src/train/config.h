@@ -121,7 +121,11 @@ void flat_checkpoint_metrics(const LoopSettings& settings,
 std::pair<std::string, std::string> apply_overrides(const std::string& text,
                                                     const std::string& source,
                                                     const std::vector<std::string>& overrides);
+// [optimizer]: AdamW's keys (lr, beta1, beta2, eps, weight_decay, no_decay), checked;
+// read_optimizer_keys leaves the section's other keys to the caller (a federated client's
+// [train] holds them beside its own).
 void read_optimizer(ConfigTable& section, OptimizerSettings& settings);
+void read_optimizer_keys(ConfigTable& section, OptimizerSettings& settings);
 // [schedule]; `schedule.lr` must already be the optimizer's.
 void read_schedule(ConfigTable& section, optim::Schedule& schedule);
 void flat_optimizer(const OptimizerSettings& optimizer, const optim::Schedule& schedule,

@@ -1,4 +1,4 @@
-// The federation's config readers refuse integers that would wrap where they are narrowed.
+// The federation's config readers: integers that would wrap, devices, and the inner AdamW's keys.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -125,4 +125,25 @@ TEST(FedConfig, TrainDeviceIsCpuOrCudaAndAGpuSiloNeedsAGpu) {
               std::string::npos)
         << m;
   }
+}
+
+// The inner AdamW's keys are pollen train's [optimizer] keys, read from [train] and checked alike.
+TEST(FedConfig, TrainTakesPollenTrainsOptimizerKeys) {
+  const fed::ClientConfig plain = fed::parse_client_config(client_toml("7", "2"), "client.toml");
+  EXPECT_EQ(plain.train.optimizer.no_decay,
+            (std::vector<std::string>{"norms", "biases", "embeddings"}));
+  EXPECT_DOUBLE_EQ(plain.train.optimizer.weight_decay, 0.1);
+  std::string text = client_toml("7", "2");
+  text.replace(text.find("seq = 64"), 8, "seq = 64\nno_decay = [\"norms\"]\nbeta2 = 0.99");
+  const fed::ClientConfig set = fed::parse_client_config(text, "client.toml");
+  EXPECT_EQ(set.train.optimizer.no_decay, std::vector<std::string>{"norms"});
+  EXPECT_DOUBLE_EQ(set.train.optimizer.beta2, 0.99);
+  text.replace(text.find("[\"norms\"]"), 9, "[\"weights\"]");
+  const std::string e = error_of(text);
+  EXPECT_NE(e.find("train.no_decay"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown group 'weights'"), std::string::npos) << e;
+  std::string beta = client_toml("7", "2");
+  beta.replace(beta.find("seq = 64"), 8, "seq = 64\nbeta1 = 1.0");
+  const std::string b = error_of(beta);
+  EXPECT_NE(b.find("train.beta1"), std::string::npos) << b;
 }

@@ -1,5 +1,5 @@
 // The wire's checks, agreement, TLS, and federated runs: simulation, dropped clients, resume,
-// one client matching local training, and simulated == deployed (loopback processes) bitwise.
+// one client matching pollen train, and simulated == deployed (loopback processes) bitwise.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +23,7 @@
 #include "io/checkpoint.h"
 #include "io/model_source.h"
 #include "io/safetensors.h"
+#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -225,28 +226,50 @@ TEST(Simulation, ClientsThatTrainedFirstStayInLaterRounds) {
   }
 }
 
-TEST(Simulation, OneClientFedAvgIsLocalTraining) {
+// One client under FedAvg (server lr 1) is `pollen train` on its data: the same batches, the
+// same schedule across rounds, the same AdamW with the same groups spared weight decay (the
+// defaults of both: norms, biases and embeddings; a client that decayed its embeddings, or
+// restarted its schedule each round, would end elsewhere).
+TEST(Simulation, OneClientFedAvgIsPollenTrain) {
   Quiet q;
   const auto dir = temp_dir("one");
   const auto silo = make_silo(dir / "a", 1);
   auto cfg = sim_config(dir, {silo}, "fedavg", 3, 5);
+  ClientConfig& c = cfg.clients[0];
+  c.seed = cfg.server.seed;  // pollen train draws the model and the data order from one seed
+  c.train.optimizer = train::OptimizerSettings{};
+  c.train.optimizer.lr = 3e-3;
+  c.train.optimizer.weight_decay = 0.5;  // large enough that decaying a spared group shows
+  c.train.min_lr = 3e-4;
+  c.train.schedule = "cosine";
+  c.train.warmup_steps = 3;
+  c.train.total_steps = 15;
   const auto r = run_simulation(cfg, false);
-  // The same client trained 15 steps alone, from the server's initial model.
-  set_num_threads(1);
-  LocalTrainer alone(cfg.clients[0]);
-  model::Llama init(cfg.server.model, cfg.server.seed);
-  set_model_weights(alone.model(), model_weights(init));
-  alone.train(15);
-  const auto local = model_weights(alone.model());
+
+  const std::string toml =
+      cat("[run]\ndir = '", (dir / "train").string(), "'\nseed = ", cfg.server.seed,
+          "\nthreads = 1\n[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
+          "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
+          "max_position_embeddings = 64\n[data]\nmanifests = ['",
+          silo.string(),
+          "']\n[train]\nsteps = 15\nmicro_batch = 4\nseq = 16\nbatch_tokens = 64\n"
+          "[optimizer]\nlr = 3e-3\nweight_decay = 0.5\n[schedule]\nkind = 'cosine'\n"
+          "warmup_steps = 3\nmin_lr = 3e-4\n[metrics]\npeak_flops = 1e11\n");
+  train::TrainOptions o;
+  o.quiet = true;
+  o.handle_signals = false;
+  const auto t = train::run_training(train::parse_train_config(toml, "train.toml", {}), o);
+  ASSERT_EQ(t.status, train::RunStatus::finished) << t.message;
+  const Weights trained = read_model(t.last_checkpoint);
+  ASSERT_EQ(trained.size(), r.global.size());
   double worst = 0;
-  for (size_t i = 0; i < local.size(); ++i) {
-    const float* a = local[i].data<float>();
+  for (size_t i = 0; i < trained.size(); ++i) {
+    const float* a = trained[i].data<float>();
     const float* b = r.global[i].data<float>();
-    for (int64_t j = 0; j < local[i].numel(); ++j) {
+    for (int64_t j = 0; j < trained[i].numel(); ++j)
       worst = std::max(worst, static_cast<double>(std::fabs(a[j] - b[j])));
-    }
   }
-  EXPECT_LT(worst, 1e-6) << "FedAvg (lr 1) of one client should be its local training";
+  EXPECT_LT(worst, 1e-6) << "FedAvg (lr 1) of one client should be pollen train on its data";
 }
 
 // The server of `cfg` and its first two clients on the in-process transport, both joined.

@@ -145,8 +145,8 @@ inline LocalTrainConfig local_train() {
   LocalTrainConfig t;
   t.micro_batch = 4;
   t.seq = 16;
-  t.lr = 3e-3;
-  t.weight_decay = 0;
+  t.optimizer.lr = 3e-3;
+  t.optimizer.weight_decay = 0;
   t.eval_batches = 2;
   return t;
 }

@@ -91,8 +91,8 @@ SimConfig four_silos(const fs::path& dir, const std::vector<fs::path>& manifests
     cc.model = m;
     cc.tokenizer_fingerprint = c.server.tokenizer_fingerprint;
     cc.manifests = {manifests[i].string()};
-    cc.train.micro_batch = 4, cc.train.seq = 16, cc.train.lr = kLocalLr;
-    cc.train.weight_decay = 0, cc.train.eval_batches = 2;
+    cc.train.micro_batch = 4, cc.train.seq = 16, cc.train.optimizer.lr = kLocalLr;
+    cc.train.optimizer.weight_decay = 0, cc.train.eval_batches = 2;
     c.clients.push_back(cc);
   }
   return c;

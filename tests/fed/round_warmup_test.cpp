@@ -21,7 +21,7 @@ TEST(RoundWarmup, EachRoundsFirstStepsTakeTheRampedRate) {
   // 0, at half the rate: the same as a client whose rate is halved (3e-3 / 2 is exact).
   auto trained = [&](double lr, int64_t round_warmup, std::vector<int64_t> rounds) {
     ClientConfig cc = c;
-    cc.train.lr = lr;
+    cc.train.optimizer.lr = lr;
     cc.train.round_warmup_steps = round_warmup;
     LocalTrainer t(cc);
     set_model_weights(t.model(), start);

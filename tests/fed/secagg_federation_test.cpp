@@ -68,8 +68,8 @@ SimConfig sim_config(const fs::path& dir, const std::vector<fs::path>& manifests
     cc.manifests = {manifests[i].string()};
     cc.train.micro_batch = 4;
     cc.train.seq = 16;
-    cc.train.lr = 3e-3;
-    cc.train.weight_decay = 0;
+    cc.train.optimizer.lr = 3e-3;
+    cc.train.optimizer.weight_decay = 0;
     c.clients.push_back(cc);
   }
   return c;
