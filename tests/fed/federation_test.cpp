@@ -853,26 +853,11 @@ TEST(Grpc, SimulatedEqualsDeployedBitwise) {
                           (i == 0 ? a : b).string(), "']\n", train, model));
   }
   std::vector<pid_t> pids;
-  auto spawn = [&](const std::string& sub, const fs::path& config) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const std::string log = (dir / (config.stem().string() + ".log")).string();
-      freopen(log.c_str(), "w", stderr);
-      execl(POLLEN_BINARY, POLLEN_BINARY, "fed", sub.c_str(), "--config", config.c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    pids.push_back(pid);
-  };
-  spawn("server", dir / "fed.toml");
-  spawn("client", dir / "client0.toml");
-  spawn("client", dir / "client1.toml");
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "a process failed; see " << dir.string() << "/*.log";
-  }
+  for (const std::string name : {"fed", "client0", "client1"})
+    pids.push_back(spawn_pollen(
+        {"fed", name == "fed" ? "server" : "client", "--config", (dir / (name + ".toml")).string()},
+        dir / (name + ".log")));
+  EXPECT_EQ(failed_children(pids), 0) << "a process failed; see " << dir.string() << "/*.log";
   const auto sim = io::list_checkpoints(dir / "sim/server/checkpoints");
   const auto dep = io::list_checkpoints(dir / "dep/checkpoints");
   ASSERT_FALSE(sim.empty());

@@ -128,6 +128,17 @@ inline pid_t spawn_pollen(std::vector<std::string> args, const fs::path& log) {
   return pid;
 }
 
+// Waits for every child; how many of them did not exit with status 0.
+inline int failed_children(const std::vector<pid_t>& pids) {
+  int failed = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  return failed;
+}
+
 // A one-tensor vector, and a client's update of one such tensor weighted by `tokens`.
 inline Tensor vec(std::vector<float> v) {
   const auto n = static_cast<int64_t>(v.size());

@@ -6,8 +6,6 @@
 // the difference; a restarted server (and restarted clients with their state) continue bitwise;
 // hostile adapter updates are refused; [post] keys are checked.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -203,24 +201,11 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
         cat("[client]\nid = 'silo-", i, "'\nserver = '", address, "'\nthreads = 1\n[post]\nrun = '",
             run.string(), "'\nobjective = '", objective, "'\ndata = '", data[i].string(), "'\n"));
   std::vector<pid_t> pids;
-  for (const auto& [sub, config] : std::vector<std::pair<std::string, std::string>>{
-           {"server", "fed"}, {"client", "client0"}, {"client", "client1"}}) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      freopen((dir / (config + ".log")).c_str(), "w", stderr);
-      const std::string file = (dir / (config + ".toml")).string();
-      execl(POLLEN_BINARY, POLLEN_BINARY, "fed", sub.c_str(), "--config", file.c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "a process failed; see " << dir.string() << "/*.log";
-  }
+  for (const std::string name : {"fed", "client0", "client1"})
+    pids.push_back(spawn_pollen(
+        {"fed", name == "fed" ? "server" : "client", "--config", (dir / (name + ".toml")).string()},
+        dir / (name + ".log")));
+  EXPECT_EQ(failed_children(pids), 0) << "a process failed; see " << dir.string() << "/*.log";
   const auto sim = adapter_b(dir / "sim/adapter"), dep = adapter_b(dir / "dep/adapter");
   ASSERT_EQ(sim.size(), 7u);  // 2 layers x 3 targets, the head
   ASSERT_EQ(dep.size(), sim.size());

@@ -3,8 +3,6 @@
 // server's state holding only masked data, hostile messages, the config, and the protocol over
 // gRPC between processes giving the simulation's model bitwise.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -34,44 +32,19 @@ using namespace pollen::fed::testing;
 
 namespace {
 
-const char* kModelToml =
-    "[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
-    "num_hidden_layers = 2\nnum_attention_heads = 2\nnum_key_value_heads = 2\n"
-    "max_position_embeddings = 64\n[tokenizer]\nfingerprint = 'test-tokenizer'\n";
-
 std::vector<fs::path> make_silos(const fs::path& dir, int n) {
   std::vector<fs::path> out;
   for (int i = 0; i < n; ++i) out.push_back(make_silo(dir / cat("silo", i), 1 + 2 * i, 200, 20));
   return out;
 }
 
-SimConfig sim_config(const fs::path& dir, const std::vector<fs::path>& manifests,
-                     const std::string& strategy, int64_t rounds, bool secure) {
-  SimConfig c;
-  c.threads = 1;
-  c.server.dir = dir / "server";
-  c.server.seed = 5;
-  c.server.model = tiny_model();
-  c.server.tokenizer_fingerprint = "test-tokenizer";
-  c.server.rounds = rounds;
-  c.server.local_steps = 2;
+// fixtures' simulation with rounds of 2 local steps and no federated evaluation, its sums masked
+// or plain.
+SimConfig secure_sim_config(const fs::path& dir, const std::vector<fs::path>& manifests,
+                            const std::string& strategy, int64_t rounds, bool secure) {
+  SimConfig c = sim_config(dir, manifests, strategy, rounds, 2);
   c.server.eval_every = 0;
-  c.server.strategy.name = strategy;
   c.server.secure_aggregation.enabled = secure;
-  for (size_t i = 0; i < manifests.size(); ++i) {
-    ClientConfig cc;
-    cc.id = "silo-" + std::to_string(i);
-    cc.seed = 100 + i;
-    cc.threads = 1;
-    cc.model = c.server.model;
-    cc.tokenizer_fingerprint = c.server.tokenizer_fingerprint;
-    cc.manifests = {manifests[i].string()};
-    cc.train.micro_batch = 4;
-    cc.train.seq = 16;
-    cc.train.optimizer.lr = 3e-3;
-    cc.train.optimizer.weight_decay = 0;
-    c.clients.push_back(cc);
-  }
   return c;
 }
 
@@ -126,8 +99,9 @@ TEST(SecureSimulation, SameWeightsAsPlainUpToTheQuantisationBound) {
   set_num_threads(1);
   for (const std::string strategy : {"fedavg", "diloco"}) {
     const int64_t rounds = strategy == "fedavg" ? 1 : 3;
-    auto plain_cfg = sim_config(dir / ("plain-" + strategy), silos, strategy, rounds, false);
-    auto secure_cfg = sim_config(dir / ("secure-" + strategy), silos, strategy, rounds, true);
+    auto plain_cfg = secure_sim_config(dir / ("plain-" + strategy), silos, strategy, rounds, false);
+    auto secure_cfg =
+        secure_sim_config(dir / ("secure-" + strategy), silos, strategy, rounds, true);
     const auto plain = run_simulation(plain_cfg, false);
     const auto secure = run_simulation(secure_cfg, false);
     ASSERT_EQ(secure.rounds, rounds);
@@ -162,8 +136,9 @@ TEST(SecureRound, ServerHoldsOnlyMaskedDataAndDropoutsAfterInputAreUnmasked) {
   const auto silos = make_silos(dir, 4);
   set_num_threads(1);
   // The plain reference: all four clients' updates.
-  const auto plain = run_simulation(sim_config(dir / "plain", silos, "fedavg", 1, false), false);
-  const auto cfg = sim_config(dir / "secure", silos, "fedavg", 1, true);  // threshold 3 of 4
+  const auto plain =
+      run_simulation(secure_sim_config(dir / "plain", silos, "fedavg", 1, false), false);
+  const auto cfg = secure_sim_config(dir / "secure", silos, "fedavg", 1, true);  // threshold 3 of 4
   Federation f(cfg);
   ASSERT_TRUE(f.server.begin_round());
   ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys
@@ -189,7 +164,7 @@ TEST(SecureRound, ServerHoldsOnlyMaskedDataAndDropoutsAfterInputAreUnmasked) {
 TEST(SecureRound, BelowTheThresholdTheRoundFailsAndNothingIsApplied) {
   Quiet q;
   const auto dir = temp_dir("fail");
-  auto cfg = sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);
+  auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);
   cfg.server.max_round_retries = 0;
   set_num_threads(1);
   Federation f(cfg);
@@ -215,7 +190,7 @@ TEST(SecureRound, BelowTheThresholdTheRoundFailsAndNothingIsApplied) {
 TEST(SecureRound, AClientWhoseTokensTheRingCannotHoldStops) {
   Quiet q;
   const auto dir = temp_dir("ring_too_small");
-  auto cfg = sim_config(dir, make_silos(dir, 3), "fedavg", 1, true);
+  auto cfg = secure_sim_config(dir, make_silos(dir, 3), "fedavg", 1, true);
   // 2^31 / 2^24 levels: below 128 tokens; a client scores about 240 in 4 steps.
   cfg.server.secure_aggregation.ring_bits = 32;
   cfg.server.local_steps = 4;
@@ -263,7 +238,7 @@ TEST(SecureRound, HostileOrMisplacedMessagesAreRefused) {
   const auto dir = temp_dir("hostile");
   const auto silos = make_silos(dir, 2);
   set_num_threads(1);
-  Federation f(sim_config(dir, silos, "fedavg", 1, true));
+  Federation f(secure_sim_config(dir, silos, "fedavg", 1, true));
   pb::SecAggRequest r;
   r.set_client_id("silo-0");
   r.set_round(1);
@@ -293,7 +268,7 @@ TEST(SecureRound, HostileOrMisplacedMessagesAreRefused) {
   const auto plain = encode_weights(f.server.specs(), f.server.global_weights(), CompressOptions{});
   EXPECT_THROW(f.server.push_begin(info, plain.header, ""), Error);
   // And a plain server refuses secure-aggregation messages.
-  Federation p(sim_config(dir / "plain", silos, "fedavg", 1, false));
+  Federation p(secure_sim_config(dir / "plain", silos, "fedavg", 1, false));
   ASSERT_TRUE(p.server.begin_round());
   EXPECT_THROW(p.server.secagg(r, ""), Error);
 }
@@ -301,8 +276,8 @@ TEST(SecureRound, HostileOrMisplacedMessagesAreRefused) {
 TEST(SecureConfig, KeysAreReadCheckedAndCompressionMustBeNone) {
   const auto dir = temp_dir("config");
   auto load = [&](const std::string& extra) {
-    write_file_atomic(dir / "fed.toml",
-                      cat("[server]\ndir = '", (dir / "run").string(), "'\n", kModelToml, extra));
+    write_file_atomic(dir / "fed.toml", cat("[server]\ndir = '", (dir / "run").string(), "'\n",
+                                            kTinyModelToml, extra));
     return load_server_config(dir / "fed.toml");
   };
   const auto c = load(
@@ -335,7 +310,7 @@ TEST(SecureGrpc, DeployedOnLoopbackEqualsTheSimulationBitwise) {
   const auto silos = make_silos(dir, 3);
   {
     Quiet q;
-    auto cfg = sim_config(dir / "sim", silos, "diloco", 2, true);
+    auto cfg = secure_sim_config(dir / "sim", silos, "diloco", 2, true);
     cfg.server.secure_aggregation.neighbours = 2;
     run_simulation(cfg, false);
   }
@@ -346,44 +321,25 @@ TEST(SecureGrpc, DeployedOnLoopbackEqualsTheSimulationBitwise) {
                         "round_timeout_s = 120\nwait_for_clients_s = 60\n[strategy]\n"
                         "name = 'diloco'\nmin_clients = 3\n[secure_aggregation]\nenabled = true\n"
                         "neighbours = 2\n",
-                        kModelToml));
+                        kTinyModelToml));
   const std::string train = "[train]\nmicro_batch = 4\nseq = 16\nlr = 3e-3\nweight_decay = 0\n";
   for (int i = 0; i < 3; ++i) {
-    write_file_atomic(
-        dir / cat("client", i, ".toml"),
-        cat("[client]\nid = 'silo-", i, "'\nserver = '", address, "'\nseed = ", 100 + i,
-            "\nthreads = 1\n[data]\nmanifests = ['", silos[i].string(), "']\n", train, kModelToml));
+    write_file_atomic(dir / cat("client", i, ".toml"),
+                      cat("[client]\nid = 'silo-", i, "'\nserver = '", address,
+                          "'\nseed = ", 100 + i, "\nthreads = 1\n[data]\nmanifests = ['",
+                          silos[i].string(), "']\n", train, kTinyModelToml));
   }
   std::vector<pid_t> pids;
-  auto spawn = [&](const std::string& sub, const fs::path& config) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      const std::string log = (dir / (config.stem().string() + ".log")).string();
-      freopen(log.c_str(), "w", stderr);
-      execl(POLLEN_BINARY, POLLEN_BINARY, "fed", sub.c_str(), "--config", config.c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    pids.push_back(pid);
-  };
-  spawn("server", dir / "fed.toml");
-  for (int i = 0; i < 3; ++i) spawn("client", dir / cat("client", i, ".toml"));
-  for (pid_t pid : pids) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "a process failed; see " << dir.string() << "/*.log";
-  }
+  for (const std::string name : {"fed", "client0", "client1", "client2"})
+    pids.push_back(spawn_pollen(
+        {"fed", name == "fed" ? "server" : "client", "--config", (dir / (name + ".toml")).string()},
+        dir / (name + ".log")));
+  EXPECT_EQ(failed_children(pids), 0) << "a process failed; see " << dir.string() << "/*.log";
   const auto sim = io::list_checkpoints(dir / "sim/server/checkpoints");
   const auto dep = io::list_checkpoints(dir / "dep/checkpoints");
   ASSERT_FALSE(sim.empty());
   ASSERT_FALSE(dep.empty());
   EXPECT_EQ(io::checkpoint_step(dep.back()), 2);
-  auto read_model = [](const fs::path& ckpt) {
-    Weights w;
-    for (auto& [n, t] : io::read_safetensors(ckpt / "model.safetensors").tensors) w.push_back(t);
-    return w;
-  };
   EXPECT_TRUE(bitwise_equal(read_model(sim.back()), read_model(dep.back())))
       << "the deployed run's global model differs from the simulation's";
 }
