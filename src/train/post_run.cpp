@@ -314,13 +314,8 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
     }
   }
   progress.finish();
-  r.step = step;
-  r.tokens = counters.tokens;
-  r.skipped_steps = counters.skipped;
-  r.last_loss = last_loss;
-  r.last_val_loss = last_val;
+  r.record(counters, last_loss, last_val, last_checkpoint);
   r.last_val_metrics = last_val_metrics;
-  r.last_checkpoint = last_checkpoint;
   if (auto done = already_finished(o.resume, steps_here, cfg.dir, step, last_checkpoint)) {
     r.message = *done;
     return r;

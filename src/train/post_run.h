@@ -33,13 +33,8 @@ struct PostOptions {
   bool quiet = false;  // no progress lines (tests)
 };
 
-struct PostResult {
-  RunStatus status = RunStatus::finished;  // exit codes as pre-training's
-  int64_t step = 0, tokens = 0, skipped_steps = 0;
-  double last_loss = NAN, last_val_loss = NAN;
+struct PostResult : RunResult {             // exit codes as pre-training's
   nlohmann::ordered_json last_val_metrics;  // the objective's at the last evaluation
-  std::filesystem::path last_checkpoint;
-  std::string message;
 };
 
 // Builds the objective from its section and what the loop resolved; called once per run.

@@ -93,6 +93,16 @@ void LoopCounters::restore(const nlohmann::ordered_json& st) {
   elapsed_before = st.at("elapsed_s").get<double>();
 }
 
+void RunResult::record(const LoopCounters& counters, double loss, double val_loss,
+                       const fs::path& checkpoint) {
+  step = counters.step;
+  tokens = counters.tokens;
+  skipped_steps = counters.skipped;
+  last_loss = loss;
+  last_val_loss = val_loss;
+  last_checkpoint = checkpoint;
+}
+
 void LoopCounters::count_step(int64_t step_tokens, bool good, double loss, int64_t max_bad_steps,
                               obs::Progress& progress) {
   ++step;

@@ -4,6 +4,7 @@
 // the checkpoint to resume from, the counters and metrics files a checkpoint continues, when to
 // checkpoint, what a run that stops says, memory figures and JSON numbers for metrics.
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -63,6 +64,18 @@ struct LoopCounters {
   // Why a run stops after `max_bad_steps` bad steps in a row, naming its last good checkpoint.
   std::string too_many_bad_steps(int64_t max_bad_steps,
                                  const std::filesystem::path& last_checkpoint) const;
+};
+
+// What a training loop returns: how it ended, how far it got, and the line it ends with.
+struct RunResult {
+  RunStatus status = RunStatus::finished;
+  int64_t step = 0, tokens = 0, skipped_steps = 0;
+  double last_loss = NAN, last_val_loss = NAN;
+  std::filesystem::path last_checkpoint;
+  std::string message;
+  // The counters' step, tokens and skipped steps, the last losses and the last checkpoint.
+  void record(const LoopCounters& counters, double loss, double val_loss,
+              const std::filesystem::path& checkpoint);
 };
 
 // The run's metrics files: metrics.jsonl and, with TensorBoard, an event file under

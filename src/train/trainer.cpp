@@ -488,12 +488,7 @@ void TrainingRun::save(int64_t at) {
 TrainResult TrainingRun::finish(bool stopped) {
   const int64_t step = counters_.step;
   TrainResult& r = result_;
-  r.step = step;
-  r.tokens = counters_.tokens;
-  r.skipped_steps = counters_.skipped;
-  r.last_loss = last_loss_;
-  r.last_val_loss = last_val_;
-  r.last_checkpoint = last_checkpoint_;
+  r.record(counters_, last_loss_, last_val_, last_checkpoint_);
   if (auto done = already_finished(o_.resume, steps_here_, cfg_.dir, step, last_checkpoint_)) {
     r.message = *done;
     return r;

@@ -42,13 +42,7 @@ struct TrainOptions {
   FaultInjection fault;
 };
 
-struct TrainResult {
-  RunStatus status = RunStatus::finished;
-  int64_t step = 0, tokens = 0, skipped_steps = 0;
-  double last_loss = 0, last_val_loss = 0;
-  std::filesystem::path last_checkpoint;
-  std::string message;
-};
+using TrainResult = RunResult;
 
 TrainResult run_training(const TrainConfig& config, const TrainOptions& options);
 
