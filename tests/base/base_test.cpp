@@ -13,18 +13,12 @@
 #include "base/hash.h"
 #include "base/rng.h"
 #include "base/thread_pool.h"
+#include "support/errors.h"
+
+using pollen::testing::error_of;
 
 namespace pollen {
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Config, TypedKeysAndDefaults) {
   auto t = ConfigTable::parse("a = 3\nb = 2.5\nc = 'x'\n[sub]\nd = true\n", "run.toml");

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "fed/client.h"
 #include "fed/config.h"
+#include "support/errors.h"
 #include "tensor/device.h"
 
 using namespace pollen;
@@ -36,22 +37,9 @@ std::string client_toml(const std::string& seed, const std::string& threads) {
   return text;
 }
 
+// What parsing `text` as client.toml throws.
 std::string error_of(const std::string& text) {
-  try {
-    fed::parse_client_config(text, "client.toml");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-std::string error_of_call(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return pollen::testing::error_of([&] { fed::parse_client_config(text, "client.toml"); });
 }
 
 }  // namespace
@@ -108,18 +96,20 @@ TEST(FedConfig, TrainDeviceIsCpuOrCudaAndAGpuSiloNeedsAGpu) {
   fed::set_train_device(flagged, "cuda");
   EXPECT_EQ(flagged.train.device, "cuda");
   flagged.train.precision = "bf16";
-  const std::string cpu_bf16 = error_of_call([&] { fed::set_train_device(flagged, "cpu"); });
+  const std::string cpu_bf16 =
+      pollen::testing::error_of([&] { fed::set_train_device(flagged, "cpu"); });
   EXPECT_NE(cpu_bf16.find("--device cpu: client 'silo-a' has train.precision = \"bf16\""),
             std::string::npos)
       << cpu_bf16;
   flagged.post.run = "r.toml";
-  const std::string post = error_of_call([&] { fed::set_train_device(flagged, "cuda"); });
+  const std::string post =
+      pollen::testing::error_of([&] { fed::set_train_device(flagged, "cuda"); });
   EXPECT_NE(post.find("post-training silo ([post]), which trains on the CPU"), std::string::npos)
       << post;
 
   // Where a GPU is usable, tests/cuda/fed_client_test.cpp trains such a silo instead.
   if (cuda_devices().empty()) {
-    const std::string m = error_of_call([&] { fed::LocalTrainer trainer(gpu); });
+    const std::string m = pollen::testing::error_of([&] { fed::LocalTrainer trainer(gpu); });
     EXPECT_NE(m.find("client 'silo-a': train.device"), std::string::npos) << m;
     EXPECT_NE(m.find(cuda_built() ? "not usable here" : "built without the CUDA backend"),
               std::string::npos)

@@ -22,10 +22,13 @@
 #include "fed/post_lora.h"
 #include "fed/run.h"
 #include "io/safetensors.h"
+#include "support/errors.h"
 #include "train/grpo.h"
 #include "train/post_config.h"
 #include "train/post_fixtures.h"
 #include "train/preference_synth.h"
+
+using pollen::testing::error_of;
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -149,15 +152,6 @@ std::map<std::string, Tensor> adapter_b(const fs::path& dir) {
   for (auto& [name, t] : io::read_safetensors(dir / "adapter_model.safetensors").tensors)
     if (name.find("lora_B") != std::string::npos) out.emplace(name, t);
   return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 double held_out_margin(LoraSilo& silo, const Weights& b) {

@@ -15,11 +15,14 @@
 #include "fed/post_lora.h"
 #include "io/model_source.h"
 #include "ops/elementwise.h"
+#include "support/errors.h"
 #include "train/grpo.h"
 #include "train/post_config.h"
 #include "train/post_fixtures.h"
 #include "train/preference_synth.h"
 #include "train/reward.h"
+
+using pollen::testing::error_of;
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -148,15 +151,6 @@ std::unique_ptr<fed::LoraSilo> alone(const fs::path& run, const std::string& obj
   const train::PostConfig c = fed::silo_post_config(post);
   return std::make_unique<fed::LoraSilo>("alone", c,
                                          fed::lora_objective_factory(objective, "test", c.base));
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(FedPostLora, RoundEqualsTheMeanOfTheSilosMergedUpdatesAndSendsOnlyB) {

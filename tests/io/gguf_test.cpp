@@ -17,9 +17,12 @@
 #include "base/files.h"
 #include "base/rng.h"
 #include "io/gguf.h"
+#include "support/errors.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
+
+using pollen::testing::error_of;
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -108,15 +111,6 @@ std::pair<double, double> compare(const std::vector<double>& a, const ag::Var& b
     top = std::max(top, std::abs(w));
   }
   return {worst, top};
-}
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

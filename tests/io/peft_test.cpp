@@ -19,6 +19,9 @@
 #include "io/hf.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
+#include "support/errors.h"
+
+using pollen::testing::error_of;
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -73,15 +76,6 @@ model::LoraConfig all_targets(int64_t rank) {
                LoraTarget::o_proj,    LoraTarget::gate_proj, LoraTarget::up_proj,
                LoraTarget::down_proj, LoraTarget::lm_head};
   return c;
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(Peft, WrittenAdaptersReadBackTheSame) {

@@ -12,7 +12,10 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "support/errors.h"
 #include "tokenizer/chat_template.h"
+
+using pollen::testing::error_of;
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -38,15 +41,6 @@ bool transformers_available() {
                                       " -c 'import transformers, jinja2' 2>/dev/null")
                                          .c_str()) == 0;
   return ok;
-}
-
-std::string error_of(auto&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Conversations where a wrong rendering shows: with and without a system message, one turn and

@@ -14,11 +14,14 @@
 
 #include "base/error.h"
 #include "optim/adamw.h"
+#include "support/errors.h"
 #include "support/gradcheck.h"
 #include "support/tiny_lm.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
 #include "train/reward.h"
+
+using pollen::testing::error_of;
 
 namespace pollen::train {
 namespace {
@@ -190,15 +193,6 @@ const char* kPrompts =
     "\n"
     R"({"prompt": "Paris is the", "answer": 2.5})"
     "\n";
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
 
 TEST(Grpo, ReadsPromptsAndRendersConversations) {
   TinyGrpo t;

@@ -10,10 +10,13 @@
 #include "io/model_source.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
+#include "support/errors.h"
 #include "train/post_config.h"
 #include "train/post_fixtures.h"
 #include "train/post_run.h"
 #include "train/sft.h"
+
+using pollen::testing::error_of;
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -226,14 +229,6 @@ TEST(PostLora, RunFileKeysAreCheckedAndResolved) {
   std::string unseeded = lora_toml(dir / "run", 2);
   unseeded.erase(unseeded.find("seed = 5\n"), 9);
   EXPECT_EQ(train::parse_post_config(unseeded, "lora.toml", "sft").lora.config.seed, 3u);
-  auto error_of = [](const std::function<void()>& f) -> std::string {
-    try {
-      f();
-    } catch (const std::exception& e) {
-      return e.what();
-    }
-    return "";
-  };
   EXPECT_NE(error_of([&] {
               train::parse_post_config(lora_toml(dir / "run", 2), "lora.toml", "sft",
                                        {"lora.rank=0"});

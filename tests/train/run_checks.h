@@ -8,9 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "support/errors.h"
 #include "train/trainer.h"
 
 namespace pollen::test_support {
+
+using pollen::testing::error_of;
 
 // `pollen train` on `c` in this process, quiet, leaving signals alone; stop_after >= 0 preempts
 // the run after that many steps, as a signal would.
@@ -22,16 +25,6 @@ inline train::TrainResult train_quiet(const train::TrainConfig& c, bool resume =
   o.quiet = true;
   o.handle_signals = false;
   return train::run_training(c, o);
-}
-
-// The message of what `f` throws; "" when it throws nothing.
-inline std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Every record of run/metrics.jsonl, in order.
