@@ -20,6 +20,9 @@ void add_generate_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_score_command(CLI::App& app);
 void add_launch_command(CLI::App& app);
+// Refuses, before any command runs, a command other than train and fed client that a launcher
+// (mpirun, srun, pollen launch) started as several ranks (dist/launch.h).
+void refuse_ranks_unless_supported(const CLI::App& app);
 void add_chat_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_sft_command(CLI::App& app);

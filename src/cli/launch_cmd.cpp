@@ -13,8 +13,9 @@ namespace pollen::cli {
 void add_launch_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "launch",
-      "Run a pollen command as N data-parallel ranks on this node, through OpenMPI's mpirun "
-      "(docs/parallel.md). Several nodes: mpirun with a hostfile, or srun under Slurm.\n"
+      "Run pollen train or pollen fed client as N data-parallel ranks on this node, through "
+      "OpenMPI's mpirun (docs/parallel.md); other commands run as one process. Several nodes: "
+      "mpirun with a hostfile, or srun under Slurm.\n"
       "Example: pollen launch --nproc 4 -- train --config run.toml\n"
       "Exit status: the job's (pollen train and pollen fed client: 4 when a rank died or hung).");
   auto opts = std::make_shared<dist::LaunchOptions>();
@@ -39,6 +40,15 @@ void add_launch_command(CLI::App& app) {
     // This binary's own path: each rank runs the same pollen.
     dist::exec_launch(*opts, std::filesystem::read_symlink("/proc/self/exe").string(), rest);
   });
+}
+
+void refuse_ranks_unless_supported(const CLI::App& app) {
+  std::vector<std::string> words;
+  for (const CLI::App* at = &app; !at->get_subcommands().empty();) {
+    at = at->get_subcommands().front();
+    words.push_back(at->get_name());
+  }
+  dist::refuse_ranks_unless_supported(words, dist::topology_from_environment());
 }
 
 }  // namespace pollen::cli

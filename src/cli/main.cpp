@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   pollen::cli::add_dpo_command(app);
   pollen::cli::add_rm_command(app);
   pollen::cli::add_grpo_command(app);
+  app.parse_complete_callback([&app] { pollen::cli::refuse_ranks_unless_supported(app); });
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -21,8 +21,34 @@ std::vector<std::string> launch_command(const LaunchOptions& o, const std::strin
   return cmd;
 }
 
+bool runs_as_ranks(const std::vector<std::string>& command) {
+  if (command.empty()) return false;
+  const std::string& first = command[0];
+  return first == "train" || first == "version" ||
+         (first == "fed" && command.size() > 1 && command[1] == "client");
+}
+
+void refuse_ranks_unless_supported(const std::vector<std::string>& command,
+                                   const Topology& topology) {
+  if (topology.world <= 1 || runs_as_ranks(command)) return;
+  std::string name;
+  for (const auto& w : command) {
+    if (w.starts_with("-")) break;
+    name += (name.empty() ? "" : " ") + w;
+  }
+  fail("pollen ", name, " runs as one process, but ", topology.launcher, " started ",
+       topology.world,
+       " ranks of it, which would each run it into the same outputs; only pollen "
+       "train and pollen fed client run as several ranks (docs/parallel.md). Run it without ",
+       "mpirun, srun or pollen launch");
+}
+
 void exec_launch(const LaunchOptions& o, const std::string& program,
                  const std::vector<std::string>& args) {
+  Topology ranks;
+  ranks.world = o.nproc;
+  ranks.launcher = "pollen launch";
+  refuse_ranks_unless_supported(args, ranks);
   const auto cmd = launch_command(o, program, args);
   std::vector<char*> argv;
   for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));

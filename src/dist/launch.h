@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/topology.h"
+
 namespace pollen::dist {
 
 struct LaunchOptions {
@@ -19,8 +21,18 @@ struct LaunchOptions {
 std::vector<std::string> launch_command(const LaunchOptions& options, const std::string& program,
                                         const std::vector<std::string>& args);
 
+// Whether the pollen command whose words are `command` ({"train", ...}, {"fed", "client", ...})
+// runs as several ranks: pollen train and pollen fed client train as one data-parallel job, and
+// pollen version reports on every rank; every other command runs as one process.
+bool runs_as_ranks(const std::vector<std::string>& command);
+
+// A command that runs as one process, started as several ranks, would run once per rank into
+// the same outputs: refused, naming the command, the ranks and their launcher.
+void refuse_ranks_unless_supported(const std::vector<std::string>& command,
+                                   const Topology& topology);
+
 // Replaces this process with that command (its exit status is the job's); throws if mpirun
-// cannot be started.
+// cannot be started, or when nproc > 1 for a command that runs as one process.
 [[noreturn]] void exec_launch(const LaunchOptions& options, const std::string& program,
                               const std::vector<std::string>& args);
 
