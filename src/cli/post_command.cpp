@@ -9,13 +9,15 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "cli/commands.h"
+#include "dist/communicator.h"
 
 namespace pollen::cli {
 
 const char* const kPostExitCodes =
     "\nExit codes: 0 finished, 1 failed (bad config or data, too many non-finite losses in a "
     "row, any error), 3 preempted (SIGINT or SIGTERM: the step finished and a checkpoint was "
-    "written; rerun with --resume), 2 bad command line.";
+    "written; rerun with --resume), 4 a rank of a data-parallel job died or hung (sft; rerun "
+    "with --resume), 2 bad command line.";
 
 void add_post_run_options(CLI::App* cmd, const std::string& objective,
                           const std::string& set_example, PostRun run) {
@@ -35,15 +37,29 @@ void add_post_run_options(CLI::App* cmd, const std::string& objective,
     if (!cmd->get_subcommands().empty()) return;  // a subcommand ran
     if (config->empty()) throw CLI::RequiredError("--config");
     const train::PostConfig cfg = train::load_post_config(*config, objective, *sets);
+    // One process unless a launcher (mpirun, srun) started several (sft only: docs/parallel.md).
+    const auto comm = dist::connect(cfg.timeout_s);
+    if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the job
     train::PostOptions o;
     o.resume = *resume;
-    const train::PostResult r = run(cfg, o);
+    o.comm = comm.get();
+    train::PostResult r;
+    try {
+      r = run(cfg, o);
+    } catch (const std::exception& e) {
+      if (comm->world() == 1) throw;
+      // An error on one rank: the others wait for it in a collective, so end the job.
+      log::error("rank ", comm->rank(), ": ", e.what());
+      comm->abort_job(static_cast<int>(train::RunStatus::failed));
+    }
     if (r.status == train::RunStatus::finished) {
       log::info(r.message);
     } else if (r.status == train::RunStatus::preempted) {
       log::warn(r.message);
     } else {
       log::error(r.message);
+      if (r.status == train::RunStatus::rank_failed)
+        comm->abort_job(static_cast<int>(r.status));  // ends the hung rank too
     }
     set_exit_code(static_cast<int>(r.status));
   });

@@ -24,7 +24,7 @@ std::vector<std::string> launch_command(const LaunchOptions& o, const std::strin
 bool runs_as_ranks(const std::vector<std::string>& command) {
   if (command.empty()) return false;
   const std::string& first = command[0];
-  return first == "train" || first == "version" ||
+  return first == "train" || first == "sft" || first == "version" ||
          (first == "fed" && command.size() > 1 && command[1] == "client");
 }
 
@@ -37,10 +37,9 @@ void refuse_ranks_unless_supported(const std::vector<std::string>& command,
     name += (name.empty() ? "" : " ") + w;
   }
   fail("pollen ", name, " runs as one process, but ", topology.launcher, " started ",
-       topology.world,
-       " ranks of it, which would each run it into the same outputs; only pollen "
-       "train and pollen fed client run as several ranks (docs/parallel.md). Run it without ",
-       "mpirun, srun or pollen launch");
+       topology.world, " ranks of it, which would each run it into the same outputs; only ",
+       "pollen train, pollen sft and pollen fed client run as several ranks (docs/parallel.md). ",
+       "Run it without mpirun, srun or pollen launch");
 }
 
 void exec_launch(const LaunchOptions& o, const std::string& program,

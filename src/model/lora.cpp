@@ -229,6 +229,10 @@ uint64_t Lora::next_dropout_forward() const {
   return dropout_key_->forwards++;
 }
 
+void Lora::skip_dropout_forwards(uint64_t n) const {
+  if (dropout_key_) dropout_key_->forwards += n;
+}
+
 Tensor Lora::dropout_mask(int64_t layer, LoraTarget target, int64_t rows, int64_t cols,
                           uint64_t forward) const {
   if (!dropout_key_ || config_.dropout == 0) return {};

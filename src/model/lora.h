@@ -97,6 +97,9 @@ class Lora {
   // The number of the step's forward pass that starts now (0, 1, ...); the model takes one at
   // the start of each forward pass. 0 when dropout is off.
   uint64_t next_dropout_forward() const;
+  // Counts n forward passes of the step as begun without running them (a rank of a
+  // data-parallel step starts after the passes the ranks before it run).
+  void skip_dropout_forwards(uint64_t n) const;
   // The mask (rows, cols) of 0 and 1/(1-p) for one adapter in one forward pass; undefined when
   // dropout is off.
   Tensor dropout_mask(int64_t layer, LoraTarget target, int64_t rows, int64_t cols,

@@ -14,6 +14,9 @@
 
 #include "autograd/var.h"
 #include "base/config.h"
+#include "base/error.h"
+#include "dist/communicator.h"
+#include "dist/grad_reducer.h"
 #include "model/llama.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -51,6 +54,19 @@ class Objective {
   // The loop then warns once at the start and never evaluates, as pollen train does without
   // validation data, rather than logging a loss of nan at every evaluation.
   virtual std::string no_validation_data() const { return ""; }
+
+  // A run of several ranks (docs/parallel.md) calls this once, before the first step: from then
+  // on each rank runs its share of every step's micro-batches (the step's data position still
+  // advances over the whole step on every rank), scales its gradients by the whole step's count,
+  // observes its last backward with `reducer` (which sums the gradients over the ranks), and
+  // reports the whole step's loss and metrics; evaluate() splits the held-out data the same way.
+  // The training equals one process's up to the order of float sums. An objective that cannot
+  // split its steps keeps this default, which refuses naming it.
+  virtual void split_across(dist::Communicator& comm, dist::GradReducer& reducer) {
+    (void)reducer;
+    fail("pollen ", name(), " runs as one process, not as ", comm.world(),
+         " ranks (docs/parallel.md)");
+  }
 
   // Everything a resumed run needs to continue bitwise (data position, RNG counters), stored
   // as JSON in each checkpoint, and restored from it before the first step of the resumed run.

@@ -123,6 +123,13 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
     read_metrics_keys(*m, c);
     m->finish();
   }
+  if (auto p = t.table("parallel")) {
+    c.bucket_mb = p->get_double("bucket_mb", c.bucket_mb);
+    POLLEN_CHECK(c.bucket_mb > 0, p->where("bucket_mb"), ": expected a positive size in MiB");
+    c.timeout_s = p->get_double("timeout_s", c.timeout_s);
+    POLLEN_CHECK(c.timeout_s > 0, p->where("timeout_s"), ": expected a positive number of seconds");
+    p->finish();
+  }
   if (auto l = t.table("lora")) {
     c.lora.enabled = l->get_bool("enabled", true);
     c.lora.config = model::read_lora_config(*l, c.seed);  // the seed defaults to the run's
@@ -170,6 +177,8 @@ std::vector<std::pair<std::string, std::string>> PostConfig::flat(
     f.emplace_back("lora.train_a", b(l.train_a));
     f.emplace_back("lora.seed", i(static_cast<int64_t>(l.seed)));
   }
+  f.emplace_back("parallel.bucket_mb", toml_double(bucket_mb));
+  f.emplace_back("parallel.timeout_s", toml_double(timeout_s));
   f.insert(f.end(), objective_keys.begin(), objective_keys.end());
   return f;
 }

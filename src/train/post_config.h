@@ -37,6 +37,10 @@ struct PostConfig : LoopSettings {
   OptimizerSettings optimizer;
   // [lora]
   LoraSettings lora;
+  // [parallel]: a run of several ranks (objectives that split their steps across ranks, sft;
+  // docs/parallel.md)
+  double bucket_mb = 25;   // gradients reduced in buckets of about this many MiB
+  double timeout_s = 300;  // a collective that takes longer means a dead or hung rank
   // The objective's section, as given: its keys in TOML ("sft.seq", "1024"), and as a table
   // for the objective to read (errors name the run file).
   std::vector<std::pair<std::string, std::string>> objective_keys;

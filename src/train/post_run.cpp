@@ -77,21 +77,19 @@ std::string lora_checkpoint_config(const model::Lora& lora, const std::string& b
   return io::peft_config_json(lora.config(), base).dump(2) + "\n";
 }
 
-PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
-                             const ObjectiveFactory& make_objective) {
+namespace {
+
+PostResult post_train(const PostConfig& cfg, const PostOptions& o,
+                      const ObjectiveFactory& make_objective) {
   SignalGuard signals(o.handle_signals);
-  set_num_threads(cfg.threads > 0 ? cfg.threads : available_cpus());
+  dist::SingleProcess alone;
+  dist::Communicator& comm = o.comm ? *o.comm : alone;
+  const bool lead = comm.rank() == 0;  // writes the run's files
+  set_num_threads(cfg.threads > 0 ? cfg.threads : threads_per_rank(comm.topology().local_world));
   const fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
   fs::create_directories(cfg.dir);
-  std::optional<fs::path> resume_from;
-  if (o.resume) {
-    const io::ResumePoint point = io::choose_checkpoint_to_resume(ckpt_root, "--resume");
-    POLLEN_CHECK(point.dir || point.skipped == 0, "--resume: no checkpoint under '",
-                 ckpt_root.string(), "' verifies (", point.skipped, " skipped, reasons above)");
-    resume_from = point.dir;
-    if (!resume_from)
-      log::info("--resume: no checkpoint under '", ckpt_root.string(), "' yet; starting at step 0");
-  }
+  const std::optional<fs::path> resume_from =
+      o.resume ? agree_on_checkpoint(ckpt_root, comm) : std::nullopt;
 
   const PostBase base = resolve_post_base(cfg);
   const model::LlamaConfig& arch = base.source.config;
@@ -145,6 +143,14 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   for (const auto& [n, v] : trained) params.push_back(v);
   optim::AdamW opt(params, cfg.optimizer.adamw(cfg.grad_clip),
                    decay_mask(trained, cfg.optimizer.no_decay));
+  // Several ranks: each runs its share of a step, and the gradients are summed over the ranks.
+  std::unique_ptr<dist::GradReducer> reducer;
+  if (comm.world() > 1) {
+    reducer = std::make_unique<dist::GradReducer>(comm, params,
+                                                  static_cast<int64_t>(cfg.bucket_mb * 1048576.0),
+                                                  dist::ReduceMode::all_reduce);
+    objective->split_across(comm, *reducer);
+  }
 
   // The weight files of a checkpoint: the whole model (or its adapters, A and B with PEFT's
   // names), and the objective's own parameters.
@@ -176,27 +182,36 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
     log::info("resuming from '", dir.string(), "' at step ", counters.step);
   }
 
-  RunMetrics metrics = RunMetrics::open(
-      cfg.dir, cfg.tensorboard, resume_from ? &state.at("metrics") : nullptr, counters.step);
-  write_file_atomic(cfg.dir / "config.toml", config_toml);
-  // The tokenizer travels with every checkpoint, so that the checkpoint is a model on its own.
-  tokenizer::save_tokenizer(*base.tokenizer, cfg.dir / "tokenizer.json");
-  const std::string tokenizer_json = read_file(cfg.dir / "tokenizer.json");
-  std::vector<std::pair<std::string, std::string>> texts{{"tokenizer.json", tokenizer_json}};
-  if (lora) texts.emplace_back("adapter_config.json", lora_checkpoint_config(*lora, cfg.base));
+  std::optional<RunMetrics> metrics;
+  std::vector<std::pair<std::string, std::string>> texts;
+  if (lead) {
+    metrics = RunMetrics::open(cfg.dir, cfg.tensorboard,
+                               resume_from ? &state.at("metrics") : nullptr, counters.step);
+    write_file_atomic(cfg.dir / "config.toml", config_toml);
+    // The tokenizer travels with every checkpoint, so that the checkpoint is a model on its own.
+    tokenizer::save_tokenizer(*base.tokenizer, cfg.dir / "tokenizer.json");
+    texts.emplace_back("tokenizer.json", read_file(cfg.dir / "tokenizer.json"));
+    if (lora) texts.emplace_back("adapter_config.json", lora_checkpoint_config(*lora, cfg.base));
+  }
 
   int64_t trained_count = 0;
   for (const auto& p : params) trained_count += p.value().numel();
   log::info(name, ": ", arch.name, " from '", cfg.base, "' (", arch.parameter_count(),
             " parameters, ", trained_count, " trained) for ", cfg.steps, " steps, ", num_threads(),
-            " threads, chat template ", tokenizer::chat_template_name(base.chat_format.kind));
+            " threads", comm.world() > 1 ? cat(" on each of ", comm.world(), " ranks") : "",
+            ", chat template ", tokenizer::chat_template_name(base.chat_format.kind));
+  if (comm.world() > 1) log::info("ranks: ", comm.placement());
 
   const auto run_start = Clock::now();
   auto save = [&](int64_t at) {
-    metrics.sync();
+    if (!lead) {
+      last_checkpoint = ckpt_root / io::checkpoint_name(at);
+      return;
+    }
+    metrics->sync();
     nlohmann::ordered_json st;
     counters.save(st, seconds_since(run_start));
-    st["metrics"] = metrics.positions();
+    st["metrics"] = metrics->positions();
     st["objective"] = objective->state();
     std::vector<std::string> names;
     for (const auto& [n, v] : trained) names.push_back(n);
@@ -208,7 +223,8 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
 
   PostResult r;
   const int64_t& step = counters.step;
-  obs::Progress progress(name, cfg.steps, step, o.quiet ? (int64_t{1} << 62) : cfg.log_interval);
+  obs::Progress progress(name, cfg.steps, step,
+                         o.quiet || !lead ? (int64_t{1} << 62) : cfg.log_interval);
   int64_t steps_here = 0;
   double last_val = NAN, last_loss = NAN;
   nlohmann::ordered_json last_metrics = nlohmann::ordered_json::object();
@@ -256,16 +272,18 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
         std::round((counters.elapsed_before + seconds_since(run_start)) * 1000) / 1000;
     rec["rss_mb"] = std::round(rss_mb() * 10) / 10;
     if (!good) rec["skipped"] = true;
-    metrics.jsonl.write(rec);
-    metrics.scalar("train/loss", s.loss, step, wall);
-    metrics.scalar("train/lr", lr, step, wall);
-    metrics.scalar("train/grad_norm", gnorm, step, wall);
-    metrics.scalar("perf/tokens_per_s", tps, step, wall);
-    metrics.scalar("sys/rss_mb", rss_mb(), step, wall);
-    add_scalars(metrics, "", name, s.metrics, step, wall);
+    if (metrics) {
+      metrics->jsonl.write(rec);
+      metrics->scalar("train/loss", s.loss, step, wall);
+      metrics->scalar("train/lr", lr, step, wall);
+      metrics->scalar("train/grad_norm", gnorm, step, wall);
+      metrics->scalar("perf/tokens_per_s", tps, step, wall);
+      metrics->scalar("sys/rss_mb", rss_mb(), step, wall);
+      add_scalars(*metrics, "", name, s.metrics, step, wall);
+    }
     if (counters.bad_in_row >= cfg.max_bad_steps) {
       progress.finish();
-      metrics.jsonl.file().sync();
+      if (metrics) metrics->jsonl.file().sync();
       r.status = RunStatus::failed;
       r.message = counters.too_many_bad_steps(cfg.max_bad_steps, last_checkpoint);
       stopped = true;
@@ -286,14 +304,16 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
       e["tokens"] = counters.tokens;
       e["val_loss"] = json_number(v.loss);
       add_metrics(e, "val/", name, v.metrics);
-      metrics.jsonl.write(e);
-      metrics.scalar("val/loss", v.loss, step, wall);
-      add_scalars(metrics, "val/", name, v.metrics, step, wall);
+      if (metrics) {
+        metrics->jsonl.write(e);
+        metrics->scalar("val/loss", v.loss, step, wall);
+        add_scalars(*metrics, "val/", name, v.metrics, step, wall);
+      }
       progress.finish();
       if (!shown(v.loss, v.metrics).empty())
         log::info("step ", step, ": validation ", shown(v.loss, v.metrics));
     }
-    metrics.flush();
+    if (metrics) metrics->flush();
     char fields[128];
     const bool headline_shown = !headline.empty() && s.metrics.contains(headline);
     std::snprintf(fields, sizeof(fields), "%s=%.4f lr=%.3g grad_norm=%.3g tok/s=%.0f",
@@ -301,7 +321,10 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
                   headline_shown ? s.metrics[headline].get<double>() : s.loss, lr, gnorm, tps);
     progress.update(step, fields);
 
-    const bool preempt = stop_requested() || (o.stop_after >= 0 && steps_here >= o.stop_after);
+    // Every rank stops after the same step (a signal reaches each at its own time).
+    double stops[1] = {stop_requested() || (o.stop_after >= 0 && steps_here >= o.stop_after)};
+    comm.all_reduce_sum(stops, "whether a rank was asked to stop");
+    const bool preempt = stops[0] > 0;
     if (checkpoint_due(step, last, cfg.checkpoint_interval, counters.bad_in_row, preempt)) {
       progress.finish();
       save(step);
@@ -325,7 +348,8 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
       run_summary(r.status, step, cfg.steps, counters, last_loss, last_val, total, last_checkpoint);
   summary["objective"] = name;
   add_metrics(summary, "val/", name, last_val_metrics);
-  write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
+  if (comm.world() > 1) summary["ranks"] = comm.world();
+  if (lead) write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {
     const std::string train_shown = shown(last_loss, last_metrics);
     const std::string val_shown =
@@ -337,6 +361,21 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
             " steps skipped; checkpoint '", last_checkpoint.string(), "'");
   }
   return r;
+}
+
+}  // namespace
+
+PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
+                             const ObjectiveFactory& make_objective) {
+  try {
+    return post_train(cfg, o, make_objective);
+  } catch (const dist::PeerFailure& e) {
+    PostResult r;
+    r.status = RunStatus::rank_failed;
+    r.message = cat(e.what(), "; stopping the job. Rerun it with --resume to continue from the ",
+                    "last checkpoint under '", (cfg.dir / "checkpoints").string(), "'");
+    return r;
+  }
 }
 
 }  // namespace pollen::train

@@ -31,6 +31,9 @@ struct PostOptions {
   // Tests: behave as if preempted once this many steps have run in this process (-1: never).
   int64_t stop_after = -1;
   bool quiet = false;  // no progress lines (tests)
+  // The job's ranks (data parallel, docs/parallel.md); null: this process alone. Rank 0 writes
+  // the run's files; every rank holds the same weights and optimizer state.
+  dist::Communicator* comm = nullptr;
 };
 
 struct PostResult : RunResult {             // exit codes as pre-training's
@@ -40,6 +43,7 @@ struct PostResult : RunResult {             // exit codes as pre-training's
 // Builds the objective from its section and what the loop resolved; called once per run.
 using ObjectiveFactory = std::function<std::unique_ptr<Objective>(const ObjectiveContext&)>;
 
+// A rank that dies or hangs ends the run with RunStatus::rank_failed, naming it.
 PostResult run_post_training(const PostConfig& config, const PostOptions& options,
                              const ObjectiveFactory& make_objective);
 

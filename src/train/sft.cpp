@@ -272,7 +272,8 @@ std::vector<int64_t> SftObjective::next_row() {
 }
 
 ObjectiveStep SftObjective::train_step(const model::Llama& model, int64_t) {
-  std::vector<model::Batch> micro;
+  // The whole step's rows, read on every rank so that the data position is the same on all.
+  std::vector<std::vector<std::vector<int64_t>>> step_rows;
   int64_t examples = 0, rows = 0, tokens = 0;
   for (int64_t m = 0; m < settings_.accumulation; ++m) {
     std::vector<std::vector<int64_t>> batch_rows;
@@ -282,9 +283,25 @@ ObjectiveStep SftObjective::train_step(const model::Llama& model, int64_t) {
       for (int64_t i : batch_rows.back()) tokens += positions(train_[static_cast<size_t>(i)]);
     }
     rows += static_cast<int64_t>(batch_rows.size());
-    micro.push_back(make_packed_batch(train_, batch_rows));
+    step_rows.push_back(std::move(batch_rows));
   }
-  const AccumulatedLoss acc = accumulate_gradients(model, micro);
+  const int64_t world = comm_ ? comm_->world() : 1, rank = comm_ ? comm_->rank() : 0;
+  const int64_t first = rank * settings_.accumulation / world;
+  const int64_t end = (rank + 1) * settings_.accumulation / world;
+  std::vector<model::Batch> micro;
+  for (int64_t m = first; m < end; ++m)
+    micro.push_back(make_packed_batch(train_, step_rows[static_cast<size_t>(m)]));
+  AccumulatedLoss acc;
+  if (comm_) {
+    // LoRA dropout draws each forward pass's masks by its number in the step: this rank's come
+    // after the ones the ranks before it run.
+    if (model.lora()) model.lora()->skip_dropout_forwards(static_cast<uint64_t>(first));
+    bool stop = false;  // the loop agrees on stopping after the step
+    double reduce_wait_s = 0;
+    acc = accumulate_gradients(model, micro, *comm_, *reducer_, stop, reduce_wait_s);
+  } else {
+    acc = accumulate_gradients(model, micro);
+  }
   ObjectiveStep s;
   s.loss = acc.loss;
   s.tokens = tokens;
@@ -296,25 +313,38 @@ ObjectiveStep SftObjective::train_step(const model::Llama& model, int64_t) {
   return s;
 }
 
+void SftObjective::split_across(dist::Communicator& comm, dist::GradReducer& reducer) {
+  POLLEN_CHECK(settings_.accumulation % comm.world() == 0, "sft.accumulation (",
+               settings_.accumulation, ") is not a multiple of the job's ", comm.world(),
+               " ranks: each rank runs the same number of a step's micro-batches");
+  comm_ = &comm;
+  reducer_ = &reducer;
+}
+
 ObjectiveStep SftObjective::evaluate(const model::Llama& model) {
   ag::NoGrad no_grad;
-  double sum = 0;
-  int64_t scored = 0, tokens = 0;
+  const size_t world = comm_ ? static_cast<size_t>(comm_->world()) : 1;
+  const size_t rank = comm_ ? static_cast<size_t>(comm_->rank()) : 0;
+  double sums[2] = {0, 0};  // loss, scored tokens
+  int64_t tokens = 0;
   const auto per = static_cast<size_t>(settings_.micro_batch);
-  for (size_t at = 0; at < validation_rows_.size(); at += per) {
+  for (size_t at = 0, batch = 0; at < validation_rows_.size(); at += per, ++batch) {
     const std::vector<std::vector<int64_t>> rows(
         validation_rows_.begin() + static_cast<std::ptrdiff_t>(at),
         validation_rows_.begin() +
             static_cast<std::ptrdiff_t>(std::min(at + per, validation_rows_.size())));
-    const model::Batch b = make_packed_batch(validation_, rows);
-    int64_t n = 0;
-    sum += model.loss(b, ag::Reduction::sum, &n).value().item();
-    scored += n;
     for (const auto& row : rows)
       for (int64_t i : row) tokens += positions(validation_[static_cast<size_t>(i)]);
+    if (batch % world != rank) continue;
+    const model::Batch b = make_packed_batch(validation_, rows);
+    int64_t n = 0;
+    sums[0] += model.loss(b, ag::Reduction::sum, &n).value().item();
+    sums[1] += static_cast<double>(n);
   }
+  if (comm_) comm_->all_reduce_sum(sums, "the held-out loss");
+  const auto scored = static_cast<int64_t>(sums[1]);
   ObjectiveStep s;
-  s.loss = scored > 0 ? sum / static_cast<double>(scored) : NAN;
+  s.loss = scored > 0 ? sums[0] / sums[1] : NAN;
   s.tokens = tokens;
   s.metrics["scored"] = scored;
   s.metrics["examples"] = static_cast<int64_t>(validation_.size());

@@ -81,6 +81,9 @@ class SftObjective : public Objective {
   ObjectiveStep train_step(const model::Llama& model, int64_t step) override;
   ObjectiveStep evaluate(const model::Llama& model) override;
   std::string no_validation_data() const override;
+  // Rank r of W runs micro-batches [r A / W, (r + 1) A / W) of a step's A (sft.accumulation, a
+  // multiple of W) and every W-th held-out micro-batch from r.
+  void split_across(dist::Communicator& comm, dist::GradReducer& reducer) override;
   nlohmann::ordered_json state() const override;
   void restore(const nlohmann::ordered_json& state) override;
 
@@ -98,6 +101,8 @@ class SftObjective : public Objective {
   // Position in the data: the epoch and the next example of its order.
   int64_t epoch_ = 0, next_ = 0;
   std::vector<int64_t> order_;
+  dist::Communicator* comm_ = nullptr;  // several ranks (split_across); null: this process alone
+  dist::GradReducer* reducer_ = nullptr;
 };
 
 std::unique_ptr<Objective> make_sft_objective(const ObjectiveContext& context);

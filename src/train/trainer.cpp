@@ -213,7 +213,8 @@ void record_step(RunMetrics& metrics, const StepReport& s, Device device, int wo
   metrics.scalar("sys/rss_mb", rss_mb(), s.step, wall);
 }
 
-// --resume: rank 0 chooses the checkpoint and tells the others; none when the run has none yet.
+}  // namespace
+
 std::optional<fs::path> agree_on_checkpoint(const fs::path& ckpt_root, dist::Communicator& comm) {
   int64_t choice_of_lead[2] = {-1, 0};  // {step or -1 for none, skipped}
   if (comm.rank() == 0) {
@@ -233,6 +234,8 @@ std::optional<fs::path> agree_on_checkpoint(const fs::path& ckpt_root, dist::Com
   }
   return ckpt_root / io::checkpoint_name(chosen);
 }
+
+namespace {
 
 // A pre-training run in this process once its model, optimizer and data are set up: resuming,
 // the steps with their evaluations and checkpoints, and the summary. Rank 0 writes the run's

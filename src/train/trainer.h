@@ -69,6 +69,11 @@ AccumulatedLoss accumulate_gradients(const model::Llama& model,
                                      dist::Communicator& comm, dist::GradReducer& reducer,
                                      bool& stop, double& reduce_wait_s);
 
+// --resume: rank 0 chooses the checkpoint under `ckpt_root` to resume from and tells the other
+// ranks; none when the run has none yet (refused when there are some and none verifies).
+std::optional<std::filesystem::path> agree_on_checkpoint(const std::filesystem::path& ckpt_root,
+                                                         dist::Communicator& comm);
+
 // Whether weight decay applies to each parameter (named as HF names them), given the no-decay
 // groups "norms", "biases" and "embeddings".
 std::vector<bool> decay_mask(const std::vector<std::pair<std::string, ag::Var>>& params,

@@ -553,24 +553,24 @@ TEST(Launch, RunsMpirunWithoutBindingAndAllowsMoreRanksThanCores) {
   EXPECT_EQ(cmd.back(), "r.toml");
 }
 
-// Any command but train and fed client, started as several ranks, would run once per rank into
+// Any command but train, sft and fed client, started as several ranks, would run once per rank into
 // the same run folder: it is refused before it reads its config, under a launcher's environment
 // and by pollen launch before mpirun starts.
 TEST(Launch, CommandsThatRunAsOneProcessAreRefusedAsSeveralRanks) {
   EXPECT_TRUE(dist::runs_as_ranks({"train", "--config", "r.toml"}));
   EXPECT_TRUE(dist::runs_as_ranks({"fed", "client", "--config", "c.toml"}));
   EXPECT_FALSE(dist::runs_as_ranks({"fed", "server", "--config", "f.toml"}));
-  EXPECT_FALSE(dist::runs_as_ranks({"sft", "--config", "s.toml"}));
+  EXPECT_TRUE(dist::runs_as_ranks({"sft", "--config", "s.toml"}));
+  EXPECT_FALSE(dist::runs_as_ranks({"dpo", "--config", "d.toml"}));
   const std::string mpirun_env =
       "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=2 "
       "OMPI_COMM_WORLD_LOCAL_RANK=0 ";
   int status = 0;
-  const std::string sft = pollen::testing::run_capture(
-      mpirun_env + POLLEN_BINARY + " sft --config /nonexistent/sft.toml", &status);
-  EXPECT_EQ(status, 1) << sft;
-  EXPECT_NE(sft.find("pollen sft runs as one process, but mpirun started 2 ranks"),
-            std::string::npos)
-      << sft;
+  const std::string rm = pollen::testing::run_capture(
+      mpirun_env + POLLEN_BINARY + " rm --config /nonexistent/rm.toml", &status);
+  EXPECT_EQ(status, 1) << rm;
+  EXPECT_NE(rm.find("pollen rm runs as one process, but mpirun started 2 ranks"), std::string::npos)
+      << rm;
   const std::string fed = pollen::testing::run_capture(
       mpirun_env + POLLEN_BINARY + " fed simulate --config /nonexistent/sim.toml", &status);
   EXPECT_NE(fed.find("pollen fed simulate runs as one process"), std::string::npos) << fed;
