@@ -127,6 +127,19 @@ class IdWriter {
   std::ofstream file_;
 };
 
+// A rank file holds only the ranks: the special tokens are lost unless given again where the
+// file is used; says so for each, naming the --add-special that gives it back.
+void warn_specials_left_out(const tk::Tokenizer& tok, const std::string& output,
+                            const char* command) {
+  if (std::filesystem::path(output).extension() == ".json") return;
+  for (const auto& t : tok.added_tokens())
+    std::fprintf(stderr,
+                 "pollen tokenizer %s: '%s' (id %u) is not stored in the rank file '%s' (a rank "
+                 "file holds no special tokens): give it where the file is used as "
+                 "--add-special '%s=%u', or write a tokenizer.json\n",
+                 command, t.content.c_str(), t.id, output.c_str(), t.content.c_str(), t.id);
+}
+
 void add_train(CLI::App* parent) {
   auto* cmd = parent->add_subcommand("train", "Train a byte-level BPE tokenizer");
   struct Args {
@@ -175,14 +188,7 @@ void add_train(CLI::App* parent) {
     for (const std::string& file : a->counts) counts.merge_file(file);
     tk::Tokenizer tok = tk::train_bpe(counts, {a->vocab_size, a->specials, counts.pattern()});
     tk::save_tokenizer(tok, a->output);
-    // A rank file holds only the ranks: the special tokens are lost unless given again.
-    if (std::filesystem::path(a->output).extension() != ".json")
-      for (const auto& t : tok.added_tokens())
-        std::fprintf(stderr,
-                     "pollen tokenizer train: '%s' (id %u) is not stored in the rank file '%s' "
-                     "(a rank file holds no special tokens): give it where the file is used as "
-                     "--add-special '%s=%u', or write a tokenizer.json\n",
-                     t.content.c_str(), t.id, a->output.c_str(), t.content.c_str(), t.id);
+    warn_specials_left_out(tok, a->output, "train");
     double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("trained %u tokens on %.1f MB (%zu distinct pieces) in %.1f s: %s\n",
@@ -367,7 +373,8 @@ void add_convert(CLI::App* parent) {
   auto* cmd = parent->add_subcommand(
       "convert",
       "Write a tokenizer in the other format (tokenizer.json <-> tiktoken rank file); "
-      "the fingerprint stays the same");
+      "the fingerprint stays the same (a rank file holds neither the pattern nor special "
+      "tokens: open it with --pattern and each --add-special this command names)");
   struct Args {
     TokenizerArgs tok;
     std::string output;
@@ -379,6 +386,7 @@ void add_convert(CLI::App* parent) {
   cmd->callback([a] {
     tk::Tokenizer tok = open(a->tok);
     tk::save_tokenizer(tok, a->output);
+    warn_specials_left_out(tok, a->output, "convert");
     std::printf("wrote %s (fingerprint %s)\n", a->output.c_str(), tok.fingerprint().c_str());
   });
 }
