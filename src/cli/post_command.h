@@ -13,6 +13,8 @@ namespace pollen::cli {
 
 // The exit codes of a post-training run, appended to each command's description.
 extern const char* const kPostExitCodes;
+// The help's line for the objectives that run as several ranks (sft, dpo, rm).
+extern const char* const kPostDataParallel;
 
 using PostRun =
     std::function<train::PostResult(const train::PostConfig&, const train::PostOptions&)>;

@@ -105,7 +105,7 @@ void add_dpo_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "dpo", std::string("Direct preference optimisation (DPO, IPO) on prompt/chosen/rejected "
                          "pairs as one TOML run file describes (docs/posttraining.md).") +
-                 kPostExitCodes);
+                 kPostExitCodes + kPostDataParallel);
   add_synth(cmd, false);
   add_post_run_options(cmd, "dpo", "dpo.batch_pairs=16",
                        [](const train::PostConfig& cfg, const train::PostOptions& o) {
@@ -119,7 +119,7 @@ void add_rm_command(CLI::App& app) {
                         "(Bradley-Terry) as one TOML run file describes (docs/posttraining.md); "
                         "a finished run is exported to run.dir/reward_model as an HF "
                         "sequence-classification directory.") +
-                kPostExitCodes);
+                kPostExitCodes + kPostDataParallel);
   add_synth(cmd, true);
   add_rm_score(cmd);
   add_post_run_options(cmd, "rm", "rm.batch_pairs=16",
@@ -131,7 +131,9 @@ void add_rm_command(CLI::App& app) {
                                pad_token_id = rm->pad_token_id();
                                return std::unique_ptr<train::Objective>(std::move(rm));
                              });
-                         if (r.status == train::RunStatus::finished) {
+                         // Rank 0 of several writes the run's files, the export among them.
+                         const bool lead = o.comm == nullptr || o.comm->rank() == 0;
+                         if (r.status == train::RunStatus::finished && lead) {
                            const auto out = cfg.dir / "reward_model";
                            train::export_reward_checkpoint(r.last_checkpoint, pad_token_id, out);
                            log::info("reward model exported to '", out.string(),

@@ -12,9 +12,7 @@ void add_sft_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "sft", std::string("Supervised fine-tuning on conversations as one TOML run file describes "
                          "(docs/posttraining.md).") +
-                 kPostExitCodes +
-                 "\nData parallel: run it under mpirun -np N, srun, or pollen launch --nproc N "
-                 "(docs/parallel.md).");
+                 kPostExitCodes + kPostDataParallel);
   add_post_run_options(cmd, "sft", "sft.seq=512",
                        [](const train::PostConfig& cfg, const train::PostOptions& o) {
                          return train::run_post_training(cfg, o, train::make_sft_objective);

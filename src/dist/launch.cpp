@@ -24,8 +24,8 @@ std::vector<std::string> launch_command(const LaunchOptions& o, const std::strin
 bool runs_as_ranks(const std::vector<std::string>& command) {
   if (command.empty()) return false;
   const std::string& first = command[0];
-  return first == "train" || first == "sft" || first == "version" ||
-         (first == "fed" && command.size() > 1 && command[1] == "client");
+  return first == "train" || first == "sft" || first == "dpo" || first == "rm" ||
+         first == "version" || (first == "fed" && command.size() > 1 && command[1] == "client");
 }
 
 void refuse_ranks_unless_supported(const std::vector<std::string>& command,
@@ -38,7 +38,7 @@ void refuse_ranks_unless_supported(const std::vector<std::string>& command,
   }
   fail("pollen ", name, " runs as one process, but ", topology.launcher, " started ",
        topology.world, " ranks of it, which would each run it into the same outputs; only ",
-       "pollen train, pollen sft and pollen fed client run as several ranks (docs/parallel.md). ",
+       "pollen train, sft, dpo, rm and fed client run as several ranks (docs/parallel.md). ",
        "Run it without mpirun, srun or pollen launch");
 }
 

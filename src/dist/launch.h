@@ -22,9 +22,9 @@ std::vector<std::string> launch_command(const LaunchOptions& options, const std:
                                         const std::vector<std::string>& args);
 
 // Whether the pollen command whose words are `command` ({"train", ...}, {"fed", "client", ...})
-// runs as several ranks: pollen train, pollen sft and pollen fed client train as one
-// data-parallel job, and pollen version reports on every rank; every other command runs as one
-// process.
+// runs as several ranks: pollen train, sft, dpo, rm and fed client train as one data-parallel
+// job, and pollen version reports on every rank; every other command (grpo among them) runs as
+// one process.
 bool runs_as_ranks(const std::vector<std::string>& command);
 
 // A command that runs as one process, started as several ranks, would run once per rank into

@@ -157,7 +157,7 @@ const ReferenceLogps& DpoObjective::references(const model::Llama& model) {
   refs->train = compute(train_pairs_);
   refs->eval = compute(eval_pairs_);
   references_ = std::move(refs);
-  if (!context_.run_dir.empty()) {
+  if (!context_.run_dir.empty() && (!share_.comm || share_.comm->rank() == 0)) {
     json cache{{"format", "pollen-dpo-reference-v1"},
                {"data_key", data_key_},
                {"model_sha256", model_hash},
@@ -177,7 +177,14 @@ PreferenceStats DpoObjective::run_pairs(const model::Llama& model,
                                         const std::vector<size_t>& indices, double scale,
                                         bool backward, int64_t* tokens) const {
   PreferenceStats stats;
-  for (const auto& chunk : micro_batches(indices, micro_batch_pairs_)) {
+  const auto chunks = micro_batches(indices, micro_batch_pairs_);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const std::vector<size_t>& chunk = chunks[c];
+    if (!share_.runs(c)) {
+      // Another rank's forward pass: LoRA dropout numbers this rank's after it.
+      if (model.lora()) model.lora()->skip_dropout_forwards(1);
+      continue;
+    }
     const SequenceBatch batch = pair_batch(pairs, chunk, 0);
     std::vector<double> chunk_ref;  // (2m): chosen, then rejected
     for (size_t i : chunk) chunk_ref.push_back(ref[i]);
@@ -197,6 +204,10 @@ PreferenceStats DpoObjective::run_pairs(const model::Llama& model,
       preference_loss(completion_logps(model, batch), chunk_ref, batch.completion_tokens, loss_,
                       scale, &stats);
     }
+  }
+  if (share_.comm) {
+    if (backward) share_.reducer->finish();  // the gradients summed over the ranks
+    stats.sum_over(*share_.comm, *tokens);
   }
   return stats;
 }

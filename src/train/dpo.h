@@ -35,6 +35,11 @@ class DpoObjective : public Objective {
   std::string no_validation_data() const override {
     return eval_pairs_.empty() ? "dpo.validation holds no pairs" : "";
   }
+  // Rank r runs the step's micro-batches (and the held-out ones) r, r + ranks, ...; every rank
+  // computes the references, rank 0 alone writes their cache.
+  void split_across(dist::Communicator& comm, dist::GradReducer& reducer) override {
+    share_ = {&comm, &reducer};
+  }
   nlohmann::ordered_json state() const override;
   void restore(const nlohmann::ordered_json& state) override;
 
@@ -59,6 +64,7 @@ class DpoObjective : public Objective {
   std::string data_key_;    // SHA-256 of the data files, tokenizer and sequence format
   std::string cache_file_;  // the reference cache's name in the run folder, once known
   std::unique_ptr<ReferenceLogps> references_;
+  RankShare share_;
 };
 
 std::unique_ptr<Objective> make_dpo_objective(ObjectiveContext context);

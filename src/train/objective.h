@@ -74,6 +74,18 @@ class Objective {
   virtual void restore(const nlohmann::ordered_json& state) = 0;
 };
 
+// A data-parallel objective's place among the job's ranks (Objective::split_across); alone until
+// set. Objectives that split a step's micro-batches round robin take micro-batch i on rank
+// i mod ranks.
+struct RankShare {
+  dist::Communicator* comm = nullptr;
+  dist::GradReducer* reducer = nullptr;
+  bool runs(size_t micro_batch) const {
+    return comm == nullptr ||
+           micro_batch % static_cast<size_t>(comm->world()) == static_cast<size_t>(comm->rank());
+  }
+};
+
 // What an objective is built from: its own section of the run file ([sft], [dpo], [rm] or
 // [grpo]; every key read from it and unknown keys refused by the objective), and what the loop
 // already resolved.

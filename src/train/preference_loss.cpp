@@ -34,6 +34,26 @@ void PreferenceStats::add(const PreferenceStats& other) {
   rejected_logps += other.rejected_logps;
 }
 
+void PreferenceStats::sum_over(dist::Communicator& comm, int64_t& tokens) {
+  double sums[] = {static_cast<double>(pairs),
+                   loss,
+                   chosen_rewards,
+                   rejected_rewards,
+                   correct,
+                   chosen_logps,
+                   rejected_logps,
+                   static_cast<double>(tokens)};
+  comm.all_reduce_sum(sums, "the step's preference metrics");
+  pairs = static_cast<int64_t>(sums[0]);
+  loss = sums[1];
+  chosen_rewards = sums[2];
+  rejected_rewards = sums[3];
+  correct = sums[4];
+  chosen_logps = sums[5];
+  rejected_logps = sums[6];
+  tokens = static_cast<int64_t>(sums[7]);
+}
+
 std::vector<std::pair<std::string, double>> PreferenceStats::means() const {
   const double n = pairs > 0 ? static_cast<double>(pairs) : 1.0;
   return {{"rewards/chosen", chosen_rewards / n},

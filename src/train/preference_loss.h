@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "autograd/tape.h"
+#include "dist/communicator.h"
 
 namespace pollen::train {
 
@@ -35,6 +36,8 @@ struct PreferenceStats {
   double loss = 0, chosen_rewards = 0, rejected_rewards = 0, correct = 0;
   double chosen_logps = 0, rejected_logps = 0;
   void add(const PreferenceStats& other);
+  // Every rank's sums (and `tokens`) summed over the ranks of `comm`.
+  void sum_over(dist::Communicator& comm, int64_t& tokens);
   // rewards/chosen, rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen,
   // logps/rejected: means over the pairs.
   std::vector<std::pair<std::string, double>> means() const;

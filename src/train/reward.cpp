@@ -102,7 +102,14 @@ PreferenceStats RewardObjective::run_pairs(const model::Llama& model,
   // Bradley-Terry is the sigmoid preference loss on rewards with beta 1 and no reference.
   const PreferenceLossOptions bradley_terry{PreferenceLossKind::sigmoid, 1.0, 0.0};
   PreferenceStats stats;
-  for (const auto& chunk : micro_batches(indices, micro_batch_pairs_)) {
+  const auto chunks = micro_batches(indices, micro_batch_pairs_);
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const std::vector<size_t>& chunk = chunks[c];
+    if (!share_.runs(c)) {
+      // Another rank's forward pass: LoRA dropout numbers this rank's after it.
+      if (model.lora()) model.lora()->skip_dropout_forwards(1);
+      continue;
+    }
     const SequenceBatch batch = pair_batch(pairs, chunk, pad_token_id_);
     const std::vector<double> no_reference(2 * chunk.size(), 0.0);
     *tokens += batch.tokens;
@@ -120,6 +127,10 @@ PreferenceStats RewardObjective::run_pairs(const model::Llama& model,
       preference_loss(sequence_rewards(model, score_, batch), no_reference, batch.completion_tokens,
                       bradley_terry, scale, &stats);
     }
+  }
+  if (share_.comm) {
+    if (backward) share_.reducer->finish();  // the gradients summed over the ranks
+    stats.sum_over(*share_.comm, *tokens);
   }
   return stats;
 }

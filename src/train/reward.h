@@ -33,6 +33,10 @@ class RewardObjective : public Objective {
   std::string no_validation_data() const override {
     return eval_pairs_.empty() ? "rm.validation holds no pairs" : "";
   }
+  // Rank r runs the step's micro-batches (and the held-out ones) r, r + ranks, ...
+  void split_across(dist::Communicator& comm, dist::GradReducer& reducer) override {
+    share_ = {&comm, &reducer};
+  }
   nlohmann::ordered_json state() const override { return nlohmann::ordered_json::object(); }
   void restore(const nlohmann::ordered_json& state) override {}
 
@@ -49,6 +53,7 @@ class RewardObjective : public Objective {
   uint32_t pad_token_id_ = 0;
   int64_t batch_pairs_ = 8, micro_batch_pairs_ = 4;
   std::vector<PreferencePair> train_pairs_, eval_pairs_;
+  RankShare share_;
 };
 
 std::unique_ptr<Objective> make_reward_objective(ObjectiveContext context);

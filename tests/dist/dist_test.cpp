@@ -553,35 +553,39 @@ TEST(Launch, RunsMpirunWithoutBindingAndAllowsMoreRanksThanCores) {
   EXPECT_EQ(cmd.back(), "r.toml");
 }
 
-// Any command but train, sft and fed client, started as several ranks, would run once per rank into
-// the same run folder: it is refused before it reads its config, under a launcher's environment
-// and by pollen launch before mpirun starts.
+// Any command but train, sft, dpo, rm and fed client, started as several ranks, would run once per
+// rank into the same run folder: it is refused before it reads its config, under a launcher's
+// environment and by pollen launch before mpirun starts.
 TEST(Launch, CommandsThatRunAsOneProcessAreRefusedAsSeveralRanks) {
   EXPECT_TRUE(dist::runs_as_ranks({"train", "--config", "r.toml"}));
   EXPECT_TRUE(dist::runs_as_ranks({"fed", "client", "--config", "c.toml"}));
   EXPECT_FALSE(dist::runs_as_ranks({"fed", "server", "--config", "f.toml"}));
   EXPECT_TRUE(dist::runs_as_ranks({"sft", "--config", "s.toml"}));
-  EXPECT_FALSE(dist::runs_as_ranks({"dpo", "--config", "d.toml"}));
+  EXPECT_TRUE(dist::runs_as_ranks({"dpo", "--config", "d.toml"}));
+  EXPECT_TRUE(dist::runs_as_ranks({"rm", "--config", "r.toml"}));
+  EXPECT_FALSE(dist::runs_as_ranks({"grpo", "--config", "g.toml"}));
   const std::string mpirun_env =
       "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=2 "
       "OMPI_COMM_WORLD_LOCAL_RANK=0 ";
   int status = 0;
-  const std::string rm = pollen::testing::run_capture(
-      mpirun_env + POLLEN_BINARY + " rm --config /nonexistent/rm.toml", &status);
-  EXPECT_EQ(status, 1) << rm;
-  EXPECT_NE(rm.find("pollen rm runs as one process, but mpirun started 2 ranks"), std::string::npos)
-      << rm;
+  const std::string grpo = pollen::testing::run_capture(
+      mpirun_env + POLLEN_BINARY + " grpo --config /nonexistent/grpo.toml", &status);
+  EXPECT_EQ(status, 1) << grpo;
+  EXPECT_NE(grpo.find("pollen grpo runs as one process, but mpirun started 2 ranks"),
+            std::string::npos)
+      << grpo;
   const std::string fed = pollen::testing::run_capture(
       mpirun_env + POLLEN_BINARY + " fed simulate --config /nonexistent/sim.toml", &status);
   EXPECT_NE(fed.find("pollen fed simulate runs as one process"), std::string::npos) << fed;
-  const std::string launched =
-      pollen::testing::run_capture(std::string(POLLEN_BINARY) +
-                                       " launch --nproc 3 --mpirun /nonexistent/mpirun -- dpo "
-                                       "--config /nonexistent/dpo.toml",
-                                   &status);
+  const std::string launched = pollen::testing::run_capture(
+      std::string(POLLEN_BINARY) +
+          " launch --nproc 3 --mpirun /nonexistent/mpirun -- data prepare "
+          "--config /nonexistent/data.toml",
+      &status);
   EXPECT_EQ(status, 1) << launched;
-  EXPECT_NE(launched.find("pollen dpo runs as one process, but pollen launch started 3 ranks"),
-            std::string::npos)
+  EXPECT_NE(
+      launched.find("pollen data prepare runs as one process, but pollen launch started 3 ranks"),
+      std::string::npos)
       << launched;
 }
 

@@ -1,5 +1,6 @@
-// pollen sft as several ranks under mpirun: the training of one process (LoRA dropout included),
-// one writer of the run's files, and a checkpoint resumed at another world size.
+// Post-training as several ranks under mpirun: sft, dpo and rm train as one process does (LoRA
+// dropout included), one rank writes the run's files, and a checkpoint resumes at another world
+// size.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 
 #include "base/files.h"
 #include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "support/process.h"
 #include "train/post_fixtures.h"
 
@@ -42,18 +44,23 @@ const SftRun& sft_run() {
   return r;
 }
 
-// `pollen sft` on the run file as `ranks` processes (1: no mpirun) into run.dir = `out`.
-int sft(int ranks, const fs::path& out, const std::string& extra, std::string* output) {
+// `pollen <objective>` on `config` as `ranks` processes (1: no mpirun) into run.dir = `out`.
+int post(const std::string& objective, const fs::path& config, int ranks, const fs::path& out,
+         const std::string& extra, std::string* output) {
   std::string cmd;
   if (ranks > 1) {
     cmd = "mpirun --oversubscribe --bind-to none -np " + std::to_string(ranks) + " ";
     if (geteuid() == 0) cmd += "--allow-run-as-root ";
   }
-  cmd += std::string(POLLEN_BINARY) + " sft --config " + sft_run().config.string() +
+  cmd += std::string(POLLEN_BINARY) + " " + objective + " --config " + config.string() +
          " --set run.dir=" + out.string() + " " + extra;
   int status = 0;
   *output = pollen::testing::run_capture(cmd, &status);
   return status;
+}
+
+int sft(int ranks, const fs::path& out, const std::string& extra, std::string* output) {
+  return post("sft", sft_run().config, ranks, out, extra, output);
 }
 
 std::vector<nlohmann::json> records(const fs::path& run, const char* key) {
@@ -73,10 +80,33 @@ std::vector<double> values(const fs::path& run, const char* key) {
 }
 
 void expect_close(const std::vector<double>& a, const std::vector<double>& b,
-                  const std::string& what) {
+                  const std::string& what, double tolerance = 1e-5) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_NEAR(a[i], b[i], 1e-5 * std::max(1.0, std::abs(b[i]))) << what << " record " << i;
+    EXPECT_NEAR(a[i], b[i], tolerance * std::max(1.0, std::abs(b[i]))) << what << " record " << i;
+}
+
+// |B_a - B_b| / |B_b| over the LoRA B tensors of two runs' last checkpoints.
+double relative_b_difference(const fs::path& a, const fs::path& b) {
+  auto adapters = [](const fs::path& run) {
+    return io::read_safetensors(io::list_checkpoints(run / "checkpoints").back() /
+                                "adapter_model.safetensors");
+  };
+  const auto fa = adapters(a), fb = adapters(b);
+  double diff = 0, norm = 0;
+  for (const auto& [name, tb] : fb.tensors) {
+    if (name.find("lora_B") == std::string::npos) continue;
+    const Tensor* ta = fa.find(name);
+    EXPECT_NE(ta, nullptr) << name;
+    if (ta == nullptr) continue;
+    const std::vector<double> va = ta->to_doubles(), vb = tb.to_doubles();
+    for (size_t i = 0; i < vb.size(); ++i) {
+      diff += (va[i] - vb[i]) * (va[i] - vb[i]);
+      norm += vb[i] * vb[i];
+    }
+  }
+  EXPECT_GT(norm, 0) << "the adapters did not move";
+  return std::sqrt(diff / std::max(norm, 1e-300));
 }
 
 }  // namespace
@@ -94,6 +124,7 @@ TEST(SftRanks, TwoRanksTrainAsOneProcessAndResumeAsOne) {
   // The same step's micro-batches: the same examples and scored tokens.
   EXPECT_EQ(records(dir / "two", "loss").back()["sft/scored"],
             records(dir / "one", "loss").back()["sft/scored"]);
+  EXPECT_LT(relative_b_difference(dir / "two", dir / "one"), 1e-4);
   const auto summary = nlohmann::json::parse(read_file(dir / "two/summary.json"));
   EXPECT_EQ(summary["ranks"], 2);
   EXPECT_EQ(summary["step"], 6);
@@ -112,4 +143,43 @@ TEST(SftRanks, TwoRanksTrainAsOneProcessAndResumeAsOne) {
   EXPECT_NE(out.find("sft.accumulation (4) is not a multiple of the job's 3 ranks"),
             std::string::npos)
       << out;
+}
+
+// DPO and a reward model on synthetic preference pairs, 3 micro-batches of 2 pairs a step (so
+// that 2 ranks run 2 and 1 of them), LoRA with dropout: the same losses and metrics as one
+// process, and one reward model exported.
+TEST(PreferenceRanks, DpoAndRewardModelsTrainAsOneProcess) {
+  const auto files = test_support::make_post_files("preference_ranks");
+  for (const std::string objective : {"dpo", "rm"}) {
+    const fs::path data = files.dir / (objective + ".jsonl");
+    int status = 0;
+    const std::string made = pollen::testing::run_capture(
+        cat(POLLEN_BINARY, " ", objective, " synth --task arithmetic --digits 1 --count 120 ",
+            "--seed 3 --out ", data.string()),
+        &status);
+    ASSERT_EQ(status, 0) << made;
+    std::string toml = test_support::tiny_post_toml(
+        files.dir / objective, files.model_file, files.tokenizer_path, 4,
+        cat("[eval]\ninterval = 2\n\n[lora]\nrank = 4\ndropout = 0.1\n\n[", objective,
+            "]\ndata = \"", data.string(),
+            "\"\nvalidation_fraction = 0.1\nbatch_pairs = 6\nmicro_batch_pairs = 2\n"));
+    toml.replace(toml.find("threads = 2"), 11, "threads = 1");
+    toml.replace(toml.find("lr = 3e-3"), 9, "lr = 1e-4");
+    const fs::path config = files.dir / (objective + ".toml");
+    write_file_atomic(config, toml);
+    std::string out;
+    const fs::path one = files.dir / (objective + "-one"), two = files.dir / (objective + "-two");
+    ASSERT_EQ(post(objective, config, 1, one, "", &out), 0) << out;
+    ASSERT_EQ(post(objective, config, 2, two, "", &out), 0) << out;
+    ASSERT_EQ(values(one, "loss").size(), 4u) << objective;
+    expect_close(values(two, "loss"), values(one, "loss"), objective + " train loss", 1e-4);
+    expect_close(values(two, "val_loss"), values(one, "val_loss"), objective + " held-out loss",
+                 1e-4);
+    const char* metric = objective == "dpo" ? "dpo/rewards/margins" : "rm/accuracy";
+    expect_close(values(two, metric), values(one, metric), objective + " " + metric, 1e-4);
+    EXPECT_EQ(records(two, "loss").back()["tokens"], records(one, "loss").back()["tokens"]);
+    // The adapters' B (zero at the start): 4 steps' moves, the same to float rounding.
+    EXPECT_LT(relative_b_difference(two, one), 1e-4) << objective;
+  }
+  EXPECT_TRUE(fs::exists(files.dir / "rm-two/reward_model/config.json"));
 }
