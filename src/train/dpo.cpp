@@ -180,11 +180,7 @@ PreferenceStats DpoObjective::run_pairs(const model::Llama& model,
   const auto chunks = micro_batches(indices, micro_batch_pairs_);
   for (size_t c = 0; c < chunks.size(); ++c) {
     const std::vector<size_t>& chunk = chunks[c];
-    if (!share_.runs(c)) {
-      // Another rank's forward pass: LoRA dropout numbers this rank's after it.
-      if (model.lora()) model.lora()->skip_dropout_forwards(1);
-      continue;
-    }
+    if (!share_.runs(c, model)) continue;
     const SequenceBatch batch = pair_batch(pairs, chunk, 0);
     std::vector<double> chunk_ref;  // (2m): chosen, then rejected
     for (size_t i : chunk) chunk_ref.push_back(ref[i]);

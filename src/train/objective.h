@@ -80,9 +80,15 @@ class Objective {
 struct RankShare {
   dist::Communicator* comm = nullptr;
   dist::GradReducer* reducer = nullptr;
-  bool runs(size_t micro_batch) const {
-    return comm == nullptr ||
-           micro_batch % static_cast<size_t>(comm->world()) == static_cast<size_t>(comm->rank());
+  // Whether this rank runs micro-batch `micro_batch` of the step on `model`; when another rank
+  // does, a model with LoRA adapters counts that forward pass as begun, so that dropout draws
+  // this rank's masks by their place in the step.
+  bool runs(size_t micro_batch, const model::Llama& model) const {
+    if (comm == nullptr ||
+        micro_batch % static_cast<size_t>(comm->world()) == static_cast<size_t>(comm->rank()))
+      return true;
+    if (model.lora()) model.lora()->skip_dropout_forwards(1);
+    return false;
   }
 };
 
