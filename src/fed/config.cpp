@@ -306,14 +306,8 @@ ServerConfig read_server_config(ConfigTable& root) {
 
 SiloParallel read_silo_parallel(ConfigTable& p) {
   SiloParallel c;
-  const int64_t zero = p.get_int("zero", c.zero);
-  c.zero = static_cast<int>(zero);
-  POLLEN_CHECK(zero == 0 || zero == 1, p.where("zero"),
-               ": expected 0 (replicated optimizer state) or 1 (sharded, ZeRO-1)");
-  c.bucket_mb = p.get_double("bucket_mb", c.bucket_mb);
-  POLLEN_CHECK(c.bucket_mb > 0, p.where("bucket_mb"), ": expected a positive size in MiB");
-  c.timeout_s = p.get_double("timeout_s", c.timeout_s);
-  POLLEN_CHECK(c.timeout_s > 0, p.where("timeout_s"), ": expected a positive number of seconds");
+  c.zero = train::read_zero_key(p);
+  train::read_reduction_keys(p, c.bucket_mb, c.timeout_s);
   p.finish();
   return c;
 }

@@ -201,6 +201,20 @@ void read_optimizer(ConfigTable& o, OptimizerSettings& s) {
   o.finish();
 }
 
+int read_zero_key(ConfigTable& p) {
+  const int64_t zero = p.get_int("zero", 0);
+  POLLEN_CHECK(zero == 0 || zero == 1, p.where("zero"),
+               ": expected 0 (replicated optimizer state) or 1 (sharded, ZeRO-1)");
+  return static_cast<int>(zero);
+}
+
+void read_reduction_keys(ConfigTable& p, double& bucket_mb, double& timeout_s) {
+  bucket_mb = p.get_double("bucket_mb", bucket_mb);
+  POLLEN_CHECK(bucket_mb > 0, p.where("bucket_mb"), ": expected a positive size in MiB");
+  timeout_s = p.get_double("timeout_s", timeout_s);
+  POLLEN_CHECK(timeout_s > 0, p.where("timeout_s"), ": expected a positive number of seconds");
+}
+
 void read_schedule(ConfigTable& s, optim::Schedule& schedule) {
   try {
     schedule.kind = optim::parse_schedule_kind(s.get_string("kind", "cosine"));
@@ -375,14 +389,8 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
     m->finish();
   }
   if (auto p = t.table("parallel")) {
-    const int64_t zero = p->get_int("zero", 0);
-    c.zero = static_cast<int>(zero);
-    POLLEN_CHECK(zero == 0 || zero == 1, p->where("zero"),
-                 ": expected 0 (replicated optimizer state) or 1 (sharded, ZeRO-1)");
-    c.bucket_mb = p->get_double("bucket_mb", 25);
-    POLLEN_CHECK(c.bucket_mb > 0, p->where("bucket_mb"), ": expected a positive size in MiB");
-    c.timeout_s = p->get_double("timeout_s", 300);
-    POLLEN_CHECK(c.timeout_s > 0, p->where("timeout_s"), ": expected a positive number of seconds");
+    c.zero = read_zero_key(*p);
+    read_reduction_keys(*p, c.bucket_mb, c.timeout_s);
     p->finish();
   }
   t.finish();

@@ -126,6 +126,10 @@ std::pair<std::string, std::string> apply_overrides(const std::string& text,
 // [train] holds them beside its own).
 void read_optimizer(ConfigTable& section, OptimizerSettings& settings);
 void read_optimizer_keys(ConfigTable& section, OptimizerSettings& settings);
+// [parallel]'s keys (several ranks), checked: zero (0 or 1, default 0), and bucket_mb and
+// timeout_s, whose values passed in are the defaults.
+int read_zero_key(ConfigTable& section);
+void read_reduction_keys(ConfigTable& section, double& bucket_mb, double& timeout_s);
 // [schedule]; `schedule.lr` must already be the optimizer's.
 void read_schedule(ConfigTable& section, optim::Schedule& schedule);
 void flat_optimizer(const OptimizerSettings& optimizer, const optim::Schedule& schedule,

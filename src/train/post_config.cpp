@@ -124,10 +124,7 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
     m->finish();
   }
   if (auto p = t.table("parallel")) {
-    c.bucket_mb = p->get_double("bucket_mb", c.bucket_mb);
-    POLLEN_CHECK(c.bucket_mb > 0, p->where("bucket_mb"), ": expected a positive size in MiB");
-    c.timeout_s = p->get_double("timeout_s", c.timeout_s);
-    POLLEN_CHECK(c.timeout_s > 0, p->where("timeout_s"), ": expected a positive number of seconds");
+    read_reduction_keys(*p, c.bucket_mb, c.timeout_s);
     p->finish();
   }
   if (auto l = t.table("lora")) {
