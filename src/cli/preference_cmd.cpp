@@ -122,25 +122,32 @@ void add_rm_command(CLI::App& app) {
                 kPostExitCodes + kPostDataParallel);
   add_synth(cmd, true);
   add_rm_score(cmd);
-  add_post_run_options(cmd, "rm", "rm.batch_pairs=16",
-                       [](const train::PostConfig& cfg, const train::PostOptions& o) {
-                         uint32_t pad_token_id = 0;
-                         const train::PostResult r = train::run_post_training(
-                             cfg, o, [&](const train::ObjectiveContext& ctx) {
-                               auto rm = std::make_unique<train::RewardObjective>(ctx);
-                               pad_token_id = rm->pad_token_id();
-                               return std::unique_ptr<train::Objective>(std::move(rm));
-                             });
-                         // Rank 0 of several writes the run's files, the export among them.
-                         const bool lead = o.comm == nullptr || o.comm->rank() == 0;
-                         if (r.status == train::RunStatus::finished && lead) {
-                           const auto out = cfg.dir / "reward_model";
-                           train::export_reward_checkpoint(r.last_checkpoint, pad_token_id, out);
-                           log::info("reward model exported to '", out.string(),
-                                     "' (LlamaForSequenceClassification)");
-                         }
-                         return r;
-                       });
+  add_post_run_options(
+      cmd, "rm", "rm.batch_pairs=16",
+      [](const train::PostConfig& cfg, const train::PostOptions& o) {
+        uint32_t pad_token_id = 0;
+        const train::PostResult r =
+            train::run_post_training(cfg, o, [&](const train::ObjectiveContext& ctx) {
+              auto rm = std::make_unique<train::RewardObjective>(ctx);
+              pad_token_id = rm->pad_token_id();
+              return std::unique_ptr<train::Objective>(std::move(rm));
+            });
+        // Rank 0 of several writes the run's files, the export among them.
+        const bool lead = o.comm == nullptr || o.comm->rank() == 0;
+        if (r.status == train::RunStatus::finished && lead) {
+          const auto out = cfg.dir / "reward_model";
+          train::export_reward_checkpoint(r.last_checkpoint, pad_token_id, out);
+          log::info("reward model exported to '", out.string(),
+                    "' (LlamaForSequenceClassification)");
+        }
+        // The other ranks wait for it with no watchdog: the end of their job
+        // has one, which a long export would outlast.
+        if (r.status == train::RunStatus::finished && o.comm && o.comm->world() > 1) {
+          int64_t exported[1] = {1};
+          o.comm->wait_for_broadcast(exported, 0, "the reward model's export");
+        }
+        return r;
+      });
 }
 
 }  // namespace pollen::cli

@@ -23,9 +23,14 @@ std::vector<std::string> launch_command(const LaunchOptions& o, const std::strin
 
 bool runs_as_ranks(const std::vector<std::string>& command) {
   if (command.empty()) return false;
+  // The command itself, not one of its subcommands (rm score, sft synth): its options follow.
+  auto bare_after = [&](size_t words) {
+    return command.size() == words || command[words].starts_with("-");
+  };
   const std::string& first = command[0];
-  return first == "train" || first == "sft" || first == "dpo" || first == "rm" ||
-         first == "version" || (first == "fed" && command.size() > 1 && command[1] == "client");
+  if (first == "train" || first == "sft" || first == "dpo" || first == "rm") return bare_after(1);
+  if (first == "fed") return command.size() > 1 && command[1] == "client" && bare_after(2);
+  return first == "version";
 }
 
 void refuse_ranks_unless_supported(const std::vector<std::string>& command,

@@ -39,6 +39,12 @@ class Objective {
   // head), with the names they are saved under. Most objectives add none.
   virtual std::vector<std::pair<std::string, ag::Var>> extra_parameters() const { return {}; }
 
+  // Whether the loss goes through the model's output head (the LM head). A reward model's does
+  // not: the loop then leaves lm_head.weight (when not tied to the embedding) and a LoRA adapter
+  // on lm_head out of the trained parameters, which no gradient reaches, so that neither weight
+  // decay nor a data-parallel reduction moves them.
+  virtual bool uses_output_head() const { return true; }
+
   // The metric that the progress line, the evaluation log line and the run's closing summary
   // show instead of the loss, for an objective whose loss says little (GRPO's is about 0 by
   // construction: "reward"); empty: the loss.

@@ -136,6 +136,13 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
                              cfg.dir};
   const std::unique_ptr<Objective> objective = make_objective(ctx);
   const std::string name = objective->name();
+  if (!objective->uses_output_head()) {
+    std::erase_if(trained, [&](const auto& named) {
+      const std::string& n = named.first;
+      return n == "lm_head.weight" ||
+             (lora && model::Lora::base_weight_name(n) == "lm_head.weight");
+    });
+  }
   const auto extras = objective->extra_parameters();
   trained.insert(trained.end(), extras.begin(), extras.end());
 

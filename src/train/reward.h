@@ -24,6 +24,7 @@ class RewardObjective : public Objective {
   explicit RewardObjective(ObjectiveContext context);
 
   std::string name() const override { return "rm"; }
+  bool uses_output_head() const override { return false; }  // the score head scores
   std::vector<std::pair<std::string, ag::Var>> extra_parameters() const override {
     return {{"score.weight", score_}};
   }

@@ -564,6 +564,10 @@ TEST(Launch, CommandsThatRunAsOneProcessAreRefusedAsSeveralRanks) {
   EXPECT_TRUE(dist::runs_as_ranks({"dpo", "--config", "d.toml"}));
   EXPECT_TRUE(dist::runs_as_ranks({"rm", "--config", "r.toml"}));
   EXPECT_FALSE(dist::runs_as_ranks({"grpo", "--config", "g.toml"}));
+  EXPECT_FALSE(dist::runs_as_ranks({"rm", "score", "--model", "m"}));
+  EXPECT_FALSE(dist::runs_as_ranks({"sft", "synth", "--out", "s.jsonl"}));
+  EXPECT_FALSE(dist::runs_as_ranks({"dpo", "synth"}));
+  EXPECT_TRUE(dist::runs_as_ranks({"rm"}));
   const std::string mpirun_env =
       "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=2 "
       "OMPI_COMM_WORLD_LOCAL_RANK=0 ";
@@ -574,6 +578,9 @@ TEST(Launch, CommandsThatRunAsOneProcessAreRefusedAsSeveralRanks) {
   EXPECT_NE(grpo.find("pollen grpo runs as one process, but mpirun started 2 ranks"),
             std::string::npos)
       << grpo;
+  const std::string score = pollen::testing::run_capture(
+      mpirun_env + POLLEN_BINARY + " rm score --model m --data d.jsonl --out s.jsonl", &status);
+  EXPECT_NE(score.find("pollen rm score runs as one process"), std::string::npos) << score;
   const std::string fed = pollen::testing::run_capture(
       mpirun_env + POLLEN_BINARY + " fed simulate --config /nonexistent/sim.toml", &status);
   EXPECT_NE(fed.find("pollen fed simulate runs as one process"), std::string::npos) << fed;

@@ -183,3 +183,37 @@ TEST(PreferenceRanks, DpoAndRewardModelsTrainAsOneProcess) {
   }
   EXPECT_TRUE(fs::exists(files.dir / "rm-two/reward_model/config.json"));
 }
+
+// A reward model never uses the LM head: under several ranks, as in one process, it stays as it
+// was, weight decay or not (a reduced zero gradient would have let AdamW decay it).
+TEST(PreferenceRanks, ARewardModelLeavesTheUnusedHeadAloneUnderRanks) {
+  const auto files = test_support::make_post_files("rm_head_ranks");
+  const fs::path data = files.dir / "rm.jsonl";
+  int status = 0;
+  const std::string made = pollen::testing::run_capture(
+      cat(POLLEN_BINARY, " rm synth --task arithmetic --digits 1 --count 60 --seed 3 --out ",
+          data.string()),
+      &status);
+  ASSERT_EQ(status, 0) << made;
+  std::string toml = test_support::tiny_post_toml(
+      files.dir / "rm", files.model_file, files.tokenizer_path, 2,
+      cat("[optimizer]\nweight_decay = 0.5\n\n[rm]\ndata = \"", data.string(),
+          "\"\nvalidation_fraction = 0.1\nbatch_pairs = 4\nmicro_batch_pairs = 2\n"));
+  toml.replace(toml.find("threads = 2"), 11, "threads = 1");
+  toml.erase(toml.find("[optimizer]\nlr = 3e-3\n"), 21);  // one [optimizer] table
+  toml.replace(toml.find("[optimizer]\nweight_decay"), 11, "[optimizer]\nlr = 3e-3");
+  write_file_atomic(files.dir / "rm.toml", toml);
+  std::string out;
+  ASSERT_EQ(post("rm", files.dir / "rm.toml", 1, files.dir / "one", "", &out), 0) << out;
+  ASSERT_EQ(post("rm", files.dir / "rm.toml", 2, files.dir / "two", "", &out), 0) << out;
+  auto head = [](const fs::path& run) {
+    const auto f = io::read_safetensors(io::list_checkpoints(run / "checkpoints").back() /
+                                        "model.safetensors");
+    const Tensor* t = f.find("lm_head.weight");
+    EXPECT_NE(t, nullptr);
+    return t ? t->to_doubles() : std::vector<double>{};
+  };
+  const std::vector<double> one = head(files.dir / "one"), two = head(files.dir / "two");
+  ASSERT_FALSE(one.empty());
+  EXPECT_EQ(one, two) << "the 2-rank run moved the head the reward model does not use";
+}
