@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/run_job.h"
 #include "dist/communicator.h"
 
 namespace pollen::cli {
@@ -47,25 +48,7 @@ void add_post_run_options(CLI::App* cmd, const std::string& objective,
     train::PostOptions o;
     o.resume = *resume;
     o.comm = comm.get();
-    train::PostResult r;
-    try {
-      r = run(cfg, o);
-    } catch (const std::exception& e) {
-      if (comm->world() == 1) throw;
-      // An error on one rank: the others wait for it in a collective, so end the job.
-      log::error("rank ", comm->rank(), ": ", e.what());
-      comm->abort_job(static_cast<int>(train::RunStatus::failed));
-    }
-    if (r.status == train::RunStatus::finished) {
-      log::info(r.message);
-    } else if (r.status == train::RunStatus::preempted) {
-      log::warn(r.message);
-    } else {
-      log::error(r.message);
-      if (r.status == train::RunStatus::rank_failed)
-        comm->abort_job(static_cast<int>(r.status));  // ends the hung rank too
-    }
-    set_exit_code(static_cast<int>(r.status));
+    run_as_job(*comm, [&]() -> train::RunResult { return run(cfg, o); });
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/run_job.h"
 #include "dist/communicator.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -53,30 +54,7 @@ void add_train_command(CLI::App& app) {
     o.comm = comm.get();
     const char* fault = std::getenv("POLLEN_FAULT_INJECT");
     o.fault = train::parse_fault_injection(fault ? fault : "");
-    train::TrainResult r;
-    try {
-      r = train::run_training(cfg, o);
-    } catch (const std::exception& e) {
-      if (comm->world() == 1) throw;
-      // An error on one rank: the others wait for it in a collective, so end the job.
-      log::error("rank ", comm->rank(), ": ", e.what());
-      comm->abort_job(static_cast<int>(train::RunStatus::failed));
-    }
-    switch (r.status) {
-      case train::RunStatus::finished:
-        log::info(r.message);
-        break;
-      case train::RunStatus::preempted:
-        log::warn(r.message);
-        break;
-      case train::RunStatus::failed:
-        log::error(r.message);
-        break;
-      case train::RunStatus::rank_failed:
-        log::error(r.message);
-        comm->abort_job(static_cast<int>(r.status));  // ends the hung rank too
-    }
-    set_exit_code(static_cast<int>(r.status));
+    run_as_job(*comm, [&] { return train::run_training(cfg, o); });
   });
 }
 

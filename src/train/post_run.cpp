@@ -329,7 +329,8 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     progress.update(step, fields);
 
     // Every rank stops after the same step (a signal reaches each at its own time).
-    double stops[1] = {stop_requested() || (o.stop_after >= 0 && steps_here >= o.stop_after)};
+    const bool stop_here = stop_requested() || (o.stop_after >= 0 && steps_here >= o.stop_after);
+    double stops[1] = {stop_here ? 1.0 : 0.0};
     comm.all_reduce_sum(stops, "whether a rank was asked to stop");
     const bool preempt = stops[0] > 0;
     if (checkpoint_due(step, last, cfg.checkpoint_interval, counters.bad_in_row, preempt)) {
@@ -377,11 +378,7 @@ PostResult run_post_training(const PostConfig& cfg, const PostOptions& o,
   try {
     return post_train(cfg, o, make_objective);
   } catch (const dist::PeerFailure& e) {
-    PostResult r;
-    r.status = RunStatus::rank_failed;
-    r.message = cat(e.what(), "; stopping the job. Rerun it with --resume to continue from the ",
-                    "last checkpoint under '", (cfg.dir / "checkpoints").string(), "'");
-    return r;
+    return PostResult{rank_failed_result(e.what(), cfg.dir), {}};
   }
 }
 

@@ -93,6 +93,14 @@ void LoopCounters::restore(const nlohmann::ordered_json& st) {
   elapsed_before = st.at("elapsed_s").get<double>();
 }
 
+RunResult rank_failed_result(const std::string& failure, const fs::path& run_dir) {
+  RunResult r;
+  r.status = RunStatus::rank_failed;
+  r.message = cat(failure, "; stopping the job. Rerun it with --resume to continue from the ",
+                  "last checkpoint under '", (run_dir / "checkpoints").string(), "'");
+  return r;
+}
+
 void RunResult::record(const LoopCounters& counters, double loss, double val_loss,
                        const fs::path& checkpoint) {
   step = counters.step;

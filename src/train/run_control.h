@@ -99,6 +99,8 @@ struct RunMetrics {
 // able to continue).
 bool checkpoint_due(int64_t step, bool last, int64_t interval, int64_t bad_in_row, bool preempt);
 std::string preempted_message(int64_t step, const std::filesystem::path& checkpoint);
+// A job of several ranks that stops because one died or hung (`failure` says which).
+RunResult rank_failed_result(const std::string& failure, const std::filesystem::path& run_dir);
 // A run resumed after its last step trains nothing: its summary.json (of the run that did) stays,
 // and this is the message to end with. Nothing when steps ran here or there is no summary yet.
 std::optional<std::string> already_finished(bool resumed, int64_t steps_here,

@@ -565,11 +565,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o) {
   try {
     return train_run(cfg, o);
   } catch (const dist::PeerFailure& e) {
-    TrainResult r;
-    r.status = RunStatus::rank_failed;
-    r.message = cat(e.what(), "; stopping the job. Rerun it with --resume to continue from the ",
-                    "last checkpoint under '", (cfg.dir / "checkpoints").string(), "'");
-    return r;
+    return rank_failed_result(e.what(), cfg.dir);
   }
 }
 
