@@ -284,7 +284,10 @@ TEST(FedPostLora, OneRewardModelSiloFederatedEqualsItsLocalTraining) {
   auto local = alone(run, "rm", data);
   local->train(4);
   const fed::Weights end = f.global();
-  EXPECT_LT(worst_and_largest(end, local->exchanged_weights()).first, 1e-6);
+  // Float rounding only: AdamW at lr 0.05 carries the rounding of each round's delta into later
+  // steps (1.1e-6 measured on one 2-core AMD EPYC VM, under 1e-6 on others; the head moves by
+  // over 1e-3).
+  EXPECT_LT(worst_and_largest(end, local->exchanged_weights()).first, 1e-5);
   EXPECT_GT(worst_and_largest({end.back()}, {start.back()}).first, 1e-3);  // the head trained
 
   // The export: the base with the global adapters merged, and the global head.
