@@ -13,7 +13,7 @@ void add_grpo_command(CLI::App& app) {
       "grpo",
       std::string("RL with verifiable rewards (GRPO): sampled completions scored by a verifier, "
                   "as one TOML run file describes (docs/grpo.md).") +
-          kPostExitCodes);
+          kPostExitCodes + kPostDataParallel);
   add_post_run_options(cmd, "grpo", "grpo.group_size=16",
                        [](const train::PostConfig& cfg, const train::PostOptions& o) {
                          return train::run_post_training(

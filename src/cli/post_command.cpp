@@ -17,7 +17,8 @@ namespace pollen::cli {
 const char* const kPostExitCodes =
     "\nExit codes: 0 finished, 1 failed (bad config or data, too many non-finite losses in a "
     "row, any error), 3 preempted (SIGINT or SIGTERM: the step finished and a checkpoint was "
-    "written; rerun with --resume), 4 a rank of a data-parallel job died or hung (sft, dpo, rm; "
+    "written; rerun with --resume), 4 a rank of a data-parallel job died or hung (sft, dpo, rm, "
+    "grpo; "
     "rerun with --resume), 2 bad command line.";
 
 const char* const kPostDataParallel =
@@ -42,7 +43,7 @@ void add_post_run_options(CLI::App* cmd, const std::string& objective,
     if (!cmd->get_subcommands().empty()) return;  // a subcommand ran
     if (config->empty()) throw CLI::RequiredError("--config");
     const train::PostConfig cfg = train::load_post_config(*config, objective, *sets);
-    // One process unless a launcher (mpirun, srun) started several (not grpo: docs/parallel.md).
+    // One process unless a launcher (mpirun, srun) started several (docs/parallel.md).
     const auto comm = dist::connect(cfg.timeout_s);
     if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the job
     train::PostOptions o;

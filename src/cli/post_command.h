@@ -13,7 +13,7 @@ namespace pollen::cli {
 
 // The exit codes of a post-training run, appended to each command's description.
 extern const char* const kPostExitCodes;
-// The help's line for the objectives that run as several ranks (sft, dpo, rm).
+// The help's line for the objectives that run as several ranks (sft, dpo, rm, grpo).
 extern const char* const kPostDataParallel;
 
 using PostRun =

@@ -28,7 +28,8 @@ bool runs_as_ranks(const std::vector<std::string>& command) {
     return command.size() == words || command[words].starts_with("-");
   };
   const std::string& first = command[0];
-  if (first == "train" || first == "sft" || first == "dpo" || first == "rm") return bare_after(1);
+  if (first == "train" || first == "sft" || first == "dpo" || first == "rm" || first == "grpo")
+    return bare_after(1);
   if (first == "fed") return command.size() > 1 && command[1] == "client" && bare_after(2);
   return first == "version";
 }
@@ -43,7 +44,7 @@ void refuse_ranks_unless_supported(const std::vector<std::string>& command,
   }
   fail("pollen ", name, " runs as one process, but ", topology.launcher, " started ",
        topology.world, " ranks of it, which would each run it into the same outputs; only ",
-       "pollen train, sft, dpo, rm and fed client run as several ranks (docs/parallel.md). ",
+       "pollen train, sft, dpo, rm, grpo and fed client run as several ranks (docs/parallel.md). ",
        "Run it without mpirun, srun or pollen launch");
 }
 

@@ -22,9 +22,9 @@ std::vector<std::string> launch_command(const LaunchOptions& options, const std:
                                         const std::vector<std::string>& args);
 
 // Whether the pollen command whose words are `command` ({"train", ...}, {"fed", "client", ...};
-// its options may follow) runs as several ranks: pollen train, sft, dpo, rm and fed client train
-// as one data-parallel job, and pollen version reports on every rank; every other command (grpo,
-// and subcommands such as rm score or sft synth, among them) runs as one process.
+// its options may follow) runs as several ranks: pollen train, sft, dpo, rm, grpo and fed client
+// train as one data-parallel job, and pollen version reports on every rank; every other command
+// (fed post, and subcommands such as rm score or grpo synth, among them) runs as one process.
 bool runs_as_ranks(const std::vector<std::string>& command);
 
 // A command that runs as one process, started as several ranks, would run once per rank into

@@ -71,6 +71,43 @@ ScoredRows scored_rows(const std::vector<const std::vector<uint32_t>*>& prompts,
   return out;
 }
 
+// first[i]: the index of completion i's first token among all the batch's tokens, in order;
+// first[n]: their count.
+std::vector<size_t> token_offsets(const std::vector<std::vector<uint32_t>>& completions) {
+  std::vector<size_t> first(completions.size() + 1, 0);
+  for (size_t i = 0; i < completions.size(); ++i) first[i + 1] = first[i] + completions[i].size();
+  return first;
+}
+
+// Fills r.tokens and r.rewards for every completion of r.prompt from the ranks that sampled
+// them: this rank's completions `mine` (ascending) hold `tokens` and `rewards`. Each value is
+// summed with the other ranks' zeros, so every rank ends with the batch one process samples.
+void gather_completions(const RankShare& share, const std::vector<size_t>& mine,
+                        const std::vector<std::vector<uint32_t>>& tokens,
+                        const std::vector<double>& rewards, Rollouts& r) {
+  const size_t n = r.prompt.size();
+  std::vector<double> heads(2 * n, 0.0);  // per completion: its length and its reward
+  for (size_t m = 0; m < mine.size(); ++m) {
+    heads[2 * mine[m]] = static_cast<double>(tokens[m].size());
+    heads[2 * mine[m] + 1] = rewards[m];
+  }
+  share.sum(heads, "the sampled completions' lengths and rewards");
+  r.tokens.assign(n, {});
+  for (size_t i = 0; i < n; ++i) r.tokens[i].resize(static_cast<size_t>(heads[2 * i]));
+  const std::vector<size_t> first = token_offsets(r.tokens);
+  std::vector<double> ids(first[n], 0.0);
+  for (size_t m = 0; m < mine.size(); ++m)
+    std::copy(tokens[m].begin(), tokens[m].end(),
+              ids.begin() + static_cast<std::ptrdiff_t>(first[mine[m]]));
+  share.sum(ids, "the sampled completions' tokens");
+  r.rewards.clear();
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t t = 0; t < r.tokens[i].size(); ++t)
+      r.tokens[i][t] = static_cast<uint32_t>(ids[first[i] + t]);
+    r.rewards.push_back(heads[2 * i + 1]);
+  }
+}
+
 double mean_of(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
@@ -267,7 +304,6 @@ Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
   r.batch = batch;
   const std::vector<int64_t> prompt_ids = batch_prompts(batch);
   const int64_t g_size = options_.group_size;
-  std::vector<model::GenerationRow> rows;
   model::SamplingOptions sampling;
   sampling.max_tokens = options_.max_completion_tokens;
   sampling.temperature = options_.temperature;
@@ -277,9 +313,14 @@ Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
   sampling.stop_strings = options_.stop;
   sampling.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
   const Rng batch_rng = Rng(seed_).fork(kSampleStream).fork(static_cast<uint64_t>(batch));
+  std::vector<size_t> mine;  // the completions this rank samples and scores
+  std::vector<model::GenerationRow> rows;
   for (size_t j = 0; j < prompt_ids.size(); ++j) {
     for (int64_t g = 0; g < g_size; ++g) {
+      const size_t k = r.prompt.size();
       r.prompt.push_back(prompt_ids[j]);
+      if (!share_.owns(k)) continue;
+      mine.push_back(k);
       rows.push_back({prompts_[prompt_ids[j]].tokens, sampling,
                       batch_rng.fork(static_cast<uint64_t>(j) * g_size + g)});
     }
@@ -287,15 +328,17 @@ Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
   const std::vector<model::Generation> gens = model::generate_rows(
       model, std::move(rows),
       [this](std::span<const uint32_t> ids) { return tokenizer_->decode(ids); });
-  for (size_t i = 0; i < gens.size(); ++i) {
-    std::vector<uint32_t> tokens = gens[i].tokens;
+  std::vector<std::vector<uint32_t>> tokens;
+  std::vector<double> rewards;
+  for (size_t m = 0; m < gens.size(); ++m) {
+    tokens.push_back(gens[m].tokens);
     // A row that ended on a stop token (not a stop string) is scored with the one it sampled,
     // so that the policy learns to stop.
-    if (gens[i].stop_token) tokens.push_back(*gens[i].stop_token);
-    const GrpoPrompt& p = prompts_[r.prompt[i]];
-    r.rewards.push_back(reward_(p.text, gens[i].text, p.answer));
-    r.tokens.push_back(std::move(tokens));
+    if (gens[m].stop_token) tokens.back().push_back(*gens[m].stop_token);
+    const GrpoPrompt& p = prompts_[r.prompt[mine[m]]];
+    rewards.push_back(reward_(p.text, gens[m].text, p.answer));
   }
+  gather_completions(share_, mine, tokens, rewards, r);
   r.advantages = group_advantages(r.rewards, g_size, options_.scale_rewards);
   if (options_.updates_per_batch > 1) r.old_logp = completion_logprobs(model, r);
   if (options_.loss.beta > 0) {
@@ -309,10 +352,13 @@ Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
 std::vector<std::vector<double>> GrpoObjective::completion_logprobs(const model::Llama& model,
                                                                     const Rollouts& r) const {
   ag::NoGrad no_grad;
-  std::vector<std::vector<double>> out;
   const size_t n = r.tokens.size();
-  for (size_t m0 = 0; m0 < n; m0 += static_cast<size_t>(options_.micro_batch)) {
-    const size_t m1 = std::min(n, m0 + static_cast<size_t>(options_.micro_batch));
+  const std::vector<size_t> first_token = token_offsets(r.tokens);
+  std::vector<double> flat(first_token[n], 0.0);  // every completion token's, in order
+  const size_t micro = static_cast<size_t>(options_.micro_batch);
+  for (size_t m0 = 0, c = 0; m0 < n; m0 += micro, ++c) {
+    if (!share_.runs(c, model)) continue;
+    const size_t m1 = std::min(n, m0 + micro);
     std::vector<const std::vector<uint32_t>*> prompts, completions;
     for (size_t i = m0; i < m1; ++i) {
       prompts.push_back(&prompts_[r.prompt[i]].tokens);
@@ -322,14 +368,16 @@ std::vector<std::vector<double>> GrpoObjective::completion_logprobs(const model:
     // At the sampling temperature, as TRL scores: the distribution the completions came from.
     const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), model.head_weight(),
                                             rows.batch.targets, options_.temperature);
-    for (size_t i = m0; i < m1; ++i) {
-      const int64_t first = rows.first[i - m0];
-      std::vector<double> lp;
+    for (size_t i = m0; i < m1; ++i)
       for (size_t t = 0; t < r.tokens[i].size(); ++t)
-        lp.push_back(logp.value().data<float>()[first + static_cast<int64_t>(t)]);
-      out.push_back(std::move(lp));
-    }
+        flat[first_token[i] + t] =
+            logp.value().data<float>()[rows.first[i - m0] + static_cast<int64_t>(t)];
   }
+  share_.sum(flat, "the completions' log-probabilities");
+  std::vector<std::vector<double>> out;
+  for (size_t i = 0; i < n; ++i)
+    out.emplace_back(flat.begin() + static_cast<std::ptrdiff_t>(first_token[i]),
+                     flat.begin() + static_cast<std::ptrdiff_t>(first_token[i + 1]));
   return out;
 }
 
@@ -351,9 +399,11 @@ ObjectiveStep GrpoObjective::train_step(const model::Llama& model, int64_t step)
   ObjectiveStep out;
   ClippedLossStats total;
   const size_t n = r.tokens.size();
-  size_t token_base = 0;  // index of the micro-batch's first token in `weights`
-  for (size_t m0 = 0; m0 < n; m0 += static_cast<size_t>(options_.micro_batch)) {
-    const size_t m1 = std::min(n, m0 + static_cast<size_t>(options_.micro_batch));
+  const std::vector<size_t> first_token = token_offsets(r.tokens);  // indices into `weights`
+  const size_t micro = static_cast<size_t>(options_.micro_batch);
+  for (size_t m0 = 0, c = 0; m0 < n; m0 += micro, ++c) {
+    if (!share_.runs(c, model)) continue;
+    const size_t m1 = std::min(n, m0 + micro);
     std::vector<const std::vector<uint32_t>*> prompts, completions;
     for (size_t i = m0; i < m1; ++i) {
       prompts.push_back(&prompts_[r.prompt[i]].tokens);
@@ -383,7 +433,7 @@ ObjectiveStep GrpoObjective::train_step(const model::Llama& model, int64_t step)
               r.old_logp.empty() ? logp.value().data<float>()[at] : r.old_logp[i][t];
           if (options_.loss.beta > 0) terms.ref_logp[at] = r.ref_logp[i][t];
           terms.advantage[at] = r.advantages[i];
-          terms.weight[at] = weights[token_base++];
+          terms.weight[at] = weights[first_token[i] + t];
         }
       }
       loss = clipped_policy_loss(logp, terms, options_.loss, &stats);
@@ -395,6 +445,18 @@ ObjectiveStep GrpoObjective::train_step(const model::Llama& model, int64_t step)
     total.kl_sum += stats.kl_sum;
     for (size_t i = m0; i < m1; ++i)
       out.tokens += static_cast<int64_t>(prompts_[r.prompt[i]].tokens.size() + r.tokens[i].size());
+  }
+  if (share_.comm) {
+    share_.reducer->finish();  // the gradients summed over the ranks
+    std::vector<double> sums{out.loss, static_cast<double>(out.tokens),
+                             static_cast<double>(total.tokens), static_cast<double>(total.clipped),
+                             total.kl_sum};
+    share_.sum(sums, "the step's policy loss and token counts");
+    out.loss = sums[0];
+    out.tokens = static_cast<int64_t>(sums[1]);
+    total.tokens = static_cast<int64_t>(sums[2]);
+    total.clipped = static_cast<int64_t>(sums[3]);
+    total.kl_sum = sums[4];
   }
 
   int64_t correct = 0;
@@ -416,8 +478,13 @@ ObjectiveStep GrpoObjective::evaluate(const model::Llama& model) {
   const size_t n = options_.eval_prompts > 0
                        ? std::min(eval_prompts_.size(), static_cast<size_t>(options_.eval_prompts))
                        : eval_prompts_.size();
+  std::vector<size_t> mine;  // the prompts this rank answers
   std::vector<std::vector<uint32_t>> prompts;
-  for (size_t i = 0; i < n; ++i) prompts.push_back(eval_prompts_[i].tokens);
+  for (size_t i = 0; i < n; ++i) {
+    if (!share_.owns(i)) continue;
+    mine.push_back(i);
+    prompts.push_back(eval_prompts_[i].tokens);
+  }
   model::SamplingOptions greedy;
   greedy.temperature = 0;
   greedy.max_tokens = options_.max_completion_tokens;
@@ -427,13 +494,17 @@ ObjectiveStep GrpoObjective::evaluate(const model::Llama& model) {
   const std::vector<model::Generation> gens =
       model::generate(model, prompts, greedy,
                       [this](std::span<const uint32_t> ids) { return tokenizer_->decode(ids); });
-  std::vector<double> rewards;
-  int64_t correct = 0, tokens = 0;
-  for (size_t i = 0; i < n; ++i) {
-    rewards.push_back(reward_(eval_prompts_[i].text, gens[i].text, eval_prompts_[i].answer));
-    correct += rewards.back() >= 1.0;
-    tokens += static_cast<int64_t>(prompts[i].size() + gens[i].tokens.size());
+  std::vector<double> rewards(n + 1, 0.0);  // per prompt, then the tokens run
+  for (size_t m = 0; m < mine.size(); ++m) {
+    const GrpoPrompt& p = eval_prompts_[mine[m]];
+    rewards[mine[m]] = reward_(p.text, gens[m].text, p.answer);
+    rewards[n] += static_cast<double>(prompts[m].size() + gens[m].tokens.size());
   }
+  share_.sum(rewards, "the held-out rewards");
+  const int64_t tokens = static_cast<int64_t>(rewards[n]);
+  rewards.pop_back();
+  const int64_t correct =
+      std::count_if(rewards.begin(), rewards.end(), [](double reward) { return reward >= 1.0; });
   // Evaluation has no policy loss: the negated mean reward (+ 0.0: 0, not -0, for no reward).
   out.loss = -mean_of(rewards) + 0.0;
   out.tokens = tokens;

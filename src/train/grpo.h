@@ -97,6 +97,12 @@ class GrpoObjective : public Objective {
   std::string headline_metric() const override { return "reward"; }
   ObjectiveStep train_step(const model::Llama& model, int64_t step) override;
   ObjectiveStep evaluate(const model::Llama& model) override;
+  // Under several ranks each samples and scores completions k with k mod ranks its rank, and the
+  // whole batch is gathered on every rank before the advantages; the micro-batches of the
+  // log-probabilities and of the step are then split round robin, as DPO's are.
+  void split_across(dist::Communicator& comm, dist::GradReducer& reducer) override {
+    share_ = {&comm, &reducer};
+  }
   std::string no_validation_data() const override {
     if (!eval_prompts_.empty()) return "";
     return options_.eval_data.empty() ? "grpo.eval_data is not set"
@@ -124,6 +130,7 @@ class GrpoObjective : public Objective {
   uint64_t seed_;
   std::shared_ptr<const model::Llama> reference_;
   Rollouts rollouts_;
+  RankShare share_;
 };
 
 // The reward model's score of `prompt` followed by `completion` (each encoded by `tokenizer`, as

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -86,15 +87,23 @@ class Objective {
 struct RankShare {
   dist::Communicator* comm = nullptr;
   dist::GradReducer* reducer = nullptr;
+  // Whether item `i` of a step (a micro-batch, a sampled completion) is this rank's.
+  bool owns(size_t i) const {
+    return comm == nullptr ||
+           i % static_cast<size_t>(comm->world()) == static_cast<size_t>(comm->rank());
+  }
   // Whether this rank runs micro-batch `micro_batch` of the step on `model`; when another rank
   // does, a model with LoRA adapters counts that forward pass as begun, so that dropout draws
   // this rank's masks by their place in the step.
   bool runs(size_t micro_batch, const model::Llama& model) const {
-    if (comm == nullptr ||
-        micro_batch % static_cast<size_t>(comm->world()) == static_cast<size_t>(comm->rank()))
-      return true;
+    if (owns(micro_batch)) return true;
     if (model.lora()) model.lora()->skip_dropout_forwards(1);
     return false;
+  }
+  // Sums `values` over the ranks in place (alone: leaves them). With each value set by the one
+  // rank that owns it and 0 on the others, every rank ends with all of them, exactly.
+  void sum(std::span<double> values, const std::string& what) const {
+    if (comm != nullptr) comm->all_reduce_sum(values, what);
   }
 };
 

@@ -553,9 +553,9 @@ TEST(Launch, RunsMpirunWithoutBindingAndAllowsMoreRanksThanCores) {
   EXPECT_EQ(cmd.back(), "r.toml");
 }
 
-// Any command but train, sft, dpo, rm and fed client, started as several ranks, would run once per
-// rank into the same run folder: it is refused before it reads its config, under a launcher's
-// environment and by pollen launch before mpirun starts.
+// Any command but train, sft, dpo, rm, grpo and fed client, started as several ranks, would run
+// once per rank into the same run folder: it is refused before it reads its config, under a
+// launcher's environment and by pollen launch before mpirun starts.
 TEST(Launch, CommandsThatRunAsOneProcessAreRefusedAsSeveralRanks) {
   EXPECT_TRUE(dist::runs_as_ranks({"train", "--config", "r.toml"}));
   EXPECT_TRUE(dist::runs_as_ranks({"fed", "client", "--config", "c.toml"}));
@@ -563,7 +563,9 @@ TEST(Launch, CommandsThatRunAsOneProcessAreRefusedAsSeveralRanks) {
   EXPECT_TRUE(dist::runs_as_ranks({"sft", "--config", "s.toml"}));
   EXPECT_TRUE(dist::runs_as_ranks({"dpo", "--config", "d.toml"}));
   EXPECT_TRUE(dist::runs_as_ranks({"rm", "--config", "r.toml"}));
-  EXPECT_FALSE(dist::runs_as_ranks({"grpo", "--config", "g.toml"}));
+  EXPECT_TRUE(dist::runs_as_ranks({"grpo", "--config", "g.toml"}));
+  EXPECT_FALSE(dist::runs_as_ranks({"grpo", "synth", "--out", "g.jsonl"}));
+  EXPECT_FALSE(dist::runs_as_ranks({"fed", "post", "--config", "p.toml"}));
   EXPECT_FALSE(dist::runs_as_ranks({"rm", "score", "--model", "m"}));
   EXPECT_FALSE(dist::runs_as_ranks({"sft", "synth", "--out", "s.jsonl"}));
   EXPECT_FALSE(dist::runs_as_ranks({"dpo", "synth"}));
@@ -572,12 +574,12 @@ TEST(Launch, CommandsThatRunAsOneProcessAreRefusedAsSeveralRanks) {
       "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=2 "
       "OMPI_COMM_WORLD_LOCAL_RANK=0 ";
   int status = 0;
-  const std::string grpo = pollen::testing::run_capture(
-      mpirun_env + POLLEN_BINARY + " grpo --config /nonexistent/grpo.toml", &status);
-  EXPECT_EQ(status, 1) << grpo;
-  EXPECT_NE(grpo.find("pollen grpo runs as one process, but mpirun started 2 ranks"),
+  const std::string post = pollen::testing::run_capture(
+      mpirun_env + POLLEN_BINARY + " fed post --config /nonexistent/post.toml", &status);
+  EXPECT_EQ(status, 1) << post;
+  EXPECT_NE(post.find("pollen fed post runs as one process, but mpirun started 2 ranks"),
             std::string::npos)
-      << grpo;
+      << post;
   const std::string score = pollen::testing::run_capture(
       mpirun_env + POLLEN_BINARY + " rm score --model m --data d.jsonl --out s.jsonl", &status);
   EXPECT_NE(score.find("pollen rm score runs as one process"), std::string::npos) << score;

@@ -1,14 +1,16 @@
-// Post-training as several ranks under mpirun: sft, dpo and rm train as one process does (LoRA
-// dropout included), one rank writes the run's files, and a checkpoint resumes at another world
-// size.
+// Post-training as several ranks under mpirun: sft, dpo, rm and grpo train as one process does
+// (LoRA dropout included), one rank writes the run's files, and a checkpoint resumes at another
+// world size.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/files.h"
@@ -216,4 +218,57 @@ TEST(PreferenceRanks, ARewardModelLeavesTheUnusedHeadAloneUnderRanks) {
   const std::vector<double> one = head(files.dir / "one"), two = head(files.dir / "two");
   ASSERT_FALSE(one.empty());
   EXPECT_EQ(one, two) << "the 2-rank run moved the head the reward model does not use";
+}
+
+// GRPO on a random tiny model with a regex verifier (a completion holding a digit scores 1), so
+// that groups disagree and the policy moves: 12 completions a batch (2 ranks sample 6 each), 3
+// micro-batches (2 ranks run 2 and 1), two updates per batch (the old policy's log-probabilities
+// are split and gathered too), a KL term to the base model, LoRA with dropout. The samples, the
+// rewards, the losses and the adapters equal one process's, and one process resumes the 2-rank
+// run's checkpoint.
+TEST(GrpoRanks, TwoRanksSampleAndTrainAsOneProcessAndResumeAsOne) {
+  const auto files = test_support::make_post_files("grpo_ranks");
+  int status = 0;
+  for (const auto& [name, count, seed] :
+       {std::tuple{"prompts", 16, 2}, std::tuple{"held-out", 6, 3}}) {
+    const std::string made = pollen::testing::run_capture(
+        cat(POLLEN_BINARY, " grpo synth --task arithmetic --digits 1 --count ", count, " --seed ",
+            seed, " --out ", (files.dir / (std::string(name) + ".jsonl")).string()),
+        &status);
+    ASSERT_EQ(status, 0) << made;
+  }
+  std::string toml = test_support::tiny_post_toml(
+      files.dir / "run", files.model_file, files.tokenizer_path, 4,
+      cat("[eval]\ninterval = 2\n\n[lora]\nrank = 4\ndropout = 0.1\n\n[grpo]\ndata = \"",
+          (files.dir / "prompts.jsonl").string(), "\"\neval_data = \"",
+          (files.dir / "held-out.jsonl").string(),
+          "\"\ngroup_size = 4\nprompts_per_step = 3\nmicro_batch = 5\nupdates_per_batch = 2\n"
+          "max_completion_tokens = 8\nbeta = 0.05\n\n[grpo.verifier]\nkind = \"regex\"\n"
+          "pattern = \"[0-9]\"\n"));
+  toml.replace(toml.find("threads = 2"), 11, "threads = 1");
+  const fs::path config = files.dir / "grpo.toml";
+  write_file_atomic(config, toml);
+  std::string out;
+  const fs::path one = files.dir / "one", two = files.dir / "two";
+  ASSERT_EQ(post("grpo", config, 1, one, "", &out), 0) << out;
+  ASSERT_EQ(post("grpo", config, 2, two, "", &out), 0) << out;
+  const std::vector<double> rewards = values(one, "grpo/reward");
+  ASSERT_EQ(rewards.size(), 4u);
+  // Neither all right nor all wrong: the advantages are not all zero.
+  EXPECT_GT(*std::max_element(rewards.begin(), rewards.end()), 0.0);
+  EXPECT_LT(*std::min_element(rewards.begin(), rewards.end()), 1.0);
+  EXPECT_EQ(values(two, "grpo/reward"), rewards) << "2 ranks sampled other completions";
+  EXPECT_EQ(values(two, "grpo/completion_length"), values(one, "grpo/completion_length"));
+  expect_close(values(two, "loss"), values(one, "loss"), "grpo loss, 2 ranks", 1e-4);
+  expect_close(values(two, "grpo/kl"), values(one, "grpo/kl"), "grpo kl, 2 ranks", 1e-4);
+  expect_close(values(two, "val_loss"), values(one, "val_loss"), "held-out reward, 2 ranks");
+  EXPECT_EQ(records(two, "loss").back()["tokens"], records(one, "loss").back()["tokens"]);
+  EXPECT_LT(relative_b_difference(two, one), 1e-4);
+
+  for (const auto& c : io::list_checkpoints(two / "checkpoints"))
+    if (io::checkpoint_step(c) > 2) fs::remove_all(c);
+  fs::remove(two / "summary.json");
+  ASSERT_EQ(post("grpo", config, 1, two, "--resume", &out), 0) << out;
+  EXPECT_EQ(values(two, "grpo/reward"), rewards) << "resumed by 1 process";
+  EXPECT_LT(relative_b_difference(two, one), 1e-4);
 }
