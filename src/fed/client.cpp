@@ -16,15 +16,12 @@
 namespace pollen::fed {
 
 Client::Client(ClientConfig config, Transport& transport, dist::Communicator* comm)
-    : config_(std::move(config)), transport_(transport), drift_(config_.train.drift_correction) {
+    : config_(std::move(config)),
+      transport_(transport),
+      comm_(comm),
+      drift_(config_.train.drift_correction) {
   if (config_.post.enabled()) {
-    POLLEN_CHECK(comm == nullptr || comm->world() == 1, "client '", config_.id,
-                 "': a post-training silo ([post]) runs as one process, not ", comm->world(),
-                 " ranks");
-    const train::PostConfig run = silo_post_config(config_.post);
-    silo_ = std::make_unique<LoraSilo>(
-        config_.id, run,
-        lora_objective_factory(config_.post.objective, "post.objective", run.base));
+    silo_ = make_lora_silo(config_, comm);
     // What Join proposes: the base's architecture and tokenizer, as the run file resolved them.
     config_.model = silo_->model().config();
     config_.tokenizer_fingerprint = silo_->tokenizer_fingerprint();
@@ -123,7 +120,7 @@ void Client::run() {
     }
     switch (t.kind()) {
       case pb::TASK_DONE:
-        if (several_ranks()) send_order(local_->communicator(), {}, nullptr);
+        if (several_ranks()) send_order(*comm_, {}, nullptr);
         // A run the server gave up is a failure for its clients too (a non-zero exit).
         POLLEN_CHECK(
             t.stopped().empty(), "fed client '", config_.id,

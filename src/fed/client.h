@@ -189,8 +189,7 @@ class Client {
  public:
   // Resumes the state saved under config.state_dir, when there is one. comm: the silo's ranks
   // when it runs as several (this is rank 0, the only one that talks to the server; the others
-  // follow it, fed/silo.h); null: this process alone. With config.post a LoRA silo of one
-  // process.
+  // follow it, fed/silo.h); null: this process alone. With config.post a LoRA silo.
   Client(ClientConfig config, Transport& transport, dist::Communicator* comm = nullptr);
   // Joins; throws with the server's reason when refused.
   void join();
@@ -231,11 +230,12 @@ class Client {
   // otherwise (or in a silo of several ranks) it goes on from where it is, and says so.
   void rewind(int64_t round);
 
-  // The silo's ranks when there are several (pre-training only).
-  bool several_ranks() const { return local_ && local_->communicator().world() > 1; }
+  // Whether the silo runs as several ranks (comm_ then holds them).
+  bool several_ranks() const { return comm_ != nullptr && comm_->world() > 1; }
 
   ClientConfig config_;
   Transport& transport_;
+  dist::Communicator* comm_;             // the silo's ranks; null: this process alone
   std::unique_ptr<LocalTrainer> local_;  // pre-training
   std::unique_ptr<LoraSilo> silo_;       // post-training ([post])
   RoundTrainer* trainer_ = nullptr;      // the one of them this client has

@@ -123,8 +123,10 @@ void Client::train_round(const pb::TaskReply& task) {
   if (several_ranks()) {
     const RoundOrder order{task.round(), task.local_steps(), task.evaluate(), task.second_moments(),
                            task.first_moments().empty() ? "none" : task.first_moments()};
-    send_order(local_->communicator(), order, &local_->model(), step_drift, moments,
-               first_estimate);
+    if (local_)
+      send_order(*comm_, order, &local_->model(), step_drift, moments, first_estimate);
+    else
+      send_post_order(*comm_, order, global);
   }
   if (local_) {
     local_->share_second_moments(task.second_moments());

@@ -338,9 +338,15 @@ ClientConfig read_client_root(ConfigTable& root) {
   c.tls = read_tls(root, false);
   if (auto p = root.table("post")) {
     c.post = read_post_settings(*p, true);
-    refuse_beside_post(root, {"data", "train", "model", "tokenizer", "parallel"},
+    refuse_beside_post(root, {"data", "train", "model", "tokenizer"},
                        "a post-training silo's base, tokenizer, optimizer and objective are "
-                       "post.run's, its data post.data, and it runs as one process");
+                       "post.run's, its data post.data");
+    if (auto par = root.table("parallel")) {
+      c.parallel = read_silo_parallel(*par);
+      POLLEN_CHECK(c.parallel.zero == 0, par->where("zero"),
+                   ": a post-training silo does not shard its optimizer (its AdamW state is the "
+                   "adapters' alone); leave zero out");
+    }
     root.finish();
     return c;
   }

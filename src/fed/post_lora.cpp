@@ -316,6 +316,20 @@ RoundTrainer::Result LoraSilo::train(int64_t steps) {
   return r;
 }
 
+void LoraSilo::split_across(dist::Communicator& comm, double bucket_mb) {
+  reducer_ = std::make_unique<dist::GradReducer>(
+      comm, params_, static_cast<int64_t>(bucket_mb * 1048576.0), dist::ReduceMode::all_reduce);
+  objective_->split_across(comm, *reducer_);
+}
+
+std::unique_ptr<LoraSilo> make_lora_silo(const ClientConfig& config, dist::Communicator* comm) {
+  const train::PostConfig run = silo_post_config(config.post);
+  auto silo = std::make_unique<LoraSilo>(
+      config.id, run, lora_objective_factory(config.post.objective, "post.objective", run.base));
+  if (comm != nullptr && comm->world() > 1) silo->split_across(*comm, config.parallel.bucket_mb);
+  return silo;
+}
+
 train::ObjectiveStep LoraSilo::evaluate_held_out() {
   ag::NoGrad no_grad;
   return objective_->evaluate(model_);

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "dist/communicator.h"
+#include "dist/grad_reducer.h"
 #include "fed/config.h"
 #include "fed/received.h"
 #include "fed/round_trainer.h"
@@ -132,6 +134,10 @@ class LoraSilo : public RoundTrainer {
  public:
   LoraSilo(std::string id, const train::PostConfig& config,
            const train::ObjectiveFactory& make_objective);
+  // A silo of several ranks (fed/silo.h): from now on each rank runs its share of every local
+  // step and of evaluation, and the gradients are summed over the ranks in buckets of about
+  // `bucket_mb` MiB (train::Objective::split_across).
+  void split_across(dist::Communicator& comm, double bucket_mb);
   // The objective's held-out loss and metrics with the current adapters.
   train::ObjectiveStep evaluate_held_out();
 
@@ -176,8 +182,13 @@ class LoraSilo : public RoundTrainer {
   io::NamedTensors objective_params_;  // a reward model's head: the values of its Vars
   std::vector<ag::Var> params_;
   std::unique_ptr<optim::AdamW> opt_;
-  int64_t step_ = 0;  // local steps over every round
+  std::unique_ptr<dist::GradReducer> reducer_;  // several ranks: sums the gradients over them
+  int64_t step_ = 0;                            // local steps over every round
 };
+
+// The LoRA silo of a client's [post]; with `comm` of several ranks, split across them
+// (client.toml's parallel.bucket_mb).
+std::unique_ptr<LoraSilo> make_lora_silo(const ClientConfig& config, dist::Communicator* comm);
 
 // `pollen fed post --config FILE`: a post-training federation simulated in one process as `pollen
 // fed simulate` runs one (fed/run.h: the server's Coordinator and a Client per silo, every message

@@ -127,9 +127,6 @@ void run_client(const ClientConfig& config, const train::FaultInjection& fault) 
   try {
     if (comm->world() > 1)
       log::info("fed client ranks (", comm->topology().launcher, "): ", comm->placement());
-    POLLEN_CHECK(!config.post.enabled() || comm->world() == 1, "fed client '", config.id,
-                 "': a post-training silo ([post]) runs as one process, not ", comm->world(),
-                 " ranks");
     if (comm->rank() == 0) {
       lead_silo(config, *comm, fault);
     } else {

@@ -6,6 +6,7 @@
 #include "fed/client.h"
 #include "fed/client_state.h"
 #include "fed/first_moments.h"
+#include "fed/post_lora.h"
 #include "fed/second_moments.h"
 
 namespace pollen::fed {
@@ -38,6 +39,59 @@ int64_t first_moments_code(const std::string& which) {
   return it - names.begin();
 }
 
+// An order's words: round (0: the run is over), local steps, evaluate, a step drift follows,
+// second moments shared, the second moments' count that follows, the first moments' code (an
+// index into first_moments_names()), first moments follow.
+constexpr size_t kOrderWords = 8;
+
+// Rank 0's order to the others; what it says follows it.
+void broadcast_order(dist::Communicator& comm, const RoundOrder& order, bool step_drift,
+                     int64_t second_moments, bool first_moments) {
+  int64_t words[kOrderWords] = {order.round,
+                                order.local_steps,
+                                order.evaluate ? 1 : 0,
+                                step_drift ? 1 : 0,
+                                order.second_moments ? 1 : 0,
+                                second_moments,
+                                first_moments_code(order.first_moments),
+                                first_moments ? 1 : 0};
+  comm.broadcast(words, 0, "rank 0's order");
+}
+
+// A post-training silo's ranks but 0 (follow_orders): the silo from the client's [post], split
+// across the ranks; each round the global adapters from rank 0, then evaluation and the local
+// steps.
+void follow_post_orders(const ClientConfig& config, dist::Communicator& comm) {
+  std::unique_ptr<LoraSilo> silo = make_lora_silo(config, &comm);
+  if (!config.state_dir.empty()) {
+    ErrorFeedback feedback;  // rank 0's alone, as the model it pulled last
+    Weights pulled;
+    load_client_state(config.state_dir, config.id, *silo, silo->exchanged_specs(), feedback,
+                      &pulled, nullptr);
+  }
+  for (;;) {
+    int64_t words[kOrderWords] = {};
+    comm.wait_for_broadcast(words, 0, "rank 0's order");
+    if (words[0] == 0) return;
+    Weights global = silo->exchanged_weights();  // shaped as rank 0's
+    broadcast_tensors(comm, global, "the global adapters");
+    silo->set_exchanged_weights(global);
+    try {
+      if (words[2] != 0) {
+        int64_t tokens = 0;
+        silo->evaluate(&tokens);
+      }
+      silo->train(words[1]);
+    } catch (const dist::PeerFailure&) {
+      throw;
+    } catch (const Error& e) {
+      // The same failure as rank 0's (a non-finite loss is the job's): wait for the next order.
+      log::warn("fed client '", config.id, "' rank ", comm.rank(), ": round ", words[0],
+                " failed: ", e.what());
+    }
+  }
+}
+
 // The federation's factored second moments from rank 0 into `moments` (sized on the others).
 void broadcast_moments(dist::Communicator& comm, std::vector<float>& moments) {
   comm.wait(comm.start_broadcast(moments.data(), static_cast<int64_t>(moments.size()), 0,
@@ -49,15 +103,8 @@ void broadcast_moments(dist::Communicator& comm, std::vector<float>& moments) {
 void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama* model,
                 const Weights& step_drift, const std::vector<float>& second_moments,
                 const Weights& first_moments) {
-  int64_t words[8] = {order.round,
-                      order.local_steps,
-                      order.evaluate ? 1 : 0,
-                      step_drift.empty() ? 0 : 1,
-                      order.second_moments ? 1 : 0,
-                      static_cast<int64_t>(second_moments.size()),
-                      first_moments_code(order.first_moments),
-                      first_moments.empty() ? 0 : 1};
-  comm.broadcast(words, 0, "rank 0's order");
+  broadcast_order(comm, order, !step_drift.empty(), static_cast<int64_t>(second_moments.size()),
+                  !first_moments.empty());
   if (order.round == 0) return;
   broadcast_weights(comm, *model);
   Weights drift = step_drift;  // shares the tensors: rank 0 only sends
@@ -68,8 +115,20 @@ void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama*
   if (!first.empty()) broadcast_tensors(comm, first, "the shared first moments");
 }
 
+void send_post_order(dist::Communicator& comm, const RoundOrder& order, const Weights& global) {
+  POLLEN_CHECK(!order.second_moments && order.first_moments == "none",
+               "a post-training silo shares no optimizer moments");
+  broadcast_order(comm, order, false, 0, false);
+  Weights adapters = global;  // shares the tensors: rank 0 only sends
+  if (order.round != 0) broadcast_tensors(comm, adapters, "the global adapters");
+}
+
 void follow_orders(const ClientConfig& config, dist::Communicator& comm,
                    const train::FaultInjection& fault) {
+  if (config.post.enabled()) {
+    follow_post_orders(config, comm);
+    return;
+  }
   LocalTrainer trainer(config, &comm);
   trainer.set_fault_injection(fault);
   const ParamSpecs specs = param_specs(trainer.model());
@@ -81,7 +140,7 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
                       nullptr);
   }
   for (;;) {
-    int64_t words[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t words[kOrderWords] = {};
     comm.wait_for_broadcast(words, 0, "rank 0's order");
     if (words[0] == 0) return;
     broadcast_weights(comm, trainer.model());

@@ -1,11 +1,12 @@
 #pragma once
 // A silo run as several ranks: `mpirun -np N pollen fed client` (or `pollen launch --nproc N --
 // fed client ...`, docs/parallel.md). Rank 0 alone runs the Client and speaks to the server; for
-// every round it trains it sends the other ranks an order and the global model, and then every
-// rank evaluates and trains the round together (LocalTrainer's collectives: each rank its part
-// of every global batch, gradients summed over ranks). Only rank 0 computes and pushes the
-// pseudo-gradient and writes the client's state. The other ranks follow orders until rank 0
-// says the run is over.
+// every round it trains it sends the other ranks an order and the global model (a post-training
+// silo: the global adapters), and then every rank evaluates and trains the round together
+// (LocalTrainer's collectives, or the post-training objective's split: each rank its part of
+// every step, gradients summed over ranks). Only rank 0 computes and pushes the pseudo-gradient
+// and writes the client's state. The other ranks follow orders until rank 0 says the run is
+// over.
 #include <cstdint>
 #include <string>
 
@@ -35,10 +36,14 @@ void send_order(dist::Communicator& comm, const RoundOrder& order, model::Llama*
                 const Weights& step_drift = {}, const std::vector<float>& second_moments = {},
                 const Weights& first_moments = {});
 
+// A post-training silo ([post]): rank 0 sends the order (no drift, no shared moments) and the
+// round's global adapters, `global` (B, then the objective's own parameters), to the others.
+void send_post_order(dist::Communicator& comm, const RoundOrder& order, const Weights& global);
+
 // Every rank but 0: resumes the client's state under config.state_dir as rank 0 does, then
-// trains the rounds rank 0 orders until it says the run is over. While rank 0 talks to the
-// server the others wait for its next order with no watchdog (a round may be minutes away);
-// every collective of a round is watched (parallel.timeout_s).
+// trains the rounds rank 0 orders until it says the run is over, a post-training silo's too.
+// While rank 0 talks to the server the others wait for its next order with no watchdog (a round
+// may be minutes away); every collective of a round is watched (parallel.timeout_s).
 void follow_orders(const ClientConfig& config, dist::Communicator& comm,
                    const train::FaultInjection& fault);
 
