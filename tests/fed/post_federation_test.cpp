@@ -1,10 +1,10 @@
 // Post-training federations over the real server and client (`pollen fed server` and `pollen fed
 // client` with [post]): LoRA adapters' B as the exchanged state. A 2-silo SFT federation, and a
-// GRPO one, of processes on loopback give bitwise the adapters of `pollen fed post`'s
-// simulation; a DPO
-// federation raises the held-out margin; a silo of another LoRA config or base is refused naming
-// the difference; a restarted server (and restarted clients with their state) continue bitwise;
-// hostile adapter updates are refused; [post] keys are checked.
+// GRPO one, of processes on loopback give bitwise the adapters of `pollen fed post`'s simulation,
+// and a GRPO silo of two ranks the same to float rounding; a DPO federation raises the held-out
+// margin; a silo of another LoRA config or base is refused naming the difference; a restarted
+// server (and restarted clients with their state) continue bitwise; hostile adapter updates are
+// refused; [post] keys are checked.
 #include <gtest/gtest.h>
 
 #include <cmath>
