@@ -131,19 +131,27 @@ const ReferenceLogps& DpoObjective::references(const model::Llama& model) {
   if (references_) return *references_;
   const std::string model_hash = model_sha256(model);
   cache_file_ = "dpo_reference_" + sha256_hex(data_key_ + model_hash).substr(0, 16) + ".json";
-  if (!context_.run_dir.empty() && fs::exists(cache_path(cache_file_))) {
+  // Under several ranks, which compute the references together, only when every rank sees it.
+  std::vector<double> cached{
+      !context_.run_dir.empty() && fs::exists(cache_path(cache_file_)) ? 1.0 : 0.0};
+  share_.sum(cached, "whether every rank has the DPO reference cache");
+  if (cached[0] == (share_.comm ? share_.comm->world() : 1)) {
     load_cache(cache_path(cache_file_), data_key_);
     return *references_;
   }
   // Each pair's chosen and rejected completions under the starting model, without gradients.
   // Under LoRA that is the frozen base (the adapters disabled), whatever the adapters hold now.
+  // Ranks split the micro-batches round robin and gather the values by summing.
   const model::Llama reference = model.lora() ? model.without_lora() : model;
   auto compute = [&](const std::vector<PreferencePair>& pairs) {
     ag::NoGrad no_grad;
-    std::vector<double> out(2 * pairs.size());
+    std::vector<double> out(2 * pairs.size(), 0.0);
     std::vector<size_t> all(pairs.size());
     for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-    for (const auto& chunk : micro_batches(all, micro_batch_pairs_)) {
+    const auto chunks = micro_batches(all, micro_batch_pairs_);
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      if (!share_.owns(c)) continue;
+      const std::vector<size_t>& chunk = chunks[c];
       const std::vector<double> logps =
           completion_logps(reference, pair_batch(pairs, chunk, 0)).value().to_doubles();
       for (size_t j = 0; j < chunk.size(); ++j) {
@@ -151,6 +159,7 @@ const ReferenceLogps& DpoObjective::references(const model::Llama& model) {
         out[pairs.size() + chunk[j]] = logps[chunk.size() + j];
       }
     }
+    share_.sum(out, "the reference log-probabilities");
     return out;
   };
   auto refs = std::make_unique<ReferenceLogps>();
