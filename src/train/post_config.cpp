@@ -124,6 +124,7 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
     m->finish();
   }
   if (auto p = t.table("parallel")) {
+    c.zero = read_zero_key(*p);
     read_reduction_keys(*p, c.bucket_mb, c.timeout_s);
     p->finish();
   }
@@ -174,6 +175,7 @@ std::vector<std::pair<std::string, std::string>> PostConfig::flat(
     f.emplace_back("lora.train_a", b(l.train_a));
     f.emplace_back("lora.seed", i(static_cast<int64_t>(l.seed)));
   }
+  f.emplace_back("parallel.zero", i(zero));
   f.emplace_back("parallel.bucket_mb", toml_double(bucket_mb));
   f.emplace_back("parallel.timeout_s", toml_double(timeout_s));
   f.insert(f.end(), objective_keys.begin(), objective_keys.end());

@@ -37,8 +37,8 @@ struct PostConfig : LoopSettings {
   OptimizerSettings optimizer;
   // [lora]
   LoraSettings lora;
-  // [parallel]: a run of several ranks (objectives that split their steps across ranks, sft;
-  // docs/parallel.md)
+  // [parallel]: a run of several ranks (docs/parallel.md, "Post-training as several ranks")
+  int zero = 0;            // 1: shard AdamW's state across the ranks (ZeRO-1)
   double bucket_mb = 25;   // gradients reduced in buckets of about this many MiB
   double timeout_s = 300;  // a collective that takes longer means a dead or hung rank
   // The objective's section, as given: its keys in TOML ("sft.seq", "1024"), and as a table

@@ -12,6 +12,7 @@
 #include "obs/progress.h"
 #include "optim/adamw.h"
 #include "tokenizer/open.h"
+#include "train/post_optimizer.h"
 #include "train/run_control.h"
 
 namespace fs = std::filesystem;
@@ -148,16 +149,10 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
 
   std::vector<ag::Var> params;
   for (const auto& [n, v] : trained) params.push_back(v);
-  optim::AdamW opt(params, cfg.optimizer.adamw(cfg.grad_clip),
-                   decay_mask(trained, cfg.optimizer.no_decay));
-  // Several ranks: each runs its share of a step, and the gradients are summed over the ranks.
-  std::unique_ptr<dist::GradReducer> reducer;
-  if (comm.world() > 1) {
-    reducer = std::make_unique<dist::GradReducer>(comm, params,
-                                                  static_cast<int64_t>(cfg.bucket_mb * 1048576.0),
-                                                  dist::ReduceMode::all_reduce);
-    objective->split_across(comm, *reducer);
-  }
+  // Several ranks: each runs its share of a step, and the gradients are summed over the ranks
+  // (with parallel.zero = 1 each rank keeps its blocks of AdamW's state alone).
+  PostOptimizer opt(cfg, trained, comm);
+  if (opt.reducer()) objective->split_across(comm, *opt.reducer());
 
   // The weight files of a checkpoint: the whole model (or its adapters, A and B with PEFT's
   // names), and the objective's own parameters.
@@ -179,9 +174,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   if (resume_from) {
     const fs::path dir = *resume_from;
     for (const auto& f : weight_files()) load_checkpoint_tensors(dir / f.file, f.tensors);
-    OptimizerMoments m = moments_of(opt);  // loaded in place
-    load_optimizer_moments(dir, trained, m);
-    opt.set_steps_taken(m.steps);
+    opt.load(dir);
     state = nlohmann::ordered_json::parse(read_file(dir / "state.json"));
     counters.restore(state);
     objective->restore(state.at("objective"));
@@ -205,12 +198,16 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   for (const auto& p : params) trained_count += p.value().numel();
   log::info(name, ": ", arch.name, " from '", cfg.base, "' (", arch.parameter_count(),
             " parameters, ", trained_count, " trained) for ", cfg.steps, " steps, ", num_threads(),
-            " threads", comm.world() > 1 ? cat(" on each of ", comm.world(), " ranks") : "",
+            num_threads() == 1 ? " thread" : " threads",
+            comm.world() > 1 ? cat(" on each of ", comm.world(), " ranks",
+                                   opt.sharded() ? " (AdamW's state sharded: ZeRO-1)" : "")
+                             : "",
             ", chat template ", tokenizer::chat_template_name(base.chat_format.kind));
   if (comm.world() > 1) log::info("ranks: ", comm.placement());
 
   const auto run_start = Clock::now();
   auto save = [&](int64_t at) {
+    const OptimizerMoments moments = opt.moments(lead);  // gathered from every rank's blocks
     if (!lead) {
       last_checkpoint = ckpt_root / io::checkpoint_name(at);
       return;
@@ -222,8 +219,8 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     st["objective"] = objective->state();
     std::vector<std::string> names;
     for (const auto& [n, v] : trained) names.push_back(n);
-    const auto w = write_checkpoint(ckpt_root, at, weight_files(), names, moments_of(opt), st,
-                                    config_toml, texts);
+    const auto w =
+        write_checkpoint(ckpt_root, at, weight_files(), names, moments, st, config_toml, texts);
     last_checkpoint = w.dir;
     log_checkpoint_and_retain(ckpt_root, at, w, cfg.keep_checkpoints);
   };
@@ -356,7 +353,14 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
       run_summary(r.status, step, cfg.steps, counters, last_loss, last_val, total, last_checkpoint);
   summary["objective"] = name;
   add_metrics(summary, "val/", name, last_val_metrics);
-  if (comm.world() > 1) summary["ranks"] = comm.world();
+  if (comm.world() > 1) {
+    summary["ranks"] = comm.world();
+    summary["zero"] = opt.sharded() ? 1 : 0;
+    std::vector<double> state_bytes(static_cast<size_t>(comm.world()), 0.0);
+    state_bytes[static_cast<size_t>(comm.rank())] = static_cast<double>(opt.state_bytes());
+    comm.all_reduce_sum(state_bytes, "the optimizer state sizes");
+    summary["optimizer_state_bytes_per_rank"] = state_bytes;
+  }
   if (lead) write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {
     const std::string train_shown = shown(last_loss, last_metrics);

@@ -147,6 +147,41 @@ TEST(SftRanks, TwoRanksTrainAsOneProcessAndResumeAsOne) {
       << out;
 }
 
+// ZeRO-1 (parallel.zero = 1): each of 2 ranks keeps half of AdamW's state, the run trains as one
+// process does, and its checkpoint (the whole moments, gathered) resumes in one process.
+TEST(SftRanks, ZeroShardedRanksTrainAsOneProcessInHalfTheOptimizerState) {
+  const fs::path dir = sft_run().dir;
+  std::string out;
+  ASSERT_EQ(sft(1, dir / "zero-one", "", &out), 0) << out;
+  ASSERT_EQ(sft(2, dir / "zero-replicated", "", &out), 0) << out;
+  ASSERT_EQ(sft(2, dir / "zero", "--set parallel.zero=1", &out), 0) << out;
+  const std::vector<double> one = values(dir / "zero-one", "loss");
+  expect_close(values(dir / "zero", "loss"), one, "train loss, ZeRO-1");
+  expect_close(values(dir / "zero", "val_loss"), values(dir / "zero-one", "val_loss"),
+               "held-out loss, ZeRO-1");
+  EXPECT_LT(relative_b_difference(dir / "zero", dir / "zero-one"), 1e-4);
+  const auto summary = [&](const char* run) {
+    return nlohmann::json::parse(read_file(dir / run / "summary.json"));
+  };
+  EXPECT_EQ(summary("zero")["zero"], 1);
+  EXPECT_EQ(summary("zero-replicated")["zero"], 0);
+  const auto whole = summary("zero-replicated")["optimizer_state_bytes_per_rank"];
+  const auto sharded = summary("zero")["optimizer_state_bytes_per_rank"];
+  ASSERT_EQ(sharded.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    // Half, up to the padding of each bucket to a multiple of the ranks.
+    EXPECT_LE(sharded[r].get<double>(), 0.5 * whole[r].get<double>() + 64) << "rank " << r;
+    EXPECT_GE(sharded[r].get<double>(), 0.5 * whole[r].get<double>() - 64) << "rank " << r;
+  }
+
+  // The checkpoint of step 2 holds the whole moments: one process resumes it and ends alike.
+  for (const auto& c : io::list_checkpoints(dir / "zero/checkpoints"))
+    if (io::checkpoint_step(c) > 2) fs::remove_all(c);
+  fs::remove(dir / "zero/summary.json");
+  ASSERT_EQ(sft(1, dir / "zero", "--resume", &out), 0) << out;
+  expect_close(values(dir / "zero", "loss"), one, "train loss, ZeRO-1 resumed by 1 process");
+}
+
 // DPO and a reward model on synthetic preference pairs, 3 micro-batches of 2 pairs a step (so
 // that 2 ranks run 2 and 1 of them), LoRA with dropout: the same losses and metrics as one
 // process, and one reward model exported.

@@ -147,11 +147,13 @@ TEST(PostRun, UnknownKeysAndSectionsAreRefused) {
               train::parse_post_config(run_toml(dir / "run", 2), "k.toml", "sft", {"lora.rnak=4"});
             }).find("lora.rnak"),
             std::string::npos);
-  // [parallel]: the gradient reduction's keys; post-training has no ZeRO-1.
-  refused("\n[parallel]\nzero = 1\n", "parallel.zero");
+  // [parallel]: ZeRO-1 and the gradient reduction's keys.
+  refused("\n[parallel]\nzero = 2\n", "parallel.zero");
   refused("\n[parallel]\ntimeout_s = 0\n", "parallel.timeout_s");
   const train::PostConfig parallel = train::parse_post_config(
-      run_toml(dir / "run", 2) + "\n[parallel]\nbucket_mb = 4\ntimeout_s = 30\n", "k.toml", "sft");
+      run_toml(dir / "run", 2) + "\n[parallel]\nzero = 1\nbucket_mb = 4\ntimeout_s = 30\n",
+      "k.toml", "sft");
+  EXPECT_EQ(parallel.zero, 1);
   EXPECT_DOUBLE_EQ(parallel.bucket_mb, 4);
   EXPECT_DOUBLE_EQ(parallel.timeout_s, 30);
 }
