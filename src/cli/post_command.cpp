@@ -1,6 +1,7 @@
 #include "cli/post_command.h"
 
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -49,6 +50,8 @@ void add_post_run_options(CLI::App* cmd, const std::string& objective,
     train::PostOptions o;
     o.resume = *resume;
     o.comm = comm.get();
+    const char* fault = std::getenv("POLLEN_FAULT_INJECT");
+    o.fault = train::parse_fault_injection(fault ? fault : "");
     run_as_job(*comm, [&]() -> train::RunResult { return run(cfg, o); });
   });
 }

@@ -32,8 +32,9 @@ struct PostOptions {
   int64_t stop_after = -1;
   bool quiet = false;  // no progress lines (tests)
   // The job's ranks (data parallel, docs/parallel.md); null: this process alone. Rank 0 writes
-  // the run's files; every rank holds the same weights and optimizer state.
+  // the run's files; every rank holds the same weights.
   dist::Communicator* comm = nullptr;
+  FaultInjection fault;  // POLLEN_FAULT_INJECT (tests of a job of several ranks)
 };
 
 struct PostResult : RunResult {             // exit codes as pre-training's

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -204,6 +205,41 @@ std::string finished_message(const LoopCounters& c, double seconds, double last_
   return cat("finished ", c.step, " steps (", c.tokens, " tokens) in ",
              obs::format_duration(seconds), ": loss ", last_loss, validation, ", ", c.skipped,
              " steps skipped; checkpoint '", checkpoint.string(), "'");
+}
+
+FaultInjection parse_fault_injection(const std::string& text) {
+  FaultInjection f;
+  if (text.empty()) return f;
+  const auto a = text.find(':'), b = text.rfind(':');
+  const std::string kind = text.substr(0, a);
+  try {
+    POLLEN_CHECK(
+        a != std::string::npos && b != a && (kind == "kill" || kind == "hang" || kind == "error"),
+        "");
+    size_t used = 0;
+    f.rank = std::stoi(text.substr(a + 1, b - a - 1), &used);
+    POLLEN_CHECK(used == b - a - 1, "");
+    f.step = std::stoll(text.substr(b + 1), &used);
+    POLLEN_CHECK(used == text.size() - b - 1 && f.rank >= 0 && f.step >= 1, "");
+  } catch (const std::exception&) {
+    fail("POLLEN_FAULT_INJECT='", text,
+         "': expected kill:RANK:STEP, hang:RANK:STEP or error:RANK:STEP");
+  }
+  f.kind = kind == "kill"   ? FaultInjection::Kind::kill
+           : kind == "hang" ? FaultInjection::Kind::hang
+                            : FaultInjection::Kind::error;
+  return f;
+}
+
+void inject_fault_at(const FaultInjection& f, int rank, int64_t step) {
+  if (f.kind == FaultInjection::Kind::none || f.rank != rank || f.step != step) return;
+  if (f.kind == FaultInjection::Kind::error)
+    fail("rank ", f.rank, ": POLLEN_FAULT_INJECT: an error before step ", f.step);
+  log::warn("rank ", f.rank,
+            ": POLLEN_FAULT_INJECT: ", f.kind == FaultInjection::Kind::kill ? "dying" : "hanging",
+            " before step ", f.step);
+  if (f.kind == FaultInjection::Kind::kill) ::raise(SIGKILL);
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 double rss_mb() {

@@ -109,6 +109,19 @@ std::optional<std::string> already_finished(bool resumed, int64_t steps_here,
 std::string finished_message(const LoopCounters& counters, double seconds, double last_loss,
                              double last_val_loss, const std::filesystem::path& checkpoint);
 
+// POLLEN_FAULT_INJECT's fault, for tests of a job of several ranks: a rank that dies, hangs or
+// throws before a step.
+struct FaultInjection {
+  enum class Kind { none, kill, hang, error };
+  Kind kind = Kind::none;
+  int rank = 0;
+  int64_t step = 0;  // before this step (1-based) runs
+};
+// Parses "kill:RANK:STEP", "hang:RANK:STEP" or "error:RANK:STEP"; an empty text injects nothing.
+FaultInjection parse_fault_injection(const std::string& text);
+// Dies, hangs or throws as `f` says when this is its rank and the step about to run.
+void inject_fault_at(const FaultInjection& f, int rank, int64_t step);
+
 double rss_mb();
 double peak_rss_mb();
 

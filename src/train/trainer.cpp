@@ -1,14 +1,10 @@
 #include "train/trainer.h"
 
-#include <signal.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <utility>
 
 #include "autograd/tape.h"
@@ -99,30 +95,6 @@ AccumulatedLoss accumulate_gradients(const model::Llama& model,
   return r;
 }
 
-FaultInjection parse_fault_injection(const std::string& text) {
-  FaultInjection f;
-  if (text.empty()) return f;
-  const auto a = text.find(':'), b = text.rfind(':');
-  const std::string kind = text.substr(0, a);
-  try {
-    POLLEN_CHECK(
-        a != std::string::npos && b != a && (kind == "kill" || kind == "hang" || kind == "error"),
-        "");
-    size_t used = 0;
-    f.rank = std::stoi(text.substr(a + 1, b - a - 1), &used);
-    POLLEN_CHECK(used == b - a - 1, "");
-    f.step = std::stoll(text.substr(b + 1), &used);
-    POLLEN_CHECK(used == text.size() - b - 1 && f.rank >= 0 && f.step >= 1, "");
-  } catch (const std::exception&) {
-    fail("POLLEN_FAULT_INJECT='", text,
-         "': expected kill:RANK:STEP, hang:RANK:STEP or error:RANK:STEP");
-  }
-  f.kind = kind == "kill"   ? FaultInjection::Kind::kill
-           : kind == "hang" ? FaultInjection::Kind::hang
-                            : FaultInjection::Kind::error;
-  return f;
-}
-
 std::vector<bool> decay_mask(const std::vector<std::pair<std::string, ag::Var>>& params,
                              const std::vector<std::string>& no_decay) {
   auto has = [&](const char* g) {
@@ -155,17 +127,6 @@ double measure_peak_flops(Device device, DType dtype) {
     best = std::max(best, 2.0 * static_cast<double>(n * n * n) / seconds_since(t0));
   }
   return best;
-}
-
-void inject_fault_at(const FaultInjection& f, int rank, int64_t step) {
-  if (f.kind == FaultInjection::Kind::none || f.rank != rank || f.step != step) return;
-  if (f.kind == FaultInjection::Kind::error)
-    fail("rank ", f.rank, ": POLLEN_FAULT_INJECT: an error before step ", f.step);
-  log::warn("rank ", f.rank,
-            ": POLLEN_FAULT_INJECT: ", f.kind == FaultInjection::Kind::kill ? "dying" : "hanging",
-            " before step ", f.step);
-  if (f.kind == FaultInjection::Kind::kill) ::raise(SIGKILL);
-  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 namespace {

@@ -20,16 +20,6 @@ namespace pollen::train {
 
 // Makes one rank die, hang or throw an error at a step, to exercise failure detection (tests; set
 // through POLLEN_FAULT_INJECT, docs/parallel.md).
-struct FaultInjection {
-  enum class Kind { none, kill, hang, error };
-  Kind kind = Kind::none;
-  int rank = 0;
-  int64_t step = 0;  // before this step (1-based) runs
-};
-// Parses "kill:RANK:STEP", "hang:RANK:STEP" or "error:RANK:STEP"; an empty text injects nothing.
-FaultInjection parse_fault_injection(const std::string& text);
-// Dies, hangs or throws as `f` says when this is its rank and the step about to run.
-void inject_fault_at(const FaultInjection& f, int rank, int64_t step);
 
 struct TrainOptions {
   bool resume = false;

@@ -46,13 +46,15 @@ const SftRun& sft_run() {
   return r;
 }
 
-// `pollen <objective>` on `config` as `ranks` processes (1: no mpirun) into run.dir = `out`.
+// `pollen <objective>` on `config` as `ranks` processes (1: no mpirun) into run.dir = `out`;
+// `fault`: a POLLEN_FAULT_INJECT value that every rank gets.
 int post(const std::string& objective, const fs::path& config, int ranks, const fs::path& out,
-         const std::string& extra, std::string* output) {
-  std::string cmd;
+         const std::string& extra, std::string* output, const std::string& fault = "") {
+  std::string cmd = fault.empty() ? "" : "POLLEN_FAULT_INJECT=" + fault + " ";
   if (ranks > 1) {
-    cmd = "mpirun --oversubscribe --bind-to none -np " + std::to_string(ranks) + " ";
+    cmd += "mpirun --oversubscribe --bind-to none -np " + std::to_string(ranks) + " ";
     if (geteuid() == 0) cmd += "--allow-run-as-root ";
+    if (!fault.empty()) cmd += "-x POLLEN_FAULT_INJECT ";
   }
   cmd += std::string(POLLEN_BINARY) + " " + objective + " --config " + config.string() +
          " --set run.dir=" + out.string() + " " + extra;
@@ -145,6 +147,25 @@ TEST(SftRanks, TwoRanksTrainAsOneProcessAndResumeAsOne) {
   EXPECT_NE(out.find("sft.accumulation (4) is not a multiple of the job's 3 ranks"),
             std::string::npos)
       << out;
+}
+
+// A rank that hangs before step 4 (SIGSTOP-like: it never reaches a collective) ends the job
+// after parallel.timeout_s with exit code 4 and a message naming it; --resume continues from the
+// checkpoint of step 2 and ends as one process does.
+TEST(SftRanks, AHungRankIsNamedWithExitCodeFourAndResumeFinishesTheRun) {
+  const fs::path dir = sft_run().dir;
+  std::string out;
+  ASSERT_EQ(sft(1, dir / "hung-one", "", &out), 0) << out;
+  const int hung = post("sft", sft_run().config, 2, dir / "hung", "--set parallel.timeout_s=5",
+                        &out, "hang:1:4");
+  EXPECT_EQ(hung, 4) << out;
+  EXPECT_NE(out.find("rank 1 never reached it (dead or hung)"), std::string::npos) << out;
+  EXPECT_NE(out.find("--resume"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir / "hung/summary.json"));
+  EXPECT_EQ(io::checkpoint_step(io::list_checkpoints(dir / "hung/checkpoints").back()), 2);
+  ASSERT_EQ(sft(2, dir / "hung", "--resume", &out), 0) << out;
+  expect_close(values(dir / "hung", "loss"), values(dir / "hung-one", "loss"),
+               "train loss, resumed after a hang");
 }
 
 // ZeRO-1 (parallel.zero = 1): each of 2 ranks keeps half of AdamW's state, the run trains as one
