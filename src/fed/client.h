@@ -75,13 +75,6 @@ class LocalTransport : public Transport {
   Coordinator& c_;
 };
 
-// A failure that every rank of a silo meets at the same point (a step's loss or token count,
-// which the ranks agree on): the round fails on every rank and the silo waits for the next one.
-class RoundFailure : public Error {
- public:
-  using Error::Error;
-};
-
 // The inner loop of a silo: H steps of AdamW on its own data (the gradient of each step is that
 // of the mean loss over every scored token of its micro-batches, as in `pollen train`). With a
 // communicator of several ranks (a silo run under mpirun, fed/silo.h) each rank reads its part

@@ -238,8 +238,13 @@ PostBaseInfo read_post_base(const PostSettings& post) {
 train::PostConfig silo_post_config(const PostSettings& post) {
   const std::string data = std::filesystem::absolute(post.data).string();
   POLLEN_CHECK(std::filesystem::exists(data), "post.data: '", post.data, "' does not exist");
-  return train::load_post_config(post.run, post.objective,
-                                 {post.objective + ".data=" + train::toml_string(data)});
+  train::PostConfig run = train::load_post_config(
+      post.run, post.objective, {post.objective + ".data=" + train::toml_string(data)});
+  // A silo's ranks take client.toml's [parallel]; the run file's would be silently ignored.
+  POLLEN_CHECK(run.zero == 0, "post.run '", post.run.string(),
+               "': parallel.zero = 1 does not apply to a federated silo, which keeps its "
+               "adapters' AdamW state whole; its ranks take client.toml's [parallel]");
+  return run;
 }
 
 // ---- a silo ------------------------------------------------------------------------------------
@@ -297,11 +302,13 @@ RoundTrainer::Result LoraSilo::train(int64_t steps) {
   double loss_sum = 0;
   for (auto& p : params_) p.zero_grad();
   for (int64_t s = 0; s < steps; ++s) {
+    train::inject_fault_at(fault_, rank_, step_ + 1);
     lora_->set_dropout_step(static_cast<uint64_t>(step_));
     const train::ObjectiveStep st = objective_->train_step(model_, step_ + 1);
     lora_->disable_dropout();
-    POLLEN_CHECK(std::isfinite(st.loss), "silo '", id_, "': non-finite loss at local step ",
-                 step_ + 1);
+    // The loss is the whole step's on every rank: the round fails on all of them alike.
+    if (!std::isfinite(st.loss))
+      throw RoundFailure(cat("silo '", id_, "': non-finite loss at local step ", step_ + 1));
     opt_->step(optim::lr_at(config_.schedule, step_));
     for (auto& p : params_) p.zero_grad();
     ++step_;
@@ -317,6 +324,7 @@ RoundTrainer::Result LoraSilo::train(int64_t steps) {
 }
 
 void LoraSilo::split_across(dist::Communicator& comm, double bucket_mb) {
+  rank_ = comm.rank();
   reducer_ = std::make_unique<dist::GradReducer>(
       comm, params_, static_cast<int64_t>(bucket_mb * 1048576.0), dist::ReduceMode::all_reduce);
   objective_->split_across(comm, *reducer_);

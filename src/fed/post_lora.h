@@ -138,6 +138,9 @@ class LoraSilo : public RoundTrainer {
   // step and of evaluation, and the gradients are summed over the ranks in buckets of about
   // `bucket_mb` MiB (train::Objective::split_across).
   void split_across(dist::Communicator& comm, double bucket_mb);
+  // POLLEN_FAULT_INJECT (tests): the fault before a local step, counted over rounds, on this
+  // silo's rank.
+  void set_fault_injection(const train::FaultInjection& fault) { fault_ = fault; }
   // The objective's held-out loss and metrics with the current adapters.
   train::ObjectiveStep evaluate_held_out();
 
@@ -183,7 +186,9 @@ class LoraSilo : public RoundTrainer {
   std::vector<ag::Var> params_;
   std::unique_ptr<optim::AdamW> opt_;
   std::unique_ptr<dist::GradReducer> reducer_;  // several ranks: sums the gradients over them
-  int64_t step_ = 0;                            // local steps over every round
+  int rank_ = 0;                                // this process's among the silo's ranks
+  train::FaultInjection fault_;
+  int64_t step_ = 0;  // local steps over every round
 };
 
 // The LoRA silo of a client's [post]; with `comm` of several ranks, split across them

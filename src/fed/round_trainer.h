@@ -8,10 +8,18 @@
 #include <map>
 #include <string>
 
+#include "base/error.h"
 #include "fed/strategy.h"
 #include "fed/wire.h"
 
 namespace pollen::fed {
+
+// A failure that every rank of a silo meets at the same point (a step's loss or token count,
+// which the ranks agree on): the round fails on every rank and the silo waits for the next one.
+class RoundFailure : public Error {
+ public:
+  using Error::Error;
+};
 
 class RoundTrainer {
  public:

@@ -105,7 +105,10 @@ void lead_silo(const ClientConfig& config, dist::Communicator& comm,
                const train::FaultInjection& fault) {
   GrpcTransport transport(config.server, config.tls, config.connect_timeout_s);
   Client client(config, transport, &comm);
-  if (!config.post.enabled()) client.trainer().set_fault_injection(fault);
+  if (config.post.enabled())
+    client.lora_silo()->set_fault_injection(fault);
+  else
+    client.trainer().set_fault_injection(fault);
   client.join();
   log::info("fed client '", config.id, "': joined ", config.server,
             comm.world() > 1 ? cat(" (the silo runs as ", comm.world(), " ranks)") : "");

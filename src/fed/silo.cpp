@@ -61,8 +61,10 @@ void broadcast_order(dist::Communicator& comm, const RoundOrder& order, bool ste
 // A post-training silo's ranks but 0 (follow_orders): the silo from the client's [post], split
 // across the ranks; each round the global adapters from rank 0, then evaluation and the local
 // steps.
-void follow_post_orders(const ClientConfig& config, dist::Communicator& comm) {
+void follow_post_orders(const ClientConfig& config, dist::Communicator& comm,
+                        const train::FaultInjection& fault) {
   std::unique_ptr<LoraSilo> silo = make_lora_silo(config, &comm);
+  silo->set_fault_injection(fault);
   if (!config.state_dir.empty()) {
     ErrorFeedback feedback;  // rank 0's alone, as the model it pulled last
     Weights pulled;
@@ -82,9 +84,7 @@ void follow_post_orders(const ClientConfig& config, dist::Communicator& comm) {
         silo->evaluate(&tokens);
       }
       silo->train(words[1]);
-    } catch (const dist::PeerFailure&) {
-      throw;
-    } catch (const Error& e) {
+    } catch (const RoundFailure& e) {
       // The same failure as rank 0's (a non-finite loss is the job's): wait for the next order.
       log::warn("fed client '", config.id, "' rank ", comm.rank(), ": round ", words[0],
                 " failed: ", e.what());
@@ -126,7 +126,7 @@ void send_post_order(dist::Communicator& comm, const RoundOrder& order, const We
 void follow_orders(const ClientConfig& config, dist::Communicator& comm,
                    const train::FaultInjection& fault) {
   if (config.post.enabled()) {
-    follow_post_orders(config, comm);
+    follow_post_orders(config, comm, fault);
     return;
   }
   LocalTrainer trainer(config, &comm);

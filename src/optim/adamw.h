@@ -43,6 +43,13 @@ class AdamW {
   // checkpoints.
   const std::vector<ops::AdamWSlot>& slots() const { return slots_; }
   std::vector<ops::AdamWSlot>& slots() { return slots_; }
+  // Bytes of the moments (exp_avg and exp_avg_sq) over every parameter.
+  int64_t state_bytes() const {
+    int64_t bytes = 0;
+    for (const auto& slot : slots_)
+      bytes += static_cast<int64_t>(slot.exp_avg.nbytes() + slot.exp_avg_sq.nbytes());
+    return bytes;
+  }
   // Restoring from a checkpoint: the count of updates already taken (for bias correction).
   void set_steps_taken(int64_t steps) { step_ = steps; }
 

@@ -28,11 +28,7 @@ double PostOptimizer::step(double lr) {
 }
 
 int64_t PostOptimizer::state_bytes() const {
-  if (zero_) return zero_->state_bytes();
-  int64_t bytes = 0;
-  for (const auto& slot : adamw_->slots())
-    bytes += static_cast<int64_t>(slot.exp_avg.nbytes() + slot.exp_avg_sq.nbytes());
-  return bytes;
+  return zero_ ? zero_->state_bytes() : adamw_->state_bytes();
 }
 
 OptimizerMoments PostOptimizer::moments(bool keep) {

@@ -345,7 +345,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   progress.finish();
   r.record(counters, last_loss, last_val, last_checkpoint);
   r.last_val_metrics = last_val_metrics;
-  if (auto done = already_finished(o.resume, steps_here, cfg.dir, step, last_checkpoint)) {
+  if (auto done = already_finished(o.resume, steps_here, cfg.dir, step, last_checkpoint, comm)) {
     r.message = *done;
     return r;
   }

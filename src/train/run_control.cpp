@@ -186,8 +186,10 @@ bool checkpoint_due(int64_t step, bool last, int64_t interval, int64_t bad_in_ro
 
 std::optional<std::string> already_finished(bool resumed, int64_t steps_here,
                                             const fs::path& run_dir, int64_t step,
-                                            const fs::path& checkpoint) {
-  if (!resumed || steps_here > 0 || !fs::exists(run_dir / "summary.json")) return std::nullopt;
+                                            const fs::path& checkpoint, dist::Communicator& comm) {
+  double seen[1] = {resumed && steps_here == 0 && fs::exists(run_dir / "summary.json") ? 1.0 : 0.0};
+  comm.all_reduce_sum(seen, "whether the run had already finished");
+  if (seen[0] < comm.world()) return std::nullopt;
   return cat("the run had already finished at step ", step, " (checkpoint '", checkpoint.string(),
              "'); nothing to do, summary.json kept");
 }

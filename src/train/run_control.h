@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "dist/communicator.h"
 #include "obs/metrics.h"
 #include "obs/progress.h"
 
@@ -103,9 +104,12 @@ std::string preempted_message(int64_t step, const std::filesystem::path& checkpo
 RunResult rank_failed_result(const std::string& failure, const std::filesystem::path& run_dir);
 // A run resumed after its last step trains nothing: its summary.json (of the run that did) stays,
 // and this is the message to end with. Nothing when steps ran here or there is no summary yet.
+// The ranks of `comm` decide together (a collective), so that all of them end here or none: the
+// run counts as finished only where every rank sees the summary.
 std::optional<std::string> already_finished(bool resumed, int64_t steps_here,
                                             const std::filesystem::path& run_dir, int64_t step,
-                                            const std::filesystem::path& checkpoint);
+                                            const std::filesystem::path& checkpoint,
+                                            dist::Communicator& comm);
 std::string finished_message(const LoopCounters& counters, double seconds, double last_loss,
                              double last_val_loss, const std::filesystem::path& checkpoint);
 

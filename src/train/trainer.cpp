@@ -453,7 +453,8 @@ TrainResult TrainingRun::finish(bool stopped) {
   const int64_t step = counters_.step;
   TrainResult& r = result_;
   r.record(counters_, last_loss_, last_val_, last_checkpoint_);
-  if (auto done = already_finished(o_.resume, steps_here_, cfg_.dir, step, last_checkpoint_)) {
+  if (auto done =
+          already_finished(o_.resume, steps_here_, cfg_.dir, step, last_checkpoint_, comm_)) {
     r.message = *done;
     return r;
   }

@@ -39,11 +39,7 @@ void TrainerOptimizer::zero_grad() {
 }
 
 int64_t TrainerOptimizer::state_bytes() const {
-  if (zero_) return zero_->state_bytes();
-  int64_t bytes = 0;
-  for (const auto& slot : adamw_->slots())
-    bytes += static_cast<int64_t>(slot.exp_avg.nbytes() + slot.exp_avg_sq.nbytes());
-  return bytes;
+  return zero_ ? zero_->state_bytes() : adamw_->state_bytes();
 }
 
 // ZeRO-1: the whole f32 weights and moments are read on every rank, which keeps its blocks.
