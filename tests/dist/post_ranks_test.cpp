@@ -205,7 +205,7 @@ TEST(SftRanks, ZeroShardedRanksTrainAsOneProcessInHalfTheOptimizerState) {
 
 // DPO and a reward model on synthetic preference pairs, 3 micro-batches of 2 pairs a step (so
 // that 2 ranks run 2 and 1 of them), LoRA with dropout: the same losses and metrics as one
-// process, and one reward model exported.
+// process, with ZeRO-1 too, and one reward model exported.
 TEST(PreferenceRanks, DpoAndRewardModelsTrainAsOneProcess) {
   const auto files = test_support::make_post_files("preference_ranks");
   for (const std::string objective : {"dpo", "rm"}) {
@@ -238,6 +238,14 @@ TEST(PreferenceRanks, DpoAndRewardModelsTrainAsOneProcess) {
     EXPECT_EQ(records(two, "loss").back()["tokens"], records(one, "loss").back()["tokens"]);
     // The adapters' B (zero at the start): 4 steps' moves, the same to float rounding.
     EXPECT_LT(relative_b_difference(two, one), 1e-4) << objective;
+    // ZeRO-1, a reward model's score head among the sharded parameters: the same run.
+    const fs::path zero = files.dir / (objective + "-zero");
+    ASSERT_EQ(post(objective, config, 2, zero, "--set parallel.zero=1", &out), 0) << out;
+    expect_close(values(zero, "loss"), values(one, "loss"), objective + " train loss, ZeRO-1",
+                 1e-4);
+    expect_close(values(zero, metric), values(one, metric), objective + " " + metric + ", ZeRO-1",
+                 1e-4);
+    EXPECT_LT(relative_b_difference(zero, one), 1e-4) << objective << ", ZeRO-1";
   }
   EXPECT_TRUE(fs::exists(files.dir / "rm-two/reward_model/config.json"));
 }
@@ -320,6 +328,10 @@ TEST(GrpoRanks, TwoRanksSampleAndTrainAsOneProcessAndResumeAsOne) {
   expect_close(values(two, "val_loss"), values(one, "val_loss"), "held-out reward, 2 ranks");
   EXPECT_EQ(records(two, "loss").back()["tokens"], records(one, "loss").back()["tokens"]);
   EXPECT_LT(relative_b_difference(two, one), 1e-4);
+  const fs::path zero = files.dir / "zero";
+  ASSERT_EQ(post("grpo", config, 2, zero, "--set parallel.zero=1", &out), 0) << out;
+  EXPECT_EQ(values(zero, "grpo/reward"), rewards) << "ZeRO-1";
+  EXPECT_LT(relative_b_difference(zero, one), 1e-4) << "ZeRO-1";
 
   for (const auto& c : io::list_checkpoints(two / "checkpoints"))
     if (io::checkpoint_step(c) > 2) fs::remove_all(c);
