@@ -1,15 +1,18 @@
 // A federated silo run as several ranks: `pollen fed server` and `pollen fed client` under mpirun
 // (oversubscribed on a small machine) push the pseudo-gradient of the same client as one
 // process, with ZeRO-1 too, and a killed rank ends the silo's job naming it; the client then
-// resumes its state at another world size and finishes the run.
+// resumes its state at another world size and finishes the run. A post-training silo's hung
+// rank is named as well.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
 
+#include "base/files.h"
 #include "fed/fixtures.h"
 #include "io/checkpoint.h"
+#include "train/post_fixtures.h"
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -372,4 +375,41 @@ TEST(FederatedSilo, TwoRanksShareTheFirstMomentsOfOneProcess) {
   EXPECT_TRUE(bitwise_equal(own.front(), ref.front()));
   EXPECT_GT(max_abs(difference(own.back(), ref.back())), 1e-6);
   for (const auto* f : {&one, &two, &zero, &plain}) fs::remove_all(f->dir);
+}
+
+// A post-training silo ([post]: SFT of LoRA adapters) of 2 ranks: a rank that hangs before local
+// step 2 ends the silo's job with exit code 4 naming it, and the client restarted as 2 ranks
+// trains the round still open and finishes the run with the server.
+TEST(FederatedSilo, APostTrainingSiloNamesAHungRankAndFinishesWhenRestarted) {
+  const auto files = test_support::make_post_files("post_silo_hung");
+  const fs::path data = test_support::write_sft_data(files.dir / "upper.jsonl", "upper", 40, 3);
+  const fs::path run = files.dir / "run.toml";
+  write_file_atomic(run, test_support::tiny_post_toml(
+                             files.dir / "silo-run", files.model_file, files.tokenizer_path, 100,
+                             "[sft]\nseq = 64\nmicro_batch = 2\naccumulation = 2\n"
+                             "validation_fraction = 0\n\n[lora]\nrank = 4\ntrain_a = false\n"));
+  Federation f{files.dir, loopback_address()};
+  write_file_atomic(
+      f.dir / "fed.toml",
+      cat("[server]\ndir = '", (f.dir / "server").string(), "'\naddress = '", f.address(),
+          "'\nrounds = 2\nlocal_steps = 2\nround_timeout_s = 120\nwait_for_clients_s = 60\n"
+          "[strategy]\nmin_clients = 1\n[post]\nrun = '",
+          run.string(), "'\nobjective = 'sft'\n"));
+  write_file_atomic(
+      f.dir / "client.toml",
+      cat("[client]\nid = 'silo-0'\nserver = '", f.address(), "'\nthreads = 1\nstate_dir = '",
+          (f.dir / "state").string(), "'\n[post]\nrun = '", run.string(),
+          "'\nobjective = 'sft'\ndata = '", data.string(), "'\n[parallel]\ntimeout_s = 3\n"));
+  const pid_t server = start_server(f);
+  const Outcome hung = run_client(f, 2, false, "POLLEN_FAULT_INJECT=hang:1:2");
+  EXPECT_EQ(hung.exit_code, 4) << hung.output;
+  EXPECT_NE(hung.output.find("rank 1 never reached it (dead or hung)"), std::string::npos)
+      << hung.output;
+  const Outcome again = run_client(f, 2);
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("the silo runs as 2 ranks"), std::string::npos) << again.output;
+  EXPECT_EQ(wait_exit(server), 0) << "see " << (f.dir / "server.log").string();
+  EXPECT_EQ(read_jsonl(f.dir / "server" / "metrics.jsonl").size(), 2u);
+  EXPECT_TRUE(fs::exists(f.dir / "server" / "adapter" / "adapter_model.safetensors"));
+  fs::remove_all(f.dir);
 }
