@@ -12,8 +12,8 @@
 #include "obs/progress.h"
 #include "optim/adamw.h"
 #include "tokenizer/open.h"
-#include "train/post_optimizer.h"
 #include "train/run_control.h"
+#include "train/trainer_optimizer.h"
 
 namespace fs = std::filesystem;
 
@@ -151,7 +151,8 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   for (const auto& [n, v] : trained) params.push_back(v);
   // Several ranks: each runs its share of a step, and the gradients are summed over the ranks
   // (with parallel.zero = 1 each rank keeps its blocks of AdamW's state alone).
-  PostOptimizer opt(cfg, trained, comm);
+  TrainerOptimizer opt(cfg.optimizer, cfg.grad_clip, cfg.zero, cfg.bucket_mb, false, trained,
+                       comm.world() > 1 ? &comm : nullptr);
   if (opt.reducer()) objective->split_across(comm, *opt.reducer());
 
   // The weight files of a checkpoint: the whole model (or its adapters, A and B with PEFT's
@@ -174,7 +175,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   if (resume_from) {
     const fs::path dir = *resume_from;
     for (const auto& f : weight_files()) load_checkpoint_tensors(dir / f.file, f.tensors);
-    opt.load(dir);
+    opt.load_moments(dir);
     state = nlohmann::ordered_json::parse(read_file(dir / "state.json"));
     counters.restore(state);
     objective->restore(state.at("objective"));
@@ -357,10 +358,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   if (comm.world() > 1) {
     summary["ranks"] = comm.world();
     summary["zero"] = opt.sharded() ? 1 : 0;
-    std::vector<double> state_bytes(static_cast<size_t>(comm.world()), 0.0);
-    state_bytes[static_cast<size_t>(comm.rank())] = static_cast<double>(opt.state_bytes());
-    comm.all_reduce_sum(state_bytes, "the optimizer state sizes");
-    summary["optimizer_state_bytes_per_rank"] = state_bytes;
+    summary["optimizer_state_bytes_per_rank"] = opt.state_bytes_per_rank(comm);
   }
   if (lead) write_file_atomic(cfg.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {

@@ -113,8 +113,8 @@ std::optional<std::string> already_finished(bool resumed, int64_t steps_here,
 std::string finished_message(const LoopCounters& counters, double seconds, double last_loss,
                              double last_val_loss, const std::filesystem::path& checkpoint);
 
-// POLLEN_FAULT_INJECT's fault, for tests of a job of several ranks: a rank that dies, hangs or
-// throws before a step.
+// Makes one rank die, hang or throw an error before a step, to exercise failure detection (tests;
+// set through POLLEN_FAULT_INJECT, docs/parallel.md).
 struct FaultInjection {
   enum class Kind { none, kill, hang, error };
   Kind kind = Kind::none;

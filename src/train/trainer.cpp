@@ -464,12 +464,9 @@ TrainResult TrainingRun::finish(bool stopped) {
   summary["tokens_per_s_this_process"] =
       std::round(static_cast<double>(steps_here_ * cfg_.batch_tokens) / seconds_since(run_start_));
   if (parallel_) {
-    std::vector<double> state_bytes(static_cast<size_t>(comm_.world()), 0.0);
-    state_bytes[static_cast<size_t>(comm_.rank())] = static_cast<double>(optimizer_.state_bytes());
-    comm_.all_reduce_sum(state_bytes, "the optimizer state sizes");
     summary["ranks"] = comm_.world();
     summary["zero"] = cfg_.zero;
-    summary["optimizer_state_bytes_per_rank"] = state_bytes;
+    summary["optimizer_state_bytes_per_rank"] = optimizer_.state_bytes_per_rank(comm_);
     summary["reduce_wait_frac"] =
         step_time_total_ > 0 ? std::round(reduce_wait_total_ / step_time_total_ * 1e4) / 1e4 : 0.0;
   }

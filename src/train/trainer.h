@@ -18,9 +18,6 @@
 
 namespace pollen::train {
 
-// Makes one rank die, hang or throw an error at a step, to exercise failure detection (tests; set
-// through POLLEN_FAULT_INJECT, docs/parallel.md).
-
 struct TrainOptions {
   bool resume = false;
   bool handle_signals = true;  // SIGINT/SIGTERM: finish the step, checkpoint, stop
