@@ -14,13 +14,11 @@ void add_launch_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "launch",
       "Run pollen train, sft, dpo, rm, grpo or fed client as N data-parallel ranks on this node, "
-      "through "
-      "OpenMPI's mpirun (docs/parallel.md); other commands run as one process. Several nodes: "
-      "mpirun with a hostfile, or srun under Slurm.\n"
+      "through OpenMPI's mpirun (docs/parallel.md); other commands run as one process. Several "
+      "nodes: mpirun with a hostfile, or srun under Slurm.\n"
       "Example: pollen launch --nproc 4 -- train --config run.toml\n"
       "Exit status: the job's (pollen train, sft, dpo, rm, grpo and fed client: 4 when a rank died "
-      "or "
-      "hung).");
+      "or hung).");
   auto opts = std::make_shared<dist::LaunchOptions>();
   cmd->add_option("--nproc", opts->nproc, "Ranks to start")->required()->check(CLI::PositiveNumber);
   cmd->add_option("--mpirun", opts->mpirun, "The mpirun to use")->capture_default_str();

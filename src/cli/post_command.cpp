@@ -19,8 +19,7 @@ const char* const kPostExitCodes =
     "\nExit codes: 0 finished, 1 failed (bad config or data, too many non-finite losses in a "
     "row, any error), 3 preempted (SIGINT or SIGTERM: the step finished and a checkpoint was "
     "written; rerun with --resume), 4 a rank of a data-parallel job died or hung (sft, dpo, rm, "
-    "grpo; "
-    "rerun with --resume), 2 bad command line.";
+    "grpo; rerun with --resume), 2 bad command line.";
 
 const char* const kPostDataParallel =
     "\nData parallel: run it under mpirun -np N, srun, or pollen launch --nproc N "
