@@ -143,7 +143,10 @@ void add_fed_command(CLI::App& app) {
   auto* privacy = fed->add_subcommand(
       "privacy", "Epsilon of central DP after some rounds, for planning (RDP accountant)");
   privacy->add_option("--noise-multiplier", p->noise, "z: noise std / clip norm")->required();
-  privacy->add_option("--sampling-rate", p->rate, "q: share of the clients selected per round")
+  privacy
+      ->add_option("--sampling-rate", p->rate,
+                   "q: share of the clients selected per round (1 with secure aggregation, whose "
+                   "server knows the sample)")
       ->required();
   privacy->add_option("--rounds", p->rounds, "Rounds")->required();
   privacy->add_option("--delta", p->delta, "delta")->capture_default_str();

@@ -3,6 +3,7 @@
 #include "base/log.h"
 #include "base/rng.h"
 #include "fed/client.h"
+#include "fed/privacy.h"
 #include "fed/secagg/masked_set.h"
 #include "fed/secagg/quantize.h"
 
@@ -47,19 +48,64 @@ void Client::secagg_step(const pb::TaskReply& task) {
   secagg_.reset();
 }
 
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+Weights Client::clip_and_weigh(int64_t round, const Weights& delta, int64_t tokens,
+                               const secagg::DistributedNoise& noise) const {
+  Weights out = clone_weights(delta);
+  const double norm = l2_norm(out);
+  const bool clipped = clip_to_norm(out, norm, noise.clip);
+  const double weight =
+      noise.token_cap > 0
+          ? std::min(1.0, static_cast<double>(tokens) / static_cast<double>(noise.token_cap))
+          : 1.0;
+  if (weight < 1) {
+    for (Tensor& t : out) {
+      float* p = t.data<float>();
+      for (int64_t j = 0; j < t.numel(); ++j) p[j] = static_cast<float>(p[j] * weight);
+    }
+  }
+  log::info("fed client '", config_.id, "': round ", round, ": distributed DP: update norm ", norm,
+            clipped ? cat(", clipped to ", noise.clip) : std::string(), ", weight ", weight,
+            ", noise std ", noise.stddev, " per value");
+  if (noise.seed >= 0) {
+    log::warn("fed client '", config_.id, "': the server asks for repeatable noise (noise_seed ",
+              noise.seed, "): the update has no privacy from anyone who knows the seed");
+  }
+  return out;
+}
+
 EncodedSet Client::masked_update(int64_t round, const Weights& delta, int64_t tokens) {
   POLLEN_CHECK(secagg_ && secagg_->round() == round,
                "secure aggregation: no shared keys for round ", round);
   const auto& options = secagg_->options();
+  // With distributed DP every client's update weighs at most 1 and carries its noise share.
+  const secagg::DistributedNoise& noise = options.noise;
+  const int64_t weight = noise.enabled() ? 1 : tokens;
   try {
-    secagg::check_fits(tokens, options);
+    secagg::check_fits(weight, options);
   } catch (const Error& e) {
     throw RoundCannotSucceed(cat("fed client '", config_.id, "': round ", round, ": ", e.what()));
   }
   secagg::QuantizeStats stats;
   // Stochastic rounding drawn from the client's seed and the round: runs repeat bitwise.
   const uint64_t seed = Rng(config_.seed).fork(static_cast<uint64_t>(round)).next_u64();
-  std::vector<uint64_t> words = secagg::quantize(delta, tokens, options, seed, &stats);
+  std::vector<uint64_t> words;
+  if (noise.enabled()) {
+    Rng noise_draws = noise_rng(noise.seed, fnv1a(config_.id)).fork(static_cast<uint64_t>(round));
+    words = secagg::quantize(clip_and_weigh(round, delta, tokens, noise), weight, options, seed,
+                             &stats, &noise_draws);
+  } else {
+    words = secagg::quantize(delta, weight, options, seed, &stats);
+  }
   if (stats.clipped > 0) {
     log::warn("fed client '", config_.id, "': round ", round, ": ", stats.clipped,
               " pseudo-gradient values clipped to +/-", options.range,

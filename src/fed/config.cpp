@@ -217,9 +217,15 @@ ServerConfig read_server_config(ConfigTable& root) {
                  root.where("privacy"),
                  ": central DP clips and averages updates itself; it "
                  "needs strategy.aggregation = 'mean' and no strategy.norm_bound");
-    POLLEN_CHECK(!c.secure_aggregation.enabled, root.where("privacy"),
-                 ": central DP clips each update on the server, which secure aggregation hides "
-                 "from it; use [local_dp] on the clients instead");
+    // Under secure aggregation the clients clip and noise (distributed DP, fed/privacy.h).
+    POLLEN_CHECK(!c.secure_aggregation.enabled || !c.privacy.adaptive_clip,
+                 p->where("adaptive_clip"),
+                 ": with secure aggregation the clients clip their own updates to a fixed norm; "
+                 "adaptive clipping would need the count of clipped updates, which the masked sum "
+                 "does not carry");
+    POLLEN_CHECK(!c.secure_aggregation.enabled || !c.privacy.poisson(), p->where("sampling"),
+                 ": with secure aggregation the clients add the noise, and an empty or failed "
+                 "Poisson sample would release nothing the accountant counts; use 'fixed'");
   }
   POLLEN_CHECK(!c.secure_aggregation.enabled ||
                    (c.strategy.robust.aggregation == "mean" && c.strategy.robust.norm_bound == 0),

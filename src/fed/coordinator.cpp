@@ -27,7 +27,8 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   POLLEN_CHECK(config_.privacy.enabled || !config_.privacy.poisson(),
                "privacy.sampling = 'poisson' needs central DP ([privacy])");
   if (config_.privacy.enabled)
-    dp_ = std::make_unique<CentralDp>(config_.privacy, config_.strategy.fraction_fit);
+    dp_ = std::make_unique<CentralDp>(config_.privacy, config_.strategy.fraction_fit,
+                                      config_.secure_aggregation.enabled);
   io::ModelSource init;
   if (config_.post.enabled()) {
     const PostBaseInfo post = read_post_base(config_.post);

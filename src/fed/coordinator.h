@@ -148,8 +148,13 @@ class Coordinator {
   bool poisson_dp() const { return dp_ && config_.privacy.poisson(); }
   void advance_secagg_locked();
   bool round_complete_locked() const;
-  // Unmasks the sum and applies it; false (with the reason in *why) when the round fails.
-  bool aggregate_secure(int64_t round, int64_t tokens, size_t participants, std::string* why);
+  // Unmasks the sum and applies it; false (with the reason in *why) when the round fails. With
+  // distributed DP the sum is divided by the `selected` clients and accounted into *report.
+  bool aggregate_secure(int64_t round, int64_t tokens, size_t participants, size_t selected,
+                        AggregationReport* report, std::string* why);
+  // The open round's secure aggregation options, with distributed DP's noise once the session
+  // knows its threshold.
+  secagg::Options secagg_options_locked() const;
   void record_status(const RoundSummary& s);
   // Redraws the terminal's progress bar: rounds done, the open round's clients that reported.
   void show_progress_locked();

@@ -160,7 +160,8 @@ RoundSummary Coordinator::end_round() {
   std::string secure_error;
   AggregationReport report;
   if (secagg_) {
-    s.aggregated = aggregate_secure(s.round, s.tokens, ups.size(), &secure_error);
+    s.aggregated =
+        aggregate_secure(s.round, s.tokens, ups.size(), s.selected.size(), &report, &secure_error);
     secagg_.reset();  // nothing of the round's masked inputs outlives it
   } else {
     // A Poisson-sampled DP round releases whatever came, none included: retrying it for too few
@@ -225,9 +226,9 @@ RoundSummary Coordinator::end_round() {
   if (!s.metrics.empty()) m["metrics"] = s.metrics;
   if (!evals.empty()) m["eval_loss"] = s.eval_loss;
   if (s.aggregated) {
-    m["aggregation"] = dp_                                  ? "dp_mean"
-                       : config_.secure_aggregation.enabled ? "secure_mean"
-                                                            : config_.strategy.robust.aggregation;
+    const bool secure = config_.secure_aggregation.enabled;
+    m["aggregation"] = dp_ ? (secure ? "secure_dp_mean" : "dp_mean")
+                           : (secure ? "secure_mean" : config_.strategy.robust.aggregation);
     m["clipped"] = report.clipped();
     m["rejected"] = report.rejected();
     if (dp_) m["privacy"] = report.extra;

@@ -47,9 +47,18 @@ pb::SecAggReply Coordinator::secagg(const pb::SecAggRequest& r, const std::strin
         secagg_->advertise(id, r.advertise());
         reply.set_accepted(true);
         break;
-      case pb::SecAggRequest::kGetRoster:
+      case pb::SecAggRequest::kGetRoster: {
         *reply.mutable_roster() = secagg_->roster(id);
+        const secagg::DistributedNoise noise = secagg_options_locked().noise;
+        if (noise.enabled()) {
+          auto* p = reply.mutable_roster()->mutable_params();
+          p->set_dp_clip(noise.clip);
+          p->set_dp_noise_stddev(noise.stddev);
+          p->set_dp_token_cap(noise.token_cap);
+          if (noise.seed >= 0) p->set_dp_noise_seed(noise.seed);
+        }
         break;
+      }
       case pb::SecAggRequest::kShares:
         secagg_->shares(id, r.shares());
         reply.set_accepted(true);
@@ -77,8 +86,21 @@ pb::SecAggReply Coordinator::secagg(const pb::SecAggRequest& r, const std::strin
   }
 }
 
+secagg::Options Coordinator::secagg_options_locked() const {
+  secagg::Options o = config_.secure_aggregation;
+  if (dp_) {
+    // Any sum the server can unmask holds at least the threshold's inputs (a survivor's self
+    // mask needs that many revealed shares, from clients that sent an input), and at least
+    // min_clients (fewer are not aggregated).
+    const auto fewest =
+        std::max(static_cast<int64_t>(secagg_->threshold()), config_.strategy.min_clients);
+    o.noise = dp_->distributed_noise(fewest);
+  }
+  return o;
+}
+
 bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t participants,
-                                   std::string* why) {
+                                   size_t selected, AggregationReport* report, std::string* why) {
   using Phase = secagg::ServerSession::Phase;
   if (secagg_->phase() != Phase::done) {
     *why = secagg_->phase() == Phase::failed
@@ -93,11 +115,20 @@ bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t partici
     return false;
   }
   try {
+    // With distributed DP every client's weight is 1 and the sum is divided by the clients
+    // selected (a fixed denominator); else the token-weighted mean.
+    const secagg::Options options = secagg_options_locked();
+    const int64_t weights = dp_ ? static_cast<int64_t>(participants) : tokens;
+    const double denominator = dp_ ? static_cast<double>(selected) : static_cast<double>(tokens);
     // Before unmasking: a sum that may not fit the ring is refused without rebuilding any
     // client's secrets for a round that is then thrown away.
-    secagg::check_fits(tokens, config_.secure_aggregation);
+    secagg::check_fits(weights, options);
     const std::vector<uint64_t> sum = secagg_->unmasked_sum();
-    const Weights mean = secagg::dequantize(sum, tokens, config_.secure_aggregation, global_);
+    const Weights mean = secagg::dequantize(sum, weights, denominator, options, global_);
+    if (dp_) {
+      dp_->account_distributed(round, static_cast<int64_t>(selected), round_available_,
+                               static_cast<int64_t>(participants), options.noise, report);
+    }
     strategy_->aggregate_mean(round, global_, mean);
   } catch (const Error& e) {
     *why = e.what();

@@ -65,8 +65,6 @@ LocalDpOptions read_local_dp_options(ConfigTable& t) {
   return o;
 }
 
-namespace {
-
 Rng noise_rng(int64_t seed, uint64_t stream) {
   if (seed >= 0) return Rng(static_cast<uint64_t>(seed)).fork(stream);
   uint64_t key = 0;
@@ -74,8 +72,6 @@ Rng noise_rng(int64_t seed, uint64_t stream) {
                "privacy: the OS's random generator (OpenSSL RAND_bytes) failed");
   return Rng(key);
 }
-
-}  // namespace
 
 void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream) {
   if (std == 0) return;
@@ -86,10 +82,13 @@ void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream) {
   }
 }
 
-CentralDp::CentralDp(PrivacyOptions options, double poisson_rate)
-    : options_(std::move(options)), poisson_rate_(poisson_rate) {
+CentralDp::CentralDp(PrivacyOptions options, double poisson_rate, bool distributed)
+    : options_(std::move(options)), poisson_rate_(poisson_rate), distributed_(distributed) {
   POLLEN_CHECK(options_.sampling == "fixed" || options_.poisson(),
                "privacy.sampling: expected 'fixed' or 'poisson', got '", options_.sampling, "'");
+  POLLEN_CHECK(!distributed_ || (!options_.poisson() && !options_.adaptive_clip),
+               "privacy: with secure aggregation the clients noise their own updates, which needs "
+               "sampling 'fixed' and adaptive_clip off");
   POLLEN_CHECK(poisson_rate_ > 0 && poisson_rate_ <= 1,
                "privacy: the Poisson sampling rate (strategy.fraction_fit) must be in (0, 1], got ",
                poisson_rate_);
@@ -97,6 +96,8 @@ CentralDp::CentralDp(PrivacyOptions options, double poisson_rate)
 }
 
 double CentralDp::sampling_rate(int64_t selected, int64_t available) const {
+  // Under secure aggregation the server, whom the guarantee is against, knows whom it selected.
+  if (distributed_) return 1;
   return options_.poisson() ? poisson_rate_
                             : static_cast<double>(selected) / static_cast<double>(available);
 }
@@ -222,9 +223,7 @@ Weights CentralDp::aggregate(int64_t round, const Weights& like,
     float* p = t.data<float>();
     for (int64_t j = 0; j < t.numel(); ++j) p[j] = static_cast<float>(p[j] / m);
   }
-  const double q = sampling_rate(selected, available);
-  const double used_clip = clip_;
-  double noised_fraction = -1;
+  account_release(sampling_rate(selected, available), m, z_sum, r);
   if (options_.adaptive_clip) {
     // Each update's indicator centred to +-1/2 (as TF Privacy's quantile estimator does), so
     // that one client moves the released count by at most 1/2: the sensitivity the noise split
@@ -232,9 +231,15 @@ Weights CentralDp::aggregate(int64_t round, const Weights& like,
     const double centred = static_cast<double>(unclipped) - 0.5 * static_cast<double>(order.size());
     Weights count{Tensor::from<float>({1}, {static_cast<float>(centred)})};
     add_gaussian_noise(count, count_stddev(m), options_.noise_seed, seed_stream + 1);
-    noised_fraction = count[0].data<float>()[0] / m + 0.5;
+    const double noised_fraction = count[0].data<float>()[0] / m + 0.5;
     clip_ *= std::exp(-options_.clip_lr * (noised_fraction - options_.target_quantile));
+    r.extra["noised_unclipped_fraction"] = noised_fraction;
+    r.extra["next_clip"] = clip_;
   }
+  return delta;
+}
+
+void CentralDp::account_release(double q, double m, double z_sum, AggregationReport& r) {
   accountant_ =
       after_central_releases(accountant_, options_.sampling, q, options_.noise_multiplier);
   const Epsilon e = epsilon();
@@ -246,13 +251,31 @@ Weights CentralDp::aggregate(int64_t round, const Weights& like,
   r.extra["sampling_rate"] = q;
   r.extra["sampling"] = options_.sampling;
   r.extra["expected_clients"] = m;  // q * available: a fixed sample's size is its expectation
-  r.extra["clip"] = used_clip;
-  if (options_.adaptive_clip) {
-    r.extra["noised_unclipped_fraction"] = noised_fraction;
-    r.extra["next_clip"] = clip_;
-  }
+  r.extra["clip"] = clip_;
   r.extra["private_rounds"] = accountant_.steps();
-  return delta;
+}
+
+secagg::DistributedNoise CentralDp::distributed_noise(int64_t fewest_in_sum) const {
+  POLLEN_ASSERT(distributed_ && fewest_in_sum >= 1);
+  secagg::DistributedNoise n;
+  n.clip = clip_;
+  n.stddev = options_.noise_multiplier * clip_ / std::sqrt(static_cast<double>(fewest_in_sum));
+  n.token_cap = options_.weighting == "capped_tokens" ? options_.token_cap : 0;
+  n.seed = options_.noise_seed;
+  return n;
+}
+
+void CentralDp::account_distributed(int64_t round, int64_t selected, int64_t available,
+                                    int64_t in_sum, const secagg::DistributedNoise& noise,
+                                    AggregationReport* report) {
+  POLLEN_CHECK(distributed_ && in_sum >= 1 && selected >= in_sum && available >= selected,
+               "privacy: a distributed release of ", in_sum, " inputs from ", selected,
+               " selected of ", available, " clients");
+  const std::string why = refuse_round(round, selected, available);
+  POLLEN_CHECK(why.empty(), why);
+  // The shares of the clients in the sum: at least z C, more when more than the fewest came.
+  const double z_sum = noise.stddev * std::sqrt(static_cast<double>(in_sum)) / clip_;
+  account_release(1, static_cast<double>(selected), z_sum, *report);
 }
 
 nlohmann::json CentralDp::state() const {

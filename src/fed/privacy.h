@@ -35,6 +35,16 @@
 //     2C): the Gaussian of multiplier z / 2 on a sample without replacement at rate m / n, a
 //     sound bound but a loose one.
 //
+// Distributed DP (`[privacy]` with `[secure_aggregation]`): the server never sees an update, so
+// the clients clip and noise: each selected client clips its update to C, scales it by w_i and
+// adds N(0, (z C)^2 / k) before masking, where k = max(the Shamir threshold, min_clients) is the
+// fewest clients whose inputs any sum the server can unmask holds (a survivor's self mask needs
+// the threshold's revealed shares, and revealing clients sent an input). The unmasked sum then
+// carries at least N(0, (z C)^2), and the server divides it by m, the clients selected. The
+// server knows whom it selected, so no amplification by sampling is claimed against it: each
+// round is accounted as the Gaussian mechanism of multiplier z (q = 1); sampling must be
+// "fixed" and the clip fixed (adaptive clipping would need the clipped count masked as well).
+//
 // Local DP (`[local_dp]` of a client): the client clips its own update to C and adds
 // N(0, (z C)^2 I) before it leaves the silo, trusting nobody; it logs its own epsilon (one
 // Gaussian release per round it takes part in, no sampling).
@@ -48,8 +58,10 @@
 #include <string>
 #include <vector>
 
+#include "base/rng.h"
 #include "fed/accountant.h"
 #include "fed/robust.h"
+#include "fed/secagg/options.h"
 #include "fed/strategy.h"
 
 namespace pollen {
@@ -89,8 +101,10 @@ struct LocalDpOptions {
 
 LocalDpOptions read_local_dp_options(ConfigTable& table);
 
-// Adds N(0, std^2) to every element of w; `seed` < 0 draws the key from the OS's CSPRNG, else
-// the stream is Philox(seed, stream).
+// The noise's generator: `seed` < 0 draws the key from the OS's CSPRNG, else Philox(seed, stream).
+Rng noise_rng(int64_t seed, uint64_t stream);
+
+// Adds N(0, std^2) to every element of w, drawn from noise_rng(seed, stream).
 void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream);
 
 // `accountant` after `rounds` more central-DP releases of noise multiplier z at sampling rate q,
@@ -104,7 +118,8 @@ class CentralDp {
  public:
   // `poisson_rate`: under sampling "poisson", q, the probability each available client is
   // selected with (strategy.fraction_fit); "fixed" takes q from each round's sample instead.
-  explicit CentralDp(PrivacyOptions options, double poisson_rate = 1);
+  // `distributed`: the clients noise under secure aggregation (above), every round at q = 1.
+  explicit CentralDp(PrivacyOptions options, double poisson_rate = 1, bool distributed = false);
 
   // Before round `round` with `selected` of `available` clients: empty when it may start, else
   // why not (the budget would be passed, or adaptive clipping cannot afford its count noise).
@@ -126,6 +141,14 @@ class CentralDp {
   Weights aggregate(int64_t round, const Weights& like, const std::vector<ClientUpdate>& updates,
                     int64_t selected, int64_t available, AggregationReport* report);
 
+  // Distributed DP: what each client adds when any unmasked sum holds at least `fewest_in_sum`
+  // clients' inputs.
+  secagg::DistributedNoise distributed_noise(int64_t fewest_in_sum) const;
+  // Distributed DP: accounts for round `round`'s unmasked sum of `in_sum` clients' inputs, each
+  // noised by `noise`, and fills report->extra.
+  void account_distributed(int64_t round, int64_t selected, int64_t available, int64_t in_sum,
+                           const secagg::DistributedNoise& noise, AggregationReport* report);
+
   Epsilon epsilon() const { return accountant_.epsilon(options_.delta); }
   double clip() const { return clip_; }
   const PrivacyOptions& options() const { return options_; }
@@ -140,9 +163,12 @@ class CentralDp {
   double denominator(int64_t selected, int64_t available) const;
   double count_stddev(double m) const;
   double sum_noise_multiplier(double m) const;
+  // Accounts for one release and writes the round's privacy figures into r.extra.
+  void account_release(double q, double m, double z_sum, AggregationReport& r);
 
   PrivacyOptions options_;
   double poisson_rate_;
+  bool distributed_;
   double clip_;
   PrivacyAccountant accountant_;
 };

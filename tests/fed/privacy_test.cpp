@@ -270,6 +270,34 @@ TEST(CentralDp, AFixedSampleIsAccountedAsTheGaussianWhenWholeAndWithoutReplaceme
             PrivacyAccountant().after(1.0, 1.0).after(0.5, 1.0).epsilon(1e-5).epsilon);
 }
 
+TEST(DistributedDp, EachClientsShareIsTheCentralNoiseOverRootKAndNoSamplingIsClaimed) {
+  PrivacyOptions o = central_dp(1.2, 0.5);
+  o.weighting = "capped_tokens";
+  o.token_cap = 300;
+  CentralDp c(o, 1, true);
+  // Shares for a sum of at least 4 inputs: 1.2 * 0.5 / 2 each, so 4 of them add up to z C.
+  const secagg::DistributedNoise noise = c.distributed_noise(4);
+  EXPECT_DOUBLE_EQ(noise.clip, 0.5);
+  EXPECT_DOUBLE_EQ(noise.stddev, 0.3);
+  EXPECT_EQ(noise.token_cap, 300);
+  EXPECT_EQ(noise.seed, 7);
+  // 6 of 20 available selected, 5 inputs in the sum: the server knows whom it selected, so the
+  // round is the Gaussian mechanism of multiplier z (q = 1), with more noise than z C in the sum.
+  AggregationReport report;
+  c.account_distributed(1, 6, 20, 5, noise, &report);
+  const PrivacyAccountant gaussian = PrivacyAccountant().after(1.0, 1.2);
+  EXPECT_DOUBLE_EQ(report.extra["epsilon"].get<double>(), gaussian.epsilon(1e-5).epsilon);
+  EXPECT_DOUBLE_EQ(report.extra["sampling_rate"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(report.extra["sum_noise_multiplier"].get<double>(), 0.3 * std::sqrt(5.0) / 0.5);
+  EXPECT_DOUBLE_EQ(report.extra["expected_clients"].get<double>(), 6.0);
+  EXPECT_EQ(report.extra["private_rounds"].get<int64_t>(), 1);
+  // Poisson samples and adaptive clipping are not offered with secure aggregation.
+  EXPECT_THROW(CentralDp(central_dp(1.0, 1.0, "poisson"), 0.5, true), Error);
+  PrivacyOptions adaptive = central_dp(1.0, 1.0);
+  adaptive.adaptive_clip = true;
+  EXPECT_THROW(CentralDp(adaptive, 1, true), Error);
+}
+
 TEST(CentralDp, BudgetRefusesTheRoundThatWouldPassIt) {
   PrivacyOptions o = central_dp(1.0, 1.0);
   // A fixed-size sample: 2 of 4 without replacement, one client replaced, multiplier z / 2.

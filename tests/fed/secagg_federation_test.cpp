@@ -273,6 +273,87 @@ TEST(SecureRound, HostileOrMisplacedMessagesAreRefused) {
   EXPECT_THROW(p.server.secagg(r, ""), Error);
 }
 
+namespace {
+
+// One round of FedAvg (lr 1) over 3 silos under central DP (clip 0.05, weights min(1, t / 256)
+// with 128 tokens each: 1/2), masked or not; `min_clients` 2.
+SimConfig dp_sim_config(const fs::path& dir, const std::vector<fs::path>& silos, bool secure,
+                        double z) {
+  SimConfig c = secure_sim_config(dir, silos, "fedavg", 1, secure);
+  c.server.strategy.min_clients = 2;
+  c.server.privacy = central_dp(z, 0.05);
+  c.server.privacy.weighting = "capped_tokens";
+  c.server.privacy.token_cap = 256;
+  return c;
+}
+
+}  // namespace
+
+TEST(DistributedDp, WithoutNoiseTheClientsClipAndWeighAsTheCentralServerDoes) {
+  Quiet q;
+  const auto dir = temp_dir("dp-clip");
+  const auto silos = make_silos(dir, 3);
+  set_num_threads(1);
+  const auto central_cfg = dp_sim_config(dir / "central", silos, false, 0);
+  const auto secure_cfg = dp_sim_config(dir / "secure", silos, true, 0);
+  const auto central = run_simulation(central_cfg, false);
+  const auto secure = run_simulation(secure_cfg, false);
+  // The central server clipped every update (so clipping on the clients is what is compared).
+  const auto central_metrics = read_jsonl(central_cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(central_metrics.size(), 1u);
+  EXPECT_EQ(central_metrics[0]["clipped"].get<int64_t>(), 3);
+  // (sum_i w_i clip(delta_i)) / m either way: the weights differ by the quantisation's bound
+  // plus float32 roundings of the weights.
+  EXPECT_LE(max_abs_diff(central.global, secure.global),
+            secure_cfg.server.secure_aggregation.error_bound() + 0x1p-22);
+  const model::Llama initial(central_cfg.server.model, central_cfg.server.seed);
+  // 3 clipped updates of norm 0.05, halved, over 3: a move of norm 0.025 at most.
+  const double moved = max_abs_diff(central.global, model_weights(initial));
+  EXPECT_GT(moved, 1e-4);
+  EXPECT_LT(moved, 0.025 + 1e-6);
+  const auto metrics = read_jsonl(secure_cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 1u);
+  EXPECT_EQ(metrics[0]["aggregation"], "secure_dp_mean");
+}
+
+TEST(DistributedDp, TheClientsNoiseSharesAddUpToTheCentralMechanismsStd) {
+  Quiet q;
+  const auto dir = temp_dir("dp-noise");
+  const auto silos = make_silos(dir, 3);
+  set_num_threads(1);
+  const double z = 1.0;
+  const auto quiet_cfg = dp_sim_config(dir / "quiet", silos, true, 0);
+  const auto noisy_cfg = dp_sim_config(dir / "noisy", silos, true, z);
+  const auto quiet = run_simulation(quiet_cfg, false);
+  const auto noisy = run_simulation(noisy_cfg, false);
+  // Any unmasked sum holds at least k = max(threshold 2 of 3 holders, min_clients 2) = 2 inputs,
+  // so each client adds N(0, (z C)^2 / 2); the 3 inputs' noise over m = 3 has std
+  // z C sqrt(3 / 2) / 3 per value, which is what separates the two runs' weights.
+  double s = 0, s2 = 0;
+  int64_t n = 0;
+  for (size_t i = 0; i < quiet.global.size(); ++i) {
+    for (int64_t j = 0; j < quiet.global[i].numel(); ++j, ++n) {
+      const double d =
+          static_cast<double>(noisy.global[i].data<float>()[j]) - quiet.global[i].data<float>()[j];
+      s += d;
+      s2 += d * d;
+    }
+  }
+  const double mean = s / static_cast<double>(n);
+  const double std = std::sqrt(s2 / static_cast<double>(n) - mean * mean);
+  const double want = z * 0.05 * std::sqrt(1.5) / 3;
+  ASSERT_GT(n, 10000);
+  EXPECT_NEAR(std, want, 0.03 * want) << n << " values";
+  EXPECT_NEAR(mean, 0, 5 * want / std::sqrt(static_cast<double>(n)));
+  const auto metrics = read_jsonl(noisy_cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 1u);
+  const auto& privacy = metrics[0]["privacy"];
+  EXPECT_DOUBLE_EQ(privacy["sum_noise_multiplier"].get<double>(), z * std::sqrt(1.5));
+  EXPECT_DOUBLE_EQ(privacy["sampling_rate"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(privacy["epsilon"].get<double>(),
+                   PrivacyAccountant().after(1.0, z).epsilon(1e-5).epsilon);
+}
+
 TEST(SecureConfig, KeysAreReadCheckedAndCompressionMustBeNone) {
   const auto dir = temp_dir("config");
   auto load = [&](const std::string& extra) {
@@ -303,6 +384,13 @@ TEST(SecureConfig, KeysAreReadCheckedAndCompressionMustBeNone) {
   refused("[secure_aggregation]\nring_bits = 32\nrange = 1\nstep = 1e-12\n", "ring_bits");
   refused("[secure_aggregation]\nenabled = true\n[compression]\ncodec = 'int8'\n",
           "compression.codec must be none");
+  // Distributed DP: a fixed clip and a fixed-size sample.
+  const std::string dp =
+      "[secure_aggregation]\nenabled = true\n[privacy]\nnoise_multiplier = 1\n"
+      "clip = 0.5\n";
+  EXPECT_TRUE(load(dp).privacy.enabled);
+  refused(dp + "adaptive_clip = true\n", "privacy.adaptive_clip");
+  refused(dp + "sampling = 'poisson'\n", "privacy.sampling");
 }
 
 TEST(SecureGrpc, DeployedOnLoopbackEqualsTheSimulationBitwise) {

@@ -265,7 +265,7 @@ TEST(SecAggQuantize, WeightedMeanWithinTheStatedBound) {
         for (int64_t j = 0; j < m; ++j) sum[j] = (sum[j] + q[j]) & ring_mask(bits);
         total += tokens[i];
       }
-      const Weights got = dequantize(sum, total, o, deltas[0]);
+      const Weights got = dequantize(sum, total, static_cast<double>(total), o, deltas[0]);
       double worst = 0, bias = 0;
       for (int64_t j = 0; j < m; ++j) {
         double want = 0;
@@ -284,7 +284,7 @@ TEST(SecAggQuantize, WeightedMeanWithinTheStatedBound) {
       std::vector<uint64_t> hostile = sum;
       hostile[7] = (hostile[7] + (uint64_t{1} << (bits - 2))) & ring_mask(bits);
       try {
-        dequantize(hostile, total, o, deltas[0]);
+        dequantize(hostile, total, static_cast<double>(total), o, deltas[0]);
         ADD_FAILURE() << "a sum beyond the range was taken";
       } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("value 7 of the unmasked sum"), std::string::npos)

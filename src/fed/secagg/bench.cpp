@@ -131,7 +131,7 @@ BenchResult bench_round(int64_t clients, int64_t params, int64_t dropouts, const
     server.close_phase();
     int64_t tokens = 0;
     for (const auto& u : updates) tokens += u.tokens;
-    dequantize(server.unmasked_sum(), tokens, options, deltas[0]);
+    dequantize(server.unmasked_sum(), tokens, static_cast<double>(tokens), options, deltas[0]);
   });
   r.secure_client_s = client_s / static_cast<double>(n);
   r.secure_server_s = server_s;

@@ -30,6 +30,8 @@ Options options_from(const pb::SecAggParams& p) {
   o.range = p.range();
   o.step = p.step();
   o.stochastic = p.stochastic();
+  o.noise = {p.dp_clip(), p.dp_noise_stddev(), p.dp_token_cap(),
+             p.has_dp_noise_seed() ? p.dp_noise_seed() : -1};
   o.validate([](const std::string& key) { return cat("secure aggregation roster: ", key); });
   return o;
 }

@@ -20,15 +20,27 @@ void Options::validate(const std::function<std::string(const std::string&)>& whe
   POLLEN_CHECK(std::isfinite(step) && step > 0 && step <= range, where("step"),
                ": must be positive and at most range");
   POLLEN_CHECK(range / step <= 0x1p52, where("step"), ": range / step must be at most 2^52 levels");
+  POLLEN_CHECK(std::isfinite(noise.clip) && noise.clip >= 0, where("dp_clip"),
+               ": must be 0 (no distributed DP) or positive, got ", noise.clip);
+  POLLEN_CHECK(
+      std::isfinite(noise.stddev) && noise.stddev >= 0 && (noise.enabled() || noise.stddev == 0),
+      where("dp_noise_stddev"), ": must be 0 or positive, and 0 without dp_clip, got ",
+      noise.stddev);
+  POLLEN_CHECK(noise.token_cap >= 0, where("dp_token_cap"), ": must be 0 or positive, got ",
+               noise.token_cap);
   // One client with one token must fit: the server checks the round's total tokens.
-  POLLEN_CHECK(static_cast<double>(max_level()) < std::ldexp(1.0, ring_bits - 1),
-               where("ring_bits"), ": range / step = ", range / step, " levels do not fit a ",
-               ring_bits, "-bit ring; use ring_bits 64 or a coarser step");
+  const double levels = std::ceil((range + DistributedNoise::kTails * noise.stddev) / step);
+  POLLEN_CHECK(levels<std::ldexp(1.0, ring_bits - 1), where("ring_bits"), ": ", levels,
+                      " levels (range", noise.stddev> 0
+                   ? " and the noise's tails"
+                   : "",
+               " over step) do not fit a ", ring_bits,
+               "-bit ring; use ring_bits 64 or a coarser step");
   POLLEN_CHECK(phase_timeout_s > 0, where("phase_timeout_s"), ": must be positive");
 }
 
 int64_t Options::max_level() const {
-  return static_cast<int64_t>(std::ceil(range / step));
+  return static_cast<int64_t>(std::ceil((range + DistributedNoise::kTails * noise.stddev) / step));
 }
 
 size_t Options::resolved_threshold(size_t holders) const {

@@ -13,6 +13,23 @@ class ConfigTable;
 
 namespace pollen::fed::secagg {
 
+// Distributed DP ([privacy] together with secure aggregation; docs/federated.md): the server
+// sets it each round in the roster. Each client clips its update to the L2 norm `clip`, scales
+// it by its weight (1, or min(1, tokens / token_cap)) and adds its share of the noise,
+// N(0, stddev^2) per value, before quantising; the shares of the at least k clients in any sum
+// the server unmasks add up to the central mechanism's N(0, (z clip)^2).
+struct DistributedNoise {
+  double clip = 0;        // 0: off
+  double stddev = 0;      // z clip / sqrt(k)
+  int64_t token_cap = 0;  // 0: every client's weight is 1
+  int64_t seed = -1;      // -1: the OS's CSPRNG; else repeatable noise for tests (no privacy)
+  // The noise is drawn truncated at this many standard deviations, which bounds every value a
+  // client may send (a draw beyond it has probability below 1e-88).
+  static constexpr double kTails = 20;
+
+  bool enabled() const { return clip > 0; }
+};
+
 struct Options {
   bool enabled = false;
   // Shares of a client's secrets needed to rebuild them; 0: a majority of its holders
@@ -25,10 +42,12 @@ struct Options {
   double step = 1.0 / (1 << 24);  // quantisation step
   bool stochastic = true;         // stochastic rounding (unbiased, |err| < step), else nearest
   double phase_timeout_s = 60;    // key, share and unmask phases close then with who answered
+  DistributedNoise noise;         // the round's, from [privacy]; not a key of this table
 
   // Throws naming the key (where(key) says where it was read) when a value is out of range.
   void validate(const std::function<std::string(const std::string&)>& where) const;
-  // The largest |quantised value| of one coordinate: ceil(range / step).
+  // The largest |quantised value| of one coordinate: ceil(range / step), with distributed DP
+  // ceil((range + kTails stddev) / step).
   int64_t max_level() const;
   // The rounding's bound on |dequantised - true| per coordinate of the mean (no clipping).
   double error_bound() const { return stochastic ? step : step / 2; }

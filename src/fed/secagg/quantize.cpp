@@ -18,16 +18,30 @@ int64_t ring_signed(uint64_t word, int ring_bits) {
                       : static_cast<int64_t>(word);
 }
 
-std::vector<uint64_t> quantize(const Weights& delta, int64_t tokens, const Options& options,
-                               uint64_t seed, QuantizeStats* stats) {
-  POLLEN_CHECK(tokens >= 1, "secure aggregation: an update needs at least one token");
-  check_fits(tokens, options);
+namespace {
+
+// N(0, stddev^2) truncated at kTails standard deviations, by drawing again.
+double truncated_normal(Rng& rng, double stddev) {
+  for (;;) {
+    const double z = rng.normal();
+    if (std::fabs(z) <= DistributedNoise::kTails) return z * stddev;
+  }
+}
+
+}  // namespace
+
+std::vector<uint64_t> quantize(const Weights& delta, int64_t weight_in, const Options& options,
+                               uint64_t seed, QuantizeStats* stats, Rng* noise) {
+  POLLEN_CHECK(weight_in >= 1, "secure aggregation: an update needs at least one token");
+  POLLEN_CHECK(options.noise.stddev == 0 || (noise != nullptr && weight_in == 1),
+               "secure aggregation: distributed DP noise needs a generator and weight 1");
+  check_fits(weight_in, options);
   int64_t n = 0;
   for (const Tensor& t : delta) n += t.numel();
   std::vector<uint64_t> out;
   out.reserve(static_cast<size_t>(n));
   const uint64_t mask = ring_mask(options.ring_bits);
-  const auto weight = static_cast<uint64_t>(tokens);
+  const auto weight = static_cast<uint64_t>(weight_in);
   Rng rng(seed);
   int64_t clipped = 0;
   for (const Tensor& t : delta) {
@@ -40,6 +54,7 @@ std::vector<uint64_t> quantize(const Weights& delta, int64_t tokens, const Optio
         ++clipped;
         v = std::copysign(options.range, v);
       }
+      if (options.noise.stddev > 0) v += truncated_normal(*noise, options.noise.stddev);
       const double scaled = v / options.step;
       double q = std::floor(scaled);
       if (options.stochastic) {
@@ -55,21 +70,25 @@ std::vector<uint64_t> quantize(const Weights& delta, int64_t tokens, const Optio
   return out;
 }
 
-void check_fits(int64_t total_tokens, const Options& options) {
-  const double worst = static_cast<double>(total_tokens) * static_cast<double>(options.max_level());
-  POLLEN_CHECK(worst < std::ldexp(1.0, options.ring_bits - 1), "secure aggregation: ", total_tokens,
-               " tokens times ", options.max_level(), " levels (range / step) may wrap the ",
-               options.ring_bits,
+void check_fits(int64_t total_weight, const Options& options) {
+  const double worst = static_cast<double>(total_weight) * static_cast<double>(options.max_level());
+  POLLEN_CHECK(worst < std::ldexp(1.0, options.ring_bits - 1), "secure aggregation: ", total_weight,
+               options.noise.enabled() ? " clients" : " tokens", " times ", options.max_level(),
+               " levels (range", options.noise.stddev > 0 ? " and the noise's tails" : "",
+               " over step) may wrap the ", options.ring_bits,
                "-bit ring; raise secure_aggregation.step, lower range, or use ring_bits 64");
 }
 
-Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_tokens, const Options& options,
-                   const Weights& like) {
-  check_fits(total_tokens, options);
-  const double scale = options.step / static_cast<double>(total_tokens);
-  // Honest clients' values lie within +-range, so their weighted sum within this: a sum past it
-  // holds a word no client may send (the masked updates are never checked one by one).
-  const double most = static_cast<double>(total_tokens) * static_cast<double>(options.max_level());
+Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_weight, double denominator,
+                   const Options& options, const Weights& like) {
+  check_fits(total_weight, options);
+  POLLEN_CHECK(denominator > 0, "secure aggregation: the denominator must be positive, got ",
+               denominator);
+  const double scale = options.step / denominator;
+  // Honest clients' values lie within +-range (plus the noise's truncated tails), so their
+  // weighted sum within this: a sum past it holds a word no client may send (the masked updates
+  // are never checked one by one).
+  const double most = static_cast<double>(total_weight) * static_cast<double>(options.max_level());
   Weights out;
   size_t k = 0;
   for (const Tensor& t : like) {

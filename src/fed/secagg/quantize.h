@@ -16,9 +16,16 @@
 //
 // since Delta's error is the token-weighted mean of the per-client rounding errors; plus one
 // float32 rounding of the result.
+//
+// With distributed DP (Options::noise) each client's weight is 1 and its value
+// w_i clip_C(delta_i) is clipped to the range, then its noise share is added before rounding:
+//   q_i = round((clip(w_i delta_i, -range, range) + N(0, stddev^2)) / step),
+// the noise truncated at kTails standard deviations, and the server divides by the round's fixed
+// denominator m (the clients selected) instead of the weights' sum.
 #include <cstdint>
 #include <vector>
 
+#include "base/rng.h"
 #include "fed/secagg/options.h"
 #include "fed/strategy.h"
 
@@ -28,17 +35,20 @@ struct QuantizeStats {
   int64_t clipped = 0;  // values outside [-range, range]
 };
 
-// x_i for every coordinate of `delta` (tensors concatenated in order). `seed` drives the
-// stochastic rounding.
-std::vector<uint64_t> quantize(const Weights& delta, int64_t tokens, const Options& options,
-                               uint64_t seed, QuantizeStats* stats = nullptr);
+// x_i for every coordinate of `delta` (tensors concatenated in order), weighted by `weight` (t_i;
+// 1 with distributed DP). `seed` drives the stochastic rounding, `noise` the distributed DP noise
+// (needed when options.noise.stddev > 0).
+std::vector<uint64_t> quantize(const Weights& delta, int64_t weight, const Options& options,
+                               uint64_t seed, QuantizeStats* stats = nullptr, Rng* noise = nullptr);
 
 // Throws (saying what to change) when sum_i t_i * L could wrap the ring.
-void check_fits(int64_t total_tokens, const Options& options);
+void check_fits(int64_t total_weight, const Options& options);
 
-// Delta from the unmasked sum, shaped like `like`.
-Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_tokens, const Options& options,
-                   const Weights& like);
+// step * S / denominator from the unmasked sum S of values weighted `total_weight` in all
+// (sum_i t_i, or the clients in the sum), shaped like `like`. The denominator is total_weight
+// for the token-weighted mean, the clients selected with distributed DP.
+Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_weight, double denominator,
+                   const Options& options, const Weights& like);
 
 // The signed value of a b-bit ring word.
 int64_t ring_signed(uint64_t word, int ring_bits);
