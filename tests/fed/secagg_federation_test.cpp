@@ -1,7 +1,8 @@
 // Secure aggregation inside federated runs: the same weights as plain aggregation up to the
 // quantisation bound, dropouts after the masked input, a failed round that applies nothing, the
-// server's state holding only masked data, hostile messages, the config, and the protocol over
-// gRPC between processes giving the simulation's model bitwise.
+// server's state holding only masked data, hostile messages, the config, distributed DP (the
+// clients' clipping, weights and noise shares), and the protocol over gRPC between processes
+// giving the simulation's model bitwise.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -394,40 +395,54 @@ TEST(SecureConfig, KeysAreReadCheckedAndCompressionMustBeNone) {
 }
 
 TEST(SecureGrpc, DeployedOnLoopbackEqualsTheSimulationBitwise) {
-  const auto dir = temp_dir("grpc");
-  const auto silos = make_silos(dir, 3);
-  {
-    Quiet q;
-    auto cfg = secure_sim_config(dir / "sim", silos, "diloco", 2, true);
-    cfg.server.secure_aggregation.neighbours = 2;
-    run_simulation(cfg, false);
+  // Plain secure aggregation, and with distributed DP (its noise seeded, so repeatable): the
+  // roster's DP parameters cross the wire too.
+  for (const bool private_ : {false, true}) {
+    const auto dir = temp_dir(private_ ? "grpc-dp" : "grpc");
+    const auto silos = make_silos(dir, 3);
+    {
+      Quiet q;
+      auto cfg = secure_sim_config(dir / "sim", silos, "diloco", 2, true);
+      cfg.server.secure_aggregation.neighbours = 2;
+      cfg.server.strategy.min_clients = 3;
+      if (private_) cfg.server.privacy = central_dp(0.5, 0.05);
+      run_simulation(cfg, false);
+    }
+    const std::string address = loopback_address();
+    const std::string privacy =
+        private_ ? "[privacy]\nnoise_multiplier = 0.5\nclip = 0.05\nnoise_seed = 7\n" : "";
+    write_file_atomic(dir / "fed.toml",
+                      cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
+                          "'\nseed = 5\nrounds = 2\nlocal_steps = 2\neval_every = 0\n"
+                          "round_timeout_s = 120\nwait_for_clients_s = 60\n[strategy]\n"
+                          "name = 'diloco'\nmin_clients = 3\n[secure_aggregation]\nenabled = "
+                          "true\nneighbours = 2\n",
+                          privacy, kTinyModelToml));
+    const std::string train = "[train]\nmicro_batch = 4\nseq = 16\nlr = 3e-3\nweight_decay = 0\n";
+    for (int i = 0; i < 3; ++i) {
+      write_file_atomic(dir / cat("client", i, ".toml"),
+                        cat("[client]\nid = 'silo-", i, "'\nserver = '", address,
+                            "'\nseed = ", 100 + i, "\nthreads = 1\n[data]\nmanifests = ['",
+                            silos[i].string(), "']\n", train, kTinyModelToml));
+    }
+    std::vector<pid_t> pids;
+    for (const std::string name : {"fed", "client0", "client1", "client2"})
+      pids.push_back(spawn_pollen({"fed", name == "fed" ? "server" : "client", "--config",
+                                   (dir / (name + ".toml")).string()},
+                                  dir / (name + ".log")));
+    EXPECT_EQ(failed_children(pids), 0) << "a process failed; see " << dir.string() << "/*.log";
+    const auto sim = io::list_checkpoints(dir / "sim/server/checkpoints");
+    const auto dep = io::list_checkpoints(dir / "dep/checkpoints");
+    ASSERT_FALSE(sim.empty());
+    ASSERT_FALSE(dep.empty());
+    EXPECT_EQ(io::checkpoint_step(dep.back()), 2);
+    EXPECT_TRUE(bitwise_equal(read_model(sim.back()), read_model(dep.back())))
+        << "the deployed run's global model differs from the simulation's (private " << private_
+        << ")";
+    if (private_) {
+      const auto metrics = read_jsonl(dir / "dep/metrics.jsonl");
+      ASSERT_FALSE(metrics.empty());
+      EXPECT_EQ(metrics.back()["aggregation"], "secure_dp_mean");
+    }
   }
-  const std::string address = loopback_address();
-  write_file_atomic(dir / "fed.toml",
-                    cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
-                        "'\nseed = 5\nrounds = 2\nlocal_steps = 2\neval_every = 0\n"
-                        "round_timeout_s = 120\nwait_for_clients_s = 60\n[strategy]\n"
-                        "name = 'diloco'\nmin_clients = 3\n[secure_aggregation]\nenabled = true\n"
-                        "neighbours = 2\n",
-                        kTinyModelToml));
-  const std::string train = "[train]\nmicro_batch = 4\nseq = 16\nlr = 3e-3\nweight_decay = 0\n";
-  for (int i = 0; i < 3; ++i) {
-    write_file_atomic(dir / cat("client", i, ".toml"),
-                      cat("[client]\nid = 'silo-", i, "'\nserver = '", address,
-                          "'\nseed = ", 100 + i, "\nthreads = 1\n[data]\nmanifests = ['",
-                          silos[i].string(), "']\n", train, kTinyModelToml));
-  }
-  std::vector<pid_t> pids;
-  for (const std::string name : {"fed", "client0", "client1", "client2"})
-    pids.push_back(spawn_pollen(
-        {"fed", name == "fed" ? "server" : "client", "--config", (dir / (name + ".toml")).string()},
-        dir / (name + ".log")));
-  EXPECT_EQ(failed_children(pids), 0) << "a process failed; see " << dir.string() << "/*.log";
-  const auto sim = io::list_checkpoints(dir / "sim/server/checkpoints");
-  const auto dep = io::list_checkpoints(dir / "dep/checkpoints");
-  ASSERT_FALSE(sim.empty());
-  ASSERT_FALSE(dep.empty());
-  EXPECT_EQ(io::checkpoint_step(dep.back()), 2);
-  EXPECT_TRUE(bitwise_equal(read_model(sim.back()), read_model(dep.back())))
-      << "the deployed run's global model differs from the simulation's";
 }
