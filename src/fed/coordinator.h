@@ -149,9 +149,13 @@ class Coordinator {
   void advance_secagg_locked();
   bool round_complete_locked() const;
   // Unmasks the sum and applies it; false (with the reason in *why) when the round fails. With
-  // distributed DP the sum is divided by the `selected` clients and accounted into *report.
+  // distributed DP the sum is divided by the `selected` clients.
   bool aggregate_secure(int64_t round, int64_t tokens, size_t participants, size_t selected,
-                        AggregationReport* report, std::string* why);
+                        std::string* why);
+  // Under [privacy], before round `round`: empty when it may start, else why not (the budget,
+  // adaptive clipping's count noise, or with secure aggregation a ring that cannot hold the
+  // noise).
+  std::string refuse_private_round_locked(int64_t round, int64_t selected, int64_t available) const;
   // The open round's secure aggregation options, with distributed DP's noise once the session
   // knows its threshold.
   secagg::Options secagg_options_locked() const;

@@ -109,6 +109,10 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
     POLLEN_CHECK(state.contains("privacy"), "fed server: checkpoint ", dir.string(),
                  " was written without [privacy]; its rounds were not accounted for");
     dp_->load_state(state.at("privacy"));
+  } else {
+    POLLEN_CHECK(!state.contains("privacy"), "fed server: checkpoint ", dir.string(),
+                 " was written under [privacy]; resuming without it would release rounds that "
+                 "no accountant counts (put the [privacy] table back)");
   }
   done_ = state.at("round").get<int64_t>();
   lineage_ = state.at("lineage");

@@ -24,8 +24,8 @@ bool Coordinator::begin_round() {
   Rng rng = Rng(config_.seed).fork(static_cast<uint64_t>(round * 1000 + retries_));
   const auto chosen = select_clients(round, alive, rng);
   if (dp_) {
-    const std::string why = dp_->refuse_round(round, static_cast<int64_t>(chosen.size()),
-                                              static_cast<int64_t>(alive.size()));
+    const std::string why = refuse_private_round_locked(round, static_cast<int64_t>(chosen.size()),
+                                                        static_cast<int64_t>(alive.size()));
     if (!why.empty()) {
       log::error("fed server: ", why);
       metrics_.write({{"round", round}, {"status", "refused"}, {"reason", why}});
@@ -49,6 +49,7 @@ bool Coordinator::begin_round() {
     for (const auto& p : specs_) numel += shape_numel(p.shape);
     secagg_ = std::make_unique<secagg::ServerSession>(round, chosen, config_.secure_aggregation,
                                                       rng.next_u64(), numel);
+    secagg_->require_inputs(static_cast<size_t>(config_.strategy.min_clients));
   }
   // The clients train from, and take their pseudo-gradients against, the view of the exact
   // weights, which the server keeps (docs/federated.md, "Compression").
@@ -159,9 +160,19 @@ RoundSummary Coordinator::end_round() {
   publisher_->release();
   std::string secure_error;
   AggregationReport report;
+  bool released_unapplied = false;
   if (secagg_) {
     s.aggregated =
-        aggregate_secure(s.round, s.tokens, ups.size(), s.selected.size(), &report, &secure_error);
+        aggregate_secure(s.round, s.tokens, ups.size(), s.selected.size(), &secure_error);
+    if (dp_ && secagg_->revealed()) {
+      // Once shares are revealed the server may be able to unmask a sum (all of it, or with
+      // SecAgg+ the part of a piece of the graph), so the release is accounted whether or not
+      // the round is applied, and a round that is not is saved with the accountant.
+      dp_->account_distributed(static_cast<int64_t>(s.selected.size()), round_available_,
+                               static_cast<int64_t>(secagg_->inputs()),
+                               secagg_options_locked().noise, &report);
+      released_unapplied = !s.aggregated;
+    }
     secagg_.reset();  // nothing of the round's masked inputs outlives it
   } else {
     // A Poisson-sampled DP round releases whatever came, none included: retrying it for too few
@@ -229,9 +240,10 @@ RoundSummary Coordinator::end_round() {
     const bool secure = config_.secure_aggregation.enabled;
     m["aggregation"] = dp_ ? (secure ? "secure_dp_mean" : "dp_mean")
                            : (secure ? "secure_mean" : config_.strategy.robust.aggregation);
-    m["clipped"] = report.clipped();
-    m["rejected"] = report.rejected();
-    if (dp_) m["privacy"] = report.extra;
+    if (!secure) {  // the server sees no single update to clip or reject
+      m["clipped"] = report.clipped();
+      m["rejected"] = report.rejected();
+    }
     for (const auto& [id, r] : report.clients) {
       auto& c = clients[id];
       c["update_norm"] = r.norm;
@@ -240,6 +252,7 @@ RoundSummary Coordinator::end_round() {
       if (r.trimmed >= 0) c["trimmed"] = r.trimmed;
     }
   }
+  if (dp_ && !report.extra.empty()) m["privacy"] = report.extra;
   m["clients"] = clients;
   metrics_.write(m);
   record_status(s);
@@ -251,6 +264,8 @@ RoundSummary Coordinator::end_round() {
               s.tokens, " tokens, train loss ", s.train_loss,
               evals.empty() ? "" : cat(", eval loss ", s.eval_loss), ", ", bytes_received,
               " bytes in, ", bytes_sent_, " out, ", wall, " s");
+  } else if (released_unapplied) {
+    save_checkpoint(s);  // the round's model as before, with the release accounted
   } else {
     metrics_.file().flush();
   }

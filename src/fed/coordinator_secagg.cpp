@@ -89,29 +89,41 @@ pb::SecAggReply Coordinator::secagg(const pb::SecAggRequest& r, const std::strin
 secagg::Options Coordinator::secagg_options_locked() const {
   secagg::Options o = config_.secure_aggregation;
   if (dp_) {
-    // Any sum the server can unmask holds at least the threshold's inputs (a survivor's self
-    // mask needs that many revealed shares, from clients that sent an input), and at least
-    // min_clients (fewer are not aggregated).
-    const auto fewest =
-        std::max(static_cast<int64_t>(secagg_->threshold()), config_.strategy.min_clients);
-    o.noise = dp_->distributed_noise(fewest);
+    // Any sum the server can unmask, all of it or (SecAgg+) a piece of the graph, holds at
+    // least the threshold's inputs: a survivor's self mask needs that many revealed shares, and
+    // only clients that sent an input reveal.
+    o.noise = dp_->distributed_noise(static_cast<int64_t>(secagg_->threshold()));
   }
   return o;
 }
 
+std::string Coordinator::refuse_private_round_locked(int64_t round, int64_t selected,
+                                                     int64_t available) const {
+  std::string why = dp_->refuse_round(round, selected, available);
+  if (!why.empty() || !config_.secure_aggregation.enabled) return why;
+  // The ring must hold the selected clients' values with the largest noise share (threshold 2),
+  // checked before any client adds noise or reveals a share.
+  secagg::Options worst = config_.secure_aggregation;
+  worst.noise = dp_->distributed_noise(2);
+  try {
+    worst.validate([](const std::string& key) {
+      return cat("secure_aggregation.", key, " with [privacy]'s noise");
+    });
+    secagg::check_fits(selected, worst);
+  } catch (const Error& e) {
+    why = cat("privacy: round ", round, ": ", e.what());
+  }
+  return why;
+}
+
 bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t participants,
-                                   size_t selected, AggregationReport* report, std::string* why) {
+                                   size_t selected, std::string* why) {
   using Phase = secagg::ServerSession::Phase;
   if (secagg_->phase() != Phase::done) {
     *why = secagg_->phase() == Phase::failed
                ? secagg_->failure()
                : cat("secure aggregation of round ", round, " did not finish (phase '",
                      secagg::ServerSession::phase_name(secagg_->phase()), "')");
-    return false;
-  }
-  if (static_cast<int64_t>(participants) < config_.strategy.min_clients) {
-    *why =
-        cat(participants, " masked updates, fewer than min_clients ", config_.strategy.min_clients);
     return false;
   }
   try {
@@ -125,10 +137,6 @@ bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t partici
     secagg::check_fits(weights, options);
     const std::vector<uint64_t> sum = secagg_->unmasked_sum();
     const Weights mean = secagg::dequantize(sum, weights, denominator, options, global_);
-    if (dp_) {
-      dp_->account_distributed(round, static_cast<int64_t>(selected), round_available_,
-                               static_cast<int64_t>(participants), options.noise, report);
-    }
     strategy_->aggregate_mean(round, global_, mean);
   } catch (const Error& e) {
     *why = e.what();

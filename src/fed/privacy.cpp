@@ -265,14 +265,12 @@ secagg::DistributedNoise CentralDp::distributed_noise(int64_t fewest_in_sum) con
   return n;
 }
 
-void CentralDp::account_distributed(int64_t round, int64_t selected, int64_t available,
-                                    int64_t in_sum, const secagg::DistributedNoise& noise,
+void CentralDp::account_distributed(int64_t selected, int64_t available, int64_t in_sum,
+                                    const secagg::DistributedNoise& noise,
                                     AggregationReport* report) {
   POLLEN_CHECK(distributed_ && in_sum >= 1 && selected >= in_sum && available >= selected,
                "privacy: a distributed release of ", in_sum, " inputs from ", selected,
                " selected of ", available, " clients");
-  const std::string why = refuse_round(round, selected, available);
-  POLLEN_CHECK(why.empty(), why);
   // The shares of the clients in the sum: at least z C, more when more than the fewest came.
   const double z_sum = noise.stddev * std::sqrt(static_cast<double>(in_sum)) / clip_;
   account_release(1, static_cast<double>(selected), z_sum, *report);
@@ -283,7 +281,9 @@ nlohmann::json CentralDp::state() const {
 }
 
 void CentralDp::load_state(const nlohmann::json& s) {
-  clip_ = s.at("clip").get<double>();
+  // An adapted clip goes on from where it was; a fixed one is the config's (z is relative to it,
+  // so the accounting holds either way).
+  if (options_.adaptive_clip) clip_ = s.at("clip").get<double>();
   accountant_.restore(s.at("rdp").get<std::vector<double>>(), s.at("steps").get<int64_t>());
 }
 

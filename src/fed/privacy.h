@@ -37,9 +37,9 @@
 //
 // Distributed DP (`[privacy]` with `[secure_aggregation]`): the server never sees an update, so
 // the clients clip and noise: each selected client clips its update to C, scales it by w_i and
-// adds N(0, (z C)^2 / k) before masking, where k = max(the Shamir threshold, min_clients) is the
-// fewest clients whose inputs any sum the server can unmask holds (a survivor's self mask needs
-// the threshold's revealed shares, and revealing clients sent an input). The unmasked sum then
+// adds N(0, (z C)^2 / k) before masking, where k, the Shamir threshold, is the fewest clients
+// whose inputs any sum the server can unmask holds (a survivor's self mask needs the threshold's
+// revealed shares, and revealing clients sent an input). The unmasked sum then
 // carries at least N(0, (z C)^2), and the server divides it by m, the clients selected. The
 // server knows whom it selected, so no amplification by sampling is claimed against it: each
 // round is accounted as the Gaussian mechanism of multiplier z (q = 1); sampling must be
@@ -144,9 +144,10 @@ class CentralDp {
   // Distributed DP: what each client adds when any unmasked sum holds at least `fewest_in_sum`
   // clients' inputs.
   secagg::DistributedNoise distributed_noise(int64_t fewest_in_sum) const;
-  // Distributed DP: accounts for round `round`'s unmasked sum of `in_sum` clients' inputs, each
-  // noised by `noise`, and fills report->extra.
-  void account_distributed(int64_t round, int64_t selected, int64_t available, int64_t in_sum,
+  // Distributed DP: accounts for a round whose sum of `in_sum` clients' inputs, each noised by
+  // `noise`, the server may unmask, and fills report->extra. Never refuses: refuse_round decided
+  // before the round whether it may start.
+  void account_distributed(int64_t selected, int64_t available, int64_t in_sum,
                            const secagg::DistributedNoise& noise, AggregationReport* report);
 
   Epsilon epsilon() const { return accountant_.epsilon(options_.delta); }

@@ -284,7 +284,7 @@ TEST(DistributedDp, EachClientsShareIsTheCentralNoiseOverRootKAndNoSamplingIsCla
   // 6 of 20 available selected, 5 inputs in the sum: the server knows whom it selected, so the
   // round is the Gaussian mechanism of multiplier z (q = 1), with more noise than z C in the sum.
   AggregationReport report;
-  c.account_distributed(1, 6, 20, 5, noise, &report);
+  c.account_distributed(6, 20, 5, noise, &report);
   const PrivacyAccountant gaussian = PrivacyAccountant().after(1.0, 1.2);
   EXPECT_DOUBLE_EQ(report.extra["epsilon"].get<double>(), gaussian.epsilon(1e-5).epsilon);
   EXPECT_DOUBLE_EQ(report.extra["sampling_rate"].get<double>(), 1.0);

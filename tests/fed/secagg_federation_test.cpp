@@ -178,7 +178,8 @@ TEST(SecureRound, BelowTheThresholdTheRoundFailsAndNothingIsApplied) {
   EXPECT_FALSE(s.aggregated);
   EXPECT_TRUE(bitwise_equal(before, f.server.global_weights())) << "nothing may be applied";
   EXPECT_EQ(f.server.rounds_done(), 0);
-  EXPECT_FALSE(fs::exists(cfg.server.dir / "checkpoints" / "step-1"));
+  for (const auto& saved : io::list_checkpoints(cfg.server.dir / "checkpoints"))
+    EXPECT_EQ(io::checkpoint_step(saved), 0) << "no round may be saved as done";
   const auto metrics = read_jsonl(cfg.server.dir / "metrics.jsonl");
   ASSERT_EQ(metrics.size(), 1u);
   EXPECT_EQ(metrics[0]["status"], "retry");
@@ -327,8 +328,8 @@ TEST(DistributedDp, TheClientsNoiseSharesAddUpToTheCentralMechanismsStd) {
   const auto noisy_cfg = dp_sim_config(dir / "noisy", silos, true, z);
   const auto quiet = run_simulation(quiet_cfg, false);
   const auto noisy = run_simulation(noisy_cfg, false);
-  // Any unmasked sum holds at least k = max(threshold 2 of 3 holders, min_clients 2) = 2 inputs,
-  // so each client adds N(0, (z C)^2 / 2); the 3 inputs' noise over m = 3 has std
+  // Any unmasked sum holds at least k = the threshold, 2 of 3 holders, inputs, so each client
+  // adds N(0, (z C)^2 / 2); the 3 inputs' noise over m = 3 has std
   // z C sqrt(3 / 2) / 3 per value, which is what separates the two runs' weights.
   double s = 0, s2 = 0;
   int64_t n = 0;
@@ -353,6 +354,61 @@ TEST(DistributedDp, TheClientsNoiseSharesAddUpToTheCentralMechanismsStd) {
   EXPECT_DOUBLE_EQ(privacy["sampling_rate"].get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(privacy["epsilon"].get<double>(),
                    PrivacyAccountant().after(1.0, z).epsilon(1e-5).epsilon);
+}
+
+TEST(DistributedDp, TooFewInputsRevealNothingAndAFailedUnmaskIsStillAccountedAndSaved) {
+  Quiet q;
+  const auto dir = temp_dir("dp-fail");
+  auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);  // threshold 3 of 4
+  cfg.server.strategy.min_clients = 3;
+  cfg.server.privacy = central_dp(1.0, 0.05);
+  set_num_threads(1);
+  Federation f(cfg);
+  const Weights before = f.server.global_weights();
+  // Attempt 1: two of four masked inputs, fewer than min_clients: the session fails before the
+  // unmask phase, nobody reveals a share, and no release happened to account.
+  ASSERT_TRUE(f.server.begin_round());
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // shares
+  ASSERT_TRUE(f.pass({0, 1}));        // inputs
+  EXPECT_TRUE(f.server.close_phase());
+  EXPECT_EQ(f.phase(), secagg::ServerSession::Phase::failed);
+  const auto first = f.server.end_round();
+  EXPECT_FALSE(first.aggregated);
+  // Attempt 2: every input, but two of four reveal (threshold 3): the unmask fails, yet the
+  // server held revealed shares, so the release is accounted and saved with the old model.
+  ASSERT_TRUE(f.server.begin_round());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys, shares, inputs
+  ASSERT_TRUE(f.pass({0, 1}));
+  EXPECT_TRUE(f.server.close_phase());
+  const auto second = f.server.end_round();
+  EXPECT_FALSE(second.aggregated);
+  EXPECT_TRUE(bitwise_equal(before, f.server.global_weights())) << "nothing may be applied";
+  const auto metrics = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 2u);
+  EXPECT_NE(metrics[0]["secagg_error"].get<std::string>().find(
+                "2 masked inputs, fewer than min_clients 3; nothing is unmasked"),
+            std::string::npos)
+      << metrics[0];
+  EXPECT_FALSE(metrics[0].contains("privacy"));
+  EXPECT_EQ(metrics[1]["status"], "retry");
+  ASSERT_TRUE(metrics[1].contains("privacy"));
+  EXPECT_EQ(metrics[1]["privacy"]["private_rounds"].get<int64_t>(), 1);
+  const auto saved = io::list_checkpoints(cfg.server.dir / "checkpoints");
+  ASSERT_FALSE(saved.empty());
+  EXPECT_EQ(io::checkpoint_step(saved.back()), 0);
+  const auto state = nlohmann::json::parse(read_file(saved.back() / "state.json"));
+  EXPECT_EQ(state["privacy"]["steps"].get<int64_t>(), 1) << "the accountant must be saved";
+  // Resuming that run without [privacy] would release rounds that no accountant counts.
+  ServerConfig without = cfg.server;
+  without.privacy = PrivacyOptions{};
+  try {
+    Coordinator resumed(without, true);
+    ADD_FAILURE() << "a private run resumed without [privacy]";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was written under [privacy]"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(SecureConfig, KeysAreReadCheckedAndCompressionMustBeNone) {

@@ -40,7 +40,11 @@ void Options::validate(const std::function<std::string(const std::string&)>& whe
 }
 
 int64_t Options::max_level() const {
-  return static_cast<int64_t>(std::ceil((range + DistributedNoise::kTails * noise.stddev) / step));
+  const double levels = std::ceil((range + DistributedNoise::kTails * noise.stddev) / step);
+  POLLEN_CHECK(levels < 0x1p62, "secure aggregation: ", levels,
+               " levels (range and the noise's tails over step) fit no ring; raise "
+               "secure_aggregation.step or lower the noise");
+  return static_cast<int64_t>(levels);
 }
 
 size_t Options::resolved_threshold(size_t holders) const {

@@ -98,8 +98,11 @@ Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_weight, doubl
       POLLEN_ASSERT(k < sum.size());
       const auto s = static_cast<double>(ring_signed(sum[k], options.ring_bits));
       POLLEN_CHECK(std::fabs(s) <= most, "secure aggregation: value ", k,
-                   " of the unmasked sum is ", s * scale, ", beyond +-secure_aggregation.range (",
-                   options.range, "): a client sent a value outside it");
+                   " of the unmasked sum is ", s * options.step, ", beyond what ", total_weight,
+                   options.noise.enabled() ? " clients" : " tokens",
+                   " of values within +-secure_aggregation.range (", options.range, ")",
+                   options.noise.stddev > 0 ? " and the noise's tails" : "",
+                   " can add up to: a client sent a value outside it");
       o[j] = static_cast<float>(s * scale);
     }
     out.push_back(std::move(d));

@@ -279,6 +279,10 @@ void ServerSession::close_phase() {
     }
     case Phase::input:
       if (inputs_.empty()) return fail_round("no client sent a masked input");
+      if (inputs_.size() < min_inputs_) {
+        return fail_round(cat(inputs_.size(), " masked inputs, fewer than min_clients ",
+                              min_inputs_, "; nothing is unmasked"));
+      }
       phase_ = Phase::unmask;
       return;
     case Phase::unmask: {

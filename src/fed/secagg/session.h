@@ -20,6 +20,7 @@
 //
 // A round fails, with a message naming the client and the counts, when some secret has fewer
 // than t holders left to reveal it. Masks, shares and keys are fresh every round.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -98,6 +99,13 @@ class ServerSession {
   int64_t round() const { return round_; }
   const Options& options() const { return options_; }
 
+  // The input phase fails with fewer than `n` inputs (min_clients), before anyone reveals a
+  // share: no sum is unmasked that the round would not apply. At least 1.
+  void require_inputs(size_t n) { min_inputs_ = std::max<size_t>(n, 1); }
+  // Whether any client revealed shares: from then on the server may be able to unmask a sum.
+  bool revealed() const { return !revealers_.empty(); }
+  size_t inputs() const { return inputs_.size(); }
+
   // Whether `id` still has to answer in the current phase.
   bool expects(const std::string& id) const;
   // Every message below is checked (phase, membership, once, sizes) and throws naming `what`.
@@ -147,6 +155,7 @@ class ServerSession {
   std::set<std::string> inputs_;   // U3
   std::vector<uint64_t> masked_sum_;
   std::set<std::string> revealers_;
+  size_t min_inputs_ = 1;
   std::map<std::string, std::vector<Share>> self_mask_shares_, mask_key_shares_;  // by owner
 };
 
