@@ -223,6 +223,12 @@ ServerStatus Coordinator::status() const {
   st.open_round = open_ ? done_ + 1 : 0;
   st.clients_joined = clients_.size();
   st.clients_alive = alive_ids_locked().size();
+  if (dp_) {
+    st.private_ = true;
+    st.epsilon = dp_->epsilon().epsilon;
+    st.delta = dp_->options().delta;
+    st.private_rounds = dp_->private_rounds();
+  }
   return st;
 }
 

@@ -59,6 +59,10 @@ struct ServerStatus {
   RoundSummary last;  // round 0 before any round closed
   uint64_t bytes_sent_total = 0, bytes_received_total = 0;
   int64_t dropped_total = 0, retries_total = 0, tokens_total = 0;
+  // Under [privacy]: epsilon spent so far at delta, and the releases accounted.
+  bool private_ = false;
+  double epsilon = 0, delta = 0;
+  int64_t private_rounds = 0;
 };
 
 class Coordinator {

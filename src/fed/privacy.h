@@ -151,6 +151,7 @@ class CentralDp {
                            const secagg::DistributedNoise& noise, AggregationReport* report);
 
   Epsilon epsilon() const { return accountant_.epsilon(options_.delta); }
+  int64_t private_rounds() const { return accountant_.steps(); }
   double clip() const { return clip_; }
   const PrivacyOptions& options() const { return options_; }
 

@@ -47,6 +47,13 @@ std::string prometheus_metrics(const ServerStatus& st) {
              "Each client's validation loss of the global model, last round.");
     for (const auto& [id, loss] : r.client_eval_loss) p.sample(loss, {{"client", id}});
   }
+  if (st.private_) {
+    p.gauge("pollen_fed_privacy_epsilon", "Epsilon spent so far at pollen_fed_privacy_delta.",
+            st.epsilon);
+    p.gauge("pollen_fed_privacy_delta", "The delta epsilon is reported at.", st.delta);
+    p.gauge("pollen_fed_private_rounds", "Releases the privacy accountant has counted.",
+            d(st.private_rounds));
+  }
   p.counter("pollen_fed_bytes_sent_total", "Bytes of models sent to clients.",
             d(st.bytes_sent_total));
   p.counter("pollen_fed_bytes_received_total", "Bytes of updates received from clients.",

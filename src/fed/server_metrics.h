@@ -8,6 +8,7 @@
 //   ..._bytes_sent, ..._bytes_received, ..._wall_seconds, ..._train_loss,
 //   ..._eval_loss (pollen_fed_last_round_*)                                    gauges
 //   pollen_fed_client_train_loss{client}, pollen_fed_client_eval_loss{client} gauges
+//   pollen_fed_privacy_epsilon, ..._delta, pollen_fed_private_rounds (under [privacy]) gauges
 //   pollen_fed_bytes_sent_total, pollen_fed_bytes_received_total,
 //   pollen_fed_dropped_total, pollen_fed_retries_total, pollen_fed_tokens_total counters
 //

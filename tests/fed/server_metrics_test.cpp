@@ -170,6 +170,35 @@ for tag in sorted(acc.Tags()['scalars']):
   fs::remove_all(dir);
 }
 
+TEST(FedObservability, APrivateRunShowsTheEpsilonItSpent) {
+  Quiet q;
+  const auto dir = temp_dir("observability-dp");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 1, 2);
+  cfg.server.privacy = central_dp(1.0, 0.05);
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  Client a(cfg.clients[0], transport), b(cfg.clients[1], transport);
+  a.join();
+  b.join();
+  EXPECT_NE(prometheus_metrics(server.status()).find("\npollen_fed_private_rounds 0\n"),
+            std::string::npos);
+  ASSERT_TRUE(server.begin_round());
+  a.poll_once();
+  b.poll_once();
+  server.end_round();
+  const auto m = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 1u);
+  const std::string text = prometheus_metrics(server.status());
+  // The gauge as the metrics line has it, to the digits the text format prints.
+  const auto at = text.find("\npollen_fed_privacy_epsilon ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const double shown = std::stod(text.substr(at + 28));
+  EXPECT_NEAR(shown, m[0]["privacy"]["epsilon"].get<double>(), 1e-9 * shown);
+  EXPECT_NE(text.find("\npollen_fed_private_rounds 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\npollen_fed_privacy_delta 1e-05\n"), std::string::npos) << text;
+  fs::remove_all(dir);
+}
+
 TEST(FedObservability, EndpointRefusesMalformedAddresses) {
   auto render = [] { return std::string(); };
   EXPECT_THROW(obs::MetricsEndpoint("127.0.0.1", render), Error);
