@@ -216,9 +216,10 @@ class Client {
   void secagg_step(const pb::TaskReply& task);
   pb::SecAggReply secagg_call(int64_t round, const std::function<void(pb::SecAggRequest&)>& fill);
   EncodedSet masked_update(int64_t round, const Weights& delta, int64_t tokens);
-  // Distributed DP: `delta` clipped to noise.clip and scaled by the client's weight.
+  // Distributed DP: `delta` clipped to noise.clip (*clipped: whether it was) and scaled by the
+  // client's weight.
   Weights clip_and_weigh(int64_t round, const Weights& delta, int64_t tokens,
-                         const secagg::DistributedNoise& noise) const;
+                         const secagg::DistributedNoise& noise, bool* clipped) const;
   void save_state();
   // A task of a round this client trained already: its update was lost (the server resumed from
   // an earlier checkpoint, or the round is retried). With client.state_dir the client goes back

@@ -59,10 +59,11 @@ uint64_t fnv1a(const std::string& s) {
 }  // namespace
 
 Weights Client::clip_and_weigh(int64_t round, const Weights& delta, int64_t tokens,
-                               const secagg::DistributedNoise& noise) const {
+                               const secagg::DistributedNoise& noise, bool* clipped_out) const {
   Weights out = clone_weights(delta);
   const double norm = l2_norm(out);
   const bool clipped = clip_to_norm(out, norm, noise.clip);
+  *clipped_out = clipped;
   const double weight =
       noise.token_cap > 0
           ? std::min(1.0, static_cast<double>(tokens) / static_cast<double>(noise.token_cap))
@@ -101,8 +102,18 @@ EncodedSet Client::masked_update(int64_t round, const Weights& delta, int64_t to
   std::vector<uint64_t> words;
   if (noise.enabled()) {
     Rng noise_draws = noise_rng(noise.seed, fnv1a(config_.id)).fork(static_cast<uint64_t>(round));
-    words = secagg::quantize(clip_and_weigh(round, delta, tokens, noise), weight, options, seed,
-                             &stats, &noise_draws);
+    bool clipped = false;
+    words = secagg::quantize(clip_and_weigh(round, delta, tokens, noise, &clipped), weight, options,
+                             seed, &stats, &noise_draws);
+    if (noise.counts_unclipped()) {
+      // Adaptive clipping: the centred indicator [norm <= C] - 1/2, with the count's noise share.
+      secagg::Options count_options = options;
+      count_options.noise.stddev = noise.count_stddev;
+      const Weights indicator{Tensor::from<float>({1}, {clipped ? -0.5f : 0.5f})};
+      const auto count =
+          secagg::quantize(indicator, weight, count_options, seed + 1, nullptr, &noise_draws);
+      words.insert(words.end(), count.begin(), count.end());
+    }
   } else {
     words = secagg::quantize(delta, weight, options, seed, &stats);
   }
@@ -114,7 +125,8 @@ EncodedSet Client::masked_update(int64_t round, const Weights& delta, int64_t to
   const auto reply = secagg_call(round, [](pb::SecAggRequest& r) { r.set_get_inbox(true); });
   POLLEN_CHECK(reply.has_inbox(), "secure aggregation: the server sent no inbox");
   secagg_->mask(reply.inbox(), words);
-  return secagg::masked_set(specs_, words, options.ring_bits);
+  return secagg::masked_set(secagg::masked_specs(specs_, noise.counts_unclipped()), words,
+                            options.ring_bits);
 }
 
 }  // namespace pollen::fed

@@ -218,14 +218,15 @@ ServerConfig read_server_config(ConfigTable& root) {
                  ": central DP clips and averages updates itself; it "
                  "needs strategy.aggregation = 'mean' and no strategy.norm_bound");
     // Under secure aggregation the clients clip and noise (distributed DP, fed/privacy.h).
-    POLLEN_CHECK(!c.secure_aggregation.enabled || !c.privacy.adaptive_clip,
-                 p->where("adaptive_clip"),
-                 ": with secure aggregation the clients clip their own updates to a fixed norm; "
-                 "adaptive clipping would need the count of clipped updates, which the masked sum "
-                 "does not carry");
     POLLEN_CHECK(!c.secure_aggregation.enabled || !c.privacy.poisson(), p->where("sampling"),
                  ": with secure aggregation the clients add the noise, and an empty or failed "
                  "Poisson sample would release nothing the accountant counts; use 'fixed'");
+    POLLEN_CHECK(!c.secure_aggregation.enabled || !c.privacy.adaptive_clip ||
+                     c.secure_aggregation.range >= 0.5,
+                 root.where("secure_aggregation.range"),
+                 ": adaptive clipping masks each client's indicator +-1/2 with its update, so "
+                 "range must be at least 0.5, got ",
+                 c.secure_aggregation.range);
   }
   POLLEN_CHECK(!c.secure_aggregation.enabled ||
                    (c.strategy.robust.aggregation == "mean" && c.strategy.robust.norm_bound == 0),

@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "fed/first_moments.h"
 #include "fed/post_lora.h"
+#include "fed/secagg/masked_set.h"
 #include "io/checkpoint.h"
 #include "io/model_source.h"
 #include "model/llama.h"
@@ -65,6 +66,7 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   update_rules_.second_moments = config_.strategy.shares_second_moments();
   update_rules_.ring_bits =
       config_.secure_aggregation.enabled ? config_.secure_aggregation.ring_bits : 0;
+  update_rules_.masked = secagg::masked_specs(specs_, counts_unclipped());
   update_rules_.vocab_size = config_.model.vocab_size;
   // Clients that built the same initial model hold the first view already.
   publisher_ = std::make_unique<ModelPublisher>(specs_, config_.download(), clone_weights(global_));

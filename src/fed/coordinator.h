@@ -150,19 +150,24 @@ class Coordinator {
   std::vector<std::string> select_clients(int64_t round, const std::vector<std::string>& alive,
                                           Rng& rng) const;
   bool poisson_dp() const { return dp_ && config_.privacy.poisson(); }
+  // Distributed DP with adaptive clipping: each masked update ends with the client's count.
+  bool counts_unclipped() const {
+    return dp_ && config_.secure_aggregation.enabled && config_.privacy.adaptive_clip;
+  }
   void advance_secagg_locked();
   bool round_complete_locked() const;
   // Unmasks the sum and applies it; false (with the reason in *why) when the round fails. With
   // distributed DP the sum is divided by the `selected` clients.
+  // With adaptive clipping *count is set to the count's unmasked mean.
   bool aggregate_secure(int64_t round, int64_t tokens, size_t participants, size_t selected,
-                        std::string* why);
+                        std::optional<double>* count, std::string* why);
   // Under [privacy], before round `round`: empty when it may start, else why not (the budget,
   // adaptive clipping's count noise, or with secure aggregation a ring that cannot hold the
   // noise).
   std::string refuse_private_round_locked(int64_t round, int64_t selected, int64_t available) const;
-  // The open round's secure aggregation options, with distributed DP's noise once the session
-  // knows its threshold.
-  secagg::Options secagg_options_locked() const;
+  // The open round's secure aggregation options, with distributed DP's noise for `selected`
+  // clients once the session knows its threshold.
+  secagg::Options secagg_options_locked(size_t selected) const;
   void record_status(const RoundSummary& s);
   // Redraws the terminal's progress bar: rounds done, the open round's clients that reported.
   void show_progress_locked();

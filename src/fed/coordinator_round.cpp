@@ -46,7 +46,7 @@ bool Coordinator::begin_round() {
   secagg_bytes_in_ = secagg_bytes_out_ = 0;
   if (config_.secure_aggregation.enabled) {
     int64_t numel = 0;
-    for (const auto& p : specs_) numel += shape_numel(p.shape);
+    for (const auto& p : update_rules_.masked) numel += shape_numel(p.shape);
     secagg_ = std::make_unique<secagg::ServerSession>(round, chosen, config_.secure_aggregation,
                                                       rng.next_u64(), numel);
     secagg_->require_inputs(static_cast<size_t>(config_.strategy.min_clients));
@@ -162,15 +162,17 @@ RoundSummary Coordinator::end_round() {
   AggregationReport report;
   bool released_unapplied = false;
   if (secagg_) {
+    std::optional<double> count;
     s.aggregated =
-        aggregate_secure(s.round, s.tokens, ups.size(), s.selected.size(), &secure_error);
+        aggregate_secure(s.round, s.tokens, ups.size(), s.selected.size(), &count, &secure_error);
     if (dp_ && secagg_->revealed()) {
       // Once shares are revealed the server may be able to unmask a sum (all of it, or with
       // SecAgg+ the part of a piece of the graph), so the release is accounted whether or not
       // the round is applied, and a round that is not is saved with the accountant.
       dp_->account_distributed(static_cast<int64_t>(s.selected.size()), round_available_,
                                static_cast<int64_t>(secagg_->inputs()),
-                               secagg_options_locked().noise, &report);
+                               secagg_options_locked(s.selected.size()).noise, &report);
+      if (count) dp_->adapt_distributed(*count, &report);
       released_unapplied = !s.aggregated;
     }
     secagg_.reset();  // nothing of the round's masked inputs outlives it

@@ -49,13 +49,14 @@ pb::SecAggReply Coordinator::secagg(const pb::SecAggRequest& r, const std::strin
         break;
       case pb::SecAggRequest::kGetRoster: {
         *reply.mutable_roster() = secagg_->roster(id);
-        const secagg::DistributedNoise noise = secagg_options_locked().noise;
+        const secagg::DistributedNoise noise = secagg_options_locked(selected_.size()).noise;
         if (noise.enabled()) {
           auto* p = reply.mutable_roster()->mutable_params();
           p->set_dp_clip(noise.clip);
           p->set_dp_noise_stddev(noise.stddev);
           p->set_dp_token_cap(noise.token_cap);
           if (noise.seed >= 0) p->set_dp_noise_seed(noise.seed);
+          p->set_dp_count_stddev(noise.count_stddev);
         }
         break;
       }
@@ -86,13 +87,14 @@ pb::SecAggReply Coordinator::secagg(const pb::SecAggRequest& r, const std::strin
   }
 }
 
-secagg::Options Coordinator::secagg_options_locked() const {
+secagg::Options Coordinator::secagg_options_locked(size_t selected) const {
   secagg::Options o = config_.secure_aggregation;
   if (dp_) {
     // Any sum the server can unmask, all of it or (SecAgg+) a piece of the graph, holds at
     // least the threshold's inputs: a survivor's self mask needs that many revealed shares, and
     // only clients that sent an input reveal.
-    o.noise = dp_->distributed_noise(static_cast<int64_t>(secagg_->threshold()));
+    o.noise = dp_->distributed_noise(static_cast<int64_t>(secagg_->threshold()),
+                                     static_cast<int64_t>(selected));
   }
   return o;
 }
@@ -104,7 +106,7 @@ std::string Coordinator::refuse_private_round_locked(int64_t round, int64_t sele
   // The ring must hold the selected clients' values with the largest noise share (threshold 2),
   // checked before any client adds noise or reveals a share.
   secagg::Options worst = config_.secure_aggregation;
-  worst.noise = dp_->distributed_noise(2);
+  worst.noise = dp_->distributed_noise(2, selected);
   try {
     worst.validate([](const std::string& key) {
       return cat("secure_aggregation.", key, " with [privacy]'s noise");
@@ -117,7 +119,8 @@ std::string Coordinator::refuse_private_round_locked(int64_t round, int64_t sele
 }
 
 bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t participants,
-                                   size_t selected, std::string* why) {
+                                   size_t selected, std::optional<double>* count,
+                                   std::string* why) {
   using Phase = secagg::ServerSession::Phase;
   if (secagg_->phase() != Phase::done) {
     *why = secagg_->phase() == Phase::failed
@@ -129,14 +132,20 @@ bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t partici
   try {
     // With distributed DP every client's weight is 1 and the sum is divided by the clients
     // selected (a fixed denominator); else the token-weighted mean.
-    const secagg::Options options = secagg_options_locked();
+    const secagg::Options options = secagg_options_locked(selected);
     const int64_t weights = dp_ ? static_cast<int64_t>(participants) : tokens;
     const double denominator = dp_ ? static_cast<double>(selected) : static_cast<double>(tokens);
     // Before unmasking: a sum that may not fit the ring is refused without rebuilding any
     // client's secrets for a round that is then thrown away.
     secagg::check_fits(weights, options);
     const std::vector<uint64_t> sum = secagg_->unmasked_sum();
-    const Weights mean = secagg::dequantize(sum, weights, denominator, options, global_);
+    Weights like = global_;
+    if (counts_unclipped()) like.push_back(Tensor::zeros({1}, DType::f32));
+    Weights mean = secagg::dequantize(sum, weights, denominator, options, like);
+    if (counts_unclipped()) {
+      *count = static_cast<double>(mean.back().data<float>()[0]);
+      mean.pop_back();
+    }
     strategy_->aggregate_mean(round, global_, mean);
   } catch (const Error& e) {
     *why = e.what();

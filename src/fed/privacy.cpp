@@ -86,9 +86,9 @@ CentralDp::CentralDp(PrivacyOptions options, double poisson_rate, bool distribut
     : options_(std::move(options)), poisson_rate_(poisson_rate), distributed_(distributed) {
   POLLEN_CHECK(options_.sampling == "fixed" || options_.poisson(),
                "privacy.sampling: expected 'fixed' or 'poisson', got '", options_.sampling, "'");
-  POLLEN_CHECK(!distributed_ || (!options_.poisson() && !options_.adaptive_clip),
+  POLLEN_CHECK(!distributed_ || !options_.poisson(),
                "privacy: with secure aggregation the clients noise their own updates, which needs "
-               "sampling 'fixed' and adaptive_clip off");
+               "sampling 'fixed'");
   POLLEN_CHECK(poisson_rate_ > 0 && poisson_rate_ <= 1,
                "privacy: the Poisson sampling rate (strategy.fraction_fit) must be in (0, 1], got ",
                poisson_rate_);
@@ -231,12 +231,15 @@ Weights CentralDp::aggregate(int64_t round, const Weights& like,
     const double centred = static_cast<double>(unclipped) - 0.5 * static_cast<double>(order.size());
     Weights count{Tensor::from<float>({1}, {static_cast<float>(centred)})};
     add_gaussian_noise(count, count_stddev(m), options_.noise_seed, seed_stream + 1);
-    const double noised_fraction = count[0].data<float>()[0] / m + 0.5;
-    clip_ *= std::exp(-options_.clip_lr * (noised_fraction - options_.target_quantile));
-    r.extra["noised_unclipped_fraction"] = noised_fraction;
-    r.extra["next_clip"] = clip_;
+    adapt_clip(count[0].data<float>()[0] / m + 0.5, r);
   }
   return delta;
+}
+
+void CentralDp::adapt_clip(double noised_fraction, AggregationReport& r) {
+  clip_ *= std::exp(-options_.clip_lr * (noised_fraction - options_.target_quantile));
+  r.extra["noised_unclipped_fraction"] = noised_fraction;
+  r.extra["next_clip"] = clip_;
 }
 
 void CentralDp::account_release(double q, double m, double z_sum, AggregationReport& r) {
@@ -255,11 +258,15 @@ void CentralDp::account_release(double q, double m, double z_sum, AggregationRep
   r.extra["private_rounds"] = accountant_.steps();
 }
 
-secagg::DistributedNoise CentralDp::distributed_noise(int64_t fewest_in_sum) const {
-  POLLEN_ASSERT(distributed_ && fewest_in_sum >= 1);
+secagg::DistributedNoise CentralDp::distributed_noise(int64_t fewest_in_sum,
+                                                      int64_t selected) const {
+  POLLEN_ASSERT(distributed_ && fewest_in_sum >= 1 && selected >= 1);
+  const double m = static_cast<double>(selected);
+  const double root_k = std::sqrt(static_cast<double>(fewest_in_sum));
   secagg::DistributedNoise n;
   n.clip = clip_;
-  n.stddev = options_.noise_multiplier * clip_ / std::sqrt(static_cast<double>(fewest_in_sum));
+  n.stddev = sum_noise_multiplier(m) * clip_ / root_k;
+  if (options_.adaptive_clip) n.count_stddev = count_stddev(m) / root_k;
   n.token_cap = options_.weighting == "capped_tokens" ? options_.token_cap : 0;
   n.seed = options_.noise_seed;
   return n;
@@ -272,8 +279,14 @@ void CentralDp::account_distributed(int64_t selected, int64_t available, int64_t
                "privacy: a distributed release of ", in_sum, " inputs from ", selected,
                " selected of ", available, " clients");
   // The shares of the clients in the sum: at least z C, more when more than the fewest came.
-  const double z_sum = noise.stddev * std::sqrt(static_cast<double>(in_sum)) / clip_;
+  const double z_sum = noise.stddev * std::sqrt(static_cast<double>(in_sum)) / noise.clip;
   account_release(1, static_cast<double>(selected), z_sum, *report);
+  report->extra["clip"] = noise.clip;
+}
+
+void CentralDp::adapt_distributed(double mean_count, AggregationReport* report) {
+  POLLEN_ASSERT(distributed_ && options_.adaptive_clip);
+  adapt_clip(mean_count + 0.5, *report);
 }
 
 nlohmann::json CentralDp::state() const {

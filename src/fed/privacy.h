@@ -43,7 +43,8 @@
 // carries at least N(0, (z C)^2), and the server divides it by m, the clients selected. The
 // server knows whom it selected, so no amplification by sampling is claimed against it: each
 // round is accounted as the Gaussian mechanism of multiplier z (q = 1); sampling must be
-// "fixed" and the clip fixed (adaptive clipping would need the clipped count masked as well).
+// "fixed". With adaptive clipping each client also masks its centred indicator with a share
+// N(0, sigma_b^2 / k) of the count's noise, and the update's share is z_Delta C / sqrt(k).
 //
 // Local DP (`[local_dp]` of a client): the client clips its own update to C and adds
 // N(0, (z C)^2 I) before it leaves the silo, trusting nobody; it logs its own epsilon (one
@@ -142,13 +143,17 @@ class CentralDp {
                     int64_t selected, int64_t available, AggregationReport* report);
 
   // Distributed DP: what each client adds when any unmasked sum holds at least `fewest_in_sum`
-  // clients' inputs.
-  secagg::DistributedNoise distributed_noise(int64_t fewest_in_sum) const;
+  // clients' inputs, of `selected` (m): the update's share of z_Delta C (z C with a fixed clip)
+  // and with adaptive clipping the count's share of sigma_b.
+  secagg::DistributedNoise distributed_noise(int64_t fewest_in_sum, int64_t selected) const;
   // Distributed DP: accounts for a round whose sum of `in_sum` clients' inputs, each noised by
   // `noise`, the server may unmask, and fills report->extra. Never refuses: refuse_round decided
   // before the round whether it may start.
   void account_distributed(int64_t selected, int64_t available, int64_t in_sum,
                            const secagg::DistributedNoise& noise, AggregationReport* report);
+  // Distributed DP with adaptive clipping, after account_distributed: C follows the unmasked
+  // count's mean, sum_i ([|delta_i| <= C] - 1/2) + noise, over m.
+  void adapt_distributed(double mean_count, AggregationReport* report);
 
   Epsilon epsilon() const { return accountant_.epsilon(options_.delta); }
   int64_t private_rounds() const { return accountant_.steps(); }
@@ -167,6 +172,8 @@ class CentralDp {
   double sum_noise_multiplier(double m) const;
   // Accounts for one release and writes the round's privacy figures into r.extra.
   void account_release(double q, double m, double z_sum, AggregationReport& r);
+  // C <- C exp(-eta_C (b - gamma)) for the released fraction b of unclipped updates.
+  void adapt_clip(double noised_fraction, AggregationReport& r);
 
   PrivacyOptions options_;
   double poisson_rate_;

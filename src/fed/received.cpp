@@ -48,7 +48,7 @@ void check_update_info(const pb::UpdateInfo& info, const UpdateRules& rules,
 void check_update_header(const pb::TensorSetHeader& header, const UpdateRules& rules,
                          const std::string& what) {
   if (rules.ring_bits > 0) {
-    secagg::validate_masked_header(header, rules.model, rules.ring_bits, what);
+    secagg::validate_masked_header(header, rules.masked, rules.ring_bits, what);
     return;
   }
   validate_header(header, sent_specs(rules), rules.codec, what);

@@ -32,6 +32,7 @@ struct UpdateRules {
   bool token_counts = false;    // rows weighted by token counts: the update carries them
   bool second_moments = false;  // shared second moments: the update carries them, packed
   int ring_bits = 0;            // secure aggregation's ring; 0: the update is not masked
+  ParamSpecs masked;            // secure aggregation: the masked set's (secagg::masked_specs)
   int64_t vocab_size = 0;
 };
 

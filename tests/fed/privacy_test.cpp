@@ -276,11 +276,12 @@ TEST(DistributedDp, EachClientsShareIsTheCentralNoiseOverRootKAndNoSamplingIsCla
   o.token_cap = 300;
   CentralDp c(o, 1, true);
   // Shares for a sum of at least 4 inputs: 1.2 * 0.5 / 2 each, so 4 of them add up to z C.
-  const secagg::DistributedNoise noise = c.distributed_noise(4);
+  const secagg::DistributedNoise noise = c.distributed_noise(4, 6);
   EXPECT_DOUBLE_EQ(noise.clip, 0.5);
   EXPECT_DOUBLE_EQ(noise.stddev, 0.3);
   EXPECT_EQ(noise.token_cap, 300);
   EXPECT_EQ(noise.seed, 7);
+  EXPECT_EQ(noise.count_stddev, 0) << "a fixed clip sends no count";
   // 6 of 20 available selected, 5 inputs in the sum: the server knows whom it selected, so the
   // round is the Gaussian mechanism of multiplier z (q = 1), with more noise than z C in the sum.
   AggregationReport report;
@@ -291,11 +292,17 @@ TEST(DistributedDp, EachClientsShareIsTheCentralNoiseOverRootKAndNoSamplingIsCla
   EXPECT_DOUBLE_EQ(report.extra["sum_noise_multiplier"].get<double>(), 0.3 * std::sqrt(5.0) / 0.5);
   EXPECT_DOUBLE_EQ(report.extra["expected_clients"].get<double>(), 6.0);
   EXPECT_EQ(report.extra["private_rounds"].get<int64_t>(), 1);
-  // Poisson samples and adaptive clipping are not offered with secure aggregation.
+  // Poisson samples are not offered with secure aggregation.
   EXPECT_THROW(CentralDp(central_dp(1.0, 1.0, "poisson"), 0.5, true), Error);
-  PrivacyOptions adaptive = central_dp(1.0, 1.0);
+  // Adaptive clipping: the count's share sigma_b / sqrt(k), and the update's z_Delta C / sqrt(k)
+  // with z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), so the two releases cost multiplier z.
+  PrivacyOptions adaptive = central_dp(1.0, 0.5);
   adaptive.adaptive_clip = true;
-  EXPECT_THROW(CentralDp(adaptive, 1, true), Error);
+  adaptive.clipped_count_stddev = 2.0;
+  const CentralDp a(adaptive, 1, true);
+  const secagg::DistributedNoise shares = a.distributed_noise(4, 6);
+  EXPECT_DOUBLE_EQ(shares.count_stddev, 2.0 / 2);
+  EXPECT_DOUBLE_EQ(shares.stddev, std::pow(1.0 - 1.0 / 16, -0.5) * 0.5 / 2);
 }
 
 TEST(CentralDp, BudgetRefusesTheRoundThatWouldPassIt) {

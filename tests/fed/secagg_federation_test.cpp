@@ -356,6 +356,42 @@ TEST(DistributedDp, TheClientsNoiseSharesAddUpToTheCentralMechanismsStd) {
                    PrivacyAccountant().after(1.0, z).epsilon(1e-5).epsilon);
 }
 
+TEST(DistributedDp, AdaptiveClippingFollowsTheMaskedCountAsTheCentralServerDoes) {
+  Quiet q;
+  const auto dir = temp_dir("dp-adaptive");
+  const auto silos = make_silos(dir, 3);
+  set_num_threads(1);
+  // No update noise and almost no count noise: the clients' masked indicators must move C as the
+  // central server's count of the updates it clipped does, round after round.
+  auto adaptive = [&](const fs::path& at, bool secure) {
+    SimConfig c = dp_sim_config(at, silos, secure, 0);
+    c.server.rounds = 2;
+    c.server.privacy.adaptive_clip = true;
+    c.server.privacy.clipped_count_stddev = 1e-9;
+    return c;
+  };
+  const auto central_cfg = adaptive(dir / "central", false);
+  const auto secure_cfg = adaptive(dir / "secure", true);
+  const auto central = run_simulation(central_cfg, false);
+  const auto secure = run_simulation(secure_cfg, false);
+  const auto cm = read_jsonl(central_cfg.server.dir / "metrics.jsonl");
+  const auto sm = read_jsonl(secure_cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(cm.size(), 2u);
+  ASSERT_EQ(sm.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    const auto& c = cm[r]["privacy"];
+    const auto& s = sm[r]["privacy"];
+    EXPECT_NEAR(s["noised_unclipped_fraction"].get<double>(),
+                c["noised_unclipped_fraction"].get<double>(), 1e-6);
+    EXPECT_NEAR(s["next_clip"].get<double>(), c["next_clip"].get<double>(), 1e-7);
+    EXPECT_DOUBLE_EQ(s["clip"].get<double>(), c["clip"].get<double>());
+  }
+  // Every update was clipped at 0.05 (fraction 0), so C grew by exp(0.2 * 0.5) after round 1.
+  EXPECT_NEAR(sm[0]["privacy"]["noised_unclipped_fraction"].get<double>(), 0, 1e-6);
+  EXPECT_NEAR(sm[0]["privacy"]["next_clip"].get<double>(), 0.05 * std::exp(0.1), 1e-7);
+  EXPECT_LT(max_abs_diff(central.global, secure.global), 1e-5);
+}
+
 TEST(DistributedDp, TooFewInputsRevealNothingAndAFailedUnmaskIsStillAccountedAndSaved) {
   Quiet q;
   const auto dir = temp_dir("dp-fail");
@@ -446,13 +482,17 @@ TEST(SecureConfig, KeysAreReadCheckedAndCompressionMustBeNone) {
       "[secure_aggregation]\nenabled = true\n[privacy]\nnoise_multiplier = 1\n"
       "clip = 0.5\n";
   EXPECT_TRUE(load(dp).privacy.enabled);
-  refused(dp + "adaptive_clip = true\n", "privacy.adaptive_clip");
+  EXPECT_TRUE(load(dp + "adaptive_clip = true\nclipped_count_stddev = 2\n").privacy.adaptive_clip);
+  refused(
+      "[secure_aggregation]\nenabled = true\nrange = 0.25\nstep = 0.0001\n[privacy]\n"
+      "noise_multiplier = 1\nclip = 0.5\nadaptive_clip = true\n",
+      "secure_aggregation.range");
   refused(dp + "sampling = 'poisson'\n", "privacy.sampling");
 }
 
 TEST(SecureGrpc, DeployedOnLoopbackEqualsTheSimulationBitwise) {
-  // Plain secure aggregation, and with distributed DP (its noise seeded, so repeatable): the
-  // roster's DP parameters cross the wire too.
+  // Plain secure aggregation, and with distributed DP and adaptive clipping (its noise seeded, so
+  // repeatable): the roster's DP parameters and the masked counts cross the wire too.
   for (const bool private_ : {false, true}) {
     const auto dir = temp_dir(private_ ? "grpc-dp" : "grpc");
     const auto silos = make_silos(dir, 3);
@@ -461,12 +501,18 @@ TEST(SecureGrpc, DeployedOnLoopbackEqualsTheSimulationBitwise) {
       auto cfg = secure_sim_config(dir / "sim", silos, "diloco", 2, true);
       cfg.server.secure_aggregation.neighbours = 2;
       cfg.server.strategy.min_clients = 3;
-      if (private_) cfg.server.privacy = central_dp(0.5, 0.05);
+      if (private_) {
+        cfg.server.privacy = central_dp(0.5, 0.05);
+        cfg.server.privacy.adaptive_clip = true;
+        cfg.server.privacy.clipped_count_stddev = 1;
+      }
       run_simulation(cfg, false);
     }
     const std::string address = loopback_address();
     const std::string privacy =
-        private_ ? "[privacy]\nnoise_multiplier = 0.5\nclip = 0.05\nnoise_seed = 7\n" : "";
+        private_ ? "[privacy]\nnoise_multiplier = 0.5\nclip = 0.05\nnoise_seed = 7\n"
+                   "adaptive_clip = true\nclipped_count_stddev = 1\n"
+                 : "";
     write_file_atomic(dir / "fed.toml",
                       cat("[server]\ndir = '", (dir / "dep").string(), "'\naddress = '", address,
                           "'\nseed = 5\nrounds = 2\nlocal_steps = 2\neval_every = 0\n"
@@ -499,6 +545,7 @@ TEST(SecureGrpc, DeployedOnLoopbackEqualsTheSimulationBitwise) {
       const auto metrics = read_jsonl(dir / "dep/metrics.jsonl");
       ASSERT_FALSE(metrics.empty());
       EXPECT_EQ(metrics.back()["aggregation"], "secure_dp_mean");
+      EXPECT_NE(metrics.back()["privacy"]["clip"].get<double>(), 0.05) << "C must have moved";
     }
   }
 }

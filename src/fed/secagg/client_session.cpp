@@ -31,7 +31,7 @@ Options options_from(const pb::SecAggParams& p) {
   o.step = p.step();
   o.stochastic = p.stochastic();
   o.noise = {p.dp_clip(), p.dp_noise_stddev(), p.dp_token_cap(),
-             p.has_dp_noise_seed() ? p.dp_noise_seed() : -1};
+             p.has_dp_noise_seed() ? p.dp_noise_seed() : -1, p.dp_count_stddev()};
   o.validate([](const std::string& key) { return cat("secure aggregation roster: ", key); });
   return o;
 }

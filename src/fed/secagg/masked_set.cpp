@@ -8,6 +8,12 @@ std::string ring_codec_name(int ring_bits) {
   return cat("ring", ring_bits);
 }
 
+ParamSpecs masked_specs(const ParamSpecs& model, bool counts_unclipped) {
+  ParamSpecs out = model;
+  if (counts_unclipped) out.push_back({kUnclippedCount, {1}});
+  return out;
+}
+
 EncodedSet masked_set(const ParamSpecs& specs, const std::vector<uint64_t>& words, int ring_bits) {
   const size_t word = static_cast<size_t>(ring_bits) / 8;
   std::vector<std::string> payloads;

@@ -28,19 +28,27 @@ void Options::validate(const std::function<std::string(const std::string&)>& whe
       noise.stddev);
   POLLEN_CHECK(noise.token_cap >= 0, where("dp_token_cap"), ": must be 0 or positive, got ",
                noise.token_cap);
+  const bool count_ok = std::isfinite(noise.count_stddev) && noise.count_stddev >= 0 &&
+                        (noise.enabled() || noise.count_stddev == 0);
+  POLLEN_CHECK(count_ok, where("dp_count_stddev"),
+               ": must be 0 or positive, and 0 without dp_clip, got ", noise.count_stddev);
+  POLLEN_CHECK(!noise.counts_unclipped() || range >= 0.5, where("range"),
+               ": adaptive clipping sends each client's indicator +-1/2, so range must be at "
+               "least 0.5, got ",
+               range);
   // One client with one token must fit: the server checks the round's total tokens.
-  const double levels = std::ceil((range + DistributedNoise::kTails * noise.stddev) / step);
-  POLLEN_CHECK(levels<std::ldexp(1.0, ring_bits - 1), where("ring_bits"), ": ", levels,
-                      " levels (range", noise.stddev> 0
-                   ? " and the noise's tails"
-                   : "",
-               " over step) do not fit a ", ring_bits,
-               "-bit ring; use ring_bits 64 or a coarser step");
+  const double levels =
+      std::ceil((range + DistributedNoise::kTails * noise.largest_stddev()) / step);
+  const bool fits = levels < std::ldexp(1.0, ring_bits - 1);
+  const char* tails = noise.largest_stddev() > 0 ? " and the noise's tails" : "";
+  POLLEN_CHECK(fits, where("ring_bits"), ": ", levels, " levels (range", tails, " over step) ",
+               "do not fit a ", ring_bits, "-bit ring; use ring_bits 64 or a coarser step");
   POLLEN_CHECK(phase_timeout_s > 0, where("phase_timeout_s"), ": must be positive");
 }
 
 int64_t Options::max_level() const {
-  const double levels = std::ceil((range + DistributedNoise::kTails * noise.stddev) / step);
+  const double levels =
+      std::ceil((range + DistributedNoise::kTails * noise.largest_stddev()) / step);
   POLLEN_CHECK(levels < 0x1p62, "secure aggregation: ", levels,
                " levels (range and the noise's tails over step) fit no ring; raise "
                "secure_aggregation.step or lower the noise");

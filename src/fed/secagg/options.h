@@ -2,6 +2,7 @@
 // The [secure_aggregation] table of the server's config (docs/federated.md): whether the round's
 // updates are securely aggregated, the Shamir threshold, SecAgg+'s neighbour count, and how
 // pseudo-gradients are quantised into the ring Z_(2^ring_bits) before masking.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -23,11 +24,16 @@ struct DistributedNoise {
   double stddev = 0;      // z clip / sqrt(k)
   int64_t token_cap = 0;  // 0: every client's weight is 1
   int64_t seed = -1;      // -1: the OS's CSPRNG; else repeatable noise for tests (no privacy)
+  // Adaptive clipping: the noise share of the unclipped count, which the client sends as one
+  // more masked value after the update ([norm <= clip] - 1/2); 0: the clip is fixed.
+  double count_stddev = 0;
   // The noise is drawn truncated at this many standard deviations, which bounds every value a
   // client may send (a draw beyond it has probability below 1e-88).
   static constexpr double kTails = 20;
 
   bool enabled() const { return clip > 0; }
+  bool counts_unclipped() const { return count_stddev > 0; }
+  double largest_stddev() const { return std::max(stddev, count_stddev); }
 };
 
 struct Options {
@@ -47,7 +53,7 @@ struct Options {
   // Throws naming the key (where(key) says where it was read) when a value is out of range.
   void validate(const std::function<std::string(const std::string&)>& where) const;
   // The largest |quantised value| of one coordinate: ceil(range / step), with distributed DP
-  // ceil((range + kTails stddev) / step).
+  // ceil((range + kTails max(stddev, count_stddev)) / step).
   int64_t max_level() const;
   // The rounding's bound on |dequantised - true| per coordinate of the mean (no clipping).
   double error_bound() const { return stochastic ? step : step / 2; }

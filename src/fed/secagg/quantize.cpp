@@ -33,7 +33,7 @@ double truncated_normal(Rng& rng, double stddev) {
 std::vector<uint64_t> quantize(const Weights& delta, int64_t weight_in, const Options& options,
                                uint64_t seed, QuantizeStats* stats, Rng* noise) {
   POLLEN_CHECK(weight_in >= 1, "secure aggregation: an update needs at least one token");
-  POLLEN_CHECK(options.noise.stddev == 0 || (noise != nullptr && weight_in == 1),
+  POLLEN_CHECK(options.noise.largest_stddev() == 0 || (noise != nullptr && weight_in == 1),
                "secure aggregation: distributed DP noise needs a generator and weight 1");
   check_fits(weight_in, options);
   int64_t n = 0;
