@@ -164,6 +164,7 @@ inline fed::UpdateRules server_rules(uint8_t config, uint8_t flags) {
   r.token_counts = flags & kRowWeighting;
   r.second_moments = flags & kSecondMoments;
   r.ring_bits = (flags & kSecure) ? ((flags & kRing64) ? 64 : 32) : 0;
+  r.masked = fed::secagg::masked_specs(r.model, false);
   r.vocab_size = kVocab;
   return r;
 }
