@@ -227,9 +227,9 @@ ServerStatus Coordinator::status() const {
   st.clients_alive = alive_ids_locked().size();
   if (dp_) {
     st.private_ = true;
-    st.epsilon = dp_->epsilon().epsilon;
-    st.delta = dp_->options().delta;
     st.private_rounds = dp_->private_rounds();
+    st.epsilon = st.private_rounds > 0 ? dp_->epsilon().epsilon : 0;  // nothing released yet
+    st.delta = dp_->options().delta;
   }
   return st;
 }

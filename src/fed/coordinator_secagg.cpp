@@ -142,11 +142,13 @@ bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t partici
     Weights like = global_;
     if (counts_unclipped()) like.push_back(Tensor::zeros({1}, DType::f32));
     Weights mean = secagg::dequantize(sum, weights, denominator, options, like);
+    std::optional<double> unclipped;
     if (counts_unclipped()) {
-      *count = static_cast<double>(mean.back().data<float>()[0]);
+      unclipped = static_cast<double>(mean.back().data<float>()[0]);
       mean.pop_back();
     }
     strategy_->aggregate_mean(round, global_, mean);
+    *count = unclipped;  // only for a round that is applied
   } catch (const Error& e) {
     *why = e.what();
     return false;

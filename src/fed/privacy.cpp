@@ -113,11 +113,17 @@ double CentralDp::count_stddev(double m) const {
   return options_.clipped_count_stddev > 0 ? options_.clipped_count_stddev : m / 20.0;
 }
 
+double CentralDp::count_noise_multiplier(double m) const {
+  // Centrally one client present or absent moves the centred count by 1/2; under distributed DP
+  // the server sees who took part, and a real update against a zero one (whose indicator is
+  // +1/2) moves it by 1.
+  return count_stddev(m) / (distributed_ ? 1.0 : 0.5);
+}
+
 double CentralDp::sum_noise_multiplier(double m) const {
   const double z = options_.noise_multiplier;
   if (!options_.adaptive_clip || z == 0) return z;
-  const double sb = count_stddev(m);
-  return std::pow(std::pow(z, -2) - std::pow(2 * sb, -2), -0.5);
+  return std::pow(std::pow(z, -2) - std::pow(count_noise_multiplier(m), -2), -0.5);
 }
 
 PrivacyAccountant after_central_releases(const PrivacyAccountant& accountant,
@@ -151,10 +157,11 @@ std::string CentralDp::refuse_round(int64_t round, int64_t selected, int64_t ava
   if (options_.adaptive_clip && options_.noise_multiplier > 0) {
     const double m = denominator(selected, available);
     const double sb = count_stddev(m);
-    if (options_.noise_multiplier >= 2 * sb) {
+    const double sensitivity = sb / count_noise_multiplier(m);
+    if (options_.noise_multiplier >= count_noise_multiplier(m)) {
       return cat("privacy: adaptive clipping with noise_multiplier ", options_.noise_multiplier,
-                 " needs clipped_count_stddev above ", options_.noise_multiplier / 2, " (it is ",
-                 sb, " for ", m, options_.poisson() ? " expected" : "",
+                 " needs clipped_count_stddev above ", options_.noise_multiplier * sensitivity,
+                 " (it is ", sb, " for ", m, options_.poisson() ? " expected" : "",
                  " clients); raise privacy.clipped_count_stddev or turn adaptive_clip off");
     }
   }

@@ -44,7 +44,9 @@
 // server knows whom it selected, so no amplification by sampling is claimed against it: each
 // round is accounted as the Gaussian mechanism of multiplier z (q = 1); sampling must be
 // "fixed". With adaptive clipping each client also masks its centred indicator with a share
-// N(0, sigma_b^2 / k) of the count's noise, and the update's share is z_Delta C / sqrt(k).
+// N(0, sigma_b^2 / k) of the count's noise, and the update's share is z_Delta C / sqrt(k), where
+// z_Delta = (z^-2 - sigma_b^-2)^(-1/2): a real update against a zero one moves the count by 1,
+// not 1/2 (the server sees who took part), so this needs z < sigma_b.
 //
 // Local DP (`[local_dp]` of a client): the client clips its own update to C and adds
 // N(0, (z C)^2 I) before it leaves the silo, trusting nobody; it logs its own epsilon (one
@@ -169,6 +171,8 @@ class CentralDp {
   double sampling_rate(int64_t selected, int64_t available) const;
   double denominator(int64_t selected, int64_t available) const;
   double count_stddev(double m) const;
+  // sigma_b over the count's sensitivity: 2 sigma_b centrally, sigma_b under distributed DP.
+  double count_noise_multiplier(double m) const;
   double sum_noise_multiplier(double m) const;
   // Accounts for one release and writes the round's privacy figures into r.extra.
   void account_release(double q, double m, double z_sum, AggregationReport& r);

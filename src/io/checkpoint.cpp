@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -84,15 +85,22 @@ fs::path CheckpointWriter::commit() {
   stats_.sync_s += ms.sync_s;
   const auto t0 = std::chrono::steady_clock::now();
   sync_dir(tmp_);
-  // A folder of the same name can only be one that failed to verify (resume went past it):
-  // move it aside first so that the rename cannot fail, then drop it.
+  // A folder of the same name is one that failed to verify (resume went past it) or one written
+  // again with newer state (a federated server's privacy accountant after a round it accounted
+  // but did not apply). The two are swapped in one step, so that a crash leaves one of them;
+  // where the filesystem cannot swap, the old one is moved aside first.
   if (fs::exists(final_)) {
-    const fs::path old = root_ / cat(".old-", checkpoint_name(step_), ".", ::getpid());
-    fs::remove_all(old);
-    fs::rename(final_, old);
-    fs::rename(tmp_, final_);
-    sync_dir(root_);
-    fs::remove_all(old);
+    if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, final_.c_str(), RENAME_EXCHANGE) == 0) {
+      sync_dir(root_);
+      fs::remove_all(tmp_);  // the old folder, now under the temporary name
+    } else {
+      const fs::path old = root_ / cat(".old-", checkpoint_name(step_), ".", ::getpid());
+      fs::remove_all(old);
+      fs::rename(final_, old);
+      fs::rename(tmp_, final_);
+      sync_dir(root_);
+      fs::remove_all(old);
+    }
   } else {
     fs::rename(tmp_, final_);
     sync_dir(root_);

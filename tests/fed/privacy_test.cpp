@@ -295,14 +295,24 @@ TEST(DistributedDp, EachClientsShareIsTheCentralNoiseOverRootKAndNoSamplingIsCla
   // Poisson samples are not offered with secure aggregation.
   EXPECT_THROW(CentralDp(central_dp(1.0, 1.0, "poisson"), 0.5, true), Error);
   // Adaptive clipping: the count's share sigma_b / sqrt(k), and the update's z_Delta C / sqrt(k)
-  // with z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), so the two releases cost multiplier z.
+  // with z_Delta = (z^-2 - sigma_b^-2)^(-1/2): a real update against a zero one moves the count
+  // by 1 (centrally one client present or absent moves it by 1/2, and 2 sigma_b stands there),
+  // so the two releases cost multiplier z.
   PrivacyOptions adaptive = central_dp(1.0, 0.5);
   adaptive.adaptive_clip = true;
   adaptive.clipped_count_stddev = 2.0;
   const CentralDp a(adaptive, 1, true);
   const secagg::DistributedNoise shares = a.distributed_noise(4, 6);
   EXPECT_DOUBLE_EQ(shares.count_stddev, 2.0 / 2);
-  EXPECT_DOUBLE_EQ(shares.stddev, std::pow(1.0 - 1.0 / 16, -0.5) * 0.5 / 2);
+  EXPECT_DOUBLE_EQ(shares.stddev, std::pow(1.0 - 1.0 / 4, -0.5) * 0.5 / 2);
+  // z must stay below sigma_b (centrally below 2 sigma_b): 1.5 against sigma_b 1 passes the
+  // central check only.
+  PrivacyOptions loud = adaptive;
+  loud.noise_multiplier = 1.5;
+  loud.clipped_count_stddev = 1.0;
+  EXPECT_NE(CentralDp(loud, 1, true).refuse_round(1, 6, 6).find("clipped_count_stddev above 1.5"),
+            std::string::npos);
+  EXPECT_EQ(CentralDp(loud).refuse_round(1, 6, 6), "");
 }
 
 TEST(CentralDp, BudgetRefusesTheRoundThatWouldPassIt) {

@@ -46,9 +46,8 @@ void Options::validate(const std::function<std::string(const std::string&)>& whe
   POLLEN_CHECK(phase_timeout_s > 0, where("phase_timeout_s"), ": must be positive");
 }
 
-int64_t Options::max_level() const {
-  const double levels =
-      std::ceil((range + DistributedNoise::kTails * noise.largest_stddev()) / step);
+int64_t Options::level(double stddev) const {
+  const double levels = std::ceil((range + DistributedNoise::kTails * stddev) / step);
   POLLEN_CHECK(levels < 0x1p62, "secure aggregation: ", levels,
                " levels (range and the noise's tails over step) fit no ring; raise "
                "secure_aggregation.step or lower the noise");

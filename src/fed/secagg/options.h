@@ -52,9 +52,11 @@ struct Options {
 
   // Throws naming the key (where(key) says where it was read) when a value is out of range.
   void validate(const std::function<std::string(const std::string&)>& where) const;
-  // The largest |quantised value| of one coordinate: ceil(range / step), with distributed DP
-  // ceil((range + kTails max(stddev, count_stddev)) / step).
-  int64_t max_level() const;
+  // The largest |quantised value| of a coordinate that carries noise of `stddev`:
+  // ceil((range + kTails stddev) / step); ceil(range / step) without distributed DP.
+  int64_t level(double stddev) const;
+  // The largest of any coordinate, the update's or the count's: what the ring must hold.
+  int64_t max_level() const { return level(noise.largest_stddev()); }
   // The rounding's bound on |dequantised - true| per coordinate of the mean (no clipping).
   double error_bound() const { return stochastic ? step : step / 2; }
   // The threshold for secrets with `holders` holders (a client's neighbours and itself).

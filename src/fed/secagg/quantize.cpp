@@ -85,13 +85,17 @@ Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_weight, doubl
   POLLEN_CHECK(denominator > 0, "secure aggregation: the denominator must be positive, got ",
                denominator);
   const double scale = options.step / denominator;
-  // Honest clients' values lie within +-range (plus the noise's truncated tails), so their
-  // weighted sum within this: a sum past it holds a word no client may send (the masked updates
-  // are never checked one by one).
-  const double most = static_cast<double>(total_weight) * static_cast<double>(options.max_level());
+  // Honest clients' values lie within +-range (plus their noise's truncated tails: the update's,
+  // or the count's for the last tensor under adaptive clipping), so their weighted sum within
+  // this: a sum past it holds a word no client may send (the masked updates are never checked
+  // one by one).
+  const auto weight = static_cast<double>(total_weight);
   Weights out;
   size_t k = 0;
   for (const Tensor& t : like) {
+    const bool count = options.noise.counts_unclipped() && out.size() + 1 == like.size();
+    const double stddev = count ? options.noise.count_stddev : options.noise.stddev;
+    const double most = weight * static_cast<double>(options.level(stddev));
     Tensor d = Tensor::empty(t.shape(), DType::f32);
     float* o = d.data<float>();
     for (int64_t j = 0; j < d.numel(); ++j, ++k) {
@@ -101,7 +105,7 @@ Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_weight, doubl
                    " of the unmasked sum is ", s * options.step, ", beyond what ", total_weight,
                    options.noise.enabled() ? " clients" : " tokens",
                    " of values within +-secure_aggregation.range (", options.range, ")",
-                   options.noise.stddev > 0 ? " and the noise's tails" : "",
+                   stddev > 0 ? " and the noise's tails" : "",
                    " can add up to: a client sent a value outside it");
       o[j] = static_cast<float>(s * scale);
     }

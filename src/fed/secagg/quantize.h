@@ -46,7 +46,9 @@ void check_fits(int64_t total_weight, const Options& options);
 
 // step * S / denominator from the unmasked sum S of values weighted `total_weight` in all
 // (sum_i t_i, or the clients in the sum), shaped like `like`. The denominator is total_weight
-// for the token-weighted mean, the clients selected with distributed DP.
+// for the token-weighted mean, the clients selected with distributed DP. With adaptive clipping
+// the last tensor of `like` is the count (secagg::kUnclippedCount), held to its own noise's
+// bound.
 Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_weight, double denominator,
                    const Options& options, const Weights& like);
 

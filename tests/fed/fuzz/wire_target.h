@@ -83,8 +83,9 @@ constexpr uint8_t kSecondMoments = 0x02;  // push: the server shares second mome
 constexpr uint8_t kFirstMoments = 0x04;   // push: and first moments of the token rows
 constexpr uint8_t kSecure = 0x08;         // push: secure aggregation (ring32, or ring64 with 0x10)
 constexpr uint8_t kRing64 = 0x10;
-constexpr uint8_t kFixModel = 0x10;     // pull: the header names the model its data rebuilds
-constexpr uint8_t kDelta = 0x20;        // pull: a delta's base is the model the client holds
+constexpr uint8_t kCounted = 0x20;   // push, with kSecure: adaptive clipping's masked count follows
+constexpr uint8_t kFixModel = 0x10;  // pull: the header names the model its data rebuilds
+constexpr uint8_t kDelta = 0x20;     // pull: a delta's base is the model the client holds
 constexpr uint8_t kMomentSet = 0x40;    // pull: the first moments' set, not the model
 constexpr uint8_t kFitPayload = 0x80;   // payload: cut or pad it to the size the codec takes
 constexpr uint8_t kFixChecksum = 0x80;  // push, pull: the header's SHA-256 is the chunks' own
@@ -164,7 +165,7 @@ inline fed::UpdateRules server_rules(uint8_t config, uint8_t flags) {
   r.token_counts = flags & kRowWeighting;
   r.second_moments = flags & kSecondMoments;
   r.ring_bits = (flags & kSecure) ? ((flags & kRing64) ? 64 : 32) : 0;
-  r.masked = fed::secagg::masked_specs(r.model, false);
+  r.masked = fed::secagg::masked_specs(r.model, (flags & kSecure) && (flags & kCounted));
   r.vocab_size = kVocab;
   return r;
 }
@@ -302,7 +303,8 @@ inline std::vector<std::string> valid_inputs() {
                                                 {18 + 9 + 6, 0},
                                                 {7, kRowWeighting | kSecondMoments},
                                                 {1, kSecondMoments | kFirstMoments},
-                                                {0, kSecure}};
+                                                {0, kSecure},
+                                                {0, kSecure | kCounted}};
   for (const auto& [config, flags] : pushes) {
     const bool row_weighting = flags & kRowWeighting, second_moments = flags & kSecondMoments;
     const bool first_moments = flags & kFirstMoments;
@@ -329,8 +331,9 @@ inline std::vector<std::string> valid_inputs() {
     }
     fed::EncodedSet set;
     if (flags & kSecure) {
-      std::vector<uint64_t> words(static_cast<size_t>(64), 12345);
-      set = fed::secagg::masked_set(model, words, 32);
+      const fed::ParamSpecs masked = fed::secagg::masked_specs(model, flags & kCounted);
+      std::vector<uint64_t> words(static_cast<size_t>((flags & kCounted) ? 65 : 64), 12345);
+      set = fed::secagg::masked_set(masked, words, 32);
     } else {
       set = fed::encode_weights(update, sample_weights(update, 0.01f), codec_of(config));
     }
