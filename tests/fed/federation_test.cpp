@@ -852,17 +852,5 @@ TEST(Grpc, SimulatedEqualsDeployedBitwise) {
                           "'\nseed = ", 100 + i, "\nthreads = 1\n[data]\nmanifests = ['",
                           (i == 0 ? a : b).string(), "']\n", train, model));
   }
-  std::vector<pid_t> pids;
-  for (const std::string name : {"fed", "client0", "client1"})
-    pids.push_back(spawn_pollen(
-        {"fed", name == "fed" ? "server" : "client", "--config", (dir / (name + ".toml")).string()},
-        dir / (name + ".log")));
-  EXPECT_EQ(failed_children(pids), 0) << "a process failed; see " << dir.string() << "/*.log";
-  const auto sim = io::list_checkpoints(dir / "sim/server/checkpoints");
-  const auto dep = io::list_checkpoints(dir / "dep/checkpoints");
-  ASSERT_FALSE(sim.empty());
-  ASSERT_FALSE(dep.empty());
-  EXPECT_EQ(io::checkpoint_step(dep.back()), 2);
-  EXPECT_TRUE(bitwise_equal(read_model(sim.back()), read_model(dep.back())))
-      << "the deployed run's global model differs from the simulation's";
+  expect_deployment_equals_simulation(dir, 2, 2);
 }

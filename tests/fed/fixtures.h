@@ -2,6 +2,7 @@
 // What the federation tests share: tiny models, silos with learnable patterns, simulation
 // configs, client updates made by hand, deployments as processes, and comparisons of weights.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -24,6 +25,7 @@
 #include "fed/config.h"
 #include "fed/strategy.h"
 #include "fed/wire.h"
+#include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "support/process.h"
 
@@ -222,6 +224,28 @@ inline bool bitwise_equal(const Weights& a, const Weights& b) {
     }
   }
   return true;
+}
+
+// Runs `pollen fed server` on dir/fed.toml (its run under dir/dep) and a `pollen fed client` on
+// each dir/client<i>.toml as processes, their stderr in dir/<name>.log, then expects each to
+// exit 0 and the deployment's newest checkpoint to be round `rounds` with the weights of the
+// simulation's under dir/sim/server, bit for bit.
+inline void expect_deployment_equals_simulation(const fs::path& dir, int clients, int64_t rounds) {
+  std::vector<std::string> names{"fed"};
+  for (int i = 0; i < clients; ++i) names.push_back(cat("client", i));
+  std::vector<pid_t> pids;
+  for (const std::string& name : names)
+    pids.push_back(spawn_pollen(
+        {"fed", name == "fed" ? "server" : "client", "--config", (dir / (name + ".toml")).string()},
+        dir / (name + ".log")));
+  EXPECT_EQ(failed_children(pids), 0) << "a process failed; see " << dir.string() << "/*.log";
+  const auto sim = io::list_checkpoints(dir / "sim/server/checkpoints");
+  const auto dep = io::list_checkpoints(dir / "dep/checkpoints");
+  ASSERT_FALSE(sim.empty());
+  ASSERT_FALSE(dep.empty());
+  EXPECT_EQ(io::checkpoint_step(dep.back()), rounds);
+  EXPECT_TRUE(bitwise_equal(read_model(sim.back()), read_model(dep.back())))
+      << "the deployed run's global model differs from the simulation's (" << dir.string() << ")";
 }
 
 // a + b per value, in float32 as a view adds a decoded delta.

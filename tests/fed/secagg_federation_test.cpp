@@ -527,20 +527,7 @@ TEST(SecureGrpc, DeployedOnLoopbackEqualsTheSimulationBitwise) {
                             "'\nseed = ", 100 + i, "\nthreads = 1\n[data]\nmanifests = ['",
                             silos[i].string(), "']\n", train, kTinyModelToml));
     }
-    std::vector<pid_t> pids;
-    for (const std::string name : {"fed", "client0", "client1", "client2"})
-      pids.push_back(spawn_pollen({"fed", name == "fed" ? "server" : "client", "--config",
-                                   (dir / (name + ".toml")).string()},
-                                  dir / (name + ".log")));
-    EXPECT_EQ(failed_children(pids), 0) << "a process failed; see " << dir.string() << "/*.log";
-    const auto sim = io::list_checkpoints(dir / "sim/server/checkpoints");
-    const auto dep = io::list_checkpoints(dir / "dep/checkpoints");
-    ASSERT_FALSE(sim.empty());
-    ASSERT_FALSE(dep.empty());
-    EXPECT_EQ(io::checkpoint_step(dep.back()), 2);
-    EXPECT_TRUE(bitwise_equal(read_model(sim.back()), read_model(dep.back())))
-        << "the deployed run's global model differs from the simulation's (private " << private_
-        << ")";
+    expect_deployment_equals_simulation(dir, 3, 2);
     if (private_) {
       const auto metrics = read_jsonl(dir / "dep/metrics.jsonl");
       ASSERT_FALSE(metrics.empty());
