@@ -196,6 +196,13 @@ TEST(FedObservability, APrivateRunShowsTheEpsilonItSpent) {
   EXPECT_NEAR(shown, m[0]["privacy"]["epsilon"].get<double>(), 1e-9 * shown);
   EXPECT_NE(text.find("\npollen_fed_private_rounds 1\n"), std::string::npos) << text;
   EXPECT_NE(text.find("\npollen_fed_privacy_delta 1e-05\n"), std::string::npos) << text;
+  // And as Prometheus's own client library reads the scrape.
+  if (const std::string python = python_peer(); !python.empty()) {
+    auto parsed = parse_with_peer(python, dir, text);
+    EXPECT_EQ(parsed["pollen_fed_private_rounds{}"], 1);
+    EXPECT_DOUBLE_EQ(parsed["pollen_fed_privacy_epsilon{}"], shown);
+    EXPECT_DOUBLE_EQ(parsed["pollen_fed_privacy_delta{}"], 1e-5);
+  }
   fs::remove_all(dir);
 }
 
