@@ -216,6 +216,9 @@ class Client {
   void secagg_step(const pb::TaskReply& task);
   pb::SecAggReply secagg_call(int64_t round, const std::function<void(pb::SecAggRequest&)>& fill);
   EncodedSet masked_update(int64_t round, const Weights& delta, int64_t tokens);
+  // Distributed DP: a server's repeatable noise stops the client unless
+  // client.allow_repeatable_noise takes it.
+  void refuse_repeatable_noise(int64_t round, const secagg::DistributedNoise& noise) const;
   // Distributed DP: `delta` clipped to noise.clip (*clipped: whether it was) and scaled by the
   // client's weight.
   Weights clip_and_weigh(int64_t round, const Weights& delta, int64_t tokens,

@@ -37,6 +37,7 @@ void Client::secagg_step(const pb::TaskReply& task) {
     const auto reply = secagg_call(round, [](pb::SecAggRequest& r) { r.set_get_roster(true); });
     POLLEN_CHECK(reply.has_roster(), "secure aggregation: the server sent no roster");
     const pb::SecAggShares shares = secagg_->share(reply.roster());
+    refuse_repeatable_noise(round, secagg_->options().noise);
     secagg_call(round, [&](pb::SecAggRequest& r) { *r.mutable_shares() = shares; });
     return;
   }
@@ -77,11 +78,20 @@ Weights Client::clip_and_weigh(int64_t round, const Weights& delta, int64_t toke
   log::info("fed client '", config_.id, "': round ", round, ": distributed DP: update norm ", norm,
             clipped ? cat(", clipped to ", noise.clip) : std::string(), ", weight ", weight,
             ", noise std ", noise.stddev, " per value");
-  if (noise.seed >= 0) {
-    log::warn("fed client '", config_.id, "': the server asks for repeatable noise (noise_seed ",
-              noise.seed, "): the update has no privacy from anyone who knows the seed");
-  }
   return out;
+}
+
+void Client::refuse_repeatable_noise(int64_t round, const secagg::DistributedNoise& noise) const {
+  if (noise.seed < 0) return;
+  if (!config_.allow_repeatable_noise) {
+    throw RoundCannotSucceed(cat(
+        "fed client '", config_.id, "': round ", round, ": the server asks for repeatable noise ",
+        "(its privacy.noise_seed is ", noise.seed,
+        "), which leaves this silo's update without privacy from anyone who knows the seed; the "
+        "client stops (client.allow_repeatable_noise = true takes it, for tests only)"));
+  }
+  log::warn("fed client '", config_.id, "': round ", round, ": repeatable noise (noise_seed ",
+            noise.seed, "): the update has no privacy from anyone who knows the seed");
 }
 
 EncodedSet Client::masked_update(int64_t round, const Weights& delta, int64_t tokens) {

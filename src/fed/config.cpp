@@ -338,6 +338,7 @@ ClientConfig read_client_root(ConfigTable& root) {
   c.threads = static_cast<int>(t->get_int_in("threads", 0, 0, kConfigThreadsMax));
   c.connect_timeout_s = t->get_double("connect_timeout_s", c.connect_timeout_s);
   c.state_dir = t->get_string("state_dir", "");
+  c.allow_repeatable_noise = t->get_bool("allow_repeatable_noise", c.allow_repeatable_noise);
   c.keep_checkpoints =
       static_cast<int>(t->get_int_in("keep_checkpoints", c.keep_checkpoints, 1, INT32_MAX));
   t->finish();
@@ -404,6 +405,9 @@ SimConfig read_sim_root(ConfigTable& root) {
     cc.manifests = {manifests[i]};
     cc.train = train;
     cc.local_dp = local_dp;
+    // One process runs the server and every client: whoever set the server's noise_seed speaks
+    // for the clients too.
+    cc.allow_repeatable_noise = true;
     if (local_dp.noise_seed >= 0)
       cc.local_dp.noise_seed = local_dp.noise_seed + static_cast<int64_t>(i);
     c.clients.push_back(cc);

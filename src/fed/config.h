@@ -115,6 +115,9 @@ struct ClientConfig {
   double connect_timeout_s = 60;
   LocalTrainConfig train;
   LocalDpOptions local_dp;  // [local_dp]; off unless the table is given
+  // Distributed DP: take repeatable noise when the server's privacy.noise_seed asks for it (a
+  // test setting: the update then has no privacy); else such a round stops the client.
+  bool allow_repeatable_noise = false;
   TlsFiles tls;
   // Where the client keeps its local state between rounds and resumes it after a restart
   // (empty: in memory only).

@@ -205,6 +205,7 @@ inline SimConfig sim_config(const fs::path& dir, const std::vector<fs::path>& ma
     cc.tokenizer_fingerprint = c.server.tokenizer_fingerprint;
     cc.manifests = {manifests[i].string()};
     cc.train = local_train();
+    cc.allow_repeatable_noise = true;  // as `pollen fed simulate` sets it
     c.clients.push_back(cc);
   }
   return c;

@@ -447,6 +447,25 @@ TEST(DistributedDp, TooFewInputsRevealNothingAndAFailedUnmaskIsStillAccountedAnd
   }
 }
 
+TEST(DistributedDp, AClientStopsAtRepeatableNoiseUnlessItTakesIt) {
+  Quiet q;
+  const auto dir = temp_dir("dp-seeded");
+  auto cfg = dp_sim_config(dir, make_silos(dir, 3), true, 1.0);  // noise_seed 7
+  cfg.clients[0].allow_repeatable_noise = false;
+  set_num_threads(1);
+  Federation f(cfg);
+  ASSERT_TRUE(f.server.begin_round());
+  ASSERT_TRUE(f.pass({0, 1, 2}));  // keys
+  try {
+    f.clients[0]->poll_once();  // shares: the roster asks for repeatable noise
+    ADD_FAILURE() << "a client took repeatable noise without client.allow_repeatable_noise";
+  } catch (const RoundCannotSucceed& e) {
+    EXPECT_NE(std::string(e.what()).find("client.allow_repeatable_noise"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(f.clients[1]->poll_once()) << "a client that takes it goes on";
+}
+
 TEST(SecureConfig, KeysAreReadCheckedAndCompressionMustBeNone) {
   const auto dir = temp_dir("config");
   auto load = [&](const std::string& extra) {
@@ -520,12 +539,15 @@ TEST(SecureGrpc, DeployedOnLoopbackEqualsTheSimulationBitwise) {
                           "name = 'diloco'\nmin_clients = 3\n[secure_aggregation]\nenabled = "
                           "true\nneighbours = 2\n",
                           privacy, kTinyModelToml));
+    // [client] takes the seeded noise: a test setting, refused unless asked for.
+    const std::string repeatable = "allow_repeatable_noise = true\n";
     const std::string train = "[train]\nmicro_batch = 4\nseq = 16\nlr = 3e-3\nweight_decay = 0\n";
     for (int i = 0; i < 3; ++i) {
-      write_file_atomic(dir / cat("client", i, ".toml"),
-                        cat("[client]\nid = 'silo-", i, "'\nserver = '", address,
-                            "'\nseed = ", 100 + i, "\nthreads = 1\n[data]\nmanifests = ['",
-                            silos[i].string(), "']\n", train, kTinyModelToml));
+      write_file_atomic(
+          dir / cat("client", i, ".toml"),
+          cat("[client]\nid = 'silo-", i, "'\nserver = '", address, "'\nseed = ", 100 + i,
+              "\nthreads = 1\n", private_ ? repeatable : "", "[data]\nmanifests = ['",
+              silos[i].string(), "']\n", train, kTinyModelToml));
     }
     expect_deployment_equals_simulation(dir, 3, 2);
     if (private_) {
