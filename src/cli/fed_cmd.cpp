@@ -152,9 +152,11 @@ void add_fed_command(CLI::App& app) {
   privacy->add_option("--delta", p->delta, "delta")->capture_default_str();
   privacy->add_option("--every", p->every, "Also print epsilon every this many rounds");
   privacy
-      ->add_option("--sampling", p->sampling,
-                   "privacy.sampling: fixed (a sample without replacement, accounted with "
-                   "multiplier z / 2 below rate 1) or poisson")
+      ->add_option(
+          "--sampling", p->sampling,
+          "privacy.sampling: fixed (a sample without replacement, accounted with "
+          "multiplier z / 2 below rate 1, or as every client selected where that is tighter) or "
+          "poisson")
       ->check(CLI::IsMember({"fixed", "poisson"}))
       ->capture_default_str();
   privacy->callback([p] {

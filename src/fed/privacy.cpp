@@ -134,9 +134,20 @@ PrivacyAccountant after_central_releases(const PrivacyAccountant& accountant,
   // A client's update present or absent moves the clipped sum by at most C. With every client
   // selected (q = 1) that is all there is: the Gaussian mechanism of multiplier z.
   if (sampling == "poisson" || q == 1) return accountant.after(q, z, rounds);
-  // Amplification by sampling without replacement holds for one client's data replaced by
-  // another's, which moves the sum by up to 2C: multiplier z / 2 against it.
-  return accountant.after(q, z / 2, rounds, Sampling::without_replacement);
+  // A fixed sample below everyone has two bounds, and each Rényi order takes the tighter:
+  // amplification by sampling without replacement, which holds for one client's data replaced
+  // by another's, a move of up to 2C (multiplier z / 2 at rate q); and, whatever the sample
+  // (drawn without looking at the data), the Gaussian of multiplier z, since given the sample
+  // one client's update present or absent moves the sum by C. The second keeps a small sample
+  // from costing more than selecting everyone would.
+  const PrivacyAccountant sampled =
+      PrivacyAccountant().after(q, z / 2, rounds, Sampling::without_replacement);
+  const PrivacyAccountant whole = PrivacyAccountant().after(1, z, rounds);
+  std::vector<double> rdp = accountant.rdp();
+  for (size_t i = 0; i < rdp.size(); ++i) rdp[i] += std::min(sampled.rdp()[i], whole.rdp()[i]);
+  PrivacyAccountant out;
+  out.restore(std::move(rdp), accountant.steps() + rounds);
+  return out;
 }
 
 Rng CentralDp::sampling_rng(int64_t round, int64_t attempt) const {

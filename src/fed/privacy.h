@@ -30,10 +30,12 @@
 //     noise / m and is accounted.
 //   "fixed" (the default): a uniformly random sample of m = max(ceil(q n), min_clients) of the
 //     n available clients without replacement, the denominator m. Every client selected
-//     (m = n): the Gaussian of multiplier z. Otherwise amplification by sampling without
-//     replacement, which is proven for one client's data replaced by another's (a move of up to
-//     2C): the Gaussian of multiplier z / 2 on a sample without replacement at rate m / n, a
-//     sound bound but a loose one.
+//     (m = n): the Gaussian of multiplier z. Otherwise, at each Rényi order, the tighter of two
+//     sound bounds: amplification by sampling without replacement, which is proven for one
+//     client's data replaced by another's (a move of up to 2C), so the Gaussian of multiplier
+//     z / 2 on a sample without replacement at rate m / n; and the Gaussian of multiplier z,
+//     which holds given any sample. So a sample below everyone never costs more than selecting
+//     everyone would.
 //
 // Distributed DP (`[privacy]` with `[secure_aggregation]`): the server never sees an update, so
 // the clients clip and noise: each selected client clips its update to C, scales it by w_i and

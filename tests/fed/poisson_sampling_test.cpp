@@ -149,13 +149,11 @@ TEST(PoissonSampling, TheDenominatorIsTheExpectedCount) {
   EXPECT_EQ(fr.extra["sampling"], "fixed");
   EXPECT_DOUBLE_EQ(fr.extra["expected_clients"].get<double>(), 2.0);
   EXPECT_DOUBLE_EQ(fr.extra["sampling_rate"].get<double>(), 2.0 / 6);
-  // Accounted as sampling without replacement, proven for one client replaced by another: the
-  // sum moves by up to 2C, so the multiplier is z / 2.
+  // Accounted by the tighter, order by order, of sampling without replacement (one client
+  // replaced: multiplier z / 2 at rate 1/3) and the Gaussian of multiplier z that holds given
+  // the sample; at z = 1 the Gaussian is tighter at every order.
   EXPECT_DOUBLE_EQ(fr.extra["epsilon"].get<double>(),
-                   PrivacyAccountant()
-                       .after(2.0 / 6, 0.5, 1, Sampling::without_replacement)
-                       .epsilon(1e-5)
-                       .epsilon);
+                   PrivacyAccountant().after(1.0, 1.0).epsilon(1e-5).epsilon);
 
   // The expected count need not be whole: q = 0.3 of 5 clients, m = 1.5.
   CentralDp quiet(poisson_dp(0.0, 1.0), 0.3);

@@ -243,9 +243,10 @@ TEST(Attack, CentralDpReportsEpsilonEachRoundAndStopsAtTheBudget) {
   cfg.server.privacy = PrivacyOptions{};
   auto& p = cfg.server.privacy;
   p.enabled = true, p.noise_multiplier = 1.0, p.clip = 0.05, p.noise_seed = 1;
-  // 2 of 4 drawn without replacement a round: rate 0.5, multiplier z / 2.
+  // 2 of 4 drawn without replacement a round: the tighter of sampling (rate 0.5, multiplier
+  // z / 2) and the Gaussian of multiplier z given the sample, the Gaussian at every order here.
   PrivacyAccountant three;
-  three.add(0.5, 0.5, 3, Sampling::without_replacement);
+  three.add(1.0, 1.0, 3);
   p.epsilon_budget = three.epsilon(p.delta).epsilon * 1.0001;
   const auto r = run_simulation(cfg, false);
   EXPECT_EQ(r.rounds, 3);
@@ -253,7 +254,7 @@ TEST(Attack, CentralDpReportsEpsilonEachRoundAndStopsAtTheBudget) {
   ASSERT_EQ(metrics.size(), 4u);
   PrivacyAccountant a;
   for (int i = 0; i < 3; ++i) {
-    a.add(0.5, 0.5, 1, Sampling::without_replacement);
+    a.add(1.0, 1.0);
     EXPECT_EQ(metrics[i]["aggregation"], "dp_mean");
     EXPECT_DOUBLE_EQ(metrics[i]["privacy"]["epsilon"].get<double>(), a.epsilon(p.delta).epsilon);
     EXPECT_EQ(metrics[i]["selected"], 2);
