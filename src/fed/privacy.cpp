@@ -113,11 +113,15 @@ double CentralDp::count_stddev(double m) const {
   return options_.clipped_count_stddev > 0 ? options_.clipped_count_stddev : m / 20.0;
 }
 
-double CentralDp::count_noise_multiplier(double m) const {
+double CentralDp::count_sensitivity() const {
   // Centrally one client present or absent moves the centred count by 1/2; under distributed DP
   // the server sees who took part, and a real update against a zero one (whose indicator is
   // +1/2) moves it by 1.
-  return count_stddev(m) / (distributed_ ? 1.0 : 0.5);
+  return distributed_ ? 1.0 : 0.5;
+}
+
+double CentralDp::count_noise_multiplier(double m) const {
+  return count_stddev(m) / count_sensitivity();
 }
 
 double CentralDp::sum_noise_multiplier(double m) const {
@@ -168,11 +172,11 @@ std::string CentralDp::refuse_round(int64_t round, int64_t selected, int64_t ava
   if (options_.adaptive_clip && options_.noise_multiplier > 0) {
     const double m = denominator(selected, available);
     const double sb = count_stddev(m);
-    const double sensitivity = sb / count_noise_multiplier(m);
     if (options_.noise_multiplier >= count_noise_multiplier(m)) {
       return cat("privacy: adaptive clipping with noise_multiplier ", options_.noise_multiplier,
-                 " needs clipped_count_stddev above ", options_.noise_multiplier * sensitivity,
-                 " (it is ", sb, " for ", m, options_.poisson() ? " expected" : "",
+                 " needs clipped_count_stddev above ",
+                 options_.noise_multiplier * count_sensitivity(), " (it is ", sb, " for ", m,
+                 options_.poisson() ? " expected" : "",
                  " clients); raise privacy.clipped_count_stddev or turn adaptive_clip off");
     }
   }
@@ -299,7 +303,6 @@ void CentralDp::account_distributed(int64_t selected, int64_t available, int64_t
   // The shares of the clients in the sum: at least z C, more when more than the fewest came.
   const double z_sum = noise.stddev * std::sqrt(static_cast<double>(in_sum)) / noise.clip;
   account_release(1, static_cast<double>(selected), z_sum, *report);
-  report->extra["clip"] = noise.clip;
 }
 
 void CentralDp::adapt_distributed(double mean_count, AggregationReport* report) {

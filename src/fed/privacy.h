@@ -173,10 +173,13 @@ class CentralDp {
   double sampling_rate(int64_t selected, int64_t available) const;
   double denominator(int64_t selected, int64_t available) const;
   double count_stddev(double m) const;
+  // How far one client moves the centred count: 1/2 centrally, 1 under distributed DP.
+  double count_sensitivity() const;
   // sigma_b over the count's sensitivity: 2 sigma_b centrally, sigma_b under distributed DP.
   double count_noise_multiplier(double m) const;
   double sum_noise_multiplier(double m) const;
-  // Accounts for one release and writes the round's privacy figures into r.extra.
+  // Accounts for one release and writes the round's privacy figures, the clip it used among
+  // them, into r.extra.
   void account_release(double q, double m, double z_sum, AggregationReport& r);
   // C <- C exp(-eta_C (b - gamma)) for the released fraction b of unclipped updates.
   void adapt_clip(double noised_fraction, AggregationReport& r);
