@@ -6,12 +6,12 @@
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
-#include "fed/accountant.h"
 #include "fed/config.h"
 #include "fed/grpc.h"
 #include "fed/privacy.h"
 #include "fed/run.h"
 #include "fed/tokenizer_round.h"
+#include "optim/privacy_accountant.h"
 
 namespace pollen::cli {
 

@@ -16,13 +16,13 @@
 //   C <- C exp(-eta_C (b - gamma)),
 // each indicator centred so that one client moves the count by at most 1/2; the sum's noise is
 // then z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2), so that the two releases together cost what one
-// Gaussian mechanism of multiplier z does. The accountant (fed/accountant.h) composes one
-// sampled Gaussian release of multiplier z per aggregated round; a round that would take
+// Gaussian mechanism of multiplier z does. The accountant (optim/privacy_accountant.h) composes
+// one sampled Gaussian release of multiplier z per aggregated round; a round that would take
 // epsilon past the budget is not started.
 //
-// Sampling (privacy.sampling), each accounted by an analysis that holds for it (fed/accountant.h);
-// the guarantee is about one client's update being there or not (which clients are available is
-// not secret), a change that moves the clipped sum by at most C:
+// Sampling (privacy.sampling), each accounted by an analysis that holds for it; the guarantee is
+// about one client's update being there or not (which clients are available is not secret), a
+// change that moves the clipped sum by at most C:
 //   "poisson": every available client selected independently with probability q
 //     (strategy.fraction_fit), the denominator the expected count m = q * available, DP-FedAvg's
 //     qW, so that no client's presence moves it: the Poisson-sampled Gaussian of multiplier z. A
@@ -64,16 +64,20 @@
 #include <vector>
 
 #include "base/rng.h"
-#include "fed/accountant.h"
 #include "fed/robust.h"
 #include "fed/secagg/options.h"
 #include "fed/strategy.h"
+#include "optim/privacy_accountant.h"
 
 namespace pollen {
 class ConfigTable;
 }
 
 namespace pollen::fed {
+
+using optim::Epsilon;
+using optim::PrivacyAccountant;
+using optim::Sampling;
 
 struct PrivacyOptions {
   bool enabled = false;         // a [privacy] table was given

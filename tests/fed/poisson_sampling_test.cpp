@@ -15,11 +15,11 @@
 
 #include "base/error.h"
 #include "base/rng.h"
-#include "fed/accountant.h"
 #include "fed/coordinator.h"
 #include "fed/fixtures.h"
 #include "fed/privacy.h"
 #include "fed/run.h"
+#include "optim/privacy_accountant.h"
 
 using namespace pollen;
 using namespace pollen::fed;

@@ -12,7 +12,7 @@
 #include "fed/fixtures.h"
 #include "fed/robust.h"
 #include "fed/strategy.h"
-#include "peer.h"
+#include "support/peer.h"
 
 using namespace pollen;
 using namespace pollen::fed;
@@ -215,7 +215,7 @@ void compare_with_flower(const std::string& flower_name, const RobustOptions& o,
     s->aggregate(r, x, ups);
     ours.push_back(clone_weights(x));
   }
-  const auto theirs = peer::run("flower_reference.py", spec, flower_name);
+  const auto theirs = peer::run("fed/flower_reference.py", spec, flower_name);
   ASSERT_EQ(theirs.size(), static_cast<size_t>(rounds));
   for (int r = 0; r < rounds; ++r) {
     for (size_t t = 0; t < shapes.size(); ++t) {

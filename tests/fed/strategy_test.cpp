@@ -11,7 +11,7 @@
 #include "base/rng.h"
 #include "fed/fixtures.h"
 #include "fed/strategy.h"
-#include "peer.h"
+#include "support/peer.h"
 
 using namespace pollen;
 using namespace pollen::fed;
@@ -332,7 +332,7 @@ void compare_with_flower(const std::string& name, StrategyOptions o) {
     s->aggregate(r, x, ups);
     ours.push_back(clone_weights(x));
   }
-  const nlohmann::json theirs = peer::run("flower_reference.py", spec, "flower_" + name);
+  const nlohmann::json theirs = peer::run("fed/flower_reference.py", spec, "flower_" + name);
   ASSERT_FALSE(theirs.is_null());
   ASSERT_EQ(theirs.size(), static_cast<size_t>(rounds));
   for (int r = 0; r < rounds; ++r) {

@@ -1,5 +1,5 @@
 #pragma once
-// Runs a Python reference script of tests/fed in the peers environment (scripts/test-peers) on a
+// Runs a Python reference script of tests/ in the peers environment (scripts/test-peers) on a
 // JSON input and returns its JSON output.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include "base/files.h"
 #include "support/process.h"
 
-namespace pollen::fed::peer {
+namespace pollen::peer {
 
 // Empty when the peers environment has `module`, else why not.
 inline std::string missing(const std::string& module) {
@@ -24,7 +24,8 @@ inline std::string missing(const std::string& module) {
   return status == 0 ? "" : module + " is not installed in the peers venv (scripts/test-peers)";
 }
 
-// tests/fed/<script> on `input`; fails the test (and returns null) when the script fails.
+// tests/<script> ("fed/flower_reference.py") on `input`; fails the test (and returns null) when the
+// script fails.
 inline nlohmann::json run(const std::string& script, const nlohmann::json& input,
                           const std::string& tag) {
   const auto in = std::filesystem::temp_directory_path() /
@@ -33,7 +34,7 @@ inline nlohmann::json run(const std::string& script, const nlohmann::json& input
   int status = 0;
   const std::string out =
       pollen::testing::run_capture(std::string(POLLEN_PEERS_PYTHON) + " " + POLLEN_SOURCE_DIR +
-                                       "/tests/fed/" + script + " " + in.string(),
+                                       "/tests/" + script + " " + in.string(),
                                    &status, /*with_stderr=*/false);
   std::filesystem::remove(in);
   EXPECT_EQ(status, 0) << script << ": " << out;
@@ -41,4 +42,4 @@ inline nlohmann::json run(const std::string& script, const nlohmann::json& input
   return nlohmann::json::parse(out);
 }
 
-}  // namespace pollen::fed::peer
+}  // namespace pollen::peer

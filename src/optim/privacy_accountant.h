@@ -1,20 +1,21 @@
 #pragma once
 // The privacy accountant: Rényi differential privacy (RDP) of the sampled Gaussian mechanism,
-// composed over rounds and converted to (epsilon, delta).
+// composed over releases and converted to (epsilon, delta). The federation's client-level DP
+// (fed/privacy.h) and DP-SGD's record-level DP (optim/dp_sgd.h) both account with it.
 //
-// One round releases sum_i clip(delta_i) + N(0, (z C)^2 I) over a sample of the clients in
-// which each is present with probability q; its RDP at order alpha is
+// One release is sum_i clip(g_i) + N(0, (z C)^2 I) over a sample of the units protected (clients,
+// or training sequences) in which each is present with probability q; its RDP at order alpha is
 // log(A_alpha) / (alpha - 1) (Mironov, Talwar and Zhang 2019, "Rényi differential privacy of the
 // sampled Gaussian mechanism"), with A_alpha summed in log space: by the binomial expansion for
 // integer alpha, by the two convergent series of their section 3.3 for fractional alpha. RDP
-// composes by adding over rounds; epsilon at delta is the best over the tracked orders of
+// composes by adding over releases; epsilon at delta is the best over the tracked orders of
 // rdp - (log delta + log alpha) / (alpha - 1) + log((alpha - 1) / alpha) (Balle et al. 2020).
 // Orders and formulas are Opacus's (opacus.accountants.analysis.rdp, 1.4), which
-// tests/fed/privacy_test.cpp compares with on a grid of settings.
+// tests/optim/privacy_accountant_test.cpp compares with on a grid of settings.
 #include <cstdint>
 #include <vector>
 
-namespace pollen::fed {
+namespace pollen::optim {
 
 // The orders at which RDP is tracked: 1.1, 1.2, ..., 10.9 and 12, 13, ..., 63 (Opacus's).
 const std::vector<double>& rdp_orders();
@@ -59,4 +60,4 @@ class PrivacyAccountant {
   int64_t steps_ = 0;
 };
 
-}  // namespace pollen::fed
+}  // namespace pollen::optim

@@ -1,4 +1,4 @@
-#include "fed/accountant.h"
+#include "optim/privacy_accountant.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 
 #include "base/error.h"
 
-namespace pollen::fed {
+namespace pollen::optim {
 
 namespace {
 
@@ -222,4 +222,4 @@ void PrivacyAccountant::restore(std::vector<double> rdp, int64_t steps) {
   steps_ = steps;
 }
 
-}  // namespace pollen::fed
+}  // namespace pollen::optim
