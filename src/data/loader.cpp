@@ -110,8 +110,7 @@ Loader::Loader(const LoaderOptions& options) : options_(options) {
     if (!first) first = std::move(m);
   }
   // Windows per epoch and each dataset's share.
-  int64_t total = 0;
-  for (const auto& d : datasets_) total += d->num_windows;
+  const int64_t total = windows_total();
   POLLEN_CHECK(o.step_batch >= 0 && o.step_batch % o.batch == 0, "loader: step_batch ",
                o.step_batch, " is not a multiple of batch ", o.batch);
   POLLEN_CHECK(total >= step_rows(), "loader: the '", o.split, "' split has ", total,
@@ -222,15 +221,39 @@ model::Batch Loader::next() {
   build_epoch();
   const int64_t rows = B / options_.world;
   const int64_t first = options_.rank * rows;
+  model::Batch b = empty_batch(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    fill_row(order_[static_cast<size_t>(static_cast<int64_t>(state_.cursor) + first + r)], r, b);
+  state_.cursor += static_cast<uint64_t>(B);
+  return b;
+}
+
+model::Batch Loader::empty_batch(int64_t rows) const {
   model::Batch b;
   const Shape shape{rows, options_.seq};
   b.tokens = Tensor::empty(shape, DType::i32);
   b.targets = Tensor::empty(shape, DType::i32);
   b.positions = Tensor::empty(shape, DType::i32);
   b.doc_ids = Tensor::empty(shape, DType::i32);
-  for (int64_t r = 0; r < rows; ++r)
-    fill_row(order_[static_cast<size_t>(static_cast<int64_t>(state_.cursor) + first + r)], r, b);
-  state_.cursor += static_cast<uint64_t>(B);
+  return b;
+}
+
+int64_t Loader::windows_total() const {
+  int64_t total = 0;
+  for (const auto& d : datasets_) total += d->num_windows;
+  return total;
+}
+
+model::Batch Loader::windows(const std::vector<int64_t>& windows) const {
+  model::Batch b = empty_batch(static_cast<int64_t>(windows.size()));
+  for (size_t r = 0; r < windows.size(); ++r) {
+    int64_t id = windows[r];
+    POLLEN_CHECK(id >= 0 && id < windows_total(), "loader: window ", id, " is not in [0, ",
+                 windows_total(), ")");
+    uint32_t d = 0;
+    while (id >= datasets_[d]->num_windows) id -= datasets_[d++]->num_windows;
+    fill_row({d, static_cast<uint64_t>(id)}, static_cast<int64_t>(r), b);
+  }
   return b;
 }
 

@@ -67,6 +67,13 @@ class Loader {
   // Windows in one epoch's permutation (every epoch has the same number).
   int64_t windows_per_epoch() const;
 
+  // Every window of every dataset once, whatever the weights: the records DP-SGD samples from
+  // (optim/dp_sgd.h), numbered dataset by dataset in stream order.
+  int64_t windows_total() const;
+  // One row per window id of `windows` (ids in [0, windows_total())), each filled as next()
+  // fills its rows; the loader's state does not move.
+  model::Batch windows(const std::vector<int64_t>& windows) const;
+
  private:
   int64_t step_rows() const;  // step_batch, or batch when 0
   struct Dataset;
@@ -76,6 +83,7 @@ class Loader {
   };
   void build_epoch();
   void fill_row(const Entry& e, int64_t row, model::Batch& b) const;
+  model::Batch empty_batch(int64_t rows) const;
 
   LoaderOptions options_;
   std::vector<std::unique_ptr<Dataset>> datasets_;
