@@ -24,7 +24,9 @@ void add_train_command(CLI::App& app) {
       "was written; rerun with --resume), 4 a rank of a data-parallel job died or hung "
       "(rerun with --resume), 2 bad command line.\n"
       "Data parallel: run it under mpirun -np N, srun, or pollen launch --nproc N "
-      "(docs/parallel.md).");
+      "(docs/parallel.md).\n"
+      "Record-level differential privacy (DP-SGD): a [privacy] table in the run file "
+      "(docs/training.md).");
   auto config = std::make_shared<std::string>();
   auto sets = std::make_shared<std::vector<std::string>>();
   auto resume = std::make_shared<bool>(false);

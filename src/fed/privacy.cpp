@@ -1,7 +1,5 @@
 #include "fed/privacy.h"
 
-#include <openssl/rand.h>
-
 #include <algorithm>
 #include <cmath>
 
@@ -63,14 +61,6 @@ LocalDpOptions read_local_dp_options(ConfigTable& t) {
   POLLEN_CHECK(o.delta > 0 && o.delta < 1, t.where("delta"), ": must be in (0, 1), got ", o.delta);
   t.finish();
   return o;
-}
-
-Rng noise_rng(int64_t seed, uint64_t stream) {
-  if (seed >= 0) return Rng(static_cast<uint64_t>(seed)).fork(stream);
-  uint64_t key = 0;
-  POLLEN_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(&key), sizeof key) == 1,
-               "privacy: the OS's random generator (OpenSSL RAND_bytes) failed");
-  return Rng(key);
 }
 
 void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream) {

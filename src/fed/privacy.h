@@ -67,6 +67,7 @@
 #include "fed/robust.h"
 #include "fed/secagg/options.h"
 #include "fed/strategy.h"
+#include "optim/dp_sgd.h"
 #include "optim/privacy_accountant.h"
 
 namespace pollen {
@@ -76,6 +77,7 @@ class ConfigTable;
 namespace pollen::fed {
 
 using optim::Epsilon;
+using optim::noise_rng;  // the noise's generator
 using optim::PrivacyAccountant;
 using optim::Sampling;
 
@@ -109,9 +111,6 @@ struct LocalDpOptions {
 };
 
 LocalDpOptions read_local_dp_options(ConfigTable& table);
-
-// The noise's generator: `seed` < 0 draws the key from the OS's CSPRNG, else Philox(seed, stream).
-Rng noise_rng(int64_t seed, uint64_t stream);
 
 // Adds N(0, std^2) to every element of w, drawn from noise_rng(seed, stream).
 void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream);

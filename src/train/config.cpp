@@ -1,6 +1,8 @@
 #include "train/config.h"
 
 #include <toml++/toml.h>
+
+#include <cmath>
 #include <map>
 #include <sstream>
 
@@ -70,6 +72,31 @@ void apply_override(toml::table& root, const std::string& assignment) {
     t = n->as_table();
     start = dot + 1;
   }
+}
+
+// [privacy]: DP-SGD's clip, and either its noise multiplier or the epsilon to reach.
+optim::DpSgdOptions read_dp_sgd(ConfigTable& t) {
+  optim::DpSgdOptions o;
+  o.enabled = true;
+  o.clip = t.require_double("clip");
+  POLLEN_CHECK(std::isfinite(o.clip) && o.clip > 0, t.where("clip"),
+               ": expected a positive per-sequence gradient norm, got ", o.clip);
+  POLLEN_CHECK(t.has("noise_multiplier") != t.has("target_epsilon"), t.where("noise_multiplier"),
+               ": give either noise_multiplier (the noise's std over clip) or target_epsilon (the ",
+               "epsilon the last step should reach, which sets the noise), one of them");
+  o.noise_multiplier = t.get_double("noise_multiplier", 0);
+  POLLEN_CHECK(std::isfinite(o.noise_multiplier) && o.noise_multiplier >= 0,
+               t.where("noise_multiplier"), ": expected 0 or more, got ", o.noise_multiplier);
+  o.target_epsilon = t.get_double("target_epsilon", 0);
+  POLLEN_CHECK(
+      !t.has("target_epsilon") || (std::isfinite(o.target_epsilon) && o.target_epsilon > 0),
+      t.where("target_epsilon"), ": expected a positive epsilon, got ", o.target_epsilon);
+  o.delta = t.get_double("delta", 0);
+  POLLEN_CHECK(!t.has("delta") || (o.delta > 0 && o.delta < 1), t.where("delta"),
+               ": expected a value in (0, 1), got ", o.delta);
+  if (t.has("noise_seed")) o.noise_seed = t.get_int_in("noise_seed", 0, 0, kConfigIntMax);
+  t.finish();
+  return o;
 }
 
 }  // namespace
@@ -393,6 +420,7 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
     read_reduction_keys(*p, c.bucket_mb, c.timeout_s);
     p->finish();
   }
+  if (auto p = t.table("privacy")) c.privacy = read_dp_sgd(*p);
   t.finish();
   return c;
 }
@@ -448,6 +476,16 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
   f.emplace_back("parallel.zero", i(zero));
   f.emplace_back("parallel.bucket_mb", toml_double(bucket_mb));
   f.emplace_back("parallel.timeout_s", toml_double(timeout_s));
+  if (privacy.enabled) {
+    f.emplace_back("privacy.clip", toml_double(privacy.clip));
+    if (privacy.target_epsilon > 0) {
+      f.emplace_back("privacy.target_epsilon", toml_double(privacy.target_epsilon));
+    } else {
+      f.emplace_back("privacy.noise_multiplier", toml_double(privacy.noise_multiplier));
+    }
+    if (privacy.delta > 0) f.emplace_back("privacy.delta", toml_double(privacy.delta));
+    if (privacy.noise_seed >= 0) f.emplace_back("privacy.noise_seed", i(privacy.noise_seed));
+  }
   return f;
 }
 

@@ -11,6 +11,7 @@
 #include "base/config.h"
 #include "model/config.h"
 #include "optim/adamw.h"
+#include "optim/dp_sgd.h"
 #include "optim/schedule.h"
 
 namespace pollen::train {
@@ -77,6 +78,8 @@ struct TrainConfig : LoopSettings {
   int zero = 0;            // 1: shard AdamW's state across ranks (ZeRO-1)
   double bucket_mb = 25;   // gradients reduced in buckets of about this many MiB
   double timeout_s = 300;  // a collective that takes longer means a dead or hung rank
+  // [privacy]: DP-SGD, each training sequence the unit protected (docs/training.md)
+  optim::DpSgdOptions privacy;
 
   int64_t accumulation() const { return batch_tokens / (micro_batch * seq); }
 

@@ -20,6 +20,7 @@
 #include "obs/progress.h"
 #include "ops/gemm.h"
 #include "tensor/cuda_memory.h"
+#include "train/private_gradients.h"
 #include "train/run_control.h"
 #include "train/samples.h"
 #include "train/trainer_data.h"
@@ -138,6 +139,8 @@ struct StepReport {
   double tokens_per_s = 0, mfu = 0, elapsed_s = 0;
   double seconds = 0, reduce_wait_s = 0;  // the step's, and of them waiting for reductions
   bool good = true;
+  std::optional<PrivateGradient> dp;  // under [privacy]: the sample and its clipping
+  double epsilon = NAN;               // under [privacy]: spent after this step
 };
 
 // The step's line in metrics.jsonl and its TensorBoard scalars.
@@ -164,6 +167,11 @@ void record_step(RunMetrics& metrics, const StepReport& s, Device device, int wo
     rec["reduce_wait_s"] = std::round(s.reduce_wait_s * 1e5) / 1e5;
     rec["reduce_wait_frac"] = std::round(s.reduce_wait_s / s.seconds * 1e4) / 1e4;
   }
+  if (s.dp) {
+    rec["sampled"] = s.dp->rows;
+    rec["clipped"] = s.dp->clipped;
+    rec["epsilon"] = json_number(s.epsilon);
+  }
   if (!s.good) rec["skipped"] = true;
   metrics.jsonl.write(rec);
   metrics.scalar("train/loss", s.loss, s.step, wall);
@@ -172,6 +180,7 @@ void record_step(RunMetrics& metrics, const StepReport& s, Device device, int wo
   metrics.scalar("perf/tokens_per_s", s.tokens_per_s, s.step, wall);
   metrics.scalar("perf/mfu", s.mfu, s.step, wall);
   metrics.scalar("sys/rss_mb", rss_mb(), s.step, wall);
+  if (s.dp) metrics.scalar("privacy/epsilon", s.epsilon, s.step, wall);
 }
 
 }  // namespace
@@ -217,7 +226,10 @@ class TrainingRun {
         device_(device),
         optimizer_(optimizer),
         data_(data),
-        rng_(cfg.seed) {}
+        rng_(cfg.seed) {
+    if (cfg.privacy.enabled)
+      dp_.emplace(cfg.privacy, data.loader.windows_total(), cfg.batch_tokens / cfg.seq, cfg.steps);
+  }
 
   // --resume: the weights, optimizer state, counters, loader, RNG and metrics positions of the
   // checkpoint rank 0 chooses, if there is one.
@@ -232,6 +244,9 @@ class TrainingRun {
   TrainResult run();
 
  private:
+  // The accountant and noise multiplier of a resumed [privacy] run; refuses a checkpoint whose
+  // steps were private when the run is not, and the other way round.
+  void resume_privacy(const nlohmann::ordered_json& state);
   // One step with its metrics, evaluation and checkpoint; false when the run stops after it
   // (result_ says why).
   bool step(obs::Progress& progress);
@@ -249,6 +264,7 @@ class TrainingRun {
   const Device device_;
   TrainerOptimizer& optimizer_;
   TrainData& data_;
+  std::optional<optim::DpSgd> dp_;  // [privacy]
 
   LoopCounters counters_;
   Rng rng_;
@@ -278,6 +294,7 @@ void TrainingRun::resume() {
   resumed_ = nlohmann::ordered_json::parse(read_file(*dir / "state.json"));
   const nlohmann::ordered_json& st = *resumed_;
   counters_.restore(st);
+  resume_privacy(st);
   data_.loader.restore(data::LoaderState::from_json(nlohmann::json(st.at("loader"))));
   rng_ = Rng(st.at("rng").at("seed").get<uint64_t>(), st.at("rng").at("offset").get<uint64_t>());
   // Checkpoints written before samples were turned on have no position: append.
@@ -287,6 +304,15 @@ void TrainingRun::resume() {
   last_checkpoint_ = *dir;
   log::info("resuming from '", dir->string(), "' at step ", counters_.step, " (", counters_.tokens,
             " tokens)");
+}
+
+void TrainingRun::resume_privacy(const nlohmann::ordered_json& st) {
+  POLLEN_CHECK(st.contains("privacy") == dp_.has_value(), "--resume: the checkpoint's steps ",
+               st.contains("privacy") ? "were" : "were not",
+               " trained under [privacy] (DP-SGD) and this run's config ", dp_ ? "has" : "has no",
+               " [privacy] table; a run keeps its privacy setting");
+  if (!dp_) return;
+  dp_->load_state(nlohmann::json(st.at("privacy")), cfg_.steps);
 }
 
 void TrainingRun::open_outputs() {
@@ -318,6 +344,16 @@ void TrainingRun::log_start(bool nccl) {
               optimizer_.state_bytes(), " bytes on rank 0");
     log::info("ranks: ", comm_.placement());
   }
+  if (dp_) {
+    const int64_t left = cfg_.steps - counters_.step;
+    log::info("DP-SGD: each of ", data_.loader.windows_total(), " sequences sampled with ",
+              "probability ", dp_->sampling_rate(), " per step, clipped to ", dp_->options().clip,
+              ", noise multiplier ", dp_->noise_multiplier(),
+              cfg_.privacy.target_epsilon > 0 ? " (calibrated)" : "", "; epsilon ",
+              dp_->epsilon().epsilon, " now, ", dp_->epsilon_after(left).epsilon, " after ", left,
+              " more steps, at delta ", dp_->delta(),
+              "; each sequence's gradient is computed on its own (train.micro_batch unused)");
+  }
 }
 
 TrainResult TrainingRun::run() {
@@ -335,19 +371,27 @@ bool TrainingRun::step(obs::Progress& progress) {
   inject_fault_at(o_.fault, comm_.rank(), step + 1);
   const auto t0 = Clock::now();
   const double lr = optim::lr_at(cfg_.schedule, step);
-  std::vector<model::Batch> micro;
-  micro.reserve(static_cast<size_t>(data_.accum));
-  for (int64_t i = 0; i < data_.accum; ++i) micro.push_back(data_.loader.next());
   // Several ranks agree on stopping at the start of a step (a signal reaches each at its own
   // moment); one process decides after the step, as it always has.
   bool stop_all = stop_requested() || (o_.stop_after >= 0 && steps_here_ + 1 >= o_.stop_after);
   double reduce_wait = 0;
-  const AccumulatedLoss acc =
-      parallel_
-          ? accumulate_gradients(model_, micro, comm_, *optimizer_.reducer(), stop_all, reduce_wait)
-          : accumulate_gradients(model_, micro);
+  AccumulatedLoss acc;
+  std::optional<PrivateGradient> dp;
+  if (dp_) {
+    dp = private_gradients(model_, data_.loader, *dp_, step + 1);
+    acc = dp->loss;
+  } else {
+    std::vector<model::Batch> micro;
+    micro.reserve(static_cast<size_t>(data_.accum));
+    for (int64_t i = 0; i < data_.accum; ++i) micro.push_back(data_.loader.next());
+    acc = parallel_ ? accumulate_gradients(model_, micro, comm_, *optimizer_.reducer(), stop_all,
+                                           reduce_wait)
+                    : accumulate_gradients(model_, micro);
+  }
+  // A DP-SGD sample may score nothing: its gradient, noise alone, is still the step's.
+  const int64_t step_tokens = dp ? dp->rows * cfg_.seq : cfg_.batch_tokens;
   double gnorm = NAN;
-  bool good = std::isfinite(acc.loss);
+  bool good = std::isfinite(acc.loss) || (dp && acc.scored == 0);
   if (good) {
     gnorm = optimizer_.step(lr);
     good = std::isfinite(gnorm);  // AdamW leaves the weights alone then
@@ -355,7 +399,7 @@ bool TrainingRun::step(obs::Progress& progress) {
   }
   optimizer_.zero_grad();
   if (device_ == Device::cuda) cuda::synchronize();  // the step's time includes its GPU work
-  counters_.count_step(cfg_.batch_tokens, good, acc.loss, cfg_.max_bad_steps, progress);
+  counters_.count_step(step_tokens, good, acc.loss, cfg_.max_bad_steps, progress);
   ++steps_here_;
   last_loss_ = acc.loss;
   const double dt = seconds_since(t0);
@@ -368,12 +412,14 @@ bool TrainingRun::step(obs::Progress& progress) {
   s.loss = acc.loss;
   s.lr = lr;
   s.grad_norm = gnorm;
-  s.tokens_per_s = static_cast<double>(cfg_.batch_tokens) / dt;
+  s.tokens_per_s = static_cast<double>(step_tokens) / dt;
   s.mfu = s.tokens_per_s * flops_per_token_ / peak_;
   s.elapsed_s = counters_.elapsed_before + seconds_since(run_start_);
   s.seconds = dt;
   s.reduce_wait_s = reduce_wait;
   s.good = good;
+  s.dp = dp;
+  if (dp_) s.epsilon = dp_->epsilon().epsilon;
   const double wall = obs::wall_time_now();
   if (metrics_) record_step(*metrics_, s, device_, comm_.world(), wall);
   if (counters_.bad_in_row >= cfg_.max_bad_steps) {
@@ -441,6 +487,7 @@ void TrainingRun::save(int64_t at) {
   nlohmann::ordered_json st;
   counters_.save(st, seconds_since(run_start_));
   st["loader"] = data_.loader.state().to_json();
+  if (dp_) st["privacy"] = dp_->state();
   st["rng"] = {{"seed", rng_.seed()}, {"offset", rng_.offset()}};
   st["metrics"] = metrics_->positions();
   if (samples_.enabled()) st["metrics"]["samples_bytes"] = samples_.file().position();
@@ -470,11 +517,31 @@ TrainResult TrainingRun::finish(bool stopped) {
     summary["reduce_wait_frac"] =
         step_time_total_ > 0 ? std::round(reduce_wait_total_ / step_time_total_ * 1e4) / 1e4 : 0.0;
   }
+  if (dp_) {
+    summary["privacy"] = {{"epsilon", json_number(dp_->epsilon().epsilon)},
+                          {"delta", dp_->delta()},
+                          {"noise_multiplier", dp_->noise_multiplier()},
+                          {"sampling_rate", dp_->sampling_rate()},
+                          {"clip", dp_->options().clip},
+                          {"private_steps", dp_->steps_accounted()}};
+  }
   if (lead_) write_file_atomic(cfg_.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {
     r.message = finished_message(counters_, total, last_loss_, last_val_, last_checkpoint_);
   }
   return r;
+}
+
+// What DP-SGD does not do yet, refused before anything runs.
+void check_private_run(const TrainConfig& cfg, int world) {
+  POLLEN_CHECK(cfg.device == "cpu" && cfg.precision == "f32",
+               "[privacy]: DP-SGD runs on the CPU in float32 so far; set run.device = \"cpu\" "
+               "and run.precision = \"f32\" (got \"",
+               cfg.device, "\" and \"", cfg.precision, "\")");
+  POLLEN_CHECK(world == 1, "[privacy]: DP-SGD runs as one process so far; this job has ", world,
+               " ranks");
+  POLLEN_CHECK(cfg.weights.empty(), "[privacy]: DP-SGD samples every sequence of the data with ",
+               "the same probability, which data.weights would contradict; remove data.weights");
 }
 
 TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
@@ -483,6 +550,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   dist::Communicator& comm = o.comm ? *o.comm : alone;
   set_num_threads(cfg.threads > 0 ? cfg.threads : threads_per_rank(comm.topology().local_world));
   fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
+  if (cfg.privacy.enabled) check_private_run(cfg, comm.world());
   for (const auto& m : cfg.manifests) {
     const auto man = data::Manifest::load(m);
     POLLEN_CHECK(man.vocab_size <= cfg.model.vocab_size, "data manifest '", m, "' has vocab_size ",

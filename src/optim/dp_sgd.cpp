@@ -1,0 +1,140 @@
+#include "optim/dp_sgd.h"
+
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/error.h"
+#include "ops/adamw.h"
+#include "ops/elementwise.h"
+
+namespace pollen::optim {
+
+Rng noise_rng(int64_t seed, uint64_t stream) {
+  if (seed >= 0) return Rng(static_cast<uint64_t>(seed)).fork(stream);
+  uint64_t key = 0;
+  POLLEN_CHECK(RAND_bytes(reinterpret_cast<unsigned char*>(&key), sizeof key) == 1,
+               "privacy: the OS's random generator (OpenSSL RAND_bytes) failed");
+  return Rng(key);
+}
+
+double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_epsilon,
+                                  double delta, double q, int64_t steps) {
+  const auto epsilon_at = [&](double z) { return spent.after(q, z, steps).epsilon(delta).epsilon; };
+  double low = 0, high = 1;
+  while (epsilon_at(high) > target_epsilon) {
+    POLLEN_CHECK(high < 1000, "privacy.target_epsilon: ", target_epsilon, " at delta ", delta,
+                 " cannot be reached in ", steps, " more steps at sampling rate ", q,
+                 " with any noise multiplier up to 1000 (epsilon already spent: ",
+                 spent.epsilon(delta).epsilon, "); ask for a larger epsilon or fewer steps");
+    low = high;
+    high *= 2;
+  }
+  while (high - low > 1e-3 * high) {
+    const double mid = (low + high) / 2;
+    (epsilon_at(mid) > target_epsilon ? low : high) = mid;
+  }
+  return high;
+}
+
+DpSgd::DpSgd(DpSgdOptions options, int64_t records, int64_t expected_rows, int64_t steps)
+    : options_(std::move(options)),
+      records_(records),
+      expected_rows_(expected_rows),
+      steps_(steps) {
+  POLLEN_CHECK(records_ >= expected_rows_ && expected_rows_ > 0, "privacy: a step's ",
+               expected_rows_, " expected sequences are more than the ", records_,
+               " sequences of the training data; DP-SGD samples each with probability "
+               "batch / sequences, which must be at most 1");
+  q_ = static_cast<double>(expected_rows_) / static_cast<double>(records_);
+  if (options_.delta == 0) options_.delta = std::min(1e-5, 0.1 / static_cast<double>(records_));
+  z_ = options_.target_epsilon > 0
+           ? calibrate_noise_multiplier(accountant_, options_.target_epsilon, options_.delta, q_,
+                                        steps_)
+           : options_.noise_multiplier;
+}
+
+std::vector<int64_t> DpSgd::sample(int64_t step) const {
+  Rng rng = noise_rng(options_.noise_seed, 2 * static_cast<uint64_t>(step));
+  std::vector<int64_t> drawn;
+  // One draw per sequence whatever the others drew: each one's presence is independent of every
+  // other's, as the accountant's analysis assumes.
+  for (int64_t i = 0; i < records_; ++i)
+    if (rng.uniform() < q_) drawn.push_back(i);
+  return drawn;
+}
+
+void DpSgd::begin(const std::vector<ag::Var>& params) {
+  params_ = params;
+  sum_.clear();
+  for (const auto& p : params_) {
+    POLLEN_CHECK(p.value().device() == Device::cpu && p.value().dtype() == DType::f32,
+                 "privacy: DP-SGD runs on float32 parameters on the CPU so far");
+    sum_.push_back(Tensor::zeros(p.value().shape(), DType::f32));
+  }
+  clipped_ = 0;
+}
+
+double DpSgd::add_clipped() {
+  std::vector<Tensor> grads;
+  for (const auto& p : params_)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  const double norm = std::sqrt(ops::sum_of_squares(grads));
+  // Opacus's factor: C / (norm + 1e-6), at most 1.
+  const double factor = std::min(1.0, options_.clip / (norm + 1e-6));
+  clipped_ += factor < 1.0;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].grad().defined()) ops::axpy(factor, params_[i].grad(), sum_[i]);
+  return norm;
+}
+
+void DpSgd::release(int64_t step) {
+  const double std = z_ * options_.clip;
+  const double denominator = static_cast<double>(expected_rows_);
+  Rng noise = noise_rng(options_.noise_seed, 2 * static_cast<uint64_t>(step) + 1);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    float* s = sum_[i].data<float>();
+    for (int64_t j = 0; j < sum_[i].numel(); ++j)
+      s[j] = static_cast<float>((s[j] + std * noise.normal()) / denominator);
+    params_[i].grad() = sum_[i];
+  }
+  sum_.clear();
+  params_.clear();
+  accountant_.add(q_, z_);
+}
+
+Epsilon DpSgd::epsilon() const {
+  return accountant_.steps() == 0 ? Epsilon{} : accountant_.epsilon(options_.delta);
+}
+
+Epsilon DpSgd::epsilon_after(int64_t steps) const {
+  return accountant_.after(q_, z_, steps).epsilon(options_.delta);
+}
+
+nlohmann::json DpSgd::state() const {
+  return {{"noise_multiplier", z_},
+          {"steps_planned", steps_},
+          {"rdp", accountant_.rdp()},
+          {"steps", accountant_.steps()}};
+}
+
+void DpSgd::load_state(const nlohmann::json& state, int64_t steps) {
+  try {
+    accountant_.restore(state.at("rdp").get<std::vector<double>>(),
+                        state.at("steps").get<int64_t>());
+    const int64_t planned = state.at("steps_planned").get<int64_t>();
+    if (options_.target_epsilon > 0 && planned != steps) {
+      z_ = calibrate_noise_multiplier(accountant_, options_.target_epsilon, options_.delta, q_,
+                                      std::max<int64_t>(1, steps - accountant_.steps()));
+    } else {
+      z_ = state.at("noise_multiplier").get<double>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    fail("checkpoint state.json: 'privacy': expected {noise_multiplier, steps_planned, rdp, ",
+         "steps}: ", e.what());
+  }
+  steps_ = steps;
+}
+
+}  // namespace pollen::optim

@@ -1,0 +1,91 @@
+#pragma once
+// DP-SGD (Abadi et al. 2016) as Opacus runs it, for `[privacy]` of `pollen train`: record-level
+// differential privacy, the unit protected one training sequence.
+//
+// Each step draws every one of the N sequences independently with probability q = B / N (B: the
+// expected rows of a step, train.batch_tokens / train.seq), clips each drawn sequence's gradient
+// (of its mean token loss) to L2 norm C, sums them, adds N(0, (z C)^2 I) and divides by B, a
+// denominator that no sequence's presence moves. The optimizer then steps on that gradient; what
+// it does with it (AdamW, global-norm clipping) is post-processing. The accountant
+// (optim/privacy_accountant.h) composes one Poisson-sampled Gaussian of multiplier z per step.
+//
+// The sample and the noise come from Philox keyed by 64 bits of the operating system's CSPRNG
+// (OpenSSL RAND_bytes) at every step, so that nobody can draw them again (amplification by
+// sampling needs the sample secret), unless noise_seed is set: then they are repeatable, for
+// tests, and offer no privacy to anyone who knows the seed.
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "autograd/var.h"
+#include "base/rng.h"
+#include "optim/privacy_accountant.h"
+#include "tensor/tensor.h"
+
+namespace pollen::optim {
+
+struct DpSgdOptions {
+  bool enabled = false;         // a [privacy] table was given
+  double clip = 0;              // C, per sequence
+  double noise_multiplier = 0;  // z; with target_epsilon, calibrated instead
+  double target_epsilon = 0;    // > 0: z such that the run's last step reaches it
+  double delta = 0;             // 0: 1 / N, set when N is known
+  int64_t noise_seed = -1;      // -1: the OS's CSPRNG
+};
+
+// The noise's generator: `seed` < 0 draws the key from the OS's CSPRNG, else Philox(seed, stream).
+Rng noise_rng(int64_t seed, uint64_t stream);
+
+// The smallest noise multiplier z (to 0.1%) at which `steps` more Poisson-sampled Gaussian
+// releases at rate q take `spent` to at most `target_epsilon` at `delta`; throws, saying so, when
+// no z up to 1000 does.
+double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_epsilon,
+                                  double delta, double q, int64_t steps);
+
+class DpSgd {
+ public:
+  // `records`: N, the sequences sampled from; `expected_rows`: B; `steps`: the run's, which
+  // target_epsilon is reached at.
+  DpSgd(DpSgdOptions options, int64_t records, int64_t expected_rows, int64_t steps);
+
+  // The sequences drawn for step `step` (1-based), ascending ids in [0, N).
+  std::vector<int64_t> sample(int64_t step) const;
+
+  // One step's gradient: begin, then for each drawn sequence its gradient in the parameters'
+  // grads (which the caller then zeroes) added clipped, then release.
+  void begin(const std::vector<ag::Var>& params);
+  // Adds the parameters' gradients clipped to C; returns their norm before clipping.
+  double add_clipped();
+  // Sets each parameter's gradient to (the clipped sum + N(0, (z C)^2 I)) / B and accounts for
+  // the release.
+  void release(int64_t step);
+
+  double sampling_rate() const { return q_; }
+  double noise_multiplier() const { return z_; }
+  double delta() const { return options_.delta; }
+  const DpSgdOptions& options() const { return options_; }
+  // Epsilon spent so far: 0 before the first step.
+  Epsilon epsilon() const;
+  // Epsilon once `steps` more steps have run.
+  Epsilon epsilon_after(int64_t steps) const;
+  int64_t steps_accounted() const { return accountant_.steps(); }
+  // Sequences clipped since begin().
+  int64_t clipped() const { return clipped_; }
+
+  // For checkpoints: z and the accountant. A resumed run keeps z unless `steps` (the run's
+  // steps now) differs from those it was calibrated for; with target_epsilon z is then
+  // calibrated again for the steps left.
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& state, int64_t steps);
+
+ private:
+  DpSgdOptions options_;
+  int64_t records_, expected_rows_, steps_;
+  double q_, z_;
+  PrivacyAccountant accountant_;
+  std::vector<ag::Var> params_;
+  std::vector<Tensor> sum_;  // f32, each parameter's clipped sum
+  int64_t clipped_ = 0;
+};
+
+}  // namespace pollen::optim

@@ -1,0 +1,25 @@
+#pragma once
+// DP-SGD's gradient of one pre-training step (`[privacy]`, optim/dp_sgd.h): the step's Poisson
+// sample of the training data's sequences, each sequence's gradient of its mean token loss
+// computed on its own and clipped, their noised sum over the expected sample size left in the
+// parameters' gradients for the optimizer.
+#include <cstdint>
+
+#include "data/loader.h"
+#include "model/llama.h"
+#include "optim/dp_sgd.h"
+#include "train/trainer.h"
+
+namespace pollen::train {
+
+struct PrivateGradient {
+  AccumulatedLoss loss;  // over the sampled sequences' scored tokens (NaN when none scored)
+  int64_t rows = 0;      // sequences sampled
+  int64_t clipped = 0;   // of them, those whose gradient norm was above the clip
+};
+
+// Step `step` (1-based) of DP-SGD over `loader`'s windows (Loader::windows_total()).
+PrivateGradient private_gradients(const model::Llama& model, const data::Loader& loader,
+                                  optim::DpSgd& dp, int64_t step);
+
+}  // namespace pollen::train

@@ -1,0 +1,225 @@
+// `pollen train` under [privacy] (DP-SGD): the step's gradient against each sequence's gradient
+// clipped by hand in float64, a preempted run resumed bitwise with the epsilon the accountant
+// gives, and what a private run refuses.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "autograd/tape.h"
+#include "base/files.h"
+#include "base/hash.h"
+#include "io/checkpoint.h"
+#include "train/config.h"
+#include "train/private_gradients.h"
+#include "train/run_checks.h"
+#include "train/tiny_run.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace pollen;
+using test_support::error_of;
+using test_support::read_metrics;
+using test_support::train_quiet;
+
+namespace {
+
+fs::path temp_dir(const std::string& name) {
+  fs::path d =
+      fs::temp_directory_path() / ("pollen_private_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+const fs::path& dataset() {
+  static const fs::path m = test_support::make_tiny_dataset(temp_dir("data"));
+  return m;
+}
+
+const std::string kPrivacy = "\n[privacy]\nclip = 1.0\nnoise_multiplier = 0.3\nnoise_seed = 11\n";
+
+train::TrainConfig tiny(const fs::path& run, int steps, std::vector<std::string> sets = {},
+                        const std::string& privacy = kPrivacy) {
+  return train::parse_train_config(test_support::tiny_run_toml(run, dataset(), steps, privacy),
+                                   "tiny.toml", sets);
+}
+
+data::Loader open_loader(const train::TrainConfig& c) {
+  data::LoaderOptions o;
+  o.manifests = {dataset()};
+  o.batch = c.micro_batch;
+  o.seq = c.seq;
+  return data::Loader(o);
+}
+
+// Each parameter's gradient of `row`'s mean token loss, in float64, in parameter order.
+std::vector<std::vector<double>> row_gradient(const model::Llama& model, const model::Batch& row) {
+  for (auto p : model.parameters()) p.zero_grad();
+  ag::Tape tape;
+  ag::Var loss;
+  {
+    ag::TapeScope scope(tape);
+    loss = model.loss(row, ag::Reduction::mean);
+  }
+  tape.backward(loss);
+  std::vector<std::vector<double>> g;
+  for (auto p : model.parameters()) {
+    const float* v = p.grad().data<float>();
+    g.emplace_back(v, v + p.grad().numel());
+    p.zero_grad();
+  }
+  return g;
+}
+
+std::string final_weights(const fs::path& run, int64_t step) {
+  const fs::path c = run / "checkpoints" / io::checkpoint_name(step);
+  return sha256_file(c / "model.safetensors") + sha256_file(c / "optimizer.safetensors");
+}
+
+}  // namespace
+
+TEST(PrivateTraining, TheStepsGradientIsTheMeanOfEachSequencesClippedGradient) {
+  const train::TrainConfig c = tiny(temp_dir("grad"), 10);
+  const model::Llama model(c.model, 3);
+  const data::Loader loader = open_loader(c);
+  const int64_t expected_rows = c.batch_tokens / c.seq;  // 8
+  optim::DpSgdOptions o = c.privacy;
+  o.noise_multiplier = 0;
+  // The sample of step 5, and each drawn sequence's gradient and its norm, by hand.
+  const std::vector<int64_t> sample =
+      optim::DpSgd(o, loader.windows_total(), expected_rows, 10).sample(5);
+  ASSERT_GE(sample.size(), 3u);
+  std::vector<std::vector<std::vector<double>>> grads;
+  std::vector<double> norms;
+  for (int64_t w : sample) {
+    grads.push_back(row_gradient(model, loader.windows({w})));
+    double squares = 0;
+    for (const auto& t : grads.back())
+      for (double v : t) squares += v * v;
+    norms.push_back(std::sqrt(squares));
+  }
+  // A clip between the norms: some sequences are clipped, some are not.
+  std::vector<double> sorted = norms;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t half = sorted.size() / 2;
+  o.clip = (sorted[half - 1] + sorted[half]) / 2;
+  optim::DpSgd dp(o, loader.windows_total(), expected_rows, 10);
+  const train::PrivateGradient got = train::private_gradients(model, loader, dp, 5);
+  EXPECT_EQ(got.rows, static_cast<int64_t>(sample.size()));
+  EXPECT_EQ(got.clipped,
+            std::count_if(norms.begin(), norms.end(), [&](double n) { return n > o.clip; }));
+  EXPECT_GT(got.clipped, 0);
+  EXPECT_LT(got.clipped, got.rows);
+  // sum_i min(1, C / |g_i|) g_i / B, against what the step left in the parameters' grads.
+  const std::vector<ag::Var> params = model.parameters();
+  double error = 0, reference = 0;
+  for (size_t p = 0; p < params.size(); ++p) {
+    const float* g = params[p].grad().data<float>();
+    for (size_t j = 0; j < grads[0][p].size(); ++j) {
+      double want = 0;
+      for (size_t i = 0; i < grads.size(); ++i)
+        want += std::min(1.0, o.clip / (norms[i] + 1e-6)) * grads[i][p][j];
+      want /= static_cast<double>(expected_rows);
+      error += (g[j] - want) * (g[j] - want);
+      reference += want * want;
+    }
+  }
+  EXPECT_LT(std::sqrt(error / reference), 1e-5);
+}
+
+TEST(PrivateTraining, APreemptedRunResumesBitwiseAndReportsTheEpsilonItSpent) {
+  const fs::path base = temp_dir("resume");
+  const auto full = train_quiet(tiny(base / "full", 14));
+  ASSERT_EQ(full.status, train::RunStatus::finished) << full.message;
+  const auto cut = tiny(base / "cut", 14);
+  auto r = train_quiet(cut, false, 6);
+  ASSERT_EQ(r.status, train::RunStatus::preempted) << r.message;
+  r = train_quiet(cut, true);
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  EXPECT_EQ(final_weights(base / "cut", 14), final_weights(base / "full", 14));
+
+  // Every step's record: the sample's size, the clipped and the epsilon spent so far, which is
+  // the accountant's for that many Poisson-sampled Gaussians of multiplier 0.3 at q = 8 / N.
+  const int64_t windows = open_loader(cut).windows_total();
+  const double q = 8.0 / static_cast<double>(windows);
+  const double delta = std::min(1e-5, 0.1 / static_cast<double>(windows));
+  std::vector<nlohmann::json> steps;
+  for (const auto& j : read_metrics(base / "cut"))
+    if (j.contains("loss")) steps.push_back(j);
+  ASSERT_EQ(steps.size(), 14u);
+  EXPECT_EQ(steps, [&] {
+    std::vector<nlohmann::json> s;
+    for (const auto& j : read_metrics(base / "full"))
+      if (j.contains("loss")) s.push_back(j);
+    for (size_t i = 0; i < s.size(); ++i) {  // timings differ between the runs
+      for (const char* k : {"tokens_per_s", "mfu", "elapsed_s", "rss_mb"}) s[i][k] = steps[i][k];
+    }
+    return s;
+  }());
+  optim::PrivacyAccountant accountant;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    accountant.add(q, 0.3);
+    EXPECT_NEAR(steps[i]["epsilon"].get<double>(), accountant.epsilon(delta).epsilon,
+                1e-9 * accountant.epsilon(delta).epsilon);
+    EXPECT_GT(steps[i]["sampled"].get<int64_t>(), 0);
+    EXPECT_EQ(steps[i]["tokens"].get<int64_t>() - (i ? steps[i - 1]["tokens"].get<int64_t>() : 0),
+              steps[i]["sampled"].get<int64_t>() * 16);
+  }
+  const auto summary = nlohmann::json::parse(read_file(base / "cut" / "summary.json"));
+  EXPECT_EQ(summary["privacy"]["private_steps"], 14);
+  EXPECT_DOUBLE_EQ(summary["privacy"]["noise_multiplier"].get<double>(), 0.3);
+  EXPECT_DOUBLE_EQ(summary["privacy"]["epsilon"].get<double>(), steps.back()["epsilon"]);
+  fs::remove_all(base);
+}
+
+TEST(PrivateTraining, ALargeSampleLearnsThroughTheNoise) {
+  // 128 of the 305 sequences expected per step: the noise's norm, 0.3 sqrt(22688) / 128 = 0.35,
+  // is below the clipped mean's.
+  const fs::path run = temp_dir("learns");
+  const auto r = train_quiet(tiny(run, 30, {"train.batch_tokens=2048", "eval.interval=0"}));
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  std::vector<double> losses;
+  for (const auto& j : read_metrics(run))
+    if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
+  ASSERT_EQ(losses.size(), 30u);
+  EXPECT_LT(losses.back(), losses.front() - 1.0);  // 4.15 to 2.58 when written
+  fs::remove_all(run);
+}
+
+TEST(PrivateTraining, RefusesWhatWouldBreakItsGuarantee) {
+  const fs::path base = temp_dir("refuse");
+  // A private run resumed without [privacy], and a plain one resumed with it.
+  ASSERT_EQ(train_quiet(tiny(base / "private", 4)).status, train::RunStatus::finished);
+  EXPECT_NE(error_of([&] {
+              train_quiet(tiny(base / "private", 6, {}, ""), true);
+            }).find("trained under [privacy]"),
+            std::string::npos);
+  ASSERT_EQ(train_quiet(tiny(base / "plain", 4, {}, "")).status, train::RunStatus::finished);
+  EXPECT_NE(error_of([&] {
+              train_quiet(tiny(base / "plain", 6), true);
+            }).find("were not trained under [privacy]"),
+            std::string::npos);
+  // What DP-SGD does not do yet.
+  EXPECT_NE(error_of([&] {
+              train_quiet(tiny(base / "gpu", 2, {"run.device=\"cuda\""}));
+            }).find("on the CPU"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              train_quiet(tiny(base / "mix", 2, {"data.weights=[1.0]"}));
+            }).find("data.weights"),
+            std::string::npos);
+  // The run file: a clip, and exactly one of the noise and the target epsilon.
+  EXPECT_NE(error_of([&] {
+              tiny(base / "x", 2, {}, "\n[privacy]\nnoise_multiplier = 1.0\n");
+            }).find("privacy.clip"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              tiny(base / "x", 2, {},
+                   "\n[privacy]\nclip = 1.0\nnoise_multiplier = 1.0\ntarget_epsilon = 3\n");
+            }).find("either noise_multiplier"),
+            std::string::npos);
+  fs::remove_all(base);
+}
