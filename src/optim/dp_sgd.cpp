@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "base/error.h"
 #include "ops/adamw.h"
@@ -81,6 +82,12 @@ double DpSgd::add_clipped() {
   for (const auto& p : params_)
     if (p.grad().defined()) grads.push_back(p.grad());
   const double norm = std::sqrt(ops::sum_of_squares(grads));
+  // A non-finite gradient is left out, as if clipped to zero: one sequence must not decide
+  // whether the step's update happens.
+  if (!std::isfinite(norm)) {
+    ++clipped_;
+    return norm;
+  }
   // Opacus's factor: C / (norm + 1e-6), at most 1.
   const double factor = std::min(1.0, options_.clip / (norm + 1e-6));
   clipped_ += factor < 1.0;
@@ -119,14 +126,17 @@ nlohmann::json DpSgd::state() const {
           {"steps", accountant_.steps()}};
 }
 
-void DpSgd::load_state(const nlohmann::json& state, int64_t steps) {
+void DpSgd::load_state(const nlohmann::json& state, int64_t steps, int64_t done) {
   try {
-    accountant_.restore(state.at("rdp").get<std::vector<double>>(),
-                        state.at("steps").get<int64_t>());
+    // JSON has no infinity: an RDP of +inf (no noise) is written as null.
+    std::vector<double> rdp;
+    for (const auto& v : state.at("rdp"))
+      rdp.push_back(v.is_null() ? std::numeric_limits<double>::infinity() : v.get<double>());
+    accountant_.restore(std::move(rdp), state.at("steps").get<int64_t>());
     const int64_t planned = state.at("steps_planned").get<int64_t>();
-    if (options_.target_epsilon > 0 && planned != steps) {
+    if (options_.target_epsilon > 0 && (planned != steps || accountant_.steps() != done)) {
       z_ = calibrate_noise_multiplier(accountant_, options_.target_epsilon, options_.delta, q_,
-                                      std::max<int64_t>(1, steps - accountant_.steps()));
+                                      std::max<int64_t>(1, steps - done));
     } else {
       z_ = state.at("noise_multiplier").get<double>();
     }

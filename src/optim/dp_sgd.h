@@ -29,14 +29,15 @@ struct DpSgdOptions {
   double clip = 0;              // C, per sequence
   double noise_multiplier = 0;  // z; with target_epsilon, calibrated instead
   double target_epsilon = 0;    // > 0: z such that the run's last step reaches it
-  double delta = 0;             // 0: 1 / N, set when N is known
+  double delta = 0;             // 0: min(1e-5, 0.1 / N), set when N is known
   int64_t noise_seed = -1;      // -1: the OS's CSPRNG
 };
 
 // The noise's generator: `seed` < 0 draws the key from the OS's CSPRNG, else Philox(seed, stream).
 Rng noise_rng(int64_t seed, uint64_t stream);
 
-// The smallest noise multiplier z (to 0.1%) at which `steps` more Poisson-sampled Gaussian
+// The smallest noise multiplier z (to 0.1%; Opacus's get_noise_multiplier stops at a tolerance in
+// epsilon instead) at which `steps` more Poisson-sampled Gaussian
 // releases at rate q take `spent` to at most `target_epsilon` at `delta`; throws, saying so, when
 // no z up to 1000 does.
 double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_epsilon,
@@ -54,7 +55,8 @@ class DpSgd {
   // One step's gradient: begin, then for each drawn sequence its gradient in the parameters'
   // grads (which the caller then zeroes) added clipped, then release.
   void begin(const std::vector<ag::Var>& params);
-  // Adds the parameters' gradients clipped to C; returns their norm before clipping.
+  // Adds the parameters' gradients clipped to C (nothing when their norm is not finite, which
+  // counts as clipped); returns their norm before clipping.
   double add_clipped();
   // Sets each parameter's gradient to (the clipped sum + N(0, (z C)^2 I)) / B and accounts for
   // the release.
@@ -72,11 +74,12 @@ class DpSgd {
   // Sequences clipped since begin().
   int64_t clipped() const { return clipped_; }
 
-  // For checkpoints: z and the accountant. A resumed run keeps z unless `steps` (the run's
-  // steps now) differs from those it was calibrated for; with target_epsilon z is then
-  // calibrated again for the steps left.
+  // For checkpoints: z and the accountant. A resumed run, `done` of its `steps` behind it,
+  // keeps z unless, with target_epsilon, the steps it was calibrated for differ from `steps` or
+  // the steps accounted from `done` (steps released after the last checkpoint run again): z is
+  // then calibrated again for the steps left.
   nlohmann::json state() const;
-  void load_state(const nlohmann::json& state, int64_t steps);
+  void load_state(const nlohmann::json& state, int64_t steps, int64_t done);
 
  private:
   DpSgdOptions options_;

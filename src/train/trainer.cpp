@@ -207,6 +207,24 @@ std::optional<fs::path> agree_on_checkpoint(const fs::path& ckpt_root, dist::Com
 
 namespace {
 
+// Under [privacy]: the accountant after every step released, in the run folder.
+constexpr const char* kPrivacyLedger = "privacy.json";
+
+// A resumed run's [privacy] must be the checkpoint's, key by key: a new delta would report
+// epsilon at another delta, a new noise seed make the noise predictable.
+void check_same_privacy(const optim::DpSgdOptions& saved, const optim::DpSgdOptions& now) {
+  const auto same = [](const char* key, double a, double b) {
+    POLLEN_CHECK(a == b, "cannot resume: privacy.", key, " (", a, " -> ", b,
+                 ") differs from the checkpoint's; a private run keeps its [privacy] table");
+  };
+  if (!saved.enabled || !now.enabled) return;  // recover_privacy refuses adding or dropping it
+  same("clip", saved.clip, now.clip);
+  same("noise_multiplier", saved.noise_multiplier, now.noise_multiplier);
+  same("target_epsilon", saved.target_epsilon, now.target_epsilon);
+  same("delta", saved.delta, now.delta);
+  same("noise_seed", static_cast<double>(saved.noise_seed), static_cast<double>(now.noise_seed));
+}
+
 // A pre-training run in this process once its model, optimizer and data are set up: resuming,
 // the steps with their evaluations and checkpoints, and the summary. Rank 0 writes the run's
 // files (metrics, config, checkpoints, summary); every rank holds the same weights and loader
@@ -234,6 +252,12 @@ class TrainingRun {
   // --resume: the weights, optimizer state, counters, loader, RNG and metrics positions of the
   // checkpoint rank 0 chooses, if there is one.
   void resume();
+  // Under [privacy], after resume() or in a fresh run: the accountant of every step released so
+  // far, the resumed checkpoint's or, when it holds more (steps that ran after the checkpoint,
+  // whose metrics and evaluations may have been seen, and that this run trains again), the run
+  // folder's privacy.json. Refuses a checkpoint whose steps were private when the run is not,
+  // and the other way round.
+  void recover_privacy();
   // Rank 0's files: metrics (continued where a resumed checkpoint left them), samples and
   // config.toml.
   void open_outputs();
@@ -244,9 +268,6 @@ class TrainingRun {
   TrainResult run();
 
  private:
-  // The accountant and noise multiplier of a resumed [privacy] run; refuses a checkpoint whose
-  // steps were private when the run is not, and the other way round.
-  void resume_privacy(const nlohmann::ordered_json& state);
   // One step with its metrics, evaluation and checkpoint; false when the run stops after it
   // (result_ says why).
   bool step(obs::Progress& progress);
@@ -290,11 +311,11 @@ void TrainingRun::resume() {
   const TrainConfig saved = parse_train_config(
       read_file(*dir / "config.toml"), (*dir / "config.toml").string(), {}, fs::current_path());
   for (const auto& w : check_resume_compatible(saved, cfg_)) log::warn("resume: ", w);
+  check_same_privacy(saved.privacy, cfg_.privacy);
   optimizer_.load(*dir, model_);
   resumed_ = nlohmann::ordered_json::parse(read_file(*dir / "state.json"));
   const nlohmann::ordered_json& st = *resumed_;
   counters_.restore(st);
-  resume_privacy(st);
   data_.loader.restore(data::LoaderState::from_json(nlohmann::json(st.at("loader"))));
   rng_ = Rng(st.at("rng").at("seed").get<uint64_t>(), st.at("rng").at("offset").get<uint64_t>());
   // Checkpoints written before samples were turned on have no position: append.
@@ -306,13 +327,32 @@ void TrainingRun::resume() {
             " tokens)");
 }
 
-void TrainingRun::resume_privacy(const nlohmann::ordered_json& st) {
-  POLLEN_CHECK(st.contains("privacy") == dp_.has_value(), "--resume: the checkpoint's steps ",
-               st.contains("privacy") ? "were" : "were not",
+void TrainingRun::recover_privacy() {
+  const bool private_checkpoint = resumed_ && resumed_->contains("privacy");
+  POLLEN_CHECK(!resumed_ || private_checkpoint == dp_.has_value(),
+               "--resume: the checkpoint's steps ", private_checkpoint ? "were" : "were not",
                " trained under [privacy] (DP-SGD) and this run's config ", dp_ ? "has" : "has no",
                " [privacy] table; a run keeps its privacy setting");
   if (!dp_) return;
-  dp_->load_state(nlohmann::json(st.at("privacy")), cfg_.steps);
+  std::optional<nlohmann::json> state;
+  if (private_checkpoint) state = nlohmann::json(resumed_->at("privacy"));
+  const fs::path ledger = cfg_.dir / kPrivacyLedger;
+  if (fs::exists(ledger)) {
+    try {
+      nlohmann::json released = nlohmann::json::parse(read_file(ledger));
+      const int64_t before = state ? state->at("steps").get<int64_t>() : 0;
+      const int64_t steps = released.at("steps").get<int64_t>();
+      if (steps > before) {
+        log::warn("privacy: ", steps - before, " private step(s) ran after ",
+                  state ? "the checkpoint resumed" : "this run's start", " and stay accounted (",
+                  ledger.string(), ")");
+        state = std::move(released);
+      }
+    } catch (const nlohmann::json::exception& e) {
+      fail("'", ledger.string(), "': expected the privacy accountant's state: ", e.what());
+    }
+  }
+  if (state) dp_->load_state(*state, cfg_.steps, counters_.step);
 }
 
 void TrainingRun::open_outputs() {
@@ -379,6 +419,8 @@ bool TrainingRun::step(obs::Progress& progress) {
   std::optional<PrivateGradient> dp;
   if (dp_) {
     dp = private_gradients(model_, data_.loader, *dp_, step + 1);
+    // Accounted on disk before anything the step changes is seen.
+    write_file_atomic(cfg_.dir / kPrivacyLedger, dp_->state().dump() + "\n");
     acc = dp->loss;
   } else {
     std::vector<model::Batch> micro;
@@ -391,7 +433,9 @@ bool TrainingRun::step(obs::Progress& progress) {
   // A DP-SGD sample may score nothing: its gradient, noise alone, is still the step's.
   const int64_t step_tokens = dp ? dp->rows * cfg_.seq : cfg_.batch_tokens;
   double gnorm = NAN;
-  bool good = std::isfinite(acc.loss) || (dp && acc.scored == 0);
+  // Under DP-SGD a step is skipped only when the noised gradient is not finite: one sequence's
+  // non-finite loss left its gradient out and must not decide it.
+  bool good = dp || std::isfinite(acc.loss);
   if (good) {
     gnorm = optimizer_.step(lr);
     good = std::isfinite(gnorm);  // AdamW leaves the weights alone then
@@ -542,6 +586,13 @@ void check_private_run(const TrainConfig& cfg, int world) {
                " ranks");
   POLLEN_CHECK(cfg.weights.empty(), "[privacy]: DP-SGD samples every sequence of the data with ",
                "the same probability, which data.weights would contradict; remove data.weights");
+  // Evaluating on the very records trained on would publish a loss over them.
+  for (const auto& m : cfg.validation_manifests)
+    POLLEN_CHECK(
+        cfg.validation_split.empty() || cfg.validation_split != cfg.train_split ||
+            std::find(cfg.manifests.begin(), cfg.manifests.end(), m) == cfg.manifests.end(),
+        "[privacy]: data.validation_split '", cfg.validation_split, "' is the training split of '",
+        m, "': its loss would describe the protected records; evaluate on a held-out split");
 }
 
 TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
@@ -581,6 +632,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
 
   TrainingRun run(cfg, o, comm, std::move(ckpt_root), model, device, optimizer, data);
   if (o.resume) run.resume();
+  run.recover_privacy();
   run.open_outputs();
   run.log_start(gpu_comm != nullptr);
   return run.run();

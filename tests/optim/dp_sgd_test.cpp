@@ -54,7 +54,11 @@ TEST(DpSgd, EachExampleIsClippedOnItsOwnAndTheSumIsOverTheExpectedRows) {
   set_grad(a, {0.3f, 0});
   set_grad(b, {0.4f});
   EXPECT_NEAR(dp.add_clipped(), 0.5, 1e-7);
-  EXPECT_EQ(dp.clipped(), 1);
+  // A non-finite gradient is left out (counted as clipped), not added as NaN.
+  set_grad(a, {NAN, 1});
+  set_grad(b, {0});
+  EXPECT_TRUE(std::isnan(dp.add_clipped()));
+  EXPECT_EQ(dp.clipped(), 2);
   dp.release(1);
   // (0.6 + 0.3, 0.8 | 0.4) over the 4 rows expected, not the 2 drawn: clipping the sum instead
   // would give (0.19, 0.19 | 0.02), dividing by the rows drawn twice these.
@@ -176,18 +180,26 @@ TEST(DpSgd, AResumedRunKeepsItsNoiseAndItsAccountant) {
   const nlohmann::json saved = first.state();
   // The same run resumed: the same z and epsilon.
   DpSgd same(o, 1000, 20, 100);
-  same.load_state(saved, 100);
+  same.load_state(saved, 100, 30);
   EXPECT_EQ(same.noise_multiplier(), first.noise_multiplier());
   EXPECT_EQ(same.epsilon().epsilon, first.epsilon().epsilon);
   EXPECT_EQ(same.steps_accounted(), 30);
   // Resumed with more steps: the noise rises so that the last step still reaches the target.
   DpSgd longer(o, 1000, 20, 200);
-  longer.load_state(saved, 200);
+  longer.load_state(saved, 200, 30);
   EXPECT_GT(longer.noise_multiplier(), first.noise_multiplier());
   EXPECT_LE(longer.epsilon_after(170).epsilon, 4.0);
   EXPECT_GT(longer.epsilon_after(170).epsilon, 3.9);
+  // Without noise every order's RDP is infinite, which JSON writes as null: it reads back.
+  DpSgd clip_only(options(1.0, 0.0), 1000, 20, 100);
+  clip_only.begin({w});
+  clip_only.release(1);
+  DpSgd reread(options(1.0, 0.0), 1000, 20, 100);
+  reread.load_state(nlohmann::json::parse(clip_only.state().dump()), 100, 1);
+  EXPECT_EQ(reread.steps_accounted(), 1);
+  EXPECT_TRUE(std::isinf(reread.epsilon().epsilon));
   EXPECT_NE(pollen::testing::error_of([&] {
-              same.load_state({{"rdp", {1.0}}}, 100);
+              same.load_state({{"rdp", {1.0}}}, 100, 30);
             }).find("'privacy'"),
             std::string::npos);
 }

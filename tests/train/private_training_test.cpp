@@ -175,6 +175,30 @@ TEST(PrivateTraining, APreemptedRunResumesBitwiseAndReportsTheEpsilonItSpent) {
   fs::remove_all(base);
 }
 
+TEST(PrivateTraining, StepsLostToACrashStayAccounted) {
+  // Preempted at step 6 (checkpoints at 4 and 6), then the checkpoint of step 6 lost, as a crash
+  // after step 4's checkpoint would leave it: steps 5 and 6 were released (their metrics
+  // written) and are trained again, so 14 + 2 releases are accounted.
+  const fs::path run = temp_dir("crash");
+  const auto c = tiny(run, 14);
+  ASSERT_EQ(train_quiet(c, false, 6).status, train::RunStatus::preempted);
+  fs::remove_all(run / "checkpoints" / io::checkpoint_name(6));
+  ::testing::internal::CaptureStderr();
+  const auto r = train_quiet(c, true);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  EXPECT_NE(log.find("2 private step(s) ran after the checkpoint resumed"), std::string::npos)
+      << log;
+  const auto summary = nlohmann::json::parse(read_file(run / "summary.json"));
+  EXPECT_EQ(summary["privacy"]["private_steps"], 16);
+  const int64_t windows = open_loader(c).windows_total();
+  optim::PrivacyAccountant accountant;
+  accountant.add(8.0 / static_cast<double>(windows), 0.3, 16);
+  EXPECT_DOUBLE_EQ(summary["privacy"]["epsilon"].get<double>(),
+                   accountant.epsilon(std::min(1e-5, 0.1 / static_cast<double>(windows))).epsilon);
+  fs::remove_all(run);
+}
+
 TEST(PrivateTraining, ALargeSampleLearnsThroughTheNoise) {
   // 128 of the 305 sequences expected per step: the noise's norm, 0.3 sqrt(22688) / 128 = 0.35,
   // is below the clipped mean's.
@@ -197,6 +221,14 @@ TEST(PrivateTraining, RefusesWhatWouldBreakItsGuarantee) {
               train_quiet(tiny(base / "private", 6, {}, ""), true);
             }).find("trained under [privacy]"),
             std::string::npos);
+  // A changed key of [privacy], or one it did not have (delta took its default).
+  for (const std::string key : {"privacy.delta", "privacy.noise_seed"}) {
+    const std::string set = key + (key == "privacy.delta" ? "=1e-3" : "=12");
+    const std::string error =
+        error_of([&] { train_quiet(tiny(base / "private", 6, {set}), true); });
+    EXPECT_NE(error.find("cannot resume: "), std::string::npos) << error;
+    EXPECT_NE(error.find(key), std::string::npos) << error;
+  }
   ASSERT_EQ(train_quiet(tiny(base / "plain", 4, {}, "")).status, train::RunStatus::finished);
   EXPECT_NE(error_of([&] {
               train_quiet(tiny(base / "plain", 6), true);
@@ -210,6 +242,10 @@ TEST(PrivateTraining, RefusesWhatWouldBreakItsGuarantee) {
   EXPECT_NE(error_of([&] {
               train_quiet(tiny(base / "mix", 2, {"data.weights=[1.0]"}));
             }).find("data.weights"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              train_quiet(tiny(base / "val", 2, {"data.validation_split=\"train\""}));
+            }).find("held-out split"),
             std::string::npos);
   // The run file: a clip, and exactly one of the noise and the target epsilon.
   EXPECT_NE(error_of([&] {
