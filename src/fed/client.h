@@ -101,6 +101,8 @@ class LocalTrainer : public RoundTrainer {
   void weights_changed();
   model::Llama& model() { return model_; }
   dist::Communicator& communicator() { return *comm_; }
+  // [dp_sgd]: the silo's DP-SGD, its accountant over every local step so far; null without.
+  const optim::DpSgd* dp_sgd() const { return dp_ ? &*dp_ : nullptr; }
   const std::string& manifest_hash() const override { return manifest_hash_; }
   int64_t steps_taken() const { return step_; }
   // The state a client keeps across rounds and restarts (fed/client_state.h): the inner
@@ -145,6 +147,13 @@ class LocalTrainer : public RoundTrainer {
   template <typename Work>
   auto with_the_other_ranks(Work&& work);
   void apply_step_drift();
+  // One optimizer step at the round's step s (the schedule's lr, train.round_warmup_steps' ramp)
+  // on the accumulated gradients, which it zeroes, then the step's drift correction.
+  void step_with_lr(const optim::Schedule& sched, int64_t s);
+  // [dp_sgd]: opens the silo's DP-SGD with the accountant client.state_dir holds; one local
+  // step's private gradient (with FedProx's term when `anchor` is given), accounted on disk.
+  void open_dp_sgd();
+  train::AccumulatedLoss private_step(const Weights& anchor);
   // ZeRO-1, every rank after the round: rank 0 gathers what it writes or sends (the whole state
   // with a state folder, else the shared first moments) and the factored second moments.
   void gather_after_round();
@@ -174,6 +183,7 @@ class LocalTrainer : public RoundTrainer {
   train::Validation validation_;  // the same batches at every evaluation; none: no loader
   std::string manifest_hash_;
   int64_t step_ = 0;
+  std::optional<optim::DpSgd> dp_;  // [dp_sgd]
   train::FaultInjection fault_;
   Weights step_drift_;
 };

@@ -7,17 +7,22 @@
 #include <cmath>
 
 #include "autograd/tape.h"
+#include "base/files.h"
 #include "base/log.h"
 #include "data/shards.h"
 #include "fed/proximal.h"
 #include "io/model_source.h"
 #include "ops/elementwise.h"
 #include "optim/schedule.h"
+#include "train/private_gradients.h"
 #include "train/trainer.h"
 
 namespace pollen::fed {
 
 using Clock = std::chrono::steady_clock;
+
+// [dp_sgd]: the accountant after every local step, in client.state_dir.
+constexpr const char* kDpSgdLedger = "dp_sgd.json";
 
 namespace {
 
@@ -134,6 +139,7 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
     validation_.loader = std::make_unique<data::Loader>(lo);
     validation_.start = {config.seed, 0, 0};
   }
+  if (config.dp_sgd.enabled) open_dp_sgd();
   for (const auto& m : config.manifests) {
     if (!manifest_hash_.empty()) manifest_hash_ += "+";
     manifest_hash_ += data::dataset_version(m).substr(0, config.manifests.size() > 1 ? 16 : 64);
@@ -152,6 +158,25 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
                  "': dataset ", m, " was tokenised with tokenizer ", used,
                  ", not the federation's (tokenizer.fingerprint = '",
                  config.tokenizer_fingerprint.substr(0, 80), "')");
+  }
+}
+
+void LocalTrainer::open_dp_sgd() {
+  const ClientConfig& c = config_;
+  POLLEN_CHECK(comm_->world() == 1 && device_ == Device::cpu && c.train.precision == "f32",
+               "client '", c.id, "': [dp_sgd] runs as one process on the CPU in float32 so far");
+  POLLEN_CHECK(!c.state_dir.empty(), "client '", c.id,
+               "': [dp_sgd] keeps its accountant in client.state_dir, so that a restarted client "
+               "counts every local step it ran; set client.state_dir");
+  dp_.emplace(c.dp_sgd, train_->windows_total(), c.train.micro_batch * c.train.accumulation, 1);
+  // Never rolled back with the state: a step that ran was released, whatever became of its round.
+  const std::filesystem::path ledger = c.state_dir / kDpSgdLedger;
+  if (std::filesystem::exists(ledger)) {
+    try {
+      dp_->restore_accountant(nlohmann::json::parse(read_file(ledger)));
+    } catch (const std::exception& e) {
+      fail("client '", c.id, "': '", ledger.string(), "': ", e.what());
+    }
   }
 }
 
@@ -201,6 +226,13 @@ LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {
     for (const Tensor& w : weights()) anchor.push_back(w.clone());
   for (int64_t s = 0; s < steps; ++s) {
     train::inject_fault_at(fault_, comm_->rank(), step_ + 1);
+    if (dp_) {
+      const train::AccumulatedLoss acc = private_step(anchor);
+      step_with_lr(sched, s);
+      loss_sum += std::isfinite(acc.loss) ? acc.loss * static_cast<double>(acc.scored) : 0.0;
+      r.tokens += acc.scored;
+      continue;
+    }
     std::vector<model::Batch> micro;
     for (int64_t a = 0; a < micro_steps_; ++a) micro.push_back(train_->next());
     for (const auto& b : micro) count_scored_tokens(b, counts);
@@ -222,22 +254,7 @@ LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {
       throw RoundFailure(cat("client '", config_.id, "': non-finite loss at local step ", step_));
     const int64_t scored = acc.scored;
     const double step_loss = acc.loss * static_cast<double>(scored);
-    // train.round_warmup_steps: the round's step s + 1 of them takes that fraction of the lr.
-    const double round_ramp =
-        tc.round_warmup_steps > 0
-            ? std::min(1.0, static_cast<double>(s + 1) / static_cast<double>(tc.round_warmup_steps))
-            : 1.0;
-    const double lr =
-        round_ramp *
-        optim::lr_at(sched, tc.total_steps > 0 ? std::min(step_, tc.total_steps - 1) : step_);
-    if (zero_) {
-      zero_->step(lr);
-    } else {
-      opt_->step(lr);
-    }
-    for (auto& p : params_) p.zero_grad();
-    apply_step_drift();
-    ++step_;
+    step_with_lr(sched, s);
     loss_sum += step_loss;
     r.tokens += scored;
   }
@@ -248,6 +265,39 @@ LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {
   r.loss = r.tokens > 0 ? loss_sum / static_cast<double>(r.tokens) : 0;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
+}
+
+void LocalTrainer::step_with_lr(const optim::Schedule& sched, int64_t s) {
+  const auto& tc = config_.train;
+  // train.round_warmup_steps: the round's step s + 1 of them takes that fraction of the lr.
+  const double round_ramp =
+      tc.round_warmup_steps > 0
+          ? std::min(1.0, static_cast<double>(s + 1) / static_cast<double>(tc.round_warmup_steps))
+          : 1.0;
+  const double lr =
+      round_ramp *
+      optim::lr_at(sched, tc.total_steps > 0 ? std::min(step_, tc.total_steps - 1) : step_);
+  if (zero_) {
+    zero_->step(lr);
+  } else {
+    opt_->step(lr);
+  }
+  for (auto& p : params_) p.zero_grad();
+  apply_step_drift();
+  ++step_;
+}
+
+train::AccumulatedLoss LocalTrainer::private_step(const Weights& anchor) {
+  const train::PrivateGradient g = train::private_gradients(model_, *train_, *dp_, step_ + 1);
+  // Accounted on disk before the step's update can leave the silo.
+  write_file_atomic(config_.state_dir / kDpSgdLedger, dp_->state().dump() + "\n");
+  if (!anchor.empty()) {  // FedProx's term, data-free: added to the released gradient
+    std::vector<Tensor> released;
+    for (const auto& p : params_) released.push_back(p.grad());
+    seed_proximal_gradients(params_, weights(), anchor, config_.train.proximal_mu);
+    for (size_t i = 0; i < params_.size(); ++i) ops::axpy(1.0, released[i], params_[i].grad());
+  }
+  return g.loss;
 }
 
 void LocalTrainer::set_step_drift(Weights drift) {

@@ -90,6 +90,10 @@ void Client::train_round(const pb::TaskReply& task) {
   POLLEN_CHECK(!task.token_counts() || !local_dp_, "client '", config_.id,
                "': the server weights rows by token counts (strategy.row_weighting), which "
                "[local_dp] does not protect; the client sends none");
+  POLLEN_CHECK(!task.token_counts() || !config_.dp_sgd.enabled, "client '", config_.id,
+               "': the server weights rows by token counts (strategy.row_weighting), counted on "
+               "the silo's records in the clear, which [dp_sgd] does not protect; the client "
+               "sends none");
   POLLEN_CHECK(
       !task.second_moments() || (local_ && !local_dp_), "client '", config_.id,
       "': the server shares the clients' second moments (strategy.second_moments), ",
@@ -170,6 +174,11 @@ void Client::train_round(const pb::TaskReply& task) {
     log::info("fed client '", config_.id, "': local DP", clipped ? " (update clipped)" : "",
               ": epsilon ", e.epsilon, " at delta ", config_.local_dp.delta, " after ",
               task.round(), " rounds");
+  }
+  if (const optim::DpSgd* dp = local_ ? local_->dp_sgd() : nullptr) {
+    log::info("fed client '", config_.id, "': DP-SGD: epsilon ", dp->epsilon().epsilon,
+              " at delta ", dp->delta(), " for each of its sequences after ", dp->steps_accounted(),
+              " local steps");
   }
   const Weights saved_residual = clone_weights(feedback_.residual());
   EncodedSet enc;

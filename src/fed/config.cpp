@@ -321,6 +321,15 @@ SiloParallel read_silo_parallel(ConfigTable& p) {
 
 namespace {
 
+// [dp_sgd]: pollen train's [privacy] keys, less target_epsilon (a client does not know how many
+// local steps the federation will ask of it).
+optim::DpSgdOptions read_silo_dp_sgd(ConfigTable& t) {
+  POLLEN_CHECK(!t.has("target_epsilon"), t.where("target_epsilon"),
+               ": a client does not know how many local steps the federation will ask of it; "
+               "give noise_multiplier (the client logs its epsilon after each round)");
+  return train::read_dp_sgd(t);
+}
+
 ServerConfig read_server_root(ConfigTable& root) {
   ServerConfig c = read_server_config(root);
   root.finish();
@@ -346,7 +355,7 @@ ClientConfig read_client_root(ConfigTable& root) {
   c.tls = read_tls(root, false);
   if (auto p = root.table("post")) {
     c.post = read_post_settings(*p, true);
-    refuse_beside_post(root, {"data", "train", "model", "tokenizer"},
+    refuse_beside_post(root, {"data", "train", "model", "tokenizer", "dp_sgd"},
                        "a post-training silo's base, tokenizer, optimizer and objective are "
                        "post.run's, its data post.data");
     if (auto par = root.table("parallel")) {
@@ -365,6 +374,7 @@ ClientConfig read_client_root(ConfigTable& root) {
   d->finish();
   if (auto tr = root.table("train")) c.train = read_local_train(*tr);
   if (auto p = root.table("parallel")) c.parallel = read_silo_parallel(*p);
+  if (auto p = root.table("dp_sgd")) c.dp_sgd = read_silo_dp_sgd(*p);
   c.model = read_model(root, &c.init_from);
   c.tokenizer_fingerprint = read_tokenizer(root);
   root.finish();
@@ -378,6 +388,8 @@ SimConfig read_sim_root(ConfigTable& root) {
   if (auto tr = root.table("train")) train = read_local_train(*tr);
   LocalDpOptions local_dp;
   if (auto l = root.table("local_dp")) local_dp = read_local_dp_options(*l);
+  optim::DpSgdOptions dp_sgd;
+  if (auto p = root.table("dp_sgd")) dp_sgd = read_silo_dp_sgd(*p);
   auto sim = root.table("sim");
   POLLEN_CHECK(sim.has_value(), root.where("sim"), ": a [sim] table is required");
   const auto ids = sim->get_strings("clients");
@@ -410,6 +422,8 @@ SimConfig read_sim_root(ConfigTable& root) {
     cc.allow_repeatable_noise = true;
     if (local_dp.noise_seed >= 0)
       cc.local_dp.noise_seed = local_dp.noise_seed + static_cast<int64_t>(i);
+    cc.dp_sgd = dp_sgd;
+    if (dp_sgd.noise_seed >= 0) cc.dp_sgd.noise_seed = dp_sgd.noise_seed + static_cast<int64_t>(i);
     c.clients.push_back(cc);
   }
   root.finish();

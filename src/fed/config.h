@@ -115,6 +115,9 @@ struct ClientConfig {
   double connect_timeout_s = 60;
   LocalTrainConfig train;
   LocalDpOptions local_dp;  // [local_dp]; off unless the table is given
+  // [dp_sgd]: record-level DP of the silo's local steps (DP-SGD, docs/federated.md); off unless
+  // the table is given
+  optim::DpSgdOptions dp_sgd;
   // Distributed DP: take repeatable noise when the server's privacy.noise_seed asks for it (a
   // test setting: the update then has no privacy); else such a round stops the client.
   bool allow_repeatable_noise = false;

@@ -126,13 +126,21 @@ nlohmann::json DpSgd::state() const {
           {"steps", accountant_.steps()}};
 }
 
-void DpSgd::load_state(const nlohmann::json& state, int64_t steps, int64_t done) {
+void DpSgd::restore_accountant(const nlohmann::json& state) {
   try {
     // JSON has no infinity: an RDP of +inf (no noise) is written as null.
     std::vector<double> rdp;
     for (const auto& v : state.at("rdp"))
       rdp.push_back(v.is_null() ? std::numeric_limits<double>::infinity() : v.get<double>());
     accountant_.restore(std::move(rdp), state.at("steps").get<int64_t>());
+  } catch (const nlohmann::json::exception& e) {
+    fail("privacy state: expected {rdp, steps}: ", e.what());
+  }
+}
+
+void DpSgd::load_state(const nlohmann::json& state, int64_t steps, int64_t done) {
+  restore_accountant(state);
+  try {
     const int64_t planned = state.at("steps_planned").get<int64_t>();
     if (options_.target_epsilon > 0 && (planned != steps || accountant_.steps() != done)) {
       z_ = calibrate_noise_multiplier(accountant_, options_.target_epsilon, options_.delta, q_,

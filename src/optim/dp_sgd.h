@@ -80,6 +80,9 @@ class DpSgd {
   // then calibrated again for the steps left.
   nlohmann::json state() const;
   void load_state(const nlohmann::json& state, int64_t steps, int64_t done);
+  // The accountant alone from state(), z staying as configured (a federated silo's noise
+  // multiplier may change between restarts: each step is accounted at its own).
+  void restore_accountant(const nlohmann::json& state);
 
  private:
   DpSgdOptions options_;

@@ -74,31 +74,6 @@ void apply_override(toml::table& root, const std::string& assignment) {
   }
 }
 
-// [privacy]: DP-SGD's clip, and either its noise multiplier or the epsilon to reach.
-optim::DpSgdOptions read_dp_sgd(ConfigTable& t) {
-  optim::DpSgdOptions o;
-  o.enabled = true;
-  o.clip = t.require_double("clip");
-  POLLEN_CHECK(std::isfinite(o.clip) && o.clip > 0, t.where("clip"),
-               ": expected a positive per-sequence gradient norm, got ", o.clip);
-  POLLEN_CHECK(t.has("noise_multiplier") != t.has("target_epsilon"), t.where("noise_multiplier"),
-               ": give either noise_multiplier (the noise's std over clip) or target_epsilon (the ",
-               "epsilon the last step should reach, which sets the noise), one of them");
-  o.noise_multiplier = t.get_double("noise_multiplier", 0);
-  POLLEN_CHECK(std::isfinite(o.noise_multiplier) && o.noise_multiplier >= 0,
-               t.where("noise_multiplier"), ": expected 0 or more, got ", o.noise_multiplier);
-  o.target_epsilon = t.get_double("target_epsilon", 0);
-  POLLEN_CHECK(
-      !t.has("target_epsilon") || (std::isfinite(o.target_epsilon) && o.target_epsilon > 0),
-      t.where("target_epsilon"), ": expected a positive epsilon, got ", o.target_epsilon);
-  o.delta = t.get_double("delta", 0);
-  POLLEN_CHECK(!t.has("delta") || (o.delta > 0 && o.delta < 1), t.where("delta"),
-               ": expected a value in (0, 1), got ", o.delta);
-  if (t.has("noise_seed")) o.noise_seed = t.get_int_in("noise_seed", 0, 0, kConfigIntMax);
-  t.finish();
-  return o;
-}
-
 }  // namespace
 
 std::pair<std::string, std::string> apply_overrides(const std::string& text,
@@ -423,6 +398,30 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   if (auto p = t.table("privacy")) c.privacy = read_dp_sgd(*p);
   t.finish();
   return c;
+}
+
+optim::DpSgdOptions read_dp_sgd(ConfigTable& t) {
+  optim::DpSgdOptions o;
+  o.enabled = true;
+  o.clip = t.require_double("clip");
+  POLLEN_CHECK(std::isfinite(o.clip) && o.clip > 0, t.where("clip"),
+               ": expected a positive per-sequence gradient norm, got ", o.clip);
+  POLLEN_CHECK(t.has("noise_multiplier") != t.has("target_epsilon"), t.where("noise_multiplier"),
+               ": give either noise_multiplier (the noise's std over clip) or target_epsilon (the ",
+               "epsilon the last step should reach, which sets the noise), one of them");
+  o.noise_multiplier = t.get_double("noise_multiplier", 0);
+  POLLEN_CHECK(std::isfinite(o.noise_multiplier) && o.noise_multiplier >= 0,
+               t.where("noise_multiplier"), ": expected 0 or more, got ", o.noise_multiplier);
+  o.target_epsilon = t.get_double("target_epsilon", 0);
+  POLLEN_CHECK(
+      !t.has("target_epsilon") || (std::isfinite(o.target_epsilon) && o.target_epsilon > 0),
+      t.where("target_epsilon"), ": expected a positive epsilon, got ", o.target_epsilon);
+  o.delta = t.get_double("delta", 0);
+  POLLEN_CHECK(!t.has("delta") || (o.delta > 0 && o.delta < 1), t.where("delta"),
+               ": expected a value in (0, 1), got ", o.delta);
+  if (t.has("noise_seed")) o.noise_seed = t.get_int_in("noise_seed", 0, 0, kConfigIntMax);
+  t.finish();
+  return o;
 }
 
 void check_manifests_exist(const TrainConfig& c, const std::string& source) {

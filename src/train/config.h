@@ -129,6 +129,9 @@ std::pair<std::string, std::string> apply_overrides(const std::string& text,
 // [train] holds them beside its own).
 void read_optimizer(ConfigTable& section, OptimizerSettings& settings);
 void read_optimizer_keys(ConfigTable& section, OptimizerSettings& settings);
+// [privacy] (DP-SGD, optim/dp_sgd.h), checked and finished: clip, and exactly one of
+// noise_multiplier and target_epsilon; delta and noise_seed.
+optim::DpSgdOptions read_dp_sgd(ConfigTable& section);
 // [parallel]'s keys (several ranks), checked: zero (0 or 1, default 0), and bucket_mb and
 // timeout_s, whose values passed in are the defaults.
 int read_zero_key(ConfigTable& section);

@@ -137,3 +137,24 @@ TEST(FedConfig, TrainTakesPollenTrainsOptimizerKeys) {
   const std::string b = error_of(beta);
   EXPECT_NE(b.find("train.beta1"), std::string::npos) << b;
 }
+
+// Every example in configs/fed reads as the command it names reads it (sim*.toml as
+// `pollen fed simulate`, fed.toml as the server, client.toml as a client).
+TEST(FedConfig, EveryExampleReads) {
+  const std::filesystem::path dir = std::filesystem::path(POLLEN_SOURCE_DIR) / "configs/fed";
+  int read = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (e.path().extension() != ".toml" || name == "tokenizer.toml") continue;
+    SCOPED_TRACE(name);
+    if (name.starts_with("sim")) {
+      EXPECT_FALSE(fed::load_sim_config(e.path()).clients.empty());
+    } else if (name == "client.toml") {
+      EXPECT_FALSE(fed::load_client_config(e.path()).id.empty());
+    } else {
+      EXPECT_GT(fed::load_server_config(e.path()).rounds, 0);
+    }
+    ++read;
+  }
+  EXPECT_GE(read, 6);
+}

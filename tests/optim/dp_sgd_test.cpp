@@ -200,6 +200,6 @@ TEST(DpSgd, AResumedRunKeepsItsNoiseAndItsAccountant) {
   EXPECT_TRUE(std::isinf(reread.epsilon().epsilon));
   EXPECT_NE(pollen::testing::error_of([&] {
               same.load_state({{"rdp", {1.0}}}, 100, 30);
-            }).find("'privacy'"),
+            }).find("privacy state: expected {rdp, steps}"),
             std::string::npos);
 }

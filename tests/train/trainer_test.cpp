@@ -680,3 +680,15 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
   EXPECT_NE(read_file(run / "c.svg").find("<rect x="), std::string::npos);
   fs::remove_all(run);
 }
+
+// Every run file in configs/train reads, resolving its model file (its data is made elsewhere).
+TEST(TrainConfig, EveryExampleReads) {
+  int read = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(POLLEN_SOURCE_DIR) / "configs/train")) {
+    if (e.path().extension() != ".toml") continue;
+    SCOPED_TRACE(e.path().filename().string());
+    EXPECT_GT(train::load_train_config(e.path()).steps, 0);
+    ++read;
+  }
+  EXPECT_GE(read, 2);
+}
