@@ -39,6 +39,15 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
                         : load_client_state(config_.state_dir, config_.id, *local_, specs_,
                                             feedback_, drift_, &pulled, local_dp_.get());
   }
+  // [dp_sgd]'s account is never rolled back, so it holds at least every local step the state
+  // took; fewer means steps that ran without it, or a lost account: no epsilon covers them.
+  if (const optim::DpSgd* dp = local_ ? local_->dp_sgd() : nullptr) {
+    POLLEN_CHECK(dp->steps_accounted() >= local_->steps_taken(), "client '", config_.id,
+                 "': its state holds ", local_->steps_taken(), " local steps but [dp_sgd]'s ",
+                 "account in '", config_.state_dir.string(), "' only ", dp->steps_accounted(),
+                 ": steps ran without [dp_sgd], or its account was lost, and no epsilon covers "
+                 "them");
+  }
   // Every saved state holds the model pulled last, so none was found when `pulled` is empty.
   const bool fresh = pulled.empty();
   // A client holding the server's last model, or one that built the server's initial model (the

@@ -167,7 +167,8 @@ void LocalTrainer::open_dp_sgd() {
                "client '", c.id, "': [dp_sgd] runs as one process on the CPU in float32 so far");
   POLLEN_CHECK(!c.state_dir.empty(), "client '", c.id,
                "': [dp_sgd] keeps its accountant in client.state_dir, so that a restarted client "
-               "counts every local step it ran; set client.state_dir");
+               "counts every local step it ran; set client.state_dir (in a simulation, leave "
+               "sim.client_states on)");
   dp_.emplace(c.dp_sgd, train_->windows_total(), c.train.micro_batch * c.train.accumulation, 1);
   // Never rolled back with the state: a step that ran was released, whatever became of its round.
   const std::filesystem::path ledger = c.state_dir / kDpSgdLedger;
@@ -177,6 +178,9 @@ void LocalTrainer::open_dp_sgd() {
     } catch (const std::exception& e) {
       fail("client '", c.id, "': '", ledger.string(), "': ", e.what());
     }
+    log::info("client '", c.id, "': [dp_sgd] goes on from the account in '", ledger.string(),
+              "': ", dp_->steps_accounted(), " local steps released so far, epsilon ",
+              dp_->epsilon().epsilon);
   }
 }
 

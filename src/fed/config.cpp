@@ -374,7 +374,12 @@ ClientConfig read_client_root(ConfigTable& root) {
   d->finish();
   if (auto tr = root.table("train")) c.train = read_local_train(*tr);
   if (auto p = root.table("parallel")) c.parallel = read_silo_parallel(*p);
-  if (auto p = root.table("dp_sgd")) c.dp_sgd = read_silo_dp_sgd(*p);
+  if (auto p = root.table("dp_sgd")) {
+    c.dp_sgd = read_silo_dp_sgd(*p);
+    POLLEN_CHECK(c.dp_sgd.noise_seed < 0 || c.allow_repeatable_noise, p->where("noise_seed"),
+                 ": a repeatable sample and noise give no privacy against anyone who knows the "
+                 "seed; set client.allow_repeatable_noise = true to take them (tests)");
+  }
   c.model = read_model(root, &c.init_from);
   c.tokenizer_fingerprint = read_tokenizer(root);
   root.finish();

@@ -159,9 +159,10 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
     // (optimizer, data position, residual) as well as the server.
     // A run that starts at round 1 (afresh, or resumed without a checkpoint) starts them
     // afresh too: states left by a run stopped before its first checkpoint are not the round's.
+    // A [dp_sgd] account beside them stays: the steps it counts were released.
     if (cc.state_dir.empty() && config.client_states) {
       cc.state_dir = config.server.dir / "clients" / cc.id;
-      if (coordinator.rounds_done() == 0) std::filesystem::remove_all(cc.state_dir);
+      if (coordinator.rounds_done() == 0) std::filesystem::remove_all(cc.state_dir / "checkpoints");
     } else if (cc.state_dir.empty() && coordinator.rounds_done() > 0) {
       log::warn(config.command, ": client '", cc.id, "' resumes at round ",
                 coordinator.rounds_done() + 1,

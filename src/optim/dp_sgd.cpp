@@ -120,14 +120,19 @@ Epsilon DpSgd::epsilon_after(int64_t steps) const {
 }
 
 nlohmann::json DpSgd::state() const {
-  return {{"noise_multiplier", z_},
-          {"steps_planned", steps_},
-          {"rdp", accountant_.rdp()},
-          {"steps", accountant_.steps()}};
+  return {{"clip", options_.clip},   {"delta", options_.delta},  {"noise_multiplier", z_},
+          {"steps_planned", steps_}, {"rdp", accountant_.rdp()}, {"steps", accountant_.steps()}};
 }
 
 void DpSgd::restore_accountant(const nlohmann::json& state) {
   try {
+    // Written before clip and delta were kept: nothing to compare.
+    const double clip = state.value("clip", options_.clip);
+    const double delta = state.value("delta", options_.delta);
+    POLLEN_CHECK(clip == options_.clip && delta == options_.delta,
+                 "privacy state: accounted at clip ", clip, " and delta ", delta, ", not at the ",
+                 "configured clip ", options_.clip, " and delta ", options_.delta,
+                 "; an account goes on with the settings it began with");
     // JSON has no infinity: an RDP of +inf (no noise) is written as null.
     std::vector<double> rdp;
     for (const auto& v : state.at("rdp"))
@@ -145,9 +150,9 @@ void DpSgd::load_state(const nlohmann::json& state, int64_t steps, int64_t done)
     if (options_.target_epsilon > 0 && (planned != steps || accountant_.steps() != done)) {
       z_ = calibrate_noise_multiplier(accountant_, options_.target_epsilon, options_.delta, q_,
                                       std::max<int64_t>(1, steps - done));
-    } else {
+    } else if (options_.target_epsilon > 0) {
       z_ = state.at("noise_multiplier").get<double>();
-    }
+    }  // else z_ is the configured noise_multiplier
   } catch (const nlohmann::json::exception& e) {
     fail("checkpoint state.json: 'privacy': expected {noise_multiplier, steps_planned, rdp, ",
          "steps}: ", e.what());

@@ -74,14 +74,16 @@ class DpSgd {
   // Sequences clipped since begin().
   int64_t clipped() const { return clipped_; }
 
-  // For checkpoints: z and the accountant. A resumed run, `done` of its `steps` behind it,
-  // keeps z unless, with target_epsilon, the steps it was calibrated for differ from `steps` or
-  // the steps accounted from `done` (steps released after the last checkpoint run again): z is
-  // then calibrated again for the steps left.
+  // For checkpoints: clip, delta, z and the accountant. A resumed run, `done` of its `steps`
+  // behind it, takes the accountant (refusing another clip or delta) and with target_epsilon the
+  // saved z, unless the steps it was calibrated for differ from `steps` or the steps accounted
+  // from `done` (steps released after the last checkpoint run again): z is then calibrated again
+  // for the steps left. With noise_multiplier, z is the configured one.
   nlohmann::json state() const;
   void load_state(const nlohmann::json& state, int64_t steps, int64_t done);
   // The accountant alone from state(), z staying as configured (a federated silo's noise
-  // multiplier may change between restarts: each step is accounted at its own).
+  // multiplier may change between restarts: each step is accounted at its own); refuses a state
+  // accounted at another clip or delta.
   void restore_accountant(const nlohmann::json& state);
 
  private:

@@ -337,6 +337,9 @@ void TrainingRun::recover_privacy() {
   std::optional<nlohmann::json> state;
   if (private_checkpoint) state = nlohmann::json(resumed_->at("privacy"));
   const fs::path ledger = cfg_.dir / kPrivacyLedger;
+  POLLEN_CHECK(o_.resume || !fs::exists(ledger), "run folder '", cfg_.dir.string(),
+               "' holds the privacy account of an earlier private run (", kPrivacyLedger,
+               "); continue that run with --resume, or choose another run.dir");
   if (fs::exists(ledger)) {
     try {
       nlohmann::json released = nlohmann::json::parse(read_file(ledger));

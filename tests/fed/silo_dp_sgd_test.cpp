@@ -99,12 +99,32 @@ TEST(SiloDpSgd, RefusesWhatItCannotKeepPrivate) {
               Client c(cfg.clients[0], transport);
             }).find("set client.state_dir"),
             std::string::npos);
+  // A state that took more local steps than its account holds: steps no epsilon covers.
+  cfg.clients[0].state_dir = dir / "state";
+  {
+    Client c(cfg.clients[0], transport);
+    c.join();
+    ASSERT_TRUE(server.begin_round());
+    ASSERT_EQ(c.poll_once(), pb::TASK_TRAIN);
+    ASSERT_TRUE(server.end_round().aggregated);
+  }
+  fs::remove(dir / "state" / "dp_sgd.json");
+  EXPECT_NE(pollen::testing::error_of([&] {
+              Client c(cfg.clients[0], transport);
+            }).find("no epsilon covers them"),
+            std::string::npos);
   // A client does not know how many steps it will run: no target epsilon.
   const fs::path toml = dir / "client.toml";
   write_file_atomic(toml, client_toml("127.0.0.1:1", dir / "state", silo) +
                               "[dp_sgd]\nclip = 1.0\ntarget_epsilon = 8\n");
   EXPECT_NE(
       pollen::testing::error_of([&] { load_client_config(toml); }).find("give noise_multiplier"),
+      std::string::npos);
+  // A seeded sample and noise only where the client says it takes them.
+  write_file_atomic(toml, client_toml("127.0.0.1:1", dir / "state", silo) +
+                              "[dp_sgd]\nclip = 1.0\nnoise_multiplier = 1\nnoise_seed = 3\n");
+  EXPECT_NE(
+      pollen::testing::error_of([&] { load_client_config(toml); }).find("allow_repeatable_noise"),
       std::string::npos);
   fs::remove_all(dir);
 }

@@ -190,6 +190,17 @@ TEST(DpSgd, AResumedRunKeepsItsNoiseAndItsAccountant) {
   EXPECT_GT(longer.noise_multiplier(), first.noise_multiplier());
   EXPECT_LE(longer.epsilon_after(170).epsilon, 4.0);
   EXPECT_GT(longer.epsilon_after(170).epsilon, 3.9);
+  // With noise_multiplier the configured z is taken, not the saved one; an account kept at
+  // another clip is refused.
+  DpSgd louder(options(1.0, 0.5), 1000, 20, 100);
+  louder.load_state(saved, 100, 30);
+  EXPECT_EQ(louder.noise_multiplier(), 0.5);
+  EXPECT_EQ(louder.steps_accounted(), 30);
+  DpSgd other_clip(options(2.0, 0.5), 1000, 20, 100);
+  EXPECT_NE(pollen::testing::error_of([&] {
+              other_clip.restore_accountant(saved);
+            }).find("accounted at clip 1"),
+            std::string::npos);
   // Without noise every order's RDP is infinite, which JSON writes as null: it reads back.
   DpSgd clip_only(options(1.0, 0.0), 1000, 20, 100);
   clip_only.begin({w});

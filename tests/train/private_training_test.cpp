@@ -234,6 +234,10 @@ TEST(PrivateTraining, RefusesWhatWouldBreakItsGuarantee) {
               train_quiet(tiny(base / "plain", 6), true);
             }).find("were not trained under [privacy]"),
             std::string::npos);
+  // A fresh run in a folder that holds an earlier private run's account.
+  fs::remove_all(base / "private" / "checkpoints");
+  EXPECT_NE(error_of([&] { train_quiet(tiny(base / "private", 4)); }).find("--resume"),
+            std::string::npos);
   // What DP-SGD does not do yet.
   EXPECT_NE(error_of([&] {
               train_quiet(tiny(base / "gpu", 2, {"run.device=\"cuda\""}));
