@@ -56,8 +56,12 @@ DpSgd::DpSgd(DpSgdOptions options, int64_t records, int64_t expected_rows, int64
            : options_.noise_multiplier;
 }
 
-std::vector<int64_t> DpSgd::sample(int64_t step) const {
-  Rng rng = noise_rng(options_.noise_seed, 2 * static_cast<uint64_t>(step));
+uint64_t DpSgd::sample_key(int64_t step) const {
+  return noise_rng(options_.noise_seed, 2 * static_cast<uint64_t>(step)).seed();
+}
+
+std::vector<int64_t> DpSgd::sample_from(uint64_t key) const {
+  Rng rng(key);
   std::vector<int64_t> drawn;
   // One draw per sequence whatever the others drew: each one's presence is independent of every
   // other's, as the accountant's analysis assumes.
@@ -96,14 +100,20 @@ double DpSgd::add_clipped() {
   return norm;
 }
 
-void DpSgd::release(int64_t step) {
+void DpSgd::add_noise(int64_t step) {
   const double std = z_ * options_.clip;
-  const double denominator = static_cast<double>(expected_rows_);
   Rng noise = noise_rng(options_.noise_seed, 2 * static_cast<uint64_t>(step) + 1);
+  for (Tensor& t : sum_) {
+    float* s = t.data<float>();
+    for (int64_t j = 0; j < t.numel(); ++j) s[j] = static_cast<float>(s[j] + std * noise.normal());
+  }
+}
+
+void DpSgd::finish() {
+  const double denominator = static_cast<double>(expected_rows_);
   for (size_t i = 0; i < params_.size(); ++i) {
     float* s = sum_[i].data<float>();
-    for (int64_t j = 0; j < sum_[i].numel(); ++j)
-      s[j] = static_cast<float>((s[j] + std * noise.normal()) / denominator);
+    for (int64_t j = 0; j < sum_[i].numel(); ++j) s[j] = static_cast<float>(s[j] / denominator);
     params_[i].grad() = sum_[i];
   }
   sum_.clear();

@@ -49,18 +49,31 @@ class DpSgd {
   // target_epsilon is reached at.
   DpSgd(DpSgdOptions options, int64_t records, int64_t expected_rows, int64_t steps);
 
-  // The sequences drawn for step `step` (1-based), ascending ids in [0, N).
-  std::vector<int64_t> sample(int64_t step) const;
+  // The sequences drawn for step `step` (1-based), ascending ids in [0, N): sample_from the
+  // step's key, which several ranks take from one of them, so that all draw the same sample.
+  std::vector<int64_t> sample(int64_t step) const { return sample_from(sample_key(step)); }
+  uint64_t sample_key(int64_t step) const;
+  std::vector<int64_t> sample_from(uint64_t key) const;
 
   // One step's gradient: begin, then for each drawn sequence its gradient in the parameters'
-  // grads (which the caller then zeroes) added clipped, then release.
+  // grads (which the caller then zeroes) added clipped, then release. Several ranks each add
+  // their share of the sample, one of them add_noise, the sums are reduced (clipped_sum), and
+  // each finishes.
   void begin(const std::vector<ag::Var>& params);
   // Adds the parameters' gradients clipped to C (nothing when their norm is not finite, which
   // counts as clipped); returns their norm before clipping.
   double add_clipped();
-  // Sets each parameter's gradient to (the clipped sum + N(0, (z C)^2 I)) / B and accounts for
-  // the release.
-  void release(int64_t step);
+  // Adds N(0, (z C)^2 I) to the clipped sum.
+  void add_noise(int64_t step);
+  // Each parameter's clipped sum (float32, on the CPU), for a reduction over ranks.
+  std::vector<Tensor>& clipped_sum() { return sum_; }
+  // Sets each parameter's gradient to the sum over B and accounts for the release.
+  void finish();
+  // add_noise, then finish: one process's step.
+  void release(int64_t step) {
+    add_noise(step);
+    finish();
+  }
 
   double sampling_rate() const { return q_; }
   double noise_multiplier() const { return z_; }

@@ -7,15 +7,18 @@
 namespace pollen::train {
 
 PrivateGradient private_gradients(const model::Llama& model, const data::Loader& loader,
-                                  optim::DpSgd& dp, int64_t step) {
-  const std::vector<int64_t> sample = dp.sample(step);
+                                  optim::DpSgd& dp, int64_t step, dist::Communicator* comm) {
+  const int rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;
+  // Every rank draws rank 0's sample.
+  int64_t key[1] = {static_cast<int64_t>(dp.sample_key(step))};
+  if (world > 1) comm->broadcast(key, 0, "DP-SGD's sample key");
+  const std::vector<int64_t> sample = dp.sample_from(static_cast<uint64_t>(key[0]));
   const std::vector<ag::Var> params = model.parameters();
   dp.begin(params);
-  PrivateGradient g;
-  g.rows = static_cast<int64_t>(sample.size());
-  double sum = 0;
-  for (const int64_t window : sample) {
-    const model::Batch row = loader.windows({window});  // (1, seq)
+  double sums[3] = {0, 0, 0};  // loss, scored tokens, sequences clipped
+  for (size_t i = 0; i < sample.size(); ++i) {
+    if (static_cast<int>(i % static_cast<size_t>(world)) != rank) continue;
+    const model::Batch row = loader.windows({sample[i]});  // (1, seq)
     const int64_t scored = count_scored(row);
     if (scored == 0) continue;  // a zero gradient: nothing to add
     ag::Tape tape;
@@ -24,15 +27,26 @@ PrivateGradient private_gradients(const model::Llama& model, const data::Loader&
       ag::TapeScope scope(tape);
       loss = model.loss(row, ag::Reduction::sum);
     }
-    sum += loss.value().item();
-    g.loss.scored += scored;
+    sums[0] += loss.value().item();
+    sums[1] += static_cast<double>(scored);
     tape.backward(loss, 1.0 / static_cast<double>(scored));  // the sequence's mean token loss
     dp.add_clipped();
     for (auto p : params) p.zero_grad();
   }
-  g.clipped = dp.clipped();
-  dp.release(step);
-  g.loss.loss = g.loss.scored > 0 ? sum / static_cast<double>(g.loss.scored) : NAN;
+  sums[2] = static_cast<double>(dp.clipped());
+  // The noise once, in rank 0's share, then the shares summed: every rank holds the release.
+  if (rank == 0) dp.add_noise(step);
+  if (world > 1) {
+    for (Tensor& s : dp.clipped_sum())
+      comm->wait(comm->start_all_reduce(s.data<float>(), s.numel(), "DP-SGD's clipped sums"));
+    comm->all_reduce_sum(sums, "DP-SGD's loss and counts");
+  }
+  dp.finish();
+  PrivateGradient g;
+  g.rows = static_cast<int64_t>(sample.size());
+  g.clipped = static_cast<int64_t>(sums[2]);
+  g.loss.scored = static_cast<int64_t>(sums[1]);
+  g.loss.loss = g.loss.scored > 0 ? sums[0] / sums[1] : NAN;
   return g;
 }
 

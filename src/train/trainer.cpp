@@ -421,10 +421,15 @@ bool TrainingRun::step(obs::Progress& progress) {
   AccumulatedLoss acc;
   std::optional<PrivateGradient> dp;
   if (dp_) {
-    dp = private_gradients(model_, data_.loader, *dp_, step + 1);
+    dp = private_gradients(model_, data_.loader, *dp_, step + 1, parallel_ ? &comm_ : nullptr);
     // Accounted on disk before anything the step changes is seen.
-    write_file_atomic(cfg_.dir / kPrivacyLedger, dp_->state().dump() + "\n");
+    if (lead_) write_file_atomic(cfg_.dir / kPrivacyLedger, dp_->state().dump() + "\n");
     acc = dp->loss;
+    if (parallel_) {  // the ranks stop together, as accumulate_gradients has them agree
+      double stopping[1] = {stop_all ? 1.0 : 0.0};
+      comm_.all_reduce_sum(stopping, "whether a rank stops");
+      stop_all = stopping[0] > 0;
+    }
   } else {
     std::vector<model::Batch> micro;
     micro.reserve(static_cast<size_t>(data_.accum));
@@ -585,8 +590,8 @@ void check_private_run(const TrainConfig& cfg, int world) {
                "[privacy]: DP-SGD runs on the CPU in float32 so far; set run.device = \"cpu\" "
                "and run.precision = \"f32\" (got \"",
                cfg.device, "\" and \"", cfg.precision, "\")");
-  POLLEN_CHECK(world == 1, "[privacy]: DP-SGD runs as one process so far; this job has ", world,
-               " ranks");
+  POLLEN_CHECK(world == 1 || cfg.zero == 0, "[privacy]: DP-SGD reduces whole gradients over the ",
+               world, " ranks, which parallel.zero = 1 would shard; leave parallel.zero at 0");
   POLLEN_CHECK(cfg.weights.empty(), "[privacy]: DP-SGD samples every sequence of the data with ",
                "the same probability, which data.weights would contradict; remove data.weights");
   // Evaluating on the very records trained on would publish a loss over them.

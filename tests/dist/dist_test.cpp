@@ -629,6 +629,39 @@ TEST(DataParallel, TwoAndThreeRanksTrainAsOneProcessAndRepeatBitwise) {
   }
 }
 
+// DP-SGD over ranks: every rank draws rank 0's sample and takes every world-th sequence of it,
+// rank 0 adds the noise: with a seeded sample and noise, 2 and 3 ranks train as one process does
+// and account the same epsilon.
+TEST(DataParallel, PrivateTrainingOverRanksReleasesWhatOneProcessDoes) {
+  const std::string privacy = "\n[privacy]\nclip = 1.0\nnoise_multiplier = 0.3\nnoise_seed = 11\n";
+  std::vector<double> one;
+  std::vector<int64_t> one_sampled;
+  double epsilon = 0;
+  for (int ranks : {1, 2, 3}) {
+    const fs::path d = temp_dir("private" + std::to_string(ranks));
+    const Outcome o = train(ranks, write_run(d, 6, privacy));
+    ASSERT_EQ(o.exit_code, 0) << o.output;
+    const auto losses = train_losses(d / "run");
+    std::vector<int64_t> sampled;
+    for (const auto& r : records(d / "run", "loss")) sampled.push_back(r["sampled"].get<int64_t>());
+    const double spent = summary(d / "run")["privacy"]["epsilon"].get<double>();
+    if (ranks == 1) {
+      one = losses;
+      one_sampled = sampled;
+      epsilon = spent;
+      ASSERT_EQ(one.size(), 6u);
+    } else {
+      expect_close(losses, one, 2e-5, std::to_string(ranks) + " private ranks");
+      EXPECT_EQ(sampled, one_sampled) << "every rank draws rank 0's sample";
+      EXPECT_EQ(spent, epsilon);
+    }
+  }
+  const fs::path d = temp_dir("private_zero");
+  const Outcome zero = train(2, write_run(d, 2, "zero = 1\n" + privacy));
+  EXPECT_NE(zero.exit_code, 0);
+  EXPECT_NE(zero.output.find("leave parallel.zero at 0"), std::string::npos) << zero.output;
+}
+
 TEST(DataParallel, ZeroShardsTheOptimizerStateAndTrainsAsPlainDataParallel) {
   const auto& ref = reference_losses();
   std::vector<double> replicated_bytes;
