@@ -36,13 +36,14 @@ PrivateGradient private_gradients(const model::Llama& model, const data::Loader&
   sums[2] = static_cast<double>(dp.clipped());
   // The noise once, in rank 0's share, then the shares summed: every rank holds the release.
   if (rank == 0) dp.add_noise(step);
+  PrivateGradient g;
   if (world > 1) {
     for (Tensor& s : dp.clipped_sum())
-      comm->wait(comm->start_all_reduce(s.data<float>(), s.numel(), "DP-SGD's clipped sums"));
+      g.reduce_wait_s +=
+          comm->wait(comm->start_all_reduce(s.data<float>(), s.numel(), "DP-SGD's clipped sums"));
     comm->all_reduce_sum(sums, "DP-SGD's loss and counts");
   }
   dp.finish();
-  PrivateGradient g;
   g.rows = static_cast<int64_t>(sample.size());
   g.clipped = static_cast<int64_t>(sums[2]);
   g.loss.scored = static_cast<int64_t>(sums[1]);

@@ -16,9 +16,10 @@
 namespace pollen::train {
 
 struct PrivateGradient {
-  AccumulatedLoss loss;  // over the sampled sequences' scored tokens (NaN when none scored)
-  int64_t rows = 0;      // sequences sampled
-  int64_t clipped = 0;   // of them, those whose gradient norm was above the clip
+  AccumulatedLoss loss;      // over the sampled sequences' scored tokens (NaN when none scored)
+  int64_t rows = 0;          // sequences sampled
+  int64_t clipped = 0;       // of them, those whose gradient norm was above the clip
+  double reduce_wait_s = 0;  // several ranks: seconds waiting for the clipped sums' reduction
 };
 
 // Step `step` (1-based) of DP-SGD over `loader`'s windows (Loader::windows_total()); with
