@@ -246,10 +246,10 @@ int64_t Loader::windows_total() const {
 
 model::Batch Loader::windows(const std::vector<int64_t>& windows) const {
   model::Batch b = empty_batch(static_cast<int64_t>(windows.size()));
+  const int64_t total = windows_total();
   for (size_t r = 0; r < windows.size(); ++r) {
     int64_t id = windows[r];
-    POLLEN_CHECK(id >= 0 && id < windows_total(), "loader: window ", id, " is not in [0, ",
-                 windows_total(), ")");
+    POLLEN_CHECK(id >= 0 && id < total, "loader: window ", id, " is not in [0, ", total, ")");
     uint32_t d = 0;
     while (id >= datasets_[d]->num_windows) id -= datasets_[d++]->num_windows;
     fill_row({d, static_cast<uint64_t>(id)}, static_cast<int64_t>(r), b);

@@ -63,15 +63,6 @@ LocalDpOptions read_local_dp_options(ConfigTable& t) {
   return o;
 }
 
-void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream) {
-  if (std == 0) return;
-  Rng rng = noise_rng(seed, stream);
-  for (Tensor& t : w) {
-    float* p = t.data<float>();
-    for (int64_t j = 0; j < t.numel(); ++j) p[j] = static_cast<float>(p[j] + std * rng.normal());
-  }
-}
-
 CentralDp::CentralDp(PrivacyOptions options, double poisson_rate, bool distributed)
     : options_(std::move(options)), poisson_rate_(poisson_rate), distributed_(distributed) {
   POLLEN_CHECK(options_.sampling == "fixed" || options_.poisson(),

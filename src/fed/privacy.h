@@ -76,6 +76,7 @@ class ConfigTable;
 
 namespace pollen::fed {
 
+using optim::add_gaussian_noise;
 using optim::Epsilon;
 using optim::noise_rng;  // the noise's generator
 using optim::PrivacyAccountant;
@@ -111,9 +112,6 @@ struct LocalDpOptions {
 };
 
 LocalDpOptions read_local_dp_options(ConfigTable& table);
-
-// Adds N(0, std^2) to every element of w, drawn from noise_rng(seed, stream).
-void add_gaussian_noise(Weights& w, double std, int64_t seed, uint64_t stream);
 
 // `accountant` after `rounds` more central-DP releases of noise multiplier z at sampling rate q,
 // by the analysis of privacy.sampling `sampling` (above).

@@ -20,6 +20,15 @@ Rng noise_rng(int64_t seed, uint64_t stream) {
   return Rng(key);
 }
 
+void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, uint64_t stream) {
+  if (std == 0) return;
+  Rng rng = noise_rng(seed, stream);
+  for (Tensor& t : tensors) {
+    float* p = t.data<float>();
+    for (int64_t j = 0; j < t.numel(); ++j) p[j] = static_cast<float>(p[j] + std * rng.normal());
+  }
+}
+
 double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_epsilon,
                                   double delta, double q, int64_t steps) {
   const auto epsilon_at = [&](double z) { return spent.after(q, z, steps).epsilon(delta).epsilon; };
@@ -101,19 +110,13 @@ double DpSgd::add_clipped() {
 }
 
 void DpSgd::add_noise(int64_t step) {
-  const double std = z_ * options_.clip;
-  Rng noise = noise_rng(options_.noise_seed, 2 * static_cast<uint64_t>(step) + 1);
-  for (Tensor& t : sum_) {
-    float* s = t.data<float>();
-    for (int64_t j = 0; j < t.numel(); ++j) s[j] = static_cast<float>(s[j] + std * noise.normal());
-  }
+  add_gaussian_noise(sum_, z_ * options_.clip, options_.noise_seed,
+                     2 * static_cast<uint64_t>(step) + 1);
 }
 
 void DpSgd::finish() {
-  const double denominator = static_cast<double>(expected_rows_);
   for (size_t i = 0; i < params_.size(); ++i) {
-    float* s = sum_[i].data<float>();
-    for (int64_t j = 0; j < sum_[i].numel(); ++j) s[j] = static_cast<float>(s[j] / denominator);
+    ops::scale_into(1.0 / static_cast<double>(expected_rows_), sum_[i], sum_[i]);
     params_[i].grad() = sum_[i];
   }
   sum_.clear();

@@ -36,6 +36,10 @@ struct DpSgdOptions {
 // The noise's generator: `seed` < 0 draws the key from the OS's CSPRNG, else Philox(seed, stream).
 Rng noise_rng(int64_t seed, uint64_t stream);
 
+// Adds N(0, std^2) to every element of `tensors` (float32, on the CPU), drawn from
+// noise_rng(seed, stream).
+void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, uint64_t stream);
+
 // The smallest noise multiplier z (to 0.1%; Opacus's get_noise_multiplier stops at a tolerance in
 // epsilon instead) at which `steps` more Poisson-sampled Gaussian
 // releases at rate q take `spent` to at most `target_epsilon` at `delta`; throws, saying so, when

@@ -18,11 +18,7 @@ using namespace pollen;
 namespace {
 
 fs::path temp_dir(const std::string& name) {
-  fs::path d =
-      fs::temp_directory_path() / ("pollen_init_from_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return test_support::fresh_temp_dir("init_from_" + name);
 }
 
 using test_support::train_quiet;

@@ -27,11 +27,7 @@ using test_support::train_quiet;
 namespace {
 
 fs::path temp_dir(const std::string& name) {
-  fs::path d =
-      fs::temp_directory_path() / ("pollen_private_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return test_support::fresh_temp_dir("private_" + name);
 }
 
 const fs::path& dataset() {

@@ -1,6 +1,8 @@
 #pragma once
 // A tiny dataset (token shards + manifest) and run file for trainer tests: documents count up
 // by one from a varying start, so a small model can learn them quickly.
+#include <unistd.h>
+
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,6 +12,15 @@
 #include "data/shards.h"
 
 namespace pollen::test_support {
+
+// An empty folder for one test: pollen_<name>_<pid> under the system's temp folder, emptied first.
+inline std::filesystem::path fresh_temp_dir(const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path d = fs::temp_directory_path() / ("pollen_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
 
 inline std::filesystem::path make_tiny_dataset(const std::filesystem::path& dir, int docs = 200) {
   namespace fs = std::filesystem;

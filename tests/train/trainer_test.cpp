@@ -33,11 +33,7 @@ using namespace pollen;
 namespace {
 
 fs::path temp_dir(const std::string& name) {
-  fs::path d =
-      fs::temp_directory_path() / ("pollen_train_" + name + "_" + std::to_string(getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
+  return test_support::fresh_temp_dir("train_" + name);
 }
 
 const fs::path& dataset() {
