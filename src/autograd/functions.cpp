@@ -3,12 +3,14 @@
 #include <cmath>
 #include <memory>
 
+#include "autograd/per_sample.h"
 #include "ops/attention.h"
 #include "ops/check.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
+#include "ops/per_sample.h"
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 
@@ -43,6 +45,58 @@ Tensor ones(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
+// Per-sample clipping: a linear layer's dw (M,K) and db (M), written later from dy (N,M) with
+// each sample's rows scaled.
+void defer_linear_grads(PerSampleGradients& ps, const NodePtr& wn, const NodePtr& bn,
+                        const Tensor& dy, const Tensor& x2) {
+  const int64_t rows = ps.rows(), n = dy.size(0), m = dy.size(1);
+  if (wn->requires_grad) {
+    ps.defer(wn.get(), ops::sample_outer_norms_sq(dy, x2, rows),
+             [wn, dy, x2, rows](const std::vector<double>& scale) {
+               // dw (M,K) += (scaled dy)^T (M,N) @ x (N,K)
+               ops::gemm(ops::scale_samples(dy, rows, scale), true,
+                         ops::without_left_out(x2, rows, scale), false, grad_buffer(wn), 1.0, 1.0);
+             });
+  }
+  if (bn && bn->requires_grad) {
+    // A sample's db is its column sums of dy: dy^T @ ones (rows,1).
+    ps.defer(bn.get(), ops::sample_outer_norms_sq(dy, ones({n, 1}, DType::f32, Device::cpu), rows),
+             [bn, dy, rows, n, m](const std::vector<double>& scale) {
+               Tensor db2 = grad_buffer(bn).view({1, m});
+               ops::gemm(ones({1, n}, DType::f32, Device::cpu), false,
+                         ops::scale_samples(dy, rows, scale), false, db2, 1.0, 1.0);
+             });
+  }
+}
+
+// Per-sample clipping: RMSNorm's dx now, and each sample's dw (C) kept to be summed scaled.
+Tensor rmsnorm_per_sample(PerSampleGradients& ps, const NodePtr& wn, const Tensor& dy,
+                          const Tensor& x2, const Tensor& w_value, const Tensor& rstd) {
+  const int64_t rows = ps.rows(), c = x2.size(1), samples = ps.samples();
+  POLLEN_CHECK(x2.size(0) == samples * rows, "per-sample clipping: rmsnorm over ", x2.size(0),
+               " rows, not ", samples, " samples of ", rows);
+  Tensor dx = empty_like(x2);
+  Tensor dws = Tensor::zeros({samples, c}, DType::f32);
+  std::vector<double> norms(static_cast<size_t>(samples));
+  for (int64_t s = 0; s < samples; ++s) {
+    const int64_t r0 = s * rows, r1 = r0 + rows;
+    Tensor dx_s = dx.slice(0, r0, r1), dw_s = dws.slice(0, s, s + 1).view({c});
+    ops::rmsnorm_backward(dy.slice(0, r0, r1), x2.slice(0, r0, r1), w_value, rstd.slice(0, r0, r1),
+                          dx_s, dw_s, false);
+    double& norm = norms[static_cast<size_t>(s)];
+    for (int64_t j = 0; j < c; ++j)
+      norm += static_cast<double>(dw_s.data<float>()[j]) * dw_s.data<float>()[j];
+  }
+  ps.defer(wn.get(), norms, [wn, dws, c](const std::vector<double>& scale) {
+    Tensor& dw = grad_buffer(wn);
+    for (size_t s = 0; s < scale.size(); ++s)
+      if (scale[s] != 0)
+        ops::axpy(scale[s],
+                  dws.slice(0, static_cast<int64_t>(s), static_cast<int64_t>(s) + 1).view({c}), dw);
+  });
+  return dx;
+}
+
 }  // namespace
 
 Var embedding(const Var& table, const Tensor& ids) {
@@ -59,6 +113,16 @@ Var embedding(const Var& table, const Tensor& ids) {
       rows = std::make_shared<const ops::EmbeddingRows>(
           ops::embedding_rows(ids.reshape({n}), table.size(0)));
     on_backward(y, [t = table.node(), ids = ids.reshape({n}), rows](const Tensor& dy) {
+      if (PerSampleGradients* ps = active_per_sample()) {
+        auto grads = std::make_shared<const std::vector<ops::SparseRows>>(
+            ops::embedding_sample_grads(dy, ids, ps->rows()));
+        std::vector<double> norms;
+        for (const ops::SparseRows& g : *grads) norms.push_back(g.norm_sq());
+        ps->defer(t.get(), norms, [t, grads](const std::vector<double>& scale) {
+          ops::add_scaled_sparse_rows(*grads, scale, grad_buffer(t));
+        });
+        return;
+      }
       ops::embedding_backward(dy, ids, grad_buffer(t), rows.get());
     });
   }
@@ -94,6 +158,10 @@ Var linear(const Var& x, const Var& w, const Var* bias) {
           accumulate(xn, dx);
         }
       }
+      if (PerSampleGradients* ps = active_per_sample()) {
+        defer_linear_grads(*ps, wn, bn, dy, x2);
+        return;
+      }
       if (wn->requires_grad) {  // dw (M,K) += dy^T (M,N) @ x (N,K)
         Tensor& dw = grad_buffer(wn);
         ops::gemm(dy, true, x2, false, dw, 1.0, 1.0);
@@ -119,6 +187,11 @@ Var rmsnorm(const Var& x, const Var& w, double eps) {
   if (record) {
     on_backward(
         out, [xn = x.node(), wn = w.node(), x2, w_value = w.value(), rstd](const Tensor& dy) {
+          PerSampleGradients* ps = active_per_sample();
+          if (ps && wn->requires_grad) {
+            accumulate(xn, rmsnorm_per_sample(*ps, wn, dy.reshape(x2.shape()), x2, w_value, rstd));
+            return;
+          }
           Tensor dx = empty_like(x2);
           Tensor dw_scratch;
           Tensor& dw = wn->requires_grad
@@ -223,11 +296,21 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
   int64_t count = 0;
   double loss = 0;
   ops::CrossEntropyGrads grads;
+  // Per-sample clipping: each sample's norm of the head's gradient now, from the logits' gradient
+  // of this pass; dw itself later, in a second pass over the logits with each sample's scale.
+  PerSampleGradients* ps = record && w.requires_grad() ? active_per_sample() : nullptr;
+  auto head_norms = std::make_shared<std::vector<double>>();
   if (record) {
     // The gradient comes out of the same pass as the loss (for d loss = 1); backward scales it.
     grads.dh = empty_like(h2);
     // A frozen head (LoRA without an lm_head adapter) needs no dw: its GEMM is skipped.
-    if (w.requires_grad()) grads.dw = Tensor::zeros(w.shape(), w.dtype(), w.value().device());
+    if (ps) {
+      head_norms->assign(static_cast<size_t>(ps->samples()), 0.0);
+      grads.sample_rows = ps->rows();
+      grads.sample_norms_sq = head_norms.get();
+    } else if (w.requires_grad()) {
+      grads.dw = Tensor::zeros(w.shape(), w.dtype(), w.value().device());
+    }
     const Tensor host_targets = tg.cpu();
     int64_t n_scored = 0;
     for (int64_t i = 0; i < tg.numel(); ++i) n_scored += host_targets.data<int32_t>()[i] >= 0;
@@ -241,13 +324,29 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
   // The loss is a host scalar in the statistics dtype: f32 for a bf16 model on the GPU.
   Var y = make_output(Tensor::full({1}, loss, ops::statistics_dtype(h.value())), record);
   if (record) {
-    on_backward(y, [hn = h.node(), wn = w.node(), grads](const Tensor& dy) mutable {
+    on_backward(y, [hn = h.node(), wn = w.node(), grads, ps, head_norms, h2, tg,
+                    w_value = w.value()](const Tensor& dy) mutable {
       const double s = dy.item();
       if (hn->requires_grad) {
         if (s != 1.0) ops::scale_into(s, grads.dh, grads.dh);
         accumulate(hn, grads.dh.view(hn->shape()));
       }
-      if (wn->requires_grad) {
+      if (ps) {
+        POLLEN_CHECK(active_per_sample() == ps, "per-sample clipping: the cross-entropy's ",
+                     "backward ran outside the pass that recorded it");
+        for (double& v : *head_norms) v *= s * s;
+        ps->defer(wn.get(), *head_norms,
+                  [wn, h2, tg, w_value, s, rows = ps->rows()](const std::vector<double>& scale) {
+                    ops::CrossEntropyGrads g;
+                    g.dw = grad_buffer(wn);
+                    g.grad_scale = s;
+                    g.sample_rows = rows;
+                    g.sample_scale = &scale;
+                    int64_t rows_scored = 0;
+                    ops::cross_entropy_forward(ops::without_left_out(h2, rows, scale), w_value, tg,
+                                               &rows_scored, &g);
+                  });
+      } else if (wn->requires_grad) {
         if (wn->grad.defined()) {
           ops::axpy(s, grads.dw, wn->grad);
         } else {

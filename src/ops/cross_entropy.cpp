@@ -12,6 +12,7 @@
 #include "ops/cpu/kernels.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/weight_grad_sum.h"
+#include "ops/per_sample.h"
 #include "ops/profile.h"
 
 namespace pollen::ops {
@@ -64,10 +65,11 @@ T exp_in_place_sum(T* row, int64_t v, T mx) {
 }
 
 // One block of rows: logits (nb,V) -> per-row loss; when want_grad, the logits are replaced by
-// their gradient grad_scale * (softmax - onehot(target)) (zero for unscored rows).
+// their gradient grad_scale * row_scale[i] * (softmax - onehot(target)) (zero for unscored rows
+// and rows of scale 0; row_scale null: 1).
 template <typename T>
 void softmax_rows(T* logits, const int32_t* targets, int64_t nb, int64_t v, double* row_loss,
-                  bool want_grad, T grad_scale) {
+                  bool want_grad, T grad_scale, const double* row_scale = nullptr) {
   parallel_for(nb, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t i = lo; i < hi; ++i) {
       T* row = logits + i * v;
@@ -82,9 +84,14 @@ void softmax_rows(T* logits, const int32_t* targets, int64_t nb, int64_t v, doub
       const T sum = exp_in_place_sum(row, v, mx);
       row_loss[i] = static_cast<double>(mx) + std::log(static_cast<double>(sum)) - target_logit;
       if (want_grad) {
-        const T inv = grad_scale / sum;
+        const T scale = row_scale ? grad_scale * static_cast<T>(row_scale[i]) : grad_scale;
+        if (scale == T(0)) {
+          std::fill(row, row + v, T(0));
+          continue;
+        }
+        const T inv = scale / sum;
         for (int64_t j = 0; j < v; ++j) row[j] *= inv;
-        row[t] -= grad_scale;
+        row[t] -= scale;
       }
     }
   });
@@ -161,12 +168,24 @@ double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& tar
     count += tg[i] >= 0;
   }
   *scored = count;
+  const int64_t sample_rows = grads ? grads->sample_rows : 0;
   if (grads) {
-    expect("cross_entropy", "dh", grads->dh, {n, c}, dt, dev);
+    if (grads->dh.defined()) expect("cross_entropy", "dh", grads->dh, {n, c}, dt, dev);
     if (grads->dw.defined()) expect("cross_entropy", "dw", grads->dw, {v, c}, dt, dev);
+    if (sample_rows > 0) {
+      POLLEN_CHECK(dev == Device::cpu && dt == DType::f32 && n % sample_rows == 0,
+                   "cross_entropy: per-sample clipping runs in float32 on the CPU over whole ",
+                   "samples; got ", n, " rows for samples of ", sample_rows);
+      const size_t samples = static_cast<size_t>(n / sample_rows);
+      POLLEN_CHECK((!grads->sample_norms_sq || grads->sample_norms_sq->size() == samples) &&
+                       (!grads->sample_scale || grads->sample_scale->size() == samples),
+                   "cross_entropy: expected one norm and one scale per sample (", samples, ")");
+    }
   }
   if (block_rows <= 0) block_rows = cross_entropy_default_block_rows(v, dev);
   block_rows = std::min(block_rows, std::max<int64_t>(n, 1));
+  // Per-sample clipping: blocks of whole samples, so that a sample's norm comes from one block.
+  if (sample_rows > 0) block_rows = std::max<int64_t>(1, block_rows / sample_rows) * sample_rows;
 
   std::vector<double> row_loss(static_cast<size_t>(n));
 #if POLLEN_HAVE_CUDA
@@ -179,17 +198,33 @@ double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& tar
 #endif
   dispatch_float("cross_entropy", dt, [&]<typename T>(T) {
     Tensor logits = Tensor::empty({block_rows, v}, dt);
+    std::vector<double> row_scale;  // per-sample clipping's scales, by row
     for (int64_t r0 = 0; r0 < n; r0 += block_rows) {
       const int64_t nb = std::min(block_rows, n - r0);
       const T* hb = h.data<T>() + r0 * c;
       T* lg = logits.data<T>();
       cpu::gemm<T>(hb, false, w.data<T>(), true, lg, nb, v, c, T(1), T(0));  // (nb,V) = hb w^T
+      if (grads && grads->sample_scale) {
+        row_scale.resize(static_cast<size_t>(nb));
+        for (int64_t i = 0; i < nb; ++i)
+          row_scale[static_cast<size_t>(i)] =
+              (*grads->sample_scale)[static_cast<size_t>((r0 + i) / sample_rows)];
+      }
       softmax_rows<T>(lg, tg + r0, nb, v, row_loss.data() + r0, grads != nullptr,
-                      static_cast<T>(grads ? grads->grad_scale : 1.0));
+                      static_cast<T>(grads ? grads->grad_scale : 1.0),
+                      row_scale.empty() ? nullptr : row_scale.data());
+      if (grads && grads->sample_norms_sq) {
+        if constexpr (std::is_same_v<T, float>) {
+          for (int64_t i = 0; i < nb; i += sample_rows)  // a sample's dw: g_s^T (V,rows) @ h_s
+            (*grads->sample_norms_sq)[static_cast<size_t>((r0 + i) / sample_rows)] +=
+                outer_product_norm_sq(lg + i * v, v, hb + i * c, c, sample_rows);
+        }
+      }
       if (grads) {
         // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
-        cpu::gemm<T>(lg, false, w.data<T>(), false, grads->dh.data<T>() + r0 * c, nb, c, v, T(1),
-                     T(0));
+        if (grads->dh.defined())
+          cpu::gemm<T>(lg, false, w.data<T>(), false, grads->dh.data<T>() + r0 * c, nb, c, v, T(1),
+                       T(0));
         if (grads->dw.defined())
           cpu::gemm<T>(lg, true, hb, false, grads->dw.data<T>(), v, c, nb, T(1), T(1));
       }

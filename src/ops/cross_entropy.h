@@ -2,6 +2,7 @@
 // Cross-entropy fused with the output projection (the LM head), computed over blocks of rows so
 // that at most (block_rows, V) logits exist at a time and none are kept for backward.
 #include <cstdint>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -14,6 +15,14 @@ struct CrossEntropyGrads {
   Tensor dw;  // (V,C): accumulated with grad_scale * d(loss_sum)/dw; undefined: not computed (a
               // frozen head), which saves a GEMM per block
   double grad_scale = 1.0;
+  // Per-sample clipping (CPU, autograd/per_sample.h): samples of sample_rows consecutive rows.
+  // With sample_norms_sq, each sample's ||dw||^2 (its part of dw, grad_scale included) is added
+  // to (*sample_norms_sq)[sample]; with sample_scale, each sample's rows of the gradient are
+  // multiplied by its scale before dh and dw (a scale of 0 leaves the sample out). dh undefined:
+  // not computed.
+  int64_t sample_rows = 0;
+  std::vector<double>* sample_norms_sq = nullptr;
+  const std::vector<double>* sample_scale = nullptr;
 };
 
 // On the GPU h, w, dh and dw are f32 or bf16: each block's logits are fp32 (block_rows, V), as

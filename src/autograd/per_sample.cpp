@@ -1,0 +1,42 @@
+#include "autograd/per_sample.h"
+
+#include "base/error.h"
+
+namespace pollen::ag {
+namespace {
+thread_local PerSampleGradients* t_per_sample = nullptr;
+}
+
+PerSampleGradients::PerSampleGradients(int64_t samples, int64_t rows)
+    : rows_(rows), norms_sq_(static_cast<size_t>(samples), 0.0), previous_(t_per_sample) {
+  POLLEN_CHECK(samples > 0 && rows > 0, "per-sample clipping: expected samples and rows > 0, got ",
+               samples, " and ", rows);
+  t_per_sample = this;
+}
+
+PerSampleGradients::~PerSampleGradients() {
+  t_per_sample = previous_;
+}
+
+void PerSampleGradients::defer(const VarNode* param, const std::vector<double>& norms_sq,
+                               Writer write) {
+  POLLEN_CHECK(params_.insert(param).second, "per-sample clipping: a parameter is used twice ",
+               "in one pass (tied weights), so its per-sample norm is not the sum of its uses");
+  POLLEN_CHECK(norms_sq.size() == norms_sq_.size(), "per-sample clipping: ", norms_sq.size(),
+               " norms for ", norms_sq_.size(), " samples");
+  for (size_t s = 0; s < norms_sq.size(); ++s) norms_sq_[s] += norms_sq[s];
+  writers_.push_back(std::move(write));
+}
+
+void PerSampleGradients::write(const std::vector<double>& scale) {
+  POLLEN_CHECK(scale.size() == norms_sq_.size(), "per-sample clipping: ", scale.size(),
+               " scales for ", norms_sq_.size(), " samples");
+  for (Writer& w : writers_) w(scale);
+  writers_.clear();
+}
+
+PerSampleGradients* active_per_sample() {
+  return t_per_sample;
+}
+
+}  // namespace pollen::ag
