@@ -1,6 +1,7 @@
 // `pollen bench step` (training-step throughput on random tokens) and `pollen bench gemm`
 // (the GEMM ceiling), each printing one JSON line.
 #include <cstdio>
+#include <map>
 #include <memory>
 
 #include "base/thread_pool.h"
@@ -47,6 +48,25 @@ void add_bench_command(CLI::App& app) {
   step->add_flag("--profile", opts->profile,
                  "Time the timed steps op by op (GPU time on cuda): a table on stderr, and the "
                  "JSON line's \"ops\" (calls and ms per step of each op, the most time first)");
+  step->add_option("--dp-clip", opts->dp_clip,
+                   "DP-SGD steps (CPU): each row's gradient clipped to this L2 norm on its own, "
+                   "then noised (0: plain steps)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  step->add_option("--dp-noise", opts->dp_noise,
+                   "With --dp-clip: the noise multiplier z (noise std z times the clip)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  const std::map<std::string, train::ClipMethod> clippings{
+      {"auto", train::ClipMethod::automatic},
+      {"batched", train::ClipMethod::batched},
+      {"one-by-one", train::ClipMethod::one_by_one}};
+  step->add_option("--dp-clipping", opts->dp_clipping,
+                   "With --dp-clip: batched (every row's norm in one forward and backward), "
+                   "one-by-one (a forward and backward per row), or auto (the one estimated "
+                   "cheaper, as pollen train chooses)")
+      ->transform(CLI::CheckedTransformer(clippings, CLI::ignore_case))
+      ->capture_default_str();
   step->callback([model, opts, device, compute] {
     opts->device = parse_device(*device);
     opts->compute = *compute == "bf16" ? DType::bf16 : DType::f32;

@@ -292,7 +292,8 @@ void LocalTrainer::step_with_lr(const optim::Schedule& sched, int64_t s) {
 }
 
 train::AccumulatedLoss LocalTrainer::private_step(const Weights& anchor) {
-  const train::PrivateGradient g = train::private_gradients(model_, *train_, *dp_, step_ + 1);
+  const train::PrivateGradient g =
+      train::private_gradients(model_, *train_, *dp_, step_ + 1, config_.train.micro_batch);
   // Accounted on disk before the step's update can leave the silo.
   write_file_atomic(config_.state_dir / kDpSgdLedger, dp_->state().dump() + "\n");
   if (!anchor.empty()) {  // FedProx's term, data-free: added to the released gradient

@@ -3,10 +3,12 @@
 #include <openssl/rand.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 
 #include "base/error.h"
+#include "base/thread_pool.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
 
@@ -22,11 +24,33 @@ Rng noise_rng(int64_t seed, uint64_t stream) {
 
 void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, uint64_t stream) {
   if (std == 0) return;
-  Rng rng = noise_rng(seed, stream);
+  const Rng rng = noise_rng(seed, stream);
+  // Elements 2i and 2i + 1 of the tensors in order take the pair Box-Muller makes of Philox block
+  // i (two 53-bit uniforms): any split of the blocks over threads draws the same noise.
+  std::vector<float*> data;
+  std::vector<int64_t> starts{0};  // each tensor's first element, then the total
   for (Tensor& t : tensors) {
-    float* p = t.data<float>();
-    for (int64_t j = 0; j < t.numel(); ++j) p[j] = static_cast<float>(p[j] + std * rng.normal());
+    data.push_back(t.data<float>());
+    starts.push_back(starts.back() + t.numel());
   }
+  const auto uniform = [](uint32_t hi, uint32_t lo) {
+    const uint64_t bits = (static_cast<uint64_t>(hi) << 32) | lo;
+    return std::max(static_cast<double>(bits >> 11) * 0x1.0p-53, 1e-300);
+  };
+  parallel_for((starts.back() + 1) / 2, 4096, [&](int64_t lo, int64_t hi) {
+    size_t t = 0;
+    for (int64_t block = lo; block < hi; ++block) {
+      const std::array<uint32_t, 4> bits = philox4x32(rng.seed(), 0, rng.offset() + block);
+      const double r = std::sqrt(-2.0 * std::log(uniform(bits[0], bits[1])));
+      const double theta = 2.0 * M_PI * uniform(bits[2], bits[3]);
+      const double pair[2] = {r * std::cos(theta), r * std::sin(theta)};
+      for (int64_t e = 2 * block; e < std::min(2 * block + 2, starts.back()); ++e) {
+        while (e >= starts[t + 1]) ++t;
+        float& x = data[t][e - starts[t]];
+        x = static_cast<float>(x + std * pair[e - 2 * block]);
+      }
+    }
+  });
 }
 
 double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_epsilon,
@@ -95,18 +119,25 @@ double DpSgd::add_clipped() {
   for (const auto& p : params_)
     if (p.grad().defined()) grads.push_back(p.grad());
   const double norm = std::sqrt(ops::sum_of_squares(grads));
-  // A non-finite gradient is left out, as if clipped to zero: one sequence must not decide
-  // whether the step's update happens.
-  if (!std::isfinite(norm)) {
-    ++clipped_;
-    return norm;
-  }
-  // Opacus's factor: C / (norm + 1e-6), at most 1.
-  const double factor = std::min(1.0, options_.clip / (norm + 1e-6));
-  clipped_ += factor < 1.0;
+  const double factor = clip_factor(norm);
+  if (factor == 0) return norm;
   for (size_t i = 0; i < params_.size(); ++i)
     if (params_[i].grad().defined()) ops::axpy(factor, params_[i].grad(), sum_[i]);
   return norm;
+}
+
+double DpSgd::clip_factor(double norm) {
+  // A non-finite gradient is left out, as if clipped to zero: one sequence must not decide
+  // whether the step's update happens.
+  // Opacus's factor: C / (norm + 1e-6), at most 1.
+  const double factor = std::isfinite(norm) ? std::min(1.0, options_.clip / (norm + 1e-6)) : 0.0;
+  clipped_ += factor < 1.0;
+  return factor;
+}
+
+void DpSgd::add_gradients() {
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].grad().defined()) ops::axpy(1.0, params_[i].grad(), sum_[i]);
 }
 
 void DpSgd::add_noise(int64_t step) {

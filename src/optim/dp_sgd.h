@@ -67,6 +67,12 @@ class DpSgd {
   // Adds the parameters' gradients clipped to C (nothing when their norm is not finite, which
   // counts as clipped); returns their norm before clipping.
   double add_clipped();
+  // Clipping a batch at once (autograd/per_sample.h): the factor of a sequence whose gradient has
+  // this norm, min(1, C / (norm + 1e-6)) as Opacus's, or 0 when the norm is not finite; counts
+  // the sequence as clipped when below 1. Then add_gradients adds the parameters' gradients (the
+  // sum of the gradients so scaled) to the clipped sum.
+  double clip_factor(double norm);
+  void add_gradients();
   // Adds N(0, (z C)^2 I) to the clipped sum.
   void add_noise(int64_t step);
   // Each parameter's clipped sum (float32, on the CPU), for a reduction over ranks.

@@ -22,10 +22,33 @@ struct PrivateGradient {
   double reduce_wait_s = 0;  // several ranks: seconds waiting for the clipped sums' reduction
 };
 
+struct ClippedRows {
+  double loss_sum = 0;  // summed over the rows' scored tokens
+  int64_t scored = 0;   // scored tokens
+};
+
+// How each sequence's gradient is taken and clipped:
+// - batched: `chunk_rows` rows at a time through one forward and one backward pass that clip
+//   each row's gradient (autograd/per_sample.h); extra FLOPs for the norms, which grow with seq;
+// - one_by_one: a forward and a backward per row, whose gradient is then clipped and added; three
+//   extra passes over every parameter's gradient per row, and narrow GEMMs;
+// - automatic: batched when the estimate says it costs less (batched_clipping_is_cheaper) and no
+//   weights are tied (a tied weight's norm is not the sum of its uses'), else one_by_one.
+enum class ClipMethod { automatic, batched, one_by_one };
+
+// True when, by FLOPs, a row's batched clipping costs less than one row's pass on its own.
+bool batched_clipping_is_cheaper(const model::LlamaConfig& config, int64_t seq);
+
+// Adds the gradient of each row's mean token loss, clipped, to dp's sum (after dp.begin()):
+// rows (R, seq), each one sequence; a row that scores no token adds nothing.
+ClippedRows add_clipped_rows(const model::Llama& model, const model::Batch& rows, optim::DpSgd& dp,
+                             int64_t chunk_rows, ClipMethod method = ClipMethod::automatic);
+
 // Step `step` (1-based) of DP-SGD over `loader`'s windows (Loader::windows_total()); with
 // `comm` of several ranks, a collective whose result every rank holds.
+// `chunk_rows`: as add_clipped_rows's.
 PrivateGradient private_gradients(const model::Llama& model, const data::Loader& loader,
-                                  optim::DpSgd& dp, int64_t step,
+                                  optim::DpSgd& dp, int64_t step, int64_t chunk_rows,
                                   dist::Communicator* comm = nullptr);
 
 }  // namespace pollen::train

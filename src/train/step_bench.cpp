@@ -11,6 +11,7 @@
 #include "model/llama.h"
 #include "ops/profile.h"
 #include "optim/adamw.h"
+#include "optim/dp_sgd.h"
 #include "tensor/allocator.h"
 #include "tensor/cuda_memory.h"
 
@@ -101,21 +102,39 @@ StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBench
         static_cast<int32_t>(rng.below(static_cast<uint64_t>(config.vocab_size)));
   }
   const model::Batch batch = model::Batch::contiguous_rows(tokens, targets);
+  std::optional<optim::DpSgd> dp;
+  if (o.dp_clip > 0) {
+    POLLEN_CHECK(!gpu, "bench step: --dp-clip runs on the CPU only");
+    // Every row in every step (q = 1): the cost of a step, not a privacy guarantee.
+    dp.emplace(optim::DpSgdOptions{.enabled = true,
+                                   .clip = o.dp_clip,
+                                   .noise_multiplier = o.dp_noise,
+                                   .delta = 1e-5,
+                                   .noise_seed = static_cast<int64_t>(o.seed)},
+               o.batch, o.batch, o.warmup + o.steps);
+  }
 
   double loss = 0;
   std::vector<double> losses;
   std::optional<ops::OpProfile> profile;  // active over the timed steps alone
   auto one_step = [&] {
-    ag::Tape tape;
-    ag::Var l;
-    {
-      ag::TapeScope scope(tape);
-      l = model.loss(batch);
+    if (dp) {
+      dp->begin(model.parameters());
+      const ClippedRows c = add_clipped_rows(model, batch, *dp, o.batch, o.dp_clipping);
+      dp->release(static_cast<int64_t>(losses.size()) + 1);
+      loss = c.loss_sum / static_cast<double>(c.scored);
+    } else {
+      ag::Tape tape;
+      ag::Var l;
+      {
+        ag::TapeScope scope(tape);
+        l = model.loss(batch);
+      }
+      tape.backward(l);
+      loss = l.value().item();  // computed on the host; the GPU may still be stepping
     }
-    tape.backward(l);
     opt.step(3e-4);
     opt.zero_grad();
-    loss = l.value().item();  // computed on the host; the GPU may still be stepping
     if (gpu) cuda::synchronize();
     if (profile) profile->settle();  // the GPU is done: reading its events waits for nothing
     losses.push_back(loss);

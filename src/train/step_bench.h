@@ -9,6 +9,7 @@
 #include "model/config.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
+#include "train/private_gradients.h"
 
 namespace pollen::train {
 
@@ -21,6 +22,10 @@ struct StepBenchOptions {
   // f32, or bf16 (GPU only): the model computes in bf16 while AdamW keeps f32 master weights.
   DType compute = DType::f32;
   bool profile = false;  // time the timed steps op by op (ops/profile.h)
+  // > 0: DP-SGD steps (optim/dp_sgd.h): every row's gradient clipped to dp_clip on its own, and
+  // N(0, (dp_noise dp_clip)^2) added to their sum (CPU, f32).
+  double dp_clip = 0, dp_noise = 0;
+  ClipMethod dp_clipping = ClipMethod::automatic;  // how each row is clipped
 };
 
 // One op's share of a timed step (with StepBenchOptions::profile).

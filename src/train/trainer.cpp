@@ -421,7 +421,8 @@ bool TrainingRun::step(obs::Progress& progress) {
   AccumulatedLoss acc;
   std::optional<PrivateGradient> dp;
   if (dp_) {
-    dp = private_gradients(model_, data_.loader, *dp_, step + 1, parallel_ ? &comm_ : nullptr);
+    dp = private_gradients(model_, data_.loader, *dp_, step + 1, cfg_.micro_batch,
+                           parallel_ ? &comm_ : nullptr);
     reduce_wait = dp->reduce_wait_s;
     // Accounted on disk before anything the step changes is seen.
     if (lead_) write_file_atomic(cfg_.dir / kPrivacyLedger, dp_->state().dump() + "\n");

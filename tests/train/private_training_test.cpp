@@ -77,6 +77,8 @@ std::string final_weights(const fs::path& run, int64_t step) {
 
 }  // namespace
 
+// Each way of clipping (train::ClipMethod) against each sampled sequence's gradient clipped by
+// hand in float64, with a clip between the norms: some sequences are clipped, some are not.
 TEST(PrivateTraining, TheStepsGradientIsTheMeanOfEachSequencesClippedGradient) {
   const train::TrainConfig c = tiny(temp_dir("grad"), 10);
   const model::Llama model(c.model, 3);
@@ -97,33 +99,58 @@ TEST(PrivateTraining, TheStepsGradientIsTheMeanOfEachSequencesClippedGradient) {
       for (double v : t) squares += v * v;
     norms.push_back(std::sqrt(squares));
   }
-  // A clip between the norms: some sequences are clipped, some are not.
   std::vector<double> sorted = norms;
   std::sort(sorted.begin(), sorted.end());
   const size_t half = sorted.size() / 2;
   o.clip = (sorted[half - 1] + sorted[half]) / 2;
-  optim::DpSgd dp(o, loader.windows_total(), expected_rows, 10);
-  const train::PrivateGradient got = train::private_gradients(model, loader, dp, 5);
-  EXPECT_EQ(got.rows, static_cast<int64_t>(sample.size()));
-  EXPECT_EQ(got.clipped,
-            std::count_if(norms.begin(), norms.end(), [&](double n) { return n > o.clip; }));
-  EXPECT_GT(got.clipped, 0);
-  EXPECT_LT(got.clipped, got.rows);
+  const int64_t clipped =
+      std::count_if(norms.begin(), norms.end(), [&](double n) { return n > o.clip; });
+  ASSERT_GT(clipped, 0);
+  ASSERT_LT(clipped, static_cast<int64_t>(sample.size()));
   // sum_i min(1, C / |g_i|) g_i / B, against what the step left in the parameters' grads.
   const std::vector<ag::Var> params = model.parameters();
-  double error = 0, reference = 0;
-  for (size_t p = 0; p < params.size(); ++p) {
-    const float* g = params[p].grad().data<float>();
-    for (size_t j = 0; j < grads[0][p].size(); ++j) {
-      double want = 0;
-      for (size_t i = 0; i < grads.size(); ++i)
-        want += std::min(1.0, o.clip / (norms[i] + 1e-6)) * grads[i][p][j];
-      want /= static_cast<double>(expected_rows);
-      error += (g[j] - want) * (g[j] - want);
-      reference += want * want;
+  auto relative_error = [&] {
+    double error = 0, reference = 0;
+    for (size_t p = 0; p < params.size(); ++p) {
+      const float* g = params[p].grad().data<float>();
+      for (size_t j = 0; j < grads[0][p].size(); ++j) {
+        double want = 0;
+        for (size_t i = 0; i < grads.size(); ++i)
+          want += std::min(1.0, o.clip / (norms[i] + 1e-6)) * grads[i][p][j];
+        want /= static_cast<double>(expected_rows);
+        error += (g[j] - want) * (g[j] - want);
+        reference += want * want;
+      }
     }
+    return std::sqrt(error / reference);
+  };
+  // The trainer's way: whole sample, automatic choice (batched for this short sequence).
+  ASSERT_TRUE(train::batched_clipping_is_cheaper(c.model, c.seq));
+  {
+    optim::DpSgd dp(o, loader.windows_total(), expected_rows, 10);
+    const train::PrivateGradient got =
+        train::private_gradients(model, loader, dp, 5, c.micro_batch);
+    EXPECT_EQ(got.rows, static_cast<int64_t>(sample.size()));
+    EXPECT_EQ(got.clipped, clipped);
+    EXPECT_LT(relative_error(), 1e-5);
   }
-  EXPECT_LT(std::sqrt(error / reference), 1e-5);
+  // Each way by name; batched in passes of 1, 2 and every row.
+  const model::Batch rows = loader.windows(sample);
+  const std::pair<train::ClipMethod, int64_t> ways[] = {{train::ClipMethod::one_by_one, 1},
+                                                        {train::ClipMethod::batched, 1},
+                                                        {train::ClipMethod::batched, 2},
+                                                        {train::ClipMethod::batched, 64}};
+  for (const auto& [method, chunk] : ways) {
+    SCOPED_TRACE("method " + std::to_string(static_cast<int>(method)) + ", rows per pass " +
+                 std::to_string(chunk));
+    for (auto p : params) p.zero_grad();  // the last way's release
+    optim::DpSgd dp(o, loader.windows_total(), expected_rows, 10);
+    dp.begin(params);
+    train::add_clipped_rows(model, rows, dp, chunk, method);
+    EXPECT_EQ(dp.clipped(), clipped);
+    dp.release(5);
+    EXPECT_LT(relative_error(), 1e-5);
+  }
 }
 
 TEST(PrivateTraining, APreemptedRunResumesBitwiseAndReportsTheEpsilonItSpent) {
