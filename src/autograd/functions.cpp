@@ -336,10 +336,11 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
                      "backward ran outside the pass that recorded it");
         for (double& v : *head_norms) v *= s * s;
         ps->defer(wn.get(), *head_norms,
-                  [wn, h2, tg, w_value, s, rows = ps->rows()](const std::vector<double>& scale) {
+                  [wn, h2, tg, w_value, grad_scale = s * grads.grad_scale,
+                   rows = ps->rows()](const std::vector<double>& scale) {
                     ops::CrossEntropyGrads g;
                     g.dw = grad_buffer(wn);
-                    g.grad_scale = s;
+                    g.grad_scale = grad_scale;
                     g.sample_rows = rows;
                     g.sample_scale = &scale;
                     int64_t rows_scored = 0;

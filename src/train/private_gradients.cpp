@@ -98,13 +98,16 @@ bool batched_clipping_is_cheaper(const model::LlamaConfig& c, int64_t seq) {
   return batched < one_by_one;
 }
 
+ClipMethod automatic_clip_method(const model::LlamaConfig& config, int64_t seq) {
+  return !config.tie_word_embeddings && batched_clipping_is_cheaper(config, seq)
+             ? ClipMethod::batched
+             : ClipMethod::one_by_one;
+}
+
 ClippedRows add_clipped_rows(const model::Llama& model, const model::Batch& rows, optim::DpSgd& dp,
                              int64_t chunk_rows, ClipMethod method) {
   if (method == ClipMethod::automatic)
-    method = !model.config().tie_word_embeddings &&
-                     batched_clipping_is_cheaper(model.config(), rows.tokens.size(1))
-                 ? ClipMethod::batched
-                 : ClipMethod::one_by_one;
+    method = automatic_clip_method(model.config(), rows.tokens.size(1));
   if (method == ClipMethod::one_by_one) return add_clipped_one_by_one(model, rows, dp);
   POLLEN_CHECK(chunk_rows > 0, "privacy: rows per pass must be positive, got ", chunk_rows);
   ClippedRows sums;

@@ -38,6 +38,8 @@ enum class ClipMethod { automatic, batched, one_by_one };
 
 // True when, by FLOPs, a row's batched clipping costs less than one row's pass on its own.
 bool batched_clipping_is_cheaper(const model::LlamaConfig& config, int64_t seq);
+// The way `automatic` takes for this model and seq.
+ClipMethod automatic_clip_method(const model::LlamaConfig& config, int64_t seq);
 
 // Adds the gradient of each row's mean token loss, clipped, to dp's sum (after dp.begin()):
 // rows (R, seq), each one sequence; a row that scores no token adds nothing.

@@ -395,7 +395,9 @@ void TrainingRun::log_start(bool nccl) {
               cfg_.privacy.target_epsilon > 0 ? " (calibrated)" : "", "; epsilon ",
               dp_->epsilon().epsilon, " now, ", dp_->epsilon_after(left).epsilon, " after ", left,
               " more steps, at delta ", dp_->delta(),
-              "; each sequence's gradient is computed on its own (train.micro_batch unused)");
+              automatic_clip_method(cfg_.model, cfg_.seq) == ClipMethod::batched
+                  ? "; each sequence's gradient clipped in passes of train.micro_batch sequences"
+                  : "; each sequence's gradient computed and clipped in a pass of its own");
   }
 }
 
