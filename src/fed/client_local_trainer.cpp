@@ -163,15 +163,18 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
 
 void LocalTrainer::open_dp_sgd() {
   const ClientConfig& c = config_;
-  POLLEN_CHECK(comm_->world() == 1 && device_ == Device::cpu && c.train.precision == "f32",
-               "client '", c.id, "': [dp_sgd] runs as one process on the CPU in float32 so far");
+  POLLEN_CHECK(device_ == Device::cpu && c.train.precision == "f32", "client '", c.id,
+               "': [dp_sgd] runs on the CPU in float32 so far");
+  POLLEN_CHECK(!zero_, "client '", c.id, "': [dp_sgd] does not run with parallel.zero = 1 so far");
   POLLEN_CHECK(!c.state_dir.empty(), "client '", c.id,
                "': [dp_sgd] keeps its accountant in client.state_dir, so that a restarted client "
                "counts every local step it ran; set client.state_dir (in a simulation, leave "
                "sim.client_states on)");
   dp_.emplace(c.dp_sgd, train_->windows_total(), c.train.micro_batch * c.train.accumulation, 1);
   // Never rolled back with the state: a step that ran was released, whatever became of its round.
+  // Rank 0 writes it; every rank reads it, as the client's state.
   const std::filesystem::path ledger = c.state_dir / kDpSgdLedger;
+  if (comm_->rank() == 0) std::filesystem::create_directories(c.state_dir);
   if (std::filesystem::exists(ledger)) {
     try {
       dp_->restore_accountant(nlohmann::json::parse(read_file(ledger)));
@@ -292,10 +295,13 @@ void LocalTrainer::step_with_lr(const optim::Schedule& sched, int64_t s) {
 }
 
 train::AccumulatedLoss LocalTrainer::private_step(const Weights& anchor) {
+  // Several ranks: each clips its share of rank 0's sample, and every rank holds the release.
   const train::PrivateGradient g =
-      train::private_gradients(model_, *train_, *dp_, step_ + 1, config_.train.micro_batch);
+      train::private_gradients(model_, *train_, *dp_, step_ + 1, config_.train.micro_batch,
+                               comm_->world() > 1 ? comm_ : nullptr);
   // Accounted on disk before the step's update can leave the silo.
-  write_file_atomic(config_.state_dir / kDpSgdLedger, dp_->state().dump() + "\n");
+  if (comm_->rank() == 0)
+    write_file_atomic(config_.state_dir / kDpSgdLedger, dp_->state().dump() + "\n");
   if (!anchor.empty()) {  // FedProx's term, data-free: added to the released gradient
     std::vector<Tensor> released;
     for (const auto& p : params_) released.push_back(p.grad());

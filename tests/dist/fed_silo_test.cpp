@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "base/files.h"
 #include "fed/fixtures.h"
@@ -41,10 +42,11 @@ struct Federation {
 // the only client's pseudo-gradient; or `strategy`) and its client: a global batch of 4 rows per
 // step (2 rows, 2 micro-steps in one process; 1 micro-step of 2 rows per rank on 2 ranks),
 // evaluation every round, the client's state under state/ (unless not `keep_state`), `train` added
-// to its [train] and `strategy_keys` to the server's [strategy].
+// to its [train], `strategy_keys` to the server's [strategy] and `client_keys` to its [client].
 Federation write_federation(const std::string& name, const std::string& parallel = "",
                             const std::string& strategy = "fedavg", const std::string& train = "",
-                            const std::string& strategy_keys = "", bool keep_state = true) {
+                            const std::string& strategy_keys = "", bool keep_state = true,
+                            const std::string& client_keys = "") {
   Federation f{temp_dir(name), loopback_address()};
   write_file_atomic(
       f.dir / "fed.toml",
@@ -55,6 +57,7 @@ Federation write_federation(const std::string& name, const std::string& parallel
   write_file_atomic(
       f.dir / "client.toml",
       cat("[client]\nid = 'silo-0'\nserver = '", f.address(), "'\nseed = 100\nthreads = 1\n",
+          client_keys,
           keep_state ? cat("state_dir = '", (f.dir / "state").string(), "'\n") : std::string(),
           "[data]\nmanifests = ['", silo_data().string(),
           "']\n[train]\nmicro_batch = 2\naccumulation = 2\nseq = 16\nlr = 3e-3\n"
@@ -260,6 +263,27 @@ TEST(FederatedSilo, TwoRanksTakeTheProximalStepsOfOneProcess) {
   ASSERT_EQ(without.size(), ref.size());
   EXPECT_GT(max_abs(difference(without.back(), ref.back())), 1e-6);
   for (const auto* f : {&one, &two, &zero, &plain}) fs::remove_all(f->dir);
+}
+
+TEST(FederatedSilo, TwoRanksTakeTheDpSgdStepsOfOneProcess) {
+  // [dp_sgd], its noise seeded: every rank draws rank 0's sample and clips every other sequence
+  // of it, rank 0 alone adds the noise and the ranks sum their shares; a rank that added noise
+  // too, or clipped the other's sequences, would release another gradient.
+  const auto private_silo = [](const std::string& name) {
+    return write_federation(name, "", "fedavg",
+                            "[dp_sgd]\nclip = 0.5\nnoise_multiplier = 0.3\nnoise_seed = 7\n", "",
+                            true, "allow_repeatable_noise = true\n");
+  };
+  const Federation one = private_silo("dp_sgd_one"), two = private_silo("dp_sgd_two");
+  const auto ref = federate(one, 1);
+  expect_same_pseudo_gradients(federate(two, 2), "2 ranks under [dp_sgd]", ref);
+  // Rank 0 kept the account: every local step of the 2 rounds.
+  const auto account = nlohmann::json::parse(read_file(two.dir / "state" / "dp_sgd.json"));
+  EXPECT_EQ(account.at("steps").get<int64_t>(), 6);
+  // And DP-SGD changed the steps (against the same federation without it).
+  ASSERT_EQ(reference().size(), ref.size());
+  EXPECT_GT(max_abs(difference(reference().back(), ref.back())), 1e-4);
+  for (const auto* f : {&one, &two}) fs::remove_all(f->dir);
 }
 
 TEST(FederatedSilo, TwoRanksShareTheSecondMomentsOfOneProcess) {
