@@ -165,7 +165,6 @@ void LocalTrainer::open_dp_sgd() {
   const ClientConfig& c = config_;
   POLLEN_CHECK(device_ == Device::cpu && c.train.precision == "f32", "client '", c.id,
                "': [dp_sgd] runs on the CPU in float32 so far");
-  POLLEN_CHECK(!zero_, "client '", c.id, "': [dp_sgd] does not run with parallel.zero = 1 so far");
   POLLEN_CHECK(!c.state_dir.empty(), "client '", c.id,
                "': [dp_sgd] keeps its accountant in client.state_dir, so that a restarted client "
                "counts every local step it ran; set client.state_dir (in a simulation, leave "
@@ -296,9 +295,8 @@ void LocalTrainer::step_with_lr(const optim::Schedule& sched, int64_t s) {
 
 train::AccumulatedLoss LocalTrainer::private_step(const Weights& anchor) {
   // Several ranks: each clips its share of rank 0's sample, and every rank holds the release.
-  const train::PrivateGradient g =
-      train::private_gradients(model_, *train_, *dp_, step_ + 1, config_.train.micro_batch,
-                               comm_->world() > 1 ? comm_ : nullptr);
+  const train::PrivateGradient g = train::private_gradients(
+      model_, *train_, *dp_, step_ + 1, config_.train.micro_batch, reducer_.get());
   // Accounted on disk before the step's update can leave the silo.
   if (comm_->rank() == 0)
     write_file_atomic(config_.state_dir / kDpSgdLedger, dp_->state().dump() + "\n");

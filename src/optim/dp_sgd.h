@@ -61,8 +61,8 @@ class DpSgd {
 
   // One step's gradient: begin, then for each drawn sequence its gradient in the parameters'
   // grads (which the caller then zeroes) added clipped, then release. Several ranks each add
-  // their share of the sample, one of them add_noise, the sums are reduced (clipped_sum), and
-  // each finishes.
+  // their share of the sample, one of them add_noise, each finishes, and their gradients are
+  // summed.
   void begin(const std::vector<ag::Var>& params);
   // Adds the parameters' gradients clipped to C (nothing when their norm is not finite, which
   // counts as clipped); returns their norm before clipping.
@@ -75,8 +75,6 @@ class DpSgd {
   void add_gradients();
   // Adds N(0, (z C)^2 I) to the clipped sum.
   void add_noise(int64_t step);
-  // Each parameter's clipped sum (float32, on the CPU), for a reduction over ranks.
-  std::vector<Tensor>& clipped_sum() { return sum_; }
   // Sets each parameter's gradient to the sum over B and accounts for the release.
   void finish();
   // add_noise, then finish: one process's step.

@@ -122,7 +122,8 @@ ClippedRows add_clipped_rows(const model::Llama& model, const model::Batch& rows
 
 PrivateGradient private_gradients(const model::Llama& model, const data::Loader& loader,
                                   optim::DpSgd& dp, int64_t step, int64_t chunk_rows,
-                                  dist::Communicator* comm) {
+                                  dist::GradReducer* reducer) {
+  dist::Communicator* comm = reducer ? reducer->communicator() : nullptr;
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;
   // Every rank draws rank 0's sample.
   int64_t key[1] = {static_cast<int64_t>(dp.sample_key(step))};
@@ -139,16 +140,15 @@ PrivateGradient private_gradients(const model::Llama& model, const data::Loader&
     sums[1] = static_cast<double>(c.scored);
   }
   sums[2] = static_cast<double>(dp.clipped());
-  // The noise once, in rank 0's share, then the shares summed: every rank holds the release.
+  // The noise once, in rank 0's share; each rank's share over B in its gradients, then the
+  // shares summed as a plain step's gradients are.
   if (rank == 0) dp.add_noise(step);
+  dp.finish();
   PrivateGradient g;
   if (world > 1) {
-    for (Tensor& s : dp.clipped_sum())
-      g.reduce_wait_s +=
-          comm->wait(comm->start_all_reduce(s.data<float>(), s.numel(), "DP-SGD's clipped sums"));
+    g.reduce_wait_s = reducer->finish();
     comm->all_reduce_sum(sums, "DP-SGD's loss and counts");
   }
-  dp.finish();
   g.rows = static_cast<int64_t>(sample.size());
   g.clipped = static_cast<int64_t>(sums[2]);
   g.loss.scored = static_cast<int64_t>(sums[1]);

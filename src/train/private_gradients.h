@@ -3,12 +3,13 @@
 // sample of the training data's sequences, each sequence's gradient of its mean token loss
 // computed on its own and clipped, their noised sum over the expected sample size left in the
 // parameters' gradients for the optimizer. Several ranks draw rank 0's sample, each takes every
-// world-th sequence of it, rank 0 adds the noise to its share and the shares are summed: the same
-// release as one process's, to float rounding.
+// world-th sequence of it, rank 0 adds the noise to its share and the data-parallel reducer sums
+// the shares (all-reduced, or reduce-scattered for ZeRO-1): the same release as one process's,
+// to float rounding.
 #include <cstdint>
 
 #include "data/loader.h"
-#include "dist/communicator.h"
+#include "dist/grad_reducer.h"
 #include "model/llama.h"
 #include "optim/dp_sgd.h"
 #include "train/trainer.h"
@@ -19,7 +20,7 @@ struct PrivateGradient {
   AccumulatedLoss loss;      // over the sampled sequences' scored tokens (NaN when none scored)
   int64_t rows = 0;          // sequences sampled
   int64_t clipped = 0;       // of them, those whose gradient norm was above the clip
-  double reduce_wait_s = 0;  // several ranks: seconds waiting for the clipped sums' reduction
+  double reduce_wait_s = 0;  // several ranks: seconds waiting for the shares' reduction
 };
 
 struct ClippedRows {
@@ -46,11 +47,12 @@ ClipMethod automatic_clip_method(const model::LlamaConfig& config, int64_t seq);
 ClippedRows add_clipped_rows(const model::Llama& model, const model::Batch& rows, optim::DpSgd& dp,
                              int64_t chunk_rows, ClipMethod method = ClipMethod::automatic);
 
-// Step `step` (1-based) of DP-SGD over `loader`'s windows (Loader::windows_total()); with
-// `comm` of several ranks, a collective whose result every rank holds.
-// `chunk_rows`: as add_clipped_rows's.
+// Step `step` (1-based) of DP-SGD over `loader`'s windows (Loader::windows_total()); with the
+// `reducer` of several ranks a collective, whose release the reducer leaves as it leaves a
+// plain step's gradients (every rank's whole, or each rank's block for ZeRO-1). `chunk_rows`: as
+// add_clipped_rows's.
 PrivateGradient private_gradients(const model::Llama& model, const data::Loader& loader,
                                   optim::DpSgd& dp, int64_t step, int64_t chunk_rows,
-                                  dist::Communicator* comm = nullptr);
+                                  dist::GradReducer* reducer = nullptr);
 
 }  // namespace pollen::train

@@ -424,7 +424,7 @@ bool TrainingRun::step(obs::Progress& progress) {
   std::optional<PrivateGradient> dp;
   if (dp_) {
     dp = private_gradients(model_, data_.loader, *dp_, step + 1, cfg_.micro_batch,
-                           parallel_ ? &comm_ : nullptr);
+                           optimizer_.reducer());
     reduce_wait = dp->reduce_wait_s;
     // Accounted on disk before anything the step changes is seen.
     if (lead_) write_file_atomic(cfg_.dir / kPrivacyLedger, dp_->state().dump() + "\n");
@@ -589,13 +589,11 @@ TrainResult TrainingRun::finish(bool stopped) {
 }
 
 // What DP-SGD does not do yet, refused before anything runs.
-void check_private_run(const TrainConfig& cfg, int world) {
+void check_private_run(const TrainConfig& cfg) {
   POLLEN_CHECK(cfg.device == "cpu" && cfg.precision == "f32",
                "[privacy]: DP-SGD runs on the CPU in float32 so far; set run.device = \"cpu\" "
                "and run.precision = \"f32\" (got \"",
                cfg.device, "\" and \"", cfg.precision, "\")");
-  POLLEN_CHECK(world == 1 || cfg.zero == 0, "[privacy]: DP-SGD reduces whole gradients over the ",
-               world, " ranks, which parallel.zero = 1 would shard; leave parallel.zero at 0");
   POLLEN_CHECK(cfg.weights.empty(), "[privacy]: DP-SGD samples every sequence of the data with ",
                "the same probability, which data.weights would contradict; remove data.weights");
   // Evaluating on the very records trained on would publish a loss over them.
@@ -613,7 +611,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   dist::Communicator& comm = o.comm ? *o.comm : alone;
   set_num_threads(cfg.threads > 0 ? cfg.threads : threads_per_rank(comm.topology().local_world));
   fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
-  if (cfg.privacy.enabled) check_private_run(cfg, comm.world());
+  if (cfg.privacy.enabled) check_private_run(cfg);
   for (const auto& m : cfg.manifests) {
     const auto man = data::Manifest::load(m);
     POLLEN_CHECK(man.vocab_size <= cfg.model.vocab_size, "data manifest '", m, "' has vocab_size ",

@@ -267,23 +267,27 @@ TEST(FederatedSilo, TwoRanksTakeTheProximalStepsOfOneProcess) {
 
 TEST(FederatedSilo, TwoRanksTakeTheDpSgdStepsOfOneProcess) {
   // [dp_sgd], its noise seeded: every rank draws rank 0's sample and clips every other sequence
-  // of it, rank 0 alone adds the noise and the ranks sum their shares; a rank that added noise
-  // too, or clipped the other's sequences, would release another gradient.
-  const auto private_silo = [](const std::string& name) {
-    return write_federation(name, "", "fedavg",
+  // of it, rank 0 alone adds the noise and the ranks sum their shares (all-reduced, or
+  // reduce-scattered under ZeRO-1); a rank that added noise too, or clipped the other's
+  // sequences, would release another gradient.
+  const auto private_silo = [](const std::string& name, const std::string& parallel) {
+    return write_federation(name, parallel, "fedavg",
                             "[dp_sgd]\nclip = 0.5\nnoise_multiplier = 0.3\nnoise_seed = 7\n", "",
                             true, "allow_repeatable_noise = true\n");
   };
-  const Federation one = private_silo("dp_sgd_one"), two = private_silo("dp_sgd_two");
+  const Federation one = private_silo("dp_sgd_one", ""), two = private_silo("dp_sgd_two", "");
+  const Federation zero =
+      private_silo("dp_sgd_zero", "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n");
   const auto ref = federate(one, 1);
   expect_same_pseudo_gradients(federate(two, 2), "2 ranks under [dp_sgd]", ref);
+  expect_same_pseudo_gradients(federate(zero, 2, true), "2 ranks, ZeRO-1, under [dp_sgd]", ref);
   // Rank 0 kept the account: every local step of the 2 rounds.
   const auto account = nlohmann::json::parse(read_file(two.dir / "state" / "dp_sgd.json"));
   EXPECT_EQ(account.at("steps").get<int64_t>(), 6);
   // And DP-SGD changed the steps (against the same federation without it).
   ASSERT_EQ(reference().size(), ref.size());
   EXPECT_GT(max_abs(difference(reference().back(), ref.back())), 1e-4);
-  for (const auto* f : {&one, &two}) fs::remove_all(f->dir);
+  for (const auto* f : {&one, &two, &zero}) fs::remove_all(f->dir);
 }
 
 TEST(FederatedSilo, TwoRanksShareTheSecondMomentsOfOneProcess) {
