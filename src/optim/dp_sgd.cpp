@@ -22,11 +22,13 @@ Rng noise_rng(int64_t seed, uint64_t stream) {
   return Rng(key);
 }
 
-void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, uint64_t stream) {
+void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, uint64_t stream,
+                        bool secure) {
   if (std == 0) return;
   const Rng rng = noise_rng(seed, stream);
-  // Elements 2i and 2i + 1 of the tensors in order take the pair Box-Muller makes of Philox block
-  // i (two 53-bit uniforms): any split of the blocks over threads draws the same noise.
+  // Philox block i (two 53-bit uniforms) makes a pair of normals by Box-Muller. Plain: elements
+  // 2i and 2i + 1 of the tensors in order take block i's pair. Secure: element i takes the sum
+  // of blocks 2i's and 2i + 1's pairs over 2. Any split over threads draws the same noise.
   std::vector<float*> data;
   std::vector<int64_t> starts{0};  // each tensor's first element, then the total
   for (Tensor& t : tensors) {
@@ -37,17 +39,31 @@ void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, 
     const uint64_t bits = (static_cast<uint64_t>(hi) << 32) | lo;
     return std::max(static_cast<double>(bits >> 11) * 0x1.0p-53, 1e-300);
   };
-  parallel_for((starts.back() + 1) / 2, 4096, [&](int64_t lo, int64_t hi) {
+  const auto pair_of = [&](int64_t block, double pair[2]) {
+    const std::array<uint32_t, 4> bits = philox4x32(rng.seed(), 0, rng.offset() + block);
+    const double r = std::sqrt(-2.0 * std::log(uniform(bits[0], bits[1])));
+    const double theta = 2.0 * M_PI * uniform(bits[2], bits[3]);
+    pair[0] = r * std::cos(theta);
+    pair[1] = r * std::sin(theta);
+  };
+  const int64_t n = starts.back();
+  parallel_for(secure ? n : (n + 1) / 2, 4096, [&](int64_t lo, int64_t hi) {
     size_t t = 0;
-    for (int64_t block = lo; block < hi; ++block) {
-      const std::array<uint32_t, 4> bits = philox4x32(rng.seed(), 0, rng.offset() + block);
-      const double r = std::sqrt(-2.0 * std::log(uniform(bits[0], bits[1])));
-      const double theta = 2.0 * M_PI * uniform(bits[2], bits[3]);
-      const double pair[2] = {r * std::cos(theta), r * std::sin(theta)};
-      for (int64_t e = 2 * block; e < std::min(2 * block + 2, starts.back()); ++e) {
-        while (e >= starts[t + 1]) ++t;
-        float& x = data[t][e - starts[t]];
-        x = static_cast<float>(x + std * pair[e - 2 * block]);
+    const auto add = [&](int64_t e, double normal) {
+      while (e >= starts[t + 1]) ++t;
+      float& x = data[t][e - starts[t]];
+      x = static_cast<float>(x + std * normal);
+    };
+    double a[2], b[2];
+    for (int64_t i = lo; i < hi; ++i) {
+      if (secure) {
+        pair_of(2 * i, a);
+        pair_of(2 * i + 1, b);
+        add(i, (a[0] + a[1] + b[0] + b[1]) / 2);
+      } else {
+        pair_of(i, a);
+        add(2 * i, a[0]);
+        if (2 * i + 1 < n) add(2 * i + 1, a[1]);
       }
     }
   });
@@ -142,7 +158,7 @@ void DpSgd::add_gradients() {
 
 void DpSgd::add_noise(int64_t step) {
   add_gaussian_noise(sum_, z_ * options_.clip, options_.noise_seed,
-                     2 * static_cast<uint64_t>(step) + 1);
+                     2 * static_cast<uint64_t>(step) + 1, options_.secure_noise);
 }
 
 void DpSgd::finish() {

@@ -31,14 +31,19 @@ struct DpSgdOptions {
   double target_epsilon = 0;    // > 0: z such that the run's last step reaches it
   double delta = 0;             // 0: min(1e-5, 0.1 / N), set when N is known
   int64_t noise_seed = -1;      // -1: the OS's CSPRNG
+  bool secure_noise = false;    // add_gaussian_noise's `secure`
 };
 
 // The noise's generator: `seed` < 0 draws the key from the OS's CSPRNG, else Philox(seed, stream).
 Rng noise_rng(int64_t seed, uint64_t stream);
 
 // Adds N(0, std^2) to every element of `tensors` (float32, on the CPU), drawn from
-// noise_rng(seed, stream).
-void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, uint64_t stream);
+// noise_rng(seed, stream). `secure`: each value the sum of four normal draws over 2, as Opacus's
+// secure_mode, which defeats the attacks that recover a floating-point normal draw's input from
+// its low bits (Holohan and Braghin 2021, section 5.1), for four times the random bits and the
+// work.
+void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, uint64_t stream,
+                        bool secure = false);
 
 // The smallest noise multiplier z (to 0.1%; Opacus's get_noise_multiplier stops at a tolerance in
 // epsilon instead) at which `steps` more Poisson-sampled Gaussian

@@ -420,6 +420,7 @@ optim::DpSgdOptions read_dp_sgd(ConfigTable& t) {
   POLLEN_CHECK(!t.has("delta") || (o.delta > 0 && o.delta < 1), t.where("delta"),
                ": expected a value in (0, 1), got ", o.delta);
   if (t.has("noise_seed")) o.noise_seed = t.get_int_in("noise_seed", 0, 0, kConfigIntMax);
+  o.secure_noise = t.get_bool("secure_noise", false);
   t.finish();
   return o;
 }

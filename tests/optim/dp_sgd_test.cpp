@@ -13,6 +13,7 @@
 #include "support/peer.h"
 
 using namespace pollen;
+using optim::add_gaussian_noise;
 using optim::DpSgd;
 using optim::DpSgdOptions;
 
@@ -93,6 +94,43 @@ TEST(DpSgd, TheNoiseOnTheGradientHasStdZTimesClipOverTheExpectedRows) {
   // The default delta: 1e-5, or 0.1 / N when that is smaller.
   EXPECT_DOUBLE_EQ(dp.delta(), 1e-5);
   EXPECT_DOUBLE_EQ(DpSgd(options(clip, z), 1000000, 10, 10).delta(), 1e-7);
+}
+
+// Secure noise (Opacus's secure_mode): each value is four of the plain stream's normal draws
+// summed over 2, so it keeps the std while no single draw's low bits show; split over tensors
+// and threads as the plain draws are.
+TEST(DpSgd, SecureNoiseIsFourDrawsOfThePlainStreamSummedOverTwo) {
+  const int64_t n = 100001;  // odd: a plain pair straddles the last element
+  std::vector<Tensor> plain{Tensor::zeros({4 * n - 5}, DType::f32), Tensor::zeros({5}, DType::f32)};
+  std::vector<Tensor> secure{Tensor::zeros({n - 2}, DType::f32), Tensor::zeros({2}, DType::f32)};
+  add_gaussian_noise(plain, 1.0, 42, 7);
+  add_gaussian_noise(secure, 1.0, 42, 7, true);
+  const auto value = [](const std::vector<Tensor>& ts, int64_t i) {
+    for (const Tensor& t : ts) {
+      if (i < t.numel()) return static_cast<double>(t.data<float>()[i]);
+      i -= t.numel();
+    }
+    return std::nan("");
+  };
+  double squares = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    double want = 0;
+    for (int64_t k = 0; k < 4; ++k) want += value(plain, 4 * j + k);
+    want /= 2;
+    ASSERT_NEAR(value(secure, j), want, 1e-6 * (1 + std::abs(want))) << "value " << j;
+    squares += value(secure, j) * value(secure, j);
+  }
+  EXPECT_NEAR(std::sqrt(squares / n), 1.0, 0.01);
+  // And through DP-SGD's options.
+  DpSgdOptions o = options(1.0, 1.0, 42);
+  o.secure_noise = true;
+  ag::Var w(Tensor::zeros({8}, DType::f32), true), v(Tensor::zeros({8}, DType::f32), true);
+  DpSgd a(o, 100, 1, 10), b(options(1.0, 1.0, 42), 100, 1, 10);
+  a.begin({w});
+  a.release(1);
+  b.begin({v});
+  b.release(1);
+  EXPECT_NE(w.grad().to_doubles(), v.grad().to_doubles());
 }
 
 TEST(DpSgd, ThePoissonSampleDrawsEachSequenceOnItsOwnAtRateQ) {
