@@ -20,6 +20,8 @@ PerSampleGradients::~PerSampleGradients() {
 
 void PerSampleGradients::defer(const VarNode* param, const std::vector<double>& norms_sq,
                                Writer write) {
+  POLLEN_CHECK(param->is_leaf, "per-sample clipping: a weight reached an op through another op ",
+               "(a LoRA-merged or cast weight), whose gradient would not reach the parameter");
   POLLEN_CHECK(params_.insert(param).second, "per-sample clipping: a parameter is used twice ",
                "in one pass (tied weights), so its per-sample norm is not the sum of its uses");
   POLLEN_CHECK(norms_sq.size() == norms_sq_.size(), "per-sample clipping: ", norms_sq.size(),

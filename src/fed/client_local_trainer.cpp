@@ -294,18 +294,21 @@ void LocalTrainer::step_with_lr(const optim::Schedule& sched, int64_t s) {
 }
 
 train::AccumulatedLoss LocalTrainer::private_step(const Weights& anchor) {
-  // Several ranks: each clips its share of rank 0's sample, and every rank holds the release.
+  // FedProx's term, data-free: each rank adds its share to its share of the release before the
+  // shares are summed (under ZeRO-1 nothing reads the whole gradient after).
+  const auto add_proximal_share = [&] {
+    std::vector<Tensor> released;
+    for (const auto& p : params_) released.push_back(p.grad());
+    seed_proximal_gradients(params_, weights(), anchor, config_.train.proximal_mu / comm_->world());
+    for (size_t i = 0; i < params_.size(); ++i) ops::axpy(1.0, released[i], params_[i].grad());
+  };
+  // Several ranks: each clips its share of rank 0's sample, and the reducer sums the shares.
   const train::PrivateGradient g = train::private_gradients(
-      model_, *train_, *dp_, step_ + 1, config_.train.micro_batch, reducer_.get());
+      model_, *train_, *dp_, step_ + 1, config_.train.micro_batch, reducer_.get(),
+      anchor.empty() ? std::function<void()>() : add_proximal_share);
   // Accounted on disk before the step's update can leave the silo.
   if (comm_->rank() == 0)
     write_file_atomic(config_.state_dir / kDpSgdLedger, dp_->state().dump() + "\n");
-  if (!anchor.empty()) {  // FedProx's term, data-free: added to the released gradient
-    std::vector<Tensor> released;
-    for (const auto& p : params_) released.push_back(p.grad());
-    seed_proximal_gradients(params_, weights(), anchor, config_.train.proximal_mu);
-    for (size_t i = 0; i < params_.size(); ++i) ops::axpy(1.0, released[i], params_[i].grad());
-  }
   return g.loss;
 }
 

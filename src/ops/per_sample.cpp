@@ -34,7 +34,7 @@ double outer_product_norm_sq(const float* a, int64_t m, const float* b, int64_t 
     cpu::gemm<float>(b, false, b, true, gb.data(), t, t, k, 1.0f, 0.0f);
     double s = 0;
     for (size_t i = 0; i < ga.size(); ++i) s += static_cast<double>(ga[i]) * gb[i];
-    return s;
+    return std::max(s, 0.0);  // a norm near 0 may round below it
   }
   std::vector<float> outer(static_cast<size_t>(m * k));
   cpu::gemm<float>(a, true, b, false, outer.data(), m, k, t, 1.0f, 0.0f);

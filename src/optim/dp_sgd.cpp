@@ -28,7 +28,9 @@ void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, 
   const Rng rng = noise_rng(seed, stream);
   // Philox block i (two 53-bit uniforms) makes a pair of normals by Box-Muller. Plain: elements
   // 2i and 2i + 1 of the tensors in order take block i's pair. Secure: element i takes the sum
-  // of blocks 2i's and 2i + 1's pairs over 2. Any split over threads draws the same noise.
+  // of the first normal of blocks 4i to 4i + 3 over 2: four draws from eight uniforms (the two
+  // normals of one pair sum to one draw of its two uniforms). Any split over threads draws the
+  // same noise.
   std::vector<float*> data;
   std::vector<int64_t> starts{0};  // each tensor's first element, then the total
   for (Tensor& t : tensors) {
@@ -54,12 +56,15 @@ void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, 
       float& x = data[t][e - starts[t]];
       x = static_cast<float>(x + std * normal);
     };
-    double a[2], b[2];
+    double a[2];
     for (int64_t i = lo; i < hi; ++i) {
       if (secure) {
-        pair_of(2 * i, a);
-        pair_of(2 * i + 1, b);
-        add(i, (a[0] + a[1] + b[0] + b[1]) / 2);
+        double sum = 0;
+        for (int64_t k = 0; k < 4; ++k) {
+          pair_of(4 * i + k, a);
+          sum += a[0];
+        }
+        add(i, sum / 2);
       } else {
         pair_of(i, a);
         add(2 * i, a[0]);

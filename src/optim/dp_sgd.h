@@ -38,10 +38,10 @@ struct DpSgdOptions {
 Rng noise_rng(int64_t seed, uint64_t stream);
 
 // Adds N(0, std^2) to every element of `tensors` (float32, on the CPU), drawn from
-// noise_rng(seed, stream). `secure`: each value the sum of four normal draws over 2, as Opacus's
-// secure_mode, which defeats the attacks that recover a floating-point normal draw's input from
-// its low bits (Holohan and Braghin 2021, section 5.1), for four times the random bits and the
-// work.
+// noise_rng(seed, stream). `secure`: each value the sum of four independent normal draws over 2,
+// as Opacus's secure_mode, which defeats the attacks that recover a floating-point normal draw's
+// input from its low bits (Holohan and Braghin 2021, section 5.1), for eight times the random
+// bits and the work.
 void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, uint64_t stream,
                         bool secure = false);
 

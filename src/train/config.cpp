@@ -485,6 +485,7 @@ std::vector<std::pair<std::string, std::string>> TrainConfig::flat() const {
     }
     if (privacy.delta > 0) f.emplace_back("privacy.delta", toml_double(privacy.delta));
     if (privacy.noise_seed >= 0) f.emplace_back("privacy.noise_seed", i(privacy.noise_seed));
+    f.emplace_back("privacy.secure_noise", privacy.secure_noise ? "true" : "false");
   }
   return f;
 }

@@ -91,10 +91,12 @@ bool batched_clipping_is_cheaper(const model::LlamaConfig& c, int64_t seq) {
   const double layer = norm(q, d) + 2 * norm(kv, d) + norm(d, q) + 2 * norm(f, d) + norm(d, f);
   const double batched = static_cast<double>(c.num_hidden_layers) * layer + norm(c.vocab_size, d) +
                          2 * t * static_cast<double>(c.vocab_size) * static_cast<double>(d);
-  // One by one: the norm, the clipped sum and the zeroing read or write 12 bytes per parameter,
-  // about 20 FLOPs a byte on a 2-core CPU whose f32 GEMM runs at ~200 GFLOP/s and whose
-  // one-thread sweeps at ~10 GB/s (bench/README.md, "DP-SGD").
-  const double one_by_one = 12.0 * 20.0 * static_cast<double>(c.parameter_count());
+  // One by one: its passes over every gradient per row (the norm, the clipped sum, the zeroing
+  // and the next row's accumulation into zeroed buffers), counted as 240 FLOPs per parameter, the
+  // constant at which this estimate picks the faster way in every case measured on a 2-core CPU
+  // (bench/README.md, "DP-SGD against Opacus"). The batched way's own sweeps (each sample's
+  // gradient of a layer when its norm is taken directly, the scaled copies) are left out.
+  const double one_by_one = 240.0 * static_cast<double>(c.parameter_count());
   return batched < one_by_one;
 }
 
@@ -122,7 +124,8 @@ ClippedRows add_clipped_rows(const model::Llama& model, const model::Batch& rows
 
 PrivateGradient private_gradients(const model::Llama& model, const data::Loader& loader,
                                   optim::DpSgd& dp, int64_t step, int64_t chunk_rows,
-                                  dist::GradReducer* reducer) {
+                                  dist::GradReducer* reducer,
+                                  const std::function<void()>& before_reduction) {
   dist::Communicator* comm = reducer ? reducer->communicator() : nullptr;
   const int rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;
   // Every rank draws rank 0's sample.
@@ -144,6 +147,7 @@ PrivateGradient private_gradients(const model::Llama& model, const data::Loader&
   // shares summed as a plain step's gradients are.
   if (rank == 0) dp.add_noise(step);
   dp.finish();
+  if (before_reduction) before_reduction();
   PrivateGradient g;
   if (world > 1) {
     g.reduce_wait_s = reducer->finish();

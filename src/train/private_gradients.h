@@ -7,6 +7,7 @@
 // the shares (all-reduced, or reduce-scattered for ZeRO-1): the same release as one process's,
 // to float rounding.
 #include <cstdint>
+#include <functional>
 
 #include "data/loader.h"
 #include "dist/grad_reducer.h"
@@ -50,9 +51,12 @@ ClippedRows add_clipped_rows(const model::Llama& model, const model::Batch& rows
 // Step `step` (1-based) of DP-SGD over `loader`'s windows (Loader::windows_total()); with the
 // `reducer` of several ranks a collective, whose release the reducer leaves as it leaves a
 // plain step's gradients (every rank's whole, or each rank's block for ZeRO-1). `chunk_rows`: as
-// add_clipped_rows's.
+// add_clipped_rows's. `before_reduction`, when given, runs once this rank's share (over B) is in
+// the gradients and before the ranks' shares are summed: a data-free term each rank adds its
+// share of (FedProx's) is summed with them.
 PrivateGradient private_gradients(const model::Llama& model, const data::Loader& loader,
                                   optim::DpSgd& dp, int64_t step, int64_t chunk_rows,
-                                  dist::GradReducer* reducer = nullptr);
+                                  dist::GradReducer* reducer = nullptr,
+                                  const std::function<void()>& before_reduction = {});
 
 }  // namespace pollen::train

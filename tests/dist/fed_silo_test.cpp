@@ -269,25 +269,36 @@ TEST(FederatedSilo, TwoRanksTakeTheDpSgdStepsOfOneProcess) {
   // [dp_sgd], its noise seeded: every rank draws rank 0's sample and clips every other sequence
   // of it, rank 0 alone adds the noise and the ranks sum their shares (all-reduced, or
   // reduce-scattered under ZeRO-1); a rank that added noise too, or clipped the other's
-  // sequences, would release another gradient.
-  const auto private_silo = [](const std::string& name, const std::string& parallel) {
-    return write_federation(name, parallel, "fedavg",
-                            "[dp_sgd]\nclip = 0.5\nnoise_multiplier = 0.3\nnoise_seed = 7\n", "",
-                            true, "allow_repeatable_noise = true\n");
+  // sequences, would release another gradient. FedProx's term is added as each rank's share
+  // before the sum: under ZeRO-1, added after it, it would never reach the optimizer.
+  const auto private_silo = [](const std::string& name, const std::string& parallel,
+                               const std::string& proximal) {
+    return write_federation(
+        name, parallel, "fedavg",
+        proximal + "[dp_sgd]\nclip = 0.5\nnoise_multiplier = 0.3\nnoise_seed = 7\n", "", true,
+        "allow_repeatable_noise = true\n");
   };
-  const Federation one = private_silo("dp_sgd_one", ""), two = private_silo("dp_sgd_two", "");
-  const Federation zero =
-      private_silo("dp_sgd_zero", "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n");
-  const auto ref = federate(one, 1);
+  const std::string zero_1 = "zero = 1\nbucket_mb = 0.01\ntimeout_s = 20\n";
+  const std::string mu = "proximal_mu = 10\n";
+  const Federation one = private_silo("dp_sgd_one", "", ""),
+                   two = private_silo("dp_sgd_two", "", "");
+  const Federation zero = private_silo("dp_sgd_zero", zero_1, "");
+  const Federation one_prox = private_silo("dp_sgd_one_prox", "", mu);
+  const Federation zero_prox = private_silo("dp_sgd_zero_prox", zero_1, mu);
+  const auto ref = federate(one, 1), ref_prox = federate(one_prox, 1);
   expect_same_pseudo_gradients(federate(two, 2), "2 ranks under [dp_sgd]", ref);
   expect_same_pseudo_gradients(federate(zero, 2, true), "2 ranks, ZeRO-1, under [dp_sgd]", ref);
+  expect_same_pseudo_gradients(federate(zero_prox, 2, true),
+                               "2 ranks, ZeRO-1, under [dp_sgd] with the proximal term", ref_prox);
   // Rank 0 kept the account: every local step of the 2 rounds.
   const auto account = nlohmann::json::parse(read_file(two.dir / "state" / "dp_sgd.json"));
   EXPECT_EQ(account.at("steps").get<int64_t>(), 6);
-  // And DP-SGD changed the steps (against the same federation without it).
+  // And DP-SGD, and the proximal term, changed the steps.
   ASSERT_EQ(reference().size(), ref.size());
   EXPECT_GT(max_abs(difference(reference().back(), ref.back())), 1e-4);
-  for (const auto* f : {&one, &two, &zero}) fs::remove_all(f->dir);
+  ASSERT_EQ(ref_prox.size(), ref.size());
+  EXPECT_GT(max_abs(difference(ref_prox.back(), ref.back())), 1e-6);
+  for (const auto* f : {&one, &two, &zero, &one_prox, &zero_prox}) fs::remove_all(f->dir);
 }
 
 TEST(FederatedSilo, TwoRanksShareTheSecondMomentsOfOneProcess) {

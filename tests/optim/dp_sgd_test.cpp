@@ -96,12 +96,13 @@ TEST(DpSgd, TheNoiseOnTheGradientHasStdZTimesClipOverTheExpectedRows) {
   EXPECT_DOUBLE_EQ(DpSgd(options(clip, z), 1000000, 10, 10).delta(), 1e-7);
 }
 
-// Secure noise (Opacus's secure_mode): each value is four of the plain stream's normal draws
-// summed over 2, so it keeps the std while no single draw's low bits show; split over tensors
-// and threads as the plain draws are.
+// Secure noise (Opacus's secure_mode): each value is four independent normal draws summed over 2
+// (the first of each of four Box-Muller pairs of the plain stream: the two of one pair sum to a
+// single draw of its two uniforms), so it keeps the std while no single draw's low bits show;
+// split over tensors and threads as the plain draws are.
 TEST(DpSgd, SecureNoiseIsFourDrawsOfThePlainStreamSummedOverTwo) {
-  const int64_t n = 100001;  // odd: a plain pair straddles the last element
-  std::vector<Tensor> plain{Tensor::zeros({4 * n - 5}, DType::f32), Tensor::zeros({5}, DType::f32)};
+  const int64_t n = 100001;
+  std::vector<Tensor> plain{Tensor::zeros({8 * n - 5}, DType::f32), Tensor::zeros({5}, DType::f32)};
   std::vector<Tensor> secure{Tensor::zeros({n - 2}, DType::f32), Tensor::zeros({2}, DType::f32)};
   add_gaussian_noise(plain, 1.0, 42, 7);
   add_gaussian_noise(secure, 1.0, 42, 7, true);
@@ -115,7 +116,7 @@ TEST(DpSgd, SecureNoiseIsFourDrawsOfThePlainStreamSummedOverTwo) {
   double squares = 0;
   for (int64_t j = 0; j < n; ++j) {
     double want = 0;
-    for (int64_t k = 0; k < 4; ++k) want += value(plain, 4 * j + k);
+    for (int64_t k = 0; k < 4; ++k) want += value(plain, 8 * j + 2 * k);
     want /= 2;
     ASSERT_NEAR(value(secure, j), want, 1e-6 * (1 + std::abs(want))) << "value " << j;
     squares += value(secure, j) * value(secure, j);
