@@ -108,6 +108,9 @@ Var embedding(const Var& table, const Tensor& ids) {
   if (record) {
     // On the GPU the tokens are grouped by id now, while the forward pass runs, not at the end of
     // the backward, where it would wait for the GPU.
+    // Per-sample clipping: a head on the same table (tied embeddings) needs the ids.
+    if (PerSampleGradients* ps = active_per_sample())
+      ps->note_embedding_ids(table.node().get(), ids.reshape({n}));
     std::shared_ptr<const ops::EmbeddingRows> rows;
     if (table.value().device() == Device::cuda)
       rows = std::make_shared<const ops::EmbeddingRows>(
@@ -118,9 +121,19 @@ Var embedding(const Var& table, const Tensor& ids) {
             ops::embedding_sample_grads(dy, ids, ps->rows()));
         std::vector<double> norms;
         for (const ops::SparseRows& g : *grads) norms.push_back(g.norm_sq());
-        ps->defer(t.get(), norms, [t, grads](const std::vector<double>& scale) {
+        auto write = [t, grads](const std::vector<double>& scale) {
           ops::add_scaled_sparse_rows(*grads, scale, grad_buffer(t));
-        });
+        };
+        if (const PerSampleGradients::TiedHead* head = ps->tied_head(t.get())) {
+          // The table is the head too: |a + b|^2 = |a|^2 + |b|^2 + 2 <a, b>, the head's |b|^2
+          // already counted.
+          const std::vector<double> cross =
+              ops::tied_cross_terms(head->h, dy, head->gather, ps->rows());
+          for (size_t s = 0; s < norms.size(); ++s) norms[s] += 2 * cross[s];
+          ps->defer_tied(t.get(), norms, write);
+        } else {
+          ps->defer(t.get(), norms, write);
+        }
         return;
       }
       ops::embedding_backward(dy, ids, grad_buffer(t), rows.get());
@@ -300,6 +313,9 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
   // of this pass; dw itself later, in a second pass over the logits with each sample's scale.
   PerSampleGradients* ps = record && w.requires_grad() ? active_per_sample() : nullptr;
   auto head_norms = std::make_shared<std::vector<double>>();
+  // Tied embeddings: the logits' gradient at the inputs' ids, for the cross term.
+  auto gather = std::make_shared<std::vector<float>>();
+  Tensor input_ids;
   if (record) {
     // The gradient comes out of the same pass as the loss (for d loss = 1); backward scales it.
     grads.dh = empty_like(h2);
@@ -308,6 +324,12 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
       head_norms->assign(static_cast<size_t>(ps->samples()), 0.0);
       grads.sample_rows = ps->rows();
       grads.sample_norms_sq = head_norms.get();
+      if (const Tensor* ids = ps->embedding_ids(w.node().get())) {
+        input_ids = ids->cpu().contiguous();
+        gather->assign(static_cast<size_t>(tg.numel() * ps->rows()), 0.0f);
+        grads.sample_input_ids = input_ids.data<int32_t>();
+        grads.sample_gather = gather.get();
+      }
     } else if (w.requires_grad()) {
       grads.dw = Tensor::zeros(w.shape(), w.dtype(), w.value().device());
     }
@@ -324,7 +346,7 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
   // The loss is a host scalar in the statistics dtype: f32 for a bf16 model on the GPU.
   Var y = make_output(Tensor::full({1}, loss, ops::statistics_dtype(h.value())), record);
   if (record) {
-    on_backward(y, [hn = h.node(), wn = w.node(), grads, ps, head_norms, h2, tg,
+    on_backward(y, [hn = h.node(), wn = w.node(), grads, ps, head_norms, gather, h2, tg,
                     w_value = w.value()](const Tensor& dy) mutable {
       const double s = dy.item();
       if (hn->requires_grad) {
@@ -335,6 +357,10 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
         POLLEN_CHECK(active_per_sample() == ps, "per-sample clipping: the cross-entropy's ",
                      "backward ran outside the pass that recorded it");
         for (double& v : *head_norms) v *= s * s;
+        if (!gather->empty()) {
+          for (float& v : *gather) v = static_cast<float>(v * s);
+          ps->note_tied_head(wn.get(), {h2, std::move(*gather)});
+        }
         ps->defer(wn.get(), *head_norms,
                   [wn, h2, tg, w_value, grad_scale = s * grads.grad_scale,
                    rows = ps->rows()](const std::vector<double>& scale) {

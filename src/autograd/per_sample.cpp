@@ -20,10 +20,16 @@ PerSampleGradients::~PerSampleGradients() {
 
 void PerSampleGradients::defer(const VarNode* param, const std::vector<double>& norms_sq,
                                Writer write) {
+  POLLEN_CHECK(params_.insert(param).second, "per-sample clipping: a parameter is used twice ",
+               "in one pass (tied weights other than an embedding table that is also the output ",
+               "head), so its per-sample norm is not the sum of its uses");
+  defer_tied(param, norms_sq, std::move(write));
+}
+
+void PerSampleGradients::defer_tied(const VarNode* param, const std::vector<double>& norms_sq,
+                                    Writer write) {
   POLLEN_CHECK(param->is_leaf, "per-sample clipping: a weight reached an op through another op ",
                "(a LoRA-merged or cast weight), whose gradient would not reach the parameter");
-  POLLEN_CHECK(params_.insert(param).second, "per-sample clipping: a parameter is used twice ",
-               "in one pass (tied weights), so its per-sample norm is not the sum of its uses");
   POLLEN_CHECK(norms_sq.size() == norms_sq_.size(), "per-sample clipping: ", norms_sq.size(),
                " norms for ", norms_sq_.size(), " samples");
   for (size_t s = 0; s < norms_sq.size(); ++s) norms_sq_[s] += norms_sq[s];
@@ -35,6 +41,24 @@ void PerSampleGradients::write(const std::vector<double>& scale) {
                " scales for ", norms_sq_.size(), " samples");
   for (Writer& w : writers_) w(scale);
   writers_.clear();
+}
+
+void PerSampleGradients::note_embedding_ids(const VarNode* table, const Tensor& ids) {
+  embedding_ids_[table] = ids;
+}
+
+const Tensor* PerSampleGradients::embedding_ids(const VarNode* table) const {
+  const auto it = embedding_ids_.find(table);
+  return it == embedding_ids_.end() ? nullptr : &it->second;
+}
+
+void PerSampleGradients::note_tied_head(const VarNode* table, TiedHead head) {
+  tied_heads_[table] = std::move(head);
+}
+
+const PerSampleGradients::TiedHead* PerSampleGradients::tied_head(const VarNode* table) const {
+  const auto it = tied_heads_.find(table);
+  return it == tied_heads_.end() ? nullptr : &it->second;
 }
 
 PerSampleGradients* active_per_sample() {

@@ -15,14 +15,19 @@
 //   tape.backward(loss);
 //   ps.write(scales_from(ps.norms_sq()));
 //
-// A parameter used by two ops in one pass (tied embeddings) has a per-sample norm that is not
-// the sum of its parts: its second use is refused. Float32 on the CPU.
+// A parameter used by two ops in one pass has a per-sample norm that is not the sum of its
+// parts' norms. Tied embeddings (the table also the output head) are handled: the head keeps,
+// for each sample, its logits' gradient at the sample's input ids and its inputs, and the
+// embedding's backward adds the two uses' cross term, 2 <embedding part, head part>. Any other
+// second use is refused. Float32 on the CPU.
 #include <cstdint>
 #include <functional>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "autograd/var.h"
+#include "tensor/tensor.h"
 
 namespace pollen::ag {
 
@@ -40,6 +45,20 @@ class PerSampleGradients {
   using Writer = std::function<void(const std::vector<double>& scale)>;
   void defer(const VarNode* param, const std::vector<double>& norms_sq, Writer write);
 
+  // Tied embeddings. The embedding's forward notes its ids (N) int32; a head on the same table
+  // takes them, and notes, for every row r (token) and every input position t of r's sample,
+  // the gradient of the loss by r's logit of input t's id (gather (N, rows)), with its inputs
+  // h (N,C). The embedding's backward then finds them (tied_head) and defers with `tied`.
+  void note_embedding_ids(const VarNode* table, const Tensor& ids);
+  const Tensor* embedding_ids(const VarNode* table) const;
+  struct TiedHead {
+    Tensor h;                   // (N,C)
+    std::vector<float> gather;  // (N, rows)
+  };
+  void note_tied_head(const VarNode* table, TiedHead head);
+  const TiedHead* tied_head(const VarNode* table) const;
+  void defer_tied(const VarNode* param, const std::vector<double>& norms_sq, Writer write);
+
   // Each sample's squared norm of its gradient of every parameter.
   const std::vector<double>& norms_sq() const { return norms_sq_; }
   // Writes (accumulates into) the parameters' gradients; once.
@@ -50,6 +69,8 @@ class PerSampleGradients {
   std::vector<double> norms_sq_;
   std::vector<Writer> writers_;
   std::unordered_set<const VarNode*> params_;
+  std::unordered_map<const VarNode*, Tensor> embedding_ids_;
+  std::unordered_map<const VarNode*, TiedHead> tied_heads_;
   PerSampleGradients* previous_;
 };
 

@@ -23,6 +23,10 @@ struct CrossEntropyGrads {
   int64_t sample_rows = 0;
   std::vector<double>* sample_norms_sq = nullptr;
   const std::vector<double>* sample_scale = nullptr;
+  // Tied embeddings (with sample_norms_sq): the input ids (N), and out (N, sample_rows): for
+  // each row r and position t of its sample, the gradient at r's logit of that input's id.
+  const int32_t* sample_input_ids = nullptr;
+  std::vector<float>* sample_gather = nullptr;
 };
 
 // On the GPU h, w, dh and dw are f32 or bf16: each block's logits are fp32 (block_rows, V), as

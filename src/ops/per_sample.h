@@ -17,6 +17,13 @@ double outer_product_norm_sq(const float* a, int64_t m, const float* b, int64_t 
 // Each sample's ||dy_s^T x_s||_F^2 of dy (N,M) and x (N,K), N = samples * rows.
 std::vector<double> sample_outer_norms_sq(const Tensor& dy, const Tensor& x, int64_t rows);
 
+// Tied embeddings: each sample's <its gradient of the table through the embedding, through the
+// head>, sum over the sample's rows s and positions t of gather[s][t] (h_s . dx_t), from the
+// head's inputs h (N,C), the embedding's output gradient dx (N,C) and gather (N, rows) (the head
+// logits' gradient at the sample's input ids).
+std::vector<double> tied_cross_terms(const Tensor& h, const Tensor& dx,
+                                     const std::vector<float>& gather, int64_t rows);
+
 // g (N,M) with each sample's rows multiplied by its scale; a sample of scale 0 becomes zeros
 // (whatever g held: a non-finite gradient is left out, not multiplied).
 Tensor scale_samples(const Tensor& g, int64_t rows, const std::vector<double>& scale);

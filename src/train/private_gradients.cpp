@@ -51,8 +51,7 @@ ClippedRows add_clipped_chunk(const model::Llama& model, const model::Batch& row
   return sums;
 }
 
-// One row per forward and backward: the per-sample norm of a tied parameter is not the sum of
-// its uses' norms, so each row's gradient is taken whole.
+// One row per forward and backward, each row's gradient taken whole, then clipped.
 ClippedRows add_clipped_one_by_one(const model::Llama& model, const model::Batch& rows,
                                    optim::DpSgd& dp) {
   const std::vector<ag::Var> params = model.parameters();
@@ -101,9 +100,7 @@ bool batched_clipping_is_cheaper(const model::LlamaConfig& c, int64_t seq) {
 }
 
 ClipMethod automatic_clip_method(const model::LlamaConfig& config, int64_t seq) {
-  return !config.tie_word_embeddings && batched_clipping_is_cheaper(config, seq)
-             ? ClipMethod::batched
-             : ClipMethod::one_by_one;
+  return batched_clipping_is_cheaper(config, seq) ? ClipMethod::batched : ClipMethod::one_by_one;
 }
 
 ClippedRows add_clipped_rows(const model::Llama& model, const model::Batch& rows, optim::DpSgd& dp,

@@ -34,8 +34,8 @@ struct ClippedRows {
 //   each row's gradient (autograd/per_sample.h); extra FLOPs for the norms, which grow with seq;
 // - one_by_one: a forward and a backward per row, whose gradient is then clipped and added; three
 //   extra passes over every parameter's gradient per row, and narrow GEMMs;
-// - automatic: batched when the estimate says it costs less (batched_clipping_is_cheaper) and no
-//   weights are tied (a tied weight's norm is not the sum of its uses'), else one_by_one.
+// - automatic: batched when the estimate says it costs less (batched_clipping_is_cheaper), else
+//   one_by_one.
 enum class ClipMethod { automatic, batched, one_by_one };
 
 // True when, by FLOPs, a row's batched clipping costs less than one row's pass on its own.

@@ -1,7 +1,8 @@
 // Per-sample clipping in one pass (autograd/per_sample.h): every sample's norm and the scaled
 // sum of the samples' gradients against each sample's gradient taken on its own, through every
 // op that writes a parameter's gradient (embedding, RMSNorm, linear with and without a bias, the
-// cross-entropy's head); a sample with a non-finite gradient left out; a tied weight refused.
+// cross-entropy's head, the table as the head too); a sample with a non-finite gradient left
+// out; a weight used twice otherwise refused.
 #include "autograd/per_sample.h"
 
 #include <gtest/gtest.h>
@@ -20,12 +21,14 @@ namespace {
 constexpr int64_t kSamples = 3, kV = 11, kC = 6, kF = 10;
 
 struct Net {
-  std::vector<ag::Var> params;  // table (V,C), norm (C), w1 (F,C), b1 (F), w2 (C,F), head (V,C)
-  explicit Net(uint64_t seed) {
+  // table (V,C), norm (C), w1 (F,C), b1 (F), w2 (C,F), head (V,C) unless the table is the head
+  std::vector<ag::Var> params;
+  explicit Net(uint64_t seed, bool tied = false) {
     Rng rng(seed);
     const Shape shapes[] = {{kV, kC}, {kC}, {kF, kC}, {kF}, {kC, kF}, {kV, kC}};
     for (const Shape& s : shapes)
-      params.emplace_back(testing::random_tensor(s, rng, 0.7, DType::f32), true);
+      if (!tied || params.size() < 5)
+        params.emplace_back(testing::random_tensor(s, rng, 0.7, DType::f32), true);
   }
   // The summed token loss of ids and targets (N) int32.
   ag::Var loss(const Tensor& ids, const Tensor& targets) const {
@@ -33,7 +36,8 @@ struct Net {
     const ag::Var h = ag::rmsnorm(x, params[1], 1e-5);
     const ag::Var y = ag::linear(h, params[2], &params[3]);
     const ag::Var z = ag::linear(y, params[4]);
-    return ag::cross_entropy(z, params[5], targets, ag::Reduction::sum);
+    return ag::cross_entropy(z, params.size() > 5 ? params[5] : params[0], targets,
+                             ag::Reduction::sum);
   }
 };
 
@@ -133,7 +137,18 @@ TEST(PerSampleGradients, ASampleOfScaleZeroIsLeftOutEvenWhenNotFinite) {
   expect_matches_each_sample(rows, net, ids, targets, {0.5, 0.0, 2.0}, {true, false, true});
 }
 
-TEST(PerSampleGradients, RefusesAWeightUsedTwice) {
+TEST(PerSampleGradients, TiedEmbeddingsAddTheCrossTermOfTheirTwoUses) {
+  // The table is the head too: each sample's norm is |embedding part + head part|, not the sum
+  // of the parts' norms. Repeated ids within a sample and across a row's targets.
+  for (int64_t rows : {2, 8}) {
+    Tensor ids, targets;
+    make_batch(rows, ids, targets);
+    const Net net(9, true);
+    expect_matches_each_sample(rows, net, ids, targets, {0.5, 2.0, 0.25}, {true, true, true});
+  }
+}
+
+TEST(PerSampleGradients, RefusesAWeightUsedTwiceOtherwise) {
   Tensor ids, targets;
   make_batch(2, ids, targets);
   const Net net(7);
@@ -142,15 +157,18 @@ TEST(PerSampleGradients, RefusesAWeightUsedTwice) {
   ag::Var loss;
   {
     ag::TapeScope scope(tape);
-    // The table as the head too: tied embeddings.
-    loss = ag::cross_entropy(ag::embedding(net.params[0], ids), net.params[0], targets,
-                             ag::Reduction::sum);
+    // w2 (C,F) after w1 (F,C) twice over: a square chain that reuses both weights.
+    const ag::Var h = ag::embedding(net.params[0], ids);
+    const ag::Var y =
+        ag::linear(ag::linear(ag::linear(h, net.params[2]), net.params[4]), net.params[2]);
+    loss =
+        ag::cross_entropy(ag::linear(y, net.params[4]), net.params[5], targets, ag::Reduction::sum);
   }
   try {
     tape.backward(loss);
     FAIL() << "a tied weight was accepted";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("tied"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("used twice"), std::string::npos) << e.what();
   }
 }
 

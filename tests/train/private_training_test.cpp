@@ -77,10 +77,11 @@ std::string final_weights(const fs::path& run, int64_t step) {
 
 }  // namespace
 
+namespace {
+
 // Each way of clipping (train::ClipMethod) against each sampled sequence's gradient clipped by
 // hand in float64, with a clip between the norms: some sequences are clipped, some are not.
-TEST(PrivateTraining, TheStepsGradientIsTheMeanOfEachSequencesClippedGradient) {
-  const train::TrainConfig c = tiny(temp_dir("grad"), 10);
+void expect_every_way_clips_as_by_hand(const train::TrainConfig& c) {
   const model::Llama model(c.model, 3);
   const data::Loader loader = open_loader(c);
   const int64_t expected_rows = c.batch_tokens / c.seq;  // 8
@@ -151,6 +152,16 @@ TEST(PrivateTraining, TheStepsGradientIsTheMeanOfEachSequencesClippedGradient) {
     dp.release(5);
     EXPECT_LT(relative_error(), 1e-5);
   }
+}
+
+}  // namespace
+
+TEST(PrivateTraining, TheStepsGradientIsTheMeanOfEachSequencesClippedGradient) {
+  expect_every_way_clips_as_by_hand(tiny(temp_dir("grad"), 10));
+  // The embedding table as the output head too: batched clipping adds the two uses' cross term.
+  SCOPED_TRACE("tied embeddings");
+  expect_every_way_clips_as_by_hand(
+      tiny(temp_dir("grad_tied"), 10, {"model.tie_word_embeddings=true"}));
 }
 
 TEST(PrivateTraining, APreemptedRunResumesBitwiseAndReportsTheEpsilonItSpent) {
