@@ -124,11 +124,10 @@ Var embedding(const Var& table, const Tensor& ids) {
         auto write = [t, grads](const std::vector<double>& scale) {
           ops::add_scaled_sparse_rows(*grads, scale, grad_buffer(t));
         };
-        if (const PerSampleGradients::TiedHead* head = ps->tied_head(t.get())) {
+        if (const std::optional<Tensor> tied = ps->take_tied_rows(t.get())) {
           // The table is the head too: |a + b|^2 = |a|^2 + |b|^2 + 2 <a, b>, the head's |b|^2
           // already counted.
-          const std::vector<double> cross =
-              ops::tied_cross_terms(head->h, dy, head->gather, ps->rows());
+          const std::vector<double> cross = ops::tied_cross_terms(*tied, dy, ps->rows());
           for (size_t s = 0; s < norms.size(); ++s) norms[s] += 2 * cross[s];
           ps->defer_tied(t.get(), norms, write);
         } else {
@@ -313,8 +312,7 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
   // of this pass; dw itself later, in a second pass over the logits with each sample's scale.
   PerSampleGradients* ps = record && w.requires_grad() ? active_per_sample() : nullptr;
   auto head_norms = std::make_shared<std::vector<double>>();
-  // Tied embeddings: the logits' gradient at the inputs' ids, for the cross term.
-  auto gather = std::make_shared<std::vector<float>>();
+  // Tied embeddings: the head's gradient of the table rows of the inputs' ids, for the cross term.
   Tensor input_ids;
   if (record) {
     // The gradient comes out of the same pass as the loss (for d loss = 1); backward scales it.
@@ -325,10 +323,12 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
       grads.sample_rows = ps->rows();
       grads.sample_norms_sq = head_norms.get();
       if (const Tensor* ids = ps->embedding_ids(w.node().get())) {
+        POLLEN_CHECK(ids->dtype() == DType::i32 && ids->numel() == tg.numel(),
+                     "per-sample clipping: the tied embedding saw ", ids->numel(),
+                     " tokens, the head ", tg.numel());
         input_ids = ids->cpu().contiguous();
-        gather->assign(static_cast<size_t>(tg.numel() * ps->rows()), 0.0f);
         grads.sample_input_ids = input_ids.data<int32_t>();
-        grads.sample_gather = gather.get();
+        grads.sample_tied_rows = Tensor::empty(h2.shape(), DType::f32);
       }
     } else if (w.requires_grad()) {
       grads.dw = Tensor::zeros(w.shape(), w.dtype(), w.value().device());
@@ -346,7 +346,8 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
   // The loss is a host scalar in the statistics dtype: f32 for a bf16 model on the GPU.
   Var y = make_output(Tensor::full({1}, loss, ops::statistics_dtype(h.value())), record);
   if (record) {
-    on_backward(y, [hn = h.node(), wn = w.node(), grads, ps, head_norms, gather, h2, tg,
+    grads.sample_input_ids = nullptr;  // input_ids ends with this call
+    on_backward(y, [hn = h.node(), wn = w.node(), grads, ps, head_norms, h2, tg,
                     w_value = w.value()](const Tensor& dy) mutable {
       const double s = dy.item();
       if (hn->requires_grad) {
@@ -357,9 +358,9 @@ Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction r
         POLLEN_CHECK(active_per_sample() == ps, "per-sample clipping: the cross-entropy's ",
                      "backward ran outside the pass that recorded it");
         for (double& v : *head_norms) v *= s * s;
-        if (!gather->empty()) {
-          for (float& v : *gather) v = static_cast<float>(v * s);
-          ps->note_tied_head(wn.get(), {h2, std::move(*gather)});
+        if (grads.sample_tied_rows.defined()) {
+          if (s != 1.0) ops::scale_into(s, grads.sample_tied_rows, grads.sample_tied_rows);
+          ps->note_tied_rows(wn.get(), grads.sample_tied_rows);
         }
         ps->defer(wn.get(), *head_norms,
                   [wn, h2, tg, w_value, grad_scale = s * grads.grad_scale,

@@ -28,6 +28,8 @@ void PerSampleGradients::defer(const VarNode* param, const std::vector<double>& 
 
 void PerSampleGradients::defer_tied(const VarNode* param, const std::vector<double>& norms_sq,
                                     Writer write) {
+  POLLEN_CHECK(params_.count(param) == 1, "per-sample clipping: a tied weight's second use ",
+               "deferred before its first");
   POLLEN_CHECK(param->is_leaf, "per-sample clipping: a weight reached an op through another op ",
                "(a LoRA-merged or cast weight), whose gradient would not reach the parameter");
   POLLEN_CHECK(norms_sq.size() == norms_sq_.size(), "per-sample clipping: ", norms_sq.size(),
@@ -44,7 +46,9 @@ void PerSampleGradients::write(const std::vector<double>& scale) {
 }
 
 void PerSampleGradients::note_embedding_ids(const VarNode* table, const Tensor& ids) {
-  embedding_ids_[table] = ids;
+  POLLEN_CHECK(
+      embedding_ids_.emplace(table, ids).second, "per-sample clipping: an embedding ",
+      "table is used twice in one pass, so its per-sample norm is not the sum of its uses");
 }
 
 const Tensor* PerSampleGradients::embedding_ids(const VarNode* table) const {
@@ -52,13 +56,14 @@ const Tensor* PerSampleGradients::embedding_ids(const VarNode* table) const {
   return it == embedding_ids_.end() ? nullptr : &it->second;
 }
 
-void PerSampleGradients::note_tied_head(const VarNode* table, TiedHead head) {
-  tied_heads_[table] = std::move(head);
+void PerSampleGradients::note_tied_rows(const VarNode* table, Tensor rows) {
+  tied_rows_[table] = std::move(rows);
 }
 
-const PerSampleGradients::TiedHead* PerSampleGradients::tied_head(const VarNode* table) const {
-  const auto it = tied_heads_.find(table);
-  return it == tied_heads_.end() ? nullptr : &it->second;
+std::optional<Tensor> PerSampleGradients::take_tied_rows(const VarNode* table) {
+  auto node = tied_rows_.extract(table);
+  if (node.empty()) return std::nullopt;
+  return std::move(node.mapped());
 }
 
 PerSampleGradients* active_per_sample() {

@@ -16,12 +16,13 @@
 //   ps.write(scales_from(ps.norms_sq()));
 //
 // A parameter used by two ops in one pass has a per-sample norm that is not the sum of its
-// parts' norms. Tied embeddings (the table also the output head) are handled: the head keeps,
-// for each sample, its logits' gradient at the sample's input ids and its inputs, and the
-// embedding's backward adds the two uses' cross term, 2 <embedding part, head part>. Any other
-// second use is refused. Float32 on the CPU.
+// parts' norms. Tied embeddings (the table also the output head, the table embedded once) are
+// handled: the head keeps, for each sample, its gradient of the table rows of the sample's input
+// ids, and the embedding's backward adds the two uses' cross term, 2 <embedding part, head
+// part>. Any other second use is refused. Float32 on the CPU.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -45,18 +46,15 @@ class PerSampleGradients {
   using Writer = std::function<void(const std::vector<double>& scale)>;
   void defer(const VarNode* param, const std::vector<double>& norms_sq, Writer write);
 
-  // Tied embeddings. The embedding's forward notes its ids (N) int32; a head on the same table
-  // takes them, and notes, for every row r (token) and every input position t of r's sample,
-  // the gradient of the loss by r's logit of input t's id (gather (N, rows)), with its inputs
-  // h (N,C). The embedding's backward then finds them (tied_head) and defers with `tied`.
+  // Tied embeddings. The embedding's forward notes its ids (N) int32 (once per table); a head on
+  // the same table reads them and, in its backward, notes its gradient of the table row of each
+  // input's id, summed over the input's sample (N,C; ops::CrossEntropyGrads::sample_tied_rows).
+  // The embedding's backward takes that (once) and defers with defer_tied, the head having
+  // deferred the table already.
   void note_embedding_ids(const VarNode* table, const Tensor& ids);
   const Tensor* embedding_ids(const VarNode* table) const;
-  struct TiedHead {
-    Tensor h;                   // (N,C)
-    std::vector<float> gather;  // (N, rows)
-  };
-  void note_tied_head(const VarNode* table, TiedHead head);
-  const TiedHead* tied_head(const VarNode* table) const;
+  void note_tied_rows(const VarNode* table, Tensor rows);
+  std::optional<Tensor> take_tied_rows(const VarNode* table);
   void defer_tied(const VarNode* param, const std::vector<double>& norms_sq, Writer write);
 
   // Each sample's squared norm of its gradient of every parameter.
@@ -70,7 +68,7 @@ class PerSampleGradients {
   std::vector<Writer> writers_;
   std::unordered_set<const VarNode*> params_;
   std::unordered_map<const VarNode*, Tensor> embedding_ids_;
-  std::unordered_map<const VarNode*, TiedHead> tied_heads_;
+  std::unordered_map<const VarNode*, Tensor> tied_rows_;
   PerSampleGradients* previous_;
 };
 

@@ -177,10 +177,10 @@ double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& tar
                    "cross_entropy: per-sample clipping runs in float32 on the CPU over whole ",
                    "samples; got ", n, " rows for samples of ", sample_rows);
       const size_t samples = static_cast<size_t>(n / sample_rows);
-      POLLEN_CHECK(!grads->sample_gather ||
-                       (grads->sample_input_ids &&
-                        static_cast<int64_t>(grads->sample_gather->size()) == n * sample_rows),
-                   "cross_entropy: the tied gather needs the input ids and N x sample_rows values");
+      if (grads->sample_tied_rows.defined()) {
+        POLLEN_CHECK(grads->sample_input_ids, "cross_entropy: the tied rows need the input ids");
+        expect("cross_entropy", "sample_tied_rows", grads->sample_tied_rows, {n, c}, dt, dev);
+      }
       POLLEN_CHECK((!grads->sample_norms_sq || grads->sample_norms_sq->size() == samples) &&
                        (!grads->sample_scale || grads->sample_scale->size() == samples),
                    "cross_entropy: expected one norm and one scale per sample (", samples, ")");
@@ -222,11 +222,17 @@ double cross_entropy_forward(const Tensor& h, const Tensor& w, const Tensor& tar
           for (int64_t i = 0; i < nb; i += sample_rows)  // a sample's dw: g_s^T (V,rows) @ h_s
             (*grads->sample_norms_sq)[static_cast<size_t>((r0 + i) / sample_rows)] +=
                 outer_product_norm_sq(lg + i * v, v, hb + i * c, c, sample_rows);
-          if (grads->sample_gather) {
-            for (int64_t i = 0; i < nb; ++i) {
-              const int32_t* ids = grads->sample_input_ids + (r0 + i) / sample_rows * sample_rows;
-              float* out = grads->sample_gather->data() + (r0 + i) * sample_rows;
-              for (int64_t t = 0; t < sample_rows; ++t) out[t] = lg[i * v + ids[t]];
+          if (grads->sample_tied_rows.defined()) {
+            // Per sample: gather (rows,rows) [r][t] = g[r, id_t], then out (rows,C) = gather^T h.
+            std::vector<float> gather(static_cast<size_t>(sample_rows * sample_rows));
+            for (int64_t i = 0; i < nb; i += sample_rows) {
+              const int32_t* ids = grads->sample_input_ids + r0 + i;
+              for (int64_t r = 0; r < sample_rows; ++r)
+                for (int64_t t = 0; t < sample_rows; ++t)
+                  gather[static_cast<size_t>(r * sample_rows + t)] = lg[(i + r) * v + ids[t]];
+              cpu::gemm<float>(gather.data(), true, hb + i * c, false,
+                               grads->sample_tied_rows.data<float>() + (r0 + i) * c, sample_rows, c,
+                               sample_rows, 1.0f, 0.0f);
             }
           }
         }

@@ -23,10 +23,11 @@ struct CrossEntropyGrads {
   int64_t sample_rows = 0;
   std::vector<double>* sample_norms_sq = nullptr;
   const std::vector<double>* sample_scale = nullptr;
-  // Tied embeddings (with sample_norms_sq): the input ids (N), and out (N, sample_rows): for
-  // each row r and position t of its sample, the gradient at r's logit of that input's id.
+  // Tied embeddings (with sample_norms_sq): the input ids (N), and out (N,C): row t of a sample
+  // gets sum over the sample's rows r of g[r, id_t] h_r, the head's gradient of the table row of
+  // input t's id (before its other inputs' share), for the cross term of the table's two uses.
   const int32_t* sample_input_ids = nullptr;
-  std::vector<float>* sample_gather = nullptr;
+  Tensor sample_tied_rows;  // undefined: not wanted
 };
 
 // On the GPU h, w, dh and dw are f32 or bf16: each block's logits are fp32 (block_rows, V), as

@@ -56,27 +56,23 @@ std::vector<double> sample_outer_norms_sq(const Tensor& dy, const Tensor& x, int
   return norms;
 }
 
-std::vector<double> tied_cross_terms(const Tensor& h, const Tensor& dx,
-                                     const std::vector<float>& gather, int64_t rows) {
-  expect_samples("head input", h, rows);
+std::vector<double> tied_cross_terms(const Tensor& tied, const Tensor& dx, int64_t rows) {
+  expect_samples("tied head rows", tied, rows);
   expect_samples("embedding gradient", dx, rows);
-  const int64_t n = h.size(0), c = h.size(1);
-  POLLEN_CHECK(
-      dx.size(0) == n && dx.size(1) == c && static_cast<int64_t>(gather.size()) == n * rows,
-      "per-sample clipping: tied weights' operands disagree in shape");
-  std::vector<double> cross(static_cast<size_t>(n / rows));
-  std::vector<float> dots(static_cast<size_t>(rows * rows));
-  for (size_t s = 0; s < cross.size(); ++s) {
-    const int64_t r0 = static_cast<int64_t>(s) * rows;
-    // dots (rows, rows): h_s . dx_t
-    cpu::gemm<float>(h.data<float>() + r0 * c, false, dx.data<float>() + r0 * c, true, dots.data(),
-                     rows, rows, c, 1.0f, 0.0f);
-    double sum = 0;
-    for (int64_t i = 0; i < rows * rows; ++i)
-      sum += static_cast<double>(gather[static_cast<size_t>(r0 * rows + i)]) *
-             dots[static_cast<size_t>(i)];
-    cross[s] = sum;
-  }
+  POLLEN_CHECK(tied.shape() == dx.shape(), "per-sample clipping: the tied head's rows ",
+               shape_str(tied.shape()), " and the embedding's gradient ", shape_str(dx.shape()),
+               " disagree");
+  const int64_t per_sample = rows * dx.size(1);
+  std::vector<double> cross(static_cast<size_t>(dx.size(0) / rows));
+  parallel_for(static_cast<int64_t>(cross.size()), 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t s = lo; s < hi; ++s) {
+      const float* a = tied.data<float>() + s * per_sample;
+      const float* b = dx.data<float>() + s * per_sample;
+      double sum = 0;
+      for (int64_t i = 0; i < per_sample; ++i) sum += static_cast<double>(a[i]) * b[i];
+      cross[static_cast<size_t>(s)] = sum;
+    }
+  });
   return cross;
 }
 

@@ -18,11 +18,10 @@ double outer_product_norm_sq(const float* a, int64_t m, const float* b, int64_t 
 std::vector<double> sample_outer_norms_sq(const Tensor& dy, const Tensor& x, int64_t rows);
 
 // Tied embeddings: each sample's <its gradient of the table through the embedding, through the
-// head>, sum over the sample's rows s and positions t of gather[s][t] (h_s . dx_t), from the
-// head's inputs h (N,C), the embedding's output gradient dx (N,C) and gather (N, rows) (the head
-// logits' gradient at the sample's input ids).
-std::vector<double> tied_cross_terms(const Tensor& h, const Tensor& dx,
-                                     const std::vector<float>& gather, int64_t rows);
+// head>, the sum over its positions t of dx_t . tied_t, from the embedding's output gradient dx
+// (N,C) and the head's gradient of the table row of each input's id, tied (N,C)
+// (CrossEntropyGrads::sample_tied_rows).
+std::vector<double> tied_cross_terms(const Tensor& tied, const Tensor& dx, int64_t rows);
 
 // g (N,M) with each sample's rows multiplied by its scale; a sample of scale 0 becomes zeros
 // (whatever g held: a non-finite gradient is left out, not multiplied).

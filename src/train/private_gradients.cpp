@@ -43,7 +43,9 @@ ClippedRows add_clipped_chunk(const model::Llama& model, const model::Batch& row
   for (size_t r = 0; r < scale.size(); ++r) {
     if (scored[r] == 0) continue;
     const double count = static_cast<double>(scored[r]);
-    scale[r] = dp.clip_factor(std::sqrt(per_sample.norms_sq()[r]) / count) / count;
+    // A norm near 0 may round below it (a tied table's cross term); NaN stays NaN, left out.
+    const double norm_sq = std::max(per_sample.norms_sq()[r], 0.0);
+    scale[r] = dp.clip_factor(std::sqrt(norm_sq) / count) / count;
   }
   per_sample.write(scale);
   dp.add_gradients();

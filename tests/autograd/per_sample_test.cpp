@@ -41,9 +41,10 @@ struct Net {
   }
 };
 
-// Each parameter's gradient (float64) of the loss of samples' rows [r0, r1).
+// Each parameter's gradient (float64) of `seed` times the loss of samples' rows [r0, r1).
 std::vector<std::vector<double>> gradient_of(const Net& net, const Tensor& ids,
-                                             const Tensor& targets, int64_t r0, int64_t r1) {
+                                             const Tensor& targets, int64_t r0, int64_t r1,
+                                             double seed) {
   for (auto p : net.params) p.zero_grad();
   ag::Tape tape;
   ag::Var loss;
@@ -51,7 +52,7 @@ std::vector<std::vector<double>> gradient_of(const Net& net, const Tensor& ids,
     ag::TapeScope scope(tape);
     loss = net.loss(ids.slice(0, r0, r1), targets.slice(0, r0, r1));
   }
-  tape.backward(loss);
+  tape.backward(loss, seed);
   std::vector<std::vector<double>> g;
   for (auto p : net.params) {
     g.push_back(p.grad().to_doubles());
@@ -71,14 +72,14 @@ void make_batch(int64_t rows, Tensor& ids, Tensor& targets) {
   targets.data<int32_t>()[1] = -100;  // an unscored token
 }
 
-// The one-pass norms and scaled sum against the samples' own gradients; returns the written
-// gradients' largest relative error.
+// The one-pass norms and scaled sum against the samples' own gradients, backward seeded with
+// `seed` (which every norm and write must carry).
 void expect_matches_each_sample(int64_t rows, const Net& net, const Tensor& ids,
                                 const Tensor& targets, const std::vector<double>& scale,
-                                const std::vector<bool>& finite) {
+                                const std::vector<bool>& finite, double seed = 1.0) {
   std::vector<std::vector<std::vector<double>>> each;
   for (int64_t s = 0; s < kSamples; ++s)
-    each.push_back(gradient_of(net, ids, targets, s * rows, (s + 1) * rows));
+    each.push_back(gradient_of(net, ids, targets, s * rows, (s + 1) * rows, seed));
 
   ag::PerSampleGradients per_sample(kSamples, rows);
   ag::Tape tape;
@@ -87,7 +88,7 @@ void expect_matches_each_sample(int64_t rows, const Net& net, const Tensor& ids,
     ag::TapeScope scope(tape);
     loss = net.loss(ids, targets);
   }
-  tape.backward(loss);
+  tape.backward(loss, seed);
   for (const auto& p : net.params) EXPECT_FALSE(p.grad().defined()) << "written before write()";
   for (int64_t s = 0; s < kSamples; ++s) {
     const double got = per_sample.norms_sq()[static_cast<size_t>(s)];
@@ -124,6 +125,7 @@ TEST(PerSampleGradients, NormsAndTheScaledSumEqualEachSamplesOwnGradient) {
     make_batch(rows, ids, targets);
     const Net net(5);
     expect_matches_each_sample(rows, net, ids, targets, {0.5, 2.0, 0.25}, {true, true, true});
+    expect_matches_each_sample(rows, net, ids, targets, {0.5, 2.0, 0.25}, {true, true, true}, 0.37);
   }
 }
 
@@ -145,6 +147,7 @@ TEST(PerSampleGradients, TiedEmbeddingsAddTheCrossTermOfTheirTwoUses) {
     make_batch(rows, ids, targets);
     const Net net(9, true);
     expect_matches_each_sample(rows, net, ids, targets, {0.5, 2.0, 0.25}, {true, true, true});
+    expect_matches_each_sample(rows, net, ids, targets, {0.5, 2.0, 0.25}, {true, true, true}, 0.37);
   }
 }
 
@@ -166,7 +169,19 @@ TEST(PerSampleGradients, RefusesAWeightUsedTwiceOtherwise) {
   }
   try {
     tape.backward(loss);
-    FAIL() << "a tied weight was accepted";
+    FAIL() << "a weight used twice was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("used twice"), std::string::npos) << e.what();
+  }
+  // A tied table embedded twice: the cross term of two embedding uses is not kept.
+  const Net tied(8, true);
+  ag::PerSampleGradients again(kSamples, 2);
+  ag::Tape tape2;
+  ag::TapeScope scope(tape2);
+  const ag::Var first = ag::embedding(tied.params[0], ids);
+  try {
+    (void)ag::embedding(tied.params[0], ids);
+    FAIL() << "a table embedded twice was accepted";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("used twice"), std::string::npos) << e.what();
   }
