@@ -214,6 +214,22 @@ PrivacyAccountant PrivacyAccountant::after(double q, double sigma, int64_t steps
   return a;
 }
 
+void PrivacyAccountant::add_release(const std::vector<double>& release_rdp) {
+  POLLEN_CHECK(release_rdp.size() == rdp_.size(), "privacy accountant: a release of ",
+               release_rdp.size(), " RDP values, expected ", rdp_.size());
+  for (size_t k = 0; k < rdp_.size(); ++k) {
+    POLLEN_CHECK(release_rdp[k] >= 0, "privacy accountant: a negative RDP value");
+    rdp_[k] += release_rdp[k];
+  }
+  ++steps_;
+}
+
+PrivacyAccountant PrivacyAccountant::after_release(const std::vector<double>& release_rdp) const {
+  PrivacyAccountant a = *this;
+  a.add_release(release_rdp);
+  return a;
+}
+
 void PrivacyAccountant::restore(std::vector<double> rdp, int64_t steps) {
   POLLEN_CHECK(rdp.size() == rdp_orders().size(), "privacy accountant state: ", rdp.size(),
                " RDP values, expected ", rdp_orders().size());

@@ -48,6 +48,10 @@ class PrivacyAccountant {
   // What add(q, sigma, steps, sampling) would leave, without taking it.
   PrivacyAccountant after(double q, double sigma, int64_t steps = 1,
                           Sampling sampling = Sampling::poisson) const;
+  // Composes one release whose RDP at each of rdp_orders() is `release_rdp` (a mechanism other
+  // than the sampled Gaussian: optim/discrete_gaussian.h's).
+  void add_release(const std::vector<double>& release_rdp);
+  PrivacyAccountant after_release(const std::vector<double>& release_rdp) const;
   Epsilon epsilon(double delta) const { return rdp_to_epsilon(rdp_, delta); }
   int64_t steps() const { return steps_; }
 

@@ -1,0 +1,117 @@
+#include "optim/discrete_gaussian.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "base/error.h"
+#include "optim/privacy_accountant.h"
+
+namespace pollen::optim {
+
+namespace {
+
+using u128 = DiscreteU128;
+
+// Uniform in [0, n), n > 0, by rejection from 128 random bits: exact.
+u128 below(Rng& rng, u128 n) {
+  if (n >> 64 == 0) return rng.below(static_cast<uint64_t>(n));
+  const u128 reject_from = (u128{0} - n) % n;  // 2^128 mod n: the incomplete last multiple
+  for (;;) {
+    const u128 r = (static_cast<u128>(rng.next_u64()) << 64) | rng.next_u64();
+    if (r >= reject_from) return r % n;
+  }
+}
+
+// True with probability p / q.
+bool bernoulli(Rng& rng, u128 p, u128 q) {
+  return below(rng, q) < p;
+}
+
+// exp(-gamma) for gamma = num / den in [0, 1]: the parity of the first K for which a draw of
+// Bernoulli(gamma / K) fails (algorithm 1).
+bool bernoulli_exp_at_most_one(Rng& rng, u128 num, u128 den) {
+  u128 k = 1;
+  while (bernoulli(rng, num, den * k)) ++k;  // P(k > 40) < 1 / 40!: no overflow
+  return (k & 1) == 1;
+}
+
+uint64_t integer_sqrt(uint64_t v) {
+  auto r = static_cast<uint64_t>(std::sqrt(static_cast<double>(v)));
+  while (r * r > v) --r;
+  while ((r + 1) * (r + 1) <= v) ++r;
+  return r;
+}
+
+}  // namespace
+
+bool bernoulli_exp(Rng& rng, u128 num, u128 den) {
+  POLLEN_ASSERT(den > 0 && num >> 120 == 0 && den >> 120 == 0);
+  // exp(-gamma) = exp(-1)^floor(gamma) exp(-(gamma - floor(gamma))).
+  while (num > den) {
+    if (!bernoulli_exp_at_most_one(rng, 1, 1)) return false;
+    num -= den;
+  }
+  return bernoulli_exp_at_most_one(rng, num, den);
+}
+
+int64_t discrete_laplace(Rng& rng, uint64_t t) {
+  POLLEN_ASSERT(t >= 1 && t < (uint64_t{1} << 32));
+  // Algorithm 2: X = U + t V with U uniform in [0, t) kept with probability exp(-U / t) and V
+  // geometric with ratio exp(-1), then a sign (a negative zero drawn again).
+  for (;;) {
+    const uint64_t u = rng.below(t);
+    if (!bernoulli_exp(rng, u, t)) continue;
+    uint64_t v = 0;
+    while (bernoulli_exp(rng, 1, 1)) ++v;
+    if (v > (uint64_t{1} << 30)) continue;  // probability below exp(-2^30): out of int64's range
+    const uint64_t x = u + t * v;
+    const bool negative = (rng.next_u32() & 1) != 0;
+    if (negative && x == 0) continue;
+    return negative ? -static_cast<int64_t>(x) : static_cast<int64_t>(x);
+  }
+}
+
+int64_t discrete_gaussian(Rng& rng, uint64_t variance) {
+  POLLEN_CHECK(variance >= 1 && variance <= kMaxDiscreteVariance,
+               "discrete Gaussian: the variance must be in [1, 2^56], got ", variance);
+  // Algorithm 3: a discrete Laplace draw Y of scale t = floor(sigma) + 1, kept with probability
+  // exp(-(|Y| - sigma^2 / t)^2 / (2 sigma^2)) = exp(-(|Y| t - sigma^2)^2 / (2 sigma^2 t^2)).
+  const uint64_t t = integer_sqrt(variance) + 1;
+  const u128 den = u128{2} * variance * t * t;  // below 2^114
+  // |Y| t past 2^62 is kept with probability below exp(-2^60 / variance^2 ...): never, in
+  // practice; drawn again so that the numerator stays below 2^124.
+  const uint64_t largest = (uint64_t{1} << 62) / t;
+  for (;;) {
+    const int64_t y = discrete_laplace(rng, t);
+    const auto a = static_cast<uint64_t>(y < 0 ? -y : y);
+    if (a > largest) continue;
+    const uint64_t at = a * t;
+    const u128 diff = at >= variance ? at - variance : variance - at;
+    if (bernoulli_exp(rng, diff * diff, den)) return y;
+  }
+}
+
+std::vector<double> distributed_discrete_gaussian_rdp(double l2, double l1, int64_t dim,
+                                                      double sum_variance, double share_variance,
+                                                      int64_t most_shares) {
+  POLLEN_CHECK(
+      l2 >= 0 && l1 >= 0 && dim >= 1 && sum_variance > 0 && share_variance > 0 && most_shares >= 1,
+      "distributed discrete Gaussian: sensitivities ", l2, " and ", l1, ", ", dim,
+      " values, variances ", sum_variance, " and ", share_variance, ", ", most_shares, " shares");
+  const double pi2 = std::numbers::pi * std::numbers::pi;
+  const double tau = 10.0 * static_cast<double>(most_shares - 1) * std::exp(-pi2 * share_variance);
+  const double a = l2 / std::sqrt(sum_variance);
+  const double b = l1 / std::sqrt(sum_variance);
+  const auto d = static_cast<double>(dim);
+  std::vector<double> rdp;
+  for (const double alpha : rdp_orders()) {
+    const double first = alpha / 2 * a * a + tau * d;
+    const double second = alpha / 2 * (a * a + 2 * b * tau + tau * tau * d);
+    const double third = alpha / 2 * std::pow(a + std::sqrt(d) * tau, 2);
+    rdp.push_back(std::min({first, second, third}));
+  }
+  return rdp;
+}
+
+}  // namespace pollen::optim
