@@ -5,6 +5,7 @@
 #include "fed/client.h"
 #include "fed/privacy.h"
 #include "fed/secagg/masked_set.h"
+#include "fed/secagg/private_quantize.h"
 #include "fed/secagg/quantize.h"
 
 namespace pollen::fed {
@@ -77,7 +78,7 @@ Weights Client::clip_and_weigh(int64_t round, const Weights& delta, int64_t toke
   }
   log::info("fed client '", config_.id, "': round ", round, ": distributed DP: update norm ", norm,
             clipped ? cat(", clipped to ", noise.clip) : std::string(), ", weight ", weight,
-            ", noise std ", noise.stddev, " per value");
+            ", discrete Gaussian noise of std ", noise.stddev, " per value");
   return out;
 }
 
@@ -111,17 +112,17 @@ EncodedSet Client::masked_update(int64_t round, const Weights& delta, int64_t to
   const uint64_t seed = Rng(config_.seed).fork(static_cast<uint64_t>(round)).next_u64();
   std::vector<uint64_t> words;
   if (noise.enabled()) {
-    Rng noise_draws = noise_rng(noise.seed, fnv1a(config_.id)).fork(static_cast<uint64_t>(round));
+    const Rng noise_draws =
+        noise_rng(noise.seed, fnv1a(config_.id)).fork(static_cast<uint64_t>(round));
     bool clipped = false;
-    words = secagg::quantize(clip_and_weigh(round, delta, tokens, noise, &clipped), weight, options,
-                             seed, &stats, &noise_draws);
+    words =
+        secagg::quantize_private(clip_and_weigh(round, delta, tokens, noise, &clipped), noise.clip,
+                                 noise.stddev, options, seed, noise_draws.fork(0), &stats);
     if (noise.counts_unclipped()) {
       // Adaptive clipping: the centred indicator [norm <= C] - 1/2, with the count's noise share.
-      secagg::Options count_options = options;
-      count_options.noise.stddev = noise.count_stddev;
       const Weights indicator{Tensor::from<float>({1}, {clipped ? -0.5f : 0.5f})};
-      const auto count =
-          secagg::quantize(indicator, weight, count_options, seed + 1, nullptr, &noise_draws);
+      const auto count = secagg::quantize_private(indicator, 0.5, noise.count_stddev, options,
+                                                  seed + 1, noise_draws.fork(1));
       words.insert(words.end(), count.begin(), count.end());
     }
   } else {

@@ -165,6 +165,8 @@ class Coordinator {
   // adaptive clipping's count noise, or with secure aggregation a ring that cannot hold the
   // noise).
   std::string refuse_private_round_locked(int64_t round, int64_t selected, int64_t available) const;
+  // Under distributed DP: what a round of `selected` clients releases, at each RDP order.
+  std::vector<double> distributed_release_rdp_locked(size_t selected) const;
   // The open round's secure aggregation options, with distributed DP's noise for `selected`
   // clients once the session knows its threshold.
   secagg::Options secagg_options_locked(size_t selected) const;

@@ -171,7 +171,8 @@ RoundSummary Coordinator::end_round() {
       // the round is applied, and a round that is not is saved with the accountant.
       dp_->account_distributed(static_cast<int64_t>(s.selected.size()), round_available_,
                                static_cast<int64_t>(secagg_->inputs()),
-                               secagg_options_locked(s.selected.size()).noise, &report);
+                               secagg_options_locked(s.selected.size()).noise,
+                               distributed_release_rdp_locked(s.selected.size()), &report);
       if (count) dp_->adapt_distributed(*count, &report);
       released_unapplied = !s.aggregated;
     }

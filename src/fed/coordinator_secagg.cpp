@@ -3,6 +3,7 @@
 #include "fed/coordinator.h"
 
 #include "base/log.h"
+#include "fed/secagg/private_quantize.h"
 #include "fed/secagg/quantize.h"
 
 namespace pollen::fed {
@@ -99,23 +100,36 @@ secagg::Options Coordinator::secagg_options_locked(size_t selected) const {
   return o;
 }
 
+std::vector<double> Coordinator::distributed_release_rdp_locked(size_t selected) const {
+  int64_t values = 0;
+  for (const Tensor& t : global_) values += t.numel();
+  // The noise of the whole sum: the share of a sum of one input.
+  const secagg::DistributedNoise central =
+      dp_->distributed_noise(1, static_cast<int64_t>(selected));
+  return secagg::release_rdp(config_.secure_aggregation, central, values,
+                             static_cast<int64_t>(selected));
+}
+
 std::string Coordinator::refuse_private_round_locked(int64_t round, int64_t selected,
                                                      int64_t available) const {
-  std::string why = dp_->refuse_round(round, selected, available);
+  // The Gaussian of multiplier z first: adaptive clipping's refusal, and a budget that even it
+  // would pass (the discrete Gaussian's release costs more).
+  const std::string why = dp_->refuse_round(round, selected, available);
   if (!why.empty() || !config_.secure_aggregation.enabled) return why;
-  // The ring must hold the selected clients' values with the largest noise share (threshold 2),
-  // checked before any client adds noise or reveals a share.
-  secagg::Options worst = config_.secure_aggregation;
-  worst.noise = dp_->distributed_noise(2, selected);
   try {
+    // The ring must hold the selected clients' values with the largest noise share (threshold
+    // 2), checked before any client adds noise or reveals a share.
+    secagg::Options worst = config_.secure_aggregation;
+    worst.noise = dp_->distributed_noise(2, selected);
     worst.validate([](const std::string& key) {
       return cat("secure_aggregation.", key, " with [privacy]'s noise");
     });
     secagg::check_fits(selected, worst);
+    const std::vector<double> rdp = distributed_release_rdp_locked(static_cast<size_t>(selected));
+    return dp_->refuse_round(round, selected, available, &rdp);
   } catch (const Error& e) {
-    why = cat("privacy: round ", round, ": ", e.what());
+    return cat("privacy: round ", round, ": ", e.what());
   }
-  return why;
 }
 
 bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t participants,

@@ -148,7 +148,8 @@ std::vector<std::string> CentralDp::sample_clients(
   return poisson_sample(available, poisson_rate_, rng);
 }
 
-std::string CentralDp::refuse_round(int64_t round, int64_t selected, int64_t available) const {
+std::string CentralDp::refuse_round(int64_t round, int64_t selected, int64_t available,
+                                    const std::vector<double>* release_rdp) const {
   const double q = sampling_rate(selected, available);
   if (options_.adaptive_clip && options_.noise_multiplier > 0) {
     const double m = denominator(selected, available);
@@ -163,9 +164,11 @@ std::string CentralDp::refuse_round(int64_t round, int64_t selected, int64_t ava
   }
   if (options_.epsilon_budget > 0) {
     const Epsilon now = epsilon();
-    const Epsilon next =
-        after_central_releases(accountant_, options_.sampling, q, options_.noise_multiplier)
-            .epsilon(options_.delta);
+    const PrivacyAccountant after =
+        release_rdp
+            ? accountant_.after_release(*release_rdp)
+            : after_central_releases(accountant_, options_.sampling, q, options_.noise_multiplier);
+    const Epsilon next = after.epsilon(options_.delta);
     if (next.epsilon > options_.epsilon_budget) {
       return cat("privacy budget: round ", round, " (sampling rate ", q, ", noise multiplier ",
                  options_.noise_multiplier, ") would take epsilon from ", now.epsilon, " to ",
@@ -248,6 +251,10 @@ void CentralDp::adapt_clip(double noised_fraction, AggregationReport& r) {
 void CentralDp::account_release(double q, double m, double z_sum, AggregationReport& r) {
   accountant_ =
       after_central_releases(accountant_, options_.sampling, q, options_.noise_multiplier);
+  report_release(q, m, z_sum, r);
+}
+
+void CentralDp::report_release(double q, double m, double z_sum, AggregationReport& r) const {
   const Epsilon e = epsilon();
   r.extra["epsilon"] = e.epsilon;
   r.extra["delta"] = options_.delta;
@@ -277,13 +284,16 @@ secagg::DistributedNoise CentralDp::distributed_noise(int64_t fewest_in_sum,
 
 void CentralDp::account_distributed(int64_t selected, int64_t available, int64_t in_sum,
                                     const secagg::DistributedNoise& noise,
+                                    const std::vector<double>& release_rdp,
                                     AggregationReport* report) {
   POLLEN_CHECK(distributed_ && in_sum >= 1 && selected >= in_sum && available >= selected,
                "privacy: a distributed release of ", in_sum, " inputs from ", selected,
                " selected of ", available, " clients");
   // The shares of the clients in the sum: at least z C, more when more than the fewest came.
   const double z_sum = noise.stddev * std::sqrt(static_cast<double>(in_sum)) / noise.clip;
-  account_release(1, static_cast<double>(selected), z_sum, *report);
+  accountant_.add_release(release_rdp);
+  report_release(1, static_cast<double>(selected), z_sum, *report);
+  report->extra["noise"] = "discrete_gaussian";
 }
 
 void CentralDp::adapt_distributed(double mean_count, AggregationReport* report) {

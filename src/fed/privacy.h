@@ -38,15 +38,17 @@
 //     everyone would.
 //
 // Distributed DP (`[privacy]` with `[secure_aggregation]`): the server never sees an update, so
-// the clients clip and noise: each selected client clips its update to C, scales it by w_i and
-// adds N(0, (z C)^2 / k) before masking, where k, the Shamir threshold, is the fewest clients
+// the clients clip and noise: each selected client clips its update to C, scales it by w_i,
+// quantises it and adds the discrete Gaussian of variance (z C)^2 / k (in quantisation steps,
+// rounded up) before masking, where k, the Shamir threshold, is the fewest clients
 // whose inputs any sum the server can unmask holds (a survivor's self mask needs the threshold's
-// revealed shares, and revealing clients sent an input). The unmasked sum then
-// carries at least N(0, (z C)^2), and the server divides it by m, the clients selected. The
-// server knows whom it selected, so no amplification by sampling is claimed against it: each
-// round is accounted as the Gaussian mechanism of multiplier z (q = 1); sampling must be
-// "fixed". With adaptive clipping each client also masks its centred indicator with a share
-// N(0, sigma_b^2 / k) of the count's noise, and the update's share is z_Delta C / sqrt(k), where
+// revealed shares, and revealing clients sent an input). The unmasked sum's noise then has
+// variance at least (z C)^2, and the server divides it by m, the clients selected. The server
+// knows whom it selected, so no amplification by sampling is claimed against it: each round is
+// accounted as the distributed discrete Gaussian the clients add (fed/secagg/private_quantize.h),
+// which costs a hair more than the Gaussian mechanism of multiplier z (q = 1); sampling must be
+// "fixed". With adaptive clipping each client also masks its centred indicator with a share of
+// variance sigma_b^2 / k of the count's noise, and the update's share is z_Delta C / sqrt(k), where
 // z_Delta = (z^-2 - sigma_b^-2)^(-1/2): a real update against a zero one moves the count by 1,
 // not 1/2 (the server sees who took part), so this needs z < sigma_b.
 //
@@ -129,7 +131,10 @@ class CentralDp {
 
   // Before round `round` with `selected` of `available` clients: empty when it may start, else
   // why not (the budget would be passed, or adaptive clipping cannot afford its count noise).
-  std::string refuse_round(int64_t round, int64_t selected, int64_t available) const;
+  // `release_rdp`: under distributed DP, what the round's release costs at each RDP order
+  // (secagg::release_rdp), charged instead of the Gaussian of multiplier z.
+  std::string refuse_round(int64_t round, int64_t selected, int64_t available,
+                           const std::vector<double>* release_rdp = nullptr) const;
 
   // The generator of attempt `attempt` of round `round`'s sample, drawn like the noise (from the
   // OS's CSPRNG, so that nobody can draw the sample again and amplification by sampling holds;
@@ -152,10 +157,12 @@ class CentralDp {
   // and with adaptive clipping the count's share of sigma_b.
   secagg::DistributedNoise distributed_noise(int64_t fewest_in_sum, int64_t selected) const;
   // Distributed DP: accounts for a round whose sum of `in_sum` clients' inputs, each noised by
-  // `noise`, the server may unmask, and fills report->extra. Never refuses: refuse_round decided
-  // before the round whether it may start.
+  // `noise`, the server may unmask, at the cost `release_rdp` (secagg::release_rdp: the discrete
+  // Gaussian's, a hair above the Gaussian of multiplier z), and fills report->extra. Never
+  // refuses: refuse_round decided before the round whether it may start.
   void account_distributed(int64_t selected, int64_t available, int64_t in_sum,
-                           const secagg::DistributedNoise& noise, AggregationReport* report);
+                           const secagg::DistributedNoise& noise,
+                           const std::vector<double>& release_rdp, AggregationReport* report);
   // Distributed DP with adaptive clipping, after account_distributed: C follows the unmasked
   // count's mean, sum_i ([|delta_i| <= C] - 1/2) + noise, over m.
   void adapt_distributed(double mean_count, AggregationReport* report);
@@ -179,9 +186,10 @@ class CentralDp {
   // sigma_b over the count's sensitivity: 2 sigma_b centrally, sigma_b under distributed DP.
   double count_noise_multiplier(double m) const;
   double sum_noise_multiplier(double m) const;
-  // Accounts for one release and writes the round's privacy figures, the clip it used among
-  // them, into r.extra.
+  // Accounts for one release of the Gaussian mechanism and reports it.
   void account_release(double q, double m, double z_sum, AggregationReport& r);
+  // Writes the round's privacy figures, the clip it used among them, into r.extra.
+  void report_release(double q, double m, double z_sum, AggregationReport& r) const;
   // C <- C exp(-eta_C (b - gamma)) for the released fraction b of unclipped updates.
   void adapt_clip(double noised_fraction, AggregationReport& r);
 

@@ -30,8 +30,10 @@ namespace pb = ::pollen::fed::v1;
 // (strategy.first_moments); 9: Join names the post-training objective (a reward model's score
 // head travels beside B); 10: distributed DP, the roster's dp_* parameters (a client that ignored
 // them would send unclipped, unnoised updates that the server would account as private); 11:
-// adaptive clipping under distributed DP, the roster's dp_count_stddev and the masked count
-constexpr uint32_t kProtocolVersion = 11;
+// adaptive clipping under distributed DP, the roster's dp_count_stddev and the masked count; 12:
+// distributed DP's noise is the discrete Gaussian added to the rounded update (a client that added
+// continuous noise before rounding would release what the server's accounting does not cover)
+constexpr uint32_t kProtocolVersion = 12;
 // The most deltas a compressed download keeps for clients that missed rounds (fed/model_view.h),
 // so that a client reaches the round's model within kMaxChainLinks + 1 pulls.
 constexpr size_t kMaxChainLinks = 62;

@@ -165,11 +165,14 @@ TEST(DistributedDp, EachClientsShareIsTheCentralNoiseOverRootKAndNoSamplingIsCla
   EXPECT_EQ(noise.seed, 7);
   EXPECT_EQ(noise.count_stddev, 0) << "a fixed clip sends no count";
   // 6 of 20 available selected, 5 inputs in the sum: the server knows whom it selected, so the
-  // round is the Gaussian mechanism of multiplier z (q = 1), with more noise than z C in the sum.
+  // round is charged what the release costs with no sampling (q = 1), here the Gaussian mechanism
+  // of multiplier z (the discrete Gaussian's cost, secagg::release_rdp, is a hair above it), with
+  // more noise than z C in the sum.
   AggregationReport report;
-  c.account_distributed(6, 20, 5, noise, &report);
   const PrivacyAccountant gaussian = PrivacyAccountant().after(1.0, 1.2);
+  c.account_distributed(6, 20, 5, noise, gaussian.rdp(), &report);
   EXPECT_DOUBLE_EQ(report.extra["epsilon"].get<double>(), gaussian.epsilon(1e-5).epsilon);
+  EXPECT_EQ(report.extra["noise"], "discrete_gaussian");
   EXPECT_DOUBLE_EQ(report.extra["sampling_rate"].get<double>(), 1.0);
   EXPECT_DOUBLE_EQ(report.extra["sum_noise_multiplier"].get<double>(), 0.3 * std::sqrt(5.0) / 0.5);
   EXPECT_DOUBLE_EQ(report.extra["expected_clients"].get<double>(), 6.0);

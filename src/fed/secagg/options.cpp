@@ -4,6 +4,7 @@
 
 #include "base/config.h"
 #include "base/error.h"
+#include "optim/discrete_gaussian.h"
 
 namespace pollen::fed::secagg {
 
@@ -37,8 +38,7 @@ void Options::validate(const std::function<std::string(const std::string&)>& whe
                "least 0.5, got ",
                range);
   // One client with one token must fit: the server checks the round's total tokens.
-  const double levels =
-      std::ceil((range + DistributedNoise::kTails * noise.largest_stddev()) / step);
+  const auto levels = static_cast<double>(max_level());
   const bool fits = levels < std::ldexp(1.0, ring_bits - 1);
   const char* tails = noise.largest_stddev() > 0 ? " and the noise's tails" : "";
   POLLEN_CHECK(fits, where("ring_bits"), ": ", levels, " levels (range", tails, " over step) ",
@@ -46,12 +46,26 @@ void Options::validate(const std::function<std::string(const std::string&)>& whe
   POLLEN_CHECK(phase_timeout_s > 0, where("phase_timeout_s"), ": must be positive");
 }
 
+uint64_t Options::noise_variance(double stddev) const {
+  if (stddev == 0) return 0;
+  const double variance = std::ceil((stddev / step) * (stddev / step));
+  POLLEN_CHECK(variance <= static_cast<double>(optim::kMaxDiscreteVariance),
+               "secure aggregation: distributed DP noise of std ", stddev, " is ",
+               std::sqrt(variance), " steps of ", step,
+               ", past the 2^28 steps the discrete Gaussian takes; raise secure_aggregation.step "
+               "or lower privacy.clip or noise_multiplier");
+  return static_cast<uint64_t>(std::max(1.0, variance));
+}
+
+int64_t Options::noise_tail(double stddev) const {
+  const uint64_t variance = noise_variance(stddev);
+  return static_cast<int64_t>(
+      std::floor(DistributedNoise::kTails * std::sqrt(static_cast<double>(variance))));
+}
+
 int64_t Options::level(double stddev) const {
-  const double levels = std::ceil((range + DistributedNoise::kTails * stddev) / step);
-  POLLEN_CHECK(levels < 0x1p62, "secure aggregation: ", levels,
-               " levels (range and the noise's tails over step) fit no ring; raise "
-               "secure_aggregation.step or lower the noise");
-  return static_cast<int64_t>(levels);
+  // range / step is at most 2^52 (validate) and the tail at most 20 * 2^28.
+  return static_cast<int64_t>(std::ceil(range / step)) + noise_tail(stddev);
 }
 
 size_t Options::resolved_threshold(size_t holders) const {

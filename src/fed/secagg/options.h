@@ -16,9 +16,10 @@ namespace pollen::fed::secagg {
 
 // Distributed DP ([privacy] together with secure aggregation; docs/federated.md): the server
 // sets it each round in the roster. Each client clips its update to the L2 norm `clip`, scales
-// it by its weight (1, or min(1, tokens / token_cap)) and adds its share of the noise,
-// N(0, stddev^2) per value, before quantising; the shares of the at least k clients in any sum
-// the server unmasks add up to the central mechanism's N(0, (z clip)^2).
+// it by its weight (1, or min(1, tokens / token_cap)), quantises it and adds its share of the
+// noise, the discrete Gaussian of variance ceil((stddev / step)^2) per value
+// (fed/secagg/private_quantize.h); the shares of the at least k clients in any sum the server
+// unmasks add up to at least the central mechanism's (z clip)^2.
 struct DistributedNoise {
   double clip = 0;        // 0: off
   double stddev = 0;      // z clip / sqrt(k)
@@ -52,8 +53,13 @@ struct Options {
 
   // Throws naming the key (where(key) says where it was read) when a value is out of range.
   void validate(const std::function<std::string(const std::string&)>& where) const;
+  // The discrete Gaussian's variance, in steps^2, of noise of std `stddev`:
+  // ceil((stddev / step)^2), 0 for none. Throws past optim::kMaxDiscreteVariance, naming the keys.
+  uint64_t noise_variance(double stddev) const;
+  // The largest |noise| a client adds to a value, in steps: floor(kTails sqrt(variance)).
+  int64_t noise_tail(double stddev) const;
   // The largest |quantised value| of a coordinate that carries noise of `stddev`:
-  // ceil((range + kTails stddev) / step); ceil(range / step) without distributed DP.
+  // ceil(range / step) + noise_tail(stddev).
   int64_t level(double stddev) const;
   // The largest of any coordinate, the update's or the count's: what the ring must hold.
   int64_t max_level() const { return level(noise.largest_stddev()); }

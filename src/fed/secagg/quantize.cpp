@@ -18,23 +18,19 @@ int64_t ring_signed(uint64_t word, int ring_bits) {
                       : static_cast<int64_t>(word);
 }
 
-namespace {
-
-// N(0, stddev^2) truncated at kTails standard deviations, by drawing again.
-double truncated_normal(Rng& rng, double stddev) {
-  for (;;) {
-    const double z = rng.normal();
-    if (std::fabs(z) <= DistributedNoise::kTails) return z * stddev;
+int64_t round_to_level(double scaled, bool stochastic, Rng& rng) {
+  double q = std::floor(scaled);
+  if (stochastic) {
+    if (rng.uniform() < scaled - q) q += 1;
+  } else if (scaled - q >= 0.5) {
+    q += 1;
   }
+  return static_cast<int64_t>(q);
 }
 
-}  // namespace
-
 std::vector<uint64_t> quantize(const Weights& delta, int64_t weight_in, const Options& options,
-                               uint64_t seed, QuantizeStats* stats, Rng* noise) {
+                               uint64_t seed, QuantizeStats* stats) {
   POLLEN_CHECK(weight_in >= 1, "secure aggregation: an update needs at least one token");
-  POLLEN_CHECK(options.noise.largest_stddev() == 0 || (noise != nullptr && weight_in == 1),
-               "secure aggregation: distributed DP noise needs a generator and weight 1");
   check_fits(weight_in, options);
   int64_t n = 0;
   for (const Tensor& t : delta) n += t.numel();
@@ -54,16 +50,9 @@ std::vector<uint64_t> quantize(const Weights& delta, int64_t weight_in, const Op
         ++clipped;
         v = std::copysign(options.range, v);
       }
-      if (options.noise.stddev > 0) v += truncated_normal(*noise, options.noise.stddev);
-      const double scaled = v / options.step;
-      double q = std::floor(scaled);
-      if (options.stochastic) {
-        if (rng.uniform() < scaled - q) q += 1;
-      } else if (scaled - q >= 0.5) {
-        q += 1;
-      }
+      const int64_t q = round_to_level(v / options.step, options.stochastic, rng);
       // Two's complement product: t * q mod 2^b, exact for any sign.
-      out.push_back((weight * static_cast<uint64_t>(static_cast<int64_t>(q))) & mask);
+      out.push_back((weight * static_cast<uint64_t>(q)) & mask);
     }
   }
   if (stats) stats->clipped = clipped;

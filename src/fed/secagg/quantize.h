@@ -17,11 +17,9 @@
 // since Delta's error is the token-weighted mean of the per-client rounding errors; plus one
 // float32 rounding of the result.
 //
-// With distributed DP (Options::noise) each client's weight is 1 and its value
-// w_i clip_C(delta_i) is clipped to the range, then its noise share is added before rounding:
-//   q_i = round((clip(w_i delta_i, -range, range) + N(0, stddev^2)) / step),
-// the noise truncated at kTails standard deviations, and the server divides by the round's fixed
-// denominator m (the clients selected) instead of the weights' sum.
+// With distributed DP (Options::noise) each client's weight is 1, its value w_i clip_C(delta_i)
+// is quantised and noised by fed/secagg/private_quantize.h, and the server divides by the
+// round's fixed denominator m (the clients selected) instead of the weights' sum.
 #include <cstdint>
 #include <vector>
 
@@ -35,11 +33,14 @@ struct QuantizeStats {
   int64_t clipped = 0;  // values outside [-range, range]
 };
 
-// x_i for every coordinate of `delta` (tensors concatenated in order), weighted by `weight` (t_i;
-// 1 with distributed DP). `seed` drives the stochastic rounding, `noise` the distributed DP noise
-// (needed when options.noise.stddev > 0).
+// x_i for every coordinate of `delta` (tensors concatenated in order), weighted by `weight`
+// (t_i). `seed` drives the stochastic rounding.
 std::vector<uint64_t> quantize(const Weights& delta, int64_t weight, const Options& options,
-                               uint64_t seed, QuantizeStats* stats = nullptr, Rng* noise = nullptr);
+                               uint64_t seed, QuantizeStats* stats = nullptr);
+
+// `scaled` (a value over step) rounded to an integer: floor or ceil with the probabilities that
+// make the result unbiased (`stochastic`, drawing from `rng`), else to nearest.
+int64_t round_to_level(double scaled, bool stochastic, Rng& rng);
 
 // Throws (saying what to change) when sum_i t_i * L could wrap the ring.
 void check_fits(int64_t total_weight, const Options& options);
