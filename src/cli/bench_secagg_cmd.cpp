@@ -6,6 +6,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "base/error.h"
 #include "cli/commands.h"
 #include "fed/secagg/bench.h"
 
@@ -21,6 +22,7 @@ void add_bench_secagg_command(CLI::App& app) {
   struct Args {
     int64_t clients = 10, params = 1000000, dropouts = 0, neighbours = 0, threshold = 0;
     int ring_bits = 64;
+    double dp_clip = 0, dp_noise = 0;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--clients", a->clients, "Clients in the round")->capture_default_str();
@@ -32,6 +34,13 @@ void add_bench_secagg_command(CLI::App& app) {
   cmd->add_option("--threshold", a->threshold, "Shamir threshold (0: a majority of holders)")
       ->capture_default_str();
   cmd->add_option("--ring-bits", a->ring_bits, "32 or 64")->capture_default_str();
+  cmd->add_option("--dp-clip", a->dp_clip,
+                  "Distributed DP: each client clips its update to this L2 norm and adds its "
+                  "share of discrete Gaussian noise (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--dp-noise", a->dp_noise,
+                  "Distributed DP's noise multiplier z (the sum's noise std over --dp-clip)")
+      ->capture_default_str();
   cmd->callback([a] {
     fed::secagg::Options o;
     o.enabled = true;
@@ -43,13 +52,18 @@ void add_bench_secagg_command(CLI::App& app) {
       std::replace(key.begin(), key.end(), '_', '-');  // the option's spelling
       return "--" + key;
     });
-    const auto r = fed::secagg::bench_round(a->clients, a->params, a->dropouts, o, 1);
+    POLLEN_CHECK(a->dp_clip >= 0 && a->dp_noise >= 0 && (a->dp_clip > 0 || a->dp_noise == 0),
+                 "--dp-clip and --dp-noise must be 0 or more, and --dp-noise needs --dp-clip");
+    const auto r =
+        fed::secagg::bench_round(a->clients, a->params, a->dropouts, o, 1, a->dp_clip, a->dp_noise);
     auto ms = [](double s) { return std::round(s * 1e4) / 10; };
     nlohmann::ordered_json j{{"clients", a->clients},
                              {"params", a->params},
                              {"dropouts", a->dropouts},
                              {"neighbours", a->neighbours},
                              {"ring_bits", a->ring_bits},
+                             {"dp_clip", a->dp_clip},
+                             {"dp_noise", a->dp_noise},
                              {"plain_bytes_up", r.plain_up},
                              {"secure_input_bytes_up", r.secure_input_up},
                              {"secure_protocol_bytes_up", r.secure_protocol_up},

@@ -1,12 +1,15 @@
 #include "fed/secagg/bench.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "base/error.h"
 #include "base/rng.h"
 #include "fed/compress.h"
+#include "fed/robust.h"
 #include "fed/secagg/graph.h"
+#include "fed/secagg/private_quantize.h"
 #include "fed/secagg/quantize.h"
 #include "fed/secagg/session.h"
 
@@ -22,15 +25,23 @@ double since(Clock::time_point t0) {
 
 }  // namespace
 
-BenchResult bench_round(int64_t clients, int64_t params, int64_t dropouts, const Options& options,
-                        uint64_t seed) {
+BenchResult bench_round(int64_t clients, int64_t params, int64_t dropouts,
+                        const Options& plain_options, uint64_t seed, double dp_clip,
+                        double dp_noise) {
   POLLEN_CHECK(clients >= 2 && params >= 1 && dropouts >= 0 && dropouts < clients,
                "bench secagg: 2 or more clients, 1 or more params, fewer dropouts than clients");
   // Each client's shares go to its holders (its neighbours and itself); the threshold of them
   // must exist, and with every client a neighbour, survive the dropouts.
   const auto holders =
-      static_cast<int64_t>(graph_degree(static_cast<size_t>(clients), options.neighbours)) + 1;
-  const auto threshold = static_cast<int64_t>(options.resolved_threshold(holders));
+      static_cast<int64_t>(graph_degree(static_cast<size_t>(clients), plain_options.neighbours)) +
+      1;
+  const auto threshold = static_cast<int64_t>(plain_options.resolved_threshold(holders));
+  // Distributed DP: every client's weight is 1 and its noise share z C / sqrt(threshold).
+  Options options = plain_options;
+  options.noise.clip = dp_clip;
+  options.noise.stddev = dp_noise * dp_clip / std::sqrt(static_cast<double>(threshold));
+  const bool private_ = options.noise.enabled();
+  if (private_) check_fits(clients, options);
   POLLEN_CHECK(threshold <= holders, "bench secagg: --threshold ", threshold, " exceeds the ",
                holders, " holders of each client's shares (its --neighbours and itself)");
   POLLEN_CHECK(options.neighbours > 0 || clients - dropouts >= threshold,
@@ -109,7 +120,15 @@ BenchResult bench_round(int64_t clients, int64_t params, int64_t dropouts, const
     down += box.ByteSizeLong();
     std::string bytes;
     client([&] {
-      auto x = quantize(deltas[i], updates[i].tokens, options, seed + i);
+      std::vector<uint64_t> x;
+      if (private_) {
+        Weights clipped = clone_weights(deltas[i]);
+        clip_to_norm(clipped, l2_norm(clipped), dp_clip);
+        x = quantize_private(clipped, dp_clip, options.noise.stddev, options, seed + i,
+                             Rng(seed).fork(i));
+      } else {
+        x = quantize(deltas[i], updates[i].tokens, options, seed + i);
+      }
       sessions[i].mask(box, x);
       bytes.resize(x.size() * word);
       for (size_t j = 0; j < x.size(); ++j) std::memcpy(bytes.data() + j * word, &x[j], word);
@@ -131,7 +150,8 @@ BenchResult bench_round(int64_t clients, int64_t params, int64_t dropouts, const
     server.close_phase();
     int64_t tokens = 0;
     for (const auto& u : updates) tokens += u.tokens;
-    dequantize(server.unmasked_sum(), tokens, static_cast<double>(tokens), options, deltas[0]);
+    const int64_t weights = private_ ? clients : tokens;
+    dequantize(server.unmasked_sum(), weights, static_cast<double>(weights), options, deltas[0]);
   });
   r.secure_client_s = client_s / static_cast<double>(n);
   r.secure_server_s = server_s;

@@ -1,7 +1,7 @@
 #pragma once
 // The cost of one securely aggregated round against plain aggregation, without training or a
 // network: `clients` updates of `params` float32 values, `dropouts` of them vanishing after
-// their masked input. Used by `pollen bench secagg`.
+// their masked input, optionally under distributed DP. Used by `pollen bench secagg`.
 #include <cstdint>
 
 #include "fed/secagg/options.h"
@@ -20,7 +20,10 @@ struct BenchResult {
   double secure_server_s = 0;  // summing inputs, routing, unmasking, dequantising
 };
 
+// `dp_clip` > 0: distributed DP, each client clipping its update to the L2 norm dp_clip and
+// adding its share of the noise of multiplier `dp_noise` (fed/secagg/private_quantize.h), the
+// server dividing by the clients.
 BenchResult bench_round(int64_t clients, int64_t params, int64_t dropouts, const Options& options,
-                        uint64_t seed);
+                        uint64_t seed, double dp_clip = 0, double dp_noise = 0);
 
 }  // namespace pollen::fed::secagg
