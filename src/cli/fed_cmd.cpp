@@ -146,7 +146,7 @@ void add_fed_command(CLI::App& app) {
   privacy
       ->add_option("--sampling-rate", p->rate,
                    "q: share of the clients selected per round (1 with secure aggregation, whose "
-                   "server knows the sample and whose discrete Gaussian costs a hair more: "
+                   "server knows the sample and whose discrete Gaussian costs somewhat more: "
                    "docs/federated.md)")
       ->required();
   privacy->add_option("--rounds", p->rounds, "Rounds")->required();

@@ -46,8 +46,9 @@
 // variance at least (z C)^2, and the server divides it by m, the clients selected. The server
 // knows whom it selected, so no amplification by sampling is claimed against it: each round is
 // accounted as the distributed discrete Gaussian the clients add (fed/secagg/private_quantize.h),
-// which costs a hair more than the Gaussian mechanism of multiplier z (q = 1); sampling must be
-// "fixed". With adaptive clipping each client also masks its centred indicator with a share of
+// which costs more than the Gaussian mechanism of multiplier z (q = 1) by the rounding's growth of
+// the update's norm (under a part in a million for clips near 1 at the default step); sampling
+// must be "fixed". With adaptive clipping each client also masks its centred indicator with a share of
 // variance sigma_b^2 / k of the count's noise, and the update's share is z_Delta C / sqrt(k), where
 // z_Delta = (z^-2 - sigma_b^-2)^(-1/2): a real update against a zero one moves the count by 1,
 // not 1/2 (the server sees who took part), so this needs z < sigma_b.
@@ -158,7 +159,7 @@ class CentralDp {
   secagg::DistributedNoise distributed_noise(int64_t fewest_in_sum, int64_t selected) const;
   // Distributed DP: accounts for a round whose sum of `in_sum` clients' inputs, each noised by
   // `noise`, the server may unmask, at the cost `release_rdp` (secagg::release_rdp: the discrete
-  // Gaussian's, a hair above the Gaussian of multiplier z), and fills report->extra. Never
+  // Gaussian's, above the Gaussian of multiplier z), and fills report->extra. Never
   // refuses: refuse_round decided before the round whether it may start.
   void account_distributed(int64_t selected, int64_t available, int64_t in_sum,
                            const secagg::DistributedNoise& noise,

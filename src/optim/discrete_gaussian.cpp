@@ -46,7 +46,8 @@ uint64_t integer_sqrt(uint64_t v) {
 }  // namespace
 
 bool bernoulli_exp(Rng& rng, u128 num, u128 den) {
-  POLLEN_ASSERT(den > 0 && num >> 120 == 0 && den >> 120 == 0);
+  // den * k below 2^128 in bernoulli_exp_at_most_one (k stays below 40).
+  POLLEN_ASSERT(den > 0 && num >> 126 == 0 && den >> 120 == 0);
   // exp(-gamma) = exp(-1)^floor(gamma) exp(-(gamma - floor(gamma))).
   while (num > den) {
     if (!bernoulli_exp_at_most_one(rng, 1, 1)) return false;
@@ -79,8 +80,9 @@ int64_t discrete_gaussian(Rng& rng, uint64_t variance) {
   // exp(-(|Y| - sigma^2 / t)^2 / (2 sigma^2)) = exp(-(|Y| t - sigma^2)^2 / (2 sigma^2 t^2)).
   const uint64_t t = integer_sqrt(variance) + 1;
   const u128 den = u128{2} * variance * t * t;  // below 2^114
-  // |Y| t past 2^62 is kept with probability below exp(-2^60 / variance^2 ...): never, in
-  // practice; drawn again so that the numerator stays below 2^124.
+  // A draw with |Y| t past 2^62 would be kept with probability below exp(-2^124 / 2^114), the
+  // numerator over the largest denominator: it is drawn again, which keeps the numerator below
+  // 2^124.
   const uint64_t largest = (uint64_t{1} << 62) / t;
   for (;;) {
     const int64_t y = discrete_laplace(rng, t);
@@ -95,10 +97,12 @@ int64_t discrete_gaussian(Rng& rng, uint64_t variance) {
 std::vector<double> distributed_discrete_gaussian_rdp(double l2, double l1, int64_t dim,
                                                       double sum_variance, double share_variance,
                                                       int64_t most_shares) {
-  POLLEN_CHECK(
-      l2 >= 0 && l1 >= 0 && dim >= 1 && sum_variance > 0 && share_variance > 0 && most_shares >= 1,
-      "distributed discrete Gaussian: sensitivities ", l2, " and ", l1, ", ", dim,
-      " values, variances ", sum_variance, " and ", share_variance, ", ", most_shares, " shares");
+  // Their theorem asks for shares of std at least 1/2.
+  POLLEN_CHECK(l2 >= 0 && l1 >= 0 && dim >= 1 && sum_variance > 0 && share_variance >= 0.25 &&
+                   most_shares >= 1,
+               "distributed discrete Gaussian: sensitivities ", l2, " and ", l1, ", ", dim,
+               " values, variances ", sum_variance, " and ", share_variance, ", ", most_shares,
+               " shares");
   const double pi2 = std::numbers::pi * std::numbers::pi;
   const double tau = 10.0 * static_cast<double>(most_shares - 1) * std::exp(-pi2 * share_variance);
   const double a = l2 / std::sqrt(sum_variance);

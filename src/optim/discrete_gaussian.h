@@ -17,7 +17,7 @@ namespace pollen::optim {
 // The largest variance the samplers' 128-bit arithmetic takes: sigma up to 2^28.
 constexpr uint64_t kMaxDiscreteVariance = uint64_t{1} << 56;
 
-// True with probability exp(-num / den) (den > 0, both below 2^120).
+// True with probability exp(-num / den) (0 < den < 2^120, num < 2^126).
 __extension__ typedef unsigned __int128 DiscreteU128;
 bool bernoulli_exp(Rng& rng, DiscreteU128 num, DiscreteU128 den);
 
@@ -35,8 +35,9 @@ int64_t discrete_gaussian(Rng& rng, uint64_t variance);
 // with a = l2 / sqrt(sum_variance), b = l1 / sqrt(sum_variance) and
 // tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 share_variance k / (k + 1)), the sum's distance from a
 // discrete Gaussian. It bounds the sum of any n in [1, most_shares] independent shares of one
-// variance sigma^2 >= share_variance with n sigma^2 >= sum_variance: every term grows with a, b
-// and tau, and tau is at most 10 (most_shares - 1) exp(-pi^2 share_variance). One share
+// variance sigma^2 >= share_variance (at least 1/4, as the theorem asks) with
+// n sigma^2 >= sum_variance: every term grows with a, b and tau, and tau is at most
+// 10 (most_shares - 1) exp(-pi^2 share_variance). One share
 // (most_shares = 1) is the discrete Gaussian mechanism, alpha l2^2 / (2 variance), as the
 // Gaussian's.
 std::vector<double> distributed_discrete_gaussian_rdp(double l2, double l1, int64_t dim,

@@ -46,7 +46,7 @@ TEST(PrivateQuantize, RoundingIsDrawnAgainUntilItsNormIsWithinTheBound) {
     const auto words = quantize_private({half}, 0, 0, o, seed, noise);
     EXPECT_LE(norm_sq(words), 32) << "seed " << seed;
   }
-  EXPECT_GT(over_at_first, 50) << "the first draws should often pass the bound";
+  EXPECT_GT(over_at_first, 50) << "the first draws should often exceed the bound";
   // Rounding to nearest moves each value by at most half a step: c' + sqrt(d) / 2.
   Options nearest = o;
   nearest.stochastic = false;

@@ -329,7 +329,8 @@ TEST(DistributedDp, TheClientsNoiseSharesAddUpToTheCentralMechanismsStd) {
   const auto quiet = run_simulation(quiet_cfg, false);
   const auto noisy = run_simulation(noisy_cfg, false);
   // Any unmasked sum holds at least k = the threshold, 2 of 3 holders, inputs, so each client
-  // adds N(0, (z C)^2 / 2); the 3 inputs' noise over m = 3 has std
+  // adds discrete Gaussian noise of variance (z C)^2 / 2 (in steps of 2^-24, rounded up, as good
+  // as continuous at this scale); the 3 inputs' noise over m = 3 has std
   // z C sqrt(3 / 2) / 3 per value, which is what separates the two runs' weights.
   double s = 0, s2 = 0;
   int64_t n = 0;
@@ -357,6 +358,34 @@ TEST(DistributedDp, TheClientsNoiseSharesAddUpToTheCentralMechanismsStd) {
   EXPECT_GT(privacy["epsilon"].get<double>(), gaussian);
   EXPECT_NEAR(privacy["epsilon"].get<double>(), gaussian, 1e-4 * gaussian);
   EXPECT_EQ(privacy["noise"], "discrete_gaussian");
+}
+
+TEST(DistributedDp, TheBudgetCheckChargesTheDiscreteGaussiansCost) {
+  Quiet q;
+  const auto dir = temp_dir("dp-budget");
+  const auto silos = make_silos(dir, 3);
+  set_num_threads(1);
+  // A budget a tenth of a part in a million above one Gaussian round of multiplier z: the central
+  // server's round costs exactly that and runs; the discrete Gaussian's costs a few parts in a
+  // million more here (clip 0.05 is 838861 steps), so the secure server refuses it before any
+  // client trains or adds noise.
+  const double z = 1.0;
+  const double gaussian = PrivacyAccountant().after(1.0, z).epsilon(1e-5).epsilon;
+  auto budgeted = [&](const fs::path& at, bool secure) {
+    SimConfig c = dp_sim_config(at, silos, secure, z);
+    c.server.privacy.epsilon_budget = gaussian * (1 + 1e-7);
+    return c;
+  };
+  const auto central_cfg = budgeted(dir / "central", false);
+  const auto secure_cfg = budgeted(dir / "secure", true);
+  EXPECT_EQ(run_simulation(central_cfg, false).rounds, 1);
+  EXPECT_EQ(run_simulation(secure_cfg, false).rounds, 0);
+  const auto metrics = read_jsonl(secure_cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 1u);
+  EXPECT_EQ(metrics[0]["status"], "refused");
+  EXPECT_NE(metrics[0]["reason"].get<std::string>().find("privacy.epsilon_budget"),
+            std::string::npos)
+      << metrics[0];
 }
 
 TEST(DistributedDp, AdaptiveClippingFollowsTheMaskedCountAsTheCentralServerDoes) {

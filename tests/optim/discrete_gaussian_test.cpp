@@ -61,6 +61,17 @@ TEST(DiscreteGaussian, BernoulliExpIsTrueWithProbabilityExpMinusGamma) {
     EXPECT_NEAR(got, p, 5 * std::sqrt(p * (1 - p) / static_cast<double>(n)) + 1e-12)
         << num << " / " << den;
   }
+  // The numerators the discrete Gaussian passes at its largest variance reach 2^124, against a
+  // denominator of about 2^113 there; and gamma = 2 from 2^120 over 2^119.
+  const optim::DiscreteU128 one = 1;
+  int64_t yes = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    yes += optim::bernoulli_exp(rng, one << 120, one << 119) ? 1 : 0;
+    EXPECT_FALSE(optim::bernoulli_exp(rng, (one << 124) - 1, one << 113));
+  }
+  const double p = std::exp(-2.0);
+  EXPECT_NEAR(static_cast<double>(yes) / static_cast<double>(n), p,
+              5 * std::sqrt(p * (1 - p) / static_cast<double>(n)));
 }
 
 TEST(DiscreteGaussian, DiscreteLaplaceMatchesItsMassFunction) {
@@ -124,11 +135,13 @@ TEST(DiscreteGaussian, NarrowSharesPayForTheSumsDistanceFromADiscreteGaussian) {
   const auto& orders = optim::rdp_orders();
   const double a = 10 / std::sqrt(50.0);  // l2 over the sum's std
   const double pi2 = std::numbers::pi * std::numbers::pi;
-  // Shares of variance 0.1 among up to 3 on 9 values: tau = 10 * 2 * exp(-0.1 pi^2) = 7.4542,
-  // and the first bound, a^2 alpha / 2 + 9 tau, is the smallest at every order.
-  const double wide_tau = 20 * std::exp(-0.1 * pi2);
-  EXPECT_NEAR(wide_tau, 7.4542, 1e-4);
-  const auto narrow = optim::distributed_discrete_gaussian_rdp(10, 30, 9, 50, 0.1, 3);
+  // Shares of variance 1/4 (the theorem's least) among up to 3 on 9 values:
+  // tau = 10 * 2 * exp(-pi^2 / 4) = 1.6960, and the first bound, a^2 alpha / 2 + 9 tau, is the
+  // smallest at every order.
+  const double wide_tau = 20 * std::exp(-0.25 * pi2);
+  EXPECT_NEAR(wide_tau, 1.6960, 1e-4);
+  const auto narrow = optim::distributed_discrete_gaussian_rdp(10, 30, 9, 50, 0.25, 3);
+  EXPECT_THROW(optim::distributed_discrete_gaussian_rdp(10, 30, 9, 50, 0.2, 3), Error);
   // Shares of variance 1 between 2 on a million values: tau = 10 exp(-pi^2) = 5.17e-4, tau d =
   // 517, and the second bound, (a^2 + 2 b tau + tau^2 d) alpha / 2 with b = 30 / sqrt(50), is the
   // smallest at every order (the third is (a + 1000 tau)^2 alpha / 2 = 1.87 alpha).

@@ -47,9 +47,10 @@ struct Options {
   int ring_bits = 64;             // 32 or 64: the masked words, 4 or 8 bytes per value
   double range = 1.0;             // each pseudo-gradient value is clipped to [-range, range]
   double step = 1.0 / (1 << 24);  // quantisation step
-  bool stochastic = true;         // stochastic rounding (unbiased, |err| < step), else nearest
-  double phase_timeout_s = 60;    // key, share and unmask phases close then with who answered
-  DistributedNoise noise;         // the round's, from [privacy]; not a key of this table
+  bool stochastic = true;       // stochastic rounding (|err| < step; unbiased, but for distributed
+                                // DP's norm bound, which draws a rare rounding again), else nearest
+  double phase_timeout_s = 60;  // key, share and unmask phases close then with who answered
+  DistributedNoise noise;       // the round's, from [privacy]; not a key of this table
 
   // Throws naming the key (where(key) says where it was read) when a value is out of range.
   void validate(const std::function<std::string(const std::string&)>& where) const;

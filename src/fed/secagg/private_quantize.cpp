@@ -44,36 +44,49 @@ double rounded_norm_bound(double norm, int64_t dim, const Options& options) {
 std::vector<uint64_t> quantize_private(const Weights& values, double norm, double stddev,
                                        const Options& options, uint64_t rounding_seed,
                                        const Rng& noise, QuantizeStats* stats) {
-  std::vector<double> scaled;
-  int64_t clipped = 0;
+  int64_t dim = 0, clipped = 0;
   for (const Tensor& t : values) {
     const Tensor c = t.contiguous();
     const float* v = c.data<float>();
     for (int64_t j = 0; j < c.numel(); ++j) {
       POLLEN_CHECK(std::isfinite(v[j]), "secure aggregation: non-finite pseudo-gradient value");
-      double x = v[j];
-      if (std::fabs(x) > options.range) {
-        ++clipped;
-        x = std::copysign(options.range, x);
-      }
-      scaled.push_back(x / options.step);
+      if (std::fabs(v[j]) > options.range) ++clipped;
     }
+    dim += c.numel();
   }
-  const auto dim = static_cast<int64_t>(scaled.size());
+  // The rounded norm^2 is an integer, summed exactly and held to D2^2 rounded down (a hair
+  // below, against the rounding of D2^2 itself).
+  using u128 = optim::DiscreteU128;
   const double bound = rounded_norm_bound(norm, dim, options);
-  std::vector<int64_t> levels(scaled.size());
+  const double bound_sq = std::floor(bound * bound * (1 - 1e-15));
+  POLLEN_CHECK(bound_sq < 0x1p126, "secure aggregation: the clip ", norm, " is ",
+               bound / std::sqrt(static_cast<double>(dim)),
+               " steps per value; raise "
+               "secure_aggregation.step or lower privacy.clip");
+  const auto most = static_cast<u128>(bound_sq);
+  // Each value's level, two's complement in the ring word before the noise and the mask.
+  std::vector<uint64_t> out(static_cast<size_t>(dim));
   Rng rounding(rounding_seed);
   for (int attempt = 1;; ++attempt) {
-    double norm_sq = 0;
-    for (size_t j = 0; j < scaled.size(); ++j) {
-      levels[j] = round_to_level(scaled[j], options.stochastic, rounding);
-      norm_sq += static_cast<double>(levels[j]) * static_cast<double>(levels[j]);
+    u128 norm_sq = 0;
+    size_t k = 0;
+    for (const Tensor& t : values) {
+      const Tensor c = t.contiguous();
+      const float* v = c.data<float>();
+      for (int64_t j = 0; j < c.numel(); ++j, ++k) {
+        const double x = std::clamp(static_cast<double>(v[j]), -options.range, options.range);
+        const int64_t q = round_to_level(x / options.step, options.stochastic, rounding);
+        out[k] = static_cast<uint64_t>(q);
+        const auto magnitude = static_cast<u128>(q < 0 ? -q : q);  // at most 2^52
+        norm_sq += magnitude * magnitude;
+        if (norm_sq > most) break;  // no overflow: each term is below 2^105
+      }
+      if (norm_sq > most) break;
     }
-    if (norm_sq <= bound * bound) break;
-    // Each draw passes with probability above 1 - exp(-8) for a norm within `norm`.
-    POLLEN_CHECK(attempt < 64, "secure aggregation: 64 roundings of an update of norm ",
-                 std::sqrt(norm_sq) * options.step, " all passed the bound ", bound * options.step,
-                 " for the clip ", norm);
+    if (norm_sq <= most) break;
+    // Each draw passes with probability above 1 - exp(-8) for an update of norm within `norm`.
+    POLLEN_CHECK(attempt < 64, "secure aggregation: 64 roundings of an update clipped to ", norm,
+                 " all exceeded the bound ", bound * options.step, " on its rounded norm");
   }
   const uint64_t variance = options.noise_variance(stddev);
   const int64_t tail = options.noise_tail(stddev);
@@ -88,15 +101,13 @@ std::vector<uint64_t> quantize_private(const Weights& values, double norm, doubl
           do {
             e = optim::discrete_gaussian(draws, variance);
           } while (e > tail || e < -tail);
-          levels[static_cast<size_t>(j)] += e;
+          out[static_cast<size_t>(j)] += static_cast<uint64_t>(e);  // mod 2^64
         }
       }
     });
   }
   const uint64_t mask = ring_mask(options.ring_bits);
-  std::vector<uint64_t> out;
-  out.reserve(levels.size());
-  for (int64_t q : levels) out.push_back(static_cast<uint64_t>(q) & mask);
+  for (uint64_t& w : out) w &= mask;
   if (stats) stats->clipped = clipped;
   return out;
 }
