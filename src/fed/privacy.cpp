@@ -22,6 +22,7 @@ PrivacyOptions read_privacy_options(ConfigTable& t) {
   o.delta = t.get_double("delta", o.delta);
   o.epsilon_budget = t.get_double("epsilon_budget", o.epsilon_budget);
   o.noise_seed = t.get_int("noise_seed", o.noise_seed);
+  o.secure_noise = t.get_bool("secure_noise", o.secure_noise);
   o.sampling = t.get_string("sampling", o.sampling);
   POLLEN_CHECK(std::isfinite(o.noise_multiplier) && o.noise_multiplier >= 0,
                t.where("noise_multiplier"), ": must be 0 or more, got ", o.noise_multiplier);
@@ -54,6 +55,7 @@ LocalDpOptions read_local_dp_options(ConfigTable& t) {
   o.noise_multiplier = t.require_double("noise_multiplier");
   o.delta = t.get_double("delta", o.delta);
   o.noise_seed = t.get_int("noise_seed", o.noise_seed);
+  o.secure_noise = t.get_bool("secure_noise", o.secure_noise);
   POLLEN_CHECK(std::isfinite(o.clip) && o.clip > 0, t.where("clip"), ": must be positive, got ",
                o.clip);
   POLLEN_CHECK(std::isfinite(o.noise_multiplier) && o.noise_multiplier >= 0,
@@ -224,7 +226,7 @@ Weights CentralDp::aggregate(int64_t round, const Weights& like,
   const double m = denominator(selected, available);
   const double z_sum = sum_noise_multiplier(m);
   const auto seed_stream = static_cast<uint64_t>(round) * 2;
-  add_gaussian_noise(delta, z_sum * clip_, options_.noise_seed, seed_stream);
+  add_gaussian_noise(delta, z_sum * clip_, options_.noise_seed, seed_stream, options_.secure_noise);
   for (Tensor& t : delta) {
     float* p = t.data<float>();
     for (int64_t j = 0; j < t.numel(); ++j) p[j] = static_cast<float>(p[j] / m);
@@ -236,7 +238,8 @@ Weights CentralDp::aggregate(int64_t round, const Weights& like,
     // (sum_noise_multiplier) assumes.
     const double centred = static_cast<double>(unclipped) - 0.5 * static_cast<double>(order.size());
     Weights count{Tensor::from<float>({1}, {static_cast<float>(centred)})};
-    add_gaussian_noise(count, count_stddev(m), options_.noise_seed, seed_stream + 1);
+    add_gaussian_noise(count, count_stddev(m), options_.noise_seed, seed_stream + 1,
+                       options_.secure_noise);
     adapt_clip(count[0].data<float>()[0] / m + 0.5, r);
   }
   return delta;
@@ -314,7 +317,8 @@ void CentralDp::load_state(const nlohmann::json& s) {
 
 bool LocalDp::apply(Weights& delta, uint64_t round) {
   const bool clipped = clip_to_norm(delta, l2_norm(delta), options_.clip);
-  add_gaussian_noise(delta, options_.noise_multiplier * options_.clip, options_.noise_seed, round);
+  add_gaussian_noise(delta, options_.noise_multiplier * options_.clip, options_.noise_seed, round,
+                     options_.secure_noise);
   accountant_.add(1.0, options_.noise_multiplier);
   return clipped;
 }

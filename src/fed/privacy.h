@@ -48,10 +48,10 @@
 // accounted as the distributed discrete Gaussian the clients add (fed/secagg/private_quantize.h),
 // which costs more than the Gaussian mechanism of multiplier z (q = 1) by the rounding's growth of
 // the update's norm (under a part in a million for clips near 1 at the default step); sampling
-// must be "fixed". With adaptive clipping each client also masks its centred indicator with a share of
-// variance sigma_b^2 / k of the count's noise, and the update's share is z_Delta C / sqrt(k), where
-// z_Delta = (z^-2 - sigma_b^-2)^(-1/2): a real update against a zero one moves the count by 1,
-// not 1/2 (the server sees who took part), so this needs z < sigma_b.
+// must be "fixed". With adaptive clipping each client also masks its centred indicator with a share
+// of variance sigma_b^2 / k of the count's noise, and the update's share is z_Delta C / sqrt(k),
+// where z_Delta = (z^-2 - sigma_b^-2)^(-1/2): a real update against a zero one moves the count by
+// 1, not 1/2 (the server sees who took part), so this needs z < sigma_b.
 //
 // Local DP (`[local_dp]` of a client): the client clips its own update to C and adds
 // N(0, (z C)^2 I) before it leaves the silo, trusting nobody; it logs its own epsilon (one
@@ -59,7 +59,11 @@
 //
 // The noise comes from Philox keyed by 64 bits of the operating system's CSPRNG (OpenSSL
 // RAND_bytes) for every release, unless noise_seed is set: then it is repeatable, for tests,
-// and offers no privacy to anyone who knows the seed.
+// and offers no privacy to anyone who knows the seed. Central and local DP's noise is float32;
+// secure_noise makes each value the sum of four draws over 2, as DP-SGD's (optim/dp_sgd.h),
+// against the attacks that read a floating-point normal draw's input from its low bits.
+// Distributed DP's noise is discrete (fed/secagg/private_quantize.h), so secure_noise does not
+// apply to it.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -98,6 +102,7 @@ struct PrivacyOptions {
   double delta = 1e-5;
   double epsilon_budget = 0;       // 0: no budget
   int64_t noise_seed = -1;         // -1: the OS's CSPRNG
+  bool secure_noise = false;       // each noise value four draws over 2 (optim::add_gaussian_noise)
   std::string sampling = "fixed";  // fixed | poisson: how each round's clients are drawn
 
   bool poisson() const { return sampling == "poisson"; }
@@ -112,6 +117,7 @@ struct LocalDpOptions {
   double noise_multiplier = 0;
   double delta = 1e-5;
   int64_t noise_seed = -1;
+  bool secure_noise = false;  // as PrivacyOptions::secure_noise
 };
 
 LocalDpOptions read_local_dp_options(ConfigTable& table);

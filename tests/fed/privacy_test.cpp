@@ -7,6 +7,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "base/config.h"
 #include "base/error.h"
 #include "fed/fixtures.h"
 #include "fed/privacy.h"
@@ -59,6 +60,43 @@ TEST(CentralDp, NoiseHasStdNoiseMultiplierTimesClipOverM) {
   const double mean = s / n, std = std::sqrt(s2 / n - mean * mean);
   EXPECT_NEAR(std, 1.5 * 2.0 / 4, 0.01 * 0.75);
   EXPECT_NEAR(mean, 0, 5 * 0.75 / std::sqrt(n));
+}
+
+TEST(CentralDp, SecureNoiseIsFourDrawsOverTwoCentrallyAndLocally) {
+  // secure_noise read from [privacy] and [local_dp]; the noise is then optim::add_gaussian_noise's
+  // secure construction (tests/optim/dp_sgd_test.cpp checks it) on the same seed and stream:
+  // round 1's sum takes stream 2, local DP's round its number.
+  auto table = ConfigTable::parse(
+      "[privacy]\nnoise_multiplier = 1.5\nclip = 2.0\nnoise_seed = 7\nsecure_noise = true\n"
+      "[local_dp]\nnoise_multiplier = 2.0\nclip = 1.0\nnoise_seed = 3\nsecure_noise = true\n",
+      "test.toml");
+  auto privacy_table = table.table("privacy");
+  auto local_table = table.table("local_dp");
+  const PrivacyOptions central = read_privacy_options(*privacy_table);
+  const LocalDpOptions local = read_local_dp_options(*local_table);
+  ASSERT_TRUE(central.secure_noise);
+  ASSERT_TRUE(local.secure_noise);
+  const int64_t n = 1000;
+  ClientUpdate u;
+  u.client_id = "a";
+  u.tokens = 1;
+  u.delta.push_back(Tensor::zeros({n}, DType::f32));
+  CentralDp c(central);
+  const Weights d = c.aggregate(1, {Tensor::zeros({n}, DType::f32)}, {u}, 4, 4, nullptr);
+  std::vector<Tensor> want{Tensor::zeros({n}, DType::f32)};
+  optim::add_gaussian_noise(want, 1.5 * 2.0, 7, 2, true);
+  std::vector<Tensor> plain{Tensor::zeros({n}, DType::f32)};
+  optim::add_gaussian_noise(plain, 1.5 * 2.0, 7, 2, false);
+  for (int64_t j = 0; j < n; ++j) {
+    EXPECT_FLOAT_EQ(d[0].data<float>()[j], want[0].data<float>()[j] / 4) << j;
+  }
+  EXPECT_NE(d[0].data<float>()[0], plain[0].data<float>()[0] / 4);
+  LocalDp l(local);
+  Weights z{Tensor::zeros({n}, DType::f32)};
+  l.apply(z, 5);
+  std::vector<Tensor> local_want{Tensor::zeros({n}, DType::f32)};
+  optim::add_gaussian_noise(local_want, 2.0, 3, 5, true);
+  for (int64_t j = 0; j < n; ++j) EXPECT_EQ(z[0].data<float>()[j], local_want[0].data<float>()[j]);
 }
 
 TEST(CentralDp, AdaptiveClipFollowsTheTargetQuantileGeometrically) {
