@@ -2,6 +2,7 @@
 // training across silos (docs/federated.md). Parsing and wiring only.
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "base/log.h"
 #include "base/thread_pool.h"
@@ -10,6 +11,7 @@
 #include "fed/grpc.h"
 #include "fed/privacy.h"
 #include "fed/run.h"
+#include "fed/secagg/private_quantize.h"
 #include "fed/tokenizer_round.h"
 #include "optim/privacy_accountant.h"
 
@@ -138,16 +140,20 @@ void add_fed_command(CLI::App& app) {
     double noise = 0, rate = 0, delta = 1e-5;
     int64_t rounds = 0, every = 0;
     std::string sampling = "fixed";
+    // Distributed DP (secure aggregation): the discrete Gaussian's cost.
+    int64_t values = 0, clients = 0;
+    double clip = 0, step = 0x1p-24;
+    std::string rounding = "stochastic";
   };
   auto p = std::make_shared<PrivacyOpts>();
   auto* privacy = fed->add_subcommand(
-      "privacy", "Epsilon of central DP after some rounds, for planning (RDP accountant)");
+      "privacy",
+      "Epsilon of central or distributed DP after some rounds, for planning (RDP accountant)");
   privacy->add_option("--noise-multiplier", p->noise, "z: noise std / clip norm")->required();
   privacy
       ->add_option("--sampling-rate", p->rate,
                    "q: share of the clients selected per round (1 with secure aggregation, whose "
-                   "server knows the sample and whose discrete Gaussian costs somewhat more: "
-                   "docs/federated.md)")
+                   "server knows the sample; --values accounts its discrete Gaussian)")
       ->required();
   privacy->add_option("--rounds", p->rounds, "Rounds")->required();
   privacy->add_option("--delta", p->delta, "delta")->capture_default_str();
@@ -160,19 +166,51 @@ void add_fed_command(CLI::App& app) {
           "poisson")
       ->check(CLI::IsMember({"fixed", "poisson"}))
       ->capture_default_str();
+  privacy->add_option("--values", p->values,
+                      "Distributed DP under secure aggregation: the values each update holds "
+                      "(the model's parameters); with --clip and --clients, the clients' "
+                      "discrete Gaussian is accounted instead of the Gaussian");
+  privacy->add_option("--clip", p->clip, "Distributed DP: privacy.clip, the L2 norm C");
+  privacy->add_option("--clients", p->clients, "Distributed DP: the clients selected per round");
+  privacy->add_option("--step", p->step, "Distributed DP: secure_aggregation.step")
+      ->capture_default_str();
+  privacy->add_option("--rounding", p->rounding, "Distributed DP: secure_aggregation.rounding")
+      ->check(CLI::IsMember({"stochastic", "nearest"}))
+      ->capture_default_str();
   privacy->callback([p] {
     POLLEN_CHECK(p->rounds >= 1, "--rounds must be at least 1, got ", p->rounds);
     POLLEN_CHECK(p->every >= 0, "--every must be 0 or more, got ", p->every);
     POLLEN_CHECK(p->noise >= 0, "--noise-multiplier must be 0 or more, got ", p->noise);
     POLLEN_CHECK(p->rate > 0 && p->rate <= 1, "--sampling-rate must be in (0, 1], got ", p->rate);
     POLLEN_CHECK(p->delta > 0 && p->delta < 1, "--delta must be in (0, 1), got ", p->delta);
+    const bool distributed = p->values > 0;
+    std::vector<double> round_rdp;  // distributed DP: one round's, at each order
+    if (distributed) {
+      POLLEN_CHECK(p->clip > 0 && p->clients >= 2 && p->rate == 1,
+                   "distributed DP (--values) needs --clip above 0, --clients of at least 2, and "
+                   "--sampling-rate 1 (the server knows whom it selected)");
+      fed::secagg::Options o;
+      o.step = p->step;
+      o.stochastic = p->rounding == "stochastic";
+      o.validate([](std::string key) { return "--" + key; });
+      fed::secagg::DistributedNoise central;  // the whole sum's noise
+      central.clip = p->clip;
+      central.stddev = p->noise * p->clip;
+      round_rdp = fed::secagg::release_rdp(o, central, p->values, p->clients);
+    }
     std::printf("%-8s %-12s %s\n", "rounds", "epsilon", "best RDP order");
     // R rounds at one rate and noise compose to R times one round's RDP (as Opacus computes it):
     // each row is one product, whatever the number of rounds.
     auto print_after = [&](int64_t r) {
-      const auto e =
-          fed::after_central_releases(fed::PrivacyAccountant(), p->sampling, p->rate, p->noise, r)
-              .epsilon(p->delta);
+      optim::Epsilon e;
+      if (distributed) {
+        std::vector<double> rdp = round_rdp;
+        for (double& v : rdp) v *= static_cast<double>(r);
+        e = optim::rdp_to_epsilon(rdp, p->delta);
+      } else {
+        e = fed::after_central_releases(fed::PrivacyAccountant(), p->sampling, p->rate, p->noise, r)
+                .epsilon(p->delta);
+      }
       std::printf("%-8lld %-12.6g %g\n", static_cast<long long>(r), e.epsilon, e.order);
     };
     if (p->every > 0)
@@ -180,6 +218,13 @@ void add_fed_command(CLI::App& app) {
     print_after(p->rounds);
     std::printf("noise multiplier %g, sampling rate %g (%s), delta %g\n", p->noise, p->rate,
                 p->sampling.c_str(), p->delta);
+    if (distributed) {
+      std::printf(
+          "distributed discrete Gaussian: %lld values, clip %g, step %g (%s), up to %lld "
+          "clients\n",
+          static_cast<long long>(p->values), p->clip, p->step, p->rounding.c_str(),
+          static_cast<long long>(p->clients));
+    }
   });
 
   auto* certs = fed->add_subcommand(

@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "fed/fixtures.h"
 #include "fed/privacy.h"
+#include "fed/secagg/private_quantize.h"
 
 using namespace pollen;
 using namespace pollen::fed;
@@ -315,4 +316,35 @@ TEST(PrivacyCli, PrintsTheAccountantsEpsilon) {
     std::snprintf(expect, sizeof expect, "%-8d %-12.6g", 1000, a.epsilon(1e-5).epsilon);
     EXPECT_NE(out.find(expect), std::string::npos) << sampling << "\n" << out;
   }
+}
+
+TEST(PrivacyCli, AccountsDistributedDpsDiscreteGaussian) {
+  // A small clip on a large model: the rounding grows the update's norm bound (c = 0.001 / 2^-24
+  // = 16777 steps, d = 10^9 values: D2^2 / c^2 = 1 + d / (4 c^2) + ... = 1.89), which the plain
+  // Gaussian of multiplier z leaves out.
+  int status = 0;
+  const std::string out = pollen::testing::run_capture(
+      std::string(POLLEN_BINARY) +
+          " fed privacy --noise-multiplier 1 --sampling-rate 1 --rounds 100 --values 1000000000 "
+          "--clip 0.001 --clients 20",
+      &status);
+  ASSERT_EQ(status, 0) << out;
+  secagg::Options o;
+  secagg::DistributedNoise central;
+  central.clip = 0.001;
+  central.stddev = 0.001;
+  std::vector<double> rdp = secagg::release_rdp(o, central, 1000000000, 20);
+  for (double& v : rdp) v *= 100;
+  const double discrete = optim::rdp_to_epsilon(rdp, 1e-5).epsilon;
+  const double gaussian = PrivacyAccountant().after(1.0, 1.0, 100).epsilon(1e-5).epsilon;
+  EXPECT_GT(discrete, 1.2 * gaussian);
+  char expect[64];
+  std::snprintf(expect, sizeof expect, "%-8d %-12.6g", 100, discrete);
+  EXPECT_NE(out.find(expect), std::string::npos) << out;
+  // It needs every client selected (the server knows whom it selected).
+  pollen::testing::run_capture(std::string(POLLEN_BINARY) +
+                                   " fed privacy --noise-multiplier 1 --sampling-rate 0.5 "
+                                   "--rounds 10 --values 1000 --clip 1 --clients 20",
+                               &status);
+  EXPECT_NE(status, 0);
 }

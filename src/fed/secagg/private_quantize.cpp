@@ -60,9 +60,9 @@ std::vector<uint64_t> quantize_private(const Weights& values, double norm, doubl
   const double bound = rounded_norm_bound(norm, dim, options);
   const double bound_sq = std::floor(bound * bound * (1 - 1e-15));
   POLLEN_CHECK(bound_sq < 0x1p126, "secure aggregation: the clip ", norm, " is ",
-               bound / std::sqrt(static_cast<double>(dim)),
-               " steps per value; raise "
-               "secure_aggregation.step or lower privacy.clip");
+               norm / options.step, " steps of ", options.step,
+               ", more than the rounding's norm check holds; raise secure_aggregation.step or "
+               "lower privacy.clip");
   const auto most = static_cast<u128>(bound_sq);
   // Each value's level, two's complement in the ring word before the noise and the mask.
   std::vector<uint64_t> out(static_cast<size_t>(dim));
