@@ -13,27 +13,77 @@ namespace {
 
 using u128 = DiscreteU128;
 
-// Uniform in [0, n), n > 0, by rejection from 128 random bits: exact.
-u128 below(Rng& rng, u128 n) {
-  if (n >> 64 == 0) return rng.below(static_cast<uint64_t>(n));
-  const u128 reject_from = (u128{0} - n) % n;  // 2^128 mod n: the incomplete last multiple
-  for (;;) {
-    const u128 r = (static_cast<u128>(rng.next_u64()) << 64) | rng.next_u64();
-    if (r >= reject_from) return r % n;
+// The generator's 64-bit words one bit at a time, so that a Bernoulli trial spends the two bits
+// it needs on average instead of a word or two.
+class RandomBits {
+ public:
+  explicit RandomBits(Rng& rng) : rng_(rng) {}
+  bool next() {
+    if (left_ == 0) {
+      word_ = rng_.next_u64();
+      left_ = 64;
+    }
+    --left_;
+    return ((word_ >> left_) & 1) != 0;
   }
-}
+  Rng& rng() { return rng_; }
 
-// True with probability p / q.
-bool bernoulli(Rng& rng, u128 p, u128 q) {
-  return below(rng, q) < p;
+ private:
+  Rng& rng_;
+  uint64_t word_ = 0;
+  int left_ = 0;
+};
+
+// True with probability p / q (q < 2^127): a uniform U in [0, 1), drawn bit by bit, against the
+// binary expansion of p / q, decided at the first bit where the two differ (after two bits on
+// average). Exact: U < p / q exactly when U's first differing bit is the smaller.
+bool bernoulli(RandomBits& bits, u128 p, u128 q) {
+  if (p >= q) return true;
+  u128 rest = p;  // p / q's expansion still to come, times q: always below q
+  while (rest != 0) {
+    rest <<= 1;
+    const bool digit = rest >= q;
+    if (digit) rest -= q;
+    const bool u = bits.next();
+    if (u != digit) return digit;  // U's bit 0 against p / q's 1: U is the smaller
+  }
+  return false;  // p / q's expansion ended: U is at least p / q (equal with probability 0)
 }
 
 // exp(-gamma) for gamma = num / den in [0, 1]: the parity of the first K for which a draw of
 // Bernoulli(gamma / K) fails (algorithm 1).
-bool bernoulli_exp_at_most_one(Rng& rng, u128 num, u128 den) {
+bool bernoulli_exp_at_most_one(RandomBits& bits, u128 num, u128 den) {
   u128 k = 1;
-  while (bernoulli(rng, num, den * k)) ++k;  // P(k > 40) < 1 / 40!: no overflow
+  while (bernoulli(bits, num, den * k)) ++k;  // P(k > 40) < 1 / 40!: no overflow
   return (k & 1) == 1;
+}
+
+bool bernoulli_exp(RandomBits& bits, u128 num, u128 den) {
+  // den * k below 2^127 in bernoulli_exp_at_most_one (k stays below 40).
+  POLLEN_ASSERT(den > 0 && num >> 126 == 0 && den >> 120 == 0);
+  // exp(-gamma) = exp(-1)^floor(gamma) exp(-(gamma - floor(gamma))).
+  while (num > den) {
+    if (!bernoulli_exp_at_most_one(bits, 1, 1)) return false;
+    num -= den;
+  }
+  return bernoulli_exp_at_most_one(bits, num, den);
+}
+
+int64_t discrete_laplace(RandomBits& bits, uint64_t t) {
+  POLLEN_ASSERT(t >= 1 && t < (uint64_t{1} << 32));
+  // Algorithm 2: X = U + t V with U uniform in [0, t) kept with probability exp(-U / t) and V
+  // geometric with ratio exp(-1), then a sign (a negative zero drawn again).
+  for (;;) {
+    const uint64_t u = bits.rng().below(t);
+    if (!bernoulli_exp(bits, u, t)) continue;
+    uint64_t v = 0;
+    while (bernoulli_exp(bits, 1, 1)) ++v;
+    if (v > (uint64_t{1} << 30)) continue;  // probability below exp(-2^30): out of int64's range
+    const uint64_t x = u + t * v;
+    const bool negative = bits.next();
+    if (negative && x == 0) continue;
+    return negative ? -static_cast<int64_t>(x) : static_cast<int64_t>(x);
+  }
 }
 
 uint64_t integer_sqrt(uint64_t v) {
@@ -46,31 +96,13 @@ uint64_t integer_sqrt(uint64_t v) {
 }  // namespace
 
 bool bernoulli_exp(Rng& rng, u128 num, u128 den) {
-  // den * k below 2^128 in bernoulli_exp_at_most_one (k stays below 40).
-  POLLEN_ASSERT(den > 0 && num >> 126 == 0 && den >> 120 == 0);
-  // exp(-gamma) = exp(-1)^floor(gamma) exp(-(gamma - floor(gamma))).
-  while (num > den) {
-    if (!bernoulli_exp_at_most_one(rng, 1, 1)) return false;
-    num -= den;
-  }
-  return bernoulli_exp_at_most_one(rng, num, den);
+  RandomBits bits(rng);
+  return bernoulli_exp(bits, num, den);
 }
 
 int64_t discrete_laplace(Rng& rng, uint64_t t) {
-  POLLEN_ASSERT(t >= 1 && t < (uint64_t{1} << 32));
-  // Algorithm 2: X = U + t V with U uniform in [0, t) kept with probability exp(-U / t) and V
-  // geometric with ratio exp(-1), then a sign (a negative zero drawn again).
-  for (;;) {
-    const uint64_t u = rng.below(t);
-    if (!bernoulli_exp(rng, u, t)) continue;
-    uint64_t v = 0;
-    while (bernoulli_exp(rng, 1, 1)) ++v;
-    if (v > (uint64_t{1} << 30)) continue;  // probability below exp(-2^30): out of int64's range
-    const uint64_t x = u + t * v;
-    const bool negative = (rng.next_u32() & 1) != 0;
-    if (negative && x == 0) continue;
-    return negative ? -static_cast<int64_t>(x) : static_cast<int64_t>(x);
-  }
+  RandomBits bits(rng);
+  return discrete_laplace(bits, t);
 }
 
 int64_t discrete_gaussian(Rng& rng, uint64_t variance) {
@@ -84,13 +116,14 @@ int64_t discrete_gaussian(Rng& rng, uint64_t variance) {
   // numerator over the largest denominator: it is drawn again, which keeps the numerator below
   // 2^124.
   const uint64_t largest = (uint64_t{1} << 62) / t;
+  RandomBits bits(rng);
   for (;;) {
-    const int64_t y = discrete_laplace(rng, t);
+    const int64_t y = discrete_laplace(bits, t);
     const auto a = static_cast<uint64_t>(y < 0 ? -y : y);
     if (a > largest) continue;
     const uint64_t at = a * t;
     const u128 diff = at >= variance ? at - variance : variance - at;
-    if (bernoulli_exp(rng, diff * diff, den)) return y;
+    if (bernoulli_exp(bits, diff * diff, den)) return y;
   }
 }
 
