@@ -39,9 +39,12 @@ struct DeviceGemm {
 
 // Both made, or neither: the workspace first, given back if the handle cannot be made.
 std::unique_ptr<DeviceGemm> make_device_gemm(int device) {
+  // The library first: where it cannot be loaded, cublaslt() throws, and a workspace allocated
+  // before would leak on every later GEMM's retry.
+  const CublasLt& library = cublaslt();
   auto g = std::make_unique<DeviceGemm>();
   g->workspace = CudaAllocator::instance().allocate(kWorkspaceBytes);
-  const cublasStatus_t status = cublaslt().create(&g->handle);
+  const cublasStatus_t status = library.create(&g->handle);
   if (status != CUBLAS_STATUS_SUCCESS) {
     CudaAllocator::instance().release(g->workspace);
     fail_cublas(status, "cublasLtCreate(&handle)", cat("device=", device), __FILE__, __LINE__);

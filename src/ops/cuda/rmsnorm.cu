@@ -82,7 +82,7 @@ void rmsnorm_forward(DType t, const void* x, const void* w, void* y, float* rstd
 void rmsnorm_backward(DType t, const void* dy, const void* x, const void* w, const float* rstd,
                       void* dx, void* dw, float* dw_partials, int64_t n, int64_t c,
                       bool accumulate_dx) {
-  if (n == 0) return;
+  if (n == 0 || c == 0) return;  // an empty grid is not a launch CUDA takes
   dispatch("rmsnorm_backward", t, [&](auto tag) {
     using T = decltype(tag);
     rmsnorm_dx_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, default_stream()>>>(
