@@ -74,15 +74,12 @@ void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, 
   });
 }
 
-double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_epsilon,
-                                  double delta, double q, int64_t steps) {
-  const auto epsilon_at = [&](double z) { return spent.after(q, z, steps).epsilon(delta).epsilon; };
+double smallest_noise_multiplier(const std::function<double(double)>& epsilon_at,
+                                 double target_epsilon,
+                                 const std::function<std::string()>& why_not) {
   double low = 0, high = 1;
   while (epsilon_at(high) > target_epsilon) {
-    POLLEN_CHECK(high < 1000, "privacy.target_epsilon: ", target_epsilon, " at delta ", delta,
-                 " cannot be reached in ", steps, " more steps at sampling rate ", q,
-                 " with any noise multiplier up to 1000 (epsilon already spent: ",
-                 spent.epsilon(delta).epsilon, "); ask for a larger epsilon or fewer steps");
+    if (high >= 1000) throw Error(why_not());
     low = high;
     high *= 2;
   }
@@ -91,6 +88,18 @@ double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_
     (epsilon_at(mid) > target_epsilon ? low : high) = mid;
   }
   return high;
+}
+
+double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_epsilon,
+                                  double delta, double q, int64_t steps) {
+  return smallest_noise_multiplier(
+      [&](double z) { return spent.after(q, z, steps).epsilon(delta).epsilon; }, target_epsilon,
+      [&] {
+        return cat("privacy.target_epsilon: ", target_epsilon, " at delta ", delta,
+                   " cannot be reached in ", steps, " more steps at sampling rate ", q,
+                   " with any noise multiplier up to 1000 (epsilon already spent: ",
+                   spent.epsilon(delta).epsilon, "); ask for a larger epsilon or fewer steps");
+      });
 }
 
 DpSgd::DpSgd(DpSgdOptions options, int64_t records, int64_t expected_rows, int64_t steps)

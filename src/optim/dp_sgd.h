@@ -14,7 +14,9 @@
 // sampling needs the sample secret), unless noise_seed is set: then they are repeatable, for
 // tests, and offer no privacy to anyone who knows the seed.
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "autograd/var.h"
@@ -44,6 +46,13 @@ Rng noise_rng(int64_t seed, uint64_t stream);
 // bits and the work.
 void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, uint64_t stream,
                         bool secure = false);
+
+// The smallest noise multiplier z (to 0.1%) at which `epsilon_at(z)`, which falls as z grows, is
+// at most `target_epsilon`, by doubling from 1 and then bisection; throws `why_not()` when no z
+// up to 1000 reaches it.
+double smallest_noise_multiplier(const std::function<double(double)>& epsilon_at,
+                                 double target_epsilon,
+                                 const std::function<std::string()>& why_not);
 
 // The smallest noise multiplier z (to 0.1%; Opacus's get_noise_multiplier stops at a tolerance in
 // epsilon instead) at which `steps` more Poisson-sampled Gaussian

@@ -348,3 +348,49 @@ TEST(PrivacyCli, AccountsDistributedDpsDiscreteGaussian) {
                                &status);
   EXPECT_NE(status, 0);
 }
+
+TEST(PrivacyCli, CalibratesTheNoiseMultiplierToATargetEpsilon) {
+  // The smallest z, to 0.1%, whose epsilon after the rounds is at most the target: central with
+  // Poisson sampling, and distributed DP's discrete Gaussian.
+  auto calibrated = [](const std::string& args, std::string* out) {
+    int status = 0;
+    *out = pollen::testing::run_capture(
+        std::string(POLLEN_BINARY) + " fed privacy --target-epsilon 8 " + args, &status);
+    EXPECT_EQ(status, 0) << *out;
+    const size_t at = out->find("noise multiplier ");
+    EXPECT_NE(at, std::string::npos) << *out;
+    EXPECT_NE(out->find("(for epsilon 8)"), std::string::npos) << *out;
+    return std::stod(out->substr(at + 17));
+  };
+  std::string out;
+  const double z = calibrated("--sampling-rate 0.01 --rounds 1000 --sampling poisson", &out);
+  auto central = [](double noise) {
+    return PrivacyAccountant().after(0.01, noise, 1000).epsilon(1e-5).epsilon;
+  };
+  EXPECT_LE(central(z), 8) << out;
+  EXPECT_GT(central(z * 0.997), 8) << out;
+  const double zd = calibrated(
+      "--sampling-rate 1 --rounds 100 --values 1000000000 --clip 0.001 --clients 20", &out);
+  auto distributed = [](double noise) {
+    secagg::DistributedNoise whole;
+    whole.clip = 0.001;
+    whole.stddev = noise * 0.001;
+    std::vector<double> rdp = secagg::release_rdp(secagg::Options{}, whole, 1000000000, 20);
+    for (double& v : rdp) v *= 100;
+    return optim::rdp_to_epsilon(rdp, 1e-5).epsilon;
+  };
+  EXPECT_LE(distributed(zd), 8) << out;
+  EXPECT_GT(distributed(zd * 0.997), 8) << out;
+  // Unreachable, and both or neither of the two ways to give z: refused, saying so.
+  int status = 0;
+  out = pollen::testing::run_capture(std::string(POLLEN_BINARY) +
+                                         " fed privacy --target-epsilon 0.001 --sampling-rate 1 "
+                                         "--rounds 100000",
+                                     &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("cannot be reached"), std::string::npos) << out;
+  out = pollen::testing::run_capture(
+      std::string(POLLEN_BINARY) + " fed privacy --sampling-rate 1 --rounds 10", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--target-epsilon"), std::string::npos) << out;
+}
