@@ -167,6 +167,9 @@ class Coordinator {
   std::string refuse_private_round_locked(int64_t round, int64_t selected, int64_t available) const;
   // Under distributed DP: what a round of `selected` clients releases, at each RDP order.
   std::vector<double> distributed_release_rdp_locked(size_t selected) const;
+  // Under distributed DP: how far the rounding may grow an update's norm past the clip, D2 step /
+  // C (fed/secagg/private_quantize.h); a round costs about its square times the Gaussian's RDP.
+  double rounding_growth_locked() const;
   // The open round's secure aggregation options, with distributed DP's noise for `selected`
   // clients once the session knows its threshold.
   secagg::Options secagg_options_locked(size_t selected) const;
@@ -195,6 +198,7 @@ class Coordinator {
   int64_t attempts_ = 0;  // rounds opened by begin_round, retries included
   bool open_ = false;
   bool finished_ = false;
+  bool warned_rounding_growth_ = false;  // distributed DP: a coarse step was reported once
   std::string stopped_;  // why the run ended before its last round (empty: it did not)
   std::atomic<bool> stop_{false};
   std::set<std::string> selected_;

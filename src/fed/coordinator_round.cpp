@@ -35,6 +35,16 @@ bool Coordinator::begin_round() {
       changed_.notify_all();
       return false;
     }
+    if (config_.secure_aggregation.enabled && !warned_rounding_growth_ &&
+        rounding_growth_locked() > 1.01) {
+      const double growth = rounding_growth_locked();
+      log::warn("fed server: distributed DP: rounding to secure_aggregation.step ",
+                config_.secure_aggregation.step, " may grow an update of norm ", dp_->clip(),
+                " to ", growth, " times that, so each round costs about ", growth * growth,
+                " times the Gaussian's RDP at noise_multiplier ", config_.privacy.noise_multiplier,
+                "; a finer step brings it back");
+      warned_rounding_growth_ = true;
+    }
   }
   round_available_ = static_cast<int64_t>(alive.size());
   ++attempts_;
@@ -169,6 +179,7 @@ RoundSummary Coordinator::end_round() {
       // Once shares are revealed the server may be able to unmask a sum (all of it, or with
       // SecAgg+ the part of a piece of the graph), so the release is accounted whether or not
       // the round is applied, and a round that is not is saved with the accountant.
+      report.extra["rounded_norm_over_clip"] = rounding_growth_locked();
       dp_->account_distributed(static_cast<int64_t>(s.selected.size()), round_available_,
                                static_cast<int64_t>(secagg_->inputs()),
                                secagg_options_locked(s.selected.size()).noise,

@@ -110,6 +110,13 @@ std::vector<double> Coordinator::distributed_release_rdp_locked(size_t selected)
                              static_cast<int64_t>(selected));
 }
 
+double Coordinator::rounding_growth_locked() const {
+  int64_t values = 0;
+  for (const Tensor& t : global_) values += t.numel();
+  const secagg::Options& o = config_.secure_aggregation;
+  return secagg::rounded_norm_bound(dp_->clip(), values, o) * o.step / dp_->clip();
+}
+
 std::string Coordinator::refuse_private_round_locked(int64_t round, int64_t selected,
                                                      int64_t available) const {
   // The Gaussian of multiplier z first: adaptive clipping's refusal, and a budget that even it

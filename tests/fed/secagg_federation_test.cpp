@@ -22,6 +22,7 @@
 #include "fed/coordinator.h"
 #include "fed/fixtures.h"
 #include "fed/run.h"
+#include "fed/secagg/private_quantize.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
@@ -358,6 +359,12 @@ TEST(DistributedDp, TheClientsNoiseSharesAddUpToTheCentralMechanismsStd) {
   EXPECT_GT(privacy["epsilon"].get<double>(), gaussian);
   EXPECT_NEAR(privacy["epsilon"].get<double>(), gaussian, 1e-4 * gaussian);
   EXPECT_EQ(privacy["noise"], "discrete_gaussian");
+  // How far the rounding may grow the clip: D2 step / C for the model's values.
+  const auto& options = noisy_cfg.server.secure_aggregation;
+  const double growth = secagg::rounded_norm_bound(0.05, n, options) * options.step / 0.05;
+  EXPECT_DOUBLE_EQ(privacy["rounded_norm_over_clip"].get<double>(), growth);
+  EXPECT_GT(growth, 1);
+  EXPECT_LT(growth, 1 + 1e-5);
 }
 
 TEST(DistributedDp, TheBudgetCheckChargesTheDiscreteGaussiansCost) {
