@@ -14,7 +14,8 @@ void add_plot_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_fed_command(CLI::App& app);
-void add_fed_post_command(CLI::App& app);  // under `fed`: call after add_fed_command
+void add_fed_post_command(CLI::App& app);     // under `fed`: call after add_fed_command
+void add_fed_privacy_command(CLI::App& app);  // under `fed`: call after add_fed_command
 void add_export_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_eval_command(CLI::App& app);

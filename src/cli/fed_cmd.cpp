@@ -1,20 +1,16 @@
-// `pollen fed server | client | simulate | privacy | certs | tokenizer | counts`: federated
-// training across silos (docs/federated.md). Parsing and wiring only.
+// `pollen fed server | client | simulate | certs | tokenizer | counts`: federated training across
+// silos (docs/federated.md; `fed privacy` and `fed post` are in their own files). Parsing and
+// wiring only.
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "fed/config.h"
 #include "fed/grpc.h"
-#include "fed/privacy.h"
 #include "fed/run.h"
-#include "fed/secagg/private_quantize.h"
 #include "fed/tokenizer_round.h"
-#include "optim/dp_sgd.h"
-#include "optim/privacy_accountant.h"
 
 namespace pollen::cli {
 
@@ -135,114 +131,6 @@ void add_fed_command(CLI::App& app) {
         c->tls.ca.empty() == c->tls.cert.empty() && c->tls.ca.empty() == c->tls.key.empty(),
         "fed counts: give all of --ca, --cert and --key, or none");
     std::printf("fingerprint %s\n", fed::run_counts_client(*c).c_str());
-  });
-
-  struct PrivacyOpts {
-    double noise = -1, target_epsilon = 0, rate = 0, delta = 1e-5;
-    int64_t rounds = 0, every = 0;
-    std::string sampling = "fixed";
-    // Distributed DP (secure aggregation): the discrete Gaussian's cost.
-    int64_t values = 0, clients = 0;
-    double clip = 0, step = 0x1p-24;
-    std::string rounding = "stochastic";
-  };
-  auto p = std::make_shared<PrivacyOpts>();
-  auto* privacy = fed->add_subcommand(
-      "privacy",
-      "Epsilon of central or distributed DP after some rounds, for planning (RDP accountant)");
-  auto* noise_option =
-      privacy->add_option("--noise-multiplier", p->noise, "z: noise std / clip norm");
-  privacy
-      ->add_option("--target-epsilon", p->target_epsilon,
-                   "Instead of --noise-multiplier: the smallest z (to 0.1%) whose epsilon after "
-                   "--rounds is at most this")
-      ->excludes(noise_option);
-  privacy
-      ->add_option("--sampling-rate", p->rate,
-                   "q: share of the clients selected per round (1 with secure aggregation, whose "
-                   "server knows the sample; --values accounts its discrete Gaussian)")
-      ->required();
-  privacy->add_option("--rounds", p->rounds, "Rounds")->required();
-  privacy->add_option("--delta", p->delta, "delta")->capture_default_str();
-  privacy->add_option("--every", p->every, "Also print epsilon every this many rounds");
-  privacy
-      ->add_option(
-          "--sampling", p->sampling,
-          "privacy.sampling: fixed (a sample without replacement, accounted with "
-          "multiplier z / 2 below rate 1, or as every client selected where that is tighter) or "
-          "poisson")
-      ->check(CLI::IsMember({"fixed", "poisson"}))
-      ->capture_default_str();
-  privacy->add_option("--values", p->values,
-                      "Distributed DP under secure aggregation: the values each update holds "
-                      "(the model's parameters); with --clip and --clients, the clients' "
-                      "discrete Gaussian is accounted instead of the Gaussian");
-  privacy->add_option("--clip", p->clip, "Distributed DP: privacy.clip, the L2 norm C");
-  privacy->add_option("--clients", p->clients, "Distributed DP: the clients selected per round");
-  privacy->add_option("--step", p->step, "Distributed DP: secure_aggregation.step")
-      ->capture_default_str();
-  privacy->add_option("--rounding", p->rounding, "Distributed DP: secure_aggregation.rounding")
-      ->check(CLI::IsMember({"stochastic", "nearest"}))
-      ->capture_default_str();
-  privacy->callback([p] {
-    POLLEN_CHECK(p->rounds >= 1, "--rounds must be at least 1, got ", p->rounds);
-    POLLEN_CHECK(p->every >= 0, "--every must be 0 or more, got ", p->every);
-    POLLEN_CHECK((p->noise >= 0) != (p->target_epsilon > 0),
-                 "give --noise-multiplier (0 or more) or --target-epsilon (above 0)");
-    POLLEN_CHECK(p->rate > 0 && p->rate <= 1, "--sampling-rate must be in (0, 1], got ", p->rate);
-    POLLEN_CHECK(p->delta > 0 && p->delta < 1, "--delta must be in (0, 1), got ", p->delta);
-    const bool distributed = p->values > 0;
-    fed::secagg::Options o;
-    if (distributed) {
-      POLLEN_CHECK(p->clip > 0 && p->clients >= 2 && p->rate == 1,
-                   "distributed DP (--values) needs --clip above 0, --clients of at least 2, and "
-                   "--sampling-rate 1 (the server knows whom it selected)");
-      o.step = p->step;
-      o.stochastic = p->rounding == "stochastic";
-      o.validate([](std::string key) { return "--" + key; });
-    }
-    // R rounds at one rate and noise compose to R times one round's RDP (as Opacus computes it):
-    // each row is one product, whatever the number of rounds.
-    auto epsilon_after = [&](double z, int64_t r) {
-      if (!distributed) {
-        return fed::after_central_releases(fed::PrivacyAccountant(), p->sampling, p->rate, z, r)
-            .epsilon(p->delta);
-      }
-      fed::secagg::DistributedNoise central;  // the whole sum's noise
-      central.clip = p->clip;
-      central.stddev = z * p->clip;
-      std::vector<double> rdp = fed::secagg::release_rdp(o, central, p->values, p->clients);
-      for (double& v : rdp) v *= static_cast<double>(r);
-      return optim::rdp_to_epsilon(rdp, p->delta);
-    };
-    if (p->target_epsilon > 0) {
-      p->noise = optim::smallest_noise_multiplier(
-          [&](double z) { return epsilon_after(z, p->rounds).epsilon; }, p->target_epsilon,
-          [&] {
-            return cat("--target-epsilon ", p->target_epsilon, " at delta ", p->delta,
-                       " cannot be reached in ", p->rounds,
-                       " rounds with any noise multiplier up to 1000; ask for a larger epsilon, "
-                       "fewer rounds or a lower sampling rate");
-          });
-    }
-    std::printf("%-8s %-12s %s\n", "rounds", "epsilon", "best RDP order");
-    auto print_after = [&](int64_t r) {
-      const optim::Epsilon e = epsilon_after(p->noise, r);
-      std::printf("%-8lld %-12.6g %g\n", static_cast<long long>(r), e.epsilon, e.order);
-    };
-    if (p->every > 0)
-      for (int64_t r = p->every; r < p->rounds; r += p->every) print_after(r);
-    print_after(p->rounds);
-    std::printf("noise multiplier %g%s, sampling rate %g (%s), delta %g\n", p->noise,
-                p->target_epsilon > 0 ? cat(" (for epsilon ", p->target_epsilon, ")").c_str() : "",
-                p->rate, p->sampling.c_str(), p->delta);
-    if (distributed) {
-      std::printf(
-          "distributed discrete Gaussian: %lld values, clip %g, step %g (%s), up to %lld "
-          "clients\n",
-          static_cast<long long>(p->values), p->clip, p->step, p->rounding.c_str(),
-          static_cast<long long>(p->clients));
-    }
   });
 
   auto* certs = fed->add_subcommand(

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   pollen::cli::add_data_command(app);
   pollen::cli::add_fed_command(app);
   pollen::cli::add_fed_post_command(app);
+  pollen::cli::add_fed_privacy_command(app);
   pollen::cli::add_export_command(app);
   pollen::cli::add_generate_command(app);
   pollen::cli::add_eval_command(app);

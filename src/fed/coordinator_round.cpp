@@ -35,15 +35,15 @@ bool Coordinator::begin_round() {
       changed_.notify_all();
       return false;
     }
-    if (config_.secure_aggregation.enabled && !warned_rounding_growth_ &&
-        rounding_growth_locked() > 1.01) {
+    if (config_.secure_aggregation.enabled && !warned_rounding_growth_) {
       const double growth = rounding_growth_locked();
-      log::warn("fed server: distributed DP: rounding to secure_aggregation.step ",
-                config_.secure_aggregation.step, " may grow an update of norm ", dp_->clip(),
-                " to ", growth, " times that, so each round costs about ", growth * growth,
-                " times the Gaussian's RDP at noise_multiplier ", config_.privacy.noise_multiplier,
-                "; a finer step brings it back");
-      warned_rounding_growth_ = true;
+      if (growth > 1.01) {
+        log::warn("fed server: distributed DP: rounding to secure_aggregation.step ",
+                  config_.secure_aggregation.step, " may grow an update of norm ", dp_->clip(),
+                  " to ", growth, " times that, so each round costs about ", growth * growth,
+                  " times the Gaussian's RDP at the round's noise; a finer step brings it back");
+        warned_rounding_growth_ = true;
+      }
     }
   }
   round_available_ = static_cast<int64_t>(alive.size());

@@ -38,6 +38,7 @@ class RandomBits {
 // binary expansion of p / q, decided at the first bit where the two differ (after two bits on
 // average). Exact: U < p / q exactly when U's first differing bit is the smaller.
 bool bernoulli(RandomBits& bits, u128 p, u128 q) {
+  POLLEN_ASSERT(q >> 127 == 0);  // `rest <<= 1` below stays under 2^128
   if (p >= q) return true;
   u128 rest = p;  // p / q's expansion still to come, times q: always below q
   while (rest != 0) {
@@ -54,12 +55,13 @@ bool bernoulli(RandomBits& bits, u128 p, u128 q) {
 // Bernoulli(gamma / K) fails (algorithm 1).
 bool bernoulli_exp_at_most_one(RandomBits& bits, u128 num, u128 den) {
   u128 k = 1;
-  while (bernoulli(bits, num, den * k)) ++k;  // P(k > 40) < 1 / 40!: no overflow
+  while (bernoulli(bits, num, den * k)) ++k;  // bernoulli asserts den * k < 2^127
   return (k & 1) == 1;
 }
 
 bool bernoulli_exp(RandomBits& bits, u128 num, u128 den) {
-  // den * k below 2^127 in bernoulli_exp_at_most_one (k stays below 40).
+  // den * k below 2^127 in bernoulli_exp_at_most_one while k < 128 (k reaches K with probability
+  // 1 / (K - 1)!: 128 never, in practice).
   POLLEN_ASSERT(den > 0 && num >> 126 == 0 && den >> 120 == 0);
   // exp(-gamma) = exp(-1)^floor(gamma) exp(-(gamma - floor(gamma))).
   while (num > den) {

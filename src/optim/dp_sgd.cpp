@@ -79,7 +79,7 @@ double smallest_noise_multiplier(const std::function<double(double)>& epsilon_at
                                  const std::function<std::string()>& why_not) {
   double low = 0, high = 1;
   while (epsilon_at(high) > target_epsilon) {
-    if (high >= 1000) throw Error(why_not());
+    if (high >= 1024) throw Error(why_not());
     low = high;
     high *= 2;
   }
@@ -97,7 +97,7 @@ double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_
       [&] {
         return cat("privacy.target_epsilon: ", target_epsilon, " at delta ", delta,
                    " cannot be reached in ", steps, " more steps at sampling rate ", q,
-                   " with any noise multiplier up to 1000 (epsilon already spent: ",
+                   " with any noise multiplier up to 1024 (epsilon already spent: ",
                    spent.epsilon(delta).epsilon, "); ask for a larger epsilon or fewer steps");
       });
 }

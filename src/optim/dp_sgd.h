@@ -49,7 +49,7 @@ void add_gaussian_noise(std::vector<Tensor>& tensors, double std, int64_t seed, 
 
 // The smallest noise multiplier z (to 0.1%) at which `epsilon_at(z)`, which falls as z grows, is
 // at most `target_epsilon`, by doubling from 1 and then bisection; throws `why_not()` when no z
-// up to 1000 reaches it.
+// up to 1024 reaches it.
 double smallest_noise_multiplier(const std::function<double(double)>& epsilon_at,
                                  double target_epsilon,
                                  const std::function<std::string()>& why_not);
@@ -57,7 +57,7 @@ double smallest_noise_multiplier(const std::function<double(double)>& epsilon_at
 // The smallest noise multiplier z (to 0.1%; Opacus's get_noise_multiplier stops at a tolerance in
 // epsilon instead) at which `steps` more Poisson-sampled Gaussian
 // releases at rate q take `spent` to at most `target_epsilon` at `delta`; throws, saying so, when
-// no z up to 1000 does.
+// no z up to 1024 does.
 double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_epsilon,
                                   double delta, double q, int64_t steps);
 

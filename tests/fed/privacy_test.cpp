@@ -341,12 +341,23 @@ TEST(PrivacyCli, AccountsDistributedDpsDiscreteGaussian) {
   char expect[64];
   std::snprintf(expect, sizeof expect, "%-8d %-12.6g", 100, discrete);
   EXPECT_NE(out.find(expect), std::string::npos) << out;
-  // It needs every client selected (the server knows whom it selected).
-  pollen::testing::run_capture(std::string(POLLEN_BINARY) +
-                                   " fed privacy --noise-multiplier 1 --sampling-rate 0.5 "
-                                   "--rounds 10 --values 1000 --clip 1 --clients 20",
-                               &status);
-  EXPECT_NE(status, 0);
+  // Refused, each saying what is wrong: a sample below every client or Poisson sampling (the
+  // server knows whom it selected), a share past the sampler's 2^28 steps, and a distributed
+  // option without --values.
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--noise-multiplier 1 --sampling-rate 0.5 --values 1000 --clip 1 --clients 20",
+            "--sampling-rate 1"},
+           {"--noise-multiplier 1 --sampling-rate 1 --sampling poisson --values 1000 --clip 1 "
+            "--clients 20",
+            "--sampling fixed"},
+           {"--noise-multiplier 30 --sampling-rate 1 --values 1000 --clip 1 --clients 20",
+            "raise --step"},
+           {"--noise-multiplier 1 --sampling-rate 1 --clip 1", "--clip requires --values"}}) {
+    const std::string said = pollen::testing::run_capture(
+        std::string(POLLEN_BINARY) + " fed privacy --rounds 10 " + args, &status);
+    EXPECT_NE(status, 0) << args;
+    EXPECT_NE(said.find(says), std::string::npos) << args << "\n" << said;
+  }
 }
 
 TEST(PrivacyCli, CalibratesTheNoiseMultiplierToATargetEpsilon) {
