@@ -3,11 +3,10 @@
 // integers, drawn exactly (Canonne, Kamath and Steinke 2020, "The discrete Gaussian for
 // differential privacy", algorithms 1-3): every decision compares integers, or uniform random
 // bits against a rational's binary expansion, so no floating-point rounding shapes the
-// distribution (Mironov 2012's attack on
-// floating-point noise has nothing to read), and the RDP of the distributed discrete Gaussian
-// (Kairouz, Liu and Steinke 2021, "The distributed discrete Gaussian mechanism for federated
-// learning with secure aggregation"): each of n parties adds N_Z(0, sigma^2) to its integer
-// vector, and only the sum is seen.
+// distribution (Mironov 2012's attack on floating-point noise has nothing to read); and the RDP
+// of the distributed discrete Gaussian (Kairouz, Liu and Steinke 2021, "The distributed discrete
+// Gaussian mechanism for federated learning with secure aggregation"): each of n parties adds
+// N_Z(0, sigma^2) to its integer vector, and only the sum is seen.
 #include <cstdint>
 #include <vector>
 
