@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,8 @@ struct PrivacyPlan {
   int64_t values = 0, clients = 0;
   double clip = 0, step = 0x1p-24;
   std::string rounding = "stochastic";
+  bool adaptive_clip = false;
+  double clipped_count_stddev = -1;  // sigma_b; -1: clients / 20, as the server's default
 
   bool distributed() const { return values > 0; }
   // Distributed DP: the largest z whose share at the smallest threshold (2) the discrete
@@ -36,6 +39,23 @@ struct PrivacyPlan {
            clip;
   }
 };
+
+// Distributed DP: the server's own split of noise multiplier z (fed/privacy.h): with adaptive
+// clipping, z_Delta on the update and sigma_b on the masked count. Empty when the server would
+// refuse the round, with why in `refused`.
+std::optional<fed::secagg::DistributedNoise> distributed_noise(const PrivacyPlan& p, double z,
+                                                               std::string* refused) {
+  fed::PrivacyOptions options;
+  options.enabled = true;
+  options.noise_multiplier = z;
+  options.clip = p.clip;
+  options.adaptive_clip = p.adaptive_clip;
+  options.clipped_count_stddev = p.clipped_count_stddev;
+  const fed::CentralDp server(options, 1, /*distributed=*/true);
+  *refused = server.refuse_round(1, p.clients, p.clients);
+  if (!refused->empty()) return std::nullopt;
+  return server.distributed_noise(1, p.clients);  // the whole sum's noise: one input's share
+}
 
 void check(const PrivacyPlan& p) {
   POLLEN_CHECK(p.rounds >= 1, "--rounds must be at least 1, got ", p.rounds);
@@ -55,20 +75,28 @@ void check(const PrivacyPlan& p) {
   POLLEN_CHECK(p.noise <= p.largest_distributed_noise(), "--noise-multiplier ", p.noise,
                " with --clip ", p.clip, " puts a client's share past the 2^28 steps of --step ",
                p.step, " that the discrete Gaussian takes; raise --step");
+  POLLEN_CHECK(p.clipped_count_stddev == -1 || p.clipped_count_stddev > 0,
+               "--clipped-count-stddev must be positive (or -1: clients / 20), got ",
+               p.clipped_count_stddev);
+  if (p.noise >= 0) {
+    std::string refused;
+    POLLEN_CHECK(distributed_noise(p, p.noise, &refused).has_value(), refused);
+  }
 }
 
-// Epsilon at delta after `rounds` rounds of noise multiplier z. R rounds at one rate and noise
-// compose to R times one round's RDP (as Opacus computes it): each is one product.
+// Epsilon at delta after `rounds` rounds of noise multiplier z (infinite where the server would
+// refuse it). R rounds at one rate and noise compose to R times one round's RDP (as Opacus
+// computes it): each is one product.
 optim::Epsilon epsilon_after(const PrivacyPlan& p, const fed::secagg::Options& o, double z,
                              int64_t rounds) {
   if (!p.distributed()) {
     return fed::after_central_releases(fed::PrivacyAccountant(), p.sampling, p.rate, z, rounds)
         .epsilon(p.delta);
   }
-  fed::secagg::DistributedNoise central;  // the whole sum's noise
-  central.clip = p.clip;
-  central.stddev = z * p.clip;
-  std::vector<double> rdp = fed::secagg::release_rdp(o, central, p.values, p.clients);
+  std::string refused;
+  const auto central = distributed_noise(p, z, &refused);
+  if (!central) return {INFINITY, 0};
+  std::vector<double> rdp = fed::secagg::release_rdp(o, *central, p.values, p.clients);
   for (double& v : rdp) v *= static_cast<double>(rounds);
   return optim::rdp_to_epsilon(rdp, p.delta);
 }
@@ -88,14 +116,16 @@ void run(PrivacyPlan& p) {
         [&](double z) { return z > most ? INFINITY : epsilon_after(p, o, z, p.rounds).epsilon; },
         p.target_epsilon,
         [&] {
-          return cat("--target-epsilon ", p.target_epsilon, " at delta ", p.delta,
-                     " cannot be reached in ", p.rounds, " rounds with any noise multiplier ",
-                     p.distributed() ? cat("the discrete Gaussian takes at --step ", p.step,
-                                           " and --clip ", p.clip, " (up to ", most,
-                                           "); raise --step, ask for a larger epsilon or fewer "
-                                           "rounds")
-                                     : std::string("up to 1024; ask for a larger epsilon, fewer "
-                                                   "rounds or a lower sampling rate"));
+          return cat(
+              "--target-epsilon ", p.target_epsilon, " at delta ", p.delta,
+              " cannot be reached in ", p.rounds, " rounds with any noise multiplier ",
+              p.distributed()
+                  ? cat("the discrete Gaussian takes at --step ", p.step, " and --clip ", p.clip,
+                        " (up to ", most, p.adaptive_clip ? ", and below the count's noise" : "",
+                        "); raise --step", p.adaptive_clip ? " or --clipped-count-stddev" : "",
+                        ", ask for a larger epsilon or fewer rounds")
+                  : std::string("up to 1024; ask for a larger epsilon, fewer "
+                                "rounds or a lower sampling rate"));
         });
   }
   std::printf("%-8s %-12s %s\n", "rounds", "epsilon", "best RDP order");
@@ -151,9 +181,9 @@ void add_fed_privacy_command(CLI::App& app) {
       ->capture_default_str();
   auto* values = privacy->add_option(
       "--values", p->values,
-      "Distributed DP under secure aggregation (without adaptive clipping): the values each "
-      "update holds (the model's parameters); with --clip and --clients, the clients' discrete "
-      "Gaussian is accounted instead of the Gaussian");
+      "Distributed DP under secure aggregation: the values each update holds (the model's "
+      "parameters); with --clip and --clients, the clients' discrete Gaussian is accounted "
+      "instead of the Gaussian");
   privacy->add_option("--clip", p->clip, "Distributed DP: privacy.clip, the L2 norm C")
       ->needs(values);
   privacy->add_option("--clients", p->clients, "Distributed DP: the clients selected per round")
@@ -164,6 +194,18 @@ void add_fed_privacy_command(CLI::App& app) {
   privacy->add_option("--rounding", p->rounding, "Distributed DP: secure_aggregation.rounding")
       ->needs(values)
       ->check(CLI::IsMember({"stochastic", "nearest"}))
+      ->capture_default_str();
+  auto* adaptive =
+      privacy
+          ->add_flag("--adaptive-clip", p->adaptive_clip,
+                     "Distributed DP: privacy.adaptive_clip, z split between the update and the "
+                     "masked count of unclipped updates as the server splits it")
+          ->needs(values);
+  privacy
+      ->add_option("--clipped-count-stddev", p->clipped_count_stddev,
+                   "Distributed DP with --adaptive-clip: privacy.clipped_count_stddev (-1: "
+                   "clients / 20)")
+      ->needs(adaptive)
       ->capture_default_str();
   privacy->callback([p] { run(*p); });
 }

@@ -341,6 +341,23 @@ TEST(PrivacyCli, AccountsDistributedDpsDiscreteGaussian) {
   char expect[64];
   std::snprintf(expect, sizeof expect, "%-8d %-12.6g", 100, discrete);
   EXPECT_NE(out.find(expect), std::string::npos) << out;
+  // With adaptive clipping the server splits z between the update (z_Delta) and the masked count
+  // (sigma_b) so that the two cost what one Gaussian of multiplier z does: the plan is that
+  // Gaussian's (a hair above), not the update's part alone, z_Delta = (z^-2 - sigma_b^-2)^-1/2.
+  const std::string plan = pollen::testing::run_capture(
+      std::string(POLLEN_BINARY) +
+          " fed privacy --noise-multiplier 0.8 --sampling-rate 1 --rounds 10 --values 100000 "
+          "--clip 1 --clients 20 --adaptive-clip --clipped-count-stddev 2",
+      &status);
+  ASSERT_EQ(status, 0) << plan;
+  const double split = std::stod(plan.substr(plan.find("\n10 ") + 4));
+  const double whole = PrivacyAccountant().after(1.0, 0.8, 10).epsilon(1e-5).epsilon;
+  const double update_alone = PrivacyAccountant()
+                                  .after(1.0, std::pow(std::pow(0.8, -2) - 0.25, -0.5), 10)
+                                  .epsilon(1e-5)
+                                  .epsilon;
+  EXPECT_NEAR(split, whole, whole * 1e-4) << plan;  // printed to six digits
+  EXPECT_GT(split, update_alone * 1.05) << plan;
   // Refused, each saying what is wrong: a sample below every client or Poisson sampling (the
   // server knows whom it selected), a share past the sampler's 2^28 steps, and a distributed
   // option without --values.
@@ -352,7 +369,10 @@ TEST(PrivacyCli, AccountsDistributedDpsDiscreteGaussian) {
             "--sampling fixed"},
            {"--noise-multiplier 30 --sampling-rate 1 --values 1000 --clip 1 --clients 20",
             "raise --step"},
-           {"--noise-multiplier 1 --sampling-rate 1 --clip 1", "--clip requires --values"}}) {
+           {"--noise-multiplier 1 --sampling-rate 1 --clip 1", "--clip requires --values"},
+           {"--noise-multiplier 1 --sampling-rate 1 --values 1000 --clip 1 --clients 20 "
+            "--adaptive-clip --clipped-count-stddev 0.5",
+            "clipped_count_stddev above 1"}}) {
     const std::string said = pollen::testing::run_capture(
         std::string(POLLEN_BINARY) + " fed privacy --rounds 10 " + args, &status);
     EXPECT_NE(status, 0) << args;
