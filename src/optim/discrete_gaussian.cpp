@@ -34,13 +34,12 @@ class RandomBits {
   int left_ = 0;
 };
 
-// True with probability p / q (q < 2^127): a uniform U in [0, 1), drawn bit by bit, against the
-// binary expansion of p / q, decided at the first bit where the two differ (after two bits on
-// average). Exact: U < p / q exactly when U's first differing bit is the smaller.
-bool bernoulli(RandomBits& bits, u128 p, u128 q) {
-  POLLEN_ASSERT(q >> 127 == 0);  // `rest <<= 1` below stays under 2^128
-  if (p >= q) return true;
-  u128 rest = p;  // p / q's expansion still to come, times q: always below q
+// The comparison of a uniform U in [0, 1), drawn bit by bit, against the binary expansion of
+// p / q (p < q, q < 2^(bits of Int - 1)), decided at the first bit where the two differ (after
+// two bits on average): true when U < p / q, exactly.
+template <typename Int>
+bool uniform_below_fraction(RandomBits& bits, Int p, Int q) {
+  Int rest = p;  // p / q's expansion still to come, times q: always below q
   while (rest != 0) {
     rest <<= 1;
     const bool digit = rest >= q;
@@ -49,6 +48,17 @@ bool bernoulli(RandomBits& bits, u128 p, u128 q) {
     if (u != digit) return digit;  // U's bit 0 against p / q's 1: U is the smaller
   }
   return false;  // p / q's expansion ended: U is at least p / q (equal with probability 0)
+}
+
+// True with probability p / q (q < 2^127), in 64-bit arithmetic where q allows.
+bool bernoulli(RandomBits& bits, u128 p, u128 q) {
+  POLLEN_ASSERT(q >> 127 == 0);  // the expansion's doubling stays under 2^128
+  if (p >= q) return true;
+  if (q >> 63 == 0) {
+    return uniform_below_fraction<uint64_t>(bits, static_cast<uint64_t>(p),
+                                            static_cast<uint64_t>(q));
+  }
+  return uniform_below_fraction<u128>(bits, p, q);
 }
 
 // exp(-gamma) for gamma = num / den in [0, 1]: the parity of the first K for which a draw of
