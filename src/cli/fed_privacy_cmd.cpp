@@ -1,6 +1,7 @@
 // `pollen fed privacy`: the epsilon a private federation plan spends, or the noise multiplier a
 // target epsilon needs, without a run: central DP under either sampling, or distributed DP's
 // discrete Gaussian (fed/secagg/private_quantize.h) as the server charges it.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -12,7 +13,7 @@
 #include "cli/commands.h"
 #include "fed/privacy.h"
 #include "fed/secagg/private_quantize.h"
-#include "optim/discrete_gaussian.h"
+#include "fed/secagg/quantize.h"
 #include "optim/dp_sgd.h"
 #include "optim/privacy_accountant.h"
 
@@ -32,19 +33,15 @@ struct PrivacyPlan {
   double clipped_count_stddev = -1;  // sigma_b; -1: clients / 20, as the server's default
 
   bool distributed() const { return values > 0; }
-  // Distributed DP: the largest z whose share at the smallest threshold (2) the discrete
-  // Gaussian takes, 2^28 steps.
-  double largest_distributed_noise() const {
-    return std::sqrt(static_cast<double>(optim::kMaxDiscreteVariance)) * step * std::sqrt(2.0) /
-           clip;
-  }
 };
 
 // Distributed DP: the server's own split of noise multiplier z (fed/privacy.h): with adaptive
 // clipping, z_Delta on the update and sigma_b on the masked count. Empty when the server would
-// refuse the round, with why in `refused`.
-std::optional<fed::secagg::DistributedNoise> distributed_noise(const PrivacyPlan& p, double z,
-                                                               std::string* refused) {
+// refuse the round (the split, or a share the discrete Gaussian or the ring cannot take), with
+// why in `refused`.
+std::optional<fed::secagg::DistributedNoise> distributed_noise(const PrivacyPlan& p,
+                                                               const fed::secagg::Options& o,
+                                                               double z, std::string* refused) {
   fed::PrivacyOptions options;
   options.enabled = true;
   options.noise_multiplier = z;
@@ -54,6 +51,16 @@ std::optional<fed::secagg::DistributedNoise> distributed_noise(const PrivacyPlan
   const fed::CentralDp server(options, 1, /*distributed=*/true);
   *refused = server.refuse_round(1, p.clients, p.clients);
   if (!refused->empty()) return std::nullopt;
+  try {
+    fed::secagg::check_noise_fits(o, server.distributed_noise(2, p.clients), p.clients,
+                                  [](std::string key) {
+                                    std::replace(key.begin(), key.end(), '_', '-');
+                                    return "--" + key;
+                                  });
+  } catch (const Error& e) {
+    *refused = cat("the server would refuse it: ", e.what());
+    return std::nullopt;
+  }
   return server.distributed_noise(1, p.clients);  // the whole sum's noise: one input's share
 }
 
@@ -72,16 +79,9 @@ void check(const PrivacyPlan& p) {
   POLLEN_CHECK(p.clip > 0 && p.clients >= 2 && p.rate == 1 && p.sampling == "fixed",
                "distributed DP (--values) needs --clip above 0, --clients of at least 2, "
                "--sampling-rate 1 and --sampling fixed (the server knows whom it selected)");
-  POLLEN_CHECK(p.noise <= p.largest_distributed_noise(), "--noise-multiplier ", p.noise,
-               " with --clip ", p.clip, " puts a client's share past the 2^28 steps of --step ",
-               p.step, " that the discrete Gaussian takes; raise --step");
   POLLEN_CHECK(p.clipped_count_stddev == -1 || p.clipped_count_stddev > 0,
                "--clipped-count-stddev must be positive (or -1: clients / 20), got ",
                p.clipped_count_stddev);
-  if (p.noise >= 0) {
-    std::string refused;
-    POLLEN_CHECK(distributed_noise(p, p.noise, &refused).has_value(), refused);
-  }
 }
 
 // Epsilon at delta after `rounds` rounds of noise multiplier z (infinite where the server would
@@ -94,7 +94,7 @@ optim::Epsilon epsilon_after(const PrivacyPlan& p, const fed::secagg::Options& o
         .epsilon(p.delta);
   }
   std::string refused;
-  const auto central = distributed_noise(p, z, &refused);
+  const auto central = distributed_noise(p, o, z, &refused);
   if (!central) return {INFINITY, 0};
   std::vector<double> rdp = fed::secagg::release_rdp(o, *central, p.values, p.clients);
   for (double& v : rdp) v *= static_cast<double>(rounds);
@@ -108,24 +108,28 @@ void run(PrivacyPlan& p) {
     o.step = p.step;
     o.stochastic = p.rounding == "stochastic";
     o.validate([](std::string key) { return "--" + key; });
+    if (p.noise >= 0) {
+      std::string refused;
+      POLLEN_CHECK(distributed_noise(p, o, p.noise, &refused).has_value(), "--noise-multiplier ",
+                   p.noise, ": ", refused);
+    }
   }
   if (p.target_epsilon > 0) {
-    // Past the largest share the discrete Gaussian takes, no z reaches the target.
-    const double most = p.distributed() ? p.largest_distributed_noise() : INFINITY;
+    // Where the server would refuse z (epsilon_after is infinite there), no larger z is taken.
     p.noise = optim::smallest_noise_multiplier(
-        [&](double z) { return z > most ? INFINITY : epsilon_after(p, o, z, p.rounds).epsilon; },
-        p.target_epsilon,
+        [&](double z) { return epsilon_after(p, o, z, p.rounds).epsilon; }, p.target_epsilon,
         [&] {
           return cat(
               "--target-epsilon ", p.target_epsilon, " at delta ", p.delta,
               " cannot be reached in ", p.rounds, " rounds with any noise multiplier ",
               p.distributed()
-                  ? cat("the discrete Gaussian takes at --step ", p.step, " and --clip ", p.clip,
-                        " (up to ", most, p.adaptive_clip ? ", and below the count's noise" : "",
+                  ? cat("the server would take (each client's share within 2^28 steps of "
+                        "--step ",
+                        p.step, p.adaptive_clip ? ", and z below the count's noise" : "",
                         "); raise --step", p.adaptive_clip ? " or --clipped-count-stddev" : "",
                         ", ask for a larger epsilon or fewer rounds")
-                  : std::string("up to 1024; ask for a larger epsilon, fewer "
-                                "rounds or a lower sampling rate"));
+                  : std::string("up to 1024; ask for a larger epsilon, fewer rounds or a "
+                                "lower sampling rate"));
         });
   }
   std::printf("%-8s %-12s %s\n", "rounds", "epsilon", "best RDP order");

@@ -100,21 +100,27 @@ secagg::Options Coordinator::secagg_options_locked(size_t selected) const {
   return o;
 }
 
-std::vector<double> Coordinator::distributed_release_rdp_locked(size_t selected) const {
+namespace {
+
+int64_t values_of(const Weights& weights) {
   int64_t values = 0;
-  for (const Tensor& t : global_) values += t.numel();
+  for (const Tensor& t : weights) values += t.numel();
+  return values;
+}
+
+}  // namespace
+
+std::vector<double> Coordinator::distributed_release_rdp_locked(size_t selected) const {
   // The noise of the whole sum: the share of a sum of one input.
   const secagg::DistributedNoise central =
       dp_->distributed_noise(1, static_cast<int64_t>(selected));
-  return secagg::release_rdp(config_.secure_aggregation, central, values,
+  return secagg::release_rdp(config_.secure_aggregation, central, values_of(global_),
                              static_cast<int64_t>(selected));
 }
 
 double Coordinator::rounding_growth_locked() const {
-  int64_t values = 0;
-  for (const Tensor& t : global_) values += t.numel();
   const secagg::Options& o = config_.secure_aggregation;
-  return secagg::rounded_norm_bound(dp_->clip(), values, o) * o.step / dp_->clip();
+  return secagg::rounded_norm_bound(dp_->clip(), values_of(global_), o) * o.step / dp_->clip();
 }
 
 std::string Coordinator::refuse_private_round_locked(int64_t round, int64_t selected,
@@ -126,12 +132,10 @@ std::string Coordinator::refuse_private_round_locked(int64_t round, int64_t sele
   try {
     // The ring must hold the selected clients' values with the largest noise share (threshold
     // 2), checked before any client adds noise or reveals a share.
-    secagg::Options worst = config_.secure_aggregation;
-    worst.noise = dp_->distributed_noise(2, selected);
-    worst.validate([](const std::string& key) {
-      return cat("secure_aggregation.", key, " with [privacy]'s noise");
-    });
-    secagg::check_fits(selected, worst);
+    secagg::check_noise_fits(config_.secure_aggregation, dp_->distributed_noise(2, selected),
+                             selected, [](const std::string& key) {
+                               return cat("secure_aggregation.", key, " with [privacy]'s noise");
+                             });
     const std::vector<double> rdp = distributed_release_rdp_locked(static_cast<size_t>(selected));
     return dp_->refuse_round(round, selected, available, &rdp);
   } catch (const Error& e) {

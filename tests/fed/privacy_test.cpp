@@ -368,7 +368,7 @@ TEST(PrivacyCli, AccountsDistributedDpsDiscreteGaussian) {
             "--clients 20",
             "--sampling fixed"},
            {"--noise-multiplier 30 --sampling-rate 1 --values 1000 --clip 1 --clients 20",
-            "raise --step"},
+            "raise secure_aggregation.step"},
            {"--noise-multiplier 1 --sampling-rate 1 --clip 1", "--clip requires --values"},
            {"--noise-multiplier 1 --sampling-rate 1 --values 1000 --clip 1 --clients 20 "
             "--adaptive-clip --clipped-count-stddev 0.5",

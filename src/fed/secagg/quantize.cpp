@@ -68,6 +68,13 @@ void check_fits(int64_t total_weight, const Options& options) {
                "-bit ring; raise secure_aggregation.step, lower range, or use ring_bits 64");
 }
 
+void check_noise_fits(Options options, const DistributedNoise& largest_share, int64_t selected,
+                      const std::function<std::string(const std::string&)>& where) {
+  options.noise = largest_share;
+  options.validate(where);
+  check_fits(selected, options);
+}
+
 Weights dequantize(const std::vector<uint64_t>& sum, int64_t total_weight, double denominator,
                    const Options& options, const Weights& like) {
   check_fits(total_weight, options);

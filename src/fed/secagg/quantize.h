@@ -21,6 +21,8 @@
 // is quantised and noised by fed/secagg/private_quantize.h, and the server divides by the
 // round's fixed denominator m (the clients selected) instead of the weights' sum.
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "base/rng.h"
@@ -44,6 +46,12 @@ int64_t round_to_level(double scaled, bool stochastic, Rng& rng);
 
 // Throws (saying what to change) when sum_i t_i * L could wrap the ring.
 void check_fits(int64_t total_weight, const Options& options);
+
+// Distributed DP, before a round: throws (naming keys through `where`) when `selected` clients'
+// values with noise shares as large as `largest_share` (each client's at threshold 2) could not
+// be drawn or could wrap the ring.
+void check_noise_fits(Options options, const DistributedNoise& largest_share, int64_t selected,
+                      const std::function<std::string(const std::string&)>& where);
 
 // step * S / denominator from the unmasked sum S of values weighted `total_weight` in all
 // (sum_i t_i, or the clients in the sum), shaped like `like`. The denominator is total_weight
