@@ -358,6 +358,28 @@ TEST(PrivacyCli, AccountsDistributedDpsDiscreteGaussian) {
                                   .epsilon;
   EXPECT_NEAR(split, whole, whole * 1e-4) << plan;  // printed to six digits
   EXPECT_GT(split, update_alone * 1.05) << plan;
+  // Where rounding grows the update's bound (clip 0.001 on 10^9 values: 1.89x the RDP) the split
+  // shows: the growth falls on z_Delta's part only, so the plan is below the unsplit one's, and it
+  // is the update's discrete Gaussian at z_Delta plus the count's at sigma_b.
+  auto planned = [&](const std::string& adaptive) {
+    const std::string said = pollen::testing::run_capture(
+        std::string(POLLEN_BINARY) +
+            " fed privacy --noise-multiplier 0.8 --sampling-rate 1 --rounds 10 --values "
+            "1000000000 --clip 0.001 --clients 20 " +
+            adaptive,
+        &status);
+    EXPECT_EQ(status, 0) << said;
+    return std::stod(said.substr(said.find("\n10 ") + 4));
+  };
+  const double unsplit = planned(""), grown = planned("--adaptive-clip --clipped-count-stddev 2");
+  central.clip = 0.001;
+  central.stddev = 0.001 * std::pow(std::pow(0.8, -2) - 0.25, -0.5);
+  central.count_stddev = 2;
+  rdp = secagg::release_rdp(o, central, 1000000000, 20);
+  for (double& v : rdp) v *= 10;
+  const double expected = optim::rdp_to_epsilon(rdp, 1e-5).epsilon;
+  EXPECT_NEAR(grown, expected, expected * 1e-5);
+  EXPECT_LT(grown, unsplit * 0.97);
   // Refused, each saying what is wrong: a sample below every client or Poisson sampling (the
   // server knows whom it selected), a share past the sampler's 2^28 steps, and a distributed
   // option without --values.
