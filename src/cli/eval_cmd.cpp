@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/json_depth.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
@@ -43,6 +44,7 @@ std::vector<std::string> read_documents(const std::string& path, bool jsonl,
       continue;
     }
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    check_json_depth(line, cat("'", path, "' line ", n));
     const auto j = nlohmann::json::parse(line, nullptr, false);
     POLLEN_CHECK(!j.is_discarded() && j.is_object(), "'", path, "' line ", n,
                  ": not a JSON object");

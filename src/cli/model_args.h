@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/json_depth.h"
 #include "io/model_source.h"
 #include "io/peft.h"
 #include "tokenizer/chat_template.h"
@@ -75,7 +76,9 @@ inline std::vector<uint32_t> stop_tokens(const io::ModelSource& src,
   std::set<uint32_t> ids;
   for (const auto& f : src.hf_side_files) {
     if (f.filename() != "generation_config.json") continue;
-    const auto j = nlohmann::json::parse(read_file(f), nullptr, false);
+    const std::string text = read_file(f);
+    check_json_depth(text, f.string());
+    const auto j = nlohmann::json::parse(text, nullptr, false);
     if (j.is_object() && j.contains("eos_token_id")) {
       const auto& e = j["eos_token_id"];
       if (e.is_number_unsigned()) ids.insert(e.get<uint32_t>());
@@ -99,7 +102,9 @@ inline std::optional<uint32_t> configured_token(const io::ModelSource& src,
                                                 const tokenizer::Tokenizer& tok, const char* key) {
   for (const auto& f : src.hf_side_files) {
     if (f.filename() != "tokenizer_config.json") continue;
-    const auto j = nlohmann::json::parse(read_file(f), nullptr, false);
+    const std::string text = read_file(f);
+    check_json_depth(text, f.string());
+    const auto j = nlohmann::json::parse(text, nullptr, false);
     if (!j.is_object() || !j.contains(key)) continue;
     const auto& v = j[key];
     const auto& content = v.is_object() && v.contains("content") ? v["content"] : v;

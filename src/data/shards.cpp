@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/hash.h"
+#include "base/json_depth.h"
 
 namespace pollen::data {
 namespace fs = std::filesystem;
@@ -212,6 +213,7 @@ Manifest Manifest::load(const fs::path& path) {
   Manifest m;
   m.path = path;
   std::string text = read_file(path);
+  check_json_depth(text, cat("manifest '", path.string(), "'"));
   try {
     m.json = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {

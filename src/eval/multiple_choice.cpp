@@ -11,6 +11,7 @@
 
 #include "autograd/tape.h"
 #include "base/error.h"
+#include "base/json_depth.h"
 #include "base/rng.h"
 #include "ops/gemm.h"
 
@@ -69,6 +70,7 @@ std::vector<ChoiceItem> read_choice_items(const std::filesystem::path& jsonl) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = cat("'", jsonl.string(), "' line ", n);
+    check_json_depth(line, where);
     const auto j = nlohmann::json::parse(line, nullptr, false);
     POLLEN_CHECK(!j.is_discarded() && j.is_object(), where, ": not a JSON object");
     POLLEN_CHECK(j.contains("context") && j["context"].is_string(), where,

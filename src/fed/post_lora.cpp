@@ -8,6 +8,7 @@
 #include "base/config.h"
 #include "base/files.h"
 #include "base/hash.h"
+#include "base/json_depth.h"
 #include "fed/strategy.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
@@ -148,6 +149,7 @@ model::LoraConfig parse_lora_config_json(const std::string& text, const std::str
                " bytes, more than 4096");
   model::LoraConfig c;
   try {
+    check_json_depth(text, what);
     const nlohmann::json j = nlohmann::json::parse(text);
     POLLEN_CHECK(j.is_object() && j.size() == 7, what,
                  ": expected the LoRA config's 7 keys (rank, alpha, dropout, rslora, "

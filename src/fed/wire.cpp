@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/hash.h"
+#include "base/json_depth.h"
 #include "model/llama.h"
 
 namespace pollen::fed {
@@ -88,6 +89,7 @@ std::string agreement_differences(const pb::JoinRequest& client, uint32_t protoc
   }
   nlohmann::json server_model = nlohmann::json::parse(model_config), client_model;
   try {
+    check_json_depth(client.model_config(), "the client's model config");
     client_model = nlohmann::json::parse(client.model_config());
   } catch (const std::exception&) {
     add("model config: the client's is not valid JSON");

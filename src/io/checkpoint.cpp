@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/hash.h"
+#include "base/json_depth.h"
 #include "base/log.h"
 
 namespace fs = std::filesystem;
@@ -116,7 +117,9 @@ std::optional<std::string> verify_checkpoint(const fs::path& dir,
   if (!fs::exists(mpath)) return std::string("manifest.json is missing");
   nlohmann::json m;
   try {
-    m = nlohmann::json::parse(read_file(mpath));
+    const std::string text = read_file(mpath);
+    check_json_depth(text, "manifest.json");
+    m = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     return cat("manifest.json is unreadable: ", e.what());
   }

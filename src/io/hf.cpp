@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/json_depth.h"
 #include "io/safetensors.h"
 
 namespace pollen::io {
@@ -223,8 +224,10 @@ model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
 
 model::LlamaConfig read_hf_config(const fs::path& config_json) {
   json j;
+  const std::string text = read_file(config_json);
+  check_json_depth(text, cat("'", config_json.string(), "'"));
   try {
-    j = json::parse(read_file(config_json));
+    j = json::parse(text);
   } catch (const json::exception& e) {
     fail("'", config_json.string(), "' is not valid JSON: ", e.what());
   }
@@ -308,8 +311,10 @@ model::Llama load_hf_model(const fs::path& dir, DType dtype) {
   } else {
     const fs::path index_path = dir / "model.safetensors.index.json";
     json index;
+    const std::string text = read_file(index_path);
+    check_json_depth(text, cat("'", index_path.string(), "'"));
     try {
-      index = json::parse(read_file(index_path));
+      index = json::parse(text);
     } catch (const json::exception& e) {
       fail("'", index_path.string(), "' is not valid JSON: ", e.what());
     }

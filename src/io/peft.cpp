@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/json_depth.h"
 #include "io/safetensors.h"
 
 namespace pollen::io {
@@ -73,7 +74,9 @@ void save_peft_adapter(const model::Lora& lora, const fs::path& dir,
 
 model::LoraConfig read_peft_config(const fs::path& config_json) {
   const std::string source = config_json.string();
-  const auto j = nlohmann::json::parse(read_file(config_json), nullptr, false);
+  const std::string text = read_file(config_json);
+  check_json_depth(text, cat("'", source, "'"));
+  const auto j = nlohmann::json::parse(text, nullptr, false);
   POLLEN_CHECK(!j.is_discarded() && j.is_object(), "'", source, "' is not a JSON object");
   auto need = [&](const std::string& key) -> const nlohmann::json& {
     POLLEN_CHECK(j.contains(key), "'", source, "' has no key '", key, "'");

@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/json_depth.h"
 
 namespace pollen::io {
 
@@ -102,10 +103,11 @@ SafetensorsFile parse_safetensors(const std::byte* data, size_t size, const std:
                " is over the 100 MB limit");
   POLLEN_CHECK(header_len <= size - 8, where, ": header length ", header_len,
                " runs past the end of the file (", size, " bytes): it is truncated");
+  const std::string_view header_text(reinterpret_cast<const char*>(data) + 8, header_len);
+  check_json_depth(header_text, cat(where, ": header"));
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(reinterpret_cast<const char*>(data) + 8,
-                                   reinterpret_cast<const char*>(data) + 8 + header_len);
+    header = nlohmann::json::parse(header_text);
   } catch (const nlohmann::json::exception& e) {
     fail(where, ": header is not valid JSON: ", e.what());
   }

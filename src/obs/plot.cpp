@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/json_depth.h"
 #include "base/log.h"
 
 namespace pollen::obs {
@@ -144,6 +145,7 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
       break;
     }
     nlohmann::json j;
+    check_json_depth(line, cat("'", file.string(), "' line ", n));
     try {
       j = nlohmann::json::parse(line);
     } catch (const std::exception& e) {
@@ -188,6 +190,7 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
       log::warn("'", evals.string(), "' line ", n, ": unfinished (no line end); left out");
       break;
     }
+    check_json_depth(line, cat("'", evals.string(), "' line ", n));
     const auto j = nlohmann::json::parse(line, nullptr, false);
     POLLEN_CHECK(!j.is_discarded() && j.is_object() && j.contains("tokens") &&
                      j["tokens"].is_number() && j.contains("loss") && j["loss"].is_number() &&

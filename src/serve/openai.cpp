@@ -1,4 +1,5 @@
 #include "serve/openai.h"
+#include "base/json_depth.h"
 
 #include <algorithm>
 #include <random>
@@ -196,6 +197,9 @@ json error_body(const ApiError& e) {
 }
 
 json parse_body(const std::string& body) {
+  if (!json_depth_within(body))
+    throw ApiError(400, "invalid_request_error", "invalid_json", "",
+                   cat("The request body nests JSON more than ", kMaxJsonDepth, " levels deep"));
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded())
     throw ApiError(400, "invalid_request_error", "invalid_json", "",
@@ -319,8 +323,11 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
   if (body.contains("top_logprobs") && !body["top_logprobs"].is_null() && !logprobs)
     bad_request("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   if (logprobs) r.logprobs = integer_in(body, "top_logprobs", 0, 20, 0);
+  // max_completion_tokens replaces max_tokens; a null one is as if absent.
   const std::string budget_key =
-      body.contains("max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+      body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
+          ? "max_completion_tokens"
+          : "max_tokens";
   r.sampling = sampling(body, model, limits, limits.max_tokens, budget_key);
   r.budget_given = body.contains(budget_key) && !body[budget_key].is_null();
   r.stream = boolean(body, "stream");

@@ -292,6 +292,37 @@ void Server::add_routes() {
     };
   };
 
+  // Every POST: the body read here, at most max_body_bytes however it is framed (cpp-httplib
+  // bounds a Content-Length body only, so a chunked one could otherwise grow without end), then
+  // the call as api() makes it.
+  const auto post = [this, api](Handler handler) {
+    return [this, call = api(std::move(handler))](const httplib::Request& req,
+                                                  httplib::Response& res,
+                                                  const httplib::ContentReader& read) {
+      if (req.is_multipart_form_data())
+        return send_error(res, ApiError(415, "invalid_request_error", "invalid_json", "",
+                                        "The request body must be JSON, not a multipart form"));
+      const size_t most = options_.limits.max_body_bytes;
+      httplib::Request with_body = req;
+      bool too_large = false;
+      const bool read_whole = read([&](const char* data, size_t n) {
+        too_large = with_body.body.size() + n > most;
+        if (!too_large) with_body.body.append(data, n);
+        return !too_large;
+      });
+      if (too_large || res.status == 413) {
+        res.set_header("Connection", "close");  // the rest of the body is left unread
+        return send_error(res, ApiError(413, "invalid_request_error", "request_too_large", "",
+                                        cat("The request body exceeds this server's limit of ",
+                                            most, " bytes")));
+      }
+      if (!read_whole)
+        return send_error(res, ApiError(400, "invalid_request_error", "invalid_body", "",
+                                        "The request body ended before it was complete"));
+      call(with_body, res);
+    };
+  };
+
   http_->Get("/health", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"status":"ok"})", "application/json");
   });
@@ -348,7 +379,7 @@ void Server::add_routes() {
                                   {"model_max_length", options_.model.context}};
                res.set_content(dump(info), "application/json");
              }));
-  http_->Post("/tokenize", api([this](const httplib::Request& req, httplib::Response& res, auto) {
+  http_->Post("/tokenize", post([this](const httplib::Request& req, httplib::Response& res, auto) {
                 const json body = parse_body(req.body);
                 const TokenizeRequest r = parse_tokenize_request(body);
                 tokenizer::EncodeOptions eo;
@@ -360,7 +391,7 @@ void Server::add_routes() {
                                       {"max_model_len", options_.model.context}}),
                                 "application/json");
               }));
-  http_->Post("/detokenize", api([this](const httplib::Request& req, httplib::Response& res, auto) {
+  http_->Post("/detokenize", post([this](const httplib::Request& req, httplib::Response& res, auto) {
                 const json body = parse_body(req.body);
                 const std::vector<uint32_t> ids = parse_detokenize_request(body, tok_);
                 res.set_content(dump({{"prompt", tok_.decode(ids)}}), "application/json");
@@ -368,7 +399,7 @@ void Server::add_routes() {
 
   http_->Post(
       "/v1/completions",
-      api([this](const httplib::Request& req, httplib::Response& res, std::shared_ptr<Slot> slot) {
+      post([this](const httplib::Request& req, httplib::Response& res, std::shared_ptr<Slot> slot) {
         const json body = parse_body(req.body);
         const CompletionRequest r =
             parse_completion_request(body, tok_, options_.model, options_.limits);
@@ -436,7 +467,7 @@ void Server::add_routes() {
 
   http_->Post(
       "/v1/chat/completions",
-      api([this](const httplib::Request& req, httplib::Response& res, std::shared_ptr<Slot> slot) {
+      post([this](const httplib::Request& req, httplib::Response& res, std::shared_ptr<Slot> slot) {
         const json body = parse_body(req.body);
         ChatRequest r = parse_chat_request(body, options_.model, options_.limits);
         if (!options_.chat)

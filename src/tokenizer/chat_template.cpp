@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/json_depth.h"
 
 namespace pollen::tokenizer {
 
@@ -298,8 +299,10 @@ ChatFormat recognise_chat_template(std::string_view jinja, std::string_view sour
 ChatFormat chat_format_from_config(const std::filesystem::path& tokenizer_config) {
   const std::string source = tokenizer_config.string();
   nlohmann::json config;
+  const std::string text = read_file(tokenizer_config);
+  check_json_depth(text, source);
   try {
-    config = nlohmann::json::parse(read_file(tokenizer_config));
+    config = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail(source, ": not valid JSON: ", e.what());
   }

@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/json_depth.h"
 
 namespace pollen::tokenizer {
 
@@ -34,6 +35,7 @@ void for_each_document_batch(const DocumentSource& source, size_t batch_bytes,
       views.push_back(line);
     } else if (line.find_first_not_of(" \t\r\n") != std::string_view::npos) {
       nlohmann::json record;
+      check_json_depth(line, cat(source.path.string(), ":", line_number));
       try {
         record = nlohmann::json::parse(line);
       } catch (const nlohmann::json::parse_error& e) {

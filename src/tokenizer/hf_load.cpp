@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/json_depth.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/hf_format.h"
 
@@ -246,6 +247,7 @@ void read_template(const Reader& r, const json& node, const std::string& where,
 Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
   Reader r(source);
   json root;
+  check_json_depth(text, source);
   try {
     root = json::parse(text);
   } catch (const json::parse_error& e) {

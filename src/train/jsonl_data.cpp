@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "base/error.h"
+#include "base/json_depth.h"
 
 namespace pollen::train {
 
@@ -20,6 +21,7 @@ void for_each_jsonl_object(
     where += "' line ";
     where += std::to_string(line_no);
     nlohmann::json record;
+    check_json_depth(line, where);
     try {
       record = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {

@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/json_depth.h"
 #include "base/rng.h"
 #include "io/hf.h"
 #include "io/model_source.h"
@@ -216,8 +217,10 @@ void export_reward_model_with_tokenizer(const model::Llama& decoder, const ag::V
 RewardModel load_reward_model(const fs::path& dir) {
   const fs::path config_path = dir / "config.json";
   nlohmann::json config;
+  const std::string config_text = read_file(config_path);
+  check_json_depth(config_text, cat("'", config_path.string(), "'"));
   try {
-    config = nlohmann::json::parse(read_file(config_path));
+    config = nlohmann::json::parse(config_text);
   } catch (const nlohmann::json::exception& e) {
     fail("'", config_path.string(), "' is not valid JSON: ", e.what());
   }

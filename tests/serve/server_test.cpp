@@ -649,6 +649,70 @@ TEST_F(Serving, InvalidRequestsGet4xxWithOpenAiErrors) {
                "messages[0].content");
 }
 
+// Bodies are bounded however they are framed, and JSON however deep: a body sent in chunks past
+// max_body_bytes is refused (cpp-httplib bounds Content-Length bodies only), a body nested
+// 100000 levels deep is a 400, not a stack overflow, and the server goes on answering.
+TEST_F(Serving, BodiesAreBoundedHoweverFramedAndJsonHoweverDeep) {
+  serve::ServerOptions o = options();
+  const std::string deep = "{\"prompt\": \"hi\", \"temperature\": " + std::string(100000, '[') +
+                           std::string(100000, ']') + "}";
+  o.limits.max_body_bytes = deep.size() + 1;
+  start(o);
+  expect_error(post("/v1/completions", deep), 400, "");
+  // Sent in chunks: served below the limit, refused above it (a 413, or the connection closed
+  // before the client read it).
+  auto chunked = [&](const std::string& body) {
+    const int fd = connect_loopback(server_->port());
+    EXPECT_GE(fd, 0);
+    std::string request =
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        "Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n";
+    for (size_t at = 0; at < body.size(); at += 1000) {
+      const std::string piece = body.substr(at, 1000);
+      char size[16];
+      std::snprintf(size, sizeof size, "%zx\r\n", piece.size());
+      request += size + piece + "\r\n";
+    }
+    request += "0\r\n\r\n";
+    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    std::string response;
+    char buffer[4096];
+    for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
+    close(fd);
+    return response;
+  };
+  const json small = {{"prompt", "hi"}, {"max_tokens", 1}};
+  EXPECT_TRUE(chunked(small.dump()).starts_with("HTTP/1.1 200")) << chunked(small.dump());
+  const json large = {{"prompt", "hi"}, {"max_tokens", 1}, {"user", std::string(deep.size(), 'u')}};
+  const std::string refused = chunked(large.dump());
+  EXPECT_TRUE(refused.empty() || refused.starts_with("HTTP/1.1 413")) << refused.substr(0, 300);
+  // A JSON body sent as a form (curl -d) over httplib's 8 KiB form limit is still JSON to us.
+  httplib::Client c("127.0.0.1", server_->port());
+  const json form = {{"prompt", "hi"}, {"max_tokens", 1}, {"user", std::string(9000, 'u')}};
+  auto r = c.Post("/v1/completions", form.dump(), "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+  auto health = c.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+// max_completion_tokens replaces max_tokens, unless it is null.
+TEST_F(Serving, ANullMaxCompletionTokensLeavesMaxTokens) {
+  start();
+  const json messages = {{{"role", "user"}, {"content", "hi"}}};
+  auto r = post("/v1/chat/completions", json{{"messages", messages},
+                                             {"max_completion_tokens", nullptr},
+                                             {"max_tokens", 2},
+                                             {"temperature", 0}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  EXPECT_LE(r.second["usage"]["completion_tokens"].get<int>(), 2) << r.second.dump();
+  expect_error(post("/v1/chat/completions", json{{"messages", messages},
+                                                 {"max_completion_tokens", nullptr},
+                                                 {"max_tokens", "junk"}}),
+               400, "max_tokens");
+}
+
 // A request of more prompts than --max-batch-rows runs in turns of at most that many rows, so
 // that one request cannot make the KV caches hold more; each prompt gets what generate() gives.
 TEST_F(Serving, ARequestOfMorePromptsThanABatchRunsInTurns) {
