@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/hash.h"
+#include "base/json_depth.h"
 #include "base/rng.h"
 #include "base/thread_pool.h"
 #include "support/errors.h"
@@ -140,6 +141,21 @@ TEST(ThreadPool, ThreadsPerRankFollowTheAffinityMask) {
 TEST(Hash, Sha256AndXxh64KnownValues) {
   EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(xxh64("", 0, 0), 0xef46db3751d8e999ULL);
+}
+
+TEST(JsonDepth, CountsBracketsOutsideStrings) {
+  EXPECT_TRUE(json_depth_within("{\"a\": [[1]]}", 3));
+  EXPECT_FALSE(json_depth_within("{\"a\": [[1]]}", 2));
+  // Brackets in strings, escaped quotes and backslashes among them, do not count.
+  EXPECT_TRUE(json_depth_within(R"([" [[[ \" [[[ \\", "{{{"])", 1));
+  EXPECT_FALSE(json_depth_within(R"([" \\", [[]]])", 2));
+  const std::string deep = std::string(513, '[') + std::string(513, ']');
+  EXPECT_TRUE(json_depth_within(deep, 513));
+  EXPECT_NE(error_of([&] {
+              check_json_depth(deep, "'x.json'");
+            }).find("'x.json': JSON nested more than 512 arrays and objects deep"),
+            std::string::npos);
+  check_json_depth(std::string(512, '{') + std::string(512, '}'), "'x.json'");
 }
 
 TEST(Files, AtomicWriteReplacesWholeFile) {

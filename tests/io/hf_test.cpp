@@ -16,6 +16,7 @@
 #include "io/checkpoint.h"
 #include "io/hf.h"
 #include "io/model_source.h"
+#include "support/errors.h"
 #include "support/tiny_lm.h"
 #include "tokenizer/open.h"
 
@@ -225,6 +226,19 @@ TEST(HfConfig, RopeScalingYarn) {
   expect_refused(j, "beta_fast > beta_slow");
   j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 0.7}};
   expect_refused(j, "'mscale' is not understood for rope_type 'yarn'");
+}
+
+// A config nested 200000 levels deep is refused naming the file, not a stack overflow while its
+// values are copied or printed.
+TEST(HfConfig, DeepNestingIsRefusedNamingTheFile) {
+  const fs::path dir = temp_dir("deep");
+  write_file_atomic(dir / "config.json",
+                    "{\"model_type\": \"llama\", \"vocab_size\": " + std::string(200000, '[') +
+                        std::string(200000, ']') + "}");
+  const std::string error =
+      pollen::testing::error_of([&] { io::read_hf_config(dir / "config.json"); });
+  EXPECT_NE(error.find("config.json': JSON nested more than 512"), std::string::npos) << error;
+  fs::remove_all(dir);
 }
 
 TEST(HfConfig, UnknownKeysRefusedIgnoredKeysSkipped) {
