@@ -84,14 +84,23 @@ NearDupResult find_near_duplicates(const std::vector<uint32_t>& sigs, int64_t n,
   POLLEN_ASSERT(static_cast<int64_t>(sigs.size()) == n * m);
   NearDupResult r;
   UnionFind uf(n);
-  std::vector<std::pair<uint64_t, int64_t>> bucket(static_cast<size_t>(n));
+  // A document without words has no shingles and so the empty signature (every value 2^32 - 1):
+  // it resembles nothing, and joins no bucket (else every such document would be one cluster).
+  std::vector<int64_t> shingled;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t* sig = &sigs[static_cast<size_t>(i * m)];
+    if (!std::all_of(sig, sig + m, [](uint32_t v) { return v == ~0u; })) shingled.push_back(i);
+  }
+  std::vector<std::pair<uint64_t, int64_t>> bucket(shingled.size());
   for (int band = 0; band < o.bands; ++band) {
-    parallel_for(n, 4096, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i)
-        bucket[static_cast<size_t>(i)] = {
+    parallel_for(static_cast<int64_t>(shingled.size()), 4096, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) {
+        const int64_t i = shingled[static_cast<size_t>(k)];
+        bucket[static_cast<size_t>(k)] = {
             xxh64(&sigs[static_cast<size_t>(i * m + band * o.rows)],
                   static_cast<size_t>(o.rows) * 4, static_cast<uint64_t>(band)),
             i};
+      }
     });
     std::sort(bucket.begin(), bucket.end());
     for (size_t s = 0; s < bucket.size();) {

@@ -5,7 +5,8 @@
 // >> 32 (multiply-shift) over the 64-bit shingle hashes. Documents whose signatures agree on
 // every row of some band are candidates; a candidate pair is verified when the share of equal
 // signature entries (the Jaccard estimate) reaches the threshold. Clusters are the connected
-// components of the verified pairs, and the first document (lowest index) of each is kept.
+// components of the verified pairs, and the first document (lowest index) of each is kept. A
+// document without words (no shingles) is nobody's near duplicate; exact dedup finds its copies.
 #include <cstdint>
 #include <string_view>
 #include <vector>

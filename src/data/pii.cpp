@@ -126,7 +126,7 @@ void find_ipv6(std::string_view s, std::vector<Span>& out) {
     size_t dbl = c.find("::");
     if (dbl != std::string_view::npos && c.find("::", dbl + 1) != std::string_view::npos) continue;
     int groups = 0;
-    bool ok = true, letter = false;
+    bool ok = true, letter = false, number = false;
     size_t p = 0;
     while (p < c.size()) {
       if (c[p] == ':') {
@@ -136,6 +136,7 @@ void find_ipv6(std::string_view s, std::vector<Span>& out) {
       size_t q = p;
       while (q < c.size() && hexd(c[q])) {
         letter |= !digit(c[q]);
+        number |= digit(c[q]);
         ++q;
       }
       if (q - p > 4) ok = false;
@@ -147,9 +148,9 @@ void find_ipv6(std::string_view s, std::vector<Span>& out) {
     bool full = dbl == std::string_view::npos && groups == 8;
     bool compressed = dbl != std::string_view::npos && groups >= 1 && groups <= 7 &&
                       (groups >= 2 || letter || c.size() >= 3);
-    // "::" alone, "a::b" in code (namespaces) need a hex group with digits: require >= 2 groups
-    // or a recognisable form like ::1.
-    if (!(full || (compressed && (groups >= 2 || c == "::1")))) continue;
+    // "::" alone and scopes in code ("A::B", "cb::add", "Face::Add": hex letters only) are not
+    // addresses: a compressed one needs a digit and two groups, or is ::1.
+    if (!(full || (compressed && number && (groups >= 2 || c == "::1")))) continue;
     out.push_back({i, i + c.size(), PiiType::ip});
     i = e;
   }

@@ -212,6 +212,21 @@ TEST(MinHash, ClustersAreConnectedComponentsKeepingTheFirst) {
   EXPECT_EQ(r.duplicates, 2);
 }
 
+// Documents without words (punctuation only, as code and tables have) share the empty signature
+// but are not one another's near duplicates.
+TEST(MinHash, DocumentsWithoutWordsAreNobodysDuplicates) {
+  MinHashOptions o;
+  MinHasher h(o);
+  const int m = o.signature_size();
+  const std::string base = words(300);
+  std::vector<std::string> docs = {"+++ --- ***", base, "{ } ( ) [ ]", base, "!!!!! ?????"};
+  std::vector<uint32_t> sigs(docs.size() * static_cast<size_t>(m));
+  for (size_t i = 0; i < docs.size(); ++i) h.signature(docs[i], &sigs[i * static_cast<size_t>(m)]);
+  NearDupResult r = find_near_duplicates(sigs, 5, o);
+  EXPECT_EQ(r.cluster, (std::vector<int64_t>{0, 1, 2, 1, 4}));
+  EXPECT_EQ(r.duplicates, 1);
+}
+
 TEST(Pii, PositivesAreRedactedWithTypedPlaceholders) {
   PiiOptions o;
   std::string out;
@@ -230,6 +245,8 @@ TEST(Pii, PositivesAreRedactedWithTypedPlaceholders) {
   EXPECT_EQ(counts.n[static_cast<int>(PiiType::iban)], 1);
   EXPECT_EQ(redact_pii("DE89370400440532013000", o, out).total(), 1);
   EXPECT_EQ(redact_pii("card 5500-0000-0000-0004 ok", o, out).total(), 1);
+  for (const char* ip : {"ping fe80::1 now", "host ::1 here", "net 2001:db8:: up"})
+    EXPECT_EQ(redact_pii(ip, o, out).n[static_cast<int>(PiiType::ip)], 1) << ip;
 }
 
 TEST(Pii, LookAlikesAreLeftAlone) {
@@ -244,6 +261,8 @@ TEST(Pii, LookAlikesAreLeftAlone) {
            "Card 4111 1111 1111 1112 is invalid",  // Luhn fails
            "GB82 WEST 1234 5698 7654 33 wrong",    // IBAN checksum fails
            "std::vector<int> in C++ code",         // namespaces, not IPv6
+           "In C++ you write A::B and Face::Add",  // scopes of hex letters alone
+           "the call cb::add(x) returns",          // the same
            "call me at 555-1234",                  // too short for a phone number
            "user at example dot com",              // not an address
            "Pi is 3.14159265358979",               // decimals
