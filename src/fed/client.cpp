@@ -88,7 +88,15 @@ void Client::join() {
     r.set_lora_config(lora_config_json(silo_->lora_config()));
     r.set_post_objective(config_.post.objective);
   }
-  const auto reply = transport_.join(r);
+  pb::JoinReply reply;
+  for (;;) {
+    try {
+      reply = transport_.join(r);
+      break;
+    } catch (const ServerBusy& e) {
+      log::warn("fed client '", config_.id, "': ", e.what(), "; joining again");
+    }
+  }
   POLLEN_CHECK(reply.accepted(), "the server refused client '", config_.id, "': ", reply.reason());
 }
 
@@ -120,6 +128,9 @@ void Client::run() {
     pb::TaskReply t;
     try {
       t = transport_.task(r);
+    } catch (const ServerBusy& e) {
+      log::warn("fed client '", config_.id, "': ", e.what(), "; asking again");
+      continue;
     } catch (const Error& e) {
       // A restarted server has forgotten who joined (and a server that stays away past
       // connect_timeout_s makes join throw): join again, then ask again.

@@ -60,6 +60,14 @@ class RoundCannotSucceed : public Error {
   using Error::Error;
 };
 
+// A call to a server that is connected but did not answer in time (its lock held while it
+// aggregates and checkpoints a large model): worth waiting for, unlike a server that cannot be
+// reached or that refuses.
+class ServerBusy : public Error {
+ public:
+  using Error::Error;
+};
+
 // Calls the coordinator directly (simulation), through the same functions as the gRPC service.
 class LocalTransport : public Transport {
  public:

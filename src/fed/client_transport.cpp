@@ -26,6 +26,7 @@ pb::PushReply serve_push(Coordinator& c, const std::string& peer_id,
   pb::TensorStream msg;
   while (read(msg)) {
     POLLEN_CHECK(msg.has_chunk(), "push: after the header only chunks may follow");
+    c.check_push_open(push);
     push.chunks->add(msg.chunk());
   }
   return c.push_finish(push);

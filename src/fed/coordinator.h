@@ -84,11 +84,15 @@ class Coordinator {
     pb::UpdateInfo info;
     pb::TensorSetHeader header;
     std::unique_ptr<ChunkAssembler> chunks;
-    int64_t attempt = 0;  // the round attempt it began in: only that attempt takes it
+    int64_t attempt = 0;             // the round attempt it began in: only that attempt takes it
+    std::shared_ptr<void> arriving;  // while held, the client's one push that may arrive
   };
   Push push_begin(const pb::UpdateInfo& info, const pb::TensorSetHeader& header,
                   const std::string& peer_id);
   pb::PushReply push_finish(Push& push);
+  // Refuses a chunk of a push whose round attempt closed meanwhile, so that a client trickling
+  // chunks holds no stream past its round.
+  void check_push_open(const Push& push) const;
 
   // Secure aggregation's key, share and unmask steps (fed/secagg/session.h); refused when the
   // server does not aggregate securely.
@@ -144,6 +148,7 @@ class Coordinator {
   void save_checkpoint(const RoundSummary& s);
   void load_checkpoint(const std::filesystem::path& dir);
   std::vector<std::string> alive_ids_locked() const;  // clients heard from within client_timeout_s
+  void touch_locked(const std::string& id);           // heard from now
   // The round's clients from `alive`: the strategy's fixed-size draw (from `rng`, or under
   // central DP from its secret generator), or a Poisson sample under privacy.sampling =
   // "poisson".
@@ -205,6 +210,15 @@ class Coordinator {
   std::set<std::string> pulled_;  // client id, newline, the set's base and model: counted once
   int64_t round_available_ = 0;   // clients alive when the round opened (DP's sampling rate)
   std::map<std::string, Update> updates_;
+  // Clients whose push stream is open, with its attempt and serial: one each per attempt, so
+  // that a client cannot hold many streams' buffers (a stream of a closed attempt does not stop
+  // the client's push in the next).
+  struct Arriving {
+    int64_t attempt = 0;
+    uint64_t serial = 0;
+  };
+  std::map<std::string, Arriving> pushing_;
+  uint64_t pushes_begun_ = 0;
   std::unique_ptr<ModelPublisher> publisher_;  // what each round's pull sends
   // strategy.second_moments: the clients' factored second moments averaged over the last
   // aggregated round, packed as they are sent with the next rounds' model (empty before the

@@ -48,7 +48,7 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
   std::lock_guard lock(mutex_);
   auto it = clients_.find(id);
   POLLEN_CHECK(it != clients_.end(), "task: client '", id, "' has not joined");
-  it->second.last_seen = Clock::now();
+  touch_locked(id);
   pb::TaskReply t;
   if (finished_) {
     t.set_kind(pb::TASK_DONE);
@@ -98,6 +98,7 @@ std::shared_ptr<const EncodedSet> Coordinator::pull(const pb::PullRequest& r,
   std::lock_guard lock(mutex_);
   POLLEN_CHECK(open_ && r.round() == done_ + 1, "pull: round ", r.round(), " is not open");
   POLLEN_CHECK(selected_.count(id), "pull: client '", id, "' is not part of round ", r.round());
+  touch_locked(id);
   for (const std::string* name : {&r.held_model(), &r.want_model()}) {
     POLLEN_CHECK(name->empty() || name->size() == 64, "pull: client '", id, "' names a model by ",
                  name->size(), " characters, not a SHA-256 hex digest");
@@ -136,8 +137,19 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
     POLLEN_CHECK(selected_.count(info.client_id()), what, ": not part of round ", info.round());
     POLLEN_CHECK(!updates_.count(info.client_id()), what, ": already pushed for round ",
                  info.round());
+    const auto open = pushing_.find(info.client_id());
+    POLLEN_CHECK(open == pushing_.end() || open->second.attempt != attempts_, what,
+                 ": another push from this client is still arriving for round ", info.round());
+    const uint64_t serial = ++pushes_begun_;
+    pushing_[info.client_id()] = {attempts_, serial};
+    p.arriving = std::shared_ptr<void>(nullptr, [this, id = info.client_id(), serial](void*) {
+      std::lock_guard lock(mutex_);
+      if (auto it = pushing_.find(id); it != pushing_.end() && it->second.serial == serial)
+        pushing_.erase(it);
+    });
     if (secagg_) secagg_->check_input(info.client_id());
     p.attempt = attempts_;
+    touch_locked(info.client_id());
   }
   check_update_header(header, update_rules_, what);
   p.info = info;
@@ -171,12 +183,24 @@ pb::PushReply Coordinator::push_finish(Push& p) {
     secagg_->add_input(p.info.client_id(), bytes);
     advance_secagg_locked();
   }
+  touch_locked(p.info.client_id());
   updates_.emplace(p.info.client_id(), std::move(u));
   show_progress_locked();
   changed_.notify_all();
   pb::PushReply reply;
   reply.set_accepted(true);
   return reply;
+}
+
+void Coordinator::check_push_open(const Push& p) const {
+  std::lock_guard lock(mutex_);
+  POLLEN_CHECK(open_ && p.info.round() == done_ + 1 && p.attempt == attempts_, "update from '",
+               p.info.client_id(), "': round ", p.info.round(),
+               " closed while the update was arriving");
+}
+
+void Coordinator::touch_locked(const std::string& id) {
+  if (auto it = clients_.find(id); it != clients_.end()) it->second.last_seen = Clock::now();
 }
 
 std::vector<std::string> Coordinator::alive_ids_locked() const {

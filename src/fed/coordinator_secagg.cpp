@@ -41,7 +41,7 @@ pb::SecAggReply Coordinator::secagg(const pb::SecAggRequest& r, const std::strin
                  id, "': round ", r.round(),
                  config_.secure_aggregation.enabled ? " is not open"
                                                     : " (the server does not aggregate securely)");
-    if (auto it = clients_.find(id); it != clients_.end()) it->second.last_seen = Clock::now();
+    touch_locked(id);
     pb::SecAggReply reply;
     switch (r.body_case()) {
       case pb::SecAggRequest::kAdvertise:

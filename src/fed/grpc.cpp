@@ -183,6 +183,12 @@ void GrpcServer::start(const std::string& address, const TlsFiles& tls) {
   // gRPC lets servers share a port by default (SO_REUSEPORT), and the kernel would then hand each
   // of them a share of the clients: a second server on a busy port must fail instead.
   b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A client whose connection died without closing (a host or network gone) must not hold its
+  // streams, and their buffers, for good: the server pings each connection every minute and
+  // drops one that does not answer within 20 s.
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   b.AddListeningPort(address, creds, &impl_->port);
   b.RegisterService(impl_->service.get());
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -306,6 +312,21 @@ pb::PushReply upload(grpc::ClientWriter<Message>& writer, pb::PushReply& reply,
 }
 }  // namespace
 
+namespace {
+// Checks a join's or a task's status. Timed out on a connected channel, the server was reached
+// but busy: ServerBusy, which the client waits out.
+void check_waiting_call(const grpc::Status& s, const char* what, grpc::Channel& channel,
+                        const Endpoint& e) {
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+      channel.GetState(false) == GRPC_CHANNEL_READY) {
+    throw ServerBusy(cat("the federation server at ", e.address,
+                         " is connected but did not answer ", what, " within ", e.connect_timeout_s,
+                         " s (busy aggregating or saving)"));
+  }
+  check_status(s, what, e, Waits::for_the_server);
+}
+}  // namespace
+
 pb::JoinReply GrpcTransport::join(const pb::JoinRequest& r) {
   pb::JoinReply reply;
   grpc::ClientContext ctx;
@@ -313,7 +334,7 @@ pb::JoinReply GrpcTransport::join(const pb::JoinRequest& r) {
   ctx.set_deadline(
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
-  check_status(impl_->stub->Join(&ctx, r, &reply), "join", impl_->endpoint, Waits::for_the_server);
+  check_waiting_call(impl_->stub->Join(&ctx, r, &reply), "join", *impl_->channel, impl_->endpoint);
   return reply;
 }
 
@@ -324,8 +345,8 @@ pb::TaskReply GrpcTransport::task(const pb::TaskRequest& r) {
   ctx.set_deadline(
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
-  check_status(impl_->stub->GetTask(&ctx, r, &reply), "task", impl_->endpoint,
-               Waits::for_the_server);
+  check_waiting_call(impl_->stub->GetTask(&ctx, r, &reply), "task", *impl_->channel,
+                     impl_->endpoint);
   return reply;
 }
 

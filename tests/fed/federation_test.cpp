@@ -1,5 +1,6 @@
 // The wire's checks, agreement, TLS, and federated runs: simulation, dropped clients, resume,
 // one client matching pollen train, and simulated == deployed (loopback processes) bitwise.
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +24,8 @@
 #include "io/checkpoint.h"
 #include "io/model_source.h"
 #include "io/safetensors.h"
+#include "pollen_fed.grpc.pb.h"
+#include "support/errors.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -224,6 +227,23 @@ TEST(Simulation, ClientsThatTrainedFirstStayInLaterRounds) {
   for (const auto& m : read_jsonl(cfg.server.dir / "metrics.jsonl")) {
     EXPECT_EQ(m["participants"].size(), 2u) << "round " << m["round"] << " left a client out";
   }
+}
+
+// A client is heard from whenever it calls, its pull and push included: one whose local steps
+// outlast client_timeout_s is alive once it pushed (deployed, it asks for its next task only after
+// saving its state, and the next round may open before that).
+TEST(Simulation, APushCountsAsHearingFromTheClient) {
+  Quiet q;
+  const auto dir = temp_dir("push_seen");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 2, 30);
+  cfg.server.client_timeout_s = 0.005;  // shorter than 30 local steps
+  Coordinator coordinator(cfg.server, false);
+  LocalTransport transport(coordinator);
+  Client client(cfg.clients[0], transport);
+  client.join();
+  ASSERT_TRUE(coordinator.begin_round());
+  EXPECT_EQ(client.poll_once(), pb::TASK_TRAIN);  // the task, then pull, train and push
+  EXPECT_EQ(coordinator.alive_clients(), 1u);
 }
 
 // One client under FedAvg (server lr 1) is `pollen train` on its data: the same batches, the
@@ -447,8 +467,13 @@ TEST(Simulation, APushFromAClosedAttemptIsRefused) {
         << e.what();
   }
   EXPECT_FALSE(server.round_complete());
-  // A push begun in this attempt is taken.
+  // A push begun in this attempt is taken (the stale one, still open, does not stop it); a
+  // second one at the same time is not, so that a client holds one stream's buffer at most.
   auto fresh = server.push_begin(info, enc.header, "");
+  EXPECT_NE(pollen::testing::error_of([&] {
+              server.push_begin(info, enc.header, "");
+            }).find("another push from this client is still arriving for round 1"),
+            std::string::npos);
   fresh.chunks->add(chunk);
   EXPECT_TRUE(server.push_finish(fresh).accepted());
   EXPECT_TRUE(server.round_complete());
@@ -672,6 +697,54 @@ TEST(Grpc, AServerThatCannotBeReachedIsNamedWithWhatToCheck) {
     EXPECT_NE(what.find("could not reach the federation server at " + address), std::string::npos)
         << what;
     EXPECT_NE(what.find("without TLS"), std::string::npos) << what;
+  }
+}
+
+namespace {
+
+// A federation service that answers a task only after `delay`, as a server does whose lock is
+// held while it saves a large model.
+class SlowService final : public pb::Federation::Service {
+ public:
+  explicit SlowService(std::chrono::milliseconds delay) : delay_(delay) {}
+  grpc::Status GetTask(grpc::ServerContext*, const pb::TaskRequest*,
+                       pb::TaskReply* reply) override {
+    std::this_thread::sleep_for(delay_);
+    reply->set_kind(pb::TASK_DONE);
+    return grpc::Status::OK;
+  }
+
+ private:
+  std::chrono::milliseconds delay_;
+};
+
+}  // namespace
+
+// A server that is connected but answers after the client's timeout is busy (ServerBusy, which a
+// client waits out), not gone (an Error that ends a client that cannot join again).
+TEST(Grpc, AConnectedServerThatAnswersLateIsBusyNotGone) {
+  Quiet q;
+  SlowService slow(std::chrono::milliseconds(1500));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&slow);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_GT(port, 0);
+  GrpcTransport transport("127.0.0.1:" + std::to_string(port), TlsFiles{}, 0.5);
+  pb::TaskRequest r;
+  r.set_client_id("silo-0");
+  EXPECT_THROW(transport.task(r), ServerBusy);
+  server->Shutdown();
+  try {
+    transport.task(r);
+    ADD_FAILURE() << "a task without a server succeeded";
+  } catch (const ServerBusy& e) {
+    ADD_FAILURE() << "a server that is gone was taken as busy: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("could not reach the federation server"),
+              std::string::npos)
+        << e.what();
   }
 }
 
