@@ -15,7 +15,12 @@ namespace pollen::fed {
 
 namespace {
 
-constexpr int kMaxMessageBytes = static_cast<int>(kMaxChunkBytes) + (64 << 10);
+// Tensor sets travel in chunks of at most 1 MiB; what travels whole in one message is the
+// shared second moments (one byte a value of the factored form, about 2/hidden_size of the
+// model: 14.5 MB for a Llama of 70B parameters) and token counts (up to ~15 bytes an id of the
+// vocabulary), each checked against the model before use. A chunked update is buffered whole
+// anyway, so the bound frames messages rather than the memory a client can make the server hold.
+constexpr int kMaxMessageBytes = 64 << 20;
 
 std::string read_pem(const std::string& path, const char* what) {
   POLLEN_CHECK(std::filesystem::exists(path), "tls.", what, ": no file '", path, "'");
