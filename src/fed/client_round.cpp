@@ -201,6 +201,11 @@ void Client::train_round(const pb::TaskReply& task) {
   }
 
   last_round_ = task.round();
+  // Saved before the push: a client killed once the server has its update must not train the
+  // round again after a restart (its data counted twice, its residual sent twice, a release
+  // missing from its privacy account). A round whose update is lost comes back, and the client
+  // then goes back to its state before it (rewind).
+  save_state();
   int stage = 0;
   size_t offset = 0;
   pb::PushReply reply;
@@ -240,8 +245,8 @@ void Client::train_round(const pb::TaskReply& task) {
     feedback_.set_residual(saved_residual);
     log::warn("fed client '", config_.id, "': round ", task.round(),
               " update refused: ", reply.reason());
+    save_state();
   }
-  save_state();
 }
 
 }  // namespace pollen::fed

@@ -221,6 +221,50 @@ TEST(ClientState, CorruptStatesAreSetAsideOrRefused) {
   fs::remove_all(dir);
 }
 
+namespace {
+
+struct Killed {};
+
+// The client's process dies right after the server took its push, before the push returned.
+class DiesAfterPush : public LocalTransport {
+ public:
+  using LocalTransport::LocalTransport;
+  pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override {
+    LocalTransport::push(next);
+    throw Killed{};
+  }
+};
+
+}  // namespace
+
+// The state is saved before the push: a client killed once the server has its update restarts
+// after that round, not before it (which would train the round's data again, and send its
+// error-feedback residual again).
+TEST(ClientState, AClientKilledAfterItsPushRestartsAfterThatRound) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("killed_after_push");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 2, 3);
+  cfg.clients[0].state_dir = dir / "state";
+  Coordinator server(cfg.server, false);
+  {
+    DiesAfterPush dying(server);
+    Client client(cfg.clients[0], dying);
+    client.join();
+    ASSERT_TRUE(server.begin_round());
+    EXPECT_THROW(client.poll_once(), Killed);
+  }
+  ASSERT_TRUE(server.round_complete());  // the server has the update
+  EXPECT_TRUE(server.end_round().aggregated);
+  LocalTransport transport(server);
+  Client restarted(cfg.clients[0], transport);
+  restarted.join();
+  ASSERT_TRUE(server.begin_round());
+  EXPECT_EQ(restarted.poll_once(), pb::TASK_TRAIN);
+  EXPECT_EQ(restarted.trainer().steps_taken(), 6);  // round 1's 3 steps once, then round 2's
+  fs::remove_all(dir);
+}
+
 TEST(ClientState, KilledClientProcessRestartsFromItsState) {
   const auto dir = temp_dir("client_killed");
   const auto silo = make_silo(dir / "a", 3);
