@@ -57,6 +57,11 @@ ShardInfo ShardInfo::from_json(const nlohmann::json& j, const std::string& where
   }
   POLLEN_CHECK(s.tokens.find('/') == std::string::npos && s.index.find('/') == std::string::npos,
                where, ": shard file names must be plain names in the manifest's folder");
+  // Bounds that keep the reader's sizes from wrapping: at most 2^50 tokens and documents.
+  POLLEN_CHECK(s.num_tokens >= 0 && s.num_tokens <= (int64_t{1} << 50), where, ": shard '",
+               s.tokens, "' has num_tokens ", s.num_tokens, ", expected 0 to 2^50");
+  POLLEN_CHECK(s.num_docs >= 0 && s.num_docs <= (int64_t{1} << 50), where, ": shard '", s.tokens,
+               "' has num_docs ", s.num_docs, ", expected 0 to 2^50");
   return s;
 }
 
@@ -89,11 +94,15 @@ ShardWriter::~ShardWriter() {
   }
 }
 
-void ShardWriter::open_next(const char* mode) {
-  open_ = std::make_unique<Open>();
+std::string ShardWriter::next_base() const {
   char num[16];
   std::snprintf(num, sizeof num, "%05d", static_cast<int>(done_.size()));
-  std::string base = prefix_ + "-" + split_ + "-" + num;
+  return prefix_ + "-" + split_ + "-" + num;
+}
+
+void ShardWriter::open_next(const char* mode) {
+  open_ = std::make_unique<Open>();
+  const std::string base = next_base();
   open_->info.split = split_;
   open_->info.tokens = base + ".tokens";
   open_->info.index = base + ".index";
@@ -177,10 +186,14 @@ void ShardWriter::resume(const nlohmann::json& state) {
   }
   const nlohmann::json& open = state.at("open");
   if (open.is_null()) return;
+  const std::string tokens = next_base() + ".tokens";
+  POLLEN_CHECK(open.at("tokens").get<std::string>() == tokens, "resume point: open shard '",
+               open.at("tokens").get<std::string>(), "', expected '", tokens, "'");
+  // Closed after the resume point was saved (its tokens renamed to their final name, in the same
+  // batch): open it again; what it holds past the resume point is cut below.
+  const fs::path tmp = dir_ / ("." + tokens + ".tmp");
+  if (!fs::exists(tmp) && fs::exists(dir_ / tokens)) fs::rename(dir_ / tokens, tmp);
   open_next("r+b");
-  POLLEN_CHECK(open.at("tokens").get<std::string>() == open_->info.tokens,
-               "resume point: open shard '", open.at("tokens").get<std::string>(), "', expected '",
-               open_->info.tokens, "'");
   open_->starts = open.at("starts").get<std::vector<uint64_t>>();
   POLLEN_CHECK(!open_->starts.empty() && open_->starts.front() == 0,
                "resume point: bad starts of '", open_->info.tokens, "'");

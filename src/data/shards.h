@@ -65,6 +65,7 @@ class ShardWriter {
 
  private:
   struct Open;
+  std::string next_base() const;  // <prefix>-<split>-<number> of the next shard
   void open_next(const char* mode = "wb");
   void close_current();
   std::filesystem::path dir_;

@@ -10,6 +10,7 @@
 #include "base/files.h"
 #include "data/loader.h"
 #include "data/shards.h"
+#include "support/errors.h"
 
 namespace fs = std::filesystem;
 using namespace pollen;
@@ -74,6 +75,49 @@ TEST(Shards, WriterRollsOverAndIndexIsExact) {
   std::string bytes = read_file(dir / train[0].tokens);
   EXPECT_EQ(static_cast<uint8_t>(bytes[0]), 1);
   EXPECT_EQ(static_cast<uint8_t>(bytes[1]), 0);
+}
+
+// A manifest whose counts would wrap the reader's sizes is refused naming the shard and field.
+TEST(Shards, NegativeCountsInAManifestAreRefused) {
+  fs::path dir = temp_dir("shards_negative");
+  make_dataset(dir, 10, 500);
+  nlohmann::json m = nlohmann::json::parse(read_file(dir / "manifest.json"));
+  for (const char* field : {"num_docs", "num_tokens"}) {
+    nlohmann::json bad = m;
+    bad["shards"][0][field] = -1;
+    write_file_atomic(dir / "bad.json", manifest_text(bad));
+    const std::string error =
+        pollen::testing::error_of([&] { Manifest::load(dir / "bad.json").split("train"); });
+    EXPECT_NE(error.find(cat("has ", field, " -1, expected 0 to 2^50")), std::string::npos)
+        << error;
+  }
+}
+
+// A process killed after its open shard was closed (renamed into place) but before the next
+// resume point was saved resumes that shard from the last point, as if it had not stopped.
+TEST(Shards, AResumePointWhoseOpenShardClosedSinceResumesIt) {
+  const fs::path killed = temp_dir("shards_killed"), whole = temp_dir("shards_whole");
+  const std::vector<std::vector<uint32_t>> docs = {{1, 2}, {3, 4}, {5, 6, 7}, {8}};
+  nlohmann::json point;
+  {
+    ShardWriter w(killed, "x", "train", TokenDType::u32, 5);
+    w.add_document(docs[0]);
+    point = w.checkpoint();  // shard 0 open, holding the first document
+    w.add_document(docs[1]);
+    w.add_document(docs[2]);  // closes shard 0 and opens shard 1; then the process dies
+  }
+  ASSERT_TRUE(fs::exists(killed / "x-train-00000.tokens"));
+  ShardWriter resumed(killed, "x", "train", TokenDType::u32, 5);
+  resumed.resume(point);
+  ShardWriter plain(whole, "x", "train", TokenDType::u32, 5);
+  plain.add_document(docs[0]);
+  for (size_t i = 1; i < docs.size(); ++i) {
+    resumed.add_document(docs[i]);
+    plain.add_document(docs[i]);
+  }
+  const auto got = resumed.finish(), want = plain.finish();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].to_json(), want[i].to_json());
 }
 
 TEST(Loader, WindowsPositionsDocIdsAndMaskedTargets) {
