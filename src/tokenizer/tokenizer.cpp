@@ -122,9 +122,16 @@ void Tokenizer::decode_token(std::string_view bytes, bool first, std::string& ou
     out.append(bytes);
     return;
   }
+  // <0xXY> with two hex digits is byte XY; anything else (<0xZZ>) is text, as HF decodes it.
+  const auto hex = [](char c) {
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+  };
   if (decoder_.byte_fallback && bytes.size() == 6 && bytes.starts_with("<0x") &&
-      bytes.ends_with('>')) {
-    out += static_cast<char>(std::stoi(std::string(bytes.substr(3, 2)), nullptr, 16));
+      bytes.ends_with('>') && hex(bytes[3]) >= 0 && hex(bytes[4]) >= 0) {
+    out += static_cast<char>(hex(bytes[3]) * 16 + hex(bytes[4]));
     return;
   }
   const std::string_view space = first && decoder_.drop_markers_in_first_token ? "" : " ";

@@ -173,6 +173,32 @@ TEST(HfJson, MetaspaceDecoderDecodesAsHf) {
   fs::remove_all(dir);
 }
 
+// ByteFallback decodes <0xXY> (two hex digits) as that byte and leaves any other <0x..> token
+// as its text, as HF's does.
+TEST(HfJson, ByteFallbackDecodesOnlyHexBytesAsHf) {
+  POLLEN_REQUIRE_PEERS();
+  const nlohmann::json metaspace = {
+      {"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "always"}};
+  nlohmann::json j = metaspace_json(metaspace);
+  j["decoder"] = {{"type", "Sequence"},
+                  {"decoders", {metaspace, {{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}};
+  j["model"]["byte_fallback"] = true;
+  j["model"]["vocab"] = {{"a", 0},      {"b", 1},      {"\u2581", 2}, {"\u2581a", 3},
+                         {"<0x41>", 4}, {"<0xZZ>", 5}, {"<0x4G>", 6}, {"<s>", 7},
+                         {"<0xE2>", 8}, {"<0x82>", 9}, {"<0xac>", 10}};
+  const std::vector<std::vector<uint32_t>> sequences = {{4}, {5}, {6}, {3, 5, 4}, {8, 9, 10, 3}};
+  fs::path dir = testing::temp_dir("byte_fallback");
+  const fs::path file = dir / "tokenizer.json";
+  write_file_atomic(file, j.dump());
+  auto hf = testing::run_reference(
+      {{"mode", "hf_decode"}, {"tokenizer_json", file.string()}, {"ids", sequences}});
+  Tokenizer tok = load_hf_json(file);
+  for (size_t i = 0; i < sequences.size(); ++i)
+    EXPECT_EQ(tok.decode(sequences[i]), hf["texts"][i].get<std::string>()) << "sequence " << i;
+  EXPECT_EQ(tok.decode(std::vector<uint32_t>{5, 6}), "<0xZZ><0x4G>");
+  fs::remove_all(dir);
+}
+
 TEST(HfJson, TiktokenSavedAsJsonKeepsIdsAndFingerprint) {
   POLLEN_REQUIRE_SHARED_TOKENIZERS(shared);
   POLLEN_REQUIRE_PEERS();
