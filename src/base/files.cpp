@@ -44,13 +44,19 @@ bool is_special_file(const std::filesystem::path& path) {
 }
 
 void write_file_atomic(const std::filesystem::path& path, std::string_view data, int mode) {
+  write_file_atomic_by(
+      path, [&](const FileSink& write) { write(data); }, mode);
+}
+
+void write_file_atomic_by(const std::filesystem::path& path,
+                          const std::function<void(const FileSink&)>& produce, int mode) {
   if (is_special_file(path)) {
     // A device, pipe or terminal (/dev/stdout, a FIFO) is written in place: a rename over it
     // would replace the node itself with a file.
     int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
     POLLEN_CHECK(fd >= 0, "cannot open '", path.string(), "' for writing: ", errno_text());
     try {
-      write_all(fd, data, path);
+      produce([&](std::string_view piece) { write_all(fd, piece, path); });
     } catch (...) {
       ::close(fd);
       throw;
@@ -64,7 +70,7 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view data,
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, static_cast<mode_t>(mode));
   POLLEN_CHECK(fd >= 0, "cannot create '", tmp.string(), "': ", errno_text());
   try {
-    write_all(fd, data, tmp);
+    produce([&](std::string_view piece) { write_all(fd, piece, tmp); });
     POLLEN_CHECK(::fsync(fd) == 0, "cannot sync '", tmp.string(), "': ", errno_text());
   } catch (...) {
     ::close(fd);

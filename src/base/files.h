@@ -3,6 +3,7 @@
 // crash never leaves a half-written file under the final name, and read-only memory maps.
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -18,6 +19,13 @@ bool is_special_file(const std::filesystem::path& path);
 // `mode`: the permissions the file is created with (before the umask), from its first byte.
 // A special file (/dev/stdout, a FIFO) is written in place instead.
 void write_file_atomic(const std::filesystem::path& path, std::string_view data, int mode = 0644);
+
+// As write_file_atomic, with the bytes coming from `produce`, which passes each piece in file
+// order to the sink it is given: a file larger than memory is written piece by piece. Nothing is
+// left behind when `produce` throws.
+using FileSink = std::function<void(std::string_view)>;
+void write_file_atomic_by(const std::filesystem::path& path,
+                          const std::function<void(const FileSink&)>& produce, int mode = 0644);
 
 class MappedFile {
  public:

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 
 #include "base/error.h"
+#include "base/files.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/pattern.h"
 
@@ -326,20 +326,15 @@ GgufExportResult export_gguf(const model::Llama& model, const tokenizer::Tokeniz
   std::string head = header.bytes() + meta.bytes() + infos.bytes();
   head.resize(padded(head.size()), '\0');
 
-  const std::filesystem::path partial = file.string() + ".partial";
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    POLLEN_CHECK(out.good(), "cannot write '", partial.string(), "'");
-    out.write(head.data(), static_cast<std::streamsize>(head.size()));
+  // One tensor encoded at a time, into a temporary file renamed over `file` once synced.
+  write_file_atomic_by(file, [&](const FileSink& write) {
+    write(head);
     for (const Entry& e : tensors) {
       std::string data = encode(e);
       data.resize(padded(data.size()), '\0');
-      out.write(data.data(), static_cast<std::streamsize>(data.size()));
+      write(data);
     }
-    out.flush();
-    POLLEN_CHECK(out.good(), "writing '", partial.string(), "' failed");
-  }
-  std::filesystem::rename(partial, file);
+  });
   result.tensors = tensors.size();
   result.bytes = head.size() + offset;
   return result;

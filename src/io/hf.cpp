@@ -416,28 +416,9 @@ HfExportResult export_hf(const model::Llama& model, const fs::path& dir,
     fs::rename(tmp, dir / file);
     out.files.push_back(dir / file);
   };
-  nlohmann::ordered_json config = hf_config_json(model.config(), dtype_names().at(dname));
-  json generation = json::object();
-  for (const auto& [key, id] : {std::pair{"bos_token_id", options.bos_token_id},
-                                std::pair{"eos_token_id", options.eos_token_id}}) {
-    if (!id) continue;
-    config[key] = *id;
-    generation[key] = *id;
-  }
-  write_file_atomic(dir / "config.json", config.dump(2) + "\n");
-  out.files.push_back(dir / "config.json");
-  const auto in_extra = [&](const char* name) {
-    return std::any_of(options.extra_files.begin(), options.extra_files.end(),
-                       [&](const fs::path& f) { return f.filename() == name; });
-  };
-  if (!generation.empty() && !in_extra("generation_config.json")) {
-    write_file_atomic(dir / "generation_config.json", generation.dump(2) + "\n");
-    out.files.push_back(dir / "generation_config.json");
-  }
-  if (!options.tokenizer_config.is_null() && !in_extra("tokenizer_config.json")) {
-    write_file_atomic(dir / "tokenizer_config.json", options.tokenizer_config.dump(2) + "\n");
-    out.files.push_back(dir / "tokenizer_config.json");
-  }
+  // The weights first, the other layout's files removed, then the side files, and config.json
+  // last, whose atomic write also syncs the folder: an export cut short leaves config.json as
+  // it was (none in a new folder).
   if (shards.size() == 1) {
     write_tensors("model.safetensors", shards[0]);
     fs::remove(dir / "model.safetensors.index.json");
@@ -452,14 +433,36 @@ HfExportResult export_hf(const model::Llama& model, const fs::path& dir,
       for (const auto& [tname, t] : shards[i]) map[tname] = name;
     }
     index["weight_map"] = map;
+    fs::remove(dir / "model.safetensors");  // which a loader would take over the index
     write_file_atomic(dir / "model.safetensors.index.json", index.dump(2) + "\n");
     out.files.push_back(dir / "model.safetensors.index.json");
-    fs::remove(dir / "model.safetensors");
+  }
+  nlohmann::ordered_json config = hf_config_json(model.config(), dtype_names().at(dname));
+  json generation = json::object();
+  for (const auto& [key, id] : {std::pair{"bos_token_id", options.bos_token_id},
+                                std::pair{"eos_token_id", options.eos_token_id}}) {
+    if (!id) continue;
+    config[key] = *id;
+    generation[key] = *id;
+  }
+  const auto in_extra = [&](const char* name) {
+    return std::any_of(options.extra_files.begin(), options.extra_files.end(),
+                       [&](const fs::path& f) { return f.filename() == name; });
+  };
+  if (!generation.empty() && !in_extra("generation_config.json")) {
+    write_file_atomic(dir / "generation_config.json", generation.dump(2) + "\n");
+    out.files.push_back(dir / "generation_config.json");
+  }
+  if (!options.tokenizer_config.is_null() && !in_extra("tokenizer_config.json")) {
+    write_file_atomic(dir / "tokenizer_config.json", options.tokenizer_config.dump(2) + "\n");
+    out.files.push_back(dir / "tokenizer_config.json");
   }
   for (const auto& extra : options.extra_files) {
     write_file_atomic(dir / extra.filename(), read_file(extra));
     out.files.push_back(dir / extra.filename());
   }
+  write_file_atomic(dir / "config.json", config.dump(2) + "\n");
+  out.files.push_back(dir / "config.json");
   return out;
 }
 

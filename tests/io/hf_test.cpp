@@ -473,6 +473,19 @@ TEST(ModelSource, ACheckpointNamedDirectlyIsVerified) {
               std::string::npos)
         << err.what();
   }
+  // A manifest edited to list no files no longer lets the weights through unchecked.
+  fs::remove(ckpt / "objective.safetensors");
+  nlohmann::json manifest = nlohmann::json::parse(read_file(ckpt / "manifest.json"));
+  manifest["files"] = nlohmann::json::object();
+  write_file_atomic(ckpt / "manifest.json", manifest.dump());
+  try {
+    io::resolve_model(ckpt.string());
+    ADD_FAILURE() << "a checkpoint whose manifest lists nothing was taken";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("model.safetensors is not in manifest.json"),
+              std::string::npos)
+        << err.what();
+  }
   fs::remove_all(root);
 }
 
