@@ -61,6 +61,16 @@ std::string TokenizerRound::check_client(const std::string& id, const std::strin
   return id;
 }
 
+std::shared_ptr<void> TokenizerRound::counts_arriving(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  POLLEN_CHECK(arriving_.insert(id).second, "counts: client '", id,
+               "' is already sending its counts");
+  return std::shared_ptr<void>(nullptr, [this, id](void*) {
+    std::lock_guard released(mutex_);
+    arriving_.erase(id);
+  });
+}
+
 void TokenizerRound::add_counts(const std::string& client_id, const std::string& peer_id,
                                 const std::string& bytes) {
   const std::string id = check_client(client_id, peer_id, "counts");
@@ -151,7 +161,9 @@ pb::PushReply serve_counts(TokenizerRound& t, const std::string& peer_id,
   POLLEN_CHECK(info.total_bytes() >= 1 && info.total_bytes() <= kMaxCountFileBytes, what, ": ",
                info.total_bytes(), " bytes; a count file holds 1 to ", kMaxCountFileBytes);
   POLLEN_CHECK(info.sha256().size() == 64, what, ": sha256 must be 64 hex digits");
-  t.check_client(info.client_id(), peer_id, "counts");  // before any byte is kept
+  // Both before any byte is kept.
+  const std::string id = t.check_client(info.client_id(), peer_id, "counts");
+  const std::shared_ptr<void> arriving = t.counts_arriving(id);
   pb::TensorSetHeader header;
   header.set_total_bytes(info.total_bytes());
   header.set_sha256(info.sha256());

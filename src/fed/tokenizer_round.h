@@ -56,6 +56,9 @@ class TokenizerRound {
   const TokenizerServerConfig& config() const { return config_; }
 
   // Throws unless `id` is well formed, one of server.clients and the authenticated peer's.
+  // Reserves the client's one counts stream until the returned handle is dropped; throws when
+  // one is already open, so that a silo holds one stream's buffer at most.
+  std::shared_ptr<void> counts_arriving(const std::string& id);
   std::string check_client(const std::string& id, const std::string& peer_id,
                            const char* what) const;
 
@@ -65,6 +68,7 @@ class TokenizerRound {
   std::condition_variable changed_;
   std::map<std::string, std::filesystem::path> counts_;  // by client id
   std::set<std::string> receiving_;  // ids whose counts are being checked (one push at a time)
+  std::set<std::string> arriving_;   // ids whose counts stream is open (one at a time)
   std::string pattern_;
   std::shared_ptr<const std::string> tokenizer_json_;
   std::set<std::string> pulled_;

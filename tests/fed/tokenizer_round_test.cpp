@@ -2,10 +2,10 @@
 // the BPE on their sum, and every silo receives the same tokenizer, equal to one trained on the
 // silos' texts together; malformed or unexpected count streams are refused.
 #include <gtest/gtest.h>
-
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "base/hash.h"
@@ -83,6 +83,33 @@ TEST(FederatedTokenizer, SilosSendCountsOverGrpcAndAllReceiveTheSameTokenizer) {
     });
     EXPECT_FALSE(r.accepted());
     EXPECT_NE(r.reason().find("a count file holds"), std::string::npos) << r.reason();
+    // A silo holds one counts stream at a time: a second one while the first is open is refused,
+    // and the first's end frees the silo to send again.
+    std::atomic<bool> release{false};
+    std::thread open([&] {
+      GrpcTransport first(address, {}, 5);
+      first.push_counts([&, stage = 0](pb::FileStream& m) mutable {
+        if (stage++ > 0) {
+          while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+          return false;
+        }
+        m.mutable_info()->set_client_id("silo-a");
+        m.mutable_info()->set_total_bytes(100);
+        m.mutable_info()->set_sha256(std::string(64, '0'));
+        return true;
+      });
+    });
+    std::string second;
+    for (int attempt = 0; attempt < 100 && second.find("already sending") == std::string::npos;
+         ++attempt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      second = push_raw(t, "silo-a", "POLLENPC garbage").reason();
+    }
+    EXPECT_NE(second.find("counts: client 'silo-a' is already sending its counts"),
+              std::string::npos)
+        << second;
+    release = true;
+    open.join();
   }
 
   std::string fingerprint, error;
