@@ -285,20 +285,45 @@ class IcuRegex {
   }
 
  private:
-  // ICU's \s is [\t\n\f\r\p{Z}]; tokenizers mean White_Space (which adds \v and U+0085).
+  // The classes as HF's engine (Oniguruma) defines them, in ICU's syntax:
+  // - ICU's \s is [\t\n\f\r\p{Z}]; Oniguruma's is White_Space (which adds \v and U+0085).
+  // - ICU's \w is Alphabetic, marks, decimal digits, connectors and the joiners U+200C/D;
+  //   Oniguruma's lacks the joiners, and outside a class it also takes Latin-1's superscripts
+  //   and fractions (U+00B2, B3, B9, BC-BE: its single-byte table's). \W and the boundaries \b
+  //   and \B follow \w (as lookarounds, where ICU's \b has rules of its own); in a class \b
+  //   is a backspace.
   static std::string icu_syntax(const std::string& regex) {
+    static const std::string unicode_word = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}";
+    static const std::string latin1_extra = "\\u00B2\\u00B3\\u00B9\\u00BC-\\u00BE";
+    static const std::string word = "[" + unicode_word + latin1_extra + "]";
+    static const std::string boundary =
+        "(?:(?<=" + word + ")(?!" + word + ")|(?<!" + word + ")(?=" + word + "))";
+    static const std::string inside =
+        "(?:(?<=" + word + ")(?=" + word + ")|(?<!" + word + ")(?!" + word + "))";
     std::string out;
+    int in_class = 0;  // depth of [...] sets
     for (size_t i = 0; i < regex.size(); ++i) {
       if (regex[i] == '\\' && i + 1 < regex.size()) {
-        char next = regex[i + 1];
+        const char next = regex[i + 1];
+        const std::string& extra = in_class > 0 ? std::string() : latin1_extra;
         if (next == 's')
           out += "\\p{White_Space}";
         else if (next == 'S')
           out += "\\P{White_Space}";
+        else if (next == 'w')
+          out += "[" + unicode_word + extra + "]";
+        else if (next == 'W')
+          out += "[^" + unicode_word + extra + "]";
+        else if (next == 'b')
+          out += in_class > 0 ? "\\x08" : boundary;
+        else if (next == 'B' && in_class == 0)
+          out += inside;
         else
           out += regex.substr(i, 2);
         ++i;
       } else {
+        if (regex[i] == '[') ++in_class;
+        if (regex[i] == ']' && in_class > 0) --in_class;
         out += regex[i];
       }
     }

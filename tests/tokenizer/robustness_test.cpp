@@ -180,6 +180,27 @@ TEST(HfSemantics, SplitCutsAtEmptyMatchesAsHfDoes) {
   for (size_t i = 0; i < ours.size(); ++i) EXPECT_EQ(ours[i], hf[i]) << cases[i].dump();
 }
 
+// \w, \W, \b and \B mean what HF's engine (Oniguruma) means: Alphabetic (circled letters too),
+// marks, decimal digits and connectors, without the joiners U+200C/D that ICU's \w adds, and
+// outside a class Latin-1's superscripts and fractions too; [\b] is a backspace.
+TEST(HfSemantics, WordClassesAndBoundariesAreOnigurumas) {
+  POLLEN_REQUIRE_PEERS();
+  const std::vector<std::string> patterns = {R"( ?\w+|\W)", R"(\b)", R"(\B)", R"([\w']+|[^\w\s]+)",
+                                             R"([\b\w]+|.)"};
+  const std::vector<std::string> texts = {
+      "s \u200d",       "a\u200db c", "x\u00b2 \u00bd\u2167\u2460", "\u24b6b \u0663\u0664",
+      "e\u0301 \u20dd", "snake_case", "\u00aa\u02b0 \u200cz",       "9\u200b \u20ddv\b!"};
+  nlohmann::json cases = nlohmann::json::array();
+  std::vector<std::vector<std::string>> ours;
+  for (const std::string& pattern : patterns)
+    for (const std::string& text : texts) {
+      cases.push_back({{"pattern", pattern}, {"behavior", "isolated"}, {"text", text}});
+      ours.push_back(split_pieces(pattern, SplitBehavior::kIsolated, text));
+    }
+  const auto hf = hf_split_pieces(cases);
+  for (size_t i = 0; i < ours.size(); ++i) EXPECT_EQ(ours[i], hf[i]) << cases[i].dump();
+}
+
 // pollen's rule for invalid UTF-8 holds for Split with every behavior: each invalid byte is a
 // piece of its own (never removed nor merged), and the valid text on either side is split as HF
 // splits it alone.
