@@ -53,6 +53,9 @@ MpiCommunicator::MpiCommunicator(const Topology& topology, double timeout_s)
   MPI_Comm_dup(MPI_COMM_WORLD, &arrivals_);
   MPI_Comm_set_errhandler(collectives_, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(arrivals_, MPI_ERRORS_RETURN);
+  // OpenMPI raises an error of a non-blocking collective's inner requests on MPI_COMM_WORLD,
+  // whose default handler aborts before check() could name the failure.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   const auto w = static_cast<size_t>(size);
   arrival_recv_.assign(w, MPI_REQUEST_NULL);
   arrival_buf_.assign(w, 0);

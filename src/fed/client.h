@@ -149,11 +149,6 @@ class LocalTrainer : public RoundTrainer {
  private:
   Result train_steps(int64_t steps);
   double evaluate_share(int64_t* tokens);
-  // Runs a round's collective work. In a silo of several ranks any error but a RoundFailure or a
-  // dead peer is this rank's alone and leaves the others waiting in a collective it will never
-  // start: it ends the silo's job (exit code 1), as an error on one rank of `pollen train` does.
-  template <typename Work>
-  auto with_the_other_ranks(Work&& work);
   void apply_step_drift();
   // One optimizer step at the round's step s (the schedule's lr, train.round_warmup_steps' ramp)
   // on the accumulated gradients, which it zeroes, then the step's drift correction.

@@ -186,30 +186,12 @@ void LocalTrainer::open_dp_sgd() {
   }
 }
 
-template <typename Work>
-auto LocalTrainer::with_the_other_ranks(Work&& work) {
-  try {
-    return work();
-  } catch (const dist::PeerFailure&) {
-    throw;
-  } catch (const RoundFailure&) {
-    throw;
-  } catch (const Error& e) {
-    if (comm_->world() > 1) {
-      log::error("client '", config_.id, "' rank ", comm_->rank(), ": ", e.what(),
-                 "; ending the silo's job");
-      comm_->abort_job(1);
-    }
-    throw;
-  }
-}
-
 LocalTrainer::Result LocalTrainer::train(int64_t steps) {
-  return with_the_other_ranks([&] { return train_steps(steps); });
+  return on_every_rank_or_none(comm_, config_.id, [&] { return train_steps(steps); });
 }
 
 double LocalTrainer::evaluate(int64_t* tokens) {
-  return with_the_other_ranks([&] { return evaluate_share(tokens); });
+  return on_every_rank_or_none(comm_, config_.id, [&] { return evaluate_share(tokens); });
 }
 
 LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {

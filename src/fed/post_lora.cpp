@@ -299,6 +299,14 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
 }
 
 RoundTrainer::Result LoraSilo::train(int64_t steps) {
+  return on_every_rank_or_none(comm_, id_, [&] { return train_steps(steps); });
+}
+
+double LoraSilo::evaluate(int64_t* tokens) {
+  return on_every_rank_or_none(comm_, id_, [&] { return evaluate_share(tokens); });
+}
+
+RoundTrainer::Result LoraSilo::train_steps(int64_t steps) {
   const auto start = std::chrono::steady_clock::now();
   Result r;
   double loss_sum = 0;
@@ -326,6 +334,7 @@ RoundTrainer::Result LoraSilo::train(int64_t steps) {
 }
 
 void LoraSilo::split_across(dist::Communicator& comm, double bucket_mb) {
+  comm_ = &comm;
   rank_ = comm.rank();
   reducer_ = std::make_unique<dist::GradReducer>(
       comm, params_, static_cast<int64_t>(bucket_mb * 1048576.0), dist::ReduceMode::all_reduce);
@@ -345,7 +354,7 @@ train::ObjectiveStep LoraSilo::evaluate_held_out() {
   return objective_->evaluate(model_);
 }
 
-double LoraSilo::evaluate(int64_t* tokens) {
+double LoraSilo::evaluate_share(int64_t* tokens) {
   ag::NoGrad no_grad;
   const train::ObjectiveStep st = objective_->evaluate(model_);
   const bool held_out = st.tokens > 0 && std::isfinite(st.loss);

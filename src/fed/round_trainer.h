@@ -9,6 +9,8 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/log.h"
+#include "dist/communicator.h"
 #include "fed/strategy.h"
 #include "fed/wire.h"
 
@@ -20,6 +22,28 @@ class RoundFailure : public Error {
  public:
   using Error::Error;
 };
+
+// Runs a round's collective work on one rank of a silo. In a silo of several ranks any error but
+// a RoundFailure or a dead peer is this rank's alone (a full disk, a verifier's failure) and
+// leaves the others waiting in a collective it will never start: it ends the silo's job (exit
+// code 1), as an error on one rank of `pollen train` does. `comm`: null for a silo of one.
+template <typename Work>
+auto on_every_rank_or_none(dist::Communicator* comm, const std::string& silo, Work&& work) {
+  try {
+    return work();
+  } catch (const dist::PeerFailure&) {
+    throw;
+  } catch (const RoundFailure&) {
+    throw;
+  } catch (const Error& e) {
+    if (comm != nullptr && comm->world() > 1) {
+      log::error("client '", silo, "' rank ", comm->rank(), ": ", e.what(),
+                 "; ending the silo's job");
+      comm->abort_job(1);
+    }
+    throw;
+  }
+}
 
 class RoundTrainer {
  public:

@@ -419,7 +419,10 @@ TEST(FederatedSilo, TwoRanksShareTheFirstMomentsOfOneProcess) {
 // A post-training silo ([post]: SFT of LoRA adapters) of 2 ranks: a rank that hangs before local
 // step 2 ends the silo's job with exit code 4 naming it, and the client restarted as 2 ranks
 // trains the round still open and finishes the run with the server.
-TEST(FederatedSilo, APostTrainingSiloNamesAHungRankAndFinishesWhenRestarted) {
+// A post-training silo's rank that hangs is named by the watchdog (exit 4); one that meets an
+// error alone ends the silo's job with it (exit 1) rather than going on to the next round's
+// collectives while the other rank is still in this step's; the restarted client finishes.
+TEST(FederatedSilo, APostTrainingSiloNamesAHungOrFailedRankAndFinishesWhenRestarted) {
   const auto files = test_support::make_post_files("post_silo_hung");
   const fs::path data = test_support::write_sft_data(files.dir / "upper.jsonl", "upper", 40, 3);
   const fs::path run = files.dir / "run.toml";
@@ -444,6 +447,12 @@ TEST(FederatedSilo, APostTrainingSiloNamesAHungRankAndFinishesWhenRestarted) {
   EXPECT_EQ(hung.exit_code, 4) << hung.output;
   EXPECT_NE(hung.output.find("rank 1 never reached it (dead or hung)"), std::string::npos)
       << hung.output;
+  const Outcome failed = run_client(f, 2, false, "POLLEN_FAULT_INJECT=error:0:2");
+  EXPECT_EQ(failed.exit_code, 1) << failed.output;
+  EXPECT_NE(failed.output.find(
+                "rank 0: POLLEN_FAULT_INJECT: an error before step 2; ending the silo's job"),
+            std::string::npos)
+      << failed.output;
   const Outcome again = run_client(f, 2);
   EXPECT_EQ(again.exit_code, 0) << again.output;
   EXPECT_NE(again.output.find("the silo runs as 2 ranks"), std::string::npos) << again.output;
