@@ -17,8 +17,11 @@ void add_launch_command(CLI::App& app) {
       "through OpenMPI's mpirun (docs/parallel.md); other commands run as one process. Several "
       "nodes: mpirun with a hostfile, or srun under Slurm.\n"
       "Example: pollen launch --nproc 4 -- train --config run.toml\n"
-      "Exit status: the job's (pollen train, sft, dpo, rm, grpo and fed client: 4 when a rank died "
-      "or hung).");
+      "Exit status: mpirun's. For pollen train, sft, dpo, rm, grpo and fed client: 4 when the "
+      "watchdog saw a rank die or hang, 3 when the ranks stopped on SIGINT or SIGTERM sent to "
+      "them; a rank killed outright is often seen first by mpirun, which then exits with its own "
+      "status (137 for SIGKILL); a signal sent to mpirun reaches the ranks, but mpirun ends them "
+      "after a short grace period and exits with 1 (send it to the ranks: docs/parallel.md).");
   auto opts = std::make_shared<dist::LaunchOptions>();
   cmd->add_option("--nproc", opts->nproc, "Ranks to start")->required()->check(CLI::PositiveNumber);
   cmd->add_option("--mpirun", opts->mpirun, "The mpirun to use")->capture_default_str();
