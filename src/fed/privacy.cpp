@@ -312,7 +312,7 @@ void CentralDp::load_state(const nlohmann::json& s) {
   // An adapted clip goes on from where it was; a fixed one is the config's (z is relative to it,
   // so the accounting holds either way).
   if (options_.adaptive_clip) clip_ = s.at("clip").get<double>();
-  accountant_.restore(s.at("rdp").get<std::vector<double>>(), s.at("steps").get<int64_t>());
+  accountant_.restore(s.at("rdp"), s.at("steps").get<int64_t>());
 }
 
 bool LocalDp::apply(Weights& delta, uint64_t round) {
@@ -328,7 +328,7 @@ nlohmann::json LocalDp::state() const {
 }
 
 void LocalDp::load_state(const nlohmann::json& s) {
-  accountant_.restore(s.at("rdp").get<std::vector<double>>(), s.at("steps").get<int64_t>());
+  accountant_.restore(s.at("rdp"), s.at("steps").get<int64_t>());
 }
 
 }  // namespace pollen::fed

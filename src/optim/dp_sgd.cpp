@@ -207,11 +207,7 @@ void DpSgd::restore_accountant(const nlohmann::json& state) {
                  "privacy state: accounted at clip ", clip, " and delta ", delta, ", not at the ",
                  "configured clip ", options_.clip, " and delta ", options_.delta,
                  "; an account goes on with the settings it began with");
-    // JSON has no infinity: an RDP of +inf (no noise) is written as null.
-    std::vector<double> rdp;
-    for (const auto& v : state.at("rdp"))
-      rdp.push_back(v.is_null() ? std::numeric_limits<double>::infinity() : v.get<double>());
-    accountant_.restore(std::move(rdp), state.at("steps").get<int64_t>());
+    accountant_.restore(state.at("rdp"), state.at("steps").get<int64_t>());
   } catch (const nlohmann::json::exception& e) {
     fail("privacy state: expected {rdp, steps}: ", e.what());
   }

@@ -238,4 +238,15 @@ void PrivacyAccountant::restore(std::vector<double> rdp, int64_t steps) {
   steps_ = steps;
 }
 
+void PrivacyAccountant::restore(const nlohmann::json& rdp, int64_t steps) {
+  POLLEN_CHECK(rdp.is_array(), "privacy state: 'rdp' must be a list of numbers");
+  std::vector<double> values;
+  for (const auto& v : rdp) {
+    POLLEN_CHECK(v.is_null() || v.is_number(), "privacy state: 'rdp' holds ", v.dump(),
+                 ", not a number or null (infinite)");
+    values.push_back(v.is_null() ? std::numeric_limits<double>::infinity() : v.get<double>());
+  }
+  restore(std::move(values), steps);
+}
+
 }  // namespace pollen::optim

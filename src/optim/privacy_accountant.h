@@ -13,6 +13,7 @@
 // Orders and formulas are Opacus's (opacus.accountants.analysis.rdp, 1.4), which
 // tests/optim/privacy_accountant_test.cpp compares with on a grid of settings.
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 namespace pollen::optim {
@@ -58,6 +59,9 @@ class PrivacyAccountant {
   // For checkpoints: the RDP per order and the steps composed.
   const std::vector<double>& rdp() const { return rdp_; }
   void restore(std::vector<double> rdp, int64_t steps);
+  // rdp() as a checkpoint's JSON holds it: JSON has no infinity, so an order whose RDP is +inf
+  // (a release without noise) was written as null.
+  void restore(const nlohmann::json& rdp, int64_t steps);
 
  private:
   std::vector<double> rdp_;

@@ -268,6 +268,19 @@ TEST(CentralDp, StateRoundTrips) {
   b.load_state(nlohmann::json::parse(a.state().dump()));
   EXPECT_EQ(b.clip(), a.clip());
   EXPECT_EQ(b.epsilon().epsilon, a.epsilon().epsilon);
+  // Without noise every order's RDP is infinite, which JSON writes as null: read back as such.
+  CentralDp open(central_dp(0.0, 1.0)), reopened(central_dp(0.0, 1.0));
+  open.aggregate(1, {vec({0})}, {update("a", 1, {3})}, 1, 2, nullptr);
+  reopened.load_state(nlohmann::json::parse(open.state().dump()));
+  EXPECT_EQ(reopened.epsilon().epsilon, INFINITY);
+  LocalDpOptions lo;
+  lo.enabled = true;
+  lo.clip = 1.0;
+  LocalDp quiet(lo), requiet(lo);
+  Weights w{vec({3, 4})};
+  quiet.apply(w, 1);
+  requiet.load_state(nlohmann::json::parse(quiet.state().dump()));
+  EXPECT_EQ(requiet.epsilon().epsilon, INFINITY);
 }
 
 TEST(LocalDp, ClipsNoisesAndAccountsPerRound) {

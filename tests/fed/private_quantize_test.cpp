@@ -51,6 +51,15 @@ TEST(PrivateQuantize, RoundingIsDrawnAgainUntilItsNormIsWithinTheBound) {
   Options nearest = o;
   nearest.stochastic = false;
   EXPECT_DOUBLE_EQ(rounded_norm_bound(1, 64, nearest), 64 + 4);
+  // ... and reaches it where c' is a half-integer (adaptive clipping's count of 1/2 at a step of
+  // 1): a norm of exactly D2 is taken, not drawn again until the client fails.
+  Options whole = ring64(1);
+  whole.stochastic = false;
+  Rng noise(1);
+  const auto count =
+      quantize_private({Tensor::full({1}, 0.5f, DType::f32)}, 0.5, 0, whole, 1, noise);
+  EXPECT_EQ(norm_sq(count), 1);
+  EXPECT_DOUBLE_EQ(rounded_norm_bound(0.5, 1, whole), 1);
   // A large norm: the bound's first form, c'^2 + d/4 + 4 (c' + sqrt(d)/2).
   EXPECT_DOUBLE_EQ(rounded_norm_bound(1, 64, o), std::sqrt(64.0 * 64 + 16 + 4 * (64 + 4)));
 }
