@@ -9,13 +9,21 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "base/files.h"
+#include "train/toml_text.h"
 
 namespace pollen::train {
 
-std::string toml_string(const std::string& s) {
+std::string toml_text(const toml::node& node) {
+  constexpr auto flags =
+      toml::toml_formatter::default_flags &
+      ~(toml::format_flags::allow_multi_line_strings | toml::format_flags::allow_literal_strings);
   std::ostringstream out;
-  out << toml::value<std::string>(s);
+  out << toml::toml_formatter(node, flags);
   return out.str();
+}
+
+std::string toml_string(const std::string& s) {
+  return toml_text(toml::value<std::string>(s));
 }
 
 std::string toml_double(double v) {
@@ -88,13 +96,12 @@ std::pair<std::string, std::string> apply_overrides(const std::string& text,
          ", column ", e.source().begin.column);
   }
   for (const auto& o : overrides) apply_override(root, o);
-  std::ostringstream out;
-  out << root;
+  const std::string rewritten = toml_text(root);
   // Errors name the keys set over the file (by --set, or by the command: --device, a silo's
   // data), not only "--set", which the user may not have given.
   std::string keys;
   for (const auto& o : overrides) keys += (keys.empty() ? "" : ", ") + o.substr(0, o.find('='));
-  return {out.str(), cat(source, " with ", keys, " set")};
+  return {rewritten, cat(source, " with ", keys, " set")};
 }
 
 std::string read_config_file(const std::filesystem::path& path) {

@@ -2,11 +2,10 @@
 
 #include <toml++/toml.h>
 
-#include <sstream>
-
 #include "base/error.h"
 #include "base/files.h"
 #include "tokenizer/chat_template.h"
+#include "train/toml_text.h"
 
 namespace fs = std::filesystem;
 
@@ -23,9 +22,7 @@ void add_flat_keys(const toml::table& table, const std::string& prefix,
       add_flat_keys(*nested, key, keys);
       continue;
     }
-    std::ostringstream value;
-    v.visit([&](const auto& node) { value << node; });
-    keys.emplace_back(key, value.str());
+    keys.emplace_back(key, toml_text(v));
   }
 }
 
@@ -47,9 +44,7 @@ void capture_objective_section(const std::string& text, const std::string& sourc
   add_flat_keys(section, c.objective, c.objective_keys);
   toml::table wrapped;
   wrapped.insert(c.objective, section);
-  std::ostringstream out;
-  out << wrapped;
-  c.objective_text = out.str();
+  c.objective_text = toml_text(wrapped);
   if (section.empty()) c.objective_text = "[" + c.objective + "]\n";
 }
 

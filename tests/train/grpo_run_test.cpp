@@ -43,6 +43,24 @@ train::PostResult run_grpo(const std::string& text, bool resume, int64_t stop_af
       resume, stop_after);
 }
 
+// Strings that open with a line break (GRPO's stop strings) keep it however often the run file
+// is written back: by --set, and into the objective's section. toml++ would write them as
+// multi-line literals, where TOML drops the first line break.
+TEST(GrpoRun, StopStringsThatOpenWithALineBreakKeepIt) {
+  const GrpoRunFiles f = grpo_run_files("grpo_stop_newline");
+  const std::string section =
+      "[grpo]\ndata = \"" + f.prompts.string() + "\"\nstop = [\"\\n\\nQ:\", \"\\n\", \" =\"]\n";
+  const std::string text =
+      test_support::tiny_post_toml(f.dir / "run", f.model_file, f.tokenizer_path, 4, section);
+  for (const std::vector<std::string>& overrides :
+       {std::vector<std::string>{}, std::vector<std::string>{"grpo.group_size=2"}}) {
+    const train::PostConfig c = train::parse_post_config(text, "run.toml", "grpo", overrides);
+    ConfigTable grpo = c.objective_section();
+    EXPECT_EQ(grpo.get_strings("stop"), (std::vector<std::string>{"\n\nQ:", "\n", " ="}))
+        << c.objective_text;
+  }
+}
+
 TEST(GrpoRun, ResumesARunWhoseSectionHasANestedVerifierTable) {
   const GrpoRunFiles f = grpo_run_files("grpo_resume");
   const std::string section = "[grpo]\ndata = \"" + f.prompts.string() +
