@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <regex>
 #include <string>
 #include <vector>
@@ -58,7 +59,9 @@ std::optional<double> read_unsigned(std::string_view s, size_t i, size_t* end) {
   }
   if (digits.empty() || digits == ".") return std::nullopt;
   *end = j;
-  return std::stod(digits);
+  // strtod, not stod: a run of 400 digits is out of double's range (inf, or 0 for 0.000...1),
+  // which stod would throw for, ending a run on one sampled completion.
+  return std::strtod(digits.c_str(), nullptr);
 }
 
 // The sign written just before position i (and where it starts), if any.
@@ -140,8 +143,15 @@ std::optional<double> parse_number(std::string_view text) {
   }
   if (text.empty() || !starts_number(text, 0)) return std::nullopt;
   size_t end = 0;
-  const std::optional<double> value = read_unsigned(text, 0, &end);
-  if (!value || end != text.size()) return std::nullopt;
+  std::optional<double> value = read_unsigned(text, 0, &end);
+  // An exponent (1e-7, 2.5E3) after the digits.
+  if (value && end < text.size() && (text[end] == 'e' || text[end] == 'E')) {
+    const std::string whole(text);
+    char* stop = nullptr;
+    value = std::strtod(whole.c_str(), &stop);
+    end = static_cast<size_t>(stop - whole.c_str());
+  }
+  if (!value || end != text.size() || !std::isfinite(*value)) return std::nullopt;
   return sign * *value;
 }
 
@@ -209,8 +219,9 @@ RewardFunction make_verifier(ConfigTable& table) {
     reward = [extraction, abs_tol, rel_tol](std::string_view, std::string_view completion,
                                             std::string_view answer) {
       const std::optional<double> expected = parse_number(answer);
-      POLLEN_CHECK(expected.has_value(), "numeric verifier: the reference answer \"", answer,
-                   "\" is not a number");
+      POLLEN_CHECK(expected.has_value(), "numeric verifier: the reference answer \"",
+                   answer.substr(0, 80), answer.size() > 80 ? "..." : "",
+                   "\" is not a finite number");
       return numeric_match_reward(completion, *expected, extraction, abs_tol, rel_tol);
     };
   } else if (kind == "regex") {

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "base/error.h"
 
 namespace pollen::train {
@@ -56,6 +58,19 @@ TEST(Verifiers, ParsesNumbersAsPeopleWriteThem) {
   EXPECT_EQ(parse_number("-"), std::nullopt);
   EXPECT_EQ(parse_number(""), std::nullopt);
   EXPECT_EQ(parse_number("3."), std::nullopt);
+  EXPECT_EQ(parse_number("1e-7"), 1e-7);  // an exponent after the digits
+  EXPECT_EQ(parse_number("-2.5E3"), -2500.0);
+  EXPECT_EQ(parse_number("2e"), std::nullopt);
+  EXPECT_EQ(parse_number(std::string(400, '9')), std::nullopt);  // past double's range
+}
+
+// A sampled completion may hold any run of digits: past double's range it is inf (or 0), a
+// reward of 0, never an exception that ends the run.
+TEST(Verifiers, DigitsPastDoublesRangeScoreNotThrow) {
+  const AnswerExtraction marker;
+  EXPECT_EQ(numeric_match_reward("#### " + std::string(320, '9'), 5, marker, 1e-6, 0), 0.0);
+  EXPECT_EQ(numeric_match_reward("#### 0." + std::string(400, '0') + "1", 5, marker, 1e-6, 0), 0.0);
+  EXPECT_EQ(last_number("then " + std::string(400, '9')), std::numeric_limits<double>::infinity());
 }
 
 TEST(Verifiers, FindsTheLastNumberInText) {
@@ -126,7 +141,7 @@ TEST(Verifiers, BadConfigsAndAnswersAreNamed) {
     numeric("", "#### 3", "three");
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("\"three\" is not a number"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("\"three\" is not a finite number"), std::string::npos);
   }
 }
 
