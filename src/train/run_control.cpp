@@ -181,7 +181,7 @@ void RunMetrics::sync() {
 }
 
 bool checkpoint_due(int64_t step, bool last, int64_t interval, int64_t bad_in_row, bool preempt) {
-  return preempt || ((last || (interval > 0 && step % interval == 0)) && bad_in_row == 0);
+  return preempt || last || (interval > 0 && step % interval == 0 && bad_in_row == 0);
 }
 
 std::optional<std::string> already_finished(bool resumed, int64_t steps_here,

@@ -95,9 +95,10 @@ struct RunMetrics {
   void sync();
 };
 
-// Periodic checkpoints (at `interval` steps and the last) wait out a run of bad steps, so that
-// the last one written is the last good state; a preemption always writes one (the run must be
-// able to continue).
+// Periodic checkpoints wait out a run of bad steps, so that the last one written is the last
+// good state; a preemption always writes one (the run must be able to continue), and so does the
+// last step (a skipped step changes no weight: they are those of the last good update, and a
+// run without periodic checkpoints would otherwise end with none).
 bool checkpoint_due(int64_t step, bool last, int64_t interval, int64_t bad_in_row, bool preempt);
 std::string preempted_message(int64_t step, const std::filesystem::path& checkpoint);
 // A job of several ranks that stops because one died or hung (`failure` says which).

@@ -404,6 +404,23 @@ TEST(Trainer, NonFiniteLossesSkipUpdatesThenStop) {
   fs::remove_all(run);
 }
 
+// A run whose last steps were skipped still ends with its checkpoint (the last good update's
+// weights): without periodic checkpoints it would otherwise keep nothing.
+TEST(Trainer, ARunEndingInSkippedStepsStillWritesItsLastCheckpoint) {
+  const fs::path run = temp_dir("nan_last");
+  const auto c = tiny(
+      run, 4,
+      {"optimizer.lr=1e30", "schedule.kind=constant", "schedule.warmup_steps=0",
+       "schedule.min_lr=0", "train.grad_clip=0", "train.max_bad_steps=5", "checkpoint.interval=0"});
+  const auto r = train_quiet(c);
+  EXPECT_EQ(r.status, train::RunStatus::finished) << r.message;
+  EXPECT_GT(r.skipped_steps, 0);
+  const auto all = io::list_checkpoints(run / "checkpoints");
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_EQ(io::checkpoint_step(all.back()), 4);
+  fs::remove_all(run);
+}
+
 // The pollen binary: SIGTERM is a preemption (exit 3), SIGKILL mid-step or mid-checkpoint loses
 // nothing that a fresh process cannot redo bitwise, and the resumed run equals the uninterrupted
 // one.
