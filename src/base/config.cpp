@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -96,7 +97,10 @@ double ConfigTable::get_double(const std::string& key, double fallback) {
   if (!n) return fallback;
   if (n->is_integer()) return static_cast<double>(n->as_integer()->get());
   if (!n->is_floating_point()) type_error(key, "a number");
-  return n->as_floating_point()->get();
+  // TOML allows inf and nan; no setting means them (a weight of inf hung the loader).
+  const double v = n->as_floating_point()->get();
+  POLLEN_CHECK(std::isfinite(v), where(key), ": expected a finite number, got ", v);
+  return v;
 }
 
 double ConfigTable::require_double(const std::string& key) {
@@ -148,6 +152,8 @@ std::vector<double> ConfigTable::get_doubles(const std::string& key) {
       POLLEN_CHECK(item.is_floating_point(), where(key), ": expected an array of numbers, found ",
                    type_name(item), " in it");
       out.push_back(item.as_floating_point()->get());
+      POLLEN_CHECK(std::isfinite(out.back()), where(key), ": expected finite numbers, found ",
+                   out.back(), " in it");
     }
   }
   return out;

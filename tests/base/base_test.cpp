@@ -35,6 +35,20 @@ TEST(Config, TypedKeysAndDefaults) {
   t.finish();
 }
 
+// TOML's inf and nan are numbers no setting means: refused, naming the key (a data weight of inf
+// hung the loader, an lr of inf trained NaN).
+TEST(Config, NonFiniteNumbersAreRefused) {
+  auto t = ConfigTable::parse("[data]\nweights = [1.0, inf]\n[optimizer]\nlr = nan\n", "run.toml");
+  EXPECT_NE(error_of([&] {
+              t.table("data")->get_doubles("weights");
+            }).find("key 'data.weights': expected finite numbers, found inf"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              t.table("optimizer")->get_double("lr", 0);
+            }).find("key 'optimizer.lr': expected a finite number, got nan"),
+            std::string::npos);
+}
+
 TEST(Config, WrongTypeNamesFileKeyAndExpectedType) {
   auto t = ConfigTable::parse("[model]\nhidden_size = 'big'\n", "run.toml");
   auto m = t.table("model");
