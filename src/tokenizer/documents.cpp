@@ -38,7 +38,7 @@ void for_each_document_batch(const DocumentSource& source, size_t batch_bytes,
       check_json_depth(line, cat(source.path.string(), ":", line_number));
       try {
         record = nlohmann::json::parse(line);
-      } catch (const nlohmann::json::parse_error& e) {
+      } catch (const nlohmann::json::exception& e) {
         fail(source.path.string(), ":", line_number, ": not valid JSON: ", e.what());
       }
       POLLEN_CHECK(

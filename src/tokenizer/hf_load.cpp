@@ -250,7 +250,7 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
   check_json_depth(text, source);
   try {
     root = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     fail(source, ": not valid JSON: ", e.what());
   }
   if (!root.is_object()) fail(source, ": expected a JSON object at the top");

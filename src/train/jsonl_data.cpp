@@ -24,7 +24,7 @@ void for_each_jsonl_object(
     check_json_depth(line, where);
     try {
       record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       fail(where, ": not valid JSON (", e.what(), ")");
     }
     POLLEN_CHECK(record.is_object(), where, ": expected a JSON object, got ", record.type_name());

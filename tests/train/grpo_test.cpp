@@ -224,8 +224,13 @@ TEST(Grpo, BadPromptsAndKeysAreNamed) {
   EXPECT_NE(read("{\"prompt\": \"a\", \"answer\": 1}\n{oops\n").find("line 2: not valid JSON"),
             std::string::npos);
   EXPECT_NE(read("{\"prompt\": \"a\"}\n").find("line 1: missing \"answer\""), std::string::npos);
-  EXPECT_NE(read("{\"prompt\": \"a\", \"answer\": \"four\"}\n").find("\"four\" is not a number"),
+  EXPECT_NE(
+      read("{\"prompt\": \"a\", \"answer\": \"four\"}\n").find("\"four\" is not a finite number"),
+      std::string::npos);
+  // A number past double's range is not valid JSON to us, named by its line.
+  EXPECT_NE(read("{\"prompt\": \"a\", \"answer\": 1e400}\n").find("line 1: not valid JSON"),
             std::string::npos);
+  EXPECT_EQ(read("{\"prompt\": \"a\", \"answer\": 1e-7}\n"), "");  // an exponent is a number
   EXPECT_NE(read("{\"text\": \"a\", \"answer\": 1}\n").find("expected a \"prompt\""),
             std::string::npos);
   t.write("p.jsonl", kPrompts);
