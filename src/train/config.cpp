@@ -535,6 +535,15 @@ std::vector<std::string> check_resume_compatible(
                              "that agree to rounding, not bitwise"));
     }
   }
+  // Keys on one side only are a newer pollen's (a checkpoint written before them), except the
+  // adapters': LoRA added or removed changes what the checkpoint holds.
+  const std::map<std::string, std::string> current(now.begin(), now.end());
+  for (const auto& [key, value] : old)
+    if (key.starts_with("lora.") && !current.count(key))
+      refused += cat(refused.empty() ? "" : ", ", key, " (", value, " -> none)");
+  for (const auto& [key, value] : now)
+    if (key.starts_with("lora.") && !old.count(key))
+      refused += cat(refused.empty() ? "" : ", ", key, " (none -> ", value, ")");
   POLLEN_CHECK(refused.empty(), "cannot resume: these keys differ from the checkpoint's config ",
                "and may not change in a resumed run: ", refused, " (see ", doc, ")");
   return warnings;

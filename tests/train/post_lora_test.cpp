@@ -177,6 +177,14 @@ TEST(PostLora, FrozenAKeepsItsSeededValuesAndResumesBitwise) {
   const std::string text = lora_toml(dir / "split", 6, frozen);
   const auto first = run(text, false, 3);
   ASSERT_EQ(first.status, train::RunStatus::preempted) << first.message;
+  // Resumed without its adapters, the run is refused naming the keys, not a missing file.
+  const std::string without = pollen::testing::error_of([&] {
+    test_support::run_post(
+        train::parse_post_config(text, "lora.toml", "sft",
+                                 {"optimizer.lr=0.02", "lora.enabled=false"}),
+        [](const train::ObjectiveContext& ctx) { return std::make_unique<WatchedSft>(ctx); }, true);
+  });
+  EXPECT_NE(without.find("lora.rank (4 -> none)"), std::string::npos) << without;
   const auto second = run(text, true);
   ASSERT_EQ(second.status, train::RunStatus::finished) << second.message;
   EXPECT_EQ(second.last_loss, whole.last_loss);
