@@ -17,8 +17,8 @@ void add_grpo_command(CLI::App& app) {
   add_post_run_options(cmd, "grpo", "grpo.group_size=16",
                        [](const train::PostConfig& cfg, const train::PostOptions& o) {
                          return train::run_post_training(
-                             cfg, o, [&cfg](const train::ObjectiveContext& context) {
-                               return train::make_grpo_objective(context, cfg.base);
+                             cfg, o, [](const train::ObjectiveContext& context) {
+                               return train::make_grpo_objective(context, context.base);
                              });
                        });
   add_task_synth(cmd,

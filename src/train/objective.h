@@ -119,6 +119,7 @@ struct ObjectiveContext {
   int64_t max_seq = 0;  // longest sequence the model may see (the model's max positions or less)
   model::LlamaConfig model_config;  // the model trained (a reward head's width comes from it)
   std::filesystem::path run_dir;    // where an objective may keep caches; empty: keep none
+  std::string base;  // model.base as the run resolved it: a run folder's checkpoint, pinned
 };
 
 }  // namespace pollen::train

@@ -80,6 +80,27 @@ std::string lora_checkpoint_config(const model::Lora& lora, const std::string& b
 
 namespace {
 
+// model.base as this run uses it. A run folder stands for its newest checkpoint, which moves on
+// while that run trains: the run pins the checkpoint it started from (its checkpoints name it as
+// model.base), and a resumed run takes it again rather than whatever is newest now.
+std::string pinned_base(const PostConfig& cfg, const std::optional<fs::path>& resume_from) {
+  if (resume_from) {
+    const fs::path file = *resume_from / "config.toml";
+    const PostConfig saved =
+        parse_post_config(read_file(file), file.string(), cfg.objective, {}, fs::current_path());
+    const fs::path pinned = fs::path(saved.base);
+    if (pinned.parent_path().lexically_normal() ==
+        (fs::path(cfg.base) / "checkpoints").lexically_normal())
+      return saved.base;
+    if (saved.base == cfg.base) return cfg.base;  // a run begun before bases were pinned
+  }
+  const io::ModelSource source = io::resolve_model(cfg.base);
+  const bool run_folder = source.kind == io::ModelSource::Kind::checkpoint &&
+                          fs::is_directory(cfg.base) &&
+                          fs::path(cfg.base).lexically_normal() != source.path.lexically_normal();
+  return run_folder ? fs::absolute(source.path).lexically_normal().string() : cfg.base;
+}
+
 PostResult post_train(const PostConfig& cfg, const PostOptions& o,
                       const ObjectiveFactory& make_objective) {
   SignalGuard signals(o.handle_signals);
@@ -92,11 +113,12 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   const std::optional<fs::path> resume_from =
       o.resume ? agree_on_checkpoint(ckpt_root, comm) : std::nullopt;
 
-  const PostBase base = resolve_post_base(cfg);
+  PostConfig resolved = cfg;
+  resolved.base = pinned_base(cfg, resume_from);
+  const PostBase base = resolve_post_base(resolved);
   const model::LlamaConfig& arch = base.source.config;
   // The checkpoints name the chat template the run used, also when it came from the base, so
   // that chat and serve on the result (and a run that starts from it) find it.
-  PostConfig resolved = cfg;
   if (resolved.chat_template.empty())
     resolved.chat_template = std::string(tokenizer::chat_template_name(base.chat_format.kind));
   const std::string config_toml = resolved.to_toml(arch);
@@ -134,7 +156,8 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
                              cfg.seed,
                              arch.max_position_embeddings,
                              arch,
-                             cfg.dir};
+                             cfg.dir,
+                             resolved.base};
   const std::unique_ptr<Objective> objective = make_objective(ctx);
   const std::string name = objective->name();
   if (!objective->uses_output_head()) {

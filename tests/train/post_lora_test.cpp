@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "io/checkpoint.h"
 #include "io/model_source.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
@@ -218,6 +219,45 @@ TEST(PostLora, FrozenAKeepsItsSeededValuesAndResumesBitwise) {
   for (const auto& [n, t] :
        io::read_safetensors(whole.last_checkpoint / "optimizer.safetensors").tensors)
     EXPECT_NE(n.find("lora_B"), std::string::npos) << n;
+}
+
+// A base named by its run folder is pinned to the checkpoint the run started from: resumed after
+// that run trained on (a newer checkpoint), the run goes on from the same base, as one that named
+// that checkpoint does.
+TEST(PostLora, ARunFolderBaseIsPinnedToTheCheckpointItStartedFrom) {
+  const fs::path dir = test_support::post_temp_dir("lora-pinned");
+  const auto& fx = fixture();
+  const std::string base_text = test_support::tiny_post_toml(
+      dir / "base", fx.model_file, fx.tokenizer_path, 4,
+      "[sft]\ndata = \"" + sft_data().string() + "\"\nseq = 64\nmicro_batch = 2\n");
+  const auto base_run = test_support::run_post(
+      train::parse_post_config(base_text, "base.toml", "sft"), train::make_sft_objective, false);
+  ASSERT_EQ(base_run.status, train::RunStatus::finished) << base_run.message;
+  const fs::path started = dir / "base" / "checkpoints" / io::checkpoint_name(2);
+  const fs::path later = dir / "base" / "checkpoints" / io::checkpoint_name(4);
+  const auto with_base = [&](const fs::path& run, const fs::path& base) {
+    std::string text = lora_toml(run, 4);
+    const std::string named = "base = \"" + fx.model_file.string() + "\"";
+    text.replace(text.find(named), named.size(), "base = \"" + base.string() + "\"");
+    return text;
+  };
+  fs::rename(later, dir / "aside");  // the base run's newest is step 2 when this run starts
+  const std::string text = with_base(dir / "split", dir / "base");
+  ASSERT_EQ(run(text, false, 2).status, train::RunStatus::preempted);
+  fs::rename(dir / "aside", later);  // ... and step 4 when it resumes
+  const auto resumed = run(text, true);
+  ASSERT_EQ(resumed.status, train::RunStatus::finished) << resumed.message;
+  const auto whole = run(with_base(dir / "whole", started), false);
+  ASSERT_EQ(whole.status, train::RunStatus::finished) << whole.message;
+  const auto x = io::read_safetensors(whole.last_checkpoint / "adapter_model.safetensors");
+  const auto y = io::read_safetensors(resumed.last_checkpoint / "adapter_model.safetensors");
+  ASSERT_EQ(x.tensors.size(), y.tensors.size());
+  for (size_t i = 0; i < x.tensors.size(); ++i)
+    EXPECT_TRUE(bitwise_equal(x.tensors[i].second, y.tensors[i].second)) << x.tensors[i].first;
+  // The checkpoints name the pinned checkpoint as their base.
+  const train::PostConfig saved =
+      train::load_post_config(resumed.last_checkpoint / "config.toml", "sft");
+  EXPECT_EQ(fs::path(saved.base), started);
 }
 
 TEST(PostLora, RunFileKeysAreCheckedAndResolved) {
