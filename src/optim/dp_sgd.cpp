@@ -213,11 +213,12 @@ void DpSgd::restore_accountant(const nlohmann::json& state) {
   }
 }
 
-void DpSgd::load_state(const nlohmann::json& state, int64_t steps, int64_t done) {
+void DpSgd::load_state(const nlohmann::json& state, int64_t steps, int64_t done,
+                       bool released_since) {
   restore_accountant(state);
   try {
     const int64_t planned = state.at("steps_planned").get<int64_t>();
-    if (options_.target_epsilon > 0 && (planned != steps || accountant_.steps() != done)) {
+    if (options_.target_epsilon > 0 && (planned != steps || released_since)) {
       z_ = calibrate_noise_multiplier(accountant_, options_.target_epsilon, options_.delta, q_,
                                       std::max<int64_t>(1, steps - done));
     } else if (options_.target_epsilon > 0) {

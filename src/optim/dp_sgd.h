@@ -111,11 +111,13 @@ class DpSgd {
 
   // For checkpoints: clip, delta, z and the accountant. A resumed run, `done` of its `steps`
   // behind it, takes the accountant (refusing another clip or delta) and with target_epsilon the
-  // saved z, unless the steps it was calibrated for differ from `steps` or the steps accounted
-  // from `done` (steps released after the last checkpoint run again): z is then calibrated again
-  // for the steps left. With noise_multiplier, z is the configured one.
+  // saved z, unless the steps it was calibrated for differ from `steps` or steps were released
+  // after the checkpoint (`released_since`: they run again, and their releases stay accounted):
+  // z is then calibrated again for the steps left. With noise_multiplier, z is the configured
+  // one.
   nlohmann::json state() const;
-  void load_state(const nlohmann::json& state, int64_t steps, int64_t done);
+  void load_state(const nlohmann::json& state, int64_t steps, int64_t done,
+                  bool released_since = false);
   // The accountant alone from state(), z staying as configured (a federated silo's noise
   // multiplier may change between restarts: each step is accounted at its own); refuses a state
   // accounted at another clip or delta.

@@ -335,6 +335,7 @@ void TrainingRun::recover_privacy() {
                " [privacy] table; a run keeps its privacy setting");
   if (!dp_) return;
   std::optional<nlohmann::json> state;
+  bool released_since = false;  // steps released after the checkpoint, which run again
   if (private_checkpoint) state = nlohmann::json(resumed_->at("privacy"));
   const fs::path ledger = cfg_.dir / kPrivacyLedger;
   POLLEN_CHECK(o_.resume || !fs::exists(ledger), "run folder '", cfg_.dir.string(),
@@ -350,12 +351,13 @@ void TrainingRun::recover_privacy() {
                   state ? "the checkpoint resumed" : "this run's start", " and stay accounted (",
                   ledger.string(), ")");
         state = std::move(released);
+        released_since = true;
       }
     } catch (const nlohmann::json::exception& e) {
       fail("'", ledger.string(), "': expected the privacy accountant's state: ", e.what());
     }
   }
-  if (state) dp_->load_state(*state, cfg_.steps, counters_.step);
+  if (state) dp_->load_state(*state, cfg_.steps, counters_.step, released_since);
 }
 
 void TrainingRun::open_outputs() {

@@ -223,6 +223,15 @@ TEST(DpSgd, AResumedRunKeepsItsNoiseAndItsAccountant) {
   EXPECT_EQ(same.noise_multiplier(), first.noise_multiplier());
   EXPECT_EQ(same.epsilon().epsilon, first.epsilon().epsilon);
   EXPECT_EQ(same.steps_accounted(), 30);
+  // Steps released after the checkpoint (a crash): they stay accounted and z is calibrated
+  // again for the steps left; an account that merely holds such steps from an earlier recovery
+  // (its checkpoint saved after it) keeps its z, so that every later resume is bitwise.
+  DpSgd recovered(o, 1000, 20, 100);
+  recovered.load_state(saved, 100, 25, true);
+  EXPECT_GT(recovered.noise_multiplier(), first.noise_multiplier());
+  DpSgd later(o, 1000, 20, 100);
+  later.load_state(saved, 100, 25);
+  EXPECT_EQ(later.noise_multiplier(), first.noise_multiplier());
   // Resumed with more steps: the noise rises so that the last step still reaches the target.
   DpSgd longer(o, 1000, 20, 200);
   longer.load_state(saved, 200, 30);
