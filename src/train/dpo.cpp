@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/hash.h"
+#include "train/jsonl_data.h"
 
 namespace pollen::train {
 namespace fs = std::filesystem;
@@ -83,7 +84,7 @@ DpoObjective::DpoObjective(ObjectiveContext context) : context_(std::move(contex
   const SequenceFormat format{context_.tokenizer, context_.chat_format, context_.max_seq};
   train_pairs_ = read_preference_pairs(data_path_, format);
   if (!eval_path_.empty()) {
-    eval_pairs_ = read_preference_pairs(eval_path_, format);
+    if (jsonl_has_records(eval_path_)) eval_pairs_ = read_preference_pairs(eval_path_, format);
   } else {
     eval_pairs_ = split_off_validation(train_pairs_, validation_fraction, context_.seed,
                                        s.where("validation_fraction"));

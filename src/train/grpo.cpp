@@ -241,7 +241,7 @@ GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction rew
   else
     reward_ = verifier;
   prompts_ = read_grpo_prompts(options_.data, *tokenizer_, context.chat_format, verifier);
-  if (!options_.eval_data.empty())
+  if (!options_.eval_data.empty() && jsonl_has_records(options_.eval_data))
     eval_prompts_ =
         read_grpo_prompts(options_.eval_data, *tokenizer_, context.chat_format, verifier);
   stop_tokens_ = stop_tokens_for(*tokenizer_, context.chat_format);

@@ -7,6 +7,15 @@
 
 namespace pollen::train {
 
+bool jsonl_has_records(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) return true;
+  std::string line;
+  while (std::getline(in, line))
+    if (line.find_first_not_of(" \t\r") != std::string::npos) return true;
+  return false;
+}
+
 void for_each_jsonl_object(
     const std::filesystem::path& path, const std::string& what,
     const std::function<void(const nlohmann::json&, int64_t, const std::string&)>& fn) {

@@ -13,6 +13,10 @@
 
 namespace pollen::train {
 
+// Whether `path` holds a line that is not blank (a file that cannot be read: true, so that its
+// reader says why). Held-out data may be empty: the run then evaluates nothing, as documented.
+bool jsonl_has_records(const std::filesystem::path& path);
+
 // Calls fn(record, line, where) for each non-blank line of `path` (line: 1-based; where: "'<path>'
 // line N"). A line that is not a JSON object, and a file that cannot be read or holds no
 // records, are errors; `what` names the file in them ("SFT data").

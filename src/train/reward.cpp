@@ -11,6 +11,7 @@
 #include "io/model_source.h"
 #include "io/safetensors.h"
 #include "tokenizer/open.h"
+#include "train/jsonl_data.h"
 
 namespace pollen::train {
 namespace fs = std::filesystem;
@@ -72,8 +73,10 @@ RewardObjective::RewardObjective(ObjectiveContext context) : context_(std::move(
   refuse_pad_token(train_pairs_, pad_token_id_, data);
   if (!validation.empty()) {
     const fs::path eval_path = resolve(context_.base_dir, validation);
-    eval_pairs_ = read_preference_pairs(eval_path, format);
-    refuse_pad_token(eval_pairs_, pad_token_id_, eval_path);
+    if (jsonl_has_records(eval_path)) {
+      eval_pairs_ = read_preference_pairs(eval_path, format);
+      refuse_pad_token(eval_pairs_, pad_token_id_, eval_path);
+    }
   } else {
     eval_pairs_ = split_off_validation(train_pairs_, validation_fraction, context_.seed,
                                        s.where("validation_fraction"));

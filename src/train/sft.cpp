@@ -227,7 +227,7 @@ SftObjective::SftObjective(const ObjectiveContext& ctx) : seed_(ctx.seed) {
   Counts counts;
   load(settings_.data, settings_.validation.empty() && settings_.validation_fraction > 0, train_,
        &validation_, counts);
-  if (!settings_.validation.empty())
+  if (!settings_.validation.empty() && jsonl_has_records(settings_.validation))
     load(settings_.validation, false, validation_, nullptr, counts);
   POLLEN_CHECK(!train_.empty(), "sft: no training examples left in '", settings_.data.string(),
                "'");

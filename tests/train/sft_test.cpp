@@ -239,6 +239,18 @@ TEST(Sft, WithoutValidationDataTheRunWarnsOnceAndNeverEvaluates) {
   EXPECT_EQ(log.find("nan"), std::string::npos) << log;
   EXPECT_EQ(r.message.find("nan"), std::string::npos) << r.message;
   EXPECT_EQ(read_file(dir / "run" / "metrics.jsonl").find("val_loss"), std::string::npos);
+  // An empty validation file is the same: no held-out data, no evaluation, not an error.
+  write_file_atomic(dir / "empty.jsonl", "\n");
+  const auto empty_cfg = train::parse_post_config(
+      test_support::tiny_post_toml(dir / "run-empty", fx.model_file, fx.tokenizer_path, 2,
+                                   "[sft]\ndata = \"" + data.string() + "\"\nvalidation = \"" +
+                                       (dir / "empty.jsonl").string() + "\"\nmicro_batch = 1\n"),
+      "empty.toml", "sft");
+  ::testing::internal::CaptureStderr();
+  const auto empty = train::run_post_training(empty_cfg, o, train::make_sft_objective);
+  const std::string empty_log = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(empty.status, train::RunStatus::finished) << empty.message << empty_log;
+  EXPECT_NE(empty_log.find("no evaluation"), std::string::npos) << empty_log;
 }
 
 TEST(Sft, MalformedLinesAreRefusedNamingFileLineAndField) {
