@@ -153,11 +153,11 @@ void add_eval_command(CLI::App& app) {
                    ->check(CLI::ExistingFile);
   auto* split = cmd->add_option("--split", a->split, "Split of --data")->capture_default_str();
   auto* seq = cmd->add_option("--seq", a->seq, "--data: tokens per row; longer documents in pieces")
-                  ->check(CLI::PositiveNumber)
+                  ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
                   ->capture_default_str();
   auto* batch = cmd->add_option("--batch", a->batch,
                                 "--data: rows per forward pass; --task: choices per pass")
-                    ->check(CLI::PositiveNumber)
+                    ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
                     ->capture_default_str();
   auto* text = cmd->add_option("--text", a->text, "A text file, scored as one document");
   auto* jsonl = cmd->add_option("--jsonl", a->jsonl, "JSONL file, one document per line");
