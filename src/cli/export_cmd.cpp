@@ -45,7 +45,8 @@ void add_export_gguf(CLI::App* cmd) {
   gguf->add_option("--type", a->type,
                    "Matrices stored as f32, f16, bf16 or q8_0 (vectors stay f32; q8_0 falls "
                    "back to f16 for rows not a multiple of 32)")
-      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}));
+      ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}))
+      ->capture_default_str();
   gguf->callback([a] {
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
@@ -85,9 +86,11 @@ void add_export_command(CLI::App& app) {
   hf->add_option("--adapter", *adapter, kAdapterHelp);
   hf->add_option("--output", *output, "Folder to write")->required();
   hf->add_option("--dtype", *dtype, "Stored dtype: f32, bf16 or f16")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
   hf->add_option("--max-shard-mb", *shard_mb, "Largest shard in MB (10^6 bytes)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   hf->callback([=] {
     const io::ModelSource src = io::resolve_model(*model);
     const model::Llama m = load_model_with_adapter(src, *adapter);

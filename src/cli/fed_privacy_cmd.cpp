@@ -50,7 +50,15 @@ std::optional<fed::secagg::DistributedNoise> distributed_noise(const PrivacyPlan
   options.clipped_count_stddev = p.clipped_count_stddev;
   const fed::CentralDp server(options, 1, /*distributed=*/true);
   *refused = server.refuse_round(1, p.clients, p.clients);
-  if (!refused->empty()) return std::nullopt;
+  if (!refused->empty()) {
+    // The server's words name its keys; here they are this command's options.
+    for (const auto& [key, option] : {std::pair<std::string, std::string>{
+                                          "privacy.clipped_count_stddev", "--clipped-count-stddev"},
+                                      {"turn adaptive_clip off", "leave out --adaptive-clip"}})
+      if (const size_t at = refused->find(key); at != std::string::npos)
+        refused->replace(at, key.size(), option);
+    return std::nullopt;
+  }
   try {
     fed::secagg::check_noise_fits(o, server.distributed_noise(2, p.clients), p.clients,
                                   [](std::string key) {

@@ -14,7 +14,7 @@ void add_launch_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "launch",
       "Run pollen train, sft, dpo, rm, grpo or fed client as N data-parallel ranks on this node, "
-      "through OpenMPI's mpirun (docs/parallel.md); other commands run as one process. Several "
+      "through OpenMPI's mpirun (docs/parallel.md); other commands refuse to run as ranks. Several "
       "nodes: mpirun with a hostfile, or srun under Slurm.\n"
       "Example: pollen launch --nproc 4 -- train --config run.toml\n"
       "Exit status: mpirun's. For pollen train, sft, dpo, rm, grpo and fed client: 4 when the "

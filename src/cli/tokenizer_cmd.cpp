@@ -277,11 +277,16 @@ void add_encode(CLI::App* parent) {
     tk::Tokenizer tok = open(a->tok);
     tk::EncodeOptions options{special_policy(a->special), a->bos_eos};
     IdWriter writer(a->output);
-    tk::for_each_document_batch({a->input, a->jsonl, a->field, false}, 16 << 20,
-                                [&](std::span<const std::string_view> docs) {
-                                  for (const auto& ids : tok.encode_batch(docs, options))
-                                    writer.write(ids);
-                                });
+    try {
+      tk::for_each_document_batch({a->input, a->jsonl, a->field, false}, 16 << 20,
+                                  [&](std::span<const std::string_view> docs) {
+                                    for (const auto& ids : tok.encode_batch(docs, options))
+                                      writer.write(ids);
+                                  });
+    } catch (const Error& e) {
+      if (a->special != "refuse") throw;
+      fail(e.what(), "; --special allow or --special text");
+    }
     writer.finish();
   });
 }

@@ -150,6 +150,12 @@ void run_client(const ClientConfig& config, const train::FaultInjection& fault) 
 
 SimulationResult run_simulation(const SimConfig& config, bool resume) {
   if (config.threads > 0) set_num_threads(config.threads);
+  // Before the server's folder is made: a mistyped path names its key.
+  for (const ClientConfig& cc : config.clients)
+    for (const std::string& m : cc.manifests)
+      POLLEN_CHECK(std::filesystem::is_regular_file(m), config.command, ": client '", cc.id,
+                   "': no manifest '", m,
+                   "' (sim.manifests; paths are relative to the working folder)");
   Coordinator coordinator(config.server, resume);
   const auto metrics = serve_metrics(coordinator);
   LocalTransport transport(coordinator);

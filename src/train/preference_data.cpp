@@ -26,7 +26,8 @@ std::pair<std::string, std::string> render(const json& prompt, const json& compl
   POLLEN_CHECK(prompt.is_array(), where, ": field 'prompt' must be text or a list of messages");
   POLLEN_CHECK(format.chat_format.has_value(), where,
                ": the prompt is a list of messages, but no chat template is known to render it "
-               "(the model's tokenizer_config.json names none)");
+               "(the model's tokenizer_config.json names none; set model.chat_template in the "
+               "run file, or --chat-template for rm score)");
   const auto prompt_messages = read_messages(prompt, "prompt", where);
   auto all = prompt_messages;
   if (completion.is_string()) {

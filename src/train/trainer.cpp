@@ -471,7 +471,8 @@ bool TrainingRun::step(obs::Progress& progress) {
   s.lr = lr;
   s.grad_norm = gnorm;
   s.tokens_per_s = static_cast<double>(step_tokens) / dt;
-  s.mfu = s.tokens_per_s * flops_per_token_ / peak_;
+  // tokens_per_s is the whole job's and peak_ one rank's threads'.
+  s.mfu = s.tokens_per_s * flops_per_token_ / (peak_ * comm_.world());
   s.elapsed_s = counters_.elapsed_before + seconds_since(run_start_);
   s.seconds = dt;
   s.reduce_wait_s = reduce_wait;
