@@ -113,6 +113,47 @@ double LlamaConfig::flops_per_token(int64_t seq_len) const {
          12.0 * static_cast<double>(num_hidden_layers * hidden_size * seq_len);
 }
 
+const char* rope_scaling_kind_name(ops::RopeScaling::Kind kind) {
+  using Kind = ops::RopeScaling::Kind;
+  switch (kind) {
+    case Kind::linear:
+      return "linear";
+    case Kind::llama3:
+      return "llama3";
+    case Kind::dynamic:
+      return "dynamic";
+    case Kind::yarn:
+      return "yarn";
+    default:
+      return "none";
+  }
+}
+
+namespace {
+
+ops::RopeScaling read_rope_scaling(ConfigTable& t) {
+  using Kind = ops::RopeScaling::Kind;
+  ops::RopeScaling s;
+  const std::string kind = t.require_string("kind");
+  bool known = false;
+  for (Kind k : {Kind::none, Kind::linear, Kind::llama3, Kind::dynamic, Kind::yarn})
+    if (kind == rope_scaling_kind_name(k)) s.kind = k, known = true;
+  POLLEN_CHECK(known, t.where("kind"), ": expected none, linear, llama3, dynamic or yarn, got '",
+               kind, "'");
+  s.factor = t.get_double("factor", s.factor);
+  s.low_freq_factor = t.get_double("low_freq_factor", s.low_freq_factor);
+  s.high_freq_factor = t.get_double("high_freq_factor", s.high_freq_factor);
+  s.original_max_position_embeddings =
+      t.get_int("original_max_position_embeddings", s.original_max_position_embeddings);
+  s.attention_factor = t.get_double("attention_factor", s.attention_factor);
+  s.beta_fast = t.get_double("beta_fast", s.beta_fast);
+  s.beta_slow = t.get_double("beta_slow", s.beta_slow);
+  t.finish();
+  return s;
+}
+
+}  // namespace
+
 LlamaConfig read_config(ConfigTable& t) {
   LlamaConfig c;
   std::string base = t.get_string("preset", "");
@@ -137,6 +178,8 @@ LlamaConfig read_config(ConfigTable& t) {
   c.tie_word_embeddings = t.get_bool("tie_word_embeddings", c.tie_word_embeddings);
   c.attention_bias = t.get_bool("attention_bias", c.attention_bias);
   c.initializer_range = t.get_double("initializer_range", c.initializer_range);
+  c.sliding_window = t.get_int("sliding_window", c.sliding_window);
+  if (auto r = t.table("rope_scaling")) c.rope_scaling = read_rope_scaling(*r);
   t.finish();
   c.validate();
   return c;

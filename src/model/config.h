@@ -54,9 +54,14 @@ std::vector<std::string> preset_names();
 LlamaConfig preset(const std::string& name);  // throws listing the presets when unknown
 
 // A pollen model file (TOML): an optional `preset = "..."` then any keys above to override,
-// under [model] or at top level. Unknown keys and wrong types are errors naming file and key.
+// under [model] or at top level; `sliding_window`, and a `rope_scaling` table with `kind`
+// (linear, llama3, dynamic, yarn) and the RopeScaling fields by name. Unknown keys and wrong
+// types are errors naming file and key.
 LlamaConfig load_config(const std::filesystem::path& path);
 LlamaConfig read_config(ConfigTable& table);
+
+// "none", "linear", "llama3", "dynamic" or "yarn": rope_scaling.kind in a model file.
+const char* rope_scaling_kind_name(ops::RopeScaling::Kind kind);
 
 // A preset name or a path to a TOML model file.
 LlamaConfig resolve_config(const std::string& preset_or_file);

@@ -272,6 +272,21 @@ void flat_model(const model::LlamaConfig& m, std::vector<std::pair<std::string, 
   f.emplace_back("model.tie_word_embeddings", b(m.tie_word_embeddings));
   f.emplace_back("model.attention_bias", b(m.attention_bias));
   f.emplace_back("model.initializer_range", toml_double(m.initializer_range));
+  // Written when set (an HF base's), so that a checkpoint is the model it trained; older
+  // checkpoints, which lack them, still compare equal on resume.
+  if (m.sliding_window > 0) f.emplace_back("model.sliding_window", i(m.sliding_window));
+  const ops::RopeScaling& r = m.rope_scaling;
+  if (r.kind != ops::RopeScaling::Kind::none) {
+    f.emplace_back("model.rope_scaling.kind", toml_string(model::rope_scaling_kind_name(r.kind)));
+    f.emplace_back("model.rope_scaling.factor", toml_double(r.factor));
+    f.emplace_back("model.rope_scaling.low_freq_factor", toml_double(r.low_freq_factor));
+    f.emplace_back("model.rope_scaling.high_freq_factor", toml_double(r.high_freq_factor));
+    f.emplace_back("model.rope_scaling.original_max_position_embeddings",
+                   i(r.original_max_position_embeddings));
+    f.emplace_back("model.rope_scaling.attention_factor", toml_double(r.attention_factor));
+    f.emplace_back("model.rope_scaling.beta_fast", toml_double(r.beta_fast));
+    f.emplace_back("model.rope_scaling.beta_slow", toml_double(r.beta_slow));
+  }
 }
 
 std::string flat_to_toml(const std::vector<std::pair<std::string, std::string>>& flat,

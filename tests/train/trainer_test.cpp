@@ -385,6 +385,33 @@ TEST(Trainer, ResumeIsBitwiseAndSkipsACorruptCheckpoint) {
   fs::remove_all(base);
 }
 
+// A checkpoint's config.toml is the model it trained: an HF base's sliding window and rope
+// scaling are written and read back (a model file may set them too), so that loading the
+// checkpoint builds the same model.
+TEST(TrainConfig, SlidingWindowAndRopeScalingRoundTripThroughACheckpointsConfig) {
+  for (const auto kind : {ops::RopeScaling::Kind::llama3, ops::RopeScaling::Kind::yarn}) {
+    model::LlamaConfig m = model::preset("llama-tiny");
+    m.sliding_window = 7;
+    m.rope_scaling.kind = kind;
+    m.rope_scaling.factor = 8;
+    m.rope_scaling.low_freq_factor = 1;
+    m.rope_scaling.high_freq_factor = 4;
+    m.rope_scaling.original_max_position_embeddings =
+        kind == ops::RopeScaling::Kind::yarn ? m.max_position_embeddings : 64;
+    m.rope_scaling.attention_factor = 1.2;
+    m.rope_scaling.beta_fast = 16;
+    m.rope_scaling.beta_slow = 2;
+    std::vector<std::pair<std::string, std::string>> flat;
+    train::flat_model(m, flat);
+    const fs::path file = temp_dir("model_roundtrip") / "config.toml";
+    write_file_atomic(file, train::flat_to_toml(flat, ""));
+    const model::LlamaConfig back = model::load_config(file);
+    EXPECT_EQ(back.sliding_window, 7);
+    EXPECT_EQ(back.rope_scaling, m.rope_scaling) << read_file(file);
+    EXPECT_TRUE(model::architecture_differences(m, back).empty());
+  }
+}
+
 TEST(Trainer, NonFiniteLossesSkipUpdatesThenStop) {
   const fs::path run = temp_dir("nan");
   // A learning rate of 1e30 blows the weights up after the first update.
