@@ -212,6 +212,13 @@ model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
                  ": key 'sliding_window' is not used by model_type llama");
     r.ignore("sliding_window");
   }
+  // Keys of the official SmolLM2 and Qwen2.5 configs that name the computation pollen does:
+  // rotate_half rotary (not interleaved) and plain RoPE (not Qwen2-VL's multimodal one).
+  POLLEN_CHECK(!r.get_bool("rope_interleaved", false), source,
+               ": key 'rope_interleaved' is true; pollen rotates half-vectors as HF's Llama does");
+  POLLEN_CHECK(!r.get_bool("use_mrope", false), source,
+               ": key 'use_mrope' is true; pollen does not implement multimodal RoPE");
+  r.ignore("is_llama_config");
   if (r.has("rope_scaling"))
     c.rope_scaling = parse_rope_scaling(r.raw("rope_scaling"), c.max_position_embeddings, source);
   r.ignore("rope_scaling");  // absent or null: no scaling

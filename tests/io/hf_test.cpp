@@ -117,6 +117,21 @@ TEST(HfConfig, HiddenActMustBeSilu) {
   expect_refused(j, "'hidden_act' is 'gelu'");
 }
 
+// Keys of the official SmolLM2-135M (is_llama_config, rope_interleaved) and Qwen2.5 (use_mrope)
+// configs load; set to the computations pollen does not do, they are refused.
+TEST(HfConfig, SmolLm2AndQwen25KeysLoad) {
+  json j = base_config();
+  j["is_llama_config"] = true;
+  j["rope_interleaved"] = false;
+  j["use_mrope"] = false;
+  EXPECT_EQ(io::parse_hf_config(j, "c").hidden_size, base_config()["hidden_size"].get<int64_t>());
+  j["rope_interleaved"] = true;
+  expect_refused(j, "'rope_interleaved' is true");
+  j["rope_interleaved"] = false;
+  j["use_mrope"] = true;
+  expect_refused(j, "'use_mrope' is true");
+}
+
 TEST(HfConfig, MlpBiasRefused) {
   json j = base_config();
   j["mlp_bias"] = true;
