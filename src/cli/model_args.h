@@ -69,13 +69,19 @@ inline uint32_t end_of_turn_id(const tokenizer::Tokenizer& tok,
        content, ", which the tokenizer does not have; choose another with --chat-template");
 }
 
-// End-of-sequence ids: generation_config.json's eos_token_id when the model has one, and the
-// tokenizer's usual end tokens.
+// End-of-sequence ids: generation_config.json's eos_token_id when the model has one (else
+// config.json's, from which HF derives the generation config), and the tokenizer's usual end
+// tokens.
 inline std::vector<uint32_t> stop_tokens(const io::ModelSource& src,
                                          const tokenizer::Tokenizer& tok) {
   std::set<uint32_t> ids;
-  for (const auto& f : src.hf_side_files) {
-    if (f.filename() != "generation_config.json") continue;
+  std::vector<std::filesystem::path> generation;
+  for (const auto& f : src.hf_side_files)
+    if (f.filename() == "generation_config.json") generation.push_back(f);
+  if (generation.empty() && src.kind == io::ModelSource::Kind::hf_dir &&
+      std::filesystem::is_regular_file(src.path / "config.json"))
+    generation.push_back(src.path / "config.json");
+  for (const auto& f : generation) {
     const std::string text = read_file(f);
     check_json_depth(text, f.string());
     const auto j = nlohmann::json::parse(text, nullptr, false);

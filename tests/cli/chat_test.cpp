@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "base/files.h"
@@ -92,6 +93,31 @@ uint32_t id_of(const tokenizer::Tokenizer& tok, const std::string& content) {
 }
 
 }  // namespace
+
+// Without generation_config.json, config.json's eos_token_id ends generation, as HF derives its
+// generation config from config.json.
+TEST(Generate, ConfigJsonsEosEndsGenerationWithoutAGenerationConfig) {
+  const fs::path root = fs::temp_directory_path() / ("pollen_gen_eos_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  const ChatModel cm = make_chat_model(root);
+  ASSERT_FALSE(fs::exists(cm.dir / "generation_config.json"));
+  write_file_atomic(root / "none.txt", "");
+  const std::string args =
+      "generate --model " + cm.dir.string() + " --prompt 'hello there' --greedy --json ";
+  const PollenRun before = run_pollen(args + "--max-tokens 5", root / "none.txt");
+  ASSERT_EQ(before.status, 0) << before.output;
+  const nlohmann::json first = nlohmann::json::parse(before.output);
+  ASSERT_FALSE(first["tokens"].empty()) << before.output;  // the first token ends nothing yet
+  nlohmann::json config = nlohmann::json::parse(read_file(cm.dir / "config.json"));
+  config["eos_token_id"] = first["tokens"][0];
+  write_file_atomic(cm.dir / "config.json", config.dump());
+  const PollenRun after = run_pollen(args + "--max-tokens 5", root / "none.txt");
+  ASSERT_EQ(after.status, 0) << after.output;
+  const nlohmann::json stopped = nlohmann::json::parse(after.output);
+  EXPECT_EQ(stopped["finish_reason"], "stop") << after.output;
+  EXPECT_TRUE(stopped["tokens"].empty()) << after.output;
+  fs::remove_all(root);
+}
 
 TEST(Chat, RepliesToEachLineWithTheWholeConversation) {
   const fs::path root = fs::temp_directory_path() / ("pollen_chat_" + std::to_string(getpid()));
