@@ -312,9 +312,9 @@ void Server::add_routes() {
       });
       if (too_large || res.status == 413) {
         res.set_header("Connection", "close");  // the rest of the body is left unread
-        return send_error(res, ApiError(413, "invalid_request_error", "request_too_large", "",
-                                        cat("The request body exceeds this server's limit of ",
-                                            most, " bytes")));
+        return send_error(
+            res, ApiError(413, "invalid_request_error", "request_too_large", "",
+                          cat("The request body exceeds this server's limit of ", most, " bytes")));
       }
       if (!read_whole)
         return send_error(res, ApiError(400, "invalid_request_error", "invalid_body", "",
@@ -391,7 +391,8 @@ void Server::add_routes() {
                                       {"max_model_len", options_.model.context}}),
                                 "application/json");
               }));
-  http_->Post("/detokenize", post([this](const httplib::Request& req, httplib::Response& res, auto) {
+  http_->Post("/detokenize",
+              post([this](const httplib::Request& req, httplib::Response& res, auto) {
                 const json body = parse_body(req.body);
                 const std::vector<uint32_t> ids = parse_detokenize_request(body, tok_);
                 res.set_content(dump({{"prompt", tok_.decode(ids)}}), "application/json");
