@@ -215,6 +215,11 @@ Server::Server(const model::Llama& model, const tokenizer::Tokenizer& tok, Serve
   const size_t threads = static_cast<size_t>(options_.limits.max_concurrent) + 4;
   http_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_->set_payload_max_length(options_.limits.max_body_bytes);
+  // One request per connection: a request refused before its whole body was read (too large,
+  // a multipart form) leaves the rest unread, and on a kept-alive connection those bytes would
+  // be read as the next request (smuggled past a proxy). cpp-httplib 0.11 gives a handler no
+  // way to close its connection, so none is kept alive.
+  http_->set_keep_alive_max_count(1);
   listen_exclusively(*http_);
   add_routes();
   port_ = options_.port == 0
@@ -311,7 +316,6 @@ void Server::add_routes() {
         return !too_large;
       });
       if (too_large || res.status == 413) {
-        res.set_header("Connection", "close");  // the rest of the body is left unread
         return send_error(
             res, ApiError(413, "invalid_request_error", "request_too_large", "",
                           cat("The request body exceeds this server's limit of ", most, " bytes")));

@@ -686,6 +686,33 @@ TEST_F(Serving, BodiesAreBoundedHoweverFramedAndJsonHoweverDeep) {
   const json large = {{"prompt", "hi"}, {"max_tokens", 1}, {"user", std::string(deep.size(), 'u')}};
   const std::string refused = chunked(large.dump());
   EXPECT_TRUE(refused.empty() || refused.starts_with("HTTP/1.1 413")) << refused.substr(0, 300);
+  // A refused body's unread bytes are never read as another request: a GET hidden past the
+  // first read of a multipart body, or of a chunked body over the limit, gets no answer.
+  const std::string hidden = "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  auto answers = [&](const std::string& request) {
+    const int fd = connect_loopback(server_->port());
+    EXPECT_GE(fd, 0);
+    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    std::string response;
+    char buffer[4096];
+    for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
+    close(fd);
+    size_t count = 0;
+    for (size_t at = 0; (at = response.find("HTTP/1.1 ", at)) != std::string::npos; ++at) ++count;
+    return count;
+  };
+  const std::string multipart = std::string(4096, 'x') + hidden;
+  EXPECT_LE(answers("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                    "multipart/form-data; boundary=b\r\nContent-Length: " +
+                    std::to_string(multipart.size()) + "\r\n\r\n" + multipart),
+            1u);
+  const std::string big(o.limits.max_body_bytes + 8, 'x');
+  char size[32];
+  std::snprintf(size, sizeof size, "%zx\r\n", big.size());
+  EXPECT_LE(answers("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                    "application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                    std::string(size) + big + "\r\n0\r\n\r\n" + hidden),
+            1u);
   // A JSON body sent as a form (curl -d) over httplib's 8 KiB form limit is still JSON to us.
   httplib::Client c("127.0.0.1", server_->port());
   const json form = {{"prompt", "hi"}, {"max_tokens", 1}, {"user", std::string(9000, 'u')}};
