@@ -281,7 +281,7 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
   objective_ = make_objective(ctx);
   // The data version: the objective's section (which names the data) and the data file.
   Sha256 data;
-  data.update(config.objective_text);
+  data.update(config.objective_identity);
   ConfigTable section = config.objective_section();
   if (section.has("data")) {
     const std::filesystem::path file(section.get_string("data", ""));

@@ -2,6 +2,8 @@
 
 #include <toml++/toml.h>
 
+#include <sstream>
+
 #include "base/error.h"
 #include "base/files.h"
 #include "tokenizer/chat_template.h"
@@ -45,7 +47,12 @@ void capture_objective_section(const std::string& text, const std::string& sourc
   toml::table wrapped;
   wrapped.insert(c.objective, section);
   c.objective_text = toml_text(wrapped);
-  if (section.empty()) c.objective_text = "[" + c.objective + "]\n";
+  // The section's identity (a federated silo's data version), printed as toml++ prints it by
+  // default, as pollen always has: states and lineage recorded before stay comparable.
+  std::ostringstream identity;
+  identity << wrapped;
+  c.objective_identity = identity.str();
+  if (section.empty()) c.objective_text = c.objective_identity = "[" + c.objective + "]\n";
 }
 
 }  // namespace

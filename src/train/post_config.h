@@ -45,6 +45,7 @@ struct PostConfig : LoopSettings {
   // for the objective to read (errors name the run file).
   std::vector<std::pair<std::string, std::string>> objective_keys;
   std::string objective_text;      // "[sft]\n..." (empty section when the file has none)
+  std::string objective_identity;  // the same section as earlier pollen printed it (hashed)
   std::string source;              // the run file's name in errors
   std::filesystem::path base_dir;  // relative paths in the objective's section are from here
 

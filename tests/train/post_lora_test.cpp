@@ -269,6 +269,10 @@ TEST(PostLora, RunFileKeysAreCheckedAndResolved) {
   EXPECT_EQ(cfg.lora.config.targets.size(), 7u);
   const std::string toml = cfg.to_toml(load_base().config());
   EXPECT_NE(toml.find("target_modules"), std::string::npos) << toml;
+  // The objective's section is identified (a federated silo's data version) as earlier pollen
+  // printed it, strings as literals, so that states saved before still match.
+  EXPECT_NE(cfg.objective_identity.find("data = '" + sft_data().string() + "'"), std::string::npos)
+      << cfg.objective_identity;
   EXPECT_NE(toml.find("down_proj"), std::string::npos) << toml;
   EXPECT_FALSE(train::parse_post_config(lora_toml(dir / "run", 2), "lora.toml", "sft",
                                         {"lora.enabled=false"})
