@@ -301,19 +301,29 @@ class IcuRegex {
     static const std::string inside =
         "(?:(?<=" + word + ")(?=" + word + ")|(?<!" + word + ")(?!" + word + "))";
     std::string out;
-    int in_class = 0;  // depth of [...] sets
+    int in_class = 0;        // depth of [...] sets
+    size_t class_items = 0;  // where the innermost set's items begin in `regex`
+    // A class escape in a set. A '-' just before it is a literal to Oniguruma ([\s-\w]) but a
+    // range, or before a nested set a difference, to ICU: it is escaped.
+    const auto set_item = [&](const std::string& text) {
+      const size_t n = out.size();
+      if (in_class > 0 && n >= 2 && out[n - 1] == '-' && out[n - 2] != '\\' && out[n - 2] != '[' &&
+          out[n - 2] != '^')
+        out.insert(n - 1, "\\");
+      out += text;
+    };
     for (size_t i = 0; i < regex.size(); ++i) {
       if (regex[i] == '\\' && i + 1 < regex.size()) {
         const char next = regex[i + 1];
         const std::string& extra = in_class > 0 ? std::string() : latin1_extra;
         if (next == 's')
-          out += "\\p{White_Space}";
+          set_item("\\p{White_Space}");
         else if (next == 'S')
-          out += "\\P{White_Space}";
+          set_item("\\P{White_Space}");
         else if (next == 'w')
-          out += "[" + unicode_word + extra + "]";
+          set_item("[" + unicode_word + extra + "]");
         else if (next == 'W')
-          out += "[^" + unicode_word + extra + "]";
+          set_item("[^" + unicode_word + extra + "]");
         else if (next == 'b')
           out += in_class > 0 ? "\\x08" : boundary;
         else if (next == 'B' && in_class == 0)
@@ -321,8 +331,13 @@ class IcuRegex {
         else
           out += regex.substr(i, 2);
         ++i;
+      } else if (regex[i] == '[') {
+        ++in_class;
+        class_items = i + 1 < regex.size() && regex[i + 1] == '^' ? i + 2 : i + 1;
+        out += regex[i];
+      } else if (regex[i] == ']' && in_class > 0 && i == class_items) {
+        out += "\\]";  // a set's first item: a literal ']' ([]a] in Oniguruma)
       } else {
-        if (regex[i] == '[') ++in_class;
         if (regex[i] == ']' && in_class > 0) --in_class;
         out += regex[i];
       }

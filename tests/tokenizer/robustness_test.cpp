@@ -185,11 +185,19 @@ TEST(HfSemantics, SplitCutsAtEmptyMatchesAsHfDoes) {
 // outside a class Latin-1's superscripts and fractions too; [\b] is a backspace.
 TEST(HfSemantics, WordClassesAndBoundariesAreOnigurumas) {
   POLLEN_REQUIRE_PEERS();
-  const std::vector<std::string> patterns = {R"( ?\w+|\W)", R"(\b)", R"(\B)", R"([\w']+|[^\w\s]+)",
-                                             R"([\b\w]+|.)"};
-  const std::vector<std::string> texts = {
-      "s \u200d",       "a\u200db c", "x\u00b2 \u00bd\u2167\u2460", "\u24b6b \u0663\u0664",
-      "e\u0301 \u20dd", "snake_case", "\u00aa\u02b0 \u200cz",       "9\u200b \u20ddv\b!"};
+  // In sets too: []\w] opens with a literal ']', and in [a-c-\W] the second '-' is a literal.
+  const std::vector<std::string> patterns = {R"( ?\w+|\W)",        R"(\b)",        R"(\B)",
+                                             R"([\w']+|[^\w\s]+)", R"([\b\w]+|.)", R"([]\w]+|.)",
+                                             R"([a-c-\W]+|.)"};
+  const std::vector<std::string> texts = {"s \u200d",
+                                          "a\u200db c",
+                                          "x\u00b2 \u00bd\u2167\u2460",
+                                          "\u24b6b \u0663\u0664",
+                                          "e\u0301 \u20dd",
+                                          "snake_case",
+                                          "\u00aa\u02b0 \u200cz",
+                                          "9\u200b \u20ddv\b!",
+                                          "a-b.c ] x\u00b2y 9z [q-r"};
   nlohmann::json cases = nlohmann::json::array();
   std::vector<std::vector<std::string>> ours;
   for (const std::string& pattern : patterns)
