@@ -144,9 +144,10 @@ std::optional<std::string> verify_checkpoint(const fs::path& dir,
       return cat(name, " has SHA-256 ", sha.substr(0, 12), "..., manifest says ",
                  info["sha256"].get<std::string>().substr(0, 12), "...");
   }
-  // A file to be loaded that the manifest does not list was not written with the checkpoint.
+  // Weights to be loaded that the manifest does not list were not written with the checkpoint
+  // (a tokenizer.json may be put beside them by hand).
   for (const std::string& name : only) {
-    if (!m["files"].contains(name) && fs::exists(dir / name))
+    if (name.ends_with(".safetensors") && !m["files"].contains(name) && fs::exists(dir / name))
       return cat(name, " is not in manifest.json: the checkpoint did not write it");
   }
   return std::nullopt;

@@ -46,8 +46,8 @@ class CheckpointWriter {
 
 // Checks the manifest and every file's size and SHA-256; returns why it fails, or nothing.
 // `only`: when not empty, only these of the manifest's files are checked (the ones a reader
-// loads: a folder whose optimizer state was removed still gives its model), and each of them
-// that is in the folder must be in the manifest.
+// loads: a folder whose optimizer state was removed still gives its model), and each of those
+// that holds weights (.safetensors) and is in the folder must be in the manifest.
 std::optional<std::string> verify_checkpoint(const std::filesystem::path& dir,
                                              const std::vector<std::string>& only = {});
 // The step recorded in a checkpoint's manifest.

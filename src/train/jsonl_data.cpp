@@ -9,7 +9,7 @@ namespace pollen::train {
 
 bool jsonl_has_records(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in.good()) return true;
+  if (!in.good() || !std::filesystem::is_regular_file(path)) return true;
   std::string line;
   while (std::getline(in, line))
     if (line.find_first_not_of(" \t\r") != std::string::npos) return true;

@@ -88,9 +88,8 @@ std::string pinned_base(const PostConfig& cfg, const std::optional<fs::path>& re
     const fs::path file = *resume_from / "config.toml";
     const PostConfig saved =
         parse_post_config(read_file(file), file.string(), cfg.objective, {}, fs::current_path());
-    const fs::path pinned = fs::path(saved.base);
-    if (pinned.parent_path().lexically_normal() ==
-        (fs::path(cfg.base) / "checkpoints").lexically_normal())
+    const fs::path pinned = fs::absolute(saved.base).lexically_normal();
+    if (pinned.parent_path() == fs::absolute(fs::path(cfg.base) / "checkpoints").lexically_normal())
       return saved.base;
     if (saved.base == cfg.base) return cfg.base;  // a run begun before bases were pinned
   }

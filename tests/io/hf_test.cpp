@@ -488,6 +488,12 @@ TEST(ModelSource, ACheckpointNamedDirectlyIsVerified) {
               std::string::npos)
         << err.what();
   }
+  // A tokenizer.json put beside the weights by hand is taken (the manifest lists weights).
+  std::string objective = read_file(ckpt / "objective.safetensors");
+  objective.pop_back();
+  write_file_atomic(ckpt / "objective.safetensors", objective);
+  write_file_atomic(ckpt / "tokenizer.json", "{}");
+  EXPECT_EQ(io::resolve_model(ckpt.string()).kind, io::ModelSource::Kind::checkpoint);
   // A manifest edited to list no files no longer lets the weights through unchecked.
   fs::remove(ckpt / "objective.safetensors");
   nlohmann::json manifest = nlohmann::json::parse(read_file(ckpt / "manifest.json"));

@@ -54,14 +54,16 @@ std::vector<uint64_t> quantize_private(const Weights& values, double norm, doubl
     }
     dim += c.numel();
   }
-  // The rounded norm^2 is an integer, summed exactly and held to the largest integer n with
-  // n <= D2^2 exactly: D2^2 rounded down, less one where its floating-point square rounded up
-  // past an integer (fma's sign is exact). Equality passes: rounding to nearest reaches D2
+  // The rounded norm^2 is an integer, summed exactly and held to an integer n <= D2^2 exactly
+  // (the largest below 2^53): D2^2 rounded down, stepped down while its floating-point square
+  // rounded up past it (fma's sign is exact). Equality passes: rounding to nearest reaches D2
   // whenever c is a half-integer.
   using u128 = optim::DiscreteU128;
   const double bound = rounded_norm_bound(norm, dim, options);
   double bound_sq = std::floor(bound * bound);
-  if (std::fma(bound, bound, -bound_sq) < 0) bound_sq -= 1;
+  // Past 2^53 one unit is below a double's spacing: step down to the next double instead.
+  while (std::fma(bound, bound, -bound_sq) < 0)
+    bound_sq = bound_sq < 0x1p53 ? bound_sq - 1 : std::nextafter(bound_sq, 0.0);
   POLLEN_CHECK(bound_sq < 0x1p126, "secure aggregation: the clip ", norm, " is ",
                norm / options.step, " steps of ", options.step,
                ", more than the rounding's norm check holds; raise secure_aggregation.step or "
