@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +22,7 @@
 
 #include "base/files.h"
 #include "base/log.h"
+#include "base/rng.h"
 #include "data/shards.h"
 #include "fed/config.h"
 #include "fed/strategy.h"
@@ -90,19 +92,29 @@ inline const std::string kTinyModelToml =
 // A loopback address with a port the kernel had free just now, for a server started as another
 // process (which cannot report the port it bound). A port derived from the process id could be
 // one another test's connection already holds.
+// A loopback port for a server that another process starts later. Drawn below the kernel's
+// ephemeral range (ip_local_port_range), which outgoing connections and port-0 binds take from
+// (MPI's, gRPC's, other tests'): one handed out there could be taken before the server binds it.
 inline std::string loopback_address() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  POLLEN_CHECK(fd >= 0, "loopback_address: socket() failed");
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  socklen_t len = sizeof(a);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  ::close(fd);
-  POLLEN_CHECK(ok, "loopback_address: no free loopback port");
-  return cat("127.0.0.1:", ntohs(a.sin_port));
+  int low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> low;
+  const int first = 10000, count = std::max(1000, low - first);
+  static uint64_t draws = 0;
+  Rng rng(static_cast<uint64_t>(::getpid()) * 1000003u + draws++ +
+          static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int port = first + static_cast<int>(rng.next_u64() % static_cast<uint64_t>(count));
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    POLLEN_CHECK(fd >= 0, "loopback_address: socket() failed");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    ::close(fd);
+    if (free) return cat("127.0.0.1:", port);
+  }
+  fail("loopback_address: no free loopback port below ", low);
 }
 
 // client.toml of client silo-0 (local_train()'s settings) of the server at `address`.
