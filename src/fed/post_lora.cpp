@@ -312,7 +312,7 @@ RoundTrainer::Result LoraSilo::train_steps(int64_t steps) {
   double loss_sum = 0;
   for (auto& p : params_) p.zero_grad();
   for (int64_t s = 0; s < steps; ++s) {
-    train::inject_fault_at(fault_, rank_, step_ + 1);
+    train::inject_fault_at(fault_, comm_ ? comm_->rank() : 0, step_ + 1);
     lora_->set_dropout_step(static_cast<uint64_t>(step_));
     const train::ObjectiveStep st = objective_->train_step(model_, step_ + 1);
     lora_->disable_dropout();
@@ -335,7 +335,6 @@ RoundTrainer::Result LoraSilo::train_steps(int64_t steps) {
 
 void LoraSilo::split_across(dist::Communicator& comm, double bucket_mb) {
   comm_ = &comm;
-  rank_ = comm.rank();
   reducer_ = std::make_unique<dist::GradReducer>(
       comm, params_, static_cast<int64_t>(bucket_mb * 1048576.0), dist::ReduceMode::all_reduce);
   objective_->split_across(comm, *reducer_);

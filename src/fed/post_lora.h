@@ -187,7 +187,6 @@ class LoraSilo : public RoundTrainer {
   std::unique_ptr<optim::AdamW> opt_;
   std::unique_ptr<dist::GradReducer> reducer_;  // several ranks: sums the gradients over them
   dist::Communicator* comm_ = nullptr;          // the silo's ranks; null: this process alone
-  int rank_ = 0;                                // this process's among the silo's ranks
   train::FaultInjection fault_;
   int64_t step_ = 0;  // local steps over every round
 
