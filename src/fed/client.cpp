@@ -15,6 +15,16 @@
 
 namespace pollen::fed {
 
+void BusyServerWait::busy(const ServerBusy& e, const char* then) {
+  const auto now = std::chrono::steady_clock::now();
+  if (!busy_since_) busy_since_ = now;
+  const double waited = std::chrono::duration<double>(now - *busy_since_).count();
+  POLLEN_CHECK(waited < limit_s_, "fed client '", client_id_, "': ", e.what(),
+               "; the server has not answered for ", waited,
+               " s in a row, past client.busy_timeout_s = ", limit_s_, " s");
+  log::warn("fed client '", client_id_, "': ", e.what(), "; ", then);
+}
+
 Client::Client(ClientConfig config, Transport& transport, dist::Communicator* comm)
     : config_(std::move(config)),
       transport_(transport),
@@ -89,12 +99,13 @@ void Client::join() {
     r.set_post_objective(config_.post.objective);
   }
   pb::JoinReply reply;
+  BusyServerWait wait(config_.id, config_.busy_timeout_s);
   for (;;) {
     try {
       reply = transport_.join(r);
       break;
     } catch (const ServerBusy& e) {
-      log::warn("fed client '", config_.id, "': ", e.what(), "; joining again");
+      wait.busy(e, "joining again");
     }
   }
   POLLEN_CHECK(reply.accepted(), "the server refused client '", config_.id, "': ", reply.reason());
@@ -122,14 +133,16 @@ void Client::handle(const pb::TaskReply& t) {
 }
 
 void Client::run() {
+  BusyServerWait wait(config_.id, config_.busy_timeout_s);
   for (;;) {
     pb::TaskRequest r;
     r.set_client_id(config_.id);
     pb::TaskReply t;
     try {
       t = transport_.task(r);
+      wait.answered();
     } catch (const ServerBusy& e) {
-      log::warn("fed client '", config_.id, "': ", e.what(), "; asking again");
+      wait.busy(e, "asking again");
       continue;
     } catch (const Error& e) {
       // A restarted server has forgotten who joined (and a server that stays away past

@@ -6,6 +6,7 @@
 // (fed/post_lora.h) and the exchanged "model" is its LoRA adapters' B; the rest is the same. The
 // same Client runs over gRPC (`pollen fed client`) and over the in-process transport (`pollen fed
 // simulate`), which passes the same protobuf messages through the same checks.
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -66,6 +67,23 @@ class RoundCannotSucceed : public Error {
 class ServerBusy : public Error {
  public:
   using Error::Error;
+};
+
+// Waits out a busy server, but not forever: a server busy for longer than limit_s in a row (a
+// server hung with its connection open) ends the client with an Error saying how long it waited.
+class BusyServerWait {
+ public:
+  BusyServerWait(std::string client_id, double limit_s)
+      : client_id_(std::move(client_id)), limit_s_(limit_s) {}
+  // After a call that threw ServerBusy: logs that the client asks again, or throws past limit_s.
+  void busy(const ServerBusy& e, const char* then);
+  // After a call the server answered.
+  void answered() { busy_since_.reset(); }
+
+ private:
+  std::string client_id_;
+  double limit_s_;
+  std::optional<std::chrono::steady_clock::time_point> busy_since_;
 };
 
 // Calls the coordinator directly (simulation), through the same functions as the gRPC service.

@@ -113,6 +113,8 @@ struct ClientConfig {
   std::string tokenizer_fingerprint;
   std::vector<std::string> manifests;
   double connect_timeout_s = 60;
+  // A server connected but busy (its calls time out) for longer than this in a row ends the client
+  double busy_timeout_s = 3600;
   LocalTrainConfig train;
   LocalDpOptions local_dp;  // [local_dp]; off unless the table is given
   // [dp_sgd]: record-level DP of the silo's local steps (DP-SGD, docs/federated.md); off unless

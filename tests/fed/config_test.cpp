@@ -1,8 +1,10 @@
 // The federation's config readers: integers that would wrap, devices, and the inner AdamW's keys.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
+#include <thread>
 
 #include "base/error.h"
 #include "fed/client.h"
@@ -53,6 +55,37 @@ TEST(FedConfig, SeedsAndThreadCountsThatWouldWrapAreRefused) {
   e = error_of(client_toml("7", "4294967296"));
   EXPECT_NE(e.find("client.threads"), std::string::npos) << e;
   EXPECT_NE(e.find("expected an integer from 0 to 65536"), std::string::npos) << e;
+}
+
+// The client's timeouts must be positive: 0 would time out every call, and a busy_timeout_s of 0
+// would end the client at the first call a busy server answers late.
+TEST(FedConfig, ClientTimeoutsMustBePositive) {
+  for (const char* key : {"connect_timeout_s", "busy_timeout_s"}) {
+    std::string text = client_toml("7", "2");
+    text.insert(text.find("state_dir"), cat(key, " = 0\n"));
+    const std::string e = error_of(text);
+    EXPECT_NE(e.find(cat("client.", key, "': must be positive")), std::string::npos) << e;
+  }
+  std::string text = client_toml("7", "2");
+  text.insert(text.find("state_dir"), "busy_timeout_s = 90\n");
+  EXPECT_EQ(fed::parse_client_config(text, "client.toml").busy_timeout_s, 90);
+}
+
+// A busy server is waited out for busy_timeout_s in a row, then the client ends naming the key;
+// an answer starts the count again.
+TEST(FedConfig, ABusyServerIsWaitedOutForBusyTimeoutSInARow) {
+  fed::BusyServerWait wait("silo-a", 1.0);
+  const fed::ServerBusy busy("the federation server is busy");
+  EXPECT_NO_THROW(wait.busy(busy, "asking again"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_NO_THROW(wait.busy(busy, "asking again"));
+  wait.answered();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_NO_THROW(wait.busy(busy, "asking again"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  const std::string e = pollen::testing::error_of([&] { wait.busy(busy, "asking again"); });
+  EXPECT_NE(e.find("past client.busy_timeout_s = 1 s"), std::string::npos) << e;
+  EXPECT_NE(e.find("fed client 'silo-a'"), std::string::npos) << e;
 }
 
 // A client id names folders (its certificate, a simulated client's state under
