@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "fed/config.h"
 #include "fed/grpc.h"
+#include "fed/held_out_table.h"
 #include "fed/run.h"
 #include "fed/tokenizer_round.h"
 
@@ -74,11 +75,7 @@ void add_fed_command(CLI::App& app) {
     if (!o->device.empty())
       for (auto& c : cfg.clients) fed::set_train_device(c, o->device);
     const auto r = fed::run_simulation(cfg, o->resume);
-    if (!r.clients.empty())  // a run stopped by a signal has no final evaluation
-      std::printf("%-24s %s\n", "client", "validation loss of the global model");
-    for (size_t i = 0; i < r.clients.size(); ++i) {
-      std::printf("%-24s %.4f\n", r.clients[i].c_str(), r.eval_loss[i]);
-    }
+    std::fputs(fed::held_out_table(r, "validation loss of the global model").c_str(), stdout);
     std::printf("%lld rounds; metrics in %s\n", static_cast<long long>(r.rounds),
                 (cfg.server.dir / "metrics.jsonl").c_str());
     // As `fed server`: a run that stopped early (the privacy budget, too many retries) fails.

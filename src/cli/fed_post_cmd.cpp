@@ -4,30 +4,11 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "fed/held_out_table.h"
 #include "fed/post_lora.h"
 #include "fed/run.h"
 
 namespace pollen::cli {
-
-namespace {
-
-// With the final adapters, on each silo's held-out data: the loss, and the objective's headline
-// metric when it has one (GRPO's reward, whose negation is its held-out loss). A run stopped by a
-// signal has no final evaluation.
-void print_held_out(const fed::SimulationResult& r) {
-  if (r.clients.empty()) return;
-  if (r.headline.empty()) {
-    std::printf("%-24s %s\n", "silo", "held-out loss");
-    for (size_t i = 0; i < r.clients.size(); ++i)
-      std::printf("%-24s %.4f\n", r.clients[i].c_str(), r.eval_loss[i]);
-    return;
-  }
-  std::printf("%-24s %-14s held-out %s\n", "silo", "held-out loss", r.headline.c_str());
-  for (size_t i = 0; i < r.clients.size(); ++i)
-    std::printf("%-24s %-14.4f %.4f\n", r.clients[i].c_str(), r.eval_loss[i], r.eval_headline[i]);
-}
-
-}  // namespace
 
 void add_fed_post_command(CLI::App& app) {
   CLI::App* fed = app.get_subcommand("fed");
@@ -46,7 +27,7 @@ void add_fed_post_command(CLI::App& app) {
   post->callback([config, resume] {
     const fed::SimConfig cfg = fed::load_fed_post_config(*config);
     const fed::SimulationResult r = fed::run_simulation(cfg, *resume);
-    print_held_out(r);
+    std::fputs(fed::held_out_table(r, "held-out loss").c_str(), stdout);
     std::printf("%lld rounds; adapter/ (PEFT), %smetrics.jsonl and tensorboard/ in %s\n",
                 static_cast<long long>(r.rounds),
                 cfg.server.post.objective == "rm" ? "reward_model/, " : "", cfg.server.dir.c_str());
