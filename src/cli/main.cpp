@@ -1,6 +1,8 @@
 // pollen: one binary, many subcommands. Parsing and wiring only.
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "cli/commands.h"
@@ -38,6 +40,15 @@ int main(int argc, char** argv) {
   app.parse_complete_callback([&app] { pollen::cli::refuse_ranks_unless_supported(app); });
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RequiredError& e) {
+    // CLI11 checks required options before unknown ones, so a mistyped --config read as a
+    // missing one: name the argument that was not understood first.
+    const std::vector<std::string> extras = app.remaining(true);
+    if (!extras.empty())
+      app.exit(CLI::ExtrasError(extras));
+    else
+      app.exit(e);
+    return 2;
   } catch (const CLI::ParseError& e) {
     // --help and --version end here with 0; every bad command line exits 2, as the help says.
     return app.exit(e) == 0 ? 0 : 2;

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "base/error.h"
+
 namespace {
 
 struct CliRun {
@@ -154,6 +156,23 @@ TEST(Cli, UnknownPresetAndBadFlagsFailClearly) {
   EXPECT_NE(r.status, 0);
   r = run_pollen("frobnicate");
   EXPECT_NE(r.status, 0);
+}
+
+// CLI11 checks required options before unknown ones: a mistyped --config must be named as not
+// understood, not reported as a missing --config; exit code 2 either way.
+TEST(Cli, AMistypedRequiredOptionIsNamedNotReportedMissing) {
+  for (const char* command : {"train", "fed simulate", "sft"}) {
+    CliRun r = run_pollen(pollen::cat(command, " --confg run.toml"));
+    EXPECT_EQ(r.status, 2) << command << ": " << r.output;
+    EXPECT_NE(r.output.find("were not expected:"), std::string::npos)
+        << command << ": " << r.output;
+    EXPECT_NE(r.output.find(" --confg"), std::string::npos) << command << ": " << r.output;
+    EXPECT_EQ(r.output.find("--config is required"), std::string::npos) << r.output;
+    r = run_pollen(command);
+    EXPECT_EQ(r.status, 2) << command << ": " << r.output;
+    EXPECT_NE(r.output.find("--config is required"), std::string::npos)
+        << command << ": " << r.output;
+  }
 }
 
 }  // namespace
