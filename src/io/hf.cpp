@@ -163,6 +163,24 @@ const std::vector<std::string>& hf_ignored_config_keys() {
   return keys;
 }
 
+namespace {
+
+// transformers 4.44's defaults for keys a config.json may leave out (LlamaConfig, MistralConfig,
+// Qwen2Config): they differ by type.
+struct HfDefaults {
+  int64_t num_key_value_heads;
+  int64_t max_position_embeddings;
+  int64_t sliding_window;  // mistral only
+};
+
+HfDefaults hf_defaults(const std::string& type, int64_t num_attention_heads) {
+  if (type == "mistral") return {8, 4096 * 32, 4096};
+  if (type == "qwen2") return {32, 32768, 0};
+  return {num_attention_heads, 2048, 0};
+}
+
+}  // namespace
+
 model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
   KeyReader r(j, source);
   for (const auto& k : hf_ignored_config_keys()) r.ignore(k);
@@ -177,9 +195,12 @@ model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
   c.intermediate_size = r.get_int("intermediate_size");
   c.num_hidden_layers = r.get_int("num_hidden_layers");
   c.num_attention_heads = r.get_int("num_attention_heads");
-  c.num_key_value_heads = r.get_int("num_key_value_heads", c.num_attention_heads);
+  // A key left out means what transformers' config class of the type defaults it to.
+  const HfDefaults defaults = hf_defaults(type, c.num_attention_heads);
+  c.num_key_value_heads = r.get_int("num_key_value_heads", defaults.num_key_value_heads);
   c.head_dim = r.get_int("head_dim", 0);
-  c.max_position_embeddings = r.get_int("max_position_embeddings", 2048);
+  c.max_position_embeddings =
+      r.get_int("max_position_embeddings", defaults.max_position_embeddings);
   c.rope_theta = r.get_double("rope_theta", 10000.0);
   c.rms_norm_eps = r.get_double("rms_norm_eps", 1e-6);
   c.tie_word_embeddings = r.get_bool("tie_word_embeddings", false);
@@ -205,7 +226,11 @@ model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
                  "biases only (model_type qwen2)");
   }
   if (type == "mistral") {
-    c.sliding_window = r.has("sliding_window") ? r.get_int("sliding_window") : 0;
+    // null: no window (Mistral 7B v0.2 on); left out: MistralConfig's 4096
+    if (!j.contains("sliding_window"))
+      c.sliding_window = defaults.sliding_window;
+    else if (r.has("sliding_window"))
+      c.sliding_window = r.get_int("sliding_window");
     r.ignore("sliding_window");
   } else if (type == "llama") {
     POLLEN_CHECK(!r.has("sliding_window"), source,

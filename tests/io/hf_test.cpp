@@ -652,6 +652,49 @@ TEST_P(Transformers, SavedModelLoadsWithTheSameLogitsAndExportLoadsBack) {
   fs::remove_all(dir);
 }
 
+// Keys a config.json leaves out take the defaults of the type's transformers config class, which
+// differ by type: a Mistral config without num_key_value_heads has 8, a Qwen2 one 32, and a
+// Mistral config without sliding_window a window of 4096 (null: none).
+TEST(HfConfig, KeysLeftOutMeanWhatTransformersMakesOfThem) {
+  if (!transformers_available())
+    GTEST_SKIP() << "HF transformers not importable by " << hf_python()
+                 << " (scripts/test-peers makes it)";
+  const fs::path root = temp_dir("hf_defaults");
+  for (const char* type : {"llama", "mistral", "qwen2", "mistral-null-window"}) {
+    json j = {{"model_type", std::string(type).substr(0, std::string(type).find('-'))},
+              {"vocab_size", 61},
+              {"hidden_size", 64},
+              {"intermediate_size", 48},
+              {"num_hidden_layers", 1},
+              {"num_attention_heads", 32}};
+    if (std::string(type) == "mistral-null-window") j["sliding_window"] = nullptr;
+    const fs::path dir = root / type;
+    fs::create_directories(dir);
+    write_file_atomic(dir / "config.json", j.dump());
+    ASSERT_EQ(std::system((hf_python() + " " + script() + " config " + dir.string() + " 2>" +
+                           (dir / "stderr.txt").string())
+                              .c_str()),
+              0)
+        << read_file(dir / "stderr.txt");
+    const json hf = json::parse(read_file(dir / "config.out.json"));
+    const model::LlamaConfig c = io::read_hf_config(dir / "config.json");
+    EXPECT_EQ(c.num_key_value_heads, hf["num_key_value_heads"].get<int64_t>()) << type;
+    EXPECT_EQ(c.max_position_embeddings, hf["max_position_embeddings"].get<int64_t>()) << type;
+    EXPECT_EQ(c.rope_theta, hf["rope_theta"].get<double>()) << type;
+    EXPECT_EQ(c.rms_norm_eps, hf["rms_norm_eps"].get<double>()) << type;
+    EXPECT_EQ(c.tie_word_embeddings, hf["tie_word_embeddings"].get<bool>()) << type;
+    // Qwen2's sliding_window applies only with use_sliding_window, which pollen refuses.
+    const bool windowed =
+        std::string(type) == "mistral" || std::string(type) == "mistral-null-window";
+    EXPECT_EQ(c.sliding_window,
+              windowed && !hf["sliding_window"].is_null() ? hf["sliding_window"].get<int64_t>() : 0)
+        << type;
+  }
+  EXPECT_EQ(io::read_hf_config(root / "mistral" / "config.json").sliding_window, 4096);
+  EXPECT_EQ(io::read_hf_config(root / "qwen2" / "config.json").num_key_value_heads, 32);
+  fs::remove_all(root);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, Transformers,
                          ::testing::Values("llama3", "qwen2", "smollm2", "smollm2-bf16", "mistral",
                                            "llama-dynamic", "llama-yarn"),

@@ -8,6 +8,8 @@ usage:
   hf_transformers_reference.py tokenizer DIR   loads DIR's tokenizer and configs with the Auto
       classes and writes DIR/tokenizer.out.json: the tokenizer's class, the ids of DIR/text.txt,
       and the BOS and EOS ids that the tokenizer, config.json and generation_config.json name
+  hf_transformers_reference.py config DIR      loads DIR/config.json with AutoConfig and writes
+      DIR/config.out.json: the values its architecture keys take, defaults included
 
 logits.bin holds float64 values, rows x vocab, little-endian; no numpy is used, so any numpy
 beside torch is fine.
@@ -94,6 +96,12 @@ def main():
                    "bos": tok.bos_token_id, "eos": tok.eos_token_id,
                    "config_eos": config.eos_token_id, "generation_eos": generation.eos_token_id},
                   open(f"{folder}/tokenizer.out.json", "w"))
+    elif mode == "config":
+        folder = sys.argv[2]
+        c = transformers.AutoConfig.from_pretrained(folder)
+        keys = ["num_key_value_heads", "max_position_embeddings", "rope_theta", "rms_norm_eps",
+                "tie_word_embeddings", "sliding_window"]
+        json.dump({k: getattr(c, k, None) for k in keys}, open(f"{folder}/config.out.json", "w"))
     else:
         raise SystemExit(__doc__)
 
