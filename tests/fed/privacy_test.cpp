@@ -294,8 +294,10 @@ TEST(LocalDp, ClipsNoisesAndAccountsPerRound) {
   EXPECT_NEAR(w[0].data<float>()[0], 0.6, 1e-7);
   EXPECT_NEAR(w[0].data<float>()[1], 0.8, 1e-7);
 
+  // The noise's standard deviation is z times the clip: 2 * 0.5 (not z alone, nor z * clip^2).
   o.noise_multiplier = 2.0;
   o.noise_seed = 3;
+  o.clip = 0.5;
   LocalDp noisy(o);
   const int64_t n = 100000;
   Weights z{Tensor::zeros({n}, DType::f32)};
@@ -303,7 +305,7 @@ TEST(LocalDp, ClipsNoisesAndAccountsPerRound) {
   noisy.apply(w, 2);
   double s2 = 0;
   for (int64_t j = 0; j < n; ++j) s2 += std::pow(z[0].data<float>()[j], 2);
-  EXPECT_NEAR(std::sqrt(s2 / n), 2.0, 0.02);
+  EXPECT_NEAR(std::sqrt(s2 / n), 1.0, 0.01);
   PrivacyAccountant two;
   two.add(1.0, 2.0, 2);
   EXPECT_DOUBLE_EQ(noisy.epsilon().epsilon, two.epsilon(1e-5).epsilon);

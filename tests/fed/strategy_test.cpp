@@ -231,7 +231,17 @@ TEST(Strategy, FedYogiAndAdagradByHand) {
   // Yogi: d = 1, m = 0.1, v = 0 - 0.01 * 1 * sign(0 - 1) = 0.01, x = 0 + 0.01 * 0.1 / (0.1+1e-3).
   Weights y{vec({0})};
   strategy("fedyogi")->aggregate(1, y, {update("a", 1, {-1})});
-  EXPECT_FLOAT_EQ(values(y[0])[0], static_cast<float>(0.01 * 0.1 / (0.1 + 1e-3)));
+  const double y1 = 0.01 * 0.1 / (0.1 + 1e-3);
+  EXPECT_FLOAT_EQ(values(y[0])[0], static_cast<float>(y1));
+  // Round 2, d = 0.01 below sqrt(v): Yogi moves v by -(1 - b2) d^2 sign(v - d^2), v = 0.01 - 1e-6,
+  // where Adam's 0.99 v + 0.01 d^2 would be 0.009901; m = 0.09 + 0.001.
+  auto yogi = strategy("fedyogi");
+  Weights y2{vec({0})};
+  yogi->aggregate(1, y2, {update("a", 1, {-1})});
+  yogi->aggregate(2, y2, {update("a", 1, {-0.01f})});
+  const double v2 = 0.01 - 0.01 * 0.01 * 0.01;
+  EXPECT_FLOAT_EQ(values(y2[0])[0], static_cast<float>(static_cast<float>(y1) +
+                                                       0.01 * 0.091 / (std::sqrt(v2) + 1e-3)));
   // Adagrad: d = 3, v = 9, x = 0 + 0.1 * 3 / 3.
   Weights a{vec({0})};
   strategy("fedadagrad")->aggregate(1, a, {update("a", 1, {-3})});

@@ -75,5 +75,30 @@ TEST(AdamW, WeightDecayOnlyWhereAsked) {
   EXPECT_NEAR(d[1], -4 * (1 - 0.1 * 0.5), 1e-15);
 }
 
+// Over three steps each update bias-corrects with its own step count (PyTorch's AdamW, by hand in
+// double): an optimizer that passed the same count every step would match only the first.
+TEST(AdamW, EachStepBiasCorrectsWithItsOwnCount) {
+  ag::Var a = param({1.0});
+  optim::AdamWOptions o;
+  o.max_grad_norm = 0;
+  o.weight_decay = 0.1;
+  optim::AdamW opt({a}, o, {true});
+  const double lr = 1e-2, b1 = o.beta1, b2 = o.beta2;
+  double p = 1.0, m = 0, v = 0;
+  int t = 0;
+  for (double g : {0.5, -0.2, 0.1}) {
+    opt.zero_grad();
+    set_grad(a, {g});
+    opt.step(lr);
+    ++t;
+    p *= 1 - lr * o.weight_decay;
+    m = b1 * m + (1 - b1) * g;
+    v = b2 * v + (1 - b2) * g * g;
+    p -= lr / (1 - std::pow(b1, t)) * m / (std::sqrt(v) / std::sqrt(1 - std::pow(b2, t)) + o.eps);
+    EXPECT_NEAR(a.value().to_doubles()[0], p, 1e-12) << "step " << t;
+  }
+  EXPECT_EQ(opt.steps_taken(), 3);
+}
+
 }  // namespace
 }  // namespace pollen

@@ -90,13 +90,18 @@ TEST(Schedule, DocumentedShapes) {
   s.kind = optim::ScheduleKind::cosine;  // halfway: the mean of lr and min_lr
   s.total_steps = 111;
   EXPECT_NEAR(optim::lr_at(s, 60), 0.55, 1e-12);
+  // A quarter of the way (25 of the 100 steps from 10 to 110), where cosine and linear part:
+  // 0.1 + 0.9 * (1 + cos(pi / 4)) / 2 against 1 - 0.9 / 4.
+  EXPECT_NEAR(optim::lr_at(s, 35), 0.1 + 0.45 * (1 + std::sqrt(0.5)), 1e-12);
   s.kind = optim::ScheduleKind::linear;
   EXPECT_NEAR(optim::lr_at(s, 60), 0.55, 1e-12);
+  EXPECT_NEAR(optim::lr_at(s, 35), 0.775, 1e-12);
   s.kind = optim::ScheduleKind::wsd;  // stable until the last 20% of steps, then linear
   s.total_steps = 110;
   EXPECT_DOUBLE_EQ(optim::lr_at(s, 87), 1.0);
   EXPECT_LT(optim::lr_at(s, 88), 1.0);
   EXPECT_NEAR(optim::lr_at(s, 98), 0.55, 1e-12);
+  EXPECT_NEAR(optim::lr_at(s, 92), 1 - 0.9 * 5 / 22, 1e-12);  // 5 of the 22 decaying steps
   EXPECT_THROW(optim::parse_schedule_kind("exp"), Error);
 }
 
