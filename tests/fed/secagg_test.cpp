@@ -16,6 +16,7 @@
 #include "fed/secagg/quantize.h"
 #include "fed/secagg/session.h"
 #include "fed/secagg/shamir.h"
+#include "support/errors.h"
 
 using namespace pollen;
 using namespace pollen::fed;
@@ -401,6 +402,119 @@ TEST(SecAggProtocol, MaskedInputsLookUniformWhileTheInputsDoNot) {
     EXPECT_LT(byte_chi_square(r.masked[i], 64), 370) << r.senders[i] << "'s masked input";
     EXPECT_GT(byte_chi_square(inputs[i], 64), 10000) << "the unmasked input is not uniform";
   }
+}
+
+// The self-mask is what hides an input from a server that says its client dropped after sending
+// it: told so, the others reveal that client's mask key, with which the server removes every
+// pairwise mask from the input it holds; what is left is x + PRG(b), still uniform, not x. The
+// pairwise removal is checked by a second path: the sum of all inputs, whose pairwise masks cancel,
+// less the survivors' self-masks (whose seeds the same reveal gives) and inputs (zero here).
+TEST(SecAggProtocol, AnInputFalselyReportedDroppedStaysHiddenByItsSelfMask) {
+  Quiet q;
+  Options o;
+  const std::vector<std::string> ids{"c0", "c1", "c2", "c3"};
+  const int64_t round = 4;
+  const size_t m = 20000;
+  ServerSession server(round, ids, o, 11, static_cast<int64_t>(m));
+  std::vector<ClientSession> clients;
+  for (const auto& id : ids) clients.emplace_back(id, round);
+  for (size_t i = 0; i < ids.size(); ++i) server.advertise(ids[i], clients[i].advertise());
+  server.close_phase();
+  const pb::SecAggRoster roster = server.roster("c1");
+  for (size_t i = 0; i < ids.size(); ++i)
+    server.shares(ids[i], clients[i].share(server.roster(ids[i])));
+  server.close_phase();
+  const pb::SecAggInbox inbox0 = server.inbox("c0");
+  std::vector<uint64_t> x0(m);  // far from uniform: small integers
+  Rng rng(5);
+  for (auto& w : x0) w = static_cast<uint64_t>(static_cast<int64_t>(rng.normal() * 3000));
+  std::vector<std::vector<uint64_t>> y(ids.size(), std::vector<uint64_t>(m, 0));
+  y[0] = x0;
+  for (size_t i = 0; i < ids.size(); ++i) clients[i].mask(server.inbox(ids[i]), y[i]);
+
+  pb::SecAggSurvivors lie;  // c0's input arrived, but the server says c0 dropped
+  for (const char* id : {"c1", "c2", "c3"}) lie.add_survivors(id);
+  lie.add_dropped("c0");
+  std::map<std::string, std::vector<Share>> self_mask_shares, mask_key_shares;
+  for (size_t v = 1; v < ids.size(); ++v) {
+    const pb::SecAggReveal r = clients[v].reveal(lie);
+    const auto x = static_cast<uint32_t>(v + 1);  // the holder's roster index + 1
+    for (const auto& s : r.self_mask_shares())
+      self_mask_shares[s.owner()].push_back(share_from(x, s.share(), "self-mask share"));
+    for (const auto& s : r.mask_key_shares())
+      mask_key_shares[s.owner()].push_back(share_from(x, s.share(), "mask key share"));
+  }
+  ASSERT_EQ(mask_key_shares.count("c0"), 1u);
+  const Key32 secret0 = reconstruct_secret(mask_key_shares["c0"], server.threshold(), "c0");
+  ASSERT_EQ(key_string(public_key_of(secret0)), roster.clients(0).mask_public_key());
+
+  // The server's view of c0's input without its pairwise masks.
+  std::vector<uint64_t> left = y[0];
+  ASSERT_EQ(inbox0.shares_size(), 3);  // every other client is a neighbour
+  for (const auto& share : inbox0.shares()) {
+    const std::string& v = share.peer();
+    const size_t vi = static_cast<size_t>(std::find(ids.begin(), ids.end(), v) - ids.begin());
+    const Key32 pub = key_from(roster.clients(static_cast<int>(vi)).mask_public_key(), v);
+    add_mask(pairwise_seed(secret0, pub, round, "c0", v), "c0" < v ? -1 : +1, o.ring_bits,
+             left.data(), m);
+  }
+  // The second path: sum of y, less the survivors' self-masks.
+  std::vector<uint64_t> rest(m, 0);
+  for (const auto& yi : y)
+    for (size_t j = 0; j < m; ++j) rest[j] = (rest[j] + yi[j]) & ring_mask(o.ring_bits);
+  for (size_t v = 1; v < ids.size(); ++v) {
+    const Key32 b = reconstruct_secret(self_mask_shares[ids[v]], server.threshold(), ids[v]);
+    add_mask(self_mask_seed(b, round, ids[v]), -1, o.ring_bits, rest.data(), m);
+  }
+  ASSERT_EQ(left, rest) << "the pairwise masks were not removed as the protocol adds them";
+
+  size_t same = 0;
+  for (size_t j = 0; j < m; ++j) same += left[j] == x0[j];
+  EXPECT_LT(same, 5u) << "the server recovered c0's input";
+  EXPECT_LT(byte_chi_square(left, o.ring_bits), 370);  // 255 degrees of freedom, as above
+  EXPECT_GT(byte_chi_square(x0, o.ring_bits), 10000);
+}
+
+// A client checks the lists before it reveals: too few survivors, one listed in both, a list that
+// leaves someone out, or one that leaves this client out would each let the server ask for both
+// secrets of one client or unmask with fewer than the threshold.
+TEST(SecAggProtocol, RevealRefusesListsThatCouldUnmaskOneInput) {
+  Quiet q;
+  Options o;
+  const std::vector<std::string> ids{"a", "b", "c", "d"};
+  ServerSession server(2, ids, o, 9, 4);
+  std::vector<ClientSession> clients;
+  for (const auto& id : ids) clients.emplace_back(id, 2);
+  for (size_t i = 0; i < ids.size(); ++i) server.advertise(ids[i], clients[i].advertise());
+  server.close_phase();
+  for (size_t i = 0; i < ids.size(); ++i)
+    server.shares(ids[i], clients[i].share(server.roster(ids[i])));
+  server.close_phase();
+  std::vector<uint64_t> x(4, 0);
+  clients[0].mask(server.inbox("a"), x);
+  auto list = [](std::vector<std::string> survivors, std::vector<std::string> dropped) {
+    pb::SecAggSurvivors l;
+    for (const auto& s : survivors) l.add_survivors(s);
+    for (const auto& s : dropped) l.add_dropped(s);
+    return l;
+  };
+  auto refused = [&](const pb::SecAggSurvivors& l) {
+    return pollen::testing::error_of([&] { clients[0].reveal(l); });
+  };
+  // threshold 3 of 4 holders: 2 survivors are too few
+  EXPECT_NE(refused(list({"a", "b"}, {"c", "d"})).find("fewer than the threshold 3"),
+            std::string::npos);
+  EXPECT_NE(refused(list({"a", "b", "c"}, {"c", "d"})).find("also survived"), std::string::npos);
+  EXPECT_NE(refused(list({"a", "b", "c"}, {})).find("every client that shared keys"),
+            std::string::npos);
+  EXPECT_NE(refused(list({"b", "c", "d"}, {"a"})).find("not among the survivors"),
+            std::string::npos);
+  EXPECT_NE(refused(list({"a", "b", "b", "c"}, {"d"})).find("listed twice"), std::string::npos);
+  // The session is still waiting: a list that holds reveals once.
+  const pb::SecAggReveal r = clients[0].reveal(list({"a", "b", "c"}, {"d"}));
+  EXPECT_EQ(r.self_mask_shares_size(), 3);  // of a, b and c (a holds its own)
+  EXPECT_EQ(r.mask_key_shares_size(), 1);   // of d
+  EXPECT_THROW(clients[0].reveal(list({"a", "b", "c"}, {"d"})), Error);
 }
 
 TEST(SecAggProtocol, HostileMessagesAreRefused) {
