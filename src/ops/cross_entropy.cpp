@@ -125,9 +125,12 @@ void cross_entropy_cuda(const Tensor& h, const Tensor& w, const Tensor& targets,
                                      logits_bf16.defined() ? logits_bf16.raw() : nullptr);
     if (grads) {
       const void* g = logits_bf16.defined() ? logits_bf16.raw() : logits.raw();
-      void* dhb = static_cast<char*>(grads->dh.raw()) + static_cast<size_t>(r0) * row_bytes;
-      // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C)
-      cuda::gemm(dt, g, false, w.raw(), false, dt, dhb, nb, c, v, 1.0, 0.0);
+      // dh (nb,C) = g (nb,V) @ w (V,C);  dw (V,C) += g^T (V,nb) @ hb (nb,C); either may be left
+      // out (undefined), as on the CPU
+      if (grads->dh.defined()) {
+        void* dhb = static_cast<char*>(grads->dh.raw()) + static_cast<size_t>(r0) * row_bytes;
+        cuda::gemm(dt, g, false, w.raw(), false, dt, dhb, nb, c, v, 1.0, 0.0);
+      }
       if (dw_sum) dw_sum->add(dt, g, hb, nb);
     }
   }
