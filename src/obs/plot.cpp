@@ -193,10 +193,13 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
     check_json_depth(line, cat("'", evals.string(), "' line ", n));
     const auto j = nlohmann::json::parse(line, nullptr, false);
     POLLEN_CHECK(!j.is_discarded() && j.is_object() && j.contains("tokens") &&
-                     j["tokens"].is_number() && j.contains("loss") && j["loss"].is_number() &&
-                     j.contains("data") && j["data"].is_string(),
+                     j["tokens"].is_number() && j.contains("loss") &&
+                     (j["loss"].is_number() || j["loss"].is_null()) && j.contains("data") &&
+                     j["data"].is_string() && (!j.contains("split") || j["split"].is_string()),
                  "'", evals.string(), "' line ", n,
-                 ": expected a JSON object with tokens, loss and data");
+                 ": expected a JSON object with tokens, loss (a number, or null when not finite), "
+                 "data and split (strings)");
+    if (j["loss"].is_null()) continue;  // a checkpoint whose loss was not finite: no point
     const std::string data = j["data"].get<std::string>() + " [" + j.value("split", "") + "]";
     auto it = std::find_if(r.checkpoint_loss.begin(), r.checkpoint_loss.end(),
                            [&](const auto& c) { return c.first == data; });

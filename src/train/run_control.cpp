@@ -143,6 +143,9 @@ std::string LoopCounters::too_many_bad_steps(int64_t max_bad_steps,
 RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,
                             const nlohmann::ordered_json* saved, int64_t step) {
   RunMetrics m;
+  // A fresh run in a folder an earlier run used: that run's evaluations (pollen eval --run) are of
+  // other weights under the same step numbers.
+  if (!saved) fs::remove(dir / "eval.jsonl");
   m.jsonl =
       obs::JsonlWriter(dir / "metrics.jsonl", saved ? saved->at("jsonl_bytes").get<uint64_t>() : 0);
   if (!tensorboard) return m;

@@ -15,6 +15,7 @@
 #include "io/model_source.h"
 #include "obs/metrics.h"
 #include "train/config.h"
+#include "train/run_control.h"
 
 namespace fs = std::filesystem;
 
@@ -55,10 +56,12 @@ std::vector<nlohmann::ordered_json> read_run_evals(const fs::path& run_dir) {
     ++n;
     if (line.empty()) continue;
     auto j = nlohmann::ordered_json::parse(line, nullptr, false);
-    POLLEN_CHECK(!j.is_discarded() && j.is_object() && j.contains("step") && j.contains("data") &&
-                     j.contains("split") && j.contains("seq"),
+    POLLEN_CHECK(!j.is_discarded() && j.is_object() && j.contains("step") &&
+                     j["step"].is_number_integer() && j.contains("data") && j["data"].is_string() &&
+                     j.contains("split") && j["split"].is_string() && j.contains("seq") &&
+                     j["seq"].is_number_integer(),
                  "'", path.string(), "' line ", n,
-                 ": expected a JSON object with step, data, split and seq");
+                 ": expected a JSON object with step, data, split and seq (integers and strings)");
     out.push_back(std::move(j));
   }
   return out;
@@ -134,8 +137,8 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
       j["data"] = m;
       j["split"] = split;
       j["seq"] = po.seq;
-      j["loss"] = r.loss;
-      j["perplexity"] = r.perplexity;
+      j["loss"] = json_number(r.loss);  // JSON has no NaN: null
+      j["perplexity"] = json_number(r.perplexity);
       j["scored_tokens"] = r.tokens;
       j["documents"] = r.documents;
       if (!o.quiet)

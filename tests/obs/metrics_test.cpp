@@ -15,6 +15,7 @@
 #include "obs/metrics.h"
 #include "obs/plot.h"
 #include "obs/progress.h"
+#include "support/errors.h"
 #include "support/process.h"
 
 namespace fs = std::filesystem;
@@ -139,6 +140,23 @@ TEST(Plot, AnUnfinishedLastLineIsLeftOut) {
   EXPECT_EQ(r.train_loss.y, (std::vector<double>{3.0, 2.0}));
   ASSERT_EQ(r.checkpoint_loss.size(), 1u);
   EXPECT_EQ(r.checkpoint_loss[0].second.y, std::vector<double>{2.5});
+  fs::remove_all(d);
+}
+
+// An evaluation whose loss was not finite (null in eval.jsonl, as JSON has no NaN) is left out of
+// the plot, not a reason to refuse the run.
+TEST(Plot, AnEvaluationWithoutAFiniteLossIsLeftOut) {
+  const fs::path d = temp_dir("plot_null");
+  write_file_atomic(d / "metrics.jsonl", "{\"tokens\":10,\"loss\":3.0}\n");
+  write_file_atomic(d / "eval.jsonl",
+                    "{\"tokens\":10,\"loss\":null,\"data\":\"m\",\"split\":\"validation\"}\n"
+                    "{\"tokens\":20,\"loss\":2.5,\"data\":\"m\",\"split\":\"validation\"}\n");
+  const obs::RunCurves r = obs::read_run_curves(d);
+  ASSERT_EQ(r.checkpoint_loss.size(), 1u);
+  EXPECT_EQ(r.checkpoint_loss[0].second.x, std::vector<double>{20});
+  write_file_atomic(d / "eval.jsonl", "{\"tokens\":10,\"loss\":1,\"data\":\"m\",\"split\":3}\n");
+  const std::string e = pollen::testing::error_of([&] { obs::read_run_curves(d); });
+  EXPECT_NE(e.find("eval.jsonl' line 1: expected a JSON object"), std::string::npos) << e;
   fs::remove_all(d);
 }
 

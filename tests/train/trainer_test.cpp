@@ -723,6 +723,18 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
                            (run / "c.svg").string() + " > /dev/null 2>&1";
   ASSERT_EQ(std::system(plot.c_str()), 0);
   EXPECT_NE(read_file(run / "c.svg").find("<rect x="), std::string::npos);
+
+  // A fresh run in the folder (its checkpoints moved away) starts without the old evaluations,
+  // whose step numbers would name its own checkpoints: step 4 is evaluated again.
+  fs::remove_all(run / "checkpoints");
+  ASSERT_EQ(train_quiet(tiny(run, 4, {"checkpoint.keep=0", "optimizer.lr=0.01"})).status,
+            train::RunStatus::finished);
+  EXPECT_FALSE(fs::exists(run / "eval.jsonl"));
+  o.again = false;
+  r = train::evaluate_run(run, o);
+  EXPECT_EQ(r.already, 0);
+  ASSERT_EQ(r.evaluated.size(), 1u);
+  EXPECT_NE(r.evaluated[0]["loss"], written[0]["loss"]);
   fs::remove_all(run);
 }
 
