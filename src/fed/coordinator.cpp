@@ -102,7 +102,7 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
     fs::remove(config_.dir / "metrics.jsonl");
     fs::remove(config_.dir / "lineage.jsonl");
   }
-  metrics_ = obs::JsonlWriter(config_.dir / "metrics.jsonl", metrics_pos);
+  metrics_ = obs::JsonlWriter(config_.dir / "metrics.jsonl", metrics_pos, obs::Shortfall::warn);
   lineage_file_ = obs::JsonlWriter(config_.dir / "lineage.jsonl", lineage_pos);
   if (!lineage_pos && post_global_) {
     // Round 0 of a post-training lineage: the base every silo trains adapters on.

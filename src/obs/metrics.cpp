@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/log.h"
 
 namespace pollen::obs {
 namespace {
@@ -137,9 +138,22 @@ double wall_time_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-AppendFile::AppendFile(const std::filesystem::path& path, std::optional<uint64_t> resume_at)
+AppendFile::AppendFile(const std::filesystem::path& path, std::optional<uint64_t> resume_at,
+                       Shortfall shortfall)
     : path_(path) {
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  if (resume_at && *resume_at > 0 && shortfall == Shortfall::warn) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    if (ec || size < *resume_at) {
+      log::warn("'", path.string(), "' ",
+                ec ? std::string("is missing")
+                   : cat("holds ", size, " bytes, fewer than the ", *resume_at,
+                         " its checkpoint recorded"),
+                ": going on with ", ec ? "a new file" : "what it holds");
+      resume_at = ec ? 0 : size;
+    }
+  }
   if (resume_at && *resume_at == 0) {
     std::FILE* f = std::fopen(path.c_str(), "wb");  // start afresh
     POLLEN_CHECK(f != nullptr, "cannot create '", path.string(), "': ", errno_text());
@@ -154,6 +168,10 @@ AppendFile::AppendFile(const std::filesystem::path& path, std::optional<uint64_t
   }
   file_ = std::fopen(path.c_str(), "ab");
   POLLEN_CHECK(file_ != nullptr, "cannot open '", path.string(), "' for writing: ", errno_text());
+  // Unbuffered: each write() is one system call of the whole record, however long, so that a
+  // crash leaves whole records (a buffer would send a long one in pieces) and a full disk fails
+  // the write that did not fit.
+  std::setvbuf(file_, nullptr, _IONBF, 0);
   position_ = resume_at ? *resume_at : static_cast<uint64_t>(std::filesystem::file_size(path));
 }
 
@@ -185,8 +203,6 @@ void AppendFile::write(std::string_view bytes) {
 }
 
 void AppendFile::flush() {
-  // A full disk shows here more often than in write(): the lines are small, and stdio drops
-  // what it could not write, so the position would count bytes that never reached the file.
   if (file_) {
     POLLEN_CHECK(std::fflush(file_) == 0, "cannot write '", path_.string(), "': ", errno_text());
   }
@@ -212,7 +228,7 @@ EventFileWriter EventFileWriter::create(const std::filesystem::path& dir) {
 
 EventFileWriter EventFileWriter::resume(const std::filesystem::path& path, uint64_t position) {
   EventFileWriter w;
-  w.file_ = AppendFile(path, position);
+  w.file_ = AppendFile(path, position, Shortfall::warn);
   return w;
 }
 

@@ -30,18 +30,25 @@ std::string file_version_event(double wall_time);
 // Seconds since the Unix epoch, as TensorBoard's wall_time.
 double wall_time_now();
 
+// What reopening at a saved position does with a file that is missing or shorter than that: refuse
+// (an audit record, whose loss must not pass unnoticed), or warn and go on with what there is
+// (metrics: a run must not be kept from resuming for want of its curves).
+enum class Shortfall { refuse, warn };
+
 // An append-only file that can be reopened at a saved byte position (the tail after it is cut).
 class AppendFile {
  public:
   AppendFile() = default;
   // Opens `path` for appending; when `resume_at` is given the file is first cut to that size.
-  AppendFile(const std::filesystem::path& path, std::optional<uint64_t> resume_at = {});
+  AppendFile(const std::filesystem::path& path, std::optional<uint64_t> resume_at = {},
+             Shortfall shortfall = Shortfall::refuse);
   ~AppendFile();
   AppendFile(AppendFile&&) noexcept;
   AppendFile& operator=(AppendFile&&) noexcept;
 
+  // One system call for all of `bytes` (the file is unbuffered).
   void write(std::string_view bytes);
-  void flush();  // to the OS
+  void flush();  // to the OS (a no-op kept for callers: writes are not buffered)
   void sync();   // flush and fsync: the position survives a crash
   uint64_t position() const { return position_; }
   const std::filesystem::path& path() const { return path_; }
@@ -56,15 +63,15 @@ class AppendFile {
 class JsonlWriter {
  public:
   JsonlWriter() = default;
-  JsonlWriter(const std::filesystem::path& path, std::optional<uint64_t> resume_at = {})
-      : file_(path, resume_at) {}
+  JsonlWriter(const std::filesystem::path& path, std::optional<uint64_t> resume_at = {},
+              Shortfall shortfall = Shortfall::refuse)
+      : file_(path, resume_at, shortfall) {}
   // Invalid UTF-8 in strings (a sample cut inside a character) becomes U+FFFD, never an error.
-  // Each record goes to the OS whole, at once: a crash between records leaves whole lines (a
-  // buffer flushed when full would end the file inside one).
+  // Each record goes to the OS whole, at once (AppendFile::write): a crash between records leaves
+  // whole lines.
   void write(const nlohmann::ordered_json& record) {
     file_.write(record.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) +
                 "\n");
-    file_.flush();
   }
   AppendFile& file() { return file_; }
 
@@ -77,7 +84,7 @@ class EventFileWriter {
   EventFileWriter() = default;
   // A new file events.out.tfevents.<time>.<host>.<pid> in `dir`.
   static EventFileWriter create(const std::filesystem::path& dir);
-  // Reopens an existing file at a saved position.
+  // Reopens an existing file at a saved position (one cut shorter goes on from its end, warning).
   static EventFileWriter resume(const std::filesystem::path& path, uint64_t position);
 
   void add_scalar(std::string_view tag, double value, int64_t step, double wall_time);

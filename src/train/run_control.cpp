@@ -147,7 +147,8 @@ RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,
   // other weights under the same step numbers.
   if (!saved) fs::remove(dir / "eval.jsonl");
   m.jsonl =
-      obs::JsonlWriter(dir / "metrics.jsonl", saved ? saved->at("jsonl_bytes").get<uint64_t>() : 0);
+      obs::JsonlWriter(dir / "metrics.jsonl", saved ? saved->at("jsonl_bytes").get<uint64_t>() : 0,
+                       obs::Shortfall::warn);
   if (!tensorboard) return m;
   const fs::path tb_dir = dir / "tensorboard";
   const std::string tb_file = saved ? saved->at("tensorboard_file").get<std::string>() : "";

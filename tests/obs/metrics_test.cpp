@@ -91,9 +91,32 @@ TEST(AppendFile, ResumeCutsTheTail) {
   fs::remove_all(d);
 }
 
+// Metrics files (Shortfall::warn) that are missing or shorter than their checkpoint recorded do
+// not keep a run from resuming: it goes on with what there is, warning; an audit file
+// (Shortfall::refuse, the default) still refuses.
+TEST(AppendFile, AShortMetricsFileGoesOnWithWhatItHolds) {
+  const fs::path d = temp_dir("append_short");
+  write_file_atomic(d / "m.jsonl", "{\"step\":1}\n");
+  {
+    obs::JsonlWriter w(d / "m.jsonl", 1000, obs::Shortfall::warn);
+    EXPECT_EQ(w.file().position(), 11u);
+    w.write({{"step", 2}});
+  }
+  EXPECT_EQ(read_file(d / "m.jsonl"), "{\"step\":1}\n{\"step\":2}\n");
+  fs::remove(d / "m.jsonl");
+  {
+    obs::JsonlWriter w(d / "m.jsonl", 22, obs::Shortfall::warn);
+    EXPECT_EQ(w.file().position(), 0u);
+    w.write({{"step", 3}});
+  }
+  EXPECT_EQ(read_file(d / "m.jsonl"), "{\"step\":3}\n");
+  const std::string e = pollen::testing::error_of([&] { obs::JsonlWriter(d / "m.jsonl", 1000); });
+  EXPECT_NE(e.find("fewer than the 1000 its checkpoint recorded"), std::string::npos) << e;
+  fs::remove_all(d);
+}
+
 // A file that takes no more bytes (here: past the file-size limit, as on a full disk) is an error
-// naming the file at the flush that finds it. Lines are small, so stdio buffers them and the
-// failure shows at fflush, which drops them: ignored, the file would silently lose lines while
+// naming the file at the write that finds it: ignored, the file would silently lose lines while
 // the position (saved in checkpoints) still counted them.
 TEST(AppendFile, AFileThatTakesNoMoreBytesIsAClearError) {
   const fs::path d = temp_dir("append_full");
