@@ -1,7 +1,12 @@
 #include "base/rng.h"
 
-#include <cmath>
+#include <sys/random.h>
 
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "base/error.h"
 #include "base/hash.h"
 
 namespace pollen {
@@ -31,6 +36,16 @@ uint32_t Rng::next_u32() {
     used_ = 0;
   }
   return block_[used_++];
+}
+
+uint64_t os_entropy_u64() {
+  uint64_t v = 0;
+  ssize_t got = -1;
+  do {
+    got = ::getrandom(&v, sizeof v, 0);
+  } while (got < 0 && errno == EINTR);
+  POLLEN_CHECK(got == static_cast<ssize_t>(sizeof v), "getrandom: ", std::strerror(errno));
+  return v;
 }
 
 uint64_t Rng::next_u64() {

@@ -7,6 +7,10 @@
 
 namespace pollen {
 
+// 64 bits from the kernel's CSPRNG (getrandom): a seed that must stay secret (noise that hides
+// counts), where a reproducible one would let others subtract it.
+uint64_t os_entropy_u64();
+
 // One Philox4x32-10 block: 128 random bits for a 64-bit key and a 128-bit counter.
 std::array<uint32_t, 4> philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo);
 

@@ -109,8 +109,11 @@ void add_fed_command(CLI::App& app) {
       ->add_option("--noise-stddev", c->noise_stddev,
                    "Add round(N(0, S^2)) to every count before sending (0: exact counts)")
       ->capture_default_str();
-  counts->add_option("--seed", c->seed, "Seed of the noise")->capture_default_str();
-  counts->add_option("--min-count", c->min_count, "Drop pieces counted fewer times (after noise)")
+  auto seed = std::make_shared<uint64_t>(0);
+  auto* seed_option = counts->add_option(
+      "--seed", *seed,
+      "Seed of the noise (default: drawn from the OS; one who knows it can subtract the noise)");
+  counts->add_option("--min-count", c->min_count, "Drop pieces counted fewer times (before noise)")
       ->capture_default_str();
   counts->add_option("--output", c->output, "Where the received tokenizer.json goes")->required();
   counts->add_option("--ca", c->tls.ca, "TLS: the federation's CA (PEM)");
@@ -122,8 +125,9 @@ void add_fed_command(CLI::App& app) {
       ->capture_default_str();
   auto threads = std::make_shared<int>(0);
   counts->add_option("--threads", *threads, "Threads for counting (default: all)");
-  counts->callback([c, threads] {
+  counts->callback([c, threads, seed, seed_option] {
     if (*threads > 0) set_num_threads(*threads);
+    if (seed_option->count() > 0) c->seed = *seed;
     POLLEN_CHECK(
         c->tls.ca.empty() == c->tls.cert.empty() && c->tls.ca.empty() == c->tls.key.empty(),
         "fed counts: give all of --ca, --cert and --key, or none");

@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/rng.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "tokenizer/documents.h"
@@ -175,6 +176,11 @@ void add_train(CLI::App* parent) {
     if (a->threads > 0) set_num_threads(a->threads);
     POLLEN_CHECK(!a->inputs.empty() || !a->counts.empty(),
                  "tokenizer train: give --input files or --counts files");
+    tk::check_special_tokens(a->specials, a->vocab_size, "--special");  // before the counting
+    for (size_t i = 0; i < a->counts.size(); ++i)
+      for (size_t j = 0; j < i; ++j)
+        POLLEN_CHECK(!std::filesystem::equivalent(a->counts[i], a->counts[j]), "--counts: '",
+                     a->counts[i], "' is given twice (its counts would be added twice)");
     auto start = std::chrono::steady_clock::now();
     std::string regex = tk::pattern_regex(a->pattern);
     if (!a->counts.empty()) {
@@ -226,11 +232,13 @@ void add_count(CLI::App* parent) {
   cmd->add_option("--noise-stddev", a->noise,
                   "Add round(N(0, S^2)) to every count before writing (0: exact counts)")
       ->capture_default_str();
-  cmd->add_option("--seed", a->seed, "Seed of the noise")->capture_default_str();
-  cmd->add_option("--min-count", a->min_count, "Drop pieces counted fewer times (after noise)")
+  auto* seed_option = cmd->add_option(
+      "--seed", a->seed,
+      "Seed of the noise (default: drawn from the OS; one who knows it can subtract the noise)");
+  cmd->add_option("--min-count", a->min_count, "Drop pieces counted fewer times (before noise)")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "Threads (default: all)");
-  cmd->callback([a] {
+  cmd->callback([a, seed_option] {
     if (a->threads > 0) set_num_threads(a->threads);
     tk::PieceCounts counts(tk::pattern_regex(a->pattern));
     for (const std::string& input : a->inputs) counts.add_file(input, a->jsonl, a->field);
@@ -238,7 +246,8 @@ void add_count(CLI::App* parent) {
     // Checked here too: a negative or NaN stddev must not quietly send exact counts.
     POLLEN_CHECK(std::isfinite(a->noise) && a->noise >= 0, "--noise-stddev ", a->noise,
                  ": expected a finite value >= 0");
-    if (a->noise > 0 || a->min_count > 1) counts.perturb(a->noise, a->seed, a->min_count);
+    if (a->noise > 0 || a->min_count > 1)
+      counts.perturb(a->noise, seed_option->count() > 0 ? a->seed : os_entropy_u64(), a->min_count);
     counts.save(a->output);
     std::printf("counted %zu distinct pieces in %.1f MB (%zu written): %s\n", before,
                 counts.bytes_read() / 1e6, counts.distinct(), a->output.c_str());

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <thread>
 
 #include "base/config.h"
 #include "base/files.h"
 #include "base/hash.h"
 #include "base/log.h"
+#include "base/rng.h"
 #include "fed/grpc.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
@@ -40,6 +42,8 @@ TokenizerServerConfig load_tokenizer_server_config(const fs::path& path) {
                ": expected 257 to 16777216, got ", vocab);
   c.vocab_size = static_cast<uint32_t>(vocab);
   c.special_tokens = t->get_strings("special_tokens");
+  // Checked now, not after every silo has sent its counts.
+  tokenizer::check_special_tokens(c.special_tokens, c.vocab_size, t->where("special_tokens"));
   t->finish();
   c.tls = read_tls(root, true);
   root.finish();
@@ -89,6 +93,11 @@ void TokenizerRound::add_counts(const std::string& client_id, const std::string&
     const std::string pattern = tokenizer::PieceCounts::file_pattern(tmp);
     tokenizer::PieceCounts check(pattern);
     check.merge_file(tmp);
+    // Bounded per silo so that the sum over every silo's counts trains: a file whose counts would
+    // overflow training is refused now, not after every silo has sent its own.
+    const uint64_t share = static_cast<uint64_t>(INT64_MAX) / config_.clients.size();
+    POLLEN_CHECK(check.pair_bound() <= share, "counts of '", id, "': counts too large (their ",
+                 "pairs could reach ", check.pair_bound(), ", over ", share, " per silo)");
     std::lock_guard lock(mutex_);
     POLLEN_CHECK(pattern_.empty() || pattern == pattern_, "counts of '", id,
                  "': pre-tokenised with another pattern than the other silos' ('",
@@ -215,9 +224,13 @@ std::string run_counts_client(const CountsClientOptions& o) {
     POLLEN_CHECK(path->empty() || fs::exists(*path), flag, ": no file '", *path, "'");
   POLLEN_CHECK(o.tls.ca.empty() == o.tls.cert.empty() && o.tls.ca.empty() == o.tls.key.empty(),
                "--ca, --cert and --key go together (mutual TLS), or none of them");
+  // Checked here too: a negative or NaN stddev must not quietly send exact counts.
+  POLLEN_CHECK(std::isfinite(o.noise_stddev) && o.noise_stddev >= 0, "--noise-stddev ",
+               o.noise_stddev, ": expected a finite value >= 0");
   tokenizer::PieceCounts counts(tokenizer::pattern_regex(o.pattern));
   for (const auto& input : o.inputs) counts.add_file(input, o.jsonl, o.field);
-  if (o.noise_stddev > 0 || o.min_count > 1) counts.perturb(o.noise_stddev, o.seed, o.min_count);
+  if (o.noise_stddev > 0 || o.min_count > 1)
+    counts.perturb(o.noise_stddev, o.seed ? *o.seed : os_entropy_u64(), o.min_count);
   const fs::path tmp = o.output.string() + ".counts";
   counts.save(tmp);  // the file format of `pollen tokenizer count`, checksummed
   const std::string bytes = read_file(tmp);

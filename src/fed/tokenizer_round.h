@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -93,7 +94,8 @@ struct CountsClientOptions {
   bool jsonl = false;
   std::string field = "text", pattern = "cl100k_base";
   double noise_stddev = 0;
-  uint64_t seed = 0, min_count = 1;
+  std::optional<uint64_t> seed;  // of the noise; none: drawn from the OS, kept secret
+  uint64_t min_count = 1;
   std::filesystem::path output;  // where the received tokenizer.json goes
 };
 

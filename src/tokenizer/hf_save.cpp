@@ -182,8 +182,14 @@ std::string hf_json_text(const Tokenizer& tok) {
     if (vocab.contains(id)) vocab_json[spelled(id)] = id;
   // HF renumbers added tokens that are not in the model's vocabulary; listing them there too
   // (as HF's trainer does) keeps their ids.
-  for (const AddedToken& t : tok.added_tokens())
-    if (!vocab.contains(t.id)) vocab_json[t.content] = t.id;
+  for (const AddedToken& t : tok.added_tokens()) {
+    if (vocab.contains(t.id)) continue;
+    // One key, two ids: HF would read the file as another tokenizer.
+    POLLEN_CHECK(!vocab_json.contains(t.content), "tokenizer.json: added token '", t.content,
+                 "' (id ", t.id, ") is spelled like vocabulary token ",
+                 vocab_json[t.content].get<uint32_t>(), "; the file cannot hold both");
+    vocab_json[t.content] = t.id;
+  }
   // Merges as "a b" strings, which every version of HF tokenizers reads (before 0.20 the only
   // form), unless a side holds a space: then as [a, b] pairs, which tokenizers 0.20 and later read.
   bool has_space = false;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <queue>
+#include <set>
 #include <unordered_map>
 
 #include "base/error.h"
@@ -80,12 +81,15 @@ void PieceCounts::perturb(double stddev, uint64_t seed, uint64_t min_count) {
   auto pieces = sorted();
   counts_->counts.clear();
   for (auto& [piece, n] : pieces) {
+    // A piece is kept by its true count: noise first would let a rare one (a name) through
+    // whenever its draw was large.
+    if (n < min_count) continue;
     double v = static_cast<double>(n);
     if (stddev > 0) v += std::round(stddev * rng.normal());
     // Noise so large that a count would pass 2^48 (which no reader accepts) is refused.
     POLLEN_CHECK(v <= static_cast<double>(kMaxPieceCount), "noise stddev ", stddev,
                  ": a noisy count reached ", v, ", over 2^48");
-    if (v >= static_cast<double>(min_count)) counts_->counts.emplace(std::move(piece), uint64_t(v));
+    if (v >= 1) counts_->counts.emplace(std::move(piece), uint64_t(v));
   }
 }
 
@@ -195,13 +199,26 @@ void PieceCounts::merge_file(const std::filesystem::path& path) {
     counts_->add(piece, n);
   }
   r.fail_if(!r.at_end(), "bytes after the last piece");
-  bytes_read_ += r.bytes_read_;
+  r.fail_if(__builtin_add_overflow(bytes_read_, r.bytes_read_, &bytes_read_),
+            "its bytes read (" + std::to_string(r.bytes_read_) + ") overflow the total");
 }
 
 std::vector<std::pair<std::string, uint64_t>> PieceCounts::sorted() const {
   std::vector<std::pair<std::string, uint64_t>> out(counts_->counts.begin(), counts_->counts.end());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+uint64_t PieceCounts::pair_bound() const {
+  uint64_t total = 0;
+  for (const auto& [piece, count] : counts_->counts) {
+    uint64_t pairs = 0;
+    if (piece.size() < 2) continue;
+    if (__builtin_mul_overflow(count, uint64_t{piece.size() - 1}, &pairs) ||
+        __builtin_add_overflow(total, pairs, &total))
+      return UINT64_MAX;
+  }
+  return total;
 }
 
 size_t PieceCounts::distinct() const {
@@ -372,11 +389,21 @@ class MergeTrainer {
 
 }  // namespace
 
+void check_special_tokens(const std::vector<std::string>& special_tokens, uint64_t vocab_size,
+                          const std::string& where) {
+  std::set<std::string_view> seen;
+  for (const std::string& s : special_tokens) {
+    POLLEN_CHECK(!s.empty(), where, ": a special token must not be empty");
+    POLLEN_CHECK(s.size() > 1, where, ": special token '", s,
+                 "' is one byte, which is a token already: its text would have two ids");
+    POLLEN_CHECK(seen.insert(s).second, where, ": special token '", s, "' is listed twice");
+  }
+  POLLEN_CHECK(vocab_size >= 256 + special_tokens.size(), where, ": vocab size ", vocab_size,
+               " is smaller than the 256 bytes plus ", special_tokens.size(), " special tokens");
+}
+
 Tokenizer train_bpe(const PieceCounts& counts, const TrainOptions& options) {
-  size_t fixed = 256 + options.special_tokens.size();
-  POLLEN_CHECK(options.vocab_size >= fixed, "vocab size ", options.vocab_size,
-               " is smaller than the 256 bytes plus ", options.special_tokens.size(),
-               " special tokens");
+  check_special_tokens(options.special_tokens, options.vocab_size, "tokenizer training");
   MergeTrainer trainer(counts.sorted());
   std::vector<Merge> merges = trainer.run(options.vocab_size - options.special_tokens.size());
   log::info("tokenizer: ", merges.size(), " merges from ", counts.distinct(),
@@ -384,9 +411,16 @@ Tokenizer train_bpe(const PieceCounts& counts, const TrainOptions& options) {
 
   Vocab vocab;
   for (uint32_t id = 0; id < trainer.tokens().size(); ++id) vocab.add(id, trainer.tokens()[id]);
+  // A special spelled like a trained token would give one text two ids (and tokenizer.json one
+  // key two values).
+  std::unordered_map<std::string_view, uint32_t> token_ids;
+  for (uint32_t id = 0; id < trainer.tokens().size(); ++id) token_ids[trainer.tokens()[id]] = id;
   std::vector<AddedToken> added;
   for (const std::string& s : options.special_tokens) {
-    POLLEN_CHECK(!s.empty(), "a special token must not be empty");
+    const auto same = token_ids.find(s);
+    POLLEN_CHECK(same == token_ids.end(), "tokenizer training: special token '", s,
+                 "' is spelled like the trained token ", same->second,
+                 "; choose a spelling the text does not make (such as <|name|>)");
     added.push_back({static_cast<uint32_t>(vocab.id_end() + added.size()), s, true});
   }
   BpeOptions bpe;

@@ -30,6 +30,12 @@ struct TrainOptions {
   std::string pattern;  // pre-tokenisation regex
 };
 
+// Checks the special tokens a training will add before any work: each non-empty, none twice, none
+// a single byte (every byte is a token already), and room for them in vocab_size. `where` names
+// their setting in errors.
+void check_special_tokens(const std::vector<std::string>& special_tokens, uint64_t vocab_size,
+                          const std::string& where);
+
 // Counts of distinct pre-tokenised pieces.
 class PieceCounts {
  public:
@@ -45,10 +51,14 @@ class PieceCounts {
 
   // Federated training: a silo writes its counts to a file, the server merges the silos' files
   // and trains on the sum, which equals counting the concatenated texts. Before writing, a silo
-  // may perturb its counts: each count gets round(N(0, stddev^2)) added (drawn in piece order
-  // from `seed`, so the result is reproducible) and pieces left below `min_count` (at least 1)
-  // are dropped.
+  // may perturb its counts: pieces counted fewer than `min_count` times (at least 1) are dropped,
+  // then each remaining count gets round(N(0, stddev^2)) added (drawn in piece order from `seed`,
+  // which must stay secret: who knows it can subtract the noise) and those left below 1 are
+  // dropped too.
   void perturb(double stddev, uint64_t seed, uint64_t min_count = 1);
+  // An upper bound on every pair count training on these counts can make (the sum of count x
+  // (length - 1)), saturating at UINT64_MAX.
+  uint64_t pair_bound() const;
   // The count file (little-endian): "POLLENPC", u32 version 1, u32 pattern length, pattern,
   // u64 bytes read, u64 pieces, then per piece in byte order u32 length, bytes, u64 count;
   // last the SHA-256 of everything before it. Written atomically.

@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <thread>
 
 #include "base/hash.h"
 #include "fed/fixtures.h"
 #include "fed/grpc.h"
 #include "fed/tokenizer_round.h"
+#include "support/errors.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
 
@@ -181,6 +183,24 @@ TEST(FederatedTokenizer, ConfigNamesWhatIsWrong) {
     ADD_FAILURE() << "a client listed twice was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("clients"), std::string::npos) << e.what();
+  }
+  // Special tokens are checked when the config is read, not after every silo has sent its counts.
+  write_file_atomic(dir / "specials.toml",
+                    "[server]\ndir = 'x'\nclients = ['a']\n[tokenizer]\nvocab_size = 512\n"
+                    "special_tokens = ['<|eot|>', '<|eot|>']\n");
+  const std::string e =
+      pollen::testing::error_of([&] { load_tokenizer_server_config(dir / "specials.toml"); });
+  EXPECT_NE(e.find("tokenizer.special_tokens"), std::string::npos) << e;
+  EXPECT_NE(e.find("'<|eot|>' is listed twice"), std::string::npos) << e;
+  // A silo's noise must be a finite value >= 0: NaN or -5 sent exact counts.
+  for (double noise : {std::nan(""), -5.0}) {
+    CountsClientOptions o;
+    o.id = "a";
+    o.inputs = {(dir / "ok.toml").string()};
+    o.noise_stddev = noise;
+    o.output = dir / "never.json";
+    const std::string said = pollen::testing::error_of([&] { run_counts_client(o); });
+    EXPECT_NE(said.find("--noise-stddev"), std::string::npos) << said;
   }
   fs::remove_all(dir);
 }
