@@ -390,12 +390,13 @@ const char* GopherRepetitionFilter::ngram_rules(const std::vector<std::string_vi
     gram_len = n;
     counts.reset(cand.size());
     slot.resize(cand.size());
+    // The most frequent n-gram, the first seen among equals (datatrove's most_common(1)).
     uint32_t best = 0;
     size_t best_at = 0;
     for (size_t k = 0; k < cand.size(); ++k) {
       auto& e = counts.find(gram[cand[k]], cand[k]);
       slot[k] = static_cast<uint32_t>(&e - counts.entries());
-      if (++e.count > best) {
+      if (++e.count > best || (e.count == best && e.first < best_at)) {
         best = e.count;
         best_at = e.first;
       }
@@ -539,15 +540,17 @@ const char* FineWebFilter::check(std::string_view text) const {
              ends_with(l, "?");
     short_lines += static_cast<int64_t>(l.size()) <= short_line_length;
   }
+  // As in datatrove, a share equal to the punctuation, short line or repeated line bound drops
+  // the document; the newline ratio must go past its bound.
   double r = static_cast<double>(punct) / nl;
-  if (r < line_punct_thr && !(r == 0 && line_punct_exclude_zero)) return "fineweb_line_punct";
-  if (static_cast<double>(short_lines) / nl > short_line_thr) return "fineweb_short_lines";
+  if (r <= line_punct_thr && !(r == 0 && line_punct_exclude_zero)) return "fineweb_line_punct";
+  if (static_cast<double>(short_lines) / nl >= short_line_thr) return "fineweb_short_lines";
   size_t no_newlines =
       text.size() - static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
   auto [d, dc] = find_duplicates(lines);
   (void)d;
   if (no_newlines > 0 &&
-      static_cast<double>(dc) / static_cast<double>(no_newlines) > char_duplicates_ratio)
+      static_cast<double>(dc) / static_cast<double>(no_newlines) >= char_duplicates_ratio)
     return "fineweb_char_dup";
   split_words(text, words);
   double newlines = static_cast<double>(std::count(text.begin(), text.end(), '\n'));

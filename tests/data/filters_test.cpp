@@ -1,7 +1,12 @@
 // Curation stages on crafted documents: UTF-8, filters, MinHash, PII, decontamination.
+//
+// The filter tests put each rule's threshold between a pair of documents: one just inside it
+// (kept, or dropped by another, named rule) and one just past it, with the arithmetic in a
+// comment. Every ratio is built from whole numbers so that the two sides are exact.
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "base/config.h"
 #include "base/error.h"
@@ -34,6 +39,42 @@ std::string words(int n, const std::string& w = "word") {
   return s;
 }
 
+// A filter's decision as text: the drop reason, or "kept".
+std::string verdict(const char* reason) {
+  return reason ? reason : "kept";
+}
+
+// `n` more words: " w" n times.
+std::string times(int n, const std::string& w) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += " " + w;
+  return s;
+}
+
+std::string join(const std::vector<std::string>& parts, const std::string& sep) {
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i) s += (i ? sep : "") + parts[i];
+  return s;
+}
+
+// A word of `n` copies of the letter `c`.
+std::string run(char c, int n) {
+  return std::string(static_cast<size_t>(n), c);
+}
+
+// A line of exactly `bytes` bytes and `n_words` words that no other `id` repeats, ending with
+// `end`: "l<id> w w wxxxx.".
+std::string text_line(int id, int bytes, int n_words = 4, char end = '.') {
+  std::string s = "l" + std::to_string(id);
+  for (int i = 1; i < n_words; ++i) s += " w";
+  EXPECT_LT(static_cast<int>(s.size()), bytes) << "line " << id << " cannot be that short";
+  s += run('x', bytes - 1 - static_cast<int>(s.size()));
+  return s + end;
+}
+
+// Ten Cyrillic letters: 10 characters in 20 bytes of UTF-8.
+const char* const kCyrillic10 = "\u0430\u0431\u0432\u0433\u0434\u0435\u0436\u0437\u0438\u0439";
+
 }  // namespace
 
 TEST(Text, Utf8ValidationAndRepair) {
@@ -54,13 +95,29 @@ TEST(Text, Utf8ValidationAndRepair) {
 
 TEST(Filters, LengthBounds) {
   LengthFilter f;
+  // Defaults: at least one byte, at most 10 MB, no word bounds.
+  EXPECT_EQ(verdict(f.check("")), "too_short");
+  EXPECT_EQ(verdict(f.check("x")), "kept");
+  EXPECT_EQ(verdict(f.check(std::string(10000000, 'x'))), "kept");
+  EXPECT_EQ(verdict(f.check(std::string(10000001, 'x'))), "too_long");
+  // Bytes from 5 to 20, both included.
   f.min_chars = 5;
   f.max_chars = 20;
-  EXPECT_STREQ(f.check("abc"), "too_short");
-  EXPECT_STREQ(f.check(std::string(30, 'x')), "too_long");
-  EXPECT_EQ(f.check("hello world"), nullptr);
-  f.min_words = 3;
-  EXPECT_STREQ(f.check("hello world"), "too_few_words");
+  EXPECT_EQ(verdict(f.check("abcd")), "too_short");
+  EXPECT_EQ(verdict(f.check("abcde")), "kept");
+  EXPECT_EQ(verdict(f.check(run('x', 20))), "kept");
+  EXPECT_EQ(verdict(f.check(run('x', 21))), "too_long");
+  // Bytes of UTF-8, not characters: "éé" is 2 characters in 4 bytes, "ééa" 5 bytes.
+  EXPECT_EQ(verdict(f.check("\u00e9\u00e9")), "too_short");
+  EXPECT_EQ(verdict(f.check("\u00e9\u00e9a")), "kept");
+  // Words from 2 to 3, both included.
+  f.min_chars = 1;
+  f.min_words = 2;
+  f.max_words = 3;
+  EXPECT_EQ(verdict(f.check("one")), "too_few_words");
+  EXPECT_EQ(verdict(f.check("one two")), "kept");
+  EXPECT_EQ(verdict(f.check("one two six")), "kept");
+  EXPECT_EQ(verdict(f.check("one two six ten")), "too_many_words");
 }
 
 TEST(Filters, GopherQuality) {
@@ -90,13 +147,134 @@ TEST(Filters, GopherQuality) {
   EXPECT_STREQ(f.check(no_stop), "gopher_few_stop_words");
 }
 
+// The Gopher quality documents below start with "the and" (two stop words of three letters) and
+// add words: "the and" + times(48, "house") is 50 words with a mean length of 246 / 50 = 4.92,
+// which every rule keeps. A word counts (towards the word bounds and the mean length) when it
+// holds a byte other than ASCII punctuation. The ratio rules are tested on 1000 or 10000 words,
+// or 1000 lines, so that one word or line more moves a ratio by at most 0.33% of its threshold.
+TEST(Filters, GopherQualityWordCounts) {
+  GopherQualityFilter f;
+  // At least 50 counting words: 2 + 47 = 49 are too few, 2 + 48 = 50 are kept.
+  EXPECT_EQ(verdict(f.check("the and" + times(47, "house"))), "gopher_too_few_words");
+  EXPECT_EQ(verdict(f.check("the and" + times(48, "house"))), "kept");
+  // Words of punctuation alone do not count: 49 words plus "--" and "!!" are still 49.
+  EXPECT_EQ(verdict(f.check("the and" + times(47, "house") + " -- !!")), "gopher_too_few_words");
+  // At most 100000: 2 + 99998 are kept, 2 + 99999 = 100001 are too many.
+  EXPECT_EQ(verdict(f.check("the and" + times(99998, "house"))), "kept");
+  EXPECT_EQ(verdict(f.check("the and" + times(99999, "house"))), "gopher_too_many_words");
+  // Without a lower bound, a text without a counting word has no mean length to judge.
+  f.min_doc_words = 0;
+  EXPECT_EQ(verdict(f.check("")), "gopher_no_words");
+  EXPECT_EQ(verdict(f.check(";; !! --")), "gopher_no_words");
+  // One counting word of three letters passes the length rules; 1 of its 3 words holds a letter.
+  EXPECT_EQ(verdict(f.check(";; !! abc")), "gopher_non_alpha_words");
+}
+
+TEST(Filters, GopherQualityMeanWordLength) {
+  GopherQualityFilter f;
+  // At least 3 characters: 2 * 3 + 998 * 3 = 3000 in 1000 words is 3.0, kept; one "abc" cut to
+  // "ab" makes 2999 / 1000 = 2.999.
+  EXPECT_EQ(verdict(f.check("the and" + times(998, "abc"))), "kept");
+  EXPECT_EQ(verdict(f.check("the and" + times(997, "abc") + " ab")), "gopher_short_mean_word");
+  // Words of punctuation alone are left out of the mean: "--" and "::" leave it at 3.0.
+  EXPECT_EQ(verdict(f.check("the and" + times(998, "abc") + " -- ::")), "kept");
+  // At most 10: 6 + 996 * 10 + 2 * 17 = 10000 in 1000 words is 10.0, kept; one word of 18
+  // letters instead of 17 makes 10001 / 1000 = 10.001.
+  const std::string ten = run('t', 10), seventeen = run('s', 17);
+  EXPECT_EQ(verdict(f.check("the and" + times(996, ten) + times(2, seventeen))), "kept");
+  EXPECT_EQ(
+      verdict(f.check("the and" + times(996, ten) + times(1, seventeen) + " " + run('s', 18))),
+      "gopher_long_mean_word");
+  // Characters, not bytes: 996 words of ten Cyrillic letters (20 bytes each) still mean 10.0.
+  EXPECT_EQ(verdict(f.check("the and" + times(996, kCyrillic10) + times(2, seventeen))), "kept");
+}
+
+TEST(Filters, GopherQualitySymbolRatios) {
+  GopherQualityFilter f;
+  // '#' per word at most 0.1: 1000 of 10000 words as "#house" is 0.1, kept; 1001 is 0.1001.
+  EXPECT_EQ(verdict(f.check("the and" + times(8998, "house") + times(1000, "#house"))), "kept");
+  EXPECT_EQ(verdict(f.check("the and" + times(8997, "house") + times(1001, "#house"))),
+            "gopher_hash_ratio");
+  // Every word is in the denominator, punctuation alone included: 1001 '#' in 10000 counting
+  // words and 10 of "--" is 1001 / 10010 = 0.1.
+  EXPECT_EQ(
+      verdict(f.check("the and" + times(8997, "house") + times(1001, "#house") + times(10, "--"))),
+      "kept");
+  // "..." and "…" per word at most 0.1: 800 "house..." and 200 "house…" in 10000 words is 0.1,
+  // kept; 800 and 201 is 0.1001. The text ends with a plain word: no line ends with an ellipsis.
+  EXPECT_EQ(verdict(f.check("the and" + times(800, "house...") + times(200, "house\u2026") +
+                            times(8998, "house"))),
+            "kept");
+  EXPECT_EQ(verdict(f.check("the and" + times(800, "house...") + times(201, "house\u2026") +
+                            times(8997, "house"))),
+            "gopher_ellipsis_ratio");
+  // Counted without overlap, as Python's str.count: "......" is two, so 800 + 198 + 2 = 1000 is
+  // kept and 800 + 199 + 2 = 1001 is not.
+  EXPECT_EQ(verdict(f.check("the and" + times(800, "house...") + times(198, "house\u2026") +
+                            times(1, "house......") + times(8999, "house"))),
+            "kept");
+  EXPECT_EQ(verdict(f.check("the and" + times(800, "house...") + times(199, "house\u2026") +
+                            times(1, "house......") + times(8998, "house"))),
+            "gopher_ellipsis_ratio");
+}
+
+TEST(Filters, GopherQualityLineRules) {
+  GopherQualityFilter f;
+  // Lines starting with "-" or "•" (after leading whitespace) at most 90%: of 1000 lines of five
+  // words, 900 bullets is 0.9, kept; 901 is 0.901.
+  auto bullets = [](int n) {
+    std::vector<std::string> lines;
+    const char* marks[] = {"-", "\u2022", "  -"};
+    for (int i = 0; i < 1000; ++i)
+      lines.push_back(std::string(i < n ? marks[i % 3] : "") + "item the house and garden");
+    return join(lines, "\n");
+  };
+  EXPECT_EQ(verdict(f.check(bullets(900))), "kept");
+  EXPECT_EQ(verdict(f.check(bullets(901))), "gopher_bullet_lines");
+  // Lines ending with "..." or "…" (before trailing whitespace) at most 30%: of 1000 lines of
+  // six words, 300 is 0.3, kept; 301 is 0.301 (301 ellipses in 6000 words: under 0.1 per word).
+  auto ellipses = [](int n_lines, int n, bool blank_line) {
+    std::vector<std::string> lines;
+    const char* ends[] = {"...", "\u2026", "...  "};
+    for (int i = 0; i < n_lines; ++i)
+      lines.push_back(std::string("the house and garden stand here") + (i < n ? ends[i % 3] : "."));
+    if (blank_line) lines.insert(lines.begin() + 1, "");
+    return join(lines, "\n");
+  };
+  EXPECT_EQ(verdict(f.check(ellipses(1000, 300, false))), "kept");
+  EXPECT_EQ(verdict(f.check(ellipses(1000, 301, false))), "gopher_ellipsis_lines");
+  // A blank line is a line, as in Python's splitlines(): 300 of 999 lines is 0.3003, dropped,
+  // and 300 of the same 999 and a blank one is 0.3, kept.
+  EXPECT_EQ(verdict(f.check(ellipses(999, 300, false))), "gopher_ellipsis_lines");
+  EXPECT_EQ(verdict(f.check(ellipses(999, 300, true))), "kept");
+}
+
+TEST(Filters, GopherQualityLettersAndStopWords) {
+  GopherQualityFilter f;
+  // At least 80% of words hold a letter: 800 of 1000 (200 of them "1234") is 0.8, kept; 799 is
+  // 0.799.
+  EXPECT_EQ(verdict(f.check("the and" + times(798, "house") + times(200, "1234"))), "kept");
+  EXPECT_EQ(verdict(f.check("the and" + times(797, "house") + times(201, "1234"))),
+            "gopher_non_alpha_words");
+  // At least two stop words: each of the eight, twice, is enough; one is not.
+  for (const char* w : {"the", "be", "to", "of", "and", "that", "have", "with"}) {
+    const std::string s = w;
+    EXPECT_EQ(verdict(f.check(s + " " + s + times(48, "house"))), "kept") << w;
+    EXPECT_EQ(verdict(f.check(s + times(49, "house"))), "gopher_few_stop_words") << w;
+  }
+  // Matched exactly, as datatrove's set lookup: "The" and "them" are not stop words.
+  EXPECT_EQ(verdict(f.check("The and" + times(48, "house"))), "gopher_few_stop_words");
+  EXPECT_EQ(verdict(f.check("them and" + times(48, "house"))), "gopher_few_stop_words");
+}
+
 TEST(Filters, GopherRepetition) {
   GopherRepetitionFilter f;
   EXPECT_EQ(f.check(good_text()), nullptr);
+  // 12 lines, 9 of them repeats: 0.75.
   std::string lines;
   for (int i = 0; i < 10; ++i) lines += "Buy now and save on every order today\n";
   lines += good_text();
-  EXPECT_NE(f.check(lines), nullptr);
+  EXPECT_STREQ(f.check(lines), "repetition_dup_lines");
   std::string paras;
   for (int i = 0; i < 5; ++i) paras += "Same paragraph here with words.\n\n";
   paras += good_text();
@@ -104,6 +282,116 @@ TEST(Filters, GopherRepetition) {
   std::string ngram = good_text() + " ";
   for (int i = 0; i < 40; ++i) ngram += "click here ";
   EXPECT_STREQ(f.check(ngram), "repetition_top_ngram");
+}
+
+// The repetition documents below are made of one-word paragraphs or lines, so that no 2-gram
+// repeats and the n-gram rules keep them.
+TEST(Filters, GopherRepetitionParagraphsAndLines) {
+  GopherRepetitionFilter f;
+  // `total` words of which `repeats` repeat "zzzzz": it stands at the odd places 1, 3, ...,
+  // 2 * repeats + 1, and a 30-byte word of its own everywhere else. Repeated bytes are then far
+  // under 20% of the text (5 bytes a repeat against 30 or more for each other word).
+  auto parts = [](int total, int repeats) {
+    std::vector<std::string> p;
+    for (int i = 0; i < total; ++i) {
+      const std::string own = "u" + std::to_string(i);
+      p.push_back(i % 2 == 1 && i <= 2 * repeats + 1
+                      ? "zzzzz"
+                      : own + run('x', 30 - static_cast<int>(own.size())));
+    }
+    return p;
+  };
+  // Repeated paragraphs (split on runs of blank lines) at most 30%: 300 of 1000, kept; 301.
+  EXPECT_EQ(verdict(f.check(join(parts(1000, 300), "\n\n"))), "kept");
+  EXPECT_EQ(verdict(f.check(join(parts(1000, 301), "\n\n"))), "repetition_dup_paragraphs");
+  EXPECT_EQ(verdict(f.check(join(parts(1000, 301), "\n\n\n\n"))), "repetition_dup_paragraphs");
+  // Repeated lines at most 30%; separated by single newlines, all is one paragraph.
+  EXPECT_EQ(verdict(f.check(join(parts(1000, 300), "\n"))), "kept");
+  EXPECT_EQ(verdict(f.check(join(parts(1000, 301), "\n"))), "repetition_dup_lines");
+  // Lines are split on runs of newlines as datatrove's re.split("\n+"), which leaves an empty
+  // last line after a final newline: 9 lines with 3 repeats are 0.33, and with a final newline
+  // 3 of 10, kept.
+  EXPECT_EQ(verdict(f.check(join(parts(9, 3), "\n"))), "repetition_dup_lines");
+  EXPECT_EQ(verdict(f.check(join(parts(9, 3), "\n") + "\n")), "kept");
+  // Bytes of repeated paragraphs at most 20% of the text: a (200 bytes), b (297), c (297), a
+  // with three "\n\n" is 1000 bytes, 200 of them repeated: 0.2, kept. With c of 296 bytes:
+  // 200 / 999 = 0.2002. (One repeat in four paragraphs or lines is 0.25, under 0.3.)
+  const std::string a = run('a', 200), b = run('b', 297);
+  EXPECT_EQ(verdict(f.check(join({a, b, run('c', 297), a}, "\n\n"))), "kept");
+  EXPECT_EQ(verdict(f.check(join({a, b, run('c', 296), a}, "\n\n"))),
+            "repetition_dup_paragraph_chars");
+  // Bytes of repeated lines at most 20%: a, b of 299, c of 298, a and three "\n" is 1000 bytes.
+  EXPECT_EQ(verdict(f.check(join({a, run('b', 299), run('c', 298), a}, "\n"))), "kept");
+  EXPECT_EQ(verdict(f.check(join({a, run('b', 299), run('c', 297), a}, "\n"))),
+            "repetition_dup_line_chars");
+}
+
+// The most frequent n-gram (seen at least twice; its words joined by single spaces) covers at most
+// 20%, 18%, 16% of the bytes for n = 2, 3, 4. Each document holds the n-gram twice, with a word
+// of x and a word of y after it, and is 1000 bytes; one y fewer makes it 999.
+TEST(Filters, GopherRepetitionTopNgrams) {
+  GopherRepetitionFilter f;
+  auto doc = [](const std::string& gram, int x, int y) {
+    return gram + " " + run('x', x) + " " + gram + " " + run('y', y);
+  };
+  // 49 a and 50 b, 100 bytes: 2 * 100 / (100 + 1 + 398 + 1 + 100 + 1 + 399) = 0.2, kept;
+  // 200 / 999 = 0.2002.
+  const std::string two = run('a', 49) + " " + run('b', 50);
+  EXPECT_EQ(verdict(f.check(doc(two, 398, 399))), "kept");
+  EXPECT_EQ(verdict(f.check(doc(two, 398, 398))), "repetition_top_ngram");
+  // 29 a, 29 b, 30 c, 90 bytes: 180 / (90 + 1 + 408 + 1 + 90 + 1 + 409) = 0.18, kept; 180 / 999.
+  // (Its 2-grams cover 118 and 120.)
+  const std::string three = run('a', 29) + " " + run('b', 29) + " " + run('c', 30);
+  EXPECT_EQ(verdict(f.check(doc(three, 408, 409))), "kept");
+  EXPECT_EQ(verdict(f.check(doc(three, 408, 408))), "repetition_top_ngram");
+  // 19 a, 19 b, 19 c, 20 d, 80 bytes: 160 / (80 + 1 + 418 + 1 + 80 + 1 + 419) = 0.16, kept;
+  // 160 / 999. (Its 3-grams cover 118 and 120, its 2-grams 78 and 80.)
+  const std::string four =
+      run('a', 19) + " " + run('b', 19) + " " + run('c', 19) + " " + run('d', 20);
+  EXPECT_EQ(verdict(f.check(doc(four, 418, 419))), "kept");
+  EXPECT_EQ(verdict(f.check(doc(four, 418, 418))), "repetition_top_ngram");
+  // An n-gram seen once is no repetition (datatrove would drop this text: its one 2-gram is all
+  // of it; docs/data.md).
+  EXPECT_EQ(verdict(f.check("seen once")), "kept");
+}
+
+// Among n-grams seen equally often, the first seen is the most frequent, as in datatrove's
+// Counter.most_common(1). "aaaaaaaaa b" (11 bytes) and "c d" (3) are both seen twice in 100
+// bytes; "c d" is the first to be seen twice, but "aaaaaaaaa b" the first seen: 22 / 100 = 0.22
+// is over 0.2 (with "c d", 6 / 100 would be kept).
+TEST(Filters, GopherRepetitionTopNgramTiesGoToTheFirstSeen) {
+  GopherRepetitionFilter f;
+  const std::string text = "aaaaaaaaa b c d c d " + run('x', 68) + " aaaaaaaaa b";
+  ASSERT_EQ(text.size(), 100u);
+  EXPECT_EQ(verdict(f.check(text)), "repetition_top_ngram");
+}
+
+// The repeated n-grams (their words' bytes, without the spaces, each repeat counted once and
+// without overlap) cover at most 15%, 14%, 13%, 12%, 11%, 10% of the bytes for n = 5 to 10,
+// that is 10 * (20 - n) / 1000. With the top n-gram rules off, each document holds twice an
+// n-gram of that many letters (n - 1 words of one letter, and the rest in one word), then a word
+// of x and a word of y, and is 1000 bytes; one y fewer makes it 999. Only the n-gram repeats, so
+// rule n alone can drop the document: shorter repeats cover no more bytes, with higher bounds.
+TEST(Filters, GopherRepetitionDuplicatedNgrams) {
+  GopherRepetitionFilter f;
+  EXPECT_EQ(f.dup_n_grams, (std::vector<std::pair<int, double>>{
+                               {5, 0.15}, {6, 0.14}, {7, 0.13}, {8, 0.12}, {9, 0.11}, {10, 0.10}}));
+  f.top_n_grams.clear();
+  for (int n = 5; n <= 10; ++n) {
+    const int letters = 10 * (20 - n);
+    std::string gram;
+    for (int i = 0; i + 1 < n; ++i) gram += std::string(1, static_cast<char>('a' + i)) + " ";
+    gram += run('z', letters - (n - 1));
+    // 2 * (letters + n - 1) + x + y + 3 spaces = 1000.
+    const int x = (997 - 2 * static_cast<int>(gram.size())) / 2;
+    const int y = 997 - 2 * static_cast<int>(gram.size()) - x;
+    const std::string kept = gram + " " + run('x', x) + " " + gram + " " + run('y', y);
+    const std::string dropped = gram + " " + run('x', x) + " " + gram + " " + run('y', y - 1);
+    ASSERT_EQ(kept.size(), 1000u);
+    EXPECT_EQ(verdict(f.check(kept)), "kept") << n << "-grams: " << letters << " / 1000";
+    EXPECT_EQ(verdict(f.check(dropped)), "repetition_dup_ngrams")
+        << n << "-grams: " << letters << " / 999";
+  }
 }
 
 TEST(Filters, C4LineRules) {
@@ -128,6 +416,112 @@ TEST(Filters, C4LineRules) {
   EXPECT_STREQ(f.apply("Just one sentence here.", out, removed), "c4_too_few_sentences");
 }
 
+namespace {
+// Four and five lines of one sentence each, which every C4 line rule keeps.
+const char* const kFourSentences =
+    "The first line has one sentence.\nThe second line has another.\n"
+    "A third one is here.\nA fourth one follows it.";
+const char* const kFiveSentences =
+    "The first line has one sentence.\nThe second line has another.\n"
+    "A third one is here.\nA fourth one follows it.\nThe fifth closes the text.";
+
+struct C4Result {
+  std::string verdict, out;
+  int64_t removed = 0;
+};
+C4Result c4(const C4Filter& f, const std::string& text) {
+  C4Result r;
+  r.verdict = verdict(f.apply(text, r.out, r.removed));
+  return r;
+}
+}  // namespace
+
+// The thresholds: sentences per document, words per line, characters per word.
+TEST(Filters, C4Thresholds) {
+  C4Filter f;
+  const std::string four = kFourSentences;
+  // At least 5 sentences: 4 lines are too few, a fifth line makes 5.
+  EXPECT_EQ(c4(f, four).verdict, "c4_too_few_sentences");
+  C4Result r = c4(f, kFiveSentences);
+  EXPECT_EQ(r.verdict, "kept");
+  EXPECT_EQ(r.removed, 0);
+  EXPECT_EQ(r.out, kFiveSentences);
+  // A sentence ends with '.', '!' or '?' before a space or the line's end: "3.14" ends none, so
+  // the line below counts 1 and the one after it 2.
+  const std::string three =
+      "The first line has one sentence.\nThe second line has another.\n"
+      "A third one is here.";
+  EXPECT_EQ(c4(f, three + "\nPi is 3.14 and e is 2.71 today.").verdict, "c4_too_few_sentences");
+  EXPECT_EQ(c4(f, three + "\nPi is 3.14 today! And e is 2.71.").verdict, "kept");
+  // At least 3 words a line: "Three words here." stays (5 sentences); "Two words." goes (4).
+  EXPECT_EQ(c4(f, four + "\nThree words here.").verdict, "kept");
+  r = c4(f, four + "\nTwo words.");
+  EXPECT_EQ(r.verdict, "c4_too_few_sentences");
+  EXPECT_EQ(r.removed, 1);
+  // Words are counted before citations go, as in datatrove: "Two [1] words." is three words.
+  r = c4(f, four + "\nTwo [1] words.");
+  EXPECT_EQ(r.verdict, "kept");
+  EXPECT_EQ(r.out, four + "\nTwo  words.");
+  // No word over 1000 characters: a word of 1000 keeps its line, one of 1001 drops it.
+  EXPECT_EQ(c4(f, four + "\nA long word " + run('x', 1000) + " here.").verdict, "kept");
+  r = c4(f, four + "\nA long word " + run('x', 1001) + " here.");
+  EXPECT_EQ(r.verdict, "c4_too_few_sentences");
+  EXPECT_EQ(r.removed, 1);
+  // Characters, not bytes: 1000 "é" are 2000 bytes and kept; 1001 are not.
+  std::string e1000;
+  for (int i = 0; i < 1000; ++i) e1000 += "\u00e9";
+  EXPECT_EQ(c4(f, four + "\nA long word " + e1000 + " here.").verdict, "kept");
+  EXPECT_EQ(c4(f, four + "\nA long word " + e1000 + "\u00e9 here.").verdict,
+            "c4_too_few_sentences");
+}
+
+// The document rules (lorem ipsum, '{') look only at lines that the rules before them keep; the
+// rules that drop single lines (javascript, policies, terminal punctuation); citations.
+TEST(Filters, C4DocumentAndLineRules) {
+  C4Filter f;
+  const std::string four = kFourSentences, five = kFiveSentences;
+  // "lorem ipsum", in any case, drops the document; on a line without terminal punctuation it is
+  // gone before the check.
+  EXPECT_EQ(c4(f, five + "\nSome Lorem Ipsum dolor sit amet.").verdict, "c4_lorem_ipsum");
+  C4Result r = c4(f, five + "\nLorem ipsum dolor sit amet");
+  EXPECT_EQ(r.verdict, "kept");
+  EXPECT_EQ(r.removed, 1);
+  // '{' drops the document, on a kept line; '}' does not.
+  EXPECT_EQ(c4(f, five + "\nThe set {1, 2} is small.").verdict, "c4_curly_bracket");
+  EXPECT_EQ(c4(f, five + "\nThe set {1, 2} is small").removed, 1);
+  r = c4(f, five + "\nA closing } alone is fine.");
+  EXPECT_EQ(r.verdict, "kept");
+  EXPECT_EQ(r.removed, 0);
+  // Lines mentioning javascript (any case) or a policy go; "a cookie" is no policy.
+  for (const char* line : {"Please enable JavaScript to continue.", "Read the terms of use first.",
+                           "See our privacy policy for more.", "Our cookie policy is short.",
+                           "This site uses cookies to work.", "We explain our use of cookies.",
+                           "We use cookies on every page."}) {
+    r = c4(f, five + "\n" + line);
+    EXPECT_EQ(r.verdict, "kept") << line;
+    EXPECT_EQ(r.removed, 1) << line;
+    EXPECT_EQ(r.out, five) << line;
+  }
+  EXPECT_EQ(c4(f, five + "\nThis site uses a cookie jar.").removed, 0);
+  // Terminal punctuation: . ? ! " ' end a kept line; "..." does not.
+  for (const char* line : {"Is this a question?", "What a line this is!", "She said \"it is.\"",
+                           "He called it 'the end'"})
+    EXPECT_EQ(c4(f, four + "\n" + line).verdict, "kept") << line;
+  r = c4(f, five + "\nAnd so it goes on...");
+  EXPECT_EQ(r.removed, 1);
+  EXPECT_EQ(r.out, five);
+  // Citations go: [1], [], [edit], [citation needed].
+  r = c4(f, four + "\nA claim[1] with[] notes[edit] here[citation needed].");
+  EXPECT_EQ(r.verdict, "kept");
+  EXPECT_EQ(r.out, four + "\nA claim with notes here.");
+  // Without a sentence minimum, a document whose every line goes is dropped, not kept empty.
+  f.min_num_sentences = 0;
+  EXPECT_EQ(c4(f, "no punctuation here\nnor here").verdict, "c4_no_lines_left");
+  r = c4(f, "no punctuation here\nJust one sentence here.");
+  EXPECT_EQ(r.verdict, "kept");
+  EXPECT_EQ(r.out, "Just one sentence here.");
+}
+
 TEST(Filters, FineWebHeuristics) {
   FineWebFilter f;
   f.enabled = true;
@@ -142,6 +536,70 @@ TEST(Filters, FineWebHeuristics) {
                     "\nThis exact line is repeated in the text again.\n"
                     "This exact line is repeated in the text again.";
   EXPECT_STREQ(f.check(dup), "fineweb_char_dup");
+}
+
+// FineWeb's thresholds are inclusive where datatrove's are: a document is dropped when at most
+// 12% of its lines end with punctuation, when at least 67% are short, when repeated lines are at
+// least 1% of its bytes. The documents are made of text_line()s, unique, with no repeats unless
+// said.
+TEST(Filters, FineWebLineRatios) {
+  FineWebFilter f;
+  // Ending with . ' " ! ?: of 10000 lines of 40 bytes and 8 words, 1200 is 0.12, dropped; 1201
+  // is 0.1201, kept. (9999 newlines in 80000 words is 0.125 for the list rule.)
+  auto punct = [](int n, int blank_lines) {
+    std::vector<std::string> lines;
+    const char ends[] = "'\"!?.";
+    for (int i = 0; i < 10000; ++i) lines.push_back(text_line(i, 40, 8, i < n ? ends[i % 5] : 'x'));
+    for (int i = 0; i < blank_lines; ++i) lines.insert(lines.begin() + 1, "");
+    return join(lines, "\n");
+  };
+  EXPECT_EQ(verdict(f.check(punct(1200, 0))), "fineweb_line_punct");
+  EXPECT_EQ(verdict(f.check(punct(1201, 0))), "kept");
+  // Blank lines are not lines here (datatrove counts them; docs/data.md): 1201 of 10000 lines and
+  // 2000 blank ones is still 0.1201 (datatrove: 1201 / 12000 = 0.1001).
+  EXPECT_EQ(verdict(f.check(punct(1201, 2000))), "kept");
+  // line_punct_exclude_zero keeps a document without any such line, and only that one.
+  EXPECT_EQ(verdict(f.check(punct(0, 0))), "fineweb_line_punct");
+  FineWebFilter exclude_zero;
+  exclude_zero.line_punct_exclude_zero = true;
+  EXPECT_EQ(verdict(exclude_zero.check(punct(0, 0))), "kept");
+  EXPECT_EQ(verdict(exclude_zero.check(punct(1200, 0))), "fineweb_line_punct");
+  // Short lines, of at most 30 bytes: 669 lines of 20 bytes, 330 of 40 and one of 30 is 670 of
+  // 1000, 0.67, dropped; with that one of 31 bytes, 0.669, kept. (999 newlines in 4000 words.)
+  auto short_lines = [](int boundary_bytes) {
+    std::vector<std::string> lines;
+    for (int i = 0; i < 669; ++i) lines.push_back(text_line(i, 20));
+    for (int i = 669; i < 999; ++i) lines.push_back(text_line(i, 40));
+    lines.push_back(text_line(999, boundary_bytes));
+    return join(lines, "\n");
+  };
+  EXPECT_EQ(verdict(f.check(short_lines(30))), "fineweb_short_lines");
+  EXPECT_EQ(verdict(f.check(short_lines(31))), "kept");
+}
+
+TEST(Filters, FineWebRepeatsAndListRatio) {
+  FineWebFilter f;
+  // Repeated lines' bytes over the bytes that are not newlines: a 10-byte line twice and four of
+  // 245 is 10 / (20 + 980) = 0.01, dropped; with one of 246, 10 / 1001, kept. (2 short lines of
+  // 6; 5 newlines in 24 words.)
+  auto repeats = [](int last_bytes) {
+    const std::string d = text_line(0, 10);
+    return join(
+        {d, text_line(1, 245), text_line(2, 245), text_line(3, 245), text_line(4, last_bytes), d},
+        "\n");
+  };
+  EXPECT_EQ(verdict(f.check(repeats(245))), "fineweb_char_dup");
+  EXPECT_EQ(verdict(f.check(repeats(246))), "kept");
+  // Newlines per word at most 0.3: 301 lines of 40 bytes, 97 of 4 words and 204 of 3, is 300
+  // newlines in 1000 words, kept; a final newline makes 301 / 1000.
+  std::vector<std::string> lines;
+  for (int i = 0; i < 301; ++i) lines.push_back(text_line(i, 40, i < 97 ? 4 : 3));
+  EXPECT_EQ(verdict(f.check(join(lines, "\n"))), "kept");
+  EXPECT_EQ(verdict(f.check(join(lines, "\n") + "\n")), "fineweb_list_ratio");
+  // A text of blank lines has none to judge; a single "." is a line, and short.
+  EXPECT_EQ(verdict(f.check("")), "fineweb_empty");
+  EXPECT_EQ(verdict(f.check("\n \n\t\n")), "fineweb_empty");
+  EXPECT_EQ(verdict(f.check(".")), "fineweb_short_lines");
 }
 
 // Synthetic near-duplicates with known Jaccard similarity of their 5-gram shingle sets: a base
