@@ -1,20 +1,16 @@
 #pragma once
-// Text helpers shared by the curation stages: UTF-8 validation and repair, line and word
-// splitting, and the normalisation that dedup and decontamination compare texts under.
+// Text helpers shared by the curation stages (UTF-8 validation and repair are base/utf8.h's):
+// character counts, line and word splitting, and the normalisation that dedup and decontamination
+// compare texts under.
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/utf8.h"  // utf8_valid, utf8_invalid_at, utf8_repair
+
 namespace pollen::data {
 
-// True when `s` is valid UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF).
-bool utf8_valid(std::string_view s);
-// The offset of the first byte of the first invalid sequence, or std::string_view::npos.
-size_t utf8_invalid_at(std::string_view s);
-// Replaces each maximal invalid subsequence by U+FFFD (as Python's errors="replace" and
-// WHATWG decoders do); returns how many replacements were made.
-size_t utf8_repair(std::string_view s, std::string& out);
 // Characters (code points) of valid UTF-8 `s`: what Python's len() counts, which the Gopher and
 // C4 word-length rules are defined by. Counts the bytes that do not continue a sequence.
 size_t utf8_length(std::string_view s);

@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "base/utf8.h"
 
 namespace pollen::obs {
 namespace {
@@ -48,6 +49,16 @@ void put_bytes(std::string& out, int field, std::string_view bytes) {
 
 std::string errno_text() {
   return std::strerror(errno);
+}
+
+// TensorBoard decodes tags and text as UTF-8: a tag that is not drops the rest of its file, text
+// that is not fails its TEXT tab. Invalid bytes (a sample cut inside a character) become U+FFFD,
+// as in the JSONL files.
+std::string valid_utf8(std::string_view s) {
+  if (utf8_valid(s)) return std::string(s);
+  std::string out;
+  utf8_repair(s, out);
+  return out;
 }
 
 }  // namespace
@@ -234,12 +245,12 @@ EventFileWriter EventFileWriter::resume(const std::filesystem::path& path, uint6
 
 void EventFileWriter::add_scalar(std::string_view tag, double value, int64_t step,
                                  double wall_time) {
-  file_.write(tfrecord(scalar_event(wall_time, step, tag, static_cast<float>(value))));
+  file_.write(tfrecord(scalar_event(wall_time, step, valid_utf8(tag), static_cast<float>(value))));
 }
 
 void EventFileWriter::add_text(std::string_view tag, std::string_view text, int64_t step,
                                double wall_time) {
-  file_.write(tfrecord(text_event(wall_time, step, tag, text)));
+  file_.write(tfrecord(text_event(wall_time, step, valid_utf8(tag), valid_utf8(text))));
 }
 
 }  // namespace pollen::obs

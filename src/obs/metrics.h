@@ -87,6 +87,7 @@ class EventFileWriter {
   // Reopens an existing file at a saved position (one cut shorter goes on from its end, warning).
   static EventFileWriter resume(const std::filesystem::path& path, uint64_t position);
 
+  // Invalid UTF-8 in tags and text becomes U+FFFD.
   void add_scalar(std::string_view tag, double value, int64_t step, double wall_time);
   void add_text(std::string_view tag, std::string_view text, int64_t step, double wall_time);
   AppendFile& file() { return file_; }

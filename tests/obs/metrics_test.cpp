@@ -250,6 +250,11 @@ TEST(TensorBoard, OwnReaderReadsOurScalarsAndText) {
     w.add_scalar("train/loss", 2.5, 4, 1700000004.0);
     w.add_scalar("val/loss", 3.25, 4, 1700000004.0);
     w.add_text("samples", "**Once** upon a time", 4, 1700000004.0);
+    // Bytes that are not UTF-8 (a tag from a folder name, a sample cut inside a character)
+    // become U+FFFD: TensorBoard would drop the rest of the file, or fail to show the text.
+    w.add_scalar("eval/caf\xC3/loss", 1.5, 4, 1700000004.0);
+    w.add_text("cut", "a euro \xE2\x82", 4, 1700000004.0);
+    w.add_scalar("after/bad", 7.0, 4, 1700000004.0);
     w.file().sync();
   }
   // tensorboard's record reader checks both CRCs of every record; the accumulator parses the
@@ -269,12 +274,17 @@ for e in acc.Tensors('samples'):
     print('text', e.step, acc.SummaryMetadata('samples').plugin_data.plugin_name,
           [d.size for d in e.tensor_proto.tensor_shape.dim],
           e.tensor_proto.string_val[0].decode())
+print('unicode', *[ascii(t) for t in sorted(acc.Tags()['scalars']) if not t.isascii()],
+      ascii(acc.Tensors('cut')[0].tensor_proto.string_val[0].decode()))
 )PY";
   write_file_atomic(d / "read.py", script);
   const std::string out = run_capture(
       python + " " + (d / "read.py").string() + " " + file.string() + " " + d.string(), &status);
   ASSERT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("records 10"), std::string::npos) << out;  // file_version, 8 scalars, text
+  // file_version, 10 scalars, 2 texts
+  EXPECT_NE(out.find("records 13"), std::string::npos) << out;
+  EXPECT_NE(out.find("unicode 'eval/caf\\ufffd/loss' 'a euro \\ufffd'"), std::string::npos) << out;
+  EXPECT_NE(out.find("after/bad 4 7.0 1700000004"), std::string::npos) << out;
   EXPECT_NE(out.find("text 4 text [1] **Once** upon a time"), std::string::npos) << out;
   EXPECT_NE(out.find("train/loss 1 10.0 1700000001"), std::string::npos) << out;
   EXPECT_NE(out.find("train/loss 3 3.333333 1700000003"), std::string::npos) << out;
