@@ -3,6 +3,7 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -12,7 +13,8 @@
 namespace pollen::obs {
 
 std::string format_duration(double s) {
-  if (!std::isfinite(s) || s < 0) return "?";
+  // Past about 300 years an estimate says nothing (and llround would overflow near 9.2e18 s).
+  if (!std::isfinite(s) || s < 0 || s > 1e10) return "?";
   const auto total = static_cast<int64_t>(std::llround(s));
   const int64_t h = total / 3600, m = total / 60 % 60, sec = total % 60;
   char buf[32];
@@ -31,7 +33,9 @@ std::string format_duration(double s) {
 std::string progress_line(const std::string& label, int64_t done, int64_t total,
                           const std::string& fields, const std::string& eta, int columns) {
   constexpr int width = 24;
-  const double frac = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1;
+  // Clamped: a count past its total (or below 0) still draws a bar of `width`.
+  const double frac =
+      total > 0 ? std::clamp(static_cast<double>(done) / static_cast<double>(total), 0.0, 1.0) : 1;
   const int filled = static_cast<int>(frac * width);
   std::string bar(static_cast<size_t>(filled), '#');
   bar.append(static_cast<size_t>(width - filled), '.');

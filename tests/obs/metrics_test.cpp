@@ -204,6 +204,7 @@ TEST(Progress, FormatsDurations) {
   EXPECT_EQ(obs::format_duration(185), "3m05s");
   EXPECT_EQ(obs::format_duration(3725), "1h02m");
   EXPECT_EQ(obs::format_duration(NAN), "?");
+  EXPECT_EQ(obs::format_duration(1e19), "?");  // llround would overflow: it read "-8s"
 }
 
 // A bar wider than the terminal would wrap, and \r could no longer redraw it in place: the line
@@ -222,6 +223,11 @@ TEST(Progress, LinesFitTheTerminal) {
   EXPECT_EQ(obs::progress_line("train", 10, 30, fields, "8s", 21), "train [########.....");
   EXPECT_EQ(obs::progress_line("train", 30, 30, "", "0s", 80),
             "train [########################] 30/30 eta 0s");
+  // A count past its total, or below 0, draws a full or an empty bar (it threw length_error).
+  EXPECT_EQ(obs::progress_line("train", 31, 30, "", "0s", 80),
+            "train [########################] 31/30 eta 0s");
+  EXPECT_EQ(obs::progress_line("train", -1, 30, "", "?", 80),
+            "train [........................] -1/30 eta ?");
 }
 
 TEST(TensorBoard, OwnReaderReadsOurScalarsAndText) {
