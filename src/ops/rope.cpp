@@ -10,6 +10,7 @@
 #include "ops/cpu/rope.h"
 #include "ops/cuda/kernels.h"
 #include "ops/profile.h"
+#include "tensor/cuda_context.h"
 
 namespace pollen::ops {
 namespace {
@@ -38,17 +39,20 @@ Tensor device_inv_freq(const RopeParams& params, int64_t dim) {
   struct Entry {
     RopeParams params;
     int64_t dim;
-    Tensor inv_freq;  // (D/2) f64 on the GPU
+    int device;       // the GPU it lies on: a thread may move to another
+    Tensor inv_freq;  // (D/2) f64 on that GPU
   };
   thread_local std::vector<Entry> cache;
+  const int device = ::pollen::cuda::current_device();
   for (const Entry& e : cache)
-    if (e.params == params && e.dim == dim) return e.inv_freq;
+    if (e.params == params && e.dim == dim && e.device == device) return e.inv_freq;
   std::vector<double> inv_freq(static_cast<size_t>(dim / 2));
   for (int64_t i = 0; i < dim / 2; ++i)
     inv_freq[static_cast<size_t>(i)] = rope_inv_freq(params, dim, i);
   constexpr size_t kMaxEntries = 16;
   if (cache.size() == kMaxEntries) cache.erase(cache.begin());
-  cache.push_back({params, dim, Tensor::from<double>({dim / 2}, inv_freq).to(Device::cuda)});
+  cache.push_back(
+      {params, dim, device, Tensor::from<double>({dim / 2}, inv_freq).to(Device::cuda)});
   return cache.back().inv_freq;
 }
 
