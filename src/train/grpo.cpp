@@ -112,11 +112,29 @@ double mean_of(const std::vector<double>& v) {
   return v.empty() ? 0.0 : std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
 }
 
-double population_std(const std::vector<double>& v) {
-  const double m = mean_of(v);
-  double s = 0;
-  for (double x : v) s += (x - m) * (x - m);
-  return v.empty() ? 0.0 : std::sqrt(s / static_cast<double>(v.size()));
+// A reward of (prompt text, completion, answer) as a rollout's.
+RolloutReward rollout_reward(RewardFunction f) {
+  return [f = std::move(f)](const GrpoPrompt& p, std::string_view completion) {
+    return f(p.text, completion, p.answer);
+  };
+}
+
+// The mean over groups (of `group` consecutive rewards) of each group's sample standard deviation,
+// as TRL reports reward_std: the spread the advantages see, 0 when every group agrees.
+double mean_group_std(const std::vector<double>& rewards, int64_t group) {
+  const size_t g = static_cast<size_t>(group);
+  if (g < 2 || rewards.size() < g) return 0.0;
+  double sum = 0;
+  const size_t groups = rewards.size() / g;
+  for (size_t k = 0; k < groups; ++k) {
+    const std::vector<double> one(rewards.begin() + static_cast<std::ptrdiff_t>(k * g),
+                                  rewards.begin() + static_cast<std::ptrdiff_t>((k + 1) * g));
+    const double m = mean_of(one);
+    double s = 0;
+    for (double x : one) s += (x - m) * (x - m);
+    sum += std::sqrt(s / static_cast<double>(g - 1));
+  }
+  return sum / static_cast<double>(groups);
 }
 
 std::vector<uint32_t> stop_tokens_for(const tokenizer::Tokenizer& tokenizer,
@@ -205,6 +223,13 @@ std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
           POLLEN_CHECK(chat.back().role != "assistant", where,
                        ": the last message is the assistant's; the completion is what is sampled");
           p.text = tokenizer::render_chat(chat_format, chat, true);
+          // The turn's end: what the template writes after a reply, found around a marker.
+          const std::string marker = "pollen-reply-marker";
+          auto replied = chat;
+          replied.push_back({"assistant", marker});
+          const std::string full = tokenizer::render_chat(chat_format, replied, false);
+          if (full.starts_with(p.text + marker))
+            p.turn_end = full.substr(p.text.size() + marker.size());
         } else {
           fail(where, ": expected a \"prompt\" (text) or \"messages\" (a conversation)");
         }
@@ -235,11 +260,11 @@ GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction rew
   options_ = read_grpo_options(section, context.base_dir, &verifier);
   section.finish();
   if (reward)
-    reward_ = std::move(reward);
+    reward_ = rollout_reward(std::move(reward));
   else if (!options_.reward_model.empty())
     reward_ = reward_model_reward(options_.reward_model, *tokenizer_, verifier);
   else
-    reward_ = verifier;
+    reward_ = rollout_reward(verifier);
   prompts_ = read_grpo_prompts(options_.data, *tokenizer_, context.chat_format, verifier);
   if (!options_.eval_data.empty() && jsonl_has_records(options_.eval_data))
     eval_prompts_ =
@@ -266,7 +291,7 @@ GrpoObjective::GrpoObjective(const GrpoOptions& options, std::vector<GrpoPrompt>
     : options_(options),
       prompts_(std::move(prompts)),
       eval_prompts_(std::move(eval_prompts)),
-      reward_(std::move(reward)),
+      reward_(rollout_reward(std::move(reward))),
       tokenizer_(&tokenizer),
       stop_tokens_(std::move(stop_tokens)),
       seed_(seed) {
@@ -336,7 +361,7 @@ Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
     // so that the policy learns to stop.
     if (gens[m].stop_token) tokens.back().push_back(*gens[m].stop_token);
     const GrpoPrompt& p = prompts_[r.prompt[mine[m]]];
-    rewards.push_back(reward_(p.text, gens[m].text, p.answer));
+    rewards.push_back(reward_(p, gens[m].text));
   }
   gather_completions(share_, mine, tokens, rewards, r);
   r.advantages = group_advantages(r.rewards, g_size, options_.scale_rewards);
@@ -462,7 +487,7 @@ ObjectiveStep GrpoObjective::train_step(const model::Llama& model, int64_t step)
   int64_t correct = 0;
   for (double reward : r.rewards) correct += reward >= 1.0;
   out.metrics["reward"] = mean_of(r.rewards);
-  out.metrics["reward_std"] = population_std(r.rewards);
+  out.metrics["reward_std"] = mean_group_std(r.rewards, options_.group_size);
   out.metrics["accuracy"] = static_cast<double>(correct) / static_cast<double>(n);
   out.metrics["completion_length"] = static_cast<double>(total.tokens) / static_cast<double>(n);
   if (options_.loss.beta > 0)
@@ -497,7 +522,7 @@ ObjectiveStep GrpoObjective::evaluate(const model::Llama& model) {
   std::vector<double> rewards(n + 1, 0.0);  // per prompt, then the tokens run
   for (size_t m = 0; m < mine.size(); ++m) {
     const GrpoPrompt& p = eval_prompts_[mine[m]];
-    rewards[mine[m]] = reward_(p.text, gens[m].text, p.answer);
+    rewards[mine[m]] = reward_(p, gens[m].text);
     rewards[n] += static_cast<double>(prompts[m].size() + gens[m].tokens.size());
   }
   share_.sum(rewards, "the held-out rewards");
@@ -549,8 +574,8 @@ void GrpoObjective::restore(const nlohmann::ordered_json& state) {
                  prompts_.size(), " (a different data file?)");
 }
 
-RewardFunction reward_model_reward(const std::filesystem::path& reward_model,
-                                   const tokenizer::Tokenizer& tokenizer, RewardFunction verifier) {
+RolloutReward reward_model_reward(const std::filesystem::path& reward_model,
+                                  const tokenizer::Tokenizer& tokenizer, RewardFunction verifier) {
   auto rm = std::make_shared<const RewardModel>(load_reward_model(reward_model));
   // The reward model reads the policy's token ids: its own tokenizer must be the policy's.
   const std::filesystem::path rm_tokenizer = reward_model / "tokenizer.json";
@@ -565,16 +590,17 @@ RewardFunction reward_model_reward(const std::filesystem::path& reward_model,
                "grpo: the reward model '", reward_model.string(), "' knows ",
                rm->decoder->config().vocab_size, " token ids, the policy's tokenizer ",
                tokenizer.vocab_size(), " (the reward model must share the policy's tokenizer)");
-  return [rm, &tokenizer, verifier = std::move(verifier)](
-             std::string_view prompt, std::string_view completion, std::string_view answer) {
+  return [rm, &tokenizer, verifier = std::move(verifier)](const GrpoPrompt& prompt,
+                                                          std::string_view completion) {
     const tokenizer::EncodeOptions options{tokenizer::SpecialPolicy::allow_all(), false};
     ScoredSequence s;
-    s.ids = tokenizer.encode(prompt, options);
+    s.ids = tokenizer.encode(prompt.text, options);
     s.prompt_tokens = static_cast<int64_t>(s.ids.size());
-    const std::vector<uint32_t> reply = tokenizer.encode(completion, options);
+    const std::vector<uint32_t> reply =
+        tokenizer.encode(std::string(completion) + prompt.turn_end, options);
     s.ids.insert(s.ids.end(), reply.begin(), reply.end());
     double reward = score_sequences(*rm->decoder, rm->score, {s}, 1)[0];
-    if (verifier) reward += verifier(prompt, completion, answer);
+    if (verifier) reward += verifier(prompt.text, completion, prompt.answer);
     return reward;
   };
 }

@@ -59,7 +59,13 @@ struct GrpoPrompt {
   std::string text;
   std::vector<uint32_t> tokens;
   std::string answer;
+  // A conversation's: what the chat template writes after the assistant's reply (ChatML's
+  // "<|im_end|>\n"), which a reward model trained on chat pairs read at the end of every reply.
+  std::string turn_end;
 };
+
+// A rollout's reward from its prompt and its completion.
+using RolloutReward = std::function<double(const GrpoPrompt& prompt, std::string_view completion)>;
 
 // Reads prompts JSONL; errors name the file, the line and the field. Every answer is checked by
 // the verifier (a numeric verifier refuses an answer that is not a number); without a verifier
@@ -124,7 +130,7 @@ class GrpoObjective : public Objective {
 
   GrpoOptions options_;
   std::vector<GrpoPrompt> prompts_, eval_prompts_;
-  RewardFunction reward_;
+  RolloutReward reward_;
   const tokenizer::Tokenizer* tokenizer_;
   std::vector<uint32_t> stop_tokens_;
   uint64_t seed_;
@@ -133,10 +139,11 @@ class GrpoObjective : public Objective {
   RankShare share_;
 };
 
-// The reward model's score of `prompt` followed by `completion` (each encoded by `tokenizer`, as
-// `pollen rm score` encodes a prompt/response record), plus `verifier`'s reward when it is set.
-RewardFunction reward_model_reward(const std::filesystem::path& reward_model,
-                                   const tokenizer::Tokenizer& tokenizer, RewardFunction verifier);
+// The reward model's score of the prompt followed by the completion and, for a conversation, the
+// end of the assistant's turn (each encoded by `tokenizer`, as `pollen rm score` encodes a
+// prompt/response record, chat or text), plus `verifier`'s reward when it is set.
+RolloutReward reward_model_reward(const std::filesystem::path& reward_model,
+                                  const tokenizer::Tokenizer& tokenizer, RewardFunction verifier);
 
 // The objective of a run file: with beta > 0 and no `reference` key, the KL reference is the
 // run's base model (`base`, as the run file names it), also when the run resumes.

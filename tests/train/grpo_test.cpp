@@ -210,6 +210,9 @@ TEST(Grpo, ReadsPromptsAndRendersConversations) {
   EXPECT_EQ(prompts[1].answer, "4");
   EXPECT_EQ(prompts[2].answer, "2.5");
   EXPECT_EQ(t.tok.decode(prompts[1].tokens), prompts[1].text);
+  // What the template writes after the assistant's reply: a conversation's only.
+  EXPECT_EQ(prompts[0].turn_end, "");
+  EXPECT_EQ(prompts[1].turn_end, "<|im_end|>\n");
 }
 
 TEST(Grpo, BadPromptsAndKeysAreNamed) {
@@ -274,6 +277,16 @@ TEST(Grpo, SamplingIsAFunctionOfSeedAndStepAndOneUpdateHasRatioOne) {
   EXPECT_EQ(a.rollouts().rewards, b.rollouts().rewards);
   EXPECT_EQ(sa.loss, sb.loss);
   EXPECT_EQ(a.rollouts().tokens.size(), 12u);
+  // reward_std as TRL reports it: the mean over the two groups of six of each one's sample
+  // standard deviation (not the spread of all twelve, which differing groups would inflate).
+  double group_std = 0;
+  for (size_t g = 0; g < 2; ++g) {
+    double mean = 0, squares = 0;
+    for (size_t i = 0; i < 6; ++i) mean += a.rollouts().rewards[6 * g + i] / 6;
+    for (size_t i = 0; i < 6; ++i) squares += std::pow(a.rollouts().rewards[6 * g + i] - mean, 2);
+    group_std += std::sqrt(squares / 5) / 2;
+  }
+  EXPECT_NEAR(sa.metrics["reward_std"].get<double>(), group_std, 1e-12);
   // Another step samples other completions; each group holds one prompt.
   a.train_step(m, 4);
   EXPECT_NE(a.rollouts().tokens, b.rollouts().tokens);
@@ -432,8 +445,11 @@ TEST(Grpo, ARewardModelWithAnotherTokenizerIsRefused) {
 
 TEST(Grpo, RewardsFromARewardModelAreItsScores) {
   TinyGrpo t;
-  // Prompts without answers: the reward model alone scores them.
-  t.write("p.jsonl", "{\"prompt\": \"The cat sat on\"}\n{\"prompt\": \"Paris is the\"}\n");
+  // Prompts without answers: the reward model alone scores them. A conversation's completion is
+  // scored as the whole assistant turn, its end included, as the reward model read chat pairs.
+  t.write("p.jsonl",
+          "{\"prompt\": \"The cat sat on\"}\n"
+          "{\"messages\": [{\"role\": \"user\", \"content\": \"Paris is the\"}]}\n");
   const model::Llama rm_decoder = testing::tiny_model(t.tok.vocab_size(), 11);
   Tensor w = Tensor::empty({1, rm_decoder.config().hidden_size}, DType::f32);
   for (int64_t i = 0; i < w.numel(); ++i)
@@ -459,7 +475,8 @@ TEST(Grpo, RewardsFromARewardModelAreItsScores) {
     ScoredSequence s;
     s.ids = prompts[r.prompt[i]].tokens;
     s.prompt_tokens = static_cast<int64_t>(s.ids.size());
-    const std::vector<uint32_t> reply = t.tok.encode(t.tok.decode(tokens), specials);
+    const std::vector<uint32_t> reply =
+        t.tok.encode(t.tok.decode(tokens) + prompts[r.prompt[i]].turn_end, specials);
     s.ids.insert(s.ids.end(), reply.begin(), reply.end());
     sequences.push_back(std::move(s));
   }
@@ -476,7 +493,8 @@ TEST(Grpo, RewardsFromARewardModelAreItsScores) {
   // meets) and the prompts need their answers again.
   t.write("p.jsonl",
           "{\"prompt\": \"The cat sat on\", \"answer\": 1}\n"
-          "{\"prompt\": \"Paris is the\", \"answer\": 2}\n");
+          "{\"messages\": [{\"role\": \"user\", \"content\": \"Paris is the\"}], "
+          "\"answer\": 2}\n");
   GrpoObjective both(t.context(std::string(kTinyRun) +
                                "reward_model = \"rm\"\n[verifier]\nkind = \"regex\"\n"
                                "pattern = \"\"\n"));
