@@ -2,9 +2,11 @@
 #include "base/json_depth.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <random>
 #include <set>
 
+#include "base/utf8.h"
 #include "eval/multiple_choice.h"
 
 namespace pollen::serve {
@@ -67,6 +69,33 @@ void neutral_only(const json& body) {
     bad_request("model", "'model' must be a string");
 }
 
+// Chat fields that clients and frameworks send at values that ask for nothing this server lacks:
+// accepted there (store and metadata: nothing is stored), refused otherwise as unsupported.
+void neutral_chat_only(const json& body) {
+  const auto given = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
+  if (given("response_format") &&
+      !(body["response_format"].is_object() && body["response_format"].size() == 1 &&
+        body["response_format"].value("type", "") == "text"))
+    bad_request("response_format",
+                "'response_format' must be {\"type\": \"text\"}: structured outputs are not "
+                "supported",
+                "unsupported_value");
+  if (given("tools") && !(body["tools"].is_array() && body["tools"].empty()))
+    bad_request("tools", "'tools' is not supported (tool calls are not)", "unsupported_value");
+  if (given("tool_choice") && body["tool_choice"] != json("none") &&
+      body["tool_choice"] != json("auto"))
+    bad_request("tool_choice", "'tool_choice' must be \"none\" or \"auto\": there are no tools",
+                "unsupported_value");
+  if (given("parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean())
+    bad_request("parallel_tool_calls", "'parallel_tool_calls' must be true or false");
+  if (given("store") && !body["store"].is_boolean())
+    bad_request("store", "'store' must be true or false");
+  if (given("metadata") && !body["metadata"].is_object())
+    bad_request("metadata", "'metadata' must be an object");
+  if (given("service_tier") && !body["service_tier"].is_string())
+    bad_request("service_tier", "'service_tier' must be a string");
+}
+
 // stream_options ({"include_usage": bool}), which only a streamed request may carry: whether a
 // last chunk brings the request's usage.
 bool include_usage(const json& body, bool stream) {
@@ -91,45 +120,40 @@ int64_t choices_per_prompt(const json& body, const Limits& limits) {
   return integer_in(body, "n", 1, limits.max_prompts, 1);
 }
 
-void check_model(const json& body, const ServedModel& model) {
-  if (body.contains("model") && body["model"].is_string() &&
-      body["model"].get<std::string>() != model.name)
-    throw ApiError(404, "invalid_request_error", "model_not_found", "model",
-                   cat("The model '", body["model"].get<std::string>(),
-                       "' does not exist; this server serves '", model.name, "'"));
-}
-
 std::vector<std::string> stop_strings(const json& body) {
   if (!body.contains("stop") || body["stop"].is_null()) return {};
   const json& v = body["stop"];
   if (v.is_string()) return {v.get<std::string>()};
-  if (v.is_array() && v.size() <= 4 &&
+  // OpenAI takes 4; evaluation harnesses send more (lm-evaluation-harness: a task's stops and the
+  // EOS), so up to 64.
+  if (v.is_array() && v.size() <= 64 &&
       std::all_of(v.begin(), v.end(), [](const json& s) { return s.is_string(); }))
     return v.get<std::vector<std::string>>();
-  bad_request("stop", "'stop' must be a string or a list of at most 4 strings, got " + shown(v));
+  bad_request("stop", "'stop' must be a string or a list of at most 64 strings, got " + shown(v));
 }
 
 // temperature, top_p, seed, stop and the token budget, shared by both endpoints.
 model::SamplingOptions sampling(const json& body, const ServedModel& model, const Limits& limits,
-                                int64_t max_tokens_default, const std::string& max_tokens_key) {
+                                int64_t max_tokens_default, const std::string& max_tokens_key,
+                                int64_t min_tokens) {
   model::SamplingOptions o;
   o.max_tokens = max_tokens_default;
   if (body.contains(max_tokens_key) && !body[max_tokens_key].is_null()) {
     const json& v = body[max_tokens_key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 0)
-      bad_request(max_tokens_key,
-                  cat("'", max_tokens_key, "' must be a non-negative integer, got ", shown(v)));
-    if (v.get<int64_t>() > limits.max_tokens)
-      bad_request(max_tokens_key,
-                  cat("'", max_tokens_key, "' is ", v.get<int64_t>(),
-                      "; this server generates at most ", limits.max_tokens, " tokens"),
-                  "max_tokens_exceeded");
+    if (!v.is_number_integer() || v.get<int64_t>() < min_tokens)
+      bad_request(max_tokens_key, cat("'", max_tokens_key, "' must be an integer of at least ",
+                                      min_tokens, ", got ", shown(v)));
     o.max_tokens = v.get<int64_t>();
   }
+  // More than --max-tokens asked (many clients send 2048 or 4096 by default): as many as the
+  // server generates, the choice then ending with finish_reason "length".
   o.max_tokens = std::min(o.max_tokens, limits.max_tokens);
   o.temperature = number_in(body, "temperature", 0, 2, 1.0);
   o.top_p = number_in(body, "top_p", 0, 1, 1.0);
-  if (o.top_p <= 0) bad_request("top_p", "'top_p' must be above 0");
+  if (o.top_p == 0) {  // OpenAI takes 0: the most likely token alone, which is greedy decoding
+    o.top_p = 1;
+    o.temperature = 0;
+  }
   if (body.contains("seed") && !body["seed"].is_null()) {
     if (!body["seed"].is_number_integer())
       bad_request("seed", "'seed' must be an integer, got " + shown(body["seed"]));
@@ -173,16 +197,45 @@ std::vector<uint32_t> encode_prompt(const std::string& text, const tokenizer::To
   return ids;
 }
 
-json top_json(const tokenizer::Tokenizer& tok, const eval::TokenScore& s) {
+// A token as completions' logprobs name it: its text, or for one that is not whole UTF-8 (a part
+// of a character) "bytes:\xe4\xb8", as OpenAI writes such tokens, so that no two tokens share a
+// name and none reads as U+FFFD.
+std::string token_name(const tokenizer::Tokenizer& tok, uint32_t id) {
+  const std::string text = tok.decode(std::vector<uint32_t>{id});
+  if (utf8_valid(text)) return text;
+  std::string name = "bytes:";
+  char hex[8];
+  for (const char c : text) {
+    std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+    name += hex;
+  }
+  return name;
+}
+
+// {token: logprob} of the most likely tokens, and of the chosen one (`chosen`) when it is not
+// among them: OpenAI returns up to logprobs + 1 entries.
+json top_json(const tokenizer::Tokenizer& tok, const eval::TokenScore& s, uint32_t chosen) {
   json top = json::object();
   for (const auto& [id, lp] : s.top) {
-    const std::string text = tok.decode(std::vector<uint32_t>{id});
-    if (!top.contains(text)) top[text] = lp;
+    const std::string name = token_name(tok, id);
+    if (!top.contains(name)) top[name] = lp;
+  }
+  if (!s.top.empty()) {
+    const std::string name = token_name(tok, chosen);
+    if (!top.contains(name)) top[name] = s.logprob;
   }
   return top;
 }
 
 }  // namespace
+
+void check_model(const json& body, const ServedModel& model) {
+  if (body.contains("model") && body["model"].is_string() &&
+      body["model"].get<std::string>() != model.name)
+    throw ApiError(404, "invalid_request_error", "model_not_found", "model",
+                   cat("The model '", body["model"].get<std::string>(),
+                       "' does not exist; this server serves '", model.name, "'"));
+}
 
 void bad_request(const std::string& param, const std::string& message, const std::string& code) {
   throw ApiError(400, "invalid_request_error", code, param, message);
@@ -211,7 +264,8 @@ json parse_body(const std::string& body) {
 }
 
 void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& model,
-                         const Limits& limits, const std::string& prompt_field) {
+                         const Limits& limits, const std::string& prompt_field,
+                         int64_t min_completion) {
   const int64_t n = static_cast<int64_t>(tokens);
   const int64_t most = limits.max_prompt_tokens > 0
                            ? std::min(limits.max_prompt_tokens, model.context)
@@ -220,11 +274,16 @@ void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& m
     bad_request(prompt_field,
                 cat("The prompt has ", n, " tokens; this server takes at most ", most),
                 "context_length_exceeded");
-  if (n + max_tokens > model.context)
-    bad_request("max_tokens",
-                cat("The prompt's ", n, " tokens plus max_tokens ", max_tokens,
-                    " exceed the model's context of ", model.context, " tokens"),
-                "context_length_exceeded");
+  // Worded as OpenAI's, which some frameworks look for; a chat reply needs one token at least.
+  const int64_t asked = std::max(max_tokens, min_completion);
+  if (n + asked > model.context)
+    bad_request(
+        prompt_field,
+        cat("This model's maximum context length is ", model.context,
+            " tokens. However, you requested ", n + asked, " tokens (", n, " in the ", prompt_field,
+            ", ", asked, " in the completion). Please reduce the length of the ", prompt_field,
+            " or completion."),
+        "context_length_exceeded");
 }
 
 CompletionRequest parse_completion_request(const json& body, const tokenizer::Tokenizer& tok,
@@ -238,7 +297,7 @@ CompletionRequest parse_completion_request(const json& body, const tokenizer::To
   if (body.contains("suffix") && !body["suffix"].is_null())
     bad_request("suffix", "'suffix' is not supported", "unsupported_value");
   CompletionRequest r;
-  r.sampling = sampling(body, model, limits, 16, "max_tokens");
+  r.sampling = sampling(body, model, limits, 16, "max_tokens", 0);
   r.echo = boolean(body, "echo");
   r.stream = boolean(body, "stream");
   r.include_usage = include_usage(body, r.stream);
@@ -312,11 +371,32 @@ std::vector<uint32_t> parse_detokenize_request(const json& body, const tokenizer
 }
 
 ChatRequest parse_chat_request(const json& body, const ServedModel& model, const Limits& limits) {
-  refuse_unknown_fields(
-      body, {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-             "stop", "seed", "stream", "stream_options", "n", "presence_penalty",
-             "frequency_penalty", "logit_bias", "user", "logprobs", "top_logprobs"});
+  refuse_unknown_fields(body, {"model",
+                               "messages",
+                               "max_tokens",
+                               "max_completion_tokens",
+                               "temperature",
+                               "top_p",
+                               "stop",
+                               "seed",
+                               "stream",
+                               "stream_options",
+                               "n",
+                               "presence_penalty",
+                               "frequency_penalty",
+                               "logit_bias",
+                               "user",
+                               "logprobs",
+                               "top_logprobs",
+                               "response_format",
+                               "tools",
+                               "tool_choice",
+                               "parallel_tool_calls",
+                               "store",
+                               "metadata",
+                               "service_tier"});
   neutral_only(body);
+  neutral_chat_only(body);
   check_model(body, model);
   ChatRequest r;
   const bool logprobs = boolean(body, "logprobs");
@@ -328,7 +408,7 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
       body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
           ? "max_completion_tokens"
           : "max_tokens";
-  r.sampling = sampling(body, model, limits, limits.max_tokens, budget_key);
+  r.sampling = sampling(body, model, limits, limits.max_tokens, budget_key, 1);
   r.budget_given = body.contains(budget_key) && !body[budget_key].is_null();
   r.stream = boolean(body, "stream");
   r.include_usage = include_usage(body, r.stream);
@@ -417,7 +497,7 @@ json completion_logprobs(const tokenizer::Tokenizer& tok, const std::vector<uint
   all.insert(all.end(), gen.begin(), gen.end());
   const size_t first = echo ? 0 : prompt.size();
   for (size_t i = first; i < all.size(); ++i) {
-    tokens.push_back(tok.decode(std::vector<uint32_t>{all[i]}));
+    tokens.push_back(token_name(tok, all[i]));
     offsets.push_back(rendered_chars(tok.decode(std::span<const uint32_t>(all.data(), i))));
     const bool in_prompt = i < prompt.size();
     const std::optional<eval::TokenScore>* ps =
@@ -428,7 +508,7 @@ json completion_logprobs(const tokenizer::Tokenizer& tok, const std::vector<uint
     } else {
       const eval::TokenScore& s = in_prompt ? **ps : r.token_scores[i - prompt.size()];
       lps.push_back(s.logprob);
-      tops.push_back(top_json(tok, s));
+      tops.push_back(top_json(tok, s, all[i]));
     }
   }
   return {{"tokens", tokens},

@@ -97,10 +97,15 @@ TokenizeRequest parse_tokenize_request(const nlohmann::json& body);
 std::vector<uint32_t> parse_detokenize_request(const nlohmann::json& body,
                                                const tokenizer::Tokenizer& tok);
 
-// The prompt's tokens within the limits (a 400 otherwise, naming `prompt_field` or max_tokens):
-// max_prompt_tokens, and the context holding prompt + max_tokens.
+// A 404 model_not_found unless the body's "model" (when given) is the served model's name.
+void check_model(const nlohmann::json& body, const ServedModel& model);
+
+// The prompt's tokens within the limits (a 400 context_length_exceeded otherwise, naming
+// `prompt_field`): max_prompt_tokens, and the context holding prompt + max(max_tokens,
+// min_completion).
 void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& model,
-                         const Limits& limits, const std::string& prompt_field = "prompt");
+                         const Limits& limits, const std::string& prompt_field = "prompt",
+                         int64_t min_completion = 0);
 
 // OpenAI's logprobs object of a completion choice: tokens, token_logprobs (null for a first
 // prompt token), top_logprobs ({token: logprob}) and text_offset (characters of the prompt and

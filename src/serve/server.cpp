@@ -1,13 +1,16 @@
 #include "serve/server.h"
 
 #include <openssl/crypto.h>
+#include <strings.h>
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 
 #include "base/http_server.h"
+#include "base/rng.h"
 #include "obs/prometheus.h"
 #include "serve/connection.h"
 
@@ -51,6 +54,15 @@ int64_t unix_time() {
       .count();
 }
 
+// A response id unique across restarts (as OpenAI's are): 128 random bits in hex.
+std::string response_id(const char* prefix) {
+  char hex[40];
+  std::snprintf(hex, sizeof hex, "%016llx%016llx",
+                static_cast<unsigned long long>(os_entropy_u64()),
+                static_cast<unsigned long long>(os_entropy_u64()));
+  return cat(prefix, hex);
+}
+
 bool same_key(const std::string& given, const std::string& key) {
   return given.size() == key.size() && CRYPTO_memcmp(given.data(), key.data(), key.size()) == 0;
 }
@@ -59,7 +71,9 @@ bool same_key(const std::string& given, const std::string& key) {
 bool authorized(const httplib::Request& req, const std::string& api_key) {
   if (api_key.empty()) return true;
   const std::string auth = req.get_header_value("Authorization");
-  return auth.starts_with("Bearer ") && same_key(auth.substr(7), api_key);
+  // The scheme is case-insensitive (RFC 9110): "bearer KEY" too.
+  return auth.size() > 7 && strncasecmp(auth.c_str(), "Bearer ", 7) == 0 &&
+         same_key(auth.substr(7), api_key);
 }
 
 // Keeps a request counted as in flight for as long as it lives (a stream: until it ends).
@@ -120,7 +134,7 @@ void stream_events(httplib::Response& res, std::shared_ptr<Slot> slot,
     return false;
   };
   res.set_chunked_content_provider(
-      "text/event-stream",
+      "text/event-stream; charset=utf-8",
       [slot, queue, results, finish, finished, gone](size_t, httplib::DataSink& sink) {
         if (!sink.is_writable()) return gone();
         std::deque<std::string> ready;
@@ -359,15 +373,20 @@ void Server::add_routes() {
     request_start = {};
     requests_.count(req.path, endpoint_method(req.path) != nullptr, res.status, seconds);
   });
-  http_->Get("/v1/models", api([this](const httplib::Request&, httplib::Response& res, auto) {
-               const json models = {{"object", "list"},
-                                    {"data",
-                                     {{{"id", options_.model.name},
-                                       {"object", "model"},
-                                       {"created", unix_time()},
-                                       {"owned_by", "pollen"},
-                                       {"max_model_len", options_.model.context}}}}};
-               res.set_content(dump(models), "application/json");
+  // The one model, as /v1/models lists it and /v1/models/{id} retrieves it; created: when the
+  // server started.
+  const json served = {{"id", options_.model.name},
+                       {"object", "model"},
+                       {"created", unix_time()},
+                       {"owned_by", "pollen"},
+                       {"max_model_len", options_.model.context}};
+  http_->Get("/v1/models", api([served](const httplib::Request&, httplib::Response& res, auto) {
+               res.set_content(dump({{"object", "list"}, {"data", {served}}}), "application/json");
+             }));
+  http_->Get("/v1/models/(.+)",
+             api([this, served](const httplib::Request& req, httplib::Response& res, auto) {
+               check_model({{"model", req.matches[1].str()}}, options_.model);
+               res.set_content(dump(served), "application/json");
              }));
 
   // vLLM's tokenizer endpoints, which lm-evaluation-harness's remote tokenizer uses.
@@ -414,7 +433,7 @@ void Server::add_routes() {
         for (size_t k = 0; k < r.prompts.size() * n; ++k)
           seqs.push_back({r.prompts[k / n], r.sampling, Rng(r.sampling.seed).fork(k),
                           r.echo && r.logprobs.has_value(), r.logprobs.value_or(0)});
-        const std::string id = cat("cmpl-", ++next_id_);
+        const std::string id = response_id("cmpl-");
         const int64_t created = unix_time();
         const std::string name = options_.model.name;
         const bool with_usage = r.include_usage;
@@ -488,13 +507,13 @@ void Server::add_routes() {
         if (!r.budget_given)
           r.sampling.max_tokens = std::min(r.sampling.max_tokens, std::max<int64_t>(room, 0));
         check_prompt_length(prompt.size(), r.sampling.max_tokens, options_.model, options_.limits,
-                            "messages");
+                            "messages", 1);
         // Choice j is sampled from Rng(seed).fork(j).
         std::vector<Sequence> seqs;
         for (int64_t j = 0; j < r.n; ++j)
           seqs.push_back({prompt, r.sampling, Rng(r.sampling.seed).fork(static_cast<uint64_t>(j)),
                           false, r.logprobs.value_or(0)});
-        const std::string id = cat("chatcmpl-", ++next_id_);
+        const std::string id = response_id("chatcmpl-");
         const int64_t created = unix_time();
         const std::string name = options_.model.name;
         if (r.stream) {

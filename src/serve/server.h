@@ -69,7 +69,6 @@ class Server {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<httplib::Server> http_;
   std::atomic<int64_t> in_flight_{0};
-  std::atomic<int64_t> next_id_{0};
   RequestCounts requests_;
   int port_ = 0;
   std::thread thread_;
