@@ -82,6 +82,11 @@ std::vector<PreferencePair> read_preference_pairs(const std::filesystem::path& p
                                                   const SequenceFormat& format) {
   std::vector<PreferencePair> pairs;
   for_each_record(path, {"prompt", "chosen", "rejected"}, [&](const json& r, const std::string& w) {
+    // TRL's reward trainer reads a margin per pair; pollen's loss has none, so a file that gives
+    // one would train otherwise than its author meant.
+    POLLEN_CHECK(!r.contains("margin"), w,
+                 ": has a \"margin\"; pollen's preference losses have no margin term (remove "
+                 "the field to train without it)");
     pairs.push_back({encode(render(r["prompt"], r["chosen"], format, w, "chosen"), format, w),
                      encode(render(r["prompt"], r["rejected"], format, w, "rejected"), format, w)});
   });

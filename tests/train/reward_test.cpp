@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include "base/files.h"
+#include "support/errors.h"
 #include "tokenizer/hf_format.h"
 #include "train/preference_support.h"
 
@@ -37,6 +38,20 @@ class RewardModelTest : public ::testing::Test {
 
   fs::path dir_, train_, eval_;
 };
+
+// TRL's reward data may carry a margin per pair, which pollen's loss has not: such a file is
+// refused, naming the line, rather than trained on as if the margin were 0.
+TEST_F(RewardModelTest, APairWithAMarginIsRefused) {
+  write_file_atomic(dir_ / "margin.jsonl",
+                    "{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"c\"}\n"
+                    "{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"c\", "
+                    "\"margin\": 1.5}\n");
+  const train::SequenceFormat format{&pt::chat_tokenizer(), tokenizer::ChatFormat{}, 256};
+  const std::string e =
+      pt::error_of([&] { train::read_preference_pairs(dir_ / "margin.jsonl", format); });
+  EXPECT_NE(e.find("line 2"), std::string::npos) << e;
+  EXPECT_NE(e.find("has a \"margin\""), std::string::npos) << e;
+}
 
 TEST_F(RewardModelTest, LossIsBradleyTerryOnTheScoresOfEachSequencesLastToken) {
   model::Llama m = pt::tiny_model(pt::chat_tokenizer().vocab_size());
