@@ -299,6 +299,22 @@ Var reshape(const Var& x, const Shape& shape) {
   return y;
 }
 
+Var leading_rows(const Var& x, int64_t n) {
+  POLLEN_CHECK(x.value().dim() >= 1 && n >= 0 && n <= x.size(0), "leading_rows: ", n,
+               " rows of a tensor of ", x.value().dim() >= 1 ? x.size(0) : 0);
+  const bool record = should_record({&x});
+  Var y = make_output(x.value().slice(0, 0, n), record);
+  if (record) {
+    on_backward(y, [xn = x.node(), n](const Tensor& dy) {
+      // (n, ...) into a zero gradient of x's shape: the rows past n are not used.
+      Tensor dx = Tensor::zeros(xn->shape(), dy.dtype(), dy.device());
+      dx.slice(0, 0, n).copy_(dy);
+      accumulate(xn, dx);
+    });
+  }
+  return y;
+}
+
 Var cross_entropy(const Var& h, const Var& w, const Tensor& targets, Reduction reduction,
                   int64_t* scored) {
   const int64_t c = w.size(1);

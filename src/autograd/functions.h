@@ -29,6 +29,8 @@ Var attention(const Var& q, const Var& k, const Var& v, const Tensor& seg_start,
 Var swiglu(const Var& gate, const Var& up);  // silu(gate) * up
 Var add(const Var& a, const Var& b);
 Var reshape(const Var& x, const Shape& shape);  // shares storage
+// x's first n rows (along dim 0), sharing storage; the gradient reaches those rows alone.
+Var leading_rows(const Var& x, int64_t n);
 
 // Sum (reduction "sum") or mean over scored rows ("mean") of the cross-entropy of
 // softmax(h w^T) against targets (N) int32 (negative targets are ignored) -> a scalar.

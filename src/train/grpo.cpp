@@ -374,6 +374,12 @@ Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
   return r;
 }
 
+ag::Var GrpoObjective::sampled_head(const model::Llama& model) const {
+  const ag::Var head = model.head_weight();
+  const auto known = static_cast<int64_t>(tokenizer_->vocab_size());
+  return head.size(0) > known ? ag::leading_rows(head, known) : head;
+}
+
 std::vector<std::vector<double>> GrpoObjective::completion_logprobs(const model::Llama& model,
                                                                     const Rollouts& r) const {
   ag::NoGrad no_grad;
@@ -391,7 +397,7 @@ std::vector<std::vector<double>> GrpoObjective::completion_logprobs(const model:
     }
     const ScoredRows rows = scored_rows(prompts, completions);
     // At the sampling temperature, as TRL scores: the distribution the completions came from.
-    const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), model.head_weight(),
+    const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), sampled_head(model),
                                             rows.batch.targets, options_.temperature);
     for (size_t i = m0; i < m1; ++i)
       for (size_t t = 0; t < r.tokens[i].size(); ++t)
@@ -440,7 +446,7 @@ ObjectiveStep GrpoObjective::train_step(const model::Llama& model, int64_t step)
     ClippedLossStats stats;
     {
       ag::TapeScope scope(tape);
-      const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), model.head_weight(),
+      const ag::Var logp = ag::token_logprobs(model.hidden_states(rows.batch), sampled_head(model),
                                               rows.batch.targets, options_.temperature);
       const int64_t flat = logp.value().numel();
       TokenTerms terms;

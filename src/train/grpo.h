@@ -124,6 +124,10 @@ class GrpoObjective : public Objective {
  private:
   std::vector<int64_t> batch_prompts(int64_t batch) const;
   Rollouts sample(const model::Llama& model, int64_t batch) const;
+  // The output layer's rows of the ids completions are sampled from (the tokenizer's): the
+  // log-probabilities are normalised over the ids that can be drawn, also when the model's
+  // vocabulary is padded beyond them.
+  ag::Var sampled_head(const model::Llama& model) const;
   // Per-token log-probabilities of each completion under `model` (no gradient).
   std::vector<std::vector<double>> completion_logprobs(const model::Llama& model,
                                                        const Rollouts& rollouts) const;

@@ -331,6 +331,34 @@ TEST(Grpo, ModelVocabularyLargerThanTheTokenizers) {
   }
 }
 
+// The log-probabilities are over the ids completions are drawn from: a model whose vocabulary is
+// padded beyond its tokenizer's scores as the same model without the padding rows does (before,
+// the padding's mass entered every log-probability and so the policy gradient).
+TEST(Grpo, APaddedVocabularyScoresAsTheTokenizersIds) {
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  const uint32_t known = t.tok.vocab_size();
+  const model::Llama padded = testing::tiny_model(known + 64, 3);
+  model::Llama trimmed(testing::tiny_config(known), 1);
+  const auto from = padded.named_parameters();
+  const auto to = trimmed.named_parameters();
+  ASSERT_EQ(from.size(), to.size());
+  for (size_t i = 0; i < from.size(); ++i) {  // the same weights, the tables' first rows
+    const Tensor& src = from[i].second.value();
+    const Tensor& dst = to[i].second.value();
+    std::copy_n(src.data<float>(), dst.numel(), dst.data<float>());
+  }
+  const std::string run = std::string(kTinyRun) + "updates_per_batch = 2\ntemperature = 0.7\n";
+  GrpoObjective a(t.context(run), lowercase_share), b(t.context(run), lowercase_share);
+  a.train_step(padded, 1);
+  b.train_step(trimmed, 1);
+  ASSERT_EQ(a.rollouts().tokens, b.rollouts().tokens);
+  ASSERT_EQ(a.rollouts().old_logp.size(), b.rollouts().old_logp.size());
+  for (size_t i = 0; i < a.rollouts().old_logp.size(); ++i)
+    for (size_t k = 0; k < a.rollouts().old_logp[i].size(); ++k)
+      EXPECT_NEAR(a.rollouts().old_logp[i][k], b.rollouts().old_logp[i][k], 1e-5) << i << " " << k;
+}
+
 TEST(Grpo, ACompletionIsScoredWithTheStopTokenItSampled) {
   TinyGrpo t;
   t.write("p.jsonl", kPrompts);
