@@ -116,6 +116,10 @@ void add_fed_command(CLI::App& app) {
   counts->add_option("--min-count", c->min_count, "Drop pieces counted fewer times (before noise)")
       ->capture_default_str();
   counts->add_option("--output", c->output, "Where the received tokenizer.json goes")->required();
+  counts->add_option("--counts-file", c->counts_file,
+                     "Where the counts sent are kept, and sent from again on a rerun, so that a "
+                     "retry never sends other noise (default: the output's name + .counts; delete "
+                     "it to count again)");
   counts->add_option("--ca", c->tls.ca, "TLS: the federation's CA (PEM)");
   counts->add_option("--cert", c->tls.cert, "TLS: this silo's certificate (PEM)");
   counts->add_option("--key", c->tls.key, "TLS: this silo's key (PEM)");

@@ -52,6 +52,21 @@ TokenizerServerConfig load_tokenizer_server_config(const fs::path& path) {
 
 TokenizerRound::TokenizerRound(TokenizerServerConfig config) : config_(std::move(config)) {
   fs::create_directories(config_.dir / "counts");
+  // A restarted server keeps the counts it had taken: no silo is asked to send again (which,
+  // with fresh noise, would let the two noisy copies be averaged).
+  for (const std::string& id : config_.clients) {
+    const fs::path file = config_.dir / "counts" / (id + ".counts");
+    if (!fs::exists(file)) continue;
+    const std::string pattern = tokenizer::PieceCounts::file_pattern(file);
+    tokenizer::PieceCounts check(pattern);
+    check.merge_file(file);
+    POLLEN_CHECK(pattern_.empty() || pattern == pattern_, "'", file.string(),
+                 "': pre-tokenised with another pattern than the other silos' counts there");
+    pattern_ = pattern;
+    counts_[id] = file;
+    log::info("fed tokenizer: counts of '", id, "' kept from before the restart (", file.string(),
+              ")");
+  }
 }
 
 std::string TokenizerRound::check_client(const std::string& id, const std::string& peer_id,
@@ -79,10 +94,14 @@ void TokenizerRound::add_counts(const std::string& client_id, const std::string&
                                 const std::string& bytes) {
   const std::string id = check_client(client_id, peer_id, "counts");
   {
-    // Reserved before the file is written, so that two pushes of one silo never share it.
+    // Reserved before the file is written, so that two pushes of one silo never share it. The
+    // same counts again (a silo that retried) are taken as the ones on file; other counts are
+    // refused, so that no silo's counts are merged twice or averaged over two noisy copies.
     std::lock_guard lock(mutex_);
-    POLLEN_CHECK(!counts_.count(id) && !receiving_.count(id), "counts: client '", id,
-                 "' already sent its counts");
+    const auto held = counts_.find(id);
+    if (held != counts_.end() && read_file(held->second) == bytes) return;
+    POLLEN_CHECK(held == counts_.end() && !receiving_.count(id), "counts: client '", id,
+                 "' already sent other counts");
     receiving_.insert(id);
   }
   const fs::path file = config_.dir / "counts" / (id + ".counts");
@@ -227,14 +246,22 @@ std::string run_counts_client(const CountsClientOptions& o) {
   // Checked here too: a negative or NaN stddev must not quietly send exact counts.
   POLLEN_CHECK(std::isfinite(o.noise_stddev) && o.noise_stddev >= 0, "--noise-stddev ",
                o.noise_stddev, ": expected a finite value >= 0");
+  // The counts sent are kept (counts_file, default beside the output) and sent again as they are
+  // when the command is run again: a retry never sends the same text under other noise.
+  const fs::path kept =
+      o.counts_file.empty() ? fs::path(o.output.string() + ".counts") : o.counts_file;
   tokenizer::PieceCounts counts(tokenizer::pattern_regex(o.pattern));
-  for (const auto& input : o.inputs) counts.add_file(input, o.jsonl, o.field);
-  if (o.noise_stddev > 0 || o.min_count > 1)
-    counts.perturb(o.noise_stddev, o.seed ? *o.seed : os_entropy_u64(), o.min_count);
-  const fs::path tmp = o.output.string() + ".counts";
-  counts.save(tmp);  // the file format of `pollen tokenizer count`, checksummed
-  const std::string bytes = read_file(tmp);
-  fs::remove(tmp);
+  if (fs::exists(kept)) {
+    counts.merge_file(kept);  // checks the file, and that it was made with this pattern
+    log::info("fed counts '", o.id, "': sending the counts kept in '", kept.string(),
+              "' (delete it to count again)");
+  } else {
+    for (const auto& input : o.inputs) counts.add_file(input, o.jsonl, o.field);
+    if (o.noise_stddev > 0 || o.min_count > 1)
+      counts.perturb(o.noise_stddev, o.seed ? *o.seed : os_entropy_u64(), o.min_count);
+    counts.save(kept);  // the file format of `pollen tokenizer count`, checksummed
+  }
+  const std::string bytes = read_file(kept);
   log::info("fed counts '", o.id, "': ", counts.distinct(), " distinct pieces of ",
             counts.bytes_read(), " bytes, sending ", bytes.size(), " bytes");
 

@@ -97,6 +97,9 @@ struct CountsClientOptions {
   std::optional<uint64_t> seed;  // of the noise; none: drawn from the OS, kept secret
   uint64_t min_count = 1;
   std::filesystem::path output;  // where the received tokenizer.json goes
+  // Where the counts sent are kept, and read from when the file exists (a rerun sends the same
+  // noise); empty: output + ".counts"
+  std::filesystem::path counts_file;
 };
 
 // A silo's side: counts its text, sends the counts, waits for the tokenizer and writes it.

@@ -168,6 +168,56 @@ TEST(FederatedTokenizer, SilosSendCountsOverGrpcAndAllReceiveTheSameTokenizer) {
   fs::remove_all(dir);
 }
 
+// A silo's counts are taken once: the same bytes again (a retry) are taken as the ones on file,
+// other counts are refused (two noisy copies could be averaged), and a restarted server keeps the
+// counts it had. The silo keeps what it sent and sends exactly that again on a rerun.
+TEST(FederatedTokenizer, CountsAreTakenOnceAndSurviveARestart) {
+  Quiet q;
+  const auto dir = temp_dir("tokenizer_once");
+  const auto a = write_text(dir / "a.txt", "apple", 100);
+  auto counted = [&](uint64_t seed) {
+    tokenizer::PieceCounts c(tokenizer::pattern_regex("cl100k_base"));
+    c.add_file(a, false, "text");
+    c.perturb(2.0, seed, 1);
+    c.save(dir / "c.counts");
+    return read_file(dir / "c.counts");
+  };
+  const std::string first = counted(1), other = counted(2);
+  ASSERT_NE(first, other);
+  TokenizerServerConfig sc;
+  sc.dir = dir / "server";
+  sc.clients = {"silo-a", "silo-b"};
+  sc.vocab_size = 300;
+  {
+    TokenizerRound round(sc);
+    round.add_counts("silo-a", "", first);
+    EXPECT_NO_THROW(round.add_counts("silo-a", "", first));
+    const std::string e = pollen::testing::error_of([&] { round.add_counts("silo-a", "", other); });
+    EXPECT_NE(e.find("'silo-a' already sent other counts"), std::string::npos) << e;
+  }
+  TokenizerRound restarted(sc);
+  EXPECT_NO_THROW(restarted.add_counts("silo-a", "", first));
+  const std::string e =
+      pollen::testing::error_of([&] { restarted.add_counts("silo-a", "", other); });
+  EXPECT_NE(e.find("already sent other counts"), std::string::npos) << e;
+
+  // The silo's side: a rerun sends the counts it kept, noise and all, without counting again.
+  CountsClientOptions o;
+  o.id = "silo-a";
+  o.inputs = {a.string()};
+  o.noise_stddev = 2.0;
+  o.output = dir / "tok.json";
+  o.counts_file = dir / "kept.counts";
+  o.server = "127.0.0.1:1";  // nobody: the counts are made and kept before the call fails
+  o.connect_timeout_s = 0.2;
+  EXPECT_THROW(run_counts_client(o), Error);
+  const std::string kept = read_file(o.counts_file);
+  fs::remove(a);  // the text is not read again
+  EXPECT_THROW(run_counts_client(o), Error);
+  EXPECT_EQ(read_file(o.counts_file), kept);
+  fs::remove_all(dir);
+}
+
 TEST(FederatedTokenizer, ConfigNamesWhatIsWrong) {
   const auto dir = temp_dir("tokenizer_round_config");
   write_file_atomic(dir / "ok.toml",
