@@ -391,11 +391,17 @@ class MergeTrainer {
 
 void check_special_tokens(const std::vector<std::string>& special_tokens, uint64_t vocab_size,
                           const std::string& where) {
+  // tokenizer.json names each byte by its byte-level character (a space is "Ġ"): those spellings
+  // are taken too.
+  std::set<std::string> byte_names;
+  for (int b = 0; b < 256; ++b)
+    byte_names.insert(bytes_to_byte_level(std::string(1, static_cast<char>(b))));
   std::set<std::string_view> seen;
   for (const std::string& s : special_tokens) {
     POLLEN_CHECK(!s.empty(), where, ": a special token must not be empty");
-    POLLEN_CHECK(s.size() > 1, where, ": special token '", s,
-                 "' is one byte, which is a token already: its text would have two ids");
+    POLLEN_CHECK(s.size() > 1 && !byte_names.contains(s), where, ": special token '", s,
+                 "' is one byte, or a byte's name in tokenizer.json, which is a token already: ",
+                 "its text would have two ids");
     POLLEN_CHECK(seen.insert(s).second, where, ": special token '", s, "' is listed twice");
   }
   POLLEN_CHECK(vocab_size >= 256 + special_tokens.size(), where, ": vocab size ", vocab_size,
@@ -411,10 +417,13 @@ Tokenizer train_bpe(const PieceCounts& counts, const TrainOptions& options) {
 
   Vocab vocab;
   for (uint32_t id = 0; id < trainer.tokens().size(); ++id) vocab.add(id, trainer.tokens()[id]);
-  // A special spelled like a trained token would give one text two ids (and tokenizer.json one
-  // key two values).
-  std::unordered_map<std::string_view, uint32_t> token_ids;
-  for (uint32_t id = 0; id < trainer.tokens().size(); ++id) token_ids[trainer.tokens()[id]] = id;
+  // A special spelled like a trained token, as bytes or as tokenizer.json names it (byte-level
+  // characters), would give one text two ids (and tokenizer.json one key two values).
+  std::unordered_map<std::string, uint32_t> token_ids;
+  for (uint32_t id = 0; id < trainer.tokens().size(); ++id) {
+    token_ids[trainer.tokens()[id]] = id;
+    token_ids[bytes_to_byte_level(trainer.tokens()[id])] = id;
+  }
   std::vector<AddedToken> added;
   for (const std::string& s : options.special_tokens) {
     const auto same = token_ids.find(s);

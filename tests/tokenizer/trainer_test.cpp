@@ -219,6 +219,9 @@ TEST(TrainerCounts, SpecialTokensSpelledLikeTokensAreRefused) {
   EXPECT_NE(refused({"aa"}).find("special token 'aa' is spelled like the trained token"),
             std::string::npos);
   EXPECT_NE(refused({" the"}).find("spelled like the trained token"), std::string::npos);
+  // As tokenizer.json spells them, with byte-level characters (a space is "Ġ").
+  EXPECT_NE(refused({"\xC4\xA0"}).find("a byte's name in tokenizer.json"), std::string::npos);
+  EXPECT_NE(refused({"\xC4\xA0the"}).find("spelled like the trained token"), std::string::npos);
   const Tokenizer tok = train_bpe(c, {300, {"<|x|>"}, cl100k()});
   EXPECT_EQ(tok.added_tokens().size(), 1u);
   const std::string cmd = std::string(POLLEN_BINARY) + " tokenizer train --input /dev/null " +
