@@ -1,6 +1,7 @@
 // pollen: one binary, many subcommands. Parsing and wiring only.
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,8 +44,15 @@ int main(int argc, char** argv) {
   } catch (const CLI::RequiredError& e) {
     // CLI11 checks required options before unknown ones, so a mistyped --config read as a
     // missing one: name the argument that was not understood first.
+    // A command that passes the rest on (launch -- train ...) has no unknown arguments.
+    const std::function<bool(const CLI::App*)> passes_on = [&](const CLI::App* a) {
+      if (a->get_prefix_command()) return true;
+      for (const CLI::App* sub : a->get_subcommands())
+        if (passes_on(sub)) return true;
+      return false;
+    };
     const std::vector<std::string> extras = app.remaining(true);
-    if (!extras.empty())
+    if (!extras.empty() && !passes_on(&app))
       app.exit(CLI::ExtrasError(extras));
     else
       app.exit(e);

@@ -173,6 +173,10 @@ TEST(Cli, AMistypedRequiredOptionIsNamedNotReportedMissing) {
     EXPECT_NE(r.output.find("--config is required"), std::string::npos)
         << command << ": " << r.output;
   }
+  // launch passes the rest on: a missing --nproc is named, not the command it would start.
+  const CliRun r = run_pollen("launch train --config x.toml");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("--nproc is required"), std::string::npos) << r.output;
 }
 
 }  // namespace
