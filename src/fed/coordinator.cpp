@@ -102,7 +102,8 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
     fs::remove(config_.dir / "metrics.jsonl");
     fs::remove(config_.dir / "lineage.jsonl");
   }
-  metrics_ = obs::JsonlWriter(config_.dir / "metrics.jsonl", metrics_pos, obs::Shortfall::warn);
+  metrics_ = obs::JsonlWriter(config_.dir / "metrics.jsonl", metrics_pos,
+                              obs::Shortfall::keep_whole_lines);
   lineage_file_ = obs::JsonlWriter(config_.dir / "lineage.jsonl", lineage_pos);
   if (!lineage_pos && post_global_) {
     // Round 0 of a post-training lineage: the base every silo trains adapters on.

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/files.h"
 #include "base/log.h"
 #include "base/utf8.h"
 
@@ -49,6 +50,23 @@ void put_bytes(std::string& out, int field, std::string_view bytes) {
 
 std::string errno_text() {
   return std::strerror(errno);
+}
+
+// The bytes of `data` up to the end of its last whole line, or of its last whole TFRecord
+// (length, its CRC, data, its CRC).
+uint64_t whole_prefix(const std::string& data, bool records) {
+  if (!records) {
+    const size_t end = data.rfind('\n');
+    return end == std::string::npos ? 0 : end + 1;
+  }
+  uint64_t at = 0;
+  while (data.size() - at >= 16) {  // the smallest record: length, CRC, no data, CRC
+    uint64_t length = 0;
+    std::memcpy(&length, data.data() + at, 8);
+    if (length > data.size() - at - 16) break;
+    at += 16 + length;
+  }
+  return at;
 }
 
 // TensorBoard decodes tags and text as UTF-8: a tag that is not drops the rest of its file, text
@@ -153,16 +171,19 @@ AppendFile::AppendFile(const std::filesystem::path& path, std::optional<uint64_t
                        Shortfall shortfall)
     : path_(path) {
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  if (resume_at && *resume_at > 0 && shortfall == Shortfall::warn) {
+  if (resume_at && *resume_at > 0 && shortfall != Shortfall::refuse) {
     std::error_code ec;
     const auto size = std::filesystem::file_size(path, ec);
     if (ec || size < *resume_at) {
+      const uint64_t whole =
+          ec ? 0 : whole_prefix(read_file(path), shortfall == Shortfall::keep_whole_records);
       log::warn("'", path.string(), "' ",
                 ec ? std::string("is missing")
                    : cat("holds ", size, " bytes, fewer than the ", *resume_at,
                          " its checkpoint recorded"),
-                ": going on with ", ec ? "a new file" : "what it holds");
-      resume_at = ec ? 0 : size;
+                ": going on with ", ec ? "a new file" : cat("its first ", whole, " bytes"));
+      if (!ec && whole < size) std::filesystem::resize_file(path, whole);
+      resume_at = whole;
     }
   }
   if (resume_at && *resume_at == 0) {
@@ -239,7 +260,7 @@ EventFileWriter EventFileWriter::create(const std::filesystem::path& dir) {
 
 EventFileWriter EventFileWriter::resume(const std::filesystem::path& path, uint64_t position) {
   EventFileWriter w;
-  w.file_ = AppendFile(path, position, Shortfall::warn);
+  w.file_ = AppendFile(path, position, Shortfall::keep_whole_records);
   return w;
 }
 

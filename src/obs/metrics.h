@@ -31,9 +31,10 @@ std::string file_version_event(double wall_time);
 double wall_time_now();
 
 // What reopening at a saved position does with a file that is missing or shorter than that: refuse
-// (an audit record, whose loss must not pass unnoticed), or warn and go on with what there is
-// (metrics: a run must not be kept from resuming for want of its curves).
-enum class Shortfall { refuse, warn };
+// (an audit record, whose loss must not pass unnoticed), or warn and go on from its last whole
+// line (JSONL) or record (TFRecord), so that nothing new is glued to a cut one (metrics: a run
+// must not be kept from resuming for want of its curves).
+enum class Shortfall { refuse, keep_whole_lines, keep_whole_records };
 
 // An append-only file that can be reopened at a saved byte position (the tail after it is cut).
 class AppendFile {

@@ -145,10 +145,14 @@ RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,
   RunMetrics m;
   // A fresh run in a folder an earlier run used: that run's evaluations (pollen eval --run) are of
   // other weights under the same step numbers.
-  if (!saved) fs::remove(dir / "eval.jsonl");
+  if (!saved && fs::exists(dir / "eval.jsonl")) {
+    fs::rename(dir / "eval.jsonl", dir / "eval.jsonl.old");
+    log::warn("a fresh run in '", dir.string(), "': its eval.jsonl, of an earlier run's ",
+              "checkpoints, is now eval.jsonl.old");
+  }
   m.jsonl =
       obs::JsonlWriter(dir / "metrics.jsonl", saved ? saved->at("jsonl_bytes").get<uint64_t>() : 0,
-                       obs::Shortfall::warn);
+                       obs::Shortfall::keep_whole_lines);
   if (!tensorboard) return m;
   const fs::path tb_dir = dir / "tensorboard";
   const std::string tb_file = saved ? saved->at("tensorboard_file").get<std::string>() : "";

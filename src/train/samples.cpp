@@ -48,7 +48,7 @@ SampleWriter::SampleWriter(const TrainConfig& c, std::optional<uint64_t> resume_
   sampling_.seed = c.sample_seed;
   // A model's vocabulary is often padded beyond its tokenizer's: those ids have no text.
   sampling_.vocab_size = static_cast<int64_t>(tokenizer_->vocab_size());
-  jsonl_ = obs::JsonlWriter(c.dir / "samples.jsonl", resume_at, obs::Shortfall::warn);
+  jsonl_ = obs::JsonlWriter(c.dir / "samples.jsonl", resume_at, obs::Shortfall::keep_whole_lines);
 }
 
 void SampleWriter::write(const model::Llama& model, int64_t step, int64_t tokens,

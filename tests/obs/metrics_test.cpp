@@ -91,27 +91,40 @@ TEST(AppendFile, ResumeCutsTheTail) {
   fs::remove_all(d);
 }
 
-// Metrics files (Shortfall::warn) that are missing or shorter than their checkpoint recorded do
-// not keep a run from resuming: it goes on with what there is, warning; an audit file
-// (Shortfall::refuse, the default) still refuses.
+// Metrics files that are missing or shorter than their checkpoint recorded do not keep a run from
+// resuming: it goes on from the last whole line (or TFRecord), warning, so that nothing new is
+// glued to a cut one; an audit file (Shortfall::refuse, the default) still refuses.
 TEST(AppendFile, AShortMetricsFileGoesOnWithWhatItHolds) {
   const fs::path d = temp_dir("append_short");
-  write_file_atomic(d / "m.jsonl", "{\"step\":1}\n");
+  write_file_atomic(d / "m.jsonl", "{\"step\":1}\n{\"ste");  // cut inside its second line
   {
-    obs::JsonlWriter w(d / "m.jsonl", 1000, obs::Shortfall::warn);
+    obs::JsonlWriter w(d / "m.jsonl", 1000, obs::Shortfall::keep_whole_lines);
     EXPECT_EQ(w.file().position(), 11u);
     w.write({{"step", 2}});
   }
   EXPECT_EQ(read_file(d / "m.jsonl"), "{\"step\":1}\n{\"step\":2}\n");
   fs::remove(d / "m.jsonl");
   {
-    obs::JsonlWriter w(d / "m.jsonl", 22, obs::Shortfall::warn);
+    obs::JsonlWriter w(d / "m.jsonl", 22, obs::Shortfall::keep_whole_lines);
     EXPECT_EQ(w.file().position(), 0u);
     w.write({{"step", 3}});
   }
   EXPECT_EQ(read_file(d / "m.jsonl"), "{\"step\":3}\n");
   const std::string e = pollen::testing::error_of([&] { obs::JsonlWriter(d / "m.jsonl", 1000); });
   EXPECT_NE(e.find("fewer than the 1000 its checkpoint recorded"), std::string::npos) << e;
+  // An event file cut inside its second record goes on after the first.
+  fs::path events;
+  uint64_t whole = 0;
+  {
+    auto w = obs::EventFileWriter::create(d);
+    events = w.file().path();
+    whole = w.file().position();  // the file_version record
+    w.add_scalar("loss", 1.0, 1, 1.0);
+  }
+  fs::resize_file(events, whole + 10);
+  auto w = obs::EventFileWriter::resume(events, whole + 1000);
+  EXPECT_EQ(w.file().position(), whole);
+  EXPECT_EQ(fs::file_size(events), whole);
   fs::remove_all(d);
 }
 

@@ -730,6 +730,8 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
   ASSERT_EQ(train_quiet(tiny(run, 4, {"checkpoint.keep=0", "optimizer.lr=0.01"})).status,
             train::RunStatus::finished);
   EXPECT_FALSE(fs::exists(run / "eval.jsonl"));
+  EXPECT_EQ(train::read_run_evals(run).size(), 0u);
+  EXPECT_TRUE(fs::exists(run / "eval.jsonl.old"));  // kept aside, not lost
   o.again = false;
   r = train::evaluate_run(run, o);
   EXPECT_EQ(r.already, 0);
