@@ -17,7 +17,9 @@ namespace pollen::fed {
 
 void BusyServerWait::busy(const ServerBusy& e, const char* then) {
   const auto now = std::chrono::steady_clock::now();
-  if (!busy_since_) busy_since_ = now;
+  if (!busy_since_)
+    busy_since_ = now - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(call_timeout_s_));
   const double waited = std::chrono::duration<double>(now - *busy_since_).count();
   POLLEN_CHECK(waited < limit_s_, "fed client '", client_id_, "': ", e.what(),
                "; the server has not answered for ", waited,
@@ -99,7 +101,7 @@ void Client::join() {
     r.set_post_objective(config_.post.objective);
   }
   pb::JoinReply reply;
-  BusyServerWait wait(config_.id, config_.busy_timeout_s);
+  BusyServerWait wait(config_.id, config_.busy_timeout_s, config_.connect_timeout_s);
   for (;;) {
     try {
       reply = transport_.join(r);
@@ -133,7 +135,7 @@ void Client::handle(const pb::TaskReply& t) {
 }
 
 void Client::run() {
-  BusyServerWait wait(config_.id, config_.busy_timeout_s);
+  BusyServerWait wait(config_.id, config_.busy_timeout_s, config_.connect_timeout_s);
   for (;;) {
     pb::TaskRequest r;
     r.set_client_id(config_.id);
@@ -149,6 +151,7 @@ void Client::run() {
       // connect_timeout_s makes join throw): join again, then ask again.
       log::warn("fed client '", config_.id, "': task failed (", e.what(), "); joining again");
       join();
+      wait.answered();
       continue;
     }
     switch (t.kind()) {

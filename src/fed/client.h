@@ -73,8 +73,10 @@ class ServerBusy : public Error {
 // server hung with its connection open) ends the client with an Error saying how long it waited.
 class BusyServerWait {
  public:
-  BusyServerWait(std::string client_id, double limit_s)
-      : client_id_(std::move(client_id)), limit_s_(limit_s) {}
+  // call_timeout_s: how long a call waits before it finds the server busy (the streak begins
+  // that long before the first ServerBusy).
+  BusyServerWait(std::string client_id, double limit_s, double call_timeout_s)
+      : client_id_(std::move(client_id)), limit_s_(limit_s), call_timeout_s_(call_timeout_s) {}
   // After a call that threw ServerBusy: logs that the client asks again, or throws past limit_s.
   void busy(const ServerBusy& e, const char* then);
   // After a call the server answered.
@@ -82,7 +84,7 @@ class BusyServerWait {
 
  private:
   std::string client_id_;
-  double limit_s_;
+  double limit_s_, call_timeout_s_;
   std::optional<std::chrono::steady_clock::time_point> busy_since_;
 };
 

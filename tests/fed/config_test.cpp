@@ -72,19 +72,20 @@ TEST(FedConfig, ClientTimeoutsMustBePositive) {
 }
 
 // A busy server is waited out for busy_timeout_s in a row, then the client ends naming the key;
-// an answer starts the count again.
+// an answer starts the count again. The streak begins when the call that found the server busy
+// began, a call timeout (here 0.5 s) before the ServerBusy.
 TEST(FedConfig, ABusyServerIsWaitedOutForBusyTimeoutSInARow) {
-  fed::BusyServerWait wait("silo-a", 1.0);
+  fed::BusyServerWait wait("silo-a", 2.0, 0.5);
   const fed::ServerBusy busy("the federation server is busy");
-  EXPECT_NO_THROW(wait.busy(busy, "asking again"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  EXPECT_NO_THROW(wait.busy(busy, "asking again"));
+  EXPECT_NO_THROW(wait.busy(busy, "asking again"));  // 0.5 s of the 2
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_NO_THROW(wait.busy(busy, "asking again"));  // 0.7 s
   wait.answered();
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-  EXPECT_NO_THROW(wait.busy(busy, "asking again"));
-  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  EXPECT_NO_THROW(wait.busy(busy, "asking again"));  // 0.5 s again
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
   const std::string e = pollen::testing::error_of([&] { wait.busy(busy, "asking again"); });
-  EXPECT_NE(e.find("past client.busy_timeout_s = 1 s"), std::string::npos) << e;
+  EXPECT_NE(e.find("past client.busy_timeout_s = 2 s"), std::string::npos) << e;
   EXPECT_NE(e.find("fed client 'silo-a'"), std::string::npos) << e;
 }
 
