@@ -213,17 +213,15 @@ std::string token_name(const tokenizer::Tokenizer& tok, uint32_t id) {
 }
 
 // {token: logprob} of the most likely tokens, and of the chosen one (`chosen`) when it is not
-// among them: OpenAI returns up to logprobs + 1 entries.
+// among them: OpenAI returns up to logprobs + 1 entries (logprobs 0: the chosen one alone).
 json top_json(const tokenizer::Tokenizer& tok, const eval::TokenScore& s, uint32_t chosen) {
   json top = json::object();
   for (const auto& [id, lp] : s.top) {
     const std::string name = token_name(tok, id);
     if (!top.contains(name)) top[name] = lp;
   }
-  if (!s.top.empty()) {
-    const std::string name = token_name(tok, chosen);
-    if (!top.contains(name)) top[name] = s.logprob;
-  }
+  const std::string name = token_name(tok, chosen);
+  if (!top.contains(name)) top[name] = s.logprob;
   return top;
 }
 

@@ -32,6 +32,7 @@ const char* endpoint_method(const std::string& path) {
       {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
   for (const auto& [p, method] : endpoints)
     if (path == p) return method;
+  if (path.starts_with("/v1/models/") && path.size() > 11) return "GET";  // /v1/models/{id}
   return nullptr;
 }
 
@@ -371,7 +372,9 @@ void Server::add_routes() {
                     .count()
               : -1.0;
     request_start = {};
-    requests_.count(req.path, endpoint_method(req.path) != nullptr, res.status, seconds);
+    // One label for every model id: a client cannot grow the metric's label set.
+    const std::string label = req.path.starts_with("/v1/models/") ? "/v1/models/{id}" : req.path;
+    requests_.count(label, endpoint_method(req.path) != nullptr, res.status, seconds);
   });
   // The one model, as /v1/models lists it and /v1/models/{id} retrieves it; created: when the
   // server started.

@@ -336,7 +336,9 @@ TEST_F(Serving, EchoLogprobsEqualScore) {
       // logprobs + 1)
       ASSERT_GE(lp["top_logprobs"][i].size(), 2u);
       ASSERT_LE(lp["top_logprobs"][i].size(), 3u);
-      EXPECT_EQ(lp["top_logprobs"][i][lp["tokens"][i].get<std::string>()], lp["token_logprobs"][i]);
+      const std::string name = lp["tokens"][i].get<std::string>();
+      ASSERT_TRUE(lp["top_logprobs"][i].contains(name)) << i << ": " << lp.dump();
+      EXPECT_EQ(lp["top_logprobs"][i].at(name), lp["token_logprobs"][i]);
       double best = -1e300;
       for (const auto& [t, v] : lp["top_logprobs"][i].items())
         best = std::max(best, v.get<double>());
