@@ -33,7 +33,7 @@ int32_t checked_max_position(const char* op, const Tensor& positions) {
 
 #if POLLEN_HAVE_CUDA
 // The inverse frequencies of (params, D), computed in double on the host and kept on this
-// thread's GPU (a thread keeps to one GPU), so that a step's rope calls upload nothing. The most
+// thread's current GPU, so that a step's rope calls upload nothing. The most
 // recent few are kept: dynamic scaling makes new parameters as sequences grow.
 Tensor device_inv_freq(const RopeParams& params, int64_t dim) {
   struct Entry {

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <numeric>
 
+#include "autograd/functions.h"
 #include "autograd/token_logprobs.h"
 #include "base/error.h"
+#include "base/log.h"
 #include "base/rng.h"
 #include "io/model_source.h"
 #include "model/generate.h"
@@ -210,6 +212,7 @@ std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
                                           const tokenizer::ChatFormat& chat_format,
                                           const RewardFunction& verifier) {
   std::vector<GrpoPrompt> prompts;
+  bool warned_turn_end = false;
   for_each_jsonl_object(
       path, "GRPO prompts", [&](const nlohmann::json& record, int64_t, const std::string& where) {
         GrpoPrompt p;
@@ -228,8 +231,13 @@ std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
           auto replied = chat;
           replied.push_back({"assistant", marker});
           const std::string full = tokenizer::render_chat(chat_format, replied, false);
-          if (full.starts_with(p.text + marker))
+          if (full.starts_with(p.text + marker)) {
             p.turn_end = full.substr(p.text.size() + marker.size());
+          } else if (!warned_turn_end) {
+            log::warn(where, ": the chat template does not write a reply as it is after the ",
+                      "prompt; a reward model scores the replies without the end of turn");
+            warned_turn_end = true;
+          }
         } else {
           fail(where, ": expected a \"prompt\" (text) or \"messages\" (a conversation)");
         }

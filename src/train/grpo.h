@@ -14,8 +14,10 @@
 // of (seed, b, slot), so a resumed run samples what the uninterrupted one did.
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "train/grpo_loss.h"

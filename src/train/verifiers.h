@@ -1,7 +1,7 @@
 #pragma once
 // Verifiable rewards: a completion checked against a prompt's reference answer, scored in [0, 1].
 // Built in: exact answer match, numeric match with tolerance, and a regular expression. A reward
-// model plugs in at the same point (a `RewardFunction`).
+// model plugs in beside them (train/grpo.h: a rollout's reward from its prompt and completion).
 #include <functional>
 #include <optional>
 #include <string>

@@ -61,14 +61,16 @@ std::vector<std::vector<double>> gradient_of(const Net& net, const Tensor& ids,
   return g;
 }
 
-// Sample s's tokens cycle through the ids 2s, 2s + 1 and 2s + 2: a row of the table is read
-// twice within a sample, and rows 2 and 4 by two samples each, whose gradients there must stay
-// apart in the norms and add up in the sum.
+// Sample s's tokens cycle through three ids from its first, s (2 rows per sample: rows 1 and 2 are
+// each read by two samples) or 2s (more rows: each sample reads its first id twice, rows 2 and 4
+// are read by two samples each, and id 3 by sample 1 alone). The samples' gradients on a shared
+// row must stay apart in the norms and add up in the sum.
 void make_batch(int64_t rows, Tensor& ids, Tensor& targets) {
   ids = Tensor::empty({kSamples * rows}, DType::i32);
   targets = Tensor::empty({kSamples * rows}, DType::i32);
   for (int64_t i = 0; i < ids.numel(); ++i) {
-    ids.data<int32_t>()[i] = static_cast<int32_t>((i / rows) * 2 + i % 3);
+    const int64_t first = i / rows * (rows > 2 ? 2 : 1);
+    ids.data<int32_t>()[i] = static_cast<int32_t>(first + (i % rows) % 3);
     targets.data<int32_t>()[i] = static_cast<int32_t>((5 * i + 2) % kV);
   }
   targets.data<int32_t>()[1] = -100;  // an unscored token

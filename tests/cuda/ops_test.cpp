@@ -389,6 +389,12 @@ TEST(CudaOps, CrossEntropyOverVocabularyBlocks) {
         << loss << " vs " << loss_ref;
     EXPECT_CLOSE(dh, grads_ref.dh, t);
     EXPECT_CLOSE(dw, grads_ref.dw, t);
+    // dw alone (dh undefined: not computed), as on the CPU.
+    auto dw_alone = guarded_copy(dw0.gpu);
+    ops::CrossEntropyGrads only_dw{Tensor(), dw_alone, 0.05};
+    int64_t scored_dw = 0;
+    ops::cross_entropy_forward(h.gpu, w.gpu, tg.gpu, &scored_dw, &only_dw, block_rows);
+    EXPECT_CLOSE(dw_alone, grads_ref.dw, t);
     // The loss alone, in the default block size.
     int64_t scored_only = 0;
     const double loss_only = ops::cross_entropy_forward(h.gpu, w.gpu, tg.gpu, &scored_only);

@@ -2,6 +2,8 @@
 // inputs with odd sizes.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "autograd/functions.h"
 #include "ops/attention.h"
 #include "support/gradcheck.h"
@@ -71,6 +73,25 @@ TEST(OpGradients, CrossEntropyMeanIgnoresNegativeTargets) {
         },
         leaves);
   }
+}
+
+// An output layer's first rows (a vocabulary padded beyond the ids scored): the gradient reaches
+// those rows, and the rows past them (used by nothing) get zeros.
+TEST(OpGradients, LeadingRowsOfAnOutputLayer) {
+  Rng rng(6);
+  Tensor targets = Tensor::from<int32_t>({6}, {2, 8, 0, 5, 5, 1});
+  std::vector<ag::Var> leaves = {ag::Var(random_tensor({6, 7}, rng), true, "h"),
+                                 ag::Var(random_tensor({13, 7}, rng), true, "w")};
+  max_gradcheck_error(
+      [&](std::vector<ag::Var>& v) {
+        return ag::cross_entropy(v[0], ag::leading_rows(v[1], 9), targets, ag::Reduction::mean);
+      },
+      leaves);
+  const std::vector<double> dw = leaves[1].grad().to_doubles();
+  for (size_t i = 9 * 7; i < dw.size(); ++i) EXPECT_EQ(dw[i], 0.0) << i;
+  double first = 0;
+  for (size_t i = 0; i < 9 * 7; ++i) first += std::fabs(dw[i]);
+  EXPECT_GT(first, 0.0);
 }
 
 TEST(OpGradients, AttentionWithRopeGroupedHeadsAndDocuments) {

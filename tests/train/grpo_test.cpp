@@ -350,9 +350,19 @@ TEST(Grpo, APaddedVocabularyScoresAsTheTokenizersIds) {
   }
   const std::string run = std::string(kTinyRun) + "updates_per_batch = 2\ntemperature = 0.7\n";
   GrpoObjective a(t.context(run), lowercase_share), b(t.context(run), lowercase_share);
+  for (const model::Llama* m : {&padded, static_cast<const model::Llama*>(&trimmed)})
+    for (const auto& p : m->parameters()) const_cast<ag::Var&>(p).zero_grad();
   a.train_step(padded, 1);
   b.train_step(trimmed, 1);
   ASSERT_EQ(a.rollouts().tokens, b.rollouts().tokens);
+  // The same gradients, the padding rows' zero: the padding takes no part in the policy.
+  for (size_t i = 0; i < from.size(); ++i) {
+    const std::vector<double> g = from[i].second.grad().to_doubles();
+    const std::vector<double> want = to[i].second.grad().to_doubles();
+    ASSERT_GE(g.size(), want.size());
+    for (size_t k = 0; k < g.size(); ++k)
+      EXPECT_NEAR(g[k], k < want.size() ? want[k] : 0.0, 1e-5) << from[i].first << " " << k;
+  }
   ASSERT_EQ(a.rollouts().old_logp.size(), b.rollouts().old_logp.size());
   for (size_t i = 0; i < a.rollouts().old_logp.size(); ++i)
     for (size_t k = 0; k < a.rollouts().old_logp[i].size(); ++k)
