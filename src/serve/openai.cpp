@@ -75,7 +75,8 @@ void neutral_chat_only(const json& body) {
   const auto given = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
   if (given("response_format") &&
       !(body["response_format"].is_object() && body["response_format"].size() == 1 &&
-        body["response_format"].value("type", "") == "text"))
+        body["response_format"].contains("type") &&
+        body["response_format"]["type"] == json("text")))
     bad_request("response_format",
                 "'response_format' must be {\"type\": \"text\"}: structured outputs are not "
                 "supported",

@@ -876,6 +876,7 @@ TEST_F(Serving, FieldsClientsSendAtNeutralValuesAreAccepted) {
     EXPECT_EQ(got.second["error"]["code"], "unsupported_value") << got.second.dump();
   };
   refused("response_format", {{"type", "json_object"}});
+  refused("response_format", {{"type", 5}});  // not a string: a 400, never a 500
   refused("tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}}));
   refused("tool_choice", "required");
   // Stop lists past OpenAI's 4 (lm-evaluation-harness sends a task's stops and the EOS).
