@@ -42,6 +42,16 @@ TokenizerServerConfig load_tokenizer_server_config(const fs::path& path) {
                ": expected 257 to 16777216, got ", vocab);
   c.vocab_size = static_cast<uint32_t>(vocab);
   c.special_tokens = t->get_strings("special_tokens");
+  if (t->has("pattern")) {
+    try {
+      c.pattern = tokenizer::pattern_regex(t->get_string("pattern", ""));
+      tokenizer::PieceCounts probe(c.pattern);  // compiles and runs the regex once
+      const std::string_view text = "a probe";
+      probe.add_documents({&text, 1});
+    } catch (const Error& e) {
+      fail(t->where("pattern"), ": ", e.what());
+    }
+  }
   // Checked now, not after every silo has sent its counts.
   tokenizer::check_special_tokens(c.special_tokens, c.vocab_size, t->where("special_tokens"));
   t->finish();
@@ -50,7 +60,8 @@ TokenizerServerConfig load_tokenizer_server_config(const fs::path& path) {
   return c;
 }
 
-TokenizerRound::TokenizerRound(TokenizerServerConfig config) : config_(std::move(config)) {
+TokenizerRound::TokenizerRound(TokenizerServerConfig config)
+    : config_(std::move(config)), pattern_(config_.pattern) {
   fs::create_directories(config_.dir / "counts");
   // A restarted server keeps the counts it had taken: no silo is asked to send again (which,
   // with fresh noise, would let the two noisy copies be averaged).
@@ -119,8 +130,8 @@ void TokenizerRound::add_counts(const std::string& client_id, const std::string&
                  "pairs could reach ", check.pair_bound(), ", over ", share, " per silo)");
     std::lock_guard lock(mutex_);
     POLLEN_CHECK(pattern_.empty() || pattern == pattern_, "counts of '", id,
-                 "': pre-tokenised with another pattern than the other silos' ('",
-                 pattern.substr(0, 80), "')");
+                 "': pre-tokenised with another pattern ('", pattern.substr(0, 80), "') than ",
+                 config_.pattern.empty() ? "the other silos'" : "tokenizer.pattern");
     pattern_ = pattern;
     fs::rename(tmp, file);
     counts_[id] = file;

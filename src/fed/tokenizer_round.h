@@ -33,6 +33,9 @@ struct TokenizerServerConfig {
   double serve_s = 600;              // after training, at most this long for every silo to pull
   uint32_t vocab_size = 32000;
   std::vector<std::string> special_tokens;
+  // The pre-tokenisation regex every silo's counts must be made with (tokenizer.pattern: a known
+  // name or a regex); empty: the first silo's, which the others must then match.
+  std::string pattern;
   TlsFiles tls;
 };
 

@@ -218,6 +218,37 @@ TEST(FederatedTokenizer, CountsAreTakenOnceAndSurviveARestart) {
   fs::remove_all(dir);
 }
 
+// tokenizer.pattern pins the pre-tokenisation every silo's counts must be made with: without it
+// the first silo's decides, and so could choose the regex every other silo then runs on its text.
+TEST(FederatedTokenizer, APinnedPatternRefusesCountsMadeWithAnother) {
+  Quiet q;
+  const auto dir = temp_dir("tokenizer_pattern");
+  const auto a = write_text(dir / "a.txt", "apple", 50);
+  tokenizer::PieceCounts c(tokenizer::pattern_regex("cl100k_base"));
+  c.add_file(a, false, "text");
+  c.save(dir / "c.counts");
+  write_file_atomic(dir / "pinned.toml",
+                    "[server]\ndir = 'x'\nclients = ['silo-a']\n[tokenizer]\nvocab_size = 300\n"
+                    "pattern = 'o200k_base'\n");
+  TokenizerServerConfig sc = load_tokenizer_server_config(dir / "pinned.toml");
+  EXPECT_EQ(sc.pattern, tokenizer::pattern_regex("o200k_base"));
+  sc.dir = dir / "server";
+  TokenizerRound round(sc);
+  const std::string e = pollen::testing::error_of(
+      [&] { round.add_counts("silo-a", "", read_file(dir / "c.counts")); });
+  EXPECT_NE(e.find("than tokenizer.pattern"), std::string::npos) << e;
+  sc.pattern = tokenizer::pattern_regex("cl100k_base");
+  TokenizerRound same(sc);
+  EXPECT_NO_THROW(same.add_counts("silo-a", "", read_file(dir / "c.counts")));
+  write_file_atomic(dir / "bad.toml",
+                    "[server]\ndir = 'x'\nclients = ['silo-a']\n[tokenizer]\nvocab_size = 300\n"
+                    "pattern = '(unclosed'\n");
+  const std::string bad =
+      pollen::testing::error_of([&] { load_tokenizer_server_config(dir / "bad.toml"); });
+  EXPECT_NE(bad.find("tokenizer.pattern"), std::string::npos) << bad;
+  fs::remove_all(dir);
+}
+
 TEST(FederatedTokenizer, ConfigNamesWhatIsWrong) {
   const auto dir = temp_dir("tokenizer_round_config");
   write_file_atomic(dir / "ok.toml",
