@@ -246,6 +246,10 @@ TEST(FederatedTokenizer, APinnedPatternRefusesCountsMadeWithAnother) {
   const std::string bad =
       pollen::testing::error_of([&] { load_tokenizer_server_config(dir / "bad.toml"); });
   EXPECT_NE(bad.find("tokenizer.pattern"), std::string::npos) << bad;
+  // The example config reads, and pins fed counts' default pattern.
+  const TokenizerServerConfig example =
+      load_tokenizer_server_config(fs::path(POLLEN_SOURCE_DIR) / "configs/fed/tokenizer.toml");
+  EXPECT_EQ(example.pattern, tokenizer::pattern_regex(CountsClientOptions{}.pattern));
   fs::remove_all(dir);
 }
 
