@@ -30,6 +30,15 @@ fs::path write_text(const fs::path& path, const std::string& word, int lines) {
   return path;
 }
 
+// dir/name: a fed tokenizer config of `clients` (a TOML list) with `tokenizer` as its [tokenizer]
+// table's keys.
+fs::path server_toml(const fs::path& dir, const std::string& name, const std::string& clients,
+                     const std::string& tokenizer) {
+  write_file_atomic(dir / name,
+                    cat("[server]\ndir = 'x'\nclients = ", clients, "\n[tokenizer]\n", tokenizer));
+  return dir / name;
+}
+
 // A count stream of raw bytes as a hostile client would send it.
 pb::PushReply push_raw(GrpcTransport& t, const std::string& id, const std::string& bytes) {
   int stage = 0;
@@ -227,10 +236,8 @@ TEST(FederatedTokenizer, APinnedPatternRefusesCountsMadeWithAnother) {
   tokenizer::PieceCounts c(tokenizer::pattern_regex("cl100k_base"));
   c.add_file(a, false, "text");
   c.save(dir / "c.counts");
-  write_file_atomic(dir / "pinned.toml",
-                    "[server]\ndir = 'x'\nclients = ['silo-a']\n[tokenizer]\nvocab_size = 300\n"
-                    "pattern = 'o200k_base'\n");
-  TokenizerServerConfig sc = load_tokenizer_server_config(dir / "pinned.toml");
+  TokenizerServerConfig sc = load_tokenizer_server_config(
+      server_toml(dir, "pinned.toml", "['silo-a']", "vocab_size = 300\npattern = 'o200k_base'\n"));
   EXPECT_EQ(sc.pattern, tokenizer::pattern_regex("o200k_base"));
   sc.dir = dir / "server";
   TokenizerRound round(sc);
@@ -240,11 +247,10 @@ TEST(FederatedTokenizer, APinnedPatternRefusesCountsMadeWithAnother) {
   sc.pattern = tokenizer::pattern_regex("cl100k_base");
   TokenizerRound same(sc);
   EXPECT_NO_THROW(same.add_counts("silo-a", "", read_file(dir / "c.counts")));
-  write_file_atomic(dir / "bad.toml",
-                    "[server]\ndir = 'x'\nclients = ['silo-a']\n[tokenizer]\nvocab_size = 300\n"
-                    "pattern = '(unclosed'\n");
+  const fs::path bad_toml =
+      server_toml(dir, "bad.toml", "['silo-a']", "vocab_size = 300\npattern = '(unclosed'\n");
   const std::string bad =
-      pollen::testing::error_of([&] { load_tokenizer_server_config(dir / "bad.toml"); });
+      pollen::testing::error_of([&] { load_tokenizer_server_config(bad_toml); });
   EXPECT_NE(bad.find("tokenizer.pattern"), std::string::npos) << bad;
   // The example config reads, and pins fed counts' default pattern.
   const TokenizerServerConfig example =
@@ -255,26 +261,21 @@ TEST(FederatedTokenizer, APinnedPatternRefusesCountsMadeWithAnother) {
 
 TEST(FederatedTokenizer, ConfigNamesWhatIsWrong) {
   const auto dir = temp_dir("tokenizer_round_config");
-  write_file_atomic(dir / "ok.toml",
-                    "[server]\ndir = 'x'\nclients = ['a', 'b']\n[tokenizer]\nvocab_size = 512\n"
-                    "special_tokens = ['<|endoftext|>']\n");
-  const auto c = load_tokenizer_server_config(dir / "ok.toml");
+  const auto c = load_tokenizer_server_config(server_toml(
+      dir, "ok.toml", "['a', 'b']", "vocab_size = 512\nspecial_tokens = ['<|endoftext|>']\n"));
   EXPECT_EQ(c.clients.size(), 2u);
   EXPECT_EQ(c.vocab_size, 512u);
-  write_file_atomic(dir / "twice.toml",
-                    "[server]\ndir = 'x'\nclients = ['a', 'a']\n[tokenizer]\nvocab_size = 512\n");
+  const fs::path twice = server_toml(dir, "twice.toml", "['a', 'a']", "vocab_size = 512\n");
   try {
-    load_tokenizer_server_config(dir / "twice.toml");
+    load_tokenizer_server_config(twice);
     ADD_FAILURE() << "a client listed twice was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("clients"), std::string::npos) << e.what();
   }
   // Special tokens are checked when the config is read, not after every silo has sent its counts.
-  write_file_atomic(dir / "specials.toml",
-                    "[server]\ndir = 'x'\nclients = ['a']\n[tokenizer]\nvocab_size = 512\n"
-                    "special_tokens = ['<|eot|>', '<|eot|>']\n");
-  const std::string e =
-      pollen::testing::error_of([&] { load_tokenizer_server_config(dir / "specials.toml"); });
+  const fs::path specials = server_toml(
+      dir, "specials.toml", "['a']", "vocab_size = 512\nspecial_tokens = ['<|eot|>', '<|eot|>']\n");
+  const std::string e = pollen::testing::error_of([&] { load_tokenizer_server_config(specials); });
   EXPECT_NE(e.find("tokenizer.special_tokens"), std::string::npos) << e;
   EXPECT_NE(e.find("'<|eot|>' is listed twice"), std::string::npos) << e;
   // A silo's noise must be a finite value >= 0: NaN or -5 sent exact counts.
