@@ -60,6 +60,32 @@ TokenizerServerConfig load_tokenizer_server_config(const fs::path& path) {
   return c;
 }
 
+namespace {
+
+// Parses a silo's count file (magic, layout, piece order, checksum) and checks that its counts,
+// summed over `silos` silos at most, can be trained on; returns its pattern.
+std::string checked_counts(const fs::path& file, const std::string& id, size_t silos) {
+  const std::string pattern = tokenizer::PieceCounts::file_pattern(file);
+  tokenizer::PieceCounts check(pattern);
+  check.merge_file(file);
+  // Bounded per silo so that the sum over every silo's counts trains: a file whose counts would
+  // overflow training is refused now, not after every silo has sent its own.
+  const uint64_t share = static_cast<uint64_t>(INT64_MAX) / silos;
+  POLLEN_CHECK(check.pair_bound() <= share, "counts of '", id, "': counts too large (their ",
+               "pairs could reach ", check.pair_bound(), ", over ", share, " per silo)");
+  log::info("fed tokenizer: counts of '", id, "': ", check.distinct(), " distinct pieces of ",
+            check.bytes_read(), " bytes");
+  return pattern;
+}
+
+}  // namespace
+
+void TokenizerRound::check_pattern(const std::string& pattern, const std::string& id) const {
+  POLLEN_CHECK(pattern_.empty() || pattern == pattern_, "counts of '", id,
+               "': pre-tokenised with another pattern ('", pattern.substr(0, 80), "') than ",
+               config_.pattern.empty() ? "the other silos'" : "tokenizer.pattern");
+}
+
 TokenizerRound::TokenizerRound(TokenizerServerConfig config)
     : config_(std::move(config)), pattern_(config_.pattern) {
   fs::create_directories(config_.dir / "counts");
@@ -68,11 +94,8 @@ TokenizerRound::TokenizerRound(TokenizerServerConfig config)
   for (const std::string& id : config_.clients) {
     const fs::path file = config_.dir / "counts" / (id + ".counts");
     if (!fs::exists(file)) continue;
-    const std::string pattern = tokenizer::PieceCounts::file_pattern(file);
-    tokenizer::PieceCounts check(pattern);
-    check.merge_file(file);
-    POLLEN_CHECK(pattern_.empty() || pattern == pattern_, "'", file.string(),
-                 "': pre-tokenised with another pattern than the other silos' counts there");
+    const std::string pattern = checked_counts(file, id, config_.clients.size());
+    check_pattern(pattern, id);
     pattern_ = pattern;
     counts_[id] = file;
     log::info("fed tokenizer: counts of '", id, "' kept from before the restart (", file.string(),
@@ -119,26 +142,15 @@ void TokenizerRound::add_counts(const std::string& client_id, const std::string&
   const fs::path tmp = config_.dir / "counts" / (id + ".counts.received");
   write_file_atomic(tmp, bytes);
   try {
-    // Parsing checks the magic, the layout, the order of the pieces and the checksum.
-    const std::string pattern = tokenizer::PieceCounts::file_pattern(tmp);
-    tokenizer::PieceCounts check(pattern);
-    check.merge_file(tmp);
-    // Bounded per silo so that the sum over every silo's counts trains: a file whose counts would
-    // overflow training is refused now, not after every silo has sent its own.
-    const uint64_t share = static_cast<uint64_t>(INT64_MAX) / config_.clients.size();
-    POLLEN_CHECK(check.pair_bound() <= share, "counts of '", id, "': counts too large (their ",
-                 "pairs could reach ", check.pair_bound(), ", over ", share, " per silo)");
+    const std::string pattern = checked_counts(tmp, id, config_.clients.size());
     std::lock_guard lock(mutex_);
-    POLLEN_CHECK(pattern_.empty() || pattern == pattern_, "counts of '", id,
-                 "': pre-tokenised with another pattern ('", pattern.substr(0, 80), "') than ",
-                 config_.pattern.empty() ? "the other silos'" : "tokenizer.pattern");
+    check_pattern(pattern, id);
     pattern_ = pattern;
     fs::rename(tmp, file);
     counts_[id] = file;
     receiving_.erase(id);
-    log::info("fed tokenizer: counts of '", id, "': ", check.distinct(), " distinct pieces of ",
-              check.bytes_read(), " bytes (", counts_.size(), " of ", config_.clients.size(),
-              " silos)");
+    log::info("fed tokenizer: ", counts_.size(), " of ", config_.clients.size(),
+              " silos' counts taken");
   } catch (...) {
     fs::remove(tmp);
     std::lock_guard lock(mutex_);

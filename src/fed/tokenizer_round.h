@@ -67,6 +67,10 @@ class TokenizerRound {
                            const char* what) const;
 
  private:
+  // Throws unless `pattern` is the one the counts must be made with (tokenizer.pattern, else the
+  // first silo's); call under mutex_.
+  void check_pattern(const std::string& pattern, const std::string& id) const;
+
   TokenizerServerConfig config_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;
