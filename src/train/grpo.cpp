@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <span>
 
 #include "autograd/functions.h"
 #include "autograd/token_logprobs.h"
@@ -129,9 +130,8 @@ double mean_group_std(const std::vector<double>& rewards, int64_t group) {
   double sum = 0;
   const size_t groups = rewards.size() / g;
   for (size_t k = 0; k < groups; ++k) {
-    const std::vector<double> one(rewards.begin() + static_cast<std::ptrdiff_t>(k * g),
-                                  rewards.begin() + static_cast<std::ptrdiff_t>((k + 1) * g));
-    const double m = mean_of(one);
+    const std::span<const double> one(rewards.data() + k * g, g);
+    const double m = std::accumulate(one.begin(), one.end(), 0.0) / static_cast<double>(g);
     double s = 0;
     for (double x : one) s += (x - m) * (x - m);
     sum += std::sqrt(s / static_cast<double>(g - 1));
