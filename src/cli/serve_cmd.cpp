@@ -71,8 +71,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-concurrent", a->limits.max_concurrent,
                   "Most requests in flight; more are answered 429")
       ->capture_default_str();
-  cmd->add_option("--max-batch-rows", a->max_batch_rows,
-                  "Most sequences generated together in one batch")
+  cmd->add_option(
+         "--max-batch-rows", a->max_batch_rows,
+         "Most sequences generated at once (requests join the running batch as rows free up)")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
   cmd->callback([a] {

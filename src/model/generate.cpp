@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/rng.h"
 #include "base/thread_pool.h"
+#include "model/generation_batch.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/gemm.h"
@@ -211,6 +212,25 @@ Tensor KvCache::forward(const Llama& model, const std::vector<std::vector<uint32
   return out;
 }
 
+void KvCache::reserve(int64_t rows, int64_t capacity) {
+  const int64_t new_rows = std::max(rows, this->rows()),
+                new_capacity = std::max(capacity, capacity_);
+  if (new_rows == this->rows() && new_capacity == capacity_) return;
+  for (size_t l = 0; l < k_.size(); ++l) {
+    for (std::vector<Tensor>* cache : {&k_, &v_}) {
+      Tensor grown = Tensor::zeros({new_rows, new_capacity, kv_dim_}, DType::f32);
+      const float* from = (*cache)[l].data<float>();
+      float* to = grown.data<float>();
+      for (int64_t r = 0; r < this->rows(); ++r)
+        std::memcpy(to + r * new_capacity * kv_dim_, from + r * capacity_ * kv_dim_,
+                    sizeof(float) * static_cast<size_t>(length(r) * kv_dim_));
+      (*cache)[l] = std::move(grown);
+    }
+  }
+  lengths_.resize(static_cast<size_t>(new_rows), 0);
+  capacity_ = new_capacity;
+}
+
 void KvCache::truncate(int64_t row, int64_t length) {
   POLLEN_CHECK(row >= 0 && row < rows(), "KvCache::truncate: no row ", row);
   int64_t& have = lengths_[static_cast<size_t>(row)];
@@ -306,102 +326,26 @@ std::vector<Generation> generate(const Llama& model,
                                  const std::vector<std::vector<uint32_t>>& prompts,
                                  const SamplingOptions& o, const Decoder& decode) {
   std::vector<GenerationRow> rows;
-  for (size_t r = 0; r < prompts.size(); ++r) rows.push_back({prompts[r], o, Rng(o.seed).fork(r)});
+  for (size_t r = 0; r < prompts.size(); ++r)
+    rows.push_back({prompts[r], o, Rng(o.seed).fork(r), nullptr});
   return generate_rows(model, std::move(rows), decode);
+}
+
+void check_generation_row(const GenerationRow& row, bool have_decoder) {
+  const SamplingOptions& o = row.options;
+  POLLEN_CHECK(o.stop_strings.empty() || have_decoder, "generate: stop strings need a decoder");
+  POLLEN_CHECK(o.max_tokens >= 0, "generate: max_tokens must be >= 0");
+  POLLEN_CHECK(!row.prompt.empty(), "generate: every prompt needs at least one token");
 }
 
 std::vector<Generation> generate_rows(const Llama& model, std::vector<GenerationRow> rows,
                                       const Decoder& decode, const OnToken& on_token) {
-  const size_t B = rows.size();
-  std::vector<Generation> out(B);
-  if (B == 0) return out;
-  const bool use_cache = rows[0].options.use_cache;
-  int64_t capacity = 0, steps = 0;
-  for (const auto& row : rows) {
-    const SamplingOptions& o = row.options;
-    POLLEN_CHECK(o.stop_strings.empty() || decode, "generate: stop strings need a decoder");
-    POLLEN_CHECK(o.max_tokens >= 0, "generate: max_tokens must be >= 0");
-    POLLEN_CHECK(!row.prompt.empty(), "generate: every prompt needs at least one token");
-    POLLEN_CHECK(o.use_cache == use_cache, "generate: rows disagree on use_cache");
-    capacity = std::max<int64_t>(capacity, static_cast<int64_t>(row.prompt.size()) + o.max_tokens);
-    steps = std::max(steps, o.max_tokens);
-  }
-  std::vector<std::vector<uint32_t>> seqs, feed;
-  std::vector<bool> done(B, false), cut(B, false);
-  for (size_t r = 0; r < B; ++r) {
-    seqs.push_back(rows[r].prompt);
-    feed.push_back(rows[r].prompt);
-    if (rows[r].options.max_tokens == 0) {
-      done[r] = true;
-      out[r].finish_reason = "length";
-    }
-  }
-
-  std::optional<KvCache> cache;
-  if (use_cache) cache.emplace(model.config(), static_cast<int64_t>(B), capacity);
-  const int64_t V = model.config().vocab_size;
-  for (int64_t step = 0; step < steps; ++step) {
-    for (size_t r = 0; r < B; ++r) {
-      if (!done[r] && rows[r].cancelled && rows[r].cancelled->load()) {
-        done[r] = true;
-        out[r].finish_reason = "cancelled";
-      }
-    }
-    if (std::all_of(done.begin(), done.end(), [](bool d) { return d; })) break;
-    Tensor logits;
-    if (cache) {
-      for (size_t r = 0; r < B; ++r)
-        if (done[r]) feed[r].clear();
-      logits = cache->forward(model, feed);
-    } else {
-      logits = Tensor::zeros({static_cast<int64_t>(B), V}, DType::f32);
-      for (size_t r = 0; r < B; ++r) {
-        if (done[r]) continue;
-        const int64_t t = static_cast<int64_t>(seqs[r].size());
-        Tensor ids = Tensor::empty({1, t}, DType::i32);
-        for (int64_t i = 0; i < t; ++i) ids.data<int32_t>()[i] = static_cast<int32_t>(seqs[r][i]);
-        const Tensor all = model.logits(Batch::contiguous_rows(ids, ids));
-        std::memcpy(logits.data<float>() + static_cast<int64_t>(r) * V,
-                    all.data<float>() + (t - 1) * V, sizeof(float) * V);
-      }
-    }
-    for (size_t r = 0; r < B; ++r) {
-      if (done[r]) continue;
-      const SamplingOptions& o = rows[r].options;
-      const std::span<const float> row(logits.data<float>() + static_cast<int64_t>(r) * V,
-                                       static_cast<size_t>(V));
-      const uint32_t next = sample_token(row, seqs[r], o, rows[r].rng);
-      feed[r] = {next};
-      if (std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next) != o.stop_tokens.end()) {
-        done[r] = true;
-        out[r].finish_reason = "stop";
-        out[r].stop_token = next;
-        continue;
-      }
-      seqs[r].push_back(next);
-      out[r].tokens.push_back(next);
-      if (on_token) on_token(r, next, candidate_logits(row, o));
-      if (!o.stop_strings.empty()) {
-        const std::string text = decode(out[r].tokens);
-        const size_t first = first_stop(text, o.stop_strings);
-        if (first != std::string::npos) {
-          done[r] = true;
-          out[r].finish_reason = "stop";
-          out[r].text = text.substr(0, first);
-          cut[r] = true;
-          continue;
-        }
-      }
-      if (static_cast<int64_t>(out[r].tokens.size()) == o.max_tokens) {
-        done[r] = true;
-        out[r].finish_reason = "length";
-      }
-    }
-  }
-  if (decode) {
-    for (size_t r = 0; r < B; ++r)
-      if (!cut[r]) out[r].text = decode(out[r].tokens);
-  }
+  std::vector<Generation> out(rows.size());
+  if (rows.empty()) return out;
+  GenerationBatch batch(model, decode, on_token, rows[0].options.use_cache);
+  for (GenerationRow& row : rows) batch.add(std::move(row));
+  while (batch.live() > 0)
+    for (GenerationBatch::Finished& f : batch.step()) out[f.id] = std::move(f.generation);
   return out;
 }
 

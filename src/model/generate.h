@@ -32,6 +32,9 @@ class KvCache {
   Tensor forward(const Llama& model, const std::vector<std::vector<uint32_t>>& tokens);
   // Forgets row r's tokens from `length` on (length <= the row's length).
   void truncate(int64_t row, int64_t length);
+  // Grows to at least `rows` rows of at least `capacity` tokens each, keeping every row's tokens
+  // (new rows hold none). Never shrinks.
+  void reserve(int64_t rows, int64_t capacity);
 
  private:
   int64_t capacity_, kv_dim_;
@@ -100,6 +103,10 @@ struct GenerationRow {
 // Called for every token a row keeps, with the logits it was sampled from (the first
 // options.vocab_size of the model's V, or all V).
 using OnToken = std::function<void(size_t row, uint32_t token, std::span<const float> logits)>;
+
+// Throws naming what a row gets wrong (an empty prompt, a negative budget, stop strings without
+// a decoder).
+void check_generation_row(const GenerationRow& row, bool have_decoder);
 
 // generate() with per-row options; a row's result equals generate() of it alone with its rng.
 std::vector<Generation> generate_rows(const Llama& model, std::vector<GenerationRow> rows,

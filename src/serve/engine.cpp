@@ -93,25 +93,37 @@ int64_t Engine::most_rows() const {
 }
 
 void Engine::work() {
+  const auto decode = [this](std::span<const uint32_t> ids) { return tok_.decode(ids); };
+  const auto on_token = [this](size_t id, uint32_t token, std::span<const float> logits) {
+    this->on_token(id, token, logits);
+  };
+  std::optional<model::GenerationBatch> batch;
+  batch.emplace(model_, decode, on_token);
   for (;;) {
-    std::vector<std::unique_ptr<Job>> jobs;
+    bool stopping = false;
     {
       std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || (!queue_.empty() && holds_ == 0); });
-      if (stop_) break;
-      // Every waiting request that fits; the first one always does.
-      int64_t rows = 0;
-      while (!queue_.empty()) {
-        const int64_t n = static_cast<int64_t>(queue_.front()->sequences.size());
-        if (!jobs.empty() && rows + n > max_rows_) break;
-        rows += n;
-        jobs.push_back(std::move(queue_.front()));
-        queue_.pop_front();
-      }
-      // Counted before the batch runs: its callers may look as soon as their answers arrive.
-      largest_ = std::max(largest_, static_cast<int64_t>(jobs.size()));
+      wake_.wait(lock,
+                 [&] { return stop_ || !running_.empty() || (!queue_.empty() && holds_ == 0); });
+      stopping = stop_;
     }
-    run_batch(jobs);
+    // Shutting down, the requests already running finish; those still waiting fail below.
+    if (stopping && running_.empty()) break;
+    try {
+      admit(*batch, stopping);
+      for (model::GenerationBatch::Finished& f : batch->step()) {
+        const Owner owner = owners_.at(f.id);
+        owners_.erase(f.id);
+        Job& job = *owner.job;
+        job.results[owner.sequence].generation = std::move(f.generation);
+        if (++job.finished < job.sequences.size()) continue;
+        job.done.set_value(std::move(job.results));
+        std::erase_if(running_, [&](const std::unique_ptr<Job>& j) { return j.get() == &job; });
+      }
+    } catch (...) {
+      fail_running(std::current_exception());
+      batch.emplace(model_, decode, on_token);
+    }
   }
   // Whatever is still queued at shutdown fails rather than hanging its caller.
   std::lock_guard lock(mu_);
@@ -119,57 +131,66 @@ void Engine::work() {
     job->done.set_exception(std::make_exception_ptr(Error("the server is shutting down")));
 }
 
-void Engine::run_batch(std::vector<std::unique_ptr<Job>>& jobs) {
-  std::vector<std::vector<SequenceResult>> results(jobs.size());
-  try {
-    std::vector<model::GenerationRow> rows;
-    std::vector<std::pair<size_t, size_t>> owner;  // row -> (job, sequence)
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      results[j].resize(jobs[j]->sequences.size());
-      for (size_t s = 0; s < jobs[j]->sequences.size(); ++s) {
-        const Sequence& seq = jobs[j]->sequences[s];
-        if (seq.prompt_logprobs)
-          results[j][s].prompt_scores =
-              eval::sequence_scores(model_, seq.prompt, static_cast<int64_t>(seq.prompt.size()),
-                                    seq.top_logprobs, static_cast<int64_t>(tok_.vocab_size()));
-        rows.push_back({seq.prompt, seq.options, seq.rng, jobs[j]->cancelled});
-        // Only ids the tokenizer can decode (a model's vocabulary may be padded beyond them).
-        rows.back().options.vocab_size = static_cast<int64_t>(tok_.vocab_size());
-        owner.emplace_back(j, s);
+void Engine::admit(model::GenerationBatch& batch, bool stopping) {
+  const auto free_rows = [&] { return max_rows_ - static_cast<int64_t>(batch.live()); };
+  {
+    std::lock_guard lock(mu_);
+    // Requests already running first (one of more sequences than rows enters in turns), then
+    // waiting ones in their order while their sequences would find rows.
+    int64_t rows = free_rows();
+    for (const auto& job : running_)
+      rows -= static_cast<int64_t>(job->sequences.size() - job->admitted);
+    while (!stopping && holds_ == 0 && !queue_.empty() && rows > 0) {
+      std::unique_ptr<Job> job = std::move(queue_.front());
+      queue_.pop_front();
+      if (job->sequences.empty()) {
+        job->done.set_value({});
+        continue;
       }
+      rows -= static_cast<int64_t>(job->sequences.size());
+      job->results.resize(job->sequences.size());
+      running_.push_back(std::move(job));
     }
-    const auto decode = [this](std::span<const uint32_t> ids) { return tok_.decode(ids); };
-    // At most max_rows_ rows at a time: a request of more prompts than that (the first waiting
-    // request is always taken whole) runs in turns, so the KV caches never hold more rows.
-    const auto step = static_cast<size_t>(max_rows_);
-    for (size_t first = 0; first < rows.size(); first += step) {
-      const size_t end = std::min(rows.size(), first + step);
-      std::vector<model::GenerationRow> part(std::make_move_iterator(rows.begin() + first),
-                                             std::make_move_iterator(rows.begin() + end));
-      most_rows_ = std::max(most_rows_.load(), static_cast<int64_t>(part.size()));
-      const auto on_token = [&](size_t row, uint32_t token, std::span<const float> logits) {
-        const auto [j, s] = owner[first + row];
-        const Sequence& seq = jobs[j]->sequences[s];
-        results[j][s].token_scores.push_back(score_logits(logits, token, seq.top_logprobs));
-        ++tokens_;
-        if (!jobs[j]->first_token) {
-          jobs[j]->first_token = true;
-          const std::chrono::duration<double> waited =
-              std::chrono::steady_clock::now() - jobs[j]->submitted;
-          std::lock_guard lock(mu_);
-          first_token_.observe(waited.count());
-        }
-        if (jobs[j]->sink) jobs[j]->sink(s, token);
-      };
-      const auto gens = model::generate_rows(model_, std::move(part), decode, on_token);
-      for (size_t r = 0; r < gens.size(); ++r)
-        results[owner[first + r].first][owner[first + r].second].generation = gens[r];
-    }
-  } catch (...) {
-    for (auto& job : jobs) job->done.set_exception(std::current_exception());
-    return;
   }
-  for (size_t j = 0; j < jobs.size(); ++j) jobs[j]->done.set_value(std::move(results[j]));
+  for (const auto& job : running_)
+    while (job->admitted < job->sequences.size() && free_rows() > 0) add_sequence(batch, *job);
+  most_rows_ = std::max(most_rows_.load(), static_cast<int64_t>(batch.live()));
+  // Counted before the step runs: its callers may look as soon as their answers arrive.
+  std::lock_guard lock(mu_);
+  largest_ = std::max(largest_, static_cast<int64_t>(running_.size()));
+}
+
+void Engine::add_sequence(model::GenerationBatch& batch, Job& job) {
+  const size_t s = job.admitted++;
+  const Sequence& seq = job.sequences[s];
+  if (seq.prompt_logprobs)
+    job.results[s].prompt_scores =
+        eval::sequence_scores(model_, seq.prompt, static_cast<int64_t>(seq.prompt.size()),
+                              seq.top_logprobs, static_cast<int64_t>(tok_.vocab_size()));
+  model::GenerationRow row{seq.prompt, seq.options, seq.rng, job.cancelled};
+  // Only ids the tokenizer can decode (a model's vocabulary may be padded beyond them).
+  row.options.vocab_size = static_cast<int64_t>(tok_.vocab_size());
+  owners_[batch.add(std::move(row))] = {&job, s};
+}
+
+void Engine::on_token(size_t id, uint32_t token, std::span<const float> logits) {
+  const auto [job, s] = owners_.at(id);
+  job->results[s].token_scores.push_back(
+      score_logits(logits, token, job->sequences[s].top_logprobs));
+  ++tokens_;
+  if (!job->first_token) {
+    job->first_token = true;
+    const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - job->submitted;
+    std::lock_guard lock(mu_);
+    first_token_.observe(waited.count());
+  }
+  if (job->sink) job->sink(s, token);
+}
+
+void Engine::fail_running(std::exception_ptr error) {
+  for (auto& job : running_) job->done.set_exception(error);
+  running_.clear();
+  owners_.clear();
 }
 
 }  // namespace pollen::serve

@@ -1,9 +1,10 @@
 #pragma once
 // The engine: one worker thread that owns every use of the model, and a queue of requests in
-// front of it. Each time the worker is free it takes every pending request (up to a number of
-// rows), scores the prompts that ask for their log-probabilities, and generates for all their
-// sequences in one batch (model::generate_rows: one forward per step for every row, each row with
-// its own options and random stream). HTTP threads only queue work and wait for it, so the model
+// front of it. The worker runs one batch continuously (model::GenerationBatch: one forward per
+// step for every live sequence, each with its own options and random stream): before each step
+// it admits waiting requests' sequences into the rows that sequences finishing have left (up to
+// a number of rows), scoring the prompts that ask for their log-probabilities, so a request
+// never waits for another to finish. HTTP threads only queue work and wait for it, so the model
 // is never run from two threads at once.
 #include <atomic>
 #include <chrono>
@@ -16,10 +17,12 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "eval/rolling.h"
 #include "model/generate.h"
+#include "model/generation_batch.h"
 #include "obs/seconds_histogram.h"
 #include "tokenizer/tokenizer.h"
 
@@ -56,8 +59,8 @@ class Engine {
       std::vector<Sequence> sequences, TokenSink sink = {},
       std::shared_ptr<const std::atomic<bool>> cancelled = nullptr);
 
-  // While a Hold lives the worker starts no new batch (requests queue up); for draining and for
-  // tests that need requests to be waiting at a known moment.
+  // While a Hold lives the worker admits no new request (they queue up; sequences already
+  // running go on); for tests that need requests to be waiting at a known moment.
   class Hold {
    public:
     explicit Hold(Engine& e);
@@ -69,8 +72,8 @@ class Engine {
     Engine& engine_;
   };
 
-  int64_t pending() const;        // requests waiting for the worker
-  int64_t largest_batch() const;  // most requests that shared one batch
+  int64_t pending() const;        // requests none of whose sequences has been admitted yet
+  int64_t largest_batch() const;  // most requests generating at once
   int64_t most_rows() const;      // most sequences generated at once (at most max_batch_rows)
   int64_t tokens_generated() const { return tokens_.load(); }  // over every request so far
   // Seconds from each request's submission to its first generated token, so far.
@@ -83,10 +86,24 @@ class Engine {
     std::shared_ptr<const std::atomic<bool>> cancelled;
     std::promise<std::vector<SequenceResult>> done;
     std::chrono::steady_clock::time_point submitted;
+    std::vector<SequenceResult> results;
+    size_t admitted = 0;  // sequences in the batch so far
+    size_t finished = 0;
     bool first_token = false;  // seen
   };
+  // A live sequence of the batch: whose it is.
+  struct Owner {
+    Job* job;
+    size_t sequence;
+  };
   void work();
-  void run_batch(std::vector<std::unique_ptr<Job>>& jobs);
+  // Moves waiting sequences into the batch while rows are free (none of new requests when
+  // stopping or held).
+  void admit(model::GenerationBatch& batch, bool stopping);
+  void add_sequence(model::GenerationBatch& batch, Job& job);
+  void on_token(size_t id, uint32_t token, std::span<const float> logits);
+  // Fails every request in the batch or waiting to enter it (the batch is dropped).
+  void fail_running(std::exception_ptr error);
 
   const model::Llama& model_;
   const tokenizer::Tokenizer& tok_;
@@ -94,6 +111,10 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Job>> queue_;
+  // Worker thread only: requests with sequences in the batch (or some still to admit), and each
+  // live sequence's owner by its id in the batch.
+  std::vector<std::unique_ptr<Job>> running_;
+  std::unordered_map<size_t, Owner> owners_;
   std::atomic<int64_t> most_rows_{0};
   std::atomic<int64_t> tokens_{0};
   obs::SecondsHistogram first_token_;  // under mu_

@@ -35,7 +35,7 @@ struct ServerOptions {
   std::string api_key;
   ServedModel model;
   Limits limits;
-  int64_t max_batch_rows = 16;                // sequences per batch of the engine
+  int64_t max_batch_rows = 16;                // most sequences the engine generates at once
   std::optional<tokenizer::ChatFormat> chat;  // none: /v1/chat/completions answers 400
 };
 

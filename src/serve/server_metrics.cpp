@@ -35,10 +35,10 @@ std::string prometheus_metrics(const ServeStatus& st) {
            "Seconds from a request's submission to the engine to its first generated token.");
   p.histogram(obs::SecondsHistogram::bounds(), st.first_token.counts, st.first_token.sum);
   p.gauge("pollen_serve_requests_in_flight", "API requests being answered now.", d(st.in_flight));
-  p.gauge("pollen_serve_requests_waiting", "Requests waiting for the engine's next batch.",
+  p.gauge("pollen_serve_requests_waiting", "Requests waiting for rows in the engine's batch.",
           d(st.waiting));
   p.counter("pollen_serve_generated_tokens_total", "Tokens generated.", d(st.tokens_generated));
-  p.gauge("pollen_serve_largest_batch", "Most requests that shared one batch so far.",
+  p.gauge("pollen_serve_largest_batch", "Most requests generating at once so far.",
           d(st.largest_batch));
   return p.text();
 }

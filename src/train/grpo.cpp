@@ -355,7 +355,7 @@ Rollouts GrpoObjective::sample(const model::Llama& model, int64_t batch) const {
       if (!share_.owns(k)) continue;
       mine.push_back(k);
       rows.push_back({prompts_[prompt_ids[j]].tokens, sampling,
-                      batch_rng.fork(static_cast<uint64_t>(j) * g_size + g)});
+                      batch_rng.fork(static_cast<uint64_t>(j) * g_size + g), nullptr});
     }
   }
   const std::vector<model::Generation> gens = model::generate_rows(

@@ -9,6 +9,7 @@
 
 #include "base/rng.h"
 #include "model/continuation.h"
+#include "model/generation_batch.h"
 #include "support/tiny_lm.h"
 
 namespace pollen {
@@ -347,6 +348,47 @@ TEST(GenerateRows, EachRowAsIfGeneratedAlone) {
   size_t kept = 0;
   for (const auto& g : out) kept += g.tokens.size();
   EXPECT_EQ(seen.size(), kept);  // one call per kept token
+}
+
+// Continuous batching: rows that join a running batch at later steps, into rows of the cache
+// that finished rows left, generate what each generates alone; the cache holds no more rows than
+// were live at once, and is freed when the batch runs empty.
+TEST(GenerationBatch, RowsJoiningLaterGenerateAsAlone) {
+  const model::Llama m = random_model(gen_config(true, 3), 7);
+  model::SamplingOptions o;
+  o.temperature = 0.8;
+  const std::vector<std::vector<uint32_t>> prompts = {
+      {1, 2, 3, 4, 5}, {7}, {9, 9, 30, 12}, {40, 41}, {3, 3, 3, 3, 3, 3, 3}};
+  const std::vector<int64_t> budgets = {3, 9, 5, 12, 4};
+  const auto row = [&](size_t i) {
+    model::SamplingOptions oi = o;
+    oi.max_tokens = budgets[i];
+    return model::GenerationRow{prompts[i], oi, Rng(20 + i), nullptr};
+  };
+  std::vector<std::vector<uint32_t>> streamed(prompts.size());
+  model::GenerationBatch batch(m, {}, [&](size_t id, uint32_t token, std::span<const float>) {
+    streamed[id].push_back(token);
+  });
+  std::vector<model::Generation> got(prompts.size());
+  size_t added = 0, steps = 0;
+  EXPECT_EQ(batch.add(row(added++)), 0u);
+  EXPECT_EQ(batch.add(row(added++)), 1u);
+  while (batch.live() > 0) {
+    for (auto& f : batch.step()) got[f.id] = std::move(f.generation);
+    ++steps;
+    // One row joins at step 2, two more whenever fewer than two are live.
+    if ((steps == 2 && added == 2) || (added > 2 && added < prompts.size() && batch.live() < 2))
+      batch.add(row(added++));
+    EXPECT_LE(batch.cache_rows(), 3);
+  }
+  EXPECT_EQ(added, prompts.size());
+  EXPECT_EQ(batch.cache_rows(), 0);  // freed once empty
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto alone = model::generate_rows(m, {row(i)});
+    EXPECT_EQ(got[i].tokens, alone[0].tokens) << "row " << i;
+    EXPECT_EQ(got[i].finish_reason, "length") << "row " << i;
+    EXPECT_EQ(streamed[i], got[i].tokens) << "row " << i;
+  }
 }
 
 }  // namespace

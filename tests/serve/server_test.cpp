@@ -1127,6 +1127,39 @@ TEST_F(Serving, ACancelledRequestEndsAtTheNextStepAndItsBatchGoesOn) {
   ASSERT_GT(alone[0].tokens.size(), 2u) << "the kept request should outlive the cancelled one";
 }
 
+// Continuous batching: a request that arrives while another generates joins the running batch
+// at the next step and finishes long before it, instead of waiting for it; both get what they
+// get alone.
+TEST_F(Serving, ARequestJoinsTheRunningBatchAndFinishesFirst) {
+  start();
+  serve::Engine& engine = server_->engine();
+  const auto seq = [&](const std::string& prompt, int64_t budget, uint64_t seed) {
+    return serve::Sequence{prompt_ids(prompt), sampling(budget, 0.7, seed), Rng(seed).fork(0),
+                           false, 0};
+  };
+  std::future<std::vector<serve::SequenceResult>> late;
+  size_t long_tokens = 0, when_late_done = 0;
+  auto first = engine.submit({seq("The dog", 48, 8)}, [&](size_t, uint32_t) {
+    ++long_tokens;
+    if (long_tokens == 3) late = engine.submit({seq("Ice melts", 4, 9)});
+    if (long_tokens > 3 && when_late_done == 0 &&
+        late.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
+      when_late_done = long_tokens;
+  });
+  const auto a = first.get();
+  ASSERT_TRUE(late.valid());
+  const auto b = late.get();
+  const auto alone_a = model::generate(*model_, {prompt_ids("The dog")}, sampling(48, 0.7, 8));
+  const auto alone_b = model::generate(*model_, {prompt_ids("Ice melts")}, sampling(4, 0.7, 9));
+  ASSERT_GT(alone_a[0].tokens.size(), 12u) << "the first request should outlive the second";
+  EXPECT_EQ(a[0].generation.tokens, alone_a[0].tokens);
+  EXPECT_EQ(b[0].generation.tokens, alone_b[0].tokens);
+  // Joined at the first request's 4th step, 4 tokens: done by its 8th token, long before its end.
+  EXPECT_GT(when_late_done, 0u) << "the second request waited for the first to finish";
+  EXPECT_LE(when_late_done, 9u);
+  EXPECT_EQ(engine.largest_batch(), 2);
+}
+
 TEST_F(Serving, ConcurrentRequestsAreServedCorrectly) {
   serve::ServerOptions o = options();
   o.limits.max_concurrent = 8;

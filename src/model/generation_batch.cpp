@@ -1,0 +1,152 @@
+#include "model/generation_batch.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "base/error.h"
+
+namespace pollen::model {
+
+GenerationBatch::GenerationBatch(const Llama& model, Decoder decode, OnToken on_token,
+                                 bool use_cache)
+    : model_(model),
+      decode_(std::move(decode)),
+      on_token_(std::move(on_token)),
+      use_cache_(use_cache) {}
+
+size_t GenerationBatch::add(GenerationRow row) {
+  check_generation_row(row, static_cast<bool>(decode_));
+  POLLEN_CHECK(row.options.use_cache == use_cache_, "generate: a row with use_cache ",
+               row.options.use_cache, " in a batch with use_cache ", use_cache_);
+  Live r{next_id_++, std::move(row), {}, {}, {}, -1, false};
+  r.seq = r.row.prompt;
+  r.feed = r.row.prompt;
+  live_.push_back(std::move(r));
+  return live_.back().id;
+}
+
+GenerationBatch::Finished GenerationBatch::finish(Live& r) {
+  if (decode_ && !r.cut) r.out.text = decode_(r.out.tokens);
+  if (r.slot >= 0) {
+    cache_->truncate(r.slot, 0);
+    free_slots_.push_back(r.slot);
+  }
+  return {r.id, std::move(r.out)};
+}
+
+Tensor GenerationBatch::forward() {
+  const int64_t V = model_.config().vocab_size, n = static_cast<int64_t>(live_.size());
+  Tensor logits = Tensor::empty({n, V}, DType::f32);
+  if (!use_cache_) {
+    for (int64_t i = 0; i < n; ++i) {
+      const std::vector<uint32_t>& seq = live_[static_cast<size_t>(i)].seq;
+      const int64_t t = static_cast<int64_t>(seq.size());
+      Tensor ids = Tensor::empty({1, t}, DType::i32);
+      for (int64_t j = 0; j < t; ++j) ids.data<int32_t>()[j] = static_cast<int32_t>(seq[j]);
+      const Tensor all = model_.logits(Batch::contiguous_rows(ids, ids));
+      std::memcpy(logits.data<float>() + i * V, all.data<float>() + (t - 1) * V,
+                  sizeof(float) * static_cast<size_t>(V));
+    }
+    return logits;
+  }
+  // Rows that joined take a free row of the cache, or new ones; the cache grows once per step.
+  int64_t rows = cache_ ? cache_->rows() : 0, capacity = cache_ ? cache_->capacity() : 0;
+  for (Live& r : live_) {
+    if (r.slot >= 0) continue;
+    if (free_slots_.empty()) {
+      r.slot = rows++;
+    } else {
+      r.slot = free_slots_.back();
+      free_slots_.pop_back();
+    }
+    capacity =
+        std::max(capacity, static_cast<int64_t>(r.row.prompt.size()) + r.row.options.max_tokens);
+  }
+  if (!cache_) cache_.emplace(model_.config(), rows, capacity);
+  cache_->reserve(rows, capacity);
+  std::vector<std::vector<uint32_t>> tokens(static_cast<size_t>(rows));
+  for (Live& r : live_) tokens[static_cast<size_t>(r.slot)] = std::move(r.feed);
+  const Tensor by_slot = cache_->forward(model_, tokens);
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(logits.data<float>() + i * V,
+                by_slot.data<float>() + live_[static_cast<size_t>(i)].slot * V,
+                sizeof(float) * static_cast<size_t>(V));
+  return logits;
+}
+
+bool GenerationBatch::sample(Live& r, std::span<const float> logits) {
+  const SamplingOptions& o = r.row.options;
+  const uint32_t next = sample_token(logits, r.seq, o, r.row.rng);
+  r.feed = {next};
+  if (std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next) != o.stop_tokens.end()) {
+    r.out.finish_reason = "stop";
+    r.out.stop_token = next;
+    return true;
+  }
+  r.seq.push_back(next);
+  r.out.tokens.push_back(next);
+  if (on_token_) on_token_(r.id, next, candidate_logits(logits, o));
+  if (!o.stop_strings.empty()) {
+    const std::string text = decode_(r.out.tokens);
+    const size_t first = first_stop(text, o.stop_strings);
+    if (first != std::string::npos) {
+      r.out.finish_reason = "stop";
+      r.out.text = text.substr(0, first);
+      r.cut = true;
+      return true;
+    }
+  }
+  if (static_cast<int64_t>(r.out.tokens.size()) == o.max_tokens) {
+    r.out.finish_reason = "length";
+    return true;
+  }
+  return false;
+}
+
+std::vector<GenerationBatch::Finished> GenerationBatch::step() {
+  std::vector<Finished> finished;
+  const auto leave = [&](const std::vector<bool>& gone) {
+    size_t kept = 0;
+    for (size_t i = 0; i < live_.size(); ++i) {
+      if (gone[i]) continue;
+      if (kept != i) live_[kept] = std::move(live_[i]);
+      ++kept;
+    }
+    live_.resize(kept);
+    if (live_.empty()) {  // the cache's memory goes back until rows come again
+      cache_.reset();
+      free_slots_.clear();
+    }
+  };
+  std::vector<bool> gone(live_.size(), false);
+  for (size_t i = 0; i < live_.size(); ++i) {
+    Live& r = live_[i];
+    if (r.row.cancelled && r.row.cancelled->load()) {
+      r.out.finish_reason = "cancelled";
+    } else if (static_cast<int64_t>(r.out.tokens.size()) >= r.row.options.max_tokens) {
+      r.out.finish_reason = "length";  // a row with no budget
+    } else {
+      continue;
+    }
+    finished.push_back(finish(r));
+    gone[i] = true;
+  }
+  leave(gone);
+  if (live_.empty()) return finished;
+
+  const Tensor logits = forward();
+  const auto V = static_cast<size_t>(model_.config().vocab_size);
+  gone.assign(live_.size(), false);
+  for (size_t i = 0; i < live_.size(); ++i) {
+    const std::span<const float> row(logits.data<float>() + i * V, V);
+    if (sample(live_[i], row)) {
+      finished.push_back(finish(live_[i]));
+      gone[i] = true;
+    }
+  }
+  leave(gone);
+  return finished;
+}
+
+}  // namespace pollen::model
