@@ -42,8 +42,11 @@ void refuse_ranks_unless_supported(const std::vector<std::string>& command,
     if (w.starts_with("-")) break;
     name += (name.empty() ? "" : " ") + w;
   }
-  fail("pollen ", name, " runs as one process, but ", topology.launcher, " started ",
-       topology.world, " ranks of it, which would each run it into the same outputs; only ",
+  // `pollen launch --nproc 2 -- --help`: options alone, no command to name.
+  if (name.empty() && !command.empty()) name = command.front();
+  fail("pollen ", name.empty() ? "without a command" : name, " runs as one process, but ",
+       topology.launcher, " started ", topology.world,
+       " ranks of it, which would each run it into the same outputs; only ",
        "pollen train, sft, dpo, rm, grpo and fed client run as several ranks (docs/parallel.md). ",
        "Run it without mpirun, srun or pollen launch");
 }

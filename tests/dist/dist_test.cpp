@@ -583,6 +583,11 @@ TEST(Launch, CommandsThatRunAsOneProcessAreRefusedAsSeveralRanks) {
   const std::string fed = pollen::testing::run_capture(
       mpirun_env + POLLEN_BINARY + " fed simulate --config /nonexistent/sim.toml", &status);
   EXPECT_NE(fed.find("pollen fed simulate runs as one process"), std::string::npos) << fed;
+  const std::string options_only = pollen::testing::run_capture(
+      std::string(POLLEN_BINARY) + " launch --nproc 2 --mpirun /nonexistent/mpirun -- --help",
+      &status);
+  EXPECT_NE(options_only.find("pollen --help runs as one process"), std::string::npos)
+      << options_only;
   const std::string launched = pollen::testing::run_capture(
       std::string(POLLEN_BINARY) +
           " launch --nproc 3 --mpirun /nonexistent/mpirun -- data prepare "
