@@ -49,10 +49,6 @@ struct Loader::Dataset {
   }
 };
 
-namespace {
-
-// Manifests mixed into one stream must speak the same ids: one vocabulary, one tokenizer, one
-// end-of-document token.
 void check_same_tokens(const Manifest& a, const Manifest& b) {
   const auto fingerprint = [](const Manifest& m) {
     const auto& t = m.json.value("tokenizer", nlohmann::json::object());
@@ -68,8 +64,6 @@ void check_same_tokens(const Manifest& a, const Manifest& b) {
                ", tokenizer ", fingerprint(a).substr(0, 16), ", eos_id ", eos(a).dump(),
                "); mixed manifests must share one tokenizer");
 }
-
-}  // namespace
 
 Loader::Loader(const LoaderOptions& options) : options_(options) {
   const auto& o = options_;

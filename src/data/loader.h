@@ -26,6 +26,12 @@
 
 namespace pollen::data {
 
+struct Manifest;
+
+// Manifests mixed into one stream (or trained on one and evaluated on another) must speak the
+// same ids: one vocabulary, one tokenizer, one end-of-document token. Throws naming both.
+void check_same_tokens(const Manifest& a, const Manifest& b);
+
 struct LoaderOptions {
   std::vector<std::filesystem::path> manifests;  // one or several datasets
   std::vector<double> weights;                   // mixing weights (empty: proportional to tokens)

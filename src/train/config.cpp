@@ -520,9 +520,9 @@ std::string TrainConfig::to_toml() const {
 bool key_may_change_on_resume(const std::string& key) {
   return key == "run.name" || key == "run.dir" || key == "run.threads" || key == "run.device" ||
          key == "run.precision" || key == "train.steps" || key == "train.max_bad_steps" ||
-         key.starts_with("eval.") || key.starts_with("samples.") ||
-         key.starts_with("checkpoint.") || key.starts_with("metrics.") ||
-         key.starts_with("parallel.");
+         key == "train.micro_batch" || key == "privacy.secure_noise" || key.starts_with("eval.") ||
+         key.starts_with("samples.") || key.starts_with("checkpoint.") ||
+         key.starts_with("metrics.") || key.starts_with("parallel.");
 }
 
 std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const TrainConfig& now) {
@@ -544,6 +544,10 @@ std::vector<std::string> check_resume_compatible(
     } else if (key == "train.steps") {
       warnings.push_back(cat(change, ": the schedule now ends at the new step count, so the ",
                              "learning rate differs from the checkpointed run's from here on"));
+    } else if (key == "train.micro_batch") {
+      warnings.push_back(cat(change, ": a step still trains on train.batch_tokens, so the run ",
+                             "continues to rounding, not bitwise; validation now reads ",
+                             "eval.batches micro-batches of the new size"));
     } else if (key == "run.threads" || key == "run.device" || key == "run.precision") {
       warnings.push_back(cat(change,
                              ": a different thread count, device or precision gives results ",
@@ -551,13 +555,17 @@ std::vector<std::string> check_resume_compatible(
     }
   }
   // Keys on one side only are a newer pollen's (a checkpoint written before them), except the
-  // adapters': LoRA added or removed changes what the checkpoint holds.
+  // adapters' and the model's: LoRA added or removed changes what the checkpoint holds, and the
+  // model's keys written only when set (a sliding window, rope scaling) change its attention.
+  const auto one_sided_refused = [](const std::string& key) {
+    return key.starts_with("lora.") || key.starts_with("model.");
+  };
   const std::map<std::string, std::string> current(now.begin(), now.end());
   for (const auto& [key, value] : old)
-    if (key.starts_with("lora.") && !current.count(key))
+    if (one_sided_refused(key) && !current.count(key))
       refused += cat(refused.empty() ? "" : ", ", key, " (", value, " -> none)");
   for (const auto& [key, value] : now)
-    if (key.starts_with("lora.") && !old.count(key))
+    if (one_sided_refused(key) && !old.count(key))
       refused += cat(refused.empty() ? "" : ", ", key, " (none -> ", value, ")");
   POLLEN_CHECK(refused.empty(), "cannot resume: these keys differ from the checkpoint's config ",
                "and may not change in a resumed run: ", refused, " (see ", doc, ")");

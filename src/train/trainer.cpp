@@ -229,6 +229,26 @@ void check_same_privacy(const optim::DpSgdOptions& saved, const optim::DpSgdOpti
 // the steps with their evaluations and checkpoints, and the summary. Rank 0 writes the run's
 // files (metrics, config, checkpoints, summary); every rank holds the same weights and loader
 // state.
+// Each manifest's dataset version (the SHA-256 of its manifest.json), in order.
+nlohmann::ordered_json data_versions(const std::vector<std::string>& manifests) {
+  nlohmann::ordered_json versions = nlohmann::ordered_json::array();
+  for (const auto& m : manifests) versions.push_back(data::dataset_version(m));
+  return versions;
+}
+
+void check_same_data(const nlohmann::ordered_json& saved, const nlohmann::ordered_json& now,
+                     const TrainConfig& cfg) {
+  POLLEN_CHECK(saved.size() == now.size(), "cannot resume: the checkpoint trained on ",
+               saved.size(), " manifests, data.manifests names ", now.size());
+  for (size_t i = 0; i < now.size(); ++i)
+    POLLEN_CHECK(saved[i] == now[i], "cannot resume: data manifest '", cfg.manifests[i],
+                 "' is not the data the checkpoint trained on (dataset version ",
+                 saved[i].get<std::string>().substr(0, 16), ", now ",
+                 now[i].get<std::string>().substr(0, 16),
+                 "): the loader's position would fall elsewhere in it. Resume on the data the ",
+                 "run trained on, or start a new run (model.init_from) on the new data");
+}
+
 class TrainingRun {
  public:
   TrainingRun(const TrainConfig& cfg, const TrainOptions& o, dist::Communicator& comm,
@@ -244,6 +264,7 @@ class TrainingRun {
         device_(device),
         optimizer_(optimizer),
         data_(data),
+        data_versions_(data_versions(cfg.manifests)),
         rng_(cfg.seed) {
     if (cfg.privacy.enabled)
       dp_.emplace(cfg.privacy, data.loader.windows_total(), cfg.batch_tokens / cfg.seq, cfg.steps);
@@ -285,7 +306,8 @@ class TrainingRun {
   const Device device_;
   TrainerOptimizer& optimizer_;
   TrainData& data_;
-  std::optional<optim::DpSgd> dp_;  // [privacy]
+  const nlohmann::ordered_json data_versions_;  // each training manifest's, as the run began
+  std::optional<optim::DpSgd> dp_;              // [privacy]
 
   LoopCounters counters_;
   Rng rng_;
@@ -316,6 +338,9 @@ void TrainingRun::resume() {
   resumed_ = nlohmann::ordered_json::parse(read_file(*dir / "state.json"));
   const nlohmann::ordered_json& st = *resumed_;
   counters_.restore(st);
+  // The loader's position is into the data the checkpoint trained on; re-prepared data under
+  // the same path would put it elsewhere. (Checkpoints before this record have none.)
+  if (st.contains("data_versions")) check_same_data(st.at("data_versions"), data_versions_, cfg_);
   data_.loader.restore(data::LoaderState::from_json(nlohmann::json(st.at("loader"))));
   rng_ = Rng(st.at("rng").at("seed").get<uint64_t>(), st.at("rng").at("offset").get<uint64_t>());
   // Checkpoints written before samples were turned on have no position: append.
@@ -546,6 +571,7 @@ void TrainingRun::save(int64_t at) {
   nlohmann::ordered_json st;
   counters_.save(st, seconds_since(run_start_));
   st["loader"] = data_.loader.state().to_json();
+  st["data_versions"] = data_versions_;
   if (dp_) st["privacy"] = dp_->state();
   st["rng"] = {{"seed", rng_.seed()}, {"offset", rng_.offset()}};
   st["metrics"] = metrics_->positions();
@@ -608,6 +634,24 @@ void check_private_run(const TrainConfig& cfg) {
         m, "': its loss would describe the protected records; evaluate on a held-out split");
 }
 
+// Every manifest trained or evaluated on fits the model's vocabulary, and the validation data
+// speaks the training data's ids; checked before step 0, not at the first evaluation.
+void check_manifests_fit(const TrainConfig& cfg) {
+  const data::Manifest first = data::Manifest::load(cfg.manifests.front());
+  const auto fits = [&](const data::Manifest& man, const char* key) {
+    POLLEN_CHECK(man.vocab_size <= cfg.model.vocab_size, key, ": manifest '", man.path.string(),
+                 "' has vocab_size ", man.vocab_size, " but model '", cfg.model.name,
+                 "' has vocab_size ", cfg.model.vocab_size);
+  };
+  for (const auto& m : cfg.manifests) fits(data::Manifest::load(m), "data.manifests");
+  if (cfg.validation_split.empty()) return;
+  for (const auto& m : cfg.validation_manifests) {
+    const data::Manifest man = data::Manifest::load(m);
+    fits(man, "data.validation_manifests");
+    data::check_same_tokens(first, man);
+  }
+}
+
 TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   SignalGuard signals(o.handle_signals);
   dist::SingleProcess alone;
@@ -615,12 +659,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   set_num_threads(cfg.threads > 0 ? cfg.threads : threads_per_rank(comm.topology().local_world));
   fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
   if (cfg.privacy.enabled) check_private_run(cfg);
-  for (const auto& m : cfg.manifests) {
-    const auto man = data::Manifest::load(m);
-    POLLEN_CHECK(man.vocab_size <= cfg.model.vocab_size, "data manifest '", m, "' has vocab_size ",
-                 man.vocab_size, " but model '", cfg.model.name, "' has vocab_size ",
-                 cfg.model.vocab_size);
-  }
+  check_manifests_fit(cfg);
 
   // model.init_from: its weights, the optimizer fresh (a resumed run's checkpoint replaces them).
   model::Llama model = cfg.init_from.empty()

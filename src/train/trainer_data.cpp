@@ -1,10 +1,12 @@
 #include "train/trainer_data.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "autograd/tape.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "data/shards.h"
 
 namespace pollen::train {
 namespace {
@@ -13,10 +15,21 @@ namespace {
 // micro_batch x ranks rows, split by rank; a step is the same global batch at any world size.
 int64_t micro_steps_per_step(const TrainConfig& cfg, const dist::Communicator& comm) {
   const int64_t global_rows = cfg.micro_batch * comm.world();
-  POLLEN_CHECK(cfg.batch_tokens % (global_rows * cfg.seq) == 0, "train.batch_tokens (",
-               cfg.batch_tokens, ") is not a multiple of micro_batch * seq * ranks (",
-               cfg.micro_batch, " * ", cfg.seq, " * ", comm.world(),
-               "): each rank reads micro_batch rows per micro-step");
+  if (cfg.batch_tokens % (global_rows * cfg.seq) != 0) {
+    // What would fit: the micro-batches that divide a step's rows among these ranks.
+    const int64_t step_rows = cfg.batch_tokens / cfg.seq;
+    std::string fits;
+    for (int64_t m = 1; m <= step_rows / comm.world(); ++m)
+      if (step_rows % (m * comm.world()) == 0) fits += cat(fits.empty() ? "" : ", ", m);
+    throw Error(cat(
+        "train.batch_tokens (", cfg.batch_tokens,
+        ") is not a multiple of micro_batch * seq * ranks (", cfg.micro_batch, " * ", cfg.seq,
+        " * ", comm.world(), "): each rank reads micro_batch rows per micro-step; ",
+        fits.empty()
+            ? cat("no micro_batch splits its ", step_rows, " rows among ", comm.world(), " ranks")
+            : cat("with ", comm.world(), " ranks train.micro_batch may be ", fits,
+                  " (--set train.micro_batch=N; it may change on ", "resume)")));
+  }
   return cfg.batch_tokens / (global_rows * cfg.seq);
 }
 
@@ -49,8 +62,20 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
   vo.world = 1;
   vo.manifests.clear();
   for (const auto& m : cfg.validation_manifests) vo.manifests.emplace_back(m);
-  vo.weights = cfg.validation_manifests == cfg.manifests ? cfg.weights : std::vector<double>{};
   vo.split = cfg.validation_split;
+  // The training mixture, over the manifests that hold the split (one without it is no reason
+  // to evaluate on none).
+  if (cfg.validation_manifests == cfg.manifests && !cfg.weights.empty()) {
+    vo.weights = cfg.weights;
+    for (size_t i = 0; i < vo.manifests.size(); ++i)
+      if (data::Manifest::load(vo.manifests[i]).split(vo.split).empty()) vo.weights[i] = 0;
+    if (std::all_of(vo.weights.begin(), vo.weights.end(), [](double w) { return w == 0; }))
+      vo.weights.clear();  // none holds it: the loader says so below
+  }
+  // The default split missing from data prepared without one is no evaluation, warned; a split
+  // or manifests the config names are a mistake to stop on.
+  const bool named =
+      cfg.validation_split != "validation" || cfg.validation_manifests != cfg.manifests;
   try {
     v.loader = std::make_unique<data::Loader>(vo);
     if (v.loader->windows_per_epoch() < cfg.micro_batch) {
@@ -61,6 +86,10 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
       v.start = v.loader->state();
     }
   } catch (const Error& e) {
+    if (named)
+      throw Error(cat("data.validation_split '", cfg.validation_split,
+                      "' of data.validation_manifests cannot be evaluated: ", e.what(),
+                      " (data.validation_split = \"\" turns evaluation off)"));
     log::warn("no evaluation: ", e.what());
     v.loader.reset();
   }

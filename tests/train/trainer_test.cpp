@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -219,6 +220,22 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   // bf16 compute needs the GPU: refused on the CPU, naming both keys.
   e = err(base, {"run.precision=\"bf16\""});
   EXPECT_NE(e.find("run.precision = \"bf16\" needs run.device = \"cuda\""), std::string::npos) << e;
+  // The rows of a forward may change (a step still trains on batch_tokens): warned.
+  changed.micro_batch = c.micro_batch / 2;
+  EXPECT_EQ(train::check_resume_compatible(c, changed).size(), 4u);
+  // A sliding window or rope scaling added or removed changes the model's attention, though
+  // the checkpoint's keys hold them only when set.
+  auto windowed = c;
+  windowed.model.sliding_window = 4;
+  e = error_of([&] { train::check_resume_compatible(c, windowed); });
+  EXPECT_NE(e.find("model.sliding_window (none -> 4)"), std::string::npos) << e;
+  e = error_of([&] { train::check_resume_compatible(windowed, c); });
+  EXPECT_NE(e.find("model.sliding_window (4 -> none)"), std::string::npos) << e;
+  auto scaled = c;
+  scaled.model.rope_scaling.kind = ops::RopeScaling::Kind::linear;
+  scaled.model.rope_scaling.factor = 2.0;
+  e = error_of([&] { train::check_resume_compatible(c, scaled); });
+  EXPECT_NE(e.find("model.rope_scaling.kind (none -> \"linear\")"), std::string::npos) << e;
   changed.optimizer.lr = 0.5;
   changed.seq = 8;
   e = error_of([&] { train::check_resume_compatible(c, changed); });
@@ -387,6 +404,72 @@ TEST(Trainer, ResumeIsBitwiseAndSkipsACorruptCheckpoint) {
   EXPECT_NE(error_of([&] { train_quiet(bad); }).find("--resume"), std::string::npos);
   const auto changed = tiny(base / "bad", 20, {"optimizer.lr=1e-2"});
   EXPECT_NE(error_of([&] { train_quiet(changed, true); }).find("optimizer.lr"), std::string::npos);
+  fs::remove_all(base);
+}
+
+// What a run evaluates on must fit the model and speak the training data's ids, and a split the
+// config names must exist: each refused before step 0, not at the first evaluation. A manifest
+// without the validation split leaves the others' evaluated. A resumed run must read the data
+// its checkpoint trained on: re-prepared data under the same path is refused.
+TEST(Trainer, DataIsCheckedBeforeTheFirstStepAndOnResume) {
+  const fs::path base = temp_dir("data_checks");
+  const fs::path manifest = test_support::make_tiny_dataset(base / "data");
+  const nlohmann::json m = nlohmann::json::parse(read_file(manifest));
+  // Manifests beside the tiny one's shards, changed by `change`.
+  const auto variant = [&](const std::string& name,
+                           const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json v = m;
+    change(v);
+    write_file_atomic(base / "data" / name, data::manifest_text(v));
+    return (base / "data" / name).string();
+  };
+  const auto run = [&](const std::string& name, const std::string& train_manifest,
+                       std::vector<std::string> sets) {
+    return train::parse_train_config(test_support::tiny_run_toml(base / name, train_manifest, 8),
+                                     "tiny.toml", sets);
+  };
+  const std::string wide = variant("wide.json", [](auto& v) { v["vocab_size"] = 100; });
+  std::string e = error_of([&] {
+    train_quiet(run("wide", manifest, {"data.validation_manifests=[\"" + wide + "\"]"}));
+  });
+  EXPECT_NE(e.find("data.validation_manifests: manifest '" + wide + "' has vocab_size 100"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(base / "wide" / "checkpoints" / io::checkpoint_name(4)));
+  const std::string other = variant("other.json", [](auto& v) {
+    v["tokenizer"] = {{"fingerprint", std::string(64, 'b')}};
+  });
+  e = error_of([&] {
+    train_quiet(run("other", manifest, {"data.validation_manifests=[\"" + other + "\"]"}));
+  });
+  EXPECT_NE(e.find("was tokenized unlike"), std::string::npos) << e;
+  e = error_of(
+      [&] { train_quiet(run("typo", manifest, {"data.validation_split=\"validaton\""})); });
+  EXPECT_NE(e.find("data.validation_split 'validaton'"), std::string::npos) << e;
+
+  const std::string no_validation = variant("no_validation.json", [](auto& v) {
+    nlohmann::json kept = nlohmann::json::array();
+    for (const auto& shard : v["shards"])
+      if (shard["split"] != "validation") kept.push_back(shard);
+    v["shards"] = kept;
+  });
+  const auto mixed =
+      train_quiet(run("mixed", manifest,
+                      {"data.manifests=[\"" + manifest.string() + "\", \"" + no_validation + "\"]",
+                       "data.weights=[1.0, 1.0]", "eval.interval=4"}));
+  ASSERT_EQ(mixed.status, train::RunStatus::finished) << mixed.message;
+  int evaluations = 0;
+  for (const auto& j : read_metrics(base / "mixed")) evaluations += j.contains("val_loss");
+  EXPECT_EQ(evaluations, 2);
+
+  const std::string resumed = variant("resumed.json", [](auto&) {});
+  auto r = train_quiet(run("resumed", resumed, {}), false, 6);
+  ASSERT_EQ(r.status, train::RunStatus::preempted) << r.message;
+  variant("resumed.json", [](auto& v) { v["prepared_again"] = true; });
+  e = error_of([&] { train_quiet(run("resumed", resumed, {}), true); });
+  EXPECT_NE(e.find("data manifest '" + resumed + "' is not the data the checkpoint trained on"),
+            std::string::npos)
+      << e;
   fs::remove_all(base);
 }
 
