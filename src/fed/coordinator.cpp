@@ -130,10 +130,10 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   }
   const fs::path tb_dir = config_.dir / "tensorboard";
   if (!tb_file.empty() && fs::exists(tb_dir / tb_file)) {
-    tensorboard_ = obs::EventFileWriter::resume(tb_dir / tb_file, tb_pos);
+    tensorboard_ = obs::EventFileWriter::resume(tb_dir / tb_file, tb_pos, done_ + 1);
   } else {
     if (!metrics_pos) fs::remove_all(tb_dir);  // a fresh run: no stale curves
-    tensorboard_ = obs::EventFileWriter::create(tb_dir);
+    tensorboard_ = obs::EventFileWriter::create(tb_dir, done_ + 1);
   }
   totals_.last.eval_loss = std::nan("");
   finished_ = done_ >= config_.rounds;

@@ -163,6 +163,22 @@ std::string file_version_event(double wall_time) {
   return event;
 }
 
+// Event { ...; SessionLog session_log = 7 }, SessionLog { SessionStatus status = 1 (START = 1) }:
+// TensorBoard takes the first START of a run as its beginning and each later one as a restart,
+// dropping every point it holds at `step` or later.
+std::string session_start_event(double wall_time, int64_t step) {
+  std::string session_log;
+  put_varint(session_log, 1 << 3 | 0);
+  put_varint(session_log, 1);
+  std::string event;
+  put_varint(event, 1 << 3 | 1);
+  put_le(event, wall_time);
+  put_varint(event, 2 << 3 | 0);
+  put_varint(event, static_cast<uint64_t>(step));
+  put_bytes(event, 7, session_log);
+  return event;
+}
+
 double wall_time_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -246,22 +262,28 @@ void AppendFile::sync() {
   POLLEN_CHECK(::fsync(::fileno(file_)) == 0, "cannot sync '", path_.string(), "': ", errno_text());
 }
 
-EventFileWriter EventFileWriter::create(const std::filesystem::path& dir) {
+EventFileWriter EventFileWriter::create(const std::filesystem::path& dir,
+                                        std::optional<int64_t> session_start) {
   char host[256] = "localhost";
   ::gethostname(host, sizeof(host) - 1);
   const double now = wall_time_now();
-  const auto name =
+  // TensorBoard reads a folder's files in the order of their names: a later file (a resumed
+  // run's, maybe from the same process within the same second) must sort after the others.
+  const std::string name =
       cat("events.out.tfevents.", static_cast<int64_t>(now), ".", host, ".", ::getpid());
+  std::string unique = name;
+  for (int n = 1; std::filesystem::exists(dir / unique); ++n) unique = cat(name, ".", n);
   EventFileWriter w;
-  w.file_ = AppendFile(dir / name);
+  w.file_ = AppendFile(dir / unique);
   w.file_.write(tfrecord(file_version_event(now)));
+  if (session_start) w.file_.write(tfrecord(session_start_event(now, *session_start)));
   return w;
 }
 
-EventFileWriter EventFileWriter::resume(const std::filesystem::path& path, uint64_t position) {
-  EventFileWriter w;
-  w.file_ = AppendFile(path, position, Shortfall::keep_whole_records);
-  return w;
+EventFileWriter EventFileWriter::resume(const std::filesystem::path& path, uint64_t position,
+                                        int64_t restart_step) {
+  AppendFile(path, position, Shortfall::keep_whole_records).sync();  // cut back and closed
+  return create(path.parent_path(), restart_step);
 }
 
 void EventFileWriter::add_scalar(std::string_view tag, double value, int64_t step,

@@ -26,6 +26,9 @@ std::string scalar_event(double wall_time, int64_t step, std::string_view tag, f
 std::string text_event(double wall_time, int64_t step, std::string_view tag, std::string_view text);
 // The Event that opens every event file: file_version "brain.Event:2".
 std::string file_version_event(double wall_time);
+// A SessionLog START at `step`: TensorBoard drops the points it holds from `step` on when it
+// reads one after the first (a restart).
+std::string session_start_event(double wall_time, int64_t step);
 
 // Seconds since the Unix epoch, as TensorBoard's wall_time.
 double wall_time_now();
@@ -83,10 +86,18 @@ class JsonlWriter {
 class EventFileWriter {
  public:
   EventFileWriter() = default;
-  // A new file events.out.tfevents.<time>.<host>.<pid> in `dir`.
-  static EventFileWriter create(const std::filesystem::path& dir);
-  // Reopens an existing file at a saved position (one cut shorter goes on from its end, warning).
-  static EventFileWriter resume(const std::filesystem::path& path, uint64_t position);
+  // A new file events.out.tfevents.<time>.<host>.<pid> in `dir`; a run's starts with a session
+  // start at `session_start`, its first step. (A file of evaluations beside a run's has none:
+  // read after the run's, it would restart the run's curves.)
+  static EventFileWriter create(const std::filesystem::path& dir,
+                                std::optional<int64_t> session_start);
+  // A resumed run: cuts the file it wrote to back to the checkpoint's position (one already
+  // shorter keeps its whole records, warning) and goes on in a new file beside it that starts
+  // with a session restart at `restart_step`, the first step the resumed run logs. A TensorBoard
+  // watching the run then drops the points the interrupted run logged after the checkpoint,
+  // which it had read before the cut and would otherwise keep showing.
+  static EventFileWriter resume(const std::filesystem::path& path, uint64_t position,
+                                int64_t restart_step);
 
   // Invalid UTF-8 in tags and text becomes U+FFFD.
   void add_scalar(std::string_view tag, double value, int64_t step, double wall_time);

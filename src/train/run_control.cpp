@@ -158,11 +158,11 @@ RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,
   const std::string tb_file = saved ? saved->at("tensorboard_file").get<std::string>() : "";
   if (!tb_file.empty() && fs::exists(tb_dir / tb_file)) {
     m.tb = obs::EventFileWriter::resume(tb_dir / tb_file,
-                                        saved->at("tensorboard_bytes").get<uint64_t>());
+                                        saved->at("tensorboard_bytes").get<uint64_t>(), step + 1);
   } else {
     if (step == 0) fs::remove_all(tb_dir);  // a fresh run: no stale curves
     fs::create_directories(tb_dir);
-    m.tb = obs::EventFileWriter::create(tb_dir);
+    m.tb = obs::EventFileWriter::create(tb_dir, step + 1);
   }
   return m;
 }

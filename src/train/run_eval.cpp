@@ -149,7 +149,8 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
       const auto before = records.find(key_of(j));
       const bool shown = before != records.end() && before->second["loss"] == j["loss"];
       if (run.tensorboard && !shown) {
-        if (!tb.file().is_open()) tb = obs::EventFileWriter::create(run_dir / "tensorboard");
+        if (!tb.file().is_open())
+          tb = obs::EventFileWriter::create(run_dir / "tensorboard", std::nullopt);
         const double wall = obs::wall_time_now();
         tb.add_scalar(cat("eval/", dataset_label(m), "/loss"), r.loss, step, wall);
         tb.add_scalar(cat("eval/", dataset_label(m), "/perplexity"), r.perplexity, step, wall);

@@ -112,19 +112,19 @@ TEST(AppendFile, AShortMetricsFileGoesOnWithWhatItHolds) {
   EXPECT_EQ(read_file(d / "m.jsonl"), "{\"step\":3}\n");
   const std::string e = pollen::testing::error_of([&] { obs::JsonlWriter(d / "m.jsonl", 1000); });
   EXPECT_NE(e.find("fewer than the 1000 its checkpoint recorded"), std::string::npos) << e;
-  // An event file cut inside its second record goes on after the first.
+  // An event file cut inside its second record keeps its first; the run goes on in a new file.
   fs::path events;
   uint64_t whole = 0;
   {
-    auto w = obs::EventFileWriter::create(d);
+    auto w = obs::EventFileWriter::create(d, 1);
     events = w.file().path();
-    whole = w.file().position();  // the file_version record
+    whole = w.file().position();  // the file_version and session start records
     w.add_scalar("loss", 1.0, 1, 1.0);
   }
   fs::resize_file(events, whole + 10);
-  auto w = obs::EventFileWriter::resume(events, whole + 1000);
-  EXPECT_EQ(w.file().position(), whole);
+  auto w = obs::EventFileWriter::resume(events, whole + 1000, 2);
   EXPECT_EQ(fs::file_size(events), whole);
+  EXPECT_NE(w.file().path(), events);
   fs::remove_all(d);
 }
 
@@ -251,10 +251,10 @@ TEST(TensorBoard, OwnReaderReadsOurScalarsAndText) {
   if (status != 0) GTEST_SKIP() << "tensorboard is not installed in the peers venv";
 
   const fs::path d = temp_dir("tb");
-  fs::path file;
+  fs::path file, resumed;
   uint64_t saved = 0;
   {
-    auto w = obs::EventFileWriter::create(d);
+    auto w = obs::EventFileWriter::create(d, 1);
     file = w.file().path();
     for (int step = 1; step <= 3; ++step) {
       w.add_scalar("train/loss", 10.0 / step, step, 1700000000.0 + step);
@@ -264,8 +264,10 @@ TEST(TensorBoard, OwnReaderReadsOurScalarsAndText) {
     saved = w.file().position();
     w.add_scalar("train/loss", 99.0, 4, 1700000004.0);  // lost to the "crash"
   }
+  const std::string uncut = read_file(file);
   {
-    auto w = obs::EventFileWriter::resume(file, saved);
+    auto w = obs::EventFileWriter::resume(file, saved, 4);
+    resumed = w.file().path();
     w.add_scalar("train/loss", 2.5, 4, 1700000004.0);
     w.add_scalar("val/loss", 3.25, 4, 1700000004.0);
     w.add_text("samples", "**Once** upon a time", 4, 1700000004.0);
@@ -276,16 +278,24 @@ TEST(TensorBoard, OwnReaderReadsOurScalarsAndText) {
     w.add_scalar("after/bad", 7.0, 4, 1700000004.0);
     w.file().sync();
   }
+  // The interrupted run's file is cut back to the checkpoint's position; the resumed run writes a
+  // new file that sorts after it (a folder's files are read in the order of their names).
+  EXPECT_EQ(fs::file_size(file), saved);
+  EXPECT_GT(resumed.filename().string(), file.filename().string());
+  // A TensorBoard that read the lost point before the cut still holds it: put it back, and the
+  // resumed file's session restart at step 4 must drop it.
+  write_file_atomic(file, uncut);
   // tensorboard's record reader checks both CRCs of every record; the accumulator parses the
   // Event protos and turns simple_value summaries into scalars.
   const std::string script = R"PY(
-import sys
+import glob, sys
 from tensorboard.backend.event_processing import event_file_loader
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-n = sum(1 for _ in event_file_loader.RawEventFileLoader(sys.argv[1]).Load())
+n = [sum(1 for _ in event_file_loader.RawEventFileLoader(f).Load())
+     for f in sorted(glob.glob(sys.argv[1] + '/events.out.tfevents.*'))]
 acc = EventAccumulator(sys.argv[2], size_guidance={'scalars': 0, 'tensors': 0})
 acc.Reload()
-print('records', n)
+print('records', *n)
 for tag in sorted(acc.Tags()['scalars']):
     for e in acc.Scalars(tag):
         print(tag, e.step, repr(round(e.value, 6)), int(e.wall_time))
@@ -298,10 +308,11 @@ print('unicode', *[ascii(t) for t in sorted(acc.Tags()['scalars']) if not t.isas
 )PY";
   write_file_atomic(d / "read.py", script);
   const std::string out = run_capture(
-      python + " " + (d / "read.py").string() + " " + file.string() + " " + d.string(), &status);
+      python + " " + (d / "read.py").string() + " " + d.string() + " " + d.string(), &status);
   ASSERT_EQ(status, 0) << out;
-  // file_version, 10 scalars, 2 texts
-  EXPECT_NE(out.find("records 13"), std::string::npos) << out;
+  // file_version, session start, 7 scalars (the lost one too); file_version, restart, 4 scalars,
+  // 2 texts
+  EXPECT_NE(out.find("records 9 8"), std::string::npos) << out;
   EXPECT_NE(out.find("unicode 'eval/caf\\ufffd/loss' 'a euro \\ufffd'"), std::string::npos) << out;
   EXPECT_NE(out.find("after/bad 4 7.0 1700000004"), std::string::npos) << out;
   EXPECT_NE(out.find("text 4 text [1] **Once** upon a time"), std::string::npos) << out;
