@@ -36,7 +36,7 @@ void add_serve_command(CLI::App& app) {
     std::string model, tokenizer, host = "127.0.0.1", api_key, api_key_file, name, chat_template;
     int port = 8000;
     serve::Limits limits;
-    int64_t max_batch_rows = 16;
+    int64_t max_batch_rows = 16, prefill_chunk = 256;
     int threads = 0;
   };
   auto a = std::make_shared<Args>();
@@ -75,6 +75,11 @@ void add_serve_command(CLI::App& app) {
          "--max-batch-rows", a->max_batch_rows,
          "Most sequences generated at once (requests join the running batch as rows free up)")
       ->capture_default_str();
+  cmd->add_option("--prefill-chunk", a->prefill_chunk,
+                  "Most prompt tokens one step runs, so that a long prompt joining the batch "
+                  "stalls the streams already running for no longer (0: whole prompts)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
   cmd->callback([a] {
     if (a->threads > 0) set_num_threads(a->threads);
@@ -92,6 +97,7 @@ void add_serve_command(CLI::App& app) {
                stop_tokens(src, tok)};
     o.limits = a->limits;
     o.max_batch_rows = a->max_batch_rows;
+    o.prefill_chunk = a->prefill_chunk;
     try {
       o.chat = model_chat_format(src, a->chat_template);
       end_of_turn_id(tok, *o.chat);  // as pollen chat: a template the tokenizer cannot end

@@ -344,8 +344,12 @@ std::vector<Generation> generate_rows(const Llama& model, std::vector<Generation
   if (rows.empty()) return out;
   GenerationBatch batch(model, decode, on_token, rows[0].options.use_cache);
   for (GenerationRow& row : rows) batch.add(std::move(row));
-  while (batch.live() > 0)
-    for (GenerationBatch::Finished& f : batch.step()) out[f.id] = std::move(f.generation);
+  while (batch.live() > 0) {
+    for (GenerationBatch::Finished& f : batch.step()) {
+      if (f.error) std::rethrow_exception(f.error);
+      out[f.id] = std::move(f.generation);
+    }
+  }
   return out;
 }
 

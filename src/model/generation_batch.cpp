@@ -1,6 +1,7 @@
 #include "model/generation_batch.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -9,19 +10,21 @@
 namespace pollen::model {
 
 GenerationBatch::GenerationBatch(const Llama& model, Decoder decode, OnToken on_token,
-                                 bool use_cache)
+                                 bool use_cache, int64_t prefill_chunk)
     : model_(model),
       decode_(std::move(decode)),
       on_token_(std::move(on_token)),
-      use_cache_(use_cache) {}
+      use_cache_(use_cache),
+      prefill_chunk_(model.config().rope_scaling.kind == ops::RopeScaling::Kind::dynamic
+                         ? 0
+                         : std::max<int64_t>(0, prefill_chunk)) {}
 
 size_t GenerationBatch::add(GenerationRow row) {
   check_generation_row(row, static_cast<bool>(decode_));
   POLLEN_CHECK(row.options.use_cache == use_cache_, "generate: a row with use_cache ",
                row.options.use_cache, " in a batch with use_cache ", use_cache_);
-  Live r{next_id_++, std::move(row), {}, {}, {}, -1, false};
+  Live r{next_id_++, std::move(row), {}, 0, {}, -1, false};
   r.seq = r.row.prompt;
-  r.feed = r.row.prompt;
   live_.push_back(std::move(r));
   return live_.back().id;
 }
@@ -32,12 +35,13 @@ GenerationBatch::Finished GenerationBatch::finish(Live& r) {
     cache_->truncate(r.slot, 0);
     free_slots_.push_back(r.slot);
   }
-  return {r.id, std::move(r.out)};
+  return {r.id, std::move(r.out), nullptr};
 }
 
-Tensor GenerationBatch::forward() {
+Tensor GenerationBatch::forward(std::vector<bool>& ready) {
   const int64_t V = model_.config().vocab_size, n = static_cast<int64_t>(live_.size());
-  Tensor logits = Tensor::empty({n, V}, DType::f32);
+  Tensor logits = Tensor::zeros({n, V}, DType::f32);
+  ready.assign(live_.size(), true);
   if (!use_cache_) {
     for (int64_t i = 0; i < n; ++i) {
       const std::vector<uint32_t>& seq = live_[static_cast<size_t>(i)].seq;
@@ -65,8 +69,23 @@ Tensor GenerationBatch::forward() {
   }
   if (!cache_) cache_.emplace(model_.config(), rows, capacity);
   cache_->reserve(rows, capacity);
+  // Each row's tokens not yet run: a generating row's last token, a joining row's prompt (within
+  // what is left of the step's prompt budget, in the order rows joined).
+  auto budget = prefill_chunk_ > 0 ? static_cast<size_t>(prefill_chunk_) : SIZE_MAX;
   std::vector<std::vector<uint32_t>> tokens(static_cast<size_t>(rows));
-  for (Live& r : live_) tokens[static_cast<size_t>(r.slot)] = std::move(r.feed);
+  for (size_t i = 0; i < live_.size(); ++i) {
+    Live& r = live_[i];
+    size_t take = r.seq.size() - r.cached;
+    if (r.cached < r.row.prompt.size()) {  // still in its prompt
+      take = std::min(take, budget);
+      budget -= take;
+    }
+    tokens[static_cast<size_t>(r.slot)].assign(
+        r.seq.begin() + static_cast<std::ptrdiff_t>(r.cached),
+        r.seq.begin() + static_cast<std::ptrdiff_t>(r.cached + take));
+    r.cached += take;
+    ready[i] = r.cached == r.seq.size();
+  }
   const Tensor by_slot = cache_->forward(model_, tokens);
   for (int64_t i = 0; i < n; ++i)
     std::memcpy(logits.data<float>() + i * V,
@@ -78,7 +97,6 @@ Tensor GenerationBatch::forward() {
 bool GenerationBatch::sample(Live& r, std::span<const float> logits) {
   const SamplingOptions& o = r.row.options;
   const uint32_t next = sample_token(logits, r.seq, o, r.row.rng);
-  r.feed = {next};
   if (std::find(o.stop_tokens.begin(), o.stop_tokens.end(), next) != o.stop_tokens.end()) {
     r.out.finish_reason = "stop";
     r.out.stop_token = next;
@@ -135,14 +153,24 @@ std::vector<GenerationBatch::Finished> GenerationBatch::step() {
   leave(gone);
   if (live_.empty()) return finished;
 
-  const Tensor logits = forward();
+  std::vector<bool> ready;
+  const Tensor logits = forward(ready);
   const auto V = static_cast<size_t>(model_.config().vocab_size);
   gone.assign(live_.size(), false);
   for (size_t i = 0; i < live_.size(); ++i) {
+    if (!ready[i]) continue;  // its prompt goes on next step
     const std::span<const float> row(logits.data<float>() + i * V, V);
-    if (sample(live_[i], row)) {
-      finished.push_back(finish(live_[i]));
+    std::exception_ptr error;
+    try {
+      gone[i] = sample(live_[i], row);
+    } catch (...) {  // this row's alone (NaN logits, a failing decoder)
+      error = std::current_exception();
+      live_[i].out.finish_reason = "error";
       gone[i] = true;
+    }
+    if (gone[i]) {
+      finished.push_back(finish(live_[i]));
+      finished.back().error = error;
     }
   }
   leave(gone);

@@ -29,8 +29,12 @@ eval::TokenScore score_logits(std::span<const float> z, uint32_t token, int64_t 
 
 }  // namespace
 
-Engine::Engine(const model::Llama& model, const tokenizer::Tokenizer& tok, int64_t max_batch_rows)
-    : model_(model), tok_(tok), max_rows_(std::max<int64_t>(1, max_batch_rows)) {
+Engine::Engine(const model::Llama& model, const tokenizer::Tokenizer& tok, int64_t max_batch_rows,
+               int64_t prefill_chunk)
+    : model_(model),
+      tok_(tok),
+      max_rows_(std::max<int64_t>(1, max_batch_rows)),
+      prefill_chunk_(std::max<int64_t>(0, prefill_chunk)) {
   worker_ = std::thread([this] { work(); });
 }
 
@@ -47,6 +51,7 @@ std::future<std::vector<SequenceResult>> Engine::submit(
     std::vector<Sequence> sequences, TokenSink sink,
     std::shared_ptr<const std::atomic<bool>> cancelled) {
   auto job = std::make_unique<Job>();
+  job->stop = std::make_shared<std::atomic<bool>>(false);
   job->sequences = std::move(sequences);
   job->sink = std::move(sink);
   job->cancelled = std::move(cancelled);
@@ -97,8 +102,11 @@ void Engine::work() {
   const auto on_token = [this](size_t id, uint32_t token, std::span<const float> logits) {
     this->on_token(id, token, logits);
   };
+  const auto fresh_batch = [&](std::optional<model::GenerationBatch>& b) {
+    b.emplace(model_, decode, on_token, true, prefill_chunk_);
+  };
   std::optional<model::GenerationBatch> batch;
-  batch.emplace(model_, decode, on_token);
+  fresh_batch(batch);
   for (;;) {
     bool stopping = false;
     {
@@ -115,14 +123,14 @@ void Engine::work() {
         const Owner owner = owners_.at(f.id);
         owners_.erase(f.id);
         Job& job = *owner.job;
+        if (f.error) fail(job, f.error);
         job.results[owner.sequence].generation = std::move(f.generation);
-        if (++job.finished < job.sequences.size()) continue;
-        job.done.set_value(std::move(job.results));
-        std::erase_if(running_, [&](const std::unique_ptr<Job>& j) { return j.get() == &job; });
+        ++job.finished;
+        settle(job);
       }
-    } catch (...) {
+    } catch (...) {  // the forward itself: every running request is lost
       fail_running(std::current_exception());
-      batch.emplace(model_, decode, on_token);
+      fresh_batch(batch);
     }
   }
   // Whatever is still queued at shutdown fails rather than hanging its caller.
@@ -152,8 +160,26 @@ void Engine::admit(model::GenerationBatch& batch, bool stopping) {
       running_.push_back(std::move(job));
     }
   }
-  for (const auto& job : running_)
-    while (job->admitted < job->sequences.size() && free_rows() > 0) add_sequence(batch, *job);
+  std::vector<Job*> jobs;
+  for (const auto& job : running_) jobs.push_back(job.get());
+  for (Job* job : jobs) {
+    // A client that went away: its live sequences end at this step, the rest never start.
+    if (job->cancelled && job->cancelled->load()) job->stop->store(true);
+    if (job->stop->load()) {
+      for (; job->admitted < job->sequences.size(); ++job->admitted, ++job->finished)
+        job->results[job->admitted].generation.finish_reason = "cancelled";
+      settle(*job);
+      continue;
+    }
+    while (job->admitted < job->sequences.size() && free_rows() > 0) {
+      try {
+        add_sequence(batch, *job);
+      } catch (...) {  // this request's alone (scoring its prompt, a row refused)
+        fail(*job, std::current_exception());
+        break;
+      }
+    }
+  }
   most_rows_ = std::max(most_rows_.load(), static_cast<int64_t>(batch.live()));
   // Counted before the step runs: its callers may look as soon as their answers arrive.
   std::lock_guard lock(mu_);
@@ -161,20 +187,37 @@ void Engine::admit(model::GenerationBatch& batch, bool stopping) {
 }
 
 void Engine::add_sequence(model::GenerationBatch& batch, Job& job) {
-  const size_t s = job.admitted++;
+  const size_t s = job.admitted;
   const Sequence& seq = job.sequences[s];
   if (seq.prompt_logprobs)
     job.results[s].prompt_scores =
         eval::sequence_scores(model_, seq.prompt, static_cast<int64_t>(seq.prompt.size()),
                               seq.top_logprobs, static_cast<int64_t>(tok_.vocab_size()));
-  model::GenerationRow row{seq.prompt, seq.options, seq.rng, job.cancelled};
+  model::GenerationRow row{seq.prompt, seq.options, seq.rng, job.stop};
   // Only ids the tokenizer can decode (a model's vocabulary may be padded beyond them).
   row.options.vocab_size = static_cast<int64_t>(tok_.vocab_size());
   owners_[batch.add(std::move(row))] = {&job, s};
+  ++job.admitted;
+}
+
+void Engine::fail(Job& job, std::exception_ptr error) {
+  if (job.failed) return;
+  job.failed = true;
+  job.done.set_exception(error);
+  job.stop->store(true);  // its other sequences end at the next step
+  for (; job.admitted < job.sequences.size(); ++job.admitted) ++job.finished;
+  settle(job);
+}
+
+void Engine::settle(Job& job) {
+  if (job.finished < job.sequences.size()) return;
+  if (!job.failed) job.done.set_value(std::move(job.results));
+  std::erase_if(running_, [&](const std::unique_ptr<Job>& j) { return j.get() == &job; });
 }
 
 void Engine::on_token(size_t id, uint32_t token, std::span<const float> logits) {
   const auto [job, s] = owners_.at(id);
+  if (job->failed) return;  // answered already
   job->results[s].token_scores.push_back(
       score_logits(logits, token, job->sequences[s].top_logprobs));
   ++tokens_;
@@ -188,7 +231,8 @@ void Engine::on_token(size_t id, uint32_t token, std::span<const float> logits) 
 }
 
 void Engine::fail_running(std::exception_ptr error) {
-  for (auto& job : running_) job->done.set_exception(error);
+  for (auto& job : running_)
+    if (!job->failed) job->done.set_exception(error);
   running_.clear();
   owners_.clear();
 }

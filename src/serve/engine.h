@@ -47,7 +47,11 @@ using TokenSink = std::function<void(size_t sequence, uint32_t token)>;
 
 class Engine {
  public:
-  Engine(const model::Llama& model, const tokenizer::Tokenizer& tok, int64_t max_batch_rows);
+  // prefill_chunk: most prompt tokens one step runs (0: whole prompts), so that a long prompt
+  // joining the batch holds the sequences already generating for a step of that size, not for
+  // all of it.
+  Engine(const model::Llama& model, const tokenizer::Tokenizer& tok, int64_t max_batch_rows,
+         int64_t prefill_chunk = 0);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -86,9 +90,12 @@ class Engine {
     std::shared_ptr<const std::atomic<bool>> cancelled;
     std::promise<std::vector<SequenceResult>> done;
     std::chrono::steady_clock::time_point submitted;
+    // Set when the client went away or the request failed: its rows end at the next step.
+    std::shared_ptr<std::atomic<bool>> stop;
     std::vector<SequenceResult> results;
-    size_t admitted = 0;  // sequences in the batch so far
+    size_t admitted = 0;  // sequences that entered the batch (or never will) so far
     size_t finished = 0;
+    bool failed = false;       // answered with an error
     bool first_token = false;  // seen
   };
   // A live sequence of the batch: whose it is.
@@ -102,12 +109,16 @@ class Engine {
   void admit(model::GenerationBatch& batch, bool stopping);
   void add_sequence(model::GenerationBatch& batch, Job& job);
   void on_token(size_t id, uint32_t token, std::span<const float> logits);
+  // Answers one request with `error`; its sequences in the batch end at the next step.
+  void fail(Job& job, std::exception_ptr error);
+  // Answers and forgets a request once all its sequences are done.
+  void settle(Job& job);
   // Fails every request in the batch or waiting to enter it (the batch is dropped).
   void fail_running(std::exception_ptr error);
 
   const model::Llama& model_;
   const tokenizer::Tokenizer& tok_;
-  int64_t max_rows_;
+  int64_t max_rows_, prefill_chunk_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::unique_ptr<Job>> queue_;

@@ -224,7 +224,7 @@ Server::Server(const model::Llama& model, const tokenizer::Tokenizer& tok, Serve
                " ids, more than the model's vocab_size of ", model.config().vocab_size,
                "; pass the model's own tokenizer (--tokenizer)");
   POLLEN_CHECK(options_.limits.max_concurrent >= 1, "serve: max_concurrent must be >= 1");
-  engine_ = std::make_unique<Engine>(model, tok, options_.max_batch_rows);
+  engine_ = std::make_unique<Engine>(model, tok, options_.max_batch_rows, options_.prefill_chunk);
   http_ = std::make_unique<httplib::Server>();
   // Threads beyond the limit so that requests over it are answered 429, not left waiting.
   const size_t threads = static_cast<size_t>(options_.limits.max_concurrent) + 4;

@@ -36,6 +36,7 @@ struct ServerOptions {
   ServedModel model;
   Limits limits;
   int64_t max_batch_rows = 16;                // most sequences the engine generates at once
+  int64_t prefill_chunk = 256;                // most prompt tokens a step runs (0: whole prompts)
   std::optional<tokenizer::ChatFormat> chat;  // none: /v1/chat/completions answers 400
 };
 

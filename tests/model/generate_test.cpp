@@ -391,5 +391,34 @@ TEST(GenerationBatch, RowsJoiningLaterGenerateAsAlone) {
   }
 }
 
+// Chunked prefill: a long prompt joining the batch runs a few tokens a step, so a row already
+// generating gets its token every step meanwhile; both generate what they generate alone.
+TEST(GenerationBatch, ALongPromptJoinsInChunksAndTheOthersKeepGenerating) {
+  const model::Llama m = random_model(gen_config(false, 0), 9);
+  model::SamplingOptions o;
+  o.temperature = 0.9;
+  o.max_tokens = 16;
+  const std::vector<uint32_t> short_prompt = {3, 4},
+                              long_prompt = {5, 9, 2, 7, 7, 1, 30, 12, 8, 40, 41, 6, 2};
+  std::vector<size_t> tokens_of(2, 0);
+  model::GenerationBatch batch(
+      m, {}, [&](size_t id, uint32_t, std::span<const float>) { ++tokens_of[id]; }, true, 4);
+  std::vector<model::Generation> got(2);
+  batch.add({short_prompt, o, Rng(1), nullptr});
+  for (int s = 0; s < 2; ++s) batch.step();
+  ASSERT_EQ(tokens_of[0], 2u);
+  batch.add({long_prompt, o, Rng(2), nullptr});
+  // 13 prompt tokens at most 4 a step (the short row's one token is not a prompt's): 4 steps.
+  for (int s = 1; s <= 4; ++s) {
+    for (auto& f : batch.step()) got[f.id] = std::move(f.generation);
+    EXPECT_EQ(tokens_of[0], 2u + static_cast<size_t>(s)) << "step " << s;
+    EXPECT_EQ(tokens_of[1], s < 4 ? 0u : 1u) << "step " << s;
+  }
+  while (batch.live() > 0)
+    for (auto& f : batch.step()) got[f.id] = std::move(f.generation);
+  EXPECT_EQ(got[0].tokens, model::generate_rows(m, {{short_prompt, o, Rng(1), nullptr}})[0].tokens);
+  EXPECT_EQ(got[1].tokens, model::generate_rows(m, {{long_prompt, o, Rng(2), nullptr}})[0].tokens);
+}
+
 }  // namespace
 }  // namespace pollen

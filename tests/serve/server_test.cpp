@@ -27,6 +27,7 @@
 #include "eval/multiple_choice.h"
 #include "eval/rolling.h"
 #include "io/model_source.h"
+#include "support/errors.h"
 #include "support/process.h"
 #include "support/tiny_lm.h"
 #include "train/post_config.h"
@@ -1158,6 +1159,49 @@ TEST_F(Serving, ARequestJoinsTheRunningBatchAndFinishesFirst) {
   EXPECT_GT(when_late_done, 0u) << "the second request waited for the first to finish";
   EXPECT_LE(when_late_done, 9u);
   EXPECT_EQ(engine.largest_batch(), 2);
+}
+
+// A request that fails to enter the batch (here: an empty prompt, which the routes refuse before
+// the engine) fails alone; the request running beside it goes on as if alone.
+TEST_F(Serving, ARequestThatFailsFailsAlone) {
+  start();
+  serve::Engine& engine = server_->engine();
+  const auto ids = prompt_ids("The dog");
+  std::future<std::vector<serve::SequenceResult>> bad, good;
+  {
+    serve::Engine::Hold hold(engine);
+    good = engine.submit({{ids, sampling(12, 0.7, 4), Rng(4).fork(0), false, 0}});
+    bad = engine.submit({{{}, sampling(12, 0.7, 5), Rng(5).fork(0), false, 0}});
+  }
+  const std::string e = pollen::testing::error_of([&] { bad.get(); });
+  EXPECT_NE(e.find("every prompt needs at least one token"), std::string::npos) << e;
+  const auto alone = model::generate(*model_, {ids}, sampling(12, 0.7, 4));
+  EXPECT_EQ(good.get()[0].generation.tokens, alone[0].tokens);
+}
+
+// A client that leaves a request whose prompts enter in turns (more than --max-batch-rows) ends
+// the prompts running and never starts the rest: not even their scoring (echo with logprobs).
+TEST_F(Serving, ALeftRequestStartsNoneOfItsWaitingPrompts) {
+  serve::ServerOptions o = options();
+  o.max_batch_rows = 1;
+  start(o);
+  serve::Engine& engine = server_->engine();
+  const auto ids = prompt_ids("The dog");
+  std::vector<serve::Sequence> four;
+  for (uint64_t s = 0; s < 4; ++s) four.push_back({ids, sampling(12, 0.7, s), Rng(s), true, 0});
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  const int64_t before = engine.tokens_generated();
+  auto left = engine.submit(
+      std::move(four), [&](size_t, uint32_t) { cancelled->store(true); }, cancelled);
+  const auto r = left.get();
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(engine.tokens_generated() - before, 1);
+  EXPECT_EQ(r[0].generation.tokens.size(), 1u);
+  EXPECT_EQ(r[0].prompt_scores.size(), ids.size());
+  for (size_t i = 0; i < r.size(); ++i) {
+    EXPECT_EQ(r[i].generation.finish_reason, "cancelled") << i;
+    if (i > 0) EXPECT_TRUE(r[i].prompt_scores.empty()) << i;
+  }
 }
 
 TEST_F(Serving, ConcurrentRequestsAreServedCorrectly) {
