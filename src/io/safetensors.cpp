@@ -1,6 +1,10 @@
 #include "io/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -84,6 +88,36 @@ WriteStats write_safetensors(const std::filesystem::path& path, const NamedTenso
   const std::chrono::duration<double> laid_out = std::chrono::steady_clock::now() - t0;
   WriteStats s = write_synced(path, layout.pieces());
   s.serialise_s += laid_out.count();
+  return s;
+}
+
+namespace {
+
+void sync_folder(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  POLLEN_CHECK(fd >= 0, "cannot open folder '", dir.string(), "': ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  POLLEN_CHECK(rc == 0, "cannot sync folder '", dir.string(), "': ", std::strerror(errno));
+}
+
+}  // namespace
+
+WriteStats write_safetensors_atomic(const std::filesystem::path& path, const NamedTensors& tensors,
+                                    const std::map<std::string, std::string>& metadata) {
+  const std::filesystem::path dir =
+      path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  const std::filesystem::path tmp = dir / cat(".", path.filename().string(), ".tmp.", ::getpid());
+  WriteStats s;
+  try {
+    s = write_safetensors(tmp, tensors, metadata);
+    std::filesystem::rename(tmp, path);
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw;
+  }
+  sync_folder(dir);
   return s;
 }
 

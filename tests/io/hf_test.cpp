@@ -17,6 +17,7 @@
 #include "io/hf.h"
 #include "io/model_source.h"
 #include "support/errors.h"
+#include "support/file_size_limit.h"
 #include "support/tiny_lm.h"
 #include "tokenizer/open.h"
 
@@ -333,6 +334,29 @@ TEST(HfExport, Bf16WeightsConvertOnLoad) {
     const Tensor expect = a[i].second.value().to(DType::bf16).to(DType::f32);
     EXPECT_EQ(std::memcmp(expect.raw(), b[i].second.value().raw(), expect.nbytes()), 0);
   }
+  fs::remove_all(dir);
+}
+
+// An export that fails while writing the weights (a full disk) leaves the folder as it was: the
+// old weights and config.json untouched, and no temporary file behind.
+TEST(HfExport, AFailedWriteLeavesTheOldExportAndNoTemporaryFile) {
+  const fs::path dir = temp_dir("full");
+  io::export_hf(model::Llama(small(false, false), 7), dir, {});
+  const std::string old_weights = read_file(dir / "model.safetensors");
+  const std::string old_config = read_file(dir / "config.json");
+  const std::vector<std::string> old_names = pollen::testing::file_names(dir);
+  model::LlamaConfig bigger = small(false, false);
+  bigger.intermediate_size *= 8;
+  {
+    pollen::testing::FileSizeLimit full_disk(old_weights.size() / 2);
+    EXPECT_NE(pollen::testing::error_of([&] {
+                io::export_hf(model::Llama(bigger, 7), dir, {});
+              }).find("cannot write"),
+              std::string::npos);
+  }
+  EXPECT_EQ(pollen::testing::file_names(dir), old_names);
+  EXPECT_EQ(read_file(dir / "model.safetensors"), old_weights);
+  EXPECT_EQ(read_file(dir / "config.json"), old_config);
   fs::remove_all(dir);
 }
 
