@@ -534,6 +534,35 @@ TEST(ModelSource, ACheckpointNamedDirectlyIsVerified) {
   fs::remove_all(root);
 }
 
+// A run folder gives its newest checkpoint whose model files verify: one whose optimizer state
+// was removed is taken (a resumed run, which needs that state, still passes over it), one whose
+// weights changed is not.
+TEST(ModelSource, ARunFolderTakesTheNewestCheckpointWhoseModelVerifies) {
+  const model::Llama m(small(false, false), 7);
+  const fs::path root = temp_dir("verify_run");
+  io::NamedTensors weights;
+  for (const auto& [n, v] : m.named_parameters()) weights.emplace_back(n, v.value());
+  const auto write_checkpoint = [&](int64_t step) {
+    io::CheckpointWriter w(root / "checkpoints", step);
+    w.add_tensors("model.safetensors", weights);
+    w.add_tensors("optimizer.safetensors", weights);
+    w.add_text("config.toml",
+               "[model]\nvocab_size = 61\nhidden_size = 32\nintermediate_size = 48\n"
+               "num_hidden_layers = 2\nnum_attention_heads = 4\nnum_key_value_heads = 2\n"
+               "max_position_embeddings = 64\n");
+    return w.commit();
+  };
+  const fs::path older = write_checkpoint(3), newer = write_checkpoint(5);
+  fs::remove(newer / "optimizer.safetensors");
+  EXPECT_EQ(io::resolve_model(root.string()).path, newer);
+  EXPECT_EQ(io::choose_resume_checkpoint(root / "checkpoints").dir.value_or(""), older);
+  std::string bytes = read_file(newer / "model.safetensors");
+  bytes[bytes.size() - 3] ^= 0x10;
+  write_file_atomic(newer / "model.safetensors", bytes);
+  EXPECT_EQ(io::resolve_model(root.string()).path, older);
+  fs::remove_all(root);
+}
+
 // ---- against HF transformers ----------------------------------------------------------------
 
 std::string hf_python() {
