@@ -33,12 +33,13 @@ struct GgufExportOptions {
 struct GgufExportResult {
   size_t tensors = 0;
   uint64_t bytes = 0;
-  std::string pre_tokenizer;  // tokenizer.ggml.pre, empty when llama.cpp has no name for it
+  std::string pre_tokenizer;  // tokenizer.ggml.pre
 };
 
 // Writes `file` (through a temporary beside it, renamed when complete). Refused with an error
 // naming the reason: sliding windows and dynamic rope scaling (llama.cpp's llama architecture
-// has neither), SentencePiece-style tokenizers, a tokenizer larger than the model's vocabulary.
+// has neither), SentencePiece-style tokenizers, a tokenizer larger than the model's vocabulary,
+// and a pre-tokenization that no llama.cpp pre-tokenizer reproduces (naming the step).
 GgufExportResult export_gguf(const model::Llama& model, const tokenizer::Tokenizer& tok,
                              const std::filesystem::path& file, const GgufExportOptions& options);
 
