@@ -309,6 +309,7 @@ void tokenizer_keys(Metadata& m, const tokenizer::Tokenizer& tok, int64_t vocab_
   if (o.bos_token_id) m.u32("tokenizer.ggml.bos_token_id", *o.bos_token_id);
   if (o.eos_token_id) m.u32("tokenizer.ggml.eos_token_id", *o.eos_token_id);
   m.boolean("tokenizer.ggml.add_bos_token", !tok.bos_eos().prefix.empty());
+  if (o.chat_template) m.str("tokenizer.chat_template", *o.chat_template);
 }
 
 void architecture_keys(Metadata& m, const model::LlamaConfig& c, GgufType type) {

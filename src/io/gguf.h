@@ -28,6 +28,7 @@ GgufType gguf_type_named(std::string_view name);  // f32, f16, bf16, q8_0
 struct GgufExportOptions {
   GgufType type = GgufType::f32;
   std::optional<uint32_t> bos_token_id, eos_token_id;
+  std::optional<std::string> chat_template;  // Jinja text, as tokenizer.chat_template
 };
 
 struct GgufExportResult {

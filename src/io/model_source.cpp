@@ -10,6 +10,7 @@
 #include "io/hf.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
+#include "tokenizer/chat_template.h"
 
 namespace pollen::io {
 namespace fs = std::filesystem;
@@ -180,6 +181,16 @@ fs::path tokenizer_config_dir(const ModelSource& source, const fs::path& tokeniz
     if (f.filename() == "tokenizer_config.json") return f.parent_path();
   if (!tokenizer.empty()) return tokenizer.parent_path();
   return source.tokenizer ? source.tokenizer->parent_path() : source.path;
+}
+
+std::optional<std::string> model_chat_template(const ModelSource& source,
+                                               const fs::path& tokenizer) {
+  if (source.chat_template)
+    return std::string(
+        tokenizer::chat_template_jinja(tokenizer::chat_template_named(*source.chat_template)));
+  const fs::path config = tokenizer_config_dir(source, tokenizer) / "tokenizer_config.json";
+  if (!fs::is_regular_file(config)) return std::nullopt;
+  return tokenizer::chat_template_text(config);
 }
 
 model::Llama load_model(const ModelSource& s, DType dtype, uint64_t seed) {

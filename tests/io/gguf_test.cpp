@@ -17,8 +17,11 @@
 #include "base/files.h"
 #include "base/rng.h"
 #include "io/gguf.h"
+#include "io/hf.h"
+#include "io/model_source.h"
 #include "support/errors.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/hf_format.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
@@ -171,6 +174,7 @@ TEST(Gguf, KeysTensorsAndValuesAsGgufPyReadsThem) {
 
   EXPECT_EQ(f["tokenizer.ggml.model"], "gpt2");
   EXPECT_EQ(f["tokenizer.ggml.pre"], "gpt-2");
+  EXPECT_FALSE(f.contains("tokenizer.chat_template"));
   EXPECT_EQ(f["tokenizer.ggml.eos_token_id"], 256);
   EXPECT_FALSE(f.contains("tokenizer.ggml.bos_token_id"));
   const auto& tokens = f["tokenizer.ggml.tokens"];
@@ -367,6 +371,38 @@ TEST(Gguf, PreTokenizerNamedOnlyWhenLlamaCppReproducesTheWholePipeline) {
   EXPECT_NE(unknown.find("split pattern '\\s+|\\S+' is none that llama.cpp knows"),
             std::string::npos)
       << unknown;
+  fs::remove_all(dir);
+}
+
+// The chat template that goes with a model (tokenizer_config.json's, or the one a post-training
+// checkpoint names) is written as tokenizer.chat_template, so llama.cpp renders chats as the
+// model was trained.
+TEST(Gguf, ChatTemplateGoesWithTheModel) {
+  const fs::path dir = temp_dir() / "chat";
+  const tokenizer::Tokenizer tok = small_tokenizer();
+  const model::Llama m = random_model(tok.vocab_size(), false, false);
+  const std::string jinja =
+      "{{ bos_token }}{% for message in messages %}[INST] {{ message['content'] }} [/INST]"
+      "{% endfor %}";
+  fs::create_directories(dir);
+  tokenizer::save_hf_json(tok, dir / "tokenizer.json");
+  io::HfExportOptions hf;
+  hf.extra_files = {dir / "tokenizer.json"};
+  hf.tokenizer_config = {{"chat_template", jinja}};
+  io::export_hf(m, dir / "hf", hf);
+  const io::ModelSource src = io::resolve_model((dir / "hf").string());
+  EXPECT_EQ(io::model_chat_template(src).value_or(""), jinja);
+  io::ModelSource named = src;
+  named.chat_template = "chatml";
+  EXPECT_EQ(io::model_chat_template(named).value_or(""),
+            tokenizer::chat_template_jinja(tokenizer::ChatTemplate::chatml));
+  EXPECT_FALSE(io::model_chat_template(io::resolve_model("llama-tiny")).has_value());
+
+  if (!gguf_available()) GTEST_SKIP() << "gguf not importable by " << POLLEN_PEERS_PYTHON;
+  io::GgufExportOptions o;
+  o.chat_template = io::model_chat_template(src);
+  io::export_gguf(m, tok, dir / "chat.gguf", o);
+  EXPECT_EQ(read_back(dir / "chat.gguf")["fields"]["tokenizer.chat_template"], jinja);
   fs::remove_all(dir);
 }
 
