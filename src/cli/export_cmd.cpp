@@ -56,13 +56,12 @@ void add_export_gguf(CLI::App* cmd) {
     const SpecialIds ids = special_ids(src, tok);
     o.bos_token_id = ids.bos;
     o.eos_token_id = ids.eos;
+    o.chat_template = io::model_chat_template(src, a->tokenizer);
     const io::GgufExportResult r = io::export_gguf(m, tok, a->output, o);
-    std::printf("exported %s '%s' to %s: %zu tensors (%s), %.1f MB%s\n",
+    std::printf("exported %s '%s' to %s: %zu tensors (%s), %.1f MB, pre-tokenizer %s%s\n",
                 io::model_kind_name(src.kind), a->model.c_str(), a->output.c_str(), r.tensors,
-                a->type.c_str(), static_cast<double>(r.bytes) / 1e6,
-                r.pre_tokenizer.empty()
-                    ? "; the pre-tokenizer has no llama.cpp name, so tokenizer.ggml.pre is unset"
-                    : "");
+                a->type.c_str(), static_cast<double>(r.bytes) / 1e6, r.pre_tokenizer.c_str(),
+                o.chat_template ? ", with its chat template" : "");
   });
 }
 

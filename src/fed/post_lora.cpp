@@ -98,10 +98,9 @@ PostGlobal::PostGlobal(const model::LlamaConfig& base, const model::LoraConfig& 
 void PostGlobal::save(const std::filesystem::path& dir, const std::string& base_name) const {
   io::save_peft_adapter(lora_, dir, base_name);
   if (objective_params_.empty()) return;
-  // Written beside and renamed over, as the adapter is: a reader never sees a torn file.
-  const std::filesystem::path tmp = dir / ".objective.safetensors.tmp";
-  io::write_safetensors(tmp, objective_params_, {{"format", "pt"}});
-  std::filesystem::rename(tmp, dir / "objective.safetensors");
+  // Written atomically, as the adapter is: a reader never sees a torn file.
+  io::write_safetensors_atomic(dir / "objective.safetensors", objective_params_,
+                               {{"format", "pt"}});
 }
 
 void export_federated_reward_model(const train::PostConfig& config, const PostGlobal& global,

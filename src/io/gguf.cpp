@@ -175,11 +175,8 @@ uint64_t encoded_size(const Entry& e) {
   return e.type == kTensorF32 ? n * 4 : e.type == kTensorQ8_0 ? n / kQ8Block * 34 : n * 2;
 }
 
-// llama.cpp's name for the pre-tokenizer (tokenizer.ggml.pre), when it has one.
-std::string pre_tokenizer_name(const tokenizer::Tokenizer& tok) {
-  const auto known = tokenizer::recognise_pattern(tok.pattern());
-  if (!known) return "";
-  switch (*known) {
+std::string llama_cpp_pre_name(tokenizer::KnownPattern pattern) {
+  switch (pattern) {
     case tokenizer::KnownPattern::kGpt2:
       return "gpt-2";
     case tokenizer::KnownPattern::kCl100k:
@@ -189,7 +186,90 @@ std::string pre_tokenizer_name(const tokenizer::Tokenizer& tok) {
     case tokenizer::KnownPattern::kQwen2:
       return "qwen2";
   }
-  return "";
+  POLLEN_ASSERT(false);
+}
+
+// A pre-tokenizer step as tokenizer.json writes it, for errors.
+std::string step_text(const tokenizer::PreTokenizerStep& step, size_t index) {
+  using Kind = tokenizer::PreTokenizerStep::Kind;
+  const std::string at = cat("pre-tokenizer step ", index + 1, " (");
+  switch (step.kind) {
+    case Kind::kSplit:
+      return cat(at, "Split on '", step.splitter->regex(), "')");
+    case Kind::kByteLevel:
+      return cat(at, "ByteLevel, add_prefix_space ", step.add_prefix_space ? "true" : "false",
+                 ", use_regex ", step.splitter ? "true" : "false", ")");
+    case Kind::kDigits:
+      return cat(at, "Digits, individual_digits ", step.individual_digits ? "true" : "false", ")");
+    case Kind::kMetaspace:
+      return cat(at, "Metaspace)");
+  }
+  POLLEN_ASSERT(false);
+}
+
+// The one regex that splits the text, when that is all the pre-tokenizer does: a Split step
+// that isolates its matches, or GPT-2's ByteLevel step with use_regex, and no other step.
+std::string single_split_regex(const tokenizer::PreTokenizer& pre) {
+  using Kind = tokenizer::PreTokenizerStep::Kind;
+  std::string regex;
+  for (size_t i = 0; i < pre.steps().size(); ++i) {
+    const tokenizer::PreTokenizerStep& step = pre.steps()[i];
+    const bool byte_level = step.kind == Kind::kByteLevel && !step.add_prefix_space;
+    if (byte_level && !step.splitter) continue;  // maps bytes to the alphabet, splits nothing
+    const bool plain_split =
+        step.kind == Kind::kSplit && step.behavior == tokenizer::SplitBehavior::kIsolated;
+    const bool gpt2_split = byte_level && step.splitter != nullptr;
+    POLLEN_CHECK((plain_split || gpt2_split) && regex.empty(), "GGUF export: the tokenizer's ",
+                 step_text(step, i),
+                 " has no equivalent in llama.cpp, whose pre-tokenizers split the text with one "
+                 "regex and nothing else: llama.cpp would tokenize text differently");
+    if (step.splitter) regex = step.splitter->regex();
+  }
+  POLLEN_CHECK(!regex.empty(),
+               "GGUF export: the tokenizer's pre-tokenizer does not split the "
+               "text, which no llama.cpp pre-tokenizer reproduces");
+  return regex;
+}
+
+// The normalizer's steps as tokenizer.json names them ("NFC, Replace"), for errors.
+std::string normalizer_text(const tokenizer::Normalizer& n) {
+  using Kind = tokenizer::NormalizerStep::Kind;
+  std::string text;
+  for (const tokenizer::NormalizerStep& step : n.steps()) {
+    text += text.empty() ? "" : ", ";
+    text += step.kind == Kind::kNfc       ? "NFC"
+            : step.kind == Kind::kNfkc    ? "NFKC"
+            : step.kind == Kind::kPrepend ? "Prepend"
+                                          : "Replace";
+  }
+  return text;
+}
+
+// Qwen2's tokenizer.json normalizes to NFC before its split; llama.cpp's "qwen2" stands for
+// that tokenizer (convert_hf_to_gguf.py names it so), though llama.cpp itself does not normalize.
+bool normalizer_matches(const tokenizer::Normalizer& n, tokenizer::KnownPattern pattern) {
+  if (n.empty()) return true;
+  return pattern == tokenizer::KnownPattern::kQwen2 && n.steps().size() == 1 &&
+         n.steps()[0].kind == tokenizer::NormalizerStep::Kind::kNfc;
+}
+
+// llama.cpp's name for the pre-tokenizer (tokenizer.ggml.pre). llama.cpp reproduces a
+// pre-tokenization only when the whole pipeline is one it knows: a single split with a known
+// regex and nothing else (no Digits step, no second split, no ByteLevel add_prefix_space, no
+// normalizer). Anything else is refused naming the step, rather than labelled with a name under
+// which llama.cpp would tokenize differently.
+std::string pre_tokenizer_name(const tokenizer::Tokenizer& tok) {
+  const std::string regex = single_split_regex(tok.pre_tokenizer());
+  const auto known = tokenizer::recognise_pattern(regex);
+  POLLEN_CHECK(known.has_value(), "GGUF export: the tokenizer's split pattern '", regex,
+               "' is none that llama.cpp knows (GPT-2's, cl100k_base's as in Llama 3, ",
+               "o200k_base's or Qwen2's): llama.cpp would tokenize text differently");
+  const tokenizer::Normalizer& n = tok.normalizer();
+  POLLEN_CHECK(normalizer_matches(n, *known), "GGUF export: the tokenizer's normalizer (",
+               normalizer_text(n), ") has no equivalent in llama.cpp's '",
+               llama_cpp_pre_name(*known),
+               "' pre-tokenizer: llama.cpp would tokenize text differently");
+  return llama_cpp_pre_name(*known);
 }
 
 void tokenizer_keys(Metadata& m, const tokenizer::Tokenizer& tok, int64_t vocab_size,
@@ -222,13 +302,14 @@ void tokenizer_keys(Metadata& m, const tokenizer::Tokenizer& tok, int64_t vocab_
                      tokenizer::bytes_to_byte_level(tok.token_bytes(mg.right)));
   m.str("tokenizer.ggml.model", "gpt2");
   pre = pre_tokenizer_name(tok);
-  if (!pre.empty()) m.str("tokenizer.ggml.pre", pre);
+  m.str("tokenizer.ggml.pre", pre);
   m.strings("tokenizer.ggml.tokens", tokens);
   m.i32s("tokenizer.ggml.token_type", types);
   m.strings("tokenizer.ggml.merges", merges);
   if (o.bos_token_id) m.u32("tokenizer.ggml.bos_token_id", *o.bos_token_id);
   if (o.eos_token_id) m.u32("tokenizer.ggml.eos_token_id", *o.eos_token_id);
   m.boolean("tokenizer.ggml.add_bos_token", !tok.bos_eos().prefix.empty());
+  if (o.chat_template) m.str("tokenizer.chat_template", *o.chat_template);
 }
 
 void architecture_keys(Metadata& m, const model::LlamaConfig& c, GgufType type) {

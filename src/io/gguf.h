@@ -28,17 +28,19 @@ GgufType gguf_type_named(std::string_view name);  // f32, f16, bf16, q8_0
 struct GgufExportOptions {
   GgufType type = GgufType::f32;
   std::optional<uint32_t> bos_token_id, eos_token_id;
+  std::optional<std::string> chat_template;  // Jinja text, as tokenizer.chat_template
 };
 
 struct GgufExportResult {
   size_t tensors = 0;
   uint64_t bytes = 0;
-  std::string pre_tokenizer;  // tokenizer.ggml.pre, empty when llama.cpp has no name for it
+  std::string pre_tokenizer;  // tokenizer.ggml.pre
 };
 
 // Writes `file` (through a temporary beside it, renamed when complete). Refused with an error
 // naming the reason: sliding windows and dynamic rope scaling (llama.cpp's llama architecture
-// has neither), SentencePiece-style tokenizers, a tokenizer larger than the model's vocabulary.
+// has neither), SentencePiece-style tokenizers, a tokenizer larger than the model's vocabulary,
+// and a pre-tokenization that no llama.cpp pre-tokenizer reproduces (naming the step).
 GgufExportResult export_gguf(const model::Llama& model, const tokenizer::Tokenizer& tok,
                              const std::filesystem::path& file, const GgufExportOptions& options);
 

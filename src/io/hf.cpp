@@ -443,9 +443,7 @@ HfExportResult export_hf(const model::Llama& model, const fs::path& dir,
     shards.back().push_back(nt);
   }
   auto write_tensors = [&](const std::string& file, const NamedTensors& t) {
-    const fs::path tmp = dir / ("." + file + ".tmp");
-    write_safetensors(tmp, t, {{"format", "pt"}});
-    fs::rename(tmp, dir / file);
+    write_safetensors_atomic(dir / file, t, {{"format", "pt"}});
     out.files.push_back(dir / file);
   };
   // The weights first, the other layout's files removed, then the side files, and config.json

@@ -10,10 +10,26 @@
 #include "io/hf.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
+#include "tokenizer/chat_template.h"
 
 namespace pollen::io {
 namespace fs = std::filesystem;
 namespace {
+
+// The files of a checkpoint that a model is loaded from, and so the ones checked against its
+// manifest (optimizer state is neither needed nor hashed; a resumed run checks everything).
+const std::vector<std::string> kModelFiles = {"model.safetensors", "adapter_model.safetensors",
+                                              "objective.safetensors", "config.toml",
+                                              "tokenizer.json"};
+
+// The newest checkpoint under `root` whose model files verify; its optimizer state may be
+// missing or changed (resuming a run, which needs it, checks every file instead).
+std::optional<fs::path> newest_model_checkpoint(const fs::path& root) {
+  const std::vector<fs::path> all = list_checkpoints(root);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (!verify_checkpoint(*it, kModelFiles)) return *it;
+  return std::nullopt;
+}
 
 // The tokenizer of a checkpoint: tokenizer.json in the folder, else the one beside the first
 // data manifest of the run (as `pollen data prepare` writes it).
@@ -99,10 +115,10 @@ ModelSource resolve_model(const std::string& spec) {
     fs::path dir = p;
     bool verified = false;
     if (!fs::is_regular_file(dir / "model.safetensors") && fs::is_directory(dir / "checkpoints")) {
-      const ResumeChoice choice = choose_resume_checkpoint(dir / "checkpoints");
-      POLLEN_CHECK(choice.dir.has_value(), "model '", spec,
+      const auto newest = newest_model_checkpoint(dir / "checkpoints");
+      POLLEN_CHECK(newest.has_value(), "model '", spec,
                    "': a run folder without a checkpoint that verifies");
-      dir = *choice.dir;
+      dir = *newest;
       verified = true;
     }
     const bool lora = !fs::is_regular_file(dir / "model.safetensors") &&
@@ -115,9 +131,7 @@ ModelSource resolve_model(const std::string& spec) {
                  "config.toml) nor a run folder with checkpoints/");
     // A checkpoint named directly: the files it is loaded from must be the ones it wrote.
     if (!verified && fs::is_regular_file(dir / "manifest.json")) {
-      if (auto why =
-              verify_checkpoint(dir, {"model.safetensors", "adapter_model.safetensors",
-                                      "objective.safetensors", "config.toml", "tokenizer.json"}))
+      if (auto why = verify_checkpoint(dir, kModelFiles))
         fail("model '", spec, "': checkpoint '", dir.string(), "' does not verify: ", *why);
     }
     if (lora) return resolve_lora_checkpoint(spec, dir);
@@ -167,6 +181,16 @@ fs::path tokenizer_config_dir(const ModelSource& source, const fs::path& tokeniz
     if (f.filename() == "tokenizer_config.json") return f.parent_path();
   if (!tokenizer.empty()) return tokenizer.parent_path();
   return source.tokenizer ? source.tokenizer->parent_path() : source.path;
+}
+
+std::optional<std::string> model_chat_template(const ModelSource& source,
+                                               const fs::path& tokenizer) {
+  if (source.chat_template)
+    return std::string(
+        tokenizer::chat_template_jinja(tokenizer::chat_template_named(*source.chat_template)));
+  const fs::path config = tokenizer_config_dir(source, tokenizer) / "tokenizer_config.json";
+  if (!fs::is_regular_file(config)) return std::nullopt;
+  return tokenizer::chat_template_text(config);
 }
 
 model::Llama load_model(const ModelSource& s, DType dtype, uint64_t seed) {

@@ -39,6 +39,12 @@ ModelSource resolve_model(const std::string& spec);
 std::filesystem::path tokenizer_config_dir(const ModelSource& source,
                                            const std::filesystem::path& tokenizer = {});
 
+// The chat template that goes with the model, as Jinja text: the one a post-training checkpoint
+// was trained with, else its tokenizer_config.json's (looked up as tokenizer_config_dir does);
+// nothing when neither names one.
+std::optional<std::string> model_chat_template(const ModelSource& source,
+                                               const std::filesystem::path& tokenizer = {});
+
 // Loads the weights (presets and model files: initialised from `seed`).
 model::Llama load_model(const ModelSource& source, DType dtype = DType::f32, uint64_t seed = 0);
 

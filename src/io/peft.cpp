@@ -65,9 +65,7 @@ void save_peft_adapter(const model::Lora& lora, const fs::path& dir,
   fs::create_directories(dir);
   NamedTensors tensors;
   for (const auto& [name, v] : lora.named_tensors()) tensors.emplace_back(name, v.value());
-  const fs::path tmp = dir / ".adapter_model.safetensors.tmp";
-  write_safetensors(tmp, tensors, {{"format", "pt"}});
-  fs::rename(tmp, dir / "adapter_model.safetensors");
+  write_safetensors_atomic(dir / "adapter_model.safetensors", tensors, {{"format", "pt"}});
   write_file_atomic(dir / "adapter_config.json",
                     peft_config_json(lora.config(), base_model).dump(2) + "\n");
 }

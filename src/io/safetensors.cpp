@@ -1,6 +1,10 @@
 #include "io/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -87,11 +91,112 @@ WriteStats write_safetensors(const std::filesystem::path& path, const NamedTenso
   return s;
 }
 
+namespace {
+
+void sync_folder(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  POLLEN_CHECK(fd >= 0, "cannot open folder '", dir.string(), "': ", std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  POLLEN_CHECK(rc == 0, "cannot sync folder '", dir.string(), "': ", std::strerror(errno));
+}
+
+}  // namespace
+
+WriteStats write_safetensors_atomic(const std::filesystem::path& path, const NamedTensors& tensors,
+                                    const std::map<std::string, std::string>& metadata) {
+  const std::filesystem::path dir =
+      path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  const std::filesystem::path tmp = dir / cat(".", path.filename().string(), ".tmp.", ::getpid());
+  WriteStats s;
+  try {
+    s = write_safetensors(tmp, tensors, metadata);
+    std::filesystem::rename(tmp, path);
+  } catch (...) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw;
+  }
+  sync_folder(dir);
+  return s;
+}
+
 const Tensor* SafetensorsFile::find(const std::string& name) const {
   for (const auto& [n, t] : tensors)
     if (n == name) return &t;
   return nullptr;
 }
+
+namespace {
+
+// One header entry, checked but not yet read: where its bytes lie in the data area.
+struct EntryLayout {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+EntryLayout check_entry(const std::string& name, const nlohmann::json& entry, uint64_t payload_size,
+                        const std::string& where) {
+  const std::string at = cat(where, ", tensor '", name, "'");
+  POLLEN_CHECK(entry.is_object(), at, ": expected an object with dtype, shape, data_offsets");
+  for (const auto& [k, v] : entry.items()) {
+    POLLEN_CHECK(k == "dtype" || k == "shape" || k == "data_offsets", at, ": unknown field '", k,
+                 "'");
+  }
+  POLLEN_CHECK(entry.contains("dtype") && entry["dtype"].is_string(), at,
+               ": dtype missing or not a string");
+  POLLEN_CHECK(entry.contains("shape") && entry["shape"].is_array(), at,
+               ": shape missing or not an array");
+  POLLEN_CHECK(entry.contains("data_offsets") && entry["data_offsets"].is_array() &&
+                   entry["data_offsets"].size() == 2,
+               at, ": data_offsets missing or not [begin, end]");
+  EntryLayout e{name, parse_safetensors_dtype(entry["dtype"].get<std::string>(), at), {}, 0, 0};
+  uint64_t numel = 1;
+  for (const auto& d : entry["shape"]) {
+    POLLEN_CHECK(d.is_number_unsigned(), at, ": shape entries must be non-negative integers");
+    const uint64_t v = d.get<uint64_t>();
+    POLLEN_CHECK(v < (uint64_t{1} << 40) && (v == 0 || numel <= (uint64_t{1} << 50) / v), at,
+                 ": shape ", entry["shape"].dump(), " is too large");
+    numel *= v;
+    e.shape.push_back(static_cast<int64_t>(v));
+  }
+  for (const auto& o : entry["data_offsets"]) {
+    POLLEN_CHECK(o.is_number_unsigned(), at, ": data_offsets must be non-negative integers");
+  }
+  e.begin = entry["data_offsets"][0].get<uint64_t>();
+  e.end = entry["data_offsets"][1].get<uint64_t>();
+  POLLEN_CHECK(e.begin <= e.end, at, ": data_offsets [", e.begin, ", ", e.end,
+               "] end before they begin");
+  POLLEN_CHECK(e.end <= payload_size, at, ": data_offsets [", e.begin, ", ", e.end,
+               "] fall outside the ", payload_size,
+               " data bytes (the file is truncated or the offsets are wrong)");
+  POLLEN_CHECK(e.end - e.begin == numel * dtype_size(e.dtype), at, ": data_offsets span ",
+               e.end - e.begin, " bytes but shape ", entry["shape"].dump(), " of ",
+               entry["dtype"].get<std::string>(), " needs ", numel * dtype_size(e.dtype));
+  return e;
+}
+
+// Sorts the entries into file order and checks that they tile the data area exactly: no
+// overlap, no hole. Done before any tensor is allocated, so that entries aliasing the same
+// bytes cannot make the reader allocate many times the file's size.
+void check_tiling(std::vector<EntryLayout>& entries, uint64_t payload_size,
+                  const std::string& where) {
+  std::stable_sort(entries.begin(), entries.end(), [](const EntryLayout& a, const EntryLayout& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t expect = 0;
+  for (const auto& e : entries) {
+    POLLEN_CHECK(e.begin == expect, where, ": tensor '", e.name, "' starts at byte ", e.begin,
+                 " of the data but ", expect, " was expected (overlap or hole)");
+    expect = e.end;
+  }
+  POLLEN_CHECK(expect == payload_size, where, ": ", payload_size - expect,
+               " bytes after the last tensor belong to none");
+}
+
+}  // namespace
 
 SafetensorsFile parse_safetensors(const std::byte* data, size_t size, const std::string& source) {
   constexpr uint64_t kMaxHeaderBytes = 100'000'000;
@@ -116,11 +221,7 @@ SafetensorsFile parse_safetensors(const std::byte* data, size_t size, const std:
   const uint64_t payload_size = size - 8 - header_len;
 
   SafetensorsFile out;
-  struct Range {
-    uint64_t begin, end;
-    std::string name;
-  };
-  std::vector<Range> ranges;
+  std::vector<EntryLayout> entries;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       POLLEN_CHECK(entry.is_object(), where, ": __metadata__ must be an object of strings");
@@ -130,68 +231,15 @@ SafetensorsFile parse_safetensors(const std::byte* data, size_t size, const std:
       }
       continue;
     }
-    const std::string at = cat(where, ", tensor '", name, "'");
-    POLLEN_CHECK(entry.is_object(), at, ": expected an object with dtype, shape, data_offsets");
-    for (const auto& [k, v] : entry.items()) {
-      POLLEN_CHECK(k == "dtype" || k == "shape" || k == "data_offsets", at, ": unknown field '", k,
-                   "'");
-    }
-    POLLEN_CHECK(entry.contains("dtype") && entry["dtype"].is_string(), at,
-                 ": dtype missing or not a string");
-    POLLEN_CHECK(entry.contains("shape") && entry["shape"].is_array(), at,
-                 ": shape missing or not an array");
-    POLLEN_CHECK(entry.contains("data_offsets") && entry["data_offsets"].is_array() &&
-                     entry["data_offsets"].size() == 2,
-                 at, ": data_offsets missing or not [begin, end]");
-    const DType dtype = parse_safetensors_dtype(entry["dtype"].get<std::string>(), at);
-    Shape shape;
-    uint64_t numel = 1;
-    for (const auto& d : entry["shape"]) {
-      POLLEN_CHECK(d.is_number_unsigned(), at, ": shape entries must be non-negative integers");
-      const uint64_t v = d.get<uint64_t>();
-      POLLEN_CHECK(v < (uint64_t{1} << 40) && (v == 0 || numel <= (uint64_t{1} << 50) / v), at,
-                   ": shape ", entry["shape"].dump(), " is too large");
-      numel *= v;
-      shape.push_back(static_cast<int64_t>(v));
-    }
-    for (const auto& o : entry["data_offsets"]) {
-      POLLEN_CHECK(o.is_number_unsigned(), at, ": data_offsets must be non-negative integers");
-    }
-    const uint64_t begin = entry["data_offsets"][0].get<uint64_t>();
-    const uint64_t end = entry["data_offsets"][1].get<uint64_t>();
-    POLLEN_CHECK(begin <= end, at, ": data_offsets [", begin, ", ", end, "] end before they begin");
-    POLLEN_CHECK(end <= payload_size, at, ": data_offsets [", begin, ", ", end,
-                 "] fall outside the ", payload_size,
-                 " data bytes (the file is truncated or the offsets are wrong)");
-    POLLEN_CHECK(end - begin == numel * dtype_size(dtype), at, ": data_offsets span ", end - begin,
-                 " bytes but shape ", entry["shape"].dump(), " of ",
-                 entry["dtype"].get<std::string>(), " needs ", numel * dtype_size(dtype));
-    ranges.push_back({begin, end, name});
-    Tensor t = Tensor::empty(shape, dtype);
-    if (end > begin) std::memcpy(t.raw(), payload + begin, end - begin);
-    out.tensors.emplace_back(name, std::move(t));
+    entries.push_back(check_entry(name, entry, payload_size, where));
   }
-  // The tensors must tile the data area exactly: no overlap, no hole.
-  std::vector<size_t> order(ranges.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return ranges[a].begin != ranges[b].begin ? ranges[a].begin < ranges[b].begin
-                                              : ranges[a].end < ranges[b].end;
-  });
-  NamedTensors sorted;  // file order, as written
-  for (size_t i : order) sorted.push_back(std::move(out.tensors[i]));
-  out.tensors = std::move(sorted);
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
-  });
-  uint64_t expect = 0;
-  for (const auto& r : ranges) {
-    POLLEN_CHECK(r.begin == expect, where, ": tensor '", r.name, "' starts at byte ", r.begin,
-                 " of the data but ", expect, " was expected (overlap or hole)");
-    expect = r.end;
+  check_tiling(entries, payload_size, where);
+  out.tensors.reserve(entries.size());
+  for (const EntryLayout& e : entries) {
+    Tensor t = Tensor::empty(e.shape, e.dtype);
+    if (e.end > e.begin) std::memcpy(t.raw(), payload + e.begin, e.end - e.begin);
+    out.tensors.emplace_back(e.name, std::move(t));
   }
-  POLLEN_CHECK(expect == payload_size, where, ": ", payload_size - expect,
-               " bytes after the last tensor belong to none");
   return out;
 }
 

@@ -33,6 +33,13 @@ SafetensorsLayout layout_safetensors(const std::filesystem::path& path, const Na
 WriteStats write_safetensors(const std::filesystem::path& path, const NamedTensors& tensors,
                              const std::map<std::string, std::string>& metadata = {});
 
+// As write_safetensors, atomically: the file is written beside `path` under a temporary name
+// (".NAME.tmp.PID"), synced, renamed over `path` and the folder synced. Readers see the old
+// file or the whole new one; when writing fails (a full disk), the temporary file is removed
+// and `path` is left as it was.
+WriteStats write_safetensors_atomic(const std::filesystem::path& path, const NamedTensors& tensors,
+                                    const std::map<std::string, std::string>& metadata = {});
+
 struct SafetensorsFile {
   std::map<std::string, std::string> metadata;
   NamedTensors tensors;  // in file order

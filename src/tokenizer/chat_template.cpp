@@ -296,7 +296,7 @@ ChatFormat recognise_chat_template(std::string_view jinja, std::string_view sour
        "running Jinja); pass --chat-template chatml or --chat-template llama3 to choose one");
 }
 
-ChatFormat chat_format_from_config(const std::filesystem::path& tokenizer_config) {
+std::optional<std::string> chat_template_text(const std::filesystem::path& tokenizer_config) {
   const std::string source = tokenizer_config.string();
   nlohmann::json config;
   const std::string text = read_file(tokenizer_config);
@@ -308,19 +308,24 @@ ChatFormat chat_format_from_config(const std::filesystem::path& tokenizer_config
   }
   POLLEN_CHECK(config.is_object(), source, ": expected a JSON object");
   auto it = config.find("chat_template");
-  POLLEN_CHECK(it != config.end() && !it->is_null(), source,
-               ": has no 'chat_template'; pass --chat-template chatml or --chat-template llama3");
-  if (it->is_string()) return recognise_chat_template(it->get<std::string>(), source);
+  if (it == config.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
   POLLEN_CHECK(it->is_array(), source,
                ": 'chat_template' must be a string or a list of {name, template}");
   for (const auto& named : *it) {
     POLLEN_CHECK(named.is_object() && named.value("name", nlohmann::json()).is_string() &&
                      named.value("template", nlohmann::json()).is_string(),
                  source, ": each entry of 'chat_template' must be {name, template} strings");
-    if (named["name"] == "default")
-      return recognise_chat_template(named["template"].get<std::string>(), source);
+    if (named["name"] == "default") return named["template"].get<std::string>();
   }
   fail(source, ": 'chat_template' lists no template named 'default'");
+}
+
+ChatFormat chat_format_from_config(const std::filesystem::path& tokenizer_config) {
+  const std::optional<std::string> jinja = chat_template_text(tokenizer_config);
+  POLLEN_CHECK(jinja.has_value(), tokenizer_config.string(),
+               ": has no 'chat_template'; pass --chat-template chatml or --chat-template llama3");
+  return recognise_chat_template(*jinja, tokenizer_config.string());
 }
 
 ChatFormat choose_chat_format(const std::filesystem::path& model_dir,

@@ -51,8 +51,10 @@ std::string_view chat_template_name(ChatTemplate t);
 // string literals are escaped do not matter); `source` names it in errors.
 ChatFormat recognise_chat_template(std::string_view jinja, std::string_view source);
 
-// The template tokenizer_config.json names (its "chat_template": a string, or a list of
-// {name, template} of which "default" is taken).
+// The Jinja text of tokenizer_config.json's "chat_template" (a string, or a list of
+// {name, template} of which "default" is taken); nothing when it has none.
+std::optional<std::string> chat_template_text(const std::filesystem::path& tokenizer_config);
+// The template tokenizer_config.json names, recognised.
 ChatFormat chat_format_from_config(const std::filesystem::path& tokenizer_config);
 
 // The format for a model directory: `explicit_name` ("chatml" or "llama3") when given, otherwise

@@ -170,8 +170,16 @@ std::unique_ptr<Objective> make_reward_objective(ObjectiveContext context) {
   return std::make_unique<RewardObjective>(std::move(context));
 }
 
-void export_reward_model(const model::Llama& decoder, const ag::Var& score, uint32_t pad_token_id,
-                         const fs::path& dir, const std::vector<fs::path>& extra_files) {
+namespace {
+
+// A file of the export that is not the weights nor config.json: its name and its bytes.
+using SideFile = std::pair<std::string, std::string>;
+
+// Every file written atomically: the weights first, then the side files, and config.json last,
+// so that an export cut short (a full disk) leaves no torn file and no new config.json beside
+// old weights.
+void write_reward_model(const model::Llama& decoder, const ag::Var& score, uint32_t pad_token_id,
+                        const fs::path& dir, const std::vector<SideFile>& side_files) {
   fs::create_directories(dir);
   json config = io::hf_config_json(decoder.config());
   config["architectures"] = {"LlamaForSequenceClassification"};
@@ -182,10 +190,22 @@ void export_reward_model(const model::Llama& decoder, const ag::Var& score, uint
   for (const auto& [name, v] : decoder.named_parameters())
     if (name.starts_with("model.")) tensors.emplace_back(name, v.value().to(DType::f32));
   tensors.emplace_back("score.weight", score.value().to(DType::f32));
-  io::write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+  io::write_safetensors_atomic(dir / "model.safetensors", tensors, {{"format", "pt"}});
+  for (const auto& [name, bytes] : side_files) write_file_atomic(dir / name, bytes);
   write_file_atomic(dir / "config.json", config.dump(2) + "\n");
-  for (const fs::path& f : extra_files)
-    fs::copy_file(f, dir / f.filename(), fs::copy_options::overwrite_existing);
+}
+
+std::vector<SideFile> read_side_files(const std::vector<fs::path>& files) {
+  std::vector<SideFile> out;
+  for (const fs::path& f : files) out.emplace_back(f.filename().string(), read_file(f));
+  return out;
+}
+
+}  // namespace
+
+void export_reward_model(const model::Llama& decoder, const ag::Var& score, uint32_t pad_token_id,
+                         const fs::path& dir, const std::vector<fs::path>& extra_files) {
+  write_reward_model(decoder, score, pad_token_id, dir, read_side_files(extra_files));
 }
 
 void export_reward_checkpoint(const fs::path& checkpoint, uint32_t pad_token_id,
@@ -213,8 +233,9 @@ void export_reward_model_with_tokenizer(const model::Llama& decoder, const ag::V
     if (t.id == pad_token_id) pad = t.content;
   json tokenizer_config = io::hf_tokenizer_config(decoder.config().max_position_embeddings);
   tokenizer_config["pad_token"] = pad;
-  write_file_atomic(dir / "tokenizer_config.json", tokenizer_config.dump(2) + "\n");
-  export_reward_model(decoder, score, pad_token_id, dir, {tokenizer_json});
+  std::vector<SideFile> side_files = read_side_files({tokenizer_json});
+  side_files.emplace_back("tokenizer_config.json", tokenizer_config.dump(2) + "\n");
+  write_reward_model(decoder, score, pad_token_id, dir, side_files);
 }
 
 RewardModel load_reward_model(const fs::path& dir) {

@@ -17,8 +17,12 @@
 #include "base/files.h"
 #include "base/rng.h"
 #include "io/gguf.h"
+#include "io/hf.h"
+#include "io/model_source.h"
 #include "support/errors.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/hf_format.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
 
@@ -51,6 +55,32 @@ tokenizer::Tokenizer small_tokenizer() {
   std::vector<std::string_view> views(texts.begin(), texts.end());
   counts.add_documents(views);
   return tokenizer::train_bpe(counts, {290, {"<|endoftext|>", "<|im_end|>"}, counts.pattern()});
+}
+
+// small_tokenizer with another normalizer and pre-tokenizer, as tokenizer.json writes them.
+tokenizer::Tokenizer with_pipeline(const json& normalizer, const json& pre_tokenizer) {
+  json j = json::parse(tokenizer::hf_json_text(small_tokenizer()));
+  j["normalizer"] = normalizer;
+  j["pre_tokenizer"] = pre_tokenizer;
+  return tokenizer::hf_from_json_text(j.dump(), "test tokenizer.json");
+}
+
+json split_on(tokenizer::KnownPattern pattern) {
+  return {{"type", "Split"},
+          {"pattern", {{"Regex", std::string(tokenizer::known_pattern_regex(pattern))}}},
+          {"behavior", "Isolated"},
+          {"invert", false}};
+}
+
+json byte_level(bool add_prefix_space, bool use_regex) {
+  return {{"type", "ByteLevel"},
+          {"add_prefix_space", add_prefix_space},
+          {"trim_offsets", true},
+          {"use_regex", use_regex}};
+}
+
+json sequence(const json& steps) {
+  return {{"type", "Sequence"}, {"pretokenizers", steps}};
 }
 
 // Four ids past the tokenizer's, so that padding entries are written too.
@@ -144,6 +174,7 @@ TEST(Gguf, KeysTensorsAndValuesAsGgufPyReadsThem) {
 
   EXPECT_EQ(f["tokenizer.ggml.model"], "gpt2");
   EXPECT_EQ(f["tokenizer.ggml.pre"], "gpt-2");
+  EXPECT_FALSE(f.contains("tokenizer.chat_template"));
   EXPECT_EQ(f["tokenizer.ggml.eos_token_id"], 256);
   EXPECT_FALSE(f.contains("tokenizer.ggml.bos_token_id"));
   const auto& tokens = f["tokenizer.ggml.tokens"];
@@ -287,6 +318,91 @@ TEST(Gguf, RefusesWhatLlamaCppCannotHold) {
   EXPECT_FALSE(fs::exists(dir / "x.gguf"));
   EXPECT_NE(error_of([] { io::gguf_type_named("q4_0"); }).find("expected f32, f16, bf16 or q8_0"),
             std::string::npos);
+  fs::remove_all(dir);
+}
+
+// tokenizer.ggml.pre names llama.cpp's pre-tokenizer only when the whole pipeline is the one
+// it stands for; a Digits step, ByteLevel's add_prefix_space, a second split, a normalizer or
+// an unknown pattern would make llama.cpp tokenize differently, and are refused by name.
+TEST(Gguf, PreTokenizerNamedOnlyWhenLlamaCppReproducesTheWholePipeline) {
+  using tokenizer::KnownPattern;
+  const fs::path dir = temp_dir();
+  const auto pre_of = [&](const tokenizer::Tokenizer& tok) {
+    return io::export_gguf(random_model(tok.vocab_size(), false, false), tok, dir / "p.gguf", {})
+        .pre_tokenizer;
+  };
+  const auto refusal = [&](const tokenizer::Tokenizer& tok) {
+    return error_of([&] { pre_of(tok); });
+  };
+  EXPECT_EQ(pre_of(with_pipeline(nullptr, byte_level(false, true))), "gpt-2");
+  EXPECT_EQ(pre_of(with_pipeline(
+                nullptr, sequence({split_on(KnownPattern::kCl100k), byte_level(false, false)}))),
+            "llama-bpe");
+  EXPECT_EQ(pre_of(with_pipeline({{"type", "NFC"}}, sequence({split_on(KnownPattern::kQwen2),
+                                                              byte_level(false, false)}))),
+            "qwen2");
+
+  const std::string digits =
+      refusal(with_pipeline(nullptr, sequence({{{"type", "Digits"}, {"individual_digits", true}},
+                                               split_on(KnownPattern::kCl100k),
+                                               byte_level(false, false)})));
+  EXPECT_NE(digits.find("pre-tokenizer step 1 (Digits, individual_digits true)"), std::string::npos)
+      << digits;
+  const std::string prefix = refusal(
+      with_pipeline(nullptr, sequence({split_on(KnownPattern::kCl100k), byte_level(true, false)})));
+  EXPECT_NE(prefix.find("step 2 (ByteLevel, add_prefix_space true"), std::string::npos) << prefix;
+  EXPECT_NE(refusal(with_pipeline(nullptr, byte_level(true, true)))
+                .find("step 1 (ByteLevel, add_prefix_space true, use_regex true)"),
+            std::string::npos);
+  const std::string twice = refusal(
+      with_pipeline(nullptr, sequence({split_on(KnownPattern::kCl100k), byte_level(false, true)})));
+  EXPECT_NE(twice.find("step 2 (ByteLevel, add_prefix_space false, use_regex true)"),
+            std::string::npos)
+      << twice;
+  const std::string normalized =
+      refusal(with_pipeline({{"type", "NFKC"}}, byte_level(false, true)));
+  EXPECT_NE(normalized.find("normalizer (NFKC)"), std::string::npos) << normalized;
+  const std::string unknown =
+      refusal(with_pipeline(nullptr, sequence({{{"type", "Split"},
+                                                {"pattern", {{"Regex", "\\s+|\\S+"}}},
+                                                {"behavior", "Isolated"},
+                                                {"invert", false}},
+                                               byte_level(false, false)})));
+  EXPECT_NE(unknown.find("split pattern '\\s+|\\S+' is none that llama.cpp knows"),
+            std::string::npos)
+      << unknown;
+  fs::remove_all(dir);
+}
+
+// The chat template that goes with a model (tokenizer_config.json's, or the one a post-training
+// checkpoint names) is written as tokenizer.chat_template, so llama.cpp renders chats as the
+// model was trained.
+TEST(Gguf, ChatTemplateGoesWithTheModel) {
+  const fs::path dir = temp_dir() / "chat";
+  const tokenizer::Tokenizer tok = small_tokenizer();
+  const model::Llama m = random_model(tok.vocab_size(), false, false);
+  const std::string jinja =
+      "{{ bos_token }}{% for message in messages %}[INST] {{ message['content'] }} [/INST]"
+      "{% endfor %}";
+  fs::create_directories(dir);
+  tokenizer::save_hf_json(tok, dir / "tokenizer.json");
+  io::HfExportOptions hf;
+  hf.extra_files = {dir / "tokenizer.json"};
+  hf.tokenizer_config = {{"chat_template", jinja}};
+  io::export_hf(m, dir / "hf", hf);
+  const io::ModelSource src = io::resolve_model((dir / "hf").string());
+  EXPECT_EQ(io::model_chat_template(src).value_or(""), jinja);
+  io::ModelSource named = src;
+  named.chat_template = "chatml";
+  EXPECT_EQ(io::model_chat_template(named).value_or(""),
+            tokenizer::chat_template_jinja(tokenizer::ChatTemplate::chatml));
+  EXPECT_FALSE(io::model_chat_template(io::resolve_model("llama-tiny")).has_value());
+
+  if (!gguf_available()) GTEST_SKIP() << "gguf not importable by " << POLLEN_PEERS_PYTHON;
+  io::GgufExportOptions o;
+  o.chat_template = io::model_chat_template(src);
+  io::export_gguf(m, tok, dir / "chat.gguf", o);
+  EXPECT_EQ(read_back(dir / "chat.gguf")["fields"]["tokenizer.chat_template"], jinja);
   fs::remove_all(dir);
 }
 

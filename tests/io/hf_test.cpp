@@ -17,6 +17,7 @@
 #include "io/hf.h"
 #include "io/model_source.h"
 #include "support/errors.h"
+#include "support/file_size_limit.h"
 #include "support/tiny_lm.h"
 #include "tokenizer/open.h"
 
@@ -336,6 +337,29 @@ TEST(HfExport, Bf16WeightsConvertOnLoad) {
   fs::remove_all(dir);
 }
 
+// An export that fails while writing the weights (a full disk) leaves the folder as it was: the
+// old weights and config.json untouched, and no temporary file behind.
+TEST(HfExport, AFailedWriteLeavesTheOldExportAndNoTemporaryFile) {
+  const fs::path dir = temp_dir("full");
+  io::export_hf(model::Llama(small(false, false), 7), dir, {});
+  const std::string old_weights = read_file(dir / "model.safetensors");
+  const std::string old_config = read_file(dir / "config.json");
+  const std::vector<std::string> old_names = pollen::testing::file_names(dir);
+  model::LlamaConfig bigger = small(false, false);
+  bigger.intermediate_size *= 8;
+  {
+    pollen::testing::FileSizeLimit full_disk(old_weights.size() / 2);
+    EXPECT_NE(pollen::testing::error_of([&] {
+                io::export_hf(model::Llama(bigger, 7), dir, {});
+              }).find("cannot write"),
+              std::string::npos);
+  }
+  EXPECT_EQ(pollen::testing::file_names(dir), old_names);
+  EXPECT_EQ(read_file(dir / "model.safetensors"), old_weights);
+  EXPECT_EQ(read_file(dir / "config.json"), old_config);
+  fs::remove_all(dir);
+}
+
 TEST(HfLoad, RefusesMissingAndStrayTensors) {
   model::Llama m(small(false, false), 7);
   const fs::path dir = temp_dir("stray");
@@ -507,6 +531,35 @@ TEST(ModelSource, ACheckpointNamedDirectlyIsVerified) {
               std::string::npos)
         << err.what();
   }
+  fs::remove_all(root);
+}
+
+// A run folder gives its newest checkpoint whose model files verify: one whose optimizer state
+// was removed is taken (a resumed run, which needs that state, still passes over it), one whose
+// weights changed is not.
+TEST(ModelSource, ARunFolderTakesTheNewestCheckpointWhoseModelVerifies) {
+  const model::Llama m(small(false, false), 7);
+  const fs::path root = temp_dir("verify_run");
+  io::NamedTensors weights;
+  for (const auto& [n, v] : m.named_parameters()) weights.emplace_back(n, v.value());
+  const auto write_checkpoint = [&](int64_t step) {
+    io::CheckpointWriter w(root / "checkpoints", step);
+    w.add_tensors("model.safetensors", weights);
+    w.add_tensors("optimizer.safetensors", weights);
+    w.add_text("config.toml",
+               "[model]\nvocab_size = 61\nhidden_size = 32\nintermediate_size = 48\n"
+               "num_hidden_layers = 2\nnum_attention_heads = 4\nnum_key_value_heads = 2\n"
+               "max_position_embeddings = 64\n");
+    return w.commit();
+  };
+  const fs::path older = write_checkpoint(3), newer = write_checkpoint(5);
+  fs::remove(newer / "optimizer.safetensors");
+  EXPECT_EQ(io::resolve_model(root.string()).path, newer);
+  EXPECT_EQ(io::choose_resume_checkpoint(root / "checkpoints").dir.value_or(""), older);
+  std::string bytes = read_file(newer / "model.safetensors");
+  bytes[bytes.size() - 3] ^= 0x10;
+  write_file_atomic(newer / "model.safetensors", bytes);
+  EXPECT_EQ(io::resolve_model(root.string()).path, older);
   fs::remove_all(root);
 }
 

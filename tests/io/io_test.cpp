@@ -118,6 +118,27 @@ TEST(Safetensors, RejectsMalformedHeadersClearly) {
   EXPECT_NE(parse_error("abc").find("'x.st'"), std::string::npos);
 }
 
+// Entries that alias the same bytes are refused before any tensor is allocated: 10^5 entries
+// each claiming the whole 1 MiB payload declare 100 GiB, which reading them one by one before
+// the overlap check would try to allocate (and run out of memory doing so).
+TEST(Safetensors, RefusesAliasingEntriesBeforeAllocatingThem) {
+  constexpr int kEntries = 100'000;
+  constexpr uint64_t kPayload = uint64_t{1} << 20;
+  std::string header = "{";
+  for (int i = 0; i < kEntries; ++i) {
+    header += (i ? "," : "") + std::string("\"t") + std::to_string(i) +
+              "\":{\"dtype\":\"U8\",\"shape\":[" + std::to_string(kPayload) +
+              "],\"data_offsets\":[0," + std::to_string(kPayload) + "]}";
+  }
+  header += "}";
+  const std::string file = with_header(header, std::string(kPayload, '\0'));
+  try {
+    EXPECT_NE(parse_error(file).find("overlap or hole"), std::string::npos);
+  } catch (const std::bad_alloc&) {
+    FAIL() << "the reader allocated the aliasing tensors before refusing them";
+  }
+}
+
 TEST(Safetensors, RejectsHeadersOver100MbWithoutReadingThem) {
   std::string declared(8, '\0');
   const uint64_t n = 100'000'001;  // one byte over the reference library's limit

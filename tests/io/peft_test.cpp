@@ -20,6 +20,7 @@
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "support/errors.h"
+#include "support/file_size_limit.h"
 
 using pollen::testing::error_of;
 
@@ -109,6 +110,27 @@ TEST(Peft, WrittenAdaptersReadBackTheSame) {
     EXPECT_EQ(want[i].first, got[i].first);
     EXPECT_EQ(want[i].second.value().to_doubles(), got[i].second.value().to_doubles());
   }
+  fs::remove_all(dir);
+}
+
+// Saving adapters onto a full disk leaves the saved ones untouched and no temporary file behind.
+TEST(Peft, AFailedSaveLeavesTheOldAdaptersAndNoTemporaryFile) {
+  const fs::path dir = temp_dir("full");
+  const model::LlamaConfig base = base_config();
+  io::save_peft_adapter(*random_adapters(base, all_targets(1)), dir, "my-base");
+  const std::string old_weights = read_file(dir / "adapter_model.safetensors");
+  const std::string old_config = read_file(dir / "adapter_config.json");
+  const std::vector<std::string> old_names = pollen::testing::file_names(dir);
+  {
+    pollen::testing::FileSizeLimit full_disk(old_weights.size());
+    EXPECT_NE(pollen::testing::error_of([&] {
+                io::save_peft_adapter(*random_adapters(base, all_targets(8)), dir, "my-base");
+              }).find("cannot write"),
+              std::string::npos);
+  }
+  EXPECT_EQ(pollen::testing::file_names(dir), old_names);
+  EXPECT_EQ(read_file(dir / "adapter_model.safetensors"), old_weights);
+  EXPECT_EQ(read_file(dir / "adapter_config.json"), old_config);
   fs::remove_all(dir);
 }
 

@@ -8,9 +8,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 
 #include "base/files.h"
 #include "support/errors.h"
+#include "support/file_size_limit.h"
 #include "tokenizer/hf_format.h"
 #include "train/preference_support.h"
 
@@ -95,6 +97,30 @@ TEST_F(RewardModelTest, RanksHeldOutPairsAfterTrainingOnASyntheticRule) {
   std::printf("held-out pairs ranked correctly: %.3f before, %.3f after 40 steps (loss %.4f)\n",
               before, after.metrics["accuracy"].get<double>(), after.loss);
   EXPECT_GE(after.metrics["accuracy"].get<double>(), 0.9);
+}
+
+// An export onto a full disk leaves the earlier export as it was (weights, tokenizer files and
+// config.json) and no temporary file behind.
+TEST_F(RewardModelTest, AFailedExportLeavesTheOldExportAndNoTemporaryFile) {
+  const model::Llama m = pt::tiny_model(pt::chat_tokenizer().vocab_size());
+  pt::write_hf_dir(m, pt::chat_tokenizer(), dir_ / "lm");  // for the tokenizer files
+  const fs::path out = dir_ / "rm";
+  const auto head = [](double v) { return ag::Var(Tensor::full({1, 32}, v, DType::f32), false); };
+  train::export_reward_model_with_tokenizer(m, head(0.5), 0, dir_ / "lm" / "tokenizer.json", out);
+  std::map<std::string, std::string> old;
+  for (const std::string& name : pt::file_names(out)) old[name] = read_file(out / name);
+  {
+    pt::FileSizeLimit full_disk(old.at("model.safetensors").size() / 2);
+    EXPECT_NE(pt::error_of([&] {
+                train::export_reward_model_with_tokenizer(m, head(-0.5), 0,
+                                                          dir_ / "lm" / "tokenizer.json", out);
+              }).find("cannot write"),
+              std::string::npos);
+  }
+  std::map<std::string, std::string> now;
+  for (const std::string& name : pt::file_names(out)) now[name] = read_file(out / name);
+  EXPECT_EQ(now.size(), old.size());
+  EXPECT_TRUE(now == old) << "a file of the earlier export changed";
 }
 
 TEST_F(RewardModelTest, HfExportScoresAsTransformersDoes) {
