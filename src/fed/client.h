@@ -249,6 +249,12 @@ class Client {
   void secagg_step(const pb::TaskReply& task);
   pb::SecAggReply secagg_call(int64_t round, const std::function<void(pb::SecAggRequest&)>& fill);
   EncodedSet masked_update(int64_t round, const Weights& delta, int64_t tokens);
+  // Whether this client holds secure aggregation's secrets of `round` (it advertised keys for
+  // it in this process: a restarted client holds none).
+  bool holds_secagg_session(int64_t round) const;
+  // A secure aggregation task this client cannot take, holding no secrets of its round: it tells
+  // the server that it drops out of the phase (training nothing) and waits for the next round.
+  void drop_out(const pb::TaskReply& task);
   // Distributed DP: a server's repeatable noise stops the client unless
   // client.allow_repeatable_noise takes it.
   void refuse_repeatable_noise(int64_t round, const secagg::DistributedNoise& noise) const;

@@ -85,6 +85,9 @@ Weights Client::pull_first_moments(const pb::TaskReply& task, const CompressOpti
 
 void Client::train_round(const pb::TaskReply& task) {
   const TaskCodecs codecs = check_task(task);
+  // A secure round's masked input needs the secrets this client advertised for the round; a
+  // client restarted since holds none, and training would only take steps that are never sent.
+  if (task.secure_aggregation() && !holds_secagg_session(task.round())) return drop_out(task);
   if (task.round() <= last_round_) rewind(task.round());
   // Token counts leave the silo in the clear: local DP's noise does not cover them.
   POLLEN_CHECK(!task.token_counts() || !local_dp_, "client '", config_.id,
