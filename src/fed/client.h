@@ -264,9 +264,10 @@ class Client {
                          const secagg::DistributedNoise& noise, bool* clipped) const;
   void save_state();
   // A task of a round this client trained already: its update was lost (the server resumed from
-  // an earlier checkpoint, or the round is retried). With client.state_dir the client goes back
-  // to its state before that round, so that no local step counts twice and no data is skipped;
-  // otherwise (or in a silo of several ranks) it goes on from where it is, and says so.
+  // an earlier checkpoint, or the round is retried); or the task after an attempt that took
+  // local steps and failed before its state was saved. With client.state_dir the client goes
+  // back to its state before that round, so that no local step counts twice and no data is
+  // skipped; otherwise (or in a silo of several ranks) it goes on from where it is, and says so.
   void rewind(int64_t round);
 
   // Whether the silo runs as several ranks (comm_ then holds them).
@@ -287,6 +288,9 @@ class Client {
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
   std::unique_ptr<secagg::ClientSession> secagg_;  // the current round's
   int64_t last_round_ = 0;
+  // A round attempt took local steps that no saved state holds (it failed before the push):
+  // the next round attempt rewinds first.
+  bool unsaved_steps_ = false;
 };
 
 }  // namespace pollen::fed

@@ -305,6 +305,54 @@ TEST(SecureRound, AClientRestartedMidRoundDropsOutWithoutTraining) {
   }
 }
 
+namespace {
+
+// The in-process transport, but the first time the client `late` asks for its inbox the secure
+// round's input phase closes (its deadline): it trained, and its masked update cannot be sent.
+struct LateInputTransport : LocalTransport {
+  Coordinator& server;
+  std::string late;
+  bool armed = true;
+  LateInputTransport(Coordinator& c, std::string id)
+      : LocalTransport(c), server(c), late(std::move(id)) {}
+  pb::SecAggReply secagg(const pb::SecAggRequest& r) override {
+    if (armed && r.client_id() == late && r.has_get_inbox()) {
+      armed = false;
+      server.close_phase();
+    }
+    return LocalTransport::secagg(r);
+  }
+};
+
+}  // namespace
+
+// A round attempt that took local steps and failed before the client saved its state leaves no
+// trace: the client's next round starts from its state before that attempt.
+TEST(SecureRound, AFailedAttemptsLocalStepsAreRewound) {
+  Quiet q;
+  const auto dir = temp_dir("rewind");
+  auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 2, true);  // threshold 3 of 4
+  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  set_num_threads(1);
+  Federation f(cfg);
+  LateInputTransport late(f.server, "silo-3");
+  f.clients[3] = std::make_unique<Client>(cfg.clients[3], late);
+  f.clients[3]->join();
+  ASSERT_TRUE(f.server.begin_round());
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // shares
+  ASSERT_TRUE(f.pass({0, 1, 2}));     // inputs
+  EXPECT_THROW(f.clients[3]->poll_once(), Error) << "its input phase closed while it trained";
+  EXPECT_EQ(f.clients[3]->trainer().steps_taken(), 2);
+  ASSERT_TRUE(f.pass({0, 1, 2}));  // reveals
+  ASSERT_TRUE(f.server.end_round().aggregated);
+  ASSERT_TRUE(f.server.begin_round());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys, shares, inputs, reveals
+  ASSERT_TRUE(f.server.end_round().aggregated);
+  EXPECT_EQ(f.clients[3]->trainer().steps_taken(), 2) << "round 1's unsent steps were kept";
+  EXPECT_EQ(f.clients[0]->trainer().steps_taken(), 4);
+}
+
 TEST(SecureRound, HostileOrMisplacedMessagesAreRefused) {
   Quiet q;
   const auto dir = temp_dir("hostile");
