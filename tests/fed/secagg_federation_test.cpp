@@ -605,6 +605,39 @@ TEST(DistributedDp, TooFewInputsRevealNothingAndAFailedUnmaskIsStillAccountedAnd
   }
 }
 
+// A server stopped (SIGINT, SIGTERM) in the unmask phase after some shares were revealed may be
+// able to unmask a sum: the round ends as a failed unmask does, its release accounted and saved,
+// and the resumed run starts from that account.
+TEST(DistributedDp, AServerStoppedAfterRevealsAccountsAndSavesTheRound) {
+  Quiet q;
+  const auto dir = temp_dir("dp-stop");
+  auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);  // threshold 3 of 4
+  cfg.server.strategy.min_clients = 3;
+  cfg.server.privacy = central_dp(1.0, 0.05);
+  set_num_threads(1);
+  Federation f(cfg);
+  std::thread rounds([&] { f.server.run(); });
+  while (f.server.status().open_round == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys, shares, inputs
+  ASSERT_TRUE(f.pass({0, 1}));  // two of four reveal; the threshold is 3
+  f.server.stop();
+  rounds.join();
+  EXPECT_EQ(f.server.rounds_done(), 0);
+  const auto saved = io::list_checkpoints(cfg.server.dir / "checkpoints");
+  ASSERT_FALSE(saved.empty()) << "the revealed round must be saved";
+  EXPECT_EQ(io::checkpoint_step(saved.back()), 0);
+  const auto state = nlohmann::json::parse(read_file(saved.back() / "state.json"));
+  EXPECT_EQ(state["privacy"]["steps"].get<int64_t>(), 1) << "the accountant must hold the round";
+  const auto metrics = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 1u);
+  EXPECT_EQ(metrics[0]["status"], "retry");
+  EXPECT_EQ(metrics[0]["privacy"]["private_rounds"].get<int64_t>(), 1);
+  Coordinator resumed(cfg.server, true);
+  EXPECT_EQ(resumed.status().private_rounds, 1);
+  EXPECT_EQ(resumed.rounds_done(), 0);
+}
+
 TEST(DistributedDp, AClientStopsAtRepeatableNoiseUnlessItTakesIt) {
   Quiet q;
   const auto dir = temp_dir("dp-seeded");
