@@ -196,6 +196,7 @@ void Client::rewind(int64_t round) {
                 : rewind_client_state(config_.state_dir, config_.id, round, *local_, specs_,
                                       feedback_, drift_, &pulled);
   }
+  unsaved_steps_ = false;  // restored, or kept with the warning below
   if (was < 0) {
     log::warn("fed client '", config_.id, "': round ", round,
               " again (its update was lost); the local steps it took for it stay in its "

@@ -249,6 +249,12 @@ class Client {
   void secagg_step(const pb::TaskReply& task);
   pb::SecAggReply secagg_call(int64_t round, const std::function<void(pb::SecAggRequest&)>& fill);
   EncodedSet masked_update(int64_t round, const Weights& delta, int64_t tokens);
+  // Whether this client holds secure aggregation's secrets of `round` (it advertised keys for
+  // it in this process: a restarted client holds none).
+  bool holds_secagg_session(int64_t round) const;
+  // A secure aggregation task this client cannot take, holding no secrets of its round: it tells
+  // the server that it drops out of the phase (training nothing) and waits for the next round.
+  void drop_out(const pb::TaskReply& task);
   // Distributed DP: a server's repeatable noise stops the client unless
   // client.allow_repeatable_noise takes it.
   void refuse_repeatable_noise(int64_t round, const secagg::DistributedNoise& noise) const;
@@ -258,9 +264,10 @@ class Client {
                          const secagg::DistributedNoise& noise, bool* clipped) const;
   void save_state();
   // A task of a round this client trained already: its update was lost (the server resumed from
-  // an earlier checkpoint, or the round is retried). With client.state_dir the client goes back
-  // to its state before that round, so that no local step counts twice and no data is skipped;
-  // otherwise (or in a silo of several ranks) it goes on from where it is, and says so.
+  // an earlier checkpoint, or the round is retried); or the task after an attempt that took
+  // local steps and failed before its state was saved. With client.state_dir the client goes
+  // back to its state before that round, so that no local step counts twice and no data is
+  // skipped; otherwise (or in a silo of several ranks) it goes on from where it is, and says so.
   void rewind(int64_t round);
 
   // Whether the silo runs as several ranks (comm_ then holds them).
@@ -281,6 +288,9 @@ class Client {
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
   std::unique_ptr<secagg::ClientSession> secagg_;  // the current round's
   int64_t last_round_ = 0;
+  // A round attempt took local steps that no saved state holds (it failed before the push):
+  // the next round attempt rewinds first.
+  bool unsaved_steps_ = false;
 };
 
 }  // namespace pollen::fed

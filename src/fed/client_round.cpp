@@ -85,7 +85,10 @@ Weights Client::pull_first_moments(const pb::TaskReply& task, const CompressOpti
 
 void Client::train_round(const pb::TaskReply& task) {
   const TaskCodecs codecs = check_task(task);
-  if (task.round() <= last_round_) rewind(task.round());
+  // A secure round's masked input needs the secrets this client advertised for the round; a
+  // client restarted since holds none, and training would only take steps that are never sent.
+  if (task.secure_aggregation() && !holds_secagg_session(task.round())) return drop_out(task);
+  if (task.round() <= last_round_ || unsaved_steps_) rewind(task.round());
   // Token counts leave the silo in the clear: local DP's noise does not cover them.
   POLLEN_CHECK(!task.token_counts() || !local_dp_, "client '", config_.id,
                "': the server weights rows by token counts (strategy.row_weighting), which "
@@ -148,6 +151,7 @@ void Client::train_round(const pb::TaskReply& task) {
     info.set_eval_loss(trainer_->evaluate(&tokens));
     info.set_eval_tokens(tokens);
   }
+  unsaved_steps_ = true;  // until save_state below holds them
   const auto res = trainer_->train(task.local_steps());
   info.set_tokens(res.tokens);
   info.set_train_loss(res.loss);
@@ -201,6 +205,7 @@ void Client::train_round(const pb::TaskReply& task) {
   }
 
   last_round_ = task.round();
+  unsaved_steps_ = false;
   // Saved before the push: a client killed once the server has its update must not train the
   // round again after a restart (its data counted twice, its residual sent twice, a release
   // missing from its privacy account). A round whose update is lost comes back, and the client

@@ -32,8 +32,8 @@ void Client::secagg_step(const pb::TaskReply& task) {
     secagg_call(round, [&](pb::SecAggRequest& r) { *r.mutable_advertise() = keys; });
     return;
   }
-  POLLEN_CHECK(secagg_ && secagg_->round() == round, "secure aggregation: round ", round,
-               " asks for a step before this client advertised keys for it");
+  // A client restarted after it advertised keys has lost the round's secrets.
+  if (!holds_secagg_session(round)) return drop_out(task);
   if (task.kind() == pb::TASK_SECAGG_SHARE) {
     const auto reply = secagg_call(round, [](pb::SecAggRequest& r) { r.set_get_roster(true); });
     POLLEN_CHECK(reply.has_roster(), "secure aggregation: the server sent no roster");
@@ -48,6 +48,21 @@ void Client::secagg_step(const pb::TaskReply& task) {
   const pb::SecAggReveal reveal = secagg_->reveal(reply.survivors());
   secagg_call(round, [&](pb::SecAggRequest& r) { *r.mutable_reveal() = reveal; });
   secagg_.reset();
+}
+
+bool Client::holds_secagg_session(int64_t round) const {
+  return secagg_ && secagg_->round() == round;
+}
+
+void Client::drop_out(const pb::TaskReply& task) {
+  const char* step = task.kind() == pb::TASK_TRAIN          ? "its masked update"
+                     : task.kind() == pb::TASK_SECAGG_SHARE ? "its shares"
+                                                            : "its revealed shares";
+  log::warn("fed client '", config_.id, "': round ", task.round(), ": secure aggregation asks for ",
+            step,
+            ", but this client holds no secrets of the round (it restarted after advertising "
+            "its keys); it drops out of the round, training nothing, and waits for the next");
+  secagg_call(task.round(), [](pb::SecAggRequest& r) { r.set_drop_out(true); });
 }
 
 namespace {

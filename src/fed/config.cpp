@@ -69,6 +69,14 @@ void read_compression(ConfigTable& root, ServerConfig& c) {
   }
 }
 
+void check_seconds(const ConfigTable& t, const std::string& key, double seconds, bool positive) {
+  // Finite and within a steady clock's range (deadlines are taken as now + seconds).
+  POLLEN_CHECK(std::isfinite(seconds) && (positive ? seconds > 0 : seconds >= 0) &&
+                   seconds <= kMaxConfigSeconds,
+               t.where(key), ": must be ", positive ? "more than 0" : "0 or more", " and at most ",
+               static_cast<int64_t>(kMaxConfigSeconds), " seconds, got ", seconds);
+}
+
 namespace {
 
 void read_server_table(ConfigTable& s, ServerConfig& c) {
@@ -86,9 +94,17 @@ void read_server_table(ConfigTable& s, ServerConfig& c) {
   c.keep_checkpoints =  // 0: all
       static_cast<int>(s.get_int_in("keep_checkpoints", c.keep_checkpoints, 0, INT32_MAX));
   POLLEN_CHECK(c.rounds >= 1, s.where("rounds"), ": must be at least 1");
-  POLLEN_CHECK(c.local_steps >= 1, s.where("local_steps"), ": must be at least 1");
+  // A client refuses a task of more local steps (fed/received.h): checked here, not by every
+  // client's first round.
+  POLLEN_CHECK(c.local_steps >= 1 && c.local_steps <= kMaxLocalSteps, s.where("local_steps"),
+               ": must be 1 to ", kMaxLocalSteps, ", got ", c.local_steps);
   POLLEN_CHECK(c.eval_every >= 0, s.where("eval_every"), ": must be 0 or more");
   POLLEN_CHECK(c.round_timeout_s > 0, s.where("round_timeout_s"), ": must be positive");
+  check_seconds(s, "wait_for_clients_s", c.wait_for_clients_s, false);
+  check_seconds(s, "client_timeout_s", c.client_timeout_s, true);
+  // Negative retries would stop the run after its first round (retries are counted from 0).
+  POLLEN_CHECK(c.max_round_retries >= 0, s.where("max_round_retries"), ": must be 0 or more, got ",
+               c.max_round_retries);
   s.finish();
 }
 

@@ -158,5 +158,10 @@ void set_train_device(ClientConfig& c, const std::string& device);
 TlsFiles read_tls(ConfigTable& root, bool server);
 SiloParallel read_silo_parallel(ConfigTable& table);
 PostSettings read_post_settings(ConfigTable& table, bool client);
+// The longest wait a config may name (about 31 years): deadlines are taken as now + seconds.
+constexpr double kMaxConfigSeconds = 1e9;
+// Refuses `seconds`, read from `key` of `table`, unless finite, within kMaxConfigSeconds and
+// more than 0 (`positive`) or at least 0, naming the key and the bound.
+void check_seconds(const ConfigTable& table, const std::string& key, double seconds, bool positive);
 
 }  // namespace pollen::fed

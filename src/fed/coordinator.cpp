@@ -190,8 +190,17 @@ void Coordinator::run() {
       }
     }
     if (stop_) {
-      std::lock_guard lock(mutex_);
-      open_ = false;  // the unfinished round is redone after a restart
+      {
+        std::lock_guard lock(mutex_);
+        // Under distributed DP, shares revealed before the stop may let the server unmask a
+        // sum: the round ends as a failed unmask does, its release accounted and saved, so that
+        // a resumed run does not spend that budget again.
+        if (!(dp_ && secagg_ && secagg_->revealed())) {
+          open_ = false;  // the unfinished round is redone after a restart
+          break;
+        }
+      }
+      end_round();
       break;
     }
     end_round();

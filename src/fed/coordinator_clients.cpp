@@ -9,6 +9,15 @@ namespace pollen::fed {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+// Whether round `round`'s task asks the clients to evaluate the global model (eval_every).
+bool evaluates(const ServerConfig& c, int64_t round) {
+  return c.eval_every > 0 && (round - 1) % c.eval_every == 0;
+}
+
+}  // namespace
+
 std::string Coordinator::check_peer(const std::string& claimed, const std::string& peer_id,
                                     const char* what) const {
   check_client_id(claimed, what);
@@ -82,7 +91,7 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
     if (config_.strategy.shares_first_moments())
       t.set_first_moments(config_.strategy.first_moments);
     t.set_pull_first_moments(first_moments_set_ != nullptr);
-    t.set_evaluate(config_.eval_every > 0 && (round - 1) % config_.eval_every == 0);
+    t.set_evaluate(evaluates(config_, round));
     t.set_secure_aggregation(secagg_ != nullptr);
     t.set_token_counts(config_.strategy.weights_rows());
     return t;
@@ -137,6 +146,20 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
     POLLEN_CHECK(selected_.count(info.client_id()), what, ": not part of round ", info.round());
     POLLEN_CHECK(!updates_.count(info.client_id()), what, ": already pushed for round ",
                  info.round());
+    // An evaluation the round did not ask for would set the round's federated eval_loss.
+    POLLEN_CHECK(
+        evaluates(config_, info.round()) || (info.eval_tokens() == 0 && info.eval_loss() == 0),
+        what, ": evaluation results (", info.eval_tokens(), " tokens, loss ", info.eval_loss(),
+        ") for round ", info.round(), ", whose task asked for none (server.eval_every ",
+        config_.eval_every, ")");
+    // The lineage records the data each update was trained on: the data the client joined with.
+    const auto joined = clients_.find(info.client_id());
+    POLLEN_CHECK(
+        joined != clients_.end() && joined->second.manifest_hash == info.data_manifest_hash(), what,
+        ": trained on data of manifest hash '", info.data_manifest_hash().substr(0, 64),
+        "', not the data it joined with ('",
+        joined == clients_.end() ? std::string() : joined->second.manifest_hash,
+        "'); a client whose data changed joins again");
     const auto open = pushing_.find(info.client_id());
     POLLEN_CHECK(open == pushing_.end() || open->second.attempt != attempts_, what,
                  ": another push from this client is still arriving for round ", info.round());

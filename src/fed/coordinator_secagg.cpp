@@ -75,6 +75,13 @@ pb::SecAggReply Coordinator::secagg(const pb::SecAggRequest& r, const std::strin
         secagg_->reveal(id, r.reveal());
         reply.set_accepted(true);
         break;
+      case pb::SecAggRequest::kDropOut:
+        secagg_->drop_out(id);
+        log::warn("fed server: client '", id, "' drops out of secure aggregation phase '",
+                  secagg::ServerSession::phase_name(secagg_->phase()), "' of round ", done_ + 1,
+                  " (it lost the round's secrets)");
+        reply.set_accepted(true);
+        break;
       default:
         fail("secure aggregation from '", id, "': the request holds no step");
     }

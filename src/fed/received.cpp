@@ -69,8 +69,9 @@ UpdateTensors decode_update(const pb::TensorSetHeader& header, const std::string
 }
 
 TaskCodecs check_task(const pb::TaskReply& task) {
-  POLLEN_CHECK(task.round() >= 1 && task.local_steps() >= 1 && task.local_steps() <= 10000000,
-               "task: round ", task.round(), " with ", task.local_steps(), " local steps");
+  POLLEN_CHECK(task.round() >= 1 && task.local_steps() >= 1 && task.local_steps() <= kMaxLocalSteps,
+               "task: round ", task.round(), " with ", task.local_steps(), " local steps (1 to ",
+               kMaxLocalSteps, ")");
   POLLEN_CHECK(task.model_sha256().empty() || task.model_sha256().size() == 64, "task of round ",
                task.round(), ": model_sha256 is not a SHA-256 hex digest");
   TaskCodecs c;

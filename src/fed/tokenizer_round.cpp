@@ -29,6 +29,8 @@ TokenizerServerConfig load_tokenizer_server_config(const fs::path& path) {
   c.clients = s->get_strings("clients");
   c.wait_for_clients_s = s->get_double("wait_for_clients_s", c.wait_for_clients_s);
   c.serve_s = s->get_double("serve_s", c.serve_s);
+  check_seconds(*s, "wait_for_clients_s", c.wait_for_clients_s, false);
+  check_seconds(*s, "serve_s", c.serve_s, false);
   POLLEN_CHECK(!c.clients.empty(), s->where("clients"), ": at least one client id is required");
   for (const auto& id : c.clients) check_client_id(id, s->where("clients"));
   POLLEN_CHECK(std::set<std::string>(c.clients.begin(), c.clients.end()).size() == c.clients.size(),

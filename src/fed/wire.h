@@ -39,6 +39,9 @@ constexpr uint32_t kProtocolVersion = 12;
 constexpr size_t kMaxChainLinks = 62;
 constexpr uint64_t kMaxChunkBytes = 1u << 20;  // 1 MiB per chunk; gRPC's message limit is 4 MiB
 constexpr size_t kMaxIdBytes = 128;
+// The most local steps a round may ask for: the server's local_steps key is checked against it
+// at config load, and a client refuses a task that asks for more.
+constexpr int64_t kMaxLocalSteps = 10'000'000;
 
 struct ParamSpec {
   std::string name;

@@ -5,6 +5,8 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "base/error.h"
 #include "fed/client.h"
@@ -44,6 +46,16 @@ std::string error_of(const std::string& text) {
   return pollen::testing::error_of([&] { fed::parse_client_config(text, "client.toml"); });
 }
 
+// What parsing `text` as fed.toml throws ("" when it is accepted).
+std::string error_of_server(const std::string& text) {
+  try {
+    fed::parse_server_config(text, "fed.toml");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
 TEST(FedConfig, SeedsAndThreadCountsThatWouldWrapAreRefused) {
@@ -69,6 +81,43 @@ TEST(FedConfig, ClientTimeoutsMustBePositive) {
   std::string text = client_toml("7", "2");
   text.insert(text.find("state_dir"), "busy_timeout_s = 90\n");
   EXPECT_EQ(fed::parse_client_config(text, "client.toml").busy_timeout_s, 90);
+}
+
+// The server's keys are checked when its config is read, each error naming the key and its
+// bound: a negative max_round_retries stopped the run after its first round, and local_steps past
+// what a client takes failed every client's task without naming the key.
+TEST(FedConfig, ServerKeysOutOfRangeAreRefusedByName) {
+  auto server_error = [](const std::string& key, const std::string& value) {
+    return error_of_server(
+        cat("[server]\ndir = 'x'\n", key, " = ", value,
+            "\n[model]\npreset = 'llama-tiny'\n[tokenizer]\nfingerprint = 'f'\n"));
+  };
+  const struct {
+    const char* key;
+    const char* value;
+    const char* says;
+  } refused[] = {
+      {"max_round_retries", "-1", "server.max_round_retries': must be 0 or more, got -1"},
+      {"local_steps", "10000001", "server.local_steps': must be 1 to 10000000, got 10000001"},
+      {"local_steps", "0", "server.local_steps': must be 1 to 10000000"},
+      {"client_timeout_s", "0", "server.client_timeout_s': must be more than 0"},
+      {"client_timeout_s", "-3", "server.client_timeout_s': must be more than 0"},
+      {"client_timeout_s", "nan", "server.client_timeout_s'"},
+      {"wait_for_clients_s", "-1", "server.wait_for_clients_s': must be 0 or more"},
+      {"wait_for_clients_s", "1e10", "at most 1000000000 seconds, got 1e+10"},
+      {"wait_for_clients_s", "inf", "server.wait_for_clients_s'"},
+  };
+  for (const auto& r : refused) {
+    const std::string e = server_error(r.key, r.value);
+    EXPECT_NE(e.find(r.says), std::string::npos) << r.key << " = " << r.value << ": " << e;
+  }
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"max_round_retries", "0"},
+                                                        {"local_steps", "10000000"},
+                                                        {"wait_for_clients_s", "0"},
+                                                        {"client_timeout_s", "0.5"}}) {
+    EXPECT_EQ(server_error(key, value), "") << key << " = " << value;
+  }
 }
 
 // A busy server is waited out for busy_timeout_s in a row, then the client ends naming the key;

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -371,6 +372,7 @@ TEST(Simulation, MalformedPushesAreRefusedAndTheServerGoesOn) {
   info.mutable_update()->set_client_id("silo-0");
   info.mutable_update()->set_round(1);
   info.mutable_update()->set_tokens(10);
+  info.mutable_update()->set_data_manifest_hash(a.round_trainer().manifest_hash());
   const auto enc = encode_weights(server.specs(), zeros, {});
   *header.mutable_header() = enc.header;
   EXPECT_THROW(push({header}), Error);      // no update info
@@ -451,6 +453,7 @@ TEST(Simulation, APushFromAClosedAttemptIsRefused) {
   info.set_client_id("silo-0");
   info.set_round(1);
   info.set_tokens(10);
+  info.set_data_manifest_hash(round.client.round_trainer().manifest_hash());
   const auto enc = encode_weights(server.specs(), round.zeros, {});
   auto stale = server.push_begin(info, enc.header, "");
   pb::Chunk chunk;
@@ -478,6 +481,59 @@ TEST(Simulation, APushFromAClosedAttemptIsRefused) {
   EXPECT_TRUE(server.push_finish(fresh).accepted());
   EXPECT_TRUE(server.round_complete());
   EXPECT_TRUE(server.end_round().aggregated);
+}
+
+// The round's federated eval_loss takes only evaluations the round asked for (one client's loss
+// of 1e9 would set it), and the lineage only the data each client joined with: an update saying
+// otherwise is refused, and the client's own updates are taken.
+TEST(Simulation, AnUnaskedEvaluationOrAnotherDatasetIsRefused) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("unasked");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 2, 1);
+  cfg.server.eval_every = 2;  // round 1 asks for an evaluation, round 2 for none
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  Client client(cfg.clients[0], transport);
+  client.join();
+  const std::string manifest = client.round_trainer().manifest_hash();
+  ASSERT_FALSE(manifest.empty());
+  Weights zeros;
+  for (const auto& s : server.specs()) zeros.push_back(Tensor::zeros(s.shape, DType::f32));
+  const auto enc = encode_weights(server.specs(), zeros, {});
+  pb::UpdateInfo info;
+  info.set_client_id("silo-0");
+  info.set_round(2);
+  info.set_tokens(10);
+  info.set_data_manifest_hash(manifest);
+  auto push_error = [&](const pb::UpdateInfo& i) {
+    return pollen::testing::error_of([&] { server.push_begin(i, enc.header, ""); });
+  };
+  for (int64_t round = 1; round <= 2; ++round) {
+    ASSERT_TRUE(server.begin_round());
+    if (round == 2) {
+      auto evaluated = info;
+      evaluated.set_eval_tokens(100);
+      evaluated.set_eval_loss(1e9);
+      std::string e = push_error(evaluated);
+      EXPECT_NE(e.find("for round 2, whose task asked for none (server.eval_every 2)"),
+                std::string::npos)
+          << e;
+      auto other = info;
+      other.set_data_manifest_hash(std::string(64, 'f'));
+      e = push_error(other);
+      EXPECT_NE(e.find("not the data it joined with"), std::string::npos) << e;
+    }
+    EXPECT_EQ(client.poll_once(), pb::TASK_TRAIN);
+    ASSERT_TRUE(server.round_complete());
+    const auto s = server.end_round();
+    ASSERT_TRUE(s.aggregated);
+    EXPECT_EQ(std::isnan(s.eval_loss), round == 2) << "round " << round;
+  }
+  const auto lineage = read_jsonl(cfg.server.dir / "lineage.jsonl");
+  ASSERT_EQ(lineage.size(), 2u);
+  for (const auto& line : lineage)
+    EXPECT_EQ(line["clients"][0]["data_manifest_hash"], manifest) << line;
 }
 
 // The global model of `cfg` run from the start without a stop, in a folder of its own (the

@@ -463,6 +463,7 @@ TEST(FedPostWire, HostileAdapterUpdatesAreRefused) {
   info.set_client_id("silo-0");
   info.set_round(1);
   info.set_tokens(100);
+  info.set_data_manifest_hash(client.round_trainer().manifest_hash());  // the data it joined with
   auto push = [&](const EncodedSet& set) {
     return error_of([&] {
       int stage = 0;

@@ -236,6 +236,123 @@ TEST(SecureRound, AClientWhoseTokensTheRingCannotHoldStops) {
   EXPECT_EQ(server.rounds_done(), 0);
 }
 
+// A client restarted during a secure round holds none of the secrets it advertised: asked for its
+// shares, its masked update or its revealed shares, it drops out of the phase, training nothing,
+// and the phase closes without waiting for its deadline; it takes part again from the next round.
+TEST(SecureRound, AClientRestartedMidRoundDropsOutWithoutTraining) {
+  Quiet q;
+  const auto dir = temp_dir("restart");
+  auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 3, true);  // threshold 3 of 4
+  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  set_num_threads(1);
+  Federation f(cfg);
+  using Phase = secagg::ServerSession::Phase;
+  auto restart = [&](size_t i) {
+    f.clients[i] = std::make_unique<Client>(cfg.clients[i], f.transport);
+    f.clients[i]->join();
+  };
+  // As Client::run: a task that fails is asked for again.
+  auto polls = [&](size_t i) {
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      try {
+        f.clients[i]->poll_once();
+      } catch (const Error&) {
+      }
+    }
+  };
+  auto end = [&](int64_t round, size_t participants) {
+    ASSERT_TRUE(f.server.round_complete()) << "round " << round << " waits for a deadline";
+    const auto s = f.server.end_round();
+    ASSERT_TRUE(s.aggregated) << "round " << round;
+    EXPECT_EQ(s.participants.size(), participants) << "round " << round;
+  };
+  // Round 1: silo-3 restarts after its shares and is asked for its masked update.
+  ASSERT_TRUE(f.server.begin_round());
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // shares
+  restart(3);
+  polls(3);
+  EXPECT_EQ(f.clients[3]->trainer().steps_taken(), 0) << "it trained for an update it cannot mask";
+  EXPECT_EQ(f.phase(), Phase::input);
+  ASSERT_TRUE(f.pass({0, 1, 2}));  // inputs: nobody else is waited for
+  ASSERT_EQ(f.phase(), Phase::unmask);
+  ASSERT_TRUE(f.pass({0, 1, 2}));  // reveals
+  end(1, 3);
+  // Round 2: silo-2 restarts after its keys and is asked for its shares.
+  ASSERT_TRUE(f.server.begin_round());
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys
+  restart(2);
+  polls(2);
+  ASSERT_TRUE(f.pass({0, 1, 3}));  // shares
+  ASSERT_EQ(f.phase(), Phase::input);
+  ASSERT_TRUE(f.pass({0, 1, 3}));  // inputs
+  ASSERT_TRUE(f.pass({0, 1, 3}));  // reveals
+  end(2, 3);
+  // Round 3: silo-1 restarts after its masked update and is asked for its revealed shares.
+  ASSERT_TRUE(f.server.begin_round());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys, shares, inputs
+  restart(1);
+  polls(1);
+  ASSERT_TRUE(f.pass({0, 2, 3}));  // reveals
+  end(3, 4);                       // silo-1's masked update was sent: it is in the sum
+  // Two local steps for each round a client trained, none for the one it dropped out of.
+  const int64_t trained[] = {3, 3, 2, 2};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(f.clients[i]->trainer().steps_taken(), 2 * trained[i]) << "silo-" << i;
+    const auto saved = io::list_checkpoints(cfg.clients[i].state_dir / "checkpoints");
+    ASSERT_FALSE(saved.empty());
+    EXPECT_EQ(io::checkpoint_step(saved.back()), 2 * trained[i]) << "silo-" << i;
+  }
+}
+
+namespace {
+
+// The in-process transport, but the first time the client `late` asks for its inbox the secure
+// round's input phase closes (its deadline): it trained, and its masked update cannot be sent.
+struct LateInputTransport : LocalTransport {
+  Coordinator& server;
+  std::string late;
+  bool armed = true;
+  LateInputTransport(Coordinator& c, std::string id)
+      : LocalTransport(c), server(c), late(std::move(id)) {}
+  pb::SecAggReply secagg(const pb::SecAggRequest& r) override {
+    if (armed && r.client_id() == late && r.has_get_inbox()) {
+      armed = false;
+      server.close_phase();
+    }
+    return LocalTransport::secagg(r);
+  }
+};
+
+}  // namespace
+
+// A round attempt that took local steps and failed before the client saved its state leaves no
+// trace: the client's next round starts from its state before that attempt.
+TEST(SecureRound, AFailedAttemptsLocalStepsAreRewound) {
+  Quiet q;
+  const auto dir = temp_dir("rewind");
+  auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 2, true);  // threshold 3 of 4
+  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  set_num_threads(1);
+  Federation f(cfg);
+  LateInputTransport late(f.server, "silo-3");
+  f.clients[3] = std::make_unique<Client>(cfg.clients[3], late);
+  f.clients[3]->join();
+  ASSERT_TRUE(f.server.begin_round());
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // shares
+  ASSERT_TRUE(f.pass({0, 1, 2}));     // inputs
+  EXPECT_THROW(f.clients[3]->poll_once(), Error) << "its input phase closed while it trained";
+  EXPECT_EQ(f.clients[3]->trainer().steps_taken(), 2);
+  ASSERT_TRUE(f.pass({0, 1, 2}));  // reveals
+  ASSERT_TRUE(f.server.end_round().aggregated);
+  ASSERT_TRUE(f.server.begin_round());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys, shares, inputs, reveals
+  ASSERT_TRUE(f.server.end_round().aggregated);
+  EXPECT_EQ(f.clients[3]->trainer().steps_taken(), 2) << "round 1's unsent steps were kept";
+  EXPECT_EQ(f.clients[0]->trainer().steps_taken(), 4);
+}
+
 TEST(SecureRound, HostileOrMisplacedMessagesAreRefused) {
   Quiet q;
   const auto dir = temp_dir("hostile");
@@ -486,6 +603,39 @@ TEST(DistributedDp, TooFewInputsRevealNothingAndAFailedUnmaskIsStillAccountedAnd
     EXPECT_NE(std::string(e.what()).find("was written under [privacy]"), std::string::npos)
         << e.what();
   }
+}
+
+// A server stopped (SIGINT, SIGTERM) in the unmask phase after some shares were revealed may be
+// able to unmask a sum: the round ends as a failed unmask does, its release accounted and saved,
+// and the resumed run starts from that account.
+TEST(DistributedDp, AServerStoppedAfterRevealsAccountsAndSavesTheRound) {
+  Quiet q;
+  const auto dir = temp_dir("dp-stop");
+  auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);  // threshold 3 of 4
+  cfg.server.strategy.min_clients = 3;
+  cfg.server.privacy = central_dp(1.0, 0.05);
+  set_num_threads(1);
+  Federation f(cfg);
+  std::thread rounds([&] { f.server.run(); });
+  while (f.server.status().open_round == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys, shares, inputs
+  ASSERT_TRUE(f.pass({0, 1}));  // two of four reveal; the threshold is 3
+  f.server.stop();
+  rounds.join();
+  EXPECT_EQ(f.server.rounds_done(), 0);
+  const auto saved = io::list_checkpoints(cfg.server.dir / "checkpoints");
+  ASSERT_FALSE(saved.empty()) << "the revealed round must be saved";
+  EXPECT_EQ(io::checkpoint_step(saved.back()), 0);
+  const auto state = nlohmann::json::parse(read_file(saved.back() / "state.json"));
+  EXPECT_EQ(state["privacy"]["steps"].get<int64_t>(), 1) << "the accountant must hold the round";
+  const auto metrics = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 1u);
+  EXPECT_EQ(metrics[0]["status"], "retry");
+  EXPECT_EQ(metrics[0]["privacy"]["private_rounds"].get<int64_t>(), 1);
+  Coordinator resumed(cfg.server, true);
+  EXPECT_EQ(resumed.status().private_rounds, 1);
+  EXPECT_EQ(resumed.rounds_done(), 0);
 }
 
 TEST(DistributedDp, AClientStopsAtRepeatableNoiseUnlessItTakesIt) {

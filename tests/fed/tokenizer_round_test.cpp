@@ -278,6 +278,13 @@ TEST(FederatedTokenizer, ConfigNamesWhatIsWrong) {
   const std::string e = pollen::testing::error_of([&] { load_tokenizer_server_config(specials); });
   EXPECT_NE(e.find("tokenizer.special_tokens"), std::string::npos) << e;
   EXPECT_NE(e.find("'<|eot|>' is listed twice"), std::string::npos) << e;
+  // The server's waits are checked too, naming the key and the bound.
+  for (const char* key : {"wait_for_clients_s", "serve_s"}) {
+    const fs::path wait =
+        server_toml(dir, cat(key, ".toml"), cat("['a']\n", key, " = -1"), "vocab_size = 512\n");
+    const std::string said = pollen::testing::error_of([&] { load_tokenizer_server_config(wait); });
+    EXPECT_NE(said.find(cat("server.", key, "': must be 0 or more")), std::string::npos) << said;
+  }
   // A silo's noise must be a finite value >= 0: NaN or -5 sent exact counts.
   for (double noise : {std::nan(""), -5.0}) {
     CountsClientOptions o;

@@ -66,6 +66,7 @@ bool ServerSession::masks_a_survivor(const std::string& u) const {
 }
 
 bool ServerSession::expects(const std::string& id) const {
+  if (dropped_out_.count(id)) return false;
   switch (phase_) {
     case Phase::advertise:
       return std::binary_search(selected_.begin(), selected_.end(), id) && !keys_.count(id);
@@ -227,18 +228,28 @@ void ServerSession::reveal(const std::string& id, const pb::SecAggReveal& reveal
 }
 
 bool ServerSession::phase_complete() const {
+  // Everyone the phase waits for answered or dropped out.
+  const auto answered = [&](const auto& ids) {
+    return std::none_of(ids.begin(), ids.end(), [&](const std::string& id) { return expects(id); });
+  };
   switch (phase_) {
     case Phase::advertise:
-      return keys_.size() == selected_.size();
+      return answered(selected_);
     case Phase::share:
-      return sharers_.size() == ids_.size();
+      return answered(ids_);
     case Phase::input:
-      return inputs_.size() == sharers_.size();
+      return answered(sharers_);
     case Phase::unmask:
-      return revealers_.size() == inputs_.size();
+      return answered(inputs_);
     default:
       return false;
   }
+}
+
+void ServerSession::drop_out(const std::string& id) {
+  POLLEN_CHECK(expects(id), "secure aggregation drop-out from '", id, "': phase '",
+               phase_name(phase_), "' of round ", round_, " does not wait for it");
+  dropped_out_.insert(id);
 }
 
 void ServerSession::close_phase() {

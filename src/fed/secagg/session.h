@@ -118,6 +118,10 @@ class ServerSession {
   void add_input(const std::string& id, const std::string& words);
   pb::SecAggSurvivors survivors(const std::string& id) const;
   void reveal(const std::string& id, const pb::SecAggReveal& reveal);
+  // `id` cannot take the current phase's step (a restarted client has lost the round's
+  // secrets): nobody waits for it in this phase, and it takes no later one, as if it had missed
+  // the phase's deadline. Throws when the phase does not expect it.
+  void drop_out(const std::string& id);
 
   // True when everyone expected in this phase has answered.
   bool phase_complete() const;
@@ -155,6 +159,7 @@ class ServerSession {
   std::set<std::string> inputs_;   // U3
   std::vector<uint64_t> masked_sum_;
   std::set<std::string> revealers_;
+  std::set<std::string> dropped_out_;  // drop_out, in whichever phase
   size_t min_inputs_ = 1;
   std::map<std::string, std::vector<Share>> self_mask_shares_, mask_key_shares_;  // by owner
 };
