@@ -24,15 +24,30 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
+namespace {
+// Set on a thread while it runs a chunk of a job (a worker always): a call it makes runs inline,
+// as the pool is busy with the job that chunk belongs to.
+thread_local bool in_chunk = false;
+
+struct InChunk {
+  bool was = in_chunk;
+  InChunk() { in_chunk = true; }
+  ~InChunk() { in_chunk = was; }
+};
+}  // namespace
+
 void ThreadPool::run_chunks(int64_t n, int chunks,
                             const std::function<void(int64_t, int64_t, int)>& fn) {
-  if (chunks <= 1 || workers_.empty()) {
+  if (chunks <= 1 || workers_.empty() || in_chunk) {
     for (int c = 0; c < std::max(chunks, 1); ++c) {
       int total = std::max(chunks, 1);
       fn(n * c / total, n * (c + 1) / total, c);
     }
     return;
   }
+  // Another thread's job (a server's HTTP thread beside its engine) waits for this one: the
+  // pool holds one job at a time.
+  std::lock_guard one_job(callers_);
   std::unique_lock lock(mutex_);
   job_ = &fn;
   job_n_ = n;
@@ -47,6 +62,7 @@ void ThreadPool::run_chunks(int64_t n, int chunks,
     int c = next_chunk_++;
     lock.unlock();
     try {
+      const InChunk inside;
       fn(n * c / chunks, n * (c + 1) / chunks, c);
     } catch (...) {
       std::lock_guard g(mutex_);
@@ -61,6 +77,7 @@ void ThreadPool::run_chunks(int64_t n, int chunks,
 }
 
 void ThreadPool::worker_loop(int) {
+  in_chunk = true;  // a worker only ever runs chunks
   uint64_t seen = 0;
   std::unique_lock lock(mutex_);
   for (;;) {

@@ -21,12 +21,15 @@ class ThreadPool {
 
   // Calls fn(begin, end, chunk) for chunk i of `chunks` equal contiguous slices of [0, n).
   // The calling thread takes part; returns when every chunk is done. Exceptions propagate.
+  // Calls from several threads take turns (one job at a time); a call from inside a chunk runs
+  // its chunks on its own thread.
   void run_chunks(int64_t n, int chunks, const std::function<void(int64_t, int64_t, int)>& fn);
 
  private:
   void worker_loop(int index);
 
   std::vector<std::thread> workers_;
+  std::mutex callers_;  // held by the thread whose job the pool runs
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <filesystem>
 #include <functional>
+#include <thread>
+#include <vector>
 
 #include "base/config.h"
 #include "base/error.h"
@@ -125,6 +127,37 @@ TEST(ThreadPool, ChunksCoverRangeOnceAndErrorsPropagate) {
                                  if (b > 0) fail("boom");
                                }),
                Error);
+}
+
+// Two threads that use the pool at once (a server's engine and an HTTP thread) take turns, and a
+// job whose chunks use the pool again runs those inside the chunk: every sum is right and none
+// hangs (jobs used to overwrite each other).
+TEST(ThreadPool, CallsFromSeveralThreadsTakeTurnsAndNestedCallsRunInline) {
+  ThreadPool pool(3);
+  const auto sum_to = [&](int64_t n) {
+    std::vector<int64_t> part(4, 0);
+    pool.run_chunks(n, 4, [&](int64_t b, int64_t e, int c) {
+      for (int64_t i = b; i < e; ++i) part[static_cast<size_t>(c)] += i;
+    });
+    return part[0] + part[1] + part[2] + part[3];
+  };
+  std::atomic<int> wrong = 0;
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 3; ++t)
+    callers.emplace_back([&, t] {
+      for (int k = 0; k < 300; ++k) {
+        const int64_t n = 1000 + 17 * t + k;
+        if (sum_to(n) != n * (n - 1) / 2) ++wrong;
+      }
+    });
+  for (auto& c : callers) c.join();
+  EXPECT_EQ(wrong.load(), 0);
+  std::vector<int64_t> inner(6, 0);
+  pool.run_chunks(6, 3, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) inner[static_cast<size_t>(i)] = sum_to(100 + i);
+  });
+  for (int64_t i = 0; i < 6; ++i)
+    EXPECT_EQ(inner[static_cast<size_t>(i)], (100 + i) * (99 + i) / 2);
 }
 
 // A rank bound to some CPUs (Slurm's --cpus-per-task, taskset) runs that many threads; a rank free
