@@ -166,7 +166,7 @@ Coordinator::Push Coordinator::push_begin(const pb::UpdateInfo& info,
     const uint64_t serial = ++pushes_begun_;
     pushing_[info.client_id()] = {attempts_, serial};
     p.arriving = std::shared_ptr<void>(nullptr, [this, id = info.client_id(), serial](void*) {
-      std::lock_guard lock(mutex_);
+      std::lock_guard arrived(mutex_);
       if (auto it = pushing_.find(id); it != pushing_.end() && it->second.serial == serial)
         pushing_.erase(it);
     });

@@ -276,7 +276,8 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
                                     config.seed,
                                     model_.config().max_position_embeddings,
                                     model_.config(),
-                                    config.dir};
+                                    config.dir,
+                                    std::string()};  // the factory holds the base
   objective_ = make_objective(ctx);
   // The data version: the objective's section (which names the data) and the data file.
   Sha256 data;

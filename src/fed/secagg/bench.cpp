@@ -57,7 +57,7 @@ BenchResult bench_round(int64_t clients, int64_t params, int64_t dropouts,
     for (int64_t j = 0; j < params; ++j)
       t.data<float>()[j] = static_cast<float>(rng.normal() * 1e-3);
     deltas[i] = {t};
-    updates[i] = {cat("client-", i), 1000 + static_cast<int64_t>(i), {}, {}};
+    updates[i] = {cat("client-", i), 1000 + static_cast<int64_t>(i), {}, {}, {}, {}};
   }
   BenchResult r;
 
