@@ -107,18 +107,23 @@ std::string tfrecord(std::string_view data) {
 }
 
 namespace {
-// Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
-// An event whose summary holds one Value.
-std::string summary_event(double wall_time, int64_t step, const std::string& value) {
-  std::string summary;
-  put_bytes(summary, 1, value);
+// Event { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5;
+// SessionLog session_log = 7 }: one event of wall_time, step and `what` as field `field`.
+std::string event_at(double wall_time, int64_t step, int field, const std::string& what) {
   std::string event;
   put_varint(event, 1 << 3 | 1);
   put_le(event, wall_time);
   put_varint(event, 2 << 3 | 0);
   put_varint(event, static_cast<uint64_t>(step));
-  put_bytes(event, 5, summary);
+  put_bytes(event, field, what);
   return event;
+}
+
+// An event whose summary holds one Value.
+std::string summary_event(double wall_time, int64_t step, const std::string& value) {
+  std::string summary;
+  put_bytes(summary, 1, value);
+  return event_at(wall_time, step, 5, summary);
 }
 }  // namespace
 
@@ -163,20 +168,14 @@ std::string file_version_event(double wall_time) {
   return event;
 }
 
-// Event { ...; SessionLog session_log = 7 }, SessionLog { SessionStatus status = 1 (START = 1) }:
-// TensorBoard takes the first START of a run as its beginning and each later one as a restart,
-// dropping every point it holds at `step` or later.
+// SessionLog { SessionStatus status = 1 (START = 1) }: TensorBoard takes the first START of a run
+// as its beginning and each later one as a restart, dropping every point it holds at `step` or
+// later.
 std::string session_start_event(double wall_time, int64_t step) {
   std::string session_log;
   put_varint(session_log, 1 << 3 | 0);
   put_varint(session_log, 1);
-  std::string event;
-  put_varint(event, 1 << 3 | 1);
-  put_le(event, wall_time);
-  put_varint(event, 2 << 3 | 0);
-  put_varint(event, static_cast<uint64_t>(step));
-  put_bytes(event, 7, session_log);
-  return event;
+  return event_at(wall_time, step, 7, session_log);
 }
 
 double wall_time_now() {
