@@ -31,6 +31,22 @@ using namespace pollen;
 
 namespace {
 
+// The mpiruns a test process starts (this layer's tests, every file) keep their session files in
+// a folder of that process's own: each OpenMPI launcher creates /tmp/ompi.<host>.<uid> as it
+// starts, and two starting at once (ctest -j) can fail on it ("A call to mkdir was unable to
+// create the desired directory ... File exists").
+struct OwnMpiSessionFolder {
+  fs::path dir = fs::temp_directory_path() / ("pollen_ompi_" + std::to_string(getpid()));
+  OwnMpiSessionFolder() {
+    fs::create_directories(dir);
+    setenv("OMPI_MCA_orte_tmpdir_base", dir.c_str(), 0);
+  }
+  ~OwnMpiSessionFolder() {
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
+  }
+} const own_mpi_session_folder;
+
 fs::path temp_dir(const std::string& name) {
   return test_support::fresh_temp_dir("dist_" + name);
 }
