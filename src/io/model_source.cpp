@@ -24,10 +24,15 @@ const std::vector<std::string> kModelFiles = {"model.safetensors", "adapter_mode
 
 // The newest checkpoint under `root` whose model files verify; its optimizer state may be
 // missing or changed (resuming a run, which needs it, checks every file instead).
-std::optional<fs::path> newest_model_checkpoint(const fs::path& root) {
+// The newest checkpoint whose model files verify; none: `why` says what failed in the newest.
+std::optional<fs::path> newest_model_checkpoint(const fs::path& root, std::string& why) {
   const std::vector<fs::path> all = list_checkpoints(root);
-  for (auto it = all.rbegin(); it != all.rend(); ++it)
-    if (!verify_checkpoint(*it, kModelFiles)) return *it;
+  why = cat("no checkpoint in '", root.string(), "'");
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const auto failed = verify_checkpoint(*it, kModelFiles);
+    if (!failed) return *it;
+    if (it == all.rbegin()) why = cat("the newest, '", it->string(), "': ", *failed);
+  }
   return std::nullopt;
 }
 
@@ -115,9 +120,10 @@ ModelSource resolve_model(const std::string& spec) {
     fs::path dir = p;
     bool verified = false;
     if (!fs::is_regular_file(dir / "model.safetensors") && fs::is_directory(dir / "checkpoints")) {
-      const auto newest = newest_model_checkpoint(dir / "checkpoints");
+      std::string why;
+      const auto newest = newest_model_checkpoint(dir / "checkpoints", why);
       POLLEN_CHECK(newest.has_value(), "model '", spec,
-                   "': a run folder without a checkpoint that verifies");
+                   "': a run folder without a checkpoint that verifies (", why, ")");
       dir = *newest;
       verified = true;
     }

@@ -560,6 +560,14 @@ TEST(ModelSource, ARunFolderTakesTheNewestCheckpointWhoseModelVerifies) {
   bytes[bytes.size() - 3] ^= 0x10;
   write_file_atomic(newer / "model.safetensors", bytes);
   EXPECT_EQ(io::resolve_model(root.string()).path, older);
+  // None verifies: the error says what failed in the newest.
+  fs::remove(older / "model.safetensors");
+  const std::string e = pollen::testing::error_of([&] { io::resolve_model(root.string()); });
+  EXPECT_NE(e.find("a run folder without a checkpoint that verifies (the newest, '" +
+                   newer.string() + "': "),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("model.safetensors"), std::string::npos) << e;
   fs::remove_all(root);
 }
 
