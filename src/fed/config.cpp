@@ -99,7 +99,7 @@ void read_server_table(ConfigTable& s, ServerConfig& c) {
   POLLEN_CHECK(c.local_steps >= 1 && c.local_steps <= kMaxLocalSteps, s.where("local_steps"),
                ": must be 1 to ", kMaxLocalSteps, ", got ", c.local_steps);
   POLLEN_CHECK(c.eval_every >= 0, s.where("eval_every"), ": must be 0 or more");
-  POLLEN_CHECK(c.round_timeout_s > 0, s.where("round_timeout_s"), ": must be positive");
+  check_seconds(s, "round_timeout_s", c.round_timeout_s, true);
   check_seconds(s, "wait_for_clients_s", c.wait_for_clients_s, false);
   check_seconds(s, "client_timeout_s", c.client_timeout_s, true);
   // Negative retries would stop the run after its first round (retries are counted from 0).

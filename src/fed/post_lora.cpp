@@ -415,7 +415,9 @@ SimConfig load_fed_post_config(const std::filesystem::path& path) {
   server.local_steps = f->get_int("local_steps", 10);
   server.eval_every = f->get_int("eval_every", 0);
   POLLEN_CHECK(server.rounds >= 1, f->where("rounds"), ": expected 1 or more");
-  POLLEN_CHECK(server.local_steps >= 1, f->where("local_steps"), ": expected 1 or more");
+  POLLEN_CHECK(server.local_steps >= 1 && server.local_steps <= kMaxLocalSteps,
+               f->where("local_steps"), ": must be 1 to ", kMaxLocalSteps, ", got ",
+               server.local_steps);
   POLLEN_CHECK(server.eval_every >= 0, f->where("eval_every"), ": expected 0 (never) or more");
   f->finish();
   for (size_t i = 0; i < silos.size(); ++i) {

@@ -32,8 +32,10 @@ namespace pb = ::pollen::fed::v1;
 // them would send unclipped, unnoised updates that the server would account as private); 11:
 // adaptive clipping under distributed DP, the roster's dp_count_stddev and the masked count; 12:
 // distributed DP's noise is the discrete Gaussian added to the rounded update (a client that added
-// continuous noise before rounding would release what the server's accounting does not cover)
-constexpr uint32_t kProtocolVersion = 12;
+// continuous noise before rounding would release what the server's accounting does not cover);
+// 13: a client without the keys of a secure round drops out of it (SecAggRequest.drop_out, which
+// an older server could not read)
+constexpr uint32_t kProtocolVersion = 13;
 // The most deltas a compressed download keeps for clients that missed rounds (fed/model_view.h),
 // so that a client reaches the round's model within kMaxChainLinks + 1 pulls.
 constexpr size_t kMaxChainLinks = 62;

@@ -106,6 +106,8 @@ TEST(FedConfig, ServerKeysOutOfRangeAreRefusedByName) {
       {"wait_for_clients_s", "-1", "server.wait_for_clients_s': must be 0 or more"},
       {"wait_for_clients_s", "1e10", "at most 1000000000 seconds, got 1e+10"},
       {"wait_for_clients_s", "inf", "server.wait_for_clients_s'"},
+      {"round_timeout_s", "1e30", "server.round_timeout_s': must be more than 0 and at most"},
+      {"round_timeout_s", "inf", "server.round_timeout_s'"},
   };
   for (const auto& r : refused) {
     const std::string e = server_error(r.key, r.value);

@@ -132,7 +132,7 @@ TEST(Wire, AgreementSaysWhatDiffers) {
   r.set_tokenizer_fingerprint("other");
   r.set_protocol_version(99);
   const auto d = agreement_differences(r, kProtocolVersion, server, "tok");
-  EXPECT_NE(d.find("protocol version: server 12, client 99"), std::string::npos) << d;
+  EXPECT_NE(d.find("protocol version: server 13, client 99"), std::string::npos) << d;
   EXPECT_NE(d.find("model.hidden_size: server 32, client 64"), std::string::npos) << d;
   EXPECT_NE(d.find("tokenizer fingerprint"), std::string::npos) << d;
   r.set_model_config("{not json");

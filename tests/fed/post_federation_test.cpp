@@ -570,4 +570,12 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
   EXPECT_EQ(read.clients[1].post.data, (dir / "b.jsonl").lexically_normal().string());
   const std::string bad = post_error("[compression]\ncodec = 'int7'\n");
   EXPECT_NE(bad.find("compression.codec"), std::string::npos) << bad;
+  // More local steps than a client takes in a task: refused here, naming the key.
+  write_file_atomic(dir / "post.toml",
+                    "[federation]\nrun = 'r.toml'\nsilos = ['a', 'b']\n"
+                    "data = ['a.jsonl', 'b.jsonl']\noutput = 'o'\nlocal_steps = 20000000\n");
+  const std::string steps = error_of([&] { load_fed_post_config(dir / "post.toml"); });
+  EXPECT_NE(steps.find("federation.local_steps': must be 1 to 10000000, got 20000000"),
+            std::string::npos)
+      << steps;
 }

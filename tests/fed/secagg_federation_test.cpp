@@ -684,6 +684,7 @@ TEST(SecureConfig, KeysAreReadCheckedAndCompressionMustBeNone) {
   refused("[secure_aggregation]\nring_bits = 16\n", "ring_bits");
   refused("[secure_aggregation]\nthreshold = 1\n", "threshold");
   refused("[secure_aggregation]\nrounding = 'up'\n", "rounding");
+  refused("[secure_aggregation]\nphase_timeout_s = 1e30\n", "phase_timeout_s");
   refused("[secure_aggregation]\nring_bits = 32\nrange = 1\nstep = 1e-12\n", "ring_bits");
   refused("[secure_aggregation]\nenabled = true\n[compression]\ncodec = 'int8'\n",
           "compression.codec must be none");

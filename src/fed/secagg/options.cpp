@@ -43,7 +43,10 @@ void Options::validate(const std::function<std::string(const std::string&)>& whe
   const char* tails = noise.largest_stddev() > 0 ? " and the noise's tails" : "";
   POLLEN_CHECK(fits, where("ring_bits"), ": ", levels, " levels (range", tails, " over step) ",
                "do not fit a ", ring_bits, "-bit ring; use ring_bits 64 or a coarser step");
-  POLLEN_CHECK(phase_timeout_s > 0, where("phase_timeout_s"), ": must be positive");
+  // Deadlines are taken as now + seconds: a steady clock's range bounds them.
+  POLLEN_CHECK(std::isfinite(phase_timeout_s) && phase_timeout_s > 0 && phase_timeout_s <= 1e9,
+               where("phase_timeout_s"),
+               ": must be more than 0 and at most 1000000000 seconds, got ", phase_timeout_s);
 }
 
 uint64_t Options::noise_variance(double stddev) const {
