@@ -283,8 +283,11 @@ RoundSummary Coordinator::end_round() {
   } else {
     metrics_.file().flush();
   }
-  if (done_ >= config_.rounds || retries_ > config_.max_round_retries) {
-    if (retries_ > config_.max_round_retries) {
+  // A round ended by a stop (under distributed DP, to account its revealed shares) is not a
+  // failed run: the run stops as preempted, and a resumed one retries the round.
+  const bool out_of_retries = retries_ > config_.max_round_retries && !stop_;
+  if (done_ >= config_.rounds || out_of_retries) {
+    if (out_of_retries) {
       stopped_ = cat("round ", s.round, " failed ", retries_, " times (server.max_round_retries ",
                      config_.max_round_retries, ")");
       log::error("fed server: ", stopped_, "; stopping");

@@ -613,6 +613,7 @@ TEST(DistributedDp, AServerStoppedAfterRevealsAccountsAndSavesTheRound) {
   const auto dir = temp_dir("dp-stop");
   auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);  // threshold 3 of 4
   cfg.server.strategy.min_clients = 3;
+  cfg.server.max_round_retries = 0;
   cfg.server.privacy = central_dp(1.0, 0.05);
   set_num_threads(1);
   Federation f(cfg);
@@ -624,6 +625,8 @@ TEST(DistributedDp, AServerStoppedAfterRevealsAccountsAndSavesTheRound) {
   f.server.stop();
   rounds.join();
   EXPECT_EQ(f.server.rounds_done(), 0);
+  // A stop, not a failed run, though no retry was left (max_round_retries 0 below).
+  EXPECT_EQ(f.server.stopped_reason(), "");
   const auto saved = io::list_checkpoints(cfg.server.dir / "checkpoints");
   ASSERT_FALSE(saved.empty()) << "the revealed round must be saved";
   EXPECT_EQ(io::checkpoint_step(saved.back()), 0);
