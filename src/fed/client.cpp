@@ -188,19 +188,20 @@ void Client::run() {
 }
 
 void Client::rewind(int64_t round) {
+  const char* why = round <= last_round_ ? "its update was lost"
+                                         : "an attempt at it failed before its state was saved";
   int64_t was = -1;
   Weights pulled;
   if (!config_.state_dir.empty() && !several_ranks()) {
     was = silo_ ? rewind_client_state(config_.state_dir, config_.id, round, *silo_, specs_,
-                                      feedback_, &pulled)
+                                      feedback_, &pulled, why)
                 : rewind_client_state(config_.state_dir, config_.id, round, *local_, specs_,
-                                      feedback_, drift_, &pulled);
+                                      feedback_, drift_, &pulled, why);
   }
   unsaved_steps_ = false;  // restored, or kept with the warning below
   if (was < 0) {
-    log::warn("fed client '", config_.id, "': round ", round,
-              " again (its update was lost); the local steps it took for it stay in its "
-              "optimizer and data position",
+    log::warn("fed client '", config_.id, "': round ", round, " again (", why,
+              "); the local steps it took for it stay in its optimizer and data position",
               config_.state_dir.empty() ? " (client.state_dir keeps states to go back to)"
               : several_ranks()         ? " (a silo of several ranks does not go back)"
                                         : " (no saved state of an earlier round)");

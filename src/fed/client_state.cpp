@@ -197,14 +197,14 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
 
 int64_t rewind_client_state(const fs::path& dir, const std::string& client_id, int64_t round,
                             LocalTrainer& trainer, const ParamSpecs& specs, ErrorFeedback& feedback,
-                            DriftCorrection& drift, Weights* pulled) {
+                            DriftCorrection& drift, Weights* pulled, std::string_view why) {
   const auto ckpt = state_before(dir, round);
   if (!ckpt) return -1;
   const int64_t was =
       restore_state(*ckpt, client_id, trainer, specs, feedback, drift, pulled, nullptr);
-  log::info("fed client '", client_id, "': round ", round,
-            " again (its update was lost): back to its state of round ", was, " (",
-            trainer.steps_taken(), " local steps) from ", ckpt->string());
+  log::info("fed client '", client_id, "': round ", round, " again (", why,
+            "): back to its state of round ", was, " (", trainer.steps_taken(),
+            " local steps) from ", ckpt->string());
   return was;
 }
 
@@ -268,13 +268,13 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Lor
 
 int64_t rewind_client_state(const fs::path& dir, const std::string& client_id, int64_t round,
                             LoraSilo& silo, const ParamSpecs& specs, ErrorFeedback& feedback,
-                            Weights* pulled) {
+                            Weights* pulled, std::string_view why) {
   const auto ckpt = state_before(dir, round);
   if (!ckpt) return -1;
   const int64_t was = restore_state(*ckpt, client_id, silo, specs, feedback, pulled, nullptr);
-  log::info("fed client '", client_id, "': round ", round,
-            " again (its update was lost): back to its state of round ", was, " (",
-            silo.steps_taken(), " local steps) from ", ckpt->string());
+  log::info("fed client '", client_id, "': round ", round, " again (", why,
+            "): back to its state of round ", was, " (", silo.steps_taken(), " local steps) from ",
+            ckpt->string());
   return was;
 }
 

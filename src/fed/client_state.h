@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <string_view>
 
 #include "fed/compress.h"
 #include "fed/drift_correction.h"
@@ -43,14 +44,16 @@ int64_t load_client_state(const std::filesystem::path& dir, const std::string& c
                           DriftCorrection& drift, Weights* pulled, LocalDp* local_dp);
 
 // For a client asked to train a round it trained already (its update was lost: the server
-// resumed from an earlier checkpoint, or the round was retried): restores the newest state that
+// resumed from an earlier checkpoint, or the round was retried), or again after an attempt that
+// failed before its state was saved (`why` says which, for the log): restores the newest state that
 // verifies of a round before `round`, so that the round is trained again from where the
 // federation stands, on the same data (one process only; the privacy accountant is left as it
 // is: the lost update was released). Returns that state's round, or -1 when there is none
 // (nothing is changed).
 int64_t rewind_client_state(const std::filesystem::path& dir, const std::string& client_id,
                             int64_t round, LocalTrainer& trainer, const ParamSpecs& specs,
-                            ErrorFeedback& feedback, DriftCorrection& drift, Weights* pulled);
+                            ErrorFeedback& feedback, DriftCorrection& drift, Weights* pulled,
+                            std::string_view why);
 
 }  // namespace pollen::fed
 
@@ -66,6 +69,6 @@ int64_t load_client_state(const std::filesystem::path& dir, const std::string& c
                           Weights* pulled, LocalDp* local_dp);
 int64_t rewind_client_state(const std::filesystem::path& dir, const std::string& client_id,
                             int64_t round, LoraSilo& silo, const ParamSpecs& specs,
-                            ErrorFeedback& feedback, Weights* pulled);
+                            ErrorFeedback& feedback, Weights* pulled, std::string_view why);
 
 }  // namespace pollen::fed
