@@ -233,6 +233,7 @@ ServerStatus Coordinator::status() const {
   st.rounds_done = done_;
   st.rounds_total = config_.rounds;
   st.open_round = open_ ? done_ + 1 : 0;
+  st.round_retries = retries_;
   st.clients_joined = clients_.size();
   st.clients_alive = alive_ids_locked().size();
   if (dp_) {

@@ -54,7 +54,8 @@ struct RoundSummary {
 // The server's status (what /metrics shows): the last closed round and totals since start.
 struct ServerStatus {
   int64_t rounds_done = 0, rounds_total = 0;
-  int64_t open_round = 0;  // 0 when no round is open
+  int64_t open_round = 0;     // 0 when no round is open
+  int64_t round_retries = 0;  // failed attempts at the next round, kept across a restart
   size_t clients_joined = 0, clients_alive = 0;
   RoundSummary last;  // round 0 before any round closed
   uint64_t bytes_sent_total = 0, bytes_received_total = 0;

@@ -115,6 +115,9 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
                  "no accountant counts (put the [privacy] table back)");
   }
   done_ = state.at("round").get<int64_t>();
+  // A round saved unapplied (its release accounted) goes on at its next attempt: the attempt
+  // seeds the round's client sample, which must not be drawn again for another release.
+  retries_ = state.value("retries", int64_t{0});
   lineage_ = state.at("lineage");
 }
 
@@ -147,6 +150,7 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
     w.add_tensors("view.safetensors", view);
   }
   nlohmann::ordered_json state{{"round", done_},
+                               {"retries", retries_},
                                {"strategy", strategy_->name()},
                                {"model_config", terms_.model_json},
                                {"tokenizer_fingerprint", config_.tokenizer_fingerprint},

@@ -593,6 +593,9 @@ TEST(DistributedDp, TooFewInputsRevealNothingAndAFailedUnmaskIsStillAccountedAnd
   EXPECT_EQ(io::checkpoint_step(saved.back()), 0);
   const auto state = nlohmann::json::parse(read_file(saved.back() / "state.json"));
   EXPECT_EQ(state["privacy"]["steps"].get<int64_t>(), 1) << "the accountant must be saved";
+  // A resumed run goes on at attempt 3: attempt 2's client sample was released already.
+  EXPECT_EQ(state["retries"].get<int64_t>(), 2);
+  EXPECT_EQ(Coordinator(cfg.server, true).status().round_retries, 2);
   // Resuming that run without [privacy] would release rounds that no accountant counts.
   ServerConfig without = cfg.server;
   without.privacy = PrivacyOptions{};
@@ -639,6 +642,7 @@ TEST(DistributedDp, AServerStoppedAfterRevealsAccountsAndSavesTheRound) {
   Coordinator resumed(cfg.server, true);
   EXPECT_EQ(resumed.status().private_rounds, 1);
   EXPECT_EQ(resumed.rounds_done(), 0);
+  EXPECT_EQ(resumed.status().round_retries, 1);
 }
 
 TEST(DistributedDp, AClientStopsAtRepeatableNoiseUnlessItTakesIt) {
