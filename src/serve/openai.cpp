@@ -430,13 +430,14 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
     const json c = m.contains("content") ? m["content"] : json(nullptr);
     if (c.is_string()) {
       content = c.get<std::string>();
-    } else if (c.is_array()) {  // [{"type": "text", "text": ...}, ...]
+    } else if (c.is_array()) {  // [{"type": "text", "text": ...}, ...], joined by newlines
       for (const json& part : c) {
         if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
             !part.contains("text") || !part["text"].is_string())
           bad_request(where + ".content", cat("'", where,
                                               ".content' parts must be {\"type\": \"text\", "
                                               "\"text\": string}"));
+        if (&part != &c.front()) content += '\n';
         content += part["text"].get<std::string>();
       }
     } else {

@@ -461,6 +461,21 @@ TEST_F(Serving, ChatWholeAndStreamed) {
   EXPECT_EQ(streamed, content);
   EXPECT_EQ(json::parse(ev[ev.size() - 2])["choices"][0]["finish_reason"],
             expected[0].finish_reason);
+
+  // Text parts are one message, joined by newlines as vLLM joins them.
+  const json parts = {
+      {{"role", "system"}, {"content", "You are terse."}},
+      {{"role", "user"},
+       {"content",
+        {{{"type", "text"}, {"text", "What is two"}}, {{"type", "text"}, {"text", "plus two?"}}}}}};
+  const auto joined =
+      chat_prompt({{"system", "You are terse."}, {"user", "What is two\nplus two?"}});
+  const auto parted = post("/v1/chat/completions",
+                           json{{"messages", parts}, {"max_tokens", 20}, {"temperature", 0}});
+  ASSERT_EQ(parted.first, 200) << parted.second.dump();
+  EXPECT_EQ(parted.second["choices"][0]["message"]["content"],
+            decode(model::generate(*model_, {joined}, sampling(20, 0, 0))[0].tokens));
+  EXPECT_EQ(parted.second["usage"]["prompt_tokens"], joined.size());
 }
 
 // Chat logprobs: one entry per generated token with its text, bytes and log-probability (as
