@@ -38,6 +38,7 @@ void add_serve_command(CLI::App& app) {
     serve::Limits limits;
     int64_t max_batch_rows = 16, prefill_chunk = 256;
     int threads = 0;
+    std::vector<std::string> allowed_origins;
   };
   auto a = std::make_shared<Args>();
   cmd->add_option("--model", a->model, kModelHelp)->required();
@@ -53,6 +54,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key-file", a->api_key_file, "File holding the API key (one line)")
       ->check(CLI::ExistingFile)
       ->excludes(key);
+  cmd->add_option("--allowed-origins", a->allowed_origins,
+                  "Origins whose web pages may call the API (CORS), comma-separated: "
+                  "scheme://host[:port] each, or * for any (default: none)")
+      ->delimiter(',');
   cmd->add_option("--name", a->name, "Model name in the API (default: --model as given)");
   cmd->add_option("--chat-template", a->chat_template,
                   "chatml or llama3 (default: the one a post-training checkpoint names, else the "
@@ -90,6 +95,8 @@ void add_serve_command(CLI::App& app) {
     POLLEN_CHECK(a->api_key_file.empty() || !o.api_key.empty(), "API key file '", a->api_key_file,
                  "' is empty");
     serve::check_bind(o.host, o.api_key);  // before the model loads
+    serve::check_allowed_origins(a->allowed_origins);
+    o.allowed_origins = a->allowed_origins;
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const model::Llama m = io::load_model(src);

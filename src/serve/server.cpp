@@ -209,6 +209,17 @@ bool is_loopback(const std::string& host) {
   return host == "127.0.0.1" || host == "::1" || host == "localhost";
 }
 
+void check_allowed_origins(const std::vector<std::string>& origins) {
+  for (const std::string& o : origins) {
+    const size_t host = o.starts_with("http://") ? 7 : o.starts_with("https://") ? 8 : 0;
+    POLLEN_CHECK(o == "*" || (host > 0 && o.size() > host &&
+                              o.find_first_of("/?#@ ", host) == std::string::npos),
+                 "allowed origins: '", o,
+                 "' is not an origin: expected scheme://host[:port] (http or https, no path), "
+                 "or * for any");
+  }
+}
+
 void check_bind(const std::string& host, const std::string& api_key) {
   POLLEN_CHECK(is_loopback(host) || !api_key.empty(), "serving on '", host,
                "' (not this machine only) needs an API key: pass --api-key or --api-key-file");
@@ -259,6 +270,28 @@ void Server::start() {
 void Server::stop() {
   http_->stop();
   if (thread_.joinable()) thread_.join();
+}
+
+bool Server::allow_cross_origin(const httplib::Request& req, httplib::Response& res) const {
+  const std::vector<std::string>& allowed = options_.allowed_origins;
+  if (allowed.empty()) return false;
+  const bool any = std::find(allowed.begin(), allowed.end(), "*") != allowed.end();
+  if (!any) res.set_header("Vary", "Origin");  // the answer depends on who asks
+  const std::string origin = req.get_header_value("Origin");
+  if (origin.empty() ||
+      (!any && std::find(allowed.begin(), allowed.end(), origin) == allowed.end()))
+    return false;
+  res.set_header("Access-Control-Allow-Origin", any ? "*" : origin);
+  if (req.method != "OPTIONS" || !req.has_header("Access-Control-Request-Method")) return false;
+  // A preflight, answered before any key check: browsers send no credentials with it. The
+  // headers asked for are allowed (the OpenAI SDKs send their own beside Authorization).
+  res.status = 204;
+  res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+  const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+  res.set_header("Access-Control-Allow-Headers",
+                 asked.empty() ? std::string("Authorization, Content-Type") : asked);
+  res.set_header("Access-Control-Max-Age", "600");
+  return true;
 }
 
 void Server::add_routes() {
@@ -361,9 +394,10 @@ void Server::add_routes() {
   });
   // Counted once answered (a stream once it ended), timed from its routing on this thread; a
   // request refused before routing (a malformed one) is counted without a duration.
-  http_->set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+  http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     request_start = std::chrono::steady_clock::now();
-    return httplib::Server::HandlerResponse::Unhandled;
+    return allow_cross_origin(req, res) ? httplib::Server::HandlerResponse::Handled
+                                        : httplib::Server::HandlerResponse::Unhandled;
   });
   http_->set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     const bool timed = request_start != std::chrono::steady_clock::time_point{};

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "model/llama.h"
 #include "serve/engine.h"
@@ -25,7 +26,9 @@
 
 namespace httplib {
 class Server;
-}
+struct Request;
+struct Response;
+}  // namespace httplib
 
 namespace pollen::serve {
 
@@ -33,6 +36,9 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;  // 0: any free port (see Server::port)
   std::string api_key;
+  // Origins whose web pages may call the API (CORS): "scheme://host[:port]" each, or "*" for any;
+  // none: no CORS headers, so browsers keep other origins' pages out.
+  std::vector<std::string> allowed_origins;
   ServedModel model;
   Limits limits;
   int64_t max_batch_rows = 16;                // most sequences the engine generates at once
@@ -44,6 +50,9 @@ struct ServerOptions {
 bool is_loopback(const std::string& host);
 // Throws unless the host is loopback or there is an API key.
 void check_bind(const std::string& host, const std::string& api_key);
+// Throws naming an entry that is neither "*" nor an origin ("http://host" or "https://host",
+// with an optional port and no path).
+void check_allowed_origins(const std::vector<std::string>& origins);
 
 class Server {
  public:
@@ -64,6 +73,9 @@ class Server {
 
  private:
   void add_routes();
+  // CORS: the headers that let an allowed origin's page read the answer; true when the request
+  // was a preflight, answered here.
+  bool allow_cross_origin(const httplib::Request& req, httplib::Response& res) const;
 
   const tokenizer::Tokenizer& tok_;
   ServerOptions options_;

@@ -870,6 +870,77 @@ TEST_F(Serving, ApiKeyIsCheckedAsBearerToken) {
 // accepted (LangChain and agent SDKs send response_format, tools, store, metadata); other values
 // are refused as unsupported, not as unknown. Longer stop lists (evaluation harnesses), top_p 0
 // (greedy) and GET /v1/models/{id} work as OpenAI's.
+// CORS: without allowed origins no answer carries its headers. With them, an allowed origin's
+// preflight is answered 204 without the key (browsers send none with it), allowing the headers
+// it asks for, and every answer to that origin, errors too, names it; another origin's get
+// nothing, and "*" allows any.
+TEST_F(Serving, OnlyAllowedOriginsGetCorsHeaders) {
+  const json body = {{"prompt", "hi"}, {"max_tokens", 1}};
+  const httplib::Headers preflight = {
+      {"Origin", "https://ui.example"},
+      {"Access-Control-Request-Method", "POST"},
+      {"Access-Control-Request-Headers", "authorization, content-type, x-stainless-os"}};
+  const auto call = [&](const httplib::Headers& headers) {
+    httplib::Client c("127.0.0.1", server_->port());
+    auto r = c.Post("/v1/completions", headers, body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    return r;
+  };
+  const auto options_call = [&](const httplib::Headers& headers) {
+    httplib::Client c("127.0.0.1", server_->port());
+    auto r = c.Options("/v1/completions", headers);
+    EXPECT_TRUE(r);
+    return r;
+  };
+  start();
+  EXPECT_FALSE(options_call(preflight)->has_header("Access-Control-Allow-Origin"));
+  EXPECT_FALSE(call({{"Origin", "https://ui.example"}})->has_header("Access-Control-Allow-Origin"));
+
+  serve::ServerOptions o = options();
+  o.api_key = "sekret";
+  o.allowed_origins = {"https://ui.example", "http://localhost:3000"};
+  start(o);
+  const auto pre = options_call(preflight);
+  EXPECT_EQ(pre->status, 204);
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "https://ui.example");
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Headers"),
+            "authorization, content-type, x-stainless-os");
+  EXPECT_NE(pre->get_header_value("Access-Control-Allow-Methods").find("POST"), std::string::npos);
+  EXPECT_EQ(pre->get_header_value("Vary"), "Origin");
+  const auto served =
+      call({{"Origin", "http://localhost:3000"}, {"Authorization", "Bearer sekret"}});
+  EXPECT_EQ(served->status, 200) << served->body;
+  EXPECT_EQ(served->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+  const auto unkeyed = call({{"Origin", "https://ui.example"}});
+  EXPECT_EQ(unkeyed->status, 401);
+  EXPECT_EQ(unkeyed->get_header_value("Access-Control-Allow-Origin"), "https://ui.example");
+  httplib::Headers other = preflight;
+  other.erase("Origin");
+  other.emplace("Origin", "https://elsewhere.example");
+  const auto refused = options_call(other);
+  EXPECT_NE(refused->status, 204);
+  EXPECT_FALSE(refused->has_header("Access-Control-Allow-Origin"));
+  const auto theirs =
+      call({{"Origin", "https://elsewhere.example"}, {"Authorization", "Bearer sekret"}});
+  EXPECT_EQ(theirs->status, 200);
+  EXPECT_FALSE(theirs->has_header("Access-Control-Allow-Origin"));
+
+  o.allowed_origins = {"*"};
+  start(o);
+  EXPECT_EQ(options_call(other)->get_header_value("Access-Control-Allow-Origin"), "*");
+  EXPECT_FALSE(options_call(other)->has_header("Vary"));
+
+  for (const std::string bad : {"ui.example", "https://", "https://ui.example/", "ftp://x"}) {
+    try {
+      serve::check_allowed_origins({"https://ok.example", bad});
+      ADD_FAILURE() << "'" << bad << "' was taken as an origin";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + bad + "' is not an origin"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST_F(Serving, FieldsClientsSendAtNeutralValuesAreAccepted) {
   start();
   const json messages = {{{"role", "user"}, {"content", "hi"}}};
