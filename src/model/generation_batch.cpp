@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "base/error.h"
@@ -54,19 +55,24 @@ Tensor GenerationBatch::forward(std::vector<bool>& ready) {
     }
     return logits;
   }
-  // Rows that joined take a free row of the cache, or new ones; the cache grows once per step.
+  // Rows that joined take a free row of the cache, or new ones. The cache holds what this step
+  // runs and grows by doubling, never past the longest row's prompt and budget: memory follows
+  // what rows generate, not the budgets they may never use.
   int64_t rows = cache_ ? cache_->rows() : 0, capacity = cache_ ? cache_->capacity() : 0;
+  int64_t needed = 0, most = 0;
   for (Live& r : live_) {
-    if (r.slot >= 0) continue;
-    if (free_slots_.empty()) {
+    if (r.slot < 0 && free_slots_.empty()) {
       r.slot = rows++;
-    } else {
+    } else if (r.slot < 0) {
       r.slot = free_slots_.back();
       free_slots_.pop_back();
     }
-    capacity =
-        std::max(capacity, static_cast<int64_t>(r.row.prompt.size()) + r.row.options.max_tokens);
+    const auto prompt = static_cast<int64_t>(r.row.prompt.size());
+    needed = std::max(needed, static_cast<int64_t>(r.seq.size()));
+    most = std::max(most, prompt + std::min(r.row.options.max_tokens,
+                                            std::numeric_limits<int64_t>::max() - prompt));
   }
+  if (needed > capacity) capacity = std::max(needed, std::min(2 * capacity, most));
   if (!cache_) cache_.emplace(model_.config(), rows, capacity);
   cache_->reserve(rows, capacity);
   // Each row's tokens not yet run: a generating row's last token, a joining row's prompt (within

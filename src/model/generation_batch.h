@@ -30,6 +30,9 @@ class GenerationBatch {
   size_t live() const { return live_.size(); }  // added and not finished
   // Rows of KV cache held (the most rows live at once since the batch last ran empty).
   int64_t cache_rows() const { return cache_ ? cache_->rows() : 0; }
+  // Tokens each row of the cache has room for: what the rows hold, doubled as they grow, up to
+  // the longest prompt and budget.
+  int64_t cache_capacity() const { return cache_ ? cache_->capacity() : 0; }
 
   struct Finished {
     size_t id;

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "base/rng.h"
 #include "model/continuation.h"
@@ -389,6 +391,38 @@ TEST(GenerationBatch, RowsJoiningLaterGenerateAsAlone) {
     EXPECT_EQ(got[i].finish_reason, "length") << "row " << i;
     EXPECT_EQ(streamed[i], got[i].tokens) << "row " << i;
   }
+}
+
+// The KV cache follows what the rows hold, not the budgets they may never use: a row with the
+// largest budget there is generates, and stops at its stop token, as with a small budget, and the
+// cache's room doubles as the row grows.
+TEST(GenerationBatch, TheCacheGrowsWithTheRowsNotTheirBudgets) {
+  const model::Llama m = random_model(gen_config(true, 3), 7);
+  const std::vector<uint32_t> prompt = {1, 2, 3, 4, 5};
+  model::SamplingOptions o;
+  o.temperature = 0;
+  o.max_tokens = 12;
+  const auto ref = model::generate_rows(m, {{prompt, o, Rng(1), nullptr}})[0].tokens;
+  ASSERT_EQ(ref.size(), 12u);
+  size_t k = 1;  // the first token after the first that has not come before: the stop token
+  while (k < ref.size() && std::find(ref.begin(), ref.begin() + static_cast<long>(k), ref[k]) !=
+                               ref.begin() + static_cast<long>(k))
+    ++k;
+  ASSERT_LT(k, ref.size()) << "greedy repeats one token; pick another prompt";
+  o.max_tokens = std::numeric_limits<int64_t>::max();
+  o.stop_tokens = {ref[k]};
+  model::GenerationBatch batch(m);
+  batch.add({prompt, o, Rng(1), nullptr});
+  std::vector<model::Generation> got;
+  for (int64_t held = static_cast<int64_t>(prompt.size()); batch.live() > 0; ++held) {
+    for (auto& f : batch.step()) got.push_back(std::move(f.generation));
+    if (batch.live() == 0) break;
+    EXPECT_GE(batch.cache_capacity(), held);
+    EXPECT_LE(batch.cache_capacity(), 2 * held);
+  }
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].tokens, std::vector<uint32_t>(ref.begin(), ref.begin() + static_cast<long>(k)));
+  EXPECT_EQ(got[0].finish_reason, "stop");
 }
 
 // Chunked prefill: a long prompt joining the batch runs a few tokens a step, so a row already
