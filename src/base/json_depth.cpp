@@ -30,4 +30,16 @@ void check_json_depth(std::string_view text, std::string_view what) {
                " arrays and objects deep, deeper than pollen reads");
 }
 
+nlohmann::json parse_json_object(std::string_view text, std::string_view where) {
+  check_json_depth(text, where);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(where, ": not valid JSON (", e.what(), ")");
+  }
+  POLLEN_CHECK(j.is_object(), where, ": expected a JSON object, got ", j.type_name());
+  return j;
+}
+
 }  // namespace pollen

@@ -5,6 +5,8 @@
 // with these before it is parsed.
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 namespace pollen {
 
 // Deeper than any model config, tokenizer, manifest or request pollen reads (they nest a few
@@ -17,5 +19,9 @@ bool json_depth_within(std::string_view text, int most = kMaxJsonDepth);
 
 // Throws pollen::Error naming `what` when `text` nests deeper than kMaxJsonDepth.
 void check_json_depth(std::string_view text, std::string_view what);
+
+// One JSON object read from outside (a JSONL line): depth checked, then parsed; throws naming
+// `where` and what the parser found (invalid UTF-8, a missing brace, ...) or the type it got.
+nlohmann::json parse_json_object(std::string_view text, std::string_view where);
 
 }  // namespace pollen

@@ -58,6 +58,19 @@ std::optional<double> mean_stderr(const std::vector<double>& x) {
   return std::sqrt(ss / static_cast<double>(n - 1)) / std::sqrt(static_cast<double>(n));
 }
 
+// Refuses, naming the item's line and choice, a pair that continuation_logprobs could not score.
+void check_pair(const model::Llama& model, const TokenPair& p, int64_t max_len,
+                const std::string& where) {
+  POLLEN_CHECK(static_cast<int64_t>(p.continuation.size()) <= max_len, where, ": the choice is ",
+               p.continuation.size(), " tokens, more than the window of ", max_len,
+               " (--window) can score");
+  const int64_t V = model.config().vocab_size;
+  for (const auto* part : {&p.context, &p.continuation})
+    for (uint32_t t : *part)
+      POLLEN_CHECK(t < static_cast<uint64_t>(V), where, ": token id ", t,
+                   " is outside the model's vocabulary of ", V, " (a tokenizer of another model?)");
+}
+
 }  // namespace
 
 std::vector<ChoiceItem> read_choice_items(const std::filesystem::path& jsonl) {
@@ -70,9 +83,7 @@ std::vector<ChoiceItem> read_choice_items(const std::filesystem::path& jsonl) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = cat("'", jsonl.string(), "' line ", n);
-    check_json_depth(line, where);
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    POLLEN_CHECK(!j.is_discarded() && j.is_object(), where, ": not a JSON object");
+    const nlohmann::json j = parse_json_object(line, where);
     POLLEN_CHECK(j.contains("context") && j["context"].is_string(), where,
                  ": \"context\" must be a string");
     POLLEN_CHECK(j.contains("choices") && j["choices"].is_array() && !j["choices"].empty(), where,
@@ -80,6 +91,7 @@ std::vector<ChoiceItem> read_choice_items(const std::filesystem::path& jsonl) {
     POLLEN_CHECK(j.contains("gold") && j["gold"].is_number_integer(), where,
                  ": \"gold\" must be an integer index into choices");
     ChoiceItem item;
+    item.where = where;
     item.context = j["context"].get<std::string>();
     for (const auto& c : j["choices"]) {
       POLLEN_CHECK(c.is_string(), where, ": \"choices\" must be a list of strings");
@@ -150,7 +162,8 @@ TokenPair encode_pair(const tokenizer::Tokenizer& tok, std::string_view context,
 
 std::vector<double> continuation_logprobs(const model::Llama& model,
                                           std::span<const TokenPair> pairs, int64_t max_len,
-                                          int64_t batch) {
+                                          int64_t batch,
+                                          const std::function<void(size_t, size_t)>& on_batch) {
   POLLEN_CHECK(max_len >= 1 && batch >= 1, "continuation scores: max_len and batch must be >= 1");
   const int64_t V = model.config().vocab_size;
   // inputs[i] = (context + continuation)[-(max_len + 1):][:-1]; its last `scored` positions
@@ -233,6 +246,7 @@ std::vector<double> continuation_logprobs(const model::Llama& model,
       }
       out[i] = sum;
     }
+    if (on_batch) on_batch(end, order.size());
   }
   return out;
 }
@@ -288,10 +302,15 @@ ChoiceEvalResult evaluate_choices(const model::Llama& model, const tokenizer::To
     const auto examples =
         pick_fewshot(pool, pool_is_task, static_cast<int64_t>(i), o.fewshot, o.seed);
     result.contexts.push_back(fewshot_prefix(examples) + items[i].context);
-    for (const std::string& choice : items[i].choices)
-      pairs.push_back(encode_pair(tok, result.contexts.back(), " " + choice, o.prefix));
+    for (size_t c = 0; c < items[i].choices.size(); ++c) {
+      pairs.push_back(
+          encode_pair(tok, result.contexts.back(), " " + items[i].choices[c], o.prefix));
+      check_pair(model, pairs.back(), o.max_len,
+                 cat(items[i].where.empty() ? cat("item ", i) : items[i].where, " choice ", c));
+    }
   }
-  const std::vector<double> scores = continuation_logprobs(model, pairs, o.max_len, o.batch);
+  const std::vector<double> scores =
+      continuation_logprobs(model, pairs, o.max_len, o.batch, o.on_batch);
   size_t at = 0;
   for (const ChoiceItem& item : items) {
     std::vector<double> lps(scores.begin() + static_cast<std::ptrdiff_t>(at),

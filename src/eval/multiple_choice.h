@@ -18,6 +18,7 @@
 // context, the delimiter, its right choice, then a blank line ("\n\n").
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -33,6 +34,7 @@ struct ChoiceItem {
   std::string context;
   std::vector<std::string> choices;
   int64_t gold = 0;
+  std::string where;  // "'FILE' line N", for errors (empty for items made in code)
 };
 
 // A JSONL task: one object per line with "context" (string), "choices" (strings) and "gold"
@@ -59,9 +61,11 @@ TokenPair encode_pair(const tokenizer::Tokenizer& tok, std::string_view context,
 // Summed log p(continuation | context) of each pair (natural log, f64 sums of the f32
 // log-softmax). The input is the last max_len tokens of context + continuation without its
 // final token; pairs go through the model `batch` at a time, longest first, one per row.
+// `on_batch(pairs done, pairs)` is called after each batch (progress).
 std::vector<double> continuation_logprobs(const model::Llama& model,
                                           std::span<const TokenPair> pairs, int64_t max_len,
-                                          int64_t batch);
+                                          int64_t batch,
+                                          const std::function<void(size_t, size_t)>& on_batch = {});
 
 // Unicode code points in UTF-8 text (invalid bytes count one each).
 int64_t char_length(std::string_view text);
@@ -88,7 +92,8 @@ struct ChoiceEvalOptions {
   std::span<const ChoiceItem> fewshot_pool;  // empty: examples come from the task itself
   uint32_t prefix = 0;                       // the token an empty context becomes
   int64_t max_len = 2048;
-  int64_t batch = 8;  // (context, choice) pairs per forward pass
+  int64_t batch = 8;                             // (context, choice) pairs per forward pass
+  std::function<void(size_t, size_t)> on_batch;  // (pairs done, pairs), after each pass
 };
 
 struct ChoiceEvalResult {

@@ -29,15 +29,7 @@ void for_each_jsonl_object(
     where += path.string();
     where += "' line ";
     where += std::to_string(line_no);
-    nlohmann::json record;
-    check_json_depth(line, where);
-    try {
-      record = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      fail(where, ": not valid JSON (", e.what(), ")");
-    }
-    POLLEN_CHECK(record.is_object(), where, ": expected a JSON object, got ", record.type_name());
-    fn(record, line_no, where);
+    fn(parse_json_object(line, where), line_no, where);
     ++records;
   }
   POLLEN_CHECK(records > 0, what, " '", path.string(), "' holds no records");

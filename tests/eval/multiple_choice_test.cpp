@@ -164,9 +164,34 @@ TEST(MultipleChoice, TaskFileErrorsNameLineAndField) {
   write_file_atomic(path, "{\"context\": \"a\", \"choices\": \"x\", \"gold\": 0}\n");
   EXPECT_THROW(eval::read_choice_items(path), Error);
   write_file_atomic(path, "{\"context\": \"a\", \"choices\": [\"x\", \"y\"], \"gold\": 1}\n");
+  // Invalid UTF-8 is named as such, not as a line that is no object.
+  write_file_atomic(path, "{\"context\": \"\xff\", \"choices\": [\"x\"], \"gold\": 0}\n");
+  try {
+    eval::read_choice_items(path);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("line 1: not valid JSON"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("UTF-8"), std::string::npos) << e.what();
+  }
+  write_file_atomic(path,
+                    "{\"context\": \"a\", \"choices\": [\"x\", \"y\"], \"gold\": 1}\n"
+                    "{\"context\": \"b\", \"choices\": [\"x\", \"a much longer choice\"], "
+                    "\"gold\": 1}\n");
   const auto items = eval::read_choice_items(path);
-  ASSERT_EQ(items.size(), 1u);
+  ASSERT_EQ(items.size(), 2u);
   EXPECT_EQ(items[0].choices[1], "y");
+  // A choice the window cannot score is named by its line and choice, before any scoring.
+  const auto tok = testing::tiny_tokenizer();
+  eval::ChoiceEvalOptions o;
+  o.max_len = 3;
+  try {
+    eval::evaluate_choices(testing::tiny_model(tok.vocab_size()), tok, items, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("task.jsonl' line 2 choice 1: the choice is"),
+              std::string::npos)
+        << e.what();
+  }
   std::filesystem::remove_all(dir);
 }
 
