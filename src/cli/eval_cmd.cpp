@@ -3,9 +3,13 @@
 // checkpoint of a run) and `pollen score --model M --input FILE --output F.jsonl`: wiring only;
 // the scoring is eval/perplexity (token shards, batched), eval/rolling (raw text, rolling
 // windows), eval/multiple_choice (tasks) and train/run_eval (a run's checkpoints).
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,12 +24,15 @@
 #include "eval/multiple_choice.h"
 #include "eval/perplexity.h"
 #include "eval/rolling.h"
+#include "obs/progress.h"
 #include "train/run_eval.h"
 
 namespace pollen::cli {
 namespace {
 
 // Documents of a text input: the whole file, or one per line (JSONL: the given string field).
+// A blank JSONL line is skipped, or with `per_line` an empty document (so that output lines stay
+// those of the input).
 std::vector<std::string> read_documents(const std::string& path, bool jsonl,
                                         const std::string& field, bool per_line) {
   std::vector<std::string> docs;
@@ -43,11 +50,11 @@ std::vector<std::string> read_documents(const std::string& path, bool jsonl,
       docs.push_back(line);
       continue;
     }
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    check_json_depth(line, cat("'", path, "' line ", n));
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    POLLEN_CHECK(!j.is_discarded() && j.is_object(), "'", path, "' line ", n,
-                 ": not a JSON object");
+    if (line.find_first_not_of(" \t\r") == std::string::npos) {
+      if (per_line) docs.emplace_back();
+      continue;
+    }
+    const auto j = parse_json_object(line, cat("'", path, "' line ", n));
     POLLEN_CHECK(j.contains(field) && j[field].is_string(), "'", path, "' line ", n,
                  ": no string field '", field, "'");
     docs.push_back(j[field].get<std::string>());
@@ -66,10 +73,36 @@ struct TaskArgs {
   uint64_t seed = 1234;
 };
 
+// Refuses, before any scoring, an output path that could not be written once it is done.
+void check_writable(const std::string& path, const std::string& option) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : ".";
+  POLLEN_CHECK(!fs::is_directory(path), option, " '", path, "' is a folder; give a file name");
+  POLLEN_CHECK(fs::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, option, " '", path,
+               "': its folder '", parent.string(), "' does not exist or cannot be written");
+}
+
+// An option given for a mode other than the one run would be ignored: refused instead, naming the
+// modes it serves.
+void check_mode_options(const std::string& mode,
+                        const std::vector<std::pair<CLI::Option*, std::string>>& scopes) {
+  for (const auto& [option, modes] : scopes) {
+    if (option->count() == 0 || (" " + modes + " ").find(" " + mode + " ") != std::string::npos)
+      continue;
+    std::string listed = modes;  // "--a --b --c" as "--a, --b or --c"
+    if (const size_t last = listed.rfind(' '); last != std::string::npos)
+      listed.replace(last, 1, " or ");
+    for (size_t at = listed.find(' '); at < listed.rfind(" or "); at = listed.find(' ', at + 2))
+      listed.replace(at, 1, ", ");
+    fail("eval: ", option->get_name(), " applies to ", listed, ", not to ", mode);
+  }
+}
+
 // A multiple-choice task: the result JSON, and per-item lines in `details` when asked.
 nlohmann::ordered_json run_task(const model::Llama& m, const io::ModelSource& src,
                                 const tokenizer::Tokenizer& tok, const TaskArgs& t, int64_t window,
-                                int64_t batch) {
+                                int64_t batch, std::string* details) {
   const auto items = eval::read_choice_items(t.task);
   std::vector<eval::ChoiceItem> pool;
   if (!t.fewshot_file.empty()) pool = eval::read_choice_items(t.fewshot_file);
@@ -80,7 +113,15 @@ nlohmann::ordered_json run_task(const model::Llama& m, const io::ModelSource& sr
   o.prefix = lm_eval_prefix_token(src, tok).value_or(0);
   o.max_len = window;
   o.batch = batch;
+  std::optional<obs::Progress> progress;  // once the pairs are counted; a line a tenth off a tty
+  o.on_batch = [&](size_t done, size_t pairs) {
+    const auto passes =
+        static_cast<int64_t>((pairs + static_cast<size_t>(batch) - 1) / static_cast<size_t>(batch));
+    if (!progress) progress.emplace("eval task", static_cast<int64_t>(pairs), 0, passes / 10);
+    progress->update(static_cast<int64_t>(done), "choices scored");
+  };
   const eval::ChoiceEvalResult r = eval::evaluate_choices(m, tok, items, o);
+  if (progress) progress->finish();
   const auto stderr_json = [](const std::optional<double>& v) {
     return v ? nlohmann::ordered_json(*v) : nlohmann::ordered_json(nullptr);
   };
@@ -93,8 +134,8 @@ nlohmann::ordered_json run_task(const model::Llama& m, const io::ModelSource& sr
   j["acc_norm"] = r.metrics.acc_norm;
   j["acc_norm_stderr"] = stderr_json(r.metrics.acc_norm_stderr);
   j["seconds"] = r.seconds;
-  if (!t.details.empty()) {
-    std::string lines;
+  if (details) {
+    std::string& lines = *details;
     for (size_t i = 0; i < items.size(); ++i) {
       const eval::ItemResult& it = r.items[i];
       nlohmann::ordered_json d{{"index", i},
@@ -109,7 +150,6 @@ nlohmann::ordered_json run_task(const model::Llama& m, const io::ModelSource& sr
                                {"acc_norm", it.correct_norm ? 1 : 0}};
       lines += d.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     }
-    write_file_atomic(t.details, lines);
   }
   return j;
 }
@@ -142,13 +182,15 @@ void add_eval_command(CLI::App& app) {
                               "its train.seq) into RUN_DIR/eval.jsonl, skipping those done")
                   ->check(CLI::ExistingDirectory);
   model->excludes(run);
-  cmd->add_flag("--again", a->again, "--run: evaluate checkpoints already in eval.jsonl again");
+  auto* again =
+      cmd->add_flag("--again", a->again, "--run: evaluate checkpoints already in eval.jsonl again");
   auto* checkpoint =
       cmd->add_option("--checkpoint", a->checkpoint,
                       "Weights to score instead of --model's own: a checkpoint folder of pollen "
                       "train or pollen fed, or a .safetensors file")
           ->check(CLI::ExistingPath);
-  cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json for text (default: the model's)");
+  auto* tokenizer = cmd->add_option("--tokenizer", a->tokenizer,
+                                    "tokenizer.json for text (default: the model's)");
   auto* data = cmd->add_option("--data", a->data, "manifest.json files of token shards")
                    ->check(CLI::ExistingFile);
   auto* split = cmd->add_option("--split", a->split, "Split of --data")->capture_default_str();
@@ -159,9 +201,11 @@ void add_eval_command(CLI::App& app) {
                                 "--data: rows per forward pass; --task: choices per pass")
                     ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
                     ->capture_default_str();
-  auto* text = cmd->add_option("--text", a->text, "A text file, scored as one document");
-  auto* jsonl = cmd->add_option("--jsonl", a->jsonl, "JSONL file, one document per line");
-  cmd->add_option("--field", a->field, "String field of --jsonl");
+  auto* text = cmd->add_option("--text", a->text, "A text file, scored as one document")
+                   ->check(CLI::ExistingFile);
+  auto* jsonl = cmd->add_option("--jsonl", a->jsonl, "JSONL file, one document per line")
+                    ->check(CLI::ExistingFile);
+  auto* field = cmd->add_option("--field", a->field, "String field of --jsonl");
   auto* task = cmd->add_option("--task", t->task,
                                "Multiple-choice task: JSONL of {\"context\", \"choices\", "
                                "\"gold\"} objects")
@@ -170,21 +214,55 @@ void add_eval_command(CLI::App& app) {
   text->excludes(jsonl)->excludes(task);
   jsonl->excludes(task);
   run->excludes(text)->excludes(jsonl)->excludes(task)->excludes(checkpoint);
-  cmd->add_option("--fewshot", t->fewshot, "Task: examples before each item")
-      ->capture_default_str();
-  cmd->add_option("--fewshot-file", t->fewshot_file,
-                  "Task: JSONL to draw examples from (default: the task, never the item itself)")
-      ->check(CLI::ExistingFile);
-  cmd->add_option("--fewshot-seed", t->seed, "Task: seed of the examples drawn")
-      ->capture_default_str();
-  cmd->add_option("--details", t->details, "Task: write one JSON line per item here");
-  cmd->add_option("--window", a->window,
-                  "Text and task: tokens per window (default: the model's context, as lm-eval)");
-  cmd->add_option("--max-docs", a->max_docs, "Text: score at most this many documents (0: all)");
-  cmd->add_option("--output", a->output, "Text and task: also write the result JSON here");
+  auto* fewshot = cmd->add_option("--fewshot", t->fewshot, "Task: examples before each item")
+                      ->check(CLI::NonNegativeNumber)
+                      ->capture_default_str();
+  auto* fewshot_file =
+      cmd->add_option(
+             "--fewshot-file", t->fewshot_file,
+             "Task: JSONL to draw examples from (default: the task, never the item itself)")
+          ->check(CLI::ExistingFile);
+  auto* fewshot_seed =
+      cmd->add_option("--fewshot-seed", t->seed, "Task: seed of the examples drawn")
+          ->capture_default_str();
+  auto* details =
+      cmd->add_option("--details", t->details, "Task: write one JSON line per item here");
+  auto* window =
+      cmd->add_option("--window", a->window,
+                      "Text and task: tokens per window (default: the model's context, as lm-eval)")
+          ->check(CLI::NonNegativeNumber);
+  auto* max_docs =
+      cmd->add_option("--max-docs", a->max_docs, "Text: score at most this many documents (0: all)")
+          ->check(CLI::NonNegativeNumber);
+  auto* output = cmd->add_option(
+      "--output", a->output,
+      "Data, text and task: also write the result here (--data: one JSON line per manifest)");
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
-  cmd->callback([a, t, split, seq, batch] {
+  const std::vector<std::pair<CLI::Option*, std::string>> scopes = {
+      {again, "--run"},
+      {checkpoint, "--data --text --jsonl --task"},
+      {tokenizer, "--text --jsonl --task"},
+      {split, "--data --run"},
+      {seq, "--data --run"},
+      {batch, "--data --run --task"},
+      {field, "--jsonl"},
+      {fewshot, "--task"},
+      {fewshot_file, "--task"},
+      {fewshot_seed, "--task"},
+      {details, "--task"},
+      {window, "--text --jsonl --task"},
+      {max_docs, "--text --jsonl"},
+      {output, "--data --text --jsonl --task"}};
+  cmd->callback([a, t, split, seq, batch, scopes] {
     if (a->threads > 0) set_num_threads(a->threads);
+    const std::string mode = !a->run.empty()     ? "--run"
+                             : !a->data.empty()  ? "--data"
+                             : !a->text.empty()  ? "--text"
+                             : !a->jsonl.empty() ? "--jsonl"
+                                                 : "--task";
+    check_mode_options(mode, scopes);
+    check_writable(a->output, "--output");
+    check_writable(t->details, "--details");
     if (!a->run.empty()) {
       train::RunEvalOptions o;
       o.manifests = a->data;
@@ -209,6 +287,7 @@ void add_eval_command(CLI::App& app) {
     const model::Llama m = io::load_model(src);
     if (!a->checkpoint.empty()) eval::load_weights(m, a->checkpoint);
     if (!a->data.empty()) {
+      std::string lines;
       for (const std::string& manifest : a->data) {
         const eval::PerplexityResult r =
             eval::perplexity(m, manifest, {a->split, a->seq, a->batch});
@@ -218,29 +297,39 @@ void add_eval_command(CLI::App& app) {
                                  {"documents", r.documents},   {"seconds", r.seconds}};
         std::printf("%s\n", j.dump().c_str());
         std::fflush(stdout);
+        lines += j.dump() + "\n";
       }
+      if (!a->output.empty()) write_file_atomic(a->output, lines);
       return;
     }
     const int64_t window = default_window(m.config(), a->window);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     if (!t->task.empty()) {
       nlohmann::ordered_json result{{"model", a->model}};
-      result.update(run_task(m, src, tok, *t, window, a->batch));
+      std::string item_lines;
+      result.update(
+          run_task(m, src, tok, *t, window, a->batch, t->details.empty() ? nullptr : &item_lines));
       const std::string summary = result.dump(2) + "\n";
       std::printf("%s", summary.c_str());
+      std::fflush(stdout);
       if (!a->output.empty()) write_file_atomic(a->output, summary);
+      if (!t->details.empty()) write_file_atomic(t->details, item_lines);
       return;
     }
     eval::LossTotals totals;
     nlohmann::ordered_json result;
     result["model"] = a->model;
     const bool is_jsonl = !a->jsonl.empty();
-    const auto docs = read_documents(is_jsonl ? a->jsonl : a->text, is_jsonl, a->field, false);
+    const std::string input = is_jsonl ? a->jsonl : a->text;
+    const auto docs = read_documents(input, is_jsonl, a->field, false);
     // lm-evaluation-harness: no BOS or EOS added, special tokens in the text matched as the HF
     // tokenizer matches them, the BOS (else EOS) as the prefix.
     const std::optional<uint32_t> prefix = lm_eval_prefix_token(src, tok);
     tokenizer::EncodeOptions eo;
     eo.special = tokenizer::SpecialPolicy::allow_all();
+    const auto scoring = static_cast<int64_t>(
+        a->max_docs > 0 ? std::min(docs.size(), static_cast<size_t>(a->max_docs)) : docs.size());
+    obs::Progress progress("eval text", scoring, 0, std::max<int64_t>(1, scoring / 10));
     for (const auto& doc : docs) {
       if (a->max_docs > 0 && totals.documents >= a->max_docs) break;
       const auto ids = tok.encode(doc, eo);
@@ -252,7 +341,11 @@ void add_eval_command(CLI::App& app) {
       totals.tokens += static_cast<int64_t>(scored.size());
       totals.bytes += static_cast<int64_t>(doc.size());
       ++totals.documents;
+      progress.update(totals.documents, cat(totals.tokens, " tokens"));
     }
+    progress.finish();
+    POLLEN_CHECK(totals.tokens > 0, "eval: '", input, "' holds no text to score",
+                 is_jsonl ? cat(" (no line with a non-empty '", a->field, "')") : std::string());
     result["input"] = is_jsonl ? a->jsonl : a->text;
     result["window"] = window;
     result["documents"] = totals.documents;

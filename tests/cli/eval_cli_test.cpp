@@ -1,0 +1,110 @@
+// `pollen eval` and `pollen score` as a user runs them: an option of another mode is refused
+// rather than ignored, input with nothing to score is an error rather than a perfect score, an
+// output path that cannot be written is refused before any scoring, and score's output lines are
+// its input's.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "base/files.h"
+#include "support/tiny_lm.h"
+
+namespace pollen {
+namespace {
+
+struct CliRun {
+  int status;
+  std::string output;  // stdout and stderr
+};
+
+CliRun pollen(const std::string& args) {
+  FILE* p = popen((std::string(POLLEN_BINARY) + " " + args + " 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  return {WEXITSTATUS(pclose(p)), out};
+}
+
+class EvalCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = testing::unique_temp_dir("eval_cli");
+    const tokenizer::Tokenizer tok = testing::tiny_tokenizer();
+    testing::write_hf_dir(testing::tiny_model(tok.vocab_size()), tok, dir_ / "model");
+    write_file_atomic(
+        dir_ / "task.jsonl",
+        "{\"context\": \"The cat\", \"choices\": [\"sat\", \"ran far\"], \"gold\": 0}\n"
+        "{\"context\": \"A dog\", \"choices\": [\"barks\", \"sleeps\"], \"gold\": 1}\n");
+    write_file_atomic(dir_ / "empty.jsonl", "{\"text\": \"\"}\n\n{\"text\": \"\"}\n");
+    write_file_atomic(dir_ / "docs.jsonl",
+                      "{\"text\": \"the cat sat\"}\n\n{\"text\": \"a dog\"}\n");
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
+
+  static std::string model() { return "--model " + (dir_ / "model").string() + " --threads 1"; }
+  static std::string file(const std::string& name) { return (dir_ / name).string(); }
+
+  static inline std::filesystem::path dir_;
+};
+
+TEST_F(EvalCli, AnOptionOfAnotherModeIsRefusedNamingTheModesItServes) {
+  CliRun r = pollen("eval " + model() + " --jsonl " + file("docs.jsonl") + " --details " +
+                    file("d.jsonl"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("--details applies to --task, not to --jsonl"), std::string::npos)
+      << r.output;
+  r = pollen("eval " + model() + " --task " + file("task.jsonl") + " --max-docs 1");
+  EXPECT_NE(r.output.find("--max-docs applies to --text or --jsonl, not to --task"),
+            std::string::npos)
+      << r.output;
+  r = pollen("eval " + model() + " --task " + file("task.jsonl") + " --fewshot -1");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--fewshot"), std::string::npos) << r.output;
+}
+
+TEST_F(EvalCli, TextWithNothingToScoreIsAnErrorNotAPerfectScore) {
+  const CliRun r = pollen("eval " + model() + " --jsonl " + file("empty.jsonl"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("empty.jsonl' holds no text to score"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("perplexity"), std::string::npos) << r.output;
+}
+
+TEST_F(EvalCli, AnOutputThatCannotBeWrittenIsRefusedBeforeScoring) {
+  const CliRun r = pollen("eval " + model() + " --task " + file("task.jsonl") +
+                          " --details /nonexistent-folder/d.jsonl");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("--details '/nonexistent-folder/d.jsonl'"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("choices scored"), std::string::npos) << "scored before refusing";
+  // Both written once the summary is printed.
+  const CliRun ok = pollen("eval " + model() + " --task " + file("task.jsonl") + " --details " +
+                           file("d.jsonl") + " --output " + file("t.json"));
+  ASSERT_EQ(ok.status, 0) << ok.output;
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir_ / "t.json"))["items"], 2);
+  std::ifstream details(dir_ / "d.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(details, line)) ++lines;
+  EXPECT_EQ(lines, 2);
+}
+
+TEST_F(EvalCli, ScoreWritesOneLinePerInputLineBlankOnesIncluded) {
+  const CliRun r = pollen("score " + model() + " --input " + file("docs.jsonl") +
+                          " --jsonl --output " + file("scores.jsonl"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::ifstream in(dir_ / "scores.jsonl");
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_FALSE(lines[0]["tokens"].empty());
+  EXPECT_TRUE(lines[1]["tokens"].empty());
+  EXPECT_FALSE(lines[2]["tokens"].empty());
+}
+
+}  // namespace
+}  // namespace pollen
