@@ -259,8 +259,9 @@ void add_eval_command(CLI::App& app) {
                              : !a->data.empty()  ? "--data"
                              : !a->text.empty()  ? "--text"
                              : !a->jsonl.empty() ? "--jsonl"
-                                                 : "--task";
-    check_mode_options(mode, scopes);
+                             : !t->task.empty()  ? "--task"
+                                                 : "";
+    if (!mode.empty()) check_mode_options(mode, scopes);
     check_writable(a->output, "--output");
     check_writable(t->details, "--details");
     if (!a->run.empty()) {
