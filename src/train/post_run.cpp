@@ -4,6 +4,7 @@
 
 #include "autograd/tape.h"
 #include "base/files.h"
+#include "base/folder_lock.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "io/checkpoint.h"
@@ -108,6 +109,8 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   const bool lead = comm.rank() == 0;  // writes the run's files
   set_num_threads(cfg.threads > 0 ? cfg.threads : threads_per_rank(comm.topology().local_world));
   const fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
+  std::optional<FolderLock> lock;  // one job at a time writes the folder
+  if (lead) lock.emplace(cfg.dir, "run.dir");
   fs::create_directories(cfg.dir);
   const std::optional<fs::path> resume_from =
       o.resume ? agree_on_checkpoint(ckpt_root, comm) : std::nullopt;
@@ -227,6 +230,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
                              : "",
             ", chat template ", tokenizer::chat_template_name(base.chat_format.kind));
   if (comm.world() > 1) log::info("ranks: ", comm.placement());
+  if (lead) warn_if_warmup_outlasts_run(cfg.schedule);
 
   const auto run_start = Clock::now();
   auto save = [&](int64_t at) {

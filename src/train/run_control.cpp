@@ -21,7 +21,18 @@ namespace {
 std::atomic<int> g_stop_signal{0};
 
 void on_stop_signal(int sig) {
-  g_stop_signal.store(sig);
+  // A second signal, of either kind, aborts at once: by its default action, raised here when it
+  // reached another thread while the first was being handled, else as it comes.
+  if (g_stop_signal.exchange(sig) != 0) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGINT, &dfl, nullptr);
+  sigaction(SIGTERM, &dfl, nullptr);
   static const char msg[] =
       "\npollen: stop requested; finishing this step and writing a checkpoint "
       "(send it again to abort at once)\n";
@@ -42,7 +53,7 @@ SignalGuard::SignalGuard(bool enable) : enabled_(enable) {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND | SA_RESTART;
+  sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, &saved_->old_int);
   sigaction(SIGTERM, &sa, &saved_->old_term);
 }
@@ -78,12 +89,22 @@ fs::path check_run_dir(const fs::path& dir, bool resume) {
   return ckpt_root;
 }
 
+void warn_if_warmup_outlasts_run(const optim::Schedule& s) {
+  if (s.warmup_steps <= s.total_steps) return;
+  log::warn("schedule.warmup_steps (", s.warmup_steps, ") is more than train.steps (",
+            s.total_steps, "): the rate rises to ",
+            s.lr * static_cast<double>(s.total_steps) / static_cast<double>(s.warmup_steps),
+            " at most, never reaching optimizer.lr (", s.lr, "), and does not decay");
+}
+
 void LoopCounters::save(nlohmann::ordered_json& st, double elapsed_here) const {
   st["step"] = step;
   st["tokens"] = tokens;
   st["bad_steps_in_row"] = bad_in_row;
   st["skipped_steps"] = skipped;
   st["elapsed_s"] = elapsed_before + elapsed_here;
+  st["last_loss"] = json_number(last_loss);
+  st["last_val_loss"] = json_number(last_val_loss);
 }
 
 void LoopCounters::restore(const nlohmann::ordered_json& st) {
@@ -92,6 +113,12 @@ void LoopCounters::restore(const nlohmann::ordered_json& st) {
   bad_in_row = st.at("bad_steps_in_row").get<int64_t>();
   skipped = st.at("skipped_steps").get<int64_t>();
   elapsed_before = st.at("elapsed_s").get<double>();
+  // Checkpoints before these were recorded have none: NaN, as before any step.
+  const auto number = [&](const char* key) {
+    return st.contains(key) && st.at(key).is_number() ? st.at(key).get<double>() : NAN;
+  };
+  last_loss = number("last_loss");
+  last_val_loss = number("last_val_loss");
 }
 
 RunResult rank_failed_result(const std::string& failure, const fs::path& run_dir) {

@@ -14,6 +14,7 @@
 #include "dist/communicator.h"
 #include "obs/metrics.h"
 #include "obs/progress.h"
+#include "optim/schedule.h"
 
 namespace pollen::train {
 
@@ -49,13 +50,21 @@ bool stop_requested();
 // so that a run refused before (a wrong init_from, no GPU) leaves no empty folder behind.
 std::filesystem::path check_run_dir(const std::filesystem::path& dir, bool resume);
 
+// Warns when schedule.warmup_steps exceeds the run's steps: the rate never reaches its peak
+// (a short test run of a long config), nor decays.
+void warn_if_warmup_outlasts_run(const optim::Schedule& schedule);
+
 // The loop's counters, saved in state.json and restored from it on resume.
 struct LoopCounters {
   int64_t step = 0, tokens = 0;
   int64_t bad_in_row = 0, skipped = 0;  // non-finite steps: in a row now, in all
   double elapsed_before = 0;            // seconds the run ran before this process
-  // state.json's "step", "tokens", "bad_steps_in_row", "skipped_steps" and "elapsed_s" (the
-  // run's seconds so far, `elapsed_here` of them in this process).
+  // The last step's loss and the last validation loss (NaN before any), which a resumed run
+  // that has no step left to take still reports.
+  double last_loss = NAN, last_val_loss = NAN;
+  // state.json's "step", "tokens", "bad_steps_in_row", "skipped_steps", "elapsed_s" (the
+  // run's seconds so far, `elapsed_here` of them in this process), "last_loss" and
+  // "last_val_loss".
   void save(nlohmann::ordered_json& state, double elapsed_here) const;
   void restore(const nlohmann::ordered_json& state);
   // Counts a step of `step_tokens` that ran; a bad one (non-finite loss, else gradient norm) is

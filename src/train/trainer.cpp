@@ -9,6 +9,7 @@
 
 #include "autograd/tape.h"
 #include "base/files.h"
+#include "base/folder_lock.h"
 #include "base/log.h"
 #include "base/rng.h"
 #include "base/thread_pool.h"
@@ -321,7 +322,6 @@ class TrainingRun {
   Clock::time_point run_start_;
   double reduce_wait_total_ = 0, step_time_total_ = 0;
   int64_t steps_here_ = 0;
-  double last_val_ = NAN, last_loss_ = NAN;
   TrainResult result_;
 };
 
@@ -338,6 +338,9 @@ void TrainingRun::resume() {
   resumed_ = nlohmann::ordered_json::parse(read_file(*dir / "state.json"));
   const nlohmann::ordered_json& st = *resumed_;
   counters_.restore(st);
+  POLLEN_CHECK(cfg_.steps >= counters_.step, "--resume: train.steps (", cfg_.steps,
+               ") is below the step of checkpoint '", dir->string(), "' (", counters_.step,
+               "): nothing is left to train; give train.steps of at least ", counters_.step);
   // The loader's position is into the data the checkpoint trained on; re-prepared data under
   // the same path would put it elsewhere. (Checkpoints before this record have none.)
   if (st.contains("data_versions")) check_same_data(st.at("data_versions"), data_versions_, cfg_);
@@ -399,6 +402,7 @@ void TrainingRun::log_start(bool nccl) {
               ? cfg_.peak_flops
               : measure_peak_flops(device_, cfg_.precision == "bf16" ? DType::bf16 : DType::f32);
   flops_per_token_ = cfg_.model.flops_per_token(cfg_.seq);
+  warn_if_warmup_outlasts_run(cfg_.schedule);
   // The step's shape as a product equal to its tokens: with several ranks, theirs comes first.
   const std::string ranks = parallel_ ? cat(comm_.world(), " ranks x ") : "";
   log::info("training ", cfg_.model.name, " (", cfg_.model.parameter_count(), " parameters) for ",
@@ -484,7 +488,7 @@ bool TrainingRun::step(obs::Progress& progress) {
   if (device_ == Device::cuda) cuda::synchronize();  // the step's time includes its GPU work
   counters_.count_step(step_tokens, good, acc.loss, cfg_.max_bad_steps, progress);
   ++steps_here_;
-  last_loss_ = acc.loss;
+  counters_.last_loss = acc.loss;
   const double dt = seconds_since(t0);
   reduce_wait_total_ += reduce_wait;
   step_time_total_ += dt;
@@ -539,18 +543,18 @@ bool TrainingRun::step(obs::Progress& progress) {
 void TrainingRun::evaluate(obs::Progress& progress, double wall) {
   const int64_t step = counters_.step;
   if (data_.validation.loader) {
-    last_val_ =
+    counters_.last_val_loss =
         validation_loss(model_, data_.validation, cfg_.eval_batches, parallel_ ? &comm_ : nullptr);
     nlohmann::ordered_json v;
     v["step"] = step;
     v["tokens"] = counters_.tokens;
-    v["val_loss"] = json_number(last_val_);
+    v["val_loss"] = json_number(counters_.last_val_loss);
     if (metrics_) {
       metrics_->jsonl.write(v);
-      metrics_->scalar("val/loss", last_val_, step, wall);
+      metrics_->scalar("val/loss", counters_.last_val_loss, step, wall);
     }
     progress.finish();
-    log::info("step ", step, ": validation loss ", last_val_);
+    log::info("step ", step, ": validation loss ", counters_.last_val_loss);
   }
   if (samples_.enabled()) {
     progress.finish();
@@ -584,15 +588,16 @@ void TrainingRun::save(int64_t at) {
 TrainResult TrainingRun::finish(bool stopped) {
   const int64_t step = counters_.step;
   TrainResult& r = result_;
-  r.record(counters_, last_loss_, last_val_, last_checkpoint_);
+  r.record(counters_, counters_.last_loss, counters_.last_val_loss, last_checkpoint_);
   if (auto done =
           already_finished(o_.resume, steps_here_, cfg_.dir, step, last_checkpoint_, comm_)) {
     r.message = *done;
     return r;
   }
   const double total = counters_.elapsed_before + seconds_since(run_start_);
-  nlohmann::ordered_json summary = run_summary(r.status, step, cfg_.steps, counters_, last_loss_,
-                                               last_val_, total, last_checkpoint_);
+  nlohmann::ordered_json summary =
+      run_summary(r.status, step, cfg_.steps, counters_, counters_.last_loss,
+                  counters_.last_val_loss, total, last_checkpoint_);
   summary["tokens_per_s_this_process"] =
       std::round(static_cast<double>(steps_here_ * cfg_.batch_tokens) / seconds_since(run_start_));
   if (parallel_) {
@@ -612,7 +617,8 @@ TrainResult TrainingRun::finish(bool stopped) {
   }
   if (lead_) write_file_atomic(cfg_.dir / "summary.json", summary.dump(2) + "\n");
   if (!stopped) {
-    r.message = finished_message(counters_, total, last_loss_, last_val_, last_checkpoint_);
+    r.message = finished_message(counters_, total, counters_.last_loss, counters_.last_val_loss,
+                                 last_checkpoint_);
   }
   return r;
 }
@@ -676,6 +682,10 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
                  "CPU only so far; remove samples.prompts for a GPU run");
   }
   model.to(device);  // the optimizer below allocates its state where the parameters are
+  // One job at a time writes the folder (its rank 0 holds the lock): a second launch with
+  // --resume while the first still runs is refused rather than interleaved with it.
+  std::optional<FolderLock> lock;
+  if (comm.rank() == 0) lock.emplace(cfg.dir, "run.dir");
   fs::create_directories(cfg.dir);
   // Several ranks: gradients reduced by NCCL on GPUs, else over the job's communicator.
   dist::Communicator* reduce_over = comm.world() == 1 ? nullptr : gpu_comm ? gpu_comm.get() : &comm;

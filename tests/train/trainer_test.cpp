@@ -374,6 +374,21 @@ TEST(Trainer, ResumeIsBitwiseAndSkipsACorruptCheckpoint) {
   ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
   EXPECT_NE(r.message.find("already finished at step 14"), std::string::npos) << r.message;
   EXPECT_EQ(read_file(base / "cut" / "summary.json"), summary);
+  // A run that ended without its summary (killed after its last checkpoint) writes it on resume
+  // with the losses the checkpoint recorded.
+  fs::remove(base / "cut" / "summary.json");
+  r = train_quiet(cut, true);
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  const auto before = nlohmann::json::parse(summary),
+             after = nlohmann::json::parse(read_file(base / "cut" / "summary.json"));
+  ASSERT_TRUE(before["loss"].is_number());
+  EXPECT_EQ(after["loss"], before["loss"]);
+  EXPECT_EQ(after["val_loss"], before["val_loss"]);
+  // Fewer steps than the checkpoint took leave nothing to train: refused, not "finished".
+  EXPECT_NE(error_of([&] {
+              train_quiet(tiny(base / "cut", 10), true);
+            }).find("train.steps (10) is below the step of checkpoint"),
+            std::string::npos);
 
   // Stop at 9 (checkpoints 8 and 9), corrupt 9: resume takes 8 and still ends bitwise equal.
   const auto bad = tiny(base / "bad", 14);
@@ -404,6 +419,19 @@ TEST(Trainer, ResumeIsBitwiseAndSkipsACorruptCheckpoint) {
   EXPECT_NE(error_of([&] { train_quiet(bad); }).find("--resume"), std::string::npos);
   const auto changed = tiny(base / "bad", 20, {"optimizer.lr=1e-2"});
   EXPECT_NE(error_of([&] { train_quiet(changed, true); }).find("optimizer.lr"), std::string::npos);
+  fs::remove_all(base);
+}
+
+// A warm-up longer than the run (a short test run of a long config) trains, with a warning that
+// the rate never reaches its peak.
+TEST(Trainer, AWarmupLongerThanTheRunIsWarned) {
+  const fs::path base = temp_dir("warmup");
+  ::testing::internal::CaptureStderr();
+  const auto r = train_quiet(tiny(base / "run", 2, {"schedule.warmup_steps=8"}));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  EXPECT_NE(err.find("schedule.warmup_steps (8) is more than train.steps (2)"), std::string::npos)
+      << err;
   fs::remove_all(base);
 }
 
@@ -629,6 +657,29 @@ TEST(TrainCli, SigkillThenResumeInAFreshProcessIsBitwise) {
   EXPECT_EQ(
       io::checkpoint_step(ck.back()),
       static_cast<int64_t>(nlohmann::json::parse(read_file(base / "term/summary.json"))["step"]));
+
+  // A second process on the run folder (a scheduler's --resume while the first still runs) is
+  // refused, naming the process that holds it; a second signal of either kind aborts at once.
+  const fs::path lcfg = base / "locked.toml";  // long enough to outlast the second process
+  write_file_atomic(lcfg, test_support::tiny_run_toml(base / "locked", dataset(), 100000));
+  const pid_t first = spawn(lcfg, false);
+  while (!fs::exists(base / "locked/metrics.jsonl") || lines(base / "locked") < 2)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const std::string out = base.string() + "/second.txt";
+  const int second = std::system((std::string(POLLEN_BINARY) + " train --resume --config " +
+                                  lcfg.string() + slow + " > " + out + " 2>&1")
+                                     .c_str());
+  EXPECT_EQ(WEXITSTATUS(second), 1);
+  EXPECT_NE(read_file(out).find("is in use by another process"), std::string::npos)
+      << read_file(out);
+  EXPECT_NE(read_file(out).find(" " + std::to_string(first)), std::string::npos) << read_file(out);
+  ::kill(first, SIGINT);
+  ::kill(first, SIGTERM);
+  waitpid(first, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status))
+      << "a second signal let the step finish: exit " << WEXITSTATUS(status);
+  // By whichever of the two its threads took second.
+  EXPECT_TRUE(WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM) << WTERMSIG(status);
   fs::remove_all(base);
 }
 
