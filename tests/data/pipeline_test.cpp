@@ -505,6 +505,33 @@ TEST(Pipeline, PassTwoResumesFromItsLastResumePointByteIdentical) {
   EXPECT_EQ(outputs(corpus().root / "out_lost"), one);
 }
 
+// A rerun with a changed config, interrupted in pass 2, leaves no manifest of the earlier run
+// beside shards it does not describe: stats and inspect say the run has not finished.
+TEST(Pipeline, AnInterruptedRerunWithAChangedConfigLeavesNoStaleManifest) {
+  const fs::path out = run("out_stale", 2);
+  ASSERT_TRUE(fs::exists(out / "manifest.json"));
+  ASSERT_FALSE(rerun("out_stale", 2, 1, "max_doc_bytes = 3000\n"));
+  EXPECT_FALSE(fs::exists(out / "manifest.json"));
+  for (int k = 0; k < 2; ++k) {
+    try {
+      if (k == 0)
+        dataset_stats(out);
+      else
+        inspect_documents(out, "train", 0, 1, 8);
+      ADD_FAILURE() << "no error for an unfinished folder";
+    } catch (const Error& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("no manifest '" + (out / "manifest.json").string() + "'"),
+          std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("has not finished"), std::string::npos) << e.what();
+    }
+  }
+  // Finishing the changed run writes its manifest again.
+  ASSERT_TRUE(rerun("out_stale", 2, 0, "max_doc_bytes = 3000\n"));
+  EXPECT_TRUE(fs::exists(out / "manifest.json"));
+}
+
 TEST(Pipeline, PrepareKilledInPassTwoResumesByteIdentical) {
   // `pollen data prepare` processes, SIGKILLed right after pass 2 saves a resume point (one a
   // batch here), then rerun to the end; against an uninterrupted process.
