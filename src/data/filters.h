@@ -22,7 +22,8 @@ struct LengthFilter {
   const char* check(std::string_view text) const;
 };
 
-// Gopher quality rules (Rae et al. 2021, as datatrove's GopherQualityFilter).
+// Gopher quality rules (Rae et al. 2021, as datatrove's GopherQualityFilter). A threshold of 0
+// turns its rule off, as in datatrove.
 struct GopherQualityFilter {
   bool enabled = true;
   int64_t min_doc_words = 50;

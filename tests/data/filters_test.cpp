@@ -267,6 +267,54 @@ TEST(Filters, GopherQualityLettersAndStopWords) {
   EXPECT_EQ(verdict(f.check("them and" + times(48, "house"))), "gopher_few_stop_words");
 }
 
+// A threshold of 0 turns its rule off, as datatrove's `if self.<threshold> and ...`: each
+// document below is dropped by that rule with the defaults and kept with the rule's key at 0
+// (a maximum of 0 compared as a bound would drop it too).
+TEST(Filters, GopherQualityZeroTurnsARuleOff) {
+  std::vector<std::string> bullet_lines, ellipsis_lines;
+  for (int i = 0; i < 100; ++i) {
+    bullet_lines.push_back("- item the house and garden");
+    ellipsis_lines.push_back("the house and garden stand here by the old mill on the river...");
+  }
+  struct Case {
+    double GopherQualityFilter::*key;
+    std::string text, reason;
+  };
+  const std::vector<Case> cases = {
+      {&GopherQualityFilter::min_avg_word_length, "the and" + times(98, "ab"),
+       "gopher_short_mean_word"},
+      {&GopherQualityFilter::max_avg_word_length, "the and" + times(98, run('t', 11)),
+       "gopher_long_mean_word"},
+      {&GopherQualityFilter::max_symbol_word_ratio, "the and" + times(98, "#house"),
+       "gopher_hash_ratio"},
+      {&GopherQualityFilter::max_bullet_lines_ratio, join(bullet_lines, "\n"),
+       "gopher_bullet_lines"},
+      {&GopherQualityFilter::max_ellipsis_lines_ratio, join(ellipsis_lines, "\n"),
+       "gopher_ellipsis_lines"},
+      {&GopherQualityFilter::max_non_alpha_words_ratio, "the and" + times(98, "1234"),
+       "gopher_non_alpha_words"},
+  };
+  for (const Case& c : cases) {
+    GopherQualityFilter f;
+    EXPECT_EQ(verdict(f.check(c.text)), c.reason);
+    f.*c.key = 0;
+    EXPECT_EQ(verdict(f.check(c.text)), "kept") << c.reason;
+  }
+  // The minimum counts: no stop words, then a single word.
+  GopherQualityFilter f;
+  EXPECT_EQ(verdict(f.check("house" + times(99, "house"))), "gopher_few_stop_words");
+  f.min_stop_words = 0;
+  EXPECT_EQ(verdict(f.check("house" + times(99, "house"))), "kept");
+  f.min_doc_words = 0;
+  EXPECT_EQ(verdict(f.check("house")), "kept");
+  // With every maximum at 0, a document that breaks the word length, symbol and ellipsis line
+  // maxima at once is kept.
+  GopherQualityFilter all_off;
+  all_off.max_avg_word_length = all_off.max_symbol_word_ratio = 0;
+  all_off.max_bullet_lines_ratio = all_off.max_ellipsis_lines_ratio = 0;
+  EXPECT_EQ(verdict(all_off.check("the and" + times(98, "#" + run('t', 12) + "..."))), "kept");
+}
+
 TEST(Filters, GopherRepetition) {
   GopherRepetitionFilter f;
   EXPECT_EQ(f.check(good_text()), nullptr);
