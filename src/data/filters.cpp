@@ -543,7 +543,9 @@ const char* FineWebFilter::check(std::string_view text) const {
   for (auto l : lines) {
     punct += ends_with(l, ".") || ends_with(l, "'") || ends_with(l, "\"") || ends_with(l, "!") ||
              ends_with(l, "?");
-    short_lines += static_cast<int64_t>(l.size()) <= short_line_length;
+    // In characters, as datatrove's len(line): a line of CJK or Cyrillic text is not long
+    // because its letters take two or three bytes each.
+    short_lines += static_cast<int64_t>(utf8_length(l)) <= short_line_length;
   }
   // As in datatrove, a share equal to the punctuation, short line or repeated line bound drops
   // the document; the newline ratio must go past its bound.

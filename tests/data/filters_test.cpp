@@ -612,8 +612,9 @@ TEST(Filters, FineWebLineRatios) {
   exclude_zero.line_punct_exclude_zero = true;
   EXPECT_EQ(verdict(exclude_zero.check(punct(0, 0))), "kept");
   EXPECT_EQ(verdict(exclude_zero.check(punct(1200, 0))), "fineweb_line_punct");
-  // Short lines, of at most 30 bytes: 669 lines of 20 bytes, 330 of 40 and one of 30 is 670 of
-  // 1000, 0.67, dropped; with that one of 31 bytes, 0.669, kept. (999 newlines in 4000 words.)
+  // Short lines, of at most 30 characters (bytes, in ASCII): 669 lines of 20 bytes, 330 of 40 and
+  // one of 30 is 670 of 1000, 0.67, dropped; with that one of 31 bytes, 0.669, kept. (999 newlines
+  // in 4000 words.)
   auto short_lines = [](int boundary_bytes) {
     std::vector<std::string> lines;
     for (int i = 0; i < 669; ++i) lines.push_back(text_line(i, 20));
@@ -623,6 +624,20 @@ TEST(Filters, FineWebLineRatios) {
   };
   EXPECT_EQ(verdict(f.check(short_lines(30))), "fineweb_short_lines");
   EXPECT_EQ(verdict(f.check(short_lines(31))), "kept");
+}
+
+// A short line is one of at most short_line_length characters, as datatrove's len(line), not
+// bytes: lines of 20 characters in 32 bytes (Cyrillic letters take two) are short.
+TEST(Filters, FineWebShortLinesCountCharacters) {
+  FineWebFilter f;
+  std::vector<std::string> lines;
+  for (int i = 0; i < 10; ++i)
+    lines.push_back(times(6, "\u0451\u0436").substr(1) + " " + std::to_string(i) + ".");
+  ASSERT_EQ(lines[0].size(), 32u);
+  EXPECT_EQ(utf8_length(lines[0]), 20u);
+  EXPECT_EQ(verdict(f.check(join(lines, "\n"))), "fineweb_short_lines");
+  f.short_line_length = 19;  // one character less: no line is short
+  EXPECT_EQ(verdict(f.check(join(lines, "\n"))), "kept");
 }
 
 TEST(Filters, FineWebRepeatsAndListRatio) {
