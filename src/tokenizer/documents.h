@@ -21,4 +21,8 @@ struct DocumentSource {
 void for_each_document_batch(const DocumentSource& source, size_t batch_bytes,
                              const std::function<void(std::span<const std::string_view>)>& fn);
 
+// The same, with the line (1-based) each document starts on, for errors about a document.
+void for_each_document_batch(
+    const DocumentSource& source, size_t batch_bytes,
+    const std::function<void(std::span<const std::string_view>, std::span<const size_t>)>& fn);
 }  // namespace pollen::tokenizer
