@@ -41,7 +41,11 @@ void for_each_document_batch(
     ++line_number;
     bytes += line.size();
     if (!source.jsonl) {
-      if (!source.keep_line_breaks && line.ends_with('\n')) line.remove_suffix(1);
+      // The line break is "\n" or, from Windows, "\r\n": neither is part of the document.
+      if (!source.keep_line_breaks && line.ends_with('\n')) {
+        line.remove_suffix(1);
+        if (line.ends_with('\r')) line.remove_suffix(1);
+      }
       views.push_back(line);
       lines.push_back(line_number);
     } else if (line.find_first_not_of(" \t\r\n") != std::string_view::npos) {

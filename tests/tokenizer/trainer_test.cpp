@@ -261,6 +261,28 @@ TEST(TrainerCounts, EncodeAndDecodeFailWhenTheirOutputCannotBeWritten) {
   fs::remove_all(dir);
 }
 
+// A text line's document is without its line break, "\n" or a Windows "\r\n" (whose '\r'
+// would otherwise be encoded as a token); training keeps the line break whole, as HF does.
+TEST(TrainerCounts, TextDocumentsLeaveOutCrlfLineBreaks) {
+  const fs::path dir = testing::temp_dir("crlf_docs");
+  write_file_atomic(dir / "text.txt", "ab\r\ncd\nef\r\r\ng");
+  auto documents = [&](bool keep_line_breaks) {
+    std::vector<std::string> docs;
+    std::vector<size_t> lines;
+    for_each_document_batch(
+        {dir / "text.txt", false, "text", keep_line_breaks}, 1 << 20,
+        [&](std::span<const std::string_view> batch, std::span<const size_t> starts) {
+          docs.insert(docs.end(), batch.begin(), batch.end());
+          lines.insert(lines.end(), starts.begin(), starts.end());
+        });
+    EXPECT_EQ(lines, (std::vector<size_t>{1, 2, 3, 4}));
+    return docs;
+  };
+  EXPECT_EQ(documents(false), (std::vector<std::string>{"ab", "cd", "ef\r", "g"}));
+  EXPECT_EQ(documents(true), (std::vector<std::string>{"ab\r\n", "cd\n", "ef\r\r\n", "g"}));
+  fs::remove_all(dir);
+}
+
 // A special token that encode refuses is named with the file and the line of its document (the
 // first such document in file order, though documents are encoded on many threads), for text
 // and for JSONL.
