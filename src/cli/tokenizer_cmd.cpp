@@ -286,16 +286,28 @@ void add_encode(CLI::App* parent) {
     tk::Tokenizer tok = open(a->tok);
     tk::EncodeOptions options{special_policy(a->special), a->bos_eos};
     IdWriter writer(a->output);
-    try {
-      tk::for_each_document_batch({a->input, a->jsonl, a->field, false}, 16 << 20,
-                                  [&](std::span<const std::string_view> docs) {
-                                    for (const auto& ids : tok.encode_batch(docs, options))
-                                      writer.write(ids);
-                                  });
-    } catch (const Error& e) {
-      if (a->special != "refuse") throw;
-      fail(e.what(), "; --special allow or --special text");
-    }
+    tk::for_each_document_batch(
+        {a->input, a->jsonl, a->field, false}, 16 << 20,
+        [&](std::span<const std::string_view> docs, std::span<const size_t> lines) {
+          std::vector<std::vector<uint32_t>> batch;
+          try {
+            batch = tok.encode_batch(docs, options);
+          } catch (const Error&) {
+            // A special token in the text that --special refuse does not allow. The batch ran
+            // on many threads: the first document in file order that fails is the one to name,
+            // by the line it starts on.
+            for (size_t i = 0; i < docs.size(); ++i) {
+              try {
+                tok.encode(docs[i], options);
+              } catch (const Error& e) {
+                fail(a->input, ":", lines[i], ": ", e.what(),
+                     a->special == "refuse" ? "; --special allow or --special text" : "");
+              }
+            }
+            throw;
+          }
+          for (const auto& ids : batch) writer.write(ids);
+        });
     writer.finish();
   });
 }

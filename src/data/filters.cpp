@@ -278,9 +278,11 @@ const char* GopherQualityFilter::check(std::string_view text) const {
   if (max_doc_words > 0 && non_symbol > max_doc_words) return "gopher_too_many_words";
   if (non_symbol == 0) return "gopher_no_words";
   double avg = static_cast<double>(non_symbol_len) / static_cast<double>(non_symbol);
-  if (avg < min_avg_word_length) return "gopher_short_mean_word";
-  if (avg > max_avg_word_length) return "gopher_long_mean_word";
-  if (max_symbol_word_ratio >= 0) {
+  // As in datatrove, a threshold of 0 turns its rule off (`if self.max_avg_word_length and
+  // ...`): a maximum of 0 would otherwise drop nearly every document.
+  if (min_avg_word_length > 0 && avg < min_avg_word_length) return "gopher_short_mean_word";
+  if (max_avg_word_length > 0 && avg > max_avg_word_length) return "gopher_long_mean_word";
+  if (max_symbol_word_ratio > 0) {
     if (static_cast<double>(count_sub(text, "#")) / n_words > max_symbol_word_ratio)
       return "gopher_hash_ratio";
     if (static_cast<double>(count_sub(text, "...") + count_sub(text, "\u2026")) / n_words >
@@ -300,13 +302,16 @@ const char* GopherQualityFilter::check(std::string_view text) const {
   }
   if (n_lines > 0) {
     double nl = static_cast<double>(n_lines);
-    if (static_cast<double>(bullets) / nl > max_bullet_lines_ratio) return "gopher_bullet_lines";
-    if (static_cast<double>(ellipsis) / nl > max_ellipsis_lines_ratio)
+    if (max_bullet_lines_ratio > 0 && static_cast<double>(bullets) / nl > max_bullet_lines_ratio)
+      return "gopher_bullet_lines";
+    if (max_ellipsis_lines_ratio > 0 &&
+        static_cast<double>(ellipsis) / nl > max_ellipsis_lines_ratio)
       return "gopher_ellipsis_lines";
   }
-  if (static_cast<double>(alpha) / n_words < max_non_alpha_words_ratio)
+  if (max_non_alpha_words_ratio > 0 &&
+      static_cast<double>(alpha) / n_words < max_non_alpha_words_ratio)
     return "gopher_non_alpha_words";
-  if (stop < min_stop_words) return "gopher_few_stop_words";
+  if (min_stop_words > 0 && stop < min_stop_words) return "gopher_few_stop_words";
   return nullptr;
 }
 
@@ -538,7 +543,9 @@ const char* FineWebFilter::check(std::string_view text) const {
   for (auto l : lines) {
     punct += ends_with(l, ".") || ends_with(l, "'") || ends_with(l, "\"") || ends_with(l, "!") ||
              ends_with(l, "?");
-    short_lines += static_cast<int64_t>(l.size()) <= short_line_length;
+    // In characters, as datatrove's len(line): a line of CJK or Cyrillic text is not long
+    // because its letters take two or three bytes each.
+    short_lines += static_cast<int64_t>(utf8_length(l)) <= short_line_length;
   }
   // As in datatrove, a share equal to the punctuation, short line or repeated line bound drops
   // the document; the newline ratio must go past its bound.

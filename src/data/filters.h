@@ -22,7 +22,8 @@ struct LengthFilter {
   const char* check(std::string_view text) const;
 };
 
-// Gopher quality rules (Rae et al. 2021, as datatrove's GopherQualityFilter).
+// Gopher quality rules (Rae et al. 2021, as datatrove's GopherQualityFilter). A threshold of 0
+// turns its rule off, as in datatrove.
 struct GopherQualityFilter {
   bool enabled = true;
   int64_t min_doc_words = 50;
@@ -81,7 +82,7 @@ struct FineWebFilter {
   double line_punct_thr = 0.12;
   bool line_punct_exclude_zero = false;
   double short_line_thr = 0.67;
-  int64_t short_line_length = 30;
+  int64_t short_line_length = 30;  // in characters, as datatrove's len(line)
   double char_duplicates_ratio = 0.01;
   double new_line_ratio = 0.3;
   const char* check(std::string_view text) const;

@@ -211,7 +211,14 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
       return manifest_path;
     }
   }
+  // Not the finished run: the manifest of an earlier one goes before any shard is touched, so
+  // that an interruption from here on leaves a folder that reads as unfinished rather than an
+  // old manifest beside new or missing shards (removed first: without it, no done.json marks
+  // the folder finished).
   std::error_code ec;
+  fs::remove(manifest_path, ec);
+  POLLEN_CHECK(!ec, "cannot remove the earlier manifest '", manifest_path.string(),
+               "': ", ec.message());
   fs::remove(work / "done.json", ec);
 
   // ---- pass 1, or its saved outputs

@@ -233,6 +233,20 @@ class LineReader {
   int64_t number_ = 0, length_ = 0;
 };
 
+// Reads a .gz or .zst file to its end without keeping what it holds. gzip's CRC and length and
+// zstd's checksum and frame end are only checked at the end of the stream, after the damaged
+// bytes before them were decompressed: a file must pass this before any of its text is handed
+// on, so that a file reported unreadable contributes no documents. Costs one more
+// decompression, no memory.
+void verify_compressed(const InputFile& file) {
+  const std::string ext = file.path.extension().string();
+  if (ext != ".gz" && ext != ".zst") return;
+  ByteStream in(file.path, file.name);
+  std::vector<char> buf(1 << 20);
+  while (in.read(buf.data(), buf.size()) > 0) {
+  }
+}
+
 // The JSONL blocks of an open stream; `line_no` follows the last line handed on or reported.
 void jsonl_blocks(ByteStream& in, const InputFile& file, const ReadLimits& limits,
                   size_t block_bytes,
@@ -296,6 +310,7 @@ void read_jsonl_blocks(const InputFile& file, const ReadLimits& limits, size_t b
   // as an unreadable file.
   bool in_callback = false;
   try {
+    verify_compressed(file);
     ByteStream in(file.path, file.name);
     jsonl_blocks(
         in, file, limits, block_bytes,
@@ -369,6 +384,7 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
     in_callback = false;
   };
   try {
+    verify_compressed(file);
     ByteStream in(file.path, file.name);
     RawDoc d;
     if (spec.format == "text") {

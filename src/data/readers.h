@@ -64,7 +64,9 @@ struct ReadLimits {
 // the raw (compressed) bytes read and their SHA-256 through `bytes` and `sha256`. A line longer
 // than max_line_bytes is skipped without being held in memory. The document passed to on_doc
 // is the reader's, reused for the next one: copy or swap out what is kept. An error thrown by
-// on_doc or on_problem propagates (it is not reported as a problem of the file).
+// on_doc or on_problem propagates (it is not reported as a problem of the file). A .gz or .zst
+// file is checked to its end (CRC, checksum, frame end) before its first document is handed
+// on: a file reported unreadable hands on nothing.
 void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits& limits,
                 const std::function<void(RawDoc&)>& on_doc,
                 const std::function<void(Problem&&)>& on_problem, int64_t& bytes,
@@ -76,7 +78,8 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
 // Blocks are read block_bytes at a time (a block holds more when a line is longer).
 // The reading thread only reads (decompressing) and hashes the bytes and finds the last line
 // end of each block. A line that grows over max_line_bytes before its end is read is skipped
-// and reported here, without being held.
+// and reported here, without being held. As read_input, a compressed file is checked to its end
+// before its first block is handed on.
 void read_jsonl_blocks(const InputFile& file, const ReadLimits& limits, size_t block_bytes,
                        const std::function<void(std::string_view, int64_t)>& on_block,
                        const std::function<void(Problem&&)>& on_problem, int64_t& bytes,

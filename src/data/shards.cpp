@@ -225,6 +225,11 @@ std::string dataset_version(const fs::path& manifest_path) {
 Manifest Manifest::load(const fs::path& path) {
   Manifest m;
   m.path = path;
+  // `pollen data prepare` removes an earlier manifest when it starts over and writes the new one
+  // last: a folder without one is one whose run has not finished.
+  POLLEN_CHECK(fs::exists(path), "no manifest '", path.string(),
+               "': not a prepared dataset, or its `pollen data prepare` has not finished "
+               "(run it again to finish)");
   std::string text = read_file(path);
   check_json_depth(text, cat("manifest '", path.string(), "'"));
   try {

@@ -11,16 +11,26 @@ namespace pollen::tokenizer {
 
 void for_each_document_batch(const DocumentSource& source, size_t batch_bytes,
                              const std::function<void(std::span<const std::string_view>)>& fn) {
+  for_each_document_batch(
+      source, batch_bytes,
+      [&](std::span<const std::string_view> docs, std::span<const size_t>) { fn(docs); });
+}
+
+void for_each_document_batch(
+    const DocumentSource& source, size_t batch_bytes,
+    const std::function<void(std::span<const std::string_view>, std::span<const size_t>)>& fn) {
   MappedFile file(source.path);
   std::string_view text(reinterpret_cast<const char*>(file.data()), file.size());
   std::vector<std::string_view> views;
   std::vector<std::string> records;
+  std::vector<size_t> lines;
   size_t line_number = 0, bytes = 0;
   auto flush = [&] {
     if (source.jsonl) views.assign(records.begin(), records.end());
-    if (!views.empty()) fn(views);
+    if (!views.empty()) fn(views, lines);
     views.clear();
     records.clear();
+    lines.clear();
     bytes = 0;
   };
   while (!text.empty()) {
@@ -31,8 +41,13 @@ void for_each_document_batch(const DocumentSource& source, size_t batch_bytes,
     ++line_number;
     bytes += line.size();
     if (!source.jsonl) {
-      if (!source.keep_line_breaks && line.ends_with('\n')) line.remove_suffix(1);
+      // The line break is "\n" or, from Windows, "\r\n": neither is part of the document.
+      if (!source.keep_line_breaks && line.ends_with('\n')) {
+        line.remove_suffix(1);
+        if (line.ends_with('\r')) line.remove_suffix(1);
+      }
       views.push_back(line);
+      lines.push_back(line_number);
     } else if (line.find_first_not_of(" \t\r\n") != std::string_view::npos) {
       nlohmann::json record;
       check_json_depth(line, cat(source.path.string(), ":", line_number));
@@ -45,6 +60,7 @@ void for_each_document_batch(const DocumentSource& source, size_t batch_bytes,
           record.is_object() && record.contains(source.field) && record[source.field].is_string(),
           source.path.string(), ":", line_number, ": expected a string field '", source.field, "'");
       records.push_back(record[source.field].get<std::string>());
+      lines.push_back(line_number);
     }
     if (bytes >= batch_bytes) flush();
   }

@@ -17,8 +17,13 @@ struct DocumentSource {
 };
 
 // Calls fn with consecutive batches of about `batch_bytes` of documents, in file order. JSONL
-// errors name the file and line.
+// errors name the file and line. A text line's document is without its line break ("\n" or
+// "\r\n") unless keep_line_breaks.
 void for_each_document_batch(const DocumentSource& source, size_t batch_bytes,
                              const std::function<void(std::span<const std::string_view>)>& fn);
+// The same, with the line (1-based) each document starts on, for errors about a document.
+void for_each_document_batch(
+    const DocumentSource& source, size_t batch_bytes,
+    const std::function<void(std::span<const std::string_view>, std::span<const size_t>)>& fn);
 
 }  // namespace pollen::tokenizer

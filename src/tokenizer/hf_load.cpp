@@ -1,6 +1,7 @@
 // Reading HF tokenizer.json into a Tokenizer.
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "base/error.h"
 #include "base/files.h"
@@ -278,6 +279,7 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
 
   std::vector<AddedToken> added;
   std::map<std::string, uint32_t> added_ids;
+  std::optional<size_t> first_normalized;  // the first added token with "normalized": true
   const json& added_json =
       root.contains("added_tokens") ? r.list(root, "added_tokens", "") : json::array();
   for (size_t i = 0; i < added_json.size(); ++i) {
@@ -286,6 +288,7 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
     for (const char* flag : {"single_word", "lstrip", "rstrip"})
       if (r.get<bool>(t, flag, where, false))
         r.fail_at(cat(where, ".", flag), "added-token flag is not supported");
+    if (r.get<bool>(t, "normalized", where, false) && !first_normalized) first_normalized = i;
     added.push_back({r.token_id(r.at(t, "id", where), where + ".id"),
                      r.text(r.at(t, "content", where), where + ".content"),
                      r.get<bool>(t, "special", where, false)});
@@ -350,6 +353,14 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
 
   std::vector<NormalizerStep> normalizer;
   read_normalizer(r, root.value("normalizer", json()), "normalizer", normalizer);
+  // HF matches a normalized added token on the normalized text, against its normalized content
+  // (NFKC turns "\uFB01le" into "file"; Llama-2's Prepend and Replace put "\u2581" in it);
+  // pollen matches added tokens on the text as written, which would give other ids. Without a
+  // normalizer the two are the same.
+  if (first_normalized && !normalizer.empty())
+    r.fail_at(cat("added_tokens[", *first_normalized, "].normalized"),
+              "expected false when the tokenizer has a normalizer (a normalized added token is "
+              "matched on the normalized text, which pollen does not support)");
   std::vector<PreTokenizerStep> pre;
   read_pre_tokenizer(r, root.value("pre_tokenizer", json()), "pre_tokenizer", pre);
   DecoderSpec decoder;

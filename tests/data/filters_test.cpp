@@ -267,6 +267,54 @@ TEST(Filters, GopherQualityLettersAndStopWords) {
   EXPECT_EQ(verdict(f.check("them and" + times(48, "house"))), "gopher_few_stop_words");
 }
 
+// A threshold of 0 turns its rule off, as datatrove's `if self.<threshold> and ...`: each
+// document below is dropped by that rule with the defaults and kept with the rule's key at 0
+// (a maximum of 0 compared as a bound would drop it too).
+TEST(Filters, GopherQualityZeroTurnsARuleOff) {
+  std::vector<std::string> bullet_lines, ellipsis_lines;
+  for (int i = 0; i < 100; ++i) {
+    bullet_lines.push_back("- item the house and garden");
+    ellipsis_lines.push_back("the house and garden stand here by the old mill on the river...");
+  }
+  struct Case {
+    double GopherQualityFilter::*key;
+    std::string text, reason;
+  };
+  const std::vector<Case> cases = {
+      {&GopherQualityFilter::min_avg_word_length, "the and" + times(98, "ab"),
+       "gopher_short_mean_word"},
+      {&GopherQualityFilter::max_avg_word_length, "the and" + times(98, run('t', 11)),
+       "gopher_long_mean_word"},
+      {&GopherQualityFilter::max_symbol_word_ratio, "the and" + times(98, "#house"),
+       "gopher_hash_ratio"},
+      {&GopherQualityFilter::max_bullet_lines_ratio, join(bullet_lines, "\n"),
+       "gopher_bullet_lines"},
+      {&GopherQualityFilter::max_ellipsis_lines_ratio, join(ellipsis_lines, "\n"),
+       "gopher_ellipsis_lines"},
+      {&GopherQualityFilter::max_non_alpha_words_ratio, "the and" + times(98, "1234"),
+       "gopher_non_alpha_words"},
+  };
+  for (const Case& c : cases) {
+    GopherQualityFilter f;
+    EXPECT_EQ(verdict(f.check(c.text)), c.reason);
+    f.*c.key = 0;
+    EXPECT_EQ(verdict(f.check(c.text)), "kept") << c.reason;
+  }
+  // The minimum counts: no stop words, then a single word.
+  GopherQualityFilter f;
+  EXPECT_EQ(verdict(f.check("house" + times(99, "house"))), "gopher_few_stop_words");
+  f.min_stop_words = 0;
+  EXPECT_EQ(verdict(f.check("house" + times(99, "house"))), "kept");
+  f.min_doc_words = 0;
+  EXPECT_EQ(verdict(f.check("house")), "kept");
+  // With every maximum at 0, a document that breaks the word length, symbol and ellipsis line
+  // maxima at once is kept.
+  GopherQualityFilter all_off;
+  all_off.max_avg_word_length = all_off.max_symbol_word_ratio = 0;
+  all_off.max_bullet_lines_ratio = all_off.max_ellipsis_lines_ratio = 0;
+  EXPECT_EQ(verdict(all_off.check("the and" + times(98, "#" + run('t', 12) + "..."))), "kept");
+}
+
 TEST(Filters, GopherRepetition) {
   GopherRepetitionFilter f;
   EXPECT_EQ(f.check(good_text()), nullptr);
@@ -564,8 +612,9 @@ TEST(Filters, FineWebLineRatios) {
   exclude_zero.line_punct_exclude_zero = true;
   EXPECT_EQ(verdict(exclude_zero.check(punct(0, 0))), "kept");
   EXPECT_EQ(verdict(exclude_zero.check(punct(1200, 0))), "fineweb_line_punct");
-  // Short lines, of at most 30 bytes: 669 lines of 20 bytes, 330 of 40 and one of 30 is 670 of
-  // 1000, 0.67, dropped; with that one of 31 bytes, 0.669, kept. (999 newlines in 4000 words.)
+  // Short lines, of at most 30 characters (bytes, in ASCII): 669 lines of 20 bytes, 330 of 40 and
+  // one of 30 is 670 of 1000, 0.67, dropped; with that one of 31 bytes, 0.669, kept. (999 newlines
+  // in 4000 words.)
   auto short_lines = [](int boundary_bytes) {
     std::vector<std::string> lines;
     for (int i = 0; i < 669; ++i) lines.push_back(text_line(i, 20));
@@ -575,6 +624,20 @@ TEST(Filters, FineWebLineRatios) {
   };
   EXPECT_EQ(verdict(f.check(short_lines(30))), "fineweb_short_lines");
   EXPECT_EQ(verdict(f.check(short_lines(31))), "kept");
+}
+
+// A short line is one of at most short_line_length characters, as datatrove's len(line), not
+// bytes: lines of 20 characters in 32 bytes (Cyrillic letters take two) are short.
+TEST(Filters, FineWebShortLinesCountCharacters) {
+  FineWebFilter f;
+  std::vector<std::string> lines;
+  for (int i = 0; i < 10; ++i)
+    lines.push_back(times(6, "\u0451\u0436").substr(1) + " " + std::to_string(i) + ".");
+  ASSERT_EQ(lines[0].size(), 32u);
+  EXPECT_EQ(utf8_length(lines[0]), 20u);
+  EXPECT_EQ(verdict(f.check(join(lines, "\n"))), "fineweb_short_lines");
+  f.short_line_length = 19;  // one character less: no line is short
+  EXPECT_EQ(verdict(f.check(join(lines, "\n"))), "kept");
 }
 
 TEST(Filters, FineWebRepeatsAndListRatio) {

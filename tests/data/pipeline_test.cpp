@@ -309,6 +309,87 @@ TEST(Pipeline, AFileThatVanishesAfterListingIsReportedAndReadingGoesOn) {
   for (const Problem& p : problems) EXPECT_EQ(p.reason, "missing_file") << p.file;
 }
 
+// A compressed file whose damage shows only near its end (a flipped byte, which gzip's CRC
+// catches; a truncated stream) is reported unreadable and contributes no documents, although
+// megabytes of it decompress before the damage: nothing of it is handed on, the run's counts
+// and `inputs` agree, and the good file beside it is read as usual.
+TEST(Pipeline, ACorruptOrTruncatedCompressedFileContributesNoDocuments) {
+  const fs::path dir = corpus().root / "damaged";
+  // About 3 MiB of records of hex digits: over 1 MiB even compressed, so several blocks.
+  std::string jl;
+  uint64_t x = 7;
+  for (int i = 0; i < 6000; ++i) {
+    std::string text;
+    for (int w = 0; w < 30; ++w) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      char word[20];
+      std::snprintf(word, sizeof word, "%016llx ", static_cast<unsigned long long>(x >> 1));
+      text += word;
+    }
+    jl += json{{"text", text}}.dump() + "\n";
+  }
+  fs::create_directories(dir / "in");
+  gzFile gz = gzopen((dir / "full.gz").c_str(), "wb");
+  gzwrite(gz, jl.data(), static_cast<unsigned>(jl.size()));
+  gzclose(gz);
+  std::string z = read_file(dir / "full.gz");
+  ASSERT_GT(z.size(), size_t{1} << 20);
+  std::string flipped = z;
+  flipped[flipped.size() - 20] ^= 0x5a;
+  write(dir / "in" / "flipped.jsonl.gz", flipped);
+  write(dir / "in" / "truncated.jsonl.gz", z.substr(0, z.size() * 3 / 4));
+  std::string zs(ZSTD_compressBound(jl.size()), '\0');
+  zs.resize(ZSTD_compress(zs.data(), zs.size(), jl.data(), jl.size(), 1));
+  write(dir / "in" / "truncated.jsonl.zst", zs.substr(0, zs.size() * 3 / 4));
+  write(dir / "in" / "good.jsonl",
+        json{{"text", paragraph(1)}}.dump() + "\n" + json{{"text", paragraph(2)}}.dump() + "\n");
+
+  // The readers hand on nothing of a damaged file, as JSONL blocks or as delimited documents.
+  const std::vector<SourceSpec> sources = {
+      {.name = "s", .paths = {"in"}, .format = "jsonl"},
+      {.name = "d", .paths = {"in/flipped.jsonl.gz"}, .format = "delimited"}};
+  for (const InputFile& f : list_inputs(sources, dir)) {
+    if (f.name == "s/good.jsonl") continue;
+    std::vector<Problem> problems;
+    int handed_on = 0;
+    int64_t bytes = 0;
+    std::string sha;
+    const auto on_problem = [&](Problem&& p) { problems.push_back(std::move(p)); };
+    if (f.source == 0)
+      read_jsonl_blocks(
+          f, {}, 1 << 20, [&](std::string_view, int64_t) { ++handed_on; }, on_problem, bytes, sha);
+    else
+      read_input(
+          f, sources[1], {}, [&](RawDoc&) { ++handed_on; }, on_problem, bytes, sha);
+    EXPECT_EQ(handed_on, 0) << f.name;
+    ASSERT_EQ(problems.size(), 1u) << f.name;
+    EXPECT_EQ(problems[0].reason, "unreadable_file") << f.name;
+    EXPECT_EQ(problems[0].file, f.name);
+  }
+
+  // End to end: only the good file's two documents, three unreadable files, one input.
+  write(dir / "cfg.toml",
+        "output = \"out\"\nsources = [\"s\"]\n[source.s]\npaths = [\"in\"]\n"
+        "format = \"jsonl\"\n[split]\nvalidation_fraction = 0\n[tokenize]\nenabled = false\n");
+  const int before = num_threads();
+  prepare(PipelineConfig::load(dir / "cfg.toml"), {.progress = false});
+  set_num_threads(before);
+  const json m = json::parse(read_file(dir / "out" / "manifest.json"));
+  const json& read = m["stages"][0];
+  EXPECT_EQ(read["docs_in"], 2);
+  EXPECT_EQ(read["files"], 4);
+  EXPECT_EQ(read["files_unreadable"], 3);
+  ASSERT_EQ(m["inputs"].size(), 1u);
+  EXPECT_EQ(m["inputs"][0]["path"], "s/good.jsonl");
+  std::set<std::string> unreadable;
+  for (const auto& p : m["problems"])
+    if (p["reason"] == "unreadable_file") unreadable.insert(p["file"].get<std::string>());
+  EXPECT_EQ(unreadable, (std::set<std::string>{"s/flipped.jsonl.gz", "s/truncated.jsonl.gz",
+                                               "s/truncated.jsonl.zst"}));
+  const std::string curated = read_file(dir / "out" / "curated-train.jsonl");
+  EXPECT_EQ(std::count(curated.begin(), curated.end(), '\n'), 2);
+}
+
 // max_doc_bytes holds for a JSONL record's text as for a text file or a delimited document
 // (max_line_bytes bounds only the line): each longer record is dropped at read, at its line.
 TEST(Pipeline, TheDocumentLimitHoldsForRecordsToo) {
@@ -422,6 +503,33 @@ TEST(Pipeline, PassTwoResumesFromItsLastResumePointByteIdentical) {
   ASSERT_TRUE(rerun("out_lost", 2, 0, every_batch));
   EXPECT_NE(testing::internal::GetCapturedStderr().find("starting it over"), std::string::npos);
   EXPECT_EQ(outputs(corpus().root / "out_lost"), one);
+}
+
+// A rerun with a changed config, interrupted in pass 2, leaves no manifest of the earlier run
+// beside shards it does not describe: stats and inspect say the run has not finished.
+TEST(Pipeline, AnInterruptedRerunWithAChangedConfigLeavesNoStaleManifest) {
+  const fs::path out = run("out_stale", 2);
+  ASSERT_TRUE(fs::exists(out / "manifest.json"));
+  ASSERT_FALSE(rerun("out_stale", 2, 1, "max_doc_bytes = 3000\n"));
+  EXPECT_FALSE(fs::exists(out / "manifest.json"));
+  for (int k = 0; k < 2; ++k) {
+    try {
+      if (k == 0)
+        dataset_stats(out);
+      else
+        inspect_documents(out, "train", 0, 1, 8);
+      ADD_FAILURE() << "no error for an unfinished folder";
+    } catch (const Error& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("no manifest '" + (out / "manifest.json").string() + "'"),
+          std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("has not finished"), std::string::npos) << e.what();
+    }
+  }
+  // Finishing the changed run writes its manifest again.
+  ASSERT_TRUE(rerun("out_stale", 2, 0, "max_doc_bytes = 3000\n"));
+  EXPECT_TRUE(fs::exists(out / "manifest.json"));
 }
 
 TEST(Pipeline, PrepareKilledInPassTwoResumesByteIdentical) {

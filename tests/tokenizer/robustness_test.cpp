@@ -395,6 +395,28 @@ TEST(HfSemantics, AddedTokensWithBadIdsAreRefused) {
                {"'<x>' is given twice"});
 }
 
+// HF matches an added token with "normalized": true on the normalized text, against its content
+// normalized ("\uFB01le" is "file" under NFKC, so HF gives "file" its id): matched on the text
+// as written, pollen would give other ids, so such a token is refused under a normalizer. Without
+// a normalizer (GPT-2's <|endoftext|> is normalized) the two agree and it loads.
+TEST(HfSemantics, NormalizedAddedTokensUnderANormalizerAreRefused) {
+  const std::string added =
+      R"("added_tokens": [{"id": 1, "content": "<x>", "normalized": false},
+                          {"id": 2, "content": "\uFB01le", "normalized": true}],
+         "model": {"vocab": {"a": 0}, "merges": []})";
+  expect_error(
+      [&] { hf_from_json_text(R"({"normalizer": {"type": "NFKC"}, )" + added + "}", "t.json"); },
+      {"t.json", "added_tokens[1].normalized", "expected false", "normalizer"});
+  const Tokenizer plain = hf_from_json_text("{" + added + "}", "t.json");
+  EXPECT_EQ(plain.encode("\uFB01le"), (std::vector<uint32_t>{2}));
+  const std::string not_normalized =
+      R"("normalizer": {"type": "NFKC"},
+         "added_tokens": [{"id": 1, "content": "<x>", "normalized": false}],
+         "model": {"vocab": {"a": 0}, "merges": []})";
+  EXPECT_EQ(hf_from_json_text("{" + not_normalized + "}", "t.json").encode("<x>"),
+            (std::vector<uint32_t>{1}));
+}
+
 TEST(Robustness, MalformedTokenizerJsonNamesFileAndKey) {
   auto load = [](const std::string& text) { return [text] { hf_from_json_text(text, "t.json"); }; };
   expect_error(load("{"), {"t.json", "not valid JSON"});

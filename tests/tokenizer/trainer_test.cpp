@@ -12,6 +12,7 @@
 #include "support/errors.h"
 #include "support/process.h"
 #include "tokenizer/byte_level.h"
+#include "tokenizer/documents.h"
 #include "tokenizer/hf_format.h"
 #include "tokenizer/peers.h"
 #include "tokenizer/tiktoken_format.h"
@@ -257,6 +258,56 @@ TEST(TrainerCounts, EncodeAndDecodeFailWhenTheirOutputCannotBeWritten) {
   EXPECT_TRUE(fs::is_symlink(dir / "full"));
   write_file_atomic(dir / "bad.txt", "97 4294967393\n");  // 2^32 + 97: no longer taken as 97
   EXPECT_NE(status(pollen + "decode" + tok + " --input " + (dir / "bad.txt").string()), 0);
+  fs::remove_all(dir);
+}
+
+// A text line's document is without its line break, "\n" or a Windows "\r\n" (whose '\r'
+// would otherwise be encoded as a token); training keeps the line break whole, as HF does.
+TEST(TrainerCounts, TextDocumentsLeaveOutCrlfLineBreaks) {
+  const fs::path dir = testing::temp_dir("crlf_docs");
+  write_file_atomic(dir / "text.txt", "ab\r\ncd\nef\r\r\ng");
+  auto documents = [&](bool keep_line_breaks) {
+    std::vector<std::string> docs;
+    std::vector<size_t> lines;
+    for_each_document_batch(
+        {dir / "text.txt", false, "text", keep_line_breaks}, 1 << 20,
+        [&](std::span<const std::string_view> batch, std::span<const size_t> starts) {
+          docs.insert(docs.end(), batch.begin(), batch.end());
+          lines.insert(lines.end(), starts.begin(), starts.end());
+        });
+    EXPECT_EQ(lines, (std::vector<size_t>{1, 2, 3, 4}));
+    return docs;
+  };
+  EXPECT_EQ(documents(false), (std::vector<std::string>{"ab", "cd", "ef\r", "g"}));
+  EXPECT_EQ(documents(true), (std::vector<std::string>{"ab\r\n", "cd\n", "ef\r\r\n", "g"}));
+  fs::remove_all(dir);
+}
+
+// A special token that encode refuses is named with the file and the line of its document (the
+// first such document in file order, though documents are encoded on many threads), for text
+// and for JSONL.
+TEST(TrainerCounts, EncodeNamesTheLineOfARefusedSpecialToken) {
+  const fs::path dir = testing::temp_dir("encode_special");
+  write_file_atomic(dir / "text.txt", "some text\nmore text\n\nthe <|x|> here\nand <|x|>\n");
+  write_file_atomic(dir / "docs.jsonl", "{\"text\": \"some text\"}\n\n{\"text\": \"a\\n<|x|>\"}\n");
+  PieceCounts counts(cl100k());
+  counts.add_file(dir / "text.txt", false, "");
+  save_hf_json(train_bpe(counts, {270, {"<|x|>"}, cl100k()}), dir / "tok.json");
+  const std::string encode = std::string(POLLEN_BINARY) + " tokenizer encode --threads 2" +
+                             " --tokenizer " + (dir / "tok.json").string() + " --input ";
+  int status = 0;
+  std::string said = pollen::testing::run_capture(encode + (dir / "text.txt").string(), &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(said.find((dir / "text.txt").string() + ":4: the text contains the special token "
+                                                    "'<|x|>'"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("--special allow"), std::string::npos) << said;
+  said = pollen::testing::run_capture(encode + (dir / "docs.jsonl").string() + " --jsonl", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(said.find((dir / "docs.jsonl").string() + ":3: the text contains the special token"),
+            std::string::npos)
+      << said;
   fs::remove_all(dir);
 }
 
