@@ -24,9 +24,10 @@ std::string holder_of(int fd) {
 
 }  // namespace
 
-FolderLock::FolderLock(const std::filesystem::path& dir, std::string_view what) {
-  std::filesystem::create_directories(dir);
-  const std::filesystem::path path = dir / ".lock";
+FolderLock::FolderLock(const std::filesystem::path& dir, std::string_view what,
+                       const std::filesystem::path& lock_file) {
+  const std::filesystem::path path = lock_file.empty() ? dir / ".lock" : lock_file;
+  std::filesystem::create_directories(path.parent_path());
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   POLLEN_CHECK(fd_ >= 0, "cannot open '", path.string(), "': ", std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {

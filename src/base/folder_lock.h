@@ -11,8 +11,10 @@ namespace pollen {
 class FolderLock {
  public:
   // Creates `dir` if needed and takes its lock; throws naming `what` (e.g. "run.dir") and the
-  // holder when another process has it.
-  FolderLock(const std::filesystem::path& dir, std::string_view what);
+  // holder when another process has it. `lock_file`: where the lock is, when not dir/.lock
+  // (a folder whose own files must not change from run to run keeps it in a subfolder).
+  FolderLock(const std::filesystem::path& dir, std::string_view what,
+             const std::filesystem::path& lock_file = {});
   ~FolderLock();
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;

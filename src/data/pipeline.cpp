@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/folder_lock.h"
 #include "base/hash.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
@@ -183,6 +184,10 @@ void check_configured_paths(const PipelineConfig& c) {
 
 fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   check_configured_paths(c);
+  // One `pollen data prepare` at a time writes a dataset folder: two would overwrite each
+  // other's shards and manifest. The lock is in work/, so that the dataset's own files stay
+  // byte-identical from run to run.
+  const FolderLock lock(c.output, "output", c.output / "work" / ".lock");
   if (c.threads > 0) set_num_threads(c.threads);
   fs::create_directories(c.output / "work");
   const fs::path work = c.output / "work";

@@ -18,6 +18,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/folder_lock.h"
 #include "base/thread_pool.h"
 #include "data/loader.h"
 #include "data/pipeline.h"
@@ -272,6 +273,24 @@ TEST(Pipeline, AConfiguredPathThatDoesNotExistIsAnErrorBeforeAnyWork) {
             std::string::npos)
       << e;
   EXPECT_FALSE(fs::exists(corpus().root / "out_typo"));
+}
+
+// Two `pollen data prepare` on one output folder would overwrite each other's shards: the second
+// is refused while the first holds the folder.
+TEST(Pipeline, ASecondPrepareOfTheSameFolderIsRefused) {
+  const fs::path cfg_path = corpus().config("out_locked", 1);
+  const PipelineConfig c = PipelineConfig::load(cfg_path);
+  {
+    const FolderLock held(c.output, "output", c.output / "work" / ".lock");
+    try {
+      prepare(c, {.progress = false});
+      ADD_FAILURE() << "a second prepare ran beside the first";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is in use by another process"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_NO_THROW(prepare(c, {.progress = false}));
 }
 
 // A file listed and then removed before it is read (another process cleaning up) is reported
