@@ -4,6 +4,7 @@
 #include <csignal>
 #include <thread>
 
+#include "base/folder_lock.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "fed/client.h"
@@ -64,6 +65,7 @@ void export_reward_model_when_done(Coordinator& coordinator, const ServerConfig&
 }  // namespace
 
 int64_t run_server(const ServerConfig& config, bool resume) {
+  const FolderLock lock(config.dir, "server.dir");  // one server at a time writes its run
   Coordinator coordinator(config, resume);
   GrpcServer server(coordinator, config.address, config.tls);
   const auto metrics = serve_metrics(coordinator);
@@ -127,6 +129,10 @@ void run_client(const ClientConfig& config, const train::FaultInjection& fault) 
                                        : threads_per_rank(comm->topology().local_world));
   }
   if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the silo
+  // One client process (one silo's job) at a time keeps its state in a folder.
+  std::optional<FolderLock> lock;
+  if (comm->rank() == 0 && !config.state_dir.empty())
+    lock.emplace(config.state_dir, "client.state_dir");
   try {
     if (comm->world() > 1)
       log::info("fed client ranks (", comm->topology().launcher, "): ", comm->placement());
@@ -156,6 +162,7 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
       POLLEN_CHECK(std::filesystem::is_regular_file(m), config.command, ": client '", cc.id,
                    "': no manifest '", m,
                    "' (sim.manifests; paths are relative to the working folder)");
+  const FolderLock lock(config.server.dir, "server.dir");  // its clients' states are inside
   Coordinator coordinator(config.server, resume);
   const auto metrics = serve_metrics(coordinator);
   LocalTransport transport(coordinator);

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "base/files.h"
+#include "base/folder_lock.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "data/shards.h"
@@ -214,6 +215,26 @@ TEST(Simulation, DataTokenisedWithAnotherTokenizerIsRefused) {
     EXPECT_NE(what.find("tokenised with tokenizer another-tokenizer"), std::string::npos) << what;
     EXPECT_NE(what.find("test-tokenizer"), std::string::npos) << what;
   }
+  fs::remove_all(dir);
+}
+
+// One server at a time writes a run folder: a second (a restart while the first still runs) is
+// refused before it touches the folder.
+TEST(Simulation, ASecondServerOnTheRunFolderIsRefused) {
+  Quiet q;
+  const auto dir = temp_dir("sim_locked");
+  const auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 1, 2);
+  const FolderLock first(cfg.server.dir, "server.dir");
+  try {
+    run_simulation(cfg, false);
+    ADD_FAILURE() << "two servers ran on one folder";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("server.dir '" + cfg.server.dir.string() +
+                                         "' is in use by another process"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(cfg.server.dir / "metrics.jsonl"));
   fs::remove_all(dir);
 }
 
