@@ -56,6 +56,7 @@ void SingleProcess::abort_job(int exit_code) {
 std::unique_ptr<Communicator> connect(double timeout_s) {
   const Topology t = topology_from_environment();
   if (!t.distributed()) return std::make_unique<SingleProcess>();
+  check_joinable(t);
   return std::make_unique<MpiCommunicator>(t, timeout_s);
 }
 

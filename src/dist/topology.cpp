@@ -92,11 +92,7 @@ Topology topology_from_environment() {
   // OpenMPI (Debian's 4.1, and every 5.x) joins srun's tasks into one job only through PMIx;
   // under PMI-2 or none MPI_Init fails with advice to rebuild OpenMPI: say what to change.
   const bool srun = env_set("SLURM_STEP_NUM_TASKS") && t.launcher != "mpirun";
-  POLLEN_CHECK(!srun || t.world == 1 || env_set("PMIX_RANK"), "srun started rank ", t.rank, " of ",
-               t.world,
-               " without PMIx (PMIX_RANK is not set), so MPI cannot join the ranks: launch with "
-               "srun --mpi=pmix (not pmi2 or none), or set MpiDefault=pmix in slurm.conf "
-               "(docs/parallel.md)");
+  t.srun_without_pmix = srun && t.world > 1 && !env_set("PMIX_RANK");
   POLLEN_CHECK(t.world >= 1 && t.rank < t.world, "launcher environment (", t.launcher, "): rank ",
                t.rank, " is not in [0, ", t.world, ")");
   POLLEN_CHECK(t.local_world >= 1 && t.local_rank < t.local_world, "launcher environment (",
@@ -104,6 +100,13 @@ Topology topology_from_environment() {
   POLLEN_CHECK(t.local_world <= t.world, "launcher environment (", t.launcher, "): ", t.local_world,
                " ranks on this node, more than the job's ", t.world);
   return t;
+}
+
+void check_joinable(const Topology& t) {
+  POLLEN_CHECK(!t.srun_without_pmix, "srun started rank ", t.rank, " of ", t.world,
+               " without PMIx (PMIX_RANK is not set), so MPI cannot join the ranks: launch with "
+               "srun --mpi=pmix (not pmi2 or none), or set MpiDefault=pmix in slurm.conf "
+               "(docs/parallel.md)");
 }
 
 }  // namespace pollen::dist

@@ -10,6 +10,7 @@ struct Topology {
   int rank = 0, world = 1;              // in the whole job
   int local_rank = 0, local_world = 1;  // on this node
   std::string launcher = "none";        // "mpirun", "pmi", "slurm" or "none"
+  bool srun_without_pmix = false;       // ranks of srun that MPI cannot join (check_joinable)
   bool distributed() const { return world > 1; }
 };
 
@@ -18,5 +19,10 @@ struct Topology {
 // (srun; an sbatch script outside srun is not a job step and counts as one process).
 // A malformed variable is an error naming it.
 Topology topology_from_environment();
+
+// Throws, saying what to change, when MPI could not join the ranks: srun's tasks without PMIx
+// (OpenMPI joins them only through it). Checked when the ranks connect, after a command that runs
+// as one process has been refused for what it is.
+void check_joinable(const Topology& topology);
 
 }  // namespace pollen::dist

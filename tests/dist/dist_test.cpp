@@ -538,13 +538,29 @@ TEST(Topology, ReadsTheLauncherEnvironment) {
   expect_error("SLURM_STEP_TASKS_PER_NODE='2(x3'");
   setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3)", 1);
   expect_error("lists fewer nodes than SLURM_NODEID=3");
-  // srun without --mpi=pmix: MPI_Init could not join the ranks; say so before it fails.
+  // srun without --mpi=pmix: MPI_Init could not join the ranks; say so before it fails (and
+  // after a command that runs as one process was refused as such).
   setenv("SLURM_STEP_TASKS_PER_NODE", "2(x3),1", 1);
   unsetenv("PMIX_RANK");
-  expect_error("srun --mpi=pmix");
+  const auto expect_unjoinable = [] {
+    const dist::Topology t = dist::topology_from_environment();
+    try {
+      dist::check_joinable(t);
+      ADD_FAILURE() << "srun's ranks without PMIx taken as joinable";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("srun --mpi=pmix"), std::string::npos) << e.what();
+    }
+    try {
+      dist::refuse_ranks_unless_supported({"fed", "post", "--config", "x"}, t);
+      ADD_FAILURE() << "fed post started as ranks";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("runs as one process"), std::string::npos) << e.what();
+    }
+  };
+  expect_unjoinable();
   setenv("PMI_SIZE", "7", 1);  // srun --mpi=pmi2
   setenv("PMI_RANK", "6", 1);
-  expect_error("srun --mpi=pmix");
+  expect_unjoinable();
   unsetenv("PMI_SIZE");
   unsetenv("PMI_RANK");
   for (const char* v : {"SLURM_STEP_NUM_TASKS", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
