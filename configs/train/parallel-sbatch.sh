@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Data-parallel pre-training under Slurm (docs/parallel.md): one pollen rank per task, 2 nodes x
 # 4 ranks. The run folder, data and binary must be on a filesystem every node sees.
-#   sbatch configs/train/parallel-sbatch.sh RUN.toml
+#   sbatch configs/train/parallel-sbatch.sh RUN.toml [--set key=value ...]
+# (options after RUN.toml go to pollen train, in this job and in the jobs it resubmits)
 #SBATCH --job-name=pollen-train
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4
@@ -10,13 +11,14 @@
 #SBATCH --signal=TERM@120
 #SBATCH --output=pollen-train-%j.log
 set -uo pipefail
-config=${1:?usage: sbatch parallel-sbatch.sh RUN.toml}
+config=${1:?usage: sbatch parallel-sbatch.sh RUN.toml [--set key=value ...]}
+shift
 pollen=${POLLEN:-pollen}
 
 # Each rank uses its task's CPUs; --resume starts at step 0 when there is no checkpoint yet.
 # --signal above: Slurm sends TERM to every rank 120 s before the time limit.
 srun --mpi=pmix --cpu-bind=none "$pollen" train --config "$config" \
-  --set run.threads="${SLURM_CPUS_PER_TASK:-0}" --resume &
+  --set run.threads="${SLURM_CPUS_PER_TASK:-0}" "$@" --resume &
 wait $!
 status=$?
 # 3: preempted (a checkpoint was written), 4: a rank died or hung: continue in a new job of
@@ -25,6 +27,6 @@ status=$?
 if [ "$status" -eq 3 ] || [ "$status" -eq 4 ]; then
   sbatch --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_NTASKS" \
     --ntasks-per-node="$SLURM_NTASKS_PER_NODE" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
-    "$0" "$config"
+    "$0" "$config" "$@"
 fi
 exit "$status"

@@ -316,7 +316,11 @@ ObjectiveStep SftObjective::train_step(const model::Llama& model, int64_t) {
 void SftObjective::split_across(dist::Communicator& comm, dist::GradReducer& reducer) {
   POLLEN_CHECK(settings_.accumulation % comm.world() == 0, "sft.accumulation (",
                settings_.accumulation, ") is not a multiple of the job's ", comm.world(),
-               " ranks: each rank runs the same number of a step's micro-batches");
+               " ranks: each rank runs the same number of a step's micro-batches (--set "
+               "sft.accumulation=",
+               comm.world(),
+               " or a multiple of it; the step's batch grows "
+               "with it)");
   comm_ = &comm;
   reducer_ = &reducer;
 }
