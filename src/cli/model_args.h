@@ -58,15 +58,10 @@ inline tokenizer::ChatFormat model_chat_format(const io::ModelSource& src,
       explicit_name.empty() ? src.chat_template.value_or("") : explicit_name);
 }
 
-// The id of the special token that ends a turn in `format`; an error when the tokenizer lacks it
-// (the template's markers would be encoded as plain bytes and no reply could ever end).
+// The id of the special token that ends a turn in `format`; an error when the tokenizer lacks it.
 inline uint32_t end_of_turn_id(const tokenizer::Tokenizer& tok,
                                const tokenizer::ChatFormat& format) {
-  const std::string_view content = tokenizer::end_of_turn(format.kind);
-  for (const auto& t : tok.added_tokens())
-    if (t.content == content) return t.id;
-  fail("the ", tokenizer::chat_template_name(format.kind), " chat template ends turns with ",
-       content, ", which the tokenizer does not have; choose another with --chat-template");
+  return tokenizer::end_of_turn_id(tok, format.kind, "choose another with --chat-template");
 }
 
 // End-of-sequence ids: generation_config.json's eos_token_id when the model has one (else

@@ -38,6 +38,21 @@ std::string describe_keys(const std::vector<std::pair<std::string, std::string>>
   return s.empty() ? "no keys" : s;
 }
 
+// Without the template's special tokens its markup would be encoded as plain bytes: every example
+// grows long and truncates, GRPO never sees an end of turn, and chat refuses the result.
+void check_chat_markup(const PostConfig& cfg, const PostBase& b) {
+  const std::vector<std::string> missing =
+      tokenizer::missing_chat_markup(*b.tokenizer, b.chat_format.kind);
+  if (missing.empty()) return;
+  std::string names;
+  for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+  fail("config file '", cfg.source, "': the tokenizer '", b.tokenizer_path.string(),
+       "' (model.tokenizer, or model.base's) lacks the special tokens ", names, " of the ",
+       tokenizer::chat_template_name(b.chat_format.kind),
+       " chat template (model.chat_template, or model.base's); train a tokenizer with them "
+       "(pollen tokenizer train --special) or choose the template the tokenizer has");
+}
+
 }  // namespace
 
 PostBase resolve_post_base(const PostConfig& cfg) {
@@ -64,6 +79,7 @@ PostBase resolve_post_base(const PostConfig& cfg) {
     fail("config file '", cfg.source, "': no chat template for model.base '", cfg.base, "' (",
          e.what(), "); set model.chat_template to \"chatml\" or \"llama3\"");
   }
+  check_chat_markup(cfg, b);
   return b;
 }
 

@@ -123,6 +123,26 @@ TEST(PostRun, CheckpointIsAModelWithItsTokenizerAndChatTemplate) {
   EXPECT_TRUE(st.at("objective").contains("next"));
 }
 
+// A tokenizer trained without the template's special tokens would encode its markup as bytes:
+// the run is refused before it trains, naming the keys that choose the two.
+TEST(PostRun, ATokenizerWithoutTheChatTemplatesSpecialTokensIsRefused) {
+  const fs::path dir = test_support::post_temp_dir("no_specials");
+  const std::string pattern = tokenizer::pattern_regex("cl100k_base");
+  tokenizer::PieceCounts counts(pattern);
+  const std::vector<std::string_view> text{"user\nassistant\n1 + 2 = 3"};
+  counts.add_documents(text);
+  const fs::path plain = dir / "plain.json";
+  tokenizer::save_tokenizer(tokenizer::train_bpe(counts, {300, {"<|endoftext|>"}, pattern}), plain);
+  const std::string toml =
+      test_support::tiny_post_toml(dir / "run", fixture().model_file, plain, 2,
+                                   "[sft]\ndata = \"" + sft_data().string() + "\"\nseq = 64\n");
+  const std::string e = error_of([&] { run(toml, false); });
+  for (const char* part :
+       {"model.tokenizer", "model.chat_template", "<|im_start|>", "<|im_end|>", "plain.json"})
+    EXPECT_NE(e.find(part), std::string::npos) << part << " in: " << e;
+  EXPECT_FALSE(fs::exists(dir / "run" / "checkpoints"));
+}
+
 TEST(PostRun, UnknownKeysAndSectionsAreRefused) {
   const fs::path dir = test_support::post_temp_dir("keys");
   auto refused = [&](const std::string& extra, const std::string& key) {
