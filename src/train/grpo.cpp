@@ -12,6 +12,7 @@
 #include "base/rng.h"
 #include "io/model_source.h"
 #include "model/generate.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/open.h"
 #include "train/jsonl_data.h"
 #include "train/reward.h"
@@ -139,14 +140,20 @@ double mean_group_std(const std::vector<double>& rewards, int64_t group) {
   return sum / static_cast<double>(groups);
 }
 
+// Where a completion ends: where generate and chat stop for the model (its EOS ids), and at the
+// chat template's end of turn and the EOS the post-processor appends.
 std::vector<uint32_t> stop_tokens_for(const tokenizer::Tokenizer& tokenizer,
-                                      const tokenizer::ChatFormat& chat_format) {
-  std::vector<uint32_t> stop;
-  const std::vector<uint32_t> eot = tokenizer.encode(
-      tokenizer::end_of_turn(chat_format.kind), {tokenizer::SpecialPolicy::allow_all(), false});
-  if (eot.size() == 1) stop.push_back(eot[0]);
-  for (uint32_t id : tokenizer.bos_eos().suffix)
+                                      const tokenizer::ChatFormat& chat_format,
+                                      const std::vector<uint32_t>& end_tokens) {
+  std::vector<uint32_t> stop =
+      end_tokens.empty() ? io::model_stop_tokens(io::ModelSource{}, tokenizer) : end_tokens;
+  auto add = [&](uint32_t id) {
     if (std::find(stop.begin(), stop.end(), id) == stop.end()) stop.push_back(id);
+  };
+  if (const auto eot =
+          tokenizer::added_token_id(tokenizer, tokenizer::end_of_turn(chat_format.kind)))
+    add(*eot);
+  for (uint32_t id : tokenizer.bos_eos().suffix) add(id);
   return stop;
 }
 
@@ -277,7 +284,7 @@ GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction rew
   if (!options_.eval_data.empty() && jsonl_has_records(options_.eval_data))
     eval_prompts_ =
         read_grpo_prompts(options_.eval_data, *tokenizer_, context.chat_format, verifier);
-  stop_tokens_ = stop_tokens_for(*tokenizer_, context.chat_format);
+  stop_tokens_ = stop_tokens_for(*tokenizer_, context.chat_format, context.end_tokens);
   for (const auto* set : {&prompts_, &eval_prompts_})
     for (const GrpoPrompt& p : *set)
       POLLEN_CHECK(context.max_seq <= 0 ||

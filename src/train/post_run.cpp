@@ -172,7 +172,8 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
                              arch.max_position_embeddings,
                              arch,
                              cfg.dir,
-                             resolved.base};
+                             resolved.base,
+                             io::model_stop_tokens(base.source, *base.tokenizer)};
   const std::unique_ptr<Objective> objective = make_objective(ctx);
   const std::string name = objective->name();
   if (!objective->uses_output_head()) {

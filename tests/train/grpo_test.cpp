@@ -388,6 +388,30 @@ TEST(Grpo, ACompletionIsScoredWithTheStopTokenItSampled) {
     EXPECT_EQ(tokens, std::vector<uint32_t>{im_end});
 }
 
+// Completions stop where generate and chat stop: at the tokenizer's EOS (here <|endoftext|>, not
+// the template's end of turn) and at the model's own end ids (generation_config.json's), so that no
+// text after an EOS is scored.
+TEST(Grpo, CompletionsStopAtTheTokenizersAndTheModelsEos) {
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  const tokenizer::EncodeOptions specials{tokenizer::SpecialPolicy::allow_all(), false};
+  const uint32_t eos = t.tok.encode("<|endoftext|>", specials)[0];
+  const model::Llama m = testing::always_predicting(eos, t.tok.vocab_size());
+  GrpoObjective objective(t.context(kTinyRun), lowercase_share);
+  objective.train_step(m, 1);
+  for (const auto& tokens : objective.rollouts().tokens)
+    EXPECT_EQ(tokens, std::vector<uint32_t>{eos});
+
+  const uint32_t configured = t.tok.encode(" cat", specials).back();  // a generation config's
+  const model::Llama n = testing::always_predicting(configured, t.tok.vocab_size());
+  ObjectiveContext context = t.context(kTinyRun);
+  context.end_tokens = {configured, eos};
+  GrpoObjective with_config(context, lowercase_share);
+  with_config.train_step(n, 1);
+  for (const auto& tokens : with_config.rollouts().tokens)
+    EXPECT_EQ(tokens, std::vector<uint32_t>{configured});
+}
+
 // Runs `steps` GRPO steps with AdamW at `lr`; returns the mean reward of the last `last` steps.
 double hand_loop(TinyGrpo& t, const std::string& toml, double lr, int steps, int last) {
   model::Llama m = testing::tiny_model(t.tok.vocab_size());
