@@ -14,6 +14,7 @@
 #include "model/generate.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/open.h"
+#include "train/data_key.h"
 #include "train/jsonl_data.h"
 #include "train/reward.h"
 
@@ -284,6 +285,7 @@ GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction rew
   if (!options_.eval_data.empty() && jsonl_has_records(options_.eval_data))
     eval_prompts_ =
         read_grpo_prompts(options_.eval_data, *tokenizer_, context.chat_format, verifier);
+  data_key_ = data_key(options_.data, options_.eval_data, context);  // the files read well
   stop_tokens_ = stop_tokens_for(*tokenizer_, context.chat_format, context.end_tokens);
   for (const auto* set : {&prompts_, &eval_prompts_})
     for (const GrpoPrompt& p : *set)
@@ -563,6 +565,7 @@ nlohmann::ordered_json GrpoObjective::state() const {
   // The prompts and random streams of every batch follow from the seed and the step, so only a
   // batch that later steps still train on (updates_per_batch > 1) needs saving.
   nlohmann::ordered_json s = nlohmann::ordered_json::object();
+  if (!data_key_.empty()) s["data_key"] = data_key_;  // what the batches' prompt numbers index
   if (options_.updates_per_batch > 1 && rollouts_.batch >= 0) {
     s["batch"] = rollouts_.batch;
     s["prompt"] = rollouts_.prompt;
@@ -576,6 +579,12 @@ nlohmann::ordered_json GrpoObjective::state() const {
 }
 
 void GrpoObjective::restore(const nlohmann::ordered_json& state) {
+  if (!data_key_.empty())
+    check_data_key(state, data_key_, "grpo",
+                   cat("grpo.data '", options_.data.string(), "'",
+                       options_.eval_data.empty()
+                           ? std::string()
+                           : cat(", grpo.eval_data '", options_.eval_data.string(), "'")));
   rollouts_ = Rollouts();
   if (!state.contains("batch")) return;
   try {

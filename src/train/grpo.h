@@ -135,6 +135,8 @@ class GrpoObjective : public Objective {
                                                        const Rollouts& rollouts) const;
 
   GrpoOptions options_;
+  std::string data_key_;  // the prompt files, tokenizer and template (train/data_key.h); empty:
+                          // prompts given in memory
   std::vector<GrpoPrompt> prompts_, eval_prompts_;
   RolloutReward reward_;
   const tokenizer::Tokenizer* tokenizer_;

@@ -6,6 +6,7 @@
 #include "autograd/tape.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "train/data_key.h"
 #include "train/jsonl_data.h"
 #include "train/trainer.h"
 
@@ -231,6 +232,7 @@ SftObjective::SftObjective(const ObjectiveContext& ctx) : seed_(ctx.seed) {
     load(settings_.validation, false, validation_, nullptr, counts);
   POLLEN_CHECK(!train_.empty(), "sft: no training examples left in '", settings_.data.string(),
                "'");
+  data_key_ = data_key(settings_.data, settings_.validation, ctx);  // the files read well
   log::info("sft: ", train_.size(), " training and ", validation_.size(),
             " validation examples; longer than ", settings_.seq, " positions: ", counts.truncated,
             " truncated, ", counts.dropped, " dropped; ", counts.unscored, " with no scored token");
@@ -360,10 +362,16 @@ std::string SftObjective::no_validation_data() const {
 }
 
 nlohmann::ordered_json SftObjective::state() const {
-  return {{"epoch", epoch_}, {"next", next_}};
+  return {{"epoch", epoch_}, {"next", next_}, {"data_key", data_key_}};
 }
 
 void SftObjective::restore(const nlohmann::ordered_json& st) {
+  // The data position counts examples of the data the run started with.
+  check_data_key(st, data_key_, "sft",
+                 cat("sft.data '", settings_.data.string(), "'",
+                     settings_.validation.empty()
+                         ? std::string()
+                         : cat(", sft.validation '", settings_.validation.string(), "'")));
   epoch_ = st.at("epoch").get<int64_t>();
   next_ = st.at("next").get<int64_t>();
   order_ = epoch_order(epoch_);

@@ -100,6 +100,31 @@ TEST(GrpoRun, ResumesARunWhoseSectionHasANestedVerifierTable) {
   fs::remove_all(f.dir);
 }
 
+// A checkpoint's batches index the prompts of the run's data: resuming on other prompts (which
+// the index range check alone lets through when the count is unchanged) is refused.
+TEST(GrpoRun, AResumeOnChangedPromptsIsRefused) {
+  const GrpoRunFiles f = grpo_run_files("grpo_resume_data");
+  const std::string text = test_support::tiny_post_toml(
+      f.dir / "run", f.model_file, f.tokenizer_path, 4,
+      "[grpo]\ndata = \"" + f.prompts.string() +
+          "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\nmax_completion_tokens = 6\n");
+  ASSERT_EQ(run_grpo(text, false, 2).status, train::RunStatus::preempted);
+  {
+    std::ofstream out(f.prompts);
+    for (const auto& e : train::synth_examples("arithmetic", 16, 6))
+      out << train::grpo_jsonl_line(e) << "\n";
+  }
+  std::string error;
+  try {
+    run_grpo(text, true);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("cannot resume"), std::string::npos) << error;
+  EXPECT_NE(error.find("grpo.data '" + f.prompts.string() + "'"), std::string::npos) << error;
+  fs::remove_all(f.dir);
+}
+
 // GRPO's loss is about 0 by construction: the run's lines and summary show the reward instead,
 // and a held-out reward of 0 is 0 in the summary, not -0.
 TEST(GrpoRun, SummaryShowsTheRewardAndNoNegativeZero) {
