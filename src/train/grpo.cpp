@@ -296,7 +296,8 @@ GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction rew
                    " tokens plus max_completion_tokens = ", options_.max_completion_tokens,
                    " exceeds the model's ", context.max_seq, " positions (\"", p.text.substr(0, 40),
                    "...\")");
-  if (!options_.reference.empty())
+  // beta = 0 has no KL term: the reference is not loaded at all.
+  if (options_.loss.beta > 0 && !options_.reference.empty())
     set_reference(std::make_shared<model::Llama>(
         io::load_model(io::resolve_model(options_.reference), DType::f32, context.seed)));
 }

@@ -412,6 +412,22 @@ TEST(Grpo, CompletionsStopAtTheTokenizersAndTheModelsEos) {
     EXPECT_EQ(tokens, std::vector<uint32_t>{configured});
 }
 
+// beta = 0 has no KL term, and the reference is not even read: a reference that cannot be loaded
+// is no error then.
+TEST(Grpo, BetaZeroNeverLoadsTheReference) {
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  const std::string missing = "reference = \"" + (t.dir / "no-such-model").string() + "\"\n";
+  GrpoObjective objective(t.context(std::string(kTinyRun) + "beta = 0\n" + missing),
+                          lowercase_share);
+  EXPECT_EQ(objective.options().loss.beta, 0.0);
+  EXPECT_NE(error_of([&] {
+              GrpoObjective(t.context(std::string(kTinyRun) + "beta = 0.1\n" + missing),
+                            lowercase_share);
+            }).find("no-such-model"),
+            std::string::npos);
+}
+
 // Runs `steps` GRPO steps with AdamW at `lr`; returns the mean reward of the last `last` steps.
 double hand_loop(TinyGrpo& t, const std::string& toml, double lr, int steps, int last) {
   model::Llama m = testing::tiny_model(t.tok.vocab_size());
