@@ -266,6 +266,12 @@ model::Llama load_initial_weights(const std::string& spec, const model::LlamaCon
                       [&](const std::string& name, const Shape&) { return weights.at(name); });
 }
 
+std::string pinned_model_spec(const std::string& spec, const ModelSource& source) {
+  const bool run_folder = source.kind == ModelSource::Kind::checkpoint && fs::is_directory(spec) &&
+                          fs::path(spec).lexically_normal() != source.path.lexically_normal();
+  return run_folder ? fs::absolute(source.path).lexically_normal().string() : spec;
+}
+
 std::vector<uint32_t> model_stop_tokens(const ModelSource& source,
                                         const tokenizer::Tokenizer& tok) {
   std::set<uint32_t> ids;

@@ -55,6 +55,11 @@ std::optional<std::string> model_chat_template(const ModelSource& source,
 // <|eot_id|>, <|im_end|>, <|end_of_text|>). Ascending.
 std::vector<uint32_t> model_stop_tokens(const ModelSource& source, const tokenizer::Tokenizer& tok);
 
+// `spec` as a run keeps using it: a run folder stands for its newest checkpoint, which moves on
+// while that run trains, so it becomes that checkpoint's absolute path (`source`: `spec`
+// resolved); any other spec is returned as it is.
+std::string pinned_model_spec(const std::string& spec, const ModelSource& source);
+
 // Loads the weights (presets and model files: initialised from `seed`).
 model::Llama load_model(const ModelSource& source, DType dtype = DType::f32, uint64_t seed = 0);
 

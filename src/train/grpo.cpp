@@ -297,9 +297,13 @@ GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction rew
                    " exceeds the model's ", context.max_seq, " positions (\"", p.text.substr(0, 40),
                    "...\")");
   // beta = 0 has no KL term: the reference is not loaded at all.
-  if (options_.loss.beta > 0 && !options_.reference.empty())
-    set_reference(std::make_shared<model::Llama>(
-        io::load_model(io::resolve_model(options_.reference), DType::f32, context.seed)));
+  if (options_.loss.beta > 0 && !options_.reference.empty()) load_reference(options_.reference);
+}
+
+void GrpoObjective::load_reference(const std::string& spec) {
+  const io::ModelSource source = io::resolve_model(spec);
+  pinned_reference_ = io::pinned_model_spec(spec, source);
+  set_reference(std::make_shared<model::Llama>(io::load_model(source, DType::f32, seed_)));
 }
 
 GrpoObjective::GrpoObjective(const GrpoOptions& options, std::vector<GrpoPrompt> prompts,
@@ -567,6 +571,7 @@ nlohmann::ordered_json GrpoObjective::state() const {
   // batch that later steps still train on (updates_per_batch > 1) needs saving.
   nlohmann::ordered_json s = nlohmann::ordered_json::object();
   if (!data_key_.empty()) s["data_key"] = data_key_;  // what the batches' prompt numbers index
+  if (!pinned_reference_.empty()) s["reference"] = pinned_reference_;
   if (options_.updates_per_batch > 1 && rollouts_.batch >= 0) {
     s["batch"] = rollouts_.batch;
     s["prompt"] = rollouts_.prompt;
@@ -586,6 +591,21 @@ void GrpoObjective::restore(const nlohmann::ordered_json& state) {
                        options_.eval_data.empty()
                            ? std::string()
                            : cat(", grpo.eval_data '", options_.eval_data.string(), "'")));
+  // The KL reference the run began with, also when grpo.reference names a run folder that has
+  // moved on since.
+  if (state.contains("reference") && !pinned_reference_.empty()) {
+    POLLEN_CHECK(state["reference"].is_string(),
+                 "grpo: the checkpoint's objective state has a reference that is not a string");
+    const std::string pinned = state["reference"].get<std::string>();
+    if (pinned != pinned_reference_) {
+      try {
+        load_reference(pinned);
+      } catch (const Error& e) {
+        fail("grpo: cannot load the KL reference the run began with (grpo.reference '",
+             options_.reference, "' was then '", pinned, "'): ", e.what());
+      }
+    }
+  }
   rollouts_ = Rollouts();
   if (!state.contains("batch")) return;
   try {

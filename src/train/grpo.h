@@ -96,8 +96,11 @@ class GrpoObjective : public Objective {
                 const tokenizer::Tokenizer& tokenizer, std::vector<uint32_t> stop_tokens,
                 uint64_t seed);
 
-  // The KL reference; set from `reference` when the section names one.
+  // The KL reference; set from `reference` when the section names one (and beta > 0).
   void set_reference(std::shared_ptr<const model::Llama> reference);
+  // The `reference` spec as the run uses it (a run folder pinned to its checkpoint); empty when
+  // the reference is not loaded from the section.
+  const std::string& pinned_reference() const { return pinned_reference_; }
 
   std::string name() const override { return "grpo"; }
   // The loss is about 0 by construction (advantages have mean 0 within each group); the mean
@@ -142,7 +145,11 @@ class GrpoObjective : public Objective {
   const tokenizer::Tokenizer* tokenizer_;
   std::vector<uint32_t> stop_tokens_;
   uint64_t seed_;
+  // Loads the KL reference from `spec`, pinned.
+  void load_reference(const std::string& spec);
+
   std::shared_ptr<const model::Llama> reference_;
+  std::string pinned_reference_;
   Rollouts rollouts_;
   RankShare share_;
 };

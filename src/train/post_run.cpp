@@ -109,11 +109,7 @@ std::string pinned_base(const PostConfig& cfg, const std::optional<fs::path>& re
       return saved.base;
     if (saved.base == cfg.base) return cfg.base;  // a run begun before bases were pinned
   }
-  const io::ModelSource source = io::resolve_model(cfg.base);
-  const bool run_folder = source.kind == io::ModelSource::Kind::checkpoint &&
-                          fs::is_directory(cfg.base) &&
-                          fs::path(cfg.base).lexically_normal() != source.path.lexically_normal();
-  return run_folder ? fs::absolute(source.path).lexically_normal().string() : cfg.base;
+  return io::pinned_model_spec(cfg.base, io::resolve_model(cfg.base));
 }
 
 PostResult post_train(const PostConfig& cfg, const PostOptions& o,
