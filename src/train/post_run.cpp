@@ -227,7 +227,10 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     // The tokenizer travels with every checkpoint, so that the checkpoint is a model on its own.
     tokenizer::save_tokenizer(*base.tokenizer, cfg.dir / "tokenizer.json");
     texts.emplace_back("tokenizer.json", read_file(cfg.dir / "tokenizer.json"));
-    if (lora) texts.emplace_back("adapter_config.json", lora_checkpoint_config(*lora, cfg.base));
+    // The base the adapters were trained on: a run folder's pinned checkpoint, not the folder,
+    // whose newest checkpoint moves on.
+    if (lora)
+      texts.emplace_back("adapter_config.json", lora_checkpoint_config(*lora, resolved.base));
   }
 
   int64_t trained_count = 0;
