@@ -29,6 +29,22 @@ uint64_t conversation_hash(const std::vector<tokenizer::ChatMessage>& messages) 
   return h;
 }
 
+// The rendered conversation up to where assistant message i's content begins (the messages before
+// it and its header), cut from the conversation through message i. Rendering the messages before
+// it with a generation prompt is not the same for a first message: Llama 3 opens a conversation
+// with <|begin_of_text|> and Qwen's ChatML with a default system message, which no messages at all
+// do not get.
+std::string text_before_message(const tokenizer::ChatFormat& format,
+                                const std::vector<tokenizer::ChatMessage>& messages, size_t i) {
+  const std::string marker = "pollen-reply-marker";
+  std::vector<tokenizer::ChatMessage> through(messages.begin(), messages.begin() + i + 1);
+  through[i].content = marker;
+  const std::string text = tokenizer::render_chat(format, through, false);
+  const size_t at = text.rfind(marker);
+  POLLEN_ASSERT(at != std::string::npos);
+  return text.substr(0, at);
+}
+
 int64_t positions(const SftExample& e) {
   return static_cast<int64_t>(e.tokens.size()) - 1;
 }
@@ -89,9 +105,8 @@ SftExample tokenize_conversation(const tokenizer::Tokenizer& tok,
   const std::string_view eot = tokenizer::end_of_turn(format.kind);
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role != "assistant") continue;
-    const std::vector<tokenizer::ChatMessage> before(messages.begin(), messages.begin() + i);
     const std::vector<tokenizer::ChatMessage> through(messages.begin(), messages.begin() + i + 1);
-    const size_t start = boundary(tokenizer::render_chat(format, before, true), i, "before");
+    const size_t start = boundary(text_before_message(format, messages, i), i, "before");
     std::string done = tokenizer::render_chat(format, through, false);
     const size_t at = done.rfind(eot);
     POLLEN_ASSERT(at != std::string::npos);
