@@ -183,6 +183,9 @@ GrpoOptions read_grpo_options(ConfigTable& section, const std::filesystem::path&
   o.top_p = section.get_double("top_p", o.top_p);
   POLLEN_CHECK(o.top_p > 0 && o.top_p <= 1, section.where("top_p"), ": must be in (0, 1]");
   o.stop = section.get_strings("stop");
+  for (const std::string& stop : o.stop)
+    POLLEN_CHECK(!stop.empty(), section.where("stop"),
+                 ": a stop string may not be empty (it would stop nothing); remove it");
   o.loss.clip_low = section.get_double("clip_epsilon", o.loss.clip_low);
   o.loss.clip_high = section.get_double("clip_epsilon_high", o.loss.clip_low);
   POLLEN_CHECK(o.loss.clip_low > 0 && o.loss.clip_low < 1, section.where("clip_epsilon"),
@@ -218,7 +221,7 @@ GrpoOptions read_grpo_options(ConfigTable& section, const std::filesystem::path&
 std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
                                           const tokenizer::Tokenizer& tokenizer,
                                           const tokenizer::ChatFormat& chat_format,
-                                          const RewardFunction& verifier) {
+                                          const RewardFunction& verifier, PromptLimit limit) {
   std::vector<GrpoPrompt> prompts;
   bool warned_turn_end = false;
   for_each_jsonl_object(
@@ -258,6 +261,13 @@ std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
         }
         p.tokens = tokenizer.encode(p.text, {tokenizer::SpecialPolicy::allow_all(), false});
         POLLEN_CHECK(!p.tokens.empty(), where, ": the prompt is empty");
+        POLLEN_CHECK(
+            limit.positions <= 0 ||
+                static_cast<int64_t>(p.tokens.size()) + limit.completion_tokens <= limit.positions,
+            where, ": the prompt's ", p.tokens.size(),
+            " tokens plus grpo.max_completion_tokens = ", limit.completion_tokens,
+            " exceed the model's ", limit.positions,
+            " positions; shorten the prompt or lower max_completion_tokens");
         try {
           if (verifier) verifier(p.text, "", p.answer);
         } catch (const Error& e) {
@@ -281,21 +291,13 @@ GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction rew
     reward_ = reward_model_reward(options_.reward_model, *tokenizer_, verifier);
   else
     reward_ = rollout_reward(verifier);
-  prompts_ = read_grpo_prompts(options_.data, *tokenizer_, context.chat_format, verifier);
+  const PromptLimit limit{context.max_seq, options_.max_completion_tokens};
+  prompts_ = read_grpo_prompts(options_.data, *tokenizer_, context.chat_format, verifier, limit);
   if (!options_.eval_data.empty() && jsonl_has_records(options_.eval_data))
     eval_prompts_ =
-        read_grpo_prompts(options_.eval_data, *tokenizer_, context.chat_format, verifier);
+        read_grpo_prompts(options_.eval_data, *tokenizer_, context.chat_format, verifier, limit);
   data_key_ = data_key(options_.data, options_.eval_data, context);  // the files read well
   stop_tokens_ = stop_tokens_for(*tokenizer_, context.chat_format, context.end_tokens);
-  for (const auto* set : {&prompts_, &eval_prompts_})
-    for (const GrpoPrompt& p : *set)
-      POLLEN_CHECK(context.max_seq <= 0 ||
-                       static_cast<int64_t>(p.tokens.size()) + options_.max_completion_tokens <=
-                           context.max_seq,
-                   "grpo: a prompt of ", p.tokens.size(),
-                   " tokens plus max_completion_tokens = ", options_.max_completion_tokens,
-                   " exceeds the model's ", context.max_seq, " positions (\"", p.text.substr(0, 40),
-                   "...\")");
   // beta = 0 has no KL term: the reference is not loaded at all.
   if (options_.loss.beta > 0 && !options_.reference.empty()) load_reference(options_.reference);
 }

@@ -69,13 +69,21 @@ struct GrpoPrompt {
 // A rollout's reward from its prompt and its completion.
 using RolloutReward = std::function<double(const GrpoPrompt& prompt, std::string_view completion)>;
 
+// How long a prompt may be: its tokens plus `completion_tokens` (grpo.max_completion_tokens) must
+// fit the model's `positions` (0: any length).
+struct PromptLimit {
+  int64_t positions = 0;
+  int64_t completion_tokens = 0;
+};
+
 // Reads prompts JSONL; errors name the file, the line and the field. Every answer is checked by
 // the verifier (a numeric verifier refuses an answer that is not a number); without a verifier
-// (an empty function: rewards from a reward model alone) the answer is optional.
+// (an empty function: rewards from a reward model alone) the answer is optional. A prompt longer
+// than `limit` allows is refused.
 std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
                                           const tokenizer::Tokenizer& tokenizer,
                                           const tokenizer::ChatFormat& chat_format,
-                                          const RewardFunction& verifier);
+                                          const RewardFunction& verifier, PromptLimit limit = {});
 
 // One sampled batch: prompts_per_step * group_size completions, group by group.
 struct Rollouts {

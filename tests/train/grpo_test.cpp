@@ -250,6 +250,21 @@ TEST(Grpo, BadPromptsAndKeysAreNamed) {
               GrpoObjective(t.context("data = \"p.jsonl\"\n[verifier]\nkind = \"nope\"\n"));
             }).find("kind"),
             std::string::npos);
+  // An empty stop string would stop nothing: refused, naming the key.
+  const std::string empty_stop =
+      error_of([&] { GrpoObjective(t.context("data = \"p.jsonl\"\nstop = [\"\\n\", \"\"]\n")); });
+  EXPECT_NE(empty_stop.find("stop"), std::string::npos) << empty_stop;
+  EXPECT_NE(empty_stop.find("may not be empty"), std::string::npos) << empty_stop;
+  // A prompt too long for max_completion_tokens is named by its file and line, without its text.
+  std::string long_prompt;
+  for (int i = 0; i < 200; ++i) long_prompt += "The cat sat on the mat.\\n";
+  t.write("long.jsonl",
+          std::string(kPrompts) + "{\"prompt\": \"" + long_prompt + "\", \"answer\": 1}\n");
+  const std::string too_long = error_of(
+      [&] { GrpoObjective(t.context("data = \"long.jsonl\"\nmax_completion_tokens = 6\n")); });
+  EXPECT_NE(too_long.find("long.jsonl' line 4"), std::string::npos) << too_long;
+  EXPECT_NE(too_long.find("grpo.max_completion_tokens = 6"), std::string::npos) << too_long;
+  EXPECT_EQ(too_long.find("The cat"), std::string::npos) << too_long;
 }
 
 // Reward for the tiny model: the share of the completion's bytes that are lowercase letters, so
