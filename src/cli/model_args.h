@@ -58,48 +58,16 @@ inline tokenizer::ChatFormat model_chat_format(const io::ModelSource& src,
       explicit_name.empty() ? src.chat_template.value_or("") : explicit_name);
 }
 
-// The id of the special token that ends a turn in `format`; an error when the tokenizer lacks it
-// (the template's markers would be encoded as plain bytes and no reply could ever end).
+// The id of the special token that ends a turn in `format`; an error when the tokenizer lacks it.
 inline uint32_t end_of_turn_id(const tokenizer::Tokenizer& tok,
                                const tokenizer::ChatFormat& format) {
-  const std::string_view content = tokenizer::end_of_turn(format.kind);
-  for (const auto& t : tok.added_tokens())
-    if (t.content == content) return t.id;
-  fail("the ", tokenizer::chat_template_name(format.kind), " chat template ends turns with ",
-       content, ", which the tokenizer does not have; choose another with --chat-template");
+  return tokenizer::end_of_turn_id(tok, format.kind, "choose another with --chat-template");
 }
 
-// End-of-sequence ids: generation_config.json's eos_token_id when the model has one (else
-// config.json's, from which HF derives the generation config), and the tokenizer's usual end
-// tokens.
+// End-of-sequence ids (io::model_stop_tokens).
 inline std::vector<uint32_t> stop_tokens(const io::ModelSource& src,
                                          const tokenizer::Tokenizer& tok) {
-  std::set<uint32_t> ids;
-  std::vector<std::filesystem::path> generation;
-  for (const auto& f : src.hf_side_files)
-    if (f.filename() == "generation_config.json") generation.push_back(f);
-  if (generation.empty() && src.kind == io::ModelSource::Kind::hf_dir &&
-      std::filesystem::is_regular_file(src.path / "config.json"))
-    generation.push_back(src.path / "config.json");
-  for (const auto& f : generation) {
-    const std::string text = read_file(f);
-    check_json_depth(text, f.string());
-    const auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_object() && j.contains("eos_token_id")) {
-      const auto& e = j["eos_token_id"];
-      if (e.is_number_unsigned()) ids.insert(e.get<uint32_t>());
-      if (e.is_array())
-        for (const auto& v : e)
-          if (v.is_number_unsigned()) ids.insert(v.get<uint32_t>());
-    }
-  }
-  for (const auto& t : tok.added_tokens()) {
-    if (t.special &&
-        (t.content == "<|endoftext|>" || t.content == "</s>" || t.content == "<|eot_id|>" ||
-         t.content == "<|im_end|>" || t.content == "<|end_of_text|>"))
-      ids.insert(t.id);
-  }
-  return {ids.begin(), ids.end()};
+  return io::model_stop_tokens(src, tok);
 }
 
 // tokenizer_config.json's `key` (bos_token or eos_token: "<s>" or {"content": "<s>", ...}) as an

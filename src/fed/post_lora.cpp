@@ -277,7 +277,8 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
                                     model_.config().max_position_embeddings,
                                     model_.config(),
                                     config.dir,
-                                    std::string()};  // the factory holds the base
+                                    std::string(),  // the factory holds the base
+                                    io::model_stop_tokens(base.source, *tokenizer_)};
   objective_ = make_objective(ctx);
   // The data version: the objective's section (which names the data) and the data file.
   Sha256 data;

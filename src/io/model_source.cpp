@@ -2,15 +2,20 @@
 
 #include <cstring>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <set>
 
 #include "base/config.h"
 #include "base/error.h"
+#include "base/files.h"
+#include "base/json_depth.h"
 #include "base/log.h"
 #include "io/checkpoint.h"
 #include "io/hf.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace pollen::io {
 namespace fs = std::filesystem;
@@ -259,6 +264,42 @@ model::Llama load_initial_weights(const std::string& spec, const model::LlamaCon
   for (const auto& [name, var] : loaded.named_parameters()) weights.emplace(name, var.value());
   return model::Llama(expected,
                       [&](const std::string& name, const Shape&) { return weights.at(name); });
+}
+
+std::string pinned_model_spec(const std::string& spec, const ModelSource& source) {
+  const bool run_folder = source.kind == ModelSource::Kind::checkpoint && fs::is_directory(spec) &&
+                          fs::path(spec).lexically_normal() != source.path.lexically_normal();
+  return run_folder ? fs::absolute(source.path).lexically_normal().string() : spec;
+}
+
+std::vector<uint32_t> model_stop_tokens(const ModelSource& source,
+                                        const tokenizer::Tokenizer& tok) {
+  std::set<uint32_t> ids;
+  std::vector<fs::path> generation;
+  for (const auto& f : source.hf_side_files)
+    if (f.filename() == "generation_config.json") generation.push_back(f);
+  if (generation.empty() && source.kind == ModelSource::Kind::hf_dir &&
+      fs::is_regular_file(source.path / "config.json"))
+    generation.push_back(source.path / "config.json");
+  for (const auto& f : generation) {
+    const std::string text = read_file(f);
+    check_json_depth(text, f.string());
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_object() && j.contains("eos_token_id")) {
+      const auto& e = j["eos_token_id"];
+      if (e.is_number_unsigned()) ids.insert(e.get<uint32_t>());
+      if (e.is_array())
+        for (const auto& v : e)
+          if (v.is_number_unsigned()) ids.insert(v.get<uint32_t>());
+    }
+  }
+  for (const auto& t : tok.added_tokens()) {
+    if (t.special &&
+        (t.content == "<|endoftext|>" || t.content == "</s>" || t.content == "<|eot_id|>" ||
+         t.content == "<|im_end|>" || t.content == "<|end_of_text|>"))
+      ids.insert(t.id);
+  }
+  return {ids.begin(), ids.end()};
 }
 
 }  // namespace pollen::io

@@ -11,6 +11,10 @@
 
 #include "model/llama.h"
 
+namespace pollen::tokenizer {
+class Tokenizer;
+}
+
 namespace pollen::io {
 
 struct ModelSource {
@@ -44,6 +48,17 @@ std::filesystem::path tokenizer_config_dir(const ModelSource& source,
 // nothing when neither names one.
 std::optional<std::string> model_chat_template(const ModelSource& source,
                                                const std::filesystem::path& tokenizer = {});
+
+// The ids that end a generation from the model (what generate, chat, serve and GRPO stop at):
+// generation_config.json's eos_token_id when the model has one (else config.json's, from which HF
+// derives the generation config), and the tokenizer's usual end tokens (<|endoftext|>, </s>,
+// <|eot_id|>, <|im_end|>, <|end_of_text|>). Ascending.
+std::vector<uint32_t> model_stop_tokens(const ModelSource& source, const tokenizer::Tokenizer& tok);
+
+// `spec` as a run keeps using it: a run folder stands for its newest checkpoint, which moves on
+// while that run trains, so it becomes that checkpoint's absolute path (`source`: `spec`
+// resolved); any other spec is returned as it is.
+std::string pinned_model_spec(const std::string& spec, const ModelSource& source);
 
 // Loads the weights (presets and model files: initialised from `seed`).
 model::Llama load_model(const ModelSource& source, DType dtype = DType::f32, uint64_t seed = 0);

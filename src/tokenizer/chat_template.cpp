@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/json_depth.h"
+#include "tokenizer/tokenizer.h"
 
 namespace pollen::tokenizer {
 
@@ -261,6 +262,32 @@ std::string render_chat(ChatTemplate t, const std::vector<ChatMessage>& messages
 
 std::string_view end_of_turn(ChatTemplate t) {
   return t == ChatTemplate::chatml ? "<|im_end|>" : "<|eot_id|>";
+}
+
+std::vector<std::string_view> chat_markup_tokens(ChatTemplate t) {
+  if (t == ChatTemplate::chatml) return {"<|im_start|>", "<|im_end|>"};
+  return {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+}
+
+std::optional<uint32_t> added_token_id(const Tokenizer& tok, std::string_view content) {
+  for (const auto& t : tok.added_tokens())
+    if (t.content == content) return t.id;
+  return std::nullopt;
+}
+
+std::vector<std::string> missing_chat_markup(const Tokenizer& tok, ChatTemplate t) {
+  std::vector<std::string> missing;
+  for (std::string_view content : chat_markup_tokens(t))
+    if (!added_token_id(tok, content)) missing.emplace_back(content);
+  return missing;
+}
+
+uint32_t end_of_turn_id(const Tokenizer& tok, ChatTemplate t, std::string_view what_to_do) {
+  const std::string_view content = end_of_turn(t);
+  const std::optional<uint32_t> id = added_token_id(tok, content);
+  POLLEN_CHECK(id.has_value(), "the ", chat_template_name(t), " chat template ends turns with ",
+               content, ", which the tokenizer does not have; ", what_to_do);
+  return *id;
 }
 
 ChatTemplate chat_template_named(std::string_view name) {

@@ -3,6 +3,7 @@
 // HF's apply_chat_template renders the Jinja templates of ChatML (Qwen2, SmolLM2) and Llama 3.
 // pollen does not run Jinja: a model's template (tokenizer_config.json's chat_template) is
 // recognised as one of these and refused with a clear error otherwise.
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -10,6 +11,8 @@
 #include <vector>
 
 namespace pollen::tokenizer {
+
+class Tokenizer;
 
 struct ChatMessage {
   std::string role;  // system, user, assistant (any role is rendered as given)
@@ -38,6 +41,21 @@ std::string render_chat(const ChatFormat& format, const std::vector<ChatMessage>
 
 // The special token that ends a turn: "<|im_end|>" (ChatML) or "<|eot_id|>" (Llama 3).
 std::string_view end_of_turn(ChatTemplate t);
+
+// Every special token the template writes (its markup), the end of turn among them.
+std::vector<std::string_view> chat_markup_tokens(ChatTemplate t);
+
+// The id `tok` gives `content` as an added token; nothing when it has no such token (then the
+// text would be encoded as plain bytes).
+std::optional<uint32_t> added_token_id(const Tokenizer& tok, std::string_view content);
+
+// The template's markup tokens that `tok` lacks (none: the template can be used with it).
+std::vector<std::string> missing_chat_markup(const Tokenizer& tok, ChatTemplate t);
+
+// The id of the token that ends a turn; an error when the tokenizer lacks it (the template's
+// markers would be encoded as plain bytes and no reply could ever end). `what_to_do` ends the
+// error: how the caller's user chooses another template.
+uint32_t end_of_turn_id(const Tokenizer& tok, ChatTemplate t, std::string_view what_to_do);
 
 // The template's Jinja text as HF models carry it (what tokenizer_config.json's chat_template
 // holds for it).

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/hash.h"
+#include "train/data_key.h"
 #include "train/jsonl_data.h"
 
 namespace pollen::train {
@@ -92,11 +93,7 @@ DpoObjective::DpoObjective(ObjectiveContext context) : context_(std::move(contex
 
   // What the references depend on besides the model: the data and how it becomes tokens.
   Sha256 key;
-  key.update(sha256_file(data_path_));
-  key.update(eval_path_.empty() ? std::string("-") : sha256_file(eval_path_));
-  key.update(context_.tokenizer->fingerprint());
-  key.update(chat_template_name(context_.chat_format.kind));
-  key.update(context_.chat_format.default_system.value_or("-"));
+  add_data_identity(key, data_path_, eval_path_, context_);
   key.update(std::to_string(context_.max_seq) + " " + std::to_string(validation_fraction) + " " +
              std::to_string(context_.seed));
   data_key_ = key.hex_digest();

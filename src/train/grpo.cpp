@@ -12,7 +12,9 @@
 #include "base/rng.h"
 #include "io/model_source.h"
 #include "model/generate.h"
+#include "tokenizer/chat_template.h"
 #include "tokenizer/open.h"
+#include "train/data_key.h"
 #include "train/jsonl_data.h"
 #include "train/reward.h"
 
@@ -139,14 +141,20 @@ double mean_group_std(const std::vector<double>& rewards, int64_t group) {
   return sum / static_cast<double>(groups);
 }
 
+// Where a completion ends: where generate and chat stop for the model (its EOS ids), and at the
+// chat template's end of turn and the EOS the post-processor appends.
 std::vector<uint32_t> stop_tokens_for(const tokenizer::Tokenizer& tokenizer,
-                                      const tokenizer::ChatFormat& chat_format) {
-  std::vector<uint32_t> stop;
-  const std::vector<uint32_t> eot = tokenizer.encode(
-      tokenizer::end_of_turn(chat_format.kind), {tokenizer::SpecialPolicy::allow_all(), false});
-  if (eot.size() == 1) stop.push_back(eot[0]);
-  for (uint32_t id : tokenizer.bos_eos().suffix)
+                                      const tokenizer::ChatFormat& chat_format,
+                                      const std::vector<uint32_t>& end_tokens) {
+  std::vector<uint32_t> stop =
+      end_tokens.empty() ? io::model_stop_tokens(io::ModelSource{}, tokenizer) : end_tokens;
+  auto add = [&](uint32_t id) {
     if (std::find(stop.begin(), stop.end(), id) == stop.end()) stop.push_back(id);
+  };
+  if (const auto eot =
+          tokenizer::added_token_id(tokenizer, tokenizer::end_of_turn(chat_format.kind)))
+    add(*eot);
+  for (uint32_t id : tokenizer.bos_eos().suffix) add(id);
   return stop;
 }
 
@@ -175,6 +183,9 @@ GrpoOptions read_grpo_options(ConfigTable& section, const std::filesystem::path&
   o.top_p = section.get_double("top_p", o.top_p);
   POLLEN_CHECK(o.top_p > 0 && o.top_p <= 1, section.where("top_p"), ": must be in (0, 1]");
   o.stop = section.get_strings("stop");
+  for (const std::string& stop : o.stop)
+    POLLEN_CHECK(!stop.empty(), section.where("stop"),
+                 ": a stop string may not be empty (it would stop nothing); remove it");
   o.loss.clip_low = section.get_double("clip_epsilon", o.loss.clip_low);
   o.loss.clip_high = section.get_double("clip_epsilon_high", o.loss.clip_low);
   POLLEN_CHECK(o.loss.clip_low > 0 && o.loss.clip_low < 1, section.where("clip_epsilon"),
@@ -210,7 +221,7 @@ GrpoOptions read_grpo_options(ConfigTable& section, const std::filesystem::path&
 std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
                                           const tokenizer::Tokenizer& tokenizer,
                                           const tokenizer::ChatFormat& chat_format,
-                                          const RewardFunction& verifier) {
+                                          const RewardFunction& verifier, PromptLimit limit) {
   std::vector<GrpoPrompt> prompts;
   bool warned_turn_end = false;
   for_each_jsonl_object(
@@ -250,6 +261,13 @@ std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
         }
         p.tokens = tokenizer.encode(p.text, {tokenizer::SpecialPolicy::allow_all(), false});
         POLLEN_CHECK(!p.tokens.empty(), where, ": the prompt is empty");
+        POLLEN_CHECK(
+            limit.positions <= 0 ||
+                static_cast<int64_t>(p.tokens.size()) + limit.completion_tokens <= limit.positions,
+            where, ": the prompt's ", p.tokens.size(),
+            " tokens plus grpo.max_completion_tokens = ", limit.completion_tokens,
+            " exceed the model's ", limit.positions,
+            " positions; shorten the prompt or lower max_completion_tokens");
         try {
           if (verifier) verifier(p.text, "", p.answer);
         } catch (const Error& e) {
@@ -273,23 +291,21 @@ GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction rew
     reward_ = reward_model_reward(options_.reward_model, *tokenizer_, verifier);
   else
     reward_ = rollout_reward(verifier);
-  prompts_ = read_grpo_prompts(options_.data, *tokenizer_, context.chat_format, verifier);
+  const PromptLimit limit{context.max_seq, options_.max_completion_tokens};
+  prompts_ = read_grpo_prompts(options_.data, *tokenizer_, context.chat_format, verifier, limit);
   if (!options_.eval_data.empty() && jsonl_has_records(options_.eval_data))
     eval_prompts_ =
-        read_grpo_prompts(options_.eval_data, *tokenizer_, context.chat_format, verifier);
-  stop_tokens_ = stop_tokens_for(*tokenizer_, context.chat_format);
-  for (const auto* set : {&prompts_, &eval_prompts_})
-    for (const GrpoPrompt& p : *set)
-      POLLEN_CHECK(context.max_seq <= 0 ||
-                       static_cast<int64_t>(p.tokens.size()) + options_.max_completion_tokens <=
-                           context.max_seq,
-                   "grpo: a prompt of ", p.tokens.size(),
-                   " tokens plus max_completion_tokens = ", options_.max_completion_tokens,
-                   " exceeds the model's ", context.max_seq, " positions (\"", p.text.substr(0, 40),
-                   "...\")");
-  if (!options_.reference.empty())
-    set_reference(std::make_shared<model::Llama>(
-        io::load_model(io::resolve_model(options_.reference), DType::f32, context.seed)));
+        read_grpo_prompts(options_.eval_data, *tokenizer_, context.chat_format, verifier, limit);
+  data_key_ = data_key(options_.data, options_.eval_data, context);  // the files read well
+  stop_tokens_ = stop_tokens_for(*tokenizer_, context.chat_format, context.end_tokens);
+  // beta = 0 has no KL term: the reference is not loaded at all.
+  if (options_.loss.beta > 0 && !options_.reference.empty()) load_reference(options_.reference);
+}
+
+void GrpoObjective::load_reference(const std::string& spec) {
+  const io::ModelSource source = io::resolve_model(spec);
+  pinned_reference_ = io::pinned_model_spec(spec, source);
+  set_reference(std::make_shared<model::Llama>(io::load_model(source, DType::f32, seed_)));
 }
 
 GrpoObjective::GrpoObjective(const GrpoOptions& options, std::vector<GrpoPrompt> prompts,
@@ -556,6 +572,8 @@ nlohmann::ordered_json GrpoObjective::state() const {
   // The prompts and random streams of every batch follow from the seed and the step, so only a
   // batch that later steps still train on (updates_per_batch > 1) needs saving.
   nlohmann::ordered_json s = nlohmann::ordered_json::object();
+  if (!data_key_.empty()) s["data_key"] = data_key_;  // what the batches' prompt numbers index
+  if (!pinned_reference_.empty()) s["reference"] = pinned_reference_;
   if (options_.updates_per_batch > 1 && rollouts_.batch >= 0) {
     s["batch"] = rollouts_.batch;
     s["prompt"] = rollouts_.prompt;
@@ -569,6 +587,27 @@ nlohmann::ordered_json GrpoObjective::state() const {
 }
 
 void GrpoObjective::restore(const nlohmann::ordered_json& state) {
+  if (!data_key_.empty())
+    check_data_key(state, data_key_, "grpo",
+                   cat("grpo.data '", options_.data.string(), "'",
+                       options_.eval_data.empty()
+                           ? std::string()
+                           : cat(", grpo.eval_data '", options_.eval_data.string(), "'")));
+  // The KL reference the run began with, also when grpo.reference names a run folder that has
+  // moved on since.
+  if (state.contains("reference") && !pinned_reference_.empty()) {
+    POLLEN_CHECK(state["reference"].is_string(),
+                 "grpo: the checkpoint's objective state has a reference that is not a string");
+    const std::string pinned = state["reference"].get<std::string>();
+    if (pinned != pinned_reference_) {
+      try {
+        load_reference(pinned);
+      } catch (const Error& e) {
+        fail("grpo: cannot load the KL reference the run began with (grpo.reference '",
+             options_.reference, "' was then '", pinned, "'): ", e.what());
+      }
+    }
+  }
   rollouts_ = Rollouts();
   if (!state.contains("batch")) return;
   try {

@@ -69,13 +69,21 @@ struct GrpoPrompt {
 // A rollout's reward from its prompt and its completion.
 using RolloutReward = std::function<double(const GrpoPrompt& prompt, std::string_view completion)>;
 
+// How long a prompt may be: its tokens plus `completion_tokens` (grpo.max_completion_tokens) must
+// fit the model's `positions` (0: any length).
+struct PromptLimit {
+  int64_t positions = 0;
+  int64_t completion_tokens = 0;
+};
+
 // Reads prompts JSONL; errors name the file, the line and the field. Every answer is checked by
 // the verifier (a numeric verifier refuses an answer that is not a number); without a verifier
-// (an empty function: rewards from a reward model alone) the answer is optional.
+// (an empty function: rewards from a reward model alone) the answer is optional. A prompt longer
+// than `limit` allows is refused.
 std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
                                           const tokenizer::Tokenizer& tokenizer,
                                           const tokenizer::ChatFormat& chat_format,
-                                          const RewardFunction& verifier);
+                                          const RewardFunction& verifier, PromptLimit limit = {});
 
 // One sampled batch: prompts_per_step * group_size completions, group by group.
 struct Rollouts {
@@ -96,8 +104,11 @@ class GrpoObjective : public Objective {
                 const tokenizer::Tokenizer& tokenizer, std::vector<uint32_t> stop_tokens,
                 uint64_t seed);
 
-  // The KL reference; set from `reference` when the section names one.
+  // The KL reference; set from `reference` when the section names one (and beta > 0).
   void set_reference(std::shared_ptr<const model::Llama> reference);
+  // The `reference` spec as the run uses it (a run folder pinned to its checkpoint); empty when
+  // the reference is not loaded from the section.
+  const std::string& pinned_reference() const { return pinned_reference_; }
 
   std::string name() const override { return "grpo"; }
   // The loss is about 0 by construction (advantages have mean 0 within each group); the mean
@@ -135,12 +146,18 @@ class GrpoObjective : public Objective {
                                                        const Rollouts& rollouts) const;
 
   GrpoOptions options_;
+  std::string data_key_;  // the prompt files, tokenizer and template (train/data_key.h); empty:
+                          // prompts given in memory
   std::vector<GrpoPrompt> prompts_, eval_prompts_;
   RolloutReward reward_;
   const tokenizer::Tokenizer* tokenizer_;
   std::vector<uint32_t> stop_tokens_;
   uint64_t seed_;
+  // Loads the KL reference from `spec`, pinned.
+  void load_reference(const std::string& spec);
+
   std::shared_ptr<const model::Llama> reference_;
+  std::string pinned_reference_;
   Rollouts rollouts_;
   RankShare share_;
 };

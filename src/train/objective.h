@@ -120,6 +120,9 @@ struct ObjectiveContext {
   model::LlamaConfig model_config;  // the model trained (a reward head's width comes from it)
   std::filesystem::path run_dir;    // where an objective may keep caches; empty: keep none
   std::string base;  // model.base as the run resolved it: a run folder's checkpoint, pinned
+  // The model's end-of-sequence ids (io::model_stop_tokens, as generate and chat stop at); empty:
+  // the tokenizer's usual end tokens.
+  std::vector<uint32_t> end_tokens;
 };
 
 }  // namespace pollen::train

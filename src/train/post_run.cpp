@@ -39,6 +39,21 @@ std::string describe_keys(const std::vector<std::pair<std::string, std::string>>
   return s.empty() ? "no keys" : s;
 }
 
+// Without the template's special tokens its markup would be encoded as plain bytes: every example
+// grows long and truncates, GRPO never sees an end of turn, and chat refuses the result.
+void check_chat_markup(const PostConfig& cfg, const PostBase& b) {
+  const std::vector<std::string> missing =
+      tokenizer::missing_chat_markup(*b.tokenizer, b.chat_format.kind);
+  if (missing.empty()) return;
+  std::string names;
+  for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+  fail("config file '", cfg.source, "': the tokenizer '", b.tokenizer_path.string(),
+       "' (model.tokenizer, or model.base's) lacks the special tokens ", names, " of the ",
+       tokenizer::chat_template_name(b.chat_format.kind),
+       " chat template (model.chat_template, or model.base's); train a tokenizer with them "
+       "(pollen tokenizer train --special) or choose the template the tokenizer has");
+}
+
 }  // namespace
 
 PostBase resolve_post_base(const PostConfig& cfg) {
@@ -65,6 +80,7 @@ PostBase resolve_post_base(const PostConfig& cfg) {
     fail("config file '", cfg.source, "': no chat template for model.base '", cfg.base, "' (",
          e.what(), "); set model.chat_template to \"chatml\" or \"llama3\"");
   }
+  check_chat_markup(cfg, b);
   return b;
 }
 
@@ -94,11 +110,7 @@ std::string pinned_base(const PostConfig& cfg, const std::optional<fs::path>& re
       return saved.base;
     if (saved.base == cfg.base) return cfg.base;  // a run begun before bases were pinned
   }
-  const io::ModelSource source = io::resolve_model(cfg.base);
-  const bool run_folder = source.kind == io::ModelSource::Kind::checkpoint &&
-                          fs::is_directory(cfg.base) &&
-                          fs::path(cfg.base).lexically_normal() != source.path.lexically_normal();
-  return run_folder ? fs::absolute(source.path).lexically_normal().string() : cfg.base;
+  return io::pinned_model_spec(cfg.base, io::resolve_model(cfg.base));
 }
 
 PostResult post_train(const PostConfig& cfg, const PostOptions& o,
@@ -159,7 +171,8 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
                              arch.max_position_embeddings,
                              arch,
                              cfg.dir,
-                             resolved.base};
+                             resolved.base,
+                             io::model_stop_tokens(base.source, *base.tokenizer)};
   const std::unique_ptr<Objective> objective = make_objective(ctx);
   const std::string name = objective->name();
   if (!objective->uses_output_head()) {
@@ -217,7 +230,10 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     // The tokenizer travels with every checkpoint, so that the checkpoint is a model on its own.
     tokenizer::save_tokenizer(*base.tokenizer, cfg.dir / "tokenizer.json");
     texts.emplace_back("tokenizer.json", read_file(cfg.dir / "tokenizer.json"));
-    if (lora) texts.emplace_back("adapter_config.json", lora_checkpoint_config(*lora, cfg.base));
+    // The base the adapters were trained on: a run folder's pinned checkpoint, not the folder,
+    // whose newest checkpoint moves on.
+    if (lora)
+      texts.emplace_back("adapter_config.json", lora_checkpoint_config(*lora, resolved.base));
   }
 
   int64_t trained_count = 0;

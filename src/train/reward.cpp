@@ -11,6 +11,7 @@
 #include "io/model_source.h"
 #include "io/safetensors.h"
 #include "tokenizer/open.h"
+#include "train/data_key.h"
 #include "train/jsonl_data.h"
 
 namespace pollen::train {
@@ -68,11 +69,13 @@ RewardObjective::RewardObjective(ObjectiveContext context) : context_(std::move(
   pad_token_id_ = rm_pad_token_id(s, *context_.tokenizer);
   s.finish();
 
+  const fs::path eval_path =
+      validation.empty() ? fs::path() : resolve(context_.base_dir, validation);
+
   const SequenceFormat format{context_.tokenizer, context_.chat_format, context_.max_seq};
   train_pairs_ = read_preference_pairs(data, format);
   refuse_pad_token(train_pairs_, pad_token_id_, data);
   if (!validation.empty()) {
-    const fs::path eval_path = resolve(context_.base_dir, validation);
     if (jsonl_has_records(eval_path)) {
       eval_pairs_ = read_preference_pairs(eval_path, format);
       refuse_pad_token(eval_pairs_, pad_token_id_, eval_path);
@@ -82,6 +85,10 @@ RewardObjective::RewardObjective(ObjectiveContext context) : context_(std::move(
                                        s.where("validation_fraction"));
   }
 
+  data_key_ = data_key(data, eval_path, context_);  // the files read well
+  data_files_ =
+      cat("rm.data '", data.string(), "'",
+          validation.empty() ? std::string() : cat(", rm.validation '", eval_path.string(), "'"));
   score_ = ag::Var(initial_score_head(context_.model_config, context_.seed), true, "score.weight");
 }
 
@@ -164,6 +171,10 @@ ObjectiveStep RewardObjective::evaluate(const model::Llama& model) {
   const PreferenceStats stats = run_pairs(
       model, eval_pairs_, all, 1.0 / static_cast<double>(eval_pairs_.size()), false, &tokens);
   return reward_report(stats, tokens);
+}
+
+void RewardObjective::restore(const nlohmann::ordered_json& state) {
+  check_data_key(state, data_key_, "rm", data_files_);
 }
 
 std::unique_ptr<Objective> make_reward_objective(ObjectiveContext context) {

@@ -38,8 +38,10 @@ class RewardObjective : public Objective {
   void split_across(dist::Communicator& comm, dist::GradReducer& reducer) override {
     share_ = {&comm, &reducer};
   }
-  nlohmann::ordered_json state() const override { return nlohmann::ordered_json::object(); }
-  void restore(const nlohmann::ordered_json& state) override {}
+  // The steps' pairs follow from the seed and the step; only the data they are drawn from is kept,
+  // so that a resumed run refuses other data.
+  nlohmann::ordered_json state() const override { return {{"data_key", data_key_}}; }
+  void restore(const nlohmann::ordered_json& state) override;
 
   const ag::Var& score_head() const { return score_; }
   uint32_t pad_token_id() const { return pad_token_id_; }
@@ -54,6 +56,8 @@ class RewardObjective : public Objective {
   uint32_t pad_token_id_ = 0;
   int64_t batch_pairs_ = 8, micro_batch_pairs_ = 4;
   std::vector<PreferencePair> train_pairs_, eval_pairs_;
+  std::string data_key_;    // the data files, tokenizer and template (train/data_key.h)
+  std::string data_files_;  // how errors name them
   RankShare share_;
 };
 

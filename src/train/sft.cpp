@@ -6,6 +6,7 @@
 #include "autograd/tape.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "train/data_key.h"
 #include "train/jsonl_data.h"
 #include "train/trainer.h"
 
@@ -26,6 +27,22 @@ uint64_t conversation_hash(const std::vector<tokenizer::ChatMessage>& messages) 
     add(m.content);
   }
   return h;
+}
+
+// The rendered conversation up to where assistant message i's content begins (the messages before
+// it and its header), cut from the conversation through message i. Rendering the messages before
+// it with a generation prompt is not the same for a first message: Llama 3 opens a conversation
+// with <|begin_of_text|> and Qwen's ChatML with a default system message, which no messages at all
+// do not get.
+std::string text_before_message(const tokenizer::ChatFormat& format,
+                                const std::vector<tokenizer::ChatMessage>& messages, size_t i) {
+  const std::string marker = "pollen-reply-marker";
+  std::vector<tokenizer::ChatMessage> through(messages.begin(), messages.begin() + i + 1);
+  through[i].content = marker;
+  const std::string text = tokenizer::render_chat(format, through, false);
+  const size_t at = text.rfind(marker);
+  POLLEN_ASSERT(at != std::string::npos);
+  return text.substr(0, at);
 }
 
 int64_t positions(const SftExample& e) {
@@ -88,9 +105,8 @@ SftExample tokenize_conversation(const tokenizer::Tokenizer& tok,
   const std::string_view eot = tokenizer::end_of_turn(format.kind);
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role != "assistant") continue;
-    const std::vector<tokenizer::ChatMessage> before(messages.begin(), messages.begin() + i);
     const std::vector<tokenizer::ChatMessage> through(messages.begin(), messages.begin() + i + 1);
-    const size_t start = boundary(tokenizer::render_chat(format, before, true), i, "before");
+    const size_t start = boundary(text_before_message(format, messages, i), i, "before");
     std::string done = tokenizer::render_chat(format, through, false);
     const size_t at = done.rfind(eot);
     POLLEN_ASSERT(at != std::string::npos);
@@ -231,6 +247,7 @@ SftObjective::SftObjective(const ObjectiveContext& ctx) : seed_(ctx.seed) {
     load(settings_.validation, false, validation_, nullptr, counts);
   POLLEN_CHECK(!train_.empty(), "sft: no training examples left in '", settings_.data.string(),
                "'");
+  data_key_ = data_key(settings_.data, settings_.validation, ctx);  // the files read well
   log::info("sft: ", train_.size(), " training and ", validation_.size(),
             " validation examples; longer than ", settings_.seq, " positions: ", counts.truncated,
             " truncated, ", counts.dropped, " dropped; ", counts.unscored, " with no scored token");
@@ -364,10 +381,16 @@ std::string SftObjective::no_validation_data() const {
 }
 
 nlohmann::ordered_json SftObjective::state() const {
-  return {{"epoch", epoch_}, {"next", next_}};
+  return {{"epoch", epoch_}, {"next", next_}, {"data_key", data_key_}};
 }
 
 void SftObjective::restore(const nlohmann::ordered_json& st) {
+  // The data position counts examples of the data the run started with.
+  check_data_key(st, data_key_, "sft",
+                 cat("sft.data '", settings_.data.string(), "'",
+                     settings_.validation.empty()
+                         ? std::string()
+                         : cat(", sft.validation '", settings_.validation.string(), "'")));
   epoch_ = st.at("epoch").get<int64_t>();
   next_ = st.at("next").get<int64_t>();
   order_ = epoch_order(epoch_);

@@ -95,6 +95,7 @@ class SftObjective : public Objective {
   std::vector<int64_t> next_row();  // the next packed row of the training data
 
   SftSettings settings_;
+  std::string data_key_;  // the data files, tokenizer and template (train/data_key.h)
   uint64_t seed_;
   std::vector<SftExample> train_, validation_;
   std::vector<std::vector<int64_t>> validation_rows_;

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "base/files.h"
+#include "io/checkpoint.h"
 #include "io/model_source.h"
 #include "train/grpo.h"
 #include "train/post_config.h"
@@ -97,6 +98,77 @@ TEST(GrpoRun, ResumesARunWhoseSectionHasANestedVerifierTable) {
     error = e.what();
   }
   EXPECT_NE(error.find("grpo.verifier.abs_tol"), std::string::npos) << error;
+  fs::remove_all(f.dir);
+}
+
+// A checkpoint's batches index the prompts of the run's data: resuming on other prompts (which
+// the index range check alone lets through when the count is unchanged) is refused.
+TEST(GrpoRun, AResumeOnChangedPromptsIsRefused) {
+  const GrpoRunFiles f = grpo_run_files("grpo_resume_data");
+  const std::string text = test_support::tiny_post_toml(
+      f.dir / "run", f.model_file, f.tokenizer_path, 4,
+      "[grpo]\ndata = \"" + f.prompts.string() +
+          "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\nmax_completion_tokens = 6\n");
+  ASSERT_EQ(run_grpo(text, false, 2).status, train::RunStatus::preempted);
+  {
+    std::ofstream out(f.prompts);
+    for (const auto& e : train::synth_examples("arithmetic", 16, 6))
+      out << train::grpo_jsonl_line(e) << "\n";
+  }
+  std::string error;
+  try {
+    run_grpo(text, true);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("cannot resume"), std::string::npos) << error;
+  EXPECT_NE(error.find("grpo.data '" + f.prompts.string() + "'"), std::string::npos) << error;
+  fs::remove_all(f.dir);
+}
+
+// grpo.reference naming a run folder stands for the checkpoint that was its newest when the run
+// began: a resumed run keeps that KL reference, although the folder has moved on since, and so
+// continues the uninterrupted run.
+TEST(GrpoRun, AReferenceRunFolderIsPinnedToTheCheckpointTheRunBeganWith) {
+  const GrpoRunFiles f = grpo_run_files("grpo_pinned_reference");
+  const std::string section = "[grpo]\ndata = \"" + f.prompts.string() +
+                              "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\n"
+                              "max_completion_tokens = 4\n";
+  // The reference: an SFT run (its weights move every step), its newest checkpoint step 2.
+  const fs::path sft_data = test_support::write_sft_data(f.dir / "sft.jsonl", "arithmetic", 40, 1);
+  const train::PostConfig reference_run = train::parse_post_config(
+      test_support::tiny_post_toml(f.dir / "ref", f.model_file, f.tokenizer_path, 4,
+                                   "[sft]\ndata = \"" + sft_data.string() + "\"\nseq = 64\n"),
+      "ref.toml", "sft");
+  ASSERT_EQ(test_support::run_post(reference_run, train::make_sft_objective, false, 2).status,
+            train::RunStatus::preempted);
+  const std::string with_kl =
+      section + "beta = 0.1\nreference = \"" + (f.dir / "ref").string() + "\"\n";
+  const train::PostResult whole = run_grpo(
+      test_support::tiny_post_toml(f.dir / "whole", f.model_file, f.tokenizer_path, 4, with_kl),
+      false);
+  ASSERT_EQ(whole.status, train::RunStatus::finished) << whole.message;
+  const std::string split =
+      test_support::tiny_post_toml(f.dir / "split", f.model_file, f.tokenizer_path, 4, with_kl);
+  ASSERT_EQ(run_grpo(split, false, 2).status, train::RunStatus::preempted);
+  ASSERT_EQ(test_support::run_post(reference_run, train::make_sft_objective, true).status,
+            train::RunStatus::finished);  // its newest is now step 4
+  const train::PostResult resumed = run_grpo(split, true);
+  ASSERT_EQ(resumed.status, train::RunStatus::finished) << resumed.message;
+
+  const auto a = test_support::read_metrics(f.dir / "whole"),
+             b = test_support::read_metrics(f.dir / "split");
+  ASSERT_EQ(a.size(), b.size());
+  int steps_with_kl = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].contains("grpo/kl")) {
+      EXPECT_EQ(a[i]["grpo/kl"].dump(), b[i]["grpo/kl"].dump()) << i;
+      ++steps_with_kl;
+    }
+  }
+  EXPECT_EQ(steps_with_kl, 4);
+  const auto state = nlohmann::json::parse(read_file(resumed.last_checkpoint / "state.json"));
+  EXPECT_EQ(fs::path(state["objective"].value("reference", "")).filename(), io::checkpoint_name(2));
   fs::remove_all(f.dir);
 }
 

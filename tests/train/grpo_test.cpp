@@ -250,6 +250,21 @@ TEST(Grpo, BadPromptsAndKeysAreNamed) {
               GrpoObjective(t.context("data = \"p.jsonl\"\n[verifier]\nkind = \"nope\"\n"));
             }).find("kind"),
             std::string::npos);
+  // An empty stop string would stop nothing: refused, naming the key.
+  const std::string empty_stop =
+      error_of([&] { GrpoObjective(t.context("data = \"p.jsonl\"\nstop = [\"\\n\", \"\"]\n")); });
+  EXPECT_NE(empty_stop.find("stop"), std::string::npos) << empty_stop;
+  EXPECT_NE(empty_stop.find("may not be empty"), std::string::npos) << empty_stop;
+  // A prompt too long for max_completion_tokens is named by its file and line, without its text.
+  std::string long_prompt;
+  for (int i = 0; i < 200; ++i) long_prompt += "The cat sat on the mat.\\n";
+  t.write("long.jsonl",
+          std::string(kPrompts) + "{\"prompt\": \"" + long_prompt + "\", \"answer\": 1}\n");
+  const std::string too_long = error_of(
+      [&] { GrpoObjective(t.context("data = \"long.jsonl\"\nmax_completion_tokens = 6\n")); });
+  EXPECT_NE(too_long.find("long.jsonl' line 4"), std::string::npos) << too_long;
+  EXPECT_NE(too_long.find("grpo.max_completion_tokens = 6"), std::string::npos) << too_long;
+  EXPECT_EQ(too_long.find("The cat"), std::string::npos) << too_long;
 }
 
 // Reward for the tiny model: the share of the completion's bytes that are lowercase letters, so
@@ -386,6 +401,46 @@ TEST(Grpo, ACompletionIsScoredWithTheStopTokenItSampled) {
   ASSERT_EQ(objective.rollouts().tokens.size(), 4u);
   for (const auto& tokens : objective.rollouts().tokens)
     EXPECT_EQ(tokens, std::vector<uint32_t>{im_end});
+}
+
+// Completions stop where generate and chat stop: at the tokenizer's EOS (here <|endoftext|>, not
+// the template's end of turn) and at the model's own end ids (generation_config.json's), so that no
+// text after an EOS is scored.
+TEST(Grpo, CompletionsStopAtTheTokenizersAndTheModelsEos) {
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  const tokenizer::EncodeOptions specials{tokenizer::SpecialPolicy::allow_all(), false};
+  const uint32_t eos = t.tok.encode("<|endoftext|>", specials)[0];
+  const model::Llama m = testing::always_predicting(eos, t.tok.vocab_size());
+  GrpoObjective objective(t.context(kTinyRun), lowercase_share);
+  objective.train_step(m, 1);
+  for (const auto& tokens : objective.rollouts().tokens)
+    EXPECT_EQ(tokens, std::vector<uint32_t>{eos});
+
+  const uint32_t configured = t.tok.encode(" cat", specials).back();  // a generation config's
+  const model::Llama n = testing::always_predicting(configured, t.tok.vocab_size());
+  ObjectiveContext context = t.context(kTinyRun);
+  context.end_tokens = {configured, eos};
+  GrpoObjective with_config(context, lowercase_share);
+  with_config.train_step(n, 1);
+  for (const auto& tokens : with_config.rollouts().tokens)
+    EXPECT_EQ(tokens, std::vector<uint32_t>{configured});
+}
+
+// beta = 0 has no KL term, and the reference is not even read: a reference that cannot be loaded
+// is no error then.
+TEST(Grpo, BetaZeroNeverLoadsTheReference) {
+  TinyGrpo t;
+  t.write("p.jsonl", kPrompts);
+  const std::string missing = "reference = \"" + (t.dir / "no-such-model").string() + "\"\n";
+  GrpoObjective objective(t.context(std::string(kTinyRun) + "beta = 0\n" + missing),
+                          lowercase_share);
+  EXPECT_EQ(objective.options().loss.beta, 0.0);
+  EXPECT_NE(error_of([&] {
+              GrpoObjective(t.context(std::string(kTinyRun) + "beta = 0.1\n" + missing),
+                            lowercase_share);
+            }).find("no-such-model"),
+            std::string::npos);
 }
 
 // Runs `steps` GRPO steps with AdamW at `lr`; returns the mean reward of the last `last` steps.

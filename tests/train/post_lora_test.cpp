@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "base/files.h"
 #include "io/checkpoint.h"
 #include "io/model_source.h"
 #include "io/peft.h"
@@ -258,6 +259,12 @@ TEST(PostLora, ARunFolderBaseIsPinnedToTheCheckpointItStartedFrom) {
   const train::PostConfig saved =
       train::load_post_config(resumed.last_checkpoint / "config.toml", "sft");
   EXPECT_EQ(fs::path(saved.base), started);
+  // ... and so does the adapters' PEFT config (PEFT loads the adapters onto that base).
+  for (const fs::path& ckpt :
+       {resumed.last_checkpoint, dir / "split" / "checkpoints" / io::checkpoint_name(2)}) {
+    const auto peft = nlohmann::json::parse(read_file(ckpt / "adapter_config.json"));
+    EXPECT_EQ(fs::path(peft.value("base_model_name_or_path", "")), started) << ckpt;
+  }
 }
 
 TEST(PostLora, RunFileKeysAreCheckedAndResolved) {

@@ -92,6 +92,23 @@ TEST(PostRun, ResumeAfterPreemptionEqualsAnUninterruptedRunBitwise) {
       std::string::npos);
 }
 
+// The data position of a checkpoint counts examples of the run's data: resuming on changed data
+// (which would silently train on other examples) is refused, naming the file's key.
+TEST(PostRun, ResumeOnChangedDataIsRefused) {
+  const fs::path dir = test_support::post_temp_dir("resume_data");
+  const fs::path data = test_support::write_sft_data(dir / "data.jsonl", "arithmetic", 60, 1);
+  const std::string text = test_support::tiny_post_toml(
+      dir / "run", fixture().model_file, fixture().tokenizer_path, 6,
+      "[sft]\ndata = \"" + data.string() + "\"\nvalidation_fraction = 0.1\nseq = 64\n");
+  ASSERT_EQ(run(text, false, 2).status, train::RunStatus::preempted);
+  test_support::write_sft_data(data, "arithmetic", 60, 2);  // same size, other examples
+  const std::string e = error_of([&] { run(text, true); });
+  EXPECT_NE(e.find("cannot resume"), std::string::npos) << e;
+  EXPECT_NE(e.find("sft.data '" + data.string() + "'"), std::string::npos) << e;
+  test_support::write_sft_data(data, "arithmetic", 60, 1);  // the run's own data again
+  EXPECT_EQ(run(text, true).status, train::RunStatus::finished);
+}
+
 TEST(PostRun, CheckpointIsAModelWithItsTokenizerAndChatTemplate) {
   const fs::path dir = test_support::post_temp_dir("ckpt");
   const auto r = run(run_toml(dir / "run", 2), false);
@@ -121,6 +138,26 @@ TEST(PostRun, CheckpointIsAModelWithItsTokenizerAndChatTemplate) {
   EXPECT_EQ(saved.flat(*saved.architecture), now.flat(*saved.architecture));
   const auto st = nlohmann::json::parse(read_file(r.last_checkpoint / "state.json"));
   EXPECT_TRUE(st.at("objective").contains("next"));
+}
+
+// A tokenizer trained without the template's special tokens would encode its markup as bytes:
+// the run is refused before it trains, naming the keys that choose the two.
+TEST(PostRun, ATokenizerWithoutTheChatTemplatesSpecialTokensIsRefused) {
+  const fs::path dir = test_support::post_temp_dir("no_specials");
+  const std::string pattern = tokenizer::pattern_regex("cl100k_base");
+  tokenizer::PieceCounts counts(pattern);
+  const std::vector<std::string_view> text{"user\nassistant\n1 + 2 = 3"};
+  counts.add_documents(text);
+  const fs::path plain = dir / "plain.json";
+  tokenizer::save_tokenizer(tokenizer::train_bpe(counts, {300, {"<|endoftext|>"}, pattern}), plain);
+  const std::string toml =
+      test_support::tiny_post_toml(dir / "run", fixture().model_file, plain, 2,
+                                   "[sft]\ndata = \"" + sft_data().string() + "\"\nseq = 64\n");
+  const std::string e = error_of([&] { run(toml, false); });
+  for (const char* part :
+       {"model.tokenizer", "model.chat_template", "<|im_start|>", "<|im_end|>", "plain.json"})
+    EXPECT_NE(e.find(part), std::string::npos) << part << " in: " << e;
+  EXPECT_FALSE(fs::exists(dir / "run" / "checkpoints"));
 }
 
 TEST(PostRun, UnknownKeysAndSectionsAreRefused) {

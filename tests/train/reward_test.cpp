@@ -55,6 +55,21 @@ TEST_F(RewardModelTest, APairWithAMarginIsRefused) {
   EXPECT_NE(e.find("has a \"margin\""), std::string::npos) << e;
 }
 
+// A resumed run draws the same steps' pairs only from the same data: a checkpoint's state names
+// the data, and other pairs (or another validation file) are refused, naming the keys.
+TEST_F(RewardModelTest, AResumeOnChangedDataIsRefused) {
+  const nlohmann::ordered_json state =
+      train::RewardObjective(pt::objective_context("rm", section(), config())).state();
+  train::RewardObjective same(pt::objective_context("rm", section(), config()));
+  same.restore(state);
+  const fs::path other_eval = pt::synth_pairs(dir_, "case", 40, 3);
+  write_file_atomic(eval_, read_file(other_eval));
+  train::RewardObjective changed(pt::objective_context("rm", section(), config()));
+  const std::string e = pt::error_of([&] { changed.restore(state); });
+  EXPECT_NE(e.find("cannot resume"), std::string::npos) << e;
+  EXPECT_NE(e.find("rm.validation '" + eval_.string() + "'"), std::string::npos) << e;
+}
+
 TEST_F(RewardModelTest, LossIsBradleyTerryOnTheScoresOfEachSequencesLastToken) {
   model::Llama m = pt::tiny_model(pt::chat_tokenizer().vocab_size());
   train::RewardObjective rm(pt::objective_context("rm", section(), config()));

@@ -110,6 +110,44 @@ TEST(Sft, MasksExactlyTheAssistantTokensLlama3) {
   ASSERT_EQ(e.scored, x.scored);
 }
 
+// A conversation may open with the assistant's message (a greeting): it is trained, with the
+// template's opening (Llama 3's <|begin_of_text|>, a default system message) unscored.
+TEST(Sft, AConversationThatOpensWithTheAssistantIsTrained) {
+  const std::vector<ChatMessage> greeting = {
+      {"assistant", "Hello! Ask me a sum."}, {"user", "What is 1 + 2?"}, {"assistant", "#### 3"}};
+  Expected x;
+  x.add({special("<|begin_of_text|>")}, false);
+  for (const auto& m : greeting) {
+    const bool a = m.role == "assistant";
+    x.add({special("<|start_header_id|>")}, false);
+    x.add_text(m.role, false);
+    x.add({special("<|end_header_id|>")}, false);
+    x.add_text("\n\n", false);
+    x.add_text(m.content, a);
+    x.add({special("<|eot_id|>")}, a);
+  }
+  const auto e = train::tokenize_conversation(*fixture().tok, {tokenizer::ChatTemplate::llama3, {}},
+                                              greeting, true, "test");
+  ASSERT_EQ(e.tokens, x.tokens);
+  ASSERT_EQ(e.scored, x.scored);
+
+  Expected y;
+  const tokenizer::ChatFormat qwen{tokenizer::ChatTemplate::chatml, "You are helpful."};
+  std::vector<ChatMessage> with_system = greeting;
+  with_system.insert(with_system.begin(), {"system", "You are helpful."});
+  for (const auto& m : with_system) {
+    const bool a = m.role == "assistant";
+    y.add({special("<|im_start|>")}, false);
+    y.add_text(m.role + "\n", false);
+    y.add_text(m.content, a);
+    y.add({special("<|im_end|>")}, a);
+    y.add_text("\n", false);
+  }
+  const auto q = train::tokenize_conversation(*fixture().tok, qwen, greeting, true, "test");
+  ASSERT_EQ(q.tokens, y.tokens);
+  ASSERT_EQ(q.scored, y.scored);
+}
+
 TEST(Sft, ChatMLDefaultSystemMessageIsNotScored) {
   // Qwen2-style templates add a system message; it is part of the prompt.
   const tokenizer::ChatFormat f{tokenizer::ChatTemplate::chatml, std::string("Be brief.")};
