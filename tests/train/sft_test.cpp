@@ -92,10 +92,11 @@ TEST(Sft, MasksExactlyTheAssistantTokensChatML) {
   EXPECT_EQ(all.scored[0], 0);
 }
 
-TEST(Sft, MasksExactlyTheAssistantTokensLlama3) {
+// Llama 3's rendering of `messages`, the assistant's content and end of turn scored.
+Expected llama3_expected(const std::vector<ChatMessage>& messages) {
   Expected x;
   x.add({special("<|begin_of_text|>")}, false);
-  for (const auto& m : kConversation) {
+  for (const auto& m : messages) {
     const bool a = m.role == "assistant";
     x.add({special("<|start_header_id|>")}, false);
     x.add_text(m.role, false);
@@ -104,6 +105,11 @@ TEST(Sft, MasksExactlyTheAssistantTokensLlama3) {
     x.add_text(m.content, a);
     x.add({special("<|eot_id|>")}, a);
   }
+  return x;
+}
+
+TEST(Sft, MasksExactlyTheAssistantTokensLlama3) {
+  const Expected x = llama3_expected(kConversation);
   const auto e = train::tokenize_conversation(*fixture().tok, {tokenizer::ChatTemplate::llama3, {}},
                                               kConversation, true, "test");
   ASSERT_EQ(e.tokens, x.tokens);
@@ -115,17 +121,7 @@ TEST(Sft, MasksExactlyTheAssistantTokensLlama3) {
 TEST(Sft, AConversationThatOpensWithTheAssistantIsTrained) {
   const std::vector<ChatMessage> greeting = {
       {"assistant", "Hello! Ask me a sum."}, {"user", "What is 1 + 2?"}, {"assistant", "#### 3"}};
-  Expected x;
-  x.add({special("<|begin_of_text|>")}, false);
-  for (const auto& m : greeting) {
-    const bool a = m.role == "assistant";
-    x.add({special("<|start_header_id|>")}, false);
-    x.add_text(m.role, false);
-    x.add({special("<|end_header_id|>")}, false);
-    x.add_text("\n\n", false);
-    x.add_text(m.content, a);
-    x.add({special("<|eot_id|>")}, a);
-  }
+  const Expected x = llama3_expected(greeting);
   const auto e = train::tokenize_conversation(*fixture().tok, {tokenizer::ChatTemplate::llama3, {}},
                                               greeting, true, "test");
   ASSERT_EQ(e.tokens, x.tokens);
