@@ -9,6 +9,7 @@
 #include <chrono>
 #include <thread>
 
+#include "base/files.h"
 #include "base/log.h"
 #include "fed/client_state.h"
 #include "fed/silo.h"
@@ -51,6 +52,7 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
                         : load_client_state(config_.state_dir, config_.id, *local_, specs_,
                                             feedback_, drift_, &pulled, local_dp_.get());
   }
+  if (local_dp_) take_local_dp_record();
   // [dp_sgd]'s account is never rolled back, so it holds at least every local step the state
   // took; fewer means steps that ran without it, or a lost account: no epsilon covers them.
   if (const optim::DpSgd* dp = local_ ? local_->dp_sgd() : nullptr) {
@@ -185,6 +187,34 @@ void Client::run() {
             std::chrono::milliseconds(std::clamp<int64_t>(t.wait_ms(), 10, 5000)));
     }
   }
+}
+
+namespace {
+constexpr const char* kLocalDpRecord = "local_dp.json";
+}  // namespace
+
+void Client::record_local_dp() const {
+  write_file_atomic(config_.state_dir / kLocalDpRecord, local_dp_->state().dump() + "\n");
+}
+
+void Client::take_local_dp_record() {
+  POLLEN_CHECK(!config_.state_dir.empty(), "client '", config_.id,
+               "': [local_dp] keeps its account in client.state_dir, so that a restarted client "
+               "counts every update it released; set client.state_dir (in a simulation, leave "
+               "sim.client_states on)");
+  const std::filesystem::path record = config_.state_dir / kLocalDpRecord;
+  if (!std::filesystem::exists(record)) return;
+  try {
+    const nlohmann::json saved = nlohmann::json::parse(read_file(record));
+    if (saved.at("steps").get<int64_t>() <= local_dp_->releases()) return;
+    local_dp_->load_state(saved);
+  } catch (const nlohmann::json::exception& e) {
+    fail("client '", config_.id, "': '", record.string(),
+         "': expected [local_dp]'s account: ", e.what());
+  }
+  log::info("client '", config_.id, "': [local_dp] goes on from the account in '", record.string(),
+            "': ", local_dp_->releases(), " updates released so far, epsilon ",
+            local_dp_->epsilon().epsilon);
 }
 
 void Client::rewind(int64_t round) {

@@ -232,7 +232,8 @@ class Client {
   RoundTrainer& round_trainer() { return *trainer_; }
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
-  int64_t last_round() const { return last_round_; }  // the last round trained (0: none)
+  int64_t last_round() const { return last_round_; }           // the last round trained (0: none)
+  const LocalDp* local_dp() const { return local_dp_.get(); }  // null without [local_dp]
 
  private:
   void handle(const pb::TaskReply& task);
@@ -263,6 +264,12 @@ class Client {
   Weights clip_and_weigh(int64_t round, const Weights& delta, int64_t tokens,
                          const secagg::DistributedNoise& noise, bool* clipped) const;
   void save_state();
+  // [local_dp]'s account in client.state_dir/local_dp.json, written as each update is released
+  // and never rolled back (a rewind removes the saved states of the rounds it goes back over,
+  // whose accounts hold releases that were made); taken on start when it counts more than the
+  // state.
+  void record_local_dp() const;
+  void take_local_dp_record();
   // A task of a round this client trained already: its update was lost (the server resumed from
   // an earlier checkpoint, or the round is retried); or the task after an attempt that took
   // local steps and failed before its state was saved. With client.state_dir the client goes

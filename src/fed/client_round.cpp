@@ -174,10 +174,11 @@ void Client::train_round(const pb::TaskReply& task) {
                                   task.local_steps());
   if (local_dp_) {
     const bool clipped = local_dp_->apply(delta, static_cast<uint64_t>(task.round()));
+    record_local_dp();
     const Epsilon e = local_dp_->epsilon();
     log::info("fed client '", config_.id, "': local DP", clipped ? " (update clipped)" : "",
               ": epsilon ", e.epsilon, " at delta ", config_.local_dp.delta, " after ",
-              task.round(), " rounds");
+              local_dp_->releases(), " updates released");
   }
   if (const optim::DpSgd* dp = local_ ? local_->dp_sgd() : nullptr) {
     log::info("fed client '", config_.id, "': DP-SGD: epsilon ", dp->epsilon().epsilon,

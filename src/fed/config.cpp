@@ -376,7 +376,12 @@ ClientConfig read_client_root(ConfigTable& root) {
   c.keep_checkpoints =
       static_cast<int>(t->get_int_in("keep_checkpoints", c.keep_checkpoints, 1, INT32_MAX));
   t->finish();
-  if (auto l = root.table("local_dp")) c.local_dp = read_local_dp_options(*l);
+  if (auto l = root.table("local_dp")) {
+    c.local_dp = read_local_dp_options(*l);
+    POLLEN_CHECK(c.local_dp.noise_seed < 0 || c.allow_repeatable_noise, l->where("noise_seed"),
+                 ": repeatable noise gives no privacy against anyone who knows the seed; set "
+                 "client.allow_repeatable_noise = true to take it (tests)");
+  }
   c.tls = read_tls(root, false);
   if (auto p = root.table("post")) {
     c.post = read_post_settings(*p, true);

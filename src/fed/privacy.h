@@ -214,6 +214,7 @@ class LocalDp {
   // Clips and noises the update in place, accounts for it; returns whether it was clipped.
   bool apply(Weights& delta, uint64_t round);
   Epsilon epsilon() const { return accountant_.epsilon(options_.delta); }
+  int64_t releases() const { return accountant_.steps(); }
 
   nlohmann::json state() const;  // the accountant, for the client's saved state
   void load_state(const nlohmann::json& state);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "autograd/tape.h"
@@ -574,6 +575,9 @@ void TrainingRun::save(int64_t at) {
   if (samples_.enabled()) samples_.file().sync();
   nlohmann::ordered_json st;
   counters_.save(st, seconds_since(run_start_));
+  // The last step's loss is computed on the sample without noise: a private checkpoint leaves it
+  // out (the guarantee covers checkpoints).
+  if (dp_) st.erase("last_loss");
   st["loader"] = data_.loader.state().to_json();
   st["data_versions"] = data_versions_;
   if (dp_) st["privacy"] = dp_->state();
@@ -631,13 +635,17 @@ void check_private_run(const TrainConfig& cfg) {
                cfg.device, "\" and \"", cfg.precision, "\")");
   POLLEN_CHECK(cfg.weights.empty(), "[privacy]: DP-SGD samples every sequence of the data with ",
                "the same probability, which data.weights would contradict; remove data.weights");
-  // Evaluating on the very records trained on would publish a loss over them.
+  // Evaluating on the very records trained on would publish a loss over them. A dataset is known
+  // by its version (the SHA-256 of its manifest), not its path: another spelling of the path, a
+  // link or a copy of the folder holds the same records.
+  if (cfg.validation_split.empty() || cfg.validation_split != cfg.train_split) return;
+  std::set<std::string> trained;
+  for (const auto& m : cfg.manifests) trained.insert(data::dataset_version(m));
   for (const auto& m : cfg.validation_manifests)
-    POLLEN_CHECK(
-        cfg.validation_split.empty() || cfg.validation_split != cfg.train_split ||
-            std::find(cfg.manifests.begin(), cfg.manifests.end(), m) == cfg.manifests.end(),
-        "[privacy]: data.validation_split '", cfg.validation_split, "' is the training split of '",
-        m, "': its loss would describe the protected records; evaluate on a held-out split");
+    POLLEN_CHECK(!trained.contains(data::dataset_version(m)), "[privacy]: data.validation_split '",
+                 cfg.validation_split, "' of '", m,
+                 "' is a training split of the same dataset: its loss would describe the "
+                 "protected records; evaluate on a held-out split");
 }
 
 // Every manifest trained or evaluated on fits the model's vocabulary, and the validation data

@@ -177,6 +177,19 @@ TEST(ClientState, RestartedClientKeepsItsPrivacyAccount) {
       io::list_checkpoints(dir / "run0" / "state" / "checkpoints").back() / "state.json"));
   EXPECT_EQ(state["round"], 3);
   EXPECT_EQ(state["local_dp"]["steps"], 3) << "the accountant forgot the rounds before the restart";
+  // Going back to an earlier state (a lost update: the states of later rounds are removed) never
+  // takes the account back: a client restarted after that still counts every release.
+  const auto states = io::list_checkpoints(dir / "run0" / "state" / "checkpoints");
+  ASSERT_GE(states.size(), 2u);
+  for (size_t i = 1; i < states.size(); ++i) fs::remove_all(states[i]);
+  {
+    Coordinator server(cfg.server, true);
+    LocalTransport transport(server);
+    const Client restarted(cfg.clients[0], transport);
+    EXPECT_LT(restarted.last_round(), 3);
+    ASSERT_NE(restarted.local_dp(), nullptr);
+    EXPECT_EQ(restarted.local_dp()->releases(), 3);
+  }
 
   auto plain = sim_config(dir / "run1", {silo}, "fedavg", 3, 2);
   plain.clients[0].state_dir = dir / "run1" / "state";

@@ -206,6 +206,9 @@ TEST(PrivateTraining, APreemptedRunResumesBitwiseAndReportsTheEpsilonItSpent) {
   EXPECT_EQ(summary["privacy"]["private_steps"], 14);
   EXPECT_DOUBLE_EQ(summary["privacy"]["noise_multiplier"].get<double>(), 0.3);
   EXPECT_DOUBLE_EQ(summary["privacy"]["epsilon"].get<double>(), steps.back()["epsilon"]);
+  // The checkpoints are covered by the guarantee: no loss computed on the sample without noise.
+  for (const auto& ck : io::list_checkpoints(base / "cut" / "checkpoints"))
+    EXPECT_FALSE(nlohmann::json::parse(read_file(ck / "state.json")).contains("last_loss")) << ck;
   fs::remove_all(base);
 }
 
@@ -286,6 +289,15 @@ TEST(PrivateTraining, RefusesWhatWouldBreakItsGuarantee) {
             std::string::npos);
   EXPECT_NE(error_of([&] {
               train_quiet(tiny(base / "val", 2, {"data.validation_split=\"train\""}));
+            }).find("held-out split"),
+            std::string::npos);
+  // The training data's manifest by another path (a link or a copy would do the same): the same
+  // dataset, so the same records.
+  const std::string respelled = (dataset().parent_path() / "." / dataset().filename()).string();
+  EXPECT_NE(error_of([&] {
+              train_quiet(tiny(base / "val2", 2,
+                               {"data.validation_split=\"train\"",
+                                "data.validation_manifests=[\"" + respelled + "\"]"}));
             }).find("held-out split"),
             std::string::npos);
   // The run file: a clip, and exactly one of the noise and the target epsilon.
