@@ -215,6 +215,7 @@ TEST(SecAggGraph, HararyGraphIsRegularSymmetricSeededAndConnected) {
       const size_t d = graph_degree(n, k);
       EXPECT_EQ(neighbour_graph(n, k, 9), g);
       for (size_t i = 0; i < n; ++i) {
+        EXPECT_EQ(neighbours_of(n, k, 9, i), g[i]) << "a client's own row, n " << n << " k " << k;
         EXPECT_EQ(g[i].size(), d) << "n " << n << " k " << k;
         EXPECT_EQ(std::set<size_t>(g[i].begin(), g[i].end()).size(), d);
         for (size_t j : g[i]) {
@@ -238,6 +239,10 @@ TEST(SecAggGraph, HararyGraphIsRegularSymmetricSeededAndConnected) {
   EXPECT_EQ(graph_degree(40, 4), 4u);
   EXPECT_EQ(graph_degree(13, 3), 4u);  // odd k and odd n: k + 1
   EXPECT_NE(neighbour_graph(40, 4, 1), neighbour_graph(40, 4, 2));
+  // A client of the largest roster computes its row alone, in O(n): the whole complete graph
+  // would take 80 GB.
+  EXPECT_EQ(neighbours_of(100000, 0, 9, 7).size(), 99999u);
+  EXPECT_EQ(neighbours_of(100000, 6, 9, 7).size(), 6u);
 }
 
 // ---- quantisation -----------------------------------------------------------------------------

@@ -94,7 +94,7 @@ pb::SecAggShares ClientSession::share(const pb::SecAggRoster& roster) {
   const auto me = static_cast<size_t>(mine - ids.begin());
   POLLEN_CHECK(cipher_keys[me] == cipher_.public_key && mask_keys[me] == mask_.public_key, what,
                ": this client's keys were altered");
-  auto neighbours = neighbour_graph(n, options.neighbours, roster.params().graph_seed())[me];
+  auto neighbours = neighbours_of(n, options.neighbours, roster.params().graph_seed(), me);
   const size_t holders = neighbours.size() + 1;
   const size_t threshold = options.resolved_threshold(holders);
   POLLEN_CHECK(threshold >= 2 && threshold <= holders, what, ": threshold ", threshold, " for ",

@@ -15,6 +15,39 @@ size_t graph_degree(size_t n, int64_t k) {
   return std::min(d, n - 1);
 }
 
+namespace {
+
+// The clients in their seeded Fisher-Yates order on the ring.
+std::vector<size_t> ring_order(size_t n, uint64_t seed) {
+  std::vector<size_t> ring(n);
+  for (size_t i = 0; i < n; ++i) ring[i] = i;
+  Rng rng(seed);
+  for (size_t i = n; i-- > 1;) std::swap(ring[i], ring[rng.below(i + 1)]);
+  return ring;
+}
+
+}  // namespace
+
+std::vector<size_t> neighbours_of(size_t n, int64_t k, uint64_t seed, size_t me) {
+  POLLEN_CHECK(me < n, "secure aggregation: client index ", me, " outside a roster of ", n);
+  std::vector<size_t> out;
+  const size_t d = graph_degree(n, k);
+  if (d == n - 1) {
+    for (size_t j = 0; j < n; ++j)
+      if (j != me) out.push_back(j);
+    return out;
+  }
+  const std::vector<size_t> ring = ring_order(n, seed);
+  const size_t pos = static_cast<size_t>(std::find(ring.begin(), ring.end(), me) - ring.begin());
+  for (size_t step = 1; step <= d / 2; ++step) {
+    out.push_back(ring[(pos + step) % n]);
+    out.push_back(ring[(pos + n - step) % n]);
+  }
+  if (d % 2 == 1) out.push_back(ring[(pos + n / 2) % n]);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<std::vector<size_t>> neighbour_graph(size_t n, int64_t k, uint64_t seed) {
   std::vector<std::vector<size_t>> adj(n);
   const size_t d = graph_degree(n, k);
@@ -26,11 +59,7 @@ std::vector<std::vector<size_t>> neighbour_graph(size_t n, int64_t k, uint64_t s
     }
     return adj;
   }
-  // A seeded Fisher-Yates order of the clients on the ring.
-  std::vector<size_t> ring(n);
-  for (size_t i = 0; i < n; ++i) ring[i] = i;
-  Rng rng(seed);
-  for (size_t i = n; i-- > 1;) std::swap(ring[i], ring[rng.below(i + 1)]);
+  const std::vector<size_t> ring = ring_order(n, seed);
   auto link = [&](size_t a, size_t b) {
     adj[ring[a]].push_back(ring[b]);
     adj[ring[b]].push_back(ring[a]);

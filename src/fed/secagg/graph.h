@@ -15,6 +15,10 @@ namespace pollen::fed::secagg {
 // Neighbours of each of n clients (indices 0 ... n-1 of the sorted roster), each list sorted.
 std::vector<std::vector<size_t>> neighbour_graph(size_t n, int64_t k, uint64_t seed);
 
+// Client `me`'s row of neighbour_graph, in O(n) time and memory: what a client needs, whatever
+// the size of the roster it is sent (the whole graph of the complete case is O(n^2)).
+std::vector<size_t> neighbours_of(size_t n, int64_t k, uint64_t seed, size_t me);
+
 // The degree neighbour_graph gives for n clients: min(k, n - 1) rounded up to even unless n is
 // even (k = 0: n - 1).
 size_t graph_degree(size_t n, int64_t k);
