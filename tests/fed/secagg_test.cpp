@@ -58,6 +58,7 @@ struct RoundResult {
   std::vector<uint64_t> sum;                  // unmasked, when done
   std::vector<std::vector<uint64_t>> masked;  // what each input sender sent
   std::vector<std::string> senders;
+  bool unmask_opened = false;  // the input phase closed into the unmask phase
 };
 
 RoundResult run_round(const std::vector<std::vector<uint64_t>>& inputs, const Options& options,
@@ -95,6 +96,7 @@ RoundResult run_round(const std::vector<std::vector<uint64_t>>& inputs, const Op
   }
   server.close_phase();
   if (server.phase() == ServerSession::Phase::failed) return {server.phase(), server.failure()};
+  r.unmask_opened = true;
   for (size_t i = 0; i < n; ++i) {
     if (drop_before_input.count(i) || drop_before_reveal.count(i) || drop_before_share.count(i)) {
       continue;
@@ -383,6 +385,41 @@ TEST(SecAggProtocol, BelowTheThresholdTheRoundFailsClearly) {
   const auto r2 = run_round(inputs, high, {}, {});
   EXPECT_EQ(r2.phase, ServerSession::Phase::failed);
   EXPECT_NE(r2.failure.find("exceeds the 7 holders"), std::string::npos) << r2.failure;
+}
+
+// Only the survivors reveal: when some secret the sum needs has fewer than threshold holders
+// among them, the round fails as the input phase closes, with the counts and nothing revealed,
+// instead of opening an unmask phase that can only wait out its deadline.
+TEST(SecAggProtocol, TooFewSurvivingHoldersFailBeforeAnyReveal) {
+  Quiet q;
+  Options o;
+  o.threshold = 4;
+  auto r = run_round(random_inputs(7, 50, 64, 12), o, {0, 1, 2, 3}, {});  // 3 inputs, below 4
+  EXPECT_EQ(r.phase, ServerSession::Phase::failed);
+  EXPECT_FALSE(r.unmask_opened);
+  EXPECT_NE(r.failure.find("3 of the 7 clients that shared sent a masked input, fewer than the "
+                           "threshold 4; nothing is revealed"),
+            std::string::npos)
+      << r.failure;
+  // SecAgg+, 12 clients, 4 neighbours (5 holders), threshold 3: five survivors, c00 and one of
+  // its neighbours among them, so c00's self mask has 2 holders left to reveal its shares.
+  Options sparse;
+  sparse.neighbours = 4;
+  const auto graph = neighbour_graph(12, 4, 77);  // run_round's seed
+  std::set<size_t> survivors{0, graph[0][0]};
+  for (size_t i = 1; i < 12 && survivors.size() < 5; ++i) {
+    if (std::find(graph[0].begin(), graph[0].end(), i) == graph[0].end()) survivors.insert(i);
+  }
+  std::set<size_t> dropped;
+  for (size_t i = 0; i < 12; ++i) {
+    if (!survivors.count(i)) dropped.insert(i);
+  }
+  r = run_round(random_inputs(12, 20, 64, 13), sparse, dropped, {});
+  EXPECT_EQ(r.phase, ServerSession::Phase::failed);
+  EXPECT_FALSE(r.unmask_opened);
+  EXPECT_NE(r.failure.find(" of the 5 holders of the shares of "), std::string::npos) << r.failure;
+  EXPECT_NE(r.failure.find("fewer than the threshold 3; nothing is revealed"), std::string::npos)
+      << r.failure;
 }
 
 TEST(SecAggProtocol, MaskedInputsLookUniformWhileTheInputsDoNot) {
