@@ -249,6 +249,12 @@ class Client {
   void secagg_step(const pb::TaskReply& task);
   pb::SecAggReply secagg_call(int64_t round, const std::function<void(pb::SecAggRequest&)>& fill);
   EncodedSet masked_update(int64_t round, const Weights& delta, int64_t tokens);
+  // Secure aggregation: a masked update whose push was lost (the server still waits for it) is
+  // sent again, the same info and bytes; never trained and masked anew, since the same masks on
+  // another update would give away the difference of the two.
+  void push_masked_again(const pb::TaskReply& task);
+  // Streams the update's info, the set's header and its bytes in chunks.
+  pb::PushReply push_update(const pb::UpdateInfo& info, const EncodedSet& set);
   // Whether this client holds secure aggregation's secrets of `round` (it advertised keys for
   // it in this process: a restarted client holds none).
   bool holds_secagg_session(int64_t round) const;
@@ -293,6 +299,13 @@ class Client {
   std::unique_ptr<LocalDp> local_dp_;         // [local_dp]: clip and noise before anything leaves
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
   std::unique_ptr<secagg::ClientSession> secagg_;  // the current round's
+  // The masked update of secagg_'s round, once built: kept until the client reveals its shares,
+  // so that a lost push is sent again as it was (push_masked_again).
+  struct MaskedPush {
+    pb::UpdateInfo info;
+    EncodedSet set;
+  };
+  std::optional<MaskedPush> masked_push_;
   // The last round whose secure aggregation shares this client revealed (0: none), kept beside
   // its state: a retry of it, or of an earlier round, is trained on from where the client is
   // (rewind), never again from before it.

@@ -29,6 +29,7 @@ void Client::secagg_step(const pb::TaskReply& task) {
   POLLEN_CHECK(round >= 1, "task: secure aggregation for round ", round);
   if (task.kind() == pb::TASK_SECAGG_ADVERTISE) {
     secagg_ = std::make_unique<secagg::ClientSession>(config_.id, round);
+    masked_push_.reset();
     const pb::SecAggKeys keys = secagg_->advertise();
     secagg_call(round, [&](pb::SecAggRequest& r) { *r.mutable_advertise() = keys; });
     return;
@@ -50,6 +51,7 @@ void Client::secagg_step(const pb::TaskReply& task) {
   note_revealed(round);
   secagg_call(round, [&](pb::SecAggRequest& r) { *r.mutable_reveal() = reveal; });
   secagg_.reset();
+  masked_push_.reset();
 }
 
 void Client::note_revealed(int64_t round) {

@@ -510,6 +510,64 @@ TEST(SecureRound, ARoundRetriedAfterRevealsGetsNewInputs) {
   }
 }
 
+namespace {
+
+// The in-process transport, but the first push is lost once its whole stream was sent (the
+// connection broke before the server took it).
+struct LostPushTransport : LocalTransport {
+  std::vector<std::string> pushed;  // each push's stream: info, header and chunks
+  using LocalTransport::LocalTransport;
+  pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override {
+    std::string stream;
+    auto record = [&](pb::TensorStream& m) {
+      if (!next(m)) return false;
+      stream += m.SerializeAsString();
+      return true;
+    };
+    if (pushed.empty()) {
+      for (pb::TensorStream m; record(m); m.Clear()) {
+      }
+      pushed.push_back(stream);
+      throw Error("push: connection reset (test)");
+    }
+    pb::PushReply reply = LocalTransport::push(record);
+    pushed.push_back(stream);
+    return reply;
+  }
+};
+
+}  // namespace
+
+// A masked update whose push was lost is sent again byte for byte when the server asks for it
+// again: trained and masked anew, the round's masks on another update would give away the
+// difference of the two.
+TEST(SecureRound, ALostMaskedPushIsSentAgainAsItWas) {
+  Quiet q;
+  const auto dir = temp_dir("lost_push");
+  auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);
+  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  set_num_threads(1);
+  Federation f(cfg);
+  LostPushTransport lossy(f.server);
+  f.clients[0] = std::make_unique<Client>(cfg.clients[0], lossy);
+  f.clients[0]->join();
+  ASSERT_TRUE(f.server.begin_round());
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // shares
+  EXPECT_THROW(f.clients[0]->poll_once(), Error) << "the push must be lost";
+  ASSERT_TRUE(f.pass({1, 2, 3}));  // inputs
+  EXPECT_EQ(f.phase(), secagg::ServerSession::Phase::input) << "silo-0's input is awaited";
+  ASSERT_TRUE(f.pass({0}));  // asked again
+  ASSERT_EQ(lossy.pushed.size(), 2u);
+  EXPECT_EQ(lossy.pushed[0], lossy.pushed[1]) << "the masked update was not sent as it was";
+  EXPECT_EQ(f.clients[0]->trainer().steps_taken(), 2) << "it trained the round again";
+  ASSERT_EQ(f.phase(), secagg::ServerSession::Phase::unmask);
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // reveals
+  const auto s = f.server.end_round();
+  ASSERT_TRUE(s.aggregated);
+  EXPECT_EQ(s.participants.size(), 4u);
+}
+
 TEST(SecureRound, HostileOrMisplacedMessagesAreRefused) {
   Quiet q;
   const auto dir = temp_dir("hostile");
