@@ -554,6 +554,40 @@ TEST(SecAggProtocol, RevealRefusesListsThatCouldUnmaskOneInput) {
   EXPECT_THROW(clients[0].reveal(list({"a", "b", "c"}, {"d"})), Error);
 }
 
+// A low-order X25519 key would make every neighbour's agreement with it fail in the share
+// phase, failing the round without naming anyone: it is refused at advertise, naming the client
+// and the key, and the round goes on without that client.
+TEST(SecAggProtocol, LowOrderKeysAreRefusedAtAdvertise) {
+  Quiet q;
+  Options o;
+  ServerSession server(1, {"a", "b", "c"}, o, 5, 4);
+  ClientSession a("a", 1), b("b", 1), c("c", 1);
+  const pb::SecAggKeys kc = c.advertise();
+  std::string one(32, '\0');
+  one[0] = 1;  // u = 1, a point of order 4
+  for (const auto& [field, bad] :
+       {std::pair{"cipher_public_key", std::string(32, '\0')}, std::pair{"mask_public_key", one}}) {
+    pb::SecAggKeys k = kc;
+    if (std::string(field) == "cipher_public_key") {
+      k.set_cipher_public_key(bad);
+    } else {
+      k.set_mask_public_key(bad);
+    }
+    const std::string why = pollen::testing::error_of([&] { server.advertise("c", k); });
+    EXPECT_NE(why.find(std::string("secure aggregation keys from 'c', ") + field),
+              std::string::npos)
+        << why;
+    EXPECT_NE(why.find("degenerate"), std::string::npos) << why;
+  }
+  server.advertise("a", a.advertise());
+  server.advertise("b", b.advertise());
+  server.close_phase();  // the deadline: c sent no valid keys
+  ASSERT_EQ(server.phase(), ServerSession::Phase::share) << server.failure();
+  const pb::SecAggRoster roster = server.roster("a");
+  EXPECT_EQ(roster.clients_size(), 2);
+  EXPECT_NO_THROW(a.share(roster));
+}
+
 TEST(SecAggProtocol, HostileMessagesAreRefused) {
   Quiet q;
   Options o;

@@ -97,6 +97,12 @@ void ServerSession::advertise(const std::string& id, const pb::SecAggKeys& keys)
   const Key32 c = key_from(keys.cipher_public_key(), cat(what, ", cipher_public_key"));
   const Key32 m = key_from(keys.mask_public_key(), cat(what, ", mask_public_key"));
   POLLEN_CHECK(c != m, what, ": the two public keys must differ");
+  // A low-order key (all zeros, say) would make every neighbour's agreement with it fail in the
+  // share phase, failing the round without naming anyone: a throwaway agreement finds it here,
+  // and the client is left out unless it sends valid keys in time.
+  const KeyPair probe = KeyPair::generate();
+  agree(probe.secret, c, cat(what, ", cipher_public_key"));
+  agree(probe.secret, m, cat(what, ", mask_public_key"));
   keys_[id] = keys;
 }
 
