@@ -51,6 +51,7 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
                                             feedback_, &pulled, local_dp_.get())
                         : load_client_state(config_.state_dir, config_.id, *local_, specs_,
                                             feedback_, drift_, &pulled, local_dp_.get());
+    revealed_round_ = load_revealed_round(config_.state_dir, config_.id);
   }
   if (local_dp_) take_local_dp_record();
   // [dp_sgd]'s account is never rolled back, so it holds at least every local step the state
@@ -218,6 +219,17 @@ void Client::take_local_dp_record() {
 }
 
 void Client::rewind(int64_t round) {
+  if (round <= revealed_round_) {
+    // The server may hold the unmasked sum of an attempt this client revealed its shares for;
+    // the same input again, in a sum over other clients, would give away the difference of the
+    // two sums: whole clients' updates. Going on from here makes the new input differ.
+    unsaved_steps_ = false;
+    log::warn("fed client '", config_.id, "': round ", round,
+              " again, after it revealed its secure aggregation shares of round ", revealed_round_,
+              ": it trains on from where it is (its local steps and data position kept), never "
+              "going back, so that it never sends an input the server may have unmasked");
+    return;
+  }
   const char* why = round <= last_round_ ? "its update was lost"
                                          : "an attempt at it failed before its state was saved";
   int64_t was = -1;

@@ -250,12 +250,21 @@ class Client {
   void secagg_step(const pb::TaskReply& task);
   pb::SecAggReply secagg_call(int64_t round, const std::function<void(pb::SecAggRequest&)>& fill);
   EncodedSet masked_update(int64_t round, const Weights& delta, int64_t tokens);
+  // Secure aggregation: a masked update whose push was lost (the server still waits for it) is
+  // sent again, the same info and bytes; never trained and masked anew, since the same masks on
+  // another update would give away the difference of the two.
+  void push_masked_again(const pb::TaskReply& task);
+  // Streams the update's info, the set's header and its bytes in chunks.
+  pb::PushReply push_update(const pb::UpdateInfo& info, const EncodedSet& set);
   // Whether this client holds secure aggregation's secrets of `round` (it advertised keys for
   // it in this process: a restarted client holds none).
   bool holds_secagg_session(int64_t round) const;
   // A secure aggregation task this client cannot take, holding no secrets of its round: it tells
   // the server that it drops out of the phase (training nothing) and waits for the next round.
   void drop_out(const pb::TaskReply& task);
+  // Records, in memory and under client.state_dir, that this client reveals its shares of
+  // `round` (before they leave: a lost reply may still have delivered them).
+  void note_revealed(int64_t round);
   // Distributed DP: a server's repeatable noise stops the client unless
   // client.allow_repeatable_noise takes it.
   void refuse_repeatable_noise(int64_t round, const secagg::DistributedNoise& noise) const;
@@ -275,6 +284,9 @@ class Client {
   // local steps and failed before its state was saved. With client.state_dir the client goes
   // back to its state before that round, so that no local step counts twice and no data is
   // skipped; otherwise (or in a silo of several ranks) it goes on from where it is, and says so.
+  // A round this client revealed secure aggregation shares for (or an earlier one) is not gone
+  // back from: the client trains on from where it is, so that it never sends an input again that
+  // the server may already have unmasked in a sum.
   void rewind(int64_t round);
 
   // Whether the silo runs as several ranks (comm_ then holds them).
@@ -294,6 +306,17 @@ class Client {
   std::unique_ptr<LocalDp> local_dp_;         // [local_dp]: clip and noise before anything leaves
   uint64_t bytes_sent_ = 0, bytes_received_ = 0;
   std::unique_ptr<secagg::ClientSession> secagg_;  // the current round's
+  // The masked update of secagg_'s round, once built: kept until the client reveals its shares,
+  // so that a lost push is sent again as it was (push_masked_again).
+  struct MaskedPush {
+    pb::UpdateInfo info;
+    EncodedSet set;
+  };
+  std::optional<MaskedPush> masked_push_;
+  // The last round whose secure aggregation shares this client revealed (0: none), kept beside
+  // its state: a retry of it, or of an earlier round, is trained on from where the client is
+  // (rewind), never again from before it.
+  int64_t revealed_round_ = 0;
   int64_t last_round_ = 0;
   // A round attempt took local steps that no saved state holds (it failed before the push):
   // the next round attempt rewinds first.

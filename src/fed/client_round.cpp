@@ -83,11 +83,51 @@ Weights Client::pull_first_moments(const pb::TaskReply& task, const CompressOpti
   return decode_set(header, bytes, moments, what);
 }
 
+pb::PushReply Client::push_update(const pb::UpdateInfo& info, const EncodedSet& set) {
+  int stage = 0;
+  size_t offset = 0;
+  return transport_.push([&](pb::TensorStream& m) {
+    if (stage == 0) {
+      *m.mutable_update() = info;
+      stage = 1;
+      return true;
+    }
+    if (stage == 1) {
+      *m.mutable_header() = set.header;
+      stage = 2;
+      return true;
+    }
+    if (offset >= set.bytes.size()) return false;
+    const size_t n = std::min<size_t>(kMaxChunkBytes, set.bytes.size() - offset);
+    auto* c = m.mutable_chunk();
+    c->set_offset(offset);
+    c->set_data(set.bytes.data() + offset, n);
+    offset += n;
+    return true;
+  });
+}
+
+void Client::push_masked_again(const pb::TaskReply& task) {
+  log::warn("fed client '", config_.id, "': round ", task.round(),
+            ": its masked update did not arrive; it sends the same bytes again (trained and "
+            "masked anew, the round's masks on another update would give away the difference)");
+  const pb::PushReply reply = push_update(masked_push_->info, masked_push_->set);
+  if (reply.accepted()) {
+    bytes_sent_ += masked_push_->set.bytes.size();
+    log::info("fed client '", config_.id, "': round ", task.round(), ": sent ",
+              masked_push_->set.bytes.size(), " bytes");
+  } else {
+    log::warn("fed client '", config_.id, "': round ", task.round(),
+              " update refused: ", reply.reason());
+  }
+}
+
 void Client::train_round(const pb::TaskReply& task) {
   const TaskCodecs codecs = check_task(task);
   // A secure round's masked input needs the secrets this client advertised for the round; a
   // client restarted since holds none, and training would only take steps that are never sent.
   if (task.secure_aggregation() && !holds_secagg_session(task.round())) return drop_out(task);
+  if (task.secure_aggregation() && masked_push_) return push_masked_again(task);
   if (task.round() <= last_round_ || unsaved_steps_) rewind(task.round());
   // Token counts leave the silo in the clear: local DP's noise does not cover them.
   POLLEN_CHECK(!task.token_counts() || !local_dp_, "client '", config_.id,
@@ -188,7 +228,7 @@ void Client::train_round(const pb::TaskReply& task) {
   const Weights saved_residual = clone_weights(feedback_.residual());
   EncodedSet enc;
   if (task.secure_aggregation()) {
-    enc = masked_update(task.round(), delta, res.tokens);
+    masked_push_ = MaskedPush{info, masked_update(task.round(), delta, res.tokens)};
   } else {
     // The pseudo-gradient with error feedback, then the first moments without (a state, not a
     // sum over rounds).
@@ -212,40 +252,23 @@ void Client::train_round(const pb::TaskReply& task) {
   // missing from its privacy account). A round whose update is lost comes back, and the client
   // then goes back to its state before it (rewind).
   save_state();
-  int stage = 0;
-  size_t offset = 0;
+  // A masked update is kept for a push that is lost (push_masked_again).
+  const EncodedSet& sent = task.secure_aggregation() ? masked_push_->set : enc;
   pb::PushReply reply;
   try {
-    reply = transport_.push([&](pb::TensorStream& m) {
-      if (stage == 0) {
-        *m.mutable_update() = info;
-        stage = 1;
-        return true;
-      }
-      if (stage == 1) {
-        *m.mutable_header() = enc.header;
-        stage = 2;
-        return true;
-      }
-      if (offset >= enc.bytes.size()) return false;
-      const size_t n = std::min<size_t>(kMaxChunkBytes, enc.bytes.size() - offset);
-      auto* c = m.mutable_chunk();
-      c->set_offset(offset);
-      c->set_data(enc.bytes.data() + offset, n);
-      offset += n;
-      return true;
-    });
+    reply = push_update(info, sent);
   } catch (const Error&) {
     feedback_.set_residual(saved_residual);  // the update did not arrive
     save_state();
     throw;
   }
   if (reply.accepted()) {
-    bytes_sent_ += enc.bytes.size() + info.second_moments().size();
+    bytes_sent_ += sent.bytes.size() + info.second_moments().size();
     std::string objective_metrics;  // a post-training objective's, GRPO's reward say
     for (const auto& [name, value] : res.metrics) objective_metrics += cat(", ", name, " ", value);
     log::info("fed client '", config_.id, "': round ", task.round(), ": ", res.tokens,
-              " tokens, loss ", res.loss, objective_metrics, ", sent ", enc.bytes.size(), " bytes");
+              " tokens, loss ", res.loss, objective_metrics, ", sent ", sent.bytes.size(),
+              " bytes");
   } else {
     // The update did not count: what error feedback kept back for it is void too.
     feedback_.set_residual(saved_residual);

@@ -3,6 +3,7 @@
 #include "base/log.h"
 #include "base/rng.h"
 #include "fed/client.h"
+#include "fed/client_state.h"
 #include "fed/privacy.h"
 #include "fed/secagg/masked_set.h"
 #include "fed/secagg/private_quantize.h"
@@ -28,6 +29,7 @@ void Client::secagg_step(const pb::TaskReply& task) {
   POLLEN_CHECK(round >= 1, "task: secure aggregation for round ", round);
   if (task.kind() == pb::TASK_SECAGG_ADVERTISE) {
     secagg_ = std::make_unique<secagg::ClientSession>(config_.id, round);
+    masked_push_.reset();
     const pb::SecAggKeys keys = secagg_->advertise();
     secagg_call(round, [&](pb::SecAggRequest& r) { *r.mutable_advertise() = keys; });
     return;
@@ -46,8 +48,15 @@ void Client::secagg_step(const pb::TaskReply& task) {
   const auto reply = secagg_call(round, [](pb::SecAggRequest& r) { r.set_get_survivors(true); });
   POLLEN_CHECK(reply.has_survivors(), "secure aggregation: the server sent no survivors");
   const pb::SecAggReveal reveal = secagg_->reveal(reply.survivors());
+  note_revealed(round);
   secagg_call(round, [&](pb::SecAggRequest& r) { *r.mutable_reveal() = reveal; });
   secagg_.reset();
+  masked_push_.reset();
+}
+
+void Client::note_revealed(int64_t round) {
+  revealed_round_ = std::max(revealed_round_, round);
+  if (!config_.state_dir.empty()) save_revealed_round(config_.state_dir, revealed_round_);
 }
 
 bool Client::holds_secagg_session(int64_t round) const {

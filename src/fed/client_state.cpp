@@ -1,5 +1,6 @@
 #include "fed/client_state.h"
 
+#include <charconv>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -206,6 +207,24 @@ int64_t rewind_client_state(const fs::path& dir, const std::string& client_id, i
             "): back to its state of round ", was, " (", trainer.steps_taken(),
             " local steps) from ", ckpt->string());
   return was;
+}
+
+int64_t load_revealed_round(const fs::path& dir, const std::string& client_id) {
+  const fs::path file = dir / "secagg_revealed_round";
+  if (!fs::exists(file)) return 0;
+  const std::string text = read_file(file);
+  int64_t round = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), round);
+  POLLEN_CHECK(ec == std::errc() && end == text.data() + text.size() && round >= 1, "fed client '",
+               client_id, "': ", file.string(), " holds '", text.substr(0, 32),
+               "', expected the last round whose secure aggregation shares it revealed (an "
+               "integer of at least 1)");
+  return round;
+}
+
+void save_revealed_round(const fs::path& dir, int64_t round) {
+  fs::create_directories(dir);
+  write_file_atomic(dir / "secagg_revealed_round", std::to_string(round));
 }
 
 void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,

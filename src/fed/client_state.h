@@ -55,6 +55,12 @@ int64_t rewind_client_state(const std::filesystem::path& dir, const std::string&
                             ErrorFeedback& feedback, DriftCorrection& drift, Weights* pulled,
                             std::string_view why);
 
+// Secure aggregation: the last round whose shares the client revealed, kept in
+// `dir`/secagg_revealed_round beside the states (rewinding leaves it as it is); 0 when there is
+// none. The client never trains that round, or an earlier one, again from before it.
+int64_t load_revealed_round(const std::filesystem::path& dir, const std::string& client_id);
+void save_revealed_round(const std::filesystem::path& dir, int64_t round);
+
 }  // namespace pollen::fed
 
 namespace pollen::fed {

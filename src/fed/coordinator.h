@@ -161,6 +161,9 @@ class Coordinator {
     return dp_ && config_.secure_aggregation.enabled && config_.privacy.adaptive_clip;
   }
   void advance_secagg_locked();
+  // Closes the secure round's phase; when the input phase closes, the masked sum must fit the
+  // ring before anyone is asked to reveal a share.
+  void close_secagg_phase_locked();
   bool round_complete_locked() const;
   // Unmasks the sum and applies it; false (with the reason in *why) when the round fails. With
   // distributed DP the sum is divided by the `selected` clients.

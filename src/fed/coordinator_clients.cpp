@@ -202,12 +202,11 @@ pb::PushReply Coordinator::push_finish(Push& p) {
   POLLEN_CHECK(open_ && p.info.round() == done_ + 1 && p.attempt == attempts_, what, ": round ",
                p.info.round(), " closed while the update was arriving");
   POLLEN_CHECK(!updates_.count(p.info.client_id()), what, ": already pushed");
-  if (secagg_) {
-    secagg_->add_input(p.info.client_id(), bytes);
-    advance_secagg_locked();
-  }
+  if (secagg_) secagg_->add_input(p.info.client_id(), bytes);
   touch_locked(p.info.client_id());
   updates_.emplace(p.info.client_id(), std::move(u));
+  // After the update is held: closing the input phase weighs every input's tokens.
+  if (secagg_) advance_secagg_locked();
   show_progress_locked();
   changed_.notify_all();
   pb::PushReply reply;

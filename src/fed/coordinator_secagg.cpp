@@ -14,9 +14,31 @@ void Coordinator::advance_secagg_locked() {
   using Phase = secagg::ServerSession::Phase;
   while (secagg_->phase() != Phase::done && secagg_->phase() != Phase::failed &&
          secagg_->phase_complete()) {
-    secagg_->close_phase();
+    close_secagg_phase_locked();
   }
   changed_.notify_all();
+}
+
+void Coordinator::close_secagg_phase_locked() {
+  using Phase = secagg::ServerSession::Phase;
+  const bool inputs_close = secagg_->phase() == Phase::input;
+  secagg_->close_phase();
+  if (!inputs_close || secagg_->phase() != Phase::unmask) return;
+  // Every input's weight is known now, and nobody has revealed a share. A sum that may wrap the
+  // ring fails the attempt here: refused after the reveals, it would leave the server able to
+  // unmask it, and the retry's sum over other participants would differ from it by whole
+  // clients' inputs.
+  const int64_t weights = [&] {
+    if (dp_) return static_cast<int64_t>(secagg_->inputs());
+    int64_t tokens = 0;
+    for (const auto& [id, u] : updates_) tokens += u.info.tokens();
+    return tokens;
+  }();
+  try {
+    secagg::check_fits(weights, secagg_options_locked(selected_.size()));
+  } catch (const Error& e) {
+    secagg_->fail_round(cat(e.what(), "; nothing was revealed"));
+  }
 }
 
 bool Coordinator::close_phase() {
@@ -28,7 +50,7 @@ bool Coordinator::close_phase() {
   log::info("fed server: secure aggregation phase '",
             secagg::ServerSession::phase_name(secagg_->phase()), "' of round ", done_ + 1,
             " closes with the clients that answered");
-  secagg_->close_phase();
+  close_secagg_phase_locked();
   advance_secagg_locked();
   return true;
 }
@@ -167,9 +189,8 @@ bool Coordinator::aggregate_secure(int64_t round, int64_t tokens, size_t partici
     const secagg::Options options = secagg_options_locked(selected);
     const int64_t weights = dp_ ? static_cast<int64_t>(participants) : tokens;
     const double denominator = dp_ ? static_cast<double>(selected) : static_cast<double>(tokens);
-    // Before unmasking: a sum that may not fit the ring is refused without rebuilding any
-    // client's secrets for a round that is then thrown away.
-    secagg::check_fits(weights, options);
+    // That the sum fits the ring was checked when the input phase closed, before any reveal
+    // (close_secagg_phase_locked).
     const std::vector<uint64_t> sum = secagg_->unmasked_sum();
     Weights like = global_;
     if (counts_unclipped()) like.push_back(Tensor::zeros({1}, DType::f32));

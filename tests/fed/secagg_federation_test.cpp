@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -18,11 +19,13 @@
 #include "base/thread_pool.h"
 #include "data/shards.h"
 #include "fed/client.h"
+#include "fed/client_state.h"
 #include "fed/config.h"
 #include "fed/coordinator.h"
 #include "fed/fixtures.h"
 #include "fed/run.h"
 #include "fed/secagg/private_quantize.h"
+#include "fed/secagg/quantize.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "model/llama.h"
@@ -72,10 +75,72 @@ double byte_chi_square(const std::vector<uint64_t>& words) {
   return chi;
 }
 
+// The in-process transport, keeping what an honest-but-curious server sees of an attempt: the
+// masked inputs, the revealed shares and the roster. A reveal from `withhold_reveal_of` is kept
+// but lost on the way (the client sees an error), so that an unmask can be made to fail after
+// reveals.
+struct SpyTransport : LocalTransport {
+  std::map<std::string, std::string> inputs;  // masked words, by client
+  std::map<std::string, pb::SecAggReveal> reveals;
+  pb::SecAggRoster roster;
+  std::string withhold_reveal_of;
+  using LocalTransport::LocalTransport;
+  void clear() {
+    inputs.clear();
+    reveals.clear();
+  }
+  pb::SecAggReply secagg(const pb::SecAggRequest& r) override {
+    if (r.has_reveal()) reveals[r.client_id()] = r.reveal();
+    if (r.has_reveal() && r.client_id() == withhold_reveal_of)
+      throw Error(cat("reveal of '", r.client_id(), "' lost (test)"));
+    pb::SecAggReply reply = LocalTransport::secagg(r);
+    if (reply.has_roster()) roster = reply.roster();
+    return reply;
+  }
+  pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override {
+    std::string id, words;
+    pb::PushReply reply = LocalTransport::push([&](pb::TensorStream& m) {
+      if (!next(m)) return false;
+      if (m.has_update()) id = m.update().client_id();
+      if (m.has_chunk()) words += m.chunk().data();
+      return true;
+    });
+    inputs[id] = words;
+    return reply;
+  }
+  // What the server could unmask from them: the inputs' sum less every sender's self mask,
+  // rebuilt from all its revealed shares (everyone who shared sent an input, so the pairwise
+  // masks cancel).
+  std::vector<uint64_t> unmasked_sum(int64_t round) const {
+    const int bits = static_cast<int>(roster.params().ring_bits());
+    const size_t word = static_cast<size_t>(bits) / 8;
+    std::vector<uint64_t> sum(inputs.begin()->second.size() / word, 0);
+    for (const auto& [id, words] : inputs) {
+      for (size_t j = 0; j < sum.size(); ++j) {
+        uint64_t w = 0;
+        std::memcpy(&w, words.data() + j * word, word);
+        sum[j] = (sum[j] + w) & secagg::ring_mask(bits);
+      }
+    }
+    std::map<std::string, std::vector<secagg::Share>> shares;  // by owner
+    for (const auto& [holder, r] : reveals) {
+      uint32_t x = 1;  // the holder's place in the roster, from 1
+      while (roster.clients(static_cast<int>(x - 1)).client_id() != holder) ++x;
+      for (const auto& s : r.self_mask_shares())
+        shares[s.owner()].push_back(secagg::share_from(x, s.share(), "test"));
+    }
+    for (const auto& [owner, s] : shares) {
+      const secagg::Key32 b = secagg::reconstruct_secret(s, s.size(), owner);
+      secagg::add_mask(secagg::self_mask_seed(b, round, owner), -1, bits, sum.data(), sum.size());
+    }
+    return sum;
+  }
+};
+
 // Clients in one process around one coordinator, driven phase by phase.
 struct Federation {
   Coordinator server;
-  LocalTransport transport{server};
+  SpyTransport transport{server};
   std::vector<std::unique_ptr<Client>> clients;
   explicit Federation(const SimConfig& c) : server(c.server, false) {
     for (const auto& cc : c.clients) {
@@ -351,6 +416,156 @@ TEST(SecureRound, AFailedAttemptsLocalStepsAreRewound) {
   ASSERT_TRUE(f.server.end_round().aggregated);
   EXPECT_EQ(f.clients[3]->trainer().steps_taken(), 2) << "round 1's unsent steps were kept";
   EXPECT_EQ(f.clients[0]->trainer().steps_taken(), 4);
+}
+
+// A sum the ring cannot hold fails the attempt when the input phase closes, before anyone is
+// asked to reveal: refused after the reveals, the server could unmask it, and the retry's sum
+// over other clients would differ from it by a client's input.
+TEST(SecureRound, ASumTheRingCannotHoldFailsBeforeAnyReveal) {
+  Quiet q;
+  const auto dir = temp_dir("ring_fits");
+  const auto silos = make_silos(dir, 4);
+  set_num_threads(1);
+  // The clients' tokens, from a plain round.
+  run_simulation(secure_sim_config(dir / "plain", silos, "fedavg", 1, false), false);
+  const auto plain = read_jsonl(dir / "plain" / "server" / "metrics.jsonl");
+  ASSERT_EQ(plain.size(), 1u);
+  std::vector<int64_t> tokens;
+  for (int i = 0; i < 4; ++i)
+    tokens.push_back(plain[0]["clients"][cat("silo-", i)]["tokens"].get<int64_t>());
+  // A 32-bit ring and a step with which any three clients' tokens fit and all four do not.
+  const int64_t all = tokens[0] + tokens[1] + tokens[2] + tokens[3];
+  const int64_t most_three = all - *std::min_element(tokens.begin(), tokens.end());
+  auto cfg = secure_sim_config(dir / "secure", silos, "fedavg", 1, true);  // threshold 3 of 4
+  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  auto& o = cfg.server.secure_aggregation;
+  o.ring_bits = 32;
+  o.step = 1.0 / std::floor((0x1p31 - 1) / static_cast<double>(most_three));
+  const auto levels = static_cast<double>(o.max_level());
+  ASSERT_LT(static_cast<double>(most_three) * levels, 0x1p31);
+  ASSERT_GE(static_cast<double>(all) * levels, 0x1p31);
+  Federation f(cfg);
+  // Attempt 1: all four send their inputs; the sum could wrap, and nobody is asked to reveal.
+  ASSERT_TRUE(f.server.begin_round());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys, shares, inputs
+  EXPECT_EQ(f.phase(), secagg::ServerSession::Phase::failed);
+  EXPECT_FALSE(f.pass({0, 1, 2, 3})) << "no client may be asked for its shares";
+  EXPECT_TRUE(f.transport.reveals.empty()) << "a share was revealed";
+  EXPECT_FALSE(f.server.secagg_session()->revealed());
+  ASSERT_TRUE(f.server.round_complete());
+  EXPECT_FALSE(f.server.end_round().aggregated);
+  const auto metrics = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 1u);
+  const std::string why = metrics[0]["secagg_error"];
+  EXPECT_NE(why.find(cat(all, " tokens")), std::string::npos) << why;
+  EXPECT_NE(why.find("32-bit ring"), std::string::npos) << why;
+  EXPECT_NE(why.find("nothing was revealed"), std::string::npos) << why;
+  // Attempt 2: silo-3 misses the key phase; the three others fit and the round is applied. They
+  // revealed nothing for round 1, so they go back to their state before it.
+  ASSERT_TRUE(f.server.begin_round());
+  ASSERT_TRUE(f.pass({0, 1, 2}));
+  EXPECT_TRUE(f.server.close_phase());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.pass({0, 1, 2}));  // shares, inputs, reveals
+  const auto s = f.server.end_round();
+  EXPECT_TRUE(s.aggregated);
+  EXPECT_EQ(s.participants.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(f.clients[i]->trainer().steps_taken(), 2) << i;
+}
+
+// A round that fails after the clients revealed their shares is retried; the clients must not
+// send the same inputs again (a rewind to their state before the round would, bitwise), or two
+// unmasked sums over different clients would give away the difference: one client's update.
+TEST(SecureRound, ARoundRetriedAfterRevealsGetsNewInputs) {
+  Quiet q;
+  const auto dir = temp_dir("retry_reveals");
+  auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);
+  cfg.server.secure_aggregation.threshold = 4;  // every reveal is needed
+  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  set_num_threads(1);
+  Federation f(cfg);
+  // Attempt 1: silo-3's reveal is lost; the unmask fails with every other share revealed.
+  f.transport.withhold_reveal_of = "silo-3";
+  ASSERT_TRUE(f.server.begin_round());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys, shares, inputs
+  ASSERT_TRUE(f.pass({0, 1, 2}));
+  EXPECT_THROW(f.clients[3]->poll_once(), Error);
+  EXPECT_TRUE(f.server.close_phase());
+  ASSERT_FALSE(f.server.end_round().aggregated);
+  const std::vector<uint64_t> first = f.transport.unmasked_sum(1);
+  // Attempt 2: everyone, again for round 1.
+  f.transport.clear();
+  f.transport.withhold_reveal_of.clear();
+  ASSERT_TRUE(f.server.begin_round());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));
+  ASSERT_TRUE(f.server.end_round().aggregated);
+  const std::vector<uint64_t> second = f.transport.unmasked_sum(1);
+  ASSERT_EQ(first.size(), second.size());
+  size_t same = 0;
+  for (size_t j = 0; j < first.size(); ++j) same += first[j] == second[j];
+  EXPECT_LT(same, first.size() / 10) << "the retry's inputs repeat the first attempt's";
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(f.clients[i]->trainer().steps_taken(), 4) << "silo-" << i << " went back";
+    // A restarted client reads it there.
+    EXPECT_EQ(load_revealed_round(cfg.clients[i].state_dir, cat("silo-", i)), 1) << i;
+  }
+}
+
+namespace {
+
+// The in-process transport, but the first push is lost once its whole stream was sent (the
+// connection broke before the server took it).
+struct LostPushTransport : LocalTransport {
+  std::vector<std::string> pushed;  // each push's stream: info, header and chunks
+  using LocalTransport::LocalTransport;
+  pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override {
+    std::string stream;
+    auto record = [&](pb::TensorStream& m) {
+      if (!next(m)) return false;
+      stream += m.SerializeAsString();
+      return true;
+    };
+    if (pushed.empty()) {
+      for (pb::TensorStream m; record(m); m.Clear()) {
+      }
+      pushed.push_back(stream);
+      throw Error("push: connection reset (test)");
+    }
+    pb::PushReply reply = LocalTransport::push(record);
+    pushed.push_back(stream);
+    return reply;
+  }
+};
+
+}  // namespace
+
+// A masked update whose push was lost is sent again byte for byte when the server asks for it
+// again: trained and masked anew, the round's masks on another update would give away the
+// difference of the two.
+TEST(SecureRound, ALostMaskedPushIsSentAgainAsItWas) {
+  Quiet q;
+  const auto dir = temp_dir("lost_push");
+  auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);
+  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  set_num_threads(1);
+  Federation f(cfg);
+  LostPushTransport lossy(f.server);
+  f.clients[0] = std::make_unique<Client>(cfg.clients[0], lossy);
+  f.clients[0]->join();
+  ASSERT_TRUE(f.server.begin_round());
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // shares
+  EXPECT_THROW(f.clients[0]->poll_once(), Error) << "the push must be lost";
+  ASSERT_TRUE(f.pass({1, 2, 3}));  // inputs
+  EXPECT_EQ(f.phase(), secagg::ServerSession::Phase::input) << "silo-0's input is awaited";
+  ASSERT_TRUE(f.pass({0}));  // asked again
+  ASSERT_EQ(lossy.pushed.size(), 2u);
+  EXPECT_EQ(lossy.pushed[0], lossy.pushed[1]) << "the masked update was not sent as it was";
+  EXPECT_EQ(f.clients[0]->trainer().steps_taken(), 2) << "it trained the round again";
+  ASSERT_EQ(f.phase(), secagg::ServerSession::Phase::unmask);
+  ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // reveals
+  const auto s = f.server.end_round();
+  ASSERT_TRUE(s.aggregated);
+  EXPECT_EQ(s.participants.size(), 4u);
 }
 
 TEST(SecureRound, HostileOrMisplacedMessagesAreRefused) {

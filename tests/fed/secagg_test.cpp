@@ -58,6 +58,7 @@ struct RoundResult {
   std::vector<uint64_t> sum;                  // unmasked, when done
   std::vector<std::vector<uint64_t>> masked;  // what each input sender sent
   std::vector<std::string> senders;
+  bool unmask_opened = false;  // the input phase closed into the unmask phase
 };
 
 RoundResult run_round(const std::vector<std::vector<uint64_t>>& inputs, const Options& options,
@@ -95,6 +96,7 @@ RoundResult run_round(const std::vector<std::vector<uint64_t>>& inputs, const Op
   }
   server.close_phase();
   if (server.phase() == ServerSession::Phase::failed) return {server.phase(), server.failure()};
+  r.unmask_opened = true;
   for (size_t i = 0; i < n; ++i) {
     if (drop_before_input.count(i) || drop_before_reveal.count(i) || drop_before_share.count(i)) {
       continue;
@@ -390,6 +392,41 @@ TEST(SecAggProtocol, BelowTheThresholdTheRoundFailsClearly) {
   EXPECT_NE(r2.failure.find("exceeds the 7 holders"), std::string::npos) << r2.failure;
 }
 
+// Only the survivors reveal: when some secret the sum needs has fewer than threshold holders
+// among them, the round fails as the input phase closes, with the counts and nothing revealed,
+// instead of opening an unmask phase that can only wait out its deadline.
+TEST(SecAggProtocol, TooFewSurvivingHoldersFailBeforeAnyReveal) {
+  Quiet q;
+  Options o;
+  o.threshold = 4;
+  auto r = run_round(random_inputs(7, 50, 64, 12), o, {0, 1, 2, 3}, {});  // 3 inputs, below 4
+  EXPECT_EQ(r.phase, ServerSession::Phase::failed);
+  EXPECT_FALSE(r.unmask_opened);
+  EXPECT_NE(r.failure.find("3 of the 7 clients that shared sent a masked input, fewer than the "
+                           "threshold 4; nothing is revealed"),
+            std::string::npos)
+      << r.failure;
+  // SecAgg+, 12 clients, 4 neighbours (5 holders), threshold 3: five survivors, c00 and one of
+  // its neighbours among them, so c00's self mask has 2 holders left to reveal its shares.
+  Options sparse;
+  sparse.neighbours = 4;
+  const auto graph = neighbour_graph(12, 4, 77);  // run_round's seed
+  std::set<size_t> survivors{0, graph[0][0]};
+  for (size_t i = 1; i < 12 && survivors.size() < 5; ++i) {
+    if (std::find(graph[0].begin(), graph[0].end(), i) == graph[0].end()) survivors.insert(i);
+  }
+  std::set<size_t> dropped;
+  for (size_t i = 0; i < 12; ++i) {
+    if (!survivors.count(i)) dropped.insert(i);
+  }
+  r = run_round(random_inputs(12, 20, 64, 13), sparse, dropped, {});
+  EXPECT_EQ(r.phase, ServerSession::Phase::failed);
+  EXPECT_FALSE(r.unmask_opened);
+  EXPECT_NE(r.failure.find(" of the 5 holders of the shares of "), std::string::npos) << r.failure;
+  EXPECT_NE(r.failure.find("fewer than the threshold 3; nothing is revealed"), std::string::npos)
+      << r.failure;
+}
+
 TEST(SecAggProtocol, MaskedInputsLookUniformWhileTheInputsDoNot) {
   Quiet q;
   Options o;
@@ -520,6 +557,40 @@ TEST(SecAggProtocol, RevealRefusesListsThatCouldUnmaskOneInput) {
   EXPECT_EQ(r.self_mask_shares_size(), 3);  // of a, b and c (a holds its own)
   EXPECT_EQ(r.mask_key_shares_size(), 1);   // of d
   EXPECT_THROW(clients[0].reveal(list({"a", "b", "c"}, {"d"})), Error);
+}
+
+// A low-order X25519 key would make every neighbour's agreement with it fail in the share
+// phase, failing the round without naming anyone: it is refused at advertise, naming the client
+// and the key, and the round goes on without that client.
+TEST(SecAggProtocol, LowOrderKeysAreRefusedAtAdvertise) {
+  Quiet q;
+  Options o;
+  ServerSession server(1, {"a", "b", "c"}, o, 5, 4);
+  ClientSession a("a", 1), b("b", 1), c("c", 1);
+  const pb::SecAggKeys kc = c.advertise();
+  std::string one(32, '\0');
+  one[0] = 1;  // u = 1, a point of order 4
+  for (const auto& [field, bad] :
+       {std::pair{"cipher_public_key", std::string(32, '\0')}, std::pair{"mask_public_key", one}}) {
+    pb::SecAggKeys k = kc;
+    if (std::string(field) == "cipher_public_key") {
+      k.set_cipher_public_key(bad);
+    } else {
+      k.set_mask_public_key(bad);
+    }
+    const std::string why = pollen::testing::error_of([&] { server.advertise("c", k); });
+    EXPECT_NE(why.find(std::string("secure aggregation keys from 'c', ") + field),
+              std::string::npos)
+        << why;
+    EXPECT_NE(why.find("degenerate"), std::string::npos) << why;
+  }
+  server.advertise("a", a.advertise());
+  server.advertise("b", b.advertise());
+  server.close_phase();  // the deadline: c sent no valid keys
+  ASSERT_EQ(server.phase(), ServerSession::Phase::share) << server.failure();
+  const pb::SecAggRoster roster = server.roster("a");
+  EXPECT_EQ(roster.clients_size(), 2);
+  EXPECT_NO_THROW(a.share(roster));
 }
 
 TEST(SecAggProtocol, HostileMessagesAreRefused) {

@@ -3,7 +3,8 @@
 // client masks with, and secret-shares to, only its k neighbours. The graph is a Harary graph
 // H(k, n) over a seeded random order of the clients: place them on a ring in that order and
 // join each to the k/2 nearest on either side (k even); k odd (n even) adds the opposite
-// client. It is k-regular and k-connected, so it stays connected after fewer than k dropouts.
+// client. With k and n both odd no k-regular graph exists, and k + 1 is taken instead. It is
+// k-regular and k-connected (for that k), so it stays connected after fewer than k dropouts.
 // Server and clients compute it from the same roster and seed, so neither has to trust the
 // other's list. k = 0 or k >= n - 1 gives the complete graph: the original SecAgg.
 #include <cstddef>

@@ -97,6 +97,12 @@ void ServerSession::advertise(const std::string& id, const pb::SecAggKeys& keys)
   const Key32 c = key_from(keys.cipher_public_key(), cat(what, ", cipher_public_key"));
   const Key32 m = key_from(keys.mask_public_key(), cat(what, ", mask_public_key"));
   POLLEN_CHECK(c != m, what, ": the two public keys must differ");
+  // A low-order key (all zeros, say) would make every neighbour's agreement with it fail in the
+  // share phase, failing the round without naming anyone: a throwaway agreement finds it here,
+  // and the client is left out unless it sends valid keys in time.
+  const KeyPair probe = KeyPair::generate();
+  agree(probe.secret, c, cat(what, ", cipher_public_key"));
+  agree(probe.secret, m, cat(what, ", mask_public_key"));
   keys_[id] = keys;
 }
 
@@ -288,14 +294,37 @@ void ServerSession::close_phase() {
       phase_ = Phase::input;
       return;
     }
-    case Phase::input:
+    case Phase::input: {
       if (inputs_.empty()) return fail_round("no client sent a masked input");
       if (inputs_.size() < min_inputs_) {
         return fail_round(cat(inputs_.size(), " masked inputs, fewer than min_clients ",
                               min_inputs_, "; nothing is unmasked"));
       }
+      // Only the survivors reveal, so every secret the sum needs must have threshold holders
+      // among them; otherwise the unmask phase could only wait for its deadline and fail.
+      // Failed now, nothing is revealed.
+      if (inputs_.size() < threshold_) {
+        return fail_round(cat(inputs_.size(), " of the ", sharers_.size(),
+                              " clients that shared sent a masked input, fewer than the threshold ",
+                              threshold_, "; nothing is revealed"));
+      }
+      for (const auto& u : sharers_) {
+        const bool survived = inputs_.count(u);
+        if (!survived && !masks_a_survivor(u)) continue;  // its pairwise masks are in no input
+        const auto h = holders(index_of(u));
+        const auto left = std::count_if(h.begin(), h.end(), [&](size_t v) {
+          return inputs_.count(ids_[v]) > 0;  // only survivors reveal
+        });
+        if (static_cast<size_t>(left) < threshold_) {
+          const char* whose = survived ? "survivor '" : "dropped '";
+          return fail_round(cat("only ", left, " of the ", h.size(), " holders of the shares of ",
+                                whose, u, "' sent a masked input, fewer than the threshold ",
+                                threshold_, "; nothing is revealed"));
+        }
+      }
       phase_ = Phase::unmask;
       return;
+    }
     case Phase::unmask: {
       // Every secret the sum needs must have threshold shares.
       for (const auto& u : sharers_) {

@@ -135,8 +135,11 @@ class ServerSession {
   std::vector<std::string> input_senders() const { return {inputs_.begin(), inputs_.end()}; }
   size_t threshold() const { return threshold_; }
 
- private:
+  // Fails the round with `why` (logged, and the failure() after the round's name): for a check
+  // the session cannot make itself, such as the coordinator's that the sum fits the ring.
   void fail_round(std::string why);
+
+ private:
   size_t index_of(const std::string& id) const;
   std::vector<size_t> holders(size_t u) const;        // H(u) as roster indices
   bool masks_a_survivor(const std::string& u) const;  // a neighbour of u sent an input
