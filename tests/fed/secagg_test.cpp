@@ -166,6 +166,19 @@ TEST(Shamir, AnyThresholdSubsetRebuildsTheSecretAndFewerDoNot) {
     wrong = true;
   }
   EXPECT_TRUE(wrong);
+  // With more shares than the threshold, a tampered one among them is caught, wherever it is.
+  EXPECT_EQ(reconstruct_secret(shares, 3, "test"), secret);
+  for (size_t k = 0; k < shares.size(); ++k) {
+    auto tampered = shares;
+    tampered[k].y[2] = (tampered[k].y[2] + 1) % kShamirPrime;
+    try {
+      reconstruct_secret(tampered, 3, "test");
+      ADD_FAILURE() << "a wrong share " << k << " among five was not caught";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the shares are inconsistent"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(Shamir, SharesAreFreshAndWireFormatIsChecked) {

@@ -79,14 +79,45 @@ std::vector<Share> share_secret(const Key32& secret, size_t threshold,
   return out;
 }
 
+namespace {
+
+// The value at `x` of the polynomial through the first `threshold` shares' piece `piece`
+// (Lagrange interpolation over GF(p)).
+uint64_t interpolate_at(const std::vector<Share>& shares, size_t threshold, size_t piece,
+                        uint64_t x) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < threshold; ++i) {
+    uint64_t num = 1, den = 1;
+    for (size_t j = 0; j < threshold; ++j) {
+      if (j == i) continue;
+      num = mul(num, sub(x, shares[j].x));
+      den = mul(den, sub(shares[i].x, shares[j].x));
+    }
+    v = add(v, mul(shares[i].y[piece], mul(num, inverse(den))));
+  }
+  return v;
+}
+
+}  // namespace
+
 Key32 reconstruct_secret(const std::vector<Share>& shares, size_t threshold,
                          const std::string& what) {
   POLLEN_CHECK(threshold >= 1 && shares.size() >= threshold, what, ": ", shares.size(),
                " shares, the threshold is ", threshold);
   std::set<uint32_t> seen;
-  for (size_t i = 0; i < threshold; ++i) {
-    POLLEN_CHECK(shares[i].x != 0 && seen.insert(shares[i].x).second, what,
+  for (const Share& s : shares) {
+    POLLEN_CHECK(s.x != 0 && seen.insert(s.x).second, what,
                  ": share points must be distinct and non-zero");
+  }
+  // Shares beyond the threshold must lie on the polynomial the first `threshold` define: a wrong
+  // share is caught here, not as a garbage sum after unmasking.
+  for (size_t e = threshold; e < shares.size(); ++e) {
+    for (size_t piece = 0; piece < kSharePieces; ++piece) {
+      POLLEN_CHECK(interpolate_at(shares, threshold, piece, shares[e].x) == shares[e].y[piece],
+                   what, ": the shares are inconsistent (the share at point ", shares[e].x,
+                   " is not on the polynomial of the first ", threshold,
+                   "): a holder revealed a wrong share");
+    }
   }
   // Lagrange basis at 0: l_i = prod_{j != i} x_j / (x_j - x_i).
   std::vector<uint64_t> basis(threshold);

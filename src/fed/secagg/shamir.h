@@ -26,7 +26,8 @@ std::vector<Share> share_secret(const Key32& secret, size_t threshold,
                                 const std::vector<uint32_t>& xs);
 
 // The secret from at least `threshold` shares with distinct points (the first `threshold` are
-// used); throws naming `what` when there are fewer.
+// used, and any more must agree with them); throws naming `what` when there are fewer, or when
+// the shares are inconsistent (a holder revealed a wrong one).
 Key32 reconstruct_secret(const std::vector<Share>& shares, size_t threshold,
                          const std::string& what);
 
