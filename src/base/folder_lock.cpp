@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/log.h"
 
 namespace pollen {
 namespace {
@@ -38,7 +39,15 @@ FolderLock::FolderLock(const std::filesystem::path& dir, std::string_view what,
     POLLEN_CHECK(err != EWOULDBLOCK, what, " '", dir.string(), "' is in use by another process",
                  holder.empty() ? std::string() : cat(" (host and process id: ", holder, ")"),
                  "; wait for it to end, or choose another ", what);
-    fail("cannot lock '", path.string(), "': ", std::strerror(err));
+    // A filesystem without flock (Lustre mounted noflock, some NFS setups): the job goes on,
+    // unguarded against a second process, and says so.
+    POLLEN_CHECK(err == ENOSYS || err == EOPNOTSUPP || err == ENOLCK, "cannot lock '",
+                 path.string(), "': ", std::strerror(err));
+    log::warn("cannot lock '", path.string(), "' (", std::strerror(err),
+              "): the filesystem takes no locks, so nothing stops a second process from "
+              "working in ",
+              what, " '", dir.string(), "' beside this one");
+    return;
   }
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);

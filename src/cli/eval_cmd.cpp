@@ -75,8 +75,8 @@ struct TaskArgs {
 
 // Refuses, before any scoring, an output path that could not be written once it is done.
 void check_writable(const std::string& path, const std::string& option) {
-  if (path.empty()) return;
   namespace fs = std::filesystem;
+  if (path.empty() || is_special_file(path)) return;  // /dev/stdout, a FIFO: written in place
   const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : ".";
   POLLEN_CHECK(!fs::is_directory(path), option, " '", path, "' is a folder; give a file name");
   POLLEN_CHECK(fs::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, option, " '", path,

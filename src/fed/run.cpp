@@ -129,11 +129,12 @@ void run_client(const ClientConfig& config, const train::FaultInjection& fault) 
                                        : threads_per_rank(comm->topology().local_world));
   }
   if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the silo
-  // One client process (one silo's job) at a time keeps its state in a folder.
+  // One client process (one silo's job) at a time keeps its state in a folder; refused inside the
+  // try, whose handler says why before it ends the silo's other ranks.
   std::optional<FolderLock> lock;
-  if (comm->rank() == 0 && !config.state_dir.empty())
-    lock.emplace(config.state_dir, "client.state_dir");
   try {
+    if (comm->rank() == 0 && !config.state_dir.empty())
+      lock.emplace(config.state_dir, "client.state_dir");
     if (comm->world() > 1)
       log::info("fed client ranks (", comm->topology().launcher, "): ", comm->placement());
     if (comm->rank() == 0) {
