@@ -53,6 +53,11 @@ SimConfig secure_sim_config(const fs::path& dir, const std::vector<fs::path>& ma
   return c;
 }
 
+// Every client keeps its state under dir/state<i> (what a restart or a rewind reads).
+void keep_client_states(SimConfig& cfg, const fs::path& dir) {
+  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+}
+
 double max_abs_diff(const Weights& a, const Weights& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -308,7 +313,7 @@ TEST(SecureRound, AClientRestartedMidRoundDropsOutWithoutTraining) {
   Quiet q;
   const auto dir = temp_dir("restart");
   auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 3, true);  // threshold 3 of 4
-  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  keep_client_states(cfg, dir);
   set_num_threads(1);
   Federation f(cfg);
   using Phase = secagg::ServerSession::Phase;
@@ -397,7 +402,7 @@ TEST(SecureRound, AFailedAttemptsLocalStepsAreRewound) {
   Quiet q;
   const auto dir = temp_dir("rewind");
   auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 2, true);  // threshold 3 of 4
-  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  keep_client_states(cfg, dir);
   set_num_threads(1);
   Federation f(cfg);
   LateInputTransport late(f.server, "silo-3");
@@ -437,7 +442,7 @@ TEST(SecureRound, ASumTheRingCannotHoldFailsBeforeAnyReveal) {
   const int64_t all = tokens[0] + tokens[1] + tokens[2] + tokens[3];
   const int64_t most_three = all - *std::min_element(tokens.begin(), tokens.end());
   auto cfg = secure_sim_config(dir / "secure", silos, "fedavg", 1, true);  // threshold 3 of 4
-  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  keep_client_states(cfg, dir);
   auto& o = cfg.server.secure_aggregation;
   o.ring_bits = 32;
   o.step = 1.0 / std::floor((0x1p31 - 1) / static_cast<double>(most_three));
@@ -480,7 +485,7 @@ TEST(SecureRound, ARoundRetriedAfterRevealsGetsNewInputs) {
   const auto dir = temp_dir("retry_reveals");
   auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);
   cfg.server.secure_aggregation.threshold = 4;  // every reveal is needed
-  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  keep_client_states(cfg, dir);
   set_num_threads(1);
   Federation f(cfg);
   // Attempt 1: silo-3's reveal is lost; the unmask fails with every other share revealed.
@@ -545,7 +550,7 @@ TEST(SecureRound, ALostMaskedPushIsSentAgainAsItWas) {
   Quiet q;
   const auto dir = temp_dir("lost_push");
   auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);
-  for (size_t i = 0; i < cfg.clients.size(); ++i) cfg.clients[i].state_dir = dir / cat("state", i);
+  keep_client_states(cfg, dir);
   set_num_threads(1);
   Federation f(cfg);
   LostPushTransport lossy(f.server);
