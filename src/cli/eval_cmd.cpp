@@ -85,16 +85,14 @@ void check_writable(const std::string& path, const std::string& option) {
 
 // An option given for a mode other than the one run would be ignored: refused instead, naming the
 // modes it serves.
-void check_mode_options(const std::string& mode,
-                        const std::vector<std::pair<CLI::Option*, std::string>>& scopes) {
+using ModeScopes = std::vector<std::pair<CLI::Option*, std::vector<std::string>>>;
+void check_mode_options(const std::string& mode, const ModeScopes& scopes) {
   for (const auto& [option, modes] : scopes) {
-    if (option->count() == 0 || (" " + modes + " ").find(" " + mode + " ") != std::string::npos)
+    if (option->count() == 0 || std::find(modes.begin(), modes.end(), mode) != modes.end())
       continue;
-    std::string listed = modes;  // "--a --b --c" as "--a, --b or --c"
-    if (const size_t last = listed.rfind(' '); last != std::string::npos)
-      listed.replace(last, 1, " or ");
-    for (size_t at = listed.find(' '); at < listed.rfind(" or "); at = listed.find(' ', at + 2))
-      listed.replace(at, 1, ", ");
+    std::string listed = modes.front();  // "--a, --b or --c"
+    for (size_t i = 1; i < modes.size(); ++i)
+      listed += (i + 1 == modes.size() ? " or " : ", ") + modes[i];
     fail("eval: ", option->get_name(), " applies to ", listed, ", not to ", mode);
   }
 }
@@ -238,21 +236,20 @@ void add_eval_command(CLI::App& app) {
       "--output", a->output,
       "Data, text and task: also write the result here (--data: one JSON line per manifest)");
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
-  const std::vector<std::pair<CLI::Option*, std::string>> scopes = {
-      {again, "--run"},
-      {checkpoint, "--data --text --jsonl --task"},
-      {tokenizer, "--text --jsonl --task"},
-      {split, "--data --run"},
-      {seq, "--data --run"},
-      {batch, "--data --run --task"},
-      {field, "--jsonl"},
-      {fewshot, "--task"},
-      {fewshot_file, "--task"},
-      {fewshot_seed, "--task"},
-      {details, "--task"},
-      {window, "--text --jsonl --task"},
-      {max_docs, "--text --jsonl"},
-      {output, "--data --text --jsonl --task"}};
+  const ModeScopes scopes = {{again, {"--run"}},
+                             {checkpoint, {"--data", "--text", "--jsonl", "--task"}},
+                             {tokenizer, {"--text", "--jsonl", "--task"}},
+                             {split, {"--data", "--run"}},
+                             {seq, {"--data", "--run"}},
+                             {batch, {"--data", "--run", "--task"}},
+                             {field, {"--jsonl"}},
+                             {fewshot, {"--task"}},
+                             {fewshot_file, {"--task"}},
+                             {fewshot_seed, {"--task"}},
+                             {details, {"--task"}},
+                             {window, {"--text", "--jsonl", "--task"}},
+                             {max_docs, {"--text", "--jsonl"}},
+                             {output, {"--data", "--text", "--jsonl", "--task"}}};
   cmd->callback([a, t, split, seq, batch, scopes] {
     if (a->threads > 0) set_num_threads(a->threads);
     const std::string mode = !a->run.empty()     ? "--run"
