@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "cuda/gpu_compare.h"
 #include "tensor/cuda_memory.h"
@@ -157,14 +159,31 @@ TEST(CudaCopy, RoundTripsEveryDtypeExactly) {
 TEST(CudaCopy, ConvertsOnTheGpuAsTheHostDoes) {
   POLLEN_REQUIRE_GPU();
   POLLEN_FRESH_RNG(rng);
-  const Tensor host = random_input({5, 41}, DType::f64, rng, 3.0).ref;
+  Tensor host = random_input({5, 41}, DType::f64, rng, 3.0).ref;
+  // Infinities convert bit for bit; a NaN stays a NaN (its payload may differ: the GPU's
+  // conversion gives the canonical NaN, the host keeps the sign).
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<double> specials = {nan, -nan, inf, -inf, 0.0, -0.0};
+  for (size_t i = 0; i < specials.size(); ++i) host.data<double>()[7 * i + 3] = specials[i];
   for (DType from : {DType::f64, DType::f32, DType::bf16}) {
     for (DType to : {DType::f64, DType::f32, DType::bf16}) {
       SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + dtype_name(to));
       const Tensor src = host.to(from);
-      const Tensor want = src.to(to);
+      const Tensor want_bits = src.to(to);
       const Tensor got = src.to(Device::cuda).to(to).to(Device::cpu);
-      EXPECT_EQ(std::memcmp(got.raw(), want.raw(), want.nbytes()), 0);
+      const std::vector<double> want = want_bits.to_doubles(), got_values = got.to_doubles();
+      const size_t item = want_bits.nbytes() / want.size();
+      for (size_t i = 0; i < want.size(); ++i) {
+        if (std::isnan(want[i])) {
+          EXPECT_TRUE(std::isnan(got_values[i])) << "element " << i;
+        } else {
+          EXPECT_EQ(std::memcmp(static_cast<const char*>(got.raw()) + i * item,
+                                static_cast<const char*>(want_bits.raw()) + i * item, item),
+                    0)
+              << "element " << i;
+        }
+      }
     }
   }
 }
