@@ -120,8 +120,28 @@ pb::TaskKind Client::poll_once() {
   pb::TaskRequest r;
   r.set_client_id(config_.id);
   const auto t = transport_.task(r);
+  settle_push(t);
   handle(t);
   return t.kind();
+}
+
+void Client::settle_push(const pb::TaskReply& task) {
+  if (!unsettled_push_) return;
+  const int64_t round = unsettled_push_->round;
+  if (task.update_round() >= round) {
+    log::info("fed client '", config_.id, "': round ", round,
+              "'s update reached the server, though its answer was lost");
+    unsettled_push_.reset();
+    return;
+  }
+  // Not held: known once the server gives this client work again (the same round again, which
+  // also goes back to the state before it, or a later one) or ends the run.
+  if (task.kind() == pb::TASK_WAIT) return;
+  log::warn("fed client '", config_.id, "': round ", round,
+            "'s update did not reach the server: the error feedback held back for it is void");
+  feedback_.set_residual(unsettled_push_->residual);
+  unsettled_push_.reset();
+  save_state();
 }
 
 void Client::handle(const pb::TaskReply& t) {
@@ -146,6 +166,7 @@ void Client::run() {
     try {
       t = transport_.task(r);
       wait.answered();
+      settle_push(t);
     } catch (const ServerBusy& e) {
       wait.busy(e, "asking again");
       continue;

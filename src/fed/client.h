@@ -321,6 +321,16 @@ class Client {
   // A round attempt took local steps that no saved state holds (it failed before the push):
   // the next round attempt rewinds first.
   bool unsaved_steps_ = false;
+  // A push that failed without the server's answer (the connection lost): whether the update
+  // arrived is known from the next task's update_round. Its round, and the error feedback held
+  // before it, which comes back if the update did not arrive (the state saved before the push
+  // holds the one after: a client killed before it knows takes the update as arrived).
+  struct UnsettledPush {
+    int64_t round = 0;
+    Weights residual;
+  };
+  std::optional<UnsettledPush> unsettled_push_;
+  void settle_push(const pb::TaskReply& task);
 };
 
 }  // namespace pollen::fed

@@ -258,8 +258,7 @@ void Client::train_round(const pb::TaskReply& task) {
   try {
     reply = push_update(info, sent);
   } catch (const Error&) {
-    feedback_.set_residual(saved_residual);  // the update did not arrive
-    save_state();
+    unsettled_push_ = UnsettledPush{task.round(), saved_residual};
     throw;
   }
   if (reply.accepted()) {

@@ -68,6 +68,7 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
       config_.secure_aggregation.enabled ? config_.secure_aggregation.ring_bits : 0;
   update_rules_.masked = secagg::masked_specs(specs_, counts_unclipped());
   update_rules_.vocab_size = config_.model.vocab_size;
+  update_rules_.negative_losses = config_.post.enabled() && config_.post.objective == "grpo";
   // Clients that built the same initial model hold the first view already.
   publisher_ = std::make_unique<ModelPublisher>(specs_, config_.download(), clone_weights(global_));
   fs::create_directories(config_.dir);

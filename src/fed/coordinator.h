@@ -137,6 +137,7 @@ class Coordinator {
   struct ClientState {
     std::string manifest_hash;
     std::chrono::steady_clock::time_point last_seen;
+    int64_t last_aggregated_round = 0;  // the last round aggregated with its update (0: none)
   };
   struct Update {
     ClientUpdate update;
@@ -149,7 +150,8 @@ class Coordinator {
   void save_checkpoint(const RoundSummary& s);
   void load_checkpoint(const std::filesystem::path& dir);
   std::vector<std::string> alive_ids_locked() const;  // clients heard from within client_timeout_s
-  void touch_locked(const std::string& id);           // heard from now
+  int64_t last_aggregated_round_locked(const std::string& id) const;  // from the lineage
+  void touch_locked(const std::string& id);                           // heard from now
   // The round's clients from `alive`: the strategy's fixed-size draw (from `rng`, or under
   // central DP from its secret generator), or a Poisson sample under privacy.sampling =
   // "poisson".

@@ -38,7 +38,7 @@ pb::JoinReply Coordinator::join(const pb::JoinRequest& r, const std::string& pee
     check_join_request(r, terms_);
     const std::string id = check_peer(r.client_id(), peer_id, "join");
     std::lock_guard lock(mutex_);
-    clients_[id] = {r.data_manifest_hash(), Clock::now()};
+    clients_[id] = {r.data_manifest_hash(), Clock::now(), last_aggregated_round_locked(id)};
     reply.set_accepted(true);
     reply.set_round(done_);
     log::info("fed server: client '", id, "' joined (data ", r.data_manifest_hash().substr(0, 16),
@@ -59,6 +59,7 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
   POLLEN_CHECK(it != clients_.end(), "task: client '", id, "' has not joined");
   touch_locked(id);
   pb::TaskReply t;
+  t.set_update_round(open_ && updates_.count(id) ? done_ + 1 : it->second.last_aggregated_round);
   if (finished_) {
     t.set_kind(pb::TASK_DONE);
     t.set_stopped(stopped_);
@@ -219,6 +220,15 @@ void Coordinator::check_push_open(const Push& p) const {
   POLLEN_CHECK(open_ && p.info.round() == done_ + 1 && p.attempt == attempts_, "update from '",
                p.info.client_id(), "': round ", p.info.round(),
                " closed while the update was arriving");
+}
+
+int64_t Coordinator::last_aggregated_round_locked(const std::string& id) const {
+  for (auto round = lineage_.rbegin(); round != lineage_.rend(); ++round) {
+    if (!round->contains("clients")) continue;  // the record of the starting model
+    for (const auto& c : round->at("clients"))
+      if (c.at("client") == id) return round->at("round").get<int64_t>();
+  }
+  return 0;
 }
 
 void Coordinator::touch_locked(const std::string& id) {

@@ -218,6 +218,9 @@ RoundSummary Coordinator::end_round() {
     ++done_;
     retries_ = 0;
     lineage_.push_back({{"round", s.round}, {"clients", lineage_clients}});
+    for (const auto& id : s.participants)
+      if (auto c = clients_.find(id); c != clients_.end())
+        c->second.last_aggregated_round = s.round;
   } else if (!secure_error.empty()) {
     ++retries_;
     log::warn("fed server: ", secure_error, "; nothing is applied and the round is retried");

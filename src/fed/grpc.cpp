@@ -9,6 +9,7 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "fed/revocation.h"
+#include "fed/stall_watch.h"
 #include "pollen_fed.grpc.pb.h"
 
 namespace pollen::fed {
@@ -21,6 +22,11 @@ namespace {
 // vocabulary), each checked against the model before use. A chunked update is buffered whole
 // anyway, so the bound frames messages rather than the memory a client can make the server hold.
 constexpr int kMaxMessageBytes = 64 << 20;
+
+// A client pings its server every minute during a call and drops a connection whose ping is not
+// answered within 20 s: a server host or network gone mid-stream ends the call, not the client.
+constexpr int kClientKeepaliveMs = 60 * 1000;
+constexpr int kClientKeepaliveTimeoutMs = 20 * 1000;
 
 std::string read_pem(const std::string& path, const char* what) {
   POLLEN_CHECK(std::filesystem::exists(path), "tls.", what, ": no file '", path, "'");
@@ -39,9 +45,12 @@ grpc::Status error_status(const std::exception& e, grpc::StatusCode code) {
 class FederationService final : public pb::Federation::Service {
  public:
   // Either a training coordinator or a tokenizer round; the other's calls are refused.
+  // A pull or push stream that moves nothing for `stall_s` is closed.
   FederationService(Coordinator* c, TokenizerRound* t, bool tls,
-                    std::unique_ptr<RevocationList> revoked)
-      : c_(c), t_(t), tls_(tls), revoked_(std::move(revoked)) {}
+                    std::unique_ptr<RevocationList> revoked, double stall_s)
+      : c_(c), t_(t), tls_(tls), revoked_(std::move(revoked)), stall_s_(stall_s) {}
+  // A tokenizer server's streams stand still for at most this long.
+  static constexpr double kTokenizerStallS = 120;
 
   grpc::Status Join(grpc::ServerContext* ctx, const pb::JoinRequest* r,
                     pb::JoinReply* reply) override {
@@ -56,28 +65,42 @@ class FederationService final : public pb::Federation::Service {
   grpc::Status PullModel(grpc::ServerContext* ctx, const pb::PullRequest* r,
                          grpc::ServerWriter<pb::TensorStream>* writer) override {
     return handle(ctx, "pull", [&](const std::string& peer) {
+      StreamGuard guard(*this, ctx, "pull", Watched::from_the_first_message);
       serve_pull(training(), *r, peer, [&](const pb::TensorStream& m) {
-        POLLEN_CHECK(writer->Write(m), "pull: the client went away");
+        guard.moving();
+        guard.check(writer->Write(m), "the client went away");
       });
     });
   }
   grpc::Status PushUpdate(grpc::ServerContext* ctx, grpc::ServerReader<pb::TensorStream>* reader,
                           pb::PushReply* reply) override {
     return handle(ctx, "push", [&](const std::string& peer) {
-      *reply = serve_push(training(), peer, [&](pb::TensorStream& m) { return reader->Read(&m); });
+      StreamGuard guard(*this, ctx, "push", Watched::from_the_start);
+      *reply = serve_push(training(), peer, [&](pb::TensorStream& m) {
+        const bool more = reader->Read(&m);
+        guard.moved(more);
+        return more;
+      });
     });
   }
   grpc::Status PushCounts(grpc::ServerContext* ctx, grpc::ServerReader<pb::FileStream>* reader,
                           pb::PushReply* reply) override {
     return handle(ctx, "counts", [&](const std::string& peer) {
-      *reply = serve_counts(tokenizer(), peer, [&](pb::FileStream& m) { return reader->Read(&m); });
+      StreamGuard guard(*this, ctx, "counts", Watched::from_the_start);
+      *reply = serve_counts(tokenizer(), peer, [&](pb::FileStream& m) {
+        const bool more = reader->Read(&m);
+        guard.moved(more);
+        return more;
+      });
     });
   }
   grpc::Status PullTokenizer(grpc::ServerContext* ctx, const pb::TokenizerRequest* r,
                              grpc::ServerWriter<pb::FileStream>* writer) override {
     return handle(ctx, "tokenizer", [&](const std::string& peer) {
+      StreamGuard guard(*this, ctx, "tokenizer", Watched::from_the_first_message);
       serve_tokenizer(tokenizer(), *r, peer, [&](const pb::FileStream& m) {
-        POLLEN_CHECK(writer->Write(m), "tokenizer: the client went away");
+        guard.moving();
+        guard.check(writer->Write(m), "the client went away");
       });
     });
   }
@@ -88,6 +111,48 @@ class FederationService final : public pb::Federation::Service {
   }
 
  private:
+  // When a stream's watch starts: a push from its first byte (a stream that sends nothing holds
+  // a thread and is closed), a pull from its first message (before it the server may be busy
+  // aggregating, which is not the client's stall).
+  enum class Watched { from_the_start, from_the_first_message };
+
+  // A stream that moves nothing for stall_s_ is cancelled, and its read or write fails saying so.
+  class StreamGuard {
+   public:
+    StreamGuard(FederationService& s, grpc::ServerContext* ctx, const char* what, Watched when)
+        : s_(s), ctx_(ctx), what_(what) {
+      if (when == Watched::from_the_start) start();
+    }
+    // A read returned: `more` false ends the stream, as the client's WritesDone, or as a cancel.
+    void moved(bool more) {
+      if (more) return ticket_->moved();
+      const bool cancelled = ticket_->cancelled();
+      ticket_.reset();  // the stream is read: the server's answer may take its time
+      if (cancelled) stalled();
+    }
+    void moving() {  // a write is about to start
+      if (!ticket_) start();
+      ticket_->moved();
+    }
+    void check(bool written, const char* why) {
+      if (!written && ticket_->cancelled()) stalled();
+      POLLEN_CHECK(written, what_, ": ", why);
+    }
+
+   private:
+    void start() {
+      ticket_ = s_.stalls_.watch(s_.stall_s_, [ctx = ctx_] { ctx->TryCancel(); });
+    }
+    [[noreturn]] void stalled() {
+      fail(what_, ": nothing moved for ", s_.stall_s_, " s",
+           s_.c_ ? " (server.client_timeout_s)" : "", "; the stream is closed");
+    }
+    FederationService& s_;
+    grpc::ServerContext* ctx_;
+    const char* what_;
+    std::unique_ptr<StallWatch::Ticket> ticket_;
+  };
+
   // The authenticated client: the certificate's common name, after the revocation check.
   std::string peer_id(grpc::ServerContext* ctx) {
     if (!tls_) return "";
@@ -148,6 +213,8 @@ class FederationService final : public pb::Federation::Service {
   TokenizerRound* t_;
   bool tls_;
   std::unique_ptr<RevocationList> revoked_;  // tls.crl; none: nothing is revoked
+  double stall_s_;
+  StallWatch stalls_;
 };
 
 struct GrpcServer::Impl {
@@ -182,8 +249,10 @@ void GrpcServer::start(const std::string& address, const TlsFiles& tls) {
   } else {
     creds = grpc::InsecureServerCredentials();
   }
-  impl_->service = std::make_unique<FederationService>(impl_->coordinator, impl_->tokenizer,
-                                                       tls.enabled(), std::move(revoked));
+  impl_->service = std::make_unique<FederationService>(
+      impl_->coordinator, impl_->tokenizer, tls.enabled(), std::move(revoked),
+      impl_->coordinator ? impl_->coordinator->config().client_timeout_s
+                         : FederationService::kTokenizerStallS);
   grpc::ServerBuilder b;
   // gRPC lets servers share a port by default (SO_REUSEPORT), and the kernel would then hand each
   // of them a share of the clients: a second server on a busy port must fail instead.
@@ -194,6 +263,10 @@ void GrpcServer::start(const std::string& address, const TlsFiles& tls) {
   b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 60 * 1000);
   b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20 * 1000);
   b.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Clients ping every kClientKeepaliveMs during a call; a server that took that for abuse (its
+  // default allows one ping in 5 minutes) would drop their connections.
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                       kClientKeepaliveMs / 2);
   b.AddListeningPort(address, creds, &impl_->port);
   b.RegisterService(impl_->service.get());
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -269,14 +342,33 @@ struct GrpcTransport::Impl {
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<pb::Federation::Stub> stub;
   Endpoint endpoint;
+  double stall_s = 0;
+  StallWatch stalls;
+
+  // Watches a stream: cancelled when nothing moves for stall_s (client.busy_timeout_s).
+  std::unique_ptr<StallWatch::Ticket> watch(grpc::ClientContext& ctx) {
+    return stalls.watch(stall_s, [&ctx] { ctx.TryCancel(); });
+  }
+  // A stream that failed: its stall if it was cancelled for one, else the connection's failure.
+  [[noreturn]] void stream_failed(const StallWatch::Ticket& ticket, const grpc::Status& s,
+                                  const char* what) const {
+    if (ticket.cancelled()) {
+      fail("the federation server at ", endpoint.address, " is connected but moved nothing for ",
+           stall_s, " s during ", what, " (client.busy_timeout_s)");
+    }
+    fail(failure_text(s, what, endpoint, Waits::no));
+  }
 };
 
 GrpcTransport::GrpcTransport(const std::string& address, const TlsFiles& tls,
-                             double connect_timeout_s)
+                             double connect_timeout_s, double stall_timeout_s)
     : impl_(std::make_unique<Impl>()) {
+  impl_->stall_s = stall_timeout_s;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kClientKeepaliveMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kClientKeepaliveTimeoutMs);
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (tls.enabled()) {
     grpc::SslCredentialsOptions o;
@@ -296,24 +388,34 @@ GrpcTransport::GrpcTransport(const std::string& address, const TlsFiles& tls,
 GrpcTransport::~GrpcTransport() = default;
 
 namespace {
-// Streams the messages `next` fills until it returns false, then the server's reply; a stream the
-// server ended or failed is a refusal with its reason.
+// Streams the messages `next` fills until it returns false, then waits for the server's reply;
+// every message sent counts as the stream moving.
 template <class Message>
-pb::PushReply upload(grpc::ClientWriter<Message>& writer, pb::PushReply& reply,
-                     const std::function<bool(Message&)>& next, const Endpoint& e, const char* what,
-                     Waits waits) {
+grpc::Status upload(grpc::ClientWriter<Message>& writer, const std::function<bool(Message&)>& next,
+                    StallWatch::Ticket& ticket) {
   Message m;
   while (next(m)) {
     if (!writer.Write(m)) break;  // the server ended the stream; Finish says why
+    ticket.moved();
     m.Clear();
   }
   writer.WritesDone();
-  const grpc::Status s = writer.Finish();
-  if (!s.ok()) {
-    reply.set_accepted(false);
-    reply.set_reason(failure_text(s, what, e, waits));
+  return writer.Finish();
+}
+
+// Whether a failed call's status is the server's answer (a refusal), not a connection that
+// failed or was cancelled, after which what the server did with the call is not known.
+bool server_answered(const grpc::Status& s) {
+  switch (s.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return true;
+    default:
+      return false;
   }
-  return reply;
 }
 }  // namespace
 
@@ -358,16 +460,21 @@ pb::TaskReply GrpcTransport::task(const pb::TaskRequest& r) {
 void GrpcTransport::pull(const pb::PullRequest& r,
                          const std::function<void(const pb::TensorStream&)>& on_message) {
   grpc::ClientContext ctx;
+  const auto ticket = impl_->watch(ctx);
   auto reader = impl_->stub->PullModel(&ctx, r);
   pb::TensorStream m;
   try {
-    while (reader->Read(&m)) on_message(m);
+    while (reader->Read(&m)) {
+      on_message(m);
+      ticket->moved();
+    }
   } catch (...) {
     ctx.TryCancel();
     reader->Finish();
     throw;
   }
-  check_status(reader->Finish(), "pull", impl_->endpoint, Waits::no);
+  const grpc::Status s = reader->Finish();
+  if (!s.ok()) impl_->stream_failed(*ticket, s, "pull");
 }
 
 pb::SecAggReply GrpcTransport::secagg(const pb::SecAggRequest& r) {
@@ -383,9 +490,17 @@ pb::SecAggReply GrpcTransport::secagg(const pb::SecAggRequest& r) {
 
 pb::PushReply GrpcTransport::push(const std::function<bool(pb::TensorStream&)>& next) {
   grpc::ClientContext ctx;
+  const auto ticket = impl_->watch(ctx);
   pb::PushReply reply;
   auto writer = impl_->stub->PushUpdate(&ctx, &reply);
-  return upload(*writer, reply, next, impl_->endpoint, "push", Waits::no);
+  const grpc::Status s = upload(*writer, next, *ticket);
+  if (s.ok()) return reply;
+  // Lost with the connection, the update may have arrived all the same: an error, which the
+  // client settles by the next task's update_round, not a refusal.
+  if (!server_answered(s)) impl_->stream_failed(*ticket, s, "push");
+  reply.set_accepted(false);
+  reply.set_reason(failure_text(s, "push", impl_->endpoint, Waits::no));
+  return reply;
 }
 
 pb::PushReply GrpcTransport::push_counts(const std::function<bool(pb::FileStream&)>& next) {
@@ -394,25 +509,39 @@ pb::PushReply GrpcTransport::push_counts(const std::function<bool(pb::FileStream
   ctx.set_deadline(
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
+  const auto ticket = impl_->watch(ctx);
   pb::PushReply reply;
   auto writer = impl_->stub->PushCounts(&ctx, &reply);
-  return upload(*writer, reply, next, impl_->endpoint, "counts", Waits::for_the_server);
+  const grpc::Status s = upload(*writer, next, *ticket);
+  if (!s.ok()) {
+    reply.set_accepted(false);
+    reply.set_reason(ticket->cancelled()
+                         ? cat("the federation server at ", impl_->endpoint.address,
+                               " moved nothing for ", impl_->stall_s, " s during counts")
+                         : failure_text(s, "counts", impl_->endpoint, Waits::for_the_server));
+  }
+  return reply;
 }
 
 void GrpcTransport::pull_tokenizer(const pb::TokenizerRequest& r,
                                    const std::function<void(const pb::FileStream&)>& on_message) {
   grpc::ClientContext ctx;
   ctx.set_wait_for_ready(true);
+  const auto ticket = impl_->watch(ctx);
   auto reader = impl_->stub->PullTokenizer(&ctx, r);
   pb::FileStream m;
   try {
-    while (reader->Read(&m)) on_message(m);
+    while (reader->Read(&m)) {
+      on_message(m);
+      ticket->moved();
+    }
   } catch (...) {
     ctx.TryCancel();
     reader->Finish();
     throw;
   }
-  check_status(reader->Finish(), "tokenizer", impl_->endpoint, Waits::no);
+  const grpc::Status s = reader->Finish();
+  if (!s.ok()) impl_->stream_failed(*ticket, s, "tokenizer");
 }
 
 }  // namespace pollen::fed

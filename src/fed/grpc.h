@@ -34,7 +34,10 @@ class GrpcServer {
 
 class GrpcTransport : public Transport {
  public:
-  GrpcTransport(const std::string& address, const TlsFiles& tls, double connect_timeout_s);
+  // A call waits up to connect_timeout_s for the server; a pull or push stream that moves nothing
+  // for stall_timeout_s is cancelled (a server hung with its connection open).
+  GrpcTransport(const std::string& address, const TlsFiles& tls, double connect_timeout_s,
+                double stall_timeout_s);
   ~GrpcTransport() override;
   pb::JoinReply join(const pb::JoinRequest& r) override;
   pb::TaskReply task(const pb::TaskRequest& r) override;

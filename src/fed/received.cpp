@@ -36,6 +36,13 @@ void check_join_request(const pb::JoinRequest& r, const ServerTerms& terms) {
 void check_update_info(const pb::UpdateInfo& info, const UpdateRules& rules,
                        const std::string& what) {
   validate_update_info(info, what);
+  if (!rules.negative_losses) {
+    for (const auto& [name, loss] :
+         {std::pair{"train_loss", info.train_loss()}, std::pair{"eval_loss", info.eval_loss()}}) {
+      POLLEN_CHECK(loss >= 0, what, ": ", name, " ", loss,
+                   " is negative; this federation's losses are cross-entropies");
+    }
+  }
   validate_token_counts(info, rules.token_counts, rules.vocab_size, what);
   if (rules.second_moments) {
     unpack_second_moments(rules.model, info.second_moments(), what);

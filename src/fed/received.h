@@ -34,6 +34,9 @@ struct UpdateRules {
   int ring_bits = 0;            // secure aggregation's ring; 0: the update is not masked
   ParamSpecs masked;            // secure aggregation: the masked set's (secagg::masked_specs)
   int64_t vocab_size = 0;
+  // GRPO: its policy loss and held-out loss (the negated mean reward) may be negative; every
+  // other objective's losses are cross-entropies, never negative.
+  bool negative_losses = false;
 };
 
 // The update info (id, round, tokens, losses, token counts, second moments), then the header of

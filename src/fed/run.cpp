@@ -105,7 +105,8 @@ namespace {
 
 void lead_silo(const ClientConfig& config, dist::Communicator& comm,
                const train::FaultInjection& fault) {
-  GrpcTransport transport(config.server, config.tls, config.connect_timeout_s);
+  GrpcTransport transport(config.server, config.tls, config.connect_timeout_s,
+                          config.busy_timeout_s);
   Client client(config, transport, &comm);
   if (config.post.enabled())
     client.lora_silo()->set_fault_injection(fault);

@@ -290,7 +290,8 @@ std::string run_counts_client(const CountsClientOptions& o) {
   log::info("fed counts '", o.id, "': ", counts.distinct(), " distinct pieces of ",
             counts.bytes_read(), " bytes, sending ", bytes.size(), " bytes");
 
-  GrpcTransport transport(o.server, o.tls, o.connect_timeout_s);
+  // A stream that moves nothing for an hour: a server hung with its connection open.
+  GrpcTransport transport(o.server, o.tls, o.connect_timeout_s, 3600);
   int stage = 0;
   size_t offset = 0;
   const auto reply = transport.push_counts([&](pb::FileStream& m) {

@@ -205,7 +205,9 @@ void for_each_chunk(const std::string& bytes, uint64_t max_chunk,
 
 ChunkAssembler::ChunkAssembler(const pb::TensorSetHeader& header, std::string what)
     : total_(header.total_bytes()), sha256_(header.sha256()), what_(std::move(what)) {
-  bytes_.reserve(total_);
+  // What the header claims is reserved only up to a bound: past it the buffer grows with the
+  // chunks that arrive, so a stream that announces gigabytes and sends nothing holds little.
+  bytes_.reserve(std::min<uint64_t>(total_, kReservedUpFront));
 }
 
 void ChunkAssembler::add(const pb::Chunk& c) {

@@ -35,7 +35,7 @@ namespace pb = ::pollen::fed::v1;
 // continuous noise before rounding would release what the server's accounting does not cover);
 // 13: a client without the keys of a secure round drops out of it (SecAggRequest.drop_out, which
 // an older server could not read)
-constexpr uint32_t kProtocolVersion = 13;
+constexpr uint32_t kProtocolVersion = 14;
 // The most deltas a compressed download keeps for clients that missed rounds (fed/model_view.h),
 // so that a client reaches the round's model within kMaxChainLinks + 1 pulls.
 constexpr size_t kMaxChainLinks = 62;
@@ -95,6 +95,7 @@ void for_each_chunk(const std::string& bytes, uint64_t max_chunk,
 // finish() checks the total and the SHA-256.
 class ChunkAssembler {
  public:
+  static constexpr uint64_t kReservedUpFront = 16 << 20;
   ChunkAssembler(const pb::TensorSetHeader& header, std::string what);
   void add(const pb::Chunk& chunk);
   std::string finish();  // the whole stream

@@ -278,6 +278,55 @@ TEST(ClientState, AClientKilledAfterItsPushRestartsAfterThatRound) {
   fs::remove_all(dir);
 }
 
+namespace {
+
+// The connection fails after the server took the first push, before its answer came back.
+class LosesFirstPushAnswer : public LocalTransport {
+ public:
+  using LocalTransport::LocalTransport;
+  pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override {
+    pb::PushReply reply = LocalTransport::push(next);
+    if (lost_++ == 0) throw Error("the connection to the federation server failed during push");
+    return reply;
+  }
+
+ private:
+  int lost_ = 0;
+};
+
+}  // namespace
+
+// Whether a push whose answer was lost arrived is settled by the next task's update_round: the
+// update arrived, so the error feedback it carried stays sent (restoring the residual held
+// before it would send that part twice), and the run ends where an uninterrupted one does.
+TEST(ClientState, APushWhoseAnswerWasLostCountsOnceWhenItArrived) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("lost_push_answer");
+  const auto silo = make_silo(dir / "a", 3);
+  const Weights uninterrupted = three_rounds(dir / "run0", silo, 3, true);
+  auto cfg = sim_config(dir / "run1", {silo}, "diloco", 3, 3);
+  cfg.server.compression.codec = Codec::int4;  // so that the error-feedback residual matters
+  cfg.server.server_codec = Codec::int4;
+  cfg.clients[0].state_dir = dir / "run1" / "client-state";
+  Coordinator server(cfg.server, false);
+  LosesFirstPushAnswer transport(server);
+  Client client(cfg.clients[0], transport);
+  client.join();
+  for (int round = 1; round <= 3; ++round) {
+    ASSERT_TRUE(server.begin_round());
+    if (round == 1) {
+      EXPECT_THROW(client.poll_once(), Error);
+    } else {
+      EXPECT_EQ(client.poll_once(), pb::TASK_TRAIN);
+    }
+    ASSERT_TRUE(server.end_round().aggregated);
+  }
+  EXPECT_TRUE(bitwise_equal(uninterrupted, server.global_weights()))
+      << "the lost answer's update counted differently from a delivered one";
+  fs::remove_all(dir);
+}
+
 TEST(ClientState, KilledClientProcessRestartsFromItsState) {
   const auto dir = temp_dir("client_killed");
   const auto silo = make_silo(dir / "a", 3);

@@ -133,7 +133,9 @@ TEST(Wire, AgreementSaysWhatDiffers) {
   r.set_tokenizer_fingerprint("other");
   r.set_protocol_version(99);
   const auto d = agreement_differences(r, kProtocolVersion, server, "tok");
-  EXPECT_NE(d.find("protocol version: server 13, client 99"), std::string::npos) << d;
+  EXPECT_NE(d.find(cat("protocol version: server ", kProtocolVersion, ", client 99")),
+            std::string::npos)
+      << d;
   EXPECT_NE(d.find("model.hidden_size: server 32, client 64"), std::string::npos) << d;
   EXPECT_NE(d.find("tokenizer fingerprint"), std::string::npos) << d;
   r.set_model_config("{not json");
@@ -422,6 +424,9 @@ TEST(Simulation, MalformedPushesAreRefusedAndTheServerGoesOn) {
   far_negative_loss.mutable_update()->set_eval_loss(-1e300);
   EXPECT_NE(refusal({far_negative_loss, header}).find("eval_loss -1e+300 is outside"),
             std::string::npos);
+  auto negative_loss = info;  // pre-training's losses are cross-entropies, never negative
+  negative_loss.mutable_update()->set_train_loss(-1);
+  EXPECT_NE(refusal({negative_loss, header}).find("train_loss -1 is negative"), std::string::npos);
   // A post-training objective's metrics: named plainly, finite, at most 16.
   auto metric = [&](const std::map<std::string, double>& m) {
     auto bad = info;
@@ -765,7 +770,7 @@ TEST(Simulation, ClientStatesCanBeTurnedOffAndAResumeSaysWhatThatCosts) {
 TEST(Grpc, AServerThatCannotBeReachedIsNamedWithWhatToCheck) {
   Quiet q;
   const std::string address = loopback_address();  // nothing listens there
-  GrpcTransport transport(address, TlsFiles{}, 0.3);
+  GrpcTransport transport(address, TlsFiles{}, 0.3, 60);
   try {
     transport.join(tiny_join("silo-0"));
     ADD_FAILURE() << "a join without a server succeeded";
@@ -797,6 +802,77 @@ class SlowService final : public pb::Federation::Service {
 
 }  // namespace
 
+namespace {
+
+// A federation service whose streams stand still once opened (a server hung with its connection
+// open): a pull sends nothing, a push takes the update and never answers. Each waits until the
+// client cancels.
+class StallingService final : public pb::Federation::Service {
+ public:
+  grpc::Status PullModel(grpc::ServerContext* ctx, const pb::PullRequest*,
+                         grpc::ServerWriter<pb::TensorStream>*) override {
+    return wait_for_cancel(ctx);
+  }
+  grpc::Status PushUpdate(grpc::ServerContext* ctx, grpc::ServerReader<pb::TensorStream>* reader,
+                          pb::PushReply*) override {
+    pb::TensorStream m;
+    while (reader->Read(&m)) {
+    }
+    return wait_for_cancel(ctx);
+  }
+
+ private:
+  static grpc::Status wait_for_cancel(grpc::ServerContext* ctx) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!ctx->IsCancelled() && std::chrono::steady_clock::now() < give_up)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return grpc::Status::CANCELLED;
+  }
+};
+
+}  // namespace
+
+// A pull or push that moves nothing for client.busy_timeout_s ends with an error naming the
+// stall, instead of blocking the client for good.
+TEST(Grpc, AStreamThatStandsStillIsCancelledAfterTheBusyTimeout) {
+  Quiet q;
+  StallingService stalling;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&stalling);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_GT(port, 0);
+  GrpcTransport transport("127.0.0.1:" + std::to_string(port), TlsFiles{}, 5, 0.5);
+  const auto expect_stall = [](const std::function<void()>& call, const char* what) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      call();
+      ADD_FAILURE() << what << " on a stalled server returned";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(
+                    cat("moved nothing for 0.5 s during ", what, " (client.busy_timeout_s)")),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << what;
+  };
+  pb::PullRequest pull;
+  pull.set_client_id("silo-0");
+  pull.set_round(1);
+  expect_stall([&] { transport.pull(pull, [](const pb::TensorStream&) {}); }, "pull");
+  int sent = 0;
+  expect_stall(
+      [&] {
+        transport.push([&](pb::TensorStream& m) {
+          m.mutable_update()->set_client_id("silo-0");
+          return sent++ < 3;
+        });
+      },
+      "push");
+  server->Shutdown();
+}
+
 // A server that is connected but answers after the client's timeout is busy (ServerBusy, which a
 // client waits out), not gone (an Error that ends a client that cannot join again).
 TEST(Grpc, AConnectedServerThatAnswersLateIsBusyNotGone) {
@@ -808,7 +884,7 @@ TEST(Grpc, AConnectedServerThatAnswersLateIsBusyNotGone) {
   builder.RegisterService(&slow);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ASSERT_GT(port, 0);
-  GrpcTransport transport("127.0.0.1:" + std::to_string(port), TlsFiles{}, 0.5);
+  GrpcTransport transport("127.0.0.1:" + std::to_string(port), TlsFiles{}, 0.5, 60);
   pb::TaskRequest r;
   r.set_client_id("silo-0");
   EXPECT_THROW(transport.task(r), ServerBusy);
@@ -859,7 +935,7 @@ TEST(Grpc, ARevocationReachesARunningServerAtTheClientsNextCall) {
   auto joins = [&](const std::string& id) {
     TlsFiles t{(dir / "certs/ca.pem").string(), (dir / cat("certs/client-", id, ".pem")).string(),
                (dir / cat("certs/client-", id, ".key")).string(), "", ""};
-    GrpcTransport tr(address, t, 3);
+    GrpcTransport tr(address, t, 3, 60);
     try {
       return tr.join(tiny_join(id)).accepted();
     } catch (const Error& e) {
@@ -894,7 +970,7 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   auto join = [&](const fs::path& certs, const std::string& cert_id, const std::string& claim) {
     TlsFiles t{(dir / "certs/ca.pem").string(), (certs / ("client-" + cert_id + ".pem")).string(),
                (certs / ("client-" + cert_id + ".key")).string(), "", ""};
-    GrpcTransport tr(address, t, 3);
+    GrpcTransport tr(address, t, 3, 60);
     return tr.join(tiny_join(claim));
   };
   EXPECT_TRUE(join(dir / "certs", "alice", "alice").accepted());
@@ -915,7 +991,7 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   {
     TlsFiles t{(dir / "certs/ca.pem").string(), (dir / "certs/server.pem").string(),
                (dir / "certs/server.key").string(), "", ""};
-    GrpcTransport tr(address, t, 3);  // a certificate not meant for clients, wrong name
+    GrpcTransport tr(address, t, 3, 60);  // a certificate not meant for clients, wrong name
     pb::JoinRequest r;
     r.set_protocol_version(kProtocolVersion);
     r.set_client_id("alice");
@@ -968,9 +1044,33 @@ TEST(Grpc, ASecondServerOnTheSamePortIsRefused) {
     EXPECT_NE(std::string(e.what()).find("cannot listen on '" + address + "'"), std::string::npos)
         << e.what();
   }
-  GrpcTransport tr(address, {}, 3);
+  GrpcTransport tr(address, {}, 3, 60);
   EXPECT_TRUE(tr.join(tiny_join("alice")).accepted());
   server.shutdown();
+}
+
+// A push stream that sends nothing would hold one of the server's threads for good: the server
+// closes a stream that moves nothing for server.client_timeout_s.
+TEST(Grpc, TheServerClosesAStreamThatSendsNothing) {
+  Quiet q;
+  const auto dir = temp_dir("idle_stream");
+  auto cfg = sim_config(dir, {}, "fedavg", 1, 1).server;
+  cfg.client_timeout_s = 0.5;
+  Coordinator coordinator(cfg, false);
+  GrpcServer server(coordinator, "127.0.0.1:0", {});
+  auto stub = pb::Federation::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server.port()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  pb::PushReply reply;
+  const auto start = std::chrono::steady_clock::now();
+  auto writer = stub->PushUpdate(&ctx, &reply);
+  const grpc::Status s = writer->Finish();  // without WritesDone: the stream stays open, idle
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << "the server kept the stream";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  server.shutdown();
+  fs::remove_all(dir);
 }
 
 TEST(Grpc, SimulatedEqualsDeployedBitwise) {

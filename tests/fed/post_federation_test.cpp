@@ -334,7 +334,7 @@ TEST(FedPostWire, DpoFederationOverGrpcRaisesTheHeldOutMargin) {
   std::vector<std::unique_ptr<GrpcTransport>> transports;
   std::vector<std::unique_ptr<Client>> clients;
   for (int i = 0; i < 2; ++i) {
-    transports.push_back(std::make_unique<GrpcTransport>(address, TlsFiles{}, 10));
+    transports.push_back(std::make_unique<GrpcTransport>(address, TlsFiles{}, 10, 60));
     clients.push_back(
         std::make_unique<Client>(post_client(i, run, "dpo", fx.dpo[i]), *transports.back()));
     clients.back()->join();

@@ -78,7 +78,7 @@ TEST(FederatedTokenizer, SilosSendCountsOverGrpcAndAllReceiveTheSameTokenizer) {
 
   // Hostile or mistaken streams first: each refused, the server goes on.
   {
-    GrpcTransport t(address, {}, 5);
+    GrpcTransport t(address, {}, 5, 60);
     auto r = push_raw(t, "silo-z", "POLLENPC");
     EXPECT_FALSE(r.accepted());
     EXPECT_NE(r.reason().find("not one of server.clients"), std::string::npos) << r.reason();
@@ -98,7 +98,7 @@ TEST(FederatedTokenizer, SilosSendCountsOverGrpcAndAllReceiveTheSameTokenizer) {
     // and the first's end frees the silo to send again.
     std::atomic<bool> release{false};
     std::thread open([&] {
-      GrpcTransport first(address, {}, 5);
+      GrpcTransport first(address, {}, 5, 60);
       first.push_counts([&, stage = 0](pb::FileStream& m) mutable {
         if (stage++ > 0) {
           while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(10));
