@@ -47,14 +47,20 @@ Weights three_rounds(SimConfig cfg, int restart_after,
 }
 
 // The same with or without the client's state folder at the restart.
-Weights three_rounds(const fs::path& dir, const fs::path& silo, int restart_after,
-                     bool keep_state) {
+// Three rounds of H = 3 of one client with its state folder, int4 both ways.
+SimConfig int4_config(const fs::path& dir, const fs::path& silo) {
   auto cfg = sim_config(dir, {silo}, "diloco", 3, 3);
   cfg.server.compression.codec = Codec::int4;  // so that the error-feedback residual matters
   // and a compressed download: the restarted client must still hold the model it pulled, or the
   // server sends it the whole view instead of a delta (ClientState.RestartedClient...Delta)
   cfg.server.server_codec = Codec::int4;
   cfg.clients[0].state_dir = dir / "client-state";
+  return cfg;
+}
+
+Weights three_rounds(const fs::path& dir, const fs::path& silo, int restart_after,
+                     bool keep_state) {
+  SimConfig cfg = int4_config(dir, silo);
   return three_rounds(
       cfg, restart_after,
       [&](ClientConfig& c) {
@@ -305,10 +311,7 @@ TEST(ClientState, APushWhoseAnswerWasLostCountsOnceWhenItArrived) {
   const auto dir = temp_dir("lost_push_answer");
   const auto silo = make_silo(dir / "a", 3);
   const Weights uninterrupted = three_rounds(dir / "run0", silo, 3, true);
-  auto cfg = sim_config(dir / "run1", {silo}, "diloco", 3, 3);
-  cfg.server.compression.codec = Codec::int4;  // so that the error-feedback residual matters
-  cfg.server.server_codec = Codec::int4;
-  cfg.clients[0].state_dir = dir / "run1" / "client-state";
+  const SimConfig cfg = int4_config(dir / "run1", silo);
   Coordinator server(cfg.server, false);
   LosesFirstPushAnswer transport(server);
   Client client(cfg.clients[0], transport);
