@@ -144,13 +144,14 @@ ops::RopeScaling parse_rope_scaling(const json& j, int64_t max_position_embeddin
 }  // namespace
 
 const std::vector<std::string>& hf_ignored_config_keys() {
+  // "dtype": torch_dtype as transformers >= 4.56 names it.
   static const std::vector<std::string> keys = {
       "_name_or_path",        "architectures",       "transformers_version",
       "torch_dtype",          "bos_token_id",        "eos_token_id",
       "pad_token_id",         "use_cache",           "initializer_range",
       "pretraining_tp",       "return_dict",         "output_attentions",
       "output_hidden_states", "tokenizer_class",     "auto_map",
-      "name_or_path",         "attn_implementation",
+      "name_or_path",         "attn_implementation", "dtype",
       "_attn_implementation",  // a kernel choice, same arithmetic
       "max_window_layers",     // Qwen2: used only with use_sliding_window, which is refused
   };
@@ -241,6 +242,17 @@ model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
   if (r.has("rope_scaling"))
     c.rope_scaling = parse_rope_scaling(r.raw("rope_scaling"), c.max_position_embeddings, source);
   r.ignore("rope_scaling");  // absent or null: no scaling
+  // transformers >= 4.56 lists each layer's attention; pollen's are all full (sliding windows are
+  // the model-wide sliding_window above).
+  if (r.has("layer_types")) {
+    const json& types = r.raw("layer_types");
+    POLLEN_CHECK(types.is_array(), source, ": key 'layer_types' must be a list, got ",
+                 types.dump());
+    for (const auto& t : types)
+      POLLEN_CHECK(t == "full_attention", source, ": key 'layer_types' holds ", t.dump(),
+                   "; pollen implements only 'full_attention' layers");
+  }
+  r.ignore("layer_types");
   r.finish(
       " is not understood by pollen (it may change the computation, so it is refused "
       "rather than ignored)");

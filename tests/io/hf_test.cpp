@@ -88,6 +88,20 @@ TEST(HfConfig, RmsNormEps) {
   expect_refused(j, "rms_norm_eps must be positive");
 }
 
+// Keys transformers >= 4.56 writes: "dtype" (torch_dtype renamed) is ignored as torch_dtype is;
+// "layer_types" is taken when every layer is full attention, the only kind pollen has.
+TEST(HfConfig, DtypeAndLayerTypesOfNewerTransformers) {
+  json j = base_config();
+  j.erase("torch_dtype");
+  j["dtype"] = "bfloat16";
+  j["layer_types"] = {"full_attention", "full_attention"};
+  EXPECT_EQ(config_error(j), "");
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  expect_refused(j, "key 'layer_types' holds \"sliding_attention\"");
+  j["layer_types"] = "full_attention";
+  expect_refused(j, "key 'layer_types' must be a list");
+}
+
 TEST(HfConfig, RopeTheta) {
   json j = base_config();
   j["rope_theta"] = 500000.0;
