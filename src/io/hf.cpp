@@ -256,7 +256,11 @@ model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
   r.finish(
       " is not understood by pollen (it may change the computation, so it is refused "
       "rather than ignored)");
-  c.validate();
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(source + ": " + e.what());
+  }
   return c;
 }
 

@@ -88,6 +88,18 @@ TEST(HfConfig, RmsNormEps) {
   expect_refused(j, "rms_norm_eps must be positive");
 }
 
+// A value config.json's keys parse to but the model refuses is reported naming the file.
+TEST(HfConfig, ValueErrorsNameTheFile) {
+  const fs::path dir = temp_dir("value");
+  json j = base_config();
+  j["rms_norm_eps"] = -1;
+  write_file_atomic(dir / "config.json", j.dump());
+  const std::string e = pollen::testing::error_of([&] { io::read_hf_config(dir / "config.json"); });
+  EXPECT_NE(e.find("'" + (dir / "config.json").string() + "': model '"), std::string::npos) << e;
+  EXPECT_NE(e.find("rms_norm_eps must be positive"), std::string::npos) << e;
+  fs::remove_all(dir);
+}
+
 // Keys transformers >= 4.56 writes: "dtype" (torch_dtype renamed) is ignored as torch_dtype is;
 // "layer_types" is taken when every layer is full attention, the only kind pollen has.
 TEST(HfConfig, DtypeAndLayerTypesOfNewerTransformers) {
