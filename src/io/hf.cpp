@@ -368,7 +368,7 @@ model::Llama load_hf_model(const fs::path& dir, DType dtype) {
       POLLEN_CHECK(file.is_string(), "'", index_path.string(), "': weight_map['", name,
                    "'] must be a file name");
       const std::string f = file.get<std::string>();
-      POLLEN_CHECK(f.find('/') == std::string::npos && f != ".." && !f.empty(), "'",
+      POLLEN_CHECK(f.find('/') == std::string::npos && f != "." && f != ".." && !f.empty(), "'",
                    index_path.string(), "': weight_map['", name, "'] = '", f,
                    "' must be a file in the same folder");
       auto [it, added] = file_ids.emplace(f, files.size());
@@ -404,7 +404,7 @@ model::Llama load_hf_model(const fs::path& dir, DType dtype) {
         POLLEN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 ||
                          t.dtype() == DType::f16 || t.dtype() == DType::f64,
                      "'", files[it->second.first].string(), "': tensor '", name, "' has dtype ",
-                     dtype_name(t.dtype()), "; expected F32, BF16 or F16");
+                     dtype_name(t.dtype()), "; expected F64, F32, BF16 or F16");
         POLLEN_CHECK(t.shape() == shape, "'", files[it->second.first].string(), "': tensor '", name,
                      "' has shape ", shape_str(t.shape()), ", config.json implies ",
                      shape_str(shape));

@@ -418,6 +418,37 @@ TEST(HfLoad, RefusesMissingAndStrayTensors) {
   fs::remove_all(dir);
 }
 
+// Every weight_map entry must name a file of the folder: ".", ".." and paths are refused, and
+// a tensor of a dtype that is not a float is refused naming the ones that are.
+TEST(HfLoad, RefusesWeightMapEntriesOutsideTheFolderAndIntegerWeights) {
+  const model::Llama m(small(false, false), 7);
+  const fs::path dir = temp_dir("weight_map");
+  io::HfExportOptions o;
+  o.max_shard_bytes = 20000;
+  io::export_hf(m, dir, o);
+  const json index = json::parse(read_file(dir / "model.safetensors.index.json"));
+  for (const std::string entry : {".", "..", "../model-00001-of-00004.safetensors"}) {
+    json edited = index;
+    edited["weight_map"]["model.norm.weight"] = entry;
+    write_file_atomic(dir / "model.safetensors.index.json", edited.dump());
+    const std::string e = pollen::testing::error_of([&] { io::load_hf_model(dir); });
+    EXPECT_NE(e.find("weight_map['model.norm.weight'] = '" + entry +
+                     "' must be a file in the same folder"),
+              std::string::npos)
+        << e;
+  }
+  fs::remove_all(dir);
+  io::export_hf(m, dir, {});
+  io::NamedTensors t;
+  for (const auto& [n, v] : m.named_parameters())
+    t.emplace_back(
+        n, n == "model.norm.weight" ? Tensor::zeros(v.value().shape(), DType::i32) : v.value());
+  io::write_safetensors(dir / "model.safetensors", t);
+  const std::string e = pollen::testing::error_of([&] { io::load_hf_model(dir); });
+  EXPECT_NE(e.find("has dtype i32; expected F64, F32, BF16 or F16"), std::string::npos) << e;
+  fs::remove_all(dir);
+}
+
 Tensor token_rows() {
   return Tensor::from<int32_t>({2, 10}, {1, 5, 7, 9, 11, 2, 3, 40, 50, 60,  //
                                          4, 4, 4, 8, 8,  8, 1, 2,  3,  4});
