@@ -147,7 +147,13 @@ ModelSource resolve_model(const std::string& spec) {
                  "model '", spec, "': a folder that is neither an HF directory (config.json + ",
                  "model.safetensors or its index) nor a pollen checkpoint (model.safetensors + ",
                  "config.toml) nor a run folder with checkpoints/");
-    // A checkpoint named directly: the files it is loaded from must be the ones it wrote.
+    // A checkpoint named directly: the files it is loaded from must be the ones it wrote. A
+    // training checkpoint always has a manifest; one without it cannot be checked.
+    POLLEN_CHECK(verified || fs::is_regular_file(dir / "manifest.json") ||
+                     !(fs::exists(dir / "state.json") || fs::exists(dir / "optimizer.safetensors")),
+                 "model '", spec, "': '", dir.string(), "' is a pollen training checkpoint (it ",
+                 "holds state.json or optimizer.safetensors) without manifest.json, which every ",
+                 "checkpoint is written with, so its files cannot be verified");
     if (!verified && fs::is_regular_file(dir / "manifest.json")) {
       if (auto why = verify_checkpoint(dir, kModelFiles))
         fail("model '", spec, "': checkpoint '", dir.string(), "' does not verify: ", *why);

@@ -1,4 +1,5 @@
-// Resolving a pollen run folder as a model: every checkpoint passed over is named in a warning.
+// Resolving a pollen checkpoint or run folder as a model: every checkpoint passed over is named
+// in a warning, and a training checkpoint without its manifest is refused.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -76,6 +77,28 @@ TEST(ModelSource, ARunFolderWarnsOfEachCheckpointItPassesOver) {
       std::string::npos)
       << log;
   fs::remove_all(run);
+}
+
+// Every checkpoint is written with a manifest.json; a training checkpoint (state.json,
+// optimizer.safetensors) without one cannot be checked, so it is refused rather than loaded.
+TEST(ModelSource, ATrainingCheckpointWithoutItsManifestIsRefused) {
+  const fs::path root = temp_dir("no_manifest");
+  const fs::path ckpt = write_checkpoint(root / "checkpoints", 4);
+  EXPECT_EQ(io::resolve_model(ckpt.string()).path, ckpt);
+  fs::remove(ckpt / "manifest.json");
+  const std::string e = pollen::testing::error_of([&] { io::resolve_model(ckpt.string()); });
+  EXPECT_NE(e.find("'" + ckpt.string() + "' is a pollen training checkpoint"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("without manifest.json"), std::string::npos) << e;
+  fs::remove(ckpt / "state.json");
+  EXPECT_NE(pollen::testing::error_of([&] {
+              io::resolve_model(ckpt.string());
+            }).find("without manifest.json"),
+            std::string::npos);
+  // Weights and config.toml alone (no training state) are a model folder made by hand.
+  fs::remove(ckpt / "optimizer.safetensors");
+  EXPECT_EQ(io::resolve_model(ckpt.string()).path, ckpt);
+  fs::remove_all(root);
 }
 
 }  // namespace
