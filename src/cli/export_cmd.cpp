@@ -83,7 +83,10 @@ void add_export_command(CLI::App& app) {
                  "Preset, model file (.toml), pollen checkpoint or run folder, or HF directory")
       ->required();
   hf->add_option("--adapter", *adapter, kAdapterHelp);
-  hf->add_option("--output", *output, "Folder to write")->required();
+  hf->add_option("--output", *output,
+                 "Folder to write: a new or empty one, or one an earlier export wrote, which is "
+                 "replaced whole (a folder holding other files is refused)")
+      ->required();
   hf->add_option("--dtype", *dtype, "Stored dtype: f32, bf16 or f16")
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->capture_default_str();

@@ -1,14 +1,11 @@
 #include "io/checkpoint.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
-#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -16,19 +13,12 @@
 #include "base/hash.h"
 #include "base/json_depth.h"
 #include "base/log.h"
+#include "io/folder_swap.h"
 
 namespace fs = std::filesystem;
 
 namespace pollen::io {
 namespace {
-
-void sync_dir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  POLLEN_CHECK(fd >= 0, "cannot open folder '", dir.string(), "': ", std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  POLLEN_CHECK(rc == 0, "cannot sync folder '", dir.string(), "': ", std::strerror(errno));
-}
 
 bool parse_step_name(const std::string& name, int64_t* step) {
   if (!name.starts_with("step-") || name.size() <= 5) return false;
@@ -46,7 +36,7 @@ std::string checkpoint_name(int64_t step) {
 }
 
 CheckpointWriter::CheckpointWriter(const fs::path& root, int64_t step)
-    : root_(root), final_(root / checkpoint_name(step)), step_(step) {
+    : final_(root / checkpoint_name(step)), step_(step) {
   fs::create_directories(root);
   tmp_ = root / cat(".tmp-", checkpoint_name(step), ".", ::getpid());
   fs::remove_all(tmp_);
@@ -85,27 +75,11 @@ fs::path CheckpointWriter::commit() {
   const auto ms = write_synced(tmp_ / "manifest.json", m.dump(2) + "\n");
   stats_.sync_s += ms.sync_s;
   const auto t0 = std::chrono::steady_clock::now();
-  sync_dir(tmp_);
+  sync_folder(tmp_);
   // A folder of the same name is one that failed to verify (resume went past it) or one written
   // again with newer state (a federated server's privacy accountant after a round it accounted
-  // but did not apply). The two are swapped in one step, so that a crash leaves one of them;
-  // where the filesystem cannot swap, the old one is moved aside first.
-  if (fs::exists(final_)) {
-    if (::renameat2(AT_FDCWD, tmp_.c_str(), AT_FDCWD, final_.c_str(), RENAME_EXCHANGE) == 0) {
-      sync_dir(root_);
-      fs::remove_all(tmp_);  // the old folder, now under the temporary name
-    } else {
-      const fs::path old = root_ / cat(".old-", checkpoint_name(step_), ".", ::getpid());
-      fs::remove_all(old);
-      fs::rename(final_, old);
-      fs::rename(tmp_, final_);
-      sync_dir(root_);
-      fs::remove_all(old);
-    }
-  } else {
-    fs::rename(tmp_, final_);
-    sync_dir(root_);
-  }
+  // but did not apply): it is replaced in one step, so that a crash leaves one of them.
+  replace_folder(tmp_, final_);
   stats_.sync_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   committed_ = true;
   return final_;

@@ -37,7 +37,7 @@ class CheckpointWriter {
  private:
   void record(const std::string& file, const WriteStats& s);
 
-  std::filesystem::path root_, tmp_, final_;
+  std::filesystem::path tmp_, final_;
   int64_t step_;
   std::vector<std::pair<std::string, WriteStats>> files_;
   WriteStats stats_;

@@ -141,22 +141,17 @@ ops::RopeScaling parse_rope_scaling(const json& j, int64_t max_position_embeddin
        "' is not implemented by pollen (implemented: default, linear, llama3, dynamic, yarn)");
 }
 
-const std::map<std::string, std::string>& dtype_names() {
-  static const std::map<std::string, std::string> m = {
-      {"f32", "float32"}, {"bf16", "bfloat16"}, {"f16", "float16"}};
-  return m;
-}
-
 }  // namespace
 
 const std::vector<std::string>& hf_ignored_config_keys() {
+  // "dtype": torch_dtype as transformers >= 4.56 names it.
   static const std::vector<std::string> keys = {
       "_name_or_path",        "architectures",       "transformers_version",
       "torch_dtype",          "bos_token_id",        "eos_token_id",
       "pad_token_id",         "use_cache",           "initializer_range",
       "pretraining_tp",       "return_dict",         "output_attentions",
       "output_hidden_states", "tokenizer_class",     "auto_map",
-      "name_or_path",         "attn_implementation",
+      "name_or_path",         "attn_implementation", "dtype",
       "_attn_implementation",  // a kernel choice, same arithmetic
       "max_window_layers",     // Qwen2: used only with use_sliding_window, which is refused
   };
@@ -247,10 +242,25 @@ model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
   if (r.has("rope_scaling"))
     c.rope_scaling = parse_rope_scaling(r.raw("rope_scaling"), c.max_position_embeddings, source);
   r.ignore("rope_scaling");  // absent or null: no scaling
+  // transformers >= 4.56 lists each layer's attention; pollen's are all full (sliding windows are
+  // the model-wide sliding_window above).
+  if (r.has("layer_types")) {
+    const json& types = r.raw("layer_types");
+    POLLEN_CHECK(types.is_array(), source, ": key 'layer_types' must be a list, got ",
+                 types.dump());
+    for (const auto& t : types)
+      POLLEN_CHECK(t == "full_attention", source, ": key 'layer_types' holds ", t.dump(),
+                   "; pollen implements only 'full_attention' layers");
+  }
+  r.ignore("layer_types");
   r.finish(
       " is not understood by pollen (it may change the computation, so it is refused "
       "rather than ignored)");
-  c.validate();
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(source + ": " + e.what());
+  }
   return c;
 }
 
@@ -358,7 +368,7 @@ model::Llama load_hf_model(const fs::path& dir, DType dtype) {
       POLLEN_CHECK(file.is_string(), "'", index_path.string(), "': weight_map['", name,
                    "'] must be a file name");
       const std::string f = file.get<std::string>();
-      POLLEN_CHECK(f.find('/') == std::string::npos && f != ".." && !f.empty(), "'",
+      POLLEN_CHECK(f.find('/') == std::string::npos && f != "." && f != ".." && !f.empty(), "'",
                    index_path.string(), "': weight_map['", name, "'] = '", f,
                    "' must be a file in the same folder");
       auto [it, added] = file_ids.emplace(f, files.size());
@@ -394,7 +404,7 @@ model::Llama load_hf_model(const fs::path& dir, DType dtype) {
         POLLEN_CHECK(t.dtype() == DType::f32 || t.dtype() == DType::bf16 ||
                          t.dtype() == DType::f16 || t.dtype() == DType::f64,
                      "'", files[it->second.first].string(), "': tensor '", name, "' has dtype ",
-                     dtype_name(t.dtype()), "; expected F32, BF16 or F16");
+                     dtype_name(t.dtype()), "; expected F64, F32, BF16 or F16");
         POLLEN_CHECK(t.shape() == shape, "'", files[it->second.first].string(), "': tensor '", name,
                      "' has shape ", shape_str(t.shape()), ", config.json implies ",
                      shape_str(shape));
@@ -416,84 +426,6 @@ nlohmann::json hf_tokenizer_config(int64_t context) {
   return {{"tokenizer_class", "PreTrainedTokenizerFast"},
           {"model_input_names", {"input_ids", "attention_mask"}},
           {"model_max_length", context}};
-}
-
-HfExportResult export_hf(const model::Llama& model, const fs::path& dir,
-                         const HfExportOptions& options) {
-  const std::string dname = dtype_name(options.dtype);
-  POLLEN_CHECK(dtype_names().count(dname), "export: dtype ", dname,
-               " is not one of f32, bf16, f16");
-  fs::create_directories(dir);
-  HfExportResult out;
-  NamedTensors all;
-  for (const auto& [name, v] : model.named_parameters()) {
-    all.emplace_back(name,
-                     v.value().dtype() == options.dtype ? v.value() : v.value().to(options.dtype));
-    out.weight_bytes += all.back().second.nbytes();
-  }
-  // Shards in parameter order, each up to max_shard_bytes (a tensor is never split).
-  std::vector<NamedTensors> shards(1);
-  uint64_t in_shard = 0;
-  for (auto& nt : all) {
-    if (in_shard > 0 && in_shard + nt.second.nbytes() > options.max_shard_bytes) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    in_shard += nt.second.nbytes();
-    shards.back().push_back(nt);
-  }
-  auto write_tensors = [&](const std::string& file, const NamedTensors& t) {
-    write_safetensors_atomic(dir / file, t, {{"format", "pt"}});
-    out.files.push_back(dir / file);
-  };
-  // The weights first, the other layout's files removed, then the side files, and config.json
-  // last, whose atomic write also syncs the folder: an export cut short leaves config.json as
-  // it was (none in a new folder).
-  if (shards.size() == 1) {
-    write_tensors("model.safetensors", shards[0]);
-    fs::remove(dir / "model.safetensors.index.json");
-  } else {
-    nlohmann::ordered_json index;
-    index["metadata"] = {{"total_size", out.weight_bytes}};
-    nlohmann::ordered_json map = nlohmann::ordered_json::object();
-    char name[64];
-    for (size_t i = 0; i < shards.size(); ++i) {
-      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, shards.size());
-      write_tensors(name, shards[i]);
-      for (const auto& [tname, t] : shards[i]) map[tname] = name;
-    }
-    index["weight_map"] = map;
-    fs::remove(dir / "model.safetensors");  // which a loader would take over the index
-    write_file_atomic(dir / "model.safetensors.index.json", index.dump(2) + "\n");
-    out.files.push_back(dir / "model.safetensors.index.json");
-  }
-  nlohmann::ordered_json config = hf_config_json(model.config(), dtype_names().at(dname));
-  json generation = json::object();
-  for (const auto& [key, id] : {std::pair{"bos_token_id", options.bos_token_id},
-                                std::pair{"eos_token_id", options.eos_token_id}}) {
-    if (!id) continue;
-    config[key] = *id;
-    generation[key] = *id;
-  }
-  const auto in_extra = [&](const char* name) {
-    return std::any_of(options.extra_files.begin(), options.extra_files.end(),
-                       [&](const fs::path& f) { return f.filename() == name; });
-  };
-  if (!generation.empty() && !in_extra("generation_config.json")) {
-    write_file_atomic(dir / "generation_config.json", generation.dump(2) + "\n");
-    out.files.push_back(dir / "generation_config.json");
-  }
-  if (!options.tokenizer_config.is_null() && !in_extra("tokenizer_config.json")) {
-    write_file_atomic(dir / "tokenizer_config.json", options.tokenizer_config.dump(2) + "\n");
-    out.files.push_back(dir / "tokenizer_config.json");
-  }
-  for (const auto& extra : options.extra_files) {
-    write_file_atomic(dir / extra.filename(), read_file(extra));
-    out.files.push_back(dir / extra.filename());
-  }
-  write_file_atomic(dir / "config.json", config.dump(2) + "\n");
-  out.files.push_back(dir / "config.json");
-  return out;
 }
 
 }  // namespace pollen::io

@@ -57,7 +57,10 @@ struct HfExportResult {
 };
 
 // Writes config.json, the weights (sharded with an index above max_shard_bytes) and the extra
-// files into `dir` (created; existing files of those names are replaced atomically).
+// files as the folder `dir`: all of them go into a staging folder beside it
+// (`.NAME.tmp-export-PID`, removed on failure), which then takes the place of `dir` in one step.
+// An existing `dir` must be empty or hold only files an export writes (refused otherwise, naming
+// the first other entry); it is replaced whole, so no file of an earlier export is left in it.
 HfExportResult export_hf(const model::Llama& model, const std::filesystem::path& dir,
                          const HfExportOptions& options = {});
 

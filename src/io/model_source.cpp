@@ -27,16 +27,23 @@ const std::vector<std::string> kModelFiles = {"model.safetensors", "adapter_mode
                                               "objective.safetensors", "config.toml",
                                               "tokenizer.json"};
 
-// The newest checkpoint under `root` whose model files verify; its optimizer state may be
-// missing or changed (resuming a run, which needs it, checks every file instead).
-// The newest checkpoint whose model files verify; none: `why` says what failed in the newest.
-std::optional<fs::path> newest_model_checkpoint(const fs::path& root, std::string& why) {
+// The newest checkpoint under `root` whose model files verify (its optimizer state may be
+// missing or changed: resuming a run, which needs it, checks every file instead), each newer
+// one passed over named in a warning. None: `why` says what failed in the newest.
+std::optional<fs::path> newest_model_checkpoint(const std::string& spec, const fs::path& root,
+                                                std::string& why) {
   const std::vector<fs::path> all = list_checkpoints(root);
   why = cat("no checkpoint in '", root.string(), "'");
+  std::vector<std::pair<fs::path, std::string>> skipped;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    const auto failed = verify_checkpoint(*it, kModelFiles);
-    if (!failed) return *it;
-    if (it == all.rbegin()) why = cat("the newest, '", it->string(), "': ", *failed);
+    if (auto failed = verify_checkpoint(*it, kModelFiles)) {
+      if (it == all.rbegin()) why = cat("the newest, '", it->string(), "': ", *failed);
+      skipped.emplace_back(*it, *failed);
+      continue;
+    }
+    for (const auto& [dir, reason] : skipped)
+      log::warn("model '", spec, "': skipping checkpoint '", dir.string(), "': ", reason);
+    return *it;
   }
   return std::nullopt;
 }
@@ -126,7 +133,7 @@ ModelSource resolve_model(const std::string& spec) {
     bool verified = false;
     if (!fs::is_regular_file(dir / "model.safetensors") && fs::is_directory(dir / "checkpoints")) {
       std::string why;
-      const auto newest = newest_model_checkpoint(dir / "checkpoints", why);
+      const auto newest = newest_model_checkpoint(spec, dir / "checkpoints", why);
       POLLEN_CHECK(newest.has_value(), "model '", spec,
                    "': a run folder without a checkpoint that verifies (", why, ")");
       dir = *newest;
@@ -140,7 +147,13 @@ ModelSource resolve_model(const std::string& spec) {
                  "model '", spec, "': a folder that is neither an HF directory (config.json + ",
                  "model.safetensors or its index) nor a pollen checkpoint (model.safetensors + ",
                  "config.toml) nor a run folder with checkpoints/");
-    // A checkpoint named directly: the files it is loaded from must be the ones it wrote.
+    // A checkpoint named directly: the files it is loaded from must be the ones it wrote. A
+    // training checkpoint always has a manifest; one without it cannot be checked.
+    POLLEN_CHECK(verified || fs::is_regular_file(dir / "manifest.json") ||
+                     !(fs::exists(dir / "state.json") || fs::exists(dir / "optimizer.safetensors")),
+                 "model '", spec, "': '", dir.string(), "' is a pollen training checkpoint (it ",
+                 "holds state.json or optimizer.safetensors) without manifest.json, which every ",
+                 "checkpoint is written with, so its files cannot be verified");
     if (!verified && fs::is_regular_file(dir / "manifest.json")) {
       if (auto why = verify_checkpoint(dir, kModelFiles))
         fail("model '", spec, "': checkpoint '", dir.string(), "' does not verify: ", *why);

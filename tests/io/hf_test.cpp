@@ -88,6 +88,32 @@ TEST(HfConfig, RmsNormEps) {
   expect_refused(j, "rms_norm_eps must be positive");
 }
 
+// A value config.json's keys parse to but the model refuses is reported naming the file.
+TEST(HfConfig, ValueErrorsNameTheFile) {
+  const fs::path dir = temp_dir("value");
+  json j = base_config();
+  j["rms_norm_eps"] = -1;
+  write_file_atomic(dir / "config.json", j.dump());
+  const std::string e = pollen::testing::error_of([&] { io::read_hf_config(dir / "config.json"); });
+  EXPECT_NE(e.find("'" + (dir / "config.json").string() + "': model '"), std::string::npos) << e;
+  EXPECT_NE(e.find("rms_norm_eps must be positive"), std::string::npos) << e;
+  fs::remove_all(dir);
+}
+
+// Keys transformers >= 4.56 writes: "dtype" (torch_dtype renamed) is ignored as torch_dtype is;
+// "layer_types" is taken when every layer is full attention, the only kind pollen has.
+TEST(HfConfig, DtypeAndLayerTypesOfNewerTransformers) {
+  json j = base_config();
+  j.erase("torch_dtype");
+  j["dtype"] = "bfloat16";
+  j["layer_types"] = {"full_attention", "full_attention"};
+  EXPECT_EQ(config_error(j), "");
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  expect_refused(j, "key 'layer_types' holds \"sliding_attention\"");
+  j["layer_types"] = "full_attention";
+  expect_refused(j, "key 'layer_types' must be a list");
+}
+
 TEST(HfConfig, RopeTheta) {
   json j = base_config();
   j["rope_theta"] = 500000.0;
@@ -389,6 +415,37 @@ TEST(HfLoad, RefusesMissingAndStrayTensors) {
               std::string::npos)
         << e.what();
   }
+  fs::remove_all(dir);
+}
+
+// Every weight_map entry must name a file of the folder: ".", ".." and paths are refused, and
+// a tensor of a dtype that is not a float is refused naming the ones that are.
+TEST(HfLoad, RefusesWeightMapEntriesOutsideTheFolderAndIntegerWeights) {
+  const model::Llama m(small(false, false), 7);
+  const fs::path dir = temp_dir("weight_map");
+  io::HfExportOptions o;
+  o.max_shard_bytes = 20000;
+  io::export_hf(m, dir, o);
+  const json index = json::parse(read_file(dir / "model.safetensors.index.json"));
+  for (const std::string entry : {".", "..", "../model-00001-of-00004.safetensors"}) {
+    json edited = index;
+    edited["weight_map"]["model.norm.weight"] = entry;
+    write_file_atomic(dir / "model.safetensors.index.json", edited.dump());
+    const std::string e = pollen::testing::error_of([&] { io::load_hf_model(dir); });
+    EXPECT_NE(e.find("weight_map['model.norm.weight'] = '" + entry +
+                     "' must be a file in the same folder"),
+              std::string::npos)
+        << e;
+  }
+  fs::remove_all(dir);
+  io::export_hf(m, dir, {});
+  io::NamedTensors t;
+  for (const auto& [n, v] : m.named_parameters())
+    t.emplace_back(
+        n, n == "model.norm.weight" ? Tensor::zeros(v.value().shape(), DType::i32) : v.value());
+  io::write_safetensors(dir / "model.safetensors", t);
+  const std::string e = pollen::testing::error_of([&] { io::load_hf_model(dir); });
+  EXPECT_NE(e.find("has dtype i32; expected F64, F32, BF16 or F16"), std::string::npos) << e;
   fs::remove_all(dir);
 }
 
