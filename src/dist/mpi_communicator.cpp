@@ -103,10 +103,11 @@ void MpiCommunicator::check(int mpi_error, const std::string& what) const {
 }
 
 int MpiCommunicator::count(int64_t n) const {
-  POLLEN_CHECK(n >= 0 && n <= std::numeric_limits<int>::max(), "collective of ", n,
-               " elements: more than MPI's int count (2^31 - 1) allows: lower parallel.bucket_mb "
-               "below 8192, unless one parameter alone is that large (MPI cannot sum it in one "
-               "piece)");
+  POLLEN_CHECK(
+      n >= 0 && n <= std::numeric_limits<int>::max(), "collective of ", n,
+      " elements: more than MPI's int count (2^31 - 1) allows; parallel.bucket_mb (at most "
+      "4096) keeps buckets below it, so one parameter alone is that large (MPI cannot "
+      "sum it in one piece)");
   return static_cast<int>(n);
 }
 
