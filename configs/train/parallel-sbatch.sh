@@ -23,10 +23,24 @@ wait $!
 status=$?
 # 3: preempted (a checkpoint was written), 4: a rank died or hung: continue in a new job of
 # this job's shape (sbatch would otherwise read the #SBATCH lines above again and drop the
-# options this job was submitted with).
-if [ "$status" -eq 3 ] || [ "$status" -eq 4 ]; then
-  sbatch --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_NTASKS" \
-    --ntasks-per-node="$SLURM_NTASKS_PER_NODE" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
-    "$0" "$config" "$@"
+# options this job was submitted with). A failure that repeats (a bad node, parallel.timeout_s
+# shorter than a checkpoint's write) would resubmit forever: the jobs count their exit-4
+# resubmissions in a row in POLLEN_FAILED_RESUBMITS (a preemption starts the count again) and
+# stop after the third.
+max_failed_resubmits=3
+failed=${POLLEN_FAILED_RESUBMITS:-0}
+if [ "$status" -eq 3 ]; then
+  failed=0
+elif [ "$status" -eq 4 ]; then
+  failed=$((failed + 1))
+fi
+if [ "$status" -eq 4 ] && [ "$failed" -gt "$max_failed_resubmits" ]; then
+  echo "parallel-sbatch.sh: exit code 4 (a rank died or hung) again after $max_failed_resubmits" \
+    "resubmissions in a row; not resubmitting. Find the cause (the error above names the rank)," \
+    "then sbatch this script again: the run resumes from its last checkpoint" >&2
+elif [ "$status" -eq 3 ] || [ "$status" -eq 4 ]; then
+  sbatch --export=ALL,POLLEN_FAILED_RESUBMITS="$failed" --nodes="$SLURM_JOB_NUM_NODES" \
+    --ntasks="$SLURM_NTASKS" --ntasks-per-node="$SLURM_NTASKS_PER_NODE" \
+    --cpus-per-task="$SLURM_CPUS_PER_TASK" "$0" "$config" "$@"
 fi
 exit "$status"

@@ -5,8 +5,9 @@
 //
 // Collectives are non-blocking: start one, keep computing, then wait(). Every wait runs under a
 // watchdog: a collective that does not complete within the timeout (a peer died or hangs)
-// throws PeerFailure naming the ranks that never reached it, since OpenMPI's collectives have
-// no timeout of their own. Every rank must start the same collectives in the same order.
+// throws PeerFailure naming the ranks that never reached it or stopped after it, since
+// OpenMPI's collectives have no timeout of their own. Every rank must start the same
+// collectives in the same order.
 #include <cstdint>
 #include <memory>
 #include <span>

@@ -96,6 +96,7 @@ void GradReducer::start(size_t b) {
           ? comm_.start_all_reduce(flat, bucket.padded, what)
           : comm_.start_reduce_scatter(flat, shards_[b].data<float>(), shard_size(b), what);
   started_[b] = true;
+  if (bucket_started_) bucket_started_(b);
 }
 
 void GradReducer::copy_out(size_t b) {

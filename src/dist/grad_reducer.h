@@ -17,6 +17,7 @@
 //                        is padded to a multiple of the world size and rank r owns elements
 //                        [r * n_b / world, (r + 1) * n_b / world).
 #include <cstdint>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -67,6 +68,8 @@ class GradReducer final : public ag::BackwardObserver {
   Tensor& shard_grad(size_t bucket) { return shards_[bucket]; }
   // The bucket's flat buffer (free for reuse once finish() has returned).
   Tensor& flat(size_t bucket) { return flats_[bucket]; }
+  // Called with the bucket's index after each bucket's reduction starts (tests inject faults).
+  void on_bucket_started(std::function<void(size_t)> hook) { bucket_started_ = std::move(hook); }
 
  private:
   void start(size_t bucket);
@@ -87,6 +90,7 @@ class GradReducer final : public ag::BackwardObserver {
   std::vector<bool> started_;
   size_t next_to_start_ = 0;
   bool learned_ = false;
+  std::function<void(size_t)> bucket_started_;
 };
 
 }  // namespace pollen::dist

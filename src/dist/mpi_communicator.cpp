@@ -14,8 +14,9 @@ namespace {
 constexpr int kArrivalTag = 17;
 using Clock = std::chrono::steady_clock;
 
+// "rank 1", "ranks 1, 2".
 std::string ranks_text(const std::vector<int>& ranks) {
-  std::string s;
+  std::string s = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
   return s;
 }
@@ -102,10 +103,11 @@ void MpiCommunicator::check(int mpi_error, const std::string& what) const {
 }
 
 int MpiCommunicator::count(int64_t n) const {
-  POLLEN_CHECK(n >= 0 && n <= std::numeric_limits<int>::max(), "collective of ", n,
-               " elements: more than MPI's int count (2^31 - 1) allows: lower parallel.bucket_mb "
-               "below 8192, unless one parameter alone is that large (MPI cannot sum it in one "
-               "piece)");
+  POLLEN_CHECK(
+      n >= 0 && n <= std::numeric_limits<int>::max(), "collective of ", n,
+      " elements: more than MPI's int count (2^31 - 1) allows; parallel.bucket_mb (at most "
+      "4096) keeps buckets below it, so one parameter alone is that large (MPI cannot "
+      "sum it in one piece)");
   return static_cast<int>(n);
 }
 
@@ -182,6 +184,32 @@ void MpiCommunicator::progress() {
   }
 }
 
+// A collective that a peer started and then hung after, in compute, cannot finish either: MPI
+// moves it only inside that peer's MPI calls. So besides the peers behind the collective, the
+// ones behind the latest collective this rank started (seq_) are named: a healthy peer catches
+// up on that within a step, far less than the timeout.
+PeerFailure MpiCommunicator::timed_out(const InFlight& f, double timeout_s) const {
+  std::vector<int> never_reached, stopped_after, failed;
+  for (int p = 0; p < world(); ++p) {
+    const int64_t last = last_arrival_[static_cast<size_t>(p)];
+    if (p == rank() || last >= seq_) continue;
+    (last < f.seq ? never_reached : stopped_after).push_back(p);
+    failed.push_back(p);
+  }
+  std::string who;
+  if (!never_reached.empty())
+    who = cat(ranks_text(never_reached), " never reached it (dead or hung)");
+  if (!stopped_after.empty()) {
+    who += cat(who.empty() ? "" : "; ", ranks_text(stopped_after),
+               " reached it but not the collectives this rank started after it (dead or hung "
+               "since, which leaves it unfinished)");
+  }
+  if (failed.empty()) who = "every rank reached it, so one hangs inside it";
+  return PeerFailure(cat("rank ", rank(), ": ", f.what, " did not complete within ", timeout_s,
+                         " s (parallel.timeout_s): ", who),
+                     failed);
+}
+
 double MpiCommunicator::wait(Request request) {
   return wait_within(request, timeout_s_);
 }
@@ -199,18 +227,7 @@ double MpiCommunicator::wait_within(Request request, double timeout_s) {
     check(MPI_Test(&f.request, &done, MPI_STATUS_IGNORE), f.what);
     if (done) break;
     poll_arrivals();
-    if (watched && Clock::now() > deadline) {
-      std::vector<int> missing;
-      for (int p = 0; p < world(); ++p)
-        if (p != rank() && last_arrival_[static_cast<size_t>(p)] < f.seq) missing.push_back(p);
-      const std::string who = missing.empty()
-                                  ? std::string("every rank reached it, so one hangs inside it")
-                                  : cat(missing.size() == 1 ? "rank " : "ranks ",
-                                        ranks_text(missing), " never reached it (dead or hung)");
-      throw PeerFailure(cat("rank ", rank(), ": ", f.what, " did not complete within ", timeout_s,
-                            " s (parallel.timeout_s): ", who),
-                        missing);
-    }
+    if (watched && Clock::now() > deadline) throw timed_out(f, timeout_s);
     pause_between_polls(polls);
   }
   return std::chrono::duration<double>(Clock::now() - t0).count();

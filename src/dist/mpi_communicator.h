@@ -5,7 +5,9 @@
 // Naming a failed peer: whenever this rank starts a collective it tells every peer its sequence
 // number (a one-integer message on a communicator of its own), and it keeps a receive posted
 // from every peer. A wait that passes the timeout names the peers whose last sequence number is
-// behind the collective's: they died or hang before reaching it. Reduction order is MPI's,
+// behind the collective's (they died or hang before reaching it) or behind the latest one this
+// rank started (they reached it, then stopped calling MPI, which it needs to finish: a gradient
+// bucket started before a rank hangs in the rest of its backward). Reduction order is MPI's,
 // which depends only on the message size and the world size, so a run at a given world size is
 // repeatable.
 // MPI's C API only: OpenMPI's deprecated C++ bindings are not linked.
@@ -58,6 +60,8 @@ class MpiCommunicator final : public Communicator {
   Request start_broadcast(std::span<int64_t> values, int root, std::string what);
   // wait() with a watchdog of timeout_s (infinity: none).
   double wait_within(Request request, double timeout_s);
+  // The failure of `f`, which did not complete within timeout_s, naming the peers to blame.
+  PeerFailure timed_out(const InFlight& f, double timeout_s) const;
   int count(int64_t n) const;  // MPI's int count, checked
   void announce();             // tells every peer this rank reached collective seq_
   void poll_arrivals();

@@ -213,7 +213,7 @@ LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {
   if (tc.proximal_mu > 0)
     for (const Tensor& w : weights()) anchor.push_back(w.clone());
   for (int64_t s = 0; s < steps; ++s) {
-    train::inject_fault_at(fault_, comm_->rank(), step_ + 1);
+    train::inject_fault_at(fault_, comm_->rank(), step_ + 1, reducer_.get());
     if (dp_) {
       const train::AccumulatedLoss acc = private_step(anchor);
       step_with_lr(sched, s);

@@ -313,7 +313,7 @@ RoundTrainer::Result LoraSilo::train_steps(int64_t steps) {
   double loss_sum = 0;
   for (auto& p : params_) p.zero_grad();
   for (int64_t s = 0; s < steps; ++s) {
-    train::inject_fault_at(fault_, comm_ ? comm_->rank() : 0, step_ + 1);
+    train::inject_fault_at(fault_, comm_ ? comm_->rank() : 0, step_ + 1, reducer_.get());
     lora_->set_dropout_step(static_cast<uint64_t>(step_));
     const train::ObjectiveStep st = objective_->train_step(model_, step_ + 1);
     lora_->disable_dropout();

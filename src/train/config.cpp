@@ -219,7 +219,12 @@ int read_zero_key(ConfigTable& p) {
 
 void read_reduction_keys(ConfigTable& p, double& bucket_mb, double& timeout_s) {
   bucket_mb = p.get_double("bucket_mb", bucket_mb);
-  POLLEN_CHECK(bucket_mb > 0, p.where("bucket_mb"), ": expected a positive size in MiB");
+  constexpr double kMaxBucketMb = 4096;
+  // The trainer truncates bucket_mb * 2^20 to whole bytes: at least one f32 gradient, and far
+  // below where that overflows (and below MPI's int count of 2^31 floats, 8 GiB).
+  POLLEN_CHECK(bucket_mb * 1048576.0 >= 4.0 && bucket_mb <= kMaxBucketMb, p.where("bucket_mb"),
+               ": expected 4 bytes (one f32 gradient, ", 4.0 / 1048576.0, " MiB) to ", kMaxBucketMb,
+               " MiB, got ", bucket_mb);
   timeout_s = p.get_double("timeout_s", timeout_s);
   POLLEN_CHECK(timeout_s > 0, p.where("timeout_s"), ": expected a positive number of seconds");
 }

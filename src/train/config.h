@@ -132,8 +132,8 @@ void read_optimizer_keys(ConfigTable& section, OptimizerSettings& settings);
 // [privacy] (DP-SGD, optim/dp_sgd.h), checked and finished: clip, and exactly one of
 // noise_multiplier and target_epsilon; delta and noise_seed.
 optim::DpSgdOptions read_dp_sgd(ConfigTable& section);
-// [parallel]'s keys (several ranks), checked: zero (0 or 1, default 0), and bucket_mb and
-// timeout_s, whose values passed in are the defaults.
+// [parallel]'s keys (several ranks), checked: zero (0 or 1, default 0), and bucket_mb (4 bytes to
+// 4096 MiB) and timeout_s, whose values passed in are the defaults.
 int read_zero_key(ConfigTable& section);
 void read_reduction_keys(ConfigTable& section, double& bucket_mb, double& timeout_s);
 // [schedule]; `schedule.lr` must already be the optimizer's.

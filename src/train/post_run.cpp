@@ -288,7 +288,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   bool stopped = false;
   for (auto& p : params) p.zero_grad();
   while (step < cfg.steps) {
-    inject_fault_at(o.fault, comm.rank(), step + 1);
+    inject_fault_at(o.fault, comm.rank(), step + 1, opt.reducer());
     const auto t0 = Clock::now();
     const double lr = optim::lr_at(cfg.schedule, step);
     if (lora) lora->set_dropout_step(static_cast<uint64_t>(step));

@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "base/log.h"
+#include "dist/grad_reducer.h"
 #include "io/checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -251,7 +252,8 @@ FaultInjection parse_fault_injection(const std::string& text) {
   const std::string kind = text.substr(0, a);
   try {
     POLLEN_CHECK(
-        a != std::string::npos && b != a && (kind == "kill" || kind == "hang" || kind == "error"),
+        a != std::string::npos && b != a &&
+            (kind == "kill" || kind == "hang" || kind == "hang_backward" || kind == "error"),
         "");
     size_t used = 0;
     f.rank = std::stoi(text.substr(a + 1, b - a - 1), &used);
@@ -260,23 +262,43 @@ FaultInjection parse_fault_injection(const std::string& text) {
     POLLEN_CHECK(used == text.size() - b - 1 && f.rank >= 0 && f.step >= 1, "");
   } catch (const std::exception&) {
     fail("POLLEN_FAULT_INJECT='", text,
-         "': expected kill:RANK:STEP, hang:RANK:STEP or error:RANK:STEP");
+         "': expected kill:RANK:STEP, hang:RANK:STEP, hang_backward:RANK:STEP or error:RANK:STEP");
   }
-  f.kind = kind == "kill"   ? FaultInjection::Kind::kill
-           : kind == "hang" ? FaultInjection::Kind::hang
-                            : FaultInjection::Kind::error;
+  f.kind = kind == "kill"            ? FaultInjection::Kind::kill
+           : kind == "hang"          ? FaultInjection::Kind::hang
+           : kind == "hang_backward" ? FaultInjection::Kind::hang_backward
+                                     : FaultInjection::Kind::error;
   return f;
 }
 
-void inject_fault_at(const FaultInjection& f, int rank, int64_t step) {
+namespace {
+
+[[noreturn]] void hang_forever() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+}  // namespace
+
+void inject_fault_at(const FaultInjection& f, int rank, int64_t step, dist::GradReducer* reducer) {
   if (f.kind == FaultInjection::Kind::none || f.rank != rank || f.step != step) return;
   if (f.kind == FaultInjection::Kind::error)
     fail("rank ", f.rank, ": POLLEN_FAULT_INJECT: an error before step ", f.step);
+  if (f.kind == FaultInjection::Kind::hang_backward) {
+    POLLEN_CHECK(reducer, "POLLEN_FAULT_INJECT: hang_backward needs a job of several ranks (it ",
+                 "hangs a rank once a gradient bucket's reduction has started)");
+    // Once hanging, this rank never returns to MPI, so the started reduction cannot finish.
+    reducer->on_bucket_started([f](size_t bucket) {
+      log::warn("rank ", f.rank, ": POLLEN_FAULT_INJECT: hanging in step ", f.step,
+                " after the gradient reduction of bucket ", bucket, " started");
+      hang_forever();
+    });
+    return;
+  }
   log::warn("rank ", f.rank,
             ": POLLEN_FAULT_INJECT: ", f.kind == FaultInjection::Kind::kill ? "dying" : "hanging",
             " before step ", f.step);
   if (f.kind == FaultInjection::Kind::kill) ::raise(SIGKILL);
-  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  hang_forever();
 }
 
 double rss_mb() {

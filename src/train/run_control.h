@@ -16,6 +16,10 @@
 #include "obs/progress.h"
 #include "optim/schedule.h"
 
+namespace pollen::dist {
+class GradReducer;
+}
+
 namespace pollen::train {
 
 // Exit codes of `pollen train` and the post-training commands (docs/training.md): schedulers
@@ -123,18 +127,22 @@ std::optional<std::string> already_finished(bool resumed, int64_t steps_here,
 std::string finished_message(const LoopCounters& counters, double seconds, double last_loss,
                              double last_val_loss, const std::filesystem::path& checkpoint);
 
-// Makes one rank die, hang or throw an error before a step, to exercise failure detection (tests;
-// set through POLLEN_FAULT_INJECT, docs/parallel.md).
+// Makes one rank die, hang or throw an error before a step, or hang inside it once its first
+// gradient bucket has started, to exercise failure detection (tests; set through
+// POLLEN_FAULT_INJECT, docs/parallel.md).
 struct FaultInjection {
-  enum class Kind { none, kill, hang, error };
+  enum class Kind { none, kill, hang, hang_backward, error };
   Kind kind = Kind::none;
   int rank = 0;
-  int64_t step = 0;  // before this step (1-based) runs
+  int64_t step = 0;  // before this step (1-based) runs; hang_backward: inside it
 };
-// Parses "kill:RANK:STEP", "hang:RANK:STEP" or "error:RANK:STEP"; an empty text injects nothing.
+// Parses "kill:RANK:STEP", "hang:RANK:STEP", "hang_backward:RANK:STEP" or "error:RANK:STEP"; an
+// empty text injects nothing.
 FaultInjection parse_fault_injection(const std::string& text);
-// Dies, hangs or throws as `f` says when this is its rank and the step about to run.
-void inject_fault_at(const FaultInjection& f, int rank, int64_t step);
+// Dies, hangs or throws as `f` says when this is its rank and the step about to run; for
+// hang_backward, has `reducer` (this rank's; null for a process alone, which is refused) hang
+// this rank once the step's first gradient bucket has started.
+void inject_fault_at(const FaultInjection& f, int rank, int64_t step, dist::GradReducer* reducer);
 
 double rss_mb();
 double peak_rss_mb();

@@ -445,7 +445,7 @@ TrainResult TrainingRun::run() {
 
 bool TrainingRun::step(obs::Progress& progress) {
   const int64_t& step = counters_.step;
-  inject_fault_at(o_.fault, comm_.rank(), step + 1);
+  inject_fault_at(o_.fault, comm_.rank(), step + 1, optimizer_.reducer());
   const auto t0 = Clock::now();
   const double lr = optim::lr_at(cfg_.schedule, step);
   // Several ranks agree on stopping at the start of a step (a signal reaches each at its own

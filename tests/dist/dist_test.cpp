@@ -766,6 +766,26 @@ TEST(DataParallel, HungRankIsNamedWithExitCodeFourAndResumeFinishesTheRun) {
   expect_close(train_losses(d / "run"), ref, 2e-5, "resumed after a hang");
 }
 
+// A rank that hangs in the middle of backward has started the buckets before that point, but MPI
+// moves them only inside every rank's calls: the others, which started the rest, name it.
+TEST(DataParallel, RankHungInBackwardIsNamedThoughItStartedTheBucketWaitedFor) {
+  const fs::path d = temp_dir("hung_backward");
+  // Buckets of about 10 KiB, above shared memory's eager limit (4 KiB): none completes on its
+  // sender alone.
+  const Outcome hung = train(2, write_run(d, 4, "bucket_mb = 0.01\n"), "--set parallel.timeout_s=5",
+                             "POLLEN_FAULT_INJECT=hang_backward:1:3");
+  EXPECT_EQ(hung.exit_code, 4) << hung.output;
+  EXPECT_NE(hung.output.find("rank 1: POLLEN_FAULT_INJECT: hanging in step 3 after the gradient "
+                             "reduction of bucket 0 started"),
+            std::string::npos)
+      << hung.output;
+  EXPECT_NE(hung.output.find("rank 0: the gradient reduction of bucket 0 did not complete within "
+                             "5 s (parallel.timeout_s): rank 1 reached it but not the collectives "
+                             "this rank started after it (dead or hung since"),
+            std::string::npos)
+      << hung.output;
+}
+
 TEST(DataParallel, SingleProcessNeedsNoLauncher) {
   const auto c = dist::connect(5);
   EXPECT_EQ(c->world(), 1);

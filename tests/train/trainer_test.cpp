@@ -244,6 +244,25 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   EXPECT_NE(e.find("(see docs/training.md, 'Resuming')"), std::string::npos) << e;
 }
 
+// parallel.bucket_mb becomes whole bytes: below one f32 gradient it would be 0 bytes, and far
+// above it the conversion overflows; both are refused naming the key and the range.
+TEST(TrainConfig, GradientBucketSizeIsRefusedOutsideOneFloatTo4096MiB) {
+  const std::string base = test_support::tiny_run_toml("/tmp/x", dataset(), 5);
+  for (const char* bad : {"1e13", "4096.5", "1e-9", "3.8e-6"}) {
+    const std::string e = error_of(
+        [&] { train::parse_train_config(base, "run.toml", {cat("parallel.bucket_mb=", bad)}); });
+    EXPECT_NE(e.find("parallel.bucket_mb"), std::string::npos) << bad << ": " << e;
+    EXPECT_NE(e.find("expected 4 bytes (one f32 gradient, 3.8147e-06 MiB) to 4096 MiB"),
+              std::string::npos)
+        << bad << ": " << e;
+  }
+  for (double good : {4.0 / 1048576.0, 0.01, 4096.0}) {
+    const auto c = train::parse_train_config(
+        base, "run.toml", {cat("parallel.bucket_mb=", train::toml_double(good))});
+    EXPECT_EQ(c.bucket_mb, good);
+  }
+}
+
 // eval --run takes runs of pollen train; a post-training run's config.toml (its base model and
 // objective's section) is named as such, with the command that evaluates it.
 TEST(RunEval, APostTrainingRunIsPointedAtEvalModel) {
