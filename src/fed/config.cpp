@@ -368,9 +368,9 @@ ClientConfig read_client_root(ConfigTable& root) {
   c.seed = static_cast<uint64_t>(t->get_int_in("seed", 0, 0, kConfigIntMax));
   c.threads = static_cast<int>(t->get_int_in("threads", 0, 0, kConfigThreadsMax));
   c.connect_timeout_s = t->get_double("connect_timeout_s", c.connect_timeout_s);
-  POLLEN_CHECK(c.connect_timeout_s > 0, t->where("connect_timeout_s"), ": must be positive");
+  check_seconds(*t, "connect_timeout_s", c.connect_timeout_s, true);
   c.busy_timeout_s = t->get_double("busy_timeout_s", c.busy_timeout_s);
-  POLLEN_CHECK(c.busy_timeout_s > 0, t->where("busy_timeout_s"), ": must be positive");
+  check_seconds(*t, "busy_timeout_s", c.busy_timeout_s, true);
   c.state_dir = t->get_string("state_dir", "");
   c.allow_repeatable_noise = t->get_bool("allow_repeatable_noise", c.allow_repeatable_noise);
   c.keep_checkpoints =

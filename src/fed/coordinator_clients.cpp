@@ -74,7 +74,11 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
     return t;
   }
   const bool may_train = !secagg_ || secagg_->expects(id);  // secure: in the input phase only
-  if (open_ && selected_.count(id) && !updates_.count(id) && may_train) {
+  // A push of this attempt still arriving (its client may have lost the connection while the
+  // server takes it in) is waited for: the round is not given again before it is held or failed.
+  const auto arriving = pushing_.find(id);
+  const bool pushing = arriving != pushing_.end() && arriving->second.attempt == attempts_;
+  if (open_ && selected_.count(id) && !updates_.count(id) && may_train && !pushing) {
     const int64_t round = done_ + 1;
     t.set_kind(pb::TASK_TRAIN);
     t.set_round(round);

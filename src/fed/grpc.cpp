@@ -65,7 +65,7 @@ class FederationService final : public pb::Federation::Service {
   grpc::Status PullModel(grpc::ServerContext* ctx, const pb::PullRequest* r,
                          grpc::ServerWriter<pb::TensorStream>* writer) override {
     return handle(ctx, "pull", [&](const std::string& peer) {
-      StreamGuard guard(*this, ctx, "pull", Watched::from_the_first_message);
+      StreamGuard guard(*this, ctx, "pull");
       serve_pull(training(), *r, peer, [&](const pb::TensorStream& m) {
         guard.moving();
         guard.check(writer->Write(m), "the client went away");
@@ -75,8 +75,9 @@ class FederationService final : public pb::Federation::Service {
   grpc::Status PushUpdate(grpc::ServerContext* ctx, grpc::ServerReader<pb::TensorStream>* reader,
                           pb::PushReply* reply) override {
     return handle(ctx, "push", [&](const std::string& peer) {
-      StreamGuard guard(*this, ctx, "push", Watched::from_the_start);
+      StreamGuard guard(*this, ctx, "push");
       *reply = serve_push(training(), peer, [&](pb::TensorStream& m) {
+        guard.moving();
         const bool more = reader->Read(&m);
         guard.moved(more);
         return more;
@@ -86,8 +87,9 @@ class FederationService final : public pb::Federation::Service {
   grpc::Status PushCounts(grpc::ServerContext* ctx, grpc::ServerReader<pb::FileStream>* reader,
                           pb::PushReply* reply) override {
     return handle(ctx, "counts", [&](const std::string& peer) {
-      StreamGuard guard(*this, ctx, "counts", Watched::from_the_start);
+      StreamGuard guard(*this, ctx, "counts");
       *reply = serve_counts(tokenizer(), peer, [&](pb::FileStream& m) {
+        guard.moving();
         const bool more = reader->Read(&m);
         guard.moved(more);
         return more;
@@ -97,7 +99,7 @@ class FederationService final : public pb::Federation::Service {
   grpc::Status PullTokenizer(grpc::ServerContext* ctx, const pb::TokenizerRequest* r,
                              grpc::ServerWriter<pb::FileStream>* writer) override {
     return handle(ctx, "tokenizer", [&](const std::string& peer) {
-      StreamGuard guard(*this, ctx, "tokenizer", Watched::from_the_first_message);
+      StreamGuard guard(*this, ctx, "tokenizer");
       serve_tokenizer(tokenizer(), *r, peer, [&](const pb::FileStream& m) {
         guard.moving();
         guard.check(writer->Write(m), "the client went away");
@@ -111,38 +113,32 @@ class FederationService final : public pb::Federation::Service {
   }
 
  private:
-  // When a stream's watch starts: a push from its first byte (a stream that sends nothing holds
-  // a thread and is closed), a pull from its first message (before it the server may be busy
-  // aggregating, which is not the client's stall).
-  enum class Watched { from_the_start, from_the_first_message };
-
   // A stream that moves nothing for stall_s_ is cancelled, and its read or write fails saying so.
+  // Only the waits on the client count (a push that sends nothing holds a thread and is closed):
+  // the server's own work between them (the coordinator's checks, its lock, the model a pull
+  // sends made first) does not.
   class StreamGuard {
    public:
-    StreamGuard(FederationService& s, grpc::ServerContext* ctx, const char* what, Watched when)
-        : s_(s), ctx_(ctx), what_(what) {
-      if (when == Watched::from_the_start) start();
-    }
+    StreamGuard(FederationService& s, grpc::ServerContext* ctx, const char* what)
+        : s_(s), ctx_(ctx), what_(what) {}
     // A read returned: `more` false ends the stream, as the client's WritesDone, or as a cancel.
     void moved(bool more) {
-      if (more) return ticket_->moved();
+      if (more) return ticket_->hold();
       const bool cancelled = ticket_->cancelled();
       ticket_.reset();  // the stream is read: the server's answer may take its time
       if (cancelled) stalled();
     }
-    void moving() {  // a write is about to start
-      if (!ticket_) start();
+    void moving() {  // a read or write is about to wait on the client
+      if (!ticket_) ticket_ = s_.stalls_.watch(s_.stall_s_, [ctx = ctx_] { ctx->TryCancel(); });
       ticket_->moved();
     }
     void check(bool written, const char* why) {
       if (!written && ticket_->cancelled()) stalled();
       POLLEN_CHECK(written, what_, ": ", why);
+      ticket_->hold();
     }
 
    private:
-    void start() {
-      ticket_ = s_.stalls_.watch(s_.stall_s_, [ctx = ctx_] { ctx->TryCancel(); });
-    }
     [[noreturn]] void stalled() {
       fail(what_, ": nothing moved for ", s_.stall_s_, " s",
            s_.c_ ? " (server.client_timeout_s)" : "", "; the stream is closed");

@@ -23,7 +23,7 @@ std::unique_ptr<StallWatch::Ticket> StallWatch::watch(double limit_s,
     id = ++next_id_;
     entries_[id] = {Clock::now(),
                     std::chrono::duration_cast<Clock::duration>(
-                        std::chrono::duration<double>(std::max(limit_s, 0.0))),
+                        std::chrono::duration<double>(std::clamp(limit_s, 0.0, kMaxLimitS))),
                     std::move(cancel)};
   }
   wake_.notify_all();  // its deadline may come before the one the thread waits for
@@ -37,7 +37,14 @@ StallWatch::Ticket::~Ticket() {
 
 void StallWatch::Ticket::moved() {
   std::lock_guard lock(watch_.mutex_);
-  watch_.entries_.at(id_).last_moved = Clock::now();
+  Entry& e = watch_.entries_.at(id_);
+  e.last_moved = Clock::now();
+  e.held = false;
+}
+
+void StallWatch::Ticket::hold() {
+  std::lock_guard lock(watch_.mutex_);
+  watch_.entries_.at(id_).held = true;
 }
 
 bool StallWatch::Ticket::cancelled() const {
@@ -51,7 +58,7 @@ void StallWatch::run() {
     const auto now = Clock::now();
     auto next = now + std::chrono::seconds(1);
     for (auto& [id, e] : entries_) {
-      if (e.cancelled) continue;
+      if (e.cancelled || e.held) continue;
       const auto deadline = e.last_moved + e.limit;
       if (deadline <= now) {
         e.cancelled = true;

@@ -29,7 +29,8 @@ class StallWatch {
     ~Ticket();
     Ticket(const Ticket&) = delete;
     Ticket& operator=(const Ticket&) = delete;
-    void moved();            // a message went through: the limit counts from now
+    void moved();            // waiting on the peer from now: the limit counts from here
+    void hold();             // this side is working, not waiting: not watched until moved()
     bool cancelled() const;  // the stream was cancelled for standing still
 
    private:
@@ -39,7 +40,9 @@ class StallWatch {
     uint64_t id_;
   };
 
-  // Watches a stream that may stand still for at most `limit_s` seconds at a time.
+  // Watches a stream that may stand still for at most `limit_s` seconds at a time (at most
+  // kMaxLimitS: a longer one would overflow the clock).
+  static constexpr double kMaxLimitS = 1e9;
   std::unique_ptr<Ticket> watch(double limit_s, std::function<void()> cancel);
 
  private:
@@ -48,6 +51,7 @@ class StallWatch {
     Clock::time_point last_moved;
     Clock::duration limit;
     std::function<void()> cancel;
+    bool held = false;
     bool cancelled = false;
   };
   void run();

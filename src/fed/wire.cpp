@@ -217,6 +217,9 @@ void ChunkAssembler::add(const pb::Chunk& c) {
                c.data().size(), " bytes; chunks hold 1 to ", kMaxChunkBytes);
   POLLEN_CHECK(bytes_.size() + c.data().size() <= total_, what_, ": chunks run past the ", total_,
                " bytes the header announced");
+  // Once the stream has shown it sends, the rest is reserved at once: growing by doubling would
+  // hold up to three times a large update while it grows.
+  if (bytes_.size() + c.data().size() > bytes_.capacity()) bytes_.reserve(total_);
   bytes_ += c.data();
 }
 

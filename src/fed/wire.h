@@ -95,6 +95,7 @@ void for_each_chunk(const std::string& bytes, uint64_t max_chunk,
 // finish() checks the total and the SHA-256.
 class ChunkAssembler {
  public:
+  // Reserved before any chunk arrives; the rest of the announced size once these have come.
   static constexpr uint64_t kReservedUpFront = 16 << 20;
   ChunkAssembler(const pb::TensorSetHeader& header, std::string what);
   void add(const pb::Chunk& chunk);

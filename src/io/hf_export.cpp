@@ -47,6 +47,12 @@ fs::path export_target(const fs::path& dir) {
   if (fs::is_symlink(target)) target = fs::canonical(target);
   if (!fs::exists(target)) return target;
   POLLEN_CHECK(fs::is_directory(target), "export: '", target.string(), "' is not a folder");
+  // Replaced whole, the working folder would be deleted under the shell that ran the export.
+  const fs::path cwd = fs::canonical(fs::current_path());
+  const fs::path inside = cwd.lexically_relative(fs::canonical(target));
+  POLLEN_CHECK(inside.empty() || *inside.begin() == "..", "export: '", target.string(),
+               "' is the working folder or holds it, and an export replaces its output folder "
+               "whole; give a folder of its own (a new one, say)");
   for (const auto& e : fs::directory_iterator(target)) {
     const std::string name = e.path().filename().string();
     POLLEN_CHECK(e.is_regular_file() && !e.is_symlink() && written_by_export(name), "export: '",

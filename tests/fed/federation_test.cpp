@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <thread>
@@ -465,6 +467,64 @@ TEST(Simulation, MalformedPushesAreRefusedAndTheServerGoesOn) {
   EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
   EXPECT_TRUE(server.round_complete());
   EXPECT_TRUE(server.end_round().aggregated);
+}
+
+// While a client's push is still arriving (its connection may have failed while the server takes
+// it in), its task waits rather than give it the round again (which would make it restore the
+// error feedback it sent and train the round twice); update_round then says the push was held.
+TEST(Simulation, ARoundIsNotGivenAgainWhileItsPushIsArriving) {
+  Quiet q;
+  set_num_threads(1);
+  OneSiloRound round("arriving");
+  Coordinator& server = round.server;
+  std::vector<pb::TensorStream> msgs(2);
+  msgs[0].mutable_update()->set_client_id("silo-0");
+  msgs[0].mutable_update()->set_round(1);
+  msgs[0].mutable_update()->set_tokens(10);
+  msgs[0].mutable_update()->set_data_manifest_hash(round.client.round_trainer().manifest_hash());
+  const auto enc = encode_weights(server.specs(), round.zeros, {});
+  *msgs[1].mutable_header() = enc.header;
+  for_each_chunk(enc.bytes, kMaxChunkBytes, [&](const pb::Chunk& c) {
+    msgs.emplace_back();
+    *msgs.back().mutable_chunk() = c;
+  });
+  std::mutex m;
+  std::condition_variable cv;
+  bool begun = false, release = false;
+  std::thread push([&] {
+    size_t i = 0;
+    serve_push(server, "", [&](pb::TensorStream& out) {
+      if (i == 2) {  // the header is in: the push has begun, its chunks are still to come
+        std::unique_lock lock(m);
+        begun = true;
+        cv.notify_all();
+        cv.wait(lock, [&] { return release; });
+      }
+      if (i == msgs.size()) return false;
+      out = msgs[i++];
+      return true;
+    });
+  });
+  pb::TaskRequest r;
+  r.set_client_id("silo-0");
+  {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return begun; });
+  }
+  pb::TaskReply t = server.task(r, "");
+  EXPECT_EQ(t.kind(), pb::TASK_WAIT);
+  EXPECT_EQ(t.update_round(), 0);
+  {
+    std::lock_guard lock(m);
+    release = true;
+  }
+  cv.notify_all();
+  push.join();
+  t = server.task(r, "");
+  EXPECT_EQ(t.kind(), pb::TASK_WAIT);
+  EXPECT_EQ(t.update_round(), 1);
+  EXPECT_TRUE(server.end_round().aggregated);
+  EXPECT_EQ(server.task(r, "").update_round(), 1);
 }
 
 // A push that began in an attempt of a round that then closed (too few updates by its deadline)

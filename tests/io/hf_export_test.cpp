@@ -168,4 +168,29 @@ TEST(HfExport, AFolderHoldingOtherFilesIsRefusedAndLeftAlone) {
   fs::remove_all(root);
 }
 
+// `--output .` (or a folder above the working one) would delete the working folder under the
+// shell that ran the export: refused, and the folder left as it was.
+TEST(HfExport, TheWorkingFolderIsNotReplaced) {
+  const fs::path root = temp_dir("working_folder"), dir = root / "out";
+  io::export_hf(model::Llama(config(48), 7), dir, {});
+  const auto before = contents(dir);
+  fs::create_directory(dir / "sub");
+  const fs::path was = fs::current_path();
+  for (const fs::path& cwd : {dir, dir / "sub"}) {
+    fs::current_path(cwd);
+    const std::string e =
+        pollen::testing::error_of([&] { io::export_hf(model::Llama(config(96), 8), dir, {}); });
+    fs::current_path(was);
+    EXPECT_NE(e.find("is the working folder or holds it"), std::string::npos) << e;
+  }
+  fs::current_path(dir);
+  const std::string e =
+      pollen::testing::error_of([&] { io::export_hf(model::Llama(config(96), 8), ".", {}); });
+  fs::current_path(was);
+  EXPECT_NE(e.find("is the working folder or holds it"), std::string::npos) << e;
+  fs::remove(dir / "sub");
+  EXPECT_EQ(contents(dir), before);
+  fs::remove_all(root);
+}
+
 }  // namespace
