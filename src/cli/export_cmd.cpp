@@ -7,12 +7,14 @@
 #include <string>
 
 #include "base/error.h"
+#include "base/files.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
 #include "io/gguf.h"
 #include "io/hf.h"
 #include "io/model_source.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/hf_format.h"
 
 namespace pollen::cli {
 namespace {
@@ -99,10 +101,13 @@ void add_export_command(CLI::App& app) {
     io::HfExportOptions o;
     o.dtype = *dtype == "bf16" ? DType::bf16 : *dtype == "f16" ? DType::f16 : DType::f32;
     o.max_shard_bytes = *shard_mb * 1'000'000ull;
-    if (src.tokenizer) o.extra_files.push_back(*src.tokenizer);
     for (const auto& f : src.hf_side_files) o.extra_files.push_back(f);
     if (src.tokenizer) {
       const tokenizer::Tokenizer tok = model_tokenizer(src, "");
+      // Under the name transformers looks for, whatever the run called it: a tokenizer.json as
+      // it is, a rank file in tokenizer.json's format.
+      o.tokenizer_json = src.tokenizer->extension() == ".json" ? read_file(*src.tokenizer)
+                                                               : tokenizer::hf_json_text(tok);
       const SpecialIds ids = special_ids(src, tok);
       o.bos_token_id = ids.bos;
       o.eos_token_id = ids.eos;

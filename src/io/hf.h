@@ -38,6 +38,7 @@ struct HfExportOptions {
   DType dtype = DType::f32;                        // stored dtype: f32, bf16 or f16
   uint64_t max_shard_bytes = 5'000'000'000;        // above this, model-0000i-of-0000n.safetensors
   std::vector<std::filesystem::path> extra_files;  // copied in: tokenizer.json and the like
+  std::string tokenizer_json;  // written as tokenizer.json (empty: none, or among extra_files)
   // The tokenizer's special ids, written into config.json, and into a generation_config.json
   // when the extra files hold none (without them transformers' LlamaConfig assumes bos 1, eos 2).
   std::optional<uint32_t> bos_token_id, eos_token_id;

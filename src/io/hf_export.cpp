@@ -126,6 +126,7 @@ std::vector<std::string> write_export(const model::Llama& model, const fs::path&
     write_text("tokenizer_config.json", options.tokenizer_config.dump(2) + "\n");
   for (const auto& extra : options.extra_files)
     write_text(extra.filename().string(), read_file(extra));
+  if (!options.tokenizer_json.empty()) write_text("tokenizer.json", options.tokenizer_json);
   write_text("config.json", config.dump(2) + "\n");
   return files;
 }

@@ -732,6 +732,43 @@ TEST(HfExport, APollenCheckpointsTokenizerLoadsInTransformers) {
   fs::remove_all(root);
 }
 
+// A checkpoint whose run names its tokenizer by another file name (a post-training run's [model]
+// tokenizer) exports it as tokenizer.json, the name transformers looks for.
+TEST(HfExport, TheTokenizerIsWrittenAsTokenizerJsonWhateverItsName) {
+  const fs::path root = temp_dir("export_tokenizer_name");
+  const tokenizer::Tokenizer tok = pollen::testing::tiny_tokenizer();
+  tokenizer::save_tokenizer(tok, root / "fortunes-tokenizer.json");
+  model::LlamaConfig c = small(false, false);
+  c.vocab_size = tok.vocab_size();
+  const model::Llama m(c, 7);
+  io::CheckpointWriter w(root / "run" / "checkpoints", 5);
+  io::NamedTensors weights;
+  for (const auto& [n, v] : m.named_parameters()) weights.emplace_back(n, v.value());
+  w.add_tensors("model.safetensors", weights);
+  w.add_text("config.toml",
+             cat("[model]\nvocab_size = ", c.vocab_size,
+                 "\nhidden_size = 32\nintermediate_size = 48\nnum_hidden_layers = 2\n"
+                 "num_attention_heads = 4\nnum_key_value_heads = 2\n"
+                 "max_position_embeddings = 64\ntokenizer = '",
+                 (root / "fortunes-tokenizer.json").string(), "'\n"));
+  const fs::path ckpt = w.commit();
+  const fs::path out = root / "hf";
+  ASSERT_EQ(std::system(cat(POLLEN_BINARY, " export hf --model ", ckpt.string(), " --output ",
+                            out.string(), " > ", (root / "export.log").string(), " 2>&1")
+                            .c_str()),
+            0)
+      << read_file(root / "export.log");
+  EXPECT_EQ(read_file(out / "tokenizer.json"), read_file(root / "fortunes-tokenizer.json"));
+  EXPECT_FALSE(fs::exists(out / "fortunes-tokenizer.json"));
+  // And an export over that one is an export over an export.
+  ASSERT_EQ(std::system(cat(POLLEN_BINARY, " export hf --model ", ckpt.string(), " --output ",
+                            out.string(), " > ", (root / "export.log").string(), " 2>&1")
+                            .c_str()),
+            0)
+      << read_file(root / "export.log");
+  fs::remove_all(root);
+}
+
 class Transformers : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Transformers, SavedModelLoadsWithTheSameLogitsAndExportLoadsBack) {
