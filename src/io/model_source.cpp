@@ -255,7 +255,13 @@ model::Llama load_model(const ModelSource& s, DType dtype, uint64_t seed) {
 
 model::Llama load_initial_weights(const std::string& spec, const model::LlamaConfig& expected,
                                   const std::string& key, ModelSource* resolved) {
-  const ModelSource source = resolve_model(spec);
+  const ModelSource source = [&] {
+    try {
+      return resolve_model(spec);
+    } catch (const Error& e) {
+      fail(key, ": ", e.what());
+    }
+  }();
   POLLEN_CHECK(
       source.kind == ModelSource::Kind::checkpoint || source.kind == ModelSource::Kind::hf_dir, key,
       " '", spec, "': a ", model_kind_name(source.kind),

@@ -675,8 +675,11 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   if (cfg.privacy.enabled) check_private_run(cfg);
   check_manifests_fit(cfg);
 
-  // model.init_from: its weights, the optimizer fresh (a resumed run's checkpoint replaces them).
-  model::Llama model = cfg.init_from.empty()
+  // model.init_from: its weights, the optimizer fresh. A run resumed from a checkpoint takes the
+  // checkpoint's weights (resume() loads one or refuses to start when none verifies), so
+  // init_from is not read then: it may be gone, a warm-up run's checkpoint it kept no longer.
+  const bool from_checkpoint = o.resume && !io::list_checkpoints(ckpt_root).empty();
+  model::Llama model = cfg.init_from.empty() || from_checkpoint
                            ? model::Llama(cfg.model, cfg.seed)
                            : io::load_initial_weights(cfg.init_from, cfg.model, "model.init_from");
   model.set_recompute(cfg.recompute);

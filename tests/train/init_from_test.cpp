@@ -115,3 +115,36 @@ TEST(InitFrom, AnotherArchitectureOrAModelWithoutWeightsIsRefused) {
   EXPECT_NE(f.find("neither an HF directory"), std::string::npos) << f;
   fs::remove_all(dir);
 }
+
+TEST(InitFrom, AResumedRunNeedsTheWeightsItStartedFromNoLonger) {
+  const fs::path dir = temp_dir("resume");
+  const fs::path manifest = test_support::make_tiny_dataset(dir / "data", 60);
+  auto config = [&](const fs::path& run, int steps, std::vector<std::string> sets) {
+    return train::parse_train_config(test_support::tiny_run_toml(run, manifest, steps), "t.toml",
+                                     sets);
+  };
+  ASSERT_EQ(train_quiet(config(dir / "warm", 4, {})).status, train::RunStatus::finished);
+  const fs::path warm4 = dir / "warm/checkpoints" / io::checkpoint_name(4);
+  const std::vector<std::string> from_warm = {"model.init_from=\"" + warm4.string() + "\"",
+                                              "checkpoint.interval=2"};
+  ASSERT_EQ(train_quiet(config(dir / "whole", 6, from_warm)).status, train::RunStatus::finished);
+
+  // Stopped after step 2, its starting weights gone, then resumed: the same run as the whole one.
+  ASSERT_NE(train_quiet(config(dir / "split", 6, from_warm), false, 2).status,
+            train::RunStatus::finished);
+  fs::rename(dir / "warm", dir / "warm-gone");
+  const auto r = train_quiet(config(dir / "split", 6, from_warm), true);
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  const fs::path last = fs::path("checkpoints") / io::checkpoint_name(6) / "model.safetensors";
+  EXPECT_EQ(differing_tensors(dir / "whole" / last, dir / "split" / last),
+            std::vector<std::string>{});
+
+  // A fresh run still needs them, and says which key named them.
+  try {
+    train_quiet(config(dir / "fresh", 6, from_warm));
+    ADD_FAILURE() << "a run from missing weights started";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("model.init_from: "), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
