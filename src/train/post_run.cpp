@@ -248,6 +248,17 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   if (comm.world() > 1) log::info("ranks: ", comm.placement());
   if (lead) warn_if_warmup_outlasts_run(cfg.schedule);
 
+  // The last step's and the last validation's loss and metrics: checkpointed, so that a resumed
+  // run with no step left to take still reports them.
+  double& last_loss = counters.last_loss;
+  double& last_val = counters.last_val_loss;
+  nlohmann::ordered_json last_metrics = nlohmann::ordered_json::object();
+  nlohmann::ordered_json last_val_metrics = nlohmann::ordered_json::object();
+  if (resume_from) {
+    last_metrics = state.value("last_metrics", nlohmann::ordered_json::object());
+    last_val_metrics = state.value("last_val_metrics", nlohmann::ordered_json::object());
+  }
+
   const auto run_start = Clock::now();
   auto save = [&](int64_t at) {
     const OptimizerMoments moments = opt.moments(lead);  // gathered from every rank's blocks
@@ -260,6 +271,8 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     counters.save(st, seconds_since(run_start));
     st["metrics"] = metrics->positions();
     st["objective"] = objective->state();
+    st["last_metrics"] = last_metrics;
+    st["last_val_metrics"] = last_val_metrics;
     std::vector<std::string> names;
     for (const auto& [n, v] : trained) names.push_back(n);
     const auto w =
@@ -273,14 +286,11 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   obs::Progress progress(name, cfg.steps, step,
                          o.quiet || !lead ? (int64_t{1} << 62) : cfg.log_interval);
   int64_t steps_here = 0;
-  double last_val = NAN, last_loss = NAN;
-  nlohmann::ordered_json last_metrics = nlohmann::ordered_json::object();
-  nlohmann::ordered_json last_val_metrics = nlohmann::ordered_json::object();
   // What the log lines show: the loss, or the objective's headline metric.
   const std::string headline = objective->headline_metric();
   const auto shown = [&](double loss, const nlohmann::ordered_json& values) {
     if (headline.empty()) return cat("loss ", loss);
-    if (!values.contains(headline)) return std::string();
+    if (!values.contains(headline) || !values[headline].is_number()) return std::string();
     return cat(headline, " ", values[headline].get<double>());
   };
   const std::string no_validation = objective->no_validation_data();

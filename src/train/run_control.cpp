@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "base/files.h"
 #include "base/log.h"
 #include "dist/grad_reducer.h"
 #include "io/checkpoint.h"
@@ -220,10 +221,25 @@ bool checkpoint_due(int64_t step, bool last, int64_t interval, int64_t bad_in_ro
   return preempt || last || (interval > 0 && step % interval == 0 && bad_in_row == 0);
 }
 
+namespace {
+
+// Whether the run folder's summary.json says the run finished at `step`. One written earlier (a
+// preemption's), or one that does not read, is to be written again.
+bool summary_says_finished_at(const fs::path& run_dir, int64_t step) {
+  const fs::path file = run_dir / "summary.json";
+  if (!fs::exists(file)) return false;
+  const auto summary = nlohmann::json::parse(read_file(file), nullptr, false);
+  return summary.is_object() && summary.value("status", "") == "finished" &&
+         summary.value("step", int64_t{-1}) == step;
+}
+
+}  // namespace
+
 std::optional<std::string> already_finished(bool resumed, int64_t steps_here,
                                             const fs::path& run_dir, int64_t step,
                                             const fs::path& checkpoint, dist::Communicator& comm) {
-  double seen[1] = {resumed && steps_here == 0 && fs::exists(run_dir / "summary.json") ? 1.0 : 0.0};
+  double seen[1] = {resumed && steps_here == 0 && summary_says_finished_at(run_dir, step) ? 1.0
+                                                                                          : 0.0};
   comm.all_reduce_sum(seen, "whether the run had already finished");
   if (seen[0] < comm.world()) return std::nullopt;
   return cat("the run had already finished at step ", step, " (checkpoint '", checkpoint.string(),

@@ -117,7 +117,8 @@ std::string preempted_message(int64_t step, const std::filesystem::path& checkpo
 // A job of several ranks that stops because one died or hung (`failure` says which).
 RunResult rank_failed_result(const std::string& failure, const std::filesystem::path& run_dir);
 // A run resumed after its last step trains nothing: its summary.json (of the run that did) stays,
-// and this is the message to end with. Nothing when steps ran here or there is no summary yet.
+// and this is the message to end with. Nothing when steps ran here, or when no summary says the
+// run finished at `step` (none yet, or a preempted run's from before).
 // The ranks of `comm` decide together (a collective), so that all of them end here or none: the
 // run counts as finished only where every rank sees the summary.
 std::optional<std::string> already_finished(bool resumed, int64_t steps_here,

@@ -192,6 +192,19 @@ TEST(GrpoRun, SummaryShowsTheRewardAndNoNegativeZero) {
   EXPECT_EQ(r.message.find("loss"), std::string::npos) << r.message;
   const auto summary = nlohmann::json::parse(read_file(f.dir / "run/summary.json"));
   EXPECT_FALSE(std::signbit(summary["val_loss"].get<double>())) << summary.dump();
+
+  // A run stopped between its last checkpoint and its summary writes the summary on --resume
+  // from what that checkpoint recorded: the same losses and metrics.
+  fs::remove(f.dir / "run/summary.json");
+  const train::PostResult again = run_grpo(text, true);
+  ASSERT_EQ(again.status, train::RunStatus::finished) << again.message;
+  EXPECT_NE(again.message.find(", validation reward 0, "), std::string::npos) << again.message;
+  auto rewritten = nlohmann::json::parse(read_file(f.dir / "run/summary.json"));
+  for (const char* varies : {"elapsed_s", "peak_rss_mb"}) {
+    ASSERT_TRUE(rewritten.contains(varies)) << rewritten.dump();
+    rewritten[varies] = summary[varies];
+  }
+  EXPECT_EQ(rewritten, summary);
   fs::remove_all(f.dir);
 }
 
