@@ -247,10 +247,14 @@ ObjectiveStep DpoObjective::evaluate(const model::Llama& model) {
 }
 
 json DpoObjective::state() const {
-  return json{{"reference_cache", cache_file_}};
+  return json{{"reference_cache", cache_file_}, {"data_key", data_key_}};
 }
 
 void DpoObjective::restore(const json& state) {
+  check_data_key(state, data_key_, "dpo",
+                 cat("dpo.data '", data_path_.string(), "'",
+                     eval_path_.empty() ? std::string()
+                                        : cat(", dpo.validation '", eval_path_.string(), "'")));
   cache_file_ = state.value("reference_cache", "");
   if (cache_file_.empty()) return;  // saved before the references were known
   POLLEN_CHECK(!context_.run_dir.empty(), "dpo: resuming needs the run folder's reference cache");

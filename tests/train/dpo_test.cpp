@@ -220,18 +220,29 @@ TEST_F(DpoRun, ReferencesAreCachedInTheRunFolderAndReadOnResume) {
   b.references(same_weights);
   EXPECT_NE(a.state()["reference_cache"], b.state()["reference_cache"]);
 
-  // Other data under the same run: the cache is refused by name.
+  // Other data under the same run is refused naming the run's data files, and so is a cache
+  // that holds another data's references (a checkpoint written before the state held its key).
   const fs::path other = pt::synth_pairs(dir_, "case", 48, 9);
   train::DpoObjective changed(pt::objective_context(
       "dpo", "data = \"" + other.string() + "\"\nvalidation = \"" + eval_.string() + "\"\n",
       config(), run));
-  try {
-    changed.restore(state);
-    FAIL() << "changed data was accepted";
-  } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("changed since the run started"), std::string::npos)
-        << e.what();
-  }
+  const auto refusal = [&](const nlohmann::ordered_json& st) {
+    try {
+      changed.restore(st);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string named = refusal(state);
+  EXPECT_NE(named.find("dpo: cannot resume: the data (dpo.data '" + other.string() +
+                       "', dpo.validation '" + eval_.string() + "')"),
+            std::string::npos)
+      << named;
+  nlohmann::ordered_json older = state;
+  older.erase("data_key");
+  const std::string cached = refusal(older);
+  EXPECT_NE(cached.find("changed since the run started"), std::string::npos) << cached;
 }
 
 TEST_F(DpoRun, BadConfigAndDataAreRefusedByName) {
