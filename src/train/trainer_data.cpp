@@ -28,7 +28,9 @@ int64_t micro_steps_per_step(const TrainConfig& cfg, const dist::Communicator& c
         fits.empty()
             ? cat("no micro_batch splits its ", step_rows, " rows among ", comm.world(), " ranks")
             : cat("with ", comm.world(), " ranks train.micro_batch may be ", fits,
-                  " (--set train.micro_batch=N; it may change on ", "resume)")));
+                  " (--set train.micro_batch=N --set train.batch_tokens=", cfg.batch_tokens,
+                  ": batch_tokens defaults to micro_batch * seq, and a step keeps its batch; ",
+                  "micro_batch may change on resume)")));
   }
   return cfg.batch_tokens / (global_rows * cfg.seq);
 }

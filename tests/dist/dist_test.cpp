@@ -750,6 +750,31 @@ TEST(DataParallel, KilledRankEndsTheJobAndResumesAtAnotherWorldSize) {
   expect_close(train_losses(d / "run"), ref, 2e-5, "resumed at 3 ranks");
 }
 
+// A run without train.batch_tokens (micro_batch * seq by default) that cannot split its rows among
+// more ranks says what to set, and the run resumes on them as it says.
+TEST(DataParallel, ARunWithTheDefaultBatchResumesOnMoreRanksAsTheErrorSays) {
+  const fs::path d = temp_dir("default_batch");
+  std::string toml =
+      test_support::tiny_run_toml(d / "run", dataset(), 4, "\n[parallel]\ntimeout_s = 60\n");
+  const std::string given = "batch_tokens = 128\n";
+  ASSERT_NE(toml.find(given), std::string::npos);
+  toml.erase(toml.find(given), given.size());  // 4 rows of 16 tokens per step
+  toml.replace(toml.find("threads = 2"), 11, "threads = 1");
+  write_file_atomic(d / "run.toml", toml);
+  const Outcome first = train(1, d / "run.toml", "--set train.steps=2");
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const Outcome refused = train(2, d / "run.toml", "--resume");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("train.micro_batch may be 1, 2 (--set train.micro_batch=N --set "
+                                "train.batch_tokens=64"),
+            std::string::npos)
+      << refused.output;
+  const Outcome resumed =
+      train(2, d / "run.toml", "--resume --set train.micro_batch=2 --set train.batch_tokens=64");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(train_losses(d / "run").size(), 4u);
+}
+
 TEST(DataParallel, HungRankIsNamedWithExitCodeFourAndResumeFinishesTheRun) {
   const auto& ref = reference_losses();
   const fs::path d = temp_dir("hung");
