@@ -20,6 +20,7 @@
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
+#include "data/loader.h"
 #include "data/shards.h"
 #include "eval/multiple_choice.h"
 #include "eval/perplexity.h"
@@ -285,6 +286,16 @@ void add_eval_command(CLI::App& app) {
     const model::Llama m = io::load_model(src);
     if (!a->checkpoint.empty()) eval::load_weights(m, a->checkpoint);
     if (!a->data.empty()) {
+      POLLEN_CHECK(a->seq <= m.config().max_position_embeddings, "eval: --seq ", a->seq,
+                   seq->count() > 0 ? "" : " (its default)", " is longer than model '", a->model,
+                   "' reads (max_position_embeddings ", m.config().max_position_embeddings,
+                   "); give --seq ", m.config().max_position_embeddings, " or less");
+      if (src.tokenizer) {
+        const std::string fingerprint = model_tokenizer(src, "").fingerprint();
+        for (const std::string& manifest : a->data)
+          data::check_tokenized_by(data::Manifest::load(manifest), fingerprint,
+                                   src.tokenizer->string());
+      }
       std::string lines;
       for (const std::string& manifest : a->data) {
         const eval::PerplexityResult r =

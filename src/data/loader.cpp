@@ -49,20 +49,37 @@ struct Loader::Dataset {
   }
 };
 
+namespace {
+
+// The fingerprint of the tokenizer that wrote a manifest's tokens ("" when it records none).
+std::string tokenizer_fingerprint(const Manifest& m) {
+  const auto& t = m.json.value("tokenizer", nlohmann::json::object());
+  return t.is_object() ? t.value("fingerprint", std::string()) : std::string();
+}
+
+}  // namespace
+
+void check_tokenized_by(const Manifest& m, const std::string& fingerprint,
+                        const std::string& tokenizer) {
+  const std::string wrote = tokenizer_fingerprint(m);
+  POLLEN_CHECK(wrote.empty() || wrote == fingerprint, "manifest '", m.path.string(),
+               "' was tokenized by tokenizer ", wrote.substr(0, 16), ", not by the model's '",
+               tokenizer, "' (", fingerprint.substr(0, 16),
+               "): its ids would be read as other tokens; prepare the data with the model's "
+               "tokenizer");
+}
+
 void check_same_tokens(const Manifest& a, const Manifest& b) {
-  const auto fingerprint = [](const Manifest& m) {
-    const auto& t = m.json.value("tokenizer", nlohmann::json::object());
-    return t.is_object() ? t.value("fingerprint", std::string()) : std::string();
-  };
+  const auto fingerprint = tokenizer_fingerprint;
   const auto eos = [](const Manifest& m) { return m.json.value("eos_id", nlohmann::json()); };
   // One without an end token appended (add_eos off) mixes with one with.
   const bool same_eos = eos(a).is_null() || eos(b).is_null() || eos(a) == eos(b);
   POLLEN_CHECK(a.vocab_size == b.vocab_size && fingerprint(a) == fingerprint(b) && same_eos,
-               "loader: manifest '", b.path.string(), "' (vocab_size ", b.vocab_size,
-               ", tokenizer ", fingerprint(b).substr(0, 16), ", eos_id ", eos(b).dump(),
-               ") was tokenized unlike '", a.path.string(), "' (vocab_size ", a.vocab_size,
-               ", tokenizer ", fingerprint(a).substr(0, 16), ", eos_id ", eos(a).dump(),
-               "); mixed manifests must share one tokenizer");
+               "manifest '", b.path.string(), "' (vocab_size ", b.vocab_size, ", tokenizer ",
+               fingerprint(b).substr(0, 16), ", eos_id ", eos(b).dump(), ") was tokenized unlike '",
+               a.path.string(), "' (vocab_size ", a.vocab_size, ", tokenizer ",
+               fingerprint(a).substr(0, 16), ", eos_id ", eos(a).dump(),
+               "); data trained or evaluated together must share one tokenizer");
 }
 
 Loader::Loader(const LoaderOptions& options) : options_(options) {

@@ -31,6 +31,11 @@ struct Manifest;
 // Manifests mixed into one stream (or trained on one and evaluated on another) must speak the
 // same ids: one vocabulary, one tokenizer, one end-of-document token. Throws naming both.
 void check_same_tokens(const Manifest& a, const Manifest& b);
+// A manifest scored by a model whose tokenizer (file `tokenizer`) has `fingerprint`: data that
+// another tokenizer wrote would be read as this model's ids. Throws naming both; a manifest that
+// records no tokenizer passes.
+void check_tokenized_by(const Manifest& m, const std::string& fingerprint,
+                        const std::string& tokenizer);
 
 struct LoaderOptions {
   std::vector<std::filesystem::path> manifests;  // one or several datasets

@@ -10,6 +10,8 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/log.h"
+#include "data/loader.h"
+#include "data/shards.h"
 #include "eval/perplexity.h"
 #include "io/checkpoint.h"
 #include "io/model_source.h"
@@ -96,6 +98,12 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   POLLEN_CHECK(!split.empty(), "'", config_path.string(),
                "': data.validation_split is empty (the run had no validation data); give the "
                "split to evaluate");
+  // Data another tokenizer wrote would be scored as if it spoke the run's ids: each manifest must
+  // be tokenized like the run's training data (when that is still where the run read it).
+  if (!run.manifests.empty() && fs::exists(run.manifests.front())) {
+    const data::Manifest trained = data::Manifest::load(run.manifests.front());
+    for (const auto& m : manifests) data::check_same_tokens(trained, data::Manifest::load(m));
+  }
   eval::PerplexityOptions po;
   po.split = split;
   po.seq = o.seq > 0 ? o.seq : run.seq;

@@ -380,6 +380,30 @@ TEST(Loader, ManifestsThatDisagreeWithTheirTokensAreRefused) {
   fs::remove_all(dir);
 }
 
+// A model scores only data its own tokenizer wrote; data that records no tokenizer passes.
+TEST(Loader, DataIsCheckedAgainstTheTokenizerOfTheModelThatScoresIt) {
+  const fs::path dir = temp_dir("tokenized_by");
+  const fs::path a = make_dataset(dir / "a", 20, 1000);
+  EXPECT_NO_THROW(check_tokenized_by(Manifest::load(a), "feedface", "m/tokenizer.json"));
+  auto m = nlohmann::json::parse(read_file(a));
+  m["tokenizer"] = {{"fingerprint", "0123456789abcdef0123"}};
+  write_file_atomic(a, manifest_text(m));
+  EXPECT_NO_THROW(
+      check_tokenized_by(Manifest::load(a), "0123456789abcdef0123", "m/tokenizer.json"));
+  try {
+    check_tokenized_by(Manifest::load(a), "feedfacefeedface99", "m/tokenizer.json");
+    ADD_FAILURE() << "data of another tokenizer passed";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(a.string()), std::string::npos) << what;
+    EXPECT_NE(what.find("tokenized by tokenizer 0123456789abcdef, not by the model's "
+                        "'m/tokenizer.json' (feedfacefeedface)"),
+              std::string::npos)
+        << what;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(Loader, ValidationSplitAndTooSmall) {
   fs::path dir = temp_dir("val");
   auto manifest = make_dataset(dir, 20, 100000);

@@ -20,6 +20,7 @@
 #include "base/thread_pool.h"
 #include "io/checkpoint.h"
 #include "optim/schedule.h"
+#include "support/process.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
 #include "train/config.h"
@@ -403,6 +404,18 @@ TEST(Trainer, ResumeIsBitwiseAndSkipsACorruptCheckpoint) {
   ASSERT_TRUE(before["loss"].is_number());
   EXPECT_EQ(after["loss"], before["loss"]);
   EXPECT_EQ(after["val_loss"], before["val_loss"]);
+  // The summary of an earlier stop (the preemption at step 6), left by a run killed after its
+  // last checkpoint, is written again as the finished run's.
+  auto preempted = before;
+  preempted["status"] = "preempted";
+  preempted["step"] = 6;
+  write_file_atomic(base / "cut" / "summary.json", preempted.dump(2) + "\n");
+  r = train_quiet(cut, true);
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  EXPECT_EQ(r.message.find("already finished"), std::string::npos) << r.message;
+  const auto rewritten = nlohmann::json::parse(read_file(base / "cut" / "summary.json"));
+  EXPECT_EQ(rewritten["status"], "finished");
+  EXPECT_EQ(rewritten["step"], 14);
   // Fewer steps than the checkpoint took leave nothing to train: refused, not "finished".
   EXPECT_NE(error_of([&] {
               train_quiet(tiny(base / "cut", 10), true);
@@ -840,6 +853,15 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
     EXPECT_EQ(printed[i]["loss"], written[i]["loss"]);
   }
   EXPECT_GT(written[0]["loss"].get<double>(), written[2]["loss"].get<double>());
+  // --seq's default (128) is longer than this model reads (64 positions): the error names it.
+  int status = 0;
+  const std::string too_long =
+      pollen::testing::run_capture(std::string(POLLEN_BINARY) + " eval --model " + all[0].string() +
+                                       " --data " + dataset().string() + " --threads 2",
+                                   &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(too_long.find("--seq 128 (its default) is longer than model"), std::string::npos)
+      << too_long;
 
   // Done ones are skipped; --again redoes them, passing over a checkpoint that fails to verify.
   train::RunEvalOptions o;
@@ -890,6 +912,23 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
   EXPECT_EQ(r.already, 0);
   ASSERT_EQ(r.evaluated.size(), 1u);
   EXPECT_NE(r.evaluated[0]["loss"], written[0]["loss"]);
+  fs::remove_all(run);
+}
+
+// eval --run scores only data tokenized like the run's training data.
+TEST(RunEval, DataOfAnotherTokenizerIsRefused) {
+  const fs::path run = temp_dir("evalrun_tokenizer");
+  ASSERT_EQ(train_quiet(tiny(run, 4, {})).status, train::RunStatus::finished);
+  const fs::path other = test_support::make_tiny_dataset(run / "other", 20);
+  auto m = nlohmann::json::parse(read_file(other));
+  m["tokenizer"] = {{"fingerprint", "0123456789abcdef0123"}};
+  write_file_atomic(other, data::manifest_text(m));
+  train::RunEvalOptions o;
+  o.quiet = true;
+  o.manifests = {other.string()};
+  const std::string e = error_of([&] { train::evaluate_run(run, o); });
+  EXPECT_NE(e.find("was tokenized unlike '" + dataset().string()), std::string::npos) << e;
+  EXPECT_TRUE(train::read_run_evals(run).empty()) << "nothing scored";
   fs::remove_all(run);
 }
 
