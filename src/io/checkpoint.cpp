@@ -179,23 +179,14 @@ ResumePoint choose_checkpoint_to_resume(const fs::path& root, const std::string&
 }
 
 std::vector<fs::path> apply_retention(const fs::path& root, int keep) {
-  std::vector<fs::path> removed;
-  if (!fs::is_directory(root)) return removed;
-  for (const auto& e : fs::directory_iterator(root)) {
-    const std::string name = e.path().filename().string();
-    if (!name.starts_with(".tmp-step-") && !name.starts_with(".old-step-")) continue;
-    const auto dot = name.rfind('.');
-    const pid_t pid = static_cast<pid_t>(std::atol(name.c_str() + dot + 1));
-    const bool alive = pid > 0 && pid != ::getpid() && ::kill(pid, 0) == 0;
-    if (!alive) removed.push_back(e.path());
-  }
+  std::vector<fs::path> removed = remove_abandoned(root, {".tmp-step-", ".old-step-"});
   if (keep > 0) {
     auto all = list_checkpoints(root);
-    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) removed.push_back(all[i]);
-  }
-  for (const auto& p : removed) {
-    std::error_code ec;
-    fs::remove_all(p, ec);
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {
+      std::error_code ignored;
+      fs::remove_all(all[i], ignored);
+      removed.push_back(all[i]);
+    }
   }
   return removed;
 }

@@ -1,10 +1,13 @@
 #include "io/folder_swap.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/error.h"
@@ -39,6 +42,30 @@ void replace_folder(const fs::path& staged, const fs::path& target) {
   fs::rename(staged, target);
   sync_folder(parent);
   fs::remove_all(old);
+}
+
+std::vector<fs::path> remove_abandoned(const fs::path& parent,
+                                       const std::vector<std::string>& prefixes) {
+  std::vector<fs::path> removed;
+  if (!fs::is_directory(parent)) return removed;
+  for (const auto& e : fs::directory_iterator(parent)) {
+    const std::string name = e.path().filename().string();
+    if (std::none_of(prefixes.begin(), prefixes.end(),
+                     [&](const std::string& p) { return name.starts_with(p); }))
+      continue;
+    const std::string digits = name.substr(name.rfind('.') + 1);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::atol(digits.c_str()));
+    // Another process that runs (kill succeeds, or it is another user's) is still writing.
+    const bool other_writer =
+        pid > 0 && pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM);
+    if (!other_writer) removed.push_back(e.path());
+  }
+  for (const auto& p : removed) {
+    std::error_code ignored;
+    fs::remove_all(p, ignored);
+  }
+  return removed;
 }
 
 }  // namespace pollen::io

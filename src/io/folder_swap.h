@@ -3,6 +3,8 @@
 // leaves one of the two whole under the final name, never a mix of their files. Used by
 // checkpoints and by HF exports.
 #include <filesystem>
+#include <string>
+#include <vector>
 
 namespace pollen::io {
 
@@ -14,5 +16,11 @@ void sync_folder(const std::filesystem::path& dir);
 // and the old one, then under the staged name, is removed; where the file system cannot swap,
 // the old one is first moved aside to `.old-NAME.PID`.
 void replace_folder(const std::filesystem::path& staged, const std::filesystem::path& target);
+
+// What writers killed midway left in `parent`: the entries named PREFIX...PID, for each of
+// `prefixes`, of this process (done with them by now) or of one that no longer runs. Removes
+// them and returns their paths.
+std::vector<std::filesystem::path> remove_abandoned(const std::filesystem::path& parent,
+                                                    const std::vector<std::string>& prefixes);
 
 }  // namespace pollen::io

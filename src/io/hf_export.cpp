@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "base/log.h"
 #include "io/folder_swap.h"
 #include "io/hf.h"
 #include "io/safetensors.h"
@@ -140,9 +141,12 @@ HfExportResult export_hf(const model::Llama& model, const fs::path& dir,
                " is not one of f32, bf16, f16");
   const fs::path target = export_target(dir);
   fs::create_directories(target.parent_path());
-  const fs::path staging =
-      target.parent_path() / cat(".", target.filename().string(), ".tmp-export-", ::getpid());
-  fs::remove_all(staging);
+  // An export killed midway left its staging folder, a whole model's size, beside the output.
+  const std::string name = target.filename().string();
+  for (const auto& left : remove_abandoned(
+           target.parent_path(), {cat(".tmp-export-", name, "."), cat(".old-", name, ".")}))
+    log::warn("export: removed '", left.string(), "', left by an export that did not finish");
+  const fs::path staging = target.parent_path() / cat(".tmp-export-", name, ".", ::getpid());
   fs::create_directory(staging);
   HfExportResult out;
   try {

@@ -3,6 +3,8 @@
 // the earlier one as it was, and a folder holding anything an export does not write is refused
 // and left alone.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -64,7 +66,7 @@ void expect_same_weights(const model::Llama& a, const model::Llama& b) {
 std::vector<std::string> staging_left(const fs::path& dir) {
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(dir.parent_path()))
-    if (e.path().filename().string().starts_with("." + dir.filename().string() + ".tmp-export"))
+    if (e.path().filename().string().starts_with(".tmp-export-" + dir.filename().string() + "."))
       left.push_back(e.path().filename().string());
   return left;
 }
@@ -133,6 +135,30 @@ TEST(HfExport, AFailedExportLeavesTheEarlierOneWhole) {
   }
   EXPECT_EQ(contents(dir), single);
   EXPECT_TRUE(staging_left(dir).empty());
+  fs::remove_all(root);
+}
+
+// What an export killed midway left beside the output (its staging folder, or the old export
+// moved aside) is removed by the next export; a running export's staging folder is not.
+TEST(HfExport, WhatAKilledExportLeftIsRemovedByTheNext) {
+  const fs::path root = temp_dir("killed"), dir = root / "out";
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  ASSERT_GT(gone, 0);
+  ASSERT_EQ(waitpid(gone, nullptr, 0), gone);
+  const pid_t running = getppid();  // the process that runs the tests: alive, and not this one
+  const std::vector<std::string> killed = {".tmp-export-out." + std::to_string(gone),
+                                           ".old-out." + std::to_string(gone)};
+  const std::string live = ".tmp-export-out." + std::to_string(running);
+  const std::string other_output = ".tmp-export-out2." + std::to_string(gone);
+  for (const auto& name : {killed[0], killed[1], live, other_output}) {
+    fs::create_directories(root / name);
+    write_file_atomic(root / name / "model.safetensors", "partial");
+  }
+  io::export_hf(model::Llama(config(48), 7), dir, {});
+  for (const auto& name : killed) EXPECT_FALSE(fs::exists(root / name)) << name;
+  EXPECT_TRUE(fs::exists(root / live));
+  EXPECT_TRUE(fs::exists(root / other_output)) << "another output's staging is not this one's";
   fs::remove_all(root);
 }
 

@@ -682,12 +682,10 @@ double max_diff(const Tensor& logits, const std::vector<double>& ref) {
 // `pollen export hf` of a pollen checkpoint: AutoTokenizer loads its tokenizer.json as it is
 // (not as LlamaTokenizerFast, which would add <s>, </s> and <unk>), encodes as pollen does, and
 // the tokenizer, config.json and generation_config.json agree on the EOS.
-TEST(HfExport, APollenCheckpointsTokenizerLoadsInTransformers) {
-  if (!transformers_available())
-    GTEST_SKIP() << "HF transformers not importable by " << hf_python()
-                 << " (scripts/test-peers makes it)";
-  const fs::path root = temp_dir("export_tokenizer");
-  const tokenizer::Tokenizer tok = pollen::testing::tiny_tokenizer();
+// A pollen checkpoint (step 5 of a run under `root`) of a small model over `tok`'s vocabulary;
+// `model_keys` are added to its config.toml's [model]. Returns its step folder.
+fs::path small_checkpoint(const fs::path& root, const tokenizer::Tokenizer& tok,
+                          const std::string& model_keys = "") {
   model::LlamaConfig c = small(false, false);
   c.vocab_size = tok.vocab_size();
   const model::Llama m(c, 7);
@@ -699,16 +697,33 @@ TEST(HfExport, APollenCheckpointsTokenizerLoadsInTransformers) {
              cat("[model]\nvocab_size = ", c.vocab_size,
                  "\nhidden_size = 32\nintermediate_size = 48\nnum_hidden_layers = 2\n"
                  "num_attention_heads = 4\nnum_key_value_heads = 2\n"
-                 "max_position_embeddings = 64\n"));
-  const fs::path ckpt = w.commit();
+                 "max_position_embeddings = 64\n",
+                 model_keys));
+  return w.commit();
+}
+
+// `pollen export hf --model MODEL --output OUT`, its output in root/export.log; true when it
+// succeeded.
+::testing::AssertionResult exports_hf(const fs::path& model, const fs::path& out,
+                                      const fs::path& root) {
+  const fs::path log = root / "export.log";
+  if (std::system(cat(POLLEN_BINARY, " export hf --model ", model.string(), " --output ",
+                      out.string(), " > ", log.string(), " 2>&1")
+                      .c_str()) == 0)
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << read_file(log);
+}
+
+TEST(HfExport, APollenCheckpointsTokenizerLoadsInTransformers) {
+  if (!transformers_available())
+    GTEST_SKIP() << "HF transformers not importable by " << hf_python()
+                 << " (scripts/test-peers makes it)";
+  const fs::path root = temp_dir("export_tokenizer");
+  const tokenizer::Tokenizer tok = pollen::testing::tiny_tokenizer();
+  const fs::path ckpt = small_checkpoint(root, tok);
   tokenizer::save_tokenizer(tok, ckpt / "tokenizer.json");
   const fs::path out = root / "hf";
-  ASSERT_EQ(
-      std::system(cat(POLLEN_BINARY, " export hf --model ", (root / "run").string(), " --output ",
-                      out.string(), " > ", (root / "export.log").string(), " 2>&1")
-                      .c_str()),
-      0)
-      << read_file(root / "export.log");
+  ASSERT_TRUE(exports_hf(root / "run", out, root));
   const std::string text = "The cat sat.<|endoftext|> Bees make honey.";
   write_file_atomic(out / "text.txt", text);
   ASSERT_EQ(std::system((hf_python() + " " + script() + " tokenizer " + out.string() + " 2>" +
@@ -738,34 +753,14 @@ TEST(HfExport, TheTokenizerIsWrittenAsTokenizerJsonWhateverItsName) {
   const fs::path root = temp_dir("export_tokenizer_name");
   const tokenizer::Tokenizer tok = pollen::testing::tiny_tokenizer();
   tokenizer::save_tokenizer(tok, root / "fortunes-tokenizer.json");
-  model::LlamaConfig c = small(false, false);
-  c.vocab_size = tok.vocab_size();
-  const model::Llama m(c, 7);
-  io::CheckpointWriter w(root / "run" / "checkpoints", 5);
-  io::NamedTensors weights;
-  for (const auto& [n, v] : m.named_parameters()) weights.emplace_back(n, v.value());
-  w.add_tensors("model.safetensors", weights);
-  w.add_text("config.toml",
-             cat("[model]\nvocab_size = ", c.vocab_size,
-                 "\nhidden_size = 32\nintermediate_size = 48\nnum_hidden_layers = 2\n"
-                 "num_attention_heads = 4\nnum_key_value_heads = 2\n"
-                 "max_position_embeddings = 64\ntokenizer = '",
-                 (root / "fortunes-tokenizer.json").string(), "'\n"));
-  const fs::path ckpt = w.commit();
+  const fs::path ckpt = small_checkpoint(
+      root, tok, cat("tokenizer = '", (root / "fortunes-tokenizer.json").string(), "'\n"));
   const fs::path out = root / "hf";
-  ASSERT_EQ(std::system(cat(POLLEN_BINARY, " export hf --model ", ckpt.string(), " --output ",
-                            out.string(), " > ", (root / "export.log").string(), " 2>&1")
-                            .c_str()),
-            0)
-      << read_file(root / "export.log");
+  ASSERT_TRUE(exports_hf(ckpt, out, root));
   EXPECT_EQ(read_file(out / "tokenizer.json"), read_file(root / "fortunes-tokenizer.json"));
   EXPECT_FALSE(fs::exists(out / "fortunes-tokenizer.json"));
   // And an export over that one is an export over an export.
-  ASSERT_EQ(std::system(cat(POLLEN_BINARY, " export hf --model ", ckpt.string(), " --output ",
-                            out.string(), " > ", (root / "export.log").string(), " 2>&1")
-                            .c_str()),
-            0)
-      << read_file(root / "export.log");
+  ASSERT_TRUE(exports_hf(ckpt, out, root));
   fs::remove_all(root);
 }
 
