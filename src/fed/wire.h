@@ -100,6 +100,8 @@ class ChunkAssembler {
   ChunkAssembler(const pb::TensorSetHeader& header, std::string what);
   void add(const pb::Chunk& chunk);
   std::string finish();  // the whole stream
+  // The memory the stream holds now: what is reserved for it, arrived or not.
+  uint64_t held_bytes() const { return bytes_.capacity(); }
 
  private:
   uint64_t total_;
