@@ -3,8 +3,10 @@
 // written. pipeline.h describes the stages; pass 1 is in pipeline_pass1.cpp.
 #include "data/pipeline.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -180,6 +182,41 @@ void check_configured_paths(const PipelineConfig& c) {
     for (const auto& e : c.eval_files) check("decontaminate.eval_files", e, "a file");
 }
 
+// The input files of the config's sources, each under its own name (the prefix of its documents'
+// ids, and what the manifest lists), without the dataset's folder: a source's folder may hold it.
+std::vector<InputFile> list_config_inputs(const PipelineConfig& c) {
+  std::vector<InputFile> files = list_inputs(c.sources, c.base_dir);
+  std::error_code ec;
+  const fs::path output = fs::weakly_canonical(c.output, ec);
+  const auto in_output = [&](const InputFile& f) {
+    std::error_code unresolved;
+    const fs::path p = fs::weakly_canonical(f.path, unresolved);
+    return !ec && !unresolved && !output.empty() &&
+           std::mismatch(output.begin(), output.end(), p.begin(), p.end()).first == output.end();
+  };
+  const auto outputs = std::erase_if(files, in_output);
+  if (outputs > 0)
+    log::warn("data: the output folder '", c.output.string(), "' is inside a source's paths; its ",
+              outputs, " files are not read as input");
+  std::vector<int> per_source(c.sources.size(), 0);
+  for (const InputFile& f : files) ++per_source[static_cast<size_t>(f.source)];
+  for (size_t s = 0; s < c.sources.size(); ++s)
+    if (per_source[s] == 0)
+      log::warn("data: source.", c.sources[s].name,
+                ".paths hold no file that its include and exclude patterns take: the source "
+                "contributes nothing");
+  std::map<std::string, const InputFile*> named;
+  for (const InputFile& f : files) {
+    const auto [first, fresh] = named.emplace(f.name, &f);
+    POLLEN_CHECK(fresh, "source.", c.sources[static_cast<size_t>(f.source)].name, ".paths: '",
+                 first->second->path.string(), "' and '", f.path.string(),
+                 "' would both be named '", f.name,
+                 "' (their documents' ids and the manifest's inputs); list one of them under "
+                 "another source");
+  }
+  return files;
+}
+
 }  // namespace
 
 fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
@@ -192,7 +229,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   fs::create_directories(c.output / "work");
   const fs::path work = c.output / "work";
   const fs::path manifest_path = c.output / "manifest.json";
-  std::vector<InputFile> files = list_inputs(c.sources, c.base_dir);
+  std::vector<InputFile> files = list_config_inputs(c);
   const std::string key1 = pass1_key(c, files);
   // The config names the tokenizer and the eval files; their contents count too, so that an
   // edited one makes a finished (or half-done) pass 2 start over.
@@ -228,6 +265,20 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
 
   // ---- pass 1, or its saved outputs
   Pass1Result p1;
+  // The tokenizer is read before pass 1, so that a wrong one (or a missing BOS or EOS token) is
+  // refused before hours of reading rather than after.
+  Tok tok;
+  TokenDType dtype = TokenDType::u16;
+  if (c.tokenize) {
+    try {
+      tok = load_tokenizer(c);
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      if (what.starts_with("tokenize.")) throw;
+      fail("tokenize.tokenizer '", c.tokenizer, "': ", what);
+    }
+    dtype = token_dtype_for(tok.t->vocab_size());
+  }
   bool reuse = false;
   if (fs::exists(work / "pass1.json")) {
     json saved = json::parse(read_file(work / "pass1.json"), nullptr, false);
@@ -329,13 +380,6 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
                      {"eval_texts_shorter_than_ngram", deco.short_texts()},
                      {"eval_ngrams", deco.ngrams()}};
   }
-  Tok tok;
-  TokenDType dtype = TokenDType::u16;
-  if (c.tokenize) {
-    tok = load_tokenizer(c);
-    dtype = token_dtype_for(tok.t->vocab_size());
-  }
-
   // Resume from pass 2's last resume point when it belongs to this run's config, inputs and
   // pass 1; else start pass 2 over.
   const fs::path resume_path = work / "pass2.json";
@@ -365,15 +409,24 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
     out = std::make_unique<Pass2Outputs>(c, dtype, nullptr);
   }
   // Shard files of an interrupted run that the resume point does not list are removed (this run
-  // writes them again).
+  // writes them again), and so are its partial shards that this run does not continue and what
+  // an interrupted write of an index left (.NAME.index.tmp.PID).
   std::set<std::string> kept_shards;
-  for (int s = 0; s < 2 && c.tokenize; ++s)
+  std::set<fs::path> open_shards;
+  for (int s = 0; s < 2 && c.tokenize; ++s) {
     for (const auto& info : out->writers[s]->shards()) kept_shards.insert(info.tokens);
+    open_shards.insert(out->writers[s]->open_file());
+  }
   for (const auto& e : fs::directory_iterator(c.output)) {
     const fs::path p = e.path();
-    if ((p.extension() == ".tokens" || p.extension() == ".index") &&
-        !kept_shards.count(fs::path(p).replace_extension(".tokens").filename().string()))
-      fs::remove(p);
+    const std::string name = p.filename().string();
+    const bool shard =
+        (p.extension() == ".tokens" || p.extension() == ".index") &&
+        !kept_shards.count(fs::path(p).replace_extension(".tokens").filename().string());
+    const bool partial =
+        name.starts_with(".") && name.ends_with(".tokens.tmp") && !open_shards.count(p);
+    const bool index_tmp = name.starts_with(".") && name.find(".index.tmp.") != std::string::npos;
+    if (shard || partial || index_tmp) fs::remove(p);
   }
 
   struct D {

@@ -33,6 +33,10 @@ PipelineConfig read_pipeline_config(ConfigTable& t, const fs::path& path) {
   POLLEN_CHECK(src_table.has_value(), t.where("source"),
                ": expected a [source.<name>] table for "
                "each name in 'sources'");
+  for (size_t i = 0; i < names.size(); ++i)
+    POLLEN_CHECK(std::find(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(i),
+                           names[i]) == names.begin() + static_cast<std::ptrdiff_t>(i),
+                 t.where("sources"), ": '", names[i], "' is listed twice");
   for (const auto& n : names) {
     auto st = src_table->table(n);
     POLLEN_CHECK(st.has_value(), t.where("source." + n), ": missing table for source '", n, "'");
@@ -76,7 +80,12 @@ PipelineConfig read_pipeline_config(ConfigTable& t, const fs::path& path) {
     m.bands = static_cast<int>(f->get_int_in("bands", m.bands, 1, 1 << 20));
     m.rows = static_cast<int>(f->get_int_in("rows", m.rows, 1, 1 << 20));
     m.verify = f->get_bool("verify", m.verify);
+    // A signature of bands * rows hashes per document: at most 2^20 (8 MiB a document).
+    POLLEN_CHECK(int64_t{m.bands} * m.rows <= (1 << 20), f->where("bands"), " * rows (", m.bands,
+                 " * ", m.rows, "): expected at most 1048576 hashes per signature");
     m.threshold = f->get_double("threshold", m.threshold);
+    POLLEN_CHECK(m.threshold > 0 && m.threshold <= 1, f->where("threshold"),
+                 ": expected a Jaccard similarity in (0, 1], got ", m.threshold);
     m.seed = static_cast<uint64_t>(
         f->get_int_in("seed", static_cast<int64_t>(m.seed), 0, kConfigIntMax));
     m.max_bucket_compare = f->get_int("max_bucket_compare", m.max_bucket_compare);

@@ -5,6 +5,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -53,6 +54,13 @@ std::vector<InputFile> list_inputs(const std::vector<SourceSpec>& sources, const
 
 namespace {
 
+// A file's extension in lower case: "DATA.JSONL.GZ" is gzip-compressed as "data.jsonl.gz" is.
+std::string lower_extension(const fs::path& path) {
+  std::string ext = path.extension().string();
+  for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return ext;
+}
+
 // A file listed as missing, or removed since it was listed (another process cleaning up).
 bool gone(const InputFile& file) {
   std::error_code ec;
@@ -66,7 +74,7 @@ class ByteStream {
   ByteStream(const fs::path& path, const std::string& name) : name_(name) {
     file_ = std::fopen(path.c_str(), "rb");
     POLLEN_CHECK(file_, "cannot open: ", std::strerror(errno));
-    std::string ext = path.extension().string();
+    const std::string ext = lower_extension(path);
     if (ext == ".gz") {
       kind_ = 1;
       std::memset(&z_, 0, sizeof z_);
@@ -239,7 +247,7 @@ class LineReader {
 // on, so that a file reported unreadable contributes no documents. Costs one more
 // decompression, no memory.
 void verify_compressed(const InputFile& file) {
-  const std::string ext = file.path.extension().string();
+  const std::string ext = lower_extension(file.path);
   if (ext != ".gz" && ext != ".zst") return;
   ByteStream in(file.path, file.name);
   std::vector<char> buf(1 << 20);

@@ -94,6 +94,10 @@ ShardWriter::~ShardWriter() {
   }
 }
 
+fs::path ShardWriter::open_file() const {
+  return open_ ? open_->tokens_tmp : fs::path();
+}
+
 std::string ShardWriter::next_base() const {
   char num[16];
   std::snprintf(num, sizeof num, "%05d", static_cast<int>(done_.size()));

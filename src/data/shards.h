@@ -53,6 +53,8 @@ class ShardWriter {
   std::vector<ShardInfo> finish();
   // The shards completed so far.
   const std::vector<ShardInfo>& shards() const { return done_; }
+  // The temporary file of the shard being written ("" when none is open).
+  std::filesystem::path open_file() const;
 
   // A resume point: the completed shards and the open one's document starts, its tokens put on
   // disk first. From then on a writer destroyed unfinished leaves its open shard's temporary

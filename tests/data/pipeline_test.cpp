@@ -24,6 +24,7 @@
 #include "data/pipeline.h"
 #include "data/readers.h"
 #include "data/shards.h"
+#include "support/errors.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
 
@@ -275,6 +276,28 @@ TEST(Pipeline, AConfiguredPathThatDoesNotExistIsAnErrorBeforeAnyWork) {
   EXPECT_FALSE(fs::exists(corpus().root / "out_typo"));
 }
 
+// A file that is no tokenizer, or a tokenizer without the BOS token asked for, is refused before
+// pass 1 reads anything, naming the key.
+TEST(Pipeline, AWrongTokenizerIsRefusedBeforePassOne) {
+  const fs::path cfg_path = corpus().config("out_tokenizer", 1);
+  const std::string text = read_file(cfg_path);
+  const auto error = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    t.replace(t.find(from), from.size(), to);
+    return pollen::testing::error_of(
+        [&] { prepare(PipelineConfig::parse(t, cfg_path), {.progress = false}); });
+  };
+  const fs::path pass1 = corpus().root / "out_tokenizer" / "work" / "pass1.docs";
+  std::string e = error("\"tokenizer.json\"", "\"eval.jsonl\"");
+  EXPECT_NE(e.find("tokenize.tokenizer 'eval.jsonl': "), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(pass1));
+  e = error("shard_tokens = 2000\n",
+            "shard_tokens = 2000\nadd_bos = true\nbos_token = \"<nope>\"\n");
+  EXPECT_NE(e.find("tokenize.bos_token: the tokenizer"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(pass1));
+  fs::remove_all(corpus().root / "out_tokenizer");
+}
+
 // Two `pollen data prepare` on one output folder would overwrite each other's shards: the second
 // is refused while the first holds the folder.
 TEST(Pipeline, ASecondPrepareOfTheSameFolderIsRefused) {
@@ -409,6 +432,78 @@ TEST(Pipeline, ACorruptOrTruncatedCompressedFileContributesNoDocuments) {
   EXPECT_EQ(std::count(curated.begin(), curated.end(), '\n'), 2);
 }
 
+// A dataset folder inside a source's folder is not read as input: the second prepare reads what
+// the first read, and finds its work done. An upper-case .GZ is decompressed as .gz is.
+TEST(Pipeline, AnOutputInsideASourceFolderIsNotReadAsInput) {
+  const fs::path dir = corpus().root / "inside";
+  std::string jl;
+  for (int i = 300; i < 306; ++i) jl += json{{"text", paragraph(i)}}.dump() + "\n";
+  fs::create_directories(dir / "in");
+  gzFile gz = gzopen((dir / "in" / "UPPER.JSONL.GZ").c_str(), "wb");
+  gzwrite(gz, jl.data(), static_cast<unsigned>(jl.size()));
+  gzclose(gz);
+  write(dir / "cfg.toml",
+        "output = \"in/out\"\nsources = [\"s\"]\n[source.s]\npaths = [\"in\"]\n"
+        "format = \"jsonl\"\n[split]\nvalidation_fraction = 0\n[tokenize]\nenabled = false\n");
+  const int before = num_threads();
+  prepare(PipelineConfig::load(dir / "cfg.toml"), {.progress = false});
+  const std::string first = read_file(dir / "in" / "out" / "manifest.json");
+  prepare(PipelineConfig::load(dir / "cfg.toml"), {.progress = false});
+  set_num_threads(before);
+  EXPECT_EQ(read_file(dir / "in" / "out" / "manifest.json"), first);
+  const json m = json::parse(first);
+  ASSERT_EQ(m["inputs"].size(), 1u) << m["inputs"].dump();
+  EXPECT_EQ(m["inputs"][0]["path"], "s/UPPER.JSONL.GZ");
+  EXPECT_EQ(m["stages"][0]["docs_in"], 6);
+  fs::remove_all(dir);
+}
+
+// Two files that would be named alike (one relative path under two listed folders of a source)
+// are refused naming both, as is a source listed twice.
+TEST(Pipeline, InputsNamedAlikeAndASourceListedTwiceAreRefused) {
+  const fs::path dir = corpus().root / "alike";
+  write(dir / "d1" / "x.jsonl", json{{"text", "alpha"}}.dump() + "\n");
+  write(dir / "d2" / "x.jsonl", json{{"text", "beta"}}.dump() + "\n");
+  const std::string rest =
+      "[source.s]\npaths = [\"d1\", \"d2\"]\nformat = \"jsonl\"\n[tokenize]\nenabled = false\n";
+  const std::string e = pollen::testing::error_of([&] {
+    prepare(PipelineConfig::parse("output = \"out\"\nsources = [\"s\"]\n" + rest, dir / "cfg.toml"),
+            {.progress = false});
+  });
+  EXPECT_NE(e.find("source.s.paths: '" + (dir / "d1" / "x.jsonl").string() + "' and '" +
+                   (dir / "d2" / "x.jsonl").string() + "' would both be named 's/x.jsonl'"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(dir / "out" / "manifest.json"));
+  const std::string twice = pollen::testing::error_of([&] {
+    PipelineConfig::parse("output = \"out\"\nsources = [\"s\", \"s\"]\n" + rest, dir / "cfg.toml");
+  });
+  EXPECT_NE(twice.find("'s' is listed twice"), std::string::npos) << twice;
+  fs::remove_all(dir);
+}
+
+// A MinHash signature of more than 2^20 hashes, or a threshold that is no similarity, is
+// refused naming the key.
+TEST(Pipeline, MinhashSignatureSizeAndThresholdAreChecked) {
+  const auto error = [](const std::string& minhash) {
+    return pollen::testing::error_of([&] {
+      PipelineConfig::parse(
+          "output = \"out\"\nsources = [\"s\"]\n[source.s]\npaths = "
+          "[\"in\"]\n[minhash]\n" +
+              minhash,
+          "/tmp/cfg.toml");
+    });
+  };
+  EXPECT_NE(error("bands = 65536\nrows = 65537\n").find("minhash.bands' * rows (65536 * 65537)"),
+            std::string::npos)
+      << error("bands = 65536\nrows = 65537\n");
+  EXPECT_NE(error("threshold = 1.5\n").find("expected a Jaccard similarity in (0, 1], got 1.5"),
+            std::string::npos)
+      << error("threshold = 1.5\n");
+  EXPECT_NE(error("threshold = 0\n").find("threshold"), std::string::npos);
+  EXPECT_EQ(error("bands = 1024\nrows = 1024\nthreshold = 1\n"), "");
+}
+
 // max_doc_bytes holds for a JSONL record's text as for a text file or a delimited document
 // (max_line_bytes bounds only the line): each longer record is dropped at read, at its line.
 TEST(Pipeline, TheDocumentLimitHoldsForRecordsToo) {
@@ -502,9 +597,9 @@ TEST(Pipeline, PassTwoResumesFromItsLastResumePointByteIdentical) {
     EXPECT_FALSE(fs::exists(corpus().root / out / "manifest.json"));
     const bool saved = resume_point_docs(out) > 0;
     resumed += saved;
-    testing::internal::CaptureStderr();
+    ::testing::internal::CaptureStderr();
     ASSERT_TRUE(rerun(out, 2 - static_cast<int>(k % 2), 0));
-    const std::string log = testing::internal::GetCapturedStderr();
+    const std::string log = ::testing::internal::GetCapturedStderr();
     EXPECT_EQ(log.find("resuming pass 2") != std::string::npos, saved) << log;
     EXPECT_EQ(log.find("cannot resume"), std::string::npos) << log;
     EXPECT_EQ(outputs(corpus().root / out), one) << "interrupted after batch " << k;
@@ -518,9 +613,9 @@ TEST(Pipeline, PassTwoResumesFromItsLastResumePointByteIdentical) {
   fs::remove_all(corpus().root / "out_lost");
   ASSERT_FALSE(rerun("out_lost", 2, 4, every_batch));
   ASSERT_TRUE(fs::remove(corpus().root / "out_lost" / ".curated-train.jsonl.tmp"));
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   ASSERT_TRUE(rerun("out_lost", 2, 0, every_batch));
-  EXPECT_NE(testing::internal::GetCapturedStderr().find("starting it over"), std::string::npos);
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("starting it over"), std::string::npos);
   EXPECT_EQ(outputs(corpus().root / "out_lost"), one);
 }
 
@@ -546,9 +641,14 @@ TEST(Pipeline, AnInterruptedRerunWithAChangedConfigLeavesNoStaleManifest) {
       EXPECT_NE(std::string(e.what()).find("has not finished"), std::string::npos) << e.what();
     }
   }
-  // Finishing the changed run writes its manifest again.
+  // Finishing the changed run writes its manifest again, and leaves none of what a killed run
+  // could: a partial shard this run does not continue, an index's temporary file.
+  write(out / ".tiny-train-00057.tokens.tmp", std::string(100, 'x'));
+  write(out / ".tiny-train-00000.index.tmp.4321", "x");
   ASSERT_TRUE(rerun("out_stale", 2, 0, "max_doc_bytes = 3000\n"));
   EXPECT_TRUE(fs::exists(out / "manifest.json"));
+  for (const auto& e : fs::directory_iterator(out))
+    EXPECT_FALSE(e.path().filename().string().starts_with(".")) << e.path();
 }
 
 TEST(Pipeline, PrepareKilledInPassTwoResumesByteIdentical) {
