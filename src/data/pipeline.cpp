@@ -182,19 +182,30 @@ void check_configured_paths(const PipelineConfig& c) {
     for (const auto& e : c.eval_files) check("decontaminate.eval_files", e, "a file");
 }
 
+// Whether `path` is `folder` or lies under it (both absolute and normal).
+bool is_within(const fs::path& path, const fs::path& folder) {
+  return std::mismatch(folder.begin(), folder.end(), path.begin(), path.end()).first ==
+         folder.end();
+}
+
 // The input files of the config's sources, each under its own name (the prefix of its documents'
-// ids, and what the manifest lists), without the dataset's folder: a source's folder may hold it.
+// ids, and what the manifest lists), without the dataset's own files where a listed folder
+// holds the output folder.
 std::vector<InputFile> list_config_inputs(const PipelineConfig& c) {
   std::vector<InputFile> files = list_inputs(c.sources, c.base_dir);
-  std::error_code ec;
-  const fs::path output = fs::weakly_canonical(c.output, ec);
-  const auto in_output = [&](const InputFile& f) {
-    std::error_code unresolved;
-    const fs::path p = fs::weakly_canonical(f.path, unresolved);
-    return !ec && !unresolved && !output.empty() &&
-           std::mismatch(output.begin(), output.end(), p.begin(), p.end()).first == output.end();
+  const auto absolute = [&](const fs::path& p) {
+    std::error_code ec;
+    const fs::path full = fs::weakly_canonical(p.is_absolute() ? p : c.base_dir / p, ec);
+    return ec ? fs::absolute(p).lexically_normal() : full;
   };
-  const auto outputs = std::erase_if(files, in_output);
+  const fs::path output = absolute(c.output);
+  // A file under the output that was found there by a folder holding the output: the dataset's
+  // own. One found by a listed folder inside the output stays an input.
+  const auto own = [&](const InputFile& f) {
+    const fs::path listed = absolute(f.listed);
+    return listed != output && is_within(output, listed) && is_within(absolute(f.path), output);
+  };
+  const auto outputs = std::erase_if(files, own);
   if (outputs > 0)
     log::warn("data: the output folder '", c.output.string(), "' is inside a source's paths; its ",
               outputs, " files are not read as input");
@@ -205,6 +216,20 @@ std::vector<InputFile> list_config_inputs(const PipelineConfig& c) {
       log::warn("data: source.", c.sources[s].name,
                 ".paths hold no file that its include and exclude patterns take: the source "
                 "contributes nothing");
+  // Two listed folders of a source may hold files at one relative path (dumps by date, each
+  // with part-000.jsonl): those are named by their listed folder too, as the config gives it
+  // (relative to the config's folder; an absolute one by its last component).
+  std::map<std::string, int> uses;
+  for (const InputFile& f : files) ++uses[f.name];
+  for (InputFile& f : files) {
+    if (uses[f.name] < 2) continue;
+    const fs::path listed =
+        (f.listed.is_absolute() ? f.listed.filename() : f.listed).lexically_normal();
+    const std::string source = c.sources[static_cast<size_t>(f.source)].name;
+    const bool listed_folder = fs::is_directory(absolute(f.listed));
+    f.name = source + "/" + listed.generic_string() +
+             (listed_folder ? "/" + f.name.substr(source.size() + 1) : std::string());
+  }
   std::map<std::string, const InputFile*> named;
   for (const InputFile& f : files) {
     const auto [first, fresh] = named.emplace(f.name, &f);

@@ -41,9 +41,10 @@ std::vector<InputFile> list_inputs(const std::vector<SourceSpec>& sources, const
         }
         std::sort(files.begin(), files.end());
         for (auto& [rel, full] : files)
-          out.push_back({static_cast<int>(si), full, src.name + "/" + rel, false});
+          out.push_back({static_cast<int>(si), full, src.name + "/" + rel, false, p});
       } else {
-        InputFile f{static_cast<int>(si), path, src.name + "/" + path.filename().string(), false};
+        InputFile f{static_cast<int>(si), path, src.name + "/" + path.filename().string(), false,
+                    p};
         f.missing = !fs::exists(path, ec);
         out.push_back(std::move(f));
       }

@@ -31,6 +31,7 @@ struct InputFile {
   std::filesystem::path path;  // where it is read from
   std::string name;            // "<source>/<path relative to the listed path>": no absolute paths
   bool missing = false;
+  std::filesystem::path listed;  // the source's path it was found under, as the config gives it
 };
 
 struct Problem {

@@ -458,27 +458,43 @@ TEST(Pipeline, AnOutputInsideASourceFolderIsNotReadAsInput) {
   fs::remove_all(dir);
 }
 
-// Two files that would be named alike (one relative path under two listed folders of a source)
-// are refused naming both, as is a source listed twice.
-TEST(Pipeline, InputsNamedAlikeAndASourceListedTwiceAreRefused) {
+// Two listed folders of a source that hold one relative path name those files by their folder
+// too (the others keep their names); a folder listed twice, or a source, is refused. A source
+// folder inside the output folder is read.
+TEST(Pipeline, InputsNamedAlikeAreToldApartAndAFolderListedTwiceIsRefused) {
   const fs::path dir = corpus().root / "alike";
-  write(dir / "d1" / "x.jsonl", json{{"text", "alpha"}}.dump() + "\n");
-  write(dir / "d2" / "x.jsonl", json{{"text", "beta"}}.dump() + "\n");
-  const std::string rest =
-      "[source.s]\npaths = [\"d1\", \"d2\"]\nformat = \"jsonl\"\n[tokenize]\nenabled = false\n";
-  const std::string e = pollen::testing::error_of([&] {
-    prepare(PipelineConfig::parse("output = \"out\"\nsources = [\"s\"]\n" + rest, dir / "cfg.toml"),
-            {.progress = false});
-  });
+  write(dir / "d1" / "x.jsonl", json{{"text", paragraph(400)}}.dump() + "\n");
+  write(dir / "d2" / "x.jsonl", json{{"text", paragraph(401)}}.dump() + "\n");
+  write(dir / "d2" / "y.jsonl", json{{"text", paragraph(402)}}.dump() + "\n");
+  const auto config = [&](const std::string& output, const std::string& paths,
+                          const std::string& sources = "[\"s\"]") {
+    return PipelineConfig::parse("output = \"" + output + "\"\nsources = " + sources +
+                                     "\n[source.s]\npaths = " + paths +
+                                     "\nformat = \"jsonl\"\n[split]\nvalidation_fraction = 0\n"
+                                     "[tokenize]\nenabled = false\n",
+                                 dir / "cfg.toml");
+  };
+  const int before = num_threads();
+  prepare(config("out", "[\"d1\", \"d2\"]"), {.progress = false});
+  const json manifest = json::parse(read_file(dir / "out" / "manifest.json"));
+  std::vector<std::string> inputs;
+  for (const auto& in : manifest["inputs"]) inputs.push_back(in["path"].get<std::string>());
+  EXPECT_EQ(inputs, (std::vector<std::string>{"s/d1/x.jsonl", "s/d2/x.jsonl", "s/y.jsonl"}));
+
+  const std::string e = pollen::testing::error_of(
+      [&] { prepare(config("out2", "[\"d1\", \"d1\"]"), {.progress = false}); });
   EXPECT_NE(e.find("source.s.paths: '" + (dir / "d1" / "x.jsonl").string() + "' and '" +
-                   (dir / "d2" / "x.jsonl").string() + "' would both be named 's/x.jsonl'"),
+                   (dir / "d1" / "x.jsonl").string() + "' would both be named 's/d1/x.jsonl'"),
             std::string::npos)
       << e;
-  EXPECT_FALSE(fs::exists(dir / "out" / "manifest.json"));
-  const std::string twice = pollen::testing::error_of([&] {
-    PipelineConfig::parse("output = \"out\"\nsources = [\"s\", \"s\"]\n" + rest, dir / "cfg.toml");
-  });
+  const std::string twice =
+      pollen::testing::error_of([&] { config("out3", "[\"d1\"]", "[\"s\", \"s\"]"); });
   EXPECT_NE(twice.find("'s' is listed twice"), std::string::npos) << twice;
+
+  // The dataset folder holding its source folder: the source is read all the same.
+  prepare(config(".", "[\"d2\"]"), {.progress = false});
+  set_num_threads(before);
+  EXPECT_EQ(json::parse(read_file(dir / "manifest.json"))["inputs"].size(), 2u);
   fs::remove_all(dir);
 }
 
