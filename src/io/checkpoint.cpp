@@ -179,7 +179,8 @@ ResumePoint choose_checkpoint_to_resume(const fs::path& root, const std::string&
 }
 
 std::vector<fs::path> apply_retention(const fs::path& root, int keep) {
-  std::vector<fs::path> removed = remove_abandoned(root, {".tmp-step-", ".old-step-"});
+  std::vector<fs::path> removed =
+      remove_abandoned(root, {".tmp-step-", ".old-step-"}, /*step=*/true);
   if (keep > 0) {
     auto all = list_checkpoints(root);
     for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) {

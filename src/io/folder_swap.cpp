@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string_view>
 
 #include "base/error.h"
 
@@ -44,28 +46,55 @@ void replace_folder(const fs::path& staged, const fs::path& target) {
   fs::remove_all(old);
 }
 
-std::vector<fs::path> remove_abandoned(const fs::path& parent,
-                                       const std::vector<std::string>& prefixes) {
-  std::vector<fs::path> removed;
-  if (!fs::is_directory(parent)) return removed;
+namespace {
+
+// The process that wrote `name` when it is PREFIX then a pid (with a step: PREFIX, a number,
+// '.' and a pid). Nothing for any other name, such as another output's "PREFIXv2.PID".
+std::optional<pid_t> writer_of(const std::string& name, const std::string& prefix, bool step) {
+  if (!name.starts_with(prefix)) return std::nullopt;
+  std::string_view rest = std::string_view(name).substr(prefix.size());
+  const auto digits = [](std::string_view s) {
+    return !s.empty() && s.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  if (step) {
+    const size_t dot = rest.find('.');
+    if (dot == std::string_view::npos || !digits(rest.substr(0, dot))) return std::nullopt;
+    rest = rest.substr(dot + 1);
+  }
+  if (!digits(rest)) return std::nullopt;
+  return static_cast<pid_t>(std::atol(std::string(rest).c_str()));
+}
+
+}  // namespace
+
+std::vector<fs::path> find_abandoned(const fs::path& parent,
+                                     const std::vector<std::string>& prefixes, bool step) {
+  std::vector<fs::path> found;
+  if (!fs::is_directory(parent)) return found;
   for (const auto& e : fs::directory_iterator(parent)) {
     const std::string name = e.path().filename().string();
-    if (std::none_of(prefixes.begin(), prefixes.end(),
-                     [&](const std::string& p) { return name.starts_with(p); }))
-      continue;
-    const std::string digits = name.substr(name.rfind('.') + 1);
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = static_cast<pid_t>(std::atol(digits.c_str()));
-    // Another process that runs (kill succeeds, or it is another user's) is still writing.
-    const bool other_writer =
-        pid > 0 && pid != ::getpid() && (::kill(pid, 0) == 0 || errno == EPERM);
-    if (!other_writer) removed.push_back(e.path());
+    for (const auto& prefix : prefixes) {
+      const std::optional<pid_t> pid = writer_of(name, prefix, step);
+      if (!pid) continue;
+      // Another process that runs (kill succeeds, or it is another user's) is still writing.
+      const bool other_writer =
+          *pid > 0 && *pid != ::getpid() && (::kill(*pid, 0) == 0 || errno == EPERM);
+      if (!other_writer) found.push_back(e.path());
+      break;
+    }
   }
-  for (const auto& p : removed) {
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::vector<fs::path> remove_abandoned(const fs::path& parent,
+                                       const std::vector<std::string>& prefixes, bool step) {
+  const std::vector<fs::path> found = find_abandoned(parent, prefixes, step);
+  for (const auto& p : found) {
     std::error_code ignored;
     fs::remove_all(p, ignored);
   }
-  return removed;
+  return found;
 }
 
 }  // namespace pollen::io

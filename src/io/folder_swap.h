@@ -17,10 +17,15 @@ void sync_folder(const std::filesystem::path& dir);
 // the old one is first moved aside to `.old-NAME.PID`.
 void replace_folder(const std::filesystem::path& staged, const std::filesystem::path& target);
 
-// What writers killed midway left in `parent`: the entries named PREFIX...PID, for each of
-// `prefixes`, of this process (done with them by now) or of one that no longer runs. Removes
-// them and returns their paths.
+// What writers killed midway left in `parent`: the entries named PREFIX then PID (with `step`:
+// PREFIX, a step number, '.' and PID), for each of `prefixes`, of this process (done with them
+// by now) or of one that no longer runs; sorted.
+std::vector<std::filesystem::path> find_abandoned(const std::filesystem::path& parent,
+                                                  const std::vector<std::string>& prefixes,
+                                                  bool step = false);
+// Removes what find_abandoned finds and returns it.
 std::vector<std::filesystem::path> remove_abandoned(const std::filesystem::path& parent,
-                                                    const std::vector<std::string>& prefixes);
+                                                    const std::vector<std::string>& prefixes,
+                                                    bool step = false);
 
 }  // namespace pollen::io

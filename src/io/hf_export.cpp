@@ -141,10 +141,21 @@ HfExportResult export_hf(const model::Llama& model, const fs::path& dir,
                " is not one of f32, bf16, f16");
   const fs::path target = export_target(dir);
   fs::create_directories(target.parent_path());
-  // An export killed midway left its staging folder, a whole model's size, beside the output.
+  // An export killed midway left its staging folder, a whole model's size, beside the output;
+  // one killed between the two renames of a swap without RENAME_EXCHANGE left no output, the
+  // earlier export moved aside: that one is put back first.
   const std::string name = target.filename().string();
-  for (const auto& left : remove_abandoned(
-           target.parent_path(), {cat(".tmp-export-", name, "."), cat(".old-", name, ".")}))
+  const std::string moved_aside = cat(".old-", name, ".");
+  if (!fs::exists(fs::symlink_status(target))) {
+    const auto aside = find_abandoned(target.parent_path(), {moved_aside});
+    if (!aside.empty()) {
+      fs::rename(aside.back(), target);
+      log::warn("export: put '", aside.back().string(), "' back as '", target.string(),
+                "': an export that did not finish had moved it aside");
+    }
+  }
+  for (const auto& left :
+       remove_abandoned(target.parent_path(), {cat(".tmp-export-", name, "."), moved_aside}))
     log::warn("export: removed '", left.string(), "', left by an export that did not finish");
   const fs::path staging = target.parent_path() / cat(".tmp-export-", name, ".", ::getpid());
   fs::create_directory(staging);

@@ -139,26 +139,40 @@ TEST(HfExport, AFailedExportLeavesTheEarlierOneWhole) {
 }
 
 // What an export killed midway left beside the output (its staging folder, or the old export
-// moved aside) is removed by the next export; a running export's staging folder is not.
+// moved aside) is removed by the next export; a running export's staging folder is not, nor
+// another output's. An export killed between the two renames of a swap left no output, the
+// earlier export moved aside: it is put back, and stays when the next export fails.
 TEST(HfExport, WhatAKilledExportLeftIsRemovedByTheNext) {
   const fs::path root = temp_dir("killed"), dir = root / "out";
   const pid_t gone = fork();
   if (gone == 0) _exit(0);
   ASSERT_GT(gone, 0);
   ASSERT_EQ(waitpid(gone, nullptr, 0), gone);
+  const std::string dead = std::to_string(gone);
   const pid_t running = getppid();  // the process that runs the tests: alive, and not this one
-  const std::vector<std::string> killed = {".tmp-export-out." + std::to_string(gone),
-                                           ".old-out." + std::to_string(gone)};
-  const std::string live = ".tmp-export-out." + std::to_string(running);
-  const std::string other_output = ".tmp-export-out2." + std::to_string(gone);
-  for (const auto& name : {killed[0], killed[1], live, other_output}) {
-    fs::create_directories(root / name);
-    write_file_atomic(root / name / "model.safetensors", "partial");
-  }
+  const std::vector<std::string> killed = {".tmp-export-out." + dead, ".old-out." + dead};
+  const std::vector<std::string> kept = {".tmp-export-out." + std::to_string(running),
+                                         ".tmp-export-out.v2." + dead, ".tmp-export-out.12." + dead,
+                                         ".tmp-export-out2." + dead};
+  for (const auto& names : {killed, kept})
+    for (const auto& name : names) {
+      fs::create_directories(root / name);
+      write_file_atomic(root / name / "model.safetensors", "partial");
+    }
   io::export_hf(model::Llama(config(48), 7), dir, {});
   for (const auto& name : killed) EXPECT_FALSE(fs::exists(root / name)) << name;
-  EXPECT_TRUE(fs::exists(root / live));
-  EXPECT_TRUE(fs::exists(root / other_output)) << "another output's staging is not this one's";
+  for (const auto& name : kept) EXPECT_TRUE(fs::exists(root / name)) << name;
+
+  const fs::path lost = root / "lost", aside = root / (".old-lost." + dead);
+  const model::Llama earlier(config(48), 8);
+  io::export_hf(earlier, lost, {});
+  fs::rename(lost, aside);
+  const std::string e = pollen::testing::error_of([&] {
+    io::export_hf(model::Llama(config(48), 9), lost, sharded_with_tokenizer(root / "missing.json"));
+  });
+  EXPECT_NE(e.find("missing.json"), std::string::npos) << e;
+  expect_same_weights(io::load_hf_model(lost), earlier);
+  EXPECT_FALSE(fs::exists(aside));
   fs::remove_all(root);
 }
 
