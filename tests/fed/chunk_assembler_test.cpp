@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "fed/wire.h"
+#include "support/errors.h"
 
 using namespace pollen;
 using namespace pollen::fed;
@@ -88,29 +89,16 @@ TEST(ChunkAssembler, AShortOrAlteredStreamIsRefusedAtTheEnd) {
   const std::string bytes = counting_bytes(1000);
   ChunkAssembler short_stream(header_for(bytes), "pull of round 3");
   short_stream.add(chunk(0, bytes.substr(0, 999)));
-  EXPECT_THROW(
-      {
-        try {
-          short_stream.finish();
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("ended after 999 of 1000"), std::string::npos);
-          throw;
-        }
-      },
-      Error);
+  const std::string short_error = pollen::testing::error_of([&] { short_stream.finish(); });
+  EXPECT_NE(short_error.find("pull of round 3: stream ended after 999 of 1000 bytes"),
+            std::string::npos)
+      << short_error;
 
   std::string altered = bytes;
   altered[500] ^= 1;
   ChunkAssembler a(header_for(bytes), "pull of round 3");
   a.add(chunk(0, altered));
-  EXPECT_THROW(
-      {
-        try {
-          a.finish();
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("SHA-256 mismatch"), std::string::npos);
-          throw;
-        }
-      },
-      Error);
+  const std::string altered_error = pollen::testing::error_of([&] { a.finish(); });
+  EXPECT_NE(altered_error.find("pull of round 3: SHA-256 mismatch"), std::string::npos)
+      << altered_error;
 }

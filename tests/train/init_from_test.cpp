@@ -23,6 +23,13 @@ fs::path temp_dir(const std::string& name) {
 
 using test_support::train_quiet;
 
+// The tiny run over `manifest` in `run`, `steps` long, with --set's `sets`.
+train::TrainConfig tiny_config(const fs::path& run, const fs::path& manifest, int steps,
+                               std::vector<std::string> sets) {
+  return train::parse_train_config(test_support::tiny_run_toml(run, manifest, steps), "t.toml",
+                                   sets);
+}
+
 // Names of the tensors whose bytes differ between two safetensors files (all of them must exist
 // in both).
 std::vector<std::string> differing_tensors(const fs::path& a, const fs::path& b) {
@@ -43,8 +50,7 @@ TEST(InitFrom, RunStartsFromExactlyTheCheckpointsWeightsWithAFreshOptimizer) {
   const fs::path dir = temp_dir("exact");
   const fs::path manifest = test_support::make_tiny_dataset(dir / "data", 60);
   auto config = [&](const fs::path& run, int steps, std::vector<std::string> sets) {
-    return train::parse_train_config(test_support::tiny_run_toml(run, manifest, steps), "t.toml",
-                                     sets);
+    return tiny_config(run, manifest, steps, std::move(sets));
   };
   ASSERT_EQ(train_quiet(config(dir / "a", 8, {})).status, train::RunStatus::finished);
   const fs::path a8 = dir / "a/checkpoints" / io::checkpoint_name(8);
@@ -119,21 +125,19 @@ TEST(InitFrom, AnotherArchitectureOrAModelWithoutWeightsIsRefused) {
 TEST(InitFrom, AResumedRunNeedsTheWeightsItStartedFromNoLonger) {
   const fs::path dir = temp_dir("resume");
   const fs::path manifest = test_support::make_tiny_dataset(dir / "data", 60);
-  auto config = [&](const fs::path& run, int steps, std::vector<std::string> sets) {
-    return train::parse_train_config(test_support::tiny_run_toml(run, manifest, steps), "t.toml",
-                                     sets);
-  };
-  ASSERT_EQ(train_quiet(config(dir / "warm", 4, {})).status, train::RunStatus::finished);
+  ASSERT_EQ(train_quiet(tiny_config(dir / "warm", manifest, 4, {})).status,
+            train::RunStatus::finished);
   const fs::path warm4 = dir / "warm/checkpoints" / io::checkpoint_name(4);
   const std::vector<std::string> from_warm = {"model.init_from=\"" + warm4.string() + "\"",
                                               "checkpoint.interval=2"};
-  ASSERT_EQ(train_quiet(config(dir / "whole", 6, from_warm)).status, train::RunStatus::finished);
+  ASSERT_EQ(train_quiet(tiny_config(dir / "whole", manifest, 6, from_warm)).status,
+            train::RunStatus::finished);
 
   // Stopped after step 2, its starting weights gone, then resumed: the same run as the whole one.
-  ASSERT_NE(train_quiet(config(dir / "split", 6, from_warm), false, 2).status,
+  ASSERT_NE(train_quiet(tiny_config(dir / "split", manifest, 6, from_warm), false, 2).status,
             train::RunStatus::finished);
   fs::rename(dir / "warm", dir / "warm-gone");
-  const auto r = train_quiet(config(dir / "split", 6, from_warm), true);
+  const auto r = train_quiet(tiny_config(dir / "split", manifest, 6, from_warm), true);
   ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
   const fs::path last = fs::path("checkpoints") / io::checkpoint_name(6) / "model.safetensors";
   EXPECT_EQ(differing_tensors(dir / "whole" / last, dir / "split" / last),
@@ -141,7 +145,7 @@ TEST(InitFrom, AResumedRunNeedsTheWeightsItStartedFromNoLonger) {
 
   // A fresh run still needs them, and says which key named them.
   try {
-    train_quiet(config(dir / "fresh", 6, from_warm));
+    train_quiet(tiny_config(dir / "fresh", manifest, 6, from_warm));
     ADD_FAILURE() << "a run from missing weights started";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("model.init_from: "), std::string::npos) << e.what();
