@@ -126,7 +126,11 @@ class ByteStream {
           POLLEN_CHECK(stream_done_ || raw_bytes_ == 0, "truncated gzip stream");
           return 0;
         }
-        if (stream_done_) {  // a following gzip member
+        if (stream_done_) {
+          // Zero bytes after a member are padding (a tape's or a block device's), which gzip
+          // and Python's gzip take as the end; anything else begins another member.
+          while (raw_pos_ < raw_len_ && raw_[raw_pos_] == 0) ++raw_pos_;
+          if (raw_pos_ == raw_len_) continue;
           POLLEN_CHECK(inflateReset(&z_) == Z_OK, "zlib reset failed");
           stream_done_ = false;
         }
@@ -400,7 +404,9 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
       std::string& text = d.text;
       std::vector<char> buf(1 << 20);
       bool too_big = false;
+      int64_t total = 0;
       for (size_t n; (n = in.read(buf.data(), buf.size())) > 0;) {
+        total += static_cast<int64_t>(n);
         if (!too_big && static_cast<int64_t>(text.size() + n) > limits.max_doc_bytes) {
           too_big = true;
           text.clear();
@@ -410,7 +416,9 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
       }
       if (too_big)
         problem_out({file.name, 0, "document_too_large",
-                     cat("over max_doc_bytes = ", limits.max_doc_bytes)});
+                     cat("the document's ", total,
+                         " bytes are over max_doc_bytes = ", limits.max_doc_bytes),
+                     total});
       else if (in.raw_bytes() == 0)
         problem_out({file.name, 0, "empty_file", "the file is empty"});
       else {
@@ -423,12 +431,18 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
       std::string& doc = d.text;
       bool too_long = false, doc_bad = false, any = false, started = false;
       int64_t n = 0, doc_line = 1;
+      int64_t doc_bytes = 0,
+              long_line = 0;  // the document's lines with their '\n'; an over-long one
       auto flush = [&]() {
         ++n;
         if (doc_bad)
           problem_out({file.name, doc_line, "document_too_large",
-                       "a line or the document is over "
-                       "the limits"});
+                       long_line > 0 ? cat("its line ", long_line,
+                                           " is over max_line_bytes = ", limits.max_line_bytes)
+                                     : cat("the document (", doc_bytes,
+                                           " bytes with its line breaks) is over max_doc_bytes = ",
+                                           limits.max_doc_bytes),
+                       doc_bytes});
         else {
           d.id.assign(file.name).append("#").append(std::to_string(n));
           d.line = doc_line;
@@ -437,6 +451,7 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
         doc.clear();
         doc_bad = false;
         started = false;
+        doc_bytes = long_line = 0;
       };
       while (lines.next(line, too_long)) {
         any = true;
@@ -448,6 +463,8 @@ void read_input(const InputFile& file, const SourceSpec& spec, const ReadLimits&
           doc_line = line_no + 1;
           continue;
         }
+        doc_bytes += lines.length();
+        if (too_long && long_line == 0) long_line = line_no;
         // The document as it would be: its lines so far, a '\n', then this line.
         const size_t joined = doc.size() + (started ? 1 : 0) + l.size();
         if (too_long || static_cast<int64_t>(joined) > limits.max_doc_bytes) {

@@ -109,7 +109,7 @@ inline std::vector<Event> expected_text(std::string_view c, size_t stored, const
                                         const data::ReadLimits& limits) {
   if (c.empty() && stored == 0) return {{'p', "empty_file", "", 0, 0}};
   if (static_cast<int64_t>(c.size()) > limits.max_doc_bytes)
-    return {{'p', "document_too_large", "", 0, 0}};
+    return {{'p', "document_too_large", "", 0, static_cast<int64_t>(c.size())}};
   return {{'d', name, std::string(c), 1, 0}};
 }
 
@@ -117,19 +117,21 @@ inline std::vector<Event> expected_delimited(std::string_view c, const std::stri
                                              const std::string& name,
                                              const data::ReadLimits& limits) {
   std::vector<Event> out;
-  const auto lines = lines_of(c, nullptr);
+  std::vector<bool> newline;
+  const auto lines = lines_of(c, &newline);
   if (lines.empty()) return {{'p', "empty_file", "", 0, 0}};
   std::string doc;
   bool started = false, bad = false;
-  int64_t n = 0, doc_line = 1;
+  int64_t n = 0, doc_line = 1, doc_bytes = 0;  // its lines' bytes with their line breaks
   const auto flush = [&] {
     ++n;
     if (bad || static_cast<int64_t>(doc.size()) > limits.max_doc_bytes)
-      out.push_back({'p', "document_too_large", "", doc_line, 0});
+      out.push_back({'p', "document_too_large", "", doc_line, doc_bytes});
     else
       out.push_back({'d', name + "#" + std::to_string(n), doc, doc_line, 0});
     doc.clear();
     started = bad = false;
+    doc_bytes = 0;
   };
   for (size_t i = 0; i < lines.size(); ++i) {
     std::string_view l = lines[i];
@@ -140,6 +142,7 @@ inline std::vector<Event> expected_delimited(std::string_view c, const std::stri
       doc_line = static_cast<int64_t>(i) + 2;
       continue;
     }
+    doc_bytes += static_cast<int64_t>(lines[i].size()) + (newline[i] ? 1 : 0);
     if (too_long) bad = true;
     if (started) doc += '\n';
     doc.append(l);
