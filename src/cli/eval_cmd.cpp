@@ -311,13 +311,13 @@ void add_eval_command(CLI::App& app) {
       if (!a->output.empty()) write_file_atomic(a->output, lines);
       return;
     }
-    const int64_t window = default_window(m.config(), a->window);
+    const int64_t window_tokens = default_window(m.config(), a->window);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     if (!t->task.empty()) {
       nlohmann::ordered_json result{{"model", a->model}};
       std::string item_lines;
-      result.update(
-          run_task(m, src, tok, *t, window, a->batch, t->details.empty() ? nullptr : &item_lines));
+      result.update(run_task(m, src, tok, *t, window_tokens, a->batch,
+                             t->details.empty() ? nullptr : &item_lines));
       const std::string summary = result.dump(2) + "\n";
       std::printf("%s", summary.c_str());
       std::fflush(stdout);
@@ -346,7 +346,7 @@ void add_eval_command(CLI::App& app) {
       std::span<const uint32_t> scored(ids);
       uint32_t first = prefix.value_or(ids[0]);
       if (!prefix) scored = scored.subspan(1);
-      for (double lp : eval::token_logprobs(m, scored, first, window)) totals.nll -= lp;
+      for (double lp : eval::token_logprobs(m, scored, first, window_tokens)) totals.nll -= lp;
       totals.tokens += static_cast<int64_t>(scored.size());
       totals.bytes += static_cast<int64_t>(doc.size());
       ++totals.documents;
@@ -356,7 +356,7 @@ void add_eval_command(CLI::App& app) {
     POLLEN_CHECK(totals.tokens > 0, "eval: '", input, "' holds no text to score",
                  is_jsonl ? cat(" (no line with a non-empty '", a->field, "')") : std::string());
     result["input"] = is_jsonl ? a->jsonl : a->text;
-    result["window"] = window;
+    result["window"] = window_tokens;
     result["documents"] = totals.documents;
     result["tokens"] = totals.tokens;
     result["loss"] = totals.loss();

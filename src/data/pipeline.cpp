@@ -382,7 +382,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
       spec.name = "eval";
       spec.format = p.string().find(".jsonl") != std::string::npos ? "jsonl" : "text";
       spec.text_field = c.eval_text_field;
-      InputFile f{0, p, "eval/" + p.filename().string(), false};
+      InputFile f{0, p, "eval/" + p.filename().string(), false, e};
       int64_t bytes;
       std::string sha;
       read_input(

@@ -161,8 +161,8 @@ HfExportResult export_hf(const model::Llama& model, const fs::path& dir,
   fs::create_directory(staging);
   HfExportResult out;
   try {
-    for (const auto& name : write_export(model, staging, options, &out.weight_bytes))
-      out.files.push_back(dir / name);
+    for (const auto& file : write_export(model, staging, options, &out.weight_bytes))
+      out.files.push_back(dir / file);
     sync_folder(staging);
     replace_folder(staging, target);
   } catch (...) {
