@@ -60,7 +60,11 @@ Tok load_tokenizer(const PipelineConfig& c) {
   Tok k;
   fs::path p =
       fs::path(c.tokenizer).is_absolute() ? fs::path(c.tokenizer) : c.base_dir / c.tokenizer;
-  k.t = std::make_unique<tokenizer::Tokenizer>(tokenizer::load_hf_json(p));
+  try {
+    k.t = std::make_unique<tokenizer::Tokenizer>(tokenizer::load_hf_json(p));
+  } catch (const Error& e) {
+    fail("tokenize.tokenizer '", c.tokenizer, "': ", e.what());
+  }
   auto pick = [&](bool want, const std::string& name, const std::vector<uint32_t>& from_template,
                   std::initializer_list<const char*> usual,
                   const char* key) -> std::optional<uint32_t> {
@@ -295,13 +299,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   Tok tok;
   TokenDType dtype = TokenDType::u16;
   if (c.tokenize) {
-    try {
-      tok = load_tokenizer(c);
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      if (what.starts_with("tokenize.")) throw;
-      fail("tokenize.tokenizer '", c.tokenizer, "': ", what);
-    }
+    tok = load_tokenizer(c);
     dtype = token_dtype_for(tok.t->vocab_size());
   }
   bool reuse = false;
