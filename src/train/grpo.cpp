@@ -662,9 +662,15 @@ std::unique_ptr<Objective> make_grpo_objective(const ObjectiveContext& context,
                                                const std::string& base) {
   auto objective = std::make_unique<GrpoObjective>(context);
   const GrpoOptions& o = objective->options();
-  if (o.loss.beta > 0 && o.reference.empty())
-    objective->set_reference(std::make_shared<model::Llama>(
-        io::load_model(io::resolve_model(base), DType::f32, context.seed)));
+  if (o.loss.beta > 0 && o.reference.empty()) {
+    try {
+      objective->set_reference(std::make_shared<model::Llama>(
+          io::load_model(io::resolve_model(base), DType::f32, context.seed)));
+    } catch (const Error& e) {
+      fail("grpo: beta > 0 with no grpo.reference takes the run's base '", base,
+           "' as the KL reference, which cannot be loaded: ", e.what());
+    }
+  }
   return objective;
 }
 

@@ -113,6 +113,22 @@ std::string pinned_base(const PostConfig& cfg, const std::optional<fs::path>& re
   return io::pinned_model_spec(cfg.base, io::resolve_model(cfg.base));
 }
 
+// A resumed full fine-tune takes its weights from the checkpoint, which also holds the base's
+// architecture, tokenizer and chat template: a pinned base checkpoint that retention (or a person)
+// has removed since the run began is read there instead. The run's config still names it.
+PostBase resolve_resumed_base(const PostConfig& resolved, const std::string& named,
+                              const fs::path& checkpoint) {
+  if (resolved.base == named || fs::exists(resolved.base))
+    return resolve_post_base(resolved);
+  log::warn("resume: model.base '", named, "' was pinned to '", resolved.base,
+            "', which is gone; the architecture, tokenizer and chat template come from the "
+            "checkpoint '",
+            checkpoint.string(), "'");
+  PostConfig from_checkpoint = resolved;
+  from_checkpoint.base = checkpoint.string();
+  return resolve_post_base(from_checkpoint);
+}
+
 PostResult post_train(const PostConfig& cfg, const PostOptions& o,
                       const ObjectiveFactory& make_objective) {
   SignalGuard signals(o.handle_signals);
@@ -129,7 +145,9 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
 
   PostConfig resolved = cfg;
   resolved.base = pinned_base(cfg, resume_from);
-  const PostBase base = resolve_post_base(resolved);
+  const PostBase base = resume_from && !cfg.lora.enabled
+                            ? resolve_resumed_base(resolved, cfg.base, *resume_from)
+                            : resolve_post_base(resolved);
   const model::LlamaConfig& arch = base.source.config;
   // The checkpoints name the chat template the run used, also when it came from the base, so
   // that chat and serve on the result (and a run that starts from it) find it.

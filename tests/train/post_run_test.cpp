@@ -92,6 +92,40 @@ TEST(PostRun, ResumeAfterPreemptionEqualsAnUninterruptedRunBitwise) {
       std::string::npos);
 }
 
+// A full fine-tune resumes from its checkpoint alone: the base checkpoint it was pinned to may be
+// gone since (retention of the base run), and the run goes on as if it were there.
+TEST(PostRun, AFullFineTuneResumesWhenItsPinnedBaseIsGone) {
+  const fs::path dir = test_support::post_temp_dir("resume_base_gone");
+  const auto& fx = fixture();
+  const auto base_run = run(run_toml(dir / "base", 2), false);
+  ASSERT_EQ(base_run.status, train::RunStatus::finished) << base_run.message;
+  const auto with_base = [&](const fs::path& run, const fs::path& base) {
+    std::string text = run_toml(run, 5);
+    const std::string named = "base = \"" + fx.model_file.string() + "\"";
+    text.replace(text.find(named), named.size(), "base = \"" + base.string() + "\"");
+    return text;
+  };
+  const auto whole = run(with_base(dir / "whole", base_run.last_checkpoint), false);
+  ASSERT_EQ(whole.status, train::RunStatus::finished) << whole.message;
+  const std::string text = with_base(dir / "split", dir / "base");
+  ASSERT_EQ(run(text, false, 2).status, train::RunStatus::preempted);
+  fs::rename(dir / "base", dir / "base-removed");
+  const auto resumed = run(text, true);
+  ASSERT_EQ(resumed.status, train::RunStatus::finished) << resumed.message;
+  EXPECT_EQ(resumed.last_loss, whole.last_loss);
+  const auto x = io::read_safetensors(whole.last_checkpoint / "model.safetensors");
+  const auto y = io::read_safetensors(resumed.last_checkpoint / "model.safetensors");
+  ASSERT_EQ(x.tensors.size(), y.tensors.size());
+  for (size_t i = 0; i < x.tensors.size(); ++i)
+    EXPECT_EQ(std::memcmp(x.tensors[i].second.raw(), y.tensors[i].second.raw(),
+                          x.tensors[i].second.nbytes()),
+              0)
+        << x.tensors[i].first;
+  // The checkpoints still name the base the run began from.
+  EXPECT_EQ(fs::path(train::load_post_config(resumed.last_checkpoint / "config.toml", "sft").base),
+            base_run.last_checkpoint);
+}
+
 // The data position of a checkpoint counts examples of the run's data: resuming on changed data
 // (which would silently train on other examples) is refused, naming the file's key.
 TEST(PostRun, ResumeOnChangedDataIsRefused) {
