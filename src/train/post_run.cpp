@@ -58,7 +58,11 @@ void check_chat_markup(const PostConfig& cfg, const PostBase& b) {
 
 PostBase resolve_post_base(const PostConfig& cfg) {
   PostBase b;
-  b.source = io::resolve_model(cfg.base);
+  try {
+    b.source = io::resolve_model(cfg.base);
+  } catch (const Error& e) {
+    fail("config file '", cfg.source, "': model.base: ", e.what());
+  }
   b.tokenizer_path = cfg.tokenizer;
   if (b.tokenizer_path.empty()) {
     POLLEN_CHECK(b.source.tokenizer.has_value(), "config file '", cfg.source, "': model.base '",
@@ -118,8 +122,7 @@ std::string pinned_base(const PostConfig& cfg, const std::optional<fs::path>& re
 // has removed since the run began is read there instead. The run's config still names it.
 PostBase resolve_resumed_base(const PostConfig& resolved, const std::string& named,
                               const fs::path& checkpoint) {
-  if (resolved.base == named || fs::exists(resolved.base))
-    return resolve_post_base(resolved);
+  if (resolved.base == named || fs::exists(resolved.base)) return resolve_post_base(resolved);
   log::warn("resume: model.base '", named, "' was pinned to '", resolved.base,
             "', which is gone; the architecture, tokenizer and chat template come from the "
             "checkpoint '",

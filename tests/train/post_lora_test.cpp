@@ -255,6 +255,11 @@ TEST(PostLora, ARunFolderBaseIsPinnedToTheCheckpointItStartedFrom) {
   ASSERT_EQ(x.tensors.size(), y.tensors.size());
   for (size_t i = 0; i < x.tensors.size(); ++i)
     EXPECT_TRUE(bitwise_equal(x.tensors[i].second, y.tensors[i].second)) << x.tensors[i].first;
+  // A LoRA run needs its base to resume, and names it when it is gone.
+  fs::rename(started, dir / "started-aside");
+  const std::string gone = error_of([&] { run(text, true); });
+  EXPECT_NE(gone.find("model.base: model '" + started.string() + "'"), std::string::npos) << gone;
+  fs::rename(dir / "started-aside", started);
   // The checkpoints name the pinned checkpoint as their base.
   const train::PostConfig saved =
       train::load_post_config(resumed.last_checkpoint / "config.toml", "sft");
