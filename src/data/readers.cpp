@@ -9,14 +9,78 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <memory>
+#include <set>
 
 #include "base/error.h"
 #include "base/hash.h"
+#include "base/log.h"
 #include "data/json_record.h"
 
 namespace pollen::data {
 namespace fs = std::filesystem;
+
+namespace {
+
+// The files under `folder` whose names the source's patterns take, with their paths relative to
+// `root`, in a fixed order (entries sorted by name at every level); each real folder once. Linked
+// folders are not entered but added to `links`. A folder that cannot be read is an error, but for
+// one this user may not read, which is warned of and left out.
+void list_folder(const fs::path& folder, const fs::path& root, const SourceSpec& src,
+                 std::set<fs::path>& walked, std::deque<fs::path>& links,
+                 std::vector<std::pair<std::string, fs::path>>& files) {
+  std::error_code ec;
+  std::vector<fs::path> entries;
+  for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec))
+    entries.push_back(it->path());
+  if (ec == std::errc::permission_denied) {
+    log::warn("data: source.", src.name, ".paths: cannot read the folder '", folder.string(), "' (",
+              ec.message(), "); its files are left out");
+    return;
+  }
+  POLLEN_CHECK(!ec, "source.", src.name, ".paths: cannot list the folder '", folder.string(),
+               "': ", ec.message());
+  std::sort(entries.begin(), entries.end());
+  for (const fs::path& entry : entries) {
+    if (fs::is_directory(entry, ec)) {
+      if (fs::is_symlink(entry, ec)) {
+        links.push_back(entry);
+      } else if (walked.insert(fs::canonical(entry, ec)).second) {
+        list_folder(entry, root, src, walked, links, files);
+      }
+      continue;
+    }
+    if (!fs::is_regular_file(entry, ec)) continue;
+    const std::string name = entry.filename().string();
+    bool inc = false, exc = false;
+    for (const auto& g : src.include) inc |= fnmatch(g.c_str(), name.c_str(), 0) == 0;
+    for (const auto& g : src.exclude) exc |= fnmatch(g.c_str(), name.c_str(), 0) == 0;
+    if (inc && !exc) files.push_back({entry.lexically_relative(root).generic_string(), entry});
+  }
+}
+
+// The files under the listed folder `root`. Folders linked from inside it are followed after the
+// real ones, each real folder once under its first name: a link back up (a loop), or to a folder
+// already listed, adds nothing, so no file is read twice.
+std::vector<std::pair<std::string, fs::path>> list_tree(const fs::path& root,
+                                                        const SourceSpec& src) {
+  std::vector<std::pair<std::string, fs::path>> files;
+  std::error_code ec;
+  std::set<fs::path> walked{fs::canonical(root, ec)};
+  std::deque<fs::path> links;
+  list_folder(root, root, src, walked, links, files);
+  while (!links.empty()) {
+    const fs::path link = links.front();
+    links.pop_front();
+    const fs::path real = fs::canonical(link, ec);
+    if (!ec && walked.insert(real).second) list_folder(link, root, src, walked, links, files);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
 
 std::vector<InputFile> list_inputs(const std::vector<SourceSpec>& sources, const fs::path& base) {
   std::vector<InputFile> out;
@@ -26,21 +90,7 @@ std::vector<InputFile> list_inputs(const std::vector<SourceSpec>& sources, const
       fs::path path = fs::path(p).is_absolute() ? fs::path(p) : base / p;
       std::error_code ec;
       if (fs::is_directory(path, ec)) {
-        std::vector<std::pair<std::string, fs::path>> files;
-        for (auto it = fs::recursive_directory_iterator(
-                 path, fs::directory_options::skip_permission_denied, ec);
-             it != fs::recursive_directory_iterator(); it.increment(ec)) {
-          if (ec) break;
-          if (!it->is_regular_file(ec)) continue;
-          std::string fname = it->path().filename().string();
-          bool inc = false, exc = false;
-          for (const auto& g : src.include) inc |= fnmatch(g.c_str(), fname.c_str(), 0) == 0;
-          for (const auto& g : src.exclude) exc |= fnmatch(g.c_str(), fname.c_str(), 0) == 0;
-          if (!inc || exc) continue;
-          files.push_back({fs::relative(it->path(), path).generic_string(), it->path()});
-        }
-        std::sort(files.begin(), files.end());
-        for (auto& [rel, full] : files)
+        for (auto& [rel, full] : list_tree(path, src))
           out.push_back({static_cast<int>(si), full, src.name + "/" + rel, false, p});
       } else {
         InputFile f{static_cast<int>(si), path, src.name + "/" + path.filename().string(), false,

@@ -351,6 +351,26 @@ TEST(Pipeline, AFileThatVanishesAfterListingIsReportedAndReadingGoesOn) {
   for (const Problem& p : problems) EXPECT_EQ(p.reason, "missing_file") << p.file;
 }
 
+// Linked folders inside a listed folder are read (dumps kept on another disk), each real folder
+// once: a link back up, or to a folder read already, adds nothing, and real folders keep their own
+// names whatever the links' names sort as.
+TEST(Pipeline, LinkedSubfoldersAreFollowedOnceWithoutLooping) {
+  const fs::path dir = corpus().root / "linked";
+  fs::remove_all(dir);
+  write(dir / "in" / "real" / "a.txt", paragraph(1));
+  write(dir / "elsewhere" / "b.txt", paragraph(2));
+  write(dir / "elsewhere" / "deep" / "c.txt", paragraph(3));
+  fs::create_directory_symlink(dir / "elsewhere", dir / "in" / "z-disk");
+  fs::create_directory_symlink(dir / "elsewhere" / "deep", dir / "in" / "b-deep");
+  fs::create_directory_symlink(dir / "in", dir / "in" / "real" / "loop");
+  fs::create_directory_symlink(dir / "in" / "real", dir / "in" / "a-again");
+  std::vector<std::string> names;
+  for (const InputFile& f : list_inputs({{.name = "s", .paths = {"in"}}}, dir))
+    names.push_back(f.name);
+  // b-deep is reached before z-disk's deep; real/ keeps its name though a-again sorts first.
+  EXPECT_EQ(names, (std::vector<std::string>{"s/b-deep/c.txt", "s/real/a.txt", "s/z-disk/b.txt"}));
+}
+
 // A compressed file whose damage shows only near its end (a flipped byte, which gzip's CRC
 // catches; a truncated stream) is reported unreadable and contributes no documents, although
 // megabytes of it decompress before the damage: nothing of it is handed on, the run's counts
