@@ -220,6 +220,9 @@ std::vector<InputFile> list_config_inputs(const PipelineConfig& c) {
       log::warn("data: source.", c.sources[s].name,
                 ".paths hold no file that its include and exclude patterns take: the source "
                 "contributes nothing");
+  POLLEN_CHECK(!files.empty(), "config file '", c.source,
+               "': no source holds a file its include and exclude patterns take "
+               "(source.<name>.paths, .include, .exclude): there is nothing to prepare");
   // Two listed folders of a source may hold files at one relative path (dumps by date, each
   // with part-000.jsonl): those are named by their listed folder too, as the config gives it
   // (relative to the config's folder; an absolute one by its last component).

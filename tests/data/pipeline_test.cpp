@@ -511,6 +511,13 @@ TEST(Pipeline, InputsNamedAlikeAreToldApartAndAFolderListedTwiceIsRefused) {
       pollen::testing::error_of([&] { config("out3", "[\"d1\"]", "[\"s\", \"s\"]"); });
   EXPECT_NE(twice.find("'s' is listed twice"), std::string::npos) << twice;
 
+  // Sources that yield no file at all: nothing to prepare, refused before anything is written.
+  fs::create_directories(dir / "empty");
+  const std::string none = pollen::testing::error_of(
+      [&] { prepare(config("out4", "[\"empty\"]"), {.progress = false}); });
+  EXPECT_NE(none.find("no source holds a file"), std::string::npos) << none;
+  EXPECT_FALSE(fs::exists(dir / "out4" / "manifest.json"));
+
   // The dataset folder holding its source folder: the source is read all the same.
   prepare(config(".", "[\"d2\"]"), {.progress = false});
   set_num_threads(before);
