@@ -2,6 +2,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "base/error.h"
 #include "base/files.h"
@@ -243,6 +244,33 @@ void read_template(const Reader& r, const json& node, const std::string& where,
   }
 }
 
+// HF tokenizers numbers the added tokens itself, not by their "id": the id of the content in
+// model.vocab, else the next id past the vocabulary's entries and the added tokens before it (it
+// warns where the written id differs). A file whose ids differ would give other ids than HF's
+// (and one id two texts): refused, naming the id HF gives.
+void check_added_token_ids(const Reader& r, size_t vocab_entries,
+                           const std::map<std::string, uint32_t>& vocab_ids,
+                           const std::vector<AddedToken>& added) {
+  std::set<std::string> seen;  // a content given twice is refused when the tokenizer is built
+  std::optional<uint32_t> highest;
+  for (size_t i = 0; i < added.size(); ++i) {
+    const AddedToken& t = added[i];
+    if (!seen.insert(t.content).second) continue;
+    const auto in_vocab = vocab_ids.find(t.content);
+    const uint32_t next = static_cast<uint32_t>(vocab_entries);
+    const uint32_t id = in_vocab != vocab_ids.end() ? in_vocab->second
+                        : highest                   ? std::max(next, *highest + 1)
+                                                    : next;
+    if (id != t.id)
+      r.fail_at(cat("added_tokens[", i, "].id"),
+                cat("expected ", id, " for '", t.content, "', ",
+                    in_vocab != vocab_ids.end() ? "its id in model.vocab"
+                                                : "the next id past the vocabulary",
+                    " (HF tokenizers numbers added tokens so), got ", t.id));
+    highest = std::max(highest.value_or(0), id);
+  }
+}
+
 }  // namespace
 
 Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
@@ -278,7 +306,6 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
   };
 
   std::vector<AddedToken> added;
-  std::map<std::string, uint32_t> added_ids;
   std::optional<size_t> first_normalized;  // the first added token with "normalized": true
   const json& added_json =
       root.contains("added_tokens") ? r.list(root, "added_tokens", "") : json::array();
@@ -292,19 +319,19 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
     added.push_back({r.token_id(r.at(t, "id", where), where + ".id"),
                      r.text(r.at(t, "content", where), where + ".content"),
                      r.get<bool>(t, "special", where, false)});
-    added_ids[added.back().content] = added.back().id;
   }
 
   const json& vocab_json = r.at(model, "vocab", "model");
   if (!vocab_json.is_object() || vocab_json.empty())
     r.fail_at("model.vocab", "expected a non-empty object of token: id");
+  std::set<std::string> added_contents;
+  for (const AddedToken& t : added) added_contents.insert(t.content);
   Vocab vocab;
   std::map<std::string, uint32_t> id_of;
   for (const auto& [token, id] : vocab_json.items()) {
     const uint32_t token_id = r.token_id(id, "model.vocab." + token);
     // An added token in the vocabulary is spelled as its content, not in the byte alphabet.
-    auto added_id = added_ids.find(token);
-    bool is_added = added_id != added_ids.end() && added_id->second == token_id;
+    const bool is_added = added_contents.contains(token);
     try {
       vocab.add(token_id, is_added ? token : token_bytes(token, "model.vocab"));
     } catch (const Error& e) {
@@ -312,6 +339,8 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
     }
     id_of[token] = token_id;
   }
+
+  check_added_token_ids(r, vocab_json.size(), id_of, added);
 
   std::vector<Merge> merges;
   const json& merges_json = r.list(model, "merges", "model");

@@ -390,7 +390,7 @@ TEST(HfSemantics, AddedTokensWithBadIdsAreRefused) {
     };
   };
   expect_error(load(R"([{"id": 1, "content": "<x>"}, {"id": 1, "content": "<y>"}])"),
-               {"share id 1"});
+               {"t.json", "added_tokens[1].id", "expected 2 for '<y>'", "got 1"});
   expect_error(load(R"([{"id": 1, "content": "<x>"}, {"id": 2, "content": "<x>"}])"),
                {"'<x>' is given twice"});
 }
