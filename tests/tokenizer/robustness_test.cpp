@@ -391,6 +391,11 @@ TEST(HfSemantics, AddedTokensWithBadIdsAreRefused) {
   };
   expect_error(load(R"([{"id": 1, "content": "<x>"}, {"id": 1, "content": "<y>"}])"),
                {"t.json", "added_tokens[1].id", "expected 2 for '<y>'", "got 1"});
+  // HF numbers added tokens itself: past the vocabulary without a gap, or as model.vocab does.
+  expect_error(load(R"([{"id": 5, "content": "<x>"}])"),
+               {"added_tokens[0].id", "expected 1 for '<x>'", "next id past the vocabulary"});
+  expect_error(load(R"([{"id": 3, "content": "a"}])"),
+               {"added_tokens[0].id", "expected 0 for 'a'", "its id in model.vocab"});
   expect_error(load(R"([{"id": 1, "content": "<x>"}, {"id": 2, "content": "<x>"}])"),
                {"'<x>' is given twice"});
 }
