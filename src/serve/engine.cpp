@@ -98,7 +98,11 @@ int64_t Engine::most_rows() const {
 }
 
 void Engine::work() {
-  const auto decode = [this](std::span<const uint32_t> ids) { return tok_.decode(ids); };
+  // Generated text follows its prompt: decoded as a continuation (a SentencePiece marker of the
+  // first token is its space, as in the whole text).
+  const auto decode = [this](std::span<const uint32_t> ids) {
+    return tok_.decode_continuation(ids);
+  };
   const auto on_token = [this](size_t id, uint32_t token, std::span<const float> logits) {
     this->on_token(id, token, logits);
   };

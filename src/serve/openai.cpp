@@ -198,11 +198,13 @@ std::vector<uint32_t> encode_prompt(const std::string& text, const tokenizer::To
   return ids;
 }
 
-// A token as completions' logprobs name it: its text, or for one that is not whole UTF-8 (a part
-// of a character) "bytes:\xe4\xb8", as OpenAI writes such tokens, so that no two tokens share a
-// name and none reads as U+FFFD.
-std::string token_name(const tokenizer::Tokenizer& tok, uint32_t id) {
-  const std::string text = tok.decode(std::vector<uint32_t>{id});
+// A token as completions' logprobs name it: its text (where it follows others, with the space a
+// SentencePiece marker stands for), or for one that is not whole UTF-8 (a part of a character)
+// "bytes:\xe4\xb8", as OpenAI writes such tokens, so that no two tokens share a name and none
+// reads as U+FFFD.
+std::string token_name(const tokenizer::Tokenizer& tok, uint32_t id, bool first) {
+  const std::vector<uint32_t> ids{id};
+  const std::string text = first ? tok.decode(ids) : tok.decode_continuation(ids);
   if (utf8_valid(text)) return text;
   std::string name = "bytes:";
   char hex[8];
@@ -215,13 +217,14 @@ std::string token_name(const tokenizer::Tokenizer& tok, uint32_t id) {
 
 // {token: logprob} of the most likely tokens, and of the chosen one (`chosen`) when it is not
 // among them: OpenAI returns up to logprobs + 1 entries (logprobs 0: the chosen one alone).
-json top_json(const tokenizer::Tokenizer& tok, const eval::TokenScore& s, uint32_t chosen) {
+json top_json(const tokenizer::Tokenizer& tok, const eval::TokenScore& s, uint32_t chosen,
+              bool first) {
   json top = json::object();
   for (const auto& [id, lp] : s.top) {
-    const std::string name = token_name(tok, id);
+    const std::string name = token_name(tok, id, first);
     if (!top.contains(name)) top[name] = lp;
   }
-  const std::string name = token_name(tok, chosen);
+  const std::string name = token_name(tok, chosen, first);
   if (!top.contains(name)) top[name] = s.logprob;
   return top;
 }
@@ -497,7 +500,7 @@ json completion_logprobs(const tokenizer::Tokenizer& tok, const std::vector<uint
   all.insert(all.end(), gen.begin(), gen.end());
   const size_t first = echo ? 0 : prompt.size();
   for (size_t i = first; i < all.size(); ++i) {
-    tokens.push_back(token_name(tok, all[i]));
+    tokens.push_back(token_name(tok, all[i], i == 0));
     offsets.push_back(rendered_chars(tok.decode(std::span<const uint32_t>(all.data(), i))));
     const bool in_prompt = i < prompt.size();
     const std::optional<eval::TokenScore>* ps =
@@ -508,7 +511,7 @@ json completion_logprobs(const tokenizer::Tokenizer& tok, const std::vector<uint
     } else {
       const eval::TokenScore& s = in_prompt ? **ps : r.token_scores[i - prompt.size()];
       lps.push_back(s.logprob);
-      tops.push_back(top_json(tok, s, all[i]));
+      tops.push_back(top_json(tok, s, all[i], i == 0));
     }
   }
   return {{"tokens", tokens},
@@ -519,9 +522,10 @@ json completion_logprobs(const tokenizer::Tokenizer& tok, const std::vector<uint
 
 namespace {
 
-// One token of a chat choice's logprobs: its text, log-probability and UTF-8 bytes.
+// One token of a chat choice's logprobs: its text (after the prompt: with the space a
+// SentencePiece marker stands for), log-probability and UTF-8 bytes.
 json chat_token(const tokenizer::Tokenizer& tok, uint32_t id, double logprob) {
-  const std::string text = tok.decode(std::vector<uint32_t>{id});
+  const std::string text = tok.decode_continuation(std::vector<uint32_t>{id});
   json bytes = json::array();
   for (const char c : text) bytes.push_back(static_cast<unsigned char>(c));
   return {{"token", text}, {"logprob", logprob}, {"bytes", bytes}};
@@ -543,7 +547,7 @@ json chat_logprobs(const tokenizer::Tokenizer& tok, const SequenceResult& r) {
 
 std::string TextStream::on_token(uint32_t token) {
   tokens_.push_back(token);
-  const std::string text = tok_->decode(tokens_);
+  const std::string text = tok_->decode_continuation(tokens_);
   size_t safe = text.size();
   // An unfinished UTF-8 character at the end waits for its other bytes.
   for (size_t back = 1; back <= std::min<size_t>(3, text.size()); ++back) {

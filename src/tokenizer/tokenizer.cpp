@@ -143,6 +143,12 @@ void Tokenizer::decode_token(std::string_view bytes, bool first, std::string& ou
   out.append(bytes);
 }
 
+std::string Tokenizer::decode_continuation(std::span<const uint32_t> ids) const {
+  std::string out;
+  for (const uint32_t id : ids) decode_token(token_bytes(id), false, out);
+  return out;
+}
+
 std::string Tokenizer::decode(std::span<const uint32_t> ids) const {
   std::string out;
   for (size_t i = 0; i < ids.size(); ++i) decode_token(token_bytes(ids[i]), i == 0, out);

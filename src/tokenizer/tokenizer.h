@@ -71,6 +71,11 @@ class Tokenizer {
   std::vector<std::vector<uint32_t>> encode_batch(std::span<const std::string_view> texts,
                                                   const EncodeOptions& options = {}) const;
   std::string decode(std::span<const uint32_t> ids) const;
+  // The text `ids` add where they follow other ids (generated tokens after their prompt, one
+  // token of many): no marker dropped from the first and no space stripped, which belong to the
+  // start of the whole text, so that decode(a) + decode_continuation(b) == decode(a + b) when a
+  // decodes to text that does not begin with spaces only.
+  std::string decode_continuation(std::span<const uint32_t> ids) const;
 
   // One past the highest id of any token.
   uint32_t vocab_size() const;

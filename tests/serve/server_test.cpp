@@ -30,6 +30,7 @@
 #include "support/errors.h"
 #include "support/process.h"
 #include "support/tiny_lm.h"
+#include "tokenizer/hf_format.h"
 #include "train/post_config.h"
 #include "train/post_fixtures.h"
 #include "train/post_run.h"
@@ -1469,6 +1470,76 @@ TEST(ServeCli, ServesAPostTrainingCheckpointWithItsChatTemplate) {
   EXPECT_EQ(tokenizer::chat_format_from_config(dir / "hf" / "tokenizer_config.json").kind,
             tokenizer::ChatTemplate::chatml);
   std::filesystem::remove_all(dir);
+}
+
+// A SentencePiece tokenizer (Llama-2's decoder: markers become spaces, the first space of the whole
+// text is stripped): generated text is what it adds to the prompt's, so its first space stays,
+// whole, streamed and in the logprobs' tokens and offsets, and a stop string holding it matches.
+TEST(ServingSentencePiece, GeneratedTextKeepsTheSpaceItsFirstTokenStandsFor) {
+  const tokenizer::Tokenizer tok = tokenizer::hf_from_json_text(R"({
+    "added_tokens": [{"id": 7, "content": "</s>", "special": true}],
+    "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                      "split": true},
+    "decoder": {"type": "Sequence", "decoders": [
+      {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+      {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "byte_fallback": true, "merges": [], "vocab": {
+      "a": 0, "b": 1, "\u2581": 2, "\u2581a": 3, "\u2581b": 4, "a\u2581b": 5, "\u2581\u2581a": 6,
+      "</s>": 7}}})",
+                                                                "sp.json");
+  const model::Llama model = testing::tiny_model(tok.vocab_size());
+  serve::ServerOptions o;
+  o.port = 0;
+  o.model = {"sp", 256, {}};
+  serve::Server server(model, tok, o);
+  server.start();
+  const std::vector<uint32_t> prompt = tok.encode("a b");
+  model::SamplingOptions greedy;
+  greedy.max_tokens = 6;
+  greedy.temperature = 0;
+  const std::vector<uint32_t> gen = model::generate(model, {prompt}, greedy)[0].tokens;
+  std::vector<uint32_t> all = prompt;
+  all.insert(all.end(), gen.begin(), gen.end());
+  const std::string whole = tok.decode(all), prompt_text = tok.decode(prompt);
+  ASSERT_EQ(whole.substr(0, prompt_text.size()), prompt_text);
+  const std::string expected = whole.substr(prompt_text.size());
+  ASSERT_NE(expected, tok.decode(gen)) << "the first generated token stands for no space";
+
+  httplib::Client c("127.0.0.1", server.port());
+  const json body = {{"prompt", "a b"}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 0}};
+  auto r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json choice = json::parse(r->body)["choices"][0];
+  EXPECT_EQ(choice["text"], expected);
+  std::string joined;
+  const json& lp = choice["logprobs"];
+  for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+    EXPECT_EQ(lp["text_offset"][i], prompt_text.size() + joined.size()) << i;
+    joined += lp["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(joined, expected);
+  json streamed = body;
+  streamed.erase("logprobs");
+  streamed["stream"] = true;
+  r = c.Post("/v1/completions", streamed.dump(), "application/json");
+  ASSERT_TRUE(r);
+  std::string text;
+  for (size_t at = 0; (at = r->body.find("data: {", at)) != std::string::npos; ++at)
+    text +=
+        json::parse(r->body.substr(at + 6, r->body.find("\n\n", at) - at - 6))["choices"][0]["text"]
+            .get<std::string>();
+  EXPECT_EQ(text, expected) << r->body;
+  // A stop string that begins with the first token's space ends the text before it.
+  json stopped = streamed;
+  stopped.erase("stream");
+  stopped["stop"] = expected.substr(0, 2);
+  r = c.Post("/v1/completions", stopped.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], "");
+  EXPECT_EQ(json::parse(r->body)["choices"][0]["finish_reason"], "stop");
+  server.stop();
 }
 
 }  // namespace

@@ -199,6 +199,46 @@ TEST(HfJson, ByteFallbackDecodesOnlyHexBytesAsHf) {
   fs::remove_all(dir);
 }
 
+// Generated text is decoded after its prompt: the text of the ids after the first k, decoded as a
+// continuation, is what they add to HF's decoding of the whole (the first token's marker and
+// Llama-2's Strip belong to the start of the whole text), for Metaspace and Llama-2's decoder.
+TEST(HfJson, AContinuationDecodesToWhatItAddsToTheWholeText) {
+  POLLEN_REQUIRE_PEERS();
+  const nlohmann::json metaspace = {
+      {"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "first"}};
+  const nlohmann::json llama2 = {
+      {"type", "Sequence"},
+      {"decoders",
+       {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+        {{"type", "ByteFallback"}},
+        {{"type", "Fuse"}},
+        {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
+  const std::vector<std::vector<uint32_t>> sequences = {
+      {3, 4}, {0, 4}, {5, 3}, {1, 6, 5}, {7, 3, 4}, {0, 2, 2, 3}, {4, 6, 5}};
+  fs::path dir = testing::temp_dir("continuation_decode");
+  for (const nlohmann::json& decoder : {metaspace, llama2}) {
+    nlohmann::json j = metaspace_json(metaspace);
+    j["decoder"] = decoder;
+    j["model"]["byte_fallback"] = true;
+    const fs::path file = dir / "tokenizer.json";
+    write_file_atomic(file, j.dump());
+    auto hf = testing::run_reference(
+        {{"mode", "hf_decode"}, {"tokenizer_json", file.string()}, {"ids", sequences}});
+    const Tokenizer tok = load_hf_json(file);
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      const std::string whole = hf["texts"][i].get<std::string>();
+      ASSERT_EQ(tok.decode(sequences[i]), whole) << decoder.dump() << " sequence " << i;
+      for (size_t k = 1; k < sequences[i].size(); ++k) {
+        const std::span<const uint32_t> ids(sequences[i]);
+        const std::string prompt = tok.decode(ids.first(k));
+        EXPECT_EQ(prompt + tok.decode_continuation(ids.subspan(k)), whole)
+            << decoder.dump() << " sequence " << i << " after " << k;
+      }
+    }
+  }
+  fs::remove_all(dir);
+}
+
 TEST(HfJson, TiktokenSavedAsJsonKeepsIdsAndFingerprint) {
   POLLEN_REQUIRE_SHARED_TOKENIZERS(shared);
   POLLEN_REQUIRE_PEERS();
