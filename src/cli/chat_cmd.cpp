@@ -21,7 +21,8 @@ void add_chat_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "chat",
       "Talk with a model: one message per line on stdin, the reply streamed to stdout; the "
-      "conversation is kept until end of input (Ctrl-D)");
+      "conversation is kept until end of input (Ctrl-D), its oldest exchanges left out when it "
+      "outgrows --context");
   struct Args {
     std::string model, adapter, tokenizer, system, chat_template;
     SamplingArgs sampling;
@@ -59,6 +60,11 @@ void add_chat_command(CLI::App& app) {
     const int64_t context =
         a->context > 0 ? a->context : std::min<int64_t>(m.config().max_position_embeddings, 8192);
     model::Continuation session(m, context, o.seed);
+    // A reply may take --max-tokens or what the context leaves after the conversation. When that
+    // is less than min(--max-tokens, context / 2), the oldest exchanges (a message and its reply)
+    // are left out; a message that does not fit even alone is not sent, and the chat goes on.
+    const int64_t room_wanted = std::max<int64_t>(1, std::min<int64_t>(o.max_tokens, context / 2));
+    const size_t first_turn = a->system.empty() ? 0 : 1;
 
     const bool interactive = isatty(STDIN_FILENO);
     std::vector<tokenizer::ChatMessage> messages;
@@ -72,8 +78,36 @@ void add_chat_command(CLI::App& app) {
       if (!std::getline(std::cin, line)) break;
       if (line.empty()) continue;
       messages.push_back({"user", line});
-      const auto ids = tok.encode(tokenizer::render_chat(format, messages, true), eo);
-      const model::Generation reply = session.generate(ids, o, decode, [](std::string_view t) {
+      const auto render = [&] {
+        return tok.encode(tokenizer::render_chat(format, messages, true), eo);
+      };
+      std::vector<uint32_t> ids = render();
+      int64_t left_out = 0;
+      while (static_cast<int64_t>(ids.size()) + room_wanted > context &&
+             messages.size() > first_turn + 1) {
+        messages.erase(messages.begin() + static_cast<std::ptrdiff_t>(first_turn),
+                       messages.begin() + static_cast<std::ptrdiff_t>(first_turn + 2));
+        ++left_out;
+        ids = render();
+      }
+      if (static_cast<int64_t>(ids.size()) >= context) {
+        std::fprintf(stderr,
+                     "[not sent: this message takes %zu tokens in the template, and the context "
+                     "holds %lld (--context)]\n",
+                     ids.size(), static_cast<long long>(context));
+        std::fputc('\n', stdout);  // its empty reply: one line per message, as ever
+        std::fflush(stdout);
+        messages.pop_back();
+        continue;
+      }
+      if (left_out > 0)
+        std::fprintf(stderr,
+                     "[the %lld oldest exchange%s left out to fit the context of %lld tokens]\n",
+                     static_cast<long long>(left_out), left_out == 1 ? " is" : "s are",
+                     static_cast<long long>(context));
+      model::SamplingOptions turn = o;
+      turn.max_tokens = std::min<int64_t>(o.max_tokens, context - static_cast<int64_t>(ids.size()));
+      const model::Generation reply = session.generate(ids, turn, decode, [](std::string_view t) {
         std::fwrite(t.data(), 1, t.size(), stdout);
         std::fflush(stdout);
       });
@@ -83,7 +117,9 @@ void add_chat_command(CLI::App& app) {
       if (interactive)
         std::fprintf(stderr, "[%zu tokens%s; %lld of the prompt's %zu from the cache]\n",
                      reply.tokens.size(),
-                     reply.finish_reason == "length" ? ", cut at --max-tokens" : "",
+                     reply.finish_reason != "length"  ? ""
+                     : turn.max_tokens < o.max_tokens ? ", cut at the context's end"
+                                                      : ", cut at --max-tokens",
                      static_cast<long long>(session.reused_tokens()), ids.size());
     }
   });

@@ -30,10 +30,12 @@ struct PollenRun {
   std::string output;
 };
 
-// stdout only (stderr too when `with_stderr`), with `input` on stdin.
-PollenRun run_pollen(const std::string& args, const fs::path& input, bool with_stderr = false) {
+// stdout only (stderr too when `with_stderr`, else into `stderr_file` when given), with `input`
+// on stdin.
+PollenRun run_pollen(const std::string& args, const fs::path& input, bool with_stderr = false,
+                     const fs::path& stderr_file = "/dev/null") {
   const std::string cmd = std::string(POLLEN_BINARY) + " " + args + " < " + input.string() +
-                          (with_stderr ? " 2>&1" : " 2>/dev/null");
+                          (with_stderr ? " 2>&1" : " 2>" + stderr_file.string());
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf{};
@@ -162,6 +164,29 @@ TEST(Chat, RepliesToEachLineWithTheWholeConversation) {
   const PollenRun none = run_pollen("chat --model " + cm.dir.string(), root / "input.txt", true);
   EXPECT_NE(none.status, 0);
   EXPECT_NE(none.output.find("--chat-template"), std::string::npos) << none.output;
+  fs::remove_all(root);
+}
+
+// A conversation that outgrows --context goes on without its oldest exchanges, and a message that
+// does not fit alone gets an empty reply and a notice; the chat goes on after both.
+TEST(Chat, AConversationThatOutgrowsTheContextLeavesOutItsOldestExchanges) {
+  const fs::path root = fs::temp_directory_path() / ("pollen_chat_ctx_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  const ChatModel cm = make_chat_model(root);
+  std::string input;
+  for (int i = 0; i < 6; ++i) input += "hello there, how are you today?\n";
+  std::string long_line;
+  for (int i = 0; i < 20; ++i) long_line += "the quick brown fox jumps over the lazy dog ";
+  input += long_line + "\nand again\n";
+  write_file_atomic(root / "input.txt", input);
+  const PollenRun run =
+      run_pollen("chat --model " + cm.dir.string() + " --greedy --max-tokens 40 --context 96",
+                 root / "input.txt", false, root / "err.txt");
+  ASSERT_EQ(run.status, 0) << read_file(root / "err.txt");
+  EXPECT_EQ(std::count(run.output.begin(), run.output.end(), '\n'), 8) << run.output;
+  const std::string err = read_file(root / "err.txt");
+  EXPECT_NE(err.find("oldest exchange"), std::string::npos) << err;
+  EXPECT_NE(err.find("not sent: this message takes"), std::string::npos) << err;
   fs::remove_all(root);
 }
 
