@@ -1,9 +1,16 @@
 // `pollen serve --model M [--port P] [--host H --api-key K]`: wiring only; the server is
 // serve::Server.
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "base/thread_pool.h"
 #include "cli/commands.h"
@@ -13,11 +20,51 @@
 namespace pollen::cli {
 namespace {
 
-serve::Server* g_server = nullptr;
+// SIGINT or SIGTERM stops the server taking requests, and those running finish (their streams
+// end as usual); a second signal ends the process at once. The handler only writes to a pipe
+// (stopping the server is not async-signal-safe), which a thread of its own reads.
+int g_stop_pipe[2] = {-1, -1};
+std::atomic<int> g_signals{0};
 
-void on_signal(int) {
-  if (g_server) g_server->stop();
+void on_signal(int sig) {
+  if (g_signals.fetch_add(1) > 0) std::_Exit(128 + sig);
+  const char stop = 1;
+  [[maybe_unused]] const ssize_t n = write(g_stop_pipe[1], &stop, 1);
 }
+
+// Stops the server at the first signal while it lives.
+class StopOnSignal {
+ public:
+  explicit StopOnSignal(serve::Server& server) {
+    POLLEN_CHECK(pipe(g_stop_pipe) == 0, "serve: cannot make a pipe: ", std::strerror(errno));
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    thread_ = std::thread([&server] {
+      char what = 0;
+      while (read(g_stop_pipe[0], &what, 1) < 0 && errno == EINTR) {
+      }
+      if (what != 1) return;  // 0: the server ended otherwise
+      std::fprintf(stderr,
+                   "pollen serve: stopping: no new requests, those running finish first (signal "
+                   "again to end at once)\n");
+      server.stop_gracefully();
+    });
+  }
+  ~StopOnSignal() {
+    std::signal(SIGINT, SIG_DFL);
+    std::signal(SIGTERM, SIG_DFL);
+    const char ended = 0;
+    [[maybe_unused]] const ssize_t n = write(g_stop_pipe[1], &ended, 1);
+    thread_.join();
+    close(g_stop_pipe[0]);
+    close(g_stop_pipe[1]);
+  }
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+
+ private:
+  std::thread thread_;
+};
 
 std::string trimmed(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
@@ -48,6 +95,7 @@ void add_serve_command(CLI::App& app) {
                   "key")
       ->capture_default_str();
   cmd->add_option("--port", a->port, "Port to listen on (0: any free one, printed at start)")
+      ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   auto* key = cmd->add_option("--api-key", a->api_key,
                               "Key every request must send as 'Authorization: Bearer KEY'");
@@ -64,28 +112,34 @@ void add_serve_command(CLI::App& app) {
                   "model's tokenizer_config.json)")
       ->check(CLI::IsMember({"chatml", "llama3"}));
   cmd->add_option("--max-body-bytes", a->limits.max_body_bytes, "Largest request body")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--max-prompt-tokens", a->limits.max_prompt_tokens,
                   "Longest prompt in tokens (0: the model's context)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--max-tokens", a->limits.max_tokens, "Most tokens generated per prompt")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--max-prompts", a->limits.max_prompts,
                   "Most choices in one request (prompts times n)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--max-concurrent", a->limits.max_concurrent,
                   "Most requests in flight; more are answered 429")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option(
          "--max-batch-rows", a->max_batch_rows,
          "Most sequences generated at once (requests join the running batch as rows free up)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", a->prefill_chunk,
                   "Most prompt tokens one step runs, so that a long prompt joining the batch "
                   "stalls the streams already running for no longer (0: whole prompts)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
+  cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->check(CLI::NonNegativeNumber);
   cmd->callback([a] {
     if (a->threads > 0) set_num_threads(a->threads);
     serve::ServerOptions o;
@@ -114,14 +168,11 @@ void add_serve_command(CLI::App& app) {
       std::fprintf(stderr, "pollen serve: chat completions are off: %s\n", e.what());
     }
     serve::Server server(m, tok, o);
-    g_server = &server;
-    std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, on_signal);
+    const StopOnSignal stopper(server);
     std::printf("pollen serve: '%s' on http://%s:%d\n", o.model.name.c_str(), o.host.c_str(),
                 server.port());
     std::fflush(stdout);
     server.run();
-    g_server = nullptr;
   });
 }
 

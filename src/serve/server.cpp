@@ -272,6 +272,12 @@ void Server::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Server::stop_gracefully() {
+  draining_ = true;
+  while (in_flight_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  stop();
+}
+
 bool Server::allow_cross_origin(const httplib::Request& req, httplib::Response& res) const {
   const std::vector<std::string>& allowed = options_.allowed_origins;
   if (allowed.empty()) return false;
@@ -332,7 +338,11 @@ void Server::add_routes() {
       if (!authorized(req, options_.api_key)) return send_error(res, unauthorized(req));
       auto slot = std::make_shared<Slot>(in_flight_);
       try {
-        if (++in_flight_ > options_.limits.max_concurrent)
+        const int64_t in_flight = ++in_flight_;
+        // After the count: stop_gracefully waits for every request counted before it drains.
+        if (draining_)
+          throw ApiError(503, "server_error", "shutting_down", "", "This server is shutting down");
+        if (in_flight > options_.limits.max_concurrent)
           throw ApiError(429, "rate_limit_error", "too_many_requests", "",
                          cat("This server is busy with ", options_.limits.max_concurrent,
                              " requests; retry later"));
@@ -355,6 +365,15 @@ void Server::add_routes() {
       if (req.is_multipart_form_data())
         return send_error(res, ApiError(415, "invalid_request_error", "invalid_json", "",
                                         "The request body must be JSON, not a multipart form"));
+      const std::string encoding = req.get_header_value("Content-Encoding");
+      if (!encoding.empty() && encoding != "identity")
+        return send_error(res, ApiError(415, "invalid_request_error", "unsupported_encoding", "",
+                                        cat("The request body's Content-Encoding '", encoding,
+                                            "' is not supported; send it uncompressed")));
+      if (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding"))
+        return send_error(res, ApiError(411, "invalid_request_error", "missing_body", "",
+                                        "The request has no body: send JSON, with a "
+                                        "Content-Length or chunked"));
       const size_t most = options_.limits.max_body_bytes;
       httplib::Request with_body = req;
       bool too_large = false;

@@ -67,6 +67,9 @@ class Server {
   void run();    // serves until stop()
   void start();  // run() on a thread of its own; returns once it listens
   void stop();
+  // Takes no new API request (503) and stops once those taken have finished, streams included
+  // (stop() would cut them: the HTTP server ends every stream it is still writing).
+  void stop_gracefully();
 
   Engine& engine() { return *engine_; }
   int64_t in_flight() const { return in_flight_.load(); }
@@ -82,6 +85,7 @@ class Server {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<httplib::Server> http_;
   std::atomic<int64_t> in_flight_{0};
+  std::atomic<bool> draining_{false};
   RequestCounts requests_;
   int port_ = 0;
   std::thread thread_;

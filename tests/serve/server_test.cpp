@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -753,6 +754,26 @@ TEST_F(Serving, BodiesAreBoundedHoweverFramedAndJsonHoweverDeep) {
   auto health = c.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+  // A POST without a body, or with one compressed, is told so.
+  const auto reply = [&](const std::string& request) {
+    const int fd = connect_loopback(server_->port());
+    EXPECT_GE(fd, 0);
+    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    std::string response;
+    char buffer[4096];
+    for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
+    close(fd);
+    return response;
+  };
+  const std::string bodiless =
+      reply("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+  EXPECT_TRUE(bodiless.starts_with("HTTP/1.1 411")) << bodiless;
+  EXPECT_NE(bodiless.find("has no body"), std::string::npos) << bodiless;
+  const std::string gzipped = reply(
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+      "Content-Encoding: gzip\r\nContent-Length: 4\r\n\r\n\x1f\x8b\x08\x00");
+  EXPECT_TRUE(gzipped.starts_with("HTTP/1.1 415")) << gzipped;
+  EXPECT_NE(gzipped.find("Content-Encoding 'gzip'"), std::string::npos) << gzipped;
 }
 
 // max_completion_tokens replaces max_tokens, unless it is null.
@@ -1380,11 +1401,21 @@ class ServeProcess {
     }
   }
   ~ServeProcess() {
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
     fclose(out_);
   }
   int port() const { return port_; }
+  void signal(int sig) const { kill(pid_, sig); }
+  // The wait status once the process ended.
+  int wait() {
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
   const std::string& output() const { return output_; }
 
  private:
@@ -1393,6 +1424,53 @@ class ServeProcess {
   int port_ = 0;
   std::string output_;
 };
+
+// SIGINT stops the server gracefully: a stream already running ends whole, with [DONE], and the
+// process exits 0; a second signal ends it at once, exit code 128 + SIGINT.
+TEST(ServeCli, ASignalLetsRunningStreamsFinishAndASecondEndsAtOnce) {
+  const std::filesystem::path dir = test_support::post_temp_dir("serve_signals");
+  const std::string tok = test_support::make_chat_tokenizer(dir).string();
+  for (const bool twice : {false, true}) {
+    ServeProcess server("--model llama-tiny --tokenizer " + tok + " --port 0 --threads 1 " +
+                        "--max-tokens 2000");
+    ASSERT_GT(server.port(), 0) << server.output();
+    std::atomic<bool> streaming = false;
+    std::string body;
+    std::thread client([&] {
+      httplib::Client c("127.0.0.1", server.port());
+      c.set_read_timeout(120);
+      httplib::Request req;
+      req.method = "POST";
+      req.path = "/v1/completions";
+      req.set_header("Content-Type", "application/json");
+      req.body = json{
+          {"prompt", "What is"},
+          {"max_tokens", twice ? 2000 : 40},
+          {"temperature", 0},
+          {"stream",
+           true}}.dump();
+      req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+        body.append(data, n);
+        streaming = true;
+        return true;
+      };
+      c.send(req);
+    });
+    while (!streaming) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    server.signal(SIGINT);
+    if (twice) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      server.signal(SIGINT);
+    }
+    const int status = server.wait();
+    client.join();
+    ASSERT_TRUE(WIFEXITED(status)) << status;
+    EXPECT_EQ(WEXITSTATUS(status), twice ? 128 + SIGINT : 0)
+        << body.substr(body.size() > 600 ? body.size() - 600 : 0);
+    EXPECT_EQ(body.find("data: [DONE]") != std::string::npos, !twice) << body;
+  }
+  std::filesystem::remove_all(dir);
+}
 
 // A post-training checkpoint names its chat template (config.toml's model.chat_template) and has
 // no tokenizer_config.json: `pollen serve` takes the template from it, as `pollen chat` does, and
