@@ -234,7 +234,12 @@ SftObjective::SftObjective(const ObjectiveContext& ctx) : seed_(ctx.seed) {
         e.scored.resize(static_cast<size_t>(limit));
       }
       if (e.tokens.size() < 2) continue;
-      if (e.scored_count() == 0) ++counts.unscored;
+      // Nothing to learn from (its replies truncated away, say): a step of such examples alone
+      // would have no loss, which would read as a diverging run.
+      if (e.scored_count() == 0) {
+        ++counts.unscored;
+        continue;
+      }
       const bool hold = split && static_cast<double>(conversation_hash(r.messages) % 1000000) <
                                      settings_.validation_fraction * 1e6;
       (hold ? *held_out : kept).push_back(std::move(e));
@@ -245,12 +250,18 @@ SftObjective::SftObjective(const ObjectiveContext& ctx) : seed_(ctx.seed) {
        &validation_, counts);
   if (!settings_.validation.empty() && jsonl_has_records(settings_.validation))
     load(settings_.validation, false, validation_, nullptr, counts);
-  POLLEN_CHECK(!train_.empty(), "sft: no training examples left in '", settings_.data.string(),
-               "'");
+  POLLEN_CHECK(!train_.empty(), "sft: no training examples left in '", settings_.data.string(), "'",
+               counts.unscored > 0
+                   ? cat(": ", counts.unscored, " have no token to score (sft.loss_on = \"",
+                         settings_.assistant_only ? "assistant" : "all",
+                         "\"), their replies cut off by truncation to sft.seq = ", settings_.seq,
+                         " positions (sft.too_long) or empty")
+                   : std::string());
   data_key_ = data_key(settings_.data, settings_.validation, ctx);  // the files read well
   log::info("sft: ", train_.size(), " training and ", validation_.size(),
             " validation examples; longer than ", settings_.seq, " positions: ", counts.truncated,
-            " truncated, ", counts.dropped, " dropped; ", counts.unscored, " with no scored token");
+            " truncated, ", counts.dropped, " dropped; ", counts.unscored,
+            " left out with no token to score");
   std::vector<int64_t> in_order(validation_.size());
   std::iota(in_order.begin(), in_order.end(), 0);
   if (settings_.pack) {

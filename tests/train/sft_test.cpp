@@ -395,6 +395,48 @@ TEST(Sft, LongExamplesAreTruncatedOrDropped) {
   EXPECT_EQ(build("too_long = \"drop\"\n")->train_examples().size(), fitting);
 }
 
+// An example truncated before its reply has nothing to score: it is left out (steps of such
+// examples alone would have no loss and read as divergence), and data where none is left is
+// refused, naming the keys.
+TEST(Sft, ExamplesLeftWithNoScoredTokenAreLeftOut) {
+  const auto& fx = fixture();
+  const fs::path dir = test_support::post_temp_dir("sft_unscored");
+  const auto data = test_support::write_sft_data(dir / "train.jsonl", "reverse", 30, 4);
+  std::vector<int64_t> first_scored;  // the first scored position of each example
+  for (const auto& r : train::read_sft_jsonl(data)) {
+    const auto e = train::tokenize_conversation(*fx.tok, {tokenizer::ChatTemplate::chatml, {}},
+                                                r.messages, true, "test");
+    first_scored.push_back(std::find(e.scored.begin(), e.scored.end(), true) - e.scored.begin());
+  }
+  std::vector<int64_t> sorted = first_scored;
+  std::sort(sorted.begin(), sorted.end());
+  ASSERT_LT(sorted.front(), sorted.back());
+  auto build = [&](int64_t seq) {
+    const auto cfg = train::parse_post_config(
+        test_support::tiny_post_toml(
+            dir / "run", fx.model_file, fx.tokenizer_path, 2,
+            "[sft]\ndata = \"" + data.string() +
+                "\"\nvalidation_fraction = 0\nseq = " + std::to_string(seq) + "\n"),
+        "unscored.toml", "sft");
+    const auto base = train::resolve_post_base(cfg);
+    train::ObjectiveContext ctx{cfg.objective_section(), cfg.base_dir, base.tokenizer.get(),
+                                base.chat_format,        cfg.seed,     128};
+    return std::make_unique<train::SftObjective>(ctx);
+  };
+  // seq positions keep seq + 1 tokens, of which position p < seq + 1 may be scored.
+  const int64_t mixed = sorted[sorted.size() / 2] - 1;
+  const auto kept = static_cast<size_t>(std::count_if(first_scored.begin(), first_scored.end(),
+                                                      [&](int64_t f) { return f <= mixed; }));
+  ASSERT_GT(kept, 0u);
+  ASSERT_LT(kept, first_scored.size());
+  const auto objective = build(mixed);
+  EXPECT_EQ(objective->train_examples().size(), kept);
+  for (const auto& e : objective->train_examples()) EXPECT_GT(e.scored_count(), 0);
+  const std::string e = error_of([&] { build(sorted.front() - 1); });
+  for (const char* key : {"no token to score", "sft.seq = ", "sft.too_long", "sft.loss_on"})
+    EXPECT_NE(e.find(key), std::string::npos) << key << ": " << e;
+}
+
 // The binary as a user runs it: `sft synth` is deterministic, SIGTERM is a preemption (exit 3)
 // with a checkpoint, and --resume finishes the run.
 TEST(SftCli, SynthThenPreemptThenResume) {
