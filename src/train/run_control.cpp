@@ -156,17 +156,19 @@ void LoopCounters::count_step(int64_t step_tokens, bool good, double loss, int64
             "; update skipped (", bad_in_row, " in a row, stop at ", max_bad_steps, ")");
 }
 
-std::string LoopCounters::too_many_bad_steps(int64_t max_bad_steps,
-                                             const fs::path& last_checkpoint) const {
-  return cat(bad_in_row, " non-finite steps in a row (train.max_bad_steps = ", max_bad_steps,
-             "); stopping. The last good checkpoint is ",
-             last_checkpoint.empty() ? std::string("none (no checkpoint was written)")
-                                     : cat("'", last_checkpoint.string(), "'"),
-             last_checkpoint.empty()
-                 ? "; lower optimizer.lr or raise schedule.warmup_steps and start again"
-                 : "; to go on from it with a lower optimizer.lr or more schedule.warmup_steps "
-                   "(which --resume keeps as they were), start a new run with model.init_from "
-                   "set to it");
+std::string LoopCounters::too_many_bad_steps(int64_t max_bad_steps, const fs::path& last_checkpoint,
+                                             std::string_view start_key) const {
+  const std::string stopping =
+      cat(bad_in_row, " non-finite steps in a row (train.max_bad_steps = ", max_bad_steps,
+          "); stopping. The last good checkpoint is ");
+  if (last_checkpoint.empty())
+    return stopping +
+           "none (no checkpoint was written); lower optimizer.lr or raise "
+           "schedule.warmup_steps and start again";
+  return cat(stopping, "'", last_checkpoint.string(),
+             "'; to go on from it with a lower optimizer.lr or more schedule.warmup_steps (which "
+             "--resume keeps as they were), start a new run with ",
+             start_key, " set to it");
 }
 
 RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,

@@ -76,8 +76,10 @@ struct LoopCounters {
   void count_step(int64_t step_tokens, bool good, double loss, int64_t max_bad_steps,
                   obs::Progress& progress);
   // Why a run stops after `max_bad_steps` bad steps in a row, naming its last good checkpoint.
+  // `start_key`: the run file's key that starts a new run from a checkpoint (model.init_from).
   std::string too_many_bad_steps(int64_t max_bad_steps,
-                                 const std::filesystem::path& last_checkpoint) const;
+                                 const std::filesystem::path& last_checkpoint,
+                                 std::string_view start_key) const;
 };
 
 // What a training loop returns: how it ended, how far it got, and the line it ends with.

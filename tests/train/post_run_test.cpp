@@ -126,6 +126,21 @@ TEST(PostRun, AFullFineTuneResumesWhenItsPinnedBaseIsGone) {
             base_run.last_checkpoint);
 }
 
+// A diverging run stops naming its last good checkpoint and the key that starts a new run from it
+// (post-training has no model.init_from: model.base).
+TEST(PostRun, TooManyNonFiniteStepsNameTheKeyToStartAgainFrom) {
+  const fs::path dir = test_support::post_temp_dir("diverging");
+  const auto r = test_support::run_post(
+      train::parse_post_config(
+          run_toml(dir / "run", 20), "post.toml", "sft",
+          {"optimizer.lr=1e30", "schedule.kind=constant", "schedule.warmup_steps=0",
+           "train.grad_clip=0", "train.max_bad_steps=3", "checkpoint.interval=1"}),
+      train::make_sft_objective, false);
+  ASSERT_EQ(r.status, train::RunStatus::failed) << r.message;
+  EXPECT_NE(r.message.find("3 non-finite steps in a row"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("model.base set to it"), std::string::npos) << r.message;
+}
+
 // The data position of a checkpoint counts examples of the run's data: resuming on changed data
 // (which would silently train on other examples) is refused, naming the file's key.
 TEST(PostRun, ResumeOnChangedDataIsRefused) {

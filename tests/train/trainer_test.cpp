@@ -576,6 +576,7 @@ TEST(Trainer, NonFiniteLossesSkipUpdatesThenStop) {
   ASSERT_FALSE(all.empty());
   EXPECT_EQ(io::checkpoint_step(all.back()), r.step - 3);
   EXPECT_NE(r.message.find(io::checkpoint_name(r.step - 3)), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("model.init_from set to it"), std::string::npos) << r.message;
   fs::remove_all(run);
 }
 
