@@ -299,7 +299,13 @@ GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction rew
   data_key_ = data_key(options_.data, options_.eval_data, context);  // the files read well
   stop_tokens_ = stop_tokens_for(*tokenizer_, context.chat_format, context.end_tokens);
   // beta = 0 has no KL term: the reference is not loaded at all.
-  if (options_.loss.beta > 0 && !options_.reference.empty()) load_reference(options_.reference);
+  if (options_.loss.beta > 0 && !options_.reference.empty()) {
+    try {
+      load_reference(options_.reference);
+    } catch (const Error& e) {
+      fail("grpo.reference: ", e.what());
+    }
+  }
 }
 
 void GrpoObjective::load_reference(const std::string& spec) {

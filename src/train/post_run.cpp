@@ -54,15 +54,20 @@ void check_chat_markup(const PostConfig& cfg, const PostBase& b) {
        "(pollen tokenizer train --special) or choose the template the tokenizer has");
 }
 
+// io::resolve_model of model.base, its errors naming the run file and the key.
+io::ModelSource resolve_base_model(const PostConfig& cfg) {
+  try {
+    return io::resolve_model(cfg.base);
+  } catch (const Error& e) {
+    fail("config file '", cfg.source, "': model.base: ", e.what());
+  }
+}
+
 }  // namespace
 
 PostBase resolve_post_base(const PostConfig& cfg) {
   PostBase b;
-  try {
-    b.source = io::resolve_model(cfg.base);
-  } catch (const Error& e) {
-    fail("config file '", cfg.source, "': model.base: ", e.what());
-  }
+  b.source = resolve_base_model(cfg);
   b.tokenizer_path = cfg.tokenizer;
   if (b.tokenizer_path.empty()) {
     POLLEN_CHECK(b.source.tokenizer.has_value(), "config file '", cfg.source, "': model.base '",
@@ -70,8 +75,14 @@ PostBase resolve_post_base(const PostConfig& cfg) {
                  ") has no tokenizer that goes with it; set model.tokenizer");
     b.tokenizer_path = *b.source.tokenizer;
   }
-  b.tokenizer =
-      std::make_shared<const tokenizer::Tokenizer>(tokenizer::open_tokenizer(b.tokenizer_path, ""));
+  try {
+    b.tokenizer = std::make_shared<const tokenizer::Tokenizer>(
+        tokenizer::open_tokenizer(b.tokenizer_path, ""));
+  } catch (const Error& e) {
+    fail("config file '", cfg.source,
+         "': ", cfg.tokenizer.empty() ? "model.base's tokenizer" : "model.tokenizer", ": ",
+         e.what());
+  }
   POLLEN_CHECK(b.tokenizer->vocab_size() <= b.source.config.vocab_size, "config file '", cfg.source,
                "': the tokenizer '", b.tokenizer_path.string(), "' has ", b.tokenizer->vocab_size(),
                " ids but model.base '", cfg.base, "' only ", b.source.config.vocab_size);
@@ -114,7 +125,7 @@ std::string pinned_base(const PostConfig& cfg, const std::optional<fs::path>& re
       return saved.base;
     if (saved.base == cfg.base) return cfg.base;  // a run begun before bases were pinned
   }
-  return io::pinned_model_spec(cfg.base, io::resolve_model(cfg.base));
+  return io::pinned_model_spec(cfg.base, resolve_base_model(cfg));
 }
 
 // A resumed full fine-tune takes its weights from the checkpoint, which also holds the base's

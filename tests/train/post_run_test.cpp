@@ -141,6 +141,25 @@ TEST(PostRun, TooManyNonFiniteStepsNameTheKeyToStartAgainFrom) {
   EXPECT_NE(r.message.find("model.base set to it"), std::string::npos) << r.message;
 }
 
+// A base or tokenizer that cannot be opened names its key and the run file.
+TEST(PostRun, AMissingBaseOrTokenizerNamesItsKey) {
+  const fs::path dir = test_support::post_temp_dir("bad_base");
+  const std::string text = run_toml(dir / "run", 2);
+  const auto with = [&](const std::string& set) {
+    return error_of([&] {
+      test_support::run_post(train::parse_post_config(text, "post.toml", "sft", {set}),
+                             train::make_sft_objective, false);
+    });
+  };
+  const std::string base = with("model.base=nope");
+  EXPECT_NE(base.find("model.base set': model.base: unknown model preset 'nope'"),
+            std::string::npos)
+      << base;
+  const std::string tok = with("model.tokenizer=" + (dir / "nope.json").string());
+  EXPECT_NE(tok.find("model.tokenizer set': model.tokenizer: cannot open"), std::string::npos)
+      << tok;
+}
+
 // The data position of a checkpoint counts examples of the run's data: resuming on changed data
 // (which would silently train on other examples) is refused, naming the file's key.
 TEST(PostRun, ResumeOnChangedDataIsRefused) {
