@@ -45,13 +45,15 @@ std::pair<std::string, std::string> render(const json& prompt, const json& compl
   return {std::move(prompt_text), full.substr(prompt_text.size())};
 }
 
+// `completion_field`: the record's field the completion came from ("chosen", say).
 ScoredSequence encode(const std::pair<std::string, std::string>& texts,
-                      const SequenceFormat& format, const std::string& where) {
+                      const SequenceFormat& format, const std::string& where,
+                      const std::string& completion_field) {
   const tokenizer::EncodeOptions options{tokenizer::SpecialPolicy::allow_all(), false};
   std::vector<uint32_t> prompt = format.tokenizer->encode(texts.first, options);
   std::vector<uint32_t> completion = format.tokenizer->encode(texts.second, options);
-  POLLEN_CHECK(!prompt.empty() && !completion.empty(), where,
-               ": the prompt and the completion must each have at least one token");
+  POLLEN_CHECK(!prompt.empty(), where, ": field 'prompt' has no token");
+  POLLEN_CHECK(!completion.empty(), where, ": field '", completion_field, "' has no token");
   if (format.max_seq > 0) {
     const size_t max_seq = static_cast<size_t>(format.max_seq);
     if (completion.size() > max_seq - 1) completion.resize(max_seq - 1);
@@ -87,8 +89,9 @@ std::vector<PreferencePair> read_preference_pairs(const std::filesystem::path& p
     POLLEN_CHECK(!r.contains("margin"), w,
                  ": has a \"margin\"; pollen's preference losses have no margin term (remove "
                  "the field to train without it)");
-    pairs.push_back({encode(render(r["prompt"], r["chosen"], format, w, "chosen"), format, w),
-                     encode(render(r["prompt"], r["rejected"], format, w, "rejected"), format, w)});
+    pairs.push_back(
+        {encode(render(r["prompt"], r["chosen"], format, w, "chosen"), format, w, "chosen"),
+         encode(render(r["prompt"], r["rejected"], format, w, "rejected"), format, w, "rejected")});
   });
   return pairs;
 }
@@ -97,7 +100,8 @@ std::vector<ScoredSequence> read_prompt_responses(const std::filesystem::path& p
                                                   const SequenceFormat& format) {
   std::vector<ScoredSequence> out;
   for_each_record(path, {"prompt", "response"}, [&](const json& r, const std::string& w) {
-    out.push_back(encode(render(r["prompt"], r["response"], format, w, "response"), format, w));
+    out.push_back(
+        encode(render(r["prompt"], r["response"], format, w, "response"), format, w, "response"));
   });
   return out;
 }

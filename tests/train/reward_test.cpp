@@ -53,6 +53,12 @@ TEST_F(RewardModelTest, APairWithAMarginIsRefused) {
       pt::error_of([&] { train::read_preference_pairs(dir_ / "margin.jsonl", format); });
   EXPECT_NE(e.find("line 2"), std::string::npos) << e;
   EXPECT_NE(e.find("has a \"margin\""), std::string::npos) << e;
+  // An empty reply names its field.
+  write_file_atomic(dir_ / "empty.jsonl",
+                    "{\"prompt\": \"a\", \"chosen\": \"b\", \"rejected\": \"\"}\n");
+  const std::string empty =
+      pt::error_of([&] { train::read_preference_pairs(dir_ / "empty.jsonl", format); });
+  EXPECT_NE(empty.find("line 1: field 'rejected' has no token"), std::string::npos) << empty;
 }
 
 // A resumed run draws the same steps' pairs only from the same data: a checkpoint's state names
