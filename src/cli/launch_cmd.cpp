@@ -36,11 +36,16 @@ void add_launch_command(CLI::App& app) {
   auto first = std::make_shared<std::string>();
   cmd->add_option("command", *first, "The pollen command to run, then its arguments");
   cmd->prefix_command();
-  cmd->callback([cmd, opts, first] {
+  cmd->callback([&app, cmd, opts, first] {
     std::vector<std::string> rest = cmd->remaining();
     if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());  // launch's own --
     if (!first->empty()) rest.insert(rest.begin(), *first);
     if (rest.empty()) throw CLI::RequiredError("launch: the pollen command to run, after --");
+    const auto named = [&](const CLI::App* sub) { return sub->check_name(rest.front()); };
+    if (!rest.front().starts_with("-") && app.get_subcommands(named).empty())
+      throw CLI::ValidationError("launch", "'" + rest.front() +
+                                               "' is not a pollen command (pollen --help lists "
+                                               "them)");
     // This binary's own path: each rank runs the same pollen.
     dist::exec_launch(*opts, std::filesystem::read_symlink("/proc/self/exe").string(), rest);
   });

@@ -620,6 +620,11 @@ TEST(Launch, CommandsThatRunAsOneProcessAreRefusedAsSeveralRanks) {
       &status);
   EXPECT_NE(options_only.find("pollen --help runs as one process"), std::string::npos)
       << options_only;
+  const std::string unknown = pollen::testing::run_capture(
+      std::string(POLLEN_BINARY) + " launch --nproc 2 --mpirun /nonexistent/mpirun -- trian",
+      &status);
+  EXPECT_EQ(status, 2) << unknown;
+  EXPECT_NE(unknown.find("'trian' is not a pollen command"), std::string::npos) << unknown;
   const std::string launched = pollen::testing::run_capture(
       std::string(POLLEN_BINARY) +
           " launch --nproc 3 --mpirun /nonexistent/mpirun -- data prepare "
