@@ -76,10 +76,8 @@ inline std::optional<uint32_t> configured_token(const io::ModelSource& src,
                                                 const tokenizer::Tokenizer& tok, const char* key) {
   for (const auto& f : src.hf_side_files) {
     if (f.filename() != "tokenizer_config.json") continue;
-    const std::string text = read_file(f);
-    check_json_depth(text, f.string());
-    const auto j = nlohmann::json::parse(text, nullptr, false);
-    if (!j.is_object() || !j.contains(key)) continue;
+    const auto j = parse_json_object(read_file(f), cat("'", f.string(), "'"));
+    if (!j.contains(key)) continue;
     const auto& v = j[key];
     const auto& content = v.is_object() && v.contains("content") ? v["content"] : v;
     if (!content.is_string()) continue;

@@ -301,10 +301,8 @@ std::vector<uint32_t> model_stop_tokens(const ModelSource& source,
       fs::is_regular_file(source.path / "config.json"))
     generation.push_back(source.path / "config.json");
   for (const auto& f : generation) {
-    const std::string text = read_file(f);
-    check_json_depth(text, f.string());
-    const auto j = nlohmann::json::parse(text, nullptr, false);
-    if (j.is_object() && j.contains("eos_token_id")) {
+    const auto j = parse_json_object(read_file(f), cat("'", f.string(), "'"));
+    if (j.contains("eos_token_id")) {
       const auto& e = j["eos_token_id"];
       if (e.is_number_unsigned()) ids.insert(e.get<uint32_t>());
       if (e.is_array())

@@ -50,6 +50,17 @@ TEST(ModelArgs, PrefixTokenIsTheConfiguredBosElseEos) {
   write_file_atomic(dir / "tokenizer_config.json",
                     R"({"bos_token": {"content": "<|im_end|>"}, "eos_token": "<|endoftext|>"})");
   EXPECT_EQ(lm_eval_prefix_token(src, tok), im_end);
+  // A file that is not JSON is an error naming it, not a file without the keys (export would
+  // otherwise write another EOS and copy the broken file beside it).
+  write_file_atomic(dir / "tokenizer_config.json", R"({"eos_token": "<|im_end|>",)");
+  try {
+    special_ids(src, tok);
+    ADD_FAILURE() << "a truncated tokenizer_config.json was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json': not valid JSON"),
+              std::string::npos)
+        << e.what();
+  }
   fs::remove_all(dir);
 }
 
