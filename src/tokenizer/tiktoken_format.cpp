@@ -246,6 +246,13 @@ Tokenizer tiktoken_from_text(std::string_view text, std::string_view source, std
   std::vector<PreTokenizerStep> steps;
   steps.push_back(PreTokenizerStep::split_on(std::move(pattern), SplitBehavior::kIsolated));
   BpeModel model(std::move(vocab), {}, BpeOptions{});
+  // The merge list the ranks stand for (the fingerprint and tokenizer.json need it), derived now
+  // so that ranks which do not form one are refused naming the file, not at some later use.
+  try {
+    model.merges();
+  } catch (const Error& e) {
+    fail(source, ": ", e.what());
+  }
   return Tokenizer(std::move(model), Normalizer{}, PreTokenizer(std::move(steps)),
                    std::move(special_tokens), BosEosTemplate{}, DecoderSpec{});
 }

@@ -125,6 +125,16 @@ TEST(Robustness, MalformedRankFilesNameFileAndLine) {
                {"r.tiktoken:1", "rank 16777215 is too large for a file of 1 line", "below 65537"});
   expect_error([&] { tiktoken_from_text("QQ== 0\nQg== 70000\nQw== 2", "r.tiktoken", pattern, {}); },
                {"r.tiktoken:2", "rank 70000 is too large for a file of 3 lines", "below 65539"});
+  // Ranks that do not form a merge list ("hello" at rank 256 has no pair of lower ranks that
+  // makes it) are refused at load, naming the file.
+  std::string bytes;
+  for (int b = 0; b < 256; ++b) bytes += static_cast<char>(b);
+  std::string ranks;
+  for (int b = 0; b < 256; ++b)
+    ranks +=
+        base64_encode(bytes.substr(static_cast<size_t>(b), 1)) + " " + std::to_string(b) + "\n";
+  expect_error([&] { tiktoken_from_text(ranks + "aGVsbG8= 256\n", "r.tiktoken", pattern, {}); },
+               {"r.tiktoken: token 256 cannot be made by merging two tokens of lower rank"});
 }
 
 // Metaspace's split cuts before every separator but one at the very start, also one inside the
