@@ -69,64 +69,17 @@ tk::SpecialPolicy special_policy(const std::string& mode) {
   return tk::SpecialPolicy::refuse_all();
 }
 
-// Writes ids as text (one line per document) or, for a .bin file, as little-endian uint32. A
-// file is written beside its place and renamed there by finish(): a run that fails (a full disk)
-// leaves no truncated ids looking whole.
-class IdWriter {
- public:
-  explicit IdWriter(const std::string& path)
-      : path_(path), binary_(path.ends_with(".bin")), to_stdout_(path == "-") {
-    if (to_stdout_) return;
-    // A device or pipe (/dev/stdout, a FIFO) is written in place: renamed over, it would be
-    // replaced by a file.
-    in_place_ = is_special_file(path);
-    const std::filesystem::path p(path);
-    // With the pid, as write_file_atomic names its own: two runs writing one file do not share it.
-    temp_ = in_place_ ? p : p.parent_path() / cat(".", p.filename().string(), ".tmp.", ::getpid());
-    file_.open(temp_, std::ios::binary | (in_place_ ? std::ios::out : std::ios::trunc));
-    POLLEN_CHECK(file_.good(), "cannot write '", temp_.string(), "': ", std::strerror(errno));
+// A document's ids as --output holds them: little-endian uint32 for a .bin file, else one line.
+std::string id_bytes(const std::vector<uint32_t>& ids, bool binary) {
+  if (binary)
+    return std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(uint32_t));
+  std::string line;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) line += ' ';
+    line += std::to_string(ids[i]);
   }
-  ~IdWriter() {
-    if (!to_stdout_ && !in_place_ && !finished_) {
-      file_.close();
-      std::error_code ec;
-      std::filesystem::remove(temp_, ec);
-    }
-  }
-  // Every id written, or an error naming the file.
-  void finish() {
-    std::ostream& out = to_stdout_ ? std::cout : file_;
-    out.flush();
-    POLLEN_CHECK(out.good(), "cannot write ", to_stdout_ ? "to standard output" : "'" + path_ + "'",
-                 ": ", std::strerror(errno));
-    if (to_stdout_) return;
-    file_.close();
-    POLLEN_CHECK(!file_.fail(), "cannot write '", path_, "': ", std::strerror(errno));
-    if (!in_place_) std::filesystem::rename(temp_, path_);
-    finished_ = true;
-  }
-  void write(const std::vector<uint32_t>& ids) {
-    std::ostream& out = to_stdout_ ? std::cout : file_;
-    if (binary_) {
-      out.write(reinterpret_cast<const char*>(ids.data()),
-                static_cast<std::streamsize>(ids.size() * sizeof(uint32_t)));
-      return;
-    }
-    std::string line;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      if (i) line += ' ';
-      line += std::to_string(ids[i]);
-    }
-    line += '\n';
-    out << line;
-  }
-
- private:
-  std::string path_;
-  std::filesystem::path temp_;
-  bool binary_, to_stdout_, in_place_ = false, finished_ = false;
-  std::ofstream file_;
-};
+  return line + '\n';
+}
 
 // A rank file holds only the ranks: the special tokens are lost unless given again where the
 // file is used; says so for each, naming the --add-special that gives it back.
@@ -285,30 +238,41 @@ void add_encode(CLI::App* parent) {
     if (a->threads > 0) set_num_threads(a->threads);
     tk::Tokenizer tok = open(a->tok);
     tk::EncodeOptions options{special_policy(a->special), a->bos_eos};
-    IdWriter writer(a->output);
-    tk::for_each_document_batch(
-        {a->input, a->jsonl, a->field, false}, 16 << 20,
-        [&](std::span<const std::string_view> docs, std::span<const size_t> lines) {
-          std::vector<std::vector<uint32_t>> batch;
-          try {
-            batch = tok.encode_batch(docs, options);
-          } catch (const Error&) {
-            // A special token in the text that --special refuse does not allow. The batch ran
-            // on many threads: the first document in file order that fails is the one to name,
-            // by the line it starts on.
-            for (size_t i = 0; i < docs.size(); ++i) {
-              try {
-                tok.encode(docs[i], options);
-              } catch (const Error& e) {
-                fail(a->input, ":", lines[i], ": ", e.what(),
-                     a->special == "refuse" ? "; --special allow or --special text" : "");
+    const bool binary = a->output.ends_with(".bin");
+    const auto encode_all = [&](const FileSink& sink) {
+      tk::for_each_document_batch(
+          {a->input, a->jsonl, a->field, false}, 16 << 20,
+          [&](std::span<const std::string_view> docs, std::span<const size_t> lines) {
+            std::vector<std::vector<uint32_t>> batch;
+            try {
+              batch = tok.encode_batch(docs, options);
+            } catch (const Error&) {
+              // A special token in the text that --special refuse does not allow. The batch ran
+              // on many threads: the first document in file order that fails is the one to name,
+              // by the line it starts on.
+              for (size_t i = 0; i < docs.size(); ++i) {
+                try {
+                  tok.encode(docs[i], options);
+                } catch (const Error& e) {
+                  fail(a->input, ":", lines[i], ": ", e.what(),
+                       a->special == "refuse" ? "; --special allow or --special text" : "");
+                }
               }
+              throw;
             }
-            throw;
-          }
-          for (const auto& ids : batch) writer.write(ids);
-        });
-    writer.finish();
+            for (const auto& ids : batch) sink(id_bytes(ids, binary));
+          });
+    };
+    if (a->output != "-") {
+      // Atomically: a run that fails (a full disk) leaves no truncated ids looking whole.
+      write_file_atomic_by(a->output, encode_all);
+      return;
+    }
+    encode_all([](std::string_view bytes) {
+      std::cout.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    });
+    std::cout.flush();
+    POLLEN_CHECK(std::cout.good(), "cannot write to standard output: ", std::strerror(errno));
   });
 }
 
