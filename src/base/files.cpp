@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "base/error.h"
@@ -43,6 +45,35 @@ bool is_special_file(const std::filesystem::path& path) {
   return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
 }
 
+namespace {
+
+// The descriptor of this process that `path` names through its links (/dev/stdout, /dev/fd/3,
+// /proc/self/fd/3), if it names one.
+std::optional<int> named_descriptor(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  const std::string own = cat("/proc/", ::getpid(), "/fd/");
+  fs::path p = path;
+  std::error_code ec;
+  for (int hops = 0; hops < 16; ++hops) {
+    const std::string s = fs::absolute(p, ec).lexically_normal().string();
+    for (const std::string& prefix :
+         {std::string("/proc/self/fd/"), std::string("/dev/fd/"), own}) {
+      if (!s.starts_with(prefix)) continue;
+      int fd = -1;
+      const std::string_view digits = std::string_view(s).substr(prefix.size());
+      const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), fd);
+      if (error == std::errc() && end == digits.data() + digits.size()) return fd;
+    }
+    if (!fs::is_symlink(p, ec)) return std::nullopt;
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) return std::nullopt;
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void write_file_atomic(const std::filesystem::path& path, std::string_view data, int mode) {
   write_file_atomic_by(
       path, [&](const FileSink& write) { write(data); }, mode);
@@ -50,6 +81,18 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view data,
 
 void write_file_atomic_by(const std::filesystem::path& path,
                           const std::function<void(const FileSink&)>& produce, int mode) {
+  // A descriptor of this process (--output /dev/stdout) is written where it stands, whatever it
+  // is open on: opened again, a redirected file would be written from its start, and renamed
+  // over, the link would become a file.
+  if (const std::optional<int> fd = named_descriptor(path)) {
+    produce([&](std::string_view piece) { write_all(*fd, piece, path); });
+    return;
+  }
+  // A link to a file: the file is replaced, and the link stays.
+  if (std::error_code ec; std::filesystem::is_symlink(path, ec) && !is_special_file(path)) {
+    const std::filesystem::path target = std::filesystem::weakly_canonical(path, ec);
+    if (!ec) return write_file_atomic_by(target, produce, mode);
+  }
   if (is_special_file(path)) {
     // A device, pipe or terminal (/dev/stdout, a FIFO) is written in place: a rename over it
     // would replace the node itself with a file.

@@ -1,6 +1,8 @@
 // The base layer: config errors, the counter-based RNG, the thread pool, hashing and files.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -232,6 +234,29 @@ TEST(Files, AtomicWriteReplacesWholeFile) {
   EXPECT_NE(error_of([&] { write_file_atomic(dir / "full", "no room"); }).find("full"),
             std::string::npos);
   EXPECT_TRUE(std::filesystem::is_symlink(dir / "full"));
+  // A link to a file: the file is replaced whole, the link stays a link.
+  write_file_atomic(dir / "v1.json", "old");
+  std::filesystem::create_symlink("v1.json", dir / "latest.json");
+  write_file_atomic(dir / "latest.json", "new");
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "latest.json"));
+  EXPECT_EQ(read_file(dir / "v1.json"), "new");
+  // A descriptor of this process (as /dev/stdout is) open on a file is written where it stands,
+  // after what it wrote before, and the file is not replaced.
+  const int fd = ::open((dir / "out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "before ", 7), 7);
+  const auto inode = [&] {
+    struct stat st {};
+    ::stat((dir / "out.txt").c_str(), &st);
+    return st.st_ino;
+  };
+  const auto first = inode();
+  std::filesystem::create_symlink("/proc/self/fd/" + std::to_string(fd), dir / "stdout");
+  write_file_atomic(dir / "stdout", "after");
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "stdout"));
+  ::close(fd);
+  EXPECT_EQ(read_file(dir / "out.txt"), "before after");
+  EXPECT_EQ(inode(), first);
   std::filesystem::remove_all(dir);
 }
 
