@@ -515,7 +515,8 @@ bool TrainingRun::step(obs::Progress& progress) {
     progress.finish();
     if (metrics_) metrics_->jsonl.file().sync();
     result_.status = RunStatus::failed;
-    result_.message = counters_.too_many_bad_steps(cfg_.max_bad_steps, last_checkpoint_, "model.init_from");
+    result_.message =
+        counters_.too_many_bad_steps(cfg_.max_bad_steps, last_checkpoint_, "model.init_from");
     return false;
   }
   const bool last = step == cfg_.steps;

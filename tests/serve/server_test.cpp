@@ -58,6 +58,18 @@ int connect_loopback(int port) {
   return fd;
 }
 
+// Sends `request` as it is on a fresh connection; everything the server answers until it closes.
+std::string raw_exchange(int port, const std::string& request) {
+  const int fd = connect_loopback(port);
+  EXPECT_GE(fd, 0);
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string response;
+  char buffer[4096];
+  for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
+  close(fd);
+  return response;
+}
+
 class Serving : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -694,8 +706,6 @@ TEST_F(Serving, BodiesAreBoundedHoweverFramedAndJsonHoweverDeep) {
   // Sent in chunks: served below the limit, refused above it (a 413, or the connection closed
   // before the client read it).
   auto chunked = [&](const std::string& body) {
-    const int fd = connect_loopback(server_->port());
-    EXPECT_GE(fd, 0);
     std::string request =
         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         "Connection: close\r\nTransfer-Encoding: chunked\r\n\r\n";
@@ -706,12 +716,7 @@ TEST_F(Serving, BodiesAreBoundedHoweverFramedAndJsonHoweverDeep) {
       request += size + piece + "\r\n";
     }
     request += "0\r\n\r\n";
-    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-    std::string response;
-    char buffer[4096];
-    for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
-    close(fd);
-    return response;
+    return raw_exchange(server_->port(), request);
   };
   const json small = {{"prompt", "hi"}, {"max_tokens", 1}};
   EXPECT_TRUE(chunked(small.dump()).starts_with("HTTP/1.1 200")) << chunked(small.dump());
@@ -722,13 +727,7 @@ TEST_F(Serving, BodiesAreBoundedHoweverFramedAndJsonHoweverDeep) {
   // first read of a multipart body, or of a chunked body over the limit, gets no answer.
   const std::string hidden = "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
   auto answers = [&](const std::string& request) {
-    const int fd = connect_loopback(server_->port());
-    EXPECT_GE(fd, 0);
-    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-    std::string response;
-    char buffer[4096];
-    for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
-    close(fd);
+    const std::string response = raw_exchange(server_->port(), request);
     size_t count = 0;
     for (size_t at = 0; (at = response.find("HTTP/1.1 ", at)) != std::string::npos; ++at) ++count;
     return count;
@@ -756,14 +755,7 @@ TEST_F(Serving, BodiesAreBoundedHoweverFramedAndJsonHoweverDeep) {
   EXPECT_EQ(health->status, 200);
   // A POST without a body, or with one compressed, is told so.
   const auto reply = [&](const std::string& request) {
-    const int fd = connect_loopback(server_->port());
-    EXPECT_GE(fd, 0);
-    send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-    std::string response;
-    char buffer[4096];
-    for (ssize_t n; (n = recv(fd, buffer, sizeof(buffer), 0)) > 0;) response.append(buffer, n);
-    close(fd);
-    return response;
+    return raw_exchange(server_->port(), request);
   };
   const std::string bodiless =
       reply("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
