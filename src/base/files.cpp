@@ -29,6 +29,25 @@ void write_all(int fd, std::string_view data, const std::filesystem::path& path)
     done += static_cast<size_t>(n);
   }
 }
+
+// What `produce` passes, written to `fd` in writes of about 1 MiB: a producer of many small
+// pieces (a line of ids a document) makes few system calls. `name` is for errors.
+void produce_into(int fd, const std::filesystem::path& name,
+                  const std::function<void(const FileSink&)>& produce) {
+  constexpr size_t kBlock = size_t{1} << 20;
+  std::string block;
+  produce([&](std::string_view piece) {
+    if (block.size() + piece.size() > kBlock) {
+      write_all(fd, block, name);
+      block.clear();
+    }
+    if (piece.size() >= kBlock)
+      write_all(fd, piece, name);
+    else
+      block.append(piece);
+  });
+  write_all(fd, block, name);
+}
 }  // namespace
 
 std::string read_file(const std::filesystem::path& path) {
@@ -47,14 +66,19 @@ bool is_special_file(const std::filesystem::path& path) {
 
 namespace {
 
-// The descriptor of this process that `path` names through its links (/dev/stdout, /dev/fd/3,
-// /proc/self/fd/3), if it names one.
-std::optional<int> named_descriptor(const std::filesystem::path& path) {
+// Where a write to `path` lands, its links followed: a descriptor of this process (/dev/stdout,
+// /dev/fd/3, /proc/self/fd/3), or the path that is no link (which may not exist yet).
+struct Destination {
+  std::optional<int> descriptor;
+  std::filesystem::path path;
+};
+
+Destination destination(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   const std::string own = cat("/proc/", ::getpid(), "/fd/");
   fs::path p = path;
   std::error_code ec;
-  for (int hops = 0; hops < 16; ++hops) {
+  for (int hops = 0; hops < 40; ++hops) {
     const std::string s = fs::absolute(p, ec).lexically_normal().string();
     for (const std::string& prefix :
          {std::string("/proc/self/fd/"), std::string("/dev/fd/"), own}) {
@@ -62,14 +86,14 @@ std::optional<int> named_descriptor(const std::filesystem::path& path) {
       int fd = -1;
       const std::string_view digits = std::string_view(s).substr(prefix.size());
       const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), fd);
-      if (error == std::errc() && end == digits.data() + digits.size()) return fd;
+      if (error == std::errc() && end == digits.data() + digits.size()) return {fd, p};
     }
-    if (!fs::is_symlink(p, ec)) return std::nullopt;
+    if (!fs::is_symlink(p, ec)) return {std::nullopt, p};
     const fs::path target = fs::read_symlink(p, ec);
-    if (ec) return std::nullopt;
+    POLLEN_CHECK(!ec, "cannot read the link '", p.string(), "': ", ec.message());
     p = target.is_absolute() ? target : p.parent_path() / target;
   }
-  return std::nullopt;
+  fail("cannot write '", path.string(), "': its links go round in a loop");
 }
 
 }  // namespace
@@ -79,27 +103,24 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view data,
       path, [&](const FileSink& write) { write(data); }, mode);
 }
 
-void write_file_atomic_by(const std::filesystem::path& path,
+void write_file_atomic_by(const std::filesystem::path& requested,
                           const std::function<void(const FileSink&)>& produce, int mode) {
   // A descriptor of this process (--output /dev/stdout) is written where it stands, whatever it
   // is open on: opened again, a redirected file would be written from its start, and renamed
-  // over, the link would become a file.
-  if (const std::optional<int> fd = named_descriptor(path)) {
-    produce([&](std::string_view piece) { write_all(*fd, piece, path); });
+  // over, the link would become a file. A link to a file has that file replaced; the link stays.
+  const Destination to = destination(requested);
+  if (to.descriptor) {
+    produce_into(*to.descriptor, requested, produce);
     return;
   }
-  // A link to a file: the file is replaced, and the link stays.
-  if (std::error_code ec; std::filesystem::is_symlink(path, ec) && !is_special_file(path)) {
-    const std::filesystem::path target = std::filesystem::weakly_canonical(path, ec);
-    if (!ec) return write_file_atomic_by(target, produce, mode);
-  }
+  const std::filesystem::path& path = to.path;
   if (is_special_file(path)) {
-    // A device, pipe or terminal (/dev/stdout, a FIFO) is written in place: a rename over it
+    // A device, pipe or terminal (a FIFO, /dev/null) is written in place: a rename over it
     // would replace the node itself with a file.
     int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
     POLLEN_CHECK(fd >= 0, "cannot open '", path.string(), "' for writing: ", errno_text());
     try {
-      produce([&](std::string_view piece) { write_all(fd, piece, path); });
+      produce_into(fd, path, produce);
     } catch (...) {
       ::close(fd);
       throw;
@@ -113,7 +134,7 @@ void write_file_atomic_by(const std::filesystem::path& path,
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, static_cast<mode_t>(mode));
   POLLEN_CHECK(fd >= 0, "cannot create '", tmp.string(), "': ", errno_text());
   try {
-    produce([&](std::string_view piece) { write_all(fd, piece, tmp); });
+    produce_into(fd, tmp, produce);
     POLLEN_CHECK(::fsync(fd) == 0, "cannot sync '", tmp.string(), "': ", errno_text());
   } catch (...) {
     ::close(fd);

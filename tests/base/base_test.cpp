@@ -240,6 +240,15 @@ TEST(Files, AtomicWriteReplacesWholeFile) {
   write_file_atomic(dir / "latest.json", "new");
   EXPECT_TRUE(std::filesystem::is_symlink(dir / "latest.json"));
   EXPECT_EQ(read_file(dir / "v1.json"), "new");
+  // ... also one whose file is not there yet; links in a loop are an error.
+  std::filesystem::create_symlink("later.json", dir / "dangling.json");
+  write_file_atomic(dir / "dangling.json", "first");
+  EXPECT_TRUE(std::filesystem::is_symlink(dir / "dangling.json"));
+  EXPECT_EQ(read_file(dir / "later.json"), "first");
+  std::filesystem::create_symlink("loop-b", dir / "loop-a");
+  std::filesystem::create_symlink("loop-a", dir / "loop-b");
+  EXPECT_NE(error_of([&] { write_file_atomic(dir / "loop-a", "x"); }).find("go round in a loop"),
+            std::string::npos);
   // A descriptor of this process (as /dev/stdout is) open on a file is written where it stands,
   // after what it wrote before, and the file is not replaced.
   const int fd = ::open((dir / "out.txt").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
