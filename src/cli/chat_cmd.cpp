@@ -77,16 +77,19 @@ void add_chat_command(CLI::App& app) {
       }
       if (!std::getline(std::cin, line)) break;
       if (line.empty()) continue;
-      messages.push_back({"user", line});
+      // The conversation with the new message, its oldest exchanges left out as needed; kept
+      // only when the message is sent.
+      std::vector<tokenizer::ChatMessage> sent = messages;
+      sent.push_back({"user", line});
       const auto render = [&] {
-        return tok.encode(tokenizer::render_chat(format, messages, true), eo);
+        return tok.encode(tokenizer::render_chat(format, sent, true), eo);
       };
       std::vector<uint32_t> ids = render();
       int64_t left_out = 0;
       while (static_cast<int64_t>(ids.size()) + room_wanted > context &&
-             messages.size() > first_turn + 1) {
-        messages.erase(messages.begin() + static_cast<std::ptrdiff_t>(first_turn),
-                       messages.begin() + static_cast<std::ptrdiff_t>(first_turn + 2));
+             sent.size() > first_turn + 1) {
+        sent.erase(sent.begin() + static_cast<std::ptrdiff_t>(first_turn),
+                   sent.begin() + static_cast<std::ptrdiff_t>(first_turn + 2));
         ++left_out;
         ids = render();
       }
@@ -97,9 +100,9 @@ void add_chat_command(CLI::App& app) {
                      ids.size(), static_cast<long long>(context));
         std::fputc('\n', stdout);  // its empty reply: one line per message, as ever
         std::fflush(stdout);
-        messages.pop_back();
         continue;
       }
+      messages = std::move(sent);
       if (left_out > 0)
         std::fprintf(stderr,
                      "[the %lld oldest exchange%s left out to fit the context of %lld tokens]\n",

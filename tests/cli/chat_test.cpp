@@ -187,6 +187,22 @@ TEST(Chat, AConversationThatOutgrowsTheContextLeavesOutItsOldestExchanges) {
   const std::string err = read_file(root / "err.txt");
   EXPECT_NE(err.find("oldest exchange"), std::string::npos) << err;
   EXPECT_NE(err.find("not sent: this message takes"), std::string::npos) << err;
+  // A message not sent leaves the conversation as it was: the next reply is the one the chat
+  // without that message gives.
+  write_file_atomic(root / "with.txt",
+                    "hello there\nhow are you today\n" + long_line + "\nand again\n");
+  write_file_atomic(root / "without.txt", "hello there\nhow are you today\nand again\n");
+  const std::string args =
+      "chat --model " + cm.dir.string() + " --greedy --max-tokens 8 --context 200";
+  const PollenRun with = run_pollen(args, root / "with.txt");
+  const PollenRun without = run_pollen(args, root / "without.txt");
+  ASSERT_EQ(with.status, 0);
+  ASSERT_EQ(without.status, 0);
+  const auto last_line = [](const std::string& out) {
+    const size_t end = out.find_last_of('\n');
+    return out.substr(out.find_last_of('\n', end - 1) + 1);
+  };
+  EXPECT_EQ(last_line(with.output), last_line(without.output)) << with.output << without.output;
   fs::remove_all(root);
 }
 
