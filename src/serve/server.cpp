@@ -261,6 +261,7 @@ Server::~Server() {
 
 void Server::run() {
   http_->listen_after_bind();
+  ran_ = true;
 }
 
 void Server::start() {
@@ -275,6 +276,9 @@ void Server::stop() {
 void Server::stop_gracefully() {
   draining_ = true;
   while (in_flight_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The HTTP server ignores a stop before it listens: a signal that came while run() was still
+  // on its way there waits for it.
+  while (!http_->is_running() && !ran_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   stop();
 }
 

@@ -86,6 +86,7 @@ class Server {
   std::unique_ptr<httplib::Server> http_;
   std::atomic<int64_t> in_flight_{0};
   std::atomic<bool> draining_{false};
+  std::atomic<bool> ran_{false};  // run() has returned
   RequestCounts requests_;
   int port_ = 0;
   std::thread thread_;
