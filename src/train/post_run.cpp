@@ -1,5 +1,6 @@
 #include "train/post_run.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "autograd/tape.h"
@@ -9,6 +10,7 @@
 #include "base/thread_pool.h"
 #include "io/checkpoint.h"
 #include "io/peft.h"
+#include "model/config.h"
 #include "obs/metrics.h"
 #include "obs/progress.h"
 #include "optim/adamw.h"
@@ -129,14 +131,18 @@ std::string pinned_base(const PostConfig& cfg, const std::optional<fs::path>& re
 }
 
 // A resumed full fine-tune takes its weights from the checkpoint, which also holds the base's
-// architecture, tokenizer and chat template: a pinned base checkpoint that retention (or a person)
-// has removed since the run began is read there instead. The run's config still names it.
+// architecture, tokenizer and chat template: a base that is gone since the run began (a pinned
+// checkpoint retention removed, a folder moved) is read there instead. The run's config still
+// names it.
 PostBase resolve_resumed_base(const PostConfig& resolved, const std::string& named,
                               const fs::path& checkpoint) {
-  if (resolved.base == named || fs::exists(resolved.base)) return resolve_post_base(resolved);
-  log::warn("resume: model.base '", named, "' was pinned to '", resolved.base,
-            "', which is gone; the architecture, tokenizer and chat template come from the "
-            "checkpoint '",
+  const std::vector<std::string> presets = model::preset_names();
+  if (std::find(presets.begin(), presets.end(), resolved.base) != presets.end() ||
+      fs::exists(resolved.base))
+    return resolve_post_base(resolved);
+  log::warn("resume: model.base '", named, "'",
+            resolved.base == named ? "" : cat(" (pinned to '", resolved.base, "')"),
+            " is gone; the architecture, tokenizer and chat template come from the checkpoint '",
             checkpoint.string(), "'");
   PostConfig from_checkpoint = resolved;
   from_checkpoint.base = checkpoint.string();

@@ -124,6 +124,13 @@ TEST(PostRun, AFullFineTuneResumesWhenItsPinnedBaseIsGone) {
   // The checkpoints still name the base the run began from.
   EXPECT_EQ(fs::path(train::load_post_config(resumed.last_checkpoint / "config.toml", "sft").base),
             base_run.last_checkpoint);
+  // A base named directly (not pinned) may be gone too.
+  fs::copy_file(fx.model_file, dir / "model.toml");
+  const std::string direct = with_base(dir / "direct", dir / "model.toml");
+  ASSERT_EQ(run(direct, false, 2).status, train::RunStatus::preempted);
+  fs::remove(dir / "model.toml");
+  const auto finished = run(direct, true);
+  EXPECT_EQ(finished.status, train::RunStatus::finished) << finished.message;
 }
 
 // A diverging run stops naming its last good checkpoint and the key that starts a new run from it
