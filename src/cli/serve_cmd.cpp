@@ -119,7 +119,7 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--max-tokens", a->limits.max_tokens, "Most tokens generated per prompt")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--max-prompts", a->limits.max_prompts,
                   "Most choices in one request (prompts times n)")
