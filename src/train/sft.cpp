@@ -257,7 +257,12 @@ SftObjective::SftObjective(const ObjectiveContext& ctx) : seed_(ctx.seed) {
                          "\"), their replies cut off by truncation to sft.seq = ", settings_.seq,
                          " positions (sft.too_long) or empty")
                    : std::string());
-  data_key_ = data_key(settings_.data, settings_.validation, ctx);  // the files read well
+  // The files read well. Where examples were left out for having no token to score, the key says
+  // so: checkpoints of pollen that kept them count positions in another list of examples.
+  Sha256 key;
+  add_data_identity(key, settings_.data, settings_.validation, ctx);
+  if (counts.unscored > 0) key.update("examples without a scored token left out");
+  data_key_ = key.hex_digest();
   log::info("sft: ", train_.size(), " training and ", validation_.size(),
             " validation examples; longer than ", settings_.seq, " positions: ", counts.truncated,
             " truncated, ", counts.dropped, " dropped; ", counts.unscored,
