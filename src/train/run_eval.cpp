@@ -4,11 +4,13 @@
 #include <cmath>
 #include <fstream>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "base/config.h"
 #include "base/error.h"
 #include "base/files.h"
+#include "base/json_depth.h"
 #include "base/log.h"
 #include "data/loader.h"
 #include "data/shards.h"
@@ -39,10 +41,26 @@ EvalKey key_of(const nlohmann::ordered_json& j) {
           j.at("split").get<std::string>(), j.at("seq").get<int64_t>()};
 }
 
-// A dataset's name in TensorBoard tags: the folder holding its manifest.
-std::string dataset_label(const std::string& manifest) {
-  const std::string folder = fs::path(manifest).parent_path().filename().string();
-  return folder.empty() ? fs::path(manifest).stem().string() : folder;
+// Each dataset's name in TensorBoard tags: the folder holding its manifest, with as many folders
+// above it as tell the datasets apart (a/fort and b/fort), so that no two share a tag.
+std::map<std::string, std::string> dataset_labels(const std::vector<std::string>& manifests) {
+  std::map<std::string, std::string> labels;
+  for (size_t up = 1;; ++up) {
+    labels.clear();
+    std::set<std::string> taken;
+    bool clash = false;
+    for (const auto& m : manifests) {
+      std::vector<std::string> parts;
+      for (const auto& part : fs::path(m).parent_path()) parts.push_back(part.string());
+      std::string label;
+      for (size_t k = parts.size() > up ? parts.size() - up : 0; k < parts.size(); ++k)
+        if (parts[k] != "/") label += (label.empty() ? "" : "/") + parts[k];
+      if (label.empty()) label = fs::path(m).stem().string();
+      clash |= !taken.insert(label).second;
+      labels[m] = label;
+    }
+    if (!clash || up > 64) return labels;
+  }
 }
 
 }  // namespace
@@ -57,6 +75,7 @@ std::vector<nlohmann::ordered_json> read_run_evals(const fs::path& run_dir) {
   while (std::getline(in, line)) {
     ++n;
     if (line.empty()) continue;
+    check_json_depth(line, cat("'", path.string(), "' line ", n));
     auto j = nlohmann::ordered_json::parse(line, nullptr, false);
     POLLEN_CHECK(!j.is_discarded() && j.is_object() && j.contains("step") &&
                      j["step"].is_number_integer() && j.contains("data") && j["data"].is_string() &&
@@ -116,9 +135,12 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   }
 
   RunEvalResult result;
+  const std::map<std::string, std::string> labels = dataset_labels(manifests);
   obs::EventFileWriter tb;
   for (const fs::path& dir : io::list_checkpoints(run_dir / "checkpoints")) {
-    const int64_t step = io::checkpoint_step(dir);
+    // From the folder's name (step-NNNNNNNN, which list_checkpoints parsed): its manifest may be
+    // missing or damaged, or retention may remove the folder while training goes on.
+    const int64_t step = std::stoll(dir.filename().string().substr(5));
     std::vector<std::string> pending;
     for (const auto& m : manifests) {
       if (!o.again && records.count({step, m, split, po.seq})) {
@@ -133,9 +155,17 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
       result.unverified.emplace_back(dir, *why);
       continue;
     }
-    const model::Llama model = io::load_model(io::resolve_model(dir.string()));
-    const auto state = nlohmann::json::parse(read_file(dir / "state.json"));
-    const int64_t tokens = state.at("tokens").get<int64_t>();
+    std::optional<model::Llama> loaded;
+    int64_t tokens = 0;
+    try {
+      loaded = io::load_model(io::resolve_model(dir.string()));
+      tokens = nlohmann::json::parse(read_file(dir / "state.json")).at("tokens").get<int64_t>();
+    } catch (const std::exception& e) {  // removed since it verified, say
+      log::warn("skipping checkpoint '", dir.string(), "': ", e.what());
+      result.unverified.emplace_back(dir, e.what());
+      continue;
+    }
+    const model::Llama& model = *loaded;
     for (const auto& m : pending) {
       const eval::PerplexityResult r = eval::perplexity(model, m, po);
       nlohmann::ordered_json j;
@@ -160,8 +190,8 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
         if (!tb.file().is_open())
           tb = obs::EventFileWriter::create(run_dir / "tensorboard", std::nullopt);
         const double wall = obs::wall_time_now();
-        tb.add_scalar(cat("eval/", dataset_label(m), "/loss"), r.loss, step, wall);
-        tb.add_scalar(cat("eval/", dataset_label(m), "/perplexity"), r.perplexity, step, wall);
+        tb.add_scalar(cat("eval/", labels.at(m), "/loss"), r.loss, step, wall);
+        tb.add_scalar(cat("eval/", labels.at(m), "/perplexity"), r.perplexity, step, wall);
       }
       records[key_of(j)] = j;
       result.evaluated.push_back(std::move(j));

@@ -894,6 +894,14 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
   ASSERT_EQ(r.unverified.size(), 1u);
   EXPECT_NE(r.unverified[0].second.find("model.safetensors holds 100 bytes"), std::string::npos);
   EXPECT_EQ(train::read_run_evals(run), written);  // the same numbers again
+  // A checkpoint without its manifest (retention removing it while eval --run goes on) is passed
+  // over as well, not the end of the evaluation.
+  fs::remove(all[0] / "manifest.json");
+  ::testing::internal::CaptureStderr();
+  r = train::evaluate_run(run, o);
+  ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.evaluated.size(), 1u);
+  EXPECT_EQ(r.unverified.size(), 2u);
 
   const std::string plot = std::string(POLLEN_BINARY) + " plot " + run.string() + " --output " +
                            (run / "c.svg").string() + " > /dev/null 2>&1";
