@@ -63,8 +63,13 @@ std::vector<std::string> read_documents(const std::string& path, bool jsonl,
   return docs;
 }
 
-// lm-evaluation-harness's max_length for an HF model: the config's max_position_embeddings.
+// lm-evaluation-harness's max_length for an HF model: the config's max_position_embeddings. A
+// longer --window would score positions the model never had.
 int64_t default_window(const model::LlamaConfig& c, int64_t given) {
+  POLLEN_CHECK(given <= c.max_position_embeddings, "eval: --window ", given,
+               " is longer than the model reads (max_position_embeddings ",
+               c.max_position_embeddings, "); give --window ", c.max_position_embeddings,
+               " or less");
   return given > 0 ? given : c.max_position_embeddings;
 }
 
@@ -300,6 +305,8 @@ void add_eval_command(CLI::App& app) {
       for (const std::string& manifest : a->data) {
         const eval::PerplexityResult r =
             eval::perplexity(m, manifest, {a->split, a->seq, a->batch});
+        POLLEN_CHECK(r.tokens > 0, "eval: '", manifest, "' split '", a->split,
+                     "' has no document of two or more tokens to score");
         nlohmann::ordered_json j{{"model", a->model},          {"data", manifest},
                                  {"split", a->split},          {"loss", r.loss},
                                  {"perplexity", r.perplexity}, {"tokens", r.tokens},
@@ -391,7 +398,8 @@ void add_score_command(CLI::App& app) {
   cmd->add_option("--field", a->field, "String field of JSONL documents");
   cmd->add_option("--output", a->output, "JSONL file to write")->required();
   cmd->add_option("--window", a->window,
-                  "Tokens per window (default: the model's context, as lm-eval)");
+                  "Tokens per window (default: the model's context, as lm-eval)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
   cmd->callback([a] {
     if (a->threads > 0) set_num_threads(a->threads);

@@ -863,6 +863,14 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
   EXPECT_NE(status, 0);
   EXPECT_NE(too_long.find("--seq 128 (its default) is longer than model"), std::string::npos)
       << too_long;
+  // So is a --window past it (the text is scored in windows).
+  write_file_atomic(run / "text.txt", "Some text to score in windows.\n");
+  const std::string wide = pollen::testing::run_capture(
+      std::string(POLLEN_BINARY) + " eval --model " + all[0].string() + " --text " +
+          (run / "text.txt").string() + " --window 100000 --threads 2",
+      &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(wide.find("--window 100000 is longer than the model reads"), std::string::npos) << wide;
 
   // Done ones are skipped; --again redoes them, passing over a checkpoint that fails to verify.
   train::RunEvalOptions o;
