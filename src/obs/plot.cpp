@@ -62,7 +62,10 @@ std::vector<double> ticks(double lo, double hi) {
       break;
     }
   std::vector<double> t;
-  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(v);
+  // Each tick from its index (adding steps would pile up rounding: -1.4e-17 for 0).
+  const double first = std::ceil(lo / step);
+  for (double k = first; k * step <= hi + step * 1e-9; ++k)
+    t.push_back(std::abs(k) < 0.5 ? 0.0 : k * step);
   return t;
 }
 
@@ -131,8 +134,15 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
   RunCurves r;
   // Runs are told apart by their folders (one run file with other --set values makes runs of
   // one run.name).
-  r.name = (std::filesystem::is_directory(run) ? run : run.parent_path()).filename().string();
-  if (r.name.empty() || r.name == ".") r.name = std::filesystem::absolute(run).filename().string();
+  // runs/r3/ (a trailing separator, as shells complete it) is named r3 as runs/r3 is.
+  const std::filesystem::path folder =
+      (std::filesystem::is_directory(run) ? run : run.parent_path()).lexically_normal();
+  const auto last_name = [](const std::filesystem::path& p) {
+    return p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
+  };
+  r.name = last_name(folder);
+  if (r.name.empty() || r.name == ".")
+    r.name = last_name(std::filesystem::absolute(folder).lexically_normal());
   std::string line;
   int64_t n = 0;
   double fed_tokens = 0;  // a federation's tokens trained over the rounds so far

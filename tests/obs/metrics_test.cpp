@@ -179,6 +179,20 @@ TEST(Plot, AnUnfinishedLastLineIsLeftOut) {
   fs::remove_all(d);
 }
 
+// A run folder named with a trailing separator (as shells complete it) keeps its name, and ticks
+// are whole multiples of their step (not 0 plus rounding).
+TEST(Plot, ATrailingSeparatorAndTicksAcrossZero) {
+  const fs::path d = temp_dir("plot_ticks");
+  write_file_atomic(d / "metrics.jsonl",
+                    "{\"tokens\":10,\"loss\":-0.16}\n{\"tokens\":20,\"loss\":0.0}\n");
+  const obs::RunCurves r = obs::read_run_curves(fs::path(d.string() + "/"));
+  EXPECT_EQ(r.name, d.filename().string());
+  const std::string svg = obs::plot_svg({r});
+  EXPECT_EQ(svg.find("e-1"), std::string::npos) << svg;
+  EXPECT_NE(svg.find(">0<"), std::string::npos) << svg;
+  fs::remove_all(d);
+}
+
 // An evaluation whose loss was not finite (null in eval.jsonl, as JSON has no NaN) is left out of
 // the plot, not a reason to refuse the run.
 TEST(Plot, AnEvaluationWithoutAFiniteLossIsLeftOut) {
