@@ -97,9 +97,11 @@ std::vector<ChoiceItem> read_choice_items(const std::filesystem::path& jsonl) {
       POLLEN_CHECK(c.is_string(), where, ": \"choices\" must be a list of strings");
       item.choices.push_back(c.get<std::string>());
     }
+    POLLEN_CHECK(j["gold"].is_number_unsigned() &&
+                     j["gold"].get<uint64_t>() < static_cast<uint64_t>(item.choices.size()),
+                 where, ": \"gold\" is ", j["gold"].dump(), ", outside the ", item.choices.size(),
+                 " choices");
     item.gold = j["gold"].get<int64_t>();
-    POLLEN_CHECK(item.gold >= 0 && item.gold < static_cast<int64_t>(item.choices.size()), where,
-                 ": \"gold\" is ", item.gold, ", outside the ", item.choices.size(), " choices");
     items.push_back(std::move(item));
   }
   POLLEN_CHECK(!items.empty(), "task file '", jsonl.string(), "' holds no items");
