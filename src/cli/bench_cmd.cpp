@@ -48,14 +48,17 @@ void add_bench_command(CLI::App& app) {
   step->add_flag("--profile", opts->profile,
                  "Time the timed steps op by op (GPU time on cuda): a table on stderr, and the "
                  "JSON line's \"ops\" (calls and ms per step of each op, the most time first)");
-  step->add_option("--dp-clip", opts->dp_clip,
-                   "DP-SGD steps (CPU): each row's gradient clipped to this L2 norm on its own, "
-                   "then noised (0: plain steps)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+  auto* dp_clip =
+      step->add_option(
+              "--dp-clip", opts->dp_clip,
+              "DP-SGD steps (CPU): each row's gradient clipped to this L2 norm on its own, "
+              "then noised (0: plain steps)")
+          ->check(CLI::NonNegativeNumber)
+          ->capture_default_str();
   step->add_option("--dp-noise", opts->dp_noise,
                    "With --dp-clip: the noise multiplier z (noise std z times the clip)")
       ->check(CLI::NonNegativeNumber)
+      ->needs(dp_clip)
       ->capture_default_str();
   const std::map<std::string, train::ClipMethod> clippings{
       {"auto", train::ClipMethod::automatic},
@@ -66,6 +69,7 @@ void add_bench_command(CLI::App& app) {
                    "one-by-one (a forward and backward per row), or auto (the one estimated "
                    "cheaper, as pollen train chooses)")
       ->transform(CLI::CheckedTransformer(clippings, CLI::ignore_case))
+      ->needs(dp_clip)
       ->capture_default_str();
   step->callback([model, opts, device, compute] {
     opts->device = parse_device(*device);
