@@ -117,9 +117,15 @@ PerplexityResult perplexity(const model::Llama& model, const fs::path& manifest_
   const auto shards = m.split(o.split);
   POLLEN_CHECK(!shards.empty(), "'", manifest_path.string(), "' has no shards of split '", o.split,
                "'");
+  // Each piece starts at most one row: more rows than pieces would only be padding (a --batch of
+  // 2^30 allocated its rows up front).
+  int64_t most_rows = 0;
+  for (const data::ShardInfo& info : shards) most_rows += info.num_tokens / o.seq + info.num_docs;
+  PerplexityOptions packing = o;
+  packing.batch = std::max<int64_t>(1, std::min(o.batch, most_rows));
   ag::NoGrad no_grad;
   PerplexityResult r;
-  Packer packer(model, o);
+  Packer packer(model, packing);
   std::vector<int32_t> piece;
   for (const data::ShardInfo& info : shards) {
     data::ShardReader shard(m.dir(), info, m.token_dtype);

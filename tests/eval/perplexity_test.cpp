@@ -75,8 +75,9 @@ TEST_F(Perplexity, EqualsScoringEachDocumentAloneWhateverThePacking) {
   const auto [sum, scored] = score_documents_alone(m, manifest_);
   ASSERT_GT(scored, 0);
   const double expected = sum / static_cast<double>(scored);
-  // Documents are 12-40 tokens: seq 48 holds each whole, packed 1 or 5 rows at a time.
-  for (int64_t batch : {1, 5}) {
+  // Documents are 12-40 tokens: seq 48 holds each whole, packed 1 or 5 rows at a time, or all
+  // in one batch (a batch of 2^40 rows takes only the rows the pieces fill).
+  for (int64_t batch : {int64_t{1}, int64_t{5}, int64_t{1} << 40}) {
     const PerplexityResult r = perplexity(m, manifest_, {"validation", 48, batch});
     EXPECT_EQ(r.tokens, scored) << "batch " << batch;
     EXPECT_EQ(r.documents, 40);
