@@ -41,26 +41,32 @@ EvalKey key_of(const nlohmann::ordered_json& j) {
           j.at("split").get<std::string>(), j.at("seq").get<int64_t>()};
 }
 
-// Each dataset's name in TensorBoard tags: the folder holding its manifest, with as many folders
-// above it as tell the datasets apart (a/fort and b/fort), so that no two share a tag.
-std::map<std::string, std::string> dataset_labels(const std::vector<std::string>& manifests) {
+// Each dataset's name in TensorBoard tags: the folder holding its manifest, with the folders above
+// it that tell it apart from the other datasets `known` (a/fort and b/fort), so that no two share
+// a tag. `known` (absolute and distinct: manifest_key's) is every dataset the run's evaluations
+// name, so that a dataset keeps its tag from one eval --run to the next.
+std::map<std::string, std::string> dataset_labels(const std::set<std::string>& known) {
+  const auto label = [](const std::string& m, size_t up) {
+    std::vector<std::string> parts;
+    for (const auto& part : fs::path(m).parent_path())
+      if (part != "/") parts.push_back(part.string());
+    std::string out;
+    for (size_t k = parts.size() > up ? parts.size() - up : 0; k < parts.size(); ++k)
+      out += (out.empty() ? "" : "/") + parts[k];
+    return out.empty() ? fs::path(m).stem().string() : out;
+  };
   std::map<std::string, std::string> labels;
-  for (size_t up = 1;; ++up) {
-    labels.clear();
-    std::set<std::string> taken;
-    bool clash = false;
-    for (const auto& m : manifests) {
-      std::vector<std::string> parts;
-      for (const auto& part : fs::path(m).parent_path()) parts.push_back(part.string());
-      std::string label;
-      for (size_t k = parts.size() > up ? parts.size() - up : 0; k < parts.size(); ++k)
-        if (parts[k] != "/") label += (label.empty() ? "" : "/") + parts[k];
-      if (label.empty()) label = fs::path(m).stem().string();
-      clash |= !taken.insert(label).second;
-      labels[m] = label;
+  for (const auto& m : known) {
+    const size_t depth = static_cast<size_t>(std::distance(fs::path(m).begin(), fs::path(m).end()));
+    for (size_t up = 1; up <= depth; ++up) {
+      labels[m] = label(m, up);
+      const bool alone = std::none_of(known.begin(), known.end(), [&](const std::string& other) {
+        return other != m && label(other, up) == labels[m];
+      });
+      if (alone) break;
     }
-    if (!clash || up > 64) return labels;
   }
+  return labels;
 }
 
 }  // namespace
@@ -113,6 +119,9 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   std::vector<std::string> manifests = o.manifests;
   if (manifests.empty()) manifests = run.validation_manifests;
   for (auto& m : manifests) m = manifest_key(m);
+  // One dataset named twice (a/m.json and ./a/m.json) is evaluated once.
+  std::set<std::string> seen;
+  std::erase_if(manifests, [&](const std::string& m) { return !seen.insert(m).second; });
   const std::string split = o.split.empty() ? run.validation_split : o.split;
   POLLEN_CHECK(!split.empty(), "'", config_path.string(),
                "': data.validation_split is empty (the run had no validation data); give the "
@@ -135,7 +144,10 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   }
 
   RunEvalResult result;
-  const std::map<std::string, std::string> labels = dataset_labels(manifests);
+  std::set<std::string> known(manifests.begin(), manifests.end());
+  for (const auto& m : run.validation_manifests) known.insert(manifest_key(m));
+  for (const auto& [key, j] : records) known.insert(std::get<1>(key));
+  const std::map<std::string, std::string> labels = dataset_labels(known);
   obs::EventFileWriter tb;
   for (const fs::path& dir : io::list_checkpoints(run_dir / "checkpoints")) {
     // From the folder's name (step-NNNNNNNN, which list_checkpoints parsed): its manifest may be

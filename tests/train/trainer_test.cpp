@@ -932,6 +932,42 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
   fs::remove_all(run);
 }
 
+// Datasets in folders of one name get TensorBoard tags of their own (the folders above tell them
+// apart), a dataset named twice is evaluated once, and one named alone later keeps its tag.
+TEST(RunEval, DatasetsInFoldersOfOneNameKeepTagsOfTheirOwn) {
+  const fs::path run = temp_dir("evalrun_labels");
+  ASSERT_EQ(train_quiet(tiny(run, 2, {})).status, train::RunStatus::finished);
+  const fs::path data = dataset().parent_path();
+  for (const char* parent : {"a", "b"}) {
+    fs::create_directories(run / parent);
+    fs::copy(data, run / parent / data.filename(), fs::copy_options::recursive);
+  }
+  const auto manifest = [&](const char* parent) {
+    return (run / parent / data.filename() / "manifest.json").string();
+  };
+  const auto tags = [&] {
+    std::string all;
+    for (const auto& e : fs::directory_iterator(run / "tensorboard")) all += read_file(e.path());
+    return all;
+  };
+  train::RunEvalOptions o;
+  o.quiet = true;
+  o.manifests = {manifest("a"), manifest("b"), "./" + fs::relative(manifest("a")).string()};
+  const auto r = train::evaluate_run(run, o);
+  EXPECT_EQ(r.evaluated.size(), 2u);  // step 2 on a and b
+  const std::string label = "/" + data.filename().string() + "/loss";
+  EXPECT_NE(tags().find("eval/a" + label), std::string::npos);
+  EXPECT_NE(tags().find("eval/b" + label), std::string::npos);
+  // b alone, from scratch: still b's tag (the run's own validation data is in a folder of that
+  // name too), not the folder's name alone.
+  fs::remove_all(run / "tensorboard");
+  fs::remove(run / "eval.jsonl");
+  o.manifests = {manifest("b")};
+  ASSERT_EQ(train::evaluate_run(run, o).evaluated.size(), 1u);
+  EXPECT_NE(tags().find("eval/b" + label), std::string::npos) << tags();
+  fs::remove_all(run);
+}
+
 // eval --run scores only data tokenized like the run's training data.
 TEST(RunEval, DataOfAnotherTokenizerIsRefused) {
   const fs::path run = temp_dir("evalrun_tokenizer");
