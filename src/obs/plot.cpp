@@ -134,13 +134,14 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
   RunCurves r;
   // Runs are told apart by their folders (one run file with other --set values makes runs of
   // one run.name).
-  // runs/r3/ (a trailing separator, as shells complete it) is named r3 as runs/r3 is.
-  const std::filesystem::path folder =
-      (std::filesystem::is_directory(run) ? run : run.parent_path()).lexically_normal();
+  // runs/r3/ (a trailing separator, as shells complete it) is named r3 as runs/r3 is, and a bare
+  // metrics.jsonl by the folder it is in.
+  std::filesystem::path folder = std::filesystem::is_directory(run) ? run : run.parent_path();
+  if (folder.empty()) folder = ".";
   const auto last_name = [](const std::filesystem::path& p) {
     return p.filename().empty() ? p.parent_path().filename().string() : p.filename().string();
   };
-  r.name = last_name(folder);
+  r.name = last_name(folder.lexically_normal());
   if (r.name.empty() || r.name == ".")
     r.name = last_name(std::filesystem::absolute(folder).lexically_normal());
   std::string line;

@@ -187,6 +187,11 @@ TEST(Plot, ATrailingSeparatorAndTicksAcrossZero) {
                     "{\"tokens\":10,\"loss\":-0.16}\n{\"tokens\":20,\"loss\":0.0}\n");
   const obs::RunCurves r = obs::read_run_curves(fs::path(d.string() + "/"));
   EXPECT_EQ(r.name, d.filename().string());
+  // A bare metrics.jsonl, from inside the run folder: named by that folder.
+  const fs::path before = fs::current_path();
+  fs::current_path(d);
+  EXPECT_EQ(obs::read_run_curves("metrics.jsonl").name, d.filename().string());
+  fs::current_path(before);
   const std::string svg = obs::plot_svg({r});
   EXPECT_EQ(svg.find("e-1"), std::string::npos) << svg;
   EXPECT_NE(svg.find(">0<"), std::string::npos) << svg;
