@@ -81,14 +81,17 @@ Destination destination(const std::filesystem::path& path) {
   for (int hops = 0; hops < 40; ++hops) {
     const std::string s = fs::absolute(p, ec).lexically_normal().string();
     for (const std::string& prefix :
-         {std::string("/proc/self/fd/"), std::string("/dev/fd/"), own}) {
+         {std::string("/proc/self/fd/"), std::string("/proc/thread-self/fd/"),
+          std::string("/dev/fd/"), own}) {
       if (!s.starts_with(prefix)) continue;
       int fd = -1;
       const std::string_view digits = std::string_view(s).substr(prefix.size());
       const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), fd);
       if (error == std::errc() && end == digits.data() + digits.size()) return {fd, p};
     }
-    if (!fs::is_symlink(p, ec)) return {std::nullopt, p};
+    // A link to a device, pipe or socket is opened through (another process's descriptor links
+    // read as "pipe:[N]", no path).
+    if (!fs::is_symlink(p, ec) || is_special_file(p)) return {std::nullopt, p};
     const fs::path target = fs::read_symlink(p, ec);
     POLLEN_CHECK(!ec, "cannot read the link '", p.string(), "': ", ec.message());
     p = target.is_absolute() ? target : p.parent_path() / target;
