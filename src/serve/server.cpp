@@ -260,7 +260,8 @@ Server::~Server() {
 }
 
 void Server::run() {
-  http_->listen_after_bind();
+  entered_run_ = true;
+  if (!stop_requested_) http_->listen_after_bind();
   ran_ = true;
 }
 
@@ -276,9 +277,11 @@ void Server::stop() {
 void Server::stop_gracefully() {
   draining_ = true;
   while (in_flight_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  // The HTTP server ignores a stop before it listens: a signal that came while run() was still
-  // on its way there waits for it.
-  while (!http_->is_running() && !ran_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The HTTP server ignores a stop before it listens: a run() not entered yet sees the request
+  // and does not listen; one entered is waited for until it listens (or has returned).
+  stop_requested_ = true;
+  while (entered_run_ && !http_->is_running() && !ran_)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   stop();
 }
 

@@ -86,7 +86,8 @@ class Server {
   std::unique_ptr<httplib::Server> http_;
   std::atomic<int64_t> in_flight_{0};
   std::atomic<bool> draining_{false};
-  std::atomic<bool> ran_{false};  // run() has returned
+  // stop_gracefully() and run() meet through these whichever comes first.
+  std::atomic<bool> stop_requested_{false}, entered_run_{false}, ran_{false};
   RequestCounts requests_;
   int port_ = 0;
   std::thread thread_;
