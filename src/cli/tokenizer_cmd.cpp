@@ -151,8 +151,8 @@ void add_train(CLI::App* parent) {
     double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::fprintf(stderr, "trained %u tokens on %.1f MB (%zu distinct pieces) in %.1f s: %s\n",
-                tok.vocab_size(), counts.bytes_read() / 1e6, counts.distinct(), seconds,
-                a->output.c_str());
+                 tok.vocab_size(), counts.bytes_read() / 1e6, counts.distinct(), seconds,
+                 a->output.c_str());
     std::fprintf(stderr, "fingerprint %s\n", tok.fingerprint().c_str());
     if (tok.vocab_size() < a->vocab_size)
       std::fprintf(stderr,
@@ -377,7 +377,8 @@ void add_convert(CLI::App* parent) {
     tk::Tokenizer tok = open(a->tok);
     tk::save_tokenizer(tok, a->output);
     warn_specials_left_out(tok, a->output, "convert");
-    std::fprintf(stderr, "wrote %s (fingerprint %s)\n", a->output.c_str(), tok.fingerprint().c_str());
+    std::fprintf(stderr, "wrote %s (fingerprint %s)\n", a->output.c_str(),
+                 tok.fingerprint().c_str());
   });
 }
 
