@@ -202,6 +202,20 @@ RoundSummary Coordinator::end_round() {
       strategy_->aggregate(s.round, global_, ups, &report);
     }
   }
+  // An outer step that made the global model not finite must not become a checkpoint (a resume
+  // would load it): the run stops, and the last round's checkpoint stands.
+  if (s.aggregated) {
+    for (size_t i = 0; i < global_.size(); ++i) {
+      const float* x = global_[i].data<float>();
+      for (int64_t j = 0; j < global_[i].numel(); ++j)
+        POLLEN_CHECK(std::isfinite(x[j]), "fed server: round ", s.round,
+                     ": the outer step of "
+                     "strategy '",
+                     strategy_->name(), "' made value ", j, " of '", specs_[i].name,
+                     "' not finite; check the [strategy] settings (the checkpoint of round ",
+                     s.round - 1, " is kept)");
+    }
+  }
   if (s.aggregated && !moments.empty()) {
     std::vector<const std::vector<float>*> each;
     for (const auto& m : moments) each.push_back(&m);

@@ -261,6 +261,23 @@ std::unique_ptr<Strategy> make_strategy(const StrategyOptions& o) {
                "strategy.momentum_warmup_rounds ramps the momentum of fedavgm and diloco; "
                "strategy '",
                o.name, "' has none");
+  // The outer optimizer's settings: -1 (absent) takes the strategy's default; another value must
+  // be in range (a beta2 above 1 made the global model NaN) and one the strategy uses.
+  const bool momentum_strategy = o.name == "fedavgm" || o.name == "diloco";
+  const bool adaptive = o.name == "fedadam" || o.name == "fedyogi" || o.name == "fedadagrad";
+  const auto check = [&](double value, const char* key, bool in_range, const char* expected,
+                         bool used) {
+    if (value == -1) return;
+    POLLEN_CHECK(std::isfinite(value) && in_range, "strategy.", key, " must be ", expected,
+                 " (or -1, the strategy's default), got ", value);
+    POLLEN_CHECK(used, "strategy.", key, " is not a setting of strategy '", o.name, "'");
+  };
+  check(o.lr, "lr", o.lr > 0, "positive", true);
+  check(o.momentum, "momentum", o.momentum >= 0 && o.momentum < 1, "in [0, 1)", momentum_strategy);
+  check(o.beta1, "beta1", o.beta1 >= 0 && o.beta1 < 1, "in [0, 1)", adaptive);
+  check(o.beta2, "beta2", o.beta2 >= 0 && o.beta2 < 1, "in [0, 1)",
+        adaptive && o.name != "fedadagrad");
+  check(o.tau, "tau", o.tau > 0, "positive", adaptive);
   if (o.name == "fedavg") return std::make_unique<FedAvg>(o);
   if (o.name == "fedavgm") return std::make_unique<Momentum>(o, false);
   if (o.name == "diloco") return std::make_unique<Momentum>(o, true);
@@ -292,6 +309,18 @@ StrategyOptions read_strategy_options(ConfigTable& t) {
   o.second_moments = t.get_string("second_moments", o.second_moments);
   o.first_moments = t.get_string("first_moments", o.first_moments);
   o.embedding_lr_scale = t.get_double("embedding_lr_scale", o.embedding_lr_scale);
+  // Keys of aggregation rules other than the chosen one would be ignored without a word.
+  const auto only_for = [&](const char* key, std::initializer_list<const char*> rules) {
+    if (!t.has(key)) return;
+    for (const char* rule : rules)
+      if (o.robust.aggregation == rule) return;
+    fail(t.where(key), " applies to strategy.aggregation ", *rules.begin(),
+         rules.size() > 1 ? cat(" or ", *(rules.begin() + 1)) : std::string(), ", not '",
+         o.robust.aggregation, "'");
+  };
+  only_for("trim_fraction", {"trimmed_mean"});
+  only_for("byzantine", {"krum", "multi_krum"});
+  only_for("multi_krum", {"multi_krum"});
   make_strategy(o);  // validates the name and ranges now, naming the keys
   return o;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/files.h"
 #include "fed/client.h"
 #include "fed/config.h"
 #include "support/errors.h"
@@ -126,6 +127,37 @@ TEST(FedConfig, ServerKeysOutOfRangeAreRefusedByName) {
                                                         {"client_timeout_s", "0.5"}}) {
     EXPECT_EQ(server_error(key, value), "") << key << " = " << value;
   }
+}
+
+// The outer optimizer's settings: in range, and ones the strategy (or aggregation rule) uses;
+// -1 or absent takes the strategy's default.
+TEST(FedConfig, StrategySettingsOutOfRangeOrOfAnotherStrategyAreRefused) {
+  const auto strategy_error = [](const std::string& settings) {
+    return error_of_server(
+        "[server]\ndir = 'x'\n[model]\npreset = 'llama-tiny'\n[tokenizer]\n"
+        "fingerprint = 'f'\n[strategy]\n" +
+        settings);
+  };
+  const std::pair<const char*, const char*> refused[] = {
+      {"name = 'fedadam'\nbeta2 = 2", "strategy.beta2 must be in [0, 1)"},
+      {"name = 'fedadam'\nlr = -0.5", "strategy.lr must be positive"},
+      {"name = 'fedadam'\ntau = 0", "strategy.tau must be positive"},
+      {"name = 'fedavgm'\nmomentum = 2", "strategy.momentum must be in [0, 1)"},
+      {"name = 'fedadam'\nmomentum = 0.5", "strategy.momentum is not a setting of strategy "},
+      {"name = 'diloco'\nbeta1 = 0.5", "strategy.beta1 is not a setting of strategy 'diloco'"},
+      {"name = 'fedadagrad'\nbeta2 = 0.5", "strategy.beta2 is not a setting of strategy"},
+      {"name = 'fedavg'\ntrim_fraction = 0.3", "applies to strategy.aggregation trimmed_mean"},
+      {"name = 'fedavg'\nbyzantine = 1", "applies to strategy.aggregation krum or multi_krum"},
+  };
+  for (const auto& [settings, says] : refused) {
+    const std::string e = strategy_error(settings);
+    EXPECT_NE(e.find(says), std::string::npos) << settings << ": " << e;
+  }
+  for (const char* settings :
+       {"name = 'fedadam'\nlr = -1\nbeta1 = 0.5", "name = 'diloco'\nmomentum = 0",
+        "name = 'fedadagrad'\nbeta1 = 0.1\ntau = 1e-6",
+        "name = 'fedavg'\naggregation = 'trimmed_mean'\ntrim_fraction = 0.2"})
+    EXPECT_EQ(strategy_error(settings), "") << settings;
 }
 
 // A busy server is waited out for busy_timeout_s in a row, then the client ends naming the key;
@@ -248,4 +280,13 @@ TEST(FedConfig, EveryExampleReads) {
     ++read;
   }
   EXPECT_GE(read, 6);
+  // A client id given twice in [sim] would share one state folder and count once a round.
+  const std::string sim = read_file(dir / "sim.toml");
+  const std::string e = pollen::testing::error_of([&] {
+    const auto c = fed::parse_sim_config(sim, (dir / "sim.toml").string());
+    std::string twice = sim;
+    twice.replace(twice.find(c.clients[1].id), c.clients[1].id.size(), c.clients[0].id);
+    fed::parse_sim_config(twice, "twice.toml");
+  });
+  EXPECT_NE(e.find("appears twice"), std::string::npos) << e;
 }
