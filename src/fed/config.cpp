@@ -1,5 +1,6 @@
 #include "fed/config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "base/config.h"
@@ -444,6 +445,10 @@ SimConfig read_sim_root(ConfigTable& root) {
     ClientConfig cc;
     cc.id = ids[i];
     check_client_id(cc.id, sim->where("clients"));
+    // Two clients of one id would share a state folder and count as one in every round.
+    POLLEN_CHECK(std::find(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(i), ids[i]) ==
+                     ids.begin() + static_cast<std::ptrdiff_t>(i),
+                 sim->where("clients"), ": client id '", ids[i], "' appears twice");
     cc.seed = c.server.seed + 1 + i;
     cc.threads = c.threads;
     cc.model = c.server.model;
