@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 #include <optional>
+#include <set>
 
 #include "base/error.h"
 #include "base/log.h"
@@ -117,6 +118,15 @@ Loader::Loader(const LoaderOptions& options) : options_(options) {
       d->shards.push_back(std::move(r));
     }
     d->num_windows = static_cast<int64_t>(d->num_tokens / wlen);
+    const bool weighted_out = !o.weights.empty() && o.weights.at(datasets_.size()) == 0;
+    if (o.every_manifest && d->num_windows == 0 && !weighted_out) {
+      std::set<std::string> names;
+      for (const ShardInfo& s : m.shards) names.insert(s.split);
+      std::string splits;
+      for (const auto& s : names) splits += (splits.empty() ? "'" : ", '") + s + "'";
+      fail("loader: manifest '", path.string(), "' has no window of ", wlen, " tokens in its '",
+           o.split, "' split (its splits: ", splits.empty() ? "none" : splits, ")");
+    }
     datasets_.push_back(std::move(d));
     if (!first) first = std::move(m);
   }

@@ -45,6 +45,9 @@ struct LoaderOptions {
   int64_t step_batch = 0;  // global rows per optimizer step, a multiple of batch (0: batch)
   uint64_t seed = 0;
   int rank = 0, world = 1;  // this rank gets rows [rank*batch/world, (rank+1)*batch/world)
+  // Every manifest (but one of weight 0) must hold windows of the split (training: one without
+  // would silently be left out of the mixture); else those without add none (evaluation).
+  bool every_manifest = false;
 };
 
 struct LoaderState {

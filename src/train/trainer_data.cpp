@@ -42,6 +42,7 @@ data::LoaderOptions train_loader_options(const TrainConfig& cfg, const dist::Com
   for (const auto& m : cfg.manifests) lo.manifests.emplace_back(m);
   lo.weights = cfg.weights;
   lo.split = cfg.train_split;
+  lo.every_manifest = true;
   lo.batch = global_rows;
   lo.step_batch = global_rows * accum;  // batch_tokens / seq, the same at any world size
   lo.seq = cfg.seq;
@@ -51,6 +52,15 @@ data::LoaderOptions train_loader_options(const TrainConfig& cfg, const dist::Com
   return lo;
 }
 
+// The training data, its errors naming the keys that chose it.
+data::Loader train_loader(const TrainConfig& cfg, const data::LoaderOptions& lo) {
+  try {
+    return data::Loader(lo);
+  } catch (const Error& e) {
+    fail("data.manifests, data.train_split '", cfg.train_split, "': ", e.what());
+  }
+}
+
 // The validation split of the train loader's data (`train`), or none: not asked for, too small
 // for one micro-batch, unreadable (a warning says why) or unreadable on another rank.
 Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& train,
@@ -58,6 +68,7 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
   Validation v;
   if (cfg.validation_split.empty() || cfg.eval_batches <= 0) return v;
   data::LoaderOptions vo = train;
+  vo.every_manifest = false;
   vo.batch = cfg.micro_batch;  // every rank reads every batch and scores its share of them
   vo.step_batch = 0;
   vo.rank = 0;
@@ -114,7 +125,7 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
 TrainData open_train_data(const TrainConfig& cfg, dist::Communicator& comm) {
   const int64_t accum = micro_steps_per_step(cfg, comm);
   const data::LoaderOptions lo = train_loader_options(cfg, comm, accum);
-  return TrainData{accum, data::Loader(lo), open_validation(cfg, lo, comm)};
+  return TrainData{accum, train_loader(cfg, lo), open_validation(cfg, lo, comm)};
 }
 
 double validation_loss(const model::Llama& model, Validation& validation, int64_t batches,

@@ -307,6 +307,17 @@ TEST(Loader, MixingFollowsWeights) {
   }
   double share = static_cast<double>(from_a) / static_cast<double>(rows);
   EXPECT_NEAR(share, 0.75, 0.05);
+  // A manifest without windows of the split is left out of an evaluation's mixture, but refused
+  // where every manifest must count (training), naming it and its splits.
+  // (one document of 2 tokens: no window of 9)
+  LoaderOptions unfit{
+      .manifests = {ma, make_dataset(temp_dir("mix_small"), 1, 100000, 1)}, .batch = 1, .seq = 8};
+  EXPECT_NO_THROW(Loader{unfit});
+  unfit.every_manifest = true;
+  const std::string e = pollen::testing::error_of([&] { Loader{unfit}; });
+  EXPECT_NE(e.find("manifest '" + unfit.manifests[1].string() + "' has no window"),
+            std::string::npos)
+      << e;
 }
 
 TEST(Loader, ShaMismatchNamesTheFile) {
