@@ -138,6 +138,9 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
     lo.split = "validation";
     validation_.loader = std::make_unique<data::Loader>(lo);
     validation_.start = {config.seed, 0, 0};
+    // No window scored twice (the loader's next epoch), as in pollen train.
+    validation_.batches =
+        std::min(config.train.eval_batches, validation_.loader->windows_per_epoch() / lo.batch);
   }
   if (config.dp_sgd.enabled) open_dp_sgd();
   for (const auto& m : config.manifests) {

@@ -97,6 +97,13 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
       v.loader.reset();
     } else {
       v.start = v.loader->state();
+      const int64_t whole = v.loader->windows_per_epoch() / cfg.micro_batch;
+      v.batches = std::min(cfg.eval_batches, whole);
+      if (v.batches < cfg.eval_batches)
+        log::warn("eval.batches = ", cfg.eval_batches, " asks for more than validation split '",
+                  cfg.validation_split, "' holds (", v.loader->windows_per_epoch(), " windows of ",
+                  cfg.seq + 1, " tokens): each evaluation scores its ", v.batches,
+                  " whole micro-batches once");
     }
   } catch (const Error& e) {
     if (named)
@@ -130,6 +137,7 @@ TrainData open_train_data(const TrainConfig& cfg, dist::Communicator& comm) {
 
 double validation_loss(const model::Llama& model, Validation& validation, int64_t batches,
                        dist::Communicator* comm, int64_t* scored) {
+  batches = std::min(batches, validation.batches);
   ag::NoGrad no_grad;
   validation.loader->restore(validation.start);  // the same validation batches at every evaluation
   const int64_t rank = comm ? comm->rank() : 0, world = comm ? comm->world() : 1;

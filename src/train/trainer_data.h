@@ -16,6 +16,9 @@ namespace pollen::train {
 struct Validation {
   std::unique_ptr<data::Loader> loader;  // null: no evaluation
   data::LoaderState start;
+  // Batches an evaluation scores: eval.batches, or the whole batches the split holds when that is
+  // fewer (more would score windows twice, from the loader's next epoch).
+  int64_t batches = 0;
 };
 
 struct TrainData {
