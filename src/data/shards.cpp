@@ -251,7 +251,10 @@ Manifest Manifest::load(const fs::path& path) {
     POLLEN_CHECK(m.vocab_size >= 0 && (m.token_dtype == TokenDType::u32 || m.vocab_size <= 65536),
                  where, ": vocab_size ", m.vocab_size, " does not fit its token_dtype ",
                  token_dtype_name(m.token_dtype));
-    for (const auto& s : m.json.at("shards")) m.shards.push_back(ShardInfo::from_json(s, where));
+    const nlohmann::json& shards = m.json.at("shards");
+    POLLEN_CHECK(shards.is_array(), where, ": \"shards\" must be a list, got ", shards.type_name());
+    for (size_t i = 0; i < shards.size(); ++i)
+      m.shards.push_back(ShardInfo::from_json(shards[i], cat(where, ": shards[", i, "]")));
   } catch (const nlohmann::json::exception& e) {
     fail(where, ": ", e.what());
   }

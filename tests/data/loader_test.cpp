@@ -91,6 +91,17 @@ TEST(Shards, NegativeCountsInAManifestAreRefused) {
     EXPECT_NE(error.find(cat("has ", field, " -1, expected 0 to 2^50")), std::string::npos)
         << error;
   }
+  // An entry without a field names its place; shards that are not a list are refused.
+  nlohmann::json missing = m;
+  missing["shards"][1].erase("num_docs");
+  write_file_atomic(dir / "bad.json", manifest_text(missing));
+  std::string error = pollen::testing::error_of([&] { Manifest::load(dir / "bad.json"); });
+  EXPECT_NE(error.find("shards[1]: bad shard entry"), std::string::npos) << error;
+  nlohmann::json object = m;
+  object["shards"] = nlohmann::json::object();
+  write_file_atomic(dir / "bad.json", manifest_text(object));
+  error = pollen::testing::error_of([&] { Manifest::load(dir / "bad.json"); });
+  EXPECT_NE(error.find("\"shards\" must be a list, got object"), std::string::npos) << error;
 }
 
 // A process killed after its open shard was closed (renamed into place) but before the next
