@@ -55,9 +55,16 @@ void apply_override(toml::table& root, const std::string& assignment) {
   toml::table holder;
   try {
     holder = toml::parse("v = " + value);
-  } catch (const toml::parse_error&) {
+  } catch (const toml::parse_error& e) {
+    // A bare word is a string (run.name=7b-run); a number that does not parse (an integer past
+    // 64 bits) is an error, not that text.
+    const bool number = !value.empty() &&
+                        value.find_first_not_of("0123456789+-._eE") == std::string::npos &&
+                        value.find_first_of("0123456789") != std::string::npos;
+    POLLEN_CHECK(!number, "--set '", assignment, "': the value is not a number TOML can hold (",
+                 e.description(), ")");
     holder = toml::table{};
-    holder.insert("v", value);  // a bare word: a string
+    holder.insert("v", value);
   }
   // Walk the dotted key, creating tables on the way.
   toml::table* t = &root;

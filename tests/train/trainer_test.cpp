@@ -194,6 +194,12 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
       << e;
   e = err(base, {"model.hidden_sise=8"});
   EXPECT_NE(e.find("model.hidden_sise"), std::string::npos) << e;
+  // A number past 64 bits is not taken for the text it is; a bare word still is.
+  e = err(base, {"train.steps=9999999999999999999"});
+  EXPECT_NE(e.find("--set 'train.steps=9999999999999999999': the value is not a number"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(train::parse_train_config(base, "run.toml", {"run.name=7b-run"}).name, "7b-run");
 
   // --set overrides, the resolved config round-trips, and resume refuses changed keys.
   const auto c =
