@@ -474,6 +474,11 @@ bool TrainingRun::step(obs::Progress& progress) {
                                            reduce_wait)
                     : accumulate_gradients(model_, micro);
   }
+  // A step whose windows hold no target has no loss: that is the data (documents of one token,
+  // each target a document's start), not a diverging run to stop after max_bad_steps.
+  POLLEN_CHECK(dp || acc.scored > 0, "step ", step + 1, ": its batch holds no target to score ",
+               "(every target is the first token of a document: documents of one token?); ",
+               "check data.manifests");
   // A DP-SGD sample may score nothing: its gradient, noise alone, is still the step's.
   const int64_t step_tokens = dp ? dp->rows * cfg_.seq : cfg_.batch_tokens;
   double gnorm = NAN;

@@ -566,6 +566,26 @@ TEST(TrainConfig, SlidingWindowAndRopeScalingRoundTripThroughACheckpointsConfig)
   }
 }
 
+// Data of one-token documents has no target to score (each is a document's first token): named as
+// the data, not taken for a diverging run.
+TEST(Trainer, ABatchWithNoTargetToScoreNamesTheData) {
+  const fs::path run = temp_dir("unscored");
+  const fs::path dir = run / "data";
+  data::ShardWriter w(dir, "ones", "train", data::TokenDType::u16, 4000);
+  for (int d = 0; d < 400; ++d)
+    w.add_document(std::vector<uint32_t>{static_cast<uint32_t>(d % 60 + 1)});
+  nlohmann::json m{{"format", "pollen-shards-v1"}, {"token_dtype", "u16"}, {"vocab_size", 64}};
+  m["shards"] = nlohmann::json::array();
+  for (const auto& s : w.finish()) m["shards"].push_back(s.to_json());
+  write_file_atomic(dir / "manifest.json", data::manifest_text(m));
+  const auto c =
+      train::parse_train_config(test_support::tiny_run_toml(run, dir / "manifest.json", 4),
+                                "tiny.toml", {"data.validation_split=\"\""});
+  const std::string e = error_of([&] { train_quiet(c); });
+  EXPECT_NE(e.find("step 1: its batch holds no target to score"), std::string::npos) << e;
+  fs::remove_all(run);
+}
+
 TEST(Trainer, NonFiniteLossesSkipUpdatesThenStop) {
   const fs::path run = temp_dir("nan");
   // A learning rate of 1e30 blows the weights up after the first update.
