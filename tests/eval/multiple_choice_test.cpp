@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "support/errors.h"
 #include "support/tiny_lm.h"
 
 namespace pollen {
@@ -166,14 +167,9 @@ TEST(MultipleChoice, TaskFileErrorsNameLineAndField) {
   // A gold past int64 is named as written, not as the number it wraps to.
   write_file_atomic(path,
                     "{\"context\": \"a\", \"choices\": [\"x\"], \"gold\": 18446744073709551615}\n");
-  try {
-    eval::read_choice_items(path);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("\"gold\" is 18446744073709551615, outside the 1"),
-              std::string::npos)
-        << e.what();
-  }
+  const std::string wrapped = pollen::testing::error_of([&] { eval::read_choice_items(path); });
+  EXPECT_NE(wrapped.find("\"gold\" is 18446744073709551615, outside the 1"), std::string::npos)
+      << wrapped;
   write_file_atomic(path, "{\"context\": \"a\", \"choices\": [\"x\", \"y\"], \"gold\": 1}\n");
   // Invalid UTF-8 is named as such, not as a line that is no object.
   write_file_atomic(path, "{\"context\": \"\xff\", \"choices\": [\"x\"], \"gold\": 0}\n");
