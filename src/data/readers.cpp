@@ -46,8 +46,10 @@ void list_folder(const fs::path& folder, const fs::path& root, const SourceSpec&
     if (fs::is_directory(entry, ec)) {
       if (fs::is_symlink(entry, ec)) {
         links.push_back(entry);
-      } else if (walked.insert(fs::canonical(entry, ec)).second) {
-        list_folder(entry, root, src, walked, links, files);
+      } else {
+        const fs::path real = fs::canonical(entry, ec);
+        if (walked.insert(ec ? fs::absolute(entry) : real).second)
+          list_folder(entry, root, src, walked, links, files);
       }
       continue;
     }
