@@ -72,6 +72,8 @@ void add_bench_command(CLI::App& app) {
       ->needs(dp_clip)
       ->capture_default_str();
   step->callback([model, opts, device, compute] {
+    POLLEN_CHECK(opts->dp_noise == 0 || opts->dp_clip > 0,
+                 "--dp-noise needs a positive --dp-clip (--dp-clip 0 runs plain steps)");
     opts->device = parse_device(*device);
     opts->compute = *compute == "bf16" ? DType::bf16 : DType::f32;
     auto result = train::run_step_bench(model::resolve_config(*model), *opts);

@@ -401,7 +401,13 @@ void Server::add_routes() {
     };
   };
 
-  http_->Get("/health", [](const httplib::Request&, httplib::Response& res) {
+  // A draining server answers 503, so that a load balancer stops sending it requests.
+  http_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (draining_) {
+      res.status = 503;
+      res.set_content(R"({"status":"draining"})", "application/json");
+      return;
+    }
     res.set_content(R"({"status":"ok"})", "application/json");
   });
   // Prometheus scrapes: behind the API key like the API, but no request slot (a scrape of a busy

@@ -154,6 +154,10 @@ TEST(Cli, UnknownPresetAndBadFlagsFailClearly) {
   EXPECT_NE(r.output.find("unknown model preset 'llama-huge'"), std::string::npos) << r.output;
   r = run_pollen("bench step --batch nine");
   EXPECT_NE(r.status, 0);
+  // Noise without clipping would run plain steps and print them as DP-SGD.
+  r = run_pollen("bench step --model llama-tiny --steps 1 --dp-clip 0 --dp-noise 1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("--dp-noise needs a positive --dp-clip"), std::string::npos) << r.output;
   r = run_pollen("frobnicate");
   EXPECT_NE(r.status, 0);
 }

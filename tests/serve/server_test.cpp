@@ -1417,8 +1417,8 @@ class ServeProcess {
   std::string output_;
 };
 
-// SIGINT stops the server gracefully: a stream already running ends whole, with [DONE], and the
-// process exits 0; a second signal ends it at once, exit code 128 + SIGINT.
+// SIGINT stops the server gracefully: a stream already running ends whole, with [DONE], /health
+// answers 503, and the process exits 0; a second signal ends it at once, exit code 128 + SIGINT.
 TEST(ServeCli, ASignalLetsRunningStreamsFinishAndASecondEndsAtOnce) {
   const std::filesystem::path dir = test_support::post_temp_dir("serve_signals");
   const std::string tok = test_support::make_chat_tokenizer(dir).string();
@@ -1452,6 +1452,10 @@ TEST(ServeCli, ASignalLetsRunningStreamsFinishAndASecondEndsAtOnce) {
     server.signal(SIGINT);
     if (twice) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      // While draining, /health tells load balancers to send no more.
+      httplib::Client probe("127.0.0.1", server.port());
+      const auto health = probe.Get("/health");
+      EXPECT_TRUE(health && health->status == 503) << (health ? health->body : "no answer");
       server.signal(SIGINT);
     }
     const int status = server.wait();
