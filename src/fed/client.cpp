@@ -47,10 +47,11 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
   if (config_.local_dp.enabled) local_dp_ = std::make_unique<LocalDp>(config_.local_dp);
   Weights pulled;  // the last round's model, from the state
   if (!config_.state_dir.empty()) {
-    last_round_ = silo_ ? load_client_state(config_.state_dir, config_.id, *silo_, specs_,
-                                            feedback_, &pulled, local_dp_.get())
-                        : load_client_state(config_.state_dir, config_.id, *local_, specs_,
-                                            feedback_, drift_, &pulled, local_dp_.get());
+    last_round_ = silo_
+                      ? load_client_state(config_.state_dir, config_.id, *silo_, specs_, feedback_,
+                                          &pulled, local_dp_.get(), &unsettled_push_)
+                      : load_client_state(config_.state_dir, config_.id, *local_, specs_, feedback_,
+                                          drift_, &pulled, local_dp_.get(), &unsettled_push_);
     revealed_round_ = load_revealed_round(config_.state_dir, config_.id);
   }
   if (local_dp_) take_local_dp_record();
@@ -84,10 +85,10 @@ void Client::save_state() {
   if (config_.state_dir.empty()) return;
   if (silo_) {
     save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, *silo_,
-                      specs_, feedback_, held_->model(), local_dp_.get());
+                      specs_, feedback_, held_->model(), local_dp_.get(), unsettled_push_);
   } else {
     save_client_state(config_.state_dir, config_.keep_checkpoints, config_.id, last_round_, *local_,
-                      specs_, feedback_, drift_, held_->model(), local_dp_.get());
+                      specs_, feedback_, drift_, held_->model(), local_dp_.get(), unsettled_push_);
   }
 }
 

@@ -16,6 +16,7 @@
 #include "dist/communicator.h"
 #include "dist/grad_reducer.h"
 #include "dist/zero_adamw.h"
+#include "fed/client_state.h"
 #include "fed/config.h"
 #include "fed/coordinator.h"
 #include "fed/drift_correction.h"
@@ -321,14 +322,9 @@ class Client {
   // A round attempt took local steps that no saved state holds (it failed before the push):
   // the next round attempt rewinds first.
   bool unsaved_steps_ = false;
-  // A push that failed without the server's answer (the connection lost): whether the update
-  // arrived is known from the next task's update_round. Its round, and the error feedback held
-  // before it, which comes back if the update did not arrive (the state saved before the push
-  // holds the one after: a client killed before it knows takes the update as arrived).
-  struct UnsettledPush {
-    int64_t round = 0;
-    Weights residual;
-  };
+  // The push sent without the server's answer yet (fed/client_state.h): set before the state
+  // saved before the push, so that a client killed or disconnected before the answer settles it
+  // from the next task's update_round.
   std::optional<UnsettledPush> unsettled_push_;
   void settle_push(const pb::TaskReply& task);
 };

@@ -250,17 +250,14 @@ void Client::train_round(const pb::TaskReply& task) {
   // Saved before the push: a client killed once the server has its update must not train the
   // round again after a restart (its data counted twice, its residual sent twice, a release
   // missing from its privacy account). A round whose update is lost comes back, and the client
-  // then goes back to its state before it (rewind).
+  // then goes back to its state before it (rewind); a later round finds the push unsettled and
+  // restores the residual from before it (settle_push).
+  unsettled_push_ = UnsettledPush{task.round(), saved_residual};
   save_state();
   // A masked update is kept for a push that is lost (push_masked_again).
   const EncodedSet& sent = task.secure_aggregation() ? masked_push_->set : enc;
-  pb::PushReply reply;
-  try {
-    reply = push_update(info, sent);
-  } catch (const Error&) {
-    unsettled_push_ = UnsettledPush{task.round(), saved_residual};
-    throw;
-  }
+  const pb::PushReply reply = push_update(info, sent);  // thrown: the push stays unsettled
+  unsettled_push_.reset();
   if (reply.accepted()) {
     bytes_sent_ += sent.bytes.size() + info.second_moments().size();
     std::string objective_metrics;  // a post-training objective's, GRPO's reward say

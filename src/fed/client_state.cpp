@@ -82,12 +82,30 @@ void load_local_dp(LocalDp* local_dp, const nlohmann::json* saved, int64_t round
   if (saved) local_dp->load_state(*saved);
 }
 
+// The push a state is saved before: its round in state.json, the residual from before it beside.
+void save_unsettled(const std::optional<UnsettledPush>& unsettled, const ParamSpecs& specs,
+                    io::CheckpointWriter& w, nlohmann::ordered_json& state) {
+  if (!unsettled) return;
+  state["unsettled_push_round"] = unsettled->round;
+  if (!unsettled->residual.empty())
+    w.add_tensors("feedback_before_push.safetensors", named(unsettled->residual, specs));
+}
+
+template <typename Json>
+std::optional<UnsettledPush> load_unsettled(const Json& state, const fs::path& ckpt,
+                                            const std::string& client_id, const ParamSpecs& specs) {
+  if (!state.contains("unsettled_push_round")) return std::nullopt;
+  return UnsettledPush{state.at("unsettled_push_round").template get<int64_t>(),
+                       read_exchanged(ckpt, "feedback_before_push.safetensors", client_id, specs)};
+}
+
 }  // namespace
 
 void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
                        LocalTrainer& trainer, const ParamSpecs& specs,
                        const ErrorFeedback& feedback, const DriftCorrection& drift,
-                       const Weights& pulled, const LocalDp* local_dp) {
+                       const Weights& pulled, const LocalDp* local_dp,
+                       const std::optional<UnsettledPush>& unsettled) {
   const auto params = trainer.model().named_parameters();
   const std::vector<Tensor> f32 = trainer.weights();  // the master weights under bf16 compute
   const train::OptimizerMoments opt = trainer.optimizer_moments();
@@ -115,6 +133,7 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
     state["drift_anchor_round"] = drift.anchor_round();
   }
   save_local_dp(local_dp, state);
+  save_unsettled(unsettled, specs, w, state);
   w.add_text("state.json", state.dump(1));
   w.commit();
   io::apply_retention(dir / "checkpoints", keep);
@@ -122,11 +141,11 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
 
 namespace {
 
-// Restores the state in `ckpt` (on every rank of the trainer); returns its round. local_dp: null
-// leaves the accountant as it is.
+// Restores the state in `ckpt` (on every rank of the trainer); returns its round. local_dp,
+// unsettled: null leaves the accountant, the push waiting to be settled, as they are.
 int64_t restore_state(const fs::path& ckpt, const std::string& client_id, LocalTrainer& trainer,
                       const ParamSpecs& specs, ErrorFeedback& feedback, DriftCorrection& drift,
-                      Weights* pulled, LocalDp* local_dp) {
+                      Weights* pulled, LocalDp* local_dp, std::optional<UnsettledPush>* unsettled) {
   const auto state = nlohmann::json::parse(read_file(ckpt / "state.json"));
   check_owner(state, ckpt, client_id, trainer.manifest_hash());
   trainer.load_checkpoint(ckpt);
@@ -140,6 +159,7 @@ int64_t restore_state(const fs::path& ckpt, const std::string& client_id, LocalT
     *pulled = read_exchanged(ckpt, "pulled_model.safetensors", client_id, specs);
     load_local_dp(local_dp, state.contains("local_dp") ? &state.at("local_dp") : nullptr, round,
                   ckpt, client_id);
+    if (unsettled) *unsettled = load_unsettled(state, ckpt, client_id, specs);
   }
   return round;
 }
@@ -172,7 +192,8 @@ std::optional<fs::path> state_before(const fs::path& dir, int64_t round) {
 
 int64_t load_client_state(const fs::path& dir, const std::string& client_id, LocalTrainer& trainer,
                           const ParamSpecs& specs, ErrorFeedback& feedback, DriftCorrection& drift,
-                          Weights* pulled, LocalDp* local_dp) {
+                          Weights* pulled, LocalDp* local_dp,
+                          std::optional<UnsettledPush>* unsettled) {
   // Rank 0 chooses the state (the newest that verifies) and tells the silo's other ranks, which
   // load the same one.
   dist::Communicator& comm = trainer.communicator();
@@ -190,7 +211,7 @@ int64_t load_client_state(const fs::path& dir, const std::string& client_id, Loc
   if (chosen < 0) return 0;
   const fs::path ckpt = dir / "checkpoints" / io::checkpoint_name(chosen);
   const int64_t round =
-      restore_state(ckpt, client_id, trainer, specs, feedback, drift, pulled, local_dp);
+      restore_state(ckpt, client_id, trainer, specs, feedback, drift, pulled, local_dp, unsettled);
   log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
             trainer.steps_taken(), " local steps) from ", ckpt.string());
   return round;
@@ -202,7 +223,7 @@ int64_t rewind_client_state(const fs::path& dir, const std::string& client_id, i
   const auto ckpt = state_before(dir, round);
   if (!ckpt) return -1;
   const int64_t was =
-      restore_state(*ckpt, client_id, trainer, specs, feedback, drift, pulled, nullptr);
+      restore_state(*ckpt, client_id, trainer, specs, feedback, drift, pulled, nullptr, nullptr);
   log::info("fed client '", client_id, "': round ", round, " again (", why,
             "): back to its state of round ", was, " (", trainer.steps_taken(),
             " local steps) from ", ckpt->string());
@@ -229,7 +250,8 @@ void save_revealed_round(const fs::path& dir, int64_t round) {
 
 void save_client_state(const fs::path& dir, int keep, const std::string& client_id, int64_t round,
                        const LoraSilo& silo, const ParamSpecs& specs, const ErrorFeedback& feedback,
-                       const Weights& pulled, const LocalDp* local_dp) {
+                       const Weights& pulled, const LocalDp* local_dp,
+                       const std::optional<UnsettledPush>& unsettled) {
   io::CheckpointWriter w(dir / "checkpoints", silo.steps_taken());
   const nlohmann::ordered_json trained = silo.write_state(w);
   const io::NamedTensors residual = named(feedback.residual(), specs);
@@ -242,6 +264,7 @@ void save_client_state(const fs::path& dir, int keep, const std::string& client_
                                {"lora_config", lora_config_json(silo.lora_config())},
                                {"silo", trained}};
   save_local_dp(local_dp, state);
+  save_unsettled(unsettled, specs, w, state);
   w.add_text("state.json", state.dump(1));
   w.commit();
   io::apply_retention(dir / "checkpoints", keep);
@@ -251,7 +274,7 @@ namespace {
 
 int64_t restore_state(const fs::path& ckpt, const std::string& client_id, LoraSilo& silo,
                       const ParamSpecs& specs, ErrorFeedback& feedback, Weights* pulled,
-                      LocalDp* local_dp) {
+                      LocalDp* local_dp, std::optional<UnsettledPush>* unsettled) {
   const auto state = nlohmann::ordered_json::parse(read_file(ckpt / "state.json"));
   check_owner(state, ckpt, client_id, silo.manifest_hash());
   POLLEN_CHECK(
@@ -266,6 +289,7 @@ int64_t restore_state(const fs::path& ckpt, const std::string& client_id, LoraSi
   const int64_t round = state.at("round").get<int64_t>();
   const nlohmann::json saved_dp = state.value("local_dp", nlohmann::ordered_json());
   load_local_dp(local_dp, saved_dp.is_null() ? nullptr : &saved_dp, round, ckpt, client_id);
+  if (unsettled) *unsettled = load_unsettled(state, ckpt, client_id, specs);
   return round;
 }
 
@@ -273,13 +297,13 @@ int64_t restore_state(const fs::path& ckpt, const std::string& client_id, LoraSi
 
 int64_t load_client_state(const fs::path& dir, const std::string& client_id, LoraSilo& silo,
                           const ParamSpecs& specs, ErrorFeedback& feedback, Weights* pulled,
-                          LocalDp* local_dp) {
+                          LocalDp* local_dp, std::optional<UnsettledPush>* unsettled) {
   const auto choice =
       io::choose_checkpoint_to_resume(dir / "checkpoints", cat("fed client '", client_id, "'"));
   refuse_if_none_verifies(choice.dir.has_value(), choice.skipped, dir, client_id);
   if (!choice.dir) return 0;
   const int64_t round =
-      restore_state(*choice.dir, client_id, silo, specs, feedback, pulled, local_dp);
+      restore_state(*choice.dir, client_id, silo, specs, feedback, pulled, local_dp, unsettled);
   log::info("fed client '", client_id, "': resumed its state of round ", round, " (",
             silo.steps_taken(), " local steps) from ", choice.dir->string());
   return round;
@@ -290,7 +314,8 @@ int64_t rewind_client_state(const fs::path& dir, const std::string& client_id, i
                             Weights* pulled, std::string_view why) {
   const auto ckpt = state_before(dir, round);
   if (!ckpt) return -1;
-  const int64_t was = restore_state(*ckpt, client_id, silo, specs, feedback, pulled, nullptr);
+  const int64_t was =
+      restore_state(*ckpt, client_id, silo, specs, feedback, pulled, nullptr, nullptr);
   log::info("fed client '", client_id, "': round ", round, " again (", why,
             "): back to its state of round ", was, " (", silo.steps_taken(), " local steps) from ",
             ckpt->string());

@@ -69,7 +69,7 @@ void follow_post_orders(const ClientConfig& config, dist::Communicator& comm,
     ErrorFeedback feedback;  // rank 0's alone, as the model it pulled last
     Weights pulled;
     load_client_state(config.state_dir, config.id, *silo, silo->exchanged_specs(), feedback,
-                      &pulled, nullptr);
+                      &pulled, nullptr, nullptr);
   }
   for (;;) {
     int64_t words[kOrderWords] = {};
@@ -137,7 +137,7 @@ void follow_orders(const ClientConfig& config, dist::Communicator& comm,
   Weights pulled;          // likewise
   if (!config.state_dir.empty()) {
     load_client_state(config.state_dir, config.id, trainer, specs, feedback, drift, &pulled,
-                      nullptr);
+                      nullptr, nullptr);
   }
   for (;;) {
     int64_t words[kOrderWords] = {};

@@ -330,6 +330,71 @@ TEST(ClientState, APushWhoseAnswerWasLostCountsOnceWhenItArrived) {
   fs::remove_all(dir);
 }
 
+namespace {
+
+// Round `lost_round`'s push never reaches the server: the connection fails first, or the client's
+// process dies (Killed) after saving its state for the push.
+class LosesAPush : public LocalTransport {
+ public:
+  LosesAPush(Coordinator& server, int lost_round, bool dies)
+      : LocalTransport(server), lost_round_(lost_round), dies_(dies) {}
+  pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override {
+    if (++pushes_ == lost_round_) {
+      if (dies_) throw Killed{};
+      throw Error("the connection to the federation server failed before push");
+    }
+    return LocalTransport::push(next);
+  }
+
+ private:
+  int pushes_ = 0, lost_round_, dies_;
+};
+
+}  // namespace
+
+// An update that never reached the server voids the error feedback held back for it, also when
+// the client learns so only after a restart from the state it saved before the push: silo-0's
+// round 2 update is lost (round 2 ends with silo-1's alone), and the run ends the same whether
+// silo-0 was killed before its push or kept running.
+TEST(ClientState, APushThatNeverArrivedVoidsItsErrorFeedbackAlsoAfterARestart) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("push_never_arrived");
+  const std::vector<fs::path> silos = {make_silo(dir / "a", 3), make_silo(dir / "b", 4)};
+  auto run = [&](const std::string& name, bool killed) {
+    SimConfig cfg = sim_config(dir / name, silos, "diloco", 3, 3);
+    cfg.server.compression.codec = Codec::int4;  // so that the error-feedback residual matters
+    for (ClientConfig& c : cfg.clients) c.state_dir = dir / name / ("state-" + c.id);
+    Coordinator server(cfg.server, false);
+    LocalTransport transport(server);
+    LosesAPush lossy(server, 2, killed);
+    auto first = std::make_unique<Client>(cfg.clients[0], lossy);
+    Client second(cfg.clients[1], transport);
+    first->join();
+    second.join();
+    for (int round = 1; round <= 3; ++round) {
+      EXPECT_TRUE(server.begin_round());
+      if (round != 2) {
+        EXPECT_EQ(first->poll_once(), pb::TASK_TRAIN);
+      } else if (killed) {
+        EXPECT_THROW(first->poll_once(), Killed);
+        first = std::make_unique<Client>(cfg.clients[0], transport);
+        EXPECT_EQ(first->last_round(), 2);
+        first->join();
+      } else {
+        EXPECT_THROW(first->poll_once(), Error);
+      }
+      EXPECT_EQ(second.poll_once(), pb::TASK_TRAIN);
+      EXPECT_TRUE(server.end_round().aggregated);
+    }
+    return server.global_weights();
+  };
+  EXPECT_TRUE(bitwise_equal(run("kept-running", false), run("killed", true)))
+      << "the client restarted after its lost push sent error feedback of an update that never "
+         "arrived";
+  fs::remove_all(dir);
+}
+
 TEST(ClientState, KilledClientProcessRestartsFromItsState) {
   const auto dir = temp_dir("client_killed");
   const auto silo = make_silo(dir / "a", 3);
