@@ -75,7 +75,21 @@ std::string model_config_json(const model::LlamaConfig& c) {
                    {"rope_theta", c.rope_theta},
                    {"rms_norm_eps", c.rms_norm_eps},
                    {"tie_word_embeddings", c.tie_word_embeddings},
-                   {"attention_bias", c.attention_bias}};
+                   {"attention_bias", c.attention_bias},
+                   {"sliding_window", c.sliding_window}};
+  // Every setting of a scaling, its kind's or not: two configs agree when they compute alike.
+  const ops::RopeScaling& s = c.rope_scaling;
+  j["rope_scaling"] =
+      s.kind == ops::RopeScaling::Kind::none
+          ? nlohmann::json{{"kind", "none"}}
+          : nlohmann::json{{"kind", model::rope_scaling_kind_name(s.kind)},
+                           {"factor", s.factor},
+                           {"low_freq_factor", s.low_freq_factor},
+                           {"high_freq_factor", s.high_freq_factor},
+                           {"original_max_position_embeddings", s.original_max_position_embeddings},
+                           {"attention_factor", s.attention_factor},
+                           {"beta_fast", s.beta_fast},
+                           {"beta_slow", s.beta_slow}};
   return j.dump();  // nlohmann::json keeps keys sorted
 }
 

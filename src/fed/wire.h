@@ -34,8 +34,11 @@ namespace pb = ::pollen::fed::v1;
 // distributed DP's noise is the discrete Gaussian added to the rounded update (a client that added
 // continuous noise before rounding would release what the server's accounting does not cover);
 // 13: a client without the keys of a secure round drops out of it (SecAggRequest.drop_out, which
-// an older server could not read)
-constexpr uint32_t kProtocolVersion = 14;
+// an older server could not read); 14: streams that stand still are cancelled, and every task
+// names update_round (a client whose push lost its answer learns whether it arrived); 15: the
+// model config agreed on at Join holds sliding_window and rope_scaling (silos of another window or
+// scaling trained another model unnoticed)
+constexpr uint32_t kProtocolVersion = 15;
 // The most deltas a compressed download keeps for clients that missed rounds (fed/model_view.h),
 // so that a client reaches the round's model within kMaxChainLinks + 1 pulls.
 constexpr size_t kMaxChainLinks = 62;

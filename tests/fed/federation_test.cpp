@@ -143,6 +143,25 @@ TEST(Wire, AgreementSaysWhatDiffers) {
   r.set_model_config("{not json");
   EXPECT_NE(agreement_differences(r, kProtocolVersion, server, "tok").find("not valid JSON"),
             std::string::npos);
+  // What changes the model's output beside its shapes: the attention window and rope scaling.
+  r.set_tokenizer_fingerprint("tok");
+  r.set_protocol_version(kProtocolVersion);
+  auto windowed = tiny_model();
+  windowed.sliding_window = 16;
+  r.set_model_config(model_config_json(windowed));
+  EXPECT_EQ(agreement_differences(r, kProtocolVersion, server, "tok"),
+            "model.sliding_window: server 0, client 16");
+  auto scaled = tiny_model();
+  scaled.rope_scaling.kind = ops::RopeScaling::Kind::linear;
+  scaled.rope_scaling.factor = 4;
+  r.set_model_config(model_config_json(scaled));
+  EXPECT_NE(agreement_differences(r, kProtocolVersion, server, "tok").find("model.rope_scaling"),
+            std::string::npos);
+  auto rescaled = scaled;
+  rescaled.rope_scaling.factor = 2;
+  EXPECT_NE(agreement_differences(r, kProtocolVersion, model_config_json(rescaled), "tok")
+                .find("\"factor\":4.0"),
+            std::string::npos);
 }
 
 // ---- federated runs in one process
