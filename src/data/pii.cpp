@@ -235,10 +235,12 @@ void find_digit_runs(std::string_view s, std::vector<Run>& runs) {
     r.e = p;
     // Drop a trailing separator consumed before a non-digit.
     while (r.e > r.b && !digit(s[r.e - 1]) && s[r.e - 1] != ')') --r.e;
-    if (r.e < s.size() &&
-        (word_char(s[r.e]) || (s[r.e] == '.' && r.e + 1 < s.size() && digit(s[r.e + 1]))))
-      continue;
-    runs.push_back(std::move(r));
+    const bool glued =
+        r.e < s.size() &&
+        (word_char(s[r.e]) || (s[r.e] == '.' && r.e + 1 < s.size() && digit(s[r.e + 1])));
+    if (!glued) runs.push_back(std::move(r));
+    // A run that starts inside this one ends where it ends, and is dropped or kept alike: the
+    // scan goes on past it (starting again at each group made glued runs quadratic).
     i = std::max(i, p > 0 ? p - 1 : p);
   }
 }
