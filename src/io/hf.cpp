@@ -174,6 +174,27 @@ HfDefaults hf_defaults(const std::string& type, int64_t num_attention_heads) {
   return {num_attention_heads, 2048, 0};
 }
 
+// A tied model's file may hold lm_head.weight beside the embedding, as transformers saves it; a
+// copy that differs would give other logits than transformers (which takes it for both), so it
+// must be the embedding, bit for bit once widened to float32.
+void check_tied_copy(const Tensor& head, const Tensor& embedding, const fs::path& file) {
+  POLLEN_CHECK(head.shape() == embedding.shape(), "'", file.string(),
+               "': tensor 'lm_head.weight' has shape ", shape_str(head.shape()),
+               "; config.json ties it to model.embed_tokens.weight of shape ",
+               shape_str(embedding.shape()));
+  const Tensor a = head.to(DType::f32), b = embedding.to(DType::f32);
+  const auto* x = reinterpret_cast<const uint32_t*>(a.data<float>());
+  const auto* y = reinterpret_cast<const uint32_t*>(b.data<float>());
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    POLLEN_CHECK(x[i] == y[i], "'", file.string(),
+                 "': tensor 'lm_head.weight' differs from model.embed_tokens.weight (first at "
+                 "element ",
+                 i,
+                 ") although config.json ties them (tie_word_embeddings); set "
+                 "tie_word_embeddings to false to load both, or save the model again");
+  }
+}
+
 }  // namespace
 
 model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
@@ -414,7 +435,11 @@ model::Llama load_hf_model(const fs::path& dir, DType dtype) {
       dtype);
   for (const auto& [name, entry] : tensors) {
     if (used.count(name)) continue;
-    if (name == "lm_head.weight" && config.tie_word_embeddings) continue;  // a saved tied copy
+    if (name == "lm_head.weight" && config.tie_word_embeddings) {
+      check_tied_copy(entry.second, tensors.at("model.embed_tokens.weight").second,
+                      files[entry.first]);
+      continue;
+    }
     if (name.ends_with("rotary_emb.inv_freq")) continue;  // a buffer older transformers saved
     fail("'", files[entry.first].string(), "': tensor '", name,
          "' is not a parameter of this model (config.json describes none such)");

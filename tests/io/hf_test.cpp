@@ -418,6 +418,41 @@ TEST(HfLoad, RefusesMissingAndStrayTensors) {
   fs::remove_all(dir);
 }
 
+// A tied model's saved lm_head.weight (transformers writes one) loads when it is the embedding,
+// in bf16 as well; one that differs, or of another shape, is refused: transformers would compute
+// with it.
+TEST(HfLoad, ATiedModelsSavedHeadMustBeItsEmbedding) {
+  model::Llama m(small(true, false), 7);
+  randomise(m, 4);
+  const fs::path dir = temp_dir("tied_head");
+  const auto with_head = [&](const Tensor& head) {
+    io::NamedTensors t;
+    for (const auto& [n, v] : m.named_parameters()) t.emplace_back(n, v.value().to(DType::bf16));
+    t.emplace_back("lm_head.weight", head);
+    fs::remove(dir / "model.safetensors");
+    io::write_safetensors(dir / "model.safetensors", t);
+  };
+  io::export_hf(m, dir, {});
+  const Tensor embedding = m.named_parameters().front().second.value();
+  ASSERT_EQ(m.named_parameters().front().first, "model.embed_tokens.weight");
+  with_head(embedding.to(DType::bf16));
+  EXPECT_NO_THROW(io::load_hf_model(dir));
+  Tensor other = embedding.clone();
+  other.data<float>()[37] += 1;
+  with_head(other.to(DType::bf16));
+  EXPECT_EQ(pollen::testing::error_of([&] { io::load_hf_model(dir); }),
+            "'" + (dir / "model.safetensors").string() +
+                "': tensor 'lm_head.weight' differs from model.embed_tokens.weight (first at "
+                "element 37) although config.json ties them (tie_word_embeddings); set "
+                "tie_word_embeddings to false to load both, or save the model again");
+  with_head(Tensor::zeros({7, 3}, DType::bf16));
+  EXPECT_NE(pollen::testing::error_of([&] {
+              io::load_hf_model(dir);
+            }).find("'lm_head.weight' has shape (7, 3)"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
 // Every weight_map entry must name a file of the folder: ".", ".." and paths are refused, and
 // a tensor of a dtype that is not a float is refused naming the ones that are.
 TEST(HfLoad, RefusesWeightMapEntriesOutsideTheFolderAndIntegerWeights) {
