@@ -92,6 +92,21 @@ TEST(CrossEntropy, HandComputedUniformLogits) {
   EXPECT_EQ(scored, 2);
 }
 
+// A NaN logit anywhere in a scored row (not only in its first column) makes the loss NaN, as in
+// PyTorch: a broken model's loss must not look finite. float32 is the fast exp's path.
+TEST(CrossEntropy, ANanLogitMakesTheLossNan) {
+  for (const int64_t bad : {0, 5, 299}) {
+    Rng rng(13);
+    const int64_t n = 4, c = 8, v = 300;
+    Tensor h = testing::random_tensor({n, c}, rng).to(DType::f32);
+    Tensor w = testing::random_tensor({v, c}, rng).to(DType::f32);
+    w.data<float>()[bad * c + 2] = std::nanf("");  // column `bad` of every row's logits
+    Tensor targets = Tensor::from<int32_t>({n}, {1, 2, 3, 4});
+    int64_t scored = 0;
+    EXPECT_TRUE(std::isnan(ops::cross_entropy_forward(h, w, targets, &scored))) << bad;
+  }
+}
+
 TEST(CrossEntropy, TargetOutsideVocabularyIsAClearError) {
   Tensor h = Tensor::zeros({1, 2}, DType::f32), w = Tensor::zeros({4, 2}, DType::f32);
   Tensor targets = Tensor::from<int32_t>({1}, {4});

@@ -3,7 +3,8 @@
 // -fno-trapping-math so that the clamps become vector min/max): exp(x) = 2^n * p(r),
 // n = round(x / ln2) by the 1.5 * 2^23 shift, r = x - n ln2 in two parts (Cody-Waite), p a
 // degree-6 polynomial. Relative error below 2.5e-7 (about 2 ulp) on [-87, 88]; at or below -87
-// it returns 0 (softmax and sigmoid underflow), above 88 it saturates instead of giving inf.
+// it returns 0 (softmax and sigmoid underflow), above 88 it saturates instead of giving inf; NaN
+// gives NaN (a broken model's loss must not look finite).
 #include <algorithm>
 #include <bit>
 #include <cstdint>
@@ -25,7 +26,7 @@ inline float fast_exp(float x) {
   // The integer n sits in the low mantissa bits of `shifted`: move it into the exponent field.
   const int32_t exponent = std::bit_cast<int32_t>(shifted) - 0x4B400000 + 127;
   const float scale = std::bit_cast<float>(exponent << 23);
-  return x > -87.0f ? p * scale : 0.0f;
+  return !(x <= -87.0f) ? p * scale : 0.0f;  // NaN stays NaN
 }
 
 }  // namespace pollen::ops::cpu
