@@ -88,6 +88,8 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
                  " skipped, reasons above); nothing was changed");
     if (choice.dir) {
       load_checkpoint(*choice.dir);
+      // A stop between the checkpoint and adapter/ left the adapters of the round before.
+      if (post_global_) save_global_adapter();
       const auto state = nlohmann::json::parse(read_file(*choice.dir / "state.json"));
       metrics_pos = state.at("metrics_bytes").get<uint64_t>();
       lineage_pos = state.at("lineage_bytes").get<uint64_t>();

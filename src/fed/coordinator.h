@@ -149,6 +149,8 @@ class Coordinator {
                          const char* what) const;
   void save_checkpoint(const RoundSummary& s);
   void load_checkpoint(const std::filesystem::path& dir);
+  // [post]: the global adapters into dir/adapter, as `pollen chat --adapter` and PEFT take them.
+  void save_global_adapter();
   std::vector<std::string> alive_ids_locked() const;  // clients heard from within client_timeout_s
   int64_t last_aggregated_round_locked(const std::string& id) const;  // from the lineage
   void touch_locked(const std::string& id);                           // heard from now

@@ -178,13 +178,14 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
                                              config_.tokenizer_fingerprint, ").\n")));
   }
   w.commit();
-  if (post_global_) {
-    // The global adapters as `pollen chat --adapter` and PEFT take them.
-    post_global_->set_weights(global_);
-    post_global_->save(config_.dir / "adapter", post_base_);
-  }
+  if (post_global_) save_global_adapter();
   io::apply_retention(config_.dir / "checkpoints", config_.keep_checkpoints);
   (void)s;
+}
+
+void Coordinator::save_global_adapter() {
+  post_global_->set_weights(global_);
+  post_global_->save(config_.dir / "adapter", post_base_);
 }
 
 std::filesystem::path Coordinator::export_reward_model() {

@@ -433,8 +433,13 @@ TEST(FedPostWire, RestartedServerAndClientsContinueBitwise) {
   other.post = {write_run_file(dir / "dpo-run", "dpo"), "dpo", ""};
   const std::string o = error_of([&] { Coordinator refused(other, true); });
   EXPECT_NE(o.find("post.objective 'sft', the config says 'dpo'"), std::string::npos) << o;
+  // Stopped between round 1's checkpoint and its adapters: the resume writes them.
+  const fs::path adapters = cut.dir / "adapter" / "adapter_model.safetensors";
+  const std::string round1 = read_file(adapters);
+  fs::remove_all(cut.dir / "adapter");
   Coordinator server(cut, true);
   EXPECT_EQ(server.rounds_done(), 1);
+  EXPECT_TRUE(fs::exists(adapters) && read_file(adapters) == round1);
   LocalTransport t(server);
   auto clients = clients_for(t, "cut-state");  // resumed from their state folders
   EXPECT_EQ(clients[0]->last_round(), 1);
