@@ -41,6 +41,7 @@ struct PostSettings {
 
 struct ServerConfig {
   std::filesystem::path dir;  // checkpoints/, metrics.jsonl, lineage.jsonl
+  std::string dir_key = "server.dir";  // the config key that names dir, for errors
   std::string address = "127.0.0.1:50051";
   std::string metrics_address;  // host:port of the Prometheus /metrics endpoint (empty: off)
   uint64_t seed = 0;

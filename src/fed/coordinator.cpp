@@ -78,8 +78,8 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   uint64_t tb_pos = 0;
   if (!resume) {
     POLLEN_CHECK(io::list_checkpoints(ckpts).empty(), "fed server: ", ckpts.string(),
-                 " already holds checkpoints; resume the run (--resume) or choose another "
-                 "server.dir");
+                 " already holds checkpoints; resume the run (--resume) or choose another ",
+                 config_.dir_key);
   }
   if (resume) {
     const auto choice = io::choose_checkpoint_to_resume(ckpts, "fed server");

@@ -412,6 +412,7 @@ SimConfig load_fed_post_config(const std::filesystem::path& path) {
   POLLEN_CHECK(data.size() == silos.size(), f->where("data"), ": expected one data file per ",
                "silo (", silos.size(), "), got ", data.size());
   server.dir = relative(f->require_string("output"));
+  server.dir_key = "federation.output";
   server.rounds = f->get_int("rounds", 1);
   server.local_steps = f->get_int("local_steps", 10);
   server.eval_every = f->get_int("eval_every", 0);

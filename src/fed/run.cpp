@@ -164,7 +164,7 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
       POLLEN_CHECK(std::filesystem::is_regular_file(m), config.command, ": client '", cc.id,
                    "': no manifest '", m,
                    "' (sim.manifests; paths are relative to the working folder)");
-  const FolderLock lock(config.server.dir, "server.dir");  // its clients' states are inside
+  const FolderLock lock(config.server.dir, config.server.dir_key);  // its clients' states inside
   Coordinator coordinator(config.server, resume);
   const auto metrics = serve_metrics(coordinator);
   LocalTransport transport(coordinator);

@@ -184,6 +184,13 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
                           data[1].string(), "']\nrounds = 2\nlocal_steps = 3\noutput = '",
                           (dir / "sim").string(), "'\n", compression));
     run_simulation(load_fed_post_config(dir / "sim.toml"), false);
+    // Again without resuming: refused, naming the key of the folder that holds the run.
+    const std::string again =
+        error_of([&] { run_simulation(load_fed_post_config(dir / "sim.toml"), false); });
+    EXPECT_NE(again.find("already holds checkpoints; resume the run (--resume) or choose another "
+                         "federation.output"),
+              std::string::npos)
+        << again;
   }
   // The same federation as three processes on loopback.
   const std::string address = loopback_address();
