@@ -209,7 +209,8 @@ void add_eval_command(CLI::App& app) {
                    ->check(CLI::ExistingFile);
   auto* jsonl = cmd->add_option("--jsonl", a->jsonl, "JSONL file, one document per line")
                     ->check(CLI::ExistingFile);
-  auto* field = cmd->add_option("--field", a->field, "String field of --jsonl");
+  auto* field =
+      cmd->add_option("--field", a->field, "String field of --jsonl")->capture_default_str();
   auto* task = cmd->add_option("--task", t->task,
                                "Multiple-choice task: JSONL of {\"context\", \"choices\", "
                                "\"gold\"} objects")
@@ -395,7 +396,7 @@ void add_score_command(CLI::App& app) {
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
   cmd->add_option("--input", a->input, "Text file, one document per line")->required();
   cmd->add_flag("--jsonl", a->jsonl, "The input is JSONL");
-  cmd->add_option("--field", a->field, "String field of JSONL documents");
+  cmd->add_option("--field", a->field, "String field of JSONL documents")->capture_default_str();
   cmd->add_option("--output", a->output, "JSONL file to write")->required();
   cmd->add_option("--window", a->window,
                   "Tokens per window (default: the model's context, as lm-eval)")

@@ -211,7 +211,10 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
                  ": expected a JSON object with tokens, loss (a number, or null when not finite), "
                  "data and split (strings)");
     if (j["loss"].is_null()) continue;  // a checkpoint whose loss was not finite: no point
-    const std::string data = j["data"].get<std::string>() + " [" + j.value("split", "") + "]";
+    // One curve per dataset, split and window (evaluations at two windows are two curves).
+    std::string data = j["data"].get<std::string>() + " [" + j.value("split", "") + "]";
+    if (j.contains("seq") && j["seq"].is_number_integer())
+      data += cat(" seq ", j["seq"].get<int64_t>());
     auto it = std::find_if(r.checkpoint_loss.begin(), r.checkpoint_loss.end(),
                            [&](const auto& c) { return c.first == data; });
     if (it == r.checkpoint_loss.end()) it = r.checkpoint_loss.insert(it, {data, Curve{}});

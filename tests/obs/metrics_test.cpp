@@ -209,6 +209,16 @@ TEST(Plot, AnEvaluationWithoutAFiniteLossIsLeftOut) {
   const obs::RunCurves r = obs::read_run_curves(d);
   ASSERT_EQ(r.checkpoint_loss.size(), 1u);
   EXPECT_EQ(r.checkpoint_loss[0].second.x, std::vector<double>{20});
+  // Evaluations of one dataset at two windows are two curves, named by their window.
+  write_file_atomic(d / "eval.jsonl",
+                    "{\"tokens\":10,\"loss\":2,\"data\":\"m\",\"split\":\"v\",\"seq\":128}\n"
+                    "{\"tokens\":10,\"loss\":3,\"data\":\"m\",\"split\":\"v\",\"seq\":64}\n"
+                    "{\"tokens\":20,\"loss\":1,\"data\":\"m\",\"split\":\"v\",\"seq\":128}\n");
+  const obs::RunCurves two = obs::read_run_curves(d);
+  ASSERT_EQ(two.checkpoint_loss.size(), 2u);
+  EXPECT_EQ(two.checkpoint_loss[0].first, "m [v] seq 128");
+  EXPECT_EQ(two.checkpoint_loss[0].second.y, (std::vector<double>{2, 1}));
+  EXPECT_EQ(two.checkpoint_loss[1].first, "m [v] seq 64");
   write_file_atomic(d / "eval.jsonl", "{\"tokens\":10,\"loss\":1,\"data\":\"m\",\"split\":3}\n");
   const std::string e = pollen::testing::error_of([&] { obs::read_run_curves(d); });
   EXPECT_NE(e.find("eval.jsonl' line 1: expected a JSON object"), std::string::npos) << e;
