@@ -488,13 +488,16 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
       d.near_dup = true;
       return;
     }
-    if (c.pii.enabled) {
-      d.pii = redact_pii(d.text, c.pii, tmp);
-      if (d.pii.total()) d.text.swap(tmp);
-    }
+    // Contamination is looked for in the text as read: redaction would break the n-grams of an
+    // evaluation text holding an address or a number. A contaminated document passes the pii
+    // stage unchanged, as nothing of it is written.
     if (c.decontaminate && deco.contaminated(d.text)) {
       d.contaminated = true;
       return;
+    }
+    if (c.pii.enabled) {
+      d.pii = redact_pii(d.text, c.pii, tmp);
+      if (d.pii.total()) d.text.swap(tmp);
     }
     uint64_t h = xxh64(d.text.data(), d.text.size(), c.split_seed);
     double u = static_cast<double>(h >> 11) * 0x1.0p-53;

@@ -173,6 +173,31 @@ std::map<std::string, std::string> outputs(const fs::path& dir) {
 
 }  // namespace
 
+// An evaluation text holding an IP address is still found in a training document: contamination
+// is looked for before PII redaction rewrites the address. A document that is only redacted is
+// kept.
+TEST(Pipeline, ContaminationIsFoundBeforePiiRedaction) {
+  const fs::path dir = corpus().root / "deco_pii";
+  const std::string question =
+      "How many requests did the server at 10.20.30.40 answer in five milliseconds today?";
+  write(dir / "eval.jsonl", json{{"text", question}}.dump() + "\n");
+  write(dir / "docs" / "a.txt", "Some forum post. " + question + " Answer: 42.");
+  write(dir / "docs" / "b.txt", "Bees visit the spring garden; write to bee@example.org.");
+  write(dir / "prepare.toml",
+        "output = \"out\"\nthreads = 1\nsources = [\"d\"]\n[source.d]\npaths = [\"docs\"]\n"
+        "[gopher_quality]\nenabled = false\n[gopher_repetition]\nenabled = false\n"
+        "[decontaminate]\neval_files = [\"eval.jsonl\"]\n");
+  prepare(PipelineConfig::load(dir / "prepare.toml"), {.progress = false});
+  const json m = json::parse(read_file(dir / "out" / "manifest.json"));
+  std::map<std::string, json> stage;
+  for (const auto& s : m["stages"]) stage[s["name"]] = s;
+  EXPECT_EQ(stage["decontaminate"]["dropped"]["contaminated"]["docs"], 1) << m.dump();
+  EXPECT_EQ(stage["pii"]["redactions"]["email"], 1);
+  EXPECT_EQ(stage["pii"]["redactions"]["ip"], 0);  // the contaminated document's is not counted
+  EXPECT_EQ(stage["decontaminate"]["docs_kept"], 1);
+  fs::remove_all(dir);
+}
+
 TEST(Pipeline, EveryDocumentIsAccountedForAndBadInputIsReported) {
   fs::path out = run("out_account", 2);
   json m = json::parse(read_file(out / "manifest.json"));
