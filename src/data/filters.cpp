@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 
 #include "base/config.h"
@@ -201,16 +202,18 @@ ClassMasks class_masks(const unsigned char* p) {
   return m;
 }
 
-bool is_stop_word(std::string_view w) {
+// Gopher's stop words, one bit each (0: not one), so that distinct ones are counted as datatrove's
+// set intersection counts them.
+unsigned stop_word_bit(std::string_view w) {
   switch (w.size()) {
     case 2:
-      return w == "be" || w == "to" || w == "of";
+      return w == "be" ? 1u : w == "to" ? 2u : w == "of" ? 4u : 0u;
     case 3:
-      return w == "the" || w == "and";
+      return w == "the" ? 8u : w == "and" ? 16u : 0u;
     case 4:
-      return w == "that" || w == "have" || w == "with";
+      return w == "that" ? 32u : w == "have" ? 64u : w == "with" ? 128u : 0u;
     default:
-      return false;
+      return 0;
   }
 }
 }  // namespace
@@ -220,7 +223,8 @@ const char* GopherQualityFilter::check(std::string_view text) const {
   // at the steps of the whitespace bits; the other class bits inside a word tell whether it
   // holds a byte that is not ASCII punctuation (a non-symbol word, whose characters count
   // towards the mean length), a letter, and how many UTF-8 continuation bytes.
-  int64_t n_words_i = 0, non_symbol = 0, alpha = 0, stop = 0;
+  int64_t n_words_i = 0, non_symbol = 0, alpha = 0;
+  unsigned stop_words_seen = 0;
   size_t non_symbol_len = 0;
   const auto* p = reinterpret_cast<const unsigned char*>(text.data());
   const size_t n = text.size();
@@ -234,7 +238,7 @@ const char* GopherQualityFilter::check(std::string_view text) const {
       non_symbol_len += len - word_continuation;
     }
     alpha += word_alpha;
-    if (min_stop_words > 0) stop += is_stop_word(text.substr(word_start, len));
+    if (min_stop_words > 0) stop_words_seen |= stop_word_bit(text.substr(word_start, len));
     in_word = false;
   };
   uint64_t prev_space = 1;  // the byte before the text counts as whitespace
@@ -311,7 +315,8 @@ const char* GopherQualityFilter::check(std::string_view text) const {
   if (max_non_alpha_words_ratio > 0 &&
       static_cast<double>(alpha) / n_words < max_non_alpha_words_ratio)
     return "gopher_non_alpha_words";
-  if (min_stop_words > 0 && stop < min_stop_words) return "gopher_few_stop_words";
+  if (min_stop_words > 0 && std::popcount(stop_words_seen) < min_stop_words)
+    return "gopher_few_stop_words";
   return nullptr;
 }
 
@@ -547,17 +552,17 @@ const char* FineWebFilter::check(std::string_view text) const {
     // because its letters take two or three bytes each.
     short_lines += static_cast<int64_t>(utf8_length(l)) <= short_line_length;
   }
-  // As in datatrove, a share equal to the punctuation, short line or repeated line bound drops
-  // the document; the newline ratio must go past its bound.
+  // As in datatrove, a share must go past its bound (below it for line punctuation) to drop the
+  // document.
   double r = static_cast<double>(punct) / nl;
-  if (r <= line_punct_thr && !(r == 0 && line_punct_exclude_zero)) return "fineweb_line_punct";
-  if (static_cast<double>(short_lines) / nl >= short_line_thr) return "fineweb_short_lines";
+  if (r < line_punct_thr && !(r == 0 && line_punct_exclude_zero)) return "fineweb_line_punct";
+  if (static_cast<double>(short_lines) / nl > short_line_thr) return "fineweb_short_lines";
   size_t no_newlines =
       text.size() - static_cast<size_t>(std::count(text.begin(), text.end(), '\n'));
   auto [d, dc] = find_duplicates(lines);
   (void)d;
   if (no_newlines > 0 &&
-      static_cast<double>(dc) / static_cast<double>(no_newlines) >= char_duplicates_ratio)
+      static_cast<double>(dc) / static_cast<double>(no_newlines) > char_duplicates_ratio)
     return "fineweb_char_dup";
   split_words(text, words);
   double newlines = static_cast<double>(std::count(text.begin(), text.end(), '\n'));

@@ -256,11 +256,15 @@ TEST(Filters, GopherQualityLettersAndStopWords) {
   EXPECT_EQ(verdict(f.check("the and" + times(798, "house") + times(200, "1234"))), "kept");
   EXPECT_EQ(verdict(f.check("the and" + times(797, "house") + times(201, "1234"))),
             "gopher_non_alpha_words");
-  // At least two stop words: each of the eight, twice, is enough; one is not.
-  for (const char* w : {"the", "be", "to", "of", "and", "that", "have", "with"}) {
-    const std::string s = w;
-    EXPECT_EQ(verdict(f.check(s + " " + s + times(48, "house"))), "kept") << w;
-    EXPECT_EQ(verdict(f.check(s + times(49, "house"))), "gopher_few_stop_words") << w;
+  // At least two distinct stop words (datatrove's set intersection): each of the eight with
+  // another is enough; one, however often, is not.
+  const std::vector<std::string> stop = {"the", "be", "to", "of", "and", "that", "have", "with"};
+  for (size_t i = 0; i < stop.size(); ++i) {
+    const std::string& s = stop[i];
+    const std::string& other = stop[(i + 1) % stop.size()];
+    EXPECT_EQ(verdict(f.check(s + " " + other + times(48, "house"))), "kept") << s;
+    EXPECT_EQ(verdict(f.check(s + " " + s + times(48, "house"))), "gopher_few_stop_words") << s;
+    EXPECT_EQ(verdict(f.check(s + times(49, "house"))), "gopher_few_stop_words") << s;
   }
   // Matched exactly, as datatrove's set lookup: "The" and "them" are not stop words.
   EXPECT_EQ(verdict(f.check("The and" + times(48, "house"))), "gopher_few_stop_words");
@@ -586,14 +590,14 @@ TEST(Filters, FineWebHeuristics) {
   EXPECT_STREQ(f.check(dup), "fineweb_char_dup");
 }
 
-// FineWeb's thresholds are inclusive where datatrove's are: a document is dropped when at most
-// 12% of its lines end with punctuation, when at least 67% are short, when repeated lines are at
-// least 1% of its bytes. The documents are made of text_line()s, unique, with no repeats unless
-// said.
+// FineWeb's thresholds compare as datatrove 0.10.1's: a document is dropped when fewer than 12%
+// of its lines end with punctuation, when more than 67% are short, when repeated lines are more
+// than 1% of its bytes; one at a bound is kept. The documents are made of text_line()s, unique,
+// with no repeats unless said.
 TEST(Filters, FineWebLineRatios) {
   FineWebFilter f;
-  // Ending with . ' " ! ?: of 10000 lines of 40 bytes and 8 words, 1200 is 0.12, dropped; 1201
-  // is 0.1201, kept. (9999 newlines in 80000 words is 0.125 for the list rule.)
+  // Ending with . ' " ! ?: of 10000 lines of 40 bytes and 8 words, 1199 is 0.1199, dropped; 1200
+  // is 0.12, kept. (9999 newlines in 80000 words is 0.125 for the list rule.)
   auto punct = [](int n, int blank_lines) {
     std::vector<std::string> lines;
     const char ends[] = "'\"!?.";
@@ -601,24 +605,24 @@ TEST(Filters, FineWebLineRatios) {
     for (int i = 0; i < blank_lines; ++i) lines.insert(lines.begin() + 1, "");
     return join(lines, "\n");
   };
-  EXPECT_EQ(verdict(f.check(punct(1200, 0))), "fineweb_line_punct");
-  EXPECT_EQ(verdict(f.check(punct(1201, 0))), "kept");
-  // Blank lines are not lines here (datatrove counts them; docs/data.md): 1201 of 10000 lines and
-  // 2000 blank ones is still 0.1201 (datatrove: 1201 / 12000 = 0.1001).
-  EXPECT_EQ(verdict(f.check(punct(1201, 2000))), "kept");
+  EXPECT_EQ(verdict(f.check(punct(1199, 0))), "fineweb_line_punct");
+  EXPECT_EQ(verdict(f.check(punct(1200, 0))), "kept");
+  // Blank lines are not lines (as datatrove strips them): 1200 of 10000 lines and 2000 blank
+  // ones is still 0.12 (1200 / 12000 would be 0.1).
+  EXPECT_EQ(verdict(f.check(punct(1200, 2000))), "kept");
   // line_punct_exclude_zero keeps a document without any such line, and only that one.
   EXPECT_EQ(verdict(f.check(punct(0, 0))), "fineweb_line_punct");
   FineWebFilter exclude_zero;
   exclude_zero.line_punct_exclude_zero = true;
   EXPECT_EQ(verdict(exclude_zero.check(punct(0, 0))), "kept");
-  EXPECT_EQ(verdict(exclude_zero.check(punct(1200, 0))), "fineweb_line_punct");
-  // Short lines, of at most 30 characters (bytes, in ASCII): 669 lines of 20 bytes, 330 of 40 and
-  // one of 30 is 670 of 1000, 0.67, dropped; with that one of 31 bytes, 0.669, kept. (999 newlines
-  // in 4000 words.)
+  EXPECT_EQ(verdict(exclude_zero.check(punct(1199, 0))), "fineweb_line_punct");
+  // Short lines, of at most 30 characters (bytes, in ASCII): 670 lines of 20 bytes, 329 of 40 and
+  // one of 30 is 671 of 1000, 0.671, dropped; with that one of 31 bytes, 0.67, kept. (999
+  // newlines in 4000 words.)
   auto short_lines = [](int boundary_bytes) {
     std::vector<std::string> lines;
-    for (int i = 0; i < 669; ++i) lines.push_back(text_line(i, 20));
-    for (int i = 669; i < 999; ++i) lines.push_back(text_line(i, 40));
+    for (int i = 0; i < 670; ++i) lines.push_back(text_line(i, 20));
+    for (int i = 670; i < 999; ++i) lines.push_back(text_line(i, 40));
     lines.push_back(text_line(999, boundary_bytes));
     return join(lines, "\n");
   };
@@ -643,16 +647,16 @@ TEST(Filters, FineWebShortLinesCountCharacters) {
 TEST(Filters, FineWebRepeatsAndListRatio) {
   FineWebFilter f;
   // Repeated lines' bytes over the bytes that are not newlines: a 10-byte line twice and four of
-  // 245 is 10 / (20 + 980) = 0.01, dropped; with one of 246, 10 / 1001, kept. (2 short lines of
-  // 6; 5 newlines in 24 words.)
+  // 245 is 10 / (20 + 980) = 0.01, kept (at the bound); with one of 244, 10 / 999, dropped. (2
+  // short lines of 6; 5 newlines in 24 words.)
   auto repeats = [](int last_bytes) {
     const std::string d = text_line(0, 10);
     return join(
         {d, text_line(1, 245), text_line(2, 245), text_line(3, 245), text_line(4, last_bytes), d},
         "\n");
   };
-  EXPECT_EQ(verdict(f.check(repeats(245))), "fineweb_char_dup");
-  EXPECT_EQ(verdict(f.check(repeats(246))), "kept");
+  EXPECT_EQ(verdict(f.check(repeats(244))), "fineweb_char_dup");
+  EXPECT_EQ(verdict(f.check(repeats(245))), "kept");
   // Newlines per word at most 0.3: 301 lines of 40 bytes, 97 of 4 words and 204 of 3, is 300
   // newlines in 1000 words, kept; a final newline makes 301 / 1000.
   std::vector<std::string> lines;
