@@ -128,6 +128,12 @@ PipelineConfig read_pipeline_config(ConfigTable& t, const fs::path& path) {
     c.shard_tokens = f->get_int("shard_tokens", c.shard_tokens);
     POLLEN_CHECK(c.shard_tokens > 0, f->where("shard_tokens"), ": must be positive");
     c.prefix = f->get_string("prefix", c.prefix);
+    // The start of the shards' file names in the output folder: a name, not a path.
+    POLLEN_CHECK(!c.prefix.empty() && c.prefix.size() <= 128 && c.prefix[0] != '.' &&
+                     c.prefix.find_first_of(std::string_view("/\\\0", 3)) == std::string::npos,
+                 f->where("prefix"), ": '", c.prefix.substr(0, 64),
+                 "' must be a file name part of 1 to 128 characters, without '/' and not "
+                 "starting with '.'");
     f->finish();
   } else {
     c.tokenize = false;

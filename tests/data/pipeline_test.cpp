@@ -298,6 +298,16 @@ TEST(Pipeline, AConfiguredPathThatDoesNotExistIsAnErrorBeforeAnyWork) {
   EXPECT_NE(e.find("key 'decontaminate.eval_files': 'eval.jsnol' does not exist"),
             std::string::npos)
       << e;
+  // The shards' prefix is a name in the output folder, not a path out of it.
+  const auto prefix_error = [&](const std::string& prefix) {
+    return pollen::testing::error_of(
+        [&] { PipelineConfig::parse(text + "prefix = \"" + prefix + "\"\n", cfg_path); });
+  };
+  for (const std::string bad : {"../escaped/x", "a/b", "", ".hidden"})
+    EXPECT_NE(prefix_error(bad).find("key 'tokenize.prefix': '" + bad +
+                                     "' must be a file name part of 1 to 128 characters"),
+              std::string::npos)
+        << prefix_error(bad);
   EXPECT_FALSE(fs::exists(corpus().root / "out_typo"));
 }
 
