@@ -18,6 +18,7 @@
 #include "base/hash.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
+#include "base/utf8.h"
 #include "data/batch_pipeline.h"
 #include "data/decontam.h"
 #include "data/json_record.h"
@@ -236,6 +237,15 @@ std::vector<InputFile> list_config_inputs(const PipelineConfig& c) {
     const bool listed_folder = fs::is_directory(absolute(f.listed));
     f.name = source + "/" + listed.generic_string() +
              (listed_folder ? "/" + f.name.substr(source.size() + 1) : std::string());
+  }
+  // Names go into JSON (ids, the manifest): a file name that is not UTF-8 is named with each
+  // invalid sequence as U+FFFD, as its text would be; two names made one are refused below.
+  for (InputFile& f : files) {
+    std::string repaired;
+    if (utf8_repair(f.name, repaired) == 0) continue;
+    log::warn("data: the name of '", f.path.string(), "' is not UTF-8; its documents are named '",
+              repaired, "'");
+    f.name = std::move(repaired);
   }
   std::map<std::string, const InputFile*> named;
   for (const InputFile& f : files) {

@@ -198,6 +198,30 @@ TEST(Pipeline, ContaminationIsFoundBeforePiiRedaction) {
   fs::remove_all(dir);
 }
 
+// A file whose name is not UTF-8 is read, named with U+FFFD for each invalid sequence (its
+// documents' ids and the manifest are JSON); two names made one by that are refused naming both.
+TEST(Pipeline, AFileNameThatIsNotUtf8IsRepairedInItsDocumentsIds) {
+  const fs::path dir = corpus().root / "names";
+  write(dir / "docs" / "bad\xffname.txt", "A document in a file with a broken name.");
+  write(dir / "docs" / "good.txt", "A document in a file with a plain name.");
+  write(dir / "prepare.toml",
+        "output = \"out\"\nthreads = 1\nsources = [\"d\"]\n[source.d]\npaths = [\"docs\"]\n"
+        "[gopher_quality]\nenabled = false\n[gopher_repetition]\nenabled = false\n");
+  prepare(PipelineConfig::load(dir / "prepare.toml"), {.progress = false});
+  const json m = json::parse(read_file(dir / "out" / "manifest.json"));
+  std::set<std::string> inputs;
+  for (const auto& i : m["inputs"]) inputs.insert(i["path"].get<std::string>());
+  EXPECT_EQ(inputs, (std::set<std::string>{"d/bad\uFFFDname.txt", "d/good.txt"})) << m.dump();
+  EXPECT_NE(read_file(dir / "out" / "curated-train.jsonl").find("\"d/bad\uFFFDname.txt"),
+            std::string::npos);
+  write(dir / "docs" / "bad\xfename.txt", "Another broken name, made the same.");
+  fs::remove_all(dir / "out");
+  const std::string e = pollen::testing::error_of(
+      [&] { prepare(PipelineConfig::load(dir / "prepare.toml"), {.progress = false}); });
+  EXPECT_NE(e.find("would both be named 'd/bad\uFFFDname.txt'"), std::string::npos) << e;
+  fs::remove_all(dir);
+}
+
 TEST(Pipeline, EveryDocumentIsAccountedForAndBadInputIsReported) {
   fs::path out = run("out_account", 2);
   json m = json::parse(read_file(out / "manifest.json"));
