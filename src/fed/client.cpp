@@ -26,6 +26,8 @@ void BusyServerWait::busy(const ServerBusy& e, const char* then) {
                "; the server has not answered for ", waited,
                " s in a row, past client.busy_timeout_s = ", limit_s_, " s");
   log::warn("fed client '", client_id_, "': ", e.what(), "; ", then);
+  // A server out of room answers at once: ask again in a second, not in a busy loop.
+  std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 Client::Client(ClientConfig config, Transport& transport, dist::Communicator* comm)

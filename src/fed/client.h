@@ -63,8 +63,9 @@ class RoundCannotSucceed : public Error {
 };
 
 // A call to a server that is connected but did not answer in time (its lock held while it
-// aggregates and checkpoints a large model): worth waiting for, unlike a server that cannot be
-// reached or that refuses.
+// aggregates and checkpoints a large model), or that has no room for the call now (its threads,
+// or this client's open calls, at their limit): worth waiting for, unlike a server that cannot
+// be reached or that refuses.
 class ServerBusy : public Error {
  public:
   using Error::Error;
@@ -78,7 +79,8 @@ class BusyServerWait {
   // that long before the first ServerBusy).
   BusyServerWait(std::string client_id, double limit_s, double call_timeout_s)
       : client_id_(std::move(client_id)), limit_s_(limit_s), call_timeout_s_(call_timeout_s) {}
-  // After a call that threw ServerBusy: logs that the client asks again, or throws past limit_s.
+  // After a call that threw ServerBusy: logs that the client asks again (after a second), or
+  // throws past limit_s.
   void busy(const ServerBusy& e, const char* then);
   // After a call the server answered.
   void answered() { busy_since_.reset(); }

@@ -4,6 +4,8 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "base/files.h"
@@ -27,6 +29,14 @@ constexpr int kMaxMessageBytes = 64 << 20;
 // answered within 20 s: a server host or network gone mid-stream ends the call, not the client.
 constexpr int kClientKeepaliveMs = 60 * 1000;
 constexpr int kClientKeepaliveTimeoutMs = 20 * 1000;
+
+// A client makes one call at a time: a few at once allow for one being cancelled while the next
+// starts. More from one certificate are refused before anything is read, so that one client
+// cannot hold the server's threads, or the messages they read, by the hundred.
+constexpr int kMaxOpenCallsPerClient = 4;
+// Every call holds a thread of the server: past this many the server answers RESOURCE_EXHAUSTED
+// (a client's join and task wait that out as a busy server).
+constexpr int kMaxServerThreads = 1024;
 
 std::string read_pem(const std::string& path, const char* what) {
   POLLEN_CHECK(std::filesystem::exists(path), "tls.", what, ": no file '", path, "'");
@@ -175,23 +185,62 @@ class FederationService final : public pb::Federation::Service {
     return id;
   }
 
+  // A call of a client (its certificate's name; "" without TLS) counted open while it runs.
+  class OpenCall {
+   public:
+    OpenCall(FederationService& s, std::string peer) : s_(s), peer_(std::move(peer)) {}
+    OpenCall(const OpenCall&) = delete;
+    OpenCall& operator=(const OpenCall&) = delete;
+    // False when the client has kMaxOpenCallsPerClient open already (this one is not counted).
+    bool admit() {
+      if (peer_.empty()) return true;
+      std::lock_guard lock(s_.open_mutex_);
+      int& open = s_.open_calls_[peer_];
+      if (open >= kMaxOpenCallsPerClient) return false;
+      ++open;
+      counted_ = true;
+      return true;
+    }
+    ~OpenCall() {
+      if (!counted_) return;
+      std::lock_guard lock(s_.open_mutex_);
+      if (--s_.open_calls_[peer_] == 0) s_.open_calls_.erase(peer_);
+    }
+
+   private:
+    FederationService& s_;
+    std::string peer_;
+    bool counted_ = false;
+  };
+
   template <typename F>
   grpc::Status handle(grpc::ServerContext* ctx, const char* what, F f) {
+    // Who for the log: the address, taken now (a cancelled call's reads "unknown"), and the
+    // certificate's name once known.
+    std::string who = ctx->peer();
     std::string peer;
     try {
       peer = peer_id(ctx);
     } catch (const std::exception& e) {
-      log::warn("fed server: refused ", what, " from ", ctx->peer(), ": ", e.what());
+      log::warn("fed server: refused ", what, " from ", who, ": ", e.what());
       return error_status(e, grpc::StatusCode::PERMISSION_DENIED);
+    }
+    if (!peer.empty()) who = cat("client '", peer, "' (", who, ")");
+    OpenCall call(*this, peer);
+    if (!call.admit()) {
+      const std::string why = cat("client '", peer, "' has ", kMaxOpenCallsPerClient,
+                                  " calls open at once, the most one client may");
+      log::warn("fed server: refused ", what, " from ", who, ": ", why);
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, why);
     }
     try {
       f(peer);
       return grpc::Status::OK;
     } catch (const Error& e) {
-      log::warn("fed server: refused ", what, " from ", ctx->peer(), ": ", e.what());
+      log::warn("fed server: refused ", what, " from ", who, ": ", e.what());
       return error_status(e, grpc::StatusCode::INVALID_ARGUMENT);
     } catch (const std::exception& e) {
-      log::error("fed server: ", what, " from ", ctx->peer(), " failed: ", e.what());
+      log::error("fed server: ", what, " from ", who, " failed: ", e.what());
       return error_status(e, grpc::StatusCode::INTERNAL);
     }
   }
@@ -211,6 +260,8 @@ class FederationService final : public pb::Federation::Service {
   std::unique_ptr<RevocationList> revoked_;  // tls.crl; none: nothing is revoked
   double stall_s_;
   StallWatch stalls_;
+  std::mutex open_mutex_;
+  std::map<std::string, int> open_calls_;  // per client certificate, while they run
 };
 
 struct GrpcServer::Impl {
@@ -267,6 +318,9 @@ void GrpcServer::start(const std::string& address, const TlsFiles& tls) {
   b.RegisterService(impl_->service.get());
   b.SetMaxReceiveMessageSize(kMaxMessageBytes);
   b.SetMaxSendMessageSize(kMaxMessageBytes);
+  grpc::ResourceQuota quota("pollen-fed-server");
+  quota.SetMaxThreads(kMaxServerThreads);
+  b.SetResourceQuota(quota);
   impl_->server = b.BuildAndStart();
   POLLEN_CHECK(impl_->server && impl_->port > 0, "fed server: cannot listen on '", address, "'");
   log::info("fed server: listening on ", address, " (port ", impl_->port, ", ",
@@ -425,6 +479,10 @@ void check_waiting_call(const grpc::Status& s, const char* what, grpc::Channel& 
     throw ServerBusy(cat("the federation server at ", e.address,
                          " is connected but did not answer ", what, " within ", e.connect_timeout_s,
                          " s (busy aggregating or saving)"));
+  }
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    throw ServerBusy(cat("the federation server at ", e.address, " has no room for ", what,
+                         " now (", s.error_message(), ")"));
   }
   check_status(s, what, e, Waits::for_the_server);
 }

@@ -1152,6 +1152,65 @@ TEST(Grpc, TheServerClosesAStreamThatSendsNothing) {
   fs::remove_all(dir);
 }
 
+// One certificate may hold only a few calls open at once: more are refused before anything is
+// read (RESOURCE_EXHAUSTED, which a client's join waits out as a busy server), so that a client
+// cannot hold the server's threads and memory by the hundred; another client is not held back,
+// and a call that ends makes room.
+TEST(Grpc, AClientMayHoldOnlyAFewCallsOpen) {
+  Quiet q;
+  const auto dir = temp_dir("open_calls");
+  make_dev_certs(dir / "certs", {"alice", "bob", "carol"}, {"localhost", "127.0.0.1"}, 1);
+  revoke_client_cert(dir / "certs", "carol");  // the server's tls.crl
+  TlsServer server(dir);
+  const auto files = [&](const std::string& id) {
+    return TlsFiles{(dir / "certs/ca.pem").string(),
+                    (dir / "certs" / ("client-" + id + ".pem")).string(),
+                    (dir / "certs" / ("client-" + id + ".key")).string(), "", ""};
+  };
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = read_file(dir / "certs/ca.pem");
+  o.pem_cert_chain = read_file(dir / "certs/client-alice.pem");
+  o.pem_private_key = read_file(dir / "certs/client-alice.key");
+  auto stub = pb::Federation::NewStub(grpc::CreateChannel(server.address, grpc::SslCredentials(o)));
+  // Four pushes that send nothing, open until the server's client_timeout_s.
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientWriter<pb::TensorStream>>> idle;
+  pb::PushReply reply;
+  for (int i = 0; i < 4; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    idle.push_back(stub->PushUpdate(contexts.back().get(), &reply));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the server has them
+  GrpcTransport alice(server.address, files("alice"), 3, 60);
+  try {
+    alice.join(tiny_join("alice"));
+    ADD_FAILURE() << "a fifth call was taken";
+  } catch (const ServerBusy& e) {
+    EXPECT_NE(std::string(e.what()).find("client 'alice' has 4 calls open at once"),
+              std::string::npos)
+        << e.what();
+  }
+  GrpcTransport bob(server.address, files("bob"), 3, 60);
+  EXPECT_TRUE(bob.join(tiny_join("bob")).accepted());
+  contexts[0]->TryCancel();
+  idle[0]->Finish();
+  bool joined = false;
+  for (int attempt = 0; attempt < 50 && !joined; ++attempt) {
+    try {
+      joined = alice.join(tiny_join("alice")).accepted();
+    } catch (const ServerBusy&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  EXPECT_TRUE(joined) << "a call that ended did not make room";
+  for (size_t i = 1; i < idle.size(); ++i) {
+    contexts[i]->TryCancel();
+    idle[i]->Finish();
+  }
+  server.grpc.shutdown();
+  fs::remove_all(dir);
+}
+
 TEST(Grpc, SimulatedEqualsDeployedBitwise) {
   const auto dir = temp_dir("deployed");
   const auto a = make_silo(dir / "a", 1), b = make_silo(dir / "b", 3);
