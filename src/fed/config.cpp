@@ -84,6 +84,7 @@ void read_server_table(ConfigTable& s, ServerConfig& c) {
   c.dir = s.require_string("dir");
   c.address = s.get_string("address", c.address);
   c.metrics_address = s.get_string("metrics_address", c.metrics_address);
+  c.allow_plaintext = s.get_bool("allow_plaintext", c.allow_plaintext);
   c.seed = static_cast<uint64_t>(s.get_int_in("seed", 0, 0, kConfigIntMax));
   c.rounds = s.get_int("rounds", c.rounds);
   c.local_steps = s.get_int("local_steps", c.local_steps);
@@ -331,7 +332,20 @@ ServerConfig read_server_config(ConfigTable& root) {
                "and training diverges; use a block that divides ",
                row, ", or int8 or int4");
   c.tls = read_tls(root, true);
+  check_plaintext(c.address, c.tls, c.allow_plaintext, root.where("server.address"));
   return c;
+}
+
+void check_plaintext(const std::string& address, const TlsFiles& tls, bool allowed,
+                     const std::string& where) {
+  if (tls.enabled() || allowed || address.starts_with("unix:")) return;
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.starts_with('[') && host.ends_with(']')) host = host.substr(1, host.size() - 2);
+  const bool loopback = host == "localhost" || host.starts_with("127.") || host == "::1";
+  POLLEN_CHECK(loopback, where, ": '", address,
+               "' is reachable from other hosts, and without [tls] anyone there could join, "
+               "pull and push as any client; add [tls] (pollen fed certs makes its files), listen "
+               "on 127.0.0.1, or set server.allow_plaintext = true on a network you trust");
 }
 
 SiloParallel read_silo_parallel(ConfigTable& p) {

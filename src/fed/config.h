@@ -40,10 +40,11 @@ struct PostSettings {
 };
 
 struct ServerConfig {
-  std::filesystem::path dir;  // checkpoints/, metrics.jsonl, lineage.jsonl
+  std::filesystem::path dir;           // checkpoints/, metrics.jsonl, lineage.jsonl
   std::string dir_key = "server.dir";  // the config key that names dir, for errors
   std::string address = "127.0.0.1:50051";
-  std::string metrics_address;  // host:port of the Prometheus /metrics endpoint (empty: off)
+  std::string metrics_address;   // host:port of the Prometheus /metrics endpoint (empty: off)
+  bool allow_plaintext = false;  // listen beyond this host without [tls] (check_plaintext)
   uint64_t seed = 0;
   model::LlamaConfig model;
   std::string init_from;  // model.init_from: weights of round 1 (empty: drawn from seed)
@@ -164,5 +165,11 @@ constexpr double kMaxConfigSeconds = 1e9;
 // Refuses `seconds`, read from `key` of `table`, unless finite, within kMaxConfigSeconds and
 // more than 0 (`positive`) or at least 0, naming the key and the bound.
 void check_seconds(const ConfigTable& table, const std::string& key, double seconds, bool positive);
+
+// A server without [tls] is unauthenticated: anyone who reaches it may join, pull and push as any
+// client. Refused on an address other hosts reach (not loopback, not a Unix socket) unless
+// `server.allow_plaintext` says the network is trusted; `where` names the config's address key.
+void check_plaintext(const std::string& address, const TlsFiles& tls, bool allowed,
+                     const std::string& where);
 
 }  // namespace pollen::fed

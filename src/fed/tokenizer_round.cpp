@@ -26,6 +26,7 @@ TokenizerServerConfig load_tokenizer_server_config(const fs::path& path) {
   POLLEN_CHECK(s.has_value(), root.where("server"), ": a [server] table is required");
   c.dir = s->require_string("dir");
   c.address = s->get_string("address", c.address);
+  c.allow_plaintext = s->get_bool("allow_plaintext", c.allow_plaintext);
   c.clients = s->get_strings("clients");
   c.wait_for_clients_s = s->get_double("wait_for_clients_s", c.wait_for_clients_s);
   c.serve_s = s->get_double("serve_s", c.serve_s);
@@ -58,6 +59,7 @@ TokenizerServerConfig load_tokenizer_server_config(const fs::path& path) {
   tokenizer::check_special_tokens(c.special_tokens, c.vocab_size, t->where("special_tokens"));
   t->finish();
   c.tls = read_tls(root, true);
+  check_plaintext(c.address, c.tls, c.allow_plaintext, root.where("server.address"));
   root.finish();
   return c;
 }

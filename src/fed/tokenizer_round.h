@@ -28,6 +28,7 @@ constexpr uint64_t kMaxCountFileBytes = uint64_t{1} << 32;  // 4 GiB
 struct TokenizerServerConfig {
   std::filesystem::path dir;  // counts/<client>.counts, tokenizer.json
   std::string address = "127.0.0.1:50051";
+  bool allow_plaintext = false;      // listen beyond this host without [tls] (check_plaintext)
   std::vector<std::string> clients;  // the silos whose counts the tokenizer is trained on
   double wait_for_clients_s = 3600;  // for every silo's counts
   double serve_s = 600;              // after training, at most this long for every silo to pull

@@ -129,6 +129,26 @@ TEST(FedConfig, ServerKeysOutOfRangeAreRefusedByName) {
   }
 }
 
+// Without [tls] a server is unauthenticated: listening where other hosts reach it is refused,
+// naming the key, unless server.allow_plaintext says the network is trusted; loopback is fine.
+TEST(FedConfig, APlaintextServerListensOnlyOnThisHostUnlessAllowed) {
+  auto server_error = [](const std::string& address, const std::string& more) {
+    return error_of_server(cat("[server]\ndir = 'x'\naddress = '", address, "'\n", more,
+                               "[model]\npreset = 'llama-tiny'\n[tokenizer]\nfingerprint = 'f'\n"));
+  };
+  for (const std::string open : {"0.0.0.0:50051", "10.1.2.3:7000", "[::]:50051", "fed.org:1"}) {
+    const std::string e = server_error(open, "");
+    EXPECT_NE(e.find("key 'server.address': '" + open +
+                     "' is reachable from other hosts, and "
+                     "without [tls] anyone there could join"),
+              std::string::npos)
+        << e;
+    EXPECT_EQ(server_error(open, "allow_plaintext = true\n"), "") << open;
+  }
+  for (const std::string local : {"127.0.0.1:50051", "localhost:9", "[::1]:50051", "unix:/tmp/s"})
+    EXPECT_EQ(server_error(local, ""), "") << local;
+}
+
 // The outer optimizer's settings: in range, and ones the strategy (or aggregation rule) uses;
 // -1 or absent takes the strategy's default.
 TEST(FedConfig, StrategySettingsOutOfRangeOrOfAnotherStrategyAreRefused) {
