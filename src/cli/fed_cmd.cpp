@@ -33,6 +33,7 @@ void add_fed_command(CLI::App& app) {
     std::string dir = "certs";
     std::vector<std::string> clients, names{"localhost", "127.0.0.1"};
     std::string revoke;
+    bool replace = false;
     int days = 365;
     std::string device;  // --device of client and simulate: train.device
   };
@@ -150,12 +151,15 @@ void add_fed_command(CLI::App& app) {
           ->capture_default_str();
   certs->add_option("--days", o->days, "Validity in days")->capture_default_str();
   certs->add_option("--revoke", o->revoke, "Revoke this client's certificate (writes crl.pem)");
+  certs->add_flag("--replace", o->replace,
+                  "Make a new certificate for a --client that has one, revoking the old one "
+                  "(without it such a client is refused)");
   certs->callback([o, server_names] {
     if (!o->revoke.empty()) {
       fed::revoke_client_cert(o->dir, o->revoke);
     } else {
       fed::make_dev_certs(o->dir, o->clients, o->names, o->days,
-                          /*replace_server=*/server_names->count() > 0);
+                          /*replace_server=*/server_names->count() > 0, o->replace);
     }
   });
 }

@@ -120,13 +120,19 @@ bool is_ip(const std::string& s) {
 }  // namespace
 
 void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients,
-                    const std::vector<std::string>& server_names, int days, bool replace_server) {
+                    const std::vector<std::string>& server_names, int days, bool replace_server,
+                    bool replace_clients) {
   POLLEN_CHECK(days >= 1, "fed certs: --days must be at least 1");
   POLLEN_CHECK(!server_names.empty(), "fed certs: at least one server name is needed");
   for (const auto& id : clients) {
     check_client_id(id, "fed certs --client");
     POLLEN_CHECK(id.size() <= 64, "fed certs --client: '", id,
                  "' is longer than the 64 characters a certificate's common name holds");
+    POLLEN_CHECK(replace_clients || !fs::exists(dir / cat("client-", id, ".pem")),
+                 "fed certs --client: '", id, "' has a certificate already in ",
+                 (dir / cat("client-", id, ".pem")).string(),
+                 "; a new one would leave the old one valid: pass --replace to revoke it and "
+                 "make another");
   }
   fs::create_directories(dir);
   EVP_PKEY* ca_key;
@@ -165,6 +171,7 @@ void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients
     EVP_PKEY_free(k);
   }
   for (const auto& id : clients) {
+    if (fs::exists(dir / cat("client-", id, ".pem"))) revoke_client_cert(dir, id);  // --replace
     EVP_PKEY* k = new_key();
     X509* c = make_cert(k, id, ca, ca_key, days,
                         {{NID_basic_constraints, "critical,CA:FALSE"},

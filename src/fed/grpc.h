@@ -58,10 +58,12 @@ class GrpcTransport : public Transport {
 // Development certificates (OpenSSL, EC P-256, SHA-256): in `dir`, ca.pem/ca.key (made once,
 // reused after), server.pem/server.key for `server_names` (DNS names or IP addresses), and
 // client-<id>.pem/client-<id>.key with common name <id> for each client. An existing server
-// certificate is kept (a run that adds clients leaves it be) unless `replace_server`.
+// certificate is kept (a run that adds clients leaves it be) unless `replace_server`. A client
+// that has a certificate already is refused (the old one would stay valid, and --revoke could
+// no longer reach it) unless `replace_clients`, which revokes the old one first.
 void make_dev_certs(const std::filesystem::path& dir, const std::vector<std::string>& clients,
                     const std::vector<std::string>& server_names, int days,
-                    bool replace_server = true);
+                    bool replace_server = true, bool replace_clients = false);
 // Adds client-<id>.pem's serial to dir/crl.pem (signed by the CA), creating it when needed.
 void revoke_client_cert(const std::filesystem::path& dir, const std::string& client);
 

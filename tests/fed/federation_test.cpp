@@ -1102,6 +1102,20 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   make_dev_certs(dir / "certs", {"carol"}, {"localhost"}, 1, /*replace_server=*/false);
   EXPECT_EQ(read_file(dir / "certs" / "server.pem"), server_pem);
   EXPECT_TRUE(fs::exists(dir / "certs" / "client-carol.pem"));
+  // A client's certificate made again is refused (the old one would stay valid, out of --revoke's
+  // reach) unless replaced, which revokes the old one.
+  fs::create_directories(dir / "old");
+  for (const char* ext : {".pem", ".key"})
+    fs::copy_file(dir / "certs" / cat("client-carol", ext), dir / "old" / cat("client-carol", ext));
+  const std::string again = pollen::testing::error_of(
+      [&] { make_dev_certs(dir / "certs", {"carol"}, {"localhost"}, 1, false); });
+  EXPECT_NE(again.find("'carol' has a certificate already"), std::string::npos) << again;
+  EXPECT_EQ(read_file(dir / "certs" / "client-carol.pem"), read_file(dir / "old/client-carol.pem"));
+  EXPECT_TRUE(join(dir / "old", "carol", "carol").accepted());
+  make_dev_certs(dir / "certs", {"carol"}, {"localhost"}, 1, false, /*replace_clients=*/true);
+  EXPECT_TRUE(join(dir / "certs", "carol", "carol").accepted());
+  const std::string old = pollen::testing::error_of([&] { join(dir / "old", "carol", "carol"); });
+  EXPECT_NE(old.find("revoked"), std::string::npos) << old;
   make_dev_certs(dir / "certs", {}, {"fed.example.org"}, 1, /*replace_server=*/true);
   EXPECT_NE(read_file(dir / "certs" / "server.pem"), server_pem);
   server.grpc.shutdown();
