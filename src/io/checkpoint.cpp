@@ -170,8 +170,10 @@ ResumePoint choose_checkpoint_to_resume(const fs::path& root, const std::string&
   const ResumePoint point{choice.dir, static_cast<int64_t>(choice.skipped.size())};
   if (!choice.dir) return point;
   for (const auto& [bad, why] : choice.skipped) {
-    const fs::path aside = bad.parent_path() / cat(".corrupt-", bad.filename().string());
-    fs::remove_all(aside);
+    // Kept for inspection: one set aside earlier at the same step stays too (.corrupt-step-N.2).
+    fs::path aside = bad.parent_path() / cat(".corrupt-", bad.filename().string());
+    for (int n = 2; fs::exists(aside); ++n)
+      aside = bad.parent_path() / cat(".corrupt-", bad.filename().string(), ".", n);
     fs::rename(bad, aside);
     log::warn(who, ": moved '", bad.string(), "' aside to '", aside.string(), "'");
   }

@@ -220,6 +220,28 @@ TEST(Checkpoint, CommitVerifyCorruptSkipAndRetain) {
   fs::remove_all(root);
 }
 
+// A checkpoint that fails to verify is moved aside for inspection; one set aside earlier at the
+// same step (a second corruption after a resume) is kept beside it, not replaced.
+TEST(Checkpoint, CorruptCheckpointsSetAsideAtOneStepAreAllKept) {
+  const fs::path root = temp_dir("ckpt_aside");
+  auto write = [&](int64_t step) {
+    io::CheckpointWriter w(root, step);
+    w.add_text("state.json", "{\"step\": " + std::to_string(step) + "}");
+    return w.commit();
+  };
+  write(1);
+  for (const std::string first : {"first", "second"}) {
+    const fs::path c2 = write(2);
+    write_file_atomic(c2 / "state.json", first);  // no longer what the manifest says
+    const auto point = io::choose_checkpoint_to_resume(root, "test");
+    ASSERT_TRUE(point.dir.has_value());
+    EXPECT_EQ(point.dir->filename(), "step-00000001");
+  }
+  EXPECT_EQ(read_file(root / ".corrupt-step-00000002" / "state.json"), "first");
+  EXPECT_EQ(read_file(root / ".corrupt-step-00000002.2" / "state.json"), "second");
+  fs::remove_all(root);
+}
+
 // A manifest that is valid JSON but of the wrong shape is a reason to skip its checkpoint, not an
 // error that stops the resume; a manifest naming a file outside its folder fails to verify; a
 // folder whose step does not fit in int64 is no checkpoint.
