@@ -116,6 +116,12 @@ TEST(ServerRestart, CorruptCheckpointsAreSetAsideOrRefused) {
   EXPECT_NE(refusal(other_tokenizer).find("tokenizer fingerprint test-tokenizer"),
             std::string::npos)
       << refusal(other_tokenizer);
+  // Fewer rounds than were done leave nothing to run: refused, not taken for a finished run.
+  ServerConfig fewer = cfg.server;
+  fewer.rounds = 3;
+  EXPECT_NE(refusal(fewer).find("server.rounds (3) is below the 4 rounds of checkpoint"),
+            std::string::npos)
+      << refusal(fewer);
 
   for (int round = 2; round <= 4; ++round) flip_a_byte(step(round) / "state.json");
   const std::string why = refusal(cfg.server);
