@@ -173,16 +173,6 @@ model::LoraConfig parse_lora_config_json(const std::string& text, const std::str
   return c;
 }
 
-std::string base_fingerprint(const model::Llama& base) {
-  Sha256 h;
-  for (const auto& [name, v] : base.named_parameters()) {
-    h.update(name);
-    const Tensor t = v.value().to(DType::f32).contiguous();
-    h.update(t.raw(), t.nbytes());
-  }
-  return h.hex_digest();
-}
-
 std::string post_agreement_differences(const pb::JoinRequest& client, const ServerTerms& terms) {
   const std::string& lora_json = terms.lora_json;
   if (lora_json.empty() && client.lora_config().empty()) return "";  // pre-training, both
@@ -229,7 +219,7 @@ PostBaseInfo read_post_base(const PostSettings& post) {
   PostBaseInfo info;
   info.base = config.base;
   info.architecture = model.config();
-  info.base_sha256 = base_fingerprint(model);
+  info.base_sha256 = model::weights_sha256(model);
   info.tokenizer_fingerprint = base.tokenizer->fingerprint();
   info.lora = config.lora.config;
   info.seed = config.seed;
@@ -262,7 +252,7 @@ LoraSilo::LoraSilo(std::string id, const train::PostConfig& config,
         return io::load_model(base.source, DType::f32, config.seed);
       }()) {
   const train::PostBase base = train::resolve_post_base(config);
-  base_sha256_ = base_fingerprint(model_);
+  base_sha256_ = model::weights_sha256(model_);
   tokenizer_ = base.tokenizer;
   tokenizer_fingerprint_ = tokenizer_->fingerprint();
   train::TrainedParameters trained = train::trained_model_parameters(model_, config.lora);

@@ -46,10 +46,6 @@ std::string lora_agreement_differences(const model::LoraConfig& server,
 std::string lora_config_json(const model::LoraConfig& config);
 model::LoraConfig parse_lora_config_json(const std::string& json, const std::string& what);
 
-// SHA-256 over the base's parameters (names, float32 bytes, in named order): both sides of a
-// post-training federation must hold this base.
-std::string base_fingerprint(const model::Llama& base);
-
 // What a client's Join says of its post-training silo against the server's terms (their
 // lora_json empty: a pre-training server): empty when they agree, else every difference
 // ("lora.rank: server 4, client 8; base weights: server 3f2a.., client 91c0..; post.objective:

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "autograd/lora.h"
+#include "base/hash.h"
 #include "base/rng.h"
 #include "ops/attention.h"
 #include "ops/gemm.h"
@@ -305,6 +306,16 @@ Llama Llama::without_lora() const {
   Llama base = *this;
   base.lora_.reset();
   return base;
+}
+
+std::string weights_sha256(const Llama& model) {
+  Sha256 h;
+  for (const auto& [name, v] : model.named_parameters()) {
+    h.update(name);
+    const Tensor t = v.value().to(DType::f32).contiguous();
+    h.update(t.raw(), t.nbytes());
+  }
+  return h.hex_digest();
 }
 
 }  // namespace pollen::model

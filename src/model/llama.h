@@ -113,4 +113,8 @@ class Llama {
   std::shared_ptr<const Lora> lora_;
 };
 
+// SHA-256 over every parameter's name and float32 values, in order (adapters not included): the
+// identity of a base that LoRA adapters were trained on.
+std::string weights_sha256(const Llama& model);
+
 }  // namespace pollen::model

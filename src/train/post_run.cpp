@@ -197,6 +197,9 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   model::Llama model = resume_from && !cfg.lora.enabled
                            ? model::Llama(arch, cfg.seed)
                            : io::load_model(base.source, DType::f32, cfg.seed);
+  // The base LoRA's adapters are trained on: a resumed run must find the same weights at the
+  // base's path (adapters on other weights would train on silently).
+  const std::string base_sha256 = cfg.lora.enabled ? model::weights_sha256(model) : "";
   TrainedParameters trained_params = trained_model_parameters(model, cfg.lora);
   auto& trained = trained_params.named;
   const std::shared_ptr<model::Lora> lora = trained_params.lora;
@@ -253,6 +256,11 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     for (const auto& f : weight_files()) load_checkpoint_tensors(dir / f.file, f.tensors);
     opt.load_moments(dir);
     state = nlohmann::ordered_json::parse(read_file(dir / "state.json"));
+    const std::string saved_base = state.value("base_sha256", "");
+    POLLEN_CHECK(saved_base.empty() || saved_base == base_sha256, "cannot resume: the base '",
+                 resolved.base, "' holds other weights (SHA-256 ", base_sha256.substr(0, 16),
+                 "..) than the checkpoint's adapters were trained on (", saved_base.substr(0, 16),
+                 "..); put that base back or start a new run");
     counters.restore(state);
     objective->restore(state.at("objective"));
     last_checkpoint = dir;
@@ -309,6 +317,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     counters.save(st, seconds_since(run_start));
     st["metrics"] = metrics->positions();
     st["objective"] = objective->state();
+    if (!base_sha256.empty()) st["base_sha256"] = base_sha256;
     st["last_metrics"] = last_metrics;
     st["last_val_metrics"] = last_val_metrics;
     std::vector<std::string> names;

@@ -259,6 +259,14 @@ TEST(PostLora, ARunFolderBaseIsPinnedToTheCheckpointItStartedFrom) {
   fs::rename(started, dir / "started-aside");
   const std::string gone = error_of([&] { run(text, true); });
   EXPECT_NE(gone.find("model.base: model '" + started.string() + "'"), std::string::npos) << gone;
+  // One of other weights at the base's path (another checkpoint copied there): the adapters were
+  // trained on other weights, and the resume is refused saying so.
+  fs::copy(later, started, fs::copy_options::recursive);
+  const std::string changed = error_of([&] { run(text, true); });
+  EXPECT_NE(changed.find("cannot resume: the base '" + started.string() + "' holds other weights"),
+            std::string::npos)
+      << changed;
+  fs::remove_all(started);
   fs::rename(dir / "started-aside", started);
   // The checkpoints name the pinned checkpoint as their base.
   const train::PostConfig saved =
