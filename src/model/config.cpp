@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <type_traits>
 
 #include "base/config.h"
@@ -131,7 +132,10 @@ const char* rope_scaling_kind_name(ops::RopeScaling::Kind kind) {
 
 namespace {
 
-ops::RopeScaling read_rope_scaling(ConfigTable& t) {
+// As io/hf.cpp reads config.json's: dynamic and yarn scale from max_position_embeddings, yarn's
+// attention_factor defaults to 0.1 ln(factor) + 1. A key the kind does not use may only hold its
+// default (pollen's config.toml writes every key), so that one set for nothing is refused.
+ops::RopeScaling read_rope_scaling(ConfigTable& t, int64_t max_position_embeddings) {
   using Kind = ops::RopeScaling::Kind;
   ops::RopeScaling s;
   const std::string kind = t.require_string("kind");
@@ -140,7 +144,11 @@ ops::RopeScaling read_rope_scaling(ConfigTable& t) {
     if (kind == rope_scaling_kind_name(k)) s.kind = k, known = true;
   POLLEN_CHECK(known, t.where("kind"), ": expected none, linear, llama3, dynamic or yarn, got '",
                kind, "'");
+  const bool from_max = s.kind == Kind::dynamic || s.kind == Kind::yarn;
+  if (from_max) s.original_max_position_embeddings = max_position_embeddings;
   s.factor = t.get_double("factor", s.factor);
+  if (s.kind == Kind::yarn) s.attention_factor = 0.1 * std::log(s.factor) + 1.0;
+  const ops::RopeScaling defaults = s;
   s.low_freq_factor = t.get_double("low_freq_factor", s.low_freq_factor);
   s.high_freq_factor = t.get_double("high_freq_factor", s.high_freq_factor);
   s.original_max_position_embeddings =
@@ -148,6 +156,28 @@ ops::RopeScaling read_rope_scaling(ConfigTable& t) {
   s.attention_factor = t.get_double("attention_factor", s.attention_factor);
   s.beta_fast = t.get_double("beta_fast", s.beta_fast);
   s.beta_slow = t.get_double("beta_slow", s.beta_slow);
+  const auto unused_at_default = [&](const char* key, bool used, bool at_default) {
+    POLLEN_CHECK(used || at_default, t.where(key), ": rope_scaling kind '", kind,
+                 "' does not use it; leave it out");
+  };
+  unused_at_default("factor", s.kind != Kind::none, s.factor == defaults.factor);
+  for (const auto& [key, at_default] :
+       {std::pair{"low_freq_factor", s.low_freq_factor == defaults.low_freq_factor},
+        std::pair{"high_freq_factor", s.high_freq_factor == defaults.high_freq_factor}})
+    unused_at_default(key, s.kind == Kind::llama3, at_default);
+  unused_at_default(
+      "original_max_position_embeddings", s.kind == Kind::llama3 || from_max,
+      s.original_max_position_embeddings == defaults.original_max_position_embeddings);
+  for (const auto& [key, at_default] :
+       {std::pair{"attention_factor", s.attention_factor == defaults.attention_factor},
+        std::pair{"beta_fast", s.beta_fast == defaults.beta_fast},
+        std::pair{"beta_slow", s.beta_slow == defaults.beta_slow}})
+    unused_at_default(key, s.kind == Kind::yarn, at_default);
+  POLLEN_CHECK(!from_max || s.factor >= 1, t.where("factor"), ": must be >= 1 for kind '", kind,
+               "', got ", s.factor);
+  POLLEN_CHECK(s.kind != Kind::yarn ||
+                   (s.attention_factor > 0 && s.beta_fast > s.beta_slow && s.beta_slow > 0),
+               t.where("kind"), ": yarn needs attention_factor > 0 and beta_fast > beta_slow > 0");
   t.finish();
   return s;
 }
@@ -179,7 +209,8 @@ LlamaConfig read_config(ConfigTable& t) {
   c.attention_bias = t.get_bool("attention_bias", c.attention_bias);
   c.initializer_range = t.get_double("initializer_range", c.initializer_range);
   c.sliding_window = t.get_int("sliding_window", c.sliding_window);
-  if (auto r = t.table("rope_scaling")) c.rope_scaling = read_rope_scaling(*r);
+  if (auto r = t.table("rope_scaling"))
+    c.rope_scaling = read_rope_scaling(*r, c.max_position_embeddings);
   t.finish();
   c.validate();
   return c;

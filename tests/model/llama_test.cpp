@@ -14,6 +14,7 @@
 #include "base/files.h"
 #include "ops/cross_entropy.h"
 #include "optim/adamw.h"
+#include "support/errors.h"
 #include "support/gradcheck.h"
 
 namespace pollen {
@@ -118,6 +119,40 @@ TEST(LlamaConfig, TomlFileErrorsNameFileAndKey) {
   EXPECT_THROW(model::resolve_config((dir / "typo.toml").string()), Error);
   EXPECT_THROW(model::resolve_config("llama-huge"), Error);
   fs::remove_all(dir);
+}
+
+// [model.rope_scaling] is checked as config.json's rope_scaling is: a key its kind does not use
+// is refused unless at its default (pollen's config.toml writes every key), yarn and dynamic need
+// a factor of at least 1 and scale from max_position_embeddings, yarn's betas are ordered and its
+// attention_factor defaults as transformers'.
+TEST(LlamaConfig, RopeScalingInATomlFileIsCheckedAsInConfigJson) {
+  const fs::path file = fs::temp_directory_path() / "pollen_rope_cfg.toml";
+  const auto read = [&](const std::string& scaling) {
+    write_file_atomic(file, "[model]\npreset = 'llama-tiny'\n[model.rope_scaling]\n" + scaling);
+    return model::load_config(file).rope_scaling;
+  };
+  const auto error = [&](const std::string& scaling) {
+    return pollen::testing::error_of([&] { read(scaling); });
+  };
+  EXPECT_NE(error("kind = 'linear'\nfactor = 4.0\nbeta_fast = 8.0\n")
+                .find("rope_scaling.beta_fast': rope_scaling kind 'linear' does not use it"),
+            std::string::npos);
+  EXPECT_NE(error("kind = 'linear'\nfactor = 4.0\nlow_freq_factor = 2.0\n").find("does not use"),
+            std::string::npos);
+  EXPECT_EQ(read("kind = 'linear'\nfactor = 4.0\nbeta_fast = 32.0\n").factor, 4.0);
+  EXPECT_NE(error("kind = 'yarn'\nfactor = 0.5\n").find("must be >= 1 for kind 'yarn'"),
+            std::string::npos);
+  EXPECT_NE(error("kind = 'yarn'\nfactor = 4.0\nbeta_fast = 1.0\nbeta_slow = 5.0\n")
+                .find("beta_fast > beta_slow > 0"),
+            std::string::npos);
+  EXPECT_NE(
+      error("kind = 'yarn'\nfactor = 4.0\nattention_factor = -2.0\n").find("attention_factor > 0"),
+      std::string::npos);
+  const ops::RopeScaling yarn = read("kind = 'yarn'\nfactor = 4.0\n");
+  EXPECT_DOUBLE_EQ(yarn.attention_factor, 0.1 * std::log(4.0) + 1.0);
+  EXPECT_EQ(yarn.original_max_position_embeddings,
+            model::preset("llama-tiny").max_position_embeddings);
+  fs::remove(file);
 }
 
 struct ParityCase {

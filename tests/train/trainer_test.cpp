@@ -548,13 +548,16 @@ TEST(TrainConfig, SlidingWindowAndRopeScalingRoundTripThroughACheckpointsConfig)
     m.sliding_window = 7;
     m.rope_scaling.kind = kind;
     m.rope_scaling.factor = 8;
-    m.rope_scaling.low_freq_factor = 1;
-    m.rope_scaling.high_freq_factor = 4;
-    m.rope_scaling.original_max_position_embeddings =
-        kind == ops::RopeScaling::Kind::yarn ? m.max_position_embeddings : 64;
-    m.rope_scaling.attention_factor = 1.2;
-    m.rope_scaling.beta_fast = 16;
-    m.rope_scaling.beta_slow = 2;
+    if (kind == ops::RopeScaling::Kind::llama3) {
+      m.rope_scaling.low_freq_factor = 2;
+      m.rope_scaling.high_freq_factor = 5;
+      m.rope_scaling.original_max_position_embeddings = 64;
+    } else {
+      m.rope_scaling.original_max_position_embeddings = m.max_position_embeddings;
+      m.rope_scaling.attention_factor = 1.2;
+      m.rope_scaling.beta_fast = 16;
+      m.rope_scaling.beta_slow = 2;
+    }
     std::vector<std::pair<std::string, std::string>> flat;
     train::flat_model(m, flat);
     const fs::path file = temp_dir("model_roundtrip") / "config.toml";
