@@ -148,7 +148,39 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   for (const auto& m : run.validation_manifests) known.insert(manifest_key(m));
   for (const auto& [key, j] : records) known.insert(std::get<1>(key));
   const std::map<std::string, std::string> labels = dataset_labels(known);
+  // TensorBoard's files are only appended to, and a kill may fall between a result reaching
+  // eval.jsonl and reaching TensorBoard: results are written to eval.jsonl first, marked
+  // "tensorboard": false until their points are synced, so that neither a point is written twice
+  // nor one lost (a later eval --run writes the points of results still marked).
   obs::EventFileWriter tb;
+  const auto save = [&] {
+    std::string text;
+    for (const auto& [key, j] : records) text += j.dump() + "\n";
+    write_file_atomic(run_dir / "eval.jsonl", text);
+  };
+  const auto show_pending = [&] {
+    if (!run.tensorboard) return;
+    bool wrote = false;
+    for (auto& [key, j] : records) {
+      if (j.value("tensorboard", true)) continue;
+      if (!tb.file().is_open())
+        tb = obs::EventFileWriter::create(run_dir / "tensorboard", std::nullopt);
+      const std::string label = labels.at(std::get<1>(key));
+      const double wall = obs::wall_time_now();
+      const auto number = [](const nlohmann::ordered_json& v) {
+        return v.is_number() ? v.get<double>() : std::nan("");
+      };
+      tb.add_scalar(cat("eval/", label, "/loss"), number(j["loss"]), std::get<0>(key), wall);
+      tb.add_scalar(cat("eval/", label, "/perplexity"), number(j["perplexity"]), std::get<0>(key),
+                    wall);
+      j.erase("tensorboard");
+      wrote = true;
+    }
+    if (!wrote) return;
+    tb.file().sync();
+    save();
+  };
+  show_pending();  // an earlier evaluation's, interrupted before its points
   for (const fs::path& dir : io::list_checkpoints(run_dir / "checkpoints")) {
     // From the folder's name (step-NNNNNNNN, which list_checkpoints parsed): its manifest may be
     // missing or damaged, or retention may remove the folder while training goes on.
@@ -194,25 +226,18 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
       if (!o.quiet)
         log::info("step ", step, " (", dir.filename().string(), ") on ", m, " [", split, "]: loss ",
                   r.loss, ", perplexity ", r.perplexity);
-      // TensorBoard's files are only appended to: a result it holds already (--again giving the
-      // same numbers) is not written twice.
+      // A result TensorBoard holds already (--again giving the same numbers) is not shown again.
       const auto before = records.find(key_of(j));
-      const bool shown = before != records.end() && before->second["loss"] == j["loss"];
-      if (run.tensorboard && !shown) {
-        if (!tb.file().is_open())
-          tb = obs::EventFileWriter::create(run_dir / "tensorboard", std::nullopt);
-        const double wall = obs::wall_time_now();
-        tb.add_scalar(cat("eval/", labels.at(m), "/loss"), r.loss, step, wall);
-        tb.add_scalar(cat("eval/", labels.at(m), "/perplexity"), r.perplexity, step, wall);
-      }
-      records[key_of(j)] = j;
-      result.evaluated.push_back(std::move(j));
+      const bool shown = before != records.end() && before->second["loss"] == j["loss"] &&
+                         before->second.value("tensorboard", true);
+      result.evaluated.push_back(j);
+      if (run.tensorboard && !shown) j["tensorboard"] = false;
+      const EvalKey key = key_of(j);
+      records[key] = std::move(j);
     }
     // Written after each checkpoint, so an interrupted evaluation keeps what it finished.
-    std::string text;
-    for (const auto& [key, j] : records) text += j.dump() + "\n";
-    write_file_atomic(run_dir / "eval.jsonl", text);
-    if (tb.file().is_open()) tb.file().sync();
+    save();
+    show_pending();
   }
   return result;
 }

@@ -994,6 +994,21 @@ TEST(RunEval, DatasetsInFoldersOfOneNameKeepTagsOfTheirOwn) {
   o.manifests = {manifest("b")};
   ASSERT_EQ(train::evaluate_run(run, o).evaluated.size(), 1u);
   EXPECT_NE(tags().find("eval/b" + label), std::string::npos) << tags();
+  // A result that reached eval.jsonl but not TensorBoard (killed between the two) is shown by the
+  // next eval --run, once, without evaluating it again.
+  fs::remove_all(run / "tensorboard");
+  std::string text = read_file(run / "eval.jsonl");
+  ASSERT_TRUE(text.ends_with("}\n"));
+  text.insert(text.size() - 2, ",\"tensorboard\":false");
+  write_file_atomic(run / "eval.jsonl", text);
+  const auto resumed = train::evaluate_run(run, o);
+  EXPECT_TRUE(resumed.evaluated.empty());
+  EXPECT_EQ(resumed.already, 1);
+  EXPECT_NE(tags().find("eval/b" + label), std::string::npos) << tags();
+  EXPECT_EQ(read_file(run / "eval.jsonl").find("tensorboard"), std::string::npos);
+  const std::string shown = tags();
+  train::evaluate_run(run, o);
+  EXPECT_EQ(tags(), shown) << "a point written twice";
   fs::remove_all(run);
 }
 
