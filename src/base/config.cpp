@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -53,6 +54,32 @@ ConfigTable ConfigTable::parse(const std::string& text, const std::string& sourc
     fail("config file '", source_name, "', line ", e.source().begin.line, ", column ",
          e.source().begin.column, ": ", e.description());
   }
+}
+
+namespace {
+void flatten(const toml::table& t, const std::string& prefix,
+             std::map<std::string, std::string>& out) {
+  for (const auto& [key, node] : t) {
+    const std::string name = prefix + std::string(key.str());
+    if (const toml::table* sub = node.as_table()) {
+      flatten(*sub, name + ".", out);
+    } else if (const auto* number = node.as_floating_point()) {
+      char text[32];  // the shortest text that reads back as the value: 0.7, not 0.69999...
+      const auto end = std::to_chars(text, text + sizeof text, number->get()).ptr;
+      out[name] = std::string(text, end);
+    } else {
+      std::ostringstream value;
+      node.visit([&](const auto& v) { value << v; });
+      out[name] = value.str();
+    }
+  }
+}
+}  // namespace
+
+std::map<std::string, std::string> ConfigTable::flat() const {
+  std::map<std::string, std::string> out;
+  flatten(*node_, prefix_, out);
+  return out;
 }
 
 std::string ConfigTable::where(const std::string& key) const {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -50,6 +51,10 @@ class ConfigTable {
 
   // Throws naming every key that was present but never read.
   void finish() const;
+
+  // Every key of the table and the tables under it, dotted from this table's prefix, with its
+  // value as TOML writes it: what a run can record of its config and compare on resume.
+  std::map<std::string, std::string> flat() const;
 
   // "file 'x.toml', key 'model.hidden'"
   std::string where(const std::string& key) const;

@@ -370,6 +370,7 @@ optim::DpSgdOptions read_silo_dp_sgd(ConfigTable& t) {
 ServerConfig read_server_root(ConfigTable& root) {
   ServerConfig c = read_server_config(root);
   root.finish();
+  c.settings = root.flat();
   return c;
 }
 
@@ -481,6 +482,7 @@ SimConfig read_sim_root(ConfigTable& root) {
     c.clients.push_back(cc);
   }
   root.finish();
+  c.server.settings = root.flat();
   return c;
 }
 

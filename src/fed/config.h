@@ -4,6 +4,7 @@
 // and the key.
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,9 @@ struct PostSettings {
 struct ServerConfig {
   std::filesystem::path dir;           // checkpoints/, metrics.jsonl, lineage.jsonl
   std::string dir_key = "server.dir";  // the config key that names dir, for errors
+  // The config file's keys as written (ConfigTable::flat; empty when built in code): recorded
+  // with each checkpoint, so that a resume names those that changed.
+  std::map<std::string, std::string> settings;
   std::string address = "127.0.0.1:50051";
   std::string metrics_address;   // host:port of the Prometheus /metrics endpoint (empty: off)
   bool allow_plaintext = false;  // listen beyond this host without [tls] (check_plaintext)

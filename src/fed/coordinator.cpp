@@ -101,6 +101,7 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
       lineage_pos = state.at("lineage_bytes").get<uint64_t>();
       tb_file = state.value("tensorboard_file", "");
       tb_pos = state.value("tensorboard_bytes", uint64_t{0});
+      warn_of_changed_settings(state, *choice.dir);
       log::info("fed server: resumed from ", choice.dir->string(), " after round ", done_);
     } else {
       log::info("fed server: no checkpoint under ", ckpts.string(), "; starting at round 1");

@@ -151,6 +151,10 @@ class Coordinator {
   void load_checkpoint(const std::filesystem::path& dir);
   // [post]: the global adapters into dir/adapter, as `pollen chat --adapter` and PEFT take them.
   void save_global_adapter();
+  // On resume: warns of each config key that differs from the checkpoint's `state` (its
+  // "settings") and changes the training, old and new value; keys of deadlines, addresses, TLS
+  // files, retention and the number of rounds may change freely.
+  void warn_of_changed_settings(const nlohmann::json& state, const std::filesystem::path& ckpt);
   std::vector<std::string> alive_ids_locked() const;  // clients heard from within client_timeout_s
   int64_t last_aggregated_round_locked(const std::string& id) const;  // from the lineage
   void touch_locked(const std::string& id);                           // heard from now

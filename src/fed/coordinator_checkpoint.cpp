@@ -161,6 +161,7 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
                                {"tensorboard_bytes", tensorboard_.file().position()},
                                {"lineage", lineage_}};
   if (dp_) state["privacy"] = dp_->state();
+  if (!config_.settings.empty()) state["settings"] = config_.settings;
   if (post_global_) {
     state["base_sha256"] = terms_.base_sha256;
     state["lora_config"] = terms_.lora_json;
@@ -181,6 +182,48 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
   if (post_global_) save_global_adapter();
   io::apply_retention(config_.dir / "checkpoints", config_.keep_checkpoints);
   (void)s;
+}
+
+void Coordinator::warn_of_changed_settings(const nlohmann::json& state, const fs::path& ckpt) {
+  if (config_.settings.empty() || !state.contains("settings") || !state["settings"].is_object())
+    return;
+  static const std::vector<std::string> free_keys = {"server.rounds",
+                                                     "server.round_timeout_s",
+                                                     "server.wait_for_clients_s",
+                                                     "server.client_timeout_s",
+                                                     "server.keep_checkpoints",
+                                                     "server.max_round_retries",
+                                                     "server.address",
+                                                     "server.metrics_address",
+                                                     "server.allow_plaintext",
+                                                     "federation.rounds",
+                                                     "federation.output",
+                                                     "server.dir",
+                                                     "tls."};
+  const auto is_free = [&](const std::string& key) {
+    return std::any_of(free_keys.begin(), free_keys.end(), [&](const std::string& f) {
+      return f.ends_with('.') ? key.starts_with(f) : key == f;
+    });
+  };
+  std::map<std::string, std::string> saved;
+  for (const auto& [key, value] : state["settings"].items())
+    if (value.is_string()) saved[key] = value.get<std::string>();
+  std::string changed;
+  const auto add = [&](const std::string& key, const std::string& was, const std::string& now) {
+    if (is_free(key) || was == now) return;
+    changed += cat(changed.empty() ? "" : ", ", key, " (", was, " -> ", now, ")");
+  };
+  for (const auto& [key, was] : saved) {
+    const auto it = config_.settings.find(key);
+    add(key, was, it == config_.settings.end() ? "left out" : it->second);
+  }
+  for (const auto& [key, now] : config_.settings)
+    if (!saved.count(key)) add(key, "left out", now);
+  if (!changed.empty())
+    log::warn("fed server --resume: the config differs from that of checkpoint '", ckpt.string(),
+              "': ", changed,
+              "; the run goes on with the new values, as an uninterrupted run "
+              "would not");
 }
 
 void Coordinator::save_global_adapter() {

@@ -135,3 +135,38 @@ TEST(ServerRestart, CorruptCheckpointsAreSetAsideOrRefused) {
   EXPECT_EQ(aggregated, 4);
   fs::remove_all(dir);
 }
+
+// A resume on a config whose keys that shape the training differ from the checkpoint's (as its
+// file was written) names each, with both values; deadlines and the number of rounds may change
+// without a word.
+TEST(ServerRestart, AResumeNamesTheConfigKeysThatChanged) {
+  const auto dir = temp_dir("server_settings");
+  const auto text = [&](const std::string& lr, int rounds) {
+    return cat("[server]\ndir = '", (dir / "run").string(), "'\nrounds = ", rounds,
+               "\nround_timeout_s = ", rounds * 10,
+               "\nlocal_steps = 1\nseed = 5\n[strategy]\nname = 'diloco'\nlr = ", lr, "\n",
+               kTinyModelToml);
+  };
+  {
+    Quiet q;
+    set_num_threads(1);
+    Coordinator first(parse_server_config(text("0.7", 2), "fed.toml"), false);
+    LocalTransport transport(first);
+    Client client(sim_config(dir, {make_silo(dir / "a", 1)}, "diloco", 2, 1).clients[0], transport);
+    client.join();
+    ASSERT_TRUE(first.begin_round());
+    client.poll_once();
+    ASSERT_TRUE(first.end_round().aggregated);
+  }
+  const auto warnings = [&](const std::string& config) {
+    ::testing::internal::CaptureStderr();
+    { Coordinator resumed(parse_server_config(config, "fed.toml"), true); }
+    return ::testing::internal::GetCapturedStderr();
+  };
+  const std::string changed = warnings(text("0.5", 2));
+  EXPECT_NE(changed.find("the config differs from that of checkpoint"), std::string::npos)
+      << changed;
+  EXPECT_NE(changed.find("strategy.lr (0.7 -> 0.5)"), std::string::npos) << changed;
+  EXPECT_EQ(warnings(text("0.7", 3)).find("the config differs"), std::string::npos);
+  fs::remove_all(dir);
+}
