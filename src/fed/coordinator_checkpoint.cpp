@@ -20,9 +20,19 @@ namespace fs = std::filesystem;
 
 void Coordinator::load_checkpoint(const fs::path& dir) {
   const auto state = nlohmann::json::parse(read_file(dir / "state.json"));
-  POLLEN_CHECK(state.at("model_config").get<std::string>() == terms_.model_json,
-               "fed server: checkpoint ", dir.string(),
-               " holds another model config than server config's [model]");
+  // Keys a checkpoint of an older pollen did not record (sliding_window and rope_scaling before
+  // protocol 15) cannot be compared: the others must agree.
+  const auto saved = nlohmann::json::parse(state.at("model_config").get<std::string>());
+  const auto now = nlohmann::json::parse(terms_.model_json);
+  std::string differs;
+  for (const auto& [key, value] : saved.items()) {
+    const std::string here = now.contains(key) ? now[key].dump() : "(none)";
+    if (here != value.dump())
+      differs += cat(differs.empty() ? "" : ", ", "model.", key, ": checkpoint ", value.dump(),
+                     ", config ", here);
+  }
+  POLLEN_CHECK(differs.empty(), "fed server: checkpoint ", dir.string(),
+               " holds another model than the config's [model]: ", differs);
   const auto fingerprint = state.at("tokenizer_fingerprint").get<std::string>();
   POLLEN_CHECK(fingerprint == config_.tokenizer_fingerprint, "fed server: checkpoint ",
                dir.string(), " was trained with tokenizer fingerprint ", fingerprint,

@@ -7,13 +7,18 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "base/files.h"
+#include "base/hash.h"
 #include "base/thread_pool.h"
 #include "fed/client.h"
 #include "fed/coordinator.h"
 #include "fed/fixtures.h"
 #include "io/checkpoint.h"
+#include "support/errors.h"
 
 using namespace pollen;
 using namespace pollen::fed;
@@ -168,5 +173,31 @@ TEST(ServerRestart, AResumeNamesTheConfigKeysThatChanged) {
       << changed;
   EXPECT_NE(changed.find("strategy.lr (0.7 -> 0.5)"), std::string::npos) << changed;
   EXPECT_EQ(warnings(text("0.7", 3)).find("the config differs"), std::string::npos);
+  // A checkpoint of an older pollen, whose model config lacks sliding_window and rope_scaling,
+  // resumes; one of another model is refused naming the key.
+  const fs::path ckpt = dir / "run" / "checkpoints" / io::checkpoint_name(1);
+  const auto rewrite_model = [&](const std::function<void(nlohmann::json&)>& edit) {
+    auto state = nlohmann::json::parse(read_file(ckpt / "state.json"));
+    auto model = nlohmann::json::parse(state["model_config"].get<std::string>());
+    edit(model);
+    state["model_config"] = model.dump();
+    write_file_atomic(ckpt / "state.json", state.dump(1));
+    auto manifest = nlohmann::json::parse(read_file(ckpt / "manifest.json"));
+    manifest["files"]["state.json"] = {{"bytes", fs::file_size(ckpt / "state.json")},
+                                       {"sha256", sha256_file(ckpt / "state.json")}};
+    write_file_atomic(ckpt / "manifest.json", manifest.dump(1));
+  };
+  rewrite_model([](nlohmann::json& m) {
+    m.erase("sliding_window");
+    m.erase("rope_scaling");
+  });
+  EXPECT_EQ(warnings(text("0.7", 3)).find("error"), std::string::npos);
+  rewrite_model([](nlohmann::json& m) { m["hidden_size"] = 48; });
+  const std::string other = pollen::testing::error_of(
+      [&] { Coordinator refused(parse_server_config(text("0.7", 3), "fed.toml"), true); });
+  EXPECT_NE(other.find("holds another model than the config's [model]: model.hidden_size: "
+                       "checkpoint 48, config 32"),
+            std::string::npos)
+      << other;
   fs::remove_all(dir);
 }
