@@ -1,6 +1,7 @@
 #include "fed/config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "base/config.h"
@@ -332,16 +333,23 @@ ServerConfig read_server_config(ConfigTable& root) {
                "and training diverges; use a block that divides ",
                row, ", or int8 or int4");
   c.tls = read_tls(root, true);
-  check_plaintext(c.address, c.tls, c.allow_plaintext, root.where("server.address"));
   return c;
 }
 
 void check_plaintext(const std::string& address, const TlsFiles& tls, bool allowed,
                      const std::string& where) {
-  if (tls.enabled() || allowed || address.starts_with("unix:")) return;
+  if (tls.enabled() || allowed || address.starts_with("unix:") ||
+      address.starts_with("unix-abstract:"))
+    return;
   std::string host = address.substr(0, address.rfind(':'));
   if (host.starts_with('[') && host.ends_with(']')) host = host.substr(1, host.size() - 2);
-  const bool loopback = host == "localhost" || host.starts_with("127.") || host == "::1";
+  for (char& ch : host) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (host.starts_with("::ffff:")) host = host.substr(7);  // an IPv4 address mapped into IPv6
+  // 127.x.y.z written as an address, not a name that starts so (127.example.org).
+  const bool ipv4_loopback = host.starts_with("127.") &&
+                             host.find_first_not_of("0123456789.") == std::string::npos &&
+                             std::count(host.begin(), host.end(), '.') == 3;
+  const bool loopback = host == "localhost" || host == "::1" || ipv4_loopback;
   POLLEN_CHECK(loopback, where, ": '", address,
                "' is reachable from other hosts, and without [tls] anyone there could join, "
                "pull and push as any client; add [tls] (pollen fed certs makes its files), listen "
@@ -369,6 +377,8 @@ optim::DpSgdOptions read_silo_dp_sgd(ConfigTable& t) {
 
 ServerConfig read_server_root(ConfigTable& root) {
   ServerConfig c = read_server_config(root);
+  // fed server listens (a simulation, on the same config keys, does not).
+  check_plaintext(c.address, c.tls, c.allow_plaintext, root.where("server.address"));
   root.finish();
   c.settings = root.flat();
   return c;

@@ -136,7 +136,8 @@ TEST(FedConfig, APlaintextServerListensOnlyOnThisHostUnlessAllowed) {
     return error_of_server(cat("[server]\ndir = 'x'\naddress = '", address, "'\n", more,
                                "[model]\npreset = 'llama-tiny'\n[tokenizer]\nfingerprint = 'f'\n"));
   };
-  for (const std::string open : {"0.0.0.0:50051", "10.1.2.3:7000", "[::]:50051", "fed.org:1"}) {
+  for (const std::string open :
+       {"0.0.0.0:50051", "10.1.2.3:7000", "[::]:50051", "fed.org:1", "127.example.org:1"}) {
     const std::string e = server_error(open, "");
     EXPECT_NE(e.find("key 'server.address': '" + open +
                      "' is reachable from other hosts, and "
@@ -145,8 +146,14 @@ TEST(FedConfig, APlaintextServerListensOnlyOnThisHostUnlessAllowed) {
         << e;
     EXPECT_EQ(server_error(open, "allow_plaintext = true\n"), "") << open;
   }
-  for (const std::string local : {"127.0.0.1:50051", "localhost:9", "[::1]:50051", "unix:/tmp/s"})
+  for (const std::string local : {"127.0.0.1:50051", "localhost:9", "LocalHost:9", "[::1]:50051",
+                                  "[::ffff:127.0.0.1]:50051", "unix:/tmp/s", "unix-abstract:s"})
     EXPECT_EQ(server_error(local, ""), "") << local;
+  // A simulation does not listen: its [server] address is no reason to refuse it.
+  EXPECT_NO_THROW(fed::parse_sim_config(
+      "[server]\ndir = 'x'\naddress = '0.0.0.0:50051'\n[model]\npreset = 'llama-tiny'\n"
+      "[tokenizer]\nfingerprint = 'f'\n[sim]\nclients = ['a']\nmanifests = ['m.json']\n",
+      "sim.toml"));
 }
 
 // The outer optimizer's settings: in range, and ones the strategy (or aggregation rule) uses;
