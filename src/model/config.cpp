@@ -5,6 +5,7 @@
 
 #include "base/config.h"
 #include "base/error.h"
+#include "base/log.h"
 
 namespace pollen::model {
 namespace {
@@ -133,8 +134,9 @@ const char* rope_scaling_kind_name(ops::RopeScaling::Kind kind) {
 namespace {
 
 // As io/hf.cpp reads config.json's: dynamic and yarn scale from max_position_embeddings, yarn's
-// attention_factor defaults to 0.1 ln(factor) + 1. A key the kind does not use may only hold its
-// default (pollen's config.toml writes every key), so that one set for nothing is refused.
+// attention_factor defaults to 0.1 ln(factor) + 1. A key the kind does not use is warned of and
+// left at its default unless it holds that already (pollen's config.toml writes every key, and a
+// checkpoint of an older pollen may hold one set for nothing).
 ops::RopeScaling read_rope_scaling(ConfigTable& t, int64_t max_position_embeddings) {
   using Kind = ops::RopeScaling::Kind;
   ops::RopeScaling s;
@@ -156,23 +158,23 @@ ops::RopeScaling read_rope_scaling(ConfigTable& t, int64_t max_position_embeddin
   s.attention_factor = t.get_double("attention_factor", s.attention_factor);
   s.beta_fast = t.get_double("beta_fast", s.beta_fast);
   s.beta_slow = t.get_double("beta_slow", s.beta_slow);
-  const auto unused_at_default = [&](const char* key, bool used, bool at_default) {
-    POLLEN_CHECK(used || at_default, t.where(key), ": rope_scaling kind '", kind,
-                 "' does not use it; leave it out");
+  const auto unused_to_default = [&](const char* key, bool used, auto& value,
+                                     const auto& fallback) {
+    if (used || value == fallback) return;
+    log::warn(t.where(key), ": rope_scaling kind '", kind, "' does not use it; ignored");
+    value = fallback;
   };
-  unused_at_default("factor", s.kind != Kind::none, s.factor == defaults.factor);
-  for (const auto& [key, at_default] :
-       {std::pair{"low_freq_factor", s.low_freq_factor == defaults.low_freq_factor},
-        std::pair{"high_freq_factor", s.high_freq_factor == defaults.high_freq_factor}})
-    unused_at_default(key, s.kind == Kind::llama3, at_default);
-  unused_at_default(
-      "original_max_position_embeddings", s.kind == Kind::llama3 || from_max,
-      s.original_max_position_embeddings == defaults.original_max_position_embeddings);
-  for (const auto& [key, at_default] :
-       {std::pair{"attention_factor", s.attention_factor == defaults.attention_factor},
-        std::pair{"beta_fast", s.beta_fast == defaults.beta_fast},
-        std::pair{"beta_slow", s.beta_slow == defaults.beta_slow}})
-    unused_at_default(key, s.kind == Kind::yarn, at_default);
+  unused_to_default("factor", s.kind != Kind::none, s.factor, defaults.factor);
+  unused_to_default("low_freq_factor", s.kind == Kind::llama3, s.low_freq_factor,
+                    defaults.low_freq_factor);
+  unused_to_default("high_freq_factor", s.kind == Kind::llama3, s.high_freq_factor,
+                    defaults.high_freq_factor);
+  unused_to_default("original_max_position_embeddings", s.kind == Kind::llama3 || from_max,
+                    s.original_max_position_embeddings, defaults.original_max_position_embeddings);
+  unused_to_default("attention_factor", s.kind == Kind::yarn, s.attention_factor,
+                    defaults.attention_factor);
+  unused_to_default("beta_fast", s.kind == Kind::yarn, s.beta_fast, defaults.beta_fast);
+  unused_to_default("beta_slow", s.kind == Kind::yarn, s.beta_slow, defaults.beta_slow);
   POLLEN_CHECK(!from_max || s.factor >= 1, t.where("factor"), ": must be >= 1 for kind '", kind,
                "', got ", s.factor);
   POLLEN_CHECK(s.kind != Kind::yarn ||
