@@ -8,6 +8,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "base/error.h"
@@ -124,8 +125,12 @@ void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients
                     bool replace_clients) {
   POLLEN_CHECK(days >= 1, "fed certs: --days must be at least 1");
   POLLEN_CHECK(!server_names.empty(), "fed certs: at least one server name is needed");
-  for (const auto& id : clients) {
+  for (size_t i = 0; i < clients.size(); ++i) {
+    const std::string& id = clients[i];
     check_client_id(id, "fed certs --client");
+    POLLEN_CHECK(std::find(clients.begin(), clients.begin() + static_cast<std::ptrdiff_t>(i), id) ==
+                     clients.begin() + static_cast<std::ptrdiff_t>(i),
+                 "fed certs --client: '", id, "' is given twice");
     POLLEN_CHECK(id.size() <= 64, "fed certs --client: '", id,
                  "' is longer than the 64 characters a certificate's common name holds");
     POLLEN_CHECK(replace_clients || !fs::exists(dir / cat("client-", id, ".pem")),
@@ -204,6 +209,16 @@ void revoke_client_cert(const fs::path& dir, const std::string& client) {
     crl = X509_CRL_new();
     X509_CRL_set_version(crl, 1);
     X509_CRL_set_issuer_name(crl, X509_get_subject_name(ca));
+  }
+  X509_REVOKED* listed = nullptr;
+  if (X509_CRL_get0_by_serial(crl, &listed, X509_get_serialNumber(victim)) == 1) {
+    log::info("fed certs: client '", client, "' (", (dir / cat("client-", client, ".pem")).string(),
+              ") is revoked already");
+    X509_CRL_free(crl);
+    X509_free(victim);
+    EVP_PKEY_free(ca_key);
+    X509_free(ca);
+    return;
   }
   X509_REVOKED* r = X509_REVOKED_new();
   X509_REVOKED_set_serialNumber(r, X509_get_serialNumber(victim));

@@ -1116,6 +1116,15 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   EXPECT_TRUE(join(dir / "certs", "carol", "carol").accepted());
   const std::string old = pollen::testing::error_of([&] { join(dir / "old", "carol", "carol"); });
   EXPECT_NE(old.find("revoked"), std::string::npos) << old;
+  // An id given twice is refused, and a certificate revoked already is not listed again.
+  EXPECT_NE(pollen::testing::error_of([&] {
+              make_dev_certs(dir / "twice", {"dave", "dave"}, {"localhost"}, 1);
+            }).find("'dave' is given twice"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir / "twice" / "client-dave.pem"));
+  const std::string crl = read_file(dir / "certs" / "crl.pem");
+  revoke_client_cert(dir / "certs", "bob");  // revoked above
+  EXPECT_EQ(read_file(dir / "certs" / "crl.pem"), crl);
   make_dev_certs(dir / "certs", {}, {"fed.example.org"}, 1, /*replace_server=*/true);
   EXPECT_NE(read_file(dir / "certs" / "server.pem"), server_pem);
   server.grpc.shutdown();
