@@ -493,6 +493,7 @@ SimConfig read_sim_root(ConfigTable& root) {
   }
   root.finish();
   c.server.settings = root.flat();
+  c.server.command = c.command;
   return c;
 }
 

@@ -43,6 +43,7 @@ struct PostSettings {
 struct ServerConfig {
   std::filesystem::path dir;           // checkpoints/, metrics.jsonl, lineage.jsonl
   std::string dir_key = "server.dir";  // the config key that names dir, for errors
+  std::string command = "fed server";  // what runs it, for its messages ("fed simulate", ...)
   // The config file's keys as written (ConfigTable::flat; empty when built in code): recorded
   // with each checkpoint, so that a resume names those that changed.
   std::map<std::string, std::string> settings;

@@ -197,6 +197,8 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
 void Coordinator::warn_of_changed_settings(const nlohmann::json& state, const fs::path& ckpt) {
   if (config_.settings.empty() || !state.contains("settings") || !state["settings"].is_object())
     return;
+  // Keys that leave the trained weights as they are; [model] and [tokenizer] are compared as
+  // resolved (load_checkpoint), so a preset written out key by key is the same model.
   static const std::vector<std::string> free_keys = {"server.rounds",
                                                      "server.round_timeout_s",
                                                      "server.wait_for_clients_s",
@@ -206,10 +208,14 @@ void Coordinator::warn_of_changed_settings(const nlohmann::json& state, const fs
                                                      "server.address",
                                                      "server.metrics_address",
                                                      "server.allow_plaintext",
+                                                     "server.eval_every",
+                                                     "server.dir",
                                                      "federation.rounds",
                                                      "federation.output",
-                                                     "server.dir",
-                                                     "tls."};
+                                                     "federation.eval_every",
+                                                     "tls.",
+                                                     "model.",
+                                                     "tokenizer."};
   const auto is_free = [&](const std::string& key) {
     return std::any_of(free_keys.begin(), free_keys.end(), [&](const std::string& f) {
       return f.ends_with('.') ? key.starts_with(f) : key == f;
@@ -230,8 +236,8 @@ void Coordinator::warn_of_changed_settings(const nlohmann::json& state, const fs
   for (const auto& [key, now] : config_.settings)
     if (!saved.count(key)) add(key, "left out", now);
   if (!changed.empty())
-    log::warn("fed server --resume: the config differs from that of checkpoint '", ckpt.string(),
-              "': ", changed,
+    log::warn(config_.command, " --resume: the config differs from that of checkpoint '",
+              ckpt.string(), "': ", changed,
               "; the run goes on with the new values, as an uninterrupted run "
               "would not");
 }

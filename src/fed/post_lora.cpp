@@ -389,6 +389,7 @@ SimConfig load_fed_post_config(const std::filesystem::path& path) {
   };
   SimConfig c;
   c.command = "fed post";
+  c.server.command = c.command;
   c.server.settings = root.flat();
   ServerConfig& server = c.server;
   auto f = root.table("federation");

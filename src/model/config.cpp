@@ -133,10 +133,11 @@ const char* rope_scaling_kind_name(ops::RopeScaling::Kind kind) {
 
 namespace {
 
-// As io/hf.cpp reads config.json's: dynamic and yarn scale from max_position_embeddings, yarn's
-// attention_factor defaults to 0.1 ln(factor) + 1. A key the kind does not use is warned of and
-// left at its default unless it holds that already (pollen's config.toml writes every key, and a
-// checkpoint of an older pollen may hold one set for nothing).
+// As io/hf.cpp reads config.json's (dynamic and yarn scale from max_position_embeddings, yarn's
+// attention_factor defaults to 0.1 ln(factor) + 1), except that a key the kind does not use,
+// which config.json refuses, is warned of and left at its default unless it holds that already
+// (pollen's config.toml writes every key, and a checkpoint of an older pollen may hold one set
+// for nothing).
 ops::RopeScaling read_rope_scaling(ConfigTable& t, int64_t max_position_embeddings) {
   using Kind = ops::RopeScaling::Kind;
   ops::RopeScaling s;

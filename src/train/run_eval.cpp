@@ -86,9 +86,11 @@ std::vector<nlohmann::ordered_json> read_run_evals(const fs::path& run_dir) {
     POLLEN_CHECK(!j.is_discarded() && j.is_object() && j.contains("step") &&
                      j["step"].is_number_integer() && j.contains("data") && j["data"].is_string() &&
                      j.contains("split") && j["split"].is_string() && j.contains("seq") &&
-                     j["seq"].is_number_integer(),
+                     j["seq"].is_number_integer() &&
+                     (!j.contains("tensorboard") || j["tensorboard"].is_boolean()),
                  "'", path.string(), "' line ", n,
-                 ": expected a JSON object with step, data, split and seq (integers and strings)");
+                 ": expected a JSON object with step, data, split and seq (integers and strings), "
+                 "and tensorboard, when present, true or false");
     out.push_back(std::move(j));
   }
   return out;
@@ -150,8 +152,9 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   const std::map<std::string, std::string> labels = dataset_labels(known);
   // TensorBoard's files are only appended to, and a kill may fall between a result reaching
   // eval.jsonl and reaching TensorBoard: results are written to eval.jsonl first, marked
-  // "tensorboard": false until their points are synced, so that neither a point is written twice
-  // nor one lost (a later eval --run writes the points of results still marked).
+  // "tensorboard": false until their points are synced, so that no point is lost (a later
+  // eval --run writes the points of results still marked), and only a kill in the moment
+  // between the points' sync and the mark's removal writes one twice.
   obs::EventFileWriter tb;
   const auto save = [&] {
     std::string text;

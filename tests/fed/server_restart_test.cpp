@@ -169,10 +169,15 @@ TEST(ServerRestart, AResumeNamesTheConfigKeysThatChanged) {
     return ::testing::internal::GetCapturedStderr();
   };
   const std::string changed = warnings(text("0.5", 2));
-  EXPECT_NE(changed.find("the config differs from that of checkpoint"), std::string::npos)
+  EXPECT_NE(changed.find("fed server --resume: the config differs from that of checkpoint"),
+            std::string::npos)
       << changed;
   EXPECT_NE(changed.find("strategy.lr (0.7 -> 0.5)"), std::string::npos) << changed;
   EXPECT_EQ(warnings(text("0.7", 3)).find("the config differs"), std::string::npos);
+  // Evaluating more or less often, or naming the model otherwise, trains the same weights.
+  std::string evaluated = text("0.7", 3);
+  evaluated.insert(evaluated.find("local_steps"), "eval_every = 2\n");
+  EXPECT_EQ(warnings(evaluated).find("the config differs"), std::string::npos) << evaluated;
   // A checkpoint of an older pollen, whose model config lacks sliding_window and rope_scaling,
   // resumes; one of another model is refused naming the key.
   const fs::path ckpt = dir / "run" / "checkpoints" / io::checkpoint_name(1);

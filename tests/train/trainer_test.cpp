@@ -1009,6 +1009,12 @@ TEST(RunEval, DatasetsInFoldersOfOneNameKeepTagsOfTheirOwn) {
   const std::string shown = tags();
   train::evaluate_run(run, o);
   EXPECT_EQ(tags(), shown) << "a point written twice";
+  // A mark that is not true or false is refused naming the file and line.
+  text = read_file(run / "eval.jsonl");
+  text.insert(text.size() - 2, ",\"tensorboard\":0");
+  write_file_atomic(run / "eval.jsonl", text);
+  const std::string bad = pollen::testing::error_of([&] { train::evaluate_run(run, o); });
+  EXPECT_NE(bad.find("eval.jsonl' line 1: expected"), std::string::npos) << bad;
   fs::remove_all(run);
 }
 
