@@ -32,7 +32,7 @@ inline model::Llama load_model_with_adapter(const io::ModelSource& src,
                                             const std::string& adapter) {
   model::Llama m = io::load_model(src);
   if (adapter.empty()) return m;
-  return model::merge_lora(m, *io::load_peft_adapter(adapter, src.config));
+  return model::merge_lora(m, *io::load_peft_adapter(adapter, src.config, DType::f32, true, &m));
 }
 
 // --tokenizer when given, else the one that goes with the model.

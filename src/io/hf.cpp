@@ -11,6 +11,7 @@
 #include "base/files.h"
 #include "base/json_depth.h"
 #include "io/safetensors.h"
+#include "tensor/compare.h"
 
 namespace pollen::io {
 namespace fs = std::filesystem;
@@ -182,17 +183,13 @@ void check_tied_copy(const Tensor& head, const Tensor& embedding, const fs::path
                "': tensor 'lm_head.weight' has shape ", shape_str(head.shape()),
                "; config.json ties it to model.embed_tokens.weight of shape ",
                shape_str(embedding.shape()));
-  const Tensor a = head.to(DType::f32), b = embedding.to(DType::f32);
-  const auto* x = reinterpret_cast<const uint32_t*>(a.data<float>());
-  const auto* y = reinterpret_cast<const uint32_t*>(b.data<float>());
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    POLLEN_CHECK(x[i] == y[i], "'", file.string(),
-                 "': tensor 'lm_head.weight' differs from model.embed_tokens.weight (first at "
-                 "element ",
-                 i,
-                 ") although config.json ties them (tie_word_embeddings); set "
-                 "tie_word_embeddings to false to load both, or save the model again");
-  }
+  const int64_t i = first_difference_as_f32(head, embedding);
+  POLLEN_CHECK(i < 0, "'", file.string(),
+               "': tensor 'lm_head.weight' differs from model.embed_tokens.weight (first at "
+               "element ",
+               i,
+               ") although config.json ties them (tie_word_embeddings); set "
+               "tie_word_embeddings to false to load both, or save the model again");
 }
 
 }  // namespace

@@ -220,7 +220,7 @@ std::optional<std::string> model_chat_template(const ModelSource& source,
 model::Llama load_model(const ModelSource& s, DType dtype, uint64_t seed) {
   if (s.base) {
     const model::Llama base = load_model(*s.base, dtype, s.base_seed);
-    return model::merge_lora(base, *load_peft_adapter(s.path, base.config(), dtype));
+    return model::merge_lora(base, *load_peft_adapter(s.path, base.config(), dtype, true, &base));
   }
   switch (s.kind) {
     case ModelSource::Kind::preset:

@@ -6,6 +6,8 @@
 #include "base/files.h"
 #include "base/json_depth.h"
 #include "io/safetensors.h"
+#include "model/llama.h"
+#include "tensor/compare.h"
 
 namespace pollen::io {
 namespace fs = std::filesystem;
@@ -27,6 +29,30 @@ void expect_unused(const nlohmann::json& j, const std::string& key, const std::s
                       ((v.is_object() || v.is_array()) && v.empty());
   POLLEN_CHECK(unused, "'", source, "': key '", key, "' is ", v.dump(),
                "; pollen does not implement ", what);
+}
+
+// PEFT's copy of the base's head (save_embedding_layers, for adapters that target lm_head).
+constexpr const char* kSavedHead = "base_model.model.lm_head.base_layer.weight";
+
+// Takes the copy when it is the base's head (the embedding, in a tied model) bit for bit.
+void check_saved_head(const Tensor& copy, const model::Llama* base, const fs::path& file) {
+  POLLEN_CHECK(base != nullptr, "'", file.string(), "': tensor '", kSavedHead,
+               "' is a copy of a base's head, which this command cannot compare with its base");
+  const char* head =
+      base->config().tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  for (const auto& [name, v] : base->named_parameters()) {
+    if (name != head) continue;
+    POLLEN_CHECK(copy.shape() == v.value().shape(), "'", file.string(), "': tensor '", kSavedHead,
+                 "' has shape ", shape_str(copy.shape()), ", the base's ", head, " ",
+                 shape_str(v.value().shape()));
+    const int64_t i = first_difference_as_f32(copy, v.value());
+    POLLEN_CHECK(i < 0, "'", file.string(), "': tensor '", kSavedHead,
+                 "' (PEFT's copy of the base's head) differs from the base's ", head,
+                 " (first at element ", i,
+                 "): the adapters were saved on another base, whose head PEFT would load");
+    return;
+  }
+  fail("'", file.string(), "': the base has no ", head, " to compare '", kSavedHead, "' with");
 }
 
 }  // namespace
@@ -133,7 +159,8 @@ model::LoraConfig read_peft_config(const fs::path& config_json) {
 }
 
 std::shared_ptr<model::Lora> load_peft_adapter(const fs::path& dir, const model::LlamaConfig& base,
-                                               DType dtype, bool train_a) {
+                                               DType dtype, bool train_a,
+                                               const model::Llama* base_weights) {
   model::LoraConfig config = read_peft_config(dir / "adapter_config.json");
   config.train_a = train_a;
   const fs::path file = dir / "adapter_model.safetensors";
@@ -159,10 +186,15 @@ std::shared_ptr<model::Lora> load_peft_adapter(const fs::path& dir, const model:
         return t->dtype() == dtype ? *t : t->to(dtype);
       },
       dtype);
-  for (const auto& [name, t] : f.tensors)
-    POLLEN_CHECK(used.count(name), "'", file.string(), "': tensor '", name,
-                 "' is not an adapter of target_modules ", join_targets(config.targets),
-                 " on a model of ", base.num_hidden_layers, " layers");
+  for (const auto& [name, t] : f.tensors) {
+    if (used.count(name)) continue;
+    if (name == kSavedHead) {
+      check_saved_head(t, base_weights, file);
+      continue;
+    }
+    fail("'", file.string(), "': tensor '", name, "' is not an adapter of target_modules ",
+         join_targets(config.targets), " on a model of ", base.num_hidden_layers, " layers");
+  }
   return lora;
 }
 

@@ -15,6 +15,10 @@
 
 #include "model/lora.h"
 
+namespace pollen::model {
+class Llama;
+}  // namespace pollen::model
+
 namespace pollen::io {
 
 // adapter_config.json for these adapters; `base_model` is recorded as base_model_name_or_path.
@@ -32,9 +36,13 @@ void save_peft_adapter(const model::Lora& lora, const std::filesystem::path& dir
 model::LoraConfig read_peft_config(const std::filesystem::path& config_json);
 
 // Loads a PEFT adapter folder for a base model of shape `base`, in `dtype` (f32/bf16/f16 stored
-// tensors are converted). `train_a` = false freezes A (the federated rule).
+// tensors are converted). `train_a` = false freezes A (the federated rule). PEFT saves a copy of
+// the base's lm_head beside adapters that target it (`...lm_head.base_layer.weight`, its
+// save_embedding_layers): taken when `base_weights` is given and the copy is its head bit for bit,
+// refused otherwise (PEFT would load the copy over the base's head).
 std::shared_ptr<model::Lora> load_peft_adapter(const std::filesystem::path& dir,
                                                const model::LlamaConfig& base,
-                                               DType dtype = DType::f32, bool train_a = true);
+                                               DType dtype = DType::f32, bool train_a = true,
+                                               const model::Llama* base_weights = nullptr);
 
 }  // namespace pollen::io

@@ -113,6 +113,39 @@ TEST(Peft, WrittenAdaptersReadBackTheSame) {
   fs::remove_all(dir);
 }
 
+// PEFT saves a copy of the base's head beside adapters that target lm_head (its default
+// save_embedding_layers): taken when it is the base's head bit for bit, refused when it differs
+// (PEFT would load it over the base's head) or when no base is at hand to compare.
+TEST(Peft, PeftsCopyOfTheBasesHeadMustBeTheBasesHead) {
+  const fs::path dir = temp_dir("saved_head");
+  const model::Llama base(base_config(), 3);
+  io::save_peft_adapter(*random_adapters(base.config(), all_targets(2)), dir, "my-base");
+  Tensor head;
+  for (const auto& [name, v] : base.named_parameters())
+    if (name == "lm_head.weight") head = v.value().clone();
+  ASSERT_TRUE(head.numel() > 0);
+  const std::string copy_name = "base_model.model.lm_head.base_layer.weight";
+  const auto with_copy = [&](const Tensor& copy) {
+    io::NamedTensors t;
+    for (auto& [n, v] : io::read_safetensors(dir / "adapter_model.safetensors").tensors)
+      if (n != copy_name) t.emplace_back(n, v);
+    t.emplace_back(copy_name, copy);
+    fs::remove(dir / "adapter_model.safetensors");
+    io::write_safetensors(dir / "adapter_model.safetensors", t);
+  };
+  with_copy(head.to(DType::bf16).to(DType::f32));  // another base's head, say
+  EXPECT_NE(pollen::testing::error_of([&] {
+              io::load_peft_adapter(dir, base.config(), DType::f32, true, &base);
+            }).find("(PEFT's copy of the base's head) differs from the base's lm_head.weight"),
+            std::string::npos);
+  with_copy(head);
+  EXPECT_NO_THROW(io::load_peft_adapter(dir, base.config(), DType::f32, true, &base));
+  EXPECT_NE(pollen::testing::error_of([&] { io::load_peft_adapter(dir, base.config()); })
+                .find("cannot compare with its base"),
+            std::string::npos);
+  fs::remove_all(dir);
+}
+
 // Saving adapters onto a full disk leaves the saved ones untouched and no temporary file behind.
 TEST(Peft, AFailedSaveLeavesTheOldAdaptersAndNoTemporaryFile) {
   const fs::path dir = temp_dir("full");
