@@ -140,8 +140,9 @@ TEST(Peft, PeftsCopyOfTheBasesHeadMustBeTheBasesHead) {
             std::string::npos);
   with_copy(head);
   EXPECT_NO_THROW(io::load_peft_adapter(dir, base.config(), DType::f32, true, &base));
-  EXPECT_NE(pollen::testing::error_of([&] { io::load_peft_adapter(dir, base.config()); })
-                .find("cannot compare with its base"),
+  EXPECT_NE(pollen::testing::error_of([&] {
+              io::load_peft_adapter(dir, base.config());
+            }).find("cannot compare with its base"),
             std::string::npos);
   fs::remove_all(dir);
 }
