@@ -69,6 +69,20 @@ std::map<std::string, std::string> dataset_labels(const std::set<std::string>& k
   return labels;
 }
 
+// A result whose TensorBoard points are not known to be written holds where they go: the event
+// file (a name in the run's tensorboard/) and its size before them.
+bool valid_tensorboard_mark(const nlohmann::ordered_json& m) {
+  if (!m.is_object() || !m.contains("file") || !m["file"].is_string() || !m.contains("bytes") ||
+      !m["bytes"].is_number_unsigned())
+    return false;
+  const std::string file = m["file"].get<std::string>();
+  return !file.empty() && file[0] != '.' && file.find('/') == std::string::npos;
+}
+
+bool shown_in_tensorboard(const nlohmann::ordered_json& j) {
+  return !j.contains("tensorboard");
+}
+
 }  // namespace
 
 std::vector<nlohmann::ordered_json> read_run_evals(const fs::path& run_dir) {
@@ -87,10 +101,10 @@ std::vector<nlohmann::ordered_json> read_run_evals(const fs::path& run_dir) {
                      j["step"].is_number_integer() && j.contains("data") && j["data"].is_string() &&
                      j.contains("split") && j["split"].is_string() && j.contains("seq") &&
                      j["seq"].is_number_integer() &&
-                     (!j.contains("tensorboard") || j["tensorboard"].is_boolean()),
+                     (!j.contains("tensorboard") || valid_tensorboard_mark(j["tensorboard"])),
                  "'", path.string(), "' line ", n,
                  ": expected a JSON object with step, data, split and seq (integers and strings), "
-                 "and tensorboard, when present, true or false");
+                 "and tensorboard, when present, {file, bytes} of an event file in tensorboard/");
     out.push_back(std::move(j));
   }
   return out;
@@ -151,11 +165,17 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   for (const auto& [key, j] : records) known.insert(std::get<1>(key));
   const std::map<std::string, std::string> labels = dataset_labels(known);
   // TensorBoard's files are only appended to, and a kill may fall between a result reaching
-  // eval.jsonl and reaching TensorBoard: results are written to eval.jsonl first, marked
-  // "tensorboard": false until their points are synced, so that no point is lost (a later
-  // eval --run writes the points of results still marked), and only a kill in the moment
-  // between the points' sync and the mark's removal writes one twice.
+  // eval.jsonl and reaching TensorBoard: results are written to eval.jsonl first, marked with the
+  // event file and its size before their points until those are synced. A later eval --run cuts
+  // that file back to the size and writes the marked results' points again, so that none is lost
+  // or written twice.
   obs::EventFileWriter tb;
+  const auto mark = [&](nlohmann::ordered_json& j) {
+    if (!tb.file().is_open())
+      tb = obs::EventFileWriter::create(run_dir / "tensorboard", std::nullopt);
+    j["tensorboard"] = {{"file", tb.file().path().filename().string()},
+                        {"bytes", tb.file().position()}};
+  };
   const auto save = [&] {
     std::string text;
     for (const auto& [key, j] : records) text += j.dump() + "\n";
@@ -165,9 +185,14 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
     if (!run.tensorboard) return;
     bool wrote = false;
     for (auto& [key, j] : records) {
-      if (j.value("tensorboard", true)) continue;
+      if (shown_in_tensorboard(j)) continue;
+      const fs::path written =
+          run_dir / "tensorboard" / j["tensorboard"]["file"].get<std::string>();
       if (!tb.file().is_open())
         tb = obs::EventFileWriter::create(run_dir / "tensorboard", std::nullopt);
+      if (written != tb.file().path() && fs::exists(written))  // a killed evaluation's file
+        obs::AppendFile(written, j["tensorboard"]["bytes"].get<uint64_t>(),
+                        obs::Shortfall::keep_whole_records);
       const std::string label = labels.at(std::get<1>(key));
       const double wall = obs::wall_time_now();
       const auto number = [](const nlohmann::ordered_json& v) {
@@ -232,9 +257,9 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
       // A result TensorBoard holds already (--again giving the same numbers) is not shown again.
       const auto before = records.find(key_of(j));
       const bool shown = before != records.end() && before->second["loss"] == j["loss"] &&
-                         before->second.value("tensorboard", true);
+                         shown_in_tensorboard(before->second);
       result.evaluated.push_back(j);
-      if (run.tensorboard && !shown) j["tensorboard"] = false;
+      if (run.tensorboard && !shown) mark(j);
       const EvalKey key = key_of(j);
       records[key] = std::move(j);
     }

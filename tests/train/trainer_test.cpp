@@ -19,6 +19,7 @@
 #include "base/hash.h"
 #include "base/thread_pool.h"
 #include "io/checkpoint.h"
+#include "obs/metrics.h"
 #include "optim/schedule.h"
 #include "support/process.h"
 #include "tokenizer/open.h"
@@ -994,24 +995,37 @@ TEST(RunEval, DatasetsInFoldersOfOneNameKeepTagsOfTheirOwn) {
   o.manifests = {manifest("b")};
   ASSERT_EQ(train::evaluate_run(run, o).evaluated.size(), 1u);
   EXPECT_NE(tags().find("eval/b" + label), std::string::npos) << tags();
-  // A result that reached eval.jsonl but not TensorBoard (killed between the two) is shown by the
-  // next eval --run, once, without evaluating it again.
-  fs::remove_all(run / "tensorboard");
+  // Killed after its points reached the event file but before eval.jsonl said so: the next
+  // eval --run cuts the file back to the size the mark holds and writes the points once more,
+  // without evaluating again, so each point is there once.
+  const auto occurrences = [&](const std::string& needle) {
+    const std::string all = tags();
+    size_t n = 0;
+    for (size_t at = all.find(needle); at != std::string::npos; at = all.find(needle, at + 1)) ++n;
+    return n;
+  };
+  ASSERT_EQ(occurrences("eval/b" + label), 1u);
+  fs::path written;
+  for (const auto& e : fs::directory_iterator(run / "tensorboard")) written = e.path();
+  const uint64_t header =  // an event file's size before its first point
+      obs::EventFileWriter::create(run / "header-only", std::nullopt).file().position();
   std::string text = read_file(run / "eval.jsonl");
   ASSERT_TRUE(text.ends_with("}\n"));
-  text.insert(text.size() - 2, ",\"tensorboard\":false");
+  text.insert(text.size() - 2, cat(",\"tensorboard\":{\"file\":\"", written.filename().string(),
+                                   "\",\"bytes\":", header, "}"));
   write_file_atomic(run / "eval.jsonl", text);
   const auto resumed = train::evaluate_run(run, o);
   EXPECT_TRUE(resumed.evaluated.empty());
   EXPECT_EQ(resumed.already, 1);
-  EXPECT_NE(tags().find("eval/b" + label), std::string::npos) << tags();
+  EXPECT_EQ(occurrences("eval/b" + label), 1u) << "a point lost or written twice";
+  EXPECT_EQ(fs::file_size(written), header);
   EXPECT_EQ(read_file(run / "eval.jsonl").find("tensorboard"), std::string::npos);
   const std::string shown = tags();
   train::evaluate_run(run, o);
   EXPECT_EQ(tags(), shown) << "a point written twice";
-  // A mark that is not true or false is refused naming the file and line.
+  // A mark that is not one is refused naming the file and line.
   text = read_file(run / "eval.jsonl");
-  text.insert(text.size() - 2, ",\"tensorboard\":0");
+  text.insert(text.size() - 2, ",\"tensorboard\":{\"file\":\"../x\",\"bytes\":0}");
   write_file_atomic(run / "eval.jsonl", text);
   const std::string bad = pollen::testing::error_of([&] { train::evaluate_run(run, o); });
   EXPECT_NE(bad.find("eval.jsonl' line 1: expected"), std::string::npos) << bad;
