@@ -334,7 +334,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   }
   if (!reuse) {
     fs::remove(work / "pass1.json", ec);
-    p1 = run_pass1(c, files, work, opt);
+    p1 = run_pass1(c, files, work, key1, opt);
     json stages = json::array();
     for (const auto& s : p1.stages) stages.push_back(s.to_json());
     json saved{{"key", key1},
@@ -347,6 +347,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
                {"sha256_sigs", p1.sha256_sigs}};
     write_file_atomic(work / "pass1.json", saved.dump(1) + "\n");
   }
+  fs::remove(work / "pass1.resume.json", ec);  // pass 1 is done
   if (opt.stop_after == "pass1") return {};
 
   // ---- near-duplicates

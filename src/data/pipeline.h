@@ -12,9 +12,10 @@
 // count). Pass 1 reads, filters and exact-deduplicates, and keeps one MinHash signature per
 // surviving document; pass 2 streams the survivors again, dropping near-duplicates, redacting
 // PII, decontaminating, splitting and tokenising. Pass 1's outputs are written atomically with
-// a key of the config and inputs; a rerun after an interruption skips pass 1 when they match.
-// Pass 2 saves resume points (after each completed shard and every checkpoint_bytes of text)
-// from which a rerun continues; a rerun of a finished run does nothing.
+// a key of the config and inputs; a rerun after an interruption skips pass 1 when they match,
+// or continues it from its last resume point (saved where an input file ends, after every
+// checkpoint_bytes of text). Pass 2 saves resume points (after each completed shard and every
+// checkpoint_bytes of text) from which a rerun continues; a rerun of a finished run does nothing.
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -77,6 +78,8 @@ struct PrepareOptions {
   // For tests of resumption: when positive, pass 2 fails after merging this many batches (and
   // saving a resume point if one was due), as if interrupted.
   int64_t interrupt_pass2_after = 0;
+  // For tests of resumption: when positive, pass 1 fails after saving this many resume points.
+  int64_t interrupt_pass1_after = 0;
 };
 
 // Runs the pipeline; returns the manifest's path.

@@ -195,9 +195,11 @@ struct Pass1Result {
 std::string pass1_key(const PipelineConfig& c, const std::vector<InputFile>& files);
 
 // Pass 1: reads the inputs, filters them and drops exact duplicates; writes the survivors to
-// work/pass1.docs and their MinHash signatures to work/pass1.sig.
+// work/pass1.docs and their MinHash signatures to work/pass1.sig. Continues from
+// work/pass1.resume.json when it holds `key` (pass1_key) and its partial outputs are there.
 Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& files,
-                      const std::filesystem::path& work, const PrepareOptions& opt);
+                      const std::filesystem::path& work, const std::string& key,
+                      const PrepareOptions& opt);
 
 // Reads the next record of work/pass1.docs (pipeline_pass1.cpp writes them), advancing `offset`
 // past it; false at the end.

@@ -1,16 +1,21 @@
 // Pass 1 of `pollen data prepare`: the inputs read in batches, filtered on the thread pool and
 // exact-deduplicated in input order; the survivors go to work/pass1.docs, their MinHash
-// signatures to work/pass1.sig. pass1_key says when a rerun may reuse those outputs.
+// signatures to work/pass1.sig. pass1_key says when a rerun may reuse those outputs. Resume
+// points (work/pass1.resume.json) are saved where an input file ends, so that a rerun after an
+// interruption continues with the next file.
 #include "data/pipeline_internal.h"
 
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <unordered_set>
 
 #include "base/error.h"
+#include "base/files.h"
 #include "base/hash.h"
 #include "base/log.h"
 #include "data/batch_pipeline.h"
@@ -40,6 +45,22 @@ void write_doc_record(AtomicOut& out, uint32_t source, std::string_view id, std:
   out.write(std::string_view(head, 16));
   out.write(id);
   out.write(text);
+}
+
+// Calls fn with the text of each of the first `docs` records of a pass1.docs file.
+void for_each_saved_document(const fs::path& path, int64_t docs,
+                             const std::function<void(std::string_view)>& fn) {
+  std::FILE* in = std::fopen(path.c_str(), "rb");
+  POLLEN_CHECK(in, "cannot open '", path.string(), "': ", std::strerror(errno));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(in, std::fclose);
+  uint32_t source = 0;
+  std::string id, text;
+  int64_t offset = 0;
+  for (int64_t i = 0; i < docs; ++i) {
+    POLLEN_CHECK(read_doc_record(in, path, source, id, text, offset), "'", path.string(),
+                 "' holds ", i, " documents, not ", docs);
+    fn(text);
+  }
 }
 
 }  // namespace
@@ -81,7 +102,7 @@ std::string pass1_key(const PipelineConfig& c, const std::vector<InputFile>& fil
 }
 
 Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& files,
-                      const fs::path& work, const PrepareOptions& opt) {
+                      const fs::path& work, const std::string& key, const PrepareOptions& opt) {
   Pass1Result res;
   StageCounts read;
   read.name = "read";
@@ -94,8 +115,6 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   st[kFineWeb].enabled = c.fineweb.enabled;
   st[kExact].enabled = c.exact_dedup;
 
-  AtomicOut docs_out(work / "pass1.docs");
-  AtomicOut sig_out(work / "pass1.sig");
   MinHasher hasher(c.minhash);
   const int m = c.minhash.enabled ? c.minhash.signature_size() : 0;  // per document
   // Exact duplicates by all 128 bits of their content hash (h1 alone only places them).
@@ -104,6 +123,63 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   };
   std::unordered_set<std::pair<uint64_t, uint64_t>, ContentHash> seen;
   int64_t files_read = 0, files_missing = 0, files_empty = 0, files_unreadable = 0;
+  int64_t done_bytes = 0, done_docs = 0;
+
+  // ---- the outputs: new, or continued from the last resume point of an interrupted run
+  const fs::path resume_path = work / "pass1.resume.json";
+  std::unique_ptr<AtomicOut> docs_out, sig_out;
+  size_t first_file = 0;
+  const StageCounts fresh_read = read;
+  const std::vector<StageCounts> fresh_stages = st;
+  if (fs::exists(resume_path)) {
+    const json saved = json::parse(read_file(resume_path), nullptr, false);
+    if (!saved.is_discarded() && saved.value("key", "") == key) {
+      try {
+        docs_out =
+            std::make_unique<AtomicOut>(work / "pass1.docs", saved.at("docs_bytes").get<int64_t>());
+        sig_out =
+            std::make_unique<AtomicOut>(work / "pass1.sig", saved.at("sigs_bytes").get<int64_t>());
+        res.docs = saved.at("docs");
+        // Every document in pass1.docs passed exact dedup: their hashes are the seen set.
+        if (c.exact_dedup)
+          for_each_saved_document(work / ".pass1.docs.tmp", res.docs, [&](std::string_view text) {
+            seen.insert({xxh64(text.data(), text.size(), 0),
+                         xxh64(text.data(), text.size(), 0x9e3779b97f4a7c15ull)});
+          });
+        read = StageCounts::from_json(saved.at("read"));
+        for (size_t s = 0; s < st.size(); ++s)
+          st[s] = StageCounts::from_json(saved.at("stages").at(s));
+        res.inputs = saved.at("inputs");
+        res.problems = saved.at("problems");
+        res.problems_total = saved.at("problems_total");
+        files_read = saved.at("files_read");
+        files_missing = saved.at("files_missing");
+        files_empty = saved.at("files_empty");
+        files_unreadable = saved.at("files_unreadable");
+        done_docs = saved.at("done_docs");
+        done_bytes = saved.at("done_bytes");
+        first_file = saved.at("next_file");
+        POLLEN_CHECK(first_file <= files.size(), "it is past the last input file");
+        log::info("data: resuming pass 1 after ", first_file, " of ", files.size(), " input files");
+      } catch (const std::exception& e) {
+        log::warn("data: cannot resume pass 1 (", e.what(), "); starting it over");
+        docs_out.reset();
+        sig_out.reset();
+        seen.clear();
+        read = fresh_read;
+        st = fresh_stages;
+        res = Pass1Result{};
+        files_read = files_missing = files_empty = files_unreadable = done_docs = done_bytes = 0;
+        first_file = 0;
+      }
+    }
+  }
+  if (!docs_out) {
+    std::error_code ec;
+    fs::remove(resume_path, ec);
+    docs_out = std::make_unique<AtomicOut>(work / "pass1.docs");
+    sig_out = std::make_unique<AtomicOut>(work / "pass1.sig");
+  }
 
   // Bad input, in input order: counted, listed (the first 1000) and logged (the first 20).
   auto report = [&](const Problem& p) {
@@ -165,6 +241,10 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     std::vector<Outcome> outcome;
     std::vector<uint32_t> sigs;  // (n, m) MinHash signatures
     int64_t bytes = 0;           // bytes read
+    // When the batch ends with the end of an input file and a resume point is due: the index of
+    // the next file, and what the reader knew then (`inputs`, `files_read`).
+    int64_t resume_at_file = -1, files_read = 0;
+    json inputs;
 
     void clear() {
       entries.clear();
@@ -173,6 +253,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
       problems.clear();
       n = 0;
       bytes = 0;
+      resume_at_file = -1;
     }
     Item& add(size_t file) {
       if (n == items.size()) items.emplace_back();
@@ -185,7 +266,6 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   };
   constexpr int kDroppedAtRead = -1;
   constexpr size_t kKeptBufferBytes = 1 << 20;
-  int64_t done_bytes = 0, done_docs = 0;
   Progress progress(opt.progress, "pass 1 (read, filter, dedup)");
 
   // One document through the filters, on a worker thread.
@@ -320,6 +400,30 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
                b.outcome[static_cast<size_t>(i)], b.sigs.data() + i * m);
     });
   };
+  // The outputs on disk, then what it takes to continue after them; on the merge thread, after
+  // the batch that ends file b.resume_at_file - 1.
+  int64_t resume_points = 0;
+  auto save_resume_point = [&](const Batch& b) {
+    json stages = json::array();
+    for (const auto& s : st) stages.push_back(s.to_json());
+    const json saved{{"key", key},
+                     {"next_file", b.resume_at_file},
+                     {"docs_bytes", docs_out->sync()},
+                     {"sigs_bytes", sig_out->sync()},
+                     {"docs", res.docs},
+                     {"read", read.to_json()},
+                     {"stages", stages},
+                     {"inputs", b.inputs},
+                     {"problems", res.problems},
+                     {"problems_total", res.problems_total},
+                     {"files_read", b.files_read},
+                     {"files_missing", files_missing},
+                     {"files_empty", files_empty},
+                     {"files_unreadable", files_unreadable},
+                     {"done_docs", done_docs},
+                     {"done_bytes", done_bytes}};
+    write_file_atomic(resume_path, saved.dump() + "\n");
+  };
   // Counts, exact dedup and the outputs, in input order.
   auto merge = [&](Batch& b) {
     const auto n = static_cast<int64_t>(b.n);
@@ -355,9 +459,9 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
         bytes = out;
       }
       if (!alive) continue;
-      write_doc_record(docs_out, static_cast<uint32_t>(files[it.file].source), it.id, it.text);
+      write_doc_record(*docs_out, static_cast<uint32_t>(files[it.file].source), it.id, it.text);
       if (c.minhash.enabled)
-        sig_out.write(
+        sig_out->write(
             std::string_view(reinterpret_cast<const char*>(&b.sigs[static_cast<size_t>(i * m)]),
                              static_cast<size_t>(m) * 4));
       res.docs++;
@@ -365,6 +469,11 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     done_docs += n;
     done_bytes += b.bytes;
     progress.update(done_docs, done_bytes);
+    if (b.resume_at_file >= 0) {
+      save_resume_point(b);
+      if (++resume_points == opt.interrupt_pass1_after)
+        fail("interrupted after ", resume_points, " resume points of pass 1 (as asked)");
+    }
   };
 
   // Reading on this thread, filtering on the pool, merging on a third thread.
@@ -378,9 +487,11 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     b.block.reserve(static_cast<size_t>(c.batch_bytes) + 2 * block_bytes);
   };
   start_batch();
+  int64_t bytes_since_resume_point = 0;
   auto added = [&](size_t bytes) {
     Batch& b = pipe.batch();
     b.bytes += static_cast<int64_t>(bytes);
+    bytes_since_resume_point += static_cast<int64_t>(bytes);
     if (b.bytes >= c.batch_bytes) {
       pipe.submit();
       start_batch();
@@ -391,7 +502,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     b.entries.push_back({.file = fi, .problem = static_cast<int64_t>(b.problems.size())});
     b.problems.push_back(std::move(p));
   };
-  for (size_t fi = 0; fi < files.size(); ++fi) {
+  for (size_t fi = first_file; fi < files.size(); ++fi) {
     const InputFile& f = files[fi];
     const SourceSpec& spec = c.sources[static_cast<size_t>(f.source)];
     int64_t bytes = 0;
@@ -431,6 +542,17 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
       files_read++;
       if (!sha.empty()) res.inputs.push_back({{"path", f.name}, {"sha256", sha}, {"bytes", bytes}});
     }
+    // A resume point after every checkpoint_bytes of text, where a file ends (and not after
+    // the last: pass 1's outputs are committed then).
+    if (bytes_since_resume_point >= c.checkpoint_bytes && fi + 1 < files.size()) {
+      Batch& b = pipe.batch();
+      b.resume_at_file = static_cast<int64_t>(fi + 1);
+      b.files_read = files_read;
+      b.inputs = res.inputs;
+      pipe.submit();
+      start_batch();
+      bytes_since_resume_point = 0;
+    }
   }
   if (!pipe.batch().entries.empty()) pipe.submit();
   pipe.finish();
@@ -442,8 +564,8 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   res.stages.push_back(read);
   for (auto& s : st) res.stages.push_back(s);
   res.files = read.extra;
-  res.sha256_docs = docs_out.commit();
-  res.sha256_sigs = sig_out.commit();
+  res.sha256_docs = docs_out->commit();
+  res.sha256_sigs = sig_out->commit();
   return res;
 }
 

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -141,15 +142,18 @@ fs::path run(const std::string& out, int threads, const std::string& stop = "") 
 }
 
 // Runs prepare in `out` as it is (a first run or a rerun after an interruption); with
-// `interrupt_after` > 0 pass 2 is interrupted after that many batches. Returns whether it ran
-// to the end.
+// `interrupt_after` > 0 pass 2 is interrupted after that many batches, with
+// `interrupt_pass1_after` > 0 pass 1 after that many resume points. Returns whether it ran to
+// the end.
 bool rerun(const std::string& out, int threads, int64_t interrupt_after,
-           const std::string& top = "") {
+           const std::string& top = "", int64_t interrupt_pass1_after = 0) {
   int before = num_threads();
   bool finished = true;
   try {
     prepare(PipelineConfig::load(corpus().config(out, threads, "", top)),
-            {.progress = false, .interrupt_pass2_after = interrupt_after});
+            {.progress = false,
+             .interrupt_pass2_after = interrupt_after,
+             .interrupt_pass1_after = interrupt_pass1_after});
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("interrupted after"), std::string::npos) << e.what();
     finished = false;
@@ -162,6 +166,12 @@ bool rerun(const std::string& out, int threads, int64_t interrupt_after,
 int64_t resume_point_docs(const std::string& out) {
   fs::path p = corpus().root / out / "work" / "pass2.json";
   return fs::exists(p) ? json::parse(read_file(p))["state"]["docs"].get<int64_t>() : -1;
+}
+
+// Pass 1's saved position: the input file its last resume point continues with (-1: none).
+int64_t pass1_resume_file(const std::string& out) {
+  fs::path p = corpus().root / out / "work" / "pass1.resume.json";
+  return fs::exists(p) ? json::parse(read_file(p))["next_file"].get<int64_t>() : -1;
 }
 
 std::map<std::string, std::string> outputs(const fs::path& dir) {
@@ -670,6 +680,62 @@ TEST(Pipeline, ByteIdenticalAcrossThreadsFoldersAndResumption) {
   EXPECT_EQ(outputs(corpus().root / "out_resume"), one);
 }
 
+TEST(Pipeline, PassOneResumesAfterItsLastFileByteIdentical) {
+  const auto one = outputs(run("out_p1_whole", 1));
+  const std::string every_file = "checkpoint_bytes = 1\n";
+  // Interrupted after each resume point in turn (one after every file that holds text), then
+  // resumed on another thread count: what was kept, dropped, reported and deduplicated before
+  // the interruption is all there (the duplicate of doc3.txt comes files later).
+  int interrupted = 0;
+  int64_t last_file = 0;
+  for (int64_t k = 1;; ++k) {
+    const std::string out = "out_p1_at_" + std::to_string(k);
+    fs::remove_all(corpus().root / out);
+    if (rerun(out, 1 + static_cast<int>(k % 2), 0, every_file, k)) break;
+    ++interrupted;
+    const int64_t next = pass1_resume_file(out);
+    EXPECT_GT(next, last_file) << "interrupted after resume point " << k;
+    last_file = next;
+    ::testing::internal::CaptureStderr();
+    ASSERT_TRUE(rerun(out, 2 - static_cast<int>(k % 2), 0, every_file));
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(log.find("resuming pass 1 after " + std::to_string(next) + " of"), std::string::npos)
+        << log;
+    EXPECT_EQ(log.find("cannot resume"), std::string::npos) << log;
+    EXPECT_EQ(outputs(corpus().root / out), one) << "interrupted after resume point " << k;
+    EXPECT_EQ(pass1_resume_file(out), -1);  // removed once pass 1 is done
+    fs::remove_all(corpus().root / out);
+  }
+  EXPECT_GE(interrupted, 40);
+
+  // Interrupted twice: the second run goes on from the first one's resume point.
+  fs::remove_all(corpus().root / "out_p1_twice");
+  ASSERT_FALSE(rerun("out_p1_twice", 2, 0, every_file, 5));
+  const int64_t first = pass1_resume_file("out_p1_twice");
+  ASSERT_FALSE(rerun("out_p1_twice", 1, 0, every_file, 5));
+  EXPECT_GT(pass1_resume_file("out_p1_twice"), first);
+  ASSERT_TRUE(rerun("out_p1_twice", 2, 0, every_file));
+  EXPECT_EQ(outputs(corpus().root / "out_p1_twice"), one);
+
+  // A resume point whose partial output is gone: pass 1 starts over, with the same result.
+  fs::remove_all(corpus().root / "out_p1_lost");
+  ASSERT_FALSE(rerun("out_p1_lost", 2, 0, every_file, 10));
+  ASSERT_TRUE(fs::remove(corpus().root / "out_p1_lost" / "work" / ".pass1.docs.tmp"));
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(rerun("out_p1_lost", 2, 0, every_file));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("cannot resume pass 1"), std::string::npos) << log;
+  EXPECT_NE(log.find("starting it over"), std::string::npos) << log;
+  EXPECT_EQ(outputs(corpus().root / "out_p1_lost"), one);
+
+  // A config changed after the interruption: its resume point is not used.
+  fs::remove_all(corpus().root / "out_p1_edit");
+  ASSERT_FALSE(rerun("out_p1_edit", 2, 0, every_file, 3));
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(rerun("out_p1_edit", 2, 0, every_file + "max_doc_bytes = 3000\n"));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("resuming pass 1"), std::string::npos);
+}
+
 TEST(Pipeline, PassTwoResumesFromItsLastResumePointByteIdentical) {
   auto one = outputs(run("out_whole", 1));
   int64_t pass1_docs = json::parse(
@@ -753,54 +819,39 @@ TEST(Pipeline, AnInterruptedRerunWithAChangedConfigLeavesNoStaleManifest) {
     EXPECT_FALSE(e.path().filename().string().starts_with(".")) << e.path();
 }
 
-TEST(Pipeline, PrepareKilledInPassTwoResumesByteIdentical) {
-  // `pollen data prepare` processes, SIGKILLed right after pass 2 saves a resume point (one a
-  // batch here), then rerun to the end; against an uninterrupted process.
-  const fs::path root = corpus().root / "killed";
-  std::string jl;
-  for (int i = 0; i < 1500; ++i) jl += json{{"text", paragraph(1000 + i)}}.dump() + "\n";
-  write(root / "docs.jsonl", jl);
-  auto config = [&](const std::string& out) {
-    fs::path p = root / (out + ".toml");
-    write(p, "output = \"" + out +
-                 "\"\nthreads = 2\nbatch_bytes = 4096\ncheckpoint_bytes = 1\nsources = [\"d\"]\n"
-                 "[source.d]\npaths = [\"docs.jsonl\"]\nformat = \"jsonl\"\n"
-                 "[tokenize]\ntokenizer = \"" +
-                 (corpus().root / "tokenizer.json").string() + "\"\nshard_tokens = 20000\n");
-    return p;
-  };
-  auto spawn = [&](const fs::path& cfg, const std::string& log) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      freopen((root / log).c_str(), "w", stderr);
-      freopen("/dev/null", "w", stdout);
-      execl(POLLEN_BINARY, POLLEN_BINARY, "data", "prepare", "--config", cfg.c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    return pid;
-  };
-  auto exit_code = [](pid_t pid) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  };
-  ASSERT_EQ(exit_code(spawn(config("whole"), "whole.log")), 0);
-  const fs::path resume_point = root / "killed" / "work" / "pass2.json";
-  auto saved_docs = [&]() -> int64_t {
-    std::error_code ec;
-    if (!fs::exists(resume_point, ec)) return -1;
-    json j = json::parse(read_file(resume_point), nullptr, false);
-    return j.is_discarded() ? -1 : j["state"]["docs"].get<int64_t>();
-  };
+namespace {
+
+// `pollen data prepare --config config` in a child process, its stderr in `log`.
+pid_t spawn_prepare(const fs::path& config, const fs::path& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    freopen(log.c_str(), "w", stderr);
+    freopen("/dev/null", "w", stdout);
+    execl(POLLEN_BINARY, POLLEN_BINARY, "data", "prepare", "--config", config.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return pid;
+}
+
+int exit_code(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Runs `pollen data prepare` on `config` again and again, SIGKILLing each process as soon as
+// `saved_position` (of its resume point on disk; -1 for none) goes beyond the last one, until a
+// run ends on its own or three were killed; then runs it to the end. Returns the kills.
+int kill_at_resume_points(const fs::path& config, const fs::path& logs,
+                          const std::function<int64_t()>& saved_position) {
   int kills = 0;
   for (int round = 0; round < 3; ++round) {
-    const int64_t before = saved_docs();
-    const pid_t pid = spawn(config("killed"), "killed-" + std::to_string(round) + ".log");
-    // Kill once a resume point beyond the last one is on disk; stop if the run ends first.
+    const int64_t before = saved_position();
+    const pid_t pid = spawn_prepare(config, logs / ("killed-" + std::to_string(round) + ".log"));
     bool killed = false;
     while (!killed && waitpid(pid, nullptr, WNOHANG) == 0) {
-      if (saved_docs() > before) {
+      if (saved_position() > before) {
         ::kill(pid, SIGKILL);
         killed = true;
       }
@@ -810,9 +861,62 @@ TEST(Pipeline, PrepareKilledInPassTwoResumesByteIdentical) {
     waitpid(pid, nullptr, 0);
     ++kills;
   }
+  EXPECT_EQ(exit_code(spawn_prepare(config, logs / "resumed.log")), 0);
+  return kills;
+}
+
+// The saved position in a resume point file (-1 when there is none, or it is being replaced).
+int64_t saved_position(const fs::path& resume_point, const json::json_pointer& where) {
+  std::error_code ec;
+  if (!fs::exists(resume_point, ec)) return -1;
+  json j = json::parse(read_file(resume_point), nullptr, false);
+  return j.is_discarded() || !j.contains(where) ? -1 : j[where].get<int64_t>();
+}
+
+// A config of one JSONL source, `files` files of 1500 / files documents each.
+fs::path killed_corpus_config(const fs::path& root, const std::string& out, int files) {
+  for (int f = 0; f < files; ++f) {
+    std::string jl;
+    for (int i = f * 1500 / files; i < (f + 1) * 1500 / files; ++i)
+      jl += json{{"text", paragraph(1000 + i % 1400)}}.dump() + "\n";  // a few duplicates
+    write(root / "docs" / cat("part-", 100 + f, ".jsonl"), jl);
+  }
+  fs::path p = root / (out + ".toml");
+  write(p, "output = \"" + out +
+               "\"\nthreads = 2\nbatch_bytes = 4096\ncheckpoint_bytes = 1\nsources = [\"d\"]\n"
+               "[source.d]\npaths = [\"docs\"]\nformat = \"jsonl\"\n"
+               "[tokenize]\ntokenizer = \"" +
+               (corpus().root / "tokenizer.json").string() + "\"\nshard_tokens = 20000\n");
+  return p;
+}
+
+}  // namespace
+
+TEST(Pipeline, PrepareKilledInPassTwoResumesByteIdentical) {
+  // `pollen data prepare` processes, SIGKILLed right after pass 2 saves a resume point (one a
+  // batch here), then rerun to the end; against an uninterrupted process.
+  const fs::path root = corpus().root / "killed";
+  ASSERT_EQ(exit_code(spawn_prepare(killed_corpus_config(root, "whole", 1), root / "whole.log")),
+            0);
+  const int kills = kill_at_resume_points(killed_corpus_config(root, "killed", 1), root, [&] {
+    return saved_position(root / "killed" / "work" / "pass2.json", "/state/docs"_json_pointer);
+  });
   EXPECT_GE(kills, 2);
-  ASSERT_EQ(exit_code(spawn(config("killed"), "resumed.log")), 0);
   EXPECT_NE(read_file(root / "resumed.log").find("resuming pass 2 after"), std::string::npos);
+  EXPECT_EQ(outputs(root / "killed"), outputs(root / "whole"));
+}
+
+TEST(Pipeline, PrepareKilledInPassOneResumesByteIdentical) {
+  // The same, SIGKILLed right after pass 1 saves a resume point (one after each of 60 files).
+  const fs::path root = corpus().root / "killed1";
+  ASSERT_EQ(exit_code(spawn_prepare(killed_corpus_config(root, "whole", 60), root / "whole.log")),
+            0);
+  const int kills = kill_at_resume_points(killed_corpus_config(root, "killed", 60), root, [&] {
+    return saved_position(root / "killed" / "work" / "pass1.resume.json",
+                          "/next_file"_json_pointer);
+  });
+  EXPECT_GE(kills, 2);
+  EXPECT_NE(read_file(root / "resumed.log").find("resuming pass 1 after"), std::string::npos);
   EXPECT_EQ(outputs(root / "killed"), outputs(root / "whole"));
 }
 
