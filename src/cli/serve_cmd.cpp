@@ -156,12 +156,14 @@ void add_serve_command(CLI::App& app) {
     const model::Llama m = io::load_model(src);
     o.model = {a->name.empty() ? a->model : a->name, m.config().max_position_embeddings,
                stop_tokens(src, tok)};
+    o.model.eos = special_ids(src, tok).eos;
     o.limits = a->limits;
     o.max_batch_rows = a->max_batch_rows;
     o.prefill_chunk = a->prefill_chunk;
     try {
       o.chat = model_chat_format(src, a->chat_template);
-      end_of_turn_id(tok, *o.chat);  // as pollen chat: a template the tokenizer cannot end
+      // As pollen chat: a template the tokenizer cannot end is refused.
+      o.model.end_of_turn = end_of_turn_id(tok, *o.chat);
     } catch (const Error& e) {
       o.chat.reset();
       if (!a->chat_template.empty()) throw;

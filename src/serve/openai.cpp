@@ -269,16 +269,10 @@ void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& m
                          const Limits& limits, const std::string& prompt_field,
                          int64_t min_completion) {
   const int64_t n = static_cast<int64_t>(tokens);
-  const int64_t most = limits.max_prompt_tokens > 0
-                           ? std::min(limits.max_prompt_tokens, model.context)
-                           : model.context;
-  if (n > most)
-    bad_request(prompt_field,
-                cat("The prompt has ", n, " tokens; this server takes at most ", most),
-                "context_length_exceeded");
-  // Worded as OpenAI's, which some frameworks look for; a chat reply needs one token at least.
+  // Over the context: worded as OpenAI's, which some frameworks look for; a chat reply needs
+  // one token at least.
   const int64_t asked = std::max(max_tokens, min_completion);
-  if (n + asked > model.context)
+  const auto over_context = [&] {
     bad_request(
         prompt_field,
         cat("This model's maximum context length is ", model.context,
@@ -286,6 +280,14 @@ void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& m
             ", ", asked, " in the completion). Please reduce the length of the ", prompt_field,
             " or completion."),
         "context_length_exceeded");
+  };
+  if (n > model.context) over_context();
+  if (limits.max_prompt_tokens > 0 && n > limits.max_prompt_tokens)
+    bad_request(prompt_field,
+                cat("The prompt has ", n, " tokens; this server takes at most ",
+                    limits.max_prompt_tokens, " (--max-prompt-tokens)"),
+                "context_length_exceeded");
+  if (n + asked > model.context) over_context();
 }
 
 CompletionRequest parse_completion_request(const json& body, const tokenizer::Tokenizer& tok,
@@ -411,6 +413,7 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
           ? "max_completion_tokens"
           : "max_tokens";
   r.sampling = sampling(body, model, limits, limits.max_tokens, budget_key, 1);
+  if (model.end_of_turn) r.sampling.stop_tokens.push_back(*model.end_of_turn);
   r.budget_given = body.contains(budget_key) && !body[budget_key].is_null();
   r.stream = boolean(body, "stream");
   r.include_usage = include_usage(body, r.stream);

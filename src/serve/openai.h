@@ -50,7 +50,13 @@ struct Limits {
 struct ServedModel {
   std::string name;                   // the "model" requests may name
   int64_t context = 0;                // prompt + generated tokens at most
-  std::vector<uint32_t> stop_tokens;  // end a generation (EOS, end of turn)
+  std::vector<uint32_t> stop_tokens;  // end a generation (EOS)
+  // Also ends a chat reply: the chat template's end of turn, which a tokenizer need not list
+  // among its special tokens (then it is not in stop_tokens).
+  std::optional<uint32_t> end_of_turn;
+  // The model's EOS as its tokenizer_config.json names it (/tokenizer_info reports it); else the
+  // first of stop_tokens.
+  std::optional<uint32_t> eos;
 };
 
 // The body as a JSON object, or a 400.

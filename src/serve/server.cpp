@@ -464,11 +464,13 @@ void Server::add_routes() {
                  return ids.empty() ? json(nullptr)
                                     : json(tok_.decode(std::vector<uint32_t>{ids.front()}));
                };
-               const json info = {{"tokenizer_class", "pollen"},
-                                  {"bos_token", text_of(tok_.bos_eos().prefix)},
-                                  {"eos_token", text_of(options_.model.stop_tokens)},
-                                  {"pad_token", nullptr},
-                                  {"model_max_length", options_.model.context}};
+               const json info = {
+                   {"tokenizer_class", "pollen"},
+                   {"bos_token", text_of(tok_.bos_eos().prefix)},
+                   {"eos_token", options_.model.eos ? text_of({*options_.model.eos})
+                                                    : text_of(options_.model.stop_tokens)},
+                   {"pad_token", nullptr},
+                   {"model_max_length", options_.model.context}};
                res.set_content(dump(info), "application/json");
              }));
   http_->Post("/tokenize", post([this](const httplib::Request& req, httplib::Response& res, auto) {

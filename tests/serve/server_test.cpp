@@ -829,6 +829,56 @@ TEST_F(Serving, AChatBudgetEndsAtTheContextAndLongChatsNameMessages) {
       post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", more}}}}});
   expect_error(long_chat, 400, "messages");
   EXPECT_EQ(long_chat.second["error"]["code"], "context_length_exceeded");
+  // Over the context itself: OpenAI's wording, which clients look for.
+  EXPECT_EQ(long_chat.second["error"]["message"].get<std::string>().rfind(
+                "This model's maximum context length is 48 tokens. However, you requested ", 0),
+            0u)
+      << long_chat.second.dump();
+  // Over the server's prompt limit, within the context: the limit and its option are named.
+  std::string mid = words;
+  while (chat_prompt({{"user", mid}}).size() <= 40) mid += "cat ";
+  ASSERT_LE(chat_prompt({{"user", mid}}).size(), 48u);
+  auto limited =
+      post("/v1/chat/completions", json{{"messages", {{{"role", "user"}, {"content", mid}}}}});
+  expect_error(limited, 400, "messages");
+  EXPECT_EQ(limited.second["error"]["code"], "context_length_exceeded");
+  EXPECT_NE(limited.second["error"]["message"].get<std::string>().find(
+                "this server takes at most 40 (--max-prompt-tokens)"),
+            std::string::npos)
+      << limited.second.dump();
+}
+
+// A chat reply ends at the template's end of turn even where the tokenizer does not list it
+// among its end tokens; a completion does not.
+TEST_F(Serving, AChatReplyEndsAtTheEndOfTurnToken) {
+  const json messages = {{{"role", "user"}, {"content", "What is two plus two?"}}};
+  const auto prompt = chat_prompt({{"user", "What is two plus two?"}});
+  const auto free = model::generate(*model_, {prompt}, sampling(8, 0, 0))[0];
+  ASSERT_GE(free.tokens.size(), 3u);
+  ASSERT_NE(free.tokens[2], free.tokens[0]);
+  ASSERT_NE(free.tokens[2], free.tokens[1]);
+  serve::ServerOptions o = options();
+  o.model.end_of_turn = free.tokens[2];  // the third token it would write ends the turn
+  start(o);
+  auto r = post("/v1/chat/completions",
+                json{{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  EXPECT_EQ(r.second["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r.second["choices"][0]["message"]["content"],
+            decode({free.tokens.begin(), free.tokens.begin() + 2}));
+  // /tokenizer_info names the configured EOS when there is one, else the first end token.
+  httplib::Client c("127.0.0.1", server_->port());
+  auto info = c.Get("/tokenizer_info");
+  ASSERT_TRUE(info);
+  EXPECT_EQ(json::parse(info->body)["eos_token"], tok_->decode(std::vector<uint32_t>{eot()}));
+  server_.reset();
+  o.model.eos = free.tokens[0];
+  start(o);
+  httplib::Client c2("127.0.0.1", server_->port());
+  info = c2.Get("/tokenizer_info");
+  ASSERT_TRUE(info);
+  EXPECT_EQ(json::parse(info->body)["eos_token"],
+            tok_->decode(std::vector<uint32_t>{free.tokens[0]}));
 }
 
 // A model whose vocabulary is padded beyond its tokenizer's: the echoed prompt's alternatives
