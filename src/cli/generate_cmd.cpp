@@ -1,4 +1,5 @@
 // `pollen generate --model M --prompt TEXT [...]`: wiring only; generation is model::generate.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -6,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/error.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
@@ -50,6 +52,16 @@ void add_generate_command(CLI::App& app) {
       // The post-processor's suffix (an EOS) would end the prompt; generation continues the text.
       const auto& suffix = tok.bos_eos().suffix;
       if (!suffix.empty() && ids.size() >= suffix.size()) ids.resize(ids.size() - suffix.size());
+      // The model has positions for the prompt and the tokens asked for, no more; dynamic rope
+      // scaling is made to stretch them.
+      const int64_t context = m.config().max_position_embeddings;
+      const auto needed = static_cast<int64_t>(ids.size()) + o.max_tokens;
+      const bool stretches = m.config().rope_scaling.kind == ops::RopeScaling::Kind::dynamic;
+      POLLEN_CHECK(stretches || needed <= context, "--max-tokens ", o.max_tokens,
+                   " after the prompt '", p.size() > 40 ? p.substr(0, 40) + "..." : p, "' (",
+                   ids.size(), " tokens) needs ", needed, " positions; the model has ", context,
+                   " (max_position_embeddings): ask for at most ",
+                   std::max<int64_t>(context - static_cast<int64_t>(ids.size()), 0), " tokens");
       prompts.push_back(std::move(ids));
     }
     const auto gens = model::generate(

@@ -121,6 +121,31 @@ TEST(Generate, ConfigJsonsEosEndsGenerationWithoutAGenerationConfig) {
   fs::remove_all(root);
 }
 
+// A prompt and --max-tokens that need more positions than the model has (256 here) are
+// refused, naming the option and how many tokens fit.
+TEST(Generate, MoreTokensThanTheModelHasPositionsForAreRefused) {
+  const fs::path root = fs::temp_directory_path() / ("pollen_gen_ctx_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  const ChatModel cm = make_chat_model(root);
+  write_file_atomic(root / "none.txt", "");
+  const std::string args = "generate --model " + cm.dir.string() + " --prompt 'hello there' ";
+  const PollenRun over = run_pollen(args + "--max-tokens 300", root / "none.txt", true);
+  EXPECT_NE(over.status, 0) << over.output;
+  EXPECT_NE(over.output.find("--max-tokens 300"), std::string::npos) << over.output;
+  EXPECT_NE(over.output.find("the model has 256 (max_position_embeddings)"), std::string::npos)
+      << over.output;
+  const size_t at = over.output.find("ask for at most ");
+  ASSERT_NE(at, std::string::npos) << over.output;
+  const int64_t fits = std::stoll(over.output.substr(at + 16));
+  EXPECT_LT(fits, 256);
+  EXPECT_GT(fits, 240);
+  const PollenRun within = run_pollen(
+      args + "--ignore-eos --json --max-tokens " + std::to_string(fits), root / "none.txt");
+  ASSERT_EQ(within.status, 0) << within.output;
+  EXPECT_EQ(nlohmann::json::parse(within.output)["tokens"].size(), static_cast<size_t>(fits));
+  fs::remove_all(root);
+}
+
 TEST(Chat, RepliesToEachLineWithTheWholeConversation) {
   const fs::path root = fs::temp_directory_path() / ("pollen_chat_" + std::to_string(getpid()));
   fs::remove_all(root);
