@@ -1,4 +1,4 @@
-// `pollen export hf --model M [--adapter DIR] --output DIR [--dtype f32|bf16|f16]
+// `pollen export hf --model M [--adapter DIR] [--tokenizer F] --output DIR [--dtype f32|bf16|f16]
 // [--max-shard-mb N]` and `pollen export gguf --model M [--adapter DIR] --output F.gguf
 // [--type f32|f16|bf16|q8_0]`: wiring only; the writers are io::export_hf and io::export_gguf,
 // LoRA adapters are merged by model::merge_lora.
@@ -81,10 +81,14 @@ void add_export_command(CLI::App& app) {
   auto output = std::make_shared<std::string>();
   auto dtype = std::make_shared<std::string>("f32");
   auto shard_mb = std::make_shared<uint64_t>(5000);
+  auto tokenizer_file = std::make_shared<std::string>();
   hf->add_option("--model", *model,
                  "Preset, model file (.toml), pollen checkpoint or run folder, or HF directory")
       ->required();
   hf->add_option("--adapter", *adapter, kAdapterHelp);
+  hf->add_option("--tokenizer", *tokenizer_file,
+                 "tokenizer.json or tiktoken file to export with the model (default: the "
+                 "model's)");
   hf->add_option("--output", *output,
                  "Folder to write: a new or empty one, or one an earlier export wrote, which is "
                  "replaced whole (a folder holding other files is refused)")
@@ -102,15 +106,18 @@ void add_export_command(CLI::App& app) {
     o.dtype = *dtype == "bf16" ? DType::bf16 : *dtype == "f16" ? DType::f16 : DType::f32;
     o.max_shard_bytes = *shard_mb * 1'000'000ull;
     for (const auto& f : src.hf_side_files) o.extra_files.push_back(f);
-    if (src.tokenizer) {
-      const tokenizer::Tokenizer tok = model_tokenizer(src, "");
+    const std::optional<std::filesystem::path> tokenizer_path =
+        tokenizer_file->empty() ? src.tokenizer : std::filesystem::path(*tokenizer_file);
+    if (tokenizer_path) {
+      const tokenizer::Tokenizer tok = model_tokenizer(src, *tokenizer_file);
       // Under the name transformers looks for, whatever the run called it: a tokenizer.json as
       // it is, a rank file in tokenizer.json's format.
-      o.tokenizer_json = src.tokenizer->extension() == ".json" ? read_file(*src.tokenizer)
-                                                               : tokenizer::hf_json_text(tok);
+      o.tokenizer_json = tokenizer_path->extension() == ".json" ? read_file(*tokenizer_path)
+                                                                : tokenizer::hf_json_text(tok);
       const SpecialIds ids = special_ids(src, tok);
       o.bos_token_id = ids.bos;
       o.eos_token_id = ids.eos;
+      o.generation_eos_ids = ids.ends;
       o.tokenizer_config = hf_tokenizer_config(tok, ids, m.config().max_position_embeddings);
       // A chat-trained checkpoint's template goes with it, so that transformers'
       // apply_chat_template (and pollen chat on the export) render the turns it learned.
@@ -122,7 +129,7 @@ void add_export_command(CLI::App& app) {
     std::printf("exported %s '%s' to %s: %zu files, %.1f MB of weights%s\n",
                 io::model_kind_name(src.kind), model->c_str(), output->c_str(), r.files.size(),
                 static_cast<double>(r.weight_bytes) / 1e6,
-                src.tokenizer ? "" : " (no tokenizer known for this model)");
+                tokenizer_path ? "" : " (no tokenizer known for this model: --tokenizer adds one)");
   });
   add_export_gguf(cmd);
 }

@@ -88,14 +88,24 @@ inline std::optional<uint32_t> configured_token(const io::ModelSource& src,
 }
 
 // The model's BOS and EOS: tokenizer_config.json's bos_token and eos_token, else the BOS the
-// post-processor adds and the first end token (what export writes for HF and llama.cpp).
+// post-processor adds, and as EOS the end of turn of the chat template a checkpoint was trained
+// with (as instruction-tuned models name theirs), else the first end token; `ends`: every id that
+// ends a generation, the EOS first (what export writes for HF and llama.cpp).
 struct SpecialIds {
   std::optional<uint32_t> bos, eos;
+  std::vector<uint32_t> ends;
 };
 inline SpecialIds special_ids(const io::ModelSource& src, const tokenizer::Tokenizer& tok) {
   SpecialIds ids{configured_token(src, tok, "bos_token"), configured_token(src, tok, "eos_token")};
   if (!ids.bos && !tok.bos_eos().prefix.empty()) ids.bos = tok.bos_eos().prefix.front();
-  if (const auto ends = stop_tokens(src, tok); !ids.eos && !ends.empty()) ids.eos = ends.front();
+  if (!ids.eos && src.chat_template)
+    ids.eos = tokenizer::end_of_turn_id(tok, tokenizer::chat_template_named(*src.chat_template),
+                                        "the checkpoint was trained with this template");
+  const auto ends = stop_tokens(src, tok);
+  if (!ids.eos && !ends.empty()) ids.eos = ends.front();
+  if (ids.eos) ids.ends.push_back(*ids.eos);
+  for (uint32_t id : ends)
+    if (id != ids.eos) ids.ends.push_back(id);
   return ids;
 }
 

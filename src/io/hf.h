@@ -42,6 +42,9 @@ struct HfExportOptions {
   // The tokenizer's special ids, written into config.json, and into a generation_config.json
   // when the extra files hold none (without them transformers' LlamaConfig assumes bos 1, eos 2).
   std::optional<uint32_t> bos_token_id, eos_token_id;
+  // generation_config.json's eos_token_id instead, when more than one id ends a generation (the
+  // EOS first), as Llama 3's lists its end of turn beside its end of text.
+  std::vector<uint32_t> generation_eos_ids;
   // Written as tokenizer_config.json when the extra files hold none (null: not written), so that
   // AutoTokenizer loads tokenizer.json as it is rather than as LlamaTokenizerFast with <s>, </s>.
   nlohmann::json tokenizer_config;

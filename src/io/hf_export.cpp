@@ -117,6 +117,8 @@ std::vector<std::string> write_export(const model::Llama& model, const fs::path&
     config[key] = *id;
     generation[key] = *id;
   }
+  if (options.generation_eos_ids.size() > 1)
+    generation["eos_token_id"] = options.generation_eos_ids;
   const auto in_extra = [&](const char* name) {
     return std::any_of(options.extra_files.begin(), options.extra_files.end(),
                        [&](const fs::path& f) { return f.filename() == name; });

@@ -64,5 +64,26 @@ TEST(ModelArgs, PrefixTokenIsTheConfiguredBosElseEos) {
   fs::remove_all(dir);
 }
 
+// A checkpoint trained with a chat template ends its replies with the template's end of turn:
+// that is its EOS (unless tokenizer_config.json names one), and every end token follows it.
+TEST(ModelArgs, AChatTrainedModelsEosIsItsEndOfTurn) {
+  const tokenizer::Tokenizer tok = two_specials();
+  const uint32_t end_of_text = id_of(tok, "<|endoftext|>"), im_end = id_of(tok, "<|im_end|>");
+  io::ModelSource src;
+  EXPECT_EQ(special_ids(src, tok).eos, end_of_text);
+  src.chat_template = "chatml";
+  const SpecialIds ids = special_ids(src, tok);
+  EXPECT_EQ(ids.eos, im_end);
+  EXPECT_EQ(ids.ends, (std::vector<uint32_t>{im_end, end_of_text}));
+  // A template whose end of turn the tokenizer lacks is an error naming the token.
+  src.chat_template = "llama3";
+  try {
+    special_ids(src, tok);
+    ADD_FAILURE() << "no <|eot_id|> in the tokenizer, and no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("<|eot_id|>"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace pollen::cli

@@ -78,6 +78,15 @@ TEST(HfConfig, ReadsTheSizeKeys) {
   j = base_config();
   j.erase("num_key_value_heads");  // HF's default: as many as the attention heads
   EXPECT_EQ(io::parse_hf_config(j, "c").num_key_value_heads, 4);
+  // null means the same for every type (Mistral and Qwen2 default to 8 and 32 when it is absent).
+  for (const char* type : {"llama", "mistral", "qwen2"}) {
+    j = base_config();
+    j["model_type"] = type;
+    if (j["model_type"] != "llama")
+      for (const char* k : {"attention_bias", "mlp_bias", "pretraining_tp"}) j.erase(k);
+    j["num_key_value_heads"] = nullptr;
+    EXPECT_EQ(io::parse_hf_config(j, "c").num_key_value_heads, 4) << type;
+  }
 }
 
 TEST(HfConfig, RmsNormEps) {
@@ -716,7 +725,7 @@ double max_diff(const Tensor& logits, const std::vector<double>& ref) {
 
 // `pollen export hf` of a pollen checkpoint: AutoTokenizer loads its tokenizer.json as it is
 // (not as LlamaTokenizerFast, which would add <s>, </s> and <unk>), encodes as pollen does, and
-// the tokenizer, config.json and generation_config.json agree on the EOS.
+// the tokenizer and config.json agree on the EOS, which generation_config.json lists first.
 // A pollen checkpoint (step 5 of a run under `root`) of a small model over `tok`'s vocabulary;
 // `model_keys` are added to its config.toml's [model]. Returns its step folder.
 fs::path small_checkpoint(const fs::path& root, const tokenizer::Tokenizer& tok,
@@ -737,13 +746,13 @@ fs::path small_checkpoint(const fs::path& root, const tokenizer::Tokenizer& tok,
   return w.commit();
 }
 
-// `pollen export hf --model MODEL --output OUT`, its output in root/export.log; true when it
-// succeeded.
+// `pollen export hf --model MODEL --output OUT EXTRA`, its output in root/export.log; true when
+// it succeeded.
 ::testing::AssertionResult exports_hf(const fs::path& model, const fs::path& out,
-                                      const fs::path& root) {
+                                      const fs::path& root, const std::string& extra = "") {
   const fs::path log = root / "export.log";
   if (std::system(cat(POLLEN_BINARY, " export hf --model ", model.string(), " --output ",
-                      out.string(), " > ", log.string(), " 2>&1")
+                      out.string(), " ", extra, " > ", log.string(), " 2>&1")
                       .c_str()) == 0)
     return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << read_file(log);
@@ -778,7 +787,42 @@ TEST(HfExport, APollenCheckpointsTokenizerLoadsInTransformers) {
     if (t.content == "<|endoftext|>") eot = t.id;
   EXPECT_EQ(got["eos"], eot);
   EXPECT_EQ(got["config_eos"], eot);
-  EXPECT_EQ(got["generation_eos"], eot);
+  // generate stops where pollen generate does: at the tokenizer's other end token too.
+  uint32_t im_end = 0;
+  for (const auto& t : tok.added_tokens())
+    if (t.content == "<|im_end|>") im_end = t.id;
+  EXPECT_EQ(got["generation_eos"], json({eot, im_end}));
+  fs::remove_all(root);
+}
+
+// A checkpoint trained with a chat template exports the template's end of turn as its EOS, and
+// both end tokens in generation_config.json: transformers' generate stops at the end of a turn.
+TEST(HfExport, AChatTrainedCheckpointsEosIsItsEndOfTurn) {
+  if (!transformers_available())
+    GTEST_SKIP() << "HF transformers not importable by " << hf_python()
+                 << " (scripts/test-peers makes it)";
+  const fs::path root = temp_dir("export_chat_eos");
+  const tokenizer::Tokenizer tok = pollen::testing::tiny_tokenizer();
+  const fs::path ckpt = small_checkpoint(root, tok, "chat_template = 'chatml'\n");
+  tokenizer::save_tokenizer(tok, ckpt / "tokenizer.json");
+  const fs::path out = root / "hf";
+  ASSERT_TRUE(exports_hf(root / "run", out, root));
+  write_file_atomic(out / "text.txt", "The cat sat.");
+  ASSERT_EQ(std::system((hf_python() + " " + script() + " tokenizer " + out.string() + " 2>" +
+                         (root / "stderr.txt").string())
+                            .c_str()),
+            0)
+      << read_file(root / "stderr.txt");
+  const json got = json::parse(read_file(out / "tokenizer.out.json"));
+  uint32_t eot = 0, im_end = 0;
+  for (const auto& t : tok.added_tokens()) {
+    if (t.content == "<|endoftext|>") eot = t.id;
+    if (t.content == "<|im_end|>") im_end = t.id;
+  }
+  ASSERT_NE(eot, im_end);
+  EXPECT_EQ(got["eos"], im_end);
+  EXPECT_EQ(got["config_eos"], im_end);
+  EXPECT_EQ(got["generation_eos"], json({im_end, eot}));
   fs::remove_all(root);
 }
 
@@ -796,6 +840,27 @@ TEST(HfExport, TheTokenizerIsWrittenAsTokenizerJsonWhateverItsName) {
   EXPECT_FALSE(fs::exists(out / "fortunes-tokenizer.json"));
   // And an export over that one is an export over an export.
   ASSERT_TRUE(exports_hf(ckpt, out, root));
+  fs::remove_all(root);
+}
+
+// A model that knows no tokenizer (a federated server's global model) is exported with the one
+// --tokenizer names, its BOS and EOS written as for a model's own.
+TEST(HfExport, ATokenizerCanBeGivenForAModelWithoutOne) {
+  const fs::path root = temp_dir("export_tokenizer_given");
+  const tokenizer::Tokenizer tok = pollen::testing::tiny_tokenizer();
+  tokenizer::save_tokenizer(tok, root / "given.json");
+  const fs::path ckpt = small_checkpoint(root, tok);
+  const fs::path out = root / "hf";
+  ASSERT_TRUE(exports_hf(ckpt, out, root));
+  EXPECT_NE(read_file(root / "export.log").find("--tokenizer adds one"), std::string::npos);
+  EXPECT_FALSE(fs::exists(out / "tokenizer.json"));
+  ASSERT_TRUE(exports_hf(ckpt, out, root, "--tokenizer " + (root / "given.json").string()));
+  EXPECT_EQ(read_file(out / "tokenizer.json"), read_file(root / "given.json"));
+  uint32_t eot = 0;
+  for (const auto& t : tok.added_tokens())
+    if (t.content == "<|endoftext|>") eot = t.id;
+  EXPECT_EQ(json::parse(read_file(out / "config.json"))["eos_token_id"], eot);
+  EXPECT_EQ(json::parse(read_file(out / "tokenizer_config.json"))["eos_token"], "<|endoftext|>");
   fs::remove_all(root);
 }
 
