@@ -23,9 +23,9 @@ namespace {
 
 // The files of a checkpoint that a model is loaded from, and so the ones checked against its
 // manifest (optimizer state is neither needed nor hashed; a resumed run checks everything).
-const std::vector<std::string> kModelFiles = {"model.safetensors", "adapter_model.safetensors",
-                                              "objective.safetensors", "config.toml",
-                                              "tokenizer.json"};
+const std::vector<std::string> kModelFiles = {"model.safetensors",   "adapter_model.safetensors",
+                                              "adapter_config.json", "objective.safetensors",
+                                              "config.toml",         "tokenizer.json"};
 
 // The newest checkpoint under `root` whose model files verify (its optimizer state may be
 // missing or changed: resuming a run, which needs it, checks every file instead), each newer

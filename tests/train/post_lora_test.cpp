@@ -169,6 +169,12 @@ TEST(PostLora, TrainsOnlyTheAdaptersLowersTheLossAndSavesThemAsPeft) {
     EXPECT_TRUE(src.tokenizer.has_value());
     EXPECT_TRUE(bitwise_equal(io::load_model(src).logits(probe_batch()), merged)) << spec;
   }
+  // Its adapter_config.json is checked against the manifest too: another alpha is another model.
+  auto peft = nlohmann::json::parse(read_file(ck / "adapter_config.json"));
+  peft["lora_alpha"] = peft["lora_alpha"].get<double>() * 10;
+  write_file_atomic(ck / "adapter_config.json", peft.dump());
+  const std::string e = pollen::testing::error_of([&] { io::resolve_model(ck.string()); });
+  EXPECT_NE(e.find("does not verify: adapter_config.json"), std::string::npos) << e;
 }
 
 TEST(PostLora, FrozenAKeepsItsSeededValuesAndResumesBitwise) {
