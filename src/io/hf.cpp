@@ -210,7 +210,11 @@ model::LlamaConfig parse_hf_config(const json& j, const std::string& source) {
   c.num_attention_heads = r.get_int("num_attention_heads");
   // A key left out means what transformers' config class of the type defaults it to.
   const HfDefaults defaults = hf_defaults(type, c.num_attention_heads);
-  c.num_key_value_heads = r.get_int("num_key_value_heads", defaults.num_key_value_heads);
+  // null, as transformers reads it for all three types: as many as the attention heads.
+  if (j.contains("num_key_value_heads") && r.raw("num_key_value_heads").is_null())
+    c.num_key_value_heads = c.num_attention_heads;
+  else
+    c.num_key_value_heads = r.get_int("num_key_value_heads", defaults.num_key_value_heads);
   c.head_dim = r.get_int("head_dim", 0);
   c.max_position_embeddings =
       r.get_int("max_position_embeddings", defaults.max_position_embeddings);

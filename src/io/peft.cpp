@@ -150,6 +150,13 @@ model::LoraConfig read_peft_config(const fs::path& config_json) {
   expect_unused(j, "alpha_pattern", source, "per-module alphas");
   expect_unused(j, "modules_to_save", source, "fully trained extra modules");
   expect_unused(j, "layer_replication", source, "layer replication");
+  expect_unused(j, "exclude_modules", source, "modules left out of target_modules");
+  expect_unused(j, "target_parameters", source, "adapters on parameters");
+  expect_unused(j, "trainable_token_indices", source, "trained rows of the embedding");
+  expect_unused(j, "alora_invocation_tokens", source,
+                "activated LoRA (an adapter applied after its invocation tokens only)");
+  expect_unused(j, "arrow_config", source, "Arrow routing between adapters");
+  expect_unused(j, "use_qalora", source, "QA-LoRA's pooled inputs");
   try {
     c.validate();
   } catch (const Error& e) {

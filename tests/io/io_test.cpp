@@ -212,6 +212,14 @@ TEST(Checkpoint, CommitVerifyCorruptSkipAndRetain) {
   fs::remove(c1 / "manifest.json");
   EXPECT_EQ(*io::verify_checkpoint(c1), "manifest.json is missing");
 
+  // A copy under another step's name is not that step: resume passes over it.
+  fs::create_directories(root / "step-00000007");
+  for (const auto& e : fs::directory_iterator(c3)) fs::copy(e.path(), root / "step-00000007");
+  EXPECT_EQ(*io::verify_checkpoint(root / "step-00000007"),
+            "manifest.json says step 3, the folder's name another");
+  EXPECT_EQ(*io::choose_resume_checkpoint(root).dir, c3);
+  fs::remove_all(root / "step-00000007");
+
   write(5);
   const auto removed = io::apply_retention(root, 2);
   EXPECT_EQ(io::list_checkpoints(root), (std::vector<fs::path>{c3, root / "step-00000005"}));

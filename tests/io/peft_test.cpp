@@ -230,6 +230,20 @@ TEST(Peft, MalformedAdaptersAreRefusedNamingTheTensorOrKey) {
   EXPECT_NE(e.find("peft_type"), std::string::npos) << e;
   e = with_config("dora", [](nlohmann::json& j) { j["use_dora"] = true; });
   EXPECT_NE(e.find("'use_dora'"), std::string::npos) << e;
+  // Later PEFT keys that change what the adapter computes (null or empty: as without them).
+  e = with_config("alora", [](nlohmann::json& j) { j["alora_invocation_tokens"] = {5, 6, 7}; });
+  EXPECT_NE(e.find("'alora_invocation_tokens'"), std::string::npos) << e;
+  e = with_config("tokens", [](nlohmann::json& j) {
+    j["trainable_token_indices"] = {{"embed_tokens", {3}}};
+  });
+  EXPECT_NE(e.find("'trainable_token_indices'"), std::string::npos) << e;
+  e = with_config("nulls", [](nlohmann::json& j) {
+    j["alora_invocation_tokens"] = nullptr;
+    j["arrow_config"] = nullptr;
+    j["use_qalora"] = false;
+    j["exclude_modules"] = nullptr;
+  });
+  EXPECT_EQ(e, "") << e;
   e = with_config("regex", [](nlohmann::json& j) { j["target_modules"] = ".*proj"; });
   EXPECT_NE(e.find("target_modules"), std::string::npos) << e;
   e = with_config("no_r", [](nlohmann::json& j) { j.erase("r"); });
