@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/json_depth.h"
+#include "base/log.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/hf_format.h"
 
@@ -182,14 +183,16 @@ void read_pre_tokenizer(const Reader& r, const json& node, const std::string& wh
   }
 }
 
-void read_decoder(const Reader& r, const json& node, const std::string& where,
-                  DecoderSpec& decoder) {
+// `fused`: whether a decoder before this one joined the tokens into one text (Fuse, ByteLevel),
+// after which Strip strips the text's start rather than each token's.
+void read_decoder(const Reader& r, const json& node, const std::string& where, DecoderSpec& decoder,
+                  bool& fused) {
   if (node.is_null()) return;
   std::string type = r.type_of(node, where);
   if (type == "Sequence") {
     const json& list = r.list(node, "decoders", where);
     for (size_t i = 0; i < list.size(); ++i)
-      read_decoder(r, list[i], cat(where, ".decoders[", i, "]"), decoder);
+      read_decoder(r, list[i], cat(where, ".decoders[", i, "]"), decoder, fused);
   } else if (type == "Replace") {
     const json& pattern = r.at(node, "pattern", where);
     if (!pattern.contains("String") || r.get<std::string>(node, "content", where, "") != " ")
@@ -208,7 +211,13 @@ void read_decoder(const Reader& r, const json& node, const std::string& where,
         r.get<int>(node, "stop", where, 0) != 0)
       r.fail_at(where, "only Strip of leading spaces is supported");
     decoder.strip_leading_spaces = r.get<int>(node, "start", where, 0);
-  } else if (type != "ByteLevel" && type != "Fuse") {
+    if (decoder.strip_leading_spaces > 0 && !fused)
+      r.fail_at(where,
+                "only Strip after Fuse (of the whole text's start) is supported; before it "
+                "HF strips every token");
+  } else if (type == "ByteLevel" || type == "Fuse") {
+    fused = true;
+  } else {
     r.fail_at(where + ".type", cat("decoder '", type, "' is not supported"));
   }
 }
@@ -283,6 +292,12 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
     fail(source, ": not valid JSON: ", e.what());
   }
   if (!root.is_object()) fail(source, ": expected a JSON object at the top");
+  // What HF applies to a call's output, not to what a text encodes to: pollen encodes whole texts
+  // (the data loader cuts windows, batches are padded where they are built).
+  for (const char* key : {"truncation", "padding"})
+    if (root.contains(key) && !root[key].is_null())
+      log::warn(source, ": '", key, "' is set (", root[key].dump(),
+                "); pollen does not apply it: texts are encoded whole");
   const json& model = r.at(root, "model", "");
   std::string model_type = r.get<std::string>(model, "type", "model", "BPE");
   if (model_type != "BPE") r.fail_at("model.type", cat("'", model_type, "' is not BPE"));
@@ -393,7 +408,8 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
   std::vector<PreTokenizerStep> pre;
   read_pre_tokenizer(r, root.value("pre_tokenizer", json()), "pre_tokenizer", pre);
   DecoderSpec decoder;
-  read_decoder(r, root.value("decoder", json()), "decoder", decoder);
+  bool fused = false;
+  read_decoder(r, root.value("decoder", json()), "decoder", decoder, fused);
   BosEosTemplate bos_eos;
   read_template(r, root.value("post_processor", json()), "post_processor", bos_eos);
 

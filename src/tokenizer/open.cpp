@@ -1,5 +1,7 @@
 #include "tokenizer/open.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 #include "base/files.h"
 #include "tokenizer/hf_format.h"
@@ -36,6 +38,8 @@ Tokenizer open_tokenizer(const std::filesystem::path& path, const std::string& p
   if (is_json(path)) {
     POLLEN_CHECK(special_tokens.empty(), path.string(),
                  ": tokenizer.json lists its own special tokens; do not pass more");
+    POLLEN_CHECK(pattern.empty(), path.string(),
+                 ": tokenizer.json holds its own pre-tokenizer; a pattern is for rank files only");
     return load_hf_json(path);
   }
   POLLEN_CHECK(
@@ -45,9 +49,16 @@ Tokenizer open_tokenizer(const std::filesystem::path& path, const std::string& p
   if (auto known = known_pattern_named(pattern)) {
     // The encoding's special tokens come with its own rank file only (their ids follow its
     // ranks); a file of another size made with the same pattern gets the pattern alone.
+    // One also given by hand, as the same token at the same id, is taken once.
     std::vector<AddedToken> known_specials = known_special_tokens(*known);
-    if (rank_lines(text) == known_rank_count(*known))
+    if (rank_lines(text) == known_rank_count(*known)) {
+      std::erase_if(special_tokens, [&](const AddedToken& t) {
+        return std::any_of(known_specials.begin(), known_specials.end(), [&](const AddedToken& k) {
+          return k.id == t.id && k.content == t.content;
+        });
+      });
       special_tokens.insert(special_tokens.begin(), known_specials.begin(), known_specials.end());
+    }
   }
   return tiktoken_from_text(text, path.string(), pattern_regex(pattern), std::move(special_tokens));
 }

@@ -180,8 +180,8 @@ std::vector<AddedToken> known_special_tokens(KnownPattern pattern) {
               {100276, "<|endofprompt|>"}};
     case KnownPattern::kO200k:
       return {{199999, "<|endoftext|>"}, {200018, "<|endofprompt|>"}};
-    case KnownPattern::kQwen2:
-      return {};
+    case KnownPattern::kQwen2:  // the ones Qwen's qwen.tiktoken and Qwen2's tokenizer share
+      return {{151643, "<|endoftext|>"}, {151644, "<|im_start|>"}, {151645, "<|im_end|>"}};
   }
   return {};
 }

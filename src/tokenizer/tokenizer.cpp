@@ -118,10 +118,6 @@ const AddedToken* Tokenizer::added_with_id(uint32_t id) const {
 }
 
 void Tokenizer::decode_token(std::string_view bytes, bool first, std::string& out) const {
-  if (decoder_.space_marker.empty()) {
-    out.append(bytes);
-    return;
-  }
   // <0xXY> with two hex digits is byte XY; anything else (<0xZZ>) is text, as HF decodes it.
   const auto hex = [](char c) {
     return c >= '0' && c <= '9'   ? c - '0'
@@ -132,6 +128,10 @@ void Tokenizer::decode_token(std::string_view bytes, bool first, std::string& ou
   if (decoder_.byte_fallback && bytes.size() == 6 && bytes.starts_with("<0x") &&
       bytes.ends_with('>') && hex(bytes[3]) >= 0 && hex(bytes[4]) >= 0) {
     out += static_cast<char>(hex(bytes[3]) * 16 + hex(bytes[4]));
+    return;
+  }
+  if (decoder_.space_marker.empty()) {
+    out.append(bytes);
     return;
   }
   const std::string_view space = first && decoder_.drop_markers_in_first_token ? "" : " ";

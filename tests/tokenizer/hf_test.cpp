@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "base/files.h"
+#include "support/errors.h"
 #include "tokenizer/hf_format.h"
 #include "tokenizer/peers.h"
 #include "tokenizer/tiktoken_format.h"
@@ -196,7 +197,36 @@ TEST(HfJson, ByteFallbackDecodesOnlyHexBytesAsHf) {
   for (size_t i = 0; i < sequences.size(); ++i)
     EXPECT_EQ(tok.decode(sequences[i]), hf["texts"][i].get<std::string>()) << "sequence " << i;
   EXPECT_EQ(tok.decode(std::vector<uint32_t>{5, 6}), "<0xZZ><0x4G>");
+  // ByteFallback without a space marker decodes the bytes too, as HF's.
+  j["decoder"] = {{"type", "Sequence"},
+                  {"decoders", {{{"type", "ByteFallback"}}, {{"type", "Fuse"}}}}};
+  write_file_atomic(file, j.dump());
+  hf = testing::run_reference(
+      {{"mode", "hf_decode"}, {"tokenizer_json", file.string()}, {"ids", sequences}});
+  tok = load_hf_json(file);
+  for (size_t i = 0; i < sequences.size(); ++i)
+    EXPECT_EQ(tok.decode(sequences[i]), hf["texts"][i].get<std::string>()) << "sequence " << i;
+  EXPECT_EQ(tok.decode(std::vector<uint32_t>{8, 9, 10}), "\u20ac");
   fs::remove_all(dir);
+}
+
+// Strip before Fuse strips every token in HF; pollen strips the text's start, so it is refused.
+// truncation and padding, which pollen does not apply, are named in a warning.
+TEST(HfJson, StripBeforeFuseIsRefusedAndTruncationIsNamed) {
+  const nlohmann::json metaspace = {
+      {"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "always"}};
+  nlohmann::json j = metaspace_json(metaspace);
+  const nlohmann::json strip = {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}};
+  j["decoder"] = {{"type", "Sequence"}, {"decoders", {strip, {{"type", "Fuse"}}}}};
+  const std::string e = pollen::testing::error_of([&] { hf_from_json_text(j.dump(), "t.json"); });
+  EXPECT_NE(e.find("decoder.decoders[0]"), std::string::npos) << e;
+  EXPECT_NE(e.find("only Strip after Fuse"), std::string::npos) << e;
+  j["decoder"] = {{"type", "Sequence"}, {"decoders", {{{"type", "Fuse"}}, strip}}};
+  j["truncation"] = {{"max_length", 8}};
+  ::testing::internal::CaptureStderr();
+  hf_from_json_text(j.dump(), "t.json");
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("t.json: 'truncation' is set"), std::string::npos) << log;
 }
 
 // Generated text is decoded after its prompt: the text of the ids after the first k, decoded as a

@@ -1,9 +1,11 @@
 // pollen's tiktoken-format tokenizers against PyPI tiktoken: every id equal on a varied corpus,
 // for the official gpt2, cl100k_base and o200k_base encodings.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "base/files.h"
+#include "support/errors.h"
 #include "tokenizer/open.h"
 #include "tokenizer/peers.h"
 #include "tokenizer/tiktoken_format.h"
@@ -112,6 +114,29 @@ TEST(Tiktoken, APatternNameBringsItsSpecialTokensOnlyWithItsOwnRankFile) {
   EXPECT_EQ(with_eot.encode("<|endoftext|>", {SpecialPolicy::allow_all(), false}),
             std::vector<uint32_t>{300});
   std::filesystem::remove(small);
+  // The official tokens given again by hand, as `convert` names them, are taken once.
+  std::vector<AddedToken> again = known_special_tokens(KnownPattern::kCl100k);
+  EXPECT_EQ(open_tokenizer(dir / "cl100k_base.tiktoken", "cl100k_base", again).fingerprint(),
+            official.fingerprint());
+  // A tokenizer.json takes no pattern.
+  const std::string e = pollen::testing::error_of([&] { open_tokenizer("x.json", "cl100k_base"); });
+  EXPECT_NE(e.find("a pattern is for rank files only"), std::string::npos) << e;
+}
+
+// A rank file of Qwen's size (here the first 151643 ranks of o200k) opened with the qwen2 pattern
+// gets the special tokens Qwen's and Qwen2's tokenizers share.
+TEST(Tiktoken, Qwen2BringsItsChatTokensWithARankFileOfItsSize) {
+  POLLEN_REQUIRE_SHARED_TOKENIZERS(dir);
+  const std::string text = read_file(dir / "o200k_base.tiktoken");
+  size_t end = 0;
+  for (int i = 0; i < 151643; ++i) end = text.find('\n', end) + 1;
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("pollen_qwen_size_" + std::to_string(::getpid()) + ".tiktoken");
+  write_file_atomic(file, text.substr(0, end));
+  const Tokenizer tok = open_tokenizer(file, "qwen2");
+  EXPECT_EQ(tok.encode("<|im_start|>a<|im_end|><|endoftext|>", {SpecialPolicy::allow_all(), false}),
+            (std::vector<uint32_t>{151644, tok.encode("a")[0], 151645, 151643}));
+  std::filesystem::remove(file);
 }
 
 TEST(Base64, EncodesAndRejects) {
