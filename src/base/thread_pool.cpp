@@ -110,11 +110,24 @@ int available_cpus() {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-int threads_per_rank(int ranks_on_node) {
-  const int mine = available_cpus();
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  if (online > 0 && mine < online) return mine;  // bound by its launcher: those are its own
-  return std::max(1, mine / std::max(1, ranks_on_node));
+CpuMask affinity_mask() {
+  CpuMask mask;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) {
+    for (size_t cpu = 0; cpu < mask.size() && cpu < std::thread::hardware_concurrency(); ++cpu)
+      mask.set(cpu);
+    return mask;
+  }
+  for (size_t cpu = 0; cpu < mask.size() && cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) mask.set(cpu);
+  return mask;
+}
+
+int threads_per_rank(const CpuMask& mine, const std::vector<CpuMask>& node) {
+  const auto sharing = std::count_if(node.begin(), node.end(),
+                                     [&](const CpuMask& other) { return (other & mine).any(); });
+  return std::max(1, static_cast<int>(mine.count()) / std::max<int>(1, static_cast<int>(sharing)));
 }
 
 namespace {

@@ -1,6 +1,7 @@
 #pragma once
 // A fixed pool of worker threads with a deterministic parallel_for: the range is always cut into
 // the same contiguous chunks for the same thread count, so results never depend on scheduling.
+#include <bitset>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -45,9 +46,14 @@ class ThreadPool {
 // The CPUs this process may run on: its affinity mask (taskset, Slurm's --cpus-per-task,
 // mpirun's binding), not every core of the machine.
 int available_cpus();
-// Threads for one of `ranks_on_node` ranks of a job: the CPUs its launcher bound it to, or, when
-// it may run on every CPU of the node, an equal share of them.
-int threads_per_rank(int ranks_on_node);
+// The CPUs this process may run on (its affinity mask).
+using CpuMask = std::bitset<1024>;
+CpuMask affinity_mask();
+// Threads for a rank of a job that may run on `mine`, given the masks of the ranks on its node
+// (its own among them): its CPUs shared out among the ranks whose CPUs overlap its own. Ranks
+// bound apart (Slurm's --cpus-per-task, mpirun's --bind-to core) each get their own CPUs; ranks
+// that share a mask (free to run anywhere, or one taskset or cgroup for all) get a share of it.
+int threads_per_rank(const CpuMask& mine, const std::vector<CpuMask>& node);
 
 // The process-wide pool used by ops; sized by set_num_threads (default: available_cpus()).
 ThreadPool& pool();

@@ -65,6 +65,9 @@ class Communicator {
   // Where every rank runs, as its launcher placed it (a collective; rank 0 logs it):
   // "0 on node1 (local 0 of 2), 1 on node1 (local 1 of 2), ...".
   std::string placement();
+  // Threads for this rank when the run leaves them to pollen (a collective): its CPUs shared out
+  // among the ranks of its node whose CPUs overlap its own (threads_per_rank).
+  int threads_per_rank();
 
   // Ends every process of the job with this exit code (after a PeerFailure: the hung peer too).
   [[noreturn]] virtual void abort_job(int exit_code) = 0;

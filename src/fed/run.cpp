@@ -126,8 +126,7 @@ void run_client(const ClientConfig& config, const train::FaultInjection& fault) 
   // One process unless a launcher (mpirun, srun) started several.
   const auto comm = dist::connect(config.parallel.timeout_s);
   if (config.threads > 0 || comm->world() > 1) {
-    set_num_threads(config.threads > 0 ? config.threads
-                                       : threads_per_rank(comm->topology().local_world));
+    set_num_threads(config.threads > 0 ? config.threads : comm->threads_per_rank());
   }
   if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the silo
   // One client process (one silo's job) at a time keeps its state in a folder; refused inside the

@@ -155,7 +155,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   dist::SingleProcess alone;
   dist::Communicator& comm = o.comm ? *o.comm : alone;
   const bool lead = comm.rank() == 0;  // writes the run's files
-  set_num_threads(cfg.threads > 0 ? cfg.threads : threads_per_rank(comm.topology().local_world));
+  set_num_threads(cfg.threads > 0 ? cfg.threads : comm.threads_per_rank());
   const fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
   std::optional<FolderLock> lock;  // one job at a time writes the folder
   if (lead) lock.emplace(cfg.dir, "run.dir");

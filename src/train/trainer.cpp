@@ -676,7 +676,7 @@ TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
   SignalGuard signals(o.handle_signals);
   dist::SingleProcess alone;
   dist::Communicator& comm = o.comm ? *o.comm : alone;
-  set_num_threads(cfg.threads > 0 ? cfg.threads : threads_per_rank(comm.topology().local_world));
+  set_num_threads(cfg.threads > 0 ? cfg.threads : comm.threads_per_rank());
   fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
   if (cfg.privacy.enabled) check_private_run(cfg);
   check_manifests_fit(cfg);

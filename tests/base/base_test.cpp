@@ -162,29 +162,31 @@ TEST(ThreadPool, CallsFromSeveralThreadsTakeTurnsAndNestedCallsRunInline) {
     EXPECT_EQ(inner[static_cast<size_t>(i)], (100 + i) * (99 + i) / 2);
 }
 
-// A rank bound to some CPUs (Slurm's --cpus-per-task, taskset) runs that many threads; a rank free
-// to run anywhere takes its share of the node. Here the test thread is bound to one CPU.
-TEST(ThreadPool, ThreadsPerRankFollowTheAffinityMask) {
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  cpu_set_t before;
-  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
-  if (CPU_COUNT(&before) == online) {
-    EXPECT_EQ(threads_per_rank(1), online);
-    EXPECT_EQ(threads_per_rank(2), std::max<long>(1, online / 2));
-  }
-  if (online < 2) GTEST_SKIP() << "one CPU: no smaller mask to bind to";
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
-    if (CPU_ISSET(cpu, &before)) {
-      CPU_SET(cpu, &one);
-      break;
-    }
-  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
-  const int alone = available_cpus(), bound = threads_per_rank(1);
-  ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
-  EXPECT_EQ(alone, 1);
-  EXPECT_EQ(bound, 1);
+// A rank bound to CPUs of its own (Slurm's --cpus-per-task, mpirun's --bind-to core) runs that
+// many threads; ranks that share CPUs (free to run anywhere, one taskset or cgroup for all) take
+// their share of them.
+TEST(ThreadPool, ThreadsPerRankShareOutTheCpusOfOverlappingRanks) {
+  const auto cpus = [](int first, int last) {
+    CpuMask m;
+    for (int c = first; c <= last; ++c) m.set(static_cast<size_t>(c));
+    return m;
+  };
+  // Four ranks of a 16-CPU node, each bound to 4 CPUs of its own.
+  const std::vector<CpuMask> bound = {cpus(0, 3), cpus(4, 7), cpus(8, 11), cpus(12, 15)};
+  for (const CpuMask& m : bound) EXPECT_EQ(threads_per_rank(m, bound), 4);
+  // Four ranks free on all 16; four ranks under one taskset (or cgroup) of 8 CPUs.
+  EXPECT_EQ(threads_per_rank(cpus(0, 15), std::vector<CpuMask>(4, cpus(0, 15))), 4);
+  EXPECT_EQ(threads_per_rank(cpus(0, 7), std::vector<CpuMask>(4, cpus(0, 7))), 2);
+  // Two ranks per socket of 8 CPUs (mpirun's socket binding): each socket shared by two.
+  const std::vector<CpuMask> sockets = {cpus(0, 7), cpus(0, 7), cpus(8, 15), cpus(8, 15)};
+  EXPECT_EQ(threads_per_rank(cpus(8, 15), sockets), 4);
+  // More ranks than CPUs: one thread each.
+  EXPECT_EQ(threads_per_rank(cpus(0, 1), std::vector<CpuMask>(3, cpus(0, 1))), 1);
+  // This process's mask is what sched_getaffinity says.
+  cpu_set_t set;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  EXPECT_EQ(static_cast<int>(affinity_mask().count()), CPU_COUNT(&set));
+  EXPECT_EQ(threads_per_rank(affinity_mask(), {affinity_mask()}), available_cpus());
 }
 
 TEST(Hash, Sha256AndXxh64KnownValues) {
