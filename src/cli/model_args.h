@@ -96,7 +96,8 @@ struct SpecialIds {
   std::vector<uint32_t> ends;
 };
 inline SpecialIds special_ids(const io::ModelSource& src, const tokenizer::Tokenizer& tok) {
-  SpecialIds ids{configured_token(src, tok, "bos_token"), configured_token(src, tok, "eos_token")};
+  SpecialIds ids{
+      configured_token(src, tok, "bos_token"), configured_token(src, tok, "eos_token"), {}};
   if (!ids.bos && !tok.bos_eos().prefix.empty()) ids.bos = tok.bos_eos().prefix.front();
   if (!ids.eos && src.chat_template)
     ids.eos = tokenizer::end_of_turn_id(tok, tokenizer::chat_template_named(*src.chat_template),

@@ -154,8 +154,9 @@ void add_serve_command(CLI::App& app) {
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const model::Llama m = io::load_model(src);
-    o.model = {a->name.empty() ? a->model : a->name, m.config().max_position_embeddings,
-               stop_tokens(src, tok)};
+    o.model.name = a->name.empty() ? a->model : a->name;
+    o.model.context = m.config().max_position_embeddings;
+    o.model.stop_tokens = stop_tokens(src, tok);
     o.model.eos = special_ids(src, tok).eos;
     o.limits = a->limits;
     o.max_batch_rows = a->max_batch_rows;
