@@ -42,6 +42,19 @@ inline CLI::Validator key_equals_value() {
       "KEY=VALUE");
 }
 
+// A number of 1 or more, checked while the command line is parsed (CLI11's PositiveNumber
+// says a 0 is "not in range 0 to 1.8e308").
+inline CLI::Validator one_or_more() {
+  return CLI::Validator(
+      [](const std::string& text) -> std::string {
+        long double value = 0;
+        return CLI::detail::lexical_cast(text, value) && value >= 1
+                   ? std::string()
+                   : "'" + text + "': expected a number of 1 or more";
+      },
+      "1 or more");
+}
+
 // The process's exit code when a command finishes without an error (`pollen train` tells a
 // preempted run from a finished one this way).
 inline int& exit_code_slot() {

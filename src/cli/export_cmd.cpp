@@ -97,7 +97,7 @@ void add_export_command(CLI::App& app) {
       ->check(CLI::IsMember({"f32", "bf16", "f16"}))
       ->capture_default_str();
   hf->add_option("--max-shard-mb", *shard_mb, "Largest shard in MB (10^6 bytes)")
-      ->check(CLI::PositiveNumber)
+      ->check(one_or_more())
       ->capture_default_str();
   hf->callback([=] {
     const io::ModelSource src = io::resolve_model(*model);

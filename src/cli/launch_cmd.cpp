@@ -23,7 +23,7 @@ void add_launch_command(CLI::App& app) {
       "status (137 for SIGKILL); a signal sent to mpirun reaches the ranks, but mpirun ends them "
       "after a short grace period and exits with 1 (send it to the ranks: docs/parallel.md).");
   auto opts = std::make_shared<dist::LaunchOptions>();
-  cmd->add_option("--nproc", opts->nproc, "Ranks to start")->required()->check(CLI::PositiveNumber);
+  cmd->add_option("--nproc", opts->nproc, "Ranks to start")->required()->check(one_or_more());
   cmd->add_option("--mpirun", opts->mpirun, "The mpirun to use")->capture_default_str();
   cmd->add_option("--mpirun-arg", opts->mpirun_args,
                   "An extra argument for mpirun, before the program (repeatable: one argument "

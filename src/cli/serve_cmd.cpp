@@ -112,27 +112,27 @@ void add_serve_command(CLI::App& app) {
                   "model's tokenizer_config.json)")
       ->check(CLI::IsMember({"chatml", "llama3"}));
   cmd->add_option("--max-body-bytes", a->limits.max_body_bytes, "Largest request body")
-      ->check(CLI::PositiveNumber)
+      ->check(one_or_more())
       ->capture_default_str();
   cmd->add_option("--max-prompt-tokens", a->limits.max_prompt_tokens,
                   "Longest prompt in tokens (0: the model's context)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--max-tokens", a->limits.max_tokens, "Most tokens generated per prompt")
-      ->check(CLI::PositiveNumber)
+      ->check(one_or_more())
       ->capture_default_str();
   cmd->add_option("--max-prompts", a->limits.max_prompts,
                   "Most choices in one request (prompts times n)")
-      ->check(CLI::PositiveNumber)
+      ->check(one_or_more())
       ->capture_default_str();
   cmd->add_option("--max-concurrent", a->limits.max_concurrent,
                   "Most requests in flight; more are answered 429")
-      ->check(CLI::PositiveNumber)
+      ->check(one_or_more())
       ->capture_default_str();
   cmd->add_option(
          "--max-batch-rows", a->max_batch_rows,
          "Most sequences generated at once (requests join the running batch as rows free up)")
-      ->check(CLI::PositiveNumber)
+      ->check(one_or_more())
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", a->prefill_chunk,
                   "Most prompt tokens one step runs, so that a long prompt joining the batch "

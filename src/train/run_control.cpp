@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <string_view>
 #include <thread>
 
 #include "base/error.h"
@@ -35,10 +36,16 @@ void on_stop_signal(int sig) {
   sigemptyset(&dfl.sa_mask);
   sigaction(SIGINT, &dfl, nullptr);
   sigaction(SIGTERM, &dfl, nullptr);
-  static const char msg[] =
-      "\npollen: stop requested; finishing this step and writing a checkpoint "
-      "(send it again to abort at once)\n";
-  [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+  // Ranks that mpirun ends after another failed get SIGTERM too: their checkpoint may not come.
+  static const char term[] =
+      "\npollen: SIGTERM: finishing this step and writing a checkpoint, unless the job is being "
+      "ended (send it again to abort at once)\n";
+  static const char interrupt[] =
+      "\npollen: SIGINT: finishing this step and writing a checkpoint, unless the job is being "
+      "ended (send it again to abort at once)\n";
+  const std::string_view msg =
+      sig == SIGTERM ? std::string_view(term) : std::string_view(interrupt);
+  [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg.data(), msg.size());
 }
 
 }  // namespace
