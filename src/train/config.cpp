@@ -557,9 +557,22 @@ std::vector<std::string> check_resume_compatible(
       warnings.push_back(cat(change, ": the schedule now ends at the new step count, so the ",
                              "learning rate differs from the checkpointed run's from here on"));
     } else if (key == "train.micro_batch") {
+      // Validation reads eval.batches micro-batches: as many windows as before take another count.
+      const auto eval_batches = [](const auto& entries) -> int64_t {
+        for (const auto& [k, v] : entries)
+          if (k == "eval.batches") return std::stoll(v);
+        return 0;
+      };
+      const int64_t windows_before = eval_batches(saved) * std::stoll(it->second),
+                    after = std::stoll(value), windows_now = eval_batches(now) * after;
+      std::string validation = cat("validation scores the same ", windows_now, " windows");
+      if (windows_now != windows_before)
+        validation = cat("validation now scores ", windows_now, " windows against ", windows_before,
+                         windows_before % after == 0
+                             ? cat(" (--set eval.batches=", windows_before / after, " keeps them)")
+                             : std::string());
       warnings.push_back(cat(change, ": a step still trains on train.batch_tokens, so the run ",
-                             "continues to rounding, not bitwise; validation now reads ",
-                             "eval.batches micro-batches of the new size"));
+                             "continues to rounding, not bitwise; ", validation));
     } else if (key == "run.threads" || key == "run.device" || key == "run.precision") {
       warnings.push_back(cat(change,
                              ": a different thread count, device or precision gives results ",
