@@ -129,10 +129,6 @@ SplitBehavior read_behavior(const Reader& r, const json& node, const std::string
   return it->second;
 }
 
-std::string escape_literal(const std::string& text) {
-  return "\\Q" + text + "\\E";
-}
-
 void read_pre_tokenizer(const Reader& r, const json& node, const std::string& where,
                         std::vector<PreTokenizerStep>& steps) {
   if (node.is_null()) return;
@@ -149,7 +145,7 @@ void read_pre_tokenizer(const Reader& r, const json& node, const std::string& wh
     if (pattern.contains("Regex"))
       regex = r.text(pattern["Regex"], where + ".pattern.Regex");
     else if (pattern.contains("String"))
-      regex = escape_literal(r.text(pattern["String"], where + ".pattern.String"));
+      regex = literal_regex(r.text(pattern["String"], where + ".pattern.String"));
     else
       r.fail_at(where + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
     try {

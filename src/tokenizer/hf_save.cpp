@@ -71,12 +71,10 @@ json byte_level_json(bool add_prefix_space, bool use_regex) {
           {"use_regex", use_regex}};
 }
 
-// A Split's pattern. A literal one (tokenizer.json's {"String": ...}) is held as ICU's \Q...\E,
-// which HF's regex engine (Oniguruma) reads as other text: it goes back as the String it was.
+// A Split's pattern: a literal one (tokenizer.json's {"String": ...}, held as literal_regex)
+// goes back as the String it was.
 json split_pattern_json(const std::string& regex) {
-  const bool literal = regex.size() >= 4 && regex.starts_with("\\Q") && regex.ends_with("\\E") &&
-                       regex.find("\\E") == regex.size() - 2;
-  if (literal) return {{"String", regex.substr(2, regex.size() - 4)}};
+  if (auto text = literal_of_regex(regex)) return {{"String", *text}};
   return {{"Regex", regex}};
 }
 

@@ -4,6 +4,10 @@
 #include <unicode/utext.h>
 
 #include <array>
+#include <cctype>
+#include <cstdio>
+#include <optional>
+#include <string>
 
 #include "base/error.h"
 #include "tokenizer/unicode.h"
@@ -193,7 +197,55 @@ size_t match_o200k(const Byte* p, const Byte* end) {
   return match_space(p, end, true);
 }
 
+bool ascii_alnum(unsigned char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
 }  // namespace
+
+std::string literal_regex(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x{%02X}", u);
+      out += hex;
+    } else {
+      if (u < 0x80 && !ascii_alnum(u)) out += '\\';
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::optional<std::string> literal_of_regex(std::string_view regex) {
+  std::string text;
+  for (size_t i = 0; i < regex.size(); ++i) {
+    const auto u = static_cast<unsigned char>(regex[i]);
+    if (u != '\\') {
+      if (u < 0x80 && !ascii_alnum(u)) return std::nullopt;  // an operator
+      text += regex[i];
+      continue;
+    }
+    if (i + 1 == regex.size()) return std::nullopt;
+    const auto next = static_cast<unsigned char>(regex[i + 1]);
+    const auto hex = [&](size_t at) {
+      return std::isxdigit(static_cast<unsigned char>(regex[at]));
+    };
+    if (regex.substr(i, 3) == "\\x{" && i + 5 < regex.size() && regex[i + 5] == '}' && hex(i + 3) &&
+        hex(i + 4)) {  // \x{HH}: a control character
+      text += static_cast<char>(std::stoi(std::string(regex.substr(i + 3, 2)), nullptr, 16));
+      i += 5;
+    } else if (next >= 0x20 && next < 0x7f && !ascii_alnum(next)) {
+      text += static_cast<char>(next);
+      ++i;
+    } else {
+      return std::nullopt;  // a class (\d, \w) or another escape
+    }
+  }
+  return text;
+}
 
 std::string_view known_pattern_regex(KnownPattern pattern) {
   switch (pattern) {
@@ -292,6 +344,7 @@ class IcuRegex {
   //   and fractions (U+00B2, B3, B9, BC-BE: its single-byte table's). \W and the boundaries \b
   //   and \B follow \w (as lookarounds, where ICU's \b has rules of its own); in a class \b
   //   is a backspace.
+  // - Oniguruma's \h and \H are a hex digit and not one; ICU's are horizontal space.
   static std::string icu_syntax(const std::string& regex) {
     static const std::string unicode_word = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}";
     static const std::string latin1_extra = "\\u00B2\\u00B3\\u00B9\\u00BC-\\u00BE";
@@ -328,6 +381,10 @@ class IcuRegex {
           out += in_class > 0 ? "\\x08" : boundary;
         else if (next == 'B' && in_class == 0)
           out += inside;
+        else if (next == 'h')  // Oniguruma's hex digit (ICU's \h is horizontal space)
+          set_item("[0-9A-Fa-f]");
+        else if (next == 'H')
+          set_item("[^0-9A-Fa-f]");
         else
           out += regex.substr(i, 2);
         ++i;

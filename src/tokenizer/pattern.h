@@ -27,6 +27,14 @@ std::optional<KnownPattern> known_pattern_named(std::string_view name);
 std::string_view known_pattern_name(KnownPattern pattern);
 std::optional<KnownPattern> recognise_pattern(std::string_view regex);
 
+// A regex matching `text` as it is (tokenizer.json's {"String": ...}): every ASCII character
+// that is not a letter or digit escaped (a control character as \x{HH}), so that no part of it
+// is read as a class or an operator, by ICU or by Oniguruma.
+std::string literal_regex(std::string_view text);
+// The text a regex of that form matches, when it has that form (no operator, class or escape
+// of a letter or digit); none otherwise.
+std::optional<std::string> literal_of_regex(std::string_view regex);
+
 // Length in bytes of the match that starts at `p` in valid UTF-8 text [p, end), p < end.
 size_t known_pattern_match(KnownPattern pattern, const unsigned char* p, const unsigned char* end);
 

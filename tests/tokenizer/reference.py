@@ -51,7 +51,8 @@ def split_hf(req):
 
     pieces = []
     for case in req["cases"]:
-        split = pre_tokenizers.Split(Regex(case["pattern"]), behavior=case["behavior"])
+        pattern = case["pattern"] if case.get("literal") else Regex(case["pattern"])
+        split = pre_tokenizers.Split(pattern, behavior=case["behavior"])
         pieces.append([piece for piece, _ in split.pre_tokenize_str(case["text"])])
     return {"pieces": pieces}
 

@@ -172,6 +172,34 @@ std::vector<std::vector<std::string>> hf_split_pieces(const nlohmann::json& case
   return result["pieces"].get<std::vector<std::vector<std::string>>>();
 }
 
+// A literal Split (tokenizer.json's {"String": ...}) matches its text whatever characters it
+// holds (a backslash and a letter, \E, operators, a newline), and \h, \H are Oniguruma's hex
+// digits: the pieces are HF's.
+TEST(HfSemantics, LiteralSplitsAndHexClassesCutAsHfDoes) {
+  POLLEN_REQUIRE_PEERS();
+  const std::vector<std::pair<std::string, bool>> patterns = {
+      {R"(\s)", true}, {R"(a\Eb)", true}, {".+", true},      {"[x]", true},       {"\n", true},
+      {"ab", true},    {R"(\h+)", false}, {R"(\H+)", false}, {R"([\h_]+)", false}};
+  const std::vector<std::string> texts = {"x\\sy z", "xa\\Eby",  "a.+b..+",
+                                          "[x]x[x",  "one\ntwo", "deadbeef xyz 12_f"};
+  nlohmann::json cases = nlohmann::json::array();
+  std::vector<std::vector<std::string>> ours;
+  for (const auto& [pattern, literal] : patterns)
+    for (const std::string& text : texts) {
+      cases.push_back(
+          {{"pattern", pattern}, {"literal", literal}, {"behavior", "isolated"}, {"text", text}});
+      ours.push_back(
+          split_pieces(literal ? literal_regex(pattern) : pattern, SplitBehavior::kIsolated, text));
+    }
+  const auto hf = hf_split_pieces(cases);
+  for (size_t i = 0; i < ours.size(); ++i) EXPECT_EQ(ours[i], hf[i]) << cases[i].dump();
+  // A literal goes back to tokenizer.json as the String it was; a regex as a regex.
+  for (const auto& [pattern, literal] : patterns)
+    if (literal) EXPECT_EQ(literal_of_regex(literal_regex(pattern)), pattern);
+  EXPECT_EQ(literal_of_regex(R"(\h+)"), std::nullopt);
+  EXPECT_EQ(literal_of_regex(R"(\d)"), std::nullopt);
+}
+
 // A Split whose pattern can match the empty string cuts at the empty matches as HF does, with
 // every behavior.
 TEST(HfSemantics, SplitCutsAtEmptyMatchesAsHfDoes) {
