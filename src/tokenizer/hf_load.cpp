@@ -218,6 +218,17 @@ void read_decoder(const Reader& r, const json& node, const std::string& where, D
   }
 }
 
+// Whether a match of `a` and one of `b` can share a byte: one holds the other, or an end of one
+// is a start of the other.
+bool can_overlap(std::string_view a, std::string_view b) {
+  if (a.empty() || b.empty()) return false;
+  if (a.find(b) != std::string_view::npos || b.find(a) != std::string_view::npos) return true;
+  for (size_t n = 1; n < std::min(a.size(), b.size()); ++n)
+    if (a.substr(a.size() - n) == b.substr(0, n) || b.substr(b.size() - n) == a.substr(0, n))
+      return true;
+  return false;
+}
+
 void read_template(const Reader& r, const json& node, const std::string& where,
                    BosEosTemplate& bos_eos) {
   if (node.is_null()) return;
@@ -318,6 +329,7 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
 
   std::vector<AddedToken> added;
   std::optional<size_t> first_normalized;  // the first added token with "normalized": true
+  std::vector<bool> normalized;            // of each added token
   const json& added_json =
       root.contains("added_tokens") ? r.list(root, "added_tokens", "") : json::array();
   for (size_t i = 0; i < added_json.size(); ++i) {
@@ -326,11 +338,24 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
     for (const char* flag : {"single_word", "lstrip", "rstrip"})
       if (r.get<bool>(t, flag, where, false))
         r.fail_at(cat(where, ".", flag), "added-token flag is not supported");
-    if (r.get<bool>(t, "normalized", where, false) && !first_normalized) first_normalized = i;
+    normalized.push_back(r.get<bool>(t, "normalized", where, false));
+    if (normalized.back() && !first_normalized) first_normalized = i;
     added.push_back({r.token_id(r.at(t, "id", where), where + ".id"),
                      r.text(r.at(t, "content", where), where + ".content"),
                      r.get<bool>(t, "special", where, false)});
   }
+
+  // HF matches the added tokens that are not normalized first, then the normalized ones in the
+  // text between them; pollen matches all of them in one pass (leftmost, longest), which gives
+  // the same pieces unless a token of one kind can overlap one of the other.
+  for (size_t i = 0; i < added.size(); ++i)
+    for (size_t j = 0; j < added.size(); ++j)
+      if (!normalized[i] && normalized[j] && can_overlap(added[i].content, added[j].content))
+        r.fail_at(cat("added_tokens[", j, "].normalized"),
+                  cat("'", added[j].content, "' (normalized) can overlap '", added[i].content,
+                      "' (added_tokens[", i,
+                      "], not normalized), which HF matches first: pollen matches both kinds in "
+                      "one pass, so the two must not overlap"));
 
   const json& vocab_json = r.at(model, "vocab", "model");
   if (!vocab_json.is_object() || vocab_json.empty())

@@ -438,6 +438,25 @@ TEST(HfSemantics, AddedTokensWithBadIdsAreRefused) {
                {"'<x>' is given twice"});
 }
 
+// HF matches the added tokens that are not normalized first and the normalized ones between
+// them ("x<tool>call" is <tool> then "call" when <tool> is not normalized and <tool>call is):
+// pollen's one pass would give <tool>call, so a pair of the two kinds that can overlap is refused.
+TEST(HfSemantics, AddedTokensOfBothKindsThatOverlapAreRefused) {
+  const auto file = [](const std::string& a, const std::string& b) {
+    return R"({"added_tokens": [{"id": 1, "content": ")" + a +
+           R"(", "normalized": false}, {"id": 2, "content": ")" + b +
+           R"(", "normalized": true}], "model": {"vocab": {"a": 0}, "merges": []}})";
+  };
+  expect_error([&] { hf_from_json_text(file("<tool>", "<tool>call"), "t.json"); },
+               {"t.json", "added_tokens[1].normalized", "'<tool>call' (normalized) can overlap",
+                "'<tool>' (added_tokens[0], not normalized)"});
+  expect_error([&] { hf_from_json_text(file("ab>", ">cd"), "t.json"); }, {"can overlap"});
+  // Tokens that cannot overlap load, and each is matched where it stands.
+  const Tokenizer apart = hf_from_json_text(file("<|im_start|>", "<|im_end|>"), "t.json");
+  EXPECT_EQ(apart.encode("<|im_start|><|im_end|>", {SpecialPolicy::allow_all(), false}),
+            (std::vector<uint32_t>{1, 2}));
+}
+
 // HF matches an added token with "normalized": true on the normalized text, against its content
 // normalized ("\uFB01le" is "file" under NFKC, so HF gives "file" its id): matched on the text
 // as written, pollen would give other ids, so such a token is refused under a normalizer. Without
