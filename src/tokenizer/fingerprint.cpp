@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "base/hash.h"
+#include "tokenizer/pattern.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pollen::tokenizer {
@@ -26,6 +27,13 @@ class Canonical {
  private:
   Sha256 sha_;
 };
+
+// A Split's regex as version 1 spelled it: a literal (tokenizer.json's {"String": ...}) as
+// \Q...\E, so that a tokenizer keeps its fingerprint now that literals are escaped otherwise.
+std::string fingerprinted_regex(const std::string& regex) {
+  if (auto text = literal_of_regex(regex)) return "\\Q" + *text + "\\E";
+  return regex;
+}
 
 }  // namespace
 
@@ -66,7 +74,7 @@ std::string Tokenizer::fingerprint() const {
   c.field("pre_tokenizer");
   for (const PreTokenizerStep& step : pre_tokenizer_.steps()) {
     c.number(static_cast<uint64_t>(step.kind));
-    c.field(step.splitter ? step.splitter->regex() : "");
+    c.field(step.splitter ? fingerprinted_regex(step.splitter->regex()) : "");
     c.number(static_cast<uint64_t>(step.behavior));
     c.number(step.add_prefix_space);
     c.number(step.individual_digits);

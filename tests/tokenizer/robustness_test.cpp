@@ -399,8 +399,7 @@ TEST(HfSemantics, RankFileExportRefusesTokensTiktokenWouldMakeOtherwise) {
                                  {"abc", "xabc"}, {"'abc' (id 257)", "no merge", "'ab' 'c'"});
 }
 
-// A Split on a literal string is written back as {"String": ...}: as a regex its ICU spelling
-// (\Q..\E) means other text to HF's engine.
+// A Split on a literal string is written back as {"String": ...}, the String it was.
 TEST(HfSemantics, ALiteralSplitIsSavedAsAString) {
   const nlohmann::json j = {
       {"pre_tokenizer",
@@ -416,6 +415,10 @@ TEST(HfSemantics, ALiteralSplitIsSavedAsAString) {
             (nlohmann::json{{"String", "ab"}}))
       << saved["pre_tokenizer"].dump();
   EXPECT_EQ(hf_from_json_text(saved.dump(), "saved.json").encode("xabyab"), tok.encode("xabyab"));
+  // Its fingerprint is the one it had when literals were held as \Q...\E.
+  nlohmann::json old = j;
+  old["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "\\Qab\\E"}};
+  EXPECT_EQ(hf_from_json_text(old.dump(), "old.json").fingerprint(), tok.fingerprint());
 }
 
 // Added tokens with ids past 2^24, two sharing an id, or one given twice are refused (the
