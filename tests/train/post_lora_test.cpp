@@ -265,9 +265,17 @@ TEST(PostLora, ARunFolderBaseIsPinnedToTheCheckpointItStartedFrom) {
   fs::rename(started, dir / "started-aside");
   const std::string gone = error_of([&] { run(text, true); });
   EXPECT_NE(gone.find("model.base: model '" + started.string() + "'"), std::string::npos) << gone;
-  // One of other weights at the base's path (another checkpoint copied there): the adapters were
-  // trained on other weights, and the resume is refused saying so.
+  // Another checkpoint copied there is not that step's.
   fs::copy(later, started, fs::copy_options::recursive);
+  const std::string misnamed = error_of([&] { run(text, true); });
+  EXPECT_NE(misnamed.find("manifest.json says step 4, the folder's name another"),
+            std::string::npos)
+      << misnamed;
+  // One of other weights at the base's path (that copy, its manifest saying step 2): the adapters
+  // were trained on other weights, and the resume is refused saying so.
+  auto manifest = nlohmann::json::parse(read_file(started / "manifest.json"));
+  manifest["step"] = 2;
+  write_file_atomic(started / "manifest.json", manifest.dump());
   const std::string changed = error_of([&] { run(text, true); });
   EXPECT_NE(changed.find("cannot resume: the base '" + started.string() + "' holds other weights"),
             std::string::npos)
