@@ -321,7 +321,7 @@ const char* GopherQualityFilter::check(std::string_view text) const {
 }
 
 const char* GopherRepetitionFilter::check(std::string_view text) const {
-  if (text.empty()) return nullptr;
+  if (text.empty()) return "repetition_empty";  // as datatrove's: no text is no document
   thread_local std::vector<std::string_view> parts, words;
   const double len = static_cast<double>(text.size());
   split_paragraphs(text, parts);

@@ -97,8 +97,9 @@ std::string pass1_key(const PipelineConfig& c, const std::vector<InputFile>& fil
   }
   // "v": what the stages decide, so that a folder prepared by a pollen whose stages decided
   // otherwise is prepared again (3: FineWeb and Gopher bounds as datatrove 0.10.1's, and
-  // decontamination before PII redaction; every later key derives from this one).
-  return sha256_hex(json{{"config", cfg}, {"files", f}, {"v", 3}}.dump());
+  // decontamination before PII redaction; 4: Gopher repetition drops an empty text; every later
+  // key derives from this one).
+  return sha256_hex(json{{"config", cfg}, {"files", f}, {"v", 4}}.dump());
 }
 
 Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& files,

@@ -334,6 +334,8 @@ TEST(Filters, GopherRepetition) {
   std::string ngram = good_text() + " ";
   for (int i = 0; i < 40; ++i) ngram += "click here ";
   EXPECT_STREQ(f.check(ngram), "repetition_top_ngram");
+  // An empty text is dropped, as datatrove drops it ("empty"), with the length stage off too.
+  EXPECT_STREQ(f.check(""), "repetition_empty");
 }
 
 // The repetition documents below are made of one-word paragraphs or lines, so that no 2-gram
