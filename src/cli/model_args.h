@@ -89,8 +89,9 @@ inline std::optional<uint32_t> configured_token(const io::ModelSource& src,
 
 // The model's BOS and EOS: tokenizer_config.json's bos_token and eos_token, else the BOS the
 // post-processor adds, and as EOS the end of turn of the chat template a checkpoint was trained
-// with (as instruction-tuned models name theirs), else the first end token; `ends`: every id that
-// ends a generation, the EOS first (what export writes for HF and llama.cpp).
+// with (as instruction-tuned models name theirs) when the tokenizer has it, else the first end
+// token; `ends`: every id that ends a generation, the EOS first (what export writes for HF and
+// llama.cpp, and serve's /tokenizer_info reports).
 struct SpecialIds {
   std::optional<uint32_t> bos, eos;
   std::vector<uint32_t> ends;
@@ -99,9 +100,9 @@ inline SpecialIds special_ids(const io::ModelSource& src, const tokenizer::Token
   SpecialIds ids{
       configured_token(src, tok, "bos_token"), configured_token(src, tok, "eos_token"), {}};
   if (!ids.bos && !tok.bos_eos().prefix.empty()) ids.bos = tok.bos_eos().prefix.front();
-  if (!ids.eos && src.chat_template)
-    ids.eos = tokenizer::end_of_turn_id(tok, tokenizer::chat_template_named(*src.chat_template),
-                                        "the checkpoint was trained with this template");
+  if (!ids.eos && src.chat_template)  // none when the tokenizer lacks it (another --tokenizer)
+    ids.eos = tokenizer::added_token_id(
+        tok, tokenizer::end_of_turn(tokenizer::chat_template_named(*src.chat_template)));
   const auto ends = stop_tokens(src, tok);
   if (!ids.eos && !ends.empty()) ids.eos = ends.front();
   if (ids.eos) ids.ends.push_back(*ids.eos);
@@ -110,20 +111,27 @@ inline SpecialIds special_ids(const io::ModelSource& src, const tokenizer::Token
   return ids;
 }
 
-// lm-evaluation-harness's prefix token (what an empty context or a document's first window is
-// conditioned on): the tokenizer's bos_token_id, else its eos_token_id, as tokenizer_config.json
-// names them; for a model without that file (a pollen model), the BOS the post-processor adds,
-// else the first end token.
-inline std::optional<uint32_t> lm_eval_prefix_token(const io::ModelSource& src,
-                                                    const tokenizer::Tokenizer& tok) {
+// The BOS transformers reports for the model (serve's /tokenizer_info says the same):
+// tokenizer_config.json's bos_token when the model has that file, else, for a pollen model, the
+// BOS its post-processor adds.
+inline std::optional<uint32_t> reported_bos(const io::ModelSource& src,
+                                            const tokenizer::Tokenizer& tok) {
   if (auto bos = configured_token(src, tok, "bos_token")) return bos;
   const bool configured =
       std::any_of(src.hf_side_files.begin(), src.hf_side_files.end(),
                   [](const auto& f) { return f.filename() == "tokenizer_config.json"; });
   if (!configured && !tok.bos_eos().prefix.empty()) return tok.bos_eos().prefix.front();
-  if (auto eos = configured_token(src, tok, "eos_token")) return eos;
-  if (auto stops = stop_tokens(src, tok); !stops.empty()) return stops.front();
   return std::nullopt;
+}
+
+// lm-evaluation-harness's prefix token (what an empty context or a document's first window is
+// conditioned on): the tokenizer's bos_token_id, else its eos_token_id, as tokenizer_config.json
+// names them; for a model without that file (a pollen model), the BOS the post-processor adds,
+// else its EOS as special_ids gives it.
+inline std::optional<uint32_t> lm_eval_prefix_token(const io::ModelSource& src,
+                                                    const tokenizer::Tokenizer& tok) {
+  if (auto bos = reported_bos(src, tok)) return bos;
+  return special_ids(src, tok).eos;
 }
 
 }  // namespace pollen::cli

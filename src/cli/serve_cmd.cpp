@@ -157,6 +157,7 @@ void add_serve_command(CLI::App& app) {
     o.model.name = a->name.empty() ? a->model : a->name;
     o.model.context = m.config().max_position_embeddings;
     o.model.stop_tokens = stop_tokens(src, tok);
+    o.model.bos = reported_bos(src, tok);
     o.model.eos = special_ids(src, tok).eos;
     o.limits = a->limits;
     o.max_batch_rows = a->max_batch_rows;

@@ -54,9 +54,10 @@ struct ServedModel {
   // Also ends a chat reply: the chat template's end of turn, which a tokenizer need not list
   // among its special tokens (then it is not in stop_tokens).
   std::optional<uint32_t> end_of_turn;
-  // The model's EOS as its tokenizer_config.json names it (/tokenizer_info reports it); else the
+  // The model's BOS and EOS as transformers reports them (/tokenizer_info says them, and
+  // lm-evaluation-harness's remote tokenizer conditions on them): no BOS is null; no EOS, the
   // first of stop_tokens.
-  std::optional<uint32_t> eos;
+  std::optional<uint32_t> bos, eos;
 };
 
 // The body as a JSON object, or a 400.

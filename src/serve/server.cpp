@@ -459,20 +459,21 @@ void Server::add_routes() {
              }));
 
   // vLLM's tokenizer endpoints, which lm-evaluation-harness's remote tokenizer uses.
-  http_->Get("/tokenizer_info", api([this](const httplib::Request&, httplib::Response& res, auto) {
-               const auto text_of = [this](const std::vector<uint32_t>& ids) {
-                 return ids.empty() ? json(nullptr)
-                                    : json(tok_.decode(std::vector<uint32_t>{ids.front()}));
-               };
-               const json info = {
-                   {"tokenizer_class", "pollen"},
-                   {"bos_token", text_of(tok_.bos_eos().prefix)},
-                   {"eos_token", options_.model.eos ? text_of({*options_.model.eos})
-                                                    : text_of(options_.model.stop_tokens)},
-                   {"pad_token", nullptr},
-                   {"model_max_length", options_.model.context}};
-               res.set_content(dump(info), "application/json");
-             }));
+  http_->Get(
+      "/tokenizer_info", api([this](const httplib::Request&, httplib::Response& res, auto) {
+        const auto text_of = [this](const std::vector<uint32_t>& ids) {
+          return ids.empty() ? json(nullptr)
+                             : json(tok_.decode(std::vector<uint32_t>{ids.front()}));
+        };
+        const json info = {
+            {"tokenizer_class", "pollen"},
+            {"bos_token", options_.model.bos ? text_of({*options_.model.bos}) : json(nullptr)},
+            {"eos_token", options_.model.eos ? text_of({*options_.model.eos})
+                                             : text_of(options_.model.stop_tokens)},
+            {"pad_token", nullptr},
+            {"model_max_length", options_.model.context}};
+        res.set_content(dump(info), "application/json");
+      }));
   http_->Post("/tokenize", post([this](const httplib::Request& req, httplib::Response& res, auto) {
                 const json body = parse_body(req.body);
                 const TokenizeRequest r = parse_tokenize_request(body);

@@ -88,7 +88,7 @@ class Serving : public ::testing::Test {
   static serve::ServerOptions options() {
     serve::ServerOptions o;
     o.port = 0;
-    o.model = {"tiny", 256, {eot()}, {}, {}};
+    o.model = {"tiny", 256, {eot()}, {}, {}, {}};
     o.limits.max_prompt_tokens = 64;
     o.limits.max_tokens = 32;
     o.limits.max_body_bytes = 4096;
@@ -1615,7 +1615,7 @@ TEST(ServingSentencePiece, GeneratedTextKeepsTheSpaceItsFirstTokenStandsFor) {
   const model::Llama model = testing::tiny_model(tok.vocab_size());
   serve::ServerOptions o;
   o.port = 0;
-  o.model = {"sp", 256, {}, {}, {}};
+  o.model = {"sp", 256, {}, {}, {}, {}};
   serve::Server server(model, tok, o);
   server.start();
   const std::vector<uint32_t> prompt = tok.encode("a b");
