@@ -87,8 +87,8 @@ void add_export_command(CLI::App& app) {
       ->required();
   hf->add_option("--adapter", *adapter, kAdapterHelp);
   hf->add_option("--tokenizer", *tokenizer_file,
-                 "tokenizer.json or tiktoken file to export with the model (default: the "
-                 "model's)");
+                 "tokenizer.json or tiktoken file to export with a model that has none (a "
+                 "federated server's global model)");
   hf->add_option("--output", *output,
                  "Folder to write: a new or empty one, or one an earlier export wrote, which is "
                  "replaced whole (a folder holding other files is refused)")
@@ -101,6 +101,10 @@ void add_export_command(CLI::App& app) {
       ->capture_default_str();
   hf->callback([=] {
     const io::ModelSource src = io::resolve_model(*model);
+    // Its tokenizer files (and the special ids they name) would be copied beside another one.
+    POLLEN_CHECK(tokenizer_file->empty() || !src.tokenizer, "--tokenizer: model '", *model,
+                 "' has its own tokenizer ('", src.tokenizer.value_or("").string(),
+                 "'); --tokenizer is for a model that knows none");
     const model::Llama m = load_model_with_adapter(src, *adapter);
     io::HfExportOptions o;
     o.dtype = *dtype == "bf16" ? DType::bf16 : *dtype == "f16" ? DType::f16 : DType::f32;

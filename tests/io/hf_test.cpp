@@ -861,6 +861,10 @@ TEST(HfExport, ATokenizerCanBeGivenForAModelWithoutOne) {
     if (t.content == "<|endoftext|>") eot = t.id;
   EXPECT_EQ(json::parse(read_file(out / "config.json"))["eos_token_id"], eot);
   EXPECT_EQ(json::parse(read_file(out / "tokenizer_config.json"))["eos_token"], "<|endoftext|>");
+  // A model with a tokenizer of its own keeps it.
+  tokenizer::save_tokenizer(tok, ckpt / "tokenizer.json");
+  EXPECT_FALSE(exports_hf(ckpt, out, root, "--tokenizer " + (root / "given.json").string()));
+  EXPECT_NE(read_file(root / "export.log").find("has its own tokenizer"), std::string::npos);
   fs::remove_all(root);
 }
 
