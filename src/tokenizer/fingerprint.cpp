@@ -30,9 +30,9 @@ class Canonical {
 
 // A Split's regex as version 1 spelled it: a literal (tokenizer.json's {"String": ...}) as
 // \Q...\E, so that a tokenizer keeps its fingerprint now that literals are escaped otherwise.
-std::string fingerprinted_regex(const std::string& regex) {
-  if (auto text = literal_of_regex(regex)) return "\\Q" + *text + "\\E";
-  return regex;
+std::string fingerprinted_regex(const PreTokenizerStep& step) {
+  if (step.literal) return "\\Q" + *literal_of_regex(step.splitter->regex()) + "\\E";
+  return step.splitter->regex();
 }
 
 }  // namespace
@@ -74,7 +74,7 @@ std::string Tokenizer::fingerprint() const {
   c.field("pre_tokenizer");
   for (const PreTokenizerStep& step : pre_tokenizer_.steps()) {
     c.number(static_cast<uint64_t>(step.kind));
-    c.field(step.splitter ? fingerprinted_regex(step.splitter->regex()) : "");
+    c.field(step.splitter ? fingerprinted_regex(step) : "");
     c.number(static_cast<uint64_t>(step.behavior));
     c.number(step.add_prefix_space);
     c.number(step.individual_digits);

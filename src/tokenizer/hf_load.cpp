@@ -141,15 +141,15 @@ void read_pre_tokenizer(const Reader& r, const json& node, const std::string& wh
     if (r.get<bool>(node, "invert", where, false))
       r.fail_at(where + ".invert", "inverted Split is not supported");
     const json& pattern = r.at(node, "pattern", where);
-    std::string regex;
-    if (pattern.contains("Regex"))
-      regex = r.text(pattern["Regex"], where + ".pattern.Regex");
-    else if (pattern.contains("String"))
-      regex = literal_regex(r.text(pattern["String"], where + ".pattern.String"));
-    else
+    if (!pattern.contains("Regex") && !pattern.contains("String"))
       r.fail_at(where + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
     try {
-      steps.push_back(PreTokenizerStep::split_on(regex, read_behavior(r, node, where)));
+      const SplitBehavior behavior = read_behavior(r, node, where);
+      steps.push_back(pattern.contains("Regex")
+                          ? PreTokenizerStep::split_on(
+                                r.text(pattern["Regex"], where + ".pattern.Regex"), behavior)
+                          : PreTokenizerStep::split_on_text(
+                                r.text(pattern["String"], where + ".pattern.String"), behavior));
     } catch (const Error& e) {
       r.fail_at(where + ".pattern", e.what());
     }
@@ -218,14 +218,14 @@ void read_decoder(const Reader& r, const json& node, const std::string& where, D
   }
 }
 
-// Whether a match of `a` and one of `b` can share a byte: one holds the other, or an end of one
-// is a start of the other.
-bool can_overlap(std::string_view a, std::string_view b) {
-  if (a.empty() || b.empty()) return false;
-  if (a.find(b) != std::string_view::npos || b.find(a) != std::string_view::npos) return true;
-  for (size_t n = 1; n < std::min(a.size(), b.size()); ++n)
-    if (a.substr(a.size() - n) == b.substr(0, n) || b.substr(b.size() - n) == a.substr(0, n))
-      return true;
+// Whether a match of the normalized token `normalized` can begin at or before one of `other`
+// and overlap it: it holds `other`, or an end of it is a start of `other`. Where HF matches
+// `other` first (not normalized), pollen's one leftmost-longest pass would take `normalized`.
+bool can_cover(std::string_view normalized, std::string_view other) {
+  if (normalized.empty() || other.empty()) return false;
+  if (normalized.find(other) != std::string_view::npos) return true;
+  for (size_t n = 1; n < std::min(normalized.size(), other.size()); ++n)
+    if (normalized.substr(normalized.size() - n) == other.substr(0, n)) return true;
   return false;
 }
 
@@ -347,15 +347,16 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
 
   // HF matches the added tokens that are not normalized first, then the normalized ones in the
   // text between them; pollen matches all of them in one pass (leftmost, longest), which gives
-  // the same pieces unless a token of one kind can overlap one of the other.
+  // the same pieces unless a normalized token can begin at or before one that is not and
+  // overlap it.
   for (size_t i = 0; i < added.size(); ++i)
     for (size_t j = 0; j < added.size(); ++j)
-      if (!normalized[i] && normalized[j] && can_overlap(added[i].content, added[j].content))
+      if (!normalized[i] && normalized[j] && can_cover(added[j].content, added[i].content))
         r.fail_at(cat("added_tokens[", j, "].normalized"),
                   cat("'", added[j].content, "' (normalized) can overlap '", added[i].content,
                       "' (added_tokens[", i,
-                      "], not normalized), which HF matches first: pollen matches both kinds in "
-                      "one pass, so the two must not overlap"));
+                      "], not normalized) from its start or before, where HF matches the latter "
+                      "first: pollen matches both kinds in one pass"));
 
   const json& vocab_json = r.at(model, "vocab", "model");
   if (!vocab_json.is_object() || vocab_json.empty())

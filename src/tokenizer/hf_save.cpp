@@ -73,8 +73,9 @@ json byte_level_json(bool add_prefix_space, bool use_regex) {
 
 // A Split's pattern: a literal one (tokenizer.json's {"String": ...}, held as literal_regex)
 // goes back as the String it was.
-json split_pattern_json(const std::string& regex) {
-  if (auto text = literal_of_regex(regex)) return {{"String", *text}};
+json split_pattern_json(const PreTokenizerStep& step) {
+  const std::string& regex = step.splitter->regex();
+  if (step.literal) return {{"String", *literal_of_regex(regex)}};
   return {{"Regex", regex}};
 }
 
@@ -86,7 +87,7 @@ json pre_tokenizer_json(const PreTokenizer& pre, bool byte_level) {
     switch (step.kind) {
       case Kind::kSplit:
         list.push_back({{"type", "Split"},
-                        {"pattern", split_pattern_json(step.splitter->regex())},
+                        {"pattern", split_pattern_json(step)},
                         {"behavior", behavior_name(step.behavior)},
                         {"invert", false}});
         break;

@@ -178,6 +178,12 @@ PreTokenizerStep PreTokenizerStep::split_on(std::string regex, SplitBehavior beh
   return step;
 }
 
+PreTokenizerStep PreTokenizerStep::split_on_text(std::string_view text, SplitBehavior behavior) {
+  PreTokenizerStep step = split_on(literal_regex(text), behavior);
+  step.literal = true;
+  return step;
+}
+
 PreTokenizerStep PreTokenizerStep::byte_level(bool add_prefix_space, bool use_regex) {
   PreTokenizerStep step;
   step.kind = Kind::kByteLevel;

@@ -27,9 +27,12 @@ struct PreTokenizerStep {
   bool individual_digits = false;                         // kDigits
   std::string replacement;                                // kMetaspace, usually "▁"
   PrependScheme prepend_scheme = PrependScheme::kAlways;  // kMetaspace
-  bool split = true;  // kMetaspace: split on the replacement character
+  bool split = true;     // kMetaspace: split on the replacement character
+  bool literal = false;  // kSplit: the regex is literal_regex of a text (tokenizer.json's String)
 
   static PreTokenizerStep split_on(std::string regex, SplitBehavior behavior);
+  // A split on `text` as it is: literal_regex(text), remembered as a literal.
+  static PreTokenizerStep split_on_text(std::string_view text, SplitBehavior behavior);
   static PreTokenizerStep byte_level(bool add_prefix_space, bool use_regex);
   static PreTokenizerStep digits(bool individual);
   static PreTokenizerStep metaspace(std::string replacement, PrependScheme scheme, bool split);

@@ -419,6 +419,14 @@ TEST(HfSemantics, ALiteralSplitIsSavedAsAString) {
   nlohmann::json old = j;
   old["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "\\Qab\\E"}};
   EXPECT_EQ(hf_from_json_text(old.dump(), "old.json").fingerprint(), tok.fingerprint());
+  // A Regex that reads as a literal stays a Regex, with the fingerprint of its own text.
+  nlohmann::json regex = j;
+  regex["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "ab"}};
+  const Tokenizer as_regex = hf_from_json_text(regex.dump(), "regex.json");
+  EXPECT_NE(as_regex.fingerprint(), tok.fingerprint());
+  EXPECT_EQ(
+      nlohmann::json::parse(hf_json_text(as_regex))["pre_tokenizer"]["pretokenizers"][0]["pattern"],
+      (nlohmann::json{{"Regex", "ab"}}));
 }
 
 // Added tokens with ids past 2^24, two sharing an id, or one given twice are refused (the
@@ -453,11 +461,16 @@ TEST(HfSemantics, AddedTokensOfBothKindsThatOverlapAreRefused) {
   expect_error([&] { hf_from_json_text(file("<tool>", "<tool>call"), "t.json"); },
                {"t.json", "added_tokens[1].normalized", "'<tool>call' (normalized) can overlap",
                 "'<tool>' (added_tokens[0], not normalized)"});
-  expect_error([&] { hf_from_json_text(file("ab>", ">cd"), "t.json"); }, {"can overlap"});
-  // Tokens that cannot overlap load, and each is matched where it stands.
+  expect_error([&] { hf_from_json_text(file(">cd", "ab>"), "t.json"); }, {"can overlap"});
+  // Tokens that cannot overlap load, and so do pairs where the one not normalized holds the
+  // normalized one or begins before it: one pass matches them as HF does.
   const Tokenizer apart = hf_from_json_text(file("<|im_start|>", "<|im_end|>"), "t.json");
   EXPECT_EQ(apart.encode("<|im_start|><|im_end|>", {SpecialPolicy::allow_all(), false}),
             (std::vector<uint32_t>{1, 2}));
+  const Tokenizer inside = hf_from_json_text(file("<tool>", "tool"), "t.json");
+  EXPECT_EQ(inside.encode("<tool>tool", {SpecialPolicy::allow_all(), false}),
+            (std::vector<uint32_t>{1, 2}));
+  EXPECT_NO_THROW(hf_from_json_text(file("ab>", ">cd"), "t.json"));
 }
 
 // HF matches an added token with "normalized": true on the normalized text, against its content
