@@ -101,9 +101,11 @@ std::optional<std::string> verify_checkpoint(const fs::path& dir,
       !m["step"].is_number_integer())
     return std::string("manifest.json lacks 'step' (an integer) or 'files'");
   // A step folder holds its own step: a copy under another step's name is not that step.
-  if (const std::string name = dir.filename().string();
-      name.starts_with("step-") && name != checkpoint_name(m["step"].get<int64_t>()))
-    return cat("manifest.json says step ", m["step"].get<int64_t>(), ", the folder's name another");
+  const fs::path folder = (dir / "").parent_path().filename();
+  if (int64_t named = 0;
+      parse_step_name(folder.string(), &named) && named != m["step"].get<int64_t>())
+    return cat("the folder is named '", folder.string(), "' but manifest.json says step ",
+               m["step"].get<int64_t>());
   for (const auto& [name, info] : m["files"].items()) {
     if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
       return cat("manifest.json names '", name, "', not a file of the checkpoint's folder");

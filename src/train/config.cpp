@@ -565,14 +565,16 @@ std::vector<std::string> check_resume_compatible(
       };
       const int64_t windows_before = eval_batches(saved) * std::stoll(it->second),
                     after = std::stoll(value), windows_now = eval_batches(now) * after;
-      std::string validation = cat("validation scores the same ", windows_now, " windows");
-      if (windows_now != windows_before)
-        validation = cat("validation now scores ", windows_now, " windows against ", windows_before,
+      std::string validation;
+      if (windows_now > 0 && windows_now != windows_before)
+        validation = cat("; validation now scores up to ", windows_now, " windows against up to ",
+                         windows_before,
                          windows_before % after == 0
                              ? cat(" (--set eval.batches=", windows_before / after, " keeps them)")
-                             : std::string());
+                             : std::string(),
+                         ", a split of fewer being scored whole");
       warnings.push_back(cat(change, ": a step still trains on train.batch_tokens, so the run ",
-                             "continues to rounding, not bitwise; ", validation));
+                             "continues to rounding, not bitwise", validation));
     } else if (key == "run.threads" || key == "run.device" || key == "run.precision") {
       warnings.push_back(cat(change,
                              ": a different thread count, device or precision gives results ",

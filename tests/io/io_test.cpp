@@ -216,7 +216,13 @@ TEST(Checkpoint, CommitVerifyCorruptSkipAndRetain) {
   fs::create_directories(root / "step-00000007");
   for (const auto& e : fs::directory_iterator(c3)) fs::copy(e.path(), root / "step-00000007");
   EXPECT_EQ(*io::verify_checkpoint(root / "step-00000007"),
-            "manifest.json says step 3, the folder's name another");
+            "the folder is named 'step-00000007' but manifest.json says step 3");
+  EXPECT_EQ(*io::verify_checkpoint(root.string() + "/step-00000007/"),
+            "the folder is named 'step-00000007' but manifest.json says step 3");
+  // A copy kept under a name of its own is taken.
+  fs::copy(root / "step-00000007", root / "step-00000007-best");
+  EXPECT_FALSE(io::verify_checkpoint(root / "step-00000007-best").has_value());
+  fs::remove_all(root / "step-00000007-best");
   EXPECT_EQ(*io::choose_resume_checkpoint(root).dir, c3);
   fs::remove_all(root / "step-00000007");
 

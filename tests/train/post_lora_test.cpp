@@ -268,7 +268,7 @@ TEST(PostLora, ARunFolderBaseIsPinnedToTheCheckpointItStartedFrom) {
   // Another checkpoint copied there is not that step's.
   fs::copy(later, started, fs::copy_options::recursive);
   const std::string misnamed = error_of([&] { run(text, true); });
-  EXPECT_NE(misnamed.find("manifest.json says step 4, the folder's name another"),
+  EXPECT_NE(misnamed.find("is named 'step-00000002' but manifest.json says step 4"),
             std::string::npos)
       << misnamed;
   // One of other weights at the base's path (that copy, its manifest saying step 2): the adapters

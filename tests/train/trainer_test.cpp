@@ -235,13 +235,13 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   // Validation reads eval.batches micro-batches, now half as many windows: the warning says so
   // and how many batches keep the windows it scored.
   const std::string& halved = warnings.back();
-  EXPECT_NE(halved.find(cat("validation now scores ", c.eval_batches * changed.micro_batch,
-                            " windows against ", c.eval_batches * c.micro_batch,
+  EXPECT_NE(halved.find(cat("validation now scores up to ", c.eval_batches * changed.micro_batch,
+                            " windows against up to ", c.eval_batches * c.micro_batch,
                             " (--set eval.batches=", c.eval_batches * 2, " keeps them)")),
             std::string::npos)
       << halved;
   changed.eval_batches = c.eval_batches * 2;
-  EXPECT_NE(train::check_resume_compatible(c, changed).back().find("validation scores the same"),
+  EXPECT_EQ(train::check_resume_compatible(c, changed).back().find("validation"),
             std::string::npos);
   // A sliding window or rope scaling added or removed changes the model's attention, though
   // the checkpoint's keys hold them only when set.
