@@ -78,8 +78,8 @@ class Packer {
     b.positions = Tensor::from(shape, positions_);
     b.doc_ids = Tensor::from(shape, doc_ids_);
     int64_t n = 0;
-    const ag::Var loss = model_.loss(b, ag::Reduction::sum, &n);
-    if (n > 0) sum += loss.value().item();
+    const double loss = model_.loss_sum(b, &n);
+    if (n > 0) sum += loss;
     scored += n;
     reset();
   }

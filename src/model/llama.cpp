@@ -7,6 +7,7 @@
 #include "base/hash.h"
 #include "base/rng.h"
 #include "ops/attention.h"
+#include "ops/cross_entropy.h"
 #include "ops/gemm.h"
 #include "ops/rope.h"
 
@@ -263,6 +264,16 @@ ag::Var Llama::loss(const Batch& batch, ag::Reduction reduction, int64_t* scored
                shape_str(batch.tokens.shape()));
   return ag::cross_entropy(hidden_states(batch), head_weight(), on_device(batch.targets), reduction,
                            scored);
+}
+
+double Llama::loss_sum(const Batch& batch, int64_t* scored) const {
+  POLLEN_CHECK(batch.targets.defined() && batch.targets.shape() == batch.tokens.shape(),
+               "model loss: targets must have the shape of tokens ",
+               shape_str(batch.tokens.shape()));
+  ag::NoGrad no_grad;
+  const ag::Var w = head_weight();
+  const Tensor h = hidden_states(batch).value().reshape({-1, w.size(1)});
+  return ops::cross_entropy_forward(h, w.value(), on_device(batch.targets).reshape({-1}), scored);
 }
 
 Tensor Llama::logits(const Batch& batch) const {

@@ -61,6 +61,9 @@ class Llama {
   // Mean (or sum) cross-entropy over scored targets; *scored gets how many were scored.
   ag::Var loss(const Batch& batch, ag::Reduction reduction = ag::Reduction::mean,
                int64_t* scored = nullptr) const;
+  // The summed cross-entropy over scored targets in double, without autograd (evaluation: a
+  // total that does not depend on how rows are batched); *scored gets how many were scored.
+  double loss_sum(const Batch& batch, int64_t* scored) const;
   // Logits (B*T, V) without autograd (evaluation, generation, parity tests).
   Tensor logits(const Batch& batch) const;
 

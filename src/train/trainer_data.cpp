@@ -146,8 +146,7 @@ double validation_loss(const model::Llama& model, Validation& validation, int64_
     const model::Batch b = validation.loader->next();
     if (i % world != rank) continue;
     int64_t n = 0;
-    const ag::Var l = model.loss(b, ag::Reduction::sum, &n);
-    sums[0] += l.value().item();
+    sums[0] += model.loss_sum(b, &n);
     sums[1] += static_cast<double>(n);
   }
   if (comm) comm->all_reduce_sum(sums, "the validation loss");
