@@ -18,6 +18,7 @@
 #include "base/json_depth.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
+#include "base/utf8.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
 #include "data/loader.h"
@@ -37,8 +38,15 @@ namespace {
 std::vector<std::string> read_documents(const std::string& path, bool jsonl,
                                         const std::string& field, bool per_line) {
   std::vector<std::string> docs;
+  // Bits per byte count the text's UTF-8 bytes, and the tokenizer reads UTF-8.
+  const auto check_utf8 = [&](std::string_view text, int64_t line) {
+    const size_t bad = utf8_invalid_at(text);
+    POLLEN_CHECK(bad == std::string_view::npos, "'", path, "'", line ? cat(" line ", line) : "",
+                 ": not valid UTF-8 at byte ", bad + 1);
+  };
   if (!jsonl && !per_line) {
     docs.push_back(read_file(path));
+    check_utf8(docs.back(), 0);
     return docs;
   }
   std::ifstream in(path);
@@ -48,6 +56,7 @@ std::vector<std::string> read_documents(const std::string& path, bool jsonl,
   while (std::getline(in, line)) {
     ++n;
     if (!jsonl) {
+      check_utf8(line, n);
       docs.push_back(line);
       continue;
     }
@@ -60,6 +69,7 @@ std::vector<std::string> read_documents(const std::string& path, bool jsonl,
                  ": no string field '", field, "'");
     docs.push_back(j[field].get<std::string>());
   }
+  POLLEN_CHECK(!in.bad(), "cannot read '", path, "'");
   return docs;
 }
 
@@ -114,7 +124,7 @@ nlohmann::ordered_json run_task(const model::Llama& m, const io::ModelSource& sr
   o.fewshot = t.fewshot;
   o.seed = t.seed;
   o.fewshot_pool = pool;
-  o.prefix = lm_eval_prefix_token(src, tok).value_or(0);
+  o.prefix = lm_eval_prefix_token(src, tok);
   o.max_len = window;
   o.batch = batch;
   std::optional<obs::Progress> progress;  // once the pairs are counted; a line a tenth off a tty
@@ -321,6 +331,7 @@ void add_eval_command(CLI::App& app) {
     }
     const int64_t window_tokens = default_window(m.config(), a->window);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
+    check_tokenizer_fits(tok, m, src, a->tokenizer);
     if (!t->task.empty()) {
       nlohmann::ordered_json result{{"model", a->model}};
       std::string item_lines;
@@ -341,7 +352,11 @@ void add_eval_command(CLI::App& app) {
     const auto docs = read_documents(input, is_jsonl, a->field, false);
     // lm-evaluation-harness: no BOS or EOS added, special tokens in the text matched as the HF
     // tokenizer matches them, the BOS (else EOS) as the prefix.
+    // The first token is conditioned on it, so that every byte of the text is scored.
     const std::optional<uint32_t> prefix = lm_eval_prefix_token(src, tok);
+    POLLEN_CHECK(prefix.has_value(),
+                 "eval: the tokenizer has no BOS or EOS token to condition a "
+                 "document's first token on (lm-evaluation-harness's prefix token)");
     tokenizer::EncodeOptions eo;
     eo.special = tokenizer::SpecialPolicy::allow_all();
     const auto scoring = static_cast<int64_t>(
@@ -351,10 +366,8 @@ void add_eval_command(CLI::App& app) {
       if (a->max_docs > 0 && totals.documents >= a->max_docs) break;
       const auto ids = tok.encode(doc, eo);
       if (ids.empty()) continue;
-      std::span<const uint32_t> scored(ids);
-      uint32_t first = prefix.value_or(ids[0]);
-      if (!prefix) scored = scored.subspan(1);
-      for (double lp : eval::token_logprobs(m, scored, first, window_tokens)) totals.nll -= lp;
+      const std::span<const uint32_t> scored(ids);
+      for (double lp : eval::token_logprobs(m, scored, *prefix, window_tokens)) totals.nll -= lp;
       totals.tokens += static_cast<int64_t>(scored.size());
       totals.bytes += static_cast<int64_t>(doc.size());
       ++totals.documents;
@@ -394,7 +407,9 @@ void add_score_command(CLI::App& app) {
   auto a = std::make_shared<Args>();
   cmd->add_option("--model", a->model, kModelHelp)->required();
   cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
-  cmd->add_option("--input", a->input, "Text file, one document per line")->required();
+  cmd->add_option("--input", a->input, "Text file, one document per line")
+      ->required()
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--jsonl", a->jsonl, "The input is JSONL");
   cmd->add_option("--field", a->field, "String field of JSONL documents")->capture_default_str();
   cmd->add_option("--output", a->output, "JSONL file to write")->required();
@@ -404,9 +419,11 @@ void add_score_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
   cmd->callback([a] {
     if (a->threads > 0) set_num_threads(a->threads);
+    check_writable(a->output, "--output");
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const model::Llama m = io::load_model(src);
+    check_tokenizer_fits(tok, m, src, a->tokenizer);
     const int64_t window = default_window(m.config(), a->window);
     tokenizer::EncodeOptions eo;
     eo.special = tokenizer::SpecialPolicy::allow_all();

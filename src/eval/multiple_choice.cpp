@@ -115,11 +115,14 @@ std::string fewshot_prefix(std::span<const ChoiceItem* const> examples) {
   return out;
 }
 
-std::vector<const ChoiceItem*> pick_fewshot(std::span<const ChoiceItem> pool, bool pool_is_task,
-                                            int64_t index, int64_t count, uint64_t seed) {
+std::vector<const ChoiceItem*> pick_fewshot(std::span<const ChoiceItem> pool,
+                                            const ChoiceItem& item, int64_t index, int64_t count,
+                                            uint64_t seed) {
   std::vector<size_t> candidates;
   for (size_t i = 0; i < pool.size(); ++i)
-    if (!pool_is_task || static_cast<int64_t>(i) != index) candidates.push_back(i);
+    if (pool[i].context != item.context || pool[i].choices != item.choices ||
+        pool[i].gold != item.gold)
+      candidates.push_back(i);
   POLLEN_CHECK(count <= static_cast<int64_t>(candidates.size()), "few-shot: ", count,
                " examples asked for, the pool has ", candidates.size());
   Rng rng = Rng(seed).fork(static_cast<uint64_t>(index));
@@ -133,12 +136,18 @@ std::vector<const ChoiceItem*> pick_fewshot(std::span<const ChoiceItem> pool, bo
 }
 
 TokenPair encode_pair(const tokenizer::Tokenizer& tok, std::string_view context,
-                      std::string_view continuation, uint32_t prefix) {
+                      std::string_view continuation, std::optional<uint32_t> prefix) {
   tokenizer::EncodeOptions eo;
   eo.special = tokenizer::SpecialPolicy::allow_all();  // HF tokenizers match special tokens
   TokenPair out;
+  const auto prefix_token = [&] {
+    POLLEN_CHECK(prefix.has_value(),
+                 "an empty context stands for the prefix token (BOS, else EOS), which this "
+                 "tokenizer does not have");
+    return *prefix;
+  };
   if (context.empty()) {
-    out.context = {prefix};
+    out.context = {prefix_token()};
     out.continuation = tok.encode(continuation, eo);
     return out;
   }
@@ -150,7 +159,7 @@ TokenPair encode_pair(const tokenizer::Tokenizer& tok, std::string_view context,
   }
   const std::string whole = std::string(context) + std::string(continuation);
   if (cut == 0) {  // a context of whitespace alone: nothing is left to predict the first token
-    out.context = {prefix};
+    out.context = {prefix_token()};
     out.continuation = tok.encode(whole, eo);
     return out;
   }
@@ -297,18 +306,20 @@ ChoiceEvalResult evaluate_choices(const model::Llama& model, const tokenizer::To
                                   std::span<const ChoiceItem> items, const ChoiceEvalOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   ChoiceEvalResult result;
-  const bool pool_is_task = o.fewshot_pool.empty();
-  const std::span<const ChoiceItem> pool = pool_is_task ? items : o.fewshot_pool;
+  const std::span<const ChoiceItem> pool = o.fewshot_pool.empty() ? items : o.fewshot_pool;
   std::vector<TokenPair> pairs;
   for (size_t i = 0; i < items.size(); ++i) {
-    const auto examples =
-        pick_fewshot(pool, pool_is_task, static_cast<int64_t>(i), o.fewshot, o.seed);
+    const auto examples = pick_fewshot(pool, items[i], static_cast<int64_t>(i), o.fewshot, o.seed);
     result.contexts.push_back(fewshot_prefix(examples) + items[i].context);
+    const std::string where = items[i].where.empty() ? cat("item ", i) : items[i].where;
     for (size_t c = 0; c < items[i].choices.size(); ++c) {
-      pairs.push_back(
-          encode_pair(tok, result.contexts.back(), " " + items[i].choices[c], o.prefix));
-      check_pair(model, pairs.back(), o.max_len,
-                 cat(items[i].where.empty() ? cat("item ", i) : items[i].where, " choice ", c));
+      try {
+        pairs.push_back(
+            encode_pair(tok, result.contexts.back(), " " + items[i].choices[c], o.prefix));
+      } catch (const Error& e) {
+        fail(where, ": ", e.what());
+      }
+      check_pair(model, pairs.back(), o.max_len, cat(where, " choice ", c));
     }
   }
   const std::vector<double> scores =

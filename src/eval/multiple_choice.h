@@ -44,11 +44,13 @@ std::vector<ChoiceItem> read_choice_items(const std::filesystem::path& jsonl);
 // The few-shot prefix: context + " " + right choice + "\n\n" per example.
 std::string fewshot_prefix(std::span<const ChoiceItem* const> examples);
 
-// Picks `count` examples for item `index` of a task from `pool`, never the item itself when the
-// pool is the task (`pool_is_task`). Drawn from Rng(seed).fork(index): the same for a given seed,
-// whatever else is evaluated.
-std::vector<const ChoiceItem*> pick_fewshot(std::span<const ChoiceItem> pool, bool pool_is_task,
-                                            int64_t index, int64_t count, uint64_t seed);
+// Picks `count` examples for `item`, item `index` of a task, from `pool`, never one equal to the
+// item (same context, choices and gold), as lm-evaluation-harness leaves the evaluated document
+// out of its examples: the item itself when the pool is the task or a file holding it. Drawn
+// from Rng(seed).fork(index): the same for a given seed, whatever else is evaluated.
+std::vector<const ChoiceItem*> pick_fewshot(std::span<const ChoiceItem> pool,
+                                            const ChoiceItem& item, int64_t index, int64_t count,
+                                            uint64_t seed);
 
 // lm-evaluation-harness's split of (context, continuation) into tokens; an empty context (or one
 // of whitespace alone, moved to the continuation) becomes the prefix token.
@@ -56,7 +58,7 @@ struct TokenPair {
   std::vector<uint32_t> context, continuation;
 };
 TokenPair encode_pair(const tokenizer::Tokenizer& tok, std::string_view context,
-                      std::string_view continuation, uint32_t prefix);
+                      std::string_view continuation, std::optional<uint32_t> prefix);
 
 // Summed log p(continuation | context) of each pair (natural log, f64 sums of the f32
 // log-softmax). The input is the last max_len tokens of context + continuation without its
@@ -90,7 +92,7 @@ struct ChoiceEvalOptions {
   int64_t fewshot = 0;
   uint64_t seed = 1234;
   std::span<const ChoiceItem> fewshot_pool;  // empty: examples come from the task itself
-  uint32_t prefix = 0;                       // the token an empty context becomes
+  std::optional<uint32_t> prefix;            // the token an empty context becomes (none: refused)
   int64_t max_len = 2048;
   int64_t batch = 8;                             // (context, choice) pairs per forward pass
   std::function<void(size_t, size_t)> on_batch;  // (pairs done, pairs), after each pass

@@ -1,7 +1,7 @@
 // `pollen eval` and `pollen score` as a user runs them: an option of another mode is refused
 // rather than ignored, input with nothing to score is an error rather than a perfect score, an
-// output path that cannot be written is refused before any scoring, and score's output lines are
-// its input's.
+// output path that cannot be written is refused before any scoring, score's output lines are its
+// input's, and another model's tokenizer or text that is not UTF-8 is refused naming it.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -43,6 +43,9 @@ class EvalCli : public ::testing::Test {
     write_file_atomic(dir_ / "empty.jsonl", "{\"text\": \"\"}\n\n{\"text\": \"\"}\n");
     write_file_atomic(dir_ / "docs.jsonl",
                       "{\"text\": \"the cat sat\"}\n\n{\"text\": \"a dog\"}\n");
+    write_file_atomic(dir_ / "latin1.txt", "the caf\xe9 sat\n");
+    // Another model's tokenizer: more ids than this model's embedding has rows.
+    testing::write_hf_dir(testing::tiny_model(tok.vocab_size() - 8), tok, dir_ / "narrow");
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
 
@@ -91,6 +94,34 @@ TEST_F(EvalCli, AnOutputThatCannotBeWrittenIsRefusedBeforeScoring) {
   int lines = 0;
   while (std::getline(details, line)) ++lines;
   EXPECT_EQ(lines, 2);
+}
+
+TEST_F(EvalCli, ATokenizerWithMoreIdsThanTheModelIsRefusedNamingIt) {
+  const std::string narrow = "--model " + file("narrow") + " --threads 1";
+  for (const std::string& cmd : {"eval " + narrow + " --jsonl " + file("docs.jsonl"),
+                                 "score " + narrow + " --input " + file("docs.jsonl") +
+                                     " --jsonl --output " + file("narrow.jsonl"),
+                                 "generate " + narrow + " --prompt 'the cat' --max-tokens 2"}) {
+    const CliRun r = pollen(cmd);
+    EXPECT_EQ(r.status, 1) << cmd << "\n" << r.output;
+    EXPECT_NE(r.output.find("narrow/tokenizer.json' has "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("more than the model's vocabulary"), std::string::npos) << r.output;
+  }
+}
+
+TEST_F(EvalCli, TextThatIsNotUtf8IsRefusedNamingTheLineAndByte) {
+  const CliRun r = pollen("eval " + model() + " --text " + file("latin1.txt"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("latin1.txt': not valid UTF-8 at byte 8"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("perplexity"), std::string::npos) << r.output;
+}
+
+TEST_F(EvalCli, ScoreRefusesAFolderAsItsInput) {
+  const CliRun r = pollen("score " + model() + " --input " + dir_.string() + " --output " +
+                          file("folder.jsonl"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--input"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "folder.jsonl"));
 }
 
 TEST_F(EvalCli, ScoreWritesOneLinePerInputLineBlankOnesIncluded) {

@@ -112,13 +112,20 @@ TEST(MultipleChoice, FewShotPrefixAndPicks) {
       {"Q1", {"a", "b"}, 1}, {"Q2", {"c", "d"}, 0}, {"Q3", {"e", "f"}, 1}, {"Q4", {"g", "h"}, 0}};
   const eval::ChoiceItem* ex[] = {&items[0], &items[1]};
   EXPECT_EQ(eval::fewshot_prefix(ex), "Q1 b\n\nQ2 c\n\n");
-  for (int64_t i = 0; i < 4; ++i) {
-    const auto picks = eval::pick_fewshot(items, true, i, 3, 5);
+  for (size_t i = 0; i < 4; ++i) {
+    const auto picks = eval::pick_fewshot(items, items[i], static_cast<int64_t>(i), 3, 5);
     ASSERT_EQ(picks.size(), 3u);
-    for (const auto* p : picks) EXPECT_NE(p, &items[static_cast<size_t>(i)]);
-    EXPECT_EQ(picks, eval::pick_fewshot(items, true, i, 3, 5));  // reproducible
+    for (const auto* p : picks) EXPECT_NE(p, &items[i]);
+    EXPECT_EQ(picks, eval::pick_fewshot(items, items[i], static_cast<int64_t>(i), 3, 5));
   }
-  EXPECT_THROW(eval::pick_fewshot(items, true, 0, 4, 5), Error);
+  EXPECT_THROW(eval::pick_fewshot(items, items[0], 0, 4, 5), Error);
+  // A pool read from another file that holds the item (the task file again): never its own
+  // example, with its answer.
+  const std::vector<eval::ChoiceItem> copy = items;
+  for (size_t i = 0; i < 4; ++i)
+    for (const auto* p : eval::pick_fewshot(copy, items[i], static_cast<int64_t>(i), 3, 5))
+      EXPECT_NE(p->context, items[i].context);
+  EXPECT_THROW(eval::pick_fewshot(copy, items[0], 0, 4, 5), Error);
 }
 
 TEST(MultipleChoice, EvaluateEqualsItsParts) {
