@@ -29,6 +29,13 @@ namespace {
 // What makes two evaluations the same: checkpoint step, dataset, split, row length.
 using EvalKey = std::tuple<int64_t, std::string, std::string, int64_t>;
 
+// One curve: dataset, split, row length (an EvalKey without its step).
+using Series = std::tuple<std::string, std::string, int64_t>;
+
+Series series_of(const EvalKey& key) {
+  return {std::get<1>(key), std::get<2>(key), std::get<3>(key)};
+}
+
 // A manifest as stored and compared: absolute, so that the same data given by a relative and an
 // absolute path (or from another folder) is one dataset. Records written with a relative path
 // resolve the same way, against the current folder.
@@ -101,10 +108,12 @@ std::vector<nlohmann::ordered_json> read_run_evals(const fs::path& run_dir) {
                      j["step"].is_number_integer() && j.contains("data") && j["data"].is_string() &&
                      j.contains("split") && j["split"].is_string() && j.contains("seq") &&
                      j["seq"].is_number_integer() &&
+                     (!j.contains("tag") || (j["tag"].is_string() && !j["tag"].empty())) &&
                      (!j.contains("tensorboard") || valid_tensorboard_mark(j["tensorboard"])),
                  "'", path.string(), "' line ", n,
                  ": expected a JSON object with step, data, split and seq (integers and strings), "
-                 "and tensorboard, when present, {file, bytes} of an event file in tensorboard/");
+                 "tag, when present, a non-empty string, and tensorboard, when present, {file, "
+                 "bytes} of an event file in tensorboard/");
     out.push_back(std::move(j));
   }
   return out;
@@ -164,6 +173,26 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   for (const auto& m : run.validation_manifests) known.insert(manifest_key(m));
   for (const auto& [key, j] : records) known.insert(std::get<1>(key));
   const std::map<std::string, std::string> labels = dataset_labels(known);
+  // Each series (dataset, split, window) keeps the TensorBoard tag its first result recorded, so
+  // that a dataset added later (a/fort beside b/fort) does not move an earlier one's curve; a new
+  // series gets its dataset's label, with its split and window when they are not the run's.
+  std::map<Series, std::string> tags;
+  for (const auto& [key, j] : records)
+    if (j.contains("tag")) tags.emplace(series_of(key), j["tag"].get<std::string>());
+  const auto tag_of = [&](const EvalKey& key) {
+    const Series s = series_of(key);
+    if (const auto found = tags.find(s); found != tags.end()) return found->second;
+    std::string tag = labels.at(std::get<0>(s));
+    if (std::get<1>(s) != run.validation_split) tag += "/" + std::get<1>(s);
+    if (std::get<2>(s) != run.seq) tag += cat("/seq", std::get<2>(s));
+    const auto taken = [&](const std::string& t) {
+      return std::any_of(tags.begin(), tags.end(), [&](const auto& e) { return e.second == t; });
+    };
+    const std::string base = tag;
+    for (int k = 2; taken(tag); ++k) tag = cat(base, "-", k);
+    tags.emplace(s, tag);
+    return tag;
+  };
   // TensorBoard's files are only appended to, and a kill may fall between a result reaching
   // eval.jsonl and reaching TensorBoard: results are written to eval.jsonl first, marked with the
   // event file and its size before their points until those are synced. A later eval --run cuts
@@ -193,7 +222,7 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
       if (written != tb.file().path() && fs::exists(written))  // a killed evaluation's file
         obs::AppendFile(written, j["tensorboard"]["bytes"].get<uint64_t>(),
                         obs::Shortfall::keep_whole_records);
-      const std::string label = labels.at(std::get<1>(key));
+      const std::string label = j.contains("tag") ? j["tag"].get<std::string>() : tag_of(key);
       const double wall = obs::wall_time_now();
       const auto number = [](const nlohmann::ordered_json& v) {
         return v.is_number() ? v.get<double>() : std::nan("");
@@ -251,6 +280,7 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
       j["perplexity"] = json_number(r.perplexity);
       j["scored_tokens"] = r.tokens;
       j["documents"] = r.documents;
+      j["tag"] = tag_of(key_of(j));  // its TensorBoard tags: eval/<tag>/loss and .../perplexity
       if (!o.quiet)
         log::info("step ", step, " (", dir.filename().string(), ") on ", m, " [", split, "]: loss ",
                   r.loss, ", perplexity ", r.perplexity);

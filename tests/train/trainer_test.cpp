@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -1041,6 +1042,49 @@ TEST(RunEval, DatasetsInFoldersOfOneNameKeepTagsOfTheirOwn) {
   write_file_atomic(run / "eval.jsonl", text);
   const std::string bad = pollen::testing::error_of([&] { train::evaluate_run(run, o); });
   EXPECT_NE(bad.find("eval.jsonl' line 1: expected"), std::string::npos) << bad;
+  fs::remove_all(run);
+}
+
+// A series (dataset, split, window) keeps the tag its first result recorded in eval.jsonl: a
+// dataset added later in a folder of the same name does not move the earlier curve, and another
+// split or window is a curve of its own rather than points mixed into the run's.
+TEST(RunEval, ASeriesKeepsItsTagAndOtherSplitsGetTheirOwn) {
+  const fs::path run = temp_dir("evalrun_series");
+  ASSERT_EQ(train_quiet(tiny(run, 2, {})).status, train::RunStatus::finished);
+  const fs::path data = dataset().parent_path();
+  for (const char* parent : {"c", "d"}) {
+    fs::create_directories(run / parent);
+    fs::copy(data, run / parent / "held", fs::copy_options::recursive);
+  }
+  const auto manifest = [&](const char* parent) {
+    return (run / parent / "held" / "manifest.json").string();
+  };
+  const auto tags = [&] {
+    std::string all;
+    for (const auto& e : fs::directory_iterator(run / "tensorboard")) all += read_file(e.path());
+    return all;
+  };
+  train::RunEvalOptions o;
+  o.quiet = true;
+  o.manifests = {manifest("c")};
+  ASSERT_EQ(train::evaluate_run(run, o).evaluated.size(), 1u);
+  EXPECT_NE(tags().find("eval/held/loss"), std::string::npos) << tags();
+  EXPECT_EQ(train::read_run_evals(run).at(0)["tag"], "held");
+  // d/held joins: it is told apart from c/held, and c/held's curve stays where it was.
+  o.manifests = {manifest("c"), manifest("d")};
+  o.again = true;
+  ASSERT_EQ(train::evaluate_run(run, o).evaluated.size(), 2u);
+  EXPECT_NE(tags().find("eval/d/held/loss"), std::string::npos) << tags();
+  EXPECT_EQ(tags().find("eval/c/held/loss"), std::string::npos) << "c/held's curve moved";
+  // Another split of c/held: its own curve, named as a new series is (c/held beside d/held).
+  o.manifests = {manifest("c")};
+  o.split = "train";
+  o.again = false;
+  ASSERT_EQ(train::evaluate_run(run, o).evaluated.size(), 1u);
+  EXPECT_NE(tags().find("eval/c/held/train/loss"), std::string::npos) << tags();
+  std::set<std::string> recorded;
+  for (const auto& j : train::read_run_evals(run)) recorded.insert(j["tag"].get<std::string>());
+  EXPECT_EQ(recorded, (std::set<std::string>{"held", "d/held", "c/held/train"}));
   fs::remove_all(run);
 }
 
