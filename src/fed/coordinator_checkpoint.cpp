@@ -49,6 +49,23 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
                  " was written by a federation of post.objective '", objective,
                  "', the config says '", terms_.post_objective, "'");
   }
+  // Before the tensors: another LoRA rank or targets gives them other shapes, and the error
+  // should name the key that changed.
+  const std::string lora_json = state.value("lora_config", std::string());
+  POLLEN_CHECK(lora_json.empty() == terms_.lora_json.empty(), "fed server: checkpoint ",
+               dir.string(),
+               terms_.lora_json.empty() ? " holds LoRA adapters, the config trains the whole model"
+                                        : " holds a whole model, the config trains LoRA adapters");
+  if (!lora_json.empty() && lora_json != terms_.lora_json) {
+    const std::string what = cat("fed server: checkpoint ", dir.string());
+    fail(what, " holds adapters of another LoRA config than post.run's: ",
+         lora_agreement_differences(parse_lora_config_json(lora_json, what),
+                                    parse_lora_config_json(terms_.lora_json, "post.run's [lora]"),
+                                    {"checkpoint", "post.run"}));
+  }
+  POLLEN_CHECK(state.value("base_sha256", std::string()) == terms_.base_sha256,
+               "fed server: checkpoint ", dir.string(),
+               " was trained on another base model than post.run's (its weights' SHA-256 differ)");
   const auto model = io::read_safetensors(dir / "model.safetensors");
   POLLEN_CHECK(model.tensors.size() == specs_.size(), "fed server: ", dir.string(),
                "/model.safetensors has ", model.tensors.size(), " tensors, the model ",
@@ -109,12 +126,6 @@ void Coordinator::load_checkpoint(const fs::path& dir) {
     }
     publisher_->restore(std::move(view));
   }
-  POLLEN_CHECK(state.value("base_sha256", std::string()) == terms_.base_sha256 &&
-                   state.value("lora_config", std::string()) == terms_.lora_json,
-               "fed server: checkpoint ", dir.string(),
-               terms_.base_sha256.empty()
-                   ? " holds LoRA adapters, the config trains the whole model"
-                   : " holds another base or LoRA config than post.run's");
   if (dp_) {
     POLLEN_CHECK(state.contains("privacy"), "fed server: checkpoint ", dir.string(),
                  " was written without [privacy]; its rounds were not accounted for");

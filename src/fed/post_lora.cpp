@@ -117,11 +117,13 @@ void export_federated_reward_model(const train::PostConfig& config, const PostGl
                                             pad, base.tokenizer_path, dir);
 }
 
-std::string lora_agreement_differences(const model::LoraConfig& s, const model::LoraConfig& c) {
+std::string lora_agreement_differences(const model::LoraConfig& s, const model::LoraConfig& c,
+                                       std::pair<const char*, const char*> names) {
   std::string out;
   auto differ = [&](const char* key, const std::string& server, const std::string& client) {
     if (server != client)
-      out += cat(out.empty() ? "" : "; ", "lora.", key, ": server ", server, ", client ", client);
+      out += cat(out.empty() ? "" : "; ", "lora.", key, ": ", names.first, " ", server, ", ",
+                 names.second, " ", client);
   };
   auto num = [](double v) { return cat(v); };
   differ("rank", cat(s.rank), cat(c.rank));
@@ -418,6 +420,10 @@ SimConfig load_fed_post_config(const std::filesystem::path& path) {
     ClientConfig client;
     client.id = silos[i];
     check_client_id(client.id, f->where("silos"));
+    // Two silos of one id would share a state folder and count as one in every round.
+    POLLEN_CHECK(std::find(silos.begin(), silos.begin() + static_cast<std::ptrdiff_t>(i),
+                           silos[i]) == silos.begin() + static_cast<std::ptrdiff_t>(i),
+                 f->where("silos"), ": silo id '", silos[i], "' appears twice");
     client.post = {server.post.run, server.post.objective, data[i]};
     c.clients.push_back(std::move(client));
   }

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -36,10 +37,13 @@ Weights lora_weights(const model::Lora& lora);                     // copies, fl
 void set_lora_weights(const model::Lora& lora, const Weights& w);  // copies in
 
 // Empty when a silo's adapters agree with the federation's; otherwise one line per difference
-// ("lora.rank: server 4, client 8"). Every key counts: rank, alpha, rslora and dropout change
-// what B means, the targets which tensors there are, the seed and train_a the shared A.
+// ("lora.rank: server 4, client 8", the two sides named by `names`). Every key counts: rank,
+// alpha, rslora and dropout change what B means, the targets which tensors there are, the seed
+// and train_a the shared A.
 std::string lora_agreement_differences(const model::LoraConfig& server,
-                                       const model::LoraConfig& client);
+                                       const model::LoraConfig& client,
+                                       std::pair<const char*, const char*> names = {"server",
+                                                                                    "client"});
 
 // The adapters' config as canonical JSON (what Join carries), and back; the parse refuses
 // malformed or out-of-range input naming `what`.
