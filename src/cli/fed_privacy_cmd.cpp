@@ -22,7 +22,8 @@ namespace pollen::cli {
 namespace {
 
 struct PrivacyPlan {
-  double noise = -1, target_epsilon = 0, rate = 0, delta = 1e-5;
+  double noise = 0, target_epsilon = 0, rate = 0, delta = 1e-5;
+  bool noise_given = false, target_given = false;  // exactly one of the two
   int64_t rounds = 0, every = 0;
   std::string sampling = "fixed";
   // Distributed DP (secure aggregation): the discrete Gaussian's cost.
@@ -75,11 +76,10 @@ std::optional<fed::secagg::DistributedNoise> distributed_noise(const PrivacyPlan
 void check(const PrivacyPlan& p) {
   POLLEN_CHECK(p.rounds >= 1, "--rounds must be at least 1, got ", p.rounds);
   POLLEN_CHECK(p.every >= 0, "--every must be 0 or more, got ", p.every);
-  POLLEN_CHECK((p.noise != -1) != (p.target_epsilon != 0),
-               "give --noise-multiplier or --target-epsilon");
-  POLLEN_CHECK(p.noise == -1 || (std::isfinite(p.noise) && p.noise >= 0),
+  POLLEN_CHECK(p.noise_given != p.target_given, "give --noise-multiplier or --target-epsilon");
+  POLLEN_CHECK(!p.noise_given || (std::isfinite(p.noise) && p.noise >= 0),
                "--noise-multiplier must be 0 or more, got ", p.noise);
-  POLLEN_CHECK(p.target_epsilon == 0 || (std::isfinite(p.target_epsilon) && p.target_epsilon > 0),
+  POLLEN_CHECK(!p.target_given || (std::isfinite(p.target_epsilon) && p.target_epsilon > 0),
                "--target-epsilon must be positive and finite, got ", p.target_epsilon);
   POLLEN_CHECK(p.rate > 0 && p.rate <= 1, "--sampling-rate must be in (0, 1], got ", p.rate);
   POLLEN_CHECK(p.delta > 0 && p.delta < 1, "--delta must be in (0, 1), got ", p.delta);
@@ -116,13 +116,13 @@ void run(PrivacyPlan& p) {
     o.step = p.step;
     o.stochastic = p.rounding == "stochastic";
     o.validate([](std::string key) { return "--" + key; });
-    if (p.noise >= 0) {
+    if (p.noise_given) {
       std::string refused;
       POLLEN_CHECK(distributed_noise(p, o, p.noise, &refused).has_value(), "--noise-multiplier ",
                    p.noise, ": ", refused);
     }
   }
-  if (p.target_epsilon > 0) {
+  if (p.target_given) {
     // Where the server would refuse z (epsilon_after is infinite there), no larger z is taken.
     p.noise = optim::smallest_noise_multiplier(
         [&](double z) { return epsilon_after(p, o, z, p.rounds).epsilon; }, p.target_epsilon,
@@ -150,8 +150,8 @@ void run(PrivacyPlan& p) {
   print_after(p.rounds);
   // Nine digits: a calibrated z copied into a config must not round below what was found.
   std::printf("noise multiplier %.9g%s, sampling rate %g (%s), delta %g\n", p.noise,
-              p.target_epsilon > 0 ? cat(" (for epsilon ", p.target_epsilon, ")").c_str() : "",
-              p.rate, p.sampling.c_str(), p.delta);
+              p.target_given ? cat(" (for epsilon ", p.target_epsilon, ")").c_str() : "", p.rate,
+              p.sampling.c_str(), p.delta);
   if (p.distributed()) {
     std::printf(
         "distributed discrete Gaussian: %lld values, clip %g, step %g (%s), up to %lld clients\n",
@@ -170,11 +170,12 @@ void add_fed_privacy_command(CLI::App& app) {
       "Epsilon of central or distributed DP after some rounds, or the noise multiplier a target "
       "epsilon needs, for planning (RDP accountant)");
   auto* noise = privacy->add_option("--noise-multiplier", p->noise, "z: noise std / clip norm");
-  privacy
-      ->add_option("--target-epsilon", p->target_epsilon,
-                   "Instead of --noise-multiplier: the smallest z (to 0.1%) whose epsilon after "
-                   "--rounds is at most this")
-      ->excludes(noise);
+  auto* target =
+      privacy
+          ->add_option("--target-epsilon", p->target_epsilon,
+                       "Instead of --noise-multiplier: the smallest z (to 0.1%) whose epsilon "
+                       "after --rounds is at most this")
+          ->excludes(noise);
   privacy
       ->add_option("--sampling-rate", p->rate,
                    "q: share of the clients selected per round (1 with secure aggregation, whose "
@@ -219,7 +220,11 @@ void add_fed_privacy_command(CLI::App& app) {
                    "clients / 20)")
       ->needs(adaptive)
       ->capture_default_str();
-  privacy->callback([p] { run(*p); });
+  privacy->callback([p, noise, target] {
+    p->noise_given = noise->count() > 0;
+    p->target_given = target->count() > 0;
+    run(*p);
+  });
 }
 
 }  // namespace pollen::cli

@@ -333,6 +333,22 @@ TEST(PrivacyCli, PrintsTheAccountantsEpsilon) {
   }
 }
 
+TEST(PrivacyCli, AGivenValueIsCheckedNeverTakenForNotGiven) {
+  // -1 and 0 are values a user gave: refused as such, not read as "the option is missing".
+  for (const auto& [option, expect] :
+       {std::pair<std::string, std::string>{"--noise-multiplier -1",
+                                            "--noise-multiplier must be 0 or more, got -1"},
+        {"--target-epsilon 0", "--target-epsilon must be positive and finite, got 0"},
+        {"", "give --noise-multiplier or --target-epsilon"}}) {
+    int status = 0;
+    const std::string out = pollen::testing::run_capture(
+        std::string(POLLEN_BINARY) + " fed privacy --sampling-rate 0.01 --rounds 10 " + option,
+        &status);
+    EXPECT_NE(status, 0) << option;
+    EXPECT_NE(out.find(expect), std::string::npos) << option << "\n" << out;
+  }
+}
+
 TEST(PrivacyCli, AccountsDistributedDpsDiscreteGaussian) {
   // A small clip on a large model: the rounding grows the update's norm bound (c = 0.001 / 2^-24
   // = 16777 steps, d = 10^9 values: D2^2 / c^2 = 1 + d / (4 c^2) + ... = 1.89), which the plain
