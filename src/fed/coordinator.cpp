@@ -80,6 +80,11 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
     POLLEN_CHECK(io::list_checkpoints(ckpts).empty(), "fed server: ", ckpts.string(),
                  " already holds checkpoints; resume the run (--resume) or choose another ",
                  config_.dir_key);
+    POLLEN_CHECK(!fs::exists(privacy_charge_path()), "fed server: '",
+                 privacy_charge_path().string(),
+                 "' holds the privacy charge of an earlier run's round whose shares were "
+                 "revealed; resume the run (--resume) so that it is accounted, or choose another ",
+                 config_.dir_key);
   }
   if (resume) {
     const auto choice = io::choose_checkpoint_to_resume(ckpts, "fed server");
@@ -106,6 +111,7 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
     } else {
       log::info("fed server: no checkpoint under ", ckpts.string(), "; starting at round 1");
     }
+    take_privacy_charge();
   }
   if (!metrics_pos) {
     // A fresh run: nothing of an earlier attempt that never checkpointed is kept.
@@ -206,6 +212,7 @@ void Coordinator::run() {
         // sum: the round ends as a failed unmask does, its release accounted and saved, so that
         // a resumed run does not spend that budget again.
         if (!(dp_ && secagg_ && secagg_->revealed())) {
+          if (dp_) fs::remove(privacy_charge_path());  // nothing was revealed
           open_ = false;  // the unfinished round is redone after a restart
           break;
         }

@@ -190,6 +190,14 @@ class Coordinator {
   // The open round's secure aggregation options, with distributed DP's noise for `selected`
   // clients once the session knows its threshold.
   secagg::Options secagg_options_locked(size_t selected) const;
+  // Distributed DP, before any share of the round is revealed: the release charged to a copy of
+  // the accountant, written to privacy_charge.json (write-ahead: a crash after the reveals, before
+  // the round's checkpoint, cannot lose it). The checkpoint that holds the charge removes it.
+  void write_privacy_charge_locked();
+  // At start: a charge that no checkpoint holds yet is taken (its attempt's sample is not drawn
+  // again); one a checkpoint holds is removed.
+  void take_privacy_charge();
+  std::filesystem::path privacy_charge_path() const { return config_.dir / "privacy_charge.json"; }
   void record_status(const RoundSummary& s);
   // Redraws the terminal's progress bar: rounds done, the open round's clients that reported.
   void show_progress_locked();

@@ -200,9 +200,57 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
                                              config_.tokenizer_fingerprint, ").\n")));
   }
   w.commit();
+  fs::remove(privacy_charge_path());  // the checkpoint holds the round's charge now
   if (post_global_) save_global_adapter();
   io::apply_retention(config_.dir / "checkpoints", config_.keep_checkpoints);
   (void)s;
+}
+
+void Coordinator::write_privacy_charge_locked() {
+  const size_t selected = selected_.size();
+  CentralDp charged = *dp_;
+  AggregationReport unused;
+  charged.account_distributed(
+      static_cast<int64_t>(selected), round_available_, static_cast<int64_t>(secagg_->inputs()),
+      secagg_options_locked(selected).noise, distributed_release_rdp_locked(selected), &unused);
+  const nlohmann::ordered_json charge{
+      {"round", done_ + 1}, {"attempt", retries_}, {"privacy", charged.state()}};
+  write_file_atomic(privacy_charge_path(), charge.dump(1) + "\n");
+}
+
+void Coordinator::take_privacy_charge() {
+  const fs::path path = privacy_charge_path();
+  if (!fs::exists(path)) return;
+  const std::string what = cat("fed server: '", path.string(), "'");
+  POLLEN_CHECK(dp_, what,
+               " holds the privacy charge of a round whose shares were revealed; "
+               "resuming without [privacy] would release rounds that no accountant counts (put "
+               "the [privacy] table back)");
+  nlohmann::json charge;
+  try {
+    charge = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(what, ": not JSON (", e.what(), ")");
+  }
+  POLLEN_CHECK(charge.is_object() && charge.contains("round") &&
+                   charge["round"].is_number_integer() && charge.contains("attempt") &&
+                   charge["attempt"].is_number_integer() && charge.contains("privacy"),
+               what, ": expected {round, attempt, privacy}");
+  const auto round = charge["round"].get<int64_t>();
+  const auto attempt = charge["attempt"].get<int64_t>();
+  if (round <= done_ || (round == done_ + 1 && attempt < retries_)) {
+    fs::remove(path);  // written before a checkpoint that holds it
+    return;
+  }
+  POLLEN_CHECK(round == done_ + 1, what, " charges round ", round,
+               ", but the newest checkpoint is of round ", done_,
+               "; the checkpoints in between are missing");
+  dp_->load_state(charge["privacy"]);
+  retries_ = attempt + 1;  // that attempt's sample was released
+  log::warn("fed server: round ", round, " (attempt ", attempt + 1,
+            ") ended after its shares were revealed and before its checkpoint; its release is "
+            "accounted (",
+            path.string(), "), and the round goes on at its next attempt");
 }
 
 void Coordinator::warn_of_changed_settings(const nlohmann::json& state, const fs::path& ckpt) {

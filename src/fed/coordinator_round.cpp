@@ -186,6 +186,8 @@ RoundSummary Coordinator::end_round() {
                                distributed_release_rdp_locked(s.selected.size()), &report);
       if (count) dp_->adapt_distributed(*count, &report);
       released_unapplied = !s.aggregated;
+    } else if (dp_) {
+      std::filesystem::remove(privacy_charge_path());  // nothing revealed: nothing released
     }
     secagg_.reset();  // nothing of the round's masked inputs outlives it
   } else {

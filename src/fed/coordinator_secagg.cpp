@@ -38,6 +38,14 @@ void Coordinator::close_secagg_phase_locked() {
     secagg::check_fits(weights, secagg_options_locked(selected_.size()));
   } catch (const Error& e) {
     secagg_->fail_round(cat(e.what(), "; nothing was revealed"));
+    return;
+  }
+  if (!dp_) return;
+  try {
+    write_privacy_charge_locked();
+  } catch (const Error& e) {  // a full disk, say: no reveal the accountant might not keep
+    secagg_->fail_round(cat("the round's privacy charge cannot be recorded (", e.what(),
+                            "); nothing was revealed"));
   }
 }
 

@@ -147,7 +147,7 @@ struct Federation {
   Coordinator server;
   SpyTransport transport{server};
   std::vector<std::unique_ptr<Client>> clients;
-  explicit Federation(const SimConfig& c) : server(c.server, false) {
+  explicit Federation(const SimConfig& c, bool resume = false) : server(c.server, resume) {
     for (const auto& cc : c.clients) {
       clients.push_back(std::make_unique<Client>(cc, transport));
       clients.back()->join();
@@ -863,6 +863,52 @@ TEST(DistributedDp, AServerStoppedAfterRevealsAccountsAndSavesTheRound) {
   EXPECT_EQ(resumed.status().private_rounds, 1);
   EXPECT_EQ(resumed.rounds_done(), 0);
   EXPECT_EQ(resumed.status().round_retries, 1);
+}
+
+// A server killed after shares were revealed, before the round's checkpoint, loses no charge: the
+// release is written to privacy_charge.json before anyone is asked to reveal, and a resumed run
+// takes it (and goes on at the round's next attempt); a checkpoint that holds it removes it.
+TEST(DistributedDp, AServerKilledAfterRevealsKeepsTheChargeWrittenAhead) {
+  Quiet q;
+  const auto dir = temp_dir("dp-kill");
+  auto cfg = secure_sim_config(dir, make_silos(dir, 4), "fedavg", 1, true);  // threshold 3 of 4
+  cfg.server.strategy.min_clients = 3;
+  cfg.server.privacy = central_dp(1.0, 0.05);
+  set_num_threads(1);
+  const fs::path charge = cfg.server.dir / "privacy_charge.json";
+  {
+    Federation f(cfg);
+    ASSERT_TRUE(f.server.begin_round());
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));  // keys, shares, inputs
+    ASSERT_TRUE(fs::exists(charge)) << "written before any share is revealed";
+    ASSERT_TRUE(f.pass({0, 1, 2}));  // reveals: the server can unmask the sum now
+    // Killed here: no end_round, no checkpoint.
+  }
+  ASSERT_TRUE(io::list_checkpoints(cfg.server.dir / "checkpoints").empty());
+  try {
+    Coordinator fresh(cfg.server, false);
+    ADD_FAILURE() << "a fresh run over an unsaved charge";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("resume the run (--resume) so that it is accounted"),
+              std::string::npos)
+        << e.what();
+  }
+  {
+    Coordinator resumed(cfg.server, true);
+    EXPECT_EQ(resumed.status().private_rounds, 1);
+    EXPECT_EQ(resumed.rounds_done(), 0);
+    EXPECT_EQ(resumed.status().round_retries, 1) << "the released attempt's sample is not redrawn";
+  }
+  // The resumed run's first round is saved with both releases accounted, and the file is gone.
+  Federation f(cfg, true);
+  ASSERT_TRUE(f.server.begin_round());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(f.pass({0, 1, 2, 3}));
+  EXPECT_TRUE(f.server.end_round().aggregated);
+  EXPECT_FALSE(fs::exists(charge));
+  const auto saved = io::list_checkpoints(cfg.server.dir / "checkpoints");
+  ASSERT_FALSE(saved.empty());
+  const auto state = nlohmann::json::parse(read_file(saved.back() / "state.json"));
+  EXPECT_EQ(state["privacy"]["steps"].get<int64_t>(), 2);
 }
 
 TEST(DistributedDp, AClientStopsAtRepeatableNoiseUnlessItTakesIt) {
