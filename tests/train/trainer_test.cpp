@@ -975,6 +975,13 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
   fs::remove_all(run);
 }
 
+// The bytes of every TensorBoard event file of a run: its tags are in there as text.
+std::string event_files_text(const fs::path& run) {
+  std::string all;
+  for (const auto& e : fs::directory_iterator(run / "tensorboard")) all += read_file(e.path());
+  return all;
+}
+
 // Datasets in folders of one name get TensorBoard tags of their own (the folders above tell them
 // apart), a dataset named twice is evaluated once, and one named alone later keeps its tag.
 TEST(RunEval, DatasetsInFoldersOfOneNameKeepTagsOfTheirOwn) {
@@ -988,11 +995,7 @@ TEST(RunEval, DatasetsInFoldersOfOneNameKeepTagsOfTheirOwn) {
   const auto manifest = [&](const char* parent) {
     return (run / parent / data.filename() / "manifest.json").string();
   };
-  const auto tags = [&] {
-    std::string all;
-    for (const auto& e : fs::directory_iterator(run / "tensorboard")) all += read_file(e.path());
-    return all;
-  };
+  const auto tags = [&] { return event_files_text(run); };
   train::RunEvalOptions o;
   o.quiet = true;
   o.manifests = {manifest("a"), manifest("b"), "./" + fs::relative(manifest("a")).string()};
@@ -1059,11 +1062,7 @@ TEST(RunEval, ASeriesKeepsItsTagAndOtherSplitsGetTheirOwn) {
   const auto manifest = [&](const char* parent) {
     return (run / parent / "held" / "manifest.json").string();
   };
-  const auto tags = [&] {
-    std::string all;
-    for (const auto& e : fs::directory_iterator(run / "tensorboard")) all += read_file(e.path());
-    return all;
-  };
+  const auto tags = [&] { return event_files_text(run); };
   train::RunEvalOptions o;
   o.quiet = true;
   o.manifests = {manifest("c")};
