@@ -431,6 +431,10 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
   read_pre_tokenizer(r, root.value("pre_tokenizer", json()), "pre_tokenizer", pre);
   DecoderSpec decoder;
   bool fused = false;
+  if (root.value("decoder", json()).is_null())
+    log::warn(source,
+              ": 'decoder' is null; HF then joins the tokens' spellings with spaces, "
+              "pollen joins the tokens' bytes");
   read_decoder(r, root.value("decoder", json()), "decoder", decoder, fused);
   BosEosTemplate bos_eos;
   read_template(r, root.value("post_processor", json()), "post_processor", bos_eos);
