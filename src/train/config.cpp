@@ -2,6 +2,8 @@
 
 #include <toml++/toml.h>
 
+#include <array>
+#include <charconv>
 #include <cmath>
 #include <map>
 #include <sstream>
@@ -27,9 +29,15 @@ std::string toml_string(const std::string& s) {
 }
 
 std::string toml_double(double v) {
-  std::ostringstream out;
-  out << toml::value<double>(v);
-  return out.str();
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  // The shortest text that reads back as v (3e-3 as 0.003, not 0.0030000000000000001), kept a
+  // TOML float: an integral value gets its ".0".
+  std::array<char, 32> buf{};
+  const auto [end, ec] = std::to_chars(buf.data(), buf.data() + buf.size(), v);
+  std::string out(buf.data(), end);
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";
+  return out;
 }
 
 std::string toml_strings(const std::vector<std::string>& v) {
@@ -151,12 +159,14 @@ void read_train_keys(ConfigTable& train, LoopSettings& c) {
 
 void read_eval_keys(ConfigTable& e, LoopSettings& c) {
   c.eval_interval = e.get_int("interval", 0);
-  POLLEN_CHECK(c.eval_interval >= 0, e.where("interval"), ": expected 0 (end only) or more");
+  POLLEN_CHECK(c.eval_interval >= 0, e.where("interval"), ": expected 0 (end only) or more, got ",
+               c.eval_interval);
 }
 
 void read_checkpoint(ConfigTable& k, LoopSettings& c) {
   c.checkpoint_interval = k.get_int("interval", 0);
-  POLLEN_CHECK(c.checkpoint_interval >= 0, k.where("interval"), ": expected 0 (end only) or more");
+  POLLEN_CHECK(c.checkpoint_interval >= 0, k.where("interval"),
+               ": expected 0 (end only) or more, got ", c.checkpoint_interval);
   c.keep_checkpoints = static_cast<int>(k.get_int_in("keep", 3, 0, INT32_MAX));  // 0: all
   k.finish();
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <toml++/toml.h>
 #include <unistd.h>
 
 #include <array>
@@ -281,6 +282,20 @@ TEST(TrainConfig, GradientBucketSizeIsRefusedOutsideOneFloatTo4096MiB) {
     const auto c = train::parse_train_config(
         base, "run.toml", {cat("parallel.bucket_mb=", train::toml_double(good))});
     EXPECT_EQ(c.bucket_mb, good);
+  }
+}
+
+// A resolved config writes each float as the shortest TOML float that reads back as it: 3e-3 as
+// 0.003 (not 0.0030000000000000001, which a resume refusal would show), 3 as 3.0.
+TEST(TrainConfig, FloatsAreWrittenShortestAndReadBackExactly) {
+  EXPECT_EQ(train::toml_double(3e-3), "0.003");
+  EXPECT_EQ(train::toml_double(3.0), "3.0");
+  EXPECT_EQ(train::toml_double(1e-5), "1e-05");
+  EXPECT_EQ(train::toml_double(-0.5), "-0.5");
+  for (double v : {3e-3, 0.1 + 0.2, 1e-300, 1e300, 4.0 / 1048576.0, -7.0}) {
+    const auto t = toml::parse("x = " + train::toml_double(v));
+    ASSERT_TRUE(t["x"].is_floating_point()) << train::toml_double(v);
+    EXPECT_EQ(t["x"].value<double>().value(), v) << train::toml_double(v);
   }
 }
 
