@@ -276,7 +276,15 @@ EventFileWriter EventFileWriter::create(const std::filesystem::path& dir,
   w.file_ = AppendFile(dir / unique);
   w.file_.write(tfrecord(file_version_event(now)));
   if (session_start) w.file_.write(tfrecord(session_start_event(now, *session_start)));
+  w.header_bytes_ = w.file_.position();
   return w;
+}
+
+void EventFileWriter::discard_if_unused() {
+  if (!file_.is_open() || file_.position() != header_bytes_) return;
+  const std::filesystem::path path = file_.path();
+  file_ = AppendFile();
+  std::filesystem::remove(path);
 }
 
 EventFileWriter EventFileWriter::resume(const std::filesystem::path& path, uint64_t position,

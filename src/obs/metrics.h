@@ -103,9 +103,13 @@ class EventFileWriter {
   void add_scalar(std::string_view tag, double value, int64_t step, double wall_time);
   void add_text(std::string_view tag, std::string_view text, int64_t step, double wall_time);
   AppendFile& file() { return file_; }
+  // Closes the file and removes it when nothing was written past what create wrote (a resumed
+  // run that had nothing left to do leaves no file of its own).
+  void discard_if_unused();
 
  private:
   AppendFile file_;
+  uint64_t header_bytes_ = 0;  // what create wrote
 };
 
 }  // namespace pollen::obs

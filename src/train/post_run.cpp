@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "autograd/tape.h"
+#include "base/config.h"
 #include "base/files.h"
 #include "base/folder_lock.h"
 #include "base/log.h"
@@ -114,14 +115,27 @@ std::string lora_checkpoint_config(const model::Lora& lora, const std::string& b
 
 namespace {
 
+// The config.toml of the checkpoint a run resumes from, read as this command's. A checkpoint of
+// another command's run (an sft folder given to dpo) is refused naming both, rather than failing
+// on the other objective's section as an unknown key.
+PostConfig checkpoint_post_config(const PostConfig& cfg, const fs::path& checkpoint) {
+  const fs::path file = checkpoint / "config.toml";
+  const std::string text = read_file(file);
+  const ConfigTable table = ConfigTable::parse(text, file.string());
+  for (const char* other : {"sft", "dpo", "rm", "grpo"})
+    POLLEN_CHECK(other == cfg.objective || !table.has(other), "run folder '", cfg.dir.string(),
+                 "' holds a run of pollen ", other, " (checkpoint '", checkpoint.string(),
+                 "'), not of pollen ", cfg.objective, ": choose another run.dir");
+  // Relative paths of an older pollen's config.toml: the folder it ran from (as pollen train).
+  return parse_post_config(text, file.string(), cfg.objective, {}, fs::current_path());
+}
+
 // model.base as this run uses it. A run folder stands for its newest checkpoint, which moves on
 // while that run trains: the run pins the checkpoint it started from (its checkpoints name it as
 // model.base), and a resumed run takes it again rather than whatever is newest now.
 std::string pinned_base(const PostConfig& cfg, const std::optional<fs::path>& resume_from) {
   if (resume_from) {
-    const fs::path file = *resume_from / "config.toml";
-    const PostConfig saved =
-        parse_post_config(read_file(file), file.string(), cfg.objective, {}, fs::current_path());
+    const PostConfig saved = checkpoint_post_config(cfg, *resume_from);
     const fs::path pinned = fs::absolute(saved.base).lexically_normal();
     if (pinned.parent_path() == fs::absolute(fs::path(cfg.base) / "checkpoints").lexically_normal())
       return saved.base;
@@ -165,6 +179,14 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
 
   PostConfig resolved = cfg;
   resolved.base = pinned_base(cfg, resume_from);
+  // Adapters are trained on their base's weights, which only the pinned checkpoint holds.
+  POLLEN_CHECK(
+      !resume_from || !cfg.lora.enabled || resolved.base == cfg.base || fs::exists(resolved.base),
+      "cannot resume: the run's adapters were trained on '", resolved.base,
+      "', the checkpoint of model.base '", cfg.base,
+      "' it was pinned to when it began, which is gone (the base run's retention, "
+      "checkpoint.keep, may have removed it); a LoRA run needs those base weights: put "
+      "that checkpoint back, or start a new run");
   const PostBase base = resume_from && !cfg.lora.enabled
                             ? resolve_resumed_base(resolved, cfg.base, *resume_from)
                             : resolve_post_base(resolved);
@@ -176,9 +198,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   const std::string config_toml = resolved.to_toml(arch);
   if (resume_from) {
     const fs::path file = *resume_from / "config.toml";
-    // Relative paths of an older pollen's config.toml: the folder it ran from (as pollen train).
-    PostConfig saved =
-        parse_post_config(read_file(file), file.string(), cfg.objective, {}, fs::current_path());
+    PostConfig saved = checkpoint_post_config(cfg, *resume_from);
     POLLEN_CHECK(saved.architecture.has_value(), "'", file.string(), "' has no architecture");
     if (saved.chat_template.empty()) saved.chat_template = resolved.chat_template;  // older runs
     for (const auto& w :
@@ -262,6 +282,9 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
                  "..) than the checkpoint's adapters were trained on (", saved_base.substr(0, 16),
                  "..); put that base back or start a new run");
     counters.restore(state);
+    POLLEN_CHECK(cfg.steps >= counters.step, "--resume: train.steps (", cfg.steps,
+                 ") is below the step of checkpoint '", dir.string(), "' (", counters.step,
+                 "): nothing is left to train; give train.steps of at least ", counters.step);
     objective->restore(state.at("objective"));
     last_checkpoint = dir;
     log::info("resuming from '", dir.string(), "' at step ", counters.step);
@@ -446,6 +469,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   r.record(counters, last_loss, last_val, last_checkpoint);
   r.last_val_metrics = last_val_metrics;
   if (auto done = already_finished(o.resume, steps_here, cfg.dir, step, last_checkpoint, comm)) {
+    if (metrics) metrics->tb.discard_if_unused();
     r.message = *done;
     return r;
   }

@@ -601,6 +601,7 @@ TrainResult TrainingRun::finish(bool stopped) {
   r.record(counters_, counters_.last_loss, counters_.last_val_loss, last_checkpoint_);
   if (auto done =
           already_finished(o_.resume, steps_here_, cfg_.dir, step, last_checkpoint_, comm_)) {
+    if (metrics_) metrics_->tb.discard_if_unused();
     r.message = *done;
     return r;
   }

@@ -261,10 +261,14 @@ TEST(PostLora, ARunFolderBaseIsPinnedToTheCheckpointItStartedFrom) {
   ASSERT_EQ(x.tensors.size(), y.tensors.size());
   for (size_t i = 0; i < x.tensors.size(); ++i)
     EXPECT_TRUE(bitwise_equal(x.tensors[i].second, y.tensors[i].second)) << x.tensors[i].first;
-  // A LoRA run needs its base to resume, and names it when it is gone.
+  // A LoRA run needs its base to resume, and names the pinned checkpoint when it is gone.
   fs::rename(started, dir / "started-aside");
   const std::string gone = error_of([&] { run(text, true); });
-  EXPECT_NE(gone.find("model.base: model '" + started.string() + "'"), std::string::npos) << gone;
+  EXPECT_NE(gone.find("the run's adapters were trained on '" + started.string() +
+                      "', the checkpoint of model.base '" + (dir / "base").string()),
+            std::string::npos)
+      << gone;
+  EXPECT_NE(gone.find("checkpoint.keep"), std::string::npos) << gone;
   // Another checkpoint copied there is not that step's.
   fs::copy(later, started, fs::copy_options::recursive);
   const std::string misnamed = error_of([&] { run(text, true); });

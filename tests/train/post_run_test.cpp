@@ -90,6 +90,28 @@ TEST(PostRun, ResumeAfterPreemptionEqualsAnUninterruptedRunBitwise) {
   EXPECT_NE(
       error_of([&] { run(run_toml(dir / "split", 9, "pack = false\n"), true); }).find("sft.pack"),
       std::string::npos);
+  // Fewer steps than the checkpoint took leave nothing to train: refused, not "finished".
+  const std::string fewer = error_of([&] { run(run_toml(dir / "split", 5), true); });
+  EXPECT_NE(fewer.find("train.steps (5) is below the step of checkpoint"), std::string::npos)
+      << fewer;
+  // A resume with nothing left to do leaves TensorBoard's folder as it was.
+  const auto event_files = [&] {
+    return std::distance(fs::directory_iterator(dir / "split" / "tensorboard"),
+                         fs::directory_iterator());
+  };
+  const auto files = event_files();
+  EXPECT_EQ(run(text, true).status, train::RunStatus::finished);
+  EXPECT_EQ(event_files(), files) << "an empty event file was left behind";
+  // The folder holds an sft run: another command's resume names both rather than an unknown key.
+  const auto& fx = fixture();
+  const std::string dpo = test_support::tiny_post_toml(dir / "split", fx.model_file,
+                                                       fx.tokenizer_path, 9, "[dpo]\nbeta = 0.1\n");
+  const std::string other = error_of([&] {
+    test_support::run_post(train::parse_post_config(dpo, "dpo.toml", "dpo"),
+                           train::make_sft_objective, true);
+  });
+  EXPECT_NE(other.find("holds a run of pollen sft"), std::string::npos) << other;
+  EXPECT_NE(other.find("not of pollen dpo: choose another run.dir"), std::string::npos) << other;
 }
 
 // A full fine-tune resumes from its checkpoint alone: the base checkpoint it was pinned to may be
