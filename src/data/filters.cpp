@@ -576,10 +576,18 @@ namespace {
 void load_ngram_rule(ConfigTable& t, const char* sizes_key, const char* fracs_key,
                      std::vector<std::pair<int, double>>& rule) {
   if (!t.has(sizes_key) && !t.has(fracs_key)) return;
-  std::vector<double> sizes = t.get_doubles(sizes_key), fracs = t.get_doubles(fracs_key);
-  POLLEN_CHECK(sizes.size() == fracs.size(), t.where(fracs_key),
-               ": expected one threshold per n in ", sizes_key, " (", sizes.size(), "), got ",
-               fracs.size());
+  // A key left out keeps its default (`rule`'s), so thresholds alone apply to the default sizes.
+  std::vector<double> sizes, fracs;
+  for (const auto& [n, frac] : rule) {
+    sizes.push_back(n);
+    fracs.push_back(frac);
+  }
+  if (t.has(sizes_key)) sizes = t.get_doubles(sizes_key);
+  if (t.has(fracs_key)) fracs = t.get_doubles(fracs_key);
+  const auto given = [&](const char* key) { return t.has(key) ? "" : " (its default)"; };
+  POLLEN_CHECK(sizes.size() == fracs.size(), t.where(t.has(fracs_key) ? fracs_key : sizes_key),
+               ": expected one threshold per n: ", sizes_key, " has ", sizes.size(),
+               given(sizes_key), ", ", fracs_key, " ", fracs.size(), given(fracs_key));
   rule.clear();
   for (size_t i = 0; i < sizes.size(); ++i) {
     POLLEN_CHECK(sizes[i] >= 1 && sizes[i] <= 1000 && sizes[i] == static_cast<int>(sizes[i]),

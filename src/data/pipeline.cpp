@@ -64,7 +64,7 @@ Tok load_tokenizer(const PipelineConfig& c) {
   try {
     k.t = std::make_unique<tokenizer::Tokenizer>(tokenizer::load_hf_json(p));
   } catch (const Error& e) {
-    fail("tokenize.tokenizer '", c.tokenizer, "': ", e.what());
+    fail("config file '", c.source, "': tokenize.tokenizer '", c.tokenizer, "': ", e.what());
   }
   auto pick = [&](bool want, const std::string& name, const std::vector<uint32_t>& from_template,
                   std::initializer_list<const char*> usual,
@@ -72,14 +72,14 @@ Tok load_tokenizer(const PipelineConfig& c) {
     if (!want) return std::nullopt;
     if (!name.empty()) {
       auto id = find_token(*k.t, name);
-      POLLEN_CHECK(id.has_value(), "tokenize.", key, ": the tokenizer '", p.string(),
-                   "' has no added token \"", name, "\"");
+      POLLEN_CHECK(id.has_value(), "config file '", c.source, "': tokenize.", key,
+                   ": the tokenizer '", p.string(), "' has no added token \"", name, "\"");
       return id;
     }
     if (!from_template.empty()) return from_template.front();
     for (const char* u : usual)
       if (auto id = find_token(*k.t, u)) return id;
-    fail("tokenize.", key, ": the tokenizer '", p.string(),
+    fail("config file '", c.source, "': tokenize.", key, ": the tokenizer '", p.string(),
          "' has no template token or usual special token; name one with tokenize.", key);
   };
   k.bos = pick(c.add_bos, c.bos_token, k.t->bos_eos().prefix,
@@ -270,9 +270,17 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   if (c.threads > 0) set_num_threads(c.threads);
   fs::create_directories(c.output / "work");
   const fs::path work = c.output / "work";
+  // What a killed run's atomic writes left (.NAME.tmp.PID: a manifest, an index, a resume point)
+  // is nobody's now that this run holds the folder.
+  for (const fs::path& dir : {c.output, work})
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string name = e.path().filename().string();
+      if (name.starts_with(".") && name.find(".tmp.") != std::string::npos) fs::remove(e.path());
+    }
   const fs::path manifest_path = c.output / "manifest.json";
   std::vector<InputFile> files = list_config_inputs(c);
-  const std::string key1 = pass1_key(c, files);
+  const json basis1 = pass1_basis(c, files);
+  const std::string key1 = pass1_key(basis1);
   // The config names the tokenizer and the eval files; their contents count too, so that an
   // edited one makes a finished (or half-done) pass 2 start over.
   std::string contents = c.tokenize ? sha256_file(c.base_dir / c.tokenizer) : std::string();
@@ -284,6 +292,8 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
     }
   }
   const std::string key_all = sha256_hex(key1 + c.to_json().dump() + contents);
+  const json basis_all{
+      {"pass1", basis1}, {"config", c.to_json()}, {"contents", sha256_hex(contents)}};
   // A finished run with the same config and inputs: nothing to do.
   if (fs::exists(manifest_path) && fs::exists(work / "done.json")) {
     json done = json::parse(read_file(work / "done.json"), nullptr, false);
@@ -294,6 +304,17 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
                 "these inputs; nothing to do");
       return manifest_path;
     }
+    if (!done.is_discarded() && done.value("key", "") != key_all)
+      log::info("data: '", manifest_path.string(), "' was prepared from another config or inputs (",
+                basis_changes(done.value("basis", json()), basis_all), "); preparing it again");
+  }
+  // The tokenizer is read before anything is removed or read, so that a wrong one (or a missing
+  // BOS or EOS token) is refused before hours of reading, and leaves a finished dataset whole.
+  Tok tok;
+  TokenDType dtype = TokenDType::u16;
+  if (c.tokenize) {
+    tok = load_tokenizer(c);
+    dtype = token_dtype_for(tok.t->vocab_size());
   }
   // Not the finished run: the manifest of an earlier one goes before any shard is touched, so
   // that an interruption from here on leaves a folder that reads as unfinished rather than an
@@ -307,17 +328,12 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
 
   // ---- pass 1, or its saved outputs
   Pass1Result p1;
-  // The tokenizer is read before pass 1, so that a wrong one (or a missing BOS or EOS token) is
-  // refused before hours of reading rather than after.
-  Tok tok;
-  TokenDType dtype = TokenDType::u16;
-  if (c.tokenize) {
-    tok = load_tokenizer(c);
-    dtype = token_dtype_for(tok.t->vocab_size());
-  }
   bool reuse = false;
   if (fs::exists(work / "pass1.json")) {
     json saved = json::parse(read_file(work / "pass1.json"), nullptr, false);
+    if (!saved.is_discarded() && saved.value("key", "") != key1)
+      log::info("data: pass 1's outputs are of another config or inputs (",
+                basis_changes(saved.value("basis", json()), basis1), "); pass 1 runs again");
     if (!saved.is_discarded() && saved.value("key", "") == key1 &&
         fs::exists(work / "pass1.docs") && fs::exists(work / "pass1.sig") &&
         saved.value("sha256_docs", "") == sha256_file(work / "pass1.docs") &&
@@ -334,10 +350,11 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   }
   if (!reuse) {
     fs::remove(work / "pass1.json", ec);
-    p1 = run_pass1(c, files, work, key1, opt);
+    p1 = run_pass1(c, files, work, basis1, opt);
     json stages = json::array();
     for (const auto& s : p1.stages) stages.push_back(s.to_json());
     json saved{{"key", key1},
+               {"basis", basis1},
                {"stages", stages},
                {"inputs", p1.inputs},
                {"problems", p1.problems},
@@ -421,9 +438,16 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   // pass 1; else start pass 2 over.
   const fs::path resume_path = work / "pass2.json";
   const std::string key2 = sha256_hex(key_all + p1.sha256_docs);
+  json basis2 = basis_all;
+  basis2["pass1_docs"] = p1.sha256_docs;
   std::unique_ptr<Pass2Outputs> out;
   if (reuse && fs::exists(resume_path)) {
     json saved = json::parse(read_file(resume_path), nullptr, false);
+    if (saved.is_discarded() || saved.value("key", "") != key2)
+      log::warn("data: the resume point of an interrupted pass 2 ('", resume_path.string(),
+                "') is of another config or inputs (",
+                basis_changes(saved.is_object() ? saved.value("basis", json()) : json(), basis2),
+                "); pass 2 starts over");
     if (!saved.is_discarded() && saved.value("key", "") == key2) {
       try {
         out = std::make_unique<Pass2Outputs>(c, dtype, &saved);
@@ -446,8 +470,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
     out = std::make_unique<Pass2Outputs>(c, dtype, nullptr);
   }
   // Shard files of an interrupted run that the resume point does not list are removed (this run
-  // writes them again), and so are its partial shards that this run does not continue and what
-  // an interrupted write of an index left (.NAME.index.tmp.PID).
+  // writes them again), and so are its partial shards that this run does not continue.
   std::set<std::string> kept_shards;
   std::set<fs::path> open_shards;
   for (int s = 0; s < 2 && c.tokenize; ++s) {
@@ -462,8 +485,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
         !kept_shards.count(fs::path(p).replace_extension(".tokens").filename().string());
     const bool partial =
         name.starts_with(".") && name.ends_with(".tokens.tmp") && !open_shards.count(p);
-    const bool index_tmp = name.starts_with(".") && name.find(".index.tmp.") != std::string::npos;
-    if (shard || partial || index_tmp) fs::remove(p);
+    if (shard || partial) fs::remove(p);
   }
 
   struct D {
@@ -533,6 +555,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
       if (!id.empty()) kept.push_back(json::array({g, id}));
     json saved = out->checkpoint();
     saved["key"] = key2;
+    saved["basis"] = basis2;
     saved["state"] = p2.to_json();
     saved["kept"] = kept;
     write_file_atomic(resume_path, saved.dump() + "\n");
@@ -689,8 +712,10 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   std::string text = manifest_text(m);
   write_file_atomic(manifest_path, text);
   fs::remove(resume_path, ec);
-  write_file_atomic(work / "done.json",
-                    json{{"key", key_all}, {"manifest_sha256", sha256_hex(text)}}.dump() + "\n");
+  write_file_atomic(
+      work / "done.json",
+      json{{"key", key_all}, {"basis", basis_all}, {"manifest_sha256", sha256_hex(text)}}.dump() +
+          "\n");
   if (opt.progress) std::fprintf(stderr, "%s", dataset_stats(manifest_path).c_str());
   return manifest_path;
 }

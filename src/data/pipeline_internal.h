@@ -190,15 +190,21 @@ struct Pass1Result {
   std::string sha256_docs, sha256_sigs;
 };
 
-// The key that decides whether pass 1's outputs can be reused: the config of pass 1 and each
-// input's name, size and modification time.
-std::string pass1_key(const PipelineConfig& c, const std::vector<InputFile>& files);
+// What pass 1's outputs depend on (its basis): the config of pass 1, each input's name, size and
+// modification time, and the version of what the stages decide. pass1_key hashes it: the key
+// that decides whether pass 1's outputs (or a resume point) can be reused. The basis is saved
+// beside the key, so that a rerun that cannot reuse them says why (basis_changes).
+nlohmann::json pass1_basis(const PipelineConfig& c, const std::vector<InputFile>& files);
+std::string pass1_key(const nlohmann::json& basis);
+// What differs between a saved basis and this run's, in words: the config keys, the input files
+// changed, added or gone (the first few by name), the rest by what it is.
+std::string basis_changes(const nlohmann::json& saved, const nlohmann::json& now);
 
 // Pass 1: reads the inputs, filters them and drops exact duplicates; writes the survivors to
 // work/pass1.docs and their MinHash signatures to work/pass1.sig. Continues from
-// work/pass1.resume.json when it holds `key` (pass1_key) and its partial outputs are there.
+// work/pass1.resume.json when it holds the key of `basis` and its partial outputs are there.
 Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& files,
-                      const std::filesystem::path& work, const std::string& key,
+                      const std::filesystem::path& work, const nlohmann::json& basis,
                       const PrepareOptions& opt);
 
 // Reads the next record of work/pass1.docs (pipeline_pass1.cpp writes them), advancing `offset`

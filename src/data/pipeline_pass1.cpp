@@ -1,8 +1,8 @@
 // Pass 1 of `pollen data prepare`: the inputs read in batches, filtered on the thread pool and
 // exact-deduplicated in input order; the survivors go to work/pass1.docs, their MinHash
-// signatures to work/pass1.sig. pass1_key says when a rerun may reuse those outputs. Resume
-// points (work/pass1.resume.json) are saved where an input file ends, so that a rerun after an
-// interruption continues with the next file.
+// signatures to work/pass1.sig. pass1_basis and its key say when a rerun may reuse those outputs.
+// Resume points (work/pass1.resume.json) are saved where an input file ends, so that a rerun after
+// an interruption continues with the next file.
 #include "data/pipeline_internal.h"
 
 #include <sys/stat.h>
@@ -84,7 +84,7 @@ bool read_doc_record(std::FILE* in, const fs::path& path, uint32_t& source, std:
   return true;
 }
 
-std::string pass1_key(const PipelineConfig& c, const std::vector<InputFile>& files) {
+json pass1_basis(const PipelineConfig& c, const std::vector<InputFile>& files) {
   json cfg = c.to_json();
   for (const char* k : {"pii", "decontaminate", "split", "tokenize"}) cfg.erase(k);
   json f = json::array();
@@ -99,11 +99,12 @@ std::string pass1_key(const PipelineConfig& c, const std::vector<InputFile>& fil
   // otherwise is prepared again (3: FineWeb and Gopher bounds as datatrove 0.10.1's, and
   // decontamination before PII redaction; 4: Gopher repetition drops an empty text; every later
   // key derives from this one).
-  return sha256_hex(json{{"config", cfg}, {"files", f}, {"v", 4}}.dump());
+  return json{{"config", cfg}, {"files", f}, {"v", 4}};
 }
 
 Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& files,
-                      const fs::path& work, const std::string& key, const PrepareOptions& opt) {
+                      const fs::path& work, const json& basis, const PrepareOptions& opt) {
+  const std::string key = pass1_key(basis);
   Pass1Result res;
   StageCounts read;
   read.name = "read";
@@ -134,6 +135,11 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   const std::vector<StageCounts> fresh_stages = st;
   if (fs::exists(resume_path)) {
     const json saved = json::parse(read_file(resume_path), nullptr, false);
+    if (saved.is_discarded() || saved.value("key", "") != key)
+      log::warn("data: the resume point of an interrupted pass 1 ('", resume_path.string(),
+                "') is of another config or inputs (",
+                basis_changes(saved.is_object() ? saved.value("basis", json()) : json(), basis),
+                "); pass 1 starts over");
     if (!saved.is_discarded() && saved.value("key", "") == key) {
       try {
         docs_out =
@@ -408,6 +414,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
     json stages = json::array();
     for (const auto& s : st) stages.push_back(s.to_json());
     const json saved{{"key", key},
+                     {"basis", basis},
                      {"next_file", b.resume_at_file},
                      {"docs_bytes", docs_out->sync()},
                      {"sigs_bytes", sig_out->sync()},

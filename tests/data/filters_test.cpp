@@ -857,6 +857,11 @@ TEST(Filters, GopherRepetitionNgramTablesAreConfigurable) {
   EXPECT_STREQ(
       load("[gopher_repetition]\ndup_n_grams = [5]\ndup_n_gram_fracs = [0.01]\n").check(twice),
       "repetition_dup_ngrams");
+  // Thresholds alone apply to the default sizes (2, 3, 4), and sizes alone keep theirs.
+  EXPECT_EQ(load("[gopher_repetition]\ntop_n_gram_fracs = [0.25, 0.2, 0.15]\n").top_n_grams,
+            (std::vector<std::pair<int, double>>{{2, 0.25}, {3, 0.2}, {4, 0.15}}));
+  EXPECT_EQ(load("[gopher_repetition]\ntop_n_grams = [3, 4, 5]\n").top_n_grams,
+            (std::vector<std::pair<int, double>>{{3, 0.2}, {4, 0.18}, {5, 0.16}}));
   // Empty tables turn the rules off; mismatched tables are an error naming the key.
   auto off = load("[gopher_repetition]\ntop_n_grams = []\ntop_n_gram_fracs = []\n");
   EXPECT_TRUE(off.top_n_grams.empty());

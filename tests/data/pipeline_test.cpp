@@ -346,7 +346,7 @@ TEST(Pipeline, AConfiguredPathThatDoesNotExistIsAnErrorBeforeAnyWork) {
 }
 
 // A file that is no tokenizer, or a tokenizer without the BOS token asked for, is refused before
-// pass 1 reads anything, naming the key.
+// pass 1 reads anything (or a finished dataset's manifest is removed), naming the file and key.
 TEST(Pipeline, AWrongTokenizerIsRefusedBeforePassOne) {
   const fs::path cfg_path = corpus().config("out_tokenizer", 1);
   const std::string text = read_file(cfg_path);
@@ -363,7 +363,17 @@ TEST(Pipeline, AWrongTokenizerIsRefusedBeforePassOne) {
   e = error("shard_tokens = 2000\n",
             "shard_tokens = 2000\nadd_bos = true\nbos_token = \"<nope>\"\n");
   EXPECT_NE(e.find("tokenize.bos_token: the tokenizer"), std::string::npos) << e;
+  EXPECT_NE(e.find("config file '" + cfg_path.string() + "'"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(pass1));
+  // A finished dataset keeps its manifest when such a mistake is refused.
+  const fs::path manifest = prepare(PipelineConfig::parse(text, cfg_path), {.progress = false});
+  const std::string finished = read_file(manifest);
+  e = error("shard_tokens = 2000\n",
+            "shard_tokens = 2000\nadd_bos = true\nbos_token = \"<nope>\"\n");
+  EXPECT_NE(e.find("tokenize.bos_token"), std::string::npos) << e;
+  ASSERT_TRUE(fs::exists(manifest)) << "a refused config removed the finished manifest";
+  EXPECT_EQ(read_file(manifest), finished);
+  EXPECT_TRUE(fs::exists(corpus().root / "out_tokenizer" / "work" / "done.json"));
   fs::remove_all(corpus().root / "out_tokenizer");
 }
 
@@ -792,8 +802,18 @@ TEST(Pipeline, PassTwoResumesFromItsLastResumePointByteIdentical) {
 TEST(Pipeline, AnInterruptedRerunWithAChangedConfigLeavesNoStaleManifest) {
   const fs::path out = run("out_stale", 2);
   ASSERT_TRUE(fs::exists(out / "manifest.json"));
+  ::testing::internal::CaptureStderr();
   ASSERT_FALSE(rerun("out_stale", 2, 1, "max_doc_bytes = 3000\n"));
+  const std::string said = ::testing::internal::GetCapturedStderr();
   EXPECT_FALSE(fs::exists(out / "manifest.json"));
+  // Why the finished dataset and pass 1's outputs are not reused: the key that changed.
+  EXPECT_NE(said.find("was prepared from another config or inputs (config keys max_doc_bytes)"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("pass 1's outputs are of another config or inputs (config keys "
+                      "max_doc_bytes); pass 1 runs again"),
+            std::string::npos)
+      << said;
   for (int k = 0; k < 2; ++k) {
     try {
       if (k == 0)
@@ -810,13 +830,19 @@ TEST(Pipeline, AnInterruptedRerunWithAChangedConfigLeavesNoStaleManifest) {
     }
   }
   // Finishing the changed run writes its manifest again, and leaves none of what a killed run
-  // could: a partial shard this run does not continue, an index's temporary file.
+  // could: a partial shard this run does not continue, the temporary file of an atomic write
+  // (an index, the manifest, the tokenizer, a resume point).
   write(out / ".tiny-train-00057.tokens.tmp", std::string(100, 'x'));
   write(out / ".tiny-train-00000.index.tmp.4321", "x");
+  write(out / ".manifest.json.tmp.4321", "x");
+  write(out / ".tokenizer.json.tmp.4321", "x");
+  write(out / "work" / ".pass2.json.tmp.4321", "x");
   ASSERT_TRUE(rerun("out_stale", 2, 0, "max_doc_bytes = 3000\n"));
   EXPECT_TRUE(fs::exists(out / "manifest.json"));
   for (const auto& e : fs::directory_iterator(out))
     EXPECT_FALSE(e.path().filename().string().starts_with(".")) << e.path();
+  for (const auto& e : fs::directory_iterator(out / "work"))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
 namespace {
