@@ -100,8 +100,9 @@ struct GenerationRow {
   std::shared_ptr<const std::atomic<bool>> cancelled;
 };
 
-// Called for every token a row keeps, with the logits it was sampled from (the first
-// options.vocab_size of the model's V, or all V).
+// Called for every token a row keeps, with the row's logits over all of the model's V (sampling
+// drew from the first options.vocab_size of them), so that its log-probability is the one
+// scoring the same token in a prompt gives.
 using OnToken = std::function<void(size_t row, uint32_t token, std::span<const float> logits)>;
 
 // Throws naming what a row gets wrong (an empty prompt, a negative budget, stop strings without

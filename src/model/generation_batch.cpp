@@ -110,7 +110,7 @@ bool GenerationBatch::sample(Live& r, std::span<const float> logits) {
   }
   r.seq.push_back(next);
   r.out.tokens.push_back(next);
-  if (on_token_) on_token_(r.id, next, candidate_logits(logits, o));
+  if (on_token_) on_token_(r.id, next, logits);
   if (!o.stop_strings.empty()) {
     const std::string text = decode_(r.out.tokens);
     const size_t first = first_stop(text, o.stop_strings);

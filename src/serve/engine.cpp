@@ -8,8 +8,11 @@
 namespace pollen::serve {
 namespace {
 
-// log-softmax of one row of logits at `token`, with the `top` most likely tokens.
-eval::TokenScore score_logits(std::span<const float> z, uint32_t token, int64_t top) {
+// log-softmax of one row of logits (the model's whole vocabulary, as prompt tokens are scored)
+// at `token`, with the `top` most likely among the first `top_vocab` (the ids the tokenizer
+// can decode).
+eval::TokenScore score_logits(std::span<const float> z, uint32_t token, int64_t top,
+                              size_t top_vocab) {
   double best = z[0];
   for (float v : z) best = std::max(best, static_cast<double>(v));
   double sum = 0;
@@ -17,9 +20,9 @@ eval::TokenScore score_logits(std::span<const float> z, uint32_t token, int64_t 
   const double lse = best + std::log(sum);
   eval::TokenScore s;
   s.logprob = static_cast<double>(z[token]) - lse;
-  std::vector<uint32_t> order(z.size());
+  std::vector<uint32_t> order(std::min(z.size(), top_vocab));
   for (uint32_t v = 0; v < order.size(); ++v) order[v] = v;
-  const size_t k = std::min(z.size(), static_cast<size_t>(std::max<int64_t>(top, 0)));
+  const size_t k = std::min(order.size(), static_cast<size_t>(std::max<int64_t>(top, 0)));
   std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
                     [&](uint32_t a, uint32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
   for (size_t i = 0; i < k; ++i)
@@ -223,7 +226,7 @@ void Engine::on_token(size_t id, uint32_t token, std::span<const float> logits) 
   const auto [job, s] = owners_.at(id);
   if (job->failed) return;  // answered already
   job->results[s].token_scores.push_back(
-      score_logits(logits, token, job->sequences[s].top_logprobs));
+      score_logits(logits, token, job->sequences[s].top_logprobs, tok_.vocab_size()));
   ++tokens_;
   if (!job->first_token) {
     job->first_token = true;

@@ -133,10 +133,11 @@ std::vector<std::string> stop_strings(const json& body) {
   bad_request("stop", "'stop' must be a string or a list of at most 64 strings, got " + shown(v));
 }
 
-// temperature, top_p, seed, stop and the token budget, shared by both endpoints.
+// temperature, top_p, seed, stop and the token budget, shared by both endpoints; *asked gets the
+// budget as the body gave it (before --max-tokens caps it), when it gave one.
 model::SamplingOptions sampling(const json& body, const ServedModel& model, const Limits& limits,
                                 int64_t max_tokens_default, const std::string& max_tokens_key,
-                                int64_t min_tokens) {
+                                int64_t min_tokens, int64_t* asked) {
   model::SamplingOptions o;
   o.max_tokens = max_tokens_default;
   if (body.contains(max_tokens_key) && !body[max_tokens_key].is_null()) {
@@ -145,6 +146,7 @@ model::SamplingOptions sampling(const json& body, const ServedModel& model, cons
       bad_request(max_tokens_key, cat("'", max_tokens_key, "' must be an integer of at least ",
                                       min_tokens, ", got ", shown(v)));
     o.max_tokens = v.get<int64_t>();
+    *asked = o.max_tokens;
   }
   // More than --max-tokens asked (many clients send 2048 or 4096 by default): as many as the
   // server generates, the choice then ending with finish_reason "length".
@@ -267,11 +269,11 @@ json parse_body(const std::string& body) {
 
 void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& model,
                          const Limits& limits, const std::string& prompt_field,
-                         int64_t min_completion) {
+                         int64_t min_completion, int64_t asked_in_body) {
   const int64_t n = static_cast<int64_t>(tokens);
   // Over the context: worded as OpenAI's, which some frameworks look for; a chat reply needs
   // one token at least.
-  const int64_t asked = std::max(max_tokens, min_completion);
+  const int64_t asked = std::max({max_tokens, min_completion, asked_in_body});
   const auto over_context = [&] {
     bad_request(
         prompt_field,
@@ -301,7 +303,7 @@ CompletionRequest parse_completion_request(const json& body, const tokenizer::To
   if (body.contains("suffix") && !body["suffix"].is_null())
     bad_request("suffix", "'suffix' is not supported", "unsupported_value");
   CompletionRequest r;
-  r.sampling = sampling(body, model, limits, 16, "max_tokens", 0);
+  r.sampling = sampling(body, model, limits, 16, "max_tokens", 0, &r.max_tokens_asked);
   r.echo = boolean(body, "echo");
   r.stream = boolean(body, "stream");
   r.include_usage = include_usage(body, r.stream);
@@ -346,7 +348,8 @@ CompletionRequest parse_completion_request(const json& body, const tokenizer::To
                     r.n > 1 ? cat(" of n = ", r.n, " choices each") : "",
                     "; this server takes at most ", limits.max_prompts, " choices per request"));
   for (const auto& ids : r.prompts)
-    check_prompt_length(ids.size(), r.sampling.max_tokens, model, limits);
+    check_prompt_length(ids.size(), r.sampling.max_tokens, model, limits, "prompt", 0,
+                        r.max_tokens_asked);
   if (r.stream && r.echo)
     bad_request("echo", "'echo' cannot be combined with 'stream'", "unsupported_value");
   if (r.stream && r.logprobs)
@@ -412,7 +415,7 @@ ChatRequest parse_chat_request(const json& body, const ServedModel& model, const
       body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
           ? "max_completion_tokens"
           : "max_tokens";
-  r.sampling = sampling(body, model, limits, limits.max_tokens, budget_key, 1);
+  r.sampling = sampling(body, model, limits, limits.max_tokens, budget_key, 1, &r.max_tokens_asked);
   if (model.end_of_turn) r.sampling.stop_tokens.push_back(*model.end_of_turn);
   r.budget_given = body.contains(budget_key) && !body[budget_key].is_null();
   r.stream = boolean(body, "stream");

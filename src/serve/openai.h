@@ -67,6 +67,7 @@ struct CompletionRequest {
   std::vector<std::vector<uint32_t>> prompts;
   std::vector<std::string> prompt_texts;  // as given, or the token ids decoded (for echo)
   model::SamplingOptions sampling;
+  int64_t max_tokens_asked = 0;  // what the body asked for, before --max-tokens (0: not given)
   bool echo = false;
   std::optional<int64_t> logprobs;  // top alternatives per token, when logprobs are asked for
   int64_t n = 1;  // choices per prompt: choice i * n + j from Rng(seed).fork(i * n + j)
@@ -87,8 +88,9 @@ struct ChatRequest {
   std::optional<int64_t> logprobs;  // top_logprobs, when logprobs are asked for
   int64_t n = 1;                    // choices: choice j from Rng(seed).fork(j)
   bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage: a last chunk with the usage
-  bool budget_given = false;   // max_tokens or max_completion_tokens was sent
+  bool include_usage = false;    // stream_options.include_usage: a last chunk with the usage
+  bool budget_given = false;     // max_tokens or max_completion_tokens was sent
+  int64_t max_tokens_asked = 0;  // that budget as sent, before --max-tokens (0: not given)
 };
 
 ChatRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model,
@@ -109,10 +111,11 @@ void check_model(const nlohmann::json& body, const ServedModel& model);
 
 // The prompt's tokens within the limits (a 400 context_length_exceeded otherwise, naming
 // `prompt_field`): max_prompt_tokens, and the context holding prompt + max(max_tokens,
-// min_completion).
+// min_completion). The error names the budget as the client asked for it (`asked`, when more
+// than max_tokens, which --max-tokens capped).
 void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& model,
                          const Limits& limits, const std::string& prompt_field = "prompt",
-                         int64_t min_completion = 0);
+                         int64_t min_completion = 0, int64_t asked = 0);
 
 // OpenAI's logprobs object of a completion choice: tokens, token_logprobs (null for a first
 // prompt token), top_logprobs ({token: logprob}) and text_offset (characters of the prompt and

@@ -108,9 +108,14 @@ using Results = std::vector<SequenceResult>;
 // When the request this server thread answers was routed (unset: none, or not routed).
 thread_local std::chrono::steady_clock::time_point request_start;
 
+// The status a request whose client left before its answer is counted under (nginx's "client
+// closed request"): nothing was answered.
+constexpr int kClientClosedRequest = 499;
+
 // Generates a request's sequences and waits for them; a client that leaves meanwhile ends its
-// generation (its answer then goes nowhere).
-Results wait_for_results(Engine& engine, std::vector<Sequence> seqs, const httplib::Request& req) {
+// generation, and gets nothing (nullopt: its answer would go nowhere).
+std::optional<Results> wait_for_results(Engine& engine, std::vector<Sequence> seqs,
+                                        const httplib::Request& req) {
   auto cancelled = std::make_shared<std::atomic<bool>>(false);
   std::future<Results> results = engine.submit(std::move(seqs), nullptr, cancelled);
   std::optional<ClientConnection> client;
@@ -118,7 +123,9 @@ Results wait_for_results(Engine& engine, std::vector<Sequence> seqs, const httpl
     if (!client) client.emplace(req.remote_addr, req.remote_port, req.local_port);
     if (client->gone()) cancelled->store(true);
   }
-  return results.get();
+  Results rs = results.get();
+  if (cancelled->load()) return std::nullopt;
+  return rs;
 }
 
 // Streams `queue`'s events; once the engine is done, `finish` gives the last events ("[DONE]"
@@ -543,7 +550,12 @@ void Server::add_routes() {
                         });
           return;
         }
-        const Results rs = wait_for_results(*engine_, std::move(seqs), req);
+        const std::optional<Results> answered = wait_for_results(*engine_, std::move(seqs), req);
+        if (!answered) {
+          res.status = kClientClosedRequest;
+          return;
+        }
+        const Results& rs = *answered;
         json choices = json::array();
         for (size_t k = 0; k < rs.size(); ++k) {
           const model::Generation& g = rs[k].generation;
@@ -579,7 +591,7 @@ void Server::add_routes() {
         if (!r.budget_given)
           r.sampling.max_tokens = std::min(r.sampling.max_tokens, std::max<int64_t>(room, 0));
         check_prompt_length(prompt.size(), r.sampling.max_tokens, options_.model, options_.limits,
-                            "messages", 1);
+                            "messages", 1, r.max_tokens_asked);
         // Choice j is sampled from Rng(seed).fork(j).
         std::vector<Sequence> seqs;
         for (int64_t j = 0; j < r.n; ++j)
@@ -625,7 +637,12 @@ void Server::add_routes() {
               });
           return;
         }
-        const Results rs = wait_for_results(*engine_, std::move(seqs), req);
+        const std::optional<Results> answered = wait_for_results(*engine_, std::move(seqs), req);
+        if (!answered) {
+          res.status = kClientClosedRequest;
+          return;
+        }
+        const Results& rs = *answered;
         json choices = json::array();
         for (size_t j = 0; j < rs.size(); ++j) {
           const model::Generation& g = rs[j].generation;

@@ -290,10 +290,16 @@ TEST(Generate, SamplesOnlyIdsBelowVocabSize) {
     }
     model::Continuation session(m, 64, 1);
     for (uint32_t id : session.generate(kPrompts[0], o, {}).tokens) EXPECT_LT(id, 50u);
-    // Streaming callers see the logits that were sampled from.
+    // Streaming callers see the whole row (a token's log-probability is over all of V), whose
+    // best id below the limit is the one greedy decoding took.
     model::generate_rows(
         m, {{kPrompts[1], o, Rng(2)}}, {},
-        [](size_t, uint32_t, std::span<const float> logits) { EXPECT_EQ(logits.size(), 50u); });
+        [&](size_t, uint32_t token, std::span<const float> logits) {
+          ASSERT_EQ(logits.size(), 53u);
+          if (temperature == 0)
+            EXPECT_EQ(token,
+                      std::max_element(logits.begin(), logits.begin() + 50) - logits.begin());
+        });
   }
   // On hand-made logits: the best id below the limit, and never one above it.
   const std::vector<float> logits = {0.0f, 1.0f, 0.5f, 9.0f};

@@ -834,6 +834,13 @@ TEST_F(Serving, AChatBudgetEndsAtTheContextAndLongChatsNameMessages) {
                 "This model's maximum context length is 48 tokens. However, you requested ", 0),
             0u)
       << long_chat.second.dump();
+  // The budget is named as the client sent it, not as --max-tokens (32) capped it.
+  auto capped = post("/v1/completions", json{{"prompt", words}, {"max_tokens", 5000}});
+  expect_error(capped, 400, "prompt");
+  EXPECT_NE(capped.second["error"]["message"].get<std::string>().find(
+                " in the prompt, 5000 in the completion)"),
+            std::string::npos)
+      << capped.second.dump();
   // Over the server's prompt limit, within the context: the limit and its option are named.
   std::string mid = words;
   while (chat_prompt({{"user", mid}}).size() <= 40) mid += "cat ";
@@ -894,6 +901,20 @@ TEST_F(Serving, EchoedAlternativesOfAPaddedVocabularyAreTokens) {
   ASSERT_EQ(r.first, 200) << r.second.dump();
   for (const json& top : r.second["choices"][0]["logprobs"]["top_logprobs"])  // by text: ids
     if (!top.is_null()) EXPECT_TRUE(!top.empty() && top.size() <= 21u);  // and the token itself
+  // A generated token's log-probability is normalised over the whole vocabulary, as an echoed
+  // one is (and pollen score's): the same token in the same context, the same number.
+  const auto ids = prompt_ids("Paris is the capital of");
+  auto gen = post("/v1/completions",
+                  json{{"prompt", ids}, {"max_tokens", 1}, {"temperature", 0}, {"logprobs", 1}});
+  ASSERT_EQ(gen.first, 200) << gen.second.dump();
+  const json& glp = gen.second["choices"][0]["logprobs"];
+  std::vector<uint32_t> with = ids;
+  with.push_back(tok_->encode(glp["tokens"][0].get<std::string>()).at(0));
+  auto echo = post("/v1/completions",
+                   json{{"prompt", with}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}});
+  ASSERT_EQ(echo.first, 200) << echo.second.dump();
+  EXPECT_NEAR(glp["token_logprobs"][0].get<double>(),
+              echo.second["choices"][0]["logprobs"]["token_logprobs"].back().get<double>(), 1e-5);
   // A tokenizer with more ids than the model has rows is refused when the server starts.
   const model::Llama small = testing::tiny_model(tok_->vocab_size() - 1, 3);
   try {
@@ -1249,6 +1270,19 @@ TEST_F(Serving, AClientThatLeavesEndsItsGenerationStreamedOrNot) {
   const int64_t before = engine.tokens_generated();
   EXPECT_EQ(post("/v1/completions", body.dump()).first, 200);
   EXPECT_EQ(engine.tokens_generated() - before, whole);
+  // The whole answer that went nowhere is counted as such (499, nginx's "client closed
+  // request"), not as one answered.
+  httplib::Client c("127.0.0.1", server_->port());
+  const auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(
+      metrics->body.find("pollen_serve_requests_total{path=\"/v1/completions\",code=\"499\"} 1"),
+      std::string::npos)
+      << metrics->body;
+  EXPECT_NE(
+      metrics->body.find("pollen_serve_requests_total{path=\"/v1/completions\",code=\"200\"} 3"),
+      std::string::npos)
+      << metrics->body;
 }
 
 // A request whose client went away (its cancelled flag set) ends before its next step; the
