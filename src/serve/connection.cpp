@@ -37,21 +37,43 @@ bool is_connection(int fd, const std::string& remote_addr, int remote_port, int 
   return numeric_address(addr, len, host, port) && port == local_port;
 }
 
-}  // namespace
-
-ClientConnection::ClientConnection(const std::string& remote_addr, int remote_port,
-                                   int local_port) {
+// Every open file descriptor of this process, from /proc/self/fd.
+template <typename Fn>
+void for_each_fd(Fn fn) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
     char* end = nullptr;
     const std::string name = entry.path().filename().string();
     const long fd = std::strtol(name.c_str(), &end, 10);
     if (end == name.c_str() || *end != '\0') continue;
-    if (is_connection(static_cast<int>(fd), remote_addr, remote_port, local_port)) {
-      fd_ = static_cast<int>(fd);
-      return;
-    }
+    if (fn(static_cast<int>(fd))) return;
   }
+}
+
+}  // namespace
+
+void shut_down_connections(int local_port) {
+  for_each_fd([&](int fd) {
+    sockaddr_storage addr{};
+    socklen_t len = sizeof(addr);
+    std::string host;
+    int port = 0;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return false;
+    len = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0 &&
+        numeric_address(addr, len, host, port) && port == local_port)
+      ::shutdown(fd, SHUT_RDWR);
+    return false;
+  });
+}
+
+ClientConnection::ClientConnection(const std::string& remote_addr, int remote_port,
+                                   int local_port) {
+  for_each_fd([&](int fd) {
+    if (!is_connection(fd, remote_addr, remote_port, local_port)) return false;
+    fd_ = fd;
+    return true;
+  });
 }
 
 bool ClientConnection::gone() const {

@@ -24,4 +24,10 @@ class ClientConnection {
   int fd_ = -1;
 };
 
+// Shuts down both ways every connected socket of this process whose local port is `local_port`:
+// when a server stops, the clients still sending a request (a slow or trickling body) or holding
+// an idle kept-alive connection, which would otherwise keep its threads reading for as long as
+// bytes keep coming.
+void shut_down_connections(int local_port);
+
 }  // namespace pollen::serve

@@ -289,6 +289,9 @@ void Server::stop_gracefully() {
   stop_requested_ = true;
   while (entered_run_ && !http_->is_running() && !ran_)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // Every request taken has its answer: what is left are clients still sending one (taken by
+  // nobody yet) and idle connections, whose reads would hold the HTTP threads.
+  shut_down_connections(port_);
   stop();
 }
 

@@ -1552,6 +1552,41 @@ TEST(ServeCli, ASignalLetsRunningStreamsFinishAndASecondEndsAtOnce) {
   std::filesystem::remove_all(dir);
 }
 
+// A client still sending its request's body (a byte now and then) when the signal comes was
+// taken by nobody: it does not hold the stop for as long as it keeps sending.
+TEST(ServeCli, ASignalDoesNotWaitForAClientStillSendingItsRequest) {
+  const std::filesystem::path dir = test_support::post_temp_dir("serve_trickle");
+  const std::string tok = test_support::make_chat_tokenizer(dir).string();
+  ServeProcess server("--model llama-tiny --tokenizer " + tok + " --port 0 --threads 1");
+  ASSERT_GT(server.port(), 0) << server.output();
+  const int fd = connect_loopback(server.port());
+  ASSERT_GE(fd, 0);
+  const std::string head =
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Content-Length: 100\r\n\r\n{";
+  ASSERT_EQ(send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  std::atomic<bool> ended = false;
+  std::thread trickle([&] {  // a byte every 100 ms for up to 20 s, while the server reads
+    for (int i = 0; i < 200 && !ended; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (send(fd, " ", 1, MSG_NOSIGNAL) != 1) break;
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto signalled = std::chrono::steady_clock::now();
+  server.signal(SIGTERM);
+  const int status = server.wait();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+  ended = true;
+  trickle.join();
+  close(fd);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_LT(waited, 5.0) << "the stop waited for the trickling client";
+  std::filesystem::remove_all(dir);
+}
+
 // A post-training checkpoint names its chat template (config.toml's model.chat_template) and has
 // no tokenizer_config.json: `pollen serve` takes the template from it, as `pollen chat` does, and
 // samples only ids its tokenizer knows although its model has 80 more logits.
