@@ -36,7 +36,7 @@ size_t held_for_stop_strings(std::string_view text, const std::vector<std::strin
 }  // namespace
 
 Continuation::Continuation(const Llama& model, int64_t capacity, uint64_t seed)
-    : model_(model), cache_(model.config(), 1, capacity), rng_(seed) {}
+    : model_(model), cache_(model.config(), 1, capacity), rng_(Rng(seed).fork(0)) {}
 
 Generation Continuation::generate(const std::vector<uint32_t>& sequence, const SamplingOptions& o,
                                   const Decoder& decode, const TextSink& on_text) {

@@ -19,7 +19,8 @@ using TextSink = std::function<void(std::string_view)>;
 class Continuation {
  public:
   // `capacity`: the most tokens a sequence and its generation may hold together. Sampling draws
-  // from one stream seeded with `seed` across calls.
+  // from one stream across calls, Rng(seed).fork(0): the first call samples as row 0 of
+  // generate with that seed does.
   Continuation(const Llama& model, int64_t capacity, uint64_t seed);
 
   // Generates after `sequence` (non-empty) with `options` (its seed and use_cache are not used).

@@ -66,6 +66,13 @@ TEST(Continuation, TurnsReuseTheCacheAndMatchGenerate) {
     conversation.insert(conversation.end(), reply.tokens.begin(), reply.tokens.end());
     conversation.insert(conversation.end(), {7, 8, 9});
   }
+  // Sampled, the first reply is row 0 of generate with the session's seed (and so choice 0 of a
+  // serve request with that seed): pollen chat, generate and serve agree on a first reply.
+  o.temperature = 1;
+  o.seed = 17;
+  EXPECT_EQ(model::Continuation(m, 64, 17).generate({1, 2, 3}, o, letters).tokens,
+            model::generate(m, {{1, 2, 3}}, o)[0].tokens);
+  o.temperature = 0;
   // A sequence that departs from the cached one early runs again from there.
   conversation[2] = 40;
   const auto reply = session.generate(conversation, o, letters);
