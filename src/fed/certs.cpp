@@ -123,7 +123,11 @@ bool is_ip(const std::string& s) {
 void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients,
                     const std::vector<std::string>& server_names, int days, bool replace_server,
                     bool replace_clients) {
-  POLLEN_CHECK(days >= 1, "fed certs: --days must be at least 1");
+  // The CA lives ten times as long; X.509 times end in 9999.
+  POLLEN_CHECK(days >= 1 && days <= 36500,
+               "fed certs: --days must be 1 to 36500 (a century; the CA is made for ten times "
+               "as long), got ",
+               days);
   POLLEN_CHECK(!server_names.empty(), "fed certs: at least one server name is needed");
   for (size_t i = 0; i < clients.size(); ++i) {
     const std::string& id = clients[i];

@@ -172,6 +172,8 @@ LocalTrainConfig read_local_train(ConfigTable& t) {
   c.total_steps = t.get_int("total_steps", c.total_steps);
   c.grad_clip = t.get_double("grad_clip", c.grad_clip);
   c.eval_batches = t.get_int("eval_batches", c.eval_batches);
+  POLLEN_CHECK(c.eval_batches >= 1, t.where("eval_batches"),
+               ": expected 1 or more validation batches, got ", c.eval_batches);
   c.device = t.get_string("device", c.device);
   POLLEN_CHECK(c.device == "cpu" || c.device == "cuda", t.where("device"),
                ": expected \"cpu\" or \"cuda\", got \"", c.device, "\"");
@@ -391,6 +393,14 @@ ClientConfig read_client_root(ConfigTable& root) {
   c.id = t->require_string("id");
   check_client_id(c.id, t->where("id"));
   c.server = t->get_string("server", c.server);
+  {
+    // Without a port gRPC would dial 443 and fail as an unreachable server.
+    const size_t colon = c.server.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : c.server.substr(colon + 1);
+    POLLEN_CHECK(c.server.starts_with("unix:") ||
+                     (!port.empty() && port.find_first_not_of("0123456789") == std::string::npos),
+                 t->where("server"), ": expected host:port (or unix:PATH), got '", c.server, "'");
+  }
   c.seed = static_cast<uint64_t>(t->get_int_in("seed", 0, 0, kConfigIntMax));
   c.threads = static_cast<int>(t->get_int_in("threads", 0, 0, kConfigThreadsMax));
   c.connect_timeout_s = t->get_double("connect_timeout_s", c.connect_timeout_s);

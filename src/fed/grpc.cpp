@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "fed/revocation.h"
 #include "fed/stall_watch.h"
+#include "fed/tls_check.h"
 #include "pollen_fed.grpc.pb.h"
 
 namespace pollen::fed {
@@ -288,6 +289,7 @@ void GrpcServer::start(const std::string& address, const TlsFiles& tls) {
   std::shared_ptr<grpc::ServerCredentials> creds;
   std::unique_ptr<RevocationList> revoked;
   if (tls.enabled()) {
+    check_tls_files(tls, "fed server");
     grpc::SslServerCredentialsOptions o(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
     o.pem_root_certs = read_pem(tls.ca, "ca");
     o.pem_key_cert_pairs.push_back({read_pem(tls.key, "key"), read_pem(tls.cert, "cert")});
@@ -421,6 +423,7 @@ GrpcTransport::GrpcTransport(const std::string& address, const TlsFiles& tls,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kClientKeepaliveTimeoutMs);
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (tls.enabled()) {
+    check_tls_files(tls, "fed client");
     grpc::SslCredentialsOptions o;
     o.pem_root_certs = read_pem(tls.ca, "ca");
     o.pem_private_key = read_pem(tls.key, "key");

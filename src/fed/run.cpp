@@ -84,7 +84,8 @@ int64_t run_server(const ServerConfig& config, bool resume) {
     watcher.thread = std::thread([&] {
       while (!watcher.done) {
         if (g_signal) {
-          log::warn("fed server: signal ", g_signal.load(), "; stopping after the last round");
+          log::warn("fed server: signal ", g_signal.load(),
+                    "; stopping now: the open round is left unfinished, and --resume redoes it");
           coordinator.stop();
           return;
         }

@@ -12,6 +12,7 @@
 #include "base/files.h"
 #include "fed/client.h"
 #include "fed/config.h"
+#include "fed/grpc.h"
 #include "support/errors.h"
 #include "tensor/device.h"
 
@@ -88,6 +89,33 @@ TEST(FedConfig, ClientTimeoutsMustBePositive) {
   std::string text = client_toml("7", "2");
   text.insert(text.find("state_dir"), "busy_timeout_s = 90\n");
   EXPECT_EQ(fed::parse_client_config(text, "client.toml").busy_timeout_s, 90);
+}
+
+// A server address without a port would have gRPC dial 443 and fail as an unreachable server;
+// no validation batches would report a validation loss of 0.
+TEST(FedConfig, AServerWithoutAPortAndNoValidationBatchesAreRefused) {
+  std::string text = client_toml("7", "2");
+  text.insert(text.find("state_dir"), "server = \"127.0.0.1\"\n");
+  std::string e = error_of(text);
+  EXPECT_NE(e.find("client.server': expected host:port (or unix:PATH), got '127.0.0.1'"),
+            std::string::npos)
+      << e;
+  for (const char* ok : {"server = \"[::1]:50051\"\n", "server = \"unix:/tmp/f.sock\"\n"}) {
+    std::string t = client_toml("7", "2");
+    t.insert(t.find("state_dir"), ok);
+    EXPECT_EQ(error_of(t), "") << ok;
+  }
+  text = client_toml("7", "2");
+  text.insert(text.find("seq = 64"), "eval_batches = 0\n");
+  e = error_of(text);
+  EXPECT_NE(e.find("train.eval_batches': expected 1 or more validation batches, got 0"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(pollen::testing::error_of([] {
+              fed::make_dev_certs(std::filesystem::temp_directory_path() / "pollen_certs_days",
+                                  {"a"}, {"localhost"}, 3000000);
+            }).find("--days must be 1 to 36500"),
+            std::string::npos);
 }
 
 // The server's keys are checked when its config is read, each error naming the key and its

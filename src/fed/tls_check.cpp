@@ -1,0 +1,93 @@
+#include "fed/tls_check.h"
+
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "base/error.h"
+#include "base/files.h"
+
+namespace pollen::fed {
+
+namespace {
+
+template <typename T, void (*Free)(T*)>
+struct Deleter {
+  void operator()(T* p) const { Free(p); }
+};
+using Bio = std::unique_ptr<BIO, Deleter<BIO, BIO_free_all>>;
+using Cert = std::unique_ptr<X509, Deleter<X509, X509_free>>;
+using Key = std::unique_ptr<EVP_PKEY, Deleter<EVP_PKEY, EVP_PKEY_free>>;
+using Store = std::unique_ptr<X509_STORE, Deleter<X509_STORE, X509_STORE_free>>;
+using StoreCtx = std::unique_ptr<X509_STORE_CTX, Deleter<X509_STORE_CTX, X509_STORE_CTX_free>>;
+
+std::string where(const char* who, const char* key, const std::string& path) {
+  return cat(who, ": tls.", key, " '", path, "'");
+}
+
+Bio open_pem(const char* who, const char* key, const std::string& path) {
+  POLLEN_CHECK(std::filesystem::exists(path), where(who, key, path), ": no such file");
+  const std::string text = read_file(path);
+  Bio bio(BIO_new(BIO_s_mem()));  // holds its own copy of the text
+  POLLEN_CHECK(bio && BIO_write(bio.get(), text.data(), static_cast<int>(text.size())) ==
+                          static_cast<int>(text.size()),
+               where(who, key, path), ": cannot be read");
+  return bio;
+}
+
+std::vector<Cert> read_certs(const char* who, const char* key, const std::string& path) {
+  Bio bio = open_pem(who, key, path);
+  std::vector<Cert> certs;
+  while (X509* c = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) certs.emplace_back(c);
+  ERR_clear_error();  // the end of the file reads as an error
+  POLLEN_CHECK(!certs.empty(), where(who, key, path), ": expected a PEM certificate");
+  return certs;
+}
+
+std::string time_text(const ASN1_TIME* t) {
+  Bio bio(BIO_new(BIO_s_mem()));
+  if (!bio || ASN1_TIME_print(bio.get(), t) != 1) return "?";
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio.get(), &data);
+  return std::string(data, static_cast<size_t>(n));
+}
+
+}  // namespace
+
+void check_tls_files(const TlsFiles& tls, const char* who) {
+  if (!tls.enabled()) return;
+  const std::vector<Cert> cas = read_certs(who, "ca", tls.ca);
+  const std::vector<Cert> chain = read_certs(who, "cert", tls.cert);
+  X509* cert = chain.front().get();
+  Bio key_bio = open_pem(who, "key", tls.key);
+  const Key key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+  ERR_clear_error();
+  POLLEN_CHECK(key, where(who, "key", tls.key), ": expected a PEM private key");
+  POLLEN_CHECK(X509_check_private_key(cert, key.get()) == 1, where(who, "key", tls.key),
+               " is not the key of tls.cert '", tls.cert, "' (another certificate's)");
+  ERR_clear_error();
+  POLLEN_CHECK(X509_cmp_current_time(X509_get0_notAfter(cert)) > 0, where(who, "cert", tls.cert),
+               ": expired on ", time_text(X509_get0_notAfter(cert)));
+  POLLEN_CHECK(X509_cmp_current_time(X509_get0_notBefore(cert)) < 0, where(who, "cert", tls.cert),
+               ": not valid before ", time_text(X509_get0_notBefore(cert)));
+  const Store store(X509_STORE_new());
+  POLLEN_CHECK(store, who, ": OpenSSL cannot make a certificate store");
+  for (const Cert& ca : cas) X509_STORE_add_cert(store.get(), ca.get());
+  const StoreCtx ctx(X509_STORE_CTX_new());
+  POLLEN_CHECK(ctx && X509_STORE_CTX_init(ctx.get(), store.get(), cert, nullptr) == 1, who,
+               ": OpenSSL cannot check a certificate");
+  const bool verified = X509_verify_cert(ctx.get()) == 1;
+  const int error = X509_STORE_CTX_get_error(ctx.get());
+  ERR_clear_error();
+  POLLEN_CHECK(verified, where(who, "cert", tls.cert), " is not signed by tls.ca '", tls.ca, "' (",
+               X509_verify_cert_error_string(error),
+               "): the other side, trusting that CA, would refuse it");
+}
+
+}  // namespace pollen::fed

@@ -1,0 +1,14 @@
+#pragma once
+// The TLS files of a server or client, checked before gRPC takes them: gRPC says of a key that
+// is not the certificate's, an expired certificate or one of another CA only that a handshake
+// failed (or that the port cannot be listened on), and the other side often says nothing.
+#include "fed/config.h"
+
+namespace pollen::fed {
+
+// Refuses, naming the key (tls.ca, tls.cert, tls.key) and the file: a file that is not PEM of its
+// kind, a key that is not the certificate's, a certificate not valid now (expired, or not yet)
+// or not signed by tls.ca. `who`: "fed server" or "fed client", for the message.
+void check_tls_files(const TlsFiles& tls, const char* who);
+
+}  // namespace pollen::fed
