@@ -132,6 +132,10 @@ class Coordinator {
   const ServerConfig& config() const { return config_; }
   size_t alive_clients() const;
   ServerStatus status() const;
+  // A call of client `id` was refused for its revoked certificate: it can take part in nothing
+  // until it joins with another, so the open round no longer waits for its update (without
+  // secure aggregation, whose phases have their own deadlines) and no later round selects it.
+  void client_revoked(const std::string& id);
 
  private:
   struct ClientState {
@@ -227,8 +231,9 @@ class Coordinator {
   std::string stopped_;  // why the run ended before its last round (empty: it did not)
   std::atomic<bool> stop_{false};
   std::set<std::string> selected_;
-  std::set<std::string> pulled_;  // client id, newline, the set's base and model: counted once
-  int64_t round_available_ = 0;   // clients alive when the round opened (DP's sampling rate)
+  std::set<std::string> revoked_;  // refused for a revoked certificate since they last joined
+  std::set<std::string> pulled_;   // client id, newline, the set's base and model: counted once
+  int64_t round_available_ = 0;    // clients alive when the round opened (DP's sampling rate)
   std::map<std::string, Update> updates_;
   // Clients whose push stream is open, with its attempt and serial: one each per attempt, so
   // that a client cannot hold many streams' buffers (a stream of a closed attempt does not stop

@@ -38,7 +38,18 @@ pb::JoinReply Coordinator::join(const pb::JoinRequest& r, const std::string& pee
     check_join_request(r, terms_);
     const std::string id = check_peer(r.client_id(), peer_id, "join");
     std::lock_guard lock(mutex_);
+    if (auto earlier = clients_.find(id);
+        earlier != clients_.end() && earlier->second.manifest_hash != r.data_manifest_hash() &&
+        std::chrono::duration<double>(Clock::now() - earlier->second.last_seen).count() <=
+            config_.client_timeout_s)
+      log::warn("fed server: client '", id, "' joined again with other data (",
+                earlier->second.manifest_hash.substr(0, 16), " -> ",
+                r.data_manifest_hash().substr(0, 16),
+                ") while its earlier join is live: if two "
+                "processes run with this id (one client.toml copied to two silos), each join "
+                "replaces the other's and the other's updates are refused");
     clients_[id] = {r.data_manifest_hash(), Clock::now(), last_aggregated_round_locked(id)};
+    revoked_.erase(id);
     reply.set_accepted(true);
     reply.set_round(done_);
     log::info("fed server: client '", id, "' joined (data ", r.data_manifest_hash().substr(0, 16),
@@ -233,6 +244,16 @@ int64_t Coordinator::last_aggregated_round_locked(const std::string& id) const {
       if (c.at("client") == id) return round->at("round").get<int64_t>();
   }
   return 0;
+}
+
+void Coordinator::client_revoked(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  if (!revoked_.insert(id).second) return;
+  clients_.erase(id);  // no later round selects it
+  if (open_ && selected_.count(id) && !updates_.count(id))
+    log::warn("fed server: client '", id, "' of round ", done_ + 1,
+              " has a revoked certificate; the round no longer waits for its update");
+  changed_.notify_all();
 }
 
 void Coordinator::touch_locked(const std::string& id) {

@@ -88,7 +88,12 @@ std::vector<std::string> Coordinator::select_clients(int64_t round,
 
 bool Coordinator::round_complete_locked() const {
   if (!open_) return false;
-  if (!secagg_) return updates_.size() == selected_.size();
+  if (!secagg_) {
+    size_t waited_for = 0;  // selected, without an update, and able to send one
+    for (const auto& id : selected_)
+      if (!updates_.count(id) && !revoked_.count(id)) ++waited_for;
+    return waited_for == 0;
+  }
   using Phase = secagg::ServerSession::Phase;
   return secagg_->phase() == Phase::done || secagg_->phase() == Phase::failed;
 }

@@ -180,6 +180,7 @@ class FederationService final : public pb::Federation::Service {
     if (id.empty()) throw std::runtime_error("the client certificate has no common name");
     check_client_id(id, "the client certificate's common name");
     if (revoked_ && revoked_->revoked(serial)) {
+      if (c_) c_->client_revoked(id);
       throw std::runtime_error(
           cat("the certificate of '", id, "' (serial ", serial, ") is revoked"));
     }

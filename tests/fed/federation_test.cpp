@@ -1004,6 +1004,30 @@ struct TlsServer {
 
 }  // namespace
 
+// A selected client whose certificate is revoked mid-round can send nothing more: the round stops
+// waiting for it (instead of running to its deadline), and the next round does not select it.
+TEST(Coordinator, ARoundNoLongerWaitsForAClientRevokedInIt) {
+  Quiet q;
+  const auto dir = temp_dir("revoked_mid_round");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 1, 2);
+  cfg.server.strategy.min_clients = 1;
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  Client a(cfg.clients[0], transport), b(cfg.clients[1], transport);
+  a.join();
+  b.join();
+  ASSERT_TRUE(server.begin_round());
+  EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+  EXPECT_FALSE(server.round_complete()) << "silo-1 has not sent its update";
+  server.client_revoked("silo-1");
+  EXPECT_TRUE(server.round_complete());
+  const RoundSummary s = server.end_round();
+  EXPECT_TRUE(s.aggregated);
+  EXPECT_EQ(s.participants, std::vector<std::string>{"silo-0"});
+  EXPECT_EQ(server.status().clients_joined, 1u) << "a later round could select silo-1";
+  fs::remove_all(dir);
+}
+
 TEST(Grpc, ARevocationReachesARunningServerAtTheClientsNextCall) {
   Quiet q;
   const auto dir = temp_dir("tls_reload");
