@@ -23,6 +23,7 @@ void add_plot_command(CLI::App& app) {
   cmd->callback([runs, output] {
     std::vector<obs::RunCurves> curves;
     for (const auto& r : *runs) curves.push_back(obs::read_run_curves(r));
+    obs::name_runs_apart(curves, {runs->begin(), runs->end()});
     write_file_atomic(*output, obs::plot_svg(curves));
     log::info("wrote ", *output, " (", curves.size(), " run", curves.size() == 1 ? "" : "s", ")");
   });

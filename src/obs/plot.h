@@ -22,6 +22,11 @@ struct RunCurves {
 // Reads <run_dir>/metrics.jsonl (or a .jsonl file itself); errors name the file and line.
 RunCurves read_run_curves(const std::filesystem::path& run);
 
+// Runs whose folders share a name (silo-a/run, silo-b/run) are named by as many folders above
+// as tell them apart (`runs`: the paths read_run_curves was given, in the order of `curves`).
+void name_runs_apart(std::vector<RunCurves>& curves,
+                     const std::vector<std::filesystem::path>& runs);
+
 std::string plot_svg(const std::vector<RunCurves>& runs);
 
 }  // namespace pollen::obs

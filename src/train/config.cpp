@@ -54,11 +54,20 @@ std::string toml_doubles(const std::vector<double>& v) {
 
 namespace {
 
+// The key of a --set assignment, without the spaces TOML allows around '=' ('train.steps = 100'
+// sets train.steps); empty when there is none.
+std::string override_key(const std::string& assignment) {
+  std::string key = assignment.substr(0, assignment.find('='));
+  const size_t first = key.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  return key.substr(first, key.find_last_not_of(" \t") - first + 1);
+}
+
 void apply_override(toml::table& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
-  POLLEN_CHECK(eq != std::string::npos && eq > 0, "--set '", assignment,
+  const std::string key = override_key(assignment);
+  POLLEN_CHECK(eq != std::string::npos && !key.empty(), "--set '", assignment,
                "': expected key=value (for example train.steps=100)");
-  const std::string key = assignment.substr(0, eq);
   const std::string value = assignment.substr(eq + 1);
   toml::table holder;
   try {
@@ -115,11 +124,13 @@ std::pair<std::string, std::string> apply_overrides(const std::string& text,
   // Errors name the keys set over the file (by --set, or by the command: --device, a silo's
   // data), not only "--set", which the user may not have given.
   std::string keys;
-  for (const auto& o : overrides) keys += (keys.empty() ? "" : ", ") + o.substr(0, o.find('='));
+  for (const auto& o : overrides) keys += (keys.empty() ? "" : ", ") + override_key(o);
   return {rewritten, cat(source, " with ", keys, " set")};
 }
 
 std::string read_config_file(const std::filesystem::path& path) {
+  POLLEN_CHECK(!std::filesystem::is_directory(path), "config file '", path.string(),
+               "' is a folder; expected a TOML run file");
   try {
     return read_file(path);
   } catch (const Error& e) {

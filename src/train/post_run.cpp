@@ -295,6 +295,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   if (lead) {
     metrics = RunMetrics::open(cfg.dir, cfg.tensorboard,
                                resume_from ? &state.at("metrics") : nullptr, counters.step);
+    mark_running(cfg.dir, counters.step, cfg.steps);
     write_file_atomic(cfg.dir / "config.toml", config_toml);
     // The tokenizer travels with every checkpoint, so that the checkpoint is a model on its own.
     tokenizer::save_tokenizer(*base.tokenizer, cfg.dir / "tokenizer.json");

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <string_view>
 #include <thread>
 
@@ -188,6 +189,29 @@ RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,
     log::warn("a fresh run in '", dir.string(), "': its eval.jsonl, of an earlier run's ",
               "checkpoints, is now eval.jsonl.old");
   }
+  // A resumed run trains the steps after its checkpoint again: results of checkpoints past it
+  // are of weights set aside, and eval --run would take them as done. They go to eval.jsonl.old.
+  if (saved && fs::exists(dir / "eval.jsonl")) {
+    std::ifstream in(dir / "eval.jsonl");
+    std::string kept, set_aside, line;
+    int64_t moved = 0;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      const bool past = j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+                        j["step"].get<int64_t>() > step;
+      (past ? set_aside : kept) += line + "\n";
+      moved += past ? 1 : 0;
+    }
+    in.close();
+    if (moved > 0) {
+      const std::string old =
+          fs::exists(dir / "eval.jsonl.old") ? read_file(dir / "eval.jsonl.old") : std::string();
+      write_file_atomic(dir / "eval.jsonl.old", old + set_aside);
+      write_file_atomic(dir / "eval.jsonl", kept);
+      log::warn("resume from step ", step, ": ", moved, " result(s) of eval.jsonl, of checkpoints ",
+                "past it that this run trains again, moved to eval.jsonl.old");
+    }
+  }
   m.jsonl =
       obs::JsonlWriter(dir / "metrics.jsonl", saved ? saved->at("jsonl_bytes").get<uint64_t>() : 0,
                        obs::Shortfall::keep_whole_lines);
@@ -343,6 +367,12 @@ double peak_rss_mb() {
 
 nlohmann::ordered_json json_number(double v) {
   return std::isfinite(v) ? nlohmann::ordered_json(v) : nlohmann::ordered_json(nullptr);
+}
+
+void mark_running(const fs::path& run_dir, int64_t step, int64_t steps) {
+  if (step >= steps) return;  // nothing to train: a finished run's summary stays
+  const nlohmann::ordered_json running{{"status", "running"}, {"step", step}, {"steps", steps}};
+  write_file_atomic(run_dir / "summary.json", running.dump(2) + "\n");
 }
 
 nlohmann::ordered_json run_summary(RunStatus status, int64_t step, int64_t steps,

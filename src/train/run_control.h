@@ -153,6 +153,11 @@ double peak_rss_mb();
 // JSON numbers for metrics: non-finite values become null (JSON has no NaN).
 nlohmann::ordered_json json_number(double v);
 
+// summary.json while a run trains (step of steps, from `step` on): {"status": "running", "step",
+// "steps"}, so that a run that ends without its summary (killed, an error, a lost rank) does not
+// leave an earlier run's "finished" in its place. Written only when steps are left to train.
+void mark_running(const std::filesystem::path& run_dir, int64_t step, int64_t steps);
+
 // summary.json's fields that every training run writes, in this order: status, step, steps,
 // tokens, loss, val_loss, skipped_steps, elapsed_s (`seconds`, rounded to ms), peak_rss_mb and
 // checkpoint. Each run adds its own after them.

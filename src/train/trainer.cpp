@@ -396,6 +396,7 @@ void TrainingRun::open_outputs() {
   if (!cfg_.sample_prompts.empty() && lead_) samples_ = SampleWriter(cfg_, samples_at_);
   config_toml_ = cfg_.to_toml();
   if (lead_) write_file_atomic(cfg_.dir / "config.toml", config_toml_);
+  if (lead_) mark_running(cfg_.dir, counters_.step, cfg_.steps);
 }
 
 void TrainingRun::log_start(bool nccl) {

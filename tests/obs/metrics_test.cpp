@@ -198,6 +198,25 @@ TEST(Plot, ATrailingSeparatorAndTicksAcrossZero) {
   fs::remove_all(d);
 }
 
+// Runs in folders of one name (silo-a/run, silo-b/run) get legend names of their own.
+TEST(Plot, RunsInFoldersOfOneNameAreToldApart) {
+  const fs::path d = temp_dir("plot_names");
+  std::vector<fs::path> runs;
+  for (const char* silo : {"silo-a", "silo-b", "silo-c"}) {
+    const fs::path run = d / silo / (std::string(silo) == "silo-c" ? "other" : "run");
+    fs::create_directories(run);
+    write_file_atomic(run / "metrics.jsonl", "{\"tokens\":10,\"loss\":3.0}\n");
+    runs.push_back(run);
+  }
+  std::vector<obs::RunCurves> curves;
+  for (const auto& r : runs) curves.push_back(obs::read_run_curves(r));
+  obs::name_runs_apart(curves, runs);
+  EXPECT_EQ(curves[0].name, "silo-a/run");
+  EXPECT_EQ(curves[1].name, "silo-b/run");
+  EXPECT_EQ(curves[2].name, "other");
+  fs::remove_all(d);
+}
+
 // An evaluation whose loss was not finite (null in eval.jsonl, as JSON has no NaN) is left out of
 // the plot, not a reason to refuse the run.
 TEST(Plot, AnEvaluationWithoutAFiniteLossIsLeftOut) {

@@ -177,6 +177,13 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   // an embedding of 2^60 x 4 would wrap its byte count to 0 and be written past its end
   e = err(base, {"model.vocab_size=1152921504606846976"});
   EXPECT_NE(e.find("vocab_size must be 1 to 2^24"), std::string::npos) << e;
+  // TOML's spaces around '=' belong to neither key nor value.
+  EXPECT_EQ(train::parse_train_config(base, "run.toml", {"train.steps = 7"}).steps, 7);
+  e = err(base, {" = 7"});
+  EXPECT_NE(e.find("expected key=value"), std::string::npos) << e;
+  // A folder given as the run file is named as one, not read as an empty config.
+  e = error_of([&] { train::load_train_config(fs::temp_directory_path()); });
+  EXPECT_NE(e.find("is a folder; expected a TOML run file"), std::string::npos) << e;
   e = err(base, {"schedule.kind=exp"});
   EXPECT_NE(e.find("unknown schedule 'exp'"), std::string::npos) << e;
   EXPECT_NE(e.find("config file 'run.toml with schedule.kind set', key 'schedule.kind'"),
@@ -706,6 +713,8 @@ TEST(TrainCli, SigkillThenResumeInAFreshProcessIsBitwise) {
     int status = 0;
     waitpid(pid, &status, 0);
     ASSERT_TRUE(WIFSIGNALED(status)) << "the run ended before it could be killed";
+    // A run that ended without its summary leaves "running", not an earlier run's status.
+    EXPECT_EQ(nlohmann::json::parse(read_file(base / "killed/summary.json"))["status"], "running");
   }
   // Then in the middle of writing a checkpoint: killed while its temp folder exists (tried a
   // few times, since a tiny checkpoint takes only milliseconds to write).
@@ -1099,6 +1108,29 @@ TEST(RunEval, ASeriesKeepsItsTagAndOtherSplitsGetTheirOwn) {
   std::set<std::string> recorded;
   for (const auto& j : train::read_run_evals(run)) recorded.insert(j["tag"].get<std::string>());
   EXPECT_EQ(recorded, (std::set<std::string>{"held", "d/held", "c/held/train"}));
+  fs::remove_all(run);
+}
+
+// A resume from an earlier checkpoint than eval --run scored trains those steps again: the old
+// results are of weights set aside, so they move to eval.jsonl.old and are scored again.
+TEST(RunEval, AResumeThatTrainsEvaluatedStepsAgainSetsTheirResultsAside) {
+  const fs::path run = temp_dir("evalrun_resume");
+  const std::vector<std::string> sets = {"checkpoint.interval=2", "checkpoint.keep=0"};
+  ASSERT_EQ(train_quiet(tiny(run, 4, sets)).status, train::RunStatus::finished);
+  train::RunEvalOptions o;
+  o.quiet = true;
+  ASSERT_EQ(train::evaluate_run(run, o).evaluated.size(), 2u);  // steps 2 and 4
+  fs::remove_all(run / "checkpoints" / io::checkpoint_name(4));
+  ::testing::internal::CaptureStderr();
+  ASSERT_EQ(train_quiet(tiny(run, 6, sets), true).status, train::RunStatus::finished);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("1 result(s) of eval.jsonl"), std::string::npos) << said;
+  const auto kept = train::read_run_evals(run);
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0]["step"], 2);
+  EXPECT_NE(read_file(run / "eval.jsonl.old").find("\"step\":4"), std::string::npos);
+  // Step 4 is scored again (its new weights), and 6 for the first time.
+  EXPECT_EQ(train::evaluate_run(run, o).evaluated.size(), 2u);
   fs::remove_all(run);
 }
 
