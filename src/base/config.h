@@ -58,6 +58,8 @@ class ConfigTable {
 
   // "file 'x.toml', key 'model.hidden'"
   std::string where(const std::string& key) const;
+  // The file (or text) the table was read from, as where() names it.
+  const std::string& source() const { return source_; }
 
  private:
   ConfigTable(std::shared_ptr<const toml::table> root, const toml::table* node, std::string source,

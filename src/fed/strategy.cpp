@@ -321,7 +321,18 @@ StrategyOptions read_strategy_options(ConfigTable& t) {
   only_for("trim_fraction", {"trimmed_mean"});
   only_for("byzantine", {"krum", "multi_krum"});
   only_for("multi_krum", {"multi_krum"});
-  make_strategy(o);  // validates the name and ranges now, naming the keys
+  // The name first: a misspelt one would otherwise be reported as its keys' fault.
+  const auto names = strategy_names();
+  if (std::find(names.begin(), names.end(), o.name) == names.end()) {
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    fail(t.where("name"), ": unknown strategy '", o.name, "'; expected one of ", list);
+  }
+  try {
+    make_strategy(o);  // validates the ranges now, naming the keys
+  } catch (const Error& e) {
+    fail("config file '", t.source(), "': ", e.what());
+  }
   return o;
 }
 

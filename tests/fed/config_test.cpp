@@ -207,7 +207,13 @@ TEST(FedConfig, StrategySettingsOutOfRangeOrOfAnotherStrategyAreRefused) {
   for (const auto& [settings, says] : refused) {
     const std::string e = strategy_error(settings);
     EXPECT_NE(e.find(says), std::string::npos) << settings << ": " << e;
+    EXPECT_NE(e.find("config file 'fed.toml'"), std::string::npos) << settings << ": " << e;
   }
+  // A misspelt strategy is named as such, not as its keys' fault.
+  const std::string misspelt = strategy_error("name = 'dilocoo'\nmomentum = 0.9");
+  EXPECT_NE(misspelt.find("key 'strategy.name': unknown strategy 'dilocoo'; expected one of"),
+            std::string::npos)
+      << misspelt;
   for (const char* settings :
        {"name = 'fedadam'\nlr = -1\nbeta1 = 0.5", "name = 'diloco'\nmomentum = 0",
         "name = 'fedadagrad'\nbeta1 = 0.1\ntau = 1e-6",
