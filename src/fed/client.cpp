@@ -117,6 +117,21 @@ void Client::join() {
     }
   }
   POLLEN_CHECK(reply.accepted(), "the server refused client '", config_.id, "': ", reply.reason());
+  // The state folder belongs to one federation run: a state of another (a finished run's, a
+  // client.toml reused for a new federation) would carry its optimizer, data position and
+  // error feedback into this one.
+  if (config_.state_dir.empty() || reply.run_id().empty()) return;
+  const std::filesystem::path file = config_.state_dir / "server_run_id";
+  if (std::filesystem::exists(file)) {
+    const std::string held = read_file(file);
+    POLLEN_CHECK(held == reply.run_id(), "fed client '", config_.id, "': client.state_dir '",
+                 config_.state_dir.string(), "' holds the state of another federation run (", held,
+                 "; this server's is ", reply.run_id(),
+                 "): remove it, or give this federation another client.state_dir");
+    return;
+  }
+  std::filesystem::create_directories(config_.state_dir);
+  write_file_atomic(file, reply.run_id());
 }
 
 pb::TaskKind Client::poll_once() {

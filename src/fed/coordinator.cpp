@@ -5,6 +5,8 @@
 #include "fed/coordinator.h"
 
 #include <cmath>
+#include <cstdio>
+#include <random>
 
 #include "base/files.h"
 #include "base/hash.h"
@@ -112,6 +114,18 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
       log::info("fed server: no checkpoint under ", ckpts.string(), "; starting at round 1");
     }
     take_privacy_charge();
+  }
+  // The run's id: made when it begins, kept across resumes (clients refuse a state of another).
+  const fs::path run_id_file = config_.dir / "run_id";
+  if (resume && fs::exists(run_id_file)) run_id_ = read_file(run_id_file);
+  if (run_id_.empty()) {
+    std::random_device os;  // the OS's randomness: no two runs share an id
+    char word[9];
+    for (int i = 0; i < 4; ++i) {
+      std::snprintf(word, sizeof word, "%08x", static_cast<unsigned>(os()));
+      run_id_ += word;
+    }
+    write_file_atomic(run_id_file, run_id_);
   }
   if (!metrics_pos) {
     // A fresh run: nothing of an earlier attempt that never checkpointed is kept.

@@ -232,6 +232,7 @@ class Coordinator {
   std::atomic<bool> stop_{false};
   std::set<std::string> selected_;
   std::set<std::string> revoked_;  // refused for a revoked certificate since they last joined
+  std::string run_id_;             // server.dir/run_id: this run's, sent to every client that joins
   std::set<std::string> pulled_;   // client id, newline, the set's base and model: counted once
   int64_t round_available_ = 0;    // clients alive when the round opened (DP's sampling rate)
   std::map<std::string, Update> updates_;

@@ -34,6 +34,7 @@ pb::JoinReply Coordinator::join(const pb::JoinRequest& r, const std::string& pee
   reply.set_base_fingerprint(terms_.base_sha256);
   reply.set_lora_config(terms_.lora_json);
   reply.set_post_objective(terms_.post_objective);
+  reply.set_run_id(run_id_);
   try {
     check_join_request(r, terms_);
     const std::string id = check_peer(r.client_id(), peer_id, "join");

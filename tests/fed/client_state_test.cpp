@@ -15,6 +15,7 @@
 #include "fed/run.h"
 #include "io/checkpoint.h"
 #include "model/llama.h"
+#include "support/errors.h"
 
 using namespace pollen;
 using namespace pollen::fed;
@@ -157,6 +158,23 @@ TEST(ClientState, StateOfAnotherClientOrDatasetIsRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("was trained on data"), std::string::npos) << e.what();
   }
+  // The resumed server is the same run: silo-0 joins it with its state. A new federation (a
+  // fresh server in another folder) is another run: the state is refused at the join, before
+  // its optimizer, data position and error feedback go into that run.
+  {
+    Client a(cfg.clients[0], transport);
+    EXPECT_NO_THROW(a.join());
+  }
+  ServerConfig fresh = cfg.server;
+  fresh.dir = dir / "new-federation";
+  Coordinator other_run(fresh, false);
+  LocalTransport other_transport(other_run);
+  Client a(cfg.clients[0], other_transport);
+  const std::string e = pollen::testing::error_of([&] { a.join(); });
+  EXPECT_NE(e.find("client.state_dir '" + (dir / "state").string() +
+                   "' holds the state of another federation run"),
+            std::string::npos)
+      << e;
   fs::remove_all(dir);
 }
 
