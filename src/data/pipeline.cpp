@@ -443,12 +443,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   std::unique_ptr<Pass2Outputs> out;
   if (reuse && fs::exists(resume_path)) {
     json saved = json::parse(read_file(resume_path), nullptr, false);
-    if (saved.is_discarded() || saved.value("key", "") != key2)
-      log::warn("data: the resume point of an interrupted pass 2 ('", resume_path.string(),
-                "') is of another config or inputs (",
-                basis_changes(saved.is_object() ? saved.value("basis", json()) : json(), basis2),
-                "); pass 2 starts over");
-    if (!saved.is_discarded() && saved.value("key", "") == key2) {
+    if (resume_point_matches(saved, key2, basis2, resume_path, 2)) {
       try {
         out = std::make_unique<Pass2Outputs>(c, dtype, &saved);
         Pass2State restored = p2;

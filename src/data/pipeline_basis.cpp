@@ -4,6 +4,7 @@
 #include <set>
 
 #include "base/hash.h"
+#include "base/log.h"
 #include "data/pipeline_internal.h"
 
 namespace pollen::data {
@@ -78,6 +79,16 @@ void changes(const json& saved, const json& now, std::set<std::string>& out) {
 
 std::string pass1_key(const json& basis) {
   return sha256_hex(basis.dump());
+}
+
+bool resume_point_matches(const json& saved, const std::string& key, const json& basis,
+                          const std::filesystem::path& path, int pass) {
+  if (!saved.is_discarded() && saved.value("key", "") == key) return true;
+  log::warn("data: the resume point of an interrupted pass ", pass, " ('", path.string(),
+            "') is of another config or inputs (",
+            basis_changes(saved.is_object() ? saved.value("basis", json()) : json(), basis),
+            "); pass ", pass, " starts over");
+  return false;
 }
 
 std::string basis_changes(const json& saved, const json& now) {

@@ -199,6 +199,10 @@ std::string pass1_key(const nlohmann::json& basis);
 // What differs between a saved basis and this run's, in words: the config keys, the input files
 // changed, added or gone (the first few by name), the rest by what it is.
 std::string basis_changes(const nlohmann::json& saved, const nlohmann::json& now);
+// Whether the resume point `saved` (read from `path`) is of this run (`key`); when it is not,
+// warns that pass `pass` starts over and why (basis_changes against `basis`).
+bool resume_point_matches(const nlohmann::json& saved, const std::string& key,
+                          const nlohmann::json& basis, const std::filesystem::path& path, int pass);
 
 // Pass 1: reads the inputs, filters them and drops exact duplicates; writes the survivors to
 // work/pass1.docs and their MinHash signatures to work/pass1.sig. Continues from

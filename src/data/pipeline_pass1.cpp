@@ -135,12 +135,7 @@ Pass1Result run_pass1(const PipelineConfig& c, const std::vector<InputFile>& fil
   const std::vector<StageCounts> fresh_stages = st;
   if (fs::exists(resume_path)) {
     const json saved = json::parse(read_file(resume_path), nullptr, false);
-    if (saved.is_discarded() || saved.value("key", "") != key)
-      log::warn("data: the resume point of an interrupted pass 1 ('", resume_path.string(),
-                "') is of another config or inputs (",
-                basis_changes(saved.is_object() ? saved.value("basis", json()) : json(), basis),
-                "); pass 1 starts over");
-    if (!saved.is_discarded() && saved.value("key", "") == key) {
+    if (resume_point_matches(saved, key, basis, resume_path, 1)) {
       try {
         docs_out =
             std::make_unique<AtomicOut>(work / "pass1.docs", saved.at("docs_bytes").get<int64_t>());

@@ -377,9 +377,9 @@ std::string failure_text(const grpc::Status& s, const char* what, const Endpoint
     return cat("could not reach the federation server at ", e.address, " (", what, ", ",
                s.error_message(), "; waited up to ", e.connect_timeout_s,
                " s): is it running there, ",
-               e.tls ? "and do the TLS files (CA, certificate, key, server name) match the "
-                       "server's? A failed TLS handshake looks the same from here; the server's "
-                       "log names it"
+               e.tls ? "and does it trust this client's CA, and tls.server_name match its "
+                       "certificate? (This client's own TLS files passed their checks.) A "
+                       "refused handshake looks the same from here; the server's log names it"
                      : "and without TLS? A server with [tls] refuses a client without");
   }
   return cat("server refused ", what, " (", static_cast<int>(code), "): ", s.error_message());
