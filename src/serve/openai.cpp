@@ -273,7 +273,10 @@ void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& m
   const int64_t n = static_cast<int64_t>(tokens);
   // Over the context: worded as OpenAI's, which some frameworks look for; a chat reply needs
   // one token at least.
-  const int64_t asked = std::max({max_tokens, min_completion, asked_in_body});
+  // The check takes the budget as --max-tokens capped it; the message names it as the client
+  // sent it, when that was more.
+  const int64_t needed = std::max(max_tokens, min_completion);
+  const int64_t asked = std::max(needed, asked_in_body);
   const auto over_context = [&] {
     bad_request(
         prompt_field,
@@ -289,7 +292,7 @@ void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& m
                 cat("The prompt has ", n, " tokens; this server takes at most ",
                     limits.max_prompt_tokens, " (--max-prompt-tokens)"),
                 "context_length_exceeded");
-  if (n + asked > model.context) over_context();
+  if (n + needed > model.context) over_context();
 }
 
 CompletionRequest parse_completion_request(const json& body, const tokenizer::Tokenizer& tok,

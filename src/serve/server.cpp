@@ -112,6 +112,10 @@ thread_local std::chrono::steady_clock::time_point request_start;
 // closed request"): nothing was answered.
 constexpr int kClientClosedRequest = 499;
 
+// How long a graceful stop lets the HTTP threads finish writing answers before it shuts down the
+// connections they still read from.
+constexpr auto kStopGrace = std::chrono::seconds(5);
+
 // Generates a request's sequences and waits for them; a client that leaves meanwhile ends its
 // generation, and gets nothing (nullopt: its answer would go nowhere).
 std::optional<Results> wait_for_results(Engine& engine, std::vector<Sequence> seqs,
@@ -273,7 +277,9 @@ void Server::run() {
 }
 
 void Server::start() {
-  thread_ = listen_in_background(*http_);
+  // As listen_in_background, through run(): ran_ then says when the HTTP threads have ended.
+  thread_ = std::thread([this] { run(); });
+  while (!http_->is_running() && !ran_) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 void Server::stop() {
@@ -289,9 +295,15 @@ void Server::stop_gracefully() {
   stop_requested_ = true;
   while (entered_run_ && !http_->is_running() && !ran_)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  // Every request taken has its answer: what is left are clients still sending one (taken by
-  // nobody yet) and idle connections, whose reads would hold the HTTP threads.
-  shut_down_connections(port_);
+  // No new connection from here; the HTTP threads finish writing the answers they hold. Those
+  // still reading a request (a body trickled in, an idle kept-alive connection) were taken by
+  // nobody: once the grace for answers being written has passed, their connections are shut
+  // down, so that no client holds the stop for as long as it keeps sending.
+  http_->stop();
+  const auto until = std::chrono::steady_clock::now() + kStopGrace;
+  while (entered_run_ && !ran_ && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (entered_run_ && !ran_) shut_down_connections(port_);
   stop();
 }
 
