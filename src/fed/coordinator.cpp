@@ -226,7 +226,8 @@ void Coordinator::run() {
         // sum: the round ends as a failed unmask does, its release accounted and saved, so that
         // a resumed run does not spend that budget again.
         if (!(dp_ && secagg_ && secagg_->revealed())) {
-          if (dp_) fs::remove(privacy_charge_path());  // nothing was revealed
+          std::error_code ec;  // a charge left behind is only ever too much, never too little
+          if (dp_) fs::remove(privacy_charge_path(), ec);  // nothing was revealed
           open_ = false;  // the unfinished round is redone after a restart
           break;
         }

@@ -200,7 +200,8 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
                                              config_.tokenizer_fingerprint, ").\n")));
   }
   w.commit();
-  fs::remove(privacy_charge_path());  // the checkpoint holds the round's charge now
+  std::error_code ec;                     // one left behind is stale, and a resume removes it
+  fs::remove(privacy_charge_path(), ec);  // the checkpoint holds the round's charge now
   if (post_global_) save_global_adapter();
   io::apply_retention(config_.dir / "checkpoints", config_.keep_checkpoints);
   (void)s;

@@ -192,7 +192,8 @@ RoundSummary Coordinator::end_round() {
       if (count) dp_->adapt_distributed(*count, &report);
       released_unapplied = !s.aggregated;
     } else if (dp_) {
-      std::filesystem::remove(privacy_charge_path());  // nothing revealed: nothing released
+      std::error_code ec;  // a charge left behind is only ever too much, never too little
+      std::filesystem::remove(privacy_charge_path(), ec);  // nothing revealed: nothing released
     }
     secagg_.reset();  // nothing of the round's masked inputs outlives it
   } else {

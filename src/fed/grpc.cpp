@@ -179,11 +179,16 @@ class FederationService final : public pb::Federation::Service {
     // any id: a certificate must name a valid client id.
     if (id.empty()) throw std::runtime_error("the client certificate has no common name");
     check_client_id(id, "the client certificate's common name");
+    std::lock_guard lock(serials_mutex_);
     if (revoked_ && revoked_->revoked(serial)) {
-      if (c_) c_->client_revoked(id);
+      // Only the certificate the client last used: a call still in flight from an old process,
+      // with the old certificate, must not drop the client that joined since with a new one.
+      const auto last = last_serial_.find(id);
+      if (c_ && (last == last_serial_.end() || last->second == serial)) c_->client_revoked(id);
       throw std::runtime_error(
           cat("the certificate of '", id, "' (serial ", serial, ") is revoked"));
     }
+    last_serial_[id] = serial;
     return id;
   }
 
@@ -260,6 +265,8 @@ class FederationService final : public pb::Federation::Service {
   TokenizerRound* t_;
   bool tls_;
   std::unique_ptr<RevocationList> revoked_;  // tls.crl; none: nothing is revoked
+  std::mutex serials_mutex_;
+  std::map<std::string, std::string> last_serial_;  // client id -> its last accepted certificate
   double stall_s_;
   StallWatch stalls_;
   std::mutex open_mutex_;

@@ -7,8 +7,10 @@
 namespace pollen::fed {
 
 // Refuses, naming the key (tls.ca, tls.cert, tls.key) and the file: a file that is not PEM of its
-// kind, a key that is not the certificate's, a certificate not valid now (expired, or not yet)
-// or not signed by tls.ca. `who`: "fed server" or "fed client", for the message.
+// kind (a key with a passphrase included), a key that is not the certificate's, a certificate not
+// valid now (expired, or not yet). Warns when the certificate (with the intermediates after it
+// in tls.cert) is not signed by tls.ca, which the other side may still trust. `who`: "fed
+// server" or "fed client", for the message.
 void check_tls_files(const TlsFiles& tls, const char* who);
 
 }  // namespace pollen::fed
