@@ -271,12 +271,21 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   fs::create_directories(c.output / "work");
   const fs::path work = c.output / "work";
   // What a killed run's atomic writes left (.NAME.tmp.PID: a manifest, an index, a resume point)
-  // is nobody's now that this run holds the folder.
+  // is nobody's now that this run holds the folder: every such file in work/, and in the output
+  // folder (which may hold files of others) those of the files pollen writes there.
+  const auto atomic_leftover = [](const std::string& name, bool ours) {
+    const size_t at = name.find(".tmp.");
+    if (!name.starts_with(".") || at == std::string::npos || at + 5 == name.size() ||
+        name.find_first_not_of("0123456789", at + 5) != std::string::npos)
+      return false;
+    const std::string base = name.substr(1, at - 1);
+    return ours || base == "manifest.json" || base == "tokenizer.json" ||
+           base == "near-duplicates.jsonl" || base.starts_with("curated-") ||
+           base.ends_with(".index");
+  };
   for (const fs::path& dir : {c.output, work})
-    for (const auto& e : fs::directory_iterator(dir)) {
-      const std::string name = e.path().filename().string();
-      if (name.starts_with(".") && name.find(".tmp.") != std::string::npos) fs::remove(e.path());
-    }
+    for (const auto& e : fs::directory_iterator(dir))
+      if (atomic_leftover(e.path().filename().string(), dir == work)) fs::remove(e.path());
   const fs::path manifest_path = c.output / "manifest.json";
   std::vector<InputFile> files = list_config_inputs(c);
   const json basis1 = pass1_basis(c, files);

@@ -206,8 +206,10 @@ RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,
     if (moved > 0) {
       const std::string old =
           fs::exists(dir / "eval.jsonl.old") ? read_file(dir / "eval.jsonl.old") : std::string();
-      write_file_atomic(dir / "eval.jsonl.old", old + set_aside);
+      // eval.jsonl first: a kill between the two loses the set-aside results rather than
+      // setting them aside twice.
       write_file_atomic(dir / "eval.jsonl", kept);
+      write_file_atomic(dir / "eval.jsonl.old", old + set_aside);
       log::warn("resume from step ", step, ": ", moved, " result(s) of eval.jsonl, of checkpoints ",
                 "past it that this run trains again, moved to eval.jsonl.old");
     }
