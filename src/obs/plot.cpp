@@ -4,12 +4,12 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <sstream>
 
 #include "base/error.h"
 #include "base/json_depth.h"
 #include "base/log.h"
+#include "base/path_labels.h"
 
 namespace pollen::obs {
 namespace {
@@ -227,37 +227,11 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
 
 void name_runs_apart(std::vector<RunCurves>& curves,
                      const std::vector<std::filesystem::path>& runs) {
-  const auto folders_of = [](const std::filesystem::path& run) {
-    std::filesystem::path folder = std::filesystem::is_directory(run) ? run : run.parent_path();
-    std::vector<std::string> parts;
-    for (const auto& p : std::filesystem::absolute(folder).lexically_normal())
-      if (!p.empty() && p != "/") parts.push_back(p.string());
-    return parts;
-  };
-  for (size_t i = 0; i < curves.size(); ++i) {
-    std::vector<size_t> same;
-    for (size_t j = 0; j < curves.size(); ++j)
-      if (curves[j].name == curves[i].name) same.push_back(j);
-    if (same.size() < 2) continue;
-    // The fewest trailing folders that name each of them differently.
-    for (size_t up = 2;; ++up) {
-      std::vector<std::string> names;
-      bool longer = false;
-      for (size_t j : same) {
-        const auto parts = folders_of(runs[j]);
-        std::string name;
-        for (size_t k = parts.size() > up ? parts.size() - up : 0; k < parts.size(); ++k)
-          name += (name.empty() ? "" : "/") + parts[k];
-        longer = longer || parts.size() > up;
-        names.push_back(name);
-      }
-      const bool apart = std::set<std::string>(names.begin(), names.end()).size() == names.size();
-      if (apart || !longer) {
-        for (size_t k = 0; k < same.size(); ++k) curves[same[k]].name = names[k];
-        break;
-      }
-    }
-  }
+  std::vector<std::filesystem::path> folders;
+  for (const auto& run : runs)
+    folders.push_back(std::filesystem::is_directory(run) ? run : run.parent_path());
+  const std::vector<std::string> names = distinct_folder_labels(folders);
+  for (size_t i = 0; i < curves.size(); ++i) curves[i].name = names[i];
 }
 
 std::string plot_svg(const std::vector<RunCurves>& runs) {

@@ -12,6 +12,7 @@
 #include "base/files.h"
 #include "base/json_depth.h"
 #include "base/log.h"
+#include "base/path_labels.h"
 #include "data/loader.h"
 #include "data/shards.h"
 #include "eval/perplexity.h"
@@ -53,25 +54,14 @@ EvalKey key_of(const nlohmann::ordered_json& j) {
 // a tag. `known` (absolute and distinct: manifest_key's) is every dataset the run's evaluations
 // name, so that a dataset keeps its tag from one eval --run to the next.
 std::map<std::string, std::string> dataset_labels(const std::set<std::string>& known) {
-  const auto label = [](const std::string& m, size_t up) {
-    std::vector<std::string> parts;
-    for (const auto& part : fs::path(m).parent_path())
-      if (part != "/") parts.push_back(part.string());
-    std::string out;
-    for (size_t k = parts.size() > up ? parts.size() - up : 0; k < parts.size(); ++k)
-      out += (out.empty() ? "" : "/") + parts[k];
-    return out.empty() ? fs::path(m).stem().string() : out;
-  };
+  std::vector<fs::path> folders;
+  for (const auto& m : known) folders.push_back(fs::path(m).parent_path());
+  const std::vector<std::string> names = distinct_folder_labels(folders);
   std::map<std::string, std::string> labels;
-  for (const auto& m : known) {
-    const size_t depth = static_cast<size_t>(std::distance(fs::path(m).begin(), fs::path(m).end()));
-    for (size_t up = 1; up <= depth; ++up) {
-      labels[m] = label(m, up);
-      const bool alone = std::none_of(known.begin(), known.end(), [&](const std::string& other) {
-        return other != m && label(other, up) == labels[m];
-      });
-      if (alone) break;
-    }
+  size_t i = 0;
+  for (const auto& m : known) {  // a manifest at the root is named by its file
+    labels[m] = names[i] == "/" ? fs::path(m).stem().string() : names[i];
+    ++i;
   }
   return labels;
 }
