@@ -109,25 +109,28 @@ std::vector<std::optional<TokenScore>> sequence_scores(const model::Llama& model
   std::vector<std::optional<TokenScore>> out;
   if (tokens.empty()) return out;
   out.push_back(std::nullopt);
-  std::vector<uint32_t> order;
   score_windows(model, tokens.subspan(1), tokens[0], max_len,
                 [&](uint32_t target, std::span<const float> z, double lse) {
-                  TokenScore s;
-                  s.logprob = static_cast<double>(z[target]) - lse;
-                  const size_t n =
-                      top_vocab > 0 ? std::min(z.size(), static_cast<size_t>(top_vocab)) : z.size();
-                  const size_t k = std::min(n, static_cast<size_t>(std::max<int64_t>(top, 0)));
-                  order.resize(n);
-                  for (uint32_t v = 0; v < order.size(); ++v) order[v] = v;
-                  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k),
-                                    order.end(), [&](uint32_t a, uint32_t b) {
-                                      return z[a] > z[b] || (z[a] == z[b] && a < b);
-                                    });
-                  for (size_t i = 0; i < k; ++i)
-                    s.top.emplace_back(order[i], static_cast<double>(z[order[i]]) - lse);
-                  out.push_back(std::move(s));
+                  out.push_back(score_row(z, lse, target, top, top_vocab));
                 });
   return out;
+}
+
+TokenScore score_row(std::span<const float> z, double lse, uint32_t token, int64_t top,
+                     int64_t top_vocab) {
+  TokenScore s;
+  s.logprob = static_cast<double>(z[token]) - lse;
+  const size_t n = top_vocab > 0 ? std::min(z.size(), static_cast<size_t>(top_vocab)) : z.size();
+  const size_t k = std::min(n, static_cast<size_t>(std::max<int64_t>(top, 0)));
+  if (k == 0) return s;
+  thread_local std::vector<uint32_t> order;  // reused: a row per scored token
+  order.resize(n);
+  for (uint32_t v = 0; v < order.size(); ++v) order[v] = v;
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](uint32_t a, uint32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+  for (size_t i = 0; i < k; ++i)
+    s.top.emplace_back(order[i], static_cast<double>(z[order[i]]) - lse);
+  return s;
 }
 
 double LossTotals::perplexity() const {

@@ -39,6 +39,11 @@ struct TokenScore {
   std::vector<std::pair<uint32_t, double>> top;
 };
 
+// One position's score from its row of logits `z` (all of the model's vocabulary) and their
+// log-sum-exp: log p(token) and the `top` most likely among the first `top_vocab` ids (0: all).
+TokenScore score_row(std::span<const float> z, double lse, uint32_t token, int64_t top,
+                     int64_t top_vocab = 0);
+
 // sequence_logprobs with the top alternatives at each position: the same logprobs, bit for bit.
 // The alternatives are drawn from the ids below `top_vocab` (0: all of the model's), so that a
 // model whose vocabulary is padded beyond its tokenizer never names an id nothing can decode.

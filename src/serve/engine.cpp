@@ -17,17 +17,7 @@ eval::TokenScore score_logits(std::span<const float> z, uint32_t token, int64_t 
   for (float v : z) best = std::max(best, static_cast<double>(v));
   double sum = 0;
   for (float v : z) sum += std::exp(static_cast<double>(v) - best);
-  const double lse = best + std::log(sum);
-  eval::TokenScore s;
-  s.logprob = static_cast<double>(z[token]) - lse;
-  std::vector<uint32_t> order(std::min(z.size(), top_vocab));
-  for (uint32_t v = 0; v < order.size(); ++v) order[v] = v;
-  const size_t k = std::min(order.size(), static_cast<size_t>(std::max<int64_t>(top, 0)));
-  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                    [&](uint32_t a, uint32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
-  for (size_t i = 0; i < k; ++i)
-    s.top.emplace_back(order[i], static_cast<double>(z[order[i]]) - lse);
-  return s;
+  return eval::score_row(z, best + std::log(sum), token, top, static_cast<int64_t>(top_vocab));
 }
 
 }  // namespace
