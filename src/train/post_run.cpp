@@ -133,13 +133,13 @@ PostConfig checkpoint_post_config(const PostConfig& cfg, const fs::path& checkpo
 // model.base as this run uses it. A run folder stands for its newest checkpoint, which moves on
 // while that run trains: the run pins the checkpoint it started from (its checkpoints name it as
 // model.base), and a resumed run takes it again rather than whatever is newest now.
-std::string pinned_base(const PostConfig& cfg, const std::optional<fs::path>& resume_from) {
-  if (resume_from) {
-    const PostConfig saved = checkpoint_post_config(cfg, *resume_from);
-    const fs::path pinned = fs::absolute(saved.base).lexically_normal();
+// `saved`: the config of the checkpoint a resumed run starts from.
+std::string pinned_base(const PostConfig& cfg, const std::optional<PostConfig>& saved) {
+  if (saved) {
+    const fs::path pinned = fs::absolute(saved->base).lexically_normal();
     if (pinned.parent_path() == fs::absolute(fs::path(cfg.base) / "checkpoints").lexically_normal())
-      return saved.base;
-    if (saved.base == cfg.base) return cfg.base;  // a run begun before bases were pinned
+      return saved->base;
+    if (saved->base == cfg.base) return cfg.base;  // a run begun before bases were pinned
   }
   return io::pinned_model_spec(cfg.base, resolve_base_model(cfg));
 }
@@ -177,8 +177,10 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   const std::optional<fs::path> resume_from =
       o.resume ? agree_on_checkpoint(ckpt_root, comm) : std::nullopt;
 
+  std::optional<PostConfig> saved;
+  if (resume_from) saved = checkpoint_post_config(cfg, *resume_from);
   PostConfig resolved = cfg;
-  resolved.base = pinned_base(cfg, resume_from);
+  resolved.base = pinned_base(cfg, saved);
   // Adapters are trained on their base's weights, which only the pinned checkpoint holds.
   POLLEN_CHECK(
       !resume_from || !cfg.lora.enabled || resolved.base == cfg.base || fs::exists(resolved.base),
@@ -196,18 +198,18 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   if (resolved.chat_template.empty())
     resolved.chat_template = std::string(tokenizer::chat_template_name(base.chat_format.kind));
   const std::string config_toml = resolved.to_toml(arch);
-  if (resume_from) {
+  if (saved) {
     const fs::path file = *resume_from / "config.toml";
-    PostConfig saved = checkpoint_post_config(cfg, *resume_from);
-    POLLEN_CHECK(saved.architecture.has_value(), "'", file.string(), "' has no architecture");
-    if (saved.chat_template.empty()) saved.chat_template = resolved.chat_template;  // older runs
+    POLLEN_CHECK(saved->architecture.has_value(), "'", file.string(), "' has no architecture");
+    // Runs of an older pollen did not record the chat template.
+    if (saved->chat_template.empty()) saved->chat_template = resolved.chat_template;
     for (const auto& w :
-         check_resume_compatible(saved.flat(*saved.architecture), resolved.flat(arch),
+         check_resume_compatible(saved->flat(*saved->architecture), resolved.flat(arch),
                                  "docs/posttraining.md, 'Checkpoints and resuming'"))
       log::warn("resume: ", w);
     // The objective's section may not change at all: a key added or removed counts too.
-    POLLEN_CHECK(saved.objective_keys == cfg.objective_keys, "cannot resume: [", cfg.objective,
-                 "] differs from the checkpoint's (", describe_keys(saved.objective_keys), " -> ",
+    POLLEN_CHECK(saved->objective_keys == cfg.objective_keys, "cannot resume: [", cfg.objective,
+                 "] differs from the checkpoint's (", describe_keys(saved->objective_keys), " -> ",
                  describe_keys(cfg.objective_keys),
                  "); the objective's keys may not change in a resumed run (see ",
                  "docs/posttraining.md, 'Checkpoints and resuming')");
