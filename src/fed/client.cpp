@@ -175,6 +175,20 @@ void Client::handle(const pb::TaskReply& t) {
   }
 }
 
+void Client::note_push(int64_t round) {
+  if (first_pushed_round_ == 0) first_pushed_round_ = round;
+  ++pushes_;
+}
+
+void Client::check_some_update_counted(const pb::TaskReply& done) const {
+  POLLEN_CHECK(first_pushed_round_ == 0 || done.update_round() >= first_pushed_round_,
+               "fed client '", config_.id, "': the run is over, and the server aggregated none of ",
+               "the ", pushes_, " update(s) this client pushed (rounds ", first_pushed_round_,
+               " on): each came after its round had closed or was refused (see the warnings "
+               "above; a round closes at the server's round_deadline_s); the global model holds "
+               "nothing of this silo's data");
+}
+
 void Client::run() {
   BusyServerWait wait(config_.id, config_.busy_timeout_s, config_.connect_timeout_s);
   for (;;) {
@@ -203,6 +217,7 @@ void Client::run() {
         POLLEN_CHECK(
             t.stopped().empty(), "fed client '", config_.id,
             "': the server stopped the run before its last round: ", t.stopped().substr(0, 1024));
+        check_some_update_counted(t);
         log::info("fed client '", config_.id, "': the run is over");
         return;
       case pb::TASK_TRAIN:

@@ -111,6 +111,7 @@ void Client::push_masked_again(const pb::TaskReply& task) {
   log::warn("fed client '", config_.id, "': round ", task.round(),
             ": its masked update did not arrive; it sends the same bytes again (trained and "
             "masked anew, the round's masks on another update would give away the difference)");
+  note_push(task.round());
   const pb::PushReply reply = push_update(masked_push_->info, masked_push_->set);
   if (reply.accepted()) {
     bytes_sent_ += masked_push_->set.bytes.size();
@@ -256,6 +257,7 @@ void Client::train_round(const pb::TaskReply& task) {
   save_state();
   // A masked update is kept for a push that is lost (push_masked_again).
   const EncodedSet& sent = task.secure_aggregation() ? masked_push_->set : enc;
+  note_push(task.round());
   const pb::PushReply reply = push_update(info, sent);  // thrown: the push stays unsettled
   unsettled_push_.reset();
   if (reply.accepted()) {

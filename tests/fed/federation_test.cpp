@@ -376,7 +376,46 @@ TEST(Simulation, DroppedClientLeavesTheRoundToTheRest) {
   EXPECT_EQ(a.poll_once(), pb::TASK_DONE);
 }
 
-// One silo joined to a server whose round 1 is open, and an all-zero update of the model's
+// The in-process transport of a client that is always late: its round closes (the deadline)
+// while its update is on the way.
+class LateTransport : public LocalTransport {
+ public:
+  explicit LateTransport(Coordinator& c) : LocalTransport(c), c_(c) {}
+  pb::PushReply push(const std::function<bool(pb::TensorStream&)>& next) override {
+    c_.end_round();
+    return LocalTransport::push(next);
+  }
+
+ private:
+  Coordinator& c_;
+};
+
+// A client none of whose updates was aggregated fails at the run's end saying so, instead of
+// ending as though its silo had taken part; the client whose update counted ends as usual.
+TEST(Simulation, AClientNoneOfWhoseUpdatesCountedFailsSayingSo) {
+  Quiet q;
+  const auto dir = temp_dir("never_counted");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 1, 2);
+  set_num_threads(1);
+  Coordinator server(cfg.server, false);
+  LocalTransport on_time(server);
+  LateTransport late(server);
+  Client a(cfg.clients[0], on_time), b(cfg.clients[1], late);
+  a.join();
+  b.join();
+  ASSERT_TRUE(server.begin_round());
+  EXPECT_EQ(a.poll_once(), pb::TASK_TRAIN);
+  // The round closes with a's update alone; b's is refused.
+  EXPECT_NE(pollen::testing::error_of([&] { b.poll_once(); }).find("round 1 is not open"),
+            std::string::npos);
+  EXPECT_FALSE(server.begin_round());  // 1 round done
+  EXPECT_NO_THROW(a.run());
+  const std::string error = pollen::testing::error_of([&] { b.run(); });
+  EXPECT_NE(error.find("aggregated none of the 1 update(s) this client pushed (rounds 1 on)"),
+            std::string::npos)
+      << error;
+}
+
 // shape, for tests that push by hand.
 struct OneSiloRound {
   explicit OneSiloRound(const std::string& name)
