@@ -428,7 +428,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
         ag::NoGrad no_grad;
         v = objective->evaluate(model);
       }
-      last_val = v.loss;
+      counters.record_validation(v.loss);
       last_val_metrics = v.metrics;
       nlohmann::ordered_json e;
       e["step"] = step;
@@ -494,8 +494,8 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     r.message =
         cat("finished ", counters.step, " steps (", counters.tokens, " tokens) in ",
             obs::format_duration(total), ": ", train_shown.empty() ? "" : train_shown + ", ",
-            val_shown.empty() ? "" : "validation " + val_shown + ", ", counters.skipped,
-            " steps skipped; checkpoint '", last_checkpoint.string(), "'");
+            val_shown.empty() ? "" : cat("validation ", val_shown, val_step_note(counters), ", "),
+            counters.skipped, " steps skipped; checkpoint '", last_checkpoint.string(), "'");
   }
   return r;
 }

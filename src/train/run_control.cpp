@@ -115,6 +115,7 @@ void LoopCounters::save(nlohmann::ordered_json& st, double elapsed_here) const {
   st["elapsed_s"] = elapsed_before + elapsed_here;
   st["last_loss"] = json_number(last_loss);
   st["last_val_loss"] = json_number(last_val_loss);
+  st["last_val_step"] = last_val_step;
 }
 
 void LoopCounters::restore(const nlohmann::ordered_json& st) {
@@ -129,6 +130,9 @@ void LoopCounters::restore(const nlohmann::ordered_json& st) {
   };
   last_loss = number("last_loss");
   last_val_loss = number("last_val_loss");
+  last_val_step = st.contains("last_val_step") && st.at("last_val_step").is_number_integer()
+                      ? st.at("last_val_step").get<int64_t>()
+                      : -1;
 }
 
 RunResult rank_failed_result(const std::string& failure, const fs::path& run_dir) {
@@ -286,11 +290,17 @@ std::string preempted_message(int64_t step, const fs::path& checkpoint) {
              "'; continue with --resume");
 }
 
+std::string val_step_note(const LoopCounters& c) {
+  return c.last_val_step >= 0 && c.last_val_step < c.step ? cat(" (at step ", c.last_val_step, ")")
+                                                          : std::string();
+}
+
 std::string finished_message(const LoopCounters& c, double seconds, double last_loss,
                              double last_val_loss, const fs::path& checkpoint) {
   // A run without validation data (or evaluation) has no validation loss to show.
-  const std::string validation =
-      std::isnan(last_val_loss) ? std::string() : cat(", validation loss ", last_val_loss);
+  const std::string validation = std::isnan(last_val_loss)
+                                     ? std::string()
+                                     : cat(", validation loss ", last_val_loss, val_step_note(c));
   return cat("finished ", c.step, " steps (", c.tokens, " tokens) in ",
              obs::format_duration(seconds), ": loss ", last_loss, validation, ", ", c.skipped,
              " steps skipped; checkpoint '", checkpoint.string(), "'");
@@ -388,6 +398,10 @@ nlohmann::ordered_json run_summary(RunStatus status, int64_t step, int64_t steps
   summary["tokens"] = counters.tokens;
   summary["loss"] = json_number(last_loss);
   summary["val_loss"] = json_number(last_val_loss);
+  // The step it was measured at (null: unknown), an earlier one's when this run did not evaluate.
+  summary["val_loss_step"] = std::isnan(last_val_loss) || counters.last_val_step < 0
+                                 ? nlohmann::ordered_json(nullptr)
+                                 : nlohmann::ordered_json(counters.last_val_step);
   summary["skipped_steps"] = counters.skipped;
   summary["elapsed_s"] = std::round(seconds * 1000) / 1000;
   summary["peak_rss_mb"] = std::round(peak_rss_mb());

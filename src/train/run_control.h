@@ -66,9 +66,17 @@ struct LoopCounters {
   // The last step's loss and the last validation loss (NaN before any), which a resumed run
   // that has no step left to take still reports.
   double last_loss = NAN, last_val_loss = NAN;
+  // The step of last_val_loss (-1: none, or a checkpoint from before it was recorded): a run
+  // resumed without evaluating reports an earlier step's validation loss as such.
+  int64_t last_val_step = -1;
   // state.json's "step", "tokens", "bad_steps_in_row", "skipped_steps", "elapsed_s" (the
-  // run's seconds so far, `elapsed_here` of them in this process), "last_loss" and
-  // "last_val_loss".
+  // run's seconds so far, `elapsed_here` of them in this process), "last_loss",
+  // "last_val_loss" and "last_val_step".
+  // Records a validation loss measured at the current step.
+  void record_validation(double loss) {
+    last_val_loss = loss;
+    last_val_step = step;
+  }
   void save(nlohmann::ordered_json& state, double elapsed_here) const;
   void restore(const nlohmann::ordered_json& state);
   // Counts a step of `step_tokens` that ran; a bad one (non-finite loss, else gradient norm) is
@@ -127,6 +135,9 @@ std::optional<std::string> already_finished(bool resumed, int64_t steps_here,
                                             const std::filesystem::path& run_dir, int64_t step,
                                             const std::filesystem::path& checkpoint,
                                             dist::Communicator& comm);
+// " (at step N)" when the last validation loss was measured before the run's last step (a
+// resumed run that did not evaluate); empty otherwise.
+std::string val_step_note(const LoopCounters& c);
 std::string finished_message(const LoopCounters& counters, double seconds, double last_loss,
                              double last_val_loss, const std::filesystem::path& checkpoint);
 

@@ -551,8 +551,8 @@ bool TrainingRun::step(obs::Progress& progress) {
 void TrainingRun::evaluate(obs::Progress& progress, double wall) {
   const int64_t step = counters_.step;
   if (data_.validation.loader) {
-    counters_.last_val_loss =
-        validation_loss(model_, data_.validation, cfg_.eval_batches, parallel_ ? &comm_ : nullptr);
+    counters_.record_validation(
+        validation_loss(model_, data_.validation, cfg_.eval_batches, parallel_ ? &comm_ : nullptr));
     nlohmann::ordered_json v;
     v["step"] = step;
     v["tokens"] = counters_.tokens;

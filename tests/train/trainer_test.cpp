@@ -413,6 +413,24 @@ TEST(Trainer, TinyModelOverfitsTinyData) {
   fs::remove_all(run);
 }
 
+// A run resumed with evaluation off reports the last validation loss with the step it was
+// measured at, not as though it were the final weights'.
+TEST(Trainer, AResumeWithoutEvaluationReportsTheValidationLossesStep) {
+  const fs::path base = temp_dir("val_step");
+  auto r = train_quiet(tiny(base / "run", 4));
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  auto summary = nlohmann::json::parse(read_file(base / "run" / "summary.json"));
+  ASSERT_TRUE(summary["val_loss"].is_number()) << summary.dump();
+  EXPECT_EQ(summary["val_loss_step"], 4);
+  EXPECT_EQ(r.message.find("(at step"), std::string::npos) << r.message;
+  r = train_quiet(tiny(base / "run", 6, {"eval.batches=0"}), true);
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  EXPECT_NE(r.message.find("(at step 4)"), std::string::npos) << r.message;
+  summary = nlohmann::json::parse(read_file(base / "run" / "summary.json"));
+  EXPECT_EQ(summary["step"], 6);
+  EXPECT_EQ(summary["val_loss_step"], 4);
+}
+
 TEST(Trainer, ResumeIsBitwiseAndSkipsACorruptCheckpoint) {
   const fs::path base = temp_dir("resume");
   // Uninterrupted: 14 steps, checkpoints at 4, 8, 12, 14; evaluation at 10 and 14.
