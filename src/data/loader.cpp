@@ -58,6 +58,13 @@ std::string tokenizer_fingerprint(const Manifest& m) {
   return t.is_object() ? t.value("fingerprint", std::string()) : std::string();
 }
 
+// 'a', 'b' or "none".
+std::string quoted_list(const std::set<std::string>& names) {
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "'" : ", '") + n + "'";
+  return list.empty() ? "none" : list;
+}
+
 }  // namespace
 
 void check_tokenized_by(const Manifest& m, const std::string& fingerprint,
@@ -95,8 +102,10 @@ Loader::Loader(const LoaderOptions& options) : options_(options) {
                o.world);
   const uint64_t wlen = static_cast<uint64_t>(o.seq + 1);
   std::optional<Manifest> first;
+  std::set<std::string> split_names;  // of every manifest, named when none holds o.split
   for (const auto& path : o.manifests) {
     Manifest m = Manifest::load(path);
+    for (const ShardInfo& s : m.shards) split_names.insert(s.split);
     POLLEN_CHECK(m.vocab_size > 0, "loader: manifest '", path.string(),
                  "' holds no tokens (prepared without [tokenize])");
     if (first) check_same_tokens(*first, m);
@@ -122,10 +131,8 @@ Loader::Loader(const LoaderOptions& options) : options_(options) {
     if (o.every_manifest && d->num_windows == 0 && !weighted_out) {
       std::set<std::string> names;
       for (const ShardInfo& s : m.shards) names.insert(s.split);
-      std::string splits;
-      for (const auto& s : names) splits += (splits.empty() ? "'" : ", '") + s + "'";
       fail("loader: manifest '", path.string(), "' has no window of ", wlen, " tokens in its '",
-           o.split, "' split (its splits: ", splits.empty() ? "none" : splits, ")");
+           o.split, "' split (its splits: ", quoted_list(names), ")");
     }
     datasets_.push_back(std::move(d));
     if (!first) first = std::move(m);
@@ -135,7 +142,8 @@ Loader::Loader(const LoaderOptions& options) : options_(options) {
   POLLEN_CHECK(o.step_batch >= 0 && o.step_batch % o.batch == 0, "loader: step_batch ",
                o.step_batch, " is not a multiple of batch ", o.batch);
   POLLEN_CHECK(total >= step_rows(), "loader: the '", o.split, "' split has ", total,
-               " windows of ", wlen, " tokens, fewer than one step of ", step_rows());
+               " windows of ", wlen, " tokens, fewer than one step of ", step_rows(),
+               total == 0 ? cat(" (the manifests' splits: ", quoted_list(split_names), ")") : "");
   per_epoch_.assign(datasets_.size(), 0);
   if (o.weights.empty()) {
     for (size_t i = 0; i < datasets_.size(); ++i) per_epoch_[i] = datasets_[i]->num_windows;

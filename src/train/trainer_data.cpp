@@ -61,8 +61,9 @@ data::Loader train_loader(const TrainConfig& cfg, const data::LoaderOptions& lo)
   }
 }
 
-// The validation split of the train loader's data (`train`), or none: not asked for, too small
-// for one micro-batch, unreadable (a warning says why) or unreadable on another rank.
+// The validation split of the train loader's data (`train`), or none: not asked for, empty,
+// unreadable (a warning says why) or unreadable on another rank. A split of fewer windows than
+// one micro-batch is read as one batch of them all.
 Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& train,
                            dist::Communicator& comm) {
   Validation v;
@@ -90,21 +91,26 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
   const bool named =
       cfg.validation_split != "validation" || cfg.validation_manifests != cfg.manifests;
   try {
+    // Read with batches of one first to count the split's windows: one of fewer than a
+    // micro-batch is scored whole, as one batch.
+    vo.batch = 1;
     v.loader = std::make_unique<data::Loader>(vo);
-    if (v.loader->windows_per_epoch() < cfg.micro_batch) {
-      log::warn("validation split '", cfg.validation_split, "' has ", v.loader->windows_per_epoch(),
-                " windows of ", cfg.seq + 1, " tokens, fewer than one micro-batch: no evaluation");
-      v.loader.reset();
+    const int64_t windows = v.loader->windows_per_epoch();
+    if (windows < cfg.micro_batch) {
+      log::info("validation split '", cfg.validation_split, "' has ", windows, " windows of ",
+                cfg.seq + 1,
+                " tokens, fewer than one micro-batch: each evaluation scores them all");
+      vo.batch = windows;
     } else {
-      v.start = v.loader->state();
-      const int64_t whole = v.loader->windows_per_epoch() / cfg.micro_batch;
-      v.batches = std::min(cfg.eval_batches, whole);
-      if (v.batches < cfg.eval_batches)
-        log::warn("eval.batches = ", cfg.eval_batches, " asks for more than validation split '",
-                  cfg.validation_split, "' holds (", v.loader->windows_per_epoch(), " windows of ",
-                  cfg.seq + 1, " tokens): each evaluation scores its ", v.batches,
-                  " whole micro-batches once");
+      vo.batch = cfg.micro_batch;
     }
+    if (vo.batch > 1) v.loader = std::make_unique<data::Loader>(vo);
+    v.start = v.loader->state();
+    v.batches = std::min(cfg.eval_batches, windows / vo.batch);
+    if (v.batches < cfg.eval_batches && windows >= cfg.micro_batch)
+      log::warn("eval.batches = ", cfg.eval_batches, " asks for more than validation split '",
+                cfg.validation_split, "' holds (", windows, " windows of ", cfg.seq + 1,
+                " tokens): each evaluation scores its ", v.batches, " whole micro-batches once");
   } catch (const Error& e) {
     if (named)
       throw Error(cat("data.validation_split '", cfg.validation_split,

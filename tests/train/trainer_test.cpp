@@ -413,6 +413,26 @@ TEST(Trainer, TinyModelOverfitsTinyData) {
   fs::remove_all(run);
 }
 
+// A validation split of fewer windows than one micro-batch is scored whole, as one batch: the
+// same loss as scoring it window by window.
+TEST(Trainer, AValidationSplitSmallerThanAMicroBatchIsScoredWhole) {
+  const fs::path base = temp_dir("small_validation");
+  const auto val_loss = [&](const std::string& name, int micro_batch) {
+    const auto r = train_quiet(tiny(base / name, 2,
+                                    {"train.seq=60", cat("train.micro_batch=", micro_batch),
+                                     "train.batch_tokens=1920", "eval.batches=1000"}));
+    EXPECT_EQ(r.status, train::RunStatus::finished) << r.message;
+    std::vector<double> losses;
+    for (const auto& j : read_metrics(base / name))
+      if (j.contains("val_loss")) losses.push_back(j["val_loss"].get<double>());
+    EXPECT_EQ(losses.size(), 1u) << name;
+    return losses.empty() ? NAN : losses.back();
+  };
+  const double whole = val_loss("whole", 32), window_by_window = val_loss("windows", 1);
+  EXPECT_NEAR(whole, window_by_window, 1e-4 * window_by_window);
+  fs::remove_all(base);
+}
+
 // A run resumed with evaluation off reports the last validation loss with the step it was
 // measured at, not as though it were the final weights'.
 TEST(Trainer, AResumeWithoutEvaluationReportsTheValidationLossesStep) {
@@ -566,6 +586,7 @@ TEST(Trainer, DataIsCheckedBeforeTheFirstStepAndOnResume) {
   e = error_of(
       [&] { train_quiet(run("typo", manifest, {"data.validation_split=\"validaton\""})); });
   EXPECT_NE(e.find("data.validation_split 'validaton'"), std::string::npos) << e;
+  EXPECT_NE(e.find("(the manifests' splits: 'train', 'validation')"), std::string::npos) << e;
 
   const std::string no_validation = variant("no_validation.json", [](auto& v) {
     nlohmann::json kept = nlohmann::json::array();
