@@ -215,7 +215,11 @@ LlamaConfig read_config(ConfigTable& t) {
   if (auto r = t.table("rope_scaling"))
     c.rope_scaling = read_rope_scaling(*r, c.max_position_embeddings);
   t.finish();
-  c.validate();
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail("config file '", t.source(), "': ", e.what());  // the key is in the message
+  }
   return c;
 }
 

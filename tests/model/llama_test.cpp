@@ -117,6 +117,15 @@ TEST(LlamaConfig, TomlFileErrorsNameFileAndKey) {
   }
   write_file_atomic(dir / "typo.toml", "[model]\nnum_layers = 2\n");
   EXPECT_THROW(model::resolve_config((dir / "typo.toml").string()), Error);
+  // Sizes that do not fit together name the file as well as the keys.
+  write_file_atomic(dir / "heads.toml", "preset = 'llama-tiny'\nnum_attention_heads = 3\n");
+  const std::string heads =
+      pollen::testing::error_of([&] { model::resolve_config((dir / "heads.toml").string()); });
+  EXPECT_NE(heads.find("config file '" + (dir / "heads.toml").string() + "'"), std::string::npos)
+      << heads;
+  EXPECT_NE(heads.find("num_attention_heads (3) must be a multiple of num_key_value_heads"),
+            std::string::npos)
+      << heads;
   EXPECT_THROW(model::resolve_config("llama-huge"), Error);
   fs::remove_all(dir);
 }
