@@ -50,6 +50,7 @@ void add_export_gguf(CLI::App* cmd) {
       ->check(CLI::IsMember({"f32", "f16", "bf16", "q8_0"}))
       ->capture_default_str();
   gguf->callback([a] {
+    io::check_gguf_output(a->output);  // before a model is loaded
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const model::Llama m = load_model_with_adapter(src, a->adapter);
@@ -87,8 +88,8 @@ void add_export_command(CLI::App& app) {
       ->required();
   hf->add_option("--adapter", *adapter, kAdapterHelp);
   hf->add_option("--tokenizer", *tokenizer_file,
-                 "tokenizer.json or tiktoken file to export with a model that has none (a "
-                 "federated server's global model)");
+                 "tokenizer.json to export with a model that has none (a federated server's "
+                 "global model)");
   hf->add_option("--output", *output,
                  "Folder to write: a new or empty one, or one an earlier export wrote, which is "
                  "replaced whole (a folder holding other files is refused)")
@@ -106,6 +107,9 @@ void add_export_command(CLI::App& app) {
                  "' has its own tokenizer ('", src.tokenizer.value_or("").string(),
                  "'); --tokenizer is for a model that knows none");
     const model::Llama m = load_model_with_adapter(src, *adapter);
+    // Its vocabulary, and the special ids it names, must fit the model's embedding.
+    if (!tokenizer_file->empty())
+      check_tokenizer_fits(model_tokenizer(src, *tokenizer_file), m, src, *tokenizer_file);
     io::HfExportOptions o;
     o.dtype = *dtype == "bf16" ? DType::bf16 : *dtype == "f16" ? DType::f16 : DType::f32;
     o.max_shard_bytes = *shard_mb * 1'000'000ull;
@@ -114,10 +118,8 @@ void add_export_command(CLI::App& app) {
         tokenizer_file->empty() ? src.tokenizer : std::filesystem::path(*tokenizer_file);
     if (tokenizer_path) {
       const tokenizer::Tokenizer tok = model_tokenizer(src, *tokenizer_file);
-      // Under the name transformers looks for, whatever the run called it: a tokenizer.json as
-      // it is, a rank file in tokenizer.json's format.
-      o.tokenizer_json = tokenizer_path->extension() == ".json" ? read_file(*tokenizer_path)
-                                                                : tokenizer::hf_json_text(tok);
+      // As it is, under the name transformers looks for, whatever the run called it.
+      o.tokenizer_json = read_file(*tokenizer_path);
       const SpecialIds ids = special_ids(src, tok);
       o.bos_token_id = ids.bos;
       o.eos_token_id = ids.eos;

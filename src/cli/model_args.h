@@ -45,6 +45,11 @@ inline tokenizer::Tokenizer model_tokenizer(const io::ModelSource& src,
                  ") has no tokenizer that goes with it; pass --tokenizer FILE");
     path = *src.tokenizer;
   }
+  // A rank file holds neither its pattern nor its special tokens, which a model's tokenizer needs.
+  POLLEN_CHECK(path.extension() == ".json", "tokenizer '", path.string(),
+               "': expected a tokenizer.json; a tiktoken rank file holds neither its pattern nor "
+               "its special tokens: write it as one with `pollen tokenizer convert --tokenizer ",
+               path.string(), " --pattern P [--add-special TOKEN=ID] --output tokenizer.json`");
   return tokenizer::open_tokenizer(path, "");
 }
 
@@ -98,11 +103,12 @@ inline std::optional<uint32_t> configured_token(const io::ModelSource& src,
   return std::nullopt;
 }
 
-// The model's BOS and EOS: tokenizer_config.json's bos_token and eos_token, else the BOS the
-// post-processor adds, and as EOS the end of turn of the chat template a checkpoint was trained
-// with (as instruction-tuned models name theirs) when the tokenizer has it, else the first end
-// token; `ends`: every id that ends a generation, the EOS first (what export writes for HF and
-// llama.cpp, and serve's /tokenizer_info reports).
+// The model's BOS and EOS: tokenizer_config.json's bos_token and eos_token, else the BOS that
+// generation_config.json (or an HF config.json) names, else the one the post-processor adds,
+// and as EOS the end of turn of the chat template a checkpoint was trained with (as
+// instruction-tuned models name theirs) when the tokenizer has it, else the first end token
+// (the configured one first); `ends`: every id that ends a generation, the EOS first (what export
+// writes for HF and llama.cpp, and serve's /tokenizer_info reports).
 struct SpecialIds {
   std::optional<uint32_t> bos, eos;
   std::vector<uint32_t> ends;
@@ -110,6 +116,7 @@ struct SpecialIds {
 inline SpecialIds special_ids(const io::ModelSource& src, const tokenizer::Tokenizer& tok) {
   SpecialIds ids{
       configured_token(src, tok, "bos_token"), configured_token(src, tok, "eos_token"), {}};
+  if (!ids.bos) ids.bos = io::model_bos_id(src);
   if (!ids.bos && !tok.bos_eos().prefix.empty()) ids.bos = tok.bos_eos().prefix.front();
   if (!ids.eos && src.chat_template)  // none when the tokenizer lacks it (another --tokenizer)
     ids.eos = tokenizer::added_token_id(

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <string_view>
 
 #include "base/error.h"
 #include "base/files.h"
@@ -377,8 +379,21 @@ std::string quantize_q8_0(std::span<const float> values) {
   return out;
 }
 
+void check_gguf_output(const std::filesystem::path& file) {
+  if (!std::filesystem::exists(file)) return;
+  POLLEN_CHECK(std::filesystem::is_regular_file(file), "GGUF output '", file.string(),
+               "' exists and is not a file");
+  std::ifstream in(file, std::ios::binary);
+  char magic[4] = {};
+  in.read(magic, sizeof magic);
+  POLLEN_CHECK(in && std::string_view(magic, 4) == "GGUF", "GGUF output '", file.string(),
+               "' exists and is not a GGUF file; an export replaces only an earlier GGUF file "
+               "(remove it or choose another path)");
+}
+
 GgufExportResult export_gguf(const model::Llama& model, const tokenizer::Tokenizer& tok,
                              const std::filesystem::path& file, const GgufExportOptions& o) {
+  check_gguf_output(file);
   const model::LlamaConfig& c = model.config();
   GgufExportResult result;
   Metadata meta;

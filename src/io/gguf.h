@@ -37,6 +37,10 @@ struct GgufExportResult {
   std::string pre_tokenizer;  // tokenizer.ggml.pre
 };
 
+// Refuses an output path that holds something other than a GGUF file (a folder, a model's
+// weights, any other file): an export replaces only an earlier export.
+void check_gguf_output(const std::filesystem::path& file);
+
 // Writes `file` (through a temporary beside it, renamed when complete). Refused with an error
 // naming the reason: sliding windows and dynamic rope scaling (llama.cpp's llama architecture
 // has neither), SentencePiece-style tokenizers, a tokenizer larger than the model's vocabulary,

@@ -31,6 +31,7 @@ const std::map<std::string, std::string>& dtype_names() {
 bool written_by_export(const std::string& name) {
   static const std::regex kNames(
       R"((config|generation_config|tokenizer_config|tokenizer|special_tokens_map)\.json|)"
+      R"(chat_template\.jinja|)"
       R"(model\.safetensors(\.index\.json)?|model-\d{5}-of-\d{5}\.safetensors)");
   std::smatch temp;
   static const std::regex kTemp(R"(\.(.+)\.tmp\.\d+)");

@@ -1,9 +1,9 @@
 #include "io/model_source.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 
 #include "base/config.h"
 #include "base/error.h"
@@ -15,6 +15,7 @@
 #include "io/peft.h"
 #include "io/safetensors.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/open.h"
 #include "tokenizer/tokenizer.h"
 
 namespace pollen::io {
@@ -48,17 +49,36 @@ std::optional<fs::path> newest_model_checkpoint(const std::string& spec, const f
   return std::nullopt;
 }
 
+// Whether the tokenizer beside a data manifest is the one the manifest records (a file replaced
+// since would tokenize, and decode, unlike the data the model trained on); warns when not.
+bool tokenizer_matches_manifest(const fs::path& tokenizer, const fs::path& manifest) {
+  if (!fs::is_regular_file(manifest)) return true;  // nothing recorded to hold it to
+  const auto m = nlohmann::json::parse(read_file(manifest), nullptr, false);
+  const auto t = m.is_object() ? m.value("tokenizer", nlohmann::json()) : nlohmann::json();
+  const std::string recorded = t.is_object() ? t.value("fingerprint", "") : "";
+  if (recorded.empty()) return true;
+  const std::string found = tokenizer::open_tokenizer(tokenizer, "").fingerprint();
+  if (found == recorded) return true;
+  log::warn("tokenizer '", tokenizer.string(), "' is not the one '", manifest.string(),
+            "' was tokenized with (fingerprint ", found.substr(0, 16), ", the manifest records ",
+            recorded.substr(0, 16), "): not taken as the model's tokenizer");
+  return false;
+}
+
 // The tokenizer of a checkpoint: tokenizer.json in the folder, else the one beside the first
-// data manifest of the run (as `pollen data prepare` writes it).
+// data manifest of the run (as `pollen data prepare` writes it) when it is still the one the
+// manifest records.
 std::optional<fs::path> checkpoint_tokenizer(const fs::path& dir, ConfigTable& root) {
   if (fs::is_regular_file(dir / "tokenizer.json")) return dir / "tokenizer.json";
   auto data = root.table("data");
   if (!data) return std::nullopt;
   for (const auto& m : data->get_strings("manifests")) {
     for (const fs::path& base : {fs::path(), dir.parent_path().parent_path()}) {
-      const fs::path candidate =
-          (fs::path(m).is_absolute() ? fs::path(m) : base / m).parent_path() / "tokenizer.json";
-      if (fs::is_regular_file(candidate)) return candidate;
+      const fs::path manifest = fs::path(m).is_absolute() ? fs::path(m) : base / m;
+      const fs::path candidate = manifest.parent_path() / "tokenizer.json";
+      if (fs::is_regular_file(candidate))
+        return tokenizer_matches_manifest(candidate, manifest) ? std::optional(candidate)
+                                                               : std::nullopt;
     }
   }
   return std::nullopt;
@@ -94,7 +114,9 @@ ModelSource resolve_lora_checkpoint(const std::string& spec, const fs::path& dir
     s.chat_template = s.base->chat_template;
   s.tokenizer = checkpoint_tokenizer(dir, root);
   if (!s.tokenizer) s.tokenizer = s.base->tokenizer;
-  s.hf_side_files = s.base->hf_side_files;
+  // An HF base's tokenizer and generation configs carry its own template and end of turn: a run
+  // that chose a template writes its own, as a full fine-tune's export does.
+  if (chat_template.empty()) s.hf_side_files = s.base->hf_side_files;
   return s;
 }
 
@@ -124,8 +146,8 @@ ModelSource resolve_model(const std::string& spec) {
       s.path = p;
       s.config = read_hf_config(p / "config.json");
       if (fs::is_regular_file(p / "tokenizer.json")) s.tokenizer = p / "tokenizer.json";
-      for (const char* f :
-           {"tokenizer_config.json", "special_tokens_map.json", "generation_config.json"})
+      for (const char* f : {"tokenizer_config.json", "special_tokens_map.json",
+                            "generation_config.json", "chat_template.jinja"})
         if (fs::is_regular_file(p / f)) s.hf_side_files.push_back(p / f);
       return s;
     }
@@ -212,9 +234,8 @@ std::optional<std::string> model_chat_template(const ModelSource& source,
   if (source.chat_template)
     return std::string(
         tokenizer::chat_template_jinja(tokenizer::chat_template_named(*source.chat_template)));
-  const fs::path config = tokenizer_config_dir(source, tokenizer) / "tokenizer_config.json";
-  if (!fs::is_regular_file(config)) return std::nullopt;
-  return tokenizer::chat_template_text(config);
+  return tokenizer::chat_template_text(tokenizer_config_dir(source, tokenizer) /
+                                       "tokenizer_config.json");
 }
 
 model::Llama load_model(const ModelSource& s, DType dtype, uint64_t seed) {
@@ -291,32 +312,50 @@ std::string pinned_model_spec(const std::string& spec, const ModelSource& source
   return run_folder ? fs::absolute(source.path).lexically_normal().string() : spec;
 }
 
+namespace {
+
+// The file HF derives the generation config from: generation_config.json, else an HF
+// directory's config.json; empty when the model has neither.
+nlohmann::json generation_config(const ModelSource& source) {
+  for (const auto& f : source.hf_side_files)
+    if (f.filename() == "generation_config.json")
+      return parse_json_object(read_file(f), cat("'", f.string(), "'"));
+  const fs::path config = source.path / "config.json";
+  if (source.kind == ModelSource::Kind::hf_dir && fs::is_regular_file(config))
+    return parse_json_object(read_file(config), cat("'", config.string(), "'"));
+  return nlohmann::json::object();
+}
+
+}  // namespace
+
 std::vector<uint32_t> model_stop_tokens(const ModelSource& source,
                                         const tokenizer::Tokenizer& tok) {
-  std::set<uint32_t> ids;
-  std::vector<fs::path> generation;
-  for (const auto& f : source.hf_side_files)
-    if (f.filename() == "generation_config.json") generation.push_back(f);
-  if (generation.empty() && source.kind == ModelSource::Kind::hf_dir &&
-      fs::is_regular_file(source.path / "config.json"))
-    generation.push_back(source.path / "config.json");
-  for (const auto& f : generation) {
-    const auto j = parse_json_object(read_file(f), cat("'", f.string(), "'"));
-    if (j.contains("eos_token_id")) {
-      const auto& e = j["eos_token_id"];
-      if (e.is_number_unsigned()) ids.insert(e.get<uint32_t>());
-      if (e.is_array())
-        for (const auto& v : e)
-          if (v.is_number_unsigned()) ids.insert(v.get<uint32_t>());
-    }
+  std::vector<uint32_t> ids;
+  const auto add = [&](uint32_t id) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+  };
+  const nlohmann::json j = generation_config(source);
+  if (j.contains("eos_token_id")) {
+    const auto& e = j["eos_token_id"];
+    if (e.is_number_unsigned()) add(e.get<uint32_t>());
+    if (e.is_array())
+      for (const auto& v : e)
+        if (v.is_number_unsigned()) add(v.get<uint32_t>());
   }
   for (const auto& t : tok.added_tokens()) {
     if (t.special &&
         (t.content == "<|endoftext|>" || t.content == "</s>" || t.content == "<|eot_id|>" ||
          t.content == "<|im_end|>" || t.content == "<|end_of_text|>"))
-      ids.insert(t.id);
+      add(t.id);
   }
-  return {ids.begin(), ids.end()};
+  return ids;
+}
+
+std::optional<uint32_t> model_bos_id(const ModelSource& source) {
+  const nlohmann::json j = generation_config(source);
+  if (j.contains("bos_token_id") && j["bos_token_id"].is_number_unsigned())
+    return j["bos_token_id"].get<uint32_t>();
+  return std::nullopt;
 }
 
 }  // namespace pollen::io

@@ -52,8 +52,11 @@ std::optional<std::string> model_chat_template(const ModelSource& source,
 // The ids that end a generation from the model (what generate, chat, serve and GRPO stop at):
 // generation_config.json's eos_token_id when the model has one (else config.json's, from which HF
 // derives the generation config), and the tokenizer's usual end tokens (<|endoftext|>, </s>,
-// <|eot_id|>, <|im_end|>, <|end_of_text|>). Ascending.
+// <|eot_id|>, <|im_end|>, <|end_of_text|>): the configured ones first, in their order.
 std::vector<uint32_t> model_stop_tokens(const ModelSource& source, const tokenizer::Tokenizer& tok);
+// The bos_token_id of the same files (generation_config.json, else an HF directory's
+// config.json); none when they name none.
+std::optional<uint32_t> model_bos_id(const ModelSource& source);
 
 // `spec` as a run keeps using it: a run folder stands for its newest checkpoint, which moves on
 // while that run trains, so it becomes that checkpoint's absolute path (`source`: `spec`

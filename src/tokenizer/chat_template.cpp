@@ -323,7 +323,14 @@ ChatFormat recognise_chat_template(std::string_view jinja, std::string_view sour
        "running Jinja); pass --chat-template chatml or --chat-template llama3 to choose one");
 }
 
+std::filesystem::path chat_template_file(const std::filesystem::path& tokenizer_config) {
+  return tokenizer_config.parent_path() / "chat_template.jinja";
+}
+
 std::optional<std::string> chat_template_text(const std::filesystem::path& tokenizer_config) {
+  const std::filesystem::path jinja = chat_template_file(tokenizer_config);
+  if (std::filesystem::is_regular_file(jinja)) return read_file(jinja);
+  if (!std::filesystem::exists(tokenizer_config)) return std::nullopt;
   const std::string source = tokenizer_config.string();
   nlohmann::json config;
   const std::string text = read_file(tokenizer_config);
@@ -351,8 +358,11 @@ std::optional<std::string> chat_template_text(const std::filesystem::path& token
 ChatFormat chat_format_from_config(const std::filesystem::path& tokenizer_config) {
   const std::optional<std::string> jinja = chat_template_text(tokenizer_config);
   POLLEN_CHECK(jinja.has_value(), tokenizer_config.string(),
-               ": has no 'chat_template'; pass --chat-template chatml or --chat-template llama3");
-  return recognise_chat_template(*jinja, tokenizer_config.string());
+               ": has no 'chat_template' (and no chat_template.jinja is beside it); pass "
+               "--chat-template chatml or --chat-template llama3");
+  const std::filesystem::path file = chat_template_file(tokenizer_config);
+  return recognise_chat_template(
+      *jinja, (std::filesystem::is_regular_file(file) ? file : tokenizer_config).string());
 }
 
 ChatFormat choose_chat_format(const std::filesystem::path& model_dir,
@@ -360,7 +370,9 @@ ChatFormat choose_chat_format(const std::filesystem::path& model_dir,
   if (!explicit_name.empty()) return {chat_template_named(explicit_name), std::nullopt};
   const std::filesystem::path config = model_dir / "tokenizer_config.json";
   // model_dir is empty for a tokenizer file named without a folder: the current one.
-  POLLEN_CHECK(std::filesystem::exists(config), "no tokenizer_config.json in '",
+  POLLEN_CHECK(std::filesystem::exists(config) ||
+                   std::filesystem::is_regular_file(chat_template_file(config)),
+               "no tokenizer_config.json or chat_template.jinja in '",
                model_dir.empty() ? std::string(".") : model_dir.string(),
                "' names a chat template; pass --chat-template chatml or --chat-template llama3");
   return chat_format_from_config(config);

@@ -69,10 +69,14 @@ std::string_view chat_template_name(ChatTemplate t);
 // string literals are escaped do not matter); `source` names it in errors.
 ChatFormat recognise_chat_template(std::string_view jinja, std::string_view source);
 
-// The Jinja text of tokenizer_config.json's "chat_template" (a string, or a list of
-// {name, template} of which "default" is taken); nothing when it has none.
+// chat_template.jinja beside tokenizer_config.json, where transformers' save_pretrained writes
+// the template (and from where it reads it first).
+std::filesystem::path chat_template_file(const std::filesystem::path& tokenizer_config);
+// The Jinja text of chat_template.jinja beside tokenizer_config.json, else of the config's
+// "chat_template" (a string, or a list of {name, template} of which "default" is taken);
+// nothing when neither holds one (or neither file exists).
 std::optional<std::string> chat_template_text(const std::filesystem::path& tokenizer_config);
-// The template tokenizer_config.json names, recognised.
+// The template chat_template.jinja or tokenizer_config.json holds, recognised.
 ChatFormat chat_format_from_config(const std::filesystem::path& tokenizer_config);
 
 // The format for a model directory: `explicit_name` ("chatml" or "llama3") when given, otherwise

@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -397,12 +398,37 @@ TEST(Gguf, ChatTemplateGoesWithTheModel) {
   EXPECT_EQ(io::model_chat_template(named).value_or(""),
             tokenizer::chat_template_jinja(tokenizer::ChatTemplate::chatml));
   EXPECT_FALSE(io::model_chat_template(io::resolve_model("llama-tiny")).has_value());
+  // Where transformers' save_pretrained now writes it: chat_template.jinja, carried by export.
+  fs::copy(dir / "hf", dir / "jinja", fs::copy_options::recursive);
+  write_file_atomic(dir / "jinja" / "tokenizer_config.json", "{}");
+  write_file_atomic(dir / "jinja" / "chat_template.jinja", jinja);
+  const io::ModelSource from_file = io::resolve_model((dir / "jinja").string());
+  EXPECT_EQ(io::model_chat_template(from_file).value_or(""), jinja);
+  EXPECT_TRUE(std::any_of(from_file.hf_side_files.begin(), from_file.hf_side_files.end(),
+                          [](const fs::path& f) { return f.filename() == "chat_template.jinja"; }));
 
   if (!gguf_available()) GTEST_SKIP() << "gguf not importable by " << POLLEN_PEERS_PYTHON;
   io::GgufExportOptions o;
   o.chat_template = io::model_chat_template(src);
   io::export_gguf(m, tok, dir / "chat.gguf", o);
   EXPECT_EQ(read_back(dir / "chat.gguf")["fields"]["tokenizer.chat_template"], jinja);
+  fs::remove_all(dir);
+}
+
+// An export replaces an earlier GGUF file only: a model's weights or any other file at the
+// output path is refused and left as it was.
+TEST(Gguf, AnExportDoesNotOverwriteAFileThatIsNotGguf) {
+  const fs::path dir = temp_dir() / "overwrite";
+  fs::create_directories(dir);
+  const tokenizer::Tokenizer tok = small_tokenizer();
+  const model::Llama m = random_model(tok.vocab_size(), false, false);
+  write_file_atomic(dir / "notes.txt", "notes\n");
+  const std::string e =
+      pollen::testing::error_of([&] { io::export_gguf(m, tok, dir / "notes.txt", {}); });
+  EXPECT_NE(e.find("exists and is not a GGUF file"), std::string::npos) << e;
+  EXPECT_EQ(read_file(dir / "notes.txt"), "notes\n");
+  io::export_gguf(m, tok, dir / "m.gguf", {});
+  EXPECT_NO_THROW(io::export_gguf(m, tok, dir / "m.gguf", {}));  // an earlier export
   fs::remove_all(dir);
 }
 

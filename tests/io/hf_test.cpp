@@ -19,6 +19,7 @@
 #include "support/errors.h"
 #include "support/file_size_limit.h"
 #include "support/tiny_lm.h"
+#include "tokenizer/hf_format.h"
 #include "tokenizer/open.h"
 
 namespace fs = std::filesystem;
@@ -861,10 +862,78 @@ TEST(HfExport, ATokenizerCanBeGivenForAModelWithoutOne) {
     if (t.content == "<|endoftext|>") eot = t.id;
   EXPECT_EQ(json::parse(read_file(out / "config.json"))["eos_token_id"], eot);
   EXPECT_EQ(json::parse(read_file(out / "tokenizer_config.json"))["eos_token"], "<|endoftext|>");
+  // A tokenizer with ids past the model's vocabulary is another model's; a rank file holds
+  // neither its pattern nor its special tokens: both refused, saying so.
+  json bigger = json::parse(read_file(root / "given.json"));
+  bigger["added_tokens"].push_back({{"id", tok.vocab_size()},
+                                    {"content", "<|extra|>"},
+                                    {"single_word", false},
+                                    {"lstrip", false},
+                                    {"rstrip", false},
+                                    {"normalized", false},
+                                    {"special", true}});
+  write_file_atomic(root / "bigger.json", bigger.dump());
+  EXPECT_FALSE(exports_hf(ckpt, out, root, "--tokenizer " + (root / "bigger.json").string()));
+  EXPECT_NE(read_file(root / "export.log")
+                .find(cat(tok.vocab_size() + 1, " ids, more than the model's vocabulary of ",
+                          tok.vocab_size())),
+            std::string::npos)
+      << read_file(root / "export.log");
+  tokenizer::save_tokenizer(tok, root / "given.tiktoken");
+  EXPECT_FALSE(exports_hf(ckpt, out, root, "--tokenizer " + (root / "given.tiktoken").string()));
+  EXPECT_NE(read_file(root / "export.log").find("expected a tokenizer.json"), std::string::npos)
+      << read_file(root / "export.log");
+  EXPECT_EQ(read_file(out / "tokenizer.json"), read_file(root / "given.json"));  // kept
   // A model with a tokenizer of its own keeps it.
   tokenizer::save_tokenizer(tok, ckpt / "tokenizer.json");
   EXPECT_FALSE(exports_hf(ckpt, out, root, "--tokenizer " + (root / "given.json").string()));
   EXPECT_NE(read_file(root / "export.log").find("has its own tokenizer"), std::string::npos);
+  fs::remove_all(root);
+}
+
+// An HF directory without tokenizer_config.json or generation_config.json: its export keeps the
+// BOS and EOS its config.json names (transformers would take LlamaConfig's 1 and 2 without them).
+TEST(HfExport, AnHfDirectorysOwnBosAndEosAreKept) {
+  const fs::path root = temp_dir("export_config_ids");
+  const tokenizer::Tokenizer tok = pollen::testing::tiny_tokenizer();
+  uint32_t im_start = 0, im_end = 0;
+  for (const auto& t : tok.added_tokens()) {
+    if (t.content == "<|im_start|>") im_start = t.id;
+    if (t.content == "<|im_end|>") im_end = t.id;
+  }
+  model::LlamaConfig c = small(false, false);
+  c.vocab_size = tok.vocab_size();
+  io::HfExportOptions o;
+  o.tokenizer_json = tokenizer::hf_json_text(tok);
+  o.bos_token_id = im_start;
+  o.eos_token_id = im_end;
+  io::export_hf(model::Llama(c, 7), root / "src", o);
+  fs::remove(root / "src" / "generation_config.json");
+  ASSERT_FALSE(fs::exists(root / "src" / "tokenizer_config.json"));
+  ASSERT_TRUE(exports_hf(root / "src", root / "out", root));
+  const json config = json::parse(read_file(root / "out" / "config.json"));
+  EXPECT_EQ(config["bos_token_id"], im_start);
+  EXPECT_EQ(config["eos_token_id"], im_end);
+  fs::remove_all(root);
+}
+
+// A checkpoint without a tokenizer of its own takes the one beside its data manifest only while
+// it is the one the manifest records: a file replaced since would decode unlike the data.
+TEST(ModelSource, ATokenizerBesideTheDataMustBeTheManifests) {
+  const fs::path root = temp_dir("manifest_tokenizer");
+  const tokenizer::Tokenizer tok = pollen::testing::tiny_tokenizer();
+  fs::create_directories(root / "data");
+  tokenizer::save_tokenizer(tok, root / "data" / "tokenizer.json");
+  const fs::path ckpt = small_checkpoint(
+      root, tok,
+      cat("\n[data]\nmanifests = ['", (root / "data" / "manifest.json").string(), "']\n"));
+  for (const bool same : {true, false}) {
+    const json manifest{
+        {"tokenizer", {{"fingerprint", same ? tok.fingerprint() : std::string(64, 'a')}}}};
+    write_file_atomic(root / "data" / "manifest.json", manifest.dump());
+    const io::ModelSource src = io::resolve_model(ckpt.string());
+    EXPECT_EQ(src.tokenizer.has_value(), same);
+  }
   fs::remove_all(root);
 }
 

@@ -113,8 +113,13 @@ TEST(ChatTemplate, RefusesTemplatesItCannotRender) {
   EXPECT_NE(error_of([&] { choose_chat_format(dir, ""); }).find("--chat-template"),
             std::string::npos);
   EXPECT_EQ(error_of([&] { choose_chat_format(dir, ""); }),
-            "no tokenizer_config.json in '" + dir.string() +
+            "no tokenizer_config.json or chat_template.jinja in '" + dir.string() +
                 "' names a chat template; pass --chat-template chatml or --chat-template llama3");
+  // transformers' newer place for it: chat_template.jinja, read alone or before the config's.
+  write_file_atomic(dir / "chat_template.jinja",
+                    std::string(chat_template_jinja(ChatTemplate::chatml)));
+  EXPECT_EQ(choose_chat_format(dir, "").kind, ChatTemplate::chatml);
+  fs::remove(dir / "chat_template.jinja");
   write_file_atomic(dir / "tokenizer_config.json", R"({"bos_token": "<s>"})");
   EXPECT_NE(error_of([&] { choose_chat_format(dir, ""); }).find("has no 'chat_template'"),
             std::string::npos);

@@ -9,10 +9,13 @@
 
 #include "base/files.h"
 #include "io/checkpoint.h"
+#include "io/hf.h"
 #include "io/model_source.h"
 #include "io/peft.h"
 #include "io/safetensors.h"
 #include "support/errors.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/open.h"
 #include "train/post_config.h"
 #include "train/post_fixtures.h"
 #include "train/post_run.h"
@@ -332,3 +335,43 @@ TEST(PostLora, RunFileKeysAreCheckedAndResolved) {
 }
 
 }  // namespace
+
+// A LoRA fine-tune with its own chat template on an HF base whose configs name another end of
+// text: the export carries the run's template and end of turn, not the base's configs.
+TEST(PostLora, AnExportOfARunOnAnHfBaseCarriesTheRunsTemplateAndEndOfTurn) {
+  const fs::path dir = test_support::post_temp_dir("lora-hf-base");
+  const auto& fx = fixture();
+  const tokenizer::Tokenizer tok = tokenizer::open_tokenizer(fx.tokenizer_path, "");
+  const auto id_of = [&](const std::string& content) {
+    for (const auto& t : tok.added_tokens())
+      if (t.content == content) return t.id;
+    ADD_FAILURE() << content;
+    return uint32_t{0};
+  };
+  io::HfExportOptions o;
+  o.tokenizer_json = read_file(fx.tokenizer_path);
+  o.eos_token_id = id_of("<|endoftext|>");
+  o.tokenizer_config = {{"eos_token", "<|endoftext|>"}};  // no chat template
+  io::export_hf(load_base(), dir / "hf", o);
+  std::string text = lora_toml(dir / "run", 2);
+  const std::string base = "base = \"" + fx.model_file.string() + "\"";
+  ASSERT_NE(text.find(base), std::string::npos);
+  text.replace(text.find(base), base.size(), "base = \"" + (dir / "hf").string() + "\"");
+  ASSERT_EQ(run(text, false).status, train::RunStatus::finished);
+
+  ASSERT_EQ(
+      std::system(cat(POLLEN_BINARY, " export hf --model ", (dir / "run").string(), " --output ",
+                      (dir / "export").string(), " > ", (dir / "export.log").string(), " 2>&1")
+                      .c_str()),
+      0)
+      << read_file(dir / "export.log");
+  const auto config = nlohmann::json::parse(read_file(dir / "export" / "tokenizer_config.json"));
+  EXPECT_EQ(config.value("chat_template", ""),
+            tokenizer::chat_template_jinja(tokenizer::ChatTemplate::chatml));
+  EXPECT_EQ(config.value("eos_token", ""), "<|im_end|>");
+  const auto generation =
+      nlohmann::json::parse(read_file(dir / "export" / "generation_config.json"));
+  ASSERT_TRUE(generation["eos_token_id"].is_array()) << generation.dump();
+  EXPECT_EQ(generation["eos_token_id"][0], id_of("<|im_end|>"));
+  fs::remove_all(dir);
+}
