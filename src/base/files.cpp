@@ -64,6 +64,15 @@ bool is_special_file(const std::filesystem::path& path) {
   return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
 }
 
+void check_writable(const std::string& path, const std::string& option) {
+  namespace fs = std::filesystem;
+  if (path.empty() || is_special_file(path)) return;
+  const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : ".";
+  POLLEN_CHECK(!fs::is_directory(path), option, " '", path, "' is a folder; give a file name");
+  POLLEN_CHECK(fs::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, option, " '", path,
+               "': its folder '", parent.string(), "' does not exist or cannot be written");
+}
+
 namespace {
 
 // Where a write to `path` lands, its links followed: a descriptor of this process (/dev/stdout,

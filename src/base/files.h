@@ -15,6 +15,11 @@ std::string read_file(const std::filesystem::path& path);
 // into in place, never to replace.
 bool is_special_file(const std::filesystem::path& path);
 
+// Refuses, before the work whose result it is to hold, an output path that could not be written
+// once that work is done (a folder, a folder that does not exist or cannot be written), naming
+// `option` (--output). A special file (/dev/stdout, a FIFO) passes: it is written in place.
+void check_writable(const std::string& path, const std::string& option);
+
 // Writes `data` to `path` atomically: readers see the old file or the whole new one.
 // `mode`: the permissions the file is created with (before the umask), from its first byte.
 // A special file (/dev/stdout, a FIFO) is written in place instead.

@@ -3,7 +3,6 @@
 // checkpoint of a run) and `pollen score --model M --input FILE --output F.jsonl`: wiring only;
 // the scoring is eval/perplexity (token shards, batched), eval/rolling (raw text, rolling
 // windows), eval/multiple_choice (tasks) and train/run_eval (a run's checkpoints).
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -15,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/files.h"
 #include "base/json_depth.h"
 #include "base/log.h"
 #include "base/thread_pool.h"
@@ -88,16 +88,6 @@ struct TaskArgs {
   int64_t fewshot = 0;
   uint64_t seed = 1234;
 };
-
-// Refuses, before any scoring, an output path that could not be written once it is done.
-void check_writable(const std::string& path, const std::string& option) {
-  namespace fs = std::filesystem;
-  if (path.empty() || is_special_file(path)) return;  // /dev/stdout, a FIFO: written in place
-  const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : ".";
-  POLLEN_CHECK(!fs::is_directory(path), option, " '", path, "' is a folder; give a file name");
-  POLLEN_CHECK(fs::is_directory(parent) && ::access(parent.c_str(), W_OK) == 0, option, " '", path,
-               "': its folder '", parent.string(), "' does not exist or cannot be written");
-}
 
 // An option given for a mode other than the one run would be ignored: refused instead, naming the
 // modes it serves.

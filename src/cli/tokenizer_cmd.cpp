@@ -130,6 +130,7 @@ void add_train(CLI::App* parent) {
     POLLEN_CHECK(!a->inputs.empty() || !a->counts.empty(),
                  "tokenizer train: give --input files or --counts files");
     tk::check_special_tokens(a->specials, a->vocab_size, "--special");  // before the counting
+    check_writable(a->output, "--output");
     for (size_t i = 0; i < a->counts.size(); ++i)
       for (size_t j = 0; j < i; ++j)
         POLLEN_CHECK(!std::filesystem::equivalent(a->counts[i], a->counts[j]), "--counts: '",
@@ -193,6 +194,7 @@ void add_count(CLI::App* parent) {
   cmd->add_option("--threads", a->threads, "Threads (default: all)");
   cmd->callback([a, seed_option] {
     if (a->threads > 0) set_num_threads(a->threads);
+    check_writable(a->output, "--output");  // before the counting
     tk::PieceCounts counts(tk::pattern_regex(a->pattern));
     for (const std::string& input : a->inputs) counts.add_file(input, a->jsonl, a->field);
     const size_t before = counts.distinct();
@@ -236,6 +238,7 @@ void add_encode(CLI::App* parent) {
   cmd->add_option("--threads", a->threads, "Threads (default: all)");
   cmd->callback([a] {
     if (a->threads > 0) set_num_threads(a->threads);
+    if (a->output != "-") check_writable(a->output, "--output");
     tk::Tokenizer tok = open(a->tok);
     tk::EncodeOptions options{special_policy(a->special), a->bos_eos};
     const bool binary = a->output.ends_with(".bin");
@@ -289,6 +292,7 @@ void add_decode(CLI::App* parent) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--output", a->output, "Text file, or - for stdout")->capture_default_str();
   cmd->callback([a] {
+    if (a->output != "-") check_writable(a->output, "--output");
     tk::Tokenizer tok = open(a->tok);
     std::string data = read_file(a->input), text;
     const uint64_t vocab = tok.vocab_size();
@@ -374,6 +378,7 @@ void add_convert(CLI::App* parent) {
   cmd->add_option("--output", a->output, "tokenizer.json, or any other name for a rank file")
       ->required();
   cmd->callback([a] {
+    check_writable(a->output, "--output");
     tk::Tokenizer tok = open(a->tok);
     tk::save_tokenizer(tok, a->output);
     warn_specials_left_out(tok, a->output, "convert");

@@ -261,6 +261,29 @@ TEST(TrainerCounts, EncodeAndDecodeFailWhenTheirOutputCannotBeWritten) {
   fs::remove_all(dir);
 }
 
+// An --output that could not be written is refused before the training or counting whose
+// result it was to hold, naming the option and the folder.
+TEST(TrainerCounts, AnOutputThatCannotBeWrittenIsRefusedBeforeTheWork) {
+  const fs::path dir = testing::temp_dir("output_first");
+  write_file_atomic(dir / "text.txt", "some text and more text\n");
+  const std::string nowhere = (dir / "nodir" / "out.json").string();
+  for (const std::string command : {"train --vocab-size 270", "count"}) {
+    int status = 0;
+    const std::string said = pollen::testing::run_capture(
+        cat(POLLEN_BINARY, " tokenizer ", command, " --input ", (dir / "text.txt").string(),
+            " --output ", nowhere, " 2>&1"),
+        &status);
+    EXPECT_NE(status, 0) << command;
+    EXPECT_NE(said.find(cat("--output '", nowhere, "': its folder '", (dir / "nodir").string(),
+                            "' does not exist")),
+              std::string::npos)
+        << said;
+    EXPECT_EQ(said.find("merges"), std::string::npos) << said;
+    EXPECT_EQ(said.find("counted"), std::string::npos) << said;
+  }
+  fs::remove_all(dir);
+}
+
 // A text line's document is without its line break, "\n" or a Windows "\r\n" (whose '\r'
 // would otherwise be encoded as a token); training keeps the line break whole, as HF does.
 TEST(TrainerCounts, TextDocumentsLeaveOutCrlfLineBreaks) {
