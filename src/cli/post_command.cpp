@@ -12,6 +12,7 @@
 #include "cli/commands.h"
 #include "cli/run_job.h"
 #include "dist/communicator.h"
+#include "dist/same_inputs.h"
 
 namespace pollen::cli {
 
@@ -51,7 +52,10 @@ void add_post_run_options(CLI::App* cmd, const std::string& objective,
     o.comm = comm.get();
     const char* fault = std::getenv("POLLEN_FAULT_INJECT");
     o.fault = train::parse_fault_injection(fault ? fault : "");
-    run_as_job(*comm, [&]() -> train::RunResult { return run(cfg, o); });
+    run_as_job(*comm, [&]() -> train::RunResult {
+      dist::check_ranks_run_the_same(*comm, {*config, *sets, {}});
+      return run(cfg, o);
+    });
   });
 }
 

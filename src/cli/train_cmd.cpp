@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/run_job.h"
 #include "dist/communicator.h"
+#include "dist/same_inputs.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -56,7 +57,12 @@ void add_train_command(CLI::App& app) {
     o.comm = comm.get();
     const char* fault = std::getenv("POLLEN_FAULT_INJECT");
     o.fault = train::parse_fault_injection(fault ? fault : "");
-    run_as_job(*comm, [&] { return train::run_training(cfg, o); });
+    std::vector<std::filesystem::path> data(cfg.manifests.begin(), cfg.manifests.end());
+    data.insert(data.end(), cfg.validation_manifests.begin(), cfg.validation_manifests.end());
+    run_as_job(*comm, [&] {
+      dist::check_ranks_run_the_same(*comm, {*config, *sets, data});
+      return train::run_training(cfg, o);
+    });
   });
 }
 

@@ -19,6 +19,7 @@
 #include "dist/launch.h"
 #include "dist/nccl.h"
 #include "dist/nccl_communicator.h"
+#include "dist/same_inputs.h"
 #include "dist/topology.h"
 #include "dist/zero_adamw.h"
 #include "io/checkpoint.h"
@@ -779,6 +780,37 @@ TEST(DataParallel, ARunWithTheDefaultBatchResumesOnMoreRanksAsTheErrorSays) {
       train(2, d / "run.toml", "--resume --set train.micro_batch=2 --set train.batch_tokens=64");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_EQ(train_losses(d / "run").size(), 4u);
+}
+
+TEST(SameInputs, TheFirstDifferingLineIsNamed) {
+  EXPECT_EQ(dist::first_difference("a\nb\n", "a\nb\n", 1), "");
+  EXPECT_EQ(dist::first_difference("a\nseed = 7\nc\n", "a\nseed = 8\nc\n", 2),
+            "line 2: rank 0 has 'seed = 7', rank 2 has 'seed = 8'");
+  EXPECT_EQ(dist::first_difference("a\n", "a\n--set x=1\n", 1),
+            "line 2: rank 0 has nothing, rank 1 has '--set x=1'");
+}
+
+// A rank that runs another run file than rank 0 (a stale copy on its node) ends the job before
+// its first step, naming the line that differs, instead of training another model unseen.
+TEST(DataParallel, ARankWithAnotherRunFileEndsTheJobNamingTheLine) {
+  const fs::path d = temp_dir("other_run_file");
+  const fs::path config = write_run(d, 4);
+  std::string text = read_file(config);
+  ASSERT_NE(text.find("seed = 7"), std::string::npos);
+  text.replace(text.find("seed = 7"), 8, "seed = 8");
+  write_file_atomic(d / "stale.toml", text);
+  std::string cmd = "mpirun --oversubscribe --bind-to none ";
+  if (geteuid() == 0) cmd += "--allow-run-as-root ";
+  cmd += cat("-np 1 ", POLLEN_BINARY, " train --config ", config.string(), " : -np 1 ",
+             POLLEN_BINARY, " train --config ", (d / "stale.toml").string(), " 2>&1");
+  int status = 0;
+  const std::string out = pollen::testing::run_capture(cmd, &status);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("rank 1 runs another run file, --set values or data than rank 0"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("rank 0 has 'seed = 7', rank 1 has 'seed = 8'"), std::string::npos) << out;
+  EXPECT_TRUE(io::list_checkpoints(d / "run" / "checkpoints").empty());
 }
 
 TEST(DataParallel, HungRankIsNamedWithExitCodeFourAndResumeFinishesTheRun) {

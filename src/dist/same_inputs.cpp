@@ -1,0 +1,73 @@
+#include "dist/same_inputs.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/files.h"
+#include "base/hash.h"
+
+namespace pollen::dist {
+
+std::string rank_inputs_text(const RankInputs& inputs) {
+  std::string text = read_file(inputs.run_file);
+  if (!text.empty() && text.back() != '\n') text += '\n';
+  for (const std::string& set : inputs.sets) text += cat("--set ", set, "\n");
+  for (size_t i = 0; i < inputs.data_files.size(); ++i)
+    text += cat("data file ", i + 1, " of ", inputs.data_files.size(), ", SHA-256 ",
+                sha256_file(inputs.data_files[i]), "\n");
+  return text;
+}
+
+std::string first_difference(const std::string& root, const std::string& mine, int rank) {
+  if (root == mine) return {};
+  std::istringstream a(root), b(mine);
+  std::string x, y;
+  for (int line = 1;; ++line) {
+    const bool more_a = static_cast<bool>(std::getline(a, x));
+    const bool more_b = static_cast<bool>(std::getline(b, y));
+    if (!more_a && !more_b) return cat("line ", line, ": the texts differ in their line ends");
+    if (more_a && more_b && x == y) continue;
+    const auto shown = [](bool more, const std::string& s) {
+      return more ? cat("'", s.substr(0, 200), "'") : std::string("nothing");
+    };
+    return cat("line ", line, ": rank 0 has ", shown(more_a, x), ", rank ", rank, " has ",
+               shown(more_b, y));
+  }
+}
+
+namespace {
+
+// Rank 0's `text`, sent to every rank as 8 bytes per value.
+std::string broadcast_text(Communicator& comm, const std::string& text) {
+  int64_t size[1] = {static_cast<int64_t>(text.size())};
+  comm.broadcast(size, 0, "the size of rank 0's run file and data");
+  std::vector<int64_t> packed(static_cast<size_t>((size[0] + 7) / 8), 0);
+  if (comm.rank() == 0) std::memcpy(packed.data(), text.data(), text.size());
+  comm.broadcast(packed, 0, "rank 0's run file and data");
+  std::string out(static_cast<size_t>(size[0]), '\0');
+  std::memcpy(out.data(), packed.data(), out.size());
+  return out;
+}
+
+}  // namespace
+
+void check_ranks_run_the_same(Communicator& comm, const RankInputs& inputs) {
+  if (comm.world() == 1) return;
+  const std::string mine = rank_inputs_text(inputs);
+  const std::string difference = first_difference(broadcast_text(comm, mine), mine, comm.rank());
+  std::vector<double> differs(static_cast<size_t>(comm.world()), 0.0);
+  differs[static_cast<size_t>(comm.rank())] = difference.empty() ? 0.0 : 1.0;
+  comm.all_reduce_sum(differs, "whether the ranks run the same run file and data");
+  std::string ranks;
+  for (int r = 0; r < comm.world(); ++r)
+    if (differs[static_cast<size_t>(r)] != 0) ranks += cat(ranks.empty() ? "" : ", ", r);
+  if (ranks.empty()) return;
+  POLLEN_CHECK(difference.empty(), "rank ", comm.rank(), " runs another run file, --set values or ",
+               "data than rank 0 (", inputs.run_file.string(), ", ", difference,
+               "): every rank must run the same (a stale copy on one node?)");
+  fail("rank(s) ", ranks, " run another run file, --set values or data than rank 0 (each names ",
+       "what differs); every rank must run the same");
+}
+
+}  // namespace pollen::dist

@@ -1,0 +1,33 @@
+#pragma once
+// Every rank of a job must run the same run file (and --set values) on the same data: a node
+// with a stale copy of either would train another model than the others while the job reports
+// one, or fail in a collective with an error that names neither.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "dist/communicator.h"
+
+namespace pollen::dist {
+
+// What a rank runs: its run file's text with the --set values after it, and the data files it
+// reads (their contents count, not their paths: nodes may mount the data elsewhere).
+struct RankInputs {
+  std::filesystem::path run_file;
+  std::vector<std::string> sets;
+  std::vector<std::filesystem::path> data_files;
+};
+
+// The text the ranks compare: the run file, each --set, and each data file's SHA-256.
+std::string rank_inputs_text(const RankInputs& inputs);
+
+// The first line where `mine` differs from `root`'s, as "line N: rank 0 has '...', rank R has
+// '...'"; empty when they are the same.
+std::string first_difference(const std::string& root, const std::string& mine, int rank);
+
+// A collective: rank 0 sends its inputs' text to the others, and every rank fails (so that the
+// job ends with exit 1 before its first step) when any differs, the rank that differs naming the
+// first line that does.
+void check_ranks_run_the_same(Communicator& comm, const RankInputs& inputs);
+
+}  // namespace pollen::dist
