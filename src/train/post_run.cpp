@@ -36,6 +36,29 @@ void add_scalars(RunMetrics& out, const std::string& prefix, const std::string& 
     if (v.is_number()) out.scalar(prefix + name + "/" + k, v.get<double>(), step, wall);
 }
 
+// An objective section's keys without sft.micro_batch and sft.accumulation, and a step's rows
+// (their product; 4 x 1 when unset): a resume may group the same rows into other micro-batches,
+// as a world size that does not divide the accumulation needs. The gradient, that of the mean
+// over the step's scored tokens, stays the same to float rounding.
+struct StepRows {
+  std::vector<std::pair<std::string, std::string>> other_keys;
+  int64_t micro_batch = 4, accumulation = 1;
+  int64_t rows() const { return micro_batch * accumulation; }
+};
+StepRows step_rows(const std::vector<std::pair<std::string, std::string>>& keys) {
+  StepRows s;
+  for (const auto& [key, value] : keys) {
+    if (key == "sft.micro_batch") {
+      s.micro_batch = std::stoll(value);
+    } else if (key == "sft.accumulation") {
+      s.accumulation = std::stoll(value);
+    } else {
+      s.other_keys.emplace_back(key, value);
+    }
+  }
+  return s;
+}
+
 std::string describe_keys(const std::vector<std::pair<std::string, std::string>>& keys) {
   std::string s;
   for (const auto& [k, v] : keys) s += (s.empty() ? "" : ", ") + k + " = " + v;
@@ -203,11 +226,22 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     POLLEN_CHECK(saved->architecture.has_value(), "'", file.string(), "' has no architecture");
     // Runs of an older pollen did not record the chat template.
     if (saved->chat_template.empty()) saved->chat_template = resolved.chat_template;
+    // The objective's section may not change, a key added or removed included, but for the
+    // same rows of a step grouped into other micro-batches.
+    const StepRows before = step_rows(saved->objective_keys), now = step_rows(cfg.objective_keys);
+    if (saved->objective_keys != cfg.objective_keys && before.other_keys == now.other_keys &&
+        before.rows() == now.rows()) {
+      log::warn("resume: sft.micro_batch x sft.accumulation (", before.micro_batch, " x ",
+                before.accumulation, " -> ", now.micro_batch, " x ", now.accumulation,
+                "): a step's ", now.rows(),
+                " rows grouped into other micro-batches, the same training to float rounding ",
+                "(but for other [lora] dropout masks)");
+      saved->objective_keys = cfg.objective_keys;
+    }
     for (const auto& w :
          check_resume_compatible(saved->flat(*saved->architecture), resolved.flat(arch),
                                  "docs/posttraining.md, 'Checkpoints and resuming'"))
       log::warn("resume: ", w);
-    // The objective's section may not change at all: a key added or removed counts too.
     POLLEN_CHECK(saved->objective_keys == cfg.objective_keys, "cannot resume: [", cfg.objective,
                  "] differs from the checkpoint's (", describe_keys(saved->objective_keys), " -> ",
                  describe_keys(cfg.objective_keys),

@@ -142,6 +142,25 @@ TEST(SftRanks, TwoRanksTrainAsOneProcessAndResumeAsOne) {
   expect_close(values(dir / "two", "val_loss"), values(dir / "one", "val_loss"),
                "held-out loss, resumed by 1 process");
 
+  // Its step-4 checkpoint resumed with the step's 8 rows as 2 micro-batches of 4 (as a world
+  // size that does not divide sft.accumulation needs): taken, the same examples per step; a
+  // step of other rows is refused.
+  for (const auto& c : io::list_checkpoints(dir / "two/checkpoints"))
+    if (io::checkpoint_step(c) > 4) fs::remove_all(c);
+  fs::remove(dir / "two/summary.json");
+  EXPECT_EQ(sft(2, dir / "two", "--resume --set sft.accumulation=2", &out), 1) << out;
+  EXPECT_NE(out.find("may not change in a resumed run: sft.accumulation (4 -> 2)"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(sft(2, dir / "two", "--resume --set sft.accumulation=2 --set sft.micro_batch=4", &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("sft.micro_batch x sft.accumulation (2 x 4 -> 4 x 2)"), std::string::npos)
+      << out;
+  EXPECT_EQ(records(dir / "two", "loss").back()["sft/scored"],
+            records(dir / "one", "loss").back()["sft/scored"]);
+  EXPECT_EQ(values(dir / "two", "loss").size(), 6u);
+
   // Three ranks cannot share 4 micro-batches evenly: refused naming the key.
   EXPECT_EQ(sft(3, dir / "three", "", &out), 1) << out;
   EXPECT_NE(out.find("sft.accumulation (4) is not a multiple of the job's 3 ranks"),
