@@ -229,6 +229,9 @@ RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,
                                         saved->at("tensorboard_bytes").get<uint64_t>(), step + 1);
   } else {
     if (step == 0) fs::remove_all(tb_dir);  // a fresh run: no stale curves
+    if (!tb_file.empty())
+      log::warn("'", (tb_dir / tb_file).string(), "' is missing: going on with a new file (this ",
+                "run's TensorBoard curves before step ", step + 1, " are gone)");
     fs::create_directories(tb_dir);
     m.tb = obs::EventFileWriter::create(tb_dir, step + 1);
   }

@@ -449,6 +449,16 @@ TEST(Trainer, AResumeWithoutEvaluationReportsTheValidationLossesStep) {
   summary = nlohmann::json::parse(read_file(base / "run" / "summary.json"));
   EXPECT_EQ(summary["step"], 6);
   EXPECT_EQ(summary["val_loss_step"], 4);
+  // Its TensorBoard file gone, a resume says so, as for a missing metrics.jsonl.
+  fs::remove_all(base / "run" / "tensorboard");
+  ::testing::internal::CaptureStderr();
+  r = train_quiet(tiny(base / "run", 8, {"eval.batches=0"}), true);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
+  EXPECT_NE(said.find("is missing: going on with a new file (this run's TensorBoard curves "
+                      "before step 7 are gone)"),
+            std::string::npos)
+      << said;
 }
 
 TEST(Trainer, ResumeIsBitwiseAndSkipsACorruptCheckpoint) {
