@@ -164,8 +164,8 @@ GrpoOptions read_grpo_options(ConfigTable& section, const std::filesystem::path&
                               RewardFunction* verifier) {
   GrpoOptions o;
   o.data = resolve(base_dir, section.require_string("data"));
-  if (section.has("eval_data"))
-    o.eval_data = resolve(base_dir, section.get_string("eval_data", ""));
+  const std::string eval_data = section.get_string("eval_data", "");  // "": none, the default
+  if (!eval_data.empty()) o.eval_data = resolve(base_dir, eval_data);
   o.eval_prompts = section.get_int("eval_prompts", 0);
   POLLEN_CHECK(o.eval_prompts >= 0, section.where("eval_prompts"), ": must be >= 0");
   o.group_size = positive(section, "group_size", o.group_size);

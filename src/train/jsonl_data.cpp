@@ -19,6 +19,8 @@ bool jsonl_has_records(const std::filesystem::path& path) {
 void for_each_jsonl_object(
     const std::filesystem::path& path, const std::string& what,
     const std::function<void(const nlohmann::json&, int64_t, const std::string&)>& fn) {
+  POLLEN_CHECK(!std::filesystem::is_directory(path), what, " '", path.string(),
+               "' is a folder; expected a JSONL file");
   std::ifstream in(path, std::ios::binary);
   POLLEN_CHECK(in.good(), "cannot read ", what, " '", path.string(), "'");
   std::string line;

@@ -236,6 +236,13 @@ TEST(Grpo, BadPromptsAndKeysAreNamed) {
   EXPECT_EQ(read("{\"prompt\": \"a\", \"answer\": 1e-7}\n"), "");  // an exponent is a number
   EXPECT_NE(read("{\"text\": \"a\", \"answer\": 1}\n").find("expected a \"prompt\""),
             std::string::npos);
+  // A folder is named as such; eval_data = "" is none, as when the key is left out.
+  EXPECT_NE(error_of([&] {
+              read_grpo_prompts(t.dir, t.tok, {}, numeric);
+            }).find("' is a folder; expected a JSONL file"),
+            std::string::npos);
+  ConfigTable no_eval = ConfigTable::parse("data = \"x\"\neval_data = \"\"\n", "run.toml");
+  EXPECT_TRUE(read_grpo_options(no_eval, t.dir, &numeric).eval_data.empty());
   t.write("p.jsonl", kPrompts);
   EXPECT_NE(error_of([&] {
               GrpoObjective(t.context("data = \"p.jsonl\"\ngroups = 4\n"));
