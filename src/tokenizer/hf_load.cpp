@@ -299,6 +299,11 @@ Tokenizer hf_from_json_text(std::string_view text, std::string_view source) {
     fail(source, ": not valid JSON: ", e.what());
   }
   if (!root.is_object()) fail(source, ": expected a JSON object at the top");
+  // Another JSON file (a GPT-2 encoder.json, a config.json) has no "model" object: said so before
+  // any of its keys is taken for a tokenizer's.
+  if (!root.contains("model") || !root["model"].is_object())
+    fail(source, ": not an HF tokenizer.json: it has no \"model\" object (a vocabulary alone, ",
+         "such as GPT-2's encoder.json, or a model's config.json?)");
   // What HF applies to a call's output, not to what a text encodes to: pollen encodes whole texts
   // (the data loader cuts windows, batches are padded where they are built).
   for (const char* key : {"truncation", "padding"})

@@ -229,6 +229,19 @@ TEST(HfJson, StripBeforeFuseIsRefusedAndTruncationIsNamed) {
   EXPECT_NE(log.find("t.json: 'truncation' is set"), std::string::npos) << log;
 }
 
+// Another JSON file (GPT-2's encoder.json: a vocabulary alone, whose "padding" and "model" are
+// tokens) is refused as what it is, with no warning taken from its entries.
+TEST(HfJson, AJsonFileThatIsNoTokenizerIsNamedAsSuch) {
+  const nlohmann::json vocabulary = {{"padding", 39231}, {"model", 19849}, {"the", 1169}};
+  ::testing::internal::CaptureStderr();
+  const std::string e =
+      pollen::testing::error_of([&] { hf_from_json_text(vocabulary.dump(), "encoder.json"); });
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  EXPECT_NE(e.find("encoder.json: not an HF tokenizer.json: it has no \"model\" object"),
+            std::string::npos)
+      << e;
+}
+
 // Generated text is decoded after its prompt: the text of the ids after the first k, decoded as a
 // continuation, is what they add to HF's decoding of the whole (the first token's marker and
 // Llama-2's Strip belong to the start of the whole text), for Metaspace and Llama-2's decoder.
