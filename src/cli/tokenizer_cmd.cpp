@@ -115,7 +115,9 @@ void add_train(CLI::App* parent) {
           ->check(CLI::ExistingFile);
   inputs_opt->excludes(counts_opt);
   cmd->add_flag("--jsonl", a->jsonl, "Inputs are JSONL; the text is in --field");
-  cmd->add_option("--field", a->field, "JSONL field holding the text")->capture_default_str();
+  cmd->add_option("--field", a->field,
+                  "JSONL field holding the text (a list of chat messages: their contents)")
+      ->capture_default_str();
   cmd->add_option("--vocab-size", a->vocab_size, "Tokens in all: 256 bytes, merges, specials")
       ->capture_default_str();
   cmd->add_option("--special", a->specials, "Special tokens, given ids after the merges");
@@ -179,7 +181,9 @@ void add_count(CLI::App* parent) {
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_flag("--jsonl", a->jsonl, "Inputs are JSONL; the text is in --field");
-  cmd->add_option("--field", a->field, "JSONL field holding the text")->capture_default_str();
+  cmd->add_option("--field", a->field,
+                  "JSONL field holding the text (a list of chat messages: their contents)")
+      ->capture_default_str();
   cmd->add_option("--pattern", a->pattern, "Pre-tokenisation: a known pattern name or a regex")
       ->capture_default_str();
   cmd->add_option("--output", a->output, "The count file to write")->required();
@@ -225,7 +229,9 @@ void add_encode(CLI::App* parent) {
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_flag("--jsonl", a->jsonl, "Input is JSONL; each record's --field is a document");
-  cmd->add_option("--field", a->field, "JSONL field holding the text")->capture_default_str();
+  cmd->add_option("--field", a->field,
+                  "JSONL field holding the text (a list of chat messages: their contents)")
+      ->capture_default_str();
   cmd->add_option("--output", a->output,
                   "ids.bin (uint32, documents one after another), a text file (one line of ids "
                   "per document), or - for stdout")
@@ -402,7 +408,9 @@ void add_bench(CLI::App* parent) {
       ->required()
       ->check(CLI::ExistingFile);
   cmd->add_flag("--jsonl", a->jsonl, "Input is JSONL");
-  cmd->add_option("--field", a->field, "JSONL field holding the text")->capture_default_str();
+  cmd->add_option("--field", a->field,
+                  "JSONL field holding the text (a list of chat messages: their contents)")
+      ->capture_default_str();
   cmd->add_option("--repeat", a->repeat, "Best of this many runs")->capture_default_str();
   cmd->callback([a] {
     tk::Tokenizer tok = open(a->tok);

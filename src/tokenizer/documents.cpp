@@ -1,6 +1,7 @@
 #include "tokenizer/documents.h"
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "base/error.h"
@@ -8,6 +9,26 @@
 #include "base/json_depth.h"
 
 namespace pollen::tokenizer {
+
+namespace {
+
+// A record's field as a document: a string as it is; a conversation (a list of messages, each an
+// object with a string "content", as SFT data holds them) as its turns' contents, one after
+// another with a line break between. Nothing for anything else.
+std::optional<std::string> field_text(const nlohmann::json& field) {
+  if (field.is_string()) return field.get<std::string>();
+  if (!field.is_array() || field.empty()) return std::nullopt;
+  std::string text;
+  for (const auto& message : field) {
+    if (!message.is_object() || !message.contains("content") || !message["content"].is_string())
+      return std::nullopt;
+    if (!text.empty()) text += '\n';
+    text += message["content"].get<std::string>();
+  }
+  return text;
+}
+
+}  // namespace
 
 void for_each_document_batch(const DocumentSource& source, size_t batch_bytes,
                              const std::function<void(std::span<const std::string_view>)>& fn) {
@@ -56,10 +77,13 @@ void for_each_document_batch(
       } catch (const nlohmann::json::exception& e) {
         fail(source.path.string(), ":", line_number, ": not valid JSON: ", e.what());
       }
-      POLLEN_CHECK(
-          record.is_object() && record.contains(source.field) && record[source.field].is_string(),
-          source.path.string(), ":", line_number, ": expected a string field '", source.field, "'");
-      records.push_back(record[source.field].get<std::string>());
+      const auto field = record.is_object() ? record.find(source.field) : record.end();
+      std::optional<std::string> document;
+      if (field != record.end()) document = field_text(*field);
+      POLLEN_CHECK(document.has_value(), source.path.string(), ":", line_number,
+                   ": expected a string field '", source.field,
+                   "' (or a list of messages, each with a string 'content')");
+      records.push_back(std::move(*document));
       lines.push_back(line_number);
     }
     if (bytes >= batch_bytes) flush();

@@ -1,6 +1,7 @@
 #pragma once
 // Documents of an input file, in batches: the lines of a text file, or the text field of each
-// record of a JSONL file (the curated-text format of the data pipeline).
+// record of a JSONL file (the curated-text format of the data pipeline; a field holding a list of
+// chat messages gives their contents, one per line).
 #include <filesystem>
 #include <functional>
 #include <span>
@@ -12,7 +13,7 @@ namespace pollen::tokenizer {
 struct DocumentSource {
   std::filesystem::path path;
   bool jsonl = false;
-  std::string field = "text";     // JSONL: the field that holds the text
+  std::string field = "text";     // JSONL: the field that holds the text, or a conversation
   bool keep_line_breaks = false;  // text: whether a line keeps its '\n' (HF's trainer does)
 };
 

@@ -284,6 +284,32 @@ TEST(TrainerCounts, AnOutputThatCannotBeWrittenIsRefusedBeforeTheWork) {
   fs::remove_all(dir);
 }
 
+// A JSONL field that holds a conversation (SFT data's messages) is its turns' contents, one per
+// line, not the record's JSON; anything else there is refused naming the line.
+TEST(TrainerCounts, AConversationFieldIsItsTurnsText) {
+  const fs::path dir = testing::temp_dir("conversation_docs");
+  write_file_atomic(dir / "chats.jsonl",
+                    R"({"messages": [{"role": "user", "content": "What is 2 + 2?"}, )"
+                    R"({"role": "assistant", "content": "4\n#### 4"}]})"
+                    "\n");
+  std::vector<std::string> docs;
+  for_each_document_batch({dir / "chats.jsonl", true, "messages"}, 1 << 20,
+                          [&](std::span<const std::string_view> batch) {
+                            docs.insert(docs.end(), batch.begin(), batch.end());
+                          });
+  EXPECT_EQ(docs, (std::vector<std::string>{"What is 2 + 2?\n4\n#### 4"}));
+  write_file_atomic(dir / "bad.jsonl", R"({"messages": [{"role": "user"}]})"
+                                       "\n");
+  const std::string e = pollen::testing::error_of([&] {
+    for_each_document_batch({dir / "bad.jsonl", true, "messages"}, 1 << 20,
+                            [](std::span<const std::string_view>) {});
+  });
+  EXPECT_NE(e.find("bad.jsonl:1: expected a string field 'messages' (or a list of messages"),
+            std::string::npos)
+      << e;
+  fs::remove_all(dir);
+}
+
 // A text line's document is without its line break, "\n" or a Windows "\r\n" (whose '\r'
 // would otherwise be encoded as a token); training keeps the line break whole, as HF does.
 TEST(TrainerCounts, TextDocumentsLeaveOutCrlfLineBreaks) {
