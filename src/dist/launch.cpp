@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -34,14 +35,30 @@ bool runs_as_ranks(const std::vector<std::string>& command) {
   return first == "version";
 }
 
+namespace {
+
+// A word of a command's name (train, fed, client, score), not an option or an argument (a path).
+bool command_word(const std::string& w) {
+  return !w.empty() && !w.starts_with("-") && std::all_of(w.begin(), w.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+  });
+}
+
+}  // namespace
+
 void refuse_ranks_unless_supported(const std::vector<std::string>& command,
                                    const Topology& topology) {
   if (topology.world <= 1 || runs_as_ranks(command)) return;
   std::string name;
-  for (const auto& w : command) {
-    if (w.starts_with("-")) break;
-    name += (name.empty() ? "" : " ") + w;
-  }
+  size_t words = 0;
+  for (; words < command.size() && command_word(command[words]); ++words)
+    name += (name.empty() ? "" : " ") + command[words];
+  // `pollen launch --nproc 2 -- train run.toml`: a rank command given an argument it takes as
+  // an option's value, not a command that runs as one process.
+  if (words < command.size() && !command[words].starts_with("-") &&
+      runs_as_ranks({command.begin(), command.begin() + static_cast<std::ptrdiff_t>(words)}))
+    fail("pollen ", name, ": '", command[words], "' is not one of its options (the run file goes ",
+         "after --config: pollen ", name, " --config ", command[words], ")");
   // `pollen launch --nproc 2 -- --help`: options alone, no command to name.
   if (name.empty() && !command.empty()) name = command.front();
   fail("pollen ", name.empty() ? "without a command" : name, " runs as one process, but ",

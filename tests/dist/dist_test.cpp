@@ -626,6 +626,21 @@ TEST(Launch, CommandsThatRunAsOneProcessAreRefusedAsSeveralRanks) {
       &status);
   EXPECT_EQ(status, 2) << unknown;
   EXPECT_NE(unknown.find("'trian' is not a pollen command"), std::string::npos) << unknown;
+  // A rank command given its run file without --config is told so, not that it runs as one
+  // process; a path is no part of a command's name.
+  const std::string positional = pollen::testing::run_capture(
+      std::string(POLLEN_BINARY) +
+          " launch --nproc 2 --mpirun /nonexistent/mpirun -- train r2.toml",
+      &status);
+  EXPECT_EQ(status, 1) << positional;
+  EXPECT_NE(positional.find("pollen train: 'r2.toml' is not one of its options (the run file goes "
+                            "after --config: pollen train --config r2.toml)"),
+            std::string::npos)
+      << positional;
+  const std::string plot = pollen::testing::run_capture(
+      std::string(POLLEN_BINARY) + " launch --nproc 2 --mpirun /nonexistent/mpirun -- plot runs/r1",
+      &status);
+  EXPECT_NE(plot.find("pollen plot runs as one process"), std::string::npos) << plot;
   const std::string launched = pollen::testing::run_capture(
       std::string(POLLEN_BINARY) +
           " launch --nproc 3 --mpirun /nonexistent/mpirun -- data prepare "
