@@ -50,7 +50,7 @@ void add_chat_command(CLI::App& app) {
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const tokenizer::ChatFormat format = model_chat_format(src, a->chat_template);
     const model::Llama m = load_model_with_adapter(src, a->adapter);
-    check_tokenizer_fits(tok, m, src, a->tokenizer);
+    check_tokenizer_fits(tok, src, a->tokenizer);
     model::SamplingOptions o = a->sampling.resolved(tok);
     o.stop_tokens = stop_tokens(src, tok);
     o.stop_tokens.push_back(end_of_turn_id(tok, format));

@@ -321,7 +321,7 @@ void add_eval_command(CLI::App& app) {
     }
     const int64_t window_tokens = default_window(m.config(), a->window);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
-    check_tokenizer_fits(tok, m, src, a->tokenizer);
+    check_tokenizer_fits(tok, src, a->tokenizer);
     if (!t->task.empty()) {
       nlohmann::ordered_json result{{"model", a->model}};
       std::string item_lines;
@@ -413,7 +413,7 @@ void add_score_command(CLI::App& app) {
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const model::Llama m = io::load_model(src);
-    check_tokenizer_fits(tok, m, src, a->tokenizer);
+    check_tokenizer_fits(tok, src, a->tokenizer);
     const int64_t window = default_window(m.config(), a->window);
     tokenizer::EncodeOptions eo;
     eo.special = tokenizer::SpecialPolicy::allow_all();

@@ -106,10 +106,10 @@ void add_export_command(CLI::App& app) {
     POLLEN_CHECK(tokenizer_file->empty() || !src.tokenizer, "--tokenizer: model '", *model,
                  "' has its own tokenizer ('", src.tokenizer.value_or("").string(),
                  "'); --tokenizer is for a model that knows none");
-    const model::Llama m = load_model_with_adapter(src, *adapter);
-    // Its vocabulary, and the special ids it names, must fit the model's embedding.
+    // Its ids must fit the model's vocabulary: checked before the weights are loaded.
     if (!tokenizer_file->empty())
-      check_tokenizer_fits(model_tokenizer(src, *tokenizer_file), m, src, *tokenizer_file);
+      check_tokenizer_fits(model_tokenizer(src, *tokenizer_file), src, *tokenizer_file);
+    const model::Llama m = load_model_with_adapter(src, *adapter);
     io::HfExportOptions o;
     o.dtype = *dtype == "bf16" ? DType::bf16 : *dtype == "f16" ? DType::f16 : DType::f32;
     o.max_shard_bytes = *shard_mb * 1'000'000ull;

@@ -40,7 +40,7 @@ void add_generate_command(CLI::App& app) {
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const model::Llama m = load_model_with_adapter(src, a->adapter);
-    check_tokenizer_fits(tok, m, src, a->tokenizer);
+    check_tokenizer_fits(tok, src, a->tokenizer);
     model::SamplingOptions o = a->sampling.resolved(tok);
     o.use_cache = !a->no_cache;
     if (!a->ignore_eos) o.stop_tokens = stop_tokens(src, tok);

@@ -55,13 +55,14 @@ inline tokenizer::Tokenizer model_tokenizer(const io::ModelSource& src,
 
 // Refuses a tokenizer whose ids run past the model's vocabulary (another model's), naming it; a
 // smaller one is usual (a vocabulary padded beyond its tokenizer's).
-inline void check_tokenizer_fits(const tokenizer::Tokenizer& tok, const model::Llama& m,
-                                 const io::ModelSource& src, const std::string& override_path) {
+// (Read from the model's config: checked before its weights are loaded.)
+inline void check_tokenizer_fits(const tokenizer::Tokenizer& tok, const io::ModelSource& src,
+                                 const std::string& override_path) {
   const std::string file =
       override_path.empty() ? src.tokenizer.value_or("").string() : override_path;
-  POLLEN_CHECK(tok.vocab_size() <= static_cast<uint32_t>(m.config().vocab_size), "tokenizer '",
+  POLLEN_CHECK(tok.vocab_size() <= static_cast<uint32_t>(src.config.vocab_size), "tokenizer '",
                file, "' has ", tok.vocab_size(), " ids, more than the model's vocabulary of ",
-               m.config().vocab_size, ": it is another model's");
+               src.config.vocab_size, ": it is another model's");
 }
 
 // The chat template: `explicit_name` ("chatml" or "llama3") when given, else the one a

@@ -154,7 +154,7 @@ void add_serve_command(CLI::App& app) {
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const model::Llama m = io::load_model(src);
-    check_tokenizer_fits(tok, m, src, a->tokenizer);
+    check_tokenizer_fits(tok, src, a->tokenizer);
     o.model.name = a->name.empty() ? a->model : a->name;
     o.model.context = m.config().max_position_embeddings;
     o.model.stop_tokens = stop_tokens(src, tok);

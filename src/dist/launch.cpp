@@ -44,6 +44,11 @@ bool command_word(const std::string& w) {
   });
 }
 
+// The subcommands of the commands that run as ranks, each of which runs as one process.
+bool is_one_process_subcommand(const std::string& command, const std::string& word) {
+  return word == "synth" || (command == "rm" && word == "score");
+}
+
 }  // namespace
 
 void refuse_ranks_unless_supported(const std::vector<std::string>& command,
@@ -55,10 +60,14 @@ void refuse_ranks_unless_supported(const std::vector<std::string>& command,
     name += (name.empty() ? "" : " ") + command[words];
   // `pollen launch --nproc 2 -- train run.toml`: a rank command given an argument it takes as
   // an option's value, not a command that runs as one process.
-  if (words < command.size() && !command[words].starts_with("-") &&
-      runs_as_ranks({command.begin(), command.begin() + static_cast<std::ptrdiff_t>(words)}))
-    fail("pollen ", name, ": '", command[words], "' is not one of its options (the run file goes ",
-         "after --config: pollen ", name, " --config ", command[words], ")");
+  const size_t named = command.size() > 1 && command[0] == "fed" && command[1] == "client" ? 2 : 1;
+  if (command.size() > named && !command[named].starts_with("-") &&
+      !is_one_process_subcommand(command[0], command[named]) &&
+      runs_as_ranks({command.begin(), command.begin() + static_cast<std::ptrdiff_t>(named)})) {
+    const std::string rank_command = named == 2 ? "fed client" : command[0];
+    fail("pollen ", rank_command, ": '", command[named], "' is not one of its options (the run ",
+         "file goes after --config: pollen ", rank_command, " --config ", command[named], ")");
+  }
   // `pollen launch --nproc 2 -- --help`: options alone, no command to name.
   if (name.empty() && !command.empty()) name = command.front();
   fail("pollen ", name.empty() ? "without a command" : name, " runs as one process, but ",

@@ -329,13 +329,12 @@ class Client {
   // from the next task's update_round.
   std::optional<UnsettledPush> unsettled_push_;
   void settle_push(const pb::TaskReply& task);
-  // The first round this process began to push an update for (0: none yet): at the run's end the
-  // server's update_round says whether any of them was aggregated.
+  // The first round this process began to push an update for (0: none yet), and how many.
   int64_t first_pushed_round_ = 0;
   int64_t pushes_ = 0;
   void note_push(int64_t round);
-  // At TASK_DONE: a client that pushed updates of which the server aggregated none fails,
-  // naming why (its updates came after their rounds closed, or were refused).
+  // At TASK_DONE: a client that pushed updates of which the server aggregated none of the silo's
+  // (update_round 0) fails, naming why (they came after their rounds closed, or were refused).
   void check_some_update_counted(const pb::TaskReply& done) const;
 };
 

@@ -383,6 +383,7 @@ void check_gguf_output(const std::filesystem::path& file) {
   if (!std::filesystem::exists(file)) return;
   POLLEN_CHECK(std::filesystem::is_regular_file(file), "GGUF output '", file.string(),
                "' exists and is not a file");
+  if (std::filesystem::file_size(file) == 0) return;  // made to be written (mktemp, touch)
   std::ifstream in(file, std::ios::binary);
   char magic[4] = {};
   in.read(magic, sizeof magic);

@@ -57,7 +57,14 @@ bool tokenizer_matches_manifest(const fs::path& tokenizer, const fs::path& manif
   const auto t = m.is_object() ? m.value("tokenizer", nlohmann::json()) : nlohmann::json();
   const std::string recorded = t.is_object() ? t.value("fingerprint", "") : "";
   if (recorded.empty()) return true;
-  const std::string found = tokenizer::open_tokenizer(tokenizer, "").fingerprint();
+  std::string found;
+  try {
+    found = tokenizer::open_tokenizer(tokenizer, "").fingerprint();
+  } catch (const Error& e) {
+    log::warn("tokenizer '", tokenizer.string(), "' cannot be read (", e.what(),
+              "): not taken as the model's tokenizer");
+    return false;
+  }
   if (found == recorded) return true;
   log::warn("tokenizer '", tokenizer.string(), "' is not the one '", manifest.string(),
             "' was tokenized with (fingerprint ", found.substr(0, 16), ", the manifest records ",
@@ -76,12 +83,24 @@ std::optional<fs::path> checkpoint_tokenizer(const fs::path& dir, ConfigTable& r
     for (const fs::path& base : {fs::path(), dir.parent_path().parent_path()}) {
       const fs::path manifest = fs::path(m).is_absolute() ? fs::path(m) : base / m;
       const fs::path candidate = manifest.parent_path() / "tokenizer.json";
-      if (fs::is_regular_file(candidate))
-        return tokenizer_matches_manifest(candidate, manifest) ? std::optional(candidate)
-                                                               : std::nullopt;
+      if (fs::is_regular_file(candidate) && tokenizer_matches_manifest(candidate, manifest))
+        return candidate;
     }
   }
   return std::nullopt;
+}
+
+// Whether a run's chat template ("chatml", "llama3"; empty: none named) is the one `base`
+// carries (a template it does not carry, or one pollen does not recognise, is another).
+bool same_template_as(const std::string& name, const ModelSource& base) {
+  if (name.empty()) return true;
+  try {
+    const std::optional<std::string> jinja = model_chat_template(base);
+    return jinja && tokenizer::recognise_chat_template(*jinja, "the base's chat template").kind ==
+                        tokenizer::chat_template_named(name);
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 // A LoRA run's checkpoint: the base that its config.toml's model.base names (resolved as --model
@@ -115,8 +134,8 @@ ModelSource resolve_lora_checkpoint(const std::string& spec, const fs::path& dir
   s.tokenizer = checkpoint_tokenizer(dir, root);
   if (!s.tokenizer) s.tokenizer = s.base->tokenizer;
   // An HF base's tokenizer and generation configs carry its own template and end of turn: a run
-  // that chose a template writes its own, as a full fine-tune's export does.
-  if (chat_template.empty()) s.hf_side_files = s.base->hf_side_files;
+  // trained with another template writes its own, as a full fine-tune's export does.
+  if (same_template_as(chat_template, *s.base)) s.hf_side_files = s.base->hf_side_files;
   return s;
 }
 

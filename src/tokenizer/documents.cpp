@@ -12,18 +12,35 @@ namespace pollen::tokenizer {
 
 namespace {
 
-// A record's field as a document: a string as it is; a conversation (a list of messages, each an
-// object with a string "content", as SFT data holds them) as its turns' contents, one after
-// another with a line break between. Nothing for anything else.
+// A message's text: its "content" as a string, or the "text" of its parts (OpenAI's list of
+// {type, text}); empty for a null content (a tool call). Nothing for anything else.
+std::optional<std::string> message_text(const nlohmann::json& message) {
+  if (!message.is_object() || !message.contains("content")) return std::nullopt;
+  const nlohmann::json& content = message["content"];
+  if (content.is_null()) return std::string();
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return std::nullopt;
+  std::string text;
+  for (const auto& part : content) {
+    if (!part.is_object()) return std::nullopt;
+    if (part.contains("text") && part["text"].is_string()) text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+// A record's field as a document: a string as it is; a conversation (a list of messages, as SFT
+// data holds them) as its turns' texts, one after another with a line break between (an empty
+// list: an empty document). Nothing for anything else.
 std::optional<std::string> field_text(const nlohmann::json& field) {
   if (field.is_string()) return field.get<std::string>();
-  if (!field.is_array() || field.empty()) return std::nullopt;
+  if (!field.is_array()) return std::nullopt;
   std::string text;
   for (const auto& message : field) {
-    if (!message.is_object() || !message.contains("content") || !message["content"].is_string())
-      return std::nullopt;
+    const std::optional<std::string> turn = message_text(message);
+    if (!turn) return std::nullopt;
+    if (turn->empty()) continue;
     if (!text.empty()) text += '\n';
-    text += message["content"].get<std::string>();
+    text += *turn;
   }
   return text;
 }

@@ -231,11 +231,14 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     const StepRows before = step_rows(saved->objective_keys), now = step_rows(cfg.objective_keys);
     if (saved->objective_keys != cfg.objective_keys && before.other_keys == now.other_keys &&
         before.rows() == now.rows()) {
-      log::warn("resume: sft.micro_batch x sft.accumulation (", before.micro_batch, " x ",
-                before.accumulation, " -> ", now.micro_batch, " x ", now.accumulation,
-                "): a step's ", now.rows(),
-                " rows grouped into other micro-batches, the same training to float rounding ",
-                "(but for other [lora] dropout masks)");
+      if (before.micro_batch != now.micro_batch)  // not a default written out
+        log::warn("resume: sft.micro_batch x sft.accumulation (", before.micro_batch, " x ",
+                  before.accumulation, " -> ", now.micro_batch, " x ", now.accumulation,
+                  "): a step's ", now.rows(),
+                  " rows grouped into other micro-batches, the same training to float rounding",
+                  cfg.lora.enabled && cfg.lora.config.dropout > 0
+                      ? " (under other [lora] dropout masks)"
+                      : "");
       saved->objective_keys = cfg.objective_keys;
     }
     for (const auto& w :

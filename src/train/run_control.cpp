@@ -130,9 +130,10 @@ void LoopCounters::restore(const nlohmann::ordered_json& st) {
   };
   last_loss = number("last_loss");
   last_val_loss = number("last_val_loss");
-  last_val_step = st.contains("last_val_step") && st.at("last_val_step").is_number_integer()
-                      ? st.at("last_val_step").get<int64_t>()
-                      : -1;
+  if (st.contains("last_val_step") && st.at("last_val_step").is_number_integer())
+    last_val_step = st.at("last_val_step").get<int64_t>();
+  else
+    last_val_step = std::isnan(last_val_loss) ? -1 : kValStepUnrecorded;
 }
 
 RunResult rank_failed_result(const std::string& failure, const fs::path& run_dir) {
@@ -294,6 +295,7 @@ std::string preempted_message(int64_t step, const fs::path& checkpoint) {
 }
 
 std::string val_step_note(const LoopCounters& c) {
+  if (c.last_val_step == LoopCounters::kValStepUnrecorded) return " (at an earlier step)";
   return c.last_val_step >= 0 && c.last_val_step < c.step ? cat(" (at step ", c.last_val_step, ")")
                                                           : std::string();
 }

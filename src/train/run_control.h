@@ -66,8 +66,10 @@ struct LoopCounters {
   // The last step's loss and the last validation loss (NaN before any), which a resumed run
   // that has no step left to take still reports.
   double last_loss = NAN, last_val_loss = NAN;
-  // The step of last_val_loss (-1: none, or a checkpoint from before it was recorded): a run
-  // resumed without evaluating reports an earlier step's validation loss as such.
+  // The step of last_val_loss (-1: none; kValStepUnrecorded: at or before the checkpoint resumed
+  // from, which did not record it): a run resumed without evaluating reports an earlier step's
+  // validation loss as such.
+  static constexpr int64_t kValStepUnrecorded = -2;
   int64_t last_val_step = -1;
   // state.json's "step", "tokens", "bad_steps_in_row", "skipped_steps", "elapsed_s" (the
   // run's seconds so far, `elapsed_here` of them in this process), "last_loss",

@@ -637,6 +637,10 @@ TEST(Launch, CommandsThatRunAsOneProcessAreRefusedAsSeveralRanks) {
                             "after --config: pollen train --config r2.toml)"),
             std::string::npos)
       << positional;
+  const std::string bare = pollen::testing::run_capture(
+      std::string(POLLEN_BINARY) + " launch --nproc 2 --mpirun /nonexistent/mpirun -- sft myrun",
+      &status);
+  EXPECT_NE(bare.find("pollen sft: 'myrun' is not one of its options"), std::string::npos) << bare;
   const std::string plot = pollen::testing::run_capture(
       std::string(POLLEN_BINARY) + " launch --nproc 2 --mpirun /nonexistent/mpirun -- plot runs/r1",
       &status);

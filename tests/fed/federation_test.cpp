@@ -411,8 +411,9 @@ TEST(Simulation, AClientNoneOfWhoseUpdatesCountedFailsSayingSo) {
   EXPECT_FALSE(server.begin_round());  // 1 round done
   EXPECT_NO_THROW(a.run());
   const std::string error = pollen::testing::error_of([&] { b.run(); });
-  EXPECT_NE(error.find("aggregated none of the 1 update(s) this client pushed (rounds 1 on)"),
-            std::string::npos)
+  EXPECT_NE(
+      error.find("aggregated none of this silo's updates (this process pushed 1, from round 1)"),
+      std::string::npos)
       << error;
 }
 

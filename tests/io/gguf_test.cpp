@@ -427,6 +427,7 @@ TEST(Gguf, AnExportDoesNotOverwriteAFileThatIsNotGguf) {
       pollen::testing::error_of([&] { io::export_gguf(m, tok, dir / "notes.txt", {}); });
   EXPECT_NE(e.find("exists and is not a GGUF file"), std::string::npos) << e;
   EXPECT_EQ(read_file(dir / "notes.txt"), "notes\n");
+  write_file_atomic(dir / "m.gguf", "");  // made to be written (mktemp, touch)
   io::export_gguf(m, tok, dir / "m.gguf", {});
   EXPECT_NO_THROW(io::export_gguf(m, tok, dir / "m.gguf", {}));  // an earlier export
   fs::remove_all(dir);

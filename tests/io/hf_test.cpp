@@ -934,6 +934,9 @@ TEST(ModelSource, ATokenizerBesideTheDataMustBeTheManifests) {
     const io::ModelSource src = io::resolve_model(ckpt.string());
     EXPECT_EQ(src.tokenizer.has_value(), same);
   }
+  // One that cannot be read is passed over too, not the end of resolving the model.
+  write_file_atomic(root / "data" / "tokenizer.json", "{");
+  EXPECT_FALSE(io::resolve_model(ckpt.string()).tokenizer.has_value());
   fs::remove_all(root);
 }
 

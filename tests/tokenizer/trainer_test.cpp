@@ -298,6 +298,19 @@ TEST(TrainerCounts, AConversationFieldIsItsTurnsText) {
                             docs.insert(docs.end(), batch.begin(), batch.end());
                           });
   EXPECT_EQ(docs, (std::vector<std::string>{"What is 2 + 2?\n4\n#### 4"}));
+  // A tool call's null content is no text, parts give their text, no messages an empty document.
+  write_file_atomic(dir / "more.jsonl",
+                    R"({"messages": [{"role": "assistant", "content": null}, )"
+                    R"({"role": "user", "content": [{"type": "text", "text": "hi"}]}]})"
+                    "\n"
+                    R"({"messages": []})"
+                    "\n");
+  docs.clear();
+  for_each_document_batch({dir / "more.jsonl", true, "messages"}, 1 << 20,
+                          [&](std::span<const std::string_view> batch) {
+                            docs.insert(docs.end(), batch.begin(), batch.end());
+                          });
+  EXPECT_EQ(docs, (std::vector<std::string>{"hi", ""}));
   write_file_atomic(dir / "bad.jsonl", R"({"messages": [{"role": "user"}]})"
                                        "\n");
   const std::string e = pollen::testing::error_of([&] {

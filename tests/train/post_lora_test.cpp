@@ -373,5 +373,22 @@ TEST(PostLora, AnExportOfARunOnAnHfBaseCarriesTheRunsTemplateAndEndOfTurn) {
       nlohmann::json::parse(read_file(dir / "export" / "generation_config.json"));
   ASSERT_TRUE(generation["eos_token_id"].is_array()) << generation.dump();
   EXPECT_EQ(generation["eos_token_id"][0], id_of("<|im_end|>"));
+
+  // A base that carries the run's template keeps its own configs (their other keys too).
+  o.tokenizer_config = {
+      {"chat_template", tokenizer::chat_template_jinja(tokenizer::ChatTemplate::chatml)},
+      {"eos_token", "<|im_end|>"},
+      {"model_max_length", 64}};
+  io::export_hf(load_base(), dir / "hf", o);
+  fs::remove_all(dir / "run");
+  ASSERT_EQ(run(text, false).status, train::RunStatus::finished);
+  ASSERT_EQ(
+      std::system(cat(POLLEN_BINARY, " export hf --model ", (dir / "run").string(), " --output ",
+                      (dir / "export").string(), " > ", (dir / "export.log").string(), " 2>&1")
+                      .c_str()),
+      0)
+      << read_file(dir / "export.log");
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "export" / "tokenizer_config.json")),
+            nlohmann::json::parse(read_file(dir / "hf" / "tokenizer_config.json")));
   fs::remove_all(dir);
 }

@@ -433,6 +433,21 @@ TEST(Trainer, AValidationSplitSmallerThanAMicroBatchIsScoredWhole) {
   fs::remove_all(base);
 }
 
+// A checkpoint of a pollen that did not record the validation loss's step: its loss is reported
+// as of an earlier step, not as the final weights'.
+TEST(Trainer, AnUnrecordedValidationStepIsAnEarlierOne) {
+  nlohmann::ordered_json state = {
+      {"step", 4},        {"tokens", 512},    {"bad_steps_in_row", 0}, {"skipped_steps", 0},
+      {"elapsed_s", 1.0}, {"last_loss", 3.5}, {"last_val_loss", 3.7}};
+  train::LoopCounters c;
+  c.restore(state);
+  c.step = 6;
+  EXPECT_EQ(train::val_step_note(c), " (at an earlier step)");
+  state["last_val_loss"] = nullptr;
+  c.restore(state);
+  EXPECT_EQ(c.last_val_step, -1);
+}
+
 // A run resumed with evaluation off reports the last validation loss with the step it was
 // measured at, not as though it were the final weights'.
 TEST(Trainer, AResumeWithoutEvaluationReportsTheValidationLossesStep) {
