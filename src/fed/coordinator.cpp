@@ -87,6 +87,11 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
                  "' holds the privacy charge of an earlier run's round whose shares were "
                  "revealed; resume the run (--resume) so that it is accounted, or choose another ",
                  config_.dir_key);
+    POLLEN_CHECK(!fs::exists(privacy_ledger_path()), "fed server: '",
+                 privacy_ledger_path().string(),
+                 "' holds the privacy account of an earlier private run; resume the run "
+                 "(--resume) so that it goes on counting, or choose another ",
+                 config_.dir_key);
   }
   if (resume) {
     const auto choice = io::choose_checkpoint_to_resume(ckpts, "fed server");
@@ -113,6 +118,7 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
     } else {
       log::info("fed server: no checkpoint under ", ckpts.string(), "; starting at round 1");
     }
+    take_privacy_ledger();
     take_privacy_charge();
   }
   // The run's id: made when it begins, kept across resumes (clients refuse a state of another).

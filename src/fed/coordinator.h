@@ -202,6 +202,12 @@ class Coordinator {
   // again); one a checkpoint holds is removed.
   void take_privacy_charge();
   std::filesystem::path privacy_charge_path() const { return config_.dir / "privacy_charge.json"; }
+  // Central DP's ledger, privacy.json: the accountant after each round, written before the
+  // round's checkpoint and never rolled back, so that a resume from an older checkpoint (the
+  // newest did not verify) keeps counting the releases made since.
+  std::filesystem::path privacy_ledger_path() const { return config_.dir / "privacy.json"; }
+  // At start: a ledger that counts more releases than the checkpoint resumed from is taken.
+  void take_privacy_ledger();
   void record_status(const RoundSummary& s);
   // Redraws the terminal's progress bar: rounds done, the open round's clients that reported.
   void show_progress_locked();

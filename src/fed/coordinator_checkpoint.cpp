@@ -189,6 +189,7 @@ void Coordinator::save_checkpoint(const RoundSummary& s) {
     state["post_objective"] = terms_.post_objective;
   }
   w.add_text("state.json", state.dump(1));
+  if (dp_) write_file_atomic(privacy_ledger_path(), dp_->state().dump(1) + "\n");
   if (!post_global_) {
     // The architecture as [model]: the folder is then a pollen checkpoint that generate, eval,
     // serve and export take as --model (the tokenizer given beside it).
@@ -217,6 +218,30 @@ void Coordinator::write_privacy_charge_locked() {
   const nlohmann::ordered_json charge{
       {"round", done_ + 1}, {"attempt", retries_}, {"privacy", charged.state()}};
   write_file_atomic(privacy_charge_path(), charge.dump(1) + "\n");
+}
+
+void Coordinator::take_privacy_ledger() {
+  const fs::path path = privacy_ledger_path();
+  if (!fs::exists(path)) return;
+  const std::string what = cat("fed server: '", path.string(), "'");
+  POLLEN_CHECK(dp_, what,
+               " holds the privacy account of rounds released under [privacy]; resuming without "
+               "it would release rounds that no accountant counts (put the [privacy] table back)");
+  nlohmann::json ledger;
+  try {
+    ledger = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(what, ": not JSON (", e.what(), ")");
+  }
+  POLLEN_CHECK(ledger.is_object() && ledger.contains("steps") &&
+                   ledger["steps"].is_number_integer() && ledger.contains("rdp"),
+               what, ": expected the accountant's state {rdp, steps, ...}");
+  const int64_t released = ledger["steps"].get<int64_t>();
+  if (released <= dp_->private_rounds()) return;
+  log::warn("fed server: ", released - dp_->private_rounds(),
+            " private release(s) made after the checkpoint resumed from stay accounted (",
+            path.string(), "); their rounds run again, released anew");
+  dp_->load_accounting(ledger);
 }
 
 void Coordinator::take_privacy_charge() {

@@ -315,6 +315,10 @@ void CentralDp::load_state(const nlohmann::json& s) {
   accountant_.restore(s.at("rdp"), s.at("steps").get<int64_t>());
 }
 
+void CentralDp::load_accounting(const nlohmann::json& s) {
+  accountant_.restore(s.at("rdp"), s.at("steps").get<int64_t>());
+}
+
 bool LocalDp::apply(Weights& delta, uint64_t round) {
   const bool clipped = clip_to_norm(delta, l2_norm(delta), options_.clip);
   add_gaussian_noise(delta, options_.noise_multiplier * options_.clip, options_.noise_seed, round,

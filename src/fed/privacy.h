@@ -181,6 +181,9 @@ class CentralDp {
 
   nlohmann::json state() const;  // clip norm and accountant, for server checkpoints
   void load_state(const nlohmann::json& state);
+  // The accountant alone of a state (the clip stays): releases made since the state this one
+  // was loaded from, counted though their rounds run again.
+  void load_accounting(const nlohmann::json& state);
 
  private:
   // The round's sampling rate q and fixed denominator m (a number of clients, fractional

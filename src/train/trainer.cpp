@@ -362,14 +362,18 @@ void TrainingRun::recover_privacy() {
                "--resume: the checkpoint's steps ", private_checkpoint ? "were" : "were not",
                " trained under [privacy] (DP-SGD) and this run's config ", dp_ ? "has" : "has no",
                " [privacy] table; a run keeps its privacy setting");
-  if (!dp_) return;
-  std::optional<nlohmann::json> state;
-  bool released_since = false;  // steps released after the checkpoint, which run again
-  if (private_checkpoint) state = nlohmann::json(resumed_->at("privacy"));
+  // A private run's account (even one that reached no checkpoint) is never overwritten.
   const fs::path ledger = cfg_.dir / kPrivacyLedger;
   POLLEN_CHECK(o_.resume || !fs::exists(ledger), "run folder '", cfg_.dir.string(),
                "' holds the privacy account of an earlier private run (", kPrivacyLedger,
                "); continue that run with --resume, or choose another run.dir");
+  POLLEN_CHECK(dp_ || !fs::exists(ledger), "run folder '", cfg_.dir.string(),
+               "' holds the privacy account of a private run (", kPrivacyLedger,
+               ") and this run's config has no [privacy] table; a run keeps its privacy setting");
+  if (!dp_) return;
+  std::optional<nlohmann::json> state;
+  bool released_since = false;  // steps released after the checkpoint, which run again
+  if (private_checkpoint) state = nlohmann::json(resumed_->at("privacy"));
   if (fs::exists(ledger)) {
     try {
       nlohmann::json released = nlohmann::json::parse(read_file(ledger));

@@ -206,3 +206,49 @@ TEST(ServerRestart, AResumeNamesTheConfigKeysThatChanged) {
       << other;
   fs::remove_all(dir);
 }
+
+// Under central DP, a resume from an older checkpoint (the newest does not verify) keeps
+// counting the releases made since, from server.dir/privacy.json: the rounds run again are
+// charged anew, not instead. A fresh run in that folder is refused.
+TEST(ServerRestart, CentralDpReleasesStayCountedWhenAResumeGoesBack) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("server_dp_back");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 4, 1);
+  cfg.server.privacy = PrivacyOptions{};
+  cfg.server.privacy.enabled = true;
+  cfg.server.privacy.noise_multiplier = 1.0;
+  cfg.server.privacy.clip = 0.05;
+  auto train = [&](Coordinator& server, int rounds) {
+    LocalTransport transport(server);
+    Client client(cfg.clients[0], transport);
+    client.join();
+    for (int i = 0; i < rounds; ++i) {
+      ASSERT_TRUE(server.begin_round());
+      client.poll_once();
+      ASSERT_TRUE(server.end_round().aggregated);
+    }
+  };
+  const auto released = [&] {
+    return nlohmann::json::parse(read_file(cfg.server.dir / "privacy.json"))["steps"];
+  };
+  {
+    Coordinator server(cfg.server, false);
+    train(server, 3);
+  }
+  EXPECT_EQ(released(), 3);
+  flip_a_byte(cfg.server.dir / "checkpoints" / io::checkpoint_name(3) / "model.safetensors");
+  {
+    Coordinator server(cfg.server, true);
+    EXPECT_EQ(server.rounds_done(), 2);
+    train(server, 2);  // rounds 3 and 4: two more releases after the three made
+  }
+  EXPECT_EQ(released(), 5);
+  fs::remove_all(cfg.server.dir / "checkpoints");  // the ledger alone still counts
+  const std::string fresh =
+      pollen::testing::error_of([&] { Coordinator server(cfg.server, false); });
+  EXPECT_NE(fresh.find("privacy.json' holds the privacy account of an earlier private run"),
+            std::string::npos)
+      << fresh;
+  fs::remove_all(dir);
+}

@@ -12,6 +12,7 @@
 #include "base/files.h"
 #include "base/hash.h"
 #include "io/checkpoint.h"
+#include "support/errors.h"
 #include "train/config.h"
 #include "train/private_gradients.h"
 #include "train/run_checks.h"
@@ -233,6 +234,17 @@ TEST(PrivateTraining, StepsLostToACrashStayAccounted) {
   accountant.add(8.0 / static_cast<double>(windows), 0.3, 16);
   EXPECT_DOUBLE_EQ(summary["privacy"]["epsilon"].get<double>(),
                    accountant.epsilon(std::min(1e-5, 0.1 / static_cast<double>(windows))).epsilon);
+  // The account outlives the checkpoints: a run without [privacy] there is refused, resumed
+  // or not, as one with it is without --resume.
+  fs::remove_all(run / "checkpoints");
+  for (const bool resume : {false, true}) {
+    const std::string e =
+        pollen::testing::error_of([&] { train_quiet(tiny(run, 14, {}, ""), resume); });
+    EXPECT_NE(e.find(resume ? "this run's config has no [privacy] table"
+                            : "holds the privacy account of an earlier private run"),
+              std::string::npos)
+        << e;
+  }
   fs::remove_all(run);
 }
 
