@@ -67,6 +67,7 @@ LocalDpOptions read_local_dp_options(ConfigTable& t) {
 
 CentralDp::CentralDp(PrivacyOptions options, double poisson_rate, bool distributed)
     : options_(std::move(options)), poisson_rate_(poisson_rate), distributed_(distributed) {
+  optim::warn_of_repeatable_noise("privacy.noise_seed", options_.noise_seed);
   POLLEN_CHECK(options_.sampling == "fixed" || options_.poisson(),
                "privacy.sampling: expected 'fixed' or 'poisson', got '", options_.sampling, "'");
   POLLEN_CHECK(!distributed_ || !options_.poisson(),

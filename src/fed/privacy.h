@@ -213,7 +213,9 @@ class CentralDp {
 // A client's local DP.
 class LocalDp {
  public:
-  explicit LocalDp(LocalDpOptions options) : options_(std::move(options)) {}
+  explicit LocalDp(LocalDpOptions options) : options_(std::move(options)) {
+    optim::warn_of_repeatable_noise("local_dp.noise_seed", options_.noise_seed);
+  }
   // Clips and noises the update in place, accounts for it; returns whether it was clipped.
   bool apply(Weights& delta, uint64_t round);
   Epsilon epsilon() const { return accountant_.epsilon(options_.delta); }

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/thread_pool.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
@@ -102,11 +103,19 @@ double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_
       });
 }
 
+void warn_of_repeatable_noise(std::string_view key, int64_t seed) {
+  if (seed < 0) return;
+  log::warn(key, " = ", seed, ": the noise is repeatable; anyone who knows the seed can subtract ",
+            "it, and the epsilon reported holds only against those who do not (for tests and ",
+            "reproductions, not for data that needs the guarantee)");
+}
+
 DpSgd::DpSgd(DpSgdOptions options, int64_t records, int64_t expected_rows, int64_t steps)
     : options_(std::move(options)),
       records_(records),
       expected_rows_(expected_rows),
       steps_(steps) {
+  warn_of_repeatable_noise("DP-SGD's noise_seed", options_.noise_seed);
   POLLEN_CHECK(records_ >= expected_rows_ && expected_rows_ > 0, "privacy: a step's ",
                expected_rows_, " expected sequences are more than the ", records_,
                " sequences of the training data; DP-SGD samples each with probability "

@@ -17,6 +17,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "autograd/var.h"
@@ -60,6 +61,10 @@ double smallest_noise_multiplier(const std::function<double(double)>& epsilon_at
 // no z up to 1024 does.
 double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_epsilon,
                                   double delta, double q, int64_t steps);
+
+// Warns that a noise seed (`key` = N) makes the noise repeatable: anyone who knows the seed can
+// subtract it, so the epsilon reported holds only against those who do not.
+void warn_of_repeatable_noise(std::string_view key, int64_t seed);
 
 class DpSgd {
  public:
