@@ -56,6 +56,7 @@ std::vector<std::string> read_documents(const std::string& path, bool jsonl,
   while (std::getline(in, line)) {
     ++n;
     if (!jsonl) {
+      if (line.ends_with('\r')) line.pop_back();  // a Windows line break is no document text
       check_utf8(line, n);
       docs.push_back(line);
       continue;
@@ -75,8 +76,8 @@ std::vector<std::string> read_documents(const std::string& path, bool jsonl,
 
 // lm-evaluation-harness's max_length for an HF model: the config's max_position_embeddings. A
 // longer --window would score positions the model never had.
-int64_t default_window(const model::LlamaConfig& c, int64_t given) {
-  POLLEN_CHECK(given <= c.max_position_embeddings, "eval: --window ", given,
+int64_t default_window(const model::LlamaConfig& c, int64_t given, const char* command) {
+  POLLEN_CHECK(given <= c.max_position_embeddings, command, ": --window ", given,
                " is longer than the model reads (max_position_embeddings ",
                c.max_position_embeddings, "); give --window ", c.max_position_embeddings,
                " or less");
@@ -291,6 +292,12 @@ void add_eval_command(CLI::App& app) {
     const io::ModelSource src = io::resolve_model(a->model);
     const model::Llama m = io::load_model(src);
     if (!a->checkpoint.empty()) eval::load_weights(m, a->checkpoint);
+    // What the results are of: the model, and the checkpoint whose weights were scored.
+    const auto scored_model = [&] {
+      nlohmann::ordered_json j{{"model", a->model}};
+      if (!a->checkpoint.empty()) j["checkpoint"] = a->checkpoint;
+      return j;
+    };
     if (!a->data.empty()) {
       POLLEN_CHECK(a->seq <= m.config().max_position_embeddings, "eval: --seq ", a->seq,
                    seq->count() > 0 ? "" : " (its default)", " is longer than model '", a->model,
@@ -308,10 +315,14 @@ void add_eval_command(CLI::App& app) {
             eval::perplexity(m, manifest, {a->split, a->seq, a->batch});
         POLLEN_CHECK(r.tokens > 0, "eval: '", manifest, "' split '", a->split,
                      "' has no document of two or more tokens to score");
-        nlohmann::ordered_json j{{"model", a->model},          {"data", manifest},
-                                 {"split", a->split},          {"loss", r.loss},
-                                 {"perplexity", r.perplexity}, {"tokens", r.tokens},
-                                 {"documents", r.documents},   {"seconds", r.seconds}};
+        nlohmann::ordered_json j = scored_model();
+        j.update(nlohmann::ordered_json{{"data", manifest},
+                                        {"split", a->split},
+                                        {"loss", r.loss},
+                                        {"perplexity", r.perplexity},
+                                        {"tokens", r.tokens},
+                                        {"documents", r.documents},
+                                        {"seconds", r.seconds}});
         std::printf("%s\n", j.dump().c_str());
         std::fflush(stdout);
         lines += j.dump() + "\n";
@@ -319,11 +330,11 @@ void add_eval_command(CLI::App& app) {
       if (!a->output.empty()) write_file_atomic(a->output, lines);
       return;
     }
-    const int64_t window_tokens = default_window(m.config(), a->window);
+    const int64_t window_tokens = default_window(m.config(), a->window, "eval");
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     check_tokenizer_fits(tok, src, a->tokenizer);
     if (!t->task.empty()) {
-      nlohmann::ordered_json result{{"model", a->model}};
+      nlohmann::ordered_json result = scored_model();
       std::string item_lines;
       result.update(run_task(m, src, tok, *t, window_tokens, a->batch,
                              t->details.empty() ? nullptr : &item_lines));
@@ -335,8 +346,7 @@ void add_eval_command(CLI::App& app) {
       return;
     }
     eval::LossTotals totals;
-    nlohmann::ordered_json result;
-    result["model"] = a->model;
+    nlohmann::ordered_json result = scored_model();
     const bool is_jsonl = !a->jsonl.empty();
     const std::string input = is_jsonl ? a->jsonl : a->text;
     const auto docs = read_documents(input, is_jsonl, a->field, false);
@@ -414,7 +424,7 @@ void add_score_command(CLI::App& app) {
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
     const model::Llama m = io::load_model(src);
     check_tokenizer_fits(tok, src, a->tokenizer);
-    const int64_t window = default_window(m.config(), a->window);
+    const int64_t window = default_window(m.config(), a->window, "score");
     tokenizer::EncodeOptions eo;
     eo.special = tokenizer::SpecialPolicy::allow_all();
     eo.add_bos_eos = true;

@@ -190,9 +190,13 @@ RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,
   // A fresh run in a folder an earlier run used: that run's evaluations (pollen eval --run) are of
   // other weights under the same step numbers.
   if (!saved && fs::exists(dir / "eval.jsonl")) {
-    fs::rename(dir / "eval.jsonl", dir / "eval.jsonl.old");
+    // Added to what an earlier resume or fresh run set aside there, never in its place.
+    const std::string old =
+        fs::exists(dir / "eval.jsonl.old") ? read_file(dir / "eval.jsonl.old") : std::string();
+    write_file_atomic(dir / "eval.jsonl.old", old + read_file(dir / "eval.jsonl"));
+    fs::remove(dir / "eval.jsonl");
     log::warn("a fresh run in '", dir.string(), "': its eval.jsonl, of an earlier run's ",
-              "checkpoints, is now eval.jsonl.old");
+              "checkpoints, is added to eval.jsonl.old");
   }
   // A resumed run trains the steps after its checkpoint again: results of checkpoints past it
   // are of weights set aside, and eval --run would take them as done. They go to eval.jsonl.old.

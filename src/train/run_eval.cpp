@@ -10,6 +10,7 @@
 #include "base/config.h"
 #include "base/error.h"
 #include "base/files.h"
+#include "base/folder_lock.h"
 #include "base/json_depth.h"
 #include "base/log.h"
 #include "base/path_labels.h"
@@ -152,6 +153,8 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   po.seq = o.seq > 0 ? o.seq : run.seq;
   po.batch = o.batch > 0 ? o.batch : run.micro_batch;
 
+  // One evaluation of a run at a time: each rewrites eval.jsonl whole from what it read.
+  const FolderLock lock(run_dir, "eval --run", run_dir / ".eval.lock");
   std::map<EvalKey, nlohmann::ordered_json> records;
   for (auto& j : read_run_evals(run_dir)) {
     const EvalKey key = key_of(j);
@@ -202,16 +205,32 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   };
   const auto show_pending = [&] {
     if (!run.tensorboard) return;
-    bool wrote = false;
+    std::vector<nlohmann::ordered_json*> pending;
+    for (auto& [key, j] : records)
+      if (!shown_in_tensorboard(j)) pending.push_back(&j);
+    if (pending.empty()) return;
+    if (!tb.file().is_open())
+      tb = obs::EventFileWriter::create(run_dir / "tensorboard", std::nullopt);
+    std::map<fs::path, uint64_t> cut;  // another (killed) evaluation's file: where its marks begin
+    for (const nlohmann::ordered_json* j : pending) {
+      const fs::path written =
+          run_dir / "tensorboard" / (*j)["tensorboard"]["file"].get<std::string>();
+      if (written == tb.file().path()) continue;
+      const auto bytes = (*j)["tensorboard"]["bytes"].get<uint64_t>();
+      const auto [at, added] = cut.emplace(written, bytes);
+      if (!added) at->second = std::min(at->second, bytes);
+    }
+    for (const auto& [written, bytes] : cut)
+      if (fs::exists(written)) obs::AppendFile(written, bytes, obs::Shortfall::keep_whole_records);
+    // Marked again with this process's file before their points go there: a kill from here on
+    // leaves marks that name where the points may be, so that the next evaluation cuts this file
+    // back and writes them once.
+    if (!cut.empty()) {
+      for (nlohmann::ordered_json* j : pending) mark(*j);
+      save();
+    }
     for (auto& [key, j] : records) {
       if (shown_in_tensorboard(j)) continue;
-      const fs::path written =
-          run_dir / "tensorboard" / j["tensorboard"]["file"].get<std::string>();
-      if (!tb.file().is_open())
-        tb = obs::EventFileWriter::create(run_dir / "tensorboard", std::nullopt);
-      if (written != tb.file().path() && fs::exists(written))  // a killed evaluation's file
-        obs::AppendFile(written, j["tensorboard"]["bytes"].get<uint64_t>(),
-                        obs::Shortfall::keep_whole_records);
       const std::string label = j.contains("tag") ? j["tag"].get<std::string>() : tag_of(key);
       const double wall = obs::wall_time_now();
       const auto number = [](const nlohmann::ordered_json& v) {
@@ -221,9 +240,7 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
       tb.add_scalar(cat("eval/", label, "/perplexity"), number(j["perplexity"]), std::get<0>(key),
                     wall);
       j.erase("tensorboard");
-      wrote = true;
     }
-    if (!wrote) return;
     tb.file().sync();
     save();
   };

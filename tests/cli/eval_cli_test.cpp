@@ -137,5 +137,30 @@ TEST_F(EvalCli, ScoreWritesOneLinePerInputLineBlankOnesIncluded) {
   EXPECT_FALSE(lines[2]["tokens"].empty());
 }
 
+// A text file's Windows line breaks are not scored as text: the same tokens as with "\n"; a
+// --window past the model names score, not eval.
+TEST_F(EvalCli, ScoreLeavesOutWindowsLineBreaksAndNamesItselfInErrors) {
+  write_file_atomic(dir_ / "lf.txt", "the cat sat\nbirds sang\n");
+  write_file_atomic(dir_ / "crlf.txt", "the cat sat\r\nbirds sang\r\n");
+  for (const char* name : {"lf", "crlf"})
+    ASSERT_EQ(pollen(cat("score ", model(), " --input ", file(cat(name, ".txt")), " --output ",
+                         file(cat(name, ".out"))))
+                  .status,
+              0);
+  EXPECT_EQ(read_file(dir_ / "crlf.out"), read_file(dir_ / "lf.out"));
+  const CliRun wide = pollen("score " + model() + " --input " + file("lf.txt") + " --output " +
+                             file("wide.out") + " --window 100000");
+  EXPECT_NE(wide.output.find("score: --window 100000 is longer"), std::string::npos) << wide.output;
+}
+
+// Results of --checkpoint's weights name the checkpoint beside the model.
+TEST_F(EvalCli, ResultsNameTheCheckpointScored) {
+  const CliRun r = pollen("eval " + model() + " --checkpoint " + file("model") + " --jsonl " +
+                          file("docs.jsonl") + " --output " + file("checkpoint.json"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto j = nlohmann::json::parse(read_file(dir_ / "checkpoint.json"));
+  EXPECT_EQ(j["checkpoint"], file("model")) << j.dump();
+}
+
 }  // namespace
 }  // namespace pollen

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "autograd/tape.h"
+#include "base/folder_lock.h"
 #include "base/hash.h"
 #include "base/thread_pool.h"
 #include "io/checkpoint.h"
@@ -1050,11 +1051,14 @@ TEST(TrainCli, EvalRunScoresEveryCheckpointAsEvalDoes) {
   // A fresh run in the folder (its checkpoints moved away) starts without the old evaluations,
   // whose step numbers would name its own checkpoints: step 4 is evaluated again.
   fs::remove_all(run / "checkpoints");
+  const std::string evaluated = read_file(run / "eval.jsonl");
+  write_file_atomic(run / "eval.jsonl.old", "{\"set aside\":1}\n");  // by an earlier run
   ASSERT_EQ(train_quiet(tiny(run, 4, {"checkpoint.keep=0", "optimizer.lr=0.01"})).status,
             train::RunStatus::finished);
   EXPECT_FALSE(fs::exists(run / "eval.jsonl"));
   EXPECT_EQ(train::read_run_evals(run).size(), 0u);
-  EXPECT_TRUE(fs::exists(run / "eval.jsonl.old"));  // kept aside, not lost
+  // Kept aside, not lost, after what was there.
+  EXPECT_EQ(read_file(run / "eval.jsonl.old"), "{\"set aside\":1}\n" + evaluated);
   o.again = false;
   r = train::evaluate_run(run, o);
   EXPECT_EQ(r.already, 0);
@@ -1212,6 +1216,15 @@ TEST(RunEval, DataOfAnotherTokenizerIsRefused) {
   const std::string e = error_of([&] { train::evaluate_run(run, o); });
   EXPECT_NE(e.find("was tokenized unlike '" + dataset().string()), std::string::npos) << e;
   EXPECT_TRUE(train::read_run_evals(run).empty()) << "nothing scored";
+  // A second evaluation of the run while one goes on is refused: each rewrites eval.jsonl from
+  // what it read, and would drop the other's results.
+  o.manifests.clear();
+  {
+    const pollen::FolderLock busy(run, "eval --run", run / ".eval.lock");
+    EXPECT_NE(error_of([&] { train::evaluate_run(run, o); }).find("in use by another process"),
+              std::string::npos);
+  }
+  EXPECT_FALSE(train::evaluate_run(run, o).evaluated.empty());
   fs::remove_all(run);
 }
 
