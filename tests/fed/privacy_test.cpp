@@ -12,6 +12,7 @@
 #include "fed/fixtures.h"
 #include "fed/privacy.h"
 #include "fed/secagg/private_quantize.h"
+#include "support/errors.h"
 
 using namespace pollen;
 using namespace pollen::fed;
@@ -61,6 +62,22 @@ TEST(CentralDp, NoiseHasStdNoiseMultiplierTimesClipOverM) {
   const double mean = s / n, std = std::sqrt(s2 / n - mean * mean);
   EXPECT_NEAR(std, 1.5 * 2.0 / 4, 0.01 * 0.75);
   EXPECT_NEAR(mean, 0, 5 * 0.75 / std::sqrt(n));
+}
+
+// A key of a mode that is off (the adaptive clip, capped token weights) is refused naming it,
+// not ignored: the clip would stay fixed, the weights uniform.
+TEST(CentralDp, KeysOfAModeThatIsOffAreRefused) {
+  for (const std::string key : {"target_quantile = 0.9", "clip_lr = 0.1",
+                                "clipped_count_stddev = 3.0", "token_cap = 100"}) {
+    auto table =
+        ConfigTable::parse("noise_multiplier = 1.0\nclip = 1.0\n" + key + "\n", "privacy.toml");
+    const std::string e = pollen::testing::error_of([&] { read_privacy_options(table); });
+    EXPECT_NE(e.find("which is off"), std::string::npos) << key << ": " << e;
+  }
+  auto adaptive = ConfigTable::parse(
+      "noise_multiplier = 1.0\nclip = 1.0\nadaptive_clip = true\ntarget_quantile = 0.9\n",
+      "privacy.toml");
+  EXPECT_DOUBLE_EQ(read_privacy_options(adaptive).target_quantile, 0.9);
 }
 
 TEST(CentralDp, SecureNoiseIsFourDrawsOverTwoCentrallyAndLocally) {
