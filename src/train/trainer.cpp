@@ -215,8 +215,11 @@ constexpr const char* kPrivacyLedger = "privacy.json";
 // A resumed run's [privacy] must be the checkpoint's, key by key: a new delta would report
 // epsilon at another delta, a new noise seed make the noise predictable.
 void check_same_privacy(const optim::DpSgdOptions& saved, const optim::DpSgdOptions& now) {
+  // An unset value is 0 (delta: 0.1 / the sequences or 1e-5; noise_multiplier: calibrated
+  // from target_epsilon; target_epsilon: none) or -1 (noise_seed: none): named as unset.
   const auto same = [](const char* key, double a, double b) {
-    POLLEN_CHECK(a == b, "cannot resume: privacy.", key, " (", a, " -> ", b,
+    const auto shown = [](double v) { return v == 0 || v == -1 ? std::string("unset") : cat(v); };
+    POLLEN_CHECK(a == b, "cannot resume: privacy.", key, " (", shown(a), " -> ", shown(b),
                  ") differs from the checkpoint's; a private run keeps its [privacy] table");
   };
   if (!saved.enabled || !now.enabled) return;  // recover_privacy refuses adding or dropping it
