@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <fstream>
@@ -114,8 +115,38 @@ int64_t ConfigTable::get_int_in(const std::string& key, int64_t fallback, int64_
   return v;
 }
 
+namespace {
+
+// Levenshtein distance, stopping early past `most` (only small distances matter here).
+size_t edit_distance(std::string_view a, std::string_view b, size_t most) {
+  if ((a.size() > b.size() ? a.size() - b.size() : b.size() - a.size()) > most) return most + 1;
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string ConfigTable::near_miss(const std::string& key) const {
+  for (const auto& [k, v] : *node_) {
+    const std::string present(k.str());
+    if (present != key && edit_distance(present, key, 2) <= 2)
+      return cat(" ('", prefix_, present, "' is there: misspelt?)");
+  }
+  return "";
+}
+
 int64_t ConfigTable::require_int(const std::string& key) {
-  POLLEN_CHECK(has(key), where(key), ": missing; expected an integer");
+  POLLEN_CHECK(has(key), where(key), ": missing; expected an integer", near_miss(key));
   return get_int(key, 0);
 }
 
@@ -131,7 +162,7 @@ double ConfigTable::get_double(const std::string& key, double fallback) {
 }
 
 double ConfigTable::require_double(const std::string& key) {
-  POLLEN_CHECK(has(key), where(key), ": missing; expected a number");
+  POLLEN_CHECK(has(key), where(key), ": missing; expected a number", near_miss(key));
   return get_double(key, 0);
 }
 
@@ -150,7 +181,7 @@ std::string ConfigTable::get_string(const std::string& key, const std::string& f
 }
 
 std::string ConfigTable::require_string(const std::string& key) {
-  POLLEN_CHECK(has(key), where(key), ": missing; expected a string");
+  POLLEN_CHECK(has(key), where(key), ": missing; expected a string", near_miss(key));
   return get_string(key, "");
 }
 

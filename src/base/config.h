@@ -51,6 +51,9 @@ class ConfigTable {
 
   // Throws naming every key that was present but never read.
   void finish() const;
+  // For a key that is missing: " ('noise_multipler' is there: misspelt?)" when the table holds a
+  // key one or two edits from it, else "".
+  std::string near_miss(const std::string& key) const;
 
   // Every key of the table and the tables under it, dotted from this table's prefix, with its
   // value as TOML writes it: what a run can record of its config and compare on resume.

@@ -463,7 +463,8 @@ optim::DpSgdOptions read_dp_sgd(ConfigTable& t) {
                ": expected a positive per-sequence gradient norm, got ", o.clip);
   POLLEN_CHECK(t.has("noise_multiplier") != t.has("target_epsilon"), t.where("noise_multiplier"),
                ": give either noise_multiplier (the noise's std over clip) or target_epsilon (the ",
-               "epsilon the last step should reach, which sets the noise), one of them");
+               "epsilon the last step should reach, which sets the noise), one of them",
+               t.near_miss("noise_multiplier"), t.near_miss("target_epsilon"));
   o.noise_multiplier = t.get_double("noise_multiplier", 0);
   POLLEN_CHECK(std::isfinite(o.noise_multiplier) && o.noise_multiplier >= 0,
                t.where("noise_multiplier"), ": expected 0 or more, got ", o.noise_multiplier);

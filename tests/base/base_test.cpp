@@ -80,6 +80,19 @@ TEST(Config, UnknownKeysAreErrors) {
   EXPECT_NE(e.find("unknown key 'hiden'"), std::string::npos) << e;
 }
 
+// A required key that is missing beside a near spelling of it names that spelling; a far one
+// is not taken for it.
+TEST(Config, AMissingKeyNamesANearMisspelling) {
+  auto t = ConfigTable::parse("[privacy]\nnoise_multipler = 1.0\nclip = 1.0\n", "run.toml");
+  auto p = *t.table("privacy");
+  std::string e = error_of([&] { p.require_double("noise_multiplier"); });
+  EXPECT_NE(e.find("missing; expected a number ('privacy.noise_multipler' is there: misspelt?)"),
+            std::string::npos)
+      << e;
+  e = error_of([&] { p.require_double("delta"); });
+  EXPECT_EQ(e.find("misspelt"), std::string::npos) << e;
+}
+
 TEST(Config, SyntaxErrorNamesLine) {
   std::string e = error_of([] { ConfigTable::parse("a = 1\nb = = 2\n", "bad.toml"); });
   EXPECT_NE(e.find("bad.toml', line 2"), std::string::npos) << e;
