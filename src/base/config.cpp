@@ -139,7 +139,9 @@ size_t edit_distance(std::string_view a, std::string_view b, size_t most) {
 std::string ConfigTable::near_miss(const std::string& key) const {
   for (const auto& [k, v] : *node_) {
     const std::string present(k.str());
-    if (present != key && edit_distance(present, key, 2) <= 2)
+    // One edit, two in a long key: "data" and "beta" (both real keys) are two apart.
+    const size_t most = key.size() >= 8 ? 2 : 1;
+    if (present != key && edit_distance(present, key, most) <= most)
       return cat(" ('", prefix_, present, "' is there: misspelt?)");
   }
   return "";

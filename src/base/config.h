@@ -52,7 +52,7 @@ class ConfigTable {
   // Throws naming every key that was present but never read.
   void finish() const;
   // For a key that is missing: " ('noise_multipler' is there: misspelt?)" when the table holds a
-  // key one or two edits from it, else "".
+  // key one edit from it (two for a key of eight characters or more), else "".
   std::string near_miss(const std::string& key) const;
 
   // Every key of the table and the tables under it, dotted from this table's prefix, with its

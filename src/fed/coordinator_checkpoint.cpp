@@ -239,7 +239,7 @@ void Coordinator::take_privacy_ledger() {
   const int64_t released = ledger["steps"].get<int64_t>();
   if (released <= dp_->private_rounds()) return;
   log::warn("fed server: ", released - dp_->private_rounds(),
-            " private release(s) made after the checkpoint resumed from stay accounted (",
+            " private release(s) made after the point this resume starts from stay accounted (",
             path.string(), "); their rounds run again, released anew");
   dp_->load_accounting(ledger);
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "base/config.h"
+#include "base/log.h"
 #include "base/rng.h"
 
 namespace pollen::fed {
@@ -45,13 +46,14 @@ PrivacyOptions read_privacy_options(ConfigTable& t) {
   POLLEN_CHECK(o.delta > 0 && o.delta < 1, t.where("delta"), ": must be in (0, 1), got ", o.delta);
   POLLEN_CHECK(o.epsilon_budget >= 0, t.where("epsilon_budget"),
                ": must be 0 (no budget) or positive, got ", o.epsilon_budget);
-  // Keys of a mode that is off would be ignored: a clip the user thinks adapts stays fixed.
+  // Keys of a mode that is off are ignored, said so: a clip the user thinks adapts stays fixed.
   for (const char* key : {"target_quantile", "clip_lr", "clipped_count_stddev"})
-    POLLEN_CHECK(
-        o.adaptive_clip || !t.has(key), t.where(key),
-        " is for the adaptive clip, which is off (set adaptive_clip = true, or remove it)");
-  POLLEN_CHECK(o.weighting == "capped_tokens" || !t.has("token_cap"), t.where("token_cap"),
-               " is for weighting = \"capped_tokens\", which is off (set it, or remove the key)");
+    if (!o.adaptive_clip && t.has(key))
+      log::warn(t.where(key), " is for the adaptive clip, which is off: ignored (set ",
+                "adaptive_clip = true, or remove the key)");
+  if (o.weighting != "capped_tokens" && t.has("token_cap"))
+    log::warn(t.where("token_cap"), " is for weighting = \"capped_tokens\", which is off: ",
+              "ignored (set it, or remove the key)");
   return o;
 }
 

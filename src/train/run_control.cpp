@@ -119,7 +119,7 @@ void LoopCounters::save(nlohmann::ordered_json& st, double elapsed_here) const {
 }
 
 void LoopCounters::restore(const nlohmann::ordered_json& st) {
-  step = st.at("step").get<int64_t>();
+  step = resumed_step = st.at("step").get<int64_t>();
   tokens = st.at("tokens").get<int64_t>();
   bad_in_row = st.at("bad_steps_in_row").get<int64_t>();
   skipped = st.at("skipped_steps").get<int64_t>();
@@ -190,11 +190,15 @@ RunMetrics RunMetrics::open(const fs::path& dir, bool tensorboard,
   // A fresh run in a folder an earlier run used: that run's evaluations (pollen eval --run) are of
   // other weights under the same step numbers.
   if (!saved && fs::exists(dir / "eval.jsonl")) {
-    // Added to what an earlier resume or fresh run set aside there, never in its place.
-    const std::string old =
-        fs::exists(dir / "eval.jsonl.old") ? read_file(dir / "eval.jsonl.old") : std::string();
-    write_file_atomic(dir / "eval.jsonl.old", old + read_file(dir / "eval.jsonl"));
-    fs::remove(dir / "eval.jsonl");
+    // Added to what an earlier resume or fresh run set aside there, never in its place; as
+    // below, a kill between the steps loses the results rather than setting them aside twice.
+    if (!fs::exists(dir / "eval.jsonl.old")) {
+      fs::rename(dir / "eval.jsonl", dir / "eval.jsonl.old");
+    } else {
+      const std::string both = read_file(dir / "eval.jsonl.old") + read_file(dir / "eval.jsonl");
+      fs::remove(dir / "eval.jsonl");
+      write_file_atomic(dir / "eval.jsonl.old", both);
+    }
     log::warn("a fresh run in '", dir.string(), "': its eval.jsonl, of an earlier run's ",
               "checkpoints, is added to eval.jsonl.old");
   }
@@ -299,7 +303,8 @@ std::string preempted_message(int64_t step, const fs::path& checkpoint) {
 }
 
 std::string val_step_note(const LoopCounters& c) {
-  if (c.last_val_step == LoopCounters::kValStepUnrecorded) return " (at an earlier step)";
+  if (c.last_val_step == LoopCounters::kValStepUnrecorded)
+    return cat(" (at or before step ", c.resumed_step, ")");
   return c.last_val_step >= 0 && c.last_val_step < c.step ? cat(" (at step ", c.last_val_step, ")")
                                                           : std::string();
 }

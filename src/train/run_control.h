@@ -71,6 +71,7 @@ struct LoopCounters {
   // validation loss as such.
   static constexpr int64_t kValStepUnrecorded = -2;
   int64_t last_val_step = -1;
+  int64_t resumed_step = 0;  // the step restore() read: kValStepUnrecorded's bound
   // state.json's "step", "tokens", "bad_steps_in_row", "skipped_steps", "elapsed_s" (the
   // run's seconds so far, `elapsed_here` of them in this process), "last_loss",
   // "last_val_loss" and "last_val_step".

@@ -154,7 +154,7 @@ RunEvalResult evaluate_run(const fs::path& run_dir, const RunEvalOptions& o) {
   po.batch = o.batch > 0 ? o.batch : run.micro_batch;
 
   // One evaluation of a run at a time: each rewrites eval.jsonl whole from what it read.
-  const FolderLock lock(run_dir, "eval --run", run_dir / ".eval.lock");
+  const FolderLock lock(run_dir, "run folder", run_dir / ".eval.lock");
   std::map<EvalKey, nlohmann::ordered_json> records;
   for (auto& j : read_run_evals(run_dir)) {
     const EvalKey key = key_of(j);

@@ -215,19 +215,20 @@ constexpr const char* kPrivacyLedger = "privacy.json";
 // A resumed run's [privacy] must be the checkpoint's, key by key: a new delta would report
 // epsilon at another delta, a new noise seed make the noise predictable.
 void check_same_privacy(const optim::DpSgdOptions& saved, const optim::DpSgdOptions& now) {
-  // An unset value is 0 (delta: 0.1 / the sequences or 1e-5; noise_multiplier: calibrated
-  // from target_epsilon; target_epsilon: none) or -1 (noise_seed: none): named as unset.
-  const auto same = [](const char* key, double a, double b) {
-    const auto shown = [](double v) { return v == 0 || v == -1 ? std::string("unset") : cat(v); };
+  // `unset`: the value that stands for a key left out (delta 0: 0.1 / the sequences or 1e-5;
+  // target_epsilon 0: none; noise_seed -1: none), named as such.
+  const auto same = [](const char* key, double a, double b, std::optional<double> unset = {}) {
+    const auto shown = [&](double v) { return v == unset ? std::string("unset") : cat(v); };
     POLLEN_CHECK(a == b, "cannot resume: privacy.", key, " (", shown(a), " -> ", shown(b),
                  ") differs from the checkpoint's; a private run keeps its [privacy] table");
   };
   if (!saved.enabled || !now.enabled) return;  // recover_privacy refuses adding or dropping it
   same("clip", saved.clip, now.clip);
   same("noise_multiplier", saved.noise_multiplier, now.noise_multiplier);
-  same("target_epsilon", saved.target_epsilon, now.target_epsilon);
-  same("delta", saved.delta, now.delta);
-  same("noise_seed", static_cast<double>(saved.noise_seed), static_cast<double>(now.noise_seed));
+  same("target_epsilon", saved.target_epsilon, now.target_epsilon, 0.0);
+  same("delta", saved.delta, now.delta, 0.0);
+  same("noise_seed", static_cast<double>(saved.noise_seed), static_cast<double>(now.noise_seed),
+       -1.0);
 }
 
 // A pre-training run in this process once its model, optimizer and data are set up: resuming,
@@ -367,13 +368,22 @@ void TrainingRun::recover_privacy() {
                " [privacy] table; a run keeps its privacy setting");
   // A private run's account (even one that reached no checkpoint) is never overwritten.
   const fs::path ledger = cfg_.dir / kPrivacyLedger;
+  if (!dp_) {
+    if (!fs::exists(ledger)) return;
+    // A run resumed from checkpoints of its own trained without [privacy]: the account is of an
+    // earlier private run in the folder (one that reached no checkpoint), and stays as it is.
+    if (resumed_) {
+      log::warn("'", ledger.string(), "' is the privacy account of an earlier private run in this ",
+                "folder; this run's checkpoints are not private, and it is left as it is");
+      return;
+    }
+    fail("run folder '", cfg_.dir.string(), "' holds the privacy account of a private run (",
+         kPrivacyLedger, ") and this run's config has no [privacy] table; continue that run with ",
+         "its [privacy] table (--resume), or choose another run.dir");
+  }
   POLLEN_CHECK(o_.resume || !fs::exists(ledger), "run folder '", cfg_.dir.string(),
                "' holds the privacy account of an earlier private run (", kPrivacyLedger,
                "); continue that run with --resume, or choose another run.dir");
-  POLLEN_CHECK(dp_ || !fs::exists(ledger), "run folder '", cfg_.dir.string(),
-               "' holds the privacy account of a private run (", kPrivacyLedger,
-               ") and this run's config has no [privacy] table; a run keeps its privacy setting");
-  if (!dp_) return;
   std::optional<nlohmann::json> state;
   bool released_since = false;  // steps released after the checkpoint, which run again
   if (private_checkpoint) state = nlohmann::json(resumed_->at("privacy"));

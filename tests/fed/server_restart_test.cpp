@@ -74,6 +74,22 @@ TEST(ServerRestart, KilledServerResumesAndTheClientRejoins) {
   fs::remove_all(dir);
 }
 
+namespace {
+
+// `rounds` rounds of the server with the simulation's one client, each aggregated.
+void train_rounds(Coordinator& server, const SimConfig& cfg, int rounds) {
+  LocalTransport transport(server);
+  Client client(cfg.clients[0], transport);
+  client.join();
+  for (int i = 0; i < rounds; ++i) {
+    ASSERT_TRUE(server.begin_round());
+    client.poll_once();
+    ASSERT_TRUE(server.end_round().aggregated);
+  }
+}
+
+}  // namespace
+
 // A server whose newest checkpoint does not verify resumes from the one before and moves the bad
 // one aside, so that retention never counts it as the newest; with none that verifies it refuses
 // to start rather than begin round 1 beside them (and delete the run's metrics); a checkpoint
@@ -83,16 +99,7 @@ TEST(ServerRestart, CorruptCheckpointsAreSetAsideOrRefused) {
   set_num_threads(1);
   const auto dir = temp_dir("server_corrupt");
   const auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 4, 1);
-  auto train = [&](Coordinator& server, int rounds) {
-    LocalTransport transport(server);
-    Client client(cfg.clients[0], transport);
-    client.join();
-    for (int i = 0; i < rounds; ++i) {
-      ASSERT_TRUE(server.begin_round());
-      client.poll_once();
-      ASSERT_TRUE(server.end_round().aggregated);
-    }
-  };
+  auto train = [&](Coordinator& server, int rounds) { train_rounds(server, cfg, rounds); };
   const fs::path ckpts = cfg.server.dir / "checkpoints";
   auto step = [&](int round) { return ckpts / io::checkpoint_name(round); };
   {
@@ -219,16 +226,7 @@ TEST(ServerRestart, CentralDpReleasesStayCountedWhenAResumeGoesBack) {
   cfg.server.privacy.enabled = true;
   cfg.server.privacy.noise_multiplier = 1.0;
   cfg.server.privacy.clip = 0.05;
-  auto train = [&](Coordinator& server, int rounds) {
-    LocalTransport transport(server);
-    Client client(cfg.clients[0], transport);
-    client.join();
-    for (int i = 0; i < rounds; ++i) {
-      ASSERT_TRUE(server.begin_round());
-      client.poll_once();
-      ASSERT_TRUE(server.end_round().aggregated);
-    }
-  };
+  auto train = [&](Coordinator& server, int rounds) { train_rounds(server, cfg, rounds); };
   const auto released = [&] {
     return nlohmann::json::parse(read_file(cfg.server.dir / "privacy.json"))["steps"];
   };

@@ -359,12 +359,13 @@ TEST(PostLora, AnExportOfARunOnAnHfBaseCarriesTheRunsTemplateAndEndOfTurn) {
   text.replace(text.find(base), base.size(), "base = \"" + (dir / "hf").string() + "\"");
   ASSERT_EQ(run(text, false).status, train::RunStatus::finished);
 
-  ASSERT_EQ(
-      std::system(cat(POLLEN_BINARY, " export hf --model ", (dir / "run").string(), " --output ",
-                      (dir / "export").string(), " > ", (dir / "export.log").string(), " 2>&1")
-                      .c_str()),
-      0)
-      << read_file(dir / "export.log");
+  const auto exports = [&] {  // `pollen export hf` of the run into dir/export
+    return std::system(cat(POLLEN_BINARY, " export hf --model ", (dir / "run").string(),
+                           " --output ", (dir / "export").string(), " > ",
+                           (dir / "export.log").string(), " 2>&1")
+                           .c_str()) == 0;
+  };
+  ASSERT_TRUE(exports()) << read_file(dir / "export.log");
   const auto config = nlohmann::json::parse(read_file(dir / "export" / "tokenizer_config.json"));
   EXPECT_EQ(config.value("chat_template", ""),
             tokenizer::chat_template_jinja(tokenizer::ChatTemplate::chatml));
@@ -382,12 +383,7 @@ TEST(PostLora, AnExportOfARunOnAnHfBaseCarriesTheRunsTemplateAndEndOfTurn) {
   io::export_hf(load_base(), dir / "hf", o);
   fs::remove_all(dir / "run");
   ASSERT_EQ(run(text, false).status, train::RunStatus::finished);
-  ASSERT_EQ(
-      std::system(cat(POLLEN_BINARY, " export hf --model ", (dir / "run").string(), " --output ",
-                      (dir / "export").string(), " > ", (dir / "export.log").string(), " 2>&1")
-                      .c_str()),
-      0)
-      << read_file(dir / "export.log");
+  ASSERT_TRUE(exports()) << read_file(dir / "export.log");
   EXPECT_EQ(nlohmann::json::parse(read_file(dir / "export" / "tokenizer_config.json")),
             nlohmann::json::parse(read_file(dir / "hf" / "tokenizer_config.json")));
   fs::remove_all(dir);

@@ -443,7 +443,7 @@ TEST(Trainer, AnUnrecordedValidationStepIsAnEarlierOne) {
   train::LoopCounters c;
   c.restore(state);
   c.step = 6;
-  EXPECT_EQ(train::val_step_note(c), " (at an earlier step)");
+  EXPECT_EQ(train::val_step_note(c), " (at or before step 4)");
   state["last_val_loss"] = nullptr;
   c.restore(state);
   EXPECT_EQ(c.last_val_step, -1);
