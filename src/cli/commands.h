@@ -42,6 +42,13 @@ inline CLI::Validator key_equals_value() {
       "KEY=VALUE");
 }
 
+// The --set values as they were given ("--set k=v"): what the ranks of a job compare.
+inline std::vector<std::string> set_options(const std::vector<std::string>& sets) {
+  std::vector<std::string> options;
+  for (const std::string& set : sets) options.push_back("--set " + set);
+  return options;
+}
+
 // A number of 1 or more, checked while the command line is parsed (CLI11's PositiveNumber
 // says a 0 is "not in range 0 to 1.8e308").
 inline CLI::Validator one_or_more() {

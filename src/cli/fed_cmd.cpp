@@ -64,7 +64,10 @@ void add_fed_command(CLI::App& app) {
     const char* fault = std::getenv("POLLEN_FAULT_INJECT");
     fed::ClientConfig cfg = fed::load_client_config(o->config);
     if (!o->device.empty()) fed::set_train_device(cfg, o->device);
-    fed::run_client(cfg, train::parse_fault_injection(fault ? fault : ""));
+    std::vector<std::string> options;
+    if (!o->device.empty()) options.push_back("--device " + o->device);
+    fed::run_client(cfg, train::parse_fault_injection(fault ? fault : ""),
+                    {o->config, options, {cfg.manifests.begin(), cfg.manifests.end()}});
   });
 
   auto* sim = fed->add_subcommand("simulate", "N virtual clients and the server in one process");

@@ -53,7 +53,7 @@ void add_post_run_options(CLI::App* cmd, const std::string& objective,
     const char* fault = std::getenv("POLLEN_FAULT_INJECT");
     o.fault = train::parse_fault_injection(fault ? fault : "");
     run_as_job(*comm, [&]() -> train::RunResult {
-      dist::check_ranks_run_the_same(*comm, {*config, *sets, {}});
+      dist::check_ranks_run_the_same(*comm, {*config, set_options(*sets), {}});
       return run(cfg, o);
     });
   });

@@ -12,7 +12,7 @@ namespace pollen::dist {
 std::string rank_inputs_text(const RankInputs& inputs) {
   std::string text = read_file(inputs.run_file);
   if (!text.empty() && text.back() != '\n') text += '\n';
-  for (const std::string& set : inputs.sets) text += cat("--set ", set, "\n");
+  for (const std::string& option : inputs.options) text += option + "\n";
   for (size_t i = 0; i < inputs.data_files.size(); ++i)
     text += cat("data file ", i + 1, " of ", inputs.data_files.size(), ", SHA-256 ",
                 sha256_file(inputs.data_files[i]), "\n");

@@ -10,15 +10,16 @@
 
 namespace pollen::dist {
 
-// What a rank runs: its run file's text with the --set values after it, and the data files it
-// reads (their contents count, not their paths: nodes may mount the data elsewhere).
+// What a rank runs: its run file's text with the command's options that change it after it
+// ("--set k=v", "--device cuda"), and the data files it reads (their contents count, not their
+// paths: nodes may mount the data elsewhere).
 struct RankInputs {
   std::filesystem::path run_file;
-  std::vector<std::string> sets;
+  std::vector<std::string> options;
   std::vector<std::filesystem::path> data_files;
 };
 
-// The text the ranks compare: the run file, each --set, and each data file's SHA-256.
+// The text the ranks compare: the run file, each option, and each data file's SHA-256.
 std::string rank_inputs_text(const RankInputs& inputs);
 
 // The first line where `mine` differs from `root`'s, as "line N: rank 0 has '...', rank R has

@@ -123,7 +123,8 @@ void lead_silo(const ClientConfig& config, dist::Communicator& comm,
 
 }  // namespace
 
-void run_client(const ClientConfig& config, const train::FaultInjection& fault) {
+void run_client(const ClientConfig& config, const train::FaultInjection& fault,
+                const dist::RankInputs& inputs) {
   // One process unless a launcher (mpirun, srun) started several.
   const auto comm = dist::connect(config.parallel.timeout_s);
   if (config.threads > 0 || comm->world() > 1) {
@@ -138,6 +139,7 @@ void run_client(const ClientConfig& config, const train::FaultInjection& fault) 
       lock.emplace(config.state_dir, "client.state_dir");
     if (comm->world() > 1)
       log::info("fed client ranks (", comm->topology().launcher, "): ", comm->placement());
+    if (!inputs.run_file.empty()) dist::check_ranks_run_the_same(*comm, inputs);
     if (comm->rank() == 0) {
       lead_silo(config, *comm, fault);
     } else {

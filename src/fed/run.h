@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "dist/same_inputs.h"
 #include "fed/config.h"
 #include "fed/strategy.h"
 #include "train/trainer.h"
@@ -15,8 +16,11 @@ int64_t run_server(const ServerConfig& config, bool resume);
 
 // Joins and trains until the server says the run is over. Under a launcher of several ranks
 // (mpirun, srun) the silo runs as all of them (fed/silo.h); a rank that dies or hangs ends the
-// job with exit code 4 (docs/parallel.md). `fault`: POLLEN_FAULT_INJECT's, for tests.
-void run_client(const ClientConfig& config, const train::FaultInjection& fault = {});
+// job with exit code 4 (docs/parallel.md); ranks that run another client.toml (`inputs`: the
+// file, the command's options and the manifests) than rank 0 end it before joining.
+// `fault`: POLLEN_FAULT_INJECT's, for tests.
+void run_client(const ClientConfig& config, const train::FaultInjection& fault = {},
+                const dist::RankInputs& inputs = {});
 
 struct SimulationResult {
   int64_t rounds = 0;

@@ -366,6 +366,25 @@ TEST(FederatedSilo, HungRankIsNamedWithExitCodeFourAndTheRestartedClientFinishes
   fs::remove_all(f.dir);
 }
 
+// A rank that runs another client.toml than rank 0 (a stale copy on its node) ends the silo's
+// job before it joins, naming the line that differs.
+TEST(FederatedSilo, ARankWithAnotherClientFileEndsTheJobBeforeJoining) {
+  const Federation f = write_federation("silo_other_file");
+  std::string text = read_file(f.dir / "client.toml");
+  ASSERT_NE(text.find("seed = 100"), std::string::npos);
+  text.replace(text.find("seed = 100"), 10, "seed = 101");
+  write_file_atomic(f.dir / "stale.toml", text);
+  std::string cmd = "mpirun --oversubscribe --bind-to none ";
+  if (geteuid() == 0) cmd += "--allow-run-as-root ";
+  cmd += cat("-np 1 ", POLLEN_BINARY, " fed client --config ", (f.dir / "client.toml").string(),
+             " : -np 1 ", POLLEN_BINARY, " fed client --config ", (f.dir / "stale.toml").string());
+  int status = 0;
+  const std::string out = run_capture(cmd, &status);  // no server: it must not get that far
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(out.find("rank 0 has 'seed = 100', rank 1 has 'seed = 101'"), std::string::npos) << out;
+  fs::remove_all(f.dir);
+}
+
 // An error that rank 1 alone meets inside a round (its data, its memory) ends the silo's job with
 // exit code 1 and that error, instead of leaving rank 0 waiting in a reduction until the watchdog
 // blames a hung rank 1; the restarted client finishes the run.
