@@ -176,6 +176,18 @@ Loader::Loader(const LoaderOptions& options) : options_(options) {
 
 Loader::~Loader() = default;
 
+int64_t Loader::count_windows(const LoaderOptions& o) {
+  const auto wlen = static_cast<uint64_t>(o.seq + 1);
+  int64_t total = 0;
+  for (const auto& path : o.manifests) {
+    uint64_t tokens = 0;
+    for (const auto& info : Manifest::load(path).split(o.split))
+      tokens += static_cast<uint64_t>(info.num_tokens);
+    total += static_cast<int64_t>(tokens / wlen);  // as the constructor's num_windows
+  }
+  return total;
+}
+
 int64_t Loader::windows_per_epoch() const {
   return std::accumulate(per_epoch_.begin(), per_epoch_.end(), int64_t{0});
 }

@@ -80,6 +80,9 @@ class Loader {
   int64_t tokens_per_epoch() const;
   // Windows in one epoch's permutation (every epoch has the same number).
   int64_t windows_per_epoch() const;
+  // The same count for `options` from their manifests alone (no shard is read or verified): what
+  // a caller sizes the batch of the loader it then makes by.
+  static int64_t count_windows(const LoaderOptions& options);
 
   // Every window of every dataset once, whatever the weights: the records DP-SGD samples from
   // (optim/dp_sgd.h), numbered dataset by dataset in stream order.

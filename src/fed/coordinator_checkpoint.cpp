@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "base/files.h"
+#include "base/json_depth.h"
 #include "base/log.h"
 #include "fed/first_moments.h"
 #include "fed/post_lora.h"
@@ -220,47 +221,49 @@ void Coordinator::write_privacy_charge_locked() {
   write_file_atomic(privacy_charge_path(), charge.dump(1) + "\n");
 }
 
+namespace {
+
+// A privacy file of the server's folder (the ledger, a round's charge), as its JSON object; none
+// when it is absent. Refused without [privacy]: the releases it counts would go on uncounted.
+std::optional<nlohmann::json> read_privacy_file(const fs::path& path, bool private_run,
+                                                std::string_view holds) {
+  if (!fs::exists(path)) return std::nullopt;
+  const std::string what = cat("fed server: '", path.string(), "'");
+  POLLEN_CHECK(private_run, what, " holds ", holds,
+               "; resuming without [privacy] would release rounds that no accountant counts (put "
+               "the [privacy] table back)");
+  return parse_json_object(read_file(path), what);
+}
+
+}  // namespace
+
 void Coordinator::take_privacy_ledger() {
   const fs::path path = privacy_ledger_path();
-  if (!fs::exists(path)) return;
-  const std::string what = cat("fed server: '", path.string(), "'");
-  POLLEN_CHECK(dp_, what,
-               " holds the privacy account of rounds released under [privacy]; resuming without "
-               "it would release rounds that no accountant counts (put the [privacy] table back)");
-  nlohmann::json ledger;
-  try {
-    ledger = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    fail(what, ": not JSON (", e.what(), ")");
-  }
-  POLLEN_CHECK(ledger.is_object() && ledger.contains("steps") &&
-                   ledger["steps"].is_number_integer() && ledger.contains("rdp"),
-               what, ": expected the accountant's state {rdp, steps, ...}");
-  const int64_t released = ledger["steps"].get<int64_t>();
+  const auto ledger = read_privacy_file(path, dp_ != nullptr,
+                                        "the privacy account of rounds released under [privacy]");
+  if (!ledger) return;
+  POLLEN_CHECK(ledger->contains("steps") && (*ledger)["steps"].is_number_integer() &&
+                   ledger->contains("rdp"),
+               "fed server: '", path.string(),
+               "': expected the accountant's state {rdp, steps, ...}");
+  const int64_t released = (*ledger)["steps"].get<int64_t>();
   if (released <= dp_->private_rounds()) return;
   log::warn("fed server: ", released - dp_->private_rounds(),
             " private release(s) made after the point this resume starts from stay accounted (",
             path.string(), "); their rounds run again, released anew");
-  dp_->load_accounting(ledger);
+  dp_->load_accounting(*ledger);
 }
 
 void Coordinator::take_privacy_charge() {
   const fs::path path = privacy_charge_path();
-  if (!fs::exists(path)) return;
   const std::string what = cat("fed server: '", path.string(), "'");
-  POLLEN_CHECK(dp_, what,
-               " holds the privacy charge of a round whose shares were revealed; "
-               "resuming without [privacy] would release rounds that no accountant counts (put "
-               "the [privacy] table back)");
-  nlohmann::json charge;
-  try {
-    charge = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    fail(what, ": not JSON (", e.what(), ")");
-  }
-  POLLEN_CHECK(charge.is_object() && charge.contains("round") &&
-                   charge["round"].is_number_integer() && charge.contains("attempt") &&
-                   charge["attempt"].is_number_integer() && charge.contains("privacy"),
+  const auto read = read_privacy_file(path, dp_ != nullptr,
+                                      "the privacy charge of a round whose shares were revealed");
+  if (!read) return;
+  const nlohmann::json& charge = *read;
+  POLLEN_CHECK(charge.contains("round") && charge["round"].is_number_integer() &&
+                   charge.contains("attempt") && charge["attempt"].is_number_integer() &&
+                   charge.contains("privacy"),
                what, ": expected {round, attempt, privacy}");
   const auto round = charge["round"].get<int64_t>();
   const auto attempt = charge["attempt"].get<int64_t>();

@@ -91,25 +91,22 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
   const bool named =
       cfg.validation_split != "validation" || cfg.validation_manifests != cfg.manifests;
   try {
-    // Read with batches of one first to count the split's windows: one of fewer than a
-    // micro-batch is scored whole, as one batch.
-    vo.batch = 1;
-    v.loader = std::make_unique<data::Loader>(vo);
-    const int64_t windows = v.loader->windows_per_epoch();
-    if (windows < cfg.micro_batch) {
+    // A split of fewer windows than a micro-batch is scored whole, as one batch (none: the
+    // loader says why).
+    const int64_t windows = data::Loader::count_windows(vo);
+    if (windows > 0 && windows < cfg.micro_batch) {
       log::info("validation split '", cfg.validation_split, "' has ", windows, " windows of ",
                 cfg.seq + 1,
                 " tokens, fewer than one micro-batch: each evaluation scores them all");
       vo.batch = windows;
-    } else {
-      vo.batch = cfg.micro_batch;
     }
-    if (vo.batch > 1) v.loader = std::make_unique<data::Loader>(vo);
+    v.loader = std::make_unique<data::Loader>(vo);
     v.start = v.loader->state();
-    v.batches = std::min(cfg.eval_batches, windows / vo.batch);
-    if (v.batches < cfg.eval_batches && windows >= cfg.micro_batch)
+    const int64_t held = v.loader->windows_per_epoch();
+    v.batches = std::min(cfg.eval_batches, held / vo.batch);
+    if (v.batches < cfg.eval_batches && held >= cfg.micro_batch)
       log::warn("eval.batches = ", cfg.eval_batches, " asks for more than validation split '",
-                cfg.validation_split, "' holds (", windows, " windows of ", cfg.seq + 1,
+                cfg.validation_split, "' holds (", held, " windows of ", cfg.seq + 1,
                 " tokens): each evaluation scores its ", v.batches, " whole micro-batches once");
   } catch (const Error& e) {
     if (named)
