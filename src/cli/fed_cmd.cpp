@@ -2,7 +2,6 @@
 // silos (docs/federated.md; `fed privacy` and `fed post` are in their own files). Parsing and
 // wiring only.
 #include <cstdio>
-#include <cstdlib>
 
 #include "base/log.h"
 #include "base/thread_pool.h"
@@ -61,12 +60,11 @@ void add_fed_command(CLI::App& app) {
   client->add_option("--config", o->config, "client.toml")->required();
   client->add_option("--device", o->device, kDeviceHelp)->check(CLI::IsMember({"cpu", "cuda"}));
   client->callback([o] {
-    const char* fault = std::getenv("POLLEN_FAULT_INJECT");
     fed::ClientConfig cfg = fed::load_client_config(o->config);
     if (!o->device.empty()) fed::set_train_device(cfg, o->device);
     std::vector<std::string> options;
     if (!o->device.empty()) options.push_back("--device " + o->device);
-    fed::run_client(cfg, train::parse_fault_injection(fault ? fault : ""),
+    fed::run_client(cfg, train::fault_from_environment(),
                     {o->config, options, {cfg.manifests.begin(), cfg.manifests.end()}});
   });
 

@@ -1,7 +1,6 @@
 #include "cli/post_command.h"
 
 #include <cctype>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -45,13 +44,12 @@ void add_post_run_options(CLI::App* cmd, const std::string& objective,
     if (config->empty()) throw CLI::RequiredError("--config");
     const train::PostConfig cfg = train::load_post_config(*config, objective, *sets);
     // One process unless a launcher (mpirun, srun) started several (docs/parallel.md).
-    const auto comm = dist::connect(cfg.timeout_s);
-    if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the job
     train::PostOptions o;
+    o.fault = train::fault_from_environment();
+    const auto comm = train::connect_ranks(cfg.timeout_s, o.fault);
+    if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the job
     o.resume = *resume;
     o.comm = comm.get();
-    const char* fault = std::getenv("POLLEN_FAULT_INJECT");
-    o.fault = train::parse_fault_injection(fault ? fault : "");
     run_as_job(*comm, [&]() -> train::RunResult {
       dist::check_ranks_run_the_same(*comm, {*config, set_options(*sets), {}});
       return run(cfg, o);

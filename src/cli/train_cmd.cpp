@@ -1,7 +1,6 @@
 // `pollen train --config run.toml [--set key=value ...] [--resume]`: wiring only; the trainer is
 // train::run_training.
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,13 +49,12 @@ void add_train_command(CLI::App& app) {
     const train::TrainConfig cfg = train::load_train_config(*config, *sets);
     train::check_manifests_exist(cfg, *config);
     // One process unless a launcher (mpirun, srun) started several.
-    const auto comm = dist::connect(cfg.timeout_s);
-    if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the job
     train::TrainOptions o;
+    o.fault = train::fault_from_environment();
+    const auto comm = train::connect_ranks(cfg.timeout_s, o.fault);
+    if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the job
     o.resume = *resume;
     o.comm = comm.get();
-    const char* fault = std::getenv("POLLEN_FAULT_INJECT");
-    o.fault = train::parse_fault_injection(fault ? fault : "");
     std::vector<std::filesystem::path> data(cfg.manifests.begin(), cfg.manifests.end());
     data.insert(data.end(), cfg.validation_manifests.begin(), cfg.validation_manifests.end());
     run_as_job(*comm, [&] {

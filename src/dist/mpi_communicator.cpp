@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include "base/log.h"
@@ -31,6 +34,34 @@ void pause_between_polls(int64_t polls) {
   }
 }
 
+// MPI_Init returns only once every rank of the job has called it: a rank that stalls before it
+// (a hung file system, a node that never started it) would hold the others there for good, before
+// any collective's watchdog runs. This one ends the waiting rank with exit code 4, as a hung
+// collective does; mpirun then ends the rest.
+void init_mpi_within(const Topology& t, double timeout_s) {
+  std::mutex m;
+  std::condition_variable cv;
+  bool started = false;
+  std::thread watchdog([&] {
+    std::unique_lock lock(m);
+    const auto limit = std::chrono::duration<double>(std::min(timeout_s, 1e8));
+    if (cv.wait_for(lock, limit, [&] { return started; })) return;
+    log::error("rank ", t.rank, ": MPI did not start within ", timeout_s,
+               " s (parallel.timeout_s): a rank of the ", t.world,
+               " did not reach MPI_Init (hung or never started); stopping the job. Rerun it "
+               "with --resume once every rank can start");
+    std::_Exit(4);
+  });
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  {
+    std::lock_guard lock(m);
+    started = true;
+  }
+  cv.notify_one();
+  watchdog.join();
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(const Topology& topology, double timeout_s)
@@ -39,8 +70,7 @@ MpiCommunicator::MpiCommunicator(const Topology& topology, double timeout_s)
   int ready = 0;
   MPI_Initialized(&ready);
   if (!ready) {
-    int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    init_mpi_within(topology, timeout_s);
     initialised_here_ = true;
   }
   int size = 0, rank = 0;

@@ -13,6 +13,7 @@
 #include "fed/server_metrics.h"
 #include "fed/silo.h"
 #include "obs/metrics_endpoint.h"
+#include "train/run_control.h"
 
 namespace pollen::fed {
 
@@ -126,7 +127,7 @@ void lead_silo(const ClientConfig& config, dist::Communicator& comm,
 void run_client(const ClientConfig& config, const train::FaultInjection& fault,
                 const dist::RankInputs& inputs) {
   // One process unless a launcher (mpirun, srun) started several.
-  const auto comm = dist::connect(config.parallel.timeout_s);
+  const auto comm = train::connect_ranks(config.parallel.timeout_s, fault);
   if (config.threads > 0 || comm->world() > 1) {
     set_num_threads(config.threads > 0 ? config.threads : comm->threads_per_rank());
   }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string_view>
 #include <thread>
@@ -334,16 +335,28 @@ FaultInjection parse_fault_injection(const std::string& text) {
     f.rank = std::stoi(text.substr(a + 1, b - a - 1), &used);
     POLLEN_CHECK(used == b - a - 1, "");
     f.step = std::stoll(text.substr(b + 1), &used);
-    POLLEN_CHECK(used == text.size() - b - 1 && f.rank >= 0 && f.step >= 1, "");
+    const int64_t first_step = kind == "kill" || kind == "hang" ? 0 : 1;
+    POLLEN_CHECK(used == text.size() - b - 1 && f.rank >= 0 && f.step >= first_step, "");
   } catch (const std::exception&) {
     fail("POLLEN_FAULT_INJECT='", text,
-         "': expected kill:RANK:STEP, hang:RANK:STEP, hang_backward:RANK:STEP or error:RANK:STEP");
+         "': expected kill:RANK:STEP, hang:RANK:STEP (STEP 0: before MPI starts), "
+         "hang_backward:RANK:STEP or error:RANK:STEP (STEP from 1)");
   }
   f.kind = kind == "kill"            ? FaultInjection::Kind::kill
            : kind == "hang"          ? FaultInjection::Kind::hang
            : kind == "hang_backward" ? FaultInjection::Kind::hang_backward
                                      : FaultInjection::Kind::error;
   return f;
+}
+
+FaultInjection fault_from_environment() {
+  const char* text = std::getenv("POLLEN_FAULT_INJECT");
+  return parse_fault_injection(text ? text : "");
+}
+
+std::unique_ptr<dist::Communicator> connect_ranks(double timeout_s, const FaultInjection& f) {
+  inject_fault_at(f, dist::topology_from_environment().rank, 0, nullptr);
+  return dist::connect(timeout_s);
 }
 
 namespace {
@@ -371,7 +384,7 @@ void inject_fault_at(const FaultInjection& f, int rank, int64_t step, dist::Grad
   }
   log::warn("rank ", f.rank,
             ": POLLEN_FAULT_INJECT: ", f.kind == FaultInjection::Kind::kill ? "dying" : "hanging",
-            " before step ", f.step);
+            f.step == 0 ? std::string(" before MPI starts") : cat(" before step ", f.step));
   if (f.kind == FaultInjection::Kind::kill) ::raise(SIGKILL);
   hang_forever();
 }

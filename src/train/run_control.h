@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -151,11 +152,18 @@ struct FaultInjection {
   enum class Kind { none, kill, hang, hang_backward, error };
   Kind kind = Kind::none;
   int rank = 0;
-  int64_t step = 0;  // before this step (1-based) runs; hang_backward: inside it
+  // before this step (1-based) runs; kill and hang at 0: before MPI starts; hang_backward: inside
+  // it
+  int64_t step = 0;
 };
 // Parses "kill:RANK:STEP", "hang:RANK:STEP", "hang_backward:RANK:STEP" or "error:RANK:STEP"; an
 // empty text injects nothing.
 FaultInjection parse_fault_injection(const std::string& text);
+// POLLEN_FAULT_INJECT's fault (none when it is unset).
+FaultInjection fault_from_environment();
+// The job's ranks joined (dist::connect), after `f`'s fault before MPI starts (step 0) on the
+// launcher's rank.
+std::unique_ptr<dist::Communicator> connect_ranks(double timeout_s, const FaultInjection& f);
 // Dies, hangs or throws as `f` says when this is its rank and the step about to run; for
 // hang_backward, has `reducer` (this rank's; null for a process alone, which is refused) hang
 // this rank once the step's first gradient bucket has started.

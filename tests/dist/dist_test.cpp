@@ -848,6 +848,23 @@ TEST(DataParallel, HungRankIsNamedWithExitCodeFourAndResumeFinishesTheRun) {
   expect_close(train_losses(d / "run"), ref, 2e-5, "resumed after a hang");
 }
 
+// OpenMPI's MPI_Init waits for every rank: one that stalls before it would hold the others there
+// with no collective's watchdog running yet.
+TEST(DataParallel, RankHungBeforeMpiStartsEndsTheJobWithExitCodeFour) {
+  const fs::path d = temp_dir("hung_start");
+  const Outcome hung =
+      train(2, write_run(d, 4), "--set parallel.timeout_s=5", "POLLEN_FAULT_INJECT=hang:1:0");
+  EXPECT_EQ(hung.exit_code, 4) << hung.output;
+  EXPECT_NE(hung.output.find("rank 1: POLLEN_FAULT_INJECT: hanging before MPI starts"),
+            std::string::npos)
+      << hung.output;
+  EXPECT_NE(hung.output.find("rank 0: MPI did not start within 5 s (parallel.timeout_s): a rank "
+                             "of the 2 did not reach MPI_Init (hung or never started)"),
+            std::string::npos)
+      << hung.output;
+  EXPECT_TRUE(io::list_checkpoints(d / "run" / "checkpoints").empty());
+}
+
 // A rank that hangs in the middle of backward has started the buckets before that point, but MPI
 // moves them only inside every rank's calls: the others, which started the rest, name it.
 TEST(DataParallel, RankHungInBackwardIsNamedThoughItStartedTheBucketWaitedFor) {
