@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <mutex>
@@ -9,6 +10,7 @@
 namespace pollen::log {
 namespace {
 std::atomic<Level> g_level{Level::info};
+std::atomic<bool> g_follower{false};
 std::mutex g_mutex;
 const char* name(Level l) {
   switch (l) {
@@ -31,6 +33,13 @@ void set_level(Level l) {
 }
 Level level() {
   return g_level;
+}
+void follow_job_lead() {
+  g_follower = true;
+  g_level = std::max(g_level.load(), Level::warn);
+}
+bool follows_job_lead() {
+  return g_follower;
 }
 
 void write(Level l, std::string_view message) {

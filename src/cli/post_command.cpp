@@ -47,7 +47,7 @@ void add_post_run_options(CLI::App* cmd, const std::string& objective,
     train::PostOptions o;
     o.fault = train::fault_from_environment();
     const auto comm = train::connect_ranks(cfg.timeout_s, o.fault);
-    if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the job
+    if (comm->rank() != 0) log::follow_job_lead();  // rank 0 reports for the job
     o.resume = *resume;
     o.comm = comm.get();
     run_as_job(*comm, [&]() -> train::RunResult {

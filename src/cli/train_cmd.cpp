@@ -52,7 +52,7 @@ void add_train_command(CLI::App& app) {
     train::TrainOptions o;
     o.fault = train::fault_from_environment();
     const auto comm = train::connect_ranks(cfg.timeout_s, o.fault);
-    if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the job
+    if (comm->rank() != 0) log::follow_job_lead();  // rank 0 reports for the job
     o.resume = *resume;
     o.comm = comm.get();
     std::vector<std::filesystem::path> data(cfg.manifests.begin(), cfg.manifests.end());

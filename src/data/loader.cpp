@@ -313,8 +313,9 @@ void Loader::restore(const LoaderState& s) {
   if (state_.cursor % static_cast<uint64_t>(step_rows()) != 0) {
     // Saved before epochs ended between steps: the next epoch starts now, so that from here on
     // every step reads one epoch's windows.
-    log::warn("loader: resumed at window ", state_.cursor, " of epoch ", state_.epoch,
-              ", not between steps of ", step_rows(), " rows; starting epoch ", state_.epoch + 1);
+    log::warn_job("loader: resumed at window ", state_.cursor, " of epoch ", state_.epoch,
+                  ", not between steps of ", step_rows(), " rows; starting epoch ",
+                  state_.epoch + 1);
     state_.epoch++;
     state_.cursor = 0;
   }

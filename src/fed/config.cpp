@@ -241,9 +241,9 @@ ServerConfig read_server_config(ConfigTable& root) {
                  "needs strategy.aggregation = 'mean' and no strategy.norm_bound");
     // Under secure aggregation the clients clip and noise (distributed DP, fed/privacy.h).
     if (c.secure_aggregation.enabled && c.privacy.secure_noise) {
-      log::warn(p->where("secure_noise"),
-                ": no effect with secure aggregation, whose clients add discrete Gaussian "
-                "noise (no floating-point noise to harden)");
+      log::warn_job(p->where("secure_noise"),
+                    ": no effect with secure aggregation, whose clients add discrete Gaussian "
+                    "noise (no floating-point noise to harden)");
     }
     POLLEN_CHECK(!c.secure_aggregation.enabled || !c.privacy.poisson(), p->where("sampling"),
                  ": with secure aggregation the clients add the noise, and an empty or failed "

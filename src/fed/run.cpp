@@ -131,7 +131,7 @@ void run_client(const ClientConfig& config, const train::FaultInjection& fault,
   if (config.threads > 0 || comm->world() > 1) {
     set_num_threads(config.threads > 0 ? config.threads : comm->threads_per_rank());
   }
-  if (comm->rank() != 0) log::set_level(log::Level::warn);  // rank 0 reports for the silo
+  if (comm->rank() != 0) log::follow_job_lead();  // rank 0 reports for the silo
   // One client process (one silo's job) at a time keeps its state in a folder; refused inside the
   // try, whose handler says why before it ends the silo's other ranks.
   std::optional<FolderLock> lock;

@@ -105,9 +105,10 @@ double calibrate_noise_multiplier(const PrivacyAccountant& spent, double target_
 
 void warn_of_repeatable_noise(std::string_view key, int64_t seed) {
   if (seed < 0) return;
-  log::warn(key, " = ", seed, ": the noise is repeatable; anyone who knows the seed can subtract ",
-            "it, and the epsilon reported holds only against those who do not (for tests and ",
-            "reproductions, not for data that needs the guarantee)");
+  log::warn_job(key, " = ", seed,
+                ": the noise is repeatable; anyone who knows the seed can subtract ",
+                "it, and the epsilon reported holds only against those who do not (for tests and ",
+                "reproductions, not for data that needs the guarantee)");
 }
 
 DpSgd::DpSgd(DpSgdOptions options, int64_t records, int64_t expected_rows, int64_t steps)

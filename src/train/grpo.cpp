@@ -245,8 +245,8 @@ std::vector<GrpoPrompt> read_grpo_prompts(const std::filesystem::path& path,
           if (full.starts_with(p.text + marker)) {
             p.turn_end = full.substr(p.text.size() + marker.size());
           } else if (!warned_turn_end) {
-            log::warn(where, ": the chat template does not write a reply as it is after the ",
-                      "prompt; a reward model scores the replies without the end of turn");
+            log::warn_job(where, ": the chat template does not write a reply as it is after the ",
+                          "prompt; a reward model scores the replies without the end of turn");
             warned_turn_end = true;
           }
         } else {

@@ -177,10 +177,11 @@ PostBase resolve_resumed_base(const PostConfig& resolved, const std::string& nam
   if (std::find(presets.begin(), presets.end(), resolved.base) != presets.end() ||
       fs::exists(resolved.base))
     return resolve_post_base(resolved);
-  log::warn("resume: model.base '", named, "'",
-            resolved.base == named ? "" : cat(" (pinned to '", resolved.base, "')"),
-            " is gone; the architecture, tokenizer and chat template come from the checkpoint '",
-            checkpoint.string(), "'");
+  log::warn_job(
+      "resume: model.base '", named, "'",
+      resolved.base == named ? "" : cat(" (pinned to '", resolved.base, "')"),
+      " is gone; the architecture, tokenizer and chat template come from the checkpoint '",
+      checkpoint.string(), "'");
   PostConfig from_checkpoint = resolved;
   from_checkpoint.base = checkpoint.string();
   return resolve_post_base(from_checkpoint);
@@ -232,19 +233,19 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     if (saved->objective_keys != cfg.objective_keys && before.other_keys == now.other_keys &&
         before.rows() == now.rows()) {
       if (before.micro_batch != now.micro_batch)  // not a default written out
-        log::warn("resume: sft.micro_batch x sft.accumulation (", before.micro_batch, " x ",
-                  before.accumulation, " -> ", now.micro_batch, " x ", now.accumulation,
-                  "): a step's ", now.rows(),
-                  " rows grouped into other micro-batches, the same training to float rounding",
-                  cfg.lora.enabled && cfg.lora.config.dropout > 0
-                      ? " (under other [lora] dropout masks)"
-                      : "");
+        log::warn_job("resume: sft.micro_batch x sft.accumulation (", before.micro_batch, " x ",
+                      before.accumulation, " -> ", now.micro_batch, " x ", now.accumulation,
+                      "): a step's ", now.rows(),
+                      " rows grouped into other micro-batches, the same training to float rounding",
+                      cfg.lora.enabled && cfg.lora.config.dropout > 0
+                          ? " (under other [lora] dropout masks)"
+                          : "");
       saved->objective_keys = cfg.objective_keys;
     }
     for (const auto& w :
          check_resume_compatible(saved->flat(*saved->architecture), resolved.flat(arch),
                                  "docs/posttraining.md, 'Checkpoints and resuming'"))
-      log::warn("resume: ", w);
+      log::warn_job("resume: ", w);
     POLLEN_CHECK(saved->objective_keys == cfg.objective_keys, "cannot resume: [", cfg.objective,
                  "] differs from the checkpoint's (", describe_keys(saved->objective_keys), " -> ",
                  describe_keys(cfg.objective_keys),
@@ -404,7 +405,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
     return cat(headline, " ", values[headline].get<double>());
   };
   const std::string no_validation = objective->no_validation_data();
-  if (!no_validation.empty()) log::warn("no evaluation: ", no_validation);
+  if (!no_validation.empty()) log::warn_job("no evaluation: ", no_validation);
   bool stopped = false;
   for (auto& p : params) p.zero_grad();
   while (step < cfg.steps) {

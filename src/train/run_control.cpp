@@ -102,10 +102,10 @@ fs::path check_run_dir(const fs::path& dir, bool resume) {
 
 void warn_if_warmup_outlasts_run(const optim::Schedule& s) {
   if (s.warmup_steps <= s.total_steps) return;
-  log::warn("schedule.warmup_steps (", s.warmup_steps, ") is more than train.steps (",
-            s.total_steps, "): the rate rises to ",
-            s.lr * static_cast<double>(s.total_steps) / static_cast<double>(s.warmup_steps),
-            " at most, never reaching optimizer.lr (", s.lr, "), and does not decay");
+  log::warn_job("schedule.warmup_steps (", s.warmup_steps, ") is more than train.steps (",
+                s.total_steps, "): the rate rises to ",
+                s.lr * static_cast<double>(s.total_steps) / static_cast<double>(s.warmup_steps),
+                " at most, never reaching optimizer.lr (", s.lr, "), and does not decay");
 }
 
 void LoopCounters::save(nlohmann::ordered_json& st, double elapsed_here) const {
@@ -166,8 +166,8 @@ void LoopCounters::count_step(int64_t step_tokens, bool good, double loss, int64
   ++bad_in_row;
   ++skipped;
   progress.finish();
-  log::warn("step ", step, ": non-finite ", std::isfinite(loss) ? "gradient norm" : "loss",
-            "; update skipped (", bad_in_row, " in a row, stop at ", max_bad_steps, ")");
+  log::warn_job("step ", step, ": non-finite ", std::isfinite(loss) ? "gradient norm" : "loss",
+                "; update skipped (", bad_in_row, " in a row, stop at ", max_bad_steps, ")");
 }
 
 std::string LoopCounters::too_many_bad_steps(int64_t max_bad_steps, const fs::path& last_checkpoint,

@@ -337,7 +337,7 @@ void TrainingRun::resume() {
   // from: resumed from there, they compare equal to today's absolute ones.
   const TrainConfig saved = parse_train_config(
       read_file(*dir / "config.toml"), (*dir / "config.toml").string(), {}, fs::current_path());
-  for (const auto& w : check_resume_compatible(saved, cfg_)) log::warn("resume: ", w);
+  for (const auto& w : check_resume_compatible(saved, cfg_)) log::warn_job("resume: ", w);
   check_same_privacy(saved.privacy, cfg_.privacy);
   optimizer_.load(*dir, model_);
   resumed_ = nlohmann::ordered_json::parse(read_file(*dir / "state.json"));
@@ -373,8 +373,9 @@ void TrainingRun::recover_privacy() {
     // A run resumed from checkpoints of its own trained without [privacy]: the account is of an
     // earlier private run in the folder (one that reached no checkpoint), and stays as it is.
     if (resumed_) {
-      log::warn("'", ledger.string(), "' is the privacy account of an earlier private run in this ",
-                "folder; this run's checkpoints are not private, and it is left as it is");
+      log::warn_job("'", ledger.string(),
+                    "' is the privacy account of an earlier private run in this ",
+                    "folder; this run's checkpoints are not private, and it is left as it is");
       return;
     }
     fail("run folder '", cfg_.dir.string(), "' holds the privacy account of a private run (",
@@ -393,9 +394,9 @@ void TrainingRun::recover_privacy() {
       const int64_t before = state ? state->at("steps").get<int64_t>() : 0;
       const int64_t steps = released.at("steps").get<int64_t>();
       if (steps > before) {
-        log::warn("privacy: ", steps - before, " private step(s) ran after ",
-                  state ? "the checkpoint resumed" : "this run's start", " and stay accounted (",
-                  ledger.string(), ")");
+        log::warn_job("privacy: ", steps - before, " private step(s) ran after ",
+                      state ? "the checkpoint resumed" : "this run's start",
+                      " and stay accounted (", ledger.string(), ")");
         state = std::move(released);
         released_since = true;
       }

@@ -105,9 +105,10 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
     const int64_t held = v.loader->windows_per_epoch();
     v.batches = std::min(cfg.eval_batches, held / vo.batch);
     if (v.batches < cfg.eval_batches && held >= cfg.micro_batch)
-      log::warn("eval.batches = ", cfg.eval_batches, " asks for more than validation split '",
-                cfg.validation_split, "' holds (", held, " windows of ", cfg.seq + 1,
-                " tokens): each evaluation scores its ", v.batches, " whole micro-batches once");
+      log::warn_job("eval.batches = ", cfg.eval_batches, " asks for more than validation split '",
+                    cfg.validation_split, "' holds (", held, " windows of ", cfg.seq + 1,
+                    " tokens): each evaluation scores its ", v.batches,
+                    " whole micro-batches once");
   } catch (const Error& e) {
     if (named)
       throw Error(cat("data.validation_split '", cfg.validation_split,
@@ -122,8 +123,8 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
     double ranks_with_data[1] = {v.loader ? 1.0 : 0.0};
     comm.all_reduce_sum(ranks_with_data, "whether every rank has validation data");
     if (ranks_with_data[0] < comm.world() && v.loader) {
-      log::warn("no evaluation: ", comm.world() - static_cast<int>(ranks_with_data[0]),
-                " rank(s) could not read validation split '", cfg.validation_split, "'");
+      log::warn_job("no evaluation: ", comm.world() - static_cast<int>(ranks_with_data[0]),
+                    " rank(s) could not read validation split '", cfg.validation_split, "'");
       v.loader.reset();
     }
   }

@@ -848,6 +848,19 @@ TEST(DataParallel, HungRankIsNamedWithExitCodeFourAndResumeFinishesTheRun) {
   expect_close(train_losses(d / "run"), ref, 2e-5, "resumed after a hang");
 }
 
+// A warning about what the ranks share comes from rank 0 alone; a rank's own comes from that rank.
+TEST(DataParallel, RankZeroAloneWarnsOfWhatTheRanksShare) {
+  const fs::path d = temp_dir("shared_warning");
+  const Outcome o =
+      train(2, write_run(d, 2), "--set schedule.warmup_steps=10", "POLLEN_FAULT_INJECT=error:1:2");
+  const std::string warning = "schedule.warmup_steps (10) is more than train.steps (2)";
+  const size_t first = o.output.find(warning);
+  ASSERT_NE(first, std::string::npos) << o.output;
+  EXPECT_EQ(o.output.find(warning, first + 1), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("rank 1: POLLEN_FAULT_INJECT: an error before step 2"), std::string::npos)
+      << o.output;
+}
+
 // OpenMPI's MPI_Init waits for every rank: one that stalls before it would hold the others there
 // with no collective's watchdog running yet.
 TEST(DataParallel, RankHungBeforeMpiStartsEndsTheJobWithExitCodeFour) {
