@@ -106,18 +106,19 @@ void add_export_command(CLI::App& app) {
     POLLEN_CHECK(tokenizer_file->empty() || !src.tokenizer, "--tokenizer: model '", *model,
                  "' has its own tokenizer ('", src.tokenizer.value_or("").string(),
                  "'); --tokenizer is for a model that knows none");
+    const std::optional<std::filesystem::path> tokenizer_path =
+        tokenizer_file->empty() ? src.tokenizer : std::filesystem::path(*tokenizer_file);
+    std::optional<tokenizer::Tokenizer> loaded;
+    if (tokenizer_path) loaded.emplace(model_tokenizer(src, *tokenizer_file));
     // Its ids must fit the model's vocabulary: checked before the weights are loaded.
-    if (!tokenizer_file->empty())
-      check_tokenizer_fits(model_tokenizer(src, *tokenizer_file), src, *tokenizer_file);
+    if (!tokenizer_file->empty()) check_tokenizer_fits(*loaded, src, *tokenizer_file);
     const model::Llama m = load_model_with_adapter(src, *adapter);
     io::HfExportOptions o;
     o.dtype = *dtype == "bf16" ? DType::bf16 : *dtype == "f16" ? DType::f16 : DType::f32;
     o.max_shard_bytes = *shard_mb * 1'000'000ull;
     for (const auto& f : src.hf_side_files) o.extra_files.push_back(f);
-    const std::optional<std::filesystem::path> tokenizer_path =
-        tokenizer_file->empty() ? src.tokenizer : std::filesystem::path(*tokenizer_file);
-    if (tokenizer_path) {
-      const tokenizer::Tokenizer tok = model_tokenizer(src, *tokenizer_file);
+    if (loaded) {
+      const tokenizer::Tokenizer& tok = *loaded;
       // As it is, under the name transformers looks for, whatever the run called it.
       o.tokenizer_json = read_file(*tokenizer_path);
       const SpecialIds ids = special_ids(src, tok);
