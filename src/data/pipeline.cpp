@@ -654,6 +654,9 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
     POLLEN_CHECK(index == p1.docs && p2.docs == p1.docs, "'", docs_path.string(), "' holds ", index,
                  " documents, pass 1 wrote ", p1.docs);
   }
+  // Pass 2 done: a run stopped while its files are renamed into place resumes from here (each
+  // output renamed already is taken back), with no document to curate again.
+  save_resume_point();
   json pii_counts = json::object();
   for (int k = 0; k < kPiiTypes; ++k)
     pii_counts[pii_type_name(static_cast<PiiType>(k))] = p2.pii_total.n[static_cast<size_t>(k)];
@@ -674,6 +677,8 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   if (c.tokenize)
     for (int s = 0; s < 2; ++s)
       for (const auto& info : out->writers[s]->finish()) shards.push_back(info.to_json());
+
+  if (opt.interrupt_before_manifest) fail("interrupted after pass 2's renames (as asked)");
 
   // ---- the manifest
   json m;

@@ -78,6 +78,9 @@ struct PrepareOptions {
   // For tests of resumption: when positive, pass 2 fails after merging this many batches (and
   // saving a resume point if one was due), as if interrupted.
   int64_t interrupt_pass2_after = 0;
+  // For tests of resumption: pass 2 fails once its outputs are renamed into place, before the
+  // manifest is written.
+  bool interrupt_before_manifest = false;
   // For tests of resumption: when positive, pass 1 fails after saving this many resume points.
   int64_t interrupt_pass1_after = 0;
 };

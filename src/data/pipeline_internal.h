@@ -92,9 +92,12 @@ class AtomicOut {
     POLLEN_CHECK(f_, "cannot create '", tmp_.string(), "': ", std::strerror(errno));
   }
   // Continues a file that sync() left at `bytes` (later bytes are cut off); its hash is
-  // recomputed from what is there.
+  // recomputed from what is there. Renamed into place after that resume point (by a run stopped
+  // before its manifest), it is taken back.
   AtomicOut(std::filesystem::path path, int64_t bytes)
       : path_(std::move(path)), tmp_(tmp_path(path_)) {
+    if (!std::filesystem::exists(tmp_) && std::filesystem::exists(path_))
+      std::filesystem::rename(path_, tmp_);
     f_ = std::fopen(tmp_.c_str(), "r+b");
     POLLEN_CHECK(f_, "cannot reopen '", tmp_.string(), "': ", std::strerror(errno));
     keep_ = true;

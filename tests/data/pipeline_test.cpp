@@ -787,6 +787,28 @@ TEST(Pipeline, PassTwoResumesFromItsLastResumePointByteIdentical) {
   EXPECT_GE(resumed, 3);
   EXPECT_LT(resumed, interrupted);  // some interruptions came before the first resume point
 
+  // Stopped while its outputs are renamed into place: resumed after the last document, the
+  // renamed files taken back, nothing curated again.
+  fs::remove_all(corpus().root / "out_renamed");
+  int before = num_threads();
+  EXPECT_NE(pollen::testing::error_of([&] {
+              prepare(PipelineConfig::load(corpus().config("out_renamed", 2)),
+                      {.progress = false, .interrupt_before_manifest = true});
+            }).find("interrupted after pass 2's renames"),
+            std::string::npos);
+  set_num_threads(before);
+  EXPECT_EQ(resume_point_docs("out_renamed"), pass1_docs);
+  EXPECT_TRUE(fs::exists(corpus().root / "out_renamed" / "curated-train.jsonl"));
+  EXPECT_FALSE(fs::exists(corpus().root / "out_renamed" / "manifest.json"));
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(rerun("out_renamed", 1, 0));
+  const std::string renamed_log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(renamed_log.find(cat("resuming pass 2 after ", pass1_docs, " of ", pass1_docs)),
+            std::string::npos)
+      << renamed_log;
+  EXPECT_EQ(outputs(corpus().root / "out_renamed"), one);
+  fs::remove_all(corpus().root / "out_renamed");
+
   // A resume point whose partial files are gone: pass 2 starts over, with the same result.
   fs::remove_all(corpus().root / "out_lost");
   ASSERT_FALSE(rerun("out_lost", 2, 4, every_batch));
