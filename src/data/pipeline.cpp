@@ -169,22 +169,63 @@ struct Pass2Outputs {
   }
 };
 
+// `p` (relative to `base`) with links resolved, as far as it exists.
+fs::path absolute_in(const fs::path& base, const fs::path& p) {
+  std::error_code ec;
+  const fs::path full = fs::weakly_canonical(p.is_absolute() ? p : base / p, ec);
+  return ec ? fs::absolute(p).lexically_normal() : full;
+}
+
+// The shard prefixes that runs in this output folder have used (work/shard_prefixes.json), with
+// `prefix` added before this run writes a shard: a shard of any of them that this run does not
+// keep is stale, whichever prefix wrote it.
+std::set<std::string> note_shard_prefix(const fs::path& work, const std::string& prefix) {
+  const fs::path path = work / "shard_prefixes.json";
+  std::set<std::string> prefixes;
+  if (fs::exists(path)) {
+    const json saved = json::parse(read_file(path), nullptr, false);
+    if (saved.is_array())
+      for (const auto& p : saved)
+        if (p.is_string()) prefixes.insert(p.get<std::string>());
+  }
+  if (prefixes.insert(prefix).second) write_file_atomic(path, json(prefixes).dump() + "\n");
+  return prefixes;
+}
+
 // The files and folders the config names, checked before any work: one that does not exist is
 // a typo (or a mount that is not there), reported as the key that holds it.
 void check_configured_paths(const PipelineConfig& c) {
-  auto check = [&](const std::string& key, const std::string& p, const std::string& expected) {
+  const auto where = [&](const std::string& key) {
+    return cat("config file '", c.source, "', key '", key, "'");
+  };
+  // `file`: a file is expected (not a folder).
+  auto check = [&](const std::string& key, const std::string& p, const std::string& expected,
+                   bool file) {
     const fs::path path = fs::path(p).is_absolute() ? fs::path(p) : c.base_dir / p;
-    POLLEN_CHECK(fs::exists(path), "config file '", c.source, "', key '", key, "': '", p,
-                 "' does not exist", path.string() == p ? "" : cat(" ('", path.string(), "')"),
+    const std::string full = path.string() == p ? "" : cat(" ('", path.string(), "')");
+    POLLEN_CHECK(fs::exists(path), where(key), ": '", p, "' does not exist", full, "; expected ",
+                 expected);
+    POLLEN_CHECK(!file || !fs::is_directory(path), where(key), ": '", p, "' is a folder", full,
                  "; expected ", expected);
   };
   for (const auto& s : c.sources)
-    for (const auto& p : s.paths) check("source." + s.name + ".paths", p, "a file or folder");
+    for (const auto& p : s.paths)
+      check("source." + s.name + ".paths", p, "a file or folder", false);
   if (c.tokenize)
     check("tokenize.tokenizer", c.tokenizer,
-          "a tokenizer.json (or --no-tokenize, to stop at the curated JSONL)");
+          "a tokenizer.json (or --no-tokenize, to stop at the curated JSONL)", true);
   if (c.decontaminate)
-    for (const auto& e : c.eval_files) check("decontaminate.eval_files", e, "a file");
+    for (const auto& e : c.eval_files) check("decontaminate.eval_files", e, "a file", true);
+  POLLEN_CHECK(!fs::exists(c.output) || fs::is_directory(c.output), where("output"), ": '",
+               c.output.string(), "' is a file; expected a folder to write the dataset to");
+  const fs::path output = absolute_in(c.base_dir, c.output);
+  for (const SourceSpec& s : c.sources)
+    for (const std::string& p : s.paths)
+      POLLEN_CHECK(absolute_in(c.base_dir, p) != output, where("source." + s.name + ".paths"),
+                   ": '", p,
+                   "' is the output folder too, so the dataset's own files would be read back as "
+                   "input; write the dataset to another folder (one inside it is left out of the "
+                   "inputs)");
 }
 
 // Whether `path` is `folder` or lies under it (both absolute and normal).
@@ -198,12 +239,8 @@ bool is_within(const fs::path& path, const fs::path& folder) {
 // holds the output folder.
 std::vector<InputFile> list_config_inputs(const PipelineConfig& c) {
   std::vector<InputFile> files = list_inputs(c.sources, c.base_dir);
-  const auto absolute = [&](const fs::path& p) {
-    std::error_code ec;
-    const fs::path full = fs::weakly_canonical(p.is_absolute() ? p : c.base_dir / p, ec);
-    return ec ? fs::absolute(p).lexically_normal() : full;
-  };
-  const fs::path output = absolute(c.output);
+  const auto absolute = [&](const fs::path& p) { return absolute_in(c.base_dir, p); };
+  const fs::path output = absolute_in(c.base_dir, c.output);
   // A file under the output that was found there by a folder holding the output: the dataset's
   // own. One found by a listed folder inside the output stays an input.
   const auto own = [&](const InputFile& f) {
@@ -449,6 +486,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   const std::string key2 = sha256_hex(key_all + p1.sha256_docs);
   json basis2 = basis_all;
   basis2["pass1_docs"] = p1.sha256_docs;
+  const std::set<std::string> prefixes = note_shard_prefix(work, c.prefix);
   std::unique_ptr<Pass2Outputs> out;
   if (reuse && fs::exists(resume_path)) {
     json saved = json::parse(read_file(resume_path), nullptr, false);
@@ -474,7 +512,9 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
     out = std::make_unique<Pass2Outputs>(c, dtype, nullptr);
   }
   // Shard files of an interrupted run that the resume point does not list are removed (this run
-  // writes them again), and so are its partial shards that this run does not continue.
+  // writes them again), and so are its partial shards that this run does not continue, and the
+  // shards of earlier runs here under another prefix; the output folder's other files are not
+  // this dataset's.
   std::set<std::string> kept_shards;
   std::set<fs::path> open_shards;
   for (int s = 0; s < 2 && c.tokenize; ++s) {
@@ -484,11 +524,14 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   for (const auto& e : fs::directory_iterator(c.output)) {
     const fs::path p = e.path();
     const std::string name = p.filename().string();
+    const auto ours = [&](bool partial) {
+      return std::any_of(prefixes.begin(), prefixes.end(),
+                         [&](const std::string& x) { return is_shard_file_of(name, x, partial); });
+    };
     const bool shard =
-        (p.extension() == ".tokens" || p.extension() == ".index") &&
+        ours(false) &&
         !kept_shards.count(fs::path(p).replace_extension(".tokens").filename().string());
-    const bool partial =
-        name.starts_with(".") && name.ends_with(".tokens.tmp") && !open_shards.count(p);
+    const bool partial = ours(true) && !open_shards.count(p);
     if (shard || partial) fs::remove(p);
   }
 

@@ -17,6 +17,7 @@ PipelineConfig read_pipeline_config(ConfigTable& t, const fs::path& path) {
   c.source = path.string();
   c.base_dir = path.parent_path().empty() ? fs::path(".") : path.parent_path();
   std::string out = t.require_string("output");
+  POLLEN_CHECK(!out.empty(), t.where("output"), ": expected a folder to write the dataset to");
   c.output = (fs::path(out).is_absolute() ? fs::path(out) : c.base_dir / out).lexically_normal();
   c.threads = static_cast<int>(t.get_int_in("threads", 0, 0, kConfigThreadsMax));
   c.fail_on_bad_input = t.get_bool("fail_on_bad_input", false);

@@ -98,6 +98,20 @@ fs::path ShardWriter::open_file() const {
   return open_ ? open_->tokens_tmp : fs::path();
 }
 
+bool is_shard_file_of(std::string_view name, std::string_view prefix, bool partial) {
+  const auto take = [&](std::string_view part) {
+    if (!name.starts_with(part)) return false;
+    name.remove_prefix(part.size());
+    return true;
+  };
+  if (partial && !take(".")) return false;
+  if (!take(prefix) || !take("-") || !(take("train-") || take("validation-"))) return false;
+  const size_t digits = name.find_first_not_of("0123456789");
+  if (digits < 5 || digits == std::string_view::npos) return false;
+  name.remove_prefix(digits);
+  return partial ? name == ".tokens.tmp" : name == ".tokens" || name == ".index";
+}
+
 std::string ShardWriter::next_base() const {
   char num[16];
   std::snprintf(num, sizeof num, "%05d", static_cast<int>(done_.size()));

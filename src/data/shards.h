@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -36,6 +37,10 @@ struct ShardInfo {
   nlohmann::json to_json() const;
   static ShardInfo from_json(const nlohmann::json& j, const std::string& where);
 };
+
+// Whether `name` is a shard file that a ShardWriter of `prefix` writes: PREFIX-SPLIT-NNNNN.tokens
+// or .index (SPLIT train or validation), or `.PREFIX-SPLIT-NNNNN.tokens.tmp` when `partial`.
+bool is_shard_file_of(std::string_view name, std::string_view prefix, bool partial);
 
 // Writes the shards of one split, in document order, rolling over to a new shard when one
 // reaches `max_tokens` (a document is never cut across shards). Files are written under a

@@ -332,6 +332,25 @@ TEST(Pipeline, AConfiguredPathThatDoesNotExistIsAnErrorBeforeAnyWork) {
   EXPECT_NE(e.find("key 'decontaminate.eval_files': 'eval.jsnol' does not exist"),
             std::string::npos)
       << e;
+  e = error("\"tokenizer.json\"", "\"corpus\"");
+  EXPECT_NE(e.find("key 'tokenize.tokenizer': 'corpus' is a folder"), std::string::npos) << e;
+  e = error("output = \"out_typo\"", "output = \"tokenizer.json\"");
+  EXPECT_NE(e.find("key 'output': '" + (corpus().root / "tokenizer.json").string() +
+                   "' is a file; expected a folder"),
+            std::string::npos)
+      << e;
+  e = error("output = \"out_typo\"", "output = \"corpus/text\"");
+  EXPECT_NE(e.find("key 'source.text.paths': 'corpus/text' is the output folder too"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(pollen::testing::error_of([&] {
+              std::string t = text;
+              const std::string from = "output = \"out_typo\"";
+              t.replace(t.find(from), from.size(), "output = \"\"");
+              PipelineConfig::parse(t, cfg_path);
+            }).find("key 'output': expected a folder to write the dataset to"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(corpus().root / "corpus" / "text" / "work"));
   // The shards' prefix is a name in the output folder, not a path out of it.
   const auto prefix_error = [&](const std::string& prefix) {
     return pollen::testing::error_of(
@@ -746,6 +765,32 @@ TEST(Pipeline, PassOneResumesAfterItsLastFileByteIdentical) {
   EXPECT_EQ(::testing::internal::GetCapturedStderr().find("resuming pass 1"), std::string::npos);
 }
 
+// The output folder may hold files of others, shards of another prefix or none; only a stale
+// shard of this run's own prefix is removed.
+TEST(Pipeline, FilesOfOthersInTheOutputFolderAreKept) {
+  const fs::path out = corpus().root / "out_shared";
+  fs::remove_all(out);
+  const std::map<std::string, std::string> others = {{"search.index", "notes"},
+                                                     {"web-train-00000.tokens", "x"},
+                                                     {"data-train-1.tokens", "y"},
+                                                     {".web-train-00000.tokens.tmp", "z"}};
+  for (const auto& [name, text] : others) write(out / name, text);
+  write(out / "data-validation-00007.tokens", "a stale shard of this prefix");
+  ASSERT_TRUE(rerun("out_shared", 2, 0));
+  for (const auto& [name, text] : others) EXPECT_EQ(read_file(out / name), text) << name;
+  EXPECT_FALSE(fs::exists(out / "data-validation-00007.tokens"));
+  EXPECT_TRUE(fs::exists(out / "data-train-00000.tokens"));
+  // Prepared again under another prefix: the shards of the first are this dataset's, stale.
+  const int before = num_threads();
+  prepare(PipelineConfig::load(corpus().config("out_shared", 2, "prefix = \"tiny\"\n")),
+          {.progress = false});
+  set_num_threads(before);
+  EXPECT_FALSE(fs::exists(out / "data-train-00000.tokens"));
+  EXPECT_TRUE(fs::exists(out / "tiny-train-00000.tokens"));
+  for (const auto& [name, text] : others) EXPECT_EQ(read_file(out / name), text) << name;
+  fs::remove_all(out);
+}
+
 TEST(Pipeline, PassTwoResumesFromItsLastResumePointByteIdentical) {
   auto one = outputs(run("out_whole", 1));
   int64_t pass1_docs = json::parse(
@@ -854,7 +899,7 @@ TEST(Pipeline, AnInterruptedRerunWithAChangedConfigLeavesNoStaleManifest) {
   // Finishing the changed run writes its manifest again, and leaves none of what a killed run
   // could: a partial shard this run does not continue, the temporary file of an atomic write
   // (an index, the manifest, the tokenizer, a resume point).
-  write(out / ".tiny-train-00057.tokens.tmp", std::string(100, 'x'));
+  write(out / ".data-train-00057.tokens.tmp", std::string(100, 'x'));
   write(out / ".tiny-train-00000.index.tmp.4321", "x");
   write(out / ".manifest.json.tmp.4321", "x");
   write(out / ".tokenizer.json.tmp.4321", "x");
