@@ -192,6 +192,30 @@ std::set<std::string> note_shard_prefix(const fs::path& work, const std::string&
   return prefixes;
 }
 
+// The first file of a finished dataset that is gone or not the size its manifest says, as
+// "'NAME' is missing" (empty: none). Sizes only: a rerun of a finished config takes seconds.
+std::string damaged_output(const fs::path& dir, const json& m) {
+  const auto check = [&](const std::string& name, uint64_t bytes) -> std::string {
+    std::error_code ec;
+    const uintmax_t got = fs::file_size(dir / name, ec);
+    if (ec) return cat("'", name, "' is missing");
+    return got == bytes ? "" : cat("'", name, "' has ", got, " bytes, its manifest says ", bytes);
+  };
+  std::vector<std::pair<std::string, uint64_t>> files;
+  for (const auto& f : m.at("curated")) files.emplace_back(f.at("file"), f.at("bytes"));
+  files.emplace_back(m.at("near_duplicates").at("file"), m.at("near_duplicates").at("bytes"));
+  const uint64_t width = token_dtype_bytes(parse_token_dtype(m.at("token_dtype"), "manifest"));
+  for (const auto& shard : m.at("shards")) {
+    files.emplace_back(shard.at("tokens"), shard.at("num_tokens").get<uint64_t>() * width);
+    files.emplace_back(shard.at("index"), (shard.at("num_docs").get<uint64_t>() + 1) * 8);
+  }
+  for (const auto& [name, bytes] : files)
+    if (std::string why = check(name, bytes); !why.empty()) return why;
+  if (m.at("tokenizer").is_object() && !fs::exists(dir / m["tokenizer"].at("file")))
+    return cat("'", m["tokenizer"]["file"].get<std::string>(), "' is missing");
+  return "";
+}
+
 // The files and folders the config names, checked before any work: one that does not exist is
 // a typo (or a mount that is not there), reported as the key that holds it.
 void check_configured_paths(const PipelineConfig& c) {
@@ -345,10 +369,14 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
     json done = json::parse(read_file(work / "done.json"), nullptr, false);
     if (!done.is_discarded() && done.value("key", "") == key_all &&
         done.value("manifest_sha256", "") == sha256_file(manifest_path)) {
-      log::info("data: ", manifest_path.filename().string(),
-                " is complete for this config and "
-                "these inputs; nothing to do");
-      return manifest_path;
+      const std::string damage = damaged_output(c.output, json::parse(read_file(manifest_path)));
+      if (damage.empty()) {
+        log::info("data: ", manifest_path.filename().string(),
+                  " is complete for this config and these inputs; nothing to do");
+        return manifest_path;
+      }
+      log::warn("data: '", manifest_path.string(), "' is of this config and these inputs, but ",
+                damage, ": preparing it again");
     }
     if (!done.is_discarded() && done.value("key", "") != key_all)
       log::info("data: '", manifest_path.string(), "' was prepared from another config or inputs (",

@@ -765,6 +765,34 @@ TEST(Pipeline, PassOneResumesAfterItsLastFileByteIdentical) {
   EXPECT_EQ(::testing::internal::GetCapturedStderr().find("resuming pass 1"), std::string::npos);
 }
 
+// A finished dataset whose files were since removed or cut short is prepared again, not taken as
+// done.
+TEST(Pipeline, AFinishedDatasetMissingAFileIsPreparedAgain) {
+  const fs::path out = run("out_damaged", 2);
+  const auto whole = outputs(out);
+  fs::resize_file(out / "data-train-00000.tokens", 100);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(rerun("out_damaged", 2, 0));
+  std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("but 'data-train-00000.tokens' has 100 bytes, its manifest says"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(outputs(out), whole);
+  fs::remove(out / "curated-validation.jsonl");
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(rerun("out_damaged", 2, 0));
+  said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("but 'curated-validation.jsonl' is missing: preparing it again"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(outputs(out), whole);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(rerun("out_damaged", 2, 0));
+  said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("nothing to do"), std::string::npos) << said;
+  fs::remove_all(out);
+}
+
 // The output folder may hold files of others, shards of another prefix or none; only a stale
 // shard of this run's own prefix is removed.
 TEST(Pipeline, FilesOfOthersInTheOutputFolderAreKept) {
