@@ -183,12 +183,13 @@ void Client::note_push(int64_t round) {
 void Client::check_some_update_counted(const pb::TaskReply& done) const {
   // update_round is the last round aggregated with this silo's update, by this process or an
   // earlier one of the silo (a restarted client): 0 is none ever.
-  POLLEN_CHECK(first_pushed_round_ == 0 || done.update_round() > 0, "fed client '", config_.id,
-               "': the run is over, and the server aggregated none of this silo's updates (this ",
-               "process pushed ", pushes_, ", from round ", first_pushed_round_,
-               "): each came after its round had closed or was refused (see the warnings "
-               "above; a round closes at the server's round_deadline_s); the global model holds "
-               "nothing of this silo's data");
+  POLLEN_CHECK(
+      first_pushed_round_ == 0 || done.update_round() > 0, "fed client '", config_.id,
+      "': the run is over, and the server aggregated none of this silo's updates (this ",
+      "process pushed ", pushes_, ", from round ", first_pushed_round_,
+      "): each came after its round had closed or was refused (see the warnings "
+      "above; a round closes at the server's server.round_timeout_s); the global model holds "
+      "nothing of this silo's data");
 }
 
 void Client::run() {

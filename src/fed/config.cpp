@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "base/config.h"
+#include "base/host_port.h"
 #include "base/log.h"
 #include "fed/wire.h"
 #include "optim/schedule.h"
@@ -81,10 +82,32 @@ void check_seconds(const ConfigTable& t, const std::string& key, double seconds,
 
 namespace {
 
+// Without a port gRPC would use 443 (and a port past 65535 another one): host:port, or a gRPC
+// address scheme (unix:PATH, dns:[//AUTHORITY/]host:port, ...).
+void check_grpc_address(const std::string& address, const std::string& where) {
+  std::string_view named = address;
+  for (const char* scheme : {"unix:", "unix-abstract:", "vsock:", "ipv4:", "ipv6:"})
+    if (named.starts_with(scheme)) return;
+  if (named.starts_with("dns:")) {
+    named.remove_prefix(4);
+    if (named.starts_with("//"))
+      named.remove_prefix(std::min(named.size(), named.find('/', 2) + 1));
+  }
+  POLLEN_CHECK(parse_host_port(named), where,
+               ": expected host:port with a port in [0, 65535] (an IPv6 host in brackets), or "
+               "unix:PATH, got '",
+               address, "'");
+}
+
 void read_server_table(ConfigTable& s, ServerConfig& c) {
   c.dir = s.require_string("dir");
   c.address = s.get_string("address", c.address);
+  check_grpc_address(c.address, s.where("address"));
   c.metrics_address = s.get_string("metrics_address", c.metrics_address);
+  POLLEN_CHECK(c.metrics_address.empty() || parse_host_port(c.metrics_address),
+               s.where("metrics_address"),
+               ": expected host:port with a port in [0, 65535] (an IPv6 host in brackets), got '",
+               c.metrics_address, "'");
   c.allow_plaintext = s.get_bool("allow_plaintext", c.allow_plaintext);
   c.seed = static_cast<uint64_t>(s.get_int_in("seed", 0, 0, kConfigIntMax));
   c.rounds = s.get_int("rounds", c.rounds);
@@ -150,6 +173,14 @@ TlsFiles read_tls(ConfigTable& root, bool server) {
   }
   tls->finish();
   return t;
+}
+
+// A local step's sequences fit the model's positions (past them rotary has no trained angles).
+void check_seq_fits(const LocalTrainConfig& train, const model::LlamaConfig& model,
+                    const ConfigTable& root) {
+  POLLEN_CHECK(train.seq <= model.max_position_embeddings, root.where("train.seq"), ": ", train.seq,
+               " is more than model.max_position_embeddings (", model.max_position_embeddings,
+               "); expected 1 to that");
 }
 
 LocalTrainConfig read_local_train(ConfigTable& t) {
@@ -393,14 +424,7 @@ ClientConfig read_client_root(ConfigTable& root) {
   c.id = t->require_string("id");
   check_client_id(c.id, t->where("id"));
   c.server = t->get_string("server", c.server);
-  {
-    // Without a port gRPC would dial 443 and fail as an unreachable server.
-    const size_t colon = c.server.rfind(':');
-    const std::string port = colon == std::string::npos ? "" : c.server.substr(colon + 1);
-    POLLEN_CHECK(c.server.starts_with("unix:") ||
-                     (!port.empty() && port.find_first_not_of("0123456789") == std::string::npos),
-                 t->where("server"), ": expected host:port (or unix:PATH), got '", c.server, "'");
-  }
+  check_grpc_address(c.server, t->where("server"));
   c.seed = static_cast<uint64_t>(t->get_int_in("seed", 0, 0, kConfigIntMax));
   c.threads = static_cast<int>(t->get_int_in("threads", 0, 0, kConfigThreadsMax));
   c.connect_timeout_s = t->get_double("connect_timeout_s", c.connect_timeout_s);
@@ -447,6 +471,7 @@ ClientConfig read_client_root(ConfigTable& root) {
                  "seed; set client.allow_repeatable_noise = true to take them (tests)");
   }
   c.model = read_model(root, &c.init_from);
+  check_seq_fits(c.train, c.model, root);
   c.tokenizer_fingerprint = read_tokenizer(root);
   root.finish();
   return c;
@@ -457,6 +482,7 @@ SimConfig read_sim_root(ConfigTable& root) {
   c.server = read_server_config(root);
   LocalTrainConfig train;
   if (auto tr = root.table("train")) train = read_local_train(*tr);
+  check_seq_fits(train, c.server.model, root);
   LocalDpOptions local_dp;
   if (auto l = root.table("local_dp")) local_dp = read_local_dp_options(*l);
   optim::DpSgdOptions dp_sgd;

@@ -1,9 +1,9 @@
 #include "obs/metrics_endpoint.h"
 
-#include <charconv>
 #include <thread>
 
 #include "base/error.h"
+#include "base/host_port.h"
 #include "base/http_server.h"
 #include "obs/prometheus.h"
 
@@ -17,19 +17,11 @@ struct MetricsEndpoint::Impl {
 
 MetricsEndpoint::MetricsEndpoint(const std::string& address, std::function<std::string()> render)
     : impl_(std::make_unique<Impl>()) {
-  const auto colon = address.rfind(':');
-  int port = -1;
-  if (colon != std::string::npos && colon > 0) {
-    const char* end = address.data() + address.size();
-    const auto r = std::from_chars(address.data() + colon + 1, end, port);
-    if (r.ec != std::errc() || r.ptr != end) port = -1;
-  }
-  POLLEN_CHECK(port >= 0 && port <= 65535, "metrics address '", address,
-               "': expected host:port with a port in [0, 65535]");
-  std::string host = address.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);  // [::1]:9100
-  }
+  const std::optional<HostPort> hp = parse_host_port(address);
+  POLLEN_CHECK(hp, "metrics address '", address,
+               "': expected host:port with a port in [0, 65535] (an IPv6 host in brackets)");
+  const std::string& host = hp->host;
+  const int port = hp->port;
   impl_->server.Get("/metrics",
                     [render = std::move(render)](const httplib::Request&, httplib::Response& res) {
                       try {

@@ -97,14 +97,28 @@ TEST(FedConfig, AServerWithoutAPortAndNoValidationBatchesAreRefused) {
   std::string text = client_toml("7", "2");
   text.insert(text.find("state_dir"), "server = \"127.0.0.1\"\n");
   std::string e = error_of(text);
-  EXPECT_NE(e.find("client.server': expected host:port (or unix:PATH), got '127.0.0.1'"),
+  EXPECT_NE(e.find("client.server': expected host:port with a port in [0, 65535] (an IPv6 host "
+                   "in brackets), or unix:PATH, got '127.0.0.1'"),
             std::string::npos)
       << e;
-  for (const char* ok : {"server = \"[::1]:50051\"\n", "server = \"unix:/tmp/f.sock\"\n"}) {
+  for (const char* bad : {"127.0.0.1:86916", "::1:50051", ":50051", "fed.org:"}) {
     std::string t = client_toml("7", "2");
-    t.insert(t.find("state_dir"), ok);
+    t.insert(t.find("state_dir"), cat("server = \"", bad, "\"\n"));
+    EXPECT_NE(error_of(t).find(cat("got '", bad, "'")), std::string::npos) << bad;
+  }
+  for (const char* ok :
+       {"[::1]:50051", "unix:/tmp/f.sock", "dns:///fed.org:443", "dns:fed.org:1", "fed.org:0"}) {
+    std::string t = client_toml("7", "2");
+    t.insert(t.find("state_dir"), cat("server = \"", ok, "\"\n"));
     EXPECT_EQ(error_of(t), "") << ok;
   }
+  // A local step's sequences must fit the model's positions.
+  text = client_toml("7", "2");
+  text.insert(text.find("[tokenizer]"), "max_position_embeddings = 32\n");
+  e = error_of(text);
+  EXPECT_NE(e.find("key 'train.seq': 64 is more than model.max_position_embeddings (32)"),
+            std::string::npos)
+      << e;
   text = client_toml("7", "2");
   text.insert(text.find("seq = 64"), "eval_batches = 0\n");
   e = error_of(text);
@@ -177,6 +191,18 @@ TEST(FedConfig, APlaintextServerListensOnlyOnThisHostUnlessAllowed) {
   for (const std::string local : {"127.0.0.1:50051", "localhost:9", "LocalHost:9", "[::1]:50051",
                                   "[::ffff:127.0.0.1]:50051", "unix:/tmp/s", "unix-abstract:s"})
     EXPECT_EQ(server_error(local, ""), "") << local;
+  // An address without a port would listen on 443; one past 65535 on another port.
+  for (const std::string bad : {"127.0.0.1", "127.0.0.1:86916"})
+    EXPECT_NE(server_error(bad, "").find("key 'server.address': expected host:port"),
+              std::string::npos)
+        << bad;
+  // The /metrics address is checked with the config, before anything listens.
+  for (const std::string bad : {"127.0.0.1", ":9999", "127.0.0.1:70000"})
+    EXPECT_NE(server_error("127.0.0.1:1", "metrics_address = '" + bad + "'\n")
+                  .find("key 'server.metrics_address': expected host:port"),
+              std::string::npos)
+        << bad;
+  EXPECT_EQ(server_error("127.0.0.1:1", "metrics_address = '[::1]:0'\n"), "");
   // A simulation does not listen: its [server] address is no reason to refuse it.
   EXPECT_NO_THROW(fed::parse_sim_config(
       "[server]\ndir = 'x'\naddress = '0.0.0.0:50051'\n[model]\npreset = 'llama-tiny'\n"
