@@ -42,7 +42,9 @@ void add_chat_command(CLI::App& app) {
   add_sampling_options(cmd, a->sampling);
   cmd->add_option("--context", a->context,
                   "Most tokens the conversation may hold, its KV cache allocated up front "
-                  "(default: the model's max_position_embeddings, at most 8192)");
+                  "(default: the model's max_position_embeddings, at most 8192; more only with "
+                  "dynamic rope scaling)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)");
   cmd->callback([a] {
     if (a->threads > 0) set_num_threads(a->threads);
@@ -58,8 +60,13 @@ void add_chat_command(CLI::App& app) {
     eo.special = tokenizer::SpecialPolicy::allow_all();
     const auto decode = [&](std::span<const uint32_t> ids) { return tok.decode_continuation(ids); };
     // The cache is allocated whole: a 131072-token default would take 34 GB on an 8B model.
-    const int64_t context =
-        a->context > 0 ? a->context : std::min<int64_t>(m.config().max_position_embeddings, 8192);
+    const int64_t positions = m.config().max_position_embeddings;
+    const bool stretches = m.config().rope_scaling.kind == ops::RopeScaling::Kind::dynamic;
+    POLLEN_CHECK(stretches || a->context <= positions, "--context ", a->context,
+                 " is more than the model's ", positions,
+                 " positions (max_position_embeddings); its dynamic rope scaling alone would "
+                 "stretch them");
+    const int64_t context = a->context > 0 ? a->context : std::min<int64_t>(positions, 8192);
     model::Continuation session(m, context, o.seed);
     // A reply may take --max-tokens or what the context leaves after the conversation. When that
     // is less than min(--max-tokens, context / 2), the oldest exchanges (a message and its reply)

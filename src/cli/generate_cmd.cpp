@@ -58,11 +58,15 @@ void add_generate_command(CLI::App& app) {
       const int64_t context = m.config().max_position_embeddings;
       const auto needed = static_cast<int64_t>(ids.size()) + o.max_tokens;
       const bool stretches = m.config().rope_scaling.kind == ops::RopeScaling::Kind::dynamic;
+      const std::string shown = p.size() > 40 ? p.substr(0, 40) + "..." : p;
+      POLLEN_CHECK(stretches || static_cast<int64_t>(ids.size()) < context, "the prompt '", shown,
+                   "' takes ", ids.size(), " tokens, and the model has ", context,
+                   " positions (max_position_embeddings): shorten the prompt");
       POLLEN_CHECK(stretches || needed <= context, "--max-tokens ", o.max_tokens,
-                   " after the prompt '", p.size() > 40 ? p.substr(0, 40) + "..." : p, "' (",
-                   ids.size(), " tokens) needs ", needed, " positions; the model has ", context,
+                   " after the prompt '", shown, "' (", ids.size(), " tokens) needs ", needed,
+                   " positions; the model has ", context,
                    " (max_position_embeddings): ask for at most ",
-                   std::max<int64_t>(context - static_cast<int64_t>(ids.size()), 0), " tokens");
+                   context - static_cast<int64_t>(ids.size()), " tokens");
       prompts.push_back(std::move(ids));
     }
     const auto gens = model::generate(

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "base/host_port.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
@@ -140,8 +141,12 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->check(CLI::NonNegativeNumber);
-  cmd->callback([a] {
+  cmd->callback([a, key] {
     if (a->threads > 0) set_num_threads(a->threads);
+    // `--api-key "$KEY"` with KEY unset would serve without a key.
+    POLLEN_CHECK(key->count() == 0 || !trimmed(a->api_key).empty(),
+                 "--api-key is empty; pass the key (or leave --api-key out to serve without one "
+                 "on a loopback address)");
     serve::ServerOptions o;
     o.host = a->host;
     o.port = a->port;
@@ -174,8 +179,8 @@ void add_serve_command(CLI::App& app) {
     }
     serve::Server server(m, tok, o);
     const StopOnSignal stopper(server);
-    std::printf("pollen serve: '%s' on http://%s:%d\n", o.model.name.c_str(), o.host.c_str(),
-                server.port());
+    std::printf("pollen serve: '%s' on http://%s\n", o.model.name.c_str(),
+                url_host_port(o.host, server.port()).c_str());
     std::fflush(stdout);
     server.run();
   });

@@ -73,6 +73,9 @@ void score_windows(const model::Llama& model, std::span<const uint32_t> tokens, 
         for (int64_t v = 1; v < V; ++v) best = std::max(best, static_cast<double>(z[v]));
         double sum = 0;
         for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - best);
+        // As sampling refuses them: a NaN log-probability would read as JSON's null, "nothing
+        // predicts this token".
+        POLLEN_CHECK(!std::isnan(sum), "scoring: the model's logits hold NaN");
         visit(target, std::span<const float>(z, static_cast<size_t>(V)), best + std::log(sum));
       }
     }

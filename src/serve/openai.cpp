@@ -67,10 +67,18 @@ void neutral_only(const json& body) {
     bad_request("user", "'user' must be a string");
   if (body.contains("model") && !body["model"].is_null() && !body["model"].is_string())
     bad_request("model", "'model' must be a string");
+  // Accepted and ignored (nothing is stored), when of their type.
+  const auto given = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
+  if (given("store") && !body["store"].is_boolean())
+    bad_request("store", "'store' must be true or false");
+  if (given("metadata") && !body["metadata"].is_object())
+    bad_request("metadata", "'metadata' must be an object");
+  if (given("service_tier") && !body["service_tier"].is_string())
+    bad_request("service_tier", "'service_tier' must be a string");
 }
 
 // Chat fields that clients and frameworks send at values that ask for nothing this server lacks:
-// accepted there (store and metadata: nothing is stored), refused otherwise as unsupported.
+// accepted there, refused otherwise as unsupported.
 void neutral_chat_only(const json& body) {
   const auto given = [&](const char* key) { return body.contains(key) && !body[key].is_null(); };
   if (given("response_format") &&
@@ -89,12 +97,6 @@ void neutral_chat_only(const json& body) {
                 "unsupported_value");
   if (given("parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean())
     bad_request("parallel_tool_calls", "'parallel_tool_calls' must be true or false");
-  if (given("store") && !body["store"].is_boolean())
-    bad_request("store", "'store' must be true or false");
-  if (given("metadata") && !body["metadata"].is_object())
-    bad_request("metadata", "'metadata' must be an object");
-  if (given("service_tier") && !body["service_tier"].is_string())
-    bad_request("service_tier", "'service_tier' must be a string");
 }
 
 // stream_options ({"include_usage": bool}), which only a streamed request may carry: whether a
@@ -281,9 +283,10 @@ void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& m
     bad_request(
         prompt_field,
         cat("This model's maximum context length is ", model.context,
-            " tokens. However, you requested ", n + asked, " tokens (", n, " in the ", prompt_field,
-            ", ", asked, " in the completion). Please reduce the length of the ", prompt_field,
-            " or completion."),
+            " tokens. However, you requested ",
+            static_cast<uint64_t>(n) + static_cast<uint64_t>(asked), " tokens (", n, " in the ",
+            prompt_field, ", ", asked, " in the completion). Please reduce the length of the ",
+            prompt_field, " or completion."),
         "context_length_exceeded");
   };
   if (n > model.context) over_context();
@@ -292,15 +295,32 @@ void check_prompt_length(size_t tokens, int64_t max_tokens, const ServedModel& m
                 cat("The prompt has ", n, " tokens; this server takes at most ",
                     limits.max_prompt_tokens, " (--max-prompt-tokens)"),
                 "context_length_exceeded");
-  if (n + needed > model.context) over_context();
+  if (needed > model.context - n) over_context();
 }
 
 CompletionRequest parse_completion_request(const json& body, const tokenizer::Tokenizer& tok,
                                            const ServedModel& model, const Limits& limits) {
-  refuse_unknown_fields(
-      body, {"model", "prompt", "max_tokens", "temperature", "top_p", "stop", "seed", "logprobs",
-             "echo", "stream", "stream_options", "n", "best_of", "presence_penalty",
-             "frequency_penalty", "logit_bias", "user", "suffix"});
+  refuse_unknown_fields(body, {"model",
+                               "prompt",
+                               "max_tokens",
+                               "temperature",
+                               "top_p",
+                               "stop",
+                               "seed",
+                               "logprobs",
+                               "echo",
+                               "stream",
+                               "stream_options",
+                               "n",
+                               "best_of",
+                               "presence_penalty",
+                               "frequency_penalty",
+                               "logit_bias",
+                               "user",
+                               "store",
+                               "metadata",
+                               "service_tier",
+                               "suffix"});
   neutral_only(body);
   check_model(body, model);
   if (body.contains("suffix") && !body["suffix"].is_null())

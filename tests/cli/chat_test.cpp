@@ -143,6 +143,27 @@ TEST(Generate, MoreTokensThanTheModelHasPositionsForAreRefused) {
       args + "--ignore-eos --json --max-tokens " + std::to_string(fits), root / "none.txt");
   ASSERT_EQ(within.status, 0) << within.output;
   EXPECT_EQ(nlohmann::json::parse(within.output)["tokens"].size(), static_cast<size_t>(fits));
+  // A prompt that alone fills the positions: no number of tokens would fit.
+  std::string words;
+  for (int i = 0; i < 300; ++i) words += "hello ";
+  const PollenRun long_prompt =
+      run_pollen("generate --model " + cm.dir.string() + " --prompt '" + words + "' --max-tokens 0",
+                 root / "none.txt", true);
+  EXPECT_NE(long_prompt.status, 0) << long_prompt.output;
+  EXPECT_NE(long_prompt.output.find("tokens, and the model has 256 positions "
+                                    "(max_position_embeddings): shorten the prompt"),
+            std::string::npos)
+      << long_prompt.output;
+  // pollen chat's --context cannot hold more than the model's positions either.
+  const PollenRun chat =
+      run_pollen("chat --model " + cm.dir.string() + " --context 1000", root / "none.txt", true);
+  EXPECT_NE(chat.status, 0) << chat.output;
+  EXPECT_NE(chat.output.find("--context 1000 is more than the model's 256 positions"),
+            std::string::npos)
+      << chat.output;
+  EXPECT_NE(run_pollen("chat --model " + cm.dir.string() + " --context 0", root / "none.txt", true)
+                .status,
+            0);
   fs::remove_all(root);
 }
 

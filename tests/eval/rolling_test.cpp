@@ -73,6 +73,28 @@ TEST(TokenLogprobs, OneWindowEqualsTheDirectLogSoftmax) {
   ASSERT_TRUE(seq[1].has_value());
 }
 
+// A model whose logits hold NaN cannot score: an error, as sampling gives, not a NaN that JSON
+// writes as null ("nothing predicts this token").
+TEST(TokenLogprobs, NaNLogitsAreAnError) {
+  model::Llama m = small_model();
+  for (auto& [n, v] : m.named_parameters())
+    if (n == "lm_head.weight" || n == "model.embed_tokens.weight")
+      v.value().data<float>()[5 * 16] = std::nanf("");  // one value of token 5's row
+  const std::vector<uint32_t> t = {3, 1, 4};
+  for (const bool scores : {false, true}) {
+    try {
+      if (scores)
+        eval::sequence_scores(m, t, 64, 2, 31);
+      else
+        eval::sequence_logprobs(m, t, 64);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the model's logits hold NaN"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(LossTotals, PerplexityAndBitsPerByte) {
   eval::LossTotals t;
   t.nll = 2.0 * std::log(2.0) * 10;

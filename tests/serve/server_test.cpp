@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "eval/multiple_choice.h"
@@ -847,6 +848,14 @@ TEST_F(Serving, AChatBudgetEndsAtTheContextAndLongChatsNameMessages) {
                 " in the prompt, 5000 in the completion)"),
             std::string::npos)
       << capped.second.dump();
+  // The largest max_tokens: the sum in the message does not wrap round.
+  const int64_t most = std::numeric_limits<int64_t>::max();
+  capped = post("/v1/completions", json{{"prompt", words}, {"max_tokens", most}});
+  expect_error(capped, 400, "prompt");
+  const std::string said = capped.second["error"]["message"];
+  const size_t at = said.find("you requested ");
+  ASSERT_NE(at, std::string::npos) << said;
+  EXPECT_GT(std::stoull(said.substr(at + 14)), static_cast<uint64_t>(most)) << said;
   // Over the server's prompt limit, within the context: the limit and its option are named.
   std::string mid = words;
   while (chat_prompt({{"user", mid}}).size() <= 40) mid += "cat ";
@@ -1046,6 +1055,14 @@ TEST_F(Serving, FieldsClientsSendAtNeutralValuesAreAccepted) {
                         {"service_tier", "auto"}};
   auto r = post("/v1/chat/completions", neutral);
   EXPECT_EQ(r.first, 200) << r.second.dump();
+  // The completions endpoint ignores the same (docs/serving.md).
+  const auto completion = post("/v1/completions", json{{"prompt", "hi"},
+                                                       {"max_tokens", 2},
+                                                       {"store", false},
+                                                       {"metadata", {{"team", "a"}}},
+                                                       {"service_tier", "auto"}});
+  EXPECT_EQ(completion.first, 200) << completion.second.dump();
+  expect_error(post("/v1/completions", json{{"prompt", "hi"}, {"store", "no"}}), 400, "store");
   const auto refused = [&](const std::string& key, const json& value) {
     json body = neutral;
     body[key] = value;
@@ -1425,6 +1442,16 @@ TEST(ServeCli, AnotherAddressWithoutAKeyIsRefusedBeforeLoading) {
   while (fgets(buf, sizeof buf, p)) out += buf;
   EXPECT_NE(pclose(p), 0);
   EXPECT_NE(out.find("needs an API key"), std::string::npos) << out;
+  // An empty key (an unset variable in --api-key "$KEY") would serve without one.
+  p = popen((std::string(POLLEN_BINARY) +
+             " serve --model llama-tiny --host 127.0.0.1 --port 0 --api-key '  ' 2>&1")
+                .c_str(),
+            "r");
+  ASSERT_NE(p, nullptr);
+  out.clear();
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  EXPECT_NE(pclose(p), 0);
+  EXPECT_NE(out.find("--api-key is empty"), std::string::npos) << out;
 }
 
 // A chat template whose end-of-turn token the tokenizer lacks would encode its markers as plain
@@ -1457,7 +1484,8 @@ TEST(ServeCli, AChatTemplateTheTokenizerCannotEndIsRefused) {
 // `pollen serve` running in the background: its process, output and the port it printed.
 class ServeProcess {
  public:
-  explicit ServeProcess(const std::string& args) {
+  // `at`: what the start line prints before the port.
+  explicit ServeProcess(const std::string& args, const char* at = "on http://127.0.0.1:") {
     int fds[2];
     EXPECT_EQ(pipe(fds), 0);
     const std::string cmd = "exec " + std::string(POLLEN_BINARY) + " serve " + args + " 2>&1";
@@ -1471,11 +1499,10 @@ class ServeProcess {
     }
     close(fds[1]);
     out_ = fdopen(fds[0], "r");
-    constexpr const char* kAt = "on http://127.0.0.1:";
     char line[1024];
     while (port_ == 0 && fgets(line, sizeof line, out_)) {
       output_ += line;
-      if (const char* at = std::strstr(line, kAt)) port_ = std::atoi(at + std::strlen(kAt));
+      if (const char* p = std::strstr(line, at)) port_ = std::atoi(p + std::strlen(at));
     }
   }
   ~ServeProcess() {
@@ -1502,6 +1529,30 @@ class ServeProcess {
   int port_ = 0;
   std::string output_;
 };
+
+// An IPv6 host is printed in brackets, as a URL needs it.
+TEST(ServeCli, TheStartLineNamesAnIpv6HostAsAUrl) {
+  {
+    const int probe = socket(AF_INET6, SOCK_STREAM, 0);
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_loopback;
+    const bool bound =
+        probe >= 0 && bind(probe, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
+    if (probe >= 0) close(probe);
+    if (!bound) GTEST_SKIP() << "this machine has no IPv6 loopback";
+  }
+  const std::filesystem::path dir = test_support::post_temp_dir("serve_ipv6");
+  const std::string tok = test_support::make_chat_tokenizer(dir).string();
+  ServeProcess server("--model llama-tiny --tokenizer " + tok + " --host ::1 --port 0 --threads 1",
+                      "on http://[::1]:");
+  ASSERT_GT(server.port(), 0) << server.output();
+  httplib::Client c("::1", server.port());
+  const auto health = c.Get("/health");
+  ASSERT_TRUE(health) << server.output();
+  EXPECT_EQ(health->status, 200);
+  std::filesystem::remove_all(dir);
+}
 
 // SIGINT stops the server gracefully: a stream already running ends whole, with [DONE], /health
 // answers 503, and the process exits 0; a second signal ends it at once, exit code 128 + SIGINT.
