@@ -74,7 +74,7 @@ Client::Client(ClientConfig config, Transport& transport, dist::Communicator* co
   held_ = std::make_unique<HeldModel>(pulled.empty() ? trainer_->exchanged_weights()
                                                      : std::move(pulled));
   // The state before round 1, for a first round trained again (its update lost) to start from.
-  if (fresh && !several_ranks()) save_state();
+  initial_state_unsaved_ = fresh && !several_ranks();
 }
 
 LocalTrainer& Client::trainer() {
@@ -117,21 +117,27 @@ void Client::join() {
     }
   }
   POLLEN_CHECK(reply.accepted(), "the server refused client '", config_.id, "': ", reply.reason());
+  keep_run_id(reply.run_id());
+  if (initial_state_unsaved_) save_state();
+  initial_state_unsaved_ = false;
+}
+
+void Client::keep_run_id(const std::string& run_id) {
   // The state folder belongs to one federation run: a state of another (a finished run's, a
   // client.toml reused for a new federation) would carry its optimizer, data position and
   // error feedback into this one.
-  if (config_.state_dir.empty() || reply.run_id().empty()) return;
+  if (config_.state_dir.empty() || run_id.empty()) return;
   const std::filesystem::path file = config_.state_dir / "server_run_id";
   if (std::filesystem::exists(file)) {
     const std::string held = read_file(file);
-    POLLEN_CHECK(held == reply.run_id(), "fed client '", config_.id, "': client.state_dir '",
+    POLLEN_CHECK(held == run_id, "fed client '", config_.id, "': client.state_dir '",
                  config_.state_dir.string(), "' holds the state of another federation run (", held,
-                 "; this server's is ", reply.run_id(),
+                 "; this server's is ", run_id,
                  "): remove it, or give this federation another client.state_dir");
     return;
   }
   std::filesystem::create_directories(config_.state_dir);
-  write_file_atomic(file, reply.run_id());
+  write_file_atomic(file, run_id);
 }
 
 pb::TaskKind Client::poll_once() {
@@ -147,8 +153,10 @@ void Client::settle_push(const pb::TaskReply& task) {
   if (!unsettled_push_) return;
   const int64_t round = unsettled_push_->round;
   if (task.update_round() >= round) {
-    log::info("fed client '", config_.id, "': round ", round,
-              "'s update reached the server, though its answer was lost");
+    // One of this process's pushes, or the state's: pushed before a restart, its answer was not
+    // saved (the state is written before a push, not again after it).
+    log::info("fed client '", config_.id, "': round ", round, "'s update reached the server",
+              pushes_ > 0 ? ", though its answer was lost" : " (pushed before this restart)");
     unsettled_push_.reset();
     return;
   }

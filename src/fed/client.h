@@ -324,6 +324,11 @@ class Client {
   // A round attempt took local steps that no saved state holds (it failed before the push):
   // the next round attempt rewinds first.
   bool unsaved_steps_ = false;
+  // A fresh client's state before round 1 is saved once the server has accepted it: a refused
+  // one (another model, id or run) leaves nothing that its corrected config would then find.
+  bool initial_state_unsaved_ = false;
+  // Takes the accepted run's id into the state folder, refusing one of another run.
+  void keep_run_id(const std::string& run_id);
   // The push sent without the server's answer yet (fed/client_state.h): set before the state
   // saved before the push, so that a client killed or disconnected before the answer settles it
   // from the next task's update_round.

@@ -120,6 +120,9 @@ class Coordinator {
 
   int64_t rounds_done() const;
   bool finished() const;
+  // Once finished: how many clients heard from within client_timeout_s have not yet been told
+  // that the run is over (by a task request's answer).
+  size_t clients_not_told_done() const;
   // [post] with objective "rm", after the last round: the global adapters merged into the base
   // and the global score head, exported as `pollen rm` exports a reward model, to
   // server.dir/reward_model; returns that folder.
@@ -142,6 +145,7 @@ class Coordinator {
     std::string manifest_hash;
     std::chrono::steady_clock::time_point last_seen;
     int64_t last_aggregated_round = 0;  // the last round aggregated with its update (0: none)
+    bool told_done = false;             // answered TASK_DONE
   };
   struct Update {
     ClientUpdate update;

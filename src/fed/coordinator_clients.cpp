@@ -3,6 +3,8 @@
 // clients are alive.
 #include "fed/coordinator.h"
 
+#include <algorithm>
+
 #include "base/log.h"
 
 namespace pollen::fed {
@@ -75,6 +77,7 @@ pb::TaskReply Coordinator::task(const pb::TaskRequest& r, const std::string& pee
   if (finished_) {
     t.set_kind(pb::TASK_DONE);
     t.set_stopped(stopped_);
+    it->second.told_done = true;
     return t;
   }
   using Phase = secagg::ServerSession::Phase;
@@ -269,6 +272,13 @@ std::vector<std::string> Coordinator::alive_ids_locked() const {
       alive.push_back(id);
   }
   return alive;
+}
+
+size_t Coordinator::clients_not_told_done() const {
+  std::lock_guard lock(mutex_);
+  const auto alive = alive_ids_locked();
+  return std::count_if(alive.begin(), alive.end(),
+                       [&](const std::string& id) { return !clients_.at(id).told_done; });
 }
 
 size_t Coordinator::alive_clients() const {

@@ -4,6 +4,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -362,6 +363,9 @@ struct Endpoint {
   std::string address;
   bool tls = false;
   double connect_timeout_s = 60;
+  // The server answered a join or task before: failing to reach it now is no sign of a wrong
+  // address or TLS setting.
+  std::atomic<bool> answered{false};
 };
 
 // Whether a call waits for the server to come up (join, task, counts: wait_for_ready and the
@@ -376,9 +380,15 @@ std::string failure_text(const grpc::Status& s, const char* what, const Endpoint
   const auto code = s.error_code();
   const bool unreachable =
       code == grpc::StatusCode::DEADLINE_EXCEEDED || code == grpc::StatusCode::UNAVAILABLE;
-  if (unreachable && waits == Waits::no) {
+  // A call the server cancelled (as it shuts down) is no refusal of what was sent.
+  if ((unreachable || code == grpc::StatusCode::CANCELLED) && waits == Waits::no) {
     return cat("the connection to the federation server at ", e.address, " failed during ", what,
                " (", s.error_message(), ")");
+  }
+  if (unreachable && e.answered) {
+    return cat("the federation server at ", e.address, " answered this client before but not ",
+               what, " now (", s.error_message(), "; waited up to ", e.connect_timeout_s,
+               " s): it stopped since (its run ended, or it was stopped or lost)");
   }
   if (unreachable) {
     return cat("could not reach the federation server at ", e.address, " (", what, ", ",
@@ -443,7 +453,9 @@ GrpcTransport::GrpcTransport(const std::string& address, const TlsFiles& tls,
   }
   impl_->channel = grpc::CreateCustomChannel(address, creds, args);
   impl_->stub = pb::Federation::NewStub(impl_->channel);
-  impl_->endpoint = {address, tls.enabled(), connect_timeout_s};
+  impl_->endpoint.address = address;
+  impl_->endpoint.tls = tls.enabled();
+  impl_->endpoint.connect_timeout_s = connect_timeout_s;
 }
 
 GrpcTransport::~GrpcTransport() = default;
@@ -507,6 +519,7 @@ pb::JoinReply GrpcTransport::join(const pb::JoinRequest& r) {
       std::chrono::system_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
   check_waiting_call(impl_->stub->Join(&ctx, r, &reply), "join", *impl_->channel, impl_->endpoint);
+  impl_->endpoint.answered = true;
   return reply;
 }
 
@@ -519,6 +532,7 @@ pb::TaskReply GrpcTransport::task(const pb::TaskRequest& r) {
       std::chrono::milliseconds(static_cast<int64_t>(impl_->endpoint.connect_timeout_s * 1000)));
   check_waiting_call(impl_->stub->GetTask(&ctx, r, &reply), "task", *impl_->channel,
                      impl_->endpoint);
+  impl_->endpoint.answered = true;
   return reply;
 }
 

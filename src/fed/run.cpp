@@ -94,8 +94,18 @@ int64_t run_server(const ServerConfig& config, bool resume) {
       }
     });
     coordinator.run();
-    // Let polling clients hear that the run is over before the port closes.
-    if (coordinator.finished()) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    // The port stays open until every live client has heard that the run is over (one still
+    // training a late round pushes, is refused, and asks), for client_timeout_s at most.
+    if (coordinator.finished() && coordinator.clients_not_told_done() > 0) {
+      log::info("fed server: the run is over; waiting up to ", config.client_timeout_s,
+                " s (server.client_timeout_s) for ", coordinator.clients_not_told_done(),
+                " client(s) to hear it");
+      const auto until =
+          std::chrono::steady_clock::now() + std::chrono::duration<double>(config.client_timeout_s);
+      while (coordinator.clients_not_told_done() > 0 && std::chrono::steady_clock::now() < until &&
+             !g_signal)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
   server.shutdown();
   log::info("fed server: ", coordinator.rounds_done(), " of ", config.rounds, " rounds done");

@@ -178,6 +178,30 @@ TEST(ClientState, StateOfAnotherClientOrDatasetIsRefused) {
   fs::remove_all(dir);
 }
 
+// A client the server refuses at the join (another model here) saves no state: its corrected
+// config then starts as a fresh client, not from the refused one's weights.
+TEST(ClientState, AClientRefusedAtTheJoinLeavesNoState) {
+  Quiet q;
+  set_num_threads(1);
+  const auto dir = temp_dir("client_state_refused_join");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1)}, "fedavg", 1, 1);
+  cfg.clients[0].state_dir = dir / "state";
+  Coordinator server(cfg.server, false);
+  LocalTransport transport(server);
+  auto wider = cfg.clients[0];
+  wider.model.intermediate_size *= 2;
+  {
+    Client refused(wider, transport);
+    EXPECT_NE(pollen::testing::error_of([&] { refused.join(); }).find("intermediate_size"),
+              std::string::npos);
+  }
+  EXPECT_FALSE(fs::exists(dir / "state" / "checkpoints"));
+  Client a(cfg.clients[0], transport);
+  EXPECT_NO_THROW(a.join());
+  EXPECT_TRUE(fs::exists(dir / "state" / "checkpoints"));
+  fs::remove_all(dir);
+}
+
 // A restarted client's [local_dp] accountant counts the rounds before the restart, so the epsilon
 // it reports is that of every update it released; a state of rounds released without [local_dp]
 // is not resumed under it, since no epsilon can be claimed for them.

@@ -409,8 +409,12 @@ TEST(Simulation, AClientNoneOfWhoseUpdatesCountedFailsSayingSo) {
   EXPECT_NE(pollen::testing::error_of([&] { b.poll_once(); }).find("round 1 is not open"),
             std::string::npos);
   EXPECT_FALSE(server.begin_round());  // 1 round done
+  // pollen fed server keeps its port open until every live client has heard the run is over.
+  EXPECT_EQ(server.clients_not_told_done(), 2u);
   EXPECT_NO_THROW(a.run());
+  EXPECT_EQ(server.clients_not_told_done(), 1u);
   const std::string error = pollen::testing::error_of([&] { b.run(); });
+  EXPECT_EQ(server.clients_not_told_done(), 0u);
   EXPECT_NE(
       error.find("aggregated none of this silo's updates (this process pushed 1, from round 1)"),
       std::string::npos)

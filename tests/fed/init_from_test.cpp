@@ -110,11 +110,12 @@ TEST(InitFrom, SimConfigReadsItAndAnotherArchitectureIsRefused) {
   const fs::path ckpt = pretrained(dir / "pretrain", silo);
   const fs::path sim = dir / "sim.toml";
   auto write_sim = [&](const std::string& model_keys) {
-    std::ofstream(sim) << "[sim]\nclients = [\"a\"]\nmanifests = [\"" << silo.string()
-                       << "\"]\n[server]\ndir = \"" << (dir / "server").string()
-                       << "\"\n[tokenizer]\nfingerprint = \"t\"\n[model]\ninit_from = \""
-                       << ckpt.string() << "\"\n"
-                       << model_keys;
+    std::ofstream(sim)
+        << "[sim]\nclients = [\"a\"]\nmanifests = [\"" << silo.string() << "\"]\n[server]\ndir = \""
+        << (dir / "server").string()
+        << "\"\n[train]\nseq = 32\n[tokenizer]\nfingerprint = \"t\"\n[model]\ninit_from = \""
+        << ckpt.string() << "\"\n"
+        << model_keys;
   };
   const std::string same =
       "vocab_size = 64\nhidden_size = 32\nintermediate_size = 64\nnum_hidden_layers = 2\n"
@@ -145,10 +146,11 @@ TEST(InitFrom, SimConfigReadsItAndAnotherArchitectureIsRefused) {
   EXPECT_NE(e.find("rope_theta: expected 500000, got 10000"), std::string::npos) << e;
   EXPECT_EQ(e.find("hidden_size"), std::string::npos) << e;
   // A client may start from the same weights (so that round 1's compressed model is a delta).
-  std::ofstream(dir / "client.toml") << "[client]\nid = \"a\"\n[data]\nmanifests = [\""
-                                     << silo.string() << "\"]\n[tokenizer]\nfingerprint = \"t\"\n"
-                                     << "[model]\ninit_from = \"" << ckpt.string() << "\"\n"
-                                     << same;
+  std::ofstream(dir / "client.toml")
+      << "[client]\nid = \"a\"\n[data]\nmanifests = [\"" << silo.string()
+      << "\"]\n[train]\nseq = 32\n[tokenizer]\nfingerprint = \"t\"\n"
+      << "[model]\ninit_from = \"" << ckpt.string() << "\"\n"
+      << same;
   EXPECT_EQ(load_client_config(dir / "client.toml").init_from, ckpt.string());
   fs::remove_all(dir);
 }
