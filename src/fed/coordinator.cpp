@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <random>
 
 #include "base/files.h"
@@ -22,6 +23,44 @@ namespace pollen::fed {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// The last round metrics.jsonl records (as a resumed server left it: up to its checkpoint), for
+// /metrics until a round closes (round 0: none).
+RoundSummary last_round_of(const fs::path& metrics) {
+  RoundSummary s;
+  std::ifstream in(metrics);
+  nlohmann::json last;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("participants")) last = std::move(j);
+  }
+  if (last.is_null()) return s;
+  const auto number = [&](const char* key) {
+    return last.contains(key) && last[key].is_number() ? last[key].get<double>() : std::nan("");
+  };
+  s.round = last.value("round", int64_t{0});
+  s.aggregated = last.value("status", "") == "aggregated";
+  s.participants = last.value("participants", std::vector<std::string>{});
+  s.dropped = last.value("dropped", std::vector<std::string>{});
+  s.tokens = last.value("tokens", int64_t{0});
+  s.bytes_sent = last.value("bytes_sent", uint64_t{0});
+  s.bytes_received = last.value("bytes_received", uint64_t{0});
+  s.wall_s = last.value("wall_s", 0.0);
+  s.train_loss = number("train_loss");
+  s.eval_loss = number("eval_loss");
+  if (last.contains("clients") && last["clients"].is_object())
+    for (const auto& [id, c] : last["clients"].items()) {
+      if (c.contains("train_loss") && c["train_loss"].is_number())
+        s.client_train_loss[id] = c["train_loss"].get<double>();
+      if (c.contains("eval_loss") && c["eval_loss"].is_number())
+        s.client_eval_loss[id] = c["eval_loss"].get<double>();
+    }
+  return s;
+}
+
+}  // namespace
 
 Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(config)) {
   strategy_ = make_strategy(config_.strategy);
@@ -140,6 +179,7 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   }
   metrics_ = obs::JsonlWriter(config_.dir / "metrics.jsonl", metrics_pos,
                               obs::Shortfall::keep_whole_lines);
+  if (metrics_pos) totals_.last = last_round_of(config_.dir / "metrics.jsonl");
   lineage_file_ = obs::JsonlWriter(config_.dir / "lineage.jsonl", lineage_pos);
   if (!lineage_pos && post_global_) {
     // Round 0 of a post-training lineage: the base every silo trains adapters on.

@@ -243,13 +243,17 @@ RoundSummary Coordinator::end_round() {
     for (const auto& id : s.participants)
       if (auto c = clients_.find(id); c != clients_.end())
         c->second.last_aggregated_round = s.round;
-  } else if (!secure_error.empty()) {
-    ++retries_;
-    log::warn("fed server: ", secure_error, "; nothing is applied and the round is retried");
   } else {
     ++retries_;
-    log::warn("fed server: round ", s.round, " got ", ups.size(), " updates, fewer than ",
-              config_.strategy.min_clients, "; the round is retried");
+    const std::string then =
+        retries_ > config_.max_round_retries
+            ? cat("no retry is left (server.max_round_retries ", config_.max_round_retries, ")")
+            : "the round is retried";
+    if (!secure_error.empty())
+      log::warn("fed server: ", secure_error, "; nothing is applied and ", then);
+    else
+      log::warn("fed server: round ", s.round, " got ", ups.size(), " updates, fewer than ",
+                config_.strategy.min_clients, "; ", then);
   }
   const double wall = std::chrono::duration<double>(Clock::now() - round_start_).count();
   s.wall_s = wall;

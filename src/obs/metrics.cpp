@@ -208,9 +208,11 @@ AppendFile::AppendFile(const std::filesystem::path& path, std::optional<uint64_t
   } else if (resume_at) {
     std::error_code ec;
     const auto size = std::filesystem::file_size(path, ec);
-    POLLEN_CHECK(!ec, "cannot resume metrics file '", path.string(), "': ", ec.message());
-    POLLEN_CHECK(size >= *resume_at, "metrics file '", path.string(), "' holds ", size,
-                 " bytes, fewer than the ", *resume_at, " its checkpoint recorded");
+    POLLEN_CHECK(!ec, "cannot resume '", path.string(), "': ", ec.message());
+    POLLEN_CHECK(size >= *resume_at, "'", path.string(), "' holds ", size,
+                 " bytes, fewer than the ", *resume_at,
+                 " its checkpoint recorded: it was cut or edited since; put back the whole file "
+                 "to resume");
     if (size > *resume_at) std::filesystem::resize_file(path, *resume_at);
   }
   file_ = std::fopen(path.c_str(), "ab");

@@ -65,6 +65,39 @@ std::string scrape(int port, const std::string& path, int* status) {
 
 }  // namespace
 
+// A resumed server shows its last round (from metrics.jsonl) until a round closes: not round 0
+// ("none yet") beside the rounds it has done.
+TEST(FedObservability, AResumedServerShowsItsLastRound) {
+  Quiet q;
+  const auto dir = temp_dir("observability_resumed");
+  auto cfg = sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3)}, "fedavg", 2, 2);
+  {
+    Coordinator server(cfg.server, false);
+    LocalTransport transport(server);
+    Client a(cfg.clients[0], transport), b(cfg.clients[1], transport);
+    a.join();
+    b.join();
+    ASSERT_TRUE(server.begin_round());
+    a.poll_once();
+    server.end_round();  // b late: dropped
+  }
+  const auto m = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 1u);
+  const Coordinator resumed(cfg.server, true);
+  const RoundSummary last = resumed.status().last;
+  EXPECT_EQ(last.round, 1);
+  EXPECT_TRUE(last.aggregated);
+  EXPECT_EQ(last.participants, std::vector<std::string>{"silo-0"});
+  EXPECT_EQ(last.dropped, std::vector<std::string>{"silo-1"});
+  EXPECT_EQ(last.tokens, m[0]["tokens"].get<int64_t>());
+  EXPECT_EQ(last.train_loss, m[0]["train_loss"].get<double>());
+  EXPECT_EQ(last.client_train_loss.at("silo-0"),
+            m[0]["clients"]["silo-0"]["train_loss"].get<double>());
+  const std::string text = prometheus_metrics(resumed.status());
+  EXPECT_NE(text.find("\npollen_fed_last_round 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("\npollen_fed_last_round_aggregated 1\n"), std::string::npos) << text;
+}
+
 TEST(FedObservability, PrometheusScrapeAndTensorBoardMatchTheMetricsFile) {
   const std::string python = python_peer();
   if (python.empty())
