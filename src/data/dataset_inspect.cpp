@@ -26,10 +26,19 @@ std::string dataset_stats(const fs::path& where) {
     docs[k] += s.num_docs;
     nshards[k]++;
   }
-  out += cat("token dtype ", token_dtype_name(m.token_dtype), ", vocab ", m.vocab_size, "\n");
-  out += cat("train: ", docs[0], " docs, ", tokens[0], " tokens in ", nshards[0],
-             " shards\nvalidation: ", docs[1], " docs, ", tokens[1], " tokens in ", nshards[1],
-             " shards\n");
+  const bool tokenized = m.json.contains("tokenizer") && m.json["tokenizer"].is_object();
+  if (tokenized) {
+    out += cat("token dtype ", token_dtype_name(m.token_dtype), ", vocab ", m.vocab_size, "\n");
+    out += cat("train: ", docs[0], " docs, ", tokens[0], " tokens in ", nshards[0],
+               " shards\nvalidation: ", docs[1], " docs, ", tokens[1], " tokens in ", nshards[1],
+               " shards\n");
+  } else {
+    // Prepared without [tokenize]: its documents are in the curated JSONL alone.
+    out += "not tokenized (no shards)\n";
+    for (const auto& c : m.json.value("curated", nlohmann::json::array()))
+      out += cat(c.value("split", "?"), ": ", c.value("docs", int64_t{0}), " docs, ",
+                 c.value("bytes", int64_t{0}), " bytes in ", c.value("file", "?"), "\n");
+  }
   if (m.json.contains("stages")) {
     char line[256];
     std::snprintf(line, sizeof line, "%-18s %10s %12s %10s %12s  %s\n", "stage", "docs in",

@@ -763,6 +763,11 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
     m["tokenizer"] = {{"fingerprint", tok.t->fingerprint()}, {"file", "tokenizer.json"}};
   } else {
     m["tokenizer"] = nullptr;
+    // An earlier tokenized run's copy would pass for this dataset's tokenizer (unless it is the
+    // very file tokenize.tokenizer names).
+    const fs::path copy = c.output / "tokenizer.json";
+    const bool named = !c.tokenizer.empty() && fs::equivalent(copy, c.base_dir / c.tokenizer, ec);
+    if (fs::exists(copy) && !named) fs::remove(copy);
   }
   m["bos_id"] = tok.bos ? json(*tok.bos) : json(nullptr);
   m["eos_id"] = tok.eos ? json(*tok.eos) : json(nullptr);

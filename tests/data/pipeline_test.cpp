@@ -793,6 +793,26 @@ TEST(Pipeline, AFinishedDatasetMissingAFileIsPreparedAgain) {
   fs::remove_all(out);
 }
 
+// Prepared again without tokenizing: the earlier run's tokenizer copy goes, and the stats count
+// the curated documents (there are no shards to count).
+TEST(Pipeline, AnUntokenizedDatasetShowsItsCuratedDocuments) {
+  const fs::path out = run("out_untokenized", 2);
+  ASSERT_TRUE(fs::exists(out / "tokenizer.json"));
+  const int before = num_threads();
+  prepare(PipelineConfig::load(corpus().config("out_untokenized", 2, "enabled = false\n")),
+          {.progress = false});
+  set_num_threads(before);
+  EXPECT_FALSE(fs::exists(out / "tokenizer.json"));
+  const json m = json::parse(read_file(out / "manifest.json"));
+  const std::string stats = dataset_stats(out);
+  EXPECT_NE(stats.find("not tokenized (no shards)"), std::string::npos) << stats;
+  EXPECT_NE(stats.find(cat("train: ", m["curated"][0]["docs"].get<int64_t>(), " docs, ")),
+            std::string::npos)
+      << stats;
+  EXPECT_GT(m["curated"][0]["docs"].get<int64_t>(), 0);
+  fs::remove_all(out);
+}
+
 // The output folder may hold files of others, shards of another prefix or none; only a stale
 // shard of this run's own prefix is removed.
 TEST(Pipeline, FilesOfOthersInTheOutputFolderAreKept) {
