@@ -78,6 +78,9 @@ void check_tokenized_by(const Manifest& m, const std::string& fingerprint,
 }
 
 void check_same_tokens(const Manifest& a, const Manifest& b) {
+  for (const Manifest* m : {&a, &b})
+    POLLEN_CHECK(m->vocab_size > 0, "manifest '", m->path.string(),
+                 "' holds no tokens (prepared without [tokenize])");
   const auto fingerprint = tokenizer_fingerprint;
   const auto eos = [](const Manifest& m) { return m.json.value("eos_id", nlohmann::json()); };
   // One without an end token appended (add_eos off) mixes with one with.

@@ -29,7 +29,8 @@ namespace pollen::data {
 struct Manifest;
 
 // Manifests mixed into one stream (or trained on one and evaluated on another) must speak the
-// same ids: one vocabulary, one tokenizer, one end-of-document token. Throws naming both.
+// same ids: one vocabulary, one tokenizer, one end-of-document token. Throws naming both (or the
+// one that holds no tokens at all).
 void check_same_tokens(const Manifest& a, const Manifest& b);
 // A manifest scored by a model whose tokenizer (file `tokenizer`) has `fingerprint`: data that
 // another tokenizer wrote would be read as this model's ids. Throws naming both; a manifest that

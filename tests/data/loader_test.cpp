@@ -399,6 +399,11 @@ TEST(Loader, ManifestsThatDisagreeWithTheirTokensAreRefused) {
   edit(a, [](nlohmann::json& m) { m["vocab_size"] = 0; });
   EXPECT_NO_THROW(Manifest::load(a));
   EXPECT_NE(error({a}).find("holds no tokens"), std::string::npos);
+  // Beside a tokenized one it is named as what it is, not as tokenized otherwise.
+  e = pollen::testing::error_of([&] { check_same_tokens(Manifest::load(b), Manifest::load(a)); });
+  EXPECT_NE(e.find("manifest '" + a.string() + "' holds no tokens (prepared without [tokenize])"),
+            std::string::npos)
+      << e;
   fs::remove_all(dir);
 }
 
