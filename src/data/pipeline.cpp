@@ -4,12 +4,14 @@
 #include "data/pipeline.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 
 #include "base/error.h"
@@ -190,6 +192,17 @@ std::set<std::string> note_shard_prefix(const fs::path& work, const std::string&
   }
   if (prefixes.insert(prefix).second) write_file_atomic(path, json(prefixes).dump() + "\n");
   return prefixes;
+}
+
+// An evaluation file's format by its name, as the sources' files are read: "jsonl" for
+// NAME.jsonl in any case (compressed too: .jsonl.gz, .JSONL.ZST), else "text".
+std::string eval_file_format(const fs::path& p) {
+  std::string name = p.filename().string();
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  for (const std::string_view packed : {".gz", ".zst"})
+    if (name.ends_with(packed)) name.resize(name.size() - packed.size());
+  return name.ends_with(".jsonl") ? "jsonl" : "text";
 }
 
 // The first file of a finished dataset that is gone or not the size its manifest says, as
@@ -483,7 +496,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
       POLLEN_CHECK(fs::exists(p), "decontaminate.eval_files: '", e, "' does not exist");
       SourceSpec spec;
       spec.name = "eval";
-      spec.format = p.string().find(".jsonl") != std::string::npos ? "jsonl" : "text";
+      spec.format = eval_file_format(p);
       spec.text_field = c.eval_text_field;
       InputFile f{0, p, "eval/" + p.filename().string(), false, e};
       int64_t bytes;

@@ -208,6 +208,31 @@ TEST(Pipeline, ContaminationIsFoundBeforePiiRedaction) {
   fs::remove_all(dir);
 }
 
+// An evaluation file is JSONL by its name's extension, in any case, as a source's files are; a
+// folder's ".jsonl" in its path does not make a text file JSONL.
+TEST(Pipeline, AnEvalFilesFormatIsTakenFromItsExtension) {
+  const fs::path dir = corpus().root / "eval_format";
+  write(dir / "docs" / "a.txt", "Bees visit the spring garden.");
+  const std::string two =
+      json{{"text", paragraph(3)}}.dump() + "\n" + json{{"text", paragraph(4)}}.dump() + "\n";
+  write(dir / "EVAL.JSONL", two);
+  write(dir / "sets.jsonl.d" / "eval.txt", two);
+  const auto eval_texts = [&](const std::string& file) {
+    write(dir / "prepare.toml",
+          "output = \"out\"\nthreads = 1\nsources = [\"d\"]\n[source.d]\npaths = [\"docs\"]\n"
+          "[tokenize]\nenabled = false\n[decontaminate]\neval_files = [\"" +
+              file + "\"]\n");
+    prepare(PipelineConfig::load(dir / "prepare.toml"), {.progress = false});
+    const json m = json::parse(read_file(dir / "out" / "manifest.json"));
+    for (const auto& s : m["stages"])
+      if (s["name"] == "decontaminate") return s["eval_texts"].get<int64_t>();
+    return int64_t{-1};
+  };
+  EXPECT_EQ(eval_texts("EVAL.JSONL"), 2);             // two records
+  EXPECT_EQ(eval_texts("sets.jsonl.d/eval.txt"), 1);  // one text
+  fs::remove_all(dir);
+}
+
 // A file whose name is not UTF-8 is read, named with U+FFFD for each invalid sequence (its
 // documents' ids and the manifest are JSON); two names made one by that are refused naming both.
 TEST(Pipeline, AFileNameThatIsNotUtf8IsRepairedInItsDocumentsIds) {
