@@ -305,7 +305,7 @@ std::string parse_record(std::string_view line, std::string_view text_field,
         if (is_text) out.has_text = true;
         if (is_id) {
           if (is_text) out.id = out.text;
-          out.has_id = true;
+          out.has_id = !out.id.empty();  // an empty id names nothing: file:line instead
         }
       } else {
         const char* start = s.pos();

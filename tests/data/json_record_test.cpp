@@ -95,6 +95,9 @@ TEST(JsonRecord, DeepNestingAndIds) {
   EXPECT_EQ(f.id, nlohmann::json::parse("2.50").dump());
   EXPECT_EQ(parse_record(R"({"id": null, "text": "t"})", "text", "id", f), "");
   EXPECT_FALSE(f.has_id);
+  // An empty id names nothing: the record keeps file:line, as one without an id.
+  EXPECT_EQ(parse_record(R"({"id": "", "text": "t"})", "text", "id", f), "");
+  EXPECT_FALSE(f.has_id);
 }
 
 TEST(JsonRecord, WriterRoundTripsThroughTheReader) {
