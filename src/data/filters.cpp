@@ -597,6 +597,16 @@ void load_ngram_rule(ConfigTable& t, const char* sizes_key, const char* fracs_ke
     rule.push_back({static_cast<int>(sizes[i]), fracs[i]});
   }
 }
+// A filter's [min, max] pair: both 0 or more, and min at most max unless max is 0 (no bound);
+// else every document would be dropped.
+void check_bounds(const ConfigTable& t, const char* min_key, double min, const char* max_key,
+                  double max) {
+  POLLEN_CHECK(min >= 0, t.where(min_key), ": expected 0 or more, got ", min);
+  POLLEN_CHECK(max >= 0, t.where(max_key), ": expected 0 (no bound) or more, got ", max);
+  POLLEN_CHECK(max == 0 || max >= min, t.where(max_key), ": ", max, " is less than ", min_key, " (",
+               min, "): every document would be dropped");
+}
+
 }  // namespace
 
 void load_filter(ConfigTable& t, LengthFilter& f) {
@@ -605,6 +615,10 @@ void load_filter(ConfigTable& t, LengthFilter& f) {
   f.max_chars = t.get_int("max_chars", f.max_chars);
   f.min_words = t.get_int("min_words", f.min_words);
   f.max_words = t.get_int("max_words", f.max_words);
+  check_bounds(t, "min_chars", static_cast<double>(f.min_chars), "max_chars",
+               static_cast<double>(f.max_chars));
+  check_bounds(t, "min_words", static_cast<double>(f.min_words), "max_words",
+               static_cast<double>(f.max_words));
 }
 void load_filter(ConfigTable& t, GopherQualityFilter& f) {
   f.enabled = t.get_bool("enabled", f.enabled);
@@ -618,6 +632,12 @@ void load_filter(ConfigTable& t, GopherQualityFilter& f) {
   f.max_non_alpha_words_ratio =
       t.get_double("max_non_alpha_words_ratio", f.max_non_alpha_words_ratio);
   f.min_stop_words = t.get_int("min_stop_words", f.min_stop_words);
+  check_bounds(t, "min_doc_words", static_cast<double>(f.min_doc_words), "max_doc_words",
+               static_cast<double>(f.max_doc_words));
+  check_bounds(t, "min_avg_word_length", f.min_avg_word_length, "max_avg_word_length",
+               f.max_avg_word_length);
+  POLLEN_CHECK(f.min_stop_words >= 0, t.where("min_stop_words"), ": expected 0 or more, got ",
+               f.min_stop_words);
 }
 void load_filter(ConfigTable& t, GopherRepetitionFilter& f) {
   f.enabled = t.get_bool("enabled", f.enabled);

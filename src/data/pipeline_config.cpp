@@ -39,6 +39,12 @@ PipelineConfig read_pipeline_config(ConfigTable& t, const fs::path& path) {
                            names[i]) == names.begin() + static_cast<std::ptrdiff_t>(i),
                  t.where("sources"), ": '", names[i], "' is listed twice");
   for (const auto& n : names) {
+    // The prefix of its documents' ids (NAME/path): a '/' in it would let two sources' ids meet.
+    POLLEN_CHECK(!n.empty() && n != "." && n != ".." &&
+                     n.find_first_of(std::string_view("/\\\0", 3)) == std::string::npos,
+                 t.where("sources"), ": '", n,
+                 "' cannot name a source: expected a name without '/' (its documents' ids start "
+                 "with it)");
     auto st = src_table->table(n);
     POLLEN_CHECK(st.has_value(), t.where("source." + n), ": missing table for source '", n, "'");
     SourceSpec s;
@@ -50,6 +56,8 @@ PipelineConfig read_pipeline_config(ConfigTable& t, const fs::path& path) {
                  st->where("format"), ": expected \"text\", \"delimited\" or \"jsonl\", got \"",
                  s.format, "\"");
     s.delimiter = st->get_string("delimiter", s.delimiter);
+    POLLEN_CHECK(s.delimiter.find_first_of("\r\n") == std::string::npos, st->where("delimiter"),
+                 ": a delimiter is compared with whole lines, so it cannot hold a line break");
     s.text_field = st->get_string("text_field", s.text_field);
     s.id_field = st->get_string("id_field", s.id_field);
     if (st->has("include")) s.include = st->get_strings("include");

@@ -1205,3 +1205,36 @@ TEST(Pipeline, UnknownConfigKeyIsAnError) {
     EXPECT_NE(std::string(e.what()).find("unknown_key"), std::string::npos) << e.what();
   }
 }
+
+// Values no document could pass, a delimiter no line can equal, and a source name that would
+// put a '/' into its documents' ids are refused naming the key.
+TEST(Pipeline, ConfigValuesThatMakeNoSenseAreRefused) {
+  const std::string base =
+      "output = \"o\"\nsources = [\"s\"]\n[source.s]\npaths = [\"in\"]\nformat = \"delimited\"\n";
+  const auto error = [&](const std::string& text) {
+    return pollen::testing::error_of(
+        [&] { PipelineConfig::parse(text, corpus().root / "bad.toml"); });
+  };
+  std::string e = error(base + "[length]\nmin_chars = -1\n");
+  EXPECT_NE(e.find("key 'length.min_chars': expected 0 or more, got -1"), std::string::npos) << e;
+  e = error(base + "[length]\nmin_chars = 100\nmax_chars = 10\n");
+  EXPECT_NE(e.find("key 'length.max_chars': 10 is less than min_chars (100)"), std::string::npos)
+      << e;
+  e = error(base + "[gopher_quality]\nmin_doc_words = 90\nmax_doc_words = 50\n");
+  EXPECT_NE(e.find("key 'gopher_quality.max_doc_words'"), std::string::npos) << e;
+  // A maximum of 0 is no bound.
+  EXPECT_NO_THROW(PipelineConfig::parse(base + "[length]\nmin_words = 5\nmax_words = 0\n",
+                                        corpus().root / "bad.toml"));
+  e = error(base + "delimiter = \"a\\nb\"\n");
+  EXPECT_NE(e.find("key 'source.s.delimiter': a delimiter is compared with whole lines"),
+            std::string::npos)
+      << e;
+  for (const std::string name : {"", "a/b", ".."}) {
+    std::string text = base;
+    text.replace(text.find("[\"s\"]"), 5, "[\"" + name + "\"]");
+    text.replace(text.find("[source.s]"), 10, "[source.\"" + name + "\"]");
+    e = error(text);
+    EXPECT_NE(e.find("key 'sources': '" + name + "' cannot name a source"), std::string::npos)
+        << name << ": " << e;
+  }
+}
