@@ -12,6 +12,7 @@
 #include "base/rng.h"
 #include "fed/grpc.h"
 #include "tokenizer/open.h"
+#include "tokenizer/pattern.h"
 #include "tokenizer/trainer.h"
 
 namespace pollen::fed {
@@ -86,8 +87,11 @@ std::string checked_counts(const fs::path& file, const std::string& id, size_t s
 
 void TokenizerRound::check_pattern(const std::string& pattern, const std::string& id) const {
   POLLEN_CHECK(pattern_.empty() || pattern == pattern_, "counts of '", id,
-               "': pre-tokenised with another pattern ('", pattern.substr(0, 80), "') than ",
-               config_.pattern.empty() ? "the other silos'" : "tokenizer.pattern");
+               "': pre-tokenised with pattern ", tokenizer::describe_pattern(pattern),
+               ", the federation's is ", tokenizer::describe_pattern(pattern_), " (",
+               config_.pattern.empty() ? "that of the silos' first counts" : "tokenizer.pattern",
+               "); the silo counts again with pollen fed counts --pattern ",
+               tokenizer::describe_pattern(pattern_), " once it deleted the counts it kept");
 }
 
 TokenizerRound::TokenizerRound(TokenizerServerConfig config)
@@ -279,7 +283,12 @@ std::string run_counts_client(const CountsClientOptions& o) {
       o.counts_file.empty() ? fs::path(o.output.string() + ".counts") : o.counts_file;
   tokenizer::PieceCounts counts(tokenizer::pattern_regex(o.pattern));
   if (fs::exists(kept)) {
-    counts.merge_file(kept);  // checks the file, and that it was made with this pattern
+    try {
+      counts.merge_file(kept);  // checks the file, and that it was made with this pattern
+    } catch (const Error& e) {
+      fail(e.what(), " (the counts this silo kept and sends again: delete '", kept.string(),
+           "' to count again)");
+    }
     log::info("fed counts '", o.id, "': sending the counts kept in '", kept.string(),
               "' (delete it to count again)");
   } else {

@@ -290,6 +290,11 @@ std::optional<KnownPattern> recognise_pattern(std::string_view regex) {
   return std::nullopt;
 }
 
+std::string describe_pattern(std::string_view regex) {
+  if (auto known = recognise_pattern(regex)) return std::string(known_pattern_name(*known));
+  return "'" + std::string(regex.substr(0, 60)) + (regex.size() > 60 ? "...'" : "'");
+}
+
 size_t known_pattern_match(KnownPattern pattern, const unsigned char* p, const unsigned char* end) {
   switch (pattern) {
     case KnownPattern::kGpt2:

@@ -26,6 +26,8 @@ std::string_view known_pattern_regex(KnownPattern pattern);
 std::optional<KnownPattern> known_pattern_named(std::string_view name);
 std::string_view known_pattern_name(KnownPattern pattern);
 std::optional<KnownPattern> recognise_pattern(std::string_view regex);
+// A pattern for messages: its known name ("gpt2"), or the regex quoted (its first 60 bytes).
+std::string describe_pattern(std::string_view regex);
 
 // A regex matching `text` as it is (tokenizer.json's {"String": ...}): every ASCII character
 // that is not a letter or digit escaped (a control character as \x{HH}), so that no part of it

@@ -243,7 +243,11 @@ TEST(FederatedTokenizer, APinnedPatternRefusesCountsMadeWithAnother) {
   TokenizerRound round(sc);
   const std::string e = pollen::testing::error_of(
       [&] { round.add_counts("silo-a", "", read_file(dir / "c.counts")); });
-  EXPECT_NE(e.find("than tokenizer.pattern"), std::string::npos) << e;
+  EXPECT_NE(e.find("pre-tokenised with pattern cl100k_base, the federation's is o200k_base "
+                   "(tokenizer.pattern); the silo counts again with pollen fed counts --pattern "
+                   "o200k_base"),
+            std::string::npos)
+      << e;
   sc.pattern = tokenizer::pattern_regex("cl100k_base");
   TokenizerRound same(sc);
   EXPECT_NO_THROW(same.add_counts("silo-a", "", read_file(dir / "c.counts")));
