@@ -244,8 +244,9 @@ void export_reward_model_with_tokenizer(const model::Llama& decoder, const ag::V
     if (t.id == pad_token_id) pad = t.content;
   json tokenizer_config = io::hf_tokenizer_config(decoder.config().max_position_embeddings);
   tokenizer_config["pad_token"] = pad;
-  std::vector<SideFile> side_files = read_side_files({tokenizer_json});
-  side_files.emplace_back("tokenizer_config.json", tokenizer_config.dump(2) + "\n");
+  // Under the name transformers and pollen rm score look for, whatever the run called it.
+  std::vector<SideFile> side_files = {{"tokenizer.json", read_file(tokenizer_json)},
+                                      {"tokenizer_config.json", tokenizer_config.dump(2) + "\n"}};
   write_reward_model(decoder, score, pad_token_id, dir, side_files);
 }
 

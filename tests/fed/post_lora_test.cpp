@@ -313,6 +313,14 @@ TEST(FedPostLora, OneRewardModelSiloFederatedEqualsItsLocalTraining) {
     ++compared;
   }
   EXPECT_EQ(compared, expected.size());
+  // The tokenizer goes in as tokenizer.json, whatever the run's file is called: transformers and
+  // pollen rm score look for that name.
+  const fs::path renamed = out.parent_path() / "chat-tokenizer.json";
+  fs::copy_file(base.tokenizer_path, renamed, fs::copy_options::overwrite_existing);
+  const fs::path again = out.parent_path() / "rm-export";
+  train::export_reward_model_with_tokenizer(merged, rm.score, rm.pad_token_id, renamed, again);
+  EXPECT_EQ(read_file(again / "tokenizer.json"), read_file(renamed));
+  EXPECT_FALSE(fs::exists(again / "chat-tokenizer.json"));
 }
 
 TEST(FedPostLora, SilosWithOtherAdaptersAreRefusedNamingTheDifference) {
