@@ -228,6 +228,16 @@ PostBaseInfo read_post_base(const PostSettings& post) {
   return info;
 }
 
+void warn_if_schedule_ends_early(const train::PostConfig& run, int64_t federation_steps) {
+  const optim::Schedule& s = run.schedule;
+  if (federation_steps <= s.total_steps || optim::lr_at(s, s.total_steps) >= s.lr) return;
+  log::warn("'", run.source, "': train.steps (", s.total_steps, ") is fewer than the ",
+            federation_steps, " local steps of the federation (rounds x local_steps): past it its ",
+            "schedule keeps the rate at ", optim::lr_at(s, s.total_steps), ", and the silos learn ",
+            optim::lr_at(s, s.total_steps) == 0 ? "nothing" : "slowly",
+            " in the rounds after; set train.steps to ", federation_steps);
+}
+
 train::PostConfig silo_post_config(const PostSettings& post) {
   const std::string data = std::filesystem::absolute(post.data).string();
   POLLEN_CHECK(std::filesystem::exists(data), "post.data: '", post.data, "' does not exist");
@@ -415,6 +425,9 @@ SimConfig load_fed_post_config(const std::filesystem::path& path) {
                f->where("local_steps"), ": must be 1 to ", kMaxLocalSteps, ", got ",
                server.local_steps);
   POLLEN_CHECK(server.eval_every >= 0, f->where("eval_every"), ": expected 0 (never) or more");
+  for (size_t i = 0; i < data.size(); ++i)
+    POLLEN_CHECK(std::filesystem::exists(data[i]), f->where(cat("data[", i, "]")), ": '", data[i],
+                 "' does not exist");
   f->finish();
   for (size_t i = 0; i < silos.size(); ++i) {
     ClientConfig client;

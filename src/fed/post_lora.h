@@ -123,6 +123,9 @@ PostBaseInfo read_post_base(const PostSettings& post);
 
 // A client's LoRA silo from its [post]: the run file with <objective>.data set to post.data.
 train::PostConfig silo_post_config(const PostSettings& post);
+// Warns when a silo run file's schedule ends before the federation's local steps do (a
+// schedule that decays: its rate stays at its last value after train.steps).
+void warn_if_schedule_ends_early(const train::PostConfig& run, int64_t federation_steps);
 
 // One silo: the base its run file names (frozen), adapters from the run file's [lora] (which
 // must have train_a = false), the objective over the silo's data, and AdamW over B on the run

@@ -571,6 +571,8 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
 
   // `pollen fed post` refuses the [strategy] keys a post-training federation has no use for, as
   // the server does with [post]; client sampling and the compressed download are the server's.
+  write_file_atomic(dir / "a.jsonl", "");
+  write_file_atomic(dir / "b.jsonl", "");
   auto post_error = [&](const std::string& strategy) {
     write_file_atomic(dir / "post.toml",
                       "[federation]\nrun = 'r.toml'\nsilos = ['a', 'b']\n"
@@ -580,6 +582,14 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
     return error_of([&] { load_fed_post_config(dir / "post.toml"); });
   };
   EXPECT_EQ(post_error("name = 'fedadam'\nfraction_fit = 0.5\nmin_clients = 1\n"), "");
+  // A silo's data is looked for before any silo is built, named by its key.
+  fs::rename(dir / "b.jsonl", dir / "b-moved.jsonl");
+  const std::string missing = post_error("");
+  EXPECT_NE(
+      missing.find("key 'federation.data[1]': '" + (dir / "b.jsonl").string() + "' does not exist"),
+      std::string::npos)
+      << missing;
+  fs::rename(dir / "b-moved.jsonl", dir / "b.jsonl");
   for (const char* key : {"row_weighting = 'token_counts'", "second_moments = 'factored'",
                           "first_moments = 'output'", "embedding_lr_scale = 2.0"}) {
     const std::string e = post_error(std::string(key) + "\n");

@@ -353,3 +353,28 @@ TEST(FedPostLora, SilosWithOtherAdaptersAreRefusedNamingTheDifference) {
 }
 
 }  // namespace
+
+// A silo run file whose decaying schedule ends before the federation's local steps do would have
+// the silos learn nothing (min_lr 0) in the rounds after: warned of, with the steps to set.
+TEST(FedPostLora, AScheduleShorterThanTheFederationIsWarnedOf) {
+  const train::PostConfig run = train::load_post_config(run_file("short", kSft), "sft");
+  ASSERT_EQ(run.schedule.total_steps, 100);
+  const auto warning = [&](int64_t federation_steps) {
+    log::set_level(log::Level::warn);
+    ::testing::internal::CaptureStderr();
+    fed::warn_if_schedule_ends_early(run, federation_steps);
+    return ::testing::internal::GetCapturedStderr();
+  };
+  EXPECT_EQ(warning(100), "");
+  const std::string said = warning(160);
+  EXPECT_NE(said.find("train.steps (100) is fewer than the 160 local steps of the federation"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("set train.steps to 160"), std::string::npos) << said;
+  const train::PostConfig constant = train::load_post_config(
+      run_file("constant", kSft, {{"kind = \"cosine\"", "kind = \"constant\""}}), "sft");
+  log::set_level(log::Level::warn);
+  ::testing::internal::CaptureStderr();
+  fed::warn_if_schedule_ends_early(constant, 160);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
