@@ -190,7 +190,10 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
     // A [dp_sgd] account beside them stays: the steps it counts were released.
     if (cc.state_dir.empty() && config.client_states) {
       cc.state_dir = config.server.dir / "clients" / cc.id;
-      if (coordinator.rounds_done() == 0) std::filesystem::remove_all(cc.state_dir / "checkpoints");
+      if (coordinator.rounds_done() == 0) {
+        std::filesystem::remove_all(cc.state_dir / "checkpoints");
+        std::filesystem::remove(cc.state_dir / "server_run_id");  // that run's id, not this one's
+      }
     } else if (cc.state_dir.empty() && coordinator.rounds_done() > 0) {
       log::warn(config.command, ": client '", cc.id, "' resumes at round ",
                 coordinator.rounds_done() + 1,

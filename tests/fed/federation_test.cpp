@@ -879,10 +879,18 @@ TEST(Simulation, ClientStatesCanBeTurnedOffAndAResumeSaysWhatThatCosts) {
   EXPECT_FALSE(fs::exists(dir / "server" / "clients")) << out;
 
   write_two_silo_sim(dir / "kept", 1, "", "");
-  out = run_capture(
-      cat(POLLEN_BINARY, " fed simulate --config ", (dir / "kept" / "sim.toml").string()), &status);
+  const std::string kept =
+      cat(POLLEN_BINARY, " fed simulate --config ", (dir / "kept" / "sim.toml").string());
+  out = run_capture(kept, &status);
   ASSERT_EQ(status, 0) << out;
   EXPECT_TRUE(fs::is_directory(dir / "kept" / "server" / "clients" / "a")) << out;
+  // A run stopped before its first checkpoint (here: its checkpoints removed) starts again, fresh
+  // or resumed: its clients' states, and the run id they hold, are of the run that stopped.
+  for (const std::string again : {kept, kept + " --resume"}) {
+    fs::remove_all(dir / "kept" / "server" / "checkpoints");
+    out = run_capture(again, &status);
+    EXPECT_EQ(status, 0) << again << "\n" << out;
+  }
 }
 
 // ---- over gRPC
