@@ -136,7 +136,15 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
     lo.rank = 0;
     lo.world = 1;
     lo.split = "validation";
-    validation_.loader = std::make_unique<data::Loader>(lo);
+    try {
+      // A split of fewer windows than a micro-batch is scored whole, as one batch (as in
+      // pollen train).
+      const int64_t windows = data::Loader::count_windows(lo);
+      if (windows > 0 && windows < lo.batch) lo.batch = windows;
+      validation_.loader = std::make_unique<data::Loader>(lo);
+    } catch (const Error& e) {
+      fail("client '", config.id, "': the validation split of data.manifests: ", e.what());
+    }
     validation_.start = {config.seed, 0, 0};
     // No window scored twice (the loader's next epoch), as in pollen train.
     validation_.batches =

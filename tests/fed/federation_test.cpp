@@ -860,6 +860,20 @@ TEST(Simulation, SigintStopsAfterTheRoundInProgressAndResumeGoesOn) {
   fs::remove_all(dir);
 }
 
+// A silo whose validation split holds fewer windows than a micro-batch evaluates on all of them,
+// as pollen train does, instead of stopping the federation.
+TEST(Simulation, AValidationSplitSmallerThanAMicroBatchIsScoredWhole) {
+  Quiet q;
+  const auto dir = temp_dir("sim_small_validation");
+  auto cfg =
+      sim_config(dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3, 300, 1)}, "fedavg", 1, 2);
+  run_simulation(cfg, false);
+  const auto metrics = read_jsonl(cfg.server.dir / "metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 1u);
+  EXPECT_TRUE(metrics[0]["clients"]["silo-1"].contains("eval_loss")) << metrics[0];
+  fs::remove_all(dir);
+}
+
 // sim.client_states = false: no client states on disk; a resumed run says its clients start
 // afresh.
 TEST(Simulation, ClientStatesCanBeTurnedOffAndAResumeSaysWhatThatCosts) {
