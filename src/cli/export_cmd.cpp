@@ -53,6 +53,7 @@ void add_export_gguf(CLI::App* cmd) {
     io::check_gguf_output(a->output);  // before a model is loaded
     const io::ModelSource src = io::resolve_model(a->model);
     const tokenizer::Tokenizer tok = model_tokenizer(src, a->tokenizer);
+    check_tokenizer_fits(tok, src, a->tokenizer);  // before the weights load
     const model::Llama m = load_model_with_adapter(src, a->adapter);
     io::GgufExportOptions o;
     o.type = io::gguf_type_named(a->type);

@@ -879,6 +879,17 @@ TEST(HfExport, ATokenizerCanBeGivenForAModelWithoutOne) {
                           tok.vocab_size())),
             std::string::npos)
       << read_file(root / "export.log");
+  // GGUF's export names it too, before the weights load.
+  const fs::path gguf_log = root / "gguf.log";
+  EXPECT_NE(std::system(cat(POLLEN_BINARY, " export gguf --model ", ckpt.string(), " --tokenizer ",
+                            (root / "bigger.json").string(), " --output ",
+                            (root / "m.gguf").string(), " > ", gguf_log.string(), " 2>&1")
+                            .c_str()),
+            0);
+  EXPECT_NE(read_file(gguf_log).find(cat("tokenizer '", (root / "bigger.json").string(), "' has ",
+                                         tok.vocab_size() + 1, " ids")),
+            std::string::npos)
+      << read_file(gguf_log);
   tokenizer::save_tokenizer(tok, root / "given.tiktoken");
   EXPECT_FALSE(exports_hf(ckpt, out, root, "--tokenizer " + (root / "given.tiktoken").string()));
   EXPECT_NE(read_file(root / "export.log").find("expected a tokenizer.json"), std::string::npos)
