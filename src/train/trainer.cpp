@@ -692,11 +692,15 @@ void check_manifests_fit(const TrainConfig& cfg) {
   }
 }
 
-TrainResult train_run(const TrainConfig& cfg, const TrainOptions& o) {
+TrainResult train_run(const TrainConfig& given, const TrainOptions& o) {
   SignalGuard signals(o.handle_signals);
   dist::SingleProcess alone;
   dist::Communicator& comm = o.comm ? *o.comm : alone;
-  set_num_threads(cfg.threads > 0 ? cfg.threads : comm.threads_per_rank());
+  set_num_threads(given.threads > 0 ? given.threads : comm.threads_per_rank());
+  // The thread count used, not run.threads = 0 ("all"): the checkpoints record it, and a resume
+  // compares what ran (a thread count changes the float sums, so the run only to rounding).
+  TrainConfig cfg = given;
+  cfg.threads = num_threads();
   fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
   if (cfg.privacy.enabled) check_private_run(cfg);
   check_manifests_fit(cfg);

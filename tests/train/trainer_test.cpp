@@ -20,6 +20,7 @@
 #include "autograd/tape.h"
 #include "base/folder_lock.h"
 #include "base/hash.h"
+#include "base/log.h"
 #include "base/thread_pool.h"
 #include "io/checkpoint.h"
 #include "obs/metrics.h"
@@ -570,6 +571,31 @@ TEST(Trainer, AWarmupLongerThanTheRunIsWarned) {
   ASSERT_EQ(r.status, train::RunStatus::finished) << r.message;
   EXPECT_NE(err.find("schedule.warmup_steps (8) is more than train.steps (2)"), std::string::npos)
       << err;
+  fs::remove_all(base);
+}
+
+// run.threads = 0 ("all") is recorded as the count that ran, so that a resume compares thread
+// counts, not the text 0: at the same count it warns of nothing, at another it does.
+TEST(Trainer, AResumeComparesTheThreadCountThatRan) {
+  const fs::path base = temp_dir("threads_all");
+  ASSERT_EQ(train_quiet(tiny(base / "run", 2, {"run.threads=0"})).status,
+            train::RunStatus::finished);
+  const std::string saved =
+      read_file(io::list_checkpoints(base / "run" / "checkpoints").back() / "config.toml");
+  EXPECT_NE(saved.find(cat("threads = ", available_cpus(), "\n")), std::string::npos) << saved;
+  const auto resume = [&](int steps, int threads) {
+    train::TrainOptions o;
+    o.resume = true;
+    o.handle_signals = false;
+    log::set_level(log::Level::warn);
+    ::testing::internal::CaptureStderr();
+    train::run_training(tiny(base / "run", steps, {cat("run.threads=", threads)}), o);
+    return ::testing::internal::GetCapturedStderr();
+  };
+  std::string said = resume(3, available_cpus());
+  EXPECT_EQ(said.find("run.threads"), std::string::npos) << said;
+  said = resume(4, available_cpus() + 1);
+  EXPECT_NE(said.find("run.threads"), std::string::npos) << said;
   fs::remove_all(base);
 }
 
