@@ -301,6 +301,8 @@ void Coordinator::warn_of_changed_settings(const nlohmann::json& state, const fs
                                                      "federation.rounds",
                                                      "federation.output",
                                                      "federation.eval_every",
+                                                     "run file: run.name",
+                                                     "run file: run.threads",
                                                      "tls.",
                                                      "model.",
                                                      "tokenizer."};
@@ -312,9 +314,13 @@ void Coordinator::warn_of_changed_settings(const nlohmann::json& state, const fs
   std::map<std::string, std::string> saved;
   for (const auto& [key, value] : state["settings"].items())
     if (value.is_string()) saved[key] = value.get<std::string>();
+  // A checkpoint of an older pollen holds no run file's keys: they are not compared then.
+  const std::string run_file = "run file: ";
+  const bool run_file_saved = std::any_of(
+      saved.begin(), saved.end(), [&](const auto& kv) { return kv.first.starts_with(run_file); });
   std::string changed;
   const auto add = [&](const std::string& key, const std::string& was, const std::string& now) {
-    if (is_free(key) || was == now) return;
+    if (is_free(key) || was == now || (key.starts_with(run_file) && !run_file_saved)) return;
     changed += cat(changed.empty() ? "" : ", ", key, " (", was, " -> ", now, ")");
   };
   for (const auto& [key, was] : saved) {

@@ -407,6 +407,11 @@ SimConfig load_fed_post_config(const std::filesystem::path& path) {
   auto f = root.table("federation");
   POLLEN_CHECK(f.has_value(), "config file '", path.string(), "': no [federation] table");
   server.post.run = relative(f->require_string("run"));
+  POLLEN_CHECK(std::filesystem::is_regular_file(server.post.run), f->where("run"), ": '",
+               server.post.run.string(), "' is no file; expected the silos' run file");
+  // The silos' run file trains them: a resume warns of its changed keys as of the federation's.
+  for (const auto& [key, value] : ConfigTable::load(server.post.run).flat())
+    c.server.settings["run file: " + key] = value;
   server.post.objective = f->get_string("objective", server.post.objective);
   lora_objective_factory(server.post.objective, f->where("objective"));  // refuses the others
   const std::vector<std::string> silos = f->get_strings("silos");

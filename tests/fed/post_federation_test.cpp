@@ -201,6 +201,16 @@ void expect_deployed_equals_simulation(const std::string& objective, const fs::p
                           "post.run 8"),
                 std::string::npos)
           << rank;
+      // Resumed after its optimizer.lr changed: warned of, as a changed federation key is.
+      write_run_file(dir, objective, {{"lr = 3e-3", "lr = 5e-3"}});
+      const log::Level level = log::level();
+      log::set_level(log::Level::warn);
+      ::testing::internal::CaptureStderr();
+      run_simulation(load_fed_post_config(dir / "sim.toml"), true);
+      const std::string lr = ::testing::internal::GetCapturedStderr();
+      log::set_level(level);
+      EXPECT_NE(lr.find("the config differs from that of checkpoint"), std::string::npos) << lr;
+      EXPECT_NE(lr.find("run file: optimizer.lr ("), std::string::npos) << lr;
       write_run_file(dir, objective);
     }
   }
@@ -571,6 +581,7 @@ TEST(FedPostWire, PostKeysAreCheckedAndOtherTablesRefused) {
 
   // `pollen fed post` refuses the [strategy] keys a post-training federation has no use for, as
   // the server does with [post]; client sampling and the compressed download are the server's.
+  write_file_atomic(dir / "r.toml", "");
   write_file_atomic(dir / "a.jsonl", "");
   write_file_atomic(dir / "b.jsonl", "");
   auto post_error = [&](const std::string& strategy) {
