@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <map>
+#include <regex>
 #include <sstream>
 
 #include "base/config.h"
@@ -73,11 +74,10 @@ void apply_override(toml::table& root, const std::string& assignment) {
   try {
     holder = toml::parse("v = " + value);
   } catch (const toml::parse_error& e) {
-    // A bare word is a string (run.name=7b-run); a number that does not parse (an integer past
-    // 64 bits) is an error, not that text.
-    const bool number = !value.empty() &&
-                        value.find_first_not_of("0123456789+-._eE") == std::string::npos &&
-                        value.find_first_of("0123456789") != std::string::npos;
+    // A bare word is a string (run.name=7b-run, 1.5.0, E2); a number in TOML's form that does
+    // not parse (an integer past 64 bits) is an error, not that text.
+    static const std::regex number_form(R"([+-]?[0-9][0-9_]*(\.[0-9][0-9_]*)?([eE][+-]?[0-9_]+)?)");
+    const bool number = std::regex_match(value, number_form);
     POLLEN_CHECK(!number, "--set '", assignment, "': the value is not a number TOML can hold (",
                  e.description(), ")");
     holder = toml::table{};

@@ -212,6 +212,8 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
             std::string::npos)
       << e;
   EXPECT_EQ(train::parse_train_config(base, "run.toml", {"run.name=7b-run"}).name, "7b-run");
+  for (const std::string word : {"1.5.0", "E2", "2-1", "e5", "1e"})
+    EXPECT_EQ(train::parse_train_config(base, "run.toml", {"run.name=" + word}).name, word);
 
   // --set overrides, the resolved config round-trips, and resume refuses changed keys.
   const auto c =
