@@ -78,6 +78,9 @@ std::string StepBenchResult::ops_table() const {
 StepBenchResult run_step_bench(const model::LlamaConfig& config, const StepBenchOptions& o) {
   POLLEN_CHECK(o.batch > 0 && o.seq > 0 && o.steps > 0, "bench step: batch, seq and steps must ",
                "be positive");
+  POLLEN_CHECK(o.seq <= config.max_position_embeddings, "bench step: --seq ", o.seq,
+               " is more than the model's max_position_embeddings (",
+               config.max_position_embeddings, "); expected 1 to that");
   set_num_threads(o.threads > 0 ? o.threads : available_cpus());
   model::Llama model(config, o.seed);
   model.to(o.device);

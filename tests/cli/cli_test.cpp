@@ -158,6 +158,12 @@ TEST(Cli, UnknownPresetAndBadFlagsFailClearly) {
   r = run_pollen("bench step --model llama-tiny --steps 1 --dp-clip 0 --dp-noise 1");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("--dp-noise needs a positive --dp-clip"), std::string::npos) << r.output;
+  // Past the model's positions rotary has no trained angles (and --seq 100000 ran for minutes).
+  r = run_pollen("bench step --model llama-tiny --seq 5000 --steps 1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("--seq 5000 is more than the model's max_position_embeddings (2048)"),
+            std::string::npos)
+      << r.output;
   r = run_pollen("frobnicate");
   EXPECT_NE(r.status, 0);
 }
