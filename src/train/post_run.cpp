@@ -407,6 +407,7 @@ PostResult post_train(const PostConfig& cfg, const PostOptions& o,
   const std::string no_validation = objective->no_validation_data();
   if (!no_validation.empty()) log::warn_job("no evaluation: ", no_validation);
   bool stopped = false;
+  const FailedSummaryOnError failed(cfg.dir, counters, cfg.steps, lead);
   for (auto& p : params) p.zero_grad();
   while (step < cfg.steps) {
     inject_fault_at(o.fault, comm.rank(), step + 1, opt.reducer());

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <string_view>
 #include <thread>
@@ -412,6 +413,25 @@ void mark_running(const fs::path& run_dir, int64_t step, int64_t steps) {
   if (step >= steps) return;  // nothing to train: a finished run's summary stays
   const nlohmann::ordered_json running{{"status", "running"}, {"step", step}, {"steps", steps}};
   write_file_atomic(run_dir / "summary.json", running.dump(2) + "\n");
+}
+
+FailedSummaryOnError::FailedSummaryOnError(fs::path run_dir, const LoopCounters& counters,
+                                           int64_t steps, bool lead)
+    : run_dir_(std::move(run_dir)),
+      counters_(counters),
+      steps_(steps),
+      lead_(lead),
+      uncaught_(std::uncaught_exceptions()) {}
+
+FailedSummaryOnError::~FailedSummaryOnError() {
+  if (!lead_ || std::uncaught_exceptions() <= uncaught_) return;
+  try {
+    const nlohmann::ordered_json failed{{"status", run_status_name(RunStatus::failed)},
+                                        {"step", counters_.step},
+                                        {"steps", steps_}};
+    write_file_atomic(run_dir_ / "summary.json", failed.dump(2) + "\n");
+  } catch (...) {  // the error on its way out says what went wrong
+  }
 }
 
 nlohmann::ordered_json run_summary(RunStatus status, int64_t step, int64_t steps,

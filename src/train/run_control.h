@@ -180,6 +180,26 @@ nlohmann::ordered_json json_number(double v);
 // leave an earlier run's "finished" in its place. Written only when steps are left to train.
 void mark_running(const std::filesystem::path& run_dir, int64_t step, int64_t steps);
 
+// While it lives on the rank that reports (`lead`), an error leaving its scope marks
+// summary.json {"status": "failed", "step", "steps"} at the counters' step, so that a run an
+// error stopped (a full disk, say) does not read as running; best effort, as the error may be
+// the disk's.
+class FailedSummaryOnError {
+ public:
+  FailedSummaryOnError(std::filesystem::path run_dir, const LoopCounters& counters, int64_t steps,
+                       bool lead);
+  ~FailedSummaryOnError();
+  FailedSummaryOnError(const FailedSummaryOnError&) = delete;
+  FailedSummaryOnError& operator=(const FailedSummaryOnError&) = delete;
+
+ private:
+  std::filesystem::path run_dir_;
+  const LoopCounters& counters_;
+  int64_t steps_;
+  bool lead_;
+  int uncaught_;
+};
+
 // summary.json's fields that every training run writes, in this order: status, step, steps,
 // tokens, loss, val_loss, skipped_steps, elapsed_s (`seconds`, rounded to ms), peak_rss_mb and
 // checkpoint. Each run adds its own after them.

@@ -457,6 +457,7 @@ TrainResult TrainingRun::run() {
   obs::Progress progress("train", cfg_.steps, counters_.step,
                          o_.quiet || !lead_ ? (int64_t{1} << 62) : cfg_.log_interval);
   bool stopped = false;
+  const FailedSummaryOnError failed(cfg_.dir, counters_, cfg_.steps, lead_);
   while (!stopped && counters_.step < cfg_.steps) stopped = !step(progress);
   progress.finish();
   return finish(stopped);

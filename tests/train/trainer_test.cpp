@@ -576,6 +576,21 @@ TEST(Trainer, AWarmupLongerThanTheRunIsWarned) {
   fs::remove_all(base);
 }
 
+// A run an error stops (a full disk, say; here an injected error before step 3) leaves
+// summary.json "failed" at its last step, not "running".
+TEST(Trainer, AnErrorLeavesTheSummaryFailed) {
+  const fs::path base = temp_dir("error_summary");
+  train::TrainOptions o;
+  o.handle_signals = false;
+  o.quiet = true;
+  o.fault = train::parse_fault_injection("error:0:3");
+  EXPECT_THROW(train::run_training(tiny(base / "run", 4), o), Error);
+  const auto summary = nlohmann::json::parse(read_file(base / "run" / "summary.json"));
+  EXPECT_EQ(summary["status"], "failed") << summary;
+  EXPECT_EQ(summary["step"], 2) << summary;
+  fs::remove_all(base);
+}
+
 // run.threads = 0 ("all") is recorded as the count that ran, so that a resume compares thread
 // counts, not the text 0: at the same count it warns of nothing, at another it does.
 TEST(Trainer, AResumeComparesTheThreadCountThatRan) {
