@@ -100,7 +100,9 @@ bool LoraConfig::targets_module(LoraTarget target) const {
 
 void LoraConfig::validate() const {
   POLLEN_CHECK(rank > 0, "LoRA: rank must be positive, got ", rank);
-  POLLEN_CHECK(std::isfinite(alpha), "LoRA: alpha must be a finite number, got ", alpha);
+  // At 0 the adapters' update is scaled to nothing (B would get no gradient).
+  POLLEN_CHECK(std::isfinite(alpha) && alpha > 0, "LoRA: alpha must be a positive number, got ",
+               alpha);
   POLLEN_CHECK(dropout >= 0 && dropout < 1, "LoRA: dropout must be in [0, 1), got ", dropout);
   POLLEN_CHECK(!targets.empty(), "LoRA: target_modules is empty");
   for (size_t i = 0; i < targets.size(); ++i)
@@ -127,7 +129,8 @@ LoraConfig read_lora_config(ConfigTable& table, uint64_t default_seed) {
   c.seed = static_cast<uint64_t>(
       table.get_int_in("seed", static_cast<int64_t>(default_seed), 0, kConfigIntMax));
   POLLEN_CHECK(c.rank > 0, table.where("rank"), ": expected a positive rank, got ", c.rank);
-  POLLEN_CHECK(std::isfinite(c.alpha), table.where("alpha"), ": expected a finite number");
+  POLLEN_CHECK(std::isfinite(c.alpha) && c.alpha > 0, table.where("alpha"),
+               ": expected a positive number (the adapters' scale is alpha / rank), got ", c.alpha);
   POLLEN_CHECK(c.dropout >= 0 && c.dropout < 1, table.where("dropout"),
                ": expected a probability in [0, 1), got ", c.dropout);
   try {

@@ -419,6 +419,12 @@ TEST(Lora, RunFileTable) {
   };
   EXPECT_NE(error("[lora]\nrank = 0\n").find("key 'lora.rank'"), std::string::npos)
       << error("[lora]\nrank = 0\n");
+  // alpha 0 scales the adapters' update to nothing: B would never train.
+  for (const char* alpha : {"0", "-1"})
+    EXPECT_NE(error(std::string("[lora]\nalpha = ") + alpha + "\n")
+                  .find("key 'lora.alpha': expected a positive number"),
+              std::string::npos)
+        << alpha;
   const std::string bad = error("[lora]\ntarget_modules = ['qkv']\n");
   EXPECT_NE(bad.find("target_modules"), std::string::npos) << bad;
   EXPECT_NE(bad.find("'qkv'"), std::string::npos) << bad;
