@@ -79,16 +79,20 @@ void add_rm_score(CLI::App* cmd) {
                     "model's tokenizer_config.json names)");
   score->add_option("--micro-batch", a->micro_batch, "Sequences per forward pass")
       ->capture_default_str();
-  score->add_option("--max-seq", a->max_seq,
-                    "Longest sequence (default: the model's max_position_embeddings)");
+  score
+      ->add_option("--max-seq", a->max_seq,
+                   "Longest sequence, at most the model's max_position_embeddings (the default); "
+                   "a longer record loses the start of its prompt")
+      ->check(CLI::PositiveNumber);
   score->callback([a] {
     const std::filesystem::path dir = a->model;
     POLLEN_CHECK(a->micro_batch > 0, "--micro-batch must be positive");
     const train::RewardModel rm = train::load_reward_model(dir);
+    const int64_t positions = rm.decoder->config().max_position_embeddings;
+    POLLEN_CHECK(a->max_seq <= positions, "--max-seq ", a->max_seq, " is more than the model's ",
+                 positions, " positions (max_position_embeddings)");
     const tokenizer::Tokenizer tok = tokenizer::open_tokenizer(dir / "tokenizer.json", "");
-    train::SequenceFormat format{
-        &tok, std::nullopt,
-        a->max_seq > 0 ? a->max_seq : rm.decoder->config().max_position_embeddings};
+    train::SequenceFormat format{&tok, std::nullopt, a->max_seq > 0 ? a->max_seq : positions};
     const auto config = dir / "tokenizer_config.json";
     if (!a->chat_template.empty() ||
         (std::filesystem::exists(config) &&

@@ -13,6 +13,7 @@
 #include "base/files.h"
 #include "support/errors.h"
 #include "support/file_size_limit.h"
+#include "support/process.h"
 #include "tokenizer/hf_format.h"
 #include "train/preference_support.h"
 
@@ -142,6 +143,20 @@ TEST_F(RewardModelTest, AFailedExportLeavesTheOldExportAndNoTemporaryFile) {
   for (const std::string& name : pt::file_names(out)) now[name] = read_file(out / name);
   EXPECT_EQ(now.size(), old.size());
   EXPECT_TRUE(now == old) << "a file of the earlier export changed";
+  // pollen rm score reads it, within the model's positions only.
+  write_file_atomic(dir_ / "s.jsonl", "{\"prompt\": \"2+2\", \"response\": \"4\"}\n");
+  const std::string score = cat(POLLEN_BINARY, " rm score --model ", out.string(), " --data ",
+                                (dir_ / "s.jsonl").string(), " --out ",
+                                (dir_ / "scored.jsonl").string(), " --chat-template chatml");
+  int status = 0;
+  std::string said = pollen::testing::run_capture(score + " 2>&1", &status);
+  EXPECT_EQ(status, 0) << said;
+  said = pollen::testing::run_capture(
+      cat(score, " --max-seq ", m.config().max_position_embeddings + 1, " 2>&1"), &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(said.find("is more than the model's"), std::string::npos) << said;
+  said = pollen::testing::run_capture(score + " --max-seq 0 2>&1", &status);
+  EXPECT_NE(status, 0) << said;
 }
 
 TEST_F(RewardModelTest, HfExportScoresAsTransformersDoes) {
