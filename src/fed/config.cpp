@@ -21,6 +21,7 @@ model::LlamaConfig read_model(ConfigTable& root, std::string* init_from = nullpt
   if (init_from) *init_from = m->get_string("init_from", "");
   const std::string file = m->get_string("file", "");
   if (!file.empty()) {  // a pollen model file, relative to the working directory
+    model::check_model_file_stands_alone(*m);
     m->finish();
     return model::load_config(file);
   }

@@ -251,6 +251,15 @@ std::vector<std::string> architecture_differences(const LlamaConfig& expected,
   return out;
 }
 
+void check_model_file_stands_alone(const ConfigTable& model) {
+  for (const auto& [key, value] : model.flat()) {
+    const std::string name = key.substr(key.find('.') + 1);  // without "model."
+    POLLEN_CHECK(name == "file" || name == "init_from", model.where(name),
+                 ": model.file holds the whole architecture; give either the file or a preset "
+                 "with its keys, not both");
+  }
+}
+
 LlamaConfig load_config(const std::filesystem::path& path) {
   ConfigTable root = ConfigTable::load(path);
   if (auto m = root.table("model")) {

@@ -59,6 +59,9 @@ LlamaConfig preset(const std::string& name);  // throws listing the presets when
 // types are errors naming file and key.
 LlamaConfig load_config(const std::filesystem::path& path);
 LlamaConfig read_config(ConfigTable& table);
+// A run file's [model] with `file = "..."`: the file holds the whole architecture, so a preset or
+// another architecture key beside it is refused, naming it (init_from may stand beside it).
+void check_model_file_stands_alone(const ConfigTable& model);
 
 // "none", "linear", "llama3", "dynamic" or "yarn": rope_scaling.kind in a model file.
 const char* rope_scaling_kind_name(ops::RopeScaling::Kind kind);

@@ -172,6 +172,10 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   EXPECT_NE(e.find("expected an integer"), std::string::npos) << e;
   e = err(base, {"train.batch_tokens=100"});
   EXPECT_NE(e.find("multiple of micro_batch"), std::string::npos) << e;
+  // A model file holds the whole architecture: a key beside it is named as such, not unknown.
+  e = err(base, {"model.file=\"m.toml\""});
+  EXPECT_NE(e.find("key 'model."), std::string::npos) << e;
+  EXPECT_NE(e.find("model.file holds the whole architecture"), std::string::npos) << e;
   // micro_batch * seq would wrap to 0 and divide by it
   e = err(base, {"train.micro_batch=4611686018427387904", "train.batch_tokens=8"});
   EXPECT_NE(e.find("train.micro_batch"), std::string::npos) << e;
