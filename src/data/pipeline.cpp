@@ -171,11 +171,16 @@ struct Pass2Outputs {
   }
 };
 
-// `p` (relative to `base`) with links resolved, as far as it exists.
-fs::path absolute_in(const fs::path& base, const fs::path& p) {
+// `p` absolute, with links resolved as far as it exists.
+fs::path resolved(const fs::path& p) {
   std::error_code ec;
-  const fs::path full = fs::weakly_canonical(p.is_absolute() ? p : base / p, ec);
+  const fs::path full = fs::weakly_canonical(fs::absolute(p), ec);
   return ec ? fs::absolute(p).lexically_normal() : full;
+}
+
+// A path as the config gives it (relative to the config's folder `base`), resolved.
+fs::path resolved_in(const fs::path& base, const fs::path& p) {
+  return resolved(p.is_absolute() ? p : base / p);
 }
 
 // The shard prefixes that runs in this output folder have used (work/shard_prefixes.json), with
@@ -255,10 +260,10 @@ void check_configured_paths(const PipelineConfig& c) {
     for (const auto& e : c.eval_files) check("decontaminate.eval_files", e, "a file", true);
   POLLEN_CHECK(!fs::exists(c.output) || fs::is_directory(c.output), where("output"), ": '",
                c.output.string(), "' is a file; expected a folder to write the dataset to");
-  const fs::path output = absolute_in(c.base_dir, c.output);
+  const fs::path output = resolved(c.output);  // c.output holds the config's folder already
   for (const SourceSpec& s : c.sources)
     for (const std::string& p : s.paths)
-      POLLEN_CHECK(absolute_in(c.base_dir, p) != output, where("source." + s.name + ".paths"),
+      POLLEN_CHECK(resolved_in(c.base_dir, p) != output, where("source." + s.name + ".paths"),
                    ": '", p,
                    "' is the output folder too, so the dataset's own files would be read back as "
                    "input; write the dataset to another folder (one inside it is left out of the "
@@ -276,13 +281,14 @@ bool is_within(const fs::path& path, const fs::path& folder) {
 // holds the output folder.
 std::vector<InputFile> list_config_inputs(const PipelineConfig& c) {
   std::vector<InputFile> files = list_inputs(c.sources, c.base_dir);
-  const auto absolute = [&](const fs::path& p) { return absolute_in(c.base_dir, p); };
-  const fs::path output = absolute_in(c.base_dir, c.output);
+  // f.listed as the config gives it; f.path and c.output hold the config's folder already.
+  const auto absolute = [&](const fs::path& listed) { return resolved_in(c.base_dir, listed); };
+  const fs::path output = resolved(c.output);
   // A file under the output that was found there by a folder holding the output: the dataset's
   // own. One found by a listed folder inside the output stays an input.
   const auto own = [&](const InputFile& f) {
     const fs::path listed = absolute(f.listed);
-    return listed != output && is_within(output, listed) && is_within(absolute(f.path), output);
+    return listed != output && is_within(output, listed) && is_within(resolved(f.path), output);
   };
   const auto outputs = std::erase_if(files, own);
   if (outputs > 0)

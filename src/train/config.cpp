@@ -367,6 +367,7 @@ TrainConfig parse_train_config(const std::string& text, const std::string& sourc
   c.init_from = model->get_string("init_from", "");
   if (!c.init_from.empty()) c.init_from = resolve(c.init_from);
   if (model->has("file")) {
+    model::check_model_file_stands_alone(*model);
     const std::string file = model->get_string("file", "");
     model->finish();
     c.model = model::load_config(resolve(file));

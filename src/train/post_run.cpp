@@ -187,13 +187,16 @@ PostBase resolve_resumed_base(const PostConfig& resolved, const std::string& nam
   return resolve_post_base(from_checkpoint);
 }
 
-PostResult post_train(const PostConfig& cfg, const PostOptions& o,
+PostResult post_train(const PostConfig& given, const PostOptions& o,
                       const ObjectiveFactory& make_objective) {
   SignalGuard signals(o.handle_signals);
   dist::SingleProcess alone;
   dist::Communicator& comm = o.comm ? *o.comm : alone;
   const bool lead = comm.rank() == 0;  // writes the run's files
-  set_num_threads(cfg.threads > 0 ? cfg.threads : comm.threads_per_rank());
+  set_num_threads(given.threads > 0 ? given.threads : comm.threads_per_rank());
+  // The thread count used, as in pollen train: checkpoints record it and a resume compares it.
+  PostConfig cfg = given;
+  cfg.threads = num_threads();
   const fs::path ckpt_root = check_run_dir(cfg.dir, o.resume);
   std::optional<FolderLock> lock;  // one job at a time writes the folder
   if (lead) lock.emplace(cfg.dir, "run.dir");

@@ -26,6 +26,7 @@
 #include "data/readers.h"
 #include "data/shards.h"
 #include "support/errors.h"
+#include "support/process.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
 
@@ -1204,6 +1205,34 @@ TEST(Pipeline, UnknownConfigKeyIsAnError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unknown_key"), std::string::npos) << e.what();
   }
+}
+
+// The same checks with the config named by a relative path with a folder in it, as the docs'
+// commands name theirs: the output is resolved once, not joined with the config's folder twice.
+TEST(Pipeline, AnOutputThatIsASourceIsFoundFromARelativeConfigToo) {
+  const fs::path dir = corpus().root / "relative";
+  write(dir / "src" / "a.jsonl", json{{"text", paragraph(5)}}.dump() + "\n");
+  const auto prepare_in = [&](const std::string& output) {
+    write(dir / "cfg" / "d.toml", "output = \"" + output +
+                                      "\"\nsources = [\"a\"]\n[source.a]\npaths = [\"../src\"]\n"
+                                      "format = \"jsonl\"\n[split]\nvalidation_fraction = 0\n");
+    int status = 0;
+    const std::string out = pollen::testing::run_capture(
+        cat("cd ", dir.string(), " && ", POLLEN_BINARY,
+            " data prepare --config cfg/d.toml --no-tokenize --quiet 2>&1"),
+        &status);
+    return std::pair{status, out};
+  };
+  const auto [status, out] = prepare_in("../src");
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("key 'source.a.paths': '../src' is the output folder too"), std::string::npos)
+      << out;
+  // An output inside a source folder: its files are not read back as inputs.
+  for (int run = 0; run < 2; ++run) ASSERT_EQ(prepare_in("../src/out").first, 0);
+  const json m = json::parse(read_file(dir / "src" / "out" / "manifest.json"));
+  ASSERT_EQ(m["inputs"].size(), 1u) << m["inputs"];
+  EXPECT_EQ(m["inputs"][0]["path"], "a/a.jsonl");
+  fs::remove_all(dir);
 }
 
 // Values no document could pass, a delimiter no line can equal, and a source name that would

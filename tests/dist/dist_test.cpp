@@ -766,8 +766,10 @@ TEST(DataParallel, KilledRankEndsTheJobAndResumesAtAnotherWorldSize) {
       train(2, config, "--set checkpoint.interval=2", "POLLEN_FAULT_INJECT=kill:1:6");
   EXPECT_NE(killed.exit_code, 0) << killed.output;
   EXPECT_NE(killed.output.find("rank 1"), std::string::npos) << killed.output;
-  // No summary of its own: the one it wrote when it began says it was running.
-  EXPECT_EQ(nlohmann::json::parse(read_file(d / "run" / "summary.json"))["status"], "running");
+  // Not finished: "running" as it began, or "failed" when rank 0 saw the dead rank before mpirun
+  // ended it.
+  const std::string status = nlohmann::json::parse(read_file(d / "run" / "summary.json"))["status"];
+  EXPECT_TRUE(status == "running" || status == "failed") << status;
   EXPECT_EQ(io::checkpoint_step(io::list_checkpoints(d / "run" / "checkpoints").back()), 4);
   // Resume the 2-rank run as 3 ranks with ZeRO-1: the run continues to the same losses.
   const Outcome resumed =

@@ -180,8 +180,8 @@ TEST(SftRanks, AHungRankIsNamedWithExitCodeFourAndResumeFinishesTheRun) {
   EXPECT_EQ(hung, 4) << out;
   EXPECT_NE(out.find("rank 1 never reached it (dead or hung)"), std::string::npos) << out;
   EXPECT_NE(out.find("--resume"), std::string::npos) << out;
-  // No summary of its own: the one it wrote when it began says it was running.
-  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "hung/summary.json"))["status"], "running");
+  // Its summary says the run failed, not that it still runs.
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir / "hung/summary.json"))["status"], "failed");
   EXPECT_EQ(io::checkpoint_step(io::list_checkpoints(dir / "hung/checkpoints").back()), 2);
   ASSERT_EQ(sft(2, dir / "hung", "--resume", &out), 0) << out;
   expect_close(values(dir / "hung", "loss"), values(dir / "hung-one", "loss"),

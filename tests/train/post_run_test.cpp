@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "base/files.h"
+#include "base/thread_pool.h"
 #include "io/checkpoint.h"
 #include "io/model_source.h"
 #include "io/safetensors.h"
@@ -116,6 +117,20 @@ TEST(PostRun, ResumeAfterPreemptionEqualsAnUninterruptedRunBitwise) {
 
 // A full fine-tune resumes from its checkpoint alone: the base checkpoint it was pinned to may be
 // gone since (retention of the base run), and the run goes on as if it were there.
+// run.threads = 0 ("all") is recorded as the count that ran, as pollen train records it.
+TEST(PostRun, CheckpointsRecordTheThreadCountThatRan) {
+  const fs::path dir = test_support::post_temp_dir("threads_all");
+  std::string text = run_toml(dir / "run", 2);
+  const std::string threads = "threads = 2";
+  ASSERT_NE(text.find(threads), std::string::npos);
+  text.replace(text.find(threads), threads.size(), "threads = 0");
+  ASSERT_EQ(run(text, false).status, train::RunStatus::finished);
+  const std::string saved =
+      read_file(io::list_checkpoints(dir / "run" / "checkpoints").back() / "config.toml");
+  EXPECT_NE(saved.find(cat("threads = ", available_cpus(), "\n")), std::string::npos) << saved;
+  fs::remove_all(dir);
+}
+
 TEST(PostRun, AFullFineTuneResumesWhenItsPinnedBaseIsGone) {
   const fs::path dir = test_support::post_temp_dir("resume_base_gone");
   const auto& fx = fixture();
