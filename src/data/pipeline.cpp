@@ -775,18 +775,21 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   m["format"] = "pollen-shards-v1";
   m["token_dtype"] = token_dtype_name(dtype);
   m["vocab_size"] = c.tokenize ? static_cast<int64_t>(tok.t->vocab_size()) : 0;
+  // The copy of the tokenizer a tokenized run writes, and the hash of what it wrote: an
+  // untokenized run removes that copy (it would pass for its tokenizer), and nobody else's file.
+  const fs::path copy = c.output / "tokenizer.json", copied = work / "tokenizer_copy.sha256";
   if (c.tokenize) {
     fs::path src =
         fs::path(c.tokenizer).is_absolute() ? fs::path(c.tokenizer) : c.base_dir / c.tokenizer;
-    write_file_atomic(c.output / "tokenizer.json", read_file(src));
+    const std::string text = read_file(src);
+    write_file_atomic(copied, sha256_hex(text) + "\n");
+    write_file_atomic(copy, text);
     m["tokenizer"] = {{"fingerprint", tok.t->fingerprint()}, {"file", "tokenizer.json"}};
   } else {
     m["tokenizer"] = nullptr;
-    // An earlier tokenized run's copy would pass for this dataset's tokenizer (unless it is the
-    // very file tokenize.tokenizer names).
-    const fs::path copy = c.output / "tokenizer.json";
-    const bool named = !c.tokenizer.empty() && fs::equivalent(copy, c.base_dir / c.tokenizer, ec);
-    if (fs::exists(copy) && !named) fs::remove(copy);
+    if (fs::exists(copy) && fs::exists(copied) && read_file(copied) == sha256_file(copy) + "\n")
+      fs::remove(copy);
+    fs::remove(copied, ec);
   }
   m["bos_id"] = tok.bos ? json(*tok.bos) : json(nullptr);
   m["eos_id"] = tok.eos ? json(*tok.eos) : json(nullptr);

@@ -114,7 +114,7 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
       throw Error(cat("data.validation_split '", cfg.validation_split,
                       "' of data.validation_manifests cannot be evaluated: ", e.what(),
                       " (data.validation_split = \"\" turns evaluation off)"));
-    log::warn("no evaluation: ", e.what());
+    log::warn_job("no evaluation: ", e.what());  // a rank alone without it: named below
     v.loader.reset();
   }
   // Evaluation is a collective: it runs only if every rank has the validation data (one rank

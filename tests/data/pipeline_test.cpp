@@ -836,6 +836,13 @@ TEST(Pipeline, AnUntokenizedDatasetShowsItsCuratedDocuments) {
             std::string::npos)
       << stats;
   EXPECT_GT(m["curated"][0]["docs"].get<int64_t>(), 0);
+  // A tokenizer.json pollen did not copy there is someone else's: kept.
+  write(out / "tokenizer.json", "{\"mine\": true}");
+  fs::remove(out / "work" / "done.json");  // prepared again
+  prepare(PipelineConfig::load(corpus().config("out_untokenized", 2, "enabled = false\n")),
+          {.progress = false});
+  set_num_threads(before);
+  EXPECT_EQ(read_file(out / "tokenizer.json"), "{\"mine\": true}");
   fs::remove_all(out);
 }
 
