@@ -81,10 +81,7 @@ void check_seconds(const ConfigTable& t, const std::string& key, double seconds,
                static_cast<int64_t>(kMaxConfigSeconds), " seconds, got ", seconds);
 }
 
-namespace {
-
-// Without a port gRPC would use 443 (and a port past 65535 another one): host:port, or a gRPC
-// address scheme (unix:PATH, dns:[//AUTHORITY/]host:port, ...).
+// Without a port gRPC would use 443 (and a port past 65535 another one).
 void check_grpc_address(const std::string& address, const std::string& where) {
   std::string_view named = address;
   for (const char* scheme : {"unix:", "unix-abstract:", "vsock:", "ipv4:", "ipv6:"})
@@ -99,6 +96,8 @@ void check_grpc_address(const std::string& address, const std::string& where) {
                "unix:PATH, got '",
                address, "'");
 }
+
+namespace {
 
 void read_server_table(ConfigTable& s, ServerConfig& c) {
   c.dir = s.require_string("dir");

@@ -170,6 +170,9 @@ constexpr double kMaxConfigSeconds = 1e9;
 // Refuses `seconds`, read from `key` of `table`, unless finite, within kMaxConfigSeconds and
 // more than 0 (`positive`) or at least 0, naming the key and the bound.
 void check_seconds(const ConfigTable& table, const std::string& key, double seconds, bool positive);
+// A gRPC address: host:port (port 0 to 65535, an IPv6 host in brackets) or a gRPC scheme
+// (unix:PATH, dns:[//AUTHORITY/]host:port, ...); `where` names the key or option in the error.
+void check_grpc_address(const std::string& address, const std::string& where);
 
 // A server without [tls] is unauthenticated: anyone who reaches it may join, pull and push as any
 // client. Refused on an address other hosts reach (not loopback, not a Unix socket) unless

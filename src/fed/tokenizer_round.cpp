@@ -27,6 +27,7 @@ TokenizerServerConfig load_tokenizer_server_config(const fs::path& path) {
   POLLEN_CHECK(s.has_value(), root.where("server"), ": a [server] table is required");
   c.dir = s->require_string("dir");
   c.address = s->get_string("address", c.address);
+  check_grpc_address(c.address, s->where("address"));
   c.allow_plaintext = s->get_bool("allow_plaintext", c.allow_plaintext);
   c.clients = s->get_strings("clients");
   c.wait_for_clients_s = s->get_double("wait_for_clients_s", c.wait_for_clients_s);
@@ -91,7 +92,9 @@ void TokenizerRound::check_pattern(const std::string& pattern, const std::string
                ", the federation's is ", tokenizer::describe_pattern(pattern_), " (",
                config_.pattern.empty() ? "that of the silos' first counts" : "tokenizer.pattern",
                "); the silo counts again with pollen fed counts --pattern ",
-               tokenizer::describe_pattern(pattern_), " once it deleted the counts it kept");
+               tokenizer::recognise_pattern(pattern_) ? tokenizer::describe_pattern(pattern_)
+                                                      : std::string("and the federation's regex"),
+               " once it deleted the counts it kept");
 }
 
 TokenizerRound::TokenizerRound(TokenizerServerConfig config)
@@ -267,6 +270,7 @@ std::string run_tokenizer_server(const TokenizerServerConfig& config) {
 
 std::string run_counts_client(const CountsClientOptions& o) {
   check_client_id(o.id, "--id");
+  check_grpc_address(o.server, "--server");
   // The TLS files are checked before the counting, which can take long.
   const std::pair<const std::string*, const char*> tls_files[] = {
       {&o.tls.ca, "--ca"}, {&o.tls.cert, "--cert"}, {&o.tls.key, "--key"}};

@@ -251,6 +251,12 @@ TEST(FederatedTokenizer, APinnedPatternRefusesCountsMadeWithAnother) {
   sc.pattern = tokenizer::pattern_regex("cl100k_base");
   TokenizerRound same(sc);
   EXPECT_NO_THROW(same.add_counts("silo-a", "", read_file(dir / "c.counts")));
+  // An address without a port would have gRPC listen on 443: refused with the config.
+  const std::string no_port = pollen::testing::error_of([&] {
+    load_tokenizer_server_config(
+        server_toml(dir, "noport.toml", "['silo-a']\naddress = '127.0.0.1'", "vocab_size = 300\n"));
+  });
+  EXPECT_NE(no_port.find("key 'server.address': expected host:port"), std::string::npos) << no_port;
   const fs::path bad_toml =
       server_toml(dir, "bad.toml", "['silo-a']", "vocab_size = 300\npattern = '(unclosed'\n");
   const std::string bad =
