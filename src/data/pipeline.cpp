@@ -184,9 +184,9 @@ fs::path resolved_in(const fs::path& base, const fs::path& p) {
 }
 
 // The shard prefixes that runs in this output folder have used (work/shard_prefixes.json), with
-// `prefix` added before this run writes a shard: a shard of any of them that this run does not
-// keep is stale, whichever prefix wrote it.
-std::set<std::string> note_shard_prefix(const fs::path& work, const std::string& prefix) {
+// `more` added: a shard of any of them that this run does not keep is stale, whichever prefix
+// wrote it.
+std::set<std::string> note_shard_prefixes(const fs::path& work, const std::set<std::string>& more) {
   const fs::path path = work / "shard_prefixes.json";
   std::set<std::string> prefixes;
   if (fs::exists(path)) {
@@ -195,7 +195,24 @@ std::set<std::string> note_shard_prefix(const fs::path& work, const std::string&
       for (const auto& p : saved)
         if (p.is_string()) prefixes.insert(p.get<std::string>());
   }
-  if (prefixes.insert(prefix).second) write_file_atomic(path, json(prefixes).dump() + "\n");
+  const size_t before = prefixes.size();
+  prefixes.insert(more.begin(), more.end());
+  if (prefixes.size() > before) write_file_atomic(path, json(prefixes).dump() + "\n");
+  return prefixes;
+}
+
+// The prefixes of the shards an earlier run's manifest lists (one prepared before
+// shard_prefixes.json was kept names its prefix there alone).
+std::set<std::string> manifest_shard_prefixes(const fs::path& manifest) {
+  std::set<std::string> prefixes;
+  const json m = json::parse(read_file(manifest), nullptr, false);
+  if (!m.is_object() || !m.contains("shards") || !m["shards"].is_array()) return prefixes;
+  for (const auto& shard : m["shards"]) {
+    const std::string name = shard.value("tokens", "");
+    for (const std::string split : {"-train-", "-validation-"})
+      if (const size_t at = name.rfind(split); at != std::string::npos && at > 0)
+        prefixes.insert(name.substr(0, at));
+  }
   return prefixes;
 }
 
@@ -414,6 +431,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   // old manifest beside new or missing shards (removed first: without it, no done.json marks
   // the folder finished).
   std::error_code ec;
+  if (fs::exists(manifest_path)) note_shard_prefixes(work, manifest_shard_prefixes(manifest_path));
   fs::remove(manifest_path, ec);
   POLLEN_CHECK(!ec, "cannot remove the earlier manifest '", manifest_path.string(),
                "': ", ec.message());
@@ -533,7 +551,7 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   const std::string key2 = sha256_hex(key_all + p1.sha256_docs);
   json basis2 = basis_all;
   basis2["pass1_docs"] = p1.sha256_docs;
-  const std::set<std::string> prefixes = note_shard_prefix(work, c.prefix);
+  const std::set<std::string> prefixes = note_shard_prefixes(work, {c.prefix});
   std::unique_ptr<Pass2Outputs> out;
   if (reuse && fs::exists(resume_path)) {
     json saved = json::parse(read_file(resume_path), nullptr, false);
