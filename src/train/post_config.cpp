@@ -136,6 +136,13 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
     l->finish();
   }
   (void)t.table(objective);  // the objective reads and checks its own section
+  // Another objective's section in place of this one's: the file is another command's.
+  for (const char* other : {"sft", "dpo", "rm", "grpo"})
+    POLLEN_CHECK(other == objective || t.has(objective) || !t.has(other), "config file '", name,
+                 "' has [", other, "] and no [", objective, "]: it is a run file of pollen ", other,
+                 ", not of pollen ", objective,
+                 " (or federation.objective / post.objective "
+                 "names another objective than the run file's)");
   t.finish();
   capture_objective_section(effective, name, c);
   return c;

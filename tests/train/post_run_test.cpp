@@ -202,6 +202,11 @@ TEST(PostRun, AMissingBaseOrTokenizerNamesItsKey) {
   const std::string tok = with("model.tokenizer=" + (dir / "nope.json").string());
   EXPECT_NE(tok.find("model.tokenizer set': model.tokenizer: cannot open"), std::string::npos)
       << tok;
+  // An SFT run file given to pollen dpo: named as such, not as an unknown [sft].
+  const std::string other = error_of([&] { train::parse_post_config(text, "post.toml", "dpo"); });
+  EXPECT_NE(other.find("has [sft] and no [dpo]: it is a run file of pollen sft, not of pollen dpo"),
+            std::string::npos)
+      << other;
 }
 
 // The data position of a checkpoint counts examples of the run's data: resuming on changed data
