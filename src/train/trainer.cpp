@@ -408,10 +408,14 @@ void TrainingRun::recover_privacy() {
 }
 
 void TrainingRun::open_outputs() {
+  // The samples' tokenizer is checked before any file is opened, so that a run refused for it
+  // leaves the earlier run's files as they were. A fresh run's samples replace an earlier run's,
+  // as its metrics do, with or without samples of its own.
+  if (!cfg_.sample_prompts.empty() && lead_) samples_ = SampleWriter(cfg_, samples_at_);
+  if (lead_ && !resumed_ && cfg_.sample_prompts.empty()) fs::remove(cfg_.dir / "samples.jsonl");
   if (lead_)
     metrics_ = RunMetrics::open(cfg_.dir, cfg_.tensorboard,
                                 resumed_ ? &resumed_->at("metrics") : nullptr, counters_.step);
-  if (!cfg_.sample_prompts.empty() && lead_) samples_ = SampleWriter(cfg_, samples_at_);
   config_toml_ = cfg_.to_toml();
   if (lead_) write_file_atomic(cfg_.dir / "config.toml", config_toml_);
   if (lead_) mark_running(cfg_.dir, counters_.step, cfg_.steps);

@@ -993,6 +993,24 @@ TEST(Trainer, SamplesAtEachEvalLeaveTrainingBitwiseAndResume) {
     train_quiet(tiny(base / "long", 2, sets));
   });
   EXPECT_NE(err.find("samples.max_tokens"), std::string::npos) << err;
+  // A resume refused for its samples' tokenizer writes nothing (no TensorBoard file of its own);
+  // a fresh run without samples in the folder leaves none of the earlier run's.
+  const auto tb_files = [&] {
+    return std::distance(fs::directory_iterator(base / "cut/tensorboard"),
+                         fs::directory_iterator{});
+  };
+  const auto files_before = tb_files();
+  auto bad = sample_sets();
+  bad.push_back("samples.tokenizer=\"" + (base / "missing.json").string() + "\"");
+  train::TrainOptions resume;
+  resume.resume = true;
+  resume.handle_signals = false;
+  resume.quiet = true;
+  EXPECT_THROW(train::run_training(tiny(base / "cut", 14, bad), resume), Error);
+  EXPECT_EQ(tb_files(), files_before);
+  fs::remove_all(base / "cut" / "checkpoints");
+  ASSERT_EQ(train_quiet(tiny(base / "cut", 2)).status, train::RunStatus::finished);
+  EXPECT_FALSE(fs::exists(base / "cut/samples.jsonl"));
   fs::remove_all(base);
 }
 
