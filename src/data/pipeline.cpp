@@ -201,18 +201,31 @@ std::set<std::string> note_shard_prefixes(const fs::path& work, const std::set<s
   return prefixes;
 }
 
-// The prefixes of the shards an earlier run's manifest lists (one prepared before
-// shard_prefixes.json was kept names its prefix there alone).
-std::set<std::string> manifest_shard_prefixes(const fs::path& manifest) {
+// Where a tokenized run keeps the hash of the tokenizer copy it wrote into the output folder.
+fs::path tokenizer_copy_record(const fs::path& work) {
+  return work / "tokenizer_copy.sha256";
+}
+
+// What an earlier run's manifest says of the files it wrote, for a folder prepared before the
+// records in work/ were kept: the prefixes of its shards (PREFIX-SPLIT-NNNNN.tokens by their
+// split), and the hash of its tokenizer copy, taken as it is now when no record holds it.
+std::set<std::string> take_earlier_manifest(const fs::path& manifest, const fs::path& work) {
   std::set<std::string> prefixes;
   const json m = json::parse(read_file(manifest), nullptr, false);
-  if (!m.is_object() || !m.contains("shards") || !m["shards"].is_array()) return prefixes;
-  for (const auto& shard : m["shards"]) {
-    const std::string name = shard.value("tokens", "");
-    for (const std::string split : {"-train-", "-validation-"})
-      if (const size_t at = name.rfind(split); at != std::string::npos && at > 0)
-        prefixes.insert(name.substr(0, at));
-  }
+  if (!m.is_object()) return prefixes;
+  if (m.contains("shards") && m["shards"].is_array())
+    for (const auto& shard : m["shards"]) {
+      const std::string name = shard.value("tokens", ""), split = shard.value("split", "");
+      const size_t at = name.rfind("-" + split + "-");
+      if (at == std::string::npos || at == 0) continue;
+      const std::string prefix = name.substr(0, at);
+      if (is_shard_file_of(name, prefix, false)) prefixes.insert(prefix);
+    }
+  const fs::path copy = manifest.parent_path() / "tokenizer.json";
+  if (m.contains("tokenizer") && m["tokenizer"].is_object() &&
+      m["tokenizer"].value("file", "") == "tokenizer.json" && fs::exists(copy) &&
+      !fs::exists(tokenizer_copy_record(work)))
+    write_file_atomic(tokenizer_copy_record(work), sha256_file(copy) + "\n");
   return prefixes;
 }
 
@@ -431,7 +444,8 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   // old manifest beside new or missing shards (removed first: without it, no done.json marks
   // the folder finished).
   std::error_code ec;
-  if (fs::exists(manifest_path)) note_shard_prefixes(work, manifest_shard_prefixes(manifest_path));
+  if (fs::exists(manifest_path))
+    note_shard_prefixes(work, take_earlier_manifest(manifest_path, work));
   fs::remove(manifest_path, ec);
   POLLEN_CHECK(!ec, "cannot remove the earlier manifest '", manifest_path.string(),
                "': ", ec.message());
@@ -793,19 +807,26 @@ fs::path prepare(const PipelineConfig& c, const PrepareOptions& opt) {
   m["format"] = "pollen-shards-v1";
   m["token_dtype"] = token_dtype_name(dtype);
   m["vocab_size"] = c.tokenize ? static_cast<int64_t>(tok.t->vocab_size()) : 0;
-  // The copy of the tokenizer a tokenized run writes, and the hash of what it wrote: an
-  // untokenized run removes that copy (it would pass for its tokenizer), and nobody else's file.
-  const fs::path copy = c.output / "tokenizer.json", copied = work / "tokenizer_copy.sha256";
+  // The copy of the tokenizer a tokenized run writes, and the hash of what it wrote
+  // (tokenizer_copy_record): an untokenized run removes that copy (it would pass for its
+  // tokenizer), and nobody else's file, tokenize.tokenizer's own included.
+  const fs::path copy = c.output / "tokenizer.json", copied = tokenizer_copy_record(work);
+  const bool named = !c.tokenizer.empty() && fs::equivalent(copy, c.base_dir / c.tokenizer, ec);
   if (c.tokenize) {
     fs::path src =
         fs::path(c.tokenizer).is_absolute() ? fs::path(c.tokenizer) : c.base_dir / c.tokenizer;
     const std::string text = read_file(src);
-    write_file_atomic(copied, sha256_hex(text) + "\n");
-    write_file_atomic(copy, text);
+    if (named) {
+      fs::remove(copied, ec);  // the user's file, not a copy
+    } else {
+      write_file_atomic(copied, sha256_hex(text) + "\n");
+      write_file_atomic(copy, text);
+    }
     m["tokenizer"] = {{"fingerprint", tok.t->fingerprint()}, {"file", "tokenizer.json"}};
   } else {
     m["tokenizer"] = nullptr;
-    if (fs::exists(copy) && fs::exists(copied) && read_file(copied) == sha256_file(copy) + "\n")
+    if (!named && fs::exists(copy) && fs::exists(copied) &&
+        read_file(copied) == sha256_file(copy) + "\n")
       fs::remove(copy);
     fs::remove(copied, ec);
   }

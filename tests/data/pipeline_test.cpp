@@ -825,9 +825,17 @@ TEST(Pipeline, AnUntokenizedDatasetShowsItsCuratedDocuments) {
   const fs::path out = run("out_untokenized", 2);
   ASSERT_TRUE(fs::exists(out / "tokenizer.json"));
   const int before = num_threads();
-  prepare(PipelineConfig::load(corpus().config("out_untokenized", 2, "enabled = false\n")),
-          {.progress = false});
-  set_num_threads(before);
+  const auto untokenized = [&] {
+    prepare(PipelineConfig::load(corpus().config("out_untokenized", 2, "enabled = false\n")),
+            {.progress = false});
+    set_num_threads(before);
+  };
+  untokenized();
+  EXPECT_FALSE(fs::exists(out / "tokenizer.json"));
+  // The same in a folder an older pollen prepared (its copy known from its manifest alone).
+  run("out_untokenized", 2);
+  ASSERT_TRUE(fs::remove(out / "work" / "tokenizer_copy.sha256"));
+  untokenized();
   EXPECT_FALSE(fs::exists(out / "tokenizer.json"));
   const json m = json::parse(read_file(out / "manifest.json"));
   const std::string stats = dataset_stats(out);
@@ -839,10 +847,21 @@ TEST(Pipeline, AnUntokenizedDatasetShowsItsCuratedDocuments) {
   // A tokenizer.json pollen did not copy there is someone else's: kept.
   write(out / "tokenizer.json", "{\"mine\": true}");
   fs::remove(out / "work" / "done.json");  // prepared again
-  prepare(PipelineConfig::load(corpus().config("out_untokenized", 2, "enabled = false\n")),
-          {.progress = false});
-  set_num_threads(before);
+  untokenized();
   EXPECT_EQ(read_file(out / "tokenizer.json"), "{\"mine\": true}");
+  // Nor the very tokenizer the config names, kept in the output folder.
+  fs::copy_file(corpus().root / "tokenizer.json", out / "tokenizer.json",
+                fs::copy_options::overwrite_existing);
+  std::string text = read_file(corpus().config("out_untokenized", 2));
+  const std::string named = "tokenizer = \"tokenizer.json\"";
+  text.replace(text.find(named), named.size(), "tokenizer = \"out_untokenized/tokenizer.json\"");
+  for (const std::string more : {"", "enabled = false\n"}) {
+    write(corpus().root / "own.toml", text + more);
+    prepare(PipelineConfig::load(corpus().root / "own.toml"), {.progress = false});
+    set_num_threads(before);
+    EXPECT_EQ(read_file(out / "tokenizer.json"), read_file(corpus().root / "tokenizer.json"))
+        << more;
+  }
   fs::remove_all(out);
 }
 
@@ -870,6 +889,20 @@ TEST(Pipeline, FilesOfOthersInTheOutputFolderAreKept) {
   set_num_threads(before);
   EXPECT_FALSE(fs::exists(out / "data-train-00000.tokens"));
   EXPECT_TRUE(fs::exists(out / "tiny-train-00000.tokens"));
+  for (const auto& [name, text] : others) EXPECT_EQ(read_file(out / name), text) << name;
+  // Without the earlier manifest (a run killed after removing it): the record of prefixes says.
+  fs::remove(out / "manifest.json");
+  ASSERT_TRUE(rerun("out_shared", 2, 0));
+  EXPECT_FALSE(fs::exists(out / "tiny-train-00000.tokens"));
+  EXPECT_TRUE(fs::exists(out / "data-train-00000.tokens"));
+  // A prefix holding a split's name is read from the manifest whole ("web-validation-x", not
+  // "web", whose shards are another's).
+  prepare(PipelineConfig::load(corpus().config("out_shared", 2, "prefix = \"web-validation-x\"\n")),
+          {.progress = false});
+  set_num_threads(before);
+  fs::remove(out / "work" / "shard_prefixes.json");
+  ASSERT_TRUE(rerun("out_shared", 2, 0));
+  EXPECT_FALSE(fs::exists(out / "web-validation-x-train-00000.tokens"));
   for (const auto& [name, text] : others) EXPECT_EQ(read_file(out / name), text) << name;
   fs::remove_all(out);
 }
