@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <set>
 #include <type_traits>
 
 #include "base/config.h"
@@ -252,9 +253,28 @@ std::vector<std::string> architecture_differences(const LlamaConfig& expected,
 }
 
 void check_model_file_stands_alone(const ConfigTable& model) {
+  // read_config's keys (a misspelt one is left to be named as unknown).
+  static const std::set<std::string> architecture = {"preset",
+                                                     "name",
+                                                     "vocab_size",
+                                                     "hidden_size",
+                                                     "intermediate_size",
+                                                     "num_hidden_layers",
+                                                     "num_attention_heads",
+                                                     "num_key_value_heads",
+                                                     "head_dim",
+                                                     "max_position_embeddings",
+                                                     "rope_theta",
+                                                     "rms_norm_eps",
+                                                     "initializer_range",
+                                                     "tie_word_embeddings",
+                                                     "attention_bias",
+                                                     "sliding_window",
+                                                     "rope_scaling"};
   for (const auto& [key, value] : model.flat()) {
-    const std::string name = key.substr(key.find('.') + 1);  // without "model."
-    POLLEN_CHECK(name == "file" || name == "init_from", model.where(name),
+    std::string name = key.substr(key.find('.') + 1);  // without "model."
+    name = name.substr(0, name.find('.'));             // rope_scaling.kind: rope_scaling
+    POLLEN_CHECK(!architecture.count(name), model.where(name),
                  ": model.file holds the whole architecture; give either the file or a preset "
                  "with its keys, not both");
   }

@@ -598,6 +598,8 @@ std::vector<std::string> check_resume_compatible(
                          ", a split of fewer being scored whole");
       warnings.push_back(cat(change, ": a step still trains on train.batch_tokens, so the run ",
                              "continues to rounding, not bitwise", validation));
+    } else if (key == "run.threads" && it->second == "0") {
+      // A checkpoint of an older pollen recorded "all" as 0: the count it ran is not known.
     } else if (key == "run.threads" || key == "run.device" || key == "run.precision") {
       warnings.push_back(cat(change,
                              ": a different thread count, device or precision gives results ",

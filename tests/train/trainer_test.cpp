@@ -176,6 +176,14 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   e = err(base, {"model.file=\"m.toml\""});
   EXPECT_NE(e.find("key 'model."), std::string::npos) << e;
   EXPECT_NE(e.find("model.file holds the whole architecture"), std::string::npos) << e;
+  // A misspelt key beside it is still named as unknown.
+  std::string with_file = base;
+  const std::string vocab = "[model]\nvocab_size = 64\n";
+  ASSERT_NE(with_file.find(vocab), std::string::npos);
+  with_file.replace(with_file.find(vocab), vocab.size(), "[model]\nfile = \"m.toml\"\n");
+  e = err(with_file.substr(0, with_file.find("hidden_size")) + "init_form = \"x\"\n" +
+          with_file.substr(with_file.find("[data]")));
+  EXPECT_NE(e.find("unknown key 'model.init_form'"), std::string::npos) << e;
   // micro_batch * seq would wrap to 0 and divide by it
   e = err(base, {"train.micro_batch=4611686018427387904", "train.batch_tokens=8"});
   EXPECT_NE(e.find("train.micro_batch"), std::string::npos) << e;
@@ -236,6 +244,14 @@ TEST(TrainConfig, ErrorsNameFileKeyAndType) {
   // So may its precision: checkpoints hold f32 weights either way.
   changed.precision = "bf16";
   EXPECT_EQ(train::check_resume_compatible(c, changed).size(), 3u);
+  // A thread count against an older checkpoint's 0 ("all", the count unknown): not warned of;
+  // against a recorded count, warned of.
+  auto all = c, two = c;
+  all.threads = 0;
+  two.threads = 2;
+  EXPECT_TRUE(train::check_resume_compatible(all, two).empty());
+  all.threads = 1;
+  EXPECT_EQ(train::check_resume_compatible(all, two).size(), 1u);
   e = err(base, {"run.device=\"tpu\""});
   EXPECT_NE(e.find("run.device"), std::string::npos) << e;
   EXPECT_NE(e.find("expected \"cpu\" or \"cuda\""), std::string::npos) << e;
