@@ -90,6 +90,7 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
   // or manifests the config names are a mistake to stop on.
   const bool named =
       cfg.validation_split != "validation" || cfg.validation_manifests != cfg.manifests;
+  std::string why_not;  // this rank's, when it cannot evaluate
   try {
     // A split of fewer windows than a micro-batch is scored whole, as one batch (none: the
     // loader says why).
@@ -114,19 +115,21 @@ Validation open_validation(const TrainConfig& cfg, const data::LoaderOptions& tr
       throw Error(cat("data.validation_split '", cfg.validation_split,
                       "' of data.validation_manifests cannot be evaluated: ", e.what(),
                       " (data.validation_split = \"\" turns evaluation off)"));
-    log::warn_job("no evaluation: ", e.what());  // a rank alone without it: named below
+    why_not = e.what();
     v.loader.reset();
   }
   // Evaluation is a collective: it runs only if every rank has the validation data (one rank
   // that cannot read it would leave the others' reductions paired with the wrong ones).
-  if (comm.world() > 1) {
-    double ranks_with_data[1] = {v.loader ? 1.0 : 0.0};
+  double ranks_with_data[1] = {v.loader ? 1.0 : 0.0};
+  if (comm.world() > 1)
     comm.all_reduce_sum(ranks_with_data, "whether every rank has validation data");
-    if (ranks_with_data[0] < comm.world() && v.loader) {
-      log::warn_job("no evaluation: ", comm.world() - static_cast<int>(ranks_with_data[0]),
-                    " rank(s) could not read validation split '", cfg.validation_split, "'");
-      v.loader.reset();
-    }
+  if (ranks_with_data[0] == 0) {
+    log::warn_job("no evaluation: ", why_not);  // the same data, the same reason on every rank
+  } else if (ranks_with_data[0] < comm.world()) {
+    if (!v.loader) log::warn("rank ", comm.rank(), ": ", why_not);  // its own reason
+    log::warn_job("no evaluation: ", comm.world() - static_cast<int>(ranks_with_data[0]),
+                  " rank(s) could not read validation split '", cfg.validation_split, "'");
+    v.loader.reset();
   }
   return v;
 }

@@ -115,8 +115,6 @@ TEST(PostRun, ResumeAfterPreemptionEqualsAnUninterruptedRunBitwise) {
   EXPECT_NE(other.find("not of pollen dpo: choose another run.dir"), std::string::npos) << other;
 }
 
-// A full fine-tune resumes from its checkpoint alone: the base checkpoint it was pinned to may be
-// gone since (retention of the base run), and the run goes on as if it were there.
 // run.threads = 0 ("all") is recorded as the count that ran, as pollen train records it.
 TEST(PostRun, CheckpointsRecordTheThreadCountThatRan) {
   const fs::path dir = test_support::post_temp_dir("threads_all");
@@ -131,6 +129,8 @@ TEST(PostRun, CheckpointsRecordTheThreadCountThatRan) {
   fs::remove_all(dir);
 }
 
+// A full fine-tune resumes from its checkpoint alone: the base checkpoint it was pinned to may be
+// gone since (retention of the base run), and the run goes on as if it were there.
 TEST(PostRun, AFullFineTuneResumesWhenItsPinnedBaseIsGone) {
   const fs::path dir = test_support::post_temp_dir("resume_base_gone");
   const auto& fx = fixture();
