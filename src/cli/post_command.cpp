@@ -72,7 +72,10 @@ void add_task_synth(CLI::App* cmd, const std::string& description, const std::st
   synth->add_option("--task", a->task, "arithmetic, reverse or upper")
       ->required()
       ->check(CLI::IsMember(train::synth_task_names()));
-  synth->add_option("--count", a->count, count_help)->capture_default_str();
+  // Every example is made in memory before the file is written.
+  synth->add_option("--count", a->count, count_help + " (1 to 10000000)")
+      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}))
+      ->capture_default_str();
   synth->add_option("--seed", a->seed, "Seed (the same seed writes the same file)")
       ->capture_default_str();
   synth->add_option("--digits", a->digits, "arithmetic: operands of at most this many digits")

@@ -40,7 +40,10 @@ void add_synth(CLI::App* cmd, bool responses_option) {
                    "letter case the prompt asks for against the other)")
       ->check(CLI::IsMember({"arithmetic", "case"}))
       ->capture_default_str();
-  synth->add_option("--count", a->o.count, "Pairs to write")->capture_default_str();
+  // Every pair is made in memory before the file is written.
+  synth->add_option("--count", a->o.count, "Pairs to write (1 to 10000000)")
+      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}))
+      ->capture_default_str();
   synth->add_option("--seed", a->o.seed, "Random seed")->capture_default_str();
   synth->add_option("--digits", a->o.digits, "arithmetic: operands of at most this many digits")
       ->check(CLI::Range(1, 9))

@@ -164,6 +164,11 @@ TEST(Cli, UnknownPresetAndBadFlagsFailClearly) {
   EXPECT_NE(r.output.find("--seq 5000 is more than the model's max_position_embeddings (2048)"),
             std::string::npos)
       << r.output;
+  // Every example of synth is made in memory first: a count past the bound is refused by name.
+  r = run_pollen(
+      "sft synth --task arithmetic --count 10000000000 --out /tmp/pollen_cli_synth.jsonl");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("--count"), std::string::npos) << r.output;
   r = run_pollen("frobnicate");
   EXPECT_NE(r.status, 0);
 }
