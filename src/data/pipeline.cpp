@@ -4,7 +4,6 @@
 #include "data/pipeline.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -232,12 +231,9 @@ std::set<std::string> take_earlier_manifest(const fs::path& manifest, const fs::
 // An evaluation file's format by its name, as the sources' files are read: "jsonl" for
 // NAME.jsonl in any case (compressed too: .jsonl.gz, .JSONL.ZST), else "text".
 std::string eval_file_format(const fs::path& p) {
-  std::string name = p.filename().string();
-  std::transform(name.begin(), name.end(), name.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  for (const std::string_view packed : {".gz", ".zst"})
-    if (name.ends_with(packed)) name.resize(name.size() - packed.size());
-  return name.ends_with(".jsonl") ? "jsonl" : "text";
+  const std::string ext = lower_extension(p);
+  const fs::path unpacked = ext == ".gz" || ext == ".zst" ? p.stem() : p;
+  return lower_extension(unpacked) == ".jsonl" ? "jsonl" : "text";
 }
 
 // The first file of a finished dataset that is gone or not the size its manifest says, as

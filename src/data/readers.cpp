@@ -105,14 +105,13 @@ std::vector<InputFile> list_inputs(const std::vector<SourceSpec>& sources, const
   return out;
 }
 
-namespace {
-
-// A file's extension in lower case: "DATA.JSONL.GZ" is gzip-compressed as "data.jsonl.gz" is.
 std::string lower_extension(const fs::path& path) {
   std::string ext = path.extension().string();
   for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return ext;
 }
+
+namespace {
 
 // A file listed as missing, or removed since it was listed (another process cleaning up).
 bool gone(const InputFile& file) {

@@ -51,6 +51,9 @@ struct RawDoc {
   bool json = false;
 };
 
+// A file's extension in lower case: "DATA.JSONL.GZ" is gzip-compressed as "data.jsonl.gz" is.
+std::string lower_extension(const std::filesystem::path& path);
+
 // Every input file of every source in a fixed order (sources in order; within a listed path,
 // files sorted by name). Paths are resolved against `base`.
 std::vector<InputFile> list_inputs(const std::vector<SourceSpec>& sources,

@@ -69,14 +69,8 @@ void score_windows(const model::Llama& model, std::span<const uint32_t> tokens, 
         const uint32_t target = w.targets[static_cast<size_t>(j0 + j)];
         POLLEN_CHECK(target < static_cast<uint64_t>(V), "token id ", target,
                      " is outside the model's vocabulary of ", V);
-        double best = z[0];
-        for (int64_t v = 1; v < V; ++v) best = std::max(best, static_cast<double>(z[v]));
-        double sum = 0;
-        for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(z[v]) - best);
-        // As sampling refuses them: a NaN log-probability would read as JSON's null, "nothing
-        // predicts this token".
-        POLLEN_CHECK(!std::isnan(sum), "scoring: the model's logits hold NaN");
-        visit(target, std::span<const float>(z, static_cast<size_t>(V)), best + std::log(sum));
+        const std::span<const float> row(z, static_cast<size_t>(V));
+        visit(target, row, log_sum_exp(row));
       }
     }
   }
@@ -117,6 +111,15 @@ std::vector<std::optional<TokenScore>> sequence_scores(const model::Llama& model
                   out.push_back(score_row(z, lse, target, top, top_vocab));
                 });
   return out;
+}
+
+double log_sum_exp(std::span<const float> z) {
+  double best = z[0];
+  for (float v : z) best = std::max(best, static_cast<double>(v));
+  double sum = 0;
+  for (float v : z) sum += std::exp(static_cast<double>(v) - best);
+  POLLEN_CHECK(!std::isnan(sum), "scoring: the model's logits hold NaN");
+  return best + std::log(sum);
 }
 
 TokenScore score_row(std::span<const float> z, double lse, uint32_t token, int64_t top,

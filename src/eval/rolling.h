@@ -39,6 +39,9 @@ struct TokenScore {
   std::vector<std::pair<uint32_t, double>> top;
 };
 
+// log(sum exp z) of one row of logits, in double; throws when they hold NaN (as sampling refuses
+// them: a NaN log-probability would read as JSON's null, "nothing predicts this token").
+double log_sum_exp(std::span<const float> z);
 // One position's score from its row of logits `z` (all of the model's vocabulary) and their
 // log-sum-exp: log p(token) and the `top` most likely among the first `top_vocab` ids (0: all).
 TokenScore score_row(std::span<const float> z, double lse, uint32_t token, int64_t top,

@@ -74,7 +74,7 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
   io::ModelSource init;
   if (config_.post.enabled()) {
     const PostBaseInfo post = read_post_base(config_.post);
-    warn_if_schedule_ends_early(train::load_post_config(config_.post.run, config_.post.objective),
+    warn_if_schedule_ends_early(post.schedule, config_.post.run,
                                 config_.rounds * config_.local_steps);
     config_.model = post.architecture;
     config_.tokenizer_fingerprint = post.tokenizer_fingerprint;

@@ -225,17 +225,19 @@ PostBaseInfo read_post_base(const PostSettings& post) {
   info.tokenizer_fingerprint = base.tokenizer->fingerprint();
   info.lora = config.lora.config;
   info.seed = config.seed;
+  info.schedule = config.schedule;
   return info;
 }
 
-void warn_if_schedule_ends_early(const train::PostConfig& run, int64_t federation_steps) {
-  const optim::Schedule& s = run.schedule;
-  if (federation_steps <= s.total_steps || optim::lr_at(s, s.total_steps) >= s.lr) return;
-  log::warn("'", run.source, "': train.steps (", s.total_steps, ") is fewer than the ",
+void warn_if_schedule_ends_early(const optim::Schedule& s, const std::filesystem::path& run,
+                                 int64_t federation_steps) {
+  const double end = optim::lr_at(s, s.total_steps);
+  if (federation_steps <= s.total_steps || end >= s.lr) return;
+  log::warn("'", run.string(), "': train.steps (", s.total_steps, ") is fewer than the ",
             federation_steps, " local steps of the federation (rounds x local_steps): past it its ",
-            "schedule keeps the rate at ", optim::lr_at(s, s.total_steps), ", and the silos learn ",
-            optim::lr_at(s, s.total_steps) == 0 ? "nothing" : "slowly",
-            " in the rounds after; set train.steps to ", federation_steps);
+            "schedule keeps the rate at ", end, ", and the silos learn ",
+            end == 0 ? "nothing" : "slowly", " in the rounds after; set train.steps to ",
+            federation_steps);
 }
 
 train::PostConfig silo_post_config(const PostSettings& post) {

@@ -26,6 +26,7 @@
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "optim/schedule.h"
 #include "train/post_run.h"
 
 namespace pollen::fed {
@@ -85,7 +86,8 @@ struct PostBaseInfo {
   model::LlamaConfig architecture;
   std::string base_sha256, tokenizer_fingerprint;
   model::LoraConfig lora;
-  uint64_t seed = 0;  // the run file's run.seed
+  uint64_t seed = 0;         // the run file's run.seed
+  optim::Schedule schedule;  // the run file's, over its train.steps
 };
 
 // The global state of a post-training federation, as its server holds it: the adapters (A drawn
@@ -123,9 +125,10 @@ PostBaseInfo read_post_base(const PostSettings& post);
 
 // A client's LoRA silo from its [post]: the run file with <objective>.data set to post.data.
 train::PostConfig silo_post_config(const PostSettings& post);
-// Warns when a silo run file's schedule ends before the federation's local steps do (a
-// schedule that decays: its rate stays at its last value after train.steps).
-void warn_if_schedule_ends_early(const train::PostConfig& run, int64_t federation_steps);
+// Warns when the silos' run file's schedule (`run` names the file) ends before the federation's
+// local steps do (a schedule that decays: its rate stays at its last value after train.steps).
+void warn_if_schedule_ends_early(const optim::Schedule& s, const std::filesystem::path& run,
+                                 int64_t federation_steps);
 
 // One silo: the base its run file names (frozen), adapters from the run file's [lora] (which
 // must have train_a = false), the objective over the silo's data, and AdamW over B on the run

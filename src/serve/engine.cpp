@@ -13,12 +13,7 @@ namespace {
 // can decode).
 eval::TokenScore score_logits(std::span<const float> z, uint32_t token, int64_t top,
                               size_t top_vocab) {
-  double best = z[0];
-  for (float v : z) best = std::max(best, static_cast<double>(v));
-  double sum = 0;
-  for (float v : z) sum += std::exp(static_cast<double>(v) - best);
-  POLLEN_CHECK(!std::isnan(sum), "scoring: the model's logits hold NaN");
-  return eval::score_row(z, best + std::log(sum), token, top, static_cast<int64_t>(top_vocab));
+  return eval::score_row(z, eval::log_sum_exp(z), token, top, static_cast<int64_t>(top_vocab));
 }
 
 }  // namespace

@@ -362,7 +362,7 @@ TEST(FedPostLora, AScheduleShorterThanTheFederationIsWarnedOf) {
   const auto warning = [&](int64_t federation_steps) {
     log::set_level(log::Level::warn);
     ::testing::internal::CaptureStderr();
-    fed::warn_if_schedule_ends_early(run, federation_steps);
+    fed::warn_if_schedule_ends_early(run.schedule, "short.toml", federation_steps);
     return ::testing::internal::GetCapturedStderr();
   };
   EXPECT_EQ(warning(100), "");
@@ -375,6 +375,6 @@ TEST(FedPostLora, AScheduleShorterThanTheFederationIsWarnedOf) {
       run_file("constant", kSft, {{"kind = \"cosine\"", "kind = \"constant\""}}), "sft");
   log::set_level(log::Level::warn);
   ::testing::internal::CaptureStderr();
-  fed::warn_if_schedule_ends_early(constant, 160);
+  fed::warn_if_schedule_ends_early(constant.schedule, "constant.toml", 160);
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
 }
