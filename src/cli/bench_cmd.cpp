@@ -34,7 +34,9 @@ void add_bench_command(CLI::App& app) {
   step->add_option("--steps", opts->steps, "Timed steps")->capture_default_str();
   step->add_option("--warmup", opts->warmup, "Untimed steps first")->capture_default_str();
   step->add_option("--threads", opts->threads, "CPU threads (0: all)")->capture_default_str();
-  step->add_option("--seed", opts->seed, "Seed for weights and tokens")->capture_default_str();
+  step->add_option("--seed", opts->seed, "Seed for weights and tokens")
+      ->check(seed_number())
+      ->capture_default_str();
   step->add_flag("--recompute", opts->recompute, "Recompute each layer's activations in backward");
   step->add_option("--device", *device,
                    "cpu, or cuda: the model, gradients and AdamW state on the GPU")

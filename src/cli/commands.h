@@ -3,6 +3,11 @@
 // else (logic lives in the library layers).
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+#include <cstdint>
+#include <string>
+#include <vector>
+
 namespace pollen::cli {
 
 void add_version_command(CLI::App& app);
@@ -60,6 +65,22 @@ inline CLI::Validator one_or_more() {
                    : "'" + text + "': expected a number of 1 or more";
       },
       "1 or more");
+}
+
+// A seed: a whole number from 0 to 2^64-1 in decimal, checked while the command line is parsed
+// (CLI11 itself turns -1 and anything past 2^64-1 into 2^64-1, so different seeds would give
+// the same run).
+inline CLI::Validator seed_number() {
+  return CLI::Validator(
+      [](const std::string& text) -> std::string {
+        uint64_t value = 0;
+        const char* end = text.data() + text.size();
+        const auto [stop, error] = std::from_chars(text.data(), end, value);
+        return !text.empty() && error == std::errc() && stop == end
+                   ? std::string()
+                   : "'" + text + "': expected a whole number from 0 to 18446744073709551615";
+      },
+      "0 to 2^64-1");
 }
 
 // The process's exit code when a command finishes without an error (`pollen train` tells a

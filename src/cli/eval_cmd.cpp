@@ -230,6 +230,7 @@ void add_eval_command(CLI::App& app) {
           ->check(CLI::ExistingFile);
   auto* fewshot_seed =
       cmd->add_option("--fewshot-seed", t->seed, "Task: seed of the examples drawn")
+          ->check(seed_number())
           ->capture_default_str();
   auto* details =
       cmd->add_option("--details", t->details, "Task: write one JSON line per item here");

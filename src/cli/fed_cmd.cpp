@@ -112,9 +112,11 @@ void add_fed_command(CLI::App& app) {
                    "Add round(N(0, S^2)) to every count before sending (0: exact counts)")
       ->capture_default_str();
   auto seed = std::make_shared<uint64_t>(0);
-  auto* seed_option = counts->add_option(
-      "--seed", *seed,
-      "Seed of the noise (default: drawn from the OS; one who knows it can subtract the noise)");
+  auto* seed_option = counts
+                          ->add_option("--seed", *seed,
+                                       "Seed of the noise (default: drawn from the OS; one who "
+                                       "knows it can subtract the noise)")
+                          ->check(seed_number());
   counts->add_option("--min-count", c->min_count, "Drop pieces counted fewer times (before noise)")
       ->capture_default_str();
   counts->add_option("--output", c->output, "Where the received tokenizer.json goes")->required();

@@ -77,6 +77,7 @@ void add_task_synth(CLI::App* cmd, const std::string& description, const std::st
       ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}))
       ->capture_default_str();
   synth->add_option("--seed", a->seed, "Seed (the same seed writes the same file)")
+      ->check(seed_number())
       ->capture_default_str();
   synth->add_option("--digits", a->digits, "arithmetic: operands of at most this many digits")
       ->check(CLI::Range(1, 9))

@@ -44,7 +44,9 @@ void add_synth(CLI::App* cmd, bool responses_option) {
   synth->add_option("--count", a->o.count, "Pairs to write (1 to 10000000)")
       ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}))
       ->capture_default_str();
-  synth->add_option("--seed", a->o.seed, "Random seed")->capture_default_str();
+  synth->add_option("--seed", a->o.seed, "Random seed")
+      ->check(seed_number())
+      ->capture_default_str();
   synth->add_option("--digits", a->o.digits, "arithmetic: operands of at most this many digits")
       ->check(CLI::Range(1, 9))
       ->capture_default_str();

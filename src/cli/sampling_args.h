@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "cli/commands.h"
 #include "model/generate.h"
 #include "tokenizer/tokenizer.h"
 
@@ -66,7 +67,7 @@ inline void add_sampling_options(CLI::App* cmd, SamplingArgs& a) {
       ->check(number_in(0, kAny, true, "above 0"))
       ->capture_default_str();
   cmd->add_option("--stop", o.stop_strings, "Stop string (repeatable)");
-  cmd->add_option("--seed", o.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "Sampling seed")->check(seed_number())->capture_default_str();
 }
 
 }  // namespace pollen::cli

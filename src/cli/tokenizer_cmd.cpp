@@ -190,9 +190,10 @@ void add_count(CLI::App* parent) {
   cmd->add_option("--noise-stddev", a->noise,
                   "Add round(N(0, S^2)) to every count before writing (0: exact counts)")
       ->capture_default_str();
-  auto* seed_option = cmd->add_option(
-      "--seed", a->seed,
-      "Seed of the noise (default: drawn from the OS; one who knows it can subtract the noise)");
+  auto* seed_option = cmd->add_option("--seed", a->seed,
+                                      "Seed of the noise (default: drawn from the OS; one who "
+                                      "knows it can subtract the noise)")
+                          ->check(seed_number());
   cmd->add_option("--min-count", a->min_count, "Drop pieces counted fewer times (before noise)")
       ->capture_default_str();
   cmd->add_option("--threads", a->threads, "Threads (default: all)");

@@ -173,6 +173,28 @@ TEST(Cli, UnknownPresetAndBadFlagsFailClearly) {
   EXPECT_NE(r.status, 0);
 }
 
+// CLI11 alone turns -1 and numbers past 2^64-1 into 2^64-1: two different seeds would give the
+// same file. Every seed option takes decimal whole numbers that fit and refuses the rest.
+TEST(Cli, SeedsOutsideSixtyFourBitsAreRefused) {
+  for (const char* command :
+       {"dpo synth --count 2 --out /tmp/pollen_cli_seed.jsonl", "bench step --steps 1",
+        "sft synth --task arithmetic --count 2 --out /tmp/pollen_cli_seed.jsonl"}) {
+    for (const char* seed : {"-1", "18446744073709551616", "12abc"}) {
+      CliRun r = run_pollen(pollen::cat(command, " --seed ", seed));
+      EXPECT_EQ(r.status, 2) << command << " --seed " << seed << ": " << r.output;
+      EXPECT_NE(r.output.find(pollen::cat("'", seed,
+                                          "': expected a whole number from 0 to "
+                                          "18446744073709551615")),
+                std::string::npos)
+          << r.output;
+    }
+  }
+  CliRun r = run_pollen(
+      "dpo synth --count 2 --seed 18446744073709551615 --out /tmp/pollen_cli_seed.jsonl");
+  EXPECT_EQ(r.status, 0) << r.output;
+  std::remove("/tmp/pollen_cli_seed.jsonl");
+}
+
 // CLI11 checks required options before unknown ones: a mistyped --config must be named as not
 // understood, not reported as a missing --config; exit code 2 either way.
 TEST(Cli, AMistypedRequiredOptionIsNamedNotReportedMissing) {
