@@ -103,8 +103,14 @@ void add_rm_score(CLI::App* cmd) {
         (std::filesystem::exists(config) &&
          read_file(config).find("\"chat_template\"") != std::string::npos))
       format.chat_format = tokenizer::choose_chat_format(dir, a->chat_template);
-    train::score_jsonl(rm, format, a->data, a->out, a->micro_batch);
-    std::printf("scored %s with %s -> %s\n", a->data.c_str(), a->model.c_str(), a->out.c_str());
+    const train::ScoreCounts counts =
+        train::score_jsonl(rm, format, a->data, a->out, a->micro_batch);
+    std::printf("scored %lld records of %s with %s -> %s\n", static_cast<long long>(counts.records),
+                a->data.c_str(), a->model.c_str(), a->out.c_str());
+    if (counts.shortened > 0)
+      log::warn(counts.shortened, " of them longer than ", format.max_seq,
+                " positions: scored on their response's first tokens and their prompt's last "
+                "(--max-seq)");
   });
 }
 

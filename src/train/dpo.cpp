@@ -90,6 +90,7 @@ DpoObjective::DpoObjective(ObjectiveContext context) : context_(std::move(contex
     eval_pairs_ = split_off_validation(train_pairs_, validation_fraction, context_.seed,
                                        s.where("validation_fraction"));
   }
+  log_pair_counts("dpo", train_pairs_, eval_pairs_, context_.max_seq);
 
   // What the references depend on besides the model: the data and how it becomes tokens.
   Sha256 key;

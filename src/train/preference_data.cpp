@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "base/log.h"
 #include "base/rng.h"
 #include "train/jsonl_data.h"
 
@@ -54,13 +55,15 @@ ScoredSequence encode(const std::pair<std::string, std::string>& texts,
   std::vector<uint32_t> completion = format.tokenizer->encode(texts.second, options);
   POLLEN_CHECK(!prompt.empty(), where, ": field 'prompt' has no token");
   POLLEN_CHECK(!completion.empty(), where, ": field '", completion_field, "' has no token");
-  if (format.max_seq > 0) {
+  ScoredSequence s;
+  if (format.max_seq > 0 &&
+      prompt.size() + completion.size() > static_cast<size_t>(format.max_seq)) {
     const size_t max_seq = static_cast<size_t>(format.max_seq);
     if (completion.size() > max_seq - 1) completion.resize(max_seq - 1);
     const size_t keep = std::min(prompt.size(), max_seq - completion.size());
     prompt.erase(prompt.begin(), prompt.end() - static_cast<std::ptrdiff_t>(keep));
+    s.shortened = true;
   }
-  ScoredSequence s;
   s.prompt_tokens = static_cast<int64_t>(prompt.size());
   s.ids = std::move(prompt);
   s.ids.insert(s.ids.end(), completion.begin(), completion.end());
@@ -104,6 +107,20 @@ std::vector<ScoredSequence> read_prompt_responses(const std::filesystem::path& p
         encode(render(r["prompt"], r["response"], format, w, "response"), format, w, "response"));
   });
   return out;
+}
+
+int64_t shortened_pairs(const std::vector<PreferencePair>& pairs) {
+  return std::ranges::count_if(
+      pairs, [](const PreferencePair& p) { return p.chosen.shortened || p.rejected.shortened; });
+}
+
+void log_pair_counts(const std::string& objective, const std::vector<PreferencePair>& train,
+                     const std::vector<PreferencePair>& validation, int64_t max_seq) {
+  log::info(objective, ": ", train.size(), " training and ", validation.size(),
+            " validation pairs; ", shortened_pairs(train) + shortened_pairs(validation),
+            " longer than ", max_seq,
+            " positions, shortened to them (the completion's first tokens and the prompt's last "
+            "kept)");
 }
 
 std::vector<PreferencePair> split_off_validation(std::vector<PreferencePair>& pairs,

@@ -20,6 +20,7 @@ namespace pollen::train {
 struct ScoredSequence {
   std::vector<uint32_t> ids;  // prompt then completion
   int64_t prompt_tokens = 0;
+  bool shortened = false;  // longer than SequenceFormat::max_seq: lost tokens as it says
   int64_t completion_tokens() const { return static_cast<int64_t>(ids.size()) - prompt_tokens; }
 };
 
@@ -41,6 +42,13 @@ std::vector<PreferencePair> read_preference_pairs(const std::filesystem::path& p
 // Reads prompt/response records (for scoring).
 std::vector<ScoredSequence> read_prompt_responses(const std::filesystem::path& path,
                                                   const SequenceFormat& format);
+
+// Pairs of which the chosen or the rejected sequence was shortened to max_seq.
+int64_t shortened_pairs(const std::vector<PreferencePair>& pairs);
+// Logs how many pairs an objective ("dpo", "rm") trains and holds out, and how many of them were
+// longer than max_seq positions.
+void log_pair_counts(const std::string& objective, const std::vector<PreferencePair>& train,
+                     const std::vector<PreferencePair>& validation, int64_t max_seq);
 
 // Moves round(fraction * N) pairs (at least one, fewer than N), picked by the seed, out of
 // `pairs` into the returned held-out set; both keep the file's order.

@@ -84,6 +84,7 @@ RewardObjective::RewardObjective(ObjectiveContext context) : context_(std::move(
     eval_pairs_ = split_off_validation(train_pairs_, validation_fraction, context_.seed,
                                        s.where("validation_fraction"));
   }
+  log_pair_counts("rm", train_pairs_, eval_pairs_, context_.max_seq);
 
   data_key_ = data_key(data, eval_path, context_);  // the files read well
   data_files_ =
@@ -306,8 +307,8 @@ std::vector<double> score_sequences(const model::Llama& decoder, const ag::Var& 
   return out;
 }
 
-void score_jsonl(const RewardModel& rm, const SequenceFormat& format, const fs::path& in,
-                 const fs::path& out, int64_t micro_batch) {
+ScoreCounts score_jsonl(const RewardModel& rm, const SequenceFormat& format, const fs::path& in,
+                        const fs::path& out, int64_t micro_batch) {
   const std::vector<ScoredSequence> sequences = read_prompt_responses(in, format);
   for (size_t i = 0; i < sequences.size(); ++i)
     for (uint32_t id : sequences[i].ids)
@@ -325,6 +326,8 @@ void score_jsonl(const RewardModel& rm, const SequenceFormat& format, const fs::
   }
   if (out.has_parent_path()) fs::create_directories(out.parent_path());
   write_file_atomic(out, text);
+  return {static_cast<int64_t>(sequences.size()),
+          std::ranges::count_if(sequences, [](const ScoredSequence& s) { return s.shortened; })};
 }
 
 }  // namespace pollen::train

@@ -112,8 +112,12 @@ std::vector<double> score_sequences(const model::Llama& decoder, const ag::Var& 
 
 // Scores a prompt/response JSONL file: each record is written to `out` (one per line, in order)
 // with a "score" field added.
-void score_jsonl(const RewardModel& rm, const SequenceFormat& format,
-                 const std::filesystem::path& in, const std::filesystem::path& out,
-                 int64_t micro_batch);
+struct ScoreCounts {
+  int64_t records = 0;
+  int64_t shortened = 0;  // longer than format.max_seq: scored on the prompt's last tokens
+};
+ScoreCounts score_jsonl(const RewardModel& rm, const SequenceFormat& format,
+                        const std::filesystem::path& in, const std::filesystem::path& out,
+                        int64_t micro_batch);
 
 }  // namespace pollen::train

@@ -62,6 +62,39 @@ TEST_F(RewardModelTest, APairWithAMarginIsRefused) {
   EXPECT_NE(empty.find("line 1: field 'rejected' has no token"), std::string::npos) << empty;
 }
 
+// A pair longer than max_seq keeps its completion's first tokens and its prompt's last, and is
+// counted as shortened; one that fits is left whole and not counted.
+TEST_F(RewardModelTest, ALongPairKeepsTheCompletionsStartAndThePromptsEndAndIsCounted) {
+  write_file_atomic(dir_ / "long.jsonl",
+                    "{\"prompt\": \"one two three four five six\", \"chosen\": \" seven eight\", "
+                    "\"rejected\": \" nine\"}\n");
+  const train::SequenceFormat whole{&pt::chat_tokenizer(), tokenizer::ChatFormat{}, 256};
+  const auto full = train::read_preference_pairs(dir_ / "long.jsonl", whole);
+  ASSERT_EQ(full.size(), 1u);
+  EXPECT_FALSE(full[0].chosen.shortened);
+  EXPECT_EQ(train::shortened_pairs(full), 0);
+  const auto& f = full[0].chosen;
+  ASSERT_GE(f.prompt_tokens, 4);
+  ASSERT_GE(f.completion_tokens(), 2);
+  // Room for the completion and 2 prompt tokens: the prompt loses its start.
+  const int64_t fit = f.completion_tokens() + 2;
+  const train::SequenceFormat tight{&pt::chat_tokenizer(), tokenizer::ChatFormat{}, fit};
+  const auto cut = train::read_preference_pairs(dir_ / "long.jsonl", tight);
+  EXPECT_EQ(train::shortened_pairs(cut), 1);
+  EXPECT_TRUE(cut[0].chosen.shortened);
+  EXPECT_EQ(cut[0].chosen.prompt_tokens, 2);
+  EXPECT_EQ(cut[0].chosen.ids,
+            std::vector<uint32_t>(f.ids.begin() + (f.prompt_tokens - 2), f.ids.end()));
+  // The rejected reply, shorter, keeps more of the prompt and may still fit whole.
+  EXPECT_EQ(cut[0].rejected.shortened, std::ssize(full[0].rejected.ids) > fit);
+  // Room for 2 tokens: the prompt's last, then the completion's first.
+  const train::SequenceFormat one{&pt::chat_tokenizer(), tokenizer::ChatFormat{}, 2};
+  const auto two = train::read_preference_pairs(dir_ / "long.jsonl", one);
+  EXPECT_EQ(two[0].chosen.ids,
+            (std::vector<uint32_t>{f.ids[static_cast<size_t>(f.prompt_tokens) - 1],
+                                   f.ids[static_cast<size_t>(f.prompt_tokens)]}));
+}
+
 // A resumed run draws the same steps' pairs only from the same data: a checkpoint's state names
 // the data, and other pairs (or another validation file) are refused, naming the keys.
 TEST_F(RewardModelTest, AResumeOnChangedDataIsRefused) {
@@ -151,6 +184,12 @@ TEST_F(RewardModelTest, AFailedExportLeavesTheOldExportAndNoTemporaryFile) {
   int status = 0;
   std::string said = pollen::testing::run_capture(score + " 2>&1", &status);
   EXPECT_EQ(status, 0) << said;
+  EXPECT_NE(said.find("scored 1 records of"), std::string::npos) << said;
+  EXPECT_EQ(said.find("longer than"), std::string::npos) << said;
+  // A record longer than --max-seq is scored on what fits, and counted.
+  said = pollen::testing::run_capture(score + " --max-seq 3 2>&1", &status);
+  EXPECT_EQ(status, 0) << said;
+  EXPECT_NE(said.find("1 of them longer than 3 positions"), std::string::npos) << said;
   said = pollen::testing::run_capture(
       cat(score, " --max-seq ", m.config().max_position_embeddings + 1, " 2>&1"), &status);
   EXPECT_NE(status, 0);
