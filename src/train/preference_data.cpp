@@ -116,11 +116,13 @@ int64_t shortened_pairs(const std::vector<PreferencePair>& pairs) {
 
 void log_pair_counts(const std::string& objective, const std::vector<PreferencePair>& train,
                      const std::vector<PreferencePair>& validation, int64_t max_seq) {
+  const int64_t shortened = shortened_pairs(train) + shortened_pairs(validation);
   log::info(objective, ": ", train.size(), " training and ", validation.size(),
-            " validation pairs; ", shortened_pairs(train) + shortened_pairs(validation),
-            " longer than ", max_seq,
-            " positions, shortened to them (the completion's first tokens and the prompt's last "
-            "kept)");
+            " validation pairs; ",
+            shortened == 0 ? cat("none longer than ", max_seq, " positions")
+                           : cat(shortened, " longer than ", max_seq,
+                                 " positions, shortened to them (the completion's first tokens "
+                                 "and the prompt's last kept)"));
 }
 
 std::vector<PreferencePair> split_off_validation(std::vector<PreferencePair>& pairs,
