@@ -198,13 +198,24 @@ std::string TokenizerRound::run() {
   for (const auto& [id, file] : counts_) merged.merge_file(file);  // in client-id order
   const tokenizer::Tokenizer tok =
       tokenizer::train_bpe(merged, {config_.vocab_size, config_.special_tokens, pattern_});
-  tokenizer::save_tokenizer(tok, config_.dir / "tokenizer.json");
+  const fs::path out = config_.dir / "tokenizer.json";
+  if (fs::exists(out)) {  // trained before a restart: silos may have fetched it already
+    const std::string before = tokenizer::open_tokenizer(out, "").fingerprint();
+    POLLEN_CHECK(before == tok.fingerprint(), "fed tokenizer: '", out.string(), "' (fingerprint ",
+                 before,
+                 "), trained before a restart and perhaps fetched by silos already, is not the "
+                 "tokenizer these counts give now (fingerprint ",
+                 tok.fingerprint(),
+                 "): the [tokenizer] keys changed since; put them back, or remove the file to "
+                 "serve the new tokenizer and have every silo that fetched the old one run "
+                 "pollen fed counts again");
+  }
+  tokenizer::save_tokenizer(tok, out);
   log::info("fed tokenizer: trained ", tok.vocab_size(), " tokens on ", merged.bytes_read(),
             " bytes of ", counts_.size(), " silos: fingerprint ", tok.fingerprint());
   {
     std::lock_guard lock(mutex_);
-    tokenizer_json_ =
-        std::make_shared<const std::string>(read_file(config_.dir / "tokenizer.json"));
+    tokenizer_json_ = std::make_shared<const std::string>(read_file(out));
   }
   changed_.notify_all();
   if (!wait_until(config_.serve_s, [&] { return pulled_.size() == config_.clients.size(); })) {

@@ -227,6 +227,41 @@ TEST(FederatedTokenizer, CountsAreTakenOnceAndSurviveARestart) {
   fs::remove_all(dir);
 }
 
+// A restarted server trains again on the counts it kept: the same tokenizer, served again; with
+// changed [tokenizer] keys it would serve another than silos may have fetched, so it refuses and
+// leaves the first one as it was.
+TEST(FederatedTokenizer, ARestartWithOtherTokenizerKeysDoesNotReplaceTheServedTokenizer) {
+  Quiet q;
+  const auto dir = temp_dir("tokenizer_keys");
+  tokenizer::PieceCounts c(tokenizer::pattern_regex("cl100k_base"));
+  c.add_file(write_text(dir / "a.txt", "apple", 100), false, "text");
+  c.save(dir / "c.counts");
+  TokenizerServerConfig sc;
+  sc.dir = dir / "server";
+  sc.clients = {"silo-a"};
+  sc.vocab_size = 300;
+  sc.wait_for_clients_s = 0;
+  sc.serve_s = 0;
+  std::string first;
+  {
+    TokenizerRound round(sc);
+    round.add_counts("silo-a", "", read_file(dir / "c.counts"));
+    first = round.run();
+  }
+  const std::string served = read_file(sc.dir / "tokenizer.json");
+  EXPECT_EQ(TokenizerRound(sc).run(), first);
+  sc.vocab_size = 290;
+  const std::string e = pollen::testing::error_of([&] { TokenizerRound(sc).run(); });
+  EXPECT_NE(e.find("tokenizer.json' (fingerprint " + first + "), trained before a restart"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("the [tokenizer] keys changed since"), std::string::npos) << e;
+  EXPECT_EQ(read_file(sc.dir / "tokenizer.json"), served);
+  fs::remove(sc.dir / "tokenizer.json");
+  EXPECT_NE(TokenizerRound(sc).run(), first);
+  fs::remove_all(dir);
+}
+
 // tokenizer.pattern pins the pre-tokenisation every silo's counts must be made with: without it
 // the first silo's decides, and so could choose the regex every other silo then runs on its text.
 TEST(FederatedTokenizer, APinnedPatternRefusesCountsMadeWithAnother) {
