@@ -175,6 +175,11 @@ std::shared_ptr<const std::string> TokenizerRound::tokenizer(const std::string& 
                                                              const std::string& peer_id) {
   const std::string id = check_client(client_id, peer_id, "tokenizer");
   std::lock_guard lock(mutex_);
+  if (!gave_up_.empty()) {
+    told_gave_up_.insert(id);
+    changed_.notify_all();
+    fail(gave_up_);
+  }
   if (tokenizer_json_) {
     pulled_.insert(id);
     changed_.notify_all();
@@ -192,8 +197,26 @@ std::string TokenizerRound::run() {
   };
   const bool all = wait_until(config_.wait_for_clients_s,
                               [&] { return counts_.size() == config_.clients.size(); });
-  POLLEN_CHECK(all, "fed tokenizer: ", counts_.size(), " of ", config_.clients.size(),
-               " silos sent their counts within ", config_.wait_for_clients_s, " s");
+  if (!all) {
+    std::string missing;
+    {
+      std::lock_guard lock(mutex_);
+      for (const std::string& id : config_.clients)
+        if (!counts_.contains(id)) missing += cat(missing.empty() ? "" : ", ", "'", id, "'");
+      gave_up_ = cat("fed tokenizer: ", counts_.size(), " of ", config_.clients.size(),
+                     " silos sent their counts within ", config_.wait_for_clients_s,
+                     " s (server.wait_for_clients_s; missing: ", missing,
+                     "); no tokenizer is trained (the server keeps the counts it took: run it "
+                     "again, and the silos that sent theirs send the same again)");
+    }
+    changed_.notify_all();
+    // The silos waiting for the tokenizer ask every 500 ms: let each hear why none comes.
+    wait_until(2, [&] {
+      return std::ranges::all_of(counts_,
+                                 [&](const auto& c) { return told_gave_up_.contains(c.first); });
+    });
+    fail(gave_up_);
+  }
   tokenizer::PieceCounts merged(pattern_);
   for (const auto& [id, file] : counts_) merged.merge_file(file);  // in client-id order
   const tokenizer::Tokenizer tok =
@@ -296,6 +319,14 @@ std::string run_counts_client(const CountsClientOptions& o) {
   // when the command is run again: a retry never sends the same text under other noise.
   const fs::path kept =
       o.counts_file.empty() ? fs::path(o.output.string() + ".counts") : o.counts_file;
+  check_writable(o.output.string(), "--output");  // before the counting, which can take long
+  check_writable(kept.string(), o.counts_file.empty() ? "--output" : "--counts-file");
+  // What the kept counts were made with, beside them: a rerun asking for other counts (noise added
+  // after a first try failed, say) is refused rather than sending the kept ones unnoticed.
+  const fs::path made_path = kept.string() + ".made";
+  std::string made = cat("--noise-stddev ", o.noise_stddev, " --min-count ", o.min_count,
+                         o.jsonl ? cat(" --jsonl --field ", o.field) : std::string());
+  for (const auto& input : o.inputs) made += cat(" --input ", fs::absolute(input).string());
   tokenizer::PieceCounts counts(tokenizer::pattern_regex(o.pattern));
   if (fs::exists(kept)) {
     try {
@@ -304,13 +335,24 @@ std::string run_counts_client(const CountsClientOptions& o) {
       fail(e.what(), " (the counts this silo kept and sends again: delete '", kept.string(),
            "' to count again)");
     }
+    if (fs::exists(made_path)) {
+      const std::string before = read_file(made_path);
+      POLLEN_CHECK(before == made, "'", kept.string(), "' holds the counts this silo made with ",
+                   before,
+                   ", sent again as they are on a rerun (a retry must not send other "
+                   "noise); this run asks for ",
+                   made, ": run with the earlier options, or delete '", kept.string(),
+                   "' to count again with these (if the earlier counts reached the server, it "
+                   "refuses other ones)");
+    }
     log::info("fed counts '", o.id, "': sending the counts kept in '", kept.string(),
               "' (delete it to count again)");
   } else {
     for (const auto& input : o.inputs) counts.add_file(input, o.jsonl, o.field);
     if (o.noise_stddev > 0 || o.min_count > 1)
       counts.perturb(o.noise_stddev, o.seed ? *o.seed : os_entropy_u64(), o.min_count);
-    counts.save(kept);  // the file format of `pollen tokenizer count`, checksummed
+    write_file_atomic(made_path, made);  // first: kept counts are never without it
+    counts.save(kept);                   // the file format of `pollen tokenizer count`, checksummed
   }
   const std::string bytes = read_file(kept);
   log::info("fed counts '", o.id, "': ", counts.distinct(), " distinct pieces of ",

@@ -81,6 +81,8 @@ class TokenizerRound {
   std::string pattern_;
   std::shared_ptr<const std::string> tokenizer_json_;
   std::set<std::string> pulled_;
+  std::string gave_up_;  // why no tokenizer comes (not every silo's counts in time), told to pulls
+  std::set<std::string> told_gave_up_;
 };
 
 // The server's handling of the two streams, for the gRPC service; each throws pollen::Error on a

@@ -224,6 +224,58 @@ TEST(FederatedTokenizer, CountsAreTakenOnceAndSurviveARestart) {
   fs::remove(a);  // the text is not read again
   EXPECT_THROW(run_counts_client(o), Error);
   EXPECT_EQ(read_file(o.counts_file), kept);
+  // Options that would make other counts (less noise, after a first try failed) are refused
+  // rather than the kept counts sent as if made with them.
+  o.noise_stddev = 0;
+  const std::string exact = pollen::testing::error_of([&] { run_counts_client(o); });
+  EXPECT_NE(exact.find("kept.counts' holds the counts this silo made with --noise-stddev 2 "
+                       "--min-count 1 --input "),
+            std::string::npos)
+      << exact;
+  EXPECT_NE(exact.find("this run asks for --noise-stddev 0 --min-count 1"), std::string::npos)
+      << exact;
+  EXPECT_EQ(read_file(o.counts_file), kept);
+  // An output that cannot be written is named before any counting.
+  fs::remove(o.counts_file);
+  o.output = dir / "no-such-folder" / "tok.json";
+  o.counts_file.clear();
+  const std::string unwritable = pollen::testing::error_of([&] { run_counts_client(o); });
+  EXPECT_NE(unwritable.find("--output"), std::string::npos) << unwritable;
+  EXPECT_FALSE(fs::exists(dir / "no-such-folder"));
+  fs::remove_all(dir);
+}
+
+// A server that gives up waiting for a silo's counts tells the silos waiting for the tokenizer
+// why none comes, naming the missing silo, rather than dropping their connection.
+TEST(FederatedTokenizer, ASiloWaitingWhenTheServerGivesUpIsToldWhy) {
+  Quiet q;
+  const auto dir = temp_dir("tokenizer_give_up");
+  TokenizerServerConfig sc;
+  sc.dir = dir / "server";
+  sc.clients = {"silo-a", "silo-b"};
+  sc.vocab_size = 300;
+  sc.wait_for_clients_s = 1;
+  TokenizerRound round(sc);
+  GrpcServer server(round, "127.0.0.1:0", {});
+  std::string server_error;
+  std::thread serving([&] {
+    server_error = pollen::testing::error_of([&] { round.run(); });
+    server.shutdown();  // as the command ends
+  });
+  CountsClientOptions o;
+  o.id = "silo-a";
+  o.inputs = {write_text(dir / "a.txt", "apple", 50).string()};
+  o.output = dir / "tok.json";
+  o.server = cat("127.0.0.1:", server.port());
+  const std::string silo_error = pollen::testing::error_of([&] { run_counts_client(o); });
+  serving.join();
+  EXPECT_NE(server_error.find("1 of 2 silos sent their counts within 1 s"), std::string::npos)
+      << server_error;
+  EXPECT_NE(silo_error.find("1 of 2 silos sent their counts within 1 s "
+                            "(server.wait_for_clients_s; missing: 'silo-b')"),
+            std::string::npos)
+      << silo_error;
+  EXPECT_FALSE(fs::exists(o.output));
   fs::remove_all(dir);
 }
 
