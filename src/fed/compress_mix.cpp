@@ -123,9 +123,13 @@ double total_error(const Costs& c, const std::vector<int>& levels) {
 }  // namespace
 
 uint64_t mix_encoded_bytes(const CompressOptions& o, int64_t n) {
-  CompressOptions nf2 = o;
-  nf2.codec = Codec::nf2;
-  return header_bytes(blocks_of(n, o.block)) + encoded_bytes(nf2, n);
+  // nf2 on every block, each coded alone (its codes ending on a byte): nf2's bytes for the whole
+  // tensor when the block is a multiple of 4, a little more otherwise.
+  const int64_t nb = blocks_of(n, o.block);
+  if (nb == 0) return 0;
+  const int64_t last = n - (nb - 1) * o.block;
+  return header_bytes(nb) + static_cast<uint64_t>(nb - 1) * level_bytes(2, o.block, o) +
+         level_bytes(2, last, o);
 }
 
 void mix_encode(const float* x, int64_t n, const CompressOptions& o, uint8_t* p) {

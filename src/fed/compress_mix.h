@@ -8,8 +8,9 @@
 // codes, the last byte's unused bits zero). A payload holds every block's level (3 bits each, one
 // little-endian bit stream, low bits first), then the blocks' codings in block order, then zero
 // bytes up to its fixed size: the levels' bytes plus the bytes nf2 takes for the same values,
-// block and scale format (2% more than nf2 with blocks of 64), so that nf2 on every block always
-// fits. The encoder picks the levels that leave the tensor the least squared error within that
+// block and scale format with each block coded alone (2% more than nf2 with blocks of 64; with a
+// block not a multiple of 4 each block's codes also end on a byte), so that nf2 on every block
+// always fits. The encoder picks the levels that leave the tensor the least squared error within that
 // size: for a multiplier lambda each block takes the level minimising error + lambda * bits, with
 // lambda the smallest (found by bisection) whose levels fit; the bytes left over then go one block
 // at a time to the finer level removing the most error per byte, and if nf2 on every block leaves

@@ -68,7 +68,8 @@ void read_compression(ConfigTable& root, ServerConfig& c) {
       c.compression.validate();
       c.download().validate();
     } catch (const Error& e) {
-      fail(t->where(topk ? "topk" : "block"), ": ", e.what());
+      const bool topk_wrong = std::string_view(e.what()).starts_with("compression topk");
+      fail(t->where(topk_wrong ? "topk" : "block"), ": ", e.what());
     }
   }
 }

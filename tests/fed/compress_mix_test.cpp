@@ -53,9 +53,14 @@ TEST(CompressMix, MovesNf2sBytesAndThreeBitsABlock) {
   for (ScaleFormat scale : {ScaleFormat::f32, ScaleFormat::bf16}) {
     for (int64_t n : {1, 63, 64, 1000, 4097}) {
       for (int64_t block : {1, 7, 64, 300}) {
-        const auto blocks = static_cast<uint64_t>((n + block - 1) / block);
-        EXPECT_EQ(encoded_bytes(opts(Codec::mix, block, scale), n),
-                  encoded_bytes(opts(Codec::nf2, block, scale), n) + (3 * blocks + 7) / 8);
+        // nf2's bytes for each block alone, and 3 bits a block for its level.
+        const int64_t blocks = (n + block - 1) / block;
+        uint64_t nf2 = 0;
+        for (int64_t b = 0; b < blocks; ++b)
+          nf2 += encoded_bytes(opts(Codec::nf2, block, scale), std::min(block, n - b * block));
+        EXPECT_EQ(encoded_bytes(opts(Codec::mix, block, scale), n), nf2 + (3 * blocks + 7) / 8);
+        if (block % 4 == 0)  // then each block's codes end on a byte: nf2's bytes for the whole
+          EXPECT_EQ(nf2, encoded_bytes(opts(Codec::nf2, block, scale), n));
       }
     }
   }
@@ -132,6 +137,18 @@ TEST(CompressMix, NeverWorseThanNf2) {
     EXPECT_LE(squared_error(x, round_trip(x, opts(Codec::mix, 64))),
               squared_error(x, round_trip(x, opts(Codec::nf2, 64))))
         << blocks;
+  }
+  // Blocks whose codes do not end on a byte (2 bits a value): nf2 on every block still fits.
+  for (int64_t block : {1, 5, 6, 7, 10}) {
+    for (int64_t n : {30, 1001}) {
+      Rng rng(static_cast<uint64_t>(block * n));
+      std::vector<float> x(static_cast<size_t>(n));
+      for (auto& v : x) v = static_cast<float>(rng.normal());
+      for (ScaleFormat scale : {ScaleFormat::f32, ScaleFormat::bf16})
+        EXPECT_LE(squared_error(x, round_trip(x, opts(Codec::mix, block, scale))),
+                  squared_error(x, round_trip(x, opts(Codec::nf2, block, scale))))
+            << "block " << block << ", n " << n;
+    }
   }
   // One block whose energy is mostly one value (a norm weight the download left behind): sign,
   // nf2 and nf3 miss most of the outlier, int4 catches it but does not fit, so no multiplier picks

@@ -173,6 +173,27 @@ TEST(FedConfig, ServerKeysOutOfRangeAreRefusedByName) {
 
 // Without [tls] a server is unauthenticated: listening where other hosts reach it is refused,
 // naming the key, unless server.allow_plaintext says the network is trusted; loopback is fine.
+// A compression setting out of range names the key that is: the block, or topk within it.
+TEST(FedConfig, CompressionMistakesNameTheirKey) {
+  auto compression_error = [](const std::string& keys) {
+    return error_of_server(
+        cat("[server]\ndir = 'x'\n[compression]\n", keys,
+            "\n[model]\npreset = 'llama-tiny'\n[tokenizer]\nfingerprint = 'f'\n"));
+  };
+  std::string e = compression_error("codec = 'topk'\ntopk = 2\nblock = 70000");
+  EXPECT_NE(e.find("compression.block': compression block must be at most 65536 with topk"),
+            std::string::npos)
+      << e;
+  e = compression_error("codec = 'topk'\ntopk = 100\nblock = 64");
+  EXPECT_NE(e.find("compression.topk': compression topk must be in [1, block = 64]"),
+            std::string::npos)
+      << e;
+  e = compression_error("codec = 'int8'\nblock = 0");
+  EXPECT_NE(e.find("compression.block': compression block must be in [1, 1048576]"),
+            std::string::npos)
+      << e;
+}
+
 TEST(FedConfig, APlaintextServerListensOnlyOnThisHostUnlessAllowed) {
   auto server_error = [](const std::string& address, const std::string& more) {
     return error_of_server(cat("[server]\ndir = 'x'\naddress = '", address, "'\n", more,
