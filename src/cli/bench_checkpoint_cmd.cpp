@@ -8,8 +8,10 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "base/error.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
+#include "io/checkpoint.h"
 #include "model/config.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -32,6 +34,13 @@ void add_bench_checkpoint_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--keep", *keep, "Keep the checkpoint written");
   cmd->callback([model, dir, keep] {
+    // The bench's checkpoint is step 1 of random weights: a run's own step 1 must not be replaced
+    // by it (and then deleted).
+    const std::filesystem::path target = std::filesystem::path(*dir) / io::checkpoint_name(1);
+    POLLEN_CHECK(!std::filesystem::exists(target), "--dir '", *dir, "' already holds '",
+                 target.string(),
+                 "' (a run's checkpoint?): the bench writes its own step 1 there; give an empty "
+                 "folder or a new one");
     const auto cfg = model::resolve_config(*model);
     model::Llama m(cfg, 0);
     optim::AdamW opt(m.parameters(), optim::AdamWOptions{});

@@ -32,8 +32,12 @@ void add_bench_command(CLI::App& app) {
   step->add_option("--batch", opts->batch, "Sequences per step")->capture_default_str();
   step->add_option("--seq", opts->seq, "Tokens per sequence")->capture_default_str();
   step->add_option("--steps", opts->steps, "Timed steps")->capture_default_str();
-  step->add_option("--warmup", opts->warmup, "Untimed steps first")->capture_default_str();
-  step->add_option("--threads", opts->threads, "CPU threads (0: all)")->capture_default_str();
+  step->add_option("--warmup", opts->warmup, "Untimed steps first")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  step->add_option("--threads", opts->threads, "CPU threads (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   step->add_option("--seed", opts->seed, "Seed for weights and tokens")
       ->check(seed_number())
       ->capture_default_str();
@@ -88,10 +92,15 @@ void add_bench_command(CLI::App& app) {
   auto size = std::make_shared<int64_t>(2048);
   auto reps = std::make_shared<int>(5);
   auto threads = std::make_shared<int>(0);
-  gemm->add_option("--size", *size, "Matrix size")->capture_default_str();
-  gemm->add_option("--reps", *reps, "Timed repetitions (the best is reported)")
+  gemm->add_option("--size", *size, "Matrix size (1 to 32768)")
+      ->check(CLI::Range(int64_t{1}, int64_t{32768}))
       ->capture_default_str();
-  gemm->add_option("--threads", *threads, "CPU threads (0: all)")->capture_default_str();
+  gemm->add_option("--reps", *reps, "Timed repetitions (the best is reported)")
+      ->check(one_or_more())
+      ->capture_default_str();
+  gemm->add_option("--threads", *threads, "CPU threads (0: all)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   gemm->callback([size, reps, threads] {
     if (*threads > 0) set_num_threads(*threads);
     const auto c = ops::measure_gemm_ceiling(*size, *reps);

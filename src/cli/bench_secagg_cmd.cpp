@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "fed/secagg/bench.h"
+#include "fed/secagg/graph.h"
 
 namespace pollen::cli {
 
@@ -57,21 +58,24 @@ void add_bench_secagg_command(CLI::App& app) {
     const auto r =
         fed::secagg::bench_round(a->clients, a->params, a->dropouts, o, 1, a->dp_clip, a->dp_noise);
     auto ms = [](double s) { return std::round(s * 1e4) / 10; };
-    nlohmann::ordered_json j{{"clients", a->clients},
-                             {"params", a->params},
-                             {"dropouts", a->dropouts},
-                             {"neighbours", a->neighbours},
-                             {"ring_bits", a->ring_bits},
-                             {"dp_clip", a->dp_clip},
-                             {"dp_noise", a->dp_noise},
-                             {"plain_bytes_up", r.plain_up},
-                             {"secure_input_bytes_up", r.secure_input_up},
-                             {"secure_protocol_bytes_up", r.secure_protocol_up},
-                             {"secure_protocol_bytes_down", r.secure_protocol_down},
-                             {"plain_client_ms", ms(r.plain_client_s)},
-                             {"secure_client_ms", ms(r.secure_client_s)},
-                             {"plain_server_ms", ms(r.plain_server_s)},
-                             {"secure_server_ms", ms(r.secure_server_s)}};
+    nlohmann::ordered_json j{
+        {"clients", a->clients},
+        {"params", a->params},
+        {"dropouts", a->dropouts},
+        {"neighbours", a->neighbours},
+        // each client's neighbours in the graph the round ran on
+        {"degree", fed::secagg::graph_degree(static_cast<size_t>(a->clients), a->neighbours)},
+        {"ring_bits", a->ring_bits},
+        {"dp_clip", a->dp_clip},
+        {"dp_noise", a->dp_noise},
+        {"plain_bytes_up", r.plain_up},
+        {"secure_input_bytes_up", r.secure_input_up},
+        {"secure_protocol_bytes_up", r.secure_protocol_up},
+        {"secure_protocol_bytes_down", r.secure_protocol_down},
+        {"plain_client_ms", ms(r.plain_client_s)},
+        {"secure_client_ms", ms(r.secure_client_s)},
+        {"plain_server_ms", ms(r.plain_server_s)},
+        {"secure_server_ms", ms(r.secure_server_s)}};
     std::printf("%s\n", j.dump().c_str());
   });
 }

@@ -192,11 +192,14 @@ void add_fed_privacy_command(CLI::App& app) {
           "poisson")
       ->check(CLI::IsMember({"fixed", "poisson"}))
       ->capture_default_str();
-  auto* values = privacy->add_option(
-      "--values", p->values,
-      "Distributed DP under secure aggregation: the values each update holds (the model's "
-      "parameters); with --clip and --clients, the clients' discrete Gaussian is accounted "
-      "instead of the Gaussian");
+  auto* values =
+      privacy
+          ->add_option(
+              "--values", p->values,
+              "Distributed DP under secure aggregation: the values each update holds (the model's "
+              "parameters); with --clip and --clients, the clients' discrete Gaussian is accounted "
+              "instead of the Gaussian")
+          ->check(one_or_more());
   privacy->add_option("--clip", p->clip, "Distributed DP: privacy.clip, the L2 norm C")
       ->needs(values);
   privacy->add_option("--clients", p->clients, "Distributed DP: the clients selected per round")

@@ -4,11 +4,13 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "base/error.h"
+#include "base/files.h"
 
 namespace {
 
@@ -193,6 +195,47 @@ TEST(Cli, SeedsOutsideSixtyFourBitsAreRefused) {
       "dpo synth --count 2 --seed 18446744073709551615 --out /tmp/pollen_cli_seed.jsonl");
   EXPECT_EQ(r.status, 0) << r.output;
   std::remove("/tmp/pollen_cli_seed.jsonl");
+}
+
+// The bench commands' numbers out of range are refused naming the flag (exit code 2), rather
+// than run as something else (--reps 0 ran once, --threads -3 on every thread).
+TEST(Cli, BenchNumbersOutOfRangeAreRefusedByFlag) {
+  const std::pair<const char*, const char*> refused[] = {
+      {"bench gemm --size 0", "--size"},
+      {"bench gemm --size -5", "--size"},
+      {"bench gemm --reps 0 --size 16", "--reps"},
+      {"bench gemm --threads -1 --size 16", "--threads"},
+      {"bench step --warmup -5 --steps 1", "--warmup"},
+      {"bench step --threads -3 --steps 1", "--threads"}};
+  for (const auto& [args, flag] : refused) {
+    CliRun r = run_pollen(args);
+    EXPECT_EQ(r.status, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(flag), std::string::npos) << args << ": " << r.output;
+  }
+  // secagg reports the graph's degree the round ran on beside the --neighbours asked for.
+  CliRun r = run_pollen("bench secagg --clients 3 --params 10 --neighbours 10");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(j["neighbours"], 10);
+  EXPECT_EQ(j["degree"], 2);
+}
+
+// bench checkpoint writes step 1 of random weights and deletes it: a folder already holding a
+// step 1 (a run's checkpoints) is refused and left as it was.
+TEST(Cli, BenchCheckpointLeavesARunsCheckpointAlone) {
+  const std::string dir = "/tmp/pollen_cli_bench_checkpoint";
+  std::filesystem::remove_all(dir);
+  CliRun r = run_pollen(pollen::cat("bench checkpoint --model llama-tiny --dir ", dir));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\"bytes\":"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000001"));
+  std::filesystem::create_directories(dir + "/step-00000001");
+  pollen::write_file_atomic(dir + "/step-00000001/model.safetensors", "a run's weights");
+  r = run_pollen(pollen::cat("bench checkpoint --model llama-tiny --dir ", dir));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("already holds"), std::string::npos) << r.output;
+  EXPECT_EQ(pollen::read_file(dir + "/step-00000001/model.safetensors"), "a run's weights");
+  std::filesystem::remove_all(dir);
 }
 
 // CLI11 checks required options before unknown ones: a mistyped --config must be named as not

@@ -358,6 +358,11 @@ TEST(PrivacyCli, AGivenValueIsCheckedNeverTakenForNotGiven) {
        {std::pair<std::string, std::string>{"--noise-multiplier -1",
                                             "--noise-multiplier must be 0 or more, got -1"},
         {"--target-epsilon 0", "--target-epsilon must be positive and finite, got 0"},
+        // Not the central accounting with --clip and --clients left unused.
+        {"--noise-multiplier 1 --values 0 --clip 1 --clients 3",
+         "'0': expected a number of 1 or more"},
+        {"--noise-multiplier 1 --values 1000 --clip 1 --clients 3 --step 10",
+         "--step: must be positive and at most the range of a value"},
         {"", "give --noise-multiplier or --target-epsilon"}}) {
     int status = 0;
     const std::string out = pollen::testing::run_capture(

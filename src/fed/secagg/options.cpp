@@ -19,7 +19,7 @@ void Options::validate(const std::function<std::string(const std::string&)>& whe
   POLLEN_CHECK(std::isfinite(range) && range > 0 && range <= 1e6, where("range"),
                ": must be positive and at most 1e6");
   POLLEN_CHECK(std::isfinite(step) && step > 0 && step <= range, where("step"),
-               ": must be positive and at most range");
+               ": must be positive and at most the range of a value (", range, "), got ", step);
   POLLEN_CHECK(range / step <= 0x1p52, where("step"), ": range / step must be at most 2^52 levels");
   POLLEN_CHECK(std::isfinite(noise.clip) && noise.clip >= 0, where("dp_clip"),
                ": must be 0 (no distributed DP) or positive, got ", noise.clip);
