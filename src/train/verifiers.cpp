@@ -58,6 +58,17 @@ std::optional<double> read_unsigned(std::string_view s, size_t i, size_t* end) {
     while (j < s.size() && is_digit(s[j])) digits += s[j++];
   }
   if (digits.empty() || digits == ".") return std::nullopt;
+  // An exponent (1e-7, 2.5E3): 'e' or 'E', an optional sign, digits.
+  if (j < s.size() && (s[j] == 'e' || s[j] == 'E')) {
+    size_t k = j + 1;
+    if (k < s.size() && (s[k] == '-' || s[k] == '+')) ++k;
+    if (k < s.size() && is_digit(s[k])) {
+      digits += 'e';
+      digits.append(s.substr(j + 1, k - (j + 1)));
+      while (k < s.size() && is_digit(s[k])) digits += s[k++];
+      j = k;
+    }
+  }
   *end = j;
   // strtod, not stod: a run of 400 digits is out of double's range (inf, or 0 for 0.000...1),
   // which stod would throw for, ending a run on one sampled completion.
@@ -143,14 +154,7 @@ std::optional<double> parse_number(std::string_view text) {
   }
   if (text.empty() || !starts_number(text, 0)) return std::nullopt;
   size_t end = 0;
-  std::optional<double> value = read_unsigned(text, 0, &end);
-  // An exponent (1e-7, 2.5E3) after the digits.
-  if (value && end < text.size() && (text[end] == 'e' || text[end] == 'E')) {
-    const std::string whole(text);
-    char* stop = nullptr;
-    value = std::strtod(whole.c_str(), &stop);
-    end = static_cast<size_t>(stop - whole.c_str());
-  }
+  const std::optional<double> value = read_unsigned(text, 0, &end);
   if (!value || end != text.size() || !std::isfinite(*value)) return std::nullopt;
   return sign * *value;
 }

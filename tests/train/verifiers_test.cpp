@@ -77,6 +77,13 @@ TEST(Verifiers, FindsTheLastNumberInText) {
   EXPECT_EQ(last_number("x = 1,250.5 dollars"), 1250.5);
   EXPECT_EQ(last_number("from 3 to -12."), -12.0);
   EXPECT_EQ(last_number("3-5"), 5.0);  // a minus after a digit is subtraction, not a sign
+  // An exponent belongs to its number: not the mantissa alone, not the exponent as a number.
+  EXPECT_EQ(last_number("#### 1e-7"), 1e-7);
+  EXPECT_EQ(last_number("#### 1e3"), 1000.0);
+  EXPECT_EQ(last_number("so -2.5E+3 it is"), -2500.0);
+  EXPECT_EQ(last_number("3e and 4"), 4.0);
+  EXPECT_EQ(last_number("2e"), 2.0);  // no exponent's digits: the number ends before the e
+  EXPECT_EQ(last_number("1e999"), std::numeric_limits<double>::infinity());
   EXPECT_EQ(last_number("the answer is 7, not 8"), 8.0);
   EXPECT_EQ(last_number("1, 2, 3"), 3.0);
   EXPECT_EQ(last_number("v2x"), std::nullopt);  // a digit inside a word is not a number
@@ -86,6 +93,10 @@ TEST(Verifiers, FindsTheLastNumberInText) {
 TEST(Verifiers, NumericMatchWithToleranceAndSeparators) {
   const AnswerExtraction marker;
   EXPECT_EQ(numeric_match_reward("so #### 1,234", 1234, marker, 1e-6, 0), 1.0);
+  // The reference's own text, exponent and all, matches; the mantissa alone is no answer.
+  EXPECT_EQ(numeric_match_reward("#### 1e-7", *parse_number("1e-7"), marker, 1e-9, 0), 1.0);
+  EXPECT_EQ(numeric_match_reward("#### 0", *parse_number("1e-7"), marker, 1e-9, 0), 0.0);
+  EXPECT_EQ(numeric_match_reward("#### 1e3", 1, marker, 1e-6, 0), 0.0);
   EXPECT_EQ(numeric_match_reward("#### 1234.0000001", 1234, marker, 1e-6, 0), 1.0);
   EXPECT_EQ(numeric_match_reward("#### 1234.01", 1234, marker, 1e-6, 0), 0.0);
   EXPECT_EQ(numeric_match_reward("#### 1234.01", 1234, marker, 1e-6, 1e-4), 1.0);  // rel 0.1234
