@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 
@@ -560,6 +561,38 @@ bool key_may_change_on_resume(const std::string& key) {
          key.starts_with("metrics.") || key.starts_with("parallel.");
 }
 
+bool same_setting(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  const auto number = [](const std::string& text) -> std::optional<double> {
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) return std::nullopt;
+    return v;
+  };
+  const auto x = number(a), y = number(b);
+  return x && y && *x == *y;
+}
+
+std::string changed_settings(const std::vector<std::pair<std::string, std::string>>& saved,
+                             const std::vector<std::pair<std::string, std::string>>& now) {
+  const std::map<std::string, std::string> before(saved.begin(), saved.end()),
+      after(now.begin(), now.end());
+  std::string changes;
+  const auto add = [&](const std::string& change) {
+    changes += (changes.empty() ? "" : ", ") + change;
+  };
+  for (const auto& [key, value] : after) {
+    const auto it = before.find(key);
+    if (it == before.end())
+      add(cat(key, " added (= ", value, ")"));
+    else if (!same_setting(it->second, value))
+      add(cat(key, " (", it->second, " -> ", value, ")"));
+  }
+  for (const auto& [key, value] : before)
+    if (!after.contains(key)) add(cat(key, " removed (was ", value, ")"));
+  return changes;
+}
+
 std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const TrainConfig& now) {
   return check_resume_compatible(saved.flat(), now.flat(), "docs/training.md, 'Resuming'");
 }
@@ -572,7 +605,7 @@ std::vector<std::string> check_resume_compatible(
   std::string refused;
   for (const auto& [key, value] : now) {
     const auto it = old.find(key);
-    if (it == old.end() || it->second == value) continue;
+    if (it == old.end() || same_setting(it->second, value)) continue;
     const std::string change = cat(key, " (", it->second, " -> ", value, ")");
     if (!key_may_change_on_resume(key)) {
       refused += (refused.empty() ? "" : ", ") + change;

@@ -153,6 +153,12 @@ std::string toml_doubles(const std::vector<double>& v);
 
 // Keys that may differ between a checkpoint's config and the resumed run's.
 bool key_may_change_on_resume(const std::string& key);
+// Two recorded values of a key: the same text, or numbers of equal value (0 and 0.0).
+bool same_setting(const std::string& a, const std::string& b);
+// How `now` differs from `saved`, key by key ("k (a -> b)", "k added (= v)", "k removed (was
+// v)"), comma-separated; empty when every key holds the same setting.
+std::string changed_settings(const std::vector<std::pair<std::string, std::string>>& saved,
+                             const std::vector<std::pair<std::string, std::string>>& now);
 // Throws listing every key that differs and may not change; returns warnings for those that
 // may change but alter the run (train.steps moves the schedule's end, run.threads the bits).
 std::vector<std::string> check_resume_compatible(const TrainConfig& saved, const TrainConfig& now);

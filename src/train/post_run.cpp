@@ -59,12 +59,6 @@ StepRows step_rows(const std::vector<std::pair<std::string, std::string>>& keys)
   return s;
 }
 
-std::string describe_keys(const std::vector<std::pair<std::string, std::string>>& keys) {
-  std::string s;
-  for (const auto& [k, v] : keys) s += (s.empty() ? "" : ", ") + k + " = " + v;
-  return s.empty() ? "no keys" : s;
-}
-
 // Without the template's special tokens its markup would be encoded as plain bytes: every example
 // grows long and truncates, GRPO never sees an end of turn, and chat refuses the result.
 void check_chat_markup(const PostConfig& cfg, const PostBase& b) {
@@ -233,7 +227,8 @@ PostResult post_train(const PostConfig& given, const PostOptions& o,
     // The objective's section may not change, a key added or removed included, but for the
     // same rows of a step grouped into other micro-batches.
     const StepRows before = step_rows(saved->objective_keys), now = step_rows(cfg.objective_keys);
-    if (saved->objective_keys != cfg.objective_keys && before.other_keys == now.other_keys &&
+    if (!changed_settings(saved->objective_keys, cfg.objective_keys).empty() &&
+        changed_settings(before.other_keys, now.other_keys).empty() &&
         before.rows() == now.rows()) {
       if (before.micro_batch != now.micro_batch)  // not a default written out
         log::warn_job("resume: sft.micro_batch x sft.accumulation (", before.micro_batch, " x ",
@@ -249,10 +244,10 @@ PostResult post_train(const PostConfig& given, const PostOptions& o,
          check_resume_compatible(saved->flat(*saved->architecture), resolved.flat(arch),
                                  "docs/posttraining.md, 'Checkpoints and resuming'"))
       log::warn_job("resume: ", w);
-    POLLEN_CHECK(saved->objective_keys == cfg.objective_keys, "cannot resume: [", cfg.objective,
-                 "] differs from the checkpoint's (", describe_keys(saved->objective_keys), " -> ",
-                 describe_keys(cfg.objective_keys),
-                 "); the objective's keys may not change in a resumed run (see ",
+    const std::string changed = changed_settings(saved->objective_keys, cfg.objective_keys);
+    POLLEN_CHECK(changed.empty(), "cannot resume: [", cfg.objective,
+                 "] differs from the checkpoint's: ", changed,
+                 "; the objective's keys may not change in a resumed run (see ",
                  "docs/posttraining.md, 'Checkpoints and resuming')");
   }
   // A resumed run takes its weights from the checkpoint, not from the base; under LoRA the

@@ -97,7 +97,23 @@ TEST(GrpoRun, ResumesARunWhoseSectionHasANestedVerifierTable) {
   } catch (const std::exception& e) {
     error = e.what();
   }
-  EXPECT_NE(error.find("grpo.verifier.abs_tol"), std::string::npos) << error;
+  EXPECT_NE(error.find("grpo.verifier.abs_tol (0.5 -> 0.25)"), std::string::npos) << error;
+  // So is a key added: named alone, not both sections in full.
+  const std::string added = test_support::tiny_post_toml(
+      f.dir / "run3", f.model_file, f.tokenizer_path, 4,
+      "[grpo]\ndata = \"" + f.prompts.string() +
+          "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\nmax_completion_tokens = 6\n"
+          "temperature = 0.5\n\n[grpo.verifier]\nkind = \"numeric\"\nabs_tol = 0.5\n");
+  fs::copy(run_dir, f.dir / "run3", fs::copy_options::recursive);
+  error.clear();
+  try {
+    run_grpo(added, true);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("differs from the checkpoint's: grpo.temperature added (= 0.5); "),
+            std::string::npos)
+      << error;
   fs::remove_all(f.dir);
 }
 
