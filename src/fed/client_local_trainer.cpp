@@ -129,7 +129,11 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
   lo.split = "train";
   lo.rank = comm_->rank();
   lo.world = world;
-  train_ = std::make_unique<data::Loader>(lo);
+  try {
+    train_ = std::make_unique<data::Loader>(lo);
+  } catch (const Error& e) {
+    fail("client '", config.id, "': the train split of data.manifests: ", e.what());
+  }
   if (config.train.eval_batches > 0 && has_split(config.manifests, "validation")) {
     lo.batch = config.train.micro_batch;  // every rank reads every batch and scores its share
     lo.step_batch = 0;
@@ -250,7 +254,8 @@ LocalTrainer::Result LocalTrainer::train_steps(int64_t steps) {
     if (acc.scored <= 0)
       throw RoundFailure(cat("client '", config_.id, "': a step without scored tokens"));
     if (!std::isfinite(acc.loss))
-      throw RoundFailure(cat("client '", config_.id, "': non-finite loss at local step ", step_));
+      throw RoundFailure(
+          cat("client '", config_.id, "': non-finite loss at local step ", step_ + 1));
     const int64_t scored = acc.scored;
     const double step_loss = acc.loss * static_cast<double>(scored);
     step_with_lr(sched, s);

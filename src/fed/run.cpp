@@ -1,6 +1,7 @@
 #include "fed/run.h"
 
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <thread>
 
@@ -251,7 +252,8 @@ SimulationResult run_simulation(const SimConfig& config, bool resume) {
                                     : std::nan(""));
     } else {
       int64_t tokens = 0;
-      r.eval_loss.push_back(c->round_trainer().evaluate(&tokens));
+      const double loss = c->round_trainer().evaluate(&tokens);
+      r.eval_loss.push_back(tokens > 0 ? loss : std::nan(""));  // NaN: no held-out data
     }
   }
   export_reward_model_when_done(coordinator, config.server, config.command);

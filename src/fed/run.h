@@ -26,7 +26,8 @@ struct SimulationResult {
   int64_t rounds = 0;
   Weights global;
   std::vector<std::string> clients;
-  std::vector<double> eval_loss;  // each client's validation loss of the final global model
+  // Each client's validation loss of the final global model (NaN without held-out data).
+  std::vector<double> eval_loss;
   // Post-training: the objective's headline metric (GRPO's reward; empty: the loss is the
   // headline) of the final global adapters on each silo's held-out data (NaN without one).
   std::string headline;

@@ -24,6 +24,7 @@
 #include "fed/coordinator.h"
 #include "fed/fixtures.h"
 #include "fed/grpc.h"
+#include "fed/held_out_table.h"
 #include "fed/run.h"
 #include "io/checkpoint.h"
 #include "io/model_source.h"
@@ -258,6 +259,29 @@ TEST(Simulation, ASecondServerOnTheRunFolderIsRefused) {
         << e.what();
   }
   EXPECT_FALSE(fs::exists(cfg.server.dir / "metrics.jsonl"));
+  fs::remove_all(dir);
+}
+
+// A silo without held-out data has no final loss: NaN (the table's "-"), not 0, which would read
+// as a perfect model.
+TEST(Simulation, ASiloWithoutHeldOutDataHasNoFinalLoss) {
+  Quiet q;
+  const auto dir = temp_dir("no_held_out");
+  const auto cfg = sim_config(
+      dir, {make_silo(dir / "a", 1), make_silo(dir / "b", 3, 300, /*validation_docs=*/0)}, "fedavg",
+      1, 2);
+  const auto r = run_simulation(cfg, false);
+  ASSERT_EQ(r.eval_loss.size(), 2u);
+  EXPECT_TRUE(std::isfinite(r.eval_loss[0]) && r.eval_loss[0] > 0) << r.eval_loss[0];
+  EXPECT_TRUE(std::isnan(r.eval_loss[1])) << r.eval_loss[1];
+  EXPECT_NE(held_out_table(r, "loss").find("-: the silo has no held-out data"), std::string::npos);
+  // A silo without training data is named, among many.
+  const auto empty = sim_config(
+      dir / "empty", {make_silo(dir / "a", 1), make_silo(dir / "c", 5, /*train_docs=*/0)}, "fedavg",
+      1, 2);
+  const std::string e = pollen::testing::error_of([&] { run_simulation(empty, false); });
+  EXPECT_NE(e.find("client '"), std::string::npos) << e;
+  EXPECT_NE(e.find("': the train split of data.manifests: "), std::string::npos) << e;
   fs::remove_all(dir);
 }
 
