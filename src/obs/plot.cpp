@@ -133,6 +133,7 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
   POLLEN_CHECK(in.good(), "cannot read '", file.string(), "' (is '", run.string(),
                "' a run folder of pollen train?)");
   RunCurves r;
+  r.file = file;
   // Runs are told apart by their folders (one run file with other --set values makes runs of
   // one run.name).
   // runs/r3/ (a trailing separator, as shells complete it) is named r3 as runs/r3 is, and a bare
@@ -190,8 +191,6 @@ RunCurves read_run_curves(const std::filesystem::path& run) {
     add("val_loss", r.val_loss);
     add("lr", r.lr);
   }
-  POLLEN_CHECK(!r.train_loss.x.empty() || !r.val_loss.x.empty(), "'", file.string(),
-               "' holds no loss records");
   const std::filesystem::path evals = file.parent_path() / "eval.jsonl";
   std::ifstream ein(evals);
   n = 0;

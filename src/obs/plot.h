@@ -15,11 +15,14 @@ struct Curve {
 
 struct RunCurves {
   std::string name;
+  std::filesystem::path file;  // the metrics.jsonl read
   Curve train_loss, val_loss, lr;
   std::vector<std::pair<std::string, Curve>> checkpoint_loss;  // per dataset, from eval.jsonl
+  bool has_loss() const { return !train_loss.x.empty() || !val_loss.x.empty(); }
 };
 
-// Reads <run_dir>/metrics.jsonl (or a .jsonl file itself); errors name the file and line.
+// Reads <run_dir>/metrics.jsonl (or a .jsonl file itself); errors name the file and line. A run
+// that has written no loss yet reads with no points (has_loss() false).
 RunCurves read_run_curves(const std::filesystem::path& run);
 
 // Runs whose folders share a name (silo-a/run, silo-b/run) are named by as many folders above

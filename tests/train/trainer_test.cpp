@@ -959,6 +959,25 @@ TEST(TrainCli, HelpDocumentsExitCodesAndPlotDrawsRuns) {
   EXPECT_NE(svg.find(">b</text>"), std::string::npos);
   EXPECT_NE(svg.find("stroke-dasharray"), std::string::npos);  // validation curves
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  // A run that has only just started (no loss yet) is left out beside the others, with a word;
+  // alone, it is refused.
+  fs::create_directories(run / "new");
+  write_file_atomic(run / "new" / "metrics.jsonl", "");
+  int status = 0;
+  std::string said = pollen::testing::run_capture(
+      cat(POLLEN_BINARY, " plot ", (run / "a").string(), " ", (run / "new").string(), " --output ",
+          (run / "d.svg").string(), " 2>&1"),
+      &status);
+  EXPECT_EQ(status, 0) << said;
+  EXPECT_NE(said.find("metrics.jsonl' holds no loss records yet: left out"), std::string::npos)
+      << said;
+  EXPECT_NE(read_file(run / "d.svg").find(">a</text>"), std::string::npos);
+  said = pollen::testing::run_capture(cat(POLLEN_BINARY, " plot ", (run / "new").string(),
+                                          " --output ", (run / "e.svg").string(), " 2>&1"),
+                                      &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(said.find("holds no loss records"), std::string::npos) << said;
+  EXPECT_FALSE(fs::exists(run / "e.svg"));
   fs::remove_all(run);
 }
 
