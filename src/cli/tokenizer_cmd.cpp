@@ -373,9 +373,10 @@ void add_info(CLI::App* parent) {
 void add_convert(CLI::App* parent) {
   auto* cmd = parent->add_subcommand(
       "convert",
-      "Write a tokenizer in the other format (tokenizer.json <-> tiktoken rank file); "
-      "the fingerprint stays the same (a rank file holds neither the pattern nor special "
-      "tokens: open it with --pattern and each --add-special this command names)");
+      "Write a tokenizer in the other format (tokenizer.json <-> tiktoken rank file) and print "
+      "the written file's fingerprint, the source's unless the two formats state the tokenizer "
+      "differently (then it says so); a rank file holds neither the pattern nor special tokens: "
+      "open it with --pattern and each --add-special this command names");
   struct Args {
     TokenizerArgs tok;
     std::string output;
@@ -389,8 +390,24 @@ void add_convert(CLI::App* parent) {
     tk::Tokenizer tok = open(a->tok);
     tk::save_tokenizer(tok, a->output);
     warn_specials_left_out(tok, a->output, "convert");
-    std::fprintf(stderr, "wrote %s (fingerprint %s)\n", a->output.c_str(),
-                 tok.fingerprint().c_str());
+    // The fingerprint configs need is the written file's, opened as it will be (a rank file with
+    // the pattern and the special tokens named above).
+    TokenizerArgs written{a->output, "", {}};
+    if (std::filesystem::path(a->output).extension() != ".json") {
+      written.pattern = tok.pattern();
+      for (const auto& t : tok.added_tokens())
+        written.specials.push_back(t.content + "=" + std::to_string(t.id));
+    }
+    const std::string fingerprint = open(written).fingerprint();
+    if (fingerprint != tok.fingerprint())
+      std::fprintf(stderr,
+                   "pollen tokenizer convert: '%s' reads back with fingerprint %s, not the "
+                   "source's %s: a rank file holds tiktoken's rule (a piece in the vocabulary is "
+                   "one token) and its pattern as one regex, which '%s' states otherwise; configs "
+                   "that use the written file need its fingerprint\n",
+                   a->output.c_str(), fingerprint.c_str(), tok.fingerprint().c_str(),
+                   a->tok.file.c_str());
+    std::fprintf(stderr, "wrote %s (fingerprint %s)\n", a->output.c_str(), fingerprint.c_str());
   });
 }
 

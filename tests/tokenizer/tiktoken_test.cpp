@@ -6,6 +6,8 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "support/errors.h"
+#include "support/process.h"
+#include "support/tiny_lm.h"
 #include "tokenizer/open.h"
 #include "tokenizer/peers.h"
 #include "tokenizer/tiktoken_format.h"
@@ -91,6 +93,48 @@ TEST(Tiktoken, SaveAndLoadRoundTrips) {
   Tokenizer tok = load_official(dir, KnownPattern::kGpt2);
   std::string text = tiktoken_text(tok);
   EXPECT_EQ(text, read_file(dir / "gpt2.tiktoken"));
+}
+
+// convert prints the fingerprint of the file it wrote, opened as it will be: the source's when the
+// two formats state the tokenizer alike, and otherwise the written one's, saying so (a
+// tokenizer.json merging by rank where a rank file looks whole pieces up first).
+TEST(Tiktoken, ConvertPrintsTheWrittenFilesFingerprint) {
+  POLLEN_REQUIRE_SHARED_TOKENIZERS(dir);
+  const std::string official = load_official(dir, KnownPattern::kGpt2).fingerprint();
+  const auto out = pollen::testing::unique_temp_dir("convert");
+  int status = 0;
+  std::string said = pollen::testing::run_capture(
+      cat(POLLEN_BINARY, " tokenizer convert --tokenizer ", (dir / "gpt2.tiktoken").string(),
+          " --pattern gpt2 --add-special '<|endoftext|>=50256' --output ",
+          (out / "g.json").string(), " 2>&1"),
+      &status);
+  ASSERT_EQ(status, 0) << said;
+  EXPECT_NE(said.find("(fingerprint " + official + ")"), std::string::npos) << said;
+  EXPECT_EQ(said.find("reads back"), std::string::npos) << said;
+  auto json = nlohmann::json::parse(read_file(out / "g.json"));
+  json["model"]["ignore_merges"] = false;
+  write_file_atomic(out / "ranked.json", json.dump());
+  const std::string ranked = open_tokenizer(out / "ranked.json", "").fingerprint();
+  ASSERT_NE(ranked, official);
+  said = pollen::testing::run_capture(
+      cat(POLLEN_BINARY, " tokenizer convert --tokenizer ", (out / "ranked.json").string(),
+          " --output ", (out / "g.tiktoken").string(), " 2>&1"),
+      &status);
+  ASSERT_EQ(status, 0) << said;
+  EXPECT_NE(said.find("reads back with fingerprint " + official + ", not the source's " + ranked),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("wrote " + (out / "g.tiktoken").string() + " (fingerprint " + official),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(read_file(out / "g.tiktoken"), read_file(dir / "gpt2.tiktoken"));
+  // A special token far past the ranks would make a tokenizer.json pollen refuses: refused here.
+  const std::string far = pollen::testing::error_of([&] {
+    open_tokenizer(dir / "gpt2.tiktoken", "gpt2", {{200000, "<|x|>"}});
+  });
+  EXPECT_NE(far.find("added token '<|x|>' has id 200000: ids are below "), std::string::npos)
+      << far;
+  std::filesystem::remove_all(out);
 }
 
 // A pattern name brings its encoding's special tokens with that encoding's own rank file, whose
