@@ -145,10 +145,28 @@ void add_train(CLI::App* parent) {
                    "' differs from the pattern of '", a->counts.front(), "'");
       regex = theirs;
     }
-    tk::PieceCounts counts(regex);
+    // A regex that does not compile is named by where it came from.
+    const std::string regex_from =
+        a->counts.empty() ? "--pattern" : cat("the pattern of '", a->counts.front(), "'");
+    std::optional<tk::PieceCounts> counted;
+    try {
+      counted.emplace(regex);
+    } catch (const Error& e) {
+      fail(regex_from, ": ", e.what());
+    }
+    tk::PieceCounts& counts = *counted;
     for (const std::string& input : a->inputs) counts.add_file(input, a->jsonl, a->field);
     for (const std::string& file : a->counts) counts.merge_file(file);
-    tk::Tokenizer tok = tk::train_bpe(counts, {a->vocab_size, a->specials, counts.pattern()});
+    std::optional<tk::Tokenizer> trained;
+    try {
+      trained.emplace(tk::train_bpe(counts, {a->vocab_size, a->specials, counts.pattern()}));
+    } catch (const Error& e) {
+      std::string files;
+      for (const std::string& file : a->counts)
+        files += cat(files.empty() ? "" : ", ", "'", file, "'");
+      fail(e.what(), files.empty() ? std::string() : cat(" (--counts ", files, ")"));
+    }
+    const tk::Tokenizer& tok = *trained;
     tk::save_tokenizer(tok, a->output);
     warn_specials_left_out(tok, a->output, "train");
     double seconds =
@@ -388,7 +406,11 @@ void add_convert(CLI::App* parent) {
   cmd->callback([a] {
     check_writable(a->output, "--output");
     tk::Tokenizer tok = open(a->tok);
-    tk::save_tokenizer(tok, a->output);
+    try {
+      tk::save_tokenizer(tok, a->output);
+    } catch (const Error& e) {
+      fail("'", a->tok.file, "' cannot be written as '", a->output, "': ", e.what());
+    }
     warn_specials_left_out(tok, a->output, "convert");
     // The fingerprint configs need is the written file's, opened as it will be (a rank file with
     // the pattern and the special tokens named above).
@@ -429,7 +451,9 @@ void add_bench(CLI::App* parent) {
   cmd->add_option("--field", a->field,
                   "JSONL field holding the text (a list of chat messages: their contents)")
       ->capture_default_str();
-  cmd->add_option("--repeat", a->repeat, "Best of this many runs")->capture_default_str();
+  cmd->add_option("--repeat", a->repeat, "Best of this many runs")
+      ->check(one_or_more())
+      ->capture_default_str();
   cmd->callback([a] {
     tk::Tokenizer tok = open(a->tok);
     std::vector<std::string> docs;

@@ -143,8 +143,8 @@ void read_pre_tokenizer(const Reader& r, const json& node, const std::string& wh
     const json& pattern = r.at(node, "pattern", where);
     if (!pattern.contains("Regex") && !pattern.contains("String"))
       r.fail_at(where + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+    const SplitBehavior behavior = read_behavior(r, node, where);  // names its own key
     try {
-      const SplitBehavior behavior = read_behavior(r, node, where);
       steps.push_back(pattern.contains("Regex")
                           ? PreTokenizerStep::split_on(
                                 r.text(pattern["Regex"], where + ".pattern.Regex"), behavior)

@@ -231,6 +231,21 @@ TEST(TrainerCounts, SpecialTokensSpelledLikeTokensAreRefused) {
   const std::string said = pollen::testing::run_capture(cmd, &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(said.find("--special: special token 'a' is one byte"), std::string::npos) << said;
+  // A pattern that does not compile is named by where it came from.
+  const std::string bad_pattern = pollen::testing::run_capture(
+      std::string(POLLEN_BINARY) +
+          " tokenizer train --input /dev/null --output /tmp/never.json --pattern '([a-' 2>&1",
+      &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(bad_pattern.find("--pattern: pre-tokenizer regex /([a-/ does not compile"),
+            std::string::npos)
+      << bad_pattern;
+  // bench refuses a repeat count that measures nothing.
+  pollen::testing::run_capture(std::string(POLLEN_BINARY) +
+                                   " tokenizer bench --tokenizer /dev/null --input /dev/null "
+                                   "--repeat 0 2>&1",
+                               &status);
+  EXPECT_EQ(status, 2);
 }
 
 // Ids that cannot be written (a full disk: /dev/full, behind a link so that a writer renaming
