@@ -151,8 +151,8 @@ void TokenizerRound::add_counts(const std::string& client_id, const std::string&
   }
   const fs::path file = config_.dir / "counts" / (id + ".counts");
   const fs::path tmp = config_.dir / "counts" / (id + ".counts.received");
-  write_file_atomic(tmp, bytes);
   try {
+    write_file_atomic(tmp, bytes);
     const std::string pattern = checked_counts(tmp, id, config_.clients.size());
     std::lock_guard lock(mutex_);
     check_pattern(pattern, id);
@@ -163,9 +163,10 @@ void TokenizerRound::add_counts(const std::string& client_id, const std::string&
     log::info("fed tokenizer: ", counts_.size(), " of ", config_.clients.size(),
               " silos' counts taken");
   } catch (...) {
-    fs::remove(tmp);
+    std::error_code ignored;  // the error to report is the one caught
+    fs::remove(tmp, ignored);
     std::lock_guard lock(mutex_);
-    receiving_.erase(id);
+    receiving_.erase(id);  // the silo may send again
     throw;
   }
   changed_.notify_all();

@@ -79,7 +79,7 @@ void PieceCounts::perturb(double stddev, uint64_t seed, uint64_t min_count) {
   min_count = std::max<uint64_t>(min_count, 1);
   Rng rng(seed);
   auto pieces = sorted();
-  counts_->counts.clear();
+  std::vector<std::pair<std::string, uint64_t>> noisy;  // the counts are replaced once all passed
   for (auto& [piece, n] : pieces) {
     // A piece is kept by its true count: noise first would let a rare one (a name) through
     // whenever its draw was large.
@@ -89,8 +89,10 @@ void PieceCounts::perturb(double stddev, uint64_t seed, uint64_t min_count) {
     // Noise so large that a count would pass 2^48 (which no reader accepts) is refused.
     POLLEN_CHECK(v <= static_cast<double>(kMaxPieceCount), "noise stddev ", stddev,
                  ": a noisy count reached ", v, ", over 2^48");
-    if (v >= 1) counts_->counts.emplace(std::move(piece), uint64_t(v));
+    if (v >= 1) noisy.emplace_back(std::move(piece), uint64_t(v));
   }
+  counts_->counts.clear();
+  for (auto& [piece, v] : noisy) counts_->counts.emplace(std::move(piece), v);
 }
 
 namespace {

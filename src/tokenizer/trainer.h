@@ -40,6 +40,11 @@ void check_special_tokens(const std::vector<std::string>& special_tokens, uint64
 class PieceCounts {
  public:
   explicit PieceCounts(std::string pattern);
+  // Move-only: a copy would share the count table but not the bytes read.
+  PieceCounts(PieceCounts&&) = default;
+  PieceCounts& operator=(PieceCounts&&) = default;
+  PieceCounts(const PieceCounts&) = delete;
+  PieceCounts& operator=(const PieceCounts&) = delete;
 
   // Adds every document's pieces, on all threads.
   void add_documents(std::span<const std::string_view> documents);

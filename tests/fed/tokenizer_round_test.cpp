@@ -14,6 +14,7 @@
 #include "fed/grpc.h"
 #include "fed/tokenizer_round.h"
 #include "support/errors.h"
+#include "support/file_size_limit.h"
 #include "tokenizer/open.h"
 #include "tokenizer/trainer.h"
 
@@ -199,6 +200,11 @@ TEST(FederatedTokenizer, CountsAreTakenOnceAndSurviveARestart) {
   sc.vocab_size = 300;
   {
     TokenizerRound round(sc);
+    {
+      // A server whose disk is full refuses the counts, and takes them once it has room again.
+      pollen::testing::FileSizeLimit full_disk(first.size() / 2);
+      EXPECT_THROW(round.add_counts("silo-a", "", first), std::exception);
+    }
     round.add_counts("silo-a", "", first);
     EXPECT_NO_THROW(round.add_counts("silo-a", "", first));
     const std::string e = pollen::testing::error_of([&] { round.add_counts("silo-a", "", other); });
