@@ -1,10 +1,8 @@
 #include "io/safetensors.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -12,6 +10,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/json_depth.h"
+#include "io/folder_swap.h"
 
 namespace pollen::io {
 
@@ -90,18 +89,6 @@ WriteStats write_safetensors(const std::filesystem::path& path, const NamedTenso
   s.serialise_s += laid_out.count();
   return s;
 }
-
-namespace {
-
-void sync_folder(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  POLLEN_CHECK(fd >= 0, "cannot open folder '", dir.string(), "': ", std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  POLLEN_CHECK(rc == 0, "cannot sync folder '", dir.string(), "': ", std::strerror(errno));
-}
-
-}  // namespace
 
 WriteStats write_safetensors_atomic(const std::filesystem::path& path, const NamedTensors& tensors,
                                     const std::map<std::string, std::string>& metadata) {

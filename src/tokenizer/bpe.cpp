@@ -133,7 +133,7 @@ BpeModel::~BpeModel() = default;
 
 const std::vector<Merge>& BpeModel::merges() const {
   std::call_once(*merges_once_, [this] {
-    std::vector<std::pair<uint32_t, Merge>> by_rank;
+    // A rank is an id: visiting the ids in order lists the merges in rank order.
     std::vector<uint32_t> symbols;
     for (uint32_t id = 0; id < vocab_.id_end(); ++id) {
       if (!vocab_.contains(id) || vocab_.bytes(id).size() < 2) continue;
@@ -142,9 +142,8 @@ const std::vector<Merge>& BpeModel::merges() const {
       merge_symbols(symbols, id);
       POLLEN_CHECK(symbols.size() == 2, "token ", id, " cannot be made by merging two tokens of ",
                    "lower rank, so the ranks do not form a BPE merge list");
-      by_rank.push_back({id, Merge{symbols[0], symbols[1]}});
+      merges_.push_back(Merge{symbols[0], symbols[1]});
     }
-    for (auto& [rank, merge] : by_rank) merges_.push_back(merge);
   });
   return merges_;
 }

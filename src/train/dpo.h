@@ -43,7 +43,6 @@ class DpoObjective : public Objective {
   nlohmann::ordered_json state() const override;
   void restore(const nlohmann::ordered_json& state) override;
 
-  const PreferenceLossOptions& loss_options() const { return loss_; }
   // The pairs' reference log-probabilities, computed (or read from the run folder's cache) with
   // `model` the first time they are needed.
   const ReferenceLogps& references(const model::Llama& model);

@@ -106,9 +106,6 @@ class GrpoObjective : public Objective {
 
   // The KL reference; set from `reference` when the section names one (and beta > 0).
   void set_reference(std::shared_ptr<const model::Llama> reference);
-  // The `reference` spec as the run uses it (a run folder pinned to its checkpoint); empty when
-  // the reference is not loaded from the section.
-  const std::string& pinned_reference() const { return pinned_reference_; }
 
   std::string name() const override { return "grpo"; }
   // The loss is about 0 by construction (advantages have mean 0 within each group); the mean
@@ -157,6 +154,8 @@ class GrpoObjective : public Objective {
   void load_reference(const std::string& spec);
 
   std::shared_ptr<const model::Llama> reference_;
+  // The `reference` spec as the run uses it (a run folder pinned to its checkpoint); empty when
+  // the reference is not loaded from the section.
   std::string pinned_reference_;
   Rollouts rollouts_;
   RankShare share_;

@@ -88,7 +88,6 @@ class SftObjective : public Objective {
   void restore(const nlohmann::ordered_json& state) override;
 
   const std::vector<SftExample>& train_examples() const { return train_; }
-  const std::vector<SftExample>& validation_examples() const { return validation_; }
 
  private:
   std::vector<int64_t> epoch_order(int64_t epoch) const;

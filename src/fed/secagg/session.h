@@ -132,7 +132,6 @@ class ServerSession {
   std::vector<uint64_t> unmasked_sum() const;
   // What the server holds of the inputs: their running masked sum.
   const std::vector<uint64_t>& masked_sum() const { return masked_sum_; }
-  std::vector<std::string> input_senders() const { return {inputs_.begin(), inputs_.end()}; }
   size_t threshold() const { return threshold_; }
 
   // Fails the round with `why` (logged, and the failure() after the round's name): for a check
