@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/files.h"
 #include "base/hash.h"
+#include "train/config.h"
 #include "train/data_key.h"
 #include "train/jsonl_data.h"
 
@@ -15,10 +16,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
 namespace {
-
-fs::path resolve(const fs::path& base, const std::string& p) {
-  return fs::path(p).is_absolute() || base.empty() ? fs::path(p) : base / p;
-}
 
 // Every number of the architecture that the forward reads.
 std::string architecture_key(const model::LlamaConfig& c) {
@@ -59,9 +56,9 @@ ag::Var completion_logps(const model::Llama& model, const SequenceBatch& batch) 
 
 DpoObjective::DpoObjective(ObjectiveContext context) : context_(std::move(context)) {
   ConfigTable& s = context_.section;
-  data_path_ = resolve(context_.base_dir, s.require_string("data"));
+  data_path_ = resolve_config_path(context_.base_dir, s.require_string("data"));
   const std::string validation = s.get_string("validation", "");
-  if (!validation.empty()) eval_path_ = resolve(context_.base_dir, validation);
+  if (!validation.empty()) eval_path_ = resolve_config_path(context_.base_dir, validation);
   const double validation_fraction = s.get_double("validation_fraction", 0.0);
   POLLEN_CHECK(validation.empty() != (validation_fraction == 0), s.where("validation"),
                ": held-out pairs come from validation (a file) or validation_fraction (of data); "

@@ -14,6 +14,7 @@
 #include "model/generate.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/open.h"
+#include "train/config.h"
 #include "train/data_key.h"
 #include "train/jsonl_data.h"
 #include "train/reward.h"
@@ -37,11 +38,6 @@ int64_t positive(ConfigTable& section, const std::string& key, int64_t fallback)
   const int64_t v = section.get_int(key, fallback);
   POLLEN_CHECK(v >= 1, section.where(key), ": must be >= 1, got ", v);
   return v;
-}
-
-std::filesystem::path resolve(const std::filesystem::path& base_dir, const std::string& p) {
-  const std::filesystem::path path(p);
-  return path.is_absolute() ? path : base_dir / path;
 }
 
 // The model's input and targets for a group of completions: row r is prompt + completion, its
@@ -163,9 +159,9 @@ std::vector<uint32_t> stop_tokens_for(const tokenizer::Tokenizer& tokenizer,
 GrpoOptions read_grpo_options(ConfigTable& section, const std::filesystem::path& base_dir,
                               RewardFunction* verifier) {
   GrpoOptions o;
-  o.data = resolve(base_dir, section.require_string("data"));
+  o.data = resolve_config_path(base_dir, section.require_string("data"));
   const std::string eval_data = section.get_string("eval_data", "");  // "": none, the default
-  if (!eval_data.empty()) o.eval_data = resolve(base_dir, eval_data);
+  if (!eval_data.empty()) o.eval_data = resolve_config_path(base_dir, eval_data);
   o.eval_prompts = section.get_int("eval_prompts", 0);
   POLLEN_CHECK(o.eval_prompts >= 0, section.where("eval_prompts"), ": must be >= 0");
   o.group_size = positive(section, "group_size", o.group_size);
@@ -196,11 +192,11 @@ GrpoOptions read_grpo_options(ConfigTable& section, const std::filesystem::path&
   o.aggregation = aggregation_named(section);
   o.scale_rewards = section.get_bool("scale_rewards", o.scale_rewards);
   o.reference = section.get_string("reference", "");
-  if (!o.reference.empty() && std::filesystem::exists(resolve(base_dir, o.reference)))
-    o.reference = resolve(base_dir, o.reference).string();
+  if (!o.reference.empty() && std::filesystem::exists(resolve_config_path(base_dir, o.reference)))
+    o.reference = resolve_config_path(base_dir, o.reference);
 
   if (section.has("reward_model")) {
-    o.reward_model = resolve(base_dir, section.get_string("reward_model", ""));
+    o.reward_model = resolve_config_path(base_dir, section.get_string("reward_model", ""));
     POLLEN_CHECK(std::filesystem::is_regular_file(o.reward_model / "config.json"),
                  section.where("reward_model"), ": '", o.reward_model.string(),
                  "' is not a reward model's folder (no config.json; `pollen rm` writes one as "

@@ -11,6 +11,7 @@
 #include "io/model_source.h"
 #include "io/safetensors.h"
 #include "tokenizer/open.h"
+#include "train/config.h"
 #include "train/data_key.h"
 #include "train/jsonl_data.h"
 
@@ -19,10 +20,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::ordered_json;
 
 namespace {
-
-fs::path resolve(const fs::path& base, const std::string& p) {
-  return fs::path(p).is_absolute() || base.empty() ? fs::path(p) : base / p;
-}
 
 void refuse_pad_token(const std::vector<PreferencePair>& pairs, uint32_t pad,
                       const fs::path& file) {
@@ -54,7 +51,7 @@ ag::Var sequence_rewards(const model::Llama& model, const ag::Var& score,
 
 RewardObjective::RewardObjective(ObjectiveContext context) : context_(std::move(context)) {
   ConfigTable& s = context_.section;
-  const fs::path data = resolve(context_.base_dir, s.require_string("data"));
+  const fs::path data = resolve_config_path(context_.base_dir, s.require_string("data"));
   const std::string validation = s.get_string("validation", "");
   const double validation_fraction = s.get_double("validation_fraction", 0.0);
   POLLEN_CHECK(validation.empty() != (validation_fraction == 0), s.where("validation"),
@@ -69,8 +66,9 @@ RewardObjective::RewardObjective(ObjectiveContext context) : context_(std::move(
   pad_token_id_ = rm_pad_token_id(s, *context_.tokenizer);
   s.finish();
 
-  const fs::path eval_path =
-      validation.empty() ? fs::path() : resolve(context_.base_dir, validation);
+  const fs::path eval_path = validation.empty()
+                                 ? fs::path()
+                                 : fs::path(resolve_config_path(context_.base_dir, validation));
 
   const SequenceFormat format{context_.tokenizer, context_.chat_format, context_.max_seq};
   train_pairs_ = read_preference_pairs(data, format);

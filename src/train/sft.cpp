@@ -6,6 +6,7 @@
 #include "autograd/tape.h"
 #include "base/error.h"
 #include "base/log.h"
+#include "train/config.h"
 #include "train/data_key.h"
 #include "train/jsonl_data.h"
 #include "train/trainer.h"
@@ -177,14 +178,10 @@ model::Batch make_packed_batch(const std::vector<SftExample>& examples,
 }
 
 SftSettings read_sft_settings(ConfigTable& s, const fs::path& base_dir, int64_t max_seq) {
-  auto resolve = [&](const std::string& p) {
-    const fs::path path(p);
-    return base_dir.empty() || path.is_absolute() ? path : (base_dir / path).lexically_normal();
-  };
   SftSettings c;
-  c.data = resolve(s.require_string("data"));
+  c.data = resolve_config_path(base_dir, s.require_string("data"));
   const std::string validation = s.get_string("validation", "");
-  if (!validation.empty()) c.validation = resolve(validation);
+  if (!validation.empty()) c.validation = resolve_config_path(base_dir, validation);
   c.validation_fraction = s.get_double("validation_fraction", validation.empty() ? 0.05 : 0.0);
   POLLEN_CHECK(c.validation_fraction >= 0 && c.validation_fraction < 1,
                s.where("validation_fraction"), ": expected [0, 1)");
