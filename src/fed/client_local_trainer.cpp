@@ -115,10 +115,20 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
   }
   // A step is the same global batch at any world size: each micro-step reads a global
   // micro-batch of micro_batch x ranks rows and this rank takes its micro_batch of them.
-  POLLEN_CHECK(config.train.accumulation % world == 0, "client '", config.id,
-               "': train.accumulation (", config.train.accumulation,
-               ") is not a multiple of the silo's ranks (", world,
-               "): each rank reads train.micro_batch rows per micro-step");
+  if (config.train.accumulation % world != 0) {
+    // What would fit: the same rows a step, split so that the micro-steps divide among the ranks.
+    const int64_t rows = config.train.micro_batch * config.train.accumulation;
+    std::string fits;
+    for (int64_t accumulation = world; accumulation <= rows; accumulation += world)
+      if (rows % accumulation == 0)
+        fits += cat(fits.empty() ? "" : ", ", rows / accumulation, " x ", accumulation);
+    fail("client '", config.id, "': train.accumulation (", config.train.accumulation,
+         ") is not a multiple of the silo's ranks (", world,
+         "): each rank reads train.micro_batch rows per micro-step; ",
+         fits.empty() ? cat("no split of a step's ", rows, " rows divides among ", world, " ranks")
+                      : cat("a step of the same ", rows,
+                            " rows as train.micro_batch x train.accumulation: ", fits));
+  }
   micro_steps_ = config.train.accumulation / world;
   data::LoaderOptions lo;
   lo.manifests = paths(config.manifests);

@@ -403,6 +403,22 @@ TEST(FederatedSilo, AnErrorOnOneRankEndsTheSilosJobWithThatError) {
   fs::remove_all(f.dir);
 }
 
+// A step's micro-steps that do not divide among the silo's ranks are refused before joining,
+// saying which splits of the step's rows would.
+TEST(FederatedSilo, AStepThatDoesNotSplitAmongTheRanksIsRefusedNamingWhatWould) {
+  const Federation f = write_federation("no_split");
+  const Outcome three = run_client(f, 3);
+  EXPECT_EQ(three.exit_code, 1) << three.output;
+  EXPECT_NE(three.output.find("client 'silo-0': train.accumulation (2) is not a multiple of the "
+                              "silo's ranks (3)"),
+            std::string::npos)
+      << three.output;
+  EXPECT_NE(three.output.find("no split of a step's 4 rows divides among 3 ranks"),
+            std::string::npos)
+      << three.output;
+  fs::remove_all(f.dir);
+}
+
 TEST(FederatedSilo, TwoRanksShareTheFirstMomentsOfOneProcess) {
   // strategy.first_moments with a second client (silo-1, one process, its own data), so that the
   // federation's first moments are not silo-0's own: round 2 starts from their average on every
