@@ -47,10 +47,12 @@ inline CLI::Validator key_equals_value() {
       "KEY=VALUE");
 }
 
-// The --set values as they were given ("--set k=v"): what the ranks of a job compare.
-inline std::vector<std::string> set_options(const std::vector<std::string>& sets) {
+// The options the ranks of a job compare: the --set values as they were given ("--set k=v") and
+// --resume (ranks that resume and ranks that start afresh would fall out of step).
+inline std::vector<std::string> rank_options(const std::vector<std::string>& sets, bool resume) {
   std::vector<std::string> options;
   for (const std::string& set : sets) options.push_back("--set " + set);
+  if (resume) options.push_back("--resume");
   return options;
 }
 

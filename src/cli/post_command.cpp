@@ -51,7 +51,8 @@ void add_post_run_options(CLI::App* cmd, const std::string& objective,
     o.resume = *resume;
     o.comm = comm.get();
     run_as_job(*comm, [&]() -> train::RunResult {
-      dist::check_ranks_run_the_same(*comm, {*config, set_options(*sets), {}});
+      dist::check_ranks_run_the_same(*comm,
+                                     {*config, rank_options(*sets, *resume), cfg.data_files()});
       return run(cfg, o);
     });
   });

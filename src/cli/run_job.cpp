@@ -1,6 +1,7 @@
 #include "cli/run_job.h"
 
 #include <exception>
+#include <string>
 
 #include "base/log.h"
 #include "cli/commands.h"
@@ -13,15 +14,20 @@ void run_as_job(dist::Communicator& comm, const std::function<train::RunResult()
     r = run();
   } catch (const std::exception& e) {
     if (comm.world() == 1) throw;
-    log::error("rank ", comm.rank(), ": ", e.what());
+    // Named by rank, once: many messages of a rank's own trouble name it already.
+    const std::string what = e.what();
+    log::error(what.starts_with(cat("rank ", comm.rank(), " ")) ||
+                       what.starts_with(cat("rank ", comm.rank(), ":"))
+                   ? what
+                   : cat("rank ", comm.rank(), ": ", what));
     comm.abort_job(static_cast<int>(train::RunStatus::failed));
   }
   switch (r.status) {
     case train::RunStatus::finished:
       log::info(r.message);
       break;
-    case train::RunStatus::preempted:
-      log::warn(r.message);
+    case train::RunStatus::preempted:  // every rank stopped at the same step
+      log::warn_job(r.message);
       break;
     case train::RunStatus::failed:
       log::error(r.message);

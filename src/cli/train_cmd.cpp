@@ -58,7 +58,7 @@ void add_train_command(CLI::App& app) {
     std::vector<std::filesystem::path> data(cfg.manifests.begin(), cfg.manifests.end());
     data.insert(data.end(), cfg.validation_manifests.begin(), cfg.validation_manifests.end());
     run_as_job(*comm, [&] {
-      dist::check_ranks_run_the_same(*comm, {*config, set_options(*sets), data});
+      dist::check_ranks_run_the_same(*comm, {*config, rank_options(*sets, *resume), data});
       return train::run_training(cfg, o);
     });
   });

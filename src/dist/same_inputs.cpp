@@ -1,5 +1,6 @@
 #include "dist/same_inputs.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -9,10 +10,27 @@
 
 namespace pollen::dist {
 
+namespace {
+
+// Between the parts of a rank's inputs (a character no run file, option or hash line holds).
+constexpr char kPartSeparator[] = "\x1e\n";
+
+// The part's text up to the next separator, from `at` (moved past it).
+std::string next_part(const std::string& text, size_t& at) {
+  const size_t end = std::min(text.find(kPartSeparator, at), text.size());
+  std::string part = text.substr(at, end - at);
+  at = end == text.size() ? end : end + 2;
+  return part;
+}
+
+}  // namespace
+
 std::string rank_inputs_text(const RankInputs& inputs) {
   std::string text = read_file(inputs.run_file);
   if (!text.empty() && text.back() != '\n') text += '\n';
+  text += kPartSeparator;
   for (const std::string& option : inputs.options) text += option + "\n";
+  text += kPartSeparator;
   for (size_t i = 0; i < inputs.data_files.size(); ++i)
     text += cat("data file ", i + 1, " of ", inputs.data_files.size(), ", SHA-256 ",
                 sha256_file(inputs.data_files[i]), "\n");
@@ -36,6 +54,27 @@ std::string first_difference(const std::string& root, const std::string& mine, i
   }
 }
 
+std::string inputs_difference(const RankInputs& inputs, const std::string& root,
+                              const std::string& mine, int rank) {
+  size_t at_root = 0, at_mine = 0;
+  for (const std::string part : {"run file", "options", "data"}) {
+    const std::string within =
+        first_difference(next_part(root, at_root), next_part(mine, at_mine), rank);
+    if (within.empty()) continue;
+    if (part == "run file") return cat(inputs.run_file.string(), ", ", within);
+    // An option's or a data file's line number says nothing but which data file it is: this
+    // rank's copy is named (nodes may mount the data elsewhere, so paths are not compared).
+    const size_t line = std::stoul(within.substr(std::string("line ").size()));
+    const std::string lines = within.substr(within.find(": ") + 2);
+    if (part == "options") return cat("the command's options: ", lines);
+    return cat("the data: ", lines,
+               line <= inputs.data_files.size()
+                   ? cat(" (this rank's copy: '", inputs.data_files[line - 1].string(), "')")
+                   : std::string());
+  }
+  return {};
+}
+
 namespace {
 
 // Rank 0's `text`, sent to every rank as 8 bytes per value.
@@ -55,7 +94,8 @@ std::string broadcast_text(Communicator& comm, const std::string& text) {
 void check_ranks_run_the_same(Communicator& comm, const RankInputs& inputs) {
   if (comm.world() == 1) return;
   const std::string mine = rank_inputs_text(inputs);
-  const std::string difference = first_difference(broadcast_text(comm, mine), mine, comm.rank());
+  const std::string difference =
+      inputs_difference(inputs, broadcast_text(comm, mine), mine, comm.rank());
   std::vector<double> differs(static_cast<size_t>(comm.world()), 0.0);
   differs[static_cast<size_t>(comm.rank())] = difference.empty() ? 0.0 : 1.0;
   comm.all_reduce_sum(differs, "whether the ranks run the same run file and data");
@@ -63,10 +103,10 @@ void check_ranks_run_the_same(Communicator& comm, const RankInputs& inputs) {
   for (int r = 0; r < comm.world(); ++r)
     if (differs[static_cast<size_t>(r)] != 0) ranks += cat(ranks.empty() ? "" : ", ", r);
   if (ranks.empty()) return;
-  POLLEN_CHECK(difference.empty(), "rank ", comm.rank(), " runs another run file, --set values or ",
-               "data than rank 0 (", inputs.run_file.string(), ", ", difference,
+  POLLEN_CHECK(difference.empty(), "rank ", comm.rank(), " runs another run file, options or ",
+               "data than rank 0 (", difference,
                "): every rank must run the same (a stale copy on one node?)");
-  fail("rank(s) ", ranks, " run another run file, --set values or data than rank 0 (each names ",
+  fail("rank(s) ", ranks, " run another run file, options or data than rank 0 (each names ",
        "what differs); every rank must run the same");
 }
 

@@ -19,12 +19,18 @@ struct RankInputs {
   std::vector<std::filesystem::path> data_files;
 };
 
-// The text the ranks compare: the run file, each option, and each data file's SHA-256.
+// The text the ranks compare: the run file, each option, and each data file's SHA-256, in three
+// parts.
 std::string rank_inputs_text(const RankInputs& inputs);
 
 // The first line where `mine` differs from `root`'s, as "line N: rank 0 has '...', rank R has
 // '...'"; empty when they are the same.
 std::string first_difference(const std::string& root, const std::string& mine, int rank);
+
+// Where rank `rank`'s inputs text `mine` first differs from rank 0's `root`: the run file's line,
+// the option, or the data file (this rank's path named); empty when they are the same.
+std::string inputs_difference(const RankInputs& inputs, const std::string& root,
+                              const std::string& mine, int rank);
 
 // A collective: rank 0 sends its inputs' text to the others, and every rank fails (so that the
 // job ends with exit 1 before its first step) when any differs, the rank that differs naming the

@@ -62,6 +62,16 @@ ConfigTable PostConfig::objective_section() const {
   return *root.table(objective);
 }
 
+std::vector<fs::path> PostConfig::data_files() const {
+  ConfigTable section = objective_section();
+  std::vector<fs::path> files;
+  for (const char* key : {"data", "validation", "eval_data"}) {
+    const std::string path = section.has(key) ? section.get_string(key, "") : "";
+    if (!path.empty()) files.emplace_back(resolve_config_path(base_dir, path));
+  }
+  return files;
+}
+
 PostConfig parse_post_config(const std::string& text, const std::string& source,
                              const std::string& objective,
                              const std::vector<std::string>& overrides, const fs::path& base_dir) {

@@ -50,6 +50,9 @@ struct PostConfig : LoopSettings {
   std::filesystem::path base_dir;  // relative paths in the objective's section are from here
 
   ConfigTable objective_section() const;
+  // The files the objective reads its examples from (its data, validation and eval_data keys),
+  // resolved: what the ranks of a job compare.
+  std::vector<std::filesystem::path> data_files() const;
 
   // Every key with its resolved value; `architecture` (the base's) is written into [model] so
   // that the resolved config of a checkpoint is a model that io::resolve_model can open.

@@ -141,8 +141,12 @@ void LoopCounters::restore(const nlohmann::ordered_json& st) {
 RunResult rank_failed_result(const std::string& failure, const fs::path& run_dir) {
   RunResult r;
   r.status = RunStatus::rank_failed;
-  r.message = cat(failure, "; stopping the job. Rerun it with --resume to continue from the ",
-                  "last checkpoint under '", (run_dir / "checkpoints").string(), "'");
+  const fs::path checkpoints = run_dir / "checkpoints";
+  r.message = io::list_checkpoints(checkpoints).empty()
+                  ? cat(failure, "; stopping the job. It wrote no checkpoint yet ('",
+                        checkpoints.string(), "'): rerun it (with --resume, it starts at step 0)")
+                  : cat(failure, "; stopping the job. Rerun it with --resume to continue from the ",
+                        "last checkpoint under '", checkpoints.string(), "'");
   return r;
 }
 

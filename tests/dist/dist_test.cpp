@@ -811,6 +811,35 @@ TEST(SameInputs, TheFirstDifferingLineIsNamed) {
             "line 2: rank 0 has nothing, rank 1 has '--set x=1'");
 }
 
+// What differs is named by where it is: the run file's line, the option, or the data file with
+// this rank's copy of it.
+TEST(SameInputs, TheRunFileOptionOrDataFileThatDiffersIsNamed) {
+  const fs::path d = temp_dir("same_inputs");
+  write_file_atomic(d / "run.toml", "a = 1\n");
+  write_file_atomic(d / "train.json", "train");
+  write_file_atomic(d / "valid.json", "valid");
+  const dist::RankInputs root{d / "run.toml", {"--set x=1"}, {d / "train.json", d / "valid.json"}};
+  const std::string root_text = dist::rank_inputs_text(root);
+  EXPECT_EQ(dist::inputs_difference(root, root_text, root_text, 1), "");
+  dist::RankInputs resumed = root;
+  resumed.options.push_back("--resume");
+  EXPECT_EQ(dist::inputs_difference(resumed, root_text, dist::rank_inputs_text(resumed), 1),
+            "the command's options: rank 0 has nothing, rank 1 has '--resume'");
+  write_file_atomic(d / "stale.json", "stale");
+  dist::RankInputs stale = root;
+  stale.data_files[1] = d / "stale.json";
+  const std::string e = dist::inputs_difference(stale, root_text, dist::rank_inputs_text(stale), 1);
+  EXPECT_NE(e.find("the data: rank 0 has 'data file 2 of 2, SHA-256 "), std::string::npos) << e;
+  EXPECT_NE(e.find("(this rank's copy: '" + (d / "stale.json").string() + "')"), std::string::npos)
+      << e;
+  write_file_atomic(d / "other.toml", "a = 2\n");
+  dist::RankInputs other = root;
+  other.run_file = d / "other.toml";
+  EXPECT_EQ(dist::inputs_difference(other, root_text, dist::rank_inputs_text(other), 1),
+            (d / "other.toml").string() + ", line 1: rank 0 has 'a = 1', rank 1 has 'a = 2'");
+  fs::remove_all(d);
+}
+
 // A rank that runs another run file than rank 0 (a stale copy on its node) ends the job before
 // its first step, naming the line that differs, instead of training another model unseen.
 TEST(DataParallel, ARankWithAnotherRunFileEndsTheJobNamingTheLine) {
@@ -827,7 +856,7 @@ TEST(DataParallel, ARankWithAnotherRunFileEndsTheJobNamingTheLine) {
   int status = 0;
   const std::string out = pollen::testing::run_capture(cmd, &status);
   EXPECT_NE(status, 0) << out;
-  EXPECT_NE(out.find("rank 1 runs another run file, --set values or data than rank 0"),
+  EXPECT_NE(out.find("rank 1 runs another run file, options or data than rank 0"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("rank 0 has 'seed = 7', rank 1 has 'seed = 8'"), std::string::npos) << out;
@@ -898,6 +927,12 @@ TEST(DataParallel, RankHungInBackwardIsNamedThoughItStartedTheBucketWaitedFor) {
                              "this rank started after it (dead or hung since"),
             std::string::npos)
       << hung.output;
+  // Before the first checkpoint a rerun starts again, and the message says so.
+  EXPECT_NE(hung.output.find("It wrote no checkpoint yet"), std::string::npos) << hung.output;
+  EXPECT_EQ(hung.output.find("to continue from the last checkpoint"), std::string::npos)
+      << hung.output;
+  // One "rank 1: " for a message that names its rank already.
+  EXPECT_EQ(hung.output.find("rank 1: rank 1"), std::string::npos) << hung.output;
 }
 
 TEST(DataParallel, SingleProcessNeedsNoLauncher) {
