@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "base/files.h"
 #include "base/thread_pool.h"
 #include "cli/commands.h"
 #include "io/checkpoint.h"
@@ -18,6 +19,12 @@
 #include "train/trainer.h"
 
 namespace pollen::cli {
+
+namespace {
+
+constexpr char kBenchConfig[] = "# bench\n";  // the config.toml of the bench's checkpoint
+
+}  // namespace
 
 void add_bench_checkpoint_command(CLI::App& app) {
   CLI::App* bench = app.get_subcommand("bench");
@@ -36,9 +43,12 @@ void add_bench_checkpoint_command(CLI::App& app) {
   cmd->callback([model, dir, keep] {
     // The bench's checkpoint is step 1 of random weights: a run's own step 1 must not be replaced
     // by it (and then deleted).
+    // The bench's own (--keep) is recognised by its config.
     const std::filesystem::path target = std::filesystem::path(*dir) / io::checkpoint_name(1);
-    POLLEN_CHECK(!std::filesystem::exists(target), "--dir '", *dir, "' already holds '",
-                 target.string(),
+    const bool benches = !std::filesystem::exists(target) ||
+                         (std::filesystem::is_regular_file(target / "config.toml") &&
+                          read_file(target / "config.toml") == kBenchConfig);
+    POLLEN_CHECK(benches, "--dir '", *dir, "' already holds '", target.string(),
                  "' (a run's checkpoint?): the bench writes its own step 1 there; give an empty "
                  "folder or a new one");
     const auto cfg = model::resolve_config(*model);
@@ -46,7 +56,7 @@ void add_bench_checkpoint_command(CLI::App& app) {
     optim::AdamW opt(m.parameters(), optim::AdamWOptions{});
     nlohmann::ordered_json state{{"step", 1}};
     const std::clock_t cpu0 = std::clock();  // user + system time of all threads
-    const auto w = train::write_checkpoint(*dir, 1, m, opt, state, "# bench\n");
+    const auto w = train::write_checkpoint(*dir, 1, m, opt, state, kBenchConfig);
     const double cpu_s = static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
     nlohmann::ordered_json j;
     const double mb = static_cast<double>(w.stats.bytes) / 1e6;

@@ -117,15 +117,17 @@ LocalTrainer::LocalTrainer(const ClientConfig& config, dist::Communicator* comm)
   // micro-batch of micro_batch x ranks rows and this rank takes its micro_batch of them.
   if (config.train.accumulation % world != 0) {
     // What would fit: the same rows a step, split so that the micro-steps divide among the ranks.
-    const int64_t rows = config.train.micro_batch * config.train.accumulation;
+    int64_t rows = 0;
     std::string fits;
-    for (int64_t accumulation = world; accumulation <= rows; accumulation += world)
-      if (rows % accumulation == 0)
-        fits += cat(fits.empty() ? "" : ", ", rows / accumulation, " x ", accumulation);
+    if (!__builtin_mul_overflow(config.train.micro_batch, config.train.accumulation, &rows) &&
+        rows <= (int64_t{1} << 20))  // a step's rows, within what a search may go through
+      for (int64_t accumulation = world; accumulation <= rows; accumulation += world)
+        if (rows % accumulation == 0)
+          fits += cat(fits.empty() ? "" : ", ", rows / accumulation, " x ", accumulation);
     fail("client '", config.id, "': train.accumulation (", config.train.accumulation,
          ") is not a multiple of the silo's ranks (", world,
          "): each rank reads train.micro_batch rows per micro-step; ",
-         fits.empty() ? cat("no split of a step's ", rows, " rows divides among ", world, " ranks")
+         fits.empty() ? cat("give a train.accumulation that is a multiple of ", world)
                       : cat("a step of the same ", rows,
                             " rows as train.micro_batch x train.accumulation: ", fits));
   }

@@ -143,6 +143,7 @@ void TokenizerRound::add_counts(const std::string& client_id, const std::string&
     // same counts again (a silo that retried) are taken as the ones on file; other counts are
     // refused, so that no silo's counts are merged twice or averaged over two noisy copies.
     std::lock_guard lock(mutex_);
+    if (!gave_up_.empty()) fail(gave_up_);  // counts come too late to be trained on
     const auto held = counts_.find(id);
     if (held != counts_.end() && read_file(held->second) == bytes) return;
     POLLEN_CHECK(held == counts_.end() && !receiving_.count(id), "counts: client '", id,
@@ -321,13 +322,19 @@ std::string run_counts_client(const CountsClientOptions& o) {
   const fs::path kept =
       o.counts_file.empty() ? fs::path(o.output.string() + ".counts") : o.counts_file;
   check_writable(o.output.string(), "--output");  // before the counting, which can take long
-  check_writable(kept.string(), o.counts_file.empty() ? "--output" : "--counts-file");
+  if (!fs::exists(kept))
+    check_writable(kept.string(), o.counts_file.empty() ? "--output" : "--counts-file");
   // What the kept counts were made with, beside them: a rerun asking for other counts (noise added
-  // after a first try failed, say) is refused rather than sending the kept ones unnoticed.
+  // after a first try failed, say) is refused rather than sending the kept ones unnoticed. The
+  // inputs count as the files they are, in any order and however their paths are spelled.
   const fs::path made_path = kept.string() + ".made";
-  std::string made = cat("--noise-stddev ", o.noise_stddev, " --min-count ", o.min_count,
-                         o.jsonl ? cat(" --jsonl --field ", o.field) : std::string());
-  for (const auto& input : o.inputs) made += cat(" --input ", fs::absolute(input).string());
+  std::string made =
+      cat("--noise-stddev ", o.noise_stddev, " --min-count ", std::max<uint64_t>(o.min_count, 1),
+          o.jsonl ? cat(" --jsonl --field ", o.field) : std::string());
+  std::vector<std::string> inputs;
+  for (const auto& input : o.inputs) inputs.push_back(fs::weakly_canonical(input).string());
+  std::ranges::sort(inputs);
+  for (const auto& input : inputs) made += cat(" --input ", input);
   tokenizer::PieceCounts counts(tokenizer::pattern_regex(o.pattern));
   if (fs::exists(kept)) {
     try {

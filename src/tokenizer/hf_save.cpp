@@ -5,6 +5,7 @@
 #include "base/files.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/hf_format.h"
+#include "tokenizer/vocab.h"
 
 namespace pollen::tokenizer {
 namespace {
@@ -242,6 +243,14 @@ std::string hf_json_text(const Tokenizer& tok) {
 }
 
 void save_hf_json(const Tokenizer& tokenizer, const std::filesystem::path& path) {
+  // A tokenizer.json is read with its ids below its tokens plus 65536 (vocab.h): a special token
+  // given a rank file far past its ranks would make a file no reader takes.
+  const uint64_t tokens = tokenizer.model().vocab().size() + tokenizer.added_tokens().size();
+  for (const AddedToken& t : tokenizer.added_tokens())
+    POLLEN_CHECK(t.id < token_id_limit(tokens), "cannot write '", path.string(), "': added token '",
+                 t.content, "' has id ", t.id, ", and a tokenizer.json's ids are below ",
+                 token_id_limit(tokens), " (its ", tokens, " tokens plus ", kMaxIdsPastTokens,
+                 "); keep the rank file, or give the token an id past its ranks");
   write_file_atomic(path, hf_json_text(tokenizer));
 }
 

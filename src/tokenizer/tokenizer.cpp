@@ -20,14 +20,10 @@ Tokenizer::Tokenizer(BpeModel model, Normalizer normalizer, PreTokenizer pre_tok
       decoder_(std::move(decoder)) {
   std::unordered_map<uint32_t, const AddedToken*> by_id;
   std::unordered_map<std::string_view, const AddedToken*> by_content;
-  // The limit a tokenizer.json's ids are read under (vocab.h), so that every tokenizer pollen
-  // opens is one it can write and read back.
-  const uint32_t id_limit = token_id_limit(model_.vocab().size() + added_.size());
   for (const AddedToken& t : added_) {
     POLLEN_CHECK(!t.content.empty(), "added token ", t.id, " has empty content");
-    POLLEN_CHECK(t.id < id_limit, "added token '", t.content, "' has id ", t.id, ": ids are below ",
-                 id_limit, " (the tokenizer's ", model_.vocab().size() + added_.size(),
-                 " tokens plus ", kMaxIdsPastTokens, ", at most 2^24)");
+    POLLEN_CHECK(t.id < kMaxTokenId, "added token '", t.content, "' has id ", t.id,
+                 ", over the largest token id pollen takes (2^24 - 1)");
     const auto [same_id, new_id] = by_id.emplace(t.id, &t);
     POLLEN_CHECK(new_id, "added tokens '", same_id->second->content, "' and '", t.content,
                  "' share id ", t.id);

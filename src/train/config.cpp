@@ -563,12 +563,21 @@ bool key_may_change_on_resume(const std::string& key) {
 
 bool same_setting(const std::string& a, const std::string& b) {
   if (a == b) return true;
+  // Whole numbers compare exactly (seeds past 2^53 would be one double); otherwise as doubles.
+  const auto whole = [](const std::string& text) -> std::optional<int64_t> {
+    int64_t v = 0;
+    const char* end = text.data() + text.size();
+    const auto [stop, error] = std::from_chars(text.data(), end, v);
+    if (text.empty() || error != std::errc() || stop != end) return std::nullopt;
+    return v;
+  };
   const auto number = [](const std::string& text) -> std::optional<double> {
     char* end = nullptr;
     const double v = std::strtod(text.c_str(), &end);
     if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) return std::nullopt;
     return v;
   };
+  if (const auto x = whole(a), y = whole(b); x && y) return *x == *y;
   const auto x = number(a), y = number(b);
   return x && y && *x == *y;
 }

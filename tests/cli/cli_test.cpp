@@ -229,6 +229,12 @@ TEST(Cli, BenchCheckpointLeavesARunsCheckpointAlone) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("\"bytes\":"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000001"));
+  // One it kept is its own: written over.
+  r = run_pollen(pollen::cat("bench checkpoint --model llama-tiny --keep --dir ", dir));
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = run_pollen(pollen::cat("bench checkpoint --model llama-tiny --dir ", dir));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000001"));
   std::filesystem::create_directories(dir + "/step-00000001");
   pollen::write_file_atomic(dir + "/step-00000001/model.safetensors", "a run's weights");
   r = run_pollen(pollen::cat("bench checkpoint --model llama-tiny --dir ", dir));

@@ -404,7 +404,7 @@ TEST(FederatedSilo, AnErrorOnOneRankEndsTheSilosJobWithThatError) {
 }
 
 // A step's micro-steps that do not divide among the silo's ranks are refused before joining,
-// saying which splits of the step's rows would.
+// saying what would.
 TEST(FederatedSilo, AStepThatDoesNotSplitAmongTheRanksIsRefusedNamingWhatWould) {
   const Federation f = write_federation("no_split");
   const Outcome three = run_client(f, 3);
@@ -413,7 +413,7 @@ TEST(FederatedSilo, AStepThatDoesNotSplitAmongTheRanksIsRefusedNamingWhatWould) 
                               "silo's ranks (3)"),
             std::string::npos)
       << three.output;
-  EXPECT_NE(three.output.find("no split of a step's 4 rows divides among 3 ranks"),
+  EXPECT_NE(three.output.find("give a train.accumulation that is a multiple of 3"),
             std::string::npos)
       << three.output;
   fs::remove_all(f.dir);

@@ -171,8 +171,6 @@ TEST(FedConfig, ServerKeysOutOfRangeAreRefusedByName) {
   }
 }
 
-// Without [tls] a server is unauthenticated: listening where other hosts reach it is refused,
-// naming the key, unless server.allow_plaintext says the network is trusted; loopback is fine.
 // A compression setting out of range names the key that is: the block, or topk within it.
 TEST(FedConfig, CompressionMistakesNameTheirKey) {
   auto compression_error = [](const std::string& keys) {
@@ -194,6 +192,8 @@ TEST(FedConfig, CompressionMistakesNameTheirKey) {
       << e;
 }
 
+// Without [tls] a server is unauthenticated: listening where other hosts reach it is refused,
+// naming the key, unless server.allow_plaintext says the network is trusted; loopback is fine.
 TEST(FedConfig, APlaintextServerListensOnlyOnThisHostUnlessAllowed) {
   auto server_error = [](const std::string& address, const std::string& more) {
     return error_of_server(cat("[server]\ndir = 'x'\naddress = '", address, "'\n", more,

@@ -241,6 +241,13 @@ TEST(FederatedTokenizer, CountsAreTakenOnceAndSurviveARestart) {
   EXPECT_NE(exact.find("this run asks for --noise-stddev 0 --min-count 1"), std::string::npos)
       << exact;
   EXPECT_EQ(read_file(o.counts_file), kept);
+  // The same options with the input spelled otherwise and a min count of 0 (which counts as 1)
+  // are the same counts: sent again, not refused.
+  o.noise_stddev = 2.0;
+  o.min_count = 0;
+  o.inputs = {(dir / "." / "a.txt").string()};
+  const std::string same = pollen::testing::error_of([&] { run_counts_client(o); });
+  EXPECT_EQ(same.find("holds the counts this silo made with"), std::string::npos) << same;
   // An output that cannot be written is named before any counting.
   fs::remove(o.counts_file);
   o.output = dir / "no-such-folder" / "tok.json";

@@ -316,8 +316,6 @@ TEST(TrainConfig, GradientBucketSizeIsRefusedOutsideOneFloatTo4096MiB) {
   }
 }
 
-// A resolved config writes each float as the shortest TOML float that reads back as it: 3e-3 as
-// 0.003 (not 0.0030000000000000001, which a resume refusal would show), 3 as 3.0.
 // A resume compares recorded settings by value: 0 and 0.0 are one setting (a --set written either
 // way), and a difference names the key, added and removed keys too.
 TEST(TrainConfig, RecordedSettingsCompareByValueAndChangesNameTheirKey) {
@@ -327,6 +325,8 @@ TEST(TrainConfig, RecordedSettingsCompareByValueAndChangesNameTheirKey) {
   EXPECT_TRUE(train::same_setting("0.05", "0.050000000000000003"));  // the same double
   EXPECT_FALSE(train::same_setting("0.05", "0.051"));
   EXPECT_FALSE(train::same_setting("1", "\"1\""));
+  // Whole numbers compare exactly: two seeds past 2^53 are one double but not one seed.
+  EXPECT_FALSE(train::same_setting("9007199254740992", "9007199254740993"));
   using Keys = std::vector<std::pair<std::string, std::string>>;
   const Keys saved{{"grpo.beta", "0"}, {"grpo.group_size", "4"}, {"grpo.temperature", "1.0"}};
   EXPECT_EQ(train::changed_settings(
@@ -336,12 +336,21 @@ TEST(TrainConfig, RecordedSettingsCompareByValueAndChangesNameTheirKey) {
                 saved, {{"grpo.beta", "0"}, {"grpo.group_size", "2"}, {"grpo.top_p", "0.9"}}),
             "grpo.group_size (4 -> 2), grpo.top_p added (= 0.9), grpo.temperature removed (was "
             "1.0)");
-  const std::string base = test_support::tiny_run_toml("/tmp/x", dataset(), 5);
-  const auto c = train::parse_train_config(base, "run.toml", {"optimizer.weight_decay=0"});
-  const auto same = train::parse_train_config(base, "run.toml", {"optimizer.weight_decay=0.0"});
-  EXPECT_NO_THROW(train::check_resume_compatible(c, same));
+  // The recorded texts of a resume's check: another spelling of a value resumes, another value
+  // (a seed past 2^53 included) is refused.
+  const Keys run{{"run.seed", "9007199254740992"}, {"optimizer.weight_decay", "0"}};
+  const std::string doc = "docs/training.md";
+  EXPECT_NO_THROW(train::check_resume_compatible(
+      run, {{"run.seed", "9007199254740992"}, {"optimizer.weight_decay", "0.0"}}, doc));
+  const std::string e = error_of([&] {
+    train::check_resume_compatible(
+        run, {{"run.seed", "9007199254740993"}, {"optimizer.weight_decay", "0"}}, doc);
+  });
+  EXPECT_NE(e.find("run.seed (9007199254740992 -> 9007199254740993)"), std::string::npos) << e;
 }
 
+// A resolved config writes each float as the shortest TOML float that reads back as it: 3e-3 as
+// 0.003 (not 0.0030000000000000001, which a resume refusal would show), 3 as 3.0.
 TEST(TrainConfig, FloatsAreWrittenShortestAndReadBackExactly) {
   EXPECT_EQ(train::toml_double(3e-3), "0.003");
   EXPECT_EQ(train::toml_double(3.0), "3.0");
