@@ -1,6 +1,7 @@
 #include "base/files.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -113,6 +114,21 @@ Destination destination(const std::filesystem::path& path) {
 void write_file_atomic(const std::filesystem::path& path, std::string_view data, int mode) {
   write_file_atomic_by(
       path, [&](const FileSink& write) { write(data); }, mode);
+}
+
+void remove_dead_writers_files(const std::filesystem::path& path) {
+  const auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
+  const std::string prefix = cat(".", path.filename().string(), ".tmp.");
+  std::error_code error;
+  for (const auto& e : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(prefix) || name.size() == prefix.size()) continue;
+    pid_t pid = 0;
+    const char* end = name.data() + name.size();
+    const auto [stop, failed] = std::from_chars(name.data() + prefix.size(), end, pid);
+    if (failed != std::errc() || stop != end || pid <= 0) continue;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) std::filesystem::remove(e.path(), error);
+  }
 }
 
 void write_file_atomic_by(const std::filesystem::path& requested,

@@ -32,6 +32,11 @@ using FileSink = std::function<void(std::string_view)>;
 void write_file_atomic_by(const std::filesystem::path& path,
                           const std::function<void(const FileSink&)>& produce, int mode = 0644);
 
+// Removes what killed writers of `path` left beside it: write_file_atomic's temporary files
+// (.NAME.tmp.PID) of processes that no longer run. For large outputs, which a kill would
+// otherwise leave behind whole.
+void remove_dead_writers_files(const std::filesystem::path& path);
+
 class MappedFile {
  public:
   explicit MappedFile(const std::filesystem::path& path);

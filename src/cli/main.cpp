@@ -1,5 +1,7 @@
 // pollen: one binary, many subcommands. Parsing and wiring only.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <string>
@@ -65,6 +67,13 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pollen: error: %s\n", e.what());
+    return 1;
+  }
+  // What a command printed must have reached stdout: results redirected to a full disk would
+  // otherwise be lost with exit code 0.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    std::fprintf(stderr, "pollen: error: cannot write to standard output: %s\n",
+                 std::strerror(errno));
     return 1;
   }
   return pollen::cli::exit_code_slot();

@@ -127,8 +127,10 @@ class AtomicOut {
   }
   // Puts the bytes written so far on disk, for a resume point; returns their count.
   int64_t sync() {
-    POLLEN_CHECK(std::fflush(f_) == 0 && ::fsync(fileno(f_)) == 0, "cannot write '", tmp_.string(),
-                 "'");
+    POLLEN_CHECK(std::fflush(f_) == 0, "cannot write '", tmp_.string(),
+                 "': ", std::strerror(errno));
+    POLLEN_CHECK(::fsync(fileno(f_)) == 0, "cannot sync '", tmp_.string(),
+                 "': ", std::strerror(errno));
     keep_ = true;
     return bytes_;
   }

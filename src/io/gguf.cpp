@@ -423,7 +423,9 @@ GgufExportResult export_gguf(const model::Llama& model, const tokenizer::Tokeniz
   std::string head = header.bytes() + meta.bytes() + infos.bytes();
   head.resize(padded(head.size()), '\0');
 
-  // One tensor encoded at a time, into a temporary file renamed over `file` once synced.
+  // One tensor encoded at a time, into a temporary file renamed over `file` once synced; a killed
+  // export's temporary file, as large, is removed first.
+  remove_dead_writers_files(file);
   write_file_atomic_by(file, [&](const FileSink& write) {
     write(head);
     for (const Entry& e : tensors) {

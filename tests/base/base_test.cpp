@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <functional>
@@ -220,6 +222,30 @@ TEST(JsonDepth, CountsBracketsOutsideStrings) {
             }).find("'x.json': JSON nested more than 512 arrays and objects deep"),
             std::string::npos);
   check_json_depth(std::string(512, '{') + std::string(512, '}'), "'x.json'");
+}
+
+// A killed writer's temporary file is removed; a running one's (this process's) and other
+// files' are left.
+TEST(Files, DeadWritersTemporaryFilesAreRemoved) {
+  const auto dir = std::filesystem::temp_directory_path() / "pollen_dead_writers";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  pid_t dead = fork();  // a process that has ended: its pid names no running process
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  const std::string live = std::to_string(::getpid());
+  for (const std::string& name :
+       std::vector<std::string>{".m.gguf.tmp." + std::to_string(dead), ".m.gguf.tmp." + live,
+                                ".other.gguf.tmp." + std::to_string(dead), ".m.gguf.tmp.x"})
+    write_file_atomic(dir / name, "partial");
+  remove_dead_writers_files(dir / "m.gguf");
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    left.push_back(e.path().filename().string());
+  std::ranges::sort(left);
+  EXPECT_EQ(left, (std::vector<std::string>{".m.gguf.tmp." + live, ".m.gguf.tmp.x",
+                                            ".other.gguf.tmp." + std::to_string(dead)}));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Files, AtomicWriteReplacesWholeFile) {

@@ -33,6 +33,16 @@ CliRun run_pollen(const std::string& args) {
   return run_shell(std::string(POLLEN_BINARY) + " " + args);
 }
 
+// Results on stdout that cannot be written (a full disk) fail the command, not exit 0.
+TEST(Cli, OutputThatCannotBeWrittenFailsTheCommand) {
+  CliRun r = run_shell("{ " + std::string(POLLEN_BINARY) + " version > /dev/full; }");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("pollen: error: cannot write to standard output: No space left on "
+                          "device"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(Cli, HelpListsCommands) {
   CliRun r = run_pollen("--help");
   EXPECT_EQ(r.status, 0);
