@@ -10,12 +10,12 @@
 // bytes up to its fixed size: the levels' bytes plus the bytes nf2 takes for the same values,
 // block and scale format with each block coded alone (2% more than nf2 with blocks of 64; with a
 // block not a multiple of 4 each block's codes also end on a byte), so that nf2 on every block
-// always fits. The encoder picks the levels that leave the tensor the least squared error within that
-// size: for a multiplier lambda each block takes the level minimising error + lambda * bits, with
-// lambda the smallest (found by bisection) whose levels fit; the bytes left over then go one block
-// at a time to the finer level removing the most error per byte, and if nf2 on every block leaves
-// less error, that is sent (a block whose energy is one outlier has no level between skip and
-// int4 that any multiplier picks). So a block of zeros (an embedding row no token of the round
+// always fits. The encoder picks the levels that leave the tensor the least squared error within
+// that size: for a multiplier lambda each block takes the level minimising error + lambda * bits,
+// with lambda the smallest (found by bisection) whose levels fit; the bytes left over then go one
+// block at a time to the finer level removing the most error per byte, and if nf2 on every block
+// leaves less error, that is sent (a block whose energy is one outlier has no level between skip
+// and int4 that any multiplier picks). So a block of zeros (an embedding row no token of the round
 // touched) costs 3 bits, and what it saves buys finer codes for the blocks that moved most: reverse
 // water-filling over blocks (Cover and Thomas, ch. 10). With error feedback a skipped block's
 // values wait in the residual until they are worth sending.
