@@ -84,33 +84,29 @@ TEST(GrpoRun, ResumesARunWhoseSectionHasANestedVerifierTable) {
 
   const train::PostResult resumed = run_grpo(text, true);
   EXPECT_EQ(resumed.status, train::RunStatus::finished) << resumed.message;
+  // The error of resuming a copy of the run (in `dir`) with `grpo` keys before its verifier's and
+  // `verifier` keys.
+  const auto resume_error = [&](const std::string& dir, const std::string& grpo,
+                                const std::string& verifier) {
+    const std::string text = test_support::tiny_post_toml(
+        f.dir / dir, f.model_file, f.tokenizer_path, 4,
+        "[grpo]\ndata = \"" + f.prompts.string() +
+            "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\n"
+            "max_completion_tokens = 6\n" +
+            grpo + "\n[grpo.verifier]\nkind = \"numeric\"\n" + verifier);
+    fs::copy(run_dir, f.dir / dir, fs::copy_options::recursive);
+    try {
+      run_grpo(text, true);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
   // A changed verifier is a changed objective: the resumed run refuses it, naming the key.
-  const std::string changed = test_support::tiny_post_toml(
-      f.dir / "run2", f.model_file, f.tokenizer_path, 4,
-      "[grpo]\ndata = \"" + f.prompts.string() +
-          "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\nmax_completion_tokens = 6\n"
-          "\n[grpo.verifier]\nkind = \"numeric\"\nabs_tol = 0.25\n");
-  fs::copy(run_dir, f.dir / "run2", fs::copy_options::recursive);
-  std::string error;
-  try {
-    run_grpo(changed, true);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  std::string error = resume_error("run2", "", "abs_tol = 0.25\n");
   EXPECT_NE(error.find("grpo.verifier.abs_tol (0.5 -> 0.25)"), std::string::npos) << error;
   // So is a key added: named alone, not both sections in full.
-  const std::string added = test_support::tiny_post_toml(
-      f.dir / "run3", f.model_file, f.tokenizer_path, 4,
-      "[grpo]\ndata = \"" + f.prompts.string() +
-          "\"\ngroup_size = 2\nprompts_per_step = 2\nmicro_batch = 4\nmax_completion_tokens = 6\n"
-          "temperature = 0.5\n\n[grpo.verifier]\nkind = \"numeric\"\nabs_tol = 0.5\n");
-  fs::copy(run_dir, f.dir / "run3", fs::copy_options::recursive);
-  error.clear();
-  try {
-    run_grpo(added, true);
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  error = resume_error("run3", "temperature = 0.5\n", "abs_tol = 0.5\n");
   EXPECT_NE(error.find("differs from the checkpoint's: grpo.temperature added (= 0.5); "),
             std::string::npos)
       << error;
