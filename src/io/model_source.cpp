@@ -270,6 +270,11 @@ model::Llama load_model(const ModelSource& s, DType dtype, uint64_t seed) {
       return load_hf_model(s.path, dtype);
     case ModelSource::Kind::checkpoint: {
       const fs::path file = s.path / "model.safetensors";
+      // A run's newest checkpoint may be removed by its retention (checkpoint.keep) between
+      // being chosen and being read: said so, rather than a bare "no such file".
+      POLLEN_CHECK(fs::is_regular_file(file), "model '", s.spec, "': checkpoint '", s.path.string(),
+                   "' was removed after it was chosen (a running run's checkpoint.keep "
+                   "retention?); run the command again to take the newest one");
       const SafetensorsFile f = read_safetensors(file);
       size_t used = 0;
       model::Llama m(

@@ -79,6 +79,20 @@ TEST(ModelSource, ARunFolderWarnsOfEachCheckpointItPassesOver) {
   fs::remove_all(run);
 }
 
+// A run's retention may remove the checkpoint chosen before it is read: the error says so.
+TEST(ModelSource, ACheckpointRemovedAfterItWasChosenIsNamedAsSuch) {
+  const fs::path run = temp_dir("retention");
+  write_checkpoint(run / "checkpoints", 1);
+  const io::ModelSource source = io::resolve_model(run.string());
+  fs::remove_all(source.path);  // as checkpoint.keep does while the run goes on
+  const std::string e = pollen::testing::error_of([&] { io::load_model(source, DType::f32, 0); });
+  EXPECT_NE(e.find("model '" + run.string() + "': checkpoint '" + source.path.string() +
+                   "' was removed after it was chosen"),
+            std::string::npos)
+      << e;
+  fs::remove_all(run);
+}
+
 // Every checkpoint is written with a manifest.json; a training checkpoint (state.json,
 // optimizer.safetensors) without one cannot be checked, so it is refused rather than loaded.
 TEST(ModelSource, ATrainingCheckpointWithoutItsManifestIsRefused) {
