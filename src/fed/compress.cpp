@@ -57,13 +57,19 @@ const char* scale_format_name(ScaleFormat f) {
   return f == ScaleFormat::bf16 ? "bf16" : "float32";
 }
 
+std::optional<CompressOptions::Problem> CompressOptions::problem() const {
+  if (block < 1 || block > (int64_t{1} << 20))
+    return Problem{"block", cat("compression block must be in [1, 1048576], got ", block)};
+  if (codec != Codec::topk) return std::nullopt;
+  if (block > 65536)
+    return Problem{"block", cat("compression block must be at most 65536 with topk, got ", block)};
+  if (topk < 1 || topk > block)
+    return Problem{"topk", cat("compression topk must be in [1, block = ", block, "], got ", topk)};
+  return std::nullopt;
+}
+
 void CompressOptions::validate() const {
-  POLLEN_CHECK(block >= 1 && block <= (int64_t{1} << 20),
-               "compression block must be in [1, 1048576], got ", block);
-  if (codec != Codec::topk) return;
-  POLLEN_CHECK(block <= 65536, "compression block must be at most 65536 with topk, got ", block);
-  POLLEN_CHECK(topk >= 1 && topk <= block, "compression topk must be in [1, block = ", block,
-               "], got ", topk);
+  if (const auto p = problem()) fail(p->what);
 }
 
 namespace {

@@ -58,6 +58,7 @@
 // lost last round to this round's update before encoding, and keeps what is lost now, so that
 // over rounds the decoded updates sum to the true ones.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,7 +94,13 @@ struct CompressOptions {
   int64_t topk = 0;  // topk: values kept per block, 1 ... block
   ScaleFormat scale =
       ScaleFormat::f32;  // how block scales are stored (int8, int4, nf3, nf2, sign, topk)
-  void validate() const;
+  // What is out of range, and its key ("block" or "topk"); none when the options hold.
+  struct Problem {
+    const char* key;
+    std::string what;
+  };
+  std::optional<Problem> problem() const;
+  void validate() const;  // throws problem()'s words
 };
 
 // Bytes of an encoded tensor of `numel` values.

@@ -64,13 +64,8 @@ void read_compression(ConfigTable& root, ServerConfig& c) {
     POLLEN_CHECK(topk || !t->has("topk"), t->where("topk"),
                  ": only used by the topk codec (codec or server_codec)");
     t->finish();
-    try {
-      c.compression.validate();
-      c.download().validate();
-    } catch (const Error& e) {
-      const bool topk_wrong = std::string_view(e.what()).starts_with("compression topk");
-      fail(t->where(topk_wrong ? "topk" : "block"), ": ", e.what());
-    }
+    for (const CompressOptions& o : {c.compression, c.download()})
+      if (const auto p = o.problem()) fail(t->where(p->key), ": ", p->what);
   }
 }
 
