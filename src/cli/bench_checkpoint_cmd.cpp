@@ -42,8 +42,7 @@ void add_bench_checkpoint_command(CLI::App& app) {
   cmd->add_flag("--keep", *keep, "Keep the checkpoint written");
   cmd->callback([model, dir, keep] {
     // The bench's checkpoint is step 1 of random weights: a run's own step 1 must not be replaced
-    // by it (and then deleted).
-    // The bench's own (--keep) is recognised by its config.
+    // by it (and then deleted); one the bench kept (--keep) is known by its config.
     const std::filesystem::path target = std::filesystem::path(*dir) / io::checkpoint_name(1);
     const bool benches = !std::filesystem::exists(target) ||
                          (std::filesystem::is_regular_file(target / "config.toml") &&

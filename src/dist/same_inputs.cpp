@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <sstream>
+#include <utility>
 
 #include "base/error.h"
 #include "base/files.h"
@@ -19,8 +21,29 @@ constexpr char kPartSeparator[] = "\x1e\n";
 std::string next_part(const std::string& text, size_t& at) {
   const size_t end = std::min(text.find(kPartSeparator, at), text.size());
   std::string part = text.substr(at, end - at);
-  at = end == text.size() ? end : end + 2;
+  at = end == text.size() ? end : end + sizeof(kPartSeparator) - 1;
   return part;
+}
+
+// The first line where `mine` differs from `root`: its number, and "rank 0 has '...', rank R has
+// '...'".
+std::optional<std::pair<int, std::string>> differing_line(const std::string& root,
+                                                          const std::string& mine, int rank) {
+  if (root == mine) return std::nullopt;
+  std::istringstream a(root), b(mine);
+  std::string x, y;
+  for (int line = 1;; ++line) {
+    const bool more_a = static_cast<bool>(std::getline(a, x));
+    const bool more_b = static_cast<bool>(std::getline(b, y));
+    if (!more_a && !more_b)
+      return std::pair{line, std::string("the texts differ in their line ends")};
+    if (more_a && more_b && x == y) continue;
+    const auto shown = [](bool more, const std::string& s) {
+      return more ? cat("'", s.substr(0, 200), "'") : std::string("nothing");
+    };
+    return std::pair{
+        line, cat("rank 0 has ", shown(more_a, x), ", rank ", rank, " has ", shown(more_b, y))};
+  }
 }
 
 }  // namespace
@@ -37,39 +60,21 @@ std::string rank_inputs_text(const RankInputs& inputs) {
   return text;
 }
 
-std::string first_difference(const std::string& root, const std::string& mine, int rank) {
-  if (root == mine) return {};
-  std::istringstream a(root), b(mine);
-  std::string x, y;
-  for (int line = 1;; ++line) {
-    const bool more_a = static_cast<bool>(std::getline(a, x));
-    const bool more_b = static_cast<bool>(std::getline(b, y));
-    if (!more_a && !more_b) return cat("line ", line, ": the texts differ in their line ends");
-    if (more_a && more_b && x == y) continue;
-    const auto shown = [](bool more, const std::string& s) {
-      return more ? cat("'", s.substr(0, 200), "'") : std::string("nothing");
-    };
-    return cat("line ", line, ": rank 0 has ", shown(more_a, x), ", rank ", rank, " has ",
-               shown(more_b, y));
-  }
-}
-
 std::string inputs_difference(const RankInputs& inputs, const std::string& root,
                               const std::string& mine, int rank) {
   size_t at_root = 0, at_mine = 0;
   for (const std::string part : {"run file", "options", "data"}) {
-    const std::string within =
-        first_difference(next_part(root, at_root), next_part(mine, at_mine), rank);
-    if (within.empty()) continue;
-    if (part == "run file") return cat(inputs.run_file.string(), ", ", within);
-    // An option's or a data file's line number says nothing but which data file it is: this
-    // rank's copy is named (nodes may mount the data elsewhere, so paths are not compared).
-    const size_t line = std::stoul(within.substr(std::string("line ").size()));
-    const std::string lines = within.substr(within.find(": ") + 2);
+    const auto d = differing_line(next_part(root, at_root), next_part(mine, at_mine), rank);
+    if (!d) continue;
+    const auto [line, lines] = *d;
+    if (part == "run file") return cat(inputs.run_file.string(), ", line ", line, ": ", lines);
     if (part == "options") return cat("the command's options: ", lines);
+    // A data line's number is its file's: this rank's copy is named (nodes may mount the data
+    // elsewhere, so paths are not compared).
+    const auto file = static_cast<size_t>(line);
     return cat("the data: ", lines,
-               line <= inputs.data_files.size()
-                   ? cat(" (this rank's copy: '", inputs.data_files[line - 1].string(), "')")
+               file <= inputs.data_files.size()
+                   ? cat(" (this rank's copy: '", inputs.data_files[file - 1].string(), "')")
                    : std::string());
   }
   return {};

@@ -23,10 +23,6 @@ struct RankInputs {
 // parts.
 std::string rank_inputs_text(const RankInputs& inputs);
 
-// The first line where `mine` differs from `root`'s, as "line N: rank 0 has '...', rank R has
-// '...'"; empty when they are the same.
-std::string first_difference(const std::string& root, const std::string& mine, int rank);
-
 // Where rank `rank`'s inputs text `mine` first differs from rank 0's `root`: the run file's line,
 // the option, or the data file (this rank's path named); empty when they are the same.
 std::string inputs_difference(const RankInputs& inputs, const std::string& root,

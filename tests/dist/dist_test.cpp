@@ -803,14 +803,6 @@ TEST(DataParallel, ARunWithTheDefaultBatchResumesOnMoreRanksAsTheErrorSays) {
   EXPECT_EQ(train_losses(d / "run").size(), 4u);
 }
 
-TEST(SameInputs, TheFirstDifferingLineIsNamed) {
-  EXPECT_EQ(dist::first_difference("a\nb\n", "a\nb\n", 1), "");
-  EXPECT_EQ(dist::first_difference("a\nseed = 7\nc\n", "a\nseed = 8\nc\n", 2),
-            "line 2: rank 0 has 'seed = 7', rank 2 has 'seed = 8'");
-  EXPECT_EQ(dist::first_difference("a\n", "a\n--set x=1\n", 1),
-            "line 2: rank 0 has nothing, rank 1 has '--set x=1'");
-}
-
 // What differs is named by where it is: the run file's line, the option, or the data file with
 // this rank's copy of it.
 TEST(SameInputs, TheRunFileOptionOrDataFileThatDiffersIsNamed) {
