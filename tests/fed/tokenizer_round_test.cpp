@@ -248,6 +248,8 @@ TEST(FederatedTokenizer, CountsAreTakenOnceAndSurviveARestart) {
   o.inputs = {(dir / "." / "a.txt").string()};
   const std::string same = pollen::testing::error_of([&] { run_counts_client(o); });
   EXPECT_EQ(same.find("holds the counts this silo made with"), std::string::npos) << same;
+  EXPECT_NE(same.find("could not reach the federation server at 127.0.0.1:1"), std::string::npos)
+      << same;  // it went on to send them
   // An output that cannot be written is named before any counting.
   fs::remove(o.counts_file);
   o.output = dir / "no-such-folder" / "tok.json";
