@@ -5,25 +5,40 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
-#include "base/hash.h"
 #include "train/objective.h"
 
 namespace pollen::train {
 
-// Adds to `key` the SHA-256 of the data file and of the held-out file (empty: none), the
-// tokenizer's fingerprint and the chat template: what turns the files into tokens.
-void add_data_identity(Sha256& key, const std::filesystem::path& data,
-                       const std::filesystem::path& validation, const ObjectiveContext& context);
+// The parts that turn an objective's files into its examples, each with how errors name it.
+class DataIdentity {
+ public:
+  // The data file under `data_key` and the held-out file (empty: none) under `validation_key`
+  // ("sft.data", "sft.validation"): their SHA-256; the tokenizer's fingerprint; the chat template
+  // and its default system prompt.
+  DataIdentity(const std::string& data_key, const std::filesystem::path& data,
+               const std::string& validation_key, const std::filesystem::path& validation,
+               const ObjectiveContext& context);
 
-// The hex SHA-256 of add_data_identity alone.
-std::string data_key(const std::filesystem::path& data, const std::filesystem::path& validation,
-                     const ObjectiveContext& context);
+  // One more part (`name` as errors say it, `value` what must stay the same).
+  void add(const std::string& id, const std::string& name, const std::string& value);
 
-// A resumed run's check: the checkpoint's objective state holds "data_key" (older checkpoints may
-// not, and are taken as they are) and it must be `key`. `files` names the data in the error
-// ("sft.data 'a.jsonl', sft.validation 'b.jsonl'").
-void check_data_key(const nlohmann::ordered_json& state, const std::string& key,
-                    const std::string& objective, const std::string& files);
+  // The hex SHA-256 over every part's value, in order: the checkpoints' "data_key".
+  std::string key() const;
+  // {"data_key": key(), "data_parts": {id: value, ...}}, for an objective's state.
+  nlohmann::ordered_json state() const;
+
+  // A resumed run's check of the checkpoint's objective state. Older checkpoints may hold no
+  // "data_key" (taken as they are) or no "data_parts" (a change is then told without naming the
+  // part). `objective` starts the error ("sft").
+  void check(const nlohmann::ordered_json& state, const std::string& objective) const;
+
+ private:
+  struct Part {
+    std::string id, name, value;
+  };
+  std::vector<Part> parts_;
+};
 
 }  // namespace pollen::train

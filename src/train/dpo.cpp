@@ -8,7 +8,6 @@
 #include "base/files.h"
 #include "base/hash.h"
 #include "train/config.h"
-#include "train/data_key.h"
 #include "train/jsonl_data.h"
 
 namespace pollen::train {
@@ -90,11 +89,10 @@ DpoObjective::DpoObjective(ObjectiveContext context) : context_(std::move(contex
   log_pair_counts("dpo", train_pairs_, eval_pairs_, context_.max_seq);
 
   // What the references depend on besides the model: the data and how it becomes tokens.
-  Sha256 key;
-  add_data_identity(key, data_path_, eval_path_, context_);
-  key.update(std::to_string(context_.max_seq) + " " + std::to_string(validation_fraction) + " " +
-             std::to_string(context_.seed));
-  data_key_ = key.hex_digest();
+  identity_.emplace("dpo.data", data_path_, "dpo.validation", eval_path_, context_);
+  identity_->add("split", "max_seq, dpo.validation_fraction or the seed",
+                 std::to_string(context_.max_seq) + " " + std::to_string(validation_fraction) +
+                     " " + std::to_string(context_.seed));
 }
 
 fs::path DpoObjective::cache_path(const std::string& file) const {
@@ -126,13 +124,14 @@ void DpoObjective::load_cache(const fs::path& path, const std::string& data_key)
 const ReferenceLogps& DpoObjective::references(const model::Llama& model) {
   if (references_) return *references_;
   const std::string model_hash = model_sha256(model);
-  cache_file_ = "dpo_reference_" + sha256_hex(data_key_ + model_hash).substr(0, 16) + ".json";
+  cache_file_ =
+      "dpo_reference_" + sha256_hex(identity_->key() + model_hash).substr(0, 16) + ".json";
   // Under several ranks, which compute the references together, only when every rank sees it.
   std::vector<double> cached{
       !context_.run_dir.empty() && fs::exists(cache_path(cache_file_)) ? 1.0 : 0.0};
   share_.sum(cached, "whether every rank has the DPO reference cache");
   if (cached[0] == (share_.comm ? share_.comm->world() : 1)) {
-    load_cache(cache_path(cache_file_), data_key_);
+    load_cache(cache_path(cache_file_), identity_->key());
     return *references_;
   }
   // Each pair's chosen and rejected completions under the starting model, without gradients.
@@ -164,7 +163,7 @@ const ReferenceLogps& DpoObjective::references(const model::Llama& model) {
   references_ = std::move(refs);
   if (!context_.run_dir.empty() && (!share_.comm || share_.comm->rank() == 0)) {
     json cache{{"format", "pollen-dpo-reference-v1"},
-               {"data_key", data_key_},
+               {"data_key", identity_->key()},
                {"model_sha256", model_hash},
                {"data", data_path_.string()},
                {"validation", eval_path_.string()},
@@ -245,21 +244,20 @@ ObjectiveStep DpoObjective::evaluate(const model::Llama& model) {
 }
 
 json DpoObjective::state() const {
-  return json{{"reference_cache", cache_file_}, {"data_key", data_key_}};
+  json state = {{"reference_cache", cache_file_}};
+  state.update(identity_->state());
+  return state;
 }
 
 void DpoObjective::restore(const json& state) {
-  check_data_key(state, data_key_, "dpo",
-                 cat("dpo.data '", data_path_.string(), "'",
-                     eval_path_.empty() ? std::string()
-                                        : cat(", dpo.validation '", eval_path_.string(), "'")));
+  identity_->check(state, "dpo");
   cache_file_ = state.value("reference_cache", "");
   if (cache_file_.empty()) return;  // saved before the references were known
   POLLEN_CHECK(!context_.run_dir.empty(), "dpo: resuming needs the run folder's reference cache");
   const fs::path path = cache_path(cache_file_);
   POLLEN_CHECK(fs::exists(path), "dpo: the run's reference log-probabilities '", path.string(),
                "' are missing; they cannot be recomputed from a trained model");
-  load_cache(path, data_key_);
+  load_cache(path, identity_->key());
 }
 
 std::unique_ptr<Objective> make_dpo_objective(ObjectiveContext context) {

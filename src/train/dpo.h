@@ -10,9 +10,11 @@
 // beta, label_smoothing, batch_pairs (pairs per optimizer step), micro_batch_pairs (pairs per
 // forward pass).
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "train/data_key.h"
 #include "train/objective.h"
 #include "train/preference_data.h"
 #include "train/preference_loss.h"
@@ -60,7 +62,7 @@ class DpoObjective : public Objective {
   std::filesystem::path data_path_, eval_path_;
   int64_t batch_pairs_ = 8, micro_batch_pairs_ = 4;
   std::vector<PreferencePair> train_pairs_, eval_pairs_;
-  std::string data_key_;    // SHA-256 of the data files, tokenizer and sequence format
+  std::optional<DataIdentity> identity_;  // the data files, tokenizer and sequence format
   std::string cache_file_;  // the reference cache's name in the run folder, once known
   std::unique_ptr<ReferenceLogps> references_;
   RankShare share_;

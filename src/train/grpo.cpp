@@ -15,7 +15,6 @@
 #include "tokenizer/chat_template.h"
 #include "tokenizer/open.h"
 #include "train/config.h"
-#include "train/data_key.h"
 #include "train/jsonl_data.h"
 #include "train/reward.h"
 
@@ -292,7 +291,8 @@ GrpoObjective::GrpoObjective(const ObjectiveContext& context, RewardFunction rew
   if (!options_.eval_data.empty() && jsonl_has_records(options_.eval_data))
     eval_prompts_ =
         read_grpo_prompts(options_.eval_data, *tokenizer_, context.chat_format, verifier, limit);
-  data_key_ = data_key(options_.data, options_.eval_data, context);  // the files read well
+  identity_.emplace("grpo.data", options_.data, "grpo.eval_data", options_.eval_data,
+                    context);  // the files read well
   stop_tokens_ = stop_tokens_for(*tokenizer_, context.chat_format, context.end_tokens);
   // beta = 0 has no KL term: the reference is not loaded at all.
   if (options_.loss.beta > 0 && !options_.reference.empty()) {
@@ -574,7 +574,7 @@ nlohmann::ordered_json GrpoObjective::state() const {
   // The prompts and random streams of every batch follow from the seed and the step, so only a
   // batch that later steps still train on (updates_per_batch > 1) needs saving.
   nlohmann::ordered_json s = nlohmann::ordered_json::object();
-  if (!data_key_.empty()) s["data_key"] = data_key_;  // what the batches' prompt numbers index
+  if (identity_) s.update(identity_->state());  // what the batches' prompt numbers index
   if (!pinned_reference_.empty()) s["reference"] = pinned_reference_;
   if (options_.updates_per_batch > 1 && rollouts_.batch >= 0) {
     s["batch"] = rollouts_.batch;
@@ -589,12 +589,7 @@ nlohmann::ordered_json GrpoObjective::state() const {
 }
 
 void GrpoObjective::restore(const nlohmann::ordered_json& state) {
-  if (!data_key_.empty())
-    check_data_key(state, data_key_, "grpo",
-                   cat("grpo.data '", options_.data.string(), "'",
-                       options_.eval_data.empty()
-                           ? std::string()
-                           : cat(", grpo.eval_data '", options_.eval_data.string(), "'")));
+  if (identity_) identity_->check(state, "grpo");
   // The KL reference the run began with, also when grpo.reference names a run folder that has
   // moved on since.
   if (state.contains("reference") && !pinned_reference_.empty()) {

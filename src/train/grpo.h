@@ -16,10 +16,12 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "train/data_key.h"
 #include "train/grpo_loss.h"
 #include "train/objective.h"
 #include "train/synth_tasks.h"
@@ -143,8 +145,8 @@ class GrpoObjective : public Objective {
                                                        const Rollouts& rollouts) const;
 
   GrpoOptions options_;
-  std::string data_key_;  // the prompt files, tokenizer and template (train/data_key.h); empty:
-                          // prompts given in memory
+  std::optional<DataIdentity> identity_;  // the prompt files, tokenizer and template; none:
+                                          // prompts given in memory
   std::vector<GrpoPrompt> prompts_, eval_prompts_;
   RolloutReward reward_;
   const tokenizer::Tokenizer* tokenizer_;

@@ -12,7 +12,6 @@
 #include "io/safetensors.h"
 #include "tokenizer/open.h"
 #include "train/config.h"
-#include "train/data_key.h"
 #include "train/jsonl_data.h"
 
 namespace pollen::train {
@@ -84,10 +83,7 @@ RewardObjective::RewardObjective(ObjectiveContext context) : context_(std::move(
   }
   log_pair_counts("rm", train_pairs_, eval_pairs_, context_.max_seq);
 
-  data_key_ = data_key(data, eval_path, context_);  // the files read well
-  data_files_ =
-      cat("rm.data '", data.string(), "'",
-          validation.empty() ? std::string() : cat(", rm.validation '", eval_path.string(), "'"));
+  identity_.emplace("rm.data", data, "rm.validation", eval_path, context_);  // the files read well
   score_ = ag::Var(initial_score_head(context_.model_config, context_.seed), true, "score.weight");
 }
 
@@ -173,7 +169,7 @@ ObjectiveStep RewardObjective::evaluate(const model::Llama& model) {
 }
 
 void RewardObjective::restore(const nlohmann::ordered_json& state) {
-  check_data_key(state, data_key_, "rm", data_files_);
+  identity_->check(state, "rm");
 }
 
 std::unique_ptr<Objective> make_reward_objective(ObjectiveContext context) {

@@ -10,9 +10,11 @@
 // micro_batch_pairs, pad_token (the padding token written to the export; default "<|endoftext|>").
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "train/data_key.h"
 #include "train/objective.h"
 #include "train/preference_data.h"
 #include "train/preference_loss.h"
@@ -40,7 +42,7 @@ class RewardObjective : public Objective {
   }
   // The steps' pairs follow from the seed and the step; only the data they are drawn from is kept,
   // so that a resumed run refuses other data.
-  nlohmann::ordered_json state() const override { return {{"data_key", data_key_}}; }
+  nlohmann::ordered_json state() const override { return identity_->state(); }
   void restore(const nlohmann::ordered_json& state) override;
 
   const ag::Var& score_head() const { return score_; }
@@ -56,8 +58,7 @@ class RewardObjective : public Objective {
   uint32_t pad_token_id_ = 0;
   int64_t batch_pairs_ = 8, micro_batch_pairs_ = 4;
   std::vector<PreferencePair> train_pairs_, eval_pairs_;
-  std::string data_key_;    // the data files, tokenizer and template (train/data_key.h)
-  std::string data_files_;  // how errors name them
+  std::optional<DataIdentity> identity_;  // the data files, tokenizer and template
   RankShare share_;
 };
 

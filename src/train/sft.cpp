@@ -7,7 +7,6 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "train/config.h"
-#include "train/data_key.h"
 #include "train/jsonl_data.h"
 #include "train/trainer.h"
 
@@ -256,10 +255,9 @@ SftObjective::SftObjective(const ObjectiveContext& ctx) : seed_(ctx.seed) {
                    : std::string());
   // The files read well. Where examples were left out for having no token to score, the key says
   // so: checkpoints of pollen that kept them count positions in another list of examples.
-  Sha256 key;
-  add_data_identity(key, settings_.data, settings_.validation, ctx);
-  if (counts.unscored > 0) key.update("examples without a scored token left out");
-  data_key_ = key.hex_digest();
+  identity_.emplace("sft.data", settings_.data, "sft.validation", settings_.validation, ctx);
+  identity_->add("unscored", "the examples left out for having no token to score",
+                 counts.unscored > 0 ? "examples without a scored token left out" : "");
   log::info("sft: ", train_.size(), " training and ", validation_.size(),
             " validation examples; longer than ", settings_.seq, " positions: ", counts.truncated,
             " truncated, ", counts.dropped, " dropped; ", counts.unscored,
@@ -403,16 +401,14 @@ std::string SftObjective::no_validation_data() const {
 }
 
 nlohmann::ordered_json SftObjective::state() const {
-  return {{"epoch", epoch_}, {"next", next_}, {"data_key", data_key_}};
+  nlohmann::ordered_json st = {{"epoch", epoch_}, {"next", next_}};
+  st.update(identity_->state());
+  return st;
 }
 
 void SftObjective::restore(const nlohmann::ordered_json& st) {
   // The data position counts examples of the data the run started with.
-  check_data_key(st, data_key_, "sft",
-                 cat("sft.data '", settings_.data.string(), "'",
-                     settings_.validation.empty()
-                         ? std::string()
-                         : cat(", sft.validation '", settings_.validation.string(), "'")));
+  identity_->check(st, "sft");
   epoch_ = st.at("epoch").get<int64_t>();
   next_ = st.at("next").get<int64_t>();
   order_ = epoch_order(epoch_);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "model/llama.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
+#include "train/data_key.h"
 #include "train/objective.h"
 
 namespace pollen::train {
@@ -94,7 +96,7 @@ class SftObjective : public Objective {
   std::vector<int64_t> next_row();  // the next packed row of the training data
 
   SftSettings settings_;
-  std::string data_key_;  // the data files, tokenizer and template (train/data_key.h)
+  std::optional<DataIdentity> identity_;  // the data files, tokenizer and template
   uint64_t seed_;
   std::vector<SftExample> train_, validation_;
   std::vector<std::vector<int64_t>> validation_rows_;

@@ -235,10 +235,18 @@ TEST_F(DpoRun, ReferencesAreCachedInTheRunFolderAndReadOnResume) {
     return std::string("accepted");
   };
   const std::string named = refusal(state);
-  EXPECT_NE(named.find("dpo: cannot resume: the data (dpo.data '" + other.string() +
-                       "', dpo.validation '" + eval_.string() + "')"),
+  EXPECT_NE(named.find("dpo: cannot resume: dpo.data '" + other.string() + "' ("),
             std::string::npos)
       << named;
+  EXPECT_NE(named.find(" then, "), std::string::npos) << named;
+  EXPECT_EQ(named.find("dpo.validation"), std::string::npos) << named;  // it did not change
+  nlohmann::ordered_json unnamed = state;  // written before checkpoints recorded the parts
+  unnamed.erase("data_parts");
+  const std::string told = refusal(unnamed);
+  EXPECT_NE(told.find("dpo: cannot resume: the data (dpo.data '" + other.string() +
+                      "', dpo.validation '" + eval_.string() + "')"),
+            std::string::npos)
+      << told;
   nlohmann::ordered_json older = state;
   older.erase("data_key");
   const std::string cached = refusal(older);
