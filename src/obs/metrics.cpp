@@ -3,10 +3,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 
 #include "base/error.h"
 #include "base/files.h"
@@ -269,13 +272,21 @@ EventFileWriter EventFileWriter::create(const std::filesystem::path& dir,
   ::gethostname(host, sizeof(host) - 1);
   const double now = wall_time_now();
   // TensorBoard reads a folder's files in the order of their names: a later file (a resumed
-  // run's, maybe from the same process within the same second) must sort after the others.
-  const std::string name =
-      cat("events.out.tfevents.", static_cast<int64_t>(now), ".", host, ".", ::getpid());
-  std::string unique = name;
-  for (int n = 1; std::filesystem::exists(dir / unique); ++n) unique = cat(name, ".", n);
+  // run's, maybe within the same second, from another host or a wrapped-around pid) must sort
+  // after the others, so its seconds are past every other file's.
+  const std::string prefix = "events.out.tfevents.";
+  int64_t seconds = static_cast<int64_t>(now);
+  std::error_code unreadable;  // a folder not made yet holds no other file
+  for (const auto& entry : std::filesystem::directory_iterator(dir, unreadable)) {
+    const std::string file = entry.path().filename().string();
+    if (!file.starts_with(prefix)) continue;
+    int64_t taken = 0;
+    const char* begin = file.data() + prefix.size();
+    if (std::from_chars(begin, file.data() + file.size(), taken).ec == std::errc())
+      seconds = std::max(seconds, taken + 1);
+  }
   EventFileWriter w;
-  w.file_ = AppendFile(dir / unique);
+  w.file_ = AppendFile(dir / cat(prefix, seconds, ".", host, ".", ::getpid()));
   w.file_.write(tfrecord(file_version_event(now)));
   if (session_start) w.file_.write(tfrecord(session_start_event(now, *session_start)));
   w.header_bytes_ = w.file_.position();

@@ -128,6 +128,20 @@ TEST(AppendFile, AShortMetricsFileGoesOnWithWhatItHolds) {
   fs::remove_all(d);
 }
 
+// TensorBoard reads a folder's event files in name order, and a restart record in a file read
+// later drops the steps an earlier-read file holds past it: a resumed run's file must sort last
+// whatever the other files' hosts and pids (a wrapped-around pid, another node) or clock.
+TEST(TensorBoard, ANewEventFileSortsAfterEveryOther) {
+  const fs::path d = temp_dir("tb_order");
+  const int64_t later = static_cast<int64_t>(obs::wall_time_now()) + 100;
+  write_file_atomic(d / cat("events.out.tfevents.", later, ".zzzz.99999"), "");
+  write_file_atomic(d / "events.out.tfevents.notanumber", "");
+  const fs::path file = obs::EventFileWriter::create(d, 1).file().path();
+  EXPECT_EQ(file.filename().string().rfind(cat("events.out.tfevents.", later + 1, "."), 0), 0u)
+      << file;
+  fs::remove_all(d);
+}
+
 // A file that takes no more bytes (here: past the file-size limit, as on a full disk) is an error
 // naming the file at the write that finds it: ignored, the file would silently lose lines while
 // the position (saved in checkpoints) still counted them.
