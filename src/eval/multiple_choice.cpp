@@ -253,6 +253,7 @@ std::vector<double> continuation_logprobs(const model::Llama& model,
         for (int64_t v = 1; v < V; ++v) best = std::max(best, static_cast<double>(z[v]));
         double total = 0;
         for (int64_t v = 0; v < V; ++v) total += std::exp(static_cast<double>(z[v]) - best);
+        POLLEN_CHECK(!std::isnan(total), "scoring: the model's logits hold NaN");
         sum += static_cast<double>(z[targets[k]]) - best - std::log(total);
       }
       out[i] = sum;

@@ -107,6 +107,19 @@ TEST(MultipleChoice, ContinuationScoresEqualTheDirectLogSoftmaxInAnyBatch) {
   EXPECT_GT(std::abs(cut[1] - one[1]), 1e-6);
 }
 
+// A model whose logits hold NaN scores nothing: an error, as perplexity gives, not an accuracy
+// made of the items whose gold is the first choice (every prediction picking choice 0).
+TEST(MultipleChoice, NaNLogitsAreAnError) {
+  const auto tok = testing::tiny_tokenizer();
+  model::Llama m = testing::tiny_model(tok.vocab_size());
+  for (auto& [name, v] : m.named_parameters())
+    if (name == "lm_head.weight" || name == "model.embed_tokens.weight")
+      v.value().fill_(std::nanf(""));
+  const std::vector<eval::TokenPair> pairs = {eval::encode_pair(tok, "Bees", " make honey", 0)};
+  const std::string e = testing::error_of([&] { eval::continuation_logprobs(m, pairs, 256, 1); });
+  EXPECT_NE(e.find("the model's logits hold NaN"), std::string::npos) << e;
+}
+
 TEST(MultipleChoice, FewShotPrefixAndPicks) {
   const std::vector<eval::ChoiceItem> items = {
       {"Q1", {"a", "b"}, 1}, {"Q2", {"c", "d"}, 0}, {"Q3", {"e", "f"}, 1}, {"Q4", {"g", "h"}, 0}};
