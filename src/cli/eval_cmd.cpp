@@ -40,9 +40,15 @@ std::vector<std::string> read_documents(const std::string& path, bool jsonl,
   std::vector<std::string> docs;
   // Bits per byte count the text's UTF-8 bytes, and the tokenizer reads UTF-8.
   const auto check_utf8 = [&](std::string_view text, int64_t line) {
-    const size_t bad = utf8_invalid_at(text);
-    POLLEN_CHECK(bad == std::string_view::npos, "'", path, "'", line ? cat(" line ", line) : "",
-                 ": not valid UTF-8 at byte ", bad + 1);
+    size_t bad = utf8_invalid_at(text);
+    if (bad == std::string_view::npos) return;
+    if (line == 0) {  // a whole file: the line and the byte in it
+      const std::string_view before = text.substr(0, bad);
+      line = 1 + std::count(before.begin(), before.end(), '\n');
+      const size_t start = before.rfind('\n');
+      if (start != std::string_view::npos) bad -= start + 1;
+    }
+    fail("'", path, "' line ", line, ": not valid UTF-8 at byte ", bad + 1);
   };
   if (!jsonl && !per_line) {
     docs.push_back(read_file(path));

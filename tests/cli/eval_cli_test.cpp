@@ -43,7 +43,7 @@ class EvalCli : public ::testing::Test {
     write_file_atomic(dir_ / "empty.jsonl", "{\"text\": \"\"}\n\n{\"text\": \"\"}\n");
     write_file_atomic(dir_ / "docs.jsonl",
                       "{\"text\": \"the cat sat\"}\n\n{\"text\": \"a dog\"}\n");
-    write_file_atomic(dir_ / "latin1.txt", "the caf\xe9 sat\n");
+    write_file_atomic(dir_ / "latin1.txt", "a cat\nthe caf\xe9 sat\n");
     // Another model's tokenizer: more ids than this model's embedding has rows.
     testing::write_hf_dir(testing::tiny_model(tok.vocab_size() - 8), tok, dir_ / "narrow");
   }
@@ -112,7 +112,8 @@ TEST_F(EvalCli, ATokenizerWithMoreIdsThanTheModelIsRefusedNamingIt) {
 TEST_F(EvalCli, TextThatIsNotUtf8IsRefusedNamingTheLineAndByte) {
   const CliRun r = pollen("eval " + model() + " --text " + file("latin1.txt"));
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("latin1.txt': not valid UTF-8 at byte 8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("latin1.txt' line 2: not valid UTF-8 at byte 8"), std::string::npos)
+      << r.output;
   EXPECT_EQ(r.output.find("perplexity"), std::string::npos) << r.output;
 }
 
