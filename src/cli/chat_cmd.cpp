@@ -58,7 +58,7 @@ void add_chat_command(CLI::App& app) {
     o.stop_tokens.push_back(end_of_turn_id(tok, format));
     tokenizer::EncodeOptions eo;  // the template writes BOS itself where the model wants one
     eo.special = tokenizer::SpecialPolicy::allow_all();
-    const auto decode = [&](std::span<const uint32_t> ids) { return tok.decode_continuation(ids); };
+    const auto decode = [&](std::span<const uint32_t> ids) { return tok.generated_text(ids); };
     // The cache is allocated whole: a 131072-token default would take 34 GB on an 8B model.
     const int64_t positions = m.config().max_position_embeddings;
     const bool stretches = m.config().rope_scaling.kind == ops::RopeScaling::Kind::dynamic;

@@ -70,7 +70,7 @@ void add_generate_command(CLI::App& app) {
       prompts.push_back(std::move(ids));
     }
     const auto gens = model::generate(
-        m, prompts, o, [&](std::span<const uint32_t> ids) { return tok.decode_continuation(ids); });
+        m, prompts, o, [&](std::span<const uint32_t> ids) { return tok.generated_text(ids); });
     for (size_t i = 0; i < gens.size(); ++i) {
       if (a->json) {
         nlohmann::json j = {{"prompt", a->prompts[i]},

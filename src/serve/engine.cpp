@@ -88,10 +88,8 @@ int64_t Engine::most_rows() const {
 
 void Engine::work() {
   // Generated text follows its prompt: decoded as a continuation (a SentencePiece marker of the
-  // first token is its space, as in the whole text).
-  const auto decode = [this](std::span<const uint32_t> ids) {
-    return tok_.decode_continuation(ids);
-  };
+  // first token is its space, as in the whole text), special tokens left out.
+  const auto decode = [this](std::span<const uint32_t> ids) { return tok_.generated_text(ids); };
   const auto on_token = [this](size_t id, uint32_t token, std::span<const float> logits) {
     this->on_token(id, token, logits);
   };

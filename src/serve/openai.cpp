@@ -576,7 +576,7 @@ json chat_logprobs(const tokenizer::Tokenizer& tok, const SequenceResult& r) {
 
 std::string TextStream::on_token(uint32_t token) {
   tokens_.push_back(token);
-  const std::string text = tok_->decode_continuation(tokens_);
+  const std::string text = tok_->generated_text(tokens_);
   size_t safe = text.size();
   // An unfinished UTF-8 character at the end waits for its other bytes.
   for (size_t back = 1; back <= std::min<size_t>(3, text.size()); ++back) {

@@ -149,6 +149,15 @@ std::string Tokenizer::decode_continuation(std::span<const uint32_t> ids) const 
   return out;
 }
 
+std::string Tokenizer::generated_text(std::span<const uint32_t> ids) const {
+  std::string out;
+  for (const uint32_t id : ids) {
+    const AddedToken* added = added_with_id(id);
+    if (!added || !added->special) decode_token(token_bytes(id), false, out);
+  }
+  return out;
+}
+
 std::string Tokenizer::decode(std::span<const uint32_t> ids) const {
   std::string out;
   for (size_t i = 0; i < ids.size(); ++i) decode_token(token_bytes(ids[i]), i == 0, out);

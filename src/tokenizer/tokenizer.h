@@ -76,6 +76,10 @@ class Tokenizer {
   // start of the whole text, so that decode(a) + decode_continuation(b) == decode(a + b) when a
   // decodes to text that does not begin with spaces only.
   std::string decode_continuation(std::span<const uint32_t> ids) const;
+  // The text generated tokens add to their prompt's, as vLLM and transformers' text-generation
+  // pipeline give it (skip_special_tokens): decode_continuation without the special added
+  // tokens, whose markup ("<|im_start|>") is no text a reader should see.
+  std::string generated_text(std::span<const uint32_t> ids) const;
 
   // One past the highest id of any token.
   uint32_t vocab_size() const;

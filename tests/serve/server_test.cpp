@@ -148,6 +148,10 @@ class Serving : public ::testing::Test {
         .get<std::string>();
   }
   static std::string decode(const std::vector<uint32_t>& ids) { return sent(tok_->decode(ids)); }
+  // Generated text as the server sends it: special tokens left out.
+  static std::string reply_text(const std::vector<uint32_t>& ids) {
+    return sent(tok_->generated_text(ids));
+  }
 
   static void expect_error(const std::pair<int, json>& r, int status, const std::string& param) {
     EXPECT_EQ(r.first, status) << r.second.dump();
@@ -239,7 +243,7 @@ TEST_F(Serving, CompletionsEqualGenerate) {
   ASSERT_EQ(r.first, 200) << r.second.dump();
   const auto greedy = model::generate(*model_, {prompt_ids(p0)}, sampling(8, 0, 0));
   EXPECT_EQ(r.second["object"], "text_completion");
-  EXPECT_EQ(r.second["choices"][0]["text"], decode(greedy[0].tokens));
+  EXPECT_EQ(r.second["choices"][0]["text"], reply_text(greedy[0].tokens));
   EXPECT_EQ(r.second["choices"][0]["finish_reason"], greedy[0].finish_reason);
   EXPECT_EQ(r.second["usage"]["completion_tokens"], greedy[0].tokens.size());
   EXPECT_EQ(r.second["usage"]["prompt_tokens"], prompt_ids(p0).size());
@@ -251,14 +255,14 @@ TEST_F(Serving, CompletionsEqualGenerate) {
       model::generate(*model_, {prompt_ids(p0), prompt_ids(p1)}, sampling(12, 0.9, 11));
   ASSERT_EQ(r.second["choices"].size(), 2u);
   for (size_t i = 0; i < 2; ++i)
-    EXPECT_EQ(r.second["choices"][i]["text"], decode(sampled[i].tokens)) << i;
+    EXPECT_EQ(r.second["choices"][i]["text"], reply_text(sampled[i].tokens)) << i;
   // Token-id prompts go to the model as given.
   const auto ids = prompt_ids(p1);
   r = post("/v1/completions",
            json{{"prompt", {ids}}, {"max_tokens", 12}, {"temperature", 0.9}, {"seed", 11}});
   ASSERT_EQ(r.first, 200) << r.second.dump();
   const auto alone = model::generate(*model_, {ids}, sampling(12, 0.9, 11));  // fork(0) now
-  EXPECT_EQ(r.second["choices"][0]["text"], decode(alone[0].tokens));
+  EXPECT_EQ(r.second["choices"][0]["text"], reply_text(alone[0].tokens));
   EXPECT_NE(alone[0].tokens, sampled[1].tokens);
 }
 
@@ -277,7 +281,7 @@ TEST_F(Serving, NChoicesPerPromptEachFromItsOwnFork) {
   size_t generated = 0;
   for (size_t k = 0; k < 4; ++k) {
     EXPECT_EQ(r.second["choices"][k]["index"], k);
-    EXPECT_EQ(r.second["choices"][k]["text"], decode(expected[k].tokens)) << k;
+    EXPECT_EQ(r.second["choices"][k]["text"], reply_text(expected[k].tokens)) << k;
     generated += expected[k].tokens.size();
   }
   EXPECT_NE(expected[0].tokens, expected[1].tokens) << "two choices of one prompt should differ";
@@ -296,7 +300,7 @@ TEST_F(Serving, NChoicesPerPromptEachFromItsOwnFork) {
   const auto replies = model::generate(*model_, {prompt, prompt, prompt}, sampling(8, 0.9, 9));
   ASSERT_EQ(r.second["choices"].size(), 3u);
   for (size_t j = 0; j < 3; ++j)
-    EXPECT_EQ(r.second["choices"][j]["message"]["content"], decode(replies[j].tokens)) << j;
+    EXPECT_EQ(r.second["choices"][j]["message"]["content"], reply_text(replies[j].tokens)) << j;
   json streamed_chat = chat;
   streamed_chat["stream"] = true;
   const auto ev = events(post_stream("/v1/chat/completions", streamed_chat));
@@ -311,7 +315,7 @@ TEST_F(Serving, NChoicesPerPromptEachFromItsOwnFork) {
     if (c["delta"].contains("content")) streamed[j] += c["delta"]["content"].get<std::string>();
   }
   for (size_t j = 0; j < 3; ++j) {
-    EXPECT_EQ(streamed[j], decode(replies[j].tokens)) << j;
+    EXPECT_EQ(streamed[j], reply_text(replies[j].tokens)) << j;
     EXPECT_EQ(roles[j], 1) << j;
     EXPECT_EQ(finishes[j], 1) << j;
   }
@@ -456,7 +460,7 @@ TEST_F(Serving, ChatWholeAndStreamed) {
   EXPECT_EQ(r.second["object"], "chat.completion");
   EXPECT_EQ(r.second["choices"][0]["message"]["role"], "assistant");
   const std::string content = r.second["choices"][0]["message"]["content"];
-  EXPECT_EQ(content, decode(expected[0].tokens));
+  EXPECT_EQ(content, reply_text(expected[0].tokens));
   EXPECT_EQ(r.second["usage"]["prompt_tokens"], prompt.size());
 
   const std::string body = post_stream(
@@ -566,7 +570,7 @@ TEST_F(Serving, TheOfficialOpenAiClientReadsEveryResponse) {
   };
   const auto cat_ids = prompt_ids("The cat sat");
   const auto greedy = model::generate(*model_, {cat_ids}, sampling(8, 0, 0));
-  EXPECT_EQ(got["completion"]["text"], decode(greedy[0].tokens));
+  EXPECT_EQ(got["completion"]["text"], reply_text(greedy[0].tokens));
   EXPECT_EQ(got["completion"]["finish_reason"], greedy[0].finish_reason);
   EXPECT_EQ(got["completion"]["usage"], usage(cat_ids.size(), greedy[0].tokens.size()));
   EXPECT_EQ(got["completion_streamed"]["text"], got["completion"]["text"]);

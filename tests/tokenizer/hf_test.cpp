@@ -245,6 +245,8 @@ TEST(HfJson, AJsonFileThatIsNoTokenizerIsNamedAsSuch) {
 // Generated text is decoded after its prompt: the text of the ids after the first k, decoded as a
 // continuation, is what they add to HF's decoding of the whole (the first token's marker and
 // Llama-2's Strip belong to the start of the whole text), for Metaspace and Llama-2's decoder.
+// As generated text, special tokens (<s>) are left out, as HF's skip_special_tokens leaves them,
+// and added tokens that are not special (<x>) kept.
 TEST(HfJson, AContinuationDecodesToWhatItAddsToTheWholeText) {
   POLLEN_REQUIRE_PEERS();
   const nlohmann::json metaspace = {
@@ -257,16 +259,27 @@ TEST(HfJson, AContinuationDecodesToWhatItAddsToTheWholeText) {
         {{"type", "Fuse"}},
         {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
   const std::vector<std::vector<uint32_t>> sequences = {
-      {3, 4}, {0, 4}, {5, 3}, {1, 6, 5}, {7, 3, 4}, {0, 2, 2, 3}, {4, 6, 5}};
+      {3, 4}, {0, 4}, {5, 3}, {1, 6, 5}, {7, 3, 4}, {0, 2, 2, 3}, {4, 6, 5}, {3, 7, 8, 4}};
   fs::path dir = testing::temp_dir("continuation_decode");
   for (const nlohmann::json& decoder : {metaspace, llama2}) {
     nlohmann::json j = metaspace_json(metaspace);
     j["decoder"] = decoder;
     j["model"]["byte_fallback"] = true;
+    j["added_tokens"].push_back({{"id", 8},
+                                 {"content", "<x>"},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", false}});
     const fs::path file = dir / "tokenizer.json";
     write_file_atomic(file, j.dump());
     auto hf = testing::run_reference(
         {{"mode", "hf_decode"}, {"tokenizer_json", file.string()}, {"ids", sequences}});
+    auto hf_skipped = testing::run_reference({{"mode", "hf_decode"},
+                                              {"tokenizer_json", file.string()},
+                                              {"ids", sequences},
+                                              {"skip_special", true}});
     const Tokenizer tok = load_hf_json(file);
     for (size_t i = 0; i < sequences.size(); ++i) {
       const std::string whole = hf["texts"][i].get<std::string>();
@@ -276,6 +289,10 @@ TEST(HfJson, AContinuationDecodesToWhatItAddsToTheWholeText) {
         const std::string prompt = tok.decode(ids.first(k));
         EXPECT_EQ(prompt + tok.decode_continuation(ids.subspan(k)), whole)
             << decoder.dump() << " sequence " << i << " after " << k;
+        if (std::find(ids.begin(), ids.begin() + k, 7u) == ids.begin() + k)
+          EXPECT_EQ(prompt + tok.generated_text(ids.subspan(k)),
+                    hf_skipped["texts"][i].get<std::string>())
+              << decoder.dump() << " sequence " << i << " after " << k;
       }
     }
   }

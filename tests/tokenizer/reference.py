@@ -38,11 +38,12 @@ def run_hf(req):
 
 
 def decode_hf(req):
-    """HF's decode of given id sequences (special tokens kept)."""
+    """HF's decode of given id sequences (special tokens kept, or skipped with skip_special)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(req["tokenizer_json"])
-    return {"texts": [tok.decode(ids, skip_special_tokens=False) for ids in req["ids"]]}
+    skip = req.get("skip_special", False)
+    return {"texts": [tok.decode(ids, skip_special_tokens=skip) for ids in req["ids"]]}
 
 
 def split_hf(req):
