@@ -67,9 +67,17 @@ class StopOnSignal {
   std::thread thread_;
 };
 
-std::string trimmed(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
-  return s;
+// The key `source` (--api-key, or the file) gives: its text without surrounding whitespace. A
+// request's header cannot carry whitespace inside a key (HTTP trims it around one), so a key
+// with some, a file's second line say, would refuse every request: refused here instead.
+std::string api_key_from(const std::string& text, const std::string& source) {
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return "";
+  const std::string key = text.substr(first, text.find_last_not_of(" \t\r\n") - first + 1);
+  POLLEN_CHECK(key.find_first_of(" \t\r\n") == std::string::npos, source,
+               " holds whitespace inside the key (a second line?): give the key alone, on one "
+               "line");
+  return key;
 }
 
 }  // namespace
@@ -144,15 +152,20 @@ void add_serve_command(CLI::App& app) {
   cmd->callback([a, key] {
     if (a->threads > 0) set_num_threads(a->threads);
     // `--api-key "$KEY"` with KEY unset would serve without a key.
-    POLLEN_CHECK(key->count() == 0 || !trimmed(a->api_key).empty(),
-                 "--api-key is empty; pass the key (or leave --api-key out to serve without one "
-                 "on a loopback address)");
     serve::ServerOptions o;
     o.host = a->host;
     o.port = a->port;
-    o.api_key = a->api_key_file.empty() ? a->api_key : trimmed(read_file(a->api_key_file));
-    POLLEN_CHECK(a->api_key_file.empty() || !o.api_key.empty(), "API key file '", a->api_key_file,
-                 "' is empty");
+    if (a->api_key_file.empty()) {
+      o.api_key = api_key_from(a->api_key, "--api-key");
+      // `--api-key "$KEY"` with KEY unset would serve without a key.
+      POLLEN_CHECK(key->count() == 0 || !o.api_key.empty(),
+                   "--api-key is empty; pass the key (or leave --api-key out to serve without "
+                   "one on a loopback address)");
+    } else {
+      const std::string source = cat("API key file '", a->api_key_file, "'");
+      o.api_key = api_key_from(read_file(a->api_key_file), source);
+      POLLEN_CHECK(!o.api_key.empty(), source, " is empty");
+    }
     serve::check_bind(o.host, o.api_key);  // before the model loads
     serve::check_allowed_origins(a->allowed_origins);
     o.allowed_origins = a->allowed_origins;

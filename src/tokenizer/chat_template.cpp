@@ -283,11 +283,17 @@ std::vector<std::string> missing_chat_markup(const Tokenizer& tok, ChatTemplate 
 }
 
 uint32_t end_of_turn_id(const Tokenizer& tok, ChatTemplate t, std::string_view what_to_do) {
-  const std::string_view content = end_of_turn(t);
-  const std::optional<uint32_t> id = added_token_id(tok, content);
-  POLLEN_CHECK(id.has_value(), "the ", chat_template_name(t), " chat template ends turns with ",
-               content, ", which the tokenizer does not have; ", what_to_do);
-  return *id;
+  const std::vector<std::string> missing = missing_chat_markup(tok, t);
+  if (!missing.empty()) {
+    std::string names;
+    for (const std::string& m : missing) names += (names.empty() ? "" : ", ") + m;
+    const bool unended = !added_token_id(tok, end_of_turn(t));
+    fail("the ", chat_template_name(t), " chat template writes ", names,
+         ", which the tokenizer does not have (its markup would be encoded as plain bytes",
+         unended ? cat(", and no reply could end without ", end_of_turn(t)) : std::string(), "); ",
+         what_to_do);
+  }
+  return *added_token_id(tok, end_of_turn(t));
 }
 
 ChatTemplate chat_template_named(std::string_view name) {

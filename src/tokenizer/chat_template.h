@@ -52,9 +52,10 @@ std::optional<uint32_t> added_token_id(const Tokenizer& tok, std::string_view co
 // The template's markup tokens that `tok` lacks (none: the template can be used with it).
 std::vector<std::string> missing_chat_markup(const Tokenizer& tok, ChatTemplate t);
 
-// The id of the token that ends a turn; an error when the tokenizer lacks it (the template's
-// markers would be encoded as plain bytes and no reply could ever end). `what_to_do` ends the
-// error: how the caller's user chooses another template.
+// The id of the token that ends a turn; an error when the tokenizer lacks it or any other of the
+// template's markup tokens (they would be encoded as plain bytes: a prompt the model was never
+// trained on, and without the end of turn no reply could ever end). `what_to_do` ends the error:
+// how the caller's user chooses another template.
 uint32_t end_of_turn_id(const Tokenizer& tok, ChatTemplate t, std::string_view what_to_do);
 
 // The template's Jinja text as HF models carry it (what tokenizer_config.json's chat_template

@@ -1456,6 +1456,23 @@ TEST(ServeCli, AnotherAddressWithoutAKeyIsRefusedBeforeLoading) {
   while (fgets(buf, sizeof buf, p)) out += buf;
   EXPECT_NE(pclose(p), 0);
   EXPECT_NE(out.find("--api-key is empty"), std::string::npos) << out;
+  // A key file with a second line would make a key no request can send (HTTP trims a header's
+  // value, and a line break ends it): refused, naming the file.
+  const std::string key_file = ::testing::TempDir() + "pollen_two_line_key";
+  write_file_atomic(key_file, "\n sekret\n# rotated in December\n");
+  p = popen(
+      (std::string(POLLEN_BINARY) +
+       " serve --model llama-tiny --host 127.0.0.1 --port 0 --api-key-file " + key_file + " 2>&1")
+          .c_str(),
+      "r");
+  ASSERT_NE(p, nullptr);
+  out.clear();
+  while (fgets(buf, sizeof buf, p)) out += buf;
+  EXPECT_NE(pclose(p), 0);
+  EXPECT_NE(out.find("API key file '" + key_file + "' holds whitespace inside the key"),
+            std::string::npos)
+      << out;
+  std::filesystem::remove(key_file);
 }
 
 // A chat template whose end-of-turn token the tokenizer lacks would encode its markers as plain
@@ -1479,9 +1496,10 @@ TEST(ServeCli, AChatTemplateTheTokenizerCannotEndIsRefused) {
   char buf[512];
   while (fgets(buf, sizeof buf, p)) out += buf;
   EXPECT_NE(pclose(p), 0) << out;
-  EXPECT_NE(out.find("ends turns with <|im_end|>, which the tokenizer does not have"),
+  EXPECT_NE(out.find("writes <|im_start|>, <|im_end|>, which the tokenizer does not have"),
             std::string::npos)
       << out;
+  EXPECT_NE(out.find("no reply could end without <|im_end|>"), std::string::npos) << out;
   std::filesystem::remove_all(dir);
 }
 

@@ -14,6 +14,8 @@
 #include "base/files.h"
 #include "support/errors.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/open.h"
+#include "tokenizer/trainer.h"
 
 using pollen::testing::error_of;
 
@@ -78,6 +80,31 @@ TEST(ChatTemplate, RendersKnownTextWithoutPeers) {
             "<|im_start|>system\nD<|im_end|>\n<|im_start|>user\nu<|im_end|>\n");
   EXPECT_EQ(end_of_turn(ChatTemplate::chatml), "<|im_end|>");
   EXPECT_EQ(end_of_turn(ChatTemplate::llama3), "<|eot_id|>");
+}
+
+// A tokenizer that has Llama 3's end of turn but not its <|begin_of_text|> would encode that as
+// plain bytes, a prompt the model never saw: refused as a missing end of turn is, naming it.
+TEST(ChatTemplate, ATokenizerWithoutTheWholeMarkupIsRefused) {
+  const std::string pattern = pattern_regex("gpt2");
+  PieceCounts counts(pattern);
+  const std::vector<std::string_view> docs = {"hello there", "general kenobi"};
+  counts.add_documents(docs);
+  const Tokenizer tok =
+      train_bpe(counts, {280, {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}, pattern});
+  const std::string e =
+      error_of([&] { end_of_turn_id(tok, ChatTemplate::llama3, "choose another"); });
+  EXPECT_NE(e.find("writes <|begin_of_text|>, which the tokenizer does not have"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(e.find("no reply could end"), std::string::npos) << e;  // it has <|eot_id|>
+  const std::string chatml =
+      error_of([&] { end_of_turn_id(tok, ChatTemplate::chatml, "choose another"); });
+  EXPECT_NE(chatml.find("no reply could end without <|im_end|>"), std::string::npos) << chatml;
+  const Tokenizer whole = train_bpe(
+      counts, {280,
+               {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"},
+               pattern});
+  EXPECT_EQ(end_of_turn_id(whole, ChatTemplate::llama3, "-"), *added_token_id(whole, "<|eot_id|>"));
 }
 
 TEST(ChatTemplate, RecognisesTheTemplatesOfRealConfigs) {
