@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/thread_pool.h"
+#include "base/utf8.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
 #include "cli/sampling_args.h"
@@ -119,7 +120,9 @@ void add_chat_command(CLI::App& app) {
       model::SamplingOptions turn = o;
       turn.max_tokens = std::min<int64_t>(o.max_tokens, context - static_cast<int64_t>(ids.size()));
       const model::Generation reply = session.generate(ids, turn, decode, [](std::string_view t) {
-        std::fwrite(t.data(), 1, t.size(), stdout);
+        std::string shown;  // bytes that are not UTF-8 (a reply cut inside a character) as U+FFFD
+        utf8_repair(t, shown);
+        std::fwrite(shown.data(), 1, shown.size(), stdout);
         std::fflush(stdout);
       });
       std::fputc('\n', stdout);

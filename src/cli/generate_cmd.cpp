@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/thread_pool.h"
+#include "base/utf8.h"
 #include "cli/commands.h"
 #include "cli/model_args.h"
 #include "cli/sampling_args.h"
@@ -80,7 +81,11 @@ void add_generate_command(CLI::App& app) {
         std::printf("%s\n",
                     j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       } else {
-        std::printf("%s%s\n", a->prompts[i].c_str(), gens[i].text.c_str());
+        // The text whole (a generated NUL byte too), bytes that are not UTF-8 as U+FFFD, as
+        // HF's decode gives them.
+        std::string line;
+        utf8_repair(a->prompts[i] + gens[i].text + "\n", line);
+        std::fwrite(line.data(), 1, line.size(), stdout);
       }
     }
   });

@@ -13,6 +13,7 @@
 
 #include "base/files.h"
 #include "base/rng.h"
+#include "base/utf8.h"
 #include "io/hf.h"
 #include "model/generate.h"
 #include "support/tiny_lm.h"
@@ -121,6 +122,36 @@ TEST(Generate, ConfigJsonsEosEndsGenerationWithoutAGenerationConfig) {
   fs::remove_all(root);
 }
 
+// Plain output is the prompt and the whole generated text (a NUL byte does not end it), bytes
+// that are not UTF-8 written as U+FFFD, as HF's decode gives them; special tokens left out.
+TEST(Generate, PlainOutputIsTheWholeTextInUtf8) {
+  const fs::path root = fs::temp_directory_path() / ("pollen_gen_text_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  const ChatModel cm = make_chat_model(root);
+  write_file_atomic(root / "none.txt", "");
+  const std::string args = "generate --model " + cm.dir.string() +
+                           " --prompt 'hello' --ignore-eos --max-tokens 200 --temperature 2 ";
+  bool raw_invalid = false, nul = false, special = false;
+  for (int seed = 1; seed <= 3; ++seed) {
+    const std::string seeded = args + "--seed " + std::to_string(seed);
+    const PollenRun json = run_pollen(seeded + " --json", root / "none.txt");
+    const PollenRun plain = run_pollen(seeded, root / "none.txt");
+    ASSERT_EQ(json.status, 0) << json.output;
+    ASSERT_EQ(plain.status, 0) << plain.output;
+    const auto tokens = nlohmann::json::parse(json.output)["tokens"].get<std::vector<uint32_t>>();
+    const std::string text = cm.tok.generated_text(tokens);
+    std::string expected;
+    utf8_repair("hello" + text + "\n", expected);
+    EXPECT_EQ(plain.output, expected) << seed;
+    raw_invalid |= !utf8_valid(text);
+    nul |= text.find('\0') != std::string::npos;
+    special |=
+        std::find(tokens.begin(), tokens.end(), id_of(cm.tok, "<|im_start|>")) != tokens.end();
+  }
+  EXPECT_TRUE(raw_invalid && nul && special) << raw_invalid << nul << special;  // cases covered
+  fs::remove_all(root);
+}
+
 // A prompt and --max-tokens that need more positions than the model has (256 here) are
 // refused, naming the option and how many tokens fit.
 TEST(Generate, MoreTokensThanTheModelHasPositionsForAreRefused) {
@@ -193,9 +224,12 @@ TEST(Chat, RepliesToEachLineWithTheWholeConversation) {
   for (const std::string& line : lines) {
     messages.push_back({"user", line});
     const auto ids = cm.tok.encode(tokenizer::render_chat(format, messages, true), eo);
-    const auto reply = model::generate(
-        cm.model, {ids}, o, [&](std::span<const uint32_t> t) { return cm.tok.decode(t); })[0];
-    expected += reply.text + "\n";
+    const auto reply = model::generate(cm.model, {ids}, o, [&](std::span<const uint32_t> t) {
+      return cm.tok.generated_text(t);
+    })[0];
+    std::string shown;  // bytes that are not UTF-8 shown as U+FFFD
+    utf8_repair(reply.text + "\n", shown);
+    expected += shown;
     messages.push_back({"assistant", reply.text});
   }
   EXPECT_EQ(run.output, expected);
