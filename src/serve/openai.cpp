@@ -259,10 +259,17 @@ json parse_body(const std::string& body) {
   if (!json_depth_within(body))
     throw ApiError(400, "invalid_request_error", "invalid_json", "",
                    cat("The request body nests JSON more than ", kMaxJsonDepth, " levels deep"));
-  json j = json::parse(body, nullptr, false);
-  if (j.is_discarded())
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." without its tag
+    const std::string what = e.what();
+    const size_t tag = what.find("] ");
     throw ApiError(400, "invalid_request_error", "invalid_json", "",
-                   "The request body is not valid JSON");
+                   cat("The request body is not valid JSON: ",
+                       tag == std::string::npos ? what : what.substr(tag + 2)));
+  }
   if (!j.is_object())
     throw ApiError(400, "invalid_request_error", "invalid_json", "",
                    "The request body must be a JSON object");

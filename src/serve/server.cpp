@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "base/http_server.h"
 #include "base/rng.h"
@@ -37,6 +38,29 @@ const char* endpoint_method(const std::string& path) {
 }
 
 // The 401 of a request without the right API key.
+// A Content-Length that is not a byte count, which cpp-httplib reads as a huge one ("-1", then a
+// 413 after the read timeout) or as none ("abc", then a body said not to be JSON).
+std::optional<ApiError> bad_content_length(const httplib::Request& req) {
+  if (!req.has_header("Content-Length")) return std::nullopt;
+  const std::string value = req.get_header_value("Content-Length");
+  if (!value.empty() && value.size() <= 19 &&
+      value.find_first_not_of("0123456789") == std::string::npos)
+    return std::nullopt;
+  return ApiError(400, "invalid_request_error", "invalid_content_length", "",
+                  cat("The request's Content-Length '", value.substr(0, 64),
+                      "' is not a byte count: expected digits alone"));
+}
+
+// What an error cpp-httplib answered before any handler ran says about the request.
+std::string malformed_request_message(int status) {
+  if (status == 400)
+    return "The request is not valid HTTP/1.1: expected a request line (METHOD /path "
+           "HTTP/1.1), then header lines (Name: value) ended by an empty line";
+  if (status == 414) return "The request's URL is too long";
+  if (status == 431) return "The request's header lines are too long or too many";
+  return cat("HTTP status ", status);
+}
+
 ApiError unauthorized(const httplib::Request& req) {
   const bool missing = req.get_header_value("Authorization").empty();
   return ApiError(
@@ -344,7 +368,9 @@ void Server::add_routes() {
                         cat(req.method, " is not allowed on ", req.path, ": it takes ", allowed)));
       return;
     }
-    if (res.status == 413)
+    if (const auto bad = bad_content_length(req))
+      send_error(res, *bad);
+    else if (res.status == 413)
       send_error(res, ApiError(413, "invalid_request_error", "request_too_large", "",
                                cat("The request body exceeds this server's limit of ",
                                    limits.max_body_bytes, " bytes")));
@@ -353,7 +379,7 @@ void Server::add_routes() {
                                cat("Unknown URL: ", req.method, " ", req.path)));
     else
       send_error(res, ApiError(res.status, "invalid_request_error", "", "",
-                               cat("HTTP status ", res.status)));
+                               malformed_request_message(res.status)));
   });
 
   // Every API call: its key checked, counted against max_concurrent, errors as OpenAI bodies.
@@ -399,6 +425,7 @@ void Server::add_routes() {
         return send_error(res, ApiError(415, "invalid_request_error", "unsupported_encoding", "",
                                         cat("The request body's Content-Encoding '", encoding,
                                             "' is not supported; send it uncompressed")));
+      if (const auto bad = bad_content_length(req)) return send_error(res, *bad);
       if (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding"))
         return send_error(res, ApiError(411, "invalid_request_error", "missing_body", "",
                                         "The request has no body: send JSON, with a "

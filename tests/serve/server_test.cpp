@@ -771,6 +771,28 @@ TEST_F(Serving, BodiesAreBoundedHoweverFramedAndJsonHoweverDeep) {
       "Content-Encoding: gzip\r\nContent-Length: 4\r\n\r\n\x1f\x8b\x08\x00");
   EXPECT_TRUE(gzipped.starts_with("HTTP/1.1 415")) << gzipped;
   EXPECT_NE(gzipped.find("Content-Encoding 'gzip'"), std::string::npos) << gzipped;
+  // Broken framing is named: a Content-Length that is no byte count, a request line that is no
+  // HTTP, and JSON with where its syntax breaks.
+  for (const std::string length : {"abc", "-1"}) {
+    const std::string framed = reply(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        "Content-Length: " +
+        length + "\r\n\r\n{\"prompt\":\"a\"}");
+    EXPECT_TRUE(framed.starts_with("HTTP/1.1 400")) << framed;
+    EXPECT_NE(framed.find("Content-Length '" + length + "' is not a byte count"), std::string::npos)
+        << framed;
+  }
+  const std::string garbage = reply("GARBAGE\r\n\r\n");
+  EXPECT_TRUE(garbage.starts_with("HTTP/1.1 400")) << garbage;
+  EXPECT_NE(garbage.find("not valid HTTP/1.1: expected a request line"), std::string::npos)
+      << garbage;
+  const auto broken =
+      post("/v1/completions", std::string("{\"prompt\": \"hi\", \"max_tokens\": 1,}"));
+  expect_error(broken, 400, "");
+  EXPECT_NE(broken.second["error"]["message"].get<std::string>().find(
+                "not valid JSON: parse error at line 1, column"),
+            std::string::npos)
+      << broken.second.dump();
 }
 
 // max_completion_tokens replaces max_tokens, unless it is null.
