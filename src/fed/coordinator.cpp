@@ -144,9 +144,9 @@ Coordinator::Coordinator(ServerConfig config, bool resume) : config_(std::move(c
       // Fewer rounds than the checkpoint took leave nothing to run: refused, not "finished".
       const std::string rounds_key =
           config_.dir_key.substr(0, config_.dir_key.find('.') + 1) + "rounds";
-      POLLEN_CHECK(config_.rounds >= done_, "fed server --resume: ", rounds_key, " (",
-                   config_.rounds, ") is below the ", done_, " rounds of checkpoint '",
-                   choice.dir->string(), "'; give at least ", done_);
+      POLLEN_CHECK(config_.rounds >= done_, "--resume: ", rounds_key, " (", config_.rounds,
+                   ") is below the ", done_, " rounds of checkpoint '", choice.dir->string(),
+                   "'; give at least ", done_);
       // A stop between the checkpoint and adapter/ left the adapters of the round before.
       if (post_global_) save_global_adapter();
       const auto state = nlohmann::json::parse(read_file(*choice.dir / "state.json"));

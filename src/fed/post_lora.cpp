@@ -431,7 +431,8 @@ SimConfig load_fed_post_config(const std::filesystem::path& path) {
   POLLEN_CHECK(server.local_steps >= 1 && server.local_steps <= kMaxLocalSteps,
                f->where("local_steps"), ": must be 1 to ", kMaxLocalSteps, ", got ",
                server.local_steps);
-  POLLEN_CHECK(server.eval_every >= 0, f->where("eval_every"), ": expected 0 (never) or more");
+  POLLEN_CHECK(server.eval_every >= 0, f->where("eval_every"),
+               ": expected 0 (only at the end) or more");
   for (size_t i = 0; i < data.size(); ++i)
     POLLEN_CHECK(std::filesystem::exists(data[i]), f->where(cat("data[", i, "]")), ": '", data[i],
                  "' does not exist");

@@ -86,8 +86,13 @@ int64_t run_server(const ServerConfig& config, bool resume) {
     watcher.thread = std::thread([&] {
       while (!watcher.done) {
         if (g_signal) {
-          log::warn("fed server: signal ", g_signal.load(),
-                    "; stopping now: the open round is left unfinished, and --resume redoes it");
+          if (coordinator.finished())
+            log::info("fed server: signal ", g_signal.load(),
+                      "; every round is done: the server stops without waiting for the "
+                      "clients to hear it");
+          else
+            log::warn("fed server: signal ", g_signal.load(),
+                      "; stopping now: the open round is left unfinished, and --resume redoes it");
           coordinator.stop();
           return;
         }

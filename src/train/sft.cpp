@@ -346,17 +346,17 @@ void SftObjective::split_across(dist::Communicator& comm, dist::GradReducer& red
     // The same rows per step in other micro-batches, when the world size allows it: what a
     // resumed run may change (docs/posttraining.md); else a larger step.
     const int64_t rows = settings_.micro_batch * settings_.accumulation;
-    std::string advice = cat("--set sft.accumulation=", comm.world(),
+    std::string advice = cat("sft.accumulation = ", comm.world(),
                              " or a multiple of it; the step's batch grows with it");
     for (int64_t a = comm.world(); a <= rows; a += comm.world()) {
       if (rows % a != 0) continue;
-      advice = cat("--set sft.accumulation=", a, " --set sft.micro_batch=", rows / a,
+      advice = cat("sft.accumulation = ", a, " with sft.micro_batch = ", rows / a,
                    " keeps the step's ", rows, " rows, also when resuming");
       break;
     }
     fail("sft.accumulation (", settings_.accumulation, ") is not a multiple of the job's ",
          comm.world(), " ranks: each rank runs the same number of a step's micro-batches (", advice,
-         ")");
+         "; set them in the run file, or with --set on pollen sft)");
   }
   comm_ = &comm;
   reducer_ = &reducer;

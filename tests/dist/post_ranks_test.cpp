@@ -166,6 +166,10 @@ TEST(SftRanks, TwoRanksTrainAsOneProcessAndResumeAsOne) {
   EXPECT_NE(out.find("sft.accumulation (4) is not a multiple of the job's 3 ranks"),
             std::string::npos)
       << out;
+  EXPECT_NE(out.find("(sft.accumulation = 3 or a multiple of it; the step's batch grows with it; "
+                     "set them in the run file"),
+            std::string::npos)
+      << out;
 }
 
 // A rank that hangs before step 4 (SIGSTOP-like: it never reaches a collective) ends the job
