@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "data/shards.h"
 #include "io/checkpoint.h"
+#include "io/model_source.h"
 #include "io/safetensors.h"
 
 namespace pollen::eval {
@@ -160,15 +161,20 @@ void load_weights(const model::Llama& model, const fs::path& checkpoint) {
     if (auto why = io::verify_checkpoint(folder, {file.filename().string()}))
       fail("checkpoint '", folder.string(), "' does not verify: ", *why);
   }
+  io::refuse_adapter_only_checkpoint(folder, cat("--checkpoint '", checkpoint.string(), "'"));
   const auto weights = io::read_safetensors(file);
   for (const auto& [name, var] : model.named_parameters()) {
     const Tensor& into = var.value();
     const Tensor* t = weights.find(name);
     POLLEN_CHECK(t != nullptr, "'", file.string(), "' has no tensor '", name, "'");
-    POLLEN_CHECK(t->shape() == into.shape() && t->dtype() == into.dtype(), "'", file.string(),
-                 "': tensor '", name, "' is ", shape_str(t->shape()), " ", dtype_name(t->dtype()),
-                 ", the model wants ", shape_str(into.shape()), " ", dtype_name(into.dtype()));
-    std::memcpy(into.raw(), t->raw(), into.nbytes());
+    // A bf16 or f16 export is read as the model's floats, as --model reads it.
+    const bool floats = dtype_is_float(t->dtype()) && dtype_is_float(into.dtype());
+    POLLEN_CHECK(t->shape() == into.shape() && (t->dtype() == into.dtype() || floats), "'",
+                 file.string(), "': tensor '", name, "' is ", shape_str(t->shape()), " ",
+                 dtype_name(t->dtype()), ", the model wants ", shape_str(into.shape()), " ",
+                 dtype_name(into.dtype()));
+    const Tensor same = t->dtype() == into.dtype() ? *t : t->to(into.dtype());
+    std::memcpy(into.raw(), same.raw(), into.nbytes());
   }
 }
 

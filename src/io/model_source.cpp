@@ -155,6 +155,17 @@ const char* model_kind_name(ModelSource::Kind kind) {
   return "?";
 }
 
+void refuse_adapter_only_checkpoint(const fs::path& dir, const std::string& spec) {
+  if (!fs::is_regular_file(dir / "state.json") || fs::exists(dir / "config.toml")) return;
+  const auto state = nlohmann::json::parse(read_file(dir / "state.json"), nullptr, false);
+  if (!state.is_object() || !state.contains("post_objective")) return;
+  const fs::path server = dir.parent_path().parent_path();  // SERVER_DIR/checkpoints/step-N
+  fail("'", spec, "': '", dir.string(), "' is a checkpoint of a federated post-training server; ",
+       "it holds the global LoRA adapters alone, not a model: pass the base model as --model and ",
+       "the server's adapters as --adapter '", (server / "adapter").string(),
+       "' (pollen export hf takes both too)");
+}
+
 ModelSource resolve_model(const std::string& spec) {
   ModelSource s;
   s.spec = spec;
@@ -180,6 +191,7 @@ ModelSource resolve_model(const std::string& spec) {
       dir = *newest;
       verified = true;
     }
+    refuse_adapter_only_checkpoint(dir, cat("model '", spec, "'"));
     const bool lora = !fs::is_regular_file(dir / "model.safetensors") &&
                       fs::is_regular_file(dir / "adapter_config.json") &&
                       fs::is_regular_file(dir / "config.toml");

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "autograd/tape.h"
 #include "base/error.h"
@@ -114,6 +115,18 @@ TEST_F(Perplexity, LoadsWeightsByNameAndRefusesMismatches) {
     EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
   }
   EXPECT_THROW(perplexity(trained, manifest_, {"nosuchsplit", 16, 2}), pollen::Error);
+  // A bf16 export's weights are read as the model's floats, rounded as bf16 rounds them.
+  io::NamedTensors halved;
+  for (const auto& [name, var] : trained.named_parameters())
+    halved.emplace_back(name, var.value().to(DType::bf16));
+  io::write_safetensors(dir_ / "ckpt" / "model.safetensors", halved);
+  load_weights(fresh, dir_ / "ckpt");
+  const auto rounded = fresh.named_parameters();
+  for (size_t i = 0; i < rounded.size(); ++i) {
+    const Tensor expected = halved[i].second.to(DType::f32);
+    ASSERT_EQ(std::memcmp(rounded[i].second.value().raw(), expected.raw(), expected.nbytes()), 0)
+        << halved[i].first;
+  }
 }
 
 TEST_F(Perplexity, RefusesACheckpointWhoseWeightsChangedAfterItWasWritten) {

@@ -115,4 +115,23 @@ TEST(ModelSource, ATrainingCheckpointWithoutItsManifestIsRefused) {
   fs::remove_all(root);
 }
 
+// A federated post-training server's folder holds the global adapters' B matrices in its
+// checkpoints, no model: refused saying what to pass (the server's adapter/ folder with the base)
+// rather than as a folder of no known kind, whether the server folder or a checkpoint is named.
+TEST(ModelSource, AFederatedAdapterCheckpointSaysToPassTheBaseAndItsAdapters) {
+  const fs::path server = temp_dir("fed_post");
+  io::CheckpointWriter w(server / "checkpoints", 6);
+  w.add_tensors("model.safetensors", {});
+  w.add_text("state.json", "{\"round\": 6, \"post_objective\": \"sft\"}\n");
+  const fs::path ckpt = w.commit();
+  for (const fs::path& named : {server, ckpt}) {
+    const std::string e = pollen::testing::error_of([&] { io::resolve_model(named.string()); });
+    EXPECT_NE(e.find("'" + ckpt.string() + "' is a checkpoint of a federated post-training server"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("--adapter '" + (server / "adapter").string() + "'"), std::string::npos) << e;
+  }
+  fs::remove_all(server);
+}
+
 }  // namespace
