@@ -91,9 +91,12 @@ PostConfig parse_post_config(const std::string& text, const std::string& source,
   POLLEN_CHECK(model.has_value(), "config file '", name,
                "': missing [model] (base: a preset, model file, checkpoint or HF directory)");
   c.base = model->require_string("base");
-  // A preset's name stays as it is; a file or folder is found relative to the run file and
-  // kept as an absolute path, so that a checkpoint naming its base opens from any folder.
-  if (fs::exists(base_dir / c.base))
+  // A preset's name (no '/', no extension) stays as it is; a file or folder is found relative to
+  // the run file (also one that is gone, as a resumed full fine-tune's base may be) and kept as
+  // an absolute path, so that a checkpoint naming its base opens from any folder.
+  const bool preset_like =
+      c.base.find('/') == std::string::npos && !fs::path(c.base).has_extension();
+  if (!preset_like || fs::exists(base_dir / c.base))
     c.base = fs::absolute(resolve(c.base)).lexically_normal().string();
   c.tokenizer = model->get_string("tokenizer", "");
   if (!c.tokenizer.empty()) c.tokenizer = resolve(c.tokenizer);

@@ -199,6 +199,15 @@ TEST(PostRun, AMissingBaseOrTokenizerNamesItsKey) {
   EXPECT_NE(base.find("model.base set': model.base: unknown model preset 'nope'"),
             std::string::npos)
       << base;
+  // A relative path is the run file's folder's, also when nothing is there (a resumed full
+  // fine-tune goes on from its checkpoint when its base has moved away), whatever the current
+  // folder; a name that could be a preset stays as it is.
+  const fs::path runs = dir / "runs";
+  EXPECT_EQ(train::parse_post_config(text, "post.toml", "sft", {"model.base=../gone"}, runs).base,
+            (dir / "gone").string());
+  EXPECT_EQ(
+      train::parse_post_config(text, "post.toml", "sft", {"model.base=llama-tiny"}, runs).base,
+      "llama-tiny");
   const std::string tok = with("model.tokenizer=" + (dir / "nope.json").string());
   EXPECT_NE(tok.find("model.tokenizer set': model.tokenizer: cannot open"), std::string::npos)
       << tok;
