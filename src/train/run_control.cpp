@@ -176,15 +176,26 @@ void LoopCounters::count_step(int64_t step_tokens, bool good, double loss, int64
 }
 
 std::string LoopCounters::too_many_bad_steps(int64_t max_bad_steps, const fs::path& last_checkpoint,
-                                             std::string_view start_key) const {
+                                             int64_t at_step, std::string_view start_key) const {
   const std::string stopping =
       cat(bad_in_row, " non-finite steps in a row (train.max_bad_steps = ", max_bad_steps,
           "); stopping. The last good checkpoint is ");
-  if (last_checkpoint.empty())
-    return stopping +
-           "none (no checkpoint was written); lower optimizer.lr or raise "
-           "schedule.warmup_steps and start again";
-  return cat(stopping, "'", last_checkpoint.string(),
+  // The last finite step (at_step - bad_in_row) ran on the weights of the step before it.
+  const int64_t vouched = at_step - bad_in_row - 1;
+  fs::path good;
+  if (!last_checkpoint.empty())
+    for (const fs::path& c : io::list_checkpoints(last_checkpoint.parent_path()))
+      if (io::checkpoint_step(c) <= vouched) good = c;
+  if (good.empty()) {
+    const std::string why =
+        last_checkpoint.empty()
+            ? std::string("no checkpoint was written")
+            : cat("the newest, '", last_checkpoint.string(), "', holds step ",
+                  io::checkpoint_step(last_checkpoint), "'s update, which may be what diverged");
+    return cat(stopping, "none (", why,
+               "); lower optimizer.lr or raise schedule.warmup_steps and start again");
+  }
+  return cat(stopping, "'", good.string(),
              "'; to go on from it with a lower optimizer.lr or more schedule.warmup_steps (which "
              "--resume keeps as they were), start a new run with ",
              start_key, " set to it");

@@ -177,11 +177,15 @@ TEST(PostRun, TooManyNonFiniteStepsNameTheKeyToStartAgainFrom) {
   const auto r = test_support::run_post(
       train::parse_post_config(
           run_toml(dir / "run", 20), "post.toml", "sft",
-          {"optimizer.lr=1e30", "schedule.kind=constant", "schedule.warmup_steps=0",
+          {"optimizer.lr=30000", "schedule.kind=constant", "schedule.warmup_steps=0",
            "train.grad_clip=0", "train.max_bad_steps=3", "checkpoint.interval=1"}),
       train::make_sft_objective, false);
   ASSERT_EQ(r.status, train::RunStatus::failed) << r.message;
   EXPECT_NE(r.message.find("3 non-finite steps in a row"), std::string::npos) << r.message;
+  ASSERT_GE(r.step - 4, 1) << r.message;  // the last finite step's own checkpoint is not good
+  EXPECT_NE(r.message.find(io::checkpoint_name(r.step - 4) + "'; to go on from it"),
+            std::string::npos)
+      << r.message;
   EXPECT_NE(r.message.find("model.base set to it"), std::string::npos) << r.message;
 }
 

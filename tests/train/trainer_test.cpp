@@ -797,12 +797,31 @@ TEST(Trainer, NonFiniteLossesSkipUpdatesThenStop) {
   EXPECT_EQ(r.status, train::RunStatus::failed);
   EXPECT_NE(r.message.find("3 non-finite steps in a row"), std::string::npos) << r.message;
   EXPECT_EQ(r.skipped_steps, 3);
-  // Checkpoints stop at the last good step; the failed steps wrote none.
+  // Checkpoints stop at the last finite step; the failed steps wrote none. That step's own
+  // update is what diverged (the next loss is not finite), so no checkpoint is called good.
   const auto all = io::list_checkpoints(run / "checkpoints");
   ASSERT_FALSE(all.empty());
   EXPECT_EQ(io::checkpoint_step(all.back()), r.step - 3);
-  EXPECT_NE(r.message.find(io::checkpoint_name(r.step - 3)), std::string::npos) << r.message;
-  EXPECT_NE(r.message.find("model.init_from set to it"), std::string::npos) << r.message;
+  EXPECT_NE(r.message.find("The last good checkpoint is none (the newest, '" + all.back().string() +
+                           "', holds step " + std::to_string(r.step - 3) +
+                           "'s update, which may be what diverged)"),
+            std::string::npos)
+      << r.message;
+  fs::remove_all(run);
+  // A learning rate that diverges after a few steps: the good checkpoint is the one before the
+  // last finite step, whose weights that step's finite loss vouched for.
+  const auto slower = train_quiet(tiny(
+      run, 30,
+      {"optimizer.lr=100", "schedule.kind=constant", "schedule.warmup_steps=0", "schedule.min_lr=0",
+       "train.grad_clip=0", "train.max_bad_steps=3", "checkpoint.interval=1"}));
+  ASSERT_EQ(slower.status, train::RunStatus::failed) << slower.message;
+  ASSERT_GE(slower.step - 4, 1) << slower.message;
+  EXPECT_NE(slower.message.find(
+                "The last good checkpoint is '" +
+                (run / "checkpoints" / io::checkpoint_name(slower.step - 4)).string() + "'"),
+            std::string::npos)
+      << slower.message;
+  EXPECT_NE(slower.message.find("model.init_from set to it"), std::string::npos) << slower.message;
   fs::remove_all(run);
 }
 
