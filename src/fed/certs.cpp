@@ -146,9 +146,29 @@ void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients
   fs::create_directories(dir);
   EVP_PKEY* ca_key;
   X509* ca;
-  if (fs::exists(dir / "ca.pem") && fs::exists(dir / "ca.key")) {
+  const bool has_ca_cert = fs::exists(dir / "ca.pem"), has_ca_key = fs::exists(dir / "ca.key");
+  // A new CA beside one half of the old, or beside certificates the old one signed, would
+  // leave every certificate issued so far unverifiable (and overwrite the half that is there).
+  POLLEN_CHECK(has_ca_cert == has_ca_key,
+               "fed certs: ", (dir / (has_ca_cert ? "ca.pem" : "ca.key")).string(),
+               " is there but ", (dir / (has_ca_cert ? "ca.key" : "ca.pem")).string(),
+               " is not: the CA needs both to sign (put the missing file back; a new CA would "
+               "invalidate every certificate it signed)");
+  if (!has_ca_cert) {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      POLLEN_CHECK(
+          !(name == "server.pem" || (name.starts_with("client-") && name.ends_with(".pem"))),
+          "fed certs: ", dir.string(), " holds ", name,
+          " but no CA (ca.pem, ca.key): a new CA would not verify it; put the CA's "
+          "files back, or make the certificates in a new folder");
+    }
+  }
+  if (has_ca_cert) {
     ca = read_cert(dir / "ca.pem");
     ca_key = read_key(dir / "ca.key");
+    POLLEN_CHECK(X509_check_private_key(ca, ca_key) == 1, "fed certs: ", (dir / "ca.key").string(),
+                 " is not the key of ", (dir / "ca.pem").string());
     log::info("fed certs: using the CA in ", (dir / "ca.pem").string());
   } else {
     ca_key = new_key();

@@ -1277,6 +1277,24 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   EXPECT_EQ(read_file(dir / "certs" / "crl.pem"), crl);
   make_dev_certs(dir / "certs", {}, {"fed.example.org"}, 1, /*replace_server=*/true);
   EXPECT_NE(read_file(dir / "certs" / "server.pem"), server_pem);
+  // Half a CA (its key kept elsewhere), or certificates without their CA, are refused naming
+  // the missing file: a new CA would invalidate every certificate issued, and overwrite the half.
+  const std::string ca_pem = read_file(dir / "certs" / "ca.pem");
+  fs::rename(dir / "certs" / "ca.key", dir / "ca.key");
+  const std::string half = pollen::testing::error_of(
+      [&] { make_dev_certs(dir / "certs", {"erin"}, {"localhost"}, 1, false); });
+  EXPECT_NE(half.find((dir / "certs" / "ca.key").string() + " is not"), std::string::npos) << half;
+  EXPECT_EQ(read_file(dir / "certs" / "ca.pem"), ca_pem);
+  EXPECT_FALSE(fs::exists(dir / "certs" / "client-erin.pem"));
+  fs::rename(dir / "certs" / "ca.pem", dir / "ca.pem");
+  const std::string none = pollen::testing::error_of(
+      [&] { make_dev_certs(dir / "certs", {"erin"}, {"localhost"}, 1, false); });
+  EXPECT_NE(none.find("but no CA (ca.pem, ca.key)"), std::string::npos) << none;
+  fs::copy_file(dir / "other" / "ca.key", dir / "certs" / "ca.key");  // another CA's key
+  fs::copy_file(dir / "ca.pem", dir / "certs" / "ca.pem");
+  const std::string wrong_key = pollen::testing::error_of(
+      [&] { make_dev_certs(dir / "certs", {"erin"}, {"localhost"}, 1, false); });
+  EXPECT_NE(wrong_key.find("is not the key of"), std::string::npos) << wrong_key;
   server.grpc.shutdown();
 }
 
