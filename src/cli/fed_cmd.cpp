@@ -142,18 +142,25 @@ void add_fed_command(CLI::App& app) {
   auto* certs = fed->add_subcommand(
       "certs", "Make a development CA, a server certificate and per-client certificates");
   certs->add_option("--dir", o->dir, "Where the PEM files go")->capture_default_str();
-  certs->add_option("--client", o->clients, "A client id (repeat for more)");
+  auto* client_ids = certs->add_option("--client", o->clients, "A client id (repeat for more)");
   auto* server_names =
       certs
           ->add_option("--server-name", o->names,
                        "DNS names or IPs of the server (given: a new server certificate; not "
                        "given: the one in --dir is kept, made when there is none)")
           ->capture_default_str();
-  certs->add_option("--days", o->days, "Validity in days")->capture_default_str();
-  certs->add_option("--revoke", o->revoke, "Revoke this client's certificate (writes crl.pem)");
-  certs->add_flag("--replace", o->replace,
-                  "Make a new certificate for a --client that has one, revoking the old one "
-                  "(without it such a client is refused)");
+  auto* days = certs->add_option("--days", o->days, "Validity in days")->capture_default_str();
+  auto* replace = certs->add_flag("--replace", o->replace,
+                                  "Make a new certificate for a --client that has one, revoking "
+                                  "the old one (without it such a client is refused)");
+  // Revoking makes no certificate: the options that shape one would be silently left out.
+  certs
+      ->add_option("--revoke", o->revoke,
+                   "Revoke this client's certificate (writes crl.pem; makes no certificate)")
+      ->excludes(client_ids)
+      ->excludes(server_names)
+      ->excludes(days)
+      ->excludes(replace);
   certs->callback([o, server_names] {
     if (!o->revoke.empty()) {
       fed::revoke_client_cert(o->dir, o->revoke);

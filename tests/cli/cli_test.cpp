@@ -43,6 +43,19 @@ TEST(Cli, OutputThatCannotBeWrittenFailsTheCommand) {
       << r.output;
 }
 
+// fed certs --revoke makes no certificate: options that would shape one are refused beside it,
+// not silently left out (a --client given with it got no certificate, and exit 0).
+TEST(Cli, FedCertsRevokeRefusesTheOptionsOfANewCertificate) {
+  for (const std::string& other :
+       {"--client ok3", "--server-name localhost", "--days 3", "--replace"}) {
+    const CliRun r = run_pollen("fed certs --dir " + ::testing::TempDir() +
+                                "pollen_revoke_only --revoke ok1 " + other);
+    EXPECT_EQ(r.status, 2) << other << ": " << r.output;
+    EXPECT_NE(r.output.find("excludes --revoke"), std::string::npos) << other << ": " << r.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(::testing::TempDir() + "pollen_revoke_only"));
+}
+
 TEST(Cli, HelpListsCommands) {
   CliRun r = run_pollen("--help");
   EXPECT_EQ(r.status, 0);
