@@ -4,10 +4,12 @@
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <openssl/x509v3.h>
 #include <openssl/x509_vfy.h>
 
 #include <filesystem>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "base/error.h"
@@ -85,6 +87,18 @@ void check_tls_files(const TlsFiles& tls, const char* who) {
                ": expired on ", time_text(X509_get0_notAfter(cert)));
   POLLEN_CHECK(X509_cmp_current_time(X509_get0_notBefore(cert)) < 0, where(who, "cert", tls.cert),
                ": not valid before ", time_text(X509_get0_notBefore(cert)));
+  // An expired CA fails every handshake of the side that trusts it, whatever it signed.
+  for (const Cert& ca : cas)
+    POLLEN_CHECK(X509_cmp_current_time(X509_get0_notAfter(ca.get())) > 0, where(who, "ca", tls.ca),
+                 ": the CA certificate expired on ", time_text(X509_get0_notAfter(ca.get())));
+  const bool serving = std::string_view(who) == "fed server";
+  POLLEN_CHECK(
+      X509_check_purpose(cert, serving ? X509_PURPOSE_SSL_SERVER : X509_PURPOSE_SSL_CLIENT, 0) == 1,
+      where(who, "cert", tls.cert), ": its extended key usage does not allow a TLS ",
+      serving ? "server" : "client", " (a ", serving ? "client's" : "server's",
+      " certificate given here?); pollen fed certs makes server.pem for the server and "
+      "client-ID.pem for each client");
+  ERR_clear_error();
   const Store store(X509_STORE_new());
   POLLEN_CHECK(store, who, ": OpenSSL cannot make a certificate store");
   for (const Cert& ca : cas) X509_STORE_add_cert(store.get(), ca.get());
@@ -102,7 +116,7 @@ void check_tls_files(const TlsFiles& tls, const char* who) {
   // tls.ca is the CA this side trusts for the other; the other side may trust another for this
   // one (a server certificate from a public CA, say), so this is a warning, not a refusal.
   if (!verified)
-    log::warn(where(who, "cert", tls.cert), " is not signed by tls.ca '", tls.ca, "' (",
+    log::warn(where(who, "cert", tls.cert), " does not verify against tls.ca '", tls.ca, "' (",
               X509_verify_cert_error_string(error),
               "): the other side must trust another CA for it, or it refuses the handshake (with "
               "pollen fed certs, both sides use one CA)");

@@ -7,10 +7,11 @@
 namespace pollen::fed {
 
 // Refuses, naming the key (tls.ca, tls.cert, tls.key) and the file: a file that is not PEM of its
-// kind (a key with a passphrase included), a key that is not the certificate's, a certificate not
-// valid now (expired, or not yet). Warns when the certificate (with the intermediates after it
-// in tls.cert) is not signed by tls.ca, which the other side may still trust. `who`: "fed
-// server" or "fed client", for the message.
+// kind (a key with a passphrase included), a key that is not the certificate's, a certificate or
+// CA not valid now (expired, or not yet), a certificate whose extended key usage does not allow
+// this side's role (a client's certificate given to the server, or the reverse). Warns when the
+// certificate (with the intermediates after it in tls.cert) does not verify against tls.ca,
+// which the other side may still trust for it. `who`: "fed server" or "fed client".
 void check_tls_files(const TlsFiles& tls, const char* who);
 
 }  // namespace pollen::fed

@@ -1216,20 +1216,55 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
                             "/client-alice.key' is not the key of tls.cert"),
             std::string::npos)
       << server_key;
-  // no client certificate at all
-  {
-    TlsFiles t{(dir / "certs/ca.pem").string(), (dir / "certs/server.pem").string(),
-               (dir / "certs/server.key").string(), "", ""};
-    GrpcTransport tr(address, t, 3, 60);  // a certificate not meant for clients, wrong name
-    pb::JoinRequest r;
-    r.set_protocol_version(kProtocolVersion);
-    r.set_client_id("alice");
-    pb::JoinReply reply;
-    try {
-      reply = tr.join(r);
-    } catch (const Error&) {
-    }
-    EXPECT_FALSE(reply.accepted());
+  // A certificate meant for the other side is refused before any handshake, either way round.
+  const std::string server_as_client =
+      refused({certs + "/ca.pem", certs + "/server.pem", certs + "/server.key", "", ""});
+  EXPECT_NE(server_as_client.find("tls.cert '" + certs +
+                                  "/server.pem': its extended key usage does not allow a TLS "
+                                  "client"),
+            std::string::npos)
+      << server_as_client;
+  ServerConfig client_as_server = TlsServer::config_in(dir);
+  client_as_server.tls.cert = certs + "/client-alice.pem";
+  client_as_server.tls.key = certs + "/client-alice.key";
+  client_as_server.dir = dir / "client_as_server";
+  const std::string serving_client = pollen::testing::error_of([&] {
+    Coordinator c(client_as_server, false);
+    GrpcServer g(c, "127.0.0.1:0", client_as_server.tls);
+  });
+  EXPECT_NE(serving_client.find("fed server: tls.cert '" + certs +
+                                "/client-alice.pem': its extended key usage does not allow a TLS "
+                                "server"),
+            std::string::npos)
+      << serving_client;
+  // An expired CA fails every handshake of the side trusting it: refused, with its date.
+  if (fs::exists(POLLEN_PEERS_PYTHON)) {
+    write_file_atomic(dir / "old_ca.py", R"PY(
+import datetime, sys
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+key = ec.generate_private_key(ec.SECP256R1())
+name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "old CA")])
+cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(1)
+        .not_valid_before(datetime.datetime(2024, 1, 1))
+        .not_valid_after(datetime.datetime(2024, 12, 31))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256()))
+open(sys.argv[1], "wb").write(cert.public_bytes(serialization.Encoding.PEM))
+)PY");
+    ASSERT_EQ(std::system(cat(POLLEN_PEERS_PYTHON, " ", (dir / "old_ca.py").string(), " ",
+                              (dir / "old_ca.pem").string())
+                              .c_str()),
+              0);
+    const std::string expired = refused({(dir / "old_ca.pem").string(), certs + "/client-alice.pem",
+                                         certs + "/client-alice.key", "", ""});
+    EXPECT_NE(expired.find("tls.ca '" + (dir / "old_ca.pem").string() +
+                           "': the CA certificate expired on Dec 31"),
+              std::string::npos)
+        << expired;
   }
   // A certificate of the federation's CA without a common name: it must not pass as "no TLS",
   // where any claimed id would do (openssl's command line signs one with the CA's key).
