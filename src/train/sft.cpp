@@ -246,13 +246,19 @@ SftObjective::SftObjective(const ObjectiveContext& ctx) : seed_(ctx.seed) {
        &validation_, counts);
   if (!settings_.validation.empty() && jsonl_has_records(settings_.validation))
     load(settings_.validation, false, validation_, nullptr, counts);
-  POLLEN_CHECK(!train_.empty(), "sft: no training examples left in '", settings_.data.string(), "'",
-               counts.unscored > 0
-                   ? cat(": ", counts.unscored, " have no token to score (sft.loss_on = \"",
-                         settings_.assistant_only ? "assistant" : "all",
-                         "\"), their replies cut off by truncation to sft.seq = ", settings_.seq,
-                         " positions (sft.too_long) or empty")
-                   : std::string());
+  if (train_.empty()) {
+    std::string why;
+    if (counts.dropped > 0)
+      why = cat(": ", counts.dropped, " dropped for being longer than sft.seq = ", settings_.seq,
+                " positions (sft.too_long = \"drop\")");
+    if (counts.unscored > 0)
+      why += cat(why.empty() ? ": " : "; ", counts.unscored,
+                 " have no token to score (sft.loss_on = \"",
+                 settings_.assistant_only ? "assistant" : "all",
+                 "\"), their replies cut off by truncation to sft.seq = ", settings_.seq,
+                 " positions (sft.too_long) or empty");
+    fail("sft: no training examples left in '", settings_.data.string(), "'", why);
+  }
   // The files read well. Where examples were left out for having no token to score, the key says
   // so: checkpoints of pollen that kept them count positions in another list of examples.
   identity_.emplace("sft.data", settings_.data, "sft.validation", settings_.validation, ctx);

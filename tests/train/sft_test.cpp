@@ -411,12 +411,12 @@ TEST(Sft, ExamplesLeftWithNoScoredTokenAreLeftOut) {
   std::vector<int64_t> sorted = first_scored;
   std::sort(sorted.begin(), sorted.end());
   ASSERT_LT(sorted.front(), sorted.back());
-  auto build = [&](int64_t seq) {
+  auto build = [&](int64_t seq, const std::string& extra = "") {
     const auto cfg = train::parse_post_config(
         test_support::tiny_post_toml(
             dir / "run", fx.model_file, fx.tokenizer_path, 2,
             "[sft]\ndata = \"" + data.string() +
-                "\"\nvalidation_fraction = 0\nseq = " + std::to_string(seq) + "\n"),
+                "\"\nvalidation_fraction = 0\nseq = " + std::to_string(seq) + "\n" + extra),
         "unscored.toml", "sft");
     const auto base = train::resolve_post_base(cfg);
     train::ObjectiveContext ctx{cfg.objective_section(), cfg.base_dir, base.tokenizer.get(),
@@ -435,6 +435,12 @@ TEST(Sft, ExamplesLeftWithNoScoredTokenAreLeftOut) {
   const std::string e = error_of([&] { build(sorted.front() - 1); });
   for (const char* key : {"no token to score", "sft.seq = ", "sft.too_long", "sft.loss_on"})
     EXPECT_NE(e.find(key), std::string::npos) << key << ": " << e;
+  // Every example dropped for its length: the count and the keys are named too.
+  const std::string dropped = error_of([&] { build(2, "too_long = \"drop\"\n"); });
+  EXPECT_NE(dropped.find(": 30 dropped for being longer than sft.seq = 2 positions (sft.too_long = "
+                         "\"drop\")"),
+            std::string::npos)
+      << dropped;
 }
 
 // The binary as a user runs it: `sft synth` is deterministic, SIGTERM is a preemption (exit 3)
