@@ -65,14 +65,25 @@ inline void check_tokenizer_fits(const tokenizer::Tokenizer& tok, const io::Mode
                src.config.vocab_size, ": it is another model's");
 }
 
+// tokenizer::choose_chat_format for a command line: an error without a name given says to pass
+// --chat-template.
+inline tokenizer::ChatFormat chosen_chat_format(const std::filesystem::path& dir,
+                                                const std::string& name) {
+  try {
+    return tokenizer::choose_chat_format(dir, name);
+  } catch (const Error& e) {
+    if (!name.empty()) throw;  // the name given is unknown, and the error says which are known
+    fail(e.what(), "; pass --chat-template chatml or --chat-template llama3");
+  }
+}
+
 // The chat template: `explicit_name` ("chatml" or "llama3") when given, else the one a
 // post-training checkpoint names, else the one the model's tokenizer_config.json names (beside
 // its other HF files, else beside its tokenizer); an error says what to pass when none does.
 inline tokenizer::ChatFormat model_chat_format(const io::ModelSource& src,
                                                const std::string& explicit_name) {
-  return tokenizer::choose_chat_format(
-      io::tokenizer_config_dir(src),
-      explicit_name.empty() ? src.chat_template.value_or("") : explicit_name);
+  return chosen_chat_format(io::tokenizer_config_dir(src),
+                            explicit_name.empty() ? src.chat_template.value_or("") : explicit_name);
 }
 
 // The id of the special token that ends a turn in `format`; an error when the tokenizer lacks it.

@@ -11,6 +11,7 @@
 #include "base/files.h"
 #include "base/log.h"
 #include "cli/commands.h"
+#include "cli/model_args.h"
 #include "cli/post_command.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/open.h"
@@ -102,7 +103,7 @@ void add_rm_score(CLI::App* cmd) {
     if (!a->chat_template.empty() ||
         (std::filesystem::exists(config) &&
          read_file(config).find("\"chat_template\"") != std::string::npos))
-      format.chat_format = tokenizer::choose_chat_format(dir, a->chat_template);
+      format.chat_format = chosen_chat_format(dir, a->chat_template);
     const train::ScoreCounts counts =
         train::score_jsonl(rm, format, a->data, a->out, a->micro_batch);
     std::printf("scored %lld records of %s with %s -> %s\n", static_cast<long long>(counts.records),

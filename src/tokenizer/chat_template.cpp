@@ -326,7 +326,7 @@ ChatFormat recognise_chat_template(std::string_view jinja, std::string_view sour
   }
   fail(source,
        ": the chat_template is neither ChatML's nor Llama 3's (pollen renders those two without "
-       "running Jinja); pass --chat-template chatml or --chat-template llama3 to choose one");
+       "running Jinja)");
 }
 
 std::filesystem::path chat_template_file(const std::filesystem::path& tokenizer_config) {
@@ -364,8 +364,7 @@ std::optional<std::string> chat_template_text(const std::filesystem::path& token
 ChatFormat chat_format_from_config(const std::filesystem::path& tokenizer_config) {
   const std::optional<std::string> jinja = chat_template_text(tokenizer_config);
   POLLEN_CHECK(jinja.has_value(), tokenizer_config.string(),
-               ": has no 'chat_template' (and no chat_template.jinja is beside it); pass "
-               "--chat-template chatml or --chat-template llama3");
+               ": has no 'chat_template' (and no chat_template.jinja is beside it)");
   const std::filesystem::path file = chat_template_file(tokenizer_config);
   return recognise_chat_template(
       *jinja, (std::filesystem::is_regular_file(file) ? file : tokenizer_config).string());
@@ -380,7 +379,7 @@ ChatFormat choose_chat_format(const std::filesystem::path& model_dir,
                    std::filesystem::is_regular_file(chat_template_file(config)),
                "no tokenizer_config.json or chat_template.jinja in '",
                model_dir.empty() ? std::string(".") : model_dir.string(),
-               "' names a chat template; pass --chat-template chatml or --chat-template llama3");
+               "' names a chat template");
   return chat_format_from_config(config);
 }
 

@@ -81,8 +81,8 @@ std::optional<std::string> chat_template_text(const std::filesystem::path& token
 ChatFormat chat_format_from_config(const std::filesystem::path& tokenizer_config);
 
 // The format for a model directory: `explicit_name` ("chatml" or "llama3") when given, otherwise
-// the one the directory's tokenizer_config.json names; an error says what to pass when neither
-// is there.
+// the one the directory's tokenizer_config.json names; an error says why there is none (the
+// caller adds how its user chooses one: a command-line option, a config key).
 ChatFormat choose_chat_format(const std::filesystem::path& model_dir,
                               std::string_view explicit_name);
 
