@@ -299,10 +299,15 @@ void add_eval_command(CLI::App& app) {
     const io::ModelSource src = io::resolve_model(a->model);
     const model::Llama m = io::load_model(src);
     if (!a->checkpoint.empty()) eval::load_weights(m, a->checkpoint);
-    // What the results are of: the model, and the checkpoint whose weights were scored.
+    // What the results are of: the model, and the checkpoint whose weights were scored (a run
+    // folder's newest, which moves on while the run trains).
     const auto scored_model = [&] {
       nlohmann::ordered_json j{{"model", a->model}};
-      if (!a->checkpoint.empty()) j["checkpoint"] = a->checkpoint;
+      if (!a->checkpoint.empty())
+        j["checkpoint"] = a->checkpoint;
+      else if (src.kind == io::ModelSource::Kind::checkpoint &&
+               std::filesystem::path(a->model).lexically_normal() != src.path.lexically_normal())
+        j["checkpoint"] = src.path.string();
       return j;
     };
     if (!a->data.empty()) {

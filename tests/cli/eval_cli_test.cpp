@@ -11,7 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/error.h"
 #include "base/files.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "support/tiny_lm.h"
 
 namespace pollen {
@@ -161,6 +164,28 @@ TEST_F(EvalCli, ResultsNameTheCheckpointScored) {
   ASSERT_EQ(r.status, 0) << r.output;
   const auto j = nlohmann::json::parse(read_file(dir_ / "checkpoint.json"));
   EXPECT_EQ(j["checkpoint"], file("model")) << j.dump();
+  // A run folder stands for its newest checkpoint, which moves on while the run trains: the
+  // results name the one scored.
+  const model::Llama m = testing::tiny_model(testing::tiny_tokenizer().vocab_size());
+  io::NamedTensors weights;
+  for (const auto& [name, v] : m.named_parameters()) weights.emplace_back(name, v.value());
+  const model::LlamaConfig& c = m.config();
+  io::CheckpointWriter w(dir_ / "run" / "checkpoints", 3);
+  w.add_tensors("model.safetensors", weights);
+  w.add_text("config.toml",
+             cat("[model]\nvocab_size = ", c.vocab_size, "\nhidden_size = ", c.hidden_size,
+                 "\nintermediate_size = ", c.intermediate_size, "\nnum_hidden_layers = ",
+                 c.num_hidden_layers, "\nnum_attention_heads = ", c.num_attention_heads,
+                 "\nnum_key_value_heads = ", c.num_key_value_heads,
+                 "\nmax_position_embeddings = ", c.max_position_embeddings, "\n"));
+  const std::filesystem::path newest = w.commit();
+  const CliRun run =
+      pollen("eval --model " + file("run") + " --tokenizer " + file("model/tokenizer.json") +
+             " --jsonl " + file("docs.jsonl") + " --output " + file("run.json"));
+  ASSERT_EQ(run.status, 0) << run.output;
+  const auto of_run = nlohmann::json::parse(read_file(dir_ / "run.json"));
+  EXPECT_EQ(of_run["model"], file("run")) << of_run.dump();
+  EXPECT_EQ(of_run["checkpoint"], newest.string()) << of_run.dump();
 }
 
 }  // namespace
