@@ -41,8 +41,13 @@ struct SignalCatcher {
 // The Prometheus endpoint of server.metrics_address, when set.
 std::unique_ptr<obs::MetricsEndpoint> serve_metrics(const Coordinator& c) {
   if (c.config().metrics_address.empty()) return nullptr;
-  auto e = std::make_unique<obs::MetricsEndpoint>(c.config().metrics_address,
-                                                  [&c] { return prometheus_metrics(c.status()); });
+  std::unique_ptr<obs::MetricsEndpoint> e;
+  try {
+    e = std::make_unique<obs::MetricsEndpoint>(c.config().metrics_address,
+                                               [&c] { return prometheus_metrics(c.status()); });
+  } catch (const Error& error) {
+    fail("server.metrics_address: ", error.what());
+  }
   log::info("fed server: metrics on http://",
             c.config().metrics_address.substr(0, c.config().metrics_address.rfind(':')), ":",
             e->port(), "/metrics");
@@ -69,8 +74,8 @@ void export_reward_model_when_done(Coordinator& coordinator, const ServerConfig&
 int64_t run_server(const ServerConfig& config, bool resume) {
   const FolderLock lock(config.dir, "server.dir");  // one server at a time writes its run
   Coordinator coordinator(config, resume);
+  const auto metrics = serve_metrics(coordinator);  // before the clients' port opens
   GrpcServer server(coordinator, config.address, config.tls);
-  const auto metrics = serve_metrics(coordinator);
   const SignalCatcher signals;
   {
     // Joined however run() ends, so that its error (a full disk at a checkpoint, say) reaches

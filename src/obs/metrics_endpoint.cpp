@@ -1,5 +1,7 @@
 #include "obs/metrics_endpoint.h"
 
+#include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include "base/error.h"
@@ -32,12 +34,14 @@ MetricsEndpoint::MetricsEndpoint(const std::string& address, std::function<std::
                       }
                     });
   listen_exclusively(impl_->server);
+  errno = 0;
   if (port == 0) {
     impl_->port = impl_->server.bind_to_any_port(host);
   } else {
     impl_->port = impl_->server.bind_to_port(host, port) ? port : -1;
   }
-  POLLEN_CHECK(impl_->port > 0, "metrics address '", address, "': cannot listen there");
+  POLLEN_CHECK(impl_->port > 0, "metrics address '", address, "': cannot listen there",
+               errno != 0 ? cat(" (", std::strerror(errno), ")") : std::string());
   impl_->thread = listen_in_background(impl_->server);
 }
 
