@@ -14,6 +14,7 @@
 #include "fed/revocation.h"
 #include "fed/stall_watch.h"
 #include "fed/tls_check.h"
+#include "fed/tls_probe.h"
 #include "pollen_fed.grpc.pb.h"
 
 namespace pollen::fed {
@@ -361,7 +362,7 @@ namespace {
 // Where a client looks for its server, for its errors.
 struct Endpoint {
   std::string address;
-  bool tls = false;
+  TlsFiles tls;
   double connect_timeout_s = 60;
   // The server answered a join or task before: failing to reach it now is no sign of a wrong
   // address or TLS setting.
@@ -390,14 +391,20 @@ std::string failure_text(const grpc::Status& s, const char* what, const Endpoint
                what, " now (", s.error_message(), "; waited up to ", e.connect_timeout_s,
                " s): it stopped since (its run ended, or it was stopped or lost)");
   }
+  if (unreachable && e.tls.enabled()) {
+    const std::string problem =
+        tls_handshake_problem(e.address, e.tls, std::min(e.connect_timeout_s, 10.0));
+    if (!problem.empty())
+      return cat("could not get through to the federation server at ", e.address, " (", what,
+                 ", waited up to ", e.connect_timeout_s, " s): ", problem);
+  }
   if (unreachable) {
-    return cat("could not reach the federation server at ", e.address, " (", what, ", ",
-               s.error_message(), "; waited up to ", e.connect_timeout_s,
-               " s): is it running there, ",
-               e.tls ? "and does it trust this client's CA, and tls.server_name match its "
-                       "certificate? (This client's own TLS files passed their checks.) A "
-                       "refused handshake looks the same from here; the server's log names it"
-                     : "and without TLS? A server with [tls] refuses a client without");
+    return cat(
+        "could not reach the federation server at ", e.address, " (", what, ", ", s.error_message(),
+        "; waited up to ", e.connect_timeout_s, " s): is it running there, ",
+        e.tls.enabled() ? "and does it trust this client's CA, and tls.server_name match its "
+                          "certificate? (A TLS handshake tried by hand went through.)"
+                        : "and without TLS? A server with [tls] refuses a client without");
   }
   return cat("server refused ", what, " (", static_cast<int>(code), "): ", s.error_message());
 }
@@ -454,7 +461,7 @@ GrpcTransport::GrpcTransport(const std::string& address, const TlsFiles& tls,
   impl_->channel = grpc::CreateCustomChannel(address, creds, args);
   impl_->stub = pb::Federation::NewStub(impl_->channel);
   impl_->endpoint.address = address;
-  impl_->endpoint.tls = tls.enabled();
+  impl_->endpoint.tls = tls;
   impl_->endpoint.connect_timeout_s = connect_timeout_s;
 }
 
