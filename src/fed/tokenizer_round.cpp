@@ -307,13 +307,16 @@ std::string run_tokenizer_server(const TokenizerServerConfig& config) {
 std::string run_counts_client(const CountsClientOptions& o) {
   check_client_id(o.id, "--id");
   check_grpc_address(o.server, "--server");
-  // The TLS files are checked before the counting, which can take long.
+  // The TLS files are checked before the counting, which can take long: here, and as the
+  // transport checks them (their PEM, key, dates and role), which connects only when it sends.
   const std::pair<const std::string*, const char*> tls_files[] = {
       {&o.tls.ca, "--ca"}, {&o.tls.cert, "--cert"}, {&o.tls.key, "--key"}};
   for (const auto& [path, flag] : tls_files)
     POLLEN_CHECK(path->empty() || fs::exists(*path), flag, ": no file '", *path, "'");
   POLLEN_CHECK(o.tls.ca.empty() == o.tls.cert.empty() && o.tls.ca.empty() == o.tls.key.empty(),
                "--ca, --cert and --key go together (mutual TLS), or none of them");
+  // A stream that moves nothing for an hour: a server hung with its connection open.
+  GrpcTransport transport(o.server, o.tls, o.connect_timeout_s, 3600);
   // Checked here too: a negative or NaN stddev must not quietly send exact counts.
   POLLEN_CHECK(std::isfinite(o.noise_stddev) && o.noise_stddev >= 0, "--noise-stddev ",
                o.noise_stddev, ": expected a finite value >= 0");
@@ -366,8 +369,6 @@ std::string run_counts_client(const CountsClientOptions& o) {
   log::info("fed counts '", o.id, "': ", counts.distinct(), " distinct pieces of ",
             counts.bytes_read(), " bytes, sending ", bytes.size(), " bytes");
 
-  // A stream that moves nothing for an hour: a server hung with its connection open.
-  GrpcTransport transport(o.server, o.tls, o.connect_timeout_s, 3600);
   int stage = 0;
   size_t offset = 0;
   const auto reply = transport.push_counts([&](pb::FileStream& m) {

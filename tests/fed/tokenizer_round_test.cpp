@@ -241,6 +241,15 @@ TEST(FederatedTokenizer, CountsAreTakenOnceAndSurviveARestart) {
   EXPECT_NE(exact.find("this run asks for --noise-stddev 0 --min-count 1"), std::string::npos)
       << exact;
   EXPECT_EQ(read_file(o.counts_file), kept);
+  // So is another pre-tokenisation pattern (one the server asked for, say): the kept file
+  // records its own.
+  o.noise_stddev = 2.0;
+  o.pattern = "gpt2";
+  const std::string patterned = pollen::testing::error_of([&] { run_counts_client(o); });
+  EXPECT_NE(patterned.find("made with pre-tokenisation pattern"), std::string::npos) << patterned;
+  EXPECT_EQ(patterned.find("could not reach"), std::string::npos) << patterned;
+  EXPECT_EQ(read_file(o.counts_file), kept);
+  o.pattern = "cl100k_base";
   // The same options with the input spelled otherwise and a min count of 0 (which counts as 1)
   // are the same counts: sent again, not refused.
   o.noise_stddev = 2.0;
@@ -250,8 +259,16 @@ TEST(FederatedTokenizer, CountsAreTakenOnceAndSurviveARestart) {
   EXPECT_EQ(same.find("holds the counts this silo made with"), std::string::npos) << same;
   EXPECT_NE(same.find("could not reach the federation server at 127.0.0.1:1"), std::string::npos)
       << same;  // it went on to send them
-  // An output that cannot be written is named before any counting.
+  // TLS files that cannot serve (a key of another certificate) are named before any counting.
   fs::remove(o.counts_file);
+  make_dev_certs(dir / "certs", {"silo-a", "silo-b"}, {"localhost"}, 1);
+  o.tls = {(dir / "certs/ca.pem").string(), (dir / "certs/client-silo-a.pem").string(),
+           (dir / "certs/client-silo-b.key").string(), "", ""};
+  const std::string mismatched = pollen::testing::error_of([&] { run_counts_client(o); });
+  EXPECT_NE(mismatched.find("is not the key of"), std::string::npos) << mismatched;
+  EXPECT_FALSE(fs::exists(o.counts_file));
+  o.tls = {};
+  // An output that cannot be written is named before any counting.
   o.output = dir / "no-such-folder" / "tok.json";
   o.counts_file.clear();
   const std::string unwritable = pollen::testing::error_of([&] { run_counts_client(o); });
