@@ -535,9 +535,15 @@ json completion_logprobs(const tokenizer::Tokenizer& tok, const std::vector<uint
   const std::vector<uint32_t>& gen = r.generation.tokens;
   all.insert(all.end(), gen.begin(), gen.end());
   const size_t first = echo ? 0 : prompt.size();
+  const std::string prompt_text = tok.decode(prompt);
   for (size_t i = first; i < all.size(); ++i) {
     tokens.push_back(token_name(tok, all[i], i == 0));
-    offsets.push_back(rendered_chars(tok.decode(std::span<const uint32_t>(all.data(), i))));
+    // Characters of the text before the token, as the choice's text has it: generated special
+    // tokens add none there.
+    const std::span<const uint32_t> before(all.data(), i);
+    offsets.push_back(rendered_chars(
+        i <= prompt.size() ? tok.decode(before)
+                           : prompt_text + tok.generated_text(before.subspan(prompt.size()))));
     const bool in_prompt = i < prompt.size();
     const std::optional<eval::TokenScore>* ps =
         in_prompt && i < r.prompt_scores.size() ? &r.prompt_scores[i] : nullptr;

@@ -413,6 +413,48 @@ TEST_F(Serving, TextOffsetsCountInvalidBytesAsTheTextShowsThem) {
   }
 }
 
+// Generated special tokens are left out of the text, and text_offset counts the text as it comes
+// back: each plain token's text starts at its offset, and a special token adds nothing.
+TEST_F(Serving, TextOffsetsPointIntoTheTextWithoutItsSpecialTokens) {
+  start();
+  // (seed 5's fork 2 samples <|im_start|> in the middle of this prompt's continuation)
+  auto r = post("/v1/completions", json{{"prompt", {"The cat sat", "Rome is"}},
+                                        {"n", 2},
+                                        {"max_tokens", 10},
+                                        {"temperature", 0.9},
+                                        {"seed", 5},
+                                        {"echo", true},
+                                        {"logprobs", 0}});
+  ASSERT_EQ(r.first, 200) << r.second.dump();
+  size_t specials = 0;
+  for (const json& c : r.second["choices"]) {
+    const std::string text = c["text"].get<std::string>();
+    std::vector<std::string> chars;  // the text as code points (JSON text is UTF-8)
+    for (size_t i = 0; i < text.size(); ++i) {
+      if ((static_cast<uint8_t>(text[i]) & 0xC0) != 0x80) chars.emplace_back();
+      chars.back() += text[i];
+    }
+    const json& lp = c["logprobs"];
+    for (size_t i = 0; i < lp["tokens"].size(); ++i) {
+      const std::string name = lp["tokens"][i].get<std::string>();
+      const auto at = lp["text_offset"][i].get<size_t>();
+      ASSERT_LE(at, chars.size()) << c.dump();
+      if (name == "<|im_start|>" || name == "<|im_end|>" || name == "<|endoftext|>") {
+        ++specials;
+        const size_t next =
+            i + 1 < lp["tokens"].size() ? lp["text_offset"][i + 1].get<size_t>() : chars.size();
+        EXPECT_EQ(next, at) << "token " << i << ": " << c.dump();
+        continue;
+      }
+      if (name.starts_with("bytes:")) continue;  // part of a character
+      std::string from;
+      for (size_t k = at; k < chars.size(); ++k) from += chars[k];
+      EXPECT_TRUE(from.starts_with(name)) << "token " << i << " '" << name << "': " << c.dump();
+    }
+  }
+  EXPECT_GT(specials, 0u) << r.second.dump();  // the case this test is about was generated
+}
+
 TEST_F(Serving, StopStringsCutTheText) {
   start();
   const auto full = model::generate(*model_, {prompt_ids("Bees make")}, sampling(16, 0, 0),
