@@ -4,9 +4,10 @@
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
-#include <openssl/x509v3.h>
 #include <openssl/x509_vfy.h>
+#include <openssl/x509v3.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string_view>
@@ -87,10 +88,15 @@ void check_tls_files(const TlsFiles& tls, const char* who) {
                ": expired on ", time_text(X509_get0_notAfter(cert)));
   POLLEN_CHECK(X509_cmp_current_time(X509_get0_notBefore(cert)) < 0, where(who, "cert", tls.cert),
                ": not valid before ", time_text(X509_get0_notBefore(cert)));
-  // An expired CA fails every handshake of the side that trusts it, whatever it signed.
-  for (const Cert& ca : cas)
-    POLLEN_CHECK(X509_cmp_current_time(X509_get0_notAfter(ca.get())) > 0, where(who, "ca", tls.ca),
-                 ": the CA certificate expired on ", time_text(X509_get0_notAfter(ca.get())));
+  // A CA file whose every certificate expired fails every handshake of the side that trusts it,
+  // whatever they signed (a bundle may hold retired roots beside current ones).
+  const auto expired = [](const Cert& ca) {
+    return X509_cmp_current_time(X509_get0_notAfter(ca.get())) <= 0;
+  };
+  POLLEN_CHECK(!std::all_of(cas.begin(), cas.end(), expired), where(who, "ca", tls.ca),
+               cas.size() == 1 ? cat(": the CA certificate expired on ",
+                                     time_text(X509_get0_notAfter(cas.front().get())))
+                               : std::string(": every CA certificate in it expired"));
   const bool serving = std::string_view(who) == "fed server";
   POLLEN_CHECK(
       X509_check_purpose(cert, serving ? X509_PURPOSE_SSL_SERVER : X509_PURPOSE_SSL_CLIENT, 0) == 1,

@@ -95,8 +95,9 @@ bool connect_to(const HostPort& hp, double timeout_s, Socket& s, std::string& wh
 
 std::string tls_handshake_problem(const std::string& address, const TlsFiles& tls,
                                   double timeout_s) {
+  // gRPC's other address forms (dns:///, ipv4:, unix:) are left to gRPC's own message.
   const std::optional<HostPort> hp = parse_host_port(address);
-  if (!hp) return cat("'", address, "' is no host:port");
+  if (!hp) return "";
   Socket s;
   std::string why;
   if (!connect_to(*hp, timeout_s, s, why)) return cat(address, ": ", why);
@@ -115,9 +116,14 @@ std::string tls_handshake_problem(const std::string& address, const TlsFiles& tl
   const unsigned char h2[] = {2, 'h', '2'};  // as gRPC offers it
   SSL_set_alpn_protos(ssl.get(), h2, sizeof h2);
 
+  const auto refused = [&] {
+    return cat("the server at ", address, " refused this client's certificate tls.cert '", tls.cert,
+               "' (", openssl_error(),
+               "): it trusts another CA, or the certificate was revoked (its log names it)");
+  };
   if (SSL_connect(ssl.get()) != 1) {
     const long verified = SSL_get_verify_result(ssl.get());
-    if (verified == X509_V_ERR_HOSTNAME_MISMATCH)
+    if (verified == X509_V_ERR_HOSTNAME_MISMATCH || verified == X509_V_ERR_IP_ADDRESS_MISMATCH)
       return cat("the server's certificate at ", address, " does not name '", name, "' (",
                  tls.server_name.empty()
                      ? "the address's host; set tls.server_name to a name it has"
@@ -126,19 +132,21 @@ std::string tls_handshake_problem(const std::string& address, const TlsFiles& tl
     if (verified != X509_V_OK)
       return cat("the server's certificate at ", address, " does not verify against tls.ca '",
                  tls.ca, "' (", X509_verify_cert_error_string(verified), ")");
+    // Under TLS 1.2 the server's refusal of this client's certificate is an alert here.
+    const unsigned long error = ERR_peek_last_error();
+    if (ERR_GET_LIB(error) == ERR_LIB_SSL && ERR_GET_REASON(error) >= SSL_AD_REASON_OFFSET)
+      return refused();
     return cat("the TLS handshake with ", address, " failed (", openssl_error(),
                "): is it a TLS server?");
   }
   // Under TLS 1.3 the server judges the client's certificate after the client's side of the
-  // handshake is done: its refusal arrives as an alert on the first read.
+  // handshake is done: its refusal arrives as an alert, or the connection's end, on the first
+  // read.
   const timeval briefly{2, 0};  // an alert comes at once; an accepted client hears nothing
   ::setsockopt(s.fd, SOL_SOCKET, SO_RCVTIMEO, &briefly, sizeof briefly);
   char byte;
   const int n = SSL_read(ssl.get(), &byte, 1);
-  if (n <= 0 && SSL_get_error(ssl.get(), n) == SSL_ERROR_SSL)
-    return cat("the server at ", address, " refused this client's certificate tls.cert '", tls.cert,
-               "' (", openssl_error(),
-               "): it trusts another CA, or the certificate was revoked (its log names it)");
+  if (n <= 0 && SSL_get_error(ssl.get(), n) == SSL_ERROR_SSL) return refused();
   return "";
 }
 

@@ -11,7 +11,8 @@ namespace pollen::fed {
 // Connects to `address` with the client's TLS files and says what stands in the way: nothing
 // listening there, the server's certificate not verifying against tls.ca or not naming the host
 // (tls.server_name), or the server refusing this client's certificate. Empty when the handshake
-// goes through (the trouble is elsewhere). Waits at most `timeout_s` for each step.
+// goes through (the trouble is elsewhere) or `address` is none of host:port (gRPC's dns:///,
+// ipv4:, unix: forms). Waits at most `timeout_s` for each step.
 std::string tls_handshake_problem(const std::string& address, const TlsFiles& tls,
                                   double timeout_s);
 
