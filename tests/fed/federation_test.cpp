@@ -1288,6 +1288,12 @@ open(sys.argv[1], "wb").write(cert.public_bytes(serialization.Encoding.PEM))
                            "': the CA certificate expired on Dec 31"),
               std::string::npos)
         << expired;
+    // A bundle holding a retired root beside the federation's CA is taken as it is.
+    write_file_atomic(dir / "bundle.pem",
+                      read_file(dir / "old_ca.pem") + read_file(dir / "certs" / "ca.pem"));
+    EXPECT_EQ(refused({(dir / "bundle.pem").string(), certs + "/client-alice.pem",
+                       certs + "/client-alice.key", "", ""}),
+              "");
   }
   // A certificate of the federation's CA without a common name: it must not pass as "no TLS",
   // where any claimed id would do (openssl's command line signs one with the CA's key).
