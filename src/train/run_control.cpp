@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -180,12 +181,14 @@ std::string LoopCounters::too_many_bad_steps(int64_t max_bad_steps, const fs::pa
   const std::string stopping =
       cat(bad_in_row, " non-finite steps in a row (train.max_bad_steps = ", max_bad_steps,
           "); stopping. The last good checkpoint is ");
-  // The last finite step (at_step - bad_in_row) ran on the weights of the step before it.
+  // The last good step (at_step - bad_in_row: finite loss and gradient norm) trained cleanly
+  // on the weights of the step before it; its own update may be what diverged.
   const int64_t vouched = at_step - bad_in_row - 1;
   fs::path good;
   if (!last_checkpoint.empty())
     for (const fs::path& c : io::list_checkpoints(last_checkpoint.parent_path()))
-      if (io::checkpoint_step(c) <= vouched) good = c;
+      if (!io::verify_checkpoint(c, {"model.safetensors"}) && io::checkpoint_step(c) <= vouched)
+        good = c;
   if (good.empty()) {
     const std::string why =
         last_checkpoint.empty()

@@ -88,9 +88,9 @@ struct LoopCounters {
   void count_step(int64_t step_tokens, bool good, double loss, int64_t max_bad_steps,
                   obs::Progress& progress);
   // Why a run stops at `at_step` after `max_bad_steps` bad steps in a row, naming its last good
-  // checkpoint: among those beside `last_checkpoint` (the newest written), the newest whose
-  // weights a later step's finite loss vouched for. The last finite step's own update may be
-  // what diverged (weights too large to give a finite loss next), so its checkpoint is not.
+  // checkpoint: among those beside `last_checkpoint` (the newest written) that verify, the newest
+  // whose weights a later step trained on cleanly (finite loss and gradient norm). The last good
+  // step's own update may be what diverged, so its checkpoint is not offered.
   // `start_key`: the run file's key that starts a new run from a checkpoint (model.init_from).
   std::string too_many_bad_steps(int64_t max_bad_steps,
                                  const std::filesystem::path& last_checkpoint, int64_t at_step,

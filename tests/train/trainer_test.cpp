@@ -797,7 +797,7 @@ TEST(Trainer, NonFiniteLossesSkipUpdatesThenStop) {
   EXPECT_EQ(r.status, train::RunStatus::failed);
   EXPECT_NE(r.message.find("3 non-finite steps in a row"), std::string::npos) << r.message;
   EXPECT_EQ(r.skipped_steps, 3);
-  // Checkpoints stop at the last finite step; the failed steps wrote none. That step's own
+  // Checkpoints stop at the last good step; the failed steps wrote none. That step's own
   // update is what diverged (the next loss is not finite), so no checkpoint is called good.
   const auto all = io::list_checkpoints(run / "checkpoints");
   ASSERT_FALSE(all.empty());
@@ -809,7 +809,7 @@ TEST(Trainer, NonFiniteLossesSkipUpdatesThenStop) {
       << r.message;
   fs::remove_all(run);
   // A learning rate that diverges after a few steps: the good checkpoint is the one before the
-  // last finite step, whose weights that step's finite loss vouched for.
+  // last good step, whose weights that step trained on cleanly.
   const auto slower = train_quiet(tiny(
       run, 30,
       {"optimizer.lr=100", "schedule.kind=constant", "schedule.warmup_steps=0", "schedule.min_lr=0",
