@@ -155,12 +155,14 @@ const char* model_kind_name(ModelSource::Kind kind) {
   return "?";
 }
 
-void refuse_adapter_only_checkpoint(const fs::path& dir, const std::string& spec) {
+void refuse_adapter_only_checkpoint(const fs::path& dir, const std::string& what) {
   if (!fs::is_regular_file(dir / "state.json") || fs::exists(dir / "config.toml")) return;
   const auto state = nlohmann::json::parse(read_file(dir / "state.json"), nullptr, false);
   if (!state.is_object() || !state.contains("post_objective")) return;
-  const fs::path server = dir.parent_path().parent_path();  // SERVER_DIR/checkpoints/step-N
-  fail("'", spec, "': '", dir.string(), "' is a checkpoint of a federated post-training server; ",
+  fs::path step = dir.lexically_normal();
+  if (step.filename().empty()) step = step.parent_path();    // "step-N/"
+  const fs::path server = step.parent_path().parent_path();  // SERVER_DIR/checkpoints/step-N
+  fail(what, ": '", dir.string(), "' is a checkpoint of a federated post-training server; ",
        "it holds the global LoRA adapters alone, not a model: pass the base model as --model and ",
        "the server's adapters as --adapter '", (server / "adapter").string(),
        "' (pollen export hf takes both too)");

@@ -64,9 +64,9 @@ std::optional<uint32_t> model_bos_id(const ModelSource& source);
 std::string pinned_model_spec(const std::string& spec, const ModelSource& source);
 
 // Refuses, saying what to pass instead, a checkpoint folder of a federated post-training server:
-// its model.safetensors holds the global LoRA adapters' B matrices alone, no model. `spec` is
-// how the user named it.
-void refuse_adapter_only_checkpoint(const std::filesystem::path& dir, const std::string& spec);
+// its model.safetensors holds the global LoRA adapters' B matrices alone, no model. `what` names
+// it as the user gave it ("model 'DIR'", "--checkpoint 'DIR'").
+void refuse_adapter_only_checkpoint(const std::filesystem::path& dir, const std::string& what);
 
 // Loads the weights (presets and model files: initialised from `seed`).
 model::Llama load_model(const ModelSource& source, DType dtype = DType::f32, uint64_t seed = 0);

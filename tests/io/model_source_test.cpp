@@ -124,10 +124,10 @@ TEST(ModelSource, AFederatedAdapterCheckpointSaysToPassTheBaseAndItsAdapters) {
   w.add_tensors("model.safetensors", {});
   w.add_text("state.json", "{\"round\": 6, \"post_objective\": \"sft\"}\n");
   const fs::path ckpt = w.commit();
-  for (const fs::path& named : {server, ckpt}) {
-    const std::string e = pollen::testing::error_of([&] { io::resolve_model(named.string()); });
-    EXPECT_NE(e.find("'" + ckpt.string() + "' is a checkpoint of a federated post-training server"),
-              std::string::npos)
+  for (const std::string& named : {server.string(), ckpt.string(), ckpt.string() + "/"}) {
+    const std::string e = pollen::testing::error_of([&] { io::resolve_model(named); });
+    EXPECT_NE(e.find("model '" + named + "': '"), std::string::npos) << e;
+    EXPECT_NE(e.find("' is a checkpoint of a federated post-training server"), std::string::npos)
         << e;
     EXPECT_NE(e.find("--adapter '" + (server / "adapter").string() + "'"), std::string::npos) << e;
   }
