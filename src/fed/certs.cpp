@@ -167,8 +167,12 @@ void make_dev_certs(const fs::path& dir, const std::vector<std::string>& clients
   if (has_ca_cert) {
     ca = read_cert(dir / "ca.pem");
     ca_key = read_key(dir / "ca.key");
-    POLLEN_CHECK(X509_check_private_key(ca, ca_key) == 1, "fed certs: ", (dir / "ca.key").string(),
-                 " is not the key of ", (dir / "ca.pem").string());
+    if (X509_check_private_key(ca, ca_key) != 1) {
+      X509_free(ca);
+      EVP_PKEY_free(ca_key);
+      fail("fed certs: ", (dir / "ca.key").string(), " is not the key of ",
+           (dir / "ca.pem").string());
+    }
     log::info("fed certs: using the CA in ", (dir / "ca.pem").string());
   } else {
     ca_key = new_key();

@@ -244,15 +244,16 @@ SftObjective::SftObjective(const ObjectiveContext& ctx) : seed_(ctx.seed) {
   Counts counts;
   load(settings_.data, settings_.validation.empty() && settings_.validation_fraction > 0, train_,
        &validation_, counts);
+  const Counts in_data = counts;  // sft.data's alone, for the error below
   if (!settings_.validation.empty() && jsonl_has_records(settings_.validation))
     load(settings_.validation, false, validation_, nullptr, counts);
   if (train_.empty()) {
     std::string why;
-    if (counts.dropped > 0)
-      why = cat(": ", counts.dropped, " dropped for being longer than sft.seq = ", settings_.seq,
+    if (in_data.dropped > 0)
+      why = cat(": ", in_data.dropped, " dropped for being longer than sft.seq = ", settings_.seq,
                 " positions (sft.too_long = \"drop\")");
-    if (counts.unscored > 0)
-      why += cat(why.empty() ? ": " : "; ", counts.unscored,
+    if (in_data.unscored > 0)
+      why += cat(why.empty() ? ": " : "; ", in_data.unscored,
                  " have no token to score (sft.loss_on = \"",
                  settings_.assistant_only ? "assistant" : "all",
                  "\"), their replies cut off by truncation to sft.seq = ", settings_.seq,
