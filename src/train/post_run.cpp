@@ -453,7 +453,8 @@ PostResult post_train(const PostConfig& given, const PostOptions& o,
       progress.finish();
       if (metrics) metrics->jsonl.file().sync();
       r.status = RunStatus::failed;
-      r.message = counters.too_many_bad_steps(cfg.max_bad_steps, last_checkpoint, step, "model.base");
+      r.message =
+          counters.too_many_bad_steps(cfg.max_bad_steps, last_checkpoint, step, "model.base");
       stopped = true;
       break;
     }

@@ -545,8 +545,7 @@ bool TrainingRun::step(obs::Progress& progress) {
     if (metrics_) metrics_->jsonl.file().sync();
     result_.status = RunStatus::failed;
     result_.message =
-        counters_.too_many_bad_steps(cfg_.max_bad_steps, last_checkpoint_, step,
-                                     "model.init_from");
+        counters_.too_many_bad_steps(cfg_.max_bad_steps, last_checkpoint_, step, "model.init_from");
     return false;
   }
   const bool last = step == cfg_.steps;
