@@ -1228,13 +1228,19 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
   EXPECT_NE(ca.find("tls.ca '" + certs + "/ca.key': expected a PEM certificate"), std::string::npos)
       << ca;
   // The server checks its own files too (gRPC would only say that it cannot listen).
-  ServerConfig mismatched = TlsServer::config_in(dir);
-  mismatched.tls.key = certs + "/client-alice.key";
-  mismatched.dir = dir / "mismatched";
-  const std::string server_key = pollen::testing::error_of([&] {
-    Coordinator c(mismatched, false);
-    GrpcServer g(c, "127.0.0.1:0", mismatched.tls);
-  });
+  const auto server_refused = [&](const std::string& cert, const std::string& key,
+                                  const std::string& name) {
+    ServerConfig config = TlsServer::config_in(dir);
+    config.tls.cert = cert;
+    config.tls.key = key;
+    config.dir = dir / name;
+    return pollen::testing::error_of([&] {
+      Coordinator c(config, false);
+      GrpcServer g(c, "127.0.0.1:0", config.tls);
+    });
+  };
+  const std::string server_key =
+      server_refused(certs + "/server.pem", certs + "/client-alice.key", "mismatched");
   EXPECT_NE(server_key.find("fed server: tls.key '" + certs +
                             "/client-alice.key' is not the key of tls.cert"),
             std::string::npos)
@@ -1247,14 +1253,8 @@ TEST(Grpc, MutualTlsAcceptsValidAndRefusesWrongOrRevokedCertificates) {
                                   "client"),
             std::string::npos)
       << server_as_client;
-  ServerConfig client_as_server = TlsServer::config_in(dir);
-  client_as_server.tls.cert = certs + "/client-alice.pem";
-  client_as_server.tls.key = certs + "/client-alice.key";
-  client_as_server.dir = dir / "client_as_server";
-  const std::string serving_client = pollen::testing::error_of([&] {
-    Coordinator c(client_as_server, false);
-    GrpcServer g(c, "127.0.0.1:0", client_as_server.tls);
-  });
+  const std::string serving_client =
+      server_refused(certs + "/client-alice.pem", certs + "/client-alice.key", "client_as_server");
   EXPECT_NE(serving_client.find("fed server: tls.cert '" + certs +
                                 "/client-alice.pem': its extended key usage does not allow a TLS "
                                 "server"),

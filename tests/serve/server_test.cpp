@@ -1501,41 +1501,32 @@ TEST_F(Serving, ConcurrentRequestsAreServedCorrectly) {
 }
 
 TEST(ServeCli, AnotherAddressWithoutAKeyIsRefusedBeforeLoading) {
-  const std::string cmd =
-      std::string(POLLEN_BINARY) + " serve --model llama-tiny --host 0.0.0.0 --port 0 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  EXPECT_NE(pclose(p), 0);
-  EXPECT_NE(out.find("needs an API key"), std::string::npos) << out;
+  // What `pollen serve ARGS` printed, having failed to start (a server that started would run
+  // until stopped: the test then fails on its time limit).
+  const auto refused = [](const std::string& args) {
+    FILE* p =
+        popen((std::string(POLLEN_BINARY) + " serve --model llama-tiny --port 0 " + args + " 2>&1")
+                  .c_str(),
+              "r");
+    std::string out;
+    char buf[512];
+    while (p && fgets(buf, sizeof buf, p)) out += buf;
+    EXPECT_NE(p ? pclose(p) : 0, 0) << args;
+    return out;
+  };
+  const std::string open = refused("--host 0.0.0.0");
+  EXPECT_NE(open.find("needs an API key"), std::string::npos) << open;
   // An empty key (an unset variable in --api-key "$KEY") would serve without one.
-  p = popen((std::string(POLLEN_BINARY) +
-             " serve --model llama-tiny --host 127.0.0.1 --port 0 --api-key '  ' 2>&1")
-                .c_str(),
-            "r");
-  ASSERT_NE(p, nullptr);
-  out.clear();
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  EXPECT_NE(pclose(p), 0);
-  EXPECT_NE(out.find("--api-key is empty"), std::string::npos) << out;
+  const std::string empty = refused("--host 127.0.0.1 --api-key '  '");
+  EXPECT_NE(empty.find("--api-key is empty"), std::string::npos) << empty;
   // A key file with a second line would make a key no request can send (HTTP trims a header's
   // value, and a line break ends it): refused, naming the file.
   const std::string key_file = ::testing::TempDir() + "pollen_two_line_key";
   write_file_atomic(key_file, "\n sekret\n# rotated in December\n");
-  p = popen(
-      (std::string(POLLEN_BINARY) +
-       " serve --model llama-tiny --host 127.0.0.1 --port 0 --api-key-file " + key_file + " 2>&1")
-          .c_str(),
-      "r");
-  ASSERT_NE(p, nullptr);
-  out.clear();
-  while (fgets(buf, sizeof buf, p)) out += buf;
-  EXPECT_NE(pclose(p), 0);
-  EXPECT_NE(out.find("API key file '" + key_file + "' holds whitespace inside the key"),
+  const std::string two_lines = refused("--host 127.0.0.1 --api-key-file " + key_file);
+  EXPECT_NE(two_lines.find("API key file '" + key_file + "' holds whitespace inside the key"),
             std::string::npos)
-      << out;
+      << two_lines;
   std::filesystem::remove(key_file);
 }
 
