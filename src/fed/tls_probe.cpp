@@ -6,6 +6,8 @@
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -34,6 +36,23 @@ template <typename T, void (*Free)(T*)>
 struct Deleter {
   void operator()(T* p) const { Free(p); }
 };
+// A write to a peer that has gone raises SIGPIPE, which would end the process: held back on this
+// thread while the probe talks, and any it raised taken back.
+struct SigpipeHeldBack {
+  sigset_t pipe{}, before{};
+  SigpipeHeldBack() {
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, &before);
+  }
+  ~SigpipeHeldBack() {
+    const timespec now{0, 0};
+    while (sigtimedwait(&pipe, nullptr, &now) > 0) {
+    }
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  }
+};
+
 using Context = std::unique_ptr<SSL_CTX, Deleter<SSL_CTX, SSL_CTX_free>>;
 using Session = std::unique_ptr<SSL, Deleter<SSL, SSL_free>>;
 
@@ -98,6 +117,7 @@ std::string tls_handshake_problem(const std::string& address, const TlsFiles& tl
   // gRPC's other address forms (dns:///, ipv4:, unix:) are left to gRPC's own message.
   const std::optional<HostPort> hp = parse_host_port(address);
   if (!hp) return "";
+  const SigpipeHeldBack held_back;
   Socket s;
   std::string why;
   if (!connect_to(*hp, timeout_s, s, why)) return cat(address, ": ", why);
