@@ -151,7 +151,6 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", a->threads, "CPU threads (0: all)")->check(CLI::NonNegativeNumber);
   cmd->callback([a, key] {
     if (a->threads > 0) set_num_threads(a->threads);
-    // `--api-key "$KEY"` with KEY unset would serve without a key.
     serve::ServerOptions o;
     o.host = a->host;
     o.port = a->port;
