@@ -299,7 +299,7 @@ void GrpcServer::start(const std::string& address, const TlsFiles& tls) {
   std::shared_ptr<grpc::ServerCredentials> creds;
   std::unique_ptr<RevocationList> revoked;
   if (tls.enabled()) {
-    check_tls_files(tls, "fed server");
+    check_tls_files(tls, TlsRole::server);
     grpc::SslServerCredentialsOptions o(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
     o.pem_root_certs = read_pem(tls.ca, "ca");
     o.pem_key_cert_pairs.push_back({read_pem(tls.key, "key"), read_pem(tls.cert, "cert")});
@@ -448,7 +448,7 @@ GrpcTransport::GrpcTransport(const std::string& address, const TlsFiles& tls,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kClientKeepaliveTimeoutMs);
   std::shared_ptr<grpc::ChannelCredentials> creds;
   if (tls.enabled()) {
-    check_tls_files(tls, "fed client");
+    check_tls_files(tls, TlsRole::client);
     grpc::SslCredentialsOptions o;
     o.pem_root_certs = read_pem(tls.ca, "ca");
     o.pem_private_key = read_pem(tls.key, "key");

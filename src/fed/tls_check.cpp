@@ -10,26 +10,22 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
-#include <string_view>
 #include <vector>
 
 #include "base/error.h"
 #include "base/files.h"
 #include "base/log.h"
+#include "fed/openssl_owner.h"
 
 namespace pollen::fed {
 
 namespace {
 
-template <typename T, void (*Free)(T*)>
-struct Deleter {
-  void operator()(T* p) const { Free(p); }
-};
-using Bio = std::unique_ptr<BIO, Deleter<BIO, BIO_free_all>>;
-using Cert = std::unique_ptr<X509, Deleter<X509, X509_free>>;
-using Key = std::unique_ptr<EVP_PKEY, Deleter<EVP_PKEY, EVP_PKEY_free>>;
-using Store = std::unique_ptr<X509_STORE, Deleter<X509_STORE, X509_STORE_free>>;
-using StoreCtx = std::unique_ptr<X509_STORE_CTX, Deleter<X509_STORE_CTX, X509_STORE_CTX_free>>;
+using Bio = OpenSSLOwned<BIO, BIO_free_all>;
+using Cert = OpenSSLOwned<X509, X509_free>;
+using Key = OpenSSLOwned<EVP_PKEY, EVP_PKEY_free>;
+using Store = OpenSSLOwned<X509_STORE, X509_STORE_free>;
+using StoreCtx = OpenSSLOwned<X509_STORE_CTX, X509_STORE_CTX_free>;
 
 // Frees the list, not the certificates in it (the vector of Cert owns those).
 void free_stack(STACK_OF(X509) * s) {
@@ -69,8 +65,10 @@ std::string time_text(const ASN1_TIME* t) {
 
 }  // namespace
 
-void check_tls_files(const TlsFiles& tls, const char* who) {
+void check_tls_files(const TlsFiles& tls, TlsRole role) {
   if (!tls.enabled()) return;
+  const bool serving = role == TlsRole::server;
+  const char* who = serving ? "fed server" : "fed client";
   const std::vector<Cert> cas = read_certs(who, "ca", tls.ca);
   const std::vector<Cert> chain = read_certs(who, "cert", tls.cert);
   X509* cert = chain.front().get();
@@ -97,7 +95,6 @@ void check_tls_files(const TlsFiles& tls, const char* who) {
                cas.size() == 1 ? cat(": the CA certificate expired on ",
                                      time_text(X509_get0_notAfter(cas.front().get())))
                                : std::string(": every CA certificate in it expired"));
-  const bool serving = std::string_view(who) == "fed server";
   POLLEN_CHECK(
       X509_check_purpose(cert, serving ? X509_PURPOSE_SSL_SERVER : X509_PURPOSE_SSL_CLIENT, 0) == 1,
       where(who, "cert", tls.cert), ": its extended key usage does not allow a TLS ",
@@ -109,7 +106,7 @@ void check_tls_files(const TlsFiles& tls, const char* who) {
   POLLEN_CHECK(store, who, ": OpenSSL cannot make a certificate store");
   for (const Cert& ca : cas) X509_STORE_add_cert(store.get(), ca.get());
   // The certificates after the first in tls.cert are its chain (intermediates), sent with it.
-  using Chain = std::unique_ptr<STACK_OF(X509), Deleter<STACK_OF(X509), free_stack>>;
+  using Chain = OpenSSLOwned<STACK_OF(X509), free_stack>;
   const Chain untrusted(sk_X509_new_null());
   POLLEN_CHECK(untrusted, who, ": OpenSSL cannot make a certificate list");
   for (size_t i = 1; i < chain.size(); ++i) sk_X509_push(untrusted.get(), chain[i].get());

@@ -11,7 +11,8 @@ namespace pollen::fed {
 // CA not valid now (expired, or not yet), a certificate whose extended key usage does not allow
 // this side's role (a client's certificate given to the server, or the reverse). Warns when the
 // certificate (with the intermediates after it in tls.cert) does not verify against tls.ca,
-// which the other side may still trust for it. `who`: "fed server" or "fed client".
-void check_tls_files(const TlsFiles& tls, const char* who);
+// which the other side may still trust for it. `role`: the side these files serve.
+enum class TlsRole { server, client };
+void check_tls_files(const TlsFiles& tls, TlsRole role);
 
 }  // namespace pollen::fed

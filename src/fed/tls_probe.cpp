@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 #include "base/host_port.h"
+#include "fed/openssl_owner.h"
 
 namespace pollen::fed {
 
@@ -32,10 +33,6 @@ struct Socket {
   }
 };
 
-template <typename T, void (*Free)(T*)>
-struct Deleter {
-  void operator()(T* p) const { Free(p); }
-};
 // A write to a peer that has gone raises SIGPIPE, which would end the process: held back on this
 // thread while the probe talks, and any it raised taken back.
 struct SigpipeHeldBack {
@@ -53,8 +50,8 @@ struct SigpipeHeldBack {
   }
 };
 
-using Context = std::unique_ptr<SSL_CTX, Deleter<SSL_CTX, SSL_CTX_free>>;
-using Session = std::unique_ptr<SSL, Deleter<SSL, SSL_free>>;
+using Context = OpenSSLOwned<SSL_CTX, SSL_CTX_free>;
+using Session = OpenSSLOwned<SSL, SSL_free>;
 
 std::string openssl_error() {
   const unsigned long e = ERR_get_error();
