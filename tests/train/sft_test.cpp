@@ -436,7 +436,9 @@ TEST(Sft, ExamplesLeftWithNoScoredTokenAreLeftOut) {
   for (const char* key : {"no token to score", "sft.seq = ", "sft.too_long", "sft.loss_on"})
     EXPECT_NE(e.find(key), std::string::npos) << key << ": " << e;
   // Every example dropped for its length: the count and the keys are named too.
-  const std::string dropped = error_of([&] { build(2, "too_long = \"drop\"\n"); });
+  // (sft.data's examples alone: those sft.validation also dropped are not counted in)
+  const std::string dropped =
+      error_of([&] { build(2, "too_long = \"drop\"\nvalidation = \"" + data.string() + "\"\n"); });
   EXPECT_NE(dropped.find(": 30 dropped for being longer than sft.seq = 2 positions (sft.too_long = "
                          "\"drop\")"),
             std::string::npos)
